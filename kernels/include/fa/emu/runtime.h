@@ -1,0 +1,60 @@
+// Host SIMT executor: the contract between fa/intrinsics.cuh (host branch) and kernels/emu/*.cpp.
+// Every function below is called from inside a kernel running on a fiber (one fiber per CUDA thread) and
+// acts on the calling fiber's thread/warp/block. Faults never return: they record a message naming kernel,
+// block, thread and address, and unwind the launch, which then returns FA_ERR_EMULATOR.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <functional>
+
+#include "fa/abi.h"
+
+namespace fa {
+namespace emu {
+
+struct Dim3 {
+  int x = 1, y = 1, z = 1;
+};
+
+// Runs `body` once per CUDA thread of `grid` x `block` threads, block by block, with `smem_bytes` of
+// dynamic shared memory per block. Returns FA_OK or FA_ERR_EMULATOR (ctx->message filled).
+int launch(const char *kernel_name, Dim3 grid, int block, int smem_bytes, FaEmuLaunch *ctx,
+           const std::function<void()> &body);
+
+int thread_idx();
+int block_dim();
+Dim3 block_idx();
+Dim3 grid_dim();
+
+void named_barrier_sync(int id, int nthreads);
+void sync_warp();
+
+enum class ShflMode { Xor, Idx };
+uint32_t shfl(uint32_t v, ShflMode mode, int arg);
+uint32_t ballot(bool p);
+
+unsigned char *dynamic_smem();
+void shared_load(void *dst, const void *smem, size_t bytes);
+void shared_store(void *smem, const void *src, size_t bytes);
+
+// ldmatrix .x{count}, optionally .trans; `row` is this lane's row address; r receives `count` registers.
+void ldmatrix(uint32_t *r, int count, bool trans, const void *row);
+
+enum class MmaType { F16, Bf16 };
+void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], MmaType type);
+
+void cp_async(void *smem, const void *gmem, int bytes, bool pred);
+void cp_async_commit();
+void cp_async_wait(int pending);
+
+void global_load(void *dst, const void *gmem, size_t bytes);
+void global_store(void *gmem, const void *src, size_t bytes);
+float atomic_add_f32(float *p, float v);
+int atomic_add_i32(int *p, int v);
+
+float exp2_approx(float x);
+
+} // namespace emu
+} // namespace fa

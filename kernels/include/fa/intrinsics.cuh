@@ -1,0 +1,296 @@
+// The intrinsics layer: the whole vocabulary through which device code reaches the hardware. Kernels
+// contain no raw asm and no <<<>>>; they call these. Under nvcc each is inline PTX or a CUDA intrinsic;
+// under the host compiler (FA_EMULATION) each forwards to the host SIMT executor (fa/emu/runtime.h), which
+// gives the same results lane for lane (fragment layouts per the PTX ISA tables) and checks every access.
+//
+// Rules for kernel code (the emulator can only check what goes through here):
+//  - all shared memory is dynamic (fa::dynamic_smem), and is read/written only with ld_shared/st_shared,
+//    ldmatrix and cp_async;
+//  - global memory is read/written only with ld_global/st_global/cp_async/atomic_add;
+//  - blockDim is one-dimensional and a multiple of 32; warp collectives are full-warp (all 32 lanes).
+#pragma once
+
+#include <stdint.h>
+
+#include "fa/abi.h"
+
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#define FA_DEVICE __device__ __forceinline__
+#define FA_HOST_DEVICE __host__ __device__ __forceinline__
+#define FA_GLOBAL __global__
+#define FA_LAUNCH_BOUNDS(threads, min_blocks) __launch_bounds__(threads, min_blocks)
+#define FA_LAUNCHER(op) fa_gpu_##op
+#else
+#ifndef FA_EMULATION
+#define FA_EMULATION 1
+#endif
+// cuda_fp16.h / cuda_bf16.h compile as host C++: the same __half / __nv_bfloat16 types and RNE conversions.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#define FA_DEVICE inline
+#define FA_HOST_DEVICE inline
+#define FA_GLOBAL
+#define FA_LAUNCH_BOUNDS(threads, min_blocks)
+#define FA_LAUNCHER(op) fa_emu_##op
+#include "fa/emu/runtime.h"
+#endif
+
+namespace fa {
+
+using half_t = __half;
+using bf16_t = __nv_bfloat16;
+
+struct Dim3 {
+  int x = 1, y = 1, z = 1;
+};
+
+constexpr int kWarpSize = 32;
+
+#if !defined(FA_EMULATION)
+// ------------------------------------------------------------------------------------------------ device
+
+FA_DEVICE int thread_idx() { return (int)threadIdx.x; }
+FA_DEVICE int block_dim() { return (int)blockDim.x; }
+FA_DEVICE Dim3 block_idx() { return Dim3{(int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z}; }
+FA_DEVICE Dim3 grid_dim() { return Dim3{(int)gridDim.x, (int)gridDim.y, (int)gridDim.z}; }
+FA_DEVICE int lane_id() { return (int)threadIdx.x & 31; }
+FA_DEVICE int warp_id() { return (int)threadIdx.x >> 5; }
+
+// Barriers. named_barrier_sync(id, n): bar.sync among n threads (a multiple of 32); id 0 is __syncthreads'.
+FA_DEVICE void sync_threads() { __syncthreads(); }
+FA_DEVICE void sync_warp() { __syncwarp(); }
+FA_DEVICE void named_barrier_sync(int id, int nthreads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(nthreads) : "memory");
+}
+
+// Warp collectives over the full warp.
+template <class T> FA_DEVICE T shfl_xor(T v, int lane_mask) { return __shfl_xor_sync(0xffffffffu, v, lane_mask); }
+template <class T> FA_DEVICE T shfl_idx(T v, int src_lane) { return __shfl_sync(0xffffffffu, v, src_lane); }
+FA_DEVICE bool warp_any(bool p) { return __any_sync(0xffffffffu, p); }
+FA_DEVICE bool warp_all(bool p) { return __all_sync(0xffffffffu, p); }
+FA_DEVICE uint32_t warp_ballot(bool p) { return __ballot_sync(0xffffffffu, p); }
+
+// Shared memory: the block's dynamic allocation (16-byte aligned base) and typed accesses.
+template <class T> FA_DEVICE T *dynamic_smem() {
+  extern __shared__ __align__(128) unsigned char fa_dynamic_smem[];
+  return reinterpret_cast<T *>(fa_dynamic_smem);
+}
+template <class T> FA_DEVICE T ld_shared(const T *p) { return *p; }
+template <class T> FA_DEVICE void st_shared(T *p, T v) { *p = v; }
+
+FA_DEVICE uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+// ldmatrix: lane l supplies the address of one 16-byte row (lanes 0-7: matrix 0, 8-15: matrix 1, ...);
+// register i of every lane receives matrix i, row lane/4, columns 2*(lane%4)..+1 (.trans: transposed).
+FA_DEVICE void ldmatrix_x1(uint32_t (&r)[1], const void *row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];" : "=r"(r[0]) : "r"(smem_addr(row)));
+}
+FA_DEVICE void ldmatrix_x2(uint32_t (&r)[2], const void *row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(smem_addr(row)));
+}
+FA_DEVICE void ldmatrix_x4(uint32_t (&r)[4], const void *row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(row)));
+}
+FA_DEVICE void ldmatrix_x1_trans(uint32_t (&r)[1], const void *row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];" : "=r"(r[0]) : "r"(smem_addr(row)));
+}
+FA_DEVICE void ldmatrix_x2_trans(uint32_t (&r)[2], const void *row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(smem_addr(row)));
+}
+FA_DEVICE void ldmatrix_x4_trans(uint32_t (&r)[4], const void *row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(row)));
+}
+
+// mma.sync m16n8k16, row.col, fp32 accumulate in place: d += a · b. T is half_t or bf16_t.
+// a: 4 regs (A 16x16 row-major fragment), b: 2 regs (B 16x8 column fragment), d: 4 floats (C/D 16x8).
+template <class T> FA_DEVICE void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]);
+template <> FA_DEVICE void mma_m16n8k16<half_t>(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+template <> FA_DEVICE void mma_m16n8k16<bf16_t>(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// cp.async: 16 bytes global -> shared, completing only at cp_async_wait. pred == false zero-fills the
+// destination without reading the source (src-size 0), which is how ragged tile edges are predicated.
+// cg caches in L2 only (streamed K/V tiles); ca also in L1.
+FA_DEVICE void cp_async_cg_16(void *smem, const void *gmem, bool pred) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(smem)), "l"(gmem),
+               "r"(pred ? 16 : 0)
+               : "memory");
+}
+FA_DEVICE void cp_async_ca_16(void *smem, const void *gmem, bool pred) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(smem)), "l"(gmem),
+               "r"(pred ? 16 : 0)
+               : "memory");
+}
+FA_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Wait until at most `pending` of this thread's committed groups are still in flight.
+template <int pending> FA_DEVICE void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(pending) : "memory");
+}
+
+// Global memory. ld_global_nc reads through the non-coherent (read-only) path: only for data no thread of
+// the launch writes.
+template <class T> FA_DEVICE T ld_global(const T *p) { return *p; }
+template <class T> FA_DEVICE T ld_global_nc(const T *p) { return __ldg(p); }
+template <class T> FA_DEVICE void st_global(T *p, T v) { *p = v; }
+FA_DEVICE float atomic_add(float *p, float v) { return atomicAdd(p, v); }
+FA_DEVICE int atomic_add(int *p, int v) { return atomicAdd(p, v); }
+
+// Math. exp2 with ex2.approx.ftz: softmax runs in the exp2 domain with the scale folded into one FFMA.
+FA_DEVICE float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+FA_DEVICE float fast_rcp(float x) { return __frcp_rn(x); }
+
+// Launch. Sets the dynamic-shared-memory limit when above the 48 KiB default (a host-side attribute, no
+// stream work), launches on the caller's stream, and returns the launch status. Never synchronises.
+template <class... KArgs, class... Args>
+inline int launch(const char * /*name*/, void (*kernel)(KArgs...), Dim3 grid, int block, int smem_bytes,
+                  FaStream stream, Args... args) {
+  if (smem_bytes > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         smem_bytes);
+    if (e != cudaSuccess) return (int)e;
+  }
+  kernel<<<dim3(grid.x, grid.y, grid.z), block, smem_bytes, (cudaStream_t)stream>>>(args...);
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidDeviceFunction) return FA_ERR_NO_ARCH;
+  return (int)e;
+}
+
+#else
+// ------------------------------------------------------------------------------------------------ host
+// Each forwards to the executor in fa/emu/runtime.h (implemented in kernels/emu/).
+
+FA_DEVICE int thread_idx() { return emu::thread_idx(); }
+FA_DEVICE int block_dim() { return emu::block_dim(); }
+FA_DEVICE Dim3 block_idx() {
+  emu::Dim3 b = emu::block_idx();
+  return Dim3{b.x, b.y, b.z};
+}
+FA_DEVICE Dim3 grid_dim() {
+  emu::Dim3 g = emu::grid_dim();
+  return Dim3{g.x, g.y, g.z};
+}
+FA_DEVICE int lane_id() { return emu::thread_idx() & 31; }
+FA_DEVICE int warp_id() { return emu::thread_idx() >> 5; }
+
+FA_DEVICE void sync_threads() { emu::named_barrier_sync(0, emu::block_dim()); }
+FA_DEVICE void sync_warp() { emu::sync_warp(); }
+FA_DEVICE void named_barrier_sync(int id, int nthreads) { emu::named_barrier_sync(id, nthreads); }
+
+template <class T> FA_DEVICE T shfl_xor(T v, int lane_mask) {
+  static_assert(sizeof(T) == 4, "shuffles move 32-bit values");
+  uint32_t bits, out;
+  __builtin_memcpy(&bits, &v, 4);
+  out = emu::shfl(bits, emu::ShflMode::Xor, lane_mask);
+  T r;
+  __builtin_memcpy(&r, &out, 4);
+  return r;
+}
+template <class T> FA_DEVICE T shfl_idx(T v, int src_lane) {
+  static_assert(sizeof(T) == 4, "shuffles move 32-bit values");
+  uint32_t bits, out;
+  __builtin_memcpy(&bits, &v, 4);
+  out = emu::shfl(bits, emu::ShflMode::Idx, src_lane);
+  T r;
+  __builtin_memcpy(&r, &out, 4);
+  return r;
+}
+FA_DEVICE uint32_t warp_ballot(bool p) { return emu::ballot(p); }
+FA_DEVICE bool warp_any(bool p) { return emu::ballot(p) != 0u; }
+FA_DEVICE bool warp_all(bool p) { return emu::ballot(p) == 0xffffffffu; }
+
+template <class T> FA_DEVICE T *dynamic_smem() { return reinterpret_cast<T *>(emu::dynamic_smem()); }
+template <class T> FA_DEVICE T ld_shared(const T *p) {
+  T v;
+  emu::shared_load(&v, p, sizeof(T));
+  return v;
+}
+template <class T> FA_DEVICE void st_shared(T *p, T v) { emu::shared_store(p, &v, sizeof(T)); }
+
+FA_DEVICE void ldmatrix_x1(uint32_t (&r)[1], const void *row) { emu::ldmatrix(r, 1, false, row); }
+FA_DEVICE void ldmatrix_x2(uint32_t (&r)[2], const void *row) { emu::ldmatrix(r, 2, false, row); }
+FA_DEVICE void ldmatrix_x4(uint32_t (&r)[4], const void *row) { emu::ldmatrix(r, 4, false, row); }
+FA_DEVICE void ldmatrix_x1_trans(uint32_t (&r)[1], const void *row) { emu::ldmatrix(r, 1, true, row); }
+FA_DEVICE void ldmatrix_x2_trans(uint32_t (&r)[2], const void *row) { emu::ldmatrix(r, 2, true, row); }
+FA_DEVICE void ldmatrix_x4_trans(uint32_t (&r)[4], const void *row) { emu::ldmatrix(r, 4, true, row); }
+
+template <class T> FA_DEVICE void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]);
+template <> FA_DEVICE void mma_m16n8k16<half_t>(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  emu::mma_m16n8k16(d, a, b, emu::MmaType::F16);
+}
+template <> FA_DEVICE void mma_m16n8k16<bf16_t>(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  emu::mma_m16n8k16(d, a, b, emu::MmaType::Bf16);
+}
+
+FA_DEVICE void cp_async_cg_16(void *smem, const void *gmem, bool pred) { emu::cp_async(smem, gmem, 16, pred); }
+FA_DEVICE void cp_async_ca_16(void *smem, const void *gmem, bool pred) { emu::cp_async(smem, gmem, 16, pred); }
+FA_DEVICE void cp_async_commit() { emu::cp_async_commit(); }
+template <int pending> FA_DEVICE void cp_async_wait() { emu::cp_async_wait(pending); }
+
+template <class T> FA_DEVICE T ld_global(const T *p) {
+  T v;
+  emu::global_load(&v, p, sizeof(T));
+  return v;
+}
+template <class T> FA_DEVICE T ld_global_nc(const T *p) { return ld_global(p); }
+template <class T> FA_DEVICE void st_global(T *p, T v) { emu::global_store(p, &v, sizeof(T)); }
+FA_DEVICE float atomic_add(float *p, float v) { return emu::atomic_add_f32(p, v); }
+FA_DEVICE int atomic_add(int *p, int v) { return emu::atomic_add_i32(p, v); }
+
+FA_DEVICE float fast_exp2(float x) { return emu::exp2_approx(x); }
+FA_DEVICE float fast_rcp(float x) { return 1.0f / x; }
+
+template <class... KArgs, class... Args>
+inline int launch(const char *name, void (*kernel)(KArgs...), Dim3 grid, int block, int smem_bytes,
+                  FaStream stream, Args... args) {
+  return emu::launch(name, emu::Dim3{grid.x, grid.y, grid.z}, block, smem_bytes,
+                     static_cast<FaEmuLaunch *>(stream), [=]() { kernel(args...); });
+}
+#endif
+
+// ------------------------------------------------------------------------------------------- both sides
+// Conversions between fp32 pairs and packed 16-bit pairs (low half = first element), round to nearest even.
+template <class T> FA_DEVICE uint32_t pack2(float lo, float hi);
+template <> FA_DEVICE uint32_t pack2<half_t>(float lo, float hi) {
+  __half2 h = __floats2half2_rn(lo, hi);
+  uint32_t r;
+  __builtin_memcpy(&r, &h, 4);
+  return r;
+}
+template <> FA_DEVICE uint32_t pack2<bf16_t>(float lo, float hi) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  uint32_t r;
+  __builtin_memcpy(&r, &h, 4);
+  return r;
+}
+template <class T> FA_DEVICE float to_float(T x);
+template <> FA_DEVICE float to_float<half_t>(half_t x) { return __half2float(x); }
+template <> FA_DEVICE float to_float<bf16_t>(bf16_t x) { return __bfloat162float(x); }
+template <class T> FA_DEVICE T from_float(float x);
+template <> FA_DEVICE half_t from_float<half_t>(float x) { return __float2half_rn(x); }
+template <> FA_DEVICE bf16_t from_float<bf16_t>(float x) { return __float2bfloat16_rn(x); }
+
+} // namespace fa

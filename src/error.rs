@@ -1,0 +1,104 @@
+//! The crate's one error type. Every public entry point returns `Result<_, Error>`; bad input is never a
+//! panic. Each variant is a *kind* tests can match on; the message names the offending argument.
+
+use std::fmt;
+
+/// What went wrong, coarse enough to match on, precise enough (through the message) to act on.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// Shapes of arguments disagree with each other or with the problem (e.g. K has the wrong head count).
+    Shape,
+    /// A valid request this crate does not implement (head dim 100, page size 48, an unknown dtype).
+    Unsupported,
+    /// Strides are wrong for the kernel: non-unit last stride, negative strides, overlapping output.
+    Layout,
+    /// A pointer or row start is not aligned as the kernel's vector loads require.
+    Alignment,
+    /// A size or stride computation overflows the integer type the kernel uses.
+    Overflow,
+    /// A buffer is too small for the shape and strides that describe it.
+    OutOfBounds,
+    /// No CUDA driver library (libcuda) could be loaded.
+    NoDriver,
+    /// A driver is present but no usable GPU (or the requested ordinal does not exist).
+    NoDevice,
+    /// The kernels were not built for this device's architecture.
+    Arch,
+    /// A CUDA driver or runtime call failed.
+    Cuda,
+    /// The host emulator detected a fault in a kernel (out of bounds, race, deadlock, divergence).
+    Emulator,
+    /// Arguments belong to different backends (a GPU view passed to an emulator launch, or vice versa).
+    Backend,
+    /// Invalid command-line input or an I/O failure in the runner and tools.
+    Usage,
+}
+
+/// An error with its kind and a message naming the argument or call that caused it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Error {
+    kind: ErrorKind,
+    message: String,
+}
+
+impl Error {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self { kind, message: message.into() }
+    }
+    pub fn kind(&self) -> &ErrorKind {
+        &self.kind
+    }
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+    pub fn shape(arg: &str, msg: impl fmt::Display) -> Self {
+        Self::new(ErrorKind::Shape, format!("{arg}: {msg}"))
+    }
+    pub fn unsupported(arg: &str, msg: impl fmt::Display) -> Self {
+        Self::new(ErrorKind::Unsupported, format!("{arg}: {msg}"))
+    }
+    pub fn layout(arg: &str, msg: impl fmt::Display) -> Self {
+        Self::new(ErrorKind::Layout, format!("{arg}: {msg}"))
+    }
+    pub fn alignment(arg: &str, msg: impl fmt::Display) -> Self {
+        Self::new(ErrorKind::Alignment, format!("{arg}: {msg}"))
+    }
+    pub fn overflow(arg: &str, msg: impl fmt::Display) -> Self {
+        Self::new(ErrorKind::Overflow, format!("{arg}: {msg}"))
+    }
+    pub fn out_of_bounds(arg: &str, msg: impl fmt::Display) -> Self {
+        Self::new(ErrorKind::OutOfBounds, format!("{arg}: {msg}"))
+    }
+    pub fn backend(arg: &str, msg: impl fmt::Display) -> Self {
+        Self::new(ErrorKind::Backend, format!("{arg}: {msg}"))
+    }
+    pub fn usage(msg: impl fmt::Display) -> Self {
+        Self::new(ErrorKind::Usage, msg.to_string())
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?} error: {}", self.kind, self.message)
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<cudarc::driver::DriverError> for Error {
+    fn from(e: cudarc::driver::DriverError) -> Self {
+        Error::new(ErrorKind::Cuda, format!("CUDA driver: {e}"))
+    }
+}
+
+/// Checked conversions: sizes cross the FFI boundary as i32/i64, never by a silent `as`.
+pub(crate) fn to_i32(arg: &str, v: usize) -> Result<i32, Error> {
+    i32::try_from(v).map_err(|_| Error::overflow(arg, format!("{v} does not fit in i32")))
+}
+
+pub(crate) fn to_i64(arg: &str, v: usize) -> Result<i64, Error> {
+    i64::try_from(v).map_err(|_| Error::overflow(arg, format!("{v} does not fit in i64")))
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
