@@ -288,7 +288,8 @@ fn bindgen_abi(root: &Path, include: &Path, out: &Path) {
     let header = include.join("fa/abi.h");
     let bindings = bindgen::Builder::default()
         .header(header.to_string_lossy())
-        .allowlist_item("[Ff][Aa]_.*")
+        // fa_*/FA_* functions and constants, and every Fa* type (FaEmuLaunch is used by no function signature).
+        .allowlist_item("[Ff][Aa]_.*|Fa[A-Z][A-Za-z0-9]*")
         .derive_default(true)
         .derive_debug(true)
         .layout_tests(false)
