@@ -88,6 +88,13 @@ FA_GLOBAL void selftest_warp_kernel(FaSelftestWarpParams p) {
   case FA_SELFTEST_BALLOT: r = warp_ballot(v != 0); break;
   case FA_SELFTEST_ANY: r = warp_any(v != 0) ? 1u : 0u; break;
   case FA_SELFTEST_ALL: r = warp_all(v != 0) ? 1u : 0u; break;
+  case FA_SELFTEST_EXP2: {
+    float x, y;
+    __builtin_memcpy(&x, &v, 4);
+    y = fast_exp2(x);
+    __builtin_memcpy(&r, &y, 4);
+    break;
+  }
   default: break;
   }
   st_global(p.out + lane, r);
@@ -201,6 +208,60 @@ FA_GLOBAL void bug_misaligned_kernel(FaSelftestBugParams p) {
   const char *base = reinterpret_cast<const char *>(p.input) + (p.planted ? 4 : 0);
   st_global(reinterpret_cast<U32x4 *>(p.out) + t, ld_global(reinterpret_cast<const U32x4 *>(base) + t));
 }
+
+// Bypasses the checked intrinsics on purpose: only the host's own fault (turned into a report) can see it.
+FA_GLOBAL void bug_raw_pointer_kernel(FaSelftestBugParams p) {
+  const int t = thread_idx();
+  const float *src = reinterpret_cast<const float *>(p.planted ? (uintptr_t)0 : (uintptr_t)p.input);
+  st_global(p.out + t, *static_cast<volatile const float *>(src + t));
+}
+
+FA_GLOBAL void bug_div_by_zero_kernel(FaSelftestBugParams p) {
+  const int t = thread_idx();
+  const int divisor = p.planted ? (int)ld_global(p.input) - 1 : 1; // input[0] == 1.0
+  st_global(p.out + t, ld_global(p.input + t / divisor));
+}
+
+FA_GLOBAL void bug_store_to_input_kernel(FaSelftestBugParams p) {
+  const int t = thread_idx();
+  float *dst = p.planted ? const_cast<float *>(p.input) : p.out;
+  st_global(dst + t, ld_global(p.input + t));
+  if (p.planted) st_global(p.out + t, ld_global(p.input + t));
+}
+
+FA_GLOBAL void bug_shared_oob_kernel(FaSelftestBugParams p) {
+  float *smem = dynamic_smem<float>(); // 2048 bytes: 512 floats
+  const int t = thread_idx();
+  const int slot = (p.planted && t == 0) ? 4 * kBlock128 : 4 * t;
+  st_shared(smem + slot, ld_global(p.input + t));
+  sync_threads();
+  st_global(p.out + t, ld_shared(smem + 4 * t));
+}
+
+FA_GLOBAL void bug_global_as_shared_kernel(FaSelftestBugParams p) {
+  float *smem = dynamic_smem<float>();
+  const int t = thread_idx();
+  st_shared(smem + t, ld_global(p.input + t));
+  sync_threads();
+  st_global(p.out + t, ld_shared(p.planted ? p.input + t : smem + t));
+}
+
+#if defined(FA_EMULATION)
+// Emulator only: a recursive device function needs a stack frame, which the GPU build rejects (build.rs).
+// 16 KiB of locals per call; the correct twin recurses 4 deep, the planted bug 1000 deep.
+int recurse_with_large_locals(const float *in, int depth, int limit) {
+  volatile float locals[4096];
+  locals[depth % 4096] = (float)depth;
+  if (depth >= limit) return (int)locals[0];
+  return recurse_with_large_locals(in, depth + 1, limit) + (int)locals[depth % 4096] - depth;
+}
+
+FA_GLOBAL void bug_stack_overflow_kernel(FaSelftestBugParams p) {
+  const int t = thread_idx();
+  const int zero = recurse_with_large_locals(p.input, 0, p.planted ? 1000 : 4);
+  st_global(p.out + t, ld_global(p.input + t + zero));
+}
+#endif
 
 // ------------------------------------------------------------------------------------------- tiled GEMM
 
@@ -372,7 +433,7 @@ extern "C" int FA_LAUNCHER(selftest_ldmatrix)(FaSelftestLdmatrixParams p, FaStre
 }
 
 extern "C" int FA_LAUNCHER(selftest_warp)(FaSelftestWarpParams p, FaStream stream) {
-  if (p.op < FA_SELFTEST_SHFL_XOR || p.op > FA_SELFTEST_ALL) return FA_ERR_INVALID;
+  if (p.op < FA_SELFTEST_SHFL_XOR || p.op > FA_SELFTEST_EXP2) return FA_ERR_INVALID;
   return launch("selftest_warp", selftest_warp_kernel, Dim3{}, kWarpSize, 0, stream, p);
 }
 
@@ -413,6 +474,22 @@ extern "C" int FA_LAUNCHER(selftest_bug)(FaSelftestBugParams p, FaStream stream)
     return launch("bug_deadlock", bug_deadlock_kernel, Dim3{}, kBlock128, smem, stream, p);
   case FA_SELFTEST_BUG_MISALIGNED_16:
     return launch("bug_misaligned_16", bug_misaligned_kernel, Dim3{}, kBlock128, smem, stream, p);
+  case FA_SELFTEST_BUG_RAW_POINTER:
+    return launch("bug_raw_pointer", bug_raw_pointer_kernel, Dim3{}, kBlock128, smem, stream, p);
+  case FA_SELFTEST_BUG_DIV_BY_ZERO:
+    return launch("bug_div_by_zero", bug_div_by_zero_kernel, Dim3{}, kBlock128, smem, stream, p);
+  case FA_SELFTEST_BUG_STORE_TO_INPUT:
+    return launch("bug_store_to_input", bug_store_to_input_kernel, Dim3{}, kBlock128, smem, stream, p);
+  case FA_SELFTEST_BUG_SHARED_OOB:
+    return launch("bug_shared_oob", bug_shared_oob_kernel, Dim3{}, kBlock128, smem, stream, p);
+  case FA_SELFTEST_BUG_GLOBAL_AS_SHARED:
+    return launch("bug_global_as_shared", bug_global_as_shared_kernel, Dim3{}, kBlock128, smem, stream, p);
+  case FA_SELFTEST_BUG_STACK_OVERFLOW:
+#if defined(FA_EMULATION)
+    return launch("bug_stack_overflow", bug_stack_overflow_kernel, Dim3{}, kBlock128, smem, stream, p);
+#else
+    return FA_ERR_UNSUPPORTED;
+#endif
   default: return FA_ERR_INVALID;
   }
 }

@@ -58,6 +58,8 @@ pub enum WarpOp {
     Any,
     /// `out[l] = warp_all(values[l] != 0)`
     All,
+    /// `out[l] = fast_exp2(f32::from_bits(values[l])).to_bits()`
+    Exp2,
 }
 
 pub fn warp_op(op: WarpOp, values: &[u32; 32], operands: &[i32; 32], seed: u64) -> Result<[u32; 32]> {
@@ -69,6 +71,7 @@ pub fn warp_op(op: WarpOp, values: &[u32; 32], operands: &[i32; 32], seed: u64) 
         WarpOp::Ballot => sys::FA_SELFTEST_BALLOT,
         WarpOp::Any => sys::FA_SELFTEST_ANY,
         WarpOp::All => sys::FA_SELFTEST_ALL,
+        WarpOp::Exp2 => sys::FA_SELFTEST_EXP2,
     } as i32;
     let params =
         sys::FaSelftestWarpParams { values: values.as_ptr(), operands: operands.as_ptr(), out: out.as_mut_ptr(), op };
@@ -186,16 +189,28 @@ pub enum Bug {
     DivergentBarrier,
     Deadlock,
     Misaligned16,
+    StackOverflow,
+    RawPointer,
+    DivByZero,
+    StoreToInput,
+    SharedOob,
+    GlobalAsShared,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 6] = [
+    pub const ALL: [Bug; 12] = [
         Bug::MissingSyncthreads,
         Bug::OobWrite,
         Bug::MissingCpAsyncWait,
         Bug::DivergentBarrier,
         Bug::Deadlock,
         Bug::Misaligned16,
+        Bug::StackOverflow,
+        Bug::RawPointer,
+        Bug::DivByZero,
+        Bug::StoreToInput,
+        Bug::SharedOob,
+        Bug::GlobalAsShared,
     ];
 }
 
@@ -217,6 +232,12 @@ pub fn planted_bug(bug: Bug, planted: bool, race_detection: bool, input: &[f32],
         Bug::DivergentBarrier => sys::FA_SELFTEST_BUG_DIVERGENT_BARRIER,
         Bug::Deadlock => sys::FA_SELFTEST_BUG_DEADLOCK,
         Bug::Misaligned16 => sys::FA_SELFTEST_BUG_MISALIGNED_16,
+        Bug::StackOverflow => sys::FA_SELFTEST_BUG_STACK_OVERFLOW,
+        Bug::RawPointer => sys::FA_SELFTEST_BUG_RAW_POINTER,
+        Bug::DivByZero => sys::FA_SELFTEST_BUG_DIV_BY_ZERO,
+        Bug::StoreToInput => sys::FA_SELFTEST_BUG_STORE_TO_INPUT,
+        Bug::SharedOob => sys::FA_SELFTEST_BUG_SHARED_OOB,
+        Bug::GlobalAsShared => sys::FA_SELFTEST_BUG_GLOBAL_AS_SHARED,
     } as i32;
     let params = sys::FaSelftestBugParams {
         input: input.as_ptr(),

@@ -265,6 +265,46 @@ fn ballot_any_all() {
     assert_eq!(st::warp_op(WarpOp::All, &[9; 32], &zeros, 0).unwrap(), [1; 32]);
 }
 
+// ------------------------------------------------------------------------------------------------ exp2
+
+/// ex2.approx.ftz.f32: subnormal inputs count as zero, subnormal results flush to +0, special values as IEEE,
+/// and everything else within 2 ulp of 2^x (the PTX ISA bound).
+#[test]
+fn fast_exp2_flushes_subnormals_and_stays_within_2_ulp() {
+    let specials: [(f32, f32); 10] = [
+        (0.0, 1.0),
+        (-0.0, 1.0),
+        (1e-40, 1.0),  // subnormal input: treated as 0
+        (-1e-40, 1.0), // likewise
+        (-130.0, 0.0), // 2^-130 is subnormal: flushed
+        (-1000.0, 0.0),
+        (f32::NEG_INFINITY, 0.0),
+        (f32::INFINITY, f32::INFINITY),
+        (128.0, f32::INFINITY),
+        (3.0, 8.0),
+    ];
+    let mut values = [0u32; 32];
+    for (i, (x, _)) in specials.iter().enumerate() {
+        values[i] = x.to_bits();
+    }
+    values[10] = f32::NAN.to_bits();
+    let mut r = rng(4);
+    for v in values.iter_mut().skip(11) {
+        *v = r.random_range(-126.0f32..127.0).to_bits();
+    }
+    let out = st::warp_op(WarpOp::Exp2, &values, &[0; 32], 0).unwrap();
+    for (i, (x, want)) in specials.iter().enumerate() {
+        assert_eq!(out[i], want.to_bits(), "exp2({x})");
+    }
+    assert!(f32::from_bits(out[10]).is_nan());
+    for i in 11..32 {
+        let x = f32::from_bits(values[i]) as f64;
+        let exact = x.exp2();
+        let ulp = (exact as f32).to_bits().abs_diff(out[i]);
+        assert!(ulp <= 2, "exp2({x}) = {} vs {exact}", f32::from_bits(out[i]));
+    }
+}
+
 // -------------------------------------------------------------------------------------------- cp.async
 
 fn cp_async_inputs(groups: usize, seed: u64) -> (Vec<[u8; 16]>, Vec<bool>) {
@@ -367,6 +407,8 @@ fn bug_expected(bug: Bug, x: &[f32]) -> Vec<f32> {
             Bug::DivergentBarrier if i < 2 * t => x[i],
             Bug::Deadlock if i < t => x[i],
             Bug::Misaligned16 if i < 4 * (t - 1) => x[i],
+            Bug::StackOverflow | Bug::RawPointer | Bug::DivByZero if i < t => x[i],
+            Bug::StoreToInput | Bug::SharedOob | Bug::GlobalAsShared if i < t => x[i],
             _ => f32::NAN,
         })
         .collect()
@@ -418,7 +460,7 @@ fn planted_out_of_bounds_write_is_reported_with_the_buffer_and_offset() {
             &[
                 "kernel bug_oob_write block (0,0,0) thread 0:",
                 "out-of-bounds global store of 4 bytes at address 0x",
-                "(out+2048: 0 bytes past the end of out, 2048 bytes",
+                "(out+2048: just past the end of out, 2048 bytes",
             ],
         );
     }
@@ -483,6 +525,53 @@ fn planted_misaligned_16_byte_load_is_reported() {
             ],
         );
     }
+}
+
+#[test]
+fn memory_space_misuse_is_reported() {
+    let x = bug_input();
+    let msg = emulator_error(st::planted_bug(Bug::StoreToInput, true, true, &x, 0));
+    assert_contains(
+        &msg,
+        &["kernel bug_store_to_input", "global store of 4 bytes to read-only buffer input at address 0x", "(input+"],
+    );
+    let msg = emulator_error(st::planted_bug(Bug::SharedOob, true, true, &x, 0));
+    assert_contains(
+        &msg,
+        &[
+            "kernel bug_shared_oob block (0,0,0) thread 0:",
+            "out-of-bounds shared store of 4 bytes",
+            "(shared+2048): the block has 2048 bytes of shared memory",
+        ],
+    );
+    let msg = emulator_error(st::planted_bug(Bug::GlobalAsShared, true, true, &x, 0));
+    assert_contains(
+        &msg,
+        &[
+            "kernel bug_global_as_shared",
+            "shared load of 4 bytes at address 0x",
+            "(input+",
+            "that is global memory, not this block's shared memory",
+        ],
+    );
+}
+
+#[test]
+fn host_faults_in_kernel_code_are_reported_not_fatal() {
+    // Each of these would kill the test process without the emulator's signal handling.
+    let x = bug_input();
+    let msg = emulator_error(st::planted_bug(Bug::StackOverflow, true, true, &x, 0));
+    assert_contains(&msg, &["kernel bug_stack_overflow block (0,0,0) thread ", "stack overflow", "KiB fiber stack"]);
+    let msg = emulator_error(st::planted_bug(Bug::RawPointer, true, true, &x, 0));
+    assert_contains(
+        &msg,
+        &["kernel bug_raw_pointer", "segmentation fault at address 0x", "(null pointer + ", "raw pointer dereference"],
+    );
+    let msg = emulator_error(st::planted_bug(Bug::DivByZero, true, true, &x, 0));
+    assert_contains(&msg, &["kernel bug_div_by_zero", "integer division by zero"]);
+    // The process, and later launches on this thread, carry on normally.
+    assert!(st::planted_bug(Bug::StackOverflow, false, true, &x, 0).is_ok());
+    assert!(st::planted_bug(Bug::RawPointer, false, true, &x, 1).is_ok());
 }
 
 #[test]

@@ -68,8 +68,9 @@ void GlobalMemory::describe(const void *p, size_t n, char *buf, size_t len) cons
   if (k < 0 || (size_t)k >= len) return;
   buf += k;
   len -= (size_t)k;
-  if (a == 0) {
-    snprintf(buf, len, " (null pointer)");
+  // The first 64 KiB are never mapped: an address there is a null pointer plus an offset.
+  if (a < 65536) {
+    snprintf(buf, len, a == 0 ? " (null pointer)" : " (null pointer + %llu)", (unsigned long long)a);
     return;
   }
   // Inside a region, or straddling its end.
@@ -99,8 +100,16 @@ void GlobalMemory::describe(const void *p, size_t n, char *buf, size_t len) cons
       after = a >= e;
     }
   }
+  // Beyond this distance "the nearest buffer" says nothing useful about where the pointer came from.
+  constexpr uintptr_t kNear = (uintptr_t)1 << 30;
   if (!nearest) {
     snprintf(buf, len, " (the launch lists no buffers)");
+  } else if (best >= kNear) {
+    snprintf(buf, len, " (not in or near any buffer of the launch)");
+  } else if (after && best == 0) {
+    snprintf(buf, len, " (%s+%llu: just past the end of %s, %llu bytes; no buffer of the launch there)",
+             region_name(*nearest), (unsigned long long)nearest->bytes, region_name(*nearest),
+             (unsigned long long)nearest->bytes);
   } else if (after) {
     snprintf(buf, len, " (%s+%llu: %llu bytes past the end of %s, %llu bytes; no buffer of the launch there)",
              region_name(*nearest), (unsigned long long)(a - (uintptr_t)nearest->base), (unsigned long long)best,

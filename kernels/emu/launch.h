@@ -5,6 +5,7 @@
 // threads never share state.
 #pragma once
 
+#include <signal.h>
 #include <stdint.h>
 
 #include <functional>
@@ -89,10 +90,32 @@ struct Launch {
 // emulator itself (not a kernel fault): it aborts with a message.
 Launch &current_launch();
 inline Thread &current_thread() { return *current_launch().current; }
+// The same, or null outside a launch (for the signal handler).
+Launch *launch_on_this_thread();
 
 // Records "kernel <name> block (x,y,z) thread <blame.tid>: <what>" as the launch's fault and abandons the
 // launch: control returns to launch(), which reports FA_ERR_EMULATOR. Only callable on a fiber.
 [[noreturn]] void fault(const Thread &blame, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+// Only records the message (the first fault of a launch wins); the caller abandons the fiber itself.
+void record_fault(Launch &launch, const Thread &blame, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+// Size of each fiber stack (scheduler.cpp), for messages.
+size_t fiber_stack_bytes();
+
+// Host signals raised by kernel code become launch faults (fault_signal.cpp): installs the process-wide
+// handler once; a ScopedAltStack gives it a stack to run on while a launch is active on this thread.
+void install_fault_handlers();
+class ScopedAltStack {
+public:
+  ScopedAltStack();
+  ~ScopedAltStack();
+  ScopedAltStack(const ScopedAltStack &) = delete;
+  ScopedAltStack &operator=(const ScopedAltStack &) = delete;
+
+private:
+  void *mem_ = nullptr;
+  stack_t previous_{};
+};
 
 // Makes the calling lane wait at a warp collective or barrier (`key`: its warp-uniform operands, `args`:
 // this lane's operands and result slots). Returns once the operation has completed for this lane.

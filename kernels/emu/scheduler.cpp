@@ -31,6 +31,10 @@ constexpr int kMaxSmemBytes = 227 * 1024;
 static thread_local Launch *t_launch = nullptr;
 static thread_local bool t_race_detection = true;
 
+Launch *launch_on_this_thread() { return t_launch; }
+
+size_t fiber_stack_bytes() { return kFiberStackBytes; }
+
 Launch &current_launch() {
   if (!t_launch) {
     fputs("fa::emu: a device intrinsic was called outside an emulated kernel launch\n", stderr);
@@ -67,6 +71,13 @@ static void format_fault(Launch &l, int tid, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   vformat_fault(l, tid, fmt, ap);
+  va_end(ap);
+}
+
+void record_fault(Launch &l, const Thread &blame, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vformat_fault(l, blame.tid, fmt, ap);
   va_end(ap);
 }
 
@@ -389,6 +400,8 @@ int launch(const char *kernel_name, Dim3 grid, int block, int smem_bytes, FaEmuL
       // fibers from allocating, which is the one thing that could throw on them.
       t.cp_async.reserve(64);
     }
+    install_fault_handlers();
+    ScopedAltStack alt_stack;
     t_launch = &l;
     run_grid(l);
     t_launch = nullptr;

@@ -73,7 +73,7 @@ uint32_t SharedMemory::check_range(const Thread &t, const void *p, size_t n, siz
 void SharedMemory::report_race(const Thread &t, uint32_t offset, const char *access, int other_warp,
                                const char *other_access) {
   fault(t,
-        "data race on shared memory at address %#llx (shared+%u): warp %d %s bytes that warp %d %s, with no "
+        "data race on shared memory at address %#llx (shared+%u): warp %d%s bytes that warp %d %s, with no "
         "barrier ordering the two accesses (missing __syncthreads?)",
         (unsigned long long)((uintptr_t)base_ + offset), offset, t.warp, access, other_warp, other_access);
 }
@@ -85,12 +85,12 @@ void SharedMemory::report_in_flight(const Thread &t, uint32_t g, const char *acc
   const unsigned long long addr = (unsigned long long)((uintptr_t)base_ + 2 * g);
   if (races_ && issuer_warp != t.warp && in_flight_epoch_[g] >= knows(t.warp, issuer_warp)) {
     fault(t,
-          "data race on shared memory at address %#llx (shared+%u): warp %d %s bytes that warp %d's cp.async "
+          "data race on shared memory at address %#llx (shared+%u): warp %d%s bytes that warp %d's cp.async "
           "(thread %d) writes, with no barrier ordering the two accesses (missing __syncthreads?)",
           addr, 2 * g, t.warp, access, issuer_warp, issuer);
   }
   fault(t,
-        "warp %d %s shared memory at address %#llx (shared+%u) with cp.async in flight: thread %d's cp.async to "
+        "warp %d%s shared memory at address %#llx (shared+%u) with cp.async in flight: thread %d's cp.async to "
         "it has not been waited for (missing cp_async_wait?)",
         t.warp, access, addr, 2 * g, issuer);
 }
@@ -99,12 +99,12 @@ void SharedMemory::on_read(const Thread &t, uint32_t offset, size_t n) {
   const int w = t.warp;
   const uint32_t g_end = (uint32_t)((offset + n + 1) / 2);
   for (uint32_t g = offset / 2; g < g_end; ++g) {
-    if (in_flight_[g]) report_in_flight(t, g, "reads");
+    if (in_flight_[g]) report_in_flight(t, g, " reads");
     if (!races_) continue;
     uint32_t wr = last_write_[g];
     if (wr) {
       int writer = (int)(wr & 31);
-      if (writer != w && (wr >> 5) - 1 >= knows(w, writer)) report_race(t, 2 * g, "reads", writer, "wrote");
+      if (writer != w && (wr >> 5) - 1 >= knows(w, writer)) report_race(t, 2 * g, " reads", writer, "wrote");
     }
     last_read_[(size_t)g * warps_ + w] = epoch(w) + 1;
   }
@@ -113,7 +113,7 @@ void SharedMemory::on_read(const Thread &t, uint32_t offset, size_t n) {
 void SharedMemory::on_write(const Thread &t, uint32_t offset, size_t n, bool async) {
   const int w = t.warp;
   const uint32_t g_end = (uint32_t)((offset + n + 1) / 2);
-  const char *access = async ? "cp.async-writes" : "writes";
+  const char *access = async ? "'s cp.async writes" : " writes";
   for (uint32_t g = offset / 2; g < g_end; ++g) {
     if (in_flight_[g]) report_in_flight(t, g, access);
     if (races_) {

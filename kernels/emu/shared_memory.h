@@ -58,6 +58,7 @@ private:
   uint32_t check_range(const Thread &t, const void *p, size_t n, size_t align, const char *what);
   void on_read(const Thread &t, uint32_t offset, size_t n);
   void on_write(const Thread &t, uint32_t offset, size_t n, bool async);
+  // `access` continues "warp N" directly: " reads", " writes", "'s cp.async writes".
   [[noreturn]] void report_race(const Thread &t, uint32_t offset, const char *access, int other_warp,
                                 const char *other_access);
   [[noreturn]] void report_in_flight(const Thread &t, uint32_t granule, const char *access);

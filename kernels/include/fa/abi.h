@@ -194,13 +194,15 @@ typedef struct FaSelftestLdmatrixParams {
 } FaSelftestLdmatrixParams;
 
 /* Warp shuffles and votes: out[l] = shfl_xor(values[l], operands[l]), shfl_idx(values[l], operands[l]), or
- * warp_ballot / warp_any / warp_all of (values[l] != 0). One warp. */
+ * warp_ballot / warp_any / warp_all of (values[l] != 0); EXP2: the bits of fast_exp2 of the float whose
+ * bits are values[l]. One warp. */
 enum {
   FA_SELFTEST_SHFL_XOR = 0,
   FA_SELFTEST_SHFL_IDX = 1,
   FA_SELFTEST_BALLOT = 2,
   FA_SELFTEST_ANY = 3,
   FA_SELFTEST_ALL = 4,
+  FA_SELFTEST_EXP2 = 5,
 };
 typedef struct FaSelftestWarpParams {
   const uint32_t *values;  /* [32] */
@@ -255,7 +257,15 @@ typedef struct FaSelftestBarrierParams {
  *  MISSING_CP_ASYNC_WAIT shared memory read after cp.async + commit + barrier, but without a wait;
  *  DIVERGENT_BARRIER     only lanes 0-15 of each warp call sync_threads;
  *  DEADLOCK              warp 0 waits at barrier 1 for 64 threads; no other warp ever arrives;
- *  MISALIGNED_16         16-byte global loads from an address 4 bytes past a 16-byte boundary.
+ *  MISALIGNED_16         16-byte global loads from an address 4 bytes past a 16-byte boundary;
+ *  STACK_OVERFLOW        deep recursion with large locals (emulator only: the GPU library returns
+ *                        FA_ERR_UNSUPPORTED, as its build rejects kernels with a stack frame);
+ *  RAW_POINTER           a null pointer dereferenced directly, bypassing the checked intrinsics;
+ *  DIV_BY_ZERO           an integer division by zero (garbage on the GPU, a host trap in emulation);
+ *  STORE_TO_INPUT        a global store into the read-only input buffer;
+ *  SHARED_OOB            a shared store one element past the block's 2048 bytes of shared memory;
+ *  GLOBAL_AS_SHARED      ld_shared through a global pointer (works on the GPU by generic addressing, but
+ *                        breaks the intrinsics contract the emulator relies on).
  * race_detection = 0 turns the emulator's race detector off (the GPU ignores it). */
 enum {
   FA_SELFTEST_BUG_MISSING_SYNCTHREADS = 0,
@@ -264,6 +274,12 @@ enum {
   FA_SELFTEST_BUG_DIVERGENT_BARRIER = 3,
   FA_SELFTEST_BUG_DEADLOCK = 4,
   FA_SELFTEST_BUG_MISALIGNED_16 = 5,
+  FA_SELFTEST_BUG_STACK_OVERFLOW = 6,
+  FA_SELFTEST_BUG_RAW_POINTER = 7,
+  FA_SELFTEST_BUG_DIV_BY_ZERO = 8,
+  FA_SELFTEST_BUG_STORE_TO_INPUT = 9,
+  FA_SELFTEST_BUG_SHARED_OOB = 10,
+  FA_SELFTEST_BUG_GLOBAL_AS_SHARED = 11,
 };
 typedef struct FaSelftestBugParams {
   const float *input; /* [512] */
