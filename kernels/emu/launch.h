@@ -83,6 +83,7 @@ struct Launch {
   std::vector<Warp> warps;
   Barrier barriers[kNumBarriers];
   Thread *current = nullptr; // the fiber running now; null while the scheduler runs
+  int step_start = 0;        // the lane the current warp step started with (lanes run in rotation from it)
   bool faulted = false;
 };
 

@@ -205,6 +205,22 @@ static void resolve_step(Launch &l, int w) {
   }
 }
 
+// Ends this lane's part of the warp step: control passes straight to the next lane of the step that has not
+// run yet (one switch instead of two through the scheduler), or back to the scheduler after the last one.
+static void pass_on(Launch &l, Thread &t) {
+  Thread *lanes = &l.threads[(size_t)t.warp * kWarpSize];
+  for (int i = ((t.lane - l.step_start) & 31) + 1; i < kWarpSize; ++i) {
+    Thread &next = lanes[(l.step_start + i) & 31];
+    if (next.state == LaneState::Ready) {
+      l.current = &next;
+      fiber_switch(t.fiber, next.fiber);
+      return;
+    }
+  }
+  l.current = nullptr;
+  fiber_switch(t.fiber, l.scheduler);
+}
+
 void arrive(Op op, uint32_t key, void *args) {
   Launch &l = current_launch();
   Thread &t = *l.current;
@@ -215,7 +231,7 @@ void arrive(Op op, uint32_t key, void *args) {
   Warp &warp = l.warps[t.warp];
   warp.arrived += 1;
   if (warp.arrived + warp.exited == kWarpSize) resolve_step(l, t.warp);
-  fiber_switch(t.fiber, l.scheduler);
+  pass_on(l, t);
 }
 
 static void thread_exit(Launch &l, Thread &t) {
@@ -224,7 +240,7 @@ static void thread_exit(Launch &l, Thread &t) {
   Warp &warp = l.warps[t.warp];
   warp.exited += 1;
   if (warp.arrived + warp.exited == kWarpSize) resolve_step(l, t.warp);
-  fiber_switch(t.fiber, l.scheduler);
+  pass_on(l, t);
   __builtin_trap(); // an exited fiber is never resumed
 }
 
@@ -235,17 +251,18 @@ static void thread_entry(void *arg) noexcept {
   thread_exit(l, t);
 }
 
-// Runs one step of warp `w`: every ready lane, in a seeded rotation, up to its next wait point.
+// Runs one step of warp `w`: every ready lane, in a seeded rotation, up to its next wait point. The lanes
+// hand over to each other (pass_on); control comes back here after the last one, or at a fault.
 static void step_warp(Launch &l, int w, Rng &rng) {
-  const int start = (int)(rng.next() & 31);
+  l.step_start = (int)(rng.next() & 31);
   Thread *lanes = &l.threads[(size_t)w * kWarpSize];
   for (int i = 0; i < kWarpSize; ++i) {
-    Thread &t = lanes[(start + i) & 31];
+    Thread &t = lanes[(l.step_start + i) & 31];
     if (t.state != LaneState::Ready) continue;
     l.current = &t;
     fiber_switch(l.scheduler, t.fiber);
     l.current = nullptr;
-    if (l.faulted) return;
+    return;
   }
 }
 
