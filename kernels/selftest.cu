@@ -246,6 +246,16 @@ FA_GLOBAL void bug_global_as_shared_kernel(FaSelftestBugParams p) {
   st_global(p.out + t, ld_shared(p.planted ? p.input + t : smem + t));
 }
 
+// Inter-block signalling: blocks never run at the same time in the emulator, so the wait must be reported.
+FA_GLOBAL void bug_spin_wait_kernel(FaSelftestBugParams p) {
+  const int t = thread_idx();
+  if (p.planted && t == 0) {
+    while (ld_global(p.input) != 2.0f) { // input[0] is 1.0; "another block" would set it
+    }
+  }
+  st_global(p.out + t, ld_global(p.input + t));
+}
+
 #if defined(FA_EMULATION)
 // Emulator only: a recursive device function needs a stack frame, which the GPU build rejects (build.rs).
 // 16 KiB of locals per call; the correct twin recurses 4 deep, the planted bug 1000 deep.
@@ -484,6 +494,8 @@ extern "C" int FA_LAUNCHER(selftest_bug)(FaSelftestBugParams p, FaStream stream)
     return launch("bug_shared_oob", bug_shared_oob_kernel, Dim3{}, kBlock128, smem, stream, p);
   case FA_SELFTEST_BUG_GLOBAL_AS_SHARED:
     return launch("bug_global_as_shared", bug_global_as_shared_kernel, Dim3{}, kBlock128, smem, stream, p);
+  case FA_SELFTEST_BUG_SPIN_WAIT:
+    return launch("bug_spin_wait", bug_spin_wait_kernel, Dim3{}, kBlock128, smem, stream, p);
   case FA_SELFTEST_BUG_STACK_OVERFLOW:
 #if defined(FA_EMULATION)
     return launch("bug_stack_overflow", bug_stack_overflow_kernel, Dim3{}, kBlock128, smem, stream, p);

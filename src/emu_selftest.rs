@@ -195,10 +195,11 @@ pub enum Bug {
     StoreToInput,
     SharedOob,
     GlobalAsShared,
+    SpinWait,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 12] = [
+    pub const ALL: [Bug; 13] = [
         Bug::MissingSyncthreads,
         Bug::OobWrite,
         Bug::MissingCpAsyncWait,
@@ -211,6 +212,7 @@ impl Bug {
         Bug::StoreToInput,
         Bug::SharedOob,
         Bug::GlobalAsShared,
+        Bug::SpinWait,
     ];
 }
 
@@ -238,6 +240,7 @@ pub fn planted_bug(bug: Bug, planted: bool, race_detection: bool, input: &[f32],
         Bug::StoreToInput => sys::FA_SELFTEST_BUG_STORE_TO_INPUT,
         Bug::SharedOob => sys::FA_SELFTEST_BUG_SHARED_OOB,
         Bug::GlobalAsShared => sys::FA_SELFTEST_BUG_GLOBAL_AS_SHARED,
+        Bug::SpinWait => sys::FA_SELFTEST_BUG_SPIN_WAIT,
     } as i32;
     let params = sys::FaSelftestBugParams {
         input: input.as_ptr(),

@@ -408,7 +408,7 @@ fn bug_expected(bug: Bug, x: &[f32]) -> Vec<f32> {
             Bug::Deadlock if i < t => x[i],
             Bug::Misaligned16 if i < 4 * (t - 1) => x[i],
             Bug::StackOverflow | Bug::RawPointer | Bug::DivByZero if i < t => x[i],
-            Bug::StoreToInput | Bug::SharedOob | Bug::GlobalAsShared if i < t => x[i],
+            Bug::StoreToInput | Bug::SharedOob | Bug::GlobalAsShared | Bug::SpinWait if i < t => x[i],
             _ => f32::NAN,
         })
         .collect()
@@ -569,6 +569,17 @@ fn host_faults_in_kernel_code_are_reported_not_fatal() {
     );
     let msg = emulator_error(st::planted_bug(Bug::DivByZero, true, true, &x, 0));
     assert_contains(&msg, &["kernel bug_div_by_zero", "integer division by zero"]);
+    let t = Instant::now();
+    let msg = emulator_error(st::planted_bug(Bug::SpinWait, true, true, &x, 0));
+    assert_contains(
+        &msg,
+        &[
+            "kernel bug_spin_wait block (0,0,0) thread 0:",
+            "loads without reaching a warp collective or barrier",
+            "spin-wait",
+        ],
+    );
+    assert!(t.elapsed().as_secs_f64() < 30.0, "the spin-wait took {:?} to report", t.elapsed());
     // The process, and later launches on this thread, carry on normally.
     assert!(st::planted_bug(Bug::StackOverflow, false, true, &x, 0).is_ok());
     assert!(st::planted_bug(Bug::RawPointer, false, true, &x, 1).is_ok());

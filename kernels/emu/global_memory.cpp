@@ -127,6 +127,7 @@ using namespace detail;
 void global_load(void *dst, const void *gmem, size_t bytes) {
   Launch &l = current_launch();
   l.global.check(*l.current, gmem, bytes, natural_alignment(bytes), false, "global load");
+  count_load(*l.current);
   memcpy(dst, gmem, bytes);
 }
 

@@ -49,7 +49,14 @@ struct Thread {
   void *op_args = nullptr; // per-lane operands and results, on this fiber's stack while it waits
   std::vector<CpAsyncCopy> cp_async; // issued and not yet complete, in issue order
   uint64_t cp_async_groups = 0;      // groups committed so far
+  uint64_t loads_since_wait = 0;     // see count_load
 };
+
+// A lane runs uninterrupted until its next collective or barrier, so one that spin-waits on memory another
+// warp (or block) writes would never let the writer run. Past this many loads without reaching a wait point
+// the emulator reports a fault instead of hanging (2^26, about a second of emulation: a decode thread
+// reading a 32k-token context touches ~2^22 elements).
+constexpr uint64_t kMaxLoadsBetweenWaits = 1ull << 26;
 
 struct Warp {
   int arrived = 0; // lanes waiting at the warp's current collective or barrier
@@ -117,6 +124,9 @@ private:
   void *mem_ = nullptr;
   stack_t previous_{};
 };
+
+// Counts one load of `t` towards kMaxLoadsBetweenWaits; faults past it.
+void count_load(Thread &t);
 
 // Makes the calling lane wait at a warp collective or barrier (`key`: its warp-uniform operands, `args`:
 // this lane's operands and result slots). Returns once the operation has completed for this lane.

@@ -221,9 +221,19 @@ static void pass_on(Launch &l, Thread &t) {
   fiber_switch(t.fiber, l.scheduler);
 }
 
+void count_load(Thread &t) {
+  if (++t.loads_since_wait > kMaxLoadsBetweenWaits) {
+    fault(t,
+          "%llu loads without reaching a warp collective or barrier: a spin-wait on memory another warp or "
+          "block writes? (the emulator runs a lane uninterrupted between collectives and blocks one at a time)",
+          (unsigned long long)kMaxLoadsBetweenWaits);
+  }
+}
+
 void arrive(Op op, uint32_t key, void *args) {
   Launch &l = current_launch();
   Thread &t = *l.current;
+  t.loads_since_wait = 0;
   t.op = op;
   t.op_key = key;
   t.op_args = args;
@@ -306,6 +316,7 @@ static void run_block(Launch &l, Dim3 idx, uint64_t linear) {
     t.state = LaneState::Ready;
     t.cp_async.clear();
     t.cp_async_groups = 0;
+    t.loads_since_wait = 0;
     fiber_prepare(t.fiber, l.stacks.lo(i), l.stacks.hi(i), thread_entry, &t);
   }
   Rng rng{l.seed ^ (0xD1B54A32D192ED03ull * (linear + 1))};

@@ -197,6 +197,7 @@ unsigned char *dynamic_smem() { return current_launch().shared.base(); }
 void shared_load(void *dst, const void *smem, size_t bytes) {
   Launch &l = current_launch();
   l.shared.load(*l.current, dst, smem, bytes);
+  count_load(*l.current);
 }
 
 void shared_store(void *smem, const void *src, size_t bytes) {

@@ -265,7 +265,8 @@ typedef struct FaSelftestBarrierParams {
  *  STORE_TO_INPUT        a global store into the read-only input buffer;
  *  SHARED_OOB            a shared store one element past the block's 2048 bytes of shared memory;
  *  GLOBAL_AS_SHARED      ld_shared through a global pointer (works on the GPU by generic addressing, but
- *                        breaks the intrinsics contract the emulator relies on).
+ *                        breaks the intrinsics contract the emulator relies on);
+ *  SPIN_WAIT             thread 0 spins on a flag that "another block" would set (never, here).
  * race_detection = 0 turns the emulator's race detector off (the GPU ignores it). */
 enum {
   FA_SELFTEST_BUG_MISSING_SYNCTHREADS = 0,
@@ -280,6 +281,7 @@ enum {
   FA_SELFTEST_BUG_STORE_TO_INPUT = 9,
   FA_SELFTEST_BUG_SHARED_OOB = 10,
   FA_SELFTEST_BUG_GLOBAL_AS_SHARED = 11,
+  FA_SELFTEST_BUG_SPIN_WAIT = 12,
 };
 typedef struct FaSelftestBugParams {
   const float *input; /* [512] */
