@@ -56,9 +56,14 @@ uint32_t SharedMemory::check_range(const Thread &t, const void *p, size_t n, siz
       fault(t, "%s of %zu bytes at address %s: that is global memory, not this block's shared memory", what, n,
             where);
     }
+    // Near misses (an index off by a little) are described relative to the base, like global ones.
     if (a >= b && a - b < (uintptr_t)bytes_ + 65536) {
       fault(t, "out-of-bounds %s of %zu bytes at address %#llx (shared+%llu): the block has %d bytes of shared memory",
             what, n, (unsigned long long)a, (unsigned long long)(a - b), bytes_);
+    }
+    if (a < b && b - a <= 65536) {
+      fault(t, "out-of-bounds %s of %zu bytes at address %#llx (shared-%llu): before the block's shared memory", what,
+            n, (unsigned long long)a, (unsigned long long)(b - a));
     }
     fault(t, "%s of %zu bytes at address %#llx: not in this block's shared memory [%#llx, +%d bytes)", what, n,
           (unsigned long long)a, (unsigned long long)b, bytes_);
@@ -175,7 +180,8 @@ void SharedMemory::end_async_write(const Thread &t, uint32_t offset, size_t n, c
 
 void SharedMemory::barrier(uint32_t warp_mask) {
   // Each participant ends its epoch, then all adopt the join of their clocks: everything any of them did
-  // before the barrier now happens-before everything any of them does after it.
+  // before the barrier now happens-before everything any of them does after it. (Epochs are packed into 27
+  // bits in last_write_: a block would need 2^27 barriers to wrap them.)
   uint32_t join[kMaxWarps] = {};
   for (int w = 0; w < warps_; ++w) {
     if (!(warp_mask >> w & 1)) continue;
