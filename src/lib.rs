@@ -4,6 +4,7 @@
 //! emulator) → `sys` (bindgen of kernels/include/fa/abi.h) → `launch` (the only place raw pointers are
 //! taken) → the safe ops over [`TensorView`]s on a [`Stream`] (GPU or emulator). `reference` is the fp64
 //! CPU reference the tests (and downstream suites) compare against.
+pub mod build_info;
 pub mod device;
 pub mod dtype;
 pub mod emu;
