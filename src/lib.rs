@@ -13,6 +13,7 @@ mod launch;
 pub mod reference;
 pub mod sys;
 pub mod tensor;
+pub mod timing;
 
 pub use device::Stream;
 pub use dtype::{DType, Element};
