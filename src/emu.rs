@@ -1,34 +1,40 @@
-//! The host-emulator backend's launch helper. A `fa_emu_*` launcher takes an `FaEmuLaunch` as its stream:
-//! the buffers the kernel may touch (every global access is checked against them), the scheduling seed,
-//! and a message buffer the emulator fills when it detects a fault. [`run_emulated`] builds that context,
-//! calls the launcher and turns its status into a [`Result`]; [`region`] / [`region_mut`] describe buffers.
+//! The emulator backend's Rust side: a handle whose launches run the kernel sources on the host SIMT
+//! executor (kernels/emu/), and the one place a launch's status and fault message become an `Error`.
 
 use std::ffi::CStr;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::error::{to_i32, Error, ErrorKind, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::sys;
 
-/// A buffer the kernel may read: `name` is how fault messages refer to it ("q+128").
-pub(crate) fn region<T>(name: &'static CStr, data: &[T]) -> sys::FaEmuRegion {
-    sys::FaEmuRegion {
-        base: data.as_ptr().cast(),
-        bytes: std::mem::size_of_val(data) as u64,
-        writable: 0,
-        name: name.as_ptr(),
+/// Host emulator backend. Each launch runs to completion on the calling thread. Warp scheduling between
+/// barriers is varied by a seed that advances per launch, so runs are reproducible for a given starting
+/// seed yet successive launches explore different interleavings.
+#[derive(Debug)]
+pub struct Emulator {
+    next_seed: AtomicU64,
+}
+
+impl Default for Emulator {
+    fn default() -> Self {
+        Self::with_seed(0x5eed_fa11)
     }
 }
 
-/// A buffer the kernel may read and write.
-pub(crate) fn region_mut<T>(name: &'static CStr, data: &mut [T]) -> sys::FaEmuRegion {
-    sys::FaEmuRegion { writable: 1, ..region(name, data) }
+impl Emulator {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn with_seed(seed: u64) -> Self {
+        Self { next_seed: AtomicU64::new(seed) }
+    }
+    pub(crate) fn take_seed(&self) -> u64 {
+        self.next_seed.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)
+    }
 }
 
-/// Runs one emulated launch: `launch` receives the stream handle to pass to a `fa_emu_*` launcher and
-/// returns its status. A fault becomes an [`ErrorKind::Emulator`] error whose message names kernel, block,
-/// thread and address, plus the seed that reproduces it.
-///
-/// The caller guarantees that `regions` describe live buffers for the duration of the call; the emulator
-/// never touches memory outside them.
+/// Runs one emulated launch: `launch` receives the FaStream (an FaEmuLaunch listing `regions`, the only
+/// memory the kernel may touch) and calls an `fa_emu_*` launcher.
 pub(crate) fn run_emulated(
     kernel: &str,
     regions: &[sys::FaEmuRegion],
@@ -37,62 +43,36 @@ pub(crate) fn run_emulated(
 ) -> Result<()> {
     let mut ctx = sys::FaEmuLaunch {
         regions: regions.as_ptr(),
-        num_regions: to_i32("regions", regions.len())?,
+        num_regions: crate::error::to_i32("regions", regions.len())?,
         seed,
         message: [0; 1024],
     };
-    let status = launch((&mut ctx as *mut sys::FaEmuLaunch).cast());
-    let message = || {
-        let bytes: Vec<u8> = ctx.message.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
-        String::from_utf8_lossy(&bytes).into_owned()
-    };
-    match status {
-        s if s == sys::FA_OK => Ok(()),
-        s if s == sys::FA_ERR_EMULATOR => {
-            let msg = message();
-            let msg = if msg.is_empty() { format!("kernel {kernel}: emulator fault") } else { msg };
-            Err(Error::new(ErrorKind::Emulator, format!("{msg} [emulator seed {seed}]")))
-        }
-        s if s == sys::FA_ERR_UNSUPPORTED => {
-            Err(Error::unsupported(kernel, "no kernel instantiated for this configuration"))
-        }
-        s if s == sys::FA_ERR_INVALID => Err(Error::shape(kernel, "the launcher rejected its parameters")),
-        s => Err(Error::new(ErrorKind::Emulator, format!("kernel {kernel}: unexpected launcher status {s}"))),
+    let status = launch(&mut ctx as *mut sys::FaEmuLaunch as sys::FaStream);
+    if status == 0 {
+        return Ok(());
     }
+    // SAFETY: the executor writes a NUL-terminated message into the zero-initialised buffer.
+    let msg = unsafe { CStr::from_ptr(ctx.message.as_ptr()) }.to_string_lossy().into_owned();
+    // The launch seed reproduces the interleaving that led to the fault.
+    let msg = if msg.is_empty() { msg } else { format!("{msg} [emulator seed {seed:#x}]") };
+    Err(status_error(kernel, "emu", status, Some(msg)))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn statuses_map_to_error_kinds() {
-        assert!(run_emulated("k", &[], 0, |_| sys::FA_OK).is_ok());
-        let e = run_emulated("k", &[], 7, |_| sys::FA_ERR_EMULATOR).unwrap_err();
-        assert_eq!(e.kind(), &ErrorKind::Emulator);
-        assert!(e.message().contains("kernel k") && e.message().contains("seed 7"), "{e}");
-        let e = run_emulated("k", &[], 0, |_| sys::FA_ERR_UNSUPPORTED).unwrap_err();
-        assert_eq!(e.kind(), &ErrorKind::Unsupported);
-    }
-
-    #[test]
-    fn the_launcher_sees_the_regions_and_its_message_comes_back() {
-        let data = [1u32, 2, 3];
-        let regions = [region(c"data", &data)];
-        let err = run_emulated("k", &regions, 3, |stream| {
-            // SAFETY: run_emulated passes a pointer to its live FaEmuLaunch.
-            let ctx = unsafe { &mut *stream.cast::<sys::FaEmuLaunch>() };
-            assert_eq!(ctx.num_regions, 1);
-            // SAFETY: regions points at `regions`, which outlives the call.
-            let r = unsafe { &*ctx.regions };
-            assert_eq!(r.bytes, 12);
-            assert_eq!(r.writable, 0);
-            for (dst, src) in ctx.message.iter_mut().zip(b"kernel k block (0,0,0) thread 5: boom\0") {
-                *dst = *src as std::os::raw::c_char;
-            }
-            sys::FA_ERR_EMULATOR
-        })
-        .unwrap_err();
-        assert_eq!(err.message(), "kernel k block (0,0,0) thread 5: boom [emulator seed 3]");
-    }
+/// The error for a launcher's non-zero status.
+pub(crate) fn status_error(kernel: &str, backend: &str, status: i32, detail: Option<String>) -> Error {
+    let detail = detail.filter(|m| !m.is_empty());
+    let kind = match status {
+        s if s == sys::FA_ERR_INVALID => ErrorKind::Shape,
+        s if s == sys::FA_ERR_UNSUPPORTED => ErrorKind::Unsupported,
+        s if s == sys::FA_ERR_EMULATOR => ErrorKind::Emulator,
+        s if s == sys::FA_ERR_NO_ARCH => ErrorKind::Arch,
+        _ => ErrorKind::Cuda,
+    };
+    let what = detail.unwrap_or_else(|| match kind {
+        ErrorKind::Shape => "launcher rejected its parameters".to_string(),
+        ErrorKind::Unsupported => "no kernel for this configuration".to_string(),
+        ErrorKind::Arch => "no kernel image for this GPU architecture".to_string(),
+        _ => format!("status {status}"),
+    });
+    Error::new(kind, format!("{kernel} ({backend}): {what}"))
 }

@@ -3,10 +3,27 @@
 //! kernel under the emulator with the given scheduling seed, and returns what the kernel wrote (or the
 //! emulator's fault as an [`ErrorKind::Emulator`](crate::ErrorKind::Emulator) error).
 
+use std::ffi::CStr;
+
 use crate::dtype::{DType, Element};
-use crate::emu::{region, region_mut, run_emulated};
+use crate::emu::run_emulated;
 use crate::error::{to_i32, Error, Result};
 use crate::sys;
+
+/// A buffer the kernel may read: `name` is how fault messages refer to it ("input+128").
+fn region<T>(name: &'static CStr, data: &[T]) -> sys::FaEmuRegion {
+    sys::FaEmuRegion {
+        base: data.as_ptr().cast(),
+        bytes: std::mem::size_of_val(data) as u64,
+        writable: 0,
+        name: name.as_ptr(),
+    }
+}
+
+/// A buffer the kernel may read and write.
+fn region_mut<T>(name: &'static CStr, data: &mut [T]) -> sys::FaEmuRegion {
+    sys::FaEmuRegion { writable: 1, ..region(name, data) }
+}
 
 /// Threads per block of the block-sized self-tests (4 warps).
 pub const BLOCK_THREADS: usize = 128;
