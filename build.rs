@@ -288,7 +288,7 @@ fn bindgen_abi(root: &Path, include: &Path, out: &Path) {
     let header = include.join("fa/abi.h");
     let bindings = bindgen::Builder::default()
         .header(header.to_string_lossy())
-        .allowlist_item("[Ff][Aa]_.*")
+        .allowlist_item("(fa_|Fa|FA_).*")
         .derive_default(true)
         .derive_debug(true)
         .layout_tests(false)

@@ -1,0 +1,76 @@
+//! The emulator backend's Rust side: a handle whose launches run the kernel sources on the host SIMT
+//! executor (kernels/emu/), and the one place a launch's status and fault message become an `Error`.
+
+use std::ffi::CStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::sys;
+
+/// Host emulator backend. Each launch runs to completion on the calling thread. Warp scheduling between
+/// barriers is varied by a seed that advances per launch, so runs are reproducible for a given starting
+/// seed yet successive launches explore different interleavings.
+#[derive(Debug)]
+pub struct Emulator {
+    next_seed: AtomicU64,
+}
+
+impl Default for Emulator {
+    fn default() -> Self {
+        Self::with_seed(0x5eed_fa11)
+    }
+}
+
+impl Emulator {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn with_seed(seed: u64) -> Self {
+        Self { next_seed: AtomicU64::new(seed) }
+    }
+    pub(crate) fn take_seed(&self) -> u64 {
+        self.next_seed.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)
+    }
+}
+
+/// Runs one emulated launch: `launch` receives the FaStream (an FaEmuLaunch listing `regions`, the only
+/// memory the kernel may touch) and calls an `fa_emu_*` launcher.
+pub(crate) fn run_emulated(
+    kernel: &str,
+    regions: &[sys::FaEmuRegion],
+    seed: u64,
+    launch: impl FnOnce(sys::FaStream) -> i32,
+) -> Result<()> {
+    let mut ctx = sys::FaEmuLaunch {
+        regions: regions.as_ptr(),
+        num_regions: crate::error::to_i32("regions", regions.len())?,
+        seed,
+        message: [0; 1024],
+    };
+    let status = launch(&mut ctx as *mut sys::FaEmuLaunch as sys::FaStream);
+    if status == 0 {
+        return Ok(());
+    }
+    // SAFETY: the executor writes a NUL-terminated message into the zero-initialised buffer.
+    let msg = unsafe { CStr::from_ptr(ctx.message.as_ptr()) }.to_string_lossy().into_owned();
+    Err(status_error(kernel, "emu", status, Some(msg)))
+}
+
+/// The error for a launcher's non-zero status.
+pub(crate) fn status_error(kernel: &str, backend: &str, status: i32, detail: Option<String>) -> Error {
+    let detail = detail.filter(|m| !m.is_empty());
+    let kind = match status {
+        s if s == sys::FA_ERR_INVALID => ErrorKind::Shape,
+        s if s == sys::FA_ERR_UNSUPPORTED => ErrorKind::Unsupported,
+        s if s == sys::FA_ERR_EMULATOR => ErrorKind::Emulator,
+        s if s == sys::FA_ERR_NO_ARCH => ErrorKind::Arch,
+        _ => ErrorKind::Cuda,
+    };
+    let what = detail.unwrap_or_else(|| match kind {
+        ErrorKind::Shape => "launcher rejected its parameters".to_string(),
+        ErrorKind::Unsupported => "no kernel for this configuration".to_string(),
+        ErrorKind::Arch => "no kernel image for this GPU architecture".to_string(),
+        _ => format!("status {status}"),
+    });
+    Error::new(kind, format!("{kernel} ({backend}): {what}"))
+}

@@ -1,0 +1,136 @@
+//! The only place raw pointers are taken from views. A `Launch` collects, for one kernel launch, the
+//! pointers of its arguments (checking backend, context and alignment), keeps cudarc's stream-ordering
+//! guards alive until the launch is enqueued, lists the host buffers for the emulator's bounds checks,
+//! and finally calls the GPU or emulator launcher of the op. Nothing here allocates device memory or
+//! synchronises.
+
+use std::ffi::{c_void, CStr};
+use std::sync::Arc;
+
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
+
+use crate::device::Stream;
+use crate::emu::{run_emulated, status_error};
+use crate::error::{Error, Result};
+use crate::sys;
+use crate::tensor::{Mem, MemMut, TensorView, TensorViewMut};
+
+/// An `extern "C"` launcher from abi.h: `int fa_<backend>_<op>(Params, FaStream)`.
+pub(crate) type Launcher<P> = unsafe extern "C" fn(P, sys::FaStream) -> i32;
+
+pub(crate) struct Launch<'a> {
+    stream: Stream<'a>,
+    guards: Vec<SyncOnDrop<'a>>,
+    regions: Vec<sys::FaEmuRegion>,
+}
+
+impl<'a> Launch<'a> {
+    pub fn new(stream: Stream<'a>) -> Self {
+        Launch { stream, guards: Vec::new(), regions: Vec::new() }
+    }
+
+    fn gpu_stream(&self, name: &CStr, view_stream: &Arc<CudaStream>) -> Result<&'a CudaStream> {
+        match self.stream {
+            Stream::Gpu(s) => {
+                if !Arc::ptr_eq(s.context(), view_stream.context()) {
+                    return Err(Error::backend(&name.to_string_lossy(), "GPU memory of another CUDA context"));
+                }
+                Ok(s)
+            }
+            Stream::Emu(_) => Err(Error::backend(&name.to_string_lossy(), "GPU memory passed to an emulator launch")),
+        }
+    }
+
+    fn host_region(&mut self, name: &'static CStr, base: *const c_void, bytes: usize, writable: bool) -> Result<()> {
+        if let Stream::Gpu(_) = self.stream {
+            return Err(Error::backend(&name.to_string_lossy(), "host memory passed to a GPU launch"));
+        }
+        self.regions.push(sys::FaEmuRegion {
+            base,
+            bytes: bytes as u64,
+            writable: writable as i32,
+            name: name.as_ptr(),
+        });
+        Ok(())
+    }
+
+    /// Pointer of a read-only argument whose base must be `align` bytes aligned.
+    pub fn input<T, const N: usize>(
+        &mut self,
+        name: &'static CStr,
+        view: &'a TensorView<'_, T, N>,
+        align: usize,
+    ) -> Result<*const c_void> {
+        let ptr = match &view.mem {
+            Mem::Gpu(v) => {
+                let s = self.gpu_stream(name, v.stream())?;
+                let (p, guard) = v.device_ptr(s);
+                self.guards.push(guard);
+                p as usize
+            }
+            Mem::Host(h) => {
+                self.host_region(name, h.as_ptr().cast(), std::mem::size_of_val(*h), false)?;
+                h.as_ptr() as usize
+            }
+        };
+        check_align(name, ptr, align)?;
+        Ok(ptr as *const c_void)
+    }
+
+    /// Pointer of an argument the kernel writes.
+    pub fn output<T, const N: usize>(
+        &mut self,
+        name: &'static CStr,
+        view: &'a mut TensorViewMut<'_, T, N>,
+        align: usize,
+    ) -> Result<*mut c_void> {
+        let ptr = match &mut view.mem {
+            MemMut::Gpu(v) => {
+                let s = self.gpu_stream(name, v.stream())?;
+                let (p, guard) = v.device_ptr_mut(s);
+                self.guards.push(guard);
+                p as usize
+            }
+            MemMut::Host(h) => {
+                self.host_region(name, h.as_ptr().cast(), std::mem::size_of_val(*h), true)?;
+                h.as_mut_ptr() as usize
+            }
+        };
+        check_align(name, ptr, align)?;
+        Ok(ptr as *mut c_void)
+    }
+
+    /// Enqueues the launch on the GPU stream, or runs it on the emulator. `params` must hold only pointers
+    /// obtained from this `Launch`.
+    pub fn run<P>(self, kernel: &str, params: P, gpu: Launcher<P>, emu: Launcher<P>) -> Result<()> {
+        match self.stream {
+            Stream::Gpu(s) => {
+                s.context().bind_to_thread()?;
+                // SAFETY: params hold pointers into views borrowed for this launch (checked for backend,
+                // context, extent and alignment); the launcher only enqueues work on `s`.
+                let status = unsafe { gpu(params, s.cu_stream() as sys::FaStream) };
+                if status != 0 {
+                    // SAFETY: returns a pointer to a static NUL-terminated string.
+                    let msg = unsafe { CStr::from_ptr(sys::fa_gpu_error_string(status)) };
+                    return Err(status_error(kernel, "gpu", status, Some(msg.to_string_lossy().into_owned())));
+                }
+                drop(self.guards);
+                Ok(())
+            }
+            Stream::Emu(e) => {
+                // SAFETY: as above; the emulator additionally confines every access to `regions`.
+                run_emulated(kernel, &self.regions, e.take_seed(), |st| unsafe { emu(params, st) })
+            }
+        }
+    }
+}
+
+fn check_align(name: &CStr, ptr: usize, align: usize) -> Result<()> {
+    if align > 1 && ptr % align != 0 {
+        return Err(Error::alignment(
+            &name.to_string_lossy(),
+            format!("address {ptr:#x} is not {align}-byte aligned"),
+        ));
+    }
+    Ok(())
+}

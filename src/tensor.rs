@@ -1,0 +1,238 @@
+//! Typed tensor views: memory (a cudarc view on the GPU backend, a host slice on the emulator backend) plus
+//! a shape and i64 element strides. Construction checks that every element the shape and strides address
+//! lies inside the memory (so no launch can read or write outside it); ops check layout and alignment with
+//! the argument's name through [`TensorView::check_rows`].
+
+use cudarc::driver::{CudaView, CudaViewMut};
+
+use crate::error::{Error, Result};
+
+/// Read-only memory behind a view.
+pub enum Mem<'a, T> {
+    Gpu(CudaView<'a, T>),
+    Host(&'a [T]),
+}
+
+/// Writable memory behind a view.
+pub enum MemMut<'a, T> {
+    Gpu(CudaViewMut<'a, T>),
+    Host(&'a mut [T]),
+}
+
+impl<T> Mem<'_, T> {
+    fn len(&self) -> usize {
+        match self {
+            Mem::Gpu(v) => v.len(),
+            Mem::Host(s) => s.len(),
+        }
+    }
+}
+
+impl<T> MemMut<'_, T> {
+    fn len(&self) -> usize {
+        match self {
+            MemMut::Gpu(v) => v.len(),
+            MemMut::Host(s) => s.len(),
+        }
+    }
+}
+
+/// A read-only N-dimensional view; the last dimension is the innermost.
+pub struct TensorView<'a, T, const N: usize> {
+    pub(crate) mem: Mem<'a, T>,
+    shape: [usize; N],
+    strides: [i64; N],
+}
+
+/// A writable N-dimensional view.
+pub struct TensorViewMut<'a, T, const N: usize> {
+    pub(crate) mem: MemMut<'a, T>,
+    shape: [usize; N],
+    strides: [i64; N],
+}
+
+/// Row-major strides of a contiguous tensor, checked for overflow.
+pub fn contiguous_strides<const N: usize>(shape: [usize; N]) -> Result<[i64; N]> {
+    let mut strides = [0i64; N];
+    let mut acc: i64 = 1;
+    for d in (0..N).rev() {
+        strides[d] = acc;
+        let dim = i64::try_from(shape[d]).map_err(|_| Error::overflow("shape", format!("{shape:?}")))?;
+        acc = acc.checked_mul(dim.max(1)).ok_or_else(|| Error::overflow("shape", format!("{shape:?}")))?;
+    }
+    Ok(strides)
+}
+
+/// Number of elements the view spans (largest addressed offset + 1), 0 for an empty shape.
+fn extent<const N: usize>(shape: [usize; N], strides: [i64; N]) -> Result<usize> {
+    if shape.contains(&0) {
+        return Ok(0);
+    }
+    let mut last: i64 = 0;
+    for d in 0..N {
+        if strides[d] < 0 {
+            return Err(Error::layout("view", format!("negative stride {} in dimension {d}", strides[d])));
+        }
+        let dim = i64::try_from(shape[d] - 1).map_err(|_| Error::overflow("view", format!("shape {shape:?}")))?;
+        last = dim
+            .checked_mul(strides[d])
+            .and_then(|x| x.checked_add(last))
+            .ok_or_else(|| Error::overflow("view", format!("shape {shape:?} with strides {strides:?}")))?;
+    }
+    usize::try_from(last)
+        .ok()
+        .and_then(|x| x.checked_add(1))
+        .ok_or_else(|| Error::overflow("view", format!("shape {shape:?} with strides {strides:?}")))
+}
+
+fn check_fits<const N: usize>(len: usize, shape: [usize; N], strides: [i64; N]) -> Result<()> {
+    let need = extent(shape, strides)?;
+    if need > len {
+        return Err(Error::out_of_bounds(
+            "view",
+            format!("shape {shape:?} with strides {strides:?} spans {need} elements, memory holds {len}"),
+        ));
+    }
+    Ok(())
+}
+
+macro_rules! view_common {
+    ($ty:ident, $mem:ident) => {
+        impl<'a, T, const N: usize> $ty<'a, T, N> {
+            fn new(mem: $mem<'a, T>, shape: [usize; N]) -> Result<Self> {
+                let strides = contiguous_strides(shape)?;
+                check_fits(mem.len(), shape, strides)?;
+                Ok(Self { mem, shape, strides })
+            }
+            /// The same memory with explicit element strides (any non-negative strides, e.g. a slice of a
+            /// packed QKV tensor). Fails if the view would address memory outside the buffer.
+            pub fn with_strides(mut self, strides: [i64; N]) -> Result<Self> {
+                check_fits(self.mem.len(), self.shape, strides)?;
+                self.strides = strides;
+                Ok(self)
+            }
+            pub fn shape(&self) -> [usize; N] {
+                self.shape
+            }
+            pub fn strides(&self) -> [i64; N] {
+                self.strides
+            }
+            pub fn dim(&self, d: usize) -> usize {
+                self.shape[d]
+            }
+            pub fn is_gpu(&self) -> bool {
+                matches!(self.mem, $mem::Gpu(_))
+            }
+            /// Layout check an op applies to each argument, naming it: unit innermost stride, and when
+            /// `align_bytes` > 1 every other stride a multiple of `align_bytes` (so every row start is as
+            /// aligned as the base pointer, which the launch checks).
+            pub fn check_rows(&self, name: &str, align_bytes: usize) -> Result<()> {
+                if N > 0 && self.shape[N - 1] > 1 && self.strides[N - 1] != 1 {
+                    return Err(Error::layout(
+                        name,
+                        format!("innermost stride must be 1, got {} (strides {:?})", self.strides[N - 1], self.strides),
+                    ));
+                }
+                let elem = std::mem::size_of::<T>() as i64;
+                for d in 0..N.saturating_sub(1) {
+                    if align_bytes > 1 && self.shape[d] > 1 && (self.strides[d] * elem) % align_bytes as i64 != 0 {
+                        return Err(Error::alignment(
+                            name,
+                            format!(
+                                "stride {} of dimension {d} is not a multiple of {align_bytes} bytes",
+                                self.strides[d]
+                            ),
+                        ));
+                    }
+                }
+                Ok(())
+            }
+            /// Expect an exact shape (used by ops to report mismatches by name).
+            pub fn expect_shape(&self, name: &str, want: [usize; N]) -> Result<()> {
+                if self.shape != want {
+                    return Err(Error::shape(name, format!("expected shape {want:?}, got {:?}", self.shape)));
+                }
+                Ok(())
+            }
+        }
+    };
+}
+
+view_common!(TensorView, Mem);
+view_common!(TensorViewMut, MemMut);
+
+impl<'a, T, const N: usize> TensorView<'a, T, N> {
+    /// A contiguous view of GPU memory (`slice.as_view()` or `slice.slice(a..b)`).
+    pub fn gpu(view: CudaView<'a, T>, shape: [usize; N]) -> Result<Self> {
+        Self::new(Mem::Gpu(view), shape)
+    }
+    /// A contiguous view of host memory, for the emulator backend.
+    pub fn host(data: &'a [T], shape: [usize; N]) -> Result<Self> {
+        Self::new(Mem::Host(data), shape)
+    }
+}
+
+impl<'a, T, const N: usize> TensorViewMut<'a, T, N> {
+    /// A contiguous writable view of GPU memory (`slice.as_view_mut()`).
+    pub fn gpu(view: CudaViewMut<'a, T>, shape: [usize; N]) -> Result<Self> {
+        Self::new(MemMut::Gpu(view), shape)
+    }
+    /// A contiguous writable view of host memory, for the emulator backend.
+    pub fn host(data: &'a mut [T], shape: [usize; N]) -> Result<Self> {
+        Self::new(MemMut::Host(data), shape)
+    }
+    /// A read-only view of the same memory, shape and strides.
+    pub fn as_view(&self) -> TensorView<'_, T, N> {
+        let mem = match &self.mem {
+            MemMut::Gpu(v) => Mem::Gpu(v.as_view()),
+            MemMut::Host(s) => Mem::Host(s),
+        };
+        TensorView { mem, shape: self.shape, strides: self.strides }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+
+    #[test]
+    fn contiguous_and_strided_extents() {
+        let data = vec![0u16; 24];
+        let v = TensorView::host(&data, [2, 3, 4]).unwrap();
+        assert_eq!(v.strides(), [12, 4, 1]);
+        // A [2,3,2] slice with the parent's strides fits; one with a too-large stride does not.
+        let s = TensorView::host(&data, [2, 3, 2]).unwrap().with_strides([12, 4, 1]).unwrap();
+        assert_eq!(s.shape(), [2, 3, 2]);
+        let e = TensorView::host(&data, [2, 3, 2]).unwrap().with_strides([16, 4, 1]).err().unwrap();
+        assert_eq!(e.kind(), &ErrorKind::OutOfBounds);
+    }
+
+    #[test]
+    fn too_small_buffer_and_overflow_are_errors() {
+        let data = vec![0u16; 5];
+        assert_eq!(TensorView::host(&data, [2, 3]).err().unwrap().kind(), &ErrorKind::OutOfBounds);
+        let e = TensorView::host(&data, [usize::MAX, 2]).err().unwrap();
+        assert_eq!(e.kind(), &ErrorKind::Overflow);
+        let v = TensorView::host(&data, [1, 1]).unwrap();
+        assert_eq!(v.with_strides([-1, 1]).err().unwrap().kind(), &ErrorKind::Layout);
+    }
+
+    #[test]
+    fn empty_shapes_span_nothing() {
+        let data: Vec<u16> = vec![];
+        assert!(TensorView::host(&data, [0, 8]).is_ok());
+    }
+
+    #[test]
+    fn row_checks_name_the_argument() {
+        let data = vec![0u16; 64];
+        let v = TensorView::host(&data, [4, 8]).unwrap().with_strides([1, 4]).unwrap();
+        let e = v.check_rows("q", 16).unwrap_err();
+        assert_eq!(e.kind(), &ErrorKind::Layout);
+        assert!(e.message().starts_with("q:"));
+        let v = TensorView::host(&data, [4, 4]).unwrap().with_strides([12, 1]).unwrap();
+        assert_eq!(v.check_rows("k", 16).unwrap_err().kind(), &ErrorKind::Alignment);
+        assert!(TensorView::host(&data, [4, 8]).unwrap().check_rows("k", 16).is_ok());
+    }
+}
