@@ -215,7 +215,8 @@ template <class T> int launch_prefill_dtype(const FaPrefillParams &p, FaStream s
 
 extern "C" int FA_LAUNCHER(prefill)(FaPrefillParams p, FaStream stream) {
   // Preconditions the Rust layer validates; checked again here because they guard memory safety.
-  if (p.q == nullptr || p.k == nullptr || p.v == nullptr || p.o == nullptr) return FA_ERR_INVALID;
+  const bool has_keys = p.cu_seqlens_k != nullptr ? p.total_k > 0 : p.seqlen_k > 0;
+  if (p.q == nullptr || p.o == nullptr || (has_keys && (p.k == nullptr || p.v == nullptr))) return FA_ERR_INVALID;
   if (p.batch < 0 || p.seqlen_q < 0 || p.seqlen_k < 0 || p.heads_q < 0 || p.heads_kv <= 0) return FA_ERR_INVALID;
   if (p.heads_q % p.heads_kv != 0) return FA_ERR_INVALID;
   if ((p.cu_seqlens_q == nullptr) != (p.cu_seqlens_k == nullptr)) return FA_ERR_INVALID;

@@ -45,6 +45,8 @@ typedef void *FaStream;
  *         and k (= v) tensors: the kernel clamps cu_seqlens to [0, total] so that bad offsets can never
  *         address memory outside the tensors (a sequence longer than seqlen_q is then only partly written).
  * Causal is bottom-right aligned per sequence: row i sees key j iff j <= i + (Tk - Tq).
+ * k and v may be NULL when there are no keys at all (seqlen_k == 0, or varlen total_k == 0): every row is
+ * then empty (O = 0, LSE = -inf). scale must be > 0 (the kernel takes the row max of unscaled scores).
  * ------------------------------------------------------------------------------------------------------- */
 typedef struct FaPrefillParams {
   const void *q;
