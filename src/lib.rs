@@ -10,6 +10,7 @@ pub mod dtype;
 pub mod emu;
 pub mod error;
 mod launch;
+pub mod prefill;
 pub mod sys;
 pub mod tensor;
 
