@@ -11,8 +11,10 @@ pub mod emu;
 pub mod error;
 mod launch;
 pub mod prefill;
+pub mod reference;
 pub mod sys;
 pub mod tensor;
+pub mod timing;
 
 pub use device::Stream;
 pub use dtype::{DType, Element};
