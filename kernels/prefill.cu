@@ -26,6 +26,9 @@
 
 namespace fa {
 namespace prefill {
+// Internal linkage for everything below: libfa_gpu.a and libfa_emu.a both compile this file, and the
+// kernel / launch-helper templates would otherwise be weak symbols with one mangled name and two bodies.
+namespace {
 
 // S[kMT][kBc/8] = Q[warp rows] · K[buffer]ᵀ over the full head dim.
 template <class T, class Cfg>
@@ -210,6 +213,7 @@ template <class T> int launch_prefill_dtype(const FaPrefillParams &p, FaStream s
   }
 }
 
+} // namespace
 } // namespace prefill
 } // namespace fa
 
