@@ -5,7 +5,7 @@
 // (fa/prefill/tile_config.cuh). Per CTA:
 //   load Q tile and the top KV tile (cp.async, zero-filled past the sequence end);
 //   for each KV tile n from the top down (tiles above the causal diagonal are never visited):
-//     prefetch tile n-1 into the other K/V buffer (double buffering: its loads fly under tile n's math);
+//     prefetch tile n-1 into the next K/V buffer (2-3 buffers: its loads fly under tile n's math);
 //     S = Q Kᵀ            (mma m16n8k16; Q and K through ldmatrix from swizzled smem, fp32 accumulate)
 //     mask S              (only the tiles that cross the diagonal or the ragged Tk edge: a masked loop,
 //                          then a mask-free loop, see fa/prefill/block_range.cuh)
@@ -95,13 +95,18 @@ template <class T, class Cfg> struct CtaContext {
   }
 };
 
+// The buffer after `buf` in the ring of Cfg::kStages K/V buffers.
+template <class Cfg> FA_DEVICE int next_buffer(int buf) { return buf + 1 == Cfg::kStages ? 0 : buf + 1; }
+
 // One KV tile: prefetch the next, wait for this one, S = Q Kᵀ, (mask), online softmax, O += P V.
 template <bool kMasked, class T, class Cfg>
 FA_DEVICE void kv_tile_step(const CtaContext<T, Cfg> &cta, int n, int buf,
                             float (&o)[Cfg::kMTiles][Cfg::kHeadDim / 8][4], OnlineSoftmax<Cfg::kMTiles> &softmax) {
   constexpr int kTile = Cfg::kBc * Cfg::kHeadDim;
   if (n > 0) {
-    cta.template load_kv_async<false>(n - 1, buf ^ 1);
+    // With 3 buffers, next_buffer(buf) was last read two steps ago, before every warp passed the previous
+    // step's barrier; with 2 it was read in the previous step, ordered by that step's trailing barrier.
+    cta.template load_kv_async<false>(n - 1, next_buffer<Cfg>(buf));
     cp_async_commit();
     cp_async_wait<1>(); // everything but the prefetch just issued: tile n (and Q) have landed
   } else {
@@ -115,7 +120,8 @@ FA_DEVICE void kv_tile_step(const CtaContext<T, Cfg> &cta, int n, int buf,
   softmax.update(s, o, cta.scale_log2);
   gemm_pv<T, Cfg>(o, s, cta.sV + buf * kTile, cta.a_lane);
 
-  sync_threads(); // every warp is done with buffer `buf` before the next step's prefetch overwrites it
+  // Double buffering: every warp must be done with `buf` before the next step refills it.
+  if (Cfg::kStages == 2) sync_threads();
 }
 
 // Writes this warp's rows of O (16-bit) and LSE (fp32, if requested); rows past Tq are not written.
@@ -164,7 +170,7 @@ FA_GLOBAL void FA_LAUNCH_BOUNDS(TileConfig<kHeadDim>::kThreads, 1) prefill_kerne
   cta.v_row_stride = p.v_row_stride;
   cta.sQ = dynamic_smem<T>();
   cta.sK = cta.sQ + kBr * kHeadDim;
-  cta.sV = cta.sK + 2 * Cfg::kBc * kHeadDim;
+  cta.sV = cta.sK + Cfg::kStages * Cfg::kBc * kHeadDim;
   cta.m0 = m0;
   cta.tq = seq.tq;
   cta.tk = seq.tk;
@@ -186,8 +192,8 @@ FA_GLOBAL void FA_LAUNCH_BOUNDS(TileConfig<kHeadDim>::kThreads, 1) prefill_kerne
   }
   int n = range.n_end - 1;
   int buf = 0;
-  for (; n >= range.n_mask_begin; --n, buf ^= 1) kv_tile_step<true>(cta, n, buf, o, softmax);
-  for (; n >= 0; --n, buf ^= 1) kv_tile_step<false>(cta, n, buf, o, softmax);
+  for (; n >= range.n_mask_begin; --n, buf = next_buffer<Cfg>(buf)) kv_tile_step<true>(cta, n, buf, o, softmax);
+  for (; n >= 0; --n, buf = next_buffer<Cfg>(buf)) kv_tile_step<false>(cta, n, buf, o, softmax);
 
   float lse[2 * Cfg::kMTiles];
   softmax.finalize(o, lse, cta.scale_log2);

@@ -47,26 +47,28 @@ pub struct TileConfig {
     pub block_m: usize,
     /// Keys per KV tile (Bc).
     pub block_n: usize,
+    /// K/V tile buffers in shared memory (2 or 3).
+    pub stages: usize,
 }
 
 impl TileConfig {
     /// The config the kernel uses for `head_dim`, or `None` if it is not instantiated.
     pub fn for_head_dim(head_dim: usize) -> Option<Self> {
-        let (m_tiles, block_n) = match head_dim {
-            32 | 64 => (2, 64),
-            96 | 128 => (2, 32),
-            256 => (1, 32),
+        let (m_tiles, block_n, stages) = match head_dim {
+            32 | 64 => (2, 64, 3),
+            96 | 128 => (2, 32, 3),
+            256 => (1, 32, 2),
             _ => return None,
         };
         let warps = 4;
-        Some(Self { head_dim, warps, m_tiles, block_m: 16 * m_tiles * warps, block_n })
+        Some(Self { head_dim, warps, m_tiles, block_m: 16 * m_tiles * warps, block_n, stages })
     }
     pub fn threads(&self) -> usize {
         32 * self.warps
     }
-    /// Dynamic shared memory per CTA: Q tile plus double-buffered K and V tiles, 16-bit.
+    /// Dynamic shared memory per CTA: Q tile plus `stages` K and V tiles, 16-bit.
     pub fn smem_bytes(&self) -> usize {
-        (self.block_m + 4 * self.block_n) * self.head_dim * 2
+        (self.block_m + 2 * self.stages * self.block_n) * self.head_dim * 2
     }
     /// Launch grid `[query tiles, Hq, B]` for sequences of at most `max_seqlen_q` rows.
     pub fn grid(&self, max_seqlen_q: usize, heads_q: usize, batch: usize) -> [usize; 3] {
@@ -600,7 +602,7 @@ mod tests {
             assert_eq!(c.block_m % 16, 0);
             assert_eq!(c.block_n % 16, 0);
         }
-        assert_eq!(TileConfig::for_head_dim(128).unwrap().smem_bytes(), 64 * 1024);
+        assert_eq!(TileConfig::for_head_dim(128).unwrap().smem_bytes(), 80 * 1024);
         assert_eq!(TileConfig::for_head_dim(256).unwrap().smem_bytes(), 96 * 1024);
         assert!(TileConfig::for_head_dim(100).is_none());
         assert_eq!(TileConfig::for_head_dim(128).unwrap().grid(1000, 8, 3), [8, 8, 3]);
