@@ -125,25 +125,53 @@ FA_DEVICE void kv_tile_step(const CtaContext<T, Cfg> &cta, int n, int buf,
 }
 
 // Writes this warp's rows of O (16-bit) and LSE (fp32, if requested); rows past Tq are not written.
+// O is staged through this warp's own rows of the Q tile in shared memory (no other warp reads them, and
+// this warp's last ldmatrix of Q is behind it), so that global stores are whole 16-byte chunks with
+// consecutive lanes on consecutive chunks of a row, instead of 4-byte pieces scattered over 8 rows.
 template <class T, class Cfg>
-FA_DEVICE void store_output(const FaPrefillParams &p, const SeqInfo &seq, int m0, int warp_row0,
+FA_DEVICE void store_output(const FaPrefillParams &p, const SeqInfo &seq, int m0, int warp_row0, T *sQ,
                             const float (&o)[Cfg::kMTiles][Cfg::kHeadDim / 8][4], const float (&lse)[2 * Cfg::kMTiles]) {
+  using Layout = SwizzledRows<Cfg::kHeadDim>;
+  constexpr int kRows = 16 * Cfg::kMTiles;
+  constexpr int kChunks = Cfg::kHeadDim / 8;
+  static_assert(kRows * kChunks % kWarpSize == 0, "whole chunks per lane");
   const int g = lane_id() >> 2;
   const int t = lane_id() & 3;
-  T *out = static_cast<T *>(p.o) + seq.o_offset;
+  sync_warp(); // every lane's reads of these Q rows are done before any lane overwrites them
 #pragma unroll
   for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int row = m0 + warp_row0 + 16 * mt + 8 * h + g;
-      if (row >= seq.tq) continue;
-      T *out_row = out + row * p.o_row_stride;
+      const int r = warp_row0 + 16 * mt + 8 * h + g;
 #pragma unroll
-      for (int db = 0; db < Cfg::kHeadDim / 8; ++db) {
-        st_global(reinterpret_cast<uint32_t *>(out_row + 8 * db + 2 * t),
+      for (int db = 0; db < kChunks; ++db) {
+        // Conflict-free: the 8 rows g of one store land in 8 different 16-byte bank groups (swizzle).
+        st_shared(reinterpret_cast<uint32_t *>(sQ + Layout::offset(r, 8 * db) + 2 * t),
                   pack2<T>(o[mt][db][2 * h], o[mt][db][2 * h + 1]));
       }
-      if (p.lse != nullptr && t == 0) st_global(p.lse + seq.lse_offset + row, lse[2 * mt + h]);
+    }
+  }
+  sync_warp(); // lanes read back chunks other lanes wrote
+  T *out = static_cast<T *>(p.o) + seq.o_offset;
+#pragma unroll
+  for (int i = 0; i < kRows * kChunks / kWarpSize; ++i) {
+    const int idx = i * kWarpSize + lane_id();
+    const int r = idx / kChunks;
+    const int c = (idx % kChunks) * 8;
+    const int row = m0 + warp_row0 + r;
+    if (row < seq.tq) {
+      const Bytes16 chunk = ld_shared(reinterpret_cast<const Bytes16 *>(sQ + Layout::offset(warp_row0 + r, c)));
+      st_global(reinterpret_cast<Bytes16 *>(out + row * p.o_row_stride + c), chunk);
+    }
+  }
+  if (p.lse != nullptr && t == 0) {
+#pragma unroll
+    for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = m0 + warp_row0 + 16 * mt + 8 * h + g;
+        if (row < seq.tq) st_global(p.lse + seq.lse_offset + row, lse[2 * mt + h]);
+      }
     }
   }
 }
@@ -197,7 +225,7 @@ FA_GLOBAL void FA_LAUNCH_BOUNDS(TileConfig<kHeadDim>::kThreads, 1) prefill_kerne
 
   float lse[2 * Cfg::kMTiles];
   softmax.finalize(o, lse, cta.scale_log2);
-  store_output<T, Cfg>(p, seq, m0, cta.warp_row0, o, lse);
+  store_output<T, Cfg>(p, seq, m0, cta.warp_row0, cta.sQ, o, lse);
 }
 
 template <class T, int kHeadDim> int launch_prefill(const FaPrefillParams &p, FaStream stream) {

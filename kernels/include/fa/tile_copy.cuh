@@ -10,6 +10,11 @@
 
 namespace fa {
 
+// 16 bytes moved as one unit (one LDS.128 / STG.128 per lane).
+struct alignas(16) Bytes16 {
+  uint32_t w[4];
+};
+
 // Copies rows [0, kRows) x cols [0, kCols) from gmem (row r at gmem + r * row_stride, 16-byte aligned) into
 // smem. All kThreads threads of the block call it; the caller commits and waits. With kPredicated false
 // every row must exist (valid_rows is ignored): no compares, no selects, fewer live registers.
