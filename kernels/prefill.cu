@@ -74,7 +74,7 @@ template <class T, class Cfg> struct CtaContext {
   const T *v;
   int64_t k_row_stride, v_row_stride;
   T *sQ;
-  T *sK; // 2 buffers of kBc x D
+  T *sK; // Cfg::kStages buffers of kBc x D
   T *sV;
   int m0, tq, tk, warp_row0;
   LaneAddress<Cfg::kHeadDim> a_lane; // ldmatrix lanes for Q (A) and V (trans B)

@@ -13,7 +13,6 @@
 //! visits and which of them are masked — is here as pure functions ([`TileConfig`], [`kv_block_range`]),
 //! mirroring kernels/include/fa/prefill/{tile_config,block_range}.cuh, and unit-tested.
 
-
 use crate::device::Stream;
 use crate::dtype::{DType, Element};
 use crate::error::{to_i32, Error, Result};
@@ -178,7 +177,7 @@ pub fn prefill<T: Element>(
     k: &TensorView<'_, T, 4>,
     v: &TensorView<'_, T, 4>,
     o: &mut TensorViewMut<'_, T, 4>,
-    mut lse: Option<&mut TensorViewMut<'_, f32, 3>>,
+    lse: Option<&mut TensorViewMut<'_, f32, 3>>,
     opts: &PrefillOptions,
 ) -> Result<()> {
     let [batch, seqlen_q, heads_q, head_dim] = q.shape();
@@ -228,7 +227,7 @@ pub fn prefill<T: Element>(
         (std::ptr::null(), std::ptr::null())
     };
     let o_ptr = launch.output(c"o", o, 16)?;
-    let lse_ptr = match lse.as_deref_mut() {
+    let lse_ptr = match lse {
         Some(l) => launch.output(c"lse", l, 4)? as *mut f32,
         None => std::ptr::null_mut(),
     };
@@ -311,7 +310,7 @@ pub fn prefill_varlen<T: Element>(
     max_seqlen_q: usize,
     max_seqlen_k: usize,
     o: &mut TensorViewMut<'_, T, 3>,
-    mut lse: Option<&mut TensorViewMut<'_, f32, 2>>,
+    lse: Option<&mut TensorViewMut<'_, f32, 2>>,
     opts: &PrefillOptions,
 ) -> Result<()> {
     let [total_q, heads_q, head_dim] = q.shape();
@@ -377,7 +376,7 @@ pub fn prefill_varlen<T: Element>(
     let cu_q_ptr = launch.input(c"cu_seqlens_q", cu_seqlens_q, 4)?;
     let cu_k_ptr = launch.input(c"cu_seqlens_k", cu_seqlens_k, 4)?;
     let o_ptr = launch.output(c"o", o, 16)?;
-    let lse_ptr = match lse.as_deref_mut() {
+    let lse_ptr = match lse {
         Some(l) => launch.output(c"lse", l, 4)? as *mut f32,
         None => std::ptr::null_mut(),
     };

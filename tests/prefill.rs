@@ -83,7 +83,6 @@ struct CaseData {
     v_vals: Vec<f64>,
     cu_q: Vec<i32>,
     cu_k: Vec<i32>,
-
 }
 
 fn bits<T: Element>(x: f64) -> u16 {
@@ -118,7 +117,12 @@ impl CaseData {
         let (q, k, v, o) = match case.layout {
             CaseLayout::Contiguous | CaseLayout::Padded => {
                 let pad = if case.layout == CaseLayout::Padded { 8 } else { 0 };
-                let mk = |shape: [usize; 4], buf: usize, pad: usize| Place { buf, offset: pad, shape, strides: padded_strides(shape, pad) };
+                let mk = |shape: [usize; 4], buf: usize, pad: usize| Place {
+                    buf,
+                    offset: pad,
+                    shape,
+                    strides: padded_strides(shape, pad),
+                };
                 let q = mk(q_shape, 0, pad);
                 let k = mk(k_shape, 1, 2 * pad);
                 let v = mk(k_shape, 2, 3 * pad);
@@ -163,8 +167,27 @@ impl CaseData {
         let v_vals = fill(&v, 0.7, &mut bufs);
         let o_len = o.end() + 8;
         let lse_strides = padded_strides([b, hq, tq], if case.layout == CaseLayout::Padded { 4 } else { 0 });
-        let lse_len = if tq == 0 { 0 } else { ((b - 1) as i64 * lse_strides[0] + (hq - 1) as i64 * lse_strides[1] + tq as i64) as usize + 4 };
-        CaseData { case: case.clone(), bufs, q, k, v, o, o_len, lse_len, lse_strides, q_vals, k_vals, v_vals, cu_q, cu_k }
+        let lse_len = if tq == 0 {
+            0
+        } else {
+            ((b - 1) as i64 * lse_strides[0] + (hq - 1) as i64 * lse_strides[1] + tq as i64) as usize + 4
+        };
+        CaseData {
+            case: case.clone(),
+            bufs,
+            q,
+            k,
+            v,
+            o,
+            o_len,
+            lse_len,
+            lse_strides,
+            q_vals,
+            k_vals,
+            v_vals,
+            cu_q,
+            cu_k,
+        }
     }
 
     /// Compares `o` / `lse` (raw outputs of one launch) with `fused_attn::reference` (fp64 and naive
@@ -184,9 +207,30 @@ impl CaseData {
             }
             Some(_) => {
                 let args = (hq, hkv, d, c.causal, scale, &self.cu_q[..], &self.cu_k[..]);
-                let r = reference::varlen(args.0, args.1, args.2, args.3, args.4, args.5, args.6, &self.q_vals, &self.k_vals, &self.v_vals);
+                let r = reference::varlen(
+                    args.0,
+                    args.1,
+                    args.2,
+                    args.3,
+                    args.4,
+                    args.5,
+                    args.6,
+                    &self.q_vals,
+                    &self.k_vals,
+                    &self.v_vals,
+                );
                 let n = reference::naive_lowp_varlen(
-                    args.0, args.1, args.2, args.3, args.4, args.5, args.6, &self.q_vals, &self.k_vals, &self.v_vals, c.dtype,
+                    args.0,
+                    args.1,
+                    args.2,
+                    args.3,
+                    args.4,
+                    args.5,
+                    args.6,
+                    &self.q_vals,
+                    &self.k_vals,
+                    &self.v_vals,
+                    c.dtype,
                 );
                 (r, n)
             }
@@ -274,7 +318,8 @@ fn run_emu<T: Element>(emu: &Emulator, data: &CaseData) -> fused_attn::Result<(V
     let mut lse_buf = vec![f32::NAN; data.lse_len];
     let stream = Stream::Emu(emu);
     let bufs: Vec<&[T]> = data.bufs.iter().map(|b| cast::<T>(b)).collect();
-    let view4 = |p: &Place<4>| TensorView::host(&bufs[p.buf][p.offset..], p.shape).unwrap().with_strides(p.strides).unwrap();
+    let view4 =
+        |p: &Place<4>| TensorView::host(&bufs[p.buf][p.offset..], p.shape).unwrap().with_strides(p.strides).unwrap();
     let view3 = |p: &Place<4>| {
         let (s, st) = dims3(p);
         TensorView::host(&bufs[p.buf][p.offset..], s).unwrap().with_strides(st).unwrap()
@@ -288,7 +333,10 @@ fn run_emu<T: Element>(emu: &Emulator, data: &CaseData) -> fused_attn::Result<(V
                 let (q, k, v) = (view4(&data.q), view4(&data.k), view4(&data.v));
                 let mut o = TensorViewMut::host(o_slice, o_place.shape)?.with_strides(o_place.strides)?;
                 let mut lse = if c.with_lse {
-                    Some(TensorViewMut::host(&mut lse_buf[..], [c.batch, c.heads_q, c.seqlen_q])?.with_strides(data.lse_strides)?)
+                    Some(
+                        TensorViewMut::host(&mut lse_buf[..], [c.batch, c.heads_q, c.seqlen_q])?
+                            .with_strides(data.lse_strides)?,
+                    )
                 } else {
                     None
                 };
@@ -300,13 +348,28 @@ fn run_emu<T: Element>(emu: &Emulator, data: &CaseData) -> fused_attn::Result<(V
                 let mut o = TensorViewMut::host(o_slice, os)?.with_strides(ost)?;
                 let total_q = data.q.shape[1];
                 let mut lse = if c.with_lse {
-                    Some(TensorViewMut::host(&mut lse_buf[..], [c.heads_q, total_q])?.with_strides([data.lse_strides[1], 1])?)
+                    Some(
+                        TensorViewMut::host(&mut lse_buf[..], [c.heads_q, total_q])?
+                            .with_strides([data.lse_strides[1], 1])?,
+                    )
                 } else {
                     None
                 };
                 let cu_q = TensorView::host(&data.cu_q, [data.cu_q.len()])?;
                 let cu_k = TensorView::host(&data.cu_k, [data.cu_k.len()])?;
-                prefill_varlen(&stream, &q, &k, &v, &cu_q, &cu_k, c.seqlen_q, c.seqlen_k, &mut o, lse.as_mut(), &opts(c))?;
+                prefill_varlen(
+                    &stream,
+                    &q,
+                    &k,
+                    &v,
+                    &cu_q,
+                    &cu_k,
+                    c.seqlen_q,
+                    c.seqlen_k,
+                    &mut o,
+                    lse.as_mut(),
+                    &opts(c),
+                )?;
             }
         }
     }
@@ -315,13 +378,17 @@ fn run_emu<T: Element>(emu: &Emulator, data: &CaseData) -> fused_attn::Result<(V
 }
 
 /// Runs one case on a GPU stream (same layouts, device copies of the buffers).
-fn run_gpu<T: Element>(s: &std::sync::Arc<CudaStream>, data: &CaseData) -> fused_attn::Result<(Vec<u16>, Option<Vec<f32>>)> {
+fn run_gpu<T: Element>(
+    s: &std::sync::Arc<CudaStream>,
+    data: &CaseData,
+) -> fused_attn::Result<(Vec<u16>, Option<Vec<f32>>)> {
     let c = &data.case;
     let stream = Stream::Gpu(s);
     let dev: Vec<_> = data.bufs.iter().map(|b| s.clone_htod(cast::<T>(b))).collect::<Result<_, _>>()?;
     let mut o_dev = s.clone_htod(&vec![T::nan(); data.o_len])?;
     let mut lse_dev = s.clone_htod(&vec![f32::NAN; data.lse_len.max(1)])?;
-    let view4 = |p: &Place<4>| TensorView::gpu(dev[p.buf].slice(p.offset..), p.shape).unwrap().with_strides(p.strides).unwrap();
+    let view4 =
+        |p: &Place<4>| TensorView::gpu(dev[p.buf].slice(p.offset..), p.shape).unwrap().with_strides(p.strides).unwrap();
     let view3 = |p: &Place<4>| {
         let (sh, st) = dims3(p);
         TensorView::gpu(dev[p.buf].slice(p.offset..), sh).unwrap().with_strides(st).unwrap()
@@ -335,7 +402,10 @@ fn run_gpu<T: Element>(s: &std::sync::Arc<CudaStream>, data: &CaseData) -> fused
                 let (q, k, v) = (view4(&data.q), view4(&data.k), view4(&data.v));
                 let mut o = TensorViewMut::gpu(o_slice, o_place.shape)?.with_strides(o_place.strides)?;
                 let mut lse = if c.with_lse {
-                    Some(TensorViewMut::gpu(lse_slice, [c.batch, c.heads_q, c.seqlen_q])?.with_strides(data.lse_strides)?)
+                    Some(
+                        TensorViewMut::gpu(lse_slice, [c.batch, c.heads_q, c.seqlen_q])?
+                            .with_strides(data.lse_strides)?,
+                    )
                 } else {
                     None
                 };
@@ -355,7 +425,19 @@ fn run_gpu<T: Element>(s: &std::sync::Arc<CudaStream>, data: &CaseData) -> fused
                 let cu_k_dev = s.clone_htod(&data.cu_k)?;
                 let cu_q = TensorView::gpu(cu_q_dev.as_view(), [data.cu_q.len()])?;
                 let cu_k = TensorView::gpu(cu_k_dev.as_view(), [data.cu_k.len()])?;
-                prefill_varlen(&stream, &q, &k, &v, &cu_q, &cu_k, c.seqlen_q, c.seqlen_k, &mut o, lse.as_mut(), &opts(c))?;
+                prefill_varlen(
+                    &stream,
+                    &q,
+                    &k,
+                    &v,
+                    &cu_q,
+                    &cu_k,
+                    c.seqlen_q,
+                    c.seqlen_k,
+                    &mut o,
+                    lse.as_mut(),
+                    &opts(c),
+                )?;
             }
         }
     }
@@ -368,7 +450,12 @@ fn run_gpu<T: Element>(s: &std::sync::Arc<CudaStream>, data: &CaseData) -> fused
 }
 
 /// Runs `cases` on `workers` threads with `run`, collecting failures; panics listing them all.
-fn sweep(name: &str, cases: Vec<PrefillCase>, workers: usize, run: &(dyn Fn(usize, &PrefillCase) -> Result<String, String> + Sync)) {
+fn sweep(
+    name: &str,
+    cases: Vec<PrefillCase>,
+    workers: usize,
+    run: &(dyn Fn(usize, &PrefillCase) -> Result<String, String> + Sync),
+) {
     let next = std::sync::atomic::AtomicUsize::new(0);
     let failures = std::sync::Mutex::new(Vec::new());
     let start = Instant::now();
@@ -389,7 +476,13 @@ fn sweep(name: &str, cases: Vec<PrefillCase>, workers: usize, run: &(dyn Fn(usiz
     });
     let failures = failures.into_inner().unwrap();
     eprintln!("{name}: {} cases in {:.1} s, {} failed", cases.len(), start.elapsed().as_secs_f64(), failures.len());
-    assert!(failures.is_empty(), "{name}: {} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{name}: {} of {} cases failed:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
 }
 
 fn case_seed(i: usize) -> u64 {
@@ -423,11 +516,15 @@ fn gpu_case(s: &std::sync::Arc<CudaStream>, i: usize, case: &PrefillCase) -> Res
     let result = match case.dtype {
         DType::F16 => {
             let data = CaseData::new::<f16>(case, seed);
-            run_gpu::<f16>(s, &data).map_err(|e| e.to_string()).and_then(|(o, l)| data.check::<f16>(&o, l.as_deref(), scale))
+            run_gpu::<f16>(s, &data)
+                .map_err(|e| e.to_string())
+                .and_then(|(o, l)| data.check::<f16>(&o, l.as_deref(), scale))
         }
         DType::Bf16 => {
             let data = CaseData::new::<bf16>(case, seed);
-            run_gpu::<bf16>(s, &data).map_err(|e| e.to_string()).and_then(|(o, l)| data.check::<bf16>(&o, l.as_deref(), scale))
+            run_gpu::<bf16>(s, &data)
+                .map_err(|e| e.to_string())
+                .and_then(|(o, l)| data.check::<bf16>(&o, l.as_deref(), scale))
         }
     };
     result.map_err(|e| format!("{e} (seed {seed:#x}; rerun with FA_SEED={})", base_seed()))
@@ -483,7 +580,10 @@ fn emulated_results_do_not_depend_on_scheduling() {
     let (o1, l1, _) = run_emu::<f16>(&Emulator::with_seed(1), &data).unwrap();
     let (o2, l2, _) = run_emu::<f16>(&Emulator::with_seed(0xdead_beef), &data).unwrap();
     assert_eq!(o1, o2);
-    assert_eq!(l1.unwrap().iter().map(|x| x.to_bits()).collect::<Vec<_>>(), l2.unwrap().iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+    assert_eq!(
+        l1.unwrap().iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+        l2.unwrap().iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+    );
 }
 
 // ---------------------------------------------------------------------------------------------- bad input
@@ -502,7 +602,15 @@ struct Dense {
 impl Dense {
     fn new(qs: [usize; 4], ks: [usize; 4]) -> Self {
         let n = |s: [usize; 4]| 2 * s.iter().product::<usize>() + 64;
-        Dense { q: vec![bf16::ONE; n(qs)], k: vec![bf16::ONE; n(ks)], v: vec![bf16::ONE; n(ks)], o: vec![bf16::ZERO; n(qs)], lse: vec![0.0; n(qs)], qs, ks }
+        Dense {
+            q: vec![bf16::ONE; n(qs)],
+            k: vec![bf16::ONE; n(ks)],
+            v: vec![bf16::ONE; n(ks)],
+            o: vec![bf16::ZERO; n(qs)],
+            lse: vec![0.0; n(qs)],
+            qs,
+            ks,
+        }
     }
     fn run(&mut self, os: [usize; 4], ls: Option<[usize; 3]>, opts: PrefillOptions) -> fused_attn::Result<()> {
         let emu = Emulator::new();
