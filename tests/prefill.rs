@@ -548,8 +548,9 @@ fn emulated_sweep() {
 fn gpu_sweep() {
     let Some(ctx) = common::gpu_or_skip("prefill::gpu_sweep") else { return };
     let s = ctx.default_stream();
-    // One stream, so one worker; the fp64 reference dominates, so it runs on the other threads.
-    sweep("prefill GPU sweep", sweep_cases(true), 1, &|i, c| gpu_case(&s, i, c));
+    // Launches from several threads share the one stream (each case synchronises it before reading back);
+    // the threads are there for the fp64 reference, which dominates.
+    sweep("prefill GPU sweep", sweep_cases(true), workers(), &|i, c| gpu_case(&s, i, c));
 }
 
 /// The emulation budget case: causal bf16, B=1, H=2, T=256, D=128 must emulate in under 5 s.
