@@ -8,6 +8,8 @@ pub mod build_info;
 pub mod device;
 pub mod dtype;
 pub mod emu;
+#[doc(hidden)]
+pub mod emu_selftest;
 pub mod error;
 mod launch;
 pub mod prefill;
