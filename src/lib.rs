@@ -4,11 +4,16 @@
 //! emulator) → `sys` (bindgen of kernels/include/fa/abi.h) → `launch` (the only place raw pointers are
 //! taken) → the safe ops over [`TensorView`]s on a [`Stream`] (GPU or emulator). `reference` is the fp64
 //! CPU reference the tests (and downstream suites) compare against.
+pub mod append;
+pub mod decode;
 pub mod device;
 pub mod dtype;
 pub mod emu;
 pub mod error;
 mod launch;
+pub mod merge;
+pub mod paged;
+pub mod plan;
 pub mod sys;
 pub mod tensor;
 
@@ -17,3 +22,9 @@ pub use dtype::{DType, Element};
 pub use emu::Emulator;
 pub use error::{Error, ErrorKind, Result};
 pub use tensor::{TensorView, TensorViewMut};
+
+pub use append::append;
+pub use decode::{decode, DecodeOptions, DecodeWorkspace};
+pub use merge::merge_states;
+pub use paged::{PagedKvCache, PagedKvCacheMut};
+pub use plan::{DecodePlan, DecodeProblem};
