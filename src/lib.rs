@@ -5,6 +5,7 @@
 //! taken) → the safe ops over [`TensorView`]s on a [`Stream`] (GPU or emulator). `reference` is the fp64
 //! CPU reference the tests (and downstream suites) compare against.
 pub mod append;
+pub mod build_info;
 pub mod decode;
 pub mod device;
 pub mod dtype;
