@@ -11,6 +11,8 @@
 
 namespace fa {
 namespace append {
+// Internal linkage for everything with a host-side symbol (see decode.cu).
+namespace {
 
 constexpr int kThreads = 256;
 
@@ -39,6 +41,7 @@ FA_GLOBAL void FA_LAUNCH_BOUNDS(kThreads, 4) paged_append_kernel(const FaAppendP
   st_global(reinterpret_cast<Vec16 *>(v_dst), ld_global_nc(reinterpret_cast<const Vec16 *>(v)));
 }
 
+} // namespace
 } // namespace append
 } // namespace fa
 

@@ -24,6 +24,9 @@
 
 namespace fa {
 namespace decode {
+// Internal linkage for everything with a host-side symbol (kernels, launch helpers): the GPU and emulator
+// libraries define them from the same source with different bodies, and must not see each other's.
+namespace {
 
 template <class T, int D>
 FA_GLOBAL void FA_LAUNCH_BOUNDS(128, 3) paged_decode_kernel(const FaDecodeParams p) {
@@ -236,6 +239,7 @@ inline bool valid_params(const FaDecodeParams &p) {
   return grid_y <= 65535 && p.batch <= 65535 && p.num_splits <= 65535;
 }
 
+} // namespace
 } // namespace decode
 } // namespace fa
 

@@ -14,6 +14,8 @@
 
 namespace fa {
 namespace merge {
+// Internal linkage for everything with a host-side symbol (see decode.cu).
+namespace {
 
 constexpr int kThreads = 128;
 
@@ -69,6 +71,7 @@ template <class S> int dispatch_out(const FaMergeParams &p, FaStream stream) {
   }
 }
 
+} // namespace
 } // namespace merge
 } // namespace fa
 

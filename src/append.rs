@@ -51,6 +51,9 @@ pub fn append<T: Element>(
     cache: &mut PagedKvCacheMut<'_, T>,
 ) -> Result<()> {
     let num_tokens = check_append_args(k, v, slot_mapping, cache)?;
+    if num_tokens == 0 {
+        return Ok(());
+    }
     let g = cache.geometry();
     let (k_strides, v_strides) = (k.strides(), v.strides());
     let (kc_strides, vc_strides) = (cache.k.strides(), cache.v.strides());

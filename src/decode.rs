@@ -5,6 +5,8 @@
 //! Nothing on the launch path allocates: the split workspace is a [`DecodeWorkspace`] created once (sized
 //! for the largest plan the caller will run) and reused across calls and layers.
 
+pub mod cases;
+
 use cudarc::driver::CudaSlice;
 
 use crate::device::Stream;
@@ -205,6 +207,9 @@ pub fn decode<T: Element>(
         return Err(Error::shape("scale", format!("{scale} is not finite")));
     }
 
+    if problem.batch == 0 {
+        return Ok(plan);
+    }
     let split = plan.num_splits > 1;
     let mut partial_o = workspace.partial_o.view(if split { plan.partial_o_len } else { 0 })?;
     let mut partial_lse = workspace.partial_lse.view(if split { plan.partial_lse_len } else { 0 })?;

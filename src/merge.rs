@@ -51,9 +51,13 @@ pub fn merge_states<S: MergeElement, O: MergeElement>(
         l.expect_shape("lse", [n, h])?;
         check_disjoint("lse", l.shape(), l.strides())?;
     }
+    if n * h == 0 {
+        return Ok(());
+    }
     let (s_strides, ls_strides, o_strides) = (o_states.strides(), lse_states.strides(), o.strides());
     let mut launch = Launch::new(*stream);
-    let os_ptr = launch.input(c"o_states", o_states, 16)?;
+    // With no states the (empty) state buffers are never touched; their dangling pointers need no alignment.
+    let os_ptr = launch.input(c"o_states", o_states, if k == 0 { 1 } else { 16 })?;
     let ls_ptr = launch.input(c"lse_states", lse_states, 4)?;
     let o_ptr = launch.output(c"o", o, 16)?;
     let (lse_ptr, lse_strides) = match lse.as_deref_mut() {
