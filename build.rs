@@ -27,17 +27,15 @@ fn main() {
     let kernels = root.join("kernels");
     let mut gpu_sources = Vec::new();
     let mut emu_sources = Vec::new();
-    watch_dir(&kernels, &mut |p| {
-        match p.extension().and_then(|e| e.to_str()) {
-            Some("cu") if p.parent() == Some(kernels.as_path()) => {
-                gpu_sources.push(p.to_path_buf());
-                emu_sources.push(p.to_path_buf());
-            }
-            Some("cpp") | Some("S") if p.parent() == Some(kernels.join("emu").as_path()) => {
-                emu_sources.push(p.to_path_buf())
-            }
-            _ => {}
+    watch_dir(&kernels, &mut |p| match p.extension().and_then(|e| e.to_str()) {
+        Some("cu") if p.parent() == Some(kernels.as_path()) => {
+            gpu_sources.push(p.to_path_buf());
+            emu_sources.push(p.to_path_buf());
         }
+        Some("cpp") | Some("S") if p.parent() == Some(kernels.join("emu").as_path()) => {
+            emu_sources.push(p.to_path_buf())
+        }
+        _ => {}
     });
     gpu_sources.sort();
     emu_sources.sort();
@@ -293,6 +291,8 @@ fn bindgen_abi(root: &Path, include: &Path, out: &Path) {
         .derive_debug(true)
         .layout_tests(false)
         .generate()
-        .unwrap_or_else(|e| panic!("bindgen failed on {} (libclang missing? run scripts/setup): {e}", header.display()));
+        .unwrap_or_else(|e| {
+            panic!("bindgen failed on {} (libclang missing? run scripts/setup): {e}", header.display())
+        });
     bindings.write_to_file(out.join("abi.rs")).unwrap();
 }

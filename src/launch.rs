@@ -127,10 +127,7 @@ impl<'a> Launch<'a> {
 
 fn check_align(name: &CStr, ptr: usize, align: usize) -> Result<()> {
     if align > 1 && ptr % align != 0 {
-        return Err(Error::alignment(
-            &name.to_string_lossy(),
-            format!("address {ptr:#x} is not {align}-byte aligned"),
-        ));
+        return Err(Error::alignment(&name.to_string_lossy(), format!("address {ptr:#x} is not {align}-byte aligned")));
     }
     Ok(())
 }

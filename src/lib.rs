@@ -15,8 +15,10 @@ mod launch;
 pub mod merge;
 pub mod paged;
 pub mod plan;
+pub mod reference;
 pub mod sys;
 pub mod tensor;
+pub mod timing;
 
 pub use device::Stream;
 pub use dtype::{DType, Element};

@@ -95,7 +95,8 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args> {
             }
             "--dtype" => {
                 let v = it.next().unwrap_or_default();
-                a.dtype = DType::parse(&v).ok_or_else(|| Error::usage(format!("--dtype must be fp16 or bf16, got '{v}'")))?;
+                a.dtype =
+                    DType::parse(&v).ok_or_else(|| Error::usage(format!("--dtype must be fp16 or bf16, got '{v}'")))?;
             }
             "--head-dim" => a.head_dim = number(&flag, it.next())?,
             "--batch" => a.batch = number(&flag, it.next())?,
@@ -143,7 +144,7 @@ mod tests {
     fn parses_a_full_run_line() {
         let a = p("run --op decode --dtype fp16 --head-dim 64 --batch 3 --heads 8 --kv-heads 2 --seqlen-k 100 \
                    --page-size 8 --backend emu --json --seed 7")
-            .unwrap();
+        .unwrap();
         assert_eq!((a.op, a.dtype, a.head_dim, a.batch, a.heads, a.kv_heads), (Op::Decode, DType::F16, 64, 3, 8, 2));
         assert_eq!((a.seqlen_q, a.seqlen_k, a.page_size, a.seed), (1, 100, 8, 7));
         assert!(a.json && a.backend == BackendChoice::Emu);
@@ -151,8 +152,16 @@ mod tests {
 
     #[test]
     fn bad_flags_are_usage_errors() {
-        for line in ["", "frobnicate", "run --head-dim", "run --head-dim x", "run --dtype fp8", "run --op sort",
-                     "run --backend tpu", "run --wat"] {
+        for line in [
+            "",
+            "frobnicate",
+            "run --head-dim",
+            "run --head-dim x",
+            "run --dtype fp8",
+            "run --op sort",
+            "run --backend tpu",
+            "run --wat",
+        ] {
             let e = p(line).unwrap_err();
             assert_eq!(e.kind(), &fused_attn::ErrorKind::Usage, "{line}");
         }

@@ -210,7 +210,8 @@ impl Plot {
     }
 
     pub fn write(&self, path: &Path) -> Result<()> {
-        std::fs::write(path, self.render()).map_err(|e| Error::usage(format!("cannot write plot {}: {e}", path.display())))
+        std::fs::write(path, self.render())
+            .map_err(|e| Error::usage(format!("cannot write plot {}: {e}", path.display())))
     }
 }
 
@@ -285,7 +286,10 @@ mod tests {
             title: "prefill bf16 D=128".into(),
             x_label: "seqlen".into(),
             y_label: "TFLOPS".into(),
-            series: vec![Series { label: "causal".into(), points: vec![(512.0, 100.0), (1024.0, 200.0), (8192.0, 350.0)] }],
+            series: vec![Series {
+                label: "causal".into(),
+                points: vec![(512.0, 100.0), (1024.0, 200.0), (8192.0, 350.0)],
+            }],
         };
         let png = plot.render();
         assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");

@@ -129,12 +129,39 @@ mod tests {
 
     #[test]
     fn json_has_every_field_and_nulls() {
-        let r = Row { op: "prefill", backend: "emu", dtype: "bf16", passed: Some(true), max_abs_err: Some(1e-3), ..Default::default() };
+        let r = Row {
+            op: "prefill",
+            backend: "emu",
+            dtype: "bf16",
+            passed: Some(true),
+            max_abs_err: Some(1e-3),
+            ..Default::default()
+        };
         let j = r.json();
-        for key in ["op", "backend", "dtype", "head_dim", "batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k",
-                    "causal", "page_size", "max_abs_err", "rel_l2_err", "tolerance", "passed", "ms", "tflops", "gbps"] {
+        for key in [
+            "op",
+            "backend",
+            "dtype",
+            "head_dim",
+            "batch",
+            "heads_q",
+            "heads_kv",
+            "seqlen_q",
+            "seqlen_k",
+            "causal",
+            "page_size",
+            "max_abs_err",
+            "rel_l2_err",
+            "tolerance",
+            "passed",
+            "ms",
+            "tflops",
+            "gbps",
+        ] {
             assert!(j.contains(&format!("\"{key}\":")), "{key} missing in {j}");
         }
-        assert!(j.contains("\"ms\":null") && j.contains("\"passed\":true") && j.contains("\"max_abs_err\":1.000000e-3"));
+        assert!(
+            j.contains("\"ms\":null") && j.contains("\"passed\":true") && j.contains("\"max_abs_err\":1.000000e-3")
+        );
     }
 }

@@ -1,0 +1,1355 @@
+//! The fp64 CPU reference every kernel is tested against, and the "naive low precision" implementation the
+//! tolerance rule compares it with (see CONVENTIONS.md). Pure Rust, no `unsafe`; also meant for downstream
+//! correctness suites.
+//!
+//! Semantics, shared by every entry point:
+//! - S = Q Kᵀ · scale, O = softmax(S) V, computed row by row with the max-subtracted softmax in f64.
+//! - Causal masking is bottom-right aligned: query row `i` (of `Tq`) sees key `j` (of `Tk`) iff
+//!   `j <= i + (Tk - Tq)`, so the visible keys of a row are always a prefix `0..visible_keys(..)`.
+//! - A row with no visible key (causal with `Tq > Tk`, a zero-length sequence, `seq_len` 0 in decode) gives
+//!   output 0 and LSE = −inf, never NaN.
+//! - LSE is the natural log of Σ exp(S) over the visible keys.
+//! - GQA/MQA: query head `h` reads KV head `h / (Hq / Hkv)`.
+//!
+//! All tensors are flat row-major `f64` slices; the layout of each is given on the function. Bad input
+//! (mismatched lengths, bad `cu_seqlens`, out-of-range block table entries, ...) is an [`Error`], never a
+//! panic. Sizes whose product overflows `usize` give [`ErrorKind::Overflow`](crate::error::ErrorKind).
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+/// A dense (padded-batch) attention problem.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Problem {
+    pub batch: usize,
+    pub heads_q: usize,
+    pub heads_kv: usize,
+    pub seqlen_q: usize,
+    pub seqlen_k: usize,
+    pub head_dim: usize,
+    pub causal: bool,
+    /// Multiplies Q Kᵀ. Not validated: a non-finite scale simply propagates into the result.
+    pub scale: f64,
+}
+
+impl Problem {
+    /// A problem with the default scale `1 / sqrt(head_dim)`.
+    pub fn new(
+        batch: usize,
+        heads_q: usize,
+        heads_kv: usize,
+        seqlen_q: usize,
+        seqlen_k: usize,
+        head_dim: usize,
+        causal: bool,
+    ) -> Self {
+        let scale = 1.0 / (head_dim as f64).sqrt();
+        Self { batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal, scale }
+    }
+
+    /// Checks the head configuration (`heads_kv >= 1`, `heads_q % heads_kv == 0`, `head_dim >= 1`) and that
+    /// the tensor sizes fit in `usize`. Zero batch or sequence lengths are valid (empty problems).
+    pub fn validate(&self) -> Result<()> {
+        self.attn()?;
+        for (arg, t) in [("q", self.seqlen_q), ("k", self.seqlen_k)] {
+            numel(arg, &[self.batch, t, self.heads_q.max(self.heads_kv), self.head_dim])?;
+        }
+        Ok(())
+    }
+
+    fn attn(&self) -> Result<Attn> {
+        Attn::new(self.heads_q, self.heads_kv, self.head_dim, self.causal, self.scale)
+    }
+}
+
+/// Result of a reference computation. Layouts are given by the producing function.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Output {
+    pub out: Vec<f64>,
+    pub lse: Vec<f64>,
+}
+
+/// Number of keys query row `i` (of `tq`) sees out of `tk`: all `tk` when not causal, otherwise the prefix
+/// `j <= i + tk - tq` (bottom-right alignment), clamped to `0..=tk`.
+pub fn visible_keys(causal: bool, tq: usize, tk: usize, i: usize) -> usize {
+    if causal {
+        (i + tk + 1).saturating_sub(tq).min(tk)
+    } else {
+        tk
+    }
+}
+
+/// Dense attention.
+///
+/// - `q`: `[B, Tq, Hq, D]`, `k`, `v`: `[B, Tk, Hkv, D]`, contiguous.
+/// - Returns `out`: `[B, Tq, Hq, D]`, `lse`: `[B, Hq, Tq]`.
+pub fn dense(p: &Problem, q: &[f64], k: &[f64], v: &[f64]) -> Result<Output> {
+    dense_impl(Arith::F64, p, q, k, v)
+}
+
+/// Variable-length (packed) attention.
+///
+/// - `q`: `[total_q, Hq, D]`, `k`, `v`: `[total_k, Hkv, D]`; sequence `b` owns tokens
+///   `cu_seqlens_q[b]..cu_seqlens_q[b+1]` of `q` and `cu_seqlens_k[b]..cu_seqlens_k[b+1]` of `k`/`v`.
+/// - `cu_seqlens_q`, `cu_seqlens_k`: `[B + 1]` prefix sums, starting at 0, non-decreasing, ending at
+///   `total_q` / `total_k`.
+/// - Causal alignment uses each sequence's own lengths.
+/// - Returns `out`: `[total_q, Hq, D]`, `lse`: `[Hq, total_q]`.
+#[allow(clippy::too_many_arguments)]
+pub fn varlen(
+    heads_q: usize,
+    heads_kv: usize,
+    head_dim: usize,
+    causal: bool,
+    scale: f64,
+    cu_seqlens_q: &[i32],
+    cu_seqlens_k: &[i32],
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+) -> Result<Output> {
+    let a = Attn::new(heads_q, heads_kv, head_dim, causal, scale)?;
+    varlen_impl(Arith::F64, &a, cu_seqlens_q, cu_seqlens_k, q, k, v)
+}
+
+/// Gathers each sequence's K and V out of a paged cache.
+///
+/// - `k_cache`, `v_cache`: `[num_pages, page_size, Hkv, D]`.
+/// - `block_table`: `[B, max_pages_per_seq]` row-major; `seq_lens`: `[B]`.
+/// - Token `t` of sequence `b` lives in page `block_table[b][t / page_size]` at offset `t % page_size`. Only
+///   the first `ceil(seq_len / page_size)` entries of a row are read (the rest may hold anything, e.g. −1),
+///   and only the first `seq_len` slots are read (other slots may hold anything, NaN included).
+/// - Returns one `(K, V)` pair per sequence, each `[seq_len, Hkv, D]`.
+///
+/// Errors: `page_size == 0`, wrong slice lengths, or a negative `seq_len` or one above
+/// `max_pages_per_seq * page_size` → `Shape`; a used block table entry outside `0..num_pages` → `OutOfBounds`.
+#[allow(clippy::too_many_arguments)]
+pub fn gather_paged(
+    k_cache: &[f64],
+    v_cache: &[f64],
+    num_pages: usize,
+    page_size: usize,
+    heads_kv: usize,
+    head_dim: usize,
+    block_table: &[i32],
+    max_pages_per_seq: usize,
+    seq_lens: &[i32],
+) -> Result<Vec<(Vec<f64>, Vec<f64>)>> {
+    if page_size == 0 {
+        return Err(Error::shape("page_size", "must be at least 1"));
+    }
+    let cache_len = numel("k_cache", &[num_pages, page_size, heads_kv, head_dim])?;
+    check_len("k_cache", k_cache.len(), cache_len)?;
+    check_len("v_cache", v_cache.len(), cache_len)?;
+    let batch = seq_lens.len();
+    check_len("block_table", block_table.len(), numel("block_table", &[batch, max_pages_per_seq])?)?;
+    let token = heads_kv * head_dim;
+    let capacity = max_pages_per_seq.saturating_mul(page_size);
+    let mut seqs = Vec::with_capacity(batch);
+    for (b, &len) in seq_lens.iter().enumerate() {
+        let len =
+            usize::try_from(len).map_err(|_| Error::shape("seq_lens", format!("seq_lens[{b}] = {len} is negative")))?;
+        if len > capacity {
+            return Err(Error::shape(
+                "seq_lens",
+                format!("seq_lens[{b}] = {len} exceeds the table capacity {max_pages_per_seq} x {page_size}"),
+            ));
+        }
+        let row = &block_table[b * max_pages_per_seq..][..max_pages_per_seq];
+        let (mut ks, mut vs) = (Vec::with_capacity(len * token), Vec::with_capacity(len * token));
+        for t in 0..len {
+            let entry = row[t / page_size];
+            let page = usize::try_from(entry).ok().filter(|&pg| pg < num_pages).ok_or_else(|| {
+                Error::out_of_bounds(
+                    "block_table",
+                    format!("block_table[{b}][{}] = {entry} is outside 0..{num_pages}", t / page_size),
+                )
+            })?;
+            let slot = (page * page_size + t % page_size) * token;
+            ks.extend_from_slice(&k_cache[slot..slot + token]);
+            vs.extend_from_slice(&v_cache[slot..slot + token]);
+        }
+        seqs.push((ks, vs));
+    }
+    Ok(seqs)
+}
+
+/// Decode attention over a paged cache: one query token per sequence, seeing its whole context (causal with
+/// `Tq = 1` is the same as bidirectional).
+///
+/// - `q`: `[B, Hq, D]`; cache arguments as in [`gather_paged`], `B = seq_lens.len()`.
+/// - Returns `out`: `[B, Hq, D]`, `lse`: `[B, Hq]` (a sequence with `seq_len` 0 gives 0 / −inf).
+#[allow(clippy::too_many_arguments)]
+pub fn paged_decode(
+    heads_q: usize,
+    heads_kv: usize,
+    head_dim: usize,
+    scale: f64,
+    q: &[f64],
+    k_cache: &[f64],
+    v_cache: &[f64],
+    num_pages: usize,
+    page_size: usize,
+    block_table: &[i32],
+    max_pages_per_seq: usize,
+    seq_lens: &[i32],
+) -> Result<Output> {
+    let a = Attn::new(heads_q, heads_kv, head_dim, false, scale)?;
+    let kv = gather_paged(
+        k_cache,
+        v_cache,
+        num_pages,
+        page_size,
+        heads_kv,
+        head_dim,
+        block_table,
+        max_pages_per_seq,
+        seq_lens,
+    )?;
+    paged_impl(Arith::F64, &a, q, &kv)
+}
+
+/// Merges partial attention states (e.g. split-K chunks of the same rows).
+///
+/// - `o`: `[S, N, D]` (S states of N rows each; a row is e.g. one (b, h) pair), `lse`: `[S, N]` natural log.
+/// - Returns `out`: `[N, D]`, `lse`: `[N]` with `lse = log Σ_i exp(lse_i)` and
+///   `out = Σ_i exp(lse_i − lse) · o_i`.
+/// - A partial with `lse_i = −inf` is empty and contributes nothing (its `o_i` is not read, so it may be
+///   NaN); a row whose partials are all empty gives 0 / −inf.
+pub fn merge_states(num_states: usize, rows: usize, head_dim: usize, o: &[f64], lse: &[f64]) -> Result<Output> {
+    check_len("o", o.len(), numel("o", &[num_states, rows, head_dim])?)?;
+    check_len("lse", lse.len(), numel("lse", &[num_states, rows])?)?;
+    let mut out = vec![0.0; rows * head_dim];
+    let mut lse_out = vec![f64::NEG_INFINITY; rows];
+    for r in 0..rows {
+        let part = |s: usize| lse[s * rows + r];
+        let m = (0..num_states).map(part).fold(f64::NEG_INFINITY, f64::max);
+        if m == f64::NEG_INFINITY {
+            continue;
+        }
+        let sum: f64 = (0..num_states).map(|s| (part(s) - m).exp()).sum();
+        let total = m + sum.ln();
+        let row_out = &mut out[r * head_dim..][..head_dim];
+        for s in (0..num_states).filter(|&s| part(s) != f64::NEG_INFINITY) {
+            let w = (part(s) - total).exp();
+            axpy64(row_out, w, &o[(s * rows + r) * head_dim..][..head_dim]);
+        }
+        lse_out[r] = total;
+    }
+    Ok(Output { out, lse: lse_out })
+}
+
+/// The softmax probabilities of one query row, for inspection: `[Tk]`, masked keys exactly 0, all zeros for
+/// an empty row. `q`, `k` as in [`dense`]; `b`, `h`, `i` index batch, query head and query row.
+pub fn probabilities(p: &Problem, q: &[f64], k: &[f64], b: usize, h: usize, i: usize) -> Result<Vec<f64>> {
+    let a = p.attn()?;
+    check_dense_len(p, "q", q, p.seqlen_q, p.heads_q)?;
+    check_dense_len(p, "k", k, p.seqlen_k, p.heads_kv)?;
+    for (arg, idx, n) in [("b", b, p.batch), ("h", h, p.heads_q), ("i", i, p.seqlen_q)] {
+        if idx >= n {
+            return Err(Error::out_of_bounds(arg, format!("{idx} is outside 0..{n}")));
+        }
+    }
+    let d = a.head_dim;
+    let q_row = &q[((b * p.seqlen_q + i) * a.heads_q + h) * d..][..d];
+    let k_seq = &k[b * p.seqlen_k * a.heads_kv * d..][..p.seqlen_k * a.heads_kv * d];
+    let kv = KvRows { k: k_seq, v: k_seq, base: a.kv_head(h) * d, stride: a.heads_kv * d, d };
+    let n = visible_keys(a.causal, p.seqlen_q, p.seqlen_k, i);
+    let mut probs = Vec::with_capacity(p.seqlen_k);
+    if n > 0 {
+        row_softmax(Arith::F64, q_row, &kv, n, a.scale, &mut probs);
+    }
+    probs.resize(p.seqlen_k, 0.0);
+    Ok(probs)
+}
+
+/// The naive low-precision implementation for the tolerance rule, computed like a plain framework in
+/// `dtype`: inputs are taken as given (already `dtype`-representable); S = Q Kᵀ accumulated in f32 and
+/// rounded to `dtype`; scaled in f32 and rounded; softmax in f32 from the rounded scores, probabilities
+/// rounded to `dtype`; O = P V accumulated in f32 and rounded to `dtype`. Same masking and empty-row rules
+/// as [`dense`]. Returns `out` only: `[B, Tq, Hq, D]`.
+pub fn naive_lowp_dense(p: &Problem, dtype: DType, q: &[f64], k: &[f64], v: &[f64]) -> Result<Vec<f64>> {
+    Ok(dense_impl(Arith::Lowp(dtype), p, q, k, v)?.out)
+}
+
+/// [`varlen`] computed as [`naive_lowp_dense`] does. Returns `out` only: `[total_q, Hq, D]`.
+#[allow(clippy::too_many_arguments)]
+pub fn naive_lowp_varlen(
+    heads_q: usize,
+    heads_kv: usize,
+    head_dim: usize,
+    causal: bool,
+    scale: f64,
+    cu_seqlens_q: &[i32],
+    cu_seqlens_k: &[i32],
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    dtype: DType,
+) -> Result<Vec<f64>> {
+    let a = Attn::new(heads_q, heads_kv, head_dim, causal, scale)?;
+    Ok(varlen_impl(Arith::Lowp(dtype), &a, cu_seqlens_q, cu_seqlens_k, q, k, v)?.out)
+}
+
+/// [`paged_decode`] computed as [`naive_lowp_dense`] does. Returns `out` only: `[B, Hq, D]`.
+#[allow(clippy::too_many_arguments)]
+pub fn naive_lowp_paged_decode(
+    heads_q: usize,
+    heads_kv: usize,
+    head_dim: usize,
+    scale: f64,
+    q: &[f64],
+    k_cache: &[f64],
+    v_cache: &[f64],
+    num_pages: usize,
+    page_size: usize,
+    block_table: &[i32],
+    max_pages_per_seq: usize,
+    seq_lens: &[i32],
+    dtype: DType,
+) -> Result<Vec<f64>> {
+    let a = Attn::new(heads_q, heads_kv, head_dim, false, scale)?;
+    let kv = gather_paged(
+        k_cache,
+        v_cache,
+        num_pages,
+        page_size,
+        heads_kv,
+        head_dim,
+        block_table,
+        max_pages_per_seq,
+        seq_lens,
+    )?;
+    Ok(paged_impl(Arith::Lowp(dtype), &a, q, &kv)?.out)
+}
+
+/// Outcome of comparing a result against the reference.
+#[derive(Clone, Copy, Debug)]
+pub struct Comparison {
+    /// max |ours − ref| (∞ where exactly one side is infinite or the lengths differ; NaN is counted as ∞).
+    pub max_abs_err: f64,
+    /// ‖ours − ref‖₂ / max(‖ref‖₂, tiny), over the entries both sides have finite.
+    pub rel_l2_err: f64,
+    /// max |naive − ref| ([`compare`]); NaN if the naive result has a NaN or infinity the reference lacks,
+    /// and for [`compare_lse`], where it does not apply.
+    pub naive_max_abs_err: f64,
+    /// The bound `max_abs_err` was held to.
+    pub tolerance: f64,
+    pub passed: bool,
+}
+
+/// The tolerance rule: passes iff the lengths agree, `ours` has no NaN, `ours` is finite wherever `reference`
+/// is (equal infinities compare equal) and `max|ours − ref| ≤ 2 · max|naive − ref| + 1e-5`. A NaN (or stray
+/// infinity) in `naive` makes the tolerance NaN, so the comparison fails rather than passing everything.
+pub fn compare(ours: &[f64], reference: &[f64], naive: &[f64]) -> Comparison {
+    let naive_err = if naive.len() == reference.len() {
+        let s = diff_stats(naive, reference);
+        if s.non_finite {
+            f64::NAN
+        } else {
+            s.max_abs
+        }
+    } else {
+        f64::NAN
+    };
+    let tolerance = 2.0 * naive_err + 1e-5;
+    finish(ours, reference, naive_err, tolerance)
+}
+
+/// LSE comparison: −inf must match −inf exactly, finite values pass within absolute tolerance `atol`, NaN
+/// anywhere in `ours` fails. `naive_max_abs_err` is NaN (not applicable) and `tolerance` is `atol`.
+pub fn compare_lse(ours: &[f64], reference: &[f64], atol: f64) -> Comparison {
+    finish(ours, reference, f64::NAN, atol)
+}
+
+fn finish(ours: &[f64], reference: &[f64], naive_max_abs_err: f64, tolerance: f64) -> Comparison {
+    if ours.len() != reference.len() {
+        let inf = f64::INFINITY;
+        return Comparison { max_abs_err: inf, rel_l2_err: inf, naive_max_abs_err, tolerance, passed: false };
+    }
+    let s = diff_stats(ours, reference);
+    let rel_l2_err = s.diff_sq.sqrt() / s.ref_sq.sqrt().max(f64::MIN_POSITIVE);
+    let passed = !s.ours_nan && s.max_abs <= tolerance;
+    Comparison { max_abs_err: s.max_abs, rel_l2_err, naive_max_abs_err, tolerance, passed }
+}
+
+struct DiffStats {
+    max_abs: f64,
+    diff_sq: f64,
+    ref_sq: f64,
+    ours_nan: bool,
+    non_finite: bool,
+}
+
+/// Elementwise |a − r|: 0 where equal (incl. equal infinities), ∞ where either side is NaN or only one side is
+/// infinite (so `max_abs` is never NaN). The L2 sums skip non-finite entries.
+fn diff_stats(a: &[f64], r: &[f64]) -> DiffStats {
+    let mut s = DiffStats { max_abs: 0.0, diff_sq: 0.0, ref_sq: 0.0, ours_nan: false, non_finite: false };
+    for (&x, &y) in a.iter().zip(r) {
+        s.ours_nan |= x.is_nan();
+        let e = if x == y {
+            0.0
+        } else if x.is_finite() && y.is_finite() {
+            (x - y).abs()
+        } else {
+            s.non_finite = true;
+            f64::INFINITY
+        };
+        s.max_abs = s.max_abs.max(e);
+        if e.is_finite() && y.is_finite() {
+            s.diff_sq += e * e;
+            s.ref_sq += y * y;
+        }
+    }
+    s
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Core
+
+/// Validated head configuration shared by dense, varlen and paged.
+#[derive(Clone, Copy, Debug)]
+struct Attn {
+    heads_q: usize,
+    heads_kv: usize,
+    head_dim: usize,
+    causal: bool,
+    scale: f64,
+}
+
+impl Attn {
+    fn new(heads_q: usize, heads_kv: usize, head_dim: usize, causal: bool, scale: f64) -> Result<Self> {
+        if heads_kv == 0 {
+            return Err(Error::shape("heads_kv", "must be at least 1"));
+        }
+        if heads_q % heads_kv != 0 {
+            return Err(Error::shape("heads_q", format!("{heads_q} is not a multiple of heads_kv = {heads_kv}")));
+        }
+        if head_dim == 0 {
+            return Err(Error::shape("head_dim", "must be at least 1"));
+        }
+        Ok(Self { heads_q, heads_kv, head_dim, causal, scale })
+    }
+
+    fn kv_head(&self, h: usize) -> usize {
+        h / (self.heads_q / self.heads_kv)
+    }
+
+    /// One sequence: `q` `[tq, Hq, D]`, `k`/`v` `[tk, Hkv, D]` → `out` `[tq, Hq, D]`; `lse(h, i, value)` is
+    /// called for every (head, row).
+    #[allow(clippy::too_many_arguments)]
+    fn attend_seq(
+        &self,
+        ar: Arith,
+        tq: usize,
+        tk: usize,
+        q: &[f64],
+        k: &[f64],
+        v: &[f64],
+        out: &mut [f64],
+        mut lse: impl FnMut(usize, usize, f64),
+    ) {
+        let d = self.head_dim;
+        let mut scratch = Vec::with_capacity(tk);
+        // Head-major so one KV head's rows stay in cache across the query rows.
+        for h in 0..self.heads_q {
+            let kv = KvRows { k, v, base: self.kv_head(h) * d, stride: self.heads_kv * d, d };
+            for i in 0..tq {
+                let n = visible_keys(self.causal, tq, tk, i);
+                let row = (i * self.heads_q + h) * d;
+                let l = attend_row(ar, &q[row..row + d], &kv, n, self.scale, &mut scratch, &mut out[row..row + d]);
+                lse(h, i, l);
+            }
+        }
+    }
+}
+
+/// The K/V rows of one KV head: key `j` is `k[base + j * stride..][..d]`.
+struct KvRows<'a> {
+    k: &'a [f64],
+    v: &'a [f64],
+    base: usize,
+    stride: usize,
+    d: usize,
+}
+
+impl KvRows<'_> {
+    fn k(&self, j: usize) -> &[f64] {
+        &self.k[self.base + j * self.stride..][..self.d]
+    }
+    fn v(&self, j: usize) -> &[f64] {
+        &self.v[self.base + j * self.stride..][..self.d]
+    }
+}
+
+/// The one attention row routine: attends `q_row` to the first `n` keys of `kv`, writes `out` (`[D]`) and
+/// returns the LSE; `n == 0` gives 0 / −inf. `probs` is scratch.
+fn attend_row(
+    ar: Arith,
+    q_row: &[f64],
+    kv: &KvRows,
+    n: usize,
+    scale: f64,
+    probs: &mut Vec<f64>,
+    out: &mut [f64],
+) -> f64 {
+    out.fill(0.0);
+    if n == 0 {
+        return f64::NEG_INFINITY;
+    }
+    let lse = row_softmax(ar, q_row, kv, n, scale, probs);
+    for (j, &p) in probs.iter().enumerate() {
+        ar.axpy(out, p, kv.v(j));
+    }
+    for o in out.iter_mut() {
+        *o = ar.store(*o);
+    }
+    lse
+}
+
+/// Fills `probs` with the softmax over the first `n >= 1` keys and returns the LSE.
+fn row_softmax(ar: Arith, q_row: &[f64], kv: &KvRows, n: usize, scale: f64, probs: &mut Vec<f64>) -> f64 {
+    probs.clear();
+    probs.extend((0..n).map(|j| ar.score(q_row, kv.k(j), scale)));
+    ar.softmax(probs)
+}
+
+/// The arithmetic of a computation: exact-ish f64, or a framework's f32-accumulate / `dtype`-store.
+#[derive(Clone, Copy, Debug)]
+enum Arith {
+    F64,
+    Lowp(DType),
+}
+
+impl Arith {
+    /// Scaled score of one key.
+    fn score(self, q: &[f64], k: &[f64], scale: f64) -> f64 {
+        match self {
+            Arith::F64 => dot64(q, k) * scale,
+            Arith::Lowp(dt) => {
+                let s = q.iter().zip(k).fold(0f32, |acc, (&x, &y)| acc + x as f32 * y as f32);
+                let s = dt.round(f64::from(s)) as f32;
+                dt.round(f64::from(s * scale as f32))
+            }
+        }
+    }
+
+    /// Scores → probabilities in place (non-empty, max-subtracted); returns the LSE.
+    fn softmax(self, s: &mut [f64]) -> f64 {
+        match self {
+            Arith::F64 => {
+                let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let mut sum = 0.0;
+                for x in s.iter_mut() {
+                    *x = (*x - m).exp();
+                    sum += *x;
+                }
+                s.iter_mut().for_each(|x| *x /= sum);
+                m + sum.ln()
+            }
+            Arith::Lowp(dt) => {
+                let m = s.iter().map(|&x| x as f32).fold(f32::NEG_INFINITY, f32::max);
+                let mut sum = 0f32;
+                for x in s.iter_mut() {
+                    let e = (*x as f32 - m).exp();
+                    *x = f64::from(e);
+                    sum += e;
+                }
+                s.iter_mut().for_each(|x| *x = dt.round(f64::from(*x as f32 / sum)));
+                f64::from(m + sum.ln())
+            }
+        }
+    }
+
+    /// `out += p · v` in the accumulator type.
+    fn axpy(self, out: &mut [f64], p: f64, v: &[f64]) {
+        match self {
+            Arith::F64 => axpy64(out, p, v),
+            Arith::Lowp(_) => {
+                for (o, &x) in out.iter_mut().zip(v) {
+                    *o = f64::from(*o as f32 + p as f32 * x as f32);
+                }
+            }
+        }
+    }
+
+    /// Rounds a finished output to the storage type.
+    fn store(self, x: f64) -> f64 {
+        match self {
+            Arith::F64 => x,
+            Arith::Lowp(dt) => dt.round(x),
+        }
+    }
+}
+
+/// f64 dot product with four independent accumulators (vectorises; the order differs from a sequential sum
+/// only by f64 rounding). Plain indexing keeps it tolerable in unoptimised test builds too.
+fn dot64(a: &[f64], b: &[f64]) -> f64 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut s = [0.0f64; 4];
+    let mut i = 0;
+    while i + 4 <= n {
+        s[0] += a[i] * b[i];
+        s[1] += a[i + 1] * b[i + 1];
+        s[2] += a[i + 2] * b[i + 2];
+        s[3] += a[i + 3] * b[i + 3];
+        i += 4;
+    }
+    while i < n {
+        s[0] += a[i] * b[i];
+        i += 1;
+    }
+    (s[0] + s[1]) + (s[2] + s[3])
+}
+
+/// `out += p · v`.
+fn axpy64(out: &mut [f64], p: f64, v: &[f64]) {
+    let n = out.len().min(v.len());
+    let (out, v) = (&mut out[..n], &v[..n]);
+    for i in 0..n {
+        out[i] += p * v[i];
+    }
+}
+
+fn dense_impl(ar: Arith, p: &Problem, q: &[f64], k: &[f64], v: &[f64]) -> Result<Output> {
+    let a = p.attn()?;
+    let (tq, tk, hq, d) = (p.seqlen_q, p.seqlen_k, a.heads_q, a.head_dim);
+    check_dense_len(p, "q", q, tq, hq)?;
+    check_dense_len(p, "k", k, tk, a.heads_kv)?;
+    check_dense_len(p, "v", v, tk, a.heads_kv)?;
+    let (q_seq, kv_seq) = (tq * hq * d, tk * a.heads_kv * d);
+    let mut out = vec![0.0; q.len()];
+    let mut lse = vec![f64::NEG_INFINITY; p.batch * hq * tq];
+    for b in 0..p.batch {
+        let (ks, vs) = (&k[b * kv_seq..][..kv_seq], &v[b * kv_seq..][..kv_seq]);
+        let lse_b = &mut lse[b * hq * tq..][..hq * tq];
+        a.attend_seq(ar, tq, tk, &q[b * q_seq..][..q_seq], ks, vs, &mut out[b * q_seq..][..q_seq], |h, i, l| {
+            lse_b[h * tq + i] = l
+        });
+    }
+    Ok(Output { out, lse })
+}
+
+fn varlen_impl(ar: Arith, a: &Attn, cu_q: &[i32], cu_k: &[i32], q: &[f64], k: &[f64], v: &[f64]) -> Result<Output> {
+    let cu_q = parse_cu("cu_seqlens_q", cu_q)?;
+    let cu_k = parse_cu("cu_seqlens_k", cu_k)?;
+    if cu_k.len() != cu_q.len() {
+        return Err(Error::shape(
+            "cu_seqlens_k",
+            format!("has {} entries but cu_seqlens_q has {}", cu_k.len(), cu_q.len()),
+        ));
+    }
+    let d = a.head_dim;
+    let (tok_q, tok_kv) = (a.heads_q * d, a.heads_kv * d);
+    let total_q = packed_total("q", "cu_seqlens_q", q, tok_q, &cu_q)?;
+    packed_total("k", "cu_seqlens_k", k, tok_kv, &cu_k)?;
+    packed_total("v", "cu_seqlens_k", v, tok_kv, &cu_k)?;
+    let mut out = vec![0.0; q.len()];
+    let mut lse = vec![f64::NEG_INFINITY; a.heads_q * total_q];
+    for (wq, wk) in cu_q.windows(2).zip(cu_k.windows(2)) {
+        let (q0, tq, k0, tk) = (wq[0], wq[1] - wq[0], wk[0], wk[1] - wk[0]);
+        let (qs, ks, vs) =
+            (&q[q0 * tok_q..][..tq * tok_q], &k[k0 * tok_kv..][..tk * tok_kv], &v[k0 * tok_kv..][..tk * tok_kv]);
+        a.attend_seq(ar, tq, tk, qs, ks, vs, &mut out[q0 * tok_q..][..tq * tok_q], |h, i, l| {
+            lse[h * total_q + q0 + i] = l
+        });
+    }
+    Ok(Output { out, lse })
+}
+
+/// Decode over gathered per-sequence K/V: `q` `[B, Hq, D]` → out `[B, Hq, D]`, lse `[B, Hq]`.
+fn paged_impl(ar: Arith, a: &Attn, q: &[f64], kv: &[(Vec<f64>, Vec<f64>)]) -> Result<Output> {
+    let tok = a.heads_q * a.head_dim;
+    check_len("q", q.len(), numel("q", &[kv.len(), a.heads_q, a.head_dim])?)?;
+    let mut out = vec![0.0; q.len()];
+    let mut lse = vec![f64::NEG_INFINITY; kv.len() * a.heads_q];
+    for (b, (ks, vs)) in kv.iter().enumerate() {
+        let tk = ks.len() / (a.heads_kv * a.head_dim);
+        let lse_b = &mut lse[b * a.heads_q..][..a.heads_q];
+        a.attend_seq(ar, 1, tk, &q[b * tok..][..tok], ks, vs, &mut out[b * tok..][..tok], |h, _, l| lse_b[h] = l);
+    }
+    Ok(Output { out, lse })
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Validation helpers
+
+fn numel(arg: &str, dims: &[usize]) -> Result<usize> {
+    dims.iter()
+        .try_fold(1usize, |acc, &x| acc.checked_mul(x))
+        .ok_or_else(|| Error::overflow(arg, format!("element count of {dims:?} overflows usize")))
+}
+
+fn check_len(arg: &str, got: usize, want: usize) -> Result<()> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(Error::shape(arg, format!("has {got} elements, expected {want}")))
+    }
+}
+
+fn check_dense_len(p: &Problem, arg: &str, x: &[f64], t: usize, heads: usize) -> Result<()> {
+    check_len(arg, x.len(), numel(arg, &[p.batch, t, heads, p.head_dim])?)
+}
+
+/// `cu_seqlens`: at least one entry, starting at 0, non-decreasing.
+fn parse_cu(arg: &str, cu: &[i32]) -> Result<Vec<usize>> {
+    match cu.first() {
+        None => return Err(Error::shape(arg, "must have batch + 1 >= 1 entries")),
+        Some(&c) if c != 0 => return Err(Error::shape(arg, format!("must start at 0, starts at {c}"))),
+        _ => {}
+    }
+    if let Some(i) = cu.windows(2).position(|w| w[1] < w[0]) {
+        return Err(Error::shape(arg, format!("decreases at index {}: {} -> {}", i + 1, cu[i], cu[i + 1])));
+    }
+    Ok(cu.iter().map(|&c| c as usize).collect())
+}
+
+/// Token count of a packed `[total, H, D]` tensor, which must equal the last `cu` entry.
+fn packed_total(arg: &str, cu_arg: &str, x: &[f64], token: usize, cu: &[usize]) -> Result<usize> {
+    let last = *cu.last().unwrap_or(&0);
+    if x.len() % token != 0 {
+        return Err(Error::shape(arg, format!("{} elements is not a multiple of H * D = {token}", x.len())));
+    }
+    if x.len() / token != last {
+        return Err(Error::shape(cu_arg, format!("ends at {last} but {arg} holds {} tokens", x.len() / token)));
+    }
+    Ok(last)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+    use rand::rngs::StdRng;
+    use rand::seq::SliceRandom;
+    use rand::{Rng, SeedableRng};
+
+    const NEG_INF: f64 = f64::NEG_INFINITY;
+
+    fn rand_vec(rng: &mut StdRng, n: usize, lo: f64, hi: f64) -> Vec<f64> {
+        (0..n).map(|_| rng.random_range(lo..hi)).collect()
+    }
+
+    /// Random (q, k, v) for a dense problem; v is offset so outputs are not ≈ 0.
+    fn inputs(p: &Problem, seed: u64) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let nq = p.batch * p.seqlen_q * p.heads_q * p.head_dim;
+        let nk = p.batch * p.seqlen_k * p.heads_kv * p.head_dim;
+        (rand_vec(&mut rng, nq, -1.0, 1.0), rand_vec(&mut rng, nk, -1.0, 1.0), rand_vec(&mut rng, nk, -0.5, 1.5))
+    }
+
+    /// max |a − b| with equal values (incl. −inf == −inf) counting 0 and anything else non-finite counting ∞.
+    fn max_diff(a: &[f64], b: &[f64]) -> f64 {
+        assert_eq!(a.len(), b.len());
+        a.iter()
+            .zip(b)
+            .map(|(&x, &y)| {
+                if x == y {
+                    0.0
+                } else if (x - y).is_finite() {
+                    (x - y).abs()
+                } else {
+                    f64::INFINITY
+                }
+            })
+            .fold(0.0, f64::max)
+    }
+
+    /// A deliberately different formulation: the full [Tq, Tk] score matrix with an explicit −inf mask,
+    /// softmax as exp / sum without max subtraction, then P·V. Returns (out, lse) in dense layouts.
+    fn naive_dense(p: &Problem, q: &[f64], k: &[f64], v: &[f64]) -> (Vec<f64>, Vec<f64>) {
+        let (b_, hq, hkv, tq, tk, d) = (p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_k, p.head_dim);
+        let qi = |b: usize, i: usize, h: usize, x: usize| ((b * tq + i) * hq + h) * d + x;
+        let ki = |b: usize, j: usize, h: usize, x: usize| ((b * tk + j) * hkv + h) * d + x;
+        let mut out = vec![0.0; b_ * tq * hq * d];
+        let mut lse = vec![0.0; b_ * hq * tq];
+        for b in 0..b_ {
+            for h in 0..hq {
+                let g = h * hkv / hq;
+                let mut s = vec![vec![NEG_INF; tk]; tq];
+                for (i, row) in s.iter_mut().enumerate() {
+                    for (j, sij) in row.iter_mut().enumerate() {
+                        let masked = p.causal && (j as i64) > i as i64 + tk as i64 - tq as i64;
+                        if !masked {
+                            *sij = (0..d).map(|x| q[qi(b, i, h, x)] * k[ki(b, j, g, x)]).sum::<f64>() * p.scale;
+                        }
+                    }
+                }
+                for (i, row) in s.iter().enumerate() {
+                    let e: Vec<f64> = row.iter().map(|x| x.exp()).collect();
+                    let sum: f64 = e.iter().sum();
+                    lse[(b * hq + h) * tq + i] = sum.ln();
+                    if sum == 0.0 {
+                        continue;
+                    }
+                    for x in 0..d {
+                        out[qi(b, i, h, x)] = (0..tk).map(|j| e[j] / sum * v[ki(b, j, g, x)]).sum();
+                    }
+                }
+            }
+        }
+        (out, lse)
+    }
+
+    fn shapes() -> Vec<Problem> {
+        let mut v = Vec::new();
+        for causal in [false, true] {
+            for (b, hq, hkv, tq, tk, d) in [
+                (2, 4, 4, 5, 5, 8),
+                (1, 8, 2, 3, 9, 16), // Tq < Tk, GQA 4:1
+                (2, 4, 1, 9, 4, 8),  // Tq > Tk, MQA
+                (1, 2, 2, 1, 7, 5),  // decode-like, D not a multiple of 4
+                (3, 3, 1, 6, 6, 3),
+                (1, 4, 1, 13, 17, 32),
+            ] {
+                v.push(Problem::new(b, hq, hkv, tq, tk, d, causal));
+            }
+        }
+        v
+    }
+
+    #[test]
+    fn dense_matches_naive_formulation() {
+        for (n, p) in shapes().iter().enumerate() {
+            let seed = 1000 + n as u64;
+            let (q, k, v) = inputs(p, seed);
+            let got = dense(p, &q, &k, &v).unwrap();
+            let (out, lse) = naive_dense(p, &q, &k, &v);
+            let (eo, el) = (max_diff(&got.out, &out), max_diff(&got.lse, &lse));
+            assert!(eo < 1e-12 && el < 1e-12, "seed {seed} {p:?}: out err {eo}, lse err {el}");
+        }
+    }
+
+    #[test]
+    fn probabilities_sum_to_one_and_masked_are_zero() {
+        for (n, p) in shapes().iter().enumerate() {
+            let seed = 2000 + n as u64;
+            let (q, k, v) = inputs(p, seed);
+            let full = dense(p, &q, &k, &v).unwrap();
+            let d = p.head_dim;
+            for b in 0..p.batch {
+                for h in 0..p.heads_q {
+                    for i in 0..p.seqlen_q {
+                        let probs = probabilities(p, &q, &k, b, h, i).unwrap();
+                        assert_eq!(probs.len(), p.seqlen_k);
+                        let mut any = false;
+                        for (j, &pr) in probs.iter().enumerate() {
+                            let visible = !p.causal || j + p.seqlen_q <= i + p.seqlen_k;
+                            any |= visible;
+                            if visible {
+                                assert!(pr > 0.0, "seed {seed} {p:?} ({b},{h},{i},{j}): {pr}");
+                            } else {
+                                assert_eq!(pr, 0.0, "seed {seed} {p:?} ({b},{h},{i},{j}) masked");
+                            }
+                        }
+                        let sum: f64 = probs.iter().sum();
+                        let want = if any { 1.0 } else { 0.0 };
+                        assert!((sum - want).abs() < 1e-12, "seed {seed} {p:?} ({b},{h},{i}): sum {sum}");
+                        // P·V reproduces the output row.
+                        let g = h / (p.heads_q / p.heads_kv);
+                        for x in 0..d {
+                            let o: f64 = (0..p.seqlen_k)
+                                .map(|j| probs[j] * v[((b * p.seqlen_k + j) * p.heads_kv + g) * d + x])
+                                .sum();
+                            let got = full.out[((b * p.seqlen_q + i) * p.heads_q + h) * d + x];
+                            assert!((o - got).abs() < 1e-12, "seed {seed} {p:?}: P·V {o} vs out {got}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn key_permutation_invariance() {
+        let seed = 3000;
+        for causal in [false, true] {
+            let p = Problem::new(2, 4, 2, 6, 11, 8, causal);
+            let (q, k, v) = inputs(&p, seed);
+            let mut perm: Vec<usize> = (0..p.seqlen_k).collect();
+            perm.shuffle(&mut StdRng::seed_from_u64(seed + 1));
+            let tok = p.heads_kv * p.head_dim;
+            let permute = |x: &[f64]| {
+                let mut y = x.to_vec();
+                for b in 0..p.batch {
+                    for (j, &pj) in perm.iter().enumerate() {
+                        let (dst, src) = ((b * p.seqlen_k + j) * tok, (b * p.seqlen_k + pj) * tok);
+                        y[dst..dst + tok].copy_from_slice(&x[src..src + tok]);
+                    }
+                }
+                y
+            };
+            let a = dense(&p, &q, &k, &v).unwrap();
+            let b = dense(&p, &q, &permute(&k), &permute(&v)).unwrap();
+            let (eo, el) = (max_diff(&a.out, &b.out), max_diff(&a.lse, &b.lse));
+            if causal {
+                assert!(eo > 1e-3, "seed {seed}: causal output should change under key permutation ({eo})");
+            } else {
+                assert!(eo < 1e-12 && el < 1e-12, "seed {seed}: out err {eo}, lse err {el}");
+            }
+        }
+    }
+
+    #[test]
+    fn empty_rows_give_zero_and_neg_inf() {
+        let seed = 4000;
+        // Causal with Tq > Tk: the first Tq − Tk rows see nothing.
+        let p = Problem::new(2, 4, 2, 7, 3, 8, true);
+        let (q, k, v) = inputs(&p, seed);
+        let r = dense(&p, &q, &k, &v).unwrap();
+        let d = p.head_dim;
+        for b in 0..p.batch {
+            for h in 0..p.heads_q {
+                for i in 0..p.seqlen_q {
+                    let l = r.lse[(b * p.heads_q + h) * p.seqlen_q + i];
+                    let row = &r.out[((b * p.seqlen_q + i) * p.heads_q + h) * d..][..d];
+                    if i < 4 {
+                        assert_eq!(l, NEG_INF, "seed {seed} row {i}");
+                        assert!(row.iter().all(|&x| x == 0.0), "seed {seed} row {i}: {row:?}");
+                    } else {
+                        assert!(l.is_finite() && row.iter().all(|x| x.is_finite() && *x != 0.0), "seed {seed} row {i}");
+                    }
+                }
+            }
+        }
+        // Tk = 0 (bidirectional): every row is empty.
+        let p = Problem::new(1, 2, 1, 3, 0, 4, false);
+        let (q, k, v) = inputs(&p, seed);
+        let r = dense(&p, &q, &k, &v).unwrap();
+        assert!(r.out.iter().all(|&x| x == 0.0) && r.lse.iter().all(|&x| x == NEG_INF));
+        // Varlen: sequence 1 has no keys, sequence 2 has no tokens at all.
+        let (hq, hkv, d) = (2, 1, 4);
+        let (cu_q, cu_k) = ([0, 2, 5, 5, 6], [0, 3, 3, 4, 6]);
+        let mut rng = StdRng::seed_from_u64(seed);
+        let q = rand_vec(&mut rng, 6 * hq * d, -1.0, 1.0);
+        let k = rand_vec(&mut rng, 6 * hkv * d, -1.0, 1.0);
+        let v = rand_vec(&mut rng, 6 * hkv * d, 0.5, 1.5);
+        for causal in [false, true] {
+            let r = varlen(hq, hkv, d, causal, 0.5, &cu_q, &cu_k, &q, &k, &v).unwrap();
+            for t in 0..6 {
+                let empty = (2..5).contains(&t);
+                for h in 0..hq {
+                    let l = r.lse[h * 6 + t];
+                    let row = &r.out[(t * hq + h) * d..][..d];
+                    assert_eq!(empty, l == NEG_INF, "seed {seed} token {t} head {h}: lse {l}");
+                    assert_eq!(empty, row.iter().all(|&x| x == 0.0), "seed {seed} token {t}: {row:?}");
+                    assert!(row.iter().all(|x| x.is_finite()));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn varlen_equals_dense_per_sequence() {
+        let seed = 5000;
+        let mut rng = StdRng::seed_from_u64(seed);
+        let (hq, hkv, d) = (8, 2, 12);
+        let lens: [(usize, usize); 5] = [(3, 3), (1, 9), (6, 2), (0, 4), (5, 11)];
+        let cu = |f: fn(&(usize, usize)) -> usize| -> Vec<i32> {
+            let mut v = vec![0];
+            for l in &lens {
+                v.push(v[v.len() - 1] + f(l) as i32);
+            }
+            v
+        };
+        let (cu_q, cu_k) = (cu(|l| l.0), cu(|l| l.1));
+        let (tot_q, tot_k) = (*cu_q.last().unwrap() as usize, *cu_k.last().unwrap() as usize);
+        let q = rand_vec(&mut rng, tot_q * hq * d, -1.0, 1.0);
+        let k = rand_vec(&mut rng, tot_k * hkv * d, -1.0, 1.0);
+        let v = rand_vec(&mut rng, tot_k * hkv * d, -0.5, 1.5);
+        for causal in [false, true] {
+            let r = varlen(hq, hkv, d, causal, 0.3, &cu_q, &cu_k, &q, &k, &v).unwrap();
+            for (s, &(tq, tk)) in lens.iter().enumerate() {
+                let (q0, k0) = (cu_q[s] as usize, cu_k[s] as usize);
+                let p = Problem { scale: 0.3, ..Problem::new(1, hq, hkv, tq, tk, d, causal) };
+                let want = dense(
+                    &p,
+                    &q[q0 * hq * d..(q0 + tq) * hq * d],
+                    &k[k0 * hkv * d..(k0 + tk) * hkv * d],
+                    &v[k0 * hkv * d..(k0 + tk) * hkv * d],
+                )
+                .unwrap();
+                assert_eq!(&r.out[q0 * hq * d..(q0 + tq) * hq * d], &want.out[..], "seed {seed} seq {s}");
+                for h in 0..hq {
+                    assert_eq!(&r.lse[h * tot_q + q0..][..tq], &want.lse[h * tq..][..tq], "seed {seed} seq {s}");
+                }
+            }
+        }
+    }
+
+    /// A paged cache with shuffled pages, NaN in every slot no sequence uses and −1 in unused table entries.
+    struct Paged {
+        k_cache: Vec<f64>,
+        v_cache: Vec<f64>,
+        num_pages: usize,
+        page_size: usize,
+        table: Vec<i32>,
+        max_pages: usize,
+        seq_lens: Vec<i32>,
+        dense_kv: Vec<(Vec<f64>, Vec<f64>)>,
+    }
+
+    fn paged(seed: u64, hkv: usize, d: usize, page_size: usize, seq_lens: &[usize]) -> Paged {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let tok = hkv * d;
+        let max_pages = seq_lens.iter().map(|l| l.div_ceil(page_size)).max().unwrap_or(0) + 1;
+        let used: usize = seq_lens.iter().map(|l| l.div_ceil(page_size)).sum();
+        let num_pages = used + 3; // spare pages never referenced
+        let mut pages: Vec<usize> = (0..num_pages).collect();
+        pages.shuffle(&mut rng);
+        let mut k_cache = vec![f64::NAN; num_pages * page_size * tok];
+        let mut v_cache = k_cache.clone();
+        let mut table = vec![-1; seq_lens.len() * max_pages];
+        let mut next = 0;
+        let mut dense_kv = Vec::new();
+        for (b, &len) in seq_lens.iter().enumerate() {
+            let ks = rand_vec(&mut rng, len * tok, -1.0, 1.0);
+            let vs = rand_vec(&mut rng, len * tok, -0.5, 1.5);
+            for t in 0..len {
+                if t % page_size == 0 {
+                    table[b * max_pages + t / page_size] = pages[next] as i32;
+                    next += 1;
+                }
+                let slot = (table[b * max_pages + t / page_size] as usize * page_size + t % page_size) * tok;
+                k_cache[slot..slot + tok].copy_from_slice(&ks[t * tok..][..tok]);
+                v_cache[slot..slot + tok].copy_from_slice(&vs[t * tok..][..tok]);
+            }
+            dense_kv.push((ks, vs));
+        }
+        let seq_lens = seq_lens.iter().map(|&l| l as i32).collect();
+        Paged { k_cache, v_cache, num_pages, page_size, table, max_pages, seq_lens, dense_kv }
+    }
+
+    #[test]
+    fn paged_decode_equals_dense_on_gathered_kv() {
+        let seed = 5500;
+        let (hq, hkv, d) = (8, 2, 16);
+        for page_size in [1, 4, 16] {
+            let c = paged(seed, hkv, d, page_size, &[5, 0, 17, 8, 16]);
+            let kv = gather_paged(
+                &c.k_cache,
+                &c.v_cache,
+                c.num_pages,
+                page_size,
+                hkv,
+                d,
+                &c.table,
+                c.max_pages,
+                &c.seq_lens,
+            )
+            .unwrap();
+            assert_eq!(kv, c.dense_kv, "seed {seed} page_size {page_size}");
+            let q = rand_vec(&mut StdRng::seed_from_u64(seed + 7), c.seq_lens.len() * hq * d, -1.0, 1.0);
+            let scale = 0.25;
+            let r = paged_decode(
+                hq,
+                hkv,
+                d,
+                scale,
+                &q,
+                &c.k_cache,
+                &c.v_cache,
+                c.num_pages,
+                c.page_size,
+                &c.table,
+                c.max_pages,
+                &c.seq_lens,
+            )
+            .unwrap();
+            assert!(r.out.iter().all(|x| x.is_finite()), "seed {seed}: NaN leaked from unused cache slots");
+            for (b, (ks, vs)) in c.dense_kv.iter().enumerate() {
+                for causal in [false, true] {
+                    let tk = ks.len() / (hkv * d);
+                    let p = Problem { scale, ..Problem::new(1, hq, hkv, 1, tk, d, causal) };
+                    let want = dense(&p, &q[b * hq * d..][..hq * d], ks, vs).unwrap();
+                    assert_eq!(&r.out[b * hq * d..][..hq * d], &want.out[..], "seed {seed} seq {b}");
+                    assert_eq!(&r.lse[b * hq..][..hq], &want.lse[..], "seed {seed} seq {b}");
+                }
+            }
+            let naive = naive_lowp_paged_decode(
+                hq,
+                hkv,
+                d,
+                scale,
+                &q,
+                &c.k_cache,
+                &c.v_cache,
+                c.num_pages,
+                c.page_size,
+                &c.table,
+                c.max_pages,
+                &c.seq_lens,
+                DType::Bf16,
+            )
+            .unwrap();
+            assert!(naive.iter().all(|x| x.is_finite()), "seed {seed}: NaN leaked into the naive decode");
+        }
+    }
+
+    #[test]
+    fn merge_of_key_chunks_reproduces_full_attention() {
+        let seed = 6000;
+        let (b, hq, hkv, tq, tk, d) = (2, 4, 2, 3, 20, 8);
+        let full_p = Problem::new(b, hq, hkv, tq, tk, d, false);
+        let (q, k, v) = inputs(&full_p, seed);
+        let full = dense(&full_p, &q, &k, &v).unwrap();
+        let rows = b * tq * hq; // row order (b, i, h), as in out
+                                // lse [B, Hq, Tq] -> row order (b, i, h)
+        let lse_rows = |l: &[f64]| -> Vec<f64> {
+            let mut r = vec![0.0; rows];
+            for bb in 0..b {
+                for h in 0..hq {
+                    for i in 0..tq {
+                        r[(bb * tq + i) * hq + h] = l[(bb * hq + h) * tq + i];
+                    }
+                }
+            }
+            r
+        };
+        let slice_keys = |x: &[f64], j0: usize, j1: usize| -> Vec<f64> {
+            (0..b).flat_map(|bb| x[(bb * tk + j0) * hkv * d..(bb * tk + j1) * hkv * d].to_vec()).collect()
+        };
+        let bounds = [0, 7, 7, 15, 20]; // includes an empty chunk
+        let (mut o, mut l) = (Vec::new(), Vec::new());
+        for w in bounds.windows(2) {
+            let p = Problem { seqlen_k: w[1] - w[0], ..full_p };
+            let part = dense(&p, &q, &slice_keys(&k, w[0], w[1]), &slice_keys(&v, w[0], w[1])).unwrap();
+            let mut po = part.out;
+            if w[0] == w[1] {
+                po.fill(f64::NAN); // an empty partial's o must not be read
+            }
+            o.extend(po);
+            l.extend(lse_rows(&part.lse));
+        }
+        let m = merge_states(bounds.len() - 1, rows, d, &o, &l).unwrap();
+        let (eo, el) = (max_diff(&m.out, &full.out), max_diff(&m.lse, &lse_rows(&full.lse)));
+        assert!(eo < 1e-12 && el < 1e-12, "seed {seed}: out err {eo}, lse err {el}");
+
+        // One state only: the identity.
+        let one = merge_states(1, rows, d, &full.out, &lse_rows(&full.lse)).unwrap();
+        assert!(max_diff(&one.out, &full.out) < 1e-15);
+        // All empty: 0 / −inf, even with NaN garbage in o.
+        let empty = merge_states(3, 2, d, &vec![f64::NAN; 3 * 2 * d], &[NEG_INF; 6]).unwrap();
+        assert!(empty.out.iter().all(|&x| x == 0.0) && empty.lse.iter().all(|&x| x == NEG_INF));
+        // Row 0 has one non-empty state, row 1 none.
+        let o = [1.0, 2.0, f64::NAN, f64::NAN, f64::NAN, f64::NAN, f64::NAN, f64::NAN];
+        let r = merge_states(2, 2, 2, &o, &[0.5, NEG_INF, NEG_INF, NEG_INF]).unwrap();
+        assert_eq!(r.out, [1.0, 2.0, 0.0, 0.0]);
+        assert_eq!(r.lse, [0.5, NEG_INF]);
+    }
+
+    fn round_all(x: &[f64], dt: DType) -> Vec<f64> {
+        x.iter().map(|&v| dt.round(v)).collect()
+    }
+
+    #[test]
+    fn naive_lowp_error_is_small_and_tolerance_rule_works() {
+        let seed = 7000;
+        let p = Problem::new(2, 4, 2, 17, 33, 64, true);
+        let (q, k, v) = inputs(&p, seed);
+        let mut errs = Vec::new();
+        for dt in [DType::F16, DType::Bf16] {
+            let (q, k, v) = (round_all(&q, dt), round_all(&k, dt), round_all(&v, dt));
+            let r = dense(&p, &q, &k, &v).unwrap();
+            let naive = naive_lowp_dense(&p, dt, &q, &k, &v).unwrap();
+            let err = max_diff(&naive, &r.out);
+            let eps = if dt == DType::F16 { 2f64.powi(-10) } else { 2f64.powi(-7) };
+            assert!(err > 0.0 && err < 8.0 * eps, "seed {seed} {dt:?}: naive err {err}");
+            errs.push(err);
+
+            let c = compare(&r.out, &r.out, &naive);
+            assert!(c.passed && c.max_abs_err == 0.0 && c.rel_l2_err == 0.0, "{c:?}");
+            assert_eq!(c.naive_max_abs_err, err);
+            assert_eq!(c.tolerance, 2.0 * err + 1e-5);
+            // The naive result itself passes, and so does a slightly perturbed reference.
+            assert!(compare(&naive, &r.out, &naive).passed);
+            let mut ours = r.out.clone();
+            ours[5] += 1.5 * err;
+            assert!(compare(&ours, &r.out, &naive).passed);
+            ours[5] += 1.0;
+            let c = compare(&ours, &r.out, &naive);
+            assert!(!c.passed && c.rel_l2_err > 0.0, "{c:?}");
+            ours[5] = f64::NAN;
+            assert!(!compare(&ours, &r.out, &naive).passed);
+            // A NaN in the naive result must not widen the tolerance to "anything goes".
+            let mut bad_naive = naive.clone();
+            bad_naive[0] = f64::NAN;
+            assert!(!compare(&r.out, &r.out, &bad_naive).passed);
+            // Length mismatch fails.
+            assert!(!compare(&r.out[1..], &r.out, &naive).passed);
+
+            // varlen lowp agrees with dense lowp on the same single sequence.
+            let cu_q = [0, p.seqlen_q as i32];
+            let cu_k = [0, p.seqlen_k as i32];
+            let b0 = |x: &[f64], t: usize, h: usize| x[..t * h * p.head_dim].to_vec();
+            let vl = naive_lowp_varlen(
+                p.heads_q,
+                p.heads_kv,
+                p.head_dim,
+                p.causal,
+                p.scale,
+                &cu_q,
+                &cu_k,
+                &b0(&q, p.seqlen_q, p.heads_q),
+                &b0(&k, p.seqlen_k, p.heads_kv),
+                &b0(&v, p.seqlen_k, p.heads_kv),
+                dt,
+            )
+            .unwrap();
+            assert_eq!(vl, b0(&naive, p.seqlen_q, p.heads_q));
+        }
+        assert!(errs[1] > errs[0], "seed {seed}: bf16 err {} should exceed f16 err {}", errs[1], errs[0]);
+        // Empty rows stay 0 in the naive path too.
+        let p = Problem::new(1, 1, 1, 4, 2, 8, true);
+        let (q, k, v) = inputs(&p, seed);
+        let naive = naive_lowp_dense(&p, DType::Bf16, &q, &k, &v).unwrap();
+        assert!(naive[..2 * 8].iter().all(|&x| x == 0.0) && naive.iter().all(|x| x.is_finite()));
+    }
+
+    /// The low-precision path written out like a framework would, with f32 tensors and explicit casts
+    /// through `half`; must agree with `naive_lowp_dense` bit for bit.
+    #[test]
+    fn naive_lowp_matches_framework_style_formulation() {
+        let seed = 7100;
+        // D = 12: the scale is not a power of two, so rounding before and after scaling differ.
+        let p = Problem::new(1, 4, 2, 6, 9, 12, true);
+        let (q, k, v) = inputs(&p, seed);
+        for dt in [DType::F16, DType::Bf16] {
+            let cast = |x: f32| -> f32 {
+                match dt {
+                    DType::F16 => half::f16::from_f32(x).to_f32(),
+                    DType::Bf16 => half::bf16::from_f32(x).to_f32(),
+                }
+            };
+            let (q, k, v) = (round_all(&q, dt), round_all(&k, dt), round_all(&v, dt));
+            let got = naive_lowp_dense(&p, dt, &q, &k, &v).unwrap();
+            let (hq, hkv, tq, tk, d) = (p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_k, p.head_dim);
+            for h in 0..hq {
+                let g = h / (hq / hkv);
+                for i in 0..tq {
+                    let vis: Vec<usize> = (0..tk).filter(|&j| j + tq <= i + tk).collect();
+                    let s: Vec<f32> = vis
+                        .iter()
+                        .map(|&j| {
+                            let mut acc = 0f32;
+                            for x in 0..d {
+                                acc += q[(i * hq + h) * d + x] as f32 * k[(j * hkv + g) * d + x] as f32;
+                            }
+                            cast(cast(acc) * p.scale as f32)
+                        })
+                        .collect();
+                    let m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let e: Vec<f32> = s.iter().map(|&x| (x - m).exp()).collect();
+                    let sum: f32 = e.iter().fold(0.0, |a, &x| a + x);
+                    for x in 0..d {
+                        let mut o = 0f32;
+                        for (&j, &ej) in vis.iter().zip(&e) {
+                            o += cast(ej / sum) * v[(j * hkv + g) * d + x] as f32;
+                        }
+                        let want = f64::from(cast(o));
+                        let have = got[(i * hq + h) * d + x];
+                        assert_eq!(have, want, "seed {seed} {dt:?} (h {h}, i {i}, x {x})");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn compare_lse_rules() {
+        let r = [0.5, NEG_INF, 2.0];
+        assert!(compare_lse(&r, &r, 1e-6).passed);
+        assert!(compare_lse(&[0.5 + 1e-7, NEG_INF, 2.0], &r, 1e-6).passed);
+        assert!(!compare_lse(&[0.5 + 1e-5, NEG_INF, 2.0], &r, 1e-6).passed);
+        assert!(!compare_lse(&[0.5, -1e30, 2.0], &r, 1e-6).passed, "finite where −inf expected");
+        assert!(!compare_lse(&[NEG_INF, NEG_INF, 2.0], &r, 1e-6).passed, "−inf where finite expected");
+        assert!(!compare_lse(&[0.5, f64::NAN, 2.0], &r, 1e-6).passed);
+        assert!(!compare_lse(&[0.5, NEG_INF], &r, 1e-6).passed);
+    }
+
+    #[test]
+    fn visible_keys_is_bottom_right() {
+        assert_eq!((0..4).map(|i| visible_keys(true, 4, 4, i)).collect::<Vec<_>>(), [1, 2, 3, 4]);
+        assert_eq!((0..2).map(|i| visible_keys(true, 2, 5, i)).collect::<Vec<_>>(), [4, 5]);
+        assert_eq!((0..5).map(|i| visible_keys(true, 5, 2, i)).collect::<Vec<_>>(), [0, 0, 0, 1, 2]);
+        assert_eq!(visible_keys(false, 5, 2, 0), 2);
+        assert_eq!(visible_keys(true, 3, 0, 2), 0);
+    }
+
+    #[test]
+    fn bad_input_gives_the_right_error_kind() {
+        let kind = |r: Result<Output>| r.unwrap_err().kind().clone();
+        let p = Problem::new(1, 4, 2, 3, 5, 8, false);
+        let (q, k, v) = inputs(&p, 8000);
+        assert_eq!(kind(dense(&p, &q[1..], &k, &v)), ErrorKind::Shape);
+        assert_eq!(kind(dense(&p, &q, &k, &v[..8])), ErrorKind::Shape);
+        assert_eq!(kind(dense(&Problem { heads_kv: 3, ..p }, &q, &k, &v)), ErrorKind::Shape);
+        assert_eq!(kind(dense(&Problem { heads_kv: 0, ..p }, &q, &k, &v)), ErrorKind::Shape);
+        assert_eq!(kind(dense(&Problem { head_dim: 0, ..p }, &[], &[], &[])), ErrorKind::Shape);
+        assert_eq!(Problem { batch: usize::MAX / 2, ..p }.validate().unwrap_err().kind(), &ErrorKind::Overflow);
+        assert!(p.validate().is_ok());
+        let e = probabilities(&p, &q, &k, 0, 4, 0).unwrap_err();
+        assert_eq!(e.kind(), &ErrorKind::OutOfBounds);
+
+        // varlen: 2 sequences of (q, k) lengths (1, 2) and (2, 3); token sizes Hq·D = 32, Hkv·D = 16.
+        let (q, k) = (vec![0.0; 3 * 32], vec![0.0; 5 * 16]);
+        let vl = |cq: &[i32], ck: &[i32], q: &[f64], k: &[f64]| kind(varlen(4, 2, 8, true, 1.0, cq, ck, q, k, k));
+        assert!(varlen(4, 2, 8, true, 1.0, &[0, 1, 3], &[0, 2, 5], &q, &k, &k).is_ok());
+        assert_eq!(vl(&[0, 1, 3], &[0, 5], &q, &k), ErrorKind::Shape, "cu lengths differ");
+        assert_eq!(vl(&[], &[], &[], &[]), ErrorKind::Shape, "empty cu");
+        assert_eq!(vl(&[1, 1, 3], &[0, 2, 5], &q, &k), ErrorKind::Shape, "not starting at 0");
+        assert_eq!(vl(&[0, 2, 1], &[0, 2, 5], &q, &k), ErrorKind::Shape, "decreasing");
+        assert_eq!(vl(&[0, 1, 2], &[0, 2, 5], &q, &k), ErrorKind::Shape, "last != total_q");
+        assert_eq!(vl(&[0, 1, 3], &[0, 2, 6], &q, &k), ErrorKind::Shape, "last != total_k");
+        assert_eq!(vl(&[0, 1, 3], &[0, 2, 5], &q[1..], &k), ErrorKind::Shape, "ragged q");
+        let e = varlen(4, 3, 8, true, 1.0, &[0, 1, 3], &[0, 2, 5], &q, &k, &k).unwrap_err();
+        assert_eq!(e.kind(), &ErrorKind::Shape);
+
+        // paged
+        let (hkv, d) = (2, 4);
+        let c = paged(8001, hkv, d, 4, &[5, 3]);
+        let g = |table: &[i32], lens: &[i32], ps: usize| {
+            gather_paged(&c.k_cache, &c.v_cache, c.num_pages, ps, hkv, d, table, c.max_pages, lens)
+                .unwrap_err()
+                .kind()
+                .clone()
+        };
+        let mut t = c.table.clone();
+        t[1] = c.num_pages as i32; // page of token 4 of sequence 0
+        assert_eq!(g(&t, &c.seq_lens, 4), ErrorKind::OutOfBounds);
+        t[1] = -1;
+        assert_eq!(g(&t, &c.seq_lens, 4), ErrorKind::OutOfBounds);
+        assert_eq!(g(&c.table, &[5, (c.max_pages * 4 + 1) as i32], 4), ErrorKind::Shape, "over capacity");
+        assert_eq!(g(&c.table, &[5, -1], 4), ErrorKind::Shape, "negative seq_len");
+        assert_eq!(g(&c.table[1..], &c.seq_lens, 4), ErrorKind::Shape, "table length");
+        assert_eq!(g(&c.table, &c.seq_lens, 0), ErrorKind::Shape, "page_size 0");
+        let q = vec![0.0; 2 * 4 * d];
+        let pd = |q: &[f64], hq: usize| {
+            kind(paged_decode(
+                hq,
+                hkv,
+                d,
+                1.0,
+                q,
+                &c.k_cache,
+                &c.v_cache,
+                c.num_pages,
+                4,
+                &c.table,
+                c.max_pages,
+                &c.seq_lens,
+            ))
+        };
+        assert_eq!(pd(&q[1..], 4), ErrorKind::Shape);
+        assert_eq!(pd(&q, 3), ErrorKind::Shape);
+        let e = paged_decode(4, hkv, d, 1.0, &q, &c.k_cache[1..], &c.v_cache, c.num_pages, 4, &c.table, 3, &[5, 3]);
+        assert_eq!(kind(e), ErrorKind::Shape);
+
+        // merge
+        assert_eq!(kind(merge_states(2, 3, 4, &[0.0; 24], &[0.0; 5])), ErrorKind::Shape);
+        assert_eq!(kind(merge_states(2, 3, 4, &[0.0; 23], &[0.0; 6])), ErrorKind::Shape);
+        assert_eq!(kind(merge_states(usize::MAX, 3, 4, &[], &[])), ErrorKind::Overflow);
+    }
+}
