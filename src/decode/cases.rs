@@ -4,7 +4,21 @@
 //! each partial last page) holds NaN, and block-table columns past a sequence's pages point at the null
 //! page. A kernel that reads or lets any of that leak produces NaN.
 
+use std::sync::Arc;
+
+use cudarc::driver::CudaStream;
+use half::{bf16, f16};
+
+use crate::decode::{decode, DecodeOptions, DecodeWorkspace};
 use crate::dtype::{DType, Element};
+use crate::emu::Emulator;
+use crate::error::Result;
+use crate::paged::PagedKvCache;
+use crate::plan::DecodePlan;
+use crate::reference::{self, Comparison};
+use crate::tensor::{TensorView, TensorViewMut};
+use crate::timing::{time_launches, Timing};
+use crate::Stream;
 
 /// Sequence lengths of every sweep case: all of them in one batch (empty, single token, page and tile edges,
 /// a long one that is not a multiple of anything).
@@ -39,6 +53,16 @@ impl DecodeCase {
     /// K and V bytes the kernel must read (each cached token once per KV head), for bandwidth accounting.
     pub fn kv_bytes(&self) -> usize {
         self.seq_lens.iter().sum::<usize>() * self.heads_kv * self.head_dim * 2 * 2
+    }
+    /// The planner's view of this case.
+    pub fn problem(&self) -> crate::plan::DecodeProblem {
+        crate::plan::DecodeProblem {
+            batch: self.batch(),
+            heads_q: self.heads_q,
+            heads_kv: self.heads_kv,
+            head_dim: self.head_dim,
+            max_seq_len: self.max_seq_len(),
+        }
     }
     pub fn label(&self) -> String {
         let splits = self.num_splits.map_or("planned".to_string(), |s| s.to_string());
@@ -199,6 +223,241 @@ impl<T: Element> PagedFixture<T> {
         }
         (k, v)
     }
+}
+
+/// LSE tolerance (absolute, natural log): the kernel's LSE is fp32 from exactly the reference's inputs.
+pub const LSE_ATOL: f64 = 1e-3;
+
+/// The verdict on one case.
+#[derive(Debug, Clone)]
+pub struct CaseOutcome {
+    pub seed: u64,
+    pub plan: DecodePlan,
+    /// O against the fp64 reference under the tolerance rule.
+    pub out: Comparison,
+    /// LSE against the reference (atol [`LSE_ATOL`]; −inf must match exactly).
+    pub lse: Comparison,
+    /// Every row of an empty sequence is exactly O = 0, LSE = −inf.
+    pub empty_rows_exact: bool,
+}
+
+impl CaseOutcome {
+    pub fn passed(&self) -> bool {
+        self.out.passed && self.lse.passed && self.empty_rows_exact
+    }
+    pub fn summary(&self) -> String {
+        format!(
+            "seed={} splits={} max|err|={:.2e} (tol {:.2e}, naive {:.2e}) rel-L2={:.2e} lse max|err|={:.2e} {}",
+            self.seed,
+            self.plan.num_splits,
+            self.out.max_abs_err,
+            self.out.tolerance,
+            self.out.naive_max_abs_err,
+            self.out.rel_l2_err,
+            self.lse.max_abs_err,
+            if self.passed() { "ok" } else { "FAILED" }
+        )
+    }
+}
+
+fn to_f64<T: Element>(x: &[T]) -> Vec<f64> {
+    x.iter().map(|v| v.to_f64()).collect()
+}
+
+/// Compares a kernel's outputs for fixture `f` with the reference.
+fn evaluate<T: Element>(f: &PagedFixture<T>, seed: u64, plan: DecodePlan, o: &[T], lse: &[f32]) -> Result<CaseOutcome> {
+    let c = &f.case;
+    let scale = 1.0 / (c.head_dim as f64).sqrt();
+    let (q, k, v) = (to_f64(&f.q), to_f64(&f.k_cache), to_f64(&f.v_cache));
+    let args = (c.heads_q, c.heads_kv, c.head_dim, scale);
+    let exact = reference::paged_decode(
+        args.0, args.1, args.2, args.3, &q, &k, &v, f.num_pages, c.page_size, &f.block_table, f.width, &f.seq_lens,
+    )?;
+    let naive = reference::naive_lowp_paged_decode(
+        args.0, args.1, args.2, args.3, &q, &k, &v, f.num_pages, c.page_size, &f.block_table, f.width, &f.seq_lens,
+        T::DTYPE,
+    )?;
+    let ours = to_f64(o);
+    let ours_lse: Vec<f64> = lse.iter().map(|&x| x as f64).collect();
+    let d = c.head_dim;
+    let empty_rows_exact = (0..c.batch()).filter(|&b| c.seq_lens[b] == 0).all(|b| {
+        (0..c.heads_q).all(|h| {
+            let r = b * c.heads_q + h;
+            lse[r] == f32::NEG_INFINITY && ours[r * d..(r + 1) * d].iter().all(|&x| x == 0.0)
+        })
+    });
+    Ok(CaseOutcome {
+        seed,
+        plan,
+        out: reference::compare(&ours, &exact.out, &naive),
+        lse: reference::compare_lse(&ours_lse, &exact.lse, LSE_ATOL),
+        empty_rows_exact,
+    })
+}
+
+/// Runs `case` on the emulator with outputs poisoned with NaN, and judges it.
+pub fn check_case_emulated(emu: &Emulator, case: &DecodeCase, seed: u64) -> Result<CaseOutcome> {
+    match case.dtype {
+        DType::F16 => check_emulated::<f16>(emu, case, seed),
+        DType::Bf16 => check_emulated::<bf16>(emu, case, seed),
+    }
+}
+
+fn check_emulated<T: Element>(emu: &Emulator, case: &DecodeCase, seed: u64) -> Result<CaseOutcome> {
+    let f = PagedFixture::<T>::new(case, seed);
+    let stream = Stream::Emu(emu);
+    let (b, hq, d) = (case.batch(), case.heads_q, case.head_dim);
+    let cache = PagedKvCache::new(
+        TensorView::host(&f.k_cache, f.cache_shape())?,
+        TensorView::host(&f.v_cache, f.cache_shape())?,
+        TensorView::host(&f.block_table, [b, f.width])?,
+        TensorView::host(&f.seq_lens, [b])?,
+        case.max_seq_len(),
+    )?;
+    let q = TensorView::host(&f.q, [b, hq, d])?;
+    let mut o = vec![T::nan(); b * hq * d];
+    let mut lse = vec![f32::NAN; b * hq];
+    let opts = DecodeOptions { scale: None, num_splits: case.num_splits };
+    let mut ws = DecodeWorkspace::new(&stream, 0, 0)?;
+    let plan = ws.plan(&case.problem(), &opts)?;
+    ws = DecodeWorkspace::for_plan(&stream, &plan)?;
+    decode(
+        &stream,
+        &q,
+        &cache,
+        &mut TensorViewMut::host(&mut o, [b, hq, d])?,
+        Some(&mut TensorViewMut::host(&mut lse, [b, hq])?),
+        &mut ws,
+        &opts,
+    )?;
+    evaluate(&f, seed, plan, &o, &lse)
+}
+
+/// The fixture's data on the GPU, and the workspace for its plan.
+struct GpuCase<T: Element> {
+    k: cudarc::driver::CudaSlice<T>,
+    v: cudarc::driver::CudaSlice<T>,
+    table: cudarc::driver::CudaSlice<i32>,
+    lens: cudarc::driver::CudaSlice<i32>,
+    q: cudarc::driver::CudaSlice<T>,
+    o: cudarc::driver::CudaSlice<T>,
+    lse: cudarc::driver::CudaSlice<f32>,
+    ws: DecodeWorkspace,
+    plan: DecodePlan,
+}
+
+impl<T: Element> GpuCase<T> {
+    fn upload(cu: &Arc<CudaStream>, f: &PagedFixture<T>) -> Result<Self> {
+        let c = &f.case;
+        let (b, hq, d) = (c.batch(), c.heads_q, c.head_dim);
+        let stream = Stream::Gpu(cu);
+        let opts = DecodeOptions { scale: None, num_splits: c.num_splits };
+        let probe = DecodeWorkspace::new(&stream, 0, 0)?;
+        let plan = probe.plan(&c.problem(), &opts)?;
+        Ok(Self {
+            k: cu.clone_htod(&f.k_cache)?,
+            v: cu.clone_htod(&f.v_cache)?,
+            table: cu.clone_htod(&f.block_table)?,
+            lens: cu.clone_htod(&f.seq_lens)?,
+            q: cu.clone_htod(&f.q)?,
+            o: cu.clone_htod(&vec![T::nan(); b * hq * d])?,
+            lse: cu.clone_htod(&vec![f32::NAN; b * hq])?,
+            ws: DecodeWorkspace::for_plan(&stream, &plan)?,
+            plan,
+        })
+    }
+
+    fn run(&mut self, cu: &Arc<CudaStream>, f: &PagedFixture<T>) -> Result<DecodePlan> {
+        let c = &f.case;
+        let (b, hq, d) = (c.batch(), c.heads_q, c.head_dim);
+        let stream = Stream::Gpu(cu);
+        let cache = PagedKvCache::new(
+            TensorView::gpu(self.k.as_view(), f.cache_shape())?,
+            TensorView::gpu(self.v.as_view(), f.cache_shape())?,
+            TensorView::gpu(self.table.as_view(), [b, f.width])?,
+            TensorView::gpu(self.lens.as_view(), [b])?,
+            c.max_seq_len(),
+        )?;
+        decode(
+            &stream,
+            &TensorView::gpu(self.q.as_view(), [b, hq, d])?,
+            &cache,
+            &mut TensorViewMut::gpu(self.o.as_view_mut(), [b, hq, d])?,
+            Some(&mut TensorViewMut::gpu(self.lse.as_view_mut(), [b, hq])?),
+            &mut self.ws,
+            &DecodeOptions { scale: None, num_splits: c.num_splits },
+        )
+    }
+}
+
+/// Runs `case` on the GPU behind `cu` with outputs poisoned with NaN, and judges it.
+pub fn check_case_gpu(cu: &Arc<CudaStream>, case: &DecodeCase, seed: u64) -> Result<CaseOutcome> {
+    match case.dtype {
+        DType::F16 => check_gpu::<f16>(cu, case, seed),
+        DType::Bf16 => check_gpu::<bf16>(cu, case, seed),
+    }
+}
+
+fn check_gpu<T: Element>(cu: &Arc<CudaStream>, case: &DecodeCase, seed: u64) -> Result<CaseOutcome> {
+    let f = PagedFixture::<T>::new(case, seed);
+    let mut g = GpuCase::upload(cu, &f)?;
+    let plan = g.run(cu, &f)?;
+    let o: Vec<T> = cu.clone_dtoh(&g.o)?;
+    let lse: Vec<f32> = cu.clone_dtoh(&g.lse)?;
+    evaluate(&f, seed, plan, &o, &lse)
+}
+
+/// Bytes a decode moves, per CONVENTIONS.md: K and V actually read, Q, O, LSE, and the split workspace
+/// (fp32 partial O and LSE written once and read once by the merge).
+pub fn decode_bytes(case: &DecodeCase, plan: &DecodePlan) -> usize {
+    let elem = 2;
+    let rows = case.batch() * case.heads_q;
+    let workspace = if plan.num_splits > 1 { 2 * 4 * (plan.partial_o_len + plan.partial_lse_len) } else { 0 };
+    case.kv_bytes() + 2 * rows * case.head_dim * elem + rows * 4 + workspace
+}
+
+/// GPU timing of one case: CUDA events, `warmup` untimed launches then the median of `iters`.
+#[derive(Debug, Clone, Copy)]
+pub struct DecodeTiming {
+    pub timing: Timing,
+    pub plan: DecodePlan,
+    pub bytes: usize,
+    pub gbps: f64,
+}
+
+/// Times `case` (decode + merge when split) on `cu`. Inputs are the fixture's; cases meant for bandwidth
+/// should be larger than L2 (the perf shapes are hundreds of MB) so every launch streams from HBM.
+pub fn time_case_gpu(cu: &Arc<CudaStream>, case: &DecodeCase, seed: u64, warmup: usize, iters: usize) -> Result<DecodeTiming> {
+    match case.dtype {
+        DType::F16 => time_gpu::<f16>(cu, case, seed, warmup, iters),
+        DType::Bf16 => time_gpu::<bf16>(cu, case, seed, warmup, iters),
+    }
+}
+
+fn time_gpu<T: Element>(cu: &Arc<CudaStream>, case: &DecodeCase, seed: u64, warmup: usize, iters: usize) -> Result<DecodeTiming> {
+    let f = PagedFixture::<T>::new(case, seed);
+    let mut g = GpuCase::upload(cu, &f)?;
+    let plan = g.plan;
+    let timing = time_launches(cu, warmup, iters, |_| g.run(cu, &f).map(|_| ()))?;
+    let bytes = decode_bytes(case, &plan);
+    Ok(DecodeTiming { timing, plan, bytes, gbps: bytes as f64 / (timing.median_ms * 1e-3) / 1e9 })
+}
+
+/// The performance shapes of issue 5 (bf16, D = 128, Hq = 32, Hkv = 8, page 16): B = 64 at 4096 tokens
+/// (bar: 85% of copy bandwidth) and B = 1 at 32768 tokens with split-KV (bar: 60%).
+pub fn perf_cases() -> Vec<DecodeCase> {
+    [(64, 4096), (1, 32768)]
+        .into_iter()
+        .map(|(batch, ctx)| DecodeCase {
+            dtype: DType::Bf16,
+            head_dim: 128,
+            heads_q: 32,
+            heads_kv: 8,
+            page_size: 16,
+            seq_lens: vec![ctx; batch],
+            num_splits: None,
+        })
+        .collect()
 }
 
 #[cfg(test)]
