@@ -60,8 +60,17 @@ FA_GLOBAL void FA_LAUNCH_BOUNDS(128, 3) paged_decode_kernel(const FaDecodeParams
   const int rows = group - row_block * Tr::kRows < Tr::kRows ? group - row_block * Tr::kRows : Tr::kRows;
 
   const PagedView cache{p.cache};
-  const int seq_len = cache.seq_len(b);
   const int64_t split_begin = (int64_t)split * p.split_tokens;
+  // The first kStages tiles' page ids are fetched speculatively from the split's nominal start, before
+  // seq_len is known, so those loads and the seq_len load are in flight together (any table column below
+  // the capacity is readable); ids of tokens past the end are dropped once `end` is known.
+  int first_pages[kStages];
+#pragma unroll
+  for (int x = 0; x < kStages; ++x) {
+    const int64_t token = split_begin + x * kTileTokens + tid;
+    first_pages[x] = (tid < kTileTokens && token < cache.capacity()) ? cache.page_of(b, (int)token) : kNoPage;
+  }
+  const int seq_len = cache.seq_len(b);
   const int begin = split_begin < seq_len ? (int)split_begin : seq_len;
   // The last split runs to the end, so a sequence longer than the plan assumed is still covered in full.
   const int end = (split == p.num_splits - 1 || seq_len - begin <= p.split_tokens) ? seq_len : begin + p.split_tokens;
@@ -110,12 +119,16 @@ FA_GLOBAL void FA_LAUNCH_BOUNDS(128, 3) paged_decode_kernel(const FaDecodeParams
     const bool valid = r < rows;
     cp_async_cg_16(q_smem + Tile::offset(r, chunk), q + (valid ? head0 + r : head0) * p.q_head_stride, valid);
   }
+#pragma unroll
+  for (int x = 0; x < kStages; ++x)
+    if (begin + x * kTileTokens + tid >= end) first_pages[x] = kNoPage;
+#pragma unroll
   for (int x = 0; x < kStages - 1; ++x) {
-    publish_page(x, tile_page(x));
+    publish_page(x, first_pages[x]);
     sync_threads();
     issue_tile(x);
   }
-  publish_page(kStages - 1, tile_page(kStages - 1));
+  publish_page(kStages - 1, first_pages[kStages - 1]);
   cp_async_wait<kStages - 2>();
   sync_threads();
 

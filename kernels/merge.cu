@@ -18,6 +18,7 @@ namespace merge {
 namespace {
 
 constexpr int kThreads = 128;
+constexpr int kUnroll = 8; // states per batch of loads
 
 template <class S, class O> FA_GLOBAL void FA_LAUNCH_BOUNDS(kThreads, 4) merge_states_kernel(const FaMergeParams p) {
   const int chunks = p.head_dim / 8;
@@ -30,20 +31,39 @@ template <class S, class O> FA_GLOBAL void FA_LAUNCH_BOUNDS(kThreads, 4) merge_s
 
   const float *lse_row = p.lse_states + n * p.lse_outer_stride + h * p.lse_inner_stride;
   const S *o_row = static_cast<const S *>(p.o_states) + n * p.o_outer_stride + h * p.o_inner_stride + c * 8;
+  // States are visited kUnroll at a time so that many independent loads are in flight (split-KV merges
+  // tens of states per row, and a serial chain of L2 round trips would dominate); the accumulation order
+  // stays s = 0, 1, ... .
   float lse_max = kNegInf;
-  for (int s = 0; s < p.num_states; ++s) lse_max = fmaxf(lse_max, ld_global_nc(lse_row + s * p.lse_state_stride));
+  for (int s0 = 0; s0 < p.num_states; s0 += kUnroll) {
+    float l[kUnroll];
+#pragma unroll
+    for (int i = 0; i < kUnroll; ++i)
+      l[i] = s0 + i < p.num_states ? ld_global_nc(lse_row + (s0 + i) * p.lse_state_stride) : kNegInf;
+#pragma unroll
+    for (int i = 0; i < kUnroll; ++i) lse_max = fmaxf(lse_max, l[i]);
+  }
 
   float sum = 0.0f;
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   if (lse_max != kNegInf) {
-    for (int s = 0; s < p.num_states; ++s) {
-      const float w = merge_weight(ld_global_nc(lse_row + s * p.lse_state_stride), lse_max);
-      if (w == 0.0f) continue; // empty (or negligible) state: its o_s is not read
-      float x[8];
-      Vec8<S>::load(o_row + s * p.o_state_stride, x);
-      sum += w;
+    for (int s0 = 0; s0 < p.num_states; s0 += kUnroll) {
+      float w[kUnroll];
+      float x[kUnroll][8];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) acc[i] += w * x[i];
+      for (int i = 0; i < kUnroll; ++i)
+        w[i] = s0 + i < p.num_states ? merge_weight(ld_global_nc(lse_row + (s0 + i) * p.lse_state_stride), lse_max)
+                                     : 0.0f;
+#pragma unroll
+      for (int i = 0; i < kUnroll; ++i) // empty (or negligible) states: their o_s is not read
+        if (w[i] != 0.0f) Vec8<S>::load(o_row + (s0 + i) * p.o_state_stride, x[i]);
+#pragma unroll
+      for (int i = 0; i < kUnroll; ++i) {
+        if (w[i] == 0.0f) continue;
+        sum += w[i];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[j] += w[i] * x[i][j];
+      }
     }
   }
   const float inv = inv_sum_or_zero(sum);

@@ -244,3 +244,66 @@ fn empty_batch_is_a_no_op() {
     .unwrap();
     assert_eq!(plan.num_splits, 1);
 }
+
+/// seq_lens and block-table entries are device data the host cannot validate: the kernel clamps a length
+/// into [0, capacity] and reads an out-of-range page id as zero rows, never faulting (the emulator checks
+/// every access against the buffers).
+#[test]
+fn clamps_device_data_it_cannot_validate() {
+    use fused_attn::reference;
+    let emu = Emulator::new();
+    let stream = Stream::Emu(&emu);
+    let case = DecodeCase { seq_lens: vec![48, 48, 48], num_splits: Some(2), ..small_case(None) };
+    let f = PagedFixture::<bf16>::new(&case, seed_for(3));
+    let (b, hq, d, ps) = (case.batch(), case.heads_q, case.head_dim, case.page_size);
+    assert_eq!(f.width, 4); // capacity 64 tokens
+    // Kernel view: seq 0 has length -3, seq 1 claims 1000 (clamped to 64; its spare column is pointed at a
+    // real page so the clamped tokens are data), seq 2's second page id is out of range.
+    let mut table = f.block_table.clone();
+    table[f.width + 3] = table[f.width];
+    table[2 * f.width + 1] = 12_345;
+    let lens = vec![-3, 1000, 48];
+    // Reference view: the same with lengths clamped and the bad page replaced by an appended zero page.
+    let page = ps * case.heads_kv * d;
+    let to64 = |v: &[bf16]| v.iter().map(|x| x.to_f64()).collect::<Vec<f64>>();
+    let (mut k, mut v) = (to64(&f.k_cache), to64(&f.v_cache));
+    k.extend(std::iter::repeat_n(0.0, page));
+    v.extend(std::iter::repeat_n(0.0, page));
+    let mut ref_table = table.clone();
+    ref_table[2 * f.width + 1] = f.num_pages as i32;
+    let ref_lens = vec![0, 64, 48];
+    let q = to64(&f.q);
+    let scale = 1.0 / (d as f64).sqrt();
+    let args = (hq, case.heads_kv, d, scale);
+    let exact = reference::paged_decode(args.0, args.1, args.2, args.3, &q, &k, &v, f.num_pages + 1, ps, &ref_table, f.width, &ref_lens).unwrap();
+    let naive = reference::naive_lowp_paged_decode(
+        args.0, args.1, args.2, args.3, &q, &k, &v, f.num_pages + 1, ps, &ref_table, f.width, &ref_lens, DType::Bf16,
+    )
+    .unwrap();
+
+    let cache = PagedKvCache::new(
+        TensorView::host(&f.k_cache, f.cache_shape()).unwrap(),
+        TensorView::host(&f.v_cache, f.cache_shape()).unwrap(),
+        TensorView::host(&table, [b, f.width]).unwrap(),
+        TensorView::host(&lens, [b]).unwrap(),
+        48,
+    )
+    .unwrap();
+    let mut o = vec![bf16::NAN; b * hq * d];
+    let mut lse = vec![f32::NAN; b * hq];
+    let mut ws = DecodeWorkspace::with_capacity(&stream, b, hq, d, 2).unwrap();
+    decode(
+        &stream,
+        &TensorView::host(&f.q, [b, hq, d]).unwrap(),
+        &cache,
+        &mut TensorViewMut::host(&mut o, [b, hq, d]).unwrap(),
+        Some(&mut TensorViewMut::host(&mut lse, [b, hq]).unwrap()),
+        &mut ws,
+        &DecodeOptions { scale: None, num_splits: Some(2) },
+    )
+    .unwrap();
+    let cmp = reference::compare(&to64(&o), &exact.out, &naive);
+    assert!(cmp.passed, "{cmp:?}");
+    let lse64: Vec<f64> = lse.iter().map(|&x| x as f64).collect();
+    assert!(reference::compare_lse(&lse64, &exact.lse, 1e-3).passed);
+}

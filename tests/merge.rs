@@ -150,6 +150,8 @@ fn fp32_states_into_16_bit_and_fp32() {
     check::<f32, bf16>(5, 3, 4, 64);
     check::<f32, f16>(7, 2, 3, 128);
     check::<f32, f32>(3, 5, 2, 256);
+    // More states than one batch of loads (the kernel takes 8 at a time), as split-KV produces.
+    check::<f32, bf16>(21, 2, 3, 128);
 }
 
 #[test]
