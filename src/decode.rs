@@ -93,7 +93,11 @@ impl DecodeWorkspace {
             Stream::Gpu(s) => crate::device::sm_count(s.context())?,
             Stream::Emu(_) => EMULATOR_SM_COUNT,
         };
-        Ok(Self { partial_o: Buffer::new(stream, partial_o_len)?, partial_lse: Buffer::new(stream, partial_lse_len)?, sm_count })
+        Ok(Self {
+            partial_o: Buffer::new(stream, partial_o_len)?,
+            partial_lse: Buffer::new(stream, partial_lse_len)?,
+            sm_count,
+        })
     }
 
     /// Room for any plan over at most `max_batch` sequences of `heads_q` heads of `head_dim` with at most
@@ -211,7 +215,7 @@ pub fn decode<T: Element>(
     q: &TensorView<'_, T, 3>,
     cache: &PagedKvCache<'_, T>,
     o: &mut TensorViewMut<'_, T, 3>,
-    mut lse: Option<&mut TensorViewMut<'_, f32, 2>>,
+    lse: Option<&mut TensorViewMut<'_, f32, 2>>,
     workspace: &mut DecodeWorkspace,
     opts: &DecodeOptions,
 ) -> Result<DecodePlan> {
@@ -238,7 +242,7 @@ pub fn decode<T: Element>(
     let lens_ptr = launch.input(c"seq_lens", &cache.seq_lens, 4)?;
     let o_strides = o.strides();
     let o_ptr = launch.output(c"o", o, 16)?;
-    let (lse_ptr, lse_batch_stride) = match lse.as_deref_mut() {
+    let (lse_ptr, lse_batch_stride) = match lse {
         Some(l) => {
             let stride = l.strides()[0];
             (launch.output(c"lse", l, 4)? as *mut f32, stride)
@@ -246,7 +250,10 @@ pub fn decode<T: Element>(
         None => (std::ptr::null_mut(), 0),
     };
     let (po_ptr, plse_ptr) = if split {
-        (launch.output(c"partial_o", &mut partial_o, 16)? as *mut f32, launch.output(c"partial_lse", &mut partial_lse, 4)? as *mut f32)
+        (
+            launch.output(c"partial_o", &mut partial_o, 16)? as *mut f32,
+            launch.output(c"partial_lse", &mut partial_lse, 4)? as *mut f32,
+        )
     } else {
         (std::ptr::null_mut(), std::ptr::null_mut())
     };

@@ -36,7 +36,7 @@ pub fn merge_states<S: MergeElement, O: MergeElement>(
     o_states: &TensorView<'_, S, 4>,
     lse_states: &TensorView<'_, f32, 3>,
     o: &mut TensorViewMut<'_, O, 3>,
-    mut lse: Option<&mut TensorViewMut<'_, f32, 2>>,
+    lse: Option<&mut TensorViewMut<'_, f32, 2>>,
 ) -> Result<()> {
     let [k, n, h, d] = o_states.shape();
     if d == 0 || d % 8 != 0 {
@@ -60,7 +60,7 @@ pub fn merge_states<S: MergeElement, O: MergeElement>(
     let os_ptr = launch.input(c"o_states", o_states, if k == 0 { 1 } else { 16 })?;
     let ls_ptr = launch.input(c"lse_states", lse_states, 4)?;
     let o_ptr = launch.output(c"o", o, 16)?;
-    let (lse_ptr, lse_strides) = match lse.as_deref_mut() {
+    let (lse_ptr, lse_strides) = match lse {
         Some(l) => {
             let st = l.strides();
             (launch.output(c"lse", l, 4)? as *mut f32, st)

@@ -68,7 +68,8 @@ pub(crate) fn abi_cache(
     pointers: (*mut std::ffi::c_void, *mut std::ffi::c_void),
     table: Option<(*const i32, *const i32, i64, usize)>,
 ) -> Result<sys::FaPagedCache> {
-    let (block_table, seq_lens, block_table_stride, max_pages) = table.unwrap_or((std::ptr::null(), std::ptr::null(), 0, 1));
+    let (block_table, seq_lens, block_table_stride, max_pages) =
+        table.unwrap_or((std::ptr::null(), std::ptr::null(), 0, 1));
     Ok(sys::FaPagedCache {
         k_cache: pointers.0,
         v_cache: pointers.1,
@@ -120,7 +121,10 @@ impl<'a, T> PagedKvCache<'a, T> {
             || k_cache.is_gpu() != block_table.is_gpu()
             || k_cache.is_gpu() != seq_lens.is_gpu()
         {
-            return Err(Error::backend("block_table", "k_cache, v_cache, block_table and seq_lens must share a backend"));
+            return Err(Error::backend(
+                "block_table",
+                "k_cache, v_cache, block_table and seq_lens must share a backend",
+            ));
         }
         let [batch, max_pages] = block_table.shape();
         if max_pages == 0 {

@@ -128,7 +128,13 @@ impl DecodePlan {
         } else {
             (0, 0)
         };
-        Ok(DecodePlan { num_splits, split_tokens, grid: [num_splits, grid_y, problem.batch], partial_o_len, partial_lse_len })
+        Ok(DecodePlan {
+            num_splits,
+            split_tokens,
+            grid: [num_splits, grid_y, problem.batch],
+            partial_o_len,
+            partial_lse_len,
+        })
     }
 
     /// Token range `[begin, end)` split `s` covers for a sequence of `seq_len` tokens: the kernel's rule,

@@ -33,7 +33,10 @@ fn case() -> DecodeCase {
 
 /// The tokens of every sequence as one packed [N, Hkv, D] batch plus its slot mapping, with a NaN padding
 /// row (slot -1) after every sequence and one row aimed past the end of the cache (also skipped).
-fn packed_tokens<T: Element>(f: &PagedFixture<T>, tokens: impl Fn(usize) -> std::ops::Range<usize>) -> (Vec<T>, Vec<T>, Vec<i64>) {
+fn packed_tokens<T: Element>(
+    f: &PagedFixture<T>,
+    tokens: impl Fn(usize) -> std::ops::Range<usize>,
+) -> (Vec<T>, Vec<T>, Vec<i64>) {
     let c = &f.case;
     let row = c.heads_kv * c.head_dim;
     let (mut k, mut v, mut slots) = (Vec::new(), Vec::new(), Vec::new());
@@ -54,7 +57,15 @@ fn packed_tokens<T: Element>(f: &PagedFixture<T>, tokens: impl Fn(usize) -> std:
     (k, v, slots)
 }
 
-fn append_host(stream: &Stream<'_>, f: &PagedFixture<bf16>, k_cache: &mut [bf16], v_cache: &mut [bf16], k: &[bf16], v: &[bf16], slots: &[i64]) {
+fn append_host(
+    stream: &Stream<'_>,
+    f: &PagedFixture<bf16>,
+    k_cache: &mut [bf16],
+    v_cache: &mut [bf16],
+    k: &[bf16],
+    v: &[bf16],
+    slots: &[i64],
+) {
     let c = &f.case;
     let n = slots.len();
     let mut cache = PagedKvCacheMut::new(
@@ -150,7 +161,7 @@ fn bad_inputs_are_typed_errors() {
     )
     .unwrap();
     let data = vec![bf16::ZERO; 4 * hkv * d + 64];
-    let slots = vec![0i64, 1, 2, 3];
+    let slots = [0i64, 1, 2, 3];
     let kv = |n: usize, h: usize| TensorView::host(&data, [n, h, d]).unwrap();
     let sl = |n: usize| TensorView::host(&slots[..n], [n]).unwrap();
     assert!(append(&stream, &kv(4, hkv), &kv(4, hkv), &sl(4), &mut cache).is_ok());

@@ -12,7 +12,11 @@ use fused_attn::{decode, DType, Element, Emulator, ErrorKind, PagedKvCache, Stre
 use half::bf16;
 
 /// Decodes the fixture with NaN-poisoned outputs; `lse_stride` lays the LSE out with a padded batch stride.
-fn run_decode<T: Element>(stream: &Stream<'_>, f: &PagedFixture<T>, opts: Option<DecodeOptions>) -> (Vec<T>, Vec<f32>, DecodePlan) {
+fn run_decode<T: Element>(
+    stream: &Stream<'_>,
+    f: &PagedFixture<T>,
+    opts: Option<DecodeOptions>,
+) -> (Vec<T>, Vec<f32>, DecodePlan) {
     let c = &f.case;
     let (b, hq, d) = (c.batch(), c.heads_q, c.head_dim);
     let opts = opts.unwrap_or(DecodeOptions { scale: None, num_splits: c.num_splits });
@@ -28,7 +32,9 @@ fn run_decode<T: Element>(stream: &Stream<'_>, f: &PagedFixture<T>, opts: Option
     let mut o = vec![T::nan(); b * hq * d];
     let mut lse = vec![f32::NAN; b * hq];
     let probe = DecodeWorkspace::new(stream, 0, 0).unwrap();
-    let problem = fused_attn::decode::check_decode_args(&q, &cache, &TensorViewMut::host(&mut o, [b, hq, d]).unwrap(), None).unwrap();
+    let problem =
+        fused_attn::decode::check_decode_args(&q, &cache, &TensorViewMut::host(&mut o, [b, hq, d]).unwrap(), None)
+            .unwrap();
     let plan = probe.plan(&problem, &opts).unwrap();
     let mut ws = DecodeWorkspace::for_plan(stream, &plan).unwrap();
     let mut o_view = TensorViewMut::host(&mut o, [b, hq, d]).unwrap();
@@ -45,11 +51,12 @@ fn seed_for(i: usize) -> u64 {
     base.wrapping_add(i as u64 * 0x9e37_79b9)
 }
 
-#[test]
-fn emulated_decode_sweep() {
+/// Checks every `part`-th case of the emulated sweep starting at `first` (the sweep is split over tests so
+/// they run in parallel).
+fn emulated_sweep_part(first: usize, part: usize) {
     let emu = Emulator::new();
     let mut failures = Vec::new();
-    for (i, case) in decode_sweep_emulated().iter().enumerate() {
+    for (i, case) in decode_sweep_emulated().iter().enumerate().skip(first).step_by(part) {
         let outcome = check_case_emulated(&emu, case, seed_for(i)).unwrap();
         eprintln!("{}: {}", case.label(), outcome.summary());
         if !outcome.passed() {
@@ -57,6 +64,16 @@ fn emulated_decode_sweep() {
         }
     }
     assert!(failures.is_empty(), "{} failing cases:\n{}", failures.len(), failures.join("\n"));
+}
+
+#[test]
+fn emulated_decode_sweep_even() {
+    emulated_sweep_part(0, 2);
+}
+
+#[test]
+fn emulated_decode_sweep_odd() {
+    emulated_sweep_part(1, 2);
 }
 
 #[test]
@@ -127,8 +144,10 @@ fn strided_q_and_o_and_no_lse() {
     .unwrap();
     let mut ws = DecodeWorkspace::with_capacity(&stream, b, hq, d, 2).unwrap();
     {
-        let mut o = TensorViewMut::host(&mut o_packed[2 * hq * d..], [b, hq, d]).unwrap().with_strides(strides).unwrap();
-        decode(&stream, &q, &cache, &mut o, None, &mut ws, &DecodeOptions { scale: None, num_splits: Some(2) }).unwrap();
+        let mut o =
+            TensorViewMut::host(&mut o_packed[2 * hq * d..], [b, hq, d]).unwrap().with_strides(strides).unwrap();
+        decode(&stream, &q, &cache, &mut o, None, &mut ws, &DecodeOptions { scale: None, num_splits: Some(2) })
+            .unwrap();
     }
     for i in 0..b {
         for h in 0..hq {
@@ -257,8 +276,8 @@ fn clamps_device_data_it_cannot_validate() {
     let f = PagedFixture::<bf16>::new(&case, seed_for(3));
     let (b, hq, d, ps) = (case.batch(), case.heads_q, case.head_dim, case.page_size);
     assert_eq!(f.width, 4); // capacity 64 tokens
-    // Kernel view: seq 0 has length -3, seq 1 claims 1000 (clamped to 64; its spare column is pointed at a
-    // real page so the clamped tokens are data), seq 2's second page id is out of range.
+                            // Kernel view: seq 0 has length -3, seq 1 claims 1000 (clamped to 64; its spare column is pointed at a
+                            // real page so the clamped tokens are data), seq 2's second page id is out of range.
     let mut table = f.block_table.clone();
     table[f.width + 3] = table[f.width];
     table[2 * f.width + 1] = 12_345;
@@ -275,9 +294,35 @@ fn clamps_device_data_it_cannot_validate() {
     let q = to64(&f.q);
     let scale = 1.0 / (d as f64).sqrt();
     let args = (hq, case.heads_kv, d, scale);
-    let exact = reference::paged_decode(args.0, args.1, args.2, args.3, &q, &k, &v, f.num_pages + 1, ps, &ref_table, f.width, &ref_lens).unwrap();
+    let exact = reference::paged_decode(
+        args.0,
+        args.1,
+        args.2,
+        args.3,
+        &q,
+        &k,
+        &v,
+        f.num_pages + 1,
+        ps,
+        &ref_table,
+        f.width,
+        &ref_lens,
+    )
+    .unwrap();
     let naive = reference::naive_lowp_paged_decode(
-        args.0, args.1, args.2, args.3, &q, &k, &v, f.num_pages + 1, ps, &ref_table, f.width, &ref_lens, DType::Bf16,
+        args.0,
+        args.1,
+        args.2,
+        args.3,
+        &q,
+        &k,
+        &v,
+        f.num_pages + 1,
+        ps,
+        &ref_table,
+        f.width,
+        &ref_lens,
+        DType::Bf16,
     )
     .unwrap();
 

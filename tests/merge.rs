@@ -131,7 +131,9 @@ fn check<S: Val, O: Val>(k: usize, n: usize, h: usize, d: usize) {
     .unwrap();
     let (exact, naive, want_lse) = reference::<S, O>(&os, &ls, k, n * h, d);
     let ours: Vec<f64> = o.iter().map(|x| x.to_f64()).collect();
-    let diff = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| if x.is_nan() { f64::INFINITY } else { (x - y).abs() }).fold(0.0, f64::max);
+    let diff = |a: &[f64], b: &[f64]| {
+        a.iter().zip(b).map(|(x, y)| if x.is_nan() { f64::INFINITY } else { (x - y).abs() }).fold(0.0, f64::max)
+    };
     let (err, naive_err) = (diff(&ours, &exact), diff(&naive, &exact));
     let ctx = format!("k={k} n={n} h={h} d={d} seed={seed}");
     assert!(err <= 2.0 * naive_err + 1e-5, "{ctx}: {err:.3e} vs naive {naive_err:.3e}");
@@ -200,7 +202,14 @@ fn transposed_lse_layout_and_no_lse_output() {
     }
     let run = |lse_view: TensorView<'_, f32, 3>| {
         let mut o = vec![bf16::NAN; n * h * d];
-        merge_states(&stream, &TensorView::host(&os, [k, n, h, d]).unwrap(), &lse_view, &mut TensorViewMut::host(&mut o, [n, h, d]).unwrap(), None).unwrap();
+        merge_states(
+            &stream,
+            &TensorView::host(&os, [k, n, h, d]).unwrap(),
+            &lse_view,
+            &mut TensorViewMut::host(&mut o, [n, h, d]).unwrap(),
+            None,
+        )
+        .unwrap();
         o
     };
     let a = run(TensorView::host(&ls, [k, n, h]).unwrap());
@@ -259,6 +268,8 @@ fn gpu_merge() {
     let o: Vec<bf16> = cu.clone_dtoh(&od).unwrap();
     let (exact, naive, _) = reference::<f32, bf16>(&os, &ls, k, n * h, d);
     let ours: Vec<f64> = o.iter().map(|x| x.to_f64()).collect();
-    let diff = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| if x.is_nan() { f64::INFINITY } else { (x - y).abs() }).fold(0.0, f64::max);
+    let diff = |a: &[f64], b: &[f64]| {
+        a.iter().zip(b).map(|(x, y)| if x.is_nan() { f64::INFINITY } else { (x - y).abs() }).fold(0.0, f64::max)
+    };
     assert!(diff(&ours, &exact) <= 2.0 * diff(&naive, &exact) + 1e-5);
 }

@@ -105,15 +105,16 @@ pub fn decode_sweep() -> Vec<DecodeCase> {
     cases
 }
 
-/// A representative subset for the host emulator: every value of every sweep dimension appears, and the
-/// five page sizes each meet every split choice and both dtypes; 20 cases instead of 480.
+/// A representative subset for the host emulator, 48 of the 480 cases: every (page size, split choice) pair
+/// appears (twice) and every (head layout, head dim, dtype) triple appears (twice), so every value of every
+/// dimension meets every value of the others it interacts with most.
 pub fn decode_sweep_emulated() -> Vec<DecodeCase> {
-    (0..20)
+    (0..48)
         .map(|i| DecodeCase {
-            dtype: SWEEP_DTYPES[i % 2],
-            head_dim: SWEEP_HEAD_DIMS[i % 3],
-            heads_q: SWEEP_HEADS[(i / 5 + i) % 4].0,
-            heads_kv: SWEEP_HEADS[(i / 5 + i) % 4].1,
+            dtype: SWEEP_DTYPES[(i / 12) % 2],
+            head_dim: SWEEP_HEAD_DIMS[(i / 4) % 3],
+            heads_q: SWEEP_HEADS[i % 4].0,
+            heads_kv: SWEEP_HEADS[i % 4].1,
             page_size: SWEEP_PAGE_SIZES[i % 5],
             seq_lens: SWEEP_SEQ_LENS.to_vec(),
             num_splits: SWEEP_SPLITS[(i / 5) % 4],
@@ -271,10 +272,32 @@ fn evaluate<T: Element>(f: &PagedFixture<T>, seed: u64, plan: DecodePlan, o: &[T
     let (q, k, v) = (to_f64(&f.q), to_f64(&f.k_cache), to_f64(&f.v_cache));
     let args = (c.heads_q, c.heads_kv, c.head_dim, scale);
     let exact = reference::paged_decode(
-        args.0, args.1, args.2, args.3, &q, &k, &v, f.num_pages, c.page_size, &f.block_table, f.width, &f.seq_lens,
+        args.0,
+        args.1,
+        args.2,
+        args.3,
+        &q,
+        &k,
+        &v,
+        f.num_pages,
+        c.page_size,
+        &f.block_table,
+        f.width,
+        &f.seq_lens,
     )?;
     let naive = reference::naive_lowp_paged_decode(
-        args.0, args.1, args.2, args.3, &q, &k, &v, f.num_pages, c.page_size, &f.block_table, f.width, &f.seq_lens,
+        args.0,
+        args.1,
+        args.2,
+        args.3,
+        &q,
+        &k,
+        &v,
+        f.num_pages,
+        c.page_size,
+        &f.block_table,
+        f.width,
+        &f.seq_lens,
         T::DTYPE,
     )?;
     let ours = to_f64(o);
@@ -427,14 +450,26 @@ pub struct DecodeTiming {
 
 /// Times `case` (decode + merge when split) on `cu`. Inputs are the fixture's; cases meant for bandwidth
 /// should be larger than L2 (the perf shapes are hundreds of MB) so every launch streams from HBM.
-pub fn time_case_gpu(cu: &Arc<CudaStream>, case: &DecodeCase, seed: u64, warmup: usize, iters: usize) -> Result<DecodeTiming> {
+pub fn time_case_gpu(
+    cu: &Arc<CudaStream>,
+    case: &DecodeCase,
+    seed: u64,
+    warmup: usize,
+    iters: usize,
+) -> Result<DecodeTiming> {
     match case.dtype {
         DType::F16 => time_gpu::<f16>(cu, case, seed, warmup, iters),
         DType::Bf16 => time_gpu::<bf16>(cu, case, seed, warmup, iters),
     }
 }
 
-fn time_gpu<T: Element>(cu: &Arc<CudaStream>, case: &DecodeCase, seed: u64, warmup: usize, iters: usize) -> Result<DecodeTiming> {
+fn time_gpu<T: Element>(
+    cu: &Arc<CudaStream>,
+    case: &DecodeCase,
+    seed: u64,
+    warmup: usize,
+    iters: usize,
+) -> Result<DecodeTiming> {
     let f = PagedFixture::<T>::new(case, seed);
     let mut g = GpuCase::upload(cu, &f)?;
     let plan = g.plan;
@@ -469,6 +504,14 @@ mod tests {
     fn sweep_sizes_and_coverage() {
         assert_eq!(decode_sweep().len(), 480);
         let emu = decode_sweep_emulated();
+        assert_eq!(emu.len(), 48);
+        for &h in &SWEEP_HEADS {
+            for &d in &SWEEP_HEAD_DIMS {
+                for &t in &SWEEP_DTYPES {
+                    assert!(emu.iter().any(|c| (c.heads_q, c.heads_kv) == h && c.head_dim == d && c.dtype == t));
+                }
+            }
+        }
         for &p in &SWEEP_PAGE_SIZES {
             for &s in &SWEEP_SPLITS {
                 assert!(emu.iter().any(|c| c.page_size == p && c.num_splits == s), "page {p} splits {s:?}");
@@ -497,7 +540,7 @@ mod tests {
         };
         let f = PagedFixture::<bf16>::new(&case, 1);
         assert_eq!(f.width, 4);
-        assert_eq!(f.num_pages, 1 + 0 + 1 + 3 + 2);
+        assert_eq!(f.num_pages, 1 + 1 + 3 + 2); // null page, pages of the sequences, two spares
         let owned: usize = case.seq_lens.iter().sum::<usize>() * 2 * 64;
         let finite = f.k_cache.iter().filter(|x| x.to_f64().is_finite()).count();
         assert_eq!(finite, owned);
