@@ -8,9 +8,10 @@
 //   loop j:   wait for tile j, barrier, issue tile j+kStages-1, compute tile j (S, online softmax, P.V);
 //   epilogue: merge the token groups' states through shared memory, normalise, store O/LSE (one split) or
 //             the fp32 partial (O, LSE) of this split, which merge.cu combines.
-// Page lookups are hoisted out of the load loop: the page ids of a tile's rows are fetched one tile ahead
-// (an ld_global per thread, its latency hidden behind the current tile's math) into a two-slot ring in
-// shared memory, so issuing a tile is pure address arithmetic + cp.async.
+// Page lookups are hoisted out of the load loop: the page id of each row of a tile is fetched one tile ahead
+// (one ld_global by the row's thread, its latency hidden behind the current tile's math), turned into the
+// row's K/V element offsets by that thread, and parked in a two-slot ring in shared memory; issuing a tile is
+// then one shared load + two cp.async per row and thread.
 //
 // Unused cache slots (past seq_len in the last page, or pages of other sequences) are never read: their rows
 // are zero-filled by the cp.async predicate and their scores set to -inf before the max, so P = 0 against
@@ -28,6 +29,11 @@ namespace decode {
 // libraries define them from the same source with different bodies, and must not see each other's.
 namespace {
 
+// Element offsets of one cache row (page and slot folded in) in K and V; k = -1: no data for this row.
+struct alignas(16) RowOffsets {
+  int64_t k, v;
+};
+
 template <class T, int D>
 FA_GLOBAL void FA_LAUNCH_BOUNDS(128, 3) paged_decode_kernel(const FaDecodeParams p) {
   using Tr = Traits<D>;
@@ -38,7 +44,7 @@ FA_GLOBAL void FA_LAUNCH_BOUNDS(128, 3) paged_decode_kernel(const FaDecodeParams
   unsigned char *smem = dynamic_smem<unsigned char>();
   unsigned char *q_smem = smem + Tr::kQOffset;
   unsigned char *stages = smem + Tr::kStageOffset;
-  int *page_ring = reinterpret_cast<int *>(smem + Tr::kPageRingOffset);
+  RowOffsets *row_ring = reinterpret_cast<RowOffsets *>(smem + Tr::kRowRingOffset);
   float *stats = reinterpret_cast<float *>(smem + Tr::kStatsOffset);
   float *o_partial = reinterpret_cast<float *>(stages); // epilogue only, after the last tile
 
@@ -87,27 +93,29 @@ FA_GLOBAL void FA_LAUNCH_BOUNDS(128, 3) paged_decode_kernel(const FaDecodeParams
     const int token = begin + x * kTileTokens + tid;
     return (tid < kTileTokens && token < end) ? cache.page_of(b, token) : kNoPage;
   };
-  auto publish_page = [&](int x, int page) {
-    if (tid < kTileTokens) st_shared(page_ring + (x & 1) * kTileTokens + tid, page);
+  // Thread `row` turns its row's page into element offsets in K and V, once per row rather than once per
+  // copying thread (kChunksPerRow threads copy each row), and parks them in the ring slot of tile x.
+  auto publish_row = [&](int x, int page) {
+    if (tid < kTileTokens) {
+      const int slot = cache.offset_in_page(begin + x * kTileTokens + tid);
+      const RowOffsets off = page == kNoPage ? RowOffsets{-1, -1} : RowOffsets{cache.k_row(page, slot), cache.v_row(page, slot)};
+      st_shared(row_ring + (x & 1) * kTileTokens + tid, off);
+    }
   };
-  // Issues tile x into stage x % kStages (rows without a page are zero-filled) and commits one group, empty
-  // past the last tile so that the wait counts stay uniform.
+  // Issues tile x into stage x % kStages (rows without data are zero-filled, never read) and commits one
+  // group, empty past the last tile so that the wait counts stay uniform.
   auto issue_tile = [&](int x) {
     if (x < num_tiles) {
       unsigned char *k_dst = stages + (x % kStages) * Tr::kStageBytes;
       unsigned char *v_dst = k_dst + Tr::kTileBytes;
-      const int *ring = page_ring + (x & 1) * kTileTokens;
-      const int tile_begin = begin + x * kTileTokens;
+      const RowOffsets *ring = row_ring + (x & 1) * kTileTokens;
 #pragma unroll
       for (int i = 0; i < Tr::kLoadsPerThread; ++i) {
         const int row = row0 + i * Tr::kRowsPerPass;
-        const int page = ld_shared(ring + row);
-        const bool valid = page != kNoPage;
-        const int slot = cache.offset_in_page(tile_begin + row);
-        const T *k_src = valid ? k_base + cache.k_row(page, slot) : k_base;
-        const T *v_src = valid ? v_base + cache.v_row(page, slot) : v_base;
-        cp_async_cg_16(k_dst + Tile::offset(row, chunk), k_src, valid);
-        cp_async_cg_16(v_dst + Tile::offset(row, chunk), v_src, valid);
+        const RowOffsets off = ld_shared(ring + row);
+        const bool valid = off.k >= 0;
+        cp_async_cg_16(k_dst + Tile::offset(row, chunk), valid ? k_base + off.k : k_base, valid);
+        cp_async_cg_16(v_dst + Tile::offset(row, chunk), valid ? v_base + off.v : v_base, valid);
       }
     }
     cp_async_commit();
@@ -124,18 +132,18 @@ FA_GLOBAL void FA_LAUNCH_BOUNDS(128, 3) paged_decode_kernel(const FaDecodeParams
     if (begin + x * kTileTokens + tid >= end) first_pages[x] = kNoPage;
 #pragma unroll
   for (int x = 0; x < kStages - 1; ++x) {
-    publish_page(x, first_pages[x]);
+    publish_row(x, first_pages[x]);
     sync_threads();
     issue_tile(x);
   }
-  publish_page(kStages - 1, first_pages[kStages - 1]);
+  publish_row(kStages - 1, first_pages[kStages - 1]);
   cp_async_wait<kStages - 2>();
   sync_threads();
 
-  WarpAttention<T, D> att;
-  att.init(q_smem, lane);
   const int warp_token0 = token_group * Tr::kWarpTokens; // this warp's rows within a tile
   const int col0 = d_split * Tr::kWarpD;
+  WarpAttention<T, D> att;
+  att.init(q_smem, warp_token0, col0, lane);
 
   for (int j = 0; j < num_tiles; ++j) {
     cp_async_wait<kStages - 2>(); // tile j has landed (this thread's copies) ...
@@ -147,13 +155,13 @@ FA_GLOBAL void FA_LAUNCH_BOUNDS(128, 3) paged_decode_kernel(const FaDecodeParams
     const unsigned char *k_tile = stages + (j % kStages) * Tr::kStageBytes;
     const unsigned char *v_tile = k_tile + Tr::kTileBytes;
     float s[2][4];
-    att.scores(s, k_tile, warp_token0, lane, p.scale_log2);
+    att.scores(s, k_tile, p.scale_log2);
     if (j == num_tiles - 1) att.mask_tail(s, begin + j * kTileTokens + warp_token0, end, lane);
     uint32_t pa[4];
     att.softmax_update(s, pa);
-    att.accumulate_pv(pa, v_tile, warp_token0, col0, lane);
+    att.accumulate_pv(pa, v_tile);
 
-    publish_page(x + 1, next_page);
+    publish_row(x + 1, next_page);
   }
   cp_async_wait<0>();
   sync_threads(); // the stages are free for the epilogue partials

@@ -61,9 +61,9 @@ template <int D> struct Traits {
   static constexpr int kQOffset = 0;
   static constexpr int kQBytes = kRows * D * 2;
   static constexpr int kStageOffset = kQOffset + kQBytes;
-  static constexpr int kPageRingOffset = kStageOffset + kStages * kStageBytes;
-  static constexpr int kPageRingBytes = 2 * kTileTokens * 4; // page ids of the next two tiles to issue
-  static constexpr int kStatsOffset = kPageRingOffset + kPageRingBytes;
+  static constexpr int kRowRingOffset = kStageOffset + kStages * kStageBytes;
+  static constexpr int kRowRingBytes = 2 * kTileTokens * 16; // K/V row offsets of the next two tiles to issue
+  static constexpr int kStatsOffset = kRowRingOffset + kRowRingBytes;
   static constexpr int kStatsBytes = kTokenGroups * kRows * 2 * 4; // (m, l) per token group and row
   static constexpr int kSmemBytes = kStatsOffset + kStatsBytes;
   static constexpr int kOStride = D + 4; // fp32 row stride of the epilogue partials (+4: fewer conflicts)

@@ -25,30 +25,44 @@ template <class T, int D> struct WarpAttention {
   float m[2];             // running max of rows r0, r1 (exp2 domain, scale folded in)
   float l[2];             // this lane's share of the running sum of rows r0, r1
   float o[kONTiles][4];   // unnormalised output, 16 rows x kWarpD columns
+  // This lane's ldmatrix row addresses within a K / V tile, one per value of (16-column step % 4). The
+  // lane's row is 8-aligned plus (lane & 7), so the swizzle XOR only touches the low 3 chunk bits and every
+  // other step is the same address + a multiple of 128 bytes (an immediate): no address math per tile.
+  int k_lane[4];
+  int v_lane[4];
 
-  FA_DEVICE void init(const unsigned char *q_smem, int lane) {
+  // token0: this warp's first row in every tile; col0: its first output column.
+  FA_DEVICE void init(const unsigned char *q_smem, int token0, int col0, int lane) {
     m[0] = m[1] = kNegInf;
     l[0] = l[1] = 0.0f;
 #pragma unroll
     for (int n = 0; n < kONTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     // ldmatrix.x4: matrix i = lane/8 is rows ((i&1)*8 .. +7), columns 8*(i>>1) .. +7 of the 16x16 step.
-    const int row = ((lane >> 3) & 1) * 8 + (lane & 7);
+    const int q_row = ((lane >> 3) & 1) * 8 + (lane & 7);
 #pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) ldmatrix_x4(q[ks], q_smem + Tile::offset(row, ks * 2 + (lane >> 4)));
+    for (int ks = 0; ks < kKSteps; ++ks) ldmatrix_x4(q[ks], q_smem + Tile::offset(q_row, ks * 2 + (lane >> 4)));
+    // K (B operand of S = Q Kᵀ): matrix i = lane/8 is tokens 8*(i>>1) .. +7, columns 8*(i&1) .. +7, so regs
+    // {0,1} are tokens 0-7 (k lo/hi) and regs {2,3} tokens 8-15.
+    const int k_row = token0 + (lane >> 4) * 8 + (lane & 7);
+    // V (B operand of O += P V, .trans): matrix i is tokens 8*(i&1) .. +7, columns 8*(i>>1) .. +7, so regs
+    // {0,1} are the B fragment of the first n8 column tile and regs {2,3} of the second.
+    const int v_row = token0 + ((lane >> 3) & 1) * 8 + (lane & 7);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      k_lane[i] = Tile::offset(k_row, 2 * i + ((lane >> 3) & 1));
+      v_lane[i] = Tile::offset(v_row, col0 / 8 + 2 * i + (lane >> 4));
+    }
   }
 
-  // Scores of this warp's 16 tokens (tile rows token0 .. token0+15) in the exp2 domain: s[n][c] is row
-  // r0/r1 (c < 2 / c >= 2), token token0 + 8n + 2*(lane%4) + (c&1).
-  FA_DEVICE void scores(float (&s)[2][4], const unsigned char *k_tile, int token0, int lane, float scale_log2) const {
+  // Scores of this warp's 16 tokens in the exp2 domain: s[n][c] is row r0/r1 (c < 2 / c >= 2), token
+  // token0 + 8n + 2*(lane%4) + (c&1).
+  FA_DEVICE void scores(float (&s)[2][4], const unsigned char *k_tile, float scale_log2) const {
 #pragma unroll
     for (int n = 0; n < 2; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-    // matrix i = lane/8: tokens 8*(i>>1) .. +7, columns 8*(i&1) .. +7: regs {0,1} are tokens 0-7 (k lo/hi),
-    // regs {2,3} tokens 8-15.
-    const int row = token0 + (lane >> 4) * 8 + (lane & 7);
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
       uint32_t k[4];
-      ldmatrix_x4(k, k_tile + Tile::offset(row, ks * 2 + ((lane >> 3) & 1)));
+      ldmatrix_x4(k, k_tile + k_lane[ks % 4] + (ks / 4) * 128);
       const uint32_t k_lo[2] = {k[0], k[1]};
       const uint32_t k_hi[2] = {k[2], k[3]};
       mma_m16n8k16<T>(s[0], q[ks], k_lo);
@@ -103,17 +117,13 @@ template <class T, int D> struct WarpAttention {
     p[3] = pack2<T>(s[1][2], s[1][3]);
   }
 
-  // O[:, col0 .. col0 + kWarpD) += P V over the warp's 16 tokens (tile rows token0 ..). Tokens past the end
-  // have P = 0 and zero-filled V rows, so nothing from an unused cache slot reaches O (0 * NaN cannot occur).
-  FA_DEVICE void accumulate_pv(const uint32_t (&p)[4], const unsigned char *v_tile, int token0, int col0,
-                               int lane) {
-    // .trans, matrix i = lane/8: tokens 8*(i&1) .. +7, columns 8*(i>>1) .. +7: regs {0,1} are the B
-    // fragment of the first n8 column tile, regs {2,3} of the second.
-    const int row = token0 + ((lane >> 3) & 1) * 8 + (lane & 7);
+  // O[:, col0 .. col0 + kWarpD) += P V over the warp's 16 tokens. Tokens past the end have P = 0 and
+  // zero-filled V rows, so nothing from an unused cache slot reaches O (0 * NaN cannot occur).
+  FA_DEVICE void accumulate_pv(const uint32_t (&p)[4], const unsigned char *v_tile) {
 #pragma unroll
     for (int j = 0; j < kONTiles / 2; ++j) {
       uint32_t v[4];
-      ldmatrix_x4_trans(v, v_tile + Tile::offset(row, col0 / 8 + 2 * j + (lane >> 4)));
+      ldmatrix_x4_trans(v, v_tile + v_lane[j % 4] + (j / 4) * 128);
       const uint32_t v_lo[2] = {v[0], v[1]};
       const uint32_t v_hi[2] = {v[2], v[3]};
       mma_m16n8k16<T>(o[2 * j], p, v_lo);
