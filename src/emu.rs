@@ -53,6 +53,8 @@ pub(crate) fn run_emulated(
     }
     // SAFETY: the executor writes a NUL-terminated message into the zero-initialised buffer.
     let msg = unsafe { CStr::from_ptr(ctx.message.as_ptr()) }.to_string_lossy().into_owned();
+    // The launch seed reproduces the interleaving that led to the fault.
+    let msg = if msg.is_empty() { msg } else { format!("{msg} [emulator seed {seed:#x}]") };
     Err(status_error(kernel, "emu", status, Some(msg)))
 }
 

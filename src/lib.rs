@@ -10,6 +10,8 @@ pub mod decode;
 pub mod device;
 pub mod dtype;
 pub mod emu;
+#[doc(hidden)]
+pub mod emu_selftest;
 pub mod error;
 mod launch;
 pub mod merge;

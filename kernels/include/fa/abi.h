@@ -177,6 +177,183 @@ FA_DECLARE_LAUNCHERS(fa_emu_)
 /* GPU backend only: the message for a positive status, and the device-code architectures compiled in. */
 const char *fa_gpu_error_string(int status);
 
+/* ---------------------------------------------------------------------------------------------------------
+ * Self-tests of the intrinsics layer and the host emulator (kernels/selftest.cu, tests/emulator.rs). Every
+ * launcher exists as fa_gpu_selftest_* and fa_emu_selftest_*, so the same kernels can run on a GPU and be
+ * compared with the emulator. All are single-warp or single-block unless stated.
+ * ------------------------------------------------------------------------------------------------------- */
+
+/* mma.m16n8k16 on raw fragment registers: lane l's registers are a[4l..4l+3], b[2l..2l+1], c/d[4l..4l+3],
+ * so only the test's model of the PTX fragment tables decides which matrix element each one holds.
+ * d = A·B + C. One warp. */
+typedef struct FaSelftestMmaParams {
+  const uint32_t *a; /* [32][4] */
+  const uint32_t *b; /* [32][2] */
+  const float *c;    /* [32][4] */
+  float *d;          /* [32][4] */
+  int32_t dtype;     /* FA_DTYPE_F16 or FA_DTYPE_BF16 */
+} FaSelftestMmaParams;
+
+/* ldmatrix: `rows` 16-byte rows are staged into shared memory; lane l then passes the address of row
+ * row_of_lane[l] to ldmatrix .x{count}{.trans}; out[4l + i] = register i of lane l (others untouched).
+ * One warp. */
+typedef struct FaSelftestLdmatrixParams {
+  const uint16_t *rows_data;  /* [rows][8] */
+  const int32_t *row_of_lane; /* [32], each in [0, rows) */
+  uint32_t *out;              /* [32][4] */
+  int32_t rows;               /* 1..64 */
+  int32_t count;              /* 1, 2 or 4 */
+  int32_t trans;
+} FaSelftestLdmatrixParams;
+
+/* Warp shuffles and votes: out[l] = shfl_xor(values[l], operands[l]), shfl_idx(values[l], operands[l]), or
+ * warp_ballot / warp_any / warp_all of (values[l] != 0); EXP2: the bits of fast_exp2 of the float whose
+ * bits are values[l]. One warp. */
+enum {
+  FA_SELFTEST_SHFL_XOR = 0,
+  FA_SELFTEST_SHFL_IDX = 1,
+  FA_SELFTEST_BALLOT = 2,
+  FA_SELFTEST_ANY = 3,
+  FA_SELFTEST_ALL = 4,
+  FA_SELFTEST_EXP2 = 5,
+};
+typedef struct FaSelftestWarpParams {
+  const uint32_t *values;  /* [32] */
+  const int32_t *operands; /* [32] */
+  uint32_t *out;           /* [32] */
+  int32_t op;              /* FA_SELFTEST_SHFL_XOR .. FA_SELFTEST_ALL */
+} FaSelftestWarpParams;
+
+/* cp.async groups and zero-fill, one block of 64 threads: for each group g < groups, thread t copies 16-byte
+ * chunk j = 64g + t of src to shared chunk j (predicate preds[j]; false zero-fills) and commits. Then
+ * cp_async_wait<wait_pending>, sync_threads, and thread t copies shared chunk 64g + (t + 32) % 64 (another
+ * warp's) to the same chunk of out for every g < read_groups. */
+typedef struct FaSelftestCpAsyncParams {
+  const uint8_t *src;   /* [groups * 64][16] */
+  const uint8_t *preds; /* [groups * 64] */
+  uint8_t *out;         /* [groups * 64][16] */
+  int32_t groups;       /* 1..4 */
+  int32_t wait_pending; /* 0..3 */
+  int32_t read_groups;  /* 0..groups */
+} FaSelftestCpAsyncParams;
+
+/* Atomics over `blocks` blocks of 128 threads: global thread i stores atomic_add(counter, 1) to olds[i] and
+ * adds addends[i] to *sum. */
+typedef struct FaSelftestAtomicParams {
+  int32_t *counter;
+  int32_t *olds;          /* [blocks * 128] */
+  float *sum;
+  const float *addends;   /* [blocks * 128] */
+  int32_t blocks;
+} FaSelftestAtomicParams;
+
+/* Named barriers, one block of 4 warps. PAIRS: warp 0 hands data to warp 1 through shared memory ordered by
+ * barrier 1 (64 threads), warp 2 to warp 3 by barrier 2; out[t] = what consumer thread t read (producers:
+ * -1). CROSS: as PAIRS, but warp 3 reads warp 0's data, which barrier 2 does not order (a race).
+ * BLOCK: all four warps pass barrier 3 with 128 threads, then read another warp's data. MISMATCH: warps 0
+ * and 1 wait at barrier 1 with different thread counts. */
+enum {
+  FA_SELFTEST_BARRIER_PAIRS = 0,
+  FA_SELFTEST_BARRIER_CROSS = 1,
+  FA_SELFTEST_BARRIER_BLOCK = 2,
+  FA_SELFTEST_BARRIER_MISMATCH = 3,
+};
+typedef struct FaSelftestBarrierParams {
+  int32_t *out; /* [128] */
+  int32_t mode; /* FA_SELFTEST_BARRIER_* */
+} FaSelftestBarrierParams;
+
+/* Planted bugs, one block of 128 threads over input/out [512] floats. planted = 0 runs the correct twin of the
+ * kernel (out = f(in)); planted = 1 runs it with the bug, which the emulator must report:
+ *  MISSING_SYNCTHREADS   shared memory written by one warp, read by another with no barrier between;
+ *  OOB_WRITE             thread 0 also writes out[512], one past the end;
+ *  MISSING_CP_ASYNC_WAIT shared memory read after cp.async + commit + barrier, but without a wait;
+ *  DIVERGENT_BARRIER     only lanes 0-15 of each warp call sync_threads;
+ *  DEADLOCK              warp 0 waits at barrier 1 for 64 threads; no other warp ever arrives;
+ *  MISALIGNED_16         16-byte global loads from an address 4 bytes past a 16-byte boundary;
+ *  STACK_OVERFLOW        deep recursion with large locals (emulator only: the GPU library returns
+ *                        FA_ERR_UNSUPPORTED, as its build rejects kernels with a stack frame);
+ *  RAW_POINTER           a null pointer dereferenced directly, bypassing the checked intrinsics;
+ *  DIV_BY_ZERO           an integer division by zero (garbage on the GPU, a host trap in emulation);
+ *  STORE_TO_INPUT        a global store into the read-only input buffer;
+ *  SHARED_OOB            a shared store one element past the block's 2048 bytes of shared memory;
+ *  GLOBAL_AS_SHARED      ld_shared through a global pointer (works on the GPU by generic addressing, but
+ *                        breaks the intrinsics contract the emulator relies on);
+ *  SPIN_WAIT             thread 0 spins on a flag that "another block" would set (never, here).
+ * race_detection = 0 turns the emulator's race detector off (the GPU ignores it). */
+enum {
+  FA_SELFTEST_BUG_MISSING_SYNCTHREADS = 0,
+  FA_SELFTEST_BUG_OOB_WRITE = 1,
+  FA_SELFTEST_BUG_MISSING_CP_ASYNC_WAIT = 2,
+  FA_SELFTEST_BUG_DIVERGENT_BARRIER = 3,
+  FA_SELFTEST_BUG_DEADLOCK = 4,
+  FA_SELFTEST_BUG_MISALIGNED_16 = 5,
+  FA_SELFTEST_BUG_STACK_OVERFLOW = 6,
+  FA_SELFTEST_BUG_RAW_POINTER = 7,
+  FA_SELFTEST_BUG_DIV_BY_ZERO = 8,
+  FA_SELFTEST_BUG_STORE_TO_INPUT = 9,
+  FA_SELFTEST_BUG_SHARED_OOB = 10,
+  FA_SELFTEST_BUG_GLOBAL_AS_SHARED = 11,
+  FA_SELFTEST_BUG_SPIN_WAIT = 12,
+};
+typedef struct FaSelftestBugParams {
+  const float *input; /* [512] */
+  float *out;      /* [512] */
+  int32_t bug;     /* FA_SELFTEST_BUG_* */
+  int32_t planted;
+  int32_t race_detection;
+} FaSelftestBugParams;
+
+/* A known-good tiled GEMM: c = a · b in fp32 from fp16/bf16 inputs, with 64x64 block tiles, 4 warps of 32x32,
+ * k tiles of 32 double-buffered through cp.async, fragments loaded with ldmatrix (.trans for k-major b).
+ * a [m][k] row-major; b [n][k] row-major (b_k_major = 0) or [k][n] (b_k_major = 1); c [m][n].
+ * m >= 1, n a multiple of 8, k a multiple of 32; ragged m/n tiles are zero-filled by predicated cp.async.
+ * bug: FA_SELFTEST_GEMM_* plants a pipeline bug (the emulator must report it). */
+enum {
+  FA_SELFTEST_GEMM_CORRECT = 0,
+  FA_SELFTEST_GEMM_NO_TRAILING_BARRIER = 1, /* the next stage's cp.async overwrites a tile others still read */
+  FA_SELFTEST_GEMM_NO_WAIT = 2,             /* computes on a stage whose cp.async was never waited for */
+};
+typedef struct FaSelftestGemmParams {
+  const void *a;
+  const void *b;
+  float *c;
+  int32_t m, n, k;
+  int32_t dtype;     /* FA_DTYPE_F16 or FA_DTYPE_BF16 */
+  int32_t b_k_major;
+  int32_t bug;       /* FA_SELFTEST_GEMM_* */
+} FaSelftestGemmParams;
+
+/* Microbenchmark: `blocks` blocks of 4 warps, each warp executing `iters` of one operation; out [blocks*128]
+ * keeps the results live. */
+enum {
+  FA_SELFTEST_BENCH_SHFL = 0,
+  FA_SELFTEST_BENCH_LDMATRIX = 1,
+  FA_SELFTEST_BENCH_MMA = 2,
+  FA_SELFTEST_BENCH_SYNCTHREADS = 3,
+  FA_SELFTEST_BENCH_SHARED_STORE_LOAD = 4,
+};
+typedef struct FaSelftestBenchParams {
+  uint32_t *out;
+  int32_t op;
+  int32_t iters;
+  int32_t blocks;
+} FaSelftestBenchParams;
+
+#define FA_DECLARE_SELFTEST_LAUNCHERS(prefix)                                                                \
+  int prefix##selftest_mma(FaSelftestMmaParams params, FaStream stream);                                     \
+  int prefix##selftest_ldmatrix(FaSelftestLdmatrixParams params, FaStream stream);                           \
+  int prefix##selftest_warp(FaSelftestWarpParams params, FaStream stream);                                   \
+  int prefix##selftest_cp_async(FaSelftestCpAsyncParams params, FaStream stream);                            \
+  int prefix##selftest_atomic(FaSelftestAtomicParams params, FaStream stream);                               \
+  int prefix##selftest_barrier(FaSelftestBarrierParams params, FaStream stream);                             \
+  int prefix##selftest_bug(FaSelftestBugParams params, FaStream stream);                                     \
+  int prefix##selftest_gemm(FaSelftestGemmParams params, FaStream stream);                                   \
+  int prefix##selftest_bench(FaSelftestBenchParams params, FaStream stream);
+
+FA_DECLARE_SELFTEST_LAUNCHERS(fa_gpu_)
+FA_DECLARE_SELFTEST_LAUNCHERS(fa_emu_)
+
 #ifdef __cplusplus
 }
 #endif

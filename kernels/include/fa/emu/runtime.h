@@ -56,5 +56,19 @@ int atomic_add_i32(int *p, int v);
 
 float exp2_approx(float x);
 
+// Emulator-only: turns shared-memory race detection off (or back on) for the launches this OS thread
+// starts while the object lives. Every other check stays on. Only the self-tests use it, to show that a
+// racy kernel's result then depends on the scheduling seed.
+class ScopedRaceDetection {
+public:
+  explicit ScopedRaceDetection(bool enabled);
+  ~ScopedRaceDetection();
+  ScopedRaceDetection(const ScopedRaceDetection &) = delete;
+  ScopedRaceDetection &operator=(const ScopedRaceDetection &) = delete;
+
+private:
+  bool previous_;
+};
+
 } // namespace emu
 } // namespace fa

@@ -1,0 +1,25 @@
+// Approximate math as the GPU computes it.
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "fa/emu/runtime.h"
+
+namespace fa {
+namespace emu {
+
+// ex2.approx.ftz.f32: 2^x with subnormal inputs treated as zero and subnormal results flushed to +0.
+// The GPU's result is within 2 ulp of exact; exp2f is within 1 ulp, so emulated softmax can differ from the
+// GPU's in the last bits but never in kind (-inf -> +0, +inf -> +inf, NaN -> NaN).
+float exp2_approx(float x) {
+  uint32_t bits;
+  memcpy(&bits, &x, 4);
+  if ((bits & 0x7f800000u) == 0) return 1.0f;
+  float y = exp2f(x);
+  memcpy(&bits, &y, 4);
+  if ((bits & 0x7f800000u) == 0) return 0.0f;
+  return y;
+}
+
+} // namespace emu
+} // namespace fa

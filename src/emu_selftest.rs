@@ -1,0 +1,349 @@
+//! Safe wrappers over the emulator self-test launchers (`fa_emu_selftest_*`, kernels/selftest.cu), for
+//! tests/emulator.rs. Not part of the public API: each function stages its inputs in host buffers, runs the
+//! kernel under the emulator with the given scheduling seed, and returns what the kernel wrote (or the
+//! emulator's fault as an [`ErrorKind::Emulator`](crate::ErrorKind::Emulator) error).
+
+use std::ffi::CStr;
+
+use crate::dtype::{DType, Element};
+use crate::emu::run_emulated;
+use crate::error::{to_i32, Error, Result};
+use crate::sys;
+
+/// A buffer the kernel may read: `name` is how fault messages refer to it ("input+128").
+fn region<T>(name: &'static CStr, data: &[T]) -> sys::FaEmuRegion {
+    sys::FaEmuRegion {
+        base: data.as_ptr().cast(),
+        bytes: std::mem::size_of_val(data) as u64,
+        writable: 0,
+        name: name.as_ptr(),
+    }
+}
+
+/// A buffer the kernel may read and write.
+fn region_mut<T>(name: &'static CStr, data: &mut [T]) -> sys::FaEmuRegion {
+    sys::FaEmuRegion { writable: 1, ..region(name, data) }
+}
+
+/// Threads per block of the block-sized self-tests (4 warps).
+pub const BLOCK_THREADS: usize = 128;
+/// Elements of the planted-bug kernels' input and output.
+pub const BUG_ELEMS: usize = 512;
+/// Threads of the cp.async self-test's block (2 warps); one 16-byte chunk per thread per group.
+pub const CP_ASYNC_THREADS: usize = 64;
+
+/// `mma.m16n8k16` on raw fragment registers (lane l: `a[4l..4l+4]`, `b[2l..2l+2]`, `c[4l..4l+4]`).
+/// Returns D = A·B + C in the D fragment layout.
+pub fn mma(dtype: DType, a: &[u32; 128], b: &[u32; 64], c: &[f32; 128], seed: u64) -> Result<[f32; 128]> {
+    let mut d = [f32::NAN; 128];
+    let regions = [region(c"a", a), region(c"b", b), region(c"c", c), region_mut(c"d", &mut d)];
+    let params =
+        sys::FaSelftestMmaParams { a: a.as_ptr(), b: b.as_ptr(), c: c.as_ptr(), d: d.as_mut_ptr(), dtype: dtype.abi() };
+    // SAFETY: every pointer in `params` is one of `regions`' live buffers.
+    run_emulated("selftest_mma", &regions, seed, |s| unsafe { sys::fa_emu_selftest_mma(params, s) })?;
+    Ok(d)
+}
+
+/// `ldmatrix.x{count}{.trans}` with lane l addressing row `row_of_lane[l]` of `rows` (16 bytes each).
+/// Returns the registers, lane l's at `[4l..4l+count]` (the rest 0).
+pub fn ldmatrix(rows: &[[u16; 8]], row_of_lane: &[i32; 32], count: u32, trans: bool, seed: u64) -> Result<[u32; 128]> {
+    let mut out = [0u32; 128];
+    let regions = [region(c"rows_data", rows), region(c"row_of_lane", row_of_lane), region_mut(c"out", &mut out)];
+    let params = sys::FaSelftestLdmatrixParams {
+        rows_data: rows.as_ptr().cast(),
+        row_of_lane: row_of_lane.as_ptr(),
+        out: out.as_mut_ptr(),
+        rows: to_i32("rows", rows.len())?,
+        count: to_i32("count", count as usize)?,
+        trans: trans as i32,
+    };
+    // SAFETY: every pointer in `params` is one of `regions`' live buffers.
+    run_emulated("selftest_ldmatrix", &regions, seed, |s| unsafe { sys::fa_emu_selftest_ldmatrix(params, s) })?;
+    Ok(out)
+}
+
+/// A warp shuffle or vote, lane by lane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WarpOp {
+    /// `out[l] = shfl_xor(values[l], operands[l])`
+    ShflXor,
+    /// `out[l] = shfl_idx(values[l], operands[l])`
+    ShflIdx,
+    /// `out[l] = warp_ballot(values[l] != 0)`
+    Ballot,
+    /// `out[l] = warp_any(values[l] != 0)`
+    Any,
+    /// `out[l] = warp_all(values[l] != 0)`
+    All,
+    /// `out[l] = fast_exp2(f32::from_bits(values[l])).to_bits()`
+    Exp2,
+}
+
+pub fn warp_op(op: WarpOp, values: &[u32; 32], operands: &[i32; 32], seed: u64) -> Result<[u32; 32]> {
+    let mut out = [0u32; 32];
+    let regions = [region(c"values", values), region(c"operands", operands), region_mut(c"out", &mut out)];
+    let op = match op {
+        WarpOp::ShflXor => sys::FA_SELFTEST_SHFL_XOR,
+        WarpOp::ShflIdx => sys::FA_SELFTEST_SHFL_IDX,
+        WarpOp::Ballot => sys::FA_SELFTEST_BALLOT,
+        WarpOp::Any => sys::FA_SELFTEST_ANY,
+        WarpOp::All => sys::FA_SELFTEST_ALL,
+        WarpOp::Exp2 => sys::FA_SELFTEST_EXP2,
+    } as i32;
+    let params =
+        sys::FaSelftestWarpParams { values: values.as_ptr(), operands: operands.as_ptr(), out: out.as_mut_ptr(), op };
+    // SAFETY: every pointer in `params` is one of `regions`' live buffers.
+    run_emulated("selftest_warp", &regions, seed, |s| unsafe { sys::fa_emu_selftest_warp(params, s) })?;
+    Ok(out)
+}
+
+/// Out-of-kernel marker for the chunks the cp.async self-test does not write.
+pub const UNTOUCHED: u8 = 0xA5;
+
+/// cp.async groups: `src.len() / 64` groups of one 16-byte chunk per thread, predicated by `preds`, then
+/// `cp_async_wait<wait_pending>` and a read-back of the first `read_groups` groups (every other chunk
+/// stays [`UNTOUCHED`]).
+pub fn cp_async(
+    src: &[[u8; 16]],
+    preds: &[bool],
+    wait_pending: u32,
+    read_groups: u32,
+    seed: u64,
+) -> Result<Vec<[u8; 16]>> {
+    if src.len() % CP_ASYNC_THREADS != 0 || preds.len() != src.len() {
+        return Err(Error::shape(
+            "src",
+            "cp_async needs a whole number of 64-chunk groups and one predicate per chunk",
+        ));
+    }
+    let preds: Vec<u8> = preds.iter().map(|&p| p as u8).collect();
+    let mut out = vec![[UNTOUCHED; 16]; src.len()];
+    let regions = [region(c"src", src), region(c"preds", &preds), region_mut(c"out", &mut out)];
+    let params = sys::FaSelftestCpAsyncParams {
+        src: src.as_ptr().cast(),
+        preds: preds.as_ptr(),
+        out: out.as_mut_ptr().cast(),
+        groups: to_i32("groups", src.len() / CP_ASYNC_THREADS)?,
+        wait_pending: to_i32("wait_pending", wait_pending as usize)?,
+        read_groups: to_i32("read_groups", read_groups as usize)?,
+    };
+    // SAFETY: every pointer in `params` is one of `regions`' live buffers.
+    run_emulated("selftest_cp_async", &regions, seed, |s| unsafe { sys::fa_emu_selftest_cp_async(params, s) })?;
+    Ok(out)
+}
+
+/// What the atomics self-test leaves behind.
+#[derive(Debug, Clone)]
+pub struct AtomicResult {
+    pub counter: i32,
+    /// The value `atomic_add(counter, 1)` returned to each thread.
+    pub olds: Vec<i32>,
+    pub sum: f32,
+}
+
+/// `addends.len() / 128` blocks of 128 threads; each thread increments one counter and adds its addend to
+/// one float, both atomically.
+pub fn atomics(addends: &[f32], seed: u64) -> Result<AtomicResult> {
+    if addends.is_empty() || addends.len() % BLOCK_THREADS != 0 {
+        return Err(Error::shape("addends", "atomics needs a whole number of 128-thread blocks"));
+    }
+    let mut counter = [0i32];
+    let mut sum = [0f32];
+    let mut olds = vec![-1i32; addends.len()];
+    let regions = [
+        region_mut(c"counter", &mut counter),
+        region_mut(c"olds", &mut olds),
+        region_mut(c"sum", &mut sum),
+        region(c"addends", addends),
+    ];
+    let params = sys::FaSelftestAtomicParams {
+        counter: counter.as_mut_ptr(),
+        olds: olds.as_mut_ptr(),
+        sum: sum.as_mut_ptr(),
+        addends: addends.as_ptr(),
+        blocks: to_i32("blocks", addends.len() / BLOCK_THREADS)?,
+    };
+    // SAFETY: every pointer in `params` is one of `regions`' live buffers.
+    run_emulated("selftest_atomic", &regions, seed, |s| unsafe { sys::fa_emu_selftest_atomic(params, s) })?;
+    Ok(AtomicResult { counter: counter[0], olds, sum: sum[0] })
+}
+
+/// Named-barrier scenarios (see `FA_SELFTEST_BARRIER_*` in abi.h).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BarrierMode {
+    /// Warp 0 → warp 1 through barrier 1, warp 2 → warp 3 through barrier 2.
+    Pairs,
+    /// As `Pairs`, but warp 3 reads warp 0's data, which barrier 2 does not order: a race.
+    Cross,
+    /// All warps through barrier 3 (128 threads), then each reads another warp's data.
+    Block,
+    /// Warps 0 and 1 wait at barrier 1 with different thread counts.
+    Mismatch,
+}
+
+/// Returns what each thread stored (`-1` for producers).
+pub fn barriers(mode: BarrierMode, seed: u64) -> Result<Vec<i32>> {
+    let mut out = vec![i32::MIN; BLOCK_THREADS];
+    let regions = [region_mut(c"out", &mut out)];
+    let mode = match mode {
+        BarrierMode::Pairs => sys::FA_SELFTEST_BARRIER_PAIRS,
+        BarrierMode::Cross => sys::FA_SELFTEST_BARRIER_CROSS,
+        BarrierMode::Block => sys::FA_SELFTEST_BARRIER_BLOCK,
+        BarrierMode::Mismatch => sys::FA_SELFTEST_BARRIER_MISMATCH,
+    } as i32;
+    let params = sys::FaSelftestBarrierParams { out: out.as_mut_ptr(), mode };
+    // SAFETY: every pointer in `params` is one of `regions`' live buffers.
+    run_emulated("selftest_barrier", &regions, seed, |s| unsafe { sys::fa_emu_selftest_barrier(params, s) })?;
+    Ok(out)
+}
+
+/// The planted bugs (see `FA_SELFTEST_BUG_*` in abi.h).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bug {
+    MissingSyncthreads,
+    OobWrite,
+    MissingCpAsyncWait,
+    DivergentBarrier,
+    Deadlock,
+    Misaligned16,
+    StackOverflow,
+    RawPointer,
+    DivByZero,
+    StoreToInput,
+    SharedOob,
+    GlobalAsShared,
+    SpinWait,
+}
+
+impl Bug {
+    pub const ALL: [Bug; 13] = [
+        Bug::MissingSyncthreads,
+        Bug::OobWrite,
+        Bug::MissingCpAsyncWait,
+        Bug::DivergentBarrier,
+        Bug::Deadlock,
+        Bug::Misaligned16,
+        Bug::StackOverflow,
+        Bug::RawPointer,
+        Bug::DivByZero,
+        Bug::StoreToInput,
+        Bug::SharedOob,
+        Bug::GlobalAsShared,
+        Bug::SpinWait,
+    ];
+}
+
+/// Runs one planted-bug kernel over `input` (512 floats); `planted == false` runs its correct twin.
+/// `race_detection == false` turns the emulator's race detector off. Returns the output (NaN where the
+/// kernel wrote nothing).
+pub fn planted_bug(bug: Bug, planted: bool, race_detection: bool, input: &[f32], seed: u64) -> Result<Vec<f32>> {
+    if input.len() != BUG_ELEMS {
+        return Err(Error::shape("input", format!("the planted-bug kernels take {BUG_ELEMS} floats")));
+    }
+    // Spare capacity after `out` keeps an out-of-bounds write from landing in another listed buffer.
+    let mut out = Vec::with_capacity(2 * BUG_ELEMS);
+    out.resize(BUG_ELEMS, f32::NAN);
+    let regions = [region(c"input", input), region_mut(c"out", &mut out)];
+    let bug = match bug {
+        Bug::MissingSyncthreads => sys::FA_SELFTEST_BUG_MISSING_SYNCTHREADS,
+        Bug::OobWrite => sys::FA_SELFTEST_BUG_OOB_WRITE,
+        Bug::MissingCpAsyncWait => sys::FA_SELFTEST_BUG_MISSING_CP_ASYNC_WAIT,
+        Bug::DivergentBarrier => sys::FA_SELFTEST_BUG_DIVERGENT_BARRIER,
+        Bug::Deadlock => sys::FA_SELFTEST_BUG_DEADLOCK,
+        Bug::Misaligned16 => sys::FA_SELFTEST_BUG_MISALIGNED_16,
+        Bug::StackOverflow => sys::FA_SELFTEST_BUG_STACK_OVERFLOW,
+        Bug::RawPointer => sys::FA_SELFTEST_BUG_RAW_POINTER,
+        Bug::DivByZero => sys::FA_SELFTEST_BUG_DIV_BY_ZERO,
+        Bug::StoreToInput => sys::FA_SELFTEST_BUG_STORE_TO_INPUT,
+        Bug::SharedOob => sys::FA_SELFTEST_BUG_SHARED_OOB,
+        Bug::GlobalAsShared => sys::FA_SELFTEST_BUG_GLOBAL_AS_SHARED,
+        Bug::SpinWait => sys::FA_SELFTEST_BUG_SPIN_WAIT,
+    } as i32;
+    let params = sys::FaSelftestBugParams {
+        input: input.as_ptr(),
+        out: out.as_mut_ptr(),
+        bug,
+        planted: planted as i32,
+        race_detection: race_detection as i32,
+    };
+    // SAFETY: every pointer in `params` is one of `regions`' live buffers.
+    run_emulated("selftest_bug", &regions, seed, |s| unsafe { sys::fa_emu_selftest_bug(params, s) })?;
+    Ok(out)
+}
+
+/// Pipeline bugs the GEMM can plant (see `FA_SELFTEST_GEMM_*` in abi.h).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GemmBug {
+    None,
+    /// The next stage's cp.async overwrites a tile other warps may still be reading.
+    NoTrailingBarrier,
+    /// Computes on a stage whose cp.async was never waited for.
+    NoWait,
+}
+
+/// Shape of the self-test GEMM: `a` is [m][k], `b` is [n][k] (or [k][n] when `b_k_major`), c is [m][n].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GemmShape {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub b_k_major: bool,
+}
+
+/// The tiled mma GEMM (ldmatrix + mma + cp.async double buffering): returns c = a·b in fp32.
+pub fn gemm<T: Element>(a: &[T], b: &[T], shape: GemmShape, bug: GemmBug, seed: u64) -> Result<Vec<f32>> {
+    let GemmShape { m, n, k, b_k_major } = shape;
+    if a.len() != m * k || b.len() != n * k {
+        return Err(Error::shape("a/b", format!("expected {m}x{k} and {n}x{k} elements")));
+    }
+    let mut c = vec![f32::NAN; m * n];
+    let regions = [region(c"a", a), region(c"b", b), region_mut(c"c", &mut c)];
+    let params = sys::FaSelftestGemmParams {
+        a: a.as_ptr().cast(),
+        b: b.as_ptr().cast(),
+        c: c.as_mut_ptr(),
+        m: to_i32("m", m)?,
+        n: to_i32("n", n)?,
+        k: to_i32("k", k)?,
+        dtype: T::DTYPE.abi(),
+        b_k_major: b_k_major as i32,
+        bug: match bug {
+            GemmBug::None => sys::FA_SELFTEST_GEMM_CORRECT,
+            GemmBug::NoTrailingBarrier => sys::FA_SELFTEST_GEMM_NO_TRAILING_BARRIER,
+            GemmBug::NoWait => sys::FA_SELFTEST_GEMM_NO_WAIT,
+        } as i32,
+    };
+    // SAFETY: every pointer in `params` is one of `regions`' live buffers.
+    run_emulated("selftest_gemm", &regions, seed, |s| unsafe { sys::fa_emu_selftest_gemm(params, s) })?;
+    Ok(c)
+}
+
+/// Operations the microbenchmark repeats (see `FA_SELFTEST_BENCH_*` in abi.h).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BenchOp {
+    Shfl,
+    Ldmatrix,
+    Mma,
+    SyncThreads,
+    SharedStoreLoad,
+}
+
+/// `blocks` blocks of 4 warps, each warp executing `iters` of `op`.
+pub fn bench(op: BenchOp, iters: usize, blocks: usize, seed: u64) -> Result<()> {
+    let mut out = vec![0u32; blocks * BLOCK_THREADS];
+    let regions = [region_mut(c"out", &mut out)];
+    let params = sys::FaSelftestBenchParams {
+        out: out.as_mut_ptr(),
+        op: match op {
+            BenchOp::Shfl => sys::FA_SELFTEST_BENCH_SHFL,
+            BenchOp::Ldmatrix => sys::FA_SELFTEST_BENCH_LDMATRIX,
+            BenchOp::Mma => sys::FA_SELFTEST_BENCH_MMA,
+            BenchOp::SyncThreads => sys::FA_SELFTEST_BENCH_SYNCTHREADS,
+            BenchOp::SharedStoreLoad => sys::FA_SELFTEST_BENCH_SHARED_STORE_LOAD,
+        } as i32,
+        iters: to_i32("iters", iters)?,
+        blocks: to_i32("blocks", blocks)?,
+    };
+    // SAFETY: every pointer in `params` is one of `regions`' live buffers.
+    run_emulated("selftest_bench", &regions, seed, |s| unsafe { sys::fa_emu_selftest_bench(params, s) })
+}
