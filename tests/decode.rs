@@ -90,6 +90,25 @@ fn gpu_decode_sweep() {
     assert!(failures.is_empty(), "{} failing cases:\n{}", failures.len(), failures.join("\n"));
 }
 
+/// Bandwidth of the performance shapes (printed; the bars are judged in the report, not asserted
+/// here, since a shared or throttled GPU would make the test flaky).
+#[test]
+fn gpu_decode_bandwidth() {
+    let Some(ctx) = common::gpu_or_skip("decode::gpu_decode_bandwidth") else { return };
+    let cu = ctx.default_stream();
+    for row in fused_attn::decode::cases::perf_report(&cu, seed_for(0)).unwrap() {
+        eprintln!(
+            "{}: {:.1} us, {:.0} GB/s = {:.0}% of copy bandwidth ({:.0} GB/s), plan {:?}",
+            row.case.label().split(" lens=").next().unwrap(),
+            row.timing.timing.median_ms * 1e3,
+            row.timing.gbps,
+            100.0 * row.ratio,
+            row.copy_gbps,
+            row.timing.plan
+        );
+    }
+}
+
 fn small_case(num_splits: Option<usize>) -> DecodeCase {
     DecodeCase {
         dtype: DType::Bf16,

@@ -495,6 +495,28 @@ pub fn perf_cases() -> Vec<DecodeCase> {
         .collect()
 }
 
+/// One performance row: a perf case, its timing and the ratio of its bandwidth to the copy bandwidth
+/// measured in the same run.
+#[derive(Debug, Clone)]
+pub struct PerfRow {
+    pub case: DecodeCase,
+    pub timing: DecodeTiming,
+    pub copy_gbps: f64,
+    pub ratio: f64,
+}
+
+/// Measures [`perf_cases`] on `cu` against a device-to-device copy of 1 GiB (the ceiling of CONVENTIONS.md).
+pub fn perf_report(cu: &Arc<CudaStream>, seed: u64) -> Result<Vec<PerfRow>> {
+    let copy_gbps = crate::timing::copy_bandwidth_gbps(cu, 1 << 30)?;
+    perf_cases()
+        .into_iter()
+        .map(|case| {
+            let timing = time_case_gpu(cu, &case, seed, 5, 50)?;
+            Ok(PerfRow { ratio: timing.gbps / copy_gbps, case, timing, copy_gbps })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
