@@ -4,7 +4,9 @@
 //! emulator) → `sys` (bindgen of kernels/include/fa/abi.h) → `launch` (the only place raw pointers are
 //! taken) → the safe ops over [`TensorView`]s on a [`Stream`] (GPU or emulator). `reference` is the fp64
 //! CPU reference the tests (and downstream suites) compare against.
+pub mod append;
 pub mod build_info;
+pub mod decode;
 pub mod device;
 pub mod dtype;
 pub mod emu;
@@ -12,6 +14,9 @@ pub mod emu;
 pub mod emu_selftest;
 pub mod error;
 mod launch;
+pub mod merge;
+pub mod paged;
+pub mod plan;
 pub mod prefill;
 pub mod reference;
 pub mod sys;
@@ -23,3 +28,9 @@ pub use dtype::{DType, Element};
 pub use emu::Emulator;
 pub use error::{Error, ErrorKind, Result};
 pub use tensor::{TensorView, TensorViewMut};
+
+pub use append::append;
+pub use decode::{decode, DecodeOptions, DecodeWorkspace};
+pub use merge::merge_states;
+pub use paged::{PagedKvCache, PagedKvCacheMut};
+pub use plan::{DecodePlan, DecodeProblem};

@@ -84,8 +84,10 @@ typedef struct FaPagedCache {
   int32_t num_pages, page_size, log2_page_size, max_pages_per_seq;
 } FaPagedCache;
 
-/* Append: write new tokens' K/V ([num_tokens, Hkv, D]) into cache slots. slot_mapping int64 [num_tokens]:
- * slot = page * page_size + offset; a negative slot is padding and is skipped. */
+/* Append: write new tokens' K/V ([num_tokens, Hkv, D], head_dim a multiple of 8) into cache slots.
+ * slot_mapping int64 [num_tokens]: slot = page * page_size + offset; a negative slot is padding and is
+ * skipped, and so is a slot >= num_pages * page_size (device data: clamped, not checked by the host).
+ * Slots must be distinct (two tokens writing one slot race). The copy is dtype-agnostic (16-bit elements). */
 typedef struct FaAppendParams {
   const void *k;
   const void *v;
@@ -98,11 +100,14 @@ typedef struct FaAppendParams {
 } FaAppendParams;
 
 /* Decode: one query token per sequence over the paged cache.
- * q [B, Hq, D], o [B, Hq, D], lse [B, Hq] (natural log) or NULL.
- * Split-KV: num_splits > 1 splits each sequence's context into chunks of split_tokens tokens (a multiple of
- * page_size and of the kernel's KV tile); partials go to the fp32 workspace
- * partial_o [num_splits, B, Hq, D] and partial_lse [num_splits, B, Hq], then a merge kernel combines them.
- * With num_splits == 1 the kernel writes o / lse directly and the workspace may be NULL. */
+ * q [B, Hq, D], o [B, Hq, D], lse [B, Hq] (natural log) or NULL. head_dim 64, 128 or 256.
+ * Split-KV: with num_splits > 1, split s covers tokens [s*split_tokens, (s+1)*split_tokens) of each sequence
+ * (the last split runs to seq_len); split_tokens is a multiple of 64 (every KV tile divides it). Partials go
+ * to the fp32 workspace partial_o [num_splits, B, Hq, D] / partial_lse [num_splits, B, Hq] (contiguous) and
+ * the launcher then runs the merge kernel on the same stream. With num_splits == 1 the kernel writes o / lse
+ * directly and the workspace may be NULL.
+ * seq_lens / block_table are device data the host cannot check without a sync: the kernel clamps a length
+ * into [0, max_pages_per_seq * page_size] and reads the rows of an out-of-range page id as zeros. */
 typedef struct FaDecodeParams {
   const void *q;
   void *o;
@@ -120,20 +125,28 @@ typedef struct FaDecodeParams {
   float scale_log2;
 } FaDecodeParams;
 
-/* Merge of attention states: num_states partial results, each o_i [rows, D] and lse_i [rows] (natural log),
- * state s row r at o_states + s*o_state_stride + r*o_row_stride, lse_states + s*lse_state_stride + r.
- * Result: o [rows, D] (row stride o_row_stride_out), lse [rows] or NULL.
- * o_states_dtype / o_dtype: FA_DTYPE_* or FA_DTYPE_F32 (fp32 partials, as split-KV writes them). */
+/* Merge of attention states: num_states partial results (o_s, lse_s) of the same rows, each the attention of
+ * the rows over a disjoint part of the keys, combined into the attention over all of them:
+ *   lse = log(sum_s exp(lse_s)),  o = sum_s exp(lse_s - lse) o_s     (natural log; empty: lse_s = -inf).
+ * Rows are two-level, (n, h) with n < rows_outer, h < rows_inner, so that both [N, H, D] outputs with any
+ * strides (decode's o [B, Hq, D]) and plain [rows, D] (rows_inner = 1) are addressed without copies:
+ *   o_s[n, h, :]   at o_states + s*o_state_stride + n*o_outer_stride + h*o_inner_stride (elements)
+ *   lse_s[n, h]    at lse_states + s*lse_state_stride + n*lse_outer_stride + h*lse_inner_stride
+ *   o[n, h, :]     at o + n*o_out_outer_stride + h*o_out_inner_stride;  lse[n, h] likewise, or lse NULL.
+ * head_dim is a multiple of 8 and every row start 16-byte aligned. A row whose states are all empty gets
+ * o = 0, lse = -inf; the o_s of an empty state is never read (it may hold garbage).
+ * states_dtype / out_dtype: FA_DTYPE_F16, FA_DTYPE_BF16 or FA_DTYPE_F32 (split-KV writes fp32 partials). */
 enum { FA_DTYPE_F32 = 2 };
 typedef struct FaMergeParams {
   const void *o_states;
   const float *lse_states;
   void *o;
   float *lse;
-  int64_t o_state_stride, o_row_stride;
-  int64_t lse_state_stride;
-  int64_t o_out_row_stride;
-  int32_t num_states, rows, head_dim;
+  int64_t o_state_stride, o_outer_stride, o_inner_stride;
+  int64_t lse_state_stride, lse_outer_stride, lse_inner_stride;
+  int64_t o_out_outer_stride, o_out_inner_stride;
+  int64_t lse_out_outer_stride, lse_out_inner_stride;
+  int32_t num_states, rows_outer, rows_inner, head_dim;
   int32_t states_dtype, out_dtype;
 } FaMergeParams;
 

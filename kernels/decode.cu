@@ -1,0 +1,299 @@
+// Paged decode: one query token per sequence against its paged K/V, GQA-aware and split-KV
+// (flash-decoding). Shapes: q [B, Hq, D], o [B, Hq, D], lse [B, Hq] (natural log) or NULL; the cache as in
+// fa/paged_view.cuh. The CTA mapping, tile and pipeline are described in fa/decode/traits.cuh; the per-warp
+// math in fa/decode/warp_attention.cuh.
+//
+// Grid (num_splits, Hkv * ceil(G/16), B). A CTA walks its chunk [begin, end) of the sequence in KV tiles:
+//   prologue: Q and tiles 0..kStages-2 in flight (cp.async, 16 bytes per instruction);
+//   loop j:   wait for tile j, barrier, issue tile j+kStages-1, compute tile j (S, online softmax, P.V);
+//   epilogue: merge the token groups' states through shared memory, normalise, store O/LSE (one split) or
+//             the fp32 partial (O, LSE) of this split, which merge.cu combines.
+// Page lookups are hoisted out of the load loop: the page id of each row of a tile is fetched one tile ahead
+// (one ld_global by the row's thread, its latency hidden behind the current tile's math), turned into the
+// row's K/V element offsets by that thread, and parked in a two-slot ring in shared memory; issuing a tile is
+// then one shared load + two cp.async per row and thread.
+//
+// Unused cache slots (past seq_len in the last page, or pages of other sequences) are never read: their rows
+// are zero-filled by the cp.async predicate and their scores set to -inf before the max, so P = 0 against
+// V = 0. seq_len 0 (or a split past the end) leaves m = -inf, l = 0: O = 0, LSE = -inf by the shared guards.
+#include "fa/attention_state.cuh"
+#include "fa/decode/traits.cuh"
+#include "fa/decode/vec8.cuh"
+#include "fa/decode/warp_attention.cuh"
+#include "fa/intrinsics.cuh"
+#include "fa/paged_view.cuh"
+
+namespace fa {
+namespace decode {
+// Internal linkage for everything with a host-side symbol (kernels, launch helpers): the GPU and emulator
+// libraries define them from the same source with different bodies, and must not see each other's.
+namespace {
+
+// Element offsets of one cache row (page and slot folded in) in K and V; k = -1: no data for this row.
+struct alignas(16) RowOffsets {
+  int64_t k, v;
+};
+
+template <class T, int D>
+FA_GLOBAL void FA_LAUNCH_BOUNDS(128, 3) paged_decode_kernel(const FaDecodeParams p) {
+  using Tr = Traits<D>;
+  using Tile = SwizzledTile<D>;
+  constexpr int kTileTokens = Tr::kTileTokens;
+  constexpr int kStages = Tr::kStages;
+
+  unsigned char *smem = dynamic_smem<unsigned char>();
+  unsigned char *q_smem = smem + Tr::kQOffset;
+  unsigned char *stages = smem + Tr::kStageOffset;
+  RowOffsets *row_ring = reinterpret_cast<RowOffsets *>(smem + Tr::kRowRingOffset);
+  float *stats = reinterpret_cast<float *>(smem + Tr::kStatsOffset);
+  float *o_partial = reinterpret_cast<float *>(stages); // epilogue only, after the last tile
+
+  const int tid = thread_idx();
+  const int lane = lane_id();
+  const int warp = warp_id();
+  const int token_group = warp % Tr::kTokenGroups;
+  const int d_split = warp / Tr::kTokenGroups;
+
+  // Which sequence, KV head, query heads and chunk of the context this CTA serves.
+  const Dim3 bid = block_idx();
+  const int split = bid.x;
+  const int b = bid.z;
+  const int group = p.heads_q / p.heads_kv;
+  const int head_blocks = (group + Tr::kRows - 1) / Tr::kRows;
+  const int kv_head = bid.y / head_blocks;
+  const int row_block = bid.y % head_blocks;
+  const int head0 = kv_head * group + row_block * Tr::kRows; // first query head of this CTA
+  const int rows = group - row_block * Tr::kRows < Tr::kRows ? group - row_block * Tr::kRows : Tr::kRows;
+
+  const PagedView cache{p.cache};
+  const int64_t split_begin = (int64_t)split * p.split_tokens;
+  // The first kStages tiles' page ids are fetched speculatively from the split's nominal start, before
+  // seq_len is known, so those loads and the seq_len load are in flight together (any table column below
+  // the capacity is readable); ids of tokens past the end are dropped once `end` is known.
+  int first_pages[kStages];
+#pragma unroll
+  for (int x = 0; x < kStages; ++x) {
+    const int64_t token = split_begin + x * kTileTokens + tid;
+    first_pages[x] = (tid < kTileTokens && token < cache.capacity()) ? cache.page_of(b, (int)token) : kNoPage;
+  }
+  const int seq_len = cache.seq_len(b);
+  const int begin = split_begin < seq_len ? (int)split_begin : seq_len;
+  // The last split runs to the end, so a sequence longer than the plan assumed is still covered in full.
+  const int end = (split == p.num_splits - 1 || seq_len - begin <= p.split_tokens) ? seq_len : begin + p.split_tokens;
+  const int num_tiles = (end - begin + kTileTokens - 1) / kTileTokens;
+
+  // This thread's cp.async assignment: one 16-byte column chunk of kLoadsPerThread rows of every tile.
+  const int chunk = tid % Tr::kChunksPerRow;
+  const int row0 = tid / Tr::kChunksPerRow;
+  const T *k_base = static_cast<const T *>(p.cache.k_cache) + kv_head * p.cache.k_head_stride + chunk * 8;
+  const T *v_base = static_cast<const T *>(p.cache.v_cache) + kv_head * p.cache.v_head_stride + chunk * 8;
+
+  // Page of row `tid` of tile x (threads < kTileTokens), or kNoPage past the chunk's end.
+  auto tile_page = [&](int x) -> int {
+    const int token = begin + x * kTileTokens + tid;
+    return (tid < kTileTokens && token < end) ? cache.page_of(b, token) : kNoPage;
+  };
+  // Thread `row` turns its row's page into element offsets in K and V, once per row rather than once per
+  // copying thread (kChunksPerRow threads copy each row), and parks them in the ring slot of tile x.
+  auto publish_row = [&](int x, int page) {
+    if (tid < kTileTokens) {
+      const int slot = cache.offset_in_page(begin + x * kTileTokens + tid);
+      const RowOffsets off = page == kNoPage ? RowOffsets{-1, -1} : RowOffsets{cache.k_row(page, slot), cache.v_row(page, slot)};
+      st_shared(row_ring + (x & 1) * kTileTokens + tid, off);
+    }
+  };
+  // Issues tile x into stage x % kStages (rows without data are zero-filled, never read) and commits one
+  // group, empty past the last tile so that the wait counts stay uniform.
+  auto issue_tile = [&](int x) {
+    if (x < num_tiles) {
+      unsigned char *k_dst = stages + (x % kStages) * Tr::kStageBytes;
+      unsigned char *v_dst = k_dst + Tr::kTileBytes;
+      const RowOffsets *ring = row_ring + (x & 1) * kTileTokens;
+#pragma unroll
+      for (int i = 0; i < Tr::kLoadsPerThread; ++i) {
+        const int row = row0 + i * Tr::kRowsPerPass;
+        const RowOffsets off = ld_shared(ring + row);
+        const bool valid = off.k >= 0;
+        cp_async_cg_16(k_dst + Tile::offset(row, chunk), valid ? k_base + off.k : k_base, valid);
+        cp_async_cg_16(v_dst + Tile::offset(row, chunk), valid ? v_base + off.v : v_base, valid);
+      }
+    }
+    cp_async_commit();
+  };
+
+  // Q rows of this CTA's heads (rows >= `rows` zero-filled); they travel in the first group.
+  const T *q = static_cast<const T *>(p.q) + b * p.q_batch_stride + chunk * 8;
+  for (int r = row0; r < Tr::kRows; r += Tr::kRowsPerPass) {
+    const bool valid = r < rows;
+    cp_async_cg_16(q_smem + Tile::offset(r, chunk), q + (valid ? head0 + r : head0) * p.q_head_stride, valid);
+  }
+#pragma unroll
+  for (int x = 0; x < kStages; ++x)
+    if (begin + x * kTileTokens + tid >= end) first_pages[x] = kNoPage;
+#pragma unroll
+  for (int x = 0; x < kStages - 1; ++x) {
+    publish_row(x, first_pages[x]);
+    sync_threads();
+    issue_tile(x);
+  }
+  publish_row(kStages - 1, first_pages[kStages - 1]);
+  cp_async_wait<kStages - 2>();
+  sync_threads();
+
+  const int warp_token0 = token_group * Tr::kWarpTokens; // this warp's rows within a tile
+  const int col0 = d_split * Tr::kWarpD;
+  WarpAttention<T, D> att;
+  att.init(q_smem, warp_token0, col0, lane);
+
+  for (int j = 0; j < num_tiles; ++j) {
+    cp_async_wait<kStages - 2>(); // tile j has landed (this thread's copies) ...
+    sync_threads();               // ... everyone's; and everyone is done with tile j-1's stage.
+    const int x = j + kStages - 1;
+    issue_tile(x);
+    const int next_page = tile_page(x + 1); // consumed after the math, so its latency is hidden
+
+    const unsigned char *k_tile = stages + (j % kStages) * Tr::kStageBytes;
+    const unsigned char *v_tile = k_tile + Tr::kTileBytes;
+    float s[2][4];
+    att.scores(s, k_tile, p.scale_log2);
+    if (j == num_tiles - 1) att.mask_tail(s, begin + j * kTileTokens + warp_token0, end, lane);
+    uint32_t pa[4];
+    att.softmax_update(s, pa);
+    att.accumulate_pv(pa, v_tile);
+
+    publish_row(x + 1, next_page);
+  }
+  cp_async_wait<0>();
+  sync_threads(); // the stages are free for the epilogue partials
+
+  // Epilogue 1: each warp parks its state: (m, l) per row from the D-split-0 warps, O columns from all.
+  att.reduce_sums();
+  const int r0 = lane >> 2;
+  if (d_split == 0 && (lane & 3) == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float *st = stats + (token_group * Tr::kRows + r0 + 8 * r) * 2;
+      st_shared(st, att.m[r]);
+      st_shared(st + 1, att.l[r]);
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < WarpAttention<T, D>::kONTiles; ++n) {
+    const int col = col0 + 8 * n + 2 * (lane & 3);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float *dst = o_partial + (token_group * Tr::kRows + r0 + 8 * r) * Tr::kOStride + col;
+      st_shared(reinterpret_cast<float2 *>(dst), make_float2(att.o[n][2 * r], att.o[n][2 * r + 1]));
+    }
+  }
+  sync_threads();
+
+  // Epilogue 2: combine the token groups (the same guarded merge as merge.cu, in the exp2 domain),
+  // normalise, and store 8 columns per item with 16-byte stores.
+  for (int item = tid; item < rows * Tr::kChunksPerRow; item += Tr::kThreads) {
+    const int r = item / Tr::kChunksPerRow;
+    const int c = item % Tr::kChunksPerRow;
+    float m_max = kNegInf;
+#pragma unroll
+    for (int g = 0; g < Tr::kTokenGroups; ++g) m_max = fmaxf(m_max, ld_shared(stats + (g * Tr::kRows + r) * 2));
+    const float m_sub = max_for_exp(m_max);
+    float sum = 0.0f;
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+    for (int g = 0; g < Tr::kTokenGroups; ++g) {
+      const float w = fast_exp2(ld_shared(stats + (g * Tr::kRows + r) * 2) - m_sub);
+      sum += w * ld_shared(stats + (g * Tr::kRows + r) * 2 + 1);
+      const float *src = o_partial + (g * Tr::kRows + r) * Tr::kOStride + c * 8;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float4 v = ld_shared(reinterpret_cast<const float4 *>(src + 4 * h));
+        acc[4 * h] += w * v.x;
+        acc[4 * h + 1] += w * v.y;
+        acc[4 * h + 2] += w * v.z;
+        acc[4 * h + 3] += w * v.w;
+      }
+    }
+    const float inv = inv_sum_or_zero(sum);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] *= inv;
+    const float lse = lse_from_state(m_max, sum);
+    const int head = head0 + r;
+    if (p.num_splits == 1) {
+      Vec8<T>::store(static_cast<T *>(p.o) + b * p.o_batch_stride + head * p.o_head_stride + c * 8, acc);
+      if (p.lse != nullptr && c == 0) st_global(p.lse + b * p.lse_batch_stride + head, lse);
+    } else {
+      const int64_t row = ((int64_t)split * p.batch + b) * p.heads_q + head;
+      Vec8<float>::store(p.partial_o + row * p.head_dim + c * 8, acc);
+      if (c == 0) st_global(p.partial_lse + row, lse);
+    }
+  }
+}
+
+template <class T, int D> int launch_decode(const FaDecodeParams &p, FaStream stream) {
+  using Tr = Traits<D>;
+  const int group = p.heads_q / p.heads_kv;
+  const Dim3 grid{p.num_splits, p.heads_kv * ((group + Tr::kRows - 1) / Tr::kRows), p.batch};
+  return launch("paged_decode", paged_decode_kernel<T, D>, grid, Tr::kThreads, Tr::kSmemBytes, stream, p);
+}
+
+template <class T> int dispatch_head_dim(const FaDecodeParams &p, FaStream stream) {
+  switch (p.head_dim) {
+  case 64: return launch_decode<T, 64>(p, stream);
+  case 128: return launch_decode<T, 128>(p, stream);
+  case 256: return launch_decode<T, 256>(p, stream);
+  default: return FA_ERR_UNSUPPORTED;
+  }
+}
+
+// Preconditions the Rust layer checks; re-checked here so a bad call fails instead of faulting.
+inline bool valid_params(const FaDecodeParams &p) {
+  const FaPagedCache &c = p.cache;
+  if (p.batch < 0 || p.heads_kv <= 0 || p.heads_q <= 0 || p.heads_q % p.heads_kv != 0) return false;
+  if (c.page_size < 1 || c.page_size > 256 || c.page_size != (1 << c.log2_page_size)) return false;
+  if (c.max_pages_per_seq < 1 || c.num_pages < 1) return false;
+  if (p.num_splits < 1) return false;
+  if (p.num_splits > 1 && (p.split_tokens <= 0 || p.split_tokens % kSplitGranule != 0 || p.partial_o == nullptr ||
+                           p.partial_lse == nullptr))
+    return false;
+  const int group = p.heads_q / p.heads_kv;
+  const int64_t grid_y = (int64_t)p.heads_kv * ((group + 15) / 16);
+  return grid_y <= 65535 && p.batch <= 65535 && p.num_splits <= 65535;
+}
+
+} // namespace
+} // namespace decode
+} // namespace fa
+
+extern "C" int FA_LAUNCHER(decode)(FaDecodeParams p, FaStream stream) {
+  using namespace fa::decode;
+  if (!valid_params(p)) return FA_ERR_INVALID;
+  if (p.batch == 0) return FA_OK;
+  int status = FA_ERR_UNSUPPORTED;
+  if (p.dtype == FA_DTYPE_F16) status = dispatch_head_dim<fa::half_t>(p, stream);
+  else if (p.dtype == FA_DTYPE_BF16) status = dispatch_head_dim<fa::bf16_t>(p, stream);
+  if (status != FA_OK || p.num_splits == 1) return status;
+
+  // Split-KV: combine the fp32 partials [num_splits, B, Hq, D] / [num_splits, B, Hq] into o / lse.
+  FaMergeParams m = {};
+  m.o_states = p.partial_o;
+  m.lse_states = p.partial_lse;
+  m.o = p.o;
+  m.lse = p.lse;
+  m.o_state_stride = (int64_t)p.batch * p.heads_q * p.head_dim;
+  m.o_outer_stride = (int64_t)p.heads_q * p.head_dim;
+  m.o_inner_stride = p.head_dim;
+  m.lse_state_stride = (int64_t)p.batch * p.heads_q;
+  m.lse_outer_stride = p.heads_q;
+  m.lse_inner_stride = 1;
+  m.o_out_outer_stride = p.o_batch_stride;
+  m.o_out_inner_stride = p.o_head_stride;
+  m.lse_out_outer_stride = p.lse_batch_stride;
+  m.lse_out_inner_stride = 1;
+  m.num_states = p.num_splits;
+  m.rows_outer = p.batch;
+  m.rows_inner = p.heads_q;
+  m.head_dim = p.head_dim;
+  m.states_dtype = FA_DTYPE_F32;
+  m.out_dtype = p.dtype;
+  return FA_LAUNCHER(merge)(m, stream);
+}

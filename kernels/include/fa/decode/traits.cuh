@@ -1,0 +1,79 @@
+// Compile-time shape of the paged decode kernel for one head dim: the CTA mapping, the KV tile, the
+// cp.async pipeline and the shared-memory layout. Everything the kernel body and the launcher must agree on
+// lives here; src/plan.rs mirrors kSplitGranule.
+//
+// CTA = one (sequence, KV head, block of up to 16 of its query heads, KV split). The G = Hq/Hkv query heads
+// that share the KV head are the M = 16 rows of an m16n8k16 tensor-core tile (FA2's "seqlenq_ngroups
+// swapped" / FlashInfer's tensor-core decode), so each K/V byte is read from memory once per group. Tensor
+// cores rather than CUDA cores: with G heads every K/V element feeds 2G FMAs, which at HBM3e rates is
+// 20-50% of the fp32 FMA pipe plus the conversions, while the padded mma (16 rows for G <= 16) costs well
+// under 10% of the tensor pipe; the data path (cp.async -> swizzled smem -> ldmatrix) is the same either way.
+//
+// 4 warps. The warps are split kTokenGroups x kDSplits: warps of one token group own 16 tokens of every
+// KV tile (one P.V k-step) and keep an independent online-softmax state; warps of one D split accumulate
+// kWarpD = 64 output columns. Every warp therefore holds a 16 x 64 fp32 accumulator (32 registers) for
+// every head dim, and the KV tile holds 16 KB (K + V) for every head dim:
+//     D = 64:  4 token groups x 1 D split, 64-token tiles
+//     D = 128: 2 x 2, 32-token tiles (the two D-split warps recompute the same 16x16 S: cheap on tensor cores)
+//     D = 256: 1 x 4, 16-token tiles
+// kStages = 4 stages of 16 KB: after each barrier three tiles (48 KB) are in flight per CTA, and the whole
+// CTA needs < 73 KB of shared memory, so it fits every target (sm_86/89 allow 99 KB per block) and three
+// CTAs share an SM (~145 KB in flight per SM: far above bandwidth x latency for HBM3e).
+#pragma once
+
+#include "fa/intrinsics.cuh"
+
+namespace fa {
+namespace decode {
+
+// A [rows][D] tile of 16-bit elements in shared memory, stored as 16-byte chunks whose index is XORed
+// with (row & 7): the 8 rows one ldmatrix phase reads at the same logical column land in 8 different bank
+// groups (a row is D*2 >= 128 bytes, so without the swizzle all 8 would hit the same 4 banks).
+template <int D> struct SwizzledTile {
+  static constexpr int kChunks = D / 8;
+  static_assert(kChunks % 8 == 0, "the swizzle permutes groups of 8 chunks");
+  // Byte offset of 16-byte chunk `chunk` of row `row`.
+  FA_HOST_DEVICE static int offset(int row, int chunk) { return (row * kChunks + (chunk ^ (row & 7))) * 16; }
+};
+
+template <int D> struct Traits {
+  static_assert(D == 64 || D == 128 || D == 256, "decode head dims");
+  static constexpr int kThreads = 128;
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kRows = 16;       // query heads per CTA: the mma M dimension
+  static constexpr int kWarpTokens = 16; // tokens per warp per tile: one P.V k-step
+  static constexpr int kTokenGroups = D == 64 ? 4 : (D == 128 ? 2 : 1);
+  static constexpr int kDSplits = kWarps / kTokenGroups;
+  static constexpr int kWarpD = D / kDSplits; // output columns per warp (64 for every D)
+  static constexpr int kTileTokens = kWarpTokens * kTokenGroups;
+  static constexpr int kStages = 4;
+
+  // cp.async work split: a tile row is kChunksPerRow 16-byte chunks; thread t copies chunk t % kChunksPerRow
+  // of rows t / kChunksPerRow + i * kRowsPerPass, i < kLoadsPerThread (for K and for V).
+  static constexpr int kChunksPerRow = D / 8;
+  static constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+  static constexpr int kLoadsPerThread = kTileTokens / kRowsPerPass;
+  static_assert(kLoadsPerThread * kRowsPerPass == kTileTokens, "tile rows split evenly over threads");
+
+  // Shared memory (bytes). The epilogue's fp32 partial outputs overlay the (then idle) stages.
+  static constexpr int kTileBytes = kTileTokens * D * 2; // K or V of one tile
+  static constexpr int kStageBytes = 2 * kTileBytes;
+  static constexpr int kQOffset = 0;
+  static constexpr int kQBytes = kRows * D * 2;
+  static constexpr int kStageOffset = kQOffset + kQBytes;
+  static constexpr int kRowRingOffset = kStageOffset + kStages * kStageBytes;
+  static constexpr int kRowRingBytes = 2 * kTileTokens * 16; // K/V row offsets of the next two tiles to issue
+  static constexpr int kStatsOffset = kRowRingOffset + kRowRingBytes;
+  static constexpr int kStatsBytes = kTokenGroups * kRows * 2 * 4; // (m, l) per token group and row
+  static constexpr int kSmemBytes = kStatsOffset + kStatsBytes;
+  static constexpr int kOStride = D + 4; // fp32 row stride of the epilogue partials (+4: fewer conflicts)
+  static constexpr int kOBytes = kTokenGroups * kRows * kOStride * 4;
+  static_assert(kOBytes <= kStages * kStageBytes, "epilogue partials fit in the stages");
+  static_assert(kSmemBytes <= 99 * 1024, "fits the smallest per-block limit among the targets (sm_86/89)");
+};
+
+// split_tokens must be a multiple of this (every head dim's tile divides it). Mirrored in src/plan.rs.
+constexpr int kSplitGranule = 64;
+
+} // namespace decode
+} // namespace fa

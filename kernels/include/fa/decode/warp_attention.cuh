@@ -1,0 +1,145 @@
+// One warp's share of a decode tile, on tensor cores: 16 query rows (the heads of one KV head) against the
+// warp's 16 tokens. S = Q Kᵀ (m16n8k16, Q the A operand from registers, K the B operand by ldmatrix), the
+// exp2-domain online-softmax update, then O += P V with P taken straight from S's accumulator registers
+// (the C fragment of S is the A fragment of P.V) and V by ldmatrix.trans.
+//
+// Fragment layout (PTX ISA, m16n8k16): accumulator register c of lane l holds row l/4 (+8 for c >= 2),
+// column 2*(l%4) + (c&1). So each lane owns two query rows, r0 = l/4 and r1 = r0 + 8, and the four lanes of
+// a quad share them: row reductions are two xor-shuffles.
+#pragma once
+
+#include "fa/attention_state.cuh"
+#include "fa/decode/traits.cuh"
+#include "fa/intrinsics.cuh"
+
+namespace fa {
+namespace decode {
+
+template <class T, int D> struct WarpAttention {
+  using Tr = Traits<D>;
+  using Tile = SwizzledTile<D>;
+  static constexpr int kKSteps = D / 16;           // QKᵀ k-steps
+  static constexpr int kONTiles = Tr::kWarpD / 8;  // n8 tiles of this warp's output columns
+
+  uint32_t q[kKSteps][4]; // Q as m16n8k16 A fragments, loaded once
+  float m[2];             // running max of rows r0, r1 (exp2 domain, scale folded in)
+  float l[2];             // this lane's share of the running sum of rows r0, r1
+  float o[kONTiles][4];   // unnormalised output, 16 rows x kWarpD columns
+  // This lane's ldmatrix row addresses within a K / V tile, one per value of (16-column step % 4). The
+  // lane's row is 8-aligned plus (lane & 7), so the swizzle XOR only touches the low 3 chunk bits and every
+  // other step is the same address + a multiple of 128 bytes (an immediate): no address math per tile.
+  int k_lane[4];
+  int v_lane[4];
+
+  // token0: this warp's first row in every tile; col0: its first output column.
+  FA_DEVICE void init(const unsigned char *q_smem, int token0, int col0, int lane) {
+    m[0] = m[1] = kNegInf;
+    l[0] = l[1] = 0.0f;
+#pragma unroll
+    for (int n = 0; n < kONTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    // ldmatrix.x4: matrix i = lane/8 is rows ((i&1)*8 .. +7), columns 8*(i>>1) .. +7 of the 16x16 step.
+    const int q_row = ((lane >> 3) & 1) * 8 + (lane & 7);
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) ldmatrix_x4(q[ks], q_smem + Tile::offset(q_row, ks * 2 + (lane >> 4)));
+    // K (B operand of S = Q Kᵀ): matrix i = lane/8 is tokens 8*(i>>1) .. +7, columns 8*(i&1) .. +7, so regs
+    // {0,1} are tokens 0-7 (k lo/hi) and regs {2,3} tokens 8-15.
+    const int k_row = token0 + (lane >> 4) * 8 + (lane & 7);
+    // V (B operand of O += P V, .trans): matrix i is tokens 8*(i&1) .. +7, columns 8*(i>>1) .. +7, so regs
+    // {0,1} are the B fragment of the first n8 column tile and regs {2,3} of the second.
+    const int v_row = token0 + ((lane >> 3) & 1) * 8 + (lane & 7);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      k_lane[i] = Tile::offset(k_row, 2 * i + ((lane >> 3) & 1));
+      v_lane[i] = Tile::offset(v_row, col0 / 8 + 2 * i + (lane >> 4));
+    }
+  }
+
+  // Scores of this warp's 16 tokens in the exp2 domain: s[n][c] is row r0/r1 (c < 2 / c >= 2), token
+  // token0 + 8n + 2*(lane%4) + (c&1).
+  FA_DEVICE void scores(float (&s)[2][4], const unsigned char *k_tile, float scale_log2) const {
+#pragma unroll
+    for (int n = 0; n < 2; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      uint32_t k[4];
+      ldmatrix_x4(k, k_tile + k_lane[ks % 4] + (ks / 4) * 128);
+      const uint32_t k_lo[2] = {k[0], k[1]};
+      const uint32_t k_hi[2] = {k[2], k[3]};
+      mma_m16n8k16<T>(s[0], q[ks], k_lo);
+      mma_m16n8k16<T>(s[1], q[ks], k_hi);
+    }
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) s[n][c] *= scale_log2;
+  }
+
+  // Masks tokens at or past `end` (only the last tile of a chunk can hold any) to -inf, before the max.
+  FA_DEVICE static void mask_tail(float (&s)[2][4], int first_token, int end, int lane) {
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        if (first_token + 8 * n + 2 * (lane & 3) + (c & 1) >= end) s[n][c] = kNegInf;
+  }
+
+  // Online-softmax update with this tile's scores; returns P (in place of s) as the A fragment of P.V.
+  FA_DEVICE void softmax_update(float (&s)[2][4], uint32_t (&p)[4]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1]));
+      mx = fmaxf(mx, shfl_xor(mx, 1));
+      mx = fmaxf(mx, shfl_xor(mx, 2));
+      const float m_new = fmaxf(m[r], mx);
+      // A row that has seen only masked tokens keeps m = -inf: subtract 0 instead (exp2(-inf) = 0, no NaN).
+      const float m_sub = max_for_exp(m_new);
+      const float correction = fast_exp2(m[r] - m_sub);
+      m[r] = m_new;
+      float sum = 0.0f;
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        s[n][2 * r] = fast_exp2(s[n][2 * r] - m_sub);
+        s[n][2 * r + 1] = fast_exp2(s[n][2 * r + 1] - m_sub);
+        sum += s[n][2 * r] + s[n][2 * r + 1];
+      }
+      l[r] = l[r] * correction + sum;
+#pragma unroll
+      for (int n = 0; n < kONTiles; ++n) {
+        o[n][2 * r] *= correction;
+        o[n][2 * r + 1] *= correction;
+      }
+    }
+    // A fragment: a0 = (r0, k 2q..2q+1), a1 = (r1, same k), a2 = (r0, k+8), a3 = (r1, k+8); tokens 0-7 of
+    // the k-step are S's n-tile 0 and tokens 8-15 its n-tile 1.
+    p[0] = pack2<T>(s[0][0], s[0][1]);
+    p[1] = pack2<T>(s[0][2], s[0][3]);
+    p[2] = pack2<T>(s[1][0], s[1][1]);
+    p[3] = pack2<T>(s[1][2], s[1][3]);
+  }
+
+  // O[:, col0 .. col0 + kWarpD) += P V over the warp's 16 tokens. Tokens past the end have P = 0 and
+  // zero-filled V rows, so nothing from an unused cache slot reaches O (0 * NaN cannot occur).
+  FA_DEVICE void accumulate_pv(const uint32_t (&p)[4], const unsigned char *v_tile) {
+#pragma unroll
+    for (int j = 0; j < kONTiles / 2; ++j) {
+      uint32_t v[4];
+      ldmatrix_x4_trans(v, v_tile + v_lane[j % 4] + (j / 4) * 128);
+      const uint32_t v_lo[2] = {v[0], v[1]};
+      const uint32_t v_hi[2] = {v[2], v[3]};
+      mma_m16n8k16<T>(o[2 * j], p, v_lo);
+      mma_m16n8k16<T>(o[2 * j + 1], p, v_hi);
+    }
+  }
+
+  // Completes the row sums (each lane summed only its own columns).
+  FA_DEVICE void reduce_sums() {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l[r] += shfl_xor(l[r], 1);
+      l[r] += shfl_xor(l[r], 2);
+    }
+  }
+};
+
+} // namespace decode
+} // namespace fa

@@ -1,0 +1,53 @@
+// The paged KV cache as device code sees it (one idea: token -> page -> element address), shared by the
+// append and decode kernels. Layout (CONVENTIONS.md): K and V each [num_pages, page_size, Hkv, D] with i64
+// element strides; block_table int32 [B, max_pages_per_seq]; seq_lens int32 [B]; page_size = 2^log2.
+//
+// Robustness. seq_lens and block_table live in device memory on the GPU backend, so the host can only check
+// what it knows without a sync (shapes, table width x page size >= the caller's max_seq_len). Everything
+// read from them is therefore clamped here, so a bad value can never turn into an out-of-bounds access:
+//  - a sequence length is clamped into [0, max_pages_per_seq * page_size] (the table's capacity);
+//  - a page id outside [0, num_pages) is reported as kNoPage, and its rows are zero-filled by the caller
+//    (the cp.async predicate), never read.
+#pragma once
+
+#include "fa/intrinsics.cuh"
+
+namespace fa {
+
+// 16 bytes: the unit of every vectorised global/shared access in the decode path (8 fp16/bf16 elements or
+// 4 fp32). CUDA's uint4 (also defined for the host build), so the read-only path (__ldg) accepts it.
+using Vec16 = uint4;
+
+constexpr int kNoPage = -1;
+
+struct PagedView {
+  FaPagedCache c;
+
+  FA_DEVICE int page_size() const { return c.page_size; }
+  // Tokens the block table can address: max_pages_per_seq * page_size (fits int32, checked by the host).
+  FA_DEVICE int capacity() const { return c.max_pages_per_seq << c.log2_page_size; }
+
+  // seq_lens[b] clamped into [0, capacity()].
+  FA_DEVICE int seq_len(int b) const {
+    const int n = ld_global_nc(c.seq_lens + b);
+    return n < 0 ? 0 : (n > capacity() ? capacity() : n);
+  }
+
+  // Page holding token `t` (0 <= t < capacity()) of sequence b, or kNoPage for an out-of-range table entry.
+  FA_DEVICE int page_of(int b, int t) const {
+    const int p = ld_global_nc(c.block_table + (int64_t)b * c.block_table_stride + (t >> c.log2_page_size));
+    return (unsigned)p < (unsigned)c.num_pages ? p : kNoPage;
+  }
+  FA_DEVICE int offset_in_page(int t) const { return t & (c.page_size - 1); }
+
+  // Element offsets (not bytes) of (page, slot-in-page) in K and V; the head and column are added by the
+  // caller once, outside its loops.
+  FA_DEVICE int64_t k_row(int page, int slot) const {
+    return (int64_t)page * c.k_page_stride + (int64_t)slot * c.k_token_stride;
+  }
+  FA_DEVICE int64_t v_row(int page, int slot) const {
+    return (int64_t)page * c.v_page_stride + (int64_t)slot * c.v_token_stride;
+  }
+};
+
+} // namespace fa

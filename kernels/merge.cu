@@ -1,0 +1,109 @@
+// Merge of attention states (FlashInfer's merge_states / flash-decoding's reduction): k partial results
+// (o_s, lse_s) of the same rows over disjoint key sets combine into the result over all keys,
+//   lse = lse_max + log(sum_s w_s),  w_s = exp(lse_s - lse_max),  o = sum_s w_s o_s / sum_s w_s.
+// The split-KV decode uses it on its fp32 workspace; it is also a public op (cascade / ring attention).
+// Layout and addressing: FaMergeParams in abi.h.
+//
+// One thread per (row, 8 columns): 16-byte loads and stores, the k LSEs of its row read through the
+// read-only path (the row's D/8 threads read the same ones: L1 hits). The summation order is fixed
+// (s = 0, 1, ...), so results are bitwise reproducible. Empty states (lse = -inf) weigh 0 and their o_s is
+// not even read, so garbage there never leaks; all-empty rows give o = 0, lse = -inf (attention_state.cuh).
+#include "fa/attention_state.cuh"
+#include "fa/decode/vec8.cuh"
+#include "fa/intrinsics.cuh"
+
+namespace fa {
+namespace merge {
+// Internal linkage for everything with a host-side symbol (see decode.cu).
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kUnroll = 8; // states per batch of loads
+
+template <class S, class O> FA_GLOBAL void FA_LAUNCH_BOUNDS(kThreads, 4) merge_states_kernel(const FaMergeParams p) {
+  const int chunks = p.head_dim / 8;
+  const int64_t item = (int64_t)block_idx().x * kThreads + thread_idx();
+  if (item >= (int64_t)p.rows_outer * p.rows_inner * chunks) return;
+  const int c = (int)(item % chunks);
+  const int64_t row = item / chunks;
+  const int64_t n = row / p.rows_inner;
+  const int64_t h = row % p.rows_inner;
+
+  const float *lse_row = p.lse_states + n * p.lse_outer_stride + h * p.lse_inner_stride;
+  const S *o_row = static_cast<const S *>(p.o_states) + n * p.o_outer_stride + h * p.o_inner_stride + c * 8;
+  // States are visited kUnroll at a time so that many independent loads are in flight (split-KV merges
+  // tens of states per row, and a serial chain of L2 round trips would dominate); the accumulation order
+  // stays s = 0, 1, ... .
+  float lse_max = kNegInf;
+  for (int s0 = 0; s0 < p.num_states; s0 += kUnroll) {
+    float l[kUnroll];
+#pragma unroll
+    for (int i = 0; i < kUnroll; ++i)
+      l[i] = s0 + i < p.num_states ? ld_global_nc(lse_row + (s0 + i) * p.lse_state_stride) : kNegInf;
+#pragma unroll
+    for (int i = 0; i < kUnroll; ++i) lse_max = fmaxf(lse_max, l[i]);
+  }
+
+  float sum = 0.0f;
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  if (lse_max != kNegInf) {
+    for (int s0 = 0; s0 < p.num_states; s0 += kUnroll) {
+      float w[kUnroll];
+      float x[kUnroll][8];
+#pragma unroll
+      for (int i = 0; i < kUnroll; ++i)
+        w[i] = s0 + i < p.num_states ? merge_weight(ld_global_nc(lse_row + (s0 + i) * p.lse_state_stride), lse_max)
+                                     : 0.0f;
+#pragma unroll
+      for (int i = 0; i < kUnroll; ++i) // empty (or negligible) states: their o_s is not read
+        if (w[i] != 0.0f) Vec8<S>::load(o_row + (s0 + i) * p.o_state_stride, x[i]);
+#pragma unroll
+      for (int i = 0; i < kUnroll; ++i) {
+        if (w[i] == 0.0f) continue;
+        sum += w[i];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[j] += w[i] * x[i][j];
+      }
+    }
+  }
+  const float inv = inv_sum_or_zero(sum);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) acc[i] *= inv;
+  Vec8<O>::store(static_cast<O *>(p.o) + n * p.o_out_outer_stride + h * p.o_out_inner_stride + c * 8, acc);
+  if (p.lse != nullptr && c == 0)
+    st_global(p.lse + n * p.lse_out_outer_stride + h * p.lse_out_inner_stride,
+              sum > 0.0f ? lse_max + logf(sum) : kNegInf);
+}
+
+template <class S, class O> int launch_merge(const FaMergeParams &p, FaStream stream) {
+  const int64_t items = (int64_t)p.rows_outer * p.rows_inner * (p.head_dim / 8);
+  const int64_t blocks = (items + kThreads - 1) / kThreads;
+  if (blocks > 0x7fffffff) return FA_ERR_INVALID;
+  return launch("merge_states", merge_states_kernel<S, O>, Dim3{(int)blocks, 1, 1}, kThreads, 0, stream, p);
+}
+
+template <class S> int dispatch_out(const FaMergeParams &p, FaStream stream) {
+  switch (p.out_dtype) {
+  case FA_DTYPE_F16: return launch_merge<S, half_t>(p, stream);
+  case FA_DTYPE_BF16: return launch_merge<S, bf16_t>(p, stream);
+  case FA_DTYPE_F32: return launch_merge<S, float>(p, stream);
+  default: return FA_ERR_UNSUPPORTED;
+  }
+}
+
+} // namespace
+} // namespace merge
+} // namespace fa
+
+extern "C" int FA_LAUNCHER(merge)(FaMergeParams p, FaStream stream) {
+  using namespace fa::merge;
+  if (p.num_states < 0 || p.rows_outer < 0 || p.rows_inner < 0 || p.head_dim <= 0 || p.head_dim % 8 != 0)
+    return FA_ERR_INVALID;
+  if ((int64_t)p.rows_outer * p.rows_inner == 0) return FA_OK;
+  switch (p.states_dtype) {
+  case FA_DTYPE_F16: return dispatch_out<fa::half_t>(p, stream);
+  case FA_DTYPE_BF16: return dispatch_out<fa::bf16_t>(p, stream);
+  case FA_DTYPE_F32: return dispatch_out<float>(p, stream);
+  default: return FA_ERR_UNSUPPORTED;
+  }
+}

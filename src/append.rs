@@ -1,0 +1,81 @@
+//! Append: write new tokens' K/V rows into their paged-cache slots (kernel: kernels/append.cu). The same
+//! call serves one token per sequence (decode) and whole prompts (prefill into the cache).
+
+use crate::device::Stream;
+use crate::dtype::Element;
+use crate::error::{to_i32, Error, Result};
+use crate::launch::Launch;
+use crate::paged::{abi_cache, PagedKvCacheMut};
+use crate::sys;
+use crate::tensor::TensorView;
+
+/// Validates append arguments; returns the token count.
+pub fn check_append_args<T>(
+    k: &TensorView<'_, T, 3>,
+    v: &TensorView<'_, T, 3>,
+    slot_mapping: &TensorView<'_, i64, 1>,
+    cache: &PagedKvCacheMut<'_, T>,
+) -> Result<usize> {
+    let g = cache.geometry();
+    let [num_tokens, heads_kv, head_dim] = k.shape();
+    if heads_kv != g.heads_kv || head_dim != g.head_dim {
+        return Err(Error::shape(
+            "k",
+            format!("shape {:?} does not match the cache's {} KV heads x {} dims", k.shape(), g.heads_kv, g.head_dim),
+        ));
+    }
+    v.expect_shape("v", k.shape())?;
+    if slot_mapping.shape() != [num_tokens] {
+        return Err(Error::shape(
+            "slot_mapping",
+            format!("length {} differs from the {num_tokens} tokens of k/v", slot_mapping.dim(0)),
+        ));
+    }
+    if num_tokens > 1 && slot_mapping.strides()[0] != 1 {
+        return Err(Error::layout("slot_mapping", "must be contiguous"));
+    }
+    k.check_rows("k", 16)?;
+    v.check_rows("v", 16)?;
+    to_i32("k (tokens)", num_tokens)?;
+    Ok(num_tokens)
+}
+
+/// Writes `k[t]`, `v[t]` (`[num_tokens, Hkv, D]`) into cache slot `slot_mapping[t]` (int64,
+/// `page * page_size + offset`). A negative slot is padding and is skipped; so is a slot past the cache
+/// (device data the host does not read; documented in abi.h). Slots must be distinct.
+pub fn append<T: Element>(
+    stream: &Stream<'_>,
+    k: &TensorView<'_, T, 3>,
+    v: &TensorView<'_, T, 3>,
+    slot_mapping: &TensorView<'_, i64, 1>,
+    cache: &mut PagedKvCacheMut<'_, T>,
+) -> Result<()> {
+    let num_tokens = check_append_args(k, v, slot_mapping, cache)?;
+    if num_tokens == 0 {
+        return Ok(());
+    }
+    let g = cache.geometry();
+    let (k_strides, v_strides) = (k.strides(), v.strides());
+    let (kc_strides, vc_strides) = (cache.k.strides(), cache.v.strides());
+    let mut launch = Launch::new(*stream);
+    let k_ptr = launch.input(c"k", k, 16)?;
+    let v_ptr = launch.input(c"v", v, 16)?;
+    let slots_ptr = launch.input(c"slot_mapping", slot_mapping, 8)?;
+    let kc_ptr = launch.output(c"k_cache", &mut cache.k, 16)?;
+    let vc_ptr = launch.output(c"v_cache", &mut cache.v, 16)?;
+    let params = sys::FaAppendParams {
+        k: k_ptr,
+        v: v_ptr,
+        slot_mapping: slots_ptr as *const i64,
+        k_token_stride: k_strides[0],
+        k_head_stride: k_strides[1],
+        v_token_stride: v_strides[0],
+        v_head_stride: v_strides[1],
+        cache: abi_cache(&g, kc_strides, vc_strides, (kc_ptr, vc_ptr), None)?,
+        num_tokens: to_i32("num_tokens", num_tokens)?,
+        heads_kv: to_i32("heads_kv", g.heads_kv)?,
+        head_dim: to_i32("head_dim", g.head_dim)?,
+        dtype: T::DTYPE.abi(),
+    };
+    launch.run("paged_append", params, sys::fa_gpu_append, sys::fa_emu_append)
+}

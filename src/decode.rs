@@ -1,0 +1,307 @@
+//! Paged decode: one new query token per sequence attending over its paged KV cache, GQA-aware, with
+//! split-KV (flash-decoding) planned on the host ([`crate::plan`]) and the fp32 partials combined by the
+//! merge kernel on the same stream. Kernel: kernels/decode.cu.
+//!
+//! Nothing on the launch path allocates: the split workspace is a [`DecodeWorkspace`] created once (sized
+//! for the largest plan the caller will run) and reused across calls and layers.
+
+pub mod cases;
+
+use cudarc::driver::CudaSlice;
+
+use crate::device::Stream;
+use crate::dtype::Element;
+use crate::error::{to_i32, Error, Result};
+use crate::launch::Launch;
+use crate::paged::{abi_cache, PagedKvCache};
+use crate::plan::{DecodePlan, DecodeProblem};
+use crate::sys;
+use crate::tensor::{TensorView, TensorViewMut};
+
+/// Head dims the decode kernel is instantiated for.
+pub const DECODE_HEAD_DIMS: [usize; 3] = [64, 128, 256];
+
+/// SM count the emulator backend plans for (an H100/H200-sized GPU), so emulated runs take the same split
+/// decisions a real GPU of that size would.
+pub const EMULATOR_SM_COUNT: usize = 132;
+
+/// Options of one decode call.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct DecodeOptions {
+    /// Softmax scale; `None` means 1/sqrt(D).
+    pub scale: Option<f32>,
+    /// Force this many KV splits (1 = no split); `None` lets the planner choose.
+    pub num_splits: Option<usize>,
+}
+
+enum Buffer {
+    Gpu(CudaSlice<f32>),
+    Host(Vec<f32>),
+}
+
+impl Buffer {
+    fn new(stream: &Stream<'_>, len: usize) -> Result<Self> {
+        Ok(match stream {
+            // `Stream::Gpu` borrows the caller's stream, so the workspace lives on the context's default
+            // stream: allocated and zeroed there, then synchronised once (creation is setup, not the launch
+            // path), and freed only after a context synchronisation (see `Drop`), so it is ordered against
+            // the caller's stream at both ends without cudarc's multi-stream event tracking.
+            Stream::Gpu(s) => {
+                let default = s.context().default_stream();
+                let slice = default.alloc_zeros::<f32>(len.max(1))?;
+                default.synchronize()?;
+                Buffer::Gpu(slice)
+            }
+            Stream::Emu(_) => Buffer::Host(vec![0.0; len]),
+        })
+    }
+    fn len(&self) -> usize {
+        match self {
+            Buffer::Gpu(s) => s.len(),
+            Buffer::Host(v) => v.len(),
+        }
+    }
+    fn view(&mut self, len: usize) -> Result<TensorViewMut<'_, f32, 1>> {
+        match self {
+            Buffer::Gpu(s) => TensorViewMut::gpu(s.slice_mut(0..len), [len]),
+            Buffer::Host(v) => TensorViewMut::host(&mut v[..len], [len]),
+        }
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        if let Buffer::Gpu(slice) = self {
+            // Kernels on the caller's stream may still use the buffer; the free is on the default stream.
+            let _ = slice.context().synchronize();
+        }
+    }
+}
+
+/// The reusable split-KV workspace (fp32 partial O and LSE) plus the SM count plans are made for. Create
+/// it once, outside the decode loop, with room for the largest plan ([`DecodeWorkspace::with_capacity`]).
+pub struct DecodeWorkspace {
+    partial_o: Buffer,
+    partial_lse: Buffer,
+    sm_count: usize,
+}
+
+impl DecodeWorkspace {
+    /// A workspace of `partial_o_len` / `partial_lse_len` fp32 elements on `stream`'s backend.
+    pub fn new(stream: &Stream<'_>, partial_o_len: usize, partial_lse_len: usize) -> Result<Self> {
+        let sm_count = match stream {
+            Stream::Gpu(s) => crate::device::sm_count(s.context())?,
+            Stream::Emu(_) => EMULATOR_SM_COUNT,
+        };
+        Ok(Self {
+            partial_o: Buffer::new(stream, partial_o_len)?,
+            partial_lse: Buffer::new(stream, partial_lse_len)?,
+            sm_count,
+        })
+    }
+
+    /// Room for any plan over at most `max_batch` sequences of `heads_q` heads of `head_dim` with at most
+    /// `max_splits` splits.
+    pub fn with_capacity(
+        stream: &Stream<'_>,
+        max_batch: usize,
+        heads_q: usize,
+        head_dim: usize,
+        max_splits: usize,
+    ) -> Result<Self> {
+        let lse = max_splits
+            .checked_mul(max_batch)
+            .and_then(|x| x.checked_mul(heads_q))
+            .ok_or_else(|| Error::overflow("workspace", "size overflows"))?;
+        let o = lse.checked_mul(head_dim).ok_or_else(|| Error::overflow("workspace", "size overflows"))?;
+        Self::new(stream, o, lse)
+    }
+
+    /// Exactly the room `plan` needs.
+    pub fn for_plan(stream: &Stream<'_>, plan: &DecodePlan) -> Result<Self> {
+        Self::new(stream, plan.partial_o_len, plan.partial_lse_len)
+    }
+
+    /// The SM count plans are made for (the device's, or [`EMULATOR_SM_COUNT`]).
+    pub fn sm_count(&self) -> usize {
+        self.sm_count
+    }
+
+    /// The plan a decode of `problem` with `opts` follows.
+    pub fn plan(&self, problem: &DecodeProblem, opts: &DecodeOptions) -> Result<DecodePlan> {
+        DecodePlan::new(problem, self.sm_count, opts.num_splits)
+    }
+
+    fn check_fits(&self, plan: &DecodePlan) -> Result<()> {
+        if plan.partial_o_len > self.partial_o.len() || plan.partial_lse_len > self.partial_lse.len() {
+            return Err(Error::out_of_bounds(
+                "workspace",
+                format!(
+                    "holds {} / {} fp32 partial O / LSE elements, the plan ({} splits) needs {} / {}",
+                    self.partial_o.len(),
+                    self.partial_lse.len(),
+                    plan.num_splits,
+                    plan.partial_o_len,
+                    plan.partial_lse_len
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Rejects outputs whose rows would overlap (a zero or too-small stride): dimensions of extent > 1,
+/// ordered by stride, must each step past everything inside them.
+pub(crate) fn check_disjoint<const N: usize>(name: &str, shape: [usize; N], strides: [i64; N]) -> Result<()> {
+    let mut dims: Vec<(i64, usize)> = (0..N).filter(|&d| shape[d] > 1).map(|d| (strides[d], shape[d])).collect();
+    dims.sort();
+    let mut span: i64 = 1;
+    for (stride, size) in dims {
+        if stride < span {
+            return Err(Error::layout(name, format!("rows overlap (strides {strides:?} for shape {shape:?})")));
+        }
+        span = stride.saturating_mul(size as i64 - 1).saturating_add(span);
+    }
+    Ok(())
+}
+
+/// Validates decode arguments and returns the problem they describe.
+pub fn check_decode_args<T>(
+    q: &TensorView<'_, T, 3>,
+    cache: &PagedKvCache<'_, T>,
+    o: &TensorViewMut<'_, T, 3>,
+    lse: Option<&TensorViewMut<'_, f32, 2>>,
+) -> Result<DecodeProblem> {
+    let [batch, heads_q, head_dim] = q.shape();
+    let g = cache.geometry();
+    if !DECODE_HEAD_DIMS.contains(&head_dim) {
+        return Err(Error::unsupported("q", format!("head dim {head_dim} (decode supports {DECODE_HEAD_DIMS:?})")));
+    }
+    if g.head_dim != head_dim {
+        return Err(Error::shape("k_cache", format!("head dim {} differs from q's {head_dim}", g.head_dim)));
+    }
+    if heads_q == 0 || heads_q % g.heads_kv != 0 {
+        return Err(Error::shape(
+            "q",
+            format!("{heads_q} query heads are not a positive multiple of the cache's {} KV heads", g.heads_kv),
+        ));
+    }
+    if batch != cache.batch() {
+        return Err(Error::shape("q", format!("batch {batch} differs from block_table's {}", cache.batch())));
+    }
+    o.expect_shape("o", [batch, heads_q, head_dim])?;
+    q.check_rows("q", 16)?;
+    o.check_rows("o", 16)?;
+    check_disjoint("o", o.shape(), o.strides())?;
+    if let Some(lse) = lse {
+        lse.expect_shape("lse", [batch, heads_q])?;
+        lse.check_rows("lse", 4)?;
+        check_disjoint("lse", lse.shape(), lse.strides())?;
+    }
+    to_i32("q (batch)", batch)?;
+    to_i32("q (heads)", heads_q)?;
+    Ok(DecodeProblem { batch, heads_q, heads_kv: g.heads_kv, head_dim, max_seq_len: cache.max_seq_len() })
+}
+
+/// Decode attention over a paged KV cache: `o[b, h] = softmax(q[b, h] · K_bᵀ · scale) V_b` over the first
+/// `seq_lens[b]` tokens of sequence b's pages, K/V head `h / (Hq / Hkv)`.
+///  - `q`, `o`: `[B, Hq, D]`, D in {64, 128, 256}, unit innermost stride, 16-byte aligned rows;
+///  - `lse`: optional `[B, Hq]` natural-log LSE (fp32, unit head stride); seq_len 0 gives o = 0, lse = -inf;
+///  - `workspace`: the split workspace, large enough for the plan (see [`DecodeWorkspace`]).
+///
+/// Enqueues on `stream` and returns the plan it followed. Errors name the offending argument.
+pub fn decode<T: Element>(
+    stream: &Stream<'_>,
+    q: &TensorView<'_, T, 3>,
+    cache: &PagedKvCache<'_, T>,
+    o: &mut TensorViewMut<'_, T, 3>,
+    lse: Option<&mut TensorViewMut<'_, f32, 2>>,
+    workspace: &mut DecodeWorkspace,
+    opts: &DecodeOptions,
+) -> Result<DecodePlan> {
+    let problem = check_decode_args(q, cache, o, lse.as_deref())?;
+    let plan = workspace.plan(&problem, opts)?;
+    workspace.check_fits(&plan)?;
+    let scale = opts.scale.unwrap_or(1.0 / (problem.head_dim as f32).sqrt());
+    if !scale.is_finite() {
+        return Err(Error::shape("scale", format!("{scale} is not finite")));
+    }
+
+    if problem.batch == 0 {
+        return Ok(plan);
+    }
+    let split = plan.num_splits > 1;
+    let mut partial_o = workspace.partial_o.view(if split { plan.partial_o_len } else { 0 })?;
+    let mut partial_lse = workspace.partial_lse.view(if split { plan.partial_lse_len } else { 0 })?;
+
+    let mut launch = Launch::new(*stream);
+    let q_ptr = launch.input(c"q", q, 16)?;
+    let k_ptr = launch.input(c"k_cache", &cache.k, 16)?;
+    let v_ptr = launch.input(c"v_cache", &cache.v, 16)?;
+    let table_ptr = launch.input(c"block_table", &cache.block_table, 4)?;
+    let lens_ptr = launch.input(c"seq_lens", &cache.seq_lens, 4)?;
+    let o_strides = o.strides();
+    let o_ptr = launch.output(c"o", o, 16)?;
+    let (lse_ptr, lse_batch_stride) = match lse {
+        Some(l) => {
+            let stride = l.strides()[0];
+            (launch.output(c"lse", l, 4)? as *mut f32, stride)
+        }
+        None => (std::ptr::null_mut(), 0),
+    };
+    let (po_ptr, plse_ptr) = if split {
+        (
+            launch.output(c"partial_o", &mut partial_o, 16)? as *mut f32,
+            launch.output(c"partial_lse", &mut partial_lse, 4)? as *mut f32,
+        )
+    } else {
+        (std::ptr::null_mut(), std::ptr::null_mut())
+    };
+    let table_strides = cache.block_table.strides();
+    let cache_abi = abi_cache(
+        &cache.geometry(),
+        cache.k.strides(),
+        cache.v.strides(),
+        (k_ptr as *mut _, v_ptr as *mut _),
+        Some((table_ptr as *const i32, lens_ptr as *const i32, table_strides[0], cache.max_pages_per_seq())),
+    )?;
+    let q_strides = q.strides();
+    let params = sys::FaDecodeParams {
+        q: q_ptr,
+        o: o_ptr,
+        lse: lse_ptr,
+        partial_o: po_ptr,
+        partial_lse: plse_ptr,
+        q_batch_stride: q_strides[0],
+        q_head_stride: q_strides[1],
+        o_batch_stride: o_strides[0],
+        o_head_stride: o_strides[1],
+        lse_batch_stride,
+        cache: cache_abi,
+        batch: to_i32("batch", problem.batch)?,
+        heads_q: to_i32("heads_q", problem.heads_q)?,
+        heads_kv: to_i32("heads_kv", problem.heads_kv)?,
+        head_dim: to_i32("head_dim", problem.head_dim)?,
+        num_splits: to_i32("num_splits", plan.num_splits)?,
+        split_tokens: to_i32("split_tokens", plan.split_tokens)?,
+        dtype: T::DTYPE.abi(),
+        scale,
+        scale_log2: scale * std::f32::consts::LOG2_E,
+    };
+    launch.run("paged_decode", params, sys::fa_gpu_decode, sys::fa_emu_decode)?;
+    Ok(plan)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disjoint_rows() {
+        assert!(check_disjoint("o", [2, 4, 64], [256, 64, 1]).is_ok());
+        assert!(check_disjoint("o", [2, 4, 64], [64 * 8, 128, 1]).is_ok());
+        assert_eq!(check_disjoint("o", [2, 4, 64], [256, 0, 1]).unwrap_err().kind(), &crate::ErrorKind::Layout);
+        assert_eq!(check_disjoint("o", [2, 4, 64], [256, 32, 1]).unwrap_err().kind(), &crate::ErrorKind::Layout);
+        assert!(check_disjoint("o", [1, 1, 64], [0, 0, 1]).is_ok());
+    }
+}

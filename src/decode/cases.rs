@@ -1,0 +1,578 @@
+//! The decode sweep (shared by the tests and the runner's `report` / `run --op decode`) and the host-side
+//! fixture it runs on: a paged cache built the adversarial way. Pages are handed out in shuffled order,
+//! page 0 is a reserved null page, every slot no sequence owns (the null page, spare pages, the tail of
+//! each partial last page) holds NaN, and block-table columns past a sequence's pages point at the null
+//! page. A kernel that reads or lets any of that leak produces NaN.
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaStream;
+use half::{bf16, f16};
+
+use crate::decode::{decode, DecodeOptions, DecodeWorkspace};
+use crate::dtype::{DType, Element};
+use crate::emu::Emulator;
+use crate::error::Result;
+use crate::paged::PagedKvCache;
+use crate::plan::DecodePlan;
+use crate::reference::{self, Comparison};
+use crate::tensor::{TensorView, TensorViewMut};
+use crate::timing::{time_launches, Timing};
+use crate::Stream;
+
+/// Sequence lengths of every sweep case: all of them in one batch (empty, single token, page and tile edges,
+/// a long one that is not a multiple of anything).
+pub const SWEEP_SEQ_LENS: [usize; 7] = [0, 1, 15, 16, 17, 1000, 4097];
+pub const SWEEP_PAGE_SIZES: [usize; 5] = [1, 8, 16, 64, 256];
+/// (Hq, Hkv): MHA, GQA 4, GQA 8, and MQA with 20 query heads (two 16-row CTA blocks, the second partial).
+pub const SWEEP_HEADS: [(usize, usize); 4] = [(4, 4), (8, 2), (16, 2), (20, 1)];
+pub const SWEEP_HEAD_DIMS: [usize; 3] = [64, 128, 256];
+pub const SWEEP_DTYPES: [DType; 2] = [DType::F16, DType::Bf16];
+/// Forced split counts, and `None` = the planner's choice.
+pub const SWEEP_SPLITS: [Option<usize>; 4] = [Some(1), Some(2), Some(7), None];
+
+/// One decode configuration: a batch of sequences of the given lengths over a paged cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecodeCase {
+    pub dtype: DType,
+    pub head_dim: usize,
+    pub heads_q: usize,
+    pub heads_kv: usize,
+    pub page_size: usize,
+    pub seq_lens: Vec<usize>,
+    pub num_splits: Option<usize>,
+}
+
+impl DecodeCase {
+    pub fn batch(&self) -> usize {
+        self.seq_lens.len()
+    }
+    pub fn max_seq_len(&self) -> usize {
+        self.seq_lens.iter().copied().max().unwrap_or(0)
+    }
+    /// K and V bytes the kernel must read (each cached token once per KV head), for bandwidth accounting.
+    pub fn kv_bytes(&self) -> usize {
+        self.seq_lens.iter().sum::<usize>() * self.heads_kv * self.head_dim * 2 * 2
+    }
+    /// The planner's view of this case.
+    pub fn problem(&self) -> crate::plan::DecodeProblem {
+        crate::plan::DecodeProblem {
+            batch: self.batch(),
+            heads_q: self.heads_q,
+            heads_kv: self.heads_kv,
+            head_dim: self.head_dim,
+            max_seq_len: self.max_seq_len(),
+        }
+    }
+    pub fn label(&self) -> String {
+        let splits = self.num_splits.map_or("planned".to_string(), |s| s.to_string());
+        format!(
+            "{} D={} Hq={} Hkv={} page={} splits={} lens={:?}",
+            self.dtype.name(),
+            self.head_dim,
+            self.heads_q,
+            self.heads_kv,
+            self.page_size,
+            splits,
+            self.seq_lens
+        )
+    }
+}
+
+/// The full sweep: every page size x head layout x head dim x dtype x split choice (480 cases), each a
+/// batch holding all of [`SWEEP_SEQ_LENS`]. What a GPU runs.
+pub fn decode_sweep() -> Vec<DecodeCase> {
+    let mut cases = Vec::new();
+    for &page_size in &SWEEP_PAGE_SIZES {
+        for &(heads_q, heads_kv) in &SWEEP_HEADS {
+            for &head_dim in &SWEEP_HEAD_DIMS {
+                for &dtype in &SWEEP_DTYPES {
+                    for &num_splits in &SWEEP_SPLITS {
+                        cases.push(DecodeCase {
+                            dtype,
+                            head_dim,
+                            heads_q,
+                            heads_kv,
+                            page_size,
+                            seq_lens: SWEEP_SEQ_LENS.to_vec(),
+                            num_splits,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    cases
+}
+
+/// A representative subset for the host emulator, 48 of the 480 cases: every (page size, split choice) pair
+/// appears (twice) and every (head layout, head dim, dtype) triple appears (twice), so every value of every
+/// dimension meets every value of the others it interacts with most.
+pub fn decode_sweep_emulated() -> Vec<DecodeCase> {
+    (0..48)
+        .map(|i| DecodeCase {
+            dtype: SWEEP_DTYPES[(i / 12) % 2],
+            head_dim: SWEEP_HEAD_DIMS[(i / 4) % 3],
+            heads_q: SWEEP_HEADS[i % 4].0,
+            heads_kv: SWEEP_HEADS[i % 4].1,
+            page_size: SWEEP_PAGE_SIZES[i % 5],
+            seq_lens: SWEEP_SEQ_LENS.to_vec(),
+            num_splits: SWEEP_SPLITS[(i / 5) % 4],
+        })
+        .collect()
+}
+
+/// SplitMix64: a tiny, seedable generator for fixtures (the crate has no RNG dependency).
+#[derive(Debug, Clone)]
+pub struct SplitMix64(u64);
+
+impl SplitMix64 {
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [lo, hi).
+    pub fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * ((self.next_u64() >> 11) as f64 / (1u64 << 53) as f64)
+    }
+    /// Uniform in 0..n (n > 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+    pub fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            v.swap(i, self.below(i + 1));
+        }
+    }
+}
+
+/// Host data of one case: the paged cache (NaN wherever no sequence owns a slot), the block table, the
+/// lengths and the queries. Element layouts: k/v_cache [num_pages, page_size, Hkv, D], block_table
+/// [B, width], q [B, Hq, D].
+#[derive(Debug, Clone)]
+pub struct PagedFixture<T> {
+    pub case: DecodeCase,
+    pub num_pages: usize,
+    pub width: usize,
+    pub k_cache: Vec<T>,
+    pub v_cache: Vec<T>,
+    pub block_table: Vec<i32>,
+    pub seq_lens: Vec<i32>,
+    pub q: Vec<T>,
+}
+
+impl<T: Element> PagedFixture<T> {
+    /// Builds the fixture from `seed`. Values: q and K uniform in [-2, 2) (so softmax is far from uniform
+    /// at scale 1/sqrt(D)), V uniform in [-0.5, 1.5) (offset so outputs are not ~ 0).
+    pub fn new(case: &DecodeCase, seed: u64) -> Self {
+        let mut rng = SplitMix64::new(seed);
+        let (ps, hkv, d) = (case.page_size, case.heads_kv, case.head_dim);
+        let pages_of: Vec<usize> = case.seq_lens.iter().map(|&n| n.div_ceil(ps)).collect();
+        // One spare column of table per sequence (pointing at the null page) and two spare pages.
+        let width = pages_of.iter().copied().max().unwrap_or(0) + 1;
+        let num_pages = 1 + pages_of.iter().sum::<usize>() + 2;
+        let mut ids: Vec<i32> = (1..num_pages as i32).collect();
+        rng.shuffle(&mut ids);
+        let mut block_table = vec![0i32; case.batch() * width];
+        let row = ps * hkv * d;
+        let mut k_cache = vec![T::nan(); num_pages * row];
+        let mut v_cache = vec![T::nan(); num_pages * row];
+        let mut next = 0;
+        for (b, &len) in case.seq_lens.iter().enumerate() {
+            for p in 0..pages_of[b] {
+                block_table[b * width + p] = ids[next];
+                next += 1;
+            }
+            for t in 0..len {
+                let page = block_table[b * width + t / ps] as usize;
+                let base = (page * ps + t % ps) * hkv * d;
+                for i in 0..hkv * d {
+                    k_cache[base + i] = T::from_f64(rng.uniform(-2.0, 2.0));
+                    v_cache[base + i] = T::from_f64(rng.uniform(-0.5, 1.5));
+                }
+            }
+        }
+        let q = (0..case.batch() * case.heads_q * d).map(|_| T::from_f64(rng.uniform(-2.0, 2.0))).collect();
+        let seq_lens = case.seq_lens.iter().map(|&n| n as i32).collect();
+        Self { case: case.clone(), num_pages, width, k_cache, v_cache, block_table, seq_lens, q }
+    }
+
+    pub fn cache_shape(&self) -> [usize; 4] {
+        [self.num_pages, self.case.page_size, self.case.heads_kv, self.case.head_dim]
+    }
+
+    /// Slot (page * page_size + offset) of token t of sequence b.
+    pub fn slot(&self, b: usize, t: usize) -> usize {
+        let ps = self.case.page_size;
+        self.block_table[b * self.width + t / ps] as usize * ps + t % ps
+    }
+
+    /// Dense K and V of sequence b, [len, Hkv, D], gathered through the block table.
+    pub fn dense_kv(&self, b: usize) -> (Vec<T>, Vec<T>) {
+        let row = self.case.heads_kv * self.case.head_dim;
+        let (mut k, mut v) = (Vec::new(), Vec::new());
+        for t in 0..self.case.seq_lens[b] {
+            let s = self.slot(b, t) * row;
+            k.extend_from_slice(&self.k_cache[s..s + row]);
+            v.extend_from_slice(&self.v_cache[s..s + row]);
+        }
+        (k, v)
+    }
+}
+
+/// LSE tolerance (absolute, natural log): the kernel's LSE is fp32 from exactly the reference's inputs.
+pub const LSE_ATOL: f64 = 1e-3;
+
+/// The verdict on one case.
+#[derive(Debug, Clone)]
+pub struct CaseOutcome {
+    pub seed: u64,
+    pub plan: DecodePlan,
+    /// O against the fp64 reference under the tolerance rule.
+    pub out: Comparison,
+    /// LSE against the reference (atol [`LSE_ATOL`]; −inf must match exactly).
+    pub lse: Comparison,
+    /// Every row of an empty sequence is exactly O = 0, LSE = −inf.
+    pub empty_rows_exact: bool,
+}
+
+impl CaseOutcome {
+    pub fn passed(&self) -> bool {
+        self.out.passed && self.lse.passed && self.empty_rows_exact
+    }
+    pub fn summary(&self) -> String {
+        format!(
+            "seed={} splits={} max|err|={:.2e} (tol {:.2e}, naive {:.2e}) rel-L2={:.2e} lse max|err|={:.2e} {}",
+            self.seed,
+            self.plan.num_splits,
+            self.out.max_abs_err,
+            self.out.tolerance,
+            self.out.naive_max_abs_err,
+            self.out.rel_l2_err,
+            self.lse.max_abs_err,
+            if self.passed() { "ok" } else { "FAILED" }
+        )
+    }
+}
+
+fn to_f64<T: Element>(x: &[T]) -> Vec<f64> {
+    x.iter().map(|v| v.to_f64()).collect()
+}
+
+/// Compares a kernel's outputs for fixture `f` with the reference.
+fn evaluate<T: Element>(f: &PagedFixture<T>, seed: u64, plan: DecodePlan, o: &[T], lse: &[f32]) -> Result<CaseOutcome> {
+    let c = &f.case;
+    let scale = 1.0 / (c.head_dim as f64).sqrt();
+    let (q, k, v) = (to_f64(&f.q), to_f64(&f.k_cache), to_f64(&f.v_cache));
+    let args = (c.heads_q, c.heads_kv, c.head_dim, scale);
+    let exact = reference::paged_decode(
+        args.0,
+        args.1,
+        args.2,
+        args.3,
+        &q,
+        &k,
+        &v,
+        f.num_pages,
+        c.page_size,
+        &f.block_table,
+        f.width,
+        &f.seq_lens,
+    )?;
+    let naive = reference::naive_lowp_paged_decode(
+        args.0,
+        args.1,
+        args.2,
+        args.3,
+        &q,
+        &k,
+        &v,
+        f.num_pages,
+        c.page_size,
+        &f.block_table,
+        f.width,
+        &f.seq_lens,
+        T::DTYPE,
+    )?;
+    let ours = to_f64(o);
+    let ours_lse: Vec<f64> = lse.iter().map(|&x| x as f64).collect();
+    let d = c.head_dim;
+    let empty_rows_exact = (0..c.batch()).filter(|&b| c.seq_lens[b] == 0).all(|b| {
+        (0..c.heads_q).all(|h| {
+            let r = b * c.heads_q + h;
+            lse[r] == f32::NEG_INFINITY && ours[r * d..(r + 1) * d].iter().all(|&x| x == 0.0)
+        })
+    });
+    Ok(CaseOutcome {
+        seed,
+        plan,
+        out: reference::compare(&ours, &exact.out, &naive),
+        lse: reference::compare_lse(&ours_lse, &exact.lse, LSE_ATOL),
+        empty_rows_exact,
+    })
+}
+
+/// Runs `case` on the emulator with outputs poisoned with NaN, and judges it.
+pub fn check_case_emulated(emu: &Emulator, case: &DecodeCase, seed: u64) -> Result<CaseOutcome> {
+    match case.dtype {
+        DType::F16 => check_emulated::<f16>(emu, case, seed),
+        DType::Bf16 => check_emulated::<bf16>(emu, case, seed),
+    }
+}
+
+fn check_emulated<T: Element>(emu: &Emulator, case: &DecodeCase, seed: u64) -> Result<CaseOutcome> {
+    let f = PagedFixture::<T>::new(case, seed);
+    let stream = Stream::Emu(emu);
+    let (b, hq, d) = (case.batch(), case.heads_q, case.head_dim);
+    let cache = PagedKvCache::new(
+        TensorView::host(&f.k_cache, f.cache_shape())?,
+        TensorView::host(&f.v_cache, f.cache_shape())?,
+        TensorView::host(&f.block_table, [b, f.width])?,
+        TensorView::host(&f.seq_lens, [b])?,
+        case.max_seq_len(),
+    )?;
+    let q = TensorView::host(&f.q, [b, hq, d])?;
+    let mut o = vec![T::nan(); b * hq * d];
+    let mut lse = vec![f32::NAN; b * hq];
+    let opts = DecodeOptions { scale: None, num_splits: case.num_splits };
+    let mut ws = DecodeWorkspace::new(&stream, 0, 0)?;
+    let plan = ws.plan(&case.problem(), &opts)?;
+    ws = DecodeWorkspace::for_plan(&stream, &plan)?;
+    decode(
+        &stream,
+        &q,
+        &cache,
+        &mut TensorViewMut::host(&mut o, [b, hq, d])?,
+        Some(&mut TensorViewMut::host(&mut lse, [b, hq])?),
+        &mut ws,
+        &opts,
+    )?;
+    evaluate(&f, seed, plan, &o, &lse)
+}
+
+/// The fixture's data on the GPU, and the workspace for its plan.
+struct GpuCase<T: Element> {
+    k: cudarc::driver::CudaSlice<T>,
+    v: cudarc::driver::CudaSlice<T>,
+    table: cudarc::driver::CudaSlice<i32>,
+    lens: cudarc::driver::CudaSlice<i32>,
+    q: cudarc::driver::CudaSlice<T>,
+    o: cudarc::driver::CudaSlice<T>,
+    lse: cudarc::driver::CudaSlice<f32>,
+    ws: DecodeWorkspace,
+    plan: DecodePlan,
+}
+
+impl<T: Element> GpuCase<T> {
+    fn upload(cu: &Arc<CudaStream>, f: &PagedFixture<T>) -> Result<Self> {
+        let c = &f.case;
+        let (b, hq, d) = (c.batch(), c.heads_q, c.head_dim);
+        let stream = Stream::Gpu(cu);
+        let opts = DecodeOptions { scale: None, num_splits: c.num_splits };
+        let probe = DecodeWorkspace::new(&stream, 0, 0)?;
+        let plan = probe.plan(&c.problem(), &opts)?;
+        Ok(Self {
+            k: cu.clone_htod(&f.k_cache)?,
+            v: cu.clone_htod(&f.v_cache)?,
+            table: cu.clone_htod(&f.block_table)?,
+            lens: cu.clone_htod(&f.seq_lens)?,
+            q: cu.clone_htod(&f.q)?,
+            o: cu.clone_htod(&vec![T::nan(); b * hq * d])?,
+            lse: cu.clone_htod(&vec![f32::NAN; b * hq])?,
+            ws: DecodeWorkspace::for_plan(&stream, &plan)?,
+            plan,
+        })
+    }
+
+    fn run(&mut self, cu: &Arc<CudaStream>, f: &PagedFixture<T>) -> Result<DecodePlan> {
+        let c = &f.case;
+        let (b, hq, d) = (c.batch(), c.heads_q, c.head_dim);
+        let stream = Stream::Gpu(cu);
+        let cache = PagedKvCache::new(
+            TensorView::gpu(self.k.as_view(), f.cache_shape())?,
+            TensorView::gpu(self.v.as_view(), f.cache_shape())?,
+            TensorView::gpu(self.table.as_view(), [b, f.width])?,
+            TensorView::gpu(self.lens.as_view(), [b])?,
+            c.max_seq_len(),
+        )?;
+        decode(
+            &stream,
+            &TensorView::gpu(self.q.as_view(), [b, hq, d])?,
+            &cache,
+            &mut TensorViewMut::gpu(self.o.as_view_mut(), [b, hq, d])?,
+            Some(&mut TensorViewMut::gpu(self.lse.as_view_mut(), [b, hq])?),
+            &mut self.ws,
+            &DecodeOptions { scale: None, num_splits: c.num_splits },
+        )
+    }
+}
+
+/// Runs `case` on the GPU behind `cu` with outputs poisoned with NaN, and judges it.
+pub fn check_case_gpu(cu: &Arc<CudaStream>, case: &DecodeCase, seed: u64) -> Result<CaseOutcome> {
+    match case.dtype {
+        DType::F16 => check_gpu::<f16>(cu, case, seed),
+        DType::Bf16 => check_gpu::<bf16>(cu, case, seed),
+    }
+}
+
+fn check_gpu<T: Element>(cu: &Arc<CudaStream>, case: &DecodeCase, seed: u64) -> Result<CaseOutcome> {
+    let f = PagedFixture::<T>::new(case, seed);
+    let mut g = GpuCase::upload(cu, &f)?;
+    let plan = g.run(cu, &f)?;
+    let o: Vec<T> = cu.clone_dtoh(&g.o)?;
+    let lse: Vec<f32> = cu.clone_dtoh(&g.lse)?;
+    evaluate(&f, seed, plan, &o, &lse)
+}
+
+/// Bytes a decode moves, per CONVENTIONS.md: K and V actually read, Q, O, LSE, and the split workspace
+/// (fp32 partial O and LSE written once and read once by the merge).
+pub fn decode_bytes(case: &DecodeCase, plan: &DecodePlan) -> usize {
+    let elem = 2;
+    let rows = case.batch() * case.heads_q;
+    let workspace = if plan.num_splits > 1 { 2 * 4 * (plan.partial_o_len + plan.partial_lse_len) } else { 0 };
+    case.kv_bytes() + 2 * rows * case.head_dim * elem + rows * 4 + workspace
+}
+
+/// GPU timing of one case: CUDA events, `warmup` untimed launches then the median of `iters`.
+#[derive(Debug, Clone, Copy)]
+pub struct DecodeTiming {
+    pub timing: Timing,
+    pub plan: DecodePlan,
+    pub bytes: usize,
+    pub gbps: f64,
+}
+
+/// Times `case` (decode + merge when split) on `cu`. Inputs are the fixture's; cases meant for bandwidth
+/// should be larger than L2 (the perf shapes are hundreds of MB) so every launch streams from HBM.
+pub fn time_case_gpu(
+    cu: &Arc<CudaStream>,
+    case: &DecodeCase,
+    seed: u64,
+    warmup: usize,
+    iters: usize,
+) -> Result<DecodeTiming> {
+    match case.dtype {
+        DType::F16 => time_gpu::<f16>(cu, case, seed, warmup, iters),
+        DType::Bf16 => time_gpu::<bf16>(cu, case, seed, warmup, iters),
+    }
+}
+
+fn time_gpu<T: Element>(
+    cu: &Arc<CudaStream>,
+    case: &DecodeCase,
+    seed: u64,
+    warmup: usize,
+    iters: usize,
+) -> Result<DecodeTiming> {
+    let f = PagedFixture::<T>::new(case, seed);
+    let mut g = GpuCase::upload(cu, &f)?;
+    let plan = g.plan;
+    let timing = time_launches(cu, warmup, iters, |_| g.run(cu, &f).map(|_| ()))?;
+    let bytes = decode_bytes(case, &plan);
+    Ok(DecodeTiming { timing, plan, bytes, gbps: bytes as f64 / (timing.median_ms * 1e-3) / 1e9 })
+}
+
+/// The performance shapes of issue 5 (bf16, D = 128, Hq = 32, Hkv = 8, page 16): B = 64 at 4096 tokens
+/// (bar: 85% of copy bandwidth) and B = 1 at 32768 tokens with split-KV (bar: 60%).
+pub fn perf_cases() -> Vec<DecodeCase> {
+    [(64, 4096), (1, 32768)]
+        .into_iter()
+        .map(|(batch, ctx)| DecodeCase {
+            dtype: DType::Bf16,
+            head_dim: 128,
+            heads_q: 32,
+            heads_kv: 8,
+            page_size: 16,
+            seq_lens: vec![ctx; batch],
+            num_splits: None,
+        })
+        .collect()
+}
+
+/// One performance row: a perf case, its timing and the ratio of its bandwidth to the copy bandwidth
+/// measured in the same run.
+#[derive(Debug, Clone)]
+pub struct PerfRow {
+    pub case: DecodeCase,
+    pub timing: DecodeTiming,
+    pub copy_gbps: f64,
+    pub ratio: f64,
+}
+
+/// Measures [`perf_cases`] on `cu` against a device-to-device copy of 1 GiB (the ceiling of CONVENTIONS.md).
+pub fn perf_report(cu: &Arc<CudaStream>, seed: u64) -> Result<Vec<PerfRow>> {
+    let copy_gbps = crate::timing::copy_bandwidth_gbps(cu, 1 << 30)?;
+    perf_cases()
+        .into_iter()
+        .map(|case| {
+            let timing = time_case_gpu(cu, &case, seed, 5, 50)?;
+            Ok(PerfRow { ratio: timing.gbps / copy_gbps, case, timing, copy_gbps })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::bf16;
+
+    #[test]
+    fn sweep_sizes_and_coverage() {
+        assert_eq!(decode_sweep().len(), 480);
+        let emu = decode_sweep_emulated();
+        assert_eq!(emu.len(), 48);
+        for &h in &SWEEP_HEADS {
+            for &d in &SWEEP_HEAD_DIMS {
+                for &t in &SWEEP_DTYPES {
+                    assert!(emu.iter().any(|c| (c.heads_q, c.heads_kv) == h && c.head_dim == d && c.dtype == t));
+                }
+            }
+        }
+        for &p in &SWEEP_PAGE_SIZES {
+            for &s in &SWEEP_SPLITS {
+                assert!(emu.iter().any(|c| c.page_size == p && c.num_splits == s), "page {p} splits {s:?}");
+            }
+        }
+        for &h in &SWEEP_HEADS {
+            assert!(emu.iter().any(|c| (c.heads_q, c.heads_kv) == h));
+        }
+        for &d in &SWEEP_HEAD_DIMS {
+            for &t in &SWEEP_DTYPES {
+                assert!(emu.iter().any(|c| c.head_dim == d && c.dtype == t));
+            }
+        }
+    }
+
+    #[test]
+    fn fixture_poisons_everything_unowned() {
+        let case = DecodeCase {
+            dtype: DType::Bf16,
+            head_dim: 64,
+            heads_q: 4,
+            heads_kv: 2,
+            page_size: 8,
+            seq_lens: vec![0, 3, 17],
+            num_splits: None,
+        };
+        let f = PagedFixture::<bf16>::new(&case, 1);
+        assert_eq!(f.width, 4);
+        assert_eq!(f.num_pages, 1 + 1 + 3 + 2); // null page, pages of the sequences, two spares
+        let owned: usize = case.seq_lens.iter().sum::<usize>() * 2 * 64;
+        let finite = f.k_cache.iter().filter(|x| x.to_f64().is_finite()).count();
+        assert_eq!(finite, owned);
+        // Every page id is used at most once and page 0 only as padding.
+        let mut used: Vec<i32> = f.block_table.iter().copied().filter(|&p| p != 0).collect();
+        used.sort();
+        used.dedup();
+        assert_eq!(used.len(), 4);
+        let (k, _) = f.dense_kv(2);
+        assert_eq!(k.len(), 17 * 2 * 64);
+        assert!(k.iter().all(|x| x.to_f64().is_finite()));
+    }
+}

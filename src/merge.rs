@@ -1,0 +1,93 @@
+//! merge_states: combine k partial attention results of the same rows over disjoint key sets into the
+//! result over all keys (split-KV's reduction, cascade attention, ring attention across GPUs):
+//!   lse = log(Σ_s exp(lse_s)),  o = Σ_s exp(lse_s − lse) · o_s.
+//! Empty partials (lse_s = −inf) weigh nothing and their o_s is never read; a row whose partials are all
+//! empty gets o = 0, lse = −inf. Kernel: kernels/merge.cu.
+
+use half::{bf16, f16};
+
+use crate::decode::check_disjoint;
+use crate::device::Stream;
+use crate::error::{to_i32, Error, Result};
+use crate::launch::Launch;
+use crate::sys;
+use crate::tensor::{TensorView, TensorViewMut};
+
+/// Element types of merge states and outputs: fp32 (as split-KV writes them), fp16, bf16.
+pub trait MergeElement: Copy + Send + Sync + 'static {
+    /// FA_DTYPE_* of abi.h.
+    const ABI: i32;
+}
+impl MergeElement for f32 {
+    const ABI: i32 = sys::FA_DTYPE_F32 as i32;
+}
+impl MergeElement for f16 {
+    const ABI: i32 = sys::FA_DTYPE_F16 as i32;
+}
+impl MergeElement for bf16 {
+    const ABI: i32 = sys::FA_DTYPE_BF16 as i32;
+}
+
+/// Merges `k` states. Shapes: `o_states [k, N, H, D]`, `lse_states [k, N, H]` (natural log, fp32),
+/// `o [N, H, D]`, `lse [N, H]` (optional). For plain rows use H = 1. Any non-negative strides with a unit
+/// innermost stride; D a multiple of 8 and 16-byte aligned rows (so every access is 16 bytes wide).
+pub fn merge_states<S: MergeElement, O: MergeElement>(
+    stream: &Stream<'_>,
+    o_states: &TensorView<'_, S, 4>,
+    lse_states: &TensorView<'_, f32, 3>,
+    o: &mut TensorViewMut<'_, O, 3>,
+    lse: Option<&mut TensorViewMut<'_, f32, 2>>,
+) -> Result<()> {
+    let [k, n, h, d] = o_states.shape();
+    if d == 0 || d % 8 != 0 {
+        return Err(Error::unsupported("o_states", format!("head dim {d} is not a positive multiple of 8")));
+    }
+    lse_states.expect_shape("lse_states", [k, n, h])?;
+    o.expect_shape("o", [n, h, d])?;
+    o_states.check_rows("o_states", 16)?;
+    o.check_rows("o", 16)?;
+    check_disjoint("o", o.shape(), o.strides())?;
+    if let Some(l) = lse.as_deref() {
+        l.expect_shape("lse", [n, h])?;
+        check_disjoint("lse", l.shape(), l.strides())?;
+    }
+    if n * h == 0 {
+        return Ok(());
+    }
+    let (s_strides, ls_strides, o_strides) = (o_states.strides(), lse_states.strides(), o.strides());
+    let mut launch = Launch::new(*stream);
+    // With no states the (empty) state buffers are never touched; their dangling pointers need no alignment.
+    let os_ptr = launch.input(c"o_states", o_states, if k == 0 { 1 } else { 16 })?;
+    let ls_ptr = launch.input(c"lse_states", lse_states, 4)?;
+    let o_ptr = launch.output(c"o", o, 16)?;
+    let (lse_ptr, lse_strides) = match lse {
+        Some(l) => {
+            let st = l.strides();
+            (launch.output(c"lse", l, 4)? as *mut f32, st)
+        }
+        None => (std::ptr::null_mut(), [0, 0]),
+    };
+    let params = sys::FaMergeParams {
+        o_states: os_ptr,
+        lse_states: ls_ptr as *const f32,
+        o: o_ptr,
+        lse: lse_ptr,
+        o_state_stride: s_strides[0],
+        o_outer_stride: s_strides[1],
+        o_inner_stride: s_strides[2],
+        lse_state_stride: ls_strides[0],
+        lse_outer_stride: ls_strides[1],
+        lse_inner_stride: ls_strides[2],
+        o_out_outer_stride: o_strides[0],
+        o_out_inner_stride: o_strides[1],
+        lse_out_outer_stride: lse_strides[0],
+        lse_out_inner_stride: lse_strides[1],
+        num_states: to_i32("o_states (states)", k)?,
+        rows_outer: to_i32("o_states (rows)", n)?,
+        rows_inner: to_i32("o_states (heads)", h)?,
+        head_dim: to_i32("o_states (head dim)", d)?,
+        states_dtype: S::ABI,
+        out_dtype: O::ABI,
+    };
+    launch.run("merge_states", params, sys::fa_gpu_merge, sys::fa_emu_merge)
+}

@@ -1,0 +1,278 @@
+//! Typed views of a paged KV cache (vLLM / FlashInfer style) and their validation.
+//!
+//! Layout (CONVENTIONS.md): K and V each `[num_pages, page_size, Hkv, D]`, `page_size` a power of two in
+//! 1..=256; `block_table` int32 `[B, max_pages_per_seq]`; `seq_lens` int32 `[B]`; a slot is
+//! `page * page_size + offset`.
+//!
+//! What is validated where. Shapes, strides, page size and the table's capacity are checked here, on the
+//! host, when a view is built. `seq_lens` and the `block_table` entries are *data*, which on the GPU backend
+//! lives in device memory the host cannot read without a synchronisation; instead the caller promises
+//! `max_seq_len` (an upper bound on every `seq_lens[b]`, as vLLM / FlashInfer's trtllm path take it), which
+//! is checked against the capacity `max_pages_per_seq * page_size` and used to plan split-KV. The kernels
+//! never trust the data: a length is clamped into `[0, capacity]` (a length above `max_seq_len` is still
+//! attended in full, the last split runs to the end), and an out-of-range page id reads as zero rows.
+
+use crate::error::{to_i32, Error, Result};
+use crate::sys;
+use crate::tensor::{TensorView, TensorViewMut};
+
+/// Largest supported page size (tokens).
+pub const MAX_PAGE_SIZE: usize = 256;
+
+/// Page geometry shared by the read-only and the writable view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageGeometry {
+    pub num_pages: usize,
+    pub page_size: usize,
+    pub heads_kv: usize,
+    pub head_dim: usize,
+}
+
+impl PageGeometry {
+    fn log2_page_size(&self) -> i32 {
+        self.page_size.trailing_zeros() as i32
+    }
+}
+
+/// Checks K and V pages: equal shapes, supported page size, 16-byte rows. Returns the geometry.
+fn check_pages(k_shape: [usize; 4], v_shape: [usize; 4]) -> Result<PageGeometry> {
+    if k_shape != v_shape {
+        return Err(Error::shape("v_cache", format!("shape {v_shape:?} differs from k_cache {k_shape:?}")));
+    }
+    let [num_pages, page_size, heads_kv, head_dim] = k_shape;
+    if !page_size.is_power_of_two() || page_size > MAX_PAGE_SIZE {
+        return Err(Error::unsupported(
+            "k_cache",
+            format!("page size {page_size} (dimension 1) is not a power of two in 1..={MAX_PAGE_SIZE}"),
+        ));
+    }
+    if num_pages == 0 || heads_kv == 0 {
+        return Err(Error::shape("k_cache", format!("shape {k_shape:?} has no pages or no heads")));
+    }
+    if head_dim == 0 || head_dim % 8 != 0 {
+        return Err(Error::unsupported("k_cache", format!("head dim {head_dim} is not a positive multiple of 8")));
+    }
+    let slots = num_pages
+        .checked_mul(page_size)
+        .ok_or_else(|| Error::overflow("k_cache", "num_pages * page_size overflows"))?;
+    to_i32("k_cache (num_pages)", num_pages)?;
+    i64::try_from(slots).map_err(|_| Error::overflow("k_cache", "slot count does not fit in i64"))?;
+    Ok(PageGeometry { num_pages, page_size, heads_kv, head_dim })
+}
+
+/// The FaPagedCache for a launch: pointers from the caller, strides and geometry from the views.
+pub(crate) fn abi_cache(
+    g: &PageGeometry,
+    k_strides: [i64; 4],
+    v_strides: [i64; 4],
+    pointers: (*mut std::ffi::c_void, *mut std::ffi::c_void),
+    table: Option<(*const i32, *const i32, i64, usize)>,
+) -> Result<sys::FaPagedCache> {
+    let (block_table, seq_lens, block_table_stride, max_pages) =
+        table.unwrap_or((std::ptr::null(), std::ptr::null(), 0, 1));
+    Ok(sys::FaPagedCache {
+        k_cache: pointers.0,
+        v_cache: pointers.1,
+        block_table,
+        seq_lens,
+        k_page_stride: k_strides[0],
+        k_token_stride: k_strides[1],
+        k_head_stride: k_strides[2],
+        v_page_stride: v_strides[0],
+        v_token_stride: v_strides[1],
+        v_head_stride: v_strides[2],
+        block_table_stride,
+        num_pages: to_i32("num_pages", g.num_pages)?,
+        page_size: to_i32("page_size", g.page_size)?,
+        log2_page_size: g.log2_page_size(),
+        max_pages_per_seq: to_i32("block_table (max_pages_per_seq)", max_pages)?,
+    })
+}
+
+/// A read-only paged KV cache with its block table: what decode reads.
+pub struct PagedKvCache<'a, T> {
+    pub(crate) k: TensorView<'a, T, 4>,
+    pub(crate) v: TensorView<'a, T, 4>,
+    pub(crate) block_table: TensorView<'a, i32, 2>,
+    pub(crate) seq_lens: TensorView<'a, i32, 1>,
+    geometry: PageGeometry,
+    max_seq_len: usize,
+}
+
+impl<'a, T> PagedKvCache<'a, T> {
+    /// Validates and wraps a cache.
+    ///  - `k_cache`, `v_cache`: `[num_pages, page_size, Hkv, D]`, same shape, unit innermost stride, other
+    ///    strides multiples of 16 bytes; page size a power of two in 1..=256 (else `Unsupported`).
+    ///  - `block_table`: int32 `[B, max_pages_per_seq]`, unit innermost stride.
+    ///  - `seq_lens`: int32 `[B]`, contiguous.
+    ///  - `max_seq_len`: the caller's upper bound on `seq_lens` (see the module docs); must not exceed the
+    ///    table's capacity `max_pages_per_seq * page_size` (else `Shape`: "block_table too narrow").
+    pub fn new(
+        k_cache: TensorView<'a, T, 4>,
+        v_cache: TensorView<'a, T, 4>,
+        block_table: TensorView<'a, i32, 2>,
+        seq_lens: TensorView<'a, i32, 1>,
+        max_seq_len: usize,
+    ) -> Result<Self> {
+        let geometry = check_pages(k_cache.shape(), v_cache.shape())?;
+        k_cache.check_rows("k_cache", 16)?;
+        v_cache.check_rows("v_cache", 16)?;
+        if k_cache.is_gpu() != v_cache.is_gpu()
+            || k_cache.is_gpu() != block_table.is_gpu()
+            || k_cache.is_gpu() != seq_lens.is_gpu()
+        {
+            return Err(Error::backend(
+                "block_table",
+                "k_cache, v_cache, block_table and seq_lens must share a backend",
+            ));
+        }
+        let [batch, max_pages] = block_table.shape();
+        if max_pages == 0 {
+            return Err(Error::shape("block_table", "has no columns (max_pages_per_seq = 0)"));
+        }
+        block_table.check_rows("block_table", 4)?;
+        if seq_lens.shape() != [batch] {
+            return Err(Error::shape(
+                "seq_lens",
+                format!("shape {:?} does not match block_table's {batch} sequences", seq_lens.shape()),
+            ));
+        }
+        if batch > 1 && seq_lens.strides()[0] != 1 {
+            return Err(Error::layout("seq_lens", "must be contiguous"));
+        }
+        let capacity = max_pages
+            .checked_mul(geometry.page_size)
+            .filter(|&c| c <= i32::MAX as usize)
+            .ok_or_else(|| Error::overflow("block_table", "max_pages_per_seq * page_size does not fit in i32"))?;
+        if max_seq_len > capacity {
+            return Err(Error::shape(
+                "block_table",
+                format!(
+                    "too narrow: {max_pages} pages x {} tokens = {capacity} < max_seq_len {max_seq_len}",
+                    geometry.page_size
+                ),
+            ));
+        }
+        to_i32("block_table (batch)", batch)?;
+        Ok(Self { k: k_cache, v: v_cache, block_table, seq_lens, geometry, max_seq_len })
+    }
+
+    pub fn geometry(&self) -> PageGeometry {
+        self.geometry
+    }
+    pub fn batch(&self) -> usize {
+        self.block_table.dim(0)
+    }
+    pub fn max_pages_per_seq(&self) -> usize {
+        self.block_table.dim(1)
+    }
+    pub fn max_seq_len(&self) -> usize {
+        self.max_seq_len
+    }
+}
+
+/// The writable pages of a paged KV cache: what append writes (it addresses slots directly, so it needs no
+/// block table).
+pub struct PagedKvCacheMut<'a, T> {
+    pub(crate) k: TensorViewMut<'a, T, 4>,
+    pub(crate) v: TensorViewMut<'a, T, 4>,
+    geometry: PageGeometry,
+}
+
+impl<'a, T> PagedKvCacheMut<'a, T> {
+    /// Validates and wraps writable pages (same rules as [`PagedKvCache::new`] for K and V).
+    pub fn new(k_cache: TensorViewMut<'a, T, 4>, v_cache: TensorViewMut<'a, T, 4>) -> Result<Self> {
+        let geometry = check_pages(k_cache.shape(), v_cache.shape())?;
+        k_cache.check_rows("k_cache", 16)?;
+        v_cache.check_rows("v_cache", 16)?;
+        if k_cache.is_gpu() != v_cache.is_gpu() {
+            return Err(Error::backend("v_cache", "k_cache and v_cache must share a backend"));
+        }
+        Ok(Self { k: k_cache, v: v_cache, geometry })
+    }
+
+    pub fn geometry(&self) -> PageGeometry {
+        self.geometry
+    }
+
+    /// A read-only cache over the same pages with a block table, e.g. to decode right after appending.
+    pub fn with_table<'b>(
+        &'b self,
+        block_table: TensorView<'b, i32, 2>,
+        seq_lens: TensorView<'b, i32, 1>,
+        max_seq_len: usize,
+    ) -> Result<PagedKvCache<'b, T>> {
+        PagedKvCache::new(self.k.as_view(), self.v.as_view(), block_table, seq_lens, max_seq_len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ErrorKind;
+    use half::bf16;
+
+    fn pages(num_pages: usize, page_size: usize, hkv: usize, d: usize) -> Vec<bf16> {
+        vec![bf16::ZERO; num_pages * page_size * hkv * d]
+    }
+
+    #[test]
+    fn valid_cache() {
+        let (k, v) = (pages(5, 16, 2, 64), pages(5, 16, 2, 64));
+        let table = vec![0i32; 3 * 4];
+        let lens = vec![0i32; 3];
+        let c = PagedKvCache::new(
+            TensorView::host(&k, [5, 16, 2, 64]).unwrap(),
+            TensorView::host(&v, [5, 16, 2, 64]).unwrap(),
+            TensorView::host(&table, [3, 4]).unwrap(),
+            TensorView::host(&lens, [3]).unwrap(),
+            64,
+        )
+        .unwrap();
+        assert_eq!(c.batch(), 3);
+        assert_eq!(c.geometry(), PageGeometry { num_pages: 5, page_size: 16, heads_kv: 2, head_dim: 64 });
+    }
+
+    #[test]
+    fn bad_caches_are_typed_errors() {
+        let table = vec![0i32; 3 * 4];
+        let lens = vec![0i32; 3];
+        let make = |shape: [usize; 4], vshape: [usize; 4], max: usize| {
+            let n: usize = shape.iter().product();
+            let (k, v) = (vec![bf16::ZERO; n], vec![bf16::ZERO; vshape.iter().product()]);
+            PagedKvCache::new(
+                TensorView::host(&k, shape).unwrap(),
+                TensorView::host(&v, vshape).unwrap(),
+                TensorView::host(&table, [3, 4]).unwrap(),
+                TensorView::host(&lens, [3]).unwrap(),
+                max,
+            )
+            .err()
+            .map(|e| e.kind().clone())
+        };
+        assert_eq!(make([2, 48, 1, 64], [2, 48, 1, 64], 1), Some(ErrorKind::Unsupported), "page size 48");
+        assert_eq!(make([2, 512, 1, 64], [2, 512, 1, 64], 1), Some(ErrorKind::Unsupported), "page size 512");
+        assert_eq!(make([2, 16, 1, 64], [2, 16, 2, 64], 1), Some(ErrorKind::Shape), "K/V mismatch");
+        assert_eq!(make([2, 16, 1, 64], [2, 16, 1, 64], 65), Some(ErrorKind::Shape), "table too narrow");
+        assert_eq!(make([2, 16, 1, 64], [2, 16, 1, 64], 64), None);
+        assert_eq!(make([2, 16, 1, 100], [2, 16, 1, 100], 1), Some(ErrorKind::Unsupported), "D=100");
+    }
+
+    #[test]
+    fn seq_lens_must_match_the_table() {
+        let (k, v) = (pages(2, 8, 1, 64), pages(2, 8, 1, 64));
+        let table = vec![0i32; 3 * 2];
+        let lens = vec![0i32; 2];
+        let e = PagedKvCache::new(
+            TensorView::host(&k, [2, 8, 1, 64]).unwrap(),
+            TensorView::host(&v, [2, 8, 1, 64]).unwrap(),
+            TensorView::host(&table, [3, 2]).unwrap(),
+            TensorView::host(&lens, [2]).unwrap(),
+            1,
+        )
+        .err()
+        .unwrap();
+        assert_eq!(e.kind(), &ErrorKind::Shape);
+        assert!(e.message().starts_with("seq_lens"));
+    }
+}

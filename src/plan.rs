@@ -1,0 +1,258 @@
+//! Host-side policy for the paged decode kernel: how many KV splits (flash-decoding) a batch gets, how long
+//! each split is, the grid and the size of the split workspace. Pure functions of the problem shape and the
+//! SM count, so a given (problem, device, options) always yields the same plan, and a fixed plan gives
+//! bitwise-reproducible results (the kernels' summation orders are fixed).
+//!
+//! The kernel's side of the contract (kernels/include/fa/decode/traits.cuh): a CTA serves one sequence, one
+//! KV head, up to [`ROWS_PER_CTA`] of its query heads and one split; `split_tokens` is a multiple of
+//! [`SPLIT_GRANULE`]; split `s` covers tokens `[s * split_tokens, (s + 1) * split_tokens)` and the last split
+//! runs to the sequence's end.
+
+use crate::error::{Error, Result};
+
+/// `split_tokens` must be a multiple of this (kSplitGranule in traits.cuh: every head dim's KV tile divides it).
+pub const SPLIT_GRANULE: usize = 64;
+/// Query heads of one KV head served by one CTA: the M = 16 rows of the tensor-core tile.
+pub const ROWS_PER_CTA: usize = 16;
+/// The planner never splits below this many tokens per split: a split's fixed cost (pipeline fill, the
+/// epilogue, 16 x D fp32 of partials written and merged) must stay small against its K/V traffic
+/// (256 tokens x D = 128 x 2 x 2 bytes = 128 KiB per KV head).
+pub const MIN_SPLIT_TOKENS: usize = 256;
+/// Upper bound on planned (not forced) splits; FA2 uses the same cap.
+pub const MAX_PLANNED_SPLITS: usize = 128;
+/// Resident decode CTAs per SM the planner assumes (the kernel fits 3 on sm_90 / 2 on sm_80 by shared
+/// memory; 2 is the conservative choice across targets). Only the wave arithmetic depends on it.
+pub const CTAS_PER_SM: usize = 2;
+/// A split count is good enough once its wave efficiency reaches this fraction of the best (FA2's rule:
+/// fewer splits mean less partial traffic and a cheaper merge).
+pub const WAVE_EFFICIENCY_SLACK: f64 = 0.85;
+/// Hardware grid limit on gridDim.y / gridDim.z (and the kernel puts splits on x, capped likewise).
+pub const MAX_GRID_YZ: usize = 65_535;
+
+/// The shape of one decode launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeProblem {
+    pub batch: usize,
+    pub heads_q: usize,
+    pub heads_kv: usize,
+    pub head_dim: usize,
+    /// Upper bound on the sequence lengths the caller promises (seq_lens may live on the device).
+    pub max_seq_len: usize,
+}
+
+impl DecodeProblem {
+    /// Query heads per KV head.
+    pub fn group(&self) -> usize {
+        self.heads_q / self.heads_kv.max(1)
+    }
+    /// CTAs per split: sequences x KV heads x blocks of up to 16 query heads.
+    pub fn ctas_per_split(&self) -> usize {
+        self.batch * self.heads_kv * self.group().div_ceil(ROWS_PER_CTA)
+    }
+}
+
+/// The plan the decode launch follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodePlan {
+    pub num_splits: usize,
+    /// Tokens per split (a multiple of [`SPLIT_GRANULE`]); meaningful only when `num_splits > 1`.
+    pub split_tokens: usize,
+    /// Grid of the decode kernel: (num_splits, Hkv * ceil(G / 16), B).
+    pub grid: [usize; 3],
+    /// fp32 elements of the split workspace: partial O [num_splits, B, Hq, D] and partial LSE [num_splits, B, Hq]
+    /// (both 0 without splitting).
+    pub partial_o_len: usize,
+    pub partial_lse_len: usize,
+}
+
+/// Fraction of the SM slots a grid of `ctas` keeps busy over its waves: ctas / (waves * slots).
+pub fn wave_efficiency(ctas: usize, slots: usize) -> f64 {
+    if ctas == 0 || slots == 0 {
+        return 0.0;
+    }
+    ctas as f64 / (ctas.div_ceil(slots) * slots) as f64
+}
+
+/// The planner's split count for a problem on `sm_count` SMs (no forcing):
+///  - no split when one split already fills the GPU (ctas >= slots) or the context is short
+///    (max_seq_len < 2 * MIN_SPLIT_TOKENS);
+///  - otherwise the smallest count, at most min(MAX_PLANNED_SPLITS, max_seq_len / MIN_SPLIT_TOKENS), whose
+///    wave efficiency is within WAVE_EFFICIENCY_SLACK of the best such count.
+pub fn planned_splits(problem: &DecodeProblem, sm_count: usize) -> usize {
+    let ctas = problem.ctas_per_split();
+    let slots = sm_count.max(1) * CTAS_PER_SM;
+    let max_splits = (problem.max_seq_len / MIN_SPLIT_TOKENS).min(MAX_PLANNED_SPLITS);
+    if ctas == 0 || ctas >= slots || max_splits < 2 {
+        return 1;
+    }
+    let eff = |s: usize| wave_efficiency(ctas * s, slots);
+    let best = (1..=max_splits).map(eff).fold(0.0, f64::max);
+    (1..=max_splits).find(|&s| eff(s) >= WAVE_EFFICIENCY_SLACK * best).unwrap_or(1)
+}
+
+impl DecodePlan {
+    /// Plans a launch. `forced_splits`: use exactly this many splits (some may be empty when the context is
+    /// short: they produce empty partials the merge ignores); `None`: [`planned_splits`], after which the
+    /// count is normalised to ceil(max_seq_len / split_tokens) so that no planned split is empty.
+    pub fn new(problem: &DecodeProblem, sm_count: usize, forced_splits: Option<usize>) -> Result<Self> {
+        let requested = match forced_splits {
+            Some(0) => return Err(Error::shape("num_splits", "must be at least 1")),
+            Some(s) => s,
+            None => planned_splits(problem, sm_count),
+        };
+        let (num_splits, split_tokens) = if requested == 1 {
+            (1, 0)
+        } else {
+            let per_split = problem.max_seq_len.div_ceil(requested).next_multiple_of(SPLIT_GRANULE).max(SPLIT_GRANULE);
+            let n = if forced_splits.is_some() { requested } else { problem.max_seq_len.div_ceil(per_split).max(1) };
+            (n, if n == 1 { 0 } else { per_split })
+        };
+        if split_tokens > i32::MAX as usize {
+            return Err(Error::overflow("max_seq_len", format!("split of {split_tokens} tokens does not fit in i32")));
+        }
+        let grid_y = problem.heads_kv * problem.group().div_ceil(ROWS_PER_CTA);
+        for (what, v) in [("num_splits", num_splits), ("heads_kv x ceil(G/16)", grid_y), ("batch", problem.batch)] {
+            if v > MAX_GRID_YZ {
+                return Err(Error::overflow(what, format!("{v} exceeds the grid limit {MAX_GRID_YZ}")));
+            }
+        }
+        let rows = problem.batch * problem.heads_q;
+        let (partial_o_len, partial_lse_len) = if num_splits > 1 {
+            let lse = num_splits
+                .checked_mul(rows)
+                .ok_or_else(|| Error::overflow("workspace", "partial LSE size overflows"))?;
+            let o = lse
+                .checked_mul(problem.head_dim)
+                .ok_or_else(|| Error::overflow("workspace", "partial O size overflows"))?;
+            (o, lse)
+        } else {
+            (0, 0)
+        };
+        Ok(DecodePlan {
+            num_splits,
+            split_tokens,
+            grid: [num_splits, grid_y, problem.batch],
+            partial_o_len,
+            partial_lse_len,
+        })
+    }
+
+    /// Token range `[begin, end)` split `s` covers for a sequence of `seq_len` tokens: the kernel's rule,
+    /// mirrored for tests and tools.
+    pub fn split_range(&self, s: usize, seq_len: usize) -> (usize, usize) {
+        if self.num_splits == 1 {
+            return (0, seq_len);
+        }
+        let begin = (s * self.split_tokens).min(seq_len);
+        let end = if s == self.num_splits - 1 { seq_len } else { (begin + self.split_tokens).min(seq_len) };
+        (begin, end)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problem(batch: usize, heads_q: usize, heads_kv: usize, max_seq_len: usize) -> DecodeProblem {
+        DecodeProblem { batch, heads_q, heads_kv, head_dim: 128, max_seq_len }
+    }
+
+    #[test]
+    fn full_gpu_is_not_split() {
+        // B=64, Hkv=8: 512 CTAs fill 132 SMs x 2 slots: one split (the 85%-of-copy-bandwidth shape).
+        let p = DecodePlan::new(&problem(64, 32, 8, 4096), 132, None).unwrap();
+        assert_eq!(p.num_splits, 1);
+        assert_eq!(p.grid, [1, 8, 64]);
+        assert_eq!((p.partial_o_len, p.partial_lse_len), (0, 0));
+    }
+
+    #[test]
+    fn single_long_sequence_is_split_to_fill_the_gpu() {
+        // B=1, Hkv=8, 32k context on 132 SMs: 8 CTAs per split, 264 slots.
+        let p = DecodePlan::new(&problem(1, 32, 8, 32768), 132, None).unwrap();
+        assert!(p.num_splits >= 28 && p.num_splits <= 33, "{p:?}");
+        assert_eq!(p.split_tokens % SPLIT_GRANULE, 0);
+        assert!(p.num_splits * p.split_tokens >= 32768);
+        assert!((p.num_splits - 1) * p.split_tokens < 32768, "no empty planned split: {p:?}");
+        assert!(wave_efficiency(8 * p.num_splits, 264) >= 0.85);
+        assert_eq!(p.partial_lse_len, p.num_splits * 32);
+        assert_eq!(p.partial_o_len, p.num_splits * 32 * 128);
+    }
+
+    #[test]
+    fn short_contexts_are_not_split() {
+        for len in [0, 1, 100, 511] {
+            assert_eq!(DecodePlan::new(&problem(1, 8, 1, len), 132, None).unwrap().num_splits, 1, "len {len}");
+        }
+        // 512 tokens may split in two (each >= MIN_SPLIT_TOKENS).
+        assert!(DecodePlan::new(&problem(1, 8, 1, 512), 132, None).unwrap().num_splits <= 2);
+    }
+
+    #[test]
+    fn splits_respect_the_minimum_length_and_the_cap() {
+        for len in [600, 1000, 4097, 100_000, 1 << 20] {
+            let p = DecodePlan::new(&problem(1, 8, 1, len), 132, None).unwrap();
+            assert!(p.num_splits <= MAX_PLANNED_SPLITS);
+            if p.num_splits > 1 {
+                assert!(p.split_tokens >= MIN_SPLIT_TOKENS - SPLIT_GRANULE, "{len}: {p:?}");
+                assert!((p.num_splits - 1) * p.split_tokens < len);
+            }
+        }
+    }
+
+    #[test]
+    fn forced_splits_are_exact_even_when_some_are_empty() {
+        let p = DecodePlan::new(&problem(2, 8, 2, 15), 132, Some(7)).unwrap();
+        assert_eq!(p.num_splits, 7);
+        assert_eq!(p.split_tokens, SPLIT_GRANULE);
+        assert_eq!(p.split_range(0, 15), (0, 15));
+        assert_eq!(p.split_range(3, 15), (15, 15));
+        assert_eq!(p.split_range(6, 15), (15, 15));
+        let p = DecodePlan::new(&problem(2, 8, 2, 1000), 132, Some(2)).unwrap();
+        assert_eq!((p.num_splits, p.split_tokens), (2, 512));
+        // The last split runs to the end even past the promised maximum.
+        assert_eq!(p.split_range(1, 1200), (512, 1200));
+        assert_eq!(DecodePlan::new(&problem(2, 8, 2, 1000), 132, Some(1)).unwrap().num_splits, 1);
+        assert_eq!(DecodePlan::new(&problem(2, 8, 2, 0), 132, Some(2)).unwrap().split_tokens, SPLIT_GRANULE);
+        let e = DecodePlan::new(&problem(2, 8, 2, 1000), 132, Some(0)).unwrap_err();
+        assert_eq!(e.kind(), &crate::ErrorKind::Shape);
+    }
+
+    #[test]
+    fn split_ranges_tile_the_sequence() {
+        for (len, forced) in [(4097, Some(7)), (4097, None), (32768, None), (17, Some(2)), (100_000, Some(3))] {
+            let p = DecodePlan::new(&problem(1, 4, 1, len), 132, forced).unwrap();
+            let mut next = 0;
+            for s in 0..p.num_splits {
+                let (b, e) = p.split_range(s, len);
+                assert_eq!(b, next.min(len));
+                assert!(e >= b);
+                next = e;
+            }
+            assert_eq!(next, len);
+        }
+    }
+
+    #[test]
+    fn plans_are_deterministic_and_grid_counts_head_blocks() {
+        let a = DecodePlan::new(&problem(3, 64, 2, 9000), 108, None).unwrap();
+        let b = DecodePlan::new(&problem(3, 64, 2, 9000), 108, None).unwrap();
+        assert_eq!(a, b);
+        // G = 32 query heads per KV head: two CTAs of 16 rows each.
+        assert_eq!(a.grid[1], 4);
+        assert_eq!(problem(3, 64, 2, 9000).ctas_per_split(), 12);
+    }
+
+    #[test]
+    fn grid_limits_are_overflow_errors() {
+        let e = DecodePlan::new(&problem(70_000, 8, 1, 10), 132, None).unwrap_err();
+        assert_eq!(e.kind(), &crate::ErrorKind::Overflow);
+    }
+
+    #[test]
+    fn wave_efficiency_examples() {
+        assert_eq!(wave_efficiency(264, 264), 1.0);
+        assert_eq!(wave_efficiency(265, 264), 265.0 / 528.0);
+        assert_eq!(wave_efficiency(0, 264), 0.0);
+    }
+}

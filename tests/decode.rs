@@ -1,0 +1,373 @@
+//! Paged decode against the fp64 reference: the emulated sweep (a representative subset of
+//! `decode::cases::decode_sweep`), the full sweep on a GPU (skipped visibly without one), bitwise
+//! reproducibility of a fixed plan, strided q/o, and bad input -> typed errors.
+mod common;
+
+use fused_attn::decode::cases::{
+    check_case_emulated, check_case_gpu, decode_sweep, decode_sweep_emulated, DecodeCase, PagedFixture,
+};
+use fused_attn::decode::{DecodeOptions, DecodeWorkspace};
+use fused_attn::plan::DecodePlan;
+use fused_attn::{decode, DType, Element, Emulator, ErrorKind, PagedKvCache, Stream, TensorView, TensorViewMut};
+use half::bf16;
+
+/// Decodes the fixture with NaN-poisoned outputs; `lse_stride` lays the LSE out with a padded batch stride.
+fn run_decode<T: Element>(
+    stream: &Stream<'_>,
+    f: &PagedFixture<T>,
+    opts: Option<DecodeOptions>,
+) -> (Vec<T>, Vec<f32>, DecodePlan) {
+    let c = &f.case;
+    let (b, hq, d) = (c.batch(), c.heads_q, c.head_dim);
+    let opts = opts.unwrap_or(DecodeOptions { scale: None, num_splits: c.num_splits });
+    let cache = PagedKvCache::new(
+        TensorView::host(&f.k_cache, f.cache_shape()).unwrap(),
+        TensorView::host(&f.v_cache, f.cache_shape()).unwrap(),
+        TensorView::host(&f.block_table, [b, f.width]).unwrap(),
+        TensorView::host(&f.seq_lens, [b]).unwrap(),
+        c.max_seq_len(),
+    )
+    .unwrap();
+    let q = TensorView::host(&f.q, [b, hq, d]).unwrap();
+    let mut o = vec![T::nan(); b * hq * d];
+    let mut lse = vec![f32::NAN; b * hq];
+    let probe = DecodeWorkspace::new(stream, 0, 0).unwrap();
+    let problem =
+        fused_attn::decode::check_decode_args(&q, &cache, &TensorViewMut::host(&mut o, [b, hq, d]).unwrap(), None)
+            .unwrap();
+    let plan = probe.plan(&problem, &opts).unwrap();
+    let mut ws = DecodeWorkspace::for_plan(stream, &plan).unwrap();
+    let mut o_view = TensorViewMut::host(&mut o, [b, hq, d]).unwrap();
+    let mut lse_view = TensorViewMut::host(&mut lse, [b, hq]).unwrap();
+    let used = decode(stream, &q, &cache, &mut o_view, Some(&mut lse_view), &mut ws, &opts).unwrap();
+    assert_eq!(used, plan);
+    (o, lse, plan)
+}
+
+fn seed_for(i: usize) -> u64 {
+    let base: u64 = std::env::var("FA_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
+    });
+    base.wrapping_add(i as u64 * 0x9e37_79b9)
+}
+
+/// Checks every `part`-th case of the emulated sweep starting at `first` (the sweep is split over tests so
+/// they run in parallel).
+fn emulated_sweep_part(first: usize, part: usize) {
+    let emu = Emulator::new();
+    let mut failures = Vec::new();
+    for (i, case) in decode_sweep_emulated().iter().enumerate().skip(first).step_by(part) {
+        let outcome = check_case_emulated(&emu, case, seed_for(i)).unwrap();
+        eprintln!("{}: {}", case.label(), outcome.summary());
+        if !outcome.passed() {
+            failures.push(format!("{}: {}", case.label(), outcome.summary()));
+        }
+    }
+    assert!(failures.is_empty(), "{} failing cases:\n{}", failures.len(), failures.join("\n"));
+}
+
+#[test]
+fn emulated_decode_sweep_even() {
+    emulated_sweep_part(0, 2);
+}
+
+#[test]
+fn emulated_decode_sweep_odd() {
+    emulated_sweep_part(1, 2);
+}
+
+#[test]
+fn gpu_decode_sweep() {
+    let Some(ctx) = common::gpu_or_skip("decode::gpu_decode_sweep") else { return };
+    let cu = ctx.default_stream();
+    let mut failures = Vec::new();
+    for (i, case) in decode_sweep().iter().enumerate() {
+        let outcome = check_case_gpu(&cu, case, seed_for(i)).unwrap();
+        if !outcome.passed() {
+            failures.push(format!("{}: {}", case.label(), outcome.summary()));
+        }
+    }
+    assert!(failures.is_empty(), "{} failing cases:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// Bandwidth of the performance shapes (printed; the bars are judged in the report, not asserted
+/// here, since a shared or throttled GPU would make the test flaky).
+#[test]
+fn gpu_decode_bandwidth() {
+    let Some(ctx) = common::gpu_or_skip("decode::gpu_decode_bandwidth") else { return };
+    let cu = ctx.default_stream();
+    for row in fused_attn::decode::cases::perf_report(&cu, seed_for(0)).unwrap() {
+        eprintln!(
+            "{}: {:.1} us, {:.0} GB/s = {:.0}% of copy bandwidth ({:.0} GB/s), plan {:?}",
+            row.case.label().split(" lens=").next().unwrap(),
+            row.timing.timing.median_ms * 1e3,
+            row.timing.gbps,
+            100.0 * row.ratio,
+            row.copy_gbps,
+            row.timing.plan
+        );
+    }
+}
+
+fn small_case(num_splits: Option<usize>) -> DecodeCase {
+    DecodeCase {
+        dtype: DType::Bf16,
+        head_dim: 128,
+        heads_q: 8,
+        heads_kv: 2,
+        page_size: 16,
+        seq_lens: vec![300, 0, 77, 1029],
+        num_splits,
+    }
+}
+
+#[test]
+fn fixed_plan_is_bitwise_reproducible() {
+    let emu = Emulator::new();
+    let stream = Stream::Emu(&emu);
+    let f = PagedFixture::<bf16>::new(&small_case(Some(3)), seed_for(0));
+    let (o1, l1, p1) = run_decode(&stream, &f, None);
+    let (o2, l2, p2) = run_decode(&stream, &f, None);
+    assert_eq!(p1, p2);
+    assert_eq!(p1.num_splits, 3);
+    assert!(o1.iter().zip(&o2).all(|(a, b)| a.to_bits() == b.to_bits()));
+    assert!(l1.iter().zip(&l2).all(|(a, b)| a.to_bits() == b.to_bits()));
+}
+
+#[test]
+fn strided_q_and_o_and_no_lse() {
+    let emu = Emulator::new();
+    let stream = Stream::Emu(&emu);
+    let case = small_case(Some(2));
+    let f = PagedFixture::<bf16>::new(&case, seed_for(1));
+    let (b, hq, d) = (case.batch(), case.heads_q, case.head_dim);
+    let (want, _, _) = run_decode(&stream, &f, None);
+    // q and o as head slices of packed [B, 3*Hq, D] tensors.
+    let mut q_packed = vec![bf16::NAN; b * 3 * hq * d];
+    for i in 0..b {
+        for h in 0..hq {
+            let src = &f.q[(i * hq + h) * d..][..d];
+            q_packed[(i * 3 * hq + hq + h) * d..][..d].copy_from_slice(src);
+        }
+    }
+    let strides = [(3 * hq * d) as i64, d as i64, 1];
+    let q = TensorView::host(&q_packed[hq * d..], [b, hq, d]).unwrap().with_strides(strides).unwrap();
+    let mut o_packed = vec![bf16::NAN; b * 3 * hq * d];
+    let cache = PagedKvCache::new(
+        TensorView::host(&f.k_cache, f.cache_shape()).unwrap(),
+        TensorView::host(&f.v_cache, f.cache_shape()).unwrap(),
+        TensorView::host(&f.block_table, [b, f.width]).unwrap(),
+        TensorView::host(&f.seq_lens, [b]).unwrap(),
+        case.max_seq_len(),
+    )
+    .unwrap();
+    let mut ws = DecodeWorkspace::with_capacity(&stream, b, hq, d, 2).unwrap();
+    {
+        let mut o =
+            TensorViewMut::host(&mut o_packed[2 * hq * d..], [b, hq, d]).unwrap().with_strides(strides).unwrap();
+        decode(&stream, &q, &cache, &mut o, None, &mut ws, &DecodeOptions { scale: None, num_splits: Some(2) })
+            .unwrap();
+    }
+    for i in 0..b {
+        for h in 0..hq {
+            let got = &o_packed[(i * 3 * hq + 2 * hq + h) * d..][..d];
+            let exp = &want[(i * hq + h) * d..][..d];
+            assert!(got.iter().zip(exp).all(|(a, b)| a.to_bits() == b.to_bits()), "row {i},{h}");
+        }
+    }
+    // Untouched neighbours stay NaN.
+    assert!(o_packed[..2 * hq * d].iter().all(|x| x.is_nan()));
+}
+
+#[test]
+fn bad_inputs_are_typed_errors() {
+    let emu = Emulator::new();
+    let stream = Stream::Emu(&emu);
+    let (b, hq, hkv, d, ps, pages, width) = (2usize, 8usize, 2usize, 64usize, 16usize, 4usize, 2usize);
+    let kv = vec![bf16::ZERO; pages * ps * hkv * d];
+    let table = vec![0i32; b * width];
+    let lens = vec![0i32; b];
+    let cache_with = |max_seq_len: usize| {
+        PagedKvCache::new(
+            TensorView::host(&kv, [pages, ps, hkv, d]).unwrap(),
+            TensorView::host(&kv, [pages, ps, hkv, d]).unwrap(),
+            TensorView::host(&table, [b, width]).unwrap(),
+            TensorView::host(&lens, [b]).unwrap(),
+            max_seq_len,
+        )
+    };
+    // Table too narrow for the promised length.
+    assert_eq!(cache_with(33).err().unwrap().kind(), &ErrorKind::Shape);
+    let cache = cache_with(32).unwrap();
+    // Page size 48.
+    let kv48 = vec![bf16::ZERO; 2 * 48 * hkv * d];
+    let e = PagedKvCache::new(
+        TensorView::host(&kv48, [2, 48, hkv, d]).unwrap(),
+        TensorView::host(&kv48, [2, 48, hkv, d]).unwrap(),
+        TensorView::host(&table, [b, width]).unwrap(),
+        TensorView::host(&lens, [b]).unwrap(),
+        1,
+    )
+    .err()
+    .unwrap();
+    assert_eq!(e.kind(), &ErrorKind::Unsupported);
+
+    let mut ws = DecodeWorkspace::new(&stream, 0, 0).unwrap();
+    let opts = DecodeOptions::default();
+    let run = |hq: usize, dq: usize, ob: usize, ws: &mut DecodeWorkspace, opts: &DecodeOptions| {
+        let qd = vec![bf16::ZERO; b * hq * dq];
+        let mut od = vec![bf16::ZERO; ob * hq * dq];
+        let q = TensorView::host(&qd, [b, hq, dq]).unwrap();
+        let mut o = TensorViewMut::host(&mut od, [ob, hq, dq]).unwrap();
+        decode(&stream, &q, &cache, &mut o, None, ws, opts).err().map(|e| (e.kind().clone(), e.message().to_string()))
+    };
+    assert_eq!(run(hq, d, b, &mut ws, &opts), None);
+    // Hq % Hkv != 0.
+    assert_eq!(run(7, d, b, &mut ws, &opts).unwrap().0, ErrorKind::Shape);
+    // Head dim 100 (and a q/cache head-dim mismatch).
+    assert_eq!(run(hq, 96, b, &mut ws, &opts).unwrap().0, ErrorKind::Unsupported);
+    assert_eq!(run(hq, 128, b, &mut ws, &opts).unwrap().0, ErrorKind::Shape);
+    // o of the wrong batch.
+    let (kind, msg) = run(hq, d, b + 1, &mut ws, &opts).unwrap();
+    assert_eq!(kind, ErrorKind::Shape);
+    assert!(msg.starts_with("o:"), "{msg}");
+    // Forced splits without a workspace.
+    let split = DecodeOptions { scale: None, num_splits: Some(2) };
+    assert_eq!(run(hq, d, b, &mut ws, &split).unwrap().0, ErrorKind::OutOfBounds);
+    // Misaligned q rows: a batch stride of Hq*D + 4 elements (8 bytes past a 16-byte multiple).
+    let qd = vec![bf16::ZERO; b * (hq * d + 4)];
+    let q = TensorView::host(&qd, [b, hq, d]).unwrap().with_strides([(hq * d + 4) as i64, d as i64, 1]).unwrap();
+    let mut od = vec![bf16::ZERO; b * hq * d];
+    let mut o = TensorViewMut::host(&mut od, [b, hq, d]).unwrap();
+    let e = decode(&stream, &q, &cache, &mut o, None, &mut ws, &opts).unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Alignment);
+    assert!(e.message().starts_with("q"), "{}", e.message());
+    // lse of the wrong shape.
+    let qd = vec![bf16::ZERO; b * hq * d];
+    let q = TensorView::host(&qd, [b, hq, d]).unwrap();
+    let mut od = vec![bf16::ZERO; b * hq * d];
+    let mut o = TensorViewMut::host(&mut od, [b, hq, d]).unwrap();
+    let mut ld = vec![0f32; b * hq];
+    let mut l = TensorViewMut::host(&mut ld, [hq, b]).unwrap();
+    let e = decode(&stream, &q, &cache, &mut o, Some(&mut l), &mut ws, &opts).unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Shape);
+    assert!(e.message().starts_with("lse"));
+}
+
+#[test]
+fn empty_batch_is_a_no_op() {
+    let emu = Emulator::new();
+    let stream = Stream::Emu(&emu);
+    let kv = vec![bf16::ZERO; 2 * 16 * 64];
+    let (table, lens, q): (Vec<i32>, Vec<i32>, Vec<bf16>) = (vec![], vec![], vec![]);
+    let cache = PagedKvCache::new(
+        TensorView::host(&kv, [2, 16, 1, 64]).unwrap(),
+        TensorView::host(&kv, [2, 16, 1, 64]).unwrap(),
+        TensorView::host(&table, [0, 1]).unwrap(),
+        TensorView::host(&lens, [0]).unwrap(),
+        16,
+    )
+    .unwrap();
+    let mut o: Vec<bf16> = vec![];
+    let mut ws = DecodeWorkspace::new(&stream, 0, 0).unwrap();
+    let plan = decode(
+        &stream,
+        &TensorView::host(&q, [0, 4, 64]).unwrap(),
+        &cache,
+        &mut TensorViewMut::host(&mut o, [0, 4, 64]).unwrap(),
+        None,
+        &mut ws,
+        &DecodeOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(plan.num_splits, 1);
+}
+
+/// seq_lens and block-table entries are device data the host cannot validate: the kernel clamps a length
+/// into [0, capacity] and reads an out-of-range page id as zero rows, never faulting (the emulator checks
+/// every access against the buffers).
+#[test]
+fn clamps_device_data_it_cannot_validate() {
+    use fused_attn::reference;
+    let emu = Emulator::new();
+    let stream = Stream::Emu(&emu);
+    let case = DecodeCase { seq_lens: vec![48, 48, 48], num_splits: Some(2), ..small_case(None) };
+    let f = PagedFixture::<bf16>::new(&case, seed_for(3));
+    let (b, hq, d, ps) = (case.batch(), case.heads_q, case.head_dim, case.page_size);
+    assert_eq!(f.width, 4); // capacity 64 tokens
+                            // Kernel view: seq 0 has length -3, seq 1 claims 1000 (clamped to 64; its spare column is pointed at a
+                            // real page so the clamped tokens are data), seq 2's second page id is out of range.
+    let mut table = f.block_table.clone();
+    table[f.width + 3] = table[f.width];
+    table[2 * f.width + 1] = 12_345;
+    let lens = vec![-3, 1000, 48];
+    // Reference view: the same with lengths clamped and the bad page replaced by an appended zero page.
+    let page = ps * case.heads_kv * d;
+    let to64 = |v: &[bf16]| v.iter().map(|x| x.to_f64()).collect::<Vec<f64>>();
+    let (mut k, mut v) = (to64(&f.k_cache), to64(&f.v_cache));
+    k.extend(std::iter::repeat_n(0.0, page));
+    v.extend(std::iter::repeat_n(0.0, page));
+    let mut ref_table = table.clone();
+    ref_table[2 * f.width + 1] = f.num_pages as i32;
+    let ref_lens = vec![0, 64, 48];
+    let q = to64(&f.q);
+    let scale = 1.0 / (d as f64).sqrt();
+    let args = (hq, case.heads_kv, d, scale);
+    let exact = reference::paged_decode(
+        args.0,
+        args.1,
+        args.2,
+        args.3,
+        &q,
+        &k,
+        &v,
+        f.num_pages + 1,
+        ps,
+        &ref_table,
+        f.width,
+        &ref_lens,
+    )
+    .unwrap();
+    let naive = reference::naive_lowp_paged_decode(
+        args.0,
+        args.1,
+        args.2,
+        args.3,
+        &q,
+        &k,
+        &v,
+        f.num_pages + 1,
+        ps,
+        &ref_table,
+        f.width,
+        &ref_lens,
+        DType::Bf16,
+    )
+    .unwrap();
+
+    let cache = PagedKvCache::new(
+        TensorView::host(&f.k_cache, f.cache_shape()).unwrap(),
+        TensorView::host(&f.v_cache, f.cache_shape()).unwrap(),
+        TensorView::host(&table, [b, f.width]).unwrap(),
+        TensorView::host(&lens, [b]).unwrap(),
+        48,
+    )
+    .unwrap();
+    let mut o = vec![bf16::NAN; b * hq * d];
+    let mut lse = vec![f32::NAN; b * hq];
+    let mut ws = DecodeWorkspace::with_capacity(&stream, b, hq, d, 2).unwrap();
+    decode(
+        &stream,
+        &TensorView::host(&f.q, [b, hq, d]).unwrap(),
+        &cache,
+        &mut TensorViewMut::host(&mut o, [b, hq, d]).unwrap(),
+        Some(&mut TensorViewMut::host(&mut lse, [b, hq]).unwrap()),
+        &mut ws,
+        &DecodeOptions { scale: None, num_splits: Some(2) },
+    )
+    .unwrap();
+    let cmp = reference::compare(&to64(&o), &exact.out, &naive);
+    assert!(cmp.passed, "{cmp:?}");
+    let lse64: Vec<f64> = lse.iter().map(|&x| x as f64).collect();
+    assert!(reference::compare_lse(&lse64, &exact.lse, 1e-3).passed);
+}
