@@ -12,6 +12,7 @@ pub mod emu;
 pub mod emu_selftest;
 pub mod error;
 mod launch;
+pub mod prefill;
 pub mod reference;
 pub mod sys;
 pub mod tensor;

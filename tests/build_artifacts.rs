@@ -29,7 +29,7 @@ fn gpu_library_has_sass_for_every_arch_and_ptx() {
         assert!(listing.contains(&tag), "no SASS for sm_{arch} in {}:\n{listing}", build_info::GPU_LIBRARY);
     }
     let ptx = Command::new(&tool).args(["--list-ptx", build_info::GPU_LIBRARY]).output().unwrap();
-    assert!(String::from_utf8_lossy(&ptx.stdout).contains("compute_"), "no PTX embedded for forward compatibility");
+    assert!(String::from_utf8_lossy(&ptx.stdout).contains(".ptx"), "no PTX embedded for forward compatibility");
 }
 
 #[test]

@@ -40,8 +40,13 @@ typedef void *FaStream;
  * Dense:  q [B, Tq, Hq, D], k/v [B, Tk, Hkv, D], o like q, lse [B, Hq, Tq] (natural log) or NULL.
  * Varlen: cu_seqlens_q/k non-NULL (int32, B+1): q [total_q, Hq, D], k/v [total_k, Hkv, D]; batch strides
  *         are ignored (sequence b starts at row cu_seqlens[b]); lse is [Hq, total_q] (lse_batch_stride
- *         ignored, a row's position is cu_seqlens_q[b] + i); seqlen_q/k are the maxima over the batch.
+ *         ignored, a row's position is cu_seqlens_q[b] + i); seqlen_q/k are the maxima over the batch
+ *         (the grid covers seqlen_q rows per sequence); total_q/total_k are the rows of the packed q (= o)
+ *         and k (= v) tensors: the kernel clamps cu_seqlens to [0, total] so that bad offsets can never
+ *         address memory outside the tensors (a sequence longer than seqlen_q is then only partly written).
  * Causal is bottom-right aligned per sequence: row i sees key j iff j <= i + (Tk - Tq).
+ * k and v may be NULL when there are no keys at all (seqlen_k == 0, or varlen total_k == 0): every row is
+ * then empty (O = 0, LSE = -inf). scale must be > 0 (the kernel takes the row max of unscaled scores).
  * ------------------------------------------------------------------------------------------------------- */
 typedef struct FaPrefillParams {
   const void *q;
@@ -57,6 +62,7 @@ typedef struct FaPrefillParams {
   int64_t o_batch_stride, o_row_stride, o_head_stride;
   int64_t lse_batch_stride, lse_head_stride; /* lse row stride is 1 */
   int32_t batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim;
+  int32_t total_q, total_k; /* varlen only */
   int32_t dtype;
   int32_t causal;
   float scale;      /* softmax scale (1/sqrt(D) by default) */

@@ -165,8 +165,11 @@ FA_DEVICE float fast_rcp(float x) { return __frcp_rn(x); }
 
 // Launch. Sets the dynamic-shared-memory limit when above the 48 KiB default (a host-side attribute, no
 // stream work), launches on the caller's stream, and returns the launch status. Never synchronises.
+// `static`: both libraries instantiate launch<Params...> from this header with different bodies and the
+// same mangled name; internal linkage keeps the linker from folding the emulator's calls into the GPU's
+// copy (or vice versa). Kernels and launch helpers in the .cu files need internal linkage for the same reason.
 template <class... KArgs, class... Args>
-inline int launch(const char * /*name*/, void (*kernel)(KArgs...), Dim3 grid, int block, int smem_bytes,
+static inline int launch(const char * /*name*/, void (*kernel)(KArgs...), Dim3 grid, int block, int smem_bytes,
                   FaStream stream, Args... args) {
   if (smem_bytes > 48 * 1024) {
     cudaError_t e = cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -264,7 +267,7 @@ FA_DEVICE float fast_exp2(float x) { return emu::exp2_approx(x); }
 FA_DEVICE float fast_rcp(float x) { return 1.0f / x; }
 
 template <class... KArgs, class... Args>
-inline int launch(const char *name, void (*kernel)(KArgs...), Dim3 grid, int block, int smem_bytes,
+static inline int launch(const char *name, void (*kernel)(KArgs...), Dim3 grid, int block, int smem_bytes,
                   FaStream stream, Args... args) {
   return emu::launch(name, emu::Dim3{grid.x, grid.y, grid.z}, block, smem_bytes,
                      static_cast<FaEmuLaunch *>(stream), [=]() { kernel(args...); });

@@ -1,0 +1,52 @@
+// Compile-time tile shapes of the prefill kernel, one per head dim (dtype-independent). Mirrored on the
+// host by `prefill::TileConfig::for_head_dim` (src/prefill.rs), which computes the grid; keep both in step.
+//
+// Every config uses 4 warps (128 threads) and the FA2 "split-Q" partition: each warp owns 16·kMTiles query
+// rows of the Br-row tile and all Bc keys, so softmax statistics never leave the warp. 32 rows per warp
+// (kMTiles = 2) halves the shared-memory traffic per FLOP against 16 rows (every warp reads the whole K and
+// V tile): on sm_90 that is the difference between smem-bound and tensor-bound. The binding constraint is
+// registers (255/thread, no spills allowed): O is kMTiles·D/2 fp32 and S is kMTiles·Bc/2 fp32 per thread,
+// and ptxas needs ~60-90 more for fragments, addresses and its own load hoisting.
+//
+// Shared memory is Q (Br x D) + kStages buffers of K and V (Bc x D each), 16-bit. The kernel prefetches
+// one tile ahead; with 3 buffers the buffer being refilled was last read two tiles ago, so one barrier per
+// tile suffices (2 buffers need a second barrier before the refill). Everything must fit sm_86/89's
+// 99 KiB opt-in; on sm_90 (228 KiB) up to 2 CTAs/SM, which is also the register limit at 255 regs.
+//
+//   D   | kMTiles | Br  | Bc | stages | smem   | why
+//   32  | 2       | 128 | 64 | 3      | 32 KiB | O 32 + S 64 regs: plenty of room
+//   64  | 2       | 128 | 64 | 3      | 64 KiB | O 64 + S 64 regs (~225-240 used)
+//   96  | 2       | 128 | 32 | 3      | 60 KiB | O 96 + S 32: Bc 64 spills
+//   128 | 2       | 128 | 32 | 3      | 80 KiB | O 128 + S 32 (~250 used); Bc 64 (FA2's 128x64) spills ~25
+//       |         |     |    |        |        | registers with this toolchain
+//   256 | 1       | 64  | 32 | 2      | 96 KiB | O alone is 128 regs at 16 rows/warp; Bc 64 or a third
+//       |         |     |    |        |        | stage would need more than sm_86/89's 99 KiB
+#pragma once
+
+namespace fa {
+namespace prefill {
+
+template <int kHeadDim> struct TileConfig;
+
+template <int kHeadDim_, int kMTiles_, int kBc_, int kStages_> struct TileShape {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kMTiles = kMTiles_;        // m16 tiles per warp
+  static constexpr int kBr = 16 * kMTiles * kWarps; // query rows per CTA
+  static constexpr int kBc = kBc_;                 // keys per KV tile
+  static constexpr int kStages = kStages_;         // K/V tile buffers (2 or 3)
+  static constexpr int kSmemBytes = (kBr + 2 * kStages * kBc) * kHeadDim * 2;
+  static_assert(kBc % 16 == 0 && kHeadDim % 16 == 0, "mma k/n steps are 16 wide");
+  static_assert(kStages == 2 || kStages == 3, "double or triple buffering");
+  static_assert(kSmemBytes <= 99 * 1024, "must fit the 99 KiB opt-in of sm_86/sm_89");
+};
+
+template <> struct TileConfig<32> : TileShape<32, 2, 64, 3> {};
+template <> struct TileConfig<64> : TileShape<64, 2, 64, 3> {};
+template <> struct TileConfig<96> : TileShape<96, 2, 32, 3> {};
+template <> struct TileConfig<128> : TileShape<128, 2, 32, 3> {};
+template <> struct TileConfig<256> : TileShape<256, 1, 32, 2> {};
+
+} // namespace prefill
+} // namespace fa

@@ -1,0 +1,267 @@
+// Fused prefill attention (FlashAttention-2 forward, sm_80+): O = softmax(Q Kᵀ · scale) V without ever
+// materialising the Tq x Tk score matrix.
+//
+// One CTA per (query tile of Br rows, query head, sequence); 4 warps, each owning 16·kMTiles query rows
+// (fa/prefill/tile_config.cuh). Per CTA:
+//   load Q tile and the top KV tile (cp.async, zero-filled past the sequence end);
+//   for each KV tile n from the top down (tiles above the causal diagonal are never visited):
+//     prefetch tile n-1 into the next K/V buffer (2-3 buffers: its loads fly under tile n's math);
+//     S = Q Kᵀ            (mma m16n8k16; Q and K through ldmatrix from swizzled smem, fp32 accumulate)
+//     mask S              (only the tiles that cross the diagonal or the ragged Tk edge: a masked loop,
+//                          then a mask-free loop, see fa/prefill/block_range.cuh)
+//     online softmax      (exp2 domain, scale folded into one FFMA, quad-shuffle row max; P stays in the
+//                          registers of S, fa/online_softmax.cuh)
+//     O += P V            (P converted to 16-bit in registers as the A operand; V through ldmatrix.trans)
+//   O /= rowsum, LSE = ln-domain log-sum-exp; rows that saw no key: O = 0, LSE = -inf.
+#include "fa/abi.h"
+#include "fa/intrinsics.cuh"
+#include "fa/mma_tile.cuh"
+#include "fa/online_softmax.cuh"
+#include "fa/prefill/block_range.cuh"
+#include "fa/prefill/mask.cuh"
+#include "fa/prefill/seq_info.cuh"
+#include "fa/prefill/tile_config.cuh"
+#include "fa/swizzle.cuh"
+#include "fa/tile_copy.cuh"
+
+namespace fa {
+namespace prefill {
+// Internal linkage for everything below: libfa_gpu.a and libfa_emu.a both compile this file, and the
+// kernel / launch-helper templates would otherwise be weak symbols with one mangled name and two bodies.
+namespace {
+
+// S[kMT][kBc/8] = Q[warp rows] · K[buffer]ᵀ over the full head dim.
+template <class T, class Cfg>
+FA_DEVICE void gemm_qk(float (&s)[Cfg::kMTiles][Cfg::kBc / 8][4], const T *sQ, const T *sK, int warp_row0,
+                       const LaneAddress<Cfg::kHeadDim> &a_lane, const LaneAddress<Cfg::kHeadDim> &b_lane) {
+#pragma unroll
+  for (int k0 = 0; k0 < Cfg::kHeadDim; k0 += 16) {
+    uint32_t a[Cfg::kMTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < Cfg::kMTiles; ++mt) load_a_16x16(a[mt], sQ, a_lane, warp_row0 + 16 * mt, k0);
+#pragma unroll
+    for (int n0 = 0; n0 < Cfg::kBc; n0 += 16) {
+      uint32_t b[4];
+      load_b_16x16_nk(b, sK, b_lane, n0, k0);
+#pragma unroll
+      for (int mt = 0; mt < Cfg::kMTiles; ++mt) mma_16x16<T>(s[mt][n0 / 8], s[mt][n0 / 8 + 1], a[mt], b);
+    }
+  }
+}
+
+// O[kMT][D/8] += P · V[buffer], P taken from the probabilities left in s (C -> A fragment reuse).
+template <class T, class Cfg>
+FA_DEVICE void gemm_pv(float (&o)[Cfg::kMTiles][Cfg::kHeadDim / 8][4], const float (&s)[Cfg::kMTiles][Cfg::kBc / 8][4],
+                       const T *sV, const LaneAddress<Cfg::kHeadDim> &v_lane) {
+#pragma unroll
+  for (int k0 = 0; k0 < Cfg::kBc; k0 += 16) {
+    uint32_t a[Cfg::kMTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < Cfg::kMTiles; ++mt) c_pair_to_a<T>(a[mt], s[mt][k0 / 8], s[mt][k0 / 8 + 1]);
+#pragma unroll
+    for (int n0 = 0; n0 < Cfg::kHeadDim; n0 += 16) {
+      uint32_t b[4];
+      load_b_16x16_kn_trans(b, sV, v_lane, k0, n0);
+#pragma unroll
+      for (int mt = 0; mt < Cfg::kMTiles; ++mt) mma_16x16<T>(o[mt][n0 / 8], o[mt][n0 / 8 + 1], a[mt], b);
+    }
+  }
+}
+
+// Everything one CTA works on, so that the per-tile step below reads like the algorithm.
+template <class T, class Cfg> struct CtaContext {
+  const T *k; // row 0 of this sequence and KV head
+  const T *v;
+  int64_t k_row_stride, v_row_stride;
+  T *sQ;
+  T *sK; // Cfg::kStages buffers of kBc x D
+  T *sV;
+  int m0, tq, tk, warp_row0;
+  LaneAddress<Cfg::kHeadDim> a_lane; // ldmatrix lanes for Q (A) and V (trans B)
+  LaneAddress<Cfg::kHeadDim> k_lane; // ldmatrix lanes for K (B)
+  bool causal;
+  float scale_log2;
+
+  // Starts loading KV tile n into buffer buf. Only the top tile can be ragged (Tk % Bc != 0), and it is
+  // loaded before the loop (kPredicated); the tiles prefetched inside the loop lie below it, so they are
+  // always full and skip the row predicates.
+  template <bool kPredicated> FA_DEVICE void load_kv_async(int n, int buf) const {
+    constexpr int kTile = Cfg::kBc * Cfg::kHeadDim;
+    const int key0 = n * Cfg::kBc;
+    cp_async_tile<Cfg::kBc, Cfg::kHeadDim, Cfg::kThreads, kPredicated>(sK + buf * kTile, k + key0 * k_row_stride,
+                                                                       k_row_stride, tk - key0);
+    cp_async_tile<Cfg::kBc, Cfg::kHeadDim, Cfg::kThreads, kPredicated>(sV + buf * kTile, v + key0 * v_row_stride,
+                                                                       v_row_stride, tk - key0);
+  }
+};
+
+// The buffer after `buf` in the ring of Cfg::kStages K/V buffers.
+template <class Cfg> FA_DEVICE int next_buffer(int buf) { return buf + 1 == Cfg::kStages ? 0 : buf + 1; }
+
+// One KV tile: prefetch the next, wait for this one, S = Q Kᵀ, (mask), online softmax, O += P V.
+template <bool kMasked, class T, class Cfg>
+FA_DEVICE void kv_tile_step(const CtaContext<T, Cfg> &cta, int n, int buf,
+                            float (&o)[Cfg::kMTiles][Cfg::kHeadDim / 8][4], OnlineSoftmax<Cfg::kMTiles> &softmax) {
+  constexpr int kTile = Cfg::kBc * Cfg::kHeadDim;
+  if (n > 0) {
+    // With 3 buffers, next_buffer(buf) was last read two steps ago, before every warp passed the previous
+    // step's barrier; with 2 it was read in the previous step, ordered by that step's trailing barrier.
+    cta.template load_kv_async<false>(n - 1, next_buffer<Cfg>(buf));
+    cp_async_commit();
+    cp_async_wait<1>(); // everything but the prefetch just issued: tile n (and Q) have landed
+  } else {
+    cp_async_wait<0>();
+  }
+  sync_threads(); // every thread's part of tile n is visible to every warp
+
+  float s[Cfg::kMTiles][Cfg::kBc / 8][4] = {};
+  gemm_qk<T, Cfg>(s, cta.sQ, cta.sK + buf * kTile, cta.warp_row0, cta.a_lane, cta.k_lane);
+  if (kMasked) apply_kv_mask(s, cta.m0 + cta.warp_row0, n * Cfg::kBc, cta.tq, cta.tk, cta.causal);
+  softmax.update(s, o, cta.scale_log2);
+  gemm_pv<T, Cfg>(o, s, cta.sV + buf * kTile, cta.a_lane);
+
+  // Double buffering: every warp must be done with `buf` before the next step refills it.
+  if (Cfg::kStages == 2) sync_threads();
+}
+
+// Writes this warp's rows of O (16-bit) and LSE (fp32, if requested); rows past Tq are not written.
+// O is staged through this warp's own rows of the Q tile in shared memory (no other warp reads them, and
+// this warp's last ldmatrix of Q is behind it), so that global stores are whole 16-byte chunks with
+// consecutive lanes on consecutive chunks of a row, instead of 4-byte pieces scattered over 8 rows.
+template <class T, class Cfg>
+FA_DEVICE void store_output(const FaPrefillParams &p, const SeqInfo &seq, int m0, int warp_row0, T *sQ,
+                            const float (&o)[Cfg::kMTiles][Cfg::kHeadDim / 8][4], const float (&lse)[2 * Cfg::kMTiles]) {
+  using Layout = SwizzledRows<Cfg::kHeadDim>;
+  constexpr int kRows = 16 * Cfg::kMTiles;
+  constexpr int kChunks = Cfg::kHeadDim / 8;
+  static_assert(kRows * kChunks % kWarpSize == 0, "whole chunks per lane");
+  const int g = lane_id() >> 2;
+  const int t = lane_id() & 3;
+  sync_warp(); // every lane's reads of these Q rows are done before any lane overwrites them
+#pragma unroll
+  for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = warp_row0 + 16 * mt + 8 * h + g;
+#pragma unroll
+      for (int db = 0; db < kChunks; ++db) {
+        // Conflict-free: the 8 rows g of one store land in 8 different 16-byte bank groups (swizzle).
+        st_shared(reinterpret_cast<uint32_t *>(sQ + Layout::offset(r, 8 * db) + 2 * t),
+                  pack2<T>(o[mt][db][2 * h], o[mt][db][2 * h + 1]));
+      }
+    }
+  }
+  sync_warp(); // lanes read back chunks other lanes wrote
+  T *out = static_cast<T *>(p.o) + seq.o_offset;
+#pragma unroll
+  for (int i = 0; i < kRows * kChunks / kWarpSize; ++i) {
+    const int idx = i * kWarpSize + lane_id();
+    const int r = idx / kChunks;
+    const int c = (idx % kChunks) * 8;
+    const int row = m0 + warp_row0 + r;
+    if (row < seq.tq) {
+      const Bytes16 chunk = ld_shared(reinterpret_cast<const Bytes16 *>(sQ + Layout::offset(warp_row0 + r, c)));
+      st_global(reinterpret_cast<Bytes16 *>(out + row * p.o_row_stride + c), chunk);
+    }
+  }
+  if (p.lse != nullptr && t == 0) {
+#pragma unroll
+    for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = m0 + warp_row0 + 16 * mt + 8 * h + g;
+        if (row < seq.tq) st_global(p.lse + seq.lse_offset + row, lse[2 * mt + h]);
+      }
+    }
+  }
+}
+
+// Grid: (query tiles, Hq, B). Block: Cfg::kThreads. Dynamic smem: Cfg::kSmemBytes.
+template <class T, int kHeadDim>
+FA_GLOBAL void FA_LAUNCH_BOUNDS(TileConfig<kHeadDim>::kThreads, 1) prefill_kernel(const FaPrefillParams p) {
+  using Cfg = TileConfig<kHeadDim>;
+  constexpr int kBr = Cfg::kBr;
+  const Dim3 bid = block_idx();
+  // Causal tiles lower down the sequence visit more KV tiles: launch those first (longest first), so the
+  // short ones fill the tail of the grid.
+  const int m_block = p.causal ? grid_dim().x - 1 - bid.x : bid.x;
+  const SeqInfo seq = seq_info(p, bid.z, bid.y);
+  const int m0 = m_block * kBr;
+  if (m0 >= seq.tq) return; // past this sequence's end (varlen, or an empty sequence): no rows here
+
+  CtaContext<T, Cfg> cta;
+  cta.a_lane = a_lanes<kHeadDim>();
+  cta.k_lane = b_nk_lanes<kHeadDim>();
+  cta.k = static_cast<const T *>(p.k) + seq.k_offset;
+  cta.v = static_cast<const T *>(p.v) + seq.v_offset;
+  cta.k_row_stride = p.k_row_stride;
+  cta.v_row_stride = p.v_row_stride;
+  cta.sQ = dynamic_smem<T>();
+  cta.sK = cta.sQ + kBr * kHeadDim;
+  cta.sV = cta.sK + Cfg::kStages * Cfg::kBc * kHeadDim;
+  cta.m0 = m0;
+  cta.tq = seq.tq;
+  cta.tk = seq.tk;
+  cta.warp_row0 = warp_id() * 16 * Cfg::kMTiles;
+  cta.causal = p.causal != 0;
+  cta.scale_log2 = p.scale_log2;
+
+  const KvBlockRange range = kv_block_range(m0, kBr, Cfg::kBc, seq.tq, seq.tk, cta.causal);
+
+  float o[Cfg::kMTiles][kHeadDim / 8][4] = {};
+  OnlineSoftmax<Cfg::kMTiles> softmax;
+  softmax.init();
+
+  if (range.n_end > 0) {
+    const T *q = static_cast<const T *>(p.q) + seq.q_offset + m0 * p.q_row_stride;
+    cp_async_tile<kBr, kHeadDim, Cfg::kThreads, true>(cta.sQ, q, p.q_row_stride, seq.tq - m0);
+    cta.template load_kv_async<true>(range.n_end - 1, 0);
+    cp_async_commit();
+  }
+  int n = range.n_end - 1;
+  int buf = 0;
+  for (; n >= range.n_mask_begin; --n, buf = next_buffer<Cfg>(buf)) kv_tile_step<true>(cta, n, buf, o, softmax);
+  for (; n >= 0; --n, buf = next_buffer<Cfg>(buf)) kv_tile_step<false>(cta, n, buf, o, softmax);
+
+  float lse[2 * Cfg::kMTiles];
+  softmax.finalize(o, lse, cta.scale_log2);
+  store_output<T, Cfg>(p, seq, m0, cta.warp_row0, cta.sQ, o, lse);
+}
+
+template <class T, int kHeadDim> int launch_prefill(const FaPrefillParams &p, FaStream stream) {
+  using Cfg = TileConfig<kHeadDim>;
+  const int m_blocks = p.seqlen_q / Cfg::kBr + (p.seqlen_q % Cfg::kBr != 0);
+  if (m_blocks == 0 || p.batch == 0 || p.heads_q == 0) return FA_OK; // nothing to compute
+  return launch("prefill", prefill_kernel<T, kHeadDim>, Dim3{m_blocks, p.heads_q, p.batch}, Cfg::kThreads,
+                Cfg::kSmemBytes, stream, p);
+}
+
+template <class T> int launch_prefill_dtype(const FaPrefillParams &p, FaStream stream) {
+  switch (p.head_dim) {
+  case 32: return launch_prefill<T, 32>(p, stream);
+  case 64: return launch_prefill<T, 64>(p, stream);
+  case 96: return launch_prefill<T, 96>(p, stream);
+  case 128: return launch_prefill<T, 128>(p, stream);
+  case 256: return launch_prefill<T, 256>(p, stream);
+  default: return FA_ERR_UNSUPPORTED;
+  }
+}
+
+} // namespace
+} // namespace prefill
+} // namespace fa
+
+extern "C" int FA_LAUNCHER(prefill)(FaPrefillParams p, FaStream stream) {
+  // Preconditions the Rust layer validates; checked again here because they guard memory safety.
+  const bool has_keys = p.cu_seqlens_k != nullptr ? p.total_k > 0 : p.seqlen_k > 0;
+  if (p.q == nullptr || p.o == nullptr || (has_keys && (p.k == nullptr || p.v == nullptr))) return FA_ERR_INVALID;
+  if (p.batch < 0 || p.seqlen_q < 0 || p.seqlen_k < 0 || p.heads_q < 0 || p.heads_kv <= 0) return FA_ERR_INVALID;
+  if (p.heads_q % p.heads_kv != 0) return FA_ERR_INVALID;
+  if ((p.cu_seqlens_q == nullptr) != (p.cu_seqlens_k == nullptr)) return FA_ERR_INVALID;
+  if (!(p.scale_log2 > 0.0f)) return FA_ERR_INVALID; // the row max is taken on raw scores
+  switch (p.dtype) {
+  case FA_DTYPE_F16: return fa::prefill::launch_prefill_dtype<fa::half_t>(p, stream);
+  case FA_DTYPE_BF16: return fa::prefill::launch_prefill_dtype<fa::bf16_t>(p, stream);
+  default: return FA_ERR_UNSUPPORTED;
+  }
+}

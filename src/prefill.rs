@@ -1,0 +1,705 @@
+//! Fused prefill attention: `O = softmax(Q Kᵀ · scale) V` computed in one kernel that never materialises the
+//! score matrix (kernels/prefill.cu, FlashAttention-2 forward on mma.sync tensor cores).
+//!
+//! - [`prefill`]: dense `q [B, Tq, Hq, D]`, `k`/`v [B, Tk, Hkv, D]`, `o` like `q`, optional `lse [B, Hq, Tq]`.
+//! - [`prefill_varlen`]: packed `q [total_q, Hq, D]`, `k`/`v [total_k, Hkv, D]` with `cu_seqlens` (int32,
+//!   B+1 prefix sums), `o` like `q`, optional `lse [Hq, total_q]`.
+//!
+//! Both: fp16 or bf16, D in [`PREFILL_HEAD_DIMS`], any non-negative strides with a unit innermost stride and
+//! 16-byte aligned rows, GQA/MQA (`Hq` a multiple of `Hkv`), causal bottom-right aligned (row i sees key j
+//! iff `j <= i + Tk - Tq`, per sequence), rows that see no key give `o = 0`, `lse = -inf`.
+//!
+//! The host policy the kernel follows — tile shape per head dim, the grid, which KV tiles a query tile
+//! visits and which of them are masked — is here as pure functions ([`TileConfig`], [`kv_block_range`]),
+//! mirroring kernels/include/fa/prefill/{tile_config,block_range}.cuh, and unit-tested.
+
+use crate::device::Stream;
+use crate::dtype::{DType, Element};
+use crate::error::{to_i32, Error, Result};
+use crate::launch::Launch;
+use crate::sys;
+use crate::tensor::{Mem, TensorView, TensorViewMut};
+
+/// Head dims the prefill kernel is instantiated for.
+pub const PREFILL_HEAD_DIMS: [usize; 5] = [32, 64, 96, 128, 256];
+
+/// Largest grid y / z extent (query heads, batch) of a launch.
+const MAX_GRID_YZ: usize = 65535;
+
+/// Options of one prefill call.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PrefillOptions {
+    /// Bottom-right aligned causal mask (row i sees key j iff j <= i + Tk - Tq).
+    pub causal: bool,
+    /// Softmax scale; `None` means 1/sqrt(D). Must be finite and positive.
+    pub scale: Option<f32>,
+}
+
+/// The kernel's tile shape for one head dim (kernels/include/fa/prefill/tile_config.cuh, which says why).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TileConfig {
+    pub head_dim: usize,
+    /// Warps per CTA; each owns `m_tiles` m16 tiles (16·m_tiles query rows).
+    pub warps: usize,
+    pub m_tiles: usize,
+    /// Query rows per CTA (Br).
+    pub block_m: usize,
+    /// Keys per KV tile (Bc).
+    pub block_n: usize,
+    /// K/V tile buffers in shared memory (2 or 3).
+    pub stages: usize,
+}
+
+impl TileConfig {
+    /// The config the kernel uses for `head_dim`, or `None` if it is not instantiated.
+    pub fn for_head_dim(head_dim: usize) -> Option<Self> {
+        let (m_tiles, block_n, stages) = match head_dim {
+            32 | 64 => (2, 64, 3),
+            96 | 128 => (2, 32, 3),
+            256 => (1, 32, 2),
+            _ => return None,
+        };
+        let warps = 4;
+        Some(Self { head_dim, warps, m_tiles, block_m: 16 * m_tiles * warps, block_n, stages })
+    }
+    pub fn threads(&self) -> usize {
+        32 * self.warps
+    }
+    /// Dynamic shared memory per CTA: Q tile plus `stages` K and V tiles, 16-bit.
+    pub fn smem_bytes(&self) -> usize {
+        (self.block_m + 2 * self.stages * self.block_n) * self.head_dim * 2
+    }
+    /// Launch grid `[query tiles, Hq, B]` for sequences of at most `max_seqlen_q` rows.
+    pub fn grid(&self, max_seqlen_q: usize, heads_q: usize, batch: usize) -> [usize; 3] {
+        [max_seqlen_q.div_ceil(self.block_m), heads_q, batch]
+    }
+}
+
+/// The KV tiles one query tile visits: `[0, n_end)`, of which `[n_mask_begin, n_end)` need the mask.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvBlockRange {
+    pub n_end: usize,
+    pub n_mask_begin: usize,
+}
+
+/// Which KV tiles the query tile of rows `[m0, m0 + block_m)` (clipped to `tq`) visits, and which need the
+/// mask: exactly the kernel's `kv_block_range` (kernels/include/fa/prefill/block_range.cuh). Tiles past
+/// the last key its last valid row sees are skipped; a tile is masked if it holds a key past the causal
+/// limit of the tile's first row or past `tk`. `n_end == 0`: no row sees a key (O = 0, LSE = -inf).
+pub fn kv_block_range(m0: usize, block_m: usize, block_n: usize, tq: usize, tk: usize, causal: bool) -> KvBlockRange {
+    let (m0, br, bc, tq, tk) = (m0 as i64, block_m as i64, block_n as i64, tq as i64, tk as i64);
+    let mut n_end = tk / bc + i64::from(tk % bc != 0);
+    let mut n_mask_begin = tk / bc;
+    if causal {
+        let last_row = if tq - m0 < br { tq } else { m0 + br } - 1;
+        let last_key = last_row + (tk - tq);
+        let causal_end = if last_key < 0 { 0 } else { last_key / bc + 1 };
+        n_end = n_end.min(causal_end);
+        let all_see = m0 + (tk - tq) + 1;
+        n_mask_begin = n_mask_begin.min(if all_see <= 0 { 0 } else { all_see / bc });
+    }
+    KvBlockRange { n_end: n_end as usize, n_mask_begin: n_mask_begin.min(n_end) as usize }
+}
+
+/// Rejects outputs whose rows would overlap (a zero or too-small stride): dimensions of extent > 1,
+/// ordered by stride, must each step past everything inside them.
+fn check_disjoint<const N: usize>(name: &str, shape: [usize; N], strides: [i64; N]) -> Result<()> {
+    let mut dims: Vec<(i64, usize)> = (0..N).filter(|&d| shape[d] > 1).map(|d| (strides[d], shape[d])).collect();
+    dims.sort();
+    let mut span: i64 = 1;
+    for (stride, size) in dims {
+        if stride < span {
+            return Err(Error::layout(name, format!("rows overlap (strides {strides:?} for shape {shape:?})")));
+        }
+        span = stride.saturating_mul(size as i64 - 1).saturating_add(span);
+    }
+    Ok(())
+}
+
+/// The softmax scale of a call: `opts.scale` or 1/sqrt(D); the kernel needs it finite and positive (it takes
+/// the row max of unscaled scores).
+fn softmax_scale(opts: &PrefillOptions, head_dim: usize) -> Result<f32> {
+    let scale = opts.scale.unwrap_or(1.0 / (head_dim as f32).sqrt());
+    if !(scale.is_finite() && scale > 0.0) {
+        return Err(Error::unsupported("scale", format!("{scale} (must be finite and positive)")));
+    }
+    Ok(scale)
+}
+
+/// Checks the head layout shared by both entry points: D supported and equal for q/k/v, Hq a positive
+/// multiple of Hkv, v shaped like k, o like q, rows 16-byte aligned with unit innermost stride.
+fn check_heads(head_dim: usize, d_k: usize, d_v: usize, heads_q: usize, heads_kv: usize) -> Result<TileConfig> {
+    let cfg = TileConfig::for_head_dim(head_dim).ok_or_else(|| {
+        Error::unsupported("q", format!("head dim {head_dim} (prefill supports {PREFILL_HEAD_DIMS:?})"))
+    })?;
+    if d_k != head_dim {
+        return Err(Error::shape("k", format!("head dim {d_k} differs from q's {head_dim}")));
+    }
+    if d_v != head_dim {
+        return Err(Error::shape("v", format!("head dim {d_v} differs from q's {head_dim}")));
+    }
+    if heads_kv == 0 || heads_q == 0 || heads_q % heads_kv != 0 {
+        return Err(Error::shape(
+            "q",
+            format!("{heads_q} query heads are not a positive multiple of k's {heads_kv} KV heads"),
+        ));
+    }
+    if heads_q > MAX_GRID_YZ {
+        return Err(Error::unsupported("q", format!("{heads_q} query heads (at most {MAX_GRID_YZ})")));
+    }
+    Ok(cfg)
+}
+
+fn check_rows_all<T, const N: usize>(
+    q: &TensorView<'_, T, N>,
+    k: &TensorView<'_, T, N>,
+    v: &TensorView<'_, T, N>,
+    o: &TensorViewMut<'_, T, N>,
+) -> Result<()> {
+    q.check_rows("q", 16)?;
+    k.check_rows("k", 16)?;
+    v.check_rows("v", 16)?;
+    o.check_rows("o", 16)?;
+    check_disjoint("o", o.shape(), o.strides())
+}
+
+/// Dense prefill attention, enqueued on `stream`:
+/// `o[b, i, h] = softmax_j(q[b, i, h] · k[b, j, h / G] · scale) v[b, j, h / G]`, G = Hq / Hkv.
+///  - `q [B, Tq, Hq, D]`, `k`/`v [B, Tk, Hkv, D]`, `o [B, Tq, Hq, D]`; D in [`PREFILL_HEAD_DIMS`];
+///  - `lse`: optional `[B, Hq, Tq]` fp32 natural-log log-sum-exp of the scaled scores (unit stride along Tq);
+///  - any non-negative strides with unit innermost stride and 16-byte aligned rows; `o` rows must not overlap.
+///
+/// Errors name the argument: Shape (mismatched shapes, Hq not a multiple of Hkv), Unsupported (head dim,
+/// scale), Layout (innermost stride, overlapping output), Alignment, Overflow, Backend.
+pub fn prefill<T: Element>(
+    stream: &Stream<'_>,
+    q: &TensorView<'_, T, 4>,
+    k: &TensorView<'_, T, 4>,
+    v: &TensorView<'_, T, 4>,
+    o: &mut TensorViewMut<'_, T, 4>,
+    lse: Option<&mut TensorViewMut<'_, f32, 3>>,
+    opts: &PrefillOptions,
+) -> Result<()> {
+    let [batch, seqlen_q, heads_q, head_dim] = q.shape();
+    let [batch_k, seqlen_k, heads_kv, d_k] = k.shape();
+    check_heads(head_dim, d_k, v.dim(3), heads_q, heads_kv)?;
+    if batch_k != batch {
+        return Err(Error::shape("k", format!("batch {batch_k} differs from q's {batch}")));
+    }
+    v.expect_shape("v", k.shape())?;
+    o.expect_shape("o", q.shape())?;
+    check_rows_all(q, k, v, o)?;
+    if let Some(l) = lse.as_deref() {
+        l.expect_shape("lse", [batch, heads_q, seqlen_q])?;
+        l.check_rows("lse", 4)?;
+        check_disjoint("lse", l.shape(), l.strides())?;
+    }
+    if batch > MAX_GRID_YZ {
+        return Err(Error::unsupported("q", format!("batch {batch} (at most {MAX_GRID_YZ})")));
+    }
+    let scale = softmax_scale(opts, head_dim)?;
+    let params = sys::FaPrefillParams {
+        batch: to_i32("q (batch)", batch)?,
+        heads_q: to_i32("q (heads)", heads_q)?,
+        heads_kv: to_i32("k (heads)", heads_kv)?,
+        seqlen_q: to_i32("q (seqlen)", seqlen_q)?,
+        seqlen_k: to_i32("k (seqlen)", seqlen_k)?,
+        head_dim: head_dim as i32,
+        dtype: T::DTYPE.abi(),
+        causal: opts.causal as i32,
+        scale,
+        scale_log2: scale * std::f32::consts::LOG2_E,
+        ..Default::default()
+    };
+    if batch == 0 || seqlen_q == 0 {
+        return Ok(()); // no rows
+    }
+
+    let [qs, ks, vs, os] = [q.strides(), k.strides(), v.strides(), o.strides()];
+    let lse_strides = lse.as_deref().map(|l| l.strides()).unwrap_or_default();
+    let mut launch = Launch::new(*stream);
+    let q_ptr = launch.input(c"q", q, 16)?;
+    // No keys at all: the kernel never touches k / v (every row is empty), and an empty view has no
+    // meaningful address.
+    let (k_ptr, v_ptr) = if seqlen_k > 0 {
+        (launch.input(c"k", k, 16)?, launch.input(c"v", v, 16)?)
+    } else {
+        (std::ptr::null(), std::ptr::null())
+    };
+    let o_ptr = launch.output(c"o", o, 16)?;
+    let lse_ptr = match lse {
+        Some(l) => launch.output(c"lse", l, 4)? as *mut f32,
+        None => std::ptr::null_mut(),
+    };
+    let params = sys::FaPrefillParams {
+        q: q_ptr,
+        k: k_ptr,
+        v: v_ptr,
+        o: o_ptr,
+        lse: lse_ptr,
+        q_batch_stride: qs[0],
+        q_row_stride: qs[1],
+        q_head_stride: qs[2],
+        k_batch_stride: ks[0],
+        k_row_stride: ks[1],
+        k_head_stride: ks[2],
+        v_batch_stride: vs[0],
+        v_row_stride: vs[1],
+        v_head_stride: vs[2],
+        o_batch_stride: os[0],
+        o_row_stride: os[1],
+        o_head_stride: os[2],
+        lse_batch_stride: lse_strides[0],
+        lse_head_stride: lse_strides[1],
+        ..params
+    };
+    launch.run("prefill", params, sys::fa_gpu_prefill, sys::fa_emu_prefill)
+}
+
+/// Reads a cu_seqlens tensor when it lives in host memory (emulator backend) so that its contents can be
+/// validated; GPU tensors are not read (that would synchronise): the kernel clamps them to the tensors.
+fn host_values<'a>(view: &'a TensorView<'_, i32, 1>) -> Option<&'a [i32]> {
+    match &view.mem {
+        Mem::Host(h) => Some(&h[..view.dim(0)]),
+        Mem::Gpu(_) => None,
+    }
+}
+
+/// Host-side check of one cu_seqlens array: starts at 0, non-decreasing, ends within `total`, and no
+/// sequence longer than `max_seqlen`.
+fn check_cu_seqlens(name: &str, cu: &[i32], total: usize, max_seqlen: usize) -> Result<()> {
+    if cu[0] != 0 {
+        return Err(Error::shape(name, format!("must start at 0, starts at {}", cu[0])));
+    }
+    for (b, w) in cu.windows(2).enumerate() {
+        let len = i64::from(w[1]) - i64::from(w[0]);
+        if len < 0 {
+            return Err(Error::shape(name, format!("decreases at sequence {b} ({} -> {})", w[0], w[1])));
+        }
+        if len as u64 > max_seqlen as u64 {
+            return Err(Error::shape(name, format!("sequence {b} has {len} rows, more than the maximum {max_seqlen}")));
+        }
+    }
+    let last = *cu.last().unwrap();
+    if last as u64 > total as u64 {
+        return Err(Error::shape(name, format!("ends at {last}, past the {total} packed rows")));
+    }
+    Ok(())
+}
+
+/// Variable-length prefill attention over packed sequences, enqueued on `stream`. Sequence b owns rows
+/// `cu_seqlens_q[b]..cu_seqlens_q[b+1]` of `q`/`o` and `cu_seqlens_k[b]..cu_seqlens_k[b+1]` of `k`/`v`;
+/// zero-length sequences are allowed (a query row with no key gives o = 0, lse = -inf).
+///  - `q [total_q, Hq, D]`, `k`/`v [total_k, Hkv, D]`, `o [total_q, Hq, D]`;
+///  - `cu_seqlens_q`, `cu_seqlens_k`: int32 `[B+1]`, contiguous;
+///  - `max_seqlen_q` / `max_seqlen_k`: upper bounds of the sequence lengths (the grid covers
+///    `max_seqlen_q` rows per sequence);
+///  - `lse`: optional `[Hq, total_q]` fp32 natural log (unit stride along rows).
+///
+/// On the emulator backend the cu_seqlens contents are validated (Shape errors); on a GPU they are not read
+/// on the host, and the kernel clamps them to the packed tensors, so inconsistent values give unspecified
+/// (but in-bounds) results.
+#[allow(clippy::too_many_arguments)]
+pub fn prefill_varlen<T: Element>(
+    stream: &Stream<'_>,
+    q: &TensorView<'_, T, 3>,
+    k: &TensorView<'_, T, 3>,
+    v: &TensorView<'_, T, 3>,
+    cu_seqlens_q: &TensorView<'_, i32, 1>,
+    cu_seqlens_k: &TensorView<'_, i32, 1>,
+    max_seqlen_q: usize,
+    max_seqlen_k: usize,
+    o: &mut TensorViewMut<'_, T, 3>,
+    lse: Option<&mut TensorViewMut<'_, f32, 2>>,
+    opts: &PrefillOptions,
+) -> Result<()> {
+    let [total_q, heads_q, head_dim] = q.shape();
+    let [total_k, heads_kv, d_k] = k.shape();
+    check_heads(head_dim, d_k, v.dim(2), heads_q, heads_kv)?;
+    v.expect_shape("v", k.shape())?;
+    o.expect_shape("o", q.shape())?;
+    let entries = cu_seqlens_q.dim(0);
+    if entries == 0 {
+        return Err(Error::shape("cu_seqlens_q", "needs B + 1 >= 1 entries, has 0"));
+    }
+    if cu_seqlens_k.dim(0) != entries {
+        return Err(Error::shape(
+            "cu_seqlens_k",
+            format!("has {} entries, cu_seqlens_q has {entries} (both must be B + 1)", cu_seqlens_k.dim(0)),
+        ));
+    }
+    let batch = entries - 1;
+    check_rows_all(q, k, v, o)?;
+    cu_seqlens_q.check_rows("cu_seqlens_q", 4)?;
+    cu_seqlens_k.check_rows("cu_seqlens_k", 4)?;
+    if let Some(l) = lse.as_deref() {
+        l.expect_shape("lse", [heads_q, total_q])?;
+        l.check_rows("lse", 4)?;
+        check_disjoint("lse", l.shape(), l.strides())?;
+    }
+    if batch > MAX_GRID_YZ {
+        return Err(Error::unsupported("cu_seqlens_q", format!("batch {batch} (at most {MAX_GRID_YZ})")));
+    }
+    if let (Some(cq), Some(ck)) = (host_values(cu_seqlens_q), host_values(cu_seqlens_k)) {
+        check_cu_seqlens("cu_seqlens_q", cq, total_q, max_seqlen_q)?;
+        check_cu_seqlens("cu_seqlens_k", ck, total_k, max_seqlen_k)?;
+    }
+    let scale = softmax_scale(opts, head_dim)?;
+    let params = sys::FaPrefillParams {
+        batch: to_i32("cu_seqlens_q (batch)", batch)?,
+        heads_q: to_i32("q (heads)", heads_q)?,
+        heads_kv: to_i32("k (heads)", heads_kv)?,
+        seqlen_q: to_i32("max_seqlen_q", max_seqlen_q)?,
+        seqlen_k: to_i32("max_seqlen_k", max_seqlen_k)?,
+        total_q: to_i32("q (rows)", total_q)?,
+        total_k: to_i32("k (rows)", total_k)?,
+        head_dim: head_dim as i32,
+        dtype: T::DTYPE.abi(),
+        causal: opts.causal as i32,
+        scale,
+        scale_log2: scale * std::f32::consts::LOG2_E,
+        ..Default::default()
+    };
+    if batch == 0 || total_q == 0 || max_seqlen_q == 0 {
+        return Ok(()); // no rows
+    }
+
+    let [qs, ks, vs, os] = [q.strides(), k.strides(), v.strides(), o.strides()];
+    let lse_head_stride = lse.as_deref().map(|l| l.strides()[0]).unwrap_or(0);
+    let mut launch = Launch::new(*stream);
+    let q_ptr = launch.input(c"q", q, 16)?;
+    let (k_ptr, v_ptr) = if total_k > 0 {
+        (launch.input(c"k", k, 16)?, launch.input(c"v", v, 16)?)
+    } else {
+        (std::ptr::null(), std::ptr::null())
+    };
+    let cu_q_ptr = launch.input(c"cu_seqlens_q", cu_seqlens_q, 4)?;
+    let cu_k_ptr = launch.input(c"cu_seqlens_k", cu_seqlens_k, 4)?;
+    let o_ptr = launch.output(c"o", o, 16)?;
+    let lse_ptr = match lse {
+        Some(l) => launch.output(c"lse", l, 4)? as *mut f32,
+        None => std::ptr::null_mut(),
+    };
+    let params = sys::FaPrefillParams {
+        q: q_ptr,
+        k: k_ptr,
+        v: v_ptr,
+        o: o_ptr,
+        lse: lse_ptr,
+        cu_seqlens_q: cu_q_ptr as *const i32,
+        cu_seqlens_k: cu_k_ptr as *const i32,
+        q_row_stride: qs[0],
+        q_head_stride: qs[1],
+        k_row_stride: ks[0],
+        k_head_stride: ks[1],
+        v_row_stride: vs[0],
+        v_head_stride: vs[1],
+        o_row_stride: os[0],
+        o_head_stride: os[1],
+        lse_head_stride,
+        ..params
+    };
+    launch.run("prefill_varlen", params, sys::fa_gpu_prefill, sys::fa_emu_prefill)
+}
+
+/// How a sweep case lays out its tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CaseLayout {
+    /// Every tensor contiguous.
+    Contiguous,
+    /// q, k, v are slices of one packed `[B, T, Hq + 2·Hkv, D]` QKV tensor (needs Tq == Tk, dense) and o has
+    /// padded rows: no tensor is contiguous.
+    PackedQkv,
+    /// Every tensor has padded head and row strides (works with Tq != Tk and varlen).
+    Padded,
+}
+
+/// One configuration of the correctness sweep (shared by tests/prefill.rs and the runner's `report`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PrefillCase {
+    pub dtype: DType,
+    /// Dense: batch and lengths; varlen: ignored in favour of `varlen`.
+    pub batch: usize,
+    pub seqlen_q: usize,
+    pub seqlen_k: usize,
+    pub heads_q: usize,
+    pub heads_kv: usize,
+    pub head_dim: usize,
+    pub causal: bool,
+    /// Varlen: per-sequence (q rows, keys); `None` for a dense case.
+    pub varlen: Option<Vec<(usize, usize)>>,
+    pub layout: CaseLayout,
+    /// Whether the case asks for the LSE output.
+    pub with_lse: bool,
+}
+
+impl PrefillCase {
+    fn dense(dtype: DType, d: usize, causal: bool, tq: usize, tk: usize, heads: (usize, usize)) -> Self {
+        Self {
+            dtype,
+            batch: 1,
+            seqlen_q: tq,
+            seqlen_k: tk,
+            heads_q: heads.0,
+            heads_kv: heads.1,
+            head_dim: d,
+            causal,
+            varlen: None,
+            layout: CaseLayout::Contiguous,
+            with_lse: true,
+        }
+    }
+    /// Short description for test output and report rows.
+    pub fn label(&self) -> String {
+        let shape = match &self.varlen {
+            Some(seqs) => format!("varlen{seqs:?}"),
+            None => format!("B={} Tq={} Tk={}", self.batch, self.seqlen_q, self.seqlen_k),
+        };
+        format!(
+            "{} D={} {} Hq={} Hkv={} {}{:?}{}",
+            self.dtype.name(),
+            self.head_dim,
+            shape,
+            self.heads_q,
+            self.heads_kv,
+            if self.causal { "causal " } else { "" },
+            self.layout,
+            if self.with_lse { "" } else { " no-lse" },
+        )
+    }
+    /// Query rows times keys times heads: the work the case represents (for sorting / budgeting).
+    pub fn score_count(&self) -> usize {
+        let rows_keys: usize = match &self.varlen {
+            Some(seqs) => seqs.iter().map(|&(q, k)| q * k).sum(),
+            None => self.batch * self.seqlen_q * self.seqlen_k,
+        };
+        rows_keys * self.heads_q
+    }
+}
+
+/// The sequence lengths the sweep draws from (CONVENTIONS: tile edges ±1, 1, and one long sequence).
+pub const SWEEP_SEQLENS: [usize; 10] = [1, 17, 63, 64, 65, 127, 128, 129, 255, 1000];
+
+/// The correctness sweep. `full == false`: the emulation subset — every dtype × causal × (Tq, Tk) pair of
+/// [`SWEEP_SEQLENS`] below 1000 at D = 128, a rotating selection of pairs (Tq ≠ Tk both ways) at D 64 and
+/// 256, three 1000-long cases, D 32/96, GQA 1:1/4:1/8:1/MQA, varlen batches with zero-length sequences,
+/// non-contiguous layouts, with and without LSE — sized to emulate in well under a minute on two cores.
+/// `full == true`: the GPU sweep — every (Tq, Tk) pair of [`SWEEP_SEQLENS`] for every dtype × D {64, 128,
+/// 256} × causal, plus the same structural cases (about 1.3k cases; also emulates in ~75 s on two cores).
+pub fn sweep_cases(full: bool) -> Vec<PrefillCase> {
+    let dtypes = [DType::F16, DType::Bf16];
+    let mut cases = Vec::new();
+    // (Tq, Tk) pairs of the emulation subset: both tile edges, Tq != Tk both ways, 1 and 1000.
+    let pairs: [(usize, usize); 12] = [
+        (1, 1),
+        (17, 17),
+        (63, 64),
+        (64, 63),
+        (65, 127),
+        (127, 65),
+        (128, 128),
+        (129, 255),
+        (255, 129),
+        (1, 255),
+        (255, 1),
+        (17, 129),
+    ];
+    let mut slot = 0;
+    for d in [64, 128, 256] {
+        for dtype in dtypes {
+            for causal in [false, true] {
+                if full || d == 128 {
+                    // Every (Tq, Tk) pair (in emulation: without the 1000-long ones, which come below).
+                    for &tq in &SWEEP_SEQLENS {
+                        for &tk in &SWEEP_SEQLENS {
+                            if full || (tq != 1000 && tk != 1000) {
+                                cases.push(PrefillCase::dense(dtype, d, causal, tq, tk, (2, 1)));
+                            }
+                        }
+                    }
+                } else {
+                    // Four pairs per (D, dtype, causal), rotating, so each pair meets both D and both
+                    // causal settings.
+                    for _ in 0..4 {
+                        let (tq, tk) = pairs[slot % pairs.len()];
+                        slot += 1;
+                        cases.push(PrefillCase::dense(dtype, d, causal, tq, tk, (2, 1)));
+                    }
+                }
+            }
+        }
+    }
+    // Long sequences (1000 rows / keys): a few in emulation, all pairs above on the GPU.
+    if !full {
+        cases.push(PrefillCase::dense(DType::Bf16, 128, true, 1000, 1000, (1, 1)));
+        cases.push(PrefillCase::dense(DType::F16, 64, false, 1000, 255, (1, 1)));
+        cases.push(PrefillCase::dense(DType::Bf16, 256, true, 129, 1000, (1, 1)));
+    }
+    // D 32 and 96 (cheap extras).
+    for (i, d) in [32, 96].into_iter().enumerate() {
+        for causal in [false, true] {
+            let dtype = dtypes[i];
+            for (tq, tk) in [(65, 65), (127, 200)] {
+                cases.push(PrefillCase::dense(dtype, d, causal, tq, tk, (2, 2)));
+            }
+        }
+    }
+    // GQA ratios 1:1, 4:1, 8:1 and MQA (Hkv = 1).
+    for (i, heads) in [(2, 2), (4, 1), (8, 1), (16, 2), (3, 1)].into_iter().enumerate() {
+        let dtype = dtypes[i % 2];
+        cases.push(PrefillCase::dense(dtype, 128, i % 2 == 0, 65, 129, heads));
+        cases.push(PrefillCase::dense(dtype, 64, i % 2 == 1, 129, 65, heads));
+    }
+    // Batches, non-contiguous layouts, no LSE.
+    for (i, d) in [64, 128, 256].into_iter().enumerate() {
+        let dtype = dtypes[i % 2];
+        let mut c = PrefillCase::dense(dtype, d, true, 100, 100, (4, 2));
+        c.batch = 2;
+        c.layout = CaseLayout::PackedQkv;
+        cases.push(c);
+        let mut c = PrefillCase::dense(dtype, d, i != 1, 70, 150, (2, 1));
+        c.batch = 3;
+        c.layout = CaseLayout::Padded;
+        c.with_lse = i != 2;
+        cases.push(c);
+        let mut c = PrefillCase::dense(dtype, d, false, 150, 70, (2, 2));
+        c.batch = 2;
+        c.with_lse = false;
+        cases.push(c);
+    }
+    // Varlen: zero-length query and key sequences, Tq != Tk per sequence, ragged everywhere.
+    let seqs = [
+        vec![(17, 17), (0, 40), (65, 0), (100, 129), (1, 1), (64, 200)],
+        vec![(129, 63), (0, 0), (33, 33), (200, 100)],
+    ];
+    for (i, d) in [64, 128, 256].into_iter().enumerate() {
+        for causal in [false, true] {
+            let dtype = dtypes[(i + causal as usize) % 2];
+            let mut c = PrefillCase::dense(dtype, d, causal, 0, 0, (4, 2));
+            let s = seqs[(i + causal as usize) % 2].clone();
+            c.batch = s.len();
+            c.seqlen_q = s.iter().map(|x| x.0).max().unwrap_or(0);
+            c.seqlen_k = s.iter().map(|x| x.1).max().unwrap_or(0);
+            c.varlen = Some(s);
+            c.layout = if causal { CaseLayout::Padded } else { CaseLayout::Contiguous };
+            cases.push(c);
+        }
+    }
+    cases
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tile_configs_match_the_kernel() {
+        for d in PREFILL_HEAD_DIMS {
+            let c = TileConfig::for_head_dim(d).unwrap();
+            assert_eq!(c.threads(), 128);
+            assert!(c.smem_bytes() <= 99 * 1024, "D={d}: {} bytes", c.smem_bytes());
+            assert_eq!(c.block_m % 16, 0);
+            assert_eq!(c.block_n % 16, 0);
+        }
+        assert_eq!(TileConfig::for_head_dim(128).unwrap().smem_bytes(), 80 * 1024);
+        assert_eq!(TileConfig::for_head_dim(256).unwrap().smem_bytes(), 96 * 1024);
+        assert!(TileConfig::for_head_dim(100).is_none());
+        assert_eq!(TileConfig::for_head_dim(128).unwrap().grid(1000, 8, 3), [8, 8, 3]);
+        assert_eq!(TileConfig::for_head_dim(256).unwrap().grid(65, 1, 1), [2, 1, 1]);
+    }
+
+    /// kv_block_range against the mask definition, exhaustively on small sizes: every visited tile
+    /// holds a visible key, every tile past n_end holds none, tiles below n_mask_begin are fully visible to
+    /// every valid row, and the first masked tile really needs the mask.
+    #[test]
+    fn kv_block_range_matches_the_mask() {
+        let visible = |i: i64, j: i64, tq: i64, tk: i64, causal: bool| j < tk && (!causal || j <= i + tk - tq);
+        for (br, bc) in [(16, 16), (32, 16), (16, 32), (128, 32), (64, 64)] {
+            for tq in 1..70usize {
+                for tk in 0..70usize {
+                    for causal in [false, true] {
+                        for m0 in (0..tq).step_by(br) {
+                            let r = kv_block_range(m0, br, bc, tq, tk, causal);
+                            let rows = m0 as i64..(m0 + br).min(tq) as i64;
+                            let tile_any = |n: usize| {
+                                rows.clone().any(|i| {
+                                    (n * bc..(n + 1) * bc).any(|j| visible(i, j as i64, tq as i64, tk as i64, causal))
+                                })
+                            };
+                            let tile_full = |n: usize| {
+                                rows.clone().all(|i| {
+                                    (n * bc..(n + 1) * bc).all(|j| visible(i, j as i64, tq as i64, tk as i64, causal))
+                                })
+                            };
+                            let ctx = format!("br={br} bc={bc} tq={tq} tk={tk} causal={causal} m0={m0}: {r:?}");
+                            for n in 0..r.n_end {
+                                assert!(tile_any(n), "{ctx}: tile {n} visited but empty");
+                            }
+                            for n in r.n_end..tk.div_ceil(bc) + 1 {
+                                assert!(!tile_any(n), "{ctx}: tile {n} skipped but has visible keys");
+                            }
+                            for n in 0..r.n_mask_begin {
+                                assert!(tile_full(n), "{ctx}: tile {n} unmasked but needs the mask");
+                            }
+                            if r.n_mask_begin < r.n_end {
+                                assert!(!tile_full(r.n_mask_begin), "{ctx}: first masked tile needs no mask");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn causal_skips_tiles_above_the_diagonal() {
+        // Tq = Tk = 1024, Br 128, Bc 32: query tile m sees keys up to 128 m + 127, i.e. 4 (m + 1) tiles, of
+        // which only the 4 that cross the diagonal are masked.
+        for m in 0..8 {
+            let r = kv_block_range(128 * m, 128, 32, 1024, 1024, true);
+            assert_eq!(r, KvBlockRange { n_end: 4 * (m + 1), n_mask_begin: 4 * m });
+        }
+        // Non-causal, even Tk: no mask at all; ragged Tk: only the last tile.
+        assert_eq!(kv_block_range(0, 128, 32, 1024, 1024, false), KvBlockRange { n_end: 32, n_mask_begin: 32 });
+        assert_eq!(kv_block_range(0, 128, 32, 1024, 1000, false), KvBlockRange { n_end: 32, n_mask_begin: 31 });
+        // Tq > Tk causal: the first Tq - Tk rows see nothing.
+        assert_eq!(kv_block_range(0, 64, 32, 200, 50, true).n_end, 0);
+        assert_eq!(kv_block_range(128, 64, 32, 200, 50, true), KvBlockRange { n_end: 2, n_mask_begin: 0 });
+    }
+
+    #[test]
+    fn disjoint_rows() {
+        assert!(check_disjoint("o", [2, 4, 64], [256, 64, 1]).is_ok());
+        assert_eq!(check_disjoint("o", [2, 4, 64], [256, 0, 1]).unwrap_err().kind(), &crate::ErrorKind::Layout);
+        assert!(check_disjoint("o", [1, 1, 64], [0, 0, 1]).is_ok());
+    }
+
+    #[test]
+    fn cu_seqlens_checks() {
+        assert!(check_cu_seqlens("cu", &[0, 3, 3, 10], 10, 7).is_ok());
+        assert!(check_cu_seqlens("cu", &[1, 3], 10, 7).is_err());
+        assert!(check_cu_seqlens("cu", &[0, 3, 2], 10, 7).is_err());
+        assert!(check_cu_seqlens("cu", &[0, 11], 10, 20).is_err());
+        assert!(check_cu_seqlens("cu", &[0, 9], 10, 7).is_err());
+    }
+
+    #[test]
+    fn sweep_covers_the_required_axes() {
+        let cases = sweep_cases(false);
+        for d in [32, 64, 96, 128, 256] {
+            assert!(cases.iter().any(|c| c.head_dim == d), "D={d}");
+        }
+        for &(hq, hkv) in &[(2, 2), (4, 1), (8, 1)] {
+            assert!(cases.iter().any(|c| c.heads_q == hq && c.heads_kv == hkv));
+        }
+        assert!(cases.iter().any(|c| c.seqlen_q > c.seqlen_k && c.causal));
+        assert!(cases.iter().any(|c| c.seqlen_q < c.seqlen_k && c.causal));
+        assert!(cases.iter().any(|c| c.varlen.as_ref().is_some_and(|s| s.iter().any(|x| x.0 == 0))));
+        assert!(cases.iter().any(|c| c.varlen.as_ref().is_some_and(|s| s.iter().any(|x| x.1 == 0 && x.0 > 0))));
+        assert!(cases.iter().any(|c| c.layout == CaseLayout::PackedQkv));
+        for &t in &SWEEP_SEQLENS {
+            assert!(cases.iter().any(|c| c.seqlen_q == t || c.seqlen_k == t), "T={t}");
+        }
+        assert!(sweep_cases(true).len() > cases.len());
+    }
+}
