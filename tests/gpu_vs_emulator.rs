@@ -1,0 +1,710 @@
+//! Emulation vs GPU: the same kernels, the same inputs, both backends, outputs compared element by element.
+//! This is what makes the host emulator trustworthy: every emulated test elsewhere assumes that the
+//! emulator computes what the GPU computes.
+//!
+//! - Prefill, decode (forced split counts, so both sides follow the same plan), merge: floating-point
+//!   kernels whose GPU and emulated arithmetic may differ in the last bits (tensor-core accumulation order,
+//!   ex2.approx): both must pass the tolerance rule against the fp64 reference, and they must agree with
+//!   each other within that same tolerance. The share of bit-identical elements is printed.
+//! - Append (a copy), and the intrinsics self-test kernels whose result is exact (ldmatrix, shuffles, votes,
+//!   cp.async, atomics with integer addends, named barriers, the planted-bug kernels' correct twins): bitwise.
+//! - mma, the tiled GEMM and fast_exp2: within the fp32 accumulation bound / 4 ulp, bitwise share printed.
+//!
+//! Every test is named gpu_* (the bundle runs `gpu` with FA_REQUIRE_GPU=1) and skips visibly without a GPU.
+//! Run with --nocapture to see the agreement lines.
+
+mod common;
+
+use std::ffi::CStr;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr};
+use fused_attn::decode::cases::{DecodeCase, PagedFixture, SplitMix64};
+use fused_attn::emu_selftest::{self as st, BarrierMode, Bug, GemmBug, GemmShape, WarpOp};
+use fused_attn::prefill::{prefill, PrefillOptions};
+use fused_attn::reference::{self, Problem};
+use fused_attn::{
+    append, decode, merge_states, sys, DType, DecodeOptions, DecodeWorkspace, Element, Emulator, PagedKvCache,
+    PagedKvCacheMut, Stream, TensorView, TensorViewMut,
+};
+use half::{bf16, f16};
+
+const SEED: u64 = 0x6a75_e3a1;
+
+/// How far the GPU's and the emulator's outputs are apart.
+#[derive(Debug)]
+struct Agreement {
+    max_diff: f64,
+    bitwise: usize,
+    total: usize,
+}
+
+/// Compares two outputs element by element: equal infinities and equal NaN bit patterns count as equal;
+/// a NaN on one side only, or a difference above `bound(emu)`, fails. Prints the agreement.
+fn agree(what: &str, gpu: &[f64], emu: &[f64], bound: impl Fn(f64) -> f64) -> Agreement {
+    assert_eq!(gpu.len(), emu.len(), "{what}: lengths differ");
+    let mut a = Agreement { max_diff: 0.0, bitwise: 0, total: gpu.len() };
+    for (i, (&g, &e)) in gpu.iter().zip(emu).enumerate() {
+        if g.to_bits() == e.to_bits() {
+            a.bitwise += 1;
+            continue;
+        }
+        assert!(!g.is_nan() && !e.is_nan(), "{what}[{i}]: GPU {g} vs emulator {e}");
+        let d = if g == e { 0.0 } else { (g - e).abs() };
+        assert!(d <= bound(e), "{what}[{i}]: GPU {g} vs emulator {e}: |diff| {d:.3e} > {:.3e}", bound(e));
+        a.max_diff = a.max_diff.max(d);
+    }
+    eprintln!(
+        "{what}: max|gpu - emu| = {:.2e}, {}/{} bit-identical ({:.1}%)",
+        a.max_diff,
+        a.bitwise,
+        a.total,
+        100.0 * a.bitwise as f64 / a.total.max(1) as f64
+    );
+    a
+}
+
+fn bitwise<T: Copy + PartialEq + std::fmt::Debug>(what: &str, gpu: &[T], emu: &[T]) {
+    assert_eq!(gpu.len(), emu.len(), "{what}: lengths differ");
+    if let Some(i) = (0..gpu.len()).find(|&i| gpu[i] != emu[i]) {
+        panic!("{what}: element {i}: GPU {:?} vs emulator {:?} (must be bit-identical)", gpu[i], emu[i]);
+    }
+    eprintln!("{what}: {} elements bit-identical", gpu.len());
+}
+
+fn to_f64<T: Element>(x: &[T]) -> Vec<f64> {
+    x.iter().map(|v| v.to_f64()).collect()
+}
+
+fn f32s(x: &[f32]) -> Vec<f64> {
+    x.iter().map(|&v| v as f64).collect()
+}
+
+fn random<T: Element>(rng: &mut SplitMix64, n: usize, lo: f64, hi: f64) -> Vec<T> {
+    (0..n).map(|_| T::from_f64(rng.uniform(lo, hi))).collect()
+}
+
+// ------------------------------------------------------------------------------------------- prefill
+
+#[derive(Debug, Clone, Copy)]
+struct PrefillSpec {
+    b: usize,
+    tq: usize,
+    tk: usize,
+    hq: usize,
+    hkv: usize,
+    d: usize,
+    causal: bool,
+}
+
+fn prefill_pair<T: Element>(emu: &Emulator, cu: &Arc<CudaStream>, s: PrefillSpec, seed: u64) {
+    let what = format!("prefill {} {s:?}", T::DTYPE.name());
+    let mut rng = SplitMix64::new(seed);
+    let (qs, ks) = ([s.b, s.tq, s.hq, s.d], [s.b, s.tk, s.hkv, s.d]);
+    let q: Vec<T> = random(&mut rng, qs.iter().product(), -2.0, 2.0);
+    let k: Vec<T> = random(&mut rng, ks.iter().product(), -2.0, 2.0);
+    let v: Vec<T> = random(&mut rng, ks.iter().product(), -0.5, 1.5);
+    let opts = PrefillOptions { causal: s.causal, scale: None };
+    let lse_shape = [s.b, s.hq, s.tq];
+    let (n_o, n_lse) = (q.len(), s.b * s.hq * s.tq);
+
+    let mut emu_o = vec![T::nan(); n_o];
+    let mut emu_lse = vec![f32::NAN; n_lse];
+    prefill(
+        &Stream::Emu(emu),
+        &TensorView::host(&q, qs).unwrap(),
+        &TensorView::host(&k, ks).unwrap(),
+        &TensorView::host(&v, ks).unwrap(),
+        &mut TensorViewMut::host(&mut emu_o, qs).unwrap(),
+        Some(&mut TensorViewMut::host(&mut emu_lse, lse_shape).unwrap()),
+        &opts,
+    )
+    .unwrap_or_else(|e| panic!("{what}: emulator: {e}"));
+
+    let (dq, dk, dv) = (cu.clone_htod(&q).unwrap(), cu.clone_htod(&k).unwrap(), cu.clone_htod(&v).unwrap());
+    let mut d_o = cu.clone_htod(&vec![T::nan(); n_o]).unwrap();
+    let mut d_lse = cu.clone_htod(&vec![f32::NAN; n_lse]).unwrap();
+    prefill(
+        &Stream::Gpu(cu),
+        &TensorView::gpu(dq.as_view(), qs).unwrap(),
+        &TensorView::gpu(dk.as_view(), ks).unwrap(),
+        &TensorView::gpu(dv.as_view(), ks).unwrap(),
+        &mut TensorViewMut::gpu(d_o.as_view_mut(), qs).unwrap(),
+        Some(&mut TensorViewMut::gpu(d_lse.as_view_mut(), lse_shape).unwrap()),
+        &opts,
+    )
+    .unwrap_or_else(|e| panic!("{what}: GPU: {e}"));
+    let gpu_o: Vec<T> = cu.clone_dtoh(&d_o).unwrap();
+    let gpu_lse: Vec<f32> = cu.clone_dtoh(&d_lse).unwrap();
+
+    // The kernel's scale is the f32 1/sqrt(D); the reference uses exactly that value.
+    let mut p = Problem::new(s.b, s.hq, s.hkv, s.tq, s.tk, s.d, s.causal);
+    p.scale = (1.0 / (s.d as f64).sqrt()) as f32 as f64;
+    let (q64, k64, v64) = (to_f64(&q), to_f64(&k), to_f64(&v));
+    let exact = reference::dense(&p, &q64, &k64, &v64).unwrap();
+    let naive = reference::naive_lowp_dense(&p, T::DTYPE, &q64, &k64, &v64).unwrap();
+    let (go, eo) = (to_f64(&gpu_o), to_f64(&emu_o));
+    let (gc, ec) = (reference::compare(&go, &exact.out, &naive), reference::compare(&eo, &exact.out, &naive));
+    assert!(gc.passed, "{what}: GPU fails the tolerance rule: {gc:?}");
+    assert!(ec.passed, "{what}: emulator fails the tolerance rule: {ec:?}");
+    agree(&format!("{what} O"), &go, &eo, |_| gc.tolerance);
+    let (gl, el) = (f32s(&gpu_lse), f32s(&emu_lse));
+    for (side, l) in [("GPU", &gl), ("emulator", &el)] {
+        let c = reference::compare_lse(l, &exact.lse, 1e-3);
+        assert!(c.passed, "{what}: {side} LSE: {c:?}");
+    }
+    agree(&format!("{what} LSE"), &gl, &el, |_| 1e-3);
+}
+
+#[test]
+fn gpu_vs_emu_prefill() {
+    let Some(ctx) = common::gpu_or_skip("gpu_vs_emulator::gpu_vs_emu_prefill") else { return };
+    let cu = ctx.default_stream();
+    let emu = Emulator::new();
+    let spec = |b, tq, tk, hq, hkv, d, causal| PrefillSpec { b, tq, tk, hq, hkv, d, causal };
+    // Tile edges, GQA, Tq != Tk both ways (Tq > Tk causal: the first rows see no key), every head dim class.
+    prefill_pair::<bf16>(&emu, &cu, spec(1, 129, 129, 4, 2, 128, true), SEED);
+    prefill_pair::<f16>(&emu, &cu, spec(2, 65, 200, 2, 1, 64, true), SEED + 1);
+    prefill_pair::<bf16>(&emu, &cu, spec(1, 70, 33, 2, 2, 256, true), SEED + 2);
+    prefill_pair::<f16>(&emu, &cu, spec(1, 100, 37, 4, 1, 128, false), SEED + 3);
+    prefill_pair::<bf16>(&emu, &cu, spec(1, 1, 300, 8, 2, 64, true), SEED + 4);
+}
+
+// -------------------------------------------------------------------------------------------- decode
+
+fn decode_pair<T: Element>(emu: &Emulator, cu: &Arc<CudaStream>, case: &DecodeCase, seed: u64) {
+    let what = format!("decode {}", case.label());
+    let f = PagedFixture::<T>::new(case, seed);
+    let (b, hq, d) = (case.batch(), case.heads_q, case.head_dim);
+    let opts = DecodeOptions { scale: None, num_splits: case.num_splits };
+
+    let emu_stream = Stream::Emu(emu);
+    let mut emu_o = vec![T::nan(); b * hq * d];
+    let mut emu_lse = vec![f32::NAN; b * hq];
+    let emu_plan = {
+        let cache = PagedKvCache::new(
+            TensorView::host(&f.k_cache, f.cache_shape()).unwrap(),
+            TensorView::host(&f.v_cache, f.cache_shape()).unwrap(),
+            TensorView::host(&f.block_table, [b, f.width]).unwrap(),
+            TensorView::host(&f.seq_lens, [b]).unwrap(),
+            case.max_seq_len(),
+        )
+        .unwrap();
+        let plan = DecodeWorkspace::new(&emu_stream, 0, 0).unwrap().plan(&case.problem(), &opts).unwrap();
+        let mut ws = DecodeWorkspace::for_plan(&emu_stream, &plan).unwrap();
+        decode(
+            &emu_stream,
+            &TensorView::host(&f.q, [b, hq, d]).unwrap(),
+            &cache,
+            &mut TensorViewMut::host(&mut emu_o, [b, hq, d]).unwrap(),
+            Some(&mut TensorViewMut::host(&mut emu_lse, [b, hq]).unwrap()),
+            &mut ws,
+            &opts,
+        )
+        .unwrap_or_else(|e| panic!("{what}: emulator: {e}"))
+    };
+
+    let gpu_stream = Stream::Gpu(cu);
+    let (dk, dv) = (cu.clone_htod(&f.k_cache).unwrap(), cu.clone_htod(&f.v_cache).unwrap());
+    let (dt, dl, dq) =
+        (cu.clone_htod(&f.block_table).unwrap(), cu.clone_htod(&f.seq_lens).unwrap(), cu.clone_htod(&f.q).unwrap());
+    let mut d_o = cu.clone_htod(&vec![T::nan(); b * hq * d]).unwrap();
+    let mut d_lse = cu.clone_htod(&vec![f32::NAN; b * hq]).unwrap();
+    let gpu_plan = {
+        let cache = PagedKvCache::new(
+            TensorView::gpu(dk.as_view(), f.cache_shape()).unwrap(),
+            TensorView::gpu(dv.as_view(), f.cache_shape()).unwrap(),
+            TensorView::gpu(dt.as_view(), [b, f.width]).unwrap(),
+            TensorView::gpu(dl.as_view(), [b]).unwrap(),
+            case.max_seq_len(),
+        )
+        .unwrap();
+        let plan = DecodeWorkspace::new(&gpu_stream, 0, 0).unwrap().plan(&case.problem(), &opts).unwrap();
+        let mut ws = DecodeWorkspace::for_plan(&gpu_stream, &plan).unwrap();
+        decode(
+            &gpu_stream,
+            &TensorView::gpu(dq.as_view(), [b, hq, d]).unwrap(),
+            &cache,
+            &mut TensorViewMut::gpu(d_o.as_view_mut(), [b, hq, d]).unwrap(),
+            Some(&mut TensorViewMut::gpu(d_lse.as_view_mut(), [b, hq]).unwrap()),
+            &mut ws,
+            &opts,
+        )
+        .unwrap_or_else(|e| panic!("{what}: GPU: {e}"))
+    };
+    // Forced split counts make the plan independent of the SM count (the emulator plans for 132 SMs).
+    assert_eq!(gpu_plan, emu_plan, "{what}: the two backends planned differently");
+    let gpu_o: Vec<T> = cu.clone_dtoh(&d_o).unwrap();
+    let gpu_lse: Vec<f32> = cu.clone_dtoh(&d_lse).unwrap();
+
+    let scale = 1.0 / (d as f64).sqrt();
+    let (q, k, v) = (to_f64(&f.q), to_f64(&f.k_cache), to_f64(&f.v_cache));
+    let args = (hq, case.heads_kv, d, scale, f.num_pages, case.page_size, f.width);
+    let exact = reference::paged_decode(
+        args.0,
+        args.1,
+        args.2,
+        args.3,
+        &q,
+        &k,
+        &v,
+        args.4,
+        args.5,
+        &f.block_table,
+        args.6,
+        &f.seq_lens,
+    )
+    .unwrap();
+    let naive = reference::naive_lowp_paged_decode(
+        args.0,
+        args.1,
+        args.2,
+        args.3,
+        &q,
+        &k,
+        &v,
+        args.4,
+        args.5,
+        &f.block_table,
+        args.6,
+        &f.seq_lens,
+        T::DTYPE,
+    )
+    .unwrap();
+    let (go, eo) = (to_f64(&gpu_o), to_f64(&emu_o));
+    let (gc, ec) = (reference::compare(&go, &exact.out, &naive), reference::compare(&eo, &exact.out, &naive));
+    assert!(gc.passed, "{what}: GPU fails the tolerance rule: {gc:?}");
+    assert!(ec.passed, "{what}: emulator fails the tolerance rule: {ec:?}");
+    agree(&format!("{what} O"), &go, &eo, |_| gc.tolerance);
+    agree(&format!("{what} LSE"), &f32s(&gpu_lse), &f32s(&emu_lse), |_| 1e-3);
+}
+
+#[test]
+fn gpu_vs_emu_decode() {
+    let Some(ctx) = common::gpu_or_skip("gpu_vs_emulator::gpu_vs_emu_decode") else { return };
+    let cu = ctx.default_stream();
+    let emu = Emulator::new();
+    for (i, splits) in [Some(1), Some(3)].into_iter().enumerate() {
+        let case = DecodeCase {
+            dtype: DType::Bf16,
+            head_dim: 128,
+            heads_q: 8,
+            heads_kv: 2,
+            page_size: 16,
+            seq_lens: vec![0, 1, 17, 300],
+            num_splits: splits,
+        };
+        decode_pair::<bf16>(&emu, &cu, &case, SEED + i as u64);
+    }
+    let case = DecodeCase {
+        dtype: DType::F16,
+        head_dim: 64,
+        heads_q: 20,
+        heads_kv: 1,
+        page_size: 8,
+        seq_lens: vec![5, 129],
+        num_splits: Some(2),
+    };
+    decode_pair::<f16>(&emu, &cu, &case, SEED + 7);
+}
+
+// --------------------------------------------------------------------------------------- merge, append
+
+/// Merges the same fp32 states into `O` on both backends; returns (gpu o, emu o, gpu lse, emu lse).
+fn merge_both<O: fused_attn::merge::MergeElement + DeviceRepr + Copy>(
+    emu: &Emulator,
+    cu: &Arc<CudaStream>,
+    states: (&[f32], &[f32]),
+    dims: [usize; 4],
+    poison: O,
+) -> (Vec<O>, Vec<O>, Vec<f32>, Vec<f32>) {
+    let [k, n, h, d] = dims;
+    let (os, ls) = states;
+    let mut emu_o = vec![poison; n * h * d];
+    let mut emu_lse = vec![f32::NAN; n * h];
+    merge_states(
+        &Stream::Emu(emu),
+        &TensorView::host(os, dims).unwrap(),
+        &TensorView::host(ls, [k, n, h]).unwrap(),
+        &mut TensorViewMut::host(&mut emu_o, [n, h, d]).unwrap(),
+        Some(&mut TensorViewMut::host(&mut emu_lse, [n, h]).unwrap()),
+    )
+    .unwrap();
+    let (dos, dls) = (cu.clone_htod(os).unwrap(), cu.clone_htod(ls).unwrap());
+    let mut d_o = cu.clone_htod(&vec![poison; n * h * d]).unwrap();
+    let mut d_lse = cu.clone_htod(&vec![f32::NAN; n * h]).unwrap();
+    merge_states(
+        &Stream::Gpu(cu),
+        &TensorView::gpu(dos.as_view(), dims).unwrap(),
+        &TensorView::gpu(dls.as_view(), [k, n, h]).unwrap(),
+        &mut TensorViewMut::gpu(d_o.as_view_mut(), [n, h, d]).unwrap(),
+        Some(&mut TensorViewMut::gpu(d_lse.as_view_mut(), [n, h]).unwrap()),
+    )
+    .unwrap();
+    (cu.clone_dtoh(&d_o).unwrap(), emu_o, cu.clone_dtoh(&d_lse).unwrap(), emu_lse)
+}
+
+#[test]
+fn gpu_vs_emu_merge() {
+    let Some(ctx) = common::gpu_or_skip("gpu_vs_emulator::gpu_vs_emu_merge") else { return };
+    let cu = ctx.default_stream();
+    let emu = Emulator::new();
+    let dims @ [k, n, h, d] = [5usize, 3, 4, 128];
+    let mut rng = SplitMix64::new(SEED);
+    // Row 0 has every state empty (O = 0, LSE = -inf), ~25% of the other (state, row) pairs are empty
+    // (their O is NaN: it must never be read).
+    let (mut os, mut ls) = (Vec::new(), Vec::new());
+    for _ in 0..k {
+        for row in 0..n * h {
+            let empty = row == 0 || rng.uniform(0.0, 1.0) < 0.25;
+            ls.push(if empty { f32::NEG_INFINITY } else { rng.uniform(-6.0, 6.0) as f32 });
+            os.extend((0..d).map(|_| if empty { f32::NAN } else { rng.uniform(-1.0, 2.0) as f32 }));
+        }
+    }
+    // fp32 out: the only differences are ex2.approx vs its emulation (<= 2 ulp each) and fma contraction.
+    let (g, e, gl, el) = merge_both::<f32>(&emu, &cu, (&os, &ls), dims, f32::NAN);
+    agree("merge fp32 -> fp32 O", &f32s(&g), &f32s(&e), |x| 1e-5 * (1.0 + x.abs()));
+    agree("merge fp32 -> fp32 LSE", &f32s(&gl), &f32s(&el), |x| 1e-5 * (1.0 + x.abs()));
+    // bf16 out: those fp32 differences may move a value across a rounding boundary: one bf16 ulp.
+    let (g, e, _, _) = merge_both::<bf16>(&emu, &cu, (&os, &ls), dims, bf16::NAN);
+    agree("merge fp32 -> bf16 O", &to_f64(&g), &to_f64(&e), |x| x.abs() / 128.0 + 1e-5);
+}
+
+#[test]
+fn gpu_vs_emu_append() {
+    let Some(ctx) = common::gpu_or_skip("gpu_vs_emulator::gpu_vs_emu_append") else { return };
+    let cu = ctx.default_stream();
+    let emu = Emulator::new();
+    let case = DecodeCase {
+        dtype: DType::Bf16,
+        head_dim: 128,
+        heads_q: 8,
+        heads_kv: 2,
+        page_size: 16,
+        seq_lens: vec![0, 1, 15, 17, 300],
+        num_splits: None,
+    };
+    let f = PagedFixture::<bf16>::new(&case, SEED);
+    let row = case.heads_kv * case.head_dim;
+    // Every owned token, plus a padding slot (-1) and one past the cache: both must be skipped.
+    let (mut k, mut v, mut slots) = (Vec::new(), Vec::new(), Vec::new());
+    for b in 0..case.batch() {
+        for t in 0..case.seq_lens[b] {
+            let s = f.slot(b, t);
+            k.extend_from_slice(&f.k_cache[s * row..][..row]);
+            v.extend_from_slice(&f.v_cache[s * row..][..row]);
+            slots.push(s as i64);
+        }
+    }
+    for bad in [-1i64, (f.num_pages * case.page_size + 3) as i64] {
+        k.extend(std::iter::repeat_n(bf16::ONE, row));
+        v.extend(std::iter::repeat_n(bf16::ONE, row));
+        slots.push(bad);
+    }
+    let tokens = [slots.len(), case.heads_kv, case.head_dim];
+    let poison = vec![bf16::from_bits(0x7fc1); f.k_cache.len()];
+
+    let (mut ek, mut ev) = (poison.clone(), poison.clone());
+    {
+        let mut cache = PagedKvCacheMut::new(
+            TensorViewMut::host(&mut ek, f.cache_shape()).unwrap(),
+            TensorViewMut::host(&mut ev, f.cache_shape()).unwrap(),
+        )
+        .unwrap();
+        append(
+            &Stream::Emu(&emu),
+            &TensorView::host(&k, tokens).unwrap(),
+            &TensorView::host(&v, tokens).unwrap(),
+            &TensorView::host(&slots, [slots.len()]).unwrap(),
+            &mut cache,
+        )
+        .unwrap();
+    }
+    let (mut dkc, mut dvc) = (cu.clone_htod(&poison).unwrap(), cu.clone_htod(&poison).unwrap());
+    let (dk, dv, ds) = (cu.clone_htod(&k).unwrap(), cu.clone_htod(&v).unwrap(), cu.clone_htod(&slots).unwrap());
+    {
+        let mut cache = PagedKvCacheMut::new(
+            TensorViewMut::gpu(dkc.as_view_mut(), f.cache_shape()).unwrap(),
+            TensorViewMut::gpu(dvc.as_view_mut(), f.cache_shape()).unwrap(),
+        )
+        .unwrap();
+        append(
+            &Stream::Gpu(&cu),
+            &TensorView::gpu(dk.as_view(), tokens).unwrap(),
+            &TensorView::gpu(dv.as_view(), tokens).unwrap(),
+            &TensorView::gpu(ds.as_view(), [slots.len()]).unwrap(),
+            &mut cache,
+        )
+        .unwrap();
+    }
+    let bits = |x: &[bf16]| x.iter().map(|v| v.to_bits()).collect::<Vec<u16>>();
+    bitwise("append K cache", &bits(&cu.clone_dtoh(&dkc).unwrap()), &bits(&ek));
+    bitwise("append V cache", &bits(&cu.clone_dtoh(&dvc).unwrap()), &bits(&ev));
+}
+
+// --------------------------------------------------------------------------- intrinsics self-test kernels
+
+/// Device address of a buffer for a raw self-test launcher. The guard cudarc returns only matters with
+/// several streams; these tests use the context's default stream alone, so it is dropped at once.
+fn dptr<T>(cu: &CudaStream, s: &CudaSlice<T>) -> u64 {
+    s.device_ptr(cu).0
+}
+
+/// Runs one `fa_gpu_selftest_*` launcher on `cu` and waits for it.
+fn launch_gpu<P>(cu: &Arc<CudaStream>, name: &str, launcher: unsafe extern "C" fn(P, sys::FaStream) -> i32, p: P) {
+    cu.context().bind_to_thread().unwrap();
+    // SAFETY: `p` holds device addresses of live allocations of the sizes the launcher's contract (abi.h)
+    // requires; the launcher only enqueues on `cu`.
+    let status = unsafe { launcher(p, cu.cu_stream() as sys::FaStream) };
+    if status != 0 {
+        // SAFETY: returns a static NUL-terminated string.
+        let msg = unsafe { CStr::from_ptr(sys::fa_gpu_error_string(status)) };
+        panic!("{name} (gpu): status {status}: {}", msg.to_string_lossy());
+    }
+    cu.synchronize().unwrap();
+}
+
+fn dtype_abi(dtype: DType) -> i32 {
+    match dtype {
+        DType::F16 => sys::FA_DTYPE_F16 as i32,
+        DType::Bf16 => sys::FA_DTYPE_BF16 as i32,
+    }
+}
+
+fn half_bits(rng: &mut SplitMix64, dtype: DType) -> u32 {
+    let x = rng.uniform(-2.0, 2.0) as f32;
+    (match dtype {
+        DType::F16 => f16::from_f32(x).to_bits(),
+        DType::Bf16 => bf16::from_f32(x).to_bits(),
+    }) as u32
+}
+
+#[test]
+fn gpu_vs_emu_selftest_intrinsics() {
+    let Some(ctx) = common::gpu_or_skip("gpu_vs_emulator::gpu_vs_emu_selftest_intrinsics") else { return };
+    let cu = ctx.default_stream();
+    let mut rng = SplitMix64::new(SEED);
+
+    // mma.m16n8k16: 16 exact products summed in fp32; the tensor core's summation order may differ from the
+    // emulator's k order, so: within 16 ulp of the magnitude bound (|a|, |b| <= 2, |c| <= 4: sum <= 68).
+    for dtype in [DType::F16, DType::Bf16] {
+        let a: [u32; 128] = std::array::from_fn(|_| half_bits(&mut rng, dtype) | half_bits(&mut rng, dtype) << 16);
+        let b: [u32; 64] = std::array::from_fn(|_| half_bits(&mut rng, dtype) | half_bits(&mut rng, dtype) << 16);
+        let c: [f32; 128] = std::array::from_fn(|_| rng.uniform(-4.0, 4.0) as f32);
+        let emu = st::mma(dtype, &a, &b, &c, SEED).unwrap();
+        let (da, db, dc) = (cu.clone_htod(&a).unwrap(), cu.clone_htod(&b).unwrap(), cu.clone_htod(&c).unwrap());
+        let dd = cu.clone_htod(&[f32::NAN; 128]).unwrap();
+        let p = sys::FaSelftestMmaParams {
+            a: dptr(&cu, &da) as *const u32,
+            b: dptr(&cu, &db) as *const u32,
+            c: dptr(&cu, &dc) as *const f32,
+            d: dptr(&cu, &dd) as *mut f32,
+            dtype: dtype_abi(dtype),
+        };
+        launch_gpu(&cu, "selftest_mma", sys::fa_gpu_selftest_mma, p);
+        let gpu: Vec<f32> = cu.clone_dtoh(&dd).unwrap();
+        agree(&format!("mma {dtype:?}"), &f32s(&gpu), &f32s(&emu), |_| 16.0 * 68.0 * f32::EPSILON as f64);
+    }
+
+    // ldmatrix x1/x2/x4, plain and transposed: data movement, bit for bit.
+    let rows: Vec<[u16; 8]> = (0..64).map(|_| std::array::from_fn(|_| rng.next_u64() as u16)).collect();
+    let row_of_lane: [i32; 32] = std::array::from_fn(|_| rng.below(64) as i32);
+    let (drows, dlanes) = (cu.clone_htod(&rows).unwrap(), cu.clone_htod(&row_of_lane).unwrap());
+    for count in [1u32, 2, 4] {
+        for trans in [false, true] {
+            let emu = st::ldmatrix(&rows, &row_of_lane, count, trans, SEED).unwrap();
+            let dout = cu.clone_htod(&[0u32; 128]).unwrap();
+            let p = sys::FaSelftestLdmatrixParams {
+                rows_data: dptr(&cu, &drows) as *const u16,
+                row_of_lane: dptr(&cu, &dlanes) as *const i32,
+                out: dptr(&cu, &dout) as *mut u32,
+                rows: rows.len() as i32,
+                count: count as i32,
+                trans: trans as i32,
+            };
+            launch_gpu(&cu, "selftest_ldmatrix", sys::fa_gpu_selftest_ldmatrix, p);
+            bitwise(&format!("ldmatrix x{count} trans={trans}"), &cu.clone_dtoh(&dout).unwrap(), &emu);
+        }
+    }
+
+    // Shuffles and votes (operands include out-of-range lanes/masks), and fast_exp2.
+    let ops = [
+        (WarpOp::ShflXor, sys::FA_SELFTEST_SHFL_XOR),
+        (WarpOp::ShflIdx, sys::FA_SELFTEST_SHFL_IDX),
+        (WarpOp::Ballot, sys::FA_SELFTEST_BALLOT),
+        (WarpOp::Any, sys::FA_SELFTEST_ANY),
+        (WarpOp::All, sys::FA_SELFTEST_ALL),
+        (WarpOp::Exp2, sys::FA_SELFTEST_EXP2),
+    ];
+    for (op, abi) in ops {
+        let values: [u32; 32] = match op {
+            WarpOp::Exp2 => std::array::from_fn(|_| (rng.uniform(-126.0, 127.0) as f32).to_bits()),
+            // Mostly-true predicates so that all/any both see true and false warps across the two rounds.
+            WarpOp::All | WarpOp::Any => std::array::from_fn(|_| (rng.below(16) != 0) as u32),
+            _ => std::array::from_fn(|_| rng.next_u64() as u32),
+        };
+        let operands: [i32; 32] = std::array::from_fn(|_| rng.below(64) as i32);
+        let emu = st::warp_op(op, &values, &operands, SEED).unwrap();
+        let (dv, dop) = (cu.clone_htod(&values).unwrap(), cu.clone_htod(&operands).unwrap());
+        let dout = cu.clone_htod(&[0u32; 32]).unwrap();
+        let p = sys::FaSelftestWarpParams {
+            values: dptr(&cu, &dv) as *const u32,
+            operands: dptr(&cu, &dop) as *const i32,
+            out: dptr(&cu, &dout) as *mut u32,
+            op: abi as i32,
+        };
+        launch_gpu(&cu, "selftest_warp", sys::fa_gpu_selftest_warp, p);
+        let gpu: Vec<u32> = cu.clone_dtoh(&dout).unwrap();
+        if op == WarpOp::Exp2 {
+            // ex2.approx is within 2 ulp of 2^x, the emulation too: at most 4 ulp apart.
+            let to = |x: &[u32]| x.iter().map(|&b| f32::from_bits(b) as f64).collect::<Vec<_>>();
+            agree("fast_exp2", &to(&gpu), &to(&emu), |x| 4.0 * x.abs() * f32::EPSILON as f64);
+        } else {
+            bitwise(&format!("{op:?}"), &gpu, &emu);
+        }
+    }
+
+    // cp.async groups with zero-fill: everything waited for, then two of three groups.
+    let groups = 3;
+    let src: Vec<[u8; 16]> =
+        (0..groups * st::CP_ASYNC_THREADS).map(|_| std::array::from_fn(|_| rng.next_u64() as u8)).collect();
+    let preds: Vec<bool> = (0..src.len()).map(|_| rng.below(4) != 0).collect();
+    for (wait_pending, read_groups) in [(0u32, 3u32), (1, 2)] {
+        let emu = st::cp_async(&src, &preds, wait_pending, read_groups, SEED).unwrap();
+        let pred_bytes: Vec<u8> = preds.iter().map(|&p| p as u8).collect();
+        let (ds, dp) = (cu.clone_htod(&src).unwrap(), cu.clone_htod(&pred_bytes).unwrap());
+        let dout = cu.clone_htod(&vec![[st::UNTOUCHED; 16]; src.len()]).unwrap();
+        let p = sys::FaSelftestCpAsyncParams {
+            src: dptr(&cu, &ds) as *const u8,
+            preds: dptr(&cu, &dp) as *const u8,
+            out: dptr(&cu, &dout) as *mut u8,
+            groups: groups as i32,
+            wait_pending: wait_pending as i32,
+            read_groups: read_groups as i32,
+        };
+        launch_gpu(&cu, "selftest_cp_async", sys::fa_gpu_selftest_cp_async, p);
+        bitwise(&format!("cp.async wait {wait_pending}"), &cu.clone_dtoh(&dout).unwrap(), &emu);
+    }
+
+    // Atomics: the counter and the float sum (small integers: exact in any order) bit for bit; the values
+    // handed out are a permutation on both backends (their order is the scheduler's).
+    let addends: Vec<f32> = (0..5 * st::BLOCK_THREADS).map(|i| (i % 17) as f32 - 8.0).collect();
+    let emu = st::atomics(&addends, SEED).unwrap();
+    let (dcounter, dsum) = (cu.clone_htod(&[0i32]).unwrap(), cu.clone_htod(&[0f32]).unwrap());
+    let (dolds, dadd) = (cu.clone_htod(&vec![-1i32; addends.len()]).unwrap(), cu.clone_htod(&addends).unwrap());
+    let p = sys::FaSelftestAtomicParams {
+        counter: dptr(&cu, &dcounter) as *mut i32,
+        olds: dptr(&cu, &dolds) as *mut i32,
+        sum: dptr(&cu, &dsum) as *mut f32,
+        addends: dptr(&cu, &dadd) as *const f32,
+        blocks: 5,
+    };
+    launch_gpu(&cu, "selftest_atomic", sys::fa_gpu_selftest_atomic, p);
+    bitwise("atomic counter", &cu.clone_dtoh(&dcounter).unwrap(), &[emu.counter]);
+    bitwise("atomic sum", &cu.clone_dtoh(&dsum).unwrap(), &[emu.sum]);
+    let (mut g, mut e) = (cu.clone_dtoh(&dolds).unwrap(), emu.olds.clone());
+    g.sort_unstable();
+    e.sort_unstable();
+    bitwise("atomic values handed out (sorted)", &g, &e);
+
+    // Named barriers: the orderly scenarios (the racy / mismatched ones are emulator fault tests).
+    for (mode, abi) in
+        [(BarrierMode::Pairs, sys::FA_SELFTEST_BARRIER_PAIRS), (BarrierMode::Block, sys::FA_SELFTEST_BARRIER_BLOCK)]
+    {
+        let emu = st::barriers(mode, SEED).unwrap();
+        let dout = cu.clone_htod(&vec![i32::MIN; st::BLOCK_THREADS]).unwrap();
+        let p = sys::FaSelftestBarrierParams { out: dptr(&cu, &dout) as *mut i32, mode: abi as i32 };
+        launch_gpu(&cu, "selftest_barrier", sys::fa_gpu_selftest_barrier, p);
+        bitwise(&format!("barriers {mode:?}"), &cu.clone_dtoh(&dout).unwrap(), &emu);
+    }
+}
+
+#[test]
+fn gpu_vs_emu_selftest_planted_bug_twins() {
+    let Some(ctx) = common::gpu_or_skip("gpu_vs_emulator::gpu_vs_emu_selftest_planted_bug_twins") else { return };
+    let cu = ctx.default_stream();
+    let input: Vec<f32> = (0..st::BUG_ELEMS).map(|i| 1.0 + i as f32 * 0.25).collect();
+    let din = cu.clone_htod(&input).unwrap();
+    for bug in Bug::ALL {
+        let abi = match bug {
+            Bug::MissingSyncthreads => sys::FA_SELFTEST_BUG_MISSING_SYNCTHREADS,
+            Bug::OobWrite => sys::FA_SELFTEST_BUG_OOB_WRITE,
+            Bug::MissingCpAsyncWait => sys::FA_SELFTEST_BUG_MISSING_CP_ASYNC_WAIT,
+            Bug::DivergentBarrier => sys::FA_SELFTEST_BUG_DIVERGENT_BARRIER,
+            Bug::Deadlock => sys::FA_SELFTEST_BUG_DEADLOCK,
+            Bug::Misaligned16 => sys::FA_SELFTEST_BUG_MISALIGNED_16,
+            Bug::RawPointer => sys::FA_SELFTEST_BUG_RAW_POINTER,
+            Bug::DivByZero => sys::FA_SELFTEST_BUG_DIV_BY_ZERO,
+            Bug::StoreToInput => sys::FA_SELFTEST_BUG_STORE_TO_INPUT,
+            Bug::SharedOob => sys::FA_SELFTEST_BUG_SHARED_OOB,
+            Bug::GlobalAsShared => sys::FA_SELFTEST_BUG_GLOBAL_AS_SHARED,
+            Bug::SpinWait => sys::FA_SELFTEST_BUG_SPIN_WAIT,
+            // The GPU build rejects kernels with a stack frame, so this one exists in emulation only.
+            Bug::StackOverflow => continue,
+        } as i32;
+        let emu = st::planted_bug(bug, false, true, &input, SEED).unwrap();
+        // Twice the elements, as the emulated run's spare capacity: a stray write would land in the poison.
+        let dout = cu.clone_htod(&vec![f32::NAN; 2 * st::BUG_ELEMS]).unwrap();
+        let p = sys::FaSelftestBugParams {
+            input: dptr(&cu, &din) as *const f32,
+            out: dptr(&cu, &dout) as *mut f32,
+            bug: abi,
+            planted: 0,
+            race_detection: 1,
+        };
+        launch_gpu(&cu, "selftest_bug", sys::fa_gpu_selftest_bug, p);
+        let gpu: Vec<u32> = cu.clone_dtoh(&dout).unwrap().iter().map(|x| x.to_bits()).collect();
+        let emu: Vec<u32> = emu.iter().map(|x| x.to_bits()).collect();
+        bitwise(&format!("correct twin of {bug:?}"), &gpu[..st::BUG_ELEMS], &emu);
+        assert!(gpu[st::BUG_ELEMS..].iter().all(|&b| b == f32::NAN.to_bits()), "{bug:?}: wrote past the output");
+    }
+}
+
+#[test]
+fn gpu_vs_emu_selftest_gemm() {
+    let Some(ctx) = common::gpu_or_skip("gpu_vs_emulator::gpu_vs_emu_selftest_gemm") else { return };
+    let cu = ctx.default_stream();
+    gemm_pair::<f16>(&cu, GemmShape { m: 64, n: 64, k: 64, b_k_major: false });
+    gemm_pair::<bf16>(&cu, GemmShape { m: 72, n: 40, k: 96, b_k_major: true });
+    gemm_pair::<f16>(&cu, GemmShape { m: 128, n: 128, k: 128, b_k_major: true });
+}
+
+fn gemm_pair<T: Element>(cu: &Arc<CudaStream>, s: GemmShape) {
+    let mut rng = SplitMix64::new(SEED ^ (s.m * s.n * s.k) as u64);
+    let a: Vec<T> = random(&mut rng, s.m * s.k, -0.75, 1.25);
+    let b: Vec<T> = random(&mut rng, s.n * s.k, -0.75, 1.25);
+    let emu = st::gemm(&a, &b, s, GemmBug::None, SEED).unwrap();
+    let (da, db) = (cu.clone_htod(&a).unwrap(), cu.clone_htod(&b).unwrap());
+    let dc = cu.clone_htod(&vec![f32::NAN; s.m * s.n]).unwrap();
+    let p = sys::FaSelftestGemmParams {
+        a: dptr(cu, &da) as *const std::ffi::c_void,
+        b: dptr(cu, &db) as *const std::ffi::c_void,
+        c: dptr(cu, &dc) as *mut f32,
+        m: s.m as i32,
+        n: s.n as i32,
+        k: s.k as i32,
+        dtype: dtype_abi(T::DTYPE),
+        b_k_major: s.b_k_major as i32,
+        bug: sys::FA_SELFTEST_GEMM_CORRECT as i32,
+    };
+    launch_gpu(cu, "selftest_gemm", sys::fa_gpu_selftest_gemm, p);
+    let gpu: Vec<f32> = cu.clone_dtoh(&dc).unwrap();
+    // Per element: two fp32 summations of the same k exact products differ by at most k·eps·Σ|a b|.
+    let magnitude = |i: usize, j: usize| -> f64 {
+        (0..s.k)
+            .map(|kk| {
+                let bv = if s.b_k_major { b[kk * s.n + j] } else { b[j * s.k + kk] };
+                (a[i * s.k + kk].to_f64() * bv.to_f64()).abs()
+            })
+            .sum()
+    };
+    let bounds: Vec<f64> =
+        (0..s.m * s.n).map(|e| s.k as f64 * f32::EPSILON as f64 * magnitude(e / s.n, e % s.n)).collect();
+    let mut worst = 0.0f64;
+    for (e, (&g, &x)) in gpu.iter().zip(&emu).enumerate() {
+        let d = (g as f64 - x as f64).abs();
+        assert!(!g.is_nan() && d <= bounds[e], "gemm {s:?} c[{e}]: GPU {g} vs emulator {x} (bound {:.2e})", bounds[e]);
+        worst = worst.max(d);
+    }
+    agree(&format!("gemm {} {s:?}", T::DTYPE.name()), &f32s(&gpu), &f32s(&emu), |_| worst);
+}
