@@ -111,7 +111,7 @@ fn bench_case(
         })
     });
     s.synchronize().expect("synchronize");
-    let ms = support::ms_per_launch(&log.borrow(), 10);
+    let ms = support::ms_per_launch(&log.borrow());
     Row { name, bytes, splits: plan.num_splits, ms }
 }
 

@@ -102,7 +102,7 @@ fn bench_dtype<T: Element>(c: &mut criterion::Criterion, gpu: &support::Gpu, row
                         })
                     })
                 });
-                let ms = support::ms_per_launch(&log.borrow(), 10);
+                let ms = support::ms_per_launch(&log.borrow());
                 rows.push(Row { name: format!("{dtype} {id} B{b} H{h} T{t}"), flops, ms });
             }
         }

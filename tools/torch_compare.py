@@ -181,6 +181,38 @@ def self_test():
     dec = result_for(timed[1], 0.1, 0.12, ["gqa-expanded"])
     line = format_row(timed[1], dec, None)
     assert "dense-gathered cache; gqa-expanded" in line and "1.11x" in line, line
+    # SDPA call construction with a stand-in for torch.nn.functional: GQA natively or expanded, causal.
+    class Tensor:
+        def __init__(self, heads):
+            self.heads = heads
+
+        def repeat_interleave(self, g, dim):
+            assert dim == 1
+            return Tensor(self.heads * g)
+
+    class OldF:  # torch < 2.5: no enable_gqa
+        @staticmethod
+        def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False):
+            return (q.heads, k.heads, v.heads, is_causal)
+
+    class NewF:
+        @staticmethod
+        def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, enable_gqa=False):
+            return (q.heads, k.heads, v.heads, is_causal, enable_gqa)
+
+    fn, notes = sdpa_callable(None, OldF, 8, 2, 16, 16, True)
+    assert notes == ["gqa-expanded"] and fn(Tensor(8), Tensor(2), Tensor(2)) == (8, 8, 8, True), notes
+    fn, notes = sdpa_callable(None, NewF, 8, 2, 16, 16, False)
+    assert notes == [] and fn(Tensor(8), Tensor(2), Tensor(2)) == (8, 2, 2, False, True), notes
+    fn, notes = sdpa_callable(None, NewF, 4, 4, 1, 300, False)  # decode: plain, no GQA flag
+    assert notes == [] and fn(Tensor(4), Tensor(4), Tensor(4)) == (4, 4, 4, False, False)
+    try:
+        import torch.nn.attention.bias  # noqa: F401
+        have_bias = True
+    except ImportError:
+        have_bias = False
+    fn, notes = sdpa_callable(None, NewF, 2, 1, 3, 5, True)  # bottom-right causal, Tq != Tk
+    assert (fn is not None) == have_bias and notes and ("causal_lower_right" in notes[0]), notes
     print(HEADER)
     print(format_row(timed[0], res, 800.0))
     print(line)
@@ -236,9 +268,32 @@ def matmul_tflops(torch, repeats):
     return 2.0 * n ** 3 / (ms * 1e-3) / 1e12
 
 
+def backend_contexts(torch):
+    """name -> context manager factory restricting SDPA to that backend (cuDNN needs torch >= 2.4; before
+    torch.nn.attention (2.3) only the older torch.backends.cuda.sdp_kernel switch exists)."""
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:
+        k = torch.backends.cuda.sdp_kernel
+        return {"flash": lambda: k(enable_flash=True, enable_math=False, enable_mem_efficient=False)}
+    ctx = {"flash": lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION)}
+    if hasattr(SDPBackend, "CUDNN_ATTENTION"):
+        ctx["cudnn"] = lambda: sdpa_kernel(SDPBackend.CUDNN_ATTENTION)
+    return ctx
+
+
+def has_native_gqa(F):
+    """Whether this SDPA takes enable_gqa (torch >= 2.5)."""
+    import inspect
+    fn = F.scaled_dot_product_attention
+    try:
+        return "enable_gqa" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a C builtin without a signature: its docstring lists the arguments
+        return "enable_gqa" in (getattr(fn, "__doc__", None) or "")
+
+
 def sdpa_callable(torch, F, hq, hkv, tq, tk, causal):
     """(fn(q, k, v), notes) computing our attention with SDPA, or (None, notes) if this torch cannot."""
-    import inspect
     notes = []
     kwargs = {}
     if causal and tq == tk:
@@ -251,7 +306,7 @@ def sdpa_callable(torch, F, hq, hkv, tq, tk, causal):
         kwargs["attn_mask"] = causal_lower_right(tq, tk)
         notes.append("causal_lower_right")
     g = hq // hkv
-    native_gqa = "enable_gqa" in inspect.signature(F.scaled_dot_product_attention).parameters
+    native_gqa = has_native_gqa(F)
     if g > 1 and native_gqa:
         kwargs["enable_gqa"] = True
     if g > 1 and not native_gqa:
@@ -277,7 +332,6 @@ def main():
     try:
         import torch
         import torch.nn.functional as F
-        from torch.nn.attention import SDPBackend, sdpa_kernel
     except Exception as e:  # noqa: BLE001  (any import failure means: no usable torch here)
         print(f"torch_compare: SKIPPED: PyTorch unavailable ({e})")
         return EXIT_SKIPPED
@@ -289,6 +343,8 @@ def main():
     mm = matmul_tflops(torch, args.repeats)
     print(f"torch {torch.__version__} on {dev}; cuDNN {torch.backends.cudnn.version()}")
     print(f"ceiling: bf16 matmul {MATMUL_N}^3 (torch.matmul, same run): {mm:.1f} TFLOPS")
+    print("timing: torch = median over repeats of back-to-back calls between one CUDA event pair; ours = the "
+          "runner's JSON ms (fused_attn::timing)")
     if args.ceiling_out:
         with open(args.ceiling_out, "w") as f:
             json.dump({"matmul_bf16_tflops": mm, "matmul_n": MATMUL_N, "device": dev,
@@ -298,7 +354,7 @@ def main():
         print("torch_compare: the report has no timed GPU rows; nothing to compare")
         return 0
 
-    backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
+    backends = backend_contexts(torch)
     out_rows = []
     print(HEADER)
     for r in rows:
@@ -315,9 +371,12 @@ def main():
                 k = torch.randn(b, tk, hkv, d, device="cuda", dtype=dtype).transpose(1, 2)
                 v = (torch.rand(b, tk, hkv, d, device="cuda", dtype=dtype) * 2 - 0.5).transpose(1, 2)
                 sets.append((q, k, v))
-            for name, be in backends.items():
+            for name in times:
+                if name not in backends:
+                    notes.append(f"{name}: not in torch {torch.__version__}")
+                    continue
                 try:
-                    with sdpa_kernel(be):
+                    with backends[name]():
                         times[name] = time_ms(torch, fn, sets, args.repeats)
                 except Exception as e:  # noqa: BLE001  (backend unsupported for this shape/dtype/GPU)
                     notes.append(f"{name}: {str(e).splitlines()[0][:80]}")

@@ -42,11 +42,14 @@ pub fn gpu_or_skip(bench: &str) -> Option<Gpu> {
     Some(Gpu { ctx, stream, l2_bytes, name })
 }
 
+/// Samples per bench (criterion's minimum).
+pub const SAMPLE_SIZE: usize = 10;
+
 /// Criterion sized for a 15-minute GPU allowance: 10 samples, 0.3 s warm-up (excluded from the samples by
 /// criterion itself), 1 s of measurement per bench; command-line flags (`--sample-size`, ...) still win.
 pub fn criterion() -> Criterion {
     Criterion::default()
-        .sample_size(10)
+        .sample_size(SAMPLE_SIZE)
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(1))
         .nresamples(10_000)
@@ -79,10 +82,16 @@ pub fn time_iters(
     Duration::from_secs_f64(ms * 1e-3)
 }
 
+/// The sample size criterion runs with: [`SAMPLE_SIZE`] unless `--sample-size N` overrides it on the command line.
+pub fn sample_size() -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.windows(2).find(|w| w[0] == "--sample-size").and_then(|w| w[1].parse().ok()).unwrap_or(SAMPLE_SIZE)
+}
+
 /// Milliseconds per launch over the measurement samples only: criterion calls the routine for warm-up
-/// first, then exactly `sample_size` times, so the last `samples` entries of the log are the samples.
-pub fn ms_per_launch(log: &[(u64, f64)], samples: usize) -> Option<f64> {
-    let tail = &log[log.len().saturating_sub(samples)..];
+/// first, then exactly `sample_size` times, so the last [`sample_size`] entries of the log are the samples.
+pub fn ms_per_launch(log: &[(u64, f64)]) -> Option<f64> {
+    let tail = &log[log.len().saturating_sub(sample_size())..];
     let iters: u64 = tail.iter().map(|t| t.0).sum();
     (iters > 0).then(|| tail.iter().map(|t| t.1).sum::<f64>() / iters as f64)
 }
