@@ -19,13 +19,14 @@
 # ceilings.json, gpu-info.txt, sanitizer-*.txt.
 #
 # Overrides (for running from a source tree, as tests/bundle.rs does): BUNDLE_DIR (default: this script's
-# directory), FA_RUNNER (default $BUNDLE_DIR/bin/fused-attn), FA_BUNDLE_BUDGET_S.
+# directory; its binaries.tar.xz is unpacked into a temporary directory, else BUNDLE_DIR/{bin,tests,benches}
+# are used), FA_RUNNER (default: bin/fused-attn there), FA_BUNDLE_BUDGET_S.
 set -u
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 BUNDLE_DIR="${BUNDLE_DIR:-$here}"
 # Where bin/, tests/ and benches/ are: the bundle ships them as one xz tarball (see scripts/gpu-bundle for
-# why), unpacked below on every run; a directory that already has bin/ (a source-tree override) is used as is.
+# why), unpacked by the preflight on every run; without the tarball, BUNDLE_DIR itself.
 BIN_ROOT="$BUNDLE_DIR"
 PAYLOAD="$BUNDLE_DIR/binaries.tar.xz"
 RESULTS_DIR="${RESULTS_DIR:-./results}"
@@ -102,9 +103,9 @@ preflight() {
   STEP_DEADLINE=$((t0 + 60))
   echo "=== [preflight] ==="
   if [ -f "$PAYLOAD" ]; then
-    BIN_ROOT="$BUNDLE_DIR/unpacked"
-    [ -w "$BUNDLE_DIR" ] || BIN_ROOT="$(mktemp -d)"
-    rm -rf "$BIN_ROOT" && mkdir -p "$BIN_ROOT"
+    # Unpacked outside the bundle (which stays small enough to copy around) and removed at exit.
+    BIN_ROOT="$(mktemp -d "${TMPDIR:-/tmp}/fused-attn-bundle.XXXXXX")"
+    trap 'rm -rf "$BIN_ROOT"' EXIT
     # xz if present, else Python's tarfile (the standard library reads .tar.xz).
     if command -v xz >/dev/null 2>&1; then
       xz -dc "$PAYLOAD" | tar -x -C "$BIN_ROOT"
@@ -312,6 +313,7 @@ step_benches() {
     tmo "$BIN_ROOT/benches/$b" --bench 2>&1 | tee "$RESULTS_DIR/bench-$b.txt"
     rc=${PIPESTATUS[0]}
     [ "$rc" -ne 0 ] && { bad=1; NOTE="${NOTE:+$NOTE; }$b exit $rc"; }
+    grep -q '^no GPU:' "$RESULTS_DIR/bench-$b.txt" && { bad=1; NOTE="${NOTE:+$NOTE; }$b found no GPU"; }
   done
   [ "$bad" -eq 0 ]
 }
