@@ -42,16 +42,9 @@ enum Buffer {
 impl Buffer {
     fn new(stream: &Stream<'_>, len: usize) -> Result<Self> {
         Ok(match stream {
-            // `Stream::Gpu` borrows the caller's stream, so the workspace lives on the context's default
-            // stream: allocated and zeroed there, then synchronised once (creation is setup, not the launch
-            // path), and freed only after a context synchronisation (see `Drop`), so it is ordered against
-            // the caller's stream at both ends without cudarc's multi-stream event tracking.
-            Stream::Gpu(s) => {
-                let default = s.context().default_stream();
-                let slice = default.alloc_zeros::<f32>(len.max(1))?;
-                default.synchronize()?;
-                Buffer::Gpu(slice)
-            }
+            // Allocated and zeroed on the caller's stream (stream-ordered, no synchronisation); cudarc frees
+            // it on that stream too, after the work enqueued before the drop.
+            Stream::Gpu(s) => Buffer::Gpu(s.alloc_zeros::<f32>(len.max(1))?),
             Stream::Emu(_) => Buffer::Host(vec![0.0; len]),
         })
     }
@@ -65,15 +58,6 @@ impl Buffer {
         match self {
             Buffer::Gpu(s) => TensorViewMut::gpu(s.slice_mut(0..len), [len]),
             Buffer::Host(v) => TensorViewMut::host(&mut v[..len], [len]),
-        }
-    }
-}
-
-impl Drop for Buffer {
-    fn drop(&mut self) {
-        if let Buffer::Gpu(slice) = self {
-            // Kernels on the caller's stream may still use the buffer; the free is on the default stream.
-            let _ = slice.context().synchronize();
         }
     }
 }

@@ -11,8 +11,9 @@ use crate::error::{Error, ErrorKind, Result};
 /// The backend of one launch. Ops enqueue on it and return; nothing synchronises the host.
 #[derive(Clone, Copy)]
 pub enum Stream<'a> {
-    /// The caller's stream on a GPU; device views must be cudarc views of that context.
-    Gpu(&'a CudaStream),
+    /// The caller's stream on a GPU; device views must be cudarc views of that context. (An `Arc` so
+    /// that reusable objects such as the decode workspace can allocate on the caller's stream.)
+    Gpu(&'a Arc<CudaStream>),
     /// The host SIMT executor running the same kernel sources; views must be host slices. Launches run
     /// to completion before returning.
     Emu(&'a Emulator),

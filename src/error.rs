@@ -97,8 +97,4 @@ pub(crate) fn to_i32(arg: &str, v: usize) -> Result<i32, Error> {
     i32::try_from(v).map_err(|_| Error::overflow(arg, format!("{v} does not fit in i32")))
 }
 
-pub(crate) fn to_i64(arg: &str, v: usize) -> Result<i64, Error> {
-    i64::try_from(v).map_err(|_| Error::overflow(arg, format!("{v} does not fit in i64")))
-}
-
 pub type Result<T, E = Error> = std::result::Result<T, E>;

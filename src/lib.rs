@@ -4,6 +4,32 @@
 //! emulator) → `sys` (bindgen of kernels/include/fa/abi.h) → `launch` (the only place raw pointers are
 //! taken) → the safe ops over [`TensorView`]s on a [`Stream`] (GPU or emulator). `reference` is the fp64
 //! CPU reference the tests (and downstream suites) compare against.
+//!
+//! ```
+//! use fused_attn::{prefill::{prefill, PrefillOptions}, Emulator, Stream, TensorView, TensorViewMut};
+//! use half::bf16;
+//!
+//! // B=1, T=32, 4 query heads sharing 2 KV heads, D=64, on the host emulator (a GPU run differs only in
+//! // the stream, `Stream::Gpu(&cuda_stream)`, and the views, `TensorView::gpu(slice.as_view(), shape)`).
+//! let (b, t, hq, hkv, d) = (1, 32, 4, 2, 64);
+//! let q: Vec<bf16> = (0..b * t * hq * d).map(|i| bf16::from_f32((i % 7) as f32 * 0.1)).collect();
+//! let kv: Vec<bf16> = (0..b * t * hkv * d).map(|i| bf16::from_f32((i % 5) as f32 * 0.1)).collect();
+//! let mut o = vec![bf16::ZERO; b * t * hq * d];
+//! let mut lse = vec![0f32; b * hq * t];
+//! let emu = Emulator::new();
+//! prefill(
+//!     &Stream::Emu(&emu),
+//!     &TensorView::host(&q, [b, t, hq, d])?,
+//!     &TensorView::host(&kv, [b, t, hkv, d])?,
+//!     &TensorView::host(&kv, [b, t, hkv, d])?,
+//!     &mut TensorViewMut::host(&mut o, [b, t, hq, d])?,
+//!     Some(&mut TensorViewMut::host(&mut lse, [b, hq, t])?),
+//!     &PrefillOptions { causal: true, scale: None },
+//! )?;
+//! // Row 0 of a causal mask sees only key 0: its output is V's row 0 of KV head 0.
+//! assert_eq!(o[..d], kv[..d]);
+//! # Ok::<(), fused_attn::Error>(())
+//! ```
 pub mod append;
 pub mod build_info;
 pub mod decode;

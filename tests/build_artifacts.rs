@@ -40,3 +40,61 @@ fn ptxas_report_is_spill_free_and_lists_kernels() {
     let archs = build_info::CUDA_ARCHS.split(',').count();
     assert!(kernels >= archs, "ptxas report lists {kernels} kernel builds for {archs} archs:\n{report}");
 }
+
+/// SASS of every kernel for one arch, as (mangled name, body) pairs.
+fn sass_functions(tool: &std::path::Path, arch: &str) -> Vec<(String, String)> {
+    // cuobjdump needs nvdisasm from the same directory on PATH to print SASS.
+    let dir = tool.parent().unwrap();
+    let path = std::env::join_paths(
+        std::iter::once(dir.to_path_buf()).chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())),
+    )
+    .unwrap();
+    let out = Command::new(tool)
+        .args(["--dump-sass", "-arch", arch, build_info::GPU_LIBRARY])
+        .env("PATH", path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "cuobjdump --dump-sass failed: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut funcs = Vec::new();
+    for chunk in text.split("Function : ").skip(1) {
+        let name = chunk.lines().next().unwrap_or("").trim().to_string();
+        funcs.push((name, chunk.to_string()));
+    }
+    funcs
+}
+
+/// The instructions each kernel was written to use are really in its SASS (for the first and the Hopper
+/// arch): tensor-core MMA, ldmatrix and 16-byte cp.async in prefill and decode, 128-bit global accesses in
+/// merge and append, and no local memory anywhere.
+#[test]
+fn sass_has_the_instructions_the_kernels_were_written_for() {
+    let Some(tool) = cuobjdump() else {
+        panic!("cuobjdump not found: scripts/setup installs it into .toolchain/cuda-tools");
+    };
+    let archs: Vec<String> = build_info::CUDA_ARCHS.split(',').map(|a| format!("sm_{}", a.trim())).collect();
+    let mut checked = 0;
+    for arch in [archs.first(), archs.last()].into_iter().flatten() {
+        let funcs = sass_functions(&tool, arch);
+        let want: [(&str, &[&str]); 4] = [
+            ("prefill_kernel", &["HMMA.16816.F32", "LDSM.16.M88.4", "LDSM.16.MT88.4", "LDGSTS.E.BYPASS.128"]),
+            ("paged_decode_kernel", &["HMMA.16816.F32", "LDSM.16", "LDGSTS.E.BYPASS.128"]),
+            ("merge_states_kernel", &[".128"]),
+            ("paged_append_kernel", &["LDG.E.128", "STG.E.128"]),
+        ];
+        for (kernel, needles) in want {
+            let bodies: Vec<&(String, String)> = funcs.iter().filter(|(n, _)| n.contains(kernel)).collect();
+            assert!(!bodies.is_empty(), "{arch}: no {kernel} in the GPU library");
+            for (name, body) in bodies {
+                for needle in needles {
+                    assert!(body.contains(needle), "{arch}: {name} has no {needle} in its SASS");
+                }
+                for local in ["LDL", "STL"] {
+                    assert!(!body.contains(&format!(" {local}")), "{arch}: {name} uses local memory ({local})");
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 20, "only {checked} kernels checked");
+}
