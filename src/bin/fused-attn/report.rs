@@ -29,12 +29,24 @@ pub fn sweep(backend: &Backend, quick: bool) -> Vec<Case> {
     let prefill = sweep_cases(gpu && !quick);
     let decode = if gpu && !quick { decode_sweep() } else { decode_sweep_emulated() };
     if quick {
-        // A few seconds of emulation: small prefill cases spread over the subset (causal or not, GQA,
-        // varlen, padded layouts), and decode cases at D = 64 with every split choice.
-        let small: Vec<_> = prefill.into_iter().filter(|c| c.score_count() <= 40_000).collect();
-        let step = (small.len() / 12).max(1);
-        let mut out: Vec<Case> = small.into_iter().step_by(step).map(Case::Prefill).collect();
-        out.extend(decode.into_iter().filter(|c| c.head_dim == 64).take(3).map(Case::Decode));
+        // A few seconds of emulation: the first small prefill case of every (D, causal, layout, varlen,
+        // GQA, LSE) combination, and a decode case per page size.
+        let mut seen = Vec::new();
+        let mut out: Vec<Case> = Vec::new();
+        for c in prefill.into_iter().filter(|c| c.score_count() <= 40_000) {
+            let key = (c.head_dim, c.causal, c.layout, c.varlen.is_some(), c.heads_q != c.heads_kv, c.with_lse);
+            if !seen.contains(&key) {
+                seen.push(key);
+                out.push(Case::Prefill(c));
+            }
+        }
+        let mut pages = Vec::new();
+        for c in decode {
+            if !pages.contains(&c.page_size) {
+                pages.push(c.page_size);
+                out.push(Case::Decode(c));
+            }
+        }
         return out;
     }
     prefill.into_iter().map(Case::Prefill).chain(decode.into_iter().map(Case::Decode)).collect()
