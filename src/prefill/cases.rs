@@ -526,30 +526,31 @@ impl<T: Element> PrefillFixture<T> {
         };
         let scale = self.scale();
         let lse = out.lse.as_deref();
-        let results: Vec<Result<(Vec<f64>, Vec<f64>, Vec<f64>, f64, f64, f64)>> =
-            parallel_map(&picks, |&(ib, it, ih)| {
-                let vis = reference::visible_keys(c.causal, tq, tk, it);
-                let kh = ih / group.max(1);
-                let qrow = gather(
-                    &self.bufs[self.q.buf],
-                    &Place { offset: self.q.at([ib, it, ih, 0]), shape: [1, 1, 1, d], ..self.q },
-                );
-                let sub = |p: &Place| {
-                    gather(&self.bufs[p.buf], &Place { offset: p.at([ib, 0, kh, 0]), shape: [1, vis, 1, d], ..*p })
-                };
-                let (krows, vrows) = (sub(&self.k), sub(&self.v));
-                let mut p = reference::Problem::new(1, 1, 1, 1, vis, d, false);
-                p.scale = scale;
-                let exact = reference::dense(&p, &qrow, &krows, &vrows)?;
-                let naive = reference::naive_lowp_dense(&p, c.dtype, &qrow, &krows, &vrows)?;
-                let at = self.o.at([ib, it, ih, 0]);
-                let ours: Vec<f64> = out.o[at..at + d].iter().map(|x| x.to_f64()).collect();
-                let our_lse = lse.map_or(f64::NAN, |l| l[self.lse_at(ib, ih, it)] as f64);
-                Ok((ours, exact.out, naive, our_lse, exact.lse[0], 0.0))
-            });
+        // Per sampled row: ours, reference, naive (D values each), our LSE, the reference LSE.
+        type SampledRow = (Vec<f64>, Vec<f64>, Vec<f64>, f64, f64);
+        let results: Vec<Result<SampledRow>> = parallel_map(&picks, |&(ib, it, ih)| {
+            let vis = reference::visible_keys(c.causal, tq, tk, it);
+            let kh = ih / group.max(1);
+            let qrow = gather(
+                &self.bufs[self.q.buf],
+                &Place { offset: self.q.at([ib, it, ih, 0]), shape: [1, 1, 1, d], ..self.q },
+            );
+            let sub = |p: &Place| {
+                gather(&self.bufs[p.buf], &Place { offset: p.at([ib, 0, kh, 0]), shape: [1, vis, 1, d], ..*p })
+            };
+            let (krows, vrows) = (sub(&self.k), sub(&self.v));
+            let mut p = reference::Problem::new(1, 1, 1, 1, vis, d, false);
+            p.scale = scale;
+            let exact = reference::dense(&p, &qrow, &krows, &vrows)?;
+            let naive = reference::naive_lowp_dense(&p, c.dtype, &qrow, &krows, &vrows)?;
+            let at = self.o.at([ib, it, ih, 0]);
+            let ours: Vec<f64> = out.o[at..at + d].iter().map(|x| x.to_f64()).collect();
+            let our_lse = lse.map_or(f64::NAN, |l| l[self.lse_at(ib, ih, it)] as f64);
+            Ok((ours, exact.out, naive, our_lse, exact.lse[0]))
+        });
         let (mut ours, mut exact, mut naive, mut ol, mut el) = (vec![], vec![], vec![], vec![], vec![]);
         for r in results {
-            let (o, e, n, l, x, _) = r?;
+            let (o, e, n, l, x) = r?;
             ours.extend(o);
             exact.extend(e);
             naive.extend(n);

@@ -177,3 +177,52 @@ pub fn plots(rows: &[Row]) -> (Option<crate::plot::Plot>, Option<crate::plot::Pl
     });
     (prefill, decode)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plots_group_timed_rows() {
+        let perf = |op: &'static str, d: usize, causal: bool, t: usize, b: usize, y: f64| Row {
+            kind: "perf",
+            op,
+            dtype: "bf16",
+            head_dim: d,
+            causal,
+            seqlen_q: if op == "prefill" { t } else { 1 },
+            seqlen_k: t,
+            batch: b,
+            heads_q: 16,
+            heads_kv: 16,
+            tflops: (op == "prefill").then_some(y),
+            pct_of_copy_bw: (op == "decode").then_some(y),
+            ..Default::default()
+        };
+        let rows = vec![
+            perf("prefill", 128, true, 1024, 16, 100.0),
+            perf("prefill", 128, true, 2048, 8, 150.0),
+            perf("prefill", 64, false, 1024, 16, 90.0),
+            perf("decode", 128, false, 4096, 64, 80.0),
+            Row { kind: "sweep", op: "prefill", ..Default::default() },
+        ];
+        let (p, d) = plots(&rows);
+        let p = p.expect("prefill plot");
+        assert_eq!(p.series.len(), 2);
+        assert!(p.series.iter().any(|s| s.label == "bf16 D128 causal" && s.points.len() == 2));
+        let d = d.expect("decode plot");
+        assert_eq!((d.series.len(), d.series[0].label.as_str()), (1, "B=64"));
+        assert_eq!(plots(&rows[4..]).0.map(|p| p.series.len()), None);
+    }
+
+    #[test]
+    fn decode_perf_shapes_stream_from_memory() {
+        let cases = decode_perf_cases();
+        for c in decode_perf() {
+            assert!(cases.contains(&c));
+        }
+        for c in &cases {
+            assert!(c.kv_bytes() >= 128 << 20, "{}", c.label());
+        }
+    }
+}
