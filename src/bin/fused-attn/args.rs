@@ -45,11 +45,13 @@ pub struct Args {
     pub num_splits: Option<usize>,
     pub quick: bool,
     pub plot: Option<PathBuf>,
+    /// `run` on a GPU: check only, no timing (e.g. under compute-sanitizer).
+    pub no_timing: bool,
 }
 
 pub const USAGE: &str = "usage: fused-attn <report|run> [--op prefill|decode] [--dtype fp16|bf16] [--head-dim N] \
 [--batch N] [--heads N] [--kv-heads N] [--seqlen-q N] [--seqlen-k N] [--causal] [--page-size N] \
-[--num-splits N] [--backend gpu|emu|auto] [--json] [--seed N] [--dump DIR] [--quick] [--plot DIR]";
+[--num-splits N] [--backend gpu|emu|auto] [--json] [--seed N] [--dump DIR] [--quick] [--plot DIR] [--no-timing]";
 
 fn number(flag: &str, value: Option<String>) -> Result<usize> {
     let v = value.ok_or_else(|| Error::usage(format!("{flag} needs a value")))?;
@@ -83,6 +85,7 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args> {
         num_splits: None,
         quick: false,
         plot: None,
+        no_timing: false,
     };
     let (mut kv_heads, mut seqlen_k) = (None, None);
     while let Some(flag) = it.next() {
@@ -120,6 +123,7 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args> {
             "--seed" => a.seed = number(&flag, it.next())? as u64,
             "--dump" => a.dump = Some(it.next().ok_or_else(|| Error::usage("--dump needs a directory"))?.into()),
             "--quick" => a.quick = true,
+            "--no-timing" => a.no_timing = true,
             "--plot" => a.plot = Some(it.next().ok_or_else(|| Error::usage("--plot needs a directory"))?.into()),
             "-h" | "--help" => return Err(Error::usage(USAGE)),
             other => return Err(Error::usage(format!("unknown flag '{other}'; {USAGE}"))),
@@ -130,6 +134,9 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args> {
     }
     if a.verb == Verb::Run && (a.plot.is_some() || a.quick) {
         return Err(Error::usage("--plot and --quick apply to `report` only"));
+    }
+    if a.verb == Verb::Report && a.no_timing {
+        return Err(Error::usage("--no-timing applies to `run` only"));
     }
     if a.op == Op::Prefill && a.num_splits.is_some() {
         return Err(Error::usage("--num-splits applies to --op decode only"));

@@ -24,8 +24,8 @@ use output::Output;
 fn run(a: &Args, backend: &Backend, out: &mut Output) -> Result<()> {
     let dump = a.dump.as_deref().map(dump::Dump::new).transpose()?;
     let copy = match backend {
-        Backend::Gpu { stream, .. } => Some(copy_bandwidth_gbps(stream, 1 << 30)?),
-        Backend::Emu(_) => None,
+        Backend::Gpu { stream, .. } if !a.no_timing => Some(copy_bandwidth_gbps(stream, 1 << 30)?),
+        _ => None,
     };
     let row = match a.op {
         Op::Prefill => {
