@@ -270,36 +270,19 @@ fn evaluate<T: Element>(f: &PagedFixture<T>, seed: u64, plan: DecodePlan, o: &[T
     let c = &f.case;
     let scale = 1.0 / (c.head_dim as f64).sqrt();
     let (q, k, v) = (to_f64(&f.q), to_f64(&f.k_cache), to_f64(&f.v_cache));
-    let args = (c.heads_q, c.heads_kv, c.head_dim, scale);
-    let exact = reference::paged_decode(
-        args.0,
-        args.1,
-        args.2,
-        args.3,
-        &q,
-        &k,
-        &v,
-        f.num_pages,
-        c.page_size,
-        &f.block_table,
-        f.width,
-        &f.seq_lens,
-    )?;
-    let naive = reference::naive_lowp_paged_decode(
-        args.0,
-        args.1,
-        args.2,
-        args.3,
-        &q,
-        &k,
-        &v,
-        f.num_pages,
-        c.page_size,
-        &f.block_table,
-        f.width,
-        &f.seq_lens,
-        T::DTYPE,
-    )?;
+    let cache = reference::PagedCache {
+        k_cache: &k,
+        v_cache: &v,
+        num_pages: f.num_pages,
+        page_size: c.page_size,
+        heads_kv: c.heads_kv,
+        head_dim: c.head_dim,
+        block_table: &f.block_table,
+        max_pages_per_seq: f.width,
+        seq_lens: &f.seq_lens,
+    };
+    let exact = reference::paged_decode(c.heads_q, scale, &q, &cache)?;
+    let naive = reference::naive_lowp_paged_decode(c.heads_q, scale, &q, &cache, T::DTYPE)?;
     let ours = to_f64(o);
     let ours_lse: Vec<f64> = lse.iter().map(|&x| x as f64).collect();
     let d = c.head_dim;
