@@ -114,8 +114,6 @@ pub fn varlen(
 
 /// Gathers each sequence's K and V out of a paged cache.
 ///
-/// - `k_cache`, `v_cache`: `[num_pages, page_size, Hkv, D]`.
-/// - `block_table`: `[B, max_pages_per_seq]` row-major; `seq_lens`: `[B]`.
 /// - Token `t` of sequence `b` lives in page `block_table[b][t / page_size]` at offset `t % page_size`. Only
 ///   the first `ceil(seq_len / page_size)` entries of a row are read (the rest may hold anything, e.g. −1),
 ///   and only the first `seq_len` slots are read (other slots may hold anything, NaN included).
@@ -123,18 +121,35 @@ pub fn varlen(
 ///
 /// Errors: `page_size == 0`, wrong slice lengths, or a negative `seq_len` or one above
 /// `max_pages_per_seq * page_size` → `Shape`; a used block table entry outside `0..num_pages` → `OutOfBounds`.
-#[allow(clippy::too_many_arguments)]
-pub fn gather_paged(
-    k_cache: &[f64],
-    v_cache: &[f64],
-    num_pages: usize,
-    page_size: usize,
-    heads_kv: usize,
-    head_dim: usize,
-    block_table: &[i32],
-    max_pages_per_seq: usize,
-    seq_lens: &[i32],
-) -> Result<Vec<(Vec<f64>, Vec<f64>)>> {
+/// A paged KV cache as the reference reads it (f64 values; layouts as in CONVENTIONS.md).
+///
+/// - `k_cache`, `v_cache`: `[num_pages, page_size, heads_kv, head_dim]`.
+/// - `block_table`: `[B, max_pages_per_seq]` row-major; `seq_lens`: `[B]`.
+#[derive(Clone, Copy, Debug)]
+pub struct PagedCache<'a> {
+    pub k_cache: &'a [f64],
+    pub v_cache: &'a [f64],
+    pub num_pages: usize,
+    pub page_size: usize,
+    pub heads_kv: usize,
+    pub head_dim: usize,
+    pub block_table: &'a [i32],
+    pub max_pages_per_seq: usize,
+    pub seq_lens: &'a [i32],
+}
+
+pub fn gather_paged(cache: &PagedCache<'_>) -> Result<Vec<(Vec<f64>, Vec<f64>)>> {
+    let PagedCache {
+        k_cache,
+        v_cache,
+        num_pages,
+        page_size,
+        heads_kv,
+        head_dim,
+        block_table,
+        max_pages_per_seq,
+        seq_lens,
+    } = *cache;
     if page_size == 0 {
         return Err(Error::shape("page_size", "must be at least 1"));
     }
@@ -177,35 +192,11 @@ pub fn gather_paged(
 /// Decode attention over a paged cache: one query token per sequence, seeing its whole context (causal with
 /// `Tq = 1` is the same as bidirectional).
 ///
-/// - `q`: `[B, Hq, D]`; cache arguments as in [`gather_paged`], `B = seq_lens.len()`.
+/// - `q`: `[B, Hq, D]`; the cache as in [`PagedCache`] / [`gather_paged`], `B = seq_lens.len()`.
 /// - Returns `out`: `[B, Hq, D]`, `lse`: `[B, Hq]` (a sequence with `seq_len` 0 gives 0 / −inf).
-#[allow(clippy::too_many_arguments)]
-pub fn paged_decode(
-    heads_q: usize,
-    heads_kv: usize,
-    head_dim: usize,
-    scale: f64,
-    q: &[f64],
-    k_cache: &[f64],
-    v_cache: &[f64],
-    num_pages: usize,
-    page_size: usize,
-    block_table: &[i32],
-    max_pages_per_seq: usize,
-    seq_lens: &[i32],
-) -> Result<Output> {
-    let a = Attn::new(heads_q, heads_kv, head_dim, false, scale)?;
-    let kv = gather_paged(
-        k_cache,
-        v_cache,
-        num_pages,
-        page_size,
-        heads_kv,
-        head_dim,
-        block_table,
-        max_pages_per_seq,
-        seq_lens,
-    )?;
+pub fn paged_decode(heads_q: usize, scale: f64, q: &[f64], cache: &PagedCache<'_>) -> Result<Output> {
+    let a = Attn::new(heads_q, cache.heads_kv, cache.head_dim, false, scale)?;
+    let kv = gather_paged(cache)?;
     paged_impl(Arith::F64, &a, q, &kv)
 }
 
@@ -292,34 +283,15 @@ pub fn naive_lowp_varlen(
 }
 
 /// [`paged_decode`] computed as [`naive_lowp_dense`] does. Returns `out` only: `[B, Hq, D]`.
-#[allow(clippy::too_many_arguments)]
 pub fn naive_lowp_paged_decode(
     heads_q: usize,
-    heads_kv: usize,
-    head_dim: usize,
     scale: f64,
     q: &[f64],
-    k_cache: &[f64],
-    v_cache: &[f64],
-    num_pages: usize,
-    page_size: usize,
-    block_table: &[i32],
-    max_pages_per_seq: usize,
-    seq_lens: &[i32],
+    cache: &PagedCache<'_>,
     dtype: DType,
 ) -> Result<Vec<f64>> {
-    let a = Attn::new(heads_q, heads_kv, head_dim, false, scale)?;
-    let kv = gather_paged(
-        k_cache,
-        v_cache,
-        num_pages,
-        page_size,
-        heads_kv,
-        head_dim,
-        block_table,
-        max_pages_per_seq,
-        seq_lens,
-    )?;
+    let a = Attn::new(heads_q, cache.heads_kv, cache.head_dim, false, scale)?;
+    let kv = gather_paged(cache)?;
     Ok(paged_impl(Arith::Lowp(dtype), &a, q, &kv)?.out)
 }
 
@@ -1028,34 +1000,36 @@ mod tests {
         let (hq, hkv, d) = (8, 2, 16);
         for page_size in [1, 4, 16] {
             let c = paged(seed, hkv, d, page_size, &[5, 0, 17, 8, 16]);
-            let kv = gather_paged(
-                &c.k_cache,
-                &c.v_cache,
-                c.num_pages,
+            let kv = gather_paged(&PagedCache {
+                k_cache: &c.k_cache,
+                v_cache: &c.v_cache,
+                num_pages: c.num_pages,
                 page_size,
-                hkv,
-                d,
-                &c.table,
-                c.max_pages,
-                &c.seq_lens,
-            )
+                heads_kv: hkv,
+                head_dim: d,
+                block_table: &c.table,
+                max_pages_per_seq: c.max_pages,
+                seq_lens: &c.seq_lens,
+            })
             .unwrap();
             assert_eq!(kv, c.dense_kv, "seed {seed} page_size {page_size}");
             let q = rand_vec(&mut StdRng::seed_from_u64(seed + 7), c.seq_lens.len() * hq * d, -1.0, 1.0);
             let scale = 0.25;
             let r = paged_decode(
                 hq,
-                hkv,
-                d,
                 scale,
                 &q,
-                &c.k_cache,
-                &c.v_cache,
-                c.num_pages,
-                c.page_size,
-                &c.table,
-                c.max_pages,
-                &c.seq_lens,
+                &PagedCache {
+                    k_cache: &c.k_cache,
+                    v_cache: &c.v_cache,
+                    num_pages: c.num_pages,
+                    page_size: c.page_size,
+                    heads_kv: hkv,
+                    head_dim: d,
+                    block_table: &c.table,
+                    max_pages_per_seq: c.max_pages,
+                    seq_lens: &c.seq_lens,
+                },
             )
             .unwrap();
             assert!(r.out.iter().all(|x| x.is_finite()), "seed {seed}: NaN leaked from unused cache slots");
@@ -1070,17 +1044,19 @@ mod tests {
             }
             let naive = naive_lowp_paged_decode(
                 hq,
-                hkv,
-                d,
                 scale,
                 &q,
-                &c.k_cache,
-                &c.v_cache,
-                c.num_pages,
-                c.page_size,
-                &c.table,
-                c.max_pages,
-                &c.seq_lens,
+                &PagedCache {
+                    k_cache: &c.k_cache,
+                    v_cache: &c.v_cache,
+                    num_pages: c.num_pages,
+                    page_size: c.page_size,
+                    heads_kv: hkv,
+                    head_dim: d,
+                    block_table: &c.table,
+                    max_pages_per_seq: c.max_pages,
+                    seq_lens: &c.seq_lens,
+                },
                 DType::Bf16,
             )
             .unwrap();
@@ -1311,10 +1287,20 @@ mod tests {
         let (hkv, d) = (2, 4);
         let c = paged(8001, hkv, d, 4, &[5, 3]);
         let g = |table: &[i32], lens: &[i32], ps: usize| {
-            gather_paged(&c.k_cache, &c.v_cache, c.num_pages, ps, hkv, d, table, c.max_pages, lens)
-                .unwrap_err()
-                .kind()
-                .clone()
+            gather_paged(&PagedCache {
+                k_cache: &c.k_cache,
+                v_cache: &c.v_cache,
+                num_pages: c.num_pages,
+                page_size: ps,
+                heads_kv: hkv,
+                head_dim: d,
+                block_table: table,
+                max_pages_per_seq: c.max_pages,
+                seq_lens: lens,
+            })
+            .unwrap_err()
+            .kind()
+            .clone()
         };
         let mut t = c.table.clone();
         t[1] = c.num_pages as i32; // page of token 4 of sequence 0
@@ -1329,22 +1315,39 @@ mod tests {
         let pd = |q: &[f64], hq: usize| {
             kind(paged_decode(
                 hq,
-                hkv,
-                d,
                 1.0,
                 q,
-                &c.k_cache,
-                &c.v_cache,
-                c.num_pages,
-                4,
-                &c.table,
-                c.max_pages,
-                &c.seq_lens,
+                &PagedCache {
+                    k_cache: &c.k_cache,
+                    v_cache: &c.v_cache,
+                    num_pages: c.num_pages,
+                    page_size: 4,
+                    heads_kv: hkv,
+                    head_dim: d,
+                    block_table: &c.table,
+                    max_pages_per_seq: c.max_pages,
+                    seq_lens: &c.seq_lens,
+                },
             ))
         };
         assert_eq!(pd(&q[1..], 4), ErrorKind::Shape);
         assert_eq!(pd(&q, 3), ErrorKind::Shape);
-        let e = paged_decode(4, hkv, d, 1.0, &q, &c.k_cache[1..], &c.v_cache, c.num_pages, 4, &c.table, 3, &[5, 3]);
+        let e = paged_decode(
+            4,
+            1.0,
+            &q,
+            &PagedCache {
+                k_cache: &c.k_cache[1..],
+                v_cache: &c.v_cache,
+                num_pages: c.num_pages,
+                page_size: 4,
+                heads_kv: hkv,
+                head_dim: d,
+                block_table: &c.table,
+                max_pages_per_seq: 3,
+                seq_lens: &[5, 3],
+            },
+        );
         assert_eq!(kind(e), ErrorKind::Shape);
 
         // merge

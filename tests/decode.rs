@@ -312,38 +312,19 @@ fn clamps_device_data_it_cannot_validate() {
     let ref_lens = vec![0, 64, 48];
     let q = to64(&f.q);
     let scale = 1.0 / (d as f64).sqrt();
-    let args = (hq, case.heads_kv, d, scale);
-    let exact = reference::paged_decode(
-        args.0,
-        args.1,
-        args.2,
-        args.3,
-        &q,
-        &k,
-        &v,
-        f.num_pages + 1,
-        ps,
-        &ref_table,
-        f.width,
-        &ref_lens,
-    )
-    .unwrap();
-    let naive = reference::naive_lowp_paged_decode(
-        args.0,
-        args.1,
-        args.2,
-        args.3,
-        &q,
-        &k,
-        &v,
-        f.num_pages + 1,
-        ps,
-        &ref_table,
-        f.width,
-        &ref_lens,
-        DType::Bf16,
-    )
-    .unwrap();
+    let ref_cache = reference::PagedCache {
+        k_cache: &k,
+        v_cache: &v,
+        num_pages: f.num_pages + 1,
+        page_size: ps,
+        heads_kv: case.heads_kv,
+        head_dim: d,
+        block_table: &ref_table,
+        max_pages_per_seq: f.width,
+        seq_lens: &ref_lens,
+    };
+    let exact = reference::paged_decode(hq, scale, &q, &ref_cache).unwrap();
+    let naive = reference::naive_lowp_paged_decode(hq, scale, &q, &ref_cache, DType::Bf16).unwrap();
 
     let cache = PagedKvCache::new(
         TensorView::host(&f.k_cache, f.cache_shape()).unwrap(),

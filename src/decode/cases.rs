@@ -270,36 +270,19 @@ fn evaluate<T: Element>(f: &PagedFixture<T>, seed: u64, plan: DecodePlan, o: &[T
     let c = &f.case;
     let scale = 1.0 / (c.head_dim as f64).sqrt();
     let (q, k, v) = (to_f64(&f.q), to_f64(&f.k_cache), to_f64(&f.v_cache));
-    let args = (c.heads_q, c.heads_kv, c.head_dim, scale);
-    let exact = reference::paged_decode(
-        args.0,
-        args.1,
-        args.2,
-        args.3,
-        &q,
-        &k,
-        &v,
-        f.num_pages,
-        c.page_size,
-        &f.block_table,
-        f.width,
-        &f.seq_lens,
-    )?;
-    let naive = reference::naive_lowp_paged_decode(
-        args.0,
-        args.1,
-        args.2,
-        args.3,
-        &q,
-        &k,
-        &v,
-        f.num_pages,
-        c.page_size,
-        &f.block_table,
-        f.width,
-        &f.seq_lens,
-        T::DTYPE,
-    )?;
+    let cache = reference::PagedCache {
+        k_cache: &k,
+        v_cache: &v,
+        num_pages: f.num_pages,
+        page_size: c.page_size,
+        heads_kv: c.heads_kv,
+        head_dim: c.head_dim,
+        block_table: &f.block_table,
+        max_pages_per_seq: f.width,
+        seq_lens: &f.seq_lens,
+    };
+    let exact = reference::paged_decode(c.heads_q, scale, &q, &cache)?;
+    let naive = reference::naive_lowp_paged_decode(c.heads_q, scale, &q, &cache, T::DTYPE)?;
     let ours = to_f64(o);
     let ours_lse: Vec<f64> = lse.iter().map(|&x| x as f64).collect();
     let d = c.head_dim;
@@ -321,12 +304,23 @@ fn evaluate<T: Element>(f: &PagedFixture<T>, seed: u64, plan: DecodePlan, o: &[T
 /// Runs `case` on the emulator with outputs poisoned with NaN, and judges it.
 pub fn check_case_emulated(emu: &Emulator, case: &DecodeCase, seed: u64) -> Result<CaseOutcome> {
     match case.dtype {
-        DType::F16 => check_emulated::<f16>(emu, case, seed),
-        DType::Bf16 => check_emulated::<bf16>(emu, case, seed),
+        DType::F16 => run_case_emulated::<f16>(emu, case, seed).map(|r| r.outcome),
+        DType::Bf16 => run_case_emulated::<bf16>(emu, case, seed).map(|r| r.outcome),
     }
 }
 
-fn check_emulated<T: Element>(emu: &Emulator, case: &DecodeCase, seed: u64) -> Result<CaseOutcome> {
+/// One judged run with its data: the fixture, the kernel's outputs (o [B, Hq, D], lse [B, Hq]) and the
+/// verdict (the runner's `--dump` writes them out).
+#[derive(Debug, Clone)]
+pub struct DecodeRun<T> {
+    pub fixture: PagedFixture<T>,
+    pub o: Vec<T>,
+    pub lse: Vec<f32>,
+    pub outcome: CaseOutcome,
+}
+
+/// [`check_case_emulated`] for a static element type, handing back the data too.
+pub fn run_case_emulated<T: Element>(emu: &Emulator, case: &DecodeCase, seed: u64) -> Result<DecodeRun<T>> {
     let f = PagedFixture::<T>::new(case, seed);
     let stream = Stream::Emu(emu);
     let (b, hq, d) = (case.batch(), case.heads_q, case.head_dim);
@@ -353,7 +347,8 @@ fn check_emulated<T: Element>(emu: &Emulator, case: &DecodeCase, seed: u64) -> R
         &mut ws,
         &opts,
     )?;
-    evaluate(&f, seed, plan, &o, &lse)
+    let outcome = evaluate(&f, seed, plan, &o, &lse)?;
+    Ok(DecodeRun { fixture: f, o, lse, outcome })
 }
 
 /// The fixture's data on the GPU, and the workspace for its plan.
@@ -416,18 +411,20 @@ impl<T: Element> GpuCase<T> {
 /// Runs `case` on the GPU behind `cu` with outputs poisoned with NaN, and judges it.
 pub fn check_case_gpu(cu: &Arc<CudaStream>, case: &DecodeCase, seed: u64) -> Result<CaseOutcome> {
     match case.dtype {
-        DType::F16 => check_gpu::<f16>(cu, case, seed),
-        DType::Bf16 => check_gpu::<bf16>(cu, case, seed),
+        DType::F16 => run_case_gpu::<f16>(cu, case, seed).map(|r| r.outcome),
+        DType::Bf16 => run_case_gpu::<bf16>(cu, case, seed).map(|r| r.outcome),
     }
 }
 
-fn check_gpu<T: Element>(cu: &Arc<CudaStream>, case: &DecodeCase, seed: u64) -> Result<CaseOutcome> {
+/// [`check_case_gpu`] for a static element type, handing back the data too.
+pub fn run_case_gpu<T: Element>(cu: &Arc<CudaStream>, case: &DecodeCase, seed: u64) -> Result<DecodeRun<T>> {
     let f = PagedFixture::<T>::new(case, seed);
     let mut g = GpuCase::upload(cu, &f)?;
     let plan = g.run(cu, &f)?;
     let o: Vec<T> = cu.clone_dtoh(&g.o)?;
     let lse: Vec<f32> = cu.clone_dtoh(&g.lse)?;
-    evaluate(&f, seed, plan, &o, &lse)
+    let outcome = evaluate(&f, seed, plan, &o, &lse)?;
+    Ok(DecodeRun { fixture: f, o, lse, outcome })
 }
 
 /// Bytes a decode moves, per CONVENTIONS.md: K and V actually read, Q, O, LSE, and the split workspace

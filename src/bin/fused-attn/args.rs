@@ -11,15 +11,6 @@ pub enum Op {
     Decode,
 }
 
-impl Op {
-    pub fn name(self) -> &'static str {
-        match self {
-            Op::Prefill => "prefill",
-            Op::Decode => "decode",
-        }
-    }
-}
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendChoice {
     Gpu,
@@ -27,10 +18,16 @@ pub enum BackendChoice {
     Auto,
 }
 
-/// One configuration (`run`), or the options of the sweep (`report`: only backend/json/seed/dump apply).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verb {
+    Report,
+    Run,
+}
+
+/// One configuration (`run`), or the options of the sweep (`report`: backend, json, seed, quick, plot).
 #[derive(Clone, Debug)]
 pub struct Args {
-    pub verb: String,
+    pub verb: Verb,
     pub op: Op,
     pub dtype: DType,
     pub head_dim: usize,
@@ -47,11 +44,14 @@ pub struct Args {
     pub dump: Option<PathBuf>,
     pub num_splits: Option<usize>,
     pub quick: bool,
+    pub plot: Option<PathBuf>,
+    /// `run` on a GPU: check only, no timing (e.g. under compute-sanitizer).
+    pub no_timing: bool,
 }
 
 pub const USAGE: &str = "usage: fused-attn <report|run> [--op prefill|decode] [--dtype fp16|bf16] [--head-dim N] \
 [--batch N] [--heads N] [--kv-heads N] [--seqlen-q N] [--seqlen-k N] [--causal] [--page-size N] \
-[--num-splits N] [--backend gpu|emu|auto] [--json] [--seed N] [--dump DIR] [--quick]";
+[--num-splits N] [--backend gpu|emu|auto] [--json] [--seed N] [--dump DIR] [--quick] [--plot DIR] [--no-timing]";
 
 fn number(flag: &str, value: Option<String>) -> Result<usize> {
     let v = value.ok_or_else(|| Error::usage(format!("{flag} needs a value")))?;
@@ -60,10 +60,12 @@ fn number(flag: &str, value: Option<String>) -> Result<usize> {
 
 pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args> {
     let mut it = argv.into_iter();
-    let verb = it.next().ok_or_else(|| Error::usage(USAGE))?;
-    if verb != "report" && verb != "run" {
-        return Err(Error::usage(format!("unknown verb '{verb}'; {USAGE}")));
-    }
+    let verb = match it.next().as_deref() {
+        Some("report") => Verb::Report,
+        Some("run") => Verb::Run,
+        Some("-h" | "--help") | None => return Err(Error::usage(USAGE)),
+        Some(other) => return Err(Error::usage(format!("unknown verb '{other}'; {USAGE}"))),
+    };
     let mut a = Args {
         verb,
         op: Op::Prefill,
@@ -82,6 +84,8 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args> {
         dump: None,
         num_splits: None,
         quick: false,
+        plot: None,
+        no_timing: false,
     };
     let (mut kv_heads, mut seqlen_k) = (None, None);
     while let Some(flag) = it.next() {
@@ -119,9 +123,23 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args> {
             "--seed" => a.seed = number(&flag, it.next())? as u64,
             "--dump" => a.dump = Some(it.next().ok_or_else(|| Error::usage("--dump needs a directory"))?.into()),
             "--quick" => a.quick = true,
+            "--no-timing" => a.no_timing = true,
+            "--plot" => a.plot = Some(it.next().ok_or_else(|| Error::usage("--plot needs a directory"))?.into()),
             "-h" | "--help" => return Err(Error::usage(USAGE)),
             other => return Err(Error::usage(format!("unknown flag '{other}'; {USAGE}"))),
         }
+    }
+    if a.verb == Verb::Report && a.dump.is_some() {
+        return Err(Error::usage("--dump applies to `run` only"));
+    }
+    if a.verb == Verb::Run && (a.plot.is_some() || a.quick) {
+        return Err(Error::usage("--plot and --quick apply to `report` only"));
+    }
+    if a.verb == Verb::Report && a.no_timing {
+        return Err(Error::usage("--no-timing applies to `run` only"));
+    }
+    if a.op == Op::Prefill && a.num_splits.is_some() {
+        return Err(Error::usage("--num-splits applies to --op decode only"));
     }
     a.kv_heads = kv_heads.unwrap_or(a.heads);
     a.seqlen_k = seqlen_k.unwrap_or(a.seqlen_q);
@@ -161,6 +179,10 @@ mod tests {
             "run --op sort",
             "run --backend tpu",
             "run --wat",
+            "run --plot x",
+            "report --dump x",
+            "run --op prefill --num-splits 2",
+            "run --batch -1",
         ] {
             let e = p(line).unwrap_err();
             assert_eq!(e.kind(), &fused_attn::ErrorKind::Usage, "{line}");

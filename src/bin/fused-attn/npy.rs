@@ -7,10 +7,9 @@ use fused_attn::{Error, Result};
 
 /// Element encodings the dumps use: float16 as '<f2', bf16 exactly widened to '<f4', and the integer tables.
 pub enum NpyData<'a> {
-    F16(&'a [half::f16]),
+    F16(Vec<half::f16>),
     F32(Vec<f32>),
     I32(&'a [i32]),
-    I64(&'a [i64]),
 }
 
 pub fn write(path: &Path, shape: &[usize], data: NpyData<'_>) -> Result<()> {
@@ -18,7 +17,6 @@ pub fn write(path: &Path, shape: &[usize], data: NpyData<'_>) -> Result<()> {
         NpyData::F16(d) => ("<f2", d.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect()),
         NpyData::F32(d) => ("<f4", d.iter().flat_map(|x| x.to_le_bytes()).collect()),
         NpyData::I32(d) => ("<i4", d.iter().flat_map(|x| x.to_le_bytes()).collect()),
-        NpyData::I64(d) => ("<i8", d.iter().flat_map(|x| x.to_le_bytes()).collect()),
     };
     let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
     let shape_txt = if dims.len() == 1 { format!("({},)", dims[0]) } else { format!("({})", dims.join(", ")) };

@@ -5,6 +5,11 @@ use std::fmt::Write;
 
 #[derive(Clone, Debug, Default)]
 pub struct Row {
+    /// "sweep" (a correctness case), "perf" (a timed shape of the standard family) or "run".
+    pub kind: &'static str,
+    /// The case in words (layout, varlen lengths, decode lengths, ...).
+    pub label: String,
+    pub seed: u64,
     pub op: &'static str,
     pub backend: &'static str,
     pub dtype: &'static str,
@@ -25,6 +30,12 @@ pub struct Row {
     pub ms: Option<f64>,
     pub tflops: Option<f64>,
     pub gbps: Option<f64>,
+    /// Device-to-device copy bandwidth measured in the same run, and this row's fraction of it (decode).
+    pub copy_gbps: Option<f64>,
+    pub pct_of_copy_bw: Option<f64>,
+    /// How the output was checked: "full" (every row against the fp64 reference), "sampled" (some rows, for
+    /// shapes too large for the reference), or None (timing only).
+    pub check: Option<&'static str>,
     pub error: Option<String>,
 }
 
@@ -63,7 +74,8 @@ impl Row {
             "{{\"op\":{},\"backend\":{},\"dtype\":{},\"head_dim\":{},\"batch\":{},\"heads_q\":{},\"heads_kv\":{},\
              \"seqlen_q\":{},\"seqlen_k\":{},\"causal\":{},\"page_size\":{},\"num_splits\":{},\"max_abs_err\":{},\
              \"rel_l2_err\":{},\"tolerance\":{},\"lse_max_abs_err\":{},\"passed\":{},\"ms\":{},\"tflops\":{},\
-             \"gbps\":{},\"error\":{}}}",
+             \"gbps\":{},\"copy_gbps\":{},\"pct_of_copy_bw\":{},\"check\":{},\"kind\":{},\"seed\":{},\"label\":{},\
+             \"error\":{}}}",
             string(self.op),
             string(self.backend),
             string(self.dtype),
@@ -84,18 +96,30 @@ impl Row {
             num(self.ms),
             num(self.tflops),
             num(self.gbps),
+            num(self.copy_gbps),
+            num(self.pct_of_copy_bw),
+            self.check.map_or("null".into(), string),
+            string(self.kind),
+            self.seed,
+            string(&self.label),
             self.error.as_deref().map_or("null".into(), string),
         )
     }
 
     pub const HEADER: &'static str = "op      backend dtype  D    B    Hq  Hkv  Tq     Tk     causal page split \
-max_abs_err  tolerance    rel_l2       passed  ms        TFLOPS   GB/s";
+max_abs_err  tolerance    rel_l2       passed  ms        TFLOPS   GB/s     %copy  case";
 
     pub fn table_line(&self) -> String {
         let f = |v: Option<f64>, w: usize| v.map_or(format!("{:>w$}", "-"), |x| format!("{x:>w$.3e}"));
         let g = |v: Option<f64>, w: usize, p: usize| v.map_or(format!("{:>w$}", "-"), |x| format!("{x:>w$.p$}"));
+        let passed = match (self.passed, self.check) {
+            (Some(true), Some("sampled")) => "pass*",
+            (Some(true), _) => "PASS",
+            (Some(false), _) => "FAIL",
+            (None, _) => "-",
+        };
         let mut s = format!(
-            "{:<7} {:<7} {:<6} {:<4} {:<4} {:<3} {:<4} {:<6} {:<6} {:<6} {:<4} {:<5} {} {} {} {:<7} {} {} {}",
+            "{:<7} {:<7} {:<6} {:<4} {:<4} {:<3} {:<4} {:<6} {:<6} {:<6} {:<4} {:<5} {} {} {} {:<7} {} {} {} {}  {}",
             self.op,
             self.backend,
             self.dtype,
@@ -111,10 +135,12 @@ max_abs_err  tolerance    rel_l2       passed  ms        TFLOPS   GB/s";
             f(self.max_abs_err, 12),
             f(self.tolerance, 12),
             f(self.rel_l2_err, 12),
-            self.passed.map_or("-", |p| if p { "PASS" } else { "FAIL" }),
+            passed,
             g(self.ms, 9, 4),
             g(self.tflops, 8, 1),
             g(self.gbps, 8, 1),
+            g(self.pct_of_copy_bw, 6, 1),
+            self.label,
         );
         if let Some(e) = &self.error {
             let _ = write!(s, "  error: {e}");
@@ -157,6 +183,11 @@ mod tests {
             "ms",
             "tflops",
             "gbps",
+            "copy_gbps",
+            "pct_of_copy_bw",
+            "kind",
+            "seed",
+            "label",
         ] {
             assert!(j.contains(&format!("\"{key}\":")), "{key} missing in {j}");
         }

@@ -12,9 +12,16 @@
 //! The host policy the kernel follows — tile shape per head dim, the grid, which KV tiles a query tile
 //! visits and which of them are masked — is here as pure functions ([`TileConfig`], [`kv_block_range`]),
 //! mirroring kernels/include/fa/prefill/{tile_config,block_range}.cuh, and unit-tested.
+//!
+//! [`cases`] holds the correctness sweep, the performance shapes and the harness that runs one case against
+//! the fp64 reference (emulator or GPU) and times it on a GPU.
+
+pub mod cases;
+
+pub use cases::{sweep_cases, CaseLayout, PrefillCase, SWEEP_SEQLENS};
 
 use crate::device::Stream;
-use crate::dtype::{DType, Element};
+use crate::dtype::Element;
 use crate::error::{to_i32, Error, Result};
 use crate::launch::Launch;
 use crate::sys;
@@ -402,192 +409,6 @@ pub fn prefill_varlen<T: Element>(
     launch.run("prefill_varlen", params, sys::fa_gpu_prefill, sys::fa_emu_prefill)
 }
 
-/// How a sweep case lays out its tensors.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CaseLayout {
-    /// Every tensor contiguous.
-    Contiguous,
-    /// q, k, v are slices of one packed `[B, T, Hq + 2·Hkv, D]` QKV tensor (needs Tq == Tk, dense) and o has
-    /// padded rows: no tensor is contiguous.
-    PackedQkv,
-    /// Every tensor has padded head and row strides (works with Tq != Tk and varlen).
-    Padded,
-}
-
-/// One configuration of the correctness sweep (shared by tests/prefill.rs and the runner's `report`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct PrefillCase {
-    pub dtype: DType,
-    /// Dense: batch and lengths; varlen: ignored in favour of `varlen`.
-    pub batch: usize,
-    pub seqlen_q: usize,
-    pub seqlen_k: usize,
-    pub heads_q: usize,
-    pub heads_kv: usize,
-    pub head_dim: usize,
-    pub causal: bool,
-    /// Varlen: per-sequence (q rows, keys); `None` for a dense case.
-    pub varlen: Option<Vec<(usize, usize)>>,
-    pub layout: CaseLayout,
-    /// Whether the case asks for the LSE output.
-    pub with_lse: bool,
-}
-
-impl PrefillCase {
-    fn dense(dtype: DType, d: usize, causal: bool, tq: usize, tk: usize, heads: (usize, usize)) -> Self {
-        Self {
-            dtype,
-            batch: 1,
-            seqlen_q: tq,
-            seqlen_k: tk,
-            heads_q: heads.0,
-            heads_kv: heads.1,
-            head_dim: d,
-            causal,
-            varlen: None,
-            layout: CaseLayout::Contiguous,
-            with_lse: true,
-        }
-    }
-    /// Short description for test output and report rows.
-    pub fn label(&self) -> String {
-        let shape = match &self.varlen {
-            Some(seqs) => format!("varlen{seqs:?}"),
-            None => format!("B={} Tq={} Tk={}", self.batch, self.seqlen_q, self.seqlen_k),
-        };
-        format!(
-            "{} D={} {} Hq={} Hkv={} {}{:?}{}",
-            self.dtype.name(),
-            self.head_dim,
-            shape,
-            self.heads_q,
-            self.heads_kv,
-            if self.causal { "causal " } else { "" },
-            self.layout,
-            if self.with_lse { "" } else { " no-lse" },
-        )
-    }
-    /// Query rows times keys times heads: the work the case represents (for sorting / budgeting).
-    pub fn score_count(&self) -> usize {
-        let rows_keys: usize = match &self.varlen {
-            Some(seqs) => seqs.iter().map(|&(q, k)| q * k).sum(),
-            None => self.batch * self.seqlen_q * self.seqlen_k,
-        };
-        rows_keys * self.heads_q
-    }
-}
-
-/// The sequence lengths the sweep draws from (CONVENTIONS: tile edges ±1, 1, and one long sequence).
-pub const SWEEP_SEQLENS: [usize; 10] = [1, 17, 63, 64, 65, 127, 128, 129, 255, 1000];
-
-/// The correctness sweep. `full == false`: the emulation subset — every dtype × causal × (Tq, Tk) pair of
-/// [`SWEEP_SEQLENS`] below 1000 at D = 128, a rotating selection of pairs (Tq ≠ Tk both ways) at D 64 and
-/// 256, three 1000-long cases, D 32/96, GQA 1:1/4:1/8:1/MQA, varlen batches with zero-length sequences,
-/// non-contiguous layouts, with and without LSE — sized to emulate in well under a minute on two cores.
-/// `full == true`: the GPU sweep — every (Tq, Tk) pair of [`SWEEP_SEQLENS`] for every dtype × D {64, 128,
-/// 256} × causal, plus the same structural cases (about 1.3k cases; also emulates in ~75 s on two cores).
-pub fn sweep_cases(full: bool) -> Vec<PrefillCase> {
-    let dtypes = [DType::F16, DType::Bf16];
-    let mut cases = Vec::new();
-    // (Tq, Tk) pairs of the emulation subset: both tile edges, Tq != Tk both ways, 1 and 1000.
-    let pairs: [(usize, usize); 12] = [
-        (1, 1),
-        (17, 17),
-        (63, 64),
-        (64, 63),
-        (65, 127),
-        (127, 65),
-        (128, 128),
-        (129, 255),
-        (255, 129),
-        (1, 255),
-        (255, 1),
-        (17, 129),
-    ];
-    let mut slot = 0;
-    for d in [64, 128, 256] {
-        for dtype in dtypes {
-            for causal in [false, true] {
-                if full || d == 128 {
-                    // Every (Tq, Tk) pair (in emulation: without the 1000-long ones, which come below).
-                    for &tq in &SWEEP_SEQLENS {
-                        for &tk in &SWEEP_SEQLENS {
-                            if full || (tq != 1000 && tk != 1000) {
-                                cases.push(PrefillCase::dense(dtype, d, causal, tq, tk, (2, 1)));
-                            }
-                        }
-                    }
-                } else {
-                    // Four pairs per (D, dtype, causal), rotating, so each pair meets both D and both
-                    // causal settings.
-                    for _ in 0..4 {
-                        let (tq, tk) = pairs[slot % pairs.len()];
-                        slot += 1;
-                        cases.push(PrefillCase::dense(dtype, d, causal, tq, tk, (2, 1)));
-                    }
-                }
-            }
-        }
-    }
-    // Long sequences (1000 rows / keys): a few in emulation, all pairs above on the GPU.
-    if !full {
-        cases.push(PrefillCase::dense(DType::Bf16, 128, true, 1000, 1000, (1, 1)));
-        cases.push(PrefillCase::dense(DType::F16, 64, false, 1000, 255, (1, 1)));
-        cases.push(PrefillCase::dense(DType::Bf16, 256, true, 129, 1000, (1, 1)));
-    }
-    // D 32 and 96 (cheap extras).
-    for (i, d) in [32, 96].into_iter().enumerate() {
-        for causal in [false, true] {
-            let dtype = dtypes[i];
-            for (tq, tk) in [(65, 65), (127, 200)] {
-                cases.push(PrefillCase::dense(dtype, d, causal, tq, tk, (2, 2)));
-            }
-        }
-    }
-    // GQA ratios 1:1, 4:1, 8:1 and MQA (Hkv = 1).
-    for (i, heads) in [(2, 2), (4, 1), (8, 1), (16, 2), (3, 1)].into_iter().enumerate() {
-        let dtype = dtypes[i % 2];
-        cases.push(PrefillCase::dense(dtype, 128, i % 2 == 0, 65, 129, heads));
-        cases.push(PrefillCase::dense(dtype, 64, i % 2 == 1, 129, 65, heads));
-    }
-    // Batches, non-contiguous layouts, no LSE.
-    for (i, d) in [64, 128, 256].into_iter().enumerate() {
-        let dtype = dtypes[i % 2];
-        let mut c = PrefillCase::dense(dtype, d, true, 100, 100, (4, 2));
-        c.batch = 2;
-        c.layout = CaseLayout::PackedQkv;
-        cases.push(c);
-        let mut c = PrefillCase::dense(dtype, d, i != 1, 70, 150, (2, 1));
-        c.batch = 3;
-        c.layout = CaseLayout::Padded;
-        c.with_lse = i != 2;
-        cases.push(c);
-        let mut c = PrefillCase::dense(dtype, d, false, 150, 70, (2, 2));
-        c.batch = 2;
-        c.with_lse = false;
-        cases.push(c);
-    }
-    // Varlen: zero-length query and key sequences, Tq != Tk per sequence, ragged everywhere.
-    let seqs = [
-        vec![(17, 17), (0, 40), (65, 0), (100, 129), (1, 1), (64, 200)],
-        vec![(129, 63), (0, 0), (33, 33), (200, 100)],
-    ];
-    for (i, d) in [64, 128, 256].into_iter().enumerate() {
-        for causal in [false, true] {
-            let dtype = dtypes[(i + causal as usize) % 2];
-            let mut c = PrefillCase::dense(dtype, d, causal, 0, 0, (4, 2));
-            let s = seqs[(i + causal as usize) % 2].clone();
-            c.batch = s.len();
-            c.seqlen_q = s.iter().map(|x| x.0).max().unwrap_or(0);
-            c.seqlen_k = s.iter().map(|x| x.1).max().unwrap_or(0);
-            c.varlen = Some(s);
-            c.layout = if causal { CaseLayout::Padded } else { CaseLayout::Contiguous };
-            cases.push(c);
-        }
-    }
-    cases
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -681,25 +502,5 @@ mod tests {
         assert!(check_cu_seqlens("cu", &[0, 3, 2], 10, 7).is_err());
         assert!(check_cu_seqlens("cu", &[0, 11], 10, 20).is_err());
         assert!(check_cu_seqlens("cu", &[0, 9], 10, 7).is_err());
-    }
-
-    #[test]
-    fn sweep_covers_the_required_axes() {
-        let cases = sweep_cases(false);
-        for d in [32, 64, 96, 128, 256] {
-            assert!(cases.iter().any(|c| c.head_dim == d), "D={d}");
-        }
-        for &(hq, hkv) in &[(2, 2), (4, 1), (8, 1)] {
-            assert!(cases.iter().any(|c| c.heads_q == hq && c.heads_kv == hkv));
-        }
-        assert!(cases.iter().any(|c| c.seqlen_q > c.seqlen_k && c.causal));
-        assert!(cases.iter().any(|c| c.seqlen_q < c.seqlen_k && c.causal));
-        assert!(cases.iter().any(|c| c.varlen.as_ref().is_some_and(|s| s.iter().any(|x| x.0 == 0))));
-        assert!(cases.iter().any(|c| c.varlen.as_ref().is_some_and(|s| s.iter().any(|x| x.1 == 0 && x.0 > 0))));
-        assert!(cases.iter().any(|c| c.layout == CaseLayout::PackedQkv));
-        for &t in &SWEEP_SEQLENS {
-            assert!(cases.iter().any(|c| c.seqlen_q == t || c.seqlen_k == t), "T={t}");
-        }
-        assert!(sweep_cases(true).len() > cases.len());
     }
 }

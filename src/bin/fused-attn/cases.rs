@@ -1,0 +1,256 @@
+//! Runner cases: one prefill or decode case, run on a backend and turned into a [`Row`]. Correctness comes
+//! from the library harnesses (`fused_attn::prefill::cases`, `fused_attn::decode::cases`), timing from
+//! their GPU timers.
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaStream;
+use fused_attn::decode::cases::{self as dc, DecodeCase};
+use fused_attn::prefill::cases::{self as pc, PrefillCase, PrefillFixture, PrefillOutputs};
+use fused_attn::{DType, Element, Error, Result};
+use half::{bf16, f16};
+
+use crate::backend::Backend;
+use crate::dump::Dump;
+use crate::row::Row;
+
+/// One unit of work.
+#[derive(Clone, Debug)]
+pub enum Case {
+    Prefill(PrefillCase),
+    Decode(DecodeCase),
+}
+
+/// Largest full fp64 check: B·Hq·Tq·Tk·D multiply-adds (a few seconds of reference); larger shapes are
+/// checked on [`SAMPLE_ROWS`] sampled rows.
+pub const FULL_CHECK_LIMIT: usize = 1 << 31;
+pub const SAMPLE_ROWS: usize = 256;
+/// Largest problem the runner builds host data for (elements of q + k + v + o, or of the two caches).
+pub const MAX_ELEMENTS: usize = 1 << 32;
+
+pub fn prefill_row(kind: &'static str, backend: &Backend, c: &PrefillCase, seed: u64) -> Row {
+    Row {
+        kind,
+        label: c.label(),
+        seed,
+        op: "prefill",
+        backend: backend.name(),
+        dtype: c.dtype.name(),
+        head_dim: c.head_dim,
+        batch: c.varlen.as_ref().map_or(c.batch, |s| s.len()),
+        heads_q: c.heads_q,
+        heads_kv: c.heads_kv,
+        seqlen_q: c.seqlen_q,
+        seqlen_k: c.seqlen_k,
+        causal: c.causal,
+        ..Default::default()
+    }
+}
+
+pub fn decode_row(kind: &'static str, backend: &Backend, c: &DecodeCase, seed: u64) -> Row {
+    Row {
+        kind,
+        label: c.label(),
+        seed,
+        op: "decode",
+        backend: backend.name(),
+        dtype: c.dtype.name(),
+        head_dim: c.head_dim,
+        batch: c.batch(),
+        heads_q: c.heads_q,
+        heads_kv: c.heads_kv,
+        seqlen_q: 1,
+        seqlen_k: c.max_seq_len(),
+        causal: false,
+        page_size: Some(c.page_size),
+        num_splits: c.num_splits,
+        ..Default::default()
+    }
+}
+
+fn with_prefill_outcome(mut row: Row, o: &pc::CaseOutcome) -> Row {
+    row.max_abs_err = Some(o.out.max_abs_err);
+    row.rel_l2_err = Some(o.out.rel_l2_err);
+    row.tolerance = Some(o.out.tolerance);
+    row.lse_max_abs_err = o.lse.as_ref().map(|l| l.max_abs_err);
+    row.passed = Some(o.passed());
+    row.check = Some(if o.sampled() { "sampled" } else { "full" });
+    if !o.passed() {
+        row.error = Some(format!("{} (seed {})", o.summary(), o.seed));
+    }
+    row
+}
+
+fn with_decode_outcome(mut row: Row, o: &dc::CaseOutcome) -> Row {
+    row.max_abs_err = Some(o.out.max_abs_err);
+    row.rel_l2_err = Some(o.out.rel_l2_err);
+    row.tolerance = Some(o.out.tolerance);
+    row.lse_max_abs_err = Some(o.lse.max_abs_err);
+    row.num_splits = Some(o.plan.num_splits);
+    row.passed = Some(o.passed());
+    row.check = Some("full");
+    if !o.passed() {
+        row.error = Some(o.summary());
+    }
+    row
+}
+
+/// A row for a case that could not run: the error, passed = false.
+pub fn failed(mut row: Row, e: &Error) -> Row {
+    row.passed = Some(false);
+    row.error = Some(e.to_string());
+    row
+}
+
+/// Checks one sweep case (full fp64 reference) on `backend`.
+pub fn check(backend: &Backend, case: &Case, seed: u64) -> Row {
+    match case {
+        Case::Prefill(c) => {
+            let row = prefill_row("sweep", backend, c, seed);
+            let r = match backend {
+                Backend::Emu(emu) => pc::check_case_emulated(emu, c, seed),
+                Backend::Gpu { stream, .. } => pc::check_case_gpu(stream, c, seed),
+            };
+            r.map_or_else(|e| failed(row.clone(), &e), |o| with_prefill_outcome(row.clone(), &o))
+        }
+        Case::Decode(c) => {
+            let row = decode_row("sweep", backend, c, seed);
+            let r = match backend {
+                Backend::Emu(emu) => dc::check_case_emulated(emu, c, seed),
+                Backend::Gpu { stream, .. } => dc::check_case_gpu(stream, c, seed),
+            };
+            r.map_or_else(|e| failed(row.clone(), &e), |o| with_decode_outcome(row.clone(), &o))
+        }
+    }
+}
+
+/// Times one prefill case on the GPU (its output checked on sampled rows).
+pub fn time_prefill(cu: &Arc<CudaStream>, backend: &Backend, c: &PrefillCase, seed: u64, copy_gbps: f64) -> Row {
+    let row = prefill_row("perf", backend, c, seed);
+    match pc::time_case_gpu(cu, c, seed, 3, 20) {
+        Ok(t) => {
+            let mut row = with_prefill_outcome(row, &t.outcome);
+            row.ms = Some(t.timing.median_ms);
+            row.tflops = Some(t.tflops);
+            row.copy_gbps = Some(copy_gbps);
+            row
+        }
+        Err(e) => failed(row, &e),
+    }
+}
+
+/// Times one decode case on the GPU (timing only: correctness comes from the sweep rows).
+pub fn time_decode(cu: &Arc<CudaStream>, backend: &Backend, c: &DecodeCase, seed: u64, copy_gbps: f64) -> Row {
+    let mut row = decode_row("perf", backend, c, seed);
+    match dc::time_case_gpu(cu, c, seed, 5, 30) {
+        Ok(t) => {
+            row.num_splits = Some(t.plan.num_splits);
+            row.ms = Some(t.timing.median_ms);
+            row.gbps = Some(t.gbps);
+            row.copy_gbps = Some(copy_gbps);
+            row.pct_of_copy_bw = Some(100.0 * t.gbps / copy_gbps);
+            row
+        }
+        Err(e) => failed(row, &e),
+    }
+}
+
+fn checked_elements(dims: &[&[usize]]) -> Result<usize> {
+    let mut total = 0usize;
+    for d in dims {
+        let n = d.iter().try_fold(1usize, |a, &x| a.checked_mul(x)).and_then(|n| total.checked_add(n));
+        total = n.ok_or_else(|| Error::overflow("shape", format!("{d:?} overflows")))?;
+    }
+    if total > MAX_ELEMENTS {
+        return Err(Error::unsupported(
+            "shape",
+            format!("{total} elements of host data is more than the runner builds ({MAX_ELEMENTS})"),
+        ));
+    }
+    Ok(total)
+}
+
+/// `run --op prefill`: builds, runs and checks one case (sampled check above [`FULL_CHECK_LIMIT`]); on a
+/// GPU also times it. Writes the tensors to `dump` if given.
+pub fn run_prefill(
+    backend: &Backend,
+    c: &PrefillCase,
+    seed: u64,
+    copy_gbps: Option<f64>,
+    dump: Option<&Dump>,
+) -> Result<Row> {
+    let (b, tq, tk, hq, hkv, d) = (c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv, c.head_dim);
+    checked_elements(&[&[b, tq, hq, d], &[b, tk, hkv, d], &[b, tk, hkv, d], &[b, tq, hq, d]])?;
+    let mut row = match c.dtype {
+        DType::F16 => run_prefill_t::<f16>(backend, c, seed, dump)?,
+        DType::Bf16 => run_prefill_t::<bf16>(backend, c, seed, dump)?,
+    };
+    if let (Backend::Gpu { stream, .. }, Some(copy)) = (backend, copy_gbps) {
+        let t = time_prefill(stream, backend, c, seed, copy);
+        (row.ms, row.tflops, row.copy_gbps) = (t.ms, t.tflops, t.copy_gbps);
+        if t.passed == Some(false) {
+            row.passed = Some(false);
+            row.error = t.error;
+        }
+    }
+    Ok(row)
+}
+
+fn run_prefill_t<T: Element>(backend: &Backend, c: &PrefillCase, seed: u64, dump: Option<&Dump>) -> Result<Row> {
+    let f = PrefillFixture::<T>::new(c, seed)?;
+    let out: PrefillOutputs<T> = match backend {
+        Backend::Emu(emu) => pc::run_emulated(emu, &f)?,
+        Backend::Gpu { stream, .. } => pc::run_gpu(stream, &f)?,
+    };
+    if let Some(dump) = dump {
+        dump.prefill(&f, &out)?;
+    }
+    let work =
+        [c.batch, c.heads_q, c.seqlen_q, c.seqlen_k, c.head_dim].iter().try_fold(1usize, |a, &x| a.checked_mul(x));
+    let outcome = match work {
+        Some(w) if w <= FULL_CHECK_LIMIT => f.evaluate(&out)?,
+        _ => f.evaluate_sampled(&out, SAMPLE_ROWS)?,
+    };
+    Ok(with_prefill_outcome(prefill_row("run", backend, c, seed), &outcome))
+}
+
+/// `run --op decode`: one batch of `batch` sequences of the same context length over a paged cache.
+pub fn run_decode(
+    backend: &Backend,
+    c: &DecodeCase,
+    seed: u64,
+    copy_gbps: Option<f64>,
+    dump: Option<&Dump>,
+) -> Result<Row> {
+    if c.page_size == 0 {
+        return Err(Error::unsupported("page_size", "0 (must be a power of two in 1..=256)"));
+    }
+    let tokens = c.seq_lens.iter().sum::<usize>();
+    checked_elements(&[&[tokens, c.heads_kv, c.head_dim], &[tokens, c.heads_kv, c.head_dim]])?;
+    let mut row = match c.dtype {
+        DType::F16 => run_decode_t::<f16>(backend, c, seed, dump)?,
+        DType::Bf16 => run_decode_t::<bf16>(backend, c, seed, dump)?,
+    };
+    if let (Backend::Gpu { stream, .. }, Some(copy)) = (backend, copy_gbps) {
+        let t = time_decode(stream, backend, c, seed, copy);
+        (row.ms, row.gbps, row.copy_gbps, row.pct_of_copy_bw) = (t.ms, t.gbps, t.copy_gbps, t.pct_of_copy_bw);
+        if t.error.is_some() {
+            row.passed = Some(false);
+            row.error = t.error;
+        }
+    }
+    Ok(row)
+}
+
+fn run_decode_t<T: Element>(backend: &Backend, c: &DecodeCase, seed: u64, dump: Option<&Dump>) -> Result<Row> {
+    let r = match backend {
+        Backend::Emu(emu) => dc::run_case_emulated::<T>(emu, c, seed)?,
+        Backend::Gpu { stream, .. } => dc::run_case_gpu::<T>(stream, c, seed)?,
+    };
+    if let Some(dump) = dump {
+        dump.decode(&r)?;
+    }
+    let mut row = with_decode_outcome(decode_row("run", backend, c, seed), &r.outcome);
+    row.kind = "run";
+    Ok(row)
+}

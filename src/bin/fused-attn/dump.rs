@@ -1,0 +1,75 @@
+//! `run --dump DIR`: every input and output of the run as .npy (C order, little-endian), so an outside tool
+//! can check the result independently. fp16 tensors are float16; bf16 tensors are float32 holding exactly
+//! the bf16 values; lse float32; integer tables int32. Layouts (CONVENTIONS.md):
+//! - prefill: q [B, Tq, Hq, D], k / v [B, Tk, Hkv, D], out [B, Tq, Hq, D], lse [B, Hq, Tq];
+//! - decode: q [B, Hq, D], k_cache / v_cache [num_pages, page_size, Hkv, D] (NaN in slots no sequence
+//!   owns), block_table [B, max_pages_per_seq], seq_lens [B], k / v [B, max(seq_lens), Hkv, D] (the
+//!   cache gathered through the block table, zero past each seq_len), out [B, Hq, D], lse [B, Hq].
+
+use std::path::{Path, PathBuf};
+
+use fused_attn::decode::cases::DecodeRun;
+use fused_attn::prefill::cases::{PrefillFixture, PrefillOutputs};
+use fused_attn::{DType, Element, Error, Result};
+
+use crate::npy::{self, NpyData};
+
+pub struct Dump {
+    dir: PathBuf,
+}
+
+/// Values of a 16-bit tensor in its .npy encoding.
+fn encode(dtype: DType, vals: impl Iterator<Item = f64>) -> NpyData<'static> {
+    match dtype {
+        DType::F16 => NpyData::F16(vals.map(half::f16::from_f64).collect()),
+        DType::Bf16 => NpyData::F32(vals.map(|x| x as f32).collect()),
+    }
+}
+
+impl Dump {
+    pub fn new(dir: &Path) -> Result<Self> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::usage(format!("--dump: cannot create {}: {e}", dir.display())))?;
+        Ok(Self { dir: dir.to_path_buf() })
+    }
+
+    fn write(&self, name: &str, shape: &[usize], data: NpyData<'_>) -> Result<()> {
+        npy::write(&self.dir.join(format!("{name}.npy")), shape, data)
+    }
+
+    pub fn prefill<T: Element>(&self, f: &PrefillFixture<T>, out: &PrefillOutputs<T>) -> Result<()> {
+        let dt = T::DTYPE;
+        for (name, place) in [("q", &f.q), ("k", &f.k), ("v", &f.v)] {
+            self.write(name, &place.shape, encode(dt, f.logical(place).into_iter()))?;
+        }
+        self.write("out", &f.o.shape, encode(dt, f.logical_o(out).into_iter()))?;
+        let [b, tq, hq, _] = f.q.shape;
+        let lse = f.logical_lse(out).unwrap_or_else(|| vec![f32::NAN; b * hq * tq]);
+        self.write("lse", &[b, hq, tq], NpyData::F32(lse))
+    }
+
+    pub fn decode<T: Element>(&self, r: &DecodeRun<T>) -> Result<()> {
+        let f = &r.fixture;
+        let c = &f.case;
+        let dt = T::DTYPE;
+        let (b, hq, hkv, d) = (c.batch(), c.heads_q, c.heads_kv, c.head_dim);
+        let vals = |x: &[T]| x.iter().map(|v| v.to_f64()).collect::<Vec<_>>();
+        self.write("q", &[b, hq, d], encode(dt, vals(&f.q).into_iter()))?;
+        self.write("k_cache", &f.cache_shape(), encode(dt, vals(&f.k_cache).into_iter()))?;
+        self.write("v_cache", &f.cache_shape(), encode(dt, vals(&f.v_cache).into_iter()))?;
+        self.write("block_table", &[b, f.width], NpyData::I32(&f.block_table))?;
+        self.write("seq_lens", &[b], NpyData::I32(&f.seq_lens))?;
+        let t = c.max_seq_len();
+        let (mut k, mut v) = (vec![0.0; b * t * hkv * d], vec![0.0; b * t * hkv * d]);
+        for i in 0..b {
+            let (ki, vi) = f.dense_kv(i);
+            let at = i * t * hkv * d;
+            k[at..at + ki.len()].iter_mut().zip(&ki).for_each(|(x, y)| *x = y.to_f64());
+            v[at..at + vi.len()].iter_mut().zip(&vi).for_each(|(x, y)| *x = y.to_f64());
+        }
+        self.write("k", &[b, t, hkv, d], encode(dt, k.into_iter()))?;
+        self.write("v", &[b, t, hkv, d], encode(dt, v.into_iter()))?;
+        self.write("out", &[b, hq, d], encode(dt, vals(&r.o).into_iter()))?;
+        self.write("lse", &[b, hq], NpyData::F32(r.lse.clone()))
+    }
+}
