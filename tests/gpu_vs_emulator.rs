@@ -239,38 +239,19 @@ fn decode_pair<T: Element>(emu: &Emulator, cu: &Arc<CudaStream>, case: &DecodeCa
 
     let scale = 1.0 / (d as f64).sqrt();
     let (q, k, v) = (to_f64(&f.q), to_f64(&f.k_cache), to_f64(&f.v_cache));
-    let args = (hq, case.heads_kv, d, scale, f.num_pages, case.page_size, f.width);
-    let exact = reference::paged_decode(
-        args.0,
-        args.1,
-        args.2,
-        args.3,
-        &q,
-        &k,
-        &v,
-        args.4,
-        args.5,
-        &f.block_table,
-        args.6,
-        &f.seq_lens,
-    )
-    .unwrap();
-    let naive = reference::naive_lowp_paged_decode(
-        args.0,
-        args.1,
-        args.2,
-        args.3,
-        &q,
-        &k,
-        &v,
-        args.4,
-        args.5,
-        &f.block_table,
-        args.6,
-        &f.seq_lens,
-        T::DTYPE,
-    )
-    .unwrap();
+    let cache = reference::PagedCache {
+        k_cache: &k,
+        v_cache: &v,
+        num_pages: f.num_pages,
+        page_size: case.page_size,
+        heads_kv: case.heads_kv,
+        head_dim: d,
+        block_table: &f.block_table,
+        max_pages_per_seq: f.width,
+        seq_lens: &f.seq_lens,
+    };
+    let exact = reference::paged_decode(hq, scale, &q, &cache).unwrap();
+    let naive = reference::naive_lowp_paged_decode(hq, scale, &q, &cache, T::DTYPE).unwrap();
     let (go, eo) = (to_f64(&gpu_o), to_f64(&emu_o));
     let (gc, ec) = (reference::compare(&go, &exact.out, &naive), reference::compare(&eo, &exact.out, &naive));
     assert!(gc.passed, "{what}: GPU fails the tolerance rule: {gc:?}");

@@ -216,8 +216,122 @@ def self_test():
     print(HEADER)
     print(format_row(timed[0], res, 800.0))
     print(line)
+    self_test_main(rows)
     print("torch_compare self-test: ok")
     return 0
+
+
+def fake_torch_modules():
+    """A pure-Python stand-in for the slice of torch this script uses, with a simulated clock: each call
+    advances it by a fixed time (matmul 1 ms; SDPA 0.5 ms under flash, 0.25 ms under cuDNN), so the whole
+    comparison path runs, and its arithmetic can be checked, without torch or a GPU."""
+    import contextlib
+    import types
+    clock = [0.0]
+    backend = ["math"]
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self):
+            self.t = clock[0]
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return end.t - self.t
+
+    class Tensor:
+        def __init__(self, shape):
+            self.shape = list(shape)
+
+        def transpose(self, a, b):
+            s = list(self.shape)
+            s[a], s[b] = s[b], s[a]
+            return Tensor(s)
+
+        def __mul__(self, x):
+            return self
+
+        def __sub__(self, x):
+            return self
+
+        def repeat_interleave(self, g, dim):
+            s = list(self.shape)
+            s[dim] *= g
+            return Tensor(s)
+
+    def matmul(a, b):
+        clock[0] += 1.0
+
+    def sdpa(q, k, v, attn_mask=None, is_causal=False, enable_gqa=False):
+        assert k.shape[1] == q.shape[1] or enable_gqa, "GQA heads without enable_gqa"
+        assert not (is_causal and attn_mask is not None)
+        clock[0] += {"flash": 0.5, "cudnn": 0.25}[backend[0]]
+
+    @contextlib.contextmanager
+    def sdpa_kernel(b):
+        backend[0] = b
+        yield
+        backend[0] = "math"
+
+    torch = types.ModuleType("torch")
+    torch.__version__ = "0.0-fake"
+    torch.bfloat16, torch.float16 = "bf16", "fp16"
+    torch.randn = torch.rand = lambda *shape, device=None, dtype=None: Tensor(shape)
+    torch.matmul = matmul
+    cuda = types.ModuleType("torch.cuda")
+    cuda.is_available = lambda: True
+    cuda.get_device_name = lambda i: "Fake GPU"
+    cuda.get_device_properties = lambda i: types.SimpleNamespace(L2_cache_size=50 << 20)
+    cuda.synchronize = lambda: None
+    cuda.Event = Event
+    torch.cuda = cuda
+    torch.backends = types.SimpleNamespace(cudnn=types.SimpleNamespace(version=lambda: 91000))
+    nn = types.ModuleType("torch.nn")
+    functional = types.ModuleType("torch.nn.functional")
+    functional.scaled_dot_product_attention = sdpa
+    attention = types.ModuleType("torch.nn.attention")
+    attention.SDPBackend = types.SimpleNamespace(FLASH_ATTENTION="flash", CUDNN_ATTENTION="cudnn")
+    attention.sdpa_kernel = sdpa_kernel
+    bias = types.ModuleType("torch.nn.attention.bias")
+    bias.causal_lower_right = lambda tq, tk: ("lower_right", tq, tk)
+    torch.nn, nn.functional, nn.attention, attention.bias = nn, functional, attention, bias
+    return {"torch": torch, "torch.cuda": cuda, "torch.nn": nn, "torch.nn.functional": functional,
+            "torch.nn.attention": attention, "torch.nn.attention.bias": bias}
+
+
+def self_test_main(rows):
+    """main() end to end on the fake torch: the records, the ceiling file and their arithmetic."""
+    rows = rows + [
+        {"op": "prefill", "backend": "gpu", "dtype": "fp16", "head_dim": 64, "batch": 1, "heads_q": 8,
+         "heads_kv": 2, "seqlen_q": 64, "seqlen_k": 128, "causal": True, "passed": True, "ms": 0.01},
+    ]
+    fake = fake_torch_modules()
+    saved = {name: sys.modules.get(name) for name in fake}
+    sys.modules.update(fake)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            report, out, ceil = (os.path.join(tmp, n) for n in ("r.jsonl", "c.jsonl", "ceil.json"))
+            with open(report, "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in rows)
+            assert main([report, "--out", out, "--ceiling-out", ceil, "--repeats", "3"]) == 0
+            recs = load_rows(out)
+            ceiling = json.load(open(ceil))
+    finally:
+        for name, mod in saved.items():
+            if mod is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = mod
+    assert abs(ceiling["matmul_bf16_tflops"] - 2 * MATMUL_N ** 3 / 1e-3 / 1e12) < 1e-6, ceiling
+    assert [r["op"] for r in recs] == ["prefill", "decode", "prefill"], recs
+    pre, dec, chunk = recs
+    assert (pre["flash_ms"], pre["cudnn_ms"]) == (0.5, 0.25) and abs(pre["vs_flash"] - 0.2) < 1e-12, pre
+    assert dec["note"] == "dense-gathered cache" and abs(dec["vs_cudnn"] - 0.25 / 0.09) < 1e-9, dec
+    assert chunk["note"] == "causal_lower_right", chunk
 
 
 # ---------------------------------------------------------------------------------------------- timing
@@ -316,14 +430,14 @@ def sdpa_callable(torch, F, hq, hkv, tq, tk, causal):
     return (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, **kwargs)), notes
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("report", nargs="?")
     ap.add_argument("--out", help="write one JSON comparison record per row here")
     ap.add_argument("--ceiling-out", help="write the matmul ceiling as JSON here")
-    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=10, help="timed samples per shape and backend (median)")
     ap.add_argument("--self-test", action="store_true", help="check parsing/formatting without torch")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.self_test:
         return self_test()
     if not args.report:
@@ -355,7 +469,8 @@ def main():
         return 0
 
     backends = backend_contexts(torch)
-    out_rows = []
+    # Records are written as they are made, so a run cut short by a timeout keeps what it measured.
+    out_file = open(args.out, "w") if args.out else None
     print(HEADER)
     for r in rows:
         b, hq, hkv, d, tq, tk, causal, _ = problem(r)
@@ -382,12 +497,12 @@ def main():
                     notes.append(f"{name}: {str(e).splitlines()[0][:80]}")
             del sets
         res = result_for(r, times["flash"], times["cudnn"], notes)
-        out_rows.append(res)
         print(format_row(r, res, mm), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            for row in out_rows:
-                f.write(json.dumps(row) + "\n")
+        if out_file:
+            out_file.write(json.dumps(res) + "\n")
+            out_file.flush()
+    if out_file:
+        out_file.close()
     return 0
 
 
