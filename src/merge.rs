@@ -6,7 +6,6 @@
 
 use half::{bf16, f16};
 
-use crate::decode::check_disjoint;
 use crate::device::Stream;
 use crate::error::{to_i32, Error, Result};
 use crate::launch::Launch;
@@ -46,10 +45,10 @@ pub fn merge_states<S: MergeElement, O: MergeElement>(
     o.expect_shape("o", [n, h, d])?;
     o_states.check_rows("o_states", 16)?;
     o.check_rows("o", 16)?;
-    check_disjoint("o", o.shape(), o.strides())?;
+    o.check_disjoint("o")?;
     if let Some(l) = lse.as_deref() {
         l.expect_shape("lse", [n, h])?;
-        check_disjoint("lse", l.shape(), l.strides())?;
+        l.check_disjoint("lse")?;
     }
     if n * h == 0 {
         return Ok(());

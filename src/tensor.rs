@@ -96,6 +96,21 @@ fn check_fits<const N: usize>(len: usize, shape: [usize; N], strides: [i64; N]) 
     Ok(())
 }
 
+/// Rejects layouts whose elements would overlap (a zero or too-small stride), as an output must not:
+/// dimensions of extent > 1, ordered by stride, must each step past everything inside them.
+pub(crate) fn check_disjoint<const N: usize>(name: &str, shape: [usize; N], strides: [i64; N]) -> Result<()> {
+    let mut dims: Vec<(i64, usize)> = (0..N).filter(|&d| shape[d] > 1).map(|d| (strides[d], shape[d])).collect();
+    dims.sort();
+    let mut span: i64 = 1;
+    for (stride, size) in dims {
+        if stride < span {
+            return Err(Error::layout(name, format!("rows overlap (strides {strides:?} for shape {shape:?})")));
+        }
+        span = stride.saturating_mul(size as i64 - 1).saturating_add(span);
+    }
+    Ok(())
+}
+
 macro_rules! view_common {
     ($ty:ident, $mem:ident) => {
         impl<'a, T, const N: usize> $ty<'a, T, N> {
@@ -146,6 +161,10 @@ macro_rules! view_common {
                     }
                 }
                 Ok(())
+            }
+            /// Layout check for outputs: no two elements share an address (see [`check_disjoint`]).
+            pub fn check_disjoint(&self, name: &str) -> Result<()> {
+                check_disjoint(name, self.shape, self.strides)
             }
             /// Expect an exact shape (used by ops to report mismatches by name).
             pub fn expect_shape(&self, name: &str, want: [usize; N]) -> Result<()> {
@@ -216,6 +235,18 @@ mod tests {
         assert_eq!(e.kind(), &ErrorKind::Overflow);
         let v = TensorView::host(&data, [1, 1]).unwrap();
         assert_eq!(v.with_strides([-1, 1]).err().unwrap().kind(), &ErrorKind::Layout);
+    }
+
+    #[test]
+    fn overlapping_output_layouts_are_layout_errors() {
+        assert!(check_disjoint("o", [2, 4, 64], [256, 64, 1]).is_ok());
+        assert!(check_disjoint("o", [2, 4, 64], [64 * 8, 128, 1]).is_ok());
+        assert!(check_disjoint("o", [1, 1, 64], [0, 0, 1]).is_ok());
+        for strides in [[256, 0, 1], [256, 32, 1], [64, 64, 1]] {
+            let e = check_disjoint("o", [2, 4, 64], strides).unwrap_err();
+            assert_eq!(e.kind(), &ErrorKind::Layout, "{strides:?}");
+            assert!(e.message().starts_with("o:"));
+        }
     }
 
     #[test]
