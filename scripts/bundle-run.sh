@@ -132,7 +132,7 @@ preflight() {
   [ $rc -eq 0 ] && echo "$out" | grep -q '^GPU ' || no_gpu "nvidia-smi -L lists no GPU (exit $rc): $(echo "$out" | head -1)"
   libcuda_found || no_gpu "libcuda.so (the CUDA driver library) not found by ldconfig or in the usual directories"
   # The authoritative probe: the runner opens a context through the same code every test uses.
-  out=$(tmo "$RUNNER" run --backend gpu "${DECODE_ARGS[@]}" 2>&1); rc=$?
+  out=$(tmo "$RUNNER" run --backend gpu --no-timing "${DECODE_ARGS[@]}" 2>&1); rc=$?
   echo "$out" | tail -5
   if [ $rc -ne 0 ] && echo "$out" | grep -Eqi 'NoDriver|NoDevice|no CUDA driver|no usable GPU|kernels need sm_80'; then
     no_gpu "the runner cannot use the GPU: $(echo "$out" | grep -Ei 'NoDriver|NoDevice|driver|GPU' | head -1)"
@@ -285,7 +285,7 @@ if pre:
           f"Hq={best['heads_q']} T={best['seqlen_q']} causal={best['causal']})")
 for r in dec:
     print(f"decode B={r['batch']} ctx={r['seqlen_k']} page={r.get('page_size')}: {f(r.get('gbps')) or 0:.0f} GB/s = "
-          f"{100 * f(r['pct_of_copy_bw']):.0f}% of copy bandwidth")
+          f"{f(r['pct_of_copy_bw']):.0f}% of copy bandwidth")
 EOF
     mapfile -t more < "$RESULTS_DIR/report-keys.txt"
     cat "$RESULTS_DIR/report-keys.txt"
