@@ -8,8 +8,9 @@
 // then the next head, so both the reads and the (per-row contiguous) writes coalesce.
 #include "fa/intrinsics.cuh"
 #include "fa/paged_view.cuh"
+#include "fa/namespace.cuh"
 
-namespace fa {
+FA_NAMESPACE_BEGIN
 namespace append {
 // Internal linkage for everything with a host-side symbol (see decode.cu).
 namespace {
@@ -43,7 +44,7 @@ FA_GLOBAL void FA_LAUNCH_BOUNDS(kThreads, 4) paged_append_kernel(const FaAppendP
 
 } // namespace
 } // namespace append
-} // namespace fa
+FA_NAMESPACE_END
 
 extern "C" int FA_LAUNCHER(append)(FaAppendParams p, FaStream stream) {
   using namespace fa::append;

@@ -22,11 +22,12 @@
 #include "fa/decode/warp_attention.cuh"
 #include "fa/intrinsics.cuh"
 #include "fa/paged_view.cuh"
+#include "fa/namespace.cuh"
 
-namespace fa {
+FA_NAMESPACE_BEGIN
 namespace decode {
-// Internal linkage for everything with a host-side symbol (kernels, launch helpers): the GPU and emulator
-// libraries define them from the same source with different bodies, and must not see each other's.
+// File-local: kernels and launch helpers are reached only through this file's extern "C" launcher. (The GPU
+// and emulator builds never share a symbol in any case: fa/namespace.cuh.)
 namespace {
 
 // Element offsets of one cache row (page and slot folded in) in K and V; k = -1: no data for this row.
@@ -262,7 +263,7 @@ inline bool valid_params(const FaDecodeParams &p) {
 
 } // namespace
 } // namespace decode
-} // namespace fa
+FA_NAMESPACE_END
 
 extern "C" int FA_LAUNCHER(decode)(FaDecodeParams p, FaStream stream) {
   using namespace fa::decode;

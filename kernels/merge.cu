@@ -11,8 +11,9 @@
 #include "fa/attention_state.cuh"
 #include "fa/decode/vec8.cuh"
 #include "fa/intrinsics.cuh"
+#include "fa/namespace.cuh"
 
-namespace fa {
+FA_NAMESPACE_BEGIN
 namespace merge {
 // Internal linkage for everything with a host-side symbol (see decode.cu).
 namespace {
@@ -93,7 +94,7 @@ template <class S> int dispatch_out(const FaMergeParams &p, FaStream stream) {
 
 } // namespace
 } // namespace merge
-} // namespace fa
+FA_NAMESPACE_END
 
 extern "C" int FA_LAUNCHER(merge)(FaMergeParams p, FaStream stream) {
   using namespace fa::merge;

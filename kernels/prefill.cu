@@ -23,11 +23,12 @@
 #include "fa/prefill/tile_config.cuh"
 #include "fa/swizzle.cuh"
 #include "fa/tile_copy.cuh"
+#include "fa/namespace.cuh"
 
-namespace fa {
+FA_NAMESPACE_BEGIN
 namespace prefill {
-// Internal linkage for everything below: libfa_gpu.a and libfa_emu.a both compile this file, and the
-// kernel / launch-helper templates would otherwise be weak symbols with one mangled name and two bodies.
+// File-local: kernels and launch helpers are reached only through this file's extern "C" launcher. (The GPU
+// and emulator builds never share a symbol in any case: fa/namespace.cuh.)
 namespace {
 
 // S[kMT][kBc/8] = Q[warp rows] · K[buffer]ᵀ over the full head dim.
@@ -249,7 +250,7 @@ template <class T> int launch_prefill_dtype(const FaPrefillParams &p, FaStream s
 
 } // namespace
 } // namespace prefill
-} // namespace fa
+FA_NAMESPACE_END
 
 extern "C" int FA_LAUNCHER(prefill)(FaPrefillParams p, FaStream stream) {
   // Preconditions the Rust layer validates; checked again here because they guard memory safety.

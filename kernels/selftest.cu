@@ -5,8 +5,9 @@
 // the vocabulary (fragment layouts, shuffles, cp.async groups, atomics, barriers), plants one bug the
 // emulator must report, or, for the GEMM, uses all of it together the way the attention kernels do.
 #include "fa/intrinsics.cuh"
+#include "fa/namespace.cuh"
 
-namespace fa {
+FA_NAMESPACE_BEGIN
 namespace {
 
 // 16 bytes moved as one vector access (LD.128 / ST.128 on the GPU).
@@ -426,7 +427,7 @@ FA_GLOBAL void selftest_bench_kernel(FaSelftestBenchParams p) {
 }
 
 } // namespace
-} // namespace fa
+FA_NAMESPACE_END
 
 // ------------------------------------------------------------------------------------------------ launchers
 

@@ -9,8 +9,9 @@
 #include <math.h>
 
 #include "fa/intrinsics.cuh"
+#include "fa/namespace.cuh"
 
-namespace fa {
+FA_NAMESPACE_BEGIN
 
 constexpr float kLn2 = 0.693147180559945309f;
 constexpr float kLog2e = 1.442695040888963407f;
@@ -32,4 +33,4 @@ FA_HOST_DEVICE float merge_weight(float lse_i, float lse_max) {
   return lse_i == kNegInf ? 0.0f : expf(lse_i - lse_max);
 }
 
-} // namespace fa
+FA_NAMESPACE_END

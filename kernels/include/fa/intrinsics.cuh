@@ -37,8 +37,9 @@
 #define FA_LAUNCHER(op) fa_emu_##op
 #include "fa/emu/runtime.h"
 #endif
+#include "fa/namespace.cuh"
 
-namespace fa {
+FA_NAMESPACE_BEGIN
 
 using half_t = __half;
 using bf16_t = __nv_bfloat16;
@@ -165,12 +166,11 @@ FA_DEVICE float fast_rcp(float x) { return __frcp_rn(x); }
 
 // Launch. Sets the dynamic-shared-memory limit when above the 48 KiB default (a host-side attribute, no
 // stream work), launches on the caller's stream, and returns the launch status. Never synchronises.
-// `static`: both libraries instantiate launch<Params...> from this header with different bodies and the
-// same mangled name; internal linkage keeps the linker from folding the emulator's calls into the GPU's
-// copy (or vice versa). Kernels and launch helpers in the .cu files need internal linkage for the same reason.
+// (The GPU and emulator builds of this template can never be confused by the linker: fa/namespace.cuh gives
+// them different mangled names.)
 template <class... KArgs, class... Args>
-static inline int launch(const char * /*name*/, void (*kernel)(KArgs...), Dim3 grid, int block, int smem_bytes,
-                  FaStream stream, Args... args) {
+inline int launch(const char * /*name*/, void (*kernel)(KArgs...), Dim3 grid, int block, int smem_bytes,
+           FaStream stream, Args... args) {
   if (smem_bytes > 48 * 1024) {
     cudaError_t e = cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          smem_bytes);
@@ -267,8 +267,8 @@ FA_DEVICE float fast_exp2(float x) { return emu::exp2_approx(x); }
 FA_DEVICE float fast_rcp(float x) { return 1.0f / x; }
 
 template <class... KArgs, class... Args>
-static inline int launch(const char *name, void (*kernel)(KArgs...), Dim3 grid, int block, int smem_bytes,
-                  FaStream stream, Args... args) {
+inline int launch(const char *name, void (*kernel)(KArgs...), Dim3 grid, int block, int smem_bytes,
+           FaStream stream, Args... args) {
   return emu::launch(name, emu::Dim3{grid.x, grid.y, grid.z}, block, smem_bytes,
                      static_cast<FaEmuLaunch *>(stream), [=]() { kernel(args...); });
 }
@@ -296,4 +296,4 @@ template <class T> FA_DEVICE T from_float(float x);
 template <> FA_DEVICE half_t from_float<half_t>(float x) { return __float2half_rn(x); }
 template <> FA_DEVICE bf16_t from_float<bf16_t>(float x) { return __float2bfloat16_rn(x); }
 
-} // namespace fa
+FA_NAMESPACE_END

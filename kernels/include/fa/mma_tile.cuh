@@ -12,8 +12,9 @@
 
 #include "fa/intrinsics.cuh"
 #include "fa/swizzle.cuh"
+#include "fa/namespace.cuh"
 
-namespace fa {
+FA_NAMESPACE_BEGIN
 
 // ldmatrix.x4 lane patterns. Each function takes the lane's LaneAddress (fa/swizzle.cuh), built once per
 // kernel by the matching *_lanes() below, and the block origin (compile-time in unrolled loops).
@@ -79,4 +80,4 @@ FA_DEVICE float quad_sum(float v) {
   return v + shfl_xor(v, 2);
 }
 
-} // namespace fa
+FA_NAMESPACE_END

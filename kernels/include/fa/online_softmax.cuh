@@ -12,8 +12,9 @@
 
 #include "fa/attention_state.cuh"
 #include "fa/mma_tile.cuh"
+#include "fa/namespace.cuh"
 
-namespace fa {
+FA_NAMESPACE_BEGIN
 
 // The per-thread softmax state of kMT m16 tiles (2 rows each).
 template <int kMT> struct OnlineSoftmax {
@@ -87,4 +88,4 @@ template <int kMT> struct OnlineSoftmax {
   }
 };
 
-} // namespace fa
+FA_NAMESPACE_END

@@ -11,8 +11,9 @@
 #pragma once
 
 #include "fa/intrinsics.cuh"
+#include "fa/namespace.cuh"
 
-namespace fa {
+FA_NAMESPACE_BEGIN
 
 // 16 bytes: the unit of every vectorised global/shared access in the decode path (8 fp16/bf16 elements or
 // 4 fp32). CUDA's uint4 (also defined for the host build), so the read-only path (__ldg) accepts it.
@@ -50,4 +51,4 @@ struct PagedView {
   }
 };
 
-} // namespace fa
+FA_NAMESPACE_END

@@ -14,8 +14,9 @@
 #pragma once
 
 #include "fa/intrinsics.cuh"
+#include "fa/namespace.cuh"
 
-namespace fa {
+FA_NAMESPACE_BEGIN
 
 template <int kCols> struct SwizzledRows {
   static constexpr int kChunks = kCols / 8;
@@ -63,4 +64,4 @@ template <int kCols> struct LaneAddress {
   }
 };
 
-} // namespace fa
+FA_NAMESPACE_END

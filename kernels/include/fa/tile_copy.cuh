@@ -7,8 +7,9 @@
 
 #include "fa/intrinsics.cuh"
 #include "fa/swizzle.cuh"
+#include "fa/namespace.cuh"
 
-namespace fa {
+FA_NAMESPACE_BEGIN
 
 // 16 bytes moved as one unit (one LDS.128 / STG.128 per lane).
 struct alignas(16) Bytes16 {
@@ -58,4 +59,4 @@ FA_DEVICE void cp_async_tile(T *smem, const T *gmem, int64_t row_stride, int val
   }
 }
 
-} // namespace fa
+FA_NAMESPACE_END

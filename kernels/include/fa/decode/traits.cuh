@@ -22,8 +22,9 @@
 #pragma once
 
 #include "fa/intrinsics.cuh"
+#include "fa/namespace.cuh"
 
-namespace fa {
+FA_NAMESPACE_BEGIN
 namespace decode {
 
 // A [rows][D] tile of 16-bit elements in shared memory, stored as 16-byte chunks whose index is XORed
@@ -76,4 +77,4 @@ template <int D> struct Traits {
 constexpr int kSplitGranule = 64;
 
 } // namespace decode
-} // namespace fa
+FA_NAMESPACE_END

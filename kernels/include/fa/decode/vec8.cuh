@@ -5,8 +5,9 @@
 
 #include "fa/intrinsics.cuh"
 #include "fa/paged_view.cuh"
+#include "fa/namespace.cuh"
 
-namespace fa {
+FA_NAMESPACE_BEGIN
 
 // Two packed 16-bit elements (low half first) to floats.
 template <class T> FA_DEVICE void unpack2(uint32_t bits, float &lo, float &hi);
@@ -60,4 +61,4 @@ template <> struct Vec8<float> {
   }
 };
 
-} // namespace fa
+FA_NAMESPACE_END

@@ -11,8 +11,9 @@
 #include "fa/attention_state.cuh"
 #include "fa/decode/traits.cuh"
 #include "fa/intrinsics.cuh"
+#include "fa/namespace.cuh"
 
-namespace fa {
+FA_NAMESPACE_BEGIN
 namespace decode {
 
 template <class T, int D> struct WarpAttention {
@@ -142,4 +143,4 @@ template <class T, int D> struct WarpAttention {
 };
 
 } // namespace decode
-} // namespace fa
+FA_NAMESPACE_END

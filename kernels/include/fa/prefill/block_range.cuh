@@ -13,8 +13,9 @@
 #pragma once
 
 #include "fa/intrinsics.cuh"
+#include "fa/namespace.cuh"
 
-namespace fa {
+FA_NAMESPACE_BEGIN
 namespace prefill {
 
 struct KvBlockRange {
@@ -39,4 +40,4 @@ FA_HOST_DEVICE KvBlockRange kv_block_range(int m0, int br, int bc, int tq, int t
 }
 
 } // namespace prefill
-} // namespace fa
+FA_NAMESPACE_END

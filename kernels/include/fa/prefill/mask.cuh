@@ -6,8 +6,9 @@
 
 #include "fa/attention_state.cuh"
 #include "fa/intrinsics.cuh"
+#include "fa/namespace.cuh"
 
-namespace fa {
+FA_NAMESPACE_BEGIN
 namespace prefill {
 
 // s[kMT][kNB]: this warp's scores for rows row0 + [0, 16·kMT) and keys key0 + [0, 8·kNB) (C layout).
@@ -34,4 +35,4 @@ FA_DEVICE void apply_kv_mask(float (&s)[kMT][kNB][4], int row0, int key0, int tq
 }
 
 } // namespace prefill
-} // namespace fa
+FA_NAMESPACE_END

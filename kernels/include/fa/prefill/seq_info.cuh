@@ -5,8 +5,9 @@
 
 #include "fa/abi.h"
 #include "fa/intrinsics.cuh"
+#include "fa/namespace.cuh"
 
-namespace fa {
+FA_NAMESPACE_BEGIN
 namespace prefill {
 
 struct SeqInfo {
@@ -50,4 +51,4 @@ FA_DEVICE SeqInfo seq_info(const FaPrefillParams &p, int b, int h) {
 }
 
 } // namespace prefill
-} // namespace fa
+FA_NAMESPACE_END

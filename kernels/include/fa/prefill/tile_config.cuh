@@ -23,7 +23,9 @@
 //       |         |     |    |        |        | stage would need more than sm_86/89's 99 KiB
 #pragma once
 
-namespace fa {
+#include "fa/namespace.cuh"
+
+FA_NAMESPACE_BEGIN
 namespace prefill {
 
 template <int kHeadDim> struct TileConfig;
@@ -49,4 +51,4 @@ template <> struct TileConfig<128> : TileShape<128, 2, 32, 3> {};
 template <> struct TileConfig<256> : TileShape<256, 1, 32, 2> {};
 
 } // namespace prefill
-} // namespace fa
+FA_NAMESPACE_END
