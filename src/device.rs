@@ -67,3 +67,23 @@ pub fn sm_count(ctx: &CudaContext) -> Result<usize> {
     let n = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
     Ok(n.max(1) as usize)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Without a driver (CI) the probe is a typed error, not cudarc's panic; with a GPU it is a context.
+    #[test]
+    fn probing_never_panics_and_says_why() {
+        match cuda_context(0) {
+            Ok(ctx) => assert!(ctx.compute_capability().is_ok_and(|(major, _)| major >= 8)),
+            Err(e) => {
+                assert!(matches!(e.kind(), ErrorKind::NoDriver | ErrorKind::NoDevice | ErrorKind::Arch), "{e}");
+                assert_eq!(driver_present(), e.kind() != &ErrorKind::NoDriver, "{e}");
+                assert!(first_gpu().is_none());
+            }
+        }
+        let e = cuda_context(1 << 20).unwrap_err();
+        assert!(matches!(e.kind(), ErrorKind::NoDriver | ErrorKind::NoDevice), "{e}");
+    }
+}
