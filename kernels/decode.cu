@@ -253,6 +253,10 @@ inline bool valid_params(const FaDecodeParams &p) {
   if (c.page_size < 1 || c.page_size > 256 || c.page_size != (1 << c.log2_page_size)) return false;
   if (c.max_pages_per_seq < 1 || c.num_pages < 1) return false;
   if (p.num_splits < 1) return false;
+  // Memory safety: every pointer the kernel dereferences (lse is optional).
+  if (p.batch > 0 && (p.q == nullptr || p.o == nullptr || c.k_cache == nullptr || c.v_cache == nullptr ||
+                      c.block_table == nullptr || c.seq_lens == nullptr))
+    return false;
   if (p.num_splits > 1 && (p.split_tokens <= 0 || p.split_tokens % kSplitGranule != 0 || p.partial_o == nullptr ||
                            p.partial_lse == nullptr))
     return false;

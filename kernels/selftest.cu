@@ -470,6 +470,10 @@ extern "C" int FA_LAUNCHER(selftest_barrier)(FaSelftestBarrierParams p, FaStream
 extern "C" int FA_LAUNCHER(selftest_bug)(FaSelftestBugParams p, FaStream stream) {
 #if defined(FA_EMULATION)
   emu::ScopedRaceDetection race_detection(p.race_detection != 0);
+#else
+  // On hardware a planted bug is a real fault: a hang (deadlock, spin wait) or a sticky error that kills the
+  // context for every later launch. Only the correct twins run on the GPU.
+  if (p.planted) return FA_ERR_UNSUPPORTED;
 #endif
   const int smem = kBlock128 * 16;
   switch (p.bug) {

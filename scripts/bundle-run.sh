@@ -178,11 +178,11 @@ step_gpu_tests() {
     name=$(basename "$bin")
     [ -x "$bin" ] || continue
     [ "$name" = gpu_vs_emulator ] && continue # its own step
-    echo "--- tests/$name gpu ${skips[*]}"
+    echo "--- tests/$name gpu ${skips[*]+${skips[*]}}"
     out="$RESULTS_DIR/tests-$name.txt"
     # One test at a time: the timing tests print bandwidth that concurrent tests would distort (the
     # prefill sweep parallelises its fp64 reference internally).
-    tmo "$bin" gpu --test-threads=1 "${skips[@]}" 2>&1 | tee "$out"
+    tmo "$bin" gpu --test-threads=1 ${skips[@]+"${skips[@]}"} 2>&1 | tee "$out"
     rc=${PIPESTATUS[0]}
     read -r p f < <(count_tests "$out")
     passed=$((passed + p)); nfail=$((nfail + f))

@@ -191,10 +191,7 @@ pub fn decode<T: Element>(
     let problem = check_decode_args(q, cache, o, lse.as_deref())?;
     let plan = workspace.plan(&problem, opts)?;
     workspace.check_fits(&plan)?;
-    let scale = opts.scale.unwrap_or(1.0 / (problem.head_dim as f32).sqrt());
-    if !scale.is_finite() {
-        return Err(Error::shape("scale", format!("{scale} is not finite")));
-    }
+    let scale = crate::launch::softmax_scale(opts.scale, problem.head_dim)?;
 
     if problem.batch == 0 {
         return Ok(plan);

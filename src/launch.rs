@@ -114,7 +114,10 @@ impl<'a> Launch<'a> {
                     let msg = unsafe { CStr::from_ptr(sys::fa_gpu_error_string(status)) };
                     return Err(status_error(kernel, "gpu", status, Some(msg.to_string_lossy().into_owned())));
                 }
+                // cudarc's stream-ordering guards record events on drop; a failure there is recorded in the
+                // context, not returned, so collect it here rather than let it vanish.
                 drop(self.guards);
+                s.context().check_err()?;
                 Ok(())
             }
             Stream::Emu(e) => {
@@ -123,6 +126,16 @@ impl<'a> Launch<'a> {
             }
         }
     }
+}
+
+/// The softmax scale of a call: `scale` or 1/sqrt(D). Prefill and decode both need it finite and positive
+/// (their kernels take the row max of unscaled scores and fold the scale in afterwards).
+pub(crate) fn softmax_scale(scale: Option<f32>, head_dim: usize) -> Result<f32> {
+    let scale = scale.unwrap_or(1.0 / (head_dim as f32).sqrt());
+    if !(scale.is_finite() && scale > 0.0) {
+        return Err(Error::unsupported("scale", format!("{scale} (must be finite and positive)")));
+    }
+    Ok(scale)
 }
 
 fn check_align(name: &CStr, ptr: usize, align: usize) -> Result<()> {

@@ -45,6 +45,7 @@ pub mod paged;
 pub mod plan;
 pub mod prefill;
 pub mod reference;
+#[doc(hidden)]
 pub mod sys;
 pub mod tensor;
 pub mod timing;

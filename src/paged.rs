@@ -16,6 +16,10 @@ use crate::error::{to_i32, Error, Result};
 use crate::sys;
 use crate::tensor::{TensorView, TensorViewMut};
 
+/// Largest supported context (tokens per sequence): int32 token indices in the kernel, with headroom for
+/// a tile and a split granule past the end.
+pub const MAX_TOKENS: usize = i32::MAX as usize - 4096;
+
 /// Largest supported page size (tokens).
 pub const MAX_PAGE_SIZE: usize = 256;
 
@@ -142,8 +146,11 @@ impl<'a, T> PagedKvCache<'a, T> {
         }
         let capacity = max_pages
             .checked_mul(geometry.page_size)
-            .filter(|&c| c <= i32::MAX as usize)
-            .ok_or_else(|| Error::overflow("block_table", "max_pages_per_seq * page_size does not fit in i32"))?;
+            // The kernel indexes tokens in int32, up to a tile and a split granule past the capacity.
+            .filter(|&c| c <= MAX_TOKENS)
+            .ok_or_else(|| {
+                Error::overflow("block_table", format!("max_pages_per_seq * page_size exceeds {MAX_TOKENS}"))
+            })?;
         if max_seq_len > capacity {
             return Err(Error::shape(
                 "block_table",

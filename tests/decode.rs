@@ -96,7 +96,13 @@ fn gpu_decode_sweep() {
 fn gpu_decode_bandwidth() {
     let Some(ctx) = common::gpu_or_skip("decode::gpu_decode_bandwidth") else { return };
     let cu = ctx.default_stream();
-    for row in fused_attn::decode::cases::perf_report(&cu, seed_for(0)).unwrap() {
+    let rows = fused_attn::decode::cases::perf_report(&cu, seed_for(0)).unwrap();
+    assert!(!rows.is_empty(), "no bandwidth rows");
+    for row in rows {
+        // Sanity, not a performance bar: a positive time, and no more bytes per second than the copy
+        // ceiling allows (with slack for L2 hits), else the byte accounting or the timing is wrong.
+        assert!(row.timing.timing.median_ms > 0.0 && row.copy_gbps > 0.0, "{row:?}");
+        assert!(row.ratio.is_finite() && row.ratio < 1.5, "{:.0}% of copy bandwidth is implausible", 100.0 * row.ratio);
         eprintln!(
             "{}: {:.1} us, {:.0} GB/s = {:.0}% of copy bandwidth ({:.0} GB/s), plan {:?}",
             row.case.label().split(" lens=").next().unwrap(),

@@ -147,7 +147,8 @@ fn prefill_pair<T: Element>(emu: &Emulator, cu: &Arc<CudaStream>, s: PrefillSpec
     let (gc, ec) = (reference::compare(&go, &exact.out, &naive), reference::compare(&eo, &exact.out, &naive));
     assert!(gc.passed, "{what}: GPU fails the tolerance rule: {gc:?}");
     assert!(ec.passed, "{what}: emulator fails the tolerance rule: {ec:?}");
-    agree(&format!("{what} O"), &go, &eo, |_| gc.tolerance);
+    // Each side is within its tolerance of the fp64 reference, so they may differ by the sum.
+    agree(&format!("{what} O"), &go, &eo, |_| gc.tolerance + ec.tolerance);
     let (gl, el) = (f32s(&gpu_lse), f32s(&emu_lse));
     for (side, l) in [("GPU", &gl), ("emulator", &el)] {
         let c = reference::compare_lse(l, &exact.lse, 1e-3);
@@ -256,7 +257,8 @@ fn decode_pair<T: Element>(emu: &Emulator, cu: &Arc<CudaStream>, case: &DecodeCa
     let (gc, ec) = (reference::compare(&go, &exact.out, &naive), reference::compare(&eo, &exact.out, &naive));
     assert!(gc.passed, "{what}: GPU fails the tolerance rule: {gc:?}");
     assert!(ec.passed, "{what}: emulator fails the tolerance rule: {ec:?}");
-    agree(&format!("{what} O"), &go, &eo, |_| gc.tolerance);
+    // Each side is within its tolerance of the fp64 reference, so they may differ by the sum.
+    agree(&format!("{what} O"), &go, &eo, |_| gc.tolerance + ec.tolerance);
     agree(&format!("{what} LSE"), &f32s(&gpu_lse), &f32s(&emu_lse), |_| 1e-3);
 }
 
@@ -342,7 +344,8 @@ fn gpu_vs_emu_merge() {
             os.extend((0..d).map(|_| if empty { f32::NAN } else { rng.uniform(-1.0, 2.0) as f32 }));
         }
     }
-    // fp32 out: the only differences are ex2.approx vs its emulation (<= 2 ulp each) and fma contraction.
+    // fp32 out: the GPU build's --use_fast_math approximations (exp, log, division) and fma contraction against
+    // the emulator's exact libm and separate roundings; a few ulp either way.
     let (g, e, gl, el) = merge_both::<f32>(&emu, &cu, (&os, &ls), dims, f32::NAN);
     agree("merge fp32 -> fp32 O", &f32s(&g), &f32s(&e), |x| 1e-5 * (1.0 + x.abs()));
     agree("merge fp32 -> fp32 LSE", &f32s(&gl), &f32s(&el), |x| 1e-5 * (1.0 + x.abs()));

@@ -23,15 +23,13 @@ pub use cases::{sweep_cases, CaseLayout, PrefillCase, SWEEP_SEQLENS};
 use crate::device::Stream;
 use crate::dtype::Element;
 use crate::error::{to_i32, Error, Result};
-use crate::launch::Launch;
+use crate::launch::{softmax_scale, Launch};
+use crate::plan::MAX_GRID_YZ;
 use crate::sys;
 use crate::tensor::{Mem, TensorView, TensorViewMut};
 
 /// Head dims the prefill kernel is instantiated for.
 pub const PREFILL_HEAD_DIMS: [usize; 5] = [32, 64, 96, 128, 256];
-
-/// Largest grid y / z extent (query heads, batch) of a launch.
-const MAX_GRID_YZ: usize = 65535;
 
 /// Options of one prefill call.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -108,16 +106,6 @@ pub fn kv_block_range(m0: usize, block_m: usize, block_n: usize, tq: usize, tk: 
     KvBlockRange { n_end: n_end as usize, n_mask_begin: n_mask_begin.min(n_end) as usize }
 }
 
-/// The softmax scale of a call: `opts.scale` or 1/sqrt(D); the kernel needs it finite and positive (it takes
-/// the row max of unscaled scores).
-fn softmax_scale(opts: &PrefillOptions, head_dim: usize) -> Result<f32> {
-    let scale = opts.scale.unwrap_or(1.0 / (head_dim as f32).sqrt());
-    if !(scale.is_finite() && scale > 0.0) {
-        return Err(Error::unsupported("scale", format!("{scale} (must be finite and positive)")));
-    }
-    Ok(scale)
-}
-
 /// Checks the head layout shared by both entry points: D supported and equal for q/k/v, Hq a positive
 /// multiple of Hkv, v shaped like k, o like q, rows 16-byte aligned with unit innermost stride.
 fn check_heads(head_dim: usize, d_k: usize, d_v: usize, heads_q: usize, heads_kv: usize) -> Result<TileConfig> {
@@ -189,7 +177,7 @@ pub fn prefill<T: Element>(
     if batch > MAX_GRID_YZ {
         return Err(Error::unsupported("q", format!("batch {batch} (at most {MAX_GRID_YZ})")));
     }
-    let scale = softmax_scale(opts, head_dim)?;
+    let scale = softmax_scale(opts.scale, head_dim)?;
     let params = sys::FaPrefillParams {
         batch: to_i32("q (batch)", batch)?,
         heads_q: to_i32("q (heads)", heads_q)?,
@@ -336,7 +324,7 @@ pub fn prefill_varlen<T: Element>(
         check_cu_seqlens("cu_seqlens_q", cq, total_q, max_seqlen_q)?;
         check_cu_seqlens("cu_seqlens_k", ck, total_k, max_seqlen_k)?;
     }
-    let scale = softmax_scale(opts, head_dim)?;
+    let scale = softmax_scale(opts.scale, head_dim)?;
     let params = sys::FaPrefillParams {
         batch: to_i32("cu_seqlens_q (batch)", batch)?,
         heads_q: to_i32("q (heads)", heads_q)?,

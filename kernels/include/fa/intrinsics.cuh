@@ -18,6 +18,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+
+#include <mutex>
 #define FA_DEVICE __device__ __forceinline__
 #define FA_HOST_DEVICE __host__ __device__ __forceinline__
 #define FA_GLOBAL __global__
@@ -164,22 +166,45 @@ FA_DEVICE float fast_exp2(float x) {
 }
 FA_DEVICE float fast_rcp(float x) { return __frcp_rn(x); }
 
-// Launch. Sets the dynamic-shared-memory limit when above the 48 KiB default (a host-side attribute, no
-// stream work), launches on the caller's stream, and returns the launch status. Never synchronises.
-// (The GPU and emulator builds of this template can never be confused by the linker: fa/namespace.cuh gives
-// them different mangled names.)
-template <class... KArgs, class... Args>
-inline int launch(const char * /*name*/, void (*kernel)(KArgs...), Dim3 grid, int block, int smem_bytes,
-           FaStream stream, Args... args) {
-  if (smem_bytes > 48 * 1024) {
-    cudaError_t e = cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         smem_bytes);
-    if (e != cudaSuccess) return (int)e;
-  }
-  kernel<<<dim3(grid.x, grid.y, grid.z), block, smem_bytes, (cudaStream_t)stream>>>(args...);
-  cudaError_t e = cudaGetLastError();
+// CUDA status -> launcher status: a missing kernel image (built for other arches) is the typed FA_ERR_NO_ARCH.
+inline int launch_status(cudaError_t e) {
   if (e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidDeviceFunction) return FA_ERR_NO_ARCH;
   return (int)e;
+}
+
+// Raises `kernel`'s dynamic-shared-memory limit to `bytes` (needed above the 48 KiB default) once per
+// (kernel, device): the attribute persists, so later launches skip the driver call. A host-side attribute:
+// no stream work, legal during graph capture. Keyed by device, i.e. its primary context (what cudarc uses).
+inline cudaError_t ensure_dynamic_smem(const void *kernel, int bytes) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) return e;
+  struct Entry {
+    const void *kernel;
+    int device, bytes;
+  };
+  static std::mutex mutex;
+  static Entry done[256];
+  static int count = 0;
+  std::lock_guard<std::mutex> lock(mutex);
+  for (int i = 0; i < count; ++i) {
+    if (done[i].kernel == kernel && done[i].device == device && done[i].bytes >= bytes) return cudaSuccess;
+  }
+  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (e == cudaSuccess && count < 256) done[count++] = Entry{kernel, device, bytes};
+  return e;
+}
+
+// Launch on the caller's stream; returns the launch status. Never synchronises. (The GPU and emulator builds
+// of this template can never be confused by the linker: fa/namespace.cuh gives them different names.)
+template <class... KArgs, class... Args>
+inline int launch(const char * /*name*/, void (*kernel)(KArgs...), Dim3 grid, int block, int smem_bytes,
+                  FaStream stream, Args... args) {
+  cudaError_t e = ensure_dynamic_smem((const void *)kernel, smem_bytes);
+  if (e != cudaSuccess) return launch_status(e);
+  kernel<<<dim3(grid.x, grid.y, grid.z), block, smem_bytes, (cudaStream_t)stream>>>(args...);
+  return launch_status(cudaGetLastError());
 }
 
 #else
