@@ -73,7 +73,7 @@ template <class S, class O> FA_GLOBAL void FA_LAUNCH_BOUNDS(kThreads, 4) merge_s
   Vec8<O>::store(static_cast<O *>(p.o) + n * p.o_out_outer_stride + h * p.o_out_inner_stride + c * 8, acc);
   if (p.lse != nullptr && c == 0)
     st_global(p.lse + n * p.lse_out_outer_stride + h * p.lse_out_inner_stride,
-              sum > 0.0f ? lse_max + logf(sum) : kNegInf);
+              merged_lse(lse_max, sum));
 }
 
 template <class S, class O> int launch_merge(const FaMergeParams &p, FaStream stream) {

@@ -33,4 +33,9 @@ FA_HOST_DEVICE float merge_weight(float lse_i, float lse_max) {
   return lse_i == kNegInf ? 0.0f : expf(lse_i - lse_max);
 }
 
+// The LSE of a merge: lse_max + ln(Σ merge weights); -inf when every partial was empty (sum 0).
+FA_HOST_DEVICE float merged_lse(float lse_max, float weight_sum) {
+  return weight_sum > 0.0f ? lse_max + logf(weight_sum) : kNegInf;
+}
+
 FA_NAMESPACE_END
