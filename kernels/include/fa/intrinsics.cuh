@@ -18,8 +18,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
-
-#include <mutex>
 #define FA_DEVICE __device__ __forceinline__
 #define FA_HOST_DEVICE __host__ __device__ __forceinline__
 #define FA_GLOBAL __global__
@@ -164,7 +162,6 @@ FA_DEVICE float fast_exp2(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
-FA_DEVICE float fast_rcp(float x) { return __frcp_rn(x); }
 
 // CUDA status -> launcher status: a missing kernel image (built for other arches) is the typed FA_ERR_NO_ARCH.
 inline int launch_status(cudaError_t e) {
@@ -172,28 +169,13 @@ inline int launch_status(cudaError_t e) {
   return (int)e;
 }
 
-// Raises `kernel`'s dynamic-shared-memory limit to `bytes` (needed above the 48 KiB default) once per
-// (kernel, device): the attribute persists, so later launches skip the driver call. A host-side attribute:
-// no stream work, legal during graph capture. Keyed by device, i.e. its primary context (what cudarc uses).
+// Raises `kernel`'s dynamic-shared-memory limit to `bytes` (needed above the 48 KiB default). A host-side
+// function attribute of the current context: no stream work, legal during graph capture. Set on every launch
+// rather than cached: the attribute belongs to the (function, context) pair and the runtime API cannot name
+// the context cudarc made current (a per-device cache would be wrong for a second context on one device).
 inline cudaError_t ensure_dynamic_smem(const void *kernel, int bytes) {
   if (bytes <= 48 * 1024) return cudaSuccess;
-  int device = 0;
-  cudaError_t e = cudaGetDevice(&device);
-  if (e != cudaSuccess) return e;
-  struct Entry {
-    const void *kernel;
-    int device, bytes;
-  };
-  static std::mutex mutex;
-  static Entry done[256];
-  static int count = 0;
-  std::lock_guard<std::mutex> lock(mutex);
-  for (int i = 0; i < count; ++i) {
-    if (done[i].kernel == kernel && done[i].device == device && done[i].bytes >= bytes) return cudaSuccess;
-  }
-  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  if (e == cudaSuccess && count < 256) done[count++] = Entry{kernel, device, bytes};
-  return e;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
 
 // Launch on the caller's stream; returns the launch status. Never synchronises. (The GPU and emulator builds
@@ -289,7 +271,6 @@ FA_DEVICE float atomic_add(float *p, float v) { return emu::atomic_add_f32(p, v)
 FA_DEVICE int atomic_add(int *p, int v) { return emu::atomic_add_i32(p, v); }
 
 FA_DEVICE float fast_exp2(float x) { return emu::exp2_approx(x); }
-FA_DEVICE float fast_rcp(float x) { return 1.0f / x; }
 
 template <class... KArgs, class... Args>
 inline int launch(const char *name, void (*kernel)(KArgs...), Dim3 grid, int block, int smem_bytes,
