@@ -344,8 +344,8 @@ fn gpu_vs_emu_merge() {
             os.extend((0..d).map(|_| if empty { f32::NAN } else { rng.uniform(-1.0, 2.0) as f32 }));
         }
     }
-    // fp32 out: the GPU build's --use_fast_math approximations (exp, log, division) and fma contraction against
-    // the emulator's exact libm and separate roundings; a few ulp either way.
+    // fp32 out: the GPU's libdevice exp/log and fma contraction against the host libm and separate roundings;
+    // a few ulp either way.
     let (g, e, gl, el) = merge_both::<f32>(&emu, &cu, (&os, &ls), dims, f32::NAN);
     agree("merge fp32 -> fp32 O", &f32s(&g), &f32s(&e), |x| 1e-5 * (1.0 + x.abs()));
     agree("merge fp32 -> fp32 LSE", &f32s(&gl), &f32s(&el), |x| 1e-5 * (1.0 + x.abs()));
