@@ -1,14 +1,23 @@
-//! Builds the kernels twice from the same sources and mirrors the C ABI into Rust:
-//!  1. GPU library (libfa_gpu.a): every kernels/*.cu through nvcc, SASS for each arch in FA_CUDA_ARCHS
-//!     (default 80,86,89,90a) plus PTX of the lowest arch for forward compatibility; `ptxas -v` output of
-//!     every kernel goes to target/<profile>/ptxas-report.txt and any spill or stack frame fails the build.
-//!  2. Emulator library (libfa_emu.a): the same kernels/*.cu as host C++ (-DFA_EMULATION) plus the host
-//!     SIMT executor kernels/emu/*.{cpp,S}, always optimised (the emulated suite must be fast in debug too).
-//!  3. src/sys.rs includes OUT_DIR/abi.rs, bindgen's output for kernels/include/fa/abi.h.
+//! Builds the kernels from one set of sources, twice:
+//!  1. Host library (libfa_host.a, through the `cc` crate, any C++17 compiler, no CUDA needed): every
+//!     kernels/*.cu as host C++ (-DFA_EMULATION: the kernels for the emulator, plus the launchers, which
+//!     validate parameters and compute every launch's geometry for both backends), kernels/host/*.cpp and the
+//!     host SIMT executor kernels/emu/*.{cpp,S}. Always optimised: the emulated suite must be fast in debug too.
+//!  2. GPU kernels (feature `cuda`, when nvcc is found): every kernels/*.cu through `nvcc -fatbin`, SASS for
+//!     each arch in FA_CUDA_ARCHS (default 80,86,89,90a) plus PTX of the lowest arch for forward
+//!     compatibility; embedded in the crate (OUT_DIR/fatbins.rs) and loaded per CUDA context through the
+//!     driver API. No CUDA runtime is linked. `ptxas -v` of every kernel goes to
+//!     target/<profile>/ptxas-report.txt and any spill or stack frame fails the build. nvcc runs on threads
+//!     of our own: a fatbin is not an object file, which is all `cc` builds.
+//!     Without nvcc (or with the feature off) the crate is emulator-only: GPU calls return
+//!     `ErrorKind::NoKernels`, and a cargo warning says why.
 //!
-//! Toolchain search (first hit wins): $NVCC, $CUDA_HOME/bin/nvcc, $CUDA_PATH/bin/nvcc, nvcc on PATH,
-//! /usr/local/cuda/bin/nvcc, then the project-local .toolchain/ that scripts/setup fills from PyPI. libclang
-//! likewise: $LIBCLANG_PATH, the system's, then .toolchain/libclang. No network access at build time.
+//! The C ABI (kernels/include/fa/abi.h) is mirrored by bindgen into src/sys/abi.rs, which is committed (so
+//! building needs no libclang); tests/abi_bindings.rs regenerates it and fails if it is stale.
+//!
+//! nvcc search (first hit wins): $NVCC, $CUDA_HOME/bin/nvcc, $CUDA_PATH/bin/nvcc, nvcc on PATH,
+//! /usr/local/cuda/bin/nvcc, then the toolchain scripts/setup installs ($FA_TOOLCHAIN_DIR, default
+//! .toolchain/). No network access at build time.
 
 use std::env;
 use std::fs;
@@ -21,112 +30,105 @@ const DEFAULT_ARCHS: &str = "80,86,89,90a";
 fn main() {
     let root = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
-    for var in ["NVCC", "CUDA_HOME", "CUDA_PATH", "FA_CUDA_ARCHS", "FA_ALLOW_SPILLS", "LIBCLANG_PATH", "CXX"] {
+    for var in ["NVCC", "CUDA_HOME", "CUDA_PATH", "FA_CUDA_ARCHS", "FA_ALLOW_SPILLS", "FA_TOOLCHAIN_DIR", "CXX"] {
         println!("cargo:rerun-if-env-changed={var}");
     }
     let kernels = root.join("kernels");
-    let mut gpu_sources = Vec::new();
-    let mut emu_sources = Vec::new();
-    watch_dir(&kernels, &mut |p| match p.extension().and_then(|e| e.to_str()) {
-        Some("cu") if p.parent() == Some(kernels.as_path()) => {
-            gpu_sources.push(p.to_path_buf());
-            emu_sources.push(p.to_path_buf());
-        }
-        Some("cpp") | Some("S") if p.parent() == Some(kernels.join("emu").as_path()) => {
-            emu_sources.push(p.to_path_buf())
-        }
-        _ => {}
-    });
-    gpu_sources.sort();
-    emu_sources.sort();
-
-    let cuda = Cuda::find(&root);
     let include = kernels.join("include");
-    let jobs = env::var("NUM_JOBS").ok().and_then(|j| j.parse().ok()).unwrap_or(2usize).max(1);
+    let mut cu_sources = Vec::new();
+    let mut cpp_sources = Vec::new();
+    let mut asm_sources = Vec::new();
+    watch_dir(&kernels, &mut |p| {
+        let dir = p.parent().unwrap_or(Path::new(""));
+        match p.extension().and_then(|e| e.to_str()) {
+            Some("cu") if dir == kernels => cu_sources.push(p.to_path_buf()),
+            Some("cpp") if dir == kernels.join("emu") || dir == kernels.join("host") => {
+                cpp_sources.push(p.to_path_buf())
+            }
+            Some("S") if dir == kernels.join("emu") => asm_sources.push(p.to_path_buf()),
+            _ => {}
+        }
+    });
+    cu_sources.sort();
+    cpp_sources.sort();
+
+    build_host_library(&include, &cu_sources, &cpp_sources, &asm_sources);
 
     let archs = env::var("FA_CUDA_ARCHS").unwrap_or_else(|_| DEFAULT_ARCHS.to_string());
-    let gencode = gencode_flags(&archs);
-    let gpu_dir = out.join("gpu");
-    let emu_dir = out.join("emu");
-    fs::create_dir_all(&gpu_dir).unwrap();
-    fs::create_dir_all(&emu_dir).unwrap();
-
-    // One job list, both libraries: nvcc jobs are the long ones, so they go first.
-    let mut commands: Vec<(PathBuf, Command, bool)> = Vec::new();
-    for src in &gpu_sources {
-        let obj = gpu_dir.join(object_name(src));
-        let mut c = Command::new(&cuda.nvcc);
-        // No --use_fast_math: the hot loops already use the explicit approximations they mean
-        // (fa::fast_exp2 = ex2.approx, which the emulator models); everything else (epilogue exp/log/division)
-        // stays IEEE, as the emulator's host build computes it. Measured: identical registers, no spills.
-        c.args(["-c", "-O3", "-std=c++17", "-lineinfo", "-Xptxas", "-v"])
-            .args(["-Xcompiler", "-fPIC", "-Xcudafe", "--diag_suppress=177"])
-            .args(&gencode)
-            .arg("-I")
-            .arg(&include);
-        for inc in &cuda.includes {
-            c.arg("-I").arg(inc);
-        }
-        c.arg("-o").arg(&obj).arg(src);
-        commands.push((obj, c, true));
-    }
-    let cxx = env::var("CXX").unwrap_or_else(|_| "c++".to_string());
-    for src in &emu_sources {
-        let obj = emu_dir.join(object_name(src));
-        let mut c = Command::new(&cxx);
-        if src.extension().and_then(|e| e.to_str()) == Some("cu") {
-            c.args(["-x", "c++"]);
-        }
-        c.args(["-c", "-O2", "-std=c++17", "-fPIC", "-g0", "-DFA_EMULATION=1", "-fno-strict-aliasing"])
-            .args(["-Wall", "-Wno-unused-function", "-Wno-unknown-pragmas"])
-            .arg("-I")
-            .arg(&include);
-        for inc in &cuda.includes {
-            c.arg("-I").arg(inc);
-        }
-        c.arg("-o").arg(&obj).arg(src);
-        commands.push((obj, c, false));
-    }
-
-    let results = run_parallel(commands, jobs);
-    let mut report = String::new();
-    let mut gpu_objs = Vec::new();
-    let mut emu_objs = Vec::new();
-    for (obj, is_gpu, stderr) in results {
-        if is_gpu {
-            report.push_str(&stderr);
-            gpu_objs.push(obj);
-        } else {
-            emu_objs.push(obj);
-        }
-    }
-    archive(&out.join("libfa_gpu.a"), &gpu_objs);
-    archive(&out.join("libfa_emu.a"), &emu_objs);
-
+    let nvcc = if env::var_os("CARGO_FEATURE_CUDA").is_some() { find_nvcc(&root) } else { None };
     let report_path = profile_dir(&out).join("ptxas-report.txt");
-    let summary = check_ptxas(&report);
-    fs::write(&report_path, format!("# ptxas -v for FA_CUDA_ARCHS={archs}\n{summary}\n{report}")).unwrap();
-    fs::write(out.join("ptxas-report.txt"), &report).unwrap();
-    println!("cargo:rustc-env=FA_PTXAS_REPORT={}", report_path.display());
-    println!("cargo:rustc-env=FA_GPU_LIB={}", out.join("libfa_gpu.a").display());
-    println!("cargo:rustc-env=FA_CUDA_ARCHS={archs}");
-    if let Some(bad) = summary.lines().find(|l| l.starts_with("SPILL")) {
-        if env::var("FA_ALLOW_SPILLS").is_err() {
-            panic!("ptxas reports spills or a stack frame (see {}): {bad}", report_path.display());
+    let fatbin_dir = out.join("fatbin");
+    fs::create_dir_all(&fatbin_dir).unwrap();
+    let mut fatbins = Vec::new();
+    let mut cuda_version = String::new();
+    match &nvcc {
+        Some(nvcc) => {
+            cuda_version = nvcc_version(nvcc);
+            let report = build_fatbins(nvcc, &include, &cu_sources, &archs, &fatbin_dir, &mut fatbins);
+            let summary = check_ptxas(&report);
+            fs::write(&report_path, format!("# ptxas -v for FA_CUDA_ARCHS={archs}\n{summary}\n{report}")).unwrap();
+            if let Some(bad) = summary.lines().find(|l| l.starts_with("SPILL")) {
+                if env::var("FA_ALLOW_SPILLS").is_err() {
+                    panic!("ptxas reports spills or a stack frame (see {}): {bad}", report_path.display());
+                }
+                println!("cargo:warning=FA_ALLOW_SPILLS set, ignoring: {bad}");
+            }
         }
-        println!("cargo:warning=FA_ALLOW_SPILLS set, ignoring: {bad}");
+        None => {
+            let why = if env::var_os("CARGO_FEATURE_CUDA").is_some() {
+                println!(
+                    "cargo:warning=fused-attn: no CUDA compiler found (NVCC, CUDA_HOME, CUDA_PATH, PATH, /usr/local/cuda, \
+                     FA_TOOLCHAIN_DIR or .toolchain/): building the emulator only; GPU calls will return NoKernels errors"
+                );
+                "no CUDA compiler was found"
+            } else {
+                "the `cuda` feature is off"
+            };
+            fs::write(&report_path, format!("# no GPU kernels were built: {why}\n")).unwrap();
+        }
     }
 
-    println!("cargo:rustc-link-search=native={}", out.display());
-    println!("cargo:rustc-link-lib=static=fa_gpu");
-    println!("cargo:rustc-link-lib=static=fa_emu");
-    println!("cargo:rustc-link-search=native={}", cuda.lib.display());
-    println!("cargo:rustc-link-lib=static=cudart_static");
-    for lib in ["stdc++", "dl", "rt", "pthread"] {
-        println!("cargo:rustc-link-lib=dylib={lib}");
+    // The embedded fatbins, 64-byte aligned (the driver reads their headers in place).
+    let mut rs = String::from("// @generated by build.rs: the GPU kernels, one fatbin per kernels/*.cu.\n");
+    rs.push_str("pub(crate) static FATBINS: &[(&str, &[u8])] = &[\n");
+    for (name, path) in &fatbins {
+        rs.push_str(&format!(
+            "    ({name:?}, &crate::kernels::Aligned(*include_bytes!({:?})).0),\n",
+            path.display().to_string()
+        ));
     }
+    rs.push_str("];\n");
+    fs::write(out.join("fatbins.rs"), rs).unwrap();
 
-    bindgen_abi(&root, &include, &out);
+    println!("cargo:rustc-env=FA_PTXAS_REPORT={}", report_path.display());
+    println!("cargo:rustc-env=FA_FATBIN_DIR={}", fatbin_dir.display());
+    println!("cargo:rustc-env=FA_CUDA_ARCHS={}", if nvcc.is_some() { archs.as_str() } else { "" });
+    println!("cargo:rustc-env=FA_CUDA_VERSION={cuda_version}");
+}
+
+/// libfa_host.a: launchers + emulator kernels + the SIMT executor, through `cc` (parallel jobs, jobserver).
+fn build_host_library(include: &Path, cu: &[PathBuf], cpp: &[PathBuf], asm: &[PathBuf]) {
+    let mut b = cc::Build::new();
+    b.cpp(true)
+        .opt_level(2)
+        .debug(false)
+        .extra_warnings(false)
+        .include(include)
+        .define("FA_EMULATION", "1")
+        .flag("-std=c++17")
+        .flag("-fno-strict-aliasing")
+        .flag("-Wall")
+        .flag("-Wno-unused-function")
+        .flag("-Wno-unknown-pragmas")
+        // .cu sources are plain C++ in this build.
+        .flag("-xc++")
+        .files(cu)
+        .files(cpp);
+    b.compile("fa_host");
+    if !asm.is_empty() {
+        cc::Build::new().files(asm).compile("fa_host_asm");
+    }
+    println!("cargo:rustc-link-lib=dylib=pthread");
 }
 
 /// Emits rerun-if-changed for every file under `dir` and hands each to `f`.
@@ -142,10 +144,6 @@ fn watch_dir(dir: &Path, f: &mut dyn FnMut(&Path)) {
             f(&p);
         }
     }
-}
-
-fn object_name(src: &Path) -> String {
-    format!("{}.o", src.file_name().unwrap().to_string_lossy())
 }
 
 /// `-gencode` flags. Plain archs share one virtual arch (the lowest) so the front end runs once for all of
@@ -168,65 +166,88 @@ fn gencode_flags(archs: &str) -> Vec<String> {
     flags
 }
 
-struct Cuda {
-    nvcc: PathBuf,
-    includes: Vec<PathBuf>,
-    lib: PathBuf,
+fn find_nvcc(root: &Path) -> Option<PathBuf> {
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if let Ok(p) = env::var("NVCC") {
+        candidates.push(p.into());
+    }
+    for var in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Ok(p) = env::var(var) {
+            candidates.push(Path::new(&p).join("bin/nvcc"));
+        }
+    }
+    if let Some(path) = env::var_os("PATH") {
+        candidates.extend(env::split_paths(&path).map(|d| d.join("nvcc")));
+    }
+    candidates.push("/usr/local/cuda/bin/nvcc".into());
+    let toolchain = env::var_os("FA_TOOLCHAIN_DIR").map(PathBuf::from).unwrap_or_else(|| root.join(".toolchain"));
+    candidates.push(toolchain.join("cuda/nvidia/cu13/bin/nvcc"));
+    candidates.into_iter().find(|p| p.is_file())
 }
 
-impl Cuda {
-    fn find(root: &Path) -> Cuda {
-        let mut candidates: Vec<PathBuf> = Vec::new();
-        if let Ok(p) = env::var("NVCC") {
-            candidates.push(p.into());
-        }
-        for var in ["CUDA_HOME", "CUDA_PATH"] {
-            if let Ok(p) = env::var(var) {
-                candidates.push(Path::new(&p).join("bin/nvcc"));
-            }
-        }
-        if let Some(path) = env::var_os("PATH") {
-            candidates.extend(env::split_paths(&path).map(|d| d.join("nvcc")));
-        }
-        candidates.push("/usr/local/cuda/bin/nvcc".into());
-        candidates.push(root.join(".toolchain/cuda/nvidia/cu13/bin/nvcc"));
-        let nvcc = candidates.into_iter().find(|p| p.is_file()).unwrap_or_else(|| {
-            panic!(
-                "no CUDA compiler found (looked at $NVCC, $CUDA_HOME, $CUDA_PATH, PATH, /usr/local/cuda, \
-                 .toolchain/): run scripts/setup, which installs the pinned CUDA 13.0 nvcc from PyPI"
-            )
-        });
-        let home = nvcc.parent().and_then(Path::parent).unwrap().to_path_buf();
-        let mut includes = vec![home.join("include")];
+/// "13.0" from `nvcc --version` ("Cuda compilation tools, release 13.0, V13.0.88").
+fn nvcc_version(nvcc: &Path) -> String {
+    let out =
+        Command::new(nvcc).arg("--version").output().unwrap_or_else(|e| panic!("cannot run {}: {e}", nvcc.display()));
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split("release ")
+        .nth(1)
+        .and_then(|r| r.split(',').next())
+        .map(|v| v.trim().to_string())
+        .unwrap_or_else(|| panic!("cannot read the CUDA version from `{} --version`:\n{text}", nvcc.display()))
+}
+
+/// One fatbin per kernels/*.cu (device code only); returns ptxas's output of all of them.
+fn build_fatbins(
+    nvcc: &Path,
+    include: &Path,
+    sources: &[PathBuf],
+    archs: &str,
+    dir: &Path,
+    fatbins: &mut Vec<(String, PathBuf)>,
+) -> String {
+    let home = nvcc.parent().and_then(Path::parent).unwrap().to_path_buf();
+    let gencode = gencode_flags(archs);
+    let mut commands = Vec::new();
+    for src in sources {
+        let stem = src.file_stem().unwrap().to_string_lossy().into_owned();
+        let fatbin = dir.join(format!("{stem}.fatbin"));
+        let mut c = Command::new(nvcc);
+        // No --use_fast_math: the hot loops already use the explicit approximations they mean
+        // (fa::fast_exp2 = ex2.approx, which the emulator models); everything else (epilogue exp/log/division)
+        // stays IEEE, as the emulator's host build computes it. Measured: identical registers, no spills.
+        c.args(["-fatbin", "-O3", "-std=c++17", "-lineinfo", "-Xptxas", "-v", "-Xcudafe", "--diag_suppress=177"])
+            .args(&gencode)
+            .arg("-I")
+            .arg(include);
         // The PyPI layout keeps CCCL (needed by cuda_fp16.h for <nv/target>) under include/cccl.
         if home.join("include/cccl").is_dir() {
-            includes.push(home.join("include/cccl"));
+            c.arg("-I").arg(home.join("include/cccl"));
         }
-        let lib = ["lib64", "lib", "lib/x64"]
-            .iter()
-            .map(|d| home.join(d))
-            .find(|d| d.join("libcudart_static.a").is_file())
-            .unwrap_or_else(|| panic!("libcudart_static.a not found under {}", home.display()));
-        Cuda { nvcc, includes, lib }
+        c.arg("-o").arg(&fatbin).arg(src);
+        fatbins.push((stem, fatbin));
+        commands.push(c);
     }
+    let jobs = env::var("NUM_JOBS").ok().and_then(|j| j.parse().ok()).unwrap_or(2usize).max(1);
+    run_parallel(commands, jobs).concat()
 }
 
-/// Runs the compile commands on `jobs` threads; panics with the compiler's output on the first failure.
-/// Returns (object, is_gpu, stderr) in the original order.
-fn run_parallel(commands: Vec<(PathBuf, Command, bool)>, jobs: usize) -> Vec<(PathBuf, bool, String)> {
+/// Runs the commands on `jobs` threads; panics with the compiler's output on the first failure. Returns each
+/// command's stderr, in the original order.
+fn run_parallel(commands: Vec<Command>, jobs: usize) -> Vec<String> {
     let n = commands.len();
     let queue = Mutex::new(commands.into_iter().enumerate().collect::<Vec<_>>());
-    let results: Mutex<Vec<Option<(PathBuf, bool, String)>>> = Mutex::new(vec![None; n]);
+    let results: Mutex<Vec<String>> = Mutex::new(vec![String::new(); n]);
     let failures = Mutex::new(Vec::new());
     std::thread::scope(|s| {
         for _ in 0..jobs.min(n.max(1)) {
             s.spawn(|| loop {
                 let job = queue.lock().unwrap().pop();
-                let Some((i, (obj, mut cmd, is_gpu))) = job else { break };
+                let Some((i, mut cmd)) = job else { break };
                 let output = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
                 let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
                 if output.status.success() {
-                    results.lock().unwrap()[i] = Some((obj, is_gpu, stderr));
+                    results.lock().unwrap()[i] = stderr;
                 } else {
                     let stdout = String::from_utf8_lossy(&output.stdout);
                     failures.lock().unwrap().push(format!("{cmd:?}\n{stdout}{stderr}"));
@@ -238,14 +259,7 @@ fn run_parallel(commands: Vec<(PathBuf, Command, bool)>, jobs: usize) -> Vec<(Pa
     if !failures.is_empty() {
         panic!("kernel compilation failed:\n{}", failures.join("\n"));
     }
-    results.into_inner().unwrap().into_iter().map(Option::unwrap).collect()
-}
-
-fn archive(lib: &Path, objs: &[PathBuf]) {
-    let _ = fs::remove_file(lib);
-    let ar = env::var("AR").unwrap_or_else(|_| "ar".to_string());
-    let status = Command::new(ar).arg("crs").arg(lib).args(objs).status().expect("cannot run ar");
-    assert!(status.success(), "ar failed for {}", lib.display());
+    results.into_inner().unwrap()
 }
 
 /// target/<profile>/ from OUT_DIR (target/<profile>/build/<pkg>-<hash>/out).
@@ -277,25 +291,4 @@ fn check_ptxas(report: &str) -> String {
         }
     }
     summary
-}
-
-fn bindgen_abi(root: &Path, include: &Path, out: &Path) {
-    if env::var_os("LIBCLANG_PATH").is_none() {
-        let local = root.join(".toolchain/libclang/clang/native");
-        if local.join("libclang.so").is_file() {
-            env::set_var("LIBCLANG_PATH", &local);
-        }
-    }
-    let header = include.join("fa/abi.h");
-    let bindings = bindgen::Builder::default()
-        .header(header.to_string_lossy())
-        .allowlist_item("(fa_|Fa|FA_).*")
-        .derive_default(true)
-        .derive_debug(true)
-        .layout_tests(false)
-        .generate()
-        .unwrap_or_else(|e| {
-            panic!("bindgen failed on {} (libclang missing? run scripts/setup): {e}", header.display())
-        });
-    bindings.write_to_file(out.join("abi.rs")).unwrap();
 }

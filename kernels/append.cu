@@ -12,12 +12,11 @@
 
 FA_NAMESPACE_BEGIN
 namespace append {
-// Internal linkage for everything with a host-side symbol (see decode.cu).
 namespace {
 
 constexpr int kThreads = 256;
 
-FA_GLOBAL void FA_LAUNCH_BOUNDS(kThreads, 4) paged_append_kernel(const FaAppendParams p) {
+FA_DEVICE void paged_append_kernel(const FaAppendParams &p) {
   const int chunks = p.head_dim / 8;
   const int64_t per_token = (int64_t)p.heads_kv * chunks;
   const int64_t item = (int64_t)block_idx().x * kThreads + thread_idx();
@@ -46,7 +45,13 @@ FA_GLOBAL void FA_LAUNCH_BOUNDS(kThreads, 4) paged_append_kernel(const FaAppendP
 } // namespace append
 FA_NAMESPACE_END
 
-extern "C" int FA_LAUNCHER(append)(FaAppendParams p, FaStream stream) {
+// One kernel for both 16-bit dtypes (a move of 16-bit elements); 256 threads (kThreads), 4 CTAs per SM.
+FA_KERNEL(fa_paged_append, 256, 4, FaAppendParams, fa::append::paged_append_kernel)
+
+#if defined(FA_HOST_BUILD)
+static_assert(fa::append::kThreads == 256, "fa_paged_append's launch bounds");
+
+extern "C" int fa_append(FaAppendParams p, FaExec *exec) {
   using namespace fa::append;
   const FaPagedCache &c = p.cache;
   if (p.num_tokens < 0 || p.heads_kv <= 0 || p.head_dim <= 0 || p.head_dim % 8 != 0) return FA_ERR_INVALID;
@@ -55,7 +60,18 @@ extern "C" int FA_LAUNCHER(append)(FaAppendParams p, FaStream stream) {
   if (p.dtype != FA_DTYPE_F16 && p.dtype != FA_DTYPE_BF16) return FA_ERR_UNSUPPORTED;
   const int64_t items = (int64_t)p.num_tokens * p.heads_kv * (p.head_dim / 8);
   if (items == 0) return FA_OK;
+  // Memory safety: every pointer dereferenced, 16-byte aligned rows (bases and element strides).
+  const void *ptrs[] = {p.k, p.v, c.k_cache, c.v_cache};
+  for (const void *ptr : ptrs)
+    if (ptr == nullptr || ((uintptr_t)ptr & 15u) != 0) return FA_ERR_INVALID;
+  if (p.slot_mapping == nullptr || ((uintptr_t)p.slot_mapping & 7u) != 0) return FA_ERR_INVALID;
+  const int64_t strides[] = {p.k_token_stride, p.k_head_stride, p.v_token_stride, p.v_head_stride,
+                             c.k_page_stride, c.k_token_stride, c.k_head_stride, c.v_page_stride,
+                             c.v_token_stride, c.v_head_stride};
+  for (int64_t s : strides)
+    if (s < 0 || s % 8 != 0) return FA_ERR_INVALID;
   const int64_t blocks = (items + kThreads - 1) / kThreads;
   if (blocks > 0x7fffffff) return FA_ERR_INVALID;
-  return fa::launch("paged_append", paged_append_kernel, fa::Dim3{(int)blocks, 1, 1}, kThreads, 0, stream, p);
+  return FA_LAUNCH(fa_paged_append, fa::Dim3{(int)blocks, 1, 1}, kThreads, 0, exec, p);
 }
+#endif // FA_HOST_BUILD

@@ -35,8 +35,7 @@ struct alignas(16) RowOffsets {
   int64_t k, v;
 };
 
-template <class T, int D>
-FA_GLOBAL void FA_LAUNCH_BOUNDS(128, 3) paged_decode_kernel(const FaDecodeParams p) {
+template <class T, int D> FA_DEVICE void paged_decode_kernel(const FaDecodeParams &p) {
   using Tr = Traits<D>;
   using Tile = SwizzledTile<D>;
   constexpr int kTileTokens = Tr::kTileTokens;
@@ -230,21 +229,50 @@ FA_GLOBAL void FA_LAUNCH_BOUNDS(128, 3) paged_decode_kernel(const FaDecodeParams
   }
 }
 
-template <class T, int D> int launch_decode(const FaDecodeParams &p, FaStream stream) {
+} // namespace
+} // namespace decode
+FA_NAMESPACE_END
+
+// One kernel per (dtype, head dim): 128 threads, 3 CTAs per SM (traits.cuh).
+#define FA_DECODE_KERNEL(name, T, D) FA_KERNEL(name, 128, 3, FaDecodeParams, (fa::decode::paged_decode_kernel<T, D>))
+FA_DECODE_KERNEL(fa_paged_decode_f16_d64, fa::half_t, 64)
+FA_DECODE_KERNEL(fa_paged_decode_f16_d128, fa::half_t, 128)
+FA_DECODE_KERNEL(fa_paged_decode_f16_d256, fa::half_t, 256)
+FA_DECODE_KERNEL(fa_paged_decode_bf16_d64, fa::bf16_t, 64)
+FA_DECODE_KERNEL(fa_paged_decode_bf16_d128, fa::bf16_t, 128)
+FA_DECODE_KERNEL(fa_paged_decode_bf16_d256, fa::bf16_t, 256)
+
+#if defined(FA_HOST_BUILD)
+namespace fa {
+namespace decode {
+namespace {
+
+template <int D> int launch_decode(void (*kernel)(FaDecodeParams), const char *name, const FaDecodeParams &p, FaExec *exec) {
   using Tr = Traits<D>;
+  static_assert(Tr::kThreads == 128, "FA_DECODE_KERNEL's launch bounds");
   const int group = p.heads_q / p.heads_kv;
   const Dim3 grid{p.num_splits, p.heads_kv * ((group + Tr::kRows - 1) / Tr::kRows), p.batch};
-  return launch("paged_decode", paged_decode_kernel<T, D>, grid, Tr::kThreads, Tr::kSmemBytes, stream, p);
+  return launch(name, kernel, grid, Tr::kThreads, Tr::kSmemBytes, exec, p);
 }
 
-template <class T> int dispatch_head_dim(const FaDecodeParams &p, FaStream stream) {
-  switch (p.head_dim) {
-  case 64: return launch_decode<T, 64>(p, stream);
-  case 128: return launch_decode<T, 128>(p, stream);
-  case 256: return launch_decode<T, 256>(p, stream);
-  default: return FA_ERR_UNSUPPORTED;
+#define FA_DECODE_CASE(D, kernel) case D: return launch_decode<D>(kernel, #kernel, p, exec)
+int dispatch(const FaDecodeParams &p, FaExec *exec) {
+  if (p.dtype == FA_DTYPE_F16) {
+    switch (p.head_dim) {
+      FA_DECODE_CASE(64, fa_paged_decode_f16_d64);
+      FA_DECODE_CASE(128, fa_paged_decode_f16_d128);
+      FA_DECODE_CASE(256, fa_paged_decode_f16_d256);
+    }
+  } else if (p.dtype == FA_DTYPE_BF16) {
+    switch (p.head_dim) {
+      FA_DECODE_CASE(64, fa_paged_decode_bf16_d64);
+      FA_DECODE_CASE(128, fa_paged_decode_bf16_d128);
+      FA_DECODE_CASE(256, fa_paged_decode_bf16_d256);
+    }
   }
+  return FA_ERR_UNSUPPORTED;
 }
+#undef FA_DECODE_CASE
 
 // Preconditions the Rust layer checks; re-checked here so a bad call fails instead of faulting.
 inline bool valid_params(const FaDecodeParams &p) {
@@ -260,6 +288,18 @@ inline bool valid_params(const FaDecodeParams &p) {
   if (p.num_splits > 1 && (p.split_tokens <= 0 || p.split_tokens % kSplitGranule != 0 || p.partial_o == nullptr ||
                            p.partial_lse == nullptr))
     return false;
+  // 16-byte cp.async / stores of every row: aligned bases and element strides (16-bit elements: multiples of 8).
+  const void *ptrs[] = {p.q, p.o, c.k_cache, c.v_cache, p.partial_o};
+  for (const void *ptr : ptrs)
+    if (((uintptr_t)ptr & 15u) != 0) return false;
+  const int64_t strides[] = {p.q_batch_stride, p.q_head_stride, p.o_batch_stride, p.o_head_stride,
+                             c.k_page_stride, c.k_token_stride, c.k_head_stride, c.v_page_stride,
+                             c.v_token_stride, c.v_head_stride};
+  for (int64_t s : strides)
+    if (s < 0 || s % 8 != 0) return false;
+  if (((uintptr_t)p.lse & 3u) != 0 || ((uintptr_t)p.partial_lse & 3u) != 0 || p.lse_batch_stride < 0) return false;
+  if (((uintptr_t)c.block_table & 3u) != 0 || ((uintptr_t)c.seq_lens & 3u) != 0 || c.block_table_stride < 0)
+    return false;
   const int group = p.heads_q / p.heads_kv;
   const int64_t grid_y = (int64_t)p.heads_kv * ((group + 15) / 16);
   return grid_y <= 65535 && p.batch <= 65535 && p.num_splits <= 65535;
@@ -267,15 +307,14 @@ inline bool valid_params(const FaDecodeParams &p) {
 
 } // namespace
 } // namespace decode
-FA_NAMESPACE_END
+} // namespace fa
 
-extern "C" int FA_LAUNCHER(decode)(FaDecodeParams p, FaStream stream) {
+
+extern "C" int fa_decode(FaDecodeParams p, FaExec *exec) {
   using namespace fa::decode;
   if (!valid_params(p)) return FA_ERR_INVALID;
   if (p.batch == 0) return FA_OK;
-  int status = FA_ERR_UNSUPPORTED;
-  if (p.dtype == FA_DTYPE_F16) status = dispatch_head_dim<fa::half_t>(p, stream);
-  else if (p.dtype == FA_DTYPE_BF16) status = dispatch_head_dim<fa::bf16_t>(p, stream);
+  const int status = dispatch(p, exec);
   if (status != FA_OK || p.num_splits == 1) return status;
 
   // Split-KV: combine the fp32 partials [num_splits, B, Hq, D] / [num_splits, B, Hq] into o / lse.
@@ -300,5 +339,6 @@ extern "C" int FA_LAUNCHER(decode)(FaDecodeParams p, FaStream stream) {
   m.head_dim = p.head_dim;
   m.states_dtype = FA_DTYPE_F32;
   m.out_dtype = p.dtype;
-  return FA_LAUNCHER(merge)(m, stream);
+  return fa_merge(m, exec);
 }
+#endif // FA_HOST_BUILD

@@ -15,13 +15,12 @@
 
 FA_NAMESPACE_BEGIN
 namespace merge {
-// Internal linkage for everything with a host-side symbol (see decode.cu).
 namespace {
 
 constexpr int kThreads = 128;
 constexpr int kUnroll = 8; // states per batch of loads
 
-template <class S, class O> FA_GLOBAL void FA_LAUNCH_BOUNDS(kThreads, 4) merge_states_kernel(const FaMergeParams p) {
+template <class S, class O> FA_DEVICE void merge_states_kernel(const FaMergeParams &p) {
   const int chunks = p.head_dim / 8;
   const int64_t item = (int64_t)block_idx().x * kThreads + thread_idx();
   if (item >= (int64_t)p.rows_outer * p.rows_inner * chunks) return;
@@ -76,35 +75,86 @@ template <class S, class O> FA_GLOBAL void FA_LAUNCH_BOUNDS(kThreads, 4) merge_s
               merged_lse(lse_max, sum));
 }
 
-template <class S, class O> int launch_merge(const FaMergeParams &p, FaStream stream) {
-  const int64_t items = (int64_t)p.rows_outer * p.rows_inner * (p.head_dim / 8);
-  const int64_t blocks = (items + kThreads - 1) / kThreads;
-  if (blocks > 0x7fffffff) return FA_ERR_INVALID;
-  return launch("merge_states", merge_states_kernel<S, O>, Dim3{(int)blocks, 1, 1}, kThreads, 0, stream, p);
-}
-
-template <class S> int dispatch_out(const FaMergeParams &p, FaStream stream) {
-  switch (p.out_dtype) {
-  case FA_DTYPE_F16: return launch_merge<S, half_t>(p, stream);
-  case FA_DTYPE_BF16: return launch_merge<S, bf16_t>(p, stream);
-  case FA_DTYPE_F32: return launch_merge<S, float>(p, stream);
-  default: return FA_ERR_UNSUPPORTED;
-  }
-}
-
 } // namespace
 } // namespace merge
 FA_NAMESPACE_END
 
-extern "C" int FA_LAUNCHER(merge)(FaMergeParams p, FaStream stream) {
+// One kernel per (states dtype, output dtype); 128 threads (kThreads), 4 CTAs per SM.
+#define FA_MERGE_KERNEL(name, S, O) FA_KERNEL(name, 128, 4, FaMergeParams, (fa::merge::merge_states_kernel<S, O>))
+FA_MERGE_KERNEL(fa_merge_states_f32_f32, float, float)
+FA_MERGE_KERNEL(fa_merge_states_f32_f16, float, fa::half_t)
+FA_MERGE_KERNEL(fa_merge_states_f32_bf16, float, fa::bf16_t)
+FA_MERGE_KERNEL(fa_merge_states_f16_f32, fa::half_t, float)
+FA_MERGE_KERNEL(fa_merge_states_f16_f16, fa::half_t, fa::half_t)
+FA_MERGE_KERNEL(fa_merge_states_f16_bf16, fa::half_t, fa::bf16_t)
+FA_MERGE_KERNEL(fa_merge_states_bf16_f32, fa::bf16_t, float)
+FA_MERGE_KERNEL(fa_merge_states_bf16_f16, fa::bf16_t, fa::half_t)
+FA_MERGE_KERNEL(fa_merge_states_bf16_bf16, fa::bf16_t, fa::bf16_t)
+
+#if defined(FA_HOST_BUILD)
+namespace fa {
+namespace merge {
+namespace {
+
+static_assert(kThreads == 128, "FA_MERGE_KERNEL's launch bounds");
+
+int launch_merge(void (*kernel)(FaMergeParams), const char *name, const FaMergeParams &p, FaExec *exec) {
+  const int64_t items = (int64_t)p.rows_outer * p.rows_inner * (p.head_dim / 8);
+  const int64_t blocks = (items + kThreads - 1) / kThreads;
+  if (blocks > 0x7fffffff) return FA_ERR_INVALID;
+  return launch(name, kernel, Dim3{(int)blocks, 1, 1}, kThreads, 0, exec, p);
+}
+
+// Index of a dtype among the kernels' (f32, f16, bf16), or -1.
+int dtype_index(int dtype) {
+  switch (dtype) {
+  case FA_DTYPE_F32: return 0;
+  case FA_DTYPE_F16: return 1;
+  case FA_DTYPE_BF16: return 2;
+  default: return -1;
+  }
+}
+
+#define FA_MERGE_ENTRY(kernel) {kernel, #kernel}
+struct Entry {
+  void (*kernel)(FaMergeParams);
+  const char *name;
+};
+const Entry kKernels[3][3] = {
+    {FA_MERGE_ENTRY(fa_merge_states_f32_f32), FA_MERGE_ENTRY(fa_merge_states_f32_f16),
+     FA_MERGE_ENTRY(fa_merge_states_f32_bf16)},
+    {FA_MERGE_ENTRY(fa_merge_states_f16_f32), FA_MERGE_ENTRY(fa_merge_states_f16_f16),
+     FA_MERGE_ENTRY(fa_merge_states_f16_bf16)},
+    {FA_MERGE_ENTRY(fa_merge_states_bf16_f32), FA_MERGE_ENTRY(fa_merge_states_bf16_f16),
+     FA_MERGE_ENTRY(fa_merge_states_bf16_bf16)},
+};
+#undef FA_MERGE_ENTRY
+
+} // namespace
+} // namespace merge
+} // namespace fa
+
+extern "C" int fa_merge(FaMergeParams p, FaExec *exec) {
   using namespace fa::merge;
   if (p.num_states < 0 || p.rows_outer < 0 || p.rows_inner < 0 || p.head_dim <= 0 || p.head_dim % 8 != 0)
     return FA_ERR_INVALID;
+  // 16-byte row accesses: aligned bases and element strides that keep every row start aligned.
+  const int s_bytes = p.states_dtype == FA_DTYPE_F32 ? 4 : 2;
+  const int o_bytes = p.out_dtype == FA_DTYPE_F32 ? 4 : 2;
+  if (((uintptr_t)p.o & 15u) != 0 || ((uintptr_t)p.lse & 3u) != 0) return FA_ERR_INVALID;
+  if (p.num_states > 0 && (((uintptr_t)p.o_states & 15u) != 0 || ((uintptr_t)p.lse_states & 3u) != 0))
+    return FA_ERR_INVALID;
+  const int64_t s_strides[] = {p.o_state_stride, p.o_outer_stride, p.o_inner_stride};
+  for (int64_t s : s_strides)
+    if (s < 0 || (s * s_bytes) % 16 != 0) return FA_ERR_INVALID;
+  const int64_t o_strides[] = {p.o_out_outer_stride, p.o_out_inner_stride};
+  for (int64_t s : o_strides)
+    if (s < 0 || (s * o_bytes) % 16 != 0) return FA_ERR_INVALID;
   if ((int64_t)p.rows_outer * p.rows_inner == 0) return FA_OK;
-  switch (p.states_dtype) {
-  case FA_DTYPE_F16: return dispatch_out<fa::half_t>(p, stream);
-  case FA_DTYPE_BF16: return dispatch_out<fa::bf16_t>(p, stream);
-  case FA_DTYPE_F32: return dispatch_out<float>(p, stream);
-  default: return FA_ERR_UNSUPPORTED;
-  }
+  if (p.o == nullptr || (p.num_states > 0 && (p.o_states == nullptr || p.lse_states == nullptr))) return FA_ERR_INVALID;
+  const int si = dtype_index(p.states_dtype);
+  const int oi = dtype_index(p.out_dtype);
+  if (si < 0 || oi < 0) return FA_ERR_UNSUPPORTED;
+  return launch_merge(kKernels[si][oi].kernel, kKernels[si][oi].name, p, exec);
 }
+#endif // FA_HOST_BUILD

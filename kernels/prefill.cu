@@ -177,9 +177,9 @@ FA_DEVICE void store_output(const FaPrefillParams &p, const SeqInfo &seq, int m0
   }
 }
 
-// Grid: (query tiles, Hq, B). Block: Cfg::kThreads. Dynamic smem: Cfg::kSmemBytes.
-template <class T, int kHeadDim>
-FA_GLOBAL void FA_LAUNCH_BOUNDS(TileConfig<kHeadDim>::kThreads, 1) prefill_kernel(const FaPrefillParams p) {
+// Grid: (query tiles, Hq, B). Block: Cfg::kThreads. Dynamic smem: Cfg::kSmemBytes. The kernels are the
+// FA_KERNEL instantiations below.
+template <class T, int kHeadDim> FA_DEVICE void prefill_kernel(const FaPrefillParams &p) {
   using Cfg = TileConfig<kHeadDim>;
   constexpr int kBr = Cfg::kBr;
   const Dim3 bid = block_idx();
@@ -229,40 +229,89 @@ FA_GLOBAL void FA_LAUNCH_BOUNDS(TileConfig<kHeadDim>::kThreads, 1) prefill_kerne
   store_output<T, Cfg>(p, seq, m0, cta.warp_row0, cta.sQ, o, lse);
 }
 
-template <class T, int kHeadDim> int launch_prefill(const FaPrefillParams &p, FaStream stream) {
-  using Cfg = TileConfig<kHeadDim>;
-  const int m_blocks = p.seqlen_q / Cfg::kBr + (p.seqlen_q % Cfg::kBr != 0);
-  if (m_blocks == 0 || p.batch == 0 || p.heads_q == 0) return FA_OK; // nothing to compute
-  return launch("prefill", prefill_kernel<T, kHeadDim>, Dim3{m_blocks, p.heads_q, p.batch}, Cfg::kThreads,
-                Cfg::kSmemBytes, stream, p);
-}
-
-template <class T> int launch_prefill_dtype(const FaPrefillParams &p, FaStream stream) {
-  switch (p.head_dim) {
-  case 32: return launch_prefill<T, 32>(p, stream);
-  case 64: return launch_prefill<T, 64>(p, stream);
-  case 96: return launch_prefill<T, 96>(p, stream);
-  case 128: return launch_prefill<T, 128>(p, stream);
-  case 256: return launch_prefill<T, 256>(p, stream);
-  default: return FA_ERR_UNSUPPORTED;
-  }
-}
-
 } // namespace
 } // namespace prefill
 FA_NAMESPACE_END
 
-extern "C" int FA_LAUNCHER(prefill)(FaPrefillParams p, FaStream stream) {
+// One kernel per (dtype, head dim); 4 warps, one CTA per SM at 255 registers (tile_config.cuh).
+#define FA_PREFILL_KERNEL(name, T, D)                                                                        \
+  FA_KERNEL(name, fa::prefill::TileConfig<D>::kThreads, 1, FaPrefillParams, (fa::prefill::prefill_kernel<T, D>))
+FA_PREFILL_KERNEL(fa_prefill_f16_d32, fa::half_t, 32)
+FA_PREFILL_KERNEL(fa_prefill_f16_d64, fa::half_t, 64)
+FA_PREFILL_KERNEL(fa_prefill_f16_d96, fa::half_t, 96)
+FA_PREFILL_KERNEL(fa_prefill_f16_d128, fa::half_t, 128)
+FA_PREFILL_KERNEL(fa_prefill_f16_d256, fa::half_t, 256)
+FA_PREFILL_KERNEL(fa_prefill_bf16_d32, fa::bf16_t, 32)
+FA_PREFILL_KERNEL(fa_prefill_bf16_d64, fa::bf16_t, 64)
+FA_PREFILL_KERNEL(fa_prefill_bf16_d96, fa::bf16_t, 96)
+FA_PREFILL_KERNEL(fa_prefill_bf16_d128, fa::bf16_t, 128)
+FA_PREFILL_KERNEL(fa_prefill_bf16_d256, fa::bf16_t, 256)
+
+#if defined(FA_HOST_BUILD)
+namespace fa {
+namespace prefill {
+namespace {
+
+template <int kHeadDim> int launch_prefill(void (*kernel)(FaPrefillParams), const char *name, const FaPrefillParams &p,
+                                           FaExec *exec) {
+  using Cfg = TileConfig<kHeadDim>;
+  const int m_blocks = p.seqlen_q / Cfg::kBr + (p.seqlen_q % Cfg::kBr != 0);
+  if (m_blocks == 0 || p.batch == 0 || p.heads_q == 0) return FA_OK; // nothing to compute
+  if (p.heads_q > 65535 || p.batch > 65535) return FA_ERR_INVALID;
+  return launch(name, kernel, Dim3{m_blocks, p.heads_q, p.batch}, Cfg::kThreads, Cfg::kSmemBytes, exec, p);
+}
+
+#define FA_PREFILL_CASE(D, kernel) case D: return launch_prefill<D>(kernel, #kernel, p, exec)
+int dispatch(const FaPrefillParams &p, FaExec *exec) {
+  if (p.dtype == FA_DTYPE_F16) {
+    switch (p.head_dim) {
+      FA_PREFILL_CASE(32, fa_prefill_f16_d32);
+      FA_PREFILL_CASE(64, fa_prefill_f16_d64);
+      FA_PREFILL_CASE(96, fa_prefill_f16_d96);
+      FA_PREFILL_CASE(128, fa_prefill_f16_d128);
+      FA_PREFILL_CASE(256, fa_prefill_f16_d256);
+    }
+  } else if (p.dtype == FA_DTYPE_BF16) {
+    switch (p.head_dim) {
+      FA_PREFILL_CASE(32, fa_prefill_bf16_d32);
+      FA_PREFILL_CASE(64, fa_prefill_bf16_d64);
+      FA_PREFILL_CASE(96, fa_prefill_bf16_d96);
+      FA_PREFILL_CASE(128, fa_prefill_bf16_d128);
+      FA_PREFILL_CASE(256, fa_prefill_bf16_d256);
+    }
+  }
+  return FA_ERR_UNSUPPORTED;
+}
+#undef FA_PREFILL_CASE
+
+// 16-byte alignment of a pointer and of element strides of 16-bit elements (row starts stay aligned).
+bool aligned16(const void *ptr) { return ((uintptr_t)ptr & 15u) == 0; }
+bool stride_aligned16(int64_t elements) { return elements % 8 == 0; }
+
+} // namespace
+} // namespace prefill
+} // namespace fa
+
+extern "C" int fa_prefill(FaPrefillParams p, FaExec *exec) {
+  using fa::prefill::aligned16;
+  using fa::prefill::stride_aligned16;
   // Preconditions the Rust layer validates; checked again here because they guard memory safety.
   const bool has_keys = p.cu_seqlens_k != nullptr ? p.total_k > 0 : p.seqlen_k > 0;
   if (p.q == nullptr || p.o == nullptr || (has_keys && (p.k == nullptr || p.v == nullptr))) return FA_ERR_INVALID;
   if (p.batch < 0 || p.seqlen_q < 0 || p.seqlen_k < 0 || p.heads_q < 0 || p.heads_kv <= 0) return FA_ERR_INVALID;
   if (p.heads_q % p.heads_kv != 0) return FA_ERR_INVALID;
   if ((p.cu_seqlens_q == nullptr) != (p.cu_seqlens_k == nullptr)) return FA_ERR_INVALID;
+  if (p.cu_seqlens_q != nullptr && (p.total_q < 0 || p.total_k < 0)) return FA_ERR_INVALID;
   if (!(p.scale_log2 > 0.0f)) return FA_ERR_INVALID; // the row max is taken on raw scores
-  switch (p.dtype) {
-  case FA_DTYPE_F16: return fa::prefill::launch_prefill_dtype<fa::half_t>(p, stream);
-  case FA_DTYPE_BF16: return fa::prefill::launch_prefill_dtype<fa::bf16_t>(p, stream);
-  default: return FA_ERR_UNSUPPORTED;
-  }
+  // 16-byte cp.async / stores of every row: aligned bases and row/head/batch strides.
+  if (!aligned16(p.q) || !aligned16(p.o) || !aligned16(p.k) || !aligned16(p.v)) return FA_ERR_INVALID;
+  const int64_t strides[] = {p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.k_batch_stride,
+                             p.k_row_stride, p.k_head_stride, p.v_batch_stride, p.v_row_stride,
+                             p.v_head_stride, p.o_batch_stride, p.o_row_stride, p.o_head_stride};
+  for (int64_t s : strides)
+    if (s < 0 || !stride_aligned16(s)) return FA_ERR_INVALID;
+  if (p.lse != nullptr && (((uintptr_t)p.lse & 3u) != 0 || p.lse_batch_stride < 0 || p.lse_head_stride < 0))
+    return FA_ERR_INVALID;
+  return fa::prefill::dispatch(p, exec);
 }
+#endif // FA_HOST_BUILD

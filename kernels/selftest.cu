@@ -1,7 +1,8 @@
 // Self-test kernels for the intrinsics layer and the host emulator (tests/emulator.rs drives them).
 //
-// The same source builds for the GPU (fa_gpu_selftest_*) and for the emulator (fa_emu_selftest_*), so a GPU
-// run can later confirm that the emulator's answers are the hardware's. Each kernel isolates one piece of
+// The same source builds for the GPU (fatbin) and for the emulator (host build), and the launchers record or
+// emulate like the ops' (abi.h, FaExec), so a GPU run can confirm that the emulator's answers are the
+// hardware's. Each kernel isolates one piece of
 // the vocabulary (fragment layouts, shuffles, cp.async groups, atomics, barriers), plants one bug the
 // emulator must report, or, for the GEMM, uses all of it together the way the attention kernels do.
 #include "fa/intrinsics.cuh"
@@ -17,7 +18,7 @@ struct alignas(16) U32x4 {
 
 // ------------------------------------------------------------------------------------- single intrinsics
 
-FA_GLOBAL void selftest_mma_kernel(FaSelftestMmaParams p) {
+FA_DEVICE void selftest_mma_kernel(const FaSelftestMmaParams &p) {
   const int lane = lane_id();
   uint32_t a[4], b[2];
   float d[4];
@@ -37,7 +38,7 @@ FA_GLOBAL void selftest_mma_kernel(FaSelftestMmaParams p) {
   for (int i = 0; i < 4; ++i) st_global(p.d + 4 * lane + i, d[i]);
 }
 
-FA_GLOBAL void selftest_ldmatrix_kernel(FaSelftestLdmatrixParams p) {
+FA_DEVICE void selftest_ldmatrix_kernel(const FaSelftestLdmatrixParams &p) {
   U32x4 *smem = dynamic_smem<U32x4>();
   const int lane = lane_id();
   for (int r = lane; r < p.rows; r += kWarpSize) {
@@ -78,7 +79,7 @@ FA_GLOBAL void selftest_ldmatrix_kernel(FaSelftestLdmatrixParams p) {
   }
 }
 
-FA_GLOBAL void selftest_warp_kernel(FaSelftestWarpParams p) {
+FA_DEVICE void selftest_warp_kernel(const FaSelftestWarpParams &p) {
   const int lane = lane_id();
   const uint32_t v = ld_global(p.values + lane);
   const int operand = ld_global(p.operands + lane);
@@ -103,7 +104,7 @@ FA_GLOBAL void selftest_warp_kernel(FaSelftestWarpParams p) {
 
 constexpr int kCpAsyncThreads = 64;
 
-FA_GLOBAL void selftest_cp_async_kernel(FaSelftestCpAsyncParams p) {
+FA_DEVICE void selftest_cp_async_kernel(const FaSelftestCpAsyncParams &p) {
   U32x4 *smem = dynamic_smem<U32x4>();
   const U32x4 *src = reinterpret_cast<const U32x4 *>(p.src);
   U32x4 *out = reinterpret_cast<U32x4 *>(p.out);
@@ -130,13 +131,13 @@ FA_GLOBAL void selftest_cp_async_kernel(FaSelftestCpAsyncParams p) {
 
 constexpr int kBlock128 = 128;
 
-FA_GLOBAL void selftest_atomic_kernel(FaSelftestAtomicParams p) {
+FA_DEVICE void selftest_atomic_kernel(const FaSelftestAtomicParams &p) {
   const int i = block_idx().x * block_dim() + thread_idx();
   st_global(p.olds + i, atomic_add(p.counter, 1));
   atomic_add(p.sum, ld_global(p.addends + i));
 }
 
-FA_GLOBAL void selftest_barrier_kernel(FaSelftestBarrierParams p) {
+FA_DEVICE void selftest_barrier_kernel(const FaSelftestBarrierParams &p) {
   int *smem = dynamic_smem<int>();
   const int t = thread_idx(), warp = warp_id();
   if (p.mode == FA_SELFTEST_BARRIER_BLOCK) {
@@ -166,7 +167,7 @@ FA_GLOBAL void selftest_barrier_kernel(FaSelftestBarrierParams p) {
 
 constexpr int kBugElems = 512;
 
-FA_GLOBAL void bug_missing_syncthreads_kernel(FaSelftestBugParams p) {
+FA_DEVICE void bug_missing_syncthreads_kernel(const FaSelftestBugParams &p) {
   float *smem = dynamic_smem<float>();
   const int t = thread_idx();
   st_shared(smem + t, 2.0f * ld_global(p.input + t));
@@ -174,12 +175,12 @@ FA_GLOBAL void bug_missing_syncthreads_kernel(FaSelftestBugParams p) {
   st_global(p.out + t, ld_shared(smem + (t + 32) % kBlock128)); // another warp's element
 }
 
-FA_GLOBAL void bug_oob_write_kernel(FaSelftestBugParams p) {
+FA_DEVICE void bug_oob_write_kernel(const FaSelftestBugParams &p) {
   const int n = kBugElems + (p.planted ? 1 : 0);
   for (int i = thread_idx(); i < n; i += kBlock128) st_global(p.out + i, ld_global(p.input + (i % kBugElems)));
 }
 
-FA_GLOBAL void bug_missing_cp_async_wait_kernel(FaSelftestBugParams p) {
+FA_DEVICE void bug_missing_cp_async_wait_kernel(const FaSelftestBugParams &p) {
   U32x4 *smem = dynamic_smem<U32x4>();
   const int t = thread_idx();
   cp_async_cg_16(smem + t, reinterpret_cast<const U32x4 *>(p.input) + t, true);
@@ -189,21 +190,21 @@ FA_GLOBAL void bug_missing_cp_async_wait_kernel(FaSelftestBugParams p) {
   st_global(reinterpret_cast<U32x4 *>(p.out) + t, ld_shared(smem + (t + 32) % kBlock128));
 }
 
-FA_GLOBAL void bug_divergent_barrier_kernel(FaSelftestBugParams p) {
+FA_DEVICE void bug_divergent_barrier_kernel(const FaSelftestBugParams &p) {
   const int t = thread_idx();
   st_global(p.out + t, ld_global(p.input + t));
   if (!p.planted || lane_id() < 16) sync_threads();
   st_global(p.out + t + kBlock128, ld_global(p.input + t + kBlock128));
 }
 
-FA_GLOBAL void bug_deadlock_kernel(FaSelftestBugParams p) {
+FA_DEVICE void bug_deadlock_kernel(const FaSelftestBugParams &p) {
   const int t = thread_idx();
   // A barrier of 32 threads completes with warp 0 alone; of 64 it waits for a second warp forever.
   if (warp_id() == 0) named_barrier_sync(1, p.planted ? 64 : 32);
   st_global(p.out + t, ld_global(p.input + t));
 }
 
-FA_GLOBAL void bug_misaligned_kernel(FaSelftestBugParams p) {
+FA_DEVICE void bug_misaligned_kernel(const FaSelftestBugParams &p) {
   const int t = thread_idx();
   if (t >= kBlock128 - 1) return; // the misaligned variant reads 4 bytes further; keep both in bounds
   const char *base = reinterpret_cast<const char *>(p.input) + (p.planted ? 4 : 0);
@@ -211,26 +212,26 @@ FA_GLOBAL void bug_misaligned_kernel(FaSelftestBugParams p) {
 }
 
 // Bypasses the checked intrinsics on purpose: only the host's own fault (turned into a report) can see it.
-FA_GLOBAL void bug_raw_pointer_kernel(FaSelftestBugParams p) {
+FA_DEVICE void bug_raw_pointer_kernel(const FaSelftestBugParams &p) {
   const int t = thread_idx();
   const float *src = reinterpret_cast<const float *>(p.planted ? (uintptr_t)0 : (uintptr_t)p.input);
   st_global(p.out + t, *static_cast<volatile const float *>(src + t));
 }
 
-FA_GLOBAL void bug_div_by_zero_kernel(FaSelftestBugParams p) {
+FA_DEVICE void bug_div_by_zero_kernel(const FaSelftestBugParams &p) {
   const int t = thread_idx();
   const int divisor = p.planted ? (int)ld_global(p.input) - 1 : 1; // input[0] == 1.0
   st_global(p.out + t, ld_global(p.input + t / divisor));
 }
 
-FA_GLOBAL void bug_store_to_input_kernel(FaSelftestBugParams p) {
+FA_DEVICE void bug_store_to_input_kernel(const FaSelftestBugParams &p) {
   const int t = thread_idx();
   float *dst = p.planted ? const_cast<float *>(p.input) : p.out;
   st_global(dst + t, ld_global(p.input + t));
   if (p.planted) st_global(p.out + t, ld_global(p.input + t));
 }
 
-FA_GLOBAL void bug_shared_oob_kernel(FaSelftestBugParams p) {
+FA_DEVICE void bug_shared_oob_kernel(const FaSelftestBugParams &p) {
   float *smem = dynamic_smem<float>(); // 2048 bytes: 512 floats
   const int t = thread_idx();
   const int slot = (p.planted && t == 0) ? 4 * kBlock128 : 4 * t;
@@ -239,7 +240,7 @@ FA_GLOBAL void bug_shared_oob_kernel(FaSelftestBugParams p) {
   st_global(p.out + t, ld_shared(smem + 4 * t));
 }
 
-FA_GLOBAL void bug_global_as_shared_kernel(FaSelftestBugParams p) {
+FA_DEVICE void bug_global_as_shared_kernel(const FaSelftestBugParams &p) {
   float *smem = dynamic_smem<float>();
   const int t = thread_idx();
   st_shared(smem + t, ld_global(p.input + t));
@@ -248,7 +249,7 @@ FA_GLOBAL void bug_global_as_shared_kernel(FaSelftestBugParams p) {
 }
 
 // Inter-block signalling: blocks never run at the same time in the emulator, so the wait must be reported.
-FA_GLOBAL void bug_spin_wait_kernel(FaSelftestBugParams p) {
+FA_DEVICE void bug_spin_wait_kernel(const FaSelftestBugParams &p) {
   const int t = thread_idx();
   if (p.planted && t == 0) {
     while (ld_global(p.input) != 2.0f) { // input[0] is 1.0; "another block" would set it
@@ -267,7 +268,7 @@ int recurse_with_large_locals(const float *in, int depth, int limit) {
   return recurse_with_large_locals(in, depth + 1, limit) + (int)locals[depth % 4096] - depth;
 }
 
-FA_GLOBAL void bug_stack_overflow_kernel(FaSelftestBugParams p) {
+FA_DEVICE void bug_stack_overflow_kernel(const FaSelftestBugParams &p) {
   const int t = thread_idx();
   const int zero = recurse_with_large_locals(p.input, 0, p.planted ? 1000 : 4);
   st_global(p.out + t, ld_global(p.input + t + zero));
@@ -318,7 +319,7 @@ FA_DEVICE void gemm_load_stage(const FaSelftestGemmParams &p, T *stage, int m0, 
   }
 }
 
-template <class T> FA_GLOBAL void FA_LAUNCH_BOUNDS(kGemmThreads, 1) selftest_gemm_kernel(FaSelftestGemmParams p) {
+template <class T> FA_DEVICE void selftest_gemm_kernel(const FaSelftestGemmParams &p) {
   T *smem = dynamic_smem<T>();
   const int lane = lane_id(), warp = warp_id();
   const int m0 = block_idx().y * kBM, n0 = block_idx().x * kBN;
@@ -395,7 +396,7 @@ template <class T> FA_GLOBAL void FA_LAUNCH_BOUNDS(kGemmThreads, 1) selftest_gem
 
 // ----------------------------------------------------------------------------------------- microbenchmark
 
-FA_GLOBAL void selftest_bench_kernel(FaSelftestBenchParams p) {
+FA_DEVICE void selftest_bench_kernel(const FaSelftestBenchParams &p) {
   U32x4 *smem = dynamic_smem<U32x4>();
   const int t = thread_idx(), lane = lane_id();
   uint32_t v = (uint32_t)t;
@@ -429,104 +430,126 @@ FA_GLOBAL void selftest_bench_kernel(FaSelftestBenchParams p) {
 } // namespace
 FA_NAMESPACE_END
 
-// ------------------------------------------------------------------------------------------------ launchers
+// ------------------------------------------------------------------------------------------------- kernels
 
+FA_KERNEL(fa_selftest_mma_kernel, 32, 1, FaSelftestMmaParams, fa::selftest_mma_kernel)
+FA_KERNEL(fa_selftest_ldmatrix_kernel, 32, 1, FaSelftestLdmatrixParams, fa::selftest_ldmatrix_kernel)
+FA_KERNEL(fa_selftest_warp_kernel, 32, 1, FaSelftestWarpParams, fa::selftest_warp_kernel)
+FA_KERNEL(fa_selftest_cp_async_kernel, fa::kCpAsyncThreads, 1, FaSelftestCpAsyncParams, fa::selftest_cp_async_kernel)
+FA_KERNEL(fa_selftest_atomic_kernel, fa::kBlock128, 1, FaSelftestAtomicParams, fa::selftest_atomic_kernel)
+FA_KERNEL(fa_selftest_barrier_kernel, fa::kBlock128, 1, FaSelftestBarrierParams, fa::selftest_barrier_kernel)
+FA_KERNEL(fa_bug_missing_syncthreads, fa::kBlock128, 1, FaSelftestBugParams, fa::bug_missing_syncthreads_kernel)
+FA_KERNEL(fa_bug_oob_write, fa::kBlock128, 1, FaSelftestBugParams, fa::bug_oob_write_kernel)
+FA_KERNEL(fa_bug_missing_cp_async_wait, fa::kBlock128, 1, FaSelftestBugParams, fa::bug_missing_cp_async_wait_kernel)
+FA_KERNEL(fa_bug_divergent_barrier, fa::kBlock128, 1, FaSelftestBugParams, fa::bug_divergent_barrier_kernel)
+FA_KERNEL(fa_bug_deadlock, fa::kBlock128, 1, FaSelftestBugParams, fa::bug_deadlock_kernel)
+FA_KERNEL(fa_bug_misaligned, fa::kBlock128, 1, FaSelftestBugParams, fa::bug_misaligned_kernel)
+FA_KERNEL(fa_bug_raw_pointer, fa::kBlock128, 1, FaSelftestBugParams, fa::bug_raw_pointer_kernel)
+FA_KERNEL(fa_bug_div_by_zero, fa::kBlock128, 1, FaSelftestBugParams, fa::bug_div_by_zero_kernel)
+FA_KERNEL(fa_bug_store_to_input, fa::kBlock128, 1, FaSelftestBugParams, fa::bug_store_to_input_kernel)
+FA_KERNEL(fa_bug_shared_oob, fa::kBlock128, 1, FaSelftestBugParams, fa::bug_shared_oob_kernel)
+FA_KERNEL(fa_bug_global_as_shared, fa::kBlock128, 1, FaSelftestBugParams, fa::bug_global_as_shared_kernel)
+FA_KERNEL(fa_bug_spin_wait, fa::kBlock128, 1, FaSelftestBugParams, fa::bug_spin_wait_kernel)
+#if defined(FA_HOST_BUILD) // needs a stack frame, which the GPU build rejects
+FA_KERNEL(fa_bug_stack_overflow, fa::kBlock128, 1, FaSelftestBugParams, fa::bug_stack_overflow_kernel)
+#endif
+FA_KERNEL(fa_selftest_bench_kernel, fa::kBlock128, 1, FaSelftestBenchParams, fa::selftest_bench_kernel)
+FA_KERNEL(fa_selftest_gemm_f16, fa::kGemmThreads, 1, FaSelftestGemmParams, fa::selftest_gemm_kernel<fa::half_t>)
+FA_KERNEL(fa_selftest_gemm_bf16, fa::kGemmThreads, 1, FaSelftestGemmParams, fa::selftest_gemm_kernel<fa::bf16_t>)
+
+// ------------------------------------------------------------------------------------------------ launchers
+#if defined(FA_HOST_BUILD)
 using namespace fa;
 
-extern "C" int FA_LAUNCHER(selftest_mma)(FaSelftestMmaParams p, FaStream stream) {
+extern "C" int fa_selftest_mma(FaSelftestMmaParams p, FaExec *exec) {
   if (p.dtype != FA_DTYPE_F16 && p.dtype != FA_DTYPE_BF16) return FA_ERR_INVALID;
-  return launch("selftest_mma", selftest_mma_kernel, Dim3{}, kWarpSize, 0, stream, p);
+  return FA_LAUNCH(fa_selftest_mma_kernel, Dim3{}, kWarpSize, 0, exec, p);
 }
 
-extern "C" int FA_LAUNCHER(selftest_ldmatrix)(FaSelftestLdmatrixParams p, FaStream stream) {
+extern "C" int fa_selftest_ldmatrix(FaSelftestLdmatrixParams p, FaExec *exec) {
   if (p.rows < 1 || p.rows > 64 || (p.count != 1 && p.count != 2 && p.count != 4)) return FA_ERR_INVALID;
-  return launch("selftest_ldmatrix", selftest_ldmatrix_kernel, Dim3{}, kWarpSize, p.rows * 16, stream, p);
+  return FA_LAUNCH(fa_selftest_ldmatrix_kernel, Dim3{}, kWarpSize, p.rows * 16, exec, p);
 }
 
-extern "C" int FA_LAUNCHER(selftest_warp)(FaSelftestWarpParams p, FaStream stream) {
+extern "C" int fa_selftest_warp(FaSelftestWarpParams p, FaExec *exec) {
   if (p.op < FA_SELFTEST_SHFL_XOR || p.op > FA_SELFTEST_EXP2) return FA_ERR_INVALID;
-  return launch("selftest_warp", selftest_warp_kernel, Dim3{}, kWarpSize, 0, stream, p);
+  return FA_LAUNCH(fa_selftest_warp_kernel, Dim3{}, kWarpSize, 0, exec, p);
 }
 
-extern "C" int FA_LAUNCHER(selftest_cp_async)(FaSelftestCpAsyncParams p, FaStream stream) {
+extern "C" int fa_selftest_cp_async(FaSelftestCpAsyncParams p, FaExec *exec) {
   if (p.groups < 1 || p.groups > 4 || p.wait_pending < 0 || p.wait_pending > 3 || p.read_groups < 0 ||
       p.read_groups > p.groups) {
     return FA_ERR_INVALID;
   }
-  return launch("selftest_cp_async", selftest_cp_async_kernel, Dim3{}, kCpAsyncThreads,
-                p.groups * kCpAsyncThreads * 16, stream, p);
+  return FA_LAUNCH(fa_selftest_cp_async_kernel, Dim3{}, kCpAsyncThreads,
+                p.groups * kCpAsyncThreads * 16, exec, p);
 }
 
-extern "C" int FA_LAUNCHER(selftest_atomic)(FaSelftestAtomicParams p, FaStream stream) {
+extern "C" int fa_selftest_atomic(FaSelftestAtomicParams p, FaExec *exec) {
   if (p.blocks < 1) return FA_ERR_INVALID;
-  return launch("selftest_atomic", selftest_atomic_kernel, Dim3{p.blocks, 1, 1}, kBlock128, 0, stream, p);
+  return FA_LAUNCH(fa_selftest_atomic_kernel, Dim3{p.blocks, 1, 1}, kBlock128, 0, exec, p);
 }
 
-extern "C" int FA_LAUNCHER(selftest_barrier)(FaSelftestBarrierParams p, FaStream stream) {
+extern "C" int fa_selftest_barrier(FaSelftestBarrierParams p, FaExec *exec) {
   if (p.mode < FA_SELFTEST_BARRIER_PAIRS || p.mode > FA_SELFTEST_BARRIER_MISMATCH) return FA_ERR_INVALID;
-  return launch("selftest_barrier", selftest_barrier_kernel, Dim3{}, kBlock128, kBlock128 * 4, stream, p);
+  return FA_LAUNCH(fa_selftest_barrier_kernel, Dim3{}, kBlock128, kBlock128 * 4, exec, p);
 }
 
-extern "C" int FA_LAUNCHER(selftest_bug)(FaSelftestBugParams p, FaStream stream) {
-#if defined(FA_EMULATION)
-  emu::ScopedRaceDetection race_detection(p.race_detection != 0);
-#else
+extern "C" int fa_selftest_bug(FaSelftestBugParams p, FaExec *exec) {
   // On hardware a planted bug is a real fault: a hang (deadlock, spin wait) or a sticky error that kills the
   // context for every later launch. Only the correct twins run on the GPU.
-  if (p.planted) return FA_ERR_UNSUPPORTED;
-#endif
+  if (recording_for_gpu(exec) && p.planted) return FA_ERR_UNSUPPORTED;
+  emu::ScopedRaceDetection race_detection(p.race_detection != 0);
   const int smem = kBlock128 * 16;
   switch (p.bug) {
   case FA_SELFTEST_BUG_MISSING_SYNCTHREADS:
-    return launch("bug_missing_syncthreads", bug_missing_syncthreads_kernel, Dim3{}, kBlock128, smem, stream, p);
+    return FA_LAUNCH(fa_bug_missing_syncthreads, Dim3{}, kBlock128, smem, exec, p);
   case FA_SELFTEST_BUG_OOB_WRITE:
-    return launch("bug_oob_write", bug_oob_write_kernel, Dim3{}, kBlock128, smem, stream, p);
+    return FA_LAUNCH(fa_bug_oob_write, Dim3{}, kBlock128, smem, exec, p);
   case FA_SELFTEST_BUG_MISSING_CP_ASYNC_WAIT:
-    return launch("bug_missing_cp_async_wait", bug_missing_cp_async_wait_kernel, Dim3{}, kBlock128, smem, stream, p);
+    return FA_LAUNCH(fa_bug_missing_cp_async_wait, Dim3{}, kBlock128, smem, exec, p);
   case FA_SELFTEST_BUG_DIVERGENT_BARRIER:
-    return launch("bug_divergent_barrier", bug_divergent_barrier_kernel, Dim3{}, kBlock128, smem, stream, p);
+    return FA_LAUNCH(fa_bug_divergent_barrier, Dim3{}, kBlock128, smem, exec, p);
   case FA_SELFTEST_BUG_DEADLOCK:
-    return launch("bug_deadlock", bug_deadlock_kernel, Dim3{}, kBlock128, smem, stream, p);
+    return FA_LAUNCH(fa_bug_deadlock, Dim3{}, kBlock128, smem, exec, p);
   case FA_SELFTEST_BUG_MISALIGNED_16:
-    return launch("bug_misaligned_16", bug_misaligned_kernel, Dim3{}, kBlock128, smem, stream, p);
+    return FA_LAUNCH(fa_bug_misaligned, Dim3{}, kBlock128, smem, exec, p);
   case FA_SELFTEST_BUG_RAW_POINTER:
-    return launch("bug_raw_pointer", bug_raw_pointer_kernel, Dim3{}, kBlock128, smem, stream, p);
+    return FA_LAUNCH(fa_bug_raw_pointer, Dim3{}, kBlock128, smem, exec, p);
   case FA_SELFTEST_BUG_DIV_BY_ZERO:
-    return launch("bug_div_by_zero", bug_div_by_zero_kernel, Dim3{}, kBlock128, smem, stream, p);
+    return FA_LAUNCH(fa_bug_div_by_zero, Dim3{}, kBlock128, smem, exec, p);
   case FA_SELFTEST_BUG_STORE_TO_INPUT:
-    return launch("bug_store_to_input", bug_store_to_input_kernel, Dim3{}, kBlock128, smem, stream, p);
+    return FA_LAUNCH(fa_bug_store_to_input, Dim3{}, kBlock128, smem, exec, p);
   case FA_SELFTEST_BUG_SHARED_OOB:
-    return launch("bug_shared_oob", bug_shared_oob_kernel, Dim3{}, kBlock128, smem, stream, p);
+    return FA_LAUNCH(fa_bug_shared_oob, Dim3{}, kBlock128, smem, exec, p);
   case FA_SELFTEST_BUG_GLOBAL_AS_SHARED:
-    return launch("bug_global_as_shared", bug_global_as_shared_kernel, Dim3{}, kBlock128, smem, stream, p);
+    return FA_LAUNCH(fa_bug_global_as_shared, Dim3{}, kBlock128, smem, exec, p);
   case FA_SELFTEST_BUG_SPIN_WAIT:
-    return launch("bug_spin_wait", bug_spin_wait_kernel, Dim3{}, kBlock128, smem, stream, p);
+    return FA_LAUNCH(fa_bug_spin_wait, Dim3{}, kBlock128, smem, exec, p);
   case FA_SELFTEST_BUG_STACK_OVERFLOW:
-#if defined(FA_EMULATION)
-    return launch("bug_stack_overflow", bug_stack_overflow_kernel, Dim3{}, kBlock128, smem, stream, p);
-#else
-    return FA_ERR_UNSUPPORTED;
-#endif
+    if (recording_for_gpu(exec)) return FA_ERR_UNSUPPORTED; // emulator-only kernel (no fatbin entry)
+    return FA_LAUNCH(fa_bug_stack_overflow, Dim3{}, kBlock128, smem, exec, p);
   default: return FA_ERR_INVALID;
   }
 }
 
-extern "C" int FA_LAUNCHER(selftest_gemm)(FaSelftestGemmParams p, FaStream stream) {
+extern "C" int fa_selftest_gemm(FaSelftestGemmParams p, FaExec *exec) {
   if (p.m < 1 || p.n < 8 || p.n % 8 != 0 || p.k < kBK || p.k % kBK != 0) return FA_ERR_INVALID;
   if (p.bug < FA_SELFTEST_GEMM_CORRECT || p.bug > FA_SELFTEST_GEMM_NO_WAIT) return FA_ERR_INVALID;
   const Dim3 grid{(p.n + kBN - 1) / kBN, (p.m + kBM - 1) / kBM, 1};
   if (p.dtype == FA_DTYPE_F16) {
-    return launch("selftest_gemm<f16>", selftest_gemm_kernel<half_t>, grid, kGemmThreads, kGemmSmemBytes, stream, p);
+    return FA_LAUNCH(fa_selftest_gemm_f16, grid, kGemmThreads, kGemmSmemBytes, exec, p);
   }
   if (p.dtype == FA_DTYPE_BF16) {
-    return launch("selftest_gemm<bf16>", selftest_gemm_kernel<bf16_t>, grid, kGemmThreads, kGemmSmemBytes, stream, p);
+    return FA_LAUNCH(fa_selftest_gemm_bf16, grid, kGemmThreads, kGemmSmemBytes, exec, p);
   }
   return FA_ERR_INVALID;
 }
 
-extern "C" int FA_LAUNCHER(selftest_bench)(FaSelftestBenchParams p, FaStream stream) {
+extern "C" int fa_selftest_bench(FaSelftestBenchParams p, FaExec *exec) {
   if (p.blocks < 1 || p.iters < 0 || p.op < FA_SELFTEST_BENCH_SHFL || p.op > FA_SELFTEST_BENCH_SHARED_STORE_LOAD) {
     return FA_ERR_INVALID;
   }
-  return launch("selftest_bench", selftest_bench_kernel, Dim3{p.blocks, 1, 1}, kBlock128, kBlock128 * 16, stream, p);
+  return FA_LAUNCH(fa_selftest_bench_kernel, Dim3{p.blocks, 1, 1}, kBlock128, kBlock128 * 16, exec, p);
 }
+#endif // FA_HOST_BUILD

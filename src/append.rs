@@ -77,5 +77,5 @@ pub fn append<T: Element>(
         head_dim: to_i32("head_dim", g.head_dim)?,
         dtype: T::DTYPE.abi(),
     };
-    launch.run("paged_append", params, sys::fa_gpu_append, sys::fa_emu_append)
+    launch.run("paged_append", params, sys::fa_append)
 }

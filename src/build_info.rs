@@ -1,8 +1,24 @@
 //! Facts about how this copy of the crate was built (set by build.rs).
 
-/// `ptxas -v` output for every kernel, with a per-kernel summary (target/<profile>/ptxas-report.txt).
+/// `ptxas -v` output for every kernel, with a per-kernel summary (target/<profile>/ptxas-report.txt); says
+/// why when no GPU kernels were built.
 pub const PTXAS_REPORT: &str = env!("FA_PTXAS_REPORT");
-/// The static GPU kernel library that was linked in.
-pub const GPU_LIBRARY: &str = env!("FA_GPU_LIB");
-/// The SASS architectures compiled (FA_CUDA_ARCHS at build time, e.g. "80,86,89,90a").
+/// Directory of the fatbins embedded in the crate (`<op>.fatbin`, one per kernels/*.cu), for SASS checks.
+pub const FATBIN_DIR: &str = env!("FA_FATBIN_DIR");
+/// The SASS architectures compiled (FA_CUDA_ARCHS at build time, e.g. "80,86,89,90a"); empty without kernels.
 pub const CUDA_ARCHS: &str = env!("FA_CUDA_ARCHS");
+/// The CUDA toolkit version the kernels were built with ("13.0"); empty without kernels.
+pub const CUDA_VERSION: &str = env!("FA_CUDA_VERSION");
+
+/// Whether this build has GPU kernels (the `cuda` feature, with nvcc found at build time).
+pub fn has_gpu_kernels() -> bool {
+    crate::kernels::available()
+}
+
+/// Paths of the embedded fatbins.
+pub fn fatbins() -> Vec<std::path::PathBuf> {
+    crate::kernels::FATBINS
+        .iter()
+        .map(|(name, _)| std::path::Path::new(FATBIN_DIR).join(format!("{name}.fatbin")))
+        .collect()
+}

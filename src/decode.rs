@@ -2,8 +2,12 @@
 //! split-KV (flash-decoding) planned on the host ([`crate::plan`]) and the fp32 partials combined by the
 //! merge kernel on the same stream. Kernel: kernels/decode.cu.
 //!
-//! Nothing on the launch path allocates: the split workspace is a [`DecodeWorkspace`] created once (sized
-//! for the largest plan the caller will run) and reused across calls and layers.
+//! Nothing on the launch path allocates: the split workspace is a [`DecodeWorkspace`] created once and reused
+//! across calls and layers. Create it for a plan ([`DecodeWorkspace::for_plan`] or
+//! [`DecodeWorkspace::for_limits`]) and every call follows that one plan: results are then bitwise
+//! independent of what else is batched, and CUDA-graph replays stay correct as seq_lens grow within the
+//! plan's max_seq_len. A workspace made by [`DecodeWorkspace::with_capacity`] instead plans each call from
+//! its own shape (convenient, but the split geometry then depends on the batch).
 
 pub mod cases;
 
@@ -11,7 +15,7 @@ use cudarc::driver::CudaSlice;
 
 use crate::device::Stream;
 use crate::dtype::Element;
-use crate::error::{to_i32, Error, Result};
+use crate::error::{to_i32, Error, ErrorKind, Result};
 use crate::launch::Launch;
 use crate::paged::{abi_cache, PagedKvCache};
 use crate::plan::{DecodePlan, DecodeProblem};
@@ -36,6 +40,7 @@ pub struct DecodeOptions {
 
 enum Buffer {
     Gpu(CudaSlice<f32>),
+    Device { ptr: u64, len: usize },
     Host(Vec<f32>),
 }
 
@@ -45,43 +50,91 @@ impl Buffer {
             // Allocated and zeroed on the caller's stream (stream-ordered, no synchronisation); cudarc frees
             // it on that stream too, after the work enqueued before the drop.
             Stream::Gpu(s) => Buffer::Gpu(s.alloc_zeros::<f32>(len.max(1))?),
+            Stream::Raw(_) => {
+                return Err(Error::new(
+                    ErrorKind::Usage,
+                    "a raw stream's decode workspace is the caller's memory: use DecodeWorkspace::from_device_ptrs",
+                ))
+            }
             Stream::Emu(_) => Buffer::Host(vec![0.0; len]),
         })
     }
     fn len(&self) -> usize {
         match self {
             Buffer::Gpu(s) => s.len(),
+            Buffer::Device { len, .. } => *len,
             Buffer::Host(v) => v.len(),
         }
     }
     fn view(&mut self, len: usize) -> Result<TensorViewMut<'_, f32, 1>> {
         match self {
             Buffer::Gpu(s) => TensorViewMut::gpu(s.slice_mut(0..len), [len]),
+            // SAFETY: the memory's contract was accepted by DecodeWorkspace::from_device_ptrs.
+            Buffer::Device { ptr, .. } => unsafe { TensorViewMut::from_device_ptr(*ptr, len, [len]) },
             Buffer::Host(v) => TensorViewMut::host(&mut v[..len], [len]),
         }
     }
 }
 
-/// The reusable split-KV workspace (fp32 partial O and LSE) plus the SM count plans are made for. Create
-/// it once, outside the decode loop, with room for the largest plan ([`DecodeWorkspace::with_capacity`]).
+/// The reusable split-KV workspace (fp32 partial O and LSE), the SM count plans are made for, and optionally
+/// the one plan every call follows. Create it once, outside the decode loop.
 pub struct DecodeWorkspace {
     partial_o: Buffer,
     partial_lse: Buffer,
     sm_count: usize,
+    plan: Option<DecodePlan>,
+}
+
+fn stream_sm_count(stream: &Stream<'_>) -> Result<usize> {
+    match stream {
+        Stream::Gpu(s) => crate::device::sm_count(s.context()),
+        Stream::Raw(r) => r.sm_count(),
+        Stream::Emu(_) => Ok(EMULATOR_SM_COUNT),
+    }
 }
 
 impl DecodeWorkspace {
-    /// A workspace of `partial_o_len` / `partial_lse_len` fp32 elements on `stream`'s backend.
+    /// A workspace of `partial_o_len` / `partial_lse_len` fp32 elements on `stream`'s backend that plans
+    /// every call from its own shape.
     pub fn new(stream: &Stream<'_>, partial_o_len: usize, partial_lse_len: usize) -> Result<Self> {
-        let sm_count = match stream {
-            Stream::Gpu(s) => crate::device::sm_count(s.context())?,
-            Stream::Emu(_) => EMULATOR_SM_COUNT,
-        };
         Ok(Self {
             partial_o: Buffer::new(stream, partial_o_len)?,
             partial_lse: Buffer::new(stream, partial_lse_len)?,
-            sm_count,
+            sm_count: stream_sm_count(stream)?,
+            plan: None,
         })
+    }
+
+    /// A workspace in the caller's device memory (for [`Stream::Raw`] users with their own allocator),
+    /// pinned to `plan`. Needs `plan.partial_o_len` / `plan.partial_lse_len` fp32 elements.
+    ///
+    /// # Safety
+    /// The two ranges must be device memory of the launches' context, not used by anyone else while decode
+    /// work using this workspace may be in flight (see [`TensorViewMut::from_device_ptr`]).
+    pub unsafe fn from_device_ptrs(
+        partial_o: (u64, usize),
+        partial_lse: (u64, usize),
+        plan: &DecodePlan,
+        sm_count: usize,
+    ) -> Result<Self> {
+        let ws = Self {
+            partial_o: Buffer::Device { ptr: partial_o.0, len: partial_o.1 },
+            partial_lse: Buffer::Device { ptr: partial_lse.0, len: partial_lse.1 },
+            sm_count,
+            plan: Some(*plan),
+        };
+        ws.check_fits(plan)?;
+        Ok(ws)
+    }
+
+    /// A workspace pinned to the plan the planner makes for these limits (`limits.batch` the largest
+    /// batch, `limits.max_seq_len` the longest context; `forced_splits` as in [`DecodePlan::new`]). Its
+    /// size is at most `planned_splits · B · Hq · (D + 1)` fp32 elements, where the planner never plans
+    /// more than [`crate::plan::MAX_PLANNED_SPLITS`] splits (nor more than max_seq_len / 256), and none
+    /// when one split already fills the GPU. Every call follows this plan.
+    pub fn for_limits(stream: &Stream<'_>, limits: &DecodeProblem, forced_splits: Option<usize>) -> Result<Self> {
+        let plan = DecodePlan::new(limits, stream_sm_count(stream)?, forced_splits)?;
+        Self::for_plan(stream, &plan)
     }
 
     /// Room for any plan over at most `max_batch` sequences of `heads_q` heads of `head_dim` with at most
@@ -101,9 +154,11 @@ impl DecodeWorkspace {
         Self::new(stream, o, lse)
     }
 
-    /// Exactly the room `plan` needs.
+    /// Exactly the room `plan` needs, pinned to `plan`: every call follows it (and must fit its limits).
     pub fn for_plan(stream: &Stream<'_>, plan: &DecodePlan) -> Result<Self> {
-        Self::new(stream, plan.partial_o_len, plan.partial_lse_len)
+        let mut ws = Self::new(stream, plan.partial_o_len, plan.partial_lse_len)?;
+        ws.plan = Some(*plan);
+        Ok(ws)
     }
 
     /// The SM count plans are made for (the device's, or [`EMULATOR_SM_COUNT`]).
@@ -111,9 +166,27 @@ impl DecodeWorkspace {
         self.sm_count
     }
 
-    /// The plan a decode of `problem` with `opts` follows.
+    /// The pinned plan, if any.
+    pub fn pinned_plan(&self) -> Option<&DecodePlan> {
+        self.plan.as_ref()
+    }
+
+    /// The plan a decode of `problem` with `opts` follows: the pinned plan (checked to cover the call; a
+    /// forced split count in `opts` must then match it), else one made for this call.
     pub fn plan(&self, problem: &DecodeProblem, opts: &DecodeOptions) -> Result<DecodePlan> {
-        DecodePlan::new(problem, self.sm_count, opts.num_splits)
+        match &self.plan {
+            Some(plan) => {
+                plan.check_covers(problem)?;
+                if opts.num_splits.is_some_and(|n| n != plan.num_splits) {
+                    return Err(Error::shape(
+                        "num_splits",
+                        format!("{:?} differs from the workspace's pinned plan ({})", opts.num_splits, plan.num_splits),
+                    ));
+                }
+                Ok(*plan)
+            }
+            None => DecodePlan::new(problem, self.sm_count, opts.num_splits),
+        }
     }
 
     fn check_fits(&self, plan: &DecodePlan) -> Result<()> {
@@ -197,8 +270,10 @@ pub fn decode<T: Element>(
         return Ok(plan);
     }
     let split = plan.num_splits > 1;
-    let mut partial_o = workspace.partial_o.view(if split { plan.partial_o_len } else { 0 })?;
-    let mut partial_lse = workspace.partial_lse.view(if split { plan.partial_lse_len } else { 0 })?;
+    // The call's own batch (<= the plan's): [num_splits, B, Hq, (D)] partials.
+    let rows = plan.num_splits * problem.batch * problem.heads_q;
+    let mut partial_o = workspace.partial_o.view(if split { rows * problem.head_dim } else { 0 })?;
+    let mut partial_lse = workspace.partial_lse.view(if split { rows } else { 0 })?;
 
     let mut launch = Launch::new(*stream);
     let q_ptr = launch.input(c"q", q, 16)?;
@@ -254,6 +329,6 @@ pub fn decode<T: Element>(
         scale,
         scale_log2: scale * std::f32::consts::LOG2_E,
     };
-    launch.run("paged_decode", params, sys::fa_gpu_decode, sys::fa_emu_decode)?;
+    launch.run("paged_decode", params, sys::fa_decode)?;
     Ok(plan)
 }

@@ -33,13 +33,13 @@ impl Emulator {
     }
 }
 
-/// Runs one emulated launch: `launch` receives the FaStream (an FaEmuLaunch listing `regions`, the only
-/// memory the kernel may touch) and calls an `fa_emu_*` launcher.
+/// Runs one op on the emulator: `launch` receives an FaExec in emulate mode (its FaEmuLaunch lists
+/// `regions`, the only memory the kernels may touch) and calls an `fa_*` launcher.
 pub(crate) fn run_emulated(
     kernel: &str,
     regions: &[sys::FaEmuRegion],
     seed: u64,
-    launch: impl FnOnce(sys::FaStream) -> i32,
+    launch: impl FnOnce(*mut sys::FaExec) -> i32,
 ) -> Result<()> {
     let mut ctx = sys::FaEmuLaunch {
         regions: regions.as_ptr(),
@@ -47,7 +47,11 @@ pub(crate) fn run_emulated(
         seed,
         message: [0; 1024],
     };
-    let status = launch(&mut ctx as *mut sys::FaEmuLaunch as sys::FaStream);
+    // SAFETY: FaExec is plain old data; all-zero is a valid value, then filled in.
+    let mut exec: Box<sys::FaExec> = Box::new(unsafe { std::mem::zeroed() });
+    exec.mode = sys::FA_EXEC_EMULATE as i32;
+    exec.emu = &mut ctx;
+    let status = launch(&mut *exec);
     if status == 0 {
         return Ok(());
     }
@@ -65,14 +69,12 @@ pub(crate) fn status_error(kernel: &str, backend: &str, status: i32, detail: Opt
         s if s == sys::FA_ERR_INVALID => ErrorKind::Shape,
         s if s == sys::FA_ERR_UNSUPPORTED => ErrorKind::Unsupported,
         s if s == sys::FA_ERR_EMULATOR => ErrorKind::Emulator,
-        s if s == sys::FA_ERR_NO_ARCH => ErrorKind::Arch,
-        _ => ErrorKind::Cuda,
+        _ => ErrorKind::Backend,
     };
     let what = detail.unwrap_or_else(|| match kind {
         ErrorKind::Shape => "launcher rejected its parameters".to_string(),
         ErrorKind::Unsupported => "no kernel for this configuration".to_string(),
-        ErrorKind::Arch => "no kernel image for this GPU architecture".to_string(),
-        _ => format!("status {status}"),
+        _ => format!("launcher status {status}"),
     });
     Error::new(kind, format!("{kernel} ({backend}): {what}"))
 }

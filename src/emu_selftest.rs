@@ -40,7 +40,7 @@ pub fn mma(dtype: DType, a: &[u32; 128], b: &[u32; 64], c: &[f32; 128], seed: u6
     let params =
         sys::FaSelftestMmaParams { a: a.as_ptr(), b: b.as_ptr(), c: c.as_ptr(), d: d.as_mut_ptr(), dtype: dtype.abi() };
     // SAFETY: every pointer in `params` is one of `regions`' live buffers.
-    run_emulated("selftest_mma", &regions, seed, |s| unsafe { sys::fa_emu_selftest_mma(params, s) })?;
+    run_emulated("selftest_mma", &regions, seed, |s| unsafe { sys::fa_selftest_mma(params, s) })?;
     Ok(d)
 }
 
@@ -58,7 +58,7 @@ pub fn ldmatrix(rows: &[[u16; 8]], row_of_lane: &[i32; 32], count: u32, trans: b
         trans: trans as i32,
     };
     // SAFETY: every pointer in `params` is one of `regions`' live buffers.
-    run_emulated("selftest_ldmatrix", &regions, seed, |s| unsafe { sys::fa_emu_selftest_ldmatrix(params, s) })?;
+    run_emulated("selftest_ldmatrix", &regions, seed, |s| unsafe { sys::fa_selftest_ldmatrix(params, s) })?;
     Ok(out)
 }
 
@@ -93,7 +93,7 @@ pub fn warp_op(op: WarpOp, values: &[u32; 32], operands: &[i32; 32], seed: u64) 
     let params =
         sys::FaSelftestWarpParams { values: values.as_ptr(), operands: operands.as_ptr(), out: out.as_mut_ptr(), op };
     // SAFETY: every pointer in `params` is one of `regions`' live buffers.
-    run_emulated("selftest_warp", &regions, seed, |s| unsafe { sys::fa_emu_selftest_warp(params, s) })?;
+    run_emulated("selftest_warp", &regions, seed, |s| unsafe { sys::fa_selftest_warp(params, s) })?;
     Ok(out)
 }
 
@@ -128,7 +128,7 @@ pub fn cp_async(
         read_groups: to_i32("read_groups", read_groups as usize)?,
     };
     // SAFETY: every pointer in `params` is one of `regions`' live buffers.
-    run_emulated("selftest_cp_async", &regions, seed, |s| unsafe { sys::fa_emu_selftest_cp_async(params, s) })?;
+    run_emulated("selftest_cp_async", &regions, seed, |s| unsafe { sys::fa_selftest_cp_async(params, s) })?;
     Ok(out)
 }
 
@@ -164,7 +164,7 @@ pub fn atomics(addends: &[f32], seed: u64) -> Result<AtomicResult> {
         blocks: to_i32("blocks", addends.len() / BLOCK_THREADS)?,
     };
     // SAFETY: every pointer in `params` is one of `regions`' live buffers.
-    run_emulated("selftest_atomic", &regions, seed, |s| unsafe { sys::fa_emu_selftest_atomic(params, s) })?;
+    run_emulated("selftest_atomic", &regions, seed, |s| unsafe { sys::fa_selftest_atomic(params, s) })?;
     Ok(AtomicResult { counter: counter[0], olds, sum: sum[0] })
 }
 
@@ -193,7 +193,7 @@ pub fn barriers(mode: BarrierMode, seed: u64) -> Result<Vec<i32>> {
     } as i32;
     let params = sys::FaSelftestBarrierParams { out: out.as_mut_ptr(), mode };
     // SAFETY: every pointer in `params` is one of `regions`' live buffers.
-    run_emulated("selftest_barrier", &regions, seed, |s| unsafe { sys::fa_emu_selftest_barrier(params, s) })?;
+    run_emulated("selftest_barrier", &regions, seed, |s| unsafe { sys::fa_selftest_barrier(params, s) })?;
     Ok(out)
 }
 
@@ -267,7 +267,7 @@ pub fn planted_bug(bug: Bug, planted: bool, race_detection: bool, input: &[f32],
         race_detection: race_detection as i32,
     };
     // SAFETY: every pointer in `params` is one of `regions`' live buffers.
-    run_emulated("selftest_bug", &regions, seed, |s| unsafe { sys::fa_emu_selftest_bug(params, s) })?;
+    run_emulated("selftest_bug", &regions, seed, |s| unsafe { sys::fa_selftest_bug(params, s) })?;
     Ok(out)
 }
 
@@ -314,7 +314,7 @@ pub fn gemm<T: Element>(a: &[T], b: &[T], shape: GemmShape, bug: GemmBug, seed: 
         } as i32,
     };
     // SAFETY: every pointer in `params` is one of `regions`' live buffers.
-    run_emulated("selftest_gemm", &regions, seed, |s| unsafe { sys::fa_emu_selftest_gemm(params, s) })?;
+    run_emulated("selftest_gemm", &regions, seed, |s| unsafe { sys::fa_selftest_gemm(params, s) })?;
     Ok(c)
 }
 
@@ -345,5 +345,20 @@ pub fn bench(op: BenchOp, iters: usize, blocks: usize, seed: u64) -> Result<()> 
         blocks: to_i32("blocks", blocks)?,
     };
     // SAFETY: every pointer in `params` is one of `regions`' live buffers.
-    run_emulated("selftest_bench", &regions, seed, |s| unsafe { sys::fa_emu_selftest_bench(params, s) })
+    run_emulated("selftest_bench", &regions, seed, |s| unsafe { sys::fa_selftest_bench(params, s) })
+}
+
+/// Runs a self-test launcher (`sys::fa_selftest_*`) on a GPU stream, through the same record-and-enqueue
+/// path as the ops (tests/gpu_vs_emulator.rs compares its results with the emulator's).
+///
+/// # Safety
+/// `params` must hold device addresses of live allocations of `stream`'s context, of the sizes the
+/// launcher's contract (abi.h) requires.
+pub unsafe fn launch_gpu<P>(
+    stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    kernel: &str,
+    params: P,
+    launcher: unsafe extern "C" fn(P, *mut sys::FaExec) -> i32,
+) -> Result<()> {
+    crate::launch::Launch::new(crate::device::Stream::Gpu(stream)).run(kernel, params, launcher)
 }

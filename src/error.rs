@@ -23,9 +23,18 @@ pub enum ErrorKind {
     NoDriver,
     /// A driver is present but no usable GPU (or the requested ordinal does not exist).
     NoDevice,
-    /// The kernels were not built for this device's architecture.
+    /// The kernels were not built for this device's architecture, or the driver is too old for them.
     Arch,
-    /// A CUDA driver or runtime call failed.
+    /// This build has no GPU kernels (the `cuda` feature is off, or no nvcc was found when it was built).
+    NoKernels,
+    /// The GPU ran out of memory (`CUDA_ERROR_OUT_OF_MEMORY`).
+    OutOfMemory,
+    /// A kernel accessed an illegal address (`CUDA_ERROR_ILLEGAL_ADDRESS`); the context is unusable after it.
+    IllegalAddress,
+    /// A kernel launch failed or was refused (`CUDA_ERROR_LAUNCH_FAILED`, `_LAUNCH_OUT_OF_RESOURCES`,
+    /// `_LAUNCH_TIMEOUT`, `_INVALID_VALUE` at launch, ...).
+    LaunchFailed,
+    /// Any other CUDA driver failure; [`Error::cuda_result`] has the code.
     Cuda,
     /// The host emulator detected a fault in a kernel (out of bounds, race, deadlock, divergence).
     Emulator,
@@ -40,14 +49,24 @@ pub enum ErrorKind {
 pub struct Error {
     kind: ErrorKind,
     message: String,
+    cuda: Option<cudarc::driver::sys::CUresult>,
 }
 
 impl Error {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Self { kind, message: message.into() }
+        Self { kind, message: message.into(), cuda: None }
     }
     pub fn kind(&self) -> &ErrorKind {
         &self.kind
+    }
+    /// The CUDA driver's result code, when a driver call failed.
+    pub fn cuda_result(&self) -> Option<cudarc::driver::sys::CUresult> {
+        self.cuda
+    }
+    /// The same error with `what` (the operation that failed) in front of its message.
+    pub fn context(mut self, what: &str) -> Self {
+        self.message = format!("{what}: {}", self.message);
+        self
     }
     pub fn message(&self) -> &str {
         &self.message
@@ -88,7 +107,23 @@ impl std::error::Error for Error {}
 
 impl From<cudarc::driver::DriverError> for Error {
     fn from(e: cudarc::driver::DriverError) -> Self {
-        Error::new(ErrorKind::Cuda, format!("CUDA driver: {e}"))
+        use cudarc::driver::sys::CUresult as R;
+        let kind = match e.0 {
+            R::CUDA_ERROR_OUT_OF_MEMORY => ErrorKind::OutOfMemory,
+            R::CUDA_ERROR_ILLEGAL_ADDRESS => ErrorKind::IllegalAddress,
+            R::CUDA_ERROR_LAUNCH_FAILED
+            | R::CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES
+            | R::CUDA_ERROR_LAUNCH_TIMEOUT
+            | R::CUDA_ERROR_LAUNCH_INCOMPATIBLE_TEXTURING
+            | R::CUDA_ERROR_INVALID_VALUE => ErrorKind::LaunchFailed,
+            R::CUDA_ERROR_NO_BINARY_FOR_GPU
+            | R::CUDA_ERROR_INVALID_PTX
+            | R::CUDA_ERROR_UNSUPPORTED_PTX_VERSION
+            | R::CUDA_ERROR_INVALID_IMAGE
+            | R::CUDA_ERROR_INVALID_SOURCE => ErrorKind::Arch,
+            _ => ErrorKind::Cuda,
+        };
+        Error { kind, message: format!("CUDA driver: {e}"), cuda: Some(e.0) }
     }
 }
 

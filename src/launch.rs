@@ -1,8 +1,9 @@
-//! The only place raw pointers are taken from views. A `Launch` collects, for one kernel launch, the
-//! pointers of its arguments (checking backend, context and alignment), keeps cudarc's stream-ordering
-//! guards alive until the launch is enqueued, lists the host buffers for the emulator's bounds checks,
-//! and finally calls the GPU or emulator launcher of the op. Nothing here allocates device memory or
-//! synchronises.
+//! The only place raw pointers are taken from views. A `Launch` collects, for one op, the pointers of its
+//! arguments (checking backend, context and alignment), keeps cudarc's stream-ordering guards alive until the
+//! launch is enqueued, lists the host buffers for the emulator's bounds checks, and finally calls the op's
+//! launcher (host code: validation and launch geometry, the same for both backends), which either runs the
+//! kernels on the emulator or records them for [`crate::kernels::enqueue`] (driver API, caller's stream).
+//! Nothing here allocates device memory or synchronises.
 
 use std::ffi::{c_void, CStr};
 use std::sync::Arc;
@@ -15,8 +16,8 @@ use crate::error::{Error, Result};
 use crate::sys;
 use crate::tensor::{Mem, MemMut, TensorView, TensorViewMut};
 
-/// An `extern "C"` launcher from abi.h: `int fa_<backend>_<op>(Params, FaStream)`.
-pub(crate) type Launcher<P> = unsafe extern "C" fn(P, sys::FaStream) -> i32;
+/// An `extern "C"` launcher from abi.h: `int fa_<op>(Params, FaExec *)`.
+pub(crate) type Launcher<P> = unsafe extern "C" fn(P, *mut sys::FaExec) -> i32;
 
 pub(crate) struct Launch<'a> {
     stream: Stream<'a>,
@@ -37,12 +38,25 @@ impl<'a> Launch<'a> {
                 }
                 Ok(s)
             }
+            Stream::Raw(_) => Err(Error::backend(
+                &name.to_string_lossy(),
+                "a cudarc view passed with a raw stream (use Stream::Gpu, or raw device views)",
+            )),
             Stream::Emu(_) => Err(Error::backend(&name.to_string_lossy(), "GPU memory passed to an emulator launch")),
         }
     }
 
+    fn device_ptr(&self, name: &CStr, ptr: u64) -> Result<usize> {
+        match self.stream {
+            Stream::Gpu(_) | Stream::Raw(_) => Ok(ptr as usize),
+            Stream::Emu(_) => {
+                Err(Error::backend(&name.to_string_lossy(), "device memory passed to an emulator launch"))
+            }
+        }
+    }
+
     fn host_region(&mut self, name: &'static CStr, base: *const c_void, bytes: usize, writable: bool) -> Result<()> {
-        if let Stream::Gpu(_) = self.stream {
+        if !matches!(self.stream, Stream::Emu(_)) {
             return Err(Error::backend(&name.to_string_lossy(), "host memory passed to a GPU launch"));
         }
         self.regions.push(sys::FaEmuRegion {
@@ -68,6 +82,7 @@ impl<'a> Launch<'a> {
                 self.guards.push(guard);
                 p as usize
             }
+            Mem::Device(d) => self.device_ptr(name, d.ptr)?,
             Mem::Host(h) => {
                 self.host_region(name, h.as_ptr().cast(), std::mem::size_of_val(*h), false)?;
                 h.as_ptr() as usize
@@ -91,6 +106,7 @@ impl<'a> Launch<'a> {
                 self.guards.push(guard);
                 p as usize
             }
+            MemMut::Device(d) => self.device_ptr(name, d.ptr)?,
             MemMut::Host(h) => {
                 self.host_region(name, h.as_ptr().cast(), std::mem::size_of_val(*h), true)?;
                 h.as_mut_ptr() as usize
@@ -100,32 +116,52 @@ impl<'a> Launch<'a> {
         Ok(ptr as *mut c_void)
     }
 
-    /// Enqueues the launch on the GPU stream, or runs it on the emulator. `params` must hold only pointers
-    /// obtained from this `Launch`.
-    pub fn run<P>(self, kernel: &str, params: P, gpu: Launcher<P>, emu: Launcher<P>) -> Result<()> {
+    /// Enqueues the op's kernels on the GPU stream, or runs them on the emulator. `params` must hold only
+    /// pointers obtained from this `Launch`.
+    pub fn run<P>(self, kernel: &str, params: P, launcher: Launcher<P>) -> Result<()> {
         match self.stream {
             Stream::Gpu(s) => {
                 s.context().bind_to_thread()?;
+                let exec = record(kernel, params, launcher)?;
                 // SAFETY: params hold pointers into views borrowed for this launch (checked for backend,
-                // context, extent and alignment); the launcher only enqueues work on `s`.
-                let status = unsafe { gpu(params, s.cu_stream() as sys::FaStream) };
-                if status != 0 {
-                    // SAFETY: returns a pointer to a static NUL-terminated string.
-                    let msg = unsafe { CStr::from_ptr(sys::fa_gpu_error_string(status)) };
-                    return Err(status_error(kernel, "gpu", status, Some(msg.to_string_lossy().into_owned())));
-                }
+                // context, extent and alignment), ordered on `s` by the guards dropped below.
+                unsafe { crate::kernels::enqueue(s.context().cu_ctx(), s.cu_stream(), launches(&exec)) }
+                    .map_err(|e| e.context(kernel))?;
                 // cudarc's stream-ordering guards record events on drop; a failure there is recorded in the
                 // context, not returned, so collect it here rather than let it vanish.
                 drop(self.guards);
                 s.context().check_err()?;
                 Ok(())
             }
+            Stream::Raw(r) => {
+                let exec = record(kernel, params, launcher)?;
+                // SAFETY: raw views carry the caller's contract (TensorView::from_device_ptr) for `r`.
+                r.with_context(|| unsafe { crate::kernels::enqueue(r.cu_context(), r.cu_stream(), launches(&exec)) })
+                    .map_err(|e| e.context(kernel))
+            }
             Stream::Emu(e) => {
                 // SAFETY: as above; the emulator additionally confines every access to `regions`.
-                run_emulated(kernel, &self.regions, e.take_seed(), |st| unsafe { emu(params, st) })
+                run_emulated(kernel, &self.regions, e.take_seed(), |st| unsafe { launcher(params, st) })
             }
         }
     }
+}
+
+/// Runs `launcher` in record mode: validation and launch geometry, no execution.
+fn record<P>(kernel: &str, params: P, launcher: Launcher<P>) -> Result<Box<sys::FaExec>> {
+    // SAFETY: FaExec is plain old data; all-zero is a valid (empty) value.
+    let mut exec: Box<sys::FaExec> = Box::new(unsafe { std::mem::zeroed() });
+    exec.mode = sys::FA_EXEC_RECORD as i32;
+    // SAFETY: in record mode the launcher only validates and writes into `exec`.
+    let status = unsafe { launcher(params, &mut *exec) };
+    if status != 0 {
+        return Err(status_error(kernel, "gpu", status, None));
+    }
+    Ok(exec)
+}
+
+fn launches(exec: &sys::FaExec) -> &[sys::FaKernelLaunch] {
+    &exec.launches[..exec.num_launches.clamp(0, exec.launches.len() as i32) as usize]
 }
 
 /// The softmax scale of a call: `scale` or 1/sqrt(D). Prefill and decode both need it finite and positive

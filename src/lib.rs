@@ -1,8 +1,10 @@
 //! fused-attn: hand-written CUDA fused self-attention kernels for Rust inference engines.
 //!
-//! Layers (bottom to top): kernels/ (CUDA C++ through one intrinsics layer, also compiled for the host
-//! emulator) → `sys` (bindgen of kernels/include/fa/abi.h) → `launch` (the only place raw pointers are
-//! taken) → the safe ops over [`TensorView`]s on a [`Stream`] (GPU or emulator). `reference` is the fp64
+//! Layers (bottom to top): kernels/ (CUDA C++ through one intrinsics layer: fatbins for the GPU, and the
+//! same sources as host C++ for the emulator and the launchers) → `sys` (bindgen of
+//! kernels/include/fa/abi.h) → `launch` (the only place raw pointers are taken) and `kernels` (fatbins loaded
+//! per context, launches through the driver API) → the safe ops over [`TensorView`]s on a [`Stream`] (a
+//! cudarc stream, a raw `CUstream`, or the emulator). `reference` is the fp64
 //! CPU reference the tests (and downstream suites) compare against.
 //!
 //! ```
@@ -39,6 +41,7 @@ pub mod emu;
 #[doc(hidden)]
 pub mod emu_selftest;
 pub mod error;
+mod kernels;
 mod launch;
 pub mod merge;
 pub mod paged;
@@ -50,7 +53,7 @@ pub mod sys;
 pub mod tensor;
 pub mod timing;
 
-pub use device::Stream;
+pub use device::{RawStream, Stream};
 pub use dtype::{DType, Element};
 pub use emu::Emulator;
 pub use error::{Error, ErrorKind, Result};

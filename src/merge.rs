@@ -88,5 +88,5 @@ pub fn merge_states<S: MergeElement, O: MergeElement>(
         states_dtype: S::ABI,
         out_dtype: O::ABI,
     };
-    launch.run("merge_states", params, sys::fa_gpu_merge, sys::fa_emu_merge)
+    launch.run("merge_states", params, sys::fa_merge)
 }

@@ -51,9 +51,14 @@ impl DecodeProblem {
     }
 }
 
-/// The plan the decode launch follows.
+/// The plan the decode launch follows: built once on the host, for a problem's limits, and reusable for any
+/// call within them ([`DecodePlan::check_covers`]). A sequence's split geometry depends only on its own
+/// length and `split_tokens`, so with one plan a sequence's result is bitwise the same whatever else is in
+/// the batch, and a captured CUDA graph stays correct when seq_lens change within `problem.max_seq_len`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DecodePlan {
+    /// The limits the plan was made for: largest batch, head counts, head dim, largest sequence length.
+    pub problem: DecodeProblem,
     pub num_splits: usize,
     /// Tokens per split (a multiple of [`SPLIT_GRANULE`]); meaningful only when `num_splits > 1`.
     pub split_tokens: usize,
@@ -129,12 +134,38 @@ impl DecodePlan {
             (0, 0)
         };
         Ok(DecodePlan {
+            problem: *problem,
             num_splits,
             split_tokens,
             grid: [num_splits, grid_y, problem.batch],
             partial_o_len,
             partial_lse_len,
         })
+    }
+
+    /// Whether a call of shape `call` can run under this plan: same heads and head dim, batch and
+    /// max_seq_len within the plan's. Errors name what does not fit.
+    pub fn check_covers(&self, call: &DecodeProblem) -> Result<()> {
+        let p = &self.problem;
+        if (call.heads_q, call.heads_kv, call.head_dim) != (p.heads_q, p.heads_kv, p.head_dim) {
+            return Err(Error::shape(
+                "plan",
+                format!(
+                    "made for Hq {} / Hkv {} / D {}, the call has Hq {} / Hkv {} / D {}",
+                    p.heads_q, p.heads_kv, p.head_dim, call.heads_q, call.heads_kv, call.head_dim
+                ),
+            ));
+        }
+        if call.batch > p.batch {
+            return Err(Error::shape("plan", format!("made for batch <= {}, the call has {}", p.batch, call.batch)));
+        }
+        if call.max_seq_len > p.max_seq_len {
+            return Err(Error::shape(
+                "plan",
+                format!("made for max_seq_len <= {}, the cache promises {}", p.max_seq_len, call.max_seq_len),
+            ));
+        }
+        Ok(())
     }
 
     /// Token range `[begin, end)` split `s` covers for a sequence of `seq_len` tokens: the kernel's rule,

@@ -1,21 +1,42 @@
-//! Typed tensor views: memory (a cudarc view on the GPU backend, a host slice on the emulator backend) plus
-//! a shape and i64 element strides. Construction checks that every element the shape and strides address
+//! Typed tensor views: memory (a cudarc view or a raw device pointer on the GPU backend, a host slice on the
+//! emulator backend) plus a shape and i64 element strides. Construction checks that every element the shape and strides address
 //! lies inside the memory (so no launch can read or write outside it); ops check layout and alignment with
 //! the argument's name through [`TensorView::check_rows`].
+
+use std::marker::PhantomData;
 
 use cudarc::driver::{CudaView, CudaViewMut};
 
 use crate::error::{Error, Result};
 
+/// Device memory the caller owns by raw pointer (an engine's own allocator, DLPack, a pool): `len` elements
+/// at `ptr`. Nothing tracks its lifetime or stream ordering; [`TensorView::from_device_ptr`] states the
+/// contract.
+#[derive(Debug)]
+pub struct DevicePtr<T> {
+    pub(crate) ptr: u64,
+    pub(crate) len: usize,
+    _marker: PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for DevicePtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for DevicePtr<T> {}
+
 /// Read-only memory behind a view.
 pub enum Mem<'a, T> {
     Gpu(CudaView<'a, T>),
+    Device(DevicePtr<T>),
     Host(&'a [T]),
 }
 
 /// Writable memory behind a view.
 pub enum MemMut<'a, T> {
     Gpu(CudaViewMut<'a, T>),
+    Device(DevicePtr<T>),
     Host(&'a mut [T]),
 }
 
@@ -23,6 +44,7 @@ impl<T> Mem<'_, T> {
     fn len(&self) -> usize {
         match self {
             Mem::Gpu(v) => v.len(),
+            Mem::Device(d) => d.len,
             Mem::Host(s) => s.len(),
         }
     }
@@ -32,6 +54,7 @@ impl<T> MemMut<'_, T> {
     fn len(&self) -> usize {
         match self {
             MemMut::Gpu(v) => v.len(),
+            MemMut::Device(d) => d.len,
             MemMut::Host(s) => s.len(),
         }
     }
@@ -136,7 +159,7 @@ macro_rules! view_common {
                 self.shape[d]
             }
             pub fn is_gpu(&self) -> bool {
-                matches!(self.mem, $mem::Gpu(_))
+                !matches!(self.mem, $mem::Host(_))
             }
             /// Layout check an op applies to each argument, naming it: unit innermost stride, and when
             /// `align_bytes` > 1 every other stride a multiple of `align_bytes` (so every row start is as
@@ -189,6 +212,17 @@ impl<'a, T, const N: usize> TensorView<'a, T, N> {
     pub fn host(data: &'a [T], shape: [usize; N]) -> Result<Self> {
         Self::new(Mem::Host(data), shape)
     }
+    /// A contiguous view of `len` elements of device memory at `ptr` (a `CUdeviceptr`), for callers whose
+    /// memory is not a cudarc slice. Use [`with_strides`](Self::with_strides) for other layouts; the extent
+    /// checks still apply against `len`.
+    ///
+    /// # Safety
+    /// `ptr .. ptr + len * size_of::<T>()` must be device memory of the context of the stream the view is
+    /// launched on, readable by kernels on that stream from the launch until the work completes, and not
+    /// written by anyone else meanwhile. Stream ordering against other streams is the caller's business.
+    pub unsafe fn from_device_ptr(ptr: u64, len: usize, shape: [usize; N]) -> Result<Self> {
+        Self::new(Mem::Device(DevicePtr { ptr, len, _marker: PhantomData }), shape)
+    }
 }
 
 impl<'a, T, const N: usize> TensorViewMut<'a, T, N> {
@@ -200,10 +234,20 @@ impl<'a, T, const N: usize> TensorViewMut<'a, T, N> {
     pub fn host(data: &'a mut [T], shape: [usize; N]) -> Result<Self> {
         Self::new(MemMut::Host(data), shape)
     }
+    /// A contiguous writable view of `len` elements of device memory at `ptr` (see
+    /// [`TensorView::from_device_ptr`]).
+    ///
+    /// # Safety
+    /// As for [`TensorView::from_device_ptr`], and no one else reads or writes the memory until the
+    /// launch's work completes.
+    pub unsafe fn from_device_ptr(ptr: u64, len: usize, shape: [usize; N]) -> Result<Self> {
+        Self::new(MemMut::Device(DevicePtr { ptr, len, _marker: PhantomData }), shape)
+    }
     /// A read-only view of the same memory, shape and strides.
     pub fn as_view(&self) -> TensorView<'_, T, N> {
         let mem = match &self.mem {
             MemMut::Gpu(v) => Mem::Gpu(v.as_view()),
+            MemMut::Device(d) => Mem::Device(*d),
             MemMut::Host(s) => Mem::Host(s),
         };
         TensorView { mem, shape: self.shape, strides: self.strides }

@@ -1,5 +1,6 @@
-//! The build's promises, checked on the built artifacts: SASS for every requested arch plus PTX, and a ptxas
-//! report that lists every kernel with no spills and no stack frame.
+//! The build's promises, checked on the built artifacts: fatbins with SASS for every requested arch plus PTX,
+//! a ptxas report that lists every kernel with no spills and no stack frame, the instructions each kernel
+//! was written for, and no CUDA runtime anywhere in the binaries (kernels launch through the driver API).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -17,19 +18,53 @@ fn cuobjdump() -> Option<PathBuf> {
 }
 
 #[test]
-fn gpu_library_has_sass_for_every_arch_and_ptx() {
+fn fatbins_have_sass_for_every_arch_and_ptx() {
+    assert!(build_info::has_gpu_kernels(), "this test build has no GPU kernels: {}", build_info::PTXAS_REPORT);
     let Some(tool) = cuobjdump() else {
         panic!("cuobjdump not found: scripts/setup installs it into .toolchain/cuda-tools");
     };
-    let out = Command::new(&tool).args(["--list-elf", build_info::GPU_LIBRARY]).output().unwrap();
-    assert!(out.status.success(), "cuobjdump failed: {}", String::from_utf8_lossy(&out.stderr));
-    let listing = String::from_utf8_lossy(&out.stdout);
-    for arch in build_info::CUDA_ARCHS.split(',') {
-        let tag = format!(".sm_{}.", arch.trim());
-        assert!(listing.contains(&tag), "no SASS for sm_{arch} in {}:\n{listing}", build_info::GPU_LIBRARY);
+    let fatbins = build_info::fatbins();
+    assert!(fatbins.len() >= 5, "expected a fatbin per kernels/*.cu, got {fatbins:?}");
+    for fatbin in &fatbins {
+        let out = Command::new(&tool).arg("--list-elf").arg(fatbin).output().unwrap();
+        assert!(out.status.success(), "cuobjdump failed: {}", String::from_utf8_lossy(&out.stderr));
+        let listing = String::from_utf8_lossy(&out.stdout);
+        for arch in build_info::CUDA_ARCHS.split(',') {
+            let tag = format!(".sm_{}.", arch.trim());
+            assert!(listing.contains(&tag), "no SASS for sm_{arch} in {}:\n{listing}", fatbin.display());
+        }
+        let ptx = Command::new(&tool).arg("--list-ptx").arg(fatbin).output().unwrap();
+        assert!(
+            String::from_utf8_lossy(&ptx.stdout).contains(".ptx"),
+            "no PTX in {} for forward compatibility",
+            fatbin.display()
+        );
     }
-    let ptx = Command::new(&tool).args(["--list-ptx", build_info::GPU_LIBRARY]).output().unwrap();
-    assert!(String::from_utf8_lossy(&ptx.stdout).contains(".ptx"), "no PTX embedded for forward compatibility");
+}
+
+/// Kernels launch through the driver API (cudarc): no CUDA runtime is linked, statically or dynamically,
+/// into the library's users. Checked on the runner binary: no cuda* runtime symbols, no libcudart needed.
+#[test]
+fn no_cuda_runtime_in_the_binaries() {
+    let bin = env!("CARGO_BIN_EXE_fused-attn");
+    let nm = Command::new("nm").arg(bin).output().expect("nm (binutils) is needed for this check");
+    assert!(nm.status.success(), "nm failed: {}", String::from_utf8_lossy(&nm.stderr));
+    let symbols = String::from_utf8_lossy(&nm.stdout);
+    let runtime: Vec<&str> = symbols
+        .lines()
+        .filter_map(|l| l.split_whitespace().last())
+        .filter(|s| {
+            (s.starts_with("cuda") && s[4..].starts_with(|c: char| c.is_ascii_uppercase()))
+                || s.starts_with("__cudaRegister")
+                || s.starts_with("__cudart")
+        })
+        .collect();
+    assert!(runtime.is_empty(), "CUDA runtime symbols in {bin}: {:?}", &runtime[..runtime.len().min(10)]);
+    let dynamic = Command::new("readelf").args(["-d", bin]).output().expect("readelf (binutils) is needed");
+    let needed = String::from_utf8_lossy(&dynamic.stdout);
+    assert!(!needed.contains("cudart"), "{bin} needs libcudart:\n{needed}");
+    // libcuda itself is loaded at run time by cudarc (dlopen), not linked.
+    assert!(!needed.contains("libcuda.so"), "{bin} links libcuda instead of loading it:\n{needed}");
 }
 
 #[test]
@@ -41,7 +76,7 @@ fn ptxas_report_is_spill_free_and_lists_kernels() {
     assert!(kernels >= archs, "ptxas report lists {kernels} kernel builds for {archs} archs:\n{report}");
 }
 
-/// SASS of every kernel for one arch, as (mangled name, body) pairs.
+/// SASS of every kernel for one arch, as (name, body) pairs.
 fn sass_functions(tool: &std::path::Path, arch: &str) -> Vec<(String, String)> {
     // cuobjdump needs nvdisasm from the same directory on PATH to print SASS.
     let dir = tool.parent().unwrap();
@@ -49,17 +84,16 @@ fn sass_functions(tool: &std::path::Path, arch: &str) -> Vec<(String, String)> {
         std::iter::once(dir.to_path_buf()).chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())),
     )
     .unwrap();
-    let out = Command::new(tool)
-        .args(["--dump-sass", "-arch", arch, build_info::GPU_LIBRARY])
-        .env("PATH", path)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "cuobjdump --dump-sass failed: {}", String::from_utf8_lossy(&out.stderr));
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let mut funcs = Vec::new();
-    for chunk in text.split("Function : ").skip(1) {
-        let name = chunk.lines().next().unwrap_or("").trim().to_string();
-        funcs.push((name, chunk.to_string()));
+    for fatbin in build_info::fatbins() {
+        let out =
+            Command::new(tool).args(["--dump-sass", "-arch", arch]).arg(&fatbin).env("PATH", &path).output().unwrap();
+        assert!(out.status.success(), "cuobjdump --dump-sass failed: {}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        for chunk in text.split("Function : ").skip(1) {
+            let name = chunk.lines().next().unwrap_or("").trim().to_string();
+            funcs.push((name, chunk.to_string()));
+        }
     }
     funcs
 }
@@ -77,14 +111,14 @@ fn sass_has_the_instructions_the_kernels_were_written_for() {
     for arch in [archs.first(), archs.last()].into_iter().flatten() {
         let funcs = sass_functions(&tool, arch);
         let want: [(&str, &[&str]); 4] = [
-            ("prefill_kernel", &["HMMA.16816.F32", "LDSM.16.M88.4", "LDSM.16.MT88.4", "LDGSTS.E.BYPASS.128"]),
-            ("paged_decode_kernel", &["HMMA.16816.F32", "LDSM.16", "LDGSTS.E.BYPASS.128"]),
-            ("merge_states_kernel", &[".128"]),
-            ("paged_append_kernel", &["LDG.E.128", "STG.E.128"]),
+            ("fa_prefill_", &["HMMA.16816.F32", "LDSM.16.M88.4", "LDSM.16.MT88.4", "LDGSTS.E.BYPASS.128"]),
+            ("fa_paged_decode_", &["HMMA.16816.F32", "LDSM.16", "LDGSTS.E.BYPASS.128"]),
+            ("fa_merge_states_", &[".128"]),
+            ("fa_paged_append", &["LDG.E.128", "STG.E.128"]),
         ];
         for (kernel, needles) in want {
             let bodies: Vec<&(String, String)> = funcs.iter().filter(|(n, _)| n.contains(kernel)).collect();
-            assert!(!bodies.is_empty(), "{arch}: no {kernel} in the GPU library");
+            assert!(!bodies.is_empty(), "{arch}: no {kernel}* kernel in the fatbins");
             for (name, body) in bodies {
                 for needle in needles {
                     assert!(body.contains(needle), "{arch}: {name} has no {needle} in its SASS");

@@ -219,7 +219,7 @@ fn ldmatrix_misaligned_row_is_a_fault() {
     assert_contains(
         &msg,
         &[
-            "kernel selftest_ldmatrix block (0,0,0) thread 3:",
+            "kernel fa_selftest_ldmatrix_kernel block (0,0,0) thread 3:",
             "out-of-bounds ldmatrix row read of 16 bytes",
             "(shared+80)",
             "32 bytes of shared memory",
@@ -338,7 +338,7 @@ fn cp_async_group_still_pending_after_wait_group_is_a_fault() {
     let (src, preds) = cp_async_inputs(3, 9);
     // wait_group 1 leaves group 2 in flight; reading it is the bug a pipeline-depth mistake makes.
     let msg = emulator_error(st::cp_async(&src, &preds, 1, 3, 9));
-    assert_contains(&msg, &["kernel selftest_cp_async", "with cp.async in flight", "missing cp_async_wait?"]);
+    assert_contains(&msg, &["kernel fa_selftest_cp_async_kernel", "with cp.async in flight", "missing cp_async_wait?"]);
 }
 
 // --------------------------------------------------------------------------------------------- atomics
@@ -379,7 +379,7 @@ fn named_barriers_order_their_participants() {
 fn a_named_barrier_does_not_order_warps_outside_it() {
     for seed in SEEDS {
         let msg = emulator_error(st::barriers(BarrierMode::Cross, seed));
-        assert_contains(&msg, &["kernel selftest_barrier", "data race on shared memory", "warp 3", "warp 0"]);
+        assert_contains(&msg, &["kernel fa_selftest_barrier_kernel", "data race on shared memory", "warp 3", "warp 0"]);
     }
 }
 
@@ -440,7 +440,7 @@ fn planted_missing_syncthreads_is_reported_as_a_race_between_two_warps() {
         assert_contains(
             &msg,
             &[
-                "kernel bug_missing_syncthreads block (0,0,0) thread ",
+                "kernel fa_bug_missing_syncthreads block (0,0,0) thread ",
                 "data race on shared memory at address 0x",
                 "(shared+",
                 "missing __syncthreads?",
@@ -458,7 +458,7 @@ fn planted_out_of_bounds_write_is_reported_with_the_buffer_and_offset() {
         assert_contains(
             &msg,
             &[
-                "kernel bug_oob_write block (0,0,0) thread 0:",
+                "kernel fa_bug_oob_write block (0,0,0) thread 0:",
                 "out-of-bounds global store of 4 bytes at address 0x",
                 "(out+2048: just past the end of out, 2048 bytes",
             ],
@@ -473,7 +473,7 @@ fn planted_missing_cp_async_wait_is_reported() {
         assert_contains(
             &msg,
             &[
-                "kernel bug_missing_cp_async_wait",
+                "kernel fa_bug_missing_cp_async_wait",
                 "with cp.async in flight",
                 "has not been waited for (missing cp_async_wait?)",
             ],
@@ -488,7 +488,7 @@ fn planted_divergent_barrier_is_reported() {
         assert_contains(
             &msg,
             &[
-                "kernel bug_divergent_barrier",
+                "kernel fa_bug_divergent_barrier",
                 "divergent warp",
                 "lanes 0-15 wait at named_barrier_sync(0, 128) but lanes 16-31 have exited",
             ],
@@ -503,7 +503,7 @@ fn planted_deadlock_is_reported_not_hung() {
         assert_contains(
             &msg,
             &[
-                "kernel bug_deadlock block (0,0,0) thread 0: deadlock",
+                "kernel fa_bug_deadlock block (0,0,0) thread 0: deadlock",
                 "warp 0 waits at named_barrier_sync(1, 64) (32 of 64 threads arrived)",
                 "warps 1-3 have exited",
             ],
@@ -518,7 +518,7 @@ fn planted_misaligned_16_byte_load_is_reported() {
         assert_contains(
             &msg,
             &[
-                "kernel bug_misaligned_16",
+                "kernel fa_bug_misaligned",
                 "misaligned global load of 16 bytes at address 0x",
                 "(input+",
                 "16-byte alignment",
@@ -533,13 +533,13 @@ fn memory_space_misuse_is_reported() {
     let msg = emulator_error(st::planted_bug(Bug::StoreToInput, true, true, &x, 0));
     assert_contains(
         &msg,
-        &["kernel bug_store_to_input", "global store of 4 bytes to read-only buffer input at address 0x", "(input+"],
+        &["kernel fa_bug_store_to_input", "global store of 4 bytes to read-only buffer input at address 0x", "(input+"],
     );
     let msg = emulator_error(st::planted_bug(Bug::SharedOob, true, true, &x, 0));
     assert_contains(
         &msg,
         &[
-            "kernel bug_shared_oob block (0,0,0) thread 0:",
+            "kernel fa_bug_shared_oob block (0,0,0) thread 0:",
             "out-of-bounds shared store of 4 bytes",
             "(shared+2048): the block has 2048 bytes of shared memory",
         ],
@@ -548,7 +548,7 @@ fn memory_space_misuse_is_reported() {
     assert_contains(
         &msg,
         &[
-            "kernel bug_global_as_shared",
+            "kernel fa_bug_global_as_shared",
             "shared load of 4 bytes at address 0x",
             "(input+",
             "that is global memory, not this block's shared memory",
@@ -561,20 +561,25 @@ fn host_faults_in_kernel_code_are_reported_not_fatal() {
     // Each of these would kill the test process without the emulator's signal handling.
     let x = bug_input();
     let msg = emulator_error(st::planted_bug(Bug::StackOverflow, true, true, &x, 0));
-    assert_contains(&msg, &["kernel bug_stack_overflow block (0,0,0) thread ", "stack overflow", "KiB fiber stack"]);
+    assert_contains(&msg, &["kernel fa_bug_stack_overflow block (0,0,0) thread ", "stack overflow", "KiB fiber stack"]);
     let msg = emulator_error(st::planted_bug(Bug::RawPointer, true, true, &x, 0));
     assert_contains(
         &msg,
-        &["kernel bug_raw_pointer", "segmentation fault at address 0x", "(null pointer + ", "raw pointer dereference"],
+        &[
+            "kernel fa_bug_raw_pointer",
+            "segmentation fault at address 0x",
+            "(null pointer + ",
+            "raw pointer dereference",
+        ],
     );
     let msg = emulator_error(st::planted_bug(Bug::DivByZero, true, true, &x, 0));
-    assert_contains(&msg, &["kernel bug_div_by_zero", "integer division by zero"]);
+    assert_contains(&msg, &["kernel fa_bug_div_by_zero", "integer division by zero"]);
     let t = Instant::now();
     let msg = emulator_error(st::planted_bug(Bug::SpinWait, true, true, &x, 0));
     assert_contains(
         &msg,
         &[
-            "kernel bug_spin_wait block (0,0,0) thread 0:",
+            "kernel fa_bug_spin_wait block (0,0,0) thread 0:",
             "loads without reaching a warp collective or barrier",
             "spin-wait",
         ],
@@ -690,9 +695,9 @@ fn gemm_pipeline_bugs_are_reported() {
     let b: Vec<f16> = random_matrix(s.n, s.k, &mut r);
     for seed in SEEDS {
         let msg = emulator_error(st::gemm(&a, &b, s, GemmBug::NoTrailingBarrier, seed));
-        assert_contains(&msg, &["kernel selftest_gemm<f16>", "data race on shared memory", "missing __syncthreads?"]);
+        assert_contains(&msg, &["kernel fa_selftest_gemm_f16", "data race on shared memory", "missing __syncthreads?"]);
         let msg = emulator_error(st::gemm(&a, &b, s, GemmBug::NoWait, seed));
-        assert_contains(&msg, &["kernel selftest_gemm<f16>", "cp.async in flight", "missing cp_async_wait?"]);
+        assert_contains(&msg, &["kernel fa_selftest_gemm_f16", "cp.async in flight", "missing cp_async_wait?"]);
     }
 }
 

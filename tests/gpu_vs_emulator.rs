@@ -434,17 +434,12 @@ fn dptr<T>(cu: &CudaStream, s: &CudaSlice<T>) -> u64 {
     s.device_ptr(cu).0
 }
 
-/// Runs one `fa_gpu_selftest_*` launcher on `cu` and waits for it.
-fn launch_gpu<P>(cu: &Arc<CudaStream>, name: &str, launcher: unsafe extern "C" fn(P, sys::FaStream) -> i32, p: P) {
-    cu.context().bind_to_thread().unwrap();
+/// Runs one `fa_selftest_*` launcher on `cu` (recorded, then enqueued through the driver API) and waits.
+fn launch_gpu<P>(cu: &Arc<CudaStream>, name: &str, launcher: unsafe extern "C" fn(P, *mut sys::FaExec) -> i32, p: P) {
     // SAFETY: `p` holds device addresses of live allocations of the sizes the launcher's contract (abi.h)
-    // requires; the launcher only enqueues on `cu`.
-    let status = unsafe { launcher(p, cu.cu_stream() as sys::FaStream) };
-    if status != 0 {
-        // SAFETY: returns a static NUL-terminated string.
-        let msg = unsafe { CStr::from_ptr(sys::fa_gpu_error_string(status)) };
-        panic!("{name} (gpu): status {status}: {}", msg.to_string_lossy());
-    }
+    // requires.
+    unsafe { fused_attn::emu_selftest::launch_gpu(cu, name, p, launcher) }
+        .unwrap_or_else(|e| panic!("{name} (gpu): {e}"));
     cu.synchronize().unwrap();
 }
 
@@ -485,7 +480,7 @@ fn gpu_vs_emu_selftest_intrinsics() {
             d: dptr(&cu, &dd) as *mut f32,
             dtype: dtype_abi(dtype),
         };
-        launch_gpu(&cu, "selftest_mma", sys::fa_gpu_selftest_mma, p);
+        launch_gpu(&cu, "selftest_mma", sys::fa_selftest_mma, p);
         let gpu: Vec<f32> = cu.clone_dtoh(&dd).unwrap();
         agree(&format!("mma {dtype:?}"), &f32s(&gpu), &f32s(&emu), |_| 16.0 * 68.0 * f32::EPSILON as f64);
     }
@@ -506,7 +501,7 @@ fn gpu_vs_emu_selftest_intrinsics() {
                 count: count as i32,
                 trans: trans as i32,
             };
-            launch_gpu(&cu, "selftest_ldmatrix", sys::fa_gpu_selftest_ldmatrix, p);
+            launch_gpu(&cu, "selftest_ldmatrix", sys::fa_selftest_ldmatrix, p);
             bitwise(&format!("ldmatrix x{count} trans={trans}"), &cu.clone_dtoh(&dout).unwrap(), &emu);
         }
     }
@@ -537,7 +532,7 @@ fn gpu_vs_emu_selftest_intrinsics() {
             out: dptr(&cu, &dout) as *mut u32,
             op: abi as i32,
         };
-        launch_gpu(&cu, "selftest_warp", sys::fa_gpu_selftest_warp, p);
+        launch_gpu(&cu, "selftest_warp", sys::fa_selftest_warp, p);
         let gpu: Vec<u32> = cu.clone_dtoh(&dout).unwrap();
         if op == WarpOp::Exp2 {
             // ex2.approx is within 2 ulp of 2^x, the emulation too: at most 4 ulp apart.
@@ -566,7 +561,7 @@ fn gpu_vs_emu_selftest_intrinsics() {
             wait_pending: wait_pending as i32,
             read_groups: read_groups as i32,
         };
-        launch_gpu(&cu, "selftest_cp_async", sys::fa_gpu_selftest_cp_async, p);
+        launch_gpu(&cu, "selftest_cp_async", sys::fa_selftest_cp_async, p);
         bitwise(&format!("cp.async wait {wait_pending}"), &cu.clone_dtoh(&dout).unwrap(), &emu);
     }
 
@@ -583,7 +578,7 @@ fn gpu_vs_emu_selftest_intrinsics() {
         addends: dptr(&cu, &dadd) as *const f32,
         blocks: 5,
     };
-    launch_gpu(&cu, "selftest_atomic", sys::fa_gpu_selftest_atomic, p);
+    launch_gpu(&cu, "selftest_atomic", sys::fa_selftest_atomic, p);
     bitwise("atomic counter", &cu.clone_dtoh(&dcounter).unwrap(), &[emu.counter]);
     bitwise("atomic sum", &cu.clone_dtoh(&dsum).unwrap(), &[emu.sum]);
     let (mut g, mut e) = (cu.clone_dtoh(&dolds).unwrap(), emu.olds.clone());
@@ -598,7 +593,7 @@ fn gpu_vs_emu_selftest_intrinsics() {
         let emu = st::barriers(mode, SEED).unwrap();
         let dout = cu.clone_htod(&vec![i32::MIN; st::BLOCK_THREADS]).unwrap();
         let p = sys::FaSelftestBarrierParams { out: dptr(&cu, &dout) as *mut i32, mode: abi as i32 };
-        launch_gpu(&cu, "selftest_barrier", sys::fa_gpu_selftest_barrier, p);
+        launch_gpu(&cu, "selftest_barrier", sys::fa_selftest_barrier, p);
         bitwise(&format!("barriers {mode:?}"), &cu.clone_dtoh(&dout).unwrap(), &emu);
     }
 }
@@ -636,7 +631,7 @@ fn gpu_vs_emu_selftest_planted_bug_twins() {
             planted: 0,
             race_detection: 1,
         };
-        launch_gpu(&cu, "selftest_bug", sys::fa_gpu_selftest_bug, p);
+        launch_gpu(&cu, "selftest_bug", sys::fa_selftest_bug, p);
         let gpu: Vec<u32> = cu.clone_dtoh(&dout).unwrap().iter().map(|x| x.to_bits()).collect();
         let emu: Vec<u32> = emu.iter().map(|x| x.to_bits()).collect();
         bitwise(&format!("correct twin of {bug:?}"), &gpu[..st::BUG_ELEMS], &emu);
@@ -671,7 +666,7 @@ fn gemm_pair<T: Element>(cu: &Arc<CudaStream>, s: GemmShape) {
         b_k_major: s.b_k_major as i32,
         bug: sys::FA_SELFTEST_GEMM_CORRECT as i32,
     };
-    launch_gpu(cu, "selftest_gemm", sys::fa_gpu_selftest_gemm, p);
+    launch_gpu(cu, "selftest_gemm", sys::fa_selftest_gemm, p);
     let gpu: Vec<f32> = cu.clone_dtoh(&dc).unwrap();
     // Per element: two fp32 summations of the same k exact products differ by at most k·eps·Σ|a b|.
     let magnitude = |i: usize, j: usize| -> f64 {

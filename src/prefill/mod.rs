@@ -233,7 +233,7 @@ pub fn prefill<T: Element>(
         lse_head_stride: lse_strides[1],
         ..params
     };
-    launch.run("prefill", params, sys::fa_gpu_prefill, sys::fa_emu_prefill)
+    launch.run("prefill", params, sys::fa_prefill)
 }
 
 /// Reads a cu_seqlens tensor when it lives in host memory (emulator backend) so that its contents can be
@@ -241,7 +241,7 @@ pub fn prefill<T: Element>(
 fn host_values<'a>(view: &'a TensorView<'_, i32, 1>) -> Option<&'a [i32]> {
     match &view.mem {
         Mem::Host(h) => Some(&h[..view.dim(0)]),
-        Mem::Gpu(_) => None,
+        Mem::Gpu(_) | Mem::Device(_) => None,
     }
 }
 
@@ -379,7 +379,7 @@ pub fn prefill_varlen<T: Element>(
         lse_head_stride,
         ..params
     };
-    launch.run("prefill_varlen", params, sys::fa_gpu_prefill, sys::fa_emu_prefill)
+    launch.run("prefill_varlen", params, sys::fa_prefill)
 }
 
 #[cfg(test)]

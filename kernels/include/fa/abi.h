@@ -5,10 +5,14 @@
  *  - pointers are device pointers on the GPU backend and host pointers on the emulator backend;
  *  - strides are int64 and counted in ELEMENTS; the innermost (head_dim) stride is always 1;
  *  - sizes are int32; scales are float; dtype is one of FA_DTYPE_*;
- *  - every launcher returns FA_OK (0), a positive CUDA error code (GPU backend), or a negative FA_ERR_*.
+ *  - every launcher returns FA_OK (0) or a negative FA_ERR_*.
  *
- * Every launcher exists twice with the same signature: fa_gpu_<op> (nvcc build, `stream` is a cudaStream_t /
- * CUstream) and fa_emu_<op> (host build, `stream` points to an FaEmuLaunch).
+ * Launchers are host code, compiled once by the host C++ compiler into the host library (libfa_host.a,
+ * together with the emulator). Each validates its parameters, chooses the kernel instantiation and computes
+ * grid, block and dynamic shared memory: one launch plan for both backends. What then happens to each
+ * launch is the FaExec's mode (below): it runs on the host emulator, or it is recorded for the Rust side to
+ * enqueue on the caller's CUDA stream through the driver API (cuLaunchKernel, kernels loaded from the
+ * fatbins nvcc built from the same sources). No CUDA runtime is linked.
  */
 #ifndef FA_ABI_H
 #define FA_ABI_H
@@ -29,11 +33,8 @@ enum {
   FA_ERR_INVALID = -1,     /* params violate a precondition the Rust layer should have checked */
   FA_ERR_UNSUPPORTED = -2, /* no kernel instantiated for this head_dim / dtype / page size */
   FA_ERR_EMULATOR = -3,    /* the emulator detected a fault; FaEmuLaunch.message says which */
-  FA_ERR_NO_ARCH = -4,     /* the GPU library has no code for this device's architecture */
+  FA_ERR_TOO_MANY_LAUNCHES = -5, /* a launcher recorded more than FA_MAX_LAUNCHES launches (a bug here) */
 };
-
-/* Opaque stream handle: cudaStream_t on the GPU backend, FaEmuLaunch* on the emulator backend. */
-typedef void *FaStream;
 
 /* ---------------------------------------------------------------------------------------------------------
  * Prefill: O = softmax(Q Kᵀ · scale) V, fused.
@@ -169,23 +170,44 @@ typedef struct FaEmuLaunch {
 } FaEmuLaunch;
 
 /* ---------------------------------------------------------------------------------------------------------
- * Launchers. `FA_LAUNCHER(op)` expands to fa_gpu_op or fa_emu_op in the kernel sources.
+ * Execution of a launcher's kernel launches.
+ *   FA_EXEC_EMULATE: each launch runs to completion on the host emulator; `emu` lists the buffers it may
+ *                    touch and receives the fault message.
+ *   FA_EXEC_RECORD:  each launch is appended to `launches` (kernel name, geometry and the bytes of its one
+ *                    by-value parameter); the caller enqueues them in order. A launcher records at most
+ *                    FA_MAX_LAUNCHES (split-KV decode: the decode kernel, then the merge kernel).
+ * Kernel names are the extern "C" symbols of the kernels in the fatbins (fa_prefill_bf16_d128, ...).
  * ------------------------------------------------------------------------------------------------------- */
-#define FA_DECLARE_LAUNCHERS(prefix)                                                                         \
-  int prefix##prefill(FaPrefillParams params, FaStream stream);                                              \
-  int prefix##append(FaAppendParams params, FaStream stream);                                                \
-  int prefix##decode(FaDecodeParams params, FaStream stream);                                                \
-  int prefix##merge(FaMergeParams params, FaStream stream);
+enum { FA_EXEC_EMULATE = 0, FA_EXEC_RECORD = 1 };
+enum { FA_MAX_LAUNCHES = 4, FA_MAX_PARAMS_BYTES = 1024 };
 
-FA_DECLARE_LAUNCHERS(fa_gpu_)
-FA_DECLARE_LAUNCHERS(fa_emu_)
+typedef struct FaKernelLaunch {
+  const char *kernel; /* static NUL-terminated symbol name */
+  int32_t grid[3];
+  int32_t block;
+  int32_t smem_bytes;
+  int32_t params_bytes;
+  uint64_t params[FA_MAX_PARAMS_BYTES / 8]; /* 8-byte aligned copy of the params struct */
+} FaKernelLaunch;
 
-/* GPU backend only: the message for a positive status, and the device-code architectures compiled in. */
-const char *fa_gpu_error_string(int status);
+typedef struct FaExec {
+  int32_t mode;
+  FaEmuLaunch *emu;
+  int32_t num_launches;
+  FaKernelLaunch launches[FA_MAX_LAUNCHES];
+} FaExec;
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Launchers (kernels/<op>.cu, host build).
+ * ------------------------------------------------------------------------------------------------------- */
+int fa_prefill(FaPrefillParams params, FaExec *exec);
+int fa_append(FaAppendParams params, FaExec *exec);
+int fa_decode(FaDecodeParams params, FaExec *exec);
+int fa_merge(FaMergeParams params, FaExec *exec);
 
 /* ---------------------------------------------------------------------------------------------------------
  * Self-tests of the intrinsics layer and the host emulator (kernels/selftest.cu, tests/emulator.rs). Every
- * launcher exists as fa_gpu_selftest_* and fa_emu_selftest_*, so the same kernels can run on a GPU and be
+ * launcher (fa_selftest_*) runs through an FaExec like the ops, so the same kernels can run on a GPU and be
  * compared with the emulator. All are single-warp or single-block unless stated.
  * ------------------------------------------------------------------------------------------------------- */
 
@@ -346,19 +368,15 @@ typedef struct FaSelftestBenchParams {
   int32_t blocks;
 } FaSelftestBenchParams;
 
-#define FA_DECLARE_SELFTEST_LAUNCHERS(prefix)                                                                \
-  int prefix##selftest_mma(FaSelftestMmaParams params, FaStream stream);                                     \
-  int prefix##selftest_ldmatrix(FaSelftestLdmatrixParams params, FaStream stream);                           \
-  int prefix##selftest_warp(FaSelftestWarpParams params, FaStream stream);                                   \
-  int prefix##selftest_cp_async(FaSelftestCpAsyncParams params, FaStream stream);                            \
-  int prefix##selftest_atomic(FaSelftestAtomicParams params, FaStream stream);                               \
-  int prefix##selftest_barrier(FaSelftestBarrierParams params, FaStream stream);                             \
-  int prefix##selftest_bug(FaSelftestBugParams params, FaStream stream);                                     \
-  int prefix##selftest_gemm(FaSelftestGemmParams params, FaStream stream);                                   \
-  int prefix##selftest_bench(FaSelftestBenchParams params, FaStream stream);
-
-FA_DECLARE_SELFTEST_LAUNCHERS(fa_gpu_)
-FA_DECLARE_SELFTEST_LAUNCHERS(fa_emu_)
+int fa_selftest_mma(FaSelftestMmaParams params, FaExec *exec);
+int fa_selftest_ldmatrix(FaSelftestLdmatrixParams params, FaExec *exec);
+int fa_selftest_warp(FaSelftestWarpParams params, FaExec *exec);
+int fa_selftest_cp_async(FaSelftestCpAsyncParams params, FaExec *exec);
+int fa_selftest_atomic(FaSelftestAtomicParams params, FaExec *exec);
+int fa_selftest_barrier(FaSelftestBarrierParams params, FaExec *exec);
+int fa_selftest_bug(FaSelftestBugParams params, FaExec *exec);
+int fa_selftest_gemm(FaSelftestGemmParams params, FaExec *exec);
+int fa_selftest_bench(FaSelftestBenchParams params, FaExec *exec);
 
 #ifdef __cplusplus
 }

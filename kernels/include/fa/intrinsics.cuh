@@ -3,6 +3,10 @@
 // under the host compiler (FA_EMULATION) each forwards to the host SIMT executor (fa/emu/runtime.h), which
 // gives the same results lane for lane (fragment layouts per the PTX ISA tables) and checks every access.
 //
+// Two builds of every kernels/*.cu: nvcc compiles the device code into fatbins (no host code, no CUDA
+// runtime); the host compiler compiles everything as host C++ (FA_HOST_BUILD: kernels for the emulator,
+// plus the launchers, which exist only there). FA_KERNEL declares a kernel for both; FA_LAUNCH launches one.
+//
 // Rules for kernel code (the emulator can only check what goes through here):
 //  - all shared memory is dynamic (fa::dynamic_smem), and is read/written only with ld_shared/st_shared,
 //    ldmatrix and cp_async;
@@ -17,32 +21,40 @@
 #if defined(__CUDACC__)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cuda_runtime.h>
 #define FA_DEVICE __device__ __forceinline__
 #define FA_HOST_DEVICE __host__ __device__ __forceinline__
 #define FA_GLOBAL __global__
 #define FA_LAUNCH_BOUNDS(threads, min_blocks) __launch_bounds__(threads, min_blocks)
-#define FA_LAUNCHER(op) fa_gpu_##op
 #else
 #ifndef FA_EMULATION
 #define FA_EMULATION 1
 #endif
-// cuda_fp16.h / cuda_bf16.h compile as host C++: the same __half / __nv_bfloat16 types and RNE conversions.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+#define FA_HOST_BUILD 1
+// Our own host definitions of the CUDA vector and 16-bit types: the host library needs no CUDA headers.
+#include "fa/emu/host_types.h"
 #define FA_DEVICE inline
 #define FA_HOST_DEVICE inline
 #define FA_GLOBAL
 #define FA_LAUNCH_BOUNDS(threads, min_blocks)
-#define FA_LAUNCHER(op) fa_emu_##op
 #include "fa/emu/runtime.h"
 #endif
+
+// A kernel: an extern "C" function of one by-value params struct that runs `body(p)` (a device function).
+// Under nvcc it is the __global__ entry point the driver API finds in the fatbin by this exact name; in the
+// host build it is the function the emulator runs for every thread. Use at global scope.
+#define FA_KERNEL(name, max_threads, min_blocks, Params, body)                                               \
+  extern "C" FA_GLOBAL void FA_LAUNCH_BOUNDS(max_threads, min_blocks) name(const Params p) { body(p); }
 #include "fa/namespace.cuh"
 
 FA_NAMESPACE_BEGIN
 
+#if defined(FA_HOST_BUILD)
+using half_t = emu::Half;
+using bf16_t = emu::Bf16;
+#else
 using half_t = __half;
 using bf16_t = __nv_bfloat16;
+#endif
 
 struct Dim3 {
   int x = 1, y = 1, z = 1;
@@ -163,32 +175,6 @@ FA_DEVICE float fast_exp2(float x) {
   return y;
 }
 
-// CUDA status -> launcher status: a missing kernel image (built for other arches) is the typed FA_ERR_NO_ARCH.
-inline int launch_status(cudaError_t e) {
-  if (e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidDeviceFunction) return FA_ERR_NO_ARCH;
-  return (int)e;
-}
-
-// Raises `kernel`'s dynamic-shared-memory limit to `bytes` (needed above the 48 KiB default). A host-side
-// function attribute of the current context: no stream work, legal during graph capture. Set on every launch
-// rather than cached: the attribute belongs to the (function, context) pair and the runtime API cannot name
-// the context cudarc made current (a per-device cache would be wrong for a second context on one device).
-inline cudaError_t ensure_dynamic_smem(const void *kernel, int bytes) {
-  if (bytes <= 48 * 1024) return cudaSuccess;
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-}
-
-// Launch on the caller's stream; returns the launch status. Never synchronises. (The GPU and emulator builds
-// of this template can never be confused by the linker: fa/namespace.cuh gives them different names.)
-template <class... KArgs, class... Args>
-inline int launch(const char * /*name*/, void (*kernel)(KArgs...), Dim3 grid, int block, int smem_bytes,
-                  FaStream stream, Args... args) {
-  cudaError_t e = ensure_dynamic_smem((const void *)kernel, smem_bytes);
-  if (e != cudaSuccess) return launch_status(e);
-  kernel<<<dim3(grid.x, grid.y, grid.z), block, smem_bytes, (cudaStream_t)stream>>>(args...);
-  return launch_status(cudaGetLastError());
-}
-
 #else
 // ------------------------------------------------------------------------------------------------ host
 // Each forwards to the executor in fa/emu/runtime.h (implemented in kernels/emu/).
@@ -272,17 +258,40 @@ FA_DEVICE int atomic_add(int *p, int v) { return emu::atomic_add_i32(p, v); }
 
 FA_DEVICE float fast_exp2(float x) { return emu::exp2_approx(x); }
 
-template <class... KArgs, class... Args>
-inline int launch(const char *name, void (*kernel)(KArgs...), Dim3 grid, int block, int smem_bytes,
-           FaStream stream, Args... args) {
-  return emu::launch(name, emu::Dim3{grid.x, grid.y, grid.z}, block, smem_bytes,
-                     static_cast<FaEmuLaunch *>(stream), [=]() { kernel(args...); });
+// Launch: emulate now, or record for the driver API (FaExec, abi.h). Never synchronises anything.
+int record_launch(FaExec *exec, const char *name, Dim3 grid, int block, int smem_bytes, const void *params,
+                  size_t params_bytes);
+template <class P>
+inline int launch(const char *name, void (*kernel)(P), Dim3 grid, int block, int smem_bytes, FaExec *exec, P p) {
+  static_assert(sizeof(P) <= FA_MAX_PARAMS_BYTES, "kernel parameters larger than an FaKernelLaunch holds");
+  if (exec == nullptr) return FA_ERR_INVALID;
+  if (exec->mode == FA_EXEC_RECORD) return record_launch(exec, name, grid, block, smem_bytes, &p, sizeof(P));
+  return emu::launch(name, emu::Dim3{grid.x, grid.y, grid.z}, block, smem_bytes, exec->emu, [=]() { kernel(p); });
 }
+// True when launches are recorded for a GPU (launchers refuse emulator-only kernels there).
+inline bool recording_for_gpu(const FaExec *exec) { return exec != nullptr && exec->mode == FA_EXEC_RECORD; }
 #endif
 
 // ------------------------------------------------------------------------------------------- both sides
 // Conversions between fp32 pairs and packed 16-bit pairs (low half = first element), round to nearest even.
 template <class T> FA_DEVICE uint32_t pack2(float lo, float hi);
+template <class T> FA_DEVICE void unpack2(uint32_t bits, float &lo, float &hi);
+#if defined(FA_HOST_BUILD)
+template <> FA_DEVICE uint32_t pack2<half_t>(float lo, float hi) {
+  return (uint32_t)emu::float_to_half_bits(lo) | (uint32_t)emu::float_to_half_bits(hi) << 16;
+}
+template <> FA_DEVICE uint32_t pack2<bf16_t>(float lo, float hi) {
+  return (uint32_t)emu::float_to_bf16_bits(lo) | (uint32_t)emu::float_to_bf16_bits(hi) << 16;
+}
+template <> FA_DEVICE void unpack2<half_t>(uint32_t bits, float &lo, float &hi) {
+  lo = emu::half_bits_to_float((uint16_t)(bits & 0xffffu));
+  hi = emu::half_bits_to_float((uint16_t)(bits >> 16));
+}
+template <> FA_DEVICE void unpack2<bf16_t>(uint32_t bits, float &lo, float &hi) {
+  lo = emu::bf16_bits_to_float((uint16_t)(bits & 0xffffu));
+  hi = emu::bf16_bits_to_float((uint16_t)(bits >> 16));
+}
+#else
 template <> FA_DEVICE uint32_t pack2<half_t>(float lo, float hi) {
   __half2 h = __floats2half2_rn(lo, hi);
   uint32_t r;
@@ -295,11 +304,20 @@ template <> FA_DEVICE uint32_t pack2<bf16_t>(float lo, float hi) {
   __builtin_memcpy(&r, &h, 4);
   return r;
 }
-template <class T> FA_DEVICE float to_float(T x);
-template <> FA_DEVICE float to_float<half_t>(half_t x) { return __half2float(x); }
-template <> FA_DEVICE float to_float<bf16_t>(bf16_t x) { return __bfloat162float(x); }
-template <class T> FA_DEVICE T from_float(float x);
-template <> FA_DEVICE half_t from_float<half_t>(float x) { return __float2half_rn(x); }
-template <> FA_DEVICE bf16_t from_float<bf16_t>(float x) { return __float2bfloat16_rn(x); }
+template <> FA_DEVICE void unpack2<half_t>(uint32_t bits, float &lo, float &hi) {
+  const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&bits));
+  lo = f.x;
+  hi = f.y;
+}
+template <> FA_DEVICE void unpack2<bf16_t>(uint32_t bits, float &lo, float &hi) {
+  const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&bits));
+  lo = f.x;
+  hi = f.y;
+}
+#endif
 
 FA_NAMESPACE_END
+
+// Launches the FA_KERNEL `kernel` (host build only): its name is the symbol the driver API looks up.
+// Arguments after the kernel: grid (Dim3), block, dynamic smem bytes, FaExec*, params.
+#define FA_LAUNCH(kernel, ...) ::fa::launch(#kernel, kernel, __VA_ARGS__)

@@ -9,23 +9,6 @@
 
 FA_NAMESPACE_BEGIN
 
-// Two packed 16-bit elements (low half first) to floats.
-template <class T> FA_DEVICE void unpack2(uint32_t bits, float &lo, float &hi);
-template <> FA_DEVICE void unpack2<half_t>(uint32_t bits, float &lo, float &hi) {
-  __half_raw a, b;
-  a.x = (unsigned short)(bits & 0xffffu);
-  b.x = (unsigned short)(bits >> 16);
-  lo = to_float<half_t>(half_t(a));
-  hi = to_float<half_t>(half_t(b));
-}
-template <> FA_DEVICE void unpack2<bf16_t>(uint32_t bits, float &lo, float &hi) {
-  __nv_bfloat16_raw a, b;
-  a.x = (unsigned short)(bits & 0xffffu);
-  b.x = (unsigned short)(bits >> 16);
-  lo = to_float<bf16_t>(bf16_t(a));
-  hi = to_float<bf16_t>(bf16_t(b));
-}
-
 template <class T> struct Vec8 {
   FA_DEVICE static void load(const T *p, float (&x)[8]) {
     const Vec16 v = ld_global_nc(reinterpret_cast<const Vec16 *>(p));

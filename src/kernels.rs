@@ -1,0 +1,178 @@
+//! The GPU kernels: fatbins nvcc built from kernels/*.cu (embedded by build.rs), loaded into each CUDA
+//! context once, lazily, through the driver API, and the launches a launcher recorded (abi.h, `FaExec`)
+//! enqueued with `cuLaunchKernel` on the caller's stream. No CUDA runtime is involved.
+//!
+//! Modules are cached per context by the driver's unique context id (`cuCtxGetId`), so a context created at
+//! the address of a destroyed one never sees stale modules; they stay loaded for the life of their context.
+
+use std::collections::HashMap;
+use std::ffi::{c_void, CStr};
+use std::sync::Mutex;
+
+use cudarc::driver::sys::{self, CUcontext, CUfunction, CUmodule, CUresult, CUstream};
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// 64-byte aligned storage for an embedded fatbin (the driver reads its headers in place).
+#[repr(C, align(64))]
+pub(crate) struct Aligned<B: ?Sized>(pub B);
+
+include!(concat!(env!("OUT_DIR"), "/fatbins.rs"));
+
+/// Whether this build embeds GPU kernels (the `cuda` feature with nvcc found at build time).
+pub fn available() -> bool {
+    !FATBINS.is_empty()
+}
+
+/// The driver version (e.g. 13000 for CUDA 13.0) the embedded kernels need: their toolkit's major version
+/// (CUDA minor-version compatibility covers the rest), or `None` without kernels.
+pub fn required_driver_version() -> Option<i32> {
+    let major: i32 = env!("FA_CUDA_VERSION").split('.').next()?.parse().ok()?;
+    Some(major * 1000)
+}
+
+pub(crate) fn no_kernels_error(what: &str) -> Error {
+    Error::new(
+        ErrorKind::NoKernels,
+        format!(
+            "{what}: this copy of fused-attn was built without GPU kernels (the `cuda` feature is off, or no \
+             nvcc was found at build time: set NVCC or CUDA_HOME, or run scripts/setup, and rebuild)"
+        ),
+    )
+}
+
+struct ContextKernels {
+    ctx_id: u64,
+    modules: Vec<CUmodule>,
+    /// kernel name -> (function, dynamic shared memory limit set on it so far)
+    functions: HashMap<String, (CUfunction, i32)>,
+}
+
+// SAFETY: CUDA driver handles are plain identifiers usable from any thread.
+unsafe impl Send for ContextKernels {}
+
+static CACHE: Mutex<Vec<ContextKernels>> = Mutex::new(Vec::new());
+
+fn check(r: CUresult) -> Result<()> {
+    if r == CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::from(cudarc::driver::DriverError(r)))
+    }
+}
+
+/// Unique id of `ctx` (stable for the process lifetime, never reused).
+fn context_id(ctx: CUcontext) -> Result<u64> {
+    let mut id: std::ffi::c_ulonglong = 0;
+    // SAFETY: writes one integer; `ctx` is a live context handle supplied by the caller.
+    check(unsafe { sys::cuCtxGetId(ctx, &mut id) })?;
+    Ok(id)
+}
+
+/// Loads every embedded module into `ctx` (which must be current on this thread) unless already loaded.
+pub(crate) fn ensure_loaded(ctx: CUcontext) -> Result<()> {
+    if !available() {
+        return Err(no_kernels_error("loading kernels"));
+    }
+    let id = context_id(ctx)?;
+    let mut cache = CACHE.lock().map_err(|_| Error::new(ErrorKind::Cuda, "kernel cache poisoned"))?;
+    if cache.iter().any(|c| c.ctx_id == id) {
+        return Ok(());
+    }
+    let mut modules = Vec::with_capacity(FATBINS.len());
+    for (name, image) in FATBINS {
+        let mut module: CUmodule = std::ptr::null_mut();
+        // SAFETY: `image` is a complete fatbin, 64-byte aligned and 'static.
+        let r = unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void) };
+        if r != CUresult::CUDA_SUCCESS {
+            let e = Error::from(cudarc::driver::DriverError(r));
+            return Err(e.context(&format!("loading the {name} kernels")));
+        }
+        modules.push(module);
+    }
+    cache.push(ContextKernels { ctx_id: id, modules, functions: HashMap::new() });
+    Ok(())
+}
+
+/// The function `name` in `ctx` (current on this thread), with its dynamic shared memory limit raised to
+/// at least `smem_bytes` (a per-function attribute, needed above 48 KiB; host-side, legal during capture).
+fn function(ctx: CUcontext, name: &CStr, smem_bytes: i32) -> Result<CUfunction> {
+    ensure_loaded(ctx)?;
+    let id = context_id(ctx)?;
+    let mut cache = CACHE.lock().map_err(|_| Error::new(ErrorKind::Cuda, "kernel cache poisoned"))?;
+    let entry = cache
+        .iter_mut()
+        .find(|c| c.ctx_id == id)
+        .ok_or_else(|| Error::new(ErrorKind::Cuda, "kernel cache lost a context"))?;
+    let key = name.to_string_lossy();
+    if !entry.functions.contains_key(key.as_ref()) {
+        let mut found = None;
+        for &module in &entry.modules {
+            let mut f: CUfunction = std::ptr::null_mut();
+            // SAFETY: `module` is loaded in this context; `name` is NUL-terminated.
+            let r = unsafe { sys::cuModuleGetFunction(&mut f, module, name.as_ptr()) };
+            match r {
+                CUresult::CUDA_SUCCESS => {
+                    found = Some(f);
+                    break;
+                }
+                CUresult::CUDA_ERROR_NOT_FOUND => continue,
+                other => check(other)?,
+            }
+        }
+        let f =
+            found.ok_or_else(|| Error::new(ErrorKind::Unsupported, format!("kernel {key} is not in this build")))?;
+        entry.functions.insert(key.to_string(), (f, 48 * 1024));
+    }
+    let (f, limit) =
+        entry.functions.get_mut(key.as_ref()).ok_or_else(|| Error::new(ErrorKind::Cuda, "kernel cache"))?;
+    if smem_bytes > *limit {
+        // SAFETY: `f` is a function of this context.
+        check(unsafe {
+            sys::cuFuncSetAttribute(
+                *f,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem_bytes,
+            )
+        })?;
+        *limit = smem_bytes;
+    }
+    Ok(*f)
+}
+
+/// Enqueues recorded launches, in order, on `stream` of context `ctx` (current on this thread).
+///
+/// # Safety
+/// Every pointer inside the launches' params must be valid device memory of `ctx` for the kernels' accesses
+/// until they complete on `stream`.
+pub(crate) unsafe fn enqueue(ctx: CUcontext, stream: CUstream, launches: &[crate::sys::FaKernelLaunch]) -> Result<()> {
+    if !available() {
+        return Err(no_kernels_error("GPU launch"));
+    }
+    for l in launches {
+        // SAFETY: launchers store a static NUL-terminated name.
+        let name = unsafe { CStr::from_ptr(l.kernel) };
+        let f = function(ctx, name, l.smem_bytes)?;
+        let mut params = l.params;
+        let mut args = [params.as_mut_ptr() as *mut c_void];
+        // SAFETY: the kernel takes exactly one by-value parameter whose bytes the launcher copied into
+        // `params` (params_bytes <= its size); cuLaunchKernel copies them before returning.
+        let r = unsafe {
+            sys::cuLaunchKernel(
+                f,
+                l.grid[0] as u32,
+                l.grid[1] as u32,
+                l.grid[2] as u32,
+                l.block as u32,
+                1,
+                1,
+                l.smem_bytes as u32,
+                stream,
+                args.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        check(r).map_err(|e| e.context(&format!("launching {}", name.to_string_lossy())))?;
+    }
+    Ok(())
+}
