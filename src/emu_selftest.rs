@@ -362,3 +362,26 @@ pub unsafe fn launch_gpu<P>(
 ) -> Result<()> {
     crate::launch::Launch::new(crate::device::Stream::Gpu(stream)).run(kernel, params, launcher)
 }
+
+/// The host build's fp32 -> 16-bit conversion (the emulator's and the launchers' only one) of `values`.
+pub fn float_to_16(dtype: DType, values: &[f32]) -> Vec<u16> {
+    let mut out = vec![0u16; values.len()];
+    // SAFETY: both buffers hold values.len() elements.
+    unsafe { sys::fa_host_float_to_16(values.as_ptr(), out.as_mut_ptr(), values.len() as i64, dtype_code(dtype)) };
+    out
+}
+
+/// The host build's 16-bit -> fp32 conversion of `bits`.
+pub fn float_from_16(dtype: DType, bits: &[u16]) -> Vec<f32> {
+    let mut out = vec![0f32; bits.len()];
+    // SAFETY: both buffers hold bits.len() elements.
+    unsafe { sys::fa_host_16_to_float(bits.as_ptr(), out.as_mut_ptr(), bits.len() as i64, dtype_code(dtype)) };
+    out
+}
+
+fn dtype_code(dtype: DType) -> i32 {
+    match dtype {
+        DType::F16 => sys::FA_DTYPE_F16 as i32,
+        DType::Bf16 => sys::FA_DTYPE_BF16 as i32,
+    }
+}

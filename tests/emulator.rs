@@ -789,3 +789,53 @@ fn launcher_rejects_bad_parameters_with_a_typed_error() {
     let e = st::gemm(&a, &a, s, GemmBug::None, 0).unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::Shape);
 }
+
+// ------------------------------------------------------------------------------- 16-bit conversions
+
+/// The host build carries its own fp16/bf16 conversions (no CUDA headers): check them against the `half`
+/// crate on every 16-bit value (to fp32: exact) and, to 16 bits, on every value's neighbourhood (the exact
+/// midpoints to the next value, which round to even, and one ulp either side of them), every fp32 exponent,
+/// infinities and NaNs (CUDA returns the canonical 0x7fff for every NaN).
+#[test]
+fn host_fp16_bf16_conversions_match_ieee_round_to_nearest_even() {
+    for dtype in [DType::F16, DType::Bf16] {
+        let all: Vec<u16> = (0..=u16::MAX).collect();
+        let floats = st::float_from_16(dtype, &all);
+        let to_f32 = |b: u16| match dtype {
+            DType::F16 => f16::from_bits(b).to_f32(),
+            DType::Bf16 => bf16::from_bits(b).to_f32(),
+        };
+        for (&b, &f) in all.iter().zip(&floats) {
+            let want = to_f32(b);
+            assert!(f.to_bits() == want.to_bits() || (f.is_nan() && want.is_nan()), "{dtype:?} {b:#06x}: {f} vs {want}");
+        }
+        let mut inputs = Vec::new();
+        for b in 0..=u16::MAX {
+            let (x, y) = (to_f32(b) as f64, to_f32(b.wrapping_add(1)) as f64);
+            if !(x.is_finite() && y.is_finite()) || (b & 0x7fff) == 0x7fff {
+                continue;
+            }
+            let mid = ((x + y) / 2.0) as f32; // exact: the midpoint needs one more bit than a 16-bit value
+            inputs.extend([to_f32(b), mid, f32::from_bits(mid.to_bits() + 1), f32::from_bits(mid.to_bits().wrapping_sub(1))]);
+        }
+        for e in 0..255u32 {
+            inputs.push(f32::from_bits(e << 23 | 0x2a_aaaa));
+            inputs.push(-f32::from_bits(e << 23 | 0x55_5555));
+        }
+        inputs.extend([f32::INFINITY, f32::NEG_INFINITY, f32::MAX, f32::MIN_POSITIVE, 65504.0, 65520.0, -65519.99]);
+        let nans = [f32::NAN, -f32::NAN, f32::from_bits(0x7f80_0001), f32::from_bits(0xffc0_1234)];
+        inputs.extend(nans);
+        let got = st::float_to_16(dtype, &inputs);
+        for (&x, &g) in inputs.iter().zip(&got) {
+            let want = match dtype {
+                DType::F16 => f16::from_f32(x).to_bits(),
+                DType::Bf16 => bf16::from_f32(x).to_bits(),
+            };
+            if x.is_nan() {
+                assert_eq!(g, 0x7fff, "{dtype:?}: NaN {:#010x} must become the canonical NaN", x.to_bits());
+            } else {
+                assert_eq!(g, want, "{dtype:?}: {x:e} ({:#010x}) rounds to {want:#06x}, host build gives {g:#06x}", x.to_bits());
+            }
+        }
+    }
+}

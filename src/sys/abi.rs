@@ -491,3 +491,9 @@ unsafe extern "C" {
 unsafe extern "C" {
     pub fn fa_selftest_bench(params: FaSelftestBenchParams, exec: *mut FaExec) -> ::std::os::raw::c_int;
 }
+unsafe extern "C" {
+    pub fn fa_host_float_to_16(in_: *const f32, out: *mut u16, n: i64, dtype: i32);
+}
+unsafe extern "C" {
+    pub fn fa_host_16_to_float(in_: *const u16, out: *mut f32, n: i64, dtype: i32);
+}

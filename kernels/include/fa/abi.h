@@ -378,6 +378,12 @@ int fa_selftest_bug(FaSelftestBugParams params, FaExec *exec);
 int fa_selftest_gemm(FaSelftestGemmParams params, FaExec *exec);
 int fa_selftest_bench(FaSelftestBenchParams params, FaExec *exec);
 
+/* The host build's fp32 <-> 16-bit conversions (kernels/include/fa/emu/host_types.h: round to nearest even,
+ * overflow to inf, every NaN to 0x7fff, as CUDA), exposed so tests can compare them with an independent
+ * implementation. dtype: FA_DTYPE_F16 or FA_DTYPE_BF16. */
+void fa_host_float_to_16(const float *in, uint16_t *out, int64_t n, int32_t dtype);
+void fa_host_16_to_float(const uint16_t *in, float *out, int64_t n, int32_t dtype);
+
 #ifdef __cplusplus
 }
 #endif
