@@ -3,7 +3,9 @@
 //! stream or context synchronisation (and any other capture-unsafe call) invalidates the capture. The
 //! graph must then hold exactly the three kernels: no memset, memcpy, alloc/free or event node. Replays
 //! are compared bit for bit with direct launches on the same inputs, also after q is rewritten in place
-//! between replays (a replay reads the buffers' current contents, not a snapshot taken at capture).
+//! between replays (a replay reads the buffers' current contents, not a snapshot taken at capture), and after
+//! seq_lens change within the plan's capacity (the workspace pins one decode plan, so the captured grid and
+//! split geometry stay valid, as a decode loop replaying one graph per step needs).
 //!
 //! Its own test binary, with one test: it switches off cudarc's event tracking for its context (below),
 //! and GLOBAL capture mode would also fail unrelated CUDA calls of tests running concurrently in-process.
@@ -244,4 +246,16 @@ fn gpu_graph_capture_replays_decode_and_prefill() {
     graphed.poison(&cu);
     graph.launch().unwrap();
     assert_same("replay after rewriting q", &second, &graphed.read(&cu));
+
+    // New seq_lens (within the plan's max_seq_len; every token still has data in its pages).
+    let new_lens = vec![5, 0, 16, 299, 700];
+    assert!(new_lens.iter().zip(&dec.seq_lens).all(|(n, o)| n <= o) && new_lens != dec.seq_lens);
+    cu.memcpy_htod(&new_lens, &mut inp.lens).unwrap();
+    direct.poison(&cu);
+    enqueue(&cu, fx, &mut inp, &mut direct).unwrap();
+    let third = direct.read(&cu);
+    assert!(third.bits()[0] != second.bits()[0], "the new seq_lens must change the decode output");
+    graphed.poison(&cu);
+    graph.launch().unwrap();
+    assert_same("replay after changing seq_lens", &third, &graphed.read(&cu));
 }
