@@ -32,6 +32,8 @@
 //! ```
 pub mod append;
 pub mod build_info;
+pub mod cost_model;
+pub mod counters;
 pub mod decode;
 pub mod device;
 pub mod dtype;
@@ -50,6 +52,7 @@ pub mod sys;
 pub mod tensor;
 pub mod timing;
 
+pub use counters::{KernelCounters, LaunchCounters};
 pub use device::Stream;
 pub use dtype::{DType, Element};
 pub use emu::Emulator;
