@@ -23,12 +23,7 @@ pub fn last_counters() -> Option<LaunchCounters> {
 }
 
 /// [`run_emulated`], keeping the counters for [`last_counters`].
-fn run(
-    kernel: &str,
-    regions: &[sys::FaEmuRegion],
-    seed: u64,
-    launch: impl FnOnce(sys::FaStream) -> i32,
-) -> Result<()> {
+fn run(kernel: &str, regions: &[sys::FaEmuRegion], seed: u64, launch: impl FnOnce(sys::FaStream) -> i32) -> Result<()> {
     let result = run_emulated(kernel, regions, seed, launch);
     LAST_COUNTERS.with(|c| *c.borrow_mut() = result.as_ref().ok().cloned());
     result.map(drop)
