@@ -7,7 +7,7 @@
 //! kernels/include/fa/decode/traits.cuh) and the host policy that mirrors it ([`TileConfig`],
 //! [`kv_block_range`], [`DecodePlan`]); each formula says which design decision it encodes.
 
-use crate::counters::KernelCounters;
+use crate::counters::{KernelCounters, LaunchCounters};
 use crate::decode::cases::DecodeCase;
 use crate::plan::{DecodePlan, ROWS_PER_CTA};
 use crate::prefill::cases::PrefillCase;
@@ -196,6 +196,21 @@ impl DecodeCost {
             ("mma", ratio(k.mma, self.mma)),
         ]
     }
+}
+
+/// measured / model for a prefill op's counters (`Emulator::last_launch_counters` after running `case`), or
+/// `None` if the case has no kernel or no `prefill` kernel ran: what the runner's `report` shows per case.
+pub fn prefill_ratios(case: &PrefillCase, counters: &LaunchCounters) -> Option<Vec<(&'static str, f64)>> {
+    Some(prefill_cost(case)?.ratios(counters.kernel("prefill")?))
+}
+
+/// measured / model for a decode op's counters under the `plan` it followed (see [`prefill_ratios`]).
+pub fn decode_ratios(
+    case: &DecodeCase,
+    plan: &DecodePlan,
+    counters: &LaunchCounters,
+) -> Option<Vec<(&'static str, f64)>> {
+    Some(decode_cost(case, plan).ratios(counters.kernel("paged_decode")?))
 }
 
 fn ratio(measured: u64, model: u64) -> f64 {

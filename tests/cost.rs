@@ -11,7 +11,7 @@
 //! The counts do not depend on the data; the seed (fixed, FA_SEED varies it) only feeds the correctness
 //! check each case also passes.
 
-use fused_attn::cost_model::{decode_cost, prefill_cost, DecodeCost};
+use fused_attn::cost_model::{decode_cost, decode_ratios, prefill_cost, prefill_ratios, DecodeCost};
 use fused_attn::counters::{KernelCounters, LaunchCounters};
 use fused_attn::decode::cases::{run_case_emulated, DecodeCase};
 use fused_attn::emu_selftest::{self as st, BarrierMode, GemmBug, GemmShape, WarpOp};
@@ -336,4 +336,23 @@ fn causal_prefill_at_4096_issues_half_the_mma() {
     assert_eq!((full.read_of("k"), full.read_of("v")), (passes * kv_bytes, passes * kv_bytes));
     let model = prefill_cost(&prefill_case(t, t, 64, (1, 1), true)).unwrap();
     assert_eq!((causal.mma, causal.read_of("k")), (model.mma, model.k_bytes_read));
+}
+
+/// The measured/model view the runner's `report` prints per case: 1.0 for every exact quantity, and the
+/// decode read below its budget.
+#[test]
+fn ratios_are_one_for_the_kernels_as_designed() {
+    let case = prefill_case(200, 300, 128, (2, 1), true);
+    let emu = Emulator::new();
+    run_emulated(&emu, &PrefillFixture::<bf16>::new(&case, base_seed()).unwrap()).unwrap();
+    let ratios = prefill_ratios(&case, &emu.last_launch_counters().unwrap()).unwrap();
+    assert!(ratios.iter().all(|&(_, r)| r == 1.0), "{}: {ratios:?}", case.label());
+
+    let case = decode_case(8, 16, 2, vec![700, 5]);
+    let run = run_case_emulated::<bf16>(&emu, &case, base_seed()).unwrap();
+    let ratios = decode_ratios(&case, &run.outcome.plan, &emu.last_launch_counters().unwrap()).unwrap();
+    for (name, r) in &ratios {
+        let ok = if *name == "read_vs_budget" { *r > 0.9 && *r <= 1.0 } else { *r == 1.0 };
+        assert!(ok, "{}: {name} = {r} ({ratios:?})", case.label());
+    }
 }
