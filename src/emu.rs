@@ -1,9 +1,14 @@
 //! The emulator backend's Rust side: a handle whose launches run the kernel sources on the host SIMT
-//! executor (kernels/emu/), and the one place a launch's status and fault message become an `Error`.
+//! executor (kernels/emu/), the one place a launch's status and fault message become an `Error`, and
+//! where each launch's cost counters ([`crate::counters`]) are kept.
 
+use std::collections::HashMap;
 use std::ffi::CStr;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::thread::ThreadId;
 
+use crate::counters::LaunchCounters;
 use crate::error::{Error, ErrorKind, Result};
 use crate::sys;
 
@@ -13,6 +18,9 @@ use crate::sys;
 #[derive(Debug)]
 pub struct Emulator {
     next_seed: AtomicU64,
+    /// Per OS thread: the counters of the last op that thread ran here (one emulator may serve many
+    /// threads, as in the runner's parallel `report`).
+    last_counters: Mutex<HashMap<ThreadId, LaunchCounters>>,
 }
 
 impl Default for Emulator {
@@ -26,34 +34,59 @@ impl Emulator {
         Self::default()
     }
     pub fn with_seed(seed: u64) -> Self {
-        Self { next_seed: AtomicU64::new(seed) }
+        Self { next_seed: AtomicU64::new(seed), last_counters: Mutex::new(HashMap::new()) }
     }
     pub(crate) fn take_seed(&self) -> u64 {
         self.next_seed.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)
     }
+
+    /// The cost counters of the last op the calling thread ran on this emulator: one entry per kernel the
+    /// op launched (split-KV decode: the decode kernel, then the merge kernel). `None` before the thread's
+    /// first op, or when its last op failed. An op that launches nothing (an empty batch) leaves the
+    /// previous op's counters in place.
+    pub fn last_launch_counters(&self) -> Option<LaunchCounters> {
+        self.counters_map().get(&std::thread::current().id()).cloned()
+    }
+
+    /// Records (or, for a failed op, forgets) the calling thread's last op's counters.
+    pub(crate) fn record_counters(&self, counters: Option<LaunchCounters>) {
+        let id = std::thread::current().id();
+        let mut map = self.counters_map();
+        match counters {
+            Some(c) => map.insert(id, c),
+            None => map.remove(&id),
+        };
+    }
+
+    fn counters_map(&self) -> std::sync::MutexGuard<'_, HashMap<ThreadId, LaunchCounters>> {
+        // A panic while the lock was held cannot leave the map half-updated (single insert/remove/get).
+        self.last_counters.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
 /// Runs one op on the emulator: `launch` receives an FaExec in emulate mode (its FaEmuLaunch lists
-/// `regions`, the only memory the kernels may touch) and calls an `fa_*` launcher.
+/// `regions`, the only memory the kernels may touch) and calls an `fa_*` launcher. Returns the cost
+/// counters of every kernel the launcher ran.
 pub(crate) fn run_emulated(
     kernel: &str,
     regions: &[sys::FaEmuRegion],
     seed: u64,
     launch: impl FnOnce(*mut sys::FaExec) -> i32,
-) -> Result<()> {
-    let mut ctx = sys::FaEmuLaunch {
+) -> Result<LaunchCounters> {
+    // Boxed: the context carries FA_EMU_MAX_KERNELS counter records (~5 KB).
+    let mut ctx = Box::new(sys::FaEmuLaunch {
         regions: regions.as_ptr(),
         num_regions: crate::error::to_i32("regions", regions.len())?,
         seed,
-        message: [0; 1024],
-    };
+        ..Default::default()
+    });
     // SAFETY: FaExec is plain old data; all-zero is a valid value, then filled in.
     let mut exec: Box<sys::FaExec> = Box::new(unsafe { std::mem::zeroed() });
     exec.mode = sys::FA_EXEC_EMULATE as i32;
-    exec.emu = &mut ctx;
+    exec.emu = &mut *ctx;
     let status = launch(&mut *exec);
     if status == 0 {
-        return Ok(());
+        return Ok(LaunchCounters::from_abi(&ctx, regions));
     }
     // SAFETY: the executor writes a NUL-terminated message into the zero-initialised buffer.
     let msg = unsafe { CStr::from_ptr(ctx.message.as_ptr()) }.to_string_lossy().into_owned();

@@ -3,12 +3,36 @@
 //! kernel under the emulator with the given scheduling seed, and returns what the kernel wrote (or the
 //! emulator's fault as an [`ErrorKind::Emulator`](crate::ErrorKind::Emulator) error).
 
+use std::cell::RefCell;
 use std::ffi::CStr;
 
+use crate::counters::LaunchCounters;
 use crate::dtype::{DType, Element};
 use crate::emu::run_emulated;
 use crate::error::{to_i32, Error, Result};
 use crate::sys;
+
+thread_local! {
+    static LAST_COUNTERS: RefCell<Option<LaunchCounters>> = const { RefCell::new(None) };
+}
+
+/// The cost counters of the last self-test this thread ran (`None` if it failed), for the counters' own
+/// tests (tests/cost.rs).
+pub fn last_counters() -> Option<LaunchCounters> {
+    LAST_COUNTERS.with(|c| c.borrow().clone())
+}
+
+/// [`run_emulated`], keeping the counters for [`last_counters`].
+fn run(
+    kernel: &str,
+    regions: &[sys::FaEmuRegion],
+    seed: u64,
+    launch: impl FnOnce(*mut sys::FaExec) -> i32,
+) -> Result<()> {
+    let result = run_emulated(kernel, regions, seed, launch);
+    LAST_COUNTERS.with(|c| *c.borrow_mut() = result.as_ref().ok().cloned());
+    result.map(drop)
+}
 
 /// A buffer the kernel may read: `name` is how fault messages refer to it ("input+128").
 fn region<T>(name: &'static CStr, data: &[T]) -> sys::FaEmuRegion {
@@ -40,7 +64,7 @@ pub fn mma(dtype: DType, a: &[u32; 128], b: &[u32; 64], c: &[f32; 128], seed: u6
     let params =
         sys::FaSelftestMmaParams { a: a.as_ptr(), b: b.as_ptr(), c: c.as_ptr(), d: d.as_mut_ptr(), dtype: dtype.abi() };
     // SAFETY: every pointer in `params` is one of `regions`' live buffers.
-    run_emulated("selftest_mma", &regions, seed, |s| unsafe { sys::fa_selftest_mma(params, s) })?;
+    run("selftest_mma", &regions, seed, |s| unsafe { sys::fa_selftest_mma(params, s) })?;
     Ok(d)
 }
 
@@ -58,7 +82,7 @@ pub fn ldmatrix(rows: &[[u16; 8]], row_of_lane: &[i32; 32], count: u32, trans: b
         trans: trans as i32,
     };
     // SAFETY: every pointer in `params` is one of `regions`' live buffers.
-    run_emulated("selftest_ldmatrix", &regions, seed, |s| unsafe { sys::fa_selftest_ldmatrix(params, s) })?;
+    run("selftest_ldmatrix", &regions, seed, |s| unsafe { sys::fa_selftest_ldmatrix(params, s) })?;
     Ok(out)
 }
 
@@ -93,7 +117,7 @@ pub fn warp_op(op: WarpOp, values: &[u32; 32], operands: &[i32; 32], seed: u64) 
     let params =
         sys::FaSelftestWarpParams { values: values.as_ptr(), operands: operands.as_ptr(), out: out.as_mut_ptr(), op };
     // SAFETY: every pointer in `params` is one of `regions`' live buffers.
-    run_emulated("selftest_warp", &regions, seed, |s| unsafe { sys::fa_selftest_warp(params, s) })?;
+    run("selftest_warp", &regions, seed, |s| unsafe { sys::fa_selftest_warp(params, s) })?;
     Ok(out)
 }
 
@@ -128,7 +152,7 @@ pub fn cp_async(
         read_groups: to_i32("read_groups", read_groups as usize)?,
     };
     // SAFETY: every pointer in `params` is one of `regions`' live buffers.
-    run_emulated("selftest_cp_async", &regions, seed, |s| unsafe { sys::fa_selftest_cp_async(params, s) })?;
+    run("selftest_cp_async", &regions, seed, |s| unsafe { sys::fa_selftest_cp_async(params, s) })?;
     Ok(out)
 }
 
@@ -164,7 +188,7 @@ pub fn atomics(addends: &[f32], seed: u64) -> Result<AtomicResult> {
         blocks: to_i32("blocks", addends.len() / BLOCK_THREADS)?,
     };
     // SAFETY: every pointer in `params` is one of `regions`' live buffers.
-    run_emulated("selftest_atomic", &regions, seed, |s| unsafe { sys::fa_selftest_atomic(params, s) })?;
+    run("selftest_atomic", &regions, seed, |s| unsafe { sys::fa_selftest_atomic(params, s) })?;
     Ok(AtomicResult { counter: counter[0], olds, sum: sum[0] })
 }
 
@@ -193,7 +217,7 @@ pub fn barriers(mode: BarrierMode, seed: u64) -> Result<Vec<i32>> {
     } as i32;
     let params = sys::FaSelftestBarrierParams { out: out.as_mut_ptr(), mode };
     // SAFETY: every pointer in `params` is one of `regions`' live buffers.
-    run_emulated("selftest_barrier", &regions, seed, |s| unsafe { sys::fa_selftest_barrier(params, s) })?;
+    run("selftest_barrier", &regions, seed, |s| unsafe { sys::fa_selftest_barrier(params, s) })?;
     Ok(out)
 }
 
@@ -267,7 +291,7 @@ pub fn planted_bug(bug: Bug, planted: bool, race_detection: bool, input: &[f32],
         race_detection: race_detection as i32,
     };
     // SAFETY: every pointer in `params` is one of `regions`' live buffers.
-    run_emulated("selftest_bug", &regions, seed, |s| unsafe { sys::fa_selftest_bug(params, s) })?;
+    run("selftest_bug", &regions, seed, |s| unsafe { sys::fa_selftest_bug(params, s) })?;
     Ok(out)
 }
 
@@ -314,7 +338,7 @@ pub fn gemm<T: Element>(a: &[T], b: &[T], shape: GemmShape, bug: GemmBug, seed: 
         } as i32,
     };
     // SAFETY: every pointer in `params` is one of `regions`' live buffers.
-    run_emulated("selftest_gemm", &regions, seed, |s| unsafe { sys::fa_selftest_gemm(params, s) })?;
+    run("selftest_gemm", &regions, seed, |s| unsafe { sys::fa_selftest_gemm(params, s) })?;
     Ok(c)
 }
 
@@ -345,7 +369,7 @@ pub fn bench(op: BenchOp, iters: usize, blocks: usize, seed: u64) -> Result<()> 
         blocks: to_i32("blocks", blocks)?,
     };
     // SAFETY: every pointer in `params` is one of `regions`' live buffers.
-    run_emulated("selftest_bench", &regions, seed, |s| unsafe { sys::fa_selftest_bench(params, s) })
+    run("selftest_bench", &regions, seed, |s| unsafe { sys::fa_selftest_bench(params, s) })
 }
 
 /// Runs a self-test launcher (`sys::fa_selftest_*`) on a GPU stream, through the same record-and-enqueue

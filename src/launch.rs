@@ -141,7 +141,17 @@ impl<'a> Launch<'a> {
             }
             Stream::Emu(e) => {
                 // SAFETY: as above; the emulator additionally confines every access to `regions`.
-                run_emulated(kernel, &self.regions, e.take_seed(), |st| unsafe { launcher(params, st) })
+                let result = run_emulated(kernel, &self.regions, e.take_seed(), |st| unsafe { launcher(params, st) });
+                match result {
+                    Ok(counters) => {
+                        e.record_counters(Some(counters));
+                        Ok(())
+                    }
+                    Err(err) => {
+                        e.record_counters(None);
+                        Err(err)
+                    }
+                }
             }
         }
     }

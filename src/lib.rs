@@ -34,6 +34,8 @@
 //! ```
 pub mod append;
 pub mod build_info;
+pub mod cost_model;
+pub mod counters;
 pub mod decode;
 pub mod device;
 pub mod dtype;
@@ -53,6 +55,7 @@ pub mod sys;
 pub mod tensor;
 pub mod timing;
 
+pub use counters::{KernelCounters, LaunchCounters};
 pub use device::{RawStream, Stream};
 pub use dtype::{DType, Element};
 pub use emu::Emulator;

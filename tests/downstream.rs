@@ -40,7 +40,10 @@ fn a_downstream_crate_chooses_the_cuda_version_and_runs() {
         .filter(|f| f.starts_with("cuda-") && f[5..].chars().all(|c| c.is_ascii_digit()))
         .collect();
     assert!(!versions.is_empty(), "no CUDA-version feature in the tree:\n{tree}");
-    assert!(versions.iter().all(|v| *v == "cuda-12080"), "fused-attn forces another CUDA version: {versions:?}\n{tree}");
+    assert!(
+        versions.iter().all(|v| *v == "cuda-12080"),
+        "fused-attn forces another CUDA version: {versions:?}\n{tree}"
+    );
     let run = cmd(&["run", "--release", "--quiet"]);
     assert!(run.contains("downstream ok"), "{run}");
     let _ = std::fs::remove_dir_all(&dir);

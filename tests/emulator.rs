@@ -807,7 +807,10 @@ fn host_fp16_bf16_conversions_match_ieee_round_to_nearest_even() {
         };
         for (&b, &f) in all.iter().zip(&floats) {
             let want = to_f32(b);
-            assert!(f.to_bits() == want.to_bits() || (f.is_nan() && want.is_nan()), "{dtype:?} {b:#06x}: {f} vs {want}");
+            assert!(
+                f.to_bits() == want.to_bits() || (f.is_nan() && want.is_nan()),
+                "{dtype:?} {b:#06x}: {f} vs {want}"
+            );
         }
         let mut inputs = Vec::new();
         for b in 0..=u16::MAX {
@@ -816,7 +819,12 @@ fn host_fp16_bf16_conversions_match_ieee_round_to_nearest_even() {
                 continue;
             }
             let mid = ((x + y) / 2.0) as f32; // exact: the midpoint needs one more bit than a 16-bit value
-            inputs.extend([to_f32(b), mid, f32::from_bits(mid.to_bits() + 1), f32::from_bits(mid.to_bits().wrapping_sub(1))]);
+            inputs.extend([
+                to_f32(b),
+                mid,
+                f32::from_bits(mid.to_bits() + 1),
+                f32::from_bits(mid.to_bits().wrapping_sub(1)),
+            ]);
         }
         for e in 0..255u32 {
             inputs.push(f32::from_bits(e << 23 | 0x2a_aaaa));
@@ -834,7 +842,12 @@ fn host_fp16_bf16_conversions_match_ieee_round_to_nearest_even() {
             if x.is_nan() {
                 assert_eq!(g, 0x7fff, "{dtype:?}: NaN {:#010x} must become the canonical NaN", x.to_bits());
             } else {
-                assert_eq!(g, want, "{dtype:?}: {x:e} ({:#010x}) rounds to {want:#06x}, host build gives {g:#06x}", x.to_bits());
+                assert_eq!(
+                    g,
+                    want,
+                    "{dtype:?}: {x:e} ({:#010x}) rounds to {want:#06x}, host build gives {g:#06x}",
+                    x.to_bits()
+                );
             }
         }
     }

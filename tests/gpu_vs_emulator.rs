@@ -15,7 +15,6 @@
 
 mod common;
 
-use std::ffi::CStr;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr};

@@ -153,10 +153,20 @@ void complete_collective(Launch &l, int w) {
   const Thread *t = &l.threads[(size_t)w * kWarpSize];
   switch (t->op) {
   case Op::SyncWarp: break;
-  case Op::Shfl: complete_shfl(l, w, t->op_key == 0); break;
+  case Op::Shfl:
+    complete_shfl(l, w, t->op_key == 0);
+    l.counters.shuffles += 1;
+    break;
   case Op::Ballot: complete_ballot(l, w); break;
-  case Op::Ldmatrix: complete_ldmatrix(l, w, (int)(t->op_key & 7), (t->op_key & 8) != 0); break;
-  case Op::Mma: complete_mma(l, w, t->op_key != 0); break;
+  case Op::Ldmatrix:
+    complete_ldmatrix(l, w, (int)(t->op_key & 7), (t->op_key & 8) != 0);
+    l.counters.ldmatrix += 1;
+    l.counters.shared_bytes_read += 8 * 16 * (t->op_key & 7); // 8 rows of 16 bytes per matrix
+    break;
+  case Op::Mma:
+    complete_mma(l, w, t->op_key != 0);
+    l.counters.mma += 1;
+    break;
   case Op::Barrier: break; // barriers are resolved by the scheduler
   }
 }

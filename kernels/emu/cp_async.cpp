@@ -13,6 +13,7 @@ namespace detail {
 
 static void complete(Launch &l, Thread &t, const CpAsyncCopy &c) {
   l.shared.end_async_write(t, c.smem_offset, c.bytes, c.pred ? c.src : nullptr);
+  l.counters.shared_bytes_written += c.bytes;
 }
 
 void cp_async_drain(Thread &t) {
@@ -30,7 +31,13 @@ void cp_async(void *smem, const void *gmem, int bytes, bool pred) {
   Thread &t = *l.current;
   if (bytes != 4 && bytes != 8 && bytes != 16) fault(t, "cp.async of %d bytes: the copy size must be 4, 8 or 16", bytes);
   // With pred false the source is never read (src-size 0), so it need not be a valid address.
-  if (pred) l.global.check(t, gmem, (size_t)bytes, (size_t)bytes, false, "cp.async source read");
+  if (pred) {
+    const size_t r = l.global.check(t, gmem, (size_t)bytes, (size_t)bytes, false, "cp.async source read");
+    l.counters.global_bytes_read[r] += (uint64_t)bytes;
+    l.counters.cp_async_bytes += (uint64_t)bytes;
+  } else {
+    l.counters.cp_async_zfill_bytes += (uint64_t)bytes;
+  }
   uint32_t off = l.shared.begin_async_write(t, smem, (size_t)bytes);
   t.cp_async.push_back(CpAsyncCopy{off, (uint32_t)bytes, gmem, pred, t.cp_async_groups});
 }

@@ -15,11 +15,22 @@ static const char *region_name(const FaEmuRegion &r) { return r.name && r.name[0
 bool GlobalMemory::set_regions(const FaEmuRegion *regions, int count, const char **why) {
   regions_.clear();
   last_hit_ = 0;
+  overlapping_ = false;
   if (count < 0 || (count > 0 && !regions)) {
     *why = "FaEmuLaunch.regions is null or num_regions is negative";
     return false;
   }
+  if (count > FA_EMU_MAX_REGIONS) {
+    *why = "FaEmuLaunch lists more than FA_EMU_MAX_REGIONS (32) buffers: the cost counters have no slot for them";
+    return false;
+  }
   regions_.assign(regions, regions + count);
+  for (size_t i = 0; i < regions_.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      const uintptr_t a = (uintptr_t)regions_[i].base, b = (uintptr_t)regions_[j].base;
+      if (a < b + regions_[j].bytes && b < a + regions_[i].bytes) overlapping_ = true;
+    }
+  }
   return true;
 }
 
@@ -35,7 +46,7 @@ const FaEmuRegion *GlobalMemory::find(const void *p) const {
   return nullptr;
 }
 
-void GlobalMemory::check(const Thread &t, const void *p, size_t n, size_t align, bool write, const char *what) {
+size_t GlobalMemory::check(const Thread &t, const void *p, size_t n, size_t align, bool write, const char *what) {
   uintptr_t a = (uintptr_t)p;
   char where[256];
   if (a % align != 0) {
@@ -43,17 +54,17 @@ void GlobalMemory::check(const Thread &t, const void *p, size_t n, size_t align,
     fault(t, "misaligned %s of %zu bytes at address %s: the GPU requires %zu-byte alignment", what, n, where,
           align);
   }
-  if (last_hit_ < regions_.size()) {
+  if (!overlapping_ && last_hit_ < regions_.size()) {
     const FaEmuRegion &r = regions_[last_hit_];
-    if (contains(r, a, n) && (!write || r.writable)) return;
+    if (contains(r, a, n) && (!write || r.writable)) return last_hit_;
   }
-  // Regions may overlap (two views of one buffer): any region that contains the access and allows it will do.
+  // Regions may overlap (two views of one buffer): the first region that contains the access and allows it.
   const FaEmuRegion *read_only = nullptr;
   for (size_t i = 0; i < regions_.size(); ++i) {
     if (!contains(regions_[i], a, n)) continue;
     if (!write || regions_[i].writable) {
       last_hit_ = i;
-      return;
+      return i;
     }
     read_only = &regions_[i];
   }
@@ -126,15 +137,23 @@ using namespace detail;
 
 void global_load(void *dst, const void *gmem, size_t bytes) {
   Launch &l = current_launch();
-  l.global.check(*l.current, gmem, bytes, natural_alignment(bytes), false, "global load");
+  const size_t r = l.global.check(*l.current, gmem, bytes, natural_alignment(bytes), false, "global load");
+  l.counters.global_bytes_read[r] += bytes;
   count_load(*l.current);
   memcpy(dst, gmem, bytes);
 }
 
 void global_store(void *gmem, const void *src, size_t bytes) {
   Launch &l = current_launch();
-  l.global.check(*l.current, gmem, bytes, natural_alignment(bytes), true, "global store");
+  const size_t r = l.global.check(*l.current, gmem, bytes, natural_alignment(bytes), true, "global store");
+  l.counters.global_bytes_written[r] += bytes;
   memcpy(gmem, src, bytes);
+}
+
+// An atomic read-modify-write of 4 bytes counts as a 4-byte read and a 4-byte write.
+static void count_atomic(Launch &l, size_t region) {
+  l.counters.global_bytes_read[region] += 4;
+  l.counters.global_bytes_written[region] += 4;
 }
 
 // atom.add.f32 flushes subnormal inputs and results to sign-preserving zero (PTX ISA, atom).
@@ -150,7 +169,7 @@ static float flush_subnormal(float x) {
 // another thread of the same launch; the __atomic builtins still make it atomic against other host threads.
 float atomic_add_f32(float *p, float v) {
   Launch &l = current_launch();
-  l.global.check(*l.current, p, 4, 4, true, "atomic add");
+  count_atomic(l, l.global.check(*l.current, p, 4, 4, true, "atomic add"));
   uint32_t old_bits = __atomic_load_n((uint32_t *)p, __ATOMIC_RELAXED);
   for (;;) {
     float old;
@@ -165,7 +184,7 @@ float atomic_add_f32(float *p, float v) {
 
 int atomic_add_i32(int *p, int v) {
   Launch &l = current_launch();
-  l.global.check(*l.current, p, 4, 4, true, "atomic add");
+  count_atomic(l, l.global.check(*l.current, p, 4, 4, true, "atomic add"));
   // Two's-complement wrap-around, as the GPU's atom.add.s32.
   return (int)__atomic_fetch_add((uint32_t *)p, (uint32_t)v, __ATOMIC_RELAXED);
 }

@@ -29,9 +29,11 @@ public:
   // Copies the region list; false (with `why`) if it is malformed.
   bool set_regions(const FaEmuRegion *regions, int count, const char **why);
 
-  // Faults unless [p, p + n) lies in one region, writable if `write`, and p is `align`-aligned.
+  // Faults unless [p, p + n) lies in one region, writable if `write`, and p is `align`-aligned. Returns
+  // the index of the region the access is attributed to: the first in list order that contains it and
+  // allows it (so overlapping views of one buffer are counted deterministically).
   // `what` names the access for the message ("global load", "cp.async source", ...).
-  void check(const Thread &t, const void *p, size_t n, size_t align, bool write, const char *what);
+  size_t check(const Thread &t, const void *p, size_t n, size_t align, bool write, const char *what);
 
   // "0x7f3a12340000 (q+128)" or a description of where the address lies relative to the nearest buffer.
   void describe(const void *p, size_t n, char *buf, size_t len) const;
@@ -41,7 +43,8 @@ public:
 
 private:
   std::vector<FaEmuRegion> regions_;
-  size_t last_hit_ = 0; // accesses cluster: try the previous region first
+  size_t last_hit_ = 0;     // accesses cluster: try the previous region first ...
+  bool overlapping_ = false; // ... unless two regions overlap, where only the first match is the right one
 };
 
 } // namespace detail

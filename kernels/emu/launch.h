@@ -92,6 +92,9 @@ struct Launch {
   Thread *current = nullptr; // the fiber running now; null while the scheduler runs
   int step_start = 0;        // the lane the current warp step started with (lanes run in rotation from it)
   bool faulted = false;
+  // Plain increments at each counted event (a few adds per intrinsic call, which already costs a
+  // function call and a check); copied into ctx->kernels when the launch ends, faulted or not.
+  FaEmuCounters counters{};
 };
 
 // The launch running on this OS thread. Calling an intrinsic outside a launch is a usage error of the

@@ -3,7 +3,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "fa/emu/runtime.h"
+#include "launch.h"
 
 namespace fa {
 namespace emu {
@@ -12,6 +12,8 @@ namespace emu {
 // The GPU's result is within 2 ulp of exact; exp2f is within 1 ulp, so emulated softmax can differ from the
 // GPU's in the last bits but never in kind (-inf -> +0, +inf -> +inf, NaN -> NaN).
 float exp2_approx(float x) {
+  // Counted per calling lane. Outside a launch (host code calling the device function) nothing is counted.
+  if (detail::Launch *l = detail::launch_on_this_thread()) l->counters.exp2 += 1;
   uint32_t bits;
   memcpy(&bits, &x, 4);
   if ((bits & 0x7f800000u) == 0) return 1.0f;

@@ -146,7 +146,9 @@ static void arrive_at_barrier(Launch &l, int w, const Thread &blame) {
   b.arrived += kWarpSize;
   b.warps |= 1u << w;
   l.warps[w].at_barrier = true;
+  l.counters.barrier_arrivals += 1;
   if (b.arrived < count) return;
+  l.counters.barriers += 1;
   // Complete: order everything the participants did before against everything they do after.
   l.shared.barrier(b.warps);
   for (int o = 0; o < l.num_warps; ++o) {
@@ -308,6 +310,7 @@ static void report_deadlock(Launch &l) {
 
 static void run_block(Launch &l, Dim3 idx, uint64_t linear) {
   l.block_idx = idx;
+  l.counters.blocks += 1;
   l.shared.reset_block();
   for (Barrier &b : l.barriers) b = Barrier{};
   for (Warp &w : l.warps) w = Warp{};
@@ -387,6 +390,10 @@ int launch(const char *kernel_name, Dim3 grid, int block, int smem_bytes, FaEmuL
   if (!ctx) return FA_ERR_EMULATOR;
   ctx->message[0] = 0;
   const char *name = kernel_name ? kernel_name : "(unnamed)";
+  if (ctx->num_kernels < 0 || ctx->num_kernels >= FA_EMU_MAX_KERNELS) {
+    return fail(ctx, name, "FaEmuLaunch.num_kernels is %d: one context records at most %d kernel launches",
+                ctx->num_kernels, (int)FA_EMU_MAX_KERNELS);
+  }
   if (t_launch) {
     return fail(ctx, name, "launched from inside the emulated kernel %s: device-side launches are not supported",
                 t_launch->kernel);
@@ -433,6 +440,8 @@ int launch(const char *kernel_name, Dim3 grid, int block, int smem_bytes, FaEmuL
     t_launch = &l;
     run_grid(l);
     t_launch = nullptr;
+    snprintf(l.counters.kernel, sizeof l.counters.kernel, "%s", name);
+    ctx->kernels[ctx->num_kernels++] = l.counters;
     return l.faulted ? FA_ERR_EMULATOR : FA_OK;
   } catch (const std::bad_alloc &) {
     t_launch = nullptr;

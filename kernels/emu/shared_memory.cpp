@@ -203,12 +203,14 @@ unsigned char *dynamic_smem() { return current_launch().shared.base(); }
 void shared_load(void *dst, const void *smem, size_t bytes) {
   Launch &l = current_launch();
   l.shared.load(*l.current, dst, smem, bytes);
+  l.counters.shared_bytes_read += bytes;
   count_load(*l.current);
 }
 
 void shared_store(void *smem, const void *src, size_t bytes) {
   Launch &l = current_launch();
   l.shared.store(*l.current, smem, src, bytes);
+  l.counters.shared_bytes_written += bytes;
 }
 
 } // namespace emu

@@ -194,6 +194,36 @@ impl Default for FaEmuRegion {
         }
     }
 }
+pub const FA_EMU_MAX_REGIONS: _bindgen_ty_4 = 32;
+pub const FA_EMU_MAX_KERNELS: _bindgen_ty_4 = 8;
+pub type _bindgen_ty_4 = ::std::os::raw::c_uint;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FaEmuCounters {
+    pub kernel: [::std::os::raw::c_char; 64usize],
+    pub blocks: u64,
+    pub global_bytes_read: [u64; 32usize],
+    pub global_bytes_written: [u64; 32usize],
+    pub mma: u64,
+    pub ldmatrix: u64,
+    pub shuffles: u64,
+    pub exp2: u64,
+    pub barriers: u64,
+    pub barrier_arrivals: u64,
+    pub shared_bytes_read: u64,
+    pub shared_bytes_written: u64,
+    pub cp_async_bytes: u64,
+    pub cp_async_zfill_bytes: u64,
+}
+impl Default for FaEmuCounters {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct FaEmuLaunch {
@@ -201,6 +231,8 @@ pub struct FaEmuLaunch {
     pub num_regions: i32,
     pub seed: u64,
     pub message: [::std::os::raw::c_char; 1024usize],
+    pub kernels: [FaEmuCounters; 8usize],
+    pub num_kernels: i32,
 }
 impl Default for FaEmuLaunch {
     fn default() -> Self {
@@ -211,12 +243,12 @@ impl Default for FaEmuLaunch {
         }
     }
 }
-pub const FA_EXEC_EMULATE: _bindgen_ty_4 = 0;
-pub const FA_EXEC_RECORD: _bindgen_ty_4 = 1;
-pub type _bindgen_ty_4 = ::std::os::raw::c_uint;
-pub const FA_MAX_LAUNCHES: _bindgen_ty_5 = 4;
-pub const FA_MAX_PARAMS_BYTES: _bindgen_ty_5 = 1024;
+pub const FA_EXEC_EMULATE: _bindgen_ty_5 = 0;
+pub const FA_EXEC_RECORD: _bindgen_ty_5 = 1;
 pub type _bindgen_ty_5 = ::std::os::raw::c_uint;
+pub const FA_MAX_LAUNCHES: _bindgen_ty_6 = 4;
+pub const FA_MAX_PARAMS_BYTES: _bindgen_ty_6 = 1024;
+pub type _bindgen_ty_6 = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct FaKernelLaunch {
@@ -302,13 +334,13 @@ impl Default for FaSelftestLdmatrixParams {
         }
     }
 }
-pub const FA_SELFTEST_SHFL_XOR: _bindgen_ty_6 = 0;
-pub const FA_SELFTEST_SHFL_IDX: _bindgen_ty_6 = 1;
-pub const FA_SELFTEST_BALLOT: _bindgen_ty_6 = 2;
-pub const FA_SELFTEST_ANY: _bindgen_ty_6 = 3;
-pub const FA_SELFTEST_ALL: _bindgen_ty_6 = 4;
-pub const FA_SELFTEST_EXP2: _bindgen_ty_6 = 5;
-pub type _bindgen_ty_6 = ::std::os::raw::c_uint;
+pub const FA_SELFTEST_SHFL_XOR: _bindgen_ty_7 = 0;
+pub const FA_SELFTEST_SHFL_IDX: _bindgen_ty_7 = 1;
+pub const FA_SELFTEST_BALLOT: _bindgen_ty_7 = 2;
+pub const FA_SELFTEST_ANY: _bindgen_ty_7 = 3;
+pub const FA_SELFTEST_ALL: _bindgen_ty_7 = 4;
+pub const FA_SELFTEST_EXP2: _bindgen_ty_7 = 5;
+pub type _bindgen_ty_7 = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct FaSelftestWarpParams {
@@ -363,11 +395,11 @@ impl Default for FaSelftestAtomicParams {
         }
     }
 }
-pub const FA_SELFTEST_BARRIER_PAIRS: _bindgen_ty_7 = 0;
-pub const FA_SELFTEST_BARRIER_CROSS: _bindgen_ty_7 = 1;
-pub const FA_SELFTEST_BARRIER_BLOCK: _bindgen_ty_7 = 2;
-pub const FA_SELFTEST_BARRIER_MISMATCH: _bindgen_ty_7 = 3;
-pub type _bindgen_ty_7 = ::std::os::raw::c_uint;
+pub const FA_SELFTEST_BARRIER_PAIRS: _bindgen_ty_8 = 0;
+pub const FA_SELFTEST_BARRIER_CROSS: _bindgen_ty_8 = 1;
+pub const FA_SELFTEST_BARRIER_BLOCK: _bindgen_ty_8 = 2;
+pub const FA_SELFTEST_BARRIER_MISMATCH: _bindgen_ty_8 = 3;
+pub type _bindgen_ty_8 = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct FaSelftestBarrierParams {
@@ -383,20 +415,20 @@ impl Default for FaSelftestBarrierParams {
         }
     }
 }
-pub const FA_SELFTEST_BUG_MISSING_SYNCTHREADS: _bindgen_ty_8 = 0;
-pub const FA_SELFTEST_BUG_OOB_WRITE: _bindgen_ty_8 = 1;
-pub const FA_SELFTEST_BUG_MISSING_CP_ASYNC_WAIT: _bindgen_ty_8 = 2;
-pub const FA_SELFTEST_BUG_DIVERGENT_BARRIER: _bindgen_ty_8 = 3;
-pub const FA_SELFTEST_BUG_DEADLOCK: _bindgen_ty_8 = 4;
-pub const FA_SELFTEST_BUG_MISALIGNED_16: _bindgen_ty_8 = 5;
-pub const FA_SELFTEST_BUG_STACK_OVERFLOW: _bindgen_ty_8 = 6;
-pub const FA_SELFTEST_BUG_RAW_POINTER: _bindgen_ty_8 = 7;
-pub const FA_SELFTEST_BUG_DIV_BY_ZERO: _bindgen_ty_8 = 8;
-pub const FA_SELFTEST_BUG_STORE_TO_INPUT: _bindgen_ty_8 = 9;
-pub const FA_SELFTEST_BUG_SHARED_OOB: _bindgen_ty_8 = 10;
-pub const FA_SELFTEST_BUG_GLOBAL_AS_SHARED: _bindgen_ty_8 = 11;
-pub const FA_SELFTEST_BUG_SPIN_WAIT: _bindgen_ty_8 = 12;
-pub type _bindgen_ty_8 = ::std::os::raw::c_uint;
+pub const FA_SELFTEST_BUG_MISSING_SYNCTHREADS: _bindgen_ty_9 = 0;
+pub const FA_SELFTEST_BUG_OOB_WRITE: _bindgen_ty_9 = 1;
+pub const FA_SELFTEST_BUG_MISSING_CP_ASYNC_WAIT: _bindgen_ty_9 = 2;
+pub const FA_SELFTEST_BUG_DIVERGENT_BARRIER: _bindgen_ty_9 = 3;
+pub const FA_SELFTEST_BUG_DEADLOCK: _bindgen_ty_9 = 4;
+pub const FA_SELFTEST_BUG_MISALIGNED_16: _bindgen_ty_9 = 5;
+pub const FA_SELFTEST_BUG_STACK_OVERFLOW: _bindgen_ty_9 = 6;
+pub const FA_SELFTEST_BUG_RAW_POINTER: _bindgen_ty_9 = 7;
+pub const FA_SELFTEST_BUG_DIV_BY_ZERO: _bindgen_ty_9 = 8;
+pub const FA_SELFTEST_BUG_STORE_TO_INPUT: _bindgen_ty_9 = 9;
+pub const FA_SELFTEST_BUG_SHARED_OOB: _bindgen_ty_9 = 10;
+pub const FA_SELFTEST_BUG_GLOBAL_AS_SHARED: _bindgen_ty_9 = 11;
+pub const FA_SELFTEST_BUG_SPIN_WAIT: _bindgen_ty_9 = 12;
+pub type _bindgen_ty_9 = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct FaSelftestBugParams {
@@ -415,10 +447,10 @@ impl Default for FaSelftestBugParams {
         }
     }
 }
-pub const FA_SELFTEST_GEMM_CORRECT: _bindgen_ty_9 = 0;
-pub const FA_SELFTEST_GEMM_NO_TRAILING_BARRIER: _bindgen_ty_9 = 1;
-pub const FA_SELFTEST_GEMM_NO_WAIT: _bindgen_ty_9 = 2;
-pub type _bindgen_ty_9 = ::std::os::raw::c_uint;
+pub const FA_SELFTEST_GEMM_CORRECT: _bindgen_ty_10 = 0;
+pub const FA_SELFTEST_GEMM_NO_TRAILING_BARRIER: _bindgen_ty_10 = 1;
+pub const FA_SELFTEST_GEMM_NO_WAIT: _bindgen_ty_10 = 2;
+pub type _bindgen_ty_10 = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct FaSelftestGemmParams {
@@ -441,12 +473,12 @@ impl Default for FaSelftestGemmParams {
         }
     }
 }
-pub const FA_SELFTEST_BENCH_SHFL: _bindgen_ty_10 = 0;
-pub const FA_SELFTEST_BENCH_LDMATRIX: _bindgen_ty_10 = 1;
-pub const FA_SELFTEST_BENCH_MMA: _bindgen_ty_10 = 2;
-pub const FA_SELFTEST_BENCH_SYNCTHREADS: _bindgen_ty_10 = 3;
-pub const FA_SELFTEST_BENCH_SHARED_STORE_LOAD: _bindgen_ty_10 = 4;
-pub type _bindgen_ty_10 = ::std::os::raw::c_uint;
+pub const FA_SELFTEST_BENCH_SHFL: _bindgen_ty_11 = 0;
+pub const FA_SELFTEST_BENCH_LDMATRIX: _bindgen_ty_11 = 1;
+pub const FA_SELFTEST_BENCH_MMA: _bindgen_ty_11 = 2;
+pub const FA_SELFTEST_BENCH_SYNCTHREADS: _bindgen_ty_11 = 3;
+pub const FA_SELFTEST_BENCH_SHARED_STORE_LOAD: _bindgen_ty_11 = 4;
+pub type _bindgen_ty_11 = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct FaSelftestBenchParams {

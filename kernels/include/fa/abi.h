@@ -162,11 +162,37 @@ typedef struct FaEmuRegion {
   const char *name; /* argument name, for fault messages */
 } FaEmuRegion;
 
+/* What one emulated kernel launch did, counted by the executor as it runs (docs/emulator.md, "Cost
+ * counters"). Warp-level instructions count once per warp, not per lane; bytes are the sizes of the accesses
+ * the kernel made through the intrinsics. Global traffic is attributed to the region (index into
+ * FaEmuLaunch.regions) that contains the access: the first one in list order that allows it. */
+enum { FA_EMU_MAX_REGIONS = 32, FA_EMU_MAX_KERNELS = 8 };
+typedef struct FaEmuCounters {
+  char kernel[64]; /* the kernel's name, NUL-terminated (truncated) */
+  uint64_t blocks; /* CTAs run */
+  uint64_t global_bytes_read[FA_EMU_MAX_REGIONS];    /* loads, cp.async sources (predicate true), atomics */
+  uint64_t global_bytes_written[FA_EMU_MAX_REGIONS]; /* stores, atomics */
+  uint64_t mma;              /* mma.m16n8k16 warp instructions */
+  uint64_t ldmatrix;         /* ldmatrix warp instructions (any .x, .trans or not) */
+  uint64_t shuffles;         /* shfl warp instructions */
+  uint64_t exp2;             /* fast_exp2 (ex2.approx) calls, one per lane that calls it */
+  uint64_t barriers;         /* completed bar.sync: one per barrier a block (or its named subset) passes */
+  uint64_t barrier_arrivals; /* warps arriving at a bar.sync (barriers x participating warps) */
+  uint64_t shared_bytes_read;    /* ld_shared, plus 16 bytes per ldmatrix row */
+  uint64_t shared_bytes_written; /* st_shared, plus cp.async landings (zero-fills included) */
+  uint64_t cp_async_bytes;       /* cp.async copies issued with a true predicate (global -> shared) */
+  uint64_t cp_async_zfill_bytes; /* cp.async copies issued with a false predicate (zero-fill, no read) */
+} FaEmuCounters;
+
 typedef struct FaEmuLaunch {
   const FaEmuRegion *regions;
-  int32_t num_regions;
+  int32_t num_regions; /* at most FA_EMU_MAX_REGIONS */
   uint64_t seed; /* warp scheduling order between barriers */
   char message[1024]; /* out: the fault, naming kernel, block, thread and address */
+  /* out: one entry per kernel launched on this context, in launch order (a launcher may run several, e.g.
+   * split-KV decode runs the decode kernel then the merge kernel). The caller zeroes num_kernels. */
+  FaEmuCounters kernels[FA_EMU_MAX_KERNELS];
+  int32_t num_kernels;
 } FaEmuLaunch;
 
 /* ---------------------------------------------------------------------------------------------------------
