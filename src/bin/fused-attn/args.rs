@@ -10,7 +10,8 @@ use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand,
 use fused_attn::{DType, Error, Result};
 
 /// The runner's git commit (`git describe` at build time; "unknown" outside a git checkout).
-pub const COMMIT: &str = git_version::git_version!(args = ["--always", "--dirty=-modified", "--abbrev=10"], fallback = "unknown");
+pub const COMMIT: &str =
+    git_version::git_version!(args = ["--always", "--dirty=-modified", "--abbrev=10"], fallback = "unknown");
 
 /// Fused attention kernels: check them against an fp64 reference on a GPU or the host SIMT emulator, time
 /// them against ceilings measured in the same run, and plot the results.
@@ -196,9 +197,12 @@ const OP_ONLY: [(&str, &str, Op, &str); 4] = [
 
 /// A flag the user gave for an op it does not apply to.
 fn inapplicable(m: &ArgMatches, op: Op) -> Option<String> {
-    OP_ONLY.iter().find(|(id, _, applies, _)| *applies != op && m.value_source(id) == Some(ValueSource::CommandLine)).map(
-        |(_, flag, applies, why)| format!("{flag} applies to --op {} only, not --op {} ({why})", applies.name(), op.name()),
-    )
+    OP_ONLY
+        .iter()
+        .find(|(id, _, applies, _)| *applies != op && m.value_source(id) == Some(ValueSource::CommandLine))
+        .map(|(_, flag, applies, why)| {
+            format!("{flag} applies to --op {} only, not --op {} ({why})", applies.name(), op.name())
+        })
 }
 
 /// What parsing decided: run a command, or print help/version text to stdout and exit 0, or (no command

@@ -53,7 +53,8 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
 /// The header lines: where and when, and the ceilings (the matmul rate only for prefill: `matmul` None
 /// leaves it out).
 fn caption(perf: &[&Row], matmul: Option<Option<f64>>) -> Vec<String> {
-    let first = |f: fn(&Row) -> &str| perf.iter().map(|r| f(r)).find(|s| !s.is_empty()).unwrap_or("unknown").to_string();
+    let first =
+        |f: fn(&Row) -> &str| perf.iter().map(|r| f(r)).find(|s| !s.is_empty()).unwrap_or("unknown").to_string();
     let copy = median(perf.iter().filter_map(|r| finite(r.copy_gbps)).collect());
     let copy = copy.map_or("copy bandwidth: not measured".into(), |c| {
         format!("copy bandwidth {c:.0} GB/s (1 GiB device-to-device, same run)")
@@ -175,7 +176,8 @@ pub fn decode(rows: &[Row]) -> Option<Chart> {
         let label = format!("target: B={batch}, context {ctx} ≥\u{a0}{pct:.0}\u{a0}%");
         lines.push(line(pct, format!("target B={batch} {ctx}: {pct:.0} %"), label, color, true));
     }
-    let shape_note = common.map_or(String::new(), |s| format!(" ({} D={} Hq:Hkv={}:{} page={})", s.0, s.1, s.2, s.3, s.4.unwrap_or(0)));
+    let shape_note = common
+        .map_or(String::new(), |s| format!(" ({} D={} Hq:Hkv={}:{} page={})", s.0, s.1, s.2, s.3, s.4.unwrap_or(0)));
     Some(Chart {
         title: format!("decode: % of copy bandwidth vs context{shape_note}"),
         caption: caption(&perf, None),
@@ -189,7 +191,15 @@ pub fn decode(rows: &[Row]) -> Option<Chart> {
 mod tests {
     use super::*;
 
-    fn perf(op: &str, dtype: &str, d: usize, causal: bool, t: usize, b: usize, heads: (usize, usize), y: f64) -> Row {
+    fn perf(
+        op: &str,
+        dtype: &str,
+        d: usize,
+        causal: bool,
+        (t, b): (usize, usize),
+        heads: (usize, usize),
+        y: f64,
+    ) -> Row {
         Row {
             kind: "perf".into(),
             op: op.into(),
@@ -213,14 +223,14 @@ mod tests {
     #[test]
     fn groups_timed_rows_into_panels_series_and_lines() {
         let rows = vec![
-            perf("prefill", "bf16", 128, true, 1024, 16, (16, 16), 100.0),
-            perf("prefill", "bf16", 128, true, 2048, 8, (16, 16), 150.0),
-            perf("prefill", "bf16", 128, false, 8192, 2, (16, 16), 300.0),
-            perf("prefill", "bf16", 128, false, 4096, 4, (32, 8), 280.0),
-            perf("prefill", "fp16", 64, false, 1024, 16, (32, 32), 90.0),
-            perf("decode", "bf16", 128, false, 4096, 64, (32, 8), 80.0),
-            perf("decode", "bf16", 128, false, 1024, 64, (32, 8), 60.0),
-            perf("decode", "bf16", 128, false, 32768, 1, (32, 8), 55.0),
+            perf("prefill", "bf16", 128, true, (1024, 16), (16, 16), 100.0),
+            perf("prefill", "bf16", 128, true, (2048, 8), (16, 16), 150.0),
+            perf("prefill", "bf16", 128, false, (8192, 2), (16, 16), 300.0),
+            perf("prefill", "bf16", 128, false, (4096, 4), (32, 8), 280.0),
+            perf("prefill", "fp16", 64, false, (1024, 16), (32, 32), 90.0),
+            perf("decode", "bf16", 128, false, (4096, 64), (32, 8), 80.0),
+            perf("decode", "bf16", 128, false, (1024, 64), (32, 8), 60.0),
+            perf("decode", "bf16", 128, false, (32768, 1), (32, 8), 55.0),
             Row { kind: "sweep".into(), op: "prefill".into(), tflops: Some(1.0), ..Default::default() },
             Row { kind: "perf".into(), op: "prefill".into(), tflops: Some(f64::NAN), ..Default::default() },
         ];

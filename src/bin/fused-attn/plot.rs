@@ -139,7 +139,20 @@ fn outline(m: Marker, r: i32) -> Vec<(i32, i32)> {
         Marker::Diamond => vec![(0, -r - 2), (r + 1, 0), (0, r + 2), (-r - 1, 0)],
         Marker::Plus => {
             let (a, b) = (r / 3 + 1, r + 1);
-            vec![(-a, -b), (a, -b), (a, -a), (b, -a), (b, a), (a, a), (a, b), (-a, b), (-a, a), (-b, a), (-b, -a), (-a, -a)]
+            vec![
+                (-a, -b),
+                (a, -b),
+                (a, -a),
+                (b, -a),
+                (b, a),
+                (a, a),
+                (a, b),
+                (-a, b),
+                (-a, a),
+                (-b, a),
+                (-b, -a),
+                (-a, -a),
+            ]
         }
     }
 }
@@ -247,11 +260,12 @@ fn place_label(
             + 10_000 * taken.iter().filter(|t| t.overlaps(r)).count()
             + if outside { 100_000 } else { 0 }
     };
-    candidates
-        .iter()
-        .map(|&(x, y)| Rect { x0: x, y0: y, x1: x + w, y1: y + h })
-        .min_by_key(cost)
-        .unwrap_or(Rect { x0: left, y0: y - 5 - h, x1: left + w, y1: y - 5 })
+    candidates.iter().map(|&(x, y)| Rect { x0: x, y0: y, x1: x + w, y1: y + h }).min_by_key(cost).unwrap_or(Rect {
+        x0: left,
+        y0: y - 5 - h,
+        x1: left + w,
+        y1: y - 5,
+    })
 }
 
 impl Chart {
@@ -418,19 +432,30 @@ mod tests {
         buf
     }
 
+    /// Pixels of colour `c` in the plotting panels (not the header, not the legend).
     pub fn count_color(rgb: &[u8], c: RGBColor) -> usize {
-        rgb.chunks(3).filter(|p| p == &[c.0, c.1, c.2]).count()
+        let w = WIDTH as usize;
+        rgb.chunks(3)
+            .enumerate()
+            .filter(|(i, p)| i % w < w - LEGEND as usize && i / w > HEADER as usize && *p == [c.0, c.1, c.2])
+            .count()
     }
 
     #[test]
     fn wraps_at_spaces() {
-        assert_eq!(wrap("target: D=128 T=8K causal ≥ 0.9 × non-causal", 20), ["target: D=128 T=8K", "causal ≥ 0.9 ×", "non-causal"]);
+        assert_eq!(
+            wrap("target: D=128 T=8K causal ≥ 0.9 × non-causal", 20),
+            ["target: D=128 T=8K", "causal ≥ 0.9 ×", "non-causal"]
+        );
         assert_eq!(wrap("B=1", 20), ["B=1"]);
     }
 
     #[test]
     fn tick_labels() {
-        assert_eq!([512.0, 1024.0, 32768.0, 131072.0, 1048576.0, 1536.0].map(pow2_label), ["512", "1K", "32K", "128K", "1M", "1.5K"]);
+        assert_eq!(
+            [512.0, 1024.0, 32768.0, 131072.0, 1048576.0, 1536.0].map(pow2_label),
+            ["512", "1K", "32K", "128K", "1M", "1.5K"]
+        );
     }
 
     #[test]
@@ -449,17 +474,33 @@ mod tests {
                 title: "p".into(),
                 // b lies exactly on a; c is one point on a's line.
                 series: vec![
-                    Series { label: "a".into(), style: style(a, false, Marker::Circle), points: vec![(512.0, 10.0), (4096.0, 30.0)] },
-                    Series { label: "b".into(), style: style(b, true, Marker::Square), points: vec![(512.0, 10.0), (4096.0, 30.0)] },
+                    Series {
+                        label: "a".into(),
+                        style: style(a, false, Marker::Circle),
+                        points: vec![(512.0, 10.0), (4096.0, 30.0)],
+                    },
+                    Series {
+                        label: "b".into(),
+                        style: style(b, true, Marker::Square),
+                        points: vec![(512.0, 10.0), (4096.0, 30.0)],
+                    },
                     Series { label: "c".into(), style: style(c, false, Marker::Plus), points: vec![(4096.0, 30.0)] },
                 ],
-                lines: vec![RefLine { y: 40.0, tag: "c".into(), label: "ceiling".into(), style: Style { color: line, dashed: false, marker: None, hollow: false } }],
+                lines: vec![RefLine {
+                    y: 40.0,
+                    tag: "c".into(),
+                    label: "ceiling".into(),
+                    style: Style { color: line, dashed: false, marker: None, hollow: false },
+                }],
             }],
         };
         let rgb = render_rgb(&chart);
         for color in [a, b, c, line] {
-            // Each has its legend sample plus visible plot pixels.
-            assert!(count_color(&rgb, color) > 300, "{color:?}: {}", count_color(&rgb, color));
+            assert!(count_color(&rgb, color) > 150, "{color:?}: {}", count_color(&rgb, color));
         }
+        // Without the series, its colour is absent from the panels.
+        let mut without_b = chart.clone();
+        without_b.panels[0].series.remove(1);
+        assert_eq!(count_color(&render_rgb(&without_b), b), 0);
     }
 }
