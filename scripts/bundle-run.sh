@@ -15,6 +15,7 @@
 #   report         fused-attn report --backend gpu --json --plot: the full correctness sweeps and the timed
 #                  shapes against the copy bandwidth -> report.jsonl, prefill.png, decode.png
 #   torch-compare  tools/torch_compare.py: PyTorch SDPA flash/cuDNN on the same shapes, bf16 matmul ceiling
+#                  (then `fused-attn plot` redraws prefill.png with that ceiling)
 #   sanitizer      compute-sanitizer memcheck + racecheck on a small prefill and decode (if present); last, so
 #                  that a slow sanitizer can only cost itself its time
 #   benches        criterion benches (only with FA_BUNDLE_BENCHES=1; ~3 more minutes, outside the budget)
@@ -305,6 +306,11 @@ step_torch() {
   local mm
   mm=$(grep -m1 'ceiling: bf16 matmul' "$out" | sed 's/.*: //')
   [ -n "$mm" ] && KEYS+=("bf16 matmul ceiling (torch, same run): $mm")
+  # Redraw the report's plots with the matmul ceiling just measured (the report ran before it existed).
+  local mmj
+  mmj=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["matmul_bf16_tflops"])' \
+        "$RESULTS_DIR/ceilings.json" 2>/dev/null) &&
+    tmo "$RUNNER" plot "$RESULTS_DIR/report.jsonl" --out "$RESULTS_DIR" --matmul-tflops "$mmj"
   local n
   n=$(grep -c . "$RESULTS_DIR/compare.jsonl" 2>/dev/null)
   NOTE="exit $rc, ${n:-0} rows compared"

@@ -1,10 +1,14 @@
-//! The `fused-attn` binary end to end: bad flags and shapes give one-line typed errors and the right exit
-//! status (never a panic), `run` on the emulator prints a valid JSON row, `--dump` writes .npy files with
-//! the documented names, dtypes and shapes, `--backend gpu` without a GPU names what is missing, and
-//! `report --quick --json` prints only passing JSON rows.
+//! The `fused-attn` binary end to end: `--help` and `--version` exit 0 and list every flag; bad flags
+//! (including a flag the chosen op does not use) and bad shapes give one-line typed errors and the right exit
+//! status (never a panic, never Rust debug text); `run` on the emulator prints a valid JSON row in either
+//! flag spelling; `--dump` writes .npy files with the documented names, dtypes and shapes; `--backend gpu`
+//! without a GPU names what is missing and `auto` says what it chose; `report --quick --json` prints only
+//! passing JSON rows; `plot` renders the recorded fixture report into PNGs of the documented size.
 
 use std::path::Path;
 use std::process::{Command, Output};
+
+use serde_json::Value as Json;
 
 fn fused_attn(args: &str) -> Output {
     Command::new(env!("CARGO_BIN_EXE_fused-attn"))
@@ -21,178 +25,7 @@ fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-// ---------------------------------------------------------------------------------------------- a tiny JSON
-// parser (the crate has no JSON dependency): enough to check that every row is valid JSON and read fields.
-
-#[derive(Debug, Clone, PartialEq)]
-enum Json {
-    Null,
-    Bool(bool),
-    Num(f64),
-    Str(String),
-    Arr(Vec<Json>),
-    Obj(Vec<(String, Json)>),
-}
-
-impl Json {
-    fn get(&self, key: &str) -> &Json {
-        match self {
-            Json::Obj(kv) => kv.iter().find(|(k, _)| k == key).map(|(_, v)| v).unwrap_or_else(|| panic!("no {key}")),
-            _ => panic!("not an object"),
-        }
-    }
-}
-
-struct Parser<'a> {
-    s: &'a [u8],
-    i: usize,
-}
-
-impl Parser<'_> {
-    fn parse(text: &str) -> Result<Json, String> {
-        let mut p = Parser { s: text.as_bytes(), i: 0 };
-        let v = p.value()?;
-        p.ws();
-        if p.i != p.s.len() {
-            return Err(format!("trailing characters at {}", p.i));
-        }
-        Ok(v)
-    }
-    fn ws(&mut self) {
-        while self.i < self.s.len() && self.s[self.i].is_ascii_whitespace() {
-            self.i += 1;
-        }
-    }
-    fn eat(&mut self, lit: &str) -> bool {
-        if self.s[self.i..].starts_with(lit.as_bytes()) {
-            self.i += lit.len();
-            true
-        } else {
-            false
-        }
-    }
-    fn value(&mut self) -> Result<Json, String> {
-        self.ws();
-        let c = *self.s.get(self.i).ok_or("unexpected end")?;
-        match c {
-            b'n' if self.eat("null") => Ok(Json::Null),
-            b't' if self.eat("true") => Ok(Json::Bool(true)),
-            b'f' if self.eat("false") => Ok(Json::Bool(false)),
-            b'"' => self.string().map(Json::Str),
-            b'[' => {
-                self.i += 1;
-                let mut v = Vec::new();
-                self.ws();
-                if self.eat("]") {
-                    return Ok(Json::Arr(v));
-                }
-                loop {
-                    v.push(self.value()?);
-                    self.ws();
-                    if self.eat("]") {
-                        return Ok(Json::Arr(v));
-                    }
-                    if !self.eat(",") {
-                        return Err(format!("expected , or ] at {}", self.i));
-                    }
-                }
-            }
-            b'{' => {
-                self.i += 1;
-                let mut kv = Vec::new();
-                self.ws();
-                if self.eat("}") {
-                    return Ok(Json::Obj(kv));
-                }
-                loop {
-                    self.ws();
-                    let k = self.string()?;
-                    self.ws();
-                    if !self.eat(":") {
-                        return Err(format!("expected : at {}", self.i));
-                    }
-                    kv.push((k, self.value()?));
-                    self.ws();
-                    if self.eat("}") {
-                        return Ok(Json::Obj(kv));
-                    }
-                    if !self.eat(",") {
-                        return Err(format!("expected , or }} at {}", self.i));
-                    }
-                }
-            }
-            b'-' | b'0'..=b'9' => {
-                // JSON number grammar: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
-                let start = self.i;
-                self.eat("-");
-                let digits = |p: &mut Self| {
-                    let s = p.i;
-                    while p.i < p.s.len() && p.s[p.i].is_ascii_digit() {
-                        p.i += 1;
-                    }
-                    p.i - s
-                };
-                let int_start = self.i;
-                if digits(self) == 0 || (self.s[int_start] == b'0' && self.i - int_start > 1) {
-                    return Err(format!("bad number at {start}"));
-                }
-                if self.eat(".") && digits(self) == 0 {
-                    return Err(format!("bad fraction at {start}"));
-                }
-                if self.eat("e") || self.eat("E") {
-                    let _ = self.eat("+") || self.eat("-");
-                    if digits(self) == 0 {
-                        return Err(format!("bad exponent at {start}"));
-                    }
-                }
-                let text = std::str::from_utf8(&self.s[start..self.i]).map_err(|e| e.to_string())?;
-                text.parse().map(Json::Num).map_err(|e| format!("{text}: {e}"))
-            }
-            _ => Err(format!("unexpected '{}' at {}", c as char, self.i)),
-        }
-    }
-    fn string(&mut self) -> Result<String, String> {
-        if !self.eat("\"") {
-            return Err(format!("expected string at {}", self.i));
-        }
-        let mut out = String::new();
-        loop {
-            let c = *self.s.get(self.i).ok_or("unterminated string")?;
-            self.i += 1;
-            match c {
-                b'"' => return Ok(out),
-                b'\\' => {
-                    let e = *self.s.get(self.i).ok_or("bad escape")?;
-                    self.i += 1;
-                    match e {
-                        b'"' | b'\\' | b'/' => out.push(e as char),
-                        b'n' => out.push('\n'),
-                        b't' => out.push('\t'),
-                        b'u' => {
-                            let hex = std::str::from_utf8(&self.s[self.i..self.i + 4]).map_err(|e| e.to_string())?;
-                            self.i += 4;
-                            out.push(
-                                char::from_u32(u32::from_str_radix(hex, 16).map_err(|e| e.to_string())?).unwrap_or('?'),
-                            );
-                        }
-                        _ => return Err("bad escape".into()),
-                    }
-                }
-                c if c < 0x20 => return Err("control character in string".into()),
-                _ => {
-                    // Copy the whole UTF-8 sequence.
-                    let start = self.i - 1;
-                    while self.i < self.s.len() && (self.s[self.i] & 0xc0) == 0x80 {
-                        self.i += 1;
-                    }
-                    out.push_str(std::str::from_utf8(&self.s[start..self.i]).map_err(|e| e.to_string())?);
-                }
-            }
-        }
-    }
-}
-
-const ROW_FIELDS: [&str; 18] = [
+const ROW_FIELDS: [&str; 27] = [
     "op",
     "backend",
     "dtype",
@@ -211,15 +44,26 @@ const ROW_FIELDS: [&str; 18] = [
     "ms",
     "tflops",
     "gbps",
+    "copy_gbps",
+    "pct_of_copy_bw",
+    "check",
+    "kind",
+    "seed",
+    "label",
+    "error",
+    "device",
+    "commit",
 ];
 
+/// Every stdout line as a JSON object holding every documented field (serde_json rejects NaN and inf
+/// literals, so a row with a bare non-finite number fails here).
 fn json_rows(o: &Output) -> Vec<Json> {
     stdout(o)
         .lines()
-        .map(|l| Parser::parse(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .map(|l| serde_json::from_str::<Json>(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
         .inspect(|row| {
             for f in ROW_FIELDS {
-                row.get(f);
+                assert!(row.get(f).is_some(), "no {f} in {row}");
             }
         })
         .collect()
@@ -234,28 +78,91 @@ fn assert_one_line_error(o: &Output, code: i32, contains: &str) {
 }
 
 #[test]
-fn json_parser_accepts_and_rejects() {
-    assert!(Parser::parse(r#"{"a":[1,-2.5e-3,true,null,"x\"y"]}"#).is_ok());
-    for bad in ["{\"a\":NaN}", "{\"a\":inf}", "{\"a\":1,}", "[01]", "{\"a\":1.}"] {
-        assert!(Parser::parse(bad).is_err(), "{bad}");
+fn help_and_version_exit_0_and_list_every_flag_with_its_default() {
+    let o = fused_attn("--help");
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    for cmd in ["report", "run", "plot"] {
+        assert!(stdout(&o).contains(cmd), "{cmd} missing from --help");
     }
+    let o = fused_attn("run --help");
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let help = stdout(&o);
+    for (flag, default) in [
+        ("--op <OP>", "[default: prefill]"),
+        ("--dtype <DTYPE>", "[default: bf16]"),
+        ("--head-dim <N>", "[default: 128]"),
+        ("--batch <N>", "[default: 1]"),
+        ("--heads <N>", "[default: 8]"),
+        ("--kv-heads <N>", "[default: --heads]"),
+        ("--seqlen-q <N>", "[default: 128]"),
+        ("--seqlen-k <N>", "--seqlen-q]"),
+        ("--causal", "[prefill only]"),
+        ("--page-size <N>", "[default: 16]"),
+        ("--num-splits <N>", "[default: the planner's choice]"),
+        ("--backend <BACKEND>", "[default: auto]"),
+        ("--json", ""),
+        ("--seed <N>", "[default: 0]"),
+        ("--dump <DIR>", ""),
+        ("--no-timing", ""),
+    ] {
+        let at = help.find(flag).unwrap_or_else(|| panic!("{flag} missing from run --help:\n{help}"));
+        // The flag's own paragraph (up to the next flag) names its default or the ops it applies to.
+        let para = &help[at..];
+        let para = &para[..para[2..].find("\n      --").map_or(para.len(), |i| i + 2)];
+        assert!(para.contains(default), "{flag}: no '{default}' in:\n{para}");
+    }
+    for only in ["[prefill only", "[decode only]", "[prefill, decode]", "pass*"] {
+        assert!(help.contains(only), "run --help lacks {only}");
+    }
+    let o = fused_attn("report --help");
+    assert_eq!(o.status.code(), Some(0));
+    for flag in ["--backend <BACKEND>", "--json", "--seed <N>", "--quick", "--plot <DIR>", "--matmul-tflops <TFLOPS>"] {
+        assert!(stdout(&o).contains(flag), "{flag} missing from report --help");
+    }
+    for v in ["--version", "-V"] {
+        let o = fused_attn(v);
+        assert_eq!(o.status.code(), Some(0));
+        assert!(
+            stdout(&o).starts_with(&format!("fused-attn {} (commit ", env!("CARGO_PKG_VERSION"))),
+            "{}",
+            stdout(&o)
+        );
+    }
+    // No command: the help on stderr, exit 2.
+    let o = fused_attn("");
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("Usage: fused-attn <COMMAND>"), "{}", stderr(&o));
 }
 
 #[test]
 fn bad_flags_are_usage_errors() {
     for (args, msg) in [
-        ("", "usage:"),
-        ("frobnicate", "unknown verb"),
-        ("run --wat", "unknown flag '--wat'"),
-        ("run --head-dim", "--head-dim needs a value"),
-        ("run --head-dim x", "'x' is not a non-negative integer"),
-        ("run --batch -1", "'-1' is not a non-negative integer"),
-        ("run --dtype fp8", "--dtype must be fp16 or bf16"),
-        ("run --op sort", "--op must be prefill or decode"),
-        ("run --backend tpu", "--backend must be gpu, emu or auto"),
-        ("report --dump /tmp/x", "--dump applies to `run` only"),
+        ("frobnicate", "unrecognized subcommand 'frobnicate'"),
+        ("run --wat", "unexpected argument '--wat'"),
+        ("run --head-dim", "a value is required for '--head-dim <N>'"),
+        ("run --head-dim x", "invalid value 'x' for '--head-dim <N>'"),
+        ("run --batch -1", "invalid value '-1' for '--batch <N>'"),
+        ("run --heads=-3", "invalid value '-3' for '--heads <N>'"),
+        ("run --dtype fp8", "invalid value 'fp8' for '--dtype <DTYPE>' [possible values: fp16, bf16]"),
+        ("run --op sort", "[possible values: prefill, decode]"),
+        ("run --backend tpu", "[possible values: gpu, emu, auto]"),
+        ("report --dump /tmp/x", "unexpected argument '--dump'"),
+        ("report --no-timing", "unexpected argument '--no-timing'"),
+        ("report --op decode", "unexpected argument '--op'"),
+        ("run --plot /tmp/x", "unexpected argument '--plot'"),
+        ("run --quick", "unexpected argument '--quick'"),
+        // Flags of the other op are errors naming the flag, not silently ignored.
+        ("run --op decode --causal", "--causal applies to --op prefill only"),
+        ("run --op decode --seqlen-q 4", "--seqlen-q applies to --op prefill only"),
+        ("run --op=decode --seqlen-q=4", "--seqlen-q applies to --op prefill only"),
+        ("run --page-size 8", "--page-size applies to --op decode only"),
+        ("run --op prefill --num-splits 2", "--num-splits applies to --op decode only"),
+        ("plot", "<REPORT.jsonl>"),
     ] {
-        assert_one_line_error(&fused_attn(args), 2, msg);
+        let o = fused_attn(args);
+        assert_one_line_error(&o, 2, msg);
+        let err = stderr(&o);
+        assert!(!err.contains("Some(") && !err.contains("None"), "{args}: Rust debug text in {err}");
     }
 }
 
@@ -287,15 +194,26 @@ fn run_emulated_prefill_and_decode_print_a_passing_json_row() {
         let rows = json_rows(&o);
         assert_eq!(rows.len(), 1, "{args}");
         let r = &rows[0];
-        assert_eq!(r.get("op"), &Json::Str(op.into()));
-        assert_eq!(r.get("backend"), &Json::Str("emu".into()));
-        assert_eq!(r.get("passed"), &Json::Bool(true), "{args}: {r:?}");
+        assert_eq!(r["op"], op);
+        assert_eq!(r["backend"], "emu");
+        assert_eq!(r["device"], "host emulator");
+        assert_eq!(r["passed"], true, "{args}: {r}");
         for t in ["ms", "tflops", "gbps"] {
-            assert_eq!(r.get(t), &Json::Null, "{args}: emulation is not timed");
+            assert_eq!(r[t], Json::Null, "{args}: emulation is not timed");
         }
-        assert!(matches!(r.get("max_abs_err"), Json::Num(x) if *x >= 0.0));
-        assert_eq!(r.get("seed"), &Json::Num(5.0));
+        assert!(r["max_abs_err"].as_f64().is_some_and(|x| x >= 0.0), "{r}");
+        assert_eq!(r["seed"], 5);
     }
+    // The `--flag=value` spelling, and the decode row's page size and forced split count.
+    let o = fused_attn(
+        "run --backend=emu --op=decode --heads=4 --kv-heads=2 --seqlen-k=40 --page-size=4 --num-splits=3 --json",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let r = &json_rows(&o)[0];
+    assert_eq!(
+        (&r["heads_q"], &r["seqlen_k"], &r["page_size"], &r["num_splits"]),
+        (&4.into(), &40.into(), &4.into(), &3.into())
+    );
     // The table form: a header and one PASS line.
     let o = fused_attn("run --backend emu --seqlen-q 20 --heads 2 --head-dim 64");
     let out = stdout(&o);
@@ -389,7 +307,8 @@ fn gpu_backend_without_a_gpu_names_what_is_missing() {
     // `auto` falls back to the emulator.
     let o = fused_attn("run --backend auto --seqlen-q 16 --heads 2 --head-dim 64 --json");
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    assert_eq!(json_rows(&o)[0].get("backend"), &Json::Str("emu".into()));
+    assert_eq!(json_rows(&o)[0]["backend"], "emu");
+    assert!(stderr(&o).contains("--backend auto: no usable GPU") && stderr(&o).contains("using emu"), "{}", stderr(&o));
 }
 
 #[test]
@@ -400,14 +319,44 @@ fn quick_emulated_report_is_all_passing_json() {
     let rows = json_rows(&o);
     assert!(rows.len() >= 10, "{} rows", rows.len());
     for r in &rows {
-        assert_eq!(r.get("passed"), &Json::Bool(true), "{r:?}");
-        assert_eq!(r.get("ms"), &Json::Null);
+        assert_eq!(r["passed"], true, "{r}");
+        assert_eq!(r["ms"], Json::Null);
     }
     for op in ["prefill", "decode"] {
-        assert!(rows.iter().any(|r| r.get("op") == &Json::Str(op.into())), "no {op} rows");
+        assert!(rows.iter().any(|r| r["op"] == op), "no {op} rows");
     }
-    // No timed rows on the emulator: no plots, and a note saying so.
+    // No timed rows on the emulator: no plots, and a note saying so and what to do instead.
     assert!(!dir.join("prefill.png").exists());
-    assert!(stderr(&o).contains("no plots"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("no plots") && stderr(&o).contains("plots need a GPU run"), "{}", stderr(&o));
     assert!(stderr(&o).contains(&format!("{} passed / 0 failed", rows.len())), "{}", stderr(&o));
+}
+
+/// Width, height of a PNG from its IHDR chunk, after checking the signature.
+fn png_size(path: &Path) -> (u32, u32, usize) {
+    let b = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(&b[..8], b"\x89PNG\r\n\x1a\n", "{}", path.display());
+    assert_eq!(&b[12..16], b"IHDR");
+    let be = |i: usize| u32::from_be_bytes(b[i..i + 4].try_into().unwrap());
+    (be(16), be(20), b.len())
+}
+
+#[test]
+fn plot_renders_the_recorded_report() {
+    let dir = std::env::temp_dir().join(format!("fa-runner-fixture-plot-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/report-illustrative.jsonl");
+    let o = fused_attn(&format!("plot {} --out {} --matmul-tflops 650", fixture.display(), dir.display()));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    for name in ["prefill.png", "decode.png"] {
+        let (w, h, bytes) = png_size(&dir.join(name));
+        assert_eq!((w, h), (1800, 1000), "{name}");
+        // A blank or text-free chart compresses to a few kB; the real one with its curves and text is larger.
+        assert!(bytes > 60_000, "{name}: only {bytes} bytes");
+        assert!(stdout(&o).contains(name), "{}", stdout(&o));
+    }
+    // A line that is not a row is an error naming the file and line.
+    let bad = dir.join("bad.jsonl");
+    std::fs::write(&bad, "{\"op\":\"prefill\"}\n{\"op\": 3}\n").unwrap();
+    assert_one_line_error(&fused_attn(&format!("plot {} --out {}", bad.display(), dir.display())), 2, "bad.jsonl:2");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,177 +1,313 @@
-//! Command-line flags of the runner, spelled as the README documents them. Every invalid flag or value is a
-//! one-line `Usage` error, never a panic.
+//! The runner's command line (clap derive): `report`, `run` and `plot`, their flags and defaults, and the
+//! checks clap cannot express (a flag given for an op it does not apply to). Every invalid input becomes a
+//! one-line `Usage` error; `--help` and `--version` print to stdout and exit 0.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use fused_attn::{DType, Error, Result};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The runner's git commit (`git describe` at build time; "unknown" outside a git checkout).
+pub const COMMIT: &str =
+    git_version::git_version!(args = ["--always", "--dirty=-modified", "--abbrev=10"], fallback = "unknown");
+
+/// Fused attention kernels: check them against an fp64 reference on a GPU or the host SIMT emulator, time
+/// them against ceilings measured in the same run, and plot the results.
+#[derive(Parser, Debug)]
+#[command(
+    name = "fused-attn",
+    version,
+    arg_required_else_help = true,
+    after_help = "Exit status: 0 when every row passed, 1 when a row failed or a run error occurred, 2 for invalid \
+                  command-line input. `fused-attn <COMMAND> --help` lists a command's flags."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// The standard sweep: correctness of both ops against the fp64 reference; on a GPU also the timed
+    /// shapes against the copy bandwidth measured in the same run.
+    #[command(after_help = PASS_STAR_HELP, allow_negative_numbers = true)]
+    Report(ReportArgs),
+    /// One configuration: build it from --seed, run it, check it against the fp64 reference (and time it
+    /// on a GPU).
+    #[command(after_help = PASS_STAR_HELP, allow_negative_numbers = true)]
+    Run(RunArgs),
+    /// Draw the plots of a recorded `report --json` (e.g. a GPU run's report.jsonl) into a directory.
+    Plot(PlotArgs),
+}
+
+const PASS_STAR_HELP: &str = "In the table, `pass*` is a pass checked on sampled query rows (256 for `run`, 32 for \
+timed rows) rather than on every row: shapes above 2^31 multiply-adds are too large for a full fp64 check; JSON \
+rows say \"check\":\"sampled\". `-` is a timing-only row.";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Op {
     Prefill,
     Decode,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Op::Prefill => "prefill",
+            Op::Decode => "decode",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum BackendChoice {
+    /// The first GPU (an error if none is usable).
     Gpu,
+    /// The host SIMT emulator: correctness only, no timing.
     Emu,
+    /// The GPU when one is usable, else the emulator (the choice is printed on stderr).
     Auto,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verb {
-    Report,
-    Run,
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DTypeArg {
+    #[value(alias = "f16", alias = "float16")]
+    Fp16,
+    #[value(alias = "bfloat16")]
+    Bf16,
 }
 
-/// One configuration (`run`), or the options of the sweep (`report`: backend, json, seed, quick, plot).
-#[derive(Clone, Debug)]
-pub struct Args {
-    pub verb: Verb,
-    pub op: Op,
-    pub dtype: DType,
-    pub head_dim: usize,
-    pub batch: usize,
-    pub heads: usize,
-    pub kv_heads: usize,
-    pub seqlen_q: usize,
-    pub seqlen_k: usize,
-    pub causal: bool,
-    pub page_size: usize,
+impl From<DTypeArg> for DType {
+    fn from(d: DTypeArg) -> Self {
+        match d {
+            DTypeArg::Fp16 => DType::F16,
+            DTypeArg::Bf16 => DType::Bf16,
+        }
+    }
+}
+
+/// Flags of both `report` and `run`.
+#[derive(Args, Debug, Clone)]
+pub struct Common {
+    /// Where to run.
+    #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
     pub backend: BackendChoice,
+    /// One JSON object per row on stdout (notes go to stderr) instead of a table.
+    #[arg(long)]
     pub json: bool,
+    /// Seed of the random inputs; `report` derives one seed per case from it.
+    #[arg(long, default_value_t = 0, value_name = "N")]
     pub seed: u64,
-    pub dump: Option<PathBuf>,
-    pub num_splits: Option<usize>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ReportArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// A few-second smoke subset instead of the full sweep.
+    #[arg(long)]
     pub quick: bool,
+    /// Write DIR/prefill.png and DIR/decode.png from the timed rows (needs a GPU run: the emulator is not
+    /// timed).
+    #[arg(long, value_name = "DIR")]
     pub plot: Option<PathBuf>,
-    /// `run` on a GPU: check only, no timing (e.g. under compute-sanitizer).
+    /// The bf16 matmul rate to draw as the prefill plot's compute ceiling (tools/torch_compare.py measures
+    /// it; the report does not).
+    #[arg(long, env = "FA_MATMUL_TFLOPS", value_name = "TFLOPS")]
+    pub matmul_tflops: Option<f64>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    /// Which kernel.
+    #[arg(long, value_enum, default_value_t = Op::Prefill)]
+    pub op: Op,
+    /// Element type [prefill, decode].
+    #[arg(long, value_enum, default_value_t = DTypeArg::Bf16)]
+    pub dtype: DTypeArg,
+    /// Head dimension D [prefill, decode].
+    #[arg(long, default_value_t = 128, value_name = "N")]
+    pub head_dim: usize,
+    /// Batch size B [prefill, decode].
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub batch: usize,
+    /// Query heads Hq [prefill, decode].
+    #[arg(long, default_value_t = 8, value_name = "N")]
+    pub heads: usize,
+    /// KV heads Hkv, dividing Hq [prefill, decode] [default: --heads].
+    #[arg(long, value_name = "N")]
+    pub kv_heads: Option<usize>,
+    /// Query length Tq [prefill only; decode is one token per sequence].
+    #[arg(long, default_value_t = 128, value_name = "N")]
+    pub seqlen_q: usize,
+    /// Key length Tk [prefill]; the context length of every sequence [decode] [default: --seqlen-q].
+    #[arg(long, value_name = "N")]
+    pub seqlen_k: Option<usize>,
+    /// Bottom-right aligned causal mask [prefill only].
+    #[arg(long)]
+    pub causal: bool,
+    /// Page size of the KV cache, a power of two in 1..=256 [decode only].
+    #[arg(long, default_value_t = 16, value_name = "N")]
+    pub page_size: usize,
+    /// Force the split-KV count [decode only] [default: the planner's choice].
+    #[arg(long, value_name = "N")]
+    pub num_splits: Option<usize>,
+    #[command(flatten)]
+    pub common: Common,
+    /// Write every input and output as .npy into DIR (see the README for names, dtypes and shapes).
+    #[arg(long, value_name = "DIR")]
+    pub dump: Option<PathBuf>,
+    /// On a GPU: check without timing (one launch, e.g. under compute-sanitizer).
+    #[arg(long)]
     pub no_timing: bool,
 }
 
-pub const USAGE: &str = "usage: fused-attn <report|run> [--op prefill|decode] [--dtype fp16|bf16] [--head-dim N] \
-[--batch N] [--heads N] [--kv-heads N] [--seqlen-q N] [--seqlen-k N] [--causal] [--page-size N] \
-[--num-splits N] [--backend gpu|emu|auto] [--json] [--seed N] [--dump DIR] [--quick] [--plot DIR] [--no-timing]";
-
-fn number(flag: &str, value: Option<String>) -> Result<usize> {
-    let v = value.ok_or_else(|| Error::usage(format!("{flag} needs a value")))?;
-    v.parse::<usize>().map_err(|_| Error::usage(format!("{flag}: '{v}' is not a non-negative integer")))
+#[derive(Args, Debug, Clone)]
+pub struct PlotArgs {
+    /// A recorded `fused-attn report --json` (one JSON row per line; other lines are ignored).
+    #[arg(value_name = "REPORT.jsonl")]
+    pub report: PathBuf,
+    /// Directory to write prefill.png and decode.png into.
+    #[arg(long, short, default_value = ".", value_name = "DIR")]
+    pub out: PathBuf,
+    /// The bf16 matmul rate to draw as the prefill plot's compute ceiling.
+    #[arg(long, env = "FA_MATMUL_TFLOPS", value_name = "TFLOPS")]
+    pub matmul_tflops: Option<f64>,
 }
 
-pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args> {
-    let mut it = argv.into_iter();
-    let verb = match it.next().as_deref() {
-        Some("report") => Verb::Report,
-        Some("run") => Verb::Run,
-        Some("-h" | "--help") | None => return Err(Error::usage(USAGE)),
-        Some(other) => return Err(Error::usage(format!("unknown verb '{other}'; {USAGE}"))),
-    };
-    let mut a = Args {
-        verb,
-        op: Op::Prefill,
-        dtype: DType::Bf16,
-        head_dim: 128,
-        batch: 1,
-        heads: 8,
-        kv_heads: 0,
-        seqlen_q: 128,
-        seqlen_k: 0,
-        causal: false,
-        page_size: 16,
-        backend: BackendChoice::Auto,
-        json: false,
-        seed: 0,
-        dump: None,
-        num_splits: None,
-        quick: false,
-        plot: None,
-        no_timing: false,
-    };
-    let (mut kv_heads, mut seqlen_k) = (None, None);
-    while let Some(flag) = it.next() {
-        match flag.as_str() {
-            "--op" => {
-                a.op = match it.next().as_deref() {
-                    Some("prefill") => Op::Prefill,
-                    Some("decode") => Op::Decode,
-                    other => return Err(Error::usage(format!("--op must be prefill or decode, got {other:?}"))),
+impl RunArgs {
+    pub fn kv_heads(&self) -> usize {
+        self.kv_heads.unwrap_or(self.heads)
+    }
+    /// Decode: the context length of every sequence; prefill: Tk.
+    pub fn seqlen_k(&self) -> usize {
+        self.seqlen_k.unwrap_or(self.seqlen_q)
+    }
+}
+
+/// Flags that apply to one op only, by clap id: (id, flag, the op it applies to, why).
+const OP_ONLY: [(&str, &str, Op, &str); 4] = [
+    ("seqlen_q", "--seqlen-q", Op::Prefill, "decode is one query token per sequence; --seqlen-k sets the context"),
+    ("causal", "--causal", Op::Prefill, "a decode token attends to its whole cache"),
+    ("page_size", "--page-size", Op::Decode, "prefill reads contiguous K/V, not a paged cache"),
+    ("num_splits", "--num-splits", Op::Decode, "prefill does not split the KV range"),
+];
+
+/// A flag the user gave for an op it does not apply to.
+fn inapplicable(m: &ArgMatches, op: Op) -> Option<String> {
+    OP_ONLY
+        .iter()
+        .find(|(id, _, applies, _)| *applies != op && m.value_source(id) == Some(ValueSource::CommandLine))
+        .map(|(_, flag, applies, why)| {
+            format!("{flag} applies to --op {} only, not --op {} ({why})", applies.name(), op.name())
+        })
+}
+
+/// What parsing decided: run a command, or print help/version text to stdout and exit 0, or (no command
+/// given) print the help to stderr and exit 2.
+pub enum Parsed {
+    Command(Command),
+    Print(String),
+    Help(String),
+}
+
+/// clap's error text as one line: the message lines before its usage block, and where to look for help.
+fn one_line_clap_error(e: &clap::Error, sub: Option<&str>) -> String {
+    let text = e.render().to_string();
+    let msg: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+        .filter(|l| !l.is_empty())
+        .collect();
+    let msg = msg.join(" ").replace(" tip: ", "; tip: ");
+    let msg = msg.strip_prefix("error: ").unwrap_or(&msg);
+    let help = sub.map_or("fused-attn --help".to_string(), |s| format!("fused-attn {s} --help"));
+    format!("{msg} (see `{help}`)")
+}
+
+pub fn parse<I, T>(argv: I) -> Result<Parsed>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let argv: Vec<OsString> = argv.into_iter().map(Into::into).collect();
+    // For the error hint: the subcommand the user named, if any.
+    let sub = argv.get(1).and_then(|a| a.to_str()).filter(|a| ["report", "run", "plot"].contains(a));
+    let command = Cli::command().version(format!("{} (commit {COMMIT})", env!("CARGO_PKG_VERSION")));
+    let matches = match command.try_get_matches_from(&argv) {
+        Ok(m) => m,
+        Err(e) => {
+            return match e.kind() {
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
+                    Ok(Parsed::Print(e.render().to_string()))
                 }
-            }
-            "--dtype" => {
-                let v = it.next().unwrap_or_default();
-                a.dtype =
-                    DType::parse(&v).ok_or_else(|| Error::usage(format!("--dtype must be fp16 or bf16, got '{v}'")))?;
-            }
-            "--head-dim" => a.head_dim = number(&flag, it.next())?,
-            "--batch" => a.batch = number(&flag, it.next())?,
-            "--heads" => a.heads = number(&flag, it.next())?,
-            "--kv-heads" => kv_heads = Some(number(&flag, it.next())?),
-            "--seqlen-q" => a.seqlen_q = number(&flag, it.next())?,
-            "--seqlen-k" => seqlen_k = Some(number(&flag, it.next())?),
-            "--causal" => a.causal = true,
-            "--page-size" => a.page_size = number(&flag, it.next())?,
-            "--num-splits" => a.num_splits = Some(number(&flag, it.next())?),
-            "--backend" => {
-                a.backend = match it.next().as_deref() {
-                    Some("gpu") => BackendChoice::Gpu,
-                    Some("emu") => BackendChoice::Emu,
-                    Some("auto") => BackendChoice::Auto,
-                    other => return Err(Error::usage(format!("--backend must be gpu, emu or auto, got {other:?}"))),
+                clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+                    Ok(Parsed::Help(e.render().to_string()))
                 }
-            }
-            "--json" => a.json = true,
-            "--seed" => a.seed = number(&flag, it.next())? as u64,
-            "--dump" => a.dump = Some(it.next().ok_or_else(|| Error::usage("--dump needs a directory"))?.into()),
-            "--quick" => a.quick = true,
-            "--no-timing" => a.no_timing = true,
-            "--plot" => a.plot = Some(it.next().ok_or_else(|| Error::usage("--plot needs a directory"))?.into()),
-            "-h" | "--help" => return Err(Error::usage(USAGE)),
-            other => return Err(Error::usage(format!("unknown flag '{other}'; {USAGE}"))),
+                _ => Err(Error::usage(one_line_clap_error(&e, sub))),
+            };
+        }
+    };
+    let cli = Cli::from_arg_matches(&matches).map_err(|e| Error::usage(one_line_clap_error(&e, sub)))?;
+    if let (Command::Run(run), Some(("run", m))) = (&cli.command, matches.subcommand()) {
+        if let Some(msg) = inapplicable(m, run.op) {
+            return Err(Error::usage(msg));
         }
     }
-    if a.verb == Verb::Report && a.dump.is_some() {
-        return Err(Error::usage("--dump applies to `run` only"));
-    }
-    if a.verb == Verb::Run && (a.plot.is_some() || a.quick) {
-        return Err(Error::usage("--plot and --quick apply to `report` only"));
-    }
-    if a.verb == Verb::Report && a.no_timing {
-        return Err(Error::usage("--no-timing applies to `run` only"));
-    }
-    if a.op == Op::Prefill && a.num_splits.is_some() {
-        return Err(Error::usage("--num-splits applies to --op decode only"));
-    }
-    a.kv_heads = kv_heads.unwrap_or(a.heads);
-    a.seqlen_k = seqlen_k.unwrap_or(a.seqlen_q);
-    if a.op == Op::Decode {
-        // Decode is one new token per sequence over a cache of --seqlen-k tokens.
-        a.seqlen_q = 1;
-    }
-    Ok(a)
+    Ok(Parsed::Command(cli.command))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn p(s: &str) -> Result<Args> {
-        parse(s.split_whitespace().map(String::from))
+    fn p(s: &str) -> Result<Parsed> {
+        parse(std::iter::once("fused-attn").chain(s.split_whitespace()))
+    }
+
+    fn run(s: &str) -> RunArgs {
+        match p(s) {
+            Ok(Parsed::Command(Command::Run(r))) => r,
+            _ => panic!("{s}: not a run"),
+        }
     }
 
     #[test]
-    fn parses_a_full_run_line() {
-        let a = p("run --op decode --dtype fp16 --head-dim 64 --batch 3 --heads 8 --kv-heads 2 --seqlen-k 100 \
-                   --page-size 8 --backend emu --json --seed 7")
-        .unwrap();
-        assert_eq!((a.op, a.dtype, a.head_dim, a.batch, a.heads, a.kv_heads), (Op::Decode, DType::F16, 64, 3, 8, 2));
-        assert_eq!((a.seqlen_q, a.seqlen_k, a.page_size, a.seed), (1, 100, 8, 7));
-        assert!(a.json && a.backend == BackendChoice::Emu);
+    fn clap_definition_is_consistent() {
+        Cli::command().debug_assert();
     }
 
     #[test]
-    fn bad_flags_are_usage_errors() {
+    fn parses_a_full_run_line_in_both_spellings() {
         for line in [
-            "",
+            "run --op decode --dtype fp16 --head-dim 64 --batch 3 --heads 8 --kv-heads 2 --seqlen-k 100 \
+             --page-size 8 --backend emu --json --seed 7",
+            "run --op=decode --dtype=f16 --head-dim=64 --batch=3 --heads=8 --kv-heads=2 --seqlen-k=100 \
+             --page-size=8 --backend=emu --json --seed=7",
+        ] {
+            let a = run(line);
+            assert_eq!((a.op, DType::from(a.dtype), a.head_dim, a.batch, a.heads), (Op::Decode, DType::F16, 64, 3, 8));
+            assert_eq!((a.kv_heads(), a.seqlen_k(), a.page_size, a.common.seed), (2, 100, 8, 7));
+            assert!(a.common.json && a.common.backend == BackendChoice::Emu);
+        }
+        let a = run("run --heads 4 --seqlen-q 33");
+        assert_eq!((a.kv_heads(), a.seqlen_k(), a.common.backend, a.head_dim), (4, 33, BackendChoice::Auto, 128));
+    }
+
+    #[test]
+    fn help_and_version_print() {
+        for line in ["--help", "-h", "run --help", "report --help", "plot --help", "--version", "-V"] {
+            assert!(matches!(p(line), Ok(Parsed::Print(_))), "{line}");
+        }
+    }
+
+    #[test]
+    fn bad_flags_are_one_line_usage_errors() {
+        assert!(matches!(p(""), Ok(Parsed::Help(h)) if h.contains("Usage: fused-attn")));
+        for line in [
             "frobnicate",
             "run --head-dim",
             "run --head-dim x",
@@ -180,12 +316,33 @@ mod tests {
             "run --backend tpu",
             "run --wat",
             "run --plot x",
+            "run --quick",
             "report --dump x",
+            "report --no-timing",
+            "report --op decode",
             "run --op prefill --num-splits 2",
+            "run --page-size 8",
+            "run --op decode --causal",
+            "run --op decode --seqlen-q 4",
             "run --batch -1",
+            "plot",
         ] {
-            let e = p(line).unwrap_err();
+            let e = p(line).err().unwrap_or_else(|| panic!("{line}: accepted"));
             assert_eq!(e.kind(), &fused_attn::ErrorKind::Usage, "{line}");
+            assert_eq!(e.message().lines().count(), 1, "{line}: {}", e.message());
+            assert!(!e.message().contains("Some("), "{line}: {}", e.message());
         }
+    }
+
+    #[test]
+    fn inapplicable_flags_name_the_flag() {
+        let msg = |s: &str| p(s).err().map(|e| e.message().to_string()).unwrap_or_default();
+        assert!(msg("run --op decode --causal").starts_with("--causal applies to --op prefill only"));
+        assert!(msg("run --op=decode --seqlen-q=4").starts_with("--seqlen-q applies to --op prefill only"));
+        assert!(msg("run --page-size 8").starts_with("--page-size applies to --op decode only"));
+        assert!(msg("run --num-splits 2").starts_with("--num-splits applies to --op decode only"));
+        // Defaults are not "given": decode with no prefill flags is fine, and so is each op's own flag.
+        run("run --op decode --page-size 8 --num-splits 2 --seqlen-k 9");
+        run("run --causal --seqlen-q 9");
     }
 }

@@ -1,5 +1,5 @@
 //! The backend a command runs on: the first GPU, or the host emulator (`--backend auto` takes the GPU when
-//! `fused_attn::device::cuda_context(0)` succeeds).
+//! `fused_attn::device::cuda_context(0)` succeeds, and says on stderr which one it took and why).
 
 use std::sync::Arc;
 
@@ -15,7 +15,7 @@ pub enum Backend {
 
 impl Backend {
     /// `gpu`: the first GPU or its typed error (NoDriver / NoDevice / Arch); `emu`: the emulator; `auto`:
-    /// the GPU if usable, else the emulator.
+    /// the GPU if usable, else the emulator, named on stderr.
     pub fn resolve(choice: BackendChoice) -> Result<Self> {
         let gpu = || -> Result<Self> {
             let ctx = device::cuda_context(0)?;
@@ -25,7 +25,26 @@ impl Backend {
         match choice {
             BackendChoice::Gpu => gpu(),
             BackendChoice::Emu => Ok(Backend::Emu(Emulator::new())),
-            BackendChoice::Auto => Ok(gpu().unwrap_or_else(|_| Backend::Emu(Emulator::new()))),
+            BackendChoice::Auto => match gpu() {
+                Ok(b) => {
+                    eprintln!("fused-attn: --backend auto: using {}", b.describe());
+                    Ok(b)
+                }
+                Err(e) => {
+                    let why = e.to_string().split_whitespace().collect::<Vec<_>>().join(" ");
+                    let b = Backend::Emu(Emulator::new());
+                    eprintln!("fused-attn: --backend auto: no usable GPU ({why}); using {}", b.describe());
+                    Ok(b)
+                }
+            },
+        }
+    }
+
+    /// What the rows' `device` field says: the GPU's name, or the emulator.
+    pub fn device(&self) -> String {
+        match self {
+            Backend::Gpu { name, .. } => name.clone(),
+            Backend::Emu(_) => "host emulator".to_string(),
         }
     }
 

@@ -12,6 +12,7 @@ use half::{bf16, f16};
 
 use crate::backend::Backend;
 use crate::dump::Dump;
+use crate::progress::Progress;
 use crate::row::Row;
 
 /// One unit of work.
@@ -28,14 +29,14 @@ pub const SAMPLE_ROWS: usize = 256;
 /// Largest problem the runner builds host data for (elements of q + k + v + o, or of the two caches).
 pub const MAX_ELEMENTS: usize = 1 << 32;
 
-pub fn prefill_row(kind: &'static str, backend: &Backend, c: &PrefillCase, seed: u64) -> Row {
+pub fn prefill_row(kind: &str, backend: &Backend, c: &PrefillCase, seed: u64) -> Row {
     Row {
-        kind,
+        kind: kind.into(),
         label: c.label(),
         seed,
-        op: "prefill",
-        backend: backend.name(),
-        dtype: c.dtype.name(),
+        op: "prefill".into(),
+        backend: backend.name().into(),
+        dtype: c.dtype.name().into(),
         head_dim: c.head_dim,
         batch: c.varlen.as_ref().map_or(c.batch, |s| s.len()),
         heads_q: c.heads_q,
@@ -47,14 +48,14 @@ pub fn prefill_row(kind: &'static str, backend: &Backend, c: &PrefillCase, seed:
     }
 }
 
-pub fn decode_row(kind: &'static str, backend: &Backend, c: &DecodeCase, seed: u64) -> Row {
+pub fn decode_row(kind: &str, backend: &Backend, c: &DecodeCase, seed: u64) -> Row {
     Row {
-        kind,
+        kind: kind.into(),
         label: c.label(),
         seed,
-        op: "decode",
-        backend: backend.name(),
-        dtype: c.dtype.name(),
+        op: "decode".into(),
+        backend: backend.name().into(),
+        dtype: c.dtype.name().into(),
         head_dim: c.head_dim,
         batch: c.batch(),
         heads_q: c.heads_q,
@@ -74,7 +75,7 @@ fn with_prefill_outcome(mut row: Row, o: &pc::CaseOutcome) -> Row {
     row.tolerance = Some(o.out.tolerance);
     row.lse_max_abs_err = o.lse.as_ref().map(|l| l.max_abs_err);
     row.passed = Some(o.passed());
-    row.check = Some(if o.sampled() { "sampled" } else { "full" });
+    row.check = Some(if o.sampled() { "sampled" } else { "full" }.into());
     if !o.passed() {
         row.error = Some(format!("{} (seed {})", o.summary(), o.seed));
     }
@@ -88,7 +89,7 @@ fn with_decode_outcome(mut row: Row, o: &dc::CaseOutcome) -> Row {
     row.lse_max_abs_err = Some(o.lse.max_abs_err);
     row.num_splits = Some(o.plan.num_splits);
     row.passed = Some(o.passed());
-    row.check = Some("full");
+    row.check = Some("full".into());
     if !o.passed() {
         row.error = Some(o.summary());
     }
@@ -171,21 +172,23 @@ fn checked_elements(dims: &[&[usize]]) -> Result<usize> {
 }
 
 /// `run --op prefill`: builds, runs and checks one case (sampled check above [`FULL_CHECK_LIMIT`]); on a
-/// GPU also times it. Writes the tensors to `dump` if given.
+/// GPU also times it. Writes the tensors to `dump` if given; names each stage on `progress`.
 pub fn run_prefill(
     backend: &Backend,
     c: &PrefillCase,
     seed: u64,
     copy_gbps: Option<f64>,
     dump: Option<&Dump>,
+    progress: &Progress,
 ) -> Result<Row> {
     let (b, tq, tk, hq, hkv, d) = (c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv, c.head_dim);
     checked_elements(&[&[b, tq, hq, d], &[b, tk, hkv, d], &[b, tk, hkv, d], &[b, tq, hq, d]])?;
     let mut row = match c.dtype {
-        DType::F16 => run_prefill_t::<f16>(backend, c, seed, dump)?,
-        DType::Bf16 => run_prefill_t::<bf16>(backend, c, seed, dump)?,
+        DType::F16 => run_prefill_t::<f16>(backend, c, seed, dump, progress)?,
+        DType::Bf16 => run_prefill_t::<bf16>(backend, c, seed, dump, progress)?,
     };
     if let (Backend::Gpu { stream, .. }, Some(copy)) = (backend, copy_gbps) {
+        progress.message("prefill: timing on the GPU (CUDA events, median of 20)");
         let t = time_prefill(stream, backend, c, seed, copy);
         (row.ms, row.tflops, row.copy_gbps) = (t.ms, t.tflops, t.copy_gbps);
         if t.passed == Some(false) {
@@ -196,20 +199,35 @@ pub fn run_prefill(
     Ok(row)
 }
 
-fn run_prefill_t<T: Element>(backend: &Backend, c: &PrefillCase, seed: u64, dump: Option<&Dump>) -> Result<Row> {
+fn run_prefill_t<T: Element>(
+    backend: &Backend,
+    c: &PrefillCase,
+    seed: u64,
+    dump: Option<&Dump>,
+    progress: &Progress,
+) -> Result<Row> {
+    progress.message("prefill: building the inputs");
     let f = PrefillFixture::<T>::new(c, seed)?;
+    progress.message(format!("prefill: running the kernel on {}", backend.describe()));
     let out: PrefillOutputs<T> = match backend {
         Backend::Emu(emu) => pc::run_emulated(emu, &f)?,
         Backend::Gpu { stream, .. } => pc::run_gpu(stream, &f)?,
     };
     if let Some(dump) = dump {
+        progress.message("prefill: writing the .npy dump");
         dump.prefill(&f, &out)?;
     }
     let work =
         [c.batch, c.heads_q, c.seqlen_q, c.seqlen_k, c.head_dim].iter().try_fold(1usize, |a, &x| a.checked_mul(x));
     let outcome = match work {
-        Some(w) if w <= FULL_CHECK_LIMIT => f.evaluate(&out)?,
-        _ => f.evaluate_sampled(&out, SAMPLE_ROWS)?,
+        Some(w) if w <= FULL_CHECK_LIMIT => {
+            progress.message("prefill: checking every row against the fp64 reference");
+            f.evaluate(&out)?
+        }
+        _ => {
+            progress.message(format!("prefill: checking {SAMPLE_ROWS} sampled rows against the fp64 reference"));
+            f.evaluate_sampled(&out, SAMPLE_ROWS)?
+        }
     };
     Ok(with_prefill_outcome(prefill_row("run", backend, c, seed), &outcome))
 }
@@ -221,6 +239,7 @@ pub fn run_decode(
     seed: u64,
     copy_gbps: Option<f64>,
     dump: Option<&Dump>,
+    progress: &Progress,
 ) -> Result<Row> {
     if c.page_size == 0 {
         return Err(Error::unsupported("page_size", "0 (must be a power of two in 1..=256)"));
@@ -228,10 +247,11 @@ pub fn run_decode(
     let tokens = c.seq_lens.iter().sum::<usize>();
     checked_elements(&[&[tokens, c.heads_kv, c.head_dim], &[tokens, c.heads_kv, c.head_dim]])?;
     let mut row = match c.dtype {
-        DType::F16 => run_decode_t::<f16>(backend, c, seed, dump)?,
-        DType::Bf16 => run_decode_t::<bf16>(backend, c, seed, dump)?,
+        DType::F16 => run_decode_t::<f16>(backend, c, seed, dump, progress)?,
+        DType::Bf16 => run_decode_t::<bf16>(backend, c, seed, dump, progress)?,
     };
     if let (Backend::Gpu { stream, .. }, Some(copy)) = (backend, copy_gbps) {
+        progress.message("decode: timing on the GPU (CUDA events, median of 30)");
         let t = time_decode(stream, backend, c, seed, copy);
         (row.ms, row.gbps, row.copy_gbps, row.pct_of_copy_bw) = (t.ms, t.gbps, t.copy_gbps, t.pct_of_copy_bw);
         if t.error.is_some() {
@@ -242,15 +262,21 @@ pub fn run_decode(
     Ok(row)
 }
 
-fn run_decode_t<T: Element>(backend: &Backend, c: &DecodeCase, seed: u64, dump: Option<&Dump>) -> Result<Row> {
+fn run_decode_t<T: Element>(
+    backend: &Backend,
+    c: &DecodeCase,
+    seed: u64,
+    dump: Option<&Dump>,
+    progress: &Progress,
+) -> Result<Row> {
+    progress.message(format!("decode: running on {} and checking against the fp64 reference", backend.describe()));
     let r = match backend {
         Backend::Emu(emu) => dc::run_case_emulated::<T>(emu, c, seed)?,
         Backend::Gpu { stream, .. } => dc::run_case_gpu::<T>(stream, c, seed)?,
     };
     if let Some(dump) = dump {
+        progress.message("decode: writing the .npy dump");
         dump.decode(&r)?;
     }
-    let mut row = with_decode_outcome(decode_row("run", backend, c, seed), &r.outcome);
-    row.kind = "run";
-    Ok(row)
+    Ok(with_decode_outcome(decode_row("run", backend, c, seed), &r.outcome))
 }

@@ -6,13 +6,31 @@
 //!   owns), block_table [B, max_pages_per_seq], seq_lens [B], k / v [B, max(seq_lens), Hkv, D] (the
 //!   cache gathered through the block table, zero past each seq_len), out [B, Hq, D], lse [B, Hq].
 
+use std::fs::File;
+use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 
 use fused_attn::decode::cases::DecodeRun;
 use fused_attn::prefill::cases::{PrefillFixture, PrefillOutputs};
 use fused_attn::{DType, Element, Error, Result};
 
-use crate::npy::{self, NpyData};
+use npyz::WriterBuilder;
+
+/// Element encodings the dumps use: float16 as '<f2', bf16 exactly widened to '<f4', and the integer tables.
+enum NpyData<'a> {
+    F16(Vec<half::f16>),
+    F32(Vec<f32>),
+    I32(&'a [i32]),
+}
+
+/// Writes `data` as a C-order little-endian .npy of `shape` (format 1.0, header padded to 64 bytes).
+fn write_npy<T: npyz::AutoSerialize + Copy>(path: &Path, shape: &[usize], data: &[T]) -> std::io::Result<()> {
+    let shape: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+    let file = BufWriter::new(File::create(path)?);
+    let mut w = npyz::WriteOptions::new().default_dtype().shape(&shape).writer(file).begin_nd()?;
+    w.extend(data.iter().copied())?;
+    w.finish()
+}
 
 pub struct Dump {
     dir: PathBuf,
@@ -34,7 +52,13 @@ impl Dump {
     }
 
     fn write(&self, name: &str, shape: &[usize], data: NpyData<'_>) -> Result<()> {
-        npy::write(&self.dir.join(format!("{name}.npy")), shape, data)
+        let path = self.dir.join(format!("{name}.npy"));
+        match data {
+            NpyData::F16(d) => write_npy(&path, shape, &d),
+            NpyData::F32(d) => write_npy(&path, shape, &d),
+            NpyData::I32(d) => write_npy(&path, shape, d),
+        }
+        .map_err(|e| Error::usage(format!("--dump: cannot write {}: {e}", path.display())))
     }
 
     pub fn prefill<T: Element>(&self, f: &PrefillFixture<T>, out: &PrefillOutputs<T>) -> Result<()> {

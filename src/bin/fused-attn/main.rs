@@ -1,92 +1,156 @@
 //! fused-attn runner: `report` (the standard sweep: correctness against the fp64 reference, and on a GPU
-//! timing against ceilings measured in the same run) and `run` (one configuration). Exit status: 0 when
-//! every row passed, 1 when a row failed or the run hit an error, 2 for invalid command-line input. Errors
-//! are one line on stderr, never a panic.
+//! timing against ceilings measured in the same run), `run` (one configuration) and `plot` (the report's
+//! plots from a recorded JSON report). Exit status: 0 when every row passed, 1 when a row failed or the run
+//! hit an error, 2 for invalid command-line input. Errors are one line on stderr, never a panic.
 mod args;
 mod backend;
 mod cases;
 mod dump;
-mod npy;
+mod figures;
 mod output;
 mod plot;
+mod progress;
 mod report;
 mod row;
+
+use std::io::BufRead;
+use std::path::Path;
 
 use fused_attn::decode::cases::DecodeCase;
 use fused_attn::prefill::{CaseLayout, PrefillCase};
 use fused_attn::timing::copy_bandwidth_gbps;
 use fused_attn::{Error, ErrorKind, Result};
 
-use args::{Args, Op, Verb};
+use args::{Command, Op, Parsed, PlotArgs, ReportArgs, RunArgs};
 use backend::Backend;
-use output::Output;
+use output::{Output, RunInfo};
+use progress::Progress;
+use row::Row;
 
-fn run(a: &Args, backend: &Backend, out: &mut Output) -> Result<()> {
+fn run(a: &RunArgs, backend: &Backend, out: &mut Output) -> Result<()> {
     let dump = a.dump.as_deref().map(dump::Dump::new).transpose()?;
+    let progress = Progress::stages();
+    out.set_progress(progress.clone());
     let copy = match backend {
-        Backend::Gpu { stream, .. } if !a.no_timing => Some(copy_bandwidth_gbps(stream, 1 << 30)?),
+        Backend::Gpu { stream, .. } if !a.no_timing => {
+            progress.message("measuring the copy bandwidth (1 GiB device-to-device)");
+            Some(copy_bandwidth_gbps(stream, 1 << 30)?)
+        }
         _ => None,
     };
     let row = match a.op {
         Op::Prefill => {
             let case = PrefillCase {
-                dtype: a.dtype,
+                dtype: a.dtype.into(),
                 batch: a.batch,
                 seqlen_q: a.seqlen_q,
-                seqlen_k: a.seqlen_k,
+                seqlen_k: a.seqlen_k(),
                 heads_q: a.heads,
-                heads_kv: a.kv_heads,
+                heads_kv: a.kv_heads(),
                 head_dim: a.head_dim,
                 causal: a.causal,
                 varlen: None,
                 layout: CaseLayout::Contiguous,
                 with_lse: true,
             };
-            cases::run_prefill(backend, &case, a.seed, copy, dump.as_ref())?
+            cases::run_prefill(backend, &case, a.common.seed, copy, dump.as_ref(), &progress)
         }
         Op::Decode => {
             let case = DecodeCase {
-                dtype: a.dtype,
+                dtype: a.dtype.into(),
                 head_dim: a.head_dim,
                 heads_q: a.heads,
-                heads_kv: a.kv_heads,
+                heads_kv: a.kv_heads(),
                 page_size: a.page_size,
-                seq_lens: vec![a.seqlen_k; a.batch],
+                seq_lens: vec![a.seqlen_k(); a.batch],
                 num_splits: a.num_splits,
             };
-            cases::run_decode(backend, &case, a.seed, copy, dump.as_ref())?
+            cases::run_decode(backend, &case, a.common.seed, copy, dump.as_ref(), &progress)
         }
     };
-    out.row(row);
+    progress.finish();
+    out.set_progress(Progress::hidden());
+    out.row(row?);
+    out.legend();
     Ok(())
 }
 
-fn main_inner(argv: Vec<String>) -> Result<bool> {
-    let a = args::parse(argv)?;
-    let backend = Backend::resolve(a.backend)?;
-    let mut out = Output::new(a.json);
-    match a.verb {
-        Verb::Run => run(&a, &backend, &mut out)?,
-        Verb::Report => {
-            report::report(&backend, a.seed, a.quick, &mut out)?;
-            out.summary();
-            if let Some(dir) = &a.plot {
-                let (prefill, decode) = report::plots(&out.rows);
-                if prefill.is_none() && decode.is_none() {
-                    eprintln!("fused-attn: no timed rows (emulator backend), so no plots written to {}", dir.display());
-                } else {
-                    std::fs::create_dir_all(dir)
-                        .map_err(|e| Error::usage(format!("--plot: cannot create {}: {e}", dir.display())))?;
-                    for (name, plot) in [("prefill.png", prefill), ("decode.png", decode)] {
-                        if let Some(p) = plot {
-                            p.write(&dir.join(name))?;
-                        }
-                    }
-                }
+/// Writes DIR/prefill.png and DIR/decode.png from the timed rows; says which it wrote (or why none).
+fn write_plots(rows: &[Row], matmul_tflops: Option<f64>, dir: &Path, out: &mut Output) -> Result<()> {
+    let charts = [("prefill.png", figures::prefill(rows, matmul_tflops)), ("decode.png", figures::decode(rows))];
+    if charts.iter().all(|(_, c)| c.is_none()) {
+        out.note(&format!("--plot: no timed rows, so no plots written to {}", dir.display()));
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir).map_err(|e| Error::usage(format!("--plot: cannot create {}: {e}", dir.display())))?;
+    for (name, chart) in charts {
+        match chart {
+            Some(c) => {
+                c.write_png(&dir.join(name))?;
+                out.note(&format!("plot: wrote {}", dir.join(name).display()));
             }
+            None => out.note(&format!("plot: no timed {} rows, so no {name}", name.trim_end_matches(".png"))),
         }
     }
-    Ok(out.failed() == 0)
+    Ok(())
+}
+
+fn report(a: &ReportArgs, backend: &Backend, out: &mut Output) -> Result<()> {
+    if let (Some(dir), Backend::Emu(_)) = (&a.plot, backend) {
+        eprintln!(
+            "fused-attn: --plot: no plots on the emulator, which checks but does not time; plots need a GPU run \
+             (`report --backend gpu --plot {}`, or `fused-attn plot REPORT.jsonl` on a GPU run's JSON)",
+            dir.display()
+        );
+    }
+    report::report(backend, a.common.seed, a.quick, out)?;
+    out.summary();
+    match (&a.plot, backend) {
+        (Some(dir), Backend::Gpu { .. }) => write_plots(&out.rows.clone(), a.matmul_tflops, dir, out),
+        _ => Ok(()),
+    }
+}
+
+/// `plot REPORT.jsonl`: the rows of a recorded `report --json` (lines that are not JSON objects, such as
+/// notes captured with the rows, are skipped).
+fn plot(a: &PlotArgs, out: &mut Output) -> Result<()> {
+    let name = a.report.display();
+    let file = std::fs::File::open(&a.report).map_err(|e| Error::usage(format!("cannot read {name}: {e}")))?;
+    let mut rows = Vec::new();
+    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = line.map_err(|e| Error::usage(format!("cannot read {name}: {e}")))?;
+        if line.trim_start().starts_with('{') {
+            let row: Row = serde_json::from_str(&line)
+                .map_err(|e| Error::usage(format!("{name}:{}: not a report row: {e}", i + 1)))?;
+            rows.push(row);
+        }
+    }
+    write_plots(&rows, a.matmul_tflops, &a.out, out)
+}
+
+fn main_inner(command: Command) -> Result<bool> {
+    let date = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    let info = |backend: &Backend| RunInfo { device: backend.device(), commit: args::COMMIT.to_string(), date };
+    match command {
+        Command::Run(a) => {
+            let backend = Backend::resolve(a.common.backend)?;
+            let mut out = Output::new(a.common.json, info(&backend));
+            run(&a, &backend, &mut out)?;
+            Ok(out.failed() == 0)
+        }
+        Command::Report(a) => {
+            let backend = Backend::resolve(a.common.backend)?;
+            let mut out = Output::new(a.common.json, info(&backend));
+            report(&a, &backend, &mut out)?;
+            Ok(out.failed() == 0)
+        }
+        Command::Plot(a) => {
+            // Notes go to stdout, like a table run's.
+            let info = RunInfo { device: String::new(), commit: String::new(), date: String::new() };
+            plot(&a, &mut Output::new(false, info))?;
+            Ok(true)
+        }
+    }
 }
 
 /// Errors are reported on one line.
@@ -95,12 +159,24 @@ fn one_line(s: &str) -> String {
 }
 
 fn main() {
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    let code = match main_inner(argv) {
+    let result = args::parse(std::env::args_os()).and_then(|parsed| match parsed {
+        Parsed::Print(text) => {
+            print!("{text}");
+            Ok(true)
+        }
+        Parsed::Help(text) => {
+            eprint!("{text}");
+            Err(Error::usage(""))
+        }
+        Parsed::Command(c) => main_inner(c),
+    });
+    let code = match result {
         Ok(true) => 0,
         Ok(false) => 1,
         Err(e) if e.kind() == &ErrorKind::Usage => {
-            eprintln!("fused-attn: {}", one_line(e.message()));
+            if !e.message().is_empty() {
+                eprintln!("fused-attn: {}", one_line(e.message()));
+            }
             2
         }
         Err(e) => {

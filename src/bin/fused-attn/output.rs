@@ -1,46 +1,72 @@
 //! Where rows go: a table (header, aligned lines, a summary) or JSON lines on stdout; notes go to stdout in
-//! table mode and to stderr with `--json` (so stdout is only JSON). Rows are kept for the plots and the
-//! summary. A closed stdout (e.g. `| head`) ends the program quietly instead of panicking.
+//! table mode and to stderr with `--json` (so stdout is only JSON). Every row is stamped with where and when
+//! it ran, and kept for the plots and the summary. A closed stdout (e.g. `| head`) ends the program quietly
+//! instead of panicking.
 
 use std::io::Write;
 
+use crate::progress::Progress;
 use crate::row::Row;
+
+/// Where and when this command ran; copied into every row.
+#[derive(Clone, Debug)]
+pub struct RunInfo {
+    pub device: String,
+    pub commit: String,
+    pub date: String,
+}
 
 pub struct Output {
     json: bool,
     header_done: bool,
+    info: RunInfo,
+    progress: Progress,
     pub rows: Vec<Row>,
 }
 
+/// What `pass*` means, printed under a table (or to stderr with `--json`) that has one.
+pub const PASS_STAR: &str = "pass* = passed, checked against the fp64 reference on sampled query rows (256 for \
+`run`, 32 for timed rows), not every row: the shape is above 2^31 multiply-adds (\"check\":\"sampled\" in JSON)";
+
 impl Output {
-    pub fn new(json: bool) -> Self {
-        Self { json, header_done: false, rows: Vec::new() }
+    pub fn new(json: bool, info: RunInfo) -> Self {
+        Self { json, header_done: false, info, progress: Progress::hidden(), rows: Vec::new() }
     }
 
-    fn line(s: &str) {
-        let mut out = std::io::stdout().lock();
-        if writeln!(out, "{s}").and_then(|_| out.flush()).is_err() {
-            std::process::exit(141); // SIGPIPE convention
-        }
+    /// Lines printed from now on clear and redraw `progress` around themselves.
+    pub fn set_progress(&mut self, progress: Progress) {
+        self.progress = progress;
+    }
+
+    fn line(&self, s: &str) {
+        self.progress.suspend(|| {
+            let mut out = std::io::stdout().lock();
+            if writeln!(out, "{s}").and_then(|_| out.flush()).is_err() {
+                std::process::exit(141); // SIGPIPE convention
+            }
+        });
     }
 
     pub fn note(&mut self, s: &str) {
         if self.json {
-            eprintln!("{s}");
+            self.progress.suspend(|| eprintln!("{s}"));
         } else {
-            Self::line(s);
+            self.line(s);
         }
     }
 
-    pub fn row(&mut self, row: Row) {
+    pub fn row(&mut self, mut row: Row) {
+        row.device.clone_from(&self.info.device);
+        row.commit.clone_from(&self.info.commit);
+        row.date.clone_from(&self.info.date);
         if self.json {
-            Self::line(&row.json());
+            self.line(&row.json());
         } else {
             if !self.header_done {
-                Self::line(Row::HEADER);
+                self.line(Row::HEADER);
                 self.header_done = true;
             }
-            Self::line(&row.table_line());
+            self.line(&row.table_line());
         }
         self.rows.push(row);
     }
@@ -49,10 +75,21 @@ impl Output {
         self.rows.iter().filter(|r| r.passed == Some(false)).count()
     }
 
+    fn sampled_passes(&self) -> usize {
+        self.rows.iter().filter(|r| r.passed == Some(true) && r.check.as_deref() == Some("sampled")).count()
+    }
+
+    /// The `pass*` legend, when a row shows it.
+    pub fn legend(&mut self) {
+        if self.sampled_passes() > 0 {
+            self.note(PASS_STAR);
+        }
+    }
+
     /// "N passed / M failed" (and timing-only rows), to stdout for a table, stderr for JSON.
     pub fn summary(&mut self) {
         let passed = self.rows.iter().filter(|r| r.passed == Some(true)).count();
-        let sampled = self.rows.iter().filter(|r| r.passed == Some(true) && r.check == Some("sampled")).count();
+        let sampled = self.sampled_passes();
         let unchecked = self.rows.iter().filter(|r| r.passed.is_none()).count();
         let mut s = format!("{passed} passed / {} failed", self.failed());
         if sampled > 0 {
@@ -62,5 +99,6 @@ impl Output {
             s += &format!("; {unchecked} timing-only rows");
         }
         self.note(&s);
+        self.legend();
     }
 }

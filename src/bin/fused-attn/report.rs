@@ -16,7 +16,7 @@ use fused_attn::{DType, Result};
 use crate::backend::Backend;
 use crate::cases::{self, Case};
 use crate::output::Output;
-use crate::row::Row;
+use crate::progress::Progress;
 
 /// Per-case seed: the base seed (`--seed`) mixed with the case's index.
 pub fn case_seed(base: u64, i: usize) -> u64 {
@@ -130,93 +130,47 @@ pub fn report(backend: &Backend, base_seed: u64, quick: bool, out: &mut Output) 
         }
         let start = Instant::now();
         out.note(&format!("performance: {} prefill and {} decode shapes (CUDA events, median)", pf.len(), dp.len()));
+        let progress = Progress::counter(pf.len() + dp.len(), "timing");
+        out.set_progress(progress.clone());
         let offset = cases.len(); // seeds continue after the sweep's
         for (i, c) in pf.iter().enumerate() {
+            progress.message(format!("prefill {}", c.label()));
             out.row(cases::time_prefill(stream, backend, c, case_seed(base_seed, offset + i), copy));
+            progress.inc();
         }
         let offset = offset + pf.len();
         for (i, c) in dp.iter().enumerate() {
+            progress.message(format!("decode {}", c.label()));
             out.row(cases::time_decode(stream, backend, c, case_seed(base_seed, offset + i), copy));
+            progress.inc();
         }
+        progress.finish();
         out.note(&format!("performance: done in {:.1} s", start.elapsed().as_secs_f64()));
     }
 
     let start = Instant::now();
     out.note(&format!("correctness: {} cases against the fp64 reference ({workers} threads)", cases.len()));
-    ordered_parallel(&cases, workers, |i, c| cases::check(backend, c, case_seed(base_seed, i)), |row| out.row(row));
+    let progress = Progress::counter(cases.len(), "checked");
+    out.set_progress(progress.clone());
+    ordered_parallel(
+        &cases,
+        workers,
+        |i, c| cases::check(backend, c, case_seed(base_seed, i)),
+        |row| {
+            progress.message(format!("{} {}", row.op, row.label));
+            out.row(row);
+            progress.inc();
+        },
+    );
+    progress.finish();
+    out.set_progress(Progress::hidden());
     out.note(&format!("correctness: done in {:.1} s", start.elapsed().as_secs_f64()));
     Ok(())
-}
-
-/// Rows for plotting: prefill TFLOPS vs seqlen per (D, causal, dtype[, GQA]); decode % of copy bandwidth
-/// vs context per batch. `None` when there are no timed rows of that op.
-pub fn plots(rows: &[Row]) -> (Option<crate::plot::Plot>, Option<crate::plot::Plot>) {
-    use crate::plot::{Plot, Series};
-    let mut pre: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
-    let mut dec: BTreeMap<usize, Vec<(f64, f64)>> = BTreeMap::new();
-    for r in rows.iter().filter(|r| r.kind == "perf") {
-        match (r.op, r.tflops, r.pct_of_copy_bw) {
-            ("prefill", Some(t), _) if t.is_finite() => {
-                let gqa =
-                    if r.heads_q != r.heads_kv { format!(" GQA{}:{}", r.heads_q, r.heads_kv) } else { String::new() };
-                let key = format!("{} D{}{}{}", r.dtype, r.head_dim, if r.causal { " causal" } else { "" }, gqa);
-                pre.entry(key).or_default().push((r.seqlen_q as f64, t));
-            }
-            ("decode", _, Some(p)) if p.is_finite() => dec.entry(r.batch).or_default().push((r.seqlen_k as f64, p)),
-            _ => {}
-        }
-    }
-    let prefill = (!pre.is_empty()).then(|| Plot {
-        title: "prefill TFLOPS vs seqlen (B*T = 16K, Hq*D = 2048)".into(),
-        x_label: "seqlen".into(),
-        y_label: "TFLOPS".into(),
-        series: pre.into_iter().map(|(label, points)| Series { label, points }).collect(),
-    });
-    let decode = (!dec.is_empty()).then(|| Plot {
-        title: "decode % of copy bandwidth vs context".into(),
-        x_label: "context".into(),
-        y_label: "% of copy BW".into(),
-        series: dec.into_iter().map(|(b, points)| Series { label: format!("B={b}"), points }).collect(),
-    });
-    (prefill, decode)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn plots_group_timed_rows() {
-        let perf = |op: &'static str, d: usize, causal: bool, t: usize, b: usize, y: f64| Row {
-            kind: "perf",
-            op,
-            dtype: "bf16",
-            head_dim: d,
-            causal,
-            seqlen_q: if op == "prefill" { t } else { 1 },
-            seqlen_k: t,
-            batch: b,
-            heads_q: 16,
-            heads_kv: 16,
-            tflops: (op == "prefill").then_some(y),
-            pct_of_copy_bw: (op == "decode").then_some(y),
-            ..Default::default()
-        };
-        let rows = vec![
-            perf("prefill", 128, true, 1024, 16, 100.0),
-            perf("prefill", 128, true, 2048, 8, 150.0),
-            perf("prefill", 64, false, 1024, 16, 90.0),
-            perf("decode", 128, false, 4096, 64, 80.0),
-            Row { kind: "sweep", op: "prefill", ..Default::default() },
-        ];
-        let (p, d) = plots(&rows);
-        let p = p.expect("prefill plot");
-        assert_eq!(p.series.len(), 2);
-        assert!(p.series.iter().any(|s| s.label == "bf16 D128 causal" && s.points.len() == 2));
-        let d = d.expect("decode plot");
-        assert_eq!((d.series.len(), d.series[0].label.as_str()), (1, "B=64"));
-        assert_eq!(plots(&rows[4..]).0.map(|p| p.series.len()), None);
-    }
 
     #[test]
     fn decode_perf_shapes_stream_from_memory() {

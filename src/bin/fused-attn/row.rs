@@ -1,109 +1,110 @@
 //! One result row of the runner: the configuration, its accuracy against the fp64 reference, and (on a
-//! GPU) its timing. Printed as a table line or as one JSON object; unmeasured values are JSON null.
+//! GPU) its timing. Printed as a table line or as one JSON object (serde); unmeasured values are JSON null,
+//! non-finite numbers are strings ("NaN", "inf", "-inf") because JSON has no literal for them. The same
+//! struct reads rows back (`fused-attn plot REPORT.jsonl`), tolerating the fields older runners lacked.
 
 use std::fmt::Write;
 
-#[derive(Clone, Debug, Default)]
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Row {
-    /// "sweep" (a correctness case), "perf" (a timed shape of the standard family) or "run".
-    pub kind: &'static str,
-    /// The case in words (layout, varlen lengths, decode lengths, ...).
-    pub label: String,
-    pub seed: u64,
-    pub op: &'static str,
-    pub backend: &'static str,
-    pub dtype: &'static str,
+    pub op: String,
+    pub backend: String,
+    pub dtype: String,
     pub head_dim: usize,
     pub batch: usize,
     pub heads_q: usize,
     pub heads_kv: usize,
     pub seqlen_q: usize,
+    /// Decode: the longest sequence of the batch.
     pub seqlen_k: usize,
     pub causal: bool,
     pub page_size: Option<usize>,
+    /// Decode: the split-KV count the launch used.
     pub num_splits: Option<usize>,
+    #[serde(with = "finite_or_string")]
     pub max_abs_err: Option<f64>,
+    #[serde(with = "finite_or_string")]
     pub rel_l2_err: Option<f64>,
+    #[serde(with = "finite_or_string")]
     pub tolerance: Option<f64>,
+    #[serde(with = "finite_or_string")]
     pub lse_max_abs_err: Option<f64>,
     pub passed: Option<bool>,
+    #[serde(with = "finite_or_string")]
     pub ms: Option<f64>,
+    #[serde(with = "finite_or_string")]
     pub tflops: Option<f64>,
+    #[serde(with = "finite_or_string")]
     pub gbps: Option<f64>,
     /// Device-to-device copy bandwidth measured in the same run, and this row's fraction of it (decode).
+    #[serde(with = "finite_or_string")]
     pub copy_gbps: Option<f64>,
+    #[serde(with = "finite_or_string")]
     pub pct_of_copy_bw: Option<f64>,
     /// How the output was checked: "full" (every row against the fp64 reference), "sampled" (some rows, for
     /// shapes too large for the reference), or None (timing only).
-    pub check: Option<&'static str>,
+    pub check: Option<String>,
+    /// "sweep" (a correctness case), "perf" (a timed shape of the standard family) or "run".
+    pub kind: String,
+    pub seed: u64,
+    /// The case in words (layout, varlen lengths, decode lengths, ...).
+    pub label: String,
     pub error: Option<String>,
+    /// Where and when: the GPU's name (or "host emulator"), the runner's git commit, the UTC time the
+    /// command started. The plots print them.
+    pub device: String,
+    pub commit: String,
+    pub date: String,
+    /// Per-backend counters (e.g. the emulator's cost counters), when the backend reports any.
+    pub counters: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
-fn num(v: Option<f64>) -> String {
-    match v {
-        Some(x) if x.is_finite() => format!("{x:.6e}"),
-        Some(x) if x.is_nan() => "\"NaN\"".into(),
-        Some(x) => format!("\"{x}\""),
-        None => "null".into(),
-    }
-}
+/// `Option<f64>` as a JSON number, null, or a string for the non-finite values; reads all three back.
+mod finite_or_string {
+    use super::*;
 
-fn int(v: Option<usize>) -> String {
-    v.map_or("null".into(), |x| x.to_string())
-}
-
-fn string(s: &str) -> String {
-    let mut out = String::from("\"");
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
+    pub fn serialize<S: Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(x) if x.is_finite() => s.serialize_f64(*x),
+            Some(x) if x.is_nan() => s.serialize_str("NaN"),
+            Some(x) => s.serialize_str(&x.to_string()),
+            None => s.serialize_none(),
         }
     }
-    out.push('"');
-    out
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum NumOrText {
+        Num(f64),
+        Text(String),
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+        Ok(match Option::<NumOrText>::deserialize(d)? {
+            None => None,
+            Some(NumOrText::Num(x)) => Some(x),
+            Some(NumOrText::Text(t)) => Some(t.parse::<f64>().map_err(serde::de::Error::custom)?),
+        })
+    }
+}
+
+/// What the table's `passed` column shows, and what the legend under the table says about it.
+pub fn verdict(passed: Option<bool>, check: Option<&str>) -> &'static str {
+    match (passed, check) {
+        (Some(true), Some("sampled")) => "pass*",
+        (Some(true), _) => "PASS",
+        (Some(false), _) => "FAIL",
+        (None, _) => "-",
+    }
 }
 
 impl Row {
     pub fn json(&self) -> String {
-        format!(
-            "{{\"op\":{},\"backend\":{},\"dtype\":{},\"head_dim\":{},\"batch\":{},\"heads_q\":{},\"heads_kv\":{},\
-             \"seqlen_q\":{},\"seqlen_k\":{},\"causal\":{},\"page_size\":{},\"num_splits\":{},\"max_abs_err\":{},\
-             \"rel_l2_err\":{},\"tolerance\":{},\"lse_max_abs_err\":{},\"passed\":{},\"ms\":{},\"tflops\":{},\
-             \"gbps\":{},\"copy_gbps\":{},\"pct_of_copy_bw\":{},\"check\":{},\"kind\":{},\"seed\":{},\"label\":{},\
-             \"error\":{}}}",
-            string(self.op),
-            string(self.backend),
-            string(self.dtype),
-            self.head_dim,
-            self.batch,
-            self.heads_q,
-            self.heads_kv,
-            self.seqlen_q,
-            self.seqlen_k,
-            self.causal,
-            int(self.page_size),
-            int(self.num_splits),
-            num(self.max_abs_err),
-            num(self.rel_l2_err),
-            num(self.tolerance),
-            num(self.lse_max_abs_err),
-            self.passed.map_or("null".into(), |p| p.to_string()),
-            num(self.ms),
-            num(self.tflops),
-            num(self.gbps),
-            num(self.copy_gbps),
-            num(self.pct_of_copy_bw),
-            self.check.map_or("null".into(), string),
-            string(self.kind),
-            self.seed,
-            string(&self.label),
-            self.error.as_deref().map_or("null".into(), string),
-        )
+        // ok: a struct of plain fields, strings and numbers always serialises.
+        serde_json::to_string(self).expect("a Row serialises to JSON")
     }
 
     pub const HEADER: &'static str = "op      backend dtype  D    B    Hq  Hkv  Tq     Tk     causal page split \
@@ -112,12 +113,6 @@ max_abs_err  tolerance    rel_l2       passed  ms        TFLOPS   GB/s     %copy
     pub fn table_line(&self) -> String {
         let f = |v: Option<f64>, w: usize| v.map_or(format!("{:>w$}", "-"), |x| format!("{x:>w$.3e}"));
         let g = |v: Option<f64>, w: usize, p: usize| v.map_or(format!("{:>w$}", "-"), |x| format!("{x:>w$.p$}"));
-        let passed = match (self.passed, self.check) {
-            (Some(true), Some("sampled")) => "pass*",
-            (Some(true), _) => "PASS",
-            (Some(false), _) => "FAIL",
-            (None, _) => "-",
-        };
         let mut s = format!(
             "{:<7} {:<7} {:<6} {:<4} {:<4} {:<3} {:<4} {:<6} {:<6} {:<6} {:<4} {:<5} {} {} {} {:<7} {} {} {} {}  {}",
             self.op,
@@ -135,7 +130,7 @@ max_abs_err  tolerance    rel_l2       passed  ms        TFLOPS   GB/s     %copy
             f(self.max_abs_err, 12),
             f(self.tolerance, 12),
             f(self.rel_l2_err, 12),
-            passed,
+            verdict(self.passed, self.check.as_deref()),
             g(self.ms, 9, 4),
             g(self.tflops, 8, 1),
             g(self.gbps, 8, 1),
@@ -154,16 +149,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn json_has_every_field_and_nulls() {
+    fn json_has_every_field_nulls_and_non_finite_strings() {
         let r = Row {
-            op: "prefill",
-            backend: "emu",
-            dtype: "bf16",
+            op: "prefill".into(),
+            backend: "emu".into(),
+            dtype: "bf16".into(),
             passed: Some(true),
             max_abs_err: Some(1e-3),
+            rel_l2_err: Some(f64::NAN),
+            tolerance: Some(f64::INFINITY),
             ..Default::default()
         };
         let j = r.json();
+        let v: serde_json::Value = serde_json::from_str(&j).unwrap();
         for key in [
             "op",
             "backend",
@@ -176,23 +174,44 @@ mod tests {
             "seqlen_k",
             "causal",
             "page_size",
+            "num_splits",
             "max_abs_err",
             "rel_l2_err",
             "tolerance",
+            "lse_max_abs_err",
             "passed",
             "ms",
             "tflops",
             "gbps",
             "copy_gbps",
             "pct_of_copy_bw",
+            "check",
             "kind",
             "seed",
             "label",
+            "error",
+            "device",
+            "commit",
+            "date",
+            "counters",
         ] {
-            assert!(j.contains(&format!("\"{key}\":")), "{key} missing in {j}");
+            assert!(v.get(key).is_some(), "{key} missing in {j}");
         }
-        assert!(
-            j.contains("\"ms\":null") && j.contains("\"passed\":true") && j.contains("\"max_abs_err\":1.000000e-3")
-        );
+        assert_eq!((&v["ms"], &v["passed"], &v["max_abs_err"]), (&serde_json::Value::Null, &true.into(), &1e-3.into()));
+        assert_eq!((v["rel_l2_err"].as_str(), v["tolerance"].as_str()), (Some("NaN"), Some("inf")));
+        // And back: the non-finite strings become numbers again; absent fields take their defaults.
+        let back: Row = serde_json::from_str(&j).unwrap();
+        assert!(back.rel_l2_err.is_some_and(f64::is_nan) && back.tolerance == Some(f64::INFINITY));
+        let old: Row = serde_json::from_str(r#"{"op":"decode","gbps":"-inf","passed":null}"#).unwrap();
+        assert_eq!((old.op.as_str(), old.gbps, old.device.as_str()), ("decode", Some(f64::NEG_INFINITY), ""));
+        assert!(serde_json::from_str::<Row>(r#"{"ms":"fast"}"#).is_err());
+    }
+
+    #[test]
+    fn verdicts() {
+        assert_eq!(verdict(Some(true), Some("sampled")), "pass*");
+        assert_eq!(verdict(Some(true), Some("full")), "PASS");
+        assert_eq!(verdict(Some(false), Some("sampled")), "FAIL");
+        assert_eq!(verdict(None, None), "-");
     }
 }
