@@ -203,6 +203,18 @@ fn run_emulated_prefill_and_decode_print_a_passing_json_row() {
         }
         assert!(r["max_abs_err"].as_f64().is_some_and(|x| x >= 0.0), "{r}");
         assert_eq!(r["seed"], 5);
+        // The emulator's cost counters, and measured/model ratios of exactly 1 for the kernels as designed.
+        let c = &r["counters"];
+        for k in ["global_bytes_read", "global_bytes_written", "mma", "barriers"] {
+            assert!(c[k].as_u64().is_some_and(|v| v > 0), "{args}: counters.{k} missing or 0: {c}");
+        }
+        let ratios = c["model_ratios"].as_object().unwrap_or_else(|| panic!("{args}: no model_ratios: {c}"));
+        assert!(ratios.contains_key("mma"), "{ratios:?}");
+        for (k, v) in ratios {
+            let v = v.as_f64().unwrap();
+            let ok = if k == "read_vs_budget" { v <= 1.0 } else { v == 1.0 };
+            assert!(ok, "{args}: model ratio {k} = {v}");
+        }
     }
     // The `--flag=value` spelling, and the decode row's page size and forced split count.
     let o = fused_attn(
@@ -214,12 +226,13 @@ fn run_emulated_prefill_and_decode_print_a_passing_json_row() {
         (&r["heads_q"], &r["seqlen_k"], &r["page_size"], &r["num_splits"]),
         (&4.into(), &40.into(), &4.into(), &3.into())
     );
-    // The table form: a header and one PASS line.
-    let o = fused_attn("run --backend emu --seqlen-q 20 --heads 2 --head-dim 64");
+    // The table form: a header and one PASS line; --counters adds one line per counter.
+    let o = fused_attn("run --backend emu --seqlen-q 20 --heads 2 --head-dim 64 --counters");
     let out = stdout(&o);
     assert_eq!(o.status.code(), Some(0));
     assert!(out.lines().next().is_some_and(|l| l.starts_with("op ")), "{out}");
     assert!(out.lines().nth(1).is_some_and(|l| l.contains("PASS")), "{out}");
+    assert!(out.lines().any(|l| l.trim_start().starts_with("global_bytes_read: ")), "{out}");
 }
 
 /// Reads a .npy header: (descr, shape), and checks the file length against them.

@@ -162,6 +162,10 @@ pub struct RunArgs {
     /// On a GPU: check without timing (one launch, e.g. under compute-sanitizer).
     #[arg(long)]
     pub no_timing: bool,
+    /// Print the emulator's cost counters of the run (bytes per buffer, mma, exp2, barriers, shared bytes)
+    /// and their ratio to the kernel's cost model [emu backend; --json rows always carry them].
+    #[arg(long)]
+    pub counters: bool,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use cudarc::driver::CudaStream;
 use fused_attn::decode::cases::{self as dc, DecodeCase};
 use fused_attn::prefill::cases::{self as pc, PrefillCase, PrefillFixture, PrefillOutputs};
-use fused_attn::{DType, Element, Error, Result};
+use fused_attn::{cost_model, DType, Element, Error, LaunchCounters, Result};
 use half::{bf16, f16};
 
 use crate::backend::Backend;
@@ -112,7 +112,8 @@ pub fn check(backend: &Backend, case: &Case, seed: u64) -> Row {
                 Backend::Emu(emu) => pc::check_case_emulated(emu, c, seed),
                 Backend::Gpu { stream, .. } => pc::check_case_gpu(stream, c, seed),
             };
-            r.map_or_else(|e| failed(row.clone(), &e), |o| with_prefill_outcome(row.clone(), &o))
+            let row = r.map_or_else(|e| failed(row.clone(), &e), |o| with_prefill_outcome(row.clone(), &o));
+            with_counters(row, backend, |k| cost_model::prefill_ratios(c, k))
         }
         Case::Decode(c) => {
             let row = decode_row("sweep", backend, c, seed);
@@ -120,7 +121,13 @@ pub fn check(backend: &Backend, case: &Case, seed: u64) -> Row {
                 Backend::Emu(emu) => dc::check_case_emulated(emu, c, seed),
                 Backend::Gpu { stream, .. } => dc::check_case_gpu(stream, c, seed),
             };
-            r.map_or_else(|e| failed(row.clone(), &e), |o| with_decode_outcome(row.clone(), &o))
+            match r {
+                Ok(o) => {
+                    let plan = o.plan;
+                    with_counters(with_decode_outcome(row, &o), backend, |k| cost_model::decode_ratios(c, &plan, k))
+                }
+                Err(e) => failed(row, &e),
+            }
         }
     }
 }
@@ -229,7 +236,8 @@ fn run_prefill_t<T: Element>(
             f.evaluate_sampled(&out, SAMPLE_ROWS)?
         }
     };
-    Ok(with_prefill_outcome(prefill_row("run", backend, c, seed), &outcome))
+    let row = with_prefill_outcome(prefill_row("run", backend, c, seed), &outcome);
+    Ok(with_counters(row, backend, |k| cost_model::prefill_ratios(c, k)))
 }
 
 /// `run --op decode`: one batch of `batch` sequences of the same context length over a paged cache.
@@ -278,5 +286,29 @@ fn run_decode_t<T: Element>(
         progress.message("decode: writing the .npy dump");
         dump.decode(&r)?;
     }
-    Ok(with_decode_outcome(decode_row("run", backend, c, seed), &r.outcome))
+    let row = with_decode_outcome(decode_row("run", backend, c, seed), &r.outcome);
+    let plan = r.outcome.plan;
+    Ok(with_counters(row, backend, |k| cost_model::decode_ratios(c, &plan, k)))
+}
+
+/// On the emulator: the cost counters of the op this thread just ran (totals over its kernels, then
+/// `model_ratios`: measured / the kernel's cost model per quantity, 1.0 = as designed).
+fn with_counters(
+    mut row: Row,
+    backend: &Backend,
+    ratios: impl FnOnce(&LaunchCounters) -> Option<Vec<(&'static str, f64)>>,
+) -> Row {
+    let Backend::Emu(emu) = backend else { return row };
+    let Some(c) = emu.last_launch_counters() else { return row };
+    let mut map = serde_json::Map::new();
+    for (name, v) in c.values() {
+        map.insert(name.to_string(), v.into());
+    }
+    if let Some(r) = ratios(&c) {
+        let r: serde_json::Map<String, serde_json::Value> =
+            r.into_iter().map(|(k, v)| (k.to_string(), serde_json::json!(v))).collect();
+        map.insert("model_ratios".into(), r.into());
+    }
+    row.counters = Some(map);
+    row
 }

@@ -70,8 +70,20 @@ fn run(a: &RunArgs, backend: &Backend, out: &mut Output) -> Result<()> {
     };
     progress.finish();
     out.set_progress(Progress::hidden());
-    out.row(row?);
+    let row = row?;
+    let counters = row.counters.clone();
+    out.row(row);
     out.legend();
+    if a.counters && !a.common.json {
+        match counters {
+            Some(c) => {
+                for (k, v) in c {
+                    println!("  {k:>22}: {v}");
+                }
+            }
+            None => out.note("--counters: no counters (they come from the emulator backend)"),
+        }
+    }
     Ok(())
 }
 
