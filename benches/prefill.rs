@@ -6,7 +6,7 @@
 //! about 80 s of GPU time.
 //!
 //! Throughput is `Throughput::Elements(FLOPs)` — criterion prints it as "elem/s", which here means FLOP/s
-//! (the group names say so) — with FLOPs = 4·B·Hq·Tq·Tk·D, halved for causal (CONVENTIONS.md). Each sample
+//! (the group names say so) — with FLOPs = 4·B·Hq·Tq·Tk·D, halved for causal (docs/semantics.md). Each sample
 //! is one CUDA-event pair around back-to-back launches; criterion's warm-up is excluded; two input sets
 //! (each 4 x 64 MiB, far past L2) alternate so a launch never finds its inputs cached by the previous one.
 //! Launches write the LSE as the report's timed cases do. Without a GPU: prints "no GPU: <reason>;

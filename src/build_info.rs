@@ -1,6 +1,6 @@
 //! Facts about how this copy of the crate was built (set by build.rs).
 
-/// `ptxas -v` output for every kernel, with a per-kernel summary (target/<profile>/ptxas-report.txt); says
+/// `ptxas -v` output for every kernel, with a per-kernel summary (`target/<profile>/ptxas-report.txt`); says
 /// why when no GPU kernels were built.
 pub const PTXAS_REPORT: &str = env!("FA_PTXAS_REPORT");
 /// Directory of the fatbins embedded in the crate (`<op>.fatbin`, one per kernels/*.cu), for SASS checks.

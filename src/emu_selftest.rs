@@ -305,7 +305,7 @@ pub enum GemmBug {
     NoWait,
 }
 
-/// Shape of the self-test GEMM: `a` is [m][k], `b` is [n][k] (or [k][n] when `b_k_major`), c is [m][n].
+/// Shape of the self-test GEMM: `a` is `[m][k]`, `b` is `[n][k]` (or `[k][n]` when `b_k_major`), c is `[m][n]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GemmShape {
     pub m: usize,

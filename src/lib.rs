@@ -55,6 +55,10 @@ pub mod sys;
 pub mod tensor;
 pub mod timing;
 
+/// The `half` and `cudarc` versions this crate's API uses (bf16/f16 elements, streams and views).
+pub use cudarc;
+pub use half;
+
 pub use counters::{KernelCounters, LaunchCounters};
 pub use device::{RawStream, Stream};
 pub use dtype::{DType, Element};
@@ -67,3 +71,8 @@ pub use decode::{decode, DecodeOptions, DecodeWorkspace};
 pub use merge::merge_states;
 pub use paged::{PagedKvCache, PagedKvCacheMut};
 pub use plan::{DecodePlan, DecodeProblem};
+
+/// Every Rust snippet of the README compiles (and the ones not marked `no_run` run) as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -280,6 +280,20 @@ mod tests {
         assert_eq!(e.kind(), &crate::ErrorKind::Overflow);
     }
 
+    /// The README's workspace bound: for B <= 64, Hq = 32 (Hkv = 8), D = 128 and contexts up to 128k on 132
+    /// SMs, the largest planned workspace (num_splits * B * Hq * (D + 1) fp32) is at most 3.1 MiB.
+    #[test]
+    fn planned_workspace_worst_case_for_the_readme() {
+        let mut worst = 0usize;
+        for batch in 1..=64 {
+            for ctx in (256..=131_072).step_by(256) {
+                let p = DecodePlan::new(&problem(batch, 32, 8, ctx), 132, None).unwrap();
+                worst = worst.max((p.partial_o_len + p.partial_lse_len) * 4);
+            }
+        }
+        assert!(worst <= (3.1 * 1048576.0) as usize && worst > 3 * 1048576, "worst case {worst} bytes");
+    }
+
     #[test]
     fn wave_efficiency_examples() {
         assert_eq!(wave_efficiency(264, 264), 1.0);

@@ -185,7 +185,7 @@ macro_rules! view_common {
                 }
                 Ok(())
             }
-            /// Layout check for outputs: no two elements share an address (see [`check_disjoint`]).
+            /// Layout check for outputs: no two elements share an address (rows ordered by stride must each step past everything inside them).
             pub fn check_disjoint(&self, name: &str) -> Result<()> {
                 check_disjoint(name, self.shape, self.strides)
             }

@@ -71,7 +71,7 @@ pub fn copy_bandwidth_gbps(stream: &Arc<CudaStream>, bytes: usize) -> Result<f64
     Ok(2.0 * (n * 4) as f64 / (t.median_ms * 1e-3) / 1e9)
 }
 
-/// Prefill FLOPs per CONVENTIONS.md: 4·B·Hq·Tq·Tk·D, counting only the visible part of the causal mask
+/// Prefill FLOPs per docs/semantics.md: 4·B·Hq·Tq·Tk·D, counting only the visible part of the causal mask
 /// (exactly half for Tq = Tk, the convention FlashAttention's benchmarks use).
 pub fn prefill_flops(
     batch: usize,

@@ -72,7 +72,7 @@ def timed_rows(rows):
 
 
 def visible_keys(causal, tq, tk, i):
-    """Keys query row i sees (bottom-right causal alignment, CONVENTIONS.md)."""
+    """Keys query row i sees (bottom-right causal alignment, docs/semantics.md)."""
     if not causal:
         return tk
     return max(0, min(tk, i + 1 + tk - tq))

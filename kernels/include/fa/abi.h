@@ -1,7 +1,7 @@
 /* The C ABI between the Rust crate and the kernels: one POD params struct per op, passed by value, and the
  * extern "C" launchers. Rust mirrors this header with bindgen (src/sys.rs); nothing is hand-copied.
  *
- * Conventions (../../../shared/CONVENTIONS.md is the source of truth):
+ * Conventions (docs/semantics.md is the source of truth):
  *  - pointers are device pointers on the GPU backend and host pointers on the emulator backend;
  *  - strides are int64 and counted in ELEMENTS; the innermost (head_dim) stride is always 1;
  *  - sizes are int32; scales are float; dtype is one of FA_DTYPE_*;

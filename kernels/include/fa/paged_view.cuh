@@ -1,5 +1,5 @@
 // The paged KV cache as device code sees it (one idea: token -> page -> element address), shared by the
-// append and decode kernels. Layout (CONVENTIONS.md): K and V each [num_pages, page_size, Hkv, D] with i64
+// append and decode kernels. Layout (docs/semantics.md): K and V each [num_pages, page_size, Hkv, D] with i64
 // element strides; block_table int32 [B, max_pages_per_seq]; seq_lens int32 [B]; page_size = 2^log2.
 //
 // Robustness. seq_lens and block_table live in device memory on the GPU backend, so the host can only check

@@ -1,6 +1,6 @@
 //! `run --dump DIR`: every input and output of the run as .npy (C order, little-endian), so an outside tool
 //! can check the result independently. fp16 tensors are float16; bf16 tensors are float32 holding exactly
-//! the bf16 values; lse float32; integer tables int32. Layouts (CONVENTIONS.md):
+//! the bf16 values; lse float32; integer tables int32. Layouts (docs/semantics.md):
 //! - prefill: q [B, Tq, Hq, D], k / v [B, Tk, Hkv, D], out [B, Tq, Hq, D], lse [B, Hq, Tq];
 //! - decode: q [B, Hq, D], k_cache / v_cache [num_pages, page_size, Hkv, D] (NaN in slots no sequence
 //!   owns), block_table [B, max_pages_per_seq], seq_lens [B], k / v [B, max(seq_lens), Hkv, D] (the

@@ -1,7 +1,7 @@
 // Which KV tiles a query tile visits, and which of them need a mask. Mirrored exactly on the host by
 // `prefill::kv_block_range` (src/prefill.rs, unit-tested); keep both in step.
 //
-// Bottom-right causal alignment (CONVENTIONS.md): row i of Tq sees key j of Tk iff j <= i + (Tk - Tq).
+// Bottom-right causal alignment (docs/semantics.md): row i of Tq sees key j of Tk iff j <= i + (Tk - Tq).
 // For the query tile of rows [m0, m0 + Br) (clipped to Tq):
 //  - tiles past the last key its LAST valid row sees are never loaded (n_end);
 //  - a tile needs masking if it holds a key some row must not see: past the causal limit of the tile's
