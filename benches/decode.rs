@@ -21,9 +21,11 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use criterion::{BenchmarkId, Throughput};
-use fused_attn::decode::cases::{decode_bytes, DecodeCase, SplitMix64};
+use fused_attn::decode::cases::{decode_bytes, DecodeCase};
 use fused_attn::{decode, DType, DecodeOptions, DecodeWorkspace, PagedKvCache, Stream, TensorView, TensorViewMut};
 use half::bf16;
+use rand::seq::SliceRandom;
+use rand::Rng;
 
 const BATCHES: [usize; 3] = [1, 8, 64];
 const CONTEXTS: [usize; 3] = [1024, 4096, 32768];
@@ -62,15 +64,15 @@ fn bench_case(
     support::fill_random(s, &mut k, seed, -2.0, 2.0);
     support::fill_random(s, &mut v, seed + 1, -0.5, 1.5);
     // One block table per set, each a shuffled permutation of that set's pages.
-    let mut rng = SplitMix64::new(seed + 2);
+    let mut rng = fused_attn::seed::rng(seed + 2);
     let mut tables = Vec::with_capacity(sets);
     for set in 0..sets {
         let mut ids: Vec<i32> = (0..pages_per_set).map(|p| (set * pages_per_set + p) as i32).collect();
-        rng.shuffle(&mut ids);
+        ids.shuffle(&mut rng);
         tables.push(s.clone_htod(&ids).expect("upload block table"));
     }
     let lens = s.clone_htod(&vec![ctx_len as i32; b]).expect("upload seq_lens");
-    let q_host: Vec<bf16> = (0..b * hq * d).map(|_| bf16::from_f64(rng.uniform(-2.0, 2.0))).collect();
+    let q_host: Vec<bf16> = (0..b * hq * d).map(|_| bf16::from_f64(rng.random_range(-2.0..2.0))).collect();
     let q = s.clone_htod(&q_host).expect("upload q");
     let mut o = s.alloc_zeros::<bf16>(b * hq * d).expect("alloc o");
     let mut lse = s.alloc_zeros::<f32>(b * hq).expect("alloc lse");

@@ -16,6 +16,10 @@
 // Unused cache slots (past seq_len in the last page, or pages of other sequences) are never read: their rows
 // are zero-filled by the cp.async predicate and their scores set to -inf before the max, so P = 0 against
 // V = 0. seq_len 0 (or a split past the end) leaves m = -inf, l = 0: O = 0, LSE = -inf by the shared guards.
+// A token inside [0, seq_len) whose block-table entry is out of range (kNoPage) is a *hole*: zero-filled like
+// the tail, and masked to -inf too (a zero key would score 0 and dilute the softmax). The thread that
+// publishes a tile's rows already knows which are holes; its warp's ballot of them is parked per tile in
+// shared memory, and a warp masks only when its word is non-zero (one shared load per tile otherwise).
 #include "fa/attention_state.cuh"
 #include "fa/decode/traits.cuh"
 #include "fa/decode/vec8.cuh"
@@ -46,6 +50,7 @@ template <class T, int D> FA_DEVICE void paged_decode_kernel(const FaDecodeParam
   unsigned char *stages = smem + Tr::kStageOffset;
   RowOffsets *row_ring = reinterpret_cast<RowOffsets *>(smem + Tr::kRowRingOffset);
   float *stats = reinterpret_cast<float *>(smem + Tr::kStatsOffset);
+  uint32_t *holes = reinterpret_cast<uint32_t *>(smem + Tr::kHoleOffset); // [kHoleSlots][kHoleWords]
   float *o_partial = reinterpret_cast<float *>(stages); // epilogue only, after the last tile
 
   const int tid = thread_idx();
@@ -95,11 +100,18 @@ template <class T, int D> FA_DEVICE void paged_decode_kernel(const FaDecodeParam
   };
   // Thread `row` turns its row's page into element offsets in K and V, once per row rather than once per
   // copying thread (kChunksPerRow threads copy each row), and parks them in the ring slot of tile x.
+  // The warps holding rows also ballot the tile's holes (rows before `end` without a page) into their word of
+  // hole slot x % kHoleSlots, read back when tile x is computed.
   auto publish_row = [&](int x, int page) {
+    const int token = begin + x * kTileTokens + tid;
     if (tid < kTileTokens) {
-      const int slot = cache.offset_in_page(begin + x * kTileTokens + tid);
+      const int slot = cache.offset_in_page(token);
       const RowOffsets off = page == kNoPage ? RowOffsets{-1, -1} : RowOffsets{cache.k_row(page, slot), cache.v_row(page, slot)};
       st_shared(row_ring + (x & 1) * kTileTokens + tid, off);
+    }
+    if (warp < Tr::kHoleWords) {
+      const uint32_t bits = warp_ballot(tid < kTileTokens && page == kNoPage && token < end);
+      if (lane == 0) st_shared(holes + (x % Tr::kHoleSlots) * Tr::kHoleWords + warp, bits);
     }
   };
   // Issues tile x into stage x % kStages (rows without data are zero-filled, never read) and commits one
@@ -157,6 +169,8 @@ template <class T, int D> FA_DEVICE void paged_decode_kernel(const FaDecodeParam
     float s[2][4];
     att.scores(s, k_tile, p.scale_log2);
     if (j == num_tiles - 1) att.mask_tail(s, begin + j * kTileTokens + warp_token0, end, lane);
+    const uint32_t hole_bits = ld_shared(holes + (j % Tr::kHoleSlots) * Tr::kHoleWords + warp_token0 / 32);
+    if (hole_bits != 0u) att.mask_rows(s, hole_bits >> (warp_token0 % 32), lane);
     uint32_t pa[4];
     att.softmax_update(s, pa);
     att.accumulate_pv(pa, v_tile);

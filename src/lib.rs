@@ -50,6 +50,7 @@ pub mod paged;
 pub mod plan;
 pub mod prefill;
 pub mod reference;
+pub mod seed;
 #[doc(hidden)]
 pub mod sys;
 pub mod tensor;

@@ -10,11 +10,18 @@
 //! `max_seq_len` (an upper bound on every `seq_lens[b]`, as vLLM / FlashInfer's trtllm path take it), which
 //! is checked against the capacity `max_pages_per_seq * page_size` and used to plan split-KV. The kernels
 //! never trust the data: a length is clamped into `[0, capacity]` (a length above `max_seq_len` is still
-//! attended in full, the last split runs to the end), and an out-of-range page id reads as zero rows.
+//! attended in full, the last split runs to the end), and the tokens of an out-of-range page id are masked
+//! (weight exactly 0, never zero keys that would dilute the softmax).
+//!
+//! Engines debugging their own tables can opt in to checking the data: [`PagedKvCache::validate`] (block
+//! table and lengths), [`validate_cu_seqlens`] and [`validate_slot_mapping`] read it back (a device-to-host
+//! copy and a synchronisation on the GPU backend; direct on the emulator) and return a typed error naming
+//! the first bad entry. Never on a launch path.
 
+use crate::device::Stream;
 use crate::error::{to_i32, Error, Result};
 use crate::sys;
-use crate::tensor::{TensorView, TensorViewMut};
+use crate::tensor::{Mem, TensorView, TensorViewMut};
 
 /// Largest supported context (tokens per sequence): int32 token indices in the kernel, with headroom for
 /// a tile and a split granule past the end.
@@ -176,6 +183,134 @@ impl<'a, T> PagedKvCache<'a, T> {
     pub fn max_seq_len(&self) -> usize {
         self.max_seq_len
     }
+}
+
+impl<T> PagedKvCache<'_, T> {
+    /// Reads `seq_lens` and `block_table` back and checks them (opt-in, for debugging; synchronises `stream`
+    /// on the GPU backend): every `seq_lens[b]` in `0..=max_seq_len` (else `Shape`), and every block-table
+    /// entry a sequence uses (the first ⌈seq_len / page_size⌉ of its row) in `0..num_pages` (else
+    /// `OutOfBounds`). The error names the first bad entry, e.g. `block_table: block_table[2][5] = 977 (tokens
+    /// 80..96 of sequence 2) is outside 0..512`.
+    pub fn validate(&self, stream: &Stream<'_>) -> Result<()> {
+        let lens = read_back(stream, "seq_lens", &self.seq_lens)?;
+        let table = read_back(stream, "block_table", &self.block_table)?;
+        let (ps, np, width) = (self.geometry.page_size, self.geometry.num_pages, self.max_pages_per_seq());
+        for (b, &len) in lens.iter().enumerate() {
+            let n = usize::try_from(len).ok().filter(|&n| n <= self.max_seq_len).ok_or_else(|| {
+                Error::shape(
+                    "seq_lens",
+                    format!("seq_lens[{b}] = {len} is outside 0..={} (max_seq_len)", self.max_seq_len),
+                )
+            })?;
+            for p in 0..n.div_ceil(ps) {
+                let id = table[b * width + p];
+                if usize::try_from(id).map_or(true, |id| id >= np) {
+                    let (t0, t1) = (p * ps, ((p + 1) * ps).min(n));
+                    return Err(Error::out_of_bounds(
+                        "block_table",
+                        format!("block_table[{b}][{p}] = {id} (tokens {t0}..{t1} of sequence {b}) is outside 0..{np}"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reads `cu_seqlens` back and checks it (opt-in, for debugging; synchronises on the GPU backend): it starts
+/// at 0, never decreases, ends at most at `total_tokens` (the packed rows of the tensor it indexes), and no
+/// sequence is longer than `max_seqlen` (the bound passed to the varlen op). `Shape` error naming the first
+/// bad entry otherwise.
+pub fn validate_cu_seqlens(
+    stream: &Stream<'_>,
+    cu_seqlens: &TensorView<'_, i32, 1>,
+    total_tokens: usize,
+    max_seqlen: usize,
+) -> Result<()> {
+    let cu = read_back(stream, "cu_seqlens", cu_seqlens)?;
+    match cu.first() {
+        None => return Err(Error::shape("cu_seqlens", "is empty (needs batch + 1 entries)")),
+        Some(&c) if c != 0 => return Err(Error::shape("cu_seqlens", format!("cu_seqlens[0] = {c}, must be 0"))),
+        _ => {}
+    }
+    for (i, w) in cu.windows(2).enumerate() {
+        let len = i64::from(w[1]) - i64::from(w[0]);
+        if len < 0 || len as usize > max_seqlen || w[1] as usize > total_tokens {
+            return Err(Error::shape(
+                "cu_seqlens",
+                format!(
+                    "cu_seqlens[{}] = {} after {}: sequence {i} has length {len} (allowed 0..={max_seqlen}, \
+                     ending at most at {total_tokens})",
+                    i + 1,
+                    w[1],
+                    w[0]
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Reads a slot mapping back and checks it against the cache geometry (opt-in, for debugging; synchronises
+/// on the GPU backend): every slot is negative (padding, skipped) or below `num_pages * page_size` (else
+/// `OutOfBounds`), and no slot is written twice (else `Shape`: two tokens racing for one slot).
+pub fn validate_slot_mapping(
+    stream: &Stream<'_>,
+    slot_mapping: &TensorView<'_, i64, 1>,
+    geometry: &PageGeometry,
+) -> Result<()> {
+    let slots = read_back(stream, "slot_mapping", slot_mapping)?;
+    let capacity = geometry.num_pages * geometry.page_size;
+    let mut first_use = std::collections::HashMap::new();
+    for (i, &s) in slots.iter().enumerate() {
+        if s < 0 {
+            continue;
+        }
+        if s as u64 >= capacity as u64 {
+            return Err(Error::out_of_bounds(
+                "slot_mapping",
+                format!("slot_mapping[{i}] = {s} is outside 0..{capacity} (num_pages x page_size)"),
+            ));
+        }
+        if let Some(j) = first_use.insert(s, i) {
+            return Err(Error::shape("slot_mapping", format!("slot_mapping[{i}] = {s} repeats slot_mapping[{j}]")));
+        }
+    }
+    Ok(())
+}
+
+/// The elements of a 1-D or 2-D int view in logical order, read from the host slice or copied from the
+/// device (one synchronising copy of the span the view covers).
+fn read_back<E, const N: usize>(stream: &Stream<'_>, name: &str, view: &TensorView<'_, E, N>) -> Result<Vec<E>>
+where
+    E: Copy + Default + cudarc::driver::DeviceRepr,
+{
+    let (shape, strides) = (view.shape(), view.strides());
+    let span = if shape.contains(&0) {
+        0
+    } else {
+        (0..N).map(|d| (shape[d] - 1) as i64 * strides[d]).sum::<i64>() as usize + 1
+    };
+    let data: Vec<E> = match (&view.mem, stream) {
+        (Mem::Host(s), Stream::Emu(_)) => s[..span].to_vec(),
+        (Mem::Gpu(v), Stream::Gpu(cu)) => {
+            let host = cu.clone_dtoh(&v.slice(0..span))?;
+            cu.synchronize()?;
+            host
+        }
+        _ => return Err(Error::backend(name, "view and stream belong to different backends")),
+    };
+    let count: usize = shape.iter().product();
+    let mut out = Vec::with_capacity(count);
+    for flat in 0..count {
+        let (mut rem, mut at) = (flat, 0i64);
+        for d in (0..N).rev() {
+            at += (rem % shape[d]) as i64 * strides[d];
+            rem /= shape[d];
+        }
+        out.push(data[at as usize]);
+    }
+    Ok(out)
 }
 
 /// The writable pages of a paged KV cache: what append writes (it addresses slots directly, so it needs no

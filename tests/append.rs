@@ -11,12 +11,10 @@ use fused_attn::{
 };
 use half::bf16;
 
-fn seed() -> u64 {
-    let s = std::env::var("FA_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
-    });
-    eprintln!("seed {s}");
-    s
+/// The run's base seed (FA_SEED or the fixed default) and, for failure messages, the line that reruns
+/// `test` with it.
+fn seed(test: &str) -> (u64, String) {
+    (common::base_seed(), common::rerun("append", test, None))
 }
 
 fn case() -> DecodeCase {
@@ -117,25 +115,27 @@ fn decode_host(stream: &Stream<'_>, f: &PagedFixture<bf16>, k_cache: &[bf16], v_
 fn prompt_append_then_decode_round_trip() {
     let emu = Emulator::new();
     let stream = Stream::Emu(&emu);
-    let f = PagedFixture::<bf16>::new(&case(), seed());
+    let (seed, rerun) = seed("prompt_append_then_decode_round_trip");
+    let f = PagedFixture::<bf16>::new(&case(), seed);
     let (k, v, slots) = packed_tokens(&f, |b| 0..f.case.seq_lens[b]);
     let mut k_cache = vec![bf16::NAN; f.k_cache.len()];
     let mut v_cache = vec![bf16::NAN; f.v_cache.len()];
     append_host(&stream, &f, &mut k_cache, &mut v_cache, &k, &v, &slots);
     // Every owned slot now holds the fixture's data; every other slot (and padding) stayed NaN: the whole
     // cache equals the fixture's, bit for bit.
-    assert!(same_bits(&k_cache, &f.k_cache));
-    assert!(same_bits(&v_cache, &f.v_cache));
+    assert!(same_bits(&k_cache, &f.k_cache), "{rerun}");
+    assert!(same_bits(&v_cache, &f.v_cache), "{rerun}");
     let want = decode_host(&stream, &f, &f.k_cache, &f.v_cache);
     let got = decode_host(&stream, &f, &k_cache, &v_cache);
-    assert!(same_bits(&got, &want));
+    assert!(same_bits(&got, &want), "{rerun}");
 }
 
 #[test]
 fn one_token_per_sequence_append() {
     let emu = Emulator::new();
     let stream = Stream::Emu(&emu);
-    let f = PagedFixture::<bf16>::new(&case(), seed());
+    let (seed, rerun) = seed("one_token_per_sequence_append");
+    let f = PagedFixture::<bf16>::new(&case(), seed);
     let lens = &f.case.seq_lens;
     // Cache holding all but the last token of every sequence; the decode step appends that token.
     let (k, v, slots) = packed_tokens(&f, |b| 0..lens[b].saturating_sub(1));
@@ -144,8 +144,8 @@ fn one_token_per_sequence_append() {
     append_host(&stream, &f, &mut k_cache, &mut v_cache, &k, &v, &slots);
     let (k, v, slots) = packed_tokens(&f, |b| lens[b].saturating_sub(1)..lens[b]);
     append_host(&stream, &f, &mut k_cache, &mut v_cache, &k, &v, &slots);
-    assert!(same_bits(&k_cache, &f.k_cache));
-    assert!(same_bits(&v_cache, &f.v_cache));
+    assert!(same_bits(&k_cache, &f.k_cache), "{rerun}");
+    assert!(same_bits(&v_cache, &f.v_cache), "{rerun}");
 }
 
 #[test]
@@ -192,7 +192,8 @@ fn gpu_append_round_trip() {
     let Some(ctx) = common::gpu_or_skip("append::gpu_append_round_trip") else { return };
     let cu = ctx.default_stream();
     let stream = Stream::Gpu(&cu);
-    let f = PagedFixture::<bf16>::new(&case(), seed());
+    let (seed, rerun) = seed("gpu_append_round_trip");
+    let f = PagedFixture::<bf16>::new(&case(), seed);
     let c = &f.case;
     let (k, v, slots) = packed_tokens(&f, |b| 0..c.seq_lens[b]);
     let n = slots.len();
@@ -216,6 +217,6 @@ fn gpu_append_round_trip() {
     }
     let k_back: Vec<bf16> = cu.clone_dtoh(&kc).unwrap();
     let v_back: Vec<bf16> = cu.clone_dtoh(&vc).unwrap();
-    assert!(same_bits(&k_back, &f.k_cache));
-    assert!(same_bits(&v_back, &f.v_cache));
+    assert!(same_bits(&k_back, &f.k_cache), "{rerun}");
+    assert!(same_bits(&v_back, &f.v_cache), "{rerun}");
 }

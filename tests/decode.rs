@@ -4,7 +4,8 @@
 mod common;
 
 use fused_attn::decode::cases::{
-    check_case_emulated, check_case_gpu, decode_sweep, decode_sweep_emulated, DecodeCase, PagedFixture,
+    check_case_emulated, check_case_gpu, check_inputs_emulated, decode_sweep, decode_sweep_emulated, DecodeCase,
+    DecodeInputs, PagedFixture,
 };
 use fused_attn::decode::{DecodeOptions, DecodeWorkspace};
 use fused_attn::plan::DecodePlan;
@@ -44,50 +45,115 @@ fn run_decode<T: Element>(
     (o, lse, plan)
 }
 
+/// Seed of case i (from the run's base seed: FA_SEED or the fixed default).
 fn seed_for(i: usize) -> u64 {
-    let base: u64 = std::env::var("FA_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
-    });
-    base.wrapping_add(i as u64 * 0x9e37_79b9)
+    common::case_seed(i)
+}
+
+/// Runs `check` on every selected case (FA_CASE) and panics listing the failures, each with its rerun command.
+fn sweep<C>(test: &str, cases: &[C], label: impl Fn(&C) -> String, check: impl Fn(usize, &C) -> (bool, String)) {
+    let mut failures = Vec::new();
+    for (i, case) in cases.iter().enumerate().filter(|&(i, _)| common::case_selected(i)) {
+        let (passed, summary) = check(i, case);
+        eprintln!("[{i}] {}: {summary}", label(case));
+        if !passed {
+            failures.push(format!("[{i}] {}: {summary}\n    {}", label(case), common::rerun("decode", test, Some(i))));
+        }
+    }
+    assert!(failures.is_empty(), "{test}: {} failing cases:\n{}", failures.len(), failures.join("\n"));
 }
 
 /// Checks every `part`-th case of the emulated sweep starting at `first` (the sweep is split over tests so
 /// they run in parallel).
-fn emulated_sweep_part(first: usize, part: usize) {
+fn emulated_sweep_part(test: &str, first: usize, part: usize) {
     let emu = Emulator::new();
-    let mut failures = Vec::new();
-    for (i, case) in decode_sweep_emulated().iter().enumerate().skip(first).step_by(part) {
-        let outcome = check_case_emulated(&emu, case, seed_for(i)).unwrap();
-        eprintln!("{}: {}", case.label(), outcome.summary());
-        if !outcome.passed() {
-            failures.push(format!("{}: {}", case.label(), outcome.summary()));
-        }
-    }
-    assert!(failures.is_empty(), "{} failing cases:\n{}", failures.len(), failures.join("\n"));
+    let cases: Vec<(usize, DecodeCase)> =
+        decode_sweep_emulated().into_iter().enumerate().skip(first).step_by(part).collect();
+    sweep(
+        test,
+        &cases,
+        |(_, c)| c.label(),
+        |_, (i, case)| {
+            let outcome = check_case_emulated(&emu, case, seed_for(*i)).unwrap();
+            (outcome.passed(), outcome.summary())
+        },
+    );
 }
 
 #[test]
 fn emulated_decode_sweep_even() {
-    emulated_sweep_part(0, 2);
+    emulated_sweep_part("emulated_decode_sweep_even", 0, 2);
 }
 
 #[test]
 fn emulated_decode_sweep_odd() {
-    emulated_sweep_part(1, 2);
+    emulated_sweep_part("emulated_decode_sweep_odd", 1, 2);
+}
+
+/// The layouts and value ranges engines use, each against the reference under the tolerance rule and the
+/// arithmetic bound: head-major pages ([num_pages, Hkv, page_size, D] through strides), K and V interleaved
+/// per page in one allocation, q/o as head slices of packed tensors, scales 0.01 / 1 / 3, and large
+/// magnitudes (|q|, |k| up to 8 at scale 3: a softmax sharp enough that the naive rule allows ~0.1).
+fn layout_cases() -> Vec<(DecodeCase, DecodeInputs)> {
+    use fused_attn::decode::cases::CacheLayout::*;
+    let case = |dtype, head_dim, heads: (usize, usize), page_size, num_splits| DecodeCase {
+        dtype,
+        head_dim,
+        heads_q: heads.0,
+        heads_kv: heads.1,
+        page_size,
+        seq_lens: vec![0, 1, 17, 300, 1029],
+        num_splits,
+    };
+    let inputs =
+        |cache_layout, scale, magnitude, strided_q_o| DecodeInputs { scale, magnitude, cache_layout, strided_q_o };
+    vec![
+        (case(DType::Bf16, 128, (8, 2), 16, Some(3)), inputs(HeadMajor, None, 2.0, false)),
+        (case(DType::F16, 64, (4, 4), 1, Some(2)), inputs(HeadMajor, Some(1.0), 2.0, true)),
+        (case(DType::F16, 128, (16, 2), 64, None), inputs(Interleaved, None, 2.0, false)),
+        (case(DType::Bf16, 256, (4, 1), 256, Some(2)), inputs(Interleaved, Some(0.01), 2.0, true)),
+        (case(DType::Bf16, 128, (8, 2), 16, Some(2)), inputs(TokenMajor, Some(3.0), 8.0, true)),
+        (case(DType::F16, 64, (8, 1), 8, Some(3)), inputs(HeadMajor, Some(3.0), 8.0, false)),
+        (case(DType::Bf16, 64, (20, 1), 16, Some(1)), inputs(Interleaved, Some(3.0), 4.0, false)),
+        (case(DType::F16, 256, (4, 2), 16, None), inputs(TokenMajor, Some(1.0), 8.0, false)),
+    ]
+}
+
+#[test]
+fn emulated_layouts_scales_and_magnitudes() {
+    let emu = Emulator::new();
+    let cases = layout_cases();
+    sweep(
+        "emulated_layouts_scales_and_magnitudes",
+        &cases,
+        |(c, inp)| format!("{} {}", c.label(), inp.label()),
+        |i, (case, inputs)| {
+            let outcome = check_inputs_emulated(&emu, case, inputs, seed_for(1000 + i)).unwrap();
+            (
+                outcome.passed(),
+                format!(
+                    "{} (naive/bound {:.1})",
+                    outcome.summary(),
+                    outcome.out.naive_max_abs_err / (outcome.out.max_abs_err / outcome.out.bound_ratio)
+                ),
+            )
+        },
+    );
 }
 
 #[test]
 fn gpu_decode_sweep() {
     let Some(ctx) = common::gpu_or_skip("decode::gpu_decode_sweep") else { return };
     let cu = ctx.default_stream();
-    let mut failures = Vec::new();
-    for (i, case) in decode_sweep().iter().enumerate() {
-        let outcome = check_case_gpu(&cu, case, seed_for(i)).unwrap();
-        if !outcome.passed() {
-            failures.push(format!("{}: {}", case.label(), outcome.summary()));
-        }
-    }
-    assert!(failures.is_empty(), "{} failing cases:\n{}", failures.len(), failures.join("\n"));
+    sweep(
+        "gpu_decode_sweep",
+        &decode_sweep(),
+        |c| c.label(),
+        |i, case| {
+            let outcome = check_case_gpu(&cu, case, seed_for(i)).unwrap();
+            (outcome.passed(), outcome.summary())
+        },
+    );
 }
 
 /// Bandwidth of the performance shapes (printed; the bars are judged in the report, not asserted
@@ -290,8 +356,8 @@ fn empty_batch_is_a_no_op() {
 }
 
 /// seq_lens and block-table entries are device data the host cannot validate: the kernel clamps a length
-/// into [0, capacity] and reads an out-of-range page id as zero rows, never faulting (the emulator checks
-/// every access against the buffers).
+/// into [0, capacity] and treats the tokens of an out-of-range page id as masked (weight exactly 0, the
+/// reference does the same), never faulting (the emulator checks every access against the buffers).
 #[test]
 fn clamps_device_data_it_cannot_validate() {
     use fused_attn::reference;
@@ -302,26 +368,22 @@ fn clamps_device_data_it_cannot_validate() {
     let (b, hq, d, ps) = (case.batch(), case.heads_q, case.head_dim, case.page_size);
     assert_eq!(f.width, 4); // capacity 64 tokens
                             // Kernel view: seq 0 has length -3, seq 1 claims 1000 (clamped to 64; its spare column is pointed at a
-                            // real page so the clamped tokens are data), seq 2's second page id is out of range.
+                            // real page so the clamped tokens are data), seq 2's second page id is out of range (masked).
     let mut table = f.block_table.clone();
     table[f.width + 3] = table[f.width];
     table[2 * f.width + 1] = 12_345;
     let lens = vec![-3, 1000, 48];
-    // Reference view: the same with lengths clamped and the bad page replaced by an appended zero page.
-    let page = ps * case.heads_kv * d;
+    // Reference view: the same table (the reference masks the bad page too), lengths clamped.
     let to64 = |v: &[bf16]| v.iter().map(|x| x.to_f64()).collect::<Vec<f64>>();
-    let (mut k, mut v) = (to64(&f.k_cache), to64(&f.v_cache));
-    k.extend(std::iter::repeat_n(0.0, page));
-    v.extend(std::iter::repeat_n(0.0, page));
-    let mut ref_table = table.clone();
-    ref_table[2 * f.width + 1] = f.num_pages as i32;
+    let (k, v) = (to64(&f.k_cache), to64(&f.v_cache));
+    let ref_table = table.clone();
     let ref_lens = vec![0, 64, 48];
     let q = to64(&f.q);
     let scale = 1.0 / (d as f64).sqrt();
     let ref_cache = reference::PagedCache {
         k_cache: &k,
         v_cache: &v,
-        num_pages: f.num_pages + 1,
+        num_pages: f.num_pages,
         page_size: ps,
         heads_kv: case.heads_kv,
         head_dim: d,
@@ -353,8 +415,196 @@ fn clamps_device_data_it_cannot_validate() {
         &DecodeOptions { scale: None, num_splits: Some(2) },
     )
     .unwrap();
-    let cmp = reference::compare(&to64(&o), &exact.out, &naive);
-    assert!(cmp.passed, "{cmp:?}");
+    let bound = exact.out_bound(Some(DType::Bf16), Some(DType::Bf16));
+    let cmp = reference::compare_bounded(&to64(&o), &exact.out, &naive, &bound);
+    let rerun = common::rerun("decode", "clamps_device_data_it_cannot_validate", None);
+    assert!(cmp.passed, "{cmp:?}; {rerun}");
     let lse64: Vec<f64> = lse.iter().map(|&x| x as f64).collect();
-    assert!(reference::compare_lse(&lse64, &exact.lse, 1e-3).passed);
+    let lse_cmp = reference::compare_lse(&lse64, &exact.lse, 1e-3);
+    assert!(lse_cmp.passed, "{lse_cmp:?}; {rerun}");
+}
+
+/// Out-of-range page ids inside [0, seq_len) are masked keys (weight exactly 0), for every split choice and
+/// page size: the kernel matches the reference (which leaves those tokens out) under the tolerance rule and
+/// the arithmetic bound, and is far from the old behaviour (zero keys, score 0, diluting the softmax).
+/// `PagedKvCache::validate` names the first bad entry.
+#[test]
+fn out_of_range_page_ids_are_masked_keys() {
+    use fused_attn::reference;
+    let emu = Emulator::new();
+    let stream = Stream::Emu(&emu);
+    let test = "out_of_range_page_ids_are_masked_keys";
+    for (i, (ps, splits)) in
+        [(16usize, Some(1usize)), (16, Some(2)), (1, Some(3)), (64, None), (256, Some(2))].into_iter().enumerate()
+    {
+        let case =
+            DecodeCase { page_size: ps, seq_lens: vec![700, 300, 40, 1029], num_splits: splits, ..small_case(None) };
+        let seed = seed_for(2000 + i);
+        let f = PagedFixture::<bf16>::new(&case, seed);
+        let (b, hq, d) = (case.batch(), case.heads_q, case.head_dim);
+        // Seq 0: bad pages (negative ids) covering >= 64 tokens in the middle; seq 1: its first pages past
+        // the end; seq 2: every page bad (an empty row: O = 0, LSE = -inf); seq 3 untouched.
+        let mut table = f.block_table.clone();
+        let w = f.width;
+        let run = 64usize.div_ceil(ps);
+        for p in 0..run {
+            table[(700 / ps) / 2 + p] = -7;
+            table[w + p] = f.num_pages as i32 + 5;
+        }
+        for p in 0..40usize.div_ceil(ps) {
+            table[2 * w + p] = i32::MAX;
+        }
+        let (o, lse, _) = {
+            let mut g = f.clone();
+            g.block_table = table.clone();
+            run_decode(&stream, &g, None)
+        };
+        let to64 = |v: &[bf16]| v.iter().map(|x| x.to_f64()).collect::<Vec<f64>>();
+        let (q, k, v) = (to64(&f.q), to64(&f.k_cache), to64(&f.v_cache));
+        let scale = 1.0 / (d as f64).sqrt();
+        let cache = |table: &'_ [i32], k: &'_ [f64], v: &'_ [f64], num_pages: usize| {
+            reference::paged_decode(
+                hq,
+                scale,
+                &q,
+                &reference::PagedCache {
+                    k_cache: k,
+                    v_cache: v,
+                    num_pages,
+                    page_size: ps,
+                    heads_kv: case.heads_kv,
+                    head_dim: d,
+                    block_table: table,
+                    max_pages_per_seq: w,
+                    seq_lens: &f.seq_lens,
+                },
+            )
+            .unwrap()
+        };
+        let exact = cache(&table, &k, &v, f.num_pages);
+        let naive = reference::naive_lowp_paged_decode(
+            hq,
+            scale,
+            &q,
+            &reference::PagedCache {
+                k_cache: &k,
+                v_cache: &v,
+                num_pages: f.num_pages,
+                page_size: ps,
+                heads_kv: case.heads_kv,
+                head_dim: d,
+                block_table: &table,
+                max_pages_per_seq: w,
+                seq_lens: &f.seq_lens,
+            },
+            DType::Bf16,
+        )
+        .unwrap();
+        let bound = exact.out_bound(Some(DType::Bf16), Some(DType::Bf16));
+        let cmp = reference::compare_bounded(&to64(&o), &exact.out, &naive, &bound);
+        let ctx = format!("page {ps} splits {splits:?} seed {seed:#x}; {}", common::rerun("decode", test, None));
+        assert!(cmp.passed, "{ctx}: {cmp:?}");
+        let lse64: Vec<f64> = lse.iter().map(|&x| x as f64).collect();
+        let lse_cmp = reference::compare_lse(&lse64, &exact.lse, 1e-3);
+        assert!(lse_cmp.passed, "{ctx}: lse {lse_cmp:?}");
+        assert!(lse[2 * hq..3 * hq].iter().all(|&x| x == f32::NEG_INFINITY), "{ctx}: all-bad sequence not empty");
+        assert!(o[2 * hq * d..3 * hq * d].iter().all(|x| x.to_f64() == 0.0), "{ctx}: all-bad sequence not 0");
+        // The old behaviour (bad pages read as zero keys and values) is far outside the bound.
+        let zero_page = f.num_pages as i32;
+        let zeroed: Vec<i32> =
+            table.iter().map(|&p| if p < 0 || p >= f.num_pages as i32 { zero_page } else { p }).collect();
+        let page_len = ps * case.heads_kv * d;
+        let (mut kz, mut vz) = (k.clone(), v.clone());
+        kz.extend(std::iter::repeat_n(0.0, page_len));
+        vz.extend(std::iter::repeat_n(0.0, page_len));
+        let diluted = cache(&zeroed, &kz, &vz, f.num_pages + 1);
+        let old = reference::compare_within(&diluted.out, &exact.out, &bound);
+        assert!(old.bound_ratio > 1.5, "{ctx}: zero keys would pass too ({:.2})", old.bound_ratio);
+        assert!(diluted.lse[2 * hq].is_finite(), "{ctx}: zero keys make the all-bad sequence non-empty");
+        // validate() names the first bad entry.
+        let bad = PagedKvCache::new(
+            TensorView::host(&f.k_cache, f.cache_shape()).unwrap(),
+            TensorView::host(&f.v_cache, f.cache_shape()).unwrap(),
+            TensorView::host(&table, [b, w]).unwrap(),
+            TensorView::host(&f.seq_lens, [b]).unwrap(),
+            case.max_seq_len(),
+        )
+        .unwrap();
+        let e = bad.validate(&stream).unwrap_err();
+        assert_eq!(e.kind(), &ErrorKind::OutOfBounds, "{ctx}: {e}");
+        assert!(e.message().contains(&format!("block_table[0][{}] = -7", (700 / ps) / 2)), "{ctx}: {e}");
+    }
+}
+
+/// The opt-in validation of engine-owned tables: a good fixture passes; a length above max_seq_len, a bad
+/// page id, bad cu_seqlens and bad slot mappings are typed errors naming the first bad entry.
+#[test]
+fn validate_reports_the_first_bad_entry() {
+    use fused_attn::paged::{validate_cu_seqlens, validate_slot_mapping};
+    let emu = Emulator::new();
+    let stream = Stream::Emu(&emu);
+    let case = small_case(Some(2));
+    let f = PagedFixture::<bf16>::new(&case, seed_for(4));
+    let (b, w) = (case.batch(), f.width);
+    let cache = |table: &'_ [i32], lens: &'_ [i32]| {
+        PagedKvCache::new(
+            TensorView::host(&f.k_cache, f.cache_shape()).unwrap(),
+            TensorView::host(&f.v_cache, f.cache_shape()).unwrap(),
+            TensorView::host(table, [b, w]).unwrap(),
+            TensorView::host(lens, [b]).unwrap(),
+            case.max_seq_len(),
+        )
+        .unwrap()
+        .validate(&stream)
+    };
+    assert!(cache(&f.block_table, &f.seq_lens).is_ok());
+    // Columns past a sequence's pages are not used: anything goes there.
+    let mut table = f.block_table.clone();
+    table[w - 1] = -1;
+    assert!(cache(&table, &f.seq_lens).is_ok());
+    let mut lens = f.seq_lens.clone();
+    lens[2] = case.max_seq_len() as i32 + 1;
+    let e = cache(&f.block_table, &lens).unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Shape);
+    assert!(e.message().contains("seq_lens[2]"), "{e}");
+    lens[2] = -1;
+    assert!(cache(&f.block_table, &lens).unwrap_err().message().contains("seq_lens[2] = -1"));
+    let mut table = f.block_table.clone();
+    table[3 * w + 40] = 99_999; // sequence 3 (1029 tokens) uses 65 pages of 16
+    table[3 * w + 50] = -2;
+    let e = cache(&table, &f.seq_lens).unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::OutOfBounds);
+    assert!(e.message().contains("block_table[3][40] = 99999 (tokens 640..656 of sequence 3)"), "{e}");
+
+    let cu = |v: &[i32], total: usize, max: usize| {
+        validate_cu_seqlens(&stream, &TensorView::host(v, [v.len()]).unwrap(), total, max)
+    };
+    assert!(cu(&[0, 5, 5, 12], 12, 7).is_ok());
+    for (bad, what) in
+        [(&[1, 5][..], "cu_seqlens[0] = 1"), (&[0, 5, 4], "cu_seqlens[2] = 4"), (&[0, 13], "cu_seqlens[1] = 13")]
+    {
+        let e = cu(bad, 12, 20).unwrap_err();
+        assert_eq!(e.kind(), &ErrorKind::Shape);
+        assert!(e.message().contains(what), "{e}");
+    }
+    assert!(cu(&[0, 8], 12, 7).unwrap_err().message().contains("length 8"));
+
+    let geometry = PagedKvCache::new(
+        TensorView::host(&f.k_cache, f.cache_shape()).unwrap(),
+        TensorView::host(&f.v_cache, f.cache_shape()).unwrap(),
+        TensorView::host(&f.block_table, [b, w]).unwrap(),
+        TensorView::host(&f.seq_lens, [b]).unwrap(),
+        case.max_seq_len(),
+    )
+    .unwrap()
+    .geometry();
+    let slots = |v: &[i64]| validate_slot_mapping(&stream, &TensorView::host(v, [v.len()]).unwrap(), &geometry);
+    let capacity = (f.num_pages * case.page_size) as i64;
+    assert!(slots(&[0, 5, -1, capacity - 1, -1]).is_ok());
+    let e = slots(&[0, 5, capacity, 7]).unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::OutOfBounds);
+    assert!(e.message().contains(&format!("slot_mapping[2] = {capacity}")), "{e}");
+    let e = slots(&[0, 5, 9, 5]).unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Shape);
+    assert!(e.message().contains("slot_mapping[3] = 5 repeats slot_mapping[1]"), "{e}");
 }

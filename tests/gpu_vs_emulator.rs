@@ -18,17 +18,22 @@ mod common;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr};
-use fused_attn::decode::cases::{DecodeCase, PagedFixture, SplitMix64};
+use fused_attn::decode::cases::{DecodeCase, PagedFixture};
 use fused_attn::emu_selftest::{self as st, BarrierMode, Bug, GemmBug, GemmShape, WarpOp};
 use fused_attn::prefill::{prefill, PrefillOptions};
 use fused_attn::reference::{self, Problem};
+use fused_attn::seed::FixtureRng;
 use fused_attn::{
     append, decode, merge_states, sys, DType, DecodeOptions, DecodeWorkspace, Element, Emulator, PagedKvCache,
     PagedKvCacheMut, Stream, TensorView, TensorViewMut,
 };
 use half::{bf16, f16};
+use rand::Rng;
 
-const SEED: u64 = 0x6a75_e3a1;
+/// The run's base seed (FA_SEED or the fixed default) mixed with this file's constant.
+fn seed() -> u64 {
+    fused_attn::seed::base_seed() ^ 0x6a75_e3a1
+}
 
 /// How far the GPU's and the emulator's outputs are apart.
 #[derive(Debug)]
@@ -79,8 +84,8 @@ fn f32s(x: &[f32]) -> Vec<f64> {
     x.iter().map(|&v| v as f64).collect()
 }
 
-fn random<T: Element>(rng: &mut SplitMix64, n: usize, lo: f64, hi: f64) -> Vec<T> {
-    (0..n).map(|_| T::from_f64(rng.uniform(lo, hi))).collect()
+fn random<T: Element>(rng: &mut FixtureRng, n: usize, lo: f64, hi: f64) -> Vec<T> {
+    (0..n).map(|_| T::from_f64(rng.random_range(lo..hi))).collect()
 }
 
 // ------------------------------------------------------------------------------------------- prefill
@@ -98,7 +103,7 @@ struct PrefillSpec {
 
 fn prefill_pair<T: Element>(emu: &Emulator, cu: &Arc<CudaStream>, s: PrefillSpec, seed: u64) {
     let what = format!("prefill {} {s:?}", T::DTYPE.name());
-    let mut rng = SplitMix64::new(seed);
+    let mut rng = fused_attn::seed::rng(seed);
     let (qs, ks) = ([s.b, s.tq, s.hq, s.d], [s.b, s.tk, s.hkv, s.d]);
     let q: Vec<T> = random(&mut rng, qs.iter().product(), -2.0, 2.0);
     let k: Vec<T> = random(&mut rng, ks.iter().product(), -2.0, 2.0);
@@ -163,11 +168,11 @@ fn gpu_vs_emu_prefill() {
     let emu = Emulator::new();
     let spec = |b, tq, tk, hq, hkv, d, causal| PrefillSpec { b, tq, tk, hq, hkv, d, causal };
     // Tile edges, GQA, Tq != Tk both ways (Tq > Tk causal: the first rows see no key), every head dim class.
-    prefill_pair::<bf16>(&emu, &cu, spec(1, 129, 129, 4, 2, 128, true), SEED);
-    prefill_pair::<f16>(&emu, &cu, spec(2, 65, 200, 2, 1, 64, true), SEED + 1);
-    prefill_pair::<bf16>(&emu, &cu, spec(1, 70, 33, 2, 2, 256, true), SEED + 2);
-    prefill_pair::<f16>(&emu, &cu, spec(1, 100, 37, 4, 1, 128, false), SEED + 3);
-    prefill_pair::<bf16>(&emu, &cu, spec(1, 1, 300, 8, 2, 64, true), SEED + 4);
+    prefill_pair::<bf16>(&emu, &cu, spec(1, 129, 129, 4, 2, 128, true), seed());
+    prefill_pair::<f16>(&emu, &cu, spec(2, 65, 200, 2, 1, 64, true), seed() + 1);
+    prefill_pair::<bf16>(&emu, &cu, spec(1, 70, 33, 2, 2, 256, true), seed() + 2);
+    prefill_pair::<f16>(&emu, &cu, spec(1, 100, 37, 4, 1, 128, false), seed() + 3);
+    prefill_pair::<bf16>(&emu, &cu, spec(1, 1, 300, 8, 2, 64, true), seed() + 4);
 }
 
 // -------------------------------------------------------------------------------------------- decode
@@ -276,7 +281,7 @@ fn gpu_vs_emu_decode() {
             seq_lens: vec![0, 1, 17, 300],
             num_splits: splits,
         };
-        decode_pair::<bf16>(&emu, &cu, &case, SEED + i as u64);
+        decode_pair::<bf16>(&emu, &cu, &case, seed() + i as u64);
     }
     let case = DecodeCase {
         dtype: DType::F16,
@@ -287,7 +292,7 @@ fn gpu_vs_emu_decode() {
         seq_lens: vec![5, 129],
         num_splits: Some(2),
     };
-    decode_pair::<f16>(&emu, &cu, &case, SEED + 7);
+    decode_pair::<f16>(&emu, &cu, &case, seed() + 7);
 }
 
 // --------------------------------------------------------------------------------------- merge, append
@@ -332,15 +337,15 @@ fn gpu_vs_emu_merge() {
     let cu = ctx.default_stream();
     let emu = Emulator::new();
     let dims @ [k, n, h, d] = [5usize, 3, 4, 128];
-    let mut rng = SplitMix64::new(SEED);
+    let mut rng = fused_attn::seed::rng(seed());
     // Row 0 has every state empty (O = 0, LSE = -inf), ~25% of the other (state, row) pairs are empty
     // (their O is NaN: it must never be read).
     let (mut os, mut ls) = (Vec::new(), Vec::new());
     for _ in 0..k {
         for row in 0..n * h {
-            let empty = row == 0 || rng.uniform(0.0, 1.0) < 0.25;
-            ls.push(if empty { f32::NEG_INFINITY } else { rng.uniform(-6.0, 6.0) as f32 });
-            os.extend((0..d).map(|_| if empty { f32::NAN } else { rng.uniform(-1.0, 2.0) as f32 }));
+            let empty = row == 0 || rng.random_range(0.0..1.0) < 0.25;
+            ls.push(if empty { f32::NEG_INFINITY } else { rng.random_range(-6.0..6.0) as f32 });
+            os.extend((0..d).map(|_| if empty { f32::NAN } else { rng.random_range(-1.0..2.0) as f32 }));
         }
     }
     // fp32 out: the GPU's libdevice exp/log and fma contraction against the host libm and separate roundings;
@@ -367,7 +372,7 @@ fn gpu_vs_emu_append() {
         seq_lens: vec![0, 1, 15, 17, 300],
         num_splits: None,
     };
-    let f = PagedFixture::<bf16>::new(&case, SEED);
+    let f = PagedFixture::<bf16>::new(&case, seed());
     let row = case.heads_kv * case.head_dim;
     // Every owned token, plus a padding slot (-1) and one past the cache: both must be skipped.
     let (mut k, mut v, mut slots) = (Vec::new(), Vec::new(), Vec::new());
@@ -449,8 +454,8 @@ fn dtype_abi(dtype: DType) -> i32 {
     }
 }
 
-fn half_bits(rng: &mut SplitMix64, dtype: DType) -> u32 {
-    let x = rng.uniform(-2.0, 2.0) as f32;
+fn half_bits(rng: &mut FixtureRng, dtype: DType) -> u32 {
+    let x = rng.random_range(-2.0..2.0) as f32;
     (match dtype {
         DType::F16 => f16::from_f32(x).to_bits(),
         DType::Bf16 => bf16::from_f32(x).to_bits(),
@@ -461,15 +466,15 @@ fn half_bits(rng: &mut SplitMix64, dtype: DType) -> u32 {
 fn gpu_vs_emu_selftest_intrinsics() {
     let Some(ctx) = common::gpu_or_skip("gpu_vs_emulator::gpu_vs_emu_selftest_intrinsics") else { return };
     let cu = ctx.default_stream();
-    let mut rng = SplitMix64::new(SEED);
+    let mut rng = fused_attn::seed::rng(seed());
 
     // mma.m16n8k16: 16 exact products summed in fp32; the tensor core's summation order may differ from the
     // emulator's k order, so: within 16 ulp of the magnitude bound (|a|, |b| <= 2, |c| <= 4: sum <= 68).
     for dtype in [DType::F16, DType::Bf16] {
         let a: [u32; 128] = std::array::from_fn(|_| half_bits(&mut rng, dtype) | half_bits(&mut rng, dtype) << 16);
         let b: [u32; 64] = std::array::from_fn(|_| half_bits(&mut rng, dtype) | half_bits(&mut rng, dtype) << 16);
-        let c: [f32; 128] = std::array::from_fn(|_| rng.uniform(-4.0, 4.0) as f32);
-        let emu = st::mma(dtype, &a, &b, &c, SEED).unwrap();
+        let c: [f32; 128] = std::array::from_fn(|_| rng.random_range(-4.0..4.0) as f32);
+        let emu = st::mma(dtype, &a, &b, &c, seed()).unwrap();
         let (da, db, dc) = (cu.clone_htod(&a).unwrap(), cu.clone_htod(&b).unwrap(), cu.clone_htod(&c).unwrap());
         let dd = cu.clone_htod(&[f32::NAN; 128]).unwrap();
         let p = sys::FaSelftestMmaParams {
@@ -485,12 +490,12 @@ fn gpu_vs_emu_selftest_intrinsics() {
     }
 
     // ldmatrix x1/x2/x4, plain and transposed: data movement, bit for bit.
-    let rows: Vec<[u16; 8]> = (0..64).map(|_| std::array::from_fn(|_| rng.next_u64() as u16)).collect();
-    let row_of_lane: [i32; 32] = std::array::from_fn(|_| rng.below(64) as i32);
+    let rows: Vec<[u16; 8]> = (0..64).map(|_| std::array::from_fn(|_| rng.random::<u64>() as u16)).collect();
+    let row_of_lane: [i32; 32] = std::array::from_fn(|_| rng.random_range(0..64) as i32);
     let (drows, dlanes) = (cu.clone_htod(&rows).unwrap(), cu.clone_htod(&row_of_lane).unwrap());
     for count in [1u32, 2, 4] {
         for trans in [false, true] {
-            let emu = st::ldmatrix(&rows, &row_of_lane, count, trans, SEED).unwrap();
+            let emu = st::ldmatrix(&rows, &row_of_lane, count, trans, seed()).unwrap();
             let dout = cu.clone_htod(&[0u32; 128]).unwrap();
             let p = sys::FaSelftestLdmatrixParams {
                 rows_data: dptr(&cu, &drows) as *const u16,
@@ -516,13 +521,13 @@ fn gpu_vs_emu_selftest_intrinsics() {
     ];
     for (op, abi) in ops {
         let values: [u32; 32] = match op {
-            WarpOp::Exp2 => std::array::from_fn(|_| (rng.uniform(-126.0, 127.0) as f32).to_bits()),
+            WarpOp::Exp2 => std::array::from_fn(|_| (rng.random_range(-126.0..127.0) as f32).to_bits()),
             // Mostly-true predicates so that all/any both see true and false warps across the two rounds.
-            WarpOp::All | WarpOp::Any => std::array::from_fn(|_| (rng.below(16) != 0) as u32),
-            _ => std::array::from_fn(|_| rng.next_u64() as u32),
+            WarpOp::All | WarpOp::Any => std::array::from_fn(|_| (rng.random_range(0..16) != 0) as u32),
+            _ => std::array::from_fn(|_| rng.random::<u64>() as u32),
         };
-        let operands: [i32; 32] = std::array::from_fn(|_| rng.below(64) as i32);
-        let emu = st::warp_op(op, &values, &operands, SEED).unwrap();
+        let operands: [i32; 32] = std::array::from_fn(|_| rng.random_range(0..64) as i32);
+        let emu = st::warp_op(op, &values, &operands, seed()).unwrap();
         let (dv, dop) = (cu.clone_htod(&values).unwrap(), cu.clone_htod(&operands).unwrap());
         let dout = cu.clone_htod(&[0u32; 32]).unwrap();
         let p = sys::FaSelftestWarpParams {
@@ -545,10 +550,10 @@ fn gpu_vs_emu_selftest_intrinsics() {
     // cp.async groups with zero-fill: everything waited for, then two of three groups.
     let groups = 3;
     let src: Vec<[u8; 16]> =
-        (0..groups * st::CP_ASYNC_THREADS).map(|_| std::array::from_fn(|_| rng.next_u64() as u8)).collect();
-    let preds: Vec<bool> = (0..src.len()).map(|_| rng.below(4) != 0).collect();
+        (0..groups * st::CP_ASYNC_THREADS).map(|_| std::array::from_fn(|_| rng.random::<u64>() as u8)).collect();
+    let preds: Vec<bool> = (0..src.len()).map(|_| rng.random_range(0..4) != 0).collect();
     for (wait_pending, read_groups) in [(0u32, 3u32), (1, 2)] {
-        let emu = st::cp_async(&src, &preds, wait_pending, read_groups, SEED).unwrap();
+        let emu = st::cp_async(&src, &preds, wait_pending, read_groups, seed()).unwrap();
         let pred_bytes: Vec<u8> = preds.iter().map(|&p| p as u8).collect();
         let (ds, dp) = (cu.clone_htod(&src).unwrap(), cu.clone_htod(&pred_bytes).unwrap());
         let dout = cu.clone_htod(&vec![[st::UNTOUCHED; 16]; src.len()]).unwrap();
@@ -567,7 +572,7 @@ fn gpu_vs_emu_selftest_intrinsics() {
     // Atomics: the counter and the float sum (small integers: exact in any order) bit for bit; the values
     // handed out are a permutation on both backends (their order is the scheduler's).
     let addends: Vec<f32> = (0..5 * st::BLOCK_THREADS).map(|i| (i % 17) as f32 - 8.0).collect();
-    let emu = st::atomics(&addends, SEED).unwrap();
+    let emu = st::atomics(&addends, seed()).unwrap();
     let (dcounter, dsum) = (cu.clone_htod(&[0i32]).unwrap(), cu.clone_htod(&[0f32]).unwrap());
     let (dolds, dadd) = (cu.clone_htod(&vec![-1i32; addends.len()]).unwrap(), cu.clone_htod(&addends).unwrap());
     let p = sys::FaSelftestAtomicParams {
@@ -589,7 +594,7 @@ fn gpu_vs_emu_selftest_intrinsics() {
     for (mode, abi) in
         [(BarrierMode::Pairs, sys::FA_SELFTEST_BARRIER_PAIRS), (BarrierMode::Block, sys::FA_SELFTEST_BARRIER_BLOCK)]
     {
-        let emu = st::barriers(mode, SEED).unwrap();
+        let emu = st::barriers(mode, seed()).unwrap();
         let dout = cu.clone_htod(&vec![i32::MIN; st::BLOCK_THREADS]).unwrap();
         let p = sys::FaSelftestBarrierParams { out: dptr(&cu, &dout) as *mut i32, mode: abi as i32 };
         launch_gpu(&cu, "selftest_barrier", sys::fa_selftest_barrier, p);
@@ -620,7 +625,7 @@ fn gpu_vs_emu_selftest_planted_bug_twins() {
             // The GPU build rejects kernels with a stack frame, so this one exists in emulation only.
             Bug::StackOverflow => continue,
         } as i32;
-        let emu = st::planted_bug(bug, false, true, &input, SEED).unwrap();
+        let emu = st::planted_bug(bug, false, true, &input, seed()).unwrap();
         // Twice the elements, as the emulated run's spare capacity: a stray write would land in the poison.
         let dout = cu.clone_htod(&vec![f32::NAN; 2 * st::BUG_ELEMS]).unwrap();
         let p = sys::FaSelftestBugParams {
@@ -648,10 +653,10 @@ fn gpu_vs_emu_selftest_gemm() {
 }
 
 fn gemm_pair<T: Element>(cu: &Arc<CudaStream>, s: GemmShape) {
-    let mut rng = SplitMix64::new(SEED ^ (s.m * s.n * s.k) as u64);
+    let mut rng = fused_attn::seed::rng(seed() ^ (s.m * s.n * s.k) as u64);
     let a: Vec<T> = random(&mut rng, s.m * s.k, -0.75, 1.25);
     let b: Vec<T> = random(&mut rng, s.n * s.k, -0.75, 1.25);
-    let emu = st::gemm(&a, &b, s, GemmBug::None, SEED).unwrap();
+    let emu = st::gemm(&a, &b, s, GemmBug::None, seed()).unwrap();
     let (da, db) = (cu.clone_htod(&a).unwrap(), cu.clone_htod(&b).unwrap());
     let dc = cu.clone_htod(&vec![f32::NAN; s.m * s.n]).unwrap();
     let p = sys::FaSelftestGemmParams {

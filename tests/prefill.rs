@@ -18,20 +18,22 @@ use half::{bf16, f16};
 
 /// Base seed: FA_SEED if set, else fixed; each case derives its own from it and its index.
 fn base_seed() -> u64 {
-    std::env::var("FA_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x9e11_f111)
+    common::base_seed()
 }
 
 // ---------------------------------------------------------------------------------------------- running
 // Inputs, NaN poisoning, the launch and the comparison with the fp64 reference are the library's
 // (`fused_attn::prefill::cases`, shared with the runner); this file drives them.
 
-/// Runs `cases` on `workers` threads with `run`, collecting failures; panics listing them all.
+/// Runs the selected (FA_CASE) `cases` on `workers` threads with `run`, collecting failures; panics listing
+/// them all, each with the command that reruns it (`test`: the calling test's name).
 fn sweep(
-    name: &str,
+    test: &str,
     cases: Vec<PrefillCase>,
     workers: usize,
     run: &(dyn Fn(usize, &PrefillCase) -> Result<String, String> + Sync),
 ) {
+    let name = test;
     let next = std::sync::atomic::AtomicUsize::new(0);
     let failures = std::sync::Mutex::new(Vec::new());
     let start = Instant::now();
@@ -40,11 +42,16 @@ fn sweep(
             s.spawn(|| loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some(case) = cases.get(i) else { break };
+                if !common::case_selected(i) {
+                    continue;
+                }
                 match run(i, case) {
                     Ok(msg) => eprintln!("ok   [{i}] {}: {msg}", case.label()),
                     Err(msg) => {
-                        eprintln!("FAIL [{i}] {}: {msg}", case.label());
-                        failures.lock().unwrap().push(format!("[{i}] {}: {msg}", case.label()));
+                        let msg =
+                            format!("[{i}] {}: {msg}\n    {}", case.label(), common::rerun("prefill", test, Some(i)));
+                        eprintln!("FAIL {msg}");
+                        failures.lock().unwrap().push(msg);
                     }
                 }
             });
@@ -62,7 +69,7 @@ fn sweep(
 }
 
 fn case_seed(i: usize) -> u64 {
-    base_seed() ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    common::case_seed(i)
 }
 
 /// Builds, runs and judges one case on `run`; Ok(summary) or Err(summary with the seed to rerun).
@@ -85,7 +92,7 @@ fn check_case<T: Element>(
                 Err(outcome.summary())
             }
         });
-    result.map_err(|e| format!("{e} (seed {seed:#x}; rerun with FA_SEED={})", base_seed()))
+    result.map_err(|e| format!("{e} (case seed {seed:#x}, base seed {:#x})", base_seed()))
 }
 
 fn emu_case(emu: &Emulator, i: usize, case: &PrefillCase) -> Result<String, String> {
@@ -113,7 +120,7 @@ fn workers() -> usize {
 fn emulated_sweep() {
     let emu = Emulator::new();
     let full = std::env::var("FA_PREFILL_SWEEP").is_ok_and(|v| v == "full");
-    sweep("prefill emulated sweep", sweep_cases(full), workers(), &|i, c| emu_case(&emu, i, c));
+    sweep("emulated_sweep", sweep_cases(full), workers(), &|i, c| emu_case(&emu, i, c));
 }
 
 #[test]
@@ -122,7 +129,42 @@ fn gpu_sweep() {
     let s = ctx.default_stream();
     // Launches from several threads share the one stream (each case synchronises it before reading back);
     // the threads are there for the fp64 reference, which dominates.
-    sweep("prefill GPU sweep", sweep_cases(true), workers(), &|i, c| gpu_case(&s, i, c));
+    sweep("gpu_sweep", sweep_cases(true), workers(), &|i, c| gpu_case(&s, i, c));
+}
+
+/// Custom scales (0.01, 1, 3) and large magnitudes (|x| up to 8 at scale 3: a softmax so sharp that the naive
+/// rule allows ~0.1) on dense, varlen and strided layouts, held to the tolerance rule and the arithmetic bound.
+#[test]
+fn emulated_scales_and_magnitudes() {
+    use fused_attn::prefill::cases::{check_inputs_emulated, PrefillInputs};
+    let emu = Emulator::new();
+    let base = sweep_cases(false);
+    let pick = |f: &dyn Fn(&PrefillCase) -> bool| base.iter().find(|c| f(c)).cloned().unwrap();
+    let mut cases = Vec::new();
+    let mut inputs = Vec::new();
+    let specs: [(f32, f64); 5] = [(0.01, 1.7), (1.0, 1.7), (3.0, 1.7), (3.0, 8.0), (1.0, 8.0)];
+    for (n, &(scale, magnitude)) in specs.iter().enumerate() {
+        let mut dense = pick(&|c| c.varlen.is_none() && c.layout == CaseLayout::Contiguous);
+        (dense.dtype, dense.head_dim, dense.seqlen_q, dense.seqlen_k, dense.causal) =
+            ([DType::Bf16, DType::F16][n % 2], [64, 128, 256][n % 3], 100, 129, n % 2 == 0);
+        let varlen = pick(&|c| c.varlen.is_some() && c.causal);
+        let strided = pick(&|c| c.layout == CaseLayout::PackedQkv);
+        for c in [dense, varlen, strided] {
+            cases.push(c);
+            inputs.push(PrefillInputs { scale: Some(scale), magnitude });
+        }
+    }
+    let inputs = &inputs;
+    sweep("emulated_scales_and_magnitudes", cases, workers(), &|i, c| {
+        let seed = case_seed(5000 + i);
+        let outcome = check_inputs_emulated(&emu, c, &inputs[i], seed).map_err(|e| e.to_string())?;
+        let msg = format!("{:?}: {}", inputs[i], outcome.summary());
+        if outcome.passed() {
+            Ok(msg)
+        } else {
+            Err(format!("{msg} (case seed {seed:#x})"))
+        }
+    });
 }
 
 /// The emulation budget case: causal bf16, B=1, H=2, T=256, D=128 must emulate in under 5 s.

@@ -11,8 +11,8 @@ use std::time::Duration;
 use criterion::Criterion;
 use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
-use fused_attn::decode::cases::SplitMix64;
 use fused_attn::Element;
+use rand::Rng;
 
 /// The GPU a bench runs on.
 pub struct Gpu {
@@ -105,8 +105,8 @@ pub fn fill_random<T: Element>(stream: &Arc<CudaStream>, buf: &mut CudaSlice<T>,
     if chunk == 0 {
         return;
     }
-    let mut rng = SplitMix64::new(seed);
-    let host: Vec<T> = (0..chunk).map(|_| T::from_f64(rng.uniform(lo, hi))).collect();
+    let mut rng = fused_attn::seed::rng(seed);
+    let host: Vec<T> = (0..chunk).map(|_| T::from_f64(rng.random_range(lo..hi))).collect();
     stream.memcpy_htod(&host, &mut buf.slice_mut(0..chunk)).expect("upload");
     let mut filled = chunk;
     while filled < len {

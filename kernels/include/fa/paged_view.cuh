@@ -7,7 +7,7 @@
 // read from them is therefore clamped here, so a bad value can never turn into an out-of-bounds access:
 //  - a sequence length is clamped into [0, max_pages_per_seq * page_size] (the table's capacity);
 //  - a page id outside [0, num_pages) is reported as kNoPage, and its rows are zero-filled by the caller
-//    (the cp.async predicate), never read.
+//    (the cp.async predicate), never read; decode masks those tokens (weight exactly 0, like the tail).
 #pragma once
 
 #include "fa/intrinsics.cuh"

@@ -66,7 +66,14 @@ template <int D> struct Traits {
   static constexpr int kRowRingBytes = 2 * kTileTokens * 16; // K/V row offsets of the next two tiles to issue
   static constexpr int kStatsOffset = kRowRingOffset + kRowRingBytes;
   static constexpr int kStatsBytes = kTokenGroups * kRows * 2 * 4; // (m, l) per token group and row
-  static constexpr int kSmemBytes = kStatsOffset + kStatsBytes;
+  // Hole masks (rows inside the sequence whose page id is out of range): one 32-row ballot word per
+  // publishing warp and tile. A tile's word is written when its rows are published (kStages - 1 tiles ahead
+  // of its compute, plus the tile published in the same iteration), so kStages + 1 slots keep it alive.
+  static constexpr int kHoleWords = (kTileTokens + 31) / 32;
+  static constexpr int kHoleSlots = kStages + 1;
+  static constexpr int kHoleOffset = kStatsOffset + kStatsBytes;
+  static constexpr int kHoleBytes = kHoleSlots * kHoleWords * 4;
+  static constexpr int kSmemBytes = kHoleOffset + kHoleBytes;
   static constexpr int kOStride = D + 4; // fp32 row stride of the epilogue partials (+4: fewer conflicts)
   static constexpr int kOBytes = kTokenGroups * kRows * kOStride * 4;
   static_assert(kOBytes <= kStages * kStageBytes, "epilogue partials fit in the stages");

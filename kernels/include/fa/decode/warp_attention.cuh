@@ -84,6 +84,16 @@ template <class T, int D> struct WarpAttention {
         if (first_token + 8 * n + 2 * (lane & 3) + (c & 1) >= end) s[n][c] = kNegInf;
   }
 
+  // Masks the tokens whose bit is set in `bits` (bit i = this warp's token i of the tile) to -inf, before the
+  // max: rows of the tile that lie inside the sequence but have no page (an out-of-range block-table entry).
+  FA_DEVICE static void mask_rows(float (&s)[2][4], uint32_t bits, int lane) {
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        if ((bits >> (8 * n + 2 * (lane & 3) + (c & 1))) & 1u) s[n][c] = kNegInf;
+  }
+
   // Online-softmax update with this tile's scores; returns P (in place of s) as the A fragment of P.V.
   FA_DEVICE void softmax_update(float (&s)[2][4], uint32_t (&p)[4]) {
 #pragma unroll
