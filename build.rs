@@ -120,6 +120,8 @@ fn build_host_library(include: &Path, cu: &[PathBuf], cpp: &[PathBuf], asm: &[Pa
         .flag("-Wall")
         .flag("-Wno-unused-function")
         .flag("-Wno-unknown-pragmas")
+        // Tensor maps are 64-byte aligned by-value members: GCC notes an ABI change from GCC 4.6.
+        .flag("-Wno-psabi")
         // .cu sources are plain C++ in this build.
         .flag("-xc++")
         .files(cu)

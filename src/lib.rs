@@ -53,6 +53,7 @@ pub mod reference;
 #[doc(hidden)]
 pub mod sys;
 pub mod tensor;
+pub mod tensor_map;
 pub mod timing;
 
 pub use counters::{KernelCounters, LaunchCounters};
