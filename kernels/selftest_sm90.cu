@@ -40,16 +40,23 @@ template <class T, int N> FA_DEVICE void selftest_wgmma_kernel(const FaSelftestW
   WgmmaAcc<N> acc;
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) acc[i] = ld_global(p.c + t * (N / 2) + i);
+  // Up to 4 k steps, unrolled so that a[s] stays in registers (a run-time index would put it on the stack).
   WgmmaFragA a[4];
   if (p.a_from_regs) {
-    for (int s = 0; s < p.k_steps; ++s)
 #pragma unroll
-      for (int j = 0; j < 4; ++j) a[s][j] = ld_global(p.a_regs + (s * kWarpgroup + t) * 4 + j);
+    for (int s = 0; s < 4; ++s) {
+      if (s < p.k_steps) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) a[s][j] = ld_global(p.a_regs + (s * kWarpgroup + t) * 4 + j);
+      }
+    }
   }
   const uint32_t a_address = smem_addr(smem), b_address = smem_addr(smem + b_offset);
   wgmma_fence_operand(acc);
   wgmma_fence();
-  for (int s = 0; s < p.k_steps; ++s) {
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    if (s >= p.k_steps) break;
     const uint64_t da = at(p.desc_a, a_address + s * p.a_k_step_bytes);
     const uint64_t db = at(p.desc_b, b_address + s * p.b_k_step_bytes);
     const bool accumulate = s > 0 || p.accumulate;
@@ -464,8 +471,10 @@ template <class T> FA_DEVICE void ws_produce(const FaSelftestWsGemmParams &p, un
   }
 }
 
-// Consumer warpgroup c (0 or 1): rows 64c..64c+63 of the block tile, all 128 columns.
-template <class T> FA_DEVICE void ws_consume(const FaSelftestWsGemmParams &p, unsigned char *smem, uint64_t *full,
+// Consumer warpgroup c (0 or 1): rows 64c..64c+63 of the block tile, all 128 columns. B's major-ness is a
+// template parameter: a run-time choice between two wgmma forms inside the k loop makes ptxas move
+// accumulator registers between them and serialise the wgmma pipeline (C7519).
+template <class T, bool kBMnMajor> FA_DEVICE void ws_consume(const FaSelftestWsGemmParams &p, unsigned char *smem, uint64_t *full,
                                              uint64_t *empty, int k_tiles, int c) {
   WgmmaAcc<kWsBN> acc;
   const bool leader = thread_idx() % kWarpgroup == 0;
@@ -481,7 +490,7 @@ template <class T> FA_DEVICE void ws_consume(const FaSelftestWsGemmParams &p, un
       // A: 64 rows of 128 bytes, K-major, 128B swizzle: a k16 step is 32 bytes along the row.
       const uint64_t da = smem_matrix_desc(a_address + 32 * kk, 16, 1024, SmemSwizzle::B128);
       const bool accumulate = kt > 0 || kk > 0;
-      if (!p.b_mn_major) {
+      if constexpr (!kBMnMajor) {
         const uint64_t db = smem_matrix_desc(b_address + 32 * kk, 16, 1024, SmemSwizzle::B128);
         wgmma_ss<T, kWsBN, Major::K, Major::K>(acc, da, db, accumulate);
       } else {
@@ -528,7 +537,11 @@ template <class T> FA_DEVICE void selftest_ws_gemm_kernel(const FaSelftestWsGemm
     if (t == 0) ws_produce<T>(p, smem, full, empty, k_tiles);
   } else {
     setmaxnreg_inc<232>();
-    ws_consume<T>(p, smem, full, empty, k_tiles, wg - 1);
+    if (p.b_mn_major) {
+      ws_consume<T, true>(p, smem, full, empty, k_tiles, wg - 1);
+    } else {
+      ws_consume<T, false>(p, smem, full, empty, k_tiles, wg - 1);
+    }
   }
 }
 
