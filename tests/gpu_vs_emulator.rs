@@ -718,10 +718,10 @@ fn hopper_or_skip(test: &str) -> Option<Arc<cudarc::driver::CudaContext>> {
 /// so every fp32 sum is exact and the tensor cores' summation order cannot matter. Also the
 /// warp-specialised GEMM (exact inputs: bit for bit).
 #[test]
-fn gpu_vs_emu_hopper_primitives() {
+fn gpu_vs_emu_selftest_hopper() {
     use fused_attn::emu_selftest::{Sm90Bug, WsGemmBug};
     use hopper_model::*;
-    let Some(ctx) = hopper_or_skip("gpu_vs_emulator::gpu_vs_emu_hopper_primitives") else { return };
+    let Some(ctx) = hopper_or_skip("gpu_vs_emulator::gpu_vs_emu_selftest_hopper") else { return };
     let cu = ctx.default_stream();
     let mut rng = SplitMix64::new(SEED ^ 0x90a);
 
