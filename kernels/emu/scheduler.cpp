@@ -339,7 +339,9 @@ static void report_deadlock(Launch &l) {
     snprintf(text + used, sizeof text - used, "; %s %s %s exited (an exited warp never arrives)", one ? "warp" : "warps",
              warps, one ? "has" : "have");
   }
-  format_fault(l, blame < 0 ? 0 : blame, "deadlock: no warp can make progress: %s", text);
+  // The async-wait entries each start with "; ".
+  format_fault(l, blame < 0 ? 0 : blame, "deadlock: no warp can make progress: %s",
+               strncmp(text, "; ", 2) == 0 ? text + 2 : text);
 }
 
 // Runs `f` in the scheduler's own context, where a fault cannot switch away from a fiber: it jumps back here.

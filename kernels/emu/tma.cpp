@@ -61,7 +61,7 @@ uint32_t box_offset(Launch &l, const Thread &t, const FaEmuTensorMap &m, const v
     fault(t,
           "%s at shared window address %#x (shared+%u) is not %u-byte aligned: the %uB swizzle pattern repeats every "
           "%u bytes, and wgmma reads tiles that start on that boundary (is the dynamic shared memory declared "
-          "1024-byte aligned with dynamic_smem_aligned<1024>?)",
+          "1024-byte aligned with dynamic_smem_aligned<T>()?)",
           what, window, off, repeat, m.swizzle_bytes, repeat);
   }
   return off;

@@ -75,7 +75,7 @@ SmemMatrix decode(const Thread &t, uint64_t desc, bool mn_major, const char *whi
             "wgmma.mma_async: the %s descriptor starts at shared window address %#x, %u bytes into a %u-byte "
             "repeat of its %uB swizzle pattern: with base offset 0 the tile must start at a %u-byte boundary "
             "(plus at most %u bytes of k offset) — is the shared memory 1024-byte aligned "
-            "(dynamic_smem_aligned<1024>)?",
+            "(dynamic_smem_aligned<T>())?",
             which, m.start, m.start % repeat, repeat, m.swizzle, repeat, m.swizzle - 16);
     }
   }
