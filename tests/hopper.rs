@@ -122,9 +122,9 @@ fn tma_stores_match_the_model() {
         let total: usize = s.box_dims.iter().map(|&b| b as usize).product();
         for linear in 0..total {
             let (mut rem, mut dst, mut inside) = (linear, 0usize, true);
-            for d in 0..s.dims.len() {
-                let g = coords[d] as i64 + (rem % s.box_dims[d] as usize) as i64;
-                rem /= s.box_dims[d] as usize;
+            for (d, (&c, &b)) in coords.iter().zip(&s.box_dims).enumerate() {
+                let g = c as i64 + (rem % b as usize) as i64;
+                rem /= b as usize;
                 inside &= g >= 0 && g < s.dims[d] as i64;
                 dst += g.max(0) as usize * if d == 0 { e } else { s.strides[d - 1] as usize };
             }
