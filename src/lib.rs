@@ -54,6 +54,7 @@ pub mod seed;
 #[doc(hidden)]
 pub mod sys;
 pub mod tensor;
+pub mod tensor_map;
 pub mod timing;
 
 /// The `half` and `cudarc` versions this crate's API uses (bf16/f16 elements, streams and views).
