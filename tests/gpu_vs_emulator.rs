@@ -728,7 +728,8 @@ fn gpu_vs_emu_selftest_hopper() {
     use hopper_model::*;
     let Some(ctx) = hopper_or_skip("gpu_vs_emulator::gpu_vs_emu_selftest_hopper") else { return };
     let cu = ctx.default_stream();
-    let mut rng = SplitMix64::new(SEED ^ 0x90a);
+    const SEED: u64 = 0x90a;
+    let mut rng = fused_attn::seed::rng(seed() ^ SEED);
 
     // wgmma: every layout pair at N = 64, SS and RS, both dtypes; every N with a few layouts.
     let layouts: Vec<(bool, u32)> =

@@ -2,11 +2,12 @@
 //! tests/hopper.rs (emulator against the models) and tests/gpu_vs_emulator.rs (GPU against the emulator).
 #![allow(dead_code)]
 
-use fused_attn::decode::cases::SplitMix64;
 use fused_attn::emu_selftest::WgmmaCase;
+use fused_attn::seed::FixtureRng;
 use fused_attn::tensor_map::{TensorMapSpec, TmaSwizzle};
 use fused_attn::DType;
 use half::{bf16, f16};
+use rand::{Rng, RngCore};
 
 /// Row and column of accumulator register `i` of thread `t` (0..128) in the 64 x N tile of
 /// wgmma.m64nNk16 (PTX ISA figure "WGMMA .m64nNk16 register fragment layout for accumulator matrix D").
@@ -120,8 +121,8 @@ pub fn from_f32(dtype: DType, x: f32) -> u16 {
 
 /// Small integers: every sum of products is exact in fp32, so any summation order gives the same bits
 /// (what makes a bit-for-bit GPU comparison meaningful).
-pub fn exact_values(rng: &mut SplitMix64, dtype: DType, n: usize) -> Vec<u16> {
-    (0..n).map(|_| from_f32(dtype, rng.below(9) as f32 - 4.0)).collect()
+pub fn exact_values(rng: &mut FixtureRng, dtype: DType, n: usize) -> Vec<u16> {
+    (0..n).map(|_| from_f32(dtype, rng.random_range(0..9usize) as f32 - 4.0)).collect()
 }
 
 /// D = A·B + C in fragment order, summing the products of each k16 step in k order in fp32 (as the
@@ -185,7 +186,7 @@ pub fn tma_box_image(
     img
 }
 
-pub fn tensor_bytes(rng: &mut SplitMix64, n: usize) -> Vec<u8> {
+pub fn tensor_bytes(rng: &mut FixtureRng, n: usize) -> Vec<u8> {
     (0..n).map(|_| rng.next_u64() as u8 | 1).collect() // never 0: zero fill is visible
 }
 
@@ -236,7 +237,7 @@ pub fn k_steps_for(swizzles: &[(bool, u32)]) -> usize {
 }
 
 pub fn wgmma_setup(
-    rng: &mut SplitMix64,
+    rng: &mut FixtureRng,
     dtype: DType,
     n: usize,
     a_sw: (bool, u32),
@@ -246,11 +247,11 @@ pub fn wgmma_setup(
 ) -> WgmmaSetup {
     let k_steps = k_steps_for(&if rs { vec![b_sw] } else { vec![a_sw, b_sw] });
     let k = 16 * k_steps;
-    let values = |rng: &mut SplitMix64, len| {
+    let values = |rng: &mut FixtureRng, len| {
         if exact {
             exact_values(rng, dtype, len)
         } else {
-            (0..len).map(|_| from_f32(dtype, rng.uniform(-2.0, 2.0) as f32)).collect()
+            (0..len).map(|_| from_f32(dtype, rng.random_range(-2.0..2.0) as f32)).collect()
         }
     };
     let a = values(rng, 64 * k);
@@ -273,7 +274,7 @@ pub fn wgmma_setup(
         r
     });
     let c: Vec<f32> = (0..128 * n / 2)
-        .map(|_| if exact { rng.below(17) as f32 - 8.0 } else { rng.uniform(-4.0, 4.0) as f32 })
+        .map(|_| if exact { rng.random_range(0..17usize) as f32 - 8.0 } else { rng.random_range(-4.0..4.0) as f32 })
         .collect();
     WgmmaSetup { a_img: if rs { vec![] } else { la.image(&a) }, b_img: lb.image(&b), a, b, a_regs, c, la, lb }
 }
