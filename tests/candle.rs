@@ -116,7 +116,12 @@ fn flash_attn_varlen_matches_candle_attention_per_sequence() -> Result<()> {
     let lens_q = [7usize, 0, 19];
     let lens_k = [7usize, 3, 30];
     let cu = |lens: &[usize]| -> Vec<u32> {
-        std::iter::once(0).chain(lens.iter().scan(0u32, |s, &l| { *s += l as u32; Some(*s) })).collect()
+        std::iter::once(0)
+            .chain(lens.iter().scan(0u32, |s, &l| {
+                *s += l as u32;
+                Some(*s)
+            }))
+            .collect()
     };
     let (cu_q, cu_k) = (cu(&lens_q), cu(&lens_k));
     let (total_q, total_k) = (cu_q[3] as usize, cu_k[3] as usize);
@@ -219,8 +224,15 @@ fn paged_decode_matches_candle_attention() -> Result<()> {
         // A forced split exercises the split-KV partials in the workspace and the merge kernel too.
         for splits in [None, Some(3)] {
             let mut ws = fa::decode_workspace(&Device::Cpu, &limits, splits)?;
-            let (o, lse) =
-                fa::paged_decode_with_lse(&q, &c.kv_cache, &c.block_table, &c.seq_lens, max_seq_len, scale as f32, &mut ws)?;
+            let (o, lse) = fa::paged_decode_with_lse(
+                &q,
+                &c.kv_cache,
+                &c.block_table,
+                &c.seq_lens,
+                max_seq_len,
+                scale as f32,
+                &mut ws,
+            )?;
             assert_eq!((o.dims(), lse.dims()), (q.dims(), &[b, hq][..]));
             let (mut reference, mut naive) = (Vec::new(), Vec::new());
             for (s, (k, v)) in c.kv.iter().enumerate() {

@@ -6,9 +6,9 @@
 //! layouts (unit innermost stride, 16-byte aligned rows, no broadcast dimensions) and reject the rest
 //! with a Layout / Alignment error naming the argument.
 
-use candle_core::{CpuStorage, DType, Layout, Storage, WithDType};
 #[cfg(feature = "candle-cuda")]
 use candle_core::{backend::BackendStorage, cuda::CudaDType, CudaDevice, CudaStorage};
+use candle_core::{CpuStorage, DType, Layout, Storage, WithDType};
 #[cfg(feature = "candle-cuda")]
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 #[cfg(feature = "candle-cuda")]
@@ -128,14 +128,15 @@ impl<T: Elem> OutBuf<T> {
 /// Shape and i64 strides of a rank-N layout; rank mismatches are Shape errors and broadcast (stride 0)
 /// dimensions Layout errors, naming the argument.
 pub fn dims<const N: usize>(name: &str, l: &Layout) -> crate::Result<([usize; N], [i64; N])> {
-    let shape: [usize; N] = l
-        .dims()
-        .try_into()
-        .map_err(|_| Error::shape(name, format!("expected rank {N}, got shape {:?}", l.dims())))?;
+    let shape: [usize; N] =
+        l.dims().try_into().map_err(|_| Error::shape(name, format!("expected rank {N}, got shape {:?}", l.dims())))?;
     let mut strides = [0i64; N];
     for (d, (&stride, &size)) in l.stride().iter().zip(&shape).enumerate() {
         if stride == 0 && size > 1 {
-            return Err(Error::layout(name, format!("dimension {d} is broadcast (stride 0): call .contiguous() first")));
+            return Err(Error::layout(
+                name,
+                format!("dimension {d} is broadcast (stride 0): call .contiguous() first"),
+            ));
         }
         strides[d] = i64::try_from(stride).map_err(|_| Error::overflow(name, format!("stride {stride}")))?;
     }

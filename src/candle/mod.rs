@@ -65,7 +65,7 @@ macro_rules! attention_dtype {
 
 /// Runs `$body` with `$S` the storage type of the candle backend `$storage` is on.
 macro_rules! backend_of {
-    ($storage:expr, |$S:ident| $body:block) => {
+    ($name:expr, $storage:expr, |$S:ident| $body:block) => {
         match $storage {
             Storage::Cpu(_) => {
                 type $S = CpuStorage;
@@ -77,7 +77,7 @@ macro_rules! backend_of {
                 $body
             }
             other => Err(Error::backend(
-                "q",
+                $name,
                 format!(
                     "{:?} tensors are not supported (CPU tensors run on the emulator; CUDA tensors need the \
                      candle-cuda feature)",
@@ -397,8 +397,9 @@ struct DecodeArgs<'t> {
 impl DecodeArgs<'_> {
     fn run(&self, workspace: &mut DecodeWorkspace, want_lse: bool) -> candle_core::Result<(Tensor, Option<Tensor>)> {
         let (q, q_l) = self.q.storage_and_layout();
-        let (b, hq, d) = q_l.shape().dims3().map_err(|_| Error::shape("q", format!("expected [B, Hq, D], got {:?}", q_l.dims())))?;
-        let (o, lse) = backend_of!(&*q, |S| { self.run_on::<S>(&q, q_l, workspace, want_lse) })?;
+        let (b, hq, d) =
+            q_l.shape().dims3().map_err(|_| Error::shape("q", format!("expected [B, Hq, D], got {:?}", q_l.dims())))?;
+        let (o, lse) = backend_of!("q", &*q, |S| { self.run_on::<S>(&q, q_l, workspace, want_lse) })?;
         let o = Tensor::from_storage(o, (b, hq, d), BackpropOp::none(), false);
         let lse = lse.map(|l| Tensor::from_storage(l, (b, hq), BackpropOp::none(), false));
         Ok((o, lse))
@@ -446,9 +447,11 @@ impl DecodeArgs<'_> {
 /// weigh nothing; a row with only empty states gives o = 0, lse = −inf).
 pub fn merge_states(o_states: &Tensor, lse_states: &Tensor) -> candle_core::Result<(Tensor, Tensor)> {
     let (os, os_l) = o_states.storage_and_layout();
-    let (_, n, h, d) =
-        os_l.shape().dims4().map_err(|_| Error::shape("o_states", format!("expected [k, N, H, D], got {:?}", os_l.dims())))?;
-    let (o, lse) = backend_of!(&*os, |S| { merge_on::<S>(&os, os_l, lse_states) })?;
+    let (_, n, h, d) = os_l
+        .shape()
+        .dims4()
+        .map_err(|_| Error::shape("o_states", format!("expected [k, N, H, D], got {:?}", os_l.dims())))?;
+    let (o, lse) = backend_of!("o_states", &*os, |S| { merge_on::<S>(&os, os_l, lse_states) })?;
     Ok((
         Tensor::from_storage(o, (n, h, d), BackpropOp::none(), false),
         Tensor::from_storage(lse, (n, h), BackpropOp::none(), false),
