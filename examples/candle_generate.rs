@@ -189,24 +189,14 @@ impl Model {
         Tensor::cat(&[r1, r2], D::Minus1)
     }
 
-    /// One forward pass over new tokens (`tokens[i]` of sequence `seqs[i]` at `positions[i]`, packed by
-    /// sequence), attention through `attn`; returns the logits `[rows.len(), vocab]` of the tokens at
-    /// `rows`.
-    fn forward(
-        &self,
-        tokens: &[u32],
-        seqs: &[usize],
-        positions: &[usize],
-        rows: &[u32],
-        prefill: bool,
-        attn: &mut dyn AttentionPath,
-        dtype: DType,
-    ) -> Result<Tensor> {
+    /// One forward pass over `batch`, attention through `attn` in `dtype`; returns the logits
+    /// `[batch.rows.len(), vocab]`.
+    fn forward(&self, batch: &Batch, attn: &mut dyn AttentionPath, dtype: DType) -> Result<Tensor> {
         let c = self.cfg;
         let dev = self.w("model.embed_tokens.weight")?.device().clone();
-        let n = tokens.len();
-        attn.begin(seqs, positions, prefill)?;
-        let ids = Tensor::from_slice(tokens, n, &dev)?;
+        let (n, positions) = (batch.tokens.len(), &batch.positions);
+        attn.begin(&batch.seqs, positions, batch.prefill)?;
+        let ids = Tensor::from_slice(&batch.tokens, n, &dev)?;
         let mut x = self.w("model.embed_tokens.weight")?.index_select(&ids, 0)?;
         for l in 0..c.layers {
             let p = |s: &str| format!("model.layers.{l}.{s}.weight");
@@ -224,10 +214,21 @@ impl Model {
             let mlp = self.linear(&(gate * self.linear(&h, &p("mlp.up_proj"))?)?, &p("mlp.down_proj"))?;
             x = (x + mlp)?;
         }
-        let rows = Tensor::from_slice(rows, rows.len(), &dev)?;
+        let rows = Tensor::from_slice(&batch.rows, batch.rows.len(), &dev)?;
         let x = self.rms_norm(&x.index_select(&rows, 0)?, "model.norm.weight")?;
         self.linear(&x, "lm_head.weight")
     }
+}
+
+/// The new tokens of one forward pass, packed by sequence: `tokens[i]` of sequence `seqs[i]` at
+/// `positions[i]`; the logits of the tokens at `rows` are returned.
+pub struct Batch {
+    pub tokens: Vec<u32>,
+    pub seqs: Vec<usize>,
+    pub positions: Vec<usize>,
+    pub rows: Vec<u32>,
+    /// The prompts (several tokens per sequence), else a decode step (one token per sequence).
+    pub prefill: bool,
 }
 
 /// One way of computing attention inside [`Model::forward`].
@@ -432,19 +433,19 @@ pub fn generate(
     attn: &mut dyn AttentionPath,
     dtype: DType,
 ) -> Result<Run> {
-    let (mut tokens, mut seqs, mut positions, mut rows) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut batch =
+        Batch { tokens: Vec::new(), seqs: Vec::new(), positions: Vec::new(), rows: Vec::new(), prefill: true };
     for (s, p) in prompts.iter().enumerate() {
-        tokens.extend_from_slice(p);
-        seqs.extend(std::iter::repeat_n(s, p.len()));
-        positions.extend(0..p.len());
-        rows.push((tokens.len() - 1) as u32);
+        batch.tokens.extend_from_slice(p);
+        batch.seqs.extend(std::iter::repeat_n(s, p.len()));
+        batch.positions.extend(0..p.len());
+        batch.rows.push((batch.tokens.len() - 1) as u32);
     }
     let t0 = Instant::now();
-    let mut logits = model.forward(&tokens, &seqs, &positions, &rows, true, attn, dtype)?.to_vec2::<f32>()?;
+    let mut logits = model.forward(&batch, attn, dtype)?.to_vec2::<f32>()?;
     let prefill_s = t0.elapsed().as_secs_f64();
     let mut run =
         Run { tokens: vec![Vec::new(); prompts.len()], logits: Vec::new(), prefill_s, decode_s_per_step: 0.0 };
-    let all: Vec<usize> = (0..prompts.len()).collect();
     let t0 = Instant::now();
     for step in 0..=steps {
         let next: Vec<u32> = logits.iter().map(|row| argmax(row)).collect();
@@ -455,9 +456,14 @@ pub fn generate(
         if step == steps {
             break;
         }
-        let positions: Vec<usize> = prompts.iter().zip(&run.tokens).map(|(p, g)| p.len() + g.len() - 1).collect();
-        let rows: Vec<u32> = (0..prompts.len() as u32).collect();
-        logits = model.forward(&next, &all, &positions, &rows, false, attn, dtype)?.to_vec2::<f32>()?;
+        let batch = Batch {
+            positions: prompts.iter().zip(&run.tokens).map(|(p, g)| p.len() + g.len() - 1).collect(),
+            tokens: next,
+            seqs: (0..prompts.len()).collect(),
+            rows: (0..prompts.len() as u32).collect(),
+            prefill: false,
+        };
+        logits = model.forward(&batch, attn, dtype)?.to_vec2::<f32>()?;
     }
     run.decode_s_per_step = t0.elapsed().as_secs_f64() / steps.max(1) as f64;
     Ok(run)
