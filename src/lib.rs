@@ -34,6 +34,8 @@
 //! ```
 pub mod append;
 pub mod build_info;
+#[cfg(feature = "candle")]
+pub mod candle;
 pub mod cost_model;
 pub mod counters;
 pub mod decode;
