@@ -270,7 +270,7 @@ impl Backing for CpuStorage {
             CpuStorage::I32(v) => v,
             // SAFETY: u32 and i32 have the same size and alignment and every bit pattern is valid for both.
             CpuStorage::U32(v) => unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<i32>(), v.len()) },
-            other => return Err(not_int32(name, other.dtype())),
+            other => return Err(not_int32(name, Backing::dtype(other))),
         };
         let data = data.get(offset..).ok_or_else(|| past_end(name, offset, data.len()))?;
         Ok(TensorView::host(data, shape)?.with_strides(strides)?)
