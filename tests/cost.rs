@@ -156,7 +156,7 @@ fn decode_case(group: usize, page_size: usize, splits: usize, seq_lens: Vec<usiz
         heads_kv: 2,
         page_size,
         seq_lens,
-        num_splits: Some(splits),
+        num_splits: Some(splits), variants: Default::default(),
     }
 }
 
@@ -260,7 +260,7 @@ fn prefill_case(tq: usize, tk: usize, d: usize, heads: (usize, usize), causal: b
         causal,
         varlen: None,
         layout: CaseLayout::Contiguous,
-        with_lse: true,
+        with_lse: true, variants: Default::default(),
     }
 }
 

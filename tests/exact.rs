@@ -280,7 +280,7 @@ fn decode_case(
     lens: Vec<usize>,
     s: Option<usize>,
 ) -> DecodeCase {
-    DecodeCase { dtype, head_dim: d, heads_q: heads.0, heads_kv: heads.1, page_size: ps, seq_lens: lens, num_splits: s }
+    DecodeCase { dtype, head_dim: d, heads_q: heads.0, heads_kv: heads.1, page_size: ps, seq_lens: lens, num_splits: s, variants: Default::default(), }
 }
 
 /// Forced split count that gives every split one 64-token granule (the most a sequence of `n` can use).
@@ -556,7 +556,7 @@ fn prefill_case(
         causal,
         varlen: None,
         layout: CaseLayout::Contiguous,
-        with_lse: true,
+        with_lse: true, variants: Default::default(),
     }
 }
 

@@ -51,7 +51,7 @@ fn run(a: &RunArgs, backend: &Backend, out: &mut Output) -> Result<()> {
                 causal: a.causal,
                 varlen: None,
                 layout: CaseLayout::Contiguous,
-                with_lse: true,
+                with_lse: true, variants: Default::default(),
             };
             cases::run_prefill(backend, &case, a.common.seed, copy, dump.as_ref(), &progress)
         }
@@ -63,7 +63,7 @@ fn run(a: &RunArgs, backend: &Backend, out: &mut Output) -> Result<()> {
                 heads_kv: a.kv_heads(),
                 page_size: a.page_size,
                 seq_lens: vec![a.seqlen_k(); a.batch],
-                num_splits: a.num_splits,
+                num_splits: a.num_splits, variants: Default::default(),
             };
             cases::run_decode(backend, &case, a.common.seed, copy, dump.as_ref(), &progress)
         }
