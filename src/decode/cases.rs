@@ -143,6 +143,44 @@ pub fn decode_sweep_emulated() -> Vec<DecodeCase> {
         .collect()
 }
 
+/// The score-variant decode sweep: each variant alone (a window shorter and longer than the sequences,
+/// softcap, ALiBi per head and per sequence, sinks) and the gpt-oss (window + sinks) and Gemma 2 (window +
+/// softcap) combinations and all at once, each with forced split counts 1, 2 and 7 and the planner's
+/// choice; head dims, page sizes and dtypes rotate. The batch holds an empty sequence, sequences shorter
+/// than the windows and longer ones.
+pub fn decode_variant_sweep() -> Vec<DecodeCase> {
+    use crate::score_mod::{CaseAlibi, CaseVariants as V};
+    let none = V::default();
+    let variants = [
+        V { window: Some((100, 0)), ..none },
+        V { window: Some((700, -1)), ..none },
+        V { softcap: Some(2.0), ..none },
+        V { alibi: CaseAlibi::PerHead, ..none },
+        V { alibi: CaseAlibi::PerSequence, ..none },
+        V { sinks: true, ..none },
+        V { window: Some((127, 0)), sinks: true, ..none },
+        V { window: Some((255, 0)), softcap: Some(3.0), ..none },
+        V { window: Some((90, 0)), softcap: Some(4.0), alibi: CaseAlibi::PerHead, sinks: true },
+    ];
+    let mut cases = Vec::new();
+    for (i, v) in variants.iter().enumerate() {
+        for (j, &num_splits) in SWEEP_SPLITS.iter().enumerate() {
+            let k = i * SWEEP_SPLITS.len() + j;
+            cases.push(DecodeCase {
+                dtype: SWEEP_DTYPES[k % 2],
+                head_dim: SWEEP_HEAD_DIMS[(i + j) % 3],
+                heads_q: SWEEP_HEADS[k % 4].0,
+                heads_kv: SWEEP_HEADS[k % 4].1,
+                page_size: [1, 16, 256][k % 3],
+                seq_lens: vec![0, 1, 17, 129, 1000, 2100],
+                num_splits,
+                variants: *v,
+            });
+        }
+    }
+    cases
+}
+
 /// How a case's inputs are drawn and laid out, beyond its shape ([`DecodeCase`]): the variations engines use.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DecodeInputs {

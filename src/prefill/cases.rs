@@ -59,7 +59,8 @@ pub struct PrefillCase {
 }
 
 impl PrefillCase {
-    fn dense(dtype: DType, d: usize, causal: bool, tq: usize, tk: usize, heads: (usize, usize)) -> Self {
+    /// A dense, contiguous case with LSE and no variants (batch 1; set the fields for more).
+    pub fn dense(dtype: DType, d: usize, causal: bool, tq: usize, tk: usize, heads: (usize, usize)) -> Self {
         Self {
             dtype,
             batch: 1,
@@ -213,6 +214,51 @@ pub fn sweep_cases(full: bool) -> Vec<PrefillCase> {
             c.layout = if causal { CaseLayout::Padded } else { CaseLayout::Contiguous };
             cases.push(c);
         }
+    }
+    cases
+}
+
+/// The score-variant sweep (docs/semantics.md, "Score variants"): every variant alone — a window's left
+/// bound, right bound, both, with causal; softcap; ALiBi per head and per sequence; sinks — and the
+/// combinations models use: gpt-oss (causal window + sinks), Gemma 2 (causal window + softcap), and all of
+/// them at once; dense (Tq = Tk and Tq ≠ Tk) and varlen (empty sequences), head dims 32 to 256, both
+/// dtypes. Windows are shorter than the sequences, so tiles are skipped on both sides. Sized to emulate in
+/// about a minute on two cores.
+pub fn variant_sweep_cases() -> Vec<PrefillCase> {
+    use crate::score_mod::{CaseAlibi, CaseVariants as V};
+    let none = V::default();
+    let variants: [(bool, V); 12] = [
+        (false, V { window: Some((48, -1)), ..none }),
+        (true, V { window: Some((70, 0)), ..none }),
+        (false, V { window: Some((-1, 9)), ..none }),
+        (false, V { window: Some((30, 25)), ..none }),
+        (false, V { softcap: Some(2.0), ..none }),
+        (true, V { alibi: CaseAlibi::PerHead, ..none }),
+        (false, V { alibi: CaseAlibi::PerSequence, ..none }),
+        (false, V { sinks: true, ..none }),
+        (true, V { window: Some((64, 0)), sinks: true, ..none }),
+        (true, V { window: Some((80, 0)), softcap: Some(3.0), ..none }),
+        (false, V { window: Some((40, 10)), softcap: Some(4.0), alibi: CaseAlibi::PerHead, sinks: true }),
+        (true, V { softcap: Some(1.5), alibi: CaseAlibi::PerSequence, sinks: true, ..none }),
+    ];
+    let dims = [128, 64, 256, 32, 96];
+    let mut cases = Vec::new();
+    for (i, &(causal, v)) in variants.iter().enumerate() {
+        let dtype = if i % 2 == 0 { DType::Bf16 } else { DType::F16 };
+        let d = dims[i % dims.len()];
+        let (tq, tk) = [(150, 150), (100, 190), (190, 100)][i % 3];
+        let mut dense = PrefillCase::dense(dtype, d, causal, tq, tk, [(2, 1), (4, 2), (2, 2)][i % 3]);
+        dense.variants = v;
+        dense.batch = 1 + i % 2;
+        cases.push(dense);
+        let other = if dtype == DType::Bf16 { DType::F16 } else { DType::Bf16 };
+        let mut varlen = PrefillCase::dense(other, dims[(i + 2) % dims.len()], causal, 0, 0, (4, 2));
+        let seqs = vec![(120, 130), (0, 9), (33, 0), (70, 200)];
+        (varlen.batch, varlen.seqlen_q, varlen.seqlen_k) = (seqs.len(), 120, 200);
+        varlen.varlen = Some(seqs);
+        varlen.layout = if i % 2 == 0 { CaseLayout::Padded } else { CaseLayout::Contiguous };
+        varlen.variants = v;
+        cases.push(varlen);
     }
     cases
 }
