@@ -243,10 +243,11 @@ template <class T, int D, bool kVariant> FA_DEVICE void paged_decode_kernel(cons
     float m_max = kNegInf;
 #pragma unroll
     for (int g = 0; g < Tr::kTokenGroups; ++g) m_max = fmaxf(m_max, ld_shared(stats + (g * Tr::kRows + r) * 2));
-    const float sink = add_sink ? sink_log2(p.score_mod, head0 + r) : kNegInf;
-    m_max = fmaxf(m_max, sink);
+    const float sink = add_sink ? sink_logit(p.score_mod, head0 + r) : kNegInf;
+    const bool no_key = m_max == kNegInf;
+    if (add_sink) m_max = fmaxf(m_max, sink * kLog2e);
     const float m_sub = max_for_exp(m_max);
-    float sum = add_sink ? fast_exp2(sink - m_sub) : 0.0f;
+    float sum = add_sink ? fast_exp2(sink * kLog2e - m_sub) : 0.0f;
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
 #pragma unroll
     for (int g = 0; g < Tr::kTokenGroups; ++g) {
@@ -265,7 +266,7 @@ template <class T, int D, bool kVariant> FA_DEVICE void paged_decode_kernel(cons
     const float inv = inv_sum_or_zero(sum);
 #pragma unroll
     for (int i = 0; i < 8; ++i) acc[i] *= inv;
-    const float lse = lse_from_state(m_max, sum);
+    const float lse = add_sink && no_key ? sink : lse_from_state(m_max, sum); // no key: exactly the sink
     const int head = head0 + r;
     if (p.num_splits == 1) {
       Vec8<T>::store(static_cast<T *>(p.o) + b * p.o_batch_stride + head * p.o_head_stride + c * 8, acc);

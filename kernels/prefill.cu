@@ -284,7 +284,7 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void prefill_kernel(co
   }
 
   float lse[2 * Cfg::kMTiles];
-  softmax.finalize(o, lse, cta.softmax_scale_log2, sink_log2(p.score_mod, bid.y));
+  softmax.finalize(o, lse, cta.softmax_scale_log2, sink_logit(p.score_mod, bid.y));
   store_output<T, Cfg>(p, seq, m0, cta.warp_row0, cta.sQ, o, lse);
 }
 

@@ -82,10 +82,8 @@ FA_DEVICE float alibi_slope_log2(const FaScoreMod &m, int b, int h) {
   return m.alibi_slopes == nullptr ? 0.0f : ld_global(m.alibi_slopes + b * m.alibi_batch_stride + h) * kLog2e;
 }
 
-// The sink of query head h in the exp2 domain, or -inf without sinks.
-FA_DEVICE float sink_log2(const FaScoreMod &m, int h) {
-  return m.sinks == nullptr ? kNegInf : ld_global(m.sinks + h) * kLog2e;
-}
+// The sink logit of query head h (natural log), or -inf without sinks.
+FA_DEVICE float sink_logit(const FaScoreMod &m, int h) { return m.sinks == nullptr ? kNegInf : ld_global(m.sinks + h); }
 
 #if defined(FA_HOST_BUILD)
 // The launchers' re-check of what the Rust layer validates: bounds >= -1, softcap finite and >= 0 (0 = off),
