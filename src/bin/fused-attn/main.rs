@@ -51,7 +51,8 @@ fn run(a: &RunArgs, backend: &Backend, out: &mut Output) -> Result<()> {
                 causal: a.causal,
                 varlen: None,
                 layout: CaseLayout::Contiguous,
-                with_lse: true, variants: Default::default(),
+                with_lse: true,
+                variants: a.variants(),
             };
             cases::run_prefill(backend, &case, a.common.seed, copy, dump.as_ref(), &progress)
         }
@@ -63,7 +64,8 @@ fn run(a: &RunArgs, backend: &Backend, out: &mut Output) -> Result<()> {
                 heads_kv: a.kv_heads(),
                 page_size: a.page_size,
                 seq_lens: vec![a.seqlen_k(); a.batch],
-                num_splits: a.num_splits, variants: Default::default(),
+                num_splits: a.num_splits,
+                variants: a.variants(),
             };
             cases::run_decode(backend, &case, a.common.seed, copy, dump.as_ref(), &progress)
         }
