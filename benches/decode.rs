@@ -143,7 +143,8 @@ fn main() {
                         heads_kv: hkv,
                         page_size: ps,
                         seq_lens: vec![ctx_len; b],
-                        num_splits: None, variants: Default::default(),
+                        num_splits: None,
+                        variants: Default::default(),
                     };
                     seed += 3;
                     rows.push(bench_case(&mut group, &gpu, &case, seed));

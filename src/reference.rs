@@ -86,8 +86,11 @@ impl Variants<'_> {
     /// The keys `[lo, hi)` row `i` (of `tq`) sees among `tk` under the window and `causal`.
     pub fn visible_range(&self, causal: bool, tq: usize, tk: usize, i: usize) -> (usize, usize) {
         let (l, r) = self.window.unwrap_or((-1, -1));
-        crate::prefill::Window { left: usize::try_from(l).ok(), right: if causal { Some(0) } else { usize::try_from(r).ok() } }
-            .visible_range(i, tq, tk)
+        crate::prefill::Window {
+            left: usize::try_from(l).ok(),
+            right: if causal { Some(0) } else { usize::try_from(r).ok() },
+        }
+        .visible_range(i, tq, tk)
     }
 
     /// The ALiBi slope of query head `h` of sequence `b` (0 without ALiBi).
@@ -875,7 +878,10 @@ impl<'a> Attn<'a> {
                 match key_pos {
                     None => keys.extend((lo..hi).map(|j| (j, (diag - j as f64).abs()))),
                     Some(pos) => keys.extend(
-                        pos.iter().enumerate().filter(|(_, &p)| (lo..hi).contains(&p)).map(|(r, &p)| (r, (diag - p as f64).abs())),
+                        pos.iter()
+                            .enumerate()
+                            .filter(|(_, &p)| (lo..hi).contains(&p))
+                            .map(|(r, &p)| (r, (diag - p as f64).abs())),
                     ),
                 }
                 let row = (i * self.heads_q + h) * d;

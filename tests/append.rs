@@ -25,7 +25,8 @@ fn case() -> DecodeCase {
         heads_kv: 2,
         page_size: 16,
         seq_lens: vec![0, 1, 15, 17, 300],
-        num_splits: Some(2), variants: Default::default(),
+        num_splits: Some(2),
+        variants: Default::default(),
     }
 }
 

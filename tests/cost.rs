@@ -156,7 +156,8 @@ fn decode_case(group: usize, page_size: usize, splits: usize, seq_lens: Vec<usiz
         heads_kv: 2,
         page_size,
         seq_lens,
-        num_splits: Some(splits), variants: Default::default(),
+        num_splits: Some(splits),
+        variants: Default::default(),
     }
 }
 
@@ -260,7 +261,8 @@ fn prefill_case(tq: usize, tk: usize, d: usize, heads: (usize, usize), causal: b
         causal,
         varlen: None,
         layout: CaseLayout::Contiguous,
-        with_lse: true, variants: Default::default(),
+        with_lse: true,
+        variants: Default::default(),
     }
 }
 
@@ -372,7 +374,10 @@ fn prefill_variants_follow_the_tiling_model() {
         (prefill_case(200, 300, 64, (2, 1), false), V { window: Some((-1, 9)), softcap: Some(3.0), ..none }),
         (prefill_case(200, 200, 256, (1, 1), true), V { alibi: CaseAlibi::PerHead, sinks: true, ..none }),
         (
-            PrefillCase { varlen: Some(vec![(70, 200), (0, 5), (129, 129)]), ..prefill_case(129, 200, 64, (2, 1), true) },
+            PrefillCase {
+                varlen: Some(vec![(70, 200), (0, 5), (129, 129)]),
+                ..prefill_case(129, 200, 64, (2, 1), true)
+            },
             V { window: Some((33, 0)), sinks: true, softcap: Some(2.0), ..none },
         ),
     ];
@@ -443,7 +448,10 @@ fn sliding_window_decode_reads_only_the_window() {
         let kv = dec.read_of("k_cache") + dec.read_of("v_cache");
         let per_token = (case.heads_kv * case.head_dim * 2 * 2) as u64;
         let budget = 1.1 * ((w + ps) * case.batch()) as f64 * per_token as f64;
-        eprintln!("splits {planned}: K/V read {kv} B, budget {budget} B (the whole context: {} B)", ctx as u64 * 2 * per_token);
+        eprintln!(
+            "splits {planned}: K/V read {kv} B, budget {budget} B (the whole context: {} B)",
+            ctx as u64 * 2 * per_token
+        );
         assert!(kv as f64 <= budget, "{}: K/V read {kv} B > {budget} B", case.label());
         assert_eq!((dec.read_of("k_cache"), dec.read_of("v_cache")), (model.k_bytes_read, model.v_bytes_read));
         assert!(dec.global_bytes_read() as f64 <= model.read_budget(), "{}", case.label());

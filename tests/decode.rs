@@ -103,7 +103,8 @@ fn layout_cases() -> Vec<(DecodeCase, DecodeInputs)> {
         heads_kv: heads.1,
         page_size,
         seq_lens: vec![0, 1, 17, 300, 1029],
-        num_splits, variants: Default::default(),
+        num_splits,
+        variants: Default::default(),
     };
     let inputs =
         |cache_layout, scale, magnitude, strided_q_o| DecodeInputs { scale, magnitude, cache_layout, strided_q_o };
@@ -189,7 +190,8 @@ fn small_case(num_splits: Option<usize>) -> DecodeCase {
         heads_kv: 2,
         page_size: 16,
         seq_lens: vec![300, 0, 77, 1029],
-        num_splits, variants: Default::default(),
+        num_splits,
+        variants: Default::default(),
     }
 }
 
@@ -237,8 +239,16 @@ fn strided_q_and_o_and_no_lse() {
     {
         let mut o =
             TensorViewMut::host(&mut o_packed[2 * hq * d..], [b, hq, d]).unwrap().with_strides(strides).unwrap();
-        decode(&stream, &q, &cache, &mut o, None, &mut ws, &DecodeOptions { scale: None, num_splits: Some(2), ..Default::default() })
-            .unwrap();
+        decode(
+            &stream,
+            &q,
+            &cache,
+            &mut o,
+            None,
+            &mut ws,
+            &DecodeOptions { scale: None, num_splits: Some(2), ..Default::default() },
+        )
+        .unwrap();
     }
     for i in 0..b {
         for h in 0..hq {

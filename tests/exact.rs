@@ -317,7 +317,16 @@ fn decode_case(
     lens: Vec<usize>,
     s: Option<usize>,
 ) -> DecodeCase {
-    DecodeCase { dtype, head_dim: d, heads_q: heads.0, heads_kv: heads.1, page_size: ps, seq_lens: lens, num_splits: s, variants: Default::default(), }
+    DecodeCase {
+        dtype,
+        head_dim: d,
+        heads_q: heads.0,
+        heads_kv: heads.1,
+        page_size: ps,
+        seq_lens: lens,
+        num_splits: s,
+        variants: Default::default(),
+    }
 }
 
 /// Forced split count that gives every split one 64-token granule (the most a sequence of `n` can use).
@@ -607,7 +616,8 @@ fn prefill_case(
         causal,
         varlen: None,
         layout: CaseLayout::Contiguous,
-        with_lse: true, variants: Default::default(),
+        with_lse: true,
+        variants: Default::default(),
     }
 }
 
@@ -833,7 +843,14 @@ fn variants_over_constant_keys() {
             case.variants = *v;
             let dtype = if j == 1 { DType::F16 } else { DType::Bf16 };
             case.dtype = dtype;
-            verdicts.push(run_decode(&emu, dtype, "constant keys", &case, &Keys::Uniform, common::case_seed(90 + 3 * i + j)));
+            verdicts.push(run_decode(
+                &emu,
+                dtype,
+                "constant keys",
+                &case,
+                &Keys::Uniform,
+                common::case_seed(90 + 3 * i + j),
+            ));
         }
     }
     judge("variants_over_constant_keys", &verdicts);

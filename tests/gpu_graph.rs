@@ -34,7 +34,8 @@ fn decode_case() -> DecodeCase {
         heads_kv: 2,
         page_size: 16,
         seq_lens,
-        num_splits: Some(2), variants: Default::default(),
+        num_splits: Some(2),
+        variants: Default::default(),
     }
 }
 
@@ -52,7 +53,8 @@ fn prefill_case() -> PrefillCase {
         causal,
         varlen,
         layout,
-        with_lse, variants: Default::default(),
+        with_lse,
+        variants: Default::default(),
     }
 }
 
@@ -192,7 +194,9 @@ fn gpu_graph_capture_replays_decode_and_prefill() {
         (PagedFixture::<bf16>::new(&decode_case(), SEED), PrefillFixture::new(&prefill_case(), SEED).unwrap());
     let fx = (&dec, &pre);
     let probe = DecodeWorkspace::new(&Stream::Gpu(&cu), 0, 0).unwrap();
-    let plan = probe.plan(&dec.case.problem(), &DecodeOptions { scale: None, num_splits: Some(2), ..Default::default() }).unwrap();
+    let plan = probe
+        .plan(&dec.case.problem(), &DecodeOptions { scale: None, num_splits: Some(2), ..Default::default() })
+        .unwrap();
     let mut inp = Inputs {
         cache: [cu.clone_htod(&dec.k_cache).unwrap(), cu.clone_htod(&dec.v_cache).unwrap()],
         table: cu.clone_htod(&dec.block_table).unwrap(),

@@ -92,7 +92,8 @@ fn gpu_raw_stream_decode_with_caller_workspace_matches_the_cudarc_path() {
         heads_kv: 2,
         page_size: 16,
         seq_lens: vec![1, 700, 4097],
-        num_splits: Some(3), variants: Default::default(),
+        num_splits: Some(3),
+        variants: Default::default(),
     };
     let f = PagedFixture::<bf16>::new(&case, SEED);
     let (b, hq, d) = (case.batch(), case.heads_q, case.head_dim);

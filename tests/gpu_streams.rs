@@ -181,7 +181,8 @@ fn decode_case(heads: (usize, usize), seq_lens: Vec<usize>, splits: usize) -> De
         heads_kv,
         page_size: 16,
         seq_lens,
-        num_splits: Some(splits), variants: Default::default(),
+        num_splits: Some(splits),
+        variants: Default::default(),
     }
 }
 
@@ -200,7 +201,8 @@ fn gpu_streams_prefill_on_new_stream() {
         causal: true,
         varlen: None,
         layout: CaseLayout::Contiguous,
-        with_lse: true, variants: Default::default(),
+        with_lse: true,
+        variants: Default::default(),
     };
     let f = PrefillFixture::<bf16>::new(&case, SEED).unwrap();
     let on_default = run_gpu(&ctx.default_stream(), &f).unwrap();

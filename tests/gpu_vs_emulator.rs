@@ -279,7 +279,8 @@ fn gpu_vs_emu_decode() {
             heads_kv: 2,
             page_size: 16,
             seq_lens: vec![0, 1, 17, 300],
-            num_splits: splits, variants: Default::default(),
+            num_splits: splits,
+            variants: Default::default(),
         };
         decode_pair::<bf16>(&emu, &cu, &case, seed() + i as u64);
     }
@@ -290,7 +291,8 @@ fn gpu_vs_emu_decode() {
         heads_kv: 1,
         page_size: 8,
         seq_lens: vec![5, 129],
-        num_splits: Some(2), variants: Default::default(),
+        num_splits: Some(2),
+        variants: Default::default(),
     };
     decode_pair::<f16>(&emu, &cu, &case, seed() + 7);
 }
@@ -370,7 +372,8 @@ fn gpu_vs_emu_append() {
         heads_kv: 2,
         page_size: 16,
         seq_lens: vec![0, 1, 15, 17, 300],
-        num_splits: None, variants: Default::default(),
+        num_splits: None,
+        variants: Default::default(),
     };
     let f = PagedFixture::<bf16>::new(&case, seed());
     let row = case.heads_kv * case.head_dim;

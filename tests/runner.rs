@@ -251,7 +251,10 @@ fn run_emulated_prefill_and_decode_print_a_passing_json_row() {
 fn variant_flags_run_and_are_recorded() {
     for (args, want) in [
         ("--op prefill --seqlen-q 90 --causal --window-left 40", (40, -1, 0.0, false, false)),
-        ("--op prefill --seqlen-q 90 --window-left 20 --window-right 7 --softcap 2.5 --alibi --sinks", (20, 7, 2.5, true, true)),
+        (
+            "--op prefill --seqlen-q 90 --window-left 20 --window-right 7 --softcap 2.5 --alibi --sinks",
+            (20, 7, 2.5, true, true),
+        ),
         ("--op decode --seqlen-k 300 --window-left 100 --sinks --num-splits 3", (100, -1, 0.0, false, true)),
         ("--op decode --seqlen-k 200 --softcap 3 --alibi", (-1, -1, 3.0, true, false)),
     ] {
@@ -270,7 +273,10 @@ fn variant_flags_run_and_are_recorded() {
     // A plain row says so.
     let o = fused_attn("run --backend emu --heads 2 --head-dim 64 --seqlen-q 20 --json");
     let r = &json_rows(&o)[0];
-    assert_eq!((&r["window_left"], &r["window_right"], &r["alibi"], &r["sinks"]), (&(-1).into(), &(-1).into(), &false.into(), &false.into()));
+    assert_eq!(
+        (&r["window_left"], &r["window_right"], &r["alibi"], &r["sinks"]),
+        (&(-1).into(), &(-1).into(), &false.into(), &false.into())
+    );
     // --dump writes the slopes and sinks.
     let dir = std::env::temp_dir().join(format!("fa-runner-variants-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -288,7 +294,10 @@ fn variant_flags_run_and_are_recorded() {
         let last = f32::from_le_bytes(b[b.len() - 4..].try_into().unwrap());
         assert_eq!(last, 1.0 / 256.0);
     }
-    let o = fused_attn(&format!("run --backend emu --heads 2 --head-dim 64 --seqlen-q 20 --json --dump {}", dir.join("plain").display()));
+    let o = fused_attn(&format!(
+        "run --backend emu --heads 2 --head-dim 64 --seqlen-q 20 --json --dump {}",
+        dir.join("plain").display()
+    ));
     assert_eq!(o.status.code(), Some(0));
     assert!(!dir.join("plain/sinks.npy").exists() && !dir.join("plain/alibi_slopes.npy").exists());
     let _ = std::fs::remove_dir_all(&dir);

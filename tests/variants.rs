@@ -13,14 +13,19 @@ use fused_attn::prefill::cases::{run_emulated, variant_sweep_cases, PrefillFixtu
 use fused_attn::prefill::{prefill, prefill_varlen, PrefillCase, PrefillOptions};
 use fused_attn::score_mod::{AlibiSlopes, CaseAlibi, CaseVariants, ScoreMod};
 use fused_attn::{
-    decode, merge_states_with_sinks, DType, DecodeOptions, DecodeWorkspace, Emulator, ErrorKind, PagedKvCache,
-    Stream, TensorView, TensorViewMut,
+    decode, merge_states_with_sinks, DType, DecodeOptions, DecodeWorkspace, Emulator, ErrorKind, PagedKvCache, Stream,
+    TensorView, TensorViewMut,
 };
 use half::{bf16, f16};
 
 /// Runs `cases` on all cores with `check` (Ok(summary) or Err(summary)), printing every verdict, and fails
 /// listing every failure with the command that reruns it.
-fn sweep<C: Sync>(test: &str, cases: &[C], label: impl Fn(&C) -> String + Sync, check: impl Fn(usize, &C) -> Result<String, String> + Sync) {
+fn sweep<C: Sync>(
+    test: &str,
+    cases: &[C],
+    label: impl Fn(&C) -> String + Sync,
+    check: impl Fn(usize, &C) -> Result<String, String> + Sync,
+) {
     let next = std::sync::atomic::AtomicUsize::new(0);
     let failures = std::sync::Mutex::new(Vec::new());
     let start = Instant::now();
@@ -36,7 +41,8 @@ fn sweep<C: Sync>(test: &str, cases: &[C], label: impl Fn(&C) -> String + Sync, 
                 match check(i, case) {
                     Ok(msg) => eprintln!("ok   [{i}] {}: {msg}", label(case)),
                     Err(msg) => {
-                        let msg = format!("[{i}] {}: {msg}\n    {}", label(case), common::rerun("variants", test, Some(i)));
+                        let msg =
+                            format!("[{i}] {}: {msg}\n    {}", label(case), common::rerun("variants", test, Some(i)));
                         eprintln!("FAIL {msg}");
                         failures.lock().unwrap().push(msg);
                     }
@@ -160,7 +166,8 @@ fn merge_with_sinks_matches_the_reference() {
     .unwrap();
     let wide = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>();
     let row_sinks: Vec<f64> = (0..n * h).map(|r| f64::from(sinks[r % h])).collect();
-    let r = fused_attn::reference::merge_states_with_sinks(k, n * h, d, &wide(&o), &wide(&lse), Some(&row_sinks)).unwrap();
+    let r =
+        fused_attn::reference::merge_states_with_sinks(k, n * h, d, &wide(&o), &wide(&lse), Some(&row_sinks)).unwrap();
     let bound = r.out_bound(None, None);
     let c = fused_attn::reference::compare_within(&wide(&out), &r.out, &bound);
     assert!(c.passed, "{c:?}");
@@ -212,7 +219,12 @@ fn window_longer_than_the_sequence_is_no_window() {
     for (i, (plain, window)) in cases.into_iter().enumerate() {
         let mut windowed = plain.clone();
         windowed.variants.window = window;
-        assert_eq!(prefill_bits(&plain, seed + i as u64), prefill_bits(&windowed, seed + i as u64), "{}", windowed.label());
+        assert_eq!(
+            prefill_bits(&plain, seed + i as u64),
+            prefill_bits(&windowed, seed + i as u64),
+            "{}",
+            windowed.label()
+        );
     }
     for splits in [Some(1), Some(3)] {
         let plain = DecodeCase {
@@ -233,7 +245,10 @@ fn window_longer_than_the_sequence_is_no_window() {
         assert_eq!(a.outcome.plan, b.outcome.plan);
         let bits = |o: &[f16]| o.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&a.o), bits(&b.o), "{}", windowed.label());
-        assert_eq!(a.lse.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), b.lse.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+        assert_eq!(
+            a.lse.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            b.lse.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
     }
 }
 

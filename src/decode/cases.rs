@@ -632,8 +632,7 @@ impl<T: Element> GpuCase<T> {
         let variants = VariantViews::new(&c.variants, b, hq, |sink, n| {
             TensorView::gpu((if sink { sinks } else { slopes }).slice(0..n), [n])
         })?;
-        let opts =
-            DecodeOptions { scale: None, num_splits: c.num_splits, score_mod: variants.score_mod(&c.variants) };
+        let opts = DecodeOptions { scale: None, num_splits: c.num_splits, score_mod: variants.score_mod(&c.variants) };
         decode(
             &stream,
             &TensorView::gpu(self.q.as_view(), [b, hq, d])?,
@@ -725,7 +724,8 @@ pub fn perf_cases() -> Vec<DecodeCase> {
             heads_kv: 8,
             page_size: 16,
             seq_lens: vec![ctx; batch],
-            num_splits: None, variants: Default::default(),
+            num_splits: None,
+            variants: Default::default(),
         })
         .collect()
 }
@@ -793,7 +793,8 @@ mod tests {
             heads_kv: 2,
             page_size: 8,
             seq_lens: vec![0, 3, 17],
-            num_splits: None, variants: Default::default(),
+            num_splits: None,
+            variants: Default::default(),
         };
         let f = PagedFixture::<bf16>::new(&case, 1);
         assert_eq!(f.width, 4);

@@ -587,8 +587,9 @@ impl<T: Element> PrefillFixture<T> {
             Some(_) => {
                 let (cq, ck) = (&self.cu_q[..], &self.cu_k[..]);
                 let exact = reference::varlen_with(hq, hkv, d, c.causal, scale, &var, cq, ck, &qv, &kv, &vv)?;
-                let naive =
-                    reference::naive_lowp_varlen_with(hq, hkv, d, c.causal, scale, &var, cq, ck, &qv, &kv, &vv, c.dtype)?;
+                let naive = reference::naive_lowp_varlen_with(
+                    hq, hkv, d, c.causal, scale, &var, cq, ck, &qv, &kv, &vv, c.dtype,
+                )?;
                 (exact, naive)
             }
         };
@@ -929,8 +930,7 @@ fn launch_views<T: Element>(
     variants: &VariantViews<'_>,
 ) -> Result<()> {
     let c = &f.case;
-    let opts =
-        PrefillOptions { causal: c.causal, scale: f.inputs.scale, score_mod: variants.score_mod(&c.variants) };
+    let opts = PrefillOptions { causal: c.causal, scale: f.inputs.scale, score_mod: variants.score_mod(&c.variants) };
     match views {
         CaseViews::Dense { q, k, v, mut o, mut lse } => prefill(stream, &q, &k, &v, &mut o, lse.as_mut(), &opts),
         CaseViews::Varlen { q, k, v, cu_q, cu_k, mut o, mut lse } => {

@@ -156,7 +156,12 @@ pub fn kv_block_range(m0: usize, block_m: usize, block_n: usize, tq: usize, tk: 
     let n_mask_begin = if all_hi < 0 { 0 } else { (all_hi + 1) / bc }.clamp(n_begin, n_end);
     let n_interior_begin = ((all_lo + bc - 1) / bc).clamp(n_begin, n_mask_begin);
     let u = |x: i64| x as usize;
-    KvBlockRange { n_begin: u(n_begin), n_end: u(n_end), n_mask_begin: u(n_mask_begin), n_interior_begin: u(n_interior_begin) }
+    KvBlockRange {
+        n_begin: u(n_begin),
+        n_end: u(n_end),
+        n_mask_begin: u(n_mask_begin),
+        n_interior_begin: u(n_interior_begin),
+    }
 }
 
 /// Checks the head layout shared by both entry points: D supported and equal for q/k/v, Hq a positive
@@ -527,7 +532,10 @@ mod tests {
                             // Every row's visible keys are a range inside the visited tiles.
                             for i in rows.clone() {
                                 let (lo, hi) = w.visible_range(i, tq, tk);
-                                assert_eq!((lo..hi).collect::<Vec<_>>(), (0..tk).filter(|&j| w.sees(i, j, tq, tk)).collect::<Vec<_>>());
+                                assert_eq!(
+                                    (lo..hi).collect::<Vec<_>>(),
+                                    (0..tk).filter(|&j| w.sees(i, j, tq, tk)).collect::<Vec<_>>()
+                                );
                             }
                         }
                     }
@@ -572,7 +580,10 @@ mod tests {
         // A window at least as long as the sequence is no window at all.
         for m0 in (0..1000).step_by(128) {
             let big = Window { left: Some(5000), right: Some(0) };
-            assert_eq!(kv_block_range(m0, 128, 32, 1000, 1000, big), kv_block_range(m0, 128, 32, 1000, 1000, Window::causal(true)));
+            assert_eq!(
+                kv_block_range(m0, 128, 32, 1000, 1000, big),
+                kv_block_range(m0, 128, 32, 1000, 1000, Window::causal(true))
+            );
         }
     }
 
