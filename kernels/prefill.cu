@@ -272,21 +272,15 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void prefill_kernel(co
   }
   int n = range.n_end - 1;
   int buf = 0;
+  // Without a left window bound (every plain kernel) n_begin and n_interior_begin are 0: today's two loops.
+  const int n_begin = kVariant ? range.n_begin : 0;
+  for (; n >= range.n_mask_begin; --n, buf = next_buffer<Cfg>(buf))
+    kv_tile_step<true, kVariant>(cta, n, n_begin, buf, o, softmax);
+  for (; n >= (kVariant ? range.n_interior_begin : 0); --n, buf = next_buffer<Cfg>(buf))
+    kv_tile_step<false, kVariant>(cta, n, n_begin, buf, o, softmax);
   if constexpr (kVariant) {
-    // Masked tiles at both ends of the band (the right edge first, the window's left edge last), the
-    // mask-free interior between: one loop with a uniform branch, so the tile step is compiled twice, not
-    // three times (nvcc time; the branch is one compare per tile).
-    for (; n >= range.n_begin; --n, buf = next_buffer<Cfg>(buf)) {
-      if (n >= range.n_mask_begin || n < range.n_interior_begin)
-        kv_tile_step<true, true>(cta, n, range.n_begin, buf, o, softmax);
-      else
-        kv_tile_step<false, true>(cta, n, range.n_begin, buf, o, softmax);
-    }
-  } else {
-    // No left window bound in the plain kernels: n_begin = n_interior_begin = 0, today's two loops.
-    for (; n >= range.n_mask_begin; --n, buf = next_buffer<Cfg>(buf))
-      kv_tile_step<true, false>(cta, n, 0, buf, o, softmax);
-    for (; n >= 0; --n, buf = next_buffer<Cfg>(buf)) kv_tile_step<false, false>(cta, n, 0, buf, o, softmax);
+    for (; n >= n_begin; --n, buf = next_buffer<Cfg>(buf)) // the window's left edge
+      kv_tile_step<true, kVariant>(cta, n, n_begin, buf, o, softmax);
   }
 
   float lse[2 * Cfg::kMTiles];
