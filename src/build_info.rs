@@ -15,10 +15,16 @@ pub fn has_gpu_kernels() -> bool {
     crate::kernels::available()
 }
 
+/// Whether the embedded fatbin at `path` holds sm_90a-only kernels (kernels/*_sm90.cu: SASS for 90a alone,
+/// no PTX).
+pub fn is_sm90_only(path: &std::path::Path) -> bool {
+    path.file_stem().is_some_and(|s| s.to_string_lossy().ends_with("_sm90"))
+}
+
 /// Paths of the embedded fatbins.
 pub fn fatbins() -> Vec<std::path::PathBuf> {
     crate::kernels::FATBINS
         .iter()
-        .map(|(name, _)| std::path::Path::new(FATBIN_DIR).join(format!("{name}.fatbin")))
+        .map(|(name, _, _)| std::path::Path::new(FATBIN_DIR).join(format!("{name}.fatbin")))
         .collect()
 }

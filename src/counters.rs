@@ -56,6 +56,13 @@ pub struct KernelCounters {
     pub cp_async_bytes: u64,
     /// cp.async bytes issued with a false predicate: the destination is zero-filled, nothing is read.
     pub cp_async_zfill_bytes: u64,
+    /// `wgmma.mma_async` warpgroup instructions (one per warpgroup; m64nNk16 is 2048·N FLOPs).
+    pub wgmma: u64,
+    /// TMA loads issued, whole boxes (out-of-bounds elements included; the in-bounds bytes are also global
+    /// reads of their buffer).
+    pub tma_load_bytes: u64,
+    /// TMA stores completed, whole boxes (the in-bounds bytes are also global writes of their buffer).
+    pub tma_store_bytes: u64,
 }
 
 impl KernelCounters {
@@ -91,7 +98,7 @@ impl KernelCounters {
 
     /// Every scalar counter by name, global totals first: the flat view a JSON writer serialises (per-buffer
     /// traffic is in [`KernelCounters::buffers`]).
-    pub fn values(&self) -> [(&'static str, u64); 14] {
+    pub fn values(&self) -> [(&'static str, u64); 17] {
         [
             ("global_bytes_read", self.global_bytes_read()),
             ("global_bytes_written", self.global_bytes_written()),
@@ -105,6 +112,9 @@ impl KernelCounters {
             ("shared_bytes_written", self.shared_bytes_written),
             ("cp_async_bytes", self.cp_async_bytes),
             ("cp_async_zfill_bytes", self.cp_async_zfill_bytes),
+            ("wgmma", self.wgmma),
+            ("tma_load_bytes", self.tma_load_bytes),
+            ("tma_store_bytes", self.tma_store_bytes),
             ("blocks", self.blocks),
             ("kernels", 1),
         ]
@@ -123,6 +133,9 @@ impl KernelCounters {
         self.shared_bytes_written += other.shared_bytes_written;
         self.cp_async_bytes += other.cp_async_bytes;
         self.cp_async_zfill_bytes += other.cp_async_zfill_bytes;
+        self.wgmma += other.wgmma;
+        self.tma_load_bytes += other.tma_load_bytes;
+        self.tma_store_bytes += other.tma_store_bytes;
         for b in &other.buffers {
             match self.buffers.iter_mut().find(|x| x.name == b.name) {
                 Some(x) => {
@@ -167,6 +180,9 @@ impl KernelCounters {
             shared_bytes_written: c.shared_bytes_written,
             cp_async_bytes: c.cp_async_bytes,
             cp_async_zfill_bytes: c.cp_async_zfill_bytes,
+            wgmma: c.wgmma,
+            tma_load_bytes: c.tma_load_bytes,
+            tma_store_bytes: c.tma_store_bytes,
         }
     }
 }
@@ -195,7 +211,7 @@ impl LaunchCounters {
 
     /// [`KernelCounters::values`] of the total, with "kernels" the number of kernel launches: what a JSON
     /// writer puts in a `"counters"` object.
-    pub fn values(&self) -> [(&'static str, u64); 14] {
+    pub fn values(&self) -> [(&'static str, u64); 17] {
         let mut v = self.total().values();
         if let Some(k) = v.iter_mut().find(|(name, _)| *name == "kernels") {
             k.1 = self.kernels.len() as u64;
@@ -247,7 +263,15 @@ impl fmt::Display for KernelCounters {
             self.shared_bytes_written,
             self.cp_async_bytes,
             self.cp_async_zfill_bytes
-        )
+        )?;
+        if self.wgmma > 0 || self.tma_load_bytes > 0 || self.tma_store_bytes > 0 {
+            write!(
+                f,
+                "; wgmma {}, TMA loads {} B, stores {} B",
+                self.wgmma, self.tma_load_bytes, self.tma_store_bytes
+            )?;
+        }
+        Ok(())
     }
 }
 

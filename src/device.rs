@@ -113,10 +113,13 @@ impl RawStream {
     }
 }
 
-/// True when a CUDA driver library can be loaded (checked without touching cudarc's panicking loader).
+/// True when a CUDA driver library can be loaded (checked without touching cudarc's panicking loader). Probed
+/// with libloading rather than cudarc's `is_culib_present`, which exists only in cudarc's dynamic-loading mode:
+/// candle's `cuda` feature switches cudarc to dynamic-linking.
 pub fn driver_present() -> bool {
+    let names: &[&str] = if cfg!(windows) { &["nvcuda.dll"] } else { &["libcuda.so.1", "libcuda.so"] };
     // SAFETY: only attempts to dlopen the driver library by name; loads nothing else.
-    unsafe { cudarc::driver::sys::is_culib_present() }
+    names.iter().any(|&name| unsafe { libloading::Library::new(name) }.is_ok())
 }
 
 /// A context on GPU `ordinal` with fused-attn's kernels loaded, or a typed error: NoDriver when libcuda is

@@ -409,3 +409,290 @@ fn dtype_code(dtype: DType) -> i32 {
         DType::Bf16 => sys::FA_DTYPE_BF16 as i32,
     }
 }
+
+// ------------------------------------------------------------------------------------------ sm_90 (Hopper)
+// Wrappers over kernels/selftest_sm90.cu (tests/hopper.rs); abi.h documents each kernel.
+
+use crate::tensor_map::{TensorMapSpec, TmaSwizzle};
+
+/// One wgmma self-test: the shared-memory images of A and B (laid out by the caller's model of the
+/// canonical layouts), descriptors with start address 0, and the accumulator's initial fragments.
+#[derive(Debug, Clone)]
+pub struct WgmmaCase<'a> {
+    pub dtype: DType,
+    /// 16, 64, 128, 176 or 256.
+    pub n: usize,
+    pub a_smem: &'a [u8],
+    pub b_smem: &'a [u8],
+    /// RS: A fragments, `[k_steps][128][4]` registers; `None`: A from shared memory.
+    pub a_regs: Option<&'a [u32]>,
+    /// `[128][n/2]`: thread t's accumulator registers.
+    pub c: &'a [f32],
+    pub desc_a: u64,
+    pub desc_b: u64,
+    pub a_k_step_bytes: u32,
+    pub b_k_step_bytes: u32,
+    pub k_steps: usize,
+    pub trans_a: bool,
+    pub trans_b: bool,
+    pub accumulate: bool,
+}
+
+impl WgmmaCase<'_> {
+    /// The params for buffers at the case's host addresses (`d` receives the result).
+    pub fn params(&self, d: *mut f32) -> Result<sys::FaSelftestWgmmaParams> {
+        Ok(sys::FaSelftestWgmmaParams {
+            a_smem: self.a_smem.as_ptr(),
+            b_smem: self.b_smem.as_ptr(),
+            a_regs: self.a_regs.map_or(std::ptr::null(), |r| r.as_ptr()),
+            c: self.c.as_ptr(),
+            d,
+            desc_a: self.desc_a,
+            desc_b: self.desc_b,
+            a_k_step_bytes: self.a_k_step_bytes,
+            b_k_step_bytes: self.b_k_step_bytes,
+            a_smem_bytes: to_i32("a_smem", self.a_smem.len())?,
+            b_smem_bytes: to_i32("b_smem", self.b_smem.len())?,
+            n: to_i32("n", self.n)?,
+            k_steps: to_i32("k_steps", self.k_steps)?,
+            dtype: self.dtype.abi(),
+            a_from_regs: self.a_regs.is_some() as i32,
+            trans_a: self.trans_a as i32,
+            trans_b: self.trans_b as i32,
+            accumulate: self.accumulate as i32,
+        })
+    }
+}
+
+/// Runs a wgmma case on the emulator; returns D as `[128][n/2]` fragment registers.
+pub fn wgmma(case: &WgmmaCase, seed: u64) -> Result<Vec<f32>> {
+    let mut d = vec![f32::NAN; 128 * case.n / 2];
+    let empty = [0u32; 0];
+    let regions = [
+        region(c"a_smem", case.a_smem),
+        region(c"b_smem", case.b_smem),
+        region(c"a_regs", case.a_regs.unwrap_or(&empty)),
+        region(c"c", case.c),
+        region_mut(c"d", &mut d),
+    ];
+    let params = case.params(d.as_mut_ptr())?;
+    // SAFETY: every pointer in `params` is one of `regions`' live buffers (a_regs null or listed).
+    run("selftest_wgmma", &regions, seed, |s| unsafe { sys::fa_selftest_wgmma(params, s) })?;
+    Ok(d)
+}
+
+/// A TMA load of the box at `coords` from `tensor` (described by `spec`), declaring `expect_tx` bytes on
+/// its mbarrier; returns the box's shared-memory image.
+pub fn tma_load(spec: &TensorMapSpec, tensor: &[u8], coords: &[i32], expect_tx: u32, seed: u64) -> Result<Vec<u8>> {
+    let map = spec.encode_emulator(tensor.as_ptr().cast())?;
+    let mut image = vec![0xA5u8; spec.box_bytes() as usize];
+    let regions = [region(c"tensor", tensor), region_mut(c"image", &mut image)];
+    let params = tma_params(map, image.as_mut_ptr(), coords, spec, expect_tx, sys::FA_SELFTEST_TMA_LOAD)?;
+    // SAFETY: the map's base and `image` are `regions`' live buffers.
+    run("selftest_tma", &regions, seed, |s| unsafe { sys::fa_selftest_tma(params, s) })?;
+    Ok(image)
+}
+
+/// A TMA store of `image` (a box's shared-memory image) to the box at `coords` of `tensor`.
+pub fn tma_store(spec: &TensorMapSpec, tensor: &mut [u8], coords: &[i32], image: &[u8], seed: u64) -> Result<()> {
+    let map = spec.encode_emulator(tensor.as_ptr().cast())?;
+    let mut staged = image.to_vec();
+    let regions = [region_mut(c"tensor", tensor), region(c"image", &staged)];
+    let params = tma_params(map, staged.as_mut_ptr(), coords, spec, 0, sys::FA_SELFTEST_TMA_STORE)?;
+    // SAFETY: the map's base and `staged` are `regions`' live buffers.
+    run("selftest_tma", &regions, seed, |s| unsafe { sys::fa_selftest_tma(params, s) })
+}
+
+/// The params of a TMA self-test launch (`image` a host or device address).
+pub fn tma_params(
+    map: sys::FaTensorMap,
+    image: *mut u8,
+    coords: &[i32],
+    spec: &TensorMapSpec,
+    expect_tx: u32,
+    mode: u32,
+) -> Result<sys::FaSelftestTmaParams> {
+    if coords.len() != spec.dims.len() {
+        return Err(Error::shape("coords", format!("{} coordinates for a rank-{} map", coords.len(), spec.dims.len())));
+    }
+    let mut c = [0i32; 5];
+    c[..coords.len()].copy_from_slice(coords);
+    Ok(sys::FaSelftestTmaParams {
+        map,
+        image,
+        coords: c,
+        rank: coords.len() as i32,
+        box_bytes: to_i32("box bytes", spec.box_bytes() as usize)?,
+        expect_tx: to_i32("expect_tx", expect_tx as usize)?,
+        mode: mode as i32,
+    })
+}
+
+/// The planted Hopper bugs (see `FA_SM90_BUG_*` in abi.h), in ABI order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sm90Bug {
+    AccReadInFlight,
+    AWriteInFlight,
+    SmemWriteInFlight,
+    NoWgmmaFence,
+    UncommittedAtExit,
+    UnwaitedAtExit,
+    MbarrierDoubleInit,
+    MbarrierUnorderedInit,
+    MbarrierPlainAccess,
+    ExpectTxTooFew,
+    ExpectTxTooMany,
+    WaiterBehind,
+    TmaReadBeforeWait,
+    TmaIntoBusyStage,
+    ExitWithTmaInFlight,
+    MissingProxyFence,
+    TmaStoreNoFence,
+    TmaStoreSrcOverwrite,
+    SetmaxnregExhausted,
+    SetmaxnregMisuse,
+    SmemAlignmentAssumed,
+    BarArriveOrder,
+}
+
+impl Sm90Bug {
+    pub const ALL: [Sm90Bug; 22] = [
+        Sm90Bug::AccReadInFlight,
+        Sm90Bug::AWriteInFlight,
+        Sm90Bug::SmemWriteInFlight,
+        Sm90Bug::NoWgmmaFence,
+        Sm90Bug::UncommittedAtExit,
+        Sm90Bug::UnwaitedAtExit,
+        Sm90Bug::MbarrierDoubleInit,
+        Sm90Bug::MbarrierUnorderedInit,
+        Sm90Bug::MbarrierPlainAccess,
+        Sm90Bug::ExpectTxTooFew,
+        Sm90Bug::ExpectTxTooMany,
+        Sm90Bug::WaiterBehind,
+        Sm90Bug::TmaReadBeforeWait,
+        Sm90Bug::TmaIntoBusyStage,
+        Sm90Bug::ExitWithTmaInFlight,
+        Sm90Bug::MissingProxyFence,
+        Sm90Bug::TmaStoreNoFence,
+        Sm90Bug::TmaStoreSrcOverwrite,
+        Sm90Bug::SetmaxnregExhausted,
+        Sm90Bug::SetmaxnregMisuse,
+        Sm90Bug::SmemAlignmentAssumed,
+        Sm90Bug::BarArriveOrder,
+    ];
+    /// The `FA_SM90_BUG_*` value.
+    pub fn abi(self) -> i32 {
+        self as i32
+    }
+}
+
+/// Elements of the Hopper bug kernels' f16 input tile (64 x 64) and output floats.
+pub const SM90_BUG_INPUT: usize = 64 * 64;
+pub const SM90_BUG_OUT: usize = 384 * 64;
+
+/// The tensor map of the bug kernels' input: 64 x 64 16-bit elements, one 128B-swizzled box.
+pub fn sm90_bug_map_spec() -> TensorMapSpec {
+    TensorMapSpec {
+        elem_bytes: 2,
+        dims: vec![64, 64],
+        strides: vec![128],
+        box_dims: vec![64, 64],
+        swizzle: TmaSwizzle::B128,
+    }
+}
+
+/// Runs a Hopper planted-bug kernel (`planted == false`: its correct twin) over `input` (the TMA-store
+/// bugs write a tile back into it). Returns the output floats (NaN where nothing was written).
+pub fn sm90_bug(bug: Sm90Bug, planted: bool, input: &mut [u16], seed: u64) -> Result<Vec<f32>> {
+    if input.len() != SM90_BUG_INPUT {
+        return Err(Error::shape("input", format!("the Hopper bug kernels take {SM90_BUG_INPUT} 16-bit elements")));
+    }
+    let map = sm90_bug_map_spec().encode_emulator(input.as_ptr().cast())?;
+    let mut out = vec![f32::NAN; SM90_BUG_OUT];
+    let params = sys::FaSelftestSm90BugParams {
+        map,
+        input: input.as_ptr(),
+        out: out.as_mut_ptr(),
+        bug: bug.abi(),
+        planted: planted as i32,
+    };
+    let regions = [region_mut(c"input", input), region_mut(c"out", &mut out)];
+    // SAFETY: `input` (the map's base) and `out` are `regions`' live buffers.
+    run("selftest_sm90_bug", &regions, seed, |s| unsafe { sys::fa_selftest_sm90_bug(params, s) })?;
+    Ok(out)
+}
+
+/// Pipeline bugs the warp-specialised GEMM can plant (see `FA_SELFTEST_WS_GEMM_*` in abi.h).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WsGemmBug {
+    None,
+    NoEmptyWait,
+    EarlyRelease,
+    ShortTx,
+}
+
+/// Tensor maps of the warp-specialised GEMM: A [m][k] in boxes of 128 rows x 64 k; B [n][k] in boxes of
+/// 128 rows x 64 k, or (MN-major) B [k][n] in boxes of 64 k rows x 64 n.
+pub fn ws_gemm_map_specs(m: usize, n: usize, k: usize, b_mn_major: bool) -> (TensorMapSpec, TensorMapSpec) {
+    let two = |rows: usize, cols: usize, box_cols: u32, box_rows: u32| TensorMapSpec {
+        elem_bytes: 2,
+        dims: vec![cols as u64, rows as u64],
+        strides: vec![2 * cols as u64],
+        box_dims: vec![box_cols, box_rows],
+        swizzle: TmaSwizzle::B128,
+    };
+    let a = two(m, k, 64, 128);
+    let b = if b_mn_major { two(k, n, 64, 64) } else { two(n, k, 64, 128) };
+    (a, b)
+}
+
+/// The params of a warp-specialised GEMM launch (maps already encoded for the backend).
+pub fn ws_gemm_params(
+    a_map: sys::FaTensorMap,
+    b_map: sys::FaTensorMap,
+    c: *mut f32,
+    (m, n, k): (usize, usize, usize),
+    dtype: DType,
+    b_mn_major: bool,
+    bug: WsGemmBug,
+) -> Result<sys::FaSelftestWsGemmParams> {
+    Ok(sys::FaSelftestWsGemmParams {
+        a_map,
+        b_map,
+        c,
+        m: to_i32("m", m)?,
+        n: to_i32("n", n)?,
+        k: to_i32("k", k)?,
+        dtype: dtype.abi(),
+        b_mn_major: b_mn_major as i32,
+        bug: match bug {
+            WsGemmBug::None => sys::FA_SELFTEST_WS_GEMM_CORRECT,
+            WsGemmBug::NoEmptyWait => sys::FA_SELFTEST_WS_GEMM_NO_EMPTY_WAIT,
+            WsGemmBug::EarlyRelease => sys::FA_SELFTEST_WS_GEMM_EARLY_RELEASE,
+            WsGemmBug::ShortTx => sys::FA_SELFTEST_WS_GEMM_SHORT_TX,
+        } as i32,
+    })
+}
+
+/// The warp-specialised TMA + mbarrier + wgmma GEMM on the emulator: c = a · bᵀ (a [m][k], b [n][k]) or,
+/// with `b_mn_major`, c = a · b (b [k][n]); fp32 c [m][n].
+pub fn ws_gemm<T: Element>(
+    a: &[T],
+    b: &[T],
+    (m, n, k): (usize, usize, usize),
+    b_mn_major: bool,
+    bug: WsGemmBug,
+    seed: u64,
+) -> Result<Vec<f32>> {
+    if a.len() != m * k || b.len() != n * k {
+        return Err(Error::shape("a/b", format!("expected {m}x{k} and {n}x{k} elements")));
+    }
+    let (sa, sb) = ws_gemm_map_specs(m, n, k, b_mn_major);
+    let (a_map, b_map) = (sa.encode_emulator(a.as_ptr().cast())?, sb.encode_emulator(b.as_ptr().cast())?);
+    let mut c = vec![f32::NAN; m * n];
+    let params = ws_gemm_params(a_map, b_map, c.as_mut_ptr(), (m, n, k), T::DTYPE, b_mn_major, bug)?;
+    let regions = [region(c"a", a), region(c"b", b), region_mut(c"c", &mut c)];
+    // SAFETY: the maps' bases and `c` are `regions`' live buffers.
+    run("selftest_ws_gemm", &regions, seed, |s| unsafe { sys::fa_selftest_ws_gemm(params, s) })?;
+    Ok(c)
+}

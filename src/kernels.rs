@@ -4,6 +4,8 @@
 //!
 //! Modules are cached per context by the driver's unique context id (`cuCtxGetId`), so a context created at
 //! the address of a destroyed one never sees stale modules; they stay loaded for the life of their context.
+//! sm_90a-only fatbins (kernels/*_sm90.cu) hold SASS for compute capability 9.0 alone: they are loaded only
+//! into contexts of such a device, and a launch of one of their kernels elsewhere is an `Arch` error.
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CStr};
@@ -44,6 +46,8 @@ pub(crate) fn no_kernels_error(what: &str) -> Error {
 struct ContextKernels {
     ctx_id: u64,
     modules: Vec<CUmodule>,
+    /// sm_90a-only fatbins not loaded because the device is not compute capability 9.0 (name, sm_XY).
+    skipped: Vec<(&'static str, i32)>,
     /// kernel name -> (function, dynamic shared memory limit set on it so far)
     functions: HashMap<String, (CUfunction, i32)>,
 }
@@ -79,8 +83,14 @@ pub(crate) fn ensure_loaded(ctx: CUcontext) -> Result<()> {
     if cache.iter().any(|c| c.ctx_id == id) {
         return Ok(());
     }
+    let cc = compute_capability()?;
     let mut modules = Vec::with_capacity(FATBINS.len());
-    for (name, image) in FATBINS {
+    let mut skipped = Vec::new();
+    for &(name, image, sm90_only) in FATBINS {
+        if sm90_only && cc != 90 {
+            skipped.push((name, cc));
+            continue;
+        }
         let mut module: CUmodule = std::ptr::null_mut();
         // SAFETY: `image` is a complete fatbin, 64-byte aligned and 'static.
         let r = unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void) };
@@ -90,8 +100,25 @@ pub(crate) fn ensure_loaded(ctx: CUcontext) -> Result<()> {
         }
         modules.push(module);
     }
-    cache.push(ContextKernels { ctx_id: id, modules, functions: HashMap::new() });
+    cache.push(ContextKernels { ctx_id: id, modules, skipped, functions: HashMap::new() });
     Ok(())
+}
+
+/// 10 · major + minor of the current context's device.
+fn compute_capability() -> Result<i32> {
+    let mut dev: sys::CUdevice = 0;
+    // SAFETY: writes one integer; a context is current (ensure_loaded's contract).
+    check(unsafe { sys::cuCtxGetDevice(&mut dev) })?;
+    let attr = |a| -> Result<i32> {
+        let mut v = 0;
+        // SAFETY: writes one integer for a valid device.
+        check(unsafe { sys::cuDeviceGetAttribute(&mut v, a, dev) })?;
+        Ok(v)
+    };
+    use sys::CUdevice_attribute::{
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR as MAJOR, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR as MINOR,
+    };
+    Ok(10 * attr(MAJOR)? + attr(MINOR)?)
 }
 
 /// The function `name` in `ctx` (current on this thread), with its dynamic shared memory limit raised to
@@ -120,8 +147,16 @@ fn function(ctx: CUcontext, name: &CStr, smem_bytes: i32) -> Result<CUfunction> 
                 other => check(other)?,
             }
         }
-        let f =
-            found.ok_or_else(|| Error::new(ErrorKind::Unsupported, format!("kernel {key} is not in this build")))?;
+        let f = found.ok_or_else(|| match entry.skipped.first() {
+            Some((fatbin, cc)) => Error::new(
+                ErrorKind::Arch,
+                format!(
+                    "kernel {key} is not among the kernels loaded for this sm_{cc} GPU: the sm_90a-only kernels \
+                     ({fatbin}) run on compute capability 9.0 alone"
+                ),
+            ),
+            None => Error::new(ErrorKind::Unsupported, format!("kernel {key} is not in this build")),
+        })?;
         entry.functions.insert(key.to_string(), (f, 48 * 1024));
     }
     let (f, limit) =

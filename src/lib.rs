@@ -34,6 +34,8 @@
 //! ```
 pub mod append;
 pub mod build_info;
+#[cfg(feature = "candle")]
+pub mod candle;
 pub mod cost_model;
 pub mod counters;
 pub mod decode;
@@ -55,6 +57,7 @@ pub mod seed;
 #[doc(hidden)]
 pub mod sys;
 pub mod tensor;
+pub mod tensor_map;
 pub mod timing;
 
 /// The `half` and `cudarc` versions this crate's API uses (bf16/f16 elements, streams and views).

@@ -1,6 +1,6 @@
 //! Typed views of a paged KV cache (vLLM / FlashInfer style) and their validation.
 //!
-//! Layout (CONVENTIONS.md): K and V each `[num_pages, page_size, Hkv, D]`, `page_size` a power of two in
+//! Layout (docs/semantics.md): K and V each `[num_pages, page_size, Hkv, D]`, `page_size` a power of two in
 //! 1..=256; `block_table` int32 `[B, max_pages_per_seq]`; `seq_lens` int32 `[B]`; a slot is
 //! `page * page_size + offset`.
 //!

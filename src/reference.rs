@@ -1,5 +1,5 @@
 //! The fp64 CPU reference every kernel is tested against, and the "naive low precision" implementation the
-//! tolerance rule compares it with (see CONVENTIONS.md). Pure Rust, no `unsafe`; also meant for downstream
+//! tolerance rule compares it with (see docs/semantics.md). Pure Rust, no `unsafe`; also meant for downstream
 //! correctness suites.
 //!
 //! Semantics, shared by every entry point:
@@ -366,7 +366,7 @@ pub fn varlen_with(
 ///
 /// Errors: `page_size == 0`, wrong slice lengths, or a negative `seq_len` or one above
 /// `max_pages_per_seq * page_size` → `Shape`; a used block table entry outside `0..num_pages` → `OutOfBounds`.
-/// A paged KV cache as the reference reads it (f64 values; layouts as in CONVENTIONS.md).
+/// A paged KV cache as the reference reads it (f64 values; layouts as in docs/semantics.md).
 ///
 /// - `k_cache`, `v_cache`: `[num_pages, page_size, heads_kv, head_dim]`.
 /// - `block_table`: `[B, max_pages_per_seq]` row-major; `seq_lens`: `[B]`.

@@ -29,6 +29,12 @@ fn fatbins_have_sass_for_every_arch_and_ptx() {
         let out = Command::new(&tool).arg("--list-elf").arg(fatbin).output().unwrap();
         assert!(out.status.success(), "cuobjdump failed: {}", String::from_utf8_lossy(&out.stderr));
         let listing = String::from_utf8_lossy(&out.stdout);
+        if build_info::is_sm90_only(fatbin) {
+            // sm_90a SASS alone: arch-specific code has no PTX for other GPUs.
+            assert!(listing.contains(".sm_90a."), "no sm_90a SASS in {}:\n{listing}", fatbin.display());
+            assert_eq!(listing.matches(".cubin").count(), 1, "{} must hold sm_90a only:\n{listing}", fatbin.display());
+            continue;
+        }
         for arch in build_info::CUDA_ARCHS.split(',') {
             let tag = format!(".sm_{}.", arch.trim());
             assert!(listing.contains(&tag), "no SASS for sm_{arch} in {}:\n{listing}", fatbin.display());
@@ -86,6 +92,9 @@ fn sass_functions(tool: &std::path::Path, arch: &str) -> Vec<(String, String)> {
     .unwrap();
     let mut funcs = Vec::new();
     for fatbin in build_info::fatbins() {
+        if build_info::is_sm90_only(&fatbin) && arch != "sm_90a" {
+            continue;
+        }
         let out =
             Command::new(tool).args(["--dump-sass", "-arch", arch]).arg(&fatbin).env("PATH", &path).output().unwrap();
         assert!(out.status.success(), "cuobjdump --dump-sass failed: {}", String::from_utf8_lossy(&out.stderr));
@@ -131,4 +140,47 @@ fn sass_has_the_instructions_the_kernels_were_written_for() {
         }
     }
     assert!(checked >= 20, "only {checked} kernels checked");
+}
+
+/// The sm_90a kernels really use Hopper's machinery: wgmma (HGMMA), TMA (UTMALDG / UTMASTG), mbarriers
+/// (SYNCS.*) and setmaxnreg (USETMAXREG), and the warp-specialised GEMM has no mma.sync (HMMA). The build
+/// itself fails when ptxas serialises a wgmma pipeline or ignores setmaxnreg (build.rs: C7508-C7520); here
+/// the report shows that only the kernels allowed to (planted bugs, run-time layout dispatch) had any.
+#[test]
+fn sm90_kernels_use_wgmma_tma_mbarriers_and_setmaxnreg() {
+    if !build_info::CUDA_ARCHS.split(',').any(|a| a.trim() == "90a") {
+        eprintln!("skipped: FA_CUDA_ARCHS={} has no 90a", build_info::CUDA_ARCHS);
+        return;
+    }
+    let Some(tool) = cuobjdump() else {
+        panic!("cuobjdump not found: scripts/setup installs it into .toolchain/cuda-tools");
+    };
+    let funcs = sass_functions(&tool, "sm_90a");
+    let want: [(&str, &[&str]); 5] = [
+        (
+            "fa_selftest_ws_gemm_",
+            &["HGMMA.64x128x16.F32", "UTMALDG.2D", "SYNCS.ARRIVE.TRANS64", "SYNCS.PHASECHK", "USETMAXREG"],
+        ),
+        ("fa_selftest_wgmma_", &["HGMMA"]),
+        ("fa_selftest_tma_kernel", &["UTMALDG.5D", "UTMASTG.5D", "UTMALDG.1D", "UTMASTG.1D", "SYNCS"]),
+        ("fa_bug_sm90_setmaxnreg", &["USETMAXREG"]),
+        ("fa_bug_sm90", &["HGMMA", "UTMALDG", "UTMASTG", "SYNCS"]),
+    ];
+    for (kernel, needles) in want {
+        // A name ending in '_' is a family prefix; any other is one kernel.
+        let bodies: Vec<_> =
+            funcs.iter().filter(|(n, _)| n == kernel || (kernel.ends_with('_') && n.starts_with(kernel))).collect();
+        assert!(!bodies.is_empty(), "no {kernel}* kernel in the sm_90a fatbins");
+        for (name, body) in bodies {
+            for needle in needles {
+                assert!(body.contains(needle), "{name} has no {needle} in its SASS");
+            }
+            if name.starts_with("fa_selftest_ws_gemm_") {
+                assert!(!body.contains("HMMA."), "{name} uses mma.sync (HMMA)");
+            }
+        }
+    }
+    let report = std::fs::read_to_string(build_info::PTXAS_REPORT).expect("ptxas report missing");
+    assert!(!report.lines().any(|l| l.starts_with("WGMMA")), "serialised wgmma outside the allowed kernels:\n{report}");
+    assert!(report.contains("ok    sm_90a fa_selftest_ws_gemm_f16: Used 168 registers"), "{report}");
 }

@@ -206,8 +206,8 @@ fn fill_decode<T: Element>(f: &mut PagedFixture<T>, keys: &Keys, seed: u64) {
         for t in 0..c.seq_lens[b] {
             let at = f.slot(b, t) * hkv * d;
             let dominant = matches!(keys, Keys::Dominant(p) if p[b] == t);
-            for i in 0..hkv * d {
-                f.k_cache[at + i] = if dominant { T::from_f64(k0[i].to_f64() + 2.0) } else { k0[i] };
+            for (i, &k) in k0.iter().enumerate() {
+                f.k_cache[at + i] = if dominant { T::from_f64(k.to_f64() + 2.0) } else { k };
                 f.v_cache[at + i] = T::from_f64(rng.random_range(-1.0..1.0));
             }
         }
@@ -329,6 +329,9 @@ fn decode_case(
     }
 }
 
+/// (dtype, head dim, (Hq, Hkv), page size, forced splits) of a decode configuration.
+type DecodeConfig = (DType, usize, (usize, usize), usize, Option<usize>);
+
 /// Forced split count that gives every split one 64-token granule (the most a sequence of `n` can use).
 fn max_splits(n: usize) -> usize {
     n.div_ceil(fused_attn::plan::SPLIT_GRANULE)
@@ -347,7 +350,7 @@ fn run_decode(emu: &Emulator, dtype: DType, label: &str, case: &DecodeCase, keys
 fn decode_uniform_4097() {
     let emu = Emulator::new();
     let lens = vec![4097, 1, 4096, 17];
-    let configs: [(DType, usize, (usize, usize), usize, Option<usize>); 4] = [
+    let configs: [DecodeConfig; 4] = [
         (DType::Bf16, 128, (8, 2), 16, Some(1)),
         (DType::F16, 128, (4, 1), 1, Some(2)),
         (DType::Bf16, 64, (16, 2), 256, Some(3)),
@@ -399,7 +402,7 @@ fn boundary_positions(n: usize, tile: usize, page: usize, split: usize) -> Vec<u
 fn decode_dominant_token_at_every_boundary() {
     let emu = Emulator::new();
     let n = 1000;
-    let configs: [(DType, usize, (usize, usize), usize, Option<usize>); 4] = [
+    let configs: [DecodeConfig; 4] = [
         (DType::Bf16, 128, (8, 2), 16, Some(1)),
         (DType::F16, 64, (4, 1), 1, Some(3)),
         (DType::Bf16, 128, (16, 2), 256, Some(2)),
@@ -467,8 +470,8 @@ fn fill_prefill<T: Element>(f: &mut PrefillFixture<T>, dominant: Option<&[usize]
             let k0: Vec<f64> = (0..d).map(|_| T::from_f64(rng.random_range(-1.0..1.0)).to_f64()).collect();
             for j in 0..tk {
                 let dom = dominant.is_some_and(|p| p[s] == j);
-                for x in 0..d {
-                    set(f, 'k', [b, k_start + j, h, x], k0[x] + if dom { 2.0 } else { 0.0 });
+                for (x, &k) in k0.iter().enumerate() {
+                    set(f, 'k', [b, k_start + j, h, x], k + if dom { 2.0 } else { 0.0 });
                     set(f, 'v', [b, k_start + j, h, x], rng.random_range(-1.0..1.0));
                 }
             }
@@ -797,12 +800,12 @@ fn one_token_of_4097_exceeds_the_bounds() {
     let (o, lse) = (mean(n), t + (n as f64).ln());
     let lse_b = lse_bound(lse, 1e-6, n, true);
     let dropped = mean(n - 1);
-    for (what, o2, lse2) in [("dropped", dropped, t + ((n - 1) as f64).ln())] {
-        assert!((lse2 - lse).abs() > 10.0 * lse_b, "{what}: LSE moves {:.2e}, bound {lse_b:.2e}", (lse2 - lse).abs());
-        let over =
-            (0..d).filter(|&x| (o2[x] - o[x]).abs() > uniform_out_bound(DType::Bf16, o[x], mean_abs, n, lse)).count();
-        assert!(over > d / 2, "{what}: only {over} of {d} columns of O move past the bound");
-    }
+    // Dropping one token.
+    let lse2 = t + ((n - 1) as f64).ln();
+    assert!((lse2 - lse).abs() > 10.0 * lse_b, "dropped: LSE moves {:.2e}, bound {lse_b:.2e}", (lse2 - lse).abs());
+    let over =
+        (0..d).filter(|&x| (dropped[x] - o[x]).abs() > uniform_out_bound(DType::Bf16, o[x], mean_abs, n, lse)).count();
+    assert!(over > d / 2, "dropped: only {over} of {d} columns of O move past the bound");
     // Duplicating token 0 (n + 1 rows with v_0 twice).
     let dup: Vec<f64> = (0..d).map(|x| (o[x] * n as f64 + v[x]) / (n + 1) as f64).collect();
     let over =

@@ -694,3 +694,183 @@ fn gemm_pair<T: Element>(cu: &Arc<CudaStream>, s: GemmShape) {
     }
     agree(&format!("gemm {} {s:?}", T::DTYPE.name()), &f32s(&gpu), &f32s(&emu), |_| worst);
 }
+
+// ------------------------------------------------------------------------------------ Hopper (sm_90a)
+
+#[path = "common/hopper_model.rs"]
+mod hopper_model;
+
+/// A GPU of compute capability 9.0 with the sm_90a kernels built, or `None` (skipped visibly; with
+/// FA_REQUIRE_GPU=1 an sm_90 GPU without the sm_90a kernels fails).
+fn hopper_or_skip(test: &str) -> Option<Arc<cudarc::driver::CudaContext>> {
+    let ctx = common::gpu_or_skip(test)?;
+    let (major, minor) = ctx.compute_capability().unwrap();
+    if (major, minor) != (9, 0) {
+        eprintln!("skipped: {test} needs an sm_90 GPU (this one is sm_{major}{minor})");
+        return None;
+    }
+    let built = fused_attn::build_info::CUDA_ARCHS.split(',').any(|a| a.trim() == "90a");
+    if !built {
+        assert!(
+            !std::env::var("FA_REQUIRE_GPU").is_ok_and(|v| v == "1"),
+            "{test}: an sm_90 GPU, but this build has no sm_90a kernels (FA_CUDA_ARCHS lacks 90a)"
+        );
+        eprintln!("skipped: {test}: this build has no sm_90a kernels");
+        return None;
+    }
+    Some(ctx)
+}
+
+/// The wgmma, TMA and planted-bug-twin self-tests on the GPU and on the emulator, bit for bit: the guard
+/// against the kernels and the emulator sharing one misreading of the PTX ISA. Inputs are small integers,
+/// so every fp32 sum is exact and the tensor cores' summation order cannot matter. Also the
+/// warp-specialised GEMM (exact inputs: bit for bit).
+#[test]
+fn gpu_vs_emu_selftest_hopper() {
+    use fused_attn::emu_selftest::{Sm90Bug, WsGemmBug};
+    use hopper_model::*;
+    let Some(ctx) = hopper_or_skip("gpu_vs_emulator::gpu_vs_emu_selftest_hopper") else { return };
+    let cu = ctx.default_stream();
+    const SEED: u64 = 0x90a;
+    let mut rng = fused_attn::seed::rng(seed() ^ SEED);
+
+    // wgmma: every layout pair at N = 64, SS and RS, both dtypes; every N with a few layouts.
+    let layouts: Vec<(bool, u32)> =
+        [false, true].iter().flat_map(|&mn| [0u32, 32, 64, 128].map(move |s| (mn, s))).collect();
+    let mut cases = 0;
+    for dtype in [DType::F16, DType::Bf16] {
+        for (i, &a_sw) in layouts.iter().enumerate() {
+            for (j, &b_sw) in layouts.iter().enumerate() {
+                for n in [16usize, 64, 128, 176, 256] {
+                    if n != 64 && (i + j + n / 16) % 7 != 0 {
+                        continue;
+                    }
+                    let rs = i == j;
+                    let s = wgmma_setup(&mut rng, dtype, n, a_sw, b_sw, rs, true);
+                    let accumulate = (i + j) % 2 == 0;
+                    let case = s.case(dtype, n, accumulate);
+                    let emu = st::wgmma(&case, SEED).unwrap();
+                    let (da, db) =
+                        (cu.clone_htod(&s.a_img.clone().max_len(16)).unwrap(), cu.clone_htod(&s.b_img).unwrap());
+                    let dr = cu.clone_htod(&s.a_regs.clone().unwrap_or_else(|| vec![0u32; 4])).unwrap();
+                    let (dc, dd) = (cu.clone_htod(&s.c).unwrap(), cu.clone_htod(&vec![f32::NAN; s.c.len()]).unwrap());
+                    let mut p = case.params(dptr(&cu, &dd) as *mut f32).unwrap();
+                    p.a_smem = dptr(&cu, &da) as *const u8;
+                    p.b_smem = dptr(&cu, &db) as *const u8;
+                    p.a_regs = if rs { dptr(&cu, &dr) as *const u32 } else { std::ptr::null() };
+                    p.c = dptr(&cu, &dc) as *const f32;
+                    launch_gpu(&cu, "selftest_wgmma", sys::fa_selftest_wgmma, p);
+                    let gpu: Vec<u32> = cu.clone_dtoh(&dd).unwrap().iter().map(|x| x.to_bits()).collect();
+                    let emu: Vec<u32> = emu.iter().map(|x| x.to_bits()).collect();
+                    bitwise(&format!("wgmma {dtype:?} n={n} A {a_sw:?} B {b_sw:?} rs={rs}"), &gpu, &emu);
+                    cases += 1;
+                }
+            }
+        }
+    }
+    assert!(cases >= 150);
+
+    // TMA loads (ranks 1-5, out-of-bounds boxes, every swizzle; expect_tx = the whole box) and stores.
+    for (spec, coords) in tma_cases() {
+        let tensor = tensor_bytes(&mut rng, tensor_len(&spec));
+        let emu = st::tma_load(&spec, &tensor, &coords, spec.box_bytes() as u32, SEED).unwrap();
+        let dt = cu.clone_htod(&tensor).unwrap();
+        let dimg = cu.clone_htod(&vec![0xA5u8; spec.box_bytes() as usize]).unwrap();
+        let map = spec.encode_gpu(dptr(&cu, &dt)).unwrap();
+        let p = st::tma_params(
+            map,
+            dptr(&cu, &dimg) as *mut u8,
+            &coords,
+            &spec,
+            spec.box_bytes() as u32,
+            sys::FA_SELFTEST_TMA_LOAD,
+        )
+        .unwrap();
+        launch_gpu(&cu, "selftest_tma", sys::fa_selftest_tma, p);
+        bitwise(&format!("TMA load {spec:?} at {coords:?}"), &cu.clone_dtoh(&dimg).unwrap(), &emu);
+
+        let image = tensor_bytes(&mut rng, spec.box_bytes() as usize);
+        let mut emu_tensor = tensor.clone();
+        st::tma_store(&spec, &mut emu_tensor, &coords, &image, SEED).unwrap();
+        let (dt, dimg) = (cu.clone_htod(&tensor).unwrap(), cu.clone_htod(&image).unwrap());
+        let map = spec.encode_gpu(dptr(&cu, &dt)).unwrap();
+        let p =
+            st::tma_params(map, dptr(&cu, &dimg) as *mut u8, &coords, &spec, 0, sys::FA_SELFTEST_TMA_STORE).unwrap();
+        launch_gpu(&cu, "selftest_tma", sys::fa_selftest_tma, p);
+        bitwise(&format!("TMA store {spec:?} at {coords:?}"), &cu.clone_dtoh(&dt).unwrap(), &emu_tensor);
+    }
+
+    // The planted bugs' correct twins: what they write (and, for the TMA-store twins, the tile stored back).
+    let input = exact_values(&mut rng, DType::F16, st::SM90_BUG_INPUT);
+    for bug in Sm90Bug::ALL {
+        let mut emu_input = input.clone();
+        let emu = st::sm90_bug(bug, false, &mut emu_input, SEED).unwrap();
+        let (din, dout) = (cu.clone_htod(&input).unwrap(), cu.clone_htod(&vec![f32::NAN; st::SM90_BUG_OUT]).unwrap());
+        let p = sys::FaSelftestSm90BugParams {
+            map: st::sm90_bug_map_spec().encode_gpu(dptr(&cu, &din)).unwrap(),
+            input: dptr(&cu, &din) as *const u16,
+            out: dptr(&cu, &dout) as *mut f32,
+            bug: bug.abi(),
+            planted: 0,
+        };
+        launch_gpu(&cu, "selftest_sm90_bug", sys::fa_selftest_sm90_bug, p);
+        let gpu: Vec<u32> = cu.clone_dtoh(&dout).unwrap().iter().map(|x| x.to_bits()).collect();
+        bitwise(&format!("correct twin of {bug:?}"), &gpu, &emu.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+        bitwise(&format!("input after the twin of {bug:?}"), &cu.clone_dtoh(&din).unwrap(), &emu_input);
+    }
+
+    // The warp-specialised GEMM, K- and N-major B, on exact data.
+    for (m, n, k, mn) in [(256usize, 128usize, 320usize, false), (200, 136, 200, true)] {
+        for dtype in [DType::F16, DType::Bf16] {
+            let a = exact_values(&mut rng, dtype, m * k);
+            let b = exact_values(&mut rng, dtype, n * k);
+            let emu = match dtype {
+                DType::F16 => {
+                    st::ws_gemm(&as_elems::<f16>(&a), &as_elems::<f16>(&b), (m, n, k), mn, WsGemmBug::None, SEED)
+                }
+                DType::Bf16 => {
+                    st::ws_gemm(&as_elems::<bf16>(&a), &as_elems::<bf16>(&b), (m, n, k), mn, WsGemmBug::None, SEED)
+                }
+            }
+            .unwrap();
+            let (sa, sb) = st::ws_gemm_map_specs(m, n, k, mn);
+            let (da, db) = (cu.clone_htod(&a).unwrap(), cu.clone_htod(&b).unwrap());
+            let dc = cu.clone_htod(&vec![f32::NAN; m * n]).unwrap();
+            let p = st::ws_gemm_params(
+                sa.encode_gpu(dptr(&cu, &da)).unwrap(),
+                sb.encode_gpu(dptr(&cu, &db)).unwrap(),
+                dptr(&cu, &dc) as *mut f32,
+                (m, n, k),
+                dtype,
+                mn,
+                WsGemmBug::None,
+            )
+            .unwrap();
+            launch_gpu(&cu, "selftest_ws_gemm", sys::fa_selftest_ws_gemm, p);
+            let gpu: Vec<u32> = cu.clone_dtoh(&dc).unwrap().iter().map(|x| x.to_bits()).collect();
+            bitwise(
+                &format!("ws gemm {dtype:?} {m}x{n}x{k} mn={mn}"),
+                &gpu,
+                &emu.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            );
+        }
+    }
+}
+
+/// Raw 16-bit values as elements of `T`.
+fn as_elems<T: Element>(bits: &[u16]) -> Vec<T> {
+    bits.iter().map(|&b| T::from_f64(hopper_model::to_f32(T::DTYPE, b) as f64)).collect()
+}
+
+trait MaxLen {
+    fn max_len(self, n: usize) -> Self;
+}
+impl MaxLen for Vec<u8> {
+    /// At least `n` bytes (an SS-less RS case has no A image; the device buffer may not be empty).
+    fn max_len(mut self, n: usize) -> Self {
+        if self.len() < n {
+            self.resize(n, 0);
+        }
+        self
+    }
+}

@@ -2,7 +2,7 @@
 //! the shared sweep (`prefill::sweep_cases`), the emulation budget case, determinism across scheduling
 //! seeds, and invalid input -> typed errors.
 //!
-//! Tolerance (CONVENTIONS.md): max|ours − ref64| ≤ 2 · max|naive − ref64| + 1e-5, where naive is a plain
+//! Tolerance (docs/semantics.md): max|ours − ref64| ≤ 2 · max|naive − ref64| + 1e-5, where naive is a plain
 //! same-dtype implementation (scores, softmax output and P·V rounded to the input dtype, fp32 inside). LSE:
 //! the same rule against a naive LSE over the dtype-rounded scores, and -inf exactly where the reference
 //! row is empty. NaN never passes; outputs are poisoned with NaN before every launch, and elements outside

@@ -9,6 +9,31 @@
 namespace fa {
 namespace emu {
 namespace detail {
+
+float bf16_to_float(uint16_t h) {
+  uint32_t bits = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Exact IEEE binary16 -> binary32, subnormals included (the tensor cores do not flush fp16 inputs).
+float f16_to_float(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, bits;
+  if (exp == 0) {
+    float f = (float)mant * 0x1p-24f; // exact: at most 10 significant bits
+    memcpy(&bits, &f, 4);
+    bits |= sign;
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | mant << 13;
+  } else {
+    bits = sign | (exp + 112) << 23 | mant << 13;
+  }
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
 namespace {
 
 struct ShflArgs {
@@ -81,30 +106,6 @@ void complete_ldmatrix(Launch &l, int w, int count, bool trans) {
   }
 }
 
-float bf16_to_float(uint16_t h) {
-  uint32_t bits = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &bits, 4);
-  return f;
-}
-
-// Exact IEEE binary16 -> binary32, subnormals included (the tensor cores do not flush fp16 inputs).
-float f16_to_float(uint16_t h) {
-  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, bits;
-  if (exp == 0) {
-    float f = (float)mant * 0x1p-24f; // exact: at most 10 significant bits
-    memcpy(&bits, &f, 4);
-    bits |= sign;
-  } else if (exp == 31) {
-    bits = sign | 0x7f800000u | mant << 13;
-  } else {
-    bits = sign | (exp + 112) << 23 | mant << 13;
-  }
-  float f;
-  memcpy(&f, &bits, 4);
-  return f;
-}
-
 // mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32, PTX ISA "Matrix Fragments for
 // mma.m16n8k16 with floating point type", with groupID g = lane >> 2 and t = lane % 4:
 //  A (16x16, 4 regs, two elements each, low half first): a_i (element i) is at
@@ -167,7 +168,7 @@ void complete_collective(Launch &l, int w) {
     complete_mma(l, w, t->op_key != 0);
     l.counters.mma += 1;
     break;
-  case Op::Barrier: break; // barriers are resolved by the scheduler
+  default: break; // barriers and warpgroup ops are resolved by the scheduler
   }
 }
 

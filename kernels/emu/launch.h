@@ -1,10 +1,12 @@
 // The state of one emulated launch, shared by the executor's parts: the scheduler (scheduler.cpp) owns the
 // blocks, warps and fibers; the memory checkers (global_memory.*, shared_memory.*) own the address spaces;
-// collectives.cpp and cp_async.cpp implement instructions on top. Everything lives in one Launch object on
+// collectives.cpp and cp_async.cpp implement instructions on top; warpgroup.cpp (wgmma, setmaxnreg) and
+// mbarrier.cpp / tma.cpp (sm_90 mbarriers, TMA loads and stores, proxy fences) the asynchronous machinery. Everything lives in one Launch object on
 // the launching OS thread's stack, reached through a thread_local pointer, so launches on different OS
 // threads never share state.
 #pragma once
 
+#include <setjmp.h>
 #include <signal.h>
 #include <stdint.h>
 
@@ -24,12 +26,38 @@ constexpr int kWarpSize = 32;
 constexpr int kMaxBlockThreads = 1024;
 constexpr int kMaxWarps = kMaxBlockThreads / kWarpSize;
 constexpr int kNumBarriers = 16; // bar.sync ids 0..15
+// sm_90 capacities, reserved at launch (fibers must not allocate): in-flight wgmmas per warpgroup, mbarriers
+// per block, TMA loads in flight per block, TMA stores in flight per thread, register objects a thread may
+// touch between two wgmma_fence (more than that: every object counts as touched).
+constexpr int kMaxWgmmaInFlight = 64;
+constexpr int kMaxMbarriers = 64;
+constexpr int kMaxTmaInFlight = 256;
+constexpr int kMaxBulkStores = 32;
+constexpr int kMaxTouched = 32;
 
 // What a lane is waiting at. A barrier blocks its warp until enough warps arrive; the others are warp
 // collectives that complete as soon as all 32 lanes of the warp have arrived.
-enum class Op : uint8_t { Barrier, SyncWarp, Shfl, Ballot, Ldmatrix, Mma };
+// Warpgroup ops (Wg*, SetMaxNReg) are .sync.aligned over the 4 warps of a warpgroup: each warp arrives as a
+// warp collective, then waits until the other three have arrived with the same op and key (warpgroup.cpp).
+// BarArrive is bar.arrive: it counts towards a named barrier without waiting for it.
+enum class Op : uint8_t {
+  Barrier,
+  SyncWarp,
+  Shfl,
+  Ballot,
+  Ldmatrix,
+  Mma,
+  BarArrive,
+  WgFence,
+  WgMma,
+  WgCommit,
+  WgWait,
+  SetMaxNReg,
+};
+inline bool is_warpgroup_op(Op op) { return op >= Op::WgFence; }
 
-enum class LaneState : uint8_t { Ready, Arrived, Exited };
+// Blocked: the lane waits alone (not as a warp) for an mbarrier phase; its warp steps on without it.
+enum class LaneState : uint8_t { Ready, Arrived, Exited, Blocked };
 
 // One cp.async between issue and completion: data moves only when a cp_async_wait covers its group.
 struct CpAsyncCopy {
@@ -38,6 +66,37 @@ struct CpAsyncCopy {
   const void *src; // not read when !pred (zero-fill)
   bool pred;
   uint64_t group; // number of the commit group it belongs to; == Thread::cp_async_groups while still open
+};
+
+// The emulator's form of a tensor map (abi.h FaEmuTensorMap), copied at issue: the kernel's own copy may go
+// out of scope before a copy completes.
+struct TmaBox {
+  FaEmuTensorMap map;
+  int32_t coords[5];
+  uint32_t smem_offset; // start of the box in shared memory (row-major over the box, then swizzled)
+  uint32_t bytes;       // the whole box, out-of-bounds elements included
+};
+
+// A TMA store (cp.async.bulk.tensor shared -> global) between issue and its bulk wait.
+struct BulkStore {
+  TmaBox box;
+  uint64_t group;     // bulk commit group; == Thread::bulk_groups while still open
+  uint32_t reader_id; // its mark on the shared bytes it reads (SharedMemory::async_read)
+};
+
+// Registers an in-flight wgmma owns: a thread's accumulator (or A fragment) object, until the wait_group
+// that completes the wgmma.
+struct RegRange {
+  const void *lo;
+  size_t bytes;
+  uint64_t group; // the wgmma group, for messages
+  bool accumulator;
+};
+
+// The last phase of one mbarrier a thread has observed through a wait (-1: the phase before the first).
+struct PhaseSeen {
+  uint32_t offset;
+  int64_t phase;
 };
 
 struct Thread {
@@ -50,6 +109,16 @@ struct Thread {
   std::vector<CpAsyncCopy> cp_async; // issued and not yet complete, in issue order
   uint64_t cp_async_groups = 0;      // groups committed so far
   uint64_t loads_since_wait = 0;     // see count_load
+  // sm_90 state (warpgroup.cpp, mbarrier.cpp, tma.cpp). Reserved at launch: fibers must not allocate.
+  uint32_t wait_bar = 0;    // LaneState::Blocked: offset of the mbarrier waited on ...
+  int wait_parity = 0;      // ... and the parity of the phase waited for
+  std::vector<RegRange> wgmma_regs;        // registers owned by in-flight wgmmas
+  std::vector<const void *> wgmma_touched; // register objects read or written since the last wgmma_fence
+  bool wgmma_fenced = false;               // executed a wgmma_fence at least once
+  bool wgmma_touch_overflow = false;       // touched more objects than wgmma_touched holds: all count
+  std::vector<PhaseSeen> phases_seen;
+  std::vector<BulkStore> bulk_stores; // issued, not yet complete
+  uint64_t bulk_groups = 0;
 };
 
 // A lane runs uninterrupted until its next collective or barrier, so one that spin-waits on memory another
@@ -61,15 +130,68 @@ constexpr uint64_t kMaxLoadsBetweenWaits = 1ull << 26;
 struct Warp {
   int arrived = 0; // lanes waiting at the warp's current collective or barrier
   int exited = 0;
+  int blocked = 0; // lanes blocked on an mbarrier (LaneState::Blocked)
   bool at_barrier = false;
+  bool at_warpgroup = false; // waiting for the other warps of its warpgroup (a warpgroup op)
   bool done = false;
+  // Runnable: some lane can run (and the warp waits neither at a barrier nor for its warpgroup).
+  bool runnable() const { return !done && !at_barrier && !at_warpgroup && arrived + exited + blocked < 32; }
 };
 
-// One bar.sync id: the count the waiting warps asked for and who is waiting.
+// One bar.sync id: the count the waiting warps asked for and who is waiting. Warps that bar.arrive count
+// towards it without waiting; what they did before arriving is released to the waiters (`released`).
 struct Barrier {
   int expected = 0;
   int arrived = 0; // threads, in whole warps
-  uint32_t warps = 0;
+  uint32_t warps = 0;    // warps waiting (bar.sync)
+  uint32_t arrivers = 0; // warps that arrived without waiting (bar.arrive)
+  uint32_t released[32] = {};
+};
+
+// One in-flight wgmma.mma_async of a warpgroup (warpgroup.cpp).
+struct WgmmaOp {
+  float *d[128];          // each thread's accumulator registers (N/2 floats)
+  uint32_t a[128][4];     // RS: each thread's A fragment, as it was at issue
+  uint64_t desc_a, desc_b;
+  uint64_t group;         // commit group number; == Warpgroup::groups while the group is open
+  uint32_t serial;        // for the shared-memory read marks
+  uint16_t n;
+  bool a_from_regs, trans_a, trans_b, accumulate, bf16;
+};
+
+// A warpgroup (4 consecutive warps): the rendezvous of its .sync.aligned ops and its wgmma / register state.
+struct Warpgroup {
+  uint32_t arrived = 0; // warps (bit i: warp 4g + i) waiting at the current op
+  Op op = Op::WgFence;
+  uint32_t key = 0;
+  int regs = 0;         // setmaxnreg: registers per thread now
+  uint64_t groups = 0;  // wgmma groups committed
+  std::vector<WgmmaOp> wgmma; // in flight, in issue order (reserved at launch)
+};
+
+// One mbarrier object (mbarrier.cpp): its phase state and, for the race detector, what its completed phases
+// released (the join of the arrivers' vector clocks; a waiter acquires it).
+struct MBarrier {
+  uint32_t offset = 0;
+  int expected = 0, pending = 0;
+  int64_t tx = 0;
+  int64_t phase = 0; // phases completed
+  int64_t tx_expected = 0, tx_landed = 0; // this phase so far, for messages
+  int init_tid = 0, init_warp = 0;
+  uint32_t init_epoch = 0;
+  uint32_t pending_release[32] = {};
+  uint32_t released[32] = {};
+};
+
+// A TMA load (cp.async.bulk.tensor global -> shared) between issue and landing. It lands when a thread
+// needs the phase its mbarrier completes, or before a deadlock is declared.
+struct TmaLoad {
+  TmaBox box;
+  uint32_t bar = 0;   // mbarrier offset it signals (complete_tx)
+  int issuer = 0;     // thread
+  uint32_t epoch = 0; // the issuing warp's epoch at issue
+  uint64_t seq = 0;   // issue order
+  bool live = false;
 };
 
 struct Launch {
@@ -89,9 +211,16 @@ struct Launch {
   std::vector<Thread> threads;
   std::vector<Warp> warps;
   Barrier barriers[kNumBarriers];
+  std::vector<Warpgroup> warpgroups;
+  std::vector<MBarrier> mbarriers; // initialised this block (few: a pipeline has a handful)
+  std::vector<TmaLoad> tma_loads;  // slots; `live` ones are in flight
+  int entry_regs = 0, reg_pool = 0; // setmaxnreg: registers per thread at launch, and the CTA's pool
+  uint32_t async_serial = 0;        // numbers in-flight wgmmas and TMA stores for shared-memory read marks
+  uint64_t tma_seq = 0;
   Thread *current = nullptr; // the fiber running now; null while the scheduler runs
   int step_start = 0;        // the lane the current warp step started with (lanes run in rotation from it)
   bool faulted = false;
+  jmp_buf *scheduler_fault = nullptr; // where a fault raised in the scheduler's own context returns to
   // Plain increments at each counted event (a few adds per intrinsic call, which already costs a
   // function call and a check); copied into ctx->kernels when the launch ends, faulted or not.
   FaEmuCounters counters{};
@@ -131,6 +260,13 @@ private:
 // Counts one load of `t` towards kMaxLoadsBetweenWaits; faults past it.
 void count_load(Thread &t);
 
+// Blocks the calling lane alone (an mbarrier wait): its warp steps on without it until unblock_lane.
+// Returns once unblocked and scheduled again.
+void block_lane(Launch &launch, Thread &t);
+void unblock_lane(Launch &launch, Thread &t);
+// Makes the lanes of warp w that arrived at its current op runnable again.
+void release_warp(Launch &launch, int w);
+
 // Makes the calling lane wait at a warp collective or barrier (`key`: its warp-uniform operands, `args`:
 // this lane's operands and result slots). Returns once the operation has completed for this lane.
 void arrive(Op op, uint32_t key, void *args);
@@ -144,6 +280,40 @@ void cp_async_drain(Thread &t);
 
 // Names a collective for messages: "shfl_xor", "named_barrier_sync(1, 64)", "ldmatrix.x4.trans", ...
 void describe_op(Op op, uint32_t key, char *buf, size_t len);
+
+// ------------------------------------------------------------------------------------------------ sm_90
+// Warp `w` (all its lanes at one warpgroup op) joins its warpgroup's rendezvous (warpgroup.cpp); the op runs
+// once all four warps are there. Runs on the last lane's fiber.
+void warpgroup_arrive(Launch &launch, int warp, const Thread &first);
+// Retries rendezvous that could not complete yet (setmaxnreg.inc waiting for registers); true if any did.
+bool retry_warpgroups(Launch &launch);
+// Describes what is waiting on warpgroup ops and mbarriers, for the deadlock report; returns chars written.
+size_t describe_async_waits(Launch &launch, char *buf, size_t len, int *blame);
+// A thread leaves: faults if its warpgroup still has wgmmas in flight; completes its TMA stores.
+void sm90_thread_exit(Thread &t);
+// The block's threads have all exited: faults if a TMA load never landed.
+void sm90_block_end(Launch &launch);
+// Lands every TMA load in flight (before declaring a deadlock: the hardware would eventually); true if any.
+bool land_all_tma(Launch &launch);
+// Block start: forget the warpgroups', mbarriers' and copies' state.
+void sm90_reset_block(Launch &launch);
+// Makes lanes blocked on mbarrier `bar` runnable again if its phase completed for them.
+void wake_mbarrier_waiters(Launch &launch, const MBarrier &bar);
+// Parts of the above that live in warpgroup.cpp.
+size_t describe_warpgroup_waits(Launch &launch, char *buf, size_t len, int *blame);
+void wgmma_thread_exit(Thread &t);
+void warpgroups_reset(Launch &launch);
+// 16-bit floats to fp32, exactly (collectives.cpp).
+float bf16_to_float(uint16_t h);
+float f16_to_float(uint16_t h);
+// The mbarrier at shared offset `offset`, or null.
+MBarrier *find_mbarrier(Launch &launch, uint32_t offset);
+// The current phase of `bar` completes (its arrivals and bytes are in); faults if loads still signal it.
+void complete_mbarrier_phase(Launch &launch, const Thread &blame, MBarrier &bar);
+// Completes every TMA store of `t` (at thread exit).
+void tma_stores_drain(Thread &t);
+// Lands the TMA loads that signal mbarrier `bar` (its waiter needs the phase), in issue order.
+void land_tma_for(Launch &launch, MBarrier &bar);
 
 } // namespace detail
 } // namespace emu

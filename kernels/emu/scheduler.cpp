@@ -9,6 +9,7 @@
 // hardware does not guarantee produces seed-dependent results, and shared-memory races are reported by
 // shared_memory.cpp independently of the order. A block ends when every thread has exited; no runnable
 // warp with some threads still waiting is a deadlock, reported instead of hanging.
+#include <setjmp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -87,6 +88,8 @@ void fault(const Thread &blame, const char *fmt, ...) {
   va_start(ap, fmt);
   vformat_fault(l, blame.tid, fmt, ap);
   va_end(ap);
+  // Outside any fiber (the scheduler landing TMA copies before it declares a deadlock): back to run_block.
+  if (!l.current) longjmp(*l.scheduler_fault, 1);
   // Abandon the launch: back to the scheduler, which sees `faulted` and unwinds to launch(). This fiber's
   // stack is simply dropped; kernels hold no resources that need destructors.
   fiber_switch(l.current->fiber, l.scheduler);
@@ -101,6 +104,12 @@ void describe_op(Op op, uint32_t key, char *buf, size_t len) {
   case Op::Ballot: snprintf(buf, len, "warp_ballot/any/all"); break;
   case Op::Ldmatrix: snprintf(buf, len, "ldmatrix.x%u%s", key & 7, key & 8 ? ".trans" : ""); break;
   case Op::Mma: snprintf(buf, len, "mma.m16n8k16.%s", key == 0 ? "f16" : "bf16"); break;
+  case Op::BarArrive: snprintf(buf, len, "named_barrier_arrive(%u, %u)", key & 15, key >> 4); break;
+  case Op::WgFence: snprintf(buf, len, "wgmma.fence"); break;
+  case Op::WgMma: snprintf(buf, len, "wgmma.mma_async.m64n%uk16", key & 0x1ff); break;
+  case Op::WgCommit: snprintf(buf, len, "wgmma.commit_group"); break;
+  case Op::WgWait: snprintf(buf, len, "wgmma.wait_group %u", key); break;
+  case Op::SetMaxNReg: snprintf(buf, len, "setmaxnreg.%s %u", key & 1 ? "inc" : "dec", key >> 1); break;
   }
 }
 
@@ -123,7 +132,7 @@ static void format_lanes(uint32_t mask, char *buf, size_t len) {
   }
 }
 
-static void release_warp(Launch &l, int w) {
+void release_warp(Launch &l, int w) {
   Warp &warp = l.warps[w];
   for (int i = 0; i < kWarpSize; ++i) {
     Thread &t = l.threads[(size_t)w * kWarpSize + i];
@@ -131,9 +140,11 @@ static void release_warp(Launch &l, int w) {
   }
   warp.arrived = 0;
   warp.at_barrier = false;
+  warp.at_warpgroup = false;
 }
 
-static void arrive_at_barrier(Launch &l, int w, const Thread &blame) {
+// bar.sync (waits) or bar.arrive (`wait` false: counts, releases what the warp did so far, moves on).
+static void arrive_at_barrier(Launch &l, int w, const Thread &blame, bool wait) {
   int id = (int)(blame.op_key & 15), count = (int)(blame.op_key >> 4);
   Barrier &b = l.barriers[id];
   if (b.arrived > 0 && b.expected != count) {
@@ -144,13 +155,19 @@ static void arrive_at_barrier(Launch &l, int w, const Thread &blame) {
   }
   b.expected = count;
   b.arrived += kWarpSize;
-  b.warps |= 1u << w;
-  l.warps[w].at_barrier = true;
   l.counters.barrier_arrivals += 1;
+  if (wait) {
+    b.warps |= 1u << w;
+    l.warps[w].at_barrier = true;
+  } else {
+    b.arrivers |= 1u << w;
+    l.shared.release(w, b.released);
+    release_warp(l, w);
+  }
   if (b.arrived < count) return;
   l.counters.barriers += 1;
-  // Complete: order everything the participants did before against everything they do after.
-  l.shared.barrier(b.warps);
+  // Complete: order everything the participants did before against everything the waiters do after.
+  l.shared.barrier(b.warps, b.arrivers ? b.released : nullptr);
   for (int o = 0; o < l.num_warps; ++o) {
     if (b.warps >> o & 1) release_warp(l, o);
   }
@@ -199,8 +216,10 @@ static void resolve_step(Launch &l, int w) {
           "warp collective or barrier)",
           w, lanes_a, op, lanes_b);
   }
-  if (first->op == Op::Barrier) {
-    arrive_at_barrier(l, w, *first);
+  if (first->op == Op::Barrier || first->op == Op::BarArrive) {
+    arrive_at_barrier(l, w, *first, first->op == Op::Barrier);
+  } else if (is_warpgroup_op(first->op)) {
+    warpgroup_arrive(l, w, *first);
   } else {
     complete_collective(l, w);
     release_warp(l, w);
@@ -246,8 +265,21 @@ void arrive(Op op, uint32_t key, void *args) {
   pass_on(l, t);
 }
 
+void block_lane(Launch &l, Thread &t) {
+  t.loads_since_wait = 0;
+  t.state = LaneState::Blocked;
+  l.warps[t.warp].blocked += 1;
+  pass_on(l, t);
+}
+
+void unblock_lane(Launch &l, Thread &t) {
+  t.state = LaneState::Ready;
+  l.warps[t.warp].blocked -= 1;
+}
+
 static void thread_exit(Launch &l, Thread &t) {
   cp_async_drain(t);
+  sm90_thread_exit(t);
   t.state = LaneState::Exited;
   Warp &warp = l.warps[t.warp];
   warp.exited += 1;
@@ -279,7 +311,7 @@ static void step_warp(Launch &l, int w, Rng &rng) {
 }
 
 static void report_deadlock(Launch &l) {
-  char text[768];
+  char text[1536];
   size_t used = 0;
   int blame = -1;
   uint32_t exited = 0;
@@ -298,6 +330,8 @@ static void report_deadlock(Launch &l) {
     if (n > 0) used = used + (size_t)n < sizeof text ? used + (size_t)n : sizeof text - 1;
     if (blame < 0) blame = __builtin_ctz(b.warps) * kWarpSize;
   }
+  used += describe_async_waits(l, text + used, sizeof text - used, &blame);
+  if (used >= sizeof text) used = sizeof text - 1;
   if (exited) {
     char warps[96];
     format_lanes(exited, warps, sizeof warps);
@@ -305,21 +339,41 @@ static void report_deadlock(Launch &l) {
     snprintf(text + used, sizeof text - used, "; %s %s %s exited (an exited warp never arrives)", one ? "warp" : "warps",
              warps, one ? "has" : "have");
   }
-  format_fault(l, blame < 0 ? 0 : blame, "deadlock: no warp can make progress: %s", text);
+  // The async-wait entries each start with "; ".
+  format_fault(l, blame < 0 ? 0 : blame, "deadlock: no warp can make progress: %s",
+               strncmp(text, "; ", 2) == 0 ? text + 2 : text);
+}
+
+// Runs `f` in the scheduler's own context, where a fault cannot switch away from a fiber: it jumps back here.
+// True if `f` returned normally.
+template <class F> static bool outside_fibers(Launch &l, F f, bool *result) {
+  jmp_buf here;
+  l.scheduler_fault = &here;
+  if (setjmp(here) != 0) return false;
+  *result = f();
+  return true;
 }
 
 static void run_block(Launch &l, Dim3 idx, uint64_t linear) {
   l.block_idx = idx;
   l.counters.blocks += 1;
-  l.shared.reset_block();
+  l.shared.reset_block(Rng{l.seed ^ (0x2545F4914F6CDD1Dull * (linear + 1))}.next());
   for (Barrier &b : l.barriers) b = Barrier{};
   for (Warp &w : l.warps) w = Warp{};
+  sm90_reset_block(l);
   for (int i = 0; i < l.block_threads; ++i) {
     Thread &t = l.threads[(size_t)i];
     t.state = LaneState::Ready;
     t.cp_async.clear();
     t.cp_async_groups = 0;
     t.loads_since_wait = 0;
+    t.wgmma_regs.clear();
+    t.wgmma_touched.clear();
+    t.wgmma_fenced = false;
+    t.wgmma_touch_overflow = false;
+    t.phases_seen.clear();
+    t.bulk_stores.clear();
+    t.bulk_groups = 0;
     fiber_prepare(t.fiber, l.stacks.lo(i), l.stacks.hi(i), thread_entry, &t);
   }
   Rng rng{l.seed ^ (0xD1B54A32D192ED03ull * (linear + 1))};
@@ -330,10 +384,18 @@ static void run_block(Launch &l, Dim3 idx, uint64_t linear) {
     for (int w = 0; w < l.num_warps; ++w) {
       if (l.warps[w].done) continue;
       all_done = false;
-      if (!l.warps[w].at_barrier) runnable[n++] = w;
+      if (l.warps[w].runnable()) runnable[n++] = w;
     }
-    if (all_done) return;
+    bool progress = false;
+    if (all_done) {
+      outside_fibers(l, [&] { sm90_block_end(l); return true; }, &progress);
+      return;
+    }
     if (n == 0) {
+      // Before declaring a deadlock: copies still in flight would land and registers freed by setmaxnreg.dec
+      // would be handed out on the GPU eventually.
+      if (!outside_fibers(l, [&] { return retry_warpgroups(l) || land_all_tma(l); }, &progress)) return;
+      if (progress) continue;
       report_deadlock(l);
       return;
     }
@@ -426,6 +488,16 @@ int launch(const char *kernel_name, Dim3 grid, int block, int smem_bytes, FaEmuL
     }
     l.threads.resize((size_t)block);
     l.warps.resize((size_t)l.num_warps);
+    // sm_90: warpgroups, and the register pool setmaxnreg redistributes. Launched with one CTA per SM (as
+    // warp-specialised kernels are), each thread starts with the registers ptxas can give it:
+    // 65536 / threads, rounded down to a multiple of 8, at most 256.
+    l.warpgroups.resize((size_t)(l.num_warps / 4));
+    for (Warpgroup &g : l.warpgroups) g.wgmma.reserve(kMaxWgmmaInFlight);
+    l.entry_regs = 65536 / block / 8 * 8;
+    if (l.entry_regs > 256) l.entry_regs = 256;
+    l.reg_pool = l.entry_regs * block;
+    l.mbarriers.reserve(kMaxMbarriers);
+    l.tma_loads.resize(kMaxTmaInFlight);
     for (int i = 0; i < block; ++i) {
       Thread &t = l.threads[(size_t)i];
       t.tid = i;
@@ -434,6 +506,10 @@ int launch(const char *kernel_name, Dim3 grid, int block, int smem_bytes, FaEmuL
       // Issued-but-unwaited copies per thread stay small (a few pipeline stages); reserving keeps the
       // fibers from allocating, which is the one thing that could throw on them.
       t.cp_async.reserve(64);
+      t.wgmma_regs.reserve(2 * kMaxWgmmaInFlight);
+      t.wgmma_touched.reserve(kMaxTouched);
+      t.phases_seen.reserve(kMaxMbarriers);
+      t.bulk_stores.reserve(kMaxBulkStores);
     }
     install_fault_handlers();
     ScopedAltStack alt_stack;
@@ -463,6 +539,18 @@ void named_barrier_sync(int id, int nthreads) {
           id, nthreads, l.block_threads);
   }
   arrive(Op::Barrier, (uint32_t)id | (uint32_t)nthreads << 4, nullptr);
+}
+
+void named_barrier_arrive(int id, int nthreads) {
+  Launch &l = current_launch();
+  Thread &t = *l.current;
+  if (id < 0 || id >= kNumBarriers) fault(t, "named_barrier_arrive(%d, %d): barrier ids are 0..15", id, nthreads);
+  if (nthreads <= 0 || nthreads % kWarpSize != 0 || nthreads > l.block_threads) {
+    fault(t,
+          "named_barrier_arrive(%d, %d): the thread count must be a multiple of 32 between 32 and the block size %d",
+          id, nthreads, l.block_threads);
+  }
+  arrive(Op::BarArrive, (uint32_t)id | (uint32_t)nthreads << 4, nullptr);
 }
 
 ScopedRaceDetection::ScopedRaceDetection(bool enabled) : previous_(t_race_detection) { t_race_detection = enabled; }

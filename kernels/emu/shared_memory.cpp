@@ -11,9 +11,12 @@ namespace fa {
 namespace emu {
 namespace detail {
 
-// The dynamic shared-memory base is 128-byte aligned, as `extern __shared__ __align__(128)` is on the GPU.
-constexpr size_t kSmemAlign = 128;
+// The allocation is 1024-byte aligned with 1024 spare bytes, so that the block's dynamic shared memory can
+// start at any multiple of 128 past a 1024-byte boundary (its host address and its shared window address
+// then agree modulo 1024, as swizzle patterns and alignment checks need).
+constexpr size_t kSmemAlign = 1024;
 constexpr unsigned char kPoison = 0xFF;
+constexpr size_t kReaderNames = 1024;
 
 SharedMemory::~SharedMemory() { free(alloc_); }
 
@@ -21,8 +24,8 @@ bool SharedMemory::allocate(int bytes, int num_warps, bool race_detection) {
   bytes_ = bytes;
   warps_ = num_warps;
   races_ = race_detection;
-  size_t rounded = ((size_t)bytes + kSmemAlign - 1) / kSmemAlign * kSmemAlign;
-  if (posix_memalign((void **)&alloc_, kSmemAlign, rounded ? rounded : kSmemAlign) != 0) {
+  size_t total = ((size_t)bytes + 2 * kSmemAlign - 1) / kSmemAlign * kSmemAlign;
+  if (posix_memalign((void **)&alloc_, kSmemAlign, total) != 0) {
     alloc_ = nullptr;
     return false;
   }
@@ -35,18 +38,50 @@ bool SharedMemory::allocate(int bytes, int num_warps, bool race_detection) {
     last_read_.assign(granules * (size_t)num_warps, 0);
   }
   clock_.assign((size_t)num_warps * num_warps, 0);
+  async_reads_.assign(granules, 0);
+  async_reader_.assign(granules, 0);
+  generic_write_.assign(granules, 0);
+  special_.assign(granules, 0);
+  proxy_fences_.assign((size_t)num_warps, 0);
+  reader_names_.assign(kReaderNames, std::vector<char>(160, 0));
   return true;
 }
 
-void SharedMemory::reset_block() {
-  memset(base_, kPoison, (size_t)bytes_);
+void SharedMemory::reset_block(uint64_t placement_seed) {
+  phase_ = (uint32_t)(128 * (1 + placement_seed % 7));
+  placed_ = false;
+  base_ = alloc_ + phase_;
+  memset(alloc_, kPoison, (size_t)bytes_ + kSmemAlign);
   std::fill(in_flight_.begin(), in_flight_.end(), 0);
   std::fill(last_write_.begin(), last_write_.end(), 0);
   std::fill(last_read_.begin(), last_read_.end(), 0);
   std::fill(clock_.begin(), clock_.end(), 0);
+  std::fill(async_reads_.begin(), async_reads_.end(), 0);
+  std::fill(generic_write_.begin(), generic_write_.end(), 0);
+  std::fill(special_.begin(), special_.end(), 0);
+  std::fill(proxy_fences_.begin(), proxy_fences_.end(), 0);
+}
+
+unsigned char *SharedMemory::place(const Thread &t, int alignment) {
+  if (!placed_) {
+    placed_ = true;
+    if (alignment >= (int)kSmemAlign) {
+      phase_ = 0;
+      base_ = alloc_;
+    }
+  }
+  if (phase_ % (uint32_t)alignment != 0) {
+    fault(t,
+          "dynamic shared memory requested with %d-byte alignment, but this block already placed it at shared "
+          "window address %#x (an earlier dynamic_smem() call asked for less): ask for the same alignment "
+          "everywhere",
+          alignment, window_address(0));
+  }
+  return base_;
 }
 
 uint32_t SharedMemory::check_range(const Thread &t, const void *p, size_t n, size_t align, const char *what) {
+  if (!placed_) place(t, 128); // a pointer into shared memory not derived from dynamic_smem()
   uintptr_t a = (uintptr_t)p, b = (uintptr_t)base_;
   if (a < b || a - b > (uintptr_t)bytes_ || n > (size_t)bytes_ - (a - b)) {
     Launch &l = current_launch();
@@ -75,17 +110,35 @@ uint32_t SharedMemory::check_range(const Thread &t, const void *p, size_t n, siz
   return (uint32_t)(a - b);
 }
 
-void SharedMemory::report_race(const Thread &t, uint32_t offset, const char *access, int other_warp,
+void SharedMemory::report_race(const Thread &t, int warp, uint32_t offset, const char *access, int other_warp,
                                const char *other_access) {
   fault(t,
         "data race on shared memory at address %#llx (shared+%u): warp %d%s bytes that warp %d %s, with no "
         "barrier ordering the two accesses (missing __syncthreads?)",
-        (unsigned long long)((uintptr_t)base_ + offset), offset, t.warp, access, other_warp, other_access);
+        (unsigned long long)((uintptr_t)base_ + offset), offset, warp, access, other_warp, other_access);
 }
 
 // An access to bytes a cp.async has not landed yet. If a barrier orders the issue before this access, the
 // issuer's missing wait is the bug; if nothing orders them, the access races with the copy itself.
 void SharedMemory::report_in_flight(const Thread &t, uint32_t g, const char *access) {
+  if (in_flight_[g] & kTmaInFlight) {
+    const Launch &l = current_launch();
+    const TmaLoad &c = l.tma_loads[in_flight_[g] & ~kTmaInFlight];
+    const int issuer_warp = c.issuer / kWarpSize;
+    const unsigned long long addr = (unsigned long long)((uintptr_t)base_ + 2 * g);
+    if (races_ && issuer_warp != t.warp && in_flight_epoch_[g] >= knows(t.warp, issuer_warp)) {
+      fault(t,
+            "data race on shared memory at address %#llx (shared+%u): warp %d%s bytes that thread %d's TMA load "
+            "(%u bytes to shared+%u) writes, with no barrier or mbarrier ordering the two accesses (a stage "
+            "refilled while still in use: missing empty-barrier wait?)",
+            addr, 2 * g, t.warp, access, c.issuer, c.box.bytes, c.box.smem_offset);
+    }
+    fault(t,
+          "warp %d%s shared memory at address %#llx (shared+%u) with a TMA load in flight: thread %d's "
+          "cp.async.bulk.tensor (%u bytes to shared+%u) completes on the mbarrier at shared+%u, whose phase this "
+          "warp has not waited for (missing mbarrier_wait?)",
+          t.warp, access, addr, 2 * g, c.issuer, c.box.bytes, c.box.smem_offset, c.bar);
+  }
   const int issuer = in_flight_[g] - 1, issuer_warp = issuer / kWarpSize;
   const unsigned long long addr = (unsigned long long)((uintptr_t)base_ + 2 * g);
   if (races_ && issuer_warp != t.warp && in_flight_epoch_[g] >= knows(t.warp, issuer_warp)) {
@@ -100,6 +153,18 @@ void SharedMemory::report_in_flight(const Thread &t, uint32_t g, const char *acc
         t.warp, access, addr, 2 * g, issuer);
 }
 
+void SharedMemory::check_not_mbarrier(const Thread &t, uint32_t offset, size_t n, const char *what) {
+  const uint32_t g_end = (uint32_t)((offset + n + 1) / 2);
+  for (uint32_t g = offset / 2; g < g_end; ++g) {
+    if (special_[g] & kMbarrierGranule) {
+      fault(t,
+            "%s of %zu bytes at address %#llx (shared+%u) touches the mbarrier object at shared+%u: an initialised "
+            "mbarrier may only be accessed through the mbarrier intrinsics",
+            what, n, (unsigned long long)((uintptr_t)base_ + offset), offset, (2 * g) & ~7u);
+    }
+  }
+}
+
 void SharedMemory::on_read(const Thread &t, uint32_t offset, size_t n) {
   const int w = t.warp;
   const uint32_t g_end = (uint32_t)((offset + n + 1) / 2);
@@ -109,58 +174,66 @@ void SharedMemory::on_read(const Thread &t, uint32_t offset, size_t n) {
     uint32_t wr = last_write_[g];
     if (wr) {
       int writer = (int)(wr & 31);
-      if (writer != w && (wr >> 5) - 1 >= knows(w, writer)) report_race(t, 2 * g, " reads", writer, "wrote");
+      if (writer != w && (wr >> 5) - 1 >= knows(w, writer)) report_race(t, t.warp, 2 * g, " reads", writer, "wrote");
     }
     last_read_[(size_t)g * warps_ + w] = epoch(w) + 1;
   }
 }
 
-void SharedMemory::on_write(const Thread &t, uint32_t offset, size_t n, bool async) {
+void SharedMemory::on_write(const Thread &t, uint32_t offset, size_t n, uint16_t in_flight_mark) {
   const int w = t.warp;
+  const bool async = in_flight_mark != 0;
   const uint32_t g_end = (uint32_t)((offset + n + 1) / 2);
-  const char *access = async ? "'s cp.async writes" : " writes";
+  const char *access = !async ? " writes" : (in_flight_mark & kTmaInFlight) ? "'s TMA load writes" : "'s cp.async writes";
   for (uint32_t g = offset / 2; g < g_end; ++g) {
     if (in_flight_[g]) report_in_flight(t, g, access);
+    if (async_reads_[g]) report_async_read(t, g, access);
     if (races_) {
       uint32_t wr = last_write_[g];
       if (wr) {
         int writer = (int)(wr & 31);
-        if (writer != w && (wr >> 5) - 1 >= knows(w, writer)) report_race(t, 2 * g, access, writer, "also wrote");
+        if (writer != w && (wr >> 5) - 1 >= knows(w, writer)) report_race(t, t.warp, 2 * g, access, writer, "also wrote");
       }
       const uint32_t *reads = &last_read_[(size_t)g * warps_];
       for (int r = 0; r < warps_; ++r) {
-        if (r != w && reads[r] && reads[r] - 1 >= knows(w, r)) report_race(t, 2 * g, access, r, "read");
+        if (r != w && reads[r] && reads[r] - 1 >= knows(w, r)) report_race(t, t.warp, 2 * g, access, r, "read");
       }
       if (!async) last_write_[g] = ((epoch(w) + 1) << 5) | (uint32_t)w;
     }
     if (async) {
-      in_flight_[g] = (uint16_t)(t.tid + 1);
+      in_flight_[g] = in_flight_mark;
       in_flight_epoch_[g] = epoch(w);
+    } else {
+      generic_write_[g] = ((proxy_fences_[(size_t)w] + 1) << 5) | (uint32_t)w;
     }
   }
 }
 
 void SharedMemory::load(const Thread &t, void *dst, const void *p, size_t n) {
   uint32_t off = check_range(t, p, n, natural_alignment(n), "shared load");
+  check_not_mbarrier(t, off, n, "shared load");
   on_read(t, off, n);
   memcpy(dst, base_ + off, n);
 }
 
 void SharedMemory::store(const Thread &t, void *p, const void *src, size_t n) {
   uint32_t off = check_range(t, p, n, natural_alignment(n), "shared store");
-  on_write(t, off, n, false);
+  check_not_mbarrier(t, off, n, "shared store");
+  on_write(t, off, n, 0);
   memcpy(base_ + off, src, n);
 }
 
 void SharedMemory::collective_read(const Thread &t, void *dst, const void *p, size_t n, const char *what) {
   uint32_t off = check_range(t, p, n, 16, what);
+  check_not_mbarrier(t, off, n, what);
   on_read(t, off, n);
   memcpy(dst, base_ + off, n);
 }
 
 uint32_t SharedMemory::begin_async_write(const Thread &t, void *p, size_t n) {
   uint32_t off = check_range(t, p, n, n, "cp.async destination");
-  on_write(t, off, n, true);
+  check_not_mbarrier(t, off, n, "cp.async destination");
+  on_write(t, off, n, (uint16_t)(t.tid + 1));
   return off;
 }
 
@@ -170,6 +243,7 @@ void SharedMemory::end_async_write(const Thread &t, uint32_t offset, size_t n, c
   for (uint32_t g = offset / 2; g < g_end; ++g) {
     in_flight_[g] = 0;
     if (races_) last_write_[g] = mark;
+    generic_write_[g] = ((proxy_fences_[(size_t)t.warp] + 1) << 5) | (uint32_t)t.warp; // cp.async: generic proxy
   }
   if (src) {
     memcpy(base_ + offset, src, n);
@@ -178,11 +252,12 @@ void SharedMemory::end_async_write(const Thread &t, uint32_t offset, size_t n, c
   }
 }
 
-void SharedMemory::barrier(uint32_t warp_mask) {
+void SharedMemory::barrier(uint32_t warp_mask, const uint32_t *released) {
   // Each participant ends its epoch, then all adopt the join of their clocks: everything any of them did
   // before the barrier now happens-before everything any of them does after it. (Epochs are packed into 27
   // bits in last_write_: a block would need 2^27 barriers to wrap them.)
   uint32_t join[kMaxWarps] = {};
+  if (released) memcpy(join, released, sizeof(uint32_t) * (size_t)warps_);
   for (int w = 0; w < warps_; ++w) {
     if (!(warp_mask >> w & 1)) continue;
     uint32_t *c = &clock_[(size_t)w * warps_];
@@ -194,11 +269,119 @@ void SharedMemory::barrier(uint32_t warp_mask) {
   }
 }
 
+// ------------------------------------------------------------------------------------------------ sm_90
+
+void SharedMemory::release(int w, uint32_t *into) {
+  const uint32_t *c = &clock_[(size_t)w * warps_];
+  for (int o = 0; o < warps_; ++o) into[o] = c[o] > into[o] ? c[o] : into[o];
+  // Everything w did in its current epoch is covered; what it does next is not.
+  if (into[w] < c[w] + 1) into[w] = c[w] + 1;
+  clock_[(size_t)w * warps_ + w] += 1;
+}
+
+void SharedMemory::acquire(int w, const uint32_t *from) {
+  uint32_t *c = &clock_[(size_t)w * warps_];
+  for (int o = 0; o < warps_; ++o) {
+    // A warp's own epoch is its own business: only its knowledge of the others grows.
+    if (o != w && from[o] > c[o]) c[o] = from[o];
+  }
+}
+
+void SharedMemory::async_proxy_read(const Thread &t, uint32_t offset, size_t n, uint32_t warp_mask, const char *what,
+                                    bool check_fence) {
+  check_not_mbarrier(t, offset, n, what);
+  const uint32_t g_end = (uint32_t)((offset + n + 1) / 2);
+  for (uint32_t g = offset / 2; g < g_end; ++g) {
+    if (in_flight_[g]) report_in_flight(t, g, " reads (through the async proxy)");
+    const uint32_t gw = generic_write_[g];
+    if (check_fence && gw && (gw >> 5) - 1 == proxy_fences_[gw & 31]) {
+      fault(t,
+            "%s at address %#llx (shared+%u) reads bytes warp %d wrote with ordinary stores (the generic proxy) "
+            "and has not fenced since: the async proxy may read stale data (missing fence_proxy_async() after the "
+            "stores, before the barrier?)",
+            what, (unsigned long long)((uintptr_t)base_ + 2 * g), 2 * g, (int)(gw & 31));
+    }
+    if (!races_) continue;
+    for (int w = 0; w < warps_; ++w) {
+      if (!(warp_mask >> w & 1)) continue;
+      uint32_t wr = last_write_[g];
+      if (wr) {
+        int writer = (int)(wr & 31);
+        if (writer != w && (wr >> 5) - 1 >= knows(w, writer)) {
+          char access[96];
+          snprintf(access, sizeof access, "'s %s", what);
+          report_race(t, w, 2 * g, access, writer, "wrote");
+        }
+      }
+      last_read_[(size_t)g * warps_ + w] = epoch(w) + 1;
+    }
+  }
+}
+
+void SharedMemory::mark_async_read(uint32_t offset, size_t n, uint32_t id, int delta) {
+  const uint32_t g_end = (uint32_t)((offset + n + 1) / 2);
+  for (uint32_t g = offset / 2; g < g_end; ++g) {
+    async_reads_[g] = (uint16_t)(async_reads_[g] + delta);
+    if (delta > 0) async_reader_[g] = id;
+  }
+}
+
+void SharedMemory::name_async_reader(uint32_t id, const char *text) {
+  std::vector<char> &slot = reader_names_[id % kReaderNames];
+  snprintf(slot.data(), slot.size(), "%s", text);
+}
+
+void SharedMemory::report_async_read(const Thread &t, uint32_t g, const char *access) {
+  fault(t,
+        "warp %d%s shared memory at address %#llx (shared+%u) while %s still reads it (wait for it to complete "
+        "before overwriting: wgmma_wait / tma_store_wait)",
+        t.warp, access, (unsigned long long)((uintptr_t)base_ + 2 * g), 2 * g,
+        reader_names_[async_reader_[g] % kReaderNames].data());
+}
+
+void SharedMemory::begin_tma_write(const Thread &t, uint32_t offset, size_t n, uint32_t slot) {
+  check_not_mbarrier(t, offset, n, "TMA load destination");
+  on_write(t, offset, n, (uint16_t)(kTmaInFlight | slot));
+}
+
+void SharedMemory::end_tma_write(uint32_t offset, size_t n, int warp, uint32_t issue_epoch) {
+  const uint32_t g_end = (uint32_t)((offset + n + 1) / 2);
+  const uint32_t mark = ((issue_epoch + 1) << 5) | (uint32_t)warp;
+  for (uint32_t g = offset / 2; g < g_end; ++g) {
+    in_flight_[g] = 0;
+    if (races_) last_write_[g] = mark;
+    generic_write_[g] = 0; // written by the async proxy: no fence needed before the async proxy reads it
+  }
+}
+
+void SharedMemory::mark_mbarrier(uint32_t offset, bool on) {
+  for (uint32_t g = offset / 2; g < offset / 2 + 4; ++g) {
+    special_[g] = on ? (uint8_t)(special_[g] | kMbarrierGranule) : (uint8_t)(special_[g] & ~kMbarrierGranule);
+  }
+}
+
 } // namespace detail
 
 using namespace detail;
 
-unsigned char *dynamic_smem() { return current_launch().shared.base(); }
+unsigned char *dynamic_smem() {
+  Launch &l = current_launch();
+  return l.shared.place(*l.current, 128);
+}
+
+unsigned char *dynamic_smem_aligned(int alignment) {
+  Launch &l = current_launch();
+  if (alignment != 128 && alignment != 1024) {
+    fault(*l.current, "dynamic_smem_aligned(%d): the alignments are 128 and 1024", alignment);
+  }
+  return l.shared.place(*l.current, alignment);
+}
+
+uint32_t shared_address(const void *smem) {
+  Launch &l = current_launch();
+  const uint32_t off = l.shared.check_range(*l.current, smem, 1, 1, "shared address conversion");
+  return l.shared.window_address(off);
+}
 
 void shared_load(void *dst, const void *smem, size_t bytes) {
   Launch &l = current_launch();

@@ -664,7 +664,7 @@ pub fn run_case_gpu<T: Element>(cu: &Arc<CudaStream>, case: &DecodeCase, seed: u
     Ok(DecodeRun { fixture: f, o, lse, outcome })
 }
 
-/// Bytes a decode moves, per CONVENTIONS.md: K and V actually read, Q, O, LSE, and the split workspace
+/// Bytes a decode moves, per docs/semantics.md: K and V actually read, Q, O, LSE, and the split workspace
 /// (fp32 partial O and LSE written once and read once by the merge).
 pub fn decode_bytes(case: &DecodeCase, plan: &DecodePlan) -> usize {
     let elem = 2;
@@ -740,7 +740,7 @@ pub struct PerfRow {
     pub ratio: f64,
 }
 
-/// Measures [`perf_cases`] on `cu` against a device-to-device copy of 1 GiB (the ceiling of CONVENTIONS.md).
+/// Measures [`perf_cases`] on `cu` against a device-to-device copy of 1 GiB (the ceiling of docs/semantics.md).
 pub fn perf_report(cu: &Arc<CudaStream>, seed: u64) -> Result<Vec<PerfRow>> {
     let copy_gbps = crate::timing::copy_bandwidth_gbps(cu, 1 << 30)?;
     perf_cases()

@@ -1,7 +1,7 @@
 //! The prefill sweep and performance shapes (shared by tests/prefill.rs, the runner's `report` / `run --op
 //! prefill` and the benches), and the harness that runs one case: seeded inputs laid out as the case says,
 //! outputs poisoned with NaN (padding included), one launch on the emulator or a GPU, and the verdict
-//! against the fp64 reference under the tolerance rule of CONVENTIONS.md. On a GPU, [`time_case_gpu`] also
+//! against the fp64 reference under the tolerance rule of docs/semantics.md. On a GPU, [`time_case_gpu`] also
 //! times a case with CUDA events over input sets rotated past L2.
 //!
 //! Tolerance: max|ours − ref64| ≤ 2 · max|naive − ref64| + 1e-5, naive a plain same-dtype implementation.
@@ -107,7 +107,7 @@ impl PrefillCase {
     }
 }
 
-/// The sequence lengths the sweep draws from (CONVENTIONS: tile edges ±1, 1, and one long sequence).
+/// The sequence lengths the sweep draws from (docs/semantics.md: tile edges ±1, 1, and one long sequence).
 pub const SWEEP_SEQLENS: [usize; 10] = [1, 17, 63, 64, 65, 127, 128, 129, 255, 1000];
 
 /// The correctness sweep. `full == false`: the emulation subset — every dtype × causal × (Tq, Tk) pair of
@@ -740,7 +740,7 @@ impl<T: Element> PrefillFixture<T> {
         (wide(&self.alibi_slopes), wide(&self.sinks))
     }
 
-    /// Prefill FLOPs of the case (CONVENTIONS.md; per sequence for varlen).
+    /// Prefill FLOPs of the case (docs/semantics.md; per sequence for varlen).
     pub fn flops(&self) -> f64 {
         let c = &self.case;
         match &c.varlen {

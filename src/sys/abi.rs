@@ -236,6 +236,9 @@ pub struct FaEmuCounters {
     pub shared_bytes_written: u64,
     pub cp_async_bytes: u64,
     pub cp_async_zfill_bytes: u64,
+    pub wgmma: u64,
+    pub tma_load_bytes: u64,
+    pub tma_store_bytes: u64,
 }
 impl Default for FaEmuCounters {
     fn default() -> Self {
@@ -544,6 +547,182 @@ unsafe extern "C" {
 }
 unsafe extern "C" {
     pub fn fa_selftest_bench(params: FaSelftestBenchParams, exec: *mut FaExec) -> ::std::os::raw::c_int;
+}
+#[repr(C)]
+#[repr(align(64))]
+#[derive(Debug, Copy, Clone)]
+pub struct FaTensorMap {
+    pub opaque: [u64; 16usize],
+}
+impl Default for FaTensorMap {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+pub const FA_EMU_TENSOR_MAP_MAGIC: _bindgen_ty_12 = 1885433204;
+pub type _bindgen_ty_12 = ::std::os::raw::c_uint;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FaEmuTensorMap {
+    pub magic: u32,
+    pub rank: u32,
+    pub elem_bytes: u32,
+    pub swizzle_bytes: u32,
+    pub base: *const ::std::os::raw::c_void,
+    pub dims: [u64; 5usize],
+    pub strides: [u64; 5usize],
+    pub box_: [u32; 5usize],
+}
+impl Default for FaEmuTensorMap {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FaSelftestWgmmaParams {
+    pub a_smem: *const u8,
+    pub b_smem: *const u8,
+    pub a_regs: *const u32,
+    pub c: *const f32,
+    pub d: *mut f32,
+    pub desc_a: u64,
+    pub desc_b: u64,
+    pub a_k_step_bytes: u32,
+    pub b_k_step_bytes: u32,
+    pub a_smem_bytes: i32,
+    pub b_smem_bytes: i32,
+    pub n: i32,
+    pub k_steps: i32,
+    pub dtype: i32,
+    pub a_from_regs: i32,
+    pub trans_a: i32,
+    pub trans_b: i32,
+    pub accumulate: i32,
+}
+impl Default for FaSelftestWgmmaParams {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+pub const FA_SELFTEST_TMA_LOAD: _bindgen_ty_13 = 0;
+pub const FA_SELFTEST_TMA_STORE: _bindgen_ty_13 = 1;
+pub type _bindgen_ty_13 = ::std::os::raw::c_uint;
+#[repr(C)]
+#[repr(align(64))]
+#[derive(Debug, Copy, Clone)]
+pub struct FaSelftestTmaParams {
+    pub map: FaTensorMap,
+    pub image: *mut u8,
+    pub coords: [i32; 5usize],
+    pub rank: i32,
+    pub box_bytes: i32,
+    pub expect_tx: i32,
+    pub mode: i32,
+}
+impl Default for FaSelftestTmaParams {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+pub const FA_SM90_BUG_ACC_READ_IN_FLIGHT: _bindgen_ty_14 = 0;
+pub const FA_SM90_BUG_A_WRITE_IN_FLIGHT: _bindgen_ty_14 = 1;
+pub const FA_SM90_BUG_SMEM_WRITE_IN_FLIGHT: _bindgen_ty_14 = 2;
+pub const FA_SM90_BUG_NO_WGMMA_FENCE: _bindgen_ty_14 = 3;
+pub const FA_SM90_BUG_UNCOMMITTED_AT_EXIT: _bindgen_ty_14 = 4;
+pub const FA_SM90_BUG_UNWAITED_AT_EXIT: _bindgen_ty_14 = 5;
+pub const FA_SM90_BUG_MBARRIER_DOUBLE_INIT: _bindgen_ty_14 = 6;
+pub const FA_SM90_BUG_MBARRIER_UNORDERED_INIT: _bindgen_ty_14 = 7;
+pub const FA_SM90_BUG_MBARRIER_PLAIN_ACCESS: _bindgen_ty_14 = 8;
+pub const FA_SM90_BUG_EXPECT_TX_TOO_FEW: _bindgen_ty_14 = 9;
+pub const FA_SM90_BUG_EXPECT_TX_TOO_MANY: _bindgen_ty_14 = 10;
+pub const FA_SM90_BUG_WAITER_BEHIND: _bindgen_ty_14 = 11;
+pub const FA_SM90_BUG_TMA_READ_BEFORE_WAIT: _bindgen_ty_14 = 12;
+pub const FA_SM90_BUG_TMA_INTO_BUSY_STAGE: _bindgen_ty_14 = 13;
+pub const FA_SM90_BUG_EXIT_WITH_TMA_IN_FLIGHT: _bindgen_ty_14 = 14;
+pub const FA_SM90_BUG_MISSING_PROXY_FENCE: _bindgen_ty_14 = 15;
+pub const FA_SM90_BUG_TMA_STORE_NO_FENCE: _bindgen_ty_14 = 16;
+pub const FA_SM90_BUG_TMA_STORE_SRC_OVERWRITE: _bindgen_ty_14 = 17;
+pub const FA_SM90_BUG_SETMAXNREG_EXHAUSTED: _bindgen_ty_14 = 18;
+pub const FA_SM90_BUG_SETMAXNREG_MISUSE: _bindgen_ty_14 = 19;
+pub const FA_SM90_BUG_SMEM_ALIGNMENT_ASSUMED: _bindgen_ty_14 = 20;
+pub const FA_SM90_BUG_BAR_ARRIVE_ORDER: _bindgen_ty_14 = 21;
+pub const FA_SM90_BUG_COUNT: _bindgen_ty_14 = 22;
+pub type _bindgen_ty_14 = ::std::os::raw::c_uint;
+#[repr(C)]
+#[repr(align(64))]
+#[derive(Debug, Copy, Clone)]
+pub struct FaSelftestSm90BugParams {
+    pub map: FaTensorMap,
+    pub input: *const u16,
+    pub out: *mut f32,
+    pub bug: i32,
+    pub planted: i32,
+}
+impl Default for FaSelftestSm90BugParams {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+pub const FA_SELFTEST_WS_GEMM_CORRECT: _bindgen_ty_15 = 0;
+pub const FA_SELFTEST_WS_GEMM_NO_EMPTY_WAIT: _bindgen_ty_15 = 1;
+pub const FA_SELFTEST_WS_GEMM_EARLY_RELEASE: _bindgen_ty_15 = 2;
+pub const FA_SELFTEST_WS_GEMM_SHORT_TX: _bindgen_ty_15 = 3;
+pub type _bindgen_ty_15 = ::std::os::raw::c_uint;
+#[repr(C)]
+#[repr(align(64))]
+#[derive(Debug, Copy, Clone)]
+pub struct FaSelftestWsGemmParams {
+    pub a_map: FaTensorMap,
+    pub b_map: FaTensorMap,
+    pub c: *mut f32,
+    pub m: i32,
+    pub n: i32,
+    pub k: i32,
+    pub dtype: i32,
+    pub b_mn_major: i32,
+    pub bug: i32,
+}
+impl Default for FaSelftestWsGemmParams {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+unsafe extern "C" {
+    pub fn fa_selftest_wgmma(params: FaSelftestWgmmaParams, exec: *mut FaExec) -> ::std::os::raw::c_int;
+}
+unsafe extern "C" {
+    pub fn fa_selftest_tma(params: FaSelftestTmaParams, exec: *mut FaExec) -> ::std::os::raw::c_int;
+}
+unsafe extern "C" {
+    pub fn fa_selftest_sm90_bug(params: FaSelftestSm90BugParams, exec: *mut FaExec) -> ::std::os::raw::c_int;
+}
+unsafe extern "C" {
+    pub fn fa_selftest_ws_gemm(params: FaSelftestWsGemmParams, exec: *mut FaExec) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
     pub fn fa_host_float_to_16(in_: *const f32, out: *mut u16, n: i64, dtype: i32);

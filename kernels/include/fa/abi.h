@@ -209,6 +209,9 @@ typedef struct FaEmuCounters {
   uint64_t shared_bytes_written; /* st_shared, plus cp.async landings (zero-fills included) */
   uint64_t cp_async_bytes;       /* cp.async copies issued with a true predicate (global -> shared) */
   uint64_t cp_async_zfill_bytes; /* cp.async copies issued with a false predicate (zero-fill, no read) */
+  uint64_t wgmma;           /* wgmma.mma_async warpgroup instructions (m64nNk16: 2048 N FLOPs each) */
+  uint64_t tma_load_bytes;  /* TMA loads issued: whole boxes, out-of-bounds elements included */
+  uint64_t tma_store_bytes; /* TMA stores completed: whole boxes (only in-bounds bytes reach global memory) */
 } FaEmuCounters;
 
 typedef struct FaEmuLaunch {
@@ -430,6 +433,155 @@ int fa_selftest_barrier(FaSelftestBarrierParams params, FaExec *exec);
 int fa_selftest_bug(FaSelftestBugParams params, FaExec *exec);
 int fa_selftest_gemm(FaSelftestGemmParams params, FaExec *exec);
 int fa_selftest_bench(FaSelftestBenchParams params, FaExec *exec);
+
+/* ---------------------------------------------------------------------------------------------------------
+ * sm_90a: tensor maps and the Hopper self-tests (kernels/selftest_sm90.cu, tests/hopper.rs).
+ * ------------------------------------------------------------------------------------------------------- */
+
+/* A TMA tensor map: 128 bytes, 64-byte aligned, passed inside a kernel's params (FA_KERNEL_SM90 makes them
+ * __grid_constant__). On the GPU it holds the driver's CUtensorMap (cuTensorMapEncodeTiled); on the emulator
+ * an FaEmuTensorMap. The Rust side makes both, after one validation (src/tensor_map.rs). */
+typedef struct FaTensorMap {
+  uint64_t opaque[16];
+} __attribute__((aligned(64))) FaTensorMap;
+
+/* The emulator's tensor map: a tiled, non-interleaved map with unit element strides and zero fill. */
+enum { FA_EMU_TENSOR_MAP_MAGIC = 0x70616d74 /* "tmap" */ };
+typedef struct FaEmuTensorMap {
+  uint32_t magic;
+  uint32_t rank;          /* 1..5 */
+  uint32_t elem_bytes;    /* 1, 2 or 4 */
+  uint32_t swizzle_bytes; /* 0, 32, 64 or 128 */
+  const void *base;       /* 16-byte aligned */
+  uint64_t dims[5];       /* elements, dimension 0 innermost */
+  uint64_t strides[5];    /* bytes; strides[0] = elem_bytes, the others multiples of 16 */
+  uint32_t box[5];        /* 1..256 elements each */
+} FaEmuTensorMap;
+
+/* wgmma.mma_async m64nNk16 (f16/bf16 -> f32), one warpgroup of 128 threads. The test lays out the shared
+ * images of A and B itself (a_smem, b_smem: its own model of the canonical layouts), and the kernel copies
+ * them with ordinary stores to 1024-byte aligned offsets (A at 0, B at a_smem_bytes rounded up to 1024),
+ * fences the proxy and synchronises. It then runs k_steps wgmmas into the accumulator c (thread t holds
+ * c[t][0..n/2), raw fragment registers): step s uses desc_a / desc_b (start address 0: the kernel adds the
+ * tile's shared address) advanced by s * a_k_step_bytes / b_k_step_bytes, and, for RS, A registers
+ * a_regs[s][t][0..4). The first step accumulates iff `accumulate`, the others always. d = the result. */
+typedef struct FaSelftestWgmmaParams {
+  const uint8_t *a_smem;
+  const uint8_t *b_smem;
+  const uint32_t *a_regs; /* RS only: [k_steps][128][4] */
+  const float *c;         /* [128][n/2] */
+  float *d;               /* [128][n/2] */
+  uint64_t desc_a, desc_b;
+  uint32_t a_k_step_bytes, b_k_step_bytes;
+  int32_t a_smem_bytes, b_smem_bytes; /* multiples of 16 */
+  int32_t n;                          /* 8, 16, 32, 64, 128, 176 or 256 */
+  int32_t k_steps;                    /* 1..4 */
+  int32_t dtype;                      /* FA_DTYPE_F16 or FA_DTYPE_BF16 */
+  int32_t a_from_regs, trans_a, trans_b, accumulate;
+} FaSelftestWgmmaParams;
+
+/* TMA, one block of 128 threads. LOAD: thread 0 initialises an mbarrier, declares expect_tx bytes and loads
+ * the box at `coords` through `map` into 1024-byte aligned shared memory; every thread waits for the phase
+ * and the block copies the box's shared image (box_bytes) to `image`. STORE: the block stores `image` into
+ * shared memory, fences the proxy, synchronises, and thread 0 stores the box to the tensor at `coords`
+ * (then commits and waits). */
+enum { FA_SELFTEST_TMA_LOAD = 0, FA_SELFTEST_TMA_STORE = 1 };
+typedef struct FaSelftestTmaParams {
+  FaTensorMap map;
+  uint8_t *image; /* [box_bytes]: LOAD writes it, STORE reads it */
+  int32_t coords[5];
+  int32_t rank;
+  int32_t box_bytes; /* a multiple of 16 */
+  int32_t expect_tx; /* LOAD: the bytes thread 0 declares */
+  int32_t mode;      /* FA_SELFTEST_TMA_* */
+} FaSelftestTmaParams;
+
+/* Planted Hopper bugs, each with a correct twin (planted = 0), one block of 128 threads (SETMAXNREG_*: 384),
+ * over a 64x64 f16 tensor `input` (map: a 2-D map of it, box 64x64, 128B swizzle; the TMA-store bugs store
+ * a tile back into it, so it must be writable) and out [384 * 64] floats:
+ *  ACC_READ_IN_FLIGHT      the accumulator is read before the wgmma_wait that completes its wgmma;
+ *  A_WRITE_IN_FLIGHT       an RS wgmma's A-fragment registers are rewritten while it is in flight;
+ *  SMEM_WRITE_IN_FLIGHT    the B tile is overwritten with ordinary stores while a wgmma reads it;
+ *  NO_WGMMA_FENCE          the accumulator is zeroed and then used by a wgmma without wgmma_fence;
+ *  UNCOMMITTED_AT_EXIT     a wgmma is issued and never committed;
+ *  UNWAITED_AT_EXIT        a wgmma group is committed and never waited for;
+ *  MBARRIER_DOUBLE_INIT    every lane of warp 0 initialises the mbarrier;
+ *  MBARRIER_UNORDERED_INIT warp 0 initialises the mbarrier, warp 1 arrives on it with no barrier between;
+ *  MBARRIER_PLAIN_ACCESS   the mbarrier's word is read with ld_shared;
+ *  EXPECT_TX_TOO_FEW       expect_tx declares half the bytes of two TMA loads;
+ *  EXPECT_TX_TOO_MANY      expect_tx declares twice the bytes of the TMA load (a deadlock);
+ *  WAITER_BEHIND           warp 1 arrives twice (two phases) before warp 0 waits for the first;
+ *  TMA_READ_BEFORE_WAIT    the TMA destination is read before the mbarrier wait;
+ *  TMA_INTO_BUSY_STAGE     a second TMA load refills a stage warp 1 is still reading (no empty barrier);
+ *  EXIT_WITH_TMA_IN_FLIGHT a TMA load is issued and never waited for;
+ *  MISSING_PROXY_FENCE     a wgmma reads a tile written with ordinary stores and no fence.proxy.async;
+ *  TMA_STORE_NO_FENCE      a TMA store reads a tile written with ordinary stores and no fence.proxy.async;
+ *  TMA_STORE_SRC_OVERWRITE the TMA store's source is overwritten before tma_store_wait;
+ *  SETMAXNREG_EXHAUSTED    3 warpgroups: the consumers' setmaxnreg.inc 232 needs the registers the
+ *                          producer's setmaxnreg.dec 40 returns, which the bug leaves out (a deadlock);
+ *  SETMAXNREG_MISUSE       setmaxnreg.inc 160 in a warpgroup holding 168 registers per thread (twin: .dec);
+ *  SMEM_ALIGNMENT_ASSUMED  a 128B-swizzled TMA tile in dynamic_smem() (only 128-byte alignment declared);
+ *  BAR_ARRIVE_ORDER        named_barrier_arrive before the producer warp's stores (twin: after). */
+enum {
+  FA_SM90_BUG_ACC_READ_IN_FLIGHT = 0,
+  FA_SM90_BUG_A_WRITE_IN_FLIGHT = 1,
+  FA_SM90_BUG_SMEM_WRITE_IN_FLIGHT = 2,
+  FA_SM90_BUG_NO_WGMMA_FENCE = 3,
+  FA_SM90_BUG_UNCOMMITTED_AT_EXIT = 4,
+  FA_SM90_BUG_UNWAITED_AT_EXIT = 5,
+  FA_SM90_BUG_MBARRIER_DOUBLE_INIT = 6,
+  FA_SM90_BUG_MBARRIER_UNORDERED_INIT = 7,
+  FA_SM90_BUG_MBARRIER_PLAIN_ACCESS = 8,
+  FA_SM90_BUG_EXPECT_TX_TOO_FEW = 9,
+  FA_SM90_BUG_EXPECT_TX_TOO_MANY = 10,
+  FA_SM90_BUG_WAITER_BEHIND = 11,
+  FA_SM90_BUG_TMA_READ_BEFORE_WAIT = 12,
+  FA_SM90_BUG_TMA_INTO_BUSY_STAGE = 13,
+  FA_SM90_BUG_EXIT_WITH_TMA_IN_FLIGHT = 14,
+  FA_SM90_BUG_MISSING_PROXY_FENCE = 15,
+  FA_SM90_BUG_TMA_STORE_NO_FENCE = 16,
+  FA_SM90_BUG_TMA_STORE_SRC_OVERWRITE = 17,
+  FA_SM90_BUG_SETMAXNREG_EXHAUSTED = 18,
+  FA_SM90_BUG_SETMAXNREG_MISUSE = 19,
+  FA_SM90_BUG_SMEM_ALIGNMENT_ASSUMED = 20,
+  FA_SM90_BUG_BAR_ARRIVE_ORDER = 21,
+  FA_SM90_BUG_COUNT = 22,
+};
+typedef struct FaSelftestSm90BugParams {
+  FaTensorMap map;
+  const uint16_t *input; /* [64][64] f16 */
+  float *out;            /* [384 * 64] */
+  int32_t bug;
+  int32_t planted;
+} FaSelftestSm90BugParams;
+
+/* A warp-specialised GEMM, c = a · bᵀ (b_mn_major = 0: b [n][k]) or a · b (b_mn_major = 1: b [k][n]), fp32
+ * out, f16/bf16 in. Block tile 128 x 128, k tiles of 64, 3 warpgroups: warpgroup 0 produces (setmaxnreg.dec
+ * 40; one thread issues TMA loads of A and B tiles into a 4-stage ring of full/empty mbarriers), warpgroups 1
+ * and 2 consume (setmaxnreg.inc 232; each 64 rows with wgmma m64n128k16 SS from 128B-swizzled tiles, then
+ * releases the stage). a_map: a [m][k] (box 64 x 128 rows); b_map: b with box 64 x 128 (K-major: 64 k x 128
+ * n rows; MN-major: 64 n x 64 k, loaded twice per stage). m, n multiples of 128 are not required (TMA zero
+ * fills). bug: FA_SELFTEST_WS_GEMM_* plants a pipeline bug. */
+enum {
+  FA_SELFTEST_WS_GEMM_CORRECT = 0,
+  FA_SELFTEST_WS_GEMM_NO_EMPTY_WAIT = 1, /* the producer refills stages without waiting for their release */
+  FA_SELFTEST_WS_GEMM_EARLY_RELEASE = 2, /* consumers release a stage before their wgmma on it completed */
+  FA_SELFTEST_WS_GEMM_SHORT_TX = 3,      /* expect_tx declares the A tile only */
+};
+typedef struct FaSelftestWsGemmParams {
+  FaTensorMap a_map;
+  FaTensorMap b_map;
+  float *c; /* [m][n] */
+  int32_t m, n, k;
+  int32_t dtype;
+  int32_t b_mn_major;
+  int32_t bug;
+} FaSelftestWsGemmParams;
+
+int fa_selftest_wgmma(FaSelftestWgmmaParams params, FaExec *exec);
+int fa_selftest_tma(FaSelftestTmaParams params, FaExec *exec);
+int fa_selftest_sm90_bug(FaSelftestSm90BugParams params, FaExec *exec);
+int fa_selftest_ws_gemm(FaSelftestWsGemmParams params, FaExec *exec);
 
 /* The host build's fp32 <-> 16-bit conversions (kernels/include/fa/emu/host_types.h: round to nearest even,
  * overflow to inf, every NaN to 0x7fff, as CUDA), exposed so tests can compare them with an independent

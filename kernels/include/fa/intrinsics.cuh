@@ -318,6 +318,9 @@ template <> FA_DEVICE void unpack2<bf16_t>(uint32_t bits, float &lo, float &hi) 
 
 FA_NAMESPACE_END
 
+// Hopper (sm_90a): wgmma, mbarrier, TMA, proxy fences, setmaxnreg.
+#include "fa/intrinsics_sm90.cuh"
+
 // Launches the FA_KERNEL `kernel` (host build only): its name is the symbol the driver API looks up.
 // Arguments after the kernel: grid (Dim3), block, dynamic smem bytes, FaExec*, params.
 #define FA_LAUNCH(kernel, ...) ::fa::launch(#kernel, kernel, __VA_ARGS__)

@@ -56,6 +56,39 @@ int atomic_add_i32(int *p, int v);
 
 float exp2_approx(float x);
 
+// ------------------------------------------------------------------------------------------------ sm_90
+// Hopper's asynchronous machinery (kernels/emu/warpgroup.cpp, mbarrier.cpp, tma.cpp; docs/emulator.md).
+
+// The block's dynamic shared memory with `alignment` (128 or 1024) declared; shared window address of p.
+unsigned char *dynamic_smem_aligned(int alignment);
+uint32_t shared_address(const void *smem);
+void named_barrier_arrive(int id, int nthreads);
+
+// wgmma (warpgroup-wide, .sync.aligned). `d` is this thread's N/2 accumulator floats; `a_regs` its 4 A
+// fragment registers (RS) or null (SS: A from desc_a). Completes at the wgmma_wait that covers its group.
+void wgmma_fence();
+void wgmma_mma(float *d, int n, const uint32_t *a_regs, uint64_t desc_a, uint64_t desc_b, MmaType type,
+               bool trans_a, bool trans_b, bool accumulate);
+void wgmma_commit();
+void wgmma_wait(int pending);
+// A thread accessing a register object (accumulator or A fragment) the intrinsics layer hands out.
+void wgmma_register_access(const void *object);
+// setmaxnreg.inc / .dec (warpgroup-wide).
+void setmaxnreg(bool inc, int regs);
+
+// mbarrier (8 bytes of shared memory) and the async proxy.
+void mbarrier_init(void *bar, int count);
+void mbarrier_arrive(void *bar);
+void mbarrier_arrive_expect_tx(void *bar, uint32_t bytes);
+void mbarrier_wait(void *bar, int parity);
+void fence_proxy_async();
+
+// TMA (cp.async.bulk.tensor, tiled): `map` is an FaTensorMap holding an FaEmuTensorMap (abi.h).
+void tma_load(void *smem_dst, const void *map, void *bar, const int32_t *coords, int rank);
+void tma_store(const void *map, const int32_t *coords, int rank, const void *smem_src);
+void tma_store_commit();
+void tma_store_wait(int pending);
+
 // Emulator-only: turns shared-memory race detection off (or back on) for the launches this OS thread
 // starts while the object lives. Every other check stays on. Only the self-tests use it, to show that a
 // racy kernel's result then depends on the scheduling seed.

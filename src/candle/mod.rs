@@ -1,0 +1,492 @@
+//! fused-attn as candle ops over `candle_core::Tensor` (feature `candle`): a drop-in for candle-flash-attn's
+//! [`flash_attn`] / [`flash_attn_varlen`] (same arguments, shapes and `CustomOp3` form), plus the paged-cache
+//! ops an engine's decode loop needs: [`paged_append`], [`paged_decode`] and [`merge_states`].
+//!
+//! - **CUDA tensors** (feature `candle-cuda`): the GPU kernels on candle's stream, reading candle's
+//!   `CudaSlice`s in place and writing new ones; no copies, no synchronisation.
+//! - **CPU tensors**: the same kernel sources on the host emulator ([`emulator`]), reading candle's `Vec`s in
+//!   place. Slow, exact, and what CI tests the integration with: both backends accept the same layouts
+//!   (unit innermost stride, 16-byte aligned rows, no broadcast dimensions; anything else is an error
+//!   naming the argument — call `.contiguous()` first).
+//!
+//! Errors are `candle_core::Error`s whose message starts with fused-attn's [`crate::ErrorKind`]
+//! (`"Shape error: q: ..."`), through `impl From<fused_attn::Error> for candle_core::Error`.
+//!
+//! The paged cache of one layer is one tensor `kv_cache [2, num_pages, page_size, Hkv, D]` (K pages, then V
+//! pages: vLLM's flash-attention layout), f16 or bf16, page size a power of two up to 256. Index tensors
+//! (`block_table`, `seq_lens`, `seqlens_q/k`) are int32 (`DType::I32`, or `U32` read as int32, as
+//! candle-flash-attn takes them); `slot_mapping` is `DType::I64`.
+
+mod bridge;
+
+use std::sync::OnceLock;
+
+use candle_core::op::BackpropOp;
+use candle_core::{CpuStorage, CustomOp3, DType, Device, InplaceOp3, Layout, Shape, Storage, Tensor};
+
+use crate::append::append;
+use crate::decode::{decode, DecodeOptions, DecodeWorkspace};
+use crate::emu::Emulator;
+use crate::error::Error;
+use crate::paged::{PagedKvCache, PagedKvCacheMut};
+use crate::plan::DecodeProblem;
+use crate::prefill::{prefill, prefill_varlen, PrefillOptions};
+use bridge::{kv_halves, Backing, Fill};
+
+impl From<Error> for candle_core::Error {
+    /// Keeps the kind and the argument's name in the message (`"Shape error: q: ..."`).
+    fn from(e: Error) -> Self {
+        candle_core::Error::wrap(e)
+    }
+}
+
+/// The emulator every op on CPU tensors runs on (one per process; its counters are per thread).
+pub fn emulator() -> &'static Emulator {
+    static EMULATOR: OnceLock<Emulator> = OnceLock::new();
+    EMULATOR.get_or_init(Emulator::new)
+}
+
+/// Runs `$body` with `$T` the attention element type of `$dtype` (f16 or bf16).
+macro_rules! attention_dtype {
+    ($name:expr, $dtype:expr, |$T:ident| $body:block) => {
+        match $dtype {
+            DType::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            DType::BF16 => {
+                type $T = half::bf16;
+                $body
+            }
+            other => Err(Error::unsupported($name, format!("dtype {other:?} (attention takes f16 or bf16)")).into()),
+        }
+    };
+}
+
+/// Runs `$body` with `$S` the storage type of the candle backend `$storage` is on.
+macro_rules! backend_of {
+    ($name:expr, $storage:expr, |$S:ident| $body:block) => {
+        match $storage {
+            Storage::Cpu(_) => {
+                type $S = CpuStorage;
+                $body
+            }
+            #[cfg(feature = "candle-cuda")]
+            Storage::Cuda(_) => {
+                type $S = candle_core::CudaStorage;
+                $body
+            }
+            other => Err(Error::backend(
+                $name,
+                format!(
+                    "{:?} tensors are not supported (CPU tensors run on the emulator; CUDA tensors need the \
+                     candle-cuda feature)",
+                    other.device().location()
+                ),
+            )
+            .into()),
+        }
+    };
+}
+
+/// Dense prefill attention as a candle op (candle-flash-attn's `FlashAttn`, without its window / ALiBi /
+/// softcap options, which fused-attn does not implement yet).
+pub struct FlashAttn {
+    pub softmax_scale: f32,
+    pub causal: bool,
+}
+
+impl FlashAttn {
+    fn fwd<S: Backing>(
+        &self,
+        q: &S,
+        q_l: &Layout,
+        k: &S,
+        k_l: &Layout,
+        v: &S,
+        v_l: &Layout,
+    ) -> candle_core::Result<(S, Shape)> {
+        attention_dtype!("q", q.dtype(), |T| {
+            let backend = q.backend();
+            let (q, k, v) = (q.view::<T, 4>("q", q_l)?, k.view::<T, 4>("k", k_l)?, v.view::<T, 4>("v", v_l)?);
+            let shape = q.shape();
+            let mut o = backend.alloc::<T>(shape.iter().product(), Fill::Poison)?;
+            let opts = PrefillOptions { causal: self.causal, scale: Some(self.softmax_scale) };
+            prefill(&backend.stream(), &q, &k, &v, &mut o.view(shape)?, None, &opts)?;
+            Ok((S::from_out(o)?, Shape::from(shape.to_vec())))
+        })
+    }
+}
+
+impl CustomOp3 for FlashAttn {
+    fn name(&self) -> &'static str {
+        "fused-attn-prefill"
+    }
+    fn cpu_fwd(
+        &self,
+        q: &CpuStorage,
+        q_l: &Layout,
+        k: &CpuStorage,
+        k_l: &Layout,
+        v: &CpuStorage,
+        v_l: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        self.fwd(q, q_l, k, k_l, v, v_l)
+    }
+    #[cfg(feature = "candle-cuda")]
+    fn cuda_fwd(
+        &self,
+        q: &candle_core::CudaStorage,
+        q_l: &Layout,
+        k: &candle_core::CudaStorage,
+        k_l: &Layout,
+        v: &candle_core::CudaStorage,
+        v_l: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        self.fwd(q, q_l, k, k_l, v, v_l)
+    }
+}
+
+/// Prefill attention, `softmax(Q Kᵀ · softmax_scale) V`, as candle-flash-attn's `flash_attn`:
+/// `q [B, Tq, Hq, D]`, `k`/`v [B, Tk, Hkv, D]` (Hq a multiple of Hkv), f16 or bf16, D in
+/// [`crate::prefill::PREFILL_HEAD_DIMS`]; returns `[B, Tq, Hq, D]`. `causal` is bottom-right aligned (row i
+/// sees key j iff `j <= i + Tk - Tq`), as in FlashAttention ≥ 2.1.
+pub fn flash_attn(q: &Tensor, k: &Tensor, v: &Tensor, softmax_scale: f32, causal: bool) -> candle_core::Result<Tensor> {
+    q.apply_op3(k, v, FlashAttn { softmax_scale, causal })
+}
+
+/// Variable-length prefill attention as a candle op (candle-flash-attn's `FlashAttnVarLen` without
+/// window / ALiBi / softcap / paged K/V).
+pub struct FlashAttnVarLen {
+    pub softmax_scale: f32,
+    pub causal: bool,
+    pub max_seqlen_q: usize,
+    pub max_seqlen_k: usize,
+    pub seqlens_q: Tensor,
+    pub seqlens_k: Tensor,
+}
+
+impl FlashAttnVarLen {
+    fn fwd<S: Backing>(
+        &self,
+        q: &S,
+        q_l: &Layout,
+        k: &S,
+        k_l: &Layout,
+        v: &S,
+        v_l: &Layout,
+    ) -> candle_core::Result<(S, Shape)> {
+        let (cu_q, cu_q_l) = self.seqlens_q.storage_and_layout();
+        let (cu_k, cu_k_l) = self.seqlens_k.storage_and_layout();
+        let cu_q = S::of(&cu_q, "seqlens_q")?.index_view::<1>("seqlens_q", cu_q_l)?;
+        let cu_k = S::of(&cu_k, "seqlens_k")?.index_view::<1>("seqlens_k", cu_k_l)?;
+        attention_dtype!("q", q.dtype(), |T| {
+            let backend = q.backend();
+            let (q, k, v) = (q.view::<T, 3>("q", q_l)?, k.view::<T, 3>("k", k_l)?, v.view::<T, 3>("v", v_l)?);
+            let shape = q.shape();
+            // Rows past seqlens_q[B] are not written by the kernel: they read as zeros.
+            let mut o = backend.alloc::<T>(shape.iter().product(), Fill::Zero)?;
+            let opts = PrefillOptions { causal: self.causal, scale: Some(self.softmax_scale) };
+            prefill_varlen(
+                &backend.stream(),
+                &q,
+                &k,
+                &v,
+                &cu_q,
+                &cu_k,
+                self.max_seqlen_q,
+                self.max_seqlen_k,
+                &mut o.view(shape)?,
+                None,
+                &opts,
+            )?;
+            Ok((S::from_out(o)?, Shape::from(shape.to_vec())))
+        })
+    }
+}
+
+impl CustomOp3 for FlashAttnVarLen {
+    fn name(&self) -> &'static str {
+        "fused-attn-prefill-varlen"
+    }
+    fn cpu_fwd(
+        &self,
+        q: &CpuStorage,
+        q_l: &Layout,
+        k: &CpuStorage,
+        k_l: &Layout,
+        v: &CpuStorage,
+        v_l: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        self.fwd(q, q_l, k, k_l, v, v_l)
+    }
+    #[cfg(feature = "candle-cuda")]
+    fn cuda_fwd(
+        &self,
+        q: &candle_core::CudaStorage,
+        q_l: &Layout,
+        k: &candle_core::CudaStorage,
+        k_l: &Layout,
+        v: &candle_core::CudaStorage,
+        v_l: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        self.fwd(q, q_l, k, k_l, v, v_l)
+    }
+}
+
+/// Variable-length prefill attention, as candle-flash-attn's `flash_attn_varlen`: packed
+/// `q [total_q, Hq, D]`, `k`/`v [total_k, Hkv, D]`; `seqlens_q`/`seqlens_k` the `B + 1` cumulative lengths
+/// (int32: `I32` or `U32`); returns `[total_q, Hq, D]` (rows past `seqlens_q[B]` are zero).
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attn_varlen(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    seqlens_q: &Tensor,
+    seqlens_k: &Tensor,
+    max_seqlen_q: usize,
+    max_seqlen_k: usize,
+    softmax_scale: f32,
+    causal: bool,
+) -> candle_core::Result<Tensor> {
+    let op = FlashAttnVarLen {
+        softmax_scale,
+        causal,
+        max_seqlen_q,
+        max_seqlen_k,
+        seqlens_q: seqlens_q.clone(),
+        seqlens_k: seqlens_k.clone(),
+    };
+    q.apply_op3(k, v, op)
+}
+
+/// Writes new tokens' K/V rows into a paged cache in place (an `InplaceOp3` on the cache tensor).
+pub struct PagedAppend {
+    /// `[num_tokens]` int64 slots (`page * page_size + offset`); negative slots are skipped.
+    pub slot_mapping: Tensor,
+}
+
+impl PagedAppend {
+    fn fwd<S: Backing>(
+        &self,
+        kv_cache: &mut S,
+        kv_l: &Layout,
+        k: &S,
+        k_l: &Layout,
+        v: &S,
+        v_l: &Layout,
+    ) -> candle_core::Result<()> {
+        let (slots, slots_l) = self.slot_mapping.storage_and_layout();
+        let slots = S::of(&slots, "slot_mapping")?.view::<i64, 1>("slot_mapping", slots_l)?;
+        let halves = kv_halves(kv_l)?;
+        attention_dtype!("k", k.dtype(), |T| {
+            let backend = k.backend();
+            let (k, v) = (k.view::<T, 3>("k", k_l)?, v.view::<T, 3>("v", v_l)?);
+            kv_cache.with_kv_mut::<T, _>(&halves, |k_cache, v_cache| {
+                let mut cache = PagedKvCacheMut::new(k_cache, v_cache)?;
+                Ok(append(&backend.stream(), &k, &v, &slots, &mut cache)?)
+            })
+        })
+    }
+}
+
+impl InplaceOp3 for PagedAppend {
+    fn name(&self) -> &'static str {
+        "fused-attn-paged-append"
+    }
+    fn cpu_fwd(
+        &self,
+        kv_cache: &mut CpuStorage,
+        kv_l: &Layout,
+        k: &CpuStorage,
+        k_l: &Layout,
+        v: &CpuStorage,
+        v_l: &Layout,
+    ) -> candle_core::Result<()> {
+        self.fwd(kv_cache, kv_l, k, k_l, v, v_l)
+    }
+    #[cfg(feature = "candle-cuda")]
+    fn cuda_fwd(
+        &self,
+        kv_cache: &mut candle_core::CudaStorage,
+        kv_l: &Layout,
+        k: &candle_core::CudaStorage,
+        k_l: &Layout,
+        v: &candle_core::CudaStorage,
+        v_l: &Layout,
+    ) -> candle_core::Result<()> {
+        self.fwd(kv_cache, kv_l, k, k_l, v, v_l)
+    }
+}
+
+/// Appends `k`, `v` (`[num_tokens, Hkv, D]`) to `kv_cache` (`[2, num_pages, page_size, Hkv, D]`, same dtype)
+/// at `slot_mapping` (int64 `[num_tokens]`), in place. Slots must be distinct; negative slots are padding.
+pub fn paged_append(k: &Tensor, v: &Tensor, slot_mapping: &Tensor, kv_cache: &Tensor) -> candle_core::Result<()> {
+    kv_cache.inplace_op3(k, v, &PagedAppend { slot_mapping: slot_mapping.clone() })
+}
+
+/// A decode workspace (the split-KV partials) on `device`, pinned to the plan for `limits` (the largest
+/// batch and longest context the decode loop will see): create it once, outside the loop, and pass it to
+/// every [`paged_decode`] call of every layer.
+pub fn decode_workspace(
+    device: &Device,
+    limits: &DecodeProblem,
+    forced_splits: Option<usize>,
+) -> candle_core::Result<DecodeWorkspace> {
+    match device {
+        Device::Cpu => Ok(DecodeWorkspace::for_limits(&crate::Stream::Emu(emulator()), limits, forced_splits)?),
+        #[cfg(feature = "candle-cuda")]
+        Device::Cuda(dev) => {
+            let stream = dev.cuda_stream();
+            Ok(DecodeWorkspace::for_limits(&crate::Stream::Gpu(&stream), limits, forced_splits)?)
+        }
+        other => Err(Error::backend(
+            "device",
+            format!("{:?}: fused-attn runs on the CPU (emulator) or, with candle-cuda, CUDA", other.location()),
+        )
+        .into()),
+    }
+}
+
+/// Paged decode: `o[b, h] = softmax(q[b, h] · K_bᵀ · softmax_scale) V_b` over the first `seq_lens[b]` tokens
+/// of sequence b's pages. `q [B, Hq, D]` (f16/bf16, D in {64, 128, 256}), `kv_cache [2, num_pages,
+/// page_size, Hkv, D]`, `block_table` int32 `[B, max_pages_per_seq]`, `seq_lens` int32 `[B]` (read on the
+/// device only), `max_seq_len` ≥ every `seq_lens[b]`; `workspace` from [`decode_workspace`]. Returns
+/// `o [B, Hq, D]`.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_decode(
+    q: &Tensor,
+    kv_cache: &Tensor,
+    block_table: &Tensor,
+    seq_lens: &Tensor,
+    max_seq_len: usize,
+    softmax_scale: f32,
+    workspace: &mut DecodeWorkspace,
+) -> candle_core::Result<Tensor> {
+    let args = DecodeArgs { q, kv_cache, block_table, seq_lens, max_seq_len, softmax_scale };
+    Ok(args.run(workspace, false)?.0)
+}
+
+/// [`paged_decode`] that also returns the natural-log LSE `[B, Hq]` (f32), e.g. to [`merge_states`] it with
+/// attention over other keys (cascade / shared-prefix attention).
+#[allow(clippy::too_many_arguments)]
+pub fn paged_decode_with_lse(
+    q: &Tensor,
+    kv_cache: &Tensor,
+    block_table: &Tensor,
+    seq_lens: &Tensor,
+    max_seq_len: usize,
+    softmax_scale: f32,
+    workspace: &mut DecodeWorkspace,
+) -> candle_core::Result<(Tensor, Tensor)> {
+    let args = DecodeArgs { q, kv_cache, block_table, seq_lens, max_seq_len, softmax_scale };
+    let (o, lse) = args.run(workspace, true)?;
+    let lse = lse.ok_or_else(|| Error::backend("lse", "not produced"))?;
+    Ok((o, lse))
+}
+
+struct DecodeArgs<'t> {
+    q: &'t Tensor,
+    kv_cache: &'t Tensor,
+    block_table: &'t Tensor,
+    seq_lens: &'t Tensor,
+    max_seq_len: usize,
+    softmax_scale: f32,
+}
+
+impl DecodeArgs<'_> {
+    fn run(&self, workspace: &mut DecodeWorkspace, want_lse: bool) -> candle_core::Result<(Tensor, Option<Tensor>)> {
+        let (q, q_l) = self.q.storage_and_layout();
+        let (b, hq, d) =
+            q_l.shape().dims3().map_err(|_| Error::shape("q", format!("expected [B, Hq, D], got {:?}", q_l.dims())))?;
+        let (o, lse) = backend_of!("q", &*q, |S| { self.run_on::<S>(&q, q_l, workspace, want_lse) })?;
+        let o = Tensor::from_storage(o, (b, hq, d), BackpropOp::none(), false);
+        let lse = lse.map(|l| Tensor::from_storage(l, (b, hq), BackpropOp::none(), false));
+        Ok((o, lse))
+    }
+
+    fn run_on<S: Backing>(
+        &self,
+        q: &Storage,
+        q_l: &Layout,
+        workspace: &mut DecodeWorkspace,
+        want_lse: bool,
+    ) -> candle_core::Result<(Storage, Option<Storage>)> {
+        let (kv, kv_l) = self.kv_cache.storage_and_layout();
+        let (table, table_l) = self.block_table.storage_and_layout();
+        let (lens, lens_l) = self.seq_lens.storage_and_layout();
+        let (q, kv) = (S::of(q, "q")?, S::of(&kv, "kv_cache")?);
+        let table = S::of(&table, "block_table")?.index_view::<2>("block_table", table_l)?;
+        let lens = S::of(&lens, "seq_lens")?.index_view::<1>("seq_lens", lens_l)?;
+        let halves = kv_halves(kv_l)?;
+        attention_dtype!("q", q.dtype(), |T| {
+            let backend = q.backend();
+            let q = q.view::<T, 3>("q", q_l)?;
+            let k_cache = kv.view_at::<T, 4>("kv_cache", halves.k_offset, halves.shape, halves.strides)?;
+            let v_cache = kv.view_at::<T, 4>("kv_cache", halves.v_offset, halves.shape, halves.strides)?;
+            let cache = PagedKvCache::new(k_cache, v_cache, table, lens, self.max_seq_len)?;
+            let [b, hq, d] = q.shape();
+            let mut o = backend.alloc::<T>(b * hq * d, Fill::Poison)?;
+            let mut lse = if want_lse { Some(backend.alloc::<f32>(b * hq, Fill::Poison)?) } else { None };
+            {
+                let mut lse_view = match lse.as_mut() {
+                    Some(l) => Some(l.view([b, hq])?),
+                    None => None,
+                };
+                let opts = DecodeOptions { scale: Some(self.softmax_scale), num_splits: None };
+                decode(&backend.stream(), &q, &cache, &mut o.view([b, hq, d])?, lse_view.as_mut(), workspace, &opts)?;
+            }
+            Ok((o.into_storage(), lse.map(|l| l.into_storage())))
+        })
+    }
+}
+
+/// Merges `k` partial attention results over disjoint key sets: `o_states [k, N, H, D]` (f32, f16 or bf16)
+/// with their natural-log `lse_states [k, N, H]` (f32) into `o [N, H, D]` (o_states' dtype) and
+/// `lse [N, H]`: `lse = log Σ_s exp(lse_s)`, `o = Σ_s exp(lse_s − lse) · o_s` (empty states, lse = −inf,
+/// weigh nothing; a row with only empty states gives o = 0, lse = −inf).
+pub fn merge_states(o_states: &Tensor, lse_states: &Tensor) -> candle_core::Result<(Tensor, Tensor)> {
+    let (os, os_l) = o_states.storage_and_layout();
+    let (_, n, h, d) = os_l
+        .shape()
+        .dims4()
+        .map_err(|_| Error::shape("o_states", format!("expected [k, N, H, D], got {:?}", os_l.dims())))?;
+    let (o, lse) = backend_of!("o_states", &*os, |S| { merge_on::<S>(&os, os_l, lse_states) })?;
+    Ok((
+        Tensor::from_storage(o, (n, h, d), BackpropOp::none(), false),
+        Tensor::from_storage(lse, (n, h), BackpropOp::none(), false),
+    ))
+}
+
+fn merge_on<S: Backing>(
+    o_states: &Storage,
+    os_l: &Layout,
+    lse_states: &Tensor,
+) -> candle_core::Result<(Storage, Storage)> {
+    let (ls, ls_l) = lse_states.storage_and_layout();
+    let os = S::of(o_states, "o_states")?;
+    let ls = S::of(&ls, "lse_states")?.view::<f32, 3>("lse_states", ls_l)?;
+    let backend = os.backend();
+    macro_rules! merge_as {
+        ($T:ty) => {{
+            let states = os.view::<$T, 4>("o_states", os_l)?;
+            let [_, n, h, d] = states.shape();
+            let mut o = backend.alloc::<$T>(n * h * d, Fill::Poison)?;
+            let mut lse = backend.alloc::<f32>(n * h, Fill::Poison)?;
+            crate::merge::merge_states(
+                &backend.stream(),
+                &states,
+                &ls,
+                &mut o.view([n, h, d])?,
+                Some(&mut lse.view([n, h])?),
+            )?;
+            Ok((o.into_storage(), lse.into_storage()))
+        }};
+    }
+    match os.dtype() {
+        DType::F32 => merge_as!(f32),
+        DType::F16 => merge_as!(half::f16),
+        DType::BF16 => merge_as!(half::bf16),
+        other => Err(Error::unsupported("o_states", format!("dtype {other:?} (merge takes f32, f16 or bf16)")).into()),
+    }
+}
