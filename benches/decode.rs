@@ -76,7 +76,7 @@ fn bench_case(
     let q = s.clone_htod(&q_host).expect("upload q");
     let mut o = s.alloc_zeros::<bf16>(b * hq * d).expect("alloc o");
     let mut lse = s.alloc_zeros::<f32>(b * hq).expect("alloc lse");
-    let opts = DecodeOptions { scale: None, num_splits: case.num_splits };
+    let opts = DecodeOptions { scale: None, num_splits: case.num_splits, ..Default::default() };
     let plan = DecodeWorkspace::new(&stream, 0, 0).and_then(|w| w.plan(&case.problem(), &opts)).expect("plan");
     let mut ws = DecodeWorkspace::for_plan(&stream, &plan).expect("workspace");
     let bytes = decode_bytes(case, &plan);
@@ -144,6 +144,7 @@ fn main() {
                         page_size: ps,
                         seq_lens: vec![ctx_len; b],
                         num_splits: None,
+                        variants: Default::default(),
                     };
                     seed += 3;
                     rows.push(bench_case(&mut group, &gpu, &case, seed));

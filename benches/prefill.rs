@@ -98,7 +98,7 @@ fn bench_dtype<T: Element>(c: &mut criterion::Criterion, gpu: &support::Gpu, row
             (case.batch, case.seqlen_q, case.seqlen_k, case.heads_q, case.heads_kv, case.head_dim);
         let flops = prefill_flops(b, hq, tq, tk, d, case.causal);
         let id = format!("D{d}_Hq{hq}_Hkv{hkv}{}", if case.causal { "_causal" } else { "" });
-        let opts = PrefillOptions { causal: case.causal, scale: None };
+        let opts = PrefillOptions { causal: case.causal, scale: None, ..Default::default() };
         let (qs, ks) = ([b, tq, hq, d], [b, tk, hkv, d]);
         let (nq, nk, nl) = (b * tq * hq * d, b * tk * hkv * d, b * hq * tq);
         let log = Rc::new(RefCell::new(Vec::new()));

@@ -110,7 +110,7 @@ fn main() -> Result<()> {
         50,
         &mut o.view_mut([total, HQ, D])?,
         Some(&mut lse.view_mut([HQ, total])?),
-        &PrefillOptions { causal: true, scale: None },
+        &PrefillOptions { causal: true, scale: None, ..Default::default() },
     )?;
     let scale = 1.0 / (D as f64).sqrt();
     let (fq, fk, fv) = (f64s(&q), f64s(&k), f64s(&v));

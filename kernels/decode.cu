@@ -20,12 +20,19 @@
 // the tail, and masked to -inf too (a zero key would score 0 and dilute the softmax). The thread that
 // publishes a tile's rows already knows which are holes; its warp's ballot of them is parked per tile in
 // shared memory, and a warp masks only when its word is non-zero (one shared load per tile otherwise).
+//
+// Score variants (fa/score_mod.cuh). A sliding window (left bound w) moves the start: only the tokens
+// [max(0, seq_len - 1 - w), seq_len) exist for this kernel (splits are laid out from there), so the pages
+// left of the window are never looked up or read. Softcap and ALiBi change every score: the _mod kernels
+// (kVariant) map the scores to the exp2 domain with them. A sink joins the single-split epilogue's sum;
+// under split-KV the merge adds it (once, not per split).
 #include "fa/attention_state.cuh"
 #include "fa/decode/traits.cuh"
 #include "fa/decode/vec8.cuh"
 #include "fa/decode/warp_attention.cuh"
 #include "fa/intrinsics.cuh"
 #include "fa/paged_view.cuh"
+#include "fa/score_mod.cuh"
 #include "fa/namespace.cuh"
 
 FA_NAMESPACE_BEGIN
@@ -39,7 +46,7 @@ struct alignas(16) RowOffsets {
   int64_t k, v;
 };
 
-template <class T, int D> FA_DEVICE void paged_decode_kernel(const FaDecodeParams &p) {
+template <class T, int D, bool kVariant> FA_DEVICE void paged_decode_kernel(const FaDecodeParams &p) {
   using Tr = Traits<D>;
   using Tile = SwizzledTile<D>;
   constexpr int kTileTokens = Tr::kTileTokens;
@@ -71,17 +78,23 @@ template <class T, int D> FA_DEVICE void paged_decode_kernel(const FaDecodeParam
   const int rows = group - row_block * Tr::kRows < Tr::kRows ? group - row_block * Tr::kRows : Tr::kRows;
 
   const PagedView cache{p.cache};
-  const int64_t split_begin = (int64_t)split * p.split_tokens;
-  // The first kStages tiles' page ids are fetched speculatively from the split's nominal start, before
-  // seq_len is known, so those loads and the seq_len load are in flight together (any table column below
-  // the capacity is readable); ids of tokens past the end are dropped once `end` is known.
+  const bool windowed = p.score_mod.window_left >= 0;
+  // Without a window, the first kStages tiles' page ids are fetched speculatively from the split's nominal
+  // start, before seq_len is known, so those loads and the seq_len load are in flight together (any table
+  // column below the capacity is readable); ids of tokens past the end are dropped once `end` is known.
+  // With one, the start depends on seq_len: they are fetched after it.
   int first_pages[kStages];
+  if (!windowed) {
 #pragma unroll
-  for (int x = 0; x < kStages; ++x) {
-    const int64_t token = split_begin + x * kTileTokens + tid;
-    first_pages[x] = (tid < kTileTokens && token < cache.capacity()) ? cache.page_of(b, (int)token) : kNoPage;
+    for (int x = 0; x < kStages; ++x) {
+      const int64_t token = (int64_t)split * p.split_tokens + x * kTileTokens + tid;
+      first_pages[x] = (tid < kTileTokens && token < cache.capacity()) ? cache.page_of(b, (int)token) : kNoPage;
+    }
   }
   const int seq_len = cache.seq_len(b);
+  // The window's first token (seq_len - 1 - w >= INT_MIN: no overflow); splits are laid out from it.
+  const int window_begin = windowed && seq_len - 1 - p.score_mod.window_left > 0 ? seq_len - 1 - p.score_mod.window_left : 0;
+  const int64_t split_begin = window_begin + (int64_t)split * p.split_tokens;
   const int begin = split_begin < seq_len ? (int)split_begin : seq_len;
   // The last split runs to the end, so a sequence longer than the plan assumed is still covered in full.
   const int end = (split == p.num_splits - 1 || seq_len - begin <= p.split_tokens) ? seq_len : begin + p.split_tokens;
@@ -98,6 +111,10 @@ template <class T, int D> FA_DEVICE void paged_decode_kernel(const FaDecodeParam
     const int token = begin + x * kTileTokens + tid;
     return (tid < kTileTokens && token < end) ? cache.page_of(b, token) : kNoPage;
   };
+  if (windowed) {
+#pragma unroll
+    for (int x = 0; x < kStages; ++x) first_pages[x] = tile_page(x);
+  }
   // Thread `row` turns its row's page into element offsets in K and V, once per row rather than once per
   // copying thread (kChunksPerRow threads copy each row), and parks them in the ring slot of tile x.
   // The warps holding rows also ballot the tile's holes (rows before `end` without a page) into their word of
@@ -156,6 +173,15 @@ template <class T, int D> FA_DEVICE void paged_decode_kernel(const FaDecodeParam
   const int col0 = d_split * Tr::kWarpD;
   WarpAttention<T, D> att;
   att.init(q_smem, warp_token0, col0, lane);
+  // kVariant: softcap and ALiBi (slopes of this lane's two rows, the heads head0 + lane/4 (+ 8)).
+  [[maybe_unused]] ScoreMod mod;
+  [[maybe_unused]] float slopes[2] = {0.0f, 0.0f};
+  if constexpr (kVariant) {
+    mod = ScoreMod::make(p.scale, p.scale_log2, p.score_mod.softcap);
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      if ((lane >> 2) + 8 * r < rows) slopes[r] = alibi_slope_log2(p.score_mod, b, head0 + (lane >> 2) + 8 * r);
+  }
 
   for (int j = 0; j < num_tiles; ++j) {
     cp_async_wait<kStages - 2>(); // tile j has landed (this thread's copies) ...
@@ -167,7 +193,12 @@ template <class T, int D> FA_DEVICE void paged_decode_kernel(const FaDecodeParam
     const unsigned char *k_tile = stages + (j % kStages) * Tr::kStageBytes;
     const unsigned char *v_tile = k_tile + Tr::kTileBytes;
     float s[2][4];
-    att.scores(s, k_tile, p.scale_log2);
+    if constexpr (kVariant) {
+      // Distance of this warp's first token of the tile from the query's own position seq_len - 1.
+      att.scores_mod(s, k_tile, mod, slopes, seq_len - 1 - (begin + j * kTileTokens + warp_token0), lane);
+    } else {
+      att.scores(s, k_tile, p.scale_log2);
+    }
     if (j == num_tiles - 1) att.mask_tail(s, begin + j * kTileTokens + warp_token0, end, lane);
     const uint32_t hole_bits = ld_shared(holes + (j % Tr::kHoleSlots) * Tr::kHoleWords + warp_token0 / 32);
     if (hole_bits != 0u) att.mask_rows(s, hole_bits >> (warp_token0 % 32), lane);
@@ -202,16 +233,21 @@ template <class T, int D> FA_DEVICE void paged_decode_kernel(const FaDecodeParam
   }
   sync_threads();
 
-  // Epilogue 2: combine the token groups (the same guarded merge as merge.cu, in the exp2 domain),
-  // normalise, and store 8 columns per item with 16-byte stores.
+  // Epilogue 2: combine the token groups (the same guarded merge as merge.cu, in the exp2 domain), with the
+  // sink as one more (value-free) state when there is one and this CTA writes o itself, normalise, and
+  // store 8 columns per item with 16-byte stores.
+  const bool add_sink = p.score_mod.sinks != nullptr && p.num_splits == 1;
   for (int item = tid; item < rows * Tr::kChunksPerRow; item += Tr::kThreads) {
     const int r = item / Tr::kChunksPerRow;
     const int c = item % Tr::kChunksPerRow;
     float m_max = kNegInf;
 #pragma unroll
     for (int g = 0; g < Tr::kTokenGroups; ++g) m_max = fmaxf(m_max, ld_shared(stats + (g * Tr::kRows + r) * 2));
+    const float sink = add_sink ? sink_logit(p.score_mod, head0 + r) : kNegInf;
+    const bool no_key = m_max == kNegInf;
+    if (add_sink) m_max = fmaxf(m_max, sink * kLog2e);
     const float m_sub = max_for_exp(m_max);
-    float sum = 0.0f;
+    float sum = add_sink ? fast_exp2(sink * kLog2e - m_sub) : 0.0f;
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
 #pragma unroll
     for (int g = 0; g < Tr::kTokenGroups; ++g) {
@@ -230,7 +266,7 @@ template <class T, int D> FA_DEVICE void paged_decode_kernel(const FaDecodeParam
     const float inv = inv_sum_or_zero(sum);
 #pragma unroll
     for (int i = 0; i < 8; ++i) acc[i] *= inv;
-    const float lse = lse_from_state(m_max, sum);
+    const float lse = add_sink && no_key ? sink : lse_from_state(m_max, sum); // no key: exactly the sink
     const int head = head0 + r;
     if (p.num_splits == 1) {
       Vec8<T>::store(static_cast<T *>(p.o) + b * p.o_batch_stride + head * p.o_head_stride + c * 8, acc);
@@ -247,14 +283,18 @@ template <class T, int D> FA_DEVICE void paged_decode_kernel(const FaDecodeParam
 } // namespace decode
 FA_NAMESPACE_END
 
-// One kernel per (dtype, head dim): 128 threads, 3 CTAs per SM (traits.cuh).
-#define FA_DECODE_KERNEL(name, T, D) FA_KERNEL(name, 128, 3, FaDecodeParams, (fa::decode::paged_decode_kernel<T, D>))
-FA_DECODE_KERNEL(fa_paged_decode_f16_d64, fa::half_t, 64)
-FA_DECODE_KERNEL(fa_paged_decode_f16_d128, fa::half_t, 128)
-FA_DECODE_KERNEL(fa_paged_decode_f16_d256, fa::half_t, 256)
-FA_DECODE_KERNEL(fa_paged_decode_bf16_d64, fa::bf16_t, 64)
-FA_DECODE_KERNEL(fa_paged_decode_bf16_d128, fa::bf16_t, 128)
-FA_DECODE_KERNEL(fa_paged_decode_bf16_d256, fa::bf16_t, 256)
+// One kernel per (dtype, head dim, softcap/ALiBi): 128 threads, 3 CTAs per SM (traits.cuh).
+#define FA_DECODE_KERNEL(name, T, D, kMod)                                                                   \
+  FA_KERNEL(name, 128, 3, FaDecodeParams, (fa::decode::paged_decode_kernel<T, D, kMod>))
+#define FA_DECODE_KERNELS(dt, T, D)                                                                          \
+  FA_DECODE_KERNEL(fa_paged_decode_##dt##_d##D, T, D, false)                                                 \
+  FA_DECODE_KERNEL(fa_paged_decode_##dt##_d##D##_mod, T, D, true)
+FA_DECODE_KERNELS(f16, fa::half_t, 64)
+FA_DECODE_KERNELS(f16, fa::half_t, 128)
+FA_DECODE_KERNELS(f16, fa::half_t, 256)
+FA_DECODE_KERNELS(bf16, fa::bf16_t, 64)
+FA_DECODE_KERNELS(bf16, fa::bf16_t, 128)
+FA_DECODE_KERNELS(bf16, fa::bf16_t, 256)
 
 #if defined(FA_HOST_BUILD)
 namespace fa {
@@ -269,8 +309,11 @@ template <int D> int launch_decode(void (*kernel)(FaDecodeParams), const char *n
   return launch(name, kernel, grid, Tr::kThreads, Tr::kSmemBytes, exec, p);
 }
 
-#define FA_DECODE_CASE(D, kernel) case D: return launch_decode<D>(kernel, #kernel, p, exec)
+#define FA_DECODE_CASE(D, kernel)                                                                            \
+  case D:                                                                                                    \
+    return mod ? launch_decode<D>(kernel##_mod, #kernel "_mod", p, exec) : launch_decode<D>(kernel, #kernel, p, exec)
 int dispatch(const FaDecodeParams &p, FaExec *exec) {
+  const bool mod = needs_score_mod(p.score_mod);
   if (p.dtype == FA_DTYPE_F16) {
     switch (p.head_dim) {
       FA_DECODE_CASE(64, fa_paged_decode_f16_d64);
@@ -314,6 +357,7 @@ inline bool valid_params(const FaDecodeParams &p) {
   if (((uintptr_t)p.lse & 3u) != 0 || ((uintptr_t)p.partial_lse & 3u) != 0 || p.lse_batch_stride < 0) return false;
   if (((uintptr_t)c.block_table & 3u) != 0 || ((uintptr_t)c.seq_lens & 3u) != 0 || c.block_table_stride < 0)
     return false;
+  if (!valid_score_mod(p.score_mod, p.heads_q)) return false;
   const int group = p.heads_q / p.heads_kv;
   const int64_t grid_y = (int64_t)p.heads_kv * ((group + 15) / 16);
   return grid_y <= 65535 && p.batch <= 65535 && p.num_splits <= 65535;
@@ -353,6 +397,8 @@ extern "C" int fa_decode(FaDecodeParams p, FaExec *exec) {
   m.head_dim = p.head_dim;
   m.states_dtype = FA_DTYPE_F32;
   m.out_dtype = p.dtype;
+  m.sinks = p.score_mod.sinks; // the partials never include the sink: it enters here, once
+
   return fa_merge(m, exec);
 }
 #endif // FA_HOST_BUILD

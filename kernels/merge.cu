@@ -8,6 +8,8 @@
 // read-only path (the row's D/8 threads read the same ones: L1 hits). The summation order is fixed
 // (s = 0, 1, ...), so results are bitwise reproducible. Empty states (lse = -inf) weigh 0 and their o_s is
 // not even read, so garbage there never leaks; all-empty rows give o = 0, lse = -inf (attention_state.cuh).
+// Sinks (attention sinks, fa/score_mod.cuh): a row's sink joins as one more state with o = 0 — it raises
+// lse_max if larger and adds its weight to the sum only, so a row of empty states gives o = 0, lse = sink.
 #include "fa/attention_state.cuh"
 #include "fa/decode/vec8.cuh"
 #include "fa/intrinsics.cuh"
@@ -43,8 +45,10 @@ template <class S, class O> FA_DEVICE void merge_states_kernel(const FaMergePara
 #pragma unroll
     for (int i = 0; i < kUnroll; ++i) lse_max = fmaxf(lse_max, l[i]);
   }
+  const float sink = p.sinks != nullptr ? ld_global_nc(p.sinks + h) : kNegInf;
+  lse_max = fmaxf(lse_max, sink);
 
-  float sum = 0.0f;
+  float sum = p.sinks != nullptr ? expf(sink - lse_max) : 0.0f;
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   if (lse_max != kNegInf) {
     for (int s0 = 0; s0 < p.num_states; s0 += kUnroll) {
@@ -152,6 +156,7 @@ extern "C" int fa_merge(FaMergeParams p, FaExec *exec) {
     if (s < 0 || (s * o_bytes) % 16 != 0) return FA_ERR_INVALID;
   if ((int64_t)p.rows_outer * p.rows_inner == 0) return FA_OK;
   if (p.o == nullptr || (p.num_states > 0 && (p.o_states == nullptr || p.lse_states == nullptr))) return FA_ERR_INVALID;
+  if (((uintptr_t)p.sinks & 3u) != 0) return FA_ERR_INVALID;
   const int si = dtype_index(p.states_dtype);
   const int oi = dtype_index(p.out_dtype);
   if (si < 0 || oi < 0) return FA_ERR_UNSUPPORTED;

@@ -4,15 +4,18 @@
 // One CTA per (query tile of Br rows, query head, sequence); 4 warps, each owning 16·kMTiles query rows
 // (fa/prefill/tile_config.cuh). Per CTA:
 //   load Q tile and the top KV tile (cp.async, zero-filled past the sequence end);
-//   for each KV tile n from the top down (tiles above the causal diagonal are never visited):
+//   for each KV tile n from the top down (tiles above the causal diagonal or outside the sliding window are
+//   never visited):
 //     prefetch tile n-1 into the next K/V buffer (2-3 buffers: its loads fly under tile n's math);
 //     S = Q Kᵀ            (mma m16n8k16; Q and K through ldmatrix from swizzled smem, fp32 accumulate)
-//     mask S              (only the tiles that cross the diagonal or the ragged Tk edge: a masked loop,
-//                          then a mask-free loop, see fa/prefill/block_range.cuh)
+//     score variants      (kVariant kernels only: softcap and ALiBi, fa/score_mod.cuh)
+//     mask S              (only the tiles that cross the diagonal, a window edge or the ragged Tk edge: a
+//                          masked loop, the mask-free loop, a masked loop, see fa/prefill/block_range.cuh)
 //     online softmax      (exp2 domain, scale folded into one FFMA, quad-shuffle row max; P stays in the
 //                          registers of S, fa/online_softmax.cuh)
 //     O += P V            (P converted to 16-bit in registers as the A operand; V through ldmatrix.trans)
-//   O /= rowsum, LSE = ln-domain log-sum-exp; rows that saw no key: O = 0, LSE = -inf.
+//   O /= rowsum (with the sink, if any, in it), LSE = ln-domain log-sum-exp; rows that saw no key: O = 0,
+//   LSE = -inf (or the sink's logit).
 #include "fa/abi.h"
 #include "fa/intrinsics.cuh"
 #include "fa/mma_tile.cuh"
@@ -21,6 +24,7 @@
 #include "fa/prefill/mask.cuh"
 #include "fa/prefill/seq_info.cuh"
 #include "fa/prefill/tile_config.cuh"
+#include "fa/score_mod.cuh"
 #include "fa/swizzle.cuh"
 #include "fa/tile_copy.cuh"
 #include "fa/namespace.cuh"
@@ -80,8 +84,12 @@ template <class T, class Cfg> struct CtaContext {
   int m0, tq, tk, warp_row0;
   LaneAddress<Cfg::kHeadDim> a_lane; // ldmatrix lanes for Q (A) and V (trans B)
   LaneAddress<Cfg::kHeadDim> k_lane; // ldmatrix lanes for K (B)
-  bool causal;
-  float scale_log2;
+  WindowBounds window;               // effective bounds (causal: right = 0), fa/score_mod.cuh
+  float softmax_scale_log2; // scale_log2, or 1 when apply_score_mod has mapped the scores to the exp2 domain
+  // kVariant kernels only:
+  bool has_score_mod; // softcap or ALiBi
+  ScoreMod score_mod;
+  float slope_log2; // this head's ALiBi slope · log2 e (0 without ALiBi)
 
   // Starts loading KV tile n into buffer buf. Only the top tile can be ragged (Tk % Bc != 0), and it is
   // loaded before the loop (kPredicated); the tiles prefetched inside the loop lie below it, so they are
@@ -99,12 +107,37 @@ template <class T, class Cfg> struct CtaContext {
 // The buffer after `buf` in the ring of Cfg::kStages K/V buffers.
 template <class Cfg> FA_DEVICE int next_buffer(int buf) { return buf + 1 == Cfg::kStages ? 0 : buf + 1; }
 
-// One KV tile: prefetch the next, wait for this one, S = Q Kᵀ, (mask), online softmax, O += P V.
-template <bool kMasked, class T, class Cfg>
-FA_DEVICE void kv_tile_step(const CtaContext<T, Cfg> &cta, int n, int buf,
+// Softcap and ALiBi of this warp's scores (rows row0 + [0, 16·kMT), keys key0 + [0, 8·kNB)), in place; the
+// result is in the exp2 domain (fa/score_mod.cuh), so the softmax then runs with a scale of 1.
+template <int kMT, int kNB>
+FA_DEVICE void apply_score_mod(float (&s)[kMT][kNB][4], int row0, int key0, int diag, const ScoreMod &mod,
+                               float slope_log2) {
+  const int g = lane_id() >> 2;
+  const int t = lane_id() & 3;
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int diag_key = row0 + 16 * mt + 8 * h + g + diag;
+#pragma unroll
+      for (int nb = 0; nb < kNB; ++nb) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int dist = diag_key - (key0 + 8 * nb + 2 * t + e);
+          s[mt][nb][2 * h + e] = mod.apply(s[mt][nb][2 * h + e], slope_log2, dist < 0 ? -dist : dist);
+        }
+      }
+    }
+  }
+}
+
+// One KV tile: prefetch the next (down to n_begin), wait for this one, S = Q Kᵀ, (score variants), (mask),
+// online softmax, O += P V.
+template <bool kMasked, bool kVariant, class T, class Cfg>
+FA_DEVICE void kv_tile_step(const CtaContext<T, Cfg> &cta, int n, int n_begin, int buf,
                             float (&o)[Cfg::kMTiles][Cfg::kHeadDim / 8][4], OnlineSoftmax<Cfg::kMTiles> &softmax) {
   constexpr int kTile = Cfg::kBc * Cfg::kHeadDim;
-  if (n > 0) {
+  if (n > n_begin) {
     // With 3 buffers, next_buffer(buf) was last read two steps ago, before every warp passed the previous
     // step's barrier; with 2 it was read in the previous step, ordered by that step's trailing barrier.
     cta.template load_kv_async<false>(n - 1, next_buffer<Cfg>(buf));
@@ -117,8 +150,14 @@ FA_DEVICE void kv_tile_step(const CtaContext<T, Cfg> &cta, int n, int buf,
 
   float s[Cfg::kMTiles][Cfg::kBc / 8][4] = {};
   gemm_qk<T, Cfg>(s, cta.sQ, cta.sK + buf * kTile, cta.warp_row0, cta.a_lane, cta.k_lane);
-  if (kMasked) apply_kv_mask(s, cta.m0 + cta.warp_row0, n * Cfg::kBc, cta.tq, cta.tk, cta.causal);
-  softmax.update(s, o, cta.scale_log2);
+  if constexpr (kVariant) {
+    if (cta.has_score_mod)
+      apply_score_mod(s, cta.m0 + cta.warp_row0, n * Cfg::kBc, cta.tk - cta.tq, cta.score_mod, cta.slope_log2);
+  }
+  if (kMasked)
+    apply_kv_mask<kVariant>(s, cta.m0 + cta.warp_row0, n * Cfg::kBc, cta.tq, cta.tk, cta.window.left,
+                            cta.window.right);
+  softmax.update(s, o, cta.softmax_scale_log2);
   gemm_pv<T, Cfg>(o, s, cta.sV + buf * kTile, cta.a_lane);
 
   // Double buffering: every warp must be done with `buf` before the next step refills it.
@@ -177,9 +216,12 @@ FA_DEVICE void store_output(const FaPrefillParams &p, const SeqInfo &seq, int m0
   }
 }
 
+// The plain kernels handle causal, a right window bound and sinks (run-time: the block range, the mask's
+// upper bound, the epilogue); the _mod kernels (kVariant) also softcap, ALiBi and a left window bound
+// (fa/score_mod.cuh says why those are compile-time).
 // Grid: (query tiles, Hq, B). Block: Cfg::kThreads. Dynamic smem: Cfg::kSmemBytes. The kernels are the
 // FA_KERNEL instantiations below.
-template <class T, int kHeadDim> FA_DEVICE void prefill_kernel(const FaPrefillParams &p) {
+template <class T, int kHeadDim, bool kVariant> FA_DEVICE void prefill_kernel(const FaPrefillParams &p) {
   using Cfg = TileConfig<kHeadDim>;
   constexpr int kBr = Cfg::kBr;
   const Dim3 bid = block_idx();
@@ -204,16 +246,25 @@ template <class T, int kHeadDim> FA_DEVICE void prefill_kernel(const FaPrefillPa
   cta.tq = seq.tq;
   cta.tk = seq.tk;
   cta.warp_row0 = warp_id() * 16 * Cfg::kMTiles;
-  cta.causal = p.causal != 0;
-  cta.scale_log2 = p.scale_log2;
+  cta.window = effective_window(p.score_mod, p.causal != 0, seq.tq, seq.tk);
+  cta.softmax_scale_log2 = p.scale_log2;
+  if constexpr (kVariant) {
+    cta.has_score_mod = needs_score_mod(p.score_mod);
+    cta.score_mod = ScoreMod::make(p.scale, p.scale_log2, p.score_mod.softcap);
+    cta.slope_log2 = alibi_slope_log2(p.score_mod, bid.z, bid.y);
+    if (cta.has_score_mod) cta.softmax_scale_log2 = 1.0f;
+  } else {
+    cta.window.left = seq.tq > seq.tk ? seq.tq : seq.tk; // the plain kernel has no left bound (launcher)
+  }
 
-  const KvBlockRange range = kv_block_range(m0, kBr, Cfg::kBc, seq.tq, seq.tk, cta.causal);
+  const KvBlockRange range =
+      kv_block_range(m0, kBr, Cfg::kBc, seq.tq, seq.tk, cta.window.left, cta.window.right);
 
   float o[Cfg::kMTiles][kHeadDim / 8][4] = {};
   OnlineSoftmax<Cfg::kMTiles> softmax;
   softmax.init();
 
-  if (range.n_end > 0) {
+  if (range.n_end > range.n_begin) {
     const T *q = static_cast<const T *>(p.q) + seq.q_offset + m0 * p.q_row_stride;
     cp_async_tile<kBr, kHeadDim, Cfg::kThreads, true>(cta.sQ, q, p.q_row_stride, seq.tq - m0);
     cta.template load_kv_async<true>(range.n_end - 1, 0);
@@ -221,11 +272,19 @@ template <class T, int kHeadDim> FA_DEVICE void prefill_kernel(const FaPrefillPa
   }
   int n = range.n_end - 1;
   int buf = 0;
-  for (; n >= range.n_mask_begin; --n, buf = next_buffer<Cfg>(buf)) kv_tile_step<true>(cta, n, buf, o, softmax);
-  for (; n >= 0; --n, buf = next_buffer<Cfg>(buf)) kv_tile_step<false>(cta, n, buf, o, softmax);
+  // Without a left window bound (every plain kernel) n_begin and n_interior_begin are 0: today's two loops.
+  const int n_begin = kVariant ? range.n_begin : 0;
+  for (; n >= range.n_mask_begin; --n, buf = next_buffer<Cfg>(buf))
+    kv_tile_step<true, kVariant>(cta, n, n_begin, buf, o, softmax);
+  for (; n >= (kVariant ? range.n_interior_begin : 0); --n, buf = next_buffer<Cfg>(buf))
+    kv_tile_step<false, kVariant>(cta, n, n_begin, buf, o, softmax);
+  if constexpr (kVariant) {
+    for (; n >= n_begin; --n, buf = next_buffer<Cfg>(buf)) // the window's left edge
+      kv_tile_step<true, kVariant>(cta, n, n_begin, buf, o, softmax);
+  }
 
   float lse[2 * Cfg::kMTiles];
-  softmax.finalize(o, lse, cta.scale_log2);
+  softmax.finalize(o, lse, cta.softmax_scale_log2, sink_logit(p.score_mod, bid.y));
   store_output<T, Cfg>(p, seq, m0, cta.warp_row0, cta.sQ, o, lse);
 }
 
@@ -233,19 +292,23 @@ template <class T, int kHeadDim> FA_DEVICE void prefill_kernel(const FaPrefillPa
 } // namespace prefill
 FA_NAMESPACE_END
 
-// One kernel per (dtype, head dim); 4 warps, one CTA per SM at 255 registers (tile_config.cuh).
-#define FA_PREFILL_KERNEL(name, T, D)                                                                        \
-  FA_KERNEL(name, fa::prefill::TileConfig<D>::kThreads, 1, FaPrefillParams, (fa::prefill::prefill_kernel<T, D>))
-FA_PREFILL_KERNEL(fa_prefill_f16_d32, fa::half_t, 32)
-FA_PREFILL_KERNEL(fa_prefill_f16_d64, fa::half_t, 64)
-FA_PREFILL_KERNEL(fa_prefill_f16_d96, fa::half_t, 96)
-FA_PREFILL_KERNEL(fa_prefill_f16_d128, fa::half_t, 128)
-FA_PREFILL_KERNEL(fa_prefill_f16_d256, fa::half_t, 256)
-FA_PREFILL_KERNEL(fa_prefill_bf16_d32, fa::bf16_t, 32)
-FA_PREFILL_KERNEL(fa_prefill_bf16_d64, fa::bf16_t, 64)
-FA_PREFILL_KERNEL(fa_prefill_bf16_d96, fa::bf16_t, 96)
-FA_PREFILL_KERNEL(fa_prefill_bf16_d128, fa::bf16_t, 128)
-FA_PREFILL_KERNEL(fa_prefill_bf16_d256, fa::bf16_t, 256)
+// One kernel per (dtype, head dim, score mod); 4 warps, one CTA per SM at 255 registers (tile_config.cuh).
+// The _mod kernels apply softcap and ALiBi to every score (fa/score_mod.cuh says why that is a template).
+#define FA_PREFILL_KERNEL(name, T, D, kMod)                                                                  \
+  FA_KERNEL(name, fa::prefill::TileConfig<D>::kThreads, 1, FaPrefillParams, (fa::prefill::prefill_kernel<T, D, kMod>))
+#define FA_PREFILL_KERNELS(dt, T, D)                                                                         \
+  FA_PREFILL_KERNEL(fa_prefill_##dt##_d##D, T, D, false)                                                     \
+  FA_PREFILL_KERNEL(fa_prefill_##dt##_d##D##_mod, T, D, true)
+FA_PREFILL_KERNELS(f16, fa::half_t, 32)
+FA_PREFILL_KERNELS(f16, fa::half_t, 64)
+FA_PREFILL_KERNELS(f16, fa::half_t, 96)
+FA_PREFILL_KERNELS(f16, fa::half_t, 128)
+FA_PREFILL_KERNELS(f16, fa::half_t, 256)
+FA_PREFILL_KERNELS(bf16, fa::bf16_t, 32)
+FA_PREFILL_KERNELS(bf16, fa::bf16_t, 64)
+FA_PREFILL_KERNELS(bf16, fa::bf16_t, 96)
+FA_PREFILL_KERNELS(bf16, fa::bf16_t, 128)
+FA_PREFILL_KERNELS(bf16, fa::bf16_t, 256)
 
 #if defined(FA_HOST_BUILD)
 namespace fa {
@@ -261,8 +324,18 @@ template <int kHeadDim> int launch_prefill(void (*kernel)(FaPrefillParams), cons
   return launch(name, kernel, Dim3{m_blocks, p.heads_q, p.batch}, Cfg::kThreads, Cfg::kSmemBytes, exec, p);
 }
 
-#define FA_PREFILL_CASE(D, kernel) case D: return launch_prefill<D>(kernel, #kernel, p, exec)
+// Softcap, ALiBi or a left window bound that excludes keys (one at least max(Tq, Tk) excludes none, for
+// any sequence of the batch: seqlen_q / seqlen_k are the maxima) need the _mod kernels.
+bool needs_variant_kernel(const FaPrefillParams &p) {
+  const int span = p.seqlen_q > p.seqlen_k ? p.seqlen_q : p.seqlen_k;
+  return needs_score_mod(p.score_mod) || (p.score_mod.window_left >= 0 && p.score_mod.window_left < span);
+}
+
+#define FA_PREFILL_CASE(D, kernel)                                                                           \
+  case D:                                                                                                    \
+    return mod ? launch_prefill<D>(kernel##_mod, #kernel "_mod", p, exec) : launch_prefill<D>(kernel, #kernel, p, exec)
 int dispatch(const FaPrefillParams &p, FaExec *exec) {
+  const bool mod = needs_variant_kernel(p);
   if (p.dtype == FA_DTYPE_F16) {
     switch (p.head_dim) {
       FA_PREFILL_CASE(32, fa_prefill_f16_d32);
@@ -311,6 +384,10 @@ extern "C" int fa_prefill(FaPrefillParams p, FaExec *exec) {
   for (int64_t s : strides)
     if (s < 0 || !stride_aligned16(s)) return FA_ERR_INVALID;
   if (p.lse != nullptr && (((uintptr_t)p.lse & 3u) != 0 || p.lse_batch_stride < 0 || p.lse_head_stride < 0))
+    return FA_ERR_INVALID;
+  if (!fa::valid_score_mod(p.score_mod, p.heads_q)) return FA_ERR_INVALID;
+  // Positions and window bounds must stay inside int32 when added (fa/score_mod.cuh).
+  if (p.seqlen_q > (1 << 30) || p.seqlen_k > (1 << 30) || p.total_q > (1 << 30) || p.total_k > (1 << 30))
     return FA_ERR_INVALID;
   return fa::prefill::dispatch(p, exec);
 }

@@ -11,7 +11,7 @@ use crate::counters::{KernelCounters, LaunchCounters};
 use crate::decode::cases::DecodeCase;
 use crate::plan::{DecodePlan, ROWS_PER_CTA};
 use crate::prefill::cases::PrefillCase;
-use crate::prefill::{kv_block_range, TileConfig};
+use crate::prefill::{kv_block_range, TileConfig, Window};
 
 /// Multiply-accumulates of one `mma.m16n8k16`.
 const MMA_MACS: u64 = 16 * 8 * 16;
@@ -22,10 +22,12 @@ const ELEM: u64 = 2;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PrefillCost {
     /// (query tile, head) × KV tile visits: tiles past the last key a query tile's last row sees are never
-    /// visited (causal), the ragged top tile is.
+    /// visited (causal, a window's right bound), nor tiles before the first key its first row sees (a
+    /// window's left bound); the ragged top tile is.
     pub kv_tiles: u64,
     /// Each visited tile is loaded once per (query tile, query head) — ⌈Tq/Br⌉ passes over K and V per query
     /// head — and only its rows below Tk (the ragged rows are zero-filled, not read).
+    /// With a sliding window of w keys a query tile visits about (w + Br) / Bc tiles, not Tk / Bc.
     pub k_bytes_read: u64,
     pub v_bytes_read: u64,
     /// Q read exactly once (by the query tiles that see any key).
@@ -35,7 +37,8 @@ pub struct PrefillCost {
     pub lse_bytes_written: u64,
     /// Q·Kᵀ and P·V of a Br × Bc tile over D: 2·Br·Bc·D multiply-adds, 2048 per mma.
     pub mma: u64,
-    /// One exp2 per score of a visited tile, plus one rescale factor per row per lane of its quad (4) per tile.
+    /// One exp2 per score of a visited tile, plus one rescale factor per row per lane of its quad (4) per tile;
+    /// a softcap adds one per score (its tanh); sinks add two per row per lane of its quad (the epilogue).
     pub exp2: u64,
     /// One barrier per visited tile with 3 K/V buffers, two with 2 (the refill waits for every reader).
     pub barriers: u64,
@@ -50,19 +53,22 @@ pub fn prefill_cost(case: &PrefillCase) -> Option<PrefillCost> {
         None => vec![(case.seqlen_q, case.seqlen_k); case.batch],
     };
     let mut c = PrefillCost::default();
+    let window = Window::new(case.variants.window, case.causal);
+    let mut ctas = 0u64;
     for &(tq, tk) in &seqs {
         for m0 in (0..tq).step_by(br) {
             let rows = (tq - m0).min(br) as u64;
-            let range = kv_block_range(m0, br, bc, tq, tk, case.causal);
+            let range = kv_block_range(m0, br, bc, tq, tk, window);
+            ctas += 1;
             c.o_bytes_written += rows * d * ELEM;
             if case.with_lse {
                 c.lse_bytes_written += rows * 4;
             }
-            if range.n_end == 0 {
+            if range.n_end == range.n_begin {
                 continue; // no row sees a key: nothing is loaded, O = 0 is stored
             }
-            let keys = (range.n_end * bc).min(tk) as u64;
-            c.kv_tiles += range.n_end as u64;
+            let keys = ((range.n_end * bc).min(tk) - range.n_begin * bc) as u64;
+            c.kv_tiles += (range.n_end - range.n_begin) as u64;
             c.q_bytes_read += rows * d * ELEM;
             c.k_bytes_read += keys * d * ELEM;
             c.v_bytes_read += keys * d * ELEM;
@@ -81,7 +87,11 @@ pub fn prefill_cost(case: &PrefillCase) -> Option<PrefillCost> {
     }
     let (br, bc) = (br as u64, bc as u64);
     c.mma = c.kv_tiles * 2 * br * bc * d / MMA_MACS;
-    c.exp2 = c.kv_tiles * br * (bc + 4);
+    let softcap = u64::from(case.variants.softcap.is_some());
+    c.exp2 = c.kv_tiles * br * (bc + 4 + softcap * bc);
+    if case.variants.sinks {
+        c.exp2 += ctas * heads * 8 * br; // 128 threads x Br/32 rows each x 2
+    }
     c.barriers = c.kv_tiles * if cfg.stages == 2 { 2 } else { 1 };
     Some(c)
 }
@@ -125,7 +135,8 @@ pub struct DecodeCost {
     /// K and V tiles walked, over all CTAs.
     pub kv_tiles: u64,
     /// Each visible token's K and V row read once per KV head (⌈G/16⌉ = 1 for G ≤ 16: the G query heads of
-    /// a KV head are the 16 rows of one mma tile), never a slot past `seq_len` (zero-filled instead).
+    /// a KV head are the 16 rows of one mma tile), never a slot past `seq_len` (zero-filled instead), nor
+    /// one left of a sliding window (the last w + 1 tokens are the visible ones).
     pub k_bytes_read: u64,
     pub v_bytes_read: u64,
     /// Q read once per split (every split's CTA needs the query rows).
@@ -156,13 +167,16 @@ pub fn decode_cost(case: &DecodeCase, plan: &DecodePlan) -> DecodeCost {
     let rows = (case.batch() * case.heads_q) as u64;
     let mut c = DecodeCost { ctas: splits * case.batch() as u64 * kv_ctas, ..Default::default() };
     let mut table_entries = 0u64;
+    let window_left = case.window_left();
     for &len in &case.seq_lens {
+        let mut visible = 0;
         for s in 0..plan.num_splits {
-            let (begin, end) = plan.split_range(s, len);
+            let (begin, end) = plan.split_range_windowed(s, len, window_left);
             c.kv_tiles += (end - begin).div_ceil(tile) as u64 * kv_ctas;
             table_entries += ((end - begin) + DECODE_STAGES * tile) as u64 * kv_ctas;
+            visible += end - begin;
         }
-        c.k_bytes_read += len as u64 * kv_ctas * d * ELEM;
+        c.k_bytes_read += visible as u64 * kv_ctas * d * ELEM;
     }
     c.v_bytes_read = c.k_bytes_read;
     c.q_bytes_read = splits * rows * d * ELEM;
@@ -240,6 +254,7 @@ mod tests {
             varlen: None,
             layout: CaseLayout::Contiguous,
             with_lse: true,
+            variants: Default::default(),
         }
     }
 

@@ -19,6 +19,7 @@ use crate::error::{to_i32, Error, ErrorKind, Result};
 use crate::launch::Launch;
 use crate::paged::{abi_cache, PagedKvCache};
 use crate::plan::{DecodePlan, DecodeProblem};
+use crate::score_mod::ScoreMod;
 use crate::sys;
 use crate::tensor::{TensorView, TensorViewMut};
 
@@ -29,13 +30,17 @@ pub const DECODE_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 /// decisions a real GPU of that size would.
 pub const EMULATOR_SM_COUNT: usize = 132;
 
-/// Options of one decode call.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct DecodeOptions {
+/// Options of one decode call: `DecodeOptions { num_splits: Some(4), ..Default::default() }`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DecodeOptions<'a> {
     /// Softmax scale; `None` means 1/sqrt(D).
     pub scale: Option<f32>,
     /// Force this many KV splits (1 = no split); `None` lets the planner choose.
     pub num_splits: Option<usize>,
+    /// Sliding window (its left bound; the right bound cannot exclude anything for the newest token),
+    /// softcap, ALiBi, sinks. A window reads only the last `left + 1` tokens of each sequence, and plans
+    /// split-KV over that span ([`DecodeProblem::windowed`]).
+    pub score_mod: ScoreMod<'a>,
 }
 
 enum Buffer {
@@ -172,7 +177,8 @@ impl DecodeWorkspace {
     }
 
     /// The plan a decode of `problem` with `opts` follows: the pinned plan (checked to cover the call; a
-    /// forced split count in `opts` must then match it), else one made for this call.
+    /// forced split count in `opts` must then match it), else one made for this call. `problem` is the
+    /// attended span: for a sliding window, [`DecodeProblem::windowed`].
     pub fn plan(&self, problem: &DecodeProblem, opts: &DecodeOptions) -> Result<DecodePlan> {
         match &self.plan {
             Some(plan) => {
@@ -246,7 +252,8 @@ pub fn check_decode_args<T>(
 }
 
 /// Decode attention over a paged KV cache: `o[b, h] = softmax(q[b, h] · K_bᵀ · scale) V_b` over the first
-/// `seq_lens[b]` tokens of sequence b's pages, K/V head `h / (Hq / Hkv)`.
+/// `seq_lens[b]` tokens of sequence b's pages (with a sliding window of left bound w: the last w + 1), K/V
+/// head `h / (Hq / Hkv)`, with the score variants of `opts.score_mod`.
 ///  - `q`, `o`: `[B, Hq, D]`, D in {64, 128, 256}, unit innermost stride, 16-byte aligned rows;
 ///  - `lse`: optional `[B, Hq]` natural-log LSE (fp32, unit head stride); seq_len 0 gives o = 0, lse = -inf;
 ///  - `workspace`: the split workspace, large enough for the plan (see [`DecodeWorkspace`]).
@@ -261,7 +268,8 @@ pub fn decode<T: Element>(
     workspace: &mut DecodeWorkspace,
     opts: &DecodeOptions,
 ) -> Result<DecodePlan> {
-    let problem = check_decode_args(q, cache, o, lse.as_deref())?;
+    opts.score_mod.check_values()?;
+    let problem = check_decode_args(q, cache, o, lse.as_deref())?.windowed(opts.score_mod.window_left());
     let plan = workspace.plan(&problem, opts)?;
     workspace.check_fits(&plan)?;
     let scale = crate::launch::softmax_scale(opts.scale, problem.head_dim)?;
@@ -276,6 +284,7 @@ pub fn decode<T: Element>(
     let mut partial_lse = workspace.partial_lse.view(if split { rows } else { 0 })?;
 
     let mut launch = Launch::new(*stream);
+    let score_mod = opts.score_mod.abi(&mut launch, problem.batch, problem.heads_q)?;
     let q_ptr = launch.input(c"q", q, 16)?;
     let k_ptr = launch.input(c"k_cache", &cache.k, 16)?;
     let v_ptr = launch.input(c"v_cache", &cache.v, 16)?;
@@ -328,6 +337,7 @@ pub fn decode<T: Element>(
         dtype: T::DTYPE.abi(),
         scale,
         scale_log2: scale * std::f32::consts::LOG2_E,
+        score_mod,
     };
     launch.run("paged_decode", params, sys::fa_decode)?;
     Ok(plan)

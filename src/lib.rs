@@ -26,7 +26,7 @@
 //!     &TensorView::host(&kv, [b, t, hkv, d])?,
 //!     &mut TensorViewMut::host(&mut o, [b, t, hq, d])?,
 //!     Some(&mut TensorViewMut::host(&mut lse, [b, hq, t])?),
-//!     &PrefillOptions { causal: true, scale: None },
+//!     &PrefillOptions { causal: true, ..Default::default() },
 //! )?;
 //! // Row 0 of a causal mask sees only key 0: its output is V's row 0 of KV head 0.
 //! assert_eq!(o[..d], kv[..d]);
@@ -52,6 +52,7 @@ pub mod paged;
 pub mod plan;
 pub mod prefill;
 pub mod reference;
+pub mod score_mod;
 pub mod seed;
 #[doc(hidden)]
 pub mod sys;
@@ -72,9 +73,10 @@ pub use tensor::{TensorView, TensorViewMut};
 
 pub use append::append;
 pub use decode::{decode, DecodeOptions, DecodeWorkspace};
-pub use merge::merge_states;
+pub use merge::{merge_states, merge_states_with_sinks};
 pub use paged::{PagedKvCache, PagedKvCacheMut};
 pub use plan::{DecodePlan, DecodeProblem};
+pub use score_mod::{AlibiSlopes, ScoreMod};
 
 /// Every Rust snippet of the README compiles (and the ones not marked `no_run` run) as a doctest.
 #[cfg(doctest)]

@@ -37,6 +37,22 @@ pub fn merge_states<S: MergeElement, O: MergeElement>(
     o: &mut TensorViewMut<'_, O, 3>,
     lse: Option<&mut TensorViewMut<'_, f32, 2>>,
 ) -> Result<()> {
+    merge_states_with_sinks(stream, o_states, lse_states, None, o, lse)
+}
+
+/// [`merge_states`] with attention sinks (docs/semantics.md, "Score variants"): `sinks [H]` fp32 (finite;
+/// checked when in host memory), row (n, h)'s denominator gains `exp(sinks[h])` exactly once, as one more
+/// state with o = 0: `lse = log(exp(sink) + Σ_s exp(lse_s))`, `o = Σ_s exp(lse_s − lse) · o_s`. A row whose
+/// states are all empty gets o = 0, lse = sink. This is how split-KV applies sinks: the partials never
+/// include them.
+pub fn merge_states_with_sinks<S: MergeElement, O: MergeElement>(
+    stream: &Stream<'_>,
+    o_states: &TensorView<'_, S, 4>,
+    lse_states: &TensorView<'_, f32, 3>,
+    sinks: Option<&TensorView<'_, f32, 1>>,
+    o: &mut TensorViewMut<'_, O, 3>,
+    lse: Option<&mut TensorViewMut<'_, f32, 2>>,
+) -> Result<()> {
     let [k, n, h, d] = o_states.shape();
     if d == 0 || d % 8 != 0 {
         return Err(Error::unsupported("o_states", format!("head dim {d} is not a positive multiple of 8")));
@@ -50,6 +66,15 @@ pub fn merge_states<S: MergeElement, O: MergeElement>(
         l.expect_shape("lse", [n, h])?;
         l.check_disjoint("lse")?;
     }
+    if let Some(sk) = sinks {
+        sk.expect_shape("sinks", [h])?;
+        sk.check_rows("sinks", 4)?;
+        if let crate::tensor::Mem::Host(values) = &sk.mem {
+            if let Some(x) = values[..h].iter().find(|x| !x.is_finite()) {
+                return Err(Error::unsupported("sinks", format!("{x} (must be finite)")));
+            }
+        }
+    }
     if n * h == 0 {
         return Ok(());
     }
@@ -58,6 +83,10 @@ pub fn merge_states<S: MergeElement, O: MergeElement>(
     // With no states the (empty) state buffers are never touched; their dangling pointers need no alignment.
     let os_ptr = launch.input(c"o_states", o_states, if k == 0 { 1 } else { 16 })?;
     let ls_ptr = launch.input(c"lse_states", lse_states, 4)?;
+    let sinks_ptr = match sinks {
+        Some(sk) => launch.input(c"sinks", sk, 4)? as *const f32,
+        None => std::ptr::null(),
+    };
     let o_ptr = launch.output(c"o", o, 16)?;
     let (lse_ptr, lse_strides) = match lse {
         Some(l) => {
@@ -87,6 +116,7 @@ pub fn merge_states<S: MergeElement, O: MergeElement>(
         head_dim: to_i32("o_states (head dim)", d)?,
         states_dtype: S::ABI,
         out_dtype: O::ABI,
+        sinks: sinks_ptr,
     };
     launch.run("merge_states", params, sys::fa_merge)
 }

@@ -41,6 +41,13 @@ pub struct DecodeProblem {
 }
 
 impl DecodeProblem {
+    /// The problem a sliding window of left bound `window_left` leaves: each query attends to at most
+    /// `window_left + 1` tokens (the newest ones), so splits are planned over that span, not the context.
+    /// `None` (no window) leaves the problem as it is.
+    pub fn windowed(self, window_left: Option<usize>) -> Self {
+        let span = window_left.map_or(self.max_seq_len, |w| self.max_seq_len.min(w.saturating_add(1)));
+        Self { max_seq_len: span, ..self }
+    }
     /// Query heads per KV head.
     pub fn group(&self) -> usize {
         self.heads_q / self.heads_kv.max(1)
@@ -171,10 +178,17 @@ impl DecodePlan {
     /// Token range `[begin, end)` split `s` covers for a sequence of `seq_len` tokens: the kernel's rule,
     /// mirrored for tests and tools.
     pub fn split_range(&self, s: usize, seq_len: usize) -> (usize, usize) {
+        self.split_range_windowed(s, seq_len, None)
+    }
+
+    /// [`split_range`](Self::split_range) under a sliding window of left bound `window_left`: the splits
+    /// are laid out from the window's first token, `max(0, seq_len − 1 − window_left)`.
+    pub fn split_range_windowed(&self, s: usize, seq_len: usize, window_left: Option<usize>) -> (usize, usize) {
+        let start = window_left.map_or(0, |w| seq_len.saturating_sub(1).saturating_sub(w));
         if self.num_splits == 1 {
-            return (0, seq_len);
+            return (start, seq_len);
         }
-        let begin = (s * self.split_tokens).min(seq_len);
+        let begin = (start + s * self.split_tokens).min(seq_len);
         let end = if s == self.num_splits - 1 { seq_len } else { (begin + self.split_tokens).min(seq_len) };
         (begin, end)
     }
@@ -292,6 +306,25 @@ mod tests {
             }
         }
         assert!(worst <= (3.1 * 1048576.0) as usize && worst > 3 * 1048576, "worst case {worst} bytes");
+    }
+
+    #[test]
+    fn windows_plan_over_the_window() {
+        // B = 1, 32k context, window 256: the window's 257 tokens are one split, not ~30.
+        let full = problem(1, 32, 8, 32768);
+        let w = full.windowed(Some(256));
+        assert_eq!(w.max_seq_len, 257);
+        assert_eq!(full.windowed(None), full);
+        assert_eq!(problem(1, 32, 8, 100).windowed(Some(256)).max_seq_len, 100);
+        let p = DecodePlan::new(&w, 132, None).unwrap();
+        assert_eq!(p.num_splits, 1);
+        assert_eq!(p.split_range_windowed(0, 32768, Some(256)), (32768 - 257, 32768));
+        assert_eq!(p.split_range_windowed(0, 100, Some(256)), (0, 100));
+        // Forced splits tile the window.
+        let p = DecodePlan::new(&problem(1, 32, 8, 32768).windowed(Some(4095)), 132, Some(4)).unwrap();
+        assert_eq!(p.split_tokens, 1024);
+        assert_eq!(p.split_range_windowed(0, 10_000, Some(4095)), (5904, 6928));
+        assert_eq!(p.split_range_windowed(3, 10_000, Some(4095)), (8976, 10_000));
     }
 
     #[test]

@@ -10,6 +10,10 @@
 //!   output 0 and LSE = −inf, never NaN.
 //! - LSE is the natural log of Σ exp(S) over the visible keys.
 //! - GQA/MQA: query head `h` reads KV head `h / (Hq / Hkv)`.
+//! - Score variants ([`Variants`], the `*_with` entry points): per score `t = s · scale`, then softcap
+//!   `c · tanh(t / c)`, then ALiBi `t − m_h · |i + δ − j|` (δ = Tk − Tq), then the window mask
+//!   (`i + δ − left ≤ j ≤ i + δ + right`, combined with causal as right = 0), then the softmax with the sink
+//!   `σ_h` in the denominator: `LSE = log(e^σ + Σ e^t)`; an empty row gives 0 and LSE = σ.
 //!
 //! All tensors are flat row-major `f64` slices; the layout of each is given on the function. Bad input
 //! (mismatched lengths, bad `cu_seqlens`, out-of-range block table entries, ...) is an [`Error`], never a
@@ -50,16 +54,83 @@ impl Problem {
     /// Checks the head configuration (`heads_kv >= 1`, `heads_q % heads_kv == 0`, `head_dim >= 1`) and that
     /// the tensor sizes fit in `usize`. Zero batch or sequence lengths are valid (empty problems).
     pub fn validate(&self) -> Result<()> {
-        self.attn()?;
+        self.attn(Variants::default())?;
         for (arg, t) in [("q", self.seqlen_q), ("k", self.seqlen_k)] {
             numel(arg, &[self.batch, t, self.heads_q.max(self.heads_kv), self.head_dim])?;
         }
         Ok(())
     }
 
-    fn attn(&self) -> Result<Attn> {
-        Attn::new(self.heads_q, self.heads_kv, self.head_dim, self.causal, self.scale)
+    fn attn<'a>(&self, var: Variants<'a>) -> Result<Attn<'a>> {
+        let a = Attn::new(self.heads_q, self.heads_kv, self.head_dim, self.causal, self.scale)?;
+        var.check(self.batch, self.heads_q)?;
+        Ok(Attn { var, ..a })
     }
+}
+
+/// The score variants of a reference computation (docs/semantics.md, "Score variants"); the default is plain
+/// attention. Values are fp64 (give the fp32 values a kernel uses, widened).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Variants<'a> {
+    /// Sliding window `(left, right)`, each ≥ 0 or −1 (unbounded). Causal is `right = 0`.
+    pub window: Option<(i64, i64)>,
+    /// Logit softcap `c > 0`.
+    pub softcap: Option<f64>,
+    /// ALiBi slopes: `[Hq]` (every sequence) or `[B · Hq]` (per sequence), chosen by length.
+    pub alibi: Option<&'a [f64]>,
+    /// Attention sinks `[Hq]`.
+    pub sinks: Option<&'a [f64]>,
+}
+
+impl Variants<'_> {
+    /// The keys `[lo, hi)` row `i` (of `tq`) sees among `tk` under the window and `causal`.
+    pub fn visible_range(&self, causal: bool, tq: usize, tk: usize, i: usize) -> (usize, usize) {
+        let (l, r) = self.window.unwrap_or((-1, -1));
+        crate::prefill::Window {
+            left: usize::try_from(l).ok(),
+            right: if causal { Some(0) } else { usize::try_from(r).ok() },
+        }
+        .visible_range(i, tq, tk)
+    }
+
+    /// The ALiBi slope of query head `h` of sequence `b` (0 without ALiBi).
+    fn slope(&self, b: usize, h: usize, heads_q: usize) -> f64 {
+        match self.alibi {
+            None => 0.0,
+            Some(s) if s.len() == heads_q => s[h],
+            Some(s) => s[b * heads_q + h],
+        }
+    }
+
+    fn check(&self, batch: usize, heads_q: usize) -> Result<()> {
+        if let Some((l, r)) = self.window {
+            if l < -1 || r < -1 {
+                return Err(Error::unsupported("window", format!("({l}, {r}): bounds are >= 0 or -1")));
+            }
+        }
+        if let Some(c) = self.softcap {
+            if !(c.is_finite() && c > 0.0) {
+                return Err(Error::unsupported("softcap", format!("{c} (must be finite and positive)")));
+            }
+        }
+        if let Some(a) = self.alibi {
+            if a.len() != heads_q && a.len() != batch * heads_q {
+                return Err(Error::shape("alibi", format!("{} slopes, expected Hq = {heads_q} or B·Hq", a.len())));
+            }
+        }
+        if let Some(sk) = self.sinks {
+            check_len("sinks", sk.len(), heads_q)?;
+        }
+        Ok(())
+    }
+}
+
+/// What a row's scores go through besides the dot product: softcap, its ALiBi slope, its sink.
+#[derive(Clone, Copy, Debug, Default)]
+struct RowMod {
+    softcap: Option<f64>,
+    slope: f64,
+    sink: Option<f64>,
 }
 
 /// Result of a reference computation. Layouts are given by the producing function.
@@ -99,6 +170,9 @@ pub struct ErrorTerms {
 const U32: f64 = 1.0 / (1u64 << 24) as f64;
 /// Relative error bound of the kernels' exp2 (PTX `ex2.approx.ftz.f32`: ~2^-22; doubled for margin).
 const EXP2_REL_ERR: f64 = 1.0 / (1u64 << 21) as f64;
+/// Absolute error of the kernels' softcap, relative to c: tanh through ex2.approx (2^-22) and fp32 division
+/// and subtraction, log2 e folded in (a few ulp of c), with a factor 2 of margin.
+const SOFTCAP_REL_ERR: f64 = 1.0 / (1u64 << 20) as f64;
 /// fp16's smallest normal number: below it a P value loses relative precision (subnormal spacing 2^-24).
 const F16_MIN_NORMAL: f64 = 1.0 / (1u64 << 14) as f64;
 
@@ -190,7 +264,53 @@ pub fn visible_keys(causal: bool, tq: usize, tk: usize, i: usize) -> usize {
 /// - `q`: `[B, Tq, Hq, D]`, `k`, `v`: `[B, Tk, Hkv, D]`, contiguous.
 /// - Returns `out`: `[B, Tq, Hq, D]`, `lse`: `[B, Hq, Tq]`.
 pub fn dense(p: &Problem, q: &[f64], k: &[f64], v: &[f64]) -> Result<Output> {
-    dense_impl(Arith::F64, p, q, k, v)
+    dense_impl(Arith::F64, p, Variants::default(), q, k, v)
+}
+
+/// [`dense`] with score variants.
+pub fn dense_with(p: &Problem, var: &Variants<'_>, q: &[f64], k: &[f64], v: &[f64]) -> Result<Output> {
+    dense_impl(Arith::F64, p, *var, q, k, v)
+}
+
+/// One row of [`dense_with`] (or of [`naive_lowp_dense_with`] when `naive` names a dtype): query row `i`
+/// of head `h` of sequence `b`, for checking a sample of a problem too large to compute whole.
+///
+/// - `q_row`: `[D]`; `k`, `v`: sequence b's `[Tk, Hkv, D]`, contiguous.
+/// - Returns `out` `[D]`, `lse` `[1]` (and the bound's terms when `naive` is `None`).
+#[allow(clippy::too_many_arguments)]
+pub fn dense_row_with(
+    p: &Problem,
+    var: &Variants<'_>,
+    naive: Option<DType>,
+    q_row: &[f64],
+    k: &[f64],
+    v: &[f64],
+    (b, i, h): (usize, usize, usize),
+) -> Result<Output> {
+    let a = p.attn(*var)?;
+    let d = a.head_dim;
+    check_len("q_row", q_row.len(), d)?;
+    check_len("k", k.len(), numel("k", &[p.seqlen_k, a.heads_kv, d])?)?;
+    check_len("v", v.len(), numel("v", &[p.seqlen_k, a.heads_kv, d])?)?;
+    for (arg, idx, n) in [("b", b, p.batch), ("h", h, p.heads_q), ("i", i, p.seqlen_q)] {
+        if idx >= n {
+            return Err(Error::out_of_bounds(arg, format!("{idx} is outside 0..{n}")));
+        }
+    }
+    let ar = naive.map_or(Arith::F64, Arith::Lowp);
+    let kv = KvRows { k, v, base: a.kv_head(h) * d, stride: a.heads_kv * d, d };
+    let rm = RowMod { softcap: var.softcap, slope: var.slope(b, h, a.heads_q), sink: var.sinks.map(|sk| sk[h]) };
+    let (tq, tk) = (p.seqlen_q, p.seqlen_k);
+    let (lo, hi) = var.visible_range(a.causal, tq, tk, i);
+    let diag = (i + tk) as f64 - tq as f64;
+    let keys: Vec<(usize, f64)> = (lo..hi).map(|j| (j, (diag - j as f64).abs())).collect();
+    let (mut out, mut probs) = (vec![0.0; d], Vec::new());
+    let l = attend_row(ar, q_row, &kv, &keys, a.scale, &rm, &mut probs, &mut out);
+    let mut terms = ar.terms(d);
+    if let Some(t) = terms.as_deref_mut() {
+        row_terms(q_row, &kv, &keys, a.scale, &rm, l, &probs, &out, t);
+    }
+    Ok(Output { out, lse: vec![l], terms: terms.unwrap_or_default() })
 }
 
 /// Variable-length (packed) attention.
@@ -215,6 +335,25 @@ pub fn varlen(
     v: &[f64],
 ) -> Result<Output> {
     let a = Attn::new(heads_q, heads_kv, head_dim, causal, scale)?;
+    varlen_impl(Arith::F64, &a, cu_seqlens_q, cu_seqlens_k, q, k, v)
+}
+
+/// [`varlen`] with score variants (`var.alibi` of length Hq or B·Hq).
+#[allow(clippy::too_many_arguments)]
+pub fn varlen_with(
+    heads_q: usize,
+    heads_kv: usize,
+    head_dim: usize,
+    causal: bool,
+    scale: f64,
+    var: &Variants<'_>,
+    cu_seqlens_q: &[i32],
+    cu_seqlens_k: &[i32],
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+) -> Result<Output> {
+    let a = Attn::new(heads_q, heads_kv, head_dim, causal, scale)?.with(*var, cu_seqlens_q.len().saturating_sub(1))?;
     varlen_impl(Arith::F64, &a, cu_seqlens_q, cu_seqlens_k, q, k, v)
 }
 
@@ -245,17 +384,26 @@ pub struct PagedCache<'a> {
 }
 
 pub fn gather_paged(cache: &PagedCache<'_>) -> Result<Vec<(Vec<f64>, Vec<f64>)>> {
-    gather_impl(cache, false)
+    Ok(gather_impl(cache, false)?.into_iter().map(|s| (s.k, s.v)).collect())
+}
+
+/// One sequence as the kernels read it from the cache: K and V of the tokens they attend to, each token's
+/// position in the sequence, and the sequence length.
+struct GatheredSeq {
+    k: Vec<f64>,
+    v: Vec<f64>,
+    pos: Vec<usize>,
+    len: usize,
 }
 
 /// [`gather_paged`] as the kernels read the cache: the tokens of a used block-table entry outside
-/// `0..num_pages` are *masked* (left out: weight exactly 0), not an error. Positions carry no meaning in
-/// plain attention, so leaving a token out is the same as masking it.
-fn gather_visible(cache: &PagedCache<'_>) -> Result<Vec<(Vec<f64>, Vec<f64>)>> {
+/// `0..num_pages` are *masked* (left out: weight exactly 0), not an error; the others keep their positions
+/// (which the window and ALiBi use).
+fn gather_visible(cache: &PagedCache<'_>) -> Result<Vec<GatheredSeq>> {
     gather_impl(cache, true)
 }
 
-fn gather_impl(cache: &PagedCache<'_>, mask_bad_pages: bool) -> Result<Vec<(Vec<f64>, Vec<f64>)>> {
+fn gather_impl(cache: &PagedCache<'_>, mask_bad_pages: bool) -> Result<Vec<GatheredSeq>> {
     let PagedCache {
         k_cache,
         v_cache,
@@ -289,6 +437,7 @@ fn gather_impl(cache: &PagedCache<'_>, mask_bad_pages: bool) -> Result<Vec<(Vec<
         }
         let row = &block_table[b * max_pages_per_seq..][..max_pages_per_seq];
         let (mut ks, mut vs) = (Vec::with_capacity(len * token), Vec::with_capacity(len * token));
+        let mut pos = Vec::with_capacity(len);
         for t in 0..len {
             let entry = row[t / page_size];
             let page = usize::try_from(entry).ok().filter(|&pg| pg < num_pages);
@@ -304,8 +453,9 @@ fn gather_impl(cache: &PagedCache<'_>, mask_bad_pages: bool) -> Result<Vec<(Vec<
             let slot = (page * page_size + t % page_size) * token;
             ks.extend_from_slice(&k_cache[slot..slot + token]);
             vs.extend_from_slice(&v_cache[slot..slot + token]);
+            pos.push(t);
         }
-        seqs.push((ks, vs));
+        seqs.push(GatheredSeq { k: ks, v: vs, pos, len });
     }
     Ok(seqs)
 }
@@ -319,7 +469,19 @@ fn gather_impl(cache: &PagedCache<'_>, mask_bad_pages: bool) -> Result<Vec<(Vec<
 ///   decode kernel does: a bad table entry never becomes zero keys that dilute the softmax. (A sequence
 ///   whose every page is bad is empty: 0 / −inf.)
 pub fn paged_decode(heads_q: usize, scale: f64, q: &[f64], cache: &PagedCache<'_>) -> Result<Output> {
-    let a = Attn::new(heads_q, cache.heads_kv, cache.head_dim, false, scale)?;
+    paged_decode_with(heads_q, scale, &Variants::default(), q, cache)
+}
+
+/// [`paged_decode`] with score variants: the query is the sequence's newest token (position seq_len − 1),
+/// so a window keeps the last `left + 1` tokens and ALiBi weighs token t by `|seq_len − 1 − t|`.
+pub fn paged_decode_with(
+    heads_q: usize,
+    scale: f64,
+    var: &Variants<'_>,
+    q: &[f64],
+    cache: &PagedCache<'_>,
+) -> Result<Output> {
+    let a = Attn::new(heads_q, cache.heads_kv, cache.head_dim, false, scale)?.with(*var, cache.seq_lens.len())?;
     let kv = gather_visible(cache)?;
     paged_impl(Arith::F64, &a, q, &kv)
 }
@@ -332,18 +494,36 @@ pub fn paged_decode(heads_q: usize, scale: f64, q: &[f64], cache: &PagedCache<'_
 /// - A partial with `lse_i = −inf` is empty and contributes nothing (its `o_i` is not read, so it may be
 ///   NaN); a row whose partials are all empty gives 0 / −inf.
 pub fn merge_states(num_states: usize, rows: usize, head_dim: usize, o: &[f64], lse: &[f64]) -> Result<Output> {
+    merge_states_with_sinks(num_states, rows, head_dim, o, lse, None)
+}
+
+/// [`merge_states`] with a sink per row (`[N]`): the sink joins as one more state with o = 0, so
+/// `lse = log(e^σ + Σ_i e^{lse_i})`, `out = Σ_i exp(lse_i − lse) · o_i`, and an all-empty row gives 0 / σ.
+pub fn merge_states_with_sinks(
+    num_states: usize,
+    rows: usize,
+    head_dim: usize,
+    o: &[f64],
+    lse: &[f64],
+    sinks: Option<&[f64]>,
+) -> Result<Output> {
     check_len("o", o.len(), numel("o", &[num_states, rows, head_dim])?)?;
     check_len("lse", lse.len(), numel("lse", &[num_states, rows])?)?;
+    if let Some(sk) = sinks {
+        check_len("sinks", sk.len(), rows)?;
+    }
     let mut out = vec![0.0; rows * head_dim];
     let mut terms = vec![ErrorTerms { keys: num_states, ..ErrorTerms::default() }; rows * head_dim];
     let mut lse_out = vec![f64::NEG_INFINITY; rows];
     for r in 0..rows {
         let part = |s: usize| lse[s * rows + r];
-        let m = (0..num_states).map(part).fold(f64::NEG_INFINITY, f64::max);
+        let sink = sinks.map_or(f64::NEG_INFINITY, |sk| sk[r]);
+        let m = (0..num_states).map(part).fold(sink, f64::max);
         if m == f64::NEG_INFINITY {
             continue;
         }
-        let sum: f64 = (0..num_states).map(|s| (part(s) - m).exp()).sum();
+        let sum: f64 = (0..num_states).map(|s| (part(s) - m).exp()).sum::<f64>() + (sink - m).exp();
+        let sink_mag = if sink.is_finite() { (sink - m).abs() + sink.abs() } else { 0.0 };
         let total = m + sum.ln();
         let row_out = &mut out[r * head_dim..][..head_dim];
         let live: Vec<usize> = (0..num_states).filter(|&s| part(s) != f64::NEG_INFINITY).collect();
@@ -353,7 +533,7 @@ pub fn merge_states(num_states: usize, rows: usize, head_dim: usize, o: &[f64], 
         }
         // Bound terms: the weights exp(lse_s − lse_max) are fp32 (relative error ~u·|lse_s − lse_max| plus
         // the exp itself); no P rounding (the states are the inputs).
-        let spread_lse = live.iter().map(|&s| (part(s) - m).abs() + part(s).abs()).fold(0.0, f64::max);
+        let spread_lse = live.iter().map(|&s| (part(s) - m).abs() + part(s).abs()).fold(sink_mag, f64::max);
         let eta = 8.0 * U32 * (spread_lse + 1.0);
         let row_terms = &mut terms[r * head_dim..][..head_dim];
         for &s in &live {
@@ -365,6 +545,14 @@ pub fn merge_states(num_states: usize, rows: usize, head_dim: usize, o: &[f64], 
                 t.eta = eta;
             }
         }
+        if sink > f64::NEG_INFINITY {
+            // The sink is a state with o = 0: its weight moves the output by w · |0 − O|.
+            let w = (sink - total).exp();
+            for (t, &y) in row_terms.iter_mut().zip(row_out.iter()) {
+                t.spread += w * y.abs();
+                t.eta = eta;
+            }
+        }
         lse_out[r] = total;
     }
     Ok(Output { out, lse: lse_out, terms })
@@ -373,7 +561,7 @@ pub fn merge_states(num_states: usize, rows: usize, head_dim: usize, o: &[f64], 
 /// The softmax probabilities of one query row, for inspection: `[Tk]`, masked keys exactly 0, all zeros for
 /// an empty row. `q`, `k` as in [`dense`]; `b`, `h`, `i` index batch, query head and query row.
 pub fn probabilities(p: &Problem, q: &[f64], k: &[f64], b: usize, h: usize, i: usize) -> Result<Vec<f64>> {
-    let a = p.attn()?;
+    let a = p.attn(Variants::default())?;
     check_dense_len(p, "q", q, p.seqlen_q, p.heads_q)?;
     check_dense_len(p, "k", k, p.seqlen_k, p.heads_kv)?;
     for (arg, idx, n) in [("b", b, p.batch), ("h", h, p.heads_q), ("i", i, p.seqlen_q)] {
@@ -386,9 +574,10 @@ pub fn probabilities(p: &Problem, q: &[f64], k: &[f64], b: usize, h: usize, i: u
     let k_seq = &k[b * p.seqlen_k * a.heads_kv * d..][..p.seqlen_k * a.heads_kv * d];
     let kv = KvRows { k: k_seq, v: k_seq, base: a.kv_head(h) * d, stride: a.heads_kv * d, d };
     let n = visible_keys(a.causal, p.seqlen_q, p.seqlen_k, i);
+    let keys: Vec<(usize, f64)> = (0..n).map(|j| (j, 0.0)).collect();
     let mut probs = Vec::with_capacity(p.seqlen_k);
     if n > 0 {
-        row_softmax(Arith::F64, q_row, &kv, n, a.scale, &mut probs);
+        row_softmax(Arith::F64, q_row, &kv, &keys, a.scale, &RowMod::default(), &mut probs);
     }
     probs.resize(p.seqlen_k, 0.0);
     Ok(probs)
@@ -400,7 +589,20 @@ pub fn probabilities(p: &Problem, q: &[f64], k: &[f64], b: usize, h: usize, i: u
 /// rounded to `dtype`; O = P V accumulated in f32 and rounded to `dtype`. Same masking and empty-row rules
 /// as [`dense`]. Returns `out` only: `[B, Tq, Hq, D]`.
 pub fn naive_lowp_dense(p: &Problem, dtype: DType, q: &[f64], k: &[f64], v: &[f64]) -> Result<Vec<f64>> {
-    Ok(dense_impl(Arith::Lowp(dtype), p, q, k, v)?.out)
+    Ok(dense_impl(Arith::Lowp(dtype), p, Variants::default(), q, k, v)?.out)
+}
+
+/// [`naive_lowp_dense`] with score variants: softcap and the ALiBi bias each computed in fp32 and rounded
+/// to `dtype` (as a framework applies them to a score tensor), the sink in the fp32 softmax.
+pub fn naive_lowp_dense_with(
+    p: &Problem,
+    var: &Variants<'_>,
+    dtype: DType,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+) -> Result<Vec<f64>> {
+    Ok(dense_impl(Arith::Lowp(dtype), p, *var, q, k, v)?.out)
 }
 
 /// [`varlen`] computed as [`naive_lowp_dense`] does. Returns `out` only: `[total_q, Hq, D]`.
@@ -422,6 +624,26 @@ pub fn naive_lowp_varlen(
     Ok(varlen_impl(Arith::Lowp(dtype), &a, cu_seqlens_q, cu_seqlens_k, q, k, v)?.out)
 }
 
+/// [`naive_lowp_varlen`] with score variants (see [`naive_lowp_dense_with`]).
+#[allow(clippy::too_many_arguments)]
+pub fn naive_lowp_varlen_with(
+    heads_q: usize,
+    heads_kv: usize,
+    head_dim: usize,
+    causal: bool,
+    scale: f64,
+    var: &Variants<'_>,
+    cu_seqlens_q: &[i32],
+    cu_seqlens_k: &[i32],
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    dtype: DType,
+) -> Result<Vec<f64>> {
+    let a = Attn::new(heads_q, heads_kv, head_dim, causal, scale)?.with(*var, cu_seqlens_q.len().saturating_sub(1))?;
+    Ok(varlen_impl(Arith::Lowp(dtype), &a, cu_seqlens_q, cu_seqlens_k, q, k, v)?.out)
+}
+
 /// [`paged_decode`] computed as [`naive_lowp_dense`] does. Returns `out` only: `[B, Hq, D]`.
 pub fn naive_lowp_paged_decode(
     heads_q: usize,
@@ -430,7 +652,19 @@ pub fn naive_lowp_paged_decode(
     cache: &PagedCache<'_>,
     dtype: DType,
 ) -> Result<Vec<f64>> {
-    let a = Attn::new(heads_q, cache.heads_kv, cache.head_dim, false, scale)?;
+    naive_lowp_paged_decode_with(heads_q, scale, &Variants::default(), q, cache, dtype)
+}
+
+/// [`naive_lowp_paged_decode`] with score variants (see [`naive_lowp_dense_with`]).
+pub fn naive_lowp_paged_decode_with(
+    heads_q: usize,
+    scale: f64,
+    var: &Variants<'_>,
+    q: &[f64],
+    cache: &PagedCache<'_>,
+    dtype: DType,
+) -> Result<Vec<f64>> {
+    let a = Attn::new(heads_q, cache.heads_kv, cache.head_dim, false, scale)?.with(*var, cache.seq_lens.len())?;
     let kv = gather_visible(cache)?;
     Ok(paged_impl(Arith::Lowp(dtype), &a, q, &kv)?.out)
 }
@@ -572,17 +806,24 @@ fn diff_stats(a: &[f64], r: &[f64]) -> DiffStats {
 // ---------------------------------------------------------------------------------------------------------
 // Core
 
-/// Validated head configuration shared by dense, varlen and paged.
+/// Validated head configuration and score variants shared by dense, varlen and paged.
 #[derive(Clone, Copy, Debug)]
-struct Attn {
+struct Attn<'a> {
     heads_q: usize,
     heads_kv: usize,
     head_dim: usize,
     causal: bool,
     scale: f64,
+    var: Variants<'a>,
 }
 
-impl Attn {
+impl<'a> Attn<'a> {
+    /// The same configuration with score variants, checked for `batch` sequences.
+    fn with(self, var: Variants<'a>, batch: usize) -> Result<Self> {
+        var.check(batch, self.heads_q)?;
+        Ok(Self { var, ..self })
+    }
+
     fn new(heads_q: usize, heads_kv: usize, head_dim: usize, causal: bool, scale: f64) -> Result<Self> {
         if heads_kv == 0 {
             return Err(Error::shape("heads_kv", "must be at least 1"));
@@ -593,22 +834,25 @@ impl Attn {
         if head_dim == 0 {
             return Err(Error::shape("head_dim", "must be at least 1"));
         }
-        Ok(Self { heads_q, heads_kv, head_dim, causal, scale })
+        Ok(Self { heads_q, heads_kv, head_dim, causal, scale, var: Variants::default() })
     }
 
     fn kv_head(&self, h: usize) -> usize {
         h / (self.heads_q / self.heads_kv)
     }
 
-    /// One sequence: `q` `[tq, Hq, D]`, `k`/`v` `[tk, Hkv, D]` → `out` `[tq, Hq, D]`; `lse(h, i, value)` is
-    /// called for every (head, row).
+    /// One sequence (index `b` of its batch): `q` `[tq, Hq, D]`, `k`/`v` `[rows, Hkv, D]` → `out`
+    /// `[tq, Hq, D]`; `lse(h, i, value)` is called for every (head, row). `key_pos[r]` is the position among
+    /// the `tk` keys of K/V row r (`None`: row r is key r, rows = tk); positions decide the window and ALiBi.
     /// `terms` (same layout as `out`) receives the arithmetic-bound terms when given (fp64 only).
     #[allow(clippy::too_many_arguments)]
     fn attend_seq(
         &self,
         ar: Arith,
+        b: usize,
         tq: usize,
         tk: usize,
+        key_pos: Option<&[usize]>,
         q: &[f64],
         k: &[f64],
         v: &[f64],
@@ -618,16 +862,33 @@ impl Attn {
     ) {
         let d = self.head_dim;
         let mut scratch = Vec::with_capacity(tk);
+        let mut keys: Vec<(usize, f64)> = Vec::with_capacity(tk);
         // Head-major so one KV head's rows stay in cache across the query rows.
         for h in 0..self.heads_q {
             let kv = KvRows { k, v, base: self.kv_head(h) * d, stride: self.heads_kv * d, d };
+            let rm = RowMod {
+                softcap: self.var.softcap,
+                slope: self.var.slope(b, h, self.heads_q),
+                sink: self.var.sinks.map(|sk| sk[h]),
+            };
             for i in 0..tq {
-                let n = visible_keys(self.causal, tq, tk, i);
+                let (lo, hi) = self.var.visible_range(self.causal, tq, tk, i);
+                let diag = (i + tk) as f64 - tq as f64;
+                keys.clear();
+                match key_pos {
+                    None => keys.extend((lo..hi).map(|j| (j, (diag - j as f64).abs()))),
+                    Some(pos) => keys.extend(
+                        pos.iter()
+                            .enumerate()
+                            .filter(|(_, &p)| (lo..hi).contains(&p))
+                            .map(|(r, &p)| (r, (diag - p as f64).abs())),
+                    ),
+                }
                 let row = (i * self.heads_q + h) * d;
                 let (q_row, out_row) = (&q[row..row + d], &mut out[row..row + d]);
-                let l = attend_row(ar, q_row, &kv, n, self.scale, &mut scratch, out_row);
+                let l = attend_row(ar, q_row, &kv, &keys, self.scale, &rm, &mut scratch, out_row);
                 if let Some(t) = terms.as_deref_mut() {
-                    row_terms(q_row, &kv, n, self.scale, l, &scratch, out_row, &mut t[row..row + d]);
+                    row_terms(q_row, &kv, &keys, self.scale, &rm, l, &scratch, out_row, &mut t[row..row + d]);
                 }
                 lse(h, i, l);
             }
@@ -653,23 +914,26 @@ impl KvRows<'_> {
     }
 }
 
-/// The one attention row routine: attends `q_row` to the first `n` keys of `kv`, writes `out` (`[D]`) and
-/// returns the LSE; `n == 0` gives 0 / −inf. `probs` is scratch.
+/// The one attention row routine: attends `q_row` to the `keys` of `kv` (row index, distance |i + δ − j|),
+/// writes `out` (`[D]`) and returns the LSE; no keys give 0 and −inf (or the sink). `probs` is scratch.
+#[allow(clippy::too_many_arguments)]
 fn attend_row(
     ar: Arith,
     q_row: &[f64],
     kv: &KvRows,
-    n: usize,
+    keys: &[(usize, f64)],
     scale: f64,
+    rm: &RowMod,
     probs: &mut Vec<f64>,
     out: &mut [f64],
 ) -> f64 {
     out.fill(0.0);
-    if n == 0 {
-        return f64::NEG_INFINITY;
+    if keys.is_empty() {
+        probs.clear();
+        return rm.sink.unwrap_or(f64::NEG_INFINITY);
     }
-    let lse = row_softmax(ar, q_row, kv, n, scale, probs);
-    for (j, &p) in probs.iter().enumerate() {
+    let lse = row_softmax(ar, q_row, kv, keys, scale, rm, probs);
+    for (&(j, _), &p) in keys.iter().zip(probs.iter()) {
         ar.axpy(out, p, kv.v(j));
     }
     for o in out.iter_mut() {
@@ -678,37 +942,53 @@ fn attend_row(
     lse
 }
 
+/// fp64 score of one key after every variant: `softcap(q·k · scale) − slope · dist`.
+fn score64(q_row: &[f64], k: &[f64], scale: f64, rm: &RowMod, dist: f64) -> f64 {
+    let t = dot64(q_row, k) * scale;
+    let t = rm.softcap.map_or(t, |c| c * (t / c).tanh());
+    t - rm.slope * dist
+}
+
 /// The arithmetic-bound terms of one row (see [`ErrorTerms`], [`Output::out_bound`]) from its fp64 softmax
-/// `probs` (normalised weights of the first `n` keys), output `out` and LSE.
+/// `probs` (normalised weights of `keys`), output `out` and LSE.
 #[allow(clippy::too_many_arguments)]
 fn row_terms(
     q_row: &[f64],
     kv: &KvRows,
-    n: usize,
+    keys: &[(usize, f64)],
     scale: f64,
+    rm: &RowMod,
     lse: f64,
     probs: &[f64],
     out: &[f64],
     terms: &mut [ErrorTerms],
 ) {
-    terms.fill(ErrorTerms { keys: n, ..ErrorTerms::default() });
-    if n == 0 {
+    terms.fill(ErrorTerms { keys: keys.len(), ..ErrorTerms::default() });
+    if keys.is_empty() {
         return;
     }
     let d = q_row.len();
     let q_norm = dot64(q_row, q_row).sqrt();
     let (mut k_norm, mut t_abs, mut t_max) = (0.0f64, 0.0f64, f64::NEG_INFINITY);
-    for j in 0..n {
-        let t = dot64(q_row, kv.k(j)) * scale;
+    for &(j, dist) in keys {
+        let raw = dot64(q_row, kv.k(j)) * scale;
+        let t = score64(q_row, kv.k(j), scale, rm, dist);
         k_norm = k_norm.max(dot64(kv.k(j), kv.k(j)).sqrt());
-        t_abs = t_abs.max(t.abs());
+        // fp32 rounding of every intermediate: the scaled score, the result, the bias (which may cancel
+        // against the score), the sink's logit.
+        t_abs = t_abs.max(raw.abs()).max(t.abs()).max((rm.slope * dist).abs());
         t_max = t_max.max(t);
     }
+    if let Some(sk) = rm.sink {
+        t_abs = t_abs.max(sk.abs());
+    }
     let gamma_d = 2.0 * U32 * (d.div_ceil(16) + 2) as f64;
-    let eta = scale.abs() * gamma_d * q_norm * k_norm + 8.0 * U32 * t_abs + EXP2_REL_ERR;
-    // w_j = p̂_j / l with l = Σ p̂_j = exp(lse − max t) ≥ 1, so p̂_j = w_j · l.
+    // The softcap's tanh through exp2 and an fp32 division: a few ulp of c, absolutely (fa/score_mod.cuh).
+    let softcap_err = rm.softcap.map_or(0.0, |c| c * SOFTCAP_REL_ERR);
+    let eta = scale.abs() * gamma_d * q_norm * k_norm + 8.0 * U32 * t_abs + EXP2_REL_ERR + softcap_err;
+    // w_j = p̂_j / l with l = exp(lse − max t) = Σ p̂_j (+ the sink's e^(σ − max t)), so p̂_j = w_j · l.
     let l = (lse - t_max).exp();
-    for (j, &w) in probs.iter().enumerate() {
+    for (&(j, _), &w) in keys.iter().zip(probs) {
         let p_hat = w * l;
         let below_max = p_hat < 1.0;
         let tiny = p_hat < F16_MIN_NORMAL;
@@ -723,17 +1003,32 @@ fn row_terms(
             }
         }
     }
+    if let Some(sk) = rm.sink {
+        // The sink is a key with v = 0: its weight moves the output by w_σ · |0 − O|.
+        let w = (sk - lse).exp();
+        for (t, &o) in terms.iter_mut().zip(out) {
+            t.spread += w * o.abs();
+        }
+    }
     terms.iter_mut().for_each(|t| {
         t.eta = eta;
         t.score_mag = t_abs;
     });
 }
 
-/// Fills `probs` with the softmax over the first `n >= 1` keys and returns the LSE.
-fn row_softmax(ar: Arith, q_row: &[f64], kv: &KvRows, n: usize, scale: f64, probs: &mut Vec<f64>) -> f64 {
+/// Fills `probs` with the softmax over `keys` (non-empty) and the sink, and returns the LSE.
+fn row_softmax(
+    ar: Arith,
+    q_row: &[f64],
+    kv: &KvRows,
+    keys: &[(usize, f64)],
+    scale: f64,
+    rm: &RowMod,
+    probs: &mut Vec<f64>,
+) -> f64 {
     probs.clear();
-    probs.extend((0..n).map(|j| ar.score(q_row, kv.k(j), scale)));
-    ar.softmax(probs)
+    probs.extend(keys.iter().map(|&(j, dist)| ar.score(q_row, kv.k(j), scale, rm, dist)));
+    ar.softmax(probs, rm.sink)
 }
 
 /// The arithmetic of a computation: exact-ish f64, or a framework's f32-accumulate / `dtype`-store.
@@ -749,24 +1044,33 @@ impl Arith {
         matches!(self, Arith::F64).then(|| vec![ErrorTerms::default(); n])
     }
 
-    /// Scaled score of one key.
-    fn score(self, q: &[f64], k: &[f64], scale: f64) -> f64 {
+    /// Score of one key after every variant (`dist` = |i + δ − j| for ALiBi).
+    fn score(self, q: &[f64], k: &[f64], scale: f64, rm: &RowMod, dist: f64) -> f64 {
         match self {
-            Arith::F64 => dot64(q, k) * scale,
+            Arith::F64 => score64(q, k, scale, rm, dist),
             Arith::Lowp(dt) => {
                 let s = q.iter().zip(k).fold(0f32, |acc, (&x, &y)| acc + x as f32 * y as f32);
                 let s = dt.round(f64::from(s)) as f32;
-                dt.round(f64::from(s * scale as f32))
+                let mut t = dt.round(f64::from(s * scale as f32));
+                if let Some(c) = rm.softcap {
+                    let c = c as f32;
+                    t = dt.round(f64::from(c * (t as f32 / c).tanh()));
+                }
+                if rm.slope != 0.0 {
+                    t = dt.round(f64::from(t as f32 - rm.slope as f32 * dist as f32));
+                }
+                t
             }
         }
     }
 
-    /// Scores → probabilities in place (non-empty, max-subtracted); returns the LSE.
-    fn softmax(self, s: &mut [f64]) -> f64 {
+    /// Scores → probabilities in place (non-empty, max-subtracted), the sink's e^σ in the denominator;
+    /// returns the LSE.
+    fn softmax(self, s: &mut [f64], sink: Option<f64>) -> f64 {
         match self {
             Arith::F64 => {
-                let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                let mut sum = 0.0;
+                let m = s.iter().copied().fold(sink.unwrap_or(f64::NEG_INFINITY), f64::max);
+                let mut sum = sink.map_or(0.0, |sk| (sk - m).exp());
                 for x in s.iter_mut() {
                     *x = (*x - m).exp();
                     sum += *x;
@@ -775,8 +1079,9 @@ impl Arith {
                 m + sum.ln()
             }
             Arith::Lowp(dt) => {
-                let m = s.iter().map(|&x| x as f32).fold(f32::NEG_INFINITY, f32::max);
-                let mut sum = 0f32;
+                let sink = sink.map(|sk| sk as f32);
+                let m = s.iter().map(|&x| x as f32).fold(sink.unwrap_or(f32::NEG_INFINITY), f32::max);
+                let mut sum = sink.map_or(0f32, |sk| (sk - m).exp());
                 for x in s.iter_mut() {
                     let e = (*x as f32 - m).exp();
                     *x = f64::from(e);
@@ -839,8 +1144,8 @@ fn axpy64(out: &mut [f64], p: f64, v: &[f64]) {
     }
 }
 
-fn dense_impl(ar: Arith, p: &Problem, q: &[f64], k: &[f64], v: &[f64]) -> Result<Output> {
-    let a = p.attn()?;
+fn dense_impl(ar: Arith, p: &Problem, var: Variants<'_>, q: &[f64], k: &[f64], v: &[f64]) -> Result<Output> {
+    let a = p.attn(var)?;
     let (tq, tk, hq, d) = (p.seqlen_q, p.seqlen_k, a.heads_q, a.head_dim);
     check_dense_len(p, "q", q, tq, hq)?;
     check_dense_len(p, "k", k, tk, a.heads_kv)?;
@@ -854,7 +1159,7 @@ fn dense_impl(ar: Arith, p: &Problem, q: &[f64], k: &[f64], v: &[f64]) -> Result
         let lse_b = &mut lse[b * hq * tq..][..hq * tq];
         let terms_b = terms.as_mut().map(|t| &mut t[b * q_seq..][..q_seq]);
         let (qs, os) = (&q[b * q_seq..][..q_seq], &mut out[b * q_seq..][..q_seq]);
-        a.attend_seq(ar, tq, tk, qs, ks, vs, os, terms_b, |h, i, l| lse_b[h * tq + i] = l);
+        a.attend_seq(ar, b, tq, tk, None, qs, ks, vs, os, terms_b, |h, i, l| lse_b[h * tq + i] = l);
     }
     Ok(Output { out, lse, terms: terms.unwrap_or_default() })
 }
@@ -876,12 +1181,12 @@ fn varlen_impl(ar: Arith, a: &Attn, cu_q: &[i32], cu_k: &[i32], q: &[f64], k: &[
     let mut out = vec![0.0; q.len()];
     let mut terms = ar.terms(q.len());
     let mut lse = vec![f64::NEG_INFINITY; a.heads_q * total_q];
-    for (wq, wk) in cu_q.windows(2).zip(cu_k.windows(2)) {
+    for (b, (wq, wk)) in cu_q.windows(2).zip(cu_k.windows(2)).enumerate() {
         let (q0, tq, k0, tk) = (wq[0], wq[1] - wq[0], wk[0], wk[1] - wk[0]);
         let (qs, ks, vs) =
             (&q[q0 * tok_q..][..tq * tok_q], &k[k0 * tok_kv..][..tk * tok_kv], &v[k0 * tok_kv..][..tk * tok_kv]);
         let terms_s = terms.as_mut().map(|t| &mut t[q0 * tok_q..][..tq * tok_q]);
-        a.attend_seq(ar, tq, tk, qs, ks, vs, &mut out[q0 * tok_q..][..tq * tok_q], terms_s, |h, i, l| {
+        a.attend_seq(ar, b, tq, tk, None, qs, ks, vs, &mut out[q0 * tok_q..][..tq * tok_q], terms_s, |h, i, l| {
             lse[h * total_q + q0 + i] = l
         });
     }
@@ -889,18 +1194,18 @@ fn varlen_impl(ar: Arith, a: &Attn, cu_q: &[i32], cu_k: &[i32], q: &[f64], k: &[
 }
 
 /// Decode over gathered per-sequence K/V: `q` `[B, Hq, D]` → out `[B, Hq, D]`, lse `[B, Hq]`.
-fn paged_impl(ar: Arith, a: &Attn, q: &[f64], kv: &[(Vec<f64>, Vec<f64>)]) -> Result<Output> {
+fn paged_impl(ar: Arith, a: &Attn, q: &[f64], kv: &[GatheredSeq]) -> Result<Output> {
     let tok = a.heads_q * a.head_dim;
     check_len("q", q.len(), numel("q", &[kv.len(), a.heads_q, a.head_dim])?)?;
     let mut out = vec![0.0; q.len()];
     let mut terms = ar.terms(q.len());
     let mut lse = vec![f64::NEG_INFINITY; kv.len() * a.heads_q];
-    for (b, (ks, vs)) in kv.iter().enumerate() {
-        let tk = ks.len() / (a.heads_kv * a.head_dim);
+    for (b, seq) in kv.iter().enumerate() {
+        let (ks, vs) = (&seq.k, &seq.v);
         let lse_b = &mut lse[b * a.heads_q..][..a.heads_q];
         let terms_b = terms.as_mut().map(|t| &mut t[b * tok..][..tok]);
         let (qs, os) = (&q[b * tok..][..tok], &mut out[b * tok..][..tok]);
-        a.attend_seq(ar, 1, tk, qs, ks, vs, os, terms_b, |h, _, l| lse_b[h] = l);
+        a.attend_seq(ar, b, 1, seq.len, Some(&seq.pos), qs, ks, vs, os, terms_b, |h, _, l| lse_b[h] = l);
     }
     Ok(Output { out, lse, terms: terms.unwrap_or_default() })
 }
@@ -1746,7 +2051,11 @@ mod tests {
         let (k0, v0) = (keep(&c.dense_kv[0].0, 4..8), keep(&c.dense_kv[0].1, 4..8));
         let (k1, v1) = (keep(&c.dense_kv[1].0, 0..4), keep(&c.dense_kv[1].1, 0..4));
         let a = Attn::new(4, hkv, d, false, 0.5).unwrap();
-        let want = paged_impl(Arith::F64, &a, &q, &[(k0, v0), (k1, v1)]).unwrap();
+        let seq = |k: Vec<f64>, v: Vec<f64>| {
+            let n = k.len() / tok;
+            GatheredSeq { k, v, pos: (0..n).collect(), len: n }
+        };
+        let want = paged_impl(Arith::F64, &a, &q, &[seq(k0, v0), seq(k1, v1)]).unwrap();
         assert!(max_diff(&got.out, &want.out) < 1e-15 && max_diff(&got.lse, &want.lse) < 1e-15);
         let naive = naive_lowp_paged_decode(4, 0.5, &q, &cache, DType::F16).unwrap();
         assert!(max_diff(&naive, &got.out) < 1e-2);

@@ -26,6 +26,7 @@ fn case() -> DecodeCase {
         page_size: 16,
         seq_lens: vec![0, 1, 15, 17, 300],
         num_splits: Some(2),
+        variants: Default::default(),
     }
 }
 
@@ -105,7 +106,7 @@ fn decode_host(stream: &Stream<'_>, f: &PagedFixture<bf16>, k_cache: &[bf16], v_
         &mut TensorViewMut::host(&mut o, [b, hq, d]).unwrap(),
         None,
         &mut ws,
-        &DecodeOptions { scale: None, num_splits: c.num_splits },
+        &DecodeOptions { scale: None, num_splits: c.num_splits, ..Default::default() },
     )
     .unwrap();
     o

@@ -157,6 +157,7 @@ fn decode_case(group: usize, page_size: usize, splits: usize, seq_lens: Vec<usiz
         page_size,
         seq_lens,
         num_splits: Some(splits),
+        variants: Default::default(),
     }
 }
 
@@ -261,6 +262,7 @@ fn prefill_case(tq: usize, tk: usize, d: usize, heads: (usize, usize), causal: b
         varlen: None,
         layout: CaseLayout::Contiguous,
         with_lse: true,
+        variants: Default::default(),
     }
 }
 
@@ -354,5 +356,107 @@ fn ratios_are_one_for_the_kernels_as_designed() {
     for (name, r) in &ratios {
         let ok = if *name == "read_vs_budget" { *r > 0.9 && *r <= 1.0 } else { *r == 1.0 };
         assert!(ok, "{}: {name} = {r} ({ratios:?})", case.label());
+    }
+}
+
+// ------------------------------------------------------------------------------------------ score variants
+
+/// Every variant's model is exact too: windows (left, right, both, with causal) change the visited tiles
+/// and the K/V traffic, a softcap adds one exp2 per score, sinks two per row and lane (the epilogue), ALiBi
+/// nothing countable.
+#[test]
+fn prefill_variants_follow_the_tiling_model() {
+    use fused_attn::score_mod::{CaseAlibi, CaseVariants as V};
+    let none = V::default();
+    let cases = [
+        (prefill_case(300, 300, 64, (1, 1), true), V { window: Some((70, 0)), ..none }),
+        (prefill_case(300, 200, 128, (1, 1), false), V { window: Some((40, 25)), ..none }),
+        (prefill_case(200, 300, 64, (2, 1), false), V { window: Some((-1, 9)), softcap: Some(3.0), ..none }),
+        (prefill_case(200, 200, 256, (1, 1), true), V { alibi: CaseAlibi::PerHead, sinks: true, ..none }),
+        (
+            PrefillCase {
+                varlen: Some(vec![(70, 200), (0, 5), (129, 129)]),
+                ..prefill_case(129, 200, 64, (2, 1), true)
+            },
+            V { window: Some((33, 0)), sinks: true, softcap: Some(2.0), ..none },
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (case, v) in cases {
+        let case = PrefillCase { variants: v, ..case };
+        let k = prefill_counters(&case);
+        let model = prefill_cost(&case).unwrap();
+        for (what, measured, expected) in [
+            ("k read", k.read_of("k"), model.k_bytes_read),
+            ("v read", k.read_of("v"), model.v_bytes_read),
+            ("q read", k.read_of("q"), model.q_bytes_read),
+            ("mma", k.mma, model.mma),
+            ("exp2", k.exp2, model.exp2),
+            ("barriers", k.barriers, model.barriers),
+        ] {
+            if measured != expected {
+                failures.push(format!("{}: {what} {measured}, model {expected}", case.label()));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} mismatches ({}):\n{}", failures.len(), rerun("prefill"), failures.join("\n"));
+}
+
+/// The issue's window saving: causal prefill with a sliding window of w keys at T = 4096 issues about
+/// (w + Br) / T of the dense (non-causal) mma count — each query tile visits the ⌈(w + Br)/Bc⌉ (+1 for
+/// alignment) KV tiles its window band touches, fewer near the start — and reads K/V in proportion.
+/// (D = 64: Br 128, Bc 64.)
+#[test]
+fn sliding_window_prefill_at_4096_issues_the_window_share_of_the_mma() {
+    let t = 4096;
+    let br = TileConfig::for_head_dim(64).unwrap().block_m;
+    let dense = prefill_cost(&prefill_case(t, t, 64, (1, 1), false)).unwrap();
+    for w in [256usize, 1024] {
+        let case = PrefillCase {
+            variants: fused_attn::score_mod::CaseVariants { window: Some((w as i32 - 1, 0)), ..Default::default() },
+            ..prefill_case(t, t, 64, (1, 1), true)
+        };
+        let k = prefill_counters(&case);
+        let model = prefill_cost(&case).unwrap();
+        assert_eq!((k.mma, k.read_of("k")), (model.mma, model.k_bytes_read), "{}", case.label());
+        let ratio = k.mma as f64 / dense.mma as f64;
+        let expected = (w + br) as f64 / t as f64;
+        eprintln!("window {w}: mma {} / dense {} = {ratio:.4} (≈ (w + Br)/T = {expected:.4})", k.mma, dense.mma);
+        // At most one extra KV tile per query tile (the band is not tile-aligned); the first w / Br query
+        // tiles' windows are clipped at key 0, which saves up to a fraction w / T more.
+        let (hi, lo) = (expected + 64.0 / t as f64, expected * (1.0 - w as f64 / t as f64));
+        assert!(ratio <= hi && ratio >= lo, "window {w}: ratio {ratio:.4} outside [{lo:.4}, {hi:.4}]");
+        let kv_ratio = k.read_of("k") as f64 / dense.k_bytes_read as f64;
+        assert!((kv_ratio - ratio).abs() < 0.01, "K traffic follows the tiles: {kv_ratio:.4} vs {ratio:.4}");
+    }
+}
+
+/// The issue's decode saving: a sliding window of 256 over 32k-token contexts reads at most 1.1 × the K/V
+/// bytes of 256 tokens plus one page per sequence (the tokens left of the window are never loaded, the
+/// split planner plans over the window), and matches the reference. Forced splits 1 and 3 and planned.
+#[test]
+fn sliding_window_decode_reads_only_the_window() {
+    let (w, ctx, ps) = (256usize, 32_768usize, 16usize);
+    for splits in [Some(1), Some(3), None] {
+        let case = DecodeCase {
+            num_splits: splits,
+            variants: fused_attn::score_mod::CaseVariants { window: Some((w as i32 - 1, 0)), ..Default::default() },
+            ..decode_case(4, ps, 1, vec![ctx, ctx - 7])
+        };
+        let (c, model, planned) = decode_counters(&case);
+        let dec = c.kernel("paged_decode").expect("decode kernel");
+        let kv = dec.read_of("k_cache") + dec.read_of("v_cache");
+        let per_token = (case.heads_kv * case.head_dim * 2 * 2) as u64;
+        let budget = 1.1 * ((w + ps) * case.batch()) as f64 * per_token as f64;
+        eprintln!(
+            "splits {planned}: K/V read {kv} B, budget {budget} B (the whole context: {} B)",
+            ctx as u64 * 2 * per_token
+        );
+        assert!(kv as f64 <= budget, "{}: K/V read {kv} B > {budget} B", case.label());
+        assert_eq!((dec.read_of("k_cache"), dec.read_of("v_cache")), (model.k_bytes_read, model.v_bytes_read));
+        assert!(dec.global_bytes_read() as f64 <= model.read_budget(), "{}", case.label());
+        if splits.is_none() {
+            assert_eq!(planned, 1, "the planner plans over the 256-token window, not the 32k context");
+        }
     }
 }

@@ -20,7 +20,7 @@ fn run_decode<T: Element>(
 ) -> (Vec<T>, Vec<f32>, DecodePlan) {
     let c = &f.case;
     let (b, hq, d) = (c.batch(), c.heads_q, c.head_dim);
-    let opts = opts.unwrap_or(DecodeOptions { scale: None, num_splits: c.num_splits });
+    let opts = opts.unwrap_or(DecodeOptions { scale: None, num_splits: c.num_splits, ..Default::default() });
     let cache = PagedKvCache::new(
         TensorView::host(&f.k_cache, f.cache_shape()).unwrap(),
         TensorView::host(&f.v_cache, f.cache_shape()).unwrap(),
@@ -104,6 +104,7 @@ fn layout_cases() -> Vec<(DecodeCase, DecodeInputs)> {
         page_size,
         seq_lens: vec![0, 1, 17, 300, 1029],
         num_splits,
+        variants: Default::default(),
     };
     let inputs =
         |cache_layout, scale, magnitude, strided_q_o| DecodeInputs { scale, magnitude, cache_layout, strided_q_o };
@@ -190,6 +191,7 @@ fn small_case(num_splits: Option<usize>) -> DecodeCase {
         page_size: 16,
         seq_lens: vec![300, 0, 77, 1029],
         num_splits,
+        variants: Default::default(),
     }
 }
 
@@ -237,8 +239,16 @@ fn strided_q_and_o_and_no_lse() {
     {
         let mut o =
             TensorViewMut::host(&mut o_packed[2 * hq * d..], [b, hq, d]).unwrap().with_strides(strides).unwrap();
-        decode(&stream, &q, &cache, &mut o, None, &mut ws, &DecodeOptions { scale: None, num_splits: Some(2) })
-            .unwrap();
+        decode(
+            &stream,
+            &q,
+            &cache,
+            &mut o,
+            None,
+            &mut ws,
+            &DecodeOptions { scale: None, num_splits: Some(2), ..Default::default() },
+        )
+        .unwrap();
     }
     for i in 0..b {
         for h in 0..hq {
@@ -304,7 +314,7 @@ fn bad_inputs_are_typed_errors() {
     assert_eq!(kind, ErrorKind::Shape);
     assert!(msg.starts_with("o:"), "{msg}");
     // Forced splits without a workspace.
-    let split = DecodeOptions { scale: None, num_splits: Some(2) };
+    let split = DecodeOptions { scale: None, num_splits: Some(2), ..Default::default() };
     assert_eq!(run(hq, d, b, &mut ws, &split).unwrap().0, ErrorKind::OutOfBounds);
     // Misaligned q rows: a batch stride of Hq*D + 4 elements (8 bytes past a 16-byte multiple).
     let qd = vec![bf16::ZERO; b * (hq * d + 4)];
@@ -412,7 +422,7 @@ fn clamps_device_data_it_cannot_validate() {
         &mut TensorViewMut::host(&mut o, [b, hq, d]).unwrap(),
         Some(&mut TensorViewMut::host(&mut lse, [b, hq]).unwrap()),
         &mut ws,
-        &DecodeOptions { scale: None, num_splits: Some(2) },
+        &DecodeOptions { scale: None, num_splits: Some(2), ..Default::default() },
     )
     .unwrap();
     let bound = exact.out_bound(Some(DType::Bf16), Some(DType::Bf16));

@@ -44,6 +44,7 @@ use fused_attn::plan::DecodePlan;
 use fused_attn::prefill::cases::{run_emulated, PrefillFixture};
 use fused_attn::prefill::{CaseLayout, PrefillCase, TileConfig};
 use fused_attn::reference::{self, fp32_chain_gamma, half_ulp};
+use fused_attn::score_mod::{CaseAlibi, CaseVariants};
 use fused_attn::{DType, Element, Emulator};
 use half::{bf16, f16};
 use rand::Rng;
@@ -71,6 +72,33 @@ fn lse_bound(lse: f64, score: f64, n: usize, sum_exact: bool) -> f64 {
 fn uniform_out_bound(dtype: DType, o: f64, mean_abs_v: f64, n: usize, lse: f64) -> f64 {
     let eps = fp32_chain_gamma(n) * mean_abs_v + 8.0 * U * (lse.abs() + 1.0) * (mean_abs_v + o.abs());
     eps + half_ulp(Some(dtype), o.abs() + eps)
+}
+
+/// The closed form of a constant-key row with a sink and a softcap (exact for plain rows too): `n` keys
+/// of raw score `t` (before the softcap `c`), sink logit `sink`. Returns (the score after the softcap,
+/// LSE = log(e^σ + n e^t'), the keys' total weight n e^t' / (e^σ + n e^t')).
+fn uniform_closed_form(t: f64, n: usize, softcap: Option<f64>, sink: Option<f64>) -> (f64, f64, f64) {
+    let t = softcap.map_or(t, |c| c * (t / c).tanh());
+    let keys = t + (n as f64).ln();
+    match sink {
+        None => (t, keys, 1.0),
+        Some(s) => {
+            let m = keys.max(s);
+            let lse = m + ((keys - m).exp() + (s - m).exp()).ln();
+            (t, lse, (keys - lse).exp())
+        }
+    }
+}
+
+/// What a softcap and a sink add to the constant-key bounds (relative weight error and LSE error): the
+/// softcap's tanh (a few ulp of c, see reference::Output::out_bound), the sink's fp32 logit and the two
+/// exp2 of its rescaling, the row sum no longer exact.
+fn variant_err(t: f64, n: usize, softcap: Option<f64>, sink: Option<f64>) -> f64 {
+    let mut e = softcap.map_or(0.0, |c| c / (1u64 << 20) as f64);
+    if let Some(s) = sink {
+        e += fp32_chain_gamma(n) + 4.0 * EXP2_REL_ERR + 16.0 * U * (t.abs() + s.abs() + 1.0);
+    }
+    e
 }
 
 /// Worst error / bound over a result, and where (index); NaN and a one-sided infinity count as ∞.
@@ -211,36 +239,45 @@ fn decode_exact<T: Element>(emu: &Emulator, label: &str, case: &DecodeCase, keys
     };
     let r = reference::paged_decode(hq, scale, &q, &cache).unwrap();
     let ref_bound = r.out_bound(Some(T::DTYPE), Some(T::DTYPE));
+    // Windows, softcaps and sinks keep the constant-key closed forms (see prefill_exact).
+    assert!(case.variants.alibi == CaseAlibi::None && (matches!(keys, Keys::Uniform) || case.variants.is_plain()));
+    let softcap = case.variants.softcap.map(f64::from);
     for b in 0..case.batch() {
-        let n = case.seq_lens[b];
+        let len = case.seq_lens[b];
+        let n = case.visible_tokens(len);
+        let lo = len - n; // the window's first token
         let (k, v) = f.dense_kv(b);
         let (k, v) = (f64s(&k), f64s(&v));
         for h in 0..hq {
             let g = h / (hq / hkv);
             let qr = &q[(b * hq + h) * d..][..d];
             let row = |j: usize, x: &[f64]| x[(j * hkv + g) * d..][..d].to_vec();
+            let sink = f.sinks.get(h).map(|&x| f64::from(x));
             if n == 0 {
                 want_o.extend(std::iter::repeat_n(0.0, d));
                 o_bound.extend(std::iter::repeat_n(f64::MIN_POSITIVE, d));
-                want_lse.push(f64::NEG_INFINITY);
-                lse_bd.push(f64::MIN_POSITIVE);
+                want_lse.push(sink.unwrap_or(f64::NEG_INFINITY));
+                lse_bd.push(sink.map_or(f64::MIN_POSITIVE, |sk| 8.0 * U * sk.abs().max(1.0)));
                 continue;
             }
-            let k0 = row(if matches!(keys, Keys::Dominant(p) if p[b] == 0) { 1.min(n - 1) } else { 0 }, &k);
+            let k0 = row(if matches!(keys, Keys::Dominant(p) if p[b] == 0) { 1.min(n - 1) } else { lo }, &k);
             let t0 = scale * dot(qr, &k0);
             let err0 = score_err(scale, qr, &k0);
             match keys {
                 Keys::Uniform => {
-                    let lse = t0 + (n as f64).ln();
+                    let (t, lse, weight) = uniform_closed_form(t0, n, softcap, sink);
+                    let extra = variant_err(t, n, softcap, sink);
                     for x in 0..d {
-                        let col: Vec<f64> = (0..n).map(|j| v[(j * hkv + g) * d + x]).collect();
-                        let o = col.iter().sum::<f64>() / n as f64;
+                        let col: Vec<f64> = (lo..len).map(|j| v[(j * hkv + g) * d + x]).collect();
+                        let o = weight * col.iter().sum::<f64>() / n as f64;
                         let mean_abs = col.iter().map(|y| y.abs()).sum::<f64>() / n as f64;
                         want_o.push(o);
-                        o_bound.push(uniform_out_bound(T::DTYPE, o, mean_abs, n, lse));
+                        o_bound.push(
+                            uniform_out_bound(T::DTYPE, o, mean_abs, n, lse) + 2.0 * extra * (mean_abs + o.abs()),
+                        );
                     }
                     want_lse.push(lse);
-                    lse_bd.push(lse_bound(lse, err0, n, true));
+                    lse_bd.push(lse_bound(lse, err0, n, sink.is_none()) + extra);
                 }
                 Keys::Dominant(pos) => {
                     let p = pos[b];
@@ -280,7 +317,16 @@ fn decode_case(
     lens: Vec<usize>,
     s: Option<usize>,
 ) -> DecodeCase {
-    DecodeCase { dtype, head_dim: d, heads_q: heads.0, heads_kv: heads.1, page_size: ps, seq_lens: lens, num_splits: s }
+    DecodeCase {
+        dtype,
+        head_dim: d,
+        heads_q: heads.0,
+        heads_kv: heads.1,
+        page_size: ps,
+        seq_lens: lens,
+        num_splits: s,
+        variants: Default::default(),
+    }
 }
 
 /// (dtype, head dim, (Hq, Hkv), page size, forced splits) of a decode configuration.
@@ -446,6 +492,12 @@ fn prefill_exact<T: Element>(
     let out = run_emulated(emu, &f).unwrap();
     let (hq, hkv, d) = (case.heads_q, case.heads_kv, case.head_dim);
     let scale = f.scale();
+    // Score variants keep the closed forms for constant keys: a window changes the visible keys, a softcap
+    // the common score, a sink the denominator (ALiBi would make the scores differ: not here).
+    assert!(case.variants.alibi == CaseAlibi::None && (dominant.is_none() || case.variants.is_plain()));
+    let (slopes, sinks) = f.variant_values();
+    let var = case.variants.reference(&slopes, &sinks);
+    let softcap = var.softcap;
     let (q, k, v) = (f.logical(&f.q), f.logical(&f.k), f.logical(&f.v));
     // (q offset, tq, k offset, tk) per sequence, in tokens of the logical [B·T] / packed layout.
     let seqs: Vec<(usize, usize, usize, usize)> = match &case.varlen {
@@ -477,29 +529,37 @@ fn prefill_exact<T: Element>(
             let g = h / (hq / hkv);
             let krow = |j: usize| &k[((k0 + j) * hkv + g) * d..][..d];
             let vrow = |j: usize| &v[((k0 + j) * hkv + g) * d..][..d];
+            let sink = var.sinks.map(|sk| sk[h]);
             for i in 0..tq {
-                let n = reference::visible_keys(case.causal, tq, tk, i);
+                let (lo, hi) = var.visible_range(case.causal, tq, tk, i);
+                let n = hi - lo;
                 let at = ((q0 + i) * hq + h) * d;
+                let li = lse_at(s, i, h);
                 if n == 0 {
                     o_bound[at..at + d].fill(f64::MIN_POSITIVE);
+                    if let Some(sk) = sink {
+                        (want_lse[li], lse_bd[li]) = (sk, 8.0 * U * sk.abs().max(1.0));
+                    }
                     continue;
                 }
                 let qr = &q[at..at + d];
                 let dom = dominant.map(|p| p[s]).filter(|&p| p < n);
-                let base_key = if dom == Some(0) { 1.min(n - 1) } else { 0 };
+                let base_key = if dom == Some(0) { 1.min(n - 1) } else { lo };
                 let t0 = scale * dot(qr, krow(base_key));
                 let err0 = score_err(scale, qr, krow(base_key));
-                let li = lse_at(s, i, h);
                 match dom {
                     None => {
-                        let lse = t0 + (n as f64).ln();
+                        let (t, lse, weight) = uniform_closed_form(t0, n, softcap, sink);
+                        let extra = variant_err(t, n, softcap, sink);
                         for x in 0..d {
-                            want_o[at + x] = (0..n).map(|j| vrow(j)[x]).sum::<f64>() / n as f64;
-                            let mean_abs = (0..n).map(|j| vrow(j)[x].abs()).sum::<f64>() / n as f64;
-                            o_bound[at + x] = uniform_out_bound(case.dtype, want_o[at + x], mean_abs, n, lse);
+                            let mean = (lo..hi).map(|j| vrow(j)[x]).sum::<f64>() / n as f64;
+                            want_o[at + x] = weight * mean;
+                            let mean_abs = (lo..hi).map(|j| vrow(j)[x].abs()).sum::<f64>() / n as f64;
+                            o_bound[at + x] = uniform_out_bound(case.dtype, want_o[at + x], mean_abs, n, lse)
+                                + 2.0 * extra * (mean_abs + want_o[at + x].abs());
                         }
                         want_lse[li] = lse;
-                        lse_bd[li] = lse_bound(lse, err0, n, true);
+                        lse_bd[li] = lse_bound(lse, err0, n, sink.is_none()) + extra;
                     }
                     Some(p) => {
                         let delta = scale * dot(qr, krow(p)) - t0;
@@ -560,6 +620,7 @@ fn prefill_case(
         varlen: None,
         layout: CaseLayout::Contiguous,
         with_lse: true,
+        variants: Default::default(),
     }
 }
 
@@ -750,4 +811,50 @@ fn one_token_of_4097_exceeds_the_bounds() {
     let over =
         (0..d).filter(|&x| (dup[x] - o[x]).abs() > uniform_out_bound(DType::Bf16, o[x], mean_abs, n, lse)).count();
     assert!(over > d / 2, "duplicated: only {over} of {d} columns of O move past the bound");
+}
+
+// ------------------------------------------------------------------------------------------------ variants
+
+/// Score variants over constant keys (docs/semantics.md, "Score variants"): a window of w keys gives
+/// LSE = t + ln w and O = the mean of those w V rows; a sink gives LSE = log(e^σ + n e^t) and O scaled by
+/// n e^t / (e^σ + n e^t) (an empty row: O = 0, LSE = σ); a softcap c replaces t by c·tanh(t/c). Prefill
+/// (dense causal and not, varlen with empty rows) and decode (split counts 1, 2 and many, windows longer
+/// and shorter than the sequences).
+#[test]
+fn variants_over_constant_keys() {
+    let emu = Emulator::new();
+    let mut verdicts = Vec::new();
+    let variants = [
+        CaseVariants { window: Some((100, 0)), ..Default::default() },
+        CaseVariants { window: Some((37, 20)), ..Default::default() },
+        CaseVariants { sinks: true, ..Default::default() },
+        CaseVariants { window: Some((64, -1)), sinks: true, ..Default::default() },
+        CaseVariants { window: Some((50, 0)), softcap: Some(0.5), ..Default::default() },
+    ];
+    for (i, v) in variants.iter().enumerate() {
+        let causal = v.window.is_some_and(|w| w.1 == 0);
+        let mut dense = prefill_case(DType::Bf16, 128, (2, 1), 1, 300, 300, causal);
+        dense.variants = *v;
+        verdicts.push(run_prefill(&emu, "constant keys", &dense, None, common::case_seed(70 + i)));
+        // Varlen with Tq > Tk (empty rows under causal) and Tq < Tk.
+        let mut varlen = prefill_case(DType::F16, 64, (4, 2), 3, 150, 260, causal);
+        varlen.varlen = Some(vec![(150, 20), (0, 5), (70, 260)]);
+        varlen.variants = *v;
+        verdicts.push(run_prefill(&emu, "constant keys", &varlen, None, common::case_seed(80 + i)));
+        for (j, splits) in [Some(1), Some(2), Some(max_splits(2100))].into_iter().enumerate() {
+            let mut case = decode_case(DType::Bf16, 128, (8, 2), 16, vec![0, 1, 40, 2100], splits);
+            case.variants = *v;
+            let dtype = if j == 1 { DType::F16 } else { DType::Bf16 };
+            case.dtype = dtype;
+            verdicts.push(run_decode(
+                &emu,
+                dtype,
+                "constant keys",
+                &case,
+                &Keys::Uniform,
+                common::case_seed(90 + 3 * i + j),
+            ));
+        }
+    }
+    judge("variants_over_constant_keys", &verdicts);
 }

@@ -35,6 +35,7 @@ fn decode_case() -> DecodeCase {
         page_size: 16,
         seq_lens,
         num_splits: Some(2),
+        variants: Default::default(),
     }
 }
 
@@ -53,6 +54,7 @@ fn prefill_case() -> PrefillCase {
         varlen,
         layout,
         with_lse,
+        variants: Default::default(),
     }
 }
 
@@ -135,7 +137,7 @@ fn enqueue(
         &mut TensorViewMut::gpu(out.0.as_view_mut(), [b, hq, d])?,
         Some(&mut TensorViewMut::gpu(out.1.as_view_mut(), [b, hq])?),
         &mut inp.ws,
-        &DecodeOptions { scale: None, num_splits: c.num_splits },
+        &DecodeOptions { scale: None, num_splits: c.num_splits, ..Default::default() },
     )?;
     let p = &pre.case;
     let bufs = &inp.pbufs;
@@ -149,7 +151,7 @@ fn enqueue(
             &mut TensorViewMut::gpu(out.3.as_view_mut(), [p.batch, p.heads_q, p.seqlen_q])?
                 .with_strides(pre.lse_strides)?,
         ),
-        &PrefillOptions { causal: p.causal, scale: None },
+        &PrefillOptions { causal: p.causal, scale: None, ..Default::default() },
     )?;
     Ok(plan.num_splits)
 }
@@ -192,7 +194,9 @@ fn gpu_graph_capture_replays_decode_and_prefill() {
         (PagedFixture::<bf16>::new(&decode_case(), SEED), PrefillFixture::new(&prefill_case(), SEED).unwrap());
     let fx = (&dec, &pre);
     let probe = DecodeWorkspace::new(&Stream::Gpu(&cu), 0, 0).unwrap();
-    let plan = probe.plan(&dec.case.problem(), &DecodeOptions { scale: None, num_splits: Some(2) }).unwrap();
+    let plan = probe
+        .plan(&dec.case.problem(), &DecodeOptions { scale: None, num_splits: Some(2), ..Default::default() })
+        .unwrap();
     let mut inp = Inputs {
         cache: [cu.clone_htod(&dec.k_cache).unwrap(), cu.clone_htod(&dec.v_cache).unwrap()],
         table: cu.clone_htod(&dec.block_table).unwrap(),

@@ -37,7 +37,7 @@ fn gpu_raw_stream_prefill_matches_the_cudarc_path() {
     let (dq, dk, dv) = (cu.clone_htod(&q).unwrap(), cu.clone_htod(&k).unwrap(), cu.clone_htod(&v).unwrap());
     let mut o1 = cu.clone_htod(&vec![bf16::NAN; q.len()]).unwrap();
     let o2 = cu.clone_htod(&vec![bf16::NAN; q.len()]).unwrap();
-    let opts = PrefillOptions { causal: true, scale: None };
+    let opts = PrefillOptions { causal: true, scale: None, ..Default::default() };
     prefill(
         &Stream::Gpu(&cu),
         &TensorView::gpu(dq.as_view(), [b, t, hq, d]).unwrap(),
@@ -93,6 +93,7 @@ fn gpu_raw_stream_decode_with_caller_workspace_matches_the_cudarc_path() {
         page_size: 16,
         seq_lens: vec![1, 700, 4097],
         num_splits: Some(3),
+        variants: Default::default(),
     };
     let f = PagedFixture::<bf16>::new(&case, SEED);
     let (b, hq, d) = (case.batch(), case.heads_q, case.head_dim);
@@ -112,7 +113,7 @@ fn gpu_raw_stream_decode_with_caller_workspace_matches_the_cudarc_path() {
         case.max_seq_len(),
     )
     .unwrap();
-    let opts = DecodeOptions { scale: None, num_splits: case.num_splits };
+    let opts = DecodeOptions { scale: None, num_splits: case.num_splits, ..Default::default() };
     decode(
         &Stream::Gpu(&cu),
         &TensorView::gpu(q.as_view(), [b, hq, d]).unwrap(),

@@ -106,7 +106,7 @@ fn decode_gated(cu: &Arc<CudaStream>, f: &PagedFixture<bf16>, together: Option<&
     let c = &f.case;
     let (b, hq, d) = (c.batch(), c.heads_q, c.head_dim);
     let stream = Stream::Gpu(cu);
-    let opts = DecodeOptions { scale: None, num_splits: c.num_splits };
+    let opts = DecodeOptions { scale: None, num_splits: c.num_splits, ..Default::default() };
     let (k, v) = (cu.clone_htod(&f.k_cache).unwrap(), cu.clone_htod(&f.v_cache).unwrap());
     let (table, lens) = (cu.clone_htod(&f.block_table).unwrap(), cu.clone_htod(&f.seq_lens).unwrap());
     let [q_src, mut q] = staged(cu, &f.q);
@@ -165,7 +165,7 @@ fn prefill_gated(cu: &Arc<CudaStream>, f: &PrefillFixture<bf16>) -> PrefillOutpu
         .unwrap()
         .with_strides(f.lse_strides)
         .unwrap();
-    let opts = PrefillOptions { causal: c.causal, scale: None };
+    let opts = PrefillOptions { causal: c.causal, scale: None, ..Default::default() };
     prefill(&Stream::Gpu(cu), &view(&f.q), &view(&f.k), &view(&f.v), &mut o_view, Some(&mut lse_view), &opts).unwrap();
     assert!(gate.still_closed(), "{}: prefill returned only once its stream drained (it synchronised)", c.label());
     drop(gate);
@@ -182,6 +182,7 @@ fn decode_case(heads: (usize, usize), seq_lens: Vec<usize>, splits: usize) -> De
         page_size: 16,
         seq_lens,
         num_splits: Some(splits),
+        variants: Default::default(),
     }
 }
 
@@ -201,6 +202,7 @@ fn gpu_streams_prefill_on_new_stream() {
         varlen: None,
         layout: CaseLayout::Contiguous,
         with_lse: true,
+        variants: Default::default(),
     };
     let f = PrefillFixture::<bf16>::new(&case, SEED).unwrap();
     let on_default = run_gpu(&ctx.default_stream(), &f).unwrap();

@@ -108,7 +108,7 @@ fn prefill_pair<T: Element>(emu: &Emulator, cu: &Arc<CudaStream>, s: PrefillSpec
     let q: Vec<T> = random(&mut rng, qs.iter().product(), -2.0, 2.0);
     let k: Vec<T> = random(&mut rng, ks.iter().product(), -2.0, 2.0);
     let v: Vec<T> = random(&mut rng, ks.iter().product(), -0.5, 1.5);
-    let opts = PrefillOptions { causal: s.causal, scale: None };
+    let opts = PrefillOptions { causal: s.causal, scale: None, ..Default::default() };
     let lse_shape = [s.b, s.hq, s.tq];
     let (n_o, n_lse) = (q.len(), s.b * s.hq * s.tq);
 
@@ -181,7 +181,7 @@ fn decode_pair<T: Element>(emu: &Emulator, cu: &Arc<CudaStream>, case: &DecodeCa
     let what = format!("decode {}", case.label());
     let f = PagedFixture::<T>::new(case, seed);
     let (b, hq, d) = (case.batch(), case.heads_q, case.head_dim);
-    let opts = DecodeOptions { scale: None, num_splits: case.num_splits };
+    let opts = DecodeOptions { scale: None, num_splits: case.num_splits, ..Default::default() };
 
     let emu_stream = Stream::Emu(emu);
     let mut emu_o = vec![T::nan(); b * hq * d];
@@ -280,6 +280,7 @@ fn gpu_vs_emu_decode() {
             page_size: 16,
             seq_lens: vec![0, 1, 17, 300],
             num_splits: splits,
+            variants: Default::default(),
         };
         decode_pair::<bf16>(&emu, &cu, &case, seed() + i as u64);
     }
@@ -291,6 +292,7 @@ fn gpu_vs_emu_decode() {
         page_size: 8,
         seq_lens: vec![5, 129],
         num_splits: Some(2),
+        variants: Default::default(),
     };
     decode_pair::<f16>(&emu, &cu, &case, seed() + 7);
 }
@@ -371,6 +373,7 @@ fn gpu_vs_emu_append() {
         page_size: 16,
         seq_lens: vec![0, 1, 15, 17, 300],
         num_splits: None,
+        variants: Default::default(),
     };
     let f = PagedFixture::<bf16>::new(&case, seed());
     let row = case.heads_kv * case.head_dim;

@@ -161,7 +161,7 @@ fn raw_device_views_are_refused_by_the_emulator() {
         &TensorView::host(&host, [1, 1, 1, 64]).unwrap(),
         &mut TensorViewMut::host(&mut out, [1, 1, 1, 64]).unwrap(),
         None,
-        &fused_attn::prefill::PrefillOptions { causal: false, scale: None },
+        &fused_attn::prefill::PrefillOptions { causal: false, scale: None, ..Default::default() },
     )
     .unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::Backend, "{e}");

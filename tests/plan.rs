@@ -33,7 +33,10 @@ fn forced_and_planned_splits_size_the_workspace() {
     assert_eq!(forced.partial_o_len, 7 * 3 * 16 * 128);
     assert_eq!(forced.partial_lse_len, 7 * 3 * 16);
     let ws = DecodeWorkspace::with_capacity(&stream, 3, 16, 128, 7).unwrap();
-    assert_eq!(ws.plan(&problem, &DecodeOptions { scale: None, num_splits: Some(7) }).unwrap(), forced);
+    assert_eq!(
+        ws.plan(&problem, &DecodeOptions { scale: None, num_splits: Some(7), ..Default::default() }).unwrap(),
+        forced
+    );
     let planned = ws.plan(&problem, &DecodeOptions::default()).unwrap();
     assert!(planned.num_splits > 1 && planned.num_splits <= 5000 / 256, "{planned:?}");
 }

@@ -271,7 +271,7 @@ fn invalid_dense_inputs_are_typed_errors() {
     assert_eq!(e.kind(), &ErrorKind::Shape);
     assert!(e.message().starts_with("lse:"), "{e}");
     // Scale must be finite and positive.
-    let bad = PrefillOptions { causal: false, scale: Some(-1.0) };
+    let bad = PrefillOptions { causal: false, scale: Some(-1.0), ..Default::default() };
     assert_eq!(kind(Dense::new([1, 16, 4, 64], [1, 20, 2, 64]).run([1, 16, 4, 64], None, bad)), ErrorKind::Unsupported);
 }
 
@@ -305,7 +305,7 @@ fn invalid_layouts_are_typed_errors() {
 fn invalid_varlen_inputs_are_typed_errors() {
     let emu = Emulator::new();
     let stream = Stream::Emu(&emu);
-    let opts = PrefillOptions { causal: true, scale: None };
+    let opts = PrefillOptions { causal: true, scale: None, ..Default::default() };
     let q_data = vec![f16::ONE; 30 * 2 * 64];
     let k_data = vec![f16::ONE; 40 * 64];
     let mut o_data = vec![f16::ZERO; 30 * 2 * 64];

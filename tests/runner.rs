@@ -25,8 +25,13 @@ fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-const ROW_FIELDS: [&str; 27] = [
+const ROW_FIELDS: [&str; 32] = [
     "op",
+    "window_left",
+    "window_right",
+    "softcap",
+    "alibi",
+    "sinks",
     "backend",
     "dtype",
     "head_dim",
@@ -104,6 +109,11 @@ fn help_and_version_exit_0_and_list_every_flag_with_its_default() {
         ("--seed <N>", "[default: 0]"),
         ("--dump <DIR>", ""),
         ("--no-timing", ""),
+        ("--window-left <N>", "[default: -1]"),
+        ("--window-right <N>", "[default: -1]"),
+        ("--softcap <X>", "[default: 0]"),
+        ("--alibi", "[prefill, decode]"),
+        ("--sinks", "[prefill, decode]"),
     ] {
         let at = help.find(flag).unwrap_or_else(|| panic!("{flag} missing from run --help:\n{help}"));
         // The flag's own paragraph (up to the next flag) names its default or the ops it applies to.
@@ -233,6 +243,66 @@ fn run_emulated_prefill_and_decode_print_a_passing_json_row() {
     assert!(out.lines().next().is_some_and(|l| l.starts_with("op ")), "{out}");
     assert!(out.lines().nth(1).is_some_and(|l| l.contains("PASS")), "{out}");
     assert!(out.lines().any(|l| l.trim_start().starts_with("global_bytes_read: ")), "{out}");
+}
+
+/// The score-variant flags: every variant alone and together, both ops, as passing JSON rows that carry the
+/// variant fields; --dump adds alibi_slopes.npy and sinks.npy; bad values are usage errors.
+#[test]
+fn variant_flags_run_and_are_recorded() {
+    for (args, want) in [
+        ("--op prefill --seqlen-q 90 --causal --window-left 40", (40, -1, 0.0, false, false)),
+        (
+            "--op prefill --seqlen-q 90 --window-left 20 --window-right 7 --softcap 2.5 --alibi --sinks",
+            (20, 7, 2.5, true, true),
+        ),
+        ("--op decode --seqlen-k 300 --window-left 100 --sinks --num-splits 3", (100, -1, 0.0, false, true)),
+        ("--op decode --seqlen-k 200 --softcap 3 --alibi", (-1, -1, 3.0, true, false)),
+    ] {
+        let o = fused_attn(&format!("run --backend emu --heads 4 --kv-heads 2 --head-dim 64 {args} --json"));
+        assert_eq!(o.status.code(), Some(0), "{args}: {}", stderr(&o));
+        let r = &json_rows(&o)[0];
+        assert_eq!(r["passed"], true, "{args}: {r}");
+        let got = (&r["window_left"], &r["window_right"], r["softcap"].as_f64().unwrap(), &r["alibi"], &r["sinks"]);
+        assert_eq!(got, (&want.0.into(), &want.1.into(), want.2, &want.3.into(), &want.4.into()), "{args}");
+        let ratios = r["counters"]["model_ratios"].as_object().unwrap();
+        for (k, v) in ratios {
+            let v = v.as_f64().unwrap();
+            assert!(if k == "read_vs_budget" { v <= 1.0 } else { v == 1.0 }, "{args}: model ratio {k} = {v}");
+        }
+    }
+    // A plain row says so.
+    let o = fused_attn("run --backend emu --heads 2 --head-dim 64 --seqlen-q 20 --json");
+    let r = &json_rows(&o)[0];
+    assert_eq!(
+        (&r["window_left"], &r["window_right"], &r["alibi"], &r["sinks"]),
+        (&(-1).into(), &(-1).into(), &false.into(), &false.into())
+    );
+    // --dump writes the slopes and sinks.
+    let dir = std::env::temp_dir().join(format!("fa-runner-variants-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    for op in ["prefill", "decode"] {
+        let d = dir.join(op);
+        let o = fused_attn(&format!(
+            "run --backend emu --op {op} --heads 6 --kv-heads 2 --head-dim 64 --seqlen-k 40 --alibi --sinks --json --dump {}",
+            d.display()
+        ));
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        assert_eq!(npy_header(&d.join("alibi_slopes.npy")), ("<f4".to_string(), vec![6]), "{op}");
+        assert_eq!(npy_header(&d.join("sinks.npy")), ("<f4".to_string(), vec![6]), "{op}");
+        // The standard slopes: 2^(-8/6), ..., 2^(-8).
+        let b = std::fs::read(d.join("alibi_slopes.npy")).unwrap();
+        let last = f32::from_le_bytes(b[b.len() - 4..].try_into().unwrap());
+        assert_eq!(last, 1.0 / 256.0);
+    }
+    let o = fused_attn(&format!(
+        "run --backend emu --heads 2 --head-dim 64 --seqlen-q 20 --json --dump {}",
+        dir.join("plain").display()
+    ));
+    assert_eq!(o.status.code(), Some(0));
+    assert!(!dir.join("plain/sinks.npy").exists() && !dir.join("plain/alibi_slopes.npy").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_one_line_error(&fused_attn("run --window-left -3"), 2, "--window-left -3");
+    assert_one_line_error(&fused_attn("run --softcap -1"), 2, "--softcap -1");
 }
 
 /// Reads a .npy header: (descr, shape), and checks the file length against them.

@@ -111,7 +111,7 @@ impl FlashAttn {
             let (q, k, v) = (q.view::<T, 4>("q", q_l)?, k.view::<T, 4>("k", k_l)?, v.view::<T, 4>("v", v_l)?);
             let shape = q.shape();
             let mut o = backend.alloc::<T>(shape.iter().product(), Fill::Poison)?;
-            let opts = PrefillOptions { causal: self.causal, scale: Some(self.softmax_scale) };
+            let opts = PrefillOptions { causal: self.causal, scale: Some(self.softmax_scale), ..Default::default() };
             prefill(&backend.stream(), &q, &k, &v, &mut o.view(shape)?, None, &opts)?;
             Ok((S::from_out(o)?, Shape::from(shape.to_vec())))
         })
@@ -186,7 +186,7 @@ impl FlashAttnVarLen {
             let shape = q.shape();
             // Rows past seqlens_q[B] are not written by the kernel: they read as zeros.
             let mut o = backend.alloc::<T>(shape.iter().product(), Fill::Zero)?;
-            let opts = PrefillOptions { causal: self.causal, scale: Some(self.softmax_scale) };
+            let opts = PrefillOptions { causal: self.causal, scale: Some(self.softmax_scale), ..Default::default() };
             prefill_varlen(
                 &backend.stream(),
                 &q,
@@ -433,7 +433,7 @@ impl DecodeArgs<'_> {
                     Some(l) => Some(l.view([b, hq])?),
                     None => None,
                 };
-                let opts = DecodeOptions { scale: Some(self.softmax_scale), num_splits: None };
+                let opts = DecodeOptions { scale: Some(self.softmax_scale), num_splits: None, ..Default::default() };
                 decode(&backend.stream(), &q, &cache, &mut o.view([b, hq, d])?, lse_view.as_mut(), workspace, &opts)?;
             }
             Ok((o.into_storage(), lse.map(|l| l.into_storage())))

@@ -17,7 +17,9 @@ use crate::emu::Emulator;
 use crate::error::Result;
 use crate::paged::PagedKvCache;
 use crate::plan::DecodePlan;
+use crate::prefill::cases::VariantViews;
 use crate::reference::{self, Comparison};
+use crate::score_mod::CaseVariants;
 use crate::tensor::{TensorView, TensorViewMut};
 use crate::timing::{time_launches, Timing};
 use crate::Stream;
@@ -34,7 +36,7 @@ pub const SWEEP_DTYPES: [DType; 2] = [DType::F16, DType::Bf16];
 pub const SWEEP_SPLITS: [Option<usize>; 4] = [Some(1), Some(2), Some(7), None];
 
 /// One decode configuration: a batch of sequences of the given lengths over a paged cache.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct DecodeCase {
     pub dtype: DType,
     pub head_dim: usize,
@@ -43,6 +45,8 @@ pub struct DecodeCase {
     pub page_size: usize,
     pub seq_lens: Vec<usize>,
     pub num_splits: Option<usize>,
+    /// Score variants (sliding window, softcap, ALiBi, sinks).
+    pub variants: CaseVariants,
 }
 
 impl DecodeCase {
@@ -52,11 +56,20 @@ impl DecodeCase {
     pub fn max_seq_len(&self) -> usize {
         self.seq_lens.iter().copied().max().unwrap_or(0)
     }
-    /// K and V bytes the kernel must read (each cached token once per KV head), for bandwidth accounting.
-    pub fn kv_bytes(&self) -> usize {
-        self.seq_lens.iter().sum::<usize>() * self.heads_kv * self.head_dim * 2 * 2
+    /// The sliding window's left bound, if any.
+    pub fn window_left(&self) -> Option<usize> {
+        self.variants.window.and_then(|(l, _)| usize::try_from(l).ok())
     }
-    /// The planner's view of this case.
+    /// Tokens of a sequence of `len` the query sees (the last `left + 1` under a window).
+    pub fn visible_tokens(&self, len: usize) -> usize {
+        self.window_left().map_or(len, |w| len.min(w + 1))
+    }
+    /// K and V bytes the kernel must read (each visible cached token once per KV head), for bandwidth
+    /// accounting.
+    pub fn kv_bytes(&self) -> usize {
+        self.seq_lens.iter().map(|&n| self.visible_tokens(n)).sum::<usize>() * self.heads_kv * self.head_dim * 2 * 2
+    }
+    /// The planner's view of this case (over the window, if any).
     pub fn problem(&self) -> crate::plan::DecodeProblem {
         crate::plan::DecodeProblem {
             batch: self.batch(),
@@ -65,18 +78,22 @@ impl DecodeCase {
             head_dim: self.head_dim,
             max_seq_len: self.max_seq_len(),
         }
+        .windowed(self.window_left())
     }
     pub fn label(&self) -> String {
         let splits = self.num_splits.map_or("planned".to_string(), |s| s.to_string());
+        let variants = self.variants.label();
         format!(
-            "{} D={} Hq={} Hkv={} page={} splits={} lens={:?}",
+            "{} D={} Hq={} Hkv={} page={} splits={} lens={:?}{}{}",
             self.dtype.name(),
             self.head_dim,
             self.heads_q,
             self.heads_kv,
             self.page_size,
             splits,
-            self.seq_lens
+            self.seq_lens,
+            if variants.is_empty() { "" } else { " " },
+            variants
         )
     }
 }
@@ -98,6 +115,7 @@ pub fn decode_sweep() -> Vec<DecodeCase> {
                             page_size,
                             seq_lens: SWEEP_SEQ_LENS.to_vec(),
                             num_splits,
+                            variants: CaseVariants::default(),
                         });
                     }
                 }
@@ -120,8 +138,47 @@ pub fn decode_sweep_emulated() -> Vec<DecodeCase> {
             page_size: SWEEP_PAGE_SIZES[i % 5],
             seq_lens: SWEEP_SEQ_LENS.to_vec(),
             num_splits: SWEEP_SPLITS[(i / 5) % 4],
+            variants: CaseVariants::default(),
         })
         .collect()
+}
+
+/// The score-variant decode sweep: each variant alone (a window shorter and longer than the sequences,
+/// softcap, ALiBi per head and per sequence, sinks) and the gpt-oss (window + sinks) and Gemma 2 (window +
+/// softcap) combinations and all at once, each with forced split counts 1, 2 and 7 and the planner's
+/// choice; head dims, page sizes and dtypes rotate. The batch holds an empty sequence, sequences shorter
+/// than the windows and longer ones.
+pub fn decode_variant_sweep() -> Vec<DecodeCase> {
+    use crate::score_mod::{CaseAlibi, CaseVariants as V};
+    let none = V::default();
+    let variants = [
+        V { window: Some((100, 0)), ..none },
+        V { window: Some((700, -1)), ..none },
+        V { softcap: Some(2.0), ..none },
+        V { alibi: CaseAlibi::PerHead, ..none },
+        V { alibi: CaseAlibi::PerSequence, ..none },
+        V { sinks: true, ..none },
+        V { window: Some((127, 0)), sinks: true, ..none },
+        V { window: Some((255, 0)), softcap: Some(3.0), ..none },
+        V { window: Some((90, 0)), softcap: Some(4.0), alibi: CaseAlibi::PerHead, sinks: true },
+    ];
+    let mut cases = Vec::new();
+    for (i, v) in variants.iter().enumerate() {
+        for (j, &num_splits) in SWEEP_SPLITS.iter().enumerate() {
+            let k = i * SWEEP_SPLITS.len() + j;
+            cases.push(DecodeCase {
+                dtype: SWEEP_DTYPES[k % 2],
+                head_dim: SWEEP_HEAD_DIMS[(i + j) % 3],
+                heads_q: SWEEP_HEADS[k % 4].0,
+                heads_kv: SWEEP_HEADS[k % 4].1,
+                page_size: [1, 16, 256][k % 3],
+                seq_lens: vec![0, 1, 17, 129, 1000, 2100],
+                num_splits,
+                variants: *v,
+            });
+        }
+    }
+    cases
 }
 
 /// How a case's inputs are drawn and laid out, beyond its shape ([`DecodeCase`]): the variations engines use.
@@ -197,6 +254,9 @@ pub struct PagedFixture<T> {
     pub block_table: Vec<i32>,
     pub seq_lens: Vec<i32>,
     pub q: Vec<T>,
+    /// ALiBi slopes (`[Hq]` or `[B, Hq]`) and sinks (`[Hq]`) of the case's variants (empty when unused).
+    pub alibi_slopes: Vec<f32>,
+    pub sinks: Vec<f32>,
 }
 
 impl<T: Element> PagedFixture<T> {
@@ -239,7 +299,19 @@ impl<T: Element> PagedFixture<T> {
         }
         let q = (0..case.batch() * case.heads_q * d).map(|_| T::from_f64(rng.random_range(-mag..mag))).collect();
         let seq_lens = case.seq_lens.iter().map(|&n| n as i32).collect();
-        Self { case: case.clone(), inputs: *inputs, num_pages, width, k_cache, v_cache, block_table, seq_lens, q }
+        Self {
+            alibi_slopes: case.variants.slopes(case.batch(), case.heads_q),
+            sinks: case.variants.sinks(case.heads_q, seed),
+            case: case.clone(),
+            inputs: *inputs,
+            num_pages,
+            width,
+            k_cache,
+            v_cache,
+            block_table,
+            seq_lens,
+            q,
+        }
     }
 
     /// The kernel's scale (fp32) as the reference uses it.
@@ -378,8 +450,11 @@ fn evaluate<T: Element>(f: &PagedFixture<T>, seed: u64, plan: DecodePlan, o: &[T
         max_pages_per_seq: f.width,
         seq_lens: &f.seq_lens,
     };
-    let exact = reference::paged_decode(c.heads_q, scale, &q, &cache)?;
-    let naive = reference::naive_lowp_paged_decode(c.heads_q, scale, &q, &cache, T::DTYPE)?;
+    let wide = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>();
+    let (slopes, sinks) = (wide(&f.alibi_slopes), wide(&f.sinks));
+    let var = c.variants.reference(&slopes, &sinks);
+    let exact = reference::paged_decode_with(c.heads_q, scale, &var, &q, &cache)?;
+    let naive = reference::naive_lowp_paged_decode_with(c.heads_q, scale, &var, &q, &cache, T::DTYPE)?;
     let bound = exact.out_bound(Some(T::DTYPE), Some(T::DTYPE));
     let ours = to_f64(o);
     let ours_lse: Vec<f64> = lse.iter().map(|&x| x as f64).collect();
@@ -387,7 +462,8 @@ fn evaluate<T: Element>(f: &PagedFixture<T>, seed: u64, plan: DecodePlan, o: &[T
     let empty_rows_exact = (0..c.batch()).filter(|&b| c.seq_lens[b] == 0).all(|b| {
         (0..c.heads_q).all(|h| {
             let r = b * c.heads_q + h;
-            lse[r] == f32::NEG_INFINITY && ours[r * d..(r + 1) * d].iter().all(|&x| x == 0.0)
+            let empty_lse = f.sinks.get(h).copied().unwrap_or(f32::NEG_INFINITY);
+            lse[r] == empty_lse && ours[r * d..(r + 1) * d].iter().all(|&x| x == 0.0)
         })
     });
     Ok(CaseOutcome {
@@ -464,7 +540,14 @@ pub fn run_inputs_emulated<T: Element>(emu: &Emulator, f: &PagedFixture<T>, seed
     let q = TensorView::host(&q_buf[q_at * d..], [b, hq, d])?.with_strides(strides)?;
     let mut o_buf = vec![T::nan(); b * rows * d];
     let mut lse = vec![f32::NAN; b * hq];
-    let opts = DecodeOptions { scale: f.inputs.scale, num_splits: case.num_splits };
+    let variants = VariantViews::new(&case.variants, b, hq, |sinks, n| {
+        TensorView::host(&(if sinks { &f.sinks } else { &f.alibi_slopes })[..n], [n])
+    })?;
+    let opts = DecodeOptions {
+        scale: f.inputs.scale,
+        num_splits: case.num_splits,
+        score_mod: variants.score_mod(&case.variants),
+    };
     let mut ws = DecodeWorkspace::new(&stream, 0, 0)?;
     let plan = ws.plan(&case.problem(), &opts)?;
     ws = DecodeWorkspace::for_plan(&stream, &plan)?;
@@ -505,6 +588,8 @@ struct GpuCase<T: Element> {
     q: cudarc::driver::CudaSlice<T>,
     o: cudarc::driver::CudaSlice<T>,
     lse: cudarc::driver::CudaSlice<f32>,
+    slopes: cudarc::driver::CudaSlice<f32>,
+    sinks: cudarc::driver::CudaSlice<f32>,
     ws: DecodeWorkspace,
     plan: DecodePlan,
 }
@@ -514,7 +599,7 @@ impl<T: Element> GpuCase<T> {
         let c = &f.case;
         let (b, hq, d) = (c.batch(), c.heads_q, c.head_dim);
         let stream = Stream::Gpu(cu);
-        let opts = DecodeOptions { scale: None, num_splits: c.num_splits };
+        let opts = DecodeOptions { scale: None, num_splits: c.num_splits, ..Default::default() };
         let probe = DecodeWorkspace::new(&stream, 0, 0)?;
         let plan = probe.plan(&c.problem(), &opts)?;
         Ok(Self {
@@ -525,6 +610,8 @@ impl<T: Element> GpuCase<T> {
             q: cu.clone_htod(&f.q)?,
             o: cu.clone_htod(&vec![T::nan(); b * hq * d])?,
             lse: cu.clone_htod(&vec![f32::NAN; b * hq])?,
+            slopes: cu.clone_htod(&f.alibi_slopes.iter().copied().chain([0.0]).collect::<Vec<_>>())?,
+            sinks: cu.clone_htod(&f.sinks.iter().copied().chain([0.0]).collect::<Vec<_>>())?,
             ws: DecodeWorkspace::for_plan(&stream, &plan)?,
             plan,
         })
@@ -541,6 +628,11 @@ impl<T: Element> GpuCase<T> {
             TensorView::gpu(self.lens.as_view(), [b])?,
             c.max_seq_len(),
         )?;
+        let (slopes, sinks) = (&self.slopes, &self.sinks);
+        let variants = VariantViews::new(&c.variants, b, hq, |sink, n| {
+            TensorView::gpu((if sink { sinks } else { slopes }).slice(0..n), [n])
+        })?;
+        let opts = DecodeOptions { scale: None, num_splits: c.num_splits, score_mod: variants.score_mod(&c.variants) };
         decode(
             &stream,
             &TensorView::gpu(self.q.as_view(), [b, hq, d])?,
@@ -548,7 +640,7 @@ impl<T: Element> GpuCase<T> {
             &mut TensorViewMut::gpu(self.o.as_view_mut(), [b, hq, d])?,
             Some(&mut TensorViewMut::gpu(self.lse.as_view_mut(), [b, hq])?),
             &mut self.ws,
-            &DecodeOptions { scale: None, num_splits: c.num_splits },
+            &opts,
         )
     }
 }
@@ -633,6 +725,7 @@ pub fn perf_cases() -> Vec<DecodeCase> {
             page_size: 16,
             seq_lens: vec![ctx; batch],
             num_splits: None,
+            variants: Default::default(),
         })
         .collect()
 }
@@ -701,6 +794,7 @@ mod tests {
             page_size: 8,
             seq_lens: vec![0, 3, 17],
             num_splits: None,
+            variants: Default::default(),
         };
         let f = PagedFixture::<bf16>::new(&case, 1);
         assert_eq!(f.width, 4);

@@ -19,6 +19,7 @@ use crate::dtype::{DType, Element};
 use crate::emu::Emulator;
 use crate::error::{Error, Result};
 use crate::reference::{self, Comparison};
+use crate::score_mod::{AlibiSlopes, CaseAlibi, CaseVariants, ScoreMod};
 use crate::tensor::{TensorView, TensorViewMut};
 use crate::timing::{prefill_flops, time_launches, Timing};
 use crate::Stream;
@@ -53,10 +54,13 @@ pub struct PrefillCase {
     pub layout: CaseLayout,
     /// Whether the case asks for the LSE output.
     pub with_lse: bool,
+    /// Score variants (sliding window, softcap, ALiBi, sinks).
+    pub variants: CaseVariants,
 }
 
 impl PrefillCase {
-    fn dense(dtype: DType, d: usize, causal: bool, tq: usize, tk: usize, heads: (usize, usize)) -> Self {
+    /// A dense, contiguous case with LSE and no variants (batch 1; set the fields for more).
+    pub fn dense(dtype: DType, d: usize, causal: bool, tq: usize, tk: usize, heads: (usize, usize)) -> Self {
         Self {
             dtype,
             batch: 1,
@@ -69,6 +73,7 @@ impl PrefillCase {
             varlen: None,
             layout: CaseLayout::Contiguous,
             with_lse: true,
+            variants: CaseVariants::default(),
         }
     }
     /// Short description for test output and report rows.
@@ -77,8 +82,9 @@ impl PrefillCase {
             Some(seqs) => format!("varlen{seqs:?}"),
             None => format!("B={} Tq={} Tk={}", self.batch, self.seqlen_q, self.seqlen_k),
         };
+        let variants = self.variants.label();
         format!(
-            "{} D={} {} Hq={} Hkv={} {}{:?}{}",
+            "{} D={} {} Hq={} Hkv={} {}{:?}{}{}{}",
             self.dtype.name(),
             self.head_dim,
             shape,
@@ -87,6 +93,8 @@ impl PrefillCase {
             if self.causal { "causal " } else { "" },
             self.layout,
             if self.with_lse { "" } else { " no-lse" },
+            if variants.is_empty() { "" } else { " " },
+            variants,
         )
     }
     /// Query rows times keys times heads: the work the case represents (for sorting / budgeting).
@@ -206,6 +214,51 @@ pub fn sweep_cases(full: bool) -> Vec<PrefillCase> {
             c.layout = if causal { CaseLayout::Padded } else { CaseLayout::Contiguous };
             cases.push(c);
         }
+    }
+    cases
+}
+
+/// The score-variant sweep (docs/semantics.md, "Score variants"): every variant alone — a window's left
+/// bound, right bound, both, with causal; softcap; ALiBi per head and per sequence; sinks — and the
+/// combinations models use: gpt-oss (causal window + sinks), Gemma 2 (causal window + softcap), and all of
+/// them at once; dense (Tq = Tk and Tq ≠ Tk) and varlen (empty sequences), head dims 32 to 256, both
+/// dtypes. Windows are shorter than the sequences, so tiles are skipped on both sides. Sized to emulate in
+/// about a minute on two cores.
+pub fn variant_sweep_cases() -> Vec<PrefillCase> {
+    use crate::score_mod::{CaseAlibi, CaseVariants as V};
+    let none = V::default();
+    let variants: [(bool, V); 12] = [
+        (false, V { window: Some((48, -1)), ..none }),
+        (true, V { window: Some((70, 0)), ..none }),
+        (false, V { window: Some((-1, 9)), ..none }),
+        (false, V { window: Some((30, 25)), ..none }),
+        (false, V { softcap: Some(2.0), ..none }),
+        (true, V { alibi: CaseAlibi::PerHead, ..none }),
+        (false, V { alibi: CaseAlibi::PerSequence, ..none }),
+        (false, V { sinks: true, ..none }),
+        (true, V { window: Some((64, 0)), sinks: true, ..none }),
+        (true, V { window: Some((80, 0)), softcap: Some(3.0), ..none }),
+        (false, V { window: Some((40, 10)), softcap: Some(4.0), alibi: CaseAlibi::PerHead, sinks: true }),
+        (true, V { softcap: Some(1.5), alibi: CaseAlibi::PerSequence, sinks: true, ..none }),
+    ];
+    let dims = [128, 64, 256, 32, 96];
+    let mut cases = Vec::new();
+    for (i, &(causal, v)) in variants.iter().enumerate() {
+        let dtype = if i % 2 == 0 { DType::Bf16 } else { DType::F16 };
+        let d = dims[i % dims.len()];
+        let (tq, tk) = [(150, 150), (100, 190), (190, 100)][i % 3];
+        let mut dense = PrefillCase::dense(dtype, d, causal, tq, tk, [(2, 1), (4, 2), (2, 2)][i % 3]);
+        dense.variants = v;
+        dense.batch = 1 + i % 2;
+        cases.push(dense);
+        let other = if dtype == DType::Bf16 { DType::F16 } else { DType::Bf16 };
+        let mut varlen = PrefillCase::dense(other, dims[(i + 2) % dims.len()], causal, 0, 0, (4, 2));
+        let seqs = vec![(120, 130), (0, 9), (33, 0), (70, 200)];
+        (varlen.batch, varlen.seqlen_q, varlen.seqlen_k) = (seqs.len(), 120, 200);
+        varlen.varlen = Some(seqs);
+        varlen.layout = if i % 2 == 0 { CaseLayout::Padded } else { CaseLayout::Contiguous };
+        varlen.variants = v;
+        cases.push(varlen);
     }
     cases
 }
@@ -351,6 +404,9 @@ pub struct PrefillFixture<T> {
     pub lse_strides: [i64; 3],
     pub cu_q: Vec<i32>,
     pub cu_k: Vec<i32>,
+    /// ALiBi slopes (`[Hq]` or `[B, Hq]`) and sinks (`[Hq]`) of the case's variants (empty when unused).
+    pub alibi_slopes: Vec<f32>,
+    pub sinks: Vec<f32>,
 }
 
 /// How a case's values are drawn, beyond its shape and layout ([`PrefillCase`]).
@@ -459,7 +515,10 @@ impl<T: Element> PrefillFixture<T> {
         } else {
             ((b - 1) as i64 * lse_strides[0] + (hq - 1) as i64 * lse_strides[1] + tq as i64) as usize + 4
         };
+        let batch = case.varlen.as_ref().map_or(case.batch, |s| s.len());
         Ok(Self {
+            alibi_slopes: case.variants.slopes(batch, hq),
+            sinks: case.variants.sinks(hq, seed),
             case: case.clone(),
             inputs: *inputs,
             seed,
@@ -516,16 +575,21 @@ impl<T: Element> PrefillFixture<T> {
         let (hq, hkv, d) = (c.heads_q, c.heads_kv, c.head_dim);
         let scale = self.scale();
         let (qv, kv, vv) = (self.logical(&self.q), self.logical(&self.k), self.logical(&self.v));
+        let (slopes, sinks) = self.variant_values();
+        let var = c.variants.reference(&slopes, &sinks);
         let (exact, naive) = match &c.varlen {
             None => {
                 let mut p = reference::Problem::new(c.batch, hq, hkv, c.seqlen_q, c.seqlen_k, d, c.causal);
                 p.scale = scale;
-                (reference::dense(&p, &qv, &kv, &vv)?, reference::naive_lowp_dense(&p, c.dtype, &qv, &kv, &vv)?)
+                let exact = reference::dense_with(&p, &var, &qv, &kv, &vv)?;
+                (exact, reference::naive_lowp_dense_with(&p, &var, c.dtype, &qv, &kv, &vv)?)
             }
             Some(_) => {
                 let (cq, ck) = (&self.cu_q[..], &self.cu_k[..]);
-                let exact = reference::varlen(hq, hkv, d, c.causal, scale, cq, ck, &qv, &kv, &vv)?;
-                let naive = reference::naive_lowp_varlen(hq, hkv, d, c.causal, scale, cq, ck, &qv, &kv, &vv, c.dtype)?;
+                let exact = reference::varlen_with(hq, hkv, d, c.causal, scale, &var, cq, ck, &qv, &kv, &vv)?;
+                let naive = reference::naive_lowp_varlen_with(
+                    hq, hkv, d, c.causal, scale, &var, cq, ck, &qv, &kv, &vv, c.dtype,
+                )?;
                 (exact, naive)
             }
         };
@@ -571,23 +635,45 @@ impl<T: Element> PrefillFixture<T> {
         };
         let scale = self.scale();
         let lse = out.lse.as_deref();
+        let (slopes, sinks) = self.variant_values();
+        let var = c.variants.reference(&slopes, &sinks);
         // Per sampled row: ours, reference, naive, bound (D values each), our LSE, the reference LSE.
         type SampledRow = (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>, f64, f64);
         let results: Vec<Result<SampledRow>> = parallel_map(&picks, |&(ib, it, ih)| {
-            let vis = reference::visible_keys(c.causal, tq, tk, it);
+            let (lo, hi) = var.visible_range(c.causal, tq, tk, it);
             let kh = ih / group.max(1);
             let qrow = gather(
                 &self.bufs[self.q.buf],
                 &Place { offset: self.q.at([ib, it, ih, 0]), shape: [1, 1, 1, d], ..self.q },
             );
+            // Only this row's KV head and visible keys are gathered; the rest of the sequence stays 0 (never read).
             let sub = |p: &Place| {
-                gather(&self.bufs[p.buf], &Place { offset: p.at([ib, 0, kh, 0]), shape: [1, vis, 1, d], ..*p })
+                let mut rows = vec![0.0; tk * d];
+                let seen = gather(
+                    &self.bufs[p.buf],
+                    &Place { offset: p.at([ib, lo, kh, 0]), shape: [1, hi - lo, 1, d], ..*p },
+                );
+                rows[lo * d..hi * d].copy_from_slice(&seen);
+                rows
             };
             let (krows, vrows) = (sub(&self.k), sub(&self.v));
-            let mut p = reference::Problem::new(1, 1, 1, 1, vis, d, false);
+            let mut p = reference::Problem::new(b, group, 1, tq, tk, d, c.causal);
             p.scale = scale;
-            let exact = reference::dense(&p, &qrow, &krows, &vrows)?;
-            let naive = reference::naive_lowp_dense(&p, c.dtype, &qrow, &krows, &vrows)?;
+            // Head ih of the full problem is head ih % group of this one-KV-head view (same slope and sink
+            // through a per-row variant view).
+            let (row_slopes, row_sinks);
+            let mut row_var = var;
+            if var.alibi.is_some() {
+                row_slopes = vec![var_slope(&slopes, ib, ih, hq); group];
+                row_var.alibi = Some(&row_slopes);
+            }
+            if var.sinks.is_some() {
+                row_sinks = vec![sinks[ih]; group];
+                row_var.sinks = Some(&row_sinks);
+            }
+            let at_row = (ib, it, ih % group);
+            let exact = reference::dense_row_with(&p, &row_var, None, &qrow, &krows, &vrows, at_row)?;
+            let naive = reference::dense_row_with(&p, &row_var, Some(c.dtype), &qrow, &krows, &vrows, at_row)?.out;
             let at = self.o.at([ib, it, ih, 0]);
             let ours: Vec<f64> = out.o[at..at + d].iter().map(|x| x.to_f64()).collect();
             let our_lse = lse.map_or(f64::NAN, |l| l[self.lse_at(ib, ih, it)] as f64);
@@ -648,8 +734,10 @@ impl<T: Element> PrefillFixture<T> {
         lse.iter().zip(&written).filter(|(v, w)| !**w && !v.is_nan()).count()
     }
 
-    fn opts(&self) -> PrefillOptions {
-        PrefillOptions { causal: self.case.causal, scale: self.inputs.scale }
+    /// The ALiBi slopes and sinks as the reference takes them (f64).
+    pub fn variant_values(&self) -> (Vec<f64>, Vec<f64>) {
+        let wide = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>();
+        (wide(&self.alibi_slopes), wide(&self.sinks))
     }
 
     /// Prefill FLOPs of the case (docs/semantics.md; per sequence for varlen).
@@ -674,6 +762,15 @@ fn gather<T: Element>(buf: &[T], p: &Place) -> Vec<f64> {
         }
     }
     v
+}
+
+/// The slope of head h of sequence b in a slopes array of `[Hq]` or `[B·Hq]`.
+fn var_slope(slopes: &[f64], b: usize, h: usize, hq: usize) -> f64 {
+    if slopes.len() == hq {
+        slopes[h]
+    } else {
+        slopes[b * hq + h]
+    }
 }
 
 /// `f` over `items` on all cores, results in order.
@@ -775,14 +872,76 @@ enum CaseViews<'a, T> {
     },
 }
 
-fn launch_views<T: Element>(stream: &Stream<'_>, f: &PrefillFixture<T>, views: CaseViews<'_, T>) -> Result<()> {
-    let c = &f.case;
-    match views {
-        CaseViews::Dense { q, k, v, mut o, mut lse } => prefill(stream, &q, &k, &v, &mut o, lse.as_mut(), &f.opts()),
-        CaseViews::Varlen { q, k, v, cu_q, cu_k, mut o, mut lse } => {
-            prefill_varlen(stream, &q, &k, &v, &cu_q, &cu_k, c.seqlen_q, c.seqlen_k, &mut o, lse.as_mut(), &f.opts())
+/// The views of a case's ALiBi slopes and sinks, on the launch's backend.
+#[derive(Default)]
+pub(crate) struct VariantViews<'a> {
+    pub heads: Option<TensorView<'a, f32, 1>>,
+    pub per_sequence: Option<TensorView<'a, f32, 2>>,
+    pub sinks: Option<TensorView<'a, f32, 1>>,
+}
+
+impl<'a> VariantViews<'a> {
+    /// Views of `slopes` / `sinks` (laid out as [`CaseVariants::slopes`] / [`CaseVariants::sinks`] make
+    /// them) through `view`, which wraps a prefix of a buffer in a 1-D view.
+    pub(crate) fn new(
+        v: &CaseVariants,
+        batch: usize,
+        heads_q: usize,
+        view: impl Fn(bool, usize) -> Result<TensorView<'a, f32, 1>>,
+    ) -> Result<Self> {
+        let mut out = Self::default();
+        match v.alibi {
+            CaseAlibi::None => {}
+            CaseAlibi::PerHead => out.heads = Some(view(false, heads_q)?),
+            CaseAlibi::PerSequence => {
+                let flat = view(false, batch * heads_q)?;
+                out.per_sequence = Some(match flat.mem {
+                    crate::tensor::Mem::Host(h) => TensorView::host(h, [batch, heads_q])?,
+                    crate::tensor::Mem::Gpu(g) => TensorView::gpu(g, [batch, heads_q])?,
+                    crate::tensor::Mem::Device(_) => return Err(Error::usage("device-pointer slopes in a case")),
+                });
+            }
+        }
+        if v.sinks {
+            out.sinks = Some(view(true, heads_q)?);
+        }
+        Ok(out)
+    }
+
+    /// The call's score variants.
+    pub(crate) fn score_mod(&'a self, v: &CaseVariants) -> ScoreMod<'a> {
+        ScoreMod {
+            window: v.window,
+            softcap: v.softcap,
+            alibi_slopes: match (&self.heads, &self.per_sequence) {
+                (Some(h), _) => Some(AlibiSlopes::PerHead(h)),
+                (None, Some(b)) => Some(AlibiSlopes::PerSequence(b)),
+                (None, None) => None,
+            },
+            sinks: self.sinks.as_ref(),
         }
     }
+}
+
+fn launch_views<T: Element>(
+    stream: &Stream<'_>,
+    f: &PrefillFixture<T>,
+    views: CaseViews<'_, T>,
+    variants: &VariantViews<'_>,
+) -> Result<()> {
+    let c = &f.case;
+    let opts = PrefillOptions { causal: c.causal, scale: f.inputs.scale, score_mod: variants.score_mod(&c.variants) };
+    match views {
+        CaseViews::Dense { q, k, v, mut o, mut lse } => prefill(stream, &q, &k, &v, &mut o, lse.as_mut(), &opts),
+        CaseViews::Varlen { q, k, v, cu_q, cu_k, mut o, mut lse } => {
+            prefill_varlen(stream, &q, &k, &v, &cu_q, &cu_k, c.seqlen_q, c.seqlen_k, &mut o, lse.as_mut(), &opts)
+        }
+    }
+}
+
+/// The batch size of a case (varlen: its sequence count).
+fn case_batch(c: &PrefillCase) -> usize {
+    c.varlen.as_ref().map_or(c.batch, |s| s.len())
 }
 
 /// Runs the fixture's case once on the emulator, outputs poisoned with NaN.
@@ -831,7 +990,10 @@ pub fn run_emulated<T: Element>(emu: &Emulator, f: &PrefillFixture<T>) -> Result
                 }
             }
         };
-        launch_views(&stream, f, views)?;
+        let variants = VariantViews::new(&c.variants, case_batch(c), c.heads_q, |sinks, n| {
+            TensorView::host(&(if sinks { &f.sinks } else { &f.alibi_slopes })[..n], [n])
+        })?;
+        launch_views(&stream, f, views, &variants)?;
     }
     let launch_secs = start.elapsed().as_secs_f64();
     Ok(PrefillOutputs { o: o_buf, lse: c.with_lse.then_some(lse_buf), launch_secs })
@@ -847,6 +1009,8 @@ struct GpuSets<T: Element> {
     lse_stride: usize,
     cu_q: CudaSlice<i32>,
     cu_k: CudaSlice<i32>,
+    slopes: CudaSlice<f32>,
+    sinks: CudaSlice<f32>,
     sets: usize,
 }
 
@@ -876,6 +1040,8 @@ impl<T: Element> GpuSets<T> {
             lse_stride,
             cu_q: cu.clone_htod(&f.cu_q.iter().copied().chain([0]).collect::<Vec<_>>())?,
             cu_k: cu.clone_htod(&f.cu_k.iter().copied().chain([0]).collect::<Vec<_>>())?,
+            slopes: cu.clone_htod(&f.alibi_slopes.iter().copied().chain([0.0]).collect::<Vec<_>>())?,
+            sinks: cu.clone_htod(&f.sinks.iter().copied().chain([0.0]).collect::<Vec<_>>())?,
             sets,
         })
     }
@@ -925,7 +1091,10 @@ impl<T: Element> GpuSets<T> {
                 }
             }
         };
-        launch_views(&stream, f, views)
+        let variants = VariantViews::new(&c.variants, case_batch(c), c.heads_q, |sinks, n| {
+            TensorView::gpu((if sinks { &self.sinks } else { &self.slopes }).slice(0..n), [n])
+        })?;
+        launch_views(&stream, f, views, &variants)
     }
 
     /// Raw outputs of set `set` (synchronises the stream).

@@ -7,7 +7,8 @@
 //!
 //! Both: fp16 or bf16, D in [`PREFILL_HEAD_DIMS`], any non-negative strides with a unit innermost stride and
 //! 16-byte aligned rows, GQA/MQA (`Hq` a multiple of `Hkv`), causal bottom-right aligned (row i sees key j
-//! iff `j <= i + Tk - Tq`, per sequence), rows that see no key give `o = 0`, `lse = -inf`.
+//! iff `j <= i + Tk - Tq`, per sequence), the score variants of [`ScoreMod`] (sliding window, softcap,
+//! ALiBi, sinks), rows that see no key give `o = 0`, `lse = -inf` (with a sink: the sink's logit).
 //!
 //! The host policy the kernel follows — tile shape per head dim, the grid, which KV tiles a query tile
 //! visits and which of them are masked — is here as pure functions ([`TileConfig`], [`kv_block_range`]),
@@ -25,20 +26,26 @@ use crate::dtype::Element;
 use crate::error::{to_i32, Error, Result};
 use crate::launch::{softmax_scale, Launch};
 use crate::plan::MAX_GRID_YZ;
+use crate::score_mod::ScoreMod;
 use crate::sys;
 use crate::tensor::{Mem, TensorView, TensorViewMut};
 
 /// Head dims the prefill kernel is instantiated for.
 pub const PREFILL_HEAD_DIMS: [usize; 5] = [32, 64, 96, 128, 256];
 
-/// Options of one prefill call.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct PrefillOptions {
-    /// Bottom-right aligned causal mask (row i sees key j iff j <= i + Tk - Tq).
+/// Options of one prefill call: `PrefillOptions { causal: true, ..Default::default() }`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PrefillOptions<'a> {
+    /// Bottom-right aligned causal mask (row i sees key j iff j <= i + Tk - Tq): a window's right bound 0.
     pub causal: bool,
     /// Softmax scale; `None` means 1/sqrt(D). Must be finite and positive.
     pub scale: Option<f32>,
+    /// Sliding window, softcap, ALiBi, sinks (none by default).
+    pub score_mod: ScoreMod<'a>,
 }
+
+/// Longest sequence prefill accepts (positions plus window bounds stay inside the kernel's int32).
+pub const MAX_PREFILL_SEQLEN: usize = 1 << 30;
 
 /// The kernel's tile shape for one head dim (kernels/include/fa/prefill/tile_config.cuh, which says why).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,30 +87,81 @@ impl TileConfig {
     }
 }
 
-/// The KV tiles one query tile visits: `[0, n_end)`, of which `[n_mask_begin, n_end)` need the mask.
+/// The KV tiles one query tile visits: `[n_begin, n_end)`, walked downward: `[n_mask_begin, n_end)` need
+/// the mask (right edge, causal diagonal, ragged Tk), `[n_interior_begin, n_mask_begin)` do not, and
+/// `[n_begin, n_interior_begin)` need it again (the window's left edge).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvBlockRange {
+    pub n_begin: usize,
     pub n_end: usize,
     pub n_mask_begin: usize,
+    pub n_interior_begin: usize,
+}
+
+/// A query tile's view of the keys: row i sees key j iff `i + δ − left ≤ j ≤ i + δ + right` (and j < Tk),
+/// δ = Tk − Tq; `None` bounds are unbounded (causal is `right = Some(0)`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Window {
+    pub left: Option<usize>,
+    pub right: Option<usize>,
+}
+
+impl Window {
+    /// Plain attention (`causal = false`) or the causal mask.
+    pub fn causal(causal: bool) -> Self {
+        Self { left: None, right: causal.then_some(0) }
+    }
+    /// The window a call applies: `(left, right)` bounds (−1 unbounded) and causal (right 0).
+    pub fn new(window: Option<(i32, i32)>, causal: bool) -> Self {
+        let (l, r) = window.unwrap_or((-1, -1));
+        Self { left: usize::try_from(l).ok(), right: if causal { Some(0) } else { usize::try_from(r).ok() } }
+    }
+    /// Whether row `i` (of `tq`) sees key `j` (of `tk`).
+    pub fn sees(&self, i: usize, j: usize, tq: usize, tk: usize) -> bool {
+        let (pos, j) = ((i + tk) as i64 - tq as i64, j as i64);
+        j < tk as i64 && self.left.is_none_or(|l| j >= pos - l as i64) && self.right.is_none_or(|r| j <= pos + r as i64)
+    }
+    /// The keys `[lo, hi)` row `i` (of `tq`) sees among `tk` (empty: lo == hi).
+    pub fn visible_range(&self, i: usize, tq: usize, tk: usize) -> (usize, usize) {
+        let pos = (i + tk) as i64 - tq as i64;
+        let lo = self.left.map_or(0, |l| (pos - l as i64).max(0)).min(tk as i64);
+        let hi = self.right.map_or(tk as i64, |r| (pos + r as i64 + 1).clamp(0, tk as i64));
+        (lo as usize, hi.max(lo) as usize)
+    }
+    /// The kernel's effective bounds: a bound that excludes nothing (None, or ≥ max(Tq, Tk)) is that span.
+    fn effective(&self, tq: usize, tk: usize) -> (i64, i64) {
+        let span = tq.max(tk) as i64;
+        let eff = |b: Option<usize>| b.map_or(span, |b| (b as i64).min(span));
+        (eff(self.left), eff(self.right))
+    }
 }
 
 /// Which KV tiles the query tile of rows `[m0, m0 + block_m)` (clipped to `tq`) visits, and which need the
-/// mask: exactly the kernel's `kv_block_range` (kernels/include/fa/prefill/block_range.cuh). Tiles past
-/// the last key its last valid row sees are skipped; a tile is masked if it holds a key past the causal
-/// limit of the tile's first row or past `tk`. `n_end == 0`: no row sees a key (O = 0, LSE = -inf).
-pub fn kv_block_range(m0: usize, block_m: usize, block_n: usize, tq: usize, tk: usize, causal: bool) -> KvBlockRange {
+/// mask: exactly the kernel's `kv_block_range` (kernels/include/fa/prefill/block_range.cuh). Tiles holding
+/// no key some row of the tile sees are skipped (above the diagonal, outside the window); a tile is
+/// mask-free iff every row sees all its keys. `n_begin == n_end`: no row sees a key (O = 0, LSE = -inf).
+pub fn kv_block_range(m0: usize, block_m: usize, block_n: usize, tq: usize, tk: usize, window: Window) -> KvBlockRange {
+    let (left, right) = window.effective(tq, tk);
     let (m0, br, bc, tq, tk) = (m0 as i64, block_m as i64, block_n as i64, tq as i64, tk as i64);
-    let mut n_end = tk / bc + i64::from(tk % bc != 0);
-    let mut n_mask_begin = tk / bc;
-    if causal {
-        let last_row = if tq - m0 < br { tq } else { m0 + br } - 1;
-        let last_key = last_row + (tk - tq);
-        let causal_end = if last_key < 0 { 0 } else { last_key / bc + 1 };
-        n_end = n_end.min(causal_end);
-        let all_see = m0 + (tk - tq) + 1;
-        n_mask_begin = n_mask_begin.min(if all_see <= 0 { 0 } else { all_see / bc });
+    let diag = tk - tq;
+    let last_row = if tq - m0 < br { tq } else { m0 + br } - 1;
+    let first_key = (m0 + diag - left).max(0);
+    let last_key = (last_row + diag + right).min(tk - 1);
+    if last_key < first_key {
+        return KvBlockRange { n_begin: 0, n_end: 0, n_mask_begin: 0, n_interior_begin: 0 };
     }
-    KvBlockRange { n_end: n_end as usize, n_mask_begin: n_mask_begin.min(n_end) as usize }
+    let (n_begin, n_end) = (first_key / bc, last_key / bc + 1);
+    let all_lo = (last_row + diag - left).max(0);
+    let all_hi = (m0 + diag + right).min(tk - 1);
+    let n_mask_begin = if all_hi < 0 { 0 } else { (all_hi + 1) / bc }.clamp(n_begin, n_end);
+    let n_interior_begin = ((all_lo + bc - 1) / bc).clamp(n_begin, n_mask_begin);
+    let u = |x: i64| x as usize;
+    KvBlockRange {
+        n_begin: u(n_begin),
+        n_end: u(n_end),
+        n_mask_begin: u(n_mask_begin),
+        n_interior_begin: u(n_interior_begin),
+    }
 }
 
 /// Checks the head layout shared by both entry points: D supported and equal for q/k/v, Hq a positive
@@ -149,8 +207,10 @@ fn check_rows_all<T, const N: usize>(
 ///  - `lse`: optional `[B, Hq, Tq]` fp32 natural-log log-sum-exp of the scaled scores (unit stride along Tq);
 ///  - any non-negative strides with unit innermost stride and 16-byte aligned rows; `o` rows must not overlap.
 ///
-/// Errors name the argument: Shape (mismatched shapes, Hq not a multiple of Hkv), Unsupported (head dim,
-/// scale), Layout (innermost stride, overlapping output), Alignment, Overflow, Backend.
+/// Errors name the argument: Shape (mismatched shapes, Hq not a multiple of Hkv, slopes or sinks of the wrong
+/// shape), Unsupported (head dim, scale, window bound below −1, softcap not finite and positive, non-finite
+/// sinks or slopes in host memory), Layout (innermost stride, overlapping output), Alignment, Overflow,
+/// Backend.
 pub fn prefill<T: Element>(
     stream: &Stream<'_>,
     q: &TensorView<'_, T, 4>,
@@ -178,6 +238,8 @@ pub fn prefill<T: Element>(
         return Err(Error::unsupported("q", format!("batch {batch} (at most {MAX_GRID_YZ})")));
     }
     let scale = softmax_scale(opts.scale, head_dim)?;
+    opts.score_mod.check_values()?;
+    check_seqlens(&[("q", seqlen_q), ("k", seqlen_k)])?;
     let params = sys::FaPrefillParams {
         batch: to_i32("q (batch)", batch)?,
         heads_q: to_i32("q (heads)", heads_q)?,
@@ -198,6 +260,7 @@ pub fn prefill<T: Element>(
     let [qs, ks, vs, os] = [q.strides(), k.strides(), v.strides(), o.strides()];
     let lse_strides = lse.as_deref().map(|l| l.strides()).unwrap_or_default();
     let mut launch = Launch::new(*stream);
+    let score_mod = opts.score_mod.abi(&mut launch, batch, heads_q)?;
     let q_ptr = launch.input(c"q", q, 16)?;
     // No keys at all: the kernel never touches k / v (every row is empty), and an empty view has no
     // meaningful address.
@@ -231,9 +294,20 @@ pub fn prefill<T: Element>(
         o_head_stride: os[2],
         lse_batch_stride: lse_strides[0],
         lse_head_stride: lse_strides[1],
+        score_mod,
         ..params
     };
     launch.run("prefill", params, sys::fa_prefill)
+}
+
+/// Sequences (and packed totals) longer than [`MAX_PREFILL_SEQLEN`] are Overflow errors.
+fn check_seqlens(lens: &[(&str, usize)]) -> Result<()> {
+    for &(name, len) in lens {
+        if len > MAX_PREFILL_SEQLEN {
+            return Err(Error::overflow(name, format!("{len} rows (at most {MAX_PREFILL_SEQLEN})")));
+        }
+    }
+    Ok(())
 }
 
 /// Reads a cu_seqlens tensor when it lives in host memory (emulator backend) so that its contents can be
@@ -325,6 +399,8 @@ pub fn prefill_varlen<T: Element>(
         check_cu_seqlens("cu_seqlens_k", ck, total_k, max_seqlen_k)?;
     }
     let scale = softmax_scale(opts.scale, head_dim)?;
+    opts.score_mod.check_values()?;
+    check_seqlens(&[("q", total_q), ("k", total_k), ("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)])?;
     let params = sys::FaPrefillParams {
         batch: to_i32("cu_seqlens_q (batch)", batch)?,
         heads_q: to_i32("q (heads)", heads_q)?,
@@ -347,6 +423,7 @@ pub fn prefill_varlen<T: Element>(
     let [qs, ks, vs, os] = [q.strides(), k.strides(), v.strides(), o.strides()];
     let lse_head_stride = lse.as_deref().map(|l| l.strides()[0]).unwrap_or(0);
     let mut launch = Launch::new(*stream);
+    let score_mod = opts.score_mod.abi(&mut launch, batch, heads_q)?;
     let q_ptr = launch.input(c"q", q, 16)?;
     let (k_ptr, v_ptr) = if total_k > 0 {
         (launch.input(c"k", k, 16)?, launch.input(c"v", v, 16)?)
@@ -377,6 +454,7 @@ pub fn prefill_varlen<T: Element>(
         o_row_stride: os[0],
         o_head_stride: os[1],
         lse_head_stride,
+        score_mod,
         ..params
     };
     launch.run("prefill_varlen", params, sys::fa_prefill)
@@ -407,36 +485,57 @@ mod tests {
     /// every valid row, and the first masked tile really needs the mask.
     #[test]
     fn kv_block_range_matches_the_mask() {
-        let visible = |i: i64, j: i64, tq: i64, tk: i64, causal: bool| j < tk && (!causal || j <= i + tk - tq);
+        let windows = [
+            Window::causal(false),
+            Window::causal(true),
+            Window { left: Some(0), right: Some(0) },
+            Window { left: Some(5), right: Some(0) },
+            Window { left: Some(20), right: None },
+            Window { left: None, right: Some(3) },
+            Window { left: Some(40), right: Some(17) },
+            Window { left: Some(100), right: Some(0) },
+        ];
         for (br, bc) in [(16, 16), (32, 16), (16, 32), (128, 32), (64, 64)] {
-            for tq in 1..70usize {
-                for tk in 0..70usize {
-                    for causal in [false, true] {
+            for tq in (1..70usize).step_by(3) {
+                for tk in (0..70usize).step_by(2) {
+                    for w in windows {
                         for m0 in (0..tq).step_by(br) {
-                            let r = kv_block_range(m0, br, bc, tq, tk, causal);
-                            let rows = m0 as i64..(m0 + br).min(tq) as i64;
-                            let tile_any = |n: usize| {
-                                rows.clone().any(|i| {
-                                    (n * bc..(n + 1) * bc).any(|j| visible(i, j as i64, tq as i64, tk as i64, causal))
-                                })
-                            };
-                            let tile_full = |n: usize| {
-                                rows.clone().all(|i| {
-                                    (n * bc..(n + 1) * bc).all(|j| visible(i, j as i64, tq as i64, tk as i64, causal))
-                                })
-                            };
-                            let ctx = format!("br={br} bc={bc} tq={tq} tk={tk} causal={causal} m0={m0}: {r:?}");
-                            for n in 0..r.n_end {
+                            let r = kv_block_range(m0, br, bc, tq, tk, w);
+                            let rows = m0..(m0 + br).min(tq);
+                            let tile_any =
+                                |n: usize| rows.clone().any(|i| (n * bc..(n + 1) * bc).any(|j| w.sees(i, j, tq, tk)));
+                            let tile_full =
+                                |n: usize| rows.clone().all(|i| (n * bc..(n + 1) * bc).all(|j| w.sees(i, j, tq, tk)));
+                            let ctx = format!("br={br} bc={bc} tq={tq} tk={tk} {w:?} m0={m0}: {r:?}");
+                            assert!(r.n_begin <= r.n_interior_begin && r.n_interior_begin <= r.n_mask_begin, "{ctx}");
+                            assert!(r.n_mask_begin <= r.n_end, "{ctx}");
+                            if r.n_begin == r.n_end {
+                                assert!((0..tk.div_ceil(bc)).all(|n| !tile_any(n)), "{ctx}: empty range");
+                                continue;
+                            }
+                            for n in r.n_begin..r.n_end {
                                 assert!(tile_any(n), "{ctx}: tile {n} visited but empty");
                             }
-                            for n in r.n_end..tk.div_ceil(bc) + 1 {
+                            for n in (0..r.n_begin).chain(r.n_end..tk.div_ceil(bc) + 1) {
                                 assert!(!tile_any(n), "{ctx}: tile {n} skipped but has visible keys");
                             }
-                            for n in 0..r.n_mask_begin {
+                            for n in r.n_interior_begin..r.n_mask_begin {
                                 assert!(tile_full(n), "{ctx}: tile {n} unmasked but needs the mask");
                             }
+                            // Masked tiles at either edge really need the mask.
                             if r.n_mask_begin < r.n_end {
                                 assert!(!tile_full(r.n_mask_begin), "{ctx}: first masked tile needs no mask");
+                            }
+                            if r.n_begin < r.n_interior_begin {
+                                assert!(!tile_full(r.n_interior_begin - 1), "{ctx}: last left-edge tile needs no mask");
+                            }
+                            // Every row's visible keys are a range inside the visited tiles.
+                            for i in rows.clone() {
+                                let (lo, hi) = w.visible_range(i, tq, tk);
+                                assert_eq!(
+                                    (lo..hi).collect::<Vec<_>>(),
+                                    (0..tk).filter(|&j| w.sees(i, j, tq, tk)).collect::<Vec<_>>()
+                                );
                             }
                         }
                     }
@@ -450,15 +549,42 @@ mod tests {
         // Tq = Tk = 1024, Br 128, Bc 32: query tile m sees keys up to 128 m + 127, i.e. 4 (m + 1) tiles, of
         // which only the 4 that cross the diagonal are masked.
         for m in 0..8 {
-            let r = kv_block_range(128 * m, 128, 32, 1024, 1024, true);
-            assert_eq!(r, KvBlockRange { n_end: 4 * (m + 1), n_mask_begin: 4 * m });
+            let r = kv_block_range(128 * m, 128, 32, 1024, 1024, Window::causal(true));
+            assert_eq!(r, range(0, 4 * (m + 1), 4 * m, 0));
         }
         // Non-causal, even Tk: no mask at all; ragged Tk: only the last tile.
-        assert_eq!(kv_block_range(0, 128, 32, 1024, 1024, false), KvBlockRange { n_end: 32, n_mask_begin: 32 });
-        assert_eq!(kv_block_range(0, 128, 32, 1024, 1000, false), KvBlockRange { n_end: 32, n_mask_begin: 31 });
+        let plain = Window::causal(false);
+        assert_eq!(kv_block_range(0, 128, 32, 1024, 1024, plain), range(0, 32, 32, 0));
+        assert_eq!(kv_block_range(0, 128, 32, 1024, 1000, plain), range(0, 32, 31, 0));
         // Tq > Tk causal: the first Tq - Tk rows see nothing.
-        assert_eq!(kv_block_range(0, 64, 32, 200, 50, true).n_end, 0);
-        assert_eq!(kv_block_range(128, 64, 32, 200, 50, true), KvBlockRange { n_end: 2, n_mask_begin: 0 });
+        let causal = Window::causal(true);
+        assert_eq!(kv_block_range(0, 64, 32, 200, 50, causal).n_end, 0);
+        assert_eq!(kv_block_range(128, 64, 32, 200, 50, causal), range(0, 2, 0, 0));
+    }
+
+    fn range(n_begin: usize, n_end: usize, n_mask_begin: usize, n_interior_begin: usize) -> KvBlockRange {
+        KvBlockRange { n_begin, n_end, n_mask_begin, n_interior_begin }
+    }
+
+    #[test]
+    fn sliding_window_skips_tiles_left_of_the_window() {
+        // Tq = Tk = 4096, Br 128, Bc 32, causal window of 256 (left 255, right 0): query tile m (rows
+        // 128m .. 128m + 127) sees keys 128m - 255 .. 128m + 127: tiles 4m - 8 .. 4m + 3 (12 of 32 keys),
+        // masked at the diagonal (4m .. 4m+3) and at the left edge (4m - 8 .. 4m - 5), mask-free between.
+        let w = Window { left: Some(255), right: Some(0) };
+        for m in 2..32 {
+            assert_eq!(kv_block_range(128 * m, 128, 32, 4096, 4096, w), range(4 * m - 8, 4 * m + 4, 4 * m, 4 * m - 4));
+        }
+        // Near the start the window is clipped at key 0.
+        assert_eq!(kv_block_range(0, 128, 32, 4096, 4096, w), range(0, 4, 0, 0));
+        // A window at least as long as the sequence is no window at all.
+        for m0 in (0..1000).step_by(128) {
+            let big = Window { left: Some(5000), right: Some(0) };
+            assert_eq!(
+                kv_block_range(m0, 128, 32, 1000, 1000, big),
+                kv_block_range(m0, 128, 32, 1000, 1000, Window::causal(true))
+            );
+        }
     }
 
     #[test]

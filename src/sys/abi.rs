@@ -12,6 +12,25 @@ pub const FA_ERR_TOO_MANY_LAUNCHES: _bindgen_ty_2 = -5;
 pub type _bindgen_ty_2 = ::std::os::raw::c_int;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
+pub struct FaScoreMod {
+    pub window_left: i32,
+    pub window_right: i32,
+    pub softcap: f32,
+    pub alibi_slopes: *const f32,
+    pub alibi_batch_stride: i64,
+    pub sinks: *const f32,
+}
+impl Default for FaScoreMod {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
 pub struct FaPrefillParams {
     pub q: *const ::std::os::raw::c_void,
     pub k: *const ::std::os::raw::c_void,
@@ -46,6 +65,7 @@ pub struct FaPrefillParams {
     pub causal: i32,
     pub scale: f32,
     pub scale_log2: f32,
+    pub score_mod: FaScoreMod,
 }
 impl Default for FaPrefillParams {
     fn default() -> Self {
@@ -132,6 +152,7 @@ pub struct FaDecodeParams {
     pub dtype: i32,
     pub scale: f32,
     pub scale_log2: f32,
+    pub score_mod: FaScoreMod,
 }
 impl Default for FaDecodeParams {
     fn default() -> Self {
@@ -167,6 +188,7 @@ pub struct FaMergeParams {
     pub head_dim: i32,
     pub states_dtype: i32,
     pub out_dtype: i32,
+    pub sinks: *const f32,
 }
 impl Default for FaMergeParams {
     fn default() -> Self {

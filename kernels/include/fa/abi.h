@@ -37,6 +37,27 @@ enum {
 };
 
 /* ---------------------------------------------------------------------------------------------------------
+ * Score variants (docs/semantics.md, "Score variants"), shared by prefill and decode. Per score, in this
+ * order: t = s * scale -> softcap -> ALiBi -> window/causal mask -> softmax with sink. All off is
+ * {-1, -1, 0, NULL, 0, NULL}: the kernels then run exactly their plain code path.
+ *  - window_left / window_right: key j is visible to query row i iff i + d - left <= j <= i + d + right,
+ *    d = Tk - Tq (decode: seq_len - 1); -1 = unbounded. Prefill's `causal` is right = 0 (and wins over
+ *    window_right). Decode ignores window_right (no key lies right of the query's own position).
+ *  - softcap: c > 0 applies t <- c * tanh(t / c); 0 = off.
+ *  - alibi_slopes: fp32, t <- t - m * |i + d - j| with m = alibi_slopes[b * alibi_batch_stride + h]
+ *    (h the query head): [Hq] (stride 0) or [B, Hq] (stride >= Hq); NULL = off.
+ *  - sinks: fp32 [Hq], the softmax denominator gains exp(sinks[h]) (LSE = log(exp(sink) + sum exp t));
+ *    NULL = off. Must be finite. Split-KV decode adds it once, in the merge.
+ * ------------------------------------------------------------------------------------------------------- */
+typedef struct FaScoreMod {
+  int32_t window_left, window_right;
+  float softcap;
+  const float *alibi_slopes;
+  int64_t alibi_batch_stride;
+  const float *sinks;
+} FaScoreMod;
+
+/* ---------------------------------------------------------------------------------------------------------
  * Prefill: O = softmax(Q Kᵀ · scale) V, fused.
  * Dense:  q [B, Tq, Hq, D], k/v [B, Tk, Hkv, D], o like q, lse [B, Hq, Tq] (natural log) or NULL.
  * Varlen: cu_seqlens_q/k non-NULL (int32, B+1): q [total_q, Hq, D], k/v [total_k, Hkv, D]; batch strides
@@ -68,6 +89,7 @@ typedef struct FaPrefillParams {
   int32_t causal;
   float scale;      /* softmax scale (1/sqrt(D) by default) */
   float scale_log2; /* scale * log2(e): the kernel works in the exp2 domain */
+  FaScoreMod score_mod;
 } FaPrefillParams;
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -102,8 +124,9 @@ typedef struct FaAppendParams {
 
 /* Decode: one query token per sequence over the paged cache.
  * q [B, Hq, D], o [B, Hq, D], lse [B, Hq] (natural log) or NULL. head_dim 64, 128 or 256.
- * Split-KV: with num_splits > 1, split s covers tokens [s*split_tokens, (s+1)*split_tokens) of each sequence
- * (the last split runs to seq_len); split_tokens is a multiple of 64 (every KV tile divides it). Partials go
+ * Only the tokens [w, seq_len) are read, w = max(0, seq_len - 1 - window_left) (0 without a window).
+ * Split-KV: with num_splits > 1, split s covers tokens [w + s*split_tokens, w + (s+1)*split_tokens) of each
+ * sequence (the last split runs to seq_len); split_tokens is a multiple of 64 (every KV tile divides it). Partials go
  * to the fp32 workspace partial_o [num_splits, B, Hq, D] / partial_lse [num_splits, B, Hq] (contiguous) and
  * the launcher then runs the merge kernel on the same stream. With num_splits == 1 the kernel writes o / lse
  * directly and the workspace may be NULL.
@@ -124,6 +147,7 @@ typedef struct FaDecodeParams {
   int32_t dtype;
   float scale;
   float scale_log2;
+  FaScoreMod score_mod;
 } FaDecodeParams;
 
 /* Merge of attention states: num_states partial results (o_s, lse_s) of the same rows, each the attention of
@@ -135,7 +159,9 @@ typedef struct FaDecodeParams {
  *   lse_s[n, h]    at lse_states + s*lse_state_stride + n*lse_outer_stride + h*lse_inner_stride
  *   o[n, h, :]     at o + n*o_out_outer_stride + h*o_out_inner_stride;  lse[n, h] likewise, or lse NULL.
  * head_dim is a multiple of 8 and every row start 16-byte aligned. A row whose states are all empty gets
- * o = 0, lse = -inf; the o_s of an empty state is never read (it may hold garbage).
+ * o = 0, lse = -inf; the o_s of an empty state is never read (it may hold garbage). With sinks, the sink
+ * joins as one more state with o = 0: lse = log(exp(sink) + sum_s exp(lse_s)) (an all-empty row: o = 0,
+ * lse = sink).
  * states_dtype / out_dtype: FA_DTYPE_F16, FA_DTYPE_BF16 or FA_DTYPE_F32 (split-KV writes fp32 partials). */
 enum { FA_DTYPE_F32 = 2 };
 typedef struct FaMergeParams {
@@ -149,6 +175,7 @@ typedef struct FaMergeParams {
   int64_t lse_out_outer_stride, lse_out_inner_stride;
   int32_t num_states, rows_outer, rows_inner, head_dim;
   int32_t states_dtype, out_dtype;
+  const float *sinks; /* fp32 [rows_inner] or NULL: row (n, h)'s denominator gains exp(sinks[h]) */
 } FaMergeParams;
 
 /* ---------------------------------------------------------------------------------------------------------

@@ -69,15 +69,29 @@ template <int kMT> struct OnlineSoftmax {
 
   // Ends the pass: reduces the partial sums over the quad, scales o by 1/sum (0 for an empty row) and
   // returns each row's natural-log LSE (-inf for an empty row) in lse[2 * kMT].
-  template <int kDB> FA_DEVICE void finalize(float (&o)[kMT][kDB][4], float (&lse)[2 * kMT], float scale_log2) {
+  // sink: the attention sink's logit σ (natural log), or -inf for none. It joins the denominator once per
+  // row, in the exp2 domain (σ' = σ · log2 e): the max becomes m' = max(m, σ'), the sum
+  // l·2^(m − m') + 2^(σ' − m'), and o is rescaled by 2^(m − m'). A row that saw no key gets O = 0 and
+  // LSE = σ exactly. Without a sink nothing changes.
+  template <int kDB>
+  FA_DEVICE void finalize(float (&o)[kMT][kDB][4], float (&lse)[2 * kMT], float scale_log2, float sink) {
+    const float sink_log2 = sink * kLog2e;
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = 2 * mt + h;
-        const float sum = quad_sum(row_sum[r]);
-        const float inv = inv_sum_or_zero(sum);
-        lse[r] = lse_from_state(row_max[r] * scale_log2, sum);
+        float sum = quad_sum(row_sum[r]);
+        float m = row_max[r] * scale_log2;
+        float rescale = 1.0f;
+        if (sink_log2 != kNegInf) {
+          const float m_new = fmaxf(m, sink_log2);
+          rescale = fast_exp2(m - m_new); // m = -inf (no key seen): 0
+          sum = fmaf(sum, rescale, fast_exp2(sink_log2 - m_new));
+          m = m_new;
+        }
+        const float inv = inv_sum_or_zero(sum) * rescale;
+        lse[r] = sink != kNegInf && row_max[r] == kNegInf ? sink : lse_from_state(m, sum);
 #pragma unroll
         for (int db = 0; db < kDB; ++db) {
           o[mt][db][2 * h] *= inv;

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
+use fused_attn::score_mod::{CaseAlibi, CaseVariants};
 use fused_attn::{DType, Error, Result};
 
 /// The runner's git commit (`git describe` at build time; "unknown" outside a git checkout).
@@ -154,6 +155,23 @@ pub struct RunArgs {
     /// Force the split-KV count [decode only] [default: the planner's choice].
     #[arg(long, value_name = "N")]
     pub num_splits: Option<usize>,
+    /// Sliding window: keys up to N positions left of a query's own are visible; -1 = unbounded
+    /// [prefill, decode].
+    #[arg(long, default_value_t = -1, value_name = "N")]
+    pub window_left: i32,
+    /// Sliding window: keys up to N positions right of a query's own are visible; -1 = unbounded (with
+    /// --causal the right bound is 0) [prefill, decode; no key lies right of a decode token].
+    #[arg(long, default_value_t = -1, value_name = "N")]
+    pub window_right: i32,
+    /// Logit softcap c: scores become c·tanh(s/c); 0 = off [prefill, decode].
+    #[arg(long, default_value_t = 0.0, value_name = "X")]
+    pub softcap: f32,
+    /// ALiBi with the standard geometric slopes 2^(-8(h+1)/Hq) [prefill, decode].
+    #[arg(long)]
+    pub alibi: bool,
+    /// Attention sinks: a logit per query head, N(0, 1) from --seed [prefill, decode].
+    #[arg(long)]
+    pub sinks: bool,
     #[command(flatten)]
     pub common: Common,
     /// Write every input and output as .npy into DIR (see the README for names, dtypes and shapes).
@@ -188,6 +206,28 @@ impl RunArgs {
     /// Decode: the context length of every sequence; prefill: Tk.
     pub fn seqlen_k(&self) -> usize {
         self.seqlen_k.unwrap_or(self.seqlen_q)
+    }
+    /// The score variants the flags ask for.
+    pub fn variants(&self) -> CaseVariants {
+        let window = (self.window_left, self.window_right);
+        CaseVariants {
+            window: (window != (-1, -1)).then_some(window),
+            softcap: (self.softcap != 0.0).then_some(self.softcap),
+            alibi: if self.alibi { CaseAlibi::PerHead } else { CaseAlibi::None },
+            sinks: self.sinks,
+        }
+    }
+    /// The checks clap cannot express on the variant flags.
+    fn check_variants(&self) -> Result<()> {
+        for (flag, v) in [("--window-left", self.window_left), ("--window-right", self.window_right)] {
+            if v < -1 {
+                return Err(Error::usage(format!("{flag} {v}: a window bound is >= 0, or -1 for unbounded")));
+            }
+        }
+        if !(self.softcap.is_finite() && self.softcap >= 0.0) {
+            return Err(Error::usage(format!("--softcap {}: must be finite and positive (0 = off)", self.softcap)));
+        }
+        Ok(())
     }
 }
 
@@ -260,6 +300,7 @@ where
         if let Some(msg) = inapplicable(m, run.op) {
             return Err(Error::usage(msg));
         }
+        run.check_variants()?;
     }
     Ok(Parsed::Command(cli.command))
 }
@@ -302,6 +343,15 @@ mod tests {
     }
 
     #[test]
+    fn variant_flags() {
+        let a = run("run --op decode --window-left 255 --window-right=0 --softcap 30 --alibi --sinks");
+        let v = a.variants();
+        assert_eq!((v.window, v.softcap, v.alibi, v.sinks), (Some((255, 0)), Some(30.0), CaseAlibi::PerHead, true));
+        assert!(run("run --causal").variants().is_plain());
+        assert_eq!(run("run --window-right 4").variants().window, Some((-1, 4)));
+    }
+
+    #[test]
     fn help_and_version_print() {
         for line in ["--help", "-h", "run --help", "report --help", "plot --help", "--version", "-V"] {
             assert!(matches!(p(line), Ok(Parsed::Print(_))), "{line}");
@@ -329,6 +379,13 @@ mod tests {
             "run --op decode --causal",
             "run --op decode --seqlen-q 4",
             "run --batch -1",
+            "run --window-left -2",
+            "run --op decode --window-right -5",
+            "run --softcap -1",
+            "run --softcap nan",
+            "run --softcap inf",
+            "run --alibi 3",
+            "report --sinks",
             "plot",
         ] {
             let e = p(line).err().unwrap_or_else(|| panic!("{line}: accepted"));

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use cudarc::driver::CudaStream;
 use fused_attn::decode::cases::{self as dc, DecodeCase};
 use fused_attn::prefill::cases::{self as pc, PrefillCase, PrefillFixture, PrefillOutputs};
+use fused_attn::score_mod::{CaseAlibi, CaseVariants};
 use fused_attn::{cost_model, DType, Element, Error, LaunchCounters, Result};
 use half::{bf16, f16};
 
@@ -44,6 +45,19 @@ pub fn prefill_row(kind: &str, backend: &Backend, c: &PrefillCase, seed: u64) ->
         seqlen_q: c.seqlen_q,
         seqlen_k: c.seqlen_k,
         causal: c.causal,
+        ..variant_fields(&c.variants)
+    }
+}
+
+/// A row's variant fields (the rest default).
+fn variant_fields(v: &CaseVariants) -> Row {
+    let (window_left, window_right) = v.window.unwrap_or((-1, -1));
+    Row {
+        window_left,
+        window_right,
+        softcap: v.softcap.map_or(0.0, f64::from),
+        alibi: v.alibi != CaseAlibi::None,
+        sinks: v.sinks,
         ..Default::default()
     }
 }
@@ -65,7 +79,7 @@ pub fn decode_row(kind: &str, backend: &Backend, c: &DecodeCase, seed: u64) -> R
         causal: false,
         page_size: Some(c.page_size),
         num_splits: c.num_splits,
-        ..Default::default()
+        ..variant_fields(&c.variants)
     }
 }
 

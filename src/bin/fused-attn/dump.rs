@@ -69,7 +69,20 @@ impl Dump {
         self.write("out", &f.o.shape, encode(dt, f.logical_o(out).into_iter()))?;
         let [b, tq, hq, _] = f.q.shape;
         let lse = f.logical_lse(out).unwrap_or_else(|| vec![f32::NAN; b * hq * tq]);
+        self.variants(&f.alibi_slopes, &f.sinks, b, hq)?;
         self.write("lse", &[b, hq, tq], NpyData::F32(lse))
+    }
+
+    /// alibi_slopes.npy ([Hq], or [B, Hq] per sequence) and sinks.npy ([Hq]) float32, when the case has them.
+    fn variants(&self, slopes: &[f32], sinks: &[f32], batch: usize, heads_q: usize) -> Result<()> {
+        if !slopes.is_empty() {
+            let shape = if slopes.len() == heads_q { vec![heads_q] } else { vec![batch, heads_q] };
+            self.write("alibi_slopes", &shape, NpyData::F32(slopes.to_vec()))?;
+        }
+        if !sinks.is_empty() {
+            self.write("sinks", &[heads_q], NpyData::F32(sinks.to_vec()))?;
+        }
+        Ok(())
     }
 
     pub fn decode<T: Element>(&self, r: &DecodeRun<T>) -> Result<()> {
@@ -94,6 +107,7 @@ impl Dump {
         self.write("k", &[b, t, hkv, d], encode(dt, k.into_iter()))?;
         self.write("v", &[b, t, hkv, d], encode(dt, v.into_iter()))?;
         self.write("out", &[b, hq, d], encode(dt, vals(&r.o).into_iter()))?;
+        self.variants(&f.alibi_slopes, &f.sinks, b, hq)?;
         self.write("lse", &[b, hq], NpyData::F32(r.lse.clone()))
     }
 }

@@ -52,6 +52,7 @@ fn run(a: &RunArgs, backend: &Backend, out: &mut Output) -> Result<()> {
                 varlen: None,
                 layout: CaseLayout::Contiguous,
                 with_lse: true,
+                variants: a.variants(),
             };
             cases::run_prefill(backend, &case, a.common.seed, copy, dump.as_ref(), &progress)
         }
@@ -64,6 +65,7 @@ fn run(a: &RunArgs, backend: &Backend, out: &mut Output) -> Result<()> {
                 page_size: a.page_size,
                 seq_lens: vec![a.seqlen_k(); a.batch],
                 num_splits: a.num_splits,
+                variants: a.variants(),
             };
             cases::run_decode(backend, &case, a.common.seed, copy, dump.as_ref(), &progress)
         }

@@ -21,6 +21,15 @@ pub struct Row {
     /// Decode: the longest sequence of the batch.
     pub seqlen_k: usize,
     pub causal: bool,
+    /// Score variants (docs/semantics.md): window bounds (-1 = unbounded), softcap (0 = off), ALiBi with
+    /// the standard slopes, sinks.
+    #[serde(default = "unbounded")]
+    pub window_left: i32,
+    #[serde(default = "unbounded")]
+    pub window_right: i32,
+    pub softcap: f64,
+    pub alibi: bool,
+    pub sinks: bool,
     pub page_size: Option<usize>,
     /// Decode: the split-KV count the launch used.
     pub num_splits: Option<usize>,
@@ -60,6 +69,10 @@ pub struct Row {
     pub date: String,
     /// Per-backend counters (e.g. the emulator's cost counters), when the backend reports any.
     pub counters: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+fn unbounded() -> i32 {
+    -1
 }
 
 /// `Option<f64>` as a JSON number, null, or a string for the non-finite values; reads all three back.

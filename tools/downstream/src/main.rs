@@ -20,7 +20,7 @@ fn main() -> Result<(), fused_attn::Error> {
         &TensorView::host(&v, [b, t, hkv, d])?,
         &mut TensorViewMut::host(&mut o, [b, t, hq, d])?,
         Some(&mut TensorViewMut::host(&mut lse, [b, hq, t])?),
-        &PrefillOptions { causal: true, scale: None },
+        &PrefillOptions { causal: true, scale: None, ..Default::default() },
     )?;
     let f = |x: &[bf16]| x.iter().map(|v| v.to_f64()).collect::<Vec<f64>>();
     let p = Problem::new(b, hq, hkv, t, t, d, true);

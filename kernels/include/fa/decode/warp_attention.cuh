@@ -12,6 +12,7 @@
 #include "fa/decode/traits.cuh"
 #include "fa/intrinsics.cuh"
 #include "fa/namespace.cuh"
+#include "fa/score_mod.cuh"
 
 FA_NAMESPACE_BEGIN
 namespace decode {
@@ -73,6 +74,21 @@ template <class T, int D> struct WarpAttention {
     for (int n = 0; n < 2; ++n)
 #pragma unroll
       for (int c = 0; c < 4; ++c) s[n][c] *= scale_log2;
+  }
+
+  // scores() with softcap and ALiBi (fa/score_mod.cuh), straight to the exp2 domain: slope_log2[r] is row r's
+  // slope, dist0 the distance of the warp's first token from the query's position (seq_len - 1), so token
+  // token0 + i lies at dist0 - i (negative only past the end, where the mask follows).
+  FA_DEVICE void scores_mod(float (&s)[2][4], const unsigned char *k_tile, const ScoreMod &mod,
+                            const float (&slope_log2)[2], int dist0, int lane) const {
+    scores(s, k_tile, 1.0f);
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int dist = dist0 - (8 * n + 2 * (lane & 3) + (c & 1));
+        s[n][c] = mod.apply(s[n][c], slope_log2[c >> 1], dist < 0 ? -dist : dist);
+      }
   }
 
   // Masks tokens at or past `end` (only the last tile of a chunk can hold any) to -inf, before the max.
