@@ -334,7 +334,7 @@ fn check_cu_seqlens(name: &str, cu: &[i32], total: usize, max_seqlen: usize) -> 
             return Err(Error::shape(name, format!("sequence {b} has {len} rows, more than the maximum {max_seqlen}")));
         }
     }
-    let last = *cu.last().unwrap();
+    let last = *cu.last().unwrap(); // ok: cu[0] was read above, so cu is not empty
     if last as u64 > total as u64 {
         return Err(Error::shape(name, format!("ends at {last}, past the {total} packed rows")));
     }
