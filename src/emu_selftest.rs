@@ -631,8 +631,8 @@ pub enum WsGemmBug {
     ShortTx,
 }
 
-/// Tensor maps of the warp-specialised GEMM: A [m][k] in boxes of 128 rows x 64 k; B [n][k] in boxes of
-/// 128 rows x 64 k, or (MN-major) B [k][n] in boxes of 64 k rows x 64 n.
+/// Tensor maps of the warp-specialised GEMM: A `[m][k]` in boxes of 128 rows x 64 k; B `[n][k]` in boxes of
+/// 128 rows x 64 k, or (MN-major) B `[k][n]` in boxes of 64 k rows x 64 n.
 pub fn ws_gemm_map_specs(m: usize, n: usize, k: usize, b_mn_major: bool) -> (TensorMapSpec, TensorMapSpec) {
     let two = |rows: usize, cols: usize, box_cols: u32, box_rows: u32| TensorMapSpec {
         elem_bytes: 2,
@@ -674,8 +674,8 @@ pub fn ws_gemm_params(
     })
 }
 
-/// The warp-specialised TMA + mbarrier + wgmma GEMM on the emulator: c = a · bᵀ (a [m][k], b [n][k]) or,
-/// with `b_mn_major`, c = a · b (b [k][n]); fp32 c [m][n].
+/// The warp-specialised TMA + mbarrier + wgmma GEMM on the emulator: c = a · bᵀ (a `[m][k]`, b `[n][k]`) or,
+/// with `b_mn_major`, c = a · b (b `[k][n]`); fp32 c `[m][n]`.
 pub fn ws_gemm<T: Element>(
     a: &[T],
     b: &[T],

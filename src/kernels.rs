@@ -17,6 +17,7 @@ use crate::error::{Error, ErrorKind, Result};
 
 /// 64-byte aligned storage for an embedded fatbin (the driver reads its headers in place).
 #[repr(C, align(64))]
+#[allow(dead_code)] // unused in builds without kernels (no fatbin to embed)
 pub(crate) struct Aligned<B: ?Sized>(pub B);
 
 include!(concat!(env!("OUT_DIR"), "/fatbins.rs"));
