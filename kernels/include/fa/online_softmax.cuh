@@ -1,4 +1,5 @@
-// Online softmax over mma C fragments in the exp2 domain (FA2, Algorithm 1 with the rescale deferred):
+// Online softmax over mma C fragments in the exp2 domain (FA2, Algorithm 1 with the rescale deferred, and
+// the O rescale skipped for tiles where no row max of the warp moved):
 // each thread owns 2 rows per m16 tile (rows g and g+8 of every fragment, fa/mma_tile.cuh) and keeps, per
 // row, the running max of the RAW scores and a per-thread partial sum of exp2 weights; the partial sums
 // are only combined across the quad at the end (every lane of a quad rescales by the same factor, because
@@ -34,6 +35,8 @@ template <int kMT> struct OnlineSoftmax {
   // into the unnormalised probabilities exp2(s·scale_log2 - m_new·scale_log2) in place.
   template <int kNB, int kDB>
   FA_DEVICE void update(float (&s)[kMT][kNB][4], float (&o)[kMT][kDB][4], float scale_log2) {
+    float alpha[2 * kMT];
+    bool max_moved = false;
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
@@ -45,9 +48,10 @@ template <int kMT> struct OnlineSoftmax {
         m_new = quad_max(m_new);
         const float m_scaled = max_for_exp(m_new * scale_log2);
         // m_old = -inf (nothing seen yet) gives exp2(-inf) = 0: the accumulators are 0 there anyway.
-        const float alpha = fast_exp2(row_max[r] * scale_log2 - m_scaled);
+        alpha[r] = fast_exp2(row_max[r] * scale_log2 - m_scaled);
+        max_moved |= m_new != row_max[r];
         row_max[r] = m_new;
-        float sum = row_sum[r] * alpha;
+        float sum = row_sum[r] * alpha[r];
 #pragma unroll
         for (int nb = 0; nb < kNB; ++nb) {
 #pragma unroll
@@ -58,10 +62,22 @@ template <int kMT> struct OnlineSoftmax {
           }
         }
         row_sum[r] = sum;
+      }
+    }
+    // Lazy rescale: a row whose max did not move has alpha = exp2(0) = 1 exactly (or, still empty, O = 0),
+    // so O only needs its kMT·kDB·4 multiplies when some row of the warp moved. Past the first few tiles
+    // the running max rarely moves (a new record among n keys has probability ~1/n per row), so most tiles
+    // skip them; the result is bit-identical. The vote is warp-uniform, so the branch never diverges.
+    if (warp_any(max_moved)) {
 #pragma unroll
-        for (int db = 0; db < kDB; ++db) {
-          o[mt][db][2 * h] *= alpha;
-          o[mt][db][2 * h + 1] *= alpha;
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+          for (int db = 0; db < kDB; ++db) {
+            o[mt][db][2 * h] *= alpha[2 * mt + h];
+            o[mt][db][2 * h + 1] *= alpha[2 * mt + h];
+          }
         }
       }
     }

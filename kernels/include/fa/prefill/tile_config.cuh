@@ -21,6 +21,21 @@
 //       |         |     |    |        |        | registers with this toolchain
 //   256 | 1       | 64  | 32 | 2      | 96 KiB | O alone is 128 regs at 16 rows/warp; Bc 64 or a third
 //       |         |     |    |        |        | stage would need more than sm_86/89's 99 KiB
+//
+// The d128 key tile, measured (nvcc 13.0, 2026-12-01; ptxas -v and cuobjdump -sass of the d128 kernels,
+// counting the instructions of the mask-free loop per 64 keys):
+//   128 x 32, 3 stages: spill-free; 2 x 572 = 1144 instructions per 64 keys (256 HMMA, 264 FMUL, 72 MUFU,
+//                       96 LDSM, 2 barriers).
+//   128 x 64, 2 stages (the only 64-key shape under 99 KiB): 909 instructions per 64 keys (256 HMMA, 132
+//                       FMUL, 68 MUFU, 80 LDSM, 2 barriers), i.e. ~20% fewer issue slots per key; but ptxas
+//                       spills 40 bytes (sm_80) / 28 bytes (sm_90a) in the plain kernel and 72 bytes in the
+//                       _mod kernel -- mostly sequence offsets parked across the loop, 1-4 local loads per
+//                       tile inside it. Before the lazy O rescale (fa/online_softmax.cuh) it spilled 164
+//                       bytes with 13-14 local loads + 4 stores per tile.
+// FA2 runs 128 x 64 in 255 registers; we have not yet found the ~10 registers our context holds beyond its
+// (tried: 16-bit P before P.V, K/V bases in shared memory, recomputing the sequence offsets for the
+// epilogue -- none removed the spill). Until then d128 keeps the spill-free 128 x 32: the build forbids
+// spills, and the 64-key tile's gain (~20% fewer non-tensor issue slots) is a prediction, not a measurement.
 #pragma once
 
 #include "fa/namespace.cuh"
