@@ -10,6 +10,7 @@
 //! its own shape (convenient, but the split geometry then depends on the batch).
 
 pub mod cases;
+pub mod fp8_cases;
 
 use cudarc::driver::CudaSlice;
 
