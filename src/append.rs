@@ -4,14 +4,14 @@
 use crate::device::Stream;
 use crate::dtype::Element;
 use crate::error::{to_i32, Error, Result};
-use crate::fp8::{self, KvElement};
+use crate::fp8::{self, KvCacheOf};
 use crate::launch::Launch;
 use crate::paged::{abi_cache, PagedKvCacheMut};
 use crate::sys;
 use crate::tensor::TensorView;
 
 /// Validates append arguments; returns the token count.
-pub fn check_append_args<T: Element, C: KvElement>(
+pub fn check_append_args<T: Element, C: KvCacheOf<T>>(
     k: &TensorView<'_, T, 3>,
     v: &TensorView<'_, T, 3>,
     slot_mapping: &TensorView<'_, i64, 1>,
@@ -52,7 +52,7 @@ pub fn check_append_args<T: Element, C: KvElement>(
 /// An FP8 cache (`C` = [`crate::Fp8E4m3`] / [`crate::Fp8E5m2`], scales attached with
 /// [`PagedKvCacheMut::with_scales`]) receives the quantised values: `fp8_rn_satfinite(f32(x) / scale)` with
 /// the head's K or V scale (round to nearest even, saturating to the largest finite value, NaN stays NaN).
-pub fn append<T: Element, C: KvElement>(
+pub fn append<T: Element, C: KvCacheOf<T>>(
     stream: &Stream<'_>,
     k: &TensorView<'_, T, 3>,
     v: &TensorView<'_, T, 3>,

@@ -17,7 +17,7 @@ use cudarc::driver::CudaSlice;
 use crate::device::Stream;
 use crate::dtype::Element;
 use crate::error::{to_i32, Error, ErrorKind, Result};
-use crate::fp8::{self, KvElement};
+use crate::fp8::{self, KvCacheOf};
 use crate::launch::Launch;
 use crate::paged::{abi_cache, PagedKvCache};
 use crate::plan::{DecodePlan, DecodeProblem};
@@ -216,7 +216,7 @@ impl DecodeWorkspace {
 }
 
 /// Validates decode arguments and returns the problem they describe.
-pub fn check_decode_args<T: Element, C: KvElement>(
+pub fn check_decode_args<T: Element, C: KvCacheOf<T>>(
     q: &TensorView<'_, T, 3>,
     cache: &PagedKvCache<'_, C>,
     o: &TensorViewMut<'_, T, 3>,
@@ -265,7 +265,7 @@ pub fn check_decode_args<T: Element, C: KvElement>(
 /// [`PagedKvCache::with_scales`]): attention then uses stored value x scale; q and o stay 16-bit.
 ///
 /// Enqueues on `stream` and returns the plan it followed. Errors name the offending argument.
-pub fn decode<T: Element, C: KvElement>(
+pub fn decode<T: Element, C: KvCacheOf<T>>(
     stream: &Stream<'_>,
     q: &TensorView<'_, T, 3>,
     cache: &PagedKvCache<'_, C>,

@@ -174,6 +174,15 @@ impl KvElement for Fp8E5m2 {
     const KV_DTYPE: KvDType = KvDType::Fp8(Fp8Format::E5m2);
 }
 
+/// A cache element type that serves queries / new tokens of type `T`: `T` itself (a 16-bit cache), or an
+/// FP8 code type (either 16-bit `T`). A 16-bit cache of the other dtype does not compile; and since a 16-bit
+/// cache type has one such `T`, callers' `T` is still inferred from the cache.
+pub trait KvCacheOf<T>: KvElement {}
+impl KvCacheOf<half::f16> for half::f16 {}
+impl KvCacheOf<half::bf16> for half::bf16 {}
+impl<T: crate::dtype::Element> KvCacheOf<T> for Fp8E4m3 {}
+impl<T: crate::dtype::Element> KvCacheOf<T> for Fp8E5m2 {}
+
 /// An FP8 code type: its format and the raw byte.
 pub trait Fp8Element: KvElement {
     const FORMAT: Fp8Format;

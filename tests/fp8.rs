@@ -201,7 +201,7 @@ fn fp8_decode_reads_half_the_bytes() {
     case.base.seq_lens = vec![1000, 999];
     case.base.num_splits = Some(1);
     let f = Fp8Fixture::<f16>::new(&Fp8DecodeCase { base: DecodeCase { dtype: DType::F16, ..case.base.clone() }, ..case }, 1);
-    decode_fp8::<f16, Fp8E4m3>(&stream, &f, None).unwrap();
+    decode_fp8::<f16, Fp8E4m3>(&stream, &f).unwrap();
     let fp8 = emu.last_launch_counters().unwrap();
     let s = &f.sixteen;
     let c = &s.case;
@@ -293,20 +293,7 @@ fn bad_fp8_inputs_are_typed_errors() {
         .err()
         .unwrap();
     assert_eq!(e.kind(), &ErrorKind::Unsupported, "{e}");
-    let k_other: Vec<f16> = s.k_cache.iter().map(|x| f16::from_f32(x.to_f32())).collect();
-    let v_other: Vec<f16> = s.v_cache.iter().map(|x| f16::from_f32(x.to_f32())).collect();
-    let cache_other = PagedKvCache::new(
-        TensorView::host(&k_other, s.cache_shape()).unwrap(),
-        TensorView::host(&v_other, s.cache_shape()).unwrap(),
-        TensorView::host(&s.block_table, [b, s.width]).unwrap(),
-        TensorView::host(&s.seq_lens, [b]).unwrap(),
-        c.max_seq_len(),
-    )
-    .unwrap();
-    let e = decode(&stream, &q, &cache_other, &mut TensorViewMut::host(&mut o, [b, hq, d]).unwrap(), None, &mut ws, &opts)
-        .err()
-        .unwrap();
-    assert_eq!(e.kind(), &ErrorKind::Shape, "{e}");
+    // (A 16-bit cache of the other dtype than q does not compile: KvCacheOf.)
     // An FP8 cache whose rows are not 16-byte multiples (head dim 24: 24 bytes).
     let mut kc = vec![Fp8E5m2(0); 2 * 4 * 24];
     let mut vc = vec![Fp8E5m2(0); 2 * 4 * 24];
@@ -317,23 +304,4 @@ fn bad_fp8_inputs_are_typed_errors() {
     .err()
     .unwrap();
     assert_eq!(e.kind(), &ErrorKind::Alignment, "{e}");
-    // Append of fp16 tokens into an FP8 cache (fine) and of the other 16-bit dtype into a 16-bit cache.
-    let mut k16m = s.k_cache.clone();
-    let mut v16m = s.v_cache.clone();
-    let mut cache16m = PagedKvCacheMut::new(
-        TensorViewMut::host(&mut k16m, s.cache_shape()).unwrap(),
-        TensorViewMut::host(&mut v16m, s.cache_shape()).unwrap(),
-    )
-    .unwrap();
-    let x = vec![f16::ONE; c.heads_kv * c.head_dim];
-    let e = append(
-        &stream,
-        &TensorView::host(&x, [1, c.heads_kv, c.head_dim]).unwrap(),
-        &TensorView::host(&x, [1, c.heads_kv, c.head_dim]).unwrap(),
-        &TensorView::host(&[0i64], [1]).unwrap(),
-        &mut cache16m,
-    )
-    .err()
-    .unwrap();
-    assert_eq!(e.kind(), &ErrorKind::Shape, "{e}");
 }

@@ -9,18 +9,21 @@ use std::sync::Arc;
 use cudarc::driver::CudaStream;
 use half::{bf16, f16};
 
-use super::cases::{evaluate_kv, to_f64, CaseOutcome, DecodeCase, PagedFixture, SWEEP_HEADS, SWEEP_SPLITS};
+use super::cases::{
+    decode_bytes, evaluate_kv, to_f64, CaseOutcome, DecodeCase, DecodeTiming, PagedFixture, SWEEP_HEADS, SWEEP_SPLITS,
+};
 use crate::decode::{decode, DecodeOptions, DecodeWorkspace};
 use crate::dtype::{DType, Element};
 use crate::emu::Emulator;
 use crate::error::Result;
-use crate::fp8::{Fp8E4m3, Fp8E5m2, Fp8Element, Fp8Format, KvScales, ScaleKind};
+use crate::fp8::{Fp8E4m3, Fp8E5m2, Fp8Element, Fp8Format, KvCacheOf, KvScales, ScaleKind};
 use crate::paged::PagedKvCache;
 use crate::plan::DecodePlan;
 use crate::prefill::cases::VariantViews;
 use crate::reference;
 use crate::score_mod::{CaseAlibi, CaseVariants};
 use crate::tensor::{TensorView, TensorViewMut};
+use crate::timing::time_launches;
 use crate::Stream;
 
 /// A decode case over an FP8 cache.
@@ -224,8 +227,8 @@ pub fn check_fp8_case_emulated(emu: &Emulator, case: &Fp8DecodeCase, seed: u64) 
 pub fn run_fp8_case_emulated<T: Element>(emu: &Emulator, case: &Fp8DecodeCase, seed: u64) -> Result<Fp8DecodeRun<T>> {
     let f = Fp8Fixture::<T>::new(case, seed);
     let (o, lse, plan) = match case.format {
-        Fp8Format::E4m3 => decode_fp8::<T, Fp8E4m3>(&Stream::Emu(emu), &f, None)?,
-        Fp8Format::E5m2 => decode_fp8::<T, Fp8E5m2>(&Stream::Emu(emu), &f, None)?,
+        Fp8Format::E4m3 => decode_fp8::<T, Fp8E4m3>(&Stream::Emu(emu), &f)?,
+        Fp8Format::E5m2 => decode_fp8::<T, Fp8E5m2>(&Stream::Emu(emu), &f)?,
     };
     let outcome = judge(&f, seed, plan, &o, &lse)?;
     Ok(Fp8DecodeRun { fixture: f, o, lse, outcome })
@@ -235,20 +238,24 @@ pub fn run_fp8_case_emulated<T: Element>(emu: &Emulator, case: &Fp8DecodeCase, s
 pub fn run_fp8_case_gpu<T: Element>(cu: &Arc<CudaStream>, case: &Fp8DecodeCase, seed: u64) -> Result<Fp8DecodeRun<T>> {
     let f = Fp8Fixture::<T>::new(case, seed);
     let (o, lse, plan) = match case.format {
-        Fp8Format::E4m3 => decode_fp8::<T, Fp8E4m3>(&Stream::Gpu(cu), &f, Some(cu))?,
-        Fp8Format::E5m2 => decode_fp8::<T, Fp8E5m2>(&Stream::Gpu(cu), &f, Some(cu))?,
+        Fp8Format::E4m3 => decode_fp8::<T, Fp8E4m3>(&Stream::Gpu(cu), &f)?,
+        Fp8Format::E5m2 => decode_fp8::<T, Fp8E5m2>(&Stream::Gpu(cu), &f)?,
     };
     let outcome = judge(&f, seed, plan, &o, &lse)?;
     Ok(Fp8DecodeRun { fixture: f, o, lse, outcome })
 }
 
-/// Decodes fixture `f` from its FP8 codes on `stream` (`cu`: the GPU stream when it is one); returns o, lse
-/// and the plan.
-pub fn decode_fp8<T: Element, C: Fp8Element>(
+/// Decodes fixture `f` from its FP8 codes on `stream` (the emulator, or a GPU stream: then uploaded first);
+/// returns o, lse and the plan.
+pub fn decode_fp8<T: Element, C: Fp8Element + KvCacheOf<T>>(
     stream: &Stream<'_>,
     f: &Fp8Fixture<T>,
-    cu: Option<&Arc<CudaStream>>,
 ) -> Result<(Vec<T>, Vec<f32>, DecodePlan)> {
+    if let Stream::Gpu(cu) = stream {
+        let mut g = Fp8GpuCase::<T, C>::upload(cu, f)?;
+        g.run(cu, f)?;
+        return Ok((cu.clone_dtoh(&g.o)?, cu.clone_dtoh(&g.lse)?, g.plan));
+    }
     let s = &f.sixteen;
     let c = &s.case;
     let (b, hq, d) = (c.batch(), c.heads_q, c.head_dim);
@@ -256,65 +263,144 @@ pub fn decode_fp8<T: Element, C: Fp8Element>(
     let k: Vec<C> = f.k_codes.iter().map(|&x| C::from_code(x)).collect();
     let v: Vec<C> = f.v_codes.iter().map(|&x| C::from_code(x)).collect();
     let scales = f.scales(stream)?;
-    let opts0 = DecodeOptions { scale: s.inputs.scale, num_splits: c.num_splits, ..Default::default() };
-    let plan = DecodeWorkspace::new(stream, 0, 0)?.plan(&c.problem(), &opts0)?;
+    let cache = PagedKvCache::new(
+        TensorView::host(&k, shape)?,
+        TensorView::host(&v, shape)?,
+        TensorView::host(&s.block_table, [b, s.width])?,
+        TensorView::host(&s.seq_lens, [b])?,
+        c.max_seq_len(),
+    )?
+    .with_scales(&scales)?;
+    let variants = VariantViews::new(&c.variants, b, hq, |sinks, n| {
+        TensorView::host(&(if sinks { &s.sinks } else { &s.alibi_slopes })[..n], [n])
+    })?;
+    let opts = DecodeOptions {
+        scale: s.inputs.scale,
+        num_splits: c.num_splits,
+        score_mod: variants.score_mod(&c.variants),
+    };
+    let plan = DecodeWorkspace::new(stream, 0, 0)?.plan(&c.problem(), &opts)?;
     let mut ws = DecodeWorkspace::for_plan(stream, &plan)?;
-    match cu {
-        None => {
-            let cache = PagedKvCache::new(
-                TensorView::host(&k, shape)?,
-                TensorView::host(&v, shape)?,
-                TensorView::host(&s.block_table, [b, s.width])?,
-                TensorView::host(&s.seq_lens, [b])?,
-                c.max_seq_len(),
-            )?
-            .with_scales(&scales)?;
-            let variants = VariantViews::new(&c.variants, b, hq, |sinks, n| {
-                TensorView::host(&(if sinks { &s.sinks } else { &s.alibi_slopes })[..n], [n])
-            })?;
-            let opts = DecodeOptions { score_mod: variants.score_mod(&c.variants), ..opts0 };
-            let mut o = vec![T::nan(); b * hq * d];
-            let mut lse = vec![f32::NAN; b * hq];
-            decode(
-                stream,
-                &TensorView::host(&s.q, [b, hq, d])?,
-                &cache,
-                &mut TensorViewMut::host(&mut o, [b, hq, d])?,
-                Some(&mut TensorViewMut::host(&mut lse, [b, hq])?),
-                &mut ws,
-                &opts,
-            )?;
-            Ok((o, lse, plan))
-        }
-        Some(cu) => {
-            let (kd, vd) = (cu.clone_htod(&k)?, cu.clone_htod(&v)?);
-            let (table, lens, q) = (cu.clone_htod(&s.block_table)?, cu.clone_htod(&s.seq_lens)?, cu.clone_htod(&s.q)?);
-            let slopes = cu.clone_htod(&s.alibi_slopes.iter().copied().chain([0.0]).collect::<Vec<_>>())?;
-            let sinks = cu.clone_htod(&s.sinks.iter().copied().chain([0.0]).collect::<Vec<_>>())?;
-            let mut od = cu.clone_htod(&vec![T::nan(); b * hq * d])?;
-            let mut lsed = cu.clone_htod(&vec![f32::NAN; b * hq])?;
-            let cache = PagedKvCache::new(
-                TensorView::gpu(kd.as_view(), shape)?,
-                TensorView::gpu(vd.as_view(), shape)?,
-                TensorView::gpu(table.as_view(), [b, s.width])?,
-                TensorView::gpu(lens.as_view(), [b])?,
-                c.max_seq_len(),
-            )?
-            .with_scales(&scales)?;
-            let variants = VariantViews::new(&c.variants, b, hq, |sink, n| {
-                TensorView::gpu((if sink { &sinks } else { &slopes }).slice(0..n), [n])
-            })?;
-            let opts = DecodeOptions { score_mod: variants.score_mod(&c.variants), ..opts0 };
-            decode(
-                stream,
-                &TensorView::gpu(q.as_view(), [b, hq, d])?,
-                &cache,
-                &mut TensorViewMut::gpu(od.as_view_mut(), [b, hq, d])?,
-                Some(&mut TensorViewMut::gpu(lsed.as_view_mut(), [b, hq])?),
-                &mut ws,
-                &opts,
-            )?;
-            Ok((cu.clone_dtoh(&od)?, cu.clone_dtoh(&lsed)?, plan))
-        }
+    let mut o = vec![T::nan(); b * hq * d];
+    let mut lse = vec![f32::NAN; b * hq];
+    decode(
+        stream,
+        &TensorView::host(&s.q, [b, hq, d])?,
+        &cache,
+        &mut TensorViewMut::host(&mut o, [b, hq, d])?,
+        Some(&mut TensorViewMut::host(&mut lse, [b, hq])?),
+        &mut ws,
+        &opts,
+    )?;
+    Ok((o, lse, plan))
+}
+
+/// An FP8 fixture's data on the GPU, and the workspace for its plan.
+struct Fp8GpuCase<T: Element, C: Fp8Element + KvCacheOf<T>> {
+    k: cudarc::driver::CudaSlice<C>,
+    v: cudarc::driver::CudaSlice<C>,
+    table: cudarc::driver::CudaSlice<i32>,
+    lens: cudarc::driver::CudaSlice<i32>,
+    q: cudarc::driver::CudaSlice<T>,
+    o: cudarc::driver::CudaSlice<T>,
+    lse: cudarc::driver::CudaSlice<f32>,
+    slopes: cudarc::driver::CudaSlice<f32>,
+    sinks: cudarc::driver::CudaSlice<f32>,
+    scales: KvScales,
+    ws: DecodeWorkspace,
+    plan: DecodePlan,
+}
+
+impl<T: Element, C: Fp8Element + KvCacheOf<T>> Fp8GpuCase<T, C> {
+    fn upload(cu: &Arc<CudaStream>, f: &Fp8Fixture<T>) -> Result<Self> {
+        let s = &f.sixteen;
+        let c = &s.case;
+        let (b, hq, d) = (c.batch(), c.heads_q, c.head_dim);
+        let stream = Stream::Gpu(cu);
+        let opts = DecodeOptions { scale: s.inputs.scale, num_splits: c.num_splits, ..Default::default() };
+        let plan = DecodeWorkspace::new(&stream, 0, 0)?.plan(&c.problem(), &opts)?;
+        let k: Vec<C> = f.k_codes.iter().map(|&x| C::from_code(x)).collect();
+        let v: Vec<C> = f.v_codes.iter().map(|&x| C::from_code(x)).collect();
+        Ok(Self {
+            k: cu.clone_htod(&k)?,
+            v: cu.clone_htod(&v)?,
+            table: cu.clone_htod(&s.block_table)?,
+            lens: cu.clone_htod(&s.seq_lens)?,
+            q: cu.clone_htod(&s.q)?,
+            o: cu.clone_htod(&vec![T::nan(); b * hq * d])?,
+            lse: cu.clone_htod(&vec![f32::NAN; b * hq])?,
+            slopes: cu.clone_htod(&s.alibi_slopes.iter().copied().chain([0.0]).collect::<Vec<_>>())?,
+            sinks: cu.clone_htod(&s.sinks.iter().copied().chain([0.0]).collect::<Vec<_>>())?,
+            scales: f.scales(&stream)?,
+            ws: DecodeWorkspace::for_plan(&stream, &plan)?,
+            plan,
+        })
+    }
+
+    fn run(&mut self, cu: &Arc<CudaStream>, f: &Fp8Fixture<T>) -> Result<DecodePlan> {
+        let s = &f.sixteen;
+        let c = &s.case;
+        let (b, hq, d) = (c.batch(), c.heads_q, c.head_dim);
+        let cache = PagedKvCache::new(
+            TensorView::gpu(self.k.as_view(), s.cache_shape())?,
+            TensorView::gpu(self.v.as_view(), s.cache_shape())?,
+            TensorView::gpu(self.table.as_view(), [b, s.width])?,
+            TensorView::gpu(self.lens.as_view(), [b])?,
+            c.max_seq_len(),
+        )?
+        .with_scales(&self.scales)?;
+        let (slopes, sinks) = (&self.slopes, &self.sinks);
+        let variants = VariantViews::new(&c.variants, b, hq, |sink, n| {
+            TensorView::gpu((if sink { sinks } else { slopes }).slice(0..n), [n])
+        })?;
+        let opts = DecodeOptions {
+            scale: s.inputs.scale,
+            num_splits: c.num_splits,
+            score_mod: variants.score_mod(&c.variants),
+        };
+        decode(
+            &Stream::Gpu(cu),
+            &TensorView::gpu(self.q.as_view(), [b, hq, d])?,
+            &cache,
+            &mut TensorViewMut::gpu(self.o.as_view_mut(), [b, hq, d])?,
+            Some(&mut TensorViewMut::gpu(self.lse.as_view_mut(), [b, hq])?),
+            &mut self.ws,
+            &opts,
+        )
+    }
+}
+
+/// Bytes an FP8 decode moves: [`decode_bytes`] with K and V at one byte per element, plus the scales.
+pub fn fp8_decode_bytes(case: &Fp8DecodeCase, plan: &DecodePlan) -> usize {
+    decode_bytes(&case.base, plan) - case.base.kv_bytes() / 2 + 2 * 4 * case.base.heads_kv
+}
+
+/// GPU timing of an FP8 case (decode + merge when split), as [`super::cases::time_case_gpu`].
+pub fn time_fp8_case_gpu(
+    cu: &Arc<CudaStream>,
+    case: &Fp8DecodeCase,
+    seed: u64,
+    warmup: usize,
+    iters: usize,
+) -> Result<DecodeTiming> {
+    fn go<T: Element, C: Fp8Element + KvCacheOf<T>>(
+        cu: &Arc<CudaStream>,
+        case: &Fp8DecodeCase,
+        seed: u64,
+        warmup: usize,
+        iters: usize,
+    ) -> Result<DecodeTiming> {
+        let f = Fp8Fixture::<T>::new(case, seed);
+        let mut g = Fp8GpuCase::<T, C>::upload(cu, &f)?;
+        let plan = g.plan;
+        let timing = time_launches(cu, warmup, iters, |_| g.run(cu, &f).map(|_| ()))?;
+        let bytes = fp8_decode_bytes(case, &plan);
+        Ok(DecodeTiming { timing, plan, bytes, gbps: bytes as f64 / (timing.median_ms * 1e-3) / 1e9 })
+    }
+    match (case.base.dtype, case.format) {
+        (DType::F16, Fp8Format::E4m3) => go::<f16, Fp8E4m3>(cu, case, seed, warmup, iters),
+        (DType::F16, Fp8Format::E5m2) => go::<f16, Fp8E5m2>(cu, case, seed, warmup, iters),
+        (DType::Bf16, Fp8Format::E4m3) => go::<bf16, Fp8E4m3>(cu, case, seed, warmup, iters),
+        (DType::Bf16, Fp8Format::E5m2) => go::<bf16, Fp8E5m2>(cu, case, seed, warmup, iters),
     }
 }
