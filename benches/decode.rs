@@ -56,12 +56,24 @@ struct Row {
 /// distributions (quantised with per-head scales amax / 448).
 trait BenchKv: KvCacheOf<bf16> {
     const NAME: &'static str;
-    fn fill(stream: &std::sync::Arc<cudarc::driver::CudaStream>, buf: &mut CudaSlice<Self>, seed: u64, lo: f64, hi: f64);
+    fn fill(
+        stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+        buf: &mut CudaSlice<Self>,
+        seed: u64,
+        lo: f64,
+        hi: f64,
+    );
     fn scales(stream: &Stream<'_>, hkv: usize) -> Option<KvScales>;
 }
 impl BenchKv for bf16 {
     const NAME: &'static str = "bf16";
-    fn fill(stream: &std::sync::Arc<cudarc::driver::CudaStream>, buf: &mut CudaSlice<Self>, seed: u64, lo: f64, hi: f64) {
+    fn fill(
+        stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+        buf: &mut CudaSlice<Self>,
+        seed: u64,
+        lo: f64,
+        hi: f64,
+    ) {
         support::fill_random(stream, buf, seed, lo, hi);
     }
     fn scales(_: &Stream<'_>, _: usize) -> Option<KvScales> {
@@ -70,7 +82,13 @@ impl BenchKv for bf16 {
 }
 impl BenchKv for Fp8E4m3 {
     const NAME: &'static str = "fp8_e4m3";
-    fn fill(stream: &std::sync::Arc<cudarc::driver::CudaStream>, buf: &mut CudaSlice<Self>, seed: u64, lo: f64, hi: f64) {
+    fn fill(
+        stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+        buf: &mut CudaSlice<Self>,
+        seed: u64,
+        lo: f64,
+        hi: f64,
+    ) {
         let len = buf.len();
         let chunk = len.min(1 << 20);
         let mut rng = fused_attn::seed::rng(seed);

@@ -20,7 +20,10 @@ pub fn check_append_args<T: Element, C: KvCacheOf<T>>(
     let g = cache.geometry();
     fp8::check_cache_dtype::<C>(T::DTYPE, cache.scales, g.heads_kv)?;
     if C::KV_DTYPE.fp8().is_some() && g.head_dim % 16 != 0 {
-        return Err(Error::unsupported("k_cache", format!("head dim {} (an FP8 cache needs a multiple of 16)", g.head_dim)));
+        return Err(Error::unsupported(
+            "k_cache",
+            format!("head dim {} (an FP8 cache needs a multiple of 16)", g.head_dim),
+        ));
     }
     let [num_tokens, heads_kv, head_dim] = k.shape();
     if heads_kv != g.heads_kv || head_dim != g.head_dim {

@@ -740,8 +740,15 @@ pub fn fp8_params(
 pub fn fp8_decode_emulated(format: crate::fp8::Fp8Format, pairs: &[u16], seed: u64) -> Result<Vec<u32>> {
     let mut halves = vec![0u32; pairs.len()];
     let regions = [region(c"codes", pairs), region_mut(c"halves", &mut halves)];
-    let params =
-        fp8_params(format, pairs.as_ptr(), std::ptr::null(), halves.as_mut_ptr(), std::ptr::null_mut(), pairs.len(), false)?;
+    let params = fp8_params(
+        format,
+        pairs.as_ptr(),
+        std::ptr::null(),
+        halves.as_mut_ptr(),
+        std::ptr::null_mut(),
+        pairs.len(),
+        false,
+    )?;
     // SAFETY: every pointer in `params` is one of `regions`' live buffers (or unused and NULL).
     run("selftest_fp8", &regions, seed, |s| unsafe { sys::fa_selftest_fp8(params, s) })?;
     Ok(halves)
@@ -752,7 +759,8 @@ pub fn fp8_encode_emulated(format: crate::fp8::Fp8Format, values: &[f32], seed: 
     let n = values.len() / 2;
     let mut codes = vec![0u16; n];
     let regions = [region(c"values", values), region_mut(c"codes_out", &mut codes)];
-    let params = fp8_params(format, std::ptr::null(), values.as_ptr(), std::ptr::null_mut(), codes.as_mut_ptr(), n, true)?;
+    let params =
+        fp8_params(format, std::ptr::null(), values.as_ptr(), std::ptr::null_mut(), codes.as_mut_ptr(), n, true)?;
     // SAFETY: as above.
     run("selftest_fp8", &regions, seed, |s| unsafe { sys::fa_selftest_fp8(params, s) })?;
     Ok(codes)

@@ -13,8 +13,8 @@ use fused_attn::decode::{DecodeOptions, DecodeWorkspace};
 use fused_attn::emu_selftest;
 use fused_attn::fp8::Fp8Element;
 use fused_attn::{
-    append, decode, DType, Emulator, ErrorKind, Fp8E4m3, Fp8E5m2, Fp8Format, KvScales, PagedKvCache,
-    PagedKvCacheMut, ScaleKind, Stream, TensorView, TensorViewMut,
+    append, decode, DType, Emulator, ErrorKind, Fp8E4m3, Fp8E5m2, Fp8Format, KvScales, PagedKvCache, PagedKvCacheMut,
+    ScaleKind, Stream, TensorView, TensorViewMut,
 };
 use half::{bf16, f16};
 
@@ -200,7 +200,10 @@ fn fp8_decode_reads_half_the_bytes() {
     let mut case = round_trip_case(Fp8Format::E4m3, ScaleKind::PerHead);
     case.base.seq_lens = vec![1000, 999];
     case.base.num_splits = Some(1);
-    let f = Fp8Fixture::<f16>::new(&Fp8DecodeCase { base: DecodeCase { dtype: DType::F16, ..case.base.clone() }, ..case }, 1);
+    let f = Fp8Fixture::<f16>::new(
+        &Fp8DecodeCase { base: DecodeCase { dtype: DType::F16, ..case.base.clone() }, ..case },
+        1,
+    );
     decode_fp8::<f16, Fp8E4m3>(&stream, &f).unwrap();
     let fp8 = emu.last_launch_counters().unwrap();
     let s = &f.sixteen;
@@ -234,6 +237,12 @@ fn fp8_decode_reads_half_the_bytes() {
     let ratio = all8 as f64 / all16 as f64;
     eprintln!("global reads: FP8 {all8} B, 16-bit {all16} B, ratio {ratio:.3}");
     assert!(ratio <= 0.52, "FP8 decode reads {ratio:.3}x the 16-bit decode's bytes");
+    // The FP8 cost model matches the counters (K/V one byte per element, reads within the budget).
+    let plan = fused_attn::DecodePlan::new(&c.problem(), fused_attn::decode::EMULATOR_SM_COUNT, Some(1)).unwrap();
+    let r: std::collections::HashMap<_, _> =
+        fused_attn::cost_model::decode_ratios_fp8(c, &plan, &fp8).unwrap().into_iter().collect();
+    assert_eq!((r["k_read"], r["v_read"], r["mma"]), (1.0, 1.0, 1.0), "{r:?}");
+    assert!(r["read_vs_budget"] <= 1.0, "{r:?}");
 }
 
 #[test]

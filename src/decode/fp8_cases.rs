@@ -210,7 +210,13 @@ fn judge<T: Element>(f: &Fp8Fixture<T>, seed: u64, plan: DecodePlan, o: &[T], ls
     };
     let wide = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>();
     let (slopes, sinks) = (wide(&s.alibi_slopes), wide(&s.sinks));
-    let exact16 = reference::paged_decode_with(c.heads_q, s.scale(), &c.variants.reference(&slopes, &sinks), &to_f64(&s.q), &cache)?;
+    let exact16 = reference::paged_decode_with(
+        c.heads_q,
+        s.scale(),
+        &c.variants.reference(&slopes, &sinks),
+        &to_f64(&s.q),
+        &cache,
+    )?;
     let q = reference::compare(&to_f64(o), &exact16.out, &exact16.out);
     Ok(Fp8Outcome { outcome, quant_max_abs_err: q.max_abs_err, quant_rel_l2_err: q.rel_l2_err })
 }
@@ -274,11 +280,8 @@ pub fn decode_fp8<T: Element, C: Fp8Element + KvCacheOf<T>>(
     let variants = VariantViews::new(&c.variants, b, hq, |sinks, n| {
         TensorView::host(&(if sinks { &s.sinks } else { &s.alibi_slopes })[..n], [n])
     })?;
-    let opts = DecodeOptions {
-        scale: s.inputs.scale,
-        num_splits: c.num_splits,
-        score_mod: variants.score_mod(&c.variants),
-    };
+    let opts =
+        DecodeOptions { scale: s.inputs.scale, num_splits: c.num_splits, score_mod: variants.score_mod(&c.variants) };
     let plan = DecodeWorkspace::new(stream, 0, 0)?.plan(&c.problem(), &opts)?;
     let mut ws = DecodeWorkspace::for_plan(stream, &plan)?;
     let mut o = vec![T::nan(); b * hq * d];
