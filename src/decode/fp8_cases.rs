@@ -100,7 +100,7 @@ fn scales_of<T: Element>(x: &[T], hkv: usize, d: usize, format: Fp8Format, kind:
     amax.iter().map(|&a| ((a * headroom / format.max()) as f32).max(f32::MIN_POSITIVE)).collect()
 }
 
-/// Quantises a 16-bit tensor as the append kernel defines it: fp8_rn_satfinite(f32(x) / scale[h]).
+/// Quantises a 16-bit tensor as the append kernel defines it: `fp8_rn_satfinite(f32(x) / scale[h])`.
 pub fn quantize<T: Element>(x: &[T], hkv: usize, d: usize, format: Fp8Format, scales: &[f32]) -> Vec<u8> {
     x.iter()
         .enumerate()
@@ -111,7 +111,7 @@ pub fn quantize<T: Element>(x: &[T], hkv: usize, d: usize, format: Fp8Format, sc
         .collect()
 }
 
-/// The values attention uses: decode(code) x scale[h] (exact in f64).
+/// The values attention uses: `decode(code) * scale[h]` (exact in f64).
 pub fn dequantize(codes: &[u8], hkv: usize, d: usize, format: Fp8Format, scales: &[f32]) -> Vec<f64> {
     codes
         .iter()
