@@ -2,12 +2,12 @@
 //! through the quantiser) against the Rust model of `fused_attn::fp8`, on the host model and through the
 //! intrinsics on the emulator; the emulated FP8 decode sweep against the fp64 reference over the stored
 //! cache; the append -> decode round trip (append's codes bit for bit the model's); the halved K/V traffic;
-//! bad input -> typed errors.
+//! bad input -> typed errors. On a GPU (skipped visibly without one) the same sweep runs on the hardware.
 mod common;
 
 use fused_attn::decode::cases::DecodeCase;
 use fused_attn::decode::fp8_cases::{
-    check_fp8_case_emulated, decode_fp8, fp8_decode_sweep_emulated, Fp8DecodeCase, Fp8Fixture,
+    check_fp8_case_emulated, decode_fp8, fp8_decode_sweep_emulated, run_fp8_case_gpu, Fp8DecodeCase, Fp8Fixture,
 };
 use fused_attn::decode::{DecodeOptions, DecodeWorkspace};
 use fused_attn::emu_selftest;
@@ -100,6 +100,27 @@ fn emulated_fp8_decode_sweep() {
                 o.summary(),
                 common::rerun("fp8", "emulated_fp8_decode_sweep", Some(i))
             ));
+        }
+    }
+    assert!(failures.is_empty(), "{} failing cases:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// The FP8 sweep on a GPU (skips visibly without one): every case against the fp64 reference over the
+/// stored cache.
+#[test]
+fn gpu_fp8_decode_sweep() {
+    let Some(ctx) = common::gpu_or_skip("fp8::gpu_fp8_decode_sweep") else { return };
+    let cu = ctx.default_stream();
+    let mut failures = Vec::new();
+    for (i, case) in fp8_decode_sweep_emulated().iter().enumerate().filter(|&(i, _)| common::case_selected(i)) {
+        let run = match case.base.dtype {
+            DType::F16 => run_fp8_case_gpu::<f16>(&cu, case, common::case_seed(i)).map(|r| r.outcome),
+            DType::Bf16 => run_fp8_case_gpu::<bf16>(&cu, case, common::case_seed(i)).map(|r| r.outcome),
+        };
+        let o = run.unwrap_or_else(|e| panic!("[{i}] {}: {e}", case.label()));
+        eprintln!("[{i}] {}: {}", case.label(), o.summary());
+        if !o.passed() {
+            failures.push(format!("[{i}] {}: {}", case.label(), o.summary()));
         }
     }
     assert!(failures.is_empty(), "{} failing cases:\n{}", failures.len(), failures.join("\n"));
