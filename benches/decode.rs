@@ -1,5 +1,8 @@
 //! Paged decode bandwidth: bf16, D = 128, Hq = 32 with Hkv = 8 and 4 (GQA 4 and 8), batch {1, 8, 64} x
-//! context {1k, 4k, 32k} tokens x page size {16, 64}; the planner chooses the split.
+//! context {1k, 4k, 32k} tokens x page size {16, 64}; the planner chooses the split. At page size 16 each
+//! shape also runs over an FP8 (E4M3, per-head scales) cache of the same tokens: half the K/V bytes, and the
+//! summary prints its time against the bf16 cache's (the prediction: ~1.9x faster where K/V dominate the
+//! bytes, i.e. everywhere but the smallest, launch-bound shapes).
 //!
 //! Throughput is `Throughput::Bytes(bytes)` with the bytes a decode actually moves
 //! (`fused_attn::decode::cases::decode_bytes`: K and V read once per KV head, Q, O, LSE, and the split
@@ -21,8 +24,13 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use criterion::{BenchmarkId, Throughput};
+use cudarc::driver::CudaSlice;
 use fused_attn::decode::cases::{decode_bytes, DecodeCase};
-use fused_attn::{decode, DType, DecodeOptions, DecodeWorkspace, PagedKvCache, Stream, TensorView, TensorViewMut};
+use fused_attn::fp8::{Fp8Element, KvCacheOf};
+use fused_attn::{
+    decode, DType, DecodeOptions, DecodeWorkspace, Fp8E4m3, Fp8Format, KvScales, PagedKvCache, Stream, TensorView,
+    TensorViewMut,
+};
 use half::bf16;
 use rand::seq::SliceRandom;
 use rand::Rng;
@@ -37,12 +45,72 @@ const MAX_SETS: usize = 64;
 
 struct Row {
     name: String,
+    /// "bf16" or "fp8_e4m3": the cache's element type.
+    kv: &'static str,
     bytes: usize,
     splits: usize,
     ms: Option<f64>,
 }
 
-fn bench_case(
+/// A cache element the bench fills: bf16 values as the 16-bit cache, or the FP8 codes of the same
+/// distributions (quantised with per-head scales amax / 448).
+trait BenchKv: KvCacheOf<bf16> {
+    const NAME: &'static str;
+    fn fill(
+        stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+        buf: &mut CudaSlice<Self>,
+        seed: u64,
+        lo: f64,
+        hi: f64,
+    );
+    fn scales(stream: &Stream<'_>, hkv: usize) -> Option<KvScales>;
+}
+impl BenchKv for bf16 {
+    const NAME: &'static str = "bf16";
+    fn fill(
+        stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+        buf: &mut CudaSlice<Self>,
+        seed: u64,
+        lo: f64,
+        hi: f64,
+    ) {
+        support::fill_random(stream, buf, seed, lo, hi);
+    }
+    fn scales(_: &Stream<'_>, _: usize) -> Option<KvScales> {
+        None
+    }
+}
+impl BenchKv for Fp8E4m3 {
+    const NAME: &'static str = "fp8_e4m3";
+    fn fill(
+        stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+        buf: &mut CudaSlice<Self>,
+        seed: u64,
+        lo: f64,
+        hi: f64,
+    ) {
+        let len = buf.len();
+        let chunk = len.min(1 << 20);
+        let mut rng = fused_attn::seed::rng(seed);
+        let scale = lo.abs().max(hi.abs()) / Fp8Format::E4m3.max();
+        let host: Vec<Fp8E4m3> = (0..chunk)
+            .map(|_| Fp8E4m3::from_code(Fp8Format::E4m3.encode((rng.random_range(lo..hi) / scale) as f32)))
+            .collect();
+        stream.memcpy_htod(&host, &mut buf.slice_mut(0..chunk)).expect("upload");
+        let mut filled = chunk;
+        while filled < len {
+            let n = filled.min(len - filled);
+            let (head, mut tail) = buf.split_at_mut(filled);
+            stream.memcpy_dtod(&head.slice(0..n), &mut tail.slice_mut(0..n)).expect("device copy");
+            filled += n;
+        }
+    }
+    fn scales(stream: &Stream<'_>, hkv: usize) -> Option<KvScales> {
+        Some(KvScales::per_head(stream, &vec![2.0 / 448.0; hkv], &vec![1.5 / 448.0; hkv]).expect("scales"))
+    }
+}
+
+fn bench_case<C: BenchKv>(
     group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
     gpu: &support::Gpu,
     case: &DecodeCase,
@@ -54,15 +122,17 @@ fn bench_case(
     let ctx_len = case.max_seq_len();
     let pages_per_seq = ctx_len.div_ceil(ps);
     let pages_per_set = b * pages_per_seq;
-    let sets = support::rotation_sets(case.kv_bytes(), gpu.l2_bytes, MAX_SETS);
+    let elem = std::mem::size_of::<C>();
+    let sets = support::rotation_sets(case.kv_bytes() * elem / 2, gpu.l2_bytes, MAX_SETS);
     let num_pages = sets * pages_per_set;
     let cache_len = num_pages * ps * hkv * d;
 
     // SAFETY (both): every element is written by fill_random before any launch reads it.
-    let mut k = unsafe { s.alloc::<bf16>(cache_len) }.expect("alloc k cache");
-    let mut v = unsafe { s.alloc::<bf16>(cache_len) }.expect("alloc v cache");
-    support::fill_random(s, &mut k, seed, -2.0, 2.0);
-    support::fill_random(s, &mut v, seed + 1, -0.5, 1.5);
+    let mut k = unsafe { s.alloc::<C>(cache_len) }.expect("alloc k cache");
+    let mut v = unsafe { s.alloc::<C>(cache_len) }.expect("alloc v cache");
+    C::fill(s, &mut k, seed, -2.0, 2.0);
+    C::fill(s, &mut v, seed + 1, -0.5, 1.5);
+    let scales = C::scales(&stream, hkv);
     // One block table per set, each a shuffled permutation of that set's pages.
     let mut rng = fused_attn::seed::rng(seed + 2);
     let mut tables = Vec::with_capacity(sets);
@@ -79,11 +149,12 @@ fn bench_case(
     let opts = DecodeOptions { scale: None, num_splits: case.num_splits, ..Default::default() };
     let plan = DecodeWorkspace::new(&stream, 0, 0).and_then(|w| w.plan(&case.problem(), &opts)).expect("plan");
     let mut ws = DecodeWorkspace::for_plan(&stream, &plan).expect("workspace");
-    let bytes = decode_bytes(case, &plan);
+    // K/V at `elem` bytes per element (decode_bytes counts 2).
+    let bytes = decode_bytes(case, &plan) - case.kv_bytes() + case.kv_bytes() * elem / 2;
     s.synchronize().expect("synchronize");
 
-    let id = format!("Hq{hq}_Hkv{hkv}_page{ps}");
-    let name = format!("B{b} ctx{ctx_len} {id}");
+    let id = format!("Hq{hq}_Hkv{hkv}_page{ps}_{}", C::NAME);
+    let name = format!("B{b} ctx{ctx_len} Hq{hq}_Hkv{hkv}_page{ps}");
     let log = Rc::new(RefCell::new(Vec::new()));
     let mut counter = 0usize;
     group.throughput(Throughput::Bytes(bytes as u64));
@@ -99,6 +170,10 @@ fn bench_case(
                     ctx_len,
                 )
                 .expect("paged cache");
+                let cache = match &scales {
+                    Some(sc) => cache.with_scales(sc).expect("scales"),
+                    None => cache,
+                };
                 decode(
                     &stream,
                     &TensorView::gpu(q.as_view(), [b, hq, d]).expect("q view"),
@@ -114,7 +189,7 @@ fn bench_case(
     });
     s.synchronize().expect("synchronize");
     let ms = support::ms_per_launch(&log.borrow());
-    Row { name, bytes, splits: plan.num_splits, ms }
+    Row { name, kv: C::NAME, bytes, splits: plan.num_splits, ms }
 }
 
 fn main() {
@@ -147,7 +222,10 @@ fn main() {
                         variants: Default::default(),
                     };
                     seed += 3;
-                    rows.push(bench_case(&mut group, &gpu, &case, seed));
+                    rows.push(bench_case::<bf16>(&mut group, &gpu, &case, seed));
+                    if ps == 16 {
+                        rows.push(bench_case::<Fp8E4m3>(&mut group, &gpu, &case, seed));
+                    }
                 }
             }
         }
@@ -157,18 +235,28 @@ fn main() {
 
     println!("\ndecode summary on {} (us per launch over the measurement samples)", gpu.name);
     println!("copy bandwidth ceiling (same run): {copy_gbps:.0} GB/s");
-    println!("{:<32} {:>7} {:>10} {:>9} {:>8} {:>7}", "shape", "splits", "MB moved", "us", "GB/s", "% copy");
-    for r in rows {
+    println!(
+        "{:<32} {:>9} {:>7} {:>10} {:>9} {:>8} {:>7} {:>12}",
+        "shape", "cache", "splits", "MB moved", "us", "GB/s", "% copy", "vs bf16"
+    );
+    for (i, r) in rows.iter().enumerate() {
         let Some(ms) = r.ms else { continue };
         let gbps = r.bytes as f64 / (ms * 1e-3) / 1e9;
+        // An FP8 row follows its shape's bf16 row: the speed-up over it.
+        let speedup = match (r.kv, i.checked_sub(1).map(|j| &rows[j])) {
+            ("fp8_e4m3", Some(prev)) if prev.name == r.name => prev.ms.map(|b| format!("{:.2}x", b / ms)),
+            _ => None,
+        };
         println!(
-            "{:<32} {:>7} {:>10.1} {:>9.2} {:>8.0} {:>6.0}%",
+            "{:<32} {:>9} {:>7} {:>10.1} {:>9.2} {:>8.0} {:>6.0}% {:>12}",
             r.name,
+            r.kv,
             r.splits,
             r.bytes as f64 / 1e6,
             ms * 1e3,
             gbps,
-            100.0 * gbps / copy_gbps
+            100.0 * gbps / copy_gbps,
+            speedup.unwrap_or_default()
         );
     }
 }

@@ -6,6 +6,11 @@
 // One thread per 16-byte chunk of one (token, head) row, for K and V: the copy is a dtype-agnostic move of
 // 16-bit elements, so one kernel serves fp16 and bf16. Consecutive threads take consecutive chunks of a row,
 // then the next head, so both the reads and the (per-row contiguous) writes coalesce.
+//
+// FP8 cache (cache.kv_dtype, issue 17): a second kernel quantises instead, one thread per 16 elements (two
+// 16-byte reads, one 16-byte write): stored = fp8_rn_satfinite(float(x) / scale) with the KV head's scale
+// (abi.h defines it exactly; the GPU and the emulator agree bit for bit: an IEEE division, then the cvt or
+// its model in fa/fp8_model.cuh).
 #include "fa/intrinsics.cuh"
 #include "fa/paged_view.cuh"
 #include "fa/namespace.cuh"
@@ -41,12 +46,74 @@ FA_DEVICE void paged_append_kernel(const FaAppendParams &p) {
   st_global(reinterpret_cast<Vec16 *>(v_dst), ld_global_nc(reinterpret_cast<const Vec16 *>(v)));
 }
 
+// 16 elements of T -> 16 FP8 codes of format F: x / scale in fp32, then round to nearest even, saturating.
+template <class T, Fp8Format F> FA_DEVICE Vec16 quantize16(const Vec16 &a, const Vec16 &b, float scale) {
+  const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+  uint32_t codes[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float x0, x1, x2, x3;
+    unpack2<T>(w[2 * i], x0, x1);
+    unpack2<T>(w[2 * i + 1], x2, x3);
+    codes[i] = (uint32_t)float2_to_fp8x2<F>(div_rn(x0, scale), div_rn(x1, scale)) |
+               (uint32_t)float2_to_fp8x2<F>(div_rn(x2, scale), div_rn(x3, scale)) << 16;
+  }
+  return Vec16{codes[0], codes[1], codes[2], codes[3]};
+}
+
+template <class T, Fp8Format F> FA_DEVICE Vec16 quantize16(const T *src, float scale) {
+  const Vec16 *s = reinterpret_cast<const Vec16 *>(src);
+  return quantize16<T, F>(ld_global_nc(s), ld_global_nc(s + 1), scale);
+}
+
+FA_DEVICE void paged_append_fp8_kernel(const FaAppendParams &p) {
+  const int chunks = p.head_dim / 16;
+  const int64_t per_token = (int64_t)p.heads_kv * chunks;
+  const int64_t item = (int64_t)block_idx().x * kThreads + thread_idx();
+  if (item >= p.num_tokens * per_token) return;
+  const int64_t token = item / per_token;
+  const int h = (int)(item % per_token) / chunks;
+  const int c = (int)(item % per_token) % chunks;
+
+  const int64_t slot = ld_global_nc(p.slot_mapping + token);
+  const int64_t num_slots = (int64_t)p.cache.num_pages << p.cache.log2_page_size;
+  if (slot < 0 || slot >= num_slots) return;
+  const int64_t page = slot >> p.cache.log2_page_size;
+  const int64_t offset = slot & (p.cache.page_size - 1);
+
+  const int64_t k_at = token * p.k_token_stride + h * p.k_head_stride + c * 16;
+  const int64_t v_at = token * p.v_token_stride + h * p.v_head_stride + c * 16;
+  uint8_t *k_dst = static_cast<uint8_t *>(p.cache.k_cache) + page * p.cache.k_page_stride +
+                   offset * p.cache.k_token_stride + h * p.cache.k_head_stride + c * 16;
+  uint8_t *v_dst = static_cast<uint8_t *>(p.cache.v_cache) + page * p.cache.v_page_stride +
+                   offset * p.cache.v_token_stride + h * p.cache.v_head_stride + c * 16;
+  const float ks = ld_global_nc(p.cache.k_scale + (int64_t)h * p.cache.scale_head_stride);
+  const float vs = ld_global_nc(p.cache.v_scale + (int64_t)h * p.cache.scale_head_stride);
+  Vec16 kq, vq;
+  const bool e5m2 = p.cache.kv_dtype == FA_KV_FP8_E5M2;
+  if (p.dtype == FA_DTYPE_BF16) {
+    const bf16_t *k = static_cast<const bf16_t *>(p.k) + k_at;
+    const bf16_t *v = static_cast<const bf16_t *>(p.v) + v_at;
+    kq = e5m2 ? quantize16<bf16_t, Fp8Format::E5M2>(k, ks) : quantize16<bf16_t, Fp8Format::E4M3>(k, ks);
+    vq = e5m2 ? quantize16<bf16_t, Fp8Format::E5M2>(v, vs) : quantize16<bf16_t, Fp8Format::E4M3>(v, vs);
+  } else {
+    const half_t *k = static_cast<const half_t *>(p.k) + k_at;
+    const half_t *v = static_cast<const half_t *>(p.v) + v_at;
+    kq = e5m2 ? quantize16<half_t, Fp8Format::E5M2>(k, ks) : quantize16<half_t, Fp8Format::E4M3>(k, ks);
+    vq = e5m2 ? quantize16<half_t, Fp8Format::E5M2>(v, vs) : quantize16<half_t, Fp8Format::E4M3>(v, vs);
+  }
+  st_global(reinterpret_cast<Vec16 *>(k_dst), kq);
+  st_global(reinterpret_cast<Vec16 *>(v_dst), vq);
+}
+
 } // namespace
 } // namespace append
 FA_NAMESPACE_END
 
 // One kernel for both 16-bit dtypes (a move of 16-bit elements); 256 threads (kThreads), 4 CTAs per SM.
 FA_KERNEL(fa_paged_append, 256, 4, FaAppendParams, fa::append::paged_append_kernel)
+// Quantising append into an FP8 cache: either 16-bit source dtype, either format (run-time branches).
+FA_KERNEL(fa_paged_append_fp8, 256, 4, FaAppendParams, fa::append::paged_append_fp8_kernel)
 
 #if defined(FA_HOST_BUILD)
 static_assert(fa::append::kThreads == 256, "fa_paged_append's launch bounds");
@@ -58,20 +125,30 @@ extern "C" int fa_append(FaAppendParams p, FaExec *exec) {
   if (c.page_size < 1 || c.page_size > 256 || c.page_size != (1 << c.log2_page_size) || c.num_pages < 0)
     return FA_ERR_INVALID;
   if (p.dtype != FA_DTYPE_F16 && p.dtype != FA_DTYPE_BF16) return FA_ERR_UNSUPPORTED;
-  const int64_t items = (int64_t)p.num_tokens * p.heads_kv * (p.head_dim / 8);
+  const bool fp8 = c.kv_dtype == FA_KV_FP8_E4M3 || c.kv_dtype == FA_KV_FP8_E5M2;
+  if (!fp8 && c.kv_dtype != FA_KV_SAME) return FA_ERR_INVALID;
+  if (fp8 && (p.head_dim % 16 != 0 || c.k_scale == nullptr || c.v_scale == nullptr ||
+              ((uintptr_t)c.k_scale & 3u) != 0 || ((uintptr_t)c.v_scale & 3u) != 0 ||
+              (c.scale_head_stride != 0 && c.scale_head_stride != 1)))
+    return FA_ERR_INVALID;
+  const int64_t items = (int64_t)p.num_tokens * p.heads_kv * (p.head_dim / (fp8 ? 16 : 8));
   if (items == 0) return FA_OK;
   // Memory safety: every pointer dereferenced, 16-byte aligned rows (bases and element strides).
   const void *ptrs[] = {p.k, p.v, c.k_cache, c.v_cache};
   for (const void *ptr : ptrs)
     if (ptr == nullptr || ((uintptr_t)ptr & 15u) != 0) return FA_ERR_INVALID;
   if (p.slot_mapping == nullptr || ((uintptr_t)p.slot_mapping & 7u) != 0) return FA_ERR_INVALID;
-  const int64_t strides[] = {p.k_token_stride, p.k_head_stride, p.v_token_stride, p.v_head_stride,
-                             c.k_page_stride, c.k_token_stride, c.k_head_stride, c.v_page_stride,
-                             c.v_token_stride, c.v_head_stride};
+  const int64_t strides[] = {p.k_token_stride, p.k_head_stride, p.v_token_stride, p.v_head_stride};
   for (int64_t s : strides)
     if (s < 0 || s % 8 != 0) return FA_ERR_INVALID;
+  // Cache strides: 16 bytes are 8 16-bit or 16 FP8 elements.
+  const int64_t cache_strides[] = {c.k_page_stride, c.k_token_stride, c.k_head_stride,
+                                   c.v_page_stride, c.v_token_stride, c.v_head_stride};
+  for (int64_t s : cache_strides)
+    if (s < 0 || s % (fp8 ? 16 : 8) != 0) return FA_ERR_INVALID;
   const int64_t blocks = (items + kThreads - 1) / kThreads;
   if (blocks > 0x7fffffff) return FA_ERR_INVALID;
+  if (fp8) return FA_LAUNCH(fa_paged_append_fp8, fa::Dim3{(int)blocks, 1, 1}, kThreads, 0, exec, p);
   return FA_LAUNCH(fa_paged_append, fa::Dim3{(int)blocks, 1, 1}, kThreads, 0, exec, p);
 }
 #endif // FA_HOST_BUILD

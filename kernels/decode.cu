@@ -26,10 +26,17 @@
 // left of the window are never looked up or read. Softcap and ALiBi change every score: the _mod kernels
 // (kVariant) map the scores to the exp2 domain with them. A sink joins the single-split epilogue's sum;
 // under split-KV the merge adds it (once, not per split).
+//
+// FP8 cache (kFp8, issue 17; fa/fp8_tile.cuh): the cp.async path moves the FP8 rows (16 elements per 16-byte
+// chunk) into FP8 stages; after the barrier that publishes tile j, its K and V are converted (exactly) into
+// one 16-bit stage, a second barrier, and the math below runs unchanged on it. The dequantisation scales of
+// this CTA's KV head are folded in: k_scale into the score scale (and ScoreMod's), v_scale into the
+// epilogue's normalisation (so the split partials carry it too).
 #include "fa/attention_state.cuh"
 #include "fa/decode/traits.cuh"
 #include "fa/decode/vec8.cuh"
 #include "fa/decode/warp_attention.cuh"
+#include "fa/fp8_tile.cuh"
 #include "fa/intrinsics.cuh"
 #include "fa/paged_view.cuh"
 #include "fa/score_mod.cuh"
@@ -46,7 +53,7 @@ struct alignas(16) RowOffsets {
   int64_t k, v;
 };
 
-template <class T, int D, bool kVariant> FA_DEVICE void paged_decode_kernel(const FaDecodeParams &p) {
+template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void paged_decode_kernel(const FaDecodeParams &p) {
   using Tr = Traits<D>;
   using Tile = SwizzledTile<D>;
   constexpr int kTileTokens = Tr::kTileTokens;
@@ -105,6 +112,11 @@ template <class T, int D, bool kVariant> FA_DEVICE void paged_decode_kernel(cons
   const int row0 = tid / Tr::kChunksPerRow;
   const T *k_base = static_cast<const T *>(p.cache.k_cache) + kv_head * p.cache.k_head_stride + chunk * 8;
   const T *v_base = static_cast<const T *>(p.cache.v_cache) + kv_head * p.cache.v_head_stride + chunk * 8;
+  // FP8: one byte per element, 16-element chunks.
+  const int chunk8 = tid % Tr::kFp8ChunksPerRow;
+  const int row8 = tid / Tr::kFp8ChunksPerRow;
+  const uint8_t *k8_base = static_cast<const uint8_t *>(p.cache.k_cache) + kv_head * p.cache.k_head_stride + chunk8 * 16;
+  const uint8_t *v8_base = static_cast<const uint8_t *>(p.cache.v_cache) + kv_head * p.cache.v_head_stride + chunk8 * 16;
 
   // Page of row `tid` of tile x (threads < kTileTokens), or kNoPage past the chunk's end.
   auto tile_page = [&](int x) -> int {
@@ -134,7 +146,19 @@ template <class T, int D, bool kVariant> FA_DEVICE void paged_decode_kernel(cons
   // Issues tile x into stage x % kStages (rows without data are zero-filled, never read) and commits one
   // group, empty past the last tile so that the wait counts stay uniform.
   auto issue_tile = [&](int x) {
-    if (x < num_tiles) {
+    if (kFp8 && x < num_tiles) {
+      unsigned char *k_dst = stages + (x % kStages) * Tr::kFp8StageBytes;
+      unsigned char *v_dst = k_dst + Tr::kFp8TileBytes;
+      const RowOffsets *ring = row_ring + (x & 1) * kTileTokens;
+#pragma unroll
+      for (int i = 0; i < Tr::kFp8LoadsPerThread; ++i) {
+        const int row = row8 + i * Tr::kFp8RowsPerPass;
+        const RowOffsets off = ld_shared(ring + row);
+        const bool valid = off.k >= 0;
+        cp_async_cg_16(k_dst + row * D + chunk8 * 16, valid ? k8_base + off.k : k8_base, valid);
+        cp_async_cg_16(v_dst + row * D + chunk8 * 16, valid ? v8_base + off.v : v8_base, valid);
+      }
+    } else if (x < num_tiles) {
       unsigned char *k_dst = stages + (x % kStages) * Tr::kStageBytes;
       unsigned char *v_dst = k_dst + Tr::kTileBytes;
       const RowOffsets *ring = row_ring + (x & 1) * kTileTokens;
@@ -174,10 +198,14 @@ template <class T, int D, bool kVariant> FA_DEVICE void paged_decode_kernel(cons
   WarpAttention<T, D> att;
   att.init(q_smem, warp_token0, col0, lane);
   // kVariant: softcap and ALiBi (slopes of this lane's two rows, the heads head0 + lane/4 (+ 8)).
+  // FP8: this KV head's dequantisation scales, folded into the score scale and the output normalisation.
+  const float k_scale = kFp8 ? kv_scale(p.cache.k_scale, p.cache.scale_head_stride, kv_head) : 1.0f;
+  const float v_scale = kFp8 ? kv_scale(p.cache.v_scale, p.cache.scale_head_stride, kv_head) : 1.0f;
+  const float scale_log2 = kFp8 ? p.scale_log2 * k_scale : p.scale_log2;
   [[maybe_unused]] ScoreMod mod;
   [[maybe_unused]] float slopes[2] = {0.0f, 0.0f};
   if constexpr (kVariant) {
-    mod = ScoreMod::make(p.scale, p.scale_log2, p.score_mod.softcap);
+    mod = ScoreMod::make(kFp8 ? p.scale * k_scale : p.scale, scale_log2, p.score_mod.softcap);
 #pragma unroll
     for (int r = 0; r < 2; ++r)
       if ((lane >> 2) + 8 * r < rows) slopes[r] = alibi_slope_log2(p.score_mod, b, head0 + (lane >> 2) + 8 * r);
@@ -191,13 +219,22 @@ template <class T, int D, bool kVariant> FA_DEVICE void paged_decode_kernel(cons
     const int next_page = tile_page(x + 1); // consumed after the math, so its latency is hidden
 
     const unsigned char *k_tile = stages + (j % kStages) * Tr::kStageBytes;
+    if constexpr (kFp8) { // tile j's FP8 bytes -> the converted 16-bit stage (free: everyone is past tile j-1)
+      const unsigned char *k8 = stages + (j % kStages) * Tr::kFp8StageBytes;
+      unsigned char *k16 = stages + Tr::kFp8ConvertedOffset;
+      convert_fp8_tile<T, Tile, D, kTileTokens>(p.cache.kv_dtype, k8, k16, tid, Tr::kThreads);
+      convert_fp8_tile<T, Tile, D, kTileTokens>(p.cache.kv_dtype, k8 + Tr::kFp8TileBytes, k16 + Tr::kTileBytes, tid,
+                                                Tr::kThreads);
+      sync_threads();
+      k_tile = k16;
+    }
     const unsigned char *v_tile = k_tile + Tr::kTileBytes;
     float s[2][4];
     if constexpr (kVariant) {
       // Distance of this warp's first token of the tile from the query's own position seq_len - 1.
       att.scores_mod(s, k_tile, mod, slopes, seq_len - 1 - (begin + j * kTileTokens + warp_token0), lane);
     } else {
-      att.scores(s, k_tile, p.scale_log2);
+      att.scores(s, k_tile, scale_log2);
     }
     if (j == num_tiles - 1) att.mask_tail(s, begin + j * kTileTokens + warp_token0, end, lane);
     const uint32_t hole_bits = ld_shared(holes + (j % Tr::kHoleSlots) * Tr::kHoleWords + warp_token0 / 32);
@@ -263,7 +300,7 @@ template <class T, int D, bool kVariant> FA_DEVICE void paged_decode_kernel(cons
         acc[4 * h + 3] += w * v.w;
       }
     }
-    const float inv = inv_sum_or_zero(sum);
+    const float inv = kFp8 ? inv_sum_or_zero(sum) * v_scale : inv_sum_or_zero(sum);
 #pragma unroll
     for (int i = 0; i < 8; ++i) acc[i] *= inv;
     const float lse = add_sink && no_key ? sink : lse_from_state(m_max, sum); // no key: exactly the sink
@@ -284,11 +321,14 @@ template <class T, int D, bool kVariant> FA_DEVICE void paged_decode_kernel(cons
 FA_NAMESPACE_END
 
 // One kernel per (dtype, head dim, softcap/ALiBi): 128 threads, 3 CTAs per SM (traits.cuh).
-#define FA_DECODE_KERNEL(name, T, D, kMod)                                                                   \
-  FA_KERNEL(name, 128, 3, FaDecodeParams, (fa::decode::paged_decode_kernel<T, D, kMod>))
+#define FA_DECODE_KERNEL(name, T, D, kMod, kFp8)                                                             \
+  FA_KERNEL(name, 128, 3, FaDecodeParams, (fa::decode::paged_decode_kernel<T, D, kMod, kFp8>))
+// _fp8: an FP8 cache (either format, chosen at run time) under 16-bit queries and outputs.
 #define FA_DECODE_KERNELS(dt, T, D)                                                                          \
-  FA_DECODE_KERNEL(fa_paged_decode_##dt##_d##D, T, D, false)                                                 \
-  FA_DECODE_KERNEL(fa_paged_decode_##dt##_d##D##_mod, T, D, true)
+  FA_DECODE_KERNEL(fa_paged_decode_##dt##_d##D, T, D, false, false)                                          \
+  FA_DECODE_KERNEL(fa_paged_decode_##dt##_d##D##_mod, T, D, true, false)                                     \
+  FA_DECODE_KERNEL(fa_paged_decode_##dt##_d##D##_fp8, T, D, false, true)                                     \
+  FA_DECODE_KERNEL(fa_paged_decode_##dt##_d##D##_fp8_mod, T, D, true, true)
 FA_DECODE_KERNELS(f16, fa::half_t, 64)
 FA_DECODE_KERNELS(f16, fa::half_t, 128)
 FA_DECODE_KERNELS(f16, fa::half_t, 256)
@@ -311,9 +351,13 @@ template <int D> int launch_decode(void (*kernel)(FaDecodeParams), const char *n
 
 #define FA_DECODE_CASE(D, kernel)                                                                            \
   case D:                                                                                                    \
+    if (fp8)                                                                                                 \
+      return mod ? launch_decode<D>(kernel##_fp8_mod, #kernel "_fp8_mod", p, exec)                           \
+                 : launch_decode<D>(kernel##_fp8, #kernel "_fp8", p, exec);                                  \
     return mod ? launch_decode<D>(kernel##_mod, #kernel "_mod", p, exec) : launch_decode<D>(kernel, #kernel, p, exec)
 int dispatch(const FaDecodeParams &p, FaExec *exec) {
   const bool mod = needs_score_mod(p.score_mod);
+  const bool fp8 = p.cache.kv_dtype != FA_KV_SAME;
   if (p.dtype == FA_DTYPE_F16) {
     switch (p.head_dim) {
       FA_DECODE_CASE(64, fa_paged_decode_f16_d64);
@@ -337,6 +381,12 @@ inline bool valid_params(const FaDecodeParams &p) {
   if (p.batch < 0 || p.heads_kv <= 0 || p.heads_q <= 0 || p.heads_q % p.heads_kv != 0) return false;
   if (c.page_size < 1 || c.page_size > 256 || c.page_size != (1 << c.log2_page_size)) return false;
   if (c.max_pages_per_seq < 1 || c.num_pages < 1) return false;
+  const bool fp8 = c.kv_dtype == FA_KV_FP8_E4M3 || c.kv_dtype == FA_KV_FP8_E5M2;
+  if (!fp8 && c.kv_dtype != FA_KV_SAME) return false;
+  // FP8: scales per tensor or per KV head (their values are checked by the Rust layer).
+  if (fp8 && (c.k_scale == nullptr || c.v_scale == nullptr || ((uintptr_t)c.k_scale & 3u) != 0 ||
+              ((uintptr_t)c.v_scale & 3u) != 0 || (c.scale_head_stride != 0 && c.scale_head_stride != 1)))
+    return false;
   if (p.num_splits < 1) return false;
   // Memory safety: every pointer the kernel dereferences (lse is optional).
   if (p.batch > 0 && (p.q == nullptr || p.o == nullptr || c.k_cache == nullptr || c.v_cache == nullptr ||
@@ -345,15 +395,18 @@ inline bool valid_params(const FaDecodeParams &p) {
   if (p.num_splits > 1 && (p.split_tokens <= 0 || p.split_tokens % kSplitGranule != 0 || p.partial_o == nullptr ||
                            p.partial_lse == nullptr))
     return false;
-  // 16-byte cp.async / stores of every row: aligned bases and element strides (16-bit elements: multiples of 8).
+  // 16-byte cp.async / stores of every row: aligned bases and element strides (16-bit elements: multiples of
+  // 8; FP8 cache elements: of 16).
   const void *ptrs[] = {p.q, p.o, c.k_cache, c.v_cache, p.partial_o};
   for (const void *ptr : ptrs)
     if (((uintptr_t)ptr & 15u) != 0) return false;
-  const int64_t strides[] = {p.q_batch_stride, p.q_head_stride, p.o_batch_stride, p.o_head_stride,
-                             c.k_page_stride, c.k_token_stride, c.k_head_stride, c.v_page_stride,
-                             c.v_token_stride, c.v_head_stride};
+  const int64_t strides[] = {p.q_batch_stride, p.q_head_stride, p.o_batch_stride, p.o_head_stride};
   for (int64_t s : strides)
     if (s < 0 || s % 8 != 0) return false;
+  const int64_t cache_strides[] = {c.k_page_stride, c.k_token_stride, c.k_head_stride,
+                                   c.v_page_stride, c.v_token_stride, c.v_head_stride};
+  for (int64_t s : cache_strides)
+    if (s < 0 || s % (fp8 ? 16 : 8) != 0) return false;
   if (((uintptr_t)p.lse & 3u) != 0 || ((uintptr_t)p.partial_lse & 3u) != 0 || p.lse_batch_stride < 0) return false;
   if (((uintptr_t)c.block_table & 3u) != 0 || ((uintptr_t)c.seq_lens & 3u) != 0 || c.block_table_stride < 0)
     return false;

@@ -427,6 +427,22 @@ FA_DEVICE void selftest_bench_kernel(const FaSelftestBenchParams &p) {
   st_global(p.out + block_idx().x * kBlock128 + t, v);
 }
 
+// FP8 conversions (abi.h FaSelftestFp8Params): one item per thread, through exactly the intrinsics the FP8
+// cache kernels use.
+FA_DEVICE void selftest_fp8_kernel(const FaSelftestFp8Params &p) {
+  const int i = block_idx().x * kBlock128 + thread_idx();
+  if (i >= p.n) return;
+  const bool e5m2 = p.kv_dtype == FA_KV_FP8_E5M2;
+  if (p.encode) {
+    const float lo = ld_global(p.values + 2 * i), hi = ld_global(p.values + 2 * i + 1);
+    st_global(p.codes_out + i, e5m2 ? float2_to_fp8x2<Fp8Format::E5M2>(lo, hi)
+                                    : float2_to_fp8x2<Fp8Format::E4M3>(lo, hi));
+  } else {
+    const uint16_t codes = ld_global(p.codes + i);
+    st_global(p.halves + i, e5m2 ? fp8x2_to_half2<Fp8Format::E5M2>(codes) : fp8x2_to_half2<Fp8Format::E4M3>(codes));
+  }
+}
+
 } // namespace
 FA_NAMESPACE_END
 
@@ -453,6 +469,7 @@ FA_KERNEL(fa_bug_spin_wait, fa::kBlock128, 1, FaSelftestBugParams, fa::bug_spin_
 #if defined(FA_HOST_BUILD) // needs a stack frame, which the GPU build rejects
 FA_KERNEL(fa_bug_stack_overflow, fa::kBlock128, 1, FaSelftestBugParams, fa::bug_stack_overflow_kernel)
 #endif
+FA_KERNEL(fa_selftest_fp8_kernel, fa::kBlock128, 1, FaSelftestFp8Params, fa::selftest_fp8_kernel)
 FA_KERNEL(fa_selftest_bench_kernel, fa::kBlock128, 1, FaSelftestBenchParams, fa::selftest_bench_kernel)
 FA_KERNEL(fa_selftest_gemm_f16, fa::kGemmThreads, 1, FaSelftestGemmParams, fa::selftest_gemm_kernel<fa::half_t>)
 FA_KERNEL(fa_selftest_gemm_bf16, fa::kGemmThreads, 1, FaSelftestGemmParams, fa::selftest_gemm_kernel<fa::bf16_t>)
@@ -464,6 +481,14 @@ using namespace fa;
 extern "C" int fa_selftest_mma(FaSelftestMmaParams p, FaExec *exec) {
   if (p.dtype != FA_DTYPE_F16 && p.dtype != FA_DTYPE_BF16) return FA_ERR_INVALID;
   return FA_LAUNCH(fa_selftest_mma_kernel, Dim3{}, kWarpSize, 0, exec, p);
+}
+
+extern "C" int fa_selftest_fp8(FaSelftestFp8Params p, FaExec *exec) {
+  if (p.n < 0 || (p.kv_dtype != FA_KV_FP8_E4M3 && p.kv_dtype != FA_KV_FP8_E5M2)) return FA_ERR_INVALID;
+  if (p.encode ? (p.values == nullptr || p.codes_out == nullptr) : (p.codes == nullptr || p.halves == nullptr))
+    return FA_ERR_INVALID;
+  if (p.n == 0) return FA_OK;
+  return FA_LAUNCH(fa_selftest_fp8_kernel, Dim3{(p.n + kBlock128 - 1) / kBlock128, 1, 1}, kBlock128, 0, exec, p);
 }
 
 extern "C" int fa_selftest_ldmatrix(FaSelftestLdmatrixParams p, FaExec *exec) {

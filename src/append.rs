@@ -4,19 +4,27 @@
 use crate::device::Stream;
 use crate::dtype::Element;
 use crate::error::{to_i32, Error, Result};
+use crate::fp8::{self, KvCacheOf};
 use crate::launch::Launch;
 use crate::paged::{abi_cache, PagedKvCacheMut};
 use crate::sys;
 use crate::tensor::TensorView;
 
 /// Validates append arguments; returns the token count.
-pub fn check_append_args<T>(
+pub fn check_append_args<T: Element, C: KvCacheOf<T>>(
     k: &TensorView<'_, T, 3>,
     v: &TensorView<'_, T, 3>,
     slot_mapping: &TensorView<'_, i64, 1>,
-    cache: &PagedKvCacheMut<'_, T>,
+    cache: &PagedKvCacheMut<'_, C>,
 ) -> Result<usize> {
     let g = cache.geometry();
+    fp8::check_cache_dtype::<C>(T::DTYPE, cache.scales, g.heads_kv)?;
+    if C::KV_DTYPE.fp8().is_some() && g.head_dim % 16 != 0 {
+        return Err(Error::unsupported(
+            "k_cache",
+            format!("head dim {} (an FP8 cache needs a multiple of 16)", g.head_dim),
+        ));
+    }
     let [num_tokens, heads_kv, head_dim] = k.shape();
     if heads_kv != g.heads_kv || head_dim != g.head_dim {
         return Err(Error::shape(
@@ -43,12 +51,16 @@ pub fn check_append_args<T>(
 /// Writes `k[t]`, `v[t]` (`[num_tokens, Hkv, D]`) into cache slot `slot_mapping[t]` (int64,
 /// `page * page_size + offset`). A negative slot is padding and is skipped; so is a slot past the cache
 /// (device data the host does not read; documented in abi.h). Slots must be distinct.
-pub fn append<T: Element>(
+///
+/// An FP8 cache (`C` = [`crate::Fp8E4m3`] / [`crate::Fp8E5m2`], scales attached with
+/// [`PagedKvCacheMut::with_scales`]) receives the quantised values: `fp8_rn_satfinite(f32(x) / scale)` with
+/// the head's K or V scale (round to nearest even, saturating to the largest finite value, NaN stays NaN).
+pub fn append<T: Element, C: KvCacheOf<T>>(
     stream: &Stream<'_>,
     k: &TensorView<'_, T, 3>,
     v: &TensorView<'_, T, 3>,
     slot_mapping: &TensorView<'_, i64, 1>,
-    cache: &mut PagedKvCacheMut<'_, T>,
+    cache: &mut PagedKvCacheMut<'_, C>,
 ) -> Result<()> {
     let num_tokens = check_append_args(k, v, slot_mapping, cache)?;
     if num_tokens == 0 {
@@ -57,12 +69,20 @@ pub fn append<T: Element>(
     let g = cache.geometry();
     let (k_strides, v_strides) = (k.strides(), v.strides());
     let (kc_strides, vc_strides) = (cache.k.strides(), cache.v.strides());
+    let scales = cache.scales;
+    let scales_view = scales.map(|s| s.view()).transpose()?;
     let mut launch = Launch::new(*stream);
+    let scales_ptr = match &scales_view {
+        Some(view) => Some(launch.input(c"kv_scales", view, 4)?),
+        None => None,
+    };
     let k_ptr = launch.input(c"k", k, 16)?;
     let v_ptr = launch.input(c"v", v, 16)?;
     let slots_ptr = launch.input(c"slot_mapping", slot_mapping, 8)?;
     let kc_ptr = launch.output(c"k_cache", &mut cache.k, 16)?;
     let vc_ptr = launch.output(c"v_cache", &mut cache.v, 16)?;
+    let mut cache_abi = abi_cache(&g, kc_strides, vc_strides, (kc_ptr, vc_ptr), None)?;
+    fp8::fill_abi(&mut cache_abi, C::KV_DTYPE, scales.zip(scales_ptr));
     let params = sys::FaAppendParams {
         k: k_ptr,
         v: v_ptr,
@@ -71,7 +91,7 @@ pub fn append<T: Element>(
         k_head_stride: k_strides[1],
         v_token_stride: v_strides[0],
         v_head_stride: v_strides[1],
-        cache: abi_cache(&g, kc_strides, vc_strides, (kc_ptr, vc_ptr), None)?,
+        cache: cache_abi,
         num_tokens: to_i32("num_tokens", num_tokens)?,
         heads_kv: to_i32("heads_kv", g.heads_kv)?,
         head_dim: to_i32("head_dim", g.head_dim)?,

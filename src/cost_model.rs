@@ -146,6 +146,8 @@ pub struct DecodeCost {
     pub block_table_bytes_max: u64,
     /// seq_lens: one read per thread per CTA.
     pub seq_lens_bytes_read: u64,
+    /// FP8 cache: the K and V dequantisation scales of the CTA's KV head, one fp32 each per thread.
+    pub scale_bytes_read: u64,
     /// O (and LSE) written exactly once — by the decode kernel, or by the merge after a split.
     pub o_bytes_written: u64,
     pub lse_bytes_written: u64,
@@ -159,6 +161,18 @@ pub struct DecodeCost {
 
 /// The decode model of `case` under `plan`.
 pub fn decode_cost(case: &DecodeCase, plan: &DecodePlan) -> DecodeCost {
+    decode_cost_kv(case, plan, ELEM)
+}
+
+/// The decode model of `case` over an FP8 cache (K/V one byte per element, plus the scales).
+pub fn decode_cost_fp8(case: &DecodeCase, plan: &DecodePlan) -> DecodeCost {
+    let mut c = decode_cost_kv(case, plan, 1);
+    c.scale_bytes_read = c.ctas * DECODE_THREADS as u64 * 2 * 4;
+    c
+}
+
+/// The decode model with K/V elements of `kv_elem` bytes.
+fn decode_cost_kv(case: &DecodeCase, plan: &DecodePlan, kv_elem: u64) -> DecodeCost {
     let d = case.head_dim as u64;
     let group = case.heads_q / case.heads_kv.max(1);
     let kv_ctas = (case.heads_kv * group.div_ceil(ROWS_PER_CTA)) as u64; // CTAs per (sequence, split)
@@ -176,7 +190,7 @@ pub fn decode_cost(case: &DecodeCase, plan: &DecodePlan) -> DecodeCost {
             table_entries += ((end - begin) + DECODE_STAGES * tile) as u64 * kv_ctas;
             visible += end - begin;
         }
-        c.k_bytes_read += visible as u64 * kv_ctas * d * ELEM;
+        c.k_bytes_read += visible as u64 * kv_ctas * d * kv_elem;
     }
     c.v_bytes_read = c.k_bytes_read;
     c.q_bytes_read = splits * rows * d * ELEM;
@@ -197,7 +211,7 @@ impl DecodeCost {
     /// the tables (block table bound, seq_lens).
     pub fn read_budget(&self) -> f64 {
         1.02 * (self.k_bytes_read + self.v_bytes_read) as f64
-            + (self.q_bytes_read + self.block_table_bytes_max + self.seq_lens_bytes_read) as f64
+            + (self.q_bytes_read + self.block_table_bytes_max + self.seq_lens_bytes_read + self.scale_bytes_read) as f64
     }
 
     /// measured / model for the `paged_decode` kernel's counters (see [`PrefillCost::ratios`]).
@@ -225,6 +239,15 @@ pub fn decode_ratios(
     counters: &LaunchCounters,
 ) -> Option<Vec<(&'static str, f64)>> {
     Some(decode_cost(case, plan).ratios(counters.kernel("paged_decode")?))
+}
+
+/// [`decode_ratios`] for a decode over an FP8 cache ([`decode_cost_fp8`]).
+pub fn decode_ratios_fp8(
+    case: &DecodeCase,
+    plan: &DecodePlan,
+    counters: &LaunchCounters,
+) -> Option<Vec<(&'static str, f64)>> {
+    Some(decode_cost_fp8(case, plan).ratios(counters.kernel("paged_decode")?))
 }
 
 fn ratio(measured: u64, model: u64) -> f64 {

@@ -10,12 +10,14 @@
 //! its own shape (convenient, but the split geometry then depends on the batch).
 
 pub mod cases;
+pub mod fp8_cases;
 
 use cudarc::driver::CudaSlice;
 
 use crate::device::Stream;
 use crate::dtype::Element;
 use crate::error::{to_i32, Error, ErrorKind, Result};
+use crate::fp8::{self, KvCacheOf};
 use crate::launch::Launch;
 use crate::paged::{abi_cache, PagedKvCache};
 use crate::plan::{DecodePlan, DecodeProblem};
@@ -214,14 +216,15 @@ impl DecodeWorkspace {
 }
 
 /// Validates decode arguments and returns the problem they describe.
-pub fn check_decode_args<T>(
+pub fn check_decode_args<T: Element, C: KvCacheOf<T>>(
     q: &TensorView<'_, T, 3>,
-    cache: &PagedKvCache<'_, T>,
+    cache: &PagedKvCache<'_, C>,
     o: &TensorViewMut<'_, T, 3>,
     lse: Option<&TensorViewMut<'_, f32, 2>>,
 ) -> Result<DecodeProblem> {
     let [batch, heads_q, head_dim] = q.shape();
     let g = cache.geometry();
+    fp8::check_cache_dtype::<C>(T::DTYPE, cache.scales, g.heads_kv)?;
     if !DECODE_HEAD_DIMS.contains(&head_dim) {
         return Err(Error::unsupported("q", format!("head dim {head_dim} (decode supports {DECODE_HEAD_DIMS:?})")));
     }
@@ -258,11 +261,14 @@ pub fn check_decode_args<T>(
 ///  - `lse`: optional `[B, Hq]` natural-log LSE (fp32, unit head stride); seq_len 0 gives o = 0, lse = -inf;
 ///  - `workspace`: the split workspace, large enough for the plan (see [`DecodeWorkspace`]).
 ///
+/// The cache may hold FP8 (`C` = [`crate::Fp8E4m3`] / [`crate::Fp8E5m2`], with its scales attached by
+/// [`PagedKvCache::with_scales`]): attention then uses stored value x scale; q and o stay 16-bit.
+///
 /// Enqueues on `stream` and returns the plan it followed. Errors name the offending argument.
-pub fn decode<T: Element>(
+pub fn decode<T: Element, C: KvCacheOf<T>>(
     stream: &Stream<'_>,
     q: &TensorView<'_, T, 3>,
-    cache: &PagedKvCache<'_, T>,
+    cache: &PagedKvCache<'_, C>,
     o: &mut TensorViewMut<'_, T, 3>,
     lse: Option<&mut TensorViewMut<'_, f32, 2>>,
     workspace: &mut DecodeWorkspace,
@@ -283,8 +289,13 @@ pub fn decode<T: Element>(
     let mut partial_o = workspace.partial_o.view(if split { rows * problem.head_dim } else { 0 })?;
     let mut partial_lse = workspace.partial_lse.view(if split { rows } else { 0 })?;
 
+    let scales_view = cache.scales.map(|s| s.view()).transpose()?;
     let mut launch = Launch::new(*stream);
     let score_mod = opts.score_mod.abi(&mut launch, problem.batch, problem.heads_q)?;
+    let scales_ptr = match &scales_view {
+        Some(view) => Some(launch.input(c"kv_scales", view, 4)?),
+        None => None,
+    };
     let q_ptr = launch.input(c"q", q, 16)?;
     let k_ptr = launch.input(c"k_cache", &cache.k, 16)?;
     let v_ptr = launch.input(c"v_cache", &cache.v, 16)?;
@@ -308,13 +319,14 @@ pub fn decode<T: Element>(
         (std::ptr::null_mut(), std::ptr::null_mut())
     };
     let table_strides = cache.block_table.strides();
-    let cache_abi = abi_cache(
+    let mut cache_abi = abi_cache(
         &cache.geometry(),
         cache.k.strides(),
         cache.v.strides(),
         (k_ptr as *mut _, v_ptr as *mut _),
         Some((table_ptr as *const i32, lens_ptr as *const i32, table_strides[0], cache.max_pages_per_seq())),
     )?;
+    fp8::fill_abi(&mut cache_abi, C::KV_DTYPE, cache.scales.zip(scales_ptr));
     let q_strides = q.strides();
     let params = sys::FaDecodeParams {
         q: q_ptr,

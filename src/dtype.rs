@@ -42,9 +42,17 @@ impl DType {
     }
 }
 
-/// A 16-bit element type usable in kernel views.
+/// A 16-bit element type usable in kernel views (and as a 16-bit KV cache's element).
 pub trait Element:
-    Copy + Default + Send + Sync + std::fmt::Debug + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits + 'static
+    crate::fp8::KvCacheOf<Self>
+    + Copy
+    + Default
+    + Send
+    + Sync
+    + std::fmt::Debug
+    + cudarc::driver::DeviceRepr
+    + cudarc::driver::ValidAsZeroBits
+    + 'static
 {
     const DTYPE: DType;
     fn from_f64(x: f64) -> Self;

@@ -696,3 +696,72 @@ pub fn ws_gemm<T: Element>(
     run("selftest_ws_gemm", &regions, seed, |s| unsafe { sys::fa_selftest_ws_gemm(params, s) })?;
     Ok(c)
 }
+
+/// The host build's FP8 scalar model (kernels/include/fa/fp8_model.cuh): codes -> fp16 bits.
+pub fn fp8_to_half_host(format: crate::fp8::Fp8Format, codes: &[u8]) -> Vec<u16> {
+    let mut out = vec![0u16; codes.len()];
+    // SAFETY: both buffers hold codes.len() elements.
+    unsafe { sys::fa_host_fp8_to_half(codes.as_ptr(), out.as_mut_ptr(), codes.len() as i64, format.abi()) };
+    out
+}
+
+/// The host build's FP8 scalar model: fp32 -> codes (round to nearest even, satfinite).
+pub fn float_to_fp8_host(format: crate::fp8::Fp8Format, values: &[f32]) -> Vec<u8> {
+    let mut out = vec![0u8; values.len()];
+    // SAFETY: both buffers hold values.len() elements.
+    unsafe { sys::fa_host_float_to_fp8(values.as_ptr(), out.as_mut_ptr(), values.len() as i64, format.abi()) };
+    out
+}
+
+/// The FP8 self-test kernel's parameters (abi.h FaSelftestFp8Params) over the given buffers: decode when
+/// `values` is empty (`codes` -> `halves`), else encode (`values` pairs -> `codes_out`).
+pub fn fp8_params(
+    format: crate::fp8::Fp8Format,
+    codes: *const u16,
+    values: *const f32,
+    halves: *mut u32,
+    codes_out: *mut u16,
+    n: usize,
+    encode: bool,
+) -> Result<sys::FaSelftestFp8Params> {
+    Ok(sys::FaSelftestFp8Params {
+        codes,
+        values,
+        halves,
+        codes_out,
+        n: to_i32("n", n)?,
+        kv_dtype: format.abi(),
+        encode: i32::from(encode),
+    })
+}
+
+/// FP8 -> fp16 through the intrinsics layer on the emulator, one code pair (low byte first) per item:
+/// returns the packed fp16 pairs.
+pub fn fp8_decode_emulated(format: crate::fp8::Fp8Format, pairs: &[u16], seed: u64) -> Result<Vec<u32>> {
+    let mut halves = vec![0u32; pairs.len()];
+    let regions = [region(c"codes", pairs), region_mut(c"halves", &mut halves)];
+    let params = fp8_params(
+        format,
+        pairs.as_ptr(),
+        std::ptr::null(),
+        halves.as_mut_ptr(),
+        std::ptr::null_mut(),
+        pairs.len(),
+        false,
+    )?;
+    // SAFETY: every pointer in `params` is one of `regions`' live buffers (or unused and NULL).
+    run("selftest_fp8", &regions, seed, |s| unsafe { sys::fa_selftest_fp8(params, s) })?;
+    Ok(halves)
+}
+
+/// fp32 pairs -> FP8 code pairs through the intrinsics layer on the emulator (`values.len()` even).
+pub fn fp8_encode_emulated(format: crate::fp8::Fp8Format, values: &[f32], seed: u64) -> Result<Vec<u16>> {
+    let n = values.len() / 2;
+    let mut codes = vec![0u16; n];
+    let regions = [region(c"values", values), region_mut(c"codes_out", &mut codes)];
+    let params =
+        fp8_params(format, std::ptr::null(), values.as_ptr(), std::ptr::null_mut(), codes.as_mut_ptr(), n, true)?;
+    // SAFETY: as above.
+    run("selftest_fp8", &regions, seed, |s| unsafe { sys::fa_selftest_fp8(params, s) })?;
+    Ok(codes)
+}

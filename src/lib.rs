@@ -45,6 +45,7 @@ pub mod emu;
 #[doc(hidden)]
 pub mod emu_selftest;
 pub mod error;
+pub mod fp8;
 mod kernels;
 mod launch;
 pub mod merge;
@@ -69,6 +70,7 @@ pub use device::{RawStream, Stream};
 pub use dtype::{DType, Element};
 pub use emu::Emulator;
 pub use error::{Error, ErrorKind, Result};
+pub use fp8::{Fp8E4m3, Fp8E5m2, Fp8Format, KvCacheOf, KvDType, KvElement, KvScales, ScaleKind};
 pub use tensor::{TensorView, TensorViewMut};
 
 pub use append::append;

@@ -20,6 +20,7 @@
 
 use crate::device::Stream;
 use crate::error::{to_i32, Error, Result};
+use crate::fp8::KvScales;
 use crate::sys;
 use crate::tensor::{Mem, TensorView, TensorViewMut};
 
@@ -97,15 +98,23 @@ pub(crate) fn abi_cache(
         page_size: to_i32("page_size", g.page_size)?,
         log2_page_size: g.log2_page_size(),
         max_pages_per_seq: to_i32("block_table (max_pages_per_seq)", max_pages)?,
+        // 16-bit; an FP8 cache's fields are set by crate::fp8::fill_abi.
+        kv_dtype: sys::FA_KV_SAME as i32,
+        scale_head_stride: 0,
+        k_scale: std::ptr::null(),
+        v_scale: std::ptr::null(),
     })
 }
 
-/// A read-only paged KV cache with its block table: what decode reads.
+/// A read-only paged KV cache with its block table: what decode reads. `T` is the op's fp16/bf16 type, or an
+/// FP8 code type ([`crate::fp8::Fp8E4m3`], [`crate::fp8::Fp8E5m2`]) whose dequantisation scales are attached
+/// with [`PagedKvCache::with_scales`].
 pub struct PagedKvCache<'a, T> {
     pub(crate) k: TensorView<'a, T, 4>,
     pub(crate) v: TensorView<'a, T, 4>,
     pub(crate) block_table: TensorView<'a, i32, 2>,
     pub(crate) seq_lens: TensorView<'a, i32, 1>,
+    pub(crate) scales: Option<&'a KvScales>,
     geometry: PageGeometry,
     max_seq_len: usize,
 }
@@ -168,7 +177,19 @@ impl<'a, T> PagedKvCache<'a, T> {
             ));
         }
         to_i32("block_table (batch)", batch)?;
-        Ok(Self { k: k_cache, v: v_cache, block_table, seq_lens, geometry, max_seq_len })
+        Ok(Self { k: k_cache, v: v_cache, block_table, seq_lens, scales: None, geometry, max_seq_len })
+    }
+
+    /// Attaches the dequantisation scales of an FP8 cache: one per tensor or one per KV head (else `Shape`).
+    pub fn with_scales(mut self, scales: &'a KvScales) -> Result<Self> {
+        scales.check_heads(self.geometry.heads_kv)?;
+        self.scales = Some(scales);
+        Ok(self)
+    }
+
+    /// The attached FP8 scales, if any.
+    pub fn scales(&self) -> Option<&'a KvScales> {
+        self.scales
     }
 
     pub fn geometry(&self) -> PageGeometry {
@@ -318,6 +339,7 @@ where
 pub struct PagedKvCacheMut<'a, T> {
     pub(crate) k: TensorViewMut<'a, T, 4>,
     pub(crate) v: TensorViewMut<'a, T, 4>,
+    pub(crate) scales: Option<&'a KvScales>,
     geometry: PageGeometry,
 }
 
@@ -330,7 +352,14 @@ impl<'a, T> PagedKvCacheMut<'a, T> {
         if k_cache.is_gpu() != v_cache.is_gpu() {
             return Err(Error::backend("v_cache", "k_cache and v_cache must share a backend"));
         }
-        Ok(Self { k: k_cache, v: v_cache, geometry })
+        Ok(Self { k: k_cache, v: v_cache, scales: None, geometry })
+    }
+
+    /// Attaches the quantisation scales of an FP8 cache (see [`PagedKvCache::with_scales`]).
+    pub fn with_scales(mut self, scales: &'a KvScales) -> Result<Self> {
+        scales.check_heads(self.geometry.heads_kv)?;
+        self.scales = Some(scales);
+        Ok(self)
     }
 
     pub fn geometry(&self) -> PageGeometry {
@@ -344,7 +373,11 @@ impl<'a, T> PagedKvCacheMut<'a, T> {
         seq_lens: TensorView<'b, i32, 1>,
         max_seq_len: usize,
     ) -> Result<PagedKvCache<'b, T>> {
-        PagedKvCache::new(self.k.as_view(), self.v.as_view(), block_table, seq_lens, max_seq_len)
+        let cache = PagedKvCache::new(self.k.as_view(), self.v.as_view(), block_table, seq_lens, max_seq_len)?;
+        match self.scales {
+            Some(s) => cache.with_scales(s),
+            None => Ok(cache),
+        }
     }
 }
 

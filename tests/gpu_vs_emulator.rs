@@ -874,3 +874,180 @@ impl MaxLen for Vec<u8> {
         self
     }
 }
+
+// ------------------------------------------------------------------------------------ FP8 KV cache
+
+/// FP8 conversions on the GPU (the hardware cvt on sm_89+, the software model on sm_80/86) against the
+/// emulator's (the scalar model), bit for bit: all 256 codes of both formats (FP8 -> fp16), every fp16 and
+/// bf16 value through the quantiser (fp32 -> FP8, RN, satfinite), plus infinities and NaNs.
+#[test]
+fn gpu_vs_emu_fp8_conversions() {
+    let Some(ctx) = common::gpu_or_skip("gpu_vs_emulator::gpu_vs_emu_fp8_conversions") else { return };
+    let cu = ctx.default_stream();
+    for format in [fused_attn::Fp8Format::E4m3, fused_attn::Fp8Format::E5m2] {
+        let pairs: Vec<u16> = (0..=255u16).map(|c| c | (((c * 37 + 11) & 0xff) << 8)).collect();
+        let emu = st::fp8_decode_emulated(format, &pairs, seed()).unwrap();
+        let d_pairs = cu.clone_htod(&pairs).unwrap();
+        let d_halves = cu.alloc_zeros::<u32>(pairs.len()).unwrap();
+        let p = st::fp8_params(
+            format,
+            dptr(&cu, &d_pairs) as *const u16,
+            std::ptr::null(),
+            dptr(&cu, &d_halves) as *mut u32,
+            std::ptr::null_mut(),
+            pairs.len(),
+            false,
+        )
+        .unwrap();
+        launch_gpu(&cu, "selftest_fp8", sys::fa_selftest_fp8, p);
+        bitwise(&format!("fp8 {format:?} -> fp16"), &cu.clone_dtoh(&d_halves).unwrap(), &emu);
+
+        let mut x: Vec<f32> = (0..=u16::MAX).map(|b| f16::from_bits(b).to_f32()).collect();
+        x.extend((0..=u16::MAX).map(|b| bf16::from_bits(b).to_f32()));
+        x.extend([f32::INFINITY, f32::NEG_INFINITY, f32::NAN, -f32::NAN]);
+        let emu = st::fp8_encode_emulated(format, &x, seed()).unwrap();
+        let d_x = cu.clone_htod(&x).unwrap();
+        let d_codes = cu.alloc_zeros::<u16>(x.len() / 2).unwrap();
+        let p = st::fp8_params(
+            format,
+            std::ptr::null(),
+            dptr(&cu, &d_x) as *const f32,
+            std::ptr::null_mut(),
+            dptr(&cu, &d_codes) as *mut u16,
+            x.len() / 2,
+            true,
+        )
+        .unwrap();
+        launch_gpu(&cu, "selftest_fp8", sys::fa_selftest_fp8, p);
+        bitwise(&format!("fp32 -> fp8 {format:?}"), &cu.clone_dtoh(&d_codes).unwrap(), &emu);
+    }
+}
+
+/// FP8 decode on both backends (forced splits: the same plan): each passes the tolerance rule against the
+/// fp64 reference over the stored cache, and they agree within the sum of the tolerances (the softmax's
+/// ex2.approx may differ in the last bits, as for 16-bit decode); the share of bit-identical outputs is
+/// printed. The K/V codes the GPU's quantising append writes are compared with the emulator's bit for bit.
+#[test]
+fn gpu_vs_emu_fp8_decode() {
+    use fused_attn::decode::fp8_cases::{run_fp8_case_emulated, run_fp8_case_gpu, Fp8DecodeCase, Fp8Fixture};
+    use fused_attn::{Fp8E4m3, Fp8Format, ScaleKind};
+    let Some(ctx) = common::gpu_or_skip("gpu_vs_emulator::gpu_vs_emu_fp8_decode") else { return };
+    let cu = ctx.default_stream();
+    let emu = Emulator::new();
+    let cases = [
+        (DType::Bf16, Fp8Format::E4m3, ScaleKind::PerHead, 128, (8, 2), Some(1)),
+        (DType::F16, Fp8Format::E5m2, ScaleKind::PerTensor, 64, (20, 1), Some(3)),
+        (DType::Bf16, Fp8Format::E5m2, ScaleKind::PerHead, 256, (16, 2), Some(2)),
+        (DType::F16, Fp8Format::E4m3, ScaleKind::PerTensor, 128, (4, 4), Some(1)),
+    ];
+    for (i, &(dtype, format, scales, d, (hq, hkv), splits)) in cases.iter().enumerate() {
+        let case = Fp8DecodeCase {
+            base: DecodeCase {
+                dtype,
+                head_dim: d,
+                heads_q: hq,
+                heads_kv: hkv,
+                page_size: [16, 1, 256, 8][i],
+                seq_lens: vec![0, 1, 17, 300],
+                num_splits: splits,
+                variants: Default::default(),
+            },
+            format,
+            scales,
+        };
+        let what = format!("fp8 decode {}", case.label());
+        let s = seed() + i as u64;
+        macro_rules! pair {
+            ($t:ty) => {{
+                let g = run_fp8_case_gpu::<$t>(&cu, &case, s).unwrap_or_else(|e| panic!("{what}: GPU: {e}"));
+                let e = run_fp8_case_emulated::<$t>(&emu, &case, s).unwrap_or_else(|e| panic!("{what}: emulator: {e}"));
+                assert_eq!(g.outcome.outcome.plan, e.outcome.outcome.plan, "{what}: plans differ");
+                assert!(g.outcome.passed(), "{what}: GPU: {}", g.outcome.summary());
+                assert!(e.outcome.passed(), "{what}: emulator: {}", e.outcome.summary());
+                let tol = g.outcome.outcome.out.tolerance + e.outcome.outcome.out.tolerance;
+                agree(&format!("{what} O"), &to_f64(&g.o), &to_f64(&e.o), |_| tol);
+                agree(&format!("{what} LSE"), &f32s(&g.lse), &f32s(&e.lse), |_| 1e-3);
+            }};
+        }
+        match dtype {
+            DType::F16 => pair!(f16),
+            DType::Bf16 => pair!(bf16),
+        }
+    }
+
+    // Quantising append: every token of a bf16 fixture into a zeroed E4M3 cache, on both backends.
+    let case = Fp8DecodeCase {
+        base: DecodeCase {
+            dtype: DType::Bf16,
+            head_dim: 128,
+            heads_q: 8,
+            heads_kv: 2,
+            page_size: 16,
+            seq_lens: vec![1, 17, 300],
+            num_splits: Some(1),
+            variants: Default::default(),
+        },
+        format: Fp8Format::E4m3,
+        scales: ScaleKind::PerHead,
+    };
+    let f = Fp8Fixture::<bf16>::new(&case, seed());
+    let sx = &f.sixteen;
+    let row = case.base.heads_kv * case.base.head_dim;
+    let (mut k, mut v, mut slots) = (Vec::new(), Vec::new(), Vec::new());
+    for b in 0..case.base.batch() {
+        for t in 0..case.base.seq_lens[b] {
+            let slot = sx.slot(b, t);
+            k.extend_from_slice(&sx.k_cache[slot * row..][..row]);
+            v.extend_from_slice(&sx.v_cache[slot * row..][..row]);
+            slots.push(slot as i64);
+        }
+    }
+    let n = slots.len();
+    let shape3 = [n, case.base.heads_kv, case.base.head_dim];
+    let (emu_k, emu_v) = {
+        let stream = Stream::Emu(&emu);
+        let scales = f.scales(&stream).unwrap();
+        let (mut kc, mut vc) = (vec![Fp8E4m3(0); f.k_codes.len()], vec![Fp8E4m3(0); f.v_codes.len()]);
+        let mut cache = PagedKvCacheMut::new(
+            TensorViewMut::host(&mut kc, sx.cache_shape()).unwrap(),
+            TensorViewMut::host(&mut vc, sx.cache_shape()).unwrap(),
+        )
+        .unwrap()
+        .with_scales(&scales)
+        .unwrap();
+        append(
+            &stream,
+            &TensorView::host(&k, shape3).unwrap(),
+            &TensorView::host(&v, shape3).unwrap(),
+            &TensorView::host(&slots, [n]).unwrap(),
+            &mut cache,
+        )
+        .unwrap();
+        (kc, vc)
+    };
+    let stream = Stream::Gpu(&cu);
+    let scales = f.scales(&stream).unwrap();
+    let (dk, dv, ds) = (cu.clone_htod(&k).unwrap(), cu.clone_htod(&v).unwrap(), cu.clone_htod(&slots).unwrap());
+    let mut dkc = cu.alloc_zeros::<Fp8E4m3>(f.k_codes.len()).unwrap();
+    let mut dvc = cu.alloc_zeros::<Fp8E4m3>(f.v_codes.len()).unwrap();
+    {
+        let mut cache = PagedKvCacheMut::new(
+            TensorViewMut::gpu(dkc.as_view_mut(), sx.cache_shape()).unwrap(),
+            TensorViewMut::gpu(dvc.as_view_mut(), sx.cache_shape()).unwrap(),
+        )
+        .unwrap()
+        .with_scales(&scales)
+        .unwrap();
+        append(
+            &stream,
+            &TensorView::gpu(dk.as_view(), shape3).unwrap(),
+            &TensorView::gpu(dv.as_view(), shape3).unwrap(),
+            &TensorView::gpu(ds.as_view(), [n]).unwrap(),
+            &mut cache,
+        )
+        .unwrap();
+    }
+    let (gk, gv): (Vec<Fp8E4m3>, Vec<Fp8E4m3>) = (cu.clone_dtoh(&dkc).unwrap(), cu.clone_dtoh(&dvc).unwrap());
+    bitwise("fp8 append K", &gk, &emu_k);
+    bitwise("fp8 append V", &gv, &emu_v);
+}

@@ -429,19 +429,33 @@ impl CaseOutcome {
     }
 }
 
-fn to_f64<T: Element>(x: &[T]) -> Vec<f64> {
+pub(crate) fn to_f64<T: Element>(x: &[T]) -> Vec<f64> {
     x.iter().map(|v| v.to_f64()).collect()
 }
 
 /// Compares a kernel's outputs for fixture `f` with the reference: O under the tolerance rule and the
 /// arithmetic bound ([`reference::compare_bounded`]), LSE within [`lse_tolerance`].
 fn evaluate<T: Element>(f: &PagedFixture<T>, seed: u64, plan: DecodePlan, o: &[T], lse: &[f32]) -> Result<CaseOutcome> {
+    evaluate_kv(f, &to_f64(&f.k_cache), &to_f64(&f.v_cache), seed, plan, o, lse)
+}
+
+/// [`evaluate`] over the cache values `k`, `v` (laid out as the fixture's) instead of the fixture's own: an
+/// FP8 case passes its dequantised cache.
+pub(crate) fn evaluate_kv<T: Element>(
+    f: &PagedFixture<T>,
+    k: &[f64],
+    v: &[f64],
+    seed: u64,
+    plan: DecodePlan,
+    o: &[T],
+    lse: &[f32],
+) -> Result<CaseOutcome> {
     let c = &f.case;
     let scale = f.scale();
-    let (q, k, v) = (to_f64(&f.q), to_f64(&f.k_cache), to_f64(&f.v_cache));
+    let q = to_f64(&f.q);
     let cache = reference::PagedCache {
-        k_cache: &k,
-        v_cache: &v,
+        k_cache: k,
+        v_cache: v,
         num_pages: f.num_pages,
         page_size: c.page_size,
         heads_kv: c.heads_kv,

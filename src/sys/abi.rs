@@ -76,6 +76,10 @@ impl Default for FaPrefillParams {
         }
     }
 }
+pub const FA_KV_SAME: _bindgen_ty_3 = 0;
+pub const FA_KV_FP8_E4M3: _bindgen_ty_3 = 1;
+pub const FA_KV_FP8_E5M2: _bindgen_ty_3 = 2;
+pub type _bindgen_ty_3 = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct FaPagedCache {
@@ -94,6 +98,10 @@ pub struct FaPagedCache {
     pub page_size: i32,
     pub log2_page_size: i32,
     pub max_pages_per_seq: i32,
+    pub kv_dtype: i32,
+    pub scale_head_stride: i32,
+    pub k_scale: *const f32,
+    pub v_scale: *const f32,
 }
 impl Default for FaPagedCache {
     fn default() -> Self {
@@ -163,8 +171,8 @@ impl Default for FaDecodeParams {
         }
     }
 }
-pub const FA_DTYPE_F32: _bindgen_ty_3 = 2;
-pub type _bindgen_ty_3 = ::std::os::raw::c_uint;
+pub const FA_DTYPE_F32: _bindgen_ty_4 = 2;
+pub type _bindgen_ty_4 = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct FaMergeParams {
@@ -216,9 +224,9 @@ impl Default for FaEmuRegion {
         }
     }
 }
-pub const FA_EMU_MAX_REGIONS: _bindgen_ty_4 = 32;
-pub const FA_EMU_MAX_KERNELS: _bindgen_ty_4 = 8;
-pub type _bindgen_ty_4 = ::std::os::raw::c_uint;
+pub const FA_EMU_MAX_REGIONS: _bindgen_ty_5 = 32;
+pub const FA_EMU_MAX_KERNELS: _bindgen_ty_5 = 8;
+pub type _bindgen_ty_5 = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct FaEmuCounters {
@@ -268,12 +276,12 @@ impl Default for FaEmuLaunch {
         }
     }
 }
-pub const FA_EXEC_EMULATE: _bindgen_ty_5 = 0;
-pub const FA_EXEC_RECORD: _bindgen_ty_5 = 1;
-pub type _bindgen_ty_5 = ::std::os::raw::c_uint;
-pub const FA_MAX_LAUNCHES: _bindgen_ty_6 = 4;
-pub const FA_MAX_PARAMS_BYTES: _bindgen_ty_6 = 1024;
+pub const FA_EXEC_EMULATE: _bindgen_ty_6 = 0;
+pub const FA_EXEC_RECORD: _bindgen_ty_6 = 1;
 pub type _bindgen_ty_6 = ::std::os::raw::c_uint;
+pub const FA_MAX_LAUNCHES: _bindgen_ty_7 = 4;
+pub const FA_MAX_PARAMS_BYTES: _bindgen_ty_7 = 1024;
+pub type _bindgen_ty_7 = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct FaKernelLaunch {
@@ -359,13 +367,13 @@ impl Default for FaSelftestLdmatrixParams {
         }
     }
 }
-pub const FA_SELFTEST_SHFL_XOR: _bindgen_ty_7 = 0;
-pub const FA_SELFTEST_SHFL_IDX: _bindgen_ty_7 = 1;
-pub const FA_SELFTEST_BALLOT: _bindgen_ty_7 = 2;
-pub const FA_SELFTEST_ANY: _bindgen_ty_7 = 3;
-pub const FA_SELFTEST_ALL: _bindgen_ty_7 = 4;
-pub const FA_SELFTEST_EXP2: _bindgen_ty_7 = 5;
-pub type _bindgen_ty_7 = ::std::os::raw::c_uint;
+pub const FA_SELFTEST_SHFL_XOR: _bindgen_ty_8 = 0;
+pub const FA_SELFTEST_SHFL_IDX: _bindgen_ty_8 = 1;
+pub const FA_SELFTEST_BALLOT: _bindgen_ty_8 = 2;
+pub const FA_SELFTEST_ANY: _bindgen_ty_8 = 3;
+pub const FA_SELFTEST_ALL: _bindgen_ty_8 = 4;
+pub const FA_SELFTEST_EXP2: _bindgen_ty_8 = 5;
+pub type _bindgen_ty_8 = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct FaSelftestWarpParams {
@@ -420,11 +428,11 @@ impl Default for FaSelftestAtomicParams {
         }
     }
 }
-pub const FA_SELFTEST_BARRIER_PAIRS: _bindgen_ty_8 = 0;
-pub const FA_SELFTEST_BARRIER_CROSS: _bindgen_ty_8 = 1;
-pub const FA_SELFTEST_BARRIER_BLOCK: _bindgen_ty_8 = 2;
-pub const FA_SELFTEST_BARRIER_MISMATCH: _bindgen_ty_8 = 3;
-pub type _bindgen_ty_8 = ::std::os::raw::c_uint;
+pub const FA_SELFTEST_BARRIER_PAIRS: _bindgen_ty_9 = 0;
+pub const FA_SELFTEST_BARRIER_CROSS: _bindgen_ty_9 = 1;
+pub const FA_SELFTEST_BARRIER_BLOCK: _bindgen_ty_9 = 2;
+pub const FA_SELFTEST_BARRIER_MISMATCH: _bindgen_ty_9 = 3;
+pub type _bindgen_ty_9 = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct FaSelftestBarrierParams {
@@ -440,20 +448,20 @@ impl Default for FaSelftestBarrierParams {
         }
     }
 }
-pub const FA_SELFTEST_BUG_MISSING_SYNCTHREADS: _bindgen_ty_9 = 0;
-pub const FA_SELFTEST_BUG_OOB_WRITE: _bindgen_ty_9 = 1;
-pub const FA_SELFTEST_BUG_MISSING_CP_ASYNC_WAIT: _bindgen_ty_9 = 2;
-pub const FA_SELFTEST_BUG_DIVERGENT_BARRIER: _bindgen_ty_9 = 3;
-pub const FA_SELFTEST_BUG_DEADLOCK: _bindgen_ty_9 = 4;
-pub const FA_SELFTEST_BUG_MISALIGNED_16: _bindgen_ty_9 = 5;
-pub const FA_SELFTEST_BUG_STACK_OVERFLOW: _bindgen_ty_9 = 6;
-pub const FA_SELFTEST_BUG_RAW_POINTER: _bindgen_ty_9 = 7;
-pub const FA_SELFTEST_BUG_DIV_BY_ZERO: _bindgen_ty_9 = 8;
-pub const FA_SELFTEST_BUG_STORE_TO_INPUT: _bindgen_ty_9 = 9;
-pub const FA_SELFTEST_BUG_SHARED_OOB: _bindgen_ty_9 = 10;
-pub const FA_SELFTEST_BUG_GLOBAL_AS_SHARED: _bindgen_ty_9 = 11;
-pub const FA_SELFTEST_BUG_SPIN_WAIT: _bindgen_ty_9 = 12;
-pub type _bindgen_ty_9 = ::std::os::raw::c_uint;
+pub const FA_SELFTEST_BUG_MISSING_SYNCTHREADS: _bindgen_ty_10 = 0;
+pub const FA_SELFTEST_BUG_OOB_WRITE: _bindgen_ty_10 = 1;
+pub const FA_SELFTEST_BUG_MISSING_CP_ASYNC_WAIT: _bindgen_ty_10 = 2;
+pub const FA_SELFTEST_BUG_DIVERGENT_BARRIER: _bindgen_ty_10 = 3;
+pub const FA_SELFTEST_BUG_DEADLOCK: _bindgen_ty_10 = 4;
+pub const FA_SELFTEST_BUG_MISALIGNED_16: _bindgen_ty_10 = 5;
+pub const FA_SELFTEST_BUG_STACK_OVERFLOW: _bindgen_ty_10 = 6;
+pub const FA_SELFTEST_BUG_RAW_POINTER: _bindgen_ty_10 = 7;
+pub const FA_SELFTEST_BUG_DIV_BY_ZERO: _bindgen_ty_10 = 8;
+pub const FA_SELFTEST_BUG_STORE_TO_INPUT: _bindgen_ty_10 = 9;
+pub const FA_SELFTEST_BUG_SHARED_OOB: _bindgen_ty_10 = 10;
+pub const FA_SELFTEST_BUG_GLOBAL_AS_SHARED: _bindgen_ty_10 = 11;
+pub const FA_SELFTEST_BUG_SPIN_WAIT: _bindgen_ty_10 = 12;
+pub type _bindgen_ty_10 = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct FaSelftestBugParams {
@@ -472,10 +480,10 @@ impl Default for FaSelftestBugParams {
         }
     }
 }
-pub const FA_SELFTEST_GEMM_CORRECT: _bindgen_ty_10 = 0;
-pub const FA_SELFTEST_GEMM_NO_TRAILING_BARRIER: _bindgen_ty_10 = 1;
-pub const FA_SELFTEST_GEMM_NO_WAIT: _bindgen_ty_10 = 2;
-pub type _bindgen_ty_10 = ::std::os::raw::c_uint;
+pub const FA_SELFTEST_GEMM_CORRECT: _bindgen_ty_11 = 0;
+pub const FA_SELFTEST_GEMM_NO_TRAILING_BARRIER: _bindgen_ty_11 = 1;
+pub const FA_SELFTEST_GEMM_NO_WAIT: _bindgen_ty_11 = 2;
+pub type _bindgen_ty_11 = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct FaSelftestGemmParams {
@@ -498,12 +506,12 @@ impl Default for FaSelftestGemmParams {
         }
     }
 }
-pub const FA_SELFTEST_BENCH_SHFL: _bindgen_ty_11 = 0;
-pub const FA_SELFTEST_BENCH_LDMATRIX: _bindgen_ty_11 = 1;
-pub const FA_SELFTEST_BENCH_MMA: _bindgen_ty_11 = 2;
-pub const FA_SELFTEST_BENCH_SYNCTHREADS: _bindgen_ty_11 = 3;
-pub const FA_SELFTEST_BENCH_SHARED_STORE_LOAD: _bindgen_ty_11 = 4;
-pub type _bindgen_ty_11 = ::std::os::raw::c_uint;
+pub const FA_SELFTEST_BENCH_SHFL: _bindgen_ty_12 = 0;
+pub const FA_SELFTEST_BENCH_LDMATRIX: _bindgen_ty_12 = 1;
+pub const FA_SELFTEST_BENCH_MMA: _bindgen_ty_12 = 2;
+pub const FA_SELFTEST_BENCH_SYNCTHREADS: _bindgen_ty_12 = 3;
+pub const FA_SELFTEST_BENCH_SHARED_STORE_LOAD: _bindgen_ty_12 = 4;
+pub type _bindgen_ty_12 = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct FaSelftestBenchParams {
@@ -521,8 +529,31 @@ impl Default for FaSelftestBenchParams {
         }
     }
 }
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FaSelftestFp8Params {
+    pub codes: *const u16,
+    pub values: *const f32,
+    pub halves: *mut u32,
+    pub codes_out: *mut u16,
+    pub n: i32,
+    pub kv_dtype: i32,
+    pub encode: i32,
+}
+impl Default for FaSelftestFp8Params {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
 unsafe extern "C" {
     pub fn fa_selftest_mma(params: FaSelftestMmaParams, exec: *mut FaExec) -> ::std::os::raw::c_int;
+}
+unsafe extern "C" {
+    pub fn fa_selftest_fp8(params: FaSelftestFp8Params, exec: *mut FaExec) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
     pub fn fa_selftest_ldmatrix(params: FaSelftestLdmatrixParams, exec: *mut FaExec) -> ::std::os::raw::c_int;
@@ -563,8 +594,8 @@ impl Default for FaTensorMap {
         }
     }
 }
-pub const FA_EMU_TENSOR_MAP_MAGIC: _bindgen_ty_12 = 1885433204;
-pub type _bindgen_ty_12 = ::std::os::raw::c_uint;
+pub const FA_EMU_TENSOR_MAP_MAGIC: _bindgen_ty_13 = 1885433204;
+pub type _bindgen_ty_13 = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct FaEmuTensorMap {
@@ -617,9 +648,9 @@ impl Default for FaSelftestWgmmaParams {
         }
     }
 }
-pub const FA_SELFTEST_TMA_LOAD: _bindgen_ty_13 = 0;
-pub const FA_SELFTEST_TMA_STORE: _bindgen_ty_13 = 1;
-pub type _bindgen_ty_13 = ::std::os::raw::c_uint;
+pub const FA_SELFTEST_TMA_LOAD: _bindgen_ty_14 = 0;
+pub const FA_SELFTEST_TMA_STORE: _bindgen_ty_14 = 1;
+pub type _bindgen_ty_14 = ::std::os::raw::c_uint;
 #[repr(C)]
 #[repr(align(64))]
 #[derive(Debug, Copy, Clone)]
@@ -641,30 +672,30 @@ impl Default for FaSelftestTmaParams {
         }
     }
 }
-pub const FA_SM90_BUG_ACC_READ_IN_FLIGHT: _bindgen_ty_14 = 0;
-pub const FA_SM90_BUG_A_WRITE_IN_FLIGHT: _bindgen_ty_14 = 1;
-pub const FA_SM90_BUG_SMEM_WRITE_IN_FLIGHT: _bindgen_ty_14 = 2;
-pub const FA_SM90_BUG_NO_WGMMA_FENCE: _bindgen_ty_14 = 3;
-pub const FA_SM90_BUG_UNCOMMITTED_AT_EXIT: _bindgen_ty_14 = 4;
-pub const FA_SM90_BUG_UNWAITED_AT_EXIT: _bindgen_ty_14 = 5;
-pub const FA_SM90_BUG_MBARRIER_DOUBLE_INIT: _bindgen_ty_14 = 6;
-pub const FA_SM90_BUG_MBARRIER_UNORDERED_INIT: _bindgen_ty_14 = 7;
-pub const FA_SM90_BUG_MBARRIER_PLAIN_ACCESS: _bindgen_ty_14 = 8;
-pub const FA_SM90_BUG_EXPECT_TX_TOO_FEW: _bindgen_ty_14 = 9;
-pub const FA_SM90_BUG_EXPECT_TX_TOO_MANY: _bindgen_ty_14 = 10;
-pub const FA_SM90_BUG_WAITER_BEHIND: _bindgen_ty_14 = 11;
-pub const FA_SM90_BUG_TMA_READ_BEFORE_WAIT: _bindgen_ty_14 = 12;
-pub const FA_SM90_BUG_TMA_INTO_BUSY_STAGE: _bindgen_ty_14 = 13;
-pub const FA_SM90_BUG_EXIT_WITH_TMA_IN_FLIGHT: _bindgen_ty_14 = 14;
-pub const FA_SM90_BUG_MISSING_PROXY_FENCE: _bindgen_ty_14 = 15;
-pub const FA_SM90_BUG_TMA_STORE_NO_FENCE: _bindgen_ty_14 = 16;
-pub const FA_SM90_BUG_TMA_STORE_SRC_OVERWRITE: _bindgen_ty_14 = 17;
-pub const FA_SM90_BUG_SETMAXNREG_EXHAUSTED: _bindgen_ty_14 = 18;
-pub const FA_SM90_BUG_SETMAXNREG_MISUSE: _bindgen_ty_14 = 19;
-pub const FA_SM90_BUG_SMEM_ALIGNMENT_ASSUMED: _bindgen_ty_14 = 20;
-pub const FA_SM90_BUG_BAR_ARRIVE_ORDER: _bindgen_ty_14 = 21;
-pub const FA_SM90_BUG_COUNT: _bindgen_ty_14 = 22;
-pub type _bindgen_ty_14 = ::std::os::raw::c_uint;
+pub const FA_SM90_BUG_ACC_READ_IN_FLIGHT: _bindgen_ty_15 = 0;
+pub const FA_SM90_BUG_A_WRITE_IN_FLIGHT: _bindgen_ty_15 = 1;
+pub const FA_SM90_BUG_SMEM_WRITE_IN_FLIGHT: _bindgen_ty_15 = 2;
+pub const FA_SM90_BUG_NO_WGMMA_FENCE: _bindgen_ty_15 = 3;
+pub const FA_SM90_BUG_UNCOMMITTED_AT_EXIT: _bindgen_ty_15 = 4;
+pub const FA_SM90_BUG_UNWAITED_AT_EXIT: _bindgen_ty_15 = 5;
+pub const FA_SM90_BUG_MBARRIER_DOUBLE_INIT: _bindgen_ty_15 = 6;
+pub const FA_SM90_BUG_MBARRIER_UNORDERED_INIT: _bindgen_ty_15 = 7;
+pub const FA_SM90_BUG_MBARRIER_PLAIN_ACCESS: _bindgen_ty_15 = 8;
+pub const FA_SM90_BUG_EXPECT_TX_TOO_FEW: _bindgen_ty_15 = 9;
+pub const FA_SM90_BUG_EXPECT_TX_TOO_MANY: _bindgen_ty_15 = 10;
+pub const FA_SM90_BUG_WAITER_BEHIND: _bindgen_ty_15 = 11;
+pub const FA_SM90_BUG_TMA_READ_BEFORE_WAIT: _bindgen_ty_15 = 12;
+pub const FA_SM90_BUG_TMA_INTO_BUSY_STAGE: _bindgen_ty_15 = 13;
+pub const FA_SM90_BUG_EXIT_WITH_TMA_IN_FLIGHT: _bindgen_ty_15 = 14;
+pub const FA_SM90_BUG_MISSING_PROXY_FENCE: _bindgen_ty_15 = 15;
+pub const FA_SM90_BUG_TMA_STORE_NO_FENCE: _bindgen_ty_15 = 16;
+pub const FA_SM90_BUG_TMA_STORE_SRC_OVERWRITE: _bindgen_ty_15 = 17;
+pub const FA_SM90_BUG_SETMAXNREG_EXHAUSTED: _bindgen_ty_15 = 18;
+pub const FA_SM90_BUG_SETMAXNREG_MISUSE: _bindgen_ty_15 = 19;
+pub const FA_SM90_BUG_SMEM_ALIGNMENT_ASSUMED: _bindgen_ty_15 = 20;
+pub const FA_SM90_BUG_BAR_ARRIVE_ORDER: _bindgen_ty_15 = 21;
+pub const FA_SM90_BUG_COUNT: _bindgen_ty_15 = 22;
+pub type _bindgen_ty_15 = ::std::os::raw::c_uint;
 #[repr(C)]
 #[repr(align(64))]
 #[derive(Debug, Copy, Clone)]
@@ -684,11 +715,11 @@ impl Default for FaSelftestSm90BugParams {
         }
     }
 }
-pub const FA_SELFTEST_WS_GEMM_CORRECT: _bindgen_ty_15 = 0;
-pub const FA_SELFTEST_WS_GEMM_NO_EMPTY_WAIT: _bindgen_ty_15 = 1;
-pub const FA_SELFTEST_WS_GEMM_EARLY_RELEASE: _bindgen_ty_15 = 2;
-pub const FA_SELFTEST_WS_GEMM_SHORT_TX: _bindgen_ty_15 = 3;
-pub type _bindgen_ty_15 = ::std::os::raw::c_uint;
+pub const FA_SELFTEST_WS_GEMM_CORRECT: _bindgen_ty_16 = 0;
+pub const FA_SELFTEST_WS_GEMM_NO_EMPTY_WAIT: _bindgen_ty_16 = 1;
+pub const FA_SELFTEST_WS_GEMM_EARLY_RELEASE: _bindgen_ty_16 = 2;
+pub const FA_SELFTEST_WS_GEMM_SHORT_TX: _bindgen_ty_16 = 3;
+pub type _bindgen_ty_16 = ::std::os::raw::c_uint;
 #[repr(C)]
 #[repr(align(64))]
 #[derive(Debug, Copy, Clone)]
@@ -729,4 +760,10 @@ unsafe extern "C" {
 }
 unsafe extern "C" {
     pub fn fa_host_16_to_float(in_: *const u16, out: *mut f32, n: i64, dtype: i32);
+}
+unsafe extern "C" {
+    pub fn fa_host_fp8_to_half(in_: *const u8, out: *mut u16, n: i64, kv_dtype: i32);
+}
+unsafe extern "C" {
+    pub fn fa_host_float_to_fp8(in_: *const f32, out: *mut u8, n: i64, kv_dtype: i32);
 }

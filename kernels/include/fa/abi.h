@@ -95,7 +95,16 @@ typedef struct FaPrefillParams {
 /* ---------------------------------------------------------------------------------------------------------
  * Paged KV cache: k_cache / v_cache [num_pages, page_size, Hkv, D]; block_table int32 [B, max_pages_per_seq]
  * (row stride block_table_stride); seq_lens int32 [B]. page_size is a power of two, 1..256.
+ * Element type (kv_dtype): FA_KV_SAME (0, what zero-initialised callers get) is the op's 16-bit dtype;
+ * FA_KV_FP8_E4M3 / FA_KV_FP8_E5M2 store one byte per element (OCP FP8 as CUDA's __nv_fp8_e4m3 / _e5m2;
+ * strides then count bytes). An FP8 cache has dequantisation scales: stored value x scale is the value
+ * attention uses; k_scale / v_scale fp32, one per tensor (scale_head_stride 0: k_scale[0]) or one per KV head
+ * (scale_head_stride 1: k_scale[h], h < Hkv); finite and > 0 (the Rust layer checks). Unused (may be NULL)
+ * for 16-bit caches. Append quantises: stored = fp8_rn_satfinite(float(x) / scale) (fp32 division, correctly
+ * rounded; round to nearest even; |values| past the largest finite one, infinities included, saturate;
+ * NaN -> NaN). FP8 -> 16-bit is exact for both formats.
  * ------------------------------------------------------------------------------------------------------- */
+enum { FA_KV_SAME = 0, FA_KV_FP8_E4M3 = 1, FA_KV_FP8_E5M2 = 2 };
 typedef struct FaPagedCache {
   void *k_cache;
   void *v_cache;
@@ -105,12 +114,17 @@ typedef struct FaPagedCache {
   int64_t v_page_stride, v_token_stride, v_head_stride;
   int64_t block_table_stride;
   int32_t num_pages, page_size, log2_page_size, max_pages_per_seq;
+  int32_t kv_dtype;          /* FA_KV_* */
+  int32_t scale_head_stride; /* FP8: 0 = one scale per tensor, 1 = one per KV head */
+  const float *k_scale;      /* FP8: dequantisation scales (see above) */
+  const float *v_scale;
 } FaPagedCache;
 
 /* Append: write new tokens' K/V ([num_tokens, Hkv, D], head_dim a multiple of 8) into cache slots.
  * slot_mapping int64 [num_tokens]: slot = page * page_size + offset; a negative slot is padding and is
  * skipped, and so is a slot >= num_pages * page_size (device data: clamped, not checked by the host).
- * Slots must be distinct (two tokens writing one slot race). The copy is dtype-agnostic (16-bit elements). */
+ * Slots must be distinct (two tokens writing one slot race). A 16-bit cache gets a dtype-agnostic copy; an FP8
+ * cache (cache.kv_dtype) the quantised values (head_dim then a multiple of 16). */
 typedef struct FaAppendParams {
   const void *k;
   const void *v;
@@ -424,7 +438,22 @@ typedef struct FaSelftestBenchParams {
   int32_t blocks;
 } FaSelftestBenchParams;
 
+/* FP8 conversions of the intrinsics layer, one thread per item (the hardware cvt on sm_89+, the scalar model
+ * of fa/fp8_model.cuh elsewhere): encode == 0: halves[i] = the two fp16 (packed, low = first) of the two
+ * codes codes[i] (low byte = first); encode != 0: codes_out[i] = the two codes of values[2i], values[2i+1].
+ * kv_dtype: FA_KV_FP8_E4M3 or FA_KV_FP8_E5M2. Any number of blocks of 128 threads. */
+typedef struct FaSelftestFp8Params {
+  const uint16_t *codes; /* [n] (decode) */
+  const float *values;   /* [2n] (encode) */
+  uint32_t *halves;      /* [n] (decode) */
+  uint16_t *codes_out;   /* [n] (encode) */
+  int32_t n;
+  int32_t kv_dtype;
+  int32_t encode;
+} FaSelftestFp8Params;
+
 int fa_selftest_mma(FaSelftestMmaParams params, FaExec *exec);
+int fa_selftest_fp8(FaSelftestFp8Params params, FaExec *exec);
 int fa_selftest_ldmatrix(FaSelftestLdmatrixParams params, FaExec *exec);
 int fa_selftest_warp(FaSelftestWarpParams params, FaExec *exec);
 int fa_selftest_cp_async(FaSelftestCpAsyncParams params, FaExec *exec);
@@ -588,6 +617,10 @@ int fa_selftest_ws_gemm(FaSelftestWsGemmParams params, FaExec *exec);
  * implementation. dtype: FA_DTYPE_F16 or FA_DTYPE_BF16. */
 void fa_host_float_to_16(const float *in, uint16_t *out, int64_t n, int32_t dtype);
 void fa_host_16_to_float(const uint16_t *in, float *out, int64_t n, int32_t dtype);
+/* The FP8 scalar model (fa/fp8_model.cuh), likewise: codes -> fp16 bits (exact) and fp32 -> codes (round to
+ * nearest even, satfinite). kv_dtype: FA_KV_FP8_E4M3 or FA_KV_FP8_E5M2. */
+void fa_host_fp8_to_half(const uint8_t *in, uint16_t *out, int64_t n, int32_t kv_dtype);
+void fa_host_float_to_fp8(const float *in, uint8_t *out, int64_t n, int32_t kv_dtype);
 
 #ifdef __cplusplus
 }

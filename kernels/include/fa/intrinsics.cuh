@@ -45,6 +45,7 @@
 #define FA_KERNEL(name, max_threads, min_blocks, Params, body)                                               \
   extern "C" FA_GLOBAL void FA_LAUNCH_BOUNDS(max_threads, min_blocks) name(const Params p) { body(p); }
 #include "fa/namespace.cuh"
+#include "fa/fp8_model.cuh"
 
 FA_NAMESPACE_BEGIN
 
@@ -314,6 +315,43 @@ template <> FA_DEVICE void unpack2<bf16_t>(uint32_t bits, float &lo, float &hi) 
   lo = f.x;
   hi = f.y;
 }
+#endif
+
+// FP8 (fa/fp8_model.cuh defines the results bit for bit). fp8x2_to_half2: two codes (low byte = first element)
+// -> two fp16 packed (low half = first), exact. float2_to_fp8x2: two fp32 -> two codes (low byte = lo), round to
+// nearest even, saturating. sm_89+ (Ada, Hopper): the hardware cvt; below, and in the host build, the model.
+template <Fp8Format F> FA_DEVICE uint32_t fp8x2_to_half2(uint16_t codes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t r;
+  if constexpr (F == Fp8Format::E4M3) {
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(codes));
+  } else {
+    asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(r) : "h"(codes));
+  }
+  return r;
+#else
+  return (uint32_t)fp8_to_half_bits_model<F>((uint8_t)(codes & 0xffu)) |
+         (uint32_t)fp8_to_half_bits_model<F>((uint8_t)(codes >> 8)) << 16;
+#endif
+}
+template <Fp8Format F> FA_DEVICE uint16_t float2_to_fp8x2(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint16_t r;
+  if constexpr (F == Fp8Format::E4M3) {
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo)); // first source: high byte
+  } else {
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  }
+  return r;
+#else
+  return (uint16_t)(fp8_from_float_model<F>(lo) | (uint32_t)fp8_from_float_model<F>(hi) << 8);
+#endif
+}
+// a / b correctly rounded (IEEE), whatever the division flags: FP8 quantisation divides by the scale.
+#if defined(FA_HOST_BUILD)
+FA_DEVICE float div_rn(float a, float b) { return a / b; }
+#else
+FA_DEVICE float div_rn(float a, float b) { return __fdiv_rn(a, b); }
 #endif
 
 FA_NAMESPACE_END

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use fused_attn::score_mod::{CaseAlibi, CaseVariants};
-use fused_attn::{DType, Error, Result};
+use fused_attn::{DType, Error, Fp8Format, KvDType, Result, ScaleKind};
 
 /// The runner's git commit (`git describe` at build time; "unknown" outside a git checkout).
 pub const COMMIT: &str =
@@ -78,6 +78,26 @@ pub enum DTypeArg {
     Fp16,
     #[value(alias = "bfloat16")]
     Bf16,
+}
+
+/// Element type of the paged KV cache.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvDTypeArg {
+    #[value(alias = "f16", alias = "float16")]
+    Fp16,
+    #[value(alias = "bfloat16")]
+    Bf16,
+    #[value(name = "fp8_e4m3", alias = "e4m3")]
+    Fp8E4m3,
+    #[value(name = "fp8_e5m2", alias = "e5m2")]
+    Fp8E5m2,
+}
+
+/// Dequantisation scales of an FP8 cache.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvScaleArg {
+    PerTensor,
+    PerHead,
 }
 
 impl From<DTypeArg> for DType {
@@ -152,6 +172,14 @@ pub struct RunArgs {
     /// Page size of the KV cache, a power of two in 1..=256 [decode only].
     #[arg(long, default_value_t = 16, value_name = "N")]
     pub page_size: usize,
+    /// Element type of the KV cache [decode only] [default: --dtype]. FP8 caches hold the 16-bit cache
+    /// quantised with calibrated scales (amax / the format's max); q and the output stay --dtype.
+    #[arg(long, value_enum, value_name = "TYPE")]
+    pub kv_dtype: Option<KvDTypeArg>,
+    /// FP8 dequantisation scales: one per tensor or one per KV head (K and V separately) [decode, FP8
+    /// --kv-dtype only].
+    #[arg(long, value_enum, default_value_t = KvScaleArg::PerTensor, value_name = "KIND")]
+    pub kv_scale: KvScaleArg,
     /// Force the split-KV count [decode only] [default: the planner's choice].
     #[arg(long, value_name = "N")]
     pub num_splits: Option<usize>,
@@ -217,6 +245,36 @@ impl RunArgs {
             sinks: self.sinks,
         }
     }
+    /// The cache's element type: --kv-dtype, or --dtype.
+    pub fn kv_dtype(&self) -> KvDType {
+        match self.kv_dtype {
+            None => KvDType::Sixteen(self.dtype.into()),
+            Some(KvDTypeArg::Fp16) => KvDType::Sixteen(DType::F16),
+            Some(KvDTypeArg::Bf16) => KvDType::Sixteen(DType::Bf16),
+            Some(KvDTypeArg::Fp8E4m3) => KvDType::Fp8(Fp8Format::E4m3),
+            Some(KvDTypeArg::Fp8E5m2) => KvDType::Fp8(Fp8Format::E5m2),
+        }
+    }
+    pub fn kv_scale(&self) -> ScaleKind {
+        match self.kv_scale {
+            KvScaleArg::PerTensor => ScaleKind::PerTensor,
+            KvScaleArg::PerHead => ScaleKind::PerHead,
+        }
+    }
+    /// A 16-bit cache is the queries' dtype; scales apply to FP8 caches only.
+    fn check_kv(&self, m: &ArgMatches) -> Result<()> {
+        match self.kv_dtype() {
+            KvDType::Sixteen(d) if d != DType::from(self.dtype) => Err(Error::usage(format!(
+                "--kv-dtype {}: a 16-bit cache has the queries' dtype (--dtype {}); FP8 caches are fp8_e4m3 / fp8_e5m2",
+                d.name(),
+                DType::from(self.dtype).name()
+            ))),
+            KvDType::Sixteen(_) if m.value_source("kv_scale") == Some(ValueSource::CommandLine) => {
+                Err(Error::usage("--kv-scale applies to FP8 caches (--kv-dtype fp8_e4m3 / fp8_e5m2) only"))
+            }
+            _ => Ok(()),
+        }
+    }
     /// The checks clap cannot express on the variant flags.
     fn check_variants(&self) -> Result<()> {
         for (flag, v) in [("--window-left", self.window_left), ("--window-right", self.window_right)] {
@@ -232,11 +290,13 @@ impl RunArgs {
 }
 
 /// Flags that apply to one op only, by clap id: (id, flag, the op it applies to, why).
-const OP_ONLY: [(&str, &str, Op, &str); 4] = [
+const OP_ONLY: [(&str, &str, Op, &str); 6] = [
     ("seqlen_q", "--seqlen-q", Op::Prefill, "decode is one query token per sequence; --seqlen-k sets the context"),
     ("causal", "--causal", Op::Prefill, "a decode token attends to its whole cache"),
     ("page_size", "--page-size", Op::Decode, "prefill reads contiguous K/V, not a paged cache"),
     ("num_splits", "--num-splits", Op::Decode, "prefill does not split the KV range"),
+    ("kv_dtype", "--kv-dtype", Op::Decode, "prefill reads contiguous 16-bit K/V, not a paged cache"),
+    ("kv_scale", "--kv-scale", Op::Decode, "prefill reads contiguous 16-bit K/V, not a paged cache"),
 ];
 
 /// A flag the user gave for an op it does not apply to.
@@ -301,6 +361,7 @@ where
             return Err(Error::usage(msg));
         }
         run.check_variants()?;
+        run.check_kv(m)?;
     }
     Ok(Parsed::Command(cli.command))
 }
@@ -385,6 +446,11 @@ mod tests {
             "run --softcap nan",
             "run --softcap inf",
             "run --alibi 3",
+            "run --op decode --kv-dtype fp8",
+            "run --op decode --dtype bf16 --kv-dtype fp16",
+            "run --op decode --kv-scale per-head",
+            "run --kv-dtype fp8_e4m3",
+            "run --op decode --kv-dtype fp8_e5m2 --kv-scale per-row",
             "report --sinks",
             "plot",
         ] {
@@ -405,5 +471,8 @@ mod tests {
         // Defaults are not "given": decode with no prefill flags is fine, and so is each op's own flag.
         run("run --op decode --page-size 8 --num-splits 2 --seqlen-k 9");
         run("run --causal --seqlen-q 9");
+        run("run --op decode --kv-dtype fp8_e4m3 --kv-scale per-head");
+        run("run --op decode --dtype fp16 --kv-dtype fp16");
+        assert!(msg("run --kv-dtype fp8_e5m2").starts_with("--kv-dtype applies to --op decode only"));
     }
 }

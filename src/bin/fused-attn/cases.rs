@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
 use fused_attn::decode::cases::{self as dc, DecodeCase};
+use fused_attn::decode::fp8_cases::{self as fc, Fp8DecodeCase};
 use fused_attn::prefill::cases::{self as pc, PrefillCase, PrefillFixture, PrefillOutputs};
 use fused_attn::score_mod::{CaseAlibi, CaseVariants};
 use fused_attn::{cost_model, DType, Element, Error, LaunchCounters, Result};
@@ -282,6 +283,71 @@ pub fn run_decode(
         }
     }
     Ok(row)
+}
+
+/// `run --op decode --kv-dtype fp8_*`: as [`run_decode`] over the FP8 cache; the row's error columns are
+/// against the stored cache, and the label carries the quantisation error against the 16-bit cache.
+pub fn run_decode_fp8(
+    backend: &Backend,
+    c: &Fp8DecodeCase,
+    seed: u64,
+    copy_gbps: Option<f64>,
+    dump: Option<&Dump>,
+    progress: &Progress,
+) -> Result<Row> {
+    if c.base.page_size == 0 {
+        return Err(Error::unsupported("page_size", "0 (must be a power of two in 1..=256)"));
+    }
+    let tokens = c.base.seq_lens.iter().sum::<usize>();
+    checked_elements(&[&[tokens, c.base.heads_kv, c.base.head_dim], &[tokens, c.base.heads_kv, c.base.head_dim]])?;
+    let mut row = match c.base.dtype {
+        DType::F16 => run_decode_fp8_t::<f16>(backend, c, seed, dump, progress)?,
+        DType::Bf16 => run_decode_fp8_t::<bf16>(backend, c, seed, dump, progress)?,
+    };
+    if let (Backend::Gpu { stream, .. }, Some(copy)) = (backend, copy_gbps) {
+        progress.message("decode: timing on the GPU (CUDA events, median of 30)");
+        match fc::time_fp8_case_gpu(stream, c, seed, 5, 30) {
+            Ok(t) => {
+                row.ms = Some(t.timing.median_ms);
+                row.gbps = Some(t.gbps);
+                row.copy_gbps = Some(copy);
+                row.pct_of_copy_bw = Some(100.0 * t.gbps / copy);
+            }
+            Err(e) => {
+                row.passed = Some(false);
+                row.error = Some(e.to_string());
+            }
+        }
+    }
+    Ok(row)
+}
+
+fn run_decode_fp8_t<T: Element>(
+    backend: &Backend,
+    c: &Fp8DecodeCase,
+    seed: u64,
+    dump: Option<&Dump>,
+    progress: &Progress,
+) -> Result<Row> {
+    progress.message(format!("decode: running on {} and checking against the fp64 reference", backend.describe()));
+    let r = match backend {
+        Backend::Emu(emu) => fc::run_fp8_case_emulated::<T>(emu, c, seed)?,
+        Backend::Gpu { stream, .. } => fc::run_fp8_case_gpu::<T>(stream, c, seed)?,
+    };
+    if let Some(dump) = dump {
+        progress.message("decode: writing the .npy dump");
+        dump.decode_fp8(&r)?;
+    }
+    let mut row = with_decode_outcome(decode_row("run", backend, &c.base, seed), &r.outcome.outcome);
+    row.label = format!(
+        "{} (vs the 16-bit cache: max|err|={:.2e} rel-L2={:.2e})",
+        c.label(),
+        r.outcome.quant_max_abs_err,
+        r.outcome.quant_rel_l2_err
+    );
+    let plan = r.outcome.outcome.plan;
+    let fp8 = (c.base.clone(), c.format);
+    Ok(with_counters(row, backend, |k| cost_model::decode_ratios_fp8(&fp8.0, &plan, k)))
 }
 
 fn run_decode_t<T: Element>(

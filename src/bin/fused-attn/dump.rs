@@ -5,12 +5,16 @@
 //! - decode: q [B, Hq, D], k_cache / v_cache [num_pages, page_size, Hkv, D] (NaN in slots no sequence
 //!   owns), block_table [B, max_pages_per_seq], seq_lens [B], k / v [B, max(seq_lens), Hkv, D] (the
 //!   cache gathered through the block table, zero past each seq_len), out [B, Hq, D], lse [B, Hq].
+//!   An FP8 cache (--kv-dtype fp8_*): k_cache / v_cache and k / v are float32 holding the stored FP8 values
+//!   (before scaling; NaN in unowned slots), and k_scale.npy / v_scale.npy float32 [1] or [Hkv] the
+//!   dequantisation scales: the values attention used are k_cache * k_scale[h] (v likewise).
 
 use std::fs::File;
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 
 use fused_attn::decode::cases::DecodeRun;
+use fused_attn::decode::fp8_cases::Fp8DecodeRun;
 use fused_attn::prefill::cases::{PrefillFixture, PrefillOutputs};
 use fused_attn::{DType, Element, Error, Result};
 
@@ -83,6 +87,39 @@ impl Dump {
             self.write("sinks", &[heads_q], NpyData::F32(sinks.to_vec()))?;
         }
         Ok(())
+    }
+
+    /// The FP8 run's dump: as [`Dump::decode`] with the caches' stored FP8 values and the scales.
+    pub fn decode_fp8<T: Element>(&self, r: &Fp8DecodeRun<T>) -> Result<()> {
+        let fx = &r.fixture;
+        let f = &fx.sixteen;
+        let c = &f.case;
+        let dt = T::DTYPE;
+        let (b, hq, hkv, d) = (c.batch(), c.heads_q, c.heads_kv, c.head_dim);
+        let stored = |codes: &[u8]| codes.iter().map(|&x| fx.format.decode(x) as f32).collect::<Vec<f32>>();
+        let (kc, vc) = (stored(&fx.k_codes), stored(&fx.v_codes));
+        self.write("q", &[b, hq, d], encode(dt, f.q.iter().map(|v| v.to_f64())))?;
+        self.write("k_cache", &f.cache_shape(), NpyData::F32(kc.clone()))?;
+        self.write("v_cache", &f.cache_shape(), NpyData::F32(vc.clone()))?;
+        self.write("k_scale", &[fx.k_scale.len()], NpyData::F32(fx.k_scale.clone()))?;
+        self.write("v_scale", &[fx.v_scale.len()], NpyData::F32(fx.v_scale.clone()))?;
+        self.write("block_table", &[b, f.width], NpyData::I32(&f.block_table))?;
+        self.write("seq_lens", &[b], NpyData::I32(&f.seq_lens))?;
+        let t = c.max_seq_len();
+        let row = hkv * d;
+        let (mut k, mut v) = (vec![0f32; b * t * row], vec![0f32; b * t * row]);
+        for i in 0..b {
+            for j in 0..c.seq_lens[i] {
+                let (from, to) = (f.slot(i, j) * row, (i * t + j) * row);
+                k[to..to + row].copy_from_slice(&kc[from..from + row]);
+                v[to..to + row].copy_from_slice(&vc[from..from + row]);
+            }
+        }
+        self.write("k", &[b, t, hkv, d], NpyData::F32(k))?;
+        self.write("v", &[b, t, hkv, d], NpyData::F32(v))?;
+        self.write("out", &[b, hq, d], encode(dt, r.o.iter().map(|v| v.to_f64())))?;
+        self.variants(&f.alibi_slopes, &f.sinks, b, hq)?;
+        self.write("lse", &[b, hq], NpyData::F32(r.lse.clone()))
     }
 
     pub fn decode<T: Element>(&self, r: &DecodeRun<T>) -> Result<()> {

@@ -17,6 +17,7 @@ use std::io::BufRead;
 use std::path::Path;
 
 use fused_attn::decode::cases::DecodeCase;
+use fused_attn::decode::fp8_cases::Fp8DecodeCase;
 use fused_attn::prefill::{CaseLayout, PrefillCase};
 use fused_attn::timing::copy_bandwidth_gbps;
 use fused_attn::{Error, ErrorKind, Result};
@@ -67,7 +68,13 @@ fn run(a: &RunArgs, backend: &Backend, out: &mut Output) -> Result<()> {
                 num_splits: a.num_splits,
                 variants: a.variants(),
             };
-            cases::run_decode(backend, &case, a.common.seed, copy, dump.as_ref(), &progress)
+            match a.kv_dtype().fp8() {
+                Some(format) => {
+                    let case = Fp8DecodeCase { base: case, format, scales: a.kv_scale() };
+                    cases::run_decode_fp8(backend, &case, a.common.seed, copy, dump.as_ref(), &progress)
+                }
+                None => cases::run_decode(backend, &case, a.common.seed, copy, dump.as_ref(), &progress),
+            }
         }
     };
     progress.finish();

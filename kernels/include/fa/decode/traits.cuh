@@ -77,6 +77,19 @@ template <int D> struct Traits {
   static constexpr int kOStride = D + 4; // fp32 row stride of the epilogue partials (+4: fewer conflicts)
   static constexpr int kOBytes = kTokenGroups * kRows * kOStride * 4;
   static_assert(kOBytes <= kStages * kStageBytes, "epilogue partials fit in the stages");
+
+  // FP8 cache (the _fp8 kernels, fa/fp8_tile.cuh): the same stage area holds kStages FP8 stages (K then V
+  // tile, D bytes per row, unswizzled) in its first half and the one converted 16-bit stage the math reads
+  // (K then V, as above) after them. So the same tokens are in flight as with a 16-bit cache, in half the
+  // bytes; the cp.async split is 16 elements per chunk, D / 16 chunks per row.
+  static constexpr int kFp8TileBytes = kTileTokens * D;
+  static constexpr int kFp8StageBytes = 2 * kFp8TileBytes;
+  static constexpr int kFp8ConvertedOffset = kStages * kFp8StageBytes; // from the stage area's start
+  static_assert(kFp8ConvertedOffset + kStageBytes <= kStages * kStageBytes, "FP8 stages + converted stage fit");
+  static constexpr int kFp8ChunksPerRow = D / 16;
+  static constexpr int kFp8RowsPerPass = kThreads / kFp8ChunksPerRow;
+  static constexpr int kFp8LoadsPerThread = kTileTokens / kFp8RowsPerPass;
+  static_assert(kFp8LoadsPerThread * kFp8RowsPerPass == kTileTokens, "FP8 tile rows split evenly over threads");
   static_assert(kSmemBytes <= 99 * 1024, "fits the smallest per-block limit among the targets (sm_86/89)");
 };
 

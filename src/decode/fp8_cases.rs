@@ -1,0 +1,409 @@
+//! Decode over an FP8 cache (issue 17): the cases, the fixture (the 16-bit fixture of [`super::cases`],
+//! quantised on the host with the Rust model of [`crate::fp8`]) and the verdict. The kernel is judged against
+//! the fp64 reference over the *stored* cache (the dequantised values, exactly representable), under the
+//! usual tolerance rule; the quantisation error against the 16-bit cache is reported beside it (what users
+//! care about), not judged.
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaStream;
+use half::{bf16, f16};
+
+use super::cases::{
+    decode_bytes, evaluate_kv, to_f64, CaseOutcome, DecodeCase, DecodeTiming, PagedFixture, SWEEP_HEADS, SWEEP_SPLITS,
+};
+use crate::decode::{decode, DecodeOptions, DecodeWorkspace};
+use crate::dtype::{DType, Element};
+use crate::emu::Emulator;
+use crate::error::Result;
+use crate::fp8::{Fp8E4m3, Fp8E5m2, Fp8Element, Fp8Format, KvCacheOf, KvScales, ScaleKind};
+use crate::paged::PagedKvCache;
+use crate::plan::DecodePlan;
+use crate::prefill::cases::VariantViews;
+use crate::reference;
+use crate::score_mod::{CaseAlibi, CaseVariants};
+use crate::tensor::{TensorView, TensorViewMut};
+use crate::timing::time_launches;
+use crate::Stream;
+
+/// A decode case over an FP8 cache.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fp8DecodeCase {
+    /// Shape, 16-bit dtype (of q, o and the cache before quantisation), splits and variants.
+    pub base: DecodeCase,
+    pub format: Fp8Format,
+    pub scales: ScaleKind,
+}
+
+impl Fp8DecodeCase {
+    pub fn label(&self) -> String {
+        format!("{} {} {}", self.format.name(), self.scales.name(), self.base.label())
+    }
+}
+
+/// The emulated FP8 sweep: both formats x both scale kinds x both dtypes, every page size 1..256, head dims
+/// 64/128/256, MHA/GQA/MQA layouts, forced and planned splits, and the score variants (window, softcap,
+/// ALiBi, sinks) on some; 16 cases of a short batch (empty, 1, a page/tile edge, a few hundred tokens).
+pub fn fp8_decode_sweep_emulated() -> Vec<Fp8DecodeCase> {
+    let page_sizes = [1, 8, 16, 32, 64, 128, 256, 4];
+    let variants = [
+        CaseVariants::default(),
+        CaseVariants { softcap: Some(3.0), ..Default::default() },
+        CaseVariants { window: Some((100, 0)), sinks: true, ..Default::default() },
+        CaseVariants { alibi: CaseAlibi::PerHead, ..Default::default() },
+    ];
+    (0..16)
+        .map(|i| Fp8DecodeCase {
+            base: DecodeCase {
+                dtype: [DType::F16, DType::Bf16][(i / 2) % 2],
+                head_dim: [64, 128, 256][i % 3],
+                heads_q: SWEEP_HEADS[i % 4].0,
+                heads_kv: SWEEP_HEADS[i % 4].1,
+                page_size: page_sizes[i % 8],
+                seq_lens: vec![0, 1, 33, 300],
+                num_splits: SWEEP_SPLITS[(i / 3) % 4],
+                variants: if i % 4 == 3 { variants[(i / 4) % 4] } else { CaseVariants::default() },
+            },
+            format: [Fp8Format::E4m3, Fp8Format::E5m2][i % 2],
+            scales: [ScaleKind::PerTensor, ScaleKind::PerHead][(i / 4) % 2],
+        })
+        .collect()
+}
+
+/// The FP8 fixture: the 16-bit fixture it was quantised from, the stored codes (laid out as the 16-bit
+/// cache; NaN slots hold the NaN code) and the scales.
+#[derive(Debug, Clone)]
+pub struct Fp8Fixture<T> {
+    pub sixteen: PagedFixture<T>,
+    pub format: Fp8Format,
+    pub k_codes: Vec<u8>,
+    pub v_codes: Vec<u8>,
+    /// One scale, or one per KV head.
+    pub k_scale: Vec<f32>,
+    pub v_scale: Vec<f32>,
+}
+
+/// Scales of one tensor ([pages, page_size, Hkv, D] with NaN in unused slots): amax / max of each head
+/// (or of all), times `headroom` (< 1 saturates the largest values), never 0.
+fn scales_of<T: Element>(x: &[T], hkv: usize, d: usize, format: Fp8Format, kind: ScaleKind, headroom: f64) -> Vec<f32> {
+    let mut amax = vec![0f64; hkv];
+    for (i, v) in x.iter().enumerate() {
+        let v = v.to_f64();
+        if v.is_finite() {
+            let h = (i / d) % hkv;
+            amax[h] = amax[h].max(v.abs());
+        }
+    }
+    if kind == ScaleKind::PerTensor {
+        amax = vec![amax.iter().copied().fold(0.0, f64::max)];
+    }
+    amax.iter().map(|&a| ((a * headroom / format.max()) as f32).max(f32::MIN_POSITIVE)).collect()
+}
+
+/// Quantises a 16-bit tensor as the append kernel defines it: `fp8_rn_satfinite(f32(x) / scale[h])`.
+pub fn quantize<T: Element>(x: &[T], hkv: usize, d: usize, format: Fp8Format, scales: &[f32]) -> Vec<u8> {
+    x.iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let s = scales[if scales.len() == 1 { 0 } else { (i / d) % hkv }];
+            format.encode(v.to_f64() as f32 / s)
+        })
+        .collect()
+}
+
+/// The values attention uses: `decode(code) * scale[h]` (exact in f64).
+pub fn dequantize(codes: &[u8], hkv: usize, d: usize, format: Fp8Format, scales: &[f32]) -> Vec<f64> {
+    codes
+        .iter()
+        .enumerate()
+        .map(|(i, &c)| format.decode(c) * f64::from(scales[if scales.len() == 1 { 0 } else { (i / d) % hkv }]))
+        .collect()
+}
+
+impl<T: Element> Fp8Fixture<T> {
+    /// The 16-bit fixture of `case.base` from `seed`, quantised. Per-tensor scales map the amax to the
+    /// format's max; per-head scales leave 3% less room, so the largest values saturate.
+    pub fn new(case: &Fp8DecodeCase, seed: u64) -> Self {
+        let sixteen = PagedFixture::<T>::new(&case.base, seed);
+        let (hkv, d, f) = (case.base.heads_kv, case.base.head_dim, case.format);
+        let headroom = if case.scales == ScaleKind::PerHead { 0.97 } else { 1.0 };
+        let k_scale = scales_of(&sixteen.k_cache, hkv, d, f, case.scales, headroom);
+        let v_scale = scales_of(&sixteen.v_cache, hkv, d, f, case.scales, headroom);
+        Self {
+            k_codes: quantize(&sixteen.k_cache, hkv, d, f, &k_scale),
+            v_codes: quantize(&sixteen.v_cache, hkv, d, f, &v_scale),
+            sixteen,
+            format: f,
+            k_scale,
+            v_scale,
+        }
+    }
+
+    pub fn scales(&self, stream: &Stream<'_>) -> Result<KvScales> {
+        if self.k_scale.len() == 1 {
+            KvScales::per_tensor(stream, self.k_scale[0], self.v_scale[0])
+        } else {
+            KvScales::per_head(stream, &self.k_scale, &self.v_scale)
+        }
+    }
+
+    /// The dequantised caches (what the reference reads).
+    pub fn dequantized(&self) -> (Vec<f64>, Vec<f64>) {
+        let (hkv, d) = (self.sixteen.case.heads_kv, self.sixteen.case.head_dim);
+        (
+            dequantize(&self.k_codes, hkv, d, self.format, &self.k_scale),
+            dequantize(&self.v_codes, hkv, d, self.format, &self.v_scale),
+        )
+    }
+}
+
+/// The verdict on one FP8 case: against the stored cache (judged), and the quantisation error against the
+/// 16-bit cache (reported).
+#[derive(Debug, Clone)]
+pub struct Fp8Outcome {
+    pub outcome: CaseOutcome,
+    /// max |ours − reference over the 16-bit cache| and its relative L2 counterpart.
+    pub quant_max_abs_err: f64,
+    pub quant_rel_l2_err: f64,
+}
+
+impl Fp8Outcome {
+    pub fn passed(&self) -> bool {
+        self.outcome.passed()
+    }
+    pub fn summary(&self) -> String {
+        format!(
+            "{} | vs 16-bit cache: max|err|={:.2e} rel-L2={:.2e}",
+            self.outcome.summary(),
+            self.quant_max_abs_err,
+            self.quant_rel_l2_err
+        )
+    }
+}
+
+/// One judged FP8 run with its data.
+#[derive(Debug, Clone)]
+pub struct Fp8DecodeRun<T> {
+    pub fixture: Fp8Fixture<T>,
+    pub o: Vec<T>,
+    pub lse: Vec<f32>,
+    pub outcome: Fp8Outcome,
+}
+
+fn judge<T: Element>(f: &Fp8Fixture<T>, seed: u64, plan: DecodePlan, o: &[T], lse: &[f32]) -> Result<Fp8Outcome> {
+    let (k, v) = f.dequantized();
+    let outcome = evaluate_kv(&f.sixteen, &k, &v, seed, plan, o, lse)?;
+    // The quantisation error: the same outputs against attention over the 16-bit cache.
+    let s = &f.sixteen;
+    let c = &s.case;
+    let (k16, v16) = (to_f64(&s.k_cache), to_f64(&s.v_cache));
+    let cache = reference::PagedCache {
+        k_cache: &k16,
+        v_cache: &v16,
+        num_pages: s.num_pages,
+        page_size: c.page_size,
+        heads_kv: c.heads_kv,
+        head_dim: c.head_dim,
+        block_table: &s.block_table,
+        max_pages_per_seq: s.width,
+        seq_lens: &s.seq_lens,
+    };
+    let wide = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>();
+    let (slopes, sinks) = (wide(&s.alibi_slopes), wide(&s.sinks));
+    let exact16 = reference::paged_decode_with(
+        c.heads_q,
+        s.scale(),
+        &c.variants.reference(&slopes, &sinks),
+        &to_f64(&s.q),
+        &cache,
+    )?;
+    let q = reference::compare(&to_f64(o), &exact16.out, &exact16.out);
+    Ok(Fp8Outcome { outcome, quant_max_abs_err: q.max_abs_err, quant_rel_l2_err: q.rel_l2_err })
+}
+
+/// Runs an FP8 case on the emulator (outputs poisoned with NaN) and judges it.
+pub fn check_fp8_case_emulated(emu: &Emulator, case: &Fp8DecodeCase, seed: u64) -> Result<Fp8Outcome> {
+    match case.base.dtype {
+        DType::F16 => run_fp8_case_emulated::<f16>(emu, case, seed).map(|r| r.outcome),
+        DType::Bf16 => run_fp8_case_emulated::<bf16>(emu, case, seed).map(|r| r.outcome),
+    }
+}
+
+/// [`check_fp8_case_emulated`] for a static element type, handing back the data too.
+pub fn run_fp8_case_emulated<T: Element>(emu: &Emulator, case: &Fp8DecodeCase, seed: u64) -> Result<Fp8DecodeRun<T>> {
+    let f = Fp8Fixture::<T>::new(case, seed);
+    let (o, lse, plan) = match case.format {
+        Fp8Format::E4m3 => decode_fp8::<T, Fp8E4m3>(&Stream::Emu(emu), &f)?,
+        Fp8Format::E5m2 => decode_fp8::<T, Fp8E5m2>(&Stream::Emu(emu), &f)?,
+    };
+    let outcome = judge(&f, seed, plan, &o, &lse)?;
+    Ok(Fp8DecodeRun { fixture: f, o, lse, outcome })
+}
+
+/// Runs an FP8 case on the GPU behind `cu` and judges it (the data comes back for bitwise comparisons).
+pub fn run_fp8_case_gpu<T: Element>(cu: &Arc<CudaStream>, case: &Fp8DecodeCase, seed: u64) -> Result<Fp8DecodeRun<T>> {
+    let f = Fp8Fixture::<T>::new(case, seed);
+    let (o, lse, plan) = match case.format {
+        Fp8Format::E4m3 => decode_fp8::<T, Fp8E4m3>(&Stream::Gpu(cu), &f)?,
+        Fp8Format::E5m2 => decode_fp8::<T, Fp8E5m2>(&Stream::Gpu(cu), &f)?,
+    };
+    let outcome = judge(&f, seed, plan, &o, &lse)?;
+    Ok(Fp8DecodeRun { fixture: f, o, lse, outcome })
+}
+
+/// Decodes fixture `f` from its FP8 codes on `stream` (the emulator, or a GPU stream: then uploaded first);
+/// returns o, lse and the plan.
+pub fn decode_fp8<T: Element, C: Fp8Element + KvCacheOf<T>>(
+    stream: &Stream<'_>,
+    f: &Fp8Fixture<T>,
+) -> Result<(Vec<T>, Vec<f32>, DecodePlan)> {
+    if let Stream::Gpu(cu) = stream {
+        let mut g = Fp8GpuCase::<T, C>::upload(cu, f)?;
+        g.run(cu, f)?;
+        return Ok((cu.clone_dtoh(&g.o)?, cu.clone_dtoh(&g.lse)?, g.plan));
+    }
+    let s = &f.sixteen;
+    let c = &s.case;
+    let (b, hq, d) = (c.batch(), c.heads_q, c.head_dim);
+    let shape = s.cache_shape();
+    let k: Vec<C> = f.k_codes.iter().map(|&x| C::from_code(x)).collect();
+    let v: Vec<C> = f.v_codes.iter().map(|&x| C::from_code(x)).collect();
+    let scales = f.scales(stream)?;
+    let cache = PagedKvCache::new(
+        TensorView::host(&k, shape)?,
+        TensorView::host(&v, shape)?,
+        TensorView::host(&s.block_table, [b, s.width])?,
+        TensorView::host(&s.seq_lens, [b])?,
+        c.max_seq_len(),
+    )?
+    .with_scales(&scales)?;
+    let variants = VariantViews::new(&c.variants, b, hq, |sinks, n| {
+        TensorView::host(&(if sinks { &s.sinks } else { &s.alibi_slopes })[..n], [n])
+    })?;
+    let opts =
+        DecodeOptions { scale: s.inputs.scale, num_splits: c.num_splits, score_mod: variants.score_mod(&c.variants) };
+    let plan = DecodeWorkspace::new(stream, 0, 0)?.plan(&c.problem(), &opts)?;
+    let mut ws = DecodeWorkspace::for_plan(stream, &plan)?;
+    let mut o = vec![T::nan(); b * hq * d];
+    let mut lse = vec![f32::NAN; b * hq];
+    decode(
+        stream,
+        &TensorView::host(&s.q, [b, hq, d])?,
+        &cache,
+        &mut TensorViewMut::host(&mut o, [b, hq, d])?,
+        Some(&mut TensorViewMut::host(&mut lse, [b, hq])?),
+        &mut ws,
+        &opts,
+    )?;
+    Ok((o, lse, plan))
+}
+
+/// An FP8 fixture's data on the GPU, and the workspace for its plan.
+struct Fp8GpuCase<T: Element, C: Fp8Element + KvCacheOf<T>> {
+    k: cudarc::driver::CudaSlice<C>,
+    v: cudarc::driver::CudaSlice<C>,
+    table: cudarc::driver::CudaSlice<i32>,
+    lens: cudarc::driver::CudaSlice<i32>,
+    q: cudarc::driver::CudaSlice<T>,
+    o: cudarc::driver::CudaSlice<T>,
+    lse: cudarc::driver::CudaSlice<f32>,
+    slopes: cudarc::driver::CudaSlice<f32>,
+    sinks: cudarc::driver::CudaSlice<f32>,
+    scales: KvScales,
+    ws: DecodeWorkspace,
+    plan: DecodePlan,
+}
+
+impl<T: Element, C: Fp8Element + KvCacheOf<T>> Fp8GpuCase<T, C> {
+    fn upload(cu: &Arc<CudaStream>, f: &Fp8Fixture<T>) -> Result<Self> {
+        let s = &f.sixteen;
+        let c = &s.case;
+        let (b, hq, d) = (c.batch(), c.heads_q, c.head_dim);
+        let stream = Stream::Gpu(cu);
+        let opts = DecodeOptions { scale: s.inputs.scale, num_splits: c.num_splits, ..Default::default() };
+        let plan = DecodeWorkspace::new(&stream, 0, 0)?.plan(&c.problem(), &opts)?;
+        let k: Vec<C> = f.k_codes.iter().map(|&x| C::from_code(x)).collect();
+        let v: Vec<C> = f.v_codes.iter().map(|&x| C::from_code(x)).collect();
+        Ok(Self {
+            k: cu.clone_htod(&k)?,
+            v: cu.clone_htod(&v)?,
+            table: cu.clone_htod(&s.block_table)?,
+            lens: cu.clone_htod(&s.seq_lens)?,
+            q: cu.clone_htod(&s.q)?,
+            o: cu.clone_htod(&vec![T::nan(); b * hq * d])?,
+            lse: cu.clone_htod(&vec![f32::NAN; b * hq])?,
+            slopes: cu.clone_htod(&s.alibi_slopes.iter().copied().chain([0.0]).collect::<Vec<_>>())?,
+            sinks: cu.clone_htod(&s.sinks.iter().copied().chain([0.0]).collect::<Vec<_>>())?,
+            scales: f.scales(&stream)?,
+            ws: DecodeWorkspace::for_plan(&stream, &plan)?,
+            plan,
+        })
+    }
+
+    fn run(&mut self, cu: &Arc<CudaStream>, f: &Fp8Fixture<T>) -> Result<DecodePlan> {
+        let s = &f.sixteen;
+        let c = &s.case;
+        let (b, hq, d) = (c.batch(), c.heads_q, c.head_dim);
+        let cache = PagedKvCache::new(
+            TensorView::gpu(self.k.as_view(), s.cache_shape())?,
+            TensorView::gpu(self.v.as_view(), s.cache_shape())?,
+            TensorView::gpu(self.table.as_view(), [b, s.width])?,
+            TensorView::gpu(self.lens.as_view(), [b])?,
+            c.max_seq_len(),
+        )?
+        .with_scales(&self.scales)?;
+        let (slopes, sinks) = (&self.slopes, &self.sinks);
+        let variants = VariantViews::new(&c.variants, b, hq, |sink, n| {
+            TensorView::gpu((if sink { sinks } else { slopes }).slice(0..n), [n])
+        })?;
+        let opts = DecodeOptions {
+            scale: s.inputs.scale,
+            num_splits: c.num_splits,
+            score_mod: variants.score_mod(&c.variants),
+        };
+        decode(
+            &Stream::Gpu(cu),
+            &TensorView::gpu(self.q.as_view(), [b, hq, d])?,
+            &cache,
+            &mut TensorViewMut::gpu(self.o.as_view_mut(), [b, hq, d])?,
+            Some(&mut TensorViewMut::gpu(self.lse.as_view_mut(), [b, hq])?),
+            &mut self.ws,
+            &opts,
+        )
+    }
+}
+
+/// Bytes an FP8 decode moves: [`decode_bytes`] with K and V at one byte per element, plus the scales.
+pub fn fp8_decode_bytes(case: &Fp8DecodeCase, plan: &DecodePlan) -> usize {
+    decode_bytes(&case.base, plan) - case.base.kv_bytes() / 2 + 2 * 4 * case.base.heads_kv
+}
+
+/// GPU timing of an FP8 case (decode + merge when split), as [`super::cases::time_case_gpu`].
+pub fn time_fp8_case_gpu(
+    cu: &Arc<CudaStream>,
+    case: &Fp8DecodeCase,
+    seed: u64,
+    warmup: usize,
+    iters: usize,
+) -> Result<DecodeTiming> {
+    fn go<T: Element, C: Fp8Element + KvCacheOf<T>>(
+        cu: &Arc<CudaStream>,
+        case: &Fp8DecodeCase,
+        seed: u64,
+        warmup: usize,
+        iters: usize,
+    ) -> Result<DecodeTiming> {
+        let f = Fp8Fixture::<T>::new(case, seed);
+        let mut g = Fp8GpuCase::<T, C>::upload(cu, &f)?;
+        let plan = g.plan;
+        let timing = time_launches(cu, warmup, iters, |_| g.run(cu, &f).map(|_| ()))?;
+        let bytes = fp8_decode_bytes(case, &plan);
+        Ok(DecodeTiming { timing, plan, bytes, gbps: bytes as f64 / (timing.median_ms * 1e-3) / 1e9 })
+    }
+    match (case.base.dtype, case.format) {
+        (DType::F16, Fp8Format::E4m3) => go::<f16, Fp8E4m3>(cu, case, seed, warmup, iters),
+        (DType::F16, Fp8Format::E5m2) => go::<f16, Fp8E5m2>(cu, case, seed, warmup, iters),
+        (DType::Bf16, Fp8Format::E4m3) => go::<bf16, Fp8E4m3>(cu, case, seed, warmup, iters),
+        (DType::Bf16, Fp8Format::E5m2) => go::<bf16, Fp8E5m2>(cu, case, seed, warmup, iters),
+    }
+}
