@@ -1,7 +1,10 @@
 // Paged decode: one query token per sequence against its paged K/V, GQA-aware and split-KV
 // (flash-decoding). Shapes: q [B, Hq, D], o [B, Hq, D], lse [B, Hq] (natural log) or NULL; the cache as in
 // fa/paged_view.cuh. The CTA mapping, tile and pipeline are described in fa/decode/traits.cuh; the per-warp
-// math in fa/decode/warp_attention.cuh.
+// math in fa/decode/warp_attention.cuh. The kernel's D is a tile width that serves every head dim
+// fa/head_dim.cuh maps to it (p.head_dim <= D): a thread whose 16-byte column chunk lies at or past the head
+// dim zero-fills it (Q, K and V alike, never reading global memory), so the padded columns add nothing to
+// the scores and give zero output columns, which are not stored.
 //
 // Grid (num_splits, Hkv * ceil(G/16), B). A CTA walks its chunk [begin, end) of the sequence in KV tiles:
 //   prologue: Q and tiles 0..kStages-2 in flight (cp.async, 16 bytes per instruction);
@@ -30,6 +33,7 @@
 #include "fa/decode/traits.cuh"
 #include "fa/decode/vec8.cuh"
 #include "fa/decode/warp_attention.cuh"
+#include "fa/head_dim.cuh"
 #include "fa/intrinsics.cuh"
 #include "fa/paged_view.cuh"
 #include "fa/score_mod.cuh"
@@ -100,9 +104,11 @@ template <class T, int D, bool kVariant> FA_DEVICE void paged_decode_kernel(cons
   const int end = (split == p.num_splits - 1 || seq_len - begin <= p.split_tokens) ? seq_len : begin + p.split_tokens;
   const int num_tiles = (end - begin + kTileTokens - 1) / kTileTokens;
 
-  // This thread's cp.async assignment: one 16-byte column chunk of kLoadsPerThread rows of every tile.
+  // This thread's cp.async assignment: one 16-byte column chunk of kLoadsPerThread rows of every tile; a
+  // chunk past the head dim is zero-filled in every row.
   const int chunk = tid % Tr::kChunksPerRow;
   const int row0 = tid / Tr::kChunksPerRow;
+  const bool chunk_in_range = chunk * 8 < p.head_dim;
   const T *k_base = static_cast<const T *>(p.cache.k_cache) + kv_head * p.cache.k_head_stride + chunk * 8;
   const T *v_base = static_cast<const T *>(p.cache.v_cache) + kv_head * p.cache.v_head_stride + chunk * 8;
 
@@ -142,7 +148,7 @@ template <class T, int D, bool kVariant> FA_DEVICE void paged_decode_kernel(cons
       for (int i = 0; i < Tr::kLoadsPerThread; ++i) {
         const int row = row0 + i * Tr::kRowsPerPass;
         const RowOffsets off = ld_shared(ring + row);
-        const bool valid = off.k >= 0;
+        const bool valid = off.k >= 0 && chunk_in_range;
         cp_async_cg_16(k_dst + Tile::offset(row, chunk), valid ? k_base + off.k : k_base, valid);
         cp_async_cg_16(v_dst + Tile::offset(row, chunk), valid ? v_base + off.v : v_base, valid);
       }
@@ -153,7 +159,7 @@ template <class T, int D, bool kVariant> FA_DEVICE void paged_decode_kernel(cons
   // Q rows of this CTA's heads (rows >= `rows` zero-filled); they travel in the first group.
   const T *q = static_cast<const T *>(p.q) + b * p.q_batch_stride + chunk * 8;
   for (int r = row0; r < Tr::kRows; r += Tr::kRowsPerPass) {
-    const bool valid = r < rows;
+    const bool valid = r < rows && chunk_in_range;
     cp_async_cg_16(q_smem + Tile::offset(r, chunk), q + (valid ? head0 + r : head0) * p.q_head_stride, valid);
   }
 #pragma unroll
@@ -235,11 +241,13 @@ template <class T, int D, bool kVariant> FA_DEVICE void paged_decode_kernel(cons
 
   // Epilogue 2: combine the token groups (the same guarded merge as merge.cu, in the exp2 domain), with the
   // sink as one more (value-free) state when there is one and this CTA writes o itself, normalise, and
-  // store 8 columns per item with 16-byte stores.
+  // store 8 columns per item with 16-byte stores (none past the head dim).
+  const int head_chunks = p.head_dim / 8;
   const bool add_sink = p.score_mod.sinks != nullptr && p.num_splits == 1;
   for (int item = tid; item < rows * Tr::kChunksPerRow; item += Tr::kThreads) {
     const int r = item / Tr::kChunksPerRow;
     const int c = item % Tr::kChunksPerRow;
+    if (c >= head_chunks) continue;
     float m_max = kNegInf;
 #pragma unroll
     for (int g = 0; g < Tr::kTokenGroups; ++g) m_max = fmaxf(m_max, ld_shared(stats + (g * Tr::kRows + r) * 2));
@@ -283,7 +291,7 @@ template <class T, int D, bool kVariant> FA_DEVICE void paged_decode_kernel(cons
 } // namespace decode
 FA_NAMESPACE_END
 
-// One kernel per (dtype, head dim, softcap/ALiBi): 128 threads, 3 CTAs per SM (traits.cuh).
+// One kernel per (dtype, tile width (fa/head_dim.cuh), softcap/ALiBi): 128 threads, 3 CTAs per SM (traits.cuh).
 #define FA_DECODE_KERNEL(name, T, D, kMod)                                                                   \
   FA_KERNEL(name, 128, 3, FaDecodeParams, (fa::decode::paged_decode_kernel<T, D, kMod>))
 #define FA_DECODE_KERNELS(dt, T, D)                                                                          \
@@ -313,15 +321,16 @@ template <int D> int launch_decode(void (*kernel)(FaDecodeParams), const char *n
   case D:                                                                                                    \
     return mod ? launch_decode<D>(kernel##_mod, #kernel "_mod", p, exec) : launch_decode<D>(kernel, #kernel, p, exec)
 int dispatch(const FaDecodeParams &p, FaExec *exec) {
+  if (!head_dim_supported(p.head_dim)) return FA_ERR_UNSUPPORTED;
   const bool mod = needs_score_mod(p.score_mod);
   if (p.dtype == FA_DTYPE_F16) {
-    switch (p.head_dim) {
+    switch (decode_width(p.head_dim)) {
       FA_DECODE_CASE(64, fa_paged_decode_f16_d64);
       FA_DECODE_CASE(128, fa_paged_decode_f16_d128);
       FA_DECODE_CASE(256, fa_paged_decode_f16_d256);
     }
   } else if (p.dtype == FA_DTYPE_BF16) {
-    switch (p.head_dim) {
+    switch (decode_width(p.head_dim)) {
       FA_DECODE_CASE(64, fa_paged_decode_bf16_d64);
       FA_DECODE_CASE(128, fa_paged_decode_bf16_d128);
       FA_DECODE_CASE(256, fa_paged_decode_bf16_d256);

@@ -16,7 +16,11 @@
 //     O += P V            (P converted to 16-bit in registers as the A operand; V through ldmatrix.trans)
 //   O /= rowsum (with the sink, if any, in it), LSE = ln-domain log-sum-exp; rows that saw no key: O = 0,
 //   LSE = -inf (or the sink's logit).
+// The kernel's head dim is a tile width W (Cfg::kHeadDim); it serves every head dim D <= W that
+// fa/head_dim.cuh maps to it: Q, K and V columns at or past D are zero-filled, never read, and O's are never
+// stored.
 #include "fa/abi.h"
+#include "fa/head_dim.cuh"
 #include "fa/intrinsics.cuh"
 #include "fa/mma_tile.cuh"
 #include "fa/online_softmax.cuh"
@@ -82,6 +86,7 @@ template <class T, class Cfg> struct CtaContext {
   T *sK; // Cfg::kStages buffers of kBc x D
   T *sV;
   int m0, tq, tk, warp_row0;
+  int head_dim; // D <= Cfg::kHeadDim: columns past it are zero-filled in shared memory, never read
   LaneAddress<Cfg::kHeadDim> a_lane; // ldmatrix lanes for Q (A) and V (trans B)
   LaneAddress<Cfg::kHeadDim> k_lane; // ldmatrix lanes for K (B)
   WindowBounds window;               // effective bounds (causal: right = 0), fa/score_mod.cuh
@@ -98,9 +103,9 @@ template <class T, class Cfg> struct CtaContext {
     constexpr int kTile = Cfg::kBc * Cfg::kHeadDim;
     const int key0 = n * Cfg::kBc;
     cp_async_tile<Cfg::kBc, Cfg::kHeadDim, Cfg::kThreads, kPredicated>(sK + buf * kTile, k + key0 * k_row_stride,
-                                                                       k_row_stride, tk - key0);
+                                                                       k_row_stride, tk - key0, head_dim);
     cp_async_tile<Cfg::kBc, Cfg::kHeadDim, Cfg::kThreads, kPredicated>(sV + buf * kTile, v + key0 * v_row_stride,
-                                                                       v_row_stride, tk - key0);
+                                                                       v_row_stride, tk - key0, head_dim);
   }
 };
 
@@ -164,7 +169,8 @@ FA_DEVICE void kv_tile_step(const CtaContext<T, Cfg> &cta, int n, int n_begin, i
   if (Cfg::kStages == 2) sync_threads();
 }
 
-// Writes this warp's rows of O (16-bit) and LSE (fp32, if requested); rows past Tq are not written.
+// Writes this warp's rows of O (16-bit) and LSE (fp32, if requested); rows past Tq and columns past the
+// head dim are not written.
 // O is staged through this warp's own rows of the Q tile in shared memory (no other warp reads them, and
 // this warp's last ldmatrix of Q is behind it), so that global stores are whole 16-byte chunks with
 // consecutive lanes on consecutive chunks of a row, instead of 4-byte pieces scattered over 8 rows.
@@ -199,7 +205,7 @@ FA_DEVICE void store_output(const FaPrefillParams &p, const SeqInfo &seq, int m0
     const int r = idx / kChunks;
     const int c = (idx % kChunks) * 8;
     const int row = m0 + warp_row0 + r;
-    if (row < seq.tq) {
+    if (row < seq.tq && c < p.head_dim) {
       const Bytes16 chunk = ld_shared(reinterpret_cast<const Bytes16 *>(sQ + Layout::offset(warp_row0 + r, c)));
       st_global(reinterpret_cast<Bytes16 *>(out + row * p.o_row_stride + c), chunk);
     }
@@ -246,6 +252,7 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void prefill_kernel(co
   cta.tq = seq.tq;
   cta.tk = seq.tk;
   cta.warp_row0 = warp_id() * 16 * Cfg::kMTiles;
+  cta.head_dim = p.head_dim;
   cta.window = effective_window(p.score_mod, p.causal != 0, seq.tq, seq.tk);
   cta.softmax_scale_log2 = p.scale_log2;
   if constexpr (kVariant) {
@@ -266,7 +273,7 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void prefill_kernel(co
 
   if (range.n_end > range.n_begin) {
     const T *q = static_cast<const T *>(p.q) + seq.q_offset + m0 * p.q_row_stride;
-    cp_async_tile<kBr, kHeadDim, Cfg::kThreads, true>(cta.sQ, q, p.q_row_stride, seq.tq - m0);
+    cp_async_tile<kBr, kHeadDim, Cfg::kThreads, true>(cta.sQ, q, p.q_row_stride, seq.tq - m0, p.head_dim);
     cta.template load_kv_async<true>(range.n_end - 1, 0);
     cp_async_commit();
   }
@@ -292,7 +299,7 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void prefill_kernel(co
 } // namespace prefill
 FA_NAMESPACE_END
 
-// One kernel per (dtype, head dim, score mod); 4 warps, one CTA per SM at 255 registers (tile_config.cuh).
+// One kernel per (dtype, tile width, score mod) (fa/head_dim.cuh maps head dims to widths); 4 warps, one CTA per SM at 255 registers (tile_config.cuh).
 // The _mod kernels apply softcap and ALiBi to every score (fa/score_mod.cuh says why that is a template).
 #define FA_PREFILL_KERNEL(name, T, D, kMod)                                                                  \
   FA_KERNEL(name, fa::prefill::TileConfig<D>::kThreads, 1, FaPrefillParams, (fa::prefill::prefill_kernel<T, D, kMod>))
@@ -303,11 +310,15 @@ FA_PREFILL_KERNELS(f16, fa::half_t, 32)
 FA_PREFILL_KERNELS(f16, fa::half_t, 64)
 FA_PREFILL_KERNELS(f16, fa::half_t, 96)
 FA_PREFILL_KERNELS(f16, fa::half_t, 128)
+FA_PREFILL_KERNELS(f16, fa::half_t, 160)
+FA_PREFILL_KERNELS(f16, fa::half_t, 192)
 FA_PREFILL_KERNELS(f16, fa::half_t, 256)
 FA_PREFILL_KERNELS(bf16, fa::bf16_t, 32)
 FA_PREFILL_KERNELS(bf16, fa::bf16_t, 64)
 FA_PREFILL_KERNELS(bf16, fa::bf16_t, 96)
 FA_PREFILL_KERNELS(bf16, fa::bf16_t, 128)
+FA_PREFILL_KERNELS(bf16, fa::bf16_t, 160)
+FA_PREFILL_KERNELS(bf16, fa::bf16_t, 192)
 FA_PREFILL_KERNELS(bf16, fa::bf16_t, 256)
 
 #if defined(FA_HOST_BUILD)
@@ -335,21 +346,26 @@ bool needs_variant_kernel(const FaPrefillParams &p) {
   case D:                                                                                                    \
     return mod ? launch_prefill<D>(kernel##_mod, #kernel "_mod", p, exec) : launch_prefill<D>(kernel, #kernel, p, exec)
 int dispatch(const FaPrefillParams &p, FaExec *exec) {
+  if (!head_dim_supported(p.head_dim)) return FA_ERR_UNSUPPORTED;
   const bool mod = needs_variant_kernel(p);
   if (p.dtype == FA_DTYPE_F16) {
-    switch (p.head_dim) {
+    switch (prefill_width(p.head_dim)) {
       FA_PREFILL_CASE(32, fa_prefill_f16_d32);
       FA_PREFILL_CASE(64, fa_prefill_f16_d64);
       FA_PREFILL_CASE(96, fa_prefill_f16_d96);
       FA_PREFILL_CASE(128, fa_prefill_f16_d128);
+      FA_PREFILL_CASE(160, fa_prefill_f16_d160);
+      FA_PREFILL_CASE(192, fa_prefill_f16_d192);
       FA_PREFILL_CASE(256, fa_prefill_f16_d256);
     }
   } else if (p.dtype == FA_DTYPE_BF16) {
-    switch (p.head_dim) {
+    switch (prefill_width(p.head_dim)) {
       FA_PREFILL_CASE(32, fa_prefill_bf16_d32);
       FA_PREFILL_CASE(64, fa_prefill_bf16_d64);
       FA_PREFILL_CASE(96, fa_prefill_bf16_d96);
       FA_PREFILL_CASE(128, fa_prefill_bf16_d128);
+      FA_PREFILL_CASE(160, fa_prefill_bf16_d160);
+      FA_PREFILL_CASE(192, fa_prefill_bf16_d192);
       FA_PREFILL_CASE(256, fa_prefill_bf16_d256);
     }
   }

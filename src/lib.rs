@@ -45,6 +45,7 @@ pub mod emu;
 #[doc(hidden)]
 pub mod emu_selftest;
 pub mod error;
+pub mod head_dim;
 mod kernels;
 mod launch;
 pub mod merge;

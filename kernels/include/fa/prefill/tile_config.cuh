@@ -1,5 +1,7 @@
-// Compile-time tile shapes of the prefill kernel, one per head dim (dtype-independent). Mirrored on the
-// host by `prefill::TileConfig::for_head_dim` (src/prefill.rs), which computes the grid; keep both in step.
+// Compile-time tile shapes of the prefill kernel, one per tile width (dtype-independent); kHeadDim is the
+// width W, which serves every head dim fa/head_dim.cuh maps to it (columns past the head dim predicated
+// off). Mirrored on the host by `prefill::TileConfig::for_head_dim` (src/prefill/mod.rs), which computes the
+// grid; keep both in step.
 //
 // Every config uses 4 warps (128 threads) and the FA2 "split-Q" partition: each warp owns 16·kMTiles query
 // rows of the Br-row tile and all Bc keys, so softmax statistics never leave the warp. 32 rows per warp
@@ -19,8 +21,16 @@
 //   96  | 2       | 128 | 32 | 3      | 60 KiB | O 96 + S 32: Bc 64 spills
 //   128 | 2       | 128 | 32 | 3      | 80 KiB | O 128 + S 32 (~250 used); Bc 64 (FA2's 128x64) spills ~25
 //       |         |     |    |        |        | registers with this toolchain
+//   160 | 1       | 64  | 32 | 3      | 80 KiB | 2 m-tiles: O 160 + S >= 16 leaves too little for ptxas;
+//       |         |     |    |        |        | Bc 64 needs 2 stages and 100 KiB
+//   192 | 1       | 64  | 32 | 3      | 96 KiB | as 160 (O 96 + S 16 regs)
 //   256 | 1       | 64  | 32 | 2      | 96 KiB | O alone is 128 regs at 16 rows/warp; Bc 64 or a third
 //       |         |     |    |        |        | stage would need more than sm_86/89's 99 KiB
+//
+// Why 160 and 192 exist (dims 136-192 ran at 256 before; fa/head_dim.cuh): padding 160 to 256 is 37% wasted
+// MMAs (192: 25%) in a compute-bound kernel, while the two widths add 8 kernels to prefill.cu's nvcc time:
+// measured (4 arches, nvcc -fatbin of prefill.cu alone, user CPU on this 2-core machine): 20 kernels
+// TIME_BEFORE, 28 kernels TIME_AFTER. 224 is not instantiated: dims 200-224 at 256 waste at most 22%.
 #pragma once
 
 #include "fa/namespace.cuh"
@@ -48,6 +58,8 @@ template <> struct TileConfig<32> : TileShape<32, 2, 64, 3> {};
 template <> struct TileConfig<64> : TileShape<64, 2, 64, 3> {};
 template <> struct TileConfig<96> : TileShape<96, 2, 32, 3> {};
 template <> struct TileConfig<128> : TileShape<128, 2, 32, 3> {};
+template <> struct TileConfig<160> : TileShape<160, 1, 32, 3> {};
+template <> struct TileConfig<192> : TileShape<192, 1, 32, 3> {};
 template <> struct TileConfig<256> : TileShape<256, 1, 32, 2> {};
 
 } // namespace prefill
