@@ -86,7 +86,6 @@ template <class T, class Cfg> struct CtaContext {
   T *sK; // Cfg::kStages buffers of kBc x D
   T *sV;
   int m0, tq, tk, warp_row0;
-  int head_dim; // D <= Cfg::kHeadDim: columns past it are zero-filled in shared memory, never read
   LaneAddress<Cfg::kHeadDim> a_lane; // ldmatrix lanes for Q (A) and V (trans B)
   LaneAddress<Cfg::kHeadDim> k_lane; // ldmatrix lanes for K (B)
   WindowBounds window;               // effective bounds (causal: right = 0), fa/score_mod.cuh
@@ -98,8 +97,8 @@ template <class T, class Cfg> struct CtaContext {
 
   // Starts loading KV tile n into buffer buf. Only the top tile can be ragged (Tk % Bc != 0), and it is
   // loaded before the loop (kPredicated); the tiles prefetched inside the loop lie below it, so they are
-  // always full and skip the row predicates.
-  template <bool kPredicated> FA_DEVICE void load_kv_async(int n, int buf) const {
+  // always full and skip the row predicates. Columns at or past head_dim (<= Cfg::kHeadDim) are zero-filled.
+  template <bool kPredicated> FA_DEVICE void load_kv_async(int n, int buf, int head_dim) const {
     constexpr int kTile = Cfg::kBc * Cfg::kHeadDim;
     const int key0 = n * Cfg::kBc;
     cp_async_tile<Cfg::kBc, Cfg::kHeadDim, Cfg::kThreads, kPredicated>(sK + buf * kTile, k + key0 * k_row_stride,
@@ -139,13 +138,13 @@ FA_DEVICE void apply_score_mod(float (&s)[kMT][kNB][4], int row0, int key0, int 
 // One KV tile: prefetch the next (down to n_begin), wait for this one, S = Q Kᵀ, (score variants), (mask),
 // online softmax, O += P V.
 template <bool kMasked, bool kVariant, class T, class Cfg>
-FA_DEVICE void kv_tile_step(const CtaContext<T, Cfg> &cta, int n, int n_begin, int buf,
+FA_DEVICE void kv_tile_step(const CtaContext<T, Cfg> &cta, int n, int n_begin, int buf, int head_dim,
                             float (&o)[Cfg::kMTiles][Cfg::kHeadDim / 8][4], OnlineSoftmax<Cfg::kMTiles> &softmax) {
   constexpr int kTile = Cfg::kBc * Cfg::kHeadDim;
   if (n > n_begin) {
     // With 3 buffers, next_buffer(buf) was last read two steps ago, before every warp passed the previous
     // step's barrier; with 2 it was read in the previous step, ordered by that step's trailing barrier.
-    cta.template load_kv_async<false>(n - 1, next_buffer<Cfg>(buf));
+    cta.template load_kv_async<false>(n - 1, next_buffer<Cfg>(buf), head_dim);
     cp_async_commit();
     cp_async_wait<1>(); // everything but the prefetch just issued: tile n (and Q) have landed
   } else {
@@ -176,7 +175,8 @@ FA_DEVICE void kv_tile_step(const CtaContext<T, Cfg> &cta, int n, int n_begin, i
 // consecutive lanes on consecutive chunks of a row, instead of 4-byte pieces scattered over 8 rows.
 template <class T, class Cfg>
 FA_DEVICE void store_output(const FaPrefillParams &p, const SeqInfo &seq, int m0, int warp_row0, T *sQ,
-                            const float (&o)[Cfg::kMTiles][Cfg::kHeadDim / 8][4], const float (&lse)[2 * Cfg::kMTiles]) {
+                            const float (&o)[Cfg::kMTiles][Cfg::kHeadDim / 8][4], const float (&lse)[2 * Cfg::kMTiles],
+                            int head_dim) {
   using Layout = SwizzledRows<Cfg::kHeadDim>;
   constexpr int kRows = 16 * Cfg::kMTiles;
   constexpr int kChunks = Cfg::kHeadDim / 8;
@@ -205,7 +205,7 @@ FA_DEVICE void store_output(const FaPrefillParams &p, const SeqInfo &seq, int m0
     const int r = idx / kChunks;
     const int c = (idx % kChunks) * 8;
     const int row = m0 + warp_row0 + r;
-    if (row < seq.tq && c < p.head_dim) {
+    if (row < seq.tq && c < head_dim) {
       const Bytes16 chunk = ld_shared(reinterpret_cast<const Bytes16 *>(sQ + Layout::offset(warp_row0 + r, c)));
       st_global(reinterpret_cast<Bytes16 *>(out + row * p.o_row_stride + c), chunk);
     }
@@ -238,6 +238,9 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void prefill_kernel(co
   const int m0 = m_block * kBr;
   if (m0 >= seq.tq) return; // past this sequence's end (varlen, or an empty sequence): no rows here
 
+  // The columns this kernel loads and stores: the head dim, or (a width without predicated columns,
+  // tile_config.cuh) the compile-time width, which folds every column check away.
+  const int head_dim = kPredicatedColumns<kHeadDim> ? p.head_dim : kHeadDim;
   CtaContext<T, Cfg> cta;
   cta.a_lane = a_lanes<kHeadDim>();
   cta.k_lane = b_nk_lanes<kHeadDim>();
@@ -252,7 +255,6 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void prefill_kernel(co
   cta.tq = seq.tq;
   cta.tk = seq.tk;
   cta.warp_row0 = warp_id() * 16 * Cfg::kMTiles;
-  cta.head_dim = p.head_dim;
   cta.window = effective_window(p.score_mod, p.causal != 0, seq.tq, seq.tk);
   cta.softmax_scale_log2 = p.scale_log2;
   if constexpr (kVariant) {
@@ -273,8 +275,8 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void prefill_kernel(co
 
   if (range.n_end > range.n_begin) {
     const T *q = static_cast<const T *>(p.q) + seq.q_offset + m0 * p.q_row_stride;
-    cp_async_tile<kBr, kHeadDim, Cfg::kThreads, true>(cta.sQ, q, p.q_row_stride, seq.tq - m0, p.head_dim);
-    cta.template load_kv_async<true>(range.n_end - 1, 0);
+    cp_async_tile<kBr, kHeadDim, Cfg::kThreads, true>(cta.sQ, q, p.q_row_stride, seq.tq - m0, head_dim);
+    cta.template load_kv_async<true>(range.n_end - 1, 0, head_dim);
     cp_async_commit();
   }
   int n = range.n_end - 1;
@@ -282,17 +284,17 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void prefill_kernel(co
   // Without a left window bound (every plain kernel) n_begin and n_interior_begin are 0: today's two loops.
   const int n_begin = kVariant ? range.n_begin : 0;
   for (; n >= range.n_mask_begin; --n, buf = next_buffer<Cfg>(buf))
-    kv_tile_step<true, kVariant>(cta, n, n_begin, buf, o, softmax);
+    kv_tile_step<true, kVariant>(cta, n, n_begin, buf, head_dim, o, softmax);
   for (; n >= (kVariant ? range.n_interior_begin : 0); --n, buf = next_buffer<Cfg>(buf))
-    kv_tile_step<false, kVariant>(cta, n, n_begin, buf, o, softmax);
+    kv_tile_step<false, kVariant>(cta, n, n_begin, buf, head_dim, o, softmax);
   if constexpr (kVariant) {
     for (; n >= n_begin; --n, buf = next_buffer<Cfg>(buf)) // the window's left edge
-      kv_tile_step<true, kVariant>(cta, n, n_begin, buf, o, softmax);
+      kv_tile_step<true, kVariant>(cta, n, n_begin, buf, head_dim, o, softmax);
   }
 
   float lse[2 * Cfg::kMTiles];
   softmax.finalize(o, lse, cta.softmax_scale_log2, sink_logit(p.score_mod, bid.y));
-  store_output<T, Cfg>(p, seq, m0, cta.warp_row0, cta.sQ, o, lse);
+  store_output<T, Cfg>(p, seq, m0, cta.warp_row0, cta.sQ, o, lse, head_dim);
 }
 
 } // namespace
@@ -329,6 +331,9 @@ namespace {
 template <int kHeadDim> int launch_prefill(void (*kernel)(FaPrefillParams), const char *name, const FaPrefillParams &p,
                                            FaExec *exec) {
   using Cfg = TileConfig<kHeadDim>;
+  // A width without predicated columns computes exactly kHeadDim columns (fa/head_dim.cuh never maps
+  // another dim to it; this guards the kernel's memory safety should the mapping change).
+  if (!kPredicatedColumns<kHeadDim> && p.head_dim != kHeadDim) return FA_ERR_UNSUPPORTED;
   const int m_blocks = p.seqlen_q / Cfg::kBr + (p.seqlen_q % Cfg::kBr != 0);
   if (m_blocks == 0 || p.batch == 0 || p.heads_q == 0) return FA_OK; // nothing to compute
   if (p.heads_q > 65535 || p.batch > 65535) return FA_ERR_INVALID;

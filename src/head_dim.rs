@@ -29,7 +29,11 @@ pub fn supported(d: usize) -> bool {
 
 /// The prefill kernel width serving `d` (`prefill_width` in head_dim.cuh), or `None` if unsupported.
 pub fn prefill_width(d: usize) -> Option<usize> {
-    supported(d).then(|| if d > 192 { 256 } else { d.div_ceil(32) * 32 })
+    supported(d).then(|| match d {
+        193.. => 256,
+        97..=127 => 160, // the 128 kernels have no predicated columns (tile_config.cuh: kPredicatedColumns)
+        _ => d.div_ceil(32) * 32,
+    })
 }
 
 /// The decode kernel width serving `d` (`decode_width` in head_dim.cuh), or `None` if unsupported.
@@ -61,10 +65,14 @@ mod tests {
         for d in HEAD_DIMS {
             let (p, w) = (prefill_width(d).unwrap(), decode_width(d).unwrap());
             assert!([32, 64, 96, 128, 160, 192, 256].contains(&p) && p >= d, "{d} -> {p}");
-            assert!(p - d < if p == 256 { 64 } else { 32 }, "{d} -> {p}");
+            assert!(p - d < if p >= 160 { 64 } else { 32 }, "{d} -> {p}");
+            assert!(p != 128 || d == 128, "the 128 kernels serve only 128");
             assert!([64, 128, 256].contains(&w) && w >= d, "{d} -> {w}");
         }
-        assert_eq!([80, 96, 112, 160, 200].map(|d| prefill_width(d).unwrap()), [96, 96, 128, 160, 256]);
+        assert_eq!(
+            [80, 96, 104, 112, 120, 128, 136, 160, 200].map(|d| prefill_width(d).unwrap()),
+            [96, 96, 160, 160, 160, 128, 160, 160, 256]
+        );
         assert_eq!([40, 72, 136].map(|d| decode_width(d).unwrap()), [64, 128, 256]);
     }
 }

@@ -488,6 +488,7 @@ mod tests {
             TileConfig::for_head_dim(80).unwrap(),
             TileConfig { head_dim: 80, ..TileConfig::for_head_dim(96).unwrap() }
         );
+        assert_eq!(TileConfig::for_head_dim(112).unwrap().width, 160);
         assert!(TileConfig::for_head_dim(100).is_none());
         assert!(TileConfig::for_head_dim(24).is_none());
         assert!(TileConfig::for_head_dim(264).is_none());

@@ -10,12 +10,14 @@
 // output columns in P V, which are dropped; what padding costs is tensor-core time and shared memory.
 //
 // Prefill (compute-bound: the padded columns' MMAs are real work) gets a width every 32 columns up to 192
-// (32, 64, 96, 128, 160, 192) and 256 above: at most 24 padded columns (<= 25% extra MMAs; e.g. Phi-2's 80
-// runs at 96, 160 and 192 exactly), except 200-248 at 256 (<= 22%, 224: 12.5%). 32 is the swizzle's
-// granularity (fa/swizzle.cuh: rows of 32 mod 64 or 0 mod 64 elements), so finer widths would need a new
-// layout. 160 and 192 are their own instantiations rather than 256 (which would waste 37% / 25% of the
-// MMAs): they cost ~8 extra kernels of nvcc time (measured in tile_config.cuh); a 224 would save at most
-// 12.5% for dims 200-224, not worth another ~1/7 of the prefill build.
+// (32, 64, 96, 128, 160, 192) and 256 above: at most 24 padded columns (e.g. Phi-2's 80 runs at 96 (+20%
+// MMAs), 160 and 192 exactly), except 104-120, which run at 160 (the 128 kernels have no predicated
+// columns: fa/prefill/tile_config.cuh, kPredicatedColumns; 112 at 160 is +43% MMAs), and 200-248 at 256
+// (<= 28%; 224: +14%). 32 is the swizzle's granularity (fa/swizzle.cuh: rows of 32 mod 64 or 0 mod 64
+// elements), so finer widths would need a new layout. 160 and 192 are their own instantiations rather than
+// 256 (which would waste 37% / 25% of the MMAs): they cost 8 extra kernels of nvcc time (measured in
+// tile_config.cuh); a 224 would save at most 12.5% for dims 200-224, not worth another ~1/7 of the
+// prefill build.
 //
 // Decode (memory-bound: the predicated loads read only D columns, so padding costs only tensor time, which
 // decode has plenty of, and shared memory, which fits) keeps its three widths 64, 128, 256: its
@@ -38,7 +40,9 @@ FA_HOST_DEVICE constexpr bool head_dim_supported(int d) {
 
 // The prefill (dense, varlen and paged) kernel width for a supported d: fa/prefill/tile_config.cuh has a
 // TileConfig for each value.
-FA_HOST_DEVICE constexpr int prefill_width(int d) { return d > 192 ? 256 : (d + 31) / 32 * 32; }
+FA_HOST_DEVICE constexpr int prefill_width(int d) {
+  return d > 192 ? 256 : (d > 96 && d < 128) ? 160 : (d + 31) / 32 * 32;
+}
 
 // The decode kernel width for a supported d: fa/decode/traits.cuh has Traits for each value.
 FA_HOST_DEVICE constexpr int decode_width(int d) { return d <= 64 ? 64 : (d <= 128 ? 128 : 256); }

@@ -20,7 +20,8 @@ struct alignas(16) Bytes16 {
 // Copies rows [0, kRows) x cols [0, kCols) from gmem (row r at gmem + r * row_stride, 16-byte aligned) into
 // smem. All kThreads threads of the block call it; the caller commits and waits. With kPredicated false
 // every row must exist (valid_rows is ignored): no row compares, no selects, fewer live registers.
-// valid_cols (a multiple of 8, <= kCols) is always honoured: a chunk is wholly inside or outside it.
+// valid_cols (a multiple of 8, <= kCols) is always honoured: a chunk is wholly inside or outside it, and the
+// chunks past it are zero-filled. A compile-time valid_cols == kCols folds every column check away.
 template <int kRows, int kCols, int kThreads, bool kPredicated, class T>
 FA_DEVICE void cp_async_tile(T *smem, const T *gmem, int64_t row_stride, int valid_rows, int valid_cols = kCols) {
   using Layout = SwizzledRows<kCols>;
@@ -47,7 +48,10 @@ FA_DEVICE void cp_async_tile(T *smem, const T *gmem, int64_t row_stride, int val
         const bool in_range = col_in_range && row < valid_rows;
         cp_async_cg_16(smem + dst, in_range ? src : gmem, in_range);
       } else {
-        cp_async_cg_16(smem + dst, col_in_range ? src : gmem, col_in_range);
+        // A predicated-off copy reads nothing (src-size 0), so its address (for a column past D of the
+        // last row, past the tensor's end) is never dereferenced: no select back to row 0 as above, which
+        // would keep a second address live per copy.
+        cp_async_cg_16(smem + dst, src, col_in_range);
       }
       src += step;
     }

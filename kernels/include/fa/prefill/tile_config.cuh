@@ -27,10 +27,11 @@
 //   256 | 1       | 64  | 32 | 2      | 96 KiB | O alone is 128 regs at 16 rows/warp; Bc 64 or a third
 //       |         |     |    |        |        | stage would need more than sm_86/89's 99 KiB
 //
-// Why 160 and 192 exist (dims 136-192 ran at 256 before; fa/head_dim.cuh): padding 160 to 256 is 37% wasted
-// MMAs (192: 25%) in a compute-bound kernel, while the two widths add 8 kernels to prefill.cu's nvcc time:
-// measured (4 arches, nvcc -fatbin of prefill.cu alone, user CPU on this 2-core machine): 20 kernels
-// TIME_BEFORE, 28 kernels TIME_AFTER. 224 is not instantiated: dims 200-224 at 256 waste at most 22%.
+// Why 160 and 192 exist (fa/head_dim.cuh; without them dims 136-192 would run at 256): padding 160 to 256
+// wastes 37% of the MMAs (192: 25%) in a compute-bound kernel, while the two widths add 8 kernels to
+// prefill.cu's nvcc time: measured (4 arches, nvcc -fatbin of prefill.cu alone, user CPU, this 2-core
+// machine shared with other builds): 20 kernels 59 s, 28 kernels 82 s (+39%). 224 is not instantiated:
+// dims 200-224 at 256 are at most 28% more MMAs (224: 14%).
 #pragma once
 
 #include "fa/namespace.cuh"
@@ -61,6 +62,13 @@ template <> struct TileConfig<128> : TileShape<128, 2, 32, 3> {};
 template <> struct TileConfig<160> : TileShape<160, 1, 32, 3> {};
 template <> struct TileConfig<192> : TileShape<192, 1, 32, 3> {};
 template <> struct TileConfig<256> : TileShape<256, 1, 32, 2> {};
+
+// Whether the kernel of width kHeadDim serves head dims below it (predicated columns, fa/head_dim.cuh). Not
+// 128: that config runs at 255 registers, and the per-copy column predicate in its K/V loop makes its _mod
+// kernel spill on sm_90a (16 bytes; a skip-the-copy branch instead of a predicate spills the same), so its
+// kernels compile without any column logic (exactly their code before head dims were generalised) and dims
+// 104-120 run at 160. Revisit with the d128 retiling.
+template <int kHeadDim> constexpr bool kPredicatedColumns = kHeadDim != 128;
 
 } // namespace prefill
 FA_NAMESPACE_END
