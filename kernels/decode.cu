@@ -109,8 +109,9 @@ template <class T, int D, bool kVariant> FA_DEVICE void paged_decode_kernel(cons
   const int chunk = tid % Tr::kChunksPerRow;
   const int row0 = tid / Tr::kChunksPerRow;
   const bool chunk_in_range = chunk * 8 < p.head_dim;
-  const T *k_base = static_cast<const T *>(p.cache.k_cache) + kv_head * p.cache.k_head_stride + chunk * 8;
-  const T *v_base = static_cast<const T *>(p.cache.v_cache) + kv_head * p.cache.v_head_stride + chunk * 8;
+  const int col = chunk_in_range ? chunk * 8 : 0; // a zero-filled chunk's (unread) addresses stay inside the row
+  const T *k_base = static_cast<const T *>(p.cache.k_cache) + kv_head * p.cache.k_head_stride + col;
+  const T *v_base = static_cast<const T *>(p.cache.v_cache) + kv_head * p.cache.v_head_stride + col;
 
   // Page of row `tid` of tile x (threads < kTileTokens), or kNoPage past the chunk's end.
   auto tile_page = [&](int x) -> int {
@@ -157,7 +158,7 @@ template <class T, int D, bool kVariant> FA_DEVICE void paged_decode_kernel(cons
   };
 
   // Q rows of this CTA's heads (rows >= `rows` zero-filled); they travel in the first group.
-  const T *q = static_cast<const T *>(p.q) + b * p.q_batch_stride + chunk * 8;
+  const T *q = static_cast<const T *>(p.q) + b * p.q_batch_stride + col;
   for (int r = row0; r < Tr::kRows; r += Tr::kRowsPerPass) {
     const bool valid = r < rows && chunk_in_range;
     cp_async_cg_16(q_smem + Tile::offset(r, chunk), q + (valid ? head0 + r : head0) * p.q_head_stride, valid);
@@ -291,7 +292,8 @@ template <class T, int D, bool kVariant> FA_DEVICE void paged_decode_kernel(cons
 } // namespace decode
 FA_NAMESPACE_END
 
-// One kernel per (dtype, tile width (fa/head_dim.cuh), softcap/ALiBi): 128 threads, 3 CTAs per SM (traits.cuh).
+// One kernel per (dtype, tile width (fa/head_dim.cuh), softcap/ALiBi): 128 threads, 3 CTAs per SM
+// (traits.cuh).
 #define FA_DECODE_KERNEL(name, T, D, kMod)                                                                   \
   FA_KERNEL(name, 128, 3, FaDecodeParams, (fa::decode::paged_decode_kernel<T, D, kMod>))
 #define FA_DECODE_KERNELS(dt, T, D)                                                                          \

@@ -301,7 +301,8 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void prefill_kernel(co
 } // namespace prefill
 FA_NAMESPACE_END
 
-// One kernel per (dtype, tile width, score mod) (fa/head_dim.cuh maps head dims to widths); 4 warps, one CTA per SM at 255 registers (tile_config.cuh).
+// One kernel per (dtype, tile width (fa/head_dim.cuh maps head dims to widths), score mod); 4 warps, one CTA
+// per SM at 255 registers (tile_config.cuh).
 // The _mod kernels apply softcap and ALiBi to every score (fa/score_mod.cuh says why that is a template).
 #define FA_PREFILL_KERNEL(name, T, D, kMod)                                                                  \
   FA_KERNEL(name, fa::prefill::TileConfig<D>::kThreads, 1, FaPrefillParams, (fa::prefill::prefill_kernel<T, D, kMod>))

@@ -38,11 +38,12 @@ pub fn prefill_width(d: usize) -> Option<usize> {
 
 /// The decode kernel width serving `d` (`decode_width` in head_dim.cuh), or `None` if unsupported.
 pub fn decode_width(d: usize) -> Option<usize> {
-    supported(d).then(|| match d {
-        ..=64 => 64,
-        ..=128 => 128,
+    let width = match d {
+        0..=64 => 64,
+        65..=128 => 128,
         _ => 256,
-    })
+    };
+    supported(d).then_some(width)
 }
 
 /// "multiples of 8 from 32 to 256", for error messages.

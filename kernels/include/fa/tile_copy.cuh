@@ -1,9 +1,9 @@
 // Asynchronous global -> shared copy of a row-major tile of 16-bit elements (fa/swizzle.cuh layout) with
 // cp.async 16-byte transfers, predicated per row and per 16-byte column chunk: rows at or past `valid_rows`
 // (ragged sequence ends) and columns at or past `valid_cols` (a head dim below the tile width,
-// fa/head_dim.cuh) are zero-filled in shared memory and their global memory is never read. Consecutive threads take
-// consecutive 16-byte chunks of a row, so each 8-thread phase reads 128 contiguous bytes of global memory
-// and writes a permutation of one 128-byte shared line (conflict-free).
+// fa/head_dim.cuh) are zero-filled in shared memory and their global memory is never read. Consecutive
+// threads take consecutive 16-byte chunks of a row, so each 8-thread phase reads 128 contiguous bytes of
+// global memory and writes a permutation of one 128-byte shared line (conflict-free).
 #pragma once
 
 #include "fa/intrinsics.cuh"
@@ -34,9 +34,10 @@ FA_DEVICE void cp_async_tile(T *smem, const T *gmem, int64_t row_stride, int val
     constexpr int kRowStep = kThreads / kChunks;
     const int r = thread_idx() / kChunks;
     const int c = (thread_idx() % kChunks) * 8;
-    // A column chunk past valid_cols is this thread's for every row: it copies nothing but zeros.
+    // A column chunk past valid_cols is this thread's for every row: it copies nothing but zeros, from
+    // addresses at column 0 (inside the row, like a predicated-off row's address below).
     const bool col_in_range = c < valid_cols;
-    const T *src = gmem + r * row_stride + c;
+    const T *src = gmem + r * row_stride + (col_in_range ? c : 0);
     const int64_t step = kRowStep * row_stride;
 #pragma unroll
     for (int i = 0; i < kRows / kRowStep; ++i) {
@@ -48,9 +49,8 @@ FA_DEVICE void cp_async_tile(T *smem, const T *gmem, int64_t row_stride, int val
         const bool in_range = col_in_range && row < valid_rows;
         cp_async_cg_16(smem + dst, in_range ? src : gmem, in_range);
       } else {
-        // A predicated-off copy reads nothing (src-size 0), so its address (for a column past D of the
-        // last row, past the tensor's end) is never dereferenced: no select back to row 0 as above, which
-        // would keep a second address live per copy.
+        // No per-copy select back to row 0 as above (a second live address per copy): src is inside the
+        // row already, and a predicated-off copy reads nothing (src-size 0).
         cp_async_cg_16(smem + dst, src, col_in_range);
       }
       src += step;

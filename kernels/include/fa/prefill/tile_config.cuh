@@ -30,7 +30,7 @@
 // Why 160 and 192 exist (fa/head_dim.cuh; without them dims 136-192 would run at 256): padding 160 to 256
 // wastes 37% of the MMAs (192: 25%) in a compute-bound kernel, while the two widths add 8 kernels to
 // prefill.cu's nvcc time: measured (4 arches, nvcc -fatbin of prefill.cu alone, user CPU, this 2-core
-// machine shared with other builds): 20 kernels 59 s, 28 kernels 82 s (+39%). 224 is not instantiated:
+// machine shared with other builds): 20 kernels 59 s, 28 kernels 82-90 s (+40-50%). 224 is not built:
 // dims 200-224 at 256 are at most 28% more MMAs (224: 14%).
 #pragma once
 
