@@ -1,7 +1,10 @@
 // Paged decode: one query token per sequence against its paged K/V, GQA-aware and split-KV
 // (flash-decoding). Shapes: q [B, Hq, D], o [B, Hq, D], lse [B, Hq] (natural log) or NULL; the cache as in
 // fa/paged_view.cuh. The CTA mapping, tile and pipeline are described in fa/decode/traits.cuh; the per-warp
-// math in fa/decode/warp_attention.cuh.
+// math in fa/decode/warp_attention.cuh. The kernel's D is a tile width that serves every head dim
+// fa/head_dim.cuh maps to it (p.head_dim <= D): a thread whose 16-byte column chunk lies at or past the head
+// dim zero-fills it (Q, K and V alike, never reading global memory), so the padded columns add nothing to
+// the scores and give zero output columns, which are not stored.
 //
 // Grid (num_splits, Hkv * ceil(G/16), B). A CTA walks its chunk [begin, end) of the sequence in KV tiles:
 //   prologue: Q and tiles 0..kStages-2 in flight (cp.async, 16 bytes per instruction);
@@ -37,6 +40,7 @@
 #include "fa/decode/vec8.cuh"
 #include "fa/decode/warp_attention.cuh"
 #include "fa/fp8_tile.cuh"
+#include "fa/head_dim.cuh"
 #include "fa/intrinsics.cuh"
 #include "fa/paged_view.cuh"
 #include "fa/score_mod.cuh"
@@ -107,16 +111,22 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void paged_decode_
   const int end = (split == p.num_splits - 1 || seq_len - begin <= p.split_tokens) ? seq_len : begin + p.split_tokens;
   const int num_tiles = (end - begin + kTileTokens - 1) / kTileTokens;
 
-  // This thread's cp.async assignment: one 16-byte column chunk of kLoadsPerThread rows of every tile.
+  // This thread's cp.async assignment: one 16-byte column chunk of kLoadsPerThread rows of every tile; a
+  // chunk past the head dim is zero-filled in every row.
   const int chunk = tid % Tr::kChunksPerRow;
   const int row0 = tid / Tr::kChunksPerRow;
-  const T *k_base = static_cast<const T *>(p.cache.k_cache) + kv_head * p.cache.k_head_stride + chunk * 8;
-  const T *v_base = static_cast<const T *>(p.cache.v_cache) + kv_head * p.cache.v_head_stride + chunk * 8;
-  // FP8: one byte per element, 16-element chunks.
+  const bool chunk_in_range = chunk * 8 < p.head_dim;
+  const int col = chunk_in_range ? chunk * 8 : 0; // a zero-filled chunk's (unread) addresses stay inside the row
+  const T *k_base = static_cast<const T *>(p.cache.k_cache) + kv_head * p.cache.k_head_stride + col;
+  const T *v_base = static_cast<const T *>(p.cache.v_cache) + kv_head * p.cache.v_head_stride + col;
+  // FP8: one byte per element, 16-element chunks (FP8 rows are whole 16-byte chunks: head_dim % 16 == 0,
+  // checked by the launcher), zero-filled past the head dim like the 16-bit ones.
   const int chunk8 = tid % Tr::kFp8ChunksPerRow;
   const int row8 = tid / Tr::kFp8ChunksPerRow;
-  const uint8_t *k8_base = static_cast<const uint8_t *>(p.cache.k_cache) + kv_head * p.cache.k_head_stride + chunk8 * 16;
-  const uint8_t *v8_base = static_cast<const uint8_t *>(p.cache.v_cache) + kv_head * p.cache.v_head_stride + chunk8 * 16;
+  const bool chunk8_in_range = chunk8 * 16 < p.head_dim;
+  const int col8 = chunk8_in_range ? chunk8 * 16 : 0;
+  const uint8_t *k8_base = static_cast<const uint8_t *>(p.cache.k_cache) + kv_head * p.cache.k_head_stride + col8;
+  const uint8_t *v8_base = static_cast<const uint8_t *>(p.cache.v_cache) + kv_head * p.cache.v_head_stride + col8;
 
   // Page of row `tid` of tile x (threads < kTileTokens), or kNoPage past the chunk's end.
   auto tile_page = [&](int x) -> int {
@@ -155,8 +165,8 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void paged_decode_
         const int row = row8 + i * Tr::kFp8RowsPerPass;
         const RowOffsets off = ld_shared(ring + row);
         const bool valid = off.k >= 0;
-        cp_async_cg_16(k_dst + row * D + chunk8 * 16, valid ? k8_base + off.k : k8_base, valid);
-        cp_async_cg_16(v_dst + row * D + chunk8 * 16, valid ? v8_base + off.v : v8_base, valid);
+        cp_async_cg_16(k_dst + row * D + chunk8 * 16, valid ? k8_base + off.k : k8_base, valid && chunk8_in_range);
+        cp_async_cg_16(v_dst + row * D + chunk8 * 16, valid ? v8_base + off.v : v8_base, valid && chunk8_in_range);
       }
     } else if (x < num_tiles) {
       unsigned char *k_dst = stages + (x % kStages) * Tr::kStageBytes;
@@ -166,7 +176,7 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void paged_decode_
       for (int i = 0; i < Tr::kLoadsPerThread; ++i) {
         const int row = row0 + i * Tr::kRowsPerPass;
         const RowOffsets off = ld_shared(ring + row);
-        const bool valid = off.k >= 0;
+        const bool valid = off.k >= 0 && chunk_in_range;
         cp_async_cg_16(k_dst + Tile::offset(row, chunk), valid ? k_base + off.k : k_base, valid);
         cp_async_cg_16(v_dst + Tile::offset(row, chunk), valid ? v_base + off.v : v_base, valid);
       }
@@ -175,9 +185,9 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void paged_decode_
   };
 
   // Q rows of this CTA's heads (rows >= `rows` zero-filled); they travel in the first group.
-  const T *q = static_cast<const T *>(p.q) + b * p.q_batch_stride + chunk * 8;
+  const T *q = static_cast<const T *>(p.q) + b * p.q_batch_stride + col;
   for (int r = row0; r < Tr::kRows; r += Tr::kRowsPerPass) {
-    const bool valid = r < rows;
+    const bool valid = r < rows && chunk_in_range;
     cp_async_cg_16(q_smem + Tile::offset(r, chunk), q + (valid ? head0 + r : head0) * p.q_head_stride, valid);
   }
 #pragma unroll
@@ -272,11 +282,13 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void paged_decode_
 
   // Epilogue 2: combine the token groups (the same guarded merge as merge.cu, in the exp2 domain), with the
   // sink as one more (value-free) state when there is one and this CTA writes o itself, normalise, and
-  // store 8 columns per item with 16-byte stores.
+  // store 8 columns per item with 16-byte stores (none past the head dim).
+  const int head_chunks = p.head_dim / 8;
   const bool add_sink = p.score_mod.sinks != nullptr && p.num_splits == 1;
   for (int item = tid; item < rows * Tr::kChunksPerRow; item += Tr::kThreads) {
     const int r = item / Tr::kChunksPerRow;
     const int c = item % Tr::kChunksPerRow;
+    if (c >= head_chunks) continue;
     float m_max = kNegInf;
 #pragma unroll
     for (int g = 0; g < Tr::kTokenGroups; ++g) m_max = fmaxf(m_max, ld_shared(stats + (g * Tr::kRows + r) * 2));
@@ -320,7 +332,8 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void paged_decode_
 } // namespace decode
 FA_NAMESPACE_END
 
-// One kernel per (dtype, head dim, softcap/ALiBi): 128 threads, 3 CTAs per SM (traits.cuh).
+// One kernel per (dtype, tile width (fa/head_dim.cuh), softcap/ALiBi, cache dtype): 128 threads, 3 CTAs per
+// SM (traits.cuh).
 #define FA_DECODE_KERNEL(name, T, D, kMod, kFp8)                                                             \
   FA_KERNEL(name, 128, 3, FaDecodeParams, (fa::decode::paged_decode_kernel<T, D, kMod, kFp8>))
 // _fp8: an FP8 cache (either format, chosen at run time) under 16-bit queries and outputs.
@@ -356,16 +369,17 @@ template <int D> int launch_decode(void (*kernel)(FaDecodeParams), const char *n
                  : launch_decode<D>(kernel##_fp8, #kernel "_fp8", p, exec);                                  \
     return mod ? launch_decode<D>(kernel##_mod, #kernel "_mod", p, exec) : launch_decode<D>(kernel, #kernel, p, exec)
 int dispatch(const FaDecodeParams &p, FaExec *exec) {
+  if (!head_dim_supported(p.head_dim)) return FA_ERR_UNSUPPORTED;
   const bool mod = needs_score_mod(p.score_mod);
   const bool fp8 = p.cache.kv_dtype != FA_KV_SAME;
   if (p.dtype == FA_DTYPE_F16) {
-    switch (p.head_dim) {
+    switch (decode_width(p.head_dim)) {
       FA_DECODE_CASE(64, fa_paged_decode_f16_d64);
       FA_DECODE_CASE(128, fa_paged_decode_f16_d128);
       FA_DECODE_CASE(256, fa_paged_decode_f16_d256);
     }
   } else if (p.dtype == FA_DTYPE_BF16) {
-    switch (p.head_dim) {
+    switch (decode_width(p.head_dim)) {
       FA_DECODE_CASE(64, fa_paged_decode_bf16_d64);
       FA_DECODE_CASE(128, fa_paged_decode_bf16_d128);
       FA_DECODE_CASE(256, fa_paged_decode_bf16_d256);
@@ -383,6 +397,7 @@ inline bool valid_params(const FaDecodeParams &p) {
   if (c.max_pages_per_seq < 1 || c.num_pages < 1) return false;
   const bool fp8 = c.kv_dtype == FA_KV_FP8_E4M3 || c.kv_dtype == FA_KV_FP8_E5M2;
   if (!fp8 && c.kv_dtype != FA_KV_SAME) return false;
+  if (fp8 && p.head_dim % 16 != 0) return false; // FP8 rows are whole 16-byte chunks: none straddles head_dim
   // FP8: scales per tensor or per KV head (their values are checked by the Rust layer).
   if (fp8 && (c.k_scale == nullptr || c.v_scale == nullptr || ((uintptr_t)c.k_scale & 3u) != 0 ||
               ((uintptr_t)c.v_scale & 3u) != 0 || (c.scale_head_stride != 0 && c.scale_head_stride != 1)))

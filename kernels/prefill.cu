@@ -16,7 +16,11 @@
 //     O += P V            (P converted to 16-bit in registers as the A operand; V through ldmatrix.trans)
 //   O /= rowsum (with the sink, if any, in it), LSE = ln-domain log-sum-exp; rows that saw no key: O = 0,
 //   LSE = -inf (or the sink's logit).
+// The kernel's head dim is a tile width W (Cfg::kHeadDim); it serves every head dim D <= W that
+// fa/head_dim.cuh maps to it: Q, K and V columns at or past D are zero-filled, never read, and O's are never
+// stored.
 #include "fa/abi.h"
+#include "fa/head_dim.cuh"
 #include "fa/intrinsics.cuh"
 #include "fa/mma_tile.cuh"
 #include "fa/online_softmax.cuh"
@@ -93,14 +97,14 @@ template <class T, class Cfg> struct CtaContext {
 
   // Starts loading KV tile n into buffer buf. Only the top tile can be ragged (Tk % Bc != 0), and it is
   // loaded before the loop (kPredicated); the tiles prefetched inside the loop lie below it, so they are
-  // always full and skip the row predicates.
-  template <bool kPredicated> FA_DEVICE void load_kv_async(int n, int buf) const {
+  // always full and skip the row predicates. Columns at or past head_dim (<= Cfg::kHeadDim) are zero-filled.
+  template <bool kPredicated> FA_DEVICE void load_kv_async(int n, int buf, int head_dim) const {
     constexpr int kTile = Cfg::kBc * Cfg::kHeadDim;
     const int key0 = n * Cfg::kBc;
     cp_async_tile<Cfg::kBc, Cfg::kHeadDim, Cfg::kThreads, kPredicated>(sK + buf * kTile, k + key0 * k_row_stride,
-                                                                       k_row_stride, tk - key0);
+                                                                       k_row_stride, tk - key0, head_dim);
     cp_async_tile<Cfg::kBc, Cfg::kHeadDim, Cfg::kThreads, kPredicated>(sV + buf * kTile, v + key0 * v_row_stride,
-                                                                       v_row_stride, tk - key0);
+                                                                       v_row_stride, tk - key0, head_dim);
   }
 };
 
@@ -134,13 +138,13 @@ FA_DEVICE void apply_score_mod(float (&s)[kMT][kNB][4], int row0, int key0, int 
 // One KV tile: prefetch the next (down to n_begin), wait for this one, S = Q Kᵀ, (score variants), (mask),
 // online softmax, O += P V.
 template <bool kMasked, bool kVariant, class T, class Cfg>
-FA_DEVICE void kv_tile_step(const CtaContext<T, Cfg> &cta, int n, int n_begin, int buf,
+FA_DEVICE void kv_tile_step(const CtaContext<T, Cfg> &cta, int n, int n_begin, int buf, int head_dim,
                             float (&o)[Cfg::kMTiles][Cfg::kHeadDim / 8][4], OnlineSoftmax<Cfg::kMTiles> &softmax) {
   constexpr int kTile = Cfg::kBc * Cfg::kHeadDim;
   if (n > n_begin) {
     // With 3 buffers, next_buffer(buf) was last read two steps ago, before every warp passed the previous
     // step's barrier; with 2 it was read in the previous step, ordered by that step's trailing barrier.
-    cta.template load_kv_async<false>(n - 1, next_buffer<Cfg>(buf));
+    cta.template load_kv_async<false>(n - 1, next_buffer<Cfg>(buf), head_dim);
     cp_async_commit();
     cp_async_wait<1>(); // everything but the prefetch just issued: tile n (and Q) have landed
   } else {
@@ -164,13 +168,15 @@ FA_DEVICE void kv_tile_step(const CtaContext<T, Cfg> &cta, int n, int n_begin, i
   if (Cfg::kStages == 2) sync_threads();
 }
 
-// Writes this warp's rows of O (16-bit) and LSE (fp32, if requested); rows past Tq are not written.
+// Writes this warp's rows of O (16-bit) and LSE (fp32, if requested); rows past Tq and columns past the
+// head dim are not written.
 // O is staged through this warp's own rows of the Q tile in shared memory (no other warp reads them, and
 // this warp's last ldmatrix of Q is behind it), so that global stores are whole 16-byte chunks with
 // consecutive lanes on consecutive chunks of a row, instead of 4-byte pieces scattered over 8 rows.
 template <class T, class Cfg>
 FA_DEVICE void store_output(const FaPrefillParams &p, const SeqInfo &seq, int m0, int warp_row0, T *sQ,
-                            const float (&o)[Cfg::kMTiles][Cfg::kHeadDim / 8][4], const float (&lse)[2 * Cfg::kMTiles]) {
+                            const float (&o)[Cfg::kMTiles][Cfg::kHeadDim / 8][4], const float (&lse)[2 * Cfg::kMTiles],
+                            int head_dim) {
   using Layout = SwizzledRows<Cfg::kHeadDim>;
   constexpr int kRows = 16 * Cfg::kMTiles;
   constexpr int kChunks = Cfg::kHeadDim / 8;
@@ -199,7 +205,7 @@ FA_DEVICE void store_output(const FaPrefillParams &p, const SeqInfo &seq, int m0
     const int r = idx / kChunks;
     const int c = (idx % kChunks) * 8;
     const int row = m0 + warp_row0 + r;
-    if (row < seq.tq) {
+    if (row < seq.tq && c < head_dim) {
       const Bytes16 chunk = ld_shared(reinterpret_cast<const Bytes16 *>(sQ + Layout::offset(warp_row0 + r, c)));
       st_global(reinterpret_cast<Bytes16 *>(out + row * p.o_row_stride + c), chunk);
     }
@@ -232,6 +238,9 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void prefill_kernel(co
   const int m0 = m_block * kBr;
   if (m0 >= seq.tq) return; // past this sequence's end (varlen, or an empty sequence): no rows here
 
+  // The columns this kernel loads and stores: the head dim, or (a width without predicated columns,
+  // tile_config.cuh) the compile-time width, which folds every column check away.
+  const int head_dim = kPredicatedColumns<kHeadDim> ? p.head_dim : kHeadDim;
   CtaContext<T, Cfg> cta;
   cta.a_lane = a_lanes<kHeadDim>();
   cta.k_lane = b_nk_lanes<kHeadDim>();
@@ -266,8 +275,8 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void prefill_kernel(co
 
   if (range.n_end > range.n_begin) {
     const T *q = static_cast<const T *>(p.q) + seq.q_offset + m0 * p.q_row_stride;
-    cp_async_tile<kBr, kHeadDim, Cfg::kThreads, true>(cta.sQ, q, p.q_row_stride, seq.tq - m0);
-    cta.template load_kv_async<true>(range.n_end - 1, 0);
+    cp_async_tile<kBr, kHeadDim, Cfg::kThreads, true>(cta.sQ, q, p.q_row_stride, seq.tq - m0, head_dim);
+    cta.template load_kv_async<true>(range.n_end - 1, 0, head_dim);
     cp_async_commit();
   }
   int n = range.n_end - 1;
@@ -275,24 +284,25 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void prefill_kernel(co
   // Without a left window bound (every plain kernel) n_begin and n_interior_begin are 0: today's two loops.
   const int n_begin = kVariant ? range.n_begin : 0;
   for (; n >= range.n_mask_begin; --n, buf = next_buffer<Cfg>(buf))
-    kv_tile_step<true, kVariant>(cta, n, n_begin, buf, o, softmax);
+    kv_tile_step<true, kVariant>(cta, n, n_begin, buf, head_dim, o, softmax);
   for (; n >= (kVariant ? range.n_interior_begin : 0); --n, buf = next_buffer<Cfg>(buf))
-    kv_tile_step<false, kVariant>(cta, n, n_begin, buf, o, softmax);
+    kv_tile_step<false, kVariant>(cta, n, n_begin, buf, head_dim, o, softmax);
   if constexpr (kVariant) {
     for (; n >= n_begin; --n, buf = next_buffer<Cfg>(buf)) // the window's left edge
-      kv_tile_step<true, kVariant>(cta, n, n_begin, buf, o, softmax);
+      kv_tile_step<true, kVariant>(cta, n, n_begin, buf, head_dim, o, softmax);
   }
 
   float lse[2 * Cfg::kMTiles];
   softmax.finalize(o, lse, cta.softmax_scale_log2, sink_logit(p.score_mod, bid.y));
-  store_output<T, Cfg>(p, seq, m0, cta.warp_row0, cta.sQ, o, lse);
+  store_output<T, Cfg>(p, seq, m0, cta.warp_row0, cta.sQ, o, lse, head_dim);
 }
 
 } // namespace
 } // namespace prefill
 FA_NAMESPACE_END
 
-// One kernel per (dtype, head dim, score mod); 4 warps, one CTA per SM at 255 registers (tile_config.cuh).
+// One kernel per (dtype, tile width (fa/head_dim.cuh maps head dims to widths), score mod); 4 warps, one CTA
+// per SM at 255 registers (tile_config.cuh).
 // The _mod kernels apply softcap and ALiBi to every score (fa/score_mod.cuh says why that is a template).
 #define FA_PREFILL_KERNEL(name, T, D, kMod)                                                                  \
   FA_KERNEL(name, fa::prefill::TileConfig<D>::kThreads, 1, FaPrefillParams, (fa::prefill::prefill_kernel<T, D, kMod>))
@@ -303,11 +313,15 @@ FA_PREFILL_KERNELS(f16, fa::half_t, 32)
 FA_PREFILL_KERNELS(f16, fa::half_t, 64)
 FA_PREFILL_KERNELS(f16, fa::half_t, 96)
 FA_PREFILL_KERNELS(f16, fa::half_t, 128)
+FA_PREFILL_KERNELS(f16, fa::half_t, 160)
+FA_PREFILL_KERNELS(f16, fa::half_t, 192)
 FA_PREFILL_KERNELS(f16, fa::half_t, 256)
 FA_PREFILL_KERNELS(bf16, fa::bf16_t, 32)
 FA_PREFILL_KERNELS(bf16, fa::bf16_t, 64)
 FA_PREFILL_KERNELS(bf16, fa::bf16_t, 96)
 FA_PREFILL_KERNELS(bf16, fa::bf16_t, 128)
+FA_PREFILL_KERNELS(bf16, fa::bf16_t, 160)
+FA_PREFILL_KERNELS(bf16, fa::bf16_t, 192)
 FA_PREFILL_KERNELS(bf16, fa::bf16_t, 256)
 
 #if defined(FA_HOST_BUILD)
@@ -318,6 +332,9 @@ namespace {
 template <int kHeadDim> int launch_prefill(void (*kernel)(FaPrefillParams), const char *name, const FaPrefillParams &p,
                                            FaExec *exec) {
   using Cfg = TileConfig<kHeadDim>;
+  // A width without predicated columns computes exactly kHeadDim columns (fa/head_dim.cuh never maps
+  // another dim to it; this guards the kernel's memory safety should the mapping change).
+  if (!kPredicatedColumns<kHeadDim> && p.head_dim != kHeadDim) return FA_ERR_UNSUPPORTED;
   const int m_blocks = p.seqlen_q / Cfg::kBr + (p.seqlen_q % Cfg::kBr != 0);
   if (m_blocks == 0 || p.batch == 0 || p.heads_q == 0) return FA_OK; // nothing to compute
   if (p.heads_q > 65535 || p.batch > 65535) return FA_ERR_INVALID;
@@ -335,21 +352,26 @@ bool needs_variant_kernel(const FaPrefillParams &p) {
   case D:                                                                                                    \
     return mod ? launch_prefill<D>(kernel##_mod, #kernel "_mod", p, exec) : launch_prefill<D>(kernel, #kernel, p, exec)
 int dispatch(const FaPrefillParams &p, FaExec *exec) {
+  if (!head_dim_supported(p.head_dim)) return FA_ERR_UNSUPPORTED;
   const bool mod = needs_variant_kernel(p);
   if (p.dtype == FA_DTYPE_F16) {
-    switch (p.head_dim) {
+    switch (prefill_width(p.head_dim)) {
       FA_PREFILL_CASE(32, fa_prefill_f16_d32);
       FA_PREFILL_CASE(64, fa_prefill_f16_d64);
       FA_PREFILL_CASE(96, fa_prefill_f16_d96);
       FA_PREFILL_CASE(128, fa_prefill_f16_d128);
+      FA_PREFILL_CASE(160, fa_prefill_f16_d160);
+      FA_PREFILL_CASE(192, fa_prefill_f16_d192);
       FA_PREFILL_CASE(256, fa_prefill_f16_d256);
     }
   } else if (p.dtype == FA_DTYPE_BF16) {
-    switch (p.head_dim) {
+    switch (prefill_width(p.head_dim)) {
       FA_PREFILL_CASE(32, fa_prefill_bf16_d32);
       FA_PREFILL_CASE(64, fa_prefill_bf16_d64);
       FA_PREFILL_CASE(96, fa_prefill_bf16_d96);
       FA_PREFILL_CASE(128, fa_prefill_bf16_d128);
+      FA_PREFILL_CASE(160, fa_prefill_bf16_d160);
+      FA_PREFILL_CASE(192, fa_prefill_bf16_d192);
       FA_PREFILL_CASE(256, fa_prefill_bf16_d256);
     }
   }

@@ -35,7 +35,8 @@ pub struct PrefillCost {
     /// O written exactly once; LSE too when requested.
     pub o_bytes_written: u64,
     pub lse_bytes_written: u64,
-    /// Q·Kᵀ and P·V of a Br × Bc tile over D: 2·Br·Bc·D multiply-adds, 2048 per mma.
+    /// Q·Kᵀ and P·V of a Br × Bc tile over the kernel's tile width W ≥ D (the zero columns past D are
+    /// multiplied too: fa/head_dim.cuh): 2·Br·Bc·W multiply-adds, 2048 per mma. Bytes are of D columns.
     pub mma: u64,
     /// One exp2 per score of a visited tile, plus one rescale factor per row per lane of its quad (4) per tile;
     /// a softcap adds one per score (its tanh); sinks add two per row per lane of its quad (the epilogue).
@@ -47,7 +48,7 @@ pub struct PrefillCost {
 /// The prefill model of `case` (dense or varlen), or `None` if its head dim has no kernel.
 pub fn prefill_cost(case: &PrefillCase) -> Option<PrefillCost> {
     let cfg = TileConfig::for_head_dim(case.head_dim)?;
-    let (br, bc, d) = (cfg.block_m, cfg.block_n, case.head_dim as u64);
+    let (br, bc, d, w) = (cfg.block_m, cfg.block_n, case.head_dim as u64, cfg.width as u64);
     let seqs: Vec<(usize, usize)> = match &case.varlen {
         Some(s) => s.clone(),
         None => vec![(case.seqlen_q, case.seqlen_k); case.batch],
@@ -86,7 +87,7 @@ pub fn prefill_cost(case: &PrefillCase) -> Option<PrefillCost> {
         *x *= heads;
     }
     let (br, bc) = (br as u64, bc as u64);
-    c.mma = c.kv_tiles * 2 * br * bc * d / MMA_MACS;
+    c.mma = c.kv_tiles * 2 * br * bc * w / MMA_MACS;
     let softcap = u64::from(case.variants.softcap.is_some());
     c.exp2 = c.kv_tiles * br * (bc + 4 + softcap * bc);
     if case.variants.sinks {
@@ -112,10 +113,10 @@ impl PrefillCost {
     }
 }
 
-/// The decode kernel's KV tile (tokens) for a head dim: 16 tokens per warp times the token groups
-/// (kTileTokens in kernels/include/fa/decode/traits.cuh).
+/// The decode kernel's KV tile (tokens) for a head dim: 16 tokens per warp times the token groups of the
+/// kernel width serving it (kTileTokens in kernels/include/fa/decode/traits.cuh).
 pub fn decode_tile_tokens(head_dim: usize) -> usize {
-    16 * match head_dim {
+    16 * match crate::head_dim::decode_width(head_dim).unwrap_or(head_dim) {
         64 => 4,
         128 => 2,
         _ => 1,
@@ -154,8 +155,9 @@ pub struct DecodeCost {
     /// Split-KV: the decode kernel writes one fp32 partial O row and LSE per (split, sequence, head).
     pub partial_o_bytes_written: u64,
     pub partial_lse_bytes_written: u64,
-    /// Per tile each of the 4 warps runs S = Q·Kᵀ over its 16 tokens (2 mma per 16 of D) and P·V over its
-    /// 64 output columns (8 mma): 4·(D/8 + 8).
+    /// Per tile each of the 4 warps runs S = Q·Kᵀ over its 16 tokens (2 mma per 16 of the kernel width W ≥ D)
+    /// and P·V over its 64 output columns (8 mma): 4·(W/8 + 8). Bytes are of D columns (the chunks past D
+    /// are zero-filled, not read).
     pub mma: u64,
 }
 
@@ -174,6 +176,7 @@ pub fn decode_cost_fp8(case: &DecodeCase, plan: &DecodePlan) -> DecodeCost {
 /// The decode model with K/V elements of `kv_elem` bytes.
 fn decode_cost_kv(case: &DecodeCase, plan: &DecodePlan, kv_elem: u64) -> DecodeCost {
     let d = case.head_dim as u64;
+    let w = crate::head_dim::decode_width(case.head_dim).unwrap_or(case.head_dim) as u64;
     let group = case.heads_q / case.heads_kv.max(1);
     let kv_ctas = (case.heads_kv * group.div_ceil(ROWS_PER_CTA)) as u64; // CTAs per (sequence, split)
     let tile = decode_tile_tokens(case.head_dim);
@@ -202,7 +205,7 @@ fn decode_cost_kv(case: &DecodeCase, plan: &DecodePlan, kv_elem: u64) -> DecodeC
         c.partial_o_bytes_written = splits * rows * d * 4;
         c.partial_lse_bytes_written = splits * rows * 4;
     }
-    c.mma = c.kv_tiles * 4 * (d / 8 + 8);
+    c.mma = c.kv_tiles * 4 * (w / 8 + 8);
     c
 }
 

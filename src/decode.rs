@@ -25,8 +25,9 @@ use crate::score_mod::ScoreMod;
 use crate::sys;
 use crate::tensor::{TensorView, TensorViewMut};
 
-/// Head dims the decode kernel is instantiated for.
-pub const DECODE_HEAD_DIMS: [usize; 3] = [64, 128, 256];
+/// Head dims decode accepts: every multiple of 8 from 32 to 256 ([`crate::head_dim`]; the kernel is
+/// instantiated for widths 64, 128 and 256 and serves the dims below each with predicated columns).
+pub const DECODE_HEAD_DIMS: [usize; 29] = crate::head_dim::HEAD_DIMS;
 
 /// SM count the emulator backend plans for (an H100/H200-sized GPU), so emulated runs take the same split
 /// decisions a real GPU of that size would.
@@ -225,8 +226,11 @@ pub fn check_decode_args<T: Element, C: KvCacheOf<T>>(
     let [batch, heads_q, head_dim] = q.shape();
     let g = cache.geometry();
     fp8::check_cache_dtype::<C>(T::DTYPE, cache.scales, g.heads_kv)?;
-    if !DECODE_HEAD_DIMS.contains(&head_dim) {
-        return Err(Error::unsupported("q", format!("head dim {head_dim} (decode supports {DECODE_HEAD_DIMS:?})")));
+    if !crate::head_dim::supported(head_dim) {
+        return Err(Error::unsupported(
+            "q",
+            format!("head dim {head_dim} (decode supports {})", crate::head_dim::describe()),
+        ));
     }
     if g.head_dim != head_dim {
         return Err(Error::shape("k_cache", format!("head dim {} differs from q's {head_dim}", g.head_dim)));

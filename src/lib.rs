@@ -46,6 +46,7 @@ pub mod emu;
 pub mod emu_selftest;
 pub mod error;
 pub mod fp8;
+pub mod head_dim;
 mod kernels;
 mod launch;
 pub mod merge;

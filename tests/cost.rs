@@ -236,6 +236,32 @@ fn decode_reads_each_kv_byte_once_per_kv_head() {
     assert!(failures.is_empty(), "{} mismatches ({}):\n{}", failures.len(), rerun("decode"), failures.join("\n"));
 }
 
+/// Head dims below the kernel's width (fa/head_dim.cuh): K/V/Q bytes of D columns, O written of D columns,
+/// mma of the width W (4·(W/8 + 8) per tile), for each decode width and with a split.
+#[test]
+fn decode_head_dims_below_the_width_read_only_d_columns() {
+    let mut failures = Vec::new();
+    for (d, splits) in [(40, 1), (80, 3), (200, 2)] {
+        let case = DecodeCase { head_dim: d, ..decode_case(4, 16, splits, vec![300, 17]) };
+        let (c, model, _) = decode_counters(&case);
+        let dec = c.kernel("paged_decode").expect("decode kernel launched");
+        assert_eq!(model.k_bytes_read, (317 * 2 * d * 2) as u64);
+        for (what, measured, expected) in [
+            ("k_cache read", dec.read_of("k_cache"), model.k_bytes_read),
+            ("v_cache read", dec.read_of("v_cache"), model.v_bytes_read),
+            ("q read", dec.read_of("q"), model.q_bytes_read),
+            ("mma", dec.mma, model.mma),
+            ("o written", c.total().written_of("o"), model.o_bytes_written),
+            ("partial_o written", dec.written_of("partial_o"), model.partial_o_bytes_written),
+        ] {
+            if measured != expected {
+                failures.push(format!("{}: {what} {measured}, model {expected}", case.label()));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} mismatches ({}):\n{}", failures.len(), rerun("decode"), failures.join("\n"));
+}
+
 /// Model: with G > 16 the query heads of a KV head span ⌈G/16⌉ CTAs, each reading the KV head's cache:
 /// K/V bytes = ⌈G/16⌉ · Σ_b seq_len_b · Hkv · D · 2. (The design's once-per-KV-head promise is for G ≤ 16.)
 #[test]
@@ -280,8 +306,9 @@ fn prefill_counters(case: &PrefillCase) -> KernelCounters {
 /// last row sees when causal) and loads each once, only the rows below Tk. So per query head
 ///     K bytes = V bytes = Σ_query tiles min(n_end·Bc, Tk) · D · 2      (non-causal: ⌈Tq/Br⌉ · Tk · D · 2)
 ///     Q bytes = Tq · D · 2 (once), O bytes = Tq · D · 2 (once), LSE = Tq · 4 (once)
-///     mma = tiles · 2·Br·Bc·D / 2048,  exp2 = tiles · Br · (Bc + 4),  barriers = tiles (3 buffers) or 2·tiles.
-/// All exact: the ragged edge is zero-filled by cp.async without a read.
+///     mma = tiles · 2·Br·Bc·W / 2048,  exp2 = tiles · Br · (Bc + 4),  barriers = tiles (3 buffers) or 2·tiles.
+/// All exact: the ragged edge is zero-filled by cp.async without a read, and so are the columns past D of a
+/// head dim below its kernel's tile width W (fa/head_dim.cuh: bytes are of D columns, mma of W).
 #[test]
 fn prefill_traffic_and_work_follow_the_tiling_model() {
     let mut cases = vec![
@@ -291,6 +318,9 @@ fn prefill_traffic_and_work_follow_the_tiling_model() {
         prefill_case(129, 65, 96, (1, 1), true),    // Tq > Tk: the first rows see nothing
         prefill_case(200, 200, 256, (1, 1), true),  // 2 K/V buffers: two barriers per tile
         prefill_case(255, 255, 32, (4, 1), false),  // GQA: each query head makes its own passes
+        prefill_case(130, 150, 80, (2, 1), true),   // head dims below their width: D columns read,
+        prefill_case(70, 100, 136, (1, 1), false),  // W columns multiplied
+        prefill_case(65, 90, 200, (2, 2), true),
         PrefillCase { batch: 2, ..prefill_case(130, 70, 64, (2, 2), true) },
         PrefillCase { varlen: Some(vec![(70, 200), (0, 5), (129, 129)]), ..prefill_case(129, 200, 64, (2, 1), true) },
     ];

@@ -4,8 +4,8 @@
 mod common;
 
 use fused_attn::decode::cases::{
-    check_case_emulated, check_case_gpu, check_inputs_emulated, decode_sweep, decode_sweep_emulated, DecodeCase,
-    DecodeInputs, PagedFixture,
+    check_case_emulated, check_case_gpu, check_inputs_emulated, decode_head_dim_sweep, decode_sweep,
+    decode_sweep_emulated, DecodeCase, DecodeInputs, PagedFixture,
 };
 use fused_attn::decode::{DecodeOptions, DecodeWorkspace};
 use fused_attn::plan::DecodePlan;
@@ -75,6 +75,23 @@ fn emulated_sweep_part(test: &str, first: usize, part: usize) {
         |(_, c)| c.label(),
         |_, (i, case)| {
             let outcome = check_case_emulated(&emu, case, seed_for(*i)).unwrap();
+            (outcome.passed(), outcome.summary())
+        },
+    );
+}
+
+/// Every head dim of `decode::cases::decode_head_dim_sweep` (issue 12: widths 64/128/256 serving the dims
+/// below them with predicated columns) on tight q, o, cache and split partials.
+#[test]
+fn emulated_head_dim_sweep() {
+    let emu = Emulator::new();
+    let cases: Vec<(usize, DecodeCase)> = decode_head_dim_sweep().into_iter().enumerate().collect();
+    sweep(
+        "emulated_head_dim_sweep",
+        &cases,
+        |(_, c)| c.label(),
+        |_, (i, case)| {
+            let outcome = check_case_emulated(&emu, case, seed_for(9000 + *i)).unwrap();
             (outcome.passed(), outcome.summary())
         },
     );
@@ -152,6 +169,21 @@ fn gpu_decode_sweep() {
         |c| c.label(),
         |i, case| {
             let outcome = check_case_gpu(&cu, case, seed_for(i)).unwrap();
+            (outcome.passed(), outcome.summary())
+        },
+    );
+}
+
+#[test]
+fn gpu_head_dim_sweep() {
+    let Some(ctx) = common::gpu_or_skip("decode::gpu_head_dim_sweep") else { return };
+    let cu = ctx.default_stream();
+    sweep(
+        "gpu_head_dim_sweep",
+        &decode_head_dim_sweep(),
+        |c| c.label(),
+        |i, case| {
+            let outcome = check_case_gpu(&cu, case, seed_for(9000 + i)).unwrap();
             (outcome.passed(), outcome.summary())
         },
     );
@@ -306,8 +338,10 @@ fn bad_inputs_are_typed_errors() {
     assert_eq!(run(hq, d, b, &mut ws, &opts), None);
     // Hq % Hkv != 0.
     assert_eq!(run(7, d, b, &mut ws, &opts).unwrap().0, ErrorKind::Shape);
-    // Head dim 100 (and a q/cache head-dim mismatch).
-    assert_eq!(run(hq, 96, b, &mut ws, &opts).unwrap().0, ErrorKind::Unsupported);
+    // Head dims 100, 24, 264 (and a q/cache head-dim mismatch).
+    for dq in [100, 24, 264] {
+        assert_eq!(run(hq, dq, b, &mut ws, &opts).unwrap().0, ErrorKind::Unsupported, "D = {dq}");
+    }
     assert_eq!(run(hq, 128, b, &mut ws, &opts).unwrap().0, ErrorKind::Shape);
     // o of the wrong batch.
     let (kind, msg) = run(hq, d, b + 1, &mut ws, &opts).unwrap();

@@ -11,7 +11,7 @@ mod common;
 
 use std::time::Instant;
 
-use fused_attn::prefill::cases::{run_emulated, run_gpu, PrefillFixture};
+use fused_attn::prefill::cases::{head_dim_sweep_cases, run_emulated, run_gpu, PrefillFixture};
 use fused_attn::prefill::{prefill, prefill_varlen, sweep_cases, CaseLayout, PrefillCase, PrefillOptions};
 use fused_attn::{DType, Element, Emulator, ErrorKind, Stream, TensorView, TensorViewMut};
 use half::{bf16, f16};
@@ -121,6 +121,21 @@ fn emulated_sweep() {
     let emu = Emulator::new();
     let full = std::env::var("FA_PREFILL_SWEEP").is_ok_and(|v| v == "full");
     sweep("emulated_sweep", sweep_cases(full), workers(), &|i, c| emu_case(&emu, i, c));
+}
+
+/// Every supported head dim that is not a kernel width (issue 12), on tight buffers: dense, varlen,
+/// causal, GQA, variants (`prefill::cases::head_dim_sweep_cases`).
+#[test]
+fn emulated_head_dim_sweep() {
+    let emu = Emulator::new();
+    sweep("emulated_head_dim_sweep", head_dim_sweep_cases(), workers(), &|i, c| emu_case(&emu, 7000 + i, c));
+}
+
+#[test]
+fn gpu_head_dim_sweep() {
+    let Some(ctx) = common::gpu_or_skip("prefill::gpu_head_dim_sweep") else { return };
+    let s = ctx.default_stream();
+    sweep("gpu_head_dim_sweep", head_dim_sweep_cases(), workers(), &|i, c| gpu_case(&s, 7000 + i, c));
 }
 
 #[test]
@@ -254,9 +269,11 @@ fn invalid_dense_inputs_are_typed_errors() {
     let o = PrefillOptions::default();
     // Baseline works.
     Dense::new([1, 16, 4, 64], [1, 20, 2, 64]).run([1, 16, 4, 64], Some([1, 4, 16]), o).unwrap();
-    // D = 100: unsupported.
-    let e = Dense::new([1, 16, 4, 100], [1, 20, 2, 100]).run([1, 16, 4, 100], None, o);
-    assert_eq!(kind(e), ErrorKind::Unsupported);
+    // D = 100 (not a multiple of 8), 24 and 264 (outside 32..=256): unsupported.
+    for d in [100, 24, 264] {
+        let e = Dense::new([1, 16, 4, d], [1, 20, 2, d]).run([1, 16, 4, d], None, o);
+        assert_eq!(kind(e), ErrorKind::Unsupported, "D = {d}");
+    }
     // Hq % Hkv != 0.
     let e = Dense::new([1, 16, 3, 64], [1, 20, 2, 64]).run([1, 16, 3, 64], None, o).unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::Shape);

@@ -198,6 +198,9 @@ fn run_emulated_prefill_and_decode_print_a_passing_json_row() {
         ("run --backend emu --op prefill --causal --heads 8 --kv-heads 2 --seqlen-q 70 --seqlen-k 100 --head-dim 64", "prefill"),
         ("run --backend emu --op prefill --dtype fp16 --batch 2 --heads 4 --seqlen-q 33 --head-dim 128", "prefill"),
         ("run --backend emu --op decode --dtype fp16 --heads 8 --kv-heads 2 --seqlen-k 100 --batch 3 --page-size 8 --num-splits 2", "decode"),
+        // Head dims below their kernel's width (issue 12): any multiple of 8 from 32 to 256, for every op.
+        ("run --backend emu --op prefill --causal --heads 4 --kv-heads 2 --seqlen-q 40 --seqlen-k 70 --head-dim 80", "prefill"),
+        ("run --backend emu --op decode --heads 4 --kv-heads 1 --seqlen-k 90 --batch 2 --num-splits 2 --head-dim 200", "decode"),
     ] {
         let o = fused_attn(&format!("{args} --json --seed 5"));
         assert_eq!(o.status.code(), Some(0), "{args}: {}", stderr(&o));

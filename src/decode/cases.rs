@@ -181,6 +181,39 @@ pub fn decode_variant_sweep() -> Vec<DecodeCase> {
     cases
 }
 
+/// The head dims the decode head-dim sweep runs (the widths 64, 128, 256 serve the others with predicated
+/// columns, kernels/include/fa/head_dim.cuh): the smallest, each width's odd members and the model dims.
+pub const HEAD_DIM_SWEEP_DIMS: [usize; 12] = [32, 40, 72, 80, 96, 112, 136, 160, 192, 200, 224, 248];
+
+/// The decode head-dim sweep (issue 12): each of [`HEAD_DIM_SWEEP_DIMS`] with page sizes, split choices
+/// (1, 2, 7, planned), head layouts and dtypes rotating, and a score variant on every third. The batch holds
+/// an empty sequence, a short one and a full-page one; q, o, the cache and the split partials are tight
+/// (the fixture puts a full page last in the cache: [`PagedFixture::with_inputs`]), so reading or writing a
+/// column past D is out of bounds in the emulator. Sized to emulate in a few seconds on two cores.
+pub fn decode_head_dim_sweep() -> Vec<DecodeCase> {
+    use crate::score_mod::{CaseAlibi, CaseVariants as V};
+    let variants = [
+        V { window: Some((100, 0)), sinks: true, ..V::default() },
+        V { softcap: Some(2.0), alibi: CaseAlibi::PerHead, ..V::default() },
+        V { sinks: true, ..V::default() },
+        V { window: Some((60, 0)), ..V::default() },
+    ];
+    HEAD_DIM_SWEEP_DIMS
+        .iter()
+        .enumerate()
+        .map(|(i, &head_dim)| DecodeCase {
+            dtype: SWEEP_DTYPES[i % 2],
+            head_dim,
+            heads_q: SWEEP_HEADS[i % 4].0,
+            heads_kv: SWEEP_HEADS[i % 4].1,
+            page_size: [16, 1, 8, 64, 256][i % 5],
+            seq_lens: vec![0, 17, 256, 300],
+            num_splits: SWEEP_SPLITS[i % 4],
+            variants: if i % 3 == 2 { variants[(i / 3) % 4] } else { V::default() },
+        })
+        .collect()
+}
+
 /// How a case's inputs are drawn and laid out, beyond its shape ([`DecodeCase`]): the variations engines use.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DecodeInputs {
@@ -278,6 +311,18 @@ impl<T: Element> PagedFixture<T> {
         let num_pages = 1 + pages_of.iter().sum::<usize>() + 2;
         let mut ids: Vec<i32> = (1..num_pages as i32).collect();
         ids.shuffle(&mut rng);
+        // The cache's last page gets the first full page of a sequence, if there is one: then the last row
+        // (and head) of the allocation is read, and a kernel reading past it (or past a row's D columns) is
+        // out of bounds in the emulator, not in the spare pages' NaN.
+        let full = case.seq_lens.iter().zip(&pages_of).scan(0, |first, (&len, &n)| {
+            let at = *first;
+            *first += n;
+            Some((len >= ps).then_some(at))
+        });
+        if let Some(at) = full.flatten().next() {
+            let last = ids.iter().position(|&id| id == num_pages as i32 - 1).unwrap_or(at);
+            ids.swap(at, last);
+        }
         let mut block_table = vec![0i32; case.batch() * width];
         let row = ps * hkv * d;
         let mut k_cache = vec![T::nan(); num_pages * row];

@@ -263,6 +263,57 @@ pub fn variant_sweep_cases() -> Vec<PrefillCase> {
     cases
 }
 
+/// The head dims the head-dim sweeps give more than one case: each kernel width's odd members (widths
+/// 64 to 256, fa/head_dim.cuh) and the model dims (Phi-2 80, 112, 160, 192, 224).
+pub const HEAD_DIM_SWEEP_DIMS: [usize; 10] = [40, 72, 80, 112, 136, 160, 192, 200, 224, 248];
+
+/// The head-dim sweep (issue 12): every supported head dim that is not a kernel width runs at a width
+/// above it with predicated columns, so every one gets a small case, and [`HEAD_DIM_SWEEP_DIMS`] get
+/// dense (Tq = Tk and both ways unequal, across tile edges), causal, GQA/MQA, varlen (empty sequences) and
+/// variant cases, both dtypes. All Contiguous or Padded: the inputs' last row ends exactly at the end of
+/// its buffer ([`PrefillFixture`] allocates no slack), so a read of a column past D is out of bounds in the
+/// emulator (or reads the next head: a wrong answer). Sized to emulate in a few seconds on two cores.
+pub fn head_dim_sweep_cases() -> Vec<PrefillCase> {
+    use crate::score_mod::{CaseAlibi, CaseVariants as V};
+    let dtypes = [DType::Bf16, DType::F16];
+    let mut cases = Vec::new();
+    for (i, &d) in HEAD_DIM_SWEEP_DIMS.iter().enumerate() {
+        let dtype = dtypes[i % 2];
+        let (tq, tk) = [(65, 65), (33, 97), (97, 33), (1, 64), (129, 17)][i % 5];
+        let heads = [(2, 1), (4, 4), (3, 1), (4, 2), (8, 1)][i % 5];
+        cases.push(PrefillCase::dense(dtype, d, i % 2 == 0, tq, tk, heads));
+        let mut c = PrefillCase::dense(dtypes[(i + 1) % 2], d, i % 2 == 1, 40, 70, (2, 1));
+        c.batch = 2;
+        c.layout = CaseLayout::Padded;
+        c.with_lse = i % 3 != 0;
+        cases.push(c);
+        let seqs = vec![(17, 33), (0, 5), (40, 0), (30, 70)];
+        let mut v = PrefillCase::dense(dtype, d, i % 3 == 0, 40, 70, (4, 2));
+        (v.batch, v.varlen) = (seqs.len(), Some(seqs));
+        v.layout = if i % 2 == 0 { CaseLayout::Contiguous } else { CaseLayout::Padded };
+        cases.push(v);
+    }
+    // Variants at a few of them: the _mod kernels' loads and stores are the plain ones'.
+    let variants = [
+        V { window: Some((20, 0)), sinks: true, ..Default::default() },
+        V { softcap: Some(3.0), alibi: CaseAlibi::PerHead, ..Default::default() },
+        V { window: Some((30, 5)), ..Default::default() },
+    ];
+    for (i, (d, v)) in [80, 160, 248].into_iter().zip(variants).enumerate() {
+        let mut c = PrefillCase::dense(dtypes[i % 2], d, i != 2, 70, 90, (4, 2));
+        c.variants = v;
+        cases.push(c);
+    }
+    // Every other supported dim, once.
+    for (i, d) in crate::head_dim::HEAD_DIMS.into_iter().enumerate() {
+        let width = crate::head_dim::prefill_width(d).unwrap_or(d);
+        if d != width && !HEAD_DIM_SWEEP_DIMS.contains(&d) {
+            cases.push(PrefillCase::dense(dtypes[i % 2], d, i % 2 == 0, 17, 40, (2, 1)));
+        }
+    }
+    cases
+}
+
 /// The standard FlashAttention shape family for throughput: fp16 and bf16, D ∈ {64, 128, 256} with
 /// Hq·D = 2048 (Hkv = Hq), B·T = 16k for T ∈ {512, …, 16k}, causal and not (72 cases); plus a GQA shape
 /// (bf16, D = 128, Hq = 32, Hkv = 8, B = 4, T = 4096, causal and not).
@@ -483,7 +534,10 @@ impl<T: Element> PrefillFixture<T> {
         let n_bufs = if case.layout == CaseLayout::PackedQkv { 1 } else { 3 };
         let mut bufs: Vec<Vec<T>> = (0..n_bufs)
             .map(|i| {
-                let len = [q, k, v].iter().filter(|p| p.buf == i).map(|p| p.end()).max().unwrap_or(0) + 8;
+                // No slack: the last row of the last head ends the allocation, so that a kernel reading a
+                // column past D (or a row past the end) is out of bounds in the emulator.
+                // (An empty tensor still gets a real, aligned allocation.)
+                let len = [q, k, v].iter().filter(|p| p.buf == i).map(|p| p.end()).max().unwrap_or(0).max(8);
                 vec![T::nan(); len]
             })
             .collect();

@@ -30,8 +30,9 @@ use crate::score_mod::ScoreMod;
 use crate::sys;
 use crate::tensor::{Mem, TensorView, TensorViewMut};
 
-/// Head dims the prefill kernel is instantiated for.
-pub const PREFILL_HEAD_DIMS: [usize; 5] = [32, 64, 96, 128, 256];
+/// Head dims prefill accepts: every multiple of 8 from 32 to 256 ([`crate::head_dim`], which maps each to
+/// the tile width of an instantiated kernel).
+pub const PREFILL_HEAD_DIMS: [usize; 29] = crate::head_dim::HEAD_DIMS;
 
 /// Options of one prefill call: `PrefillOptions { causal: true, ..Default::default() }`.
 #[derive(Debug, Clone, Copy, Default)]
@@ -51,6 +52,9 @@ pub const MAX_PREFILL_SEQLEN: usize = 1 << 30;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TileConfig {
     pub head_dim: usize,
+    /// The instantiated kernel's tile width (>= head_dim; [`crate::head_dim::prefill_width`]): the MMAs and
+    /// shared-memory tiles are this wide, the columns past head_dim zero.
+    pub width: usize,
     /// Warps per CTA; each owns `m_tiles` m16 tiles (16·m_tiles query rows).
     pub warps: usize,
     pub m_tiles: usize,
@@ -63,23 +67,25 @@ pub struct TileConfig {
 }
 
 impl TileConfig {
-    /// The config the kernel uses for `head_dim`, or `None` if it is not instantiated.
+    /// The config the kernel uses for `head_dim`, or `None` if prefill does not support it.
     pub fn for_head_dim(head_dim: usize) -> Option<Self> {
-        let (m_tiles, block_n, stages) = match head_dim {
+        let width = crate::head_dim::prefill_width(head_dim)?;
+        let (m_tiles, block_n, stages) = match width {
             32 | 64 => (2, 64, 3),
             96 | 128 => (2, 32, 3),
+            160 | 192 => (1, 32, 3),
             256 => (1, 32, 2),
-            _ => return None,
+            _ => unreachable!("prefill_width gives only instantiated widths"),
         };
         let warps = 4;
-        Some(Self { head_dim, warps, m_tiles, block_m: 16 * m_tiles * warps, block_n, stages })
+        Some(Self { head_dim, width, warps, m_tiles, block_m: 16 * m_tiles * warps, block_n, stages })
     }
     pub fn threads(&self) -> usize {
         32 * self.warps
     }
-    /// Dynamic shared memory per CTA: Q tile plus `stages` K and V tiles, 16-bit.
+    /// Dynamic shared memory per CTA: Q tile plus `stages` K and V tiles, 16-bit, `width` columns.
     pub fn smem_bytes(&self) -> usize {
-        (self.block_m + 2 * self.stages * self.block_n) * self.head_dim * 2
+        (self.block_m + 2 * self.stages * self.block_n) * self.width * 2
     }
     /// Launch grid `[query tiles, Hq, B]` for sequences of at most `max_seqlen_q` rows.
     pub fn grid(&self, max_seqlen_q: usize, heads_q: usize, batch: usize) -> [usize; 3] {
@@ -168,7 +174,7 @@ pub fn kv_block_range(m0: usize, block_m: usize, block_n: usize, tq: usize, tk: 
 /// multiple of Hkv, v shaped like k, o like q, rows 16-byte aligned with unit innermost stride.
 fn check_heads(head_dim: usize, d_k: usize, d_v: usize, heads_q: usize, heads_kv: usize) -> Result<TileConfig> {
     let cfg = TileConfig::for_head_dim(head_dim).ok_or_else(|| {
-        Error::unsupported("q", format!("head dim {head_dim} (prefill supports {PREFILL_HEAD_DIMS:?})"))
+        Error::unsupported("q", format!("head dim {head_dim} (prefill supports {})", crate::head_dim::describe()))
     })?;
     if d_k != head_dim {
         return Err(Error::shape("k", format!("head dim {d_k} differs from q's {head_dim}")));
@@ -475,7 +481,17 @@ mod tests {
         }
         assert_eq!(TileConfig::for_head_dim(128).unwrap().smem_bytes(), 80 * 1024);
         assert_eq!(TileConfig::for_head_dim(256).unwrap().smem_bytes(), 96 * 1024);
+        assert_eq!(TileConfig::for_head_dim(200).unwrap().smem_bytes(), 96 * 1024);
+        assert_eq!(TileConfig::for_head_dim(160).unwrap().smem_bytes(), 80 * 1024);
+        assert_eq!(TileConfig::for_head_dim(192).unwrap().smem_bytes(), 96 * 1024);
+        assert_eq!(
+            TileConfig::for_head_dim(80).unwrap(),
+            TileConfig { head_dim: 80, ..TileConfig::for_head_dim(96).unwrap() }
+        );
+        assert_eq!(TileConfig::for_head_dim(112).unwrap().width, 160);
         assert!(TileConfig::for_head_dim(100).is_none());
+        assert!(TileConfig::for_head_dim(24).is_none());
+        assert!(TileConfig::for_head_dim(264).is_none());
         assert_eq!(TileConfig::for_head_dim(128).unwrap().grid(1000, 8, 3), [8, 8, 3]);
         assert_eq!(TileConfig::for_head_dim(256).unwrap().grid(65, 1, 1), [2, 1, 1]);
     }

@@ -1,8 +1,9 @@
 // Asynchronous global -> shared copy of a row-major tile of 16-bit elements (fa/swizzle.cuh layout) with
-// cp.async 16-byte transfers, predicated per row: rows at or past `valid_rows` are zero-filled in shared
-// memory and their global memory is never read (ragged sequence ends). Consecutive threads take
-// consecutive 16-byte chunks of a row, so each 8-thread phase reads 128 contiguous bytes of global memory
-// and writes a permutation of one 128-byte shared line (conflict-free).
+// cp.async 16-byte transfers, predicated per row and per 16-byte column chunk: rows at or past `valid_rows`
+// (ragged sequence ends) and columns at or past `valid_cols` (a head dim below the tile width,
+// fa/head_dim.cuh) are zero-filled in shared memory and their global memory is never read. Consecutive
+// threads take consecutive 16-byte chunks of a row, so each 8-thread phase reads 128 contiguous bytes of
+// global memory and writes a permutation of one 128-byte shared line (conflict-free).
 #pragma once
 
 #include "fa/intrinsics.cuh"
@@ -18,9 +19,11 @@ struct alignas(16) Bytes16 {
 
 // Copies rows [0, kRows) x cols [0, kCols) from gmem (row r at gmem + r * row_stride, 16-byte aligned) into
 // smem. All kThreads threads of the block call it; the caller commits and waits. With kPredicated false
-// every row must exist (valid_rows is ignored): no compares, no selects, fewer live registers.
+// every row must exist (valid_rows is ignored): no row compares, no selects, fewer live registers.
+// valid_cols (a multiple of 8, <= kCols) is always honoured: a chunk is wholly inside or outside it, and the
+// chunks past it are zero-filled. A compile-time valid_cols == kCols folds every column check away.
 template <int kRows, int kCols, int kThreads, bool kPredicated, class T>
-FA_DEVICE void cp_async_tile(T *smem, const T *gmem, int64_t row_stride, int valid_rows) {
+FA_DEVICE void cp_async_tile(T *smem, const T *gmem, int64_t row_stride, int valid_rows, int valid_cols = kCols) {
   using Layout = SwizzledRows<kCols>;
   constexpr int kChunks = kCols / 8;
   static_assert((kRows * kChunks) % kThreads == 0, "tile chunks must split evenly over the threads");
@@ -31,7 +34,10 @@ FA_DEVICE void cp_async_tile(T *smem, const T *gmem, int64_t row_stride, int val
     constexpr int kRowStep = kThreads / kChunks;
     const int r = thread_idx() / kChunks;
     const int c = (thread_idx() % kChunks) * 8;
-    const T *src = gmem + r * row_stride + c;
+    // A column chunk past valid_cols is this thread's for every row: it copies nothing but zeros, from
+    // addresses at column 0 (inside the row, like a predicated-off row's address below).
+    const bool col_in_range = c < valid_cols;
+    const T *src = gmem + r * row_stride + (col_in_range ? c : 0);
     const int64_t step = kRowStep * row_stride;
 #pragma unroll
     for (int i = 0; i < kRows / kRowStep; ++i) {
@@ -40,10 +46,12 @@ FA_DEVICE void cp_async_tile(T *smem, const T *gmem, int64_t row_stride, int val
       if constexpr (kPredicated) {
         // A predicated-off copy reads nothing; its address still points at row 0 (always valid) so that no
         // out-of-range pointer is ever formed.
-        const bool in_range = row < valid_rows;
+        const bool in_range = col_in_range && row < valid_rows;
         cp_async_cg_16(smem + dst, in_range ? src : gmem, in_range);
       } else {
-        cp_async_cg_16(smem + dst, src, true);
+        // No per-copy select back to row 0 as above (a second live address per copy): src is inside the
+        // row already, and a predicated-off copy reads nothing (src-size 0).
+        cp_async_cg_16(smem + dst, src, col_in_range);
       }
       src += step;
     }
@@ -53,7 +61,7 @@ FA_DEVICE void cp_async_tile(T *smem, const T *gmem, int64_t row_stride, int val
       const int idx = i * kThreads + thread_idx();
       const int row = idx / kChunks;
       const int c = (idx % kChunks) * 8;
-      const bool in_range = !kPredicated || row < valid_rows;
+      const bool in_range = (!kPredicated || row < valid_rows) && c < valid_cols;
       cp_async_cg_16(smem + Layout::offset(row, c), in_range ? gmem + row * row_stride + c : gmem, in_range);
     }
   }

@@ -2,6 +2,10 @@
 // cp.async pipeline and the shared-memory layout. Everything the kernel body and the launcher must agree on
 // lives here; src/plan.rs mirrors kSplitGranule.
 //
+// D here is the kernel's tile width: 64, 128 or 256, each serving the head dims fa/head_dim.cuh maps to it
+// (columns past the head dim are zero-filled, never read: decode is memory-bound, so a padded width costs
+// only tensor time and shared memory, both with room to spare, and no extra instantiations).
+//
 // CTA = one (sequence, KV head, block of up to 16 of its query heads, KV split). The G = Hq/Hkv query heads
 // that share the KV head are the M = 16 rows of an m16n8k16 tensor-core tile (FA2's "seqlenq_ngroups
 // swapped" / FlashInfer's tensor-core decode), so each K/V byte is read from memory once per group. Tensor

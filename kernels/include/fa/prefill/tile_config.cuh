@@ -1,5 +1,7 @@
-// Compile-time tile shapes of the prefill kernel, one per head dim (dtype-independent). Mirrored on the
-// host by `prefill::TileConfig::for_head_dim` (src/prefill.rs), which computes the grid; keep both in step.
+// Compile-time tile shapes of the prefill kernel, one per tile width (dtype-independent); kHeadDim is the
+// width W, which serves every head dim fa/head_dim.cuh maps to it (columns past the head dim predicated
+// off). Mirrored on the host by `prefill::TileConfig::for_head_dim` (src/prefill/mod.rs), which computes the
+// grid; keep both in step.
 //
 // Every config uses 4 warps (128 threads) and the FA2 "split-Q" partition: each warp owns 16·kMTiles query
 // rows of the Br-row tile and all Bc keys, so softmax statistics never leave the warp. 32 rows per warp
@@ -17,8 +19,11 @@
 //   32  | 2       | 128 | 64 | 3      | 32 KiB | O 32 + S 64 regs: plenty of room
 //   64  | 2       | 128 | 64 | 3      | 64 KiB | O 64 + S 64 regs (~225-240 used)
 //   96  | 2       | 128 | 32 | 3      | 60 KiB | O 96 + S 32: Bc 64 spills
-//   128 | 2       | 128 | 32 | 3      | 80 KiB | O 128 + S 32 (~250 used); Bc 64 (FA2's 128x64) spills ~25
-//       |         |     |    |        |        | registers with this toolchain
+//   128 | 2       | 128 | 32 | 3      | 80 KiB | O 128 + S 32 (~250 used); Bc 64 (FA2's 128x64) spills:
+//       |         |     |    |        |        | measured below
+//   160 | 1       | 64  | 32 | 3      | 80 KiB | 2 m-tiles: O 160 + S >= 16 leaves too little for ptxas;
+//       |         |     |    |        |        | Bc 64 needs 2 stages and 100 KiB
+//   192 | 1       | 64  | 32 | 3      | 96 KiB | as 160 (O 96 + S 16 regs)
 //   256 | 1       | 64  | 32 | 2      | 96 KiB | O alone is 128 regs at 16 rows/warp; Bc 64 or a third
 //       |         |     |    |        |        | stage would need more than sm_86/89's 99 KiB
 //
@@ -36,6 +41,12 @@
 // (tried: 16-bit P before P.V, K/V bases in shared memory, recomputing the sequence offsets for the
 // epilogue -- none removed the spill). Until then d128 keeps the spill-free 128 x 32: the build forbids
 // spills, and the 64-key tile's gain (~20% fewer non-tensor issue slots) is a prediction, not a measurement.
+//
+// Why 160 and 192 exist (fa/head_dim.cuh; without them dims 136-192 would run at 256): padding 160 to 256
+// wastes 37% of the MMAs (192: 25%) in a compute-bound kernel, while the two widths add 8 kernels to
+// prefill.cu's nvcc time: measured (4 arches, nvcc -fatbin of prefill.cu alone, user CPU, this 2-core
+// machine shared with other builds): 20 kernels 59 s, 28 kernels 82-90 s (+40-50%). 224 is not built:
+// dims 200-224 at 256 are at most 28% more MMAs (224: 14%).
 #pragma once
 
 #include "fa/namespace.cuh"
@@ -63,7 +74,16 @@ template <> struct TileConfig<32> : TileShape<32, 2, 64, 3> {};
 template <> struct TileConfig<64> : TileShape<64, 2, 64, 3> {};
 template <> struct TileConfig<96> : TileShape<96, 2, 32, 3> {};
 template <> struct TileConfig<128> : TileShape<128, 2, 32, 3> {};
+template <> struct TileConfig<160> : TileShape<160, 1, 32, 3> {};
+template <> struct TileConfig<192> : TileShape<192, 1, 32, 3> {};
 template <> struct TileConfig<256> : TileShape<256, 1, 32, 2> {};
+
+// Whether the kernel of width kHeadDim serves head dims below it (predicated columns, fa/head_dim.cuh). Not
+// 128: that config runs at 255 registers, and the per-copy column predicate in its K/V loop makes its _mod
+// kernel spill on sm_90a (16 bytes; a skip-the-copy branch instead of a predicate spills the same), so its
+// kernels compile without any column logic (exactly their code before head dims were generalised) and dims
+// 104-120 run at 160. Revisit with the d128 retiling.
+template <int kHeadDim> constexpr bool kPredicatedColumns = kHeadDim != 128;
 
 } // namespace prefill
 FA_NAMESPACE_END
