@@ -201,7 +201,8 @@ fn sm90_kernels_use_wgmma_tma_mbarriers_and_setmaxnreg() {
 fn check_role_registers(name: &str, body: &str) {
     const PRODUCER_REGS: usize = 40;
     const CONSUMER_REGS: usize = 232;
-    let lines: Vec<&str> = body.lines().filter(|l| l.trim_start().starts_with("/*")).map(|l| l.split(';').next().unwrap_or("")).collect();
+    let lines: Vec<&str> =
+        body.lines().filter(|l| l.trim_start().starts_with("/*")).map(|l| l.split(';').next().unwrap_or("")).collect();
     let max_reg = |ls: &[&str]| -> usize {
         ls.iter()
             .flat_map(|l| l.split(|c: char| !c.is_ascii_alphanumeric()))
@@ -209,11 +210,21 @@ fn check_role_registers(name: &str, body: &str) {
             .max()
             .unwrap_or(0)
     };
-    let dealloc = lines.iter().position(|l| l.contains("USETMAXREG.DEALLOC")).unwrap_or_else(|| panic!("{name}: no USETMAXREG.DEALLOC"));
+    let dealloc = lines
+        .iter()
+        .position(|l| l.contains("USETMAXREG.DEALLOC"))
+        .unwrap_or_else(|| panic!("{name}: no USETMAXREG.DEALLOC"));
     let is_exit = |l: &&str| l.split_whitespace().nth(1) == Some("EXIT");
-    let exit = dealloc + lines[dealloc..].iter().position(is_exit).unwrap_or_else(|| panic!("{name}: producer never exits"));
-    assert!(lines.iter().any(|l| l.contains(&format!("USETMAXREG.DEALLOC.CTAPOOL {PRODUCER_REGS:#x}"))), "{name}: producer budget");
-    assert!(lines.iter().any(|l| l.contains("USETMAXREG.TRY_ALLOC") && l.contains(&format!("{CONSUMER_REGS:#x}"))), "{name}: consumer budget");
+    let exit =
+        dealloc + lines[dealloc..].iter().position(is_exit).unwrap_or_else(|| panic!("{name}: producer never exits"));
+    assert!(
+        lines.iter().any(|l| l.contains(&format!("USETMAXREG.DEALLOC.CTAPOOL {PRODUCER_REGS:#x}"))),
+        "{name}: producer budget"
+    );
+    assert!(
+        lines.iter().any(|l| l.contains("USETMAXREG.TRY_ALLOC") && l.contains(&format!("{CONSUMER_REGS:#x}"))),
+        "{name}: consumer budget"
+    );
     let producer = max_reg(&lines[dealloc..=exit]);
     assert!(producer < PRODUCER_REGS, "{name}: the producer uses R{producer}, past its {PRODUCER_REGS} registers");
     let all = max_reg(&lines);

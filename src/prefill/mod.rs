@@ -311,7 +311,8 @@ pub fn prefill<T: Element>(
         batch,
         strides: [s[1], s[2], s[0]],
     };
-    let (q_op, k_op, v_op) = (op(q_ptr, seqlen_q, heads_q, qs), op(k_ptr, seqlen_k, heads_kv, ks), op(v_ptr, seqlen_k, heads_kv, vs));
+    let (q_op, k_op, v_op) =
+        (op(q_ptr, seqlen_q, heads_q, qs), op(k_ptr, seqlen_k, heads_kv, ks), op(v_ptr, seqlen_k, heads_kv, vs));
     let kv = (seqlen_k > 0).then_some((&k_op, &v_op));
     sm90::run(launch, "prefill", stream, opts.kernel, choice, params, std::mem::size_of::<T>(), &q_op, kv)
 }
@@ -475,8 +476,16 @@ pub fn prefill_varlen<T: Element>(
         ..params
     };
     // Varlen maps: all packed rows, a batch of 1 (a sequence starts at its cu_seqlens row).
-    let op = |ptr, rows, heads, s: [i64; 3]| sm90::Operand { ptr, head_dim, rows, heads, batch: 1, strides: [s[0], s[1], 0] };
-    let (q_op, k_op, v_op) = (op(q_ptr, total_q, heads_q, qs), op(k_ptr, total_k, heads_kv, ks), op(v_ptr, total_k, heads_kv, vs));
+    let op = |ptr, rows, heads, s: [i64; 3]| sm90::Operand {
+        ptr,
+        head_dim,
+        rows,
+        heads,
+        batch: 1,
+        strides: [s[0], s[1], 0],
+    };
+    let (q_op, k_op, v_op) =
+        (op(q_ptr, total_q, heads_q, qs), op(k_ptr, total_k, heads_kv, ks), op(v_ptr, total_k, heads_kv, vs));
     let kv = (total_k > 0).then_some((&k_op, &v_op));
     sm90::run(launch, "prefill_varlen", stream, opts.kernel, choice, params, std::mem::size_of::<T>(), &q_op, kv)
 }

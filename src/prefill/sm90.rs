@@ -112,7 +112,12 @@ fn compute_capability(stream: &Stream<'_>) -> Result<Option<i32>> {
 }
 
 /// The kernel `kernel` resolves to for this call, before the tensor maps are checked (see [`maps`]).
-pub(crate) fn choose(stream: &Stream<'_>, kernel: PrefillKernel, head_dim: usize, score_mod: &ScoreMod) -> Result<Choice> {
+pub(crate) fn choose(
+    stream: &Stream<'_>,
+    kernel: PrefillKernel,
+    head_dim: usize,
+    score_mod: &ScoreMod,
+) -> Result<Choice> {
     let tile = || Sm90Tile::for_head_dim(head_dim);
     match kernel {
         PrefillKernel::Sm80 => Ok(Choice::Sm80),

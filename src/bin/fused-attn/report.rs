@@ -24,13 +24,15 @@ pub fn case_seed(base: u64, i: usize) -> u64 {
     base ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
+/// Whether the sm90 kernel runs `c` (head dim and variants; the GPU's compute capability aside).
+fn sm90_runs(c: &PrefillCase) -> bool {
+    Sm90Tile::for_head_dim(c.head_dim).is_some() && c.variants.softcap.is_none() && c.variants.alibi == CaseAlibi::None
+}
+
 /// The prefill case run with `kernel` (`--kernel`). The sm90 kernel lacks some head dims and variants:
 /// those cases keep `auto` (the sm_80 kernel), as a call with `auto` would.
 fn with_kernel(mut c: PrefillCase, kernel: PrefillKernel) -> PrefillCase {
-    let sm90_runs = Sm90Tile::for_head_dim(c.head_dim).is_some()
-        && c.variants.softcap.is_none()
-        && c.variants.alibi == CaseAlibi::None;
-    if kernel != PrefillKernel::Sm90 || sm90_runs {
+    if kernel != PrefillKernel::Sm90 || sm90_runs(&c) {
         c.kernel = kernel;
     }
     c
@@ -141,6 +143,20 @@ pub fn report(backend: &Backend, base_seed: u64, quick: bool, kernel: PrefillKer
             pf.retain(|c| c.dtype == DType::Bf16 && c.head_dim == 128 && matches!(c.seqlen_q, 1024 | 8192));
             dp.retain(|c| decode_perf().contains(c));
         }
+        // On a compute capability 9.0 GPU with `--kernel auto`, every timed prefill shape the sm90 kernel
+        // supports runs on both kernels, side by side (rows labelled sm80 / sm90); elsewhere on the kernel
+        // asked for.
+        let hopper = stream.context().compute_capability().is_ok_and(|cc| cc == (9, 0));
+        let pf: Vec<PrefillCase> = pf
+            .into_iter()
+            .flat_map(|c| {
+                if kernel == PrefillKernel::Auto && hopper && sm90_runs(&c) {
+                    vec![with_kernel(c.clone(), PrefillKernel::Sm80), with_kernel(c, PrefillKernel::Sm90)]
+                } else {
+                    vec![with_kernel(c, kernel)]
+                }
+            })
+            .collect();
         let start = Instant::now();
         out.note(&format!("performance: {} prefill and {} decode shapes (CUDA events, median)", pf.len(), dp.len()));
         let progress = Progress::counter(pf.len() + dp.len(), "timing");
