@@ -9,7 +9,7 @@ mod common;
 
 use std::time::Instant;
 
-use fused_attn::prefill::cases::{run_emulated, PrefillFixture};
+use fused_attn::prefill::cases::{run_emulated, variant_sweep_cases, PrefillFixture};
 use fused_attn::prefill::{prefill, prefill_varlen, sweep_cases, PrefillCase, PrefillKernel, PrefillOptions, Sm90Tile};
 use fused_attn::score_mod::{CaseAlibi, ScoreMod};
 use fused_attn::{DType, Element, Emulator, ErrorKind, Stream, TensorView, TensorViewMut};
@@ -64,7 +64,18 @@ fn check<T: Element>(emu: &Emulator, i: usize, case: &PrefillCase) -> Result<Str
 
 #[test]
 fn emulated_sm90_sweep() {
-    let cases = slice();
+    run_cases("emulated_sm90_sweep", slice(), 60);
+}
+
+/// The score-variant sweep's cases the sm90 kernel has (sliding windows, sinks, with causal; dense and
+/// varlen): window tiles skipped on both sides, left-edge masks, the sink in the epilogue.
+#[test]
+fn emulated_sm90_variants() {
+    let cases: Vec<PrefillCase> = variant_sweep_cases().into_iter().filter(supported).map(sm90).collect();
+    run_cases("emulated_sm90_variants", cases, 5);
+}
+
+fn run_cases(name: &str, cases: Vec<PrefillCase>, at_least: usize) {
     let emu = Emulator::new();
     let next = std::sync::atomic::AtomicUsize::new(0);
     let failures = std::sync::Mutex::new(Vec::new());
@@ -94,8 +105,8 @@ fn emulated_sm90_sweep() {
         }
     });
     let failures = failures.into_inner().unwrap();
-    eprintln!("emulated_sm90_sweep: {} cases in {:.1} s", cases.len(), start.elapsed().as_secs_f64());
-    assert!(cases.len() >= 60, "the slice shrank to {} cases", cases.len());
+    eprintln!("{name}: {} cases in {:.1} s", cases.len(), start.elapsed().as_secs_f64());
+    assert!(cases.len() >= at_least, "{name}: the slice shrank to {} cases", cases.len());
     assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
 }
 
