@@ -1,6 +1,6 @@
 // A consumer warpgroup of the sm_90a prefill kernel: 64 query rows (warp w of the warpgroup owns rows
 // 16w..16w+15, wgmma's accumulator layout), all head-dim columns. Per KV tile, top down:
-//   wait for the stage's full barrier;
+//   wait for the stage's K (its V only before the P·V that reads it);
 //   S = Q Kᵀ          wgmma m64n{Bc}k16 SS, D/16 steps: Q and K K-major from their 128B-swizzled panels;
 //   (varlen, ragged top tile: the V rows past the sequence end are zeroed, see zero_v_rows)
 //   mask S            only the tiles kv_block_range marks (diagonal, window edges, ragged Tk);
@@ -172,21 +172,25 @@ FA_DEVICE void consume(unsigned char *smem, const Barriers<Tr::kStages> &bars, c
   WgmmaAcc<kBc> s;
   WgmmaFragA pa[kBc / 16];
   float alpha[2];
-  mbarrier_wait(&bars.full[st.stage], st.phase);
+  mbarrier_wait(&bars.full_k[st.stage], st.phase);
   pingpong.open();
   wgmma_fence();
   issue_qk<T, Tr>(s, sQ, stage_k(st.stage));
   pingpong.close();
   wgmma_wait<0>();
   wgmma_fence_operand(s);
-  if (ct.zero_ragged_v && n * kBc + kBc > ct.tk) zero_v_rows<Tr>(stage_k(st.stage) + Tr::kKvTileBytes, ct.tk - n * kBc);
+  if (ct.zero_ragged_v && n * kBc + kBc > ct.tk) {
+    mbarrier_wait(&bars.full_v[st.stage], st.phase); // the rows to zero have landed
+    zero_v_rows<Tr>(stage_k(st.stage) + Tr::kKvTileBytes, ct.tk - n * kBc);
+  }
   softmax_step<Tr>(s, softmax, alpha, masked(n), ct, n * kBc, scale_log2);
   pack_p<T, kBc>(pa, s);
   PipelineState<Tr::kStages> prev = st;
   st.advance();
 
   for (--n; n >= range.n_begin; --n, st.advance()) {
-    mbarrier_wait(&bars.full[st.stage], st.phase);
+    mbarrier_wait(&bars.full_k[st.stage], st.phase);
+    mbarrier_wait(&bars.full_v[prev.stage], prev.phase);
     wgmma_fence_operand(o);
     pingpong.open();
     wgmma_fence();
@@ -205,6 +209,7 @@ FA_DEVICE void consume(unsigned char *smem, const Barriers<Tr::kStages> &bars, c
   }
 
   // The last tile's P V.
+  mbarrier_wait(&bars.full_v[prev.stage], prev.phase);
   wgmma_fence_operand(o);
   pingpong.open();
   wgmma_fence();

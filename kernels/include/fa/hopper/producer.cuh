@@ -1,7 +1,7 @@
 // The producer warpgroup of the sm_90a prefill kernel: one thread issues every TMA load of the CTA — the Q
 // tile once, then the K and V tiles of each visited KV tile, top down, into the ring (fa/hopper/pipeline.cuh).
-// A tile is D/64 boxes of 64 columns (one 128-byte swizzle span) per operand, all completing on the stage's
-// full barrier, whose expect_tx declares the whole boxes' bytes (out-of-bounds rows included: the TMA unit
+// A tile is D/64 boxes of 64 columns (one 128-byte swizzle span) per operand, completing on the stage's
+// full_k or full_v barrier, whose expect_tx declares the whole boxes' bytes (out-of-bounds rows included: the TMA unit
 // zero-fills them and counts them).
 #pragma once
 
@@ -41,10 +41,11 @@ FA_DEVICE void produce(const FaPrefillSm90Params &p, unsigned char *smem, const 
   for (int n = n_end - 1; n >= n_begin; --n, st.advance()) {
     mbarrier_wait(&bars.empty[st.stage], st.phase ^ 1); // both consumers released this stage's last use
     unsigned char *stage = smem + Tr::kQBytes + st.stage * Tr::kStageBytes;
-    mbarrier_arrive_expect_tx(&bars.full[st.stage], Tr::kStageBytes);
     const int row = at.k_row0 + n * Tr::kBc;
-    load_panels<Tr>(stage, Tr::kKvPanelBytes, &p.k_map, &bars.full[st.stage], row, at.head_kv, at.batch);
-    load_panels<Tr>(stage + Tr::kKvTileBytes, Tr::kKvPanelBytes, &p.v_map, &bars.full[st.stage], row, at.head_kv,
+    mbarrier_arrive_expect_tx(&bars.full_k[st.stage], Tr::kKvTileBytes);
+    load_panels<Tr>(stage, Tr::kKvPanelBytes, &p.k_map, &bars.full_k[st.stage], row, at.head_kv, at.batch);
+    mbarrier_arrive_expect_tx(&bars.full_v[st.stage], Tr::kKvTileBytes);
+    load_panels<Tr>(stage + Tr::kKvTileBytes, Tr::kKvPanelBytes, &p.v_map, &bars.full_v[st.stage], row, at.head_kv,
                     at.batch);
   }
   // Stay until the consumers have released every stage: then no load of this thread is still in flight

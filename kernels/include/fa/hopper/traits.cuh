@@ -46,9 +46,9 @@ template <int kHeadDim_, int kBc_, int kStages_> struct PrefillShape {
   static constexpr int kQBytes = kPanels * kQPanelBytes;
   static constexpr int kKvTileBytes = kPanels * kKvPanelBytes; // one of K or V
   static constexpr int kStageBytes = 2 * kKvTileBytes;         // K then V
-  // Layout: Q, stages x (K, V), then the mbarriers (q_full, full[stages], empty[stages]).
+  // Layout: Q, stages x (K, V), then the mbarriers (q_full, full_k[stages], full_v[stages], empty[stages]).
   static constexpr int kBarrierOffset = kQBytes + kStages * kStageBytes;
-  static constexpr int kSmemBytes = kBarrierOffset + 8 * (1 + 2 * kStages);
+  static constexpr int kSmemBytes = kBarrierOffset + 8 * (1 + 3 * kStages);
   static_assert(kHeadDim % kPanelCols == 0, "head dim is whole 64-column panels");
   static_assert(kBc % 16 == 0 && kBc <= 256, "wgmma N: a multiple of 16 up to 256, and a TMA box of at most 256 rows");
   static_assert(kQPanelBytes % 1024 == 0 && kKvPanelBytes % 1024 == 0, "panels start on the swizzle pattern");
