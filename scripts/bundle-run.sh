@@ -13,7 +13,9 @@
 #                  too, ~1.5 more minutes)
 #   emu-vs-gpu     tests/gpu_vs_emulator: the same kernels and inputs on the GPU and the host emulator
 #   report         fused-attn report --backend gpu --json --plot: the full correctness sweeps and the timed
-#                  shapes against the copy bandwidth -> report.jsonl, prefill.png, decode.png
+#                  shapes against the copy bandwidth -> report.jsonl, prefill.png, decode.png; on an H100/H200
+#                  the sweep runs the sm_90a prefill kernel (`--kernel auto`) and every timed prefill shape
+#                  runs on both kernels -> sm90-vs-sm80.txt
 #   torch-compare  tools/torch_compare.py: PyTorch SDPA flash/cuDNN on the same shapes, bf16 matmul ceiling
 #                  (then `fused-attn plot` redraws prefill.png with that ceiling)
 #   sanitizer      compute-sanitizer memcheck + racecheck on a small prefill and decode (if present); last, so
@@ -284,6 +286,25 @@ if pre:
     best = max(pre, key=lambda r: f(r["tflops"]))
     print(f"prefill best: {f(best['tflops']):.1f} TFLOPS ({best['dtype']} D={best['head_dim']} B={best['batch']} "
           f"Hq={best['heads_q']} T={best['seqlen_q']} causal={best['causal']})")
+# On an H100/H200 the report times each prefill shape on both kernels (labels "sm80 ..." / "sm90 ..."): the
+# best of each here, every shape side by side in sm90-vs-sm80.txt (the README's measured column).
+kernel = lambda r: str(r.get("label", "")).split(" ", 1)[0]
+pairs = {}
+for r in pre:
+    if kernel(r) in ("sm80", "sm90"):
+        shape = (r["dtype"], r["head_dim"], r["batch"], r["heads_q"], r["heads_kv"], r["seqlen_q"], r["causal"])
+        pairs.setdefault(shape, {})[kernel(r)] = f(r["tflops"])
+for k in ("sm90", "sm80"):
+    ts = [t[k] for t in pairs.values() if k in t]
+    if ts:
+        print(f"prefill best {k} kernel: {max(ts):.1f} TFLOPS")
+if pairs:
+    import os
+    with open(os.path.join(os.path.dirname(sys.argv[1]), "sm90-vs-sm80.txt"), "w") as out:
+        out.write("| dtype | D | B | Hq | Hkv | T | causal | sm90 TFLOPS | sm80 TFLOPS |\n|---|---|---|---|---|---|---|---|---|\n")
+        for shape, t in sorted(pairs.items()):
+            cells = " | ".join(str(x) for x in shape)
+            out.write(f"| {cells} | {t.get('sm90', 0):.1f} | {t.get('sm80', 0):.1f} |\n")
 for r in dec:
     print(f"decode B={r['batch']} ctx={r['seqlen_k']} page={r.get('page_size')}: {f(r.get('gbps')) or 0:.0f} GB/s = "
           f"{f(r['pct_of_copy_bw']):.0f}% of copy bandwidth")

@@ -281,6 +281,7 @@ mod tests {
             layout: CaseLayout::Contiguous,
             with_lse: true,
             variants: Default::default(),
+            kernel: Default::default(),
         }
     }
 

@@ -106,7 +106,7 @@ pub(crate) fn ensure_loaded(ctx: CUcontext) -> Result<()> {
 }
 
 /// 10 · major + minor of the current context's device.
-fn compute_capability() -> Result<i32> {
+pub(crate) fn compute_capability() -> Result<i32> {
     let mut dev: sys::CUdevice = 0;
     // SAFETY: writes one integer; a context is current (ensure_loaded's contract).
     check(unsafe { sys::cuCtxGetDevice(&mut dev) })?;

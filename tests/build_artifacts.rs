@@ -126,7 +126,9 @@ fn sass_has_the_instructions_the_kernels_were_written_for() {
             ("fa_paged_append", &["LDG.E.128", "STG.E.128"]),
         ];
         for (kernel, needles) in want {
-            let bodies: Vec<&(String, String)> = funcs.iter().filter(|(n, _)| n.contains(kernel)).collect();
+            // The sm_90a prefill kernel (fa_prefill_sm90_*) is checked in the Hopper test below.
+            let bodies: Vec<&(String, String)> =
+                funcs.iter().filter(|(n, _)| n.contains(kernel) && !n.contains("_sm90")).collect();
             assert!(!bodies.is_empty(), "{arch}: no {kernel}* kernel in the fatbins");
             for (name, body) in bodies {
                 for needle in needles {
@@ -156,7 +158,11 @@ fn sm90_kernels_use_wgmma_tma_mbarriers_and_setmaxnreg() {
         panic!("cuobjdump not found: scripts/setup installs it into .toolchain/cuda-tools");
     };
     let funcs = sass_functions(&tool, "sm_90a");
-    let want: [(&str, &[&str]); 5] = [
+    let want: [(&str, &[&str]); 6] = [
+        (
+            "fa_prefill_sm90_",
+            &["HGMMA.64x", "UTMALDG.4D", "SYNCS.ARRIVE.TRANS64", "SYNCS.PHASECHK", "USETMAXREG", "BAR.SYNC"],
+        ),
         (
             "fa_selftest_ws_gemm_",
             &["HGMMA.64x128x16.F32", "UTMALDG.2D", "SYNCS.ARRIVE.TRANS64", "SYNCS.PHASECHK", "USETMAXREG"],
@@ -175,12 +181,55 @@ fn sm90_kernels_use_wgmma_tma_mbarriers_and_setmaxnreg() {
             for needle in needles {
                 assert!(body.contains(needle), "{name} has no {needle} in its SASS");
             }
-            if name.starts_with("fa_selftest_ws_gemm_") {
+            if name.starts_with("fa_selftest_ws_gemm_") || name.starts_with("fa_prefill_sm90_") {
                 assert!(!body.contains("HMMA."), "{name} uses mma.sync (HMMA)");
+            }
+            if name.starts_with("fa_prefill_sm90_") {
+                check_role_registers(name, body);
             }
         }
     }
     let report = std::fs::read_to_string(build_info::PTXAS_REPORT).expect("ptxas report missing");
     assert!(!report.lines().any(|l| l.starts_with("WGMMA")), "serialised wgmma outside the allowed kernels:\n{report}");
     assert!(report.contains("ok    sm_90a fa_selftest_ws_gemm_f16: Used 168 registers"), "{report}");
+}
+
+/// The highest register each role of an sm_90a prefill kernel uses fits the budget its setmaxnreg gives it
+/// (fa/hopper/traits.cuh: producer 40, consumers 232): the producer's code is what follows
+/// `USETMAXREG.DEALLOC` up to its `EXIT` (its retry loops included), and no instruction of the kernel uses
+/// a register at or past the consumers' budget. No local memory either (a spill would hide there).
+fn check_role_registers(name: &str, body: &str) {
+    const PRODUCER_REGS: usize = 40;
+    const CONSUMER_REGS: usize = 232;
+    let lines: Vec<&str> =
+        body.lines().filter(|l| l.trim_start().starts_with("/*")).map(|l| l.split(';').next().unwrap_or("")).collect();
+    let max_reg = |ls: &[&str]| -> usize {
+        ls.iter()
+            .flat_map(|l| l.split(|c: char| !c.is_ascii_alphanumeric()))
+            .filter_map(|w| w.strip_prefix('R').and_then(|n| n.parse::<usize>().ok()))
+            .max()
+            .unwrap_or(0)
+    };
+    let dealloc = lines
+        .iter()
+        .position(|l| l.contains("USETMAXREG.DEALLOC"))
+        .unwrap_or_else(|| panic!("{name}: no USETMAXREG.DEALLOC"));
+    let is_exit = |l: &&str| l.split_whitespace().nth(1) == Some("EXIT");
+    let exit =
+        dealloc + lines[dealloc..].iter().position(is_exit).unwrap_or_else(|| panic!("{name}: producer never exits"));
+    assert!(
+        lines.iter().any(|l| l.contains(&format!("USETMAXREG.DEALLOC.CTAPOOL {PRODUCER_REGS:#x}"))),
+        "{name}: producer budget"
+    );
+    assert!(
+        lines.iter().any(|l| l.contains("USETMAXREG.TRY_ALLOC") && l.contains(&format!("{CONSUMER_REGS:#x}"))),
+        "{name}: consumer budget"
+    );
+    let producer = max_reg(&lines[dealloc..=exit]);
+    assert!(producer < PRODUCER_REGS, "{name}: the producer uses R{producer}, past its {PRODUCER_REGS} registers");
+    let all = max_reg(&lines);
+    assert!(all < CONSUMER_REGS, "{name}: R{all} is past the consumers' {CONSUMER_REGS} registers");
+    for local in [" LDL", " STL"] {
+        assert!(!body.contains(local), "{name} uses local memory ({local})");
+    }
 }

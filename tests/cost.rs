@@ -289,6 +289,7 @@ fn prefill_case(tq: usize, tk: usize, d: usize, heads: (usize, usize), causal: b
         layout: CaseLayout::Contiguous,
         with_lse: true,
         variants: Default::default(),
+        kernel: Default::default(),
     }
 }
 

@@ -621,6 +621,7 @@ fn prefill_case(
         layout: CaseLayout::Contiguous,
         with_lse: true,
         variants: Default::default(),
+        kernel: Default::default(),
     }
 }
 

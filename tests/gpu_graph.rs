@@ -55,6 +55,7 @@ fn prefill_case() -> PrefillCase {
         layout,
         with_lse,
         variants: Default::default(),
+        kernel: Default::default(),
     }
 }
 

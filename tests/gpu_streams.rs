@@ -203,6 +203,7 @@ fn gpu_streams_prefill_on_new_stream() {
         layout: CaseLayout::Contiguous,
         with_lse: true,
         variants: Default::default(),
+        kernel: Default::default(),
     };
     let f = PrefillFixture::<bf16>::new(&case, SEED).unwrap();
     let on_default = run_gpu(&ctx.default_stream(), &f).unwrap();

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr};
 use fused_attn::decode::cases::{DecodeCase, PagedFixture};
 use fused_attn::emu_selftest::{self as st, BarrierMode, Bug, GemmBug, GemmShape, WarpOp};
-use fused_attn::prefill::{prefill, PrefillOptions};
+use fused_attn::prefill::{prefill, PrefillKernel, PrefillOptions};
 use fused_attn::reference::{self, Problem};
 use fused_attn::seed::FixtureRng;
 use fused_attn::{
@@ -102,13 +102,18 @@ struct PrefillSpec {
 }
 
 fn prefill_pair<T: Element>(emu: &Emulator, cu: &Arc<CudaStream>, s: PrefillSpec, seed: u64) {
-    let what = format!("prefill {} {s:?}", T::DTYPE.name());
+    prefill_pair_on::<T>(emu, cu, s, seed, PrefillKernel::Auto)
+}
+
+/// Both backends run `kernel` (`Auto`: the sm_80 kernel in emulation, whichever the GPU picks there).
+fn prefill_pair_on<T: Element>(emu: &Emulator, cu: &Arc<CudaStream>, s: PrefillSpec, seed: u64, kernel: PrefillKernel) {
+    let what = format!("prefill {} {s:?} {}", T::DTYPE.name(), kernel.name());
     let mut rng = fused_attn::seed::rng(seed);
     let (qs, ks) = ([s.b, s.tq, s.hq, s.d], [s.b, s.tk, s.hkv, s.d]);
     let q: Vec<T> = random(&mut rng, qs.iter().product(), -2.0, 2.0);
     let k: Vec<T> = random(&mut rng, ks.iter().product(), -2.0, 2.0);
     let v: Vec<T> = random(&mut rng, ks.iter().product(), -0.5, 1.5);
-    let opts = PrefillOptions { causal: s.causal, scale: None, ..Default::default() };
+    let opts = PrefillOptions { causal: s.causal, scale: None, kernel, ..Default::default() };
     let lse_shape = [s.b, s.hq, s.tq];
     let (n_o, n_lse) = (q.len(), s.b * s.hq * s.tq);
 
@@ -173,6 +178,21 @@ fn gpu_vs_emu_prefill() {
     prefill_pair::<bf16>(&emu, &cu, spec(1, 70, 33, 2, 2, 256, true), seed() + 2);
     prefill_pair::<f16>(&emu, &cu, spec(1, 100, 37, 4, 1, 128, false), seed() + 3);
     prefill_pair::<bf16>(&emu, &cu, spec(1, 1, 300, 8, 2, 64, true), seed() + 4);
+}
+
+/// The sm_90a prefill kernel on the GPU and in emulation (compute capability 9.0 only).
+#[test]
+fn gpu_vs_emu_prefill_sm90() {
+    let Some(ctx) = hopper_or_skip("gpu_vs_emulator::gpu_vs_emu_prefill_sm90") else { return };
+    let cu = ctx.default_stream();
+    let emu = Emulator::new();
+    let spec = |b, tq, tk, hq, hkv, d, causal| PrefillSpec { b, tq, tk, hq, hkv, d, causal };
+    let k = PrefillKernel::Sm90;
+    prefill_pair_on::<bf16>(&emu, &cu, spec(1, 129, 129, 4, 2, 128, true), seed(), k);
+    prefill_pair_on::<f16>(&emu, &cu, spec(2, 65, 200, 2, 1, 64, true), seed() + 1, k);
+    prefill_pair_on::<bf16>(&emu, &cu, spec(1, 70, 33, 2, 2, 256, true), seed() + 2, k);
+    prefill_pair_on::<f16>(&emu, &cu, spec(1, 300, 257, 4, 1, 128, false), seed() + 3, k);
+    prefill_pair_on::<bf16>(&emu, &cu, spec(1, 1, 300, 8, 2, 64, true), seed() + 4, k);
 }
 
 // -------------------------------------------------------------------------------------------- decode

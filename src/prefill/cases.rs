@@ -14,7 +14,7 @@ use std::time::Instant;
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::{bf16, f16};
 
-use super::{prefill, prefill_varlen, PrefillOptions};
+use super::{prefill, prefill_varlen, PrefillKernel, PrefillOptions};
 use crate::dtype::{DType, Element};
 use crate::emu::Emulator;
 use crate::error::{Error, Result};
@@ -56,6 +56,8 @@ pub struct PrefillCase {
     pub with_lse: bool,
     /// Score variants (sliding window, softcap, ALiBi, sinks).
     pub variants: CaseVariants,
+    /// The kernel the case runs (`Auto` unless a test or `--kernel` forces one).
+    pub kernel: PrefillKernel,
 }
 
 impl PrefillCase {
@@ -74,6 +76,7 @@ impl PrefillCase {
             layout: CaseLayout::Contiguous,
             with_lse: true,
             variants: CaseVariants::default(),
+            kernel: PrefillKernel::Auto,
         }
     }
     /// Short description for test output and report rows.
@@ -84,7 +87,9 @@ impl PrefillCase {
         };
         let variants = self.variants.label();
         format!(
-            "{} D={} {} Hq={} Hkv={} {}{:?}{}{}{}",
+            "{}{}{} D={} {} Hq={} Hkv={} {}{:?}{}{}{}",
+            if self.kernel == PrefillKernel::Auto { "" } else { self.kernel.name() },
+            if self.kernel == PrefillKernel::Auto { "" } else { " " },
             self.dtype.name(),
             self.head_dim,
             shape,
@@ -984,7 +989,12 @@ fn launch_views<T: Element>(
     variants: &VariantViews<'_>,
 ) -> Result<()> {
     let c = &f.case;
-    let opts = PrefillOptions { causal: c.causal, scale: f.inputs.scale, score_mod: variants.score_mod(&c.variants) };
+    let opts = PrefillOptions {
+        causal: c.causal,
+        scale: f.inputs.scale,
+        score_mod: variants.score_mod(&c.variants),
+        kernel: c.kernel,
+    };
     match views {
         CaseViews::Dense { q, k, v, mut o, mut lse } => prefill(stream, &q, &k, &v, &mut o, lse.as_mut(), &opts),
         CaseViews::Varlen { q, k, v, cu_q, cu_k, mut o, mut lse } => {

@@ -18,8 +18,10 @@
 //! the fp64 reference (emulator or GPU) and times it on a GPU.
 
 pub mod cases;
+pub mod sm90;
 
 pub use cases::{sweep_cases, CaseLayout, PrefillCase, SWEEP_SEQLENS};
+pub use sm90::{PrefillKernel, Sm90Tile, SM90_HEAD_DIMS};
 
 use crate::device::Stream;
 use crate::dtype::Element;
@@ -43,6 +45,9 @@ pub struct PrefillOptions<'a> {
     pub scale: Option<f32>,
     /// Sliding window, softcap, ALiBi, sinks (none by default).
     pub score_mod: ScoreMod<'a>,
+    /// Which kernel runs the call ([`PrefillKernel`]): `Auto` (the default) takes the sm_90a kernel on a
+    /// compute capability 9.0 GPU when it supports the call, else the sm_80 one.
+    pub kernel: PrefillKernel,
 }
 
 /// Longest sequence prefill accepts (positions plus window bounds stay inside the kernel's int32).
@@ -246,6 +251,7 @@ pub fn prefill<T: Element>(
     let scale = softmax_scale(opts.scale, head_dim)?;
     opts.score_mod.check_values()?;
     check_seqlens(&[("q", seqlen_q), ("k", seqlen_k)])?;
+    let choice = sm90::choose(stream, opts.kernel, head_dim, &opts.score_mod)?;
     let params = sys::FaPrefillParams {
         batch: to_i32("q (batch)", batch)?,
         heads_q: to_i32("q (heads)", heads_q)?,
@@ -303,7 +309,18 @@ pub fn prefill<T: Element>(
         score_mod,
         ..params
     };
-    launch.run("prefill", params, sys::fa_prefill)
+    let op = |ptr, rows, heads, s: [i64; 4]| sm90::Operand {
+        ptr,
+        head_dim,
+        rows,
+        heads,
+        batch,
+        strides: [s[1], s[2], s[0]],
+    };
+    let (q_op, k_op, v_op) =
+        (op(q_ptr, seqlen_q, heads_q, qs), op(k_ptr, seqlen_k, heads_kv, ks), op(v_ptr, seqlen_k, heads_kv, vs));
+    let kv = (seqlen_k > 0).then_some((&k_op, &v_op));
+    sm90::run(launch, "prefill", stream, opts.kernel, choice, params, std::mem::size_of::<T>(), &q_op, kv)
 }
 
 /// Sequences (and packed totals) longer than [`MAX_PREFILL_SEQLEN`] are Overflow errors.
@@ -407,6 +424,7 @@ pub fn prefill_varlen<T: Element>(
     let scale = softmax_scale(opts.scale, head_dim)?;
     opts.score_mod.check_values()?;
     check_seqlens(&[("q", total_q), ("k", total_k), ("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)])?;
+    let choice = sm90::choose(stream, opts.kernel, head_dim, &opts.score_mod)?;
     let params = sys::FaPrefillParams {
         batch: to_i32("cu_seqlens_q (batch)", batch)?,
         heads_q: to_i32("q (heads)", heads_q)?,
@@ -463,7 +481,19 @@ pub fn prefill_varlen<T: Element>(
         score_mod,
         ..params
     };
-    launch.run("prefill_varlen", params, sys::fa_prefill)
+    // Varlen maps: all packed rows, a batch of 1 (a sequence starts at its cu_seqlens row).
+    let op = |ptr, rows, heads, s: [i64; 3]| sm90::Operand {
+        ptr,
+        head_dim,
+        rows,
+        heads,
+        batch: 1,
+        strides: [s[0], s[1], 0],
+    };
+    let (q_op, k_op, v_op) =
+        (op(q_ptr, total_q, heads_q, qs), op(k_ptr, total_k, heads_kv, ks), op(v_ptr, total_k, heads_kv, vs));
+    let kv = (total_k > 0).then_some((&k_op, &v_op));
+    sm90::run(launch, "prefill_varlen", stream, opts.kernel, choice, params, std::mem::size_of::<T>(), &q_op, kv)
 }
 
 #[cfg(test)]

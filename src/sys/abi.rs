@@ -743,6 +743,26 @@ impl Default for FaSelftestWsGemmParams {
         }
     }
 }
+#[repr(C)]
+#[repr(align(64))]
+#[derive(Debug, Copy, Clone)]
+pub struct FaPrefillSm90Params {
+    pub q_map: FaTensorMap,
+    pub k_map: FaTensorMap,
+    pub v_map: FaTensorMap,
+    pub base: FaPrefillParams,
+    pub block_m: i32,
+    pub block_n: i32,
+}
+impl Default for FaPrefillSm90Params {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
 unsafe extern "C" {
     pub fn fa_selftest_wgmma(params: FaSelftestWgmmaParams, exec: *mut FaExec) -> ::std::os::raw::c_int;
 }
@@ -754,6 +774,9 @@ unsafe extern "C" {
 }
 unsafe extern "C" {
     pub fn fa_selftest_ws_gemm(params: FaSelftestWsGemmParams, exec: *mut FaExec) -> ::std::os::raw::c_int;
+}
+unsafe extern "C" {
+    pub fn fa_prefill_sm90(params: FaPrefillSm90Params, exec: *mut FaExec) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
     pub fn fa_host_float_to_16(in_: *const f32, out: *mut u16, n: i64, dtype: i32);

@@ -607,10 +607,27 @@ typedef struct FaSelftestWsGemmParams {
   int32_t bug;
 } FaSelftestWsGemmParams;
 
+/* Prefill on sm_90a (kernels/prefill_sm90.cu): the same problem as FaPrefillParams (base), plus TMA tensor
+ * maps of q, k and v, which the Rust side encodes (src/prefill/sm90.rs) for the backend that runs it. Each
+ * map is 4-D, dimension 0 innermost: (D, rows, heads, batch) with byte strides (row, head, batch); varlen
+ * maps have rows = total and a batch of 1. Box: 64 elements (one 128-byte swizzle span) x the kernel's
+ * rows per tile (block_m for q, block_n for k and v) x 1 x 1, 128B swizzle. Rows past a dense sequence's
+ * end are zero-filled by the TMA unit; in varlen a box may cover the next sequence's rows, which the kernel
+ * masks (scores) and zeroes (V rows) so that nothing of a neighbour reaches the softmax or O.
+ * block_m / block_n: the tile the maps were made for (the launcher checks they match its kernel). */
+typedef struct FaPrefillSm90Params {
+  FaTensorMap q_map;
+  FaTensorMap k_map;
+  FaTensorMap v_map;
+  FaPrefillParams base;
+  int32_t block_m, block_n;
+} FaPrefillSm90Params;
+
 int fa_selftest_wgmma(FaSelftestWgmmaParams params, FaExec *exec);
 int fa_selftest_tma(FaSelftestTmaParams params, FaExec *exec);
 int fa_selftest_sm90_bug(FaSelftestSm90BugParams params, FaExec *exec);
 int fa_selftest_ws_gemm(FaSelftestWsGemmParams params, FaExec *exec);
+int fa_prefill_sm90(FaPrefillSm90Params params, FaExec *exec);
 
 /* The host build's fp32 <-> 16-bit conversions (kernels/include/fa/emu/host_types.h: round to nearest even,
  * overflow to inf, every NaN to 0x7fff, as CUDA), exposed so tests can compare them with an independent

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
+use fused_attn::prefill::PrefillKernel;
 use fused_attn::score_mod::{CaseAlibi, CaseVariants};
 use fused_attn::{DType, Error, Fp8Format, KvDType, Result, ScaleKind};
 
@@ -121,6 +122,14 @@ pub struct Common {
     /// Seed of the random inputs; `report` derives one seed per case from it.
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub seed: u64,
+    /// Prefill kernel: auto (sm90 on a compute capability 9.0 GPU when it supports the case, else sm80;
+    /// always sm80 on the emulator), sm80, or sm90 (also on the emulator; an error where it cannot run).
+    #[arg(long, value_parser = parse_kernel, default_value = "auto", value_name = "KERNEL")]
+    pub kernel: PrefillKernel,
+}
+
+fn parse_kernel(s: &str) -> std::result::Result<PrefillKernel, String> {
+    s.parse().map_err(|e: fused_attn::Error| e.message().to_string())
 }
 
 #[derive(Args, Debug, Clone)]

@@ -54,6 +54,7 @@ fn run(a: &RunArgs, backend: &Backend, out: &mut Output) -> Result<()> {
                 layout: CaseLayout::Contiguous,
                 with_lse: true,
                 variants: a.variants(),
+                kernel: a.common.kernel,
             };
             cases::run_prefill(backend, &case, a.common.seed, copy, dump.as_ref(), &progress)
         }
@@ -124,7 +125,7 @@ fn report(a: &ReportArgs, backend: &Backend, out: &mut Output) -> Result<()> {
             dir.display()
         );
     }
-    report::report(backend, a.common.seed, a.quick, out)?;
+    report::report(backend, a.common.seed, a.quick, a.common.kernel, out)?;
     out.summary();
     match (&a.plot, backend) {
         (Some(dir), Backend::Gpu { .. }) => write_plots(&out.rows.clone(), a.matmul_tflops, dir, out),

@@ -9,7 +9,8 @@ use std::time::Instant;
 
 use fused_attn::decode::cases::{decode_sweep, decode_sweep_emulated, perf_cases as decode_perf, DecodeCase};
 use fused_attn::prefill::cases::perf_cases as prefill_perf;
-use fused_attn::prefill::sweep_cases;
+use fused_attn::prefill::{sweep_cases, PrefillCase, PrefillKernel, Sm90Tile};
+use fused_attn::score_mod::CaseAlibi;
 use fused_attn::timing::copy_bandwidth_gbps;
 use fused_attn::{DType, Result};
 
@@ -23,10 +24,24 @@ pub fn case_seed(base: u64, i: usize) -> u64 {
     base ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
-/// The correctness cases of `report` on `backend`.
-pub fn sweep(backend: &Backend, quick: bool) -> Vec<Case> {
+/// Whether the sm90 kernel runs `c` (head dim and variants; the GPU's compute capability aside).
+fn sm90_runs(c: &PrefillCase) -> bool {
+    Sm90Tile::for_head_dim(c.head_dim).is_some() && c.variants.softcap.is_none() && c.variants.alibi == CaseAlibi::None
+}
+
+/// The prefill case run with `kernel` (`--kernel`). The sm90 kernel lacks some head dims and variants:
+/// those cases keep `auto` (the sm_80 kernel), as a call with `auto` would.
+fn with_kernel(mut c: PrefillCase, kernel: PrefillKernel) -> PrefillCase {
+    if kernel != PrefillKernel::Sm90 || sm90_runs(&c) {
+        c.kernel = kernel;
+    }
+    c
+}
+
+/// The correctness cases of `report` on `backend`, prefill run with `kernel`.
+pub fn sweep(backend: &Backend, quick: bool, kernel: PrefillKernel) -> Vec<Case> {
     let gpu = matches!(backend, Backend::Gpu { .. });
-    let prefill = sweep_cases(gpu && !quick);
+    let prefill: Vec<PrefillCase> = sweep_cases(gpu && !quick).into_iter().map(|c| with_kernel(c, kernel)).collect();
     let decode = if gpu && !quick { decode_sweep() } else { decode_sweep_emulated() };
     if quick {
         // A few seconds of emulation: the first small prefill case of every (D, causal, layout, varlen,
@@ -107,7 +122,7 @@ fn ordered_parallel<I: Sync, R: Send>(
     });
 }
 
-pub fn report(backend: &Backend, base_seed: u64, quick: bool, out: &mut Output) -> Result<()> {
+pub fn report(backend: &Backend, base_seed: u64, quick: bool, kernel: PrefillKernel, out: &mut Output) -> Result<()> {
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
     out.note(&format!("fused-attn report on {}", backend.describe()));
     let copy_gbps = match backend {
@@ -118,7 +133,7 @@ pub fn report(backend: &Backend, base_seed: u64, quick: bool, out: &mut Output) 
         }
         Backend::Emu(_) => None,
     };
-    let cases = sweep(backend, quick);
+    let cases = sweep(backend, quick, kernel);
     // On a GPU the timed shapes run first: they carry the numbers the issues' bars are judged by (and a
     // sampled correctness check each), so a run cut short by a time budget still has them.
     if let (Backend::Gpu { stream, .. }, Some(copy)) = (backend, copy_gbps) {
@@ -128,6 +143,20 @@ pub fn report(backend: &Backend, base_seed: u64, quick: bool, out: &mut Output) 
             pf.retain(|c| c.dtype == DType::Bf16 && c.head_dim == 128 && matches!(c.seqlen_q, 1024 | 8192));
             dp.retain(|c| decode_perf().contains(c));
         }
+        // On a compute capability 9.0 GPU with `--kernel auto`, every timed prefill shape the sm90 kernel
+        // supports runs on both kernels, side by side (rows labelled sm80 / sm90); elsewhere on the kernel
+        // asked for.
+        let hopper = stream.context().compute_capability().is_ok_and(|cc| cc == (9, 0));
+        let pf: Vec<PrefillCase> = pf
+            .into_iter()
+            .flat_map(|c| {
+                if kernel == PrefillKernel::Auto && hopper && sm90_runs(&c) {
+                    vec![with_kernel(c.clone(), PrefillKernel::Sm80), with_kernel(c, PrefillKernel::Sm90)]
+                } else {
+                    vec![with_kernel(c, kernel)]
+                }
+            })
+            .collect();
         let start = Instant::now();
         out.note(&format!("performance: {} prefill and {} decode shapes (CUDA events, median)", pf.len(), dp.len()));
         let progress = Progress::counter(pf.len() + dp.len(), "timing");

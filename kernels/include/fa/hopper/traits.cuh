@@ -1,0 +1,66 @@
+// Compile-time shape of the sm_90a prefill kernel, one per head dim (dtype-independent). Mirrored on the host
+// by `prefill::sm90::Sm90Tile::for_head_dim` (src/prefill/sm90.rs), which makes the TMA boxes; keep both in
+// step (the launcher checks the boxes it was given against these).
+//
+// CTA = 3 warpgroups (384 threads): warpgroup 0 produces (one thread issues TMA), warpgroups 1 and 2
+// consume, 64 query rows each (wgmma's M), so Br = 128. Registers: 384 threads start at 168 each
+// (65536 / 384 rounded down to 8); the producer returns all but 40, the consumers take 232
+// (40 + 2 · 232 = 504 ≤ 512 per thread-slot of a warpgroup, i.e. 64.5k ≤ 65536 registers).
+//
+// Shared memory holds 16-bit tiles as TMA writes them with 128-byte swizzle: a tile of R rows and D columns
+// is D/64 "panels" of R rows x 64 columns (128 bytes, one swizzle span, per row); panel p of a tile starts
+// R·128 bytes after panel p-1. Every panel is a multiple of 1024 bytes (8 rows · 128), so every panel and
+// stage starts on the 1024-byte boundary the 128B swizzle pattern repeats on.
+//
+//   D   | Br  | Bc  | stages | smem (Q + stages·(K+V)) | consumer registers (S + O + P fragments)
+//   64  | 128 | 128 | 2      | 16 + 2·32  =  80 KiB    | 64 + 32 + 32   (FA3: 192 x 128, 3 consumer WGs)
+//   128 | 128 | 128 | 2      | 32 + 2·64  = 160 KiB    | 64 + 64 + 32   (FA3: 128 x 176; 128 x 128 first)
+//   256 | 128 | 64  | 2      | 64 + 2·64  = 192 KiB    | 32 + 128 + 16  (FA3: 128 x 80)
+// Bc = 128 for D ≤ 128 gives each S wgmma N = 128 (the m64n128k16 shape runs at full rate); D = 256 halves
+// Bc because O alone is 128 registers. Two stages: the producer loads tile n-1 while tile n is consumed; a
+// third stage would not fit D = 256 and is left for tuning on a GPU (not yet measured).
+#pragma once
+
+#include "fa/namespace.cuh"
+
+FA_NAMESPACE_BEGIN
+namespace hopper {
+
+constexpr int kWarpgroupThreads = 128;
+constexpr int kPanelCols = 64;    // 16-bit elements per 128-byte swizzle row
+constexpr int kPanelRowBytes = 128;
+
+template <int kHeadDim_, int kBc_, int kStages_> struct PrefillShape {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kConsumers = 2; // consumer warpgroups
+  static constexpr int kThreads = (kConsumers + 1) * kWarpgroupThreads;
+  static constexpr int kBr = 64 * kConsumers; // query rows per CTA
+  static constexpr int kBc = kBc_;            // keys per KV tile
+  static constexpr int kStages = kStages_;
+  static constexpr int kPanels = kHeadDim / kPanelCols;
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+  // Bytes of one panel / tile of each operand.
+  static constexpr int kQPanelBytes = kBr * kPanelRowBytes;
+  static constexpr int kKvPanelBytes = kBc * kPanelRowBytes;
+  static constexpr int kQBytes = kPanels * kQPanelBytes;
+  static constexpr int kKvTileBytes = kPanels * kKvPanelBytes; // one of K or V
+  static constexpr int kStageBytes = 2 * kKvTileBytes;         // K then V
+  // Layout: Q, stages x (K, V), then the mbarriers (q_full, full_k[stages], full_v[stages], empty[stages]).
+  static constexpr int kBarrierOffset = kQBytes + kStages * kStageBytes;
+  static constexpr int kSmemBytes = kBarrierOffset + 8 * (1 + 3 * kStages);
+  static_assert(kHeadDim % kPanelCols == 0, "head dim is whole 64-column panels");
+  static_assert(kBc % 16 == 0 && kBc <= 256, "wgmma N: a multiple of 16 up to 256, and a TMA box of at most 256 rows");
+  static_assert(kQPanelBytes % 1024 == 0 && kKvPanelBytes % 1024 == 0, "panels start on the swizzle pattern");
+  static_assert(kSmemBytes <= 227 * 1024, "sm_90's 227 KiB opt-in");
+  static constexpr int kEntryRegs = 65536 / kThreads / 8 * 8;
+  static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (kConsumers + 1) * kEntryRegs, "the register pool");
+};
+
+template <int kHeadDim> struct PrefillTraits;
+template <> struct PrefillTraits<64> : PrefillShape<64, 128, 2> {};
+template <> struct PrefillTraits<128> : PrefillShape<128, 128, 2> {};
+template <> struct PrefillTraits<256> : PrefillShape<256, 64, 2> {};
+
+} // namespace hopper
+FA_NAMESPACE_END

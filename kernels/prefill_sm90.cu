@@ -1,0 +1,156 @@
+// Fused prefill attention for sm_90a (Hopper): the same problem, semantics and outputs as kernels/prefill.cu,
+// built from wgmma, TMA and mbarriers with warp specialisation (FlashAttention-3's structure).
+//
+// One CTA per (query tile of 128 rows, query head, sequence); 3 warpgroups (fa/hopper/traits.cuh):
+//   warpgroup 0, the producer (setmaxnreg.dec to 40): one thread issues TMA loads of the Q tile once and of
+//     the K/V tiles into a ring of stages guarded by full/empty mbarriers (fa/hopper/producer.cuh);
+//   warpgroups 1 and 2, the consumers (setmaxnreg.inc to 232): 64 query rows each, S = Q Kᵀ by wgmma SS,
+//     mask, online softmax, O += P V by wgmma RS, then release the stage (fa/hopper/mainloop.cuh); finally
+//     O /= rowsum (with the sink), LSE, and 16-byte stores through shared memory (fa/hopper/epilogue.cuh).
+// KV tiles are visited top down over kv_block_range (causal and window tiles skipped as in the sm_80 kernel);
+// causal grids run the longest query tiles first (fa/hopper/tile_scheduler.cuh).
+//
+// Supported: fp16/bf16, D 64/128/256, dense and varlen, GQA, causal, LSE, sliding window, sinks. Softcap
+// and ALiBi are not (the Rust layer keeps those on the sm_80 kernel). The tensor maps are made by the Rust
+// side (src/prefill/sm90.rs) for the backend that runs the kernel.
+#include "fa/abi.h"
+#include "fa/hopper/epilogue.cuh"
+#include "fa/hopper/mainloop.cuh"
+#include "fa/hopper/pipeline.cuh"
+#include "fa/hopper/producer.cuh"
+#include "fa/hopper/tile_scheduler.cuh"
+#include "fa/hopper/traits.cuh"
+#include "fa/intrinsics.cuh"
+#include "fa/online_softmax.cuh"
+#include "fa/prefill/block_range.cuh"
+#include "fa/prefill/seq_info.cuh"
+#include "fa/score_mod.cuh"
+#include "fa/namespace.cuh"
+
+FA_NAMESPACE_BEGIN
+namespace hopper {
+namespace {
+
+template <class T, int kHeadDim> FA_DEVICE void prefill_sm90_kernel(const FaPrefillSm90Params &params) {
+  using Tr = PrefillTraits<kHeadDim>;
+  const FaPrefillParams &p = params.base;
+  const WorkTile work = work_tile(p.causal != 0);
+  const prefill::SeqInfo seq = prefill::seq_info(p, work.batch, work.head);
+  const int m0 = work.m_block * Tr::kBr;
+  if (m0 >= seq.tq) return; // past this sequence's end: no rows here (uniform over the CTA)
+
+  unsigned char *smem = dynamic_smem_aligned<unsigned char>();
+  const Barriers<Tr::kStages> bars = Barriers<Tr::kStages>::at(smem + Tr::kBarrierOffset);
+  if (thread_idx() == 0) bars.init(Tr::kConsumers);
+  sync_threads();
+
+  const WindowBounds window = effective_window(p.score_mod, p.causal != 0, seq.tq, seq.tk);
+  const prefill::KvBlockRange range =
+      prefill::kv_block_range(m0, Tr::kBr, Tr::kBc, seq.tq, seq.tk, window.left, window.right);
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const int wg = thread_idx() / kWarpgroupThreads;
+
+  if (wg == 0) {
+    setmaxnreg_dec<Tr::kProducerRegs>();
+    if (thread_idx() == 0 && range.n_end > range.n_begin) {
+      // Varlen maps are [total rows, heads] with a batch of 1: a sequence starts at its cu_seqlens row.
+      int q_start = 0, k_start = 0, len;
+      if (varlen) { // clamped as seq_info clamps them
+        prefill::varlen_bounds(p.cu_seqlens_q, work.batch, p.total_q, q_start, len);
+        prefill::varlen_bounds(p.cu_seqlens_k, work.batch, p.total_k, k_start, len);
+      }
+      const TmaRows at{q_start + m0, k_start, work.head, work.head / (p.heads_q / p.heads_kv),
+                       varlen ? 0 : work.batch};
+      produce<Tr>(params, smem, bars, at, range.n_begin, range.n_end);
+    }
+  } else {
+    setmaxnreg_inc<Tr::kConsumerRegs>();
+    const int c = wg - 1;
+    ConsumerTile ct;
+    ct.wg = c;
+    ct.warp_row0 = m0 + 64 * c + 16 * (warp_id() % 4);
+    ct.tq = seq.tq;
+    ct.tk = seq.tk;
+    ct.window = window;
+    ct.zero_ragged_v = varlen;
+    WgmmaAcc<kHeadDim> o;
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
+    OnlineSoftmax<1> softmax;
+    softmax.init();
+    if (range.n_end > range.n_begin) consume<T, Tr>(smem, bars, range, ct, p.scale_log2, o, softmax);
+    float lse[2];
+    softmax.finalize(fragments(o), lse, p.scale_log2, sink_logit(p.score_mod, work.head));
+    const int rows_left = seq.tq - (ct.warp_row0);
+    store_output<T, Tr>(p, smem, o, lse, c, seq.o_offset + (int64_t)ct.warp_row0 * p.o_row_stride,
+                        seq.lse_offset + ct.warp_row0, rows_left);
+  }
+}
+
+} // namespace
+} // namespace hopper
+FA_NAMESPACE_END
+
+#define FA_PREFILL_SM90_KERNEL(dt, T, D)                                                                     \
+  FA_KERNEL_SM90(fa_prefill_sm90_##dt##_d##D, fa::hopper::PrefillTraits<D>::kThreads, 1, FaPrefillSm90Params, \
+                 (fa::hopper::prefill_sm90_kernel<T, D>))
+FA_PREFILL_SM90_KERNEL(f16, fa::half_t, 64)
+FA_PREFILL_SM90_KERNEL(f16, fa::half_t, 128)
+FA_PREFILL_SM90_KERNEL(f16, fa::half_t, 256)
+FA_PREFILL_SM90_KERNEL(bf16, fa::bf16_t, 64)
+FA_PREFILL_SM90_KERNEL(bf16, fa::bf16_t, 128)
+FA_PREFILL_SM90_KERNEL(bf16, fa::bf16_t, 256)
+#undef FA_PREFILL_SM90_KERNEL
+
+#if defined(FA_HOST_BUILD)
+namespace fa {
+namespace hopper {
+namespace {
+
+template <int kHeadDim>
+int launch_prefill_sm90(void (*kernel)(FaPrefillSm90Params), const char *name, const FaPrefillSm90Params &p,
+                        FaExec *exec) {
+  using Tr = PrefillTraits<kHeadDim>;
+  if (p.block_m != Tr::kBr || p.block_n != Tr::kBc) return FA_ERR_INVALID; // maps made for another tile
+  const int m_blocks = p.base.seqlen_q / Tr::kBr + (p.base.seqlen_q % Tr::kBr != 0);
+  if (m_blocks == 0 || p.base.batch == 0 || p.base.heads_q == 0) return FA_OK;
+  if (p.base.heads_q > 65535 || p.base.batch > 65535) return FA_ERR_INVALID;
+  return launch(name, kernel, Dim3{m_blocks, p.base.heads_q, p.base.batch}, Tr::kThreads, Tr::kSmemBytes, exec, p);
+}
+
+#define FA_PREFILL_SM90_CASE(D, kernel)                                                                      \
+  case D:                                                                                                    \
+    return launch_prefill_sm90<D>(kernel, #kernel, p, exec)
+int dispatch_sm90(const FaPrefillSm90Params &p, FaExec *exec) {
+  if (p.base.dtype == FA_DTYPE_F16) {
+    switch (p.base.head_dim) {
+      FA_PREFILL_SM90_CASE(64, fa_prefill_sm90_f16_d64);
+      FA_PREFILL_SM90_CASE(128, fa_prefill_sm90_f16_d128);
+      FA_PREFILL_SM90_CASE(256, fa_prefill_sm90_f16_d256);
+    }
+  } else if (p.base.dtype == FA_DTYPE_BF16) {
+    switch (p.base.head_dim) {
+      FA_PREFILL_SM90_CASE(64, fa_prefill_sm90_bf16_d64);
+      FA_PREFILL_SM90_CASE(128, fa_prefill_sm90_bf16_d128);
+      FA_PREFILL_SM90_CASE(256, fa_prefill_sm90_bf16_d256);
+    }
+  }
+  return FA_ERR_UNSUPPORTED;
+}
+#undef FA_PREFILL_SM90_CASE
+
+} // namespace
+} // namespace hopper
+} // namespace fa
+
+// The sm_80 launcher's checks (fa_prefill validates the same FaPrefillParams: pointers, alignment, strides,
+// sizes, score variants) via a dry run in record mode, then this kernel's own: no softcap or ALiBi.
+extern "C" int fa_prefill_sm90(FaPrefillSm90Params p, FaExec *exec) {
+  if (fa::needs_score_mod(p.base.score_mod)) return FA_ERR_UNSUPPORTED;
+  FaExec dry{};
+  dry.mode = FA_EXEC_RECORD;
+  const int status = fa_prefill(p.base, &dry);
+  if (status != FA_OK) return status;
+  return fa::hopper::dispatch_sm90(p, exec);
+}
+#endif // FA_HOST_BUILD

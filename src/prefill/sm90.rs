@@ -1,0 +1,277 @@
+//! Which prefill kernel a call runs, and what the sm_90a kernel (kernels/prefill_sm90.cu) needs from the host:
+//! its tile shape ([`Sm90Tile`], mirroring kernels/include/fa/hopper/traits.cuh) and the TMA tensor maps of
+//! q, k and v, encoded for the backend that runs it (src/tensor_map.rs).
+//!
+//! [`PrefillKernel::Auto`] takes the sm_90a kernel on a GPU of compute capability 9.0 when it supports the
+//! call (head dim 64, 128 or 256; no softcap or ALiBi; tensors TMA can address), and the sm_80 kernel
+//! otherwise, silently. On the emulator `Auto` keeps the sm_80 kernel (the emulator has no compute
+//! capability to choose by; tests and the runner pick the sm_90a kernel with [`PrefillKernel::Sm90`]).
+//! Forcing `Sm90` where it cannot run is a typed error, never a silent fallback: `Arch` on a GPU that is
+//! not compute capability 9.0, `Unsupported` for a head dim or variant it lacks, the tensor map's own error
+//! (`Alignment`, `Overflow`, `Shape`) for a tensor TMA cannot address.
+
+use std::ffi::c_void;
+use std::str::FromStr;
+
+use crate::device::Stream;
+use crate::error::{Error, ErrorKind, Result};
+use crate::launch::Launch;
+use crate::score_mod::ScoreMod;
+use crate::sys;
+use crate::tensor_map::{TensorMapSpec, TmaSwizzle};
+
+/// The prefill kernel a call runs ([`super::PrefillOptions::kernel`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum PrefillKernel {
+    /// sm_90a on a compute capability 9.0 GPU when it supports the call, else sm_80 (always sm_80 on the
+    /// emulator).
+    #[default]
+    Auto,
+    /// The mma.sync kernel (sm_80 and newer).
+    Sm80,
+    /// The wgmma/TMA kernel (compute capability 9.0 only; runs on the emulator too).
+    Sm90,
+}
+
+impl PrefillKernel {
+    pub fn name(self) -> &'static str {
+        match self {
+            PrefillKernel::Auto => "auto",
+            PrefillKernel::Sm80 => "sm80",
+            PrefillKernel::Sm90 => "sm90",
+        }
+    }
+}
+
+impl FromStr for PrefillKernel {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(PrefillKernel::Auto),
+            "sm80" => Ok(PrefillKernel::Sm80),
+            "sm90" => Ok(PrefillKernel::Sm90),
+            other => Err(Error::usage(format!("unknown prefill kernel {other:?} (auto, sm80 or sm90)"))),
+        }
+    }
+}
+
+/// Head dims the sm_90a kernel is instantiated for (others run the sm_80 kernel).
+pub const SM90_HEAD_DIMS: [usize; 3] = [64, 128, 256];
+
+/// The sm_90a kernel's tile for one head dim (kernels/include/fa/hopper/traits.cuh, which says why).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sm90Tile {
+    /// Query rows per CTA (two consumer warpgroups of 64).
+    pub block_m: usize,
+    /// Keys per KV tile.
+    pub block_n: usize,
+}
+
+impl Sm90Tile {
+    pub fn for_head_dim(head_dim: usize) -> Option<Self> {
+        let block_n = match head_dim {
+            64 | 128 => 128,
+            256 => 64,
+            _ => return None,
+        };
+        Some(Self { block_m: 128, block_n })
+    }
+}
+
+/// The kernel a call runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Choice {
+    Sm80,
+    Sm90(Sm90Tile),
+}
+
+/// Why the sm_90a kernel cannot run a call of this head dim and these variants (`None`: it can).
+fn unsupported_reason(head_dim: usize, score_mod: &ScoreMod) -> Option<String> {
+    if Sm90Tile::for_head_dim(head_dim).is_none() {
+        return Some(format!("head dim {head_dim} (the sm90 kernel has {SM90_HEAD_DIMS:?})"));
+    }
+    if score_mod.softcap.is_some_and(|c| c > 0.0) {
+        return Some("softcap (the sm90 kernel has window and sinks, not softcap or ALiBi)".into());
+    }
+    if score_mod.alibi_slopes.is_some() {
+        return Some("ALiBi (the sm90 kernel has window and sinks, not softcap or ALiBi)".into());
+    }
+    None
+}
+
+/// Compute capability (10 · major + minor) of a GPU stream's device; `None` on the emulator.
+fn compute_capability(stream: &Stream<'_>) -> Result<Option<i32>> {
+    match stream {
+        Stream::Emu(_) => Ok(None),
+        Stream::Gpu(s) => {
+            s.context().bind_to_thread()?;
+            crate::kernels::compute_capability().map(Some)
+        }
+        Stream::Raw(r) => r.with_context(crate::kernels::compute_capability).map(Some),
+    }
+}
+
+/// The kernel `kernel` resolves to for this call, before the tensor maps are checked (see [`maps`]).
+pub(crate) fn choose(
+    stream: &Stream<'_>,
+    kernel: PrefillKernel,
+    head_dim: usize,
+    score_mod: &ScoreMod,
+) -> Result<Choice> {
+    let tile = || Sm90Tile::for_head_dim(head_dim);
+    match kernel {
+        PrefillKernel::Sm80 => Ok(Choice::Sm80),
+        PrefillKernel::Auto => {
+            let cc = compute_capability(stream)?;
+            match (cc, tile()) {
+                (Some(90), Some(t)) if unsupported_reason(head_dim, score_mod).is_none() => Ok(Choice::Sm90(t)),
+                _ => Ok(Choice::Sm80),
+            }
+        }
+        PrefillKernel::Sm90 => {
+            if let Some(cc) = compute_capability(stream)? {
+                if cc != 90 {
+                    return Err(Error::new(
+                        ErrorKind::Arch,
+                        format!("prefill kernel sm90: this GPU is sm_{cc}; the sm_90a kernel runs on compute capability 9.0 only"),
+                    ));
+                }
+            }
+            if let Some(why) = unsupported_reason(head_dim, score_mod) {
+                return Err(Error::unsupported("prefill kernel sm90", why));
+            }
+            Ok(Choice::Sm90(tile().expect("unsupported_reason checked the head dim")))
+        }
+    }
+}
+
+/// One operand as the kernel's 4-D tensor map sees it: (D, rows, heads, batch) and the element strides of
+/// rows, heads and batch.
+pub(crate) struct Operand {
+    pub ptr: *const c_void,
+    pub head_dim: usize,
+    pub rows: usize,
+    pub heads: usize,
+    pub batch: usize,
+    /// Element strides of (row, head, batch).
+    pub strides: [i64; 3],
+}
+
+impl Operand {
+    fn spec(&self, elem_bytes: usize, box_rows: usize) -> Result<TensorMapSpec> {
+        let bytes = |name: &str, s: i64| -> Result<u64> {
+            u64::try_from(s * elem_bytes as i64).map_err(|_| Error::shape(name, format!("negative stride {s}")))
+        };
+        // A dimension of extent 1 is never stepped over: any valid stride serves (a varlen map's batch, a
+        // single head's stride of a view that does not set it).
+        let stride = |name: &str, s: i64, extent: usize| -> Result<u64> {
+            if extent <= 1 {
+                Ok(16)
+            } else {
+                bytes(name, s)
+            }
+        };
+        Ok(TensorMapSpec {
+            elem_bytes: elem_bytes as u32,
+            dims: vec![self.head_dim as u64, self.rows as u64, self.heads as u64, self.batch as u64],
+            strides: vec![
+                stride("row", self.strides[0], self.rows)?,
+                stride("head", self.strides[1], self.heads)?,
+                stride("batch", self.strides[2], self.batch)?,
+            ],
+            box_dims: vec![64, box_rows as u32, 1, 1],
+            swizzle: TmaSwizzle::B128,
+        })
+    }
+
+    fn encode(&self, stream: &Stream<'_>, elem_bytes: usize, box_rows: usize) -> Result<sys::FaTensorMap> {
+        let spec = self.spec(elem_bytes, box_rows)?;
+        match stream {
+            Stream::Emu(_) => spec.encode_emulator(self.ptr),
+            Stream::Gpu(_) | Stream::Raw(_) => spec.encode_gpu(self.ptr as u64),
+        }
+    }
+}
+
+/// The tensor maps of q, k and v for `tile` (k and v only when there are keys: without, zeroed maps the
+/// kernel never reads).
+fn maps(
+    stream: &Stream<'_>,
+    elem_bytes: usize,
+    tile: Sm90Tile,
+    q: &Operand,
+    kv: Option<(&Operand, &Operand)>,
+) -> Result<[sys::FaTensorMap; 3]> {
+    let name = |e: Error, what: &str| e.context(&format!("prefill kernel sm90: the {what} tensor map"));
+    let q_map = q.encode(stream, elem_bytes, tile.block_m).map_err(|e| name(e, "q"))?;
+    let (k_map, v_map) = match kv {
+        Some((k, v)) => (
+            k.encode(stream, elem_bytes, tile.block_n).map_err(|e| name(e, "k"))?,
+            v.encode(stream, elem_bytes, tile.block_n).map_err(|e| name(e, "v"))?,
+        ),
+        None => (sys::FaTensorMap::default(), sys::FaTensorMap::default()),
+    };
+    Ok([q_map, k_map, v_map])
+}
+
+/// Runs the chosen kernel. A tensor TMA cannot address (a map error) sends `Auto` to the sm_80 kernel and
+/// is the error itself for a forced `Sm90`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run(
+    launch: Launch<'_>,
+    label: &str,
+    stream: &Stream<'_>,
+    kernel: PrefillKernel,
+    choice: Choice,
+    params: sys::FaPrefillParams,
+    elem_bytes: usize,
+    q: &Operand,
+    kv: Option<(&Operand, &Operand)>,
+) -> Result<()> {
+    let Choice::Sm90(tile) = choice else { return launch.run(label, params, sys::fa_prefill) };
+    match maps(stream, elem_bytes, tile, q, kv) {
+        Ok([q_map, k_map, v_map]) => {
+            let p = sys::FaPrefillSm90Params {
+                q_map,
+                k_map,
+                v_map,
+                base: params,
+                block_m: tile.block_m as i32,
+                block_n: tile.block_n as i32,
+            };
+            launch.run(label, p, sys::fa_prefill_sm90)
+        }
+        Err(_) if kernel == PrefillKernel::Auto => launch.run(label, params, sys::fa_prefill),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiles_and_names() {
+        assert_eq!(Sm90Tile::for_head_dim(128), Some(Sm90Tile { block_m: 128, block_n: 128 }));
+        assert_eq!(Sm90Tile::for_head_dim(256), Some(Sm90Tile { block_m: 128, block_n: 64 }));
+        assert_eq!(Sm90Tile::for_head_dim(96), None);
+        for k in [PrefillKernel::Auto, PrefillKernel::Sm80, PrefillKernel::Sm90] {
+            assert_eq!(k.name().parse::<PrefillKernel>().unwrap(), k);
+        }
+        assert_eq!("sm100".parse::<PrefillKernel>().unwrap_err().kind(), &ErrorKind::Usage);
+    }
+
+    #[test]
+    fn choice_on_the_emulator() {
+        let emu = crate::emu::Emulator::new();
+        let s = Stream::Emu(&emu);
+        let none = ScoreMod::default();
+        assert_eq!(choose(&s, PrefillKernel::Auto, 128, &none).unwrap(), Choice::Sm80);
+        assert_eq!(choose(&s, PrefillKernel::Sm80, 128, &none).unwrap(), Choice::Sm80);
+        assert!(matches!(choose(&s, PrefillKernel::Sm90, 64, &none).unwrap(), Choice::Sm90(_)));
+        let e = choose(&s, PrefillKernel::Sm90, 96, &none).unwrap_err();
+        assert_eq!(e.kind(), &ErrorKind::Unsupported, "{e}");
+        let cap = ScoreMod { softcap: Some(30.0), ..none };
+        assert_eq!(choose(&s, PrefillKernel::Sm90, 128, &cap).unwrap_err().kind(), &ErrorKind::Unsupported);
+    }
+}
