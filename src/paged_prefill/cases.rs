@@ -4,6 +4,10 @@
 //! page; optionally a prefix of whole pages *shared* by every sequence (prefix caching: the same page ids
 //! in every row of the block table). A kernel that reads or lets any of that leak produces NaN.
 
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream};
+use half::{bf16, f16};
 use rand::seq::SliceRandom;
 use rand::Rng;
 
@@ -12,11 +16,14 @@ use crate::dtype::{DType, Element};
 use crate::emu::Emulator;
 use crate::error::Result;
 use crate::paged::PagedKvCache;
-use crate::paged_prefill::{paged_prefill, PagedPrefillOptions, PagedPrefillPlan, PagedPrefillWorkspace};
+use crate::paged_prefill::{
+    paged_prefill, PagedPrefillOptions, PagedPrefillPlan, PagedPrefillWorkspace, MAX_PLANNED_SPLITS,
+};
 use crate::prefill::cases::VariantViews;
 use crate::reference::{self, Comparison};
 use crate::score_mod::CaseVariants;
 use crate::tensor::{TensorView, TensorViewMut};
+use crate::timing::{time_launches, Timing};
 use crate::Stream;
 
 /// One paged prefill case: a ragged batch of (q_len, seq_len) sequences over a paged cache.
@@ -277,9 +284,8 @@ impl<T: Element> PagedPrefillFixture<T> {
         Ok((exact, naive))
     }
 
-    /// Runs the kernel on `stream` (host memory: the emulator) with NaN-poisoned outputs; `opts` overrides
-    /// the case's options (its variants are always applied). Returns o `[total_q, Hq, D]`, lse `[Hq, total_q]`
-    /// and the plan.
+    /// Runs the kernel on `stream` (host memory: the emulator) with NaN-poisoned outputs; `num_splits`
+    /// overrides the case's. Returns o `[total_q, Hq, D]`, lse `[Hq, total_q]` and the plan.
     pub fn run(&self, stream: &Stream<'_>, num_splits: Option<usize>) -> Result<(Vec<T>, Vec<f32>, PagedPrefillPlan)> {
         let c = &self.case;
         let (b, hq, d, tq) = (c.batch(), c.heads_q, c.head_dim, c.total_q());
@@ -303,7 +309,7 @@ impl<T: Element> PagedPrefillFixture<T> {
             num_splits: num_splits.or(c.num_splits),
             score_mod: views.score_mod(&c.variants),
         };
-        let mut ws = PagedPrefillWorkspace::with_capacity(stream, tq, hq, d, 64)?;
+        let mut ws = PagedPrefillWorkspace::with_capacity(stream, tq, hq, d, MAX_PLANNED_SPLITS)?;
         let plan = paged_prefill(
             stream,
             &q,
@@ -349,23 +355,191 @@ impl PagedPrefillOutcome {
     }
 }
 
-/// Runs `case` on the emulator and judges it against the fp64 reference.
+/// One case run: its fixture, the kernel's outputs (o `[total_q, Hq, D]`, lse `[Hq, total_q]`) and the verdict.
+pub struct PagedPrefillRun<T> {
+    pub fixture: PagedPrefillFixture<T>,
+    pub o: Vec<T>,
+    pub lse: Vec<f32>,
+    pub outcome: PagedPrefillOutcome,
+}
+
+/// Judges a kernel's outputs for fixture `f` against the fp64 reference.
+pub fn evaluate<T: Element>(
+    f: &PagedPrefillFixture<T>,
+    seed: u64,
+    plan: PagedPrefillPlan,
+    o: &[T],
+    lse: &[f32],
+) -> Result<PagedPrefillOutcome> {
+    let (exact, naive) = f.reference()?;
+    let ours: Vec<f64> = o.iter().map(|v| v.to_f64()).collect();
+    let ours_lse: Vec<f64> = lse.iter().map(|&x| f64::from(x)).collect();
+    Ok(PagedPrefillOutcome {
+        seed,
+        plan,
+        out: reference::compare(&ours, &exact.out, &naive),
+        lse: reference::compare_lse(&ours_lse, &exact.lse, lse_tolerance(&exact.lse)),
+    })
+}
+
+/// Runs `case` on the emulator (outputs poisoned with NaN) and judges it.
+pub fn run_case_emulated<T: Element>(emu: &Emulator, case: &PagedPrefillCase, seed: u64) -> Result<PagedPrefillRun<T>> {
+    let f = PagedPrefillFixture::<T>::new(case, seed);
+    let (o, lse, plan) = f.run(&Stream::Emu(emu), None)?;
+    let outcome = evaluate(&f, seed, plan, &o, &lse)?;
+    Ok(PagedPrefillRun { fixture: f, o, lse, outcome })
+}
+
+/// [`run_case_emulated`] for the case's dtype, the verdict only.
 pub fn check_case_emulated(emu: &Emulator, case: &PagedPrefillCase, seed: u64) -> Result<PagedPrefillOutcome> {
-    fn go<T: Element>(emu: &Emulator, case: &PagedPrefillCase, seed: u64) -> Result<PagedPrefillOutcome> {
-        let f = PagedPrefillFixture::<T>::new(case, seed);
-        let (o, lse, plan) = f.run(&Stream::Emu(emu), None)?;
-        let (exact, naive) = f.reference()?;
-        let ours: Vec<f64> = o.iter().map(|v| v.to_f64()).collect();
-        let ours_lse: Vec<f64> = lse.iter().map(|&x| f64::from(x)).collect();
-        Ok(PagedPrefillOutcome {
-            seed,
-            plan,
-            out: reference::compare(&ours, &exact.out, &naive),
-            lse: reference::compare_lse(&ours_lse, &exact.lse, lse_tolerance(&exact.lse)),
+    match case.dtype {
+        DType::Bf16 => run_case_emulated::<bf16>(emu, case, seed).map(|r| r.outcome),
+        DType::F16 => run_case_emulated::<f16>(emu, case, seed).map(|r| r.outcome),
+    }
+}
+
+/// The fixture's data on the GPU, and a workspace for its plan.
+struct GpuCase<T: Element> {
+    k: CudaSlice<T>,
+    v: CudaSlice<T>,
+    table: CudaSlice<i32>,
+    lens: CudaSlice<i32>,
+    cu_q: CudaSlice<i32>,
+    q: CudaSlice<T>,
+    o: CudaSlice<T>,
+    lse: CudaSlice<f32>,
+    slopes: CudaSlice<f32>,
+    sinks: CudaSlice<f32>,
+    ws: PagedPrefillWorkspace,
+}
+
+impl<T: Element> GpuCase<T> {
+    fn upload(cu: &Arc<CudaStream>, f: &PagedPrefillFixture<T>) -> Result<Self> {
+        let c = &f.case;
+        let (hq, d, tq) = (c.heads_q, c.head_dim, c.total_q());
+        Ok(Self {
+            k: cu.clone_htod(&f.k_cache)?,
+            v: cu.clone_htod(&f.v_cache)?,
+            table: cu.clone_htod(&f.block_table)?,
+            lens: cu.clone_htod(&f.seq_lens)?,
+            cu_q: cu.clone_htod(&f.cu_seqlens_q)?,
+            q: cu.clone_htod(&f.q)?,
+            o: cu.clone_htod(&vec![T::nan(); (tq * hq * d).max(1)])?,
+            lse: cu.clone_htod(&vec![f32::NAN; (hq * tq).max(1)])?,
+            slopes: cu.clone_htod(&f.alibi_slopes.iter().copied().chain([0.0]).collect::<Vec<_>>())?,
+            sinks: cu.clone_htod(&f.sinks.iter().copied().chain([0.0]).collect::<Vec<_>>())?,
+            ws: PagedPrefillWorkspace::with_capacity(&Stream::Gpu(cu), tq, hq, d, MAX_PLANNED_SPLITS)?,
         })
     }
+
+    fn run(&mut self, cu: &Arc<CudaStream>, f: &PagedPrefillFixture<T>) -> Result<PagedPrefillPlan> {
+        let c = &f.case;
+        let (b, hq, d, tq) = (c.batch(), c.heads_q, c.head_dim, c.total_q());
+        let stream = Stream::Gpu(cu);
+        let cache = PagedKvCache::new(
+            TensorView::gpu(self.k.as_view(), f.cache_shape())?,
+            TensorView::gpu(self.v.as_view(), f.cache_shape())?,
+            TensorView::gpu(self.table.as_view(), [b, f.width])?,
+            TensorView::gpu(self.lens.as_view(), [b])?,
+            c.max_seq_len(),
+        )?;
+        let (slopes, sinks) = (&self.slopes, &self.sinks);
+        let variants = VariantViews::new(&c.variants, b, hq, |sink, n| {
+            TensorView::gpu((if sink { sinks } else { slopes }).slice(0..n), [n])
+        })?;
+        let opts = PagedPrefillOptions {
+            causal: c.causal,
+            scale: None,
+            num_splits: c.num_splits,
+            score_mod: variants.score_mod(&c.variants),
+        };
+        paged_prefill(
+            &stream,
+            &TensorView::gpu(self.q.slice(0..tq * hq * d), [tq, hq, d])?,
+            &TensorView::gpu(self.cu_q.as_view(), [b + 1])?,
+            c.max_seqlen_q(),
+            &cache,
+            &mut TensorViewMut::gpu(self.o.slice_mut(0..tq * hq * d), [tq, hq, d])?,
+            Some(&mut TensorViewMut::gpu(self.lse.slice_mut(0..hq * tq), [hq, tq])?),
+            Some(&mut self.ws),
+            &opts,
+        )
+    }
+}
+
+/// Runs `case` on the GPU behind `cu` (outputs poisoned with NaN) and judges it.
+pub fn run_case_gpu<T: Element>(
+    cu: &Arc<CudaStream>,
+    case: &PagedPrefillCase,
+    seed: u64,
+) -> Result<PagedPrefillRun<T>> {
+    let f = PagedPrefillFixture::<T>::new(case, seed);
+    let mut g = GpuCase::upload(cu, &f)?;
+    let plan = g.run(cu, &f)?;
+    let n = case.total_q() * case.heads_q;
+    let mut o: Vec<T> = cu.clone_dtoh(&g.o)?;
+    let mut lse: Vec<f32> = cu.clone_dtoh(&g.lse)?;
+    o.truncate(n * case.head_dim);
+    lse.truncate(n);
+    let outcome = evaluate(&f, seed, plan, &o, &lse)?;
+    Ok(PagedPrefillRun { fixture: f, o, lse, outcome })
+}
+
+/// [`run_case_gpu`] for the case's dtype, the verdict only.
+pub fn check_case_gpu(cu: &Arc<CudaStream>, case: &PagedPrefillCase, seed: u64) -> Result<PagedPrefillOutcome> {
     match case.dtype {
-        DType::Bf16 => go::<half::bf16>(emu, case, seed),
-        DType::F16 => go::<half::f16>(emu, case, seed),
+        DType::Bf16 => run_case_gpu::<bf16>(cu, case, seed).map(|r| r.outcome),
+        DType::F16 => run_case_gpu::<f16>(cu, case, seed).map(|r| r.outcome),
+    }
+}
+
+/// Attention FLOPs of a case: 4 · Hq · D · (visible (row, key) pairs), the pairs counted exactly from the
+/// causal rule (no window).
+pub fn case_flops(case: &PagedPrefillCase) -> f64 {
+    let pairs: usize = case
+        .seqs
+        .iter()
+        .map(|&(q, k)| {
+            if !case.causal {
+                return q * k;
+            }
+            (0..q).map(|i| if i + k >= q { (i + k - q + 1).min(k) } else { 0 }).sum::<usize>()
+        })
+        .sum();
+    4.0 * (case.heads_q * case.head_dim) as f64 * pairs as f64
+}
+
+/// GPU timing of one case: CUDA events, `warmup` untimed launches then the median of `iters`.
+#[derive(Debug, Clone, Copy)]
+pub struct PagedPrefillTiming {
+    pub timing: Timing,
+    pub plan: PagedPrefillPlan,
+    pub tflops: f64,
+}
+
+/// Times `case` (kernel + merge when split) on `cu`.
+pub fn time_case_gpu(
+    cu: &Arc<CudaStream>,
+    case: &PagedPrefillCase,
+    seed: u64,
+    warmup: usize,
+    iters: usize,
+) -> Result<PagedPrefillTiming> {
+    fn go<T: Element>(
+        cu: &Arc<CudaStream>,
+        case: &PagedPrefillCase,
+        seed: u64,
+        warmup: usize,
+        iters: usize,
+    ) -> Result<PagedPrefillTiming> {
+        let f = PagedPrefillFixture::<T>::new(case, seed);
+        let mut g = GpuCase::upload(cu, &f)?;
+        let plan = g.run(cu, &f)?;
+        let timing = time_launches(cu, warmup, iters, |_| g.run(cu, &f).map(|_| ()))?;
+        Ok(PagedPrefillTiming { timing, plan, tflops: case_flops(case) / (timing.median_ms * 1e-3) / 1e12 })
+    }
+    match case.dtype {
+        DType::Bf16 => go::<bf16>(cu, case, seed, warmup, iters),
+        DType::F16 => go::<f16>(cu, case, seed, warmup, iters),
     }
 }
