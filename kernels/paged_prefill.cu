@@ -51,11 +51,15 @@ template <bool kValue> struct Flag {
   static constexpr bool value = kValue;
 };
 
-// Shared memory: Q (Br x D), kStages K and V buffers (Bc x D each), then kStages hole flags per key row.
+// Shared memory: Q (Br x D), kStages K and V buffers (Bc x D each), the two-slot ring of K/V row offsets
+// and three slots of hole flags per key row (fa/paged_prefill/kv_tile.cuh; slot use in the kernel).
 template <int kHeadDim> struct Smem {
   using Cfg = TileConfig<kHeadDim>;
-  static constexpr int kHoleOffset = Cfg::kSmemBytes;
-  static constexpr int kBytes = kHoleOffset + Cfg::kStages * Cfg::kBc * 4;
+  static constexpr int kRingOffset = Cfg::kSmemBytes;
+  static constexpr int kHoleSlots = 3;
+  static constexpr int kHoleOffset = kRingOffset + 2 * Cfg::kBc * (int)sizeof(RowOffsets);
+  static constexpr int kBytes = kHoleOffset + kHoleSlots * Cfg::kBc * 4;
+  static_assert(Cfg::kSmemBytes % 16 == 0, "the ring is 16-byte aligned");
   static_assert(kBytes <= 99 * 1024, "must fit the 99 KiB opt-in of sm_86/sm_89");
 };
 
@@ -204,12 +208,24 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void paged_prefill_ker
   T *sQ = dynamic_smem<T>();
   T *sK = sQ + kBr * kHeadDim;
   T *sV = sK + Cfg::kStages * kTile;
-  int32_t *holes = reinterpret_cast<int32_t *>(reinterpret_cast<unsigned char *>(sQ) + Smem<kHeadDim>::kHoleOffset);
+  unsigned char *smem_bytes = reinterpret_cast<unsigned char *>(sQ);
+  RowOffsets *ring = reinterpret_cast<RowOffsets *>(smem_bytes + Smem<kHeadDim>::kRingOffset); // [2][kBc]
+  int32_t *holes = reinterpret_cast<int32_t *>(smem_bytes + Smem<kHeadDim>::kHoleOffset);     // [3][kBc]
   const T *k_head = static_cast<const T *>(p.cache.k_cache) + r.kv_head * p.cache.k_head_stride;
   const T *v_head = static_cast<const T *>(p.cache.v_cache) + r.kv_head * p.cache.v_head_stride;
-  auto load_kv = [&](int n, int buf) {
-    cp_async_paged_kv_tile<kBc, kHeadDim, Cfg::kThreads>(sK + buf * kTile, sV + buf * kTile, holes + buf * kBc, cache,
-                                                          k_head, v_head, r.b, n * kBc, tk, p.head_dim);
+  // Tile x's page lookups (a tile ahead of its copy), their publication into ring slot x & 1 and hole slot
+  // x % 3, and its copy into K/V buffer buf. Slot reuse: tile x is published in the step of tile x + 2
+  // (after its math) and copied in the step of tile x + 1 (after its barrier), so a ring slot is rewritten
+  // only after every warp passed the barrier behind its last copy; tile x's holes are read in its own step,
+  // right after the barrier, three steps after the slot's previous tile was read.
+  auto lookup = [&](int x) { return x >= n_lo ? lookup_tile_row<kBc>(cache, r.b, x * kBc, tk) : kNoPage; };
+  auto publish = [&](int x, int page) {
+    if (x >= n_lo) publish_tile_row<kBc>(ring + (x & 1) * kBc, holes + (x % 3) * kBc, cache, x * kBc, tk, page);
+  };
+  auto issue = [&](int x, int buf) {
+    cp_async_paged_kv_tile<kBc, kHeadDim, Cfg::kThreads>(sK + buf * kTile, sV + buf * kTile, ring + (x & 1) * kBc,
+                                                          k_head, v_head, p.head_dim);
+    cp_async_commit();
   };
 
   // This thread's fragment rows: their tokens (masks, ALiBi distances), slopes and sinks (per head).
@@ -242,28 +258,29 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void paged_prefill_ker
   softmax.init();
 
   if (n_hi > n_lo) {
+    publish(n_hi - 1, lookup(n_hi - 1));
+    const int page = lookup(n_hi - 2);
+    sync_threads(); // the top tile's row offsets are visible to every copying thread
     load_q_rows<Cfg>(sQ, p, r, m0);
-    load_kv(n_hi - 1, 0);
-    cp_async_commit();
+    issue(n_hi - 1, 0);
+    publish(n_hi - 2, page);
   }
-  // One KV tile: prefetch the next (down to n_lo), wait for this one, S = Q Kᵀ, (variants), (mask), online
-  // softmax, O += P V. kMasked: the tile crosses the diagonal, a window edge or the ragged end.
+  // One KV tile: wait for it, prefetch the next (down to n_lo) and look up the one after, S = Q Kᵀ,
+  // (variants), (mask), online softmax, O += P V, publish the looked-up tile.
   auto step = [&](auto masked, int n, int buf) {
     const int next = buf + 1 == Cfg::kStages ? 0 : buf + 1;
+    cp_async_wait<0>(); // tile n (and Q) have landed
+    sync_threads();     // ... for every thread; every warp is done with step n + 1 (its buffer, its slots)
+    int page = kNoPage;
     if (n > n_lo) {
-      // With 3 buffers, `next` was last read two steps ago, before every warp passed the previous step's
-      // barrier; with 2 it was read in the previous step, ordered by that step's trailing barrier.
-      load_kv(n - 1, next);
-      cp_async_commit();
-      cp_async_wait<1>(); // everything but the prefetch just issued: tile n (and Q) have landed
-    } else {
-      cp_async_wait<0>();
+      issue(n - 1, next); // into the buffer of tile n + 1 (2 stages) or n + 2 (3), read before the barrier
+      page = lookup(n - 2); // consumed after the math, so its latency is hidden
     }
-    sync_threads(); // every thread's part of tile n (and its hole flags) is visible to every warp
     if (warp_active) {
       // Holes of this tile: one flag per key row, balloted 32 keys at a time.
-      uint64_t hole_bits = warp_ballot(ld_shared(holes + buf * kBc + lane_id()) != 0);
-      if constexpr (kBc == 64) hole_bits |= (uint64_t)warp_ballot(ld_shared(holes + buf * kBc + 32 + lane_id()) != 0) << 32;
+      uint64_t hole_bits = warp_ballot(ld_shared(holes + (n % 3) * kBc + lane_id()) != 0);
+      if constexpr (kBc == 64)
+        hole_bits |= (uint64_t)warp_ballot(ld_shared(holes + (n % 3) * kBc + 32 + lane_id()) != 0) << 32;
       float s[kMT][kBc / 8][4] = {};
       gemm_qk<T, Cfg>(s, sQ, sK + buf * kTile, warp_row0, a_lane, k_lane);
       if constexpr (kVariant) {
@@ -274,8 +291,7 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void paged_prefill_ker
       softmax.update(s, o, softmax_scale_log2);
       gemm_pv<T, Cfg>(o, s, sV + buf * kTile, a_lane);
     }
-    // Double buffering: every warp must be done with `buf` before the next step refills it.
-    if (Cfg::kStages == 2) sync_threads();
+    publish(n - 2, page);
     return next;
   };
   static_assert(kBc == 32 || kBc == 64, "hole ballots cover 32 or 64 keys");
