@@ -44,7 +44,18 @@ namespace {
 
 using prefill::gemm_pv;
 using prefill::gemm_qk;
-using prefill::TileConfig;
+
+// Tile shapes (fa/prefill/tile_config.cuh): dense prefill's Br and warp layout, so a chunk with
+// q_len · G <= Br reads its K/V once and a long chunk tiles like dense prefill; but where dense prefill's
+// registers are full (D = 64, 128, 256: 225-255 of 255), K/V tiles half as wide (Bc), which frees the
+// registers the paged state needs (the page looked up a tile ahead, the ring and row tables, the split
+// range): with dense prefill's Bc these kernels spill 4-16 registers (ptxas, sm_80).
+template <int kHeadDim> struct TileConfig;
+template <> struct TileConfig<32> : prefill::TileConfig<32> {};
+template <> struct TileConfig<64> : prefill::TileShape<64, 2, 32, 3> {};
+template <> struct TileConfig<96> : prefill::TileConfig<96> {};
+template <> struct TileConfig<128> : prefill::TileShape<128, 2, 16, 3> {};
+template <> struct TileConfig<256> : prefill::TileShape<256, 1, 16, 3> {};
 
 // A compile-time flag passed to the per-tile step (masked or not), as a type.
 template <bool kValue> struct Flag {
@@ -52,13 +63,16 @@ template <bool kValue> struct Flag {
 };
 
 // Shared memory: Q (Br x D), kStages K and V buffers (Bc x D each), the two-slot ring of K/V row offsets
-// and three slots of hole flags per key row (fa/paged_prefill/kv_tile.cuh; slot use in the kernel).
+// and three slots of hole flags per key row (fa/paged_prefill/kv_tile.cuh; slot use in the kernel), and
+// each CTA row's token and ALiBi slope (fa/paged_prefill/packed_rows.cuh).
 template <int kHeadDim> struct Smem {
   using Cfg = TileConfig<kHeadDim>;
   static constexpr int kRingOffset = Cfg::kSmemBytes;
   static constexpr int kHoleSlots = 3;
   static constexpr int kHoleOffset = kRingOffset + 2 * Cfg::kBc * (int)sizeof(RowOffsets);
-  static constexpr int kBytes = kHoleOffset + kHoleSlots * Cfg::kBc * 4;
+  static constexpr int kRowTokenOffset = kHoleOffset + kHoleSlots * Cfg::kBc * 4; // int [kBr]
+  static constexpr int kRowSlopeOffset = kRowTokenOffset + Cfg::kBr * 4;          // float [kBr] (ALiBi)
+  static constexpr int kBytes = kRowSlopeOffset + Cfg::kBr * 4;
   static_assert(Cfg::kSmemBytes % 16 == 0, "the ring is 16-byte aligned");
   static_assert(kBytes <= 99 * 1024, "must fit the 99 KiB opt-in of sm_86/sm_89");
 };
@@ -211,8 +225,6 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void paged_prefill_ker
   unsigned char *smem_bytes = reinterpret_cast<unsigned char *>(sQ);
   RowOffsets *ring = reinterpret_cast<RowOffsets *>(smem_bytes + Smem<kHeadDim>::kRingOffset); // [2][kBc]
   int32_t *holes = reinterpret_cast<int32_t *>(smem_bytes + Smem<kHeadDim>::kHoleOffset);     // [3][kBc]
-  const T *k_head = static_cast<const T *>(p.cache.k_cache) + r.kv_head * p.cache.k_head_stride;
-  const T *v_head = static_cast<const T *>(p.cache.v_cache) + r.kv_head * p.cache.v_head_stride;
   // Tile x's page lookups (a tile ahead of its copy), their publication into ring slot x & 1 and hole slot
   // x % 3, and its copy into K/V buffer buf. Slot reuse: tile x is published in the step of tile x + 2
   // (after its math) and copied in the step of tile x + 1 (after its barrier), so a ring slot is rewritten
@@ -223,24 +235,23 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void paged_prefill_ker
     if (x >= n_lo) publish_tile_row<kBc>(ring + (x & 1) * kBc, holes + (x % 3) * kBc, cache, x * kBc, tk, page);
   };
   auto issue = [&](int x, int buf) {
+    // The KV head's K/V bases, formed here from the parameters rather than kept live across the math.
+    const T *k_head = static_cast<const T *>(p.cache.k_cache) + r.kv_head * p.cache.k_head_stride;
+    const T *v_head = static_cast<const T *>(p.cache.v_cache) + r.kv_head * p.cache.v_head_stride;
     cp_async_paged_kv_tile<kBc, kHeadDim, Cfg::kThreads>(sK + buf * kTile, sV + buf * kTile, ring + (x & 1) * kBc,
                                                           k_head, v_head, p.head_dim);
     cp_async_commit();
   };
 
-  // This thread's fragment rows: their tokens (masks, ALiBi distances), slopes and sinks (per head).
+  // Each CTA row's token (masks, ALiBi distances) and slope, in shared memory (published by the prologue's
+  // barrier); sinks are read in the epilogue.
   const int warp_row0 = warp_id() * 16 * kMT;
   const bool warp_active = m0 + warp_row0 < r.rows; // else: loads and barriers only
-  int token[2 * kMT];
-  float sinks[2 * kMT];
-  [[maybe_unused]] float slopes[2 * kMT];
-#pragma unroll
-  for (int k = 0; k < 2 * kMT; ++k) {
-    const int packed = fragment_row(m0 + warp_row0, k);
-    token[k] = row_token(r, packed);
-    const int head = row_head(r, packed);
-    sinks[k] = p.num_splits == 1 ? sink_logit(p.score_mod, head) : kNegInf; // split-KV: the merge adds it
-    if constexpr (kVariant) slopes[k] = alibi_slope_log2(p.score_mod, r.b, head);
+  int *row_tokens = reinterpret_cast<int *>(smem_bytes + Smem<kHeadDim>::kRowTokenOffset);
+  [[maybe_unused]] float *row_slopes = reinterpret_cast<float *>(smem_bytes + Smem<kHeadDim>::kRowSlopeOffset);
+  for (int row = thread_idx(); row < kBr; row += Cfg::kThreads) {
+    st_shared(row_tokens + row, row_token(r, m0 + row));
+    if constexpr (kVariant) st_shared(row_slopes + row, alibi_slope_log2(p.score_mod, r.b, row_head(r, m0 + row)));
   }
   float softmax_scale_log2 = p.scale_log2;
   [[maybe_unused]] bool has_score_mod = false;
@@ -260,7 +271,7 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void paged_prefill_ker
   if (n_hi > n_lo) {
     publish(n_hi - 1, lookup(n_hi - 1));
     const int page = lookup(n_hi - 2);
-    sync_threads(); // the top tile's row offsets are visible to every copying thread
+    sync_threads(); // the top tile's row offsets (and the row tables) are visible to every thread
     load_q_rows<Cfg>(sQ, p, r, m0);
     issue(n_hi - 1, 0);
     publish(n_hi - 2, page);
@@ -277,16 +288,19 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void paged_prefill_ker
       page = lookup(n - 2); // consumed after the math, so its latency is hidden
     }
     if (warp_active) {
-      // Holes of this tile: one flag per key row, balloted 32 keys at a time.
-      uint64_t hole_bits = warp_ballot(ld_shared(holes + (n % 3) * kBc + lane_id()) != 0);
-      if constexpr (kBc == 64)
-        hole_bits |= (uint64_t)warp_ballot(ld_shared(holes + (n % 3) * kBc + 32 + lane_id()) != 0) << 32;
       float s[kMT][kBc / 8][4] = {};
       gemm_qk<T, Cfg>(s, sQ, sK + buf * kTile, warp_row0, a_lane, k_lane);
+      // Holes of this tile: one flag per key row, balloted 32 keys at a time (after the GEMM: fewer live
+      // registers across it).
+      const int lane = lane_id();
+      uint64_t hole_bits = warp_ballot(lane < kBc && ld_shared(holes + (n % 3) * kBc + (lane < kBc ? lane : 0)) != 0);
+      if constexpr (kBc == 64)
+        hole_bits |= (uint64_t)warp_ballot(ld_shared(holes + (n % 3) * kBc + 32 + lane_id()) != 0) << 32;
       if constexpr (kVariant) {
-        if (has_score_mod) apply_packed_score_mod(s, token, n * kBc, diag, mod, slopes);
+        if (has_score_mod) apply_packed_score_mod(s, row_tokens, row_slopes, warp_row0, n * kBc, diag, mod);
       }
-      if constexpr (decltype(masked)::value) apply_packed_mask<kVariant>(s, token, n * kBc, diag, tk, window.left, window.right);
+      if constexpr (decltype(masked)::value)
+        apply_packed_mask<kVariant>(s, row_tokens, warp_row0, n * kBc, diag, tk, window.left, window.right);
       if (hole_bits != 0) mask_hole_keys(s, hole_bits);
       softmax.update(s, o, softmax_scale_log2);
       gemm_pv<T, Cfg>(o, s, sV + buf * kTile, a_lane);
@@ -294,7 +308,7 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void paged_prefill_ker
     publish(n - 2, page);
     return next;
   };
-  static_assert(kBc == 32 || kBc == 64, "hole ballots cover 32 or 64 keys");
+  static_assert(kBc == 16 || kBc == 32 || kBc == 64, "hole ballots cover up to 64 keys");
   using Masked = Flag<true>;
   using Unmasked = Flag<false>;
   int n = n_hi - 1;
@@ -306,6 +320,10 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void paged_prefill_ker
   for (; n >= n_lo; --n) buf = step(Masked{}, n, buf); // the window's left edge
 
   float lse[2 * kMT];
+  float sinks[2 * kMT];
+#pragma unroll
+  for (int k = 0; k < 2 * kMT; ++k) // split-KV: the merge adds the sinks
+    sinks[k] = p.num_splits == 1 ? sink_logit(p.score_mod, row_head(r, fragment_row(m0 + warp_row0, k))) : kNegInf;
   softmax.finalize(o, lse, softmax_scale_log2, sinks);
   if (!warp_active) return;
   if (p.num_splits == 1) {
@@ -321,7 +339,7 @@ FA_NAMESPACE_END
 
 // One kernel per (dtype, instantiated head-dim width, score mod); 4 warps, like dense prefill.
 #define FA_PAGED_PREFILL_KERNEL(name, T, D, kMod)                                                            \
-  FA_KERNEL(name, fa::prefill::TileConfig<D>::kThreads, 1, FaPagedPrefillParams,                             \
+  FA_KERNEL(name, fa::paged_prefill::TileConfig<D>::kThreads, 1, FaPagedPrefillParams,                             \
             (fa::paged_prefill::paged_prefill_kernel<T, D, kMod>))
 #define FA_PAGED_PREFILL_KERNELS(dt, T, D)                                                                   \
   FA_PAGED_PREFILL_KERNEL(fa_paged_prefill_##dt##_d##D, T, D, false)                                         \
@@ -348,7 +366,7 @@ constexpr int kWidths[] = {32, 64, 96, 128, 256};
 template <int kHeadDim>
 int launch_paged_prefill(void (*kernel)(FaPagedPrefillParams), const char *name, const FaPagedPrefillParams &p,
                          FaExec *exec) {
-  using Cfg = prefill::TileConfig<kHeadDim>;
+  using Cfg = TileConfig<kHeadDim>;
   const int64_t rows = (int64_t)p.max_seqlen_q * (p.heads_q / p.heads_kv);
   const int64_t m_blocks = (rows + Cfg::kBr - 1) / Cfg::kBr;
   if (m_blocks == 0) return FA_OK; // nothing to compute

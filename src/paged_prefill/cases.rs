@@ -309,7 +309,8 @@ impl<T: Element> PagedPrefillFixture<T> {
             num_splits: num_splits.or(c.num_splits),
             score_mod: views.score_mod(&c.variants),
         };
-        let mut ws = PagedPrefillWorkspace::with_capacity(stream, tq, hq, d, MAX_PLANNED_SPLITS)?;
+        let cap = opts.num_splits.unwrap_or(1).max(MAX_PLANNED_SPLITS);
+        let mut ws = PagedPrefillWorkspace::with_capacity(stream, tq, hq, d, cap)?;
         let plan = paged_prefill(
             stream,
             &q,
@@ -428,7 +429,13 @@ impl<T: Element> GpuCase<T> {
             lse: cu.clone_htod(&vec![f32::NAN; (hq * tq).max(1)])?,
             slopes: cu.clone_htod(&f.alibi_slopes.iter().copied().chain([0.0]).collect::<Vec<_>>())?,
             sinks: cu.clone_htod(&f.sinks.iter().copied().chain([0.0]).collect::<Vec<_>>())?,
-            ws: PagedPrefillWorkspace::with_capacity(&Stream::Gpu(cu), tq, hq, d, MAX_PLANNED_SPLITS)?,
+            ws: PagedPrefillWorkspace::with_capacity(
+                &Stream::Gpu(cu),
+                tq,
+                hq,
+                d,
+                c.num_splits.unwrap_or(1).max(MAX_PLANNED_SPLITS),
+            )?,
         })
     }
 
