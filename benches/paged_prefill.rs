@@ -134,8 +134,7 @@ fn time(group: &mut Group<'_>, gpu: &support::Gpu, id: BenchmarkId, mut launch: 
         bencher.iter_custom(|iters| support::time_iters(&gpu.stream, iters, &mut counter, &log, |_| launch()))
     });
     gpu.stream.synchronize().expect("synchronize");
-    let ms = support::ms_per_launch(&log.borrow());
-    ms
+    support::ms_per_launch(&log.borrow())
 }
 
 fn paged_vs_dense(gpu: &support::Gpu, smoke: bool) -> Vec<String> {

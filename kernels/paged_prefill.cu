@@ -3,8 +3,8 @@
 // split-KV for long contexts with few query rows. Shapes and the split contract: FaPagedPrefillParams in
 // fa/abi.h; the semantics: docs/semantics.md.
 //
-// The FA2 prefill tiling (fa/prefill/tile_config.cuh, the tile GEMMs of fa/prefill/tile_math.cuh, the online
-// softmax) over *packed* rows: a CTA serves one sequence, one KV head, Br packed rows of it and one KV split.
+// The FA2 prefill tiling (dense prefill's Br and warps, K/V tiles narrower at D = 64/128/256: TileConfig
+// below; the tile GEMMs of fa/prefill/tile_math.cuh, the online softmax) over *packed* rows: a CTA serves one sequence, one KV head, Br packed rows of it and one KV split.
 // Packed row r is query token r / G of query head kv_head·G + r % G (fa/paged_prefill/packed_rows.cuh), so
 //  - a long chunk behaves like dense prefill with G heads interleaved;
 //  - a short one (q_len · G <= Br: the whole chunk of a KV head in one CTA) reads every K/V tile once per KV
@@ -16,7 +16,8 @@
 //   load Q rows (gathered per packed row, cp.async) and the top KV tile of the split's range;
 //   for each KV tile n from the top down (tiles above the causal diagonal / outside the window / outside the
 //   split are never visited):
-//     prefetch tile n-1 (its page lookups and cp.async, fa/paged_prefill/kv_tile.cuh);
+//     wait for tile n, barrier; prefetch tile n-1 (cp.async from the row offsets published a step earlier)
+//     and look up tile n-2's pages (fa/paged_prefill/kv_tile.cuh; published after the math);
 //     S = Q Kᵀ; (softcap, ALiBi); mask (edge tiles only: diagonal, window, ragged end; and keys whose
 //     block-table entry is out of range, on any tile); online softmax; O += P V;
 //   normalise (with the row's sink when unsplit) and store O / LSE, or the split's fp32 partial.

@@ -156,7 +156,7 @@ fn bad_flags_are_usage_errors() {
         ("run --batch -1", "invalid value '-1' for '--batch <N>'"),
         ("run --heads=-3", "invalid value '-3' for '--heads <N>'"),
         ("run --dtype fp8", "invalid value 'fp8' for '--dtype <DTYPE>' [possible values: fp16, bf16]"),
-        ("run --op sort", "[possible values: prefill, decode]"),
+        ("run --op sort", "[possible values: prefill, decode, paged-prefill]"),
         ("run --backend tpu", "[possible values: gpu, emu, auto]"),
         ("report --dump /tmp/x", "unexpected argument '--dump'"),
         ("report --no-timing", "unexpected argument '--no-timing'"),
