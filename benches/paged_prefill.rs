@@ -134,7 +134,8 @@ fn time(group: &mut Group<'_>, gpu: &support::Gpu, id: BenchmarkId, mut launch: 
         bencher.iter_custom(|iters| support::time_iters(&gpu.stream, iters, &mut counter, &log, |_| launch()))
     });
     gpu.stream.synchronize().expect("synchronize");
-    support::ms_per_launch(&log.borrow())
+    let samples = log.borrow().clone();
+    support::ms_per_launch(&samples)
 }
 
 fn paged_vs_dense(gpu: &support::Gpu, smoke: bool) -> Vec<String> {
