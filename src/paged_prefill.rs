@@ -6,7 +6,7 @@
 //! (append first). With `causal` (the default) row i of b sees key j iff `j <= i + (seq_len_b - q_len_b)`,
 //! then the score variants; GQA reads KV head `h / (Hq / Hkv)`. `q_len_b > seq_len_b` is allowed: the first
 //! `q_len_b - seq_len_b` rows see no key and give `o = 0`, `lse = -inf` (the sink's logit with sinks).
-//! Decode is the case `q_len = 1` (kept as its own kernel, [`crate::decode`]).
+//! Decode is the case `q_len = 1` (kept as its own kernel, [`crate::decode()`]).
 //!
 //! Efficiency model. A CTA serves one sequence, one KV head and `Br` packed (token, query head) rows of
 //! it (the dense prefill tile), so a chunk with `q_len · G <= Br` (G = Hq / Hkv; Br = 128 for head dims up
