@@ -166,7 +166,7 @@ fn bad_flags_are_usage_errors() {
         // Flags of the other op are errors naming the flag, not silently ignored.
         ("run --op decode --causal", "--causal applies to --op prefill or --op paged-prefill only"),
         ("run --op decode --seqlen-q 4", "--seqlen-q applies to --op prefill or --op paged-prefill only"),
-        ("run --op=decode --seqlen-q=4", "--seqlen-q applies to --op prefill only"),
+        ("run --op=decode --seqlen-q=4", "--seqlen-q applies to --op prefill or --op paged-prefill only"),
         ("run --page-size 8", "--page-size applies to --op decode or --op paged-prefill only"),
         ("run --op prefill --num-splits 2", "--num-splits applies to --op decode or --op paged-prefill only"),
         ("run --op decode --no-causal", "--no-causal applies to --op paged-prefill only"),
