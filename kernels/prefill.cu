@@ -28,6 +28,7 @@
 #include "fa/prefill/mask.cuh"
 #include "fa/prefill/seq_info.cuh"
 #include "fa/prefill/tile_config.cuh"
+#include "fa/prefill/tile_math.cuh"
 #include "fa/score_mod.cuh"
 #include "fa/swizzle.cuh"
 #include "fa/tile_copy.cuh"
@@ -38,44 +39,6 @@ namespace prefill {
 // File-local: kernels and launch helpers are reached only through this file's extern "C" launcher. (The GPU
 // and emulator builds never share a symbol in any case: fa/namespace.cuh.)
 namespace {
-
-// S[kMT][kBc/8] = Q[warp rows] · K[buffer]ᵀ over the full head dim.
-template <class T, class Cfg>
-FA_DEVICE void gemm_qk(float (&s)[Cfg::kMTiles][Cfg::kBc / 8][4], const T *sQ, const T *sK, int warp_row0,
-                       const LaneAddress<Cfg::kHeadDim> &a_lane, const LaneAddress<Cfg::kHeadDim> &b_lane) {
-#pragma unroll
-  for (int k0 = 0; k0 < Cfg::kHeadDim; k0 += 16) {
-    uint32_t a[Cfg::kMTiles][4];
-#pragma unroll
-    for (int mt = 0; mt < Cfg::kMTiles; ++mt) load_a_16x16(a[mt], sQ, a_lane, warp_row0 + 16 * mt, k0);
-#pragma unroll
-    for (int n0 = 0; n0 < Cfg::kBc; n0 += 16) {
-      uint32_t b[4];
-      load_b_16x16_nk(b, sK, b_lane, n0, k0);
-#pragma unroll
-      for (int mt = 0; mt < Cfg::kMTiles; ++mt) mma_16x16<T>(s[mt][n0 / 8], s[mt][n0 / 8 + 1], a[mt], b);
-    }
-  }
-}
-
-// O[kMT][D/8] += P · V[buffer], P taken from the probabilities left in s (C -> A fragment reuse).
-template <class T, class Cfg>
-FA_DEVICE void gemm_pv(float (&o)[Cfg::kMTiles][Cfg::kHeadDim / 8][4], const float (&s)[Cfg::kMTiles][Cfg::kBc / 8][4],
-                       const T *sV, const LaneAddress<Cfg::kHeadDim> &v_lane) {
-#pragma unroll
-  for (int k0 = 0; k0 < Cfg::kBc; k0 += 16) {
-    uint32_t a[Cfg::kMTiles][4];
-#pragma unroll
-    for (int mt = 0; mt < Cfg::kMTiles; ++mt) c_pair_to_a<T>(a[mt], s[mt][k0 / 8], s[mt][k0 / 8 + 1]);
-#pragma unroll
-    for (int n0 = 0; n0 < Cfg::kHeadDim; n0 += 16) {
-      uint32_t b[4];
-      load_b_16x16_kn_trans(b, sV, v_lane, k0, n0);
-#pragma unroll
-      for (int mt = 0; mt < Cfg::kMTiles; ++mt) mma_16x16<T>(o[mt][n0 / 8], o[mt][n0 / 8 + 1], a[mt], b);
-    }
-  }
-}
 
 // Everything one CTA works on, so that the per-tile step below reads like the algorithm.
 template <class T, class Cfg> struct CtaContext {

@@ -46,14 +46,14 @@ pub struct DecodeOptions<'a> {
     pub score_mod: ScoreMod<'a>,
 }
 
-enum Buffer {
+pub(crate) enum Buffer {
     Gpu(CudaSlice<f32>),
     Device { ptr: u64, len: usize },
     Host(Vec<f32>),
 }
 
 impl Buffer {
-    fn new(stream: &Stream<'_>, len: usize) -> Result<Self> {
+    pub(crate) fn new(stream: &Stream<'_>, len: usize) -> Result<Self> {
         Ok(match stream {
             // Allocated and zeroed on the caller's stream (stream-ordered, no synchronisation); cudarc frees
             // it on that stream too, after the work enqueued before the drop.
@@ -67,14 +67,14 @@ impl Buffer {
             Stream::Emu(_) => Buffer::Host(vec![0.0; len]),
         })
     }
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         match self {
             Buffer::Gpu(s) => s.len(),
             Buffer::Device { len, .. } => *len,
             Buffer::Host(v) => v.len(),
         }
     }
-    fn view(&mut self, len: usize) -> Result<TensorViewMut<'_, f32, 1>> {
+    pub(crate) fn view(&mut self, len: usize) -> Result<TensorViewMut<'_, f32, 1>> {
         match self {
             Buffer::Gpu(s) => TensorViewMut::gpu(s.slice_mut(0..len), [len]),
             // SAFETY: the memory's contract was accepted by DecodeWorkspace::from_device_ptrs.
@@ -93,7 +93,7 @@ pub struct DecodeWorkspace {
     plan: Option<DecodePlan>,
 }
 
-fn stream_sm_count(stream: &Stream<'_>) -> Result<usize> {
+pub(crate) fn stream_sm_count(stream: &Stream<'_>) -> Result<usize> {
     match stream {
         Stream::Gpu(s) => crate::device::sm_count(s.context()),
         Stream::Raw(r) => r.sm_count(),

@@ -51,6 +51,7 @@ mod kernels;
 mod launch;
 pub mod merge;
 pub mod paged;
+pub mod paged_prefill;
 pub mod plan;
 pub mod prefill;
 pub mod reference;
@@ -78,6 +79,7 @@ pub use append::append;
 pub use decode::{decode, DecodeOptions, DecodeWorkspace};
 pub use merge::{merge_states, merge_states_with_sinks};
 pub use paged::{PagedKvCache, PagedKvCacheMut};
+pub use paged_prefill::{paged_prefill, PagedPrefillOptions, PagedPrefillWorkspace};
 pub use plan::{DecodePlan, DecodeProblem};
 pub use score_mod::{AlibiSlopes, ScoreMod};
 

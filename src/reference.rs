@@ -486,6 +486,47 @@ pub fn paged_decode_with(
     paged_impl(Arith::F64, &a, q, &kv)
 }
 
+/// Paged prefill: each sequence's new query tokens (packed, `cu_seqlens_q`) over its paged cache, whose
+/// `seq_lens[b]` tokens include the `q_len_b` new ones. With `causal`, row `i` of sequence `b` sees key `j`
+/// iff `j <= i + (seq_len_b − q_len_b)` (bottom-right), then the variants (window on token positions).
+///
+/// - `q`: `[total_q, Hq, D]`; `cu_seqlens_q`: `[B + 1]` prefix sums (starting at 0, non-decreasing, ending at
+///   `total_q`), `B = seq_lens.len()`; the cache as in [`PagedCache`].
+/// - Returns `out`: `[total_q, Hq, D]`, `lse`: `[Hq, total_q]`. A row that sees no key (`q_len_b > seq_len_b`
+///   and causal, or a window) gives 0 / −inf (0 / σ with a sink). Bad block-table entries mask their
+///   page's tokens, as in [`paged_decode`].
+#[allow(clippy::too_many_arguments)]
+pub fn paged_prefill_with(
+    heads_q: usize,
+    causal: bool,
+    scale: f64,
+    var: &Variants<'_>,
+    cu_seqlens_q: &[i32],
+    q: &[f64],
+    cache: &PagedCache<'_>,
+) -> Result<Output> {
+    let a = Attn::new(heads_q, cache.heads_kv, cache.head_dim, causal, scale)?.with(*var, cache.seq_lens.len())?;
+    let kv = gather_visible(cache)?;
+    paged_prefill_impl(Arith::F64, &a, cu_seqlens_q, q, &kv)
+}
+
+/// [`paged_prefill_with`] computed as [`naive_lowp_dense`] does. Returns `out` only: `[total_q, Hq, D]`.
+#[allow(clippy::too_many_arguments)]
+pub fn naive_lowp_paged_prefill_with(
+    heads_q: usize,
+    causal: bool,
+    scale: f64,
+    var: &Variants<'_>,
+    cu_seqlens_q: &[i32],
+    q: &[f64],
+    cache: &PagedCache<'_>,
+    dtype: DType,
+) -> Result<Vec<f64>> {
+    let a = Attn::new(heads_q, cache.heads_kv, cache.head_dim, causal, scale)?.with(*var, cache.seq_lens.len())?;
+    let kv = gather_visible(cache)?;
+    Ok(paged_prefill_impl(Arith::Lowp(dtype), &a, cu_seqlens_q, q, &kv)?.out)
+}
+
 /// Merges partial attention states (e.g. split-K chunks of the same rows).
 ///
 /// - `o`: `[S, N, D]` (S states of N rows each; a row is e.g. one (b, h) pair), `lse`: `[S, N]` natural log.
@@ -1206,6 +1247,32 @@ fn paged_impl(ar: Arith, a: &Attn, q: &[f64], kv: &[GatheredSeq]) -> Result<Outp
         let terms_b = terms.as_mut().map(|t| &mut t[b * tok..][..tok]);
         let (qs, os) = (&q[b * tok..][..tok], &mut out[b * tok..][..tok]);
         a.attend_seq(ar, b, 1, seq.len, Some(&seq.pos), qs, ks, vs, os, terms_b, |h, _, l| lse_b[h] = l);
+    }
+    Ok(Output { out, lse, terms: terms.unwrap_or_default() })
+}
+
+/// Paged prefill over gathered per-sequence K/V: `q` `[total_q, Hq, D]` → out `[total_q, Hq, D]`, lse
+/// `[Hq, total_q]`.
+fn paged_prefill_impl(ar: Arith, a: &Attn, cu_q: &[i32], q: &[f64], kv: &[GatheredSeq]) -> Result<Output> {
+    let cu_q = parse_cu("cu_seqlens_q", cu_q)?;
+    if cu_q.len() != kv.len() + 1 {
+        return Err(Error::shape(
+            "cu_seqlens_q",
+            format!("has {} entries, expected B + 1 = {} (seq_lens)", cu_q.len(), kv.len() + 1),
+        ));
+    }
+    let tok = a.heads_q * a.head_dim;
+    let total_q = packed_total("q", "cu_seqlens_q", q, tok, &cu_q)?;
+    let mut out = vec![0.0; q.len()];
+    let mut terms = ar.terms(q.len());
+    let mut lse = vec![f64::NEG_INFINITY; a.heads_q * total_q];
+    for (b, (w, seq)) in cu_q.windows(2).zip(kv).enumerate() {
+        let (q0, tq) = (w[0], w[1] - w[0]);
+        let terms_s = terms.as_mut().map(|t| &mut t[q0 * tok..][..tq * tok]);
+        let (qs, os) = (&q[q0 * tok..][..tq * tok], &mut out[q0 * tok..][..tq * tok]);
+        a.attend_seq(ar, b, tq, seq.len, Some(&seq.pos), qs, &seq.k, &seq.v, os, terms_s, |h, i, l| {
+            lse[h * total_q + q0 + i] = l
+        });
     }
     Ok(Output { out, lse, terms: terms.unwrap_or_default() })
 }

@@ -119,8 +119,9 @@ fn sass_has_the_instructions_the_kernels_were_written_for() {
     let mut checked = 0;
     for arch in [archs.first(), archs.last()].into_iter().flatten() {
         let funcs = sass_functions(&tool, arch);
-        let want: [(&str, &[&str]); 4] = [
+        let want: [(&str, &[&str]); 5] = [
             ("fa_prefill_", &["HMMA.16816.F32", "LDSM.16.M88.4", "LDSM.16.MT88.4", "LDGSTS.E.BYPASS.128"]),
+            ("fa_paged_prefill_", &["HMMA.16816.F32", "LDSM.16.M88.4", "LDSM.16.MT88.4", "LDGSTS.E.BYPASS.128"]),
             ("fa_paged_decode_", &["HMMA.16816.F32", "LDSM.16", "LDGSTS.E.BYPASS.128"]),
             ("fa_merge_states_", &[".128"]),
             ("fa_paged_append", &["LDG.E.128", "STG.E.128"]),

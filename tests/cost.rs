@@ -491,3 +491,87 @@ fn sliding_window_decode_reads_only_the_window() {
         }
     }
 }
+
+// ------------------------------------------------------------------------------ paged prefill
+
+/// Runs a paged prefill case (checked against the fp64 reference) and returns its kernel's counters.
+fn paged_prefill_counters(case: &fused_attn::paged_prefill::cases::PagedPrefillCase) -> KernelCounters {
+    let emu = Emulator::new();
+    let run = fused_attn::paged_prefill::cases::run_case_emulated::<bf16>(&emu, case, base_seed()).unwrap();
+    assert!(run.outcome.passed(), "{}: {} ({})", case.label(), run.outcome.summary(), rerun("paged_prefill"));
+    let c = emu.last_launch_counters().unwrap();
+    c.kernel("paged_prefill").expect("paged prefill kernel launched").clone()
+}
+
+/// Model: a CTA serves Br packed (token, query head) rows of one KV head (Br = 128 for D ≤ 128, 64 for 256),
+/// so when q_len · G ≤ Br the whole chunk of a KV head is one CTA per (sequence, KV head, split), which
+/// reads every visible key's K and V rows once; each split reads its own key range. With causal alignment
+/// the last new token sees the whole context, so
+///     k_cache bytes = v_cache bytes = Σ_b seq_len_b · Hkv · D · 2              (exact)
+///     block_table bytes = Σ_b seq_len_b · Hkv · 4                             (one lookup per key row)
+///     everything read ≤ 1.05 · (K + V bytes) + tables + Q + cu_seqlens_q.
+/// With q_len · G > Br the rows take ⌈q_len · G / Br⌉ CTAs, each reading the keys its tokens see.
+#[test]
+fn paged_prefill_reads_kv_once_per_kv_head_for_short_chunks() {
+    use fused_attn::paged_prefill::cases::case;
+    let mut failures = Vec::new();
+    // (head dim, (Hq, Hkv), page size, q_len, splits): q_len · G ≤ Br in every case.
+    for (d, heads, ps, q_len, splits) in [
+        (128, (16, 2), 16, 1, 1),
+        (128, (16, 2), 16, 4, 1),
+        (128, (16, 2), 1, 16, 1),
+        (64, (16, 1), 64, 8, 3),
+        (256, (8, 2), 16, 16, 1),
+        (64, (4, 4), 16, 16, 2),
+    ] {
+        let lens = [300usize, 77, 1000, 16];
+        let seqs: Vec<(usize, usize)> = lens.iter().map(|&k| (q_len.min(k), k)).collect();
+        let mut c = case(d, heads, ps, &seqs);
+        c.num_splits = Some(splits);
+        let k = paged_prefill_counters(&c);
+        let keys: u64 = lens.iter().sum::<usize>() as u64;
+        let kv = keys * heads.1 as u64 * d as u64 * 2;
+        let q_bytes = (c.total_q() * heads.0 * d * 2) as u64;
+        let table = keys * heads.1 as u64 * 4;
+        let mut check = |what: &str, measured: u64, expected: u64| {
+            if measured != expected {
+                failures.push(format!("{}: {what} {measured} B, model {expected} B", c.label()));
+            }
+        };
+        check("k_cache read", k.read_of("k_cache"), kv);
+        check("v_cache read", k.read_of("v_cache"), kv);
+        check("block_table read", k.read_of("block_table"), table);
+        // Q: once per split that holds keys of the sequence (a split past a short sequence loads nothing).
+        if k.read_of("q") < q_bytes
+            || k.read_of("q") > q_bytes * splits as u64
+            || (splits == 1 && k.read_of("q") != q_bytes)
+        {
+            failures.push(format!("{}: q read {} B, model {q_bytes} B per split", c.label(), k.read_of("q")));
+        }
+        let budget = 1.05 * (2 * kv) as f64
+            + (table + q_bytes * splits as u64) as f64
+            + (k.read_of("cu_seqlens_q") + k.read_of("seq_lens")) as f64;
+        if k.global_bytes_read() as f64 > budget {
+            failures.push(format!("{}: read {} B, budget {budget:.0} B\n{k}", c.label(), k.global_bytes_read()));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{}\n{}",
+        failures.join("\n"),
+        rerun("paged_prefill_reads_kv_once_per_kv_head_for_short_chunks")
+    );
+}
+
+/// Past the condition (q_len · G > Br) the packed rows take two CTAs per KV head, and K/V are read once per
+/// CTA for the keys its tokens see: here both see the whole (non-causal) context, so exactly twice.
+#[test]
+fn paged_prefill_past_one_cta_reads_kv_per_row_block() {
+    use fused_attn::paged_prefill::cases::case;
+    let mut c = case(128, (8, 1), 16, &[(17, 200)]); // 136 rows > Br = 128
+    c.causal = false;
+    c.num_splits = Some(1);
+    let k = paged_prefill_counters(&c);
+    assert_eq!(k.blocks, 2);
+    assert_eq!(k.read_of("k_cache"), 2 * 200 * 128 * 2);
+}

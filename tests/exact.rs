@@ -859,3 +859,170 @@ fn variants_over_constant_keys() {
     }
     judge("variants_over_constant_keys", &verdicts);
 }
+
+// ------------------------------------------------------------------------------------------ paged prefill
+
+/// Runs one exact paged prefill configuration on the emulator: constant keys per (sequence, KV head), with
+/// sequence b's key at `dominant[b]` made dominant (`k0 + 2·1`) when given; V = U(-1, 1), q = 0.3 + U(-1, 1).
+/// Each new token i of sequence b sees the n = min(seq_len, i + seq_len − q_len + 1) first keys (causal),
+/// so the closed forms are decode's with that n per row.
+fn paged_prefill_exact<T: Element>(
+    emu: &Emulator,
+    label: &str,
+    case: &fused_attn::paged_prefill::cases::PagedPrefillCase,
+    dominant: Option<&[usize]>,
+    seed: u64,
+) -> Verdict {
+    use fused_attn::paged_prefill::cases::PagedPrefillFixture;
+    let mut f = PagedPrefillFixture::<T>::new(case, seed);
+    let (hq, hkv, d, ps) = (case.heads_q, case.heads_kv, case.head_dim, case.page_size);
+    let slot = |f: &PagedPrefillFixture<T>, b: usize, t: usize| {
+        (f.block_table[b * f.width + t / ps] as usize * ps + t % ps) * hkv * d
+    };
+    let mut rng = fused_attn::seed::rng(seed ^ 0xe8ac7);
+    for x in f.q.iter_mut() {
+        *x = T::from_f64(0.3 + rng.random_range(-1.0..1.0));
+    }
+    for (b, &(_, len)) in case.seqs.iter().enumerate() {
+        let k0: Vec<T> = (0..hkv * d).map(|_| T::from_f64(rng.random_range(-1.0..1.0))).collect();
+        for t in 0..len {
+            let at = slot(&f, b, t);
+            let dom = dominant.is_some_and(|p| p[b] == t);
+            for (i, &k) in k0.iter().enumerate() {
+                f.k_cache[at + i] = if dom { T::from_f64(k.to_f64() + 2.0) } else { k };
+                f.v_cache[at + i] = T::from_f64(rng.random_range(-1.0..1.0));
+            }
+        }
+    }
+    let (o, lse, plan) = f.run(&fused_attn::Stream::Emu(emu), None).unwrap();
+    let (r, _) = f.reference().unwrap();
+    let ref_bound = r.out_bound(Some(T::DTYPE), Some(T::DTYPE));
+    let scale = f.scale();
+    let q = f64s(&f.q);
+    let total_q = case.total_q();
+    let (mut want_o, mut o_bound) = (vec![0.0; total_q * hq * d], vec![0.0; total_q * hq * d]);
+    let (mut want_lse, mut lse_bd) = (vec![0.0; hq * total_q], vec![0.0; hq * total_q]);
+    let (kc, vc) = (f64s(&f.k_cache), f64s(&f.v_cache));
+    let cu = case.cu_seqlens_q();
+    for (b, &(q_len, len)) in case.seqs.iter().enumerate() {
+        let key = |t: usize, g: usize| kc[slot(&f, b, t) + g * d..][..d].to_vec();
+        let val = |t: usize, g: usize, x: usize| vc[slot(&f, b, t) + g * d + x];
+        for i in 0..q_len {
+            let row = cu[b] as usize + i;
+            let n = if case.causal { (i + len + 1).saturating_sub(q_len).min(len) } else { len };
+            for h in 0..hq {
+                let g = h / (hq / hkv);
+                let (at, l_at) = ((row * hq + h) * d, h * total_q + row);
+                if n == 0 {
+                    want_lse[l_at] = f64::NEG_INFINITY;
+                    lse_bd[l_at] = f64::MIN_POSITIVE;
+                    o_bound[at..at + d].fill(f64::MIN_POSITIVE);
+                    continue;
+                }
+                let qr = &q[at..at + d];
+                let p = dominant.map(|p| p[b]).filter(|&p| p < n);
+                let k0 = key(if p == Some(0) { 1.min(n - 1) } else { 0 }, g);
+                let t0 = scale * dot(qr, &k0);
+                let err0 = score_err(scale, qr, &k0);
+                match p {
+                    None => {
+                        let lse = t0 + (n as f64).ln();
+                        for x in 0..d {
+                            let col: Vec<f64> = (0..n).map(|j| val(j, g, x)).collect();
+                            let o = col.iter().sum::<f64>() / n as f64;
+                            let mean_abs = col.iter().map(|y| y.abs()).sum::<f64>() / n as f64;
+                            want_o[at + x] = o;
+                            o_bound[at + x] = uniform_out_bound(T::DTYPE, o, mean_abs, n, lse);
+                        }
+                        want_lse[l_at] = lse;
+                        lse_bd[l_at] = lse_bound(lse, err0, n, true);
+                    }
+                    Some(p) => {
+                        let kd = key(p, g);
+                        let delta = scale * dot(qr, &kd) - t0;
+                        let (e, denom) = (delta.exp(), delta.exp() + (n - 1) as f64);
+                        for x in 0..d {
+                            let others: f64 = (0..n).filter(|&j| j != p).map(|j| val(j, g, x)).sum();
+                            want_o[at + x] = (e * val(p, g, x) + others) / denom;
+                            assert!((r.out[at + x] - want_o[at + x]).abs() < 1e-12, "reference vs closed form");
+                        }
+                        o_bound[at..at + d].copy_from_slice(&ref_bound[at..at + d]);
+                        let lse = t0 + denom.ln();
+                        assert!((r.lse[l_at] - lse).abs() < 1e-10, "reference LSE vs closed form");
+                        want_lse[l_at] = lse;
+                        lse_bd[l_at] = lse_bound(lse, err0 + score_err(scale, qr, &kd), n, false);
+                    }
+                }
+            }
+        }
+    }
+    let (o, lse) = (f64s(&o), lse.iter().map(|&x| x as f64).collect::<Vec<f64>>());
+    let label = format!("{label} [{} splits={}]", case.label(), plan.num_splits);
+    Verdict::new(label, (&o, &want_o, &o_bound), (&lse, &want_lse, &lse_bd))
+}
+
+fn run_paged_prefill(
+    emu: &Emulator,
+    label: &str,
+    case: &fused_attn::paged_prefill::cases::PagedPrefillCase,
+    dominant: Option<&[usize]>,
+    seed: u64,
+) -> Verdict {
+    match case.dtype {
+        DType::F16 => paged_prefill_exact::<f16>(emu, label, case, dominant, seed),
+        DType::Bf16 => paged_prefill_exact::<bf16>(emu, label, case, dominant, seed),
+    }
+}
+
+/// Constant keys over contexts of 4,097 and 4,096 tokens (and short ones in the same batch), chunks of
+/// 1..17 new tokens, page sizes 1, 16 and 256, split counts 1, 2, 3 and the maximum.
+#[test]
+fn paged_prefill_uniform_4097() {
+    use fused_attn::paged_prefill::cases::case;
+    let emu = Emulator::new();
+    let seqs = [(5, 4097), (16, 4096), (1, 1), (17, 17)];
+    let configs = [
+        (DType::Bf16, 128, (8, 2), 16, 1),
+        (DType::F16, 64, (4, 1), 1, 2),
+        (DType::Bf16, 64, (16, 2), 256, 3),
+        (DType::Bf16, 256, (2, 1), 16, max_splits(4097)),
+    ];
+    let verdicts: Vec<Verdict> = configs
+        .iter()
+        .enumerate()
+        .map(|(i, &(dt, d, heads, ps, s))| {
+            let mut c = case(d, heads, ps, &seqs);
+            c.dtype = dt;
+            c.num_splits = Some(s);
+            run_paged_prefill(&emu, "uniform", &c, None, common::case_seed(40 + i))
+        })
+        .collect();
+    judge("paged_prefill_uniform_4097", &verdicts);
+}
+
+/// A dominant key at every boundary: KV tile, page, split, the sequence's ends and each new token's
+/// causal edge (the first keys past the context: positions len − q_len .. len).
+#[test]
+fn paged_prefill_dominant_token_at_every_boundary() {
+    use fused_attn::paged_prefill::cases::case;
+    let emu = Emulator::new();
+    let (n, q_len) = (1000usize, 5usize);
+    let configs = [(DType::Bf16, 128, (8, 2), 16, 1, 16), (DType::F16, 64, (4, 1), 1, 3, 32)];
+    let verdicts: Vec<Verdict> = configs
+        .iter()
+        .enumerate()
+        .map(|(i, &(dt, d, heads, ps, s, tile))| {
+            let split = if s > 1 { n.div_ceil(s).next_multiple_of(fused_attn::plan::SPLIT_GRANULE) } else { n };
+            let mut pos = boundary_positions(n, tile, ps, split);
+            pos.extend(n - q_len..n);
+            pos.sort_unstable();
+            pos.dedup();
+            let mut c = case(d, heads, ps, &vec![(q_len, n); pos.len()]);
+            c.dtype = dt;
+            c.num_splits = Some(s);
+            let label = format!("dominant at {pos:?}");
+            run_paged_prefill(&emu, &label, &c, Some(&pos), common::case_seed(50 + i))
+        })
+        .collect();
+    judge("paged_prefill_dominant_token_at_every_boundary", &verdicts);
+}

@@ -101,8 +101,10 @@ fn help_and_version_exit_0_and_list_every_flag_with_its_default() {
         ("--kv-heads <N>", "[default: --heads]"),
         ("--seqlen-q <N>", "[default: 128]"),
         ("--seqlen-k <N>", "--seqlen-q]"),
-        ("--causal", "[prefill only]"),
+        ("--causal", "[prefill; paged-prefill, where it is the default]"),
+        ("--no-causal", "[paged-prefill only"),
         ("--page-size <N>", "[default: 16]"),
+        ("--page-size <N>", "[decode, paged-prefill]"),
         ("--num-splits <N>", "[default: the planner's choice]"),
         ("--backend <BACKEND>", "[default: auto]"),
         ("--json", ""),
@@ -121,7 +123,7 @@ fn help_and_version_exit_0_and_list_every_flag_with_its_default() {
         let para = &para[..para[2..].find("\n      --").map_or(para.len(), |i| i + 2)];
         assert!(para.contains(default), "{flag}: no '{default}' in:\n{para}");
     }
-    for only in ["[prefill only", "[decode only]", "[prefill, decode]", "pass*"] {
+    for only in ["[paged-prefill only", "[decode, paged-prefill]", "[prefill, decode]", "pass*"] {
         assert!(help.contains(only), "run --help lacks {only}");
     }
     let o = fused_attn("report --help");
@@ -154,7 +156,7 @@ fn bad_flags_are_usage_errors() {
         ("run --batch -1", "invalid value '-1' for '--batch <N>'"),
         ("run --heads=-3", "invalid value '-3' for '--heads <N>'"),
         ("run --dtype fp8", "invalid value 'fp8' for '--dtype <DTYPE>' [possible values: fp16, bf16]"),
-        ("run --op sort", "[possible values: prefill, decode]"),
+        ("run --op sort", "[possible values: prefill, decode, paged-prefill]"),
         ("run --backend tpu", "[possible values: gpu, emu, auto]"),
         ("report --dump /tmp/x", "unexpected argument '--dump'"),
         ("report --no-timing", "unexpected argument '--no-timing'"),
@@ -162,11 +164,12 @@ fn bad_flags_are_usage_errors() {
         ("run --plot /tmp/x", "unexpected argument '--plot'"),
         ("run --quick", "unexpected argument '--quick'"),
         // Flags of the other op are errors naming the flag, not silently ignored.
-        ("run --op decode --causal", "--causal applies to --op prefill only"),
-        ("run --op decode --seqlen-q 4", "--seqlen-q applies to --op prefill only"),
-        ("run --op=decode --seqlen-q=4", "--seqlen-q applies to --op prefill only"),
-        ("run --page-size 8", "--page-size applies to --op decode only"),
-        ("run --op prefill --num-splits 2", "--num-splits applies to --op decode only"),
+        ("run --op decode --causal", "--causal applies to --op prefill or --op paged-prefill only"),
+        ("run --op decode --seqlen-q 4", "--seqlen-q applies to --op prefill or --op paged-prefill only"),
+        ("run --op=decode --seqlen-q=4", "--seqlen-q applies to --op prefill or --op paged-prefill only"),
+        ("run --page-size 8", "--page-size applies to --op decode or --op paged-prefill only"),
+        ("run --op prefill --num-splits 2", "--num-splits applies to --op decode or --op paged-prefill only"),
+        ("run --op decode --no-causal", "--no-causal applies to --op paged-prefill only"),
         ("plot", "<REPORT.jsonl>"),
     ] {
         let o = fused_attn(args);
@@ -327,6 +330,43 @@ fn npy_header(path: &Path) -> (String, Vec<usize>) {
     };
     assert_eq!(b.len() - 10 - hlen, item * shape.iter().product::<usize>(), "{}", path.display());
     (descr, shape)
+}
+
+/// `run --op paged-prefill`: a passing JSON row with its shape, page size and split count, causal by
+/// default (`--no-causal` bidirectional), and its --dump files.
+#[test]
+fn run_emulated_paged_prefill_prints_a_passing_row_and_dumps() {
+    let dir = std::env::temp_dir().join(format!("fa-runner-pp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    for (extra, causal) in [("--num-splits 2", true), ("--no-causal", false)] {
+        let o = fused_attn(&format!(
+            "run --backend emu --op paged-prefill --batch 2 --heads 8 --kv-heads 2 --seqlen-q 5 --seqlen-k 300 \
+             --head-dim 64 --page-size 16 {extra} --json --seed 3 --dump {}",
+            dir.display()
+        ));
+        assert_eq!(o.status.code(), Some(0), "{extra}: {}", stderr(&o));
+        let r = &json_rows(&o)[0];
+        assert_eq!(
+            (&r["op"], &r["passed"], &r["causal"]),
+            (&"paged-prefill".into(), &true.into(), &causal.into()),
+            "{r}"
+        );
+        assert_eq!((&r["seqlen_q"], &r["seqlen_k"], &r["page_size"]), (&5.into(), &300.into(), &16.into()), "{r}");
+        if causal {
+            assert_eq!(r["num_splits"], 2, "{r}");
+        }
+    }
+    for (name, descr, shape) in [
+        ("q", "<f4", vec![2, 5, 8, 64]),
+        ("out", "<f4", vec![2, 5, 8, 64]),
+        ("lse", "<f4", vec![2, 8, 5]),
+        ("k", "<f4", vec![2, 300, 2, 64]),
+        ("block_table", "<i4", vec![2, 19]),
+        ("seq_lens", "<i4", vec![2]),
+    ] {
+        assert_eq!(npy_header(&dir.join(format!("{name}.npy"))), (descr.to_string(), shape), "{name}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -335,7 +335,7 @@ fn check_seqlens(lens: &[(&str, usize)]) -> Result<()> {
 
 /// Reads a cu_seqlens tensor when it lives in host memory (emulator backend) so that its contents can be
 /// validated; GPU tensors are not read (that would synchronise): the kernel clamps them to the tensors.
-fn host_values<'a>(view: &'a TensorView<'_, i32, 1>) -> Option<&'a [i32]> {
+pub(crate) fn host_values<'a>(view: &'a TensorView<'_, i32, 1>) -> Option<&'a [i32]> {
     match &view.mem {
         Mem::Host(h) => Some(&h[..view.dim(0)]),
         Mem::Gpu(_) | Mem::Device(_) => None,
@@ -344,7 +344,7 @@ fn host_values<'a>(view: &'a TensorView<'_, i32, 1>) -> Option<&'a [i32]> {
 
 /// Host-side check of one cu_seqlens array: starts at 0, non-decreasing, ends within `total`, and no
 /// sequence longer than `max_seqlen`.
-fn check_cu_seqlens(name: &str, cu: &[i32], total: usize, max_seqlen: usize) -> Result<()> {
+pub(crate) fn check_cu_seqlens(name: &str, cu: &[i32], total: usize, max_seqlen: usize) -> Result<()> {
     if cu[0] != 0 {
         return Err(Error::shape(name, format!("must start at 0, starts at {}", cu[0])));
     }

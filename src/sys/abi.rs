@@ -171,6 +171,44 @@ impl Default for FaDecodeParams {
         }
     }
 }
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FaPagedPrefillParams {
+    pub q: *const ::std::os::raw::c_void,
+    pub o: *mut ::std::os::raw::c_void,
+    pub lse: *mut f32,
+    pub cu_seqlens_q: *const i32,
+    pub partial_o: *mut f32,
+    pub partial_lse: *mut f32,
+    pub q_row_stride: i64,
+    pub q_head_stride: i64,
+    pub o_row_stride: i64,
+    pub o_head_stride: i64,
+    pub lse_head_stride: i64,
+    pub cache: FaPagedCache,
+    pub batch: i32,
+    pub heads_q: i32,
+    pub heads_kv: i32,
+    pub head_dim: i32,
+    pub total_q: i32,
+    pub max_seqlen_q: i32,
+    pub num_splits: i32,
+    pub split_tokens: i32,
+    pub dtype: i32,
+    pub causal: i32,
+    pub scale: f32,
+    pub scale_log2: f32,
+    pub score_mod: FaScoreMod,
+}
+impl Default for FaPagedPrefillParams {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
 pub const FA_DTYPE_F32: _bindgen_ty_4 = 2;
 pub type _bindgen_ty_4 = ::std::os::raw::c_uint;
 #[repr(C)]
@@ -329,6 +367,9 @@ unsafe extern "C" {
 }
 unsafe extern "C" {
     pub fn fa_merge(params: FaMergeParams, exec: *mut FaExec) -> ::std::os::raw::c_int;
+}
+unsafe extern "C" {
+    pub fn fa_paged_prefill(params: FaPagedPrefillParams, exec: *mut FaExec) -> ::std::os::raw::c_int;
 }
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]

@@ -164,6 +164,42 @@ typedef struct FaDecodeParams {
   FaScoreMod score_mod;
 } FaDecodeParams;
 
+/* Paged prefill: packed new query tokens of each sequence over the paged cache (chunked prefill, prefix
+ * caching, speculative verification). q [total_q, Hq, D] (sequence b owns rows cu_seqlens_q[b] ..
+ * cu_seqlens_q[b+1], int32 [B+1]), o like q, lse [Hq, total_q] (natural log; row stride 1, head stride
+ * lse_head_stride) or NULL. seq_lens[b] counts the cached tokens *including* the q_len_b new ones; with
+ * causal, row i of b sees key j iff j <= i + (seq_len_b - q_len_b) (bottom-right), then the score variants
+ * (window bounds on token positions as for prefill; causal wins over window_right).
+ * head_dim: a multiple of 8 in 32..256; the kernel runs at the smallest instantiated width >= head_dim
+ * (32, 64, 96, 128, 256) with the columns past head_dim zero-filled and never stored.
+ * max_seqlen_q: the largest q_len (the grid covers max_seqlen_q * Hq / Hkv packed rows per KV head).
+ * Split-KV: with num_splits > 1, split s covers keys [s*split_tokens, (s+1)*split_tokens) (the last split
+ * runs to seq_len; split_tokens a multiple of 64) and writes fp32 partials partial_o [num_splits, total_q,
+ * Hq, head_dim] / partial_lse [num_splits, total_q, Hq] (contiguous), which the launcher merges into o / lse
+ * with the merge kernel on the same stream (the sinks enter there, once).
+ * cu_seqlens_q, seq_lens and block_table are device data: cu_seqlens_q is clamped to [0, total_q], seq_lens
+ * and page ids as for decode. */
+typedef struct FaPagedPrefillParams {
+  const void *q;
+  void *o;
+  float *lse;
+  const int32_t *cu_seqlens_q;
+  float *partial_o;
+  float *partial_lse;
+  int64_t q_row_stride, q_head_stride;
+  int64_t o_row_stride, o_head_stride;
+  int64_t lse_head_stride;
+  FaPagedCache cache;
+  int32_t batch, heads_q, heads_kv, head_dim;
+  int32_t total_q, max_seqlen_q;
+  int32_t num_splits, split_tokens;
+  int32_t dtype;
+  int32_t causal;
+  float scale;
+  float scale_log2;
+  FaScoreMod score_mod;
+} FaPagedPrefillParams;
+
 /* Merge of attention states: num_states partial results (o_s, lse_s) of the same rows, each the attention of
  * the rows over a disjoint part of the keys, combined into the attention over all of them:
  *   lse = log(sum_s exp(lse_s)),  o = sum_s exp(lse_s - lse) o_s     (natural log; empty: lse_s = -inf).
@@ -274,6 +310,7 @@ int fa_prefill(FaPrefillParams params, FaExec *exec);
 int fa_append(FaAppendParams params, FaExec *exec);
 int fa_decode(FaDecodeParams params, FaExec *exec);
 int fa_merge(FaMergeParams params, FaExec *exec);
+int fa_paged_prefill(FaPagedPrefillParams params, FaExec *exec);
 
 /* ---------------------------------------------------------------------------------------------------------
  * Self-tests of the intrinsics layer and the host emulator (kernels/selftest.cu, tests/emulator.rs). Every

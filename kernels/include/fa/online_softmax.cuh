@@ -91,12 +91,26 @@ template <int kMT> struct OnlineSoftmax {
   // LSE = σ exactly. Without a sink nothing changes.
   template <int kDB>
   FA_DEVICE void finalize(float (&o)[kMT][kDB][4], float (&lse)[2 * kMT], float scale_log2, float sink) {
-    const float sink_log2 = sink * kLog2e;
+    finalize_rows(o, lse, scale_log2, [sink](int) { return sink; });
+  }
+  // finalize with a sink per row (r = 2·mt + h, as lse): paged prefill packs several query heads, each with
+  // its own sink, into one m16 tile.
+  template <int kDB>
+  FA_DEVICE void finalize(float (&o)[kMT][kDB][4], float (&lse)[2 * kMT], float scale_log2,
+                          const float (&sinks)[2 * kMT]) {
+    finalize_rows(o, lse, scale_log2, [&sinks](int r) { return sinks[r]; });
+  }
+
+private:
+  template <int kDB, class SinkOf>
+  FA_DEVICE void finalize_rows(float (&o)[kMT][kDB][4], float (&lse)[2 * kMT], float scale_log2, SinkOf sink_of) {
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = 2 * mt + h;
+        const float sink = sink_of(r);
+        const float sink_log2 = sink * kLog2e;
         float sum = quad_sum(row_sum[r]);
         float m = row_max[r] * scale_log2;
         float rescale = 1.0f;

@@ -52,6 +52,8 @@ rows say \"check\":\"sampled\". `-` is a timing-only row.";
 pub enum Op {
     Prefill,
     Decode,
+    /// New query tokens per sequence over a paged cache (chunked prefill, prefix caching, verification).
+    PagedPrefill,
 }
 
 impl Op {
@@ -59,6 +61,7 @@ impl Op {
         match self {
             Op::Prefill => "prefill",
             Op::Decode => "decode",
+            Op::PagedPrefill => "paged-prefill",
         }
     }
 }
@@ -169,16 +172,20 @@ pub struct RunArgs {
     /// KV heads Hkv, dividing Hq [prefill, decode] [default: --heads].
     #[arg(long, value_name = "N")]
     pub kv_heads: Option<usize>,
-    /// Query length Tq [prefill only; decode is one token per sequence].
+    /// Query length Tq [prefill]; new tokens per sequence [paged-prefill; decode is one token per sequence].
     #[arg(long, default_value_t = 128, value_name = "N")]
     pub seqlen_q: usize,
-    /// Key length Tk [prefill]; the context length of every sequence [decode] [default: --seqlen-q].
+    /// Key length Tk [prefill]; the context length of every sequence, the new tokens included [decode,
+    /// paged-prefill] [default: --seqlen-q].
     #[arg(long, value_name = "N")]
     pub seqlen_k: Option<usize>,
-    /// Bottom-right aligned causal mask [prefill only].
+    /// Bottom-right aligned causal mask [prefill; paged-prefill, where it is the default].
     #[arg(long)]
     pub causal: bool,
-    /// Page size of the KV cache, a power of two in 1..=256 [decode only].
+    /// Bidirectional attention over the whole context [paged-prefill only; it is causal by default].
+    #[arg(long, conflicts_with = "causal")]
+    pub no_causal: bool,
+    /// Page size of the KV cache, a power of two in 1..=256 [decode, paged-prefill].
     #[arg(long, default_value_t = 16, value_name = "N")]
     pub page_size: usize,
     /// Element type of the KV cache [decode only] [default: --dtype]. FP8 caches hold the 16-bit cache
@@ -189,7 +196,7 @@ pub struct RunArgs {
     /// --kv-dtype only].
     #[arg(long, value_enum, default_value_t = KvScaleArg::PerTensor, value_name = "KIND")]
     pub kv_scale: KvScaleArg,
-    /// Force the split-KV count [decode only] [default: the planner's choice].
+    /// Force the split-KV count [decode, paged-prefill] [default: the planner's choice].
     #[arg(long, value_name = "N")]
     pub num_splits: Option<usize>,
     /// Sliding window: keys up to N positions left of a query's own are visible; -1 = unbounded
@@ -298,23 +305,30 @@ impl RunArgs {
     }
 }
 
-/// Flags that apply to one op only, by clap id: (id, flag, the op it applies to, why).
-const OP_ONLY: [(&str, &str, Op, &str); 6] = [
-    ("seqlen_q", "--seqlen-q", Op::Prefill, "decode is one query token per sequence; --seqlen-k sets the context"),
-    ("causal", "--causal", Op::Prefill, "a decode token attends to its whole cache"),
-    ("page_size", "--page-size", Op::Decode, "prefill reads contiguous K/V, not a paged cache"),
-    ("num_splits", "--num-splits", Op::Decode, "prefill does not split the KV range"),
-    ("kv_dtype", "--kv-dtype", Op::Decode, "prefill reads contiguous 16-bit K/V, not a paged cache"),
-    ("kv_scale", "--kv-scale", Op::Decode, "prefill reads contiguous 16-bit K/V, not a paged cache"),
+/// Flags that apply to some ops only, by clap id: (id, flag, the ops it applies to, why).
+const OP_ONLY: [(&str, &str, &[Op], &str); 7] = [
+    (
+        "seqlen_q",
+        "--seqlen-q",
+        &[Op::Prefill, Op::PagedPrefill],
+        "decode is one query token per sequence; --seqlen-k sets the context",
+    ),
+    ("causal", "--causal", &[Op::Prefill, Op::PagedPrefill], "a decode token attends to its whole cache"),
+    ("no_causal", "--no-causal", &[Op::PagedPrefill], "prefill is bidirectional unless --causal"),
+    ("page_size", "--page-size", &[Op::Decode, Op::PagedPrefill], "prefill reads contiguous K/V, not a paged cache"),
+    ("num_splits", "--num-splits", &[Op::Decode, Op::PagedPrefill], "prefill does not split the KV range"),
+    ("kv_dtype", "--kv-dtype", &[Op::Decode], "only decode reads FP8 caches so far"),
+    ("kv_scale", "--kv-scale", &[Op::Decode], "only decode reads FP8 caches so far"),
 ];
 
 /// A flag the user gave for an op it does not apply to.
 fn inapplicable(m: &ArgMatches, op: Op) -> Option<String> {
     OP_ONLY
         .iter()
-        .find(|(id, _, applies, _)| *applies != op && m.value_source(id) == Some(ValueSource::CommandLine))
+        .find(|(id, _, applies, _)| !applies.contains(&op) && m.value_source(id) == Some(ValueSource::CommandLine))
         .map(|(_, flag, applies, why)| {
-            format!("{flag} applies to --op {} only, not --op {} ({why})", applies.name(), op.name())
+            let names: Vec<&str> = applies.iter().map(|o| o.name()).collect();
+            format!("{flag} applies to --op {} only, not --op {} ({why})", names.join(" or --op "), op.name())
         })
 }
 
@@ -473,15 +487,24 @@ mod tests {
     #[test]
     fn inapplicable_flags_name_the_flag() {
         let msg = |s: &str| p(s).err().map(|e| e.message().to_string()).unwrap_or_default();
-        assert!(msg("run --op decode --causal").starts_with("--causal applies to --op prefill only"));
-        assert!(msg("run --op=decode --seqlen-q=4").starts_with("--seqlen-q applies to --op prefill only"));
-        assert!(msg("run --page-size 8").starts_with("--page-size applies to --op decode only"));
-        assert!(msg("run --num-splits 2").starts_with("--num-splits applies to --op decode only"));
+        assert!(
+            msg("run --op decode --causal").starts_with("--causal applies to --op prefill or --op paged-prefill only")
+        );
+        assert!(msg("run --op=decode --seqlen-q=4").starts_with("--seqlen-q applies to --op prefill or"));
+        assert!(msg("run --page-size 8").starts_with("--page-size applies to --op decode or --op paged-prefill only"));
+        assert!(msg("run --num-splits 2").starts_with("--num-splits applies to --op decode or"));
+        assert!(msg("run --no-causal").starts_with("--no-causal applies to --op paged-prefill only"));
         // Defaults are not "given": decode with no prefill flags is fine, and so is each op's own flag.
         run("run --op decode --page-size 8 --num-splits 2 --seqlen-k 9");
         run("run --causal --seqlen-q 9");
         run("run --op decode --kv-dtype fp8_e4m3 --kv-scale per-head");
         run("run --op decode --dtype fp16 --kv-dtype fp16");
         assert!(msg("run --kv-dtype fp8_e5m2").starts_with("--kv-dtype applies to --op decode only"));
+        let a = run("run --op paged-prefill --seqlen-q 5 --seqlen-k 300 --page-size 64 --num-splits 2 --no-causal");
+        assert_eq!(
+            (a.op, a.seqlen_q, a.seqlen_k(), a.page_size, a.num_splits),
+            (Op::PagedPrefill, 5, 300, 64, Some(2))
+        );
+        assert!(a.no_causal && !run("run --op paged-prefill --causal").no_causal);
     }
 }

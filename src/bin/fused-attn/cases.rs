@@ -7,6 +7,7 @@ use std::sync::Arc;
 use cudarc::driver::CudaStream;
 use fused_attn::decode::cases::{self as dc, DecodeCase};
 use fused_attn::decode::fp8_cases::{self as fc, Fp8DecodeCase};
+use fused_attn::paged_prefill::cases::{self as ppc, PagedPrefillCase};
 use fused_attn::prefill::cases::{self as pc, PrefillCase, PrefillFixture, PrefillOutputs};
 use fused_attn::score_mod::{CaseAlibi, CaseVariants};
 use fused_attn::{cost_model, DType, Element, Error, LaunchCounters, Result};
@@ -369,6 +370,95 @@ fn run_decode_t<T: Element>(
     let row = with_decode_outcome(decode_row("run", backend, c, seed), &r.outcome);
     let plan = r.outcome.plan;
     Ok(with_counters(row, backend, |k| cost_model::decode_ratios(c, &plan, k)))
+}
+
+pub fn paged_prefill_row(kind: &str, backend: &Backend, c: &PagedPrefillCase, seed: u64) -> Row {
+    Row {
+        kind: kind.into(),
+        label: c.label(),
+        seed,
+        op: "paged-prefill".into(),
+        backend: backend.name().into(),
+        dtype: c.dtype.name().into(),
+        head_dim: c.head_dim,
+        batch: c.batch(),
+        heads_q: c.heads_q,
+        heads_kv: c.heads_kv,
+        seqlen_q: c.max_seqlen_q(),
+        seqlen_k: c.max_seq_len(),
+        causal: c.causal,
+        page_size: Some(c.page_size),
+        num_splits: c.num_splits,
+        ..variant_fields(&c.variants)
+    }
+}
+
+/// `run --op paged-prefill`: `batch` sequences of `seqlen_q` new tokens over contexts of `seqlen_k` tokens
+/// (the new ones included) in a paged cache; full fp64 check; on a GPU also timed.
+pub fn run_paged_prefill(
+    backend: &Backend,
+    c: &PagedPrefillCase,
+    seed: u64,
+    copy_gbps: Option<f64>,
+    dump: Option<&Dump>,
+    progress: &Progress,
+) -> Result<Row> {
+    if !c.page_size.is_power_of_two() || c.page_size > 256 {
+        return Err(Error::unsupported("page_size", format!("{} (must be a power of two in 1..=256)", c.page_size)));
+    }
+    let tokens = c.seqs.iter().map(|s| s.1).sum::<usize>();
+    checked_elements(&[
+        &[tokens, c.heads_kv, c.head_dim],
+        &[tokens, c.heads_kv, c.head_dim],
+        &[c.total_q(), c.heads_q, c.head_dim],
+        &[c.total_q(), c.heads_q, c.head_dim],
+    ])?;
+    progress
+        .message(format!("paged-prefill: running on {} and checking against the fp64 reference", backend.describe()));
+    let mut row = match c.dtype {
+        DType::F16 => run_paged_prefill_t::<f16>(backend, c, seed, dump, progress)?,
+        DType::Bf16 => run_paged_prefill_t::<bf16>(backend, c, seed, dump, progress)?,
+    };
+    if let (Backend::Gpu { stream, .. }, Some(copy)) = (backend, copy_gbps) {
+        progress.message("paged-prefill: timing on the GPU (CUDA events, median of 20)");
+        match ppc::time_case_gpu(stream, c, seed, 3, 20) {
+            Ok(t) => {
+                (row.ms, row.tflops, row.copy_gbps) = (Some(t.timing.median_ms), Some(t.tflops), Some(copy));
+            }
+            Err(e) => row = failed(row, &e),
+        }
+    }
+    Ok(row)
+}
+
+fn run_paged_prefill_t<T: Element>(
+    backend: &Backend,
+    c: &PagedPrefillCase,
+    seed: u64,
+    dump: Option<&Dump>,
+    progress: &Progress,
+) -> Result<Row> {
+    let r = match backend {
+        Backend::Emu(emu) => ppc::run_case_emulated::<T>(emu, c, seed)?,
+        Backend::Gpu { stream, .. } => ppc::run_case_gpu::<T>(stream, c, seed)?,
+    };
+    if let Some(dump) = dump {
+        progress.message("paged-prefill: writing the .npy dump");
+        dump.paged_prefill(&r)?;
+    }
+    let o = &r.outcome;
+    let mut row = paged_prefill_row("run", backend, c, seed);
+    row.max_abs_err = Some(o.out.max_abs_err);
+    row.rel_l2_err = Some(o.out.rel_l2_err);
+    row.tolerance = Some(o.out.tolerance);
+    row.lse_max_abs_err = Some(o.lse.max_abs_err);
+    row.num_splits = Some(o.plan.num_splits);
+    row.passed = Some(o.passed());
+    row.check = Some("full".into());
+    if !o.passed() {
+        row.error = Some(o.summary());
+    }
+    Ok(with_counters(row, backend, |_| None))
 }
 
 /// On the emulator: the cost counters of the op this thread just ran (totals over its kernels, then

@@ -7,7 +7,9 @@
 //!   cache gathered through the block table, zero past each seq_len), out [B, Hq, D], lse [B, Hq].
 //!   An FP8 cache (--kv-dtype fp8_*): k_cache / v_cache and k / v are float32 holding the stored FP8 values
 //!   (before scaling; NaN in unowned slots), and k_scale.npy / v_scale.npy float32 [1] or [Hkv] the
-//!   dequantisation scales: the values attention used are k_cache * k_scale[h] (v likewise).
+//!   dequantisation scales: the values attention used are k_cache * k_scale[h] (v likewise);
+//! - paged-prefill: q [B, Tq, Hq, D], out [B, Tq, Hq, D], lse [B, Hq, Tq], and the cache, block_table,
+//!   seq_lens, k and v as for decode (seq_lens include the Tq new tokens).
 
 use std::fs::File;
 use std::io::BufWriter;
@@ -15,6 +17,7 @@ use std::path::{Path, PathBuf};
 
 use fused_attn::decode::cases::DecodeRun;
 use fused_attn::decode::fp8_cases::Fp8DecodeRun;
+use fused_attn::paged_prefill::cases::PagedPrefillRun;
 use fused_attn::prefill::cases::{PrefillFixture, PrefillOutputs};
 use fused_attn::{DType, Element, Error, Result};
 
@@ -146,5 +149,49 @@ impl Dump {
         self.write("out", &[b, hq, d], encode(dt, vals(&r.o).into_iter()))?;
         self.variants(&f.alibi_slopes, &f.sinks, b, hq)?;
         self.write("lse", &[b, hq], NpyData::F32(r.lse.clone()))
+    }
+
+    /// The runner's paged prefill: every sequence has the same Tq (the packed [B·Tq, Hq, D] is [B, Tq, Hq, D]).
+    pub fn paged_prefill<T: Element>(&self, r: &PagedPrefillRun<T>) -> Result<()> {
+        let f = &r.fixture;
+        let c = &f.case;
+        let dt = T::DTYPE;
+        let (b, tq, hq, hkv, d, ps) = (c.batch(), c.max_seqlen_q(), c.heads_q, c.heads_kv, c.head_dim, c.page_size);
+        if c.total_q() != b * tq {
+            return Err(Error::usage("--dump: paged-prefill dumps need the same Tq for every sequence"));
+        }
+        let vals = |x: &[T]| x.iter().map(|v| v.to_f64()).collect::<Vec<_>>();
+        self.write("q", &[b, tq, hq, d], encode(dt, vals(&f.q).into_iter()))?;
+        self.write("out", &[b, tq, hq, d], encode(dt, vals(&r.o).into_iter()))?;
+        // lse [Hq, total_q] -> [B, Hq, Tq].
+        let mut lse = vec![0f32; b * hq * tq];
+        for i in 0..b {
+            for h in 0..hq {
+                for t in 0..tq {
+                    lse[(i * hq + h) * tq + t] = r.lse[h * b * tq + i * tq + t];
+                }
+            }
+        }
+        self.write("lse", &[b, hq, tq], NpyData::F32(lse))?;
+        self.write("k_cache", &f.cache_shape(), encode(dt, vals(&f.k_cache).into_iter()))?;
+        self.write("v_cache", &f.cache_shape(), encode(dt, vals(&f.v_cache).into_iter()))?;
+        self.write("block_table", &[b, f.width], NpyData::I32(&f.block_table))?;
+        self.write("seq_lens", &[b], NpyData::I32(&f.seq_lens))?;
+        let t = c.max_seq_len();
+        let (mut k, mut v) = (vec![0.0; b * t * hkv * d], vec![0.0; b * t * hkv * d]);
+        for i in 0..b {
+            for j in 0..f.seq_lens[i] as usize {
+                let page = f.block_table[i * f.width + j / ps] as usize;
+                let src = (page * ps + j % ps) * hkv * d;
+                let dst = (i * t + j) * hkv * d;
+                for e in 0..hkv * d {
+                    k[dst + e] = f.k_cache[src + e].to_f64();
+                    v[dst + e] = f.v_cache[src + e].to_f64();
+                }
+            }
+        }
+        self.write("k", &[b, t, hkv, d], encode(dt, k.into_iter()))?;
+        self.write("v", &[b, t, hkv, d], encode(dt, v.into_iter()))?;
+        self.variants(&f.alibi_slopes, &f.sinks, b, hq)
     }
 }

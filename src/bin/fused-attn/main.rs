@@ -18,6 +18,7 @@ use std::path::Path;
 
 use fused_attn::decode::cases::DecodeCase;
 use fused_attn::decode::fp8_cases::Fp8DecodeCase;
+use fused_attn::paged_prefill::cases::PagedPrefillCase;
 use fused_attn::prefill::{CaseLayout, PrefillCase};
 use fused_attn::timing::copy_bandwidth_gbps;
 use fused_attn::{Error, ErrorKind, Result};
@@ -76,6 +77,21 @@ fn run(a: &RunArgs, backend: &Backend, out: &mut Output) -> Result<()> {
                 }
                 None => cases::run_decode(backend, &case, a.common.seed, copy, dump.as_ref(), &progress),
             }
+        }
+        Op::PagedPrefill => {
+            let case = PagedPrefillCase {
+                dtype: a.dtype.into(),
+                head_dim: a.head_dim,
+                heads_q: a.heads,
+                heads_kv: a.kv_heads(),
+                page_size: a.page_size,
+                seqs: vec![(a.seqlen_q, a.seqlen_k()); a.batch],
+                causal: !a.no_causal,
+                num_splits: a.num_splits,
+                shared_prefix: 0,
+                variants: a.variants(),
+            };
+            cases::run_paged_prefill(backend, &case, a.common.seed, copy, dump.as_ref(), &progress)
         }
     };
     progress.finish();

@@ -1,0 +1,67 @@
+// Paged K/V tiles into shared memory, decode's page-lookup scheme (kernels/decode.cu) for the prefill tile
+// (Bc keys x the instantiated width, the swizzled row layout fa/prefill/tile_math.cuh reads). This is the
+// paged prefill kernel's only global K/V read path, so an FP8 dequantising load can replace it in one place.
+//  1. lookup:  thread t < kRows fetches the page of key key0 + t of the tile (one ld_global per key row,
+//              issued a tile ahead of its use so that its latency hides behind a tile of math);
+//  2. publish: the same thread turns it into the row's K/V element offsets in a shared-memory ring slot, and
+//              flags a *hole* (a key inside [0, seq_len) whose table entry is out of range) for the mask;
+//  3. copy:    every thread issues its cp.async chunks from the ring: one shared load per copied row.
+// Rows past the sequence and holes are zero-filled by the cp.async predicate, never read; so are the columns
+// at or past head_dim (the instantiated width may exceed the problem's head dim). The caller orders a ring
+// slot's publish before its copy and its reuse after the copy with its barriers (kernels/paged_prefill.cu).
+#pragma once
+
+#include "fa/intrinsics.cuh"
+#include "fa/paged_view.cuh"
+#include "fa/swizzle.cuh"
+#include "fa/namespace.cuh"
+
+FA_NAMESPACE_BEGIN
+namespace paged_prefill {
+
+// Element offsets of one cache row (page and slot folded in) in K and V; k = -1: no data for this row.
+struct alignas(16) RowOffsets {
+  int64_t k, v;
+};
+
+// 1. The page of key key0 + thread_idx() (threads < kRows), or kNoPage past seq_len / for other threads.
+template <int kRows> FA_DEVICE int lookup_tile_row(const PagedView &cache, int b, int key0, int seq_len) {
+  const int key = key0 + thread_idx();
+  return (thread_idx() < kRows && key < seq_len) ? cache.page_of(b, key) : kNoPage;
+}
+
+// 2. ring[t] = the offsets of key key0 + t, holes[t] = whether it is a hole (threads t < kRows).
+template <int kRows>
+FA_DEVICE void publish_tile_row(RowOffsets *ring, int32_t *holes, const PagedView &cache, int key0, int seq_len,
+                                int page) {
+  const int t = thread_idx();
+  if (t < kRows) {
+    const int key = key0 + t;
+    const int slot = cache.offset_in_page(key);
+    st_shared(ring + t, page == kNoPage ? RowOffsets{-1, -1} : RowOffsets{cache.k_row(page, slot), cache.v_row(page, slot)});
+    st_shared(holes + t, (int32_t)(key < seq_len && page == kNoPage));
+  }
+}
+
+// 3. The tile's cp.async copies (all threads; the caller commits). k_head / v_head: the KV head's base.
+template <int kRows, int kCols, int kThreads, class T>
+FA_DEVICE void cp_async_paged_kv_tile(T *sK, T *sV, const RowOffsets *ring, const T *k_head, const T *v_head,
+                                      int head_dim) {
+  using Layout = SwizzledRows<kCols>;
+  constexpr int kChunks = kCols / 8;
+  static_assert((kRows * kChunks) % kThreads == 0, "tile chunks must split evenly over the threads");
+#pragma unroll
+  for (int i = 0; i < kRows * kChunks / kThreads; ++i) {
+    const int idx = i * kThreads + thread_idx();
+    const int row = idx / kChunks;
+    const int c = (idx % kChunks) * 8;
+    const RowOffsets off = ld_shared(ring + row);
+    const bool copy = off.k >= 0 && c < head_dim;
+    // A predicated-off copy reads nothing; its address is the head's row 0 so that no stray pointer is formed.
+    cp_async_cg_16(sK + Layout::offset(row, c), copy ? k_head + off.k + c : k_head, copy);
+    cp_async_cg_16(sV + Layout::offset(row, c), copy ? v_head + off.v + c : v_head, copy);
+  }
+}
+
+} // namespace paged_prefill
+FA_NAMESPACE_END

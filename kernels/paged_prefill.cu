@@ -1,0 +1,486 @@
+// Paged prefill: each sequence's q_len new query tokens (packed, cu_seqlens_q) attend over its paged K/V
+// (seq_len tokens, the new ones included), bottom-right causal per sequence, GQA, score variants, LSE, and
+// split-KV for long contexts with few query rows. Shapes and the split contract: FaPagedPrefillParams in
+// fa/abi.h; the semantics: docs/semantics.md.
+//
+// The FA2 prefill tiling (dense prefill's Br and warps, K/V tiles narrower at D = 64/128/256: TileConfig
+// below; the tile GEMMs of fa/prefill/tile_math.cuh, the online softmax) over *packed* rows: a CTA serves one sequence, one KV head, Br packed rows of it and one KV split.
+// Packed row r is query token r / G of query head kv_head·G + r % G (fa/paged_prefill/packed_rows.cuh), so
+//  - a long chunk behaves like dense prefill with G heads interleaved;
+//  - a short one (q_len · G <= Br: the whole chunk of a KV head in one CTA) reads every K/V tile once per KV
+//    head, as decode does for the G query heads; warps whose rows are all past q_len · G still load and meet
+//    the barriers but skip the tensor-core work;
+//  - with few CTAs and a long context the host plans num_splits > 1 (src/paged_prefill.rs): each split
+//    walks its own key range and writes fp32 partials that merge.cu combines (sinks added there, once).
+// Per CTA:
+//   load Q rows (gathered per packed row, cp.async) and the top KV tile of the split's range;
+//   for each KV tile n from the top down (tiles above the causal diagonal / outside the window / outside the
+//   split are never visited):
+//     wait for tile n, barrier; prefetch tile n-1 (cp.async from the row offsets published a step earlier)
+//     and look up tile n-2's pages (fa/paged_prefill/kv_tile.cuh; published after the math);
+//     S = Q Kᵀ; (softcap, ALiBi); mask (edge tiles only: diagonal, window, ragged end; and keys whose
+//     block-table entry is out of range, on any tile); online softmax; O += P V;
+//   normalise (with the row's sink when unsplit) and store O / LSE, or the split's fp32 partial.
+#include "fa/abi.h"
+#include "fa/attention_state.cuh"
+#include "fa/intrinsics.cuh"
+#include "fa/mma_tile.cuh"
+#include "fa/online_softmax.cuh"
+#include "fa/paged_prefill/kv_tile.cuh"
+#include "fa/paged_prefill/packed_rows.cuh"
+#include "fa/paged_view.cuh"
+#include "fa/prefill/block_range.cuh"
+#include "fa/prefill/seq_info.cuh"
+#include "fa/prefill/tile_config.cuh"
+#include "fa/prefill/tile_math.cuh"
+#include "fa/score_mod.cuh"
+#include "fa/swizzle.cuh"
+#include "fa/tile_copy.cuh"
+#include "fa/namespace.cuh"
+
+FA_NAMESPACE_BEGIN
+namespace paged_prefill {
+// File-local: kernels and launch helpers are reached only through this file's extern "C" launcher.
+namespace {
+
+using prefill::gemm_pv;
+using prefill::gemm_qk;
+
+// Tile shapes (fa/prefill/tile_config.cuh): dense prefill's Br and warp layout, so a chunk with
+// q_len · G <= Br reads its K/V once and a long chunk tiles like dense prefill; but where dense prefill's
+// registers are full (D = 64, 128, 256: 225-255 of 255), K/V tiles half as wide (Bc), which frees the
+// registers the paged state needs (the page looked up a tile ahead, the ring and row tables, the split
+// range): with dense prefill's Bc these kernels spill 4-16 registers (ptxas, sm_80).
+template <int kHeadDim> struct TileConfig;
+template <> struct TileConfig<32> : prefill::TileConfig<32> {};
+template <> struct TileConfig<64> : prefill::TileShape<64, 2, 32, 3> {};
+template <> struct TileConfig<96> : prefill::TileConfig<96> {};
+template <> struct TileConfig<128> : prefill::TileShape<128, 2, 16, 3> {};
+template <> struct TileConfig<256> : prefill::TileShape<256, 1, 16, 3> {};
+
+// A compile-time flag passed to the per-tile step (masked or not), as a type.
+template <bool kValue> struct Flag {
+  static constexpr bool value = kValue;
+};
+
+// Shared memory: Q (Br x D), kStages K and V buffers (Bc x D each), the two-slot ring of K/V row offsets
+// and three slots of hole flags per key row (fa/paged_prefill/kv_tile.cuh; slot use in the kernel), and
+// each CTA row's token and ALiBi slope (fa/paged_prefill/packed_rows.cuh).
+template <int kHeadDim> struct Smem {
+  using Cfg = TileConfig<kHeadDim>;
+  static constexpr int kRingOffset = Cfg::kSmemBytes;
+  static constexpr int kHoleSlots = 3;
+  static constexpr int kHoleOffset = kRingOffset + 2 * Cfg::kBc * (int)sizeof(RowOffsets);
+  static constexpr int kRowTokenOffset = kHoleOffset + kHoleSlots * Cfg::kBc * 4; // int [kBr]
+  static constexpr int kRowSlopeOffset = kRowTokenOffset + Cfg::kBr * 4;          // float [kBr] (ALiBi)
+  static constexpr int kBytes = kRowSlopeOffset + Cfg::kBr * 4;
+  static_assert(Cfg::kSmemBytes % 16 == 0, "the ring is 16-byte aligned");
+  static_assert(kBytes <= 99 * 1024, "must fit the 99 KiB opt-in of sm_86/sm_89");
+};
+
+// Where this CTA's rows come from and go to.
+struct Rows {
+  int b, kv_head, group;
+  int q_start, q_len; // the sequence's rows of q (packed tokens)
+  int rows;           // q_len · group packed rows
+  int seq_len;        // keys (the new tokens included)
+};
+
+// The packed row's (token, query head).
+FA_DEVICE int row_token(const Rows &r, int row) { return row / r.group; }
+FA_DEVICE int row_head(const Rows &r, int row) { return r.kv_head * r.group + row % r.group; }
+
+// Gathers Q rows [m0, m0 + kBr) (packed) into sQ; rows past r.rows and columns past head_dim are zero-filled.
+template <class Cfg, class T>
+FA_DEVICE void load_q_rows(T *sQ, const FaPagedPrefillParams &p, const Rows &r, int m0) {
+  using Layout = SwizzledRows<Cfg::kHeadDim>;
+  constexpr int kChunks = Cfg::kHeadDim / 8;
+  const T *q = static_cast<const T *>(p.q);
+#pragma unroll
+  for (int i = 0; i < Cfg::kBr * kChunks / Cfg::kThreads; ++i) {
+    const int idx = i * Cfg::kThreads + thread_idx();
+    const int row = idx / kChunks;
+    const int c = (idx % kChunks) * 8;
+    const int packed = m0 + row;
+    const bool copy = packed < r.rows && c < p.head_dim;
+    const T *src = copy ? q + (int64_t)(r.q_start + row_token(r, packed)) * p.q_row_stride +
+                              (int64_t)row_head(r, packed) * p.q_head_stride + c
+                        : q;
+    cp_async_cg_16(sQ + Layout::offset(row, c), src, copy);
+  }
+}
+
+// O / LSE of this warp's rows (single split): O staged through the warp's own Q rows of shared memory so
+// that global stores are whole 16-byte chunks (as dense prefill's store_output does).
+template <class T, class Cfg>
+FA_DEVICE void store_rows(const FaPagedPrefillParams &p, const Rows &r, int m0, int warp_row0, T *sQ,
+                          const float (&o)[Cfg::kMTiles][Cfg::kHeadDim / 8][4], const float (&lse)[2 * Cfg::kMTiles]) {
+  using Layout = SwizzledRows<Cfg::kHeadDim>;
+  constexpr int kRows = 16 * Cfg::kMTiles;
+  constexpr int kChunks = Cfg::kHeadDim / 8;
+  static_assert(kRows * kChunks % kWarpSize == 0, "whole chunks per lane");
+  const int g = lane_id() >> 2;
+  const int t = lane_id() & 3;
+  sync_warp(); // every lane's reads of these Q rows are done before any lane overwrites them
+#pragma unroll
+  for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = warp_row0 + 16 * mt + 8 * h + g;
+#pragma unroll
+      for (int db = 0; db < kChunks; ++db)
+        st_shared(reinterpret_cast<uint32_t *>(sQ + Layout::offset(row, 8 * db) + 2 * t),
+                  pack2<T>(o[mt][db][2 * h], o[mt][db][2 * h + 1]));
+    }
+  }
+  sync_warp(); // lanes read back chunks other lanes wrote
+  T *out = static_cast<T *>(p.o);
+#pragma unroll
+  for (int i = 0; i < kRows * kChunks / kWarpSize; ++i) {
+    const int idx = i * kWarpSize + lane_id();
+    const int rr = idx / kChunks;
+    const int c = (idx % kChunks) * 8;
+    const int packed = m0 + warp_row0 + rr;
+    if (packed < r.rows && c < p.head_dim) {
+      const Bytes16 chunk = ld_shared(reinterpret_cast<const Bytes16 *>(sQ + Layout::offset(warp_row0 + rr, c)));
+      T *dst = out + (int64_t)(r.q_start + row_token(r, packed)) * p.o_row_stride +
+               (int64_t)row_head(r, packed) * p.o_head_stride + c;
+      st_global(reinterpret_cast<Bytes16 *>(dst), chunk);
+    }
+  }
+  if (p.lse != nullptr && t == 0) {
+#pragma unroll
+    for (int k = 0; k < 2 * Cfg::kMTiles; ++k) {
+      const int packed = fragment_row(m0 + warp_row0, k);
+      if (packed < r.rows)
+        st_global(p.lse + (int64_t)row_head(r, packed) * p.lse_head_stride + r.q_start + row_token(r, packed), lse[k]);
+    }
+  }
+}
+
+// The fp32 partial (O normalised by this split's own sum, LSE of this split) of this warp's rows:
+// partial_o [num_splits, total_q, Hq, head_dim], partial_lse [num_splits, total_q, Hq].
+template <class Cfg>
+FA_DEVICE void store_partial(const FaPagedPrefillParams &p, const Rows &r, int split, int m0, int warp_row0,
+                             const float (&o)[Cfg::kMTiles][Cfg::kHeadDim / 8][4], const float (&lse)[2 * Cfg::kMTiles]) {
+  const int t = lane_id() & 3;
+#pragma unroll
+  for (int k = 0; k < 2 * Cfg::kMTiles; ++k) {
+    const int packed = fragment_row(m0 + warp_row0, k);
+    if (packed >= r.rows) continue;
+    const int64_t row = ((int64_t)split * p.total_q + r.q_start + row_token(r, packed)) * p.heads_q + row_head(r, packed);
+    float *dst = p.partial_o + row * p.head_dim;
+#pragma unroll
+    for (int db = 0; db < Cfg::kHeadDim / 8; ++db) {
+      const int col = 8 * db + 2 * t;
+      if (col < p.head_dim)
+        st_global(reinterpret_cast<float2 *>(dst + col), make_float2(o[k >> 1][db][2 * (k & 1)], o[k >> 1][db][2 * (k & 1) + 1]));
+    }
+    if (t == 0) st_global(p.partial_lse + row, lse[k]);
+  }
+}
+
+// The plain kernels handle causal, a right window bound and sinks; the _mod kernels (kVariant) also
+// softcap, ALiBi and a left window bound (fa/score_mod.cuh says why those are compile-time).
+// Grid: (row blocks · num_splits, Hkv, B); block: Cfg::kThreads; dynamic smem: Smem<kHeadDim>::kBytes.
+template <class T, int kHeadDim, bool kVariant> FA_DEVICE void paged_prefill_kernel(const FaPagedPrefillParams &p) {
+  using Cfg = TileConfig<kHeadDim>;
+  constexpr int kBr = Cfg::kBr;
+  constexpr int kBc = Cfg::kBc;
+  constexpr int kMT = Cfg::kMTiles;
+  constexpr int kTile = kBc * kHeadDim;
+  const Dim3 bid = block_idx();
+  const int m_blocks = grid_dim().x / p.num_splits;
+  const int split = bid.x / m_blocks;
+  const int m_block = bid.x % m_blocks;
+
+  Rows r;
+  r.b = bid.z;
+  r.kv_head = bid.y;
+  r.group = p.heads_q / p.heads_kv;
+  prefill::varlen_bounds(p.cu_seqlens_q, r.b, p.total_q, r.q_start, r.q_len);
+  r.rows = r.q_len * r.group;
+  const int m0 = m_block * kBr;
+  if (m0 >= r.rows) return; // past this sequence's packed rows: nothing here (for every split alike)
+  const PagedView cache{p.cache};
+  r.seq_len = cache.seq_len(r.b);
+  const int tq = r.q_len;
+  const int tk = r.seq_len;
+  const int diag = tk - tq;
+
+  // The tokens this CTA's rows cover, and the KV tiles they see (as dense prefill's block range, on tokens).
+  const int tok0 = row_token(r, m0);
+  const int tok1 = row_token(r, (r.rows - m0 < kBr ? r.rows : m0 + kBr) - 1);
+  WindowBounds window = effective_window(p.score_mod, p.causal != 0, tq, tk);
+  if constexpr (!kVariant) window.left = tq > tk ? tq : tk; // the plain kernel has no left bound (launcher)
+  const prefill::KvBlockRange range = prefill::kv_block_range(tok0, tok1 - tok0 + 1, kBc, tq, tk, window.left, window.right);
+  // This split's keys [s · split_tokens, (s + 1) · split_tokens) (the last split runs to the end), in tiles.
+  const int split_lo = p.num_splits == 1 ? 0 : (int)((int64_t)split * p.split_tokens / kBc);
+  const int split_hi = split == p.num_splits - 1 ? range.n_end : (int)((int64_t)(split + 1) * p.split_tokens / kBc);
+  const int n_lo = range.n_begin > split_lo ? range.n_begin : split_lo;
+  const int n_hi = range.n_end < split_hi ? range.n_end : split_hi;
+
+  T *sQ = dynamic_smem<T>();
+  T *sK = sQ + kBr * kHeadDim;
+  T *sV = sK + Cfg::kStages * kTile;
+  unsigned char *smem_bytes = reinterpret_cast<unsigned char *>(sQ);
+  RowOffsets *ring = reinterpret_cast<RowOffsets *>(smem_bytes + Smem<kHeadDim>::kRingOffset); // [2][kBc]
+  int32_t *holes = reinterpret_cast<int32_t *>(smem_bytes + Smem<kHeadDim>::kHoleOffset);     // [3][kBc]
+  // Tile x's page lookups (a tile ahead of its copy), their publication into ring slot x & 1 and hole slot
+  // x % 3, and its copy into K/V buffer buf. Slot reuse: tile x is published in the step of tile x + 2
+  // (after its math) and copied in the step of tile x + 1 (after its barrier), so a ring slot is rewritten
+  // only after every warp passed the barrier behind its last copy; tile x's holes are read in its own step,
+  // right after the barrier, three steps after the slot's previous tile was read.
+  auto lookup = [&](int x) { return x >= n_lo ? lookup_tile_row<kBc>(cache, r.b, x * kBc, tk) : kNoPage; };
+  auto publish = [&](int x, int page) {
+    if (x >= n_lo) publish_tile_row<kBc>(ring + (x & 1) * kBc, holes + (x % 3) * kBc, cache, x * kBc, tk, page);
+  };
+  auto issue = [&](int x, int buf) {
+    // The KV head's K/V bases, formed here from the parameters rather than kept live across the math.
+    const T *k_head = static_cast<const T *>(p.cache.k_cache) + r.kv_head * p.cache.k_head_stride;
+    const T *v_head = static_cast<const T *>(p.cache.v_cache) + r.kv_head * p.cache.v_head_stride;
+    cp_async_paged_kv_tile<kBc, kHeadDim, Cfg::kThreads>(sK + buf * kTile, sV + buf * kTile, ring + (x & 1) * kBc,
+                                                          k_head, v_head, p.head_dim);
+    cp_async_commit();
+  };
+
+  // Each CTA row's token (masks, ALiBi distances) and slope, in shared memory (published by the prologue's
+  // barrier); sinks are read in the epilogue.
+  const int warp_row0 = warp_id() * 16 * kMT;
+  const bool warp_active = m0 + warp_row0 < r.rows; // else: loads and barriers only
+  int *row_tokens = reinterpret_cast<int *>(smem_bytes + Smem<kHeadDim>::kRowTokenOffset);
+  [[maybe_unused]] float *row_slopes = reinterpret_cast<float *>(smem_bytes + Smem<kHeadDim>::kRowSlopeOffset);
+  for (int row = thread_idx(); row < kBr; row += Cfg::kThreads) {
+    st_shared(row_tokens + row, row_token(r, m0 + row));
+    if constexpr (kVariant) st_shared(row_slopes + row, alibi_slope_log2(p.score_mod, r.b, row_head(r, m0 + row)));
+  }
+  float softmax_scale_log2 = p.scale_log2;
+  [[maybe_unused]] bool has_score_mod = false;
+  [[maybe_unused]] ScoreMod mod;
+  if constexpr (kVariant) {
+    has_score_mod = needs_score_mod(p.score_mod);
+    mod = ScoreMod::make(p.scale, p.scale_log2, p.score_mod.softcap);
+    if (has_score_mod) softmax_scale_log2 = 1.0f; // apply_packed_score_mod maps to the exp2 domain
+  }
+  const LaneAddress<kHeadDim> a_lane = a_lanes<kHeadDim>();
+  const LaneAddress<kHeadDim> k_lane = b_nk_lanes<kHeadDim>();
+
+  float o[kMT][kHeadDim / 8][4] = {};
+  OnlineSoftmax<kMT> softmax;
+  softmax.init();
+
+  if (n_hi > n_lo) {
+    publish(n_hi - 1, lookup(n_hi - 1));
+    const int page = lookup(n_hi - 2);
+    sync_threads(); // the top tile's row offsets (and the row tables) are visible to every thread
+    load_q_rows<Cfg>(sQ, p, r, m0);
+    issue(n_hi - 1, 0);
+    publish(n_hi - 2, page);
+  }
+  // One KV tile: wait for it, prefetch the next (down to n_lo) and look up the one after, S = Q Kᵀ,
+  // (variants), (mask), online softmax, O += P V, publish the looked-up tile.
+  auto step = [&](auto masked, int n, int buf) {
+    const int next = buf + 1 == Cfg::kStages ? 0 : buf + 1;
+    cp_async_wait<0>(); // tile n (and Q) have landed
+    sync_threads();     // ... for every thread; every warp is done with step n + 1 (its buffer, its slots)
+    int page = kNoPage;
+    if (n > n_lo) {
+      issue(n - 1, next); // into the buffer of tile n + 1 (2 stages) or n + 2 (3), read before the barrier
+      page = lookup(n - 2); // consumed after the math, so its latency is hidden
+    }
+    if (warp_active) {
+      float s[kMT][kBc / 8][4] = {};
+      gemm_qk<T, Cfg>(s, sQ, sK + buf * kTile, warp_row0, a_lane, k_lane);
+      // Holes of this tile: one flag per key row, balloted 32 keys at a time (after the GEMM: fewer live
+      // registers across it).
+      const int lane = lane_id();
+      uint64_t hole_bits = warp_ballot(lane < kBc && ld_shared(holes + (n % 3) * kBc + (lane < kBc ? lane : 0)) != 0);
+      if constexpr (kBc == 64)
+        hole_bits |= (uint64_t)warp_ballot(ld_shared(holes + (n % 3) * kBc + 32 + lane_id()) != 0) << 32;
+      if constexpr (kVariant) {
+        if (has_score_mod) apply_packed_score_mod(s, row_tokens, row_slopes, warp_row0, n * kBc, diag, mod);
+      }
+      if constexpr (decltype(masked)::value)
+        apply_packed_mask<kVariant>(s, row_tokens, warp_row0, n * kBc, diag, tk, window.left, window.right);
+      if (hole_bits != 0) mask_hole_keys(s, hole_bits);
+      softmax.update(s, o, softmax_scale_log2);
+      gemm_pv<T, Cfg>(o, s, sV + buf * kTile, a_lane);
+    }
+    publish(n - 2, page);
+    return next;
+  };
+  static_assert(kBc == 16 || kBc == 32 || kBc == 64, "hole ballots cover up to 64 keys");
+  using Masked = Flag<true>;
+  using Unmasked = Flag<false>;
+  int n = n_hi - 1;
+  int buf = 0;
+  const int mask_lo = range.n_mask_begin > n_lo ? range.n_mask_begin : n_lo;
+  const int interior_lo = range.n_interior_begin > n_lo ? range.n_interior_begin : n_lo;
+  for (; n >= mask_lo; --n) buf = step(Masked{}, n, buf);
+  for (; n >= interior_lo; --n) buf = step(Unmasked{}, n, buf);
+  for (; n >= n_lo; --n) buf = step(Masked{}, n, buf); // the window's left edge
+
+  float lse[2 * kMT];
+  float sinks[2 * kMT];
+#pragma unroll
+  for (int k = 0; k < 2 * kMT; ++k) // split-KV: the merge adds the sinks
+    sinks[k] = p.num_splits == 1 ? sink_logit(p.score_mod, row_head(r, fragment_row(m0 + warp_row0, k))) : kNegInf;
+  softmax.finalize(o, lse, softmax_scale_log2, sinks);
+  if (!warp_active) return;
+  if (p.num_splits == 1) {
+    store_rows<T, Cfg>(p, r, m0, warp_row0, sQ, o, lse);
+  } else {
+    store_partial<Cfg>(p, r, split, m0, warp_row0, o, lse);
+  }
+}
+
+} // namespace
+} // namespace paged_prefill
+FA_NAMESPACE_END
+
+// One kernel per (dtype, instantiated head-dim width, score mod); 4 warps, like dense prefill.
+#define FA_PAGED_PREFILL_KERNEL(name, T, D, kMod)                                                            \
+  FA_KERNEL(name, fa::paged_prefill::TileConfig<D>::kThreads, 1, FaPagedPrefillParams,                             \
+            (fa::paged_prefill::paged_prefill_kernel<T, D, kMod>))
+#define FA_PAGED_PREFILL_KERNELS(dt, T, D)                                                                   \
+  FA_PAGED_PREFILL_KERNEL(fa_paged_prefill_##dt##_d##D, T, D, false)                                         \
+  FA_PAGED_PREFILL_KERNEL(fa_paged_prefill_##dt##_d##D##_mod, T, D, true)
+FA_PAGED_PREFILL_KERNELS(f16, fa::half_t, 32)
+FA_PAGED_PREFILL_KERNELS(f16, fa::half_t, 64)
+FA_PAGED_PREFILL_KERNELS(f16, fa::half_t, 96)
+FA_PAGED_PREFILL_KERNELS(f16, fa::half_t, 128)
+FA_PAGED_PREFILL_KERNELS(f16, fa::half_t, 256)
+FA_PAGED_PREFILL_KERNELS(bf16, fa::bf16_t, 32)
+FA_PAGED_PREFILL_KERNELS(bf16, fa::bf16_t, 64)
+FA_PAGED_PREFILL_KERNELS(bf16, fa::bf16_t, 96)
+FA_PAGED_PREFILL_KERNELS(bf16, fa::bf16_t, 128)
+FA_PAGED_PREFILL_KERNELS(bf16, fa::bf16_t, 256)
+
+#if defined(FA_HOST_BUILD)
+namespace fa {
+namespace paged_prefill {
+namespace {
+
+// The instantiated widths, smallest first: head_dim runs at the first one >= it.
+constexpr int kWidths[] = {32, 64, 96, 128, 256};
+
+template <int kHeadDim>
+int launch_paged_prefill(void (*kernel)(FaPagedPrefillParams), const char *name, const FaPagedPrefillParams &p,
+                         FaExec *exec) {
+  using Cfg = TileConfig<kHeadDim>;
+  const int64_t rows = (int64_t)p.max_seqlen_q * (p.heads_q / p.heads_kv);
+  const int64_t m_blocks = (rows + Cfg::kBr - 1) / Cfg::kBr;
+  if (m_blocks == 0) return FA_OK; // nothing to compute
+  if (m_blocks * p.num_splits > 0x7fffffff) return FA_ERR_INVALID;
+  return launch(name, kernel, Dim3{(int)(m_blocks * p.num_splits), p.heads_kv, p.batch}, Cfg::kThreads,
+                Smem<kHeadDim>::kBytes, exec, p);
+}
+
+#define FA_PAGED_PREFILL_CASE(D, kernel)                                                                     \
+  case D:                                                                                                    \
+    return mod ? launch_paged_prefill<D>(kernel##_mod, #kernel "_mod", p, exec)                              \
+               : launch_paged_prefill<D>(kernel, #kernel, p, exec)
+int dispatch(const FaPagedPrefillParams &p, FaExec *exec) {
+  // Softcap, ALiBi or any left window bound need the _mod kernels (a bound that excludes nothing only costs
+  // the variant kernel's extra compare; the host does not know the sequence lengths to rule it out).
+  const bool mod = needs_score_mod(p.score_mod) || p.score_mod.window_left >= 0;
+  int width = 0;
+  for (int w : kWidths)
+    if (width == 0 && p.head_dim <= w) width = w;
+  if (p.dtype == FA_DTYPE_F16) {
+    switch (width) {
+      FA_PAGED_PREFILL_CASE(32, fa_paged_prefill_f16_d32);
+      FA_PAGED_PREFILL_CASE(64, fa_paged_prefill_f16_d64);
+      FA_PAGED_PREFILL_CASE(96, fa_paged_prefill_f16_d96);
+      FA_PAGED_PREFILL_CASE(128, fa_paged_prefill_f16_d128);
+      FA_PAGED_PREFILL_CASE(256, fa_paged_prefill_f16_d256);
+    }
+  } else if (p.dtype == FA_DTYPE_BF16) {
+    switch (width) {
+      FA_PAGED_PREFILL_CASE(32, fa_paged_prefill_bf16_d32);
+      FA_PAGED_PREFILL_CASE(64, fa_paged_prefill_bf16_d64);
+      FA_PAGED_PREFILL_CASE(96, fa_paged_prefill_bf16_d96);
+      FA_PAGED_PREFILL_CASE(128, fa_paged_prefill_bf16_d128);
+      FA_PAGED_PREFILL_CASE(256, fa_paged_prefill_bf16_d256);
+    }
+  }
+  return FA_ERR_UNSUPPORTED;
+}
+#undef FA_PAGED_PREFILL_CASE
+
+// Preconditions the Rust layer checks; re-checked here because they guard memory safety.
+inline bool valid_params(const FaPagedPrefillParams &p) {
+  const FaPagedCache &c = p.cache;
+  if (p.batch < 0 || p.heads_kv <= 0 || p.heads_q <= 0 || p.heads_q % p.heads_kv != 0) return false;
+  if (p.head_dim < 8 || p.head_dim > 256 || p.head_dim % 8 != 0) return false;
+  if (p.total_q < 0 || p.max_seqlen_q < 0 || p.num_splits < 1) return false;
+  if (c.page_size < 1 || c.page_size > 256 || c.page_size != (1 << c.log2_page_size)) return false;
+  if (c.max_pages_per_seq < 1 || c.num_pages < 1) return false;
+  if (!(p.scale_log2 > 0.0f)) return false; // the row max is taken on raw scores
+  // Packed rows (token · G) and positions plus window bounds stay inside int32 (fa/score_mod.cuh).
+  const int64_t group = p.heads_q / p.heads_kv;
+  if ((int64_t)p.total_q * group > (1 << 30) || (int64_t)p.max_seqlen_q * group > (1 << 30)) return false;
+  if ((int64_t)c.max_pages_per_seq * c.page_size > (1 << 30)) return false;
+  // Memory safety: every pointer the kernel dereferences (lse is optional).
+  if (p.batch > 0 && (p.q == nullptr || p.o == nullptr || p.cu_seqlens_q == nullptr || c.k_cache == nullptr ||
+                      c.v_cache == nullptr || c.block_table == nullptr || c.seq_lens == nullptr))
+    return false;
+  if (p.num_splits > 1 && (p.split_tokens <= 0 || p.split_tokens % 64 != 0 || p.partial_o == nullptr ||
+                           p.partial_lse == nullptr))
+    return false;
+  // 16-byte cp.async / stores of every row: aligned bases and element strides (16-bit elements: multiples of 8).
+  const void *ptrs[] = {p.q, p.o, c.k_cache, c.v_cache, p.partial_o};
+  for (const void *ptr : ptrs)
+    if (((uintptr_t)ptr & 15u) != 0) return false;
+  const int64_t strides[] = {p.q_row_stride, p.q_head_stride, p.o_row_stride, p.o_head_stride,
+                             c.k_page_stride, c.k_token_stride, c.k_head_stride, c.v_page_stride,
+                             c.v_token_stride, c.v_head_stride};
+  for (int64_t s : strides)
+    if (s < 0 || s % 8 != 0) return false;
+  if (((uintptr_t)p.lse & 3u) != 0 || ((uintptr_t)p.partial_lse & 3u) != 0 || p.lse_head_stride < 0) return false;
+  if (((uintptr_t)p.cu_seqlens_q & 3u) != 0 || ((uintptr_t)c.block_table & 3u) != 0 ||
+      ((uintptr_t)c.seq_lens & 3u) != 0 || c.block_table_stride < 0)
+    return false;
+  if (!valid_score_mod(p.score_mod, p.heads_q)) return false;
+  return p.heads_kv <= 65535 && p.batch <= 65535;
+}
+
+} // namespace
+} // namespace paged_prefill
+} // namespace fa
+
+extern "C" int fa_paged_prefill(FaPagedPrefillParams p, FaExec *exec) {
+  using namespace fa::paged_prefill;
+  if (!valid_params(p)) return FA_ERR_INVALID;
+  if (p.cache.kv_dtype != FA_KV_SAME) return FA_ERR_UNSUPPORTED; // no FP8 path here yet (fa/fp8_tile.cuh)
+  if (p.batch == 0 || p.total_q == 0 || p.max_seqlen_q == 0) return FA_OK;
+  const int status = dispatch(p, exec);
+  if (status != FA_OK || p.num_splits == 1) return status;
+
+  // Split-KV: combine the fp32 partials [num_splits, total_q, Hq, D] / [num_splits, total_q, Hq] into
+  // o [total_q, Hq, D] / lse [Hq, total_q], rows (token, head).
+  FaMergeParams m = {};
+  m.o_states = p.partial_o;
+  m.lse_states = p.partial_lse;
+  m.o = p.o;
+  m.lse = p.lse;
+  m.o_state_stride = (int64_t)p.total_q * p.heads_q * p.head_dim;
+  m.o_outer_stride = (int64_t)p.heads_q * p.head_dim;
+  m.o_inner_stride = p.head_dim;
+  m.lse_state_stride = (int64_t)p.total_q * p.heads_q;
+  m.lse_outer_stride = p.heads_q;
+  m.lse_inner_stride = 1;
+  m.o_out_outer_stride = p.o_row_stride;
+  m.o_out_inner_stride = p.o_head_stride;
+  m.lse_out_outer_stride = 1;
+  m.lse_out_inner_stride = p.lse_head_stride;
+  m.num_states = p.num_splits;
+  m.rows_outer = p.total_q;
+  m.rows_inner = p.heads_q;
+  m.head_dim = p.head_dim;
+  m.states_dtype = FA_DTYPE_F32;
+  m.out_dtype = p.dtype;
+  m.sinks = p.score_mod.sinks; // the partials never include the sink: it enters here, once
+  return fa_merge(m, exec);
+}
+#endif // FA_HOST_BUILD

@@ -1,0 +1,442 @@
+//! Paged prefill: the new query tokens of each sequence (chunked prefill, prefix caching, speculative
+//! verification) attending over its paged KV cache. Kernel: kernels/paged_prefill.cu.
+//!
+//! Semantics (docs/semantics.md): sequence b has `q_len_b` new tokens, packed in `q [total_q, Hq, D]` at
+//! rows `cu_seqlens_q[b]..cu_seqlens_q[b+1]`, and `seq_lens[b]` cached tokens that **include** the new ones
+//! (append first). With `causal` (the default) row i of b sees key j iff `j <= i + (seq_len_b - q_len_b)`,
+//! then the score variants; GQA reads KV head `h / (Hq / Hkv)`. `q_len_b > seq_len_b` is allowed: the first
+//! `q_len_b - seq_len_b` rows see no key and give `o = 0`, `lse = -inf` (the sink's logit with sinks).
+//! Decode is the case `q_len = 1` (kept as its own kernel, [`crate::decode()`]).
+//!
+//! Efficiency model. A CTA serves one sequence, one KV head and `Br` packed (token, query head) rows of
+//! it (the dense prefill tile), so a chunk with `q_len · G <= Br` (G = Hq / Hkv; Br = 128 for head dims up
+//! to 128, 64 for 256) reads each K/V tile once per KV head, and a long chunk runs the dense prefill tiling.
+//! When the grid would leave SMs idle (few rows, long context) [`PagedPrefillPlan`] splits the key range;
+//! the fp32 partials are merged on the same stream (sinks enter there, once).
+
+pub mod cases;
+
+use crate::decode::{stream_sm_count, Buffer};
+use crate::device::Stream;
+use crate::dtype::Element;
+use crate::error::{to_i32, Error, Result};
+use crate::launch::{softmax_scale, Launch};
+use crate::paged::{abi_cache, PagedKvCache};
+use crate::plan::{MAX_GRID_YZ, SPLIT_GRANULE};
+use crate::prefill::{check_cu_seqlens, host_values, TileConfig, MAX_PREFILL_SEQLEN};
+use crate::score_mod::ScoreMod;
+use crate::sys;
+use crate::tensor::{TensorView, TensorViewMut};
+
+/// The head-dim widths the kernel is instantiated for; a head dim (a multiple of 8 in 32..=256) runs at the
+/// smallest width at least as large, its extra columns zero-filled and never stored.
+pub const PAGED_PREFILL_WIDTHS: [usize; 5] = [32, 64, 96, 128, 256];
+
+/// Splits are planned only when each keeps at least this many keys (a split's fixed cost: its pipeline fill,
+/// its fp32 partial rows written and merged).
+pub const MIN_SPLIT_KEYS: usize = 512;
+/// Upper bound on planned (not forced) splits.
+pub const MAX_PLANNED_SPLITS: usize = 64;
+
+/// Options of one paged prefill call. `Default` is causal with the default scale and an automatic split.
+#[derive(Debug, Clone, Copy)]
+pub struct PagedPrefillOptions<'a> {
+    /// Bottom-right causal per sequence (default `true`); `false` is bidirectional over the whole context.
+    pub causal: bool,
+    /// Softmax scale; `None` means 1/sqrt(D).
+    pub scale: Option<f32>,
+    /// Force this many KV splits (1 = none); `None` lets [`PagedPrefillPlan::new`] choose. Without a
+    /// workspace only one split is possible.
+    pub num_splits: Option<usize>,
+    /// Sliding window, softcap, ALiBi, sinks.
+    pub score_mod: ScoreMod<'a>,
+}
+
+impl Default for PagedPrefillOptions<'_> {
+    fn default() -> Self {
+        Self { causal: true, scale: None, num_splits: None, score_mod: ScoreMod::default() }
+    }
+}
+
+/// The shape of one paged prefill launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PagedPrefillProblem {
+    pub batch: usize,
+    pub heads_q: usize,
+    pub heads_kv: usize,
+    pub head_dim: usize,
+    /// Packed query rows (tokens) of `q`.
+    pub total_q: usize,
+    /// Largest `q_len_b`.
+    pub max_seqlen_q: usize,
+    /// The caller's upper bound on `seq_lens` ([`PagedKvCache::max_seq_len`]).
+    pub max_seq_len: usize,
+}
+
+impl PagedPrefillProblem {
+    /// Query heads per KV head.
+    pub fn group(&self) -> usize {
+        self.heads_q / self.heads_kv.max(1)
+    }
+    /// The instantiated width this head dim runs at.
+    pub fn width(&self) -> Option<usize> {
+        PAGED_PREFILL_WIDTHS.iter().copied().find(|&w| self.head_dim <= w)
+    }
+    /// CTAs per split: row blocks of `Br` packed rows x KV heads x sequences.
+    pub fn ctas_per_split(&self) -> usize {
+        let br = self.width().and_then(TileConfig::for_head_dim).map_or(128, |c| c.block_m);
+        (self.max_seqlen_q * self.group()).div_ceil(br) * self.heads_kv * self.batch
+    }
+}
+
+/// How one launch splits the keys, its grid and the workspace it needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PagedPrefillPlan {
+    pub num_splits: usize,
+    /// Keys per split, a multiple of [`SPLIT_GRANULE`] (meaningful when `num_splits > 1`).
+    pub split_tokens: usize,
+    /// (row blocks · num_splits, Hkv, B).
+    pub grid: [usize; 3],
+    /// fp32 elements of partial O `[num_splits, total_q, Hq, D]` and partial LSE `[num_splits, total_q, Hq]`
+    /// (0 without splitting).
+    pub partial_o_len: usize,
+    pub partial_lse_len: usize,
+}
+
+impl PagedPrefillPlan {
+    /// The plan for `problem` on a GPU of `sm_count` SMs. `forced`: that many splits (capped so that no
+    /// split is empty of its granule). Otherwise: one split when the grid already covers the SMs once (the
+    /// kernel runs one CTA per SM at D = 128) or the context is short; else as many splits as it takes to
+    /// cover the SMs, each at least [`MIN_SPLIT_KEYS`] keys, at most [`MAX_PLANNED_SPLITS`].
+    pub fn new(problem: &PagedPrefillProblem, sm_count: usize, forced: Option<usize>) -> Result<Self> {
+        let width = problem.width().ok_or_else(|| {
+            Error::unsupported("q", format!("head dim {} (paged prefill supports 32..=256)", problem.head_dim))
+        })?;
+        let cfg = TileConfig::for_head_dim(width).expect("every width has a tile config");
+        let ctas = problem.ctas_per_split();
+        let keys = problem.max_seq_len.max(1);
+        let wanted = match forced {
+            Some(0) => return Err(Error::shape("num_splits", "must be at least 1")),
+            Some(n) => n,
+            None if ctas == 0 || ctas >= sm_count || keys < 2 * MIN_SPLIT_KEYS => 1,
+            None => sm_count.div_ceil(ctas).min(keys / MIN_SPLIT_KEYS).clamp(1, MAX_PLANNED_SPLITS),
+        };
+        let (num_splits, split_tokens) = if wanted <= 1 {
+            (1, 0)
+        } else {
+            let split_tokens = keys.div_ceil(wanted).next_multiple_of(SPLIT_GRANULE);
+            (keys.div_ceil(split_tokens).max(1), split_tokens)
+        };
+        let row_blocks = (problem.max_seqlen_q * problem.group()).div_ceil(cfg.block_m);
+        let rows = if num_splits > 1 { problem.total_q * problem.heads_q } else { 0 };
+        let checked =
+            |a: usize, b: usize| a.checked_mul(b).ok_or_else(|| Error::overflow("workspace", "size overflows"));
+        let partial_lse_len = checked(rows, num_splits)?;
+        Ok(Self {
+            num_splits,
+            split_tokens,
+            grid: [row_blocks * num_splits, problem.heads_kv, problem.batch],
+            partial_o_len: checked(partial_lse_len, problem.head_dim)?,
+            partial_lse_len,
+        })
+    }
+}
+
+/// The reusable split-KV workspace of paged prefill (fp32 partial O and LSE) and the SM count plans are
+/// made for. Create it once, outside the layer loop.
+pub struct PagedPrefillWorkspace {
+    partial_o: Buffer,
+    partial_lse: Buffer,
+    sm_count: usize,
+}
+
+impl PagedPrefillWorkspace {
+    /// Room for any plan over at most `max_total_q` packed tokens of `heads_q` heads of `head_dim` with at
+    /// most `max_splits` splits, on `stream`'s backend (a [`Stream::Raw`] has no allocator: Usage error).
+    pub fn with_capacity(
+        stream: &Stream<'_>,
+        max_total_q: usize,
+        heads_q: usize,
+        head_dim: usize,
+        max_splits: usize,
+    ) -> Result<Self> {
+        let lse = max_splits
+            .checked_mul(max_total_q)
+            .and_then(|x| x.checked_mul(heads_q))
+            .ok_or_else(|| Error::overflow("workspace", "size overflows"))?;
+        let o = lse.checked_mul(head_dim).ok_or_else(|| Error::overflow("workspace", "size overflows"))?;
+        Ok(Self {
+            partial_o: Buffer::new(stream, o)?,
+            partial_lse: Buffer::new(stream, lse)?,
+            sm_count: stream_sm_count(stream)?,
+        })
+    }
+
+    /// The SM count plans are made for.
+    pub fn sm_count(&self) -> usize {
+        self.sm_count
+    }
+
+    fn check_fits(&self, plan: &PagedPrefillPlan) -> Result<()> {
+        if plan.partial_o_len > self.partial_o.len() || plan.partial_lse_len > self.partial_lse.len() {
+            return Err(Error::out_of_bounds(
+                "workspace",
+                format!(
+                    "holds {} / {} fp32 partial O / LSE elements, the plan ({} splits) needs {} / {}",
+                    self.partial_o.len(),
+                    self.partial_lse.len(),
+                    plan.num_splits,
+                    plan.partial_o_len,
+                    plan.partial_lse_len
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Validates paged prefill arguments and returns the problem they describe.
+pub fn check_paged_prefill_args<T>(
+    q: &TensorView<'_, T, 3>,
+    cu_seqlens_q: &TensorView<'_, i32, 1>,
+    max_seqlen_q: usize,
+    cache: &PagedKvCache<'_, T>,
+    o: &TensorViewMut<'_, T, 3>,
+    lse: Option<&TensorViewMut<'_, f32, 2>>,
+) -> Result<PagedPrefillProblem> {
+    let [total_q, heads_q, head_dim] = q.shape();
+    let g = cache.geometry();
+    if head_dim % 8 != 0 || !(32..=256).contains(&head_dim) {
+        return Err(Error::unsupported("q", format!("head dim {head_dim} (a multiple of 8 in 32..=256)")));
+    }
+    if g.head_dim != head_dim {
+        return Err(Error::shape("k_cache", format!("head dim {} differs from q's {head_dim}", g.head_dim)));
+    }
+    if heads_q == 0 || heads_q % g.heads_kv != 0 {
+        return Err(Error::shape(
+            "q",
+            format!("{heads_q} query heads are not a positive multiple of the cache's {} KV heads", g.heads_kv),
+        ));
+    }
+    let batch = cache.batch();
+    if cu_seqlens_q.dim(0) != batch + 1 {
+        return Err(Error::shape(
+            "cu_seqlens_q",
+            format!("has {} entries, expected B + 1 = {} (block_table's batch + 1)", cu_seqlens_q.dim(0), batch + 1),
+        ));
+    }
+    o.expect_shape("o", q.shape())?;
+    q.check_rows("q", 16)?;
+    o.check_rows("o", 16)?;
+    o.check_disjoint("o")?;
+    cu_seqlens_q.check_rows("cu_seqlens_q", 4)?;
+    if let Some(lse) = lse {
+        lse.expect_shape("lse", [heads_q, total_q])?;
+        lse.check_rows("lse", 4)?;
+        lse.check_disjoint("lse")?;
+    }
+    if batch > MAX_GRID_YZ || g.heads_kv > MAX_GRID_YZ {
+        return Err(Error::unsupported(
+            "block_table",
+            format!("batch {batch} or {} KV heads (at most {MAX_GRID_YZ})", g.heads_kv),
+        ));
+    }
+    let group = heads_q / g.heads_kv;
+    for (name, rows) in [("q (rows)", total_q), ("max_seqlen_q", max_seqlen_q)] {
+        if rows.saturating_mul(group) > MAX_PREFILL_SEQLEN {
+            return Err(Error::overflow(
+                name,
+                format!("{rows} tokens x {group} heads per KV head exceed {MAX_PREFILL_SEQLEN} rows"),
+            ));
+        }
+    }
+    if let Some(cu) = host_values(cu_seqlens_q) {
+        check_cu_seqlens("cu_seqlens_q", cu, total_q, max_seqlen_q)?;
+    }
+    Ok(PagedPrefillProblem {
+        batch,
+        heads_q,
+        heads_kv: g.heads_kv,
+        head_dim,
+        total_q,
+        max_seqlen_q,
+        max_seq_len: cache.max_seq_len(),
+    })
+}
+
+/// Paged prefill attention, enqueued on `stream`: for sequence b and its new token i (row
+/// `cu_seqlens_q[b] + i` of `q`), `o = softmax(q · K_bᵀ · scale) V_b` over the visible keys of its first
+/// `seq_lens[b]` cached tokens (see the module docs), K/V head `h / (Hq / Hkv)`, with `opts.score_mod`.
+///  - `q`, `o`: `[total_q, Hq, D]`, D a multiple of 8 in 32..=256, unit innermost stride, 16-byte rows;
+///  - `cu_seqlens_q`: int32 `[B + 1]` (B = the cache's batch), contiguous; `max_seqlen_q` bounds every
+///    `q_len_b` (checked on the emulator; on a GPU the kernel clamps cu_seqlens_q to `total_q`);
+///  - `lse`: optional `[Hq, total_q]` natural-log LSE (fp32, unit row stride);
+///  - `workspace`: needed only for split-KV; `None` runs one split.
+///
+/// Returns the plan it followed. Errors name the offending argument.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_prefill<T: Element>(
+    stream: &Stream<'_>,
+    q: &TensorView<'_, T, 3>,
+    cu_seqlens_q: &TensorView<'_, i32, 1>,
+    max_seqlen_q: usize,
+    cache: &PagedKvCache<'_, T>,
+    o: &mut TensorViewMut<'_, T, 3>,
+    lse: Option<&mut TensorViewMut<'_, f32, 2>>,
+    workspace: Option<&mut PagedPrefillWorkspace>,
+    opts: &PagedPrefillOptions,
+) -> Result<PagedPrefillPlan> {
+    opts.score_mod.check_values()?;
+    let problem = check_paged_prefill_args(q, cu_seqlens_q, max_seqlen_q, cache, o, lse.as_deref())?;
+    let scale = softmax_scale(opts.scale, problem.head_dim)?;
+    let plan = match workspace.as_deref() {
+        Some(ws) => PagedPrefillPlan::new(&problem, ws.sm_count(), opts.num_splits)?,
+        None if opts.num_splits.is_some_and(|n| n > 1) => {
+            return Err(Error::usage("paged_prefill: num_splits > 1 needs a PagedPrefillWorkspace"))
+        }
+        None => PagedPrefillPlan::new(&problem, 1, Some(1))?,
+    };
+    if problem.batch == 0 || problem.total_q == 0 || max_seqlen_q == 0 {
+        return Ok(plan);
+    }
+    let split = plan.num_splits > 1;
+    let (mut partial_o, mut partial_lse) = match workspace {
+        Some(ws) => {
+            ws.check_fits(&plan)?;
+            let po = ws.partial_o.view(plan.partial_o_len)?;
+            (Some(po), Some(ws.partial_lse.view(plan.partial_lse_len)?))
+        }
+        None => (None, None),
+    };
+
+    let mut launch = Launch::new(*stream);
+    let score_mod = opts.score_mod.abi(&mut launch, problem.batch, problem.heads_q)?;
+    let q_ptr = launch.input(c"q", q, 16)?;
+    let cu_ptr = launch.input(c"cu_seqlens_q", cu_seqlens_q, 4)?;
+    let k_ptr = launch.input(c"k_cache", &cache.k, 16)?;
+    let v_ptr = launch.input(c"v_cache", &cache.v, 16)?;
+    let table_ptr = launch.input(c"block_table", &cache.block_table, 4)?;
+    let lens_ptr = launch.input(c"seq_lens", &cache.seq_lens, 4)?;
+    let o_strides = o.strides();
+    let o_ptr = launch.output(c"o", o, 16)?;
+    let (lse_ptr, lse_head_stride) = match lse {
+        Some(l) => {
+            let stride = l.strides()[0];
+            (launch.output(c"lse", l, 4)? as *mut f32, stride)
+        }
+        None => (std::ptr::null_mut(), 0),
+    };
+    let (po_ptr, plse_ptr) = match (split, partial_o.as_mut(), partial_lse.as_mut()) {
+        (true, Some(po), Some(pl)) => {
+            (launch.output(c"partial_o", po, 16)? as *mut f32, launch.output(c"partial_lse", pl, 4)? as *mut f32)
+        }
+        _ => (std::ptr::null_mut(), std::ptr::null_mut()),
+    };
+    let cache_abi = abi_cache(
+        &cache.geometry(),
+        cache.k.strides(),
+        cache.v.strides(),
+        (k_ptr as *mut _, v_ptr as *mut _),
+        Some((
+            table_ptr as *const i32,
+            lens_ptr as *const i32,
+            cache.block_table.strides()[0],
+            cache.max_pages_per_seq(),
+        )),
+    )?;
+    let q_strides = q.strides();
+    let params = sys::FaPagedPrefillParams {
+        q: q_ptr,
+        o: o_ptr,
+        lse: lse_ptr,
+        cu_seqlens_q: cu_ptr as *const i32,
+        partial_o: po_ptr,
+        partial_lse: plse_ptr,
+        q_row_stride: q_strides[0],
+        q_head_stride: q_strides[1],
+        o_row_stride: o_strides[0],
+        o_head_stride: o_strides[1],
+        lse_head_stride,
+        cache: cache_abi,
+        batch: to_i32("batch", problem.batch)?,
+        heads_q: to_i32("heads_q", problem.heads_q)?,
+        heads_kv: to_i32("heads_kv", problem.heads_kv)?,
+        head_dim: to_i32("head_dim", problem.head_dim)?,
+        total_q: to_i32("q (rows)", problem.total_q)?,
+        max_seqlen_q: to_i32("max_seqlen_q", max_seqlen_q)?,
+        num_splits: to_i32("num_splits", plan.num_splits)?,
+        split_tokens: to_i32("split_tokens", plan.split_tokens)?,
+        dtype: T::DTYPE.abi(),
+        causal: opts.causal as i32,
+        scale,
+        scale_log2: scale * std::f32::consts::LOG2_E,
+        score_mod,
+    };
+    launch.run("paged_prefill", params, sys::fa_paged_prefill)?;
+    Ok(plan)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problem(batch: usize, hq: usize, hkv: usize, d: usize, q: usize, ctx: usize) -> PagedPrefillProblem {
+        PagedPrefillProblem {
+            batch,
+            heads_q: hq,
+            heads_kv: hkv,
+            head_dim: d,
+            total_q: batch * q,
+            max_seqlen_q: q,
+            max_seq_len: ctx,
+        }
+    }
+
+    #[test]
+    fn widths_round_up() {
+        assert_eq!(problem(1, 1, 1, 40, 1, 1).width(), Some(64));
+        assert_eq!(problem(1, 1, 1, 96, 1, 1).width(), Some(96));
+        assert_eq!(problem(1, 1, 1, 136, 1, 1).width(), Some(256));
+        assert_eq!(problem(1, 1, 1, 264, 1, 1).width(), None);
+    }
+
+    #[test]
+    fn short_chunks_pack_the_group_into_one_cta() {
+        // q_len 4 x G 8 = 32 rows <= Br 128: one row block per KV head.
+        let p = problem(2, 32, 4, 128, 4, 4096);
+        assert_eq!(p.ctas_per_split(), 2 * 4);
+        // 17 x 8 = 136 rows: two row blocks.
+        assert_eq!(problem(1, 8, 1, 128, 17, 64).ctas_per_split(), 2);
+        // D = 256: Br 64.
+        assert_eq!(problem(1, 8, 1, 256, 8, 64).ctas_per_split(), 1);
+        assert_eq!(problem(1, 8, 1, 256, 9, 64).ctas_per_split(), 2);
+    }
+
+    #[test]
+    fn split_policy() {
+        // Few CTAs, long context: split to cover the SMs, at least MIN_SPLIT_KEYS keys each.
+        let p = problem(1, 8, 1, 128, 4, 8192);
+        let plan = PagedPrefillPlan::new(&p, 132, None).unwrap();
+        assert_eq!(plan.num_splits, 8192 / MIN_SPLIT_KEYS);
+        assert_eq!(plan.split_tokens % SPLIT_GRANULE, 0);
+        assert!(plan.split_tokens * plan.num_splits >= 8192);
+        assert!(plan.split_tokens * (plan.num_splits - 1) < 8192, "no empty split");
+        assert_eq!(plan.grid, [plan.num_splits, 1, 1]);
+        assert_eq!(plan.partial_lse_len, plan.num_splits * 4 * 8);
+        assert_eq!(plan.partial_o_len, plan.partial_lse_len * 128);
+        // A grid that covers the SMs, or a short context: no split, no workspace.
+        let big = problem(64, 32, 8, 128, 512, 8192);
+        assert_eq!(PagedPrefillPlan::new(&big, 132, None).unwrap().num_splits, 1);
+        let short = problem(1, 8, 1, 128, 4, 1000);
+        let plan = PagedPrefillPlan::new(&short, 132, None).unwrap();
+        assert_eq!((plan.num_splits, plan.partial_o_len), (1, 0));
+        // Forced: honoured up to one granule per split.
+        let plan = PagedPrefillPlan::new(&short, 132, Some(3)).unwrap();
+        assert_eq!((plan.num_splits, plan.split_tokens), (3, 384));
+        assert_eq!(PagedPrefillPlan::new(&problem(1, 1, 1, 64, 1, 100), 132, Some(8)).unwrap().num_splits, 2);
+        assert!(PagedPrefillPlan::new(&short, 132, Some(0)).is_err());
+        // Never more than MAX_PLANNED_SPLITS.
+        let huge = problem(1, 1, 1, 64, 1, 1 << 24);
+        assert_eq!(PagedPrefillPlan::new(&huge, 1000, None).unwrap().num_splits, MAX_PLANNED_SPLITS);
+    }
+}
