@@ -50,11 +50,13 @@ using prefill::gemm_qk;
 // q_len · G <= Br reads its K/V once and a long chunk tiles like dense prefill; but where dense prefill's
 // registers are full (D = 64, 128, 256: 225-255 of 255), K/V tiles half as wide (Bc), which frees the
 // registers the paged state needs (the page looked up a tile ahead, the ring and row tables, the split
-// range): with dense prefill's Bc these kernels spill 4-16 registers (ptxas, sm_80).
+// range): with dense prefill's Bc these kernels spill 4-16 registers (ptxas, sm_80). D = 96 keeps Bc = 32
+// but one m16 tile per warp (Br = 64): its 128 x 32 tile spills 8 bytes on sm_90a, and 16-key tiles do not
+// split evenly over the threads at 12 chunks per row. src/paged_prefill.rs (`block_rows`) mirrors Br.
 template <int kHeadDim> struct TileConfig;
 template <> struct TileConfig<32> : prefill::TileConfig<32> {};
 template <> struct TileConfig<64> : prefill::TileShape<64, 2, 32, 3> {};
-template <> struct TileConfig<96> : prefill::TileConfig<96> {};
+template <> struct TileConfig<96> : prefill::TileShape<96, 1, 32, 3> {};
 template <> struct TileConfig<128> : prefill::TileShape<128, 2, 16, 3> {};
 template <> struct TileConfig<256> : prefill::TileShape<256, 1, 16, 3> {};
 

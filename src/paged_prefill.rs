@@ -9,8 +9,8 @@
 //! Decode is the case `q_len = 1` (kept as its own kernel, [`crate::decode()`]).
 //!
 //! Efficiency model. A CTA serves one sequence, one KV head and `Br` packed (token, query head) rows of
-//! it (the dense prefill tile), so a chunk with `q_len · G <= Br` (G = Hq / Hkv; Br = 128 for head dims up
-//! to 128, 64 for 256) reads each K/V tile once per KV head, and a long chunk runs the dense prefill tiling.
+//! it (the dense prefill tile), so a chunk with `q_len · G <= Br` (G = Hq / Hkv; Br = [`block_rows`]: 128,
+//! or 64 at widths 96 and 256) reads each K/V tile once per KV head, and a long chunk runs the dense prefill tiling.
 //! When the grid would leave SMs idle (few rows, long context) [`PagedPrefillPlan`] splits the key range;
 //! the fp32 partials are merged on the same stream (sinks enter there, once).
 
@@ -23,7 +23,7 @@ use crate::error::{to_i32, Error, Result};
 use crate::launch::{softmax_scale, Launch};
 use crate::paged::{abi_cache, PagedKvCache};
 use crate::plan::{MAX_GRID_YZ, SPLIT_GRANULE};
-use crate::prefill::{check_cu_seqlens, host_values, TileConfig, MAX_PREFILL_SEQLEN};
+use crate::prefill::{check_cu_seqlens, host_values, MAX_PREFILL_SEQLEN};
 use crate::score_mod::ScoreMod;
 use crate::sys;
 use crate::tensor::{TensorView, TensorViewMut};
@@ -73,6 +73,16 @@ pub struct PagedPrefillProblem {
     pub max_seq_len: usize,
 }
 
+/// Packed rows per CTA (Br) of the paged prefill kernel at instantiated width `width`: mirrors
+/// `TileConfig<W>::kBr` in kernels/paged_prefill.cu (64 at D = 96, whose 128-row tile spills on sm_90a, and
+/// at D = 256; 128 otherwise).
+pub fn block_rows(width: usize) -> usize {
+    match width {
+        96 | 256 => 64,
+        _ => 128,
+    }
+}
+
 impl PagedPrefillProblem {
     /// Query heads per KV head.
     pub fn group(&self) -> usize {
@@ -84,7 +94,7 @@ impl PagedPrefillProblem {
     }
     /// CTAs per split: row blocks of `Br` packed rows x KV heads x sequences.
     pub fn ctas_per_split(&self) -> usize {
-        let br = self.width().and_then(TileConfig::for_head_dim).map_or(128, |c| c.block_m);
+        let br = self.width().map_or(128, block_rows);
         (self.max_seqlen_q * self.group()).div_ceil(br) * self.heads_kv * self.batch
     }
 }
@@ -112,7 +122,6 @@ impl PagedPrefillPlan {
         let width = problem.width().ok_or_else(|| {
             Error::unsupported("q", format!("head dim {} (paged prefill supports 32..=256)", problem.head_dim))
         })?;
-        let cfg = TileConfig::for_head_dim(width).expect("every width has a tile config");
         let ctas = problem.ctas_per_split();
         let keys = problem.max_seq_len.max(1);
         let wanted = match forced {
@@ -127,7 +136,7 @@ impl PagedPrefillPlan {
             let split_tokens = keys.div_ceil(wanted).next_multiple_of(SPLIT_GRANULE);
             (keys.div_ceil(split_tokens).max(1), split_tokens)
         };
-        let row_blocks = (problem.max_seqlen_q * problem.group()).div_ceil(cfg.block_m);
+        let row_blocks = (problem.max_seqlen_q * problem.group()).div_ceil(block_rows(width));
         let rows = if num_splits > 1 { problem.total_q * problem.heads_q } else { 0 };
         let checked =
             |a: usize, b: usize| a.checked_mul(b).ok_or_else(|| Error::overflow("workspace", "size overflows"));

@@ -503,7 +503,7 @@ fn paged_prefill_counters(case: &fused_attn::paged_prefill::cases::PagedPrefillC
     c.kernel("paged_prefill").expect("paged prefill kernel launched").clone()
 }
 
-/// Model: a CTA serves Br packed (token, query head) rows of one KV head (Br = 128 for D ≤ 128, 64 for 256),
+/// Model: a CTA serves Br packed (token, query head) rows of one KV head (Br = `block_rows`: 128, or 64 at D = 96 and 256),
 /// so when q_len · G ≤ Br the whole chunk of a KV head is one CTA per (sequence, KV head, split), which
 /// reads every visible key's K and V rows once; each split reads its own key range. With causal alignment
 /// the last new token sees the whole context, so
@@ -523,6 +523,7 @@ fn paged_prefill_reads_kv_once_per_kv_head_for_short_chunks() {
         (64, (16, 1), 64, 8, 3),
         (256, (8, 2), 16, 16, 1),
         (64, (4, 4), 16, 16, 2),
+        (96, (8, 2), 16, 16, 1),
     ] {
         let lens = [300usize, 77, 1000, 16];
         let seqs: Vec<(usize, usize)> = lens.iter().map(|&k| (q_len.min(k), k)).collect();
