@@ -4,8 +4,8 @@
 mod common;
 
 use fused_attn::paged_prefill::cases::{
-    case, check_case_emulated, paged_prefill_sweep_emulated, paged_prefill_variant_sweep, PagedPrefillCase,
-    PagedPrefillFixture,
+    case, check_case_emulated, check_case_gpu, paged_prefill_sweep_emulated, paged_prefill_variant_sweep,
+    PagedPrefillCase, PagedPrefillFixture,
 };
 use fused_attn::paged_prefill::{paged_prefill, PagedPrefillOptions, PagedPrefillWorkspace};
 use fused_attn::{
@@ -219,4 +219,27 @@ fn bad_input_gives_typed_errors() {
         &PagedPrefillOptions::default(),
     )
     .unwrap();
+}
+
+/// The emulated sweep and variant cases on a GPU (skipped visibly without one; the GPU bundle requires it).
+#[test]
+fn gpu_paged_prefill_sweep() {
+    let Some(ctx) = common::gpu_or_skip("paged_prefill::gpu_paged_prefill_sweep") else { return };
+    let cu = ctx.default_stream();
+    let cases: Vec<PagedPrefillCase> =
+        paged_prefill_sweep_emulated().into_iter().chain(paged_prefill_variant_sweep()).collect();
+    let mut failures = Vec::new();
+    for (i, c) in cases.iter().enumerate().filter(|(i, _)| common::case_selected(*i)) {
+        let outcome = check_case_gpu(&cu, c, common::case_seed(*i)).unwrap();
+        let summary = outcome.summary();
+        eprintln!("[{i}] {}: {summary}", c.label());
+        if !outcome.passed() {
+            failures.push(format!(
+                "[{i}] {}: {summary}\n    {}",
+                c.label(),
+                common::rerun("paged_prefill", "gpu_paged_prefill_sweep", Some(i))
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "gpu_paged_prefill_sweep: {} failing cases:\n{}", failures.len(), failures.join("\n"));
 }
