@@ -230,7 +230,7 @@ fn gpu_paged_prefill_sweep() {
         paged_prefill_sweep_emulated().into_iter().chain(paged_prefill_variant_sweep()).collect();
     let mut failures = Vec::new();
     for (i, c) in cases.iter().enumerate().filter(|(i, _)| common::case_selected(*i)) {
-        let outcome = check_case_gpu(&cu, c, common::case_seed(*i)).unwrap();
+        let outcome = check_case_gpu(&cu, c, common::case_seed(i)).unwrap();
         let summary = outcome.summary();
         eprintln!("[{i}] {}: {summary}", c.label());
         if !outcome.passed() {
