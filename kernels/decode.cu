@@ -52,10 +52,6 @@ namespace decode {
 // and emulator builds never share a symbol in any case: fa/namespace.cuh.)
 namespace {
 
-// Element offsets of one cache row (page and slot folded in) in K and V; k = -1: no data for this row.
-struct alignas(16) RowOffsets {
-  int64_t k, v;
-};
 
 template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void paged_decode_kernel(const FaDecodeParams &p) {
   using Tr = Traits<D>;
@@ -144,9 +140,7 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void paged_decode_
   auto publish_row = [&](int x, int page) {
     const int token = begin + x * kTileTokens + tid;
     if (tid < kTileTokens) {
-      const int slot = cache.offset_in_page(token);
-      const RowOffsets off = page == kNoPage ? RowOffsets{-1, -1} : RowOffsets{cache.k_row(page, slot), cache.v_row(page, slot)};
-      st_shared(row_ring + (x & 1) * kTileTokens + tid, off);
+      st_shared(row_ring + (x & 1) * kTileTokens + tid, cache.row_offsets(page, token));
     }
     if (warp < Tr::kHoleWords) {
       const uint32_t bits = warp_ballot(tid < kTileTokens && page == kNoPage && token < end);

@@ -1,5 +1,5 @@
 // The paged KV cache as device code sees it (one idea: token -> page -> element address), shared by the
-// append and decode kernels. Layout (docs/semantics.md): K and V each [num_pages, page_size, Hkv, D] with i64
+// append, decode and paged prefill kernels. Layout (docs/semantics.md): K and V each [num_pages, page_size, Hkv, D] with i64
 // element strides; block_table int32 [B, max_pages_per_seq]; seq_lens int32 [B]; page_size = 2^log2.
 //
 // Robustness. seq_lens and block_table live in device memory on the GPU backend, so the host can only check
@@ -20,6 +20,13 @@ FA_NAMESPACE_BEGIN
 using Vec16 = uint4;
 
 constexpr int kNoPage = -1;
+
+// Element offsets of one cache row (page and slot folded in) in K and V; k = -1: no data for this row. The
+// unit the paged load paths (decode's and paged prefill's) park per row in their shared-memory rings, so
+// that issuing a tile is one shared load + the cp.async copies per row.
+struct alignas(16) RowOffsets {
+  int64_t k, v;
+};
 
 struct PagedView {
   FaPagedCache c;
@@ -48,6 +55,11 @@ struct PagedView {
   }
   FA_DEVICE int64_t v_row(int page, int slot) const {
     return (int64_t)page * c.v_page_stride + (int64_t)slot * c.v_token_stride;
+  }
+  // The row offsets of token t given its page (page_of), or {-1, -1} for kNoPage.
+  FA_DEVICE RowOffsets row_offsets(int page, int t) const {
+    const int slot = offset_in_page(t);
+    return page == kNoPage ? RowOffsets{-1, -1} : RowOffsets{k_row(page, slot), v_row(page, slot)};
   }
 };
 

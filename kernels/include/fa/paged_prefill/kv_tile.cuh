@@ -19,10 +19,6 @@
 FA_NAMESPACE_BEGIN
 namespace paged_prefill {
 
-// Element offsets of one cache row (page and slot folded in) in K and V; k = -1: no data for this row.
-struct alignas(16) RowOffsets {
-  int64_t k, v;
-};
 
 // 1. The page of key key0 + thread_idx() (threads < kRows), or kNoPage past seq_len / for other threads.
 template <int kRows> FA_DEVICE int lookup_tile_row(const PagedView &cache, int b, int key0, int seq_len) {
@@ -37,8 +33,7 @@ FA_DEVICE void publish_tile_row(RowOffsets *ring, int32_t *holes, const PagedVie
   const int t = thread_idx();
   if (t < kRows) {
     const int key = key0 + t;
-    const int slot = cache.offset_in_page(key);
-    st_shared(ring + t, page == kNoPage ? RowOffsets{-1, -1} : RowOffsets{cache.k_row(page, slot), cache.v_row(page, slot)});
+    st_shared(ring + t, cache.row_offsets(page, key));
     st_shared(holes + t, (int32_t)(key < seq_len && page == kNoPage));
   }
 }
