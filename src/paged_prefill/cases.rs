@@ -15,6 +15,7 @@ use crate::decode::cases::lse_tolerance;
 use crate::dtype::{DType, Element};
 use crate::emu::Emulator;
 use crate::error::Result;
+use crate::fp8::KvCacheOf;
 use crate::paged::PagedKvCache;
 use crate::paged_prefill::{
     paged_prefill, PagedPrefillOptions, PagedPrefillPlan, PagedPrefillWorkspace, MAX_PLANNED_SPLITS,
@@ -252,12 +253,18 @@ impl<T: Element> PagedPrefillFixture<T> {
 
     /// The fp64 reference over the same cache.
     pub fn reference(&self) -> Result<(reference::Output, Vec<f64>)> {
-        let c = &self.case;
         let w = |x: &[T]| x.iter().map(|v| v.to_f64()).collect::<Vec<f64>>();
-        let (q, k, v) = (w(&self.q), w(&self.k_cache), w(&self.v_cache));
+        self.reference_kv(&w(&self.k_cache), &w(&self.v_cache))
+    }
+
+    /// The fp64 reference (and the naive low-precision one) over the cache values `k`, `v` (laid out as
+    /// `k_cache`, e.g. a dequantised FP8 cache) with this fixture's queries, table and variants.
+    pub fn reference_kv(&self, k: &[f64], v: &[f64]) -> Result<(reference::Output, Vec<f64>)> {
+        let c = &self.case;
+        let q: Vec<f64> = self.q.iter().map(|v| v.to_f64()).collect();
         let cache = reference::PagedCache {
-            k_cache: &k,
-            v_cache: &v,
+            k_cache: k,
+            v_cache: v,
             num_pages: self.num_pages,
             page_size: c.page_size,
             heads_kv: c.heads_kv,
@@ -288,14 +295,25 @@ impl<T: Element> PagedPrefillFixture<T> {
     /// overrides the case's. Returns o `[total_q, Hq, D]`, lse `[Hq, total_q]` and the plan.
     pub fn run(&self, stream: &Stream<'_>, num_splits: Option<usize>) -> Result<(Vec<T>, Vec<f32>, PagedPrefillPlan)> {
         let c = &self.case;
-        let (b, hq, d, tq) = (c.batch(), c.heads_q, c.head_dim, c.total_q());
         let cache = PagedKvCache::new(
             TensorView::host(&self.k_cache, self.cache_shape())?,
             TensorView::host(&self.v_cache, self.cache_shape())?,
-            TensorView::host(&self.block_table, [b, self.width])?,
-            TensorView::host(&self.seq_lens, [b])?,
+            TensorView::host(&self.block_table, [c.batch(), self.width])?,
+            TensorView::host(&self.seq_lens, [c.batch()])?,
             c.max_seq_len(),
         )?;
+        self.run_on(stream, &cache, num_splits)
+    }
+
+    /// [`Self::run`] over `cache` (host memory) in place of the fixture's own K/V: e.g. its FP8 codes.
+    pub fn run_on<C: KvCacheOf<T>>(
+        &self,
+        stream: &Stream<'_>,
+        cache: &PagedKvCache<'_, C>,
+        num_splits: Option<usize>,
+    ) -> Result<(Vec<T>, Vec<f32>, PagedPrefillPlan)> {
+        let c = &self.case;
+        let (b, hq, d, tq) = (c.batch(), c.heads_q, c.head_dim, c.total_q());
         let q = TensorView::host(&self.q, [tq, hq, d])?;
         let cu = TensorView::host(&self.cu_seqlens_q, [b + 1])?;
         let mut o = vec![T::nan(); tq * hq * d];
@@ -316,7 +334,7 @@ impl<T: Element> PagedPrefillFixture<T> {
             &q,
             &cu,
             c.max_seqlen_q(),
-            &cache,
+            cache,
             &mut TensorViewMut::host(&mut o, [tq, hq, d])?,
             Some(&mut TensorViewMut::host(&mut lse, [hq, tq])?),
             Some(&mut ws),
