@@ -228,7 +228,10 @@ pub fn check_paged_prefill_args<T: Element, C: KvCacheOf<T>>(
         return Err(Error::unsupported("q", format!("head dim {head_dim} (a multiple of 8 in 32..=256)")));
     }
     if C::KV_DTYPE.fp8().is_some() && head_dim % 16 != 0 {
-        return Err(Error::unsupported("k_cache", format!("head dim {head_dim} (an FP8 cache needs a multiple of 16)")));
+        return Err(Error::unsupported(
+            "k_cache",
+            format!("head dim {head_dim} (an FP8 cache needs a multiple of 16)"),
+        ));
     }
     if g.head_dim != head_dim {
         return Err(Error::shape("k_cache", format!("head dim {} differs from q's {head_dim}", g.head_dim)));

@@ -10,7 +10,8 @@ use fused_attn::paged_prefill::cases::{
     PagedPrefillFixture,
 };
 use fused_attn::paged_prefill::fp8_cases::{
-    check_fp8_case_emulated, fp8_paged_prefill_sweep_emulated, Fp8PagedPrefillCase, Fp8PagedPrefillFixture,
+    check_fp8_case_emulated, fp8_paged_prefill_sweep_emulated, run_fp8_case_gpu, Fp8PagedPrefillCase,
+    Fp8PagedPrefillFixture,
 };
 use fused_attn::paged_prefill::{paged_prefill, PagedPrefillOptions, PagedPrefillWorkspace};
 use fused_attn::{
@@ -245,6 +246,26 @@ fn emulated_fp8_paged_prefill_sweep() {
                 o.summary(),
                 common::rerun("paged_prefill", "emulated_fp8_paged_prefill_sweep", Some(i))
             ));
+        }
+    }
+    assert!(failures.is_empty(), "{} failing cases:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// The FP8 sweep on a GPU (skips visibly without one), judged as on the emulator.
+#[test]
+fn gpu_fp8_paged_prefill_sweep() {
+    let Some(ctx) = common::gpu_or_skip("paged_prefill::gpu_fp8_paged_prefill_sweep") else { return };
+    let cu = ctx.default_stream();
+    let mut failures = Vec::new();
+    for (i, c) in fp8_paged_prefill_sweep_emulated().iter().enumerate().filter(|&(i, _)| common::case_selected(i)) {
+        let run = match c.base.dtype {
+            DType::F16 => run_fp8_case_gpu::<f16>(&cu, c, common::case_seed(i)).map(|r| r.outcome),
+            DType::Bf16 => run_fp8_case_gpu::<bf16>(&cu, c, common::case_seed(i)).map(|r| r.outcome),
+        };
+        let o = run.unwrap_or_else(|e| panic!("[{i}] {}: {e}", c.label()));
+        eprintln!("[{i}] {}: {}", c.label(), o.summary());
+        if !o.passed() || o.quant_rel_l2_err >= 0.1 {
+            failures.push(format!("[{i}] {}: {}", c.label(), o.summary()));
         }
     }
     assert!(failures.is_empty(), "{} failing cases:\n{}", failures.len(), failures.join("\n"));

@@ -4,9 +4,12 @@
 //! values) under the usual tolerance rule; the quantisation error against the 16-bit cache is reported beside
 //! it and bounded by the tests, not judged here.
 
+use std::sync::Arc;
+
+use cudarc::driver::CudaStream;
 use half::{bf16, f16};
 
-use super::cases::{case, PagedPrefillCase, PagedPrefillFixture, PagedPrefillOutcome};
+use super::cases::{case, GpuCase, PagedPrefillCase, PagedPrefillFixture, PagedPrefillOutcome};
 use crate::decode::fp8_cases::{dequantize, quantize, scales_of};
 use crate::dtype::{DType, Element};
 use crate::emu::Emulator;
@@ -17,6 +20,7 @@ use crate::paged_prefill::PagedPrefillPlan;
 use crate::reference;
 use crate::score_mod::{CaseAlibi, CaseVariants};
 use crate::tensor::TensorView;
+use crate::timing::time_launches;
 use crate::Stream;
 
 /// A paged prefill case over an FP8 cache.
@@ -224,10 +228,76 @@ pub fn run_fp8_case_emulated<T: Element>(
 }
 
 /// [`run_fp8_case_emulated`] for the case's dtype, the verdict only.
-pub fn check_fp8_case_emulated(emu: &Emulator, case: &Fp8PagedPrefillCase, seed: u64) -> Result<Fp8PagedPrefillOutcome> {
+pub fn check_fp8_case_emulated(
+    emu: &Emulator,
+    case: &Fp8PagedPrefillCase,
+    seed: u64,
+) -> Result<Fp8PagedPrefillOutcome> {
     match case.base.dtype {
         DType::F16 => run_fp8_case_emulated::<f16>(emu, case, seed).map(|r| r.outcome),
         DType::Bf16 => run_fp8_case_emulated::<bf16>(emu, case, seed).map(|r| r.outcome),
     }
 }
 
+/// Runs an FP8 case on the GPU behind `cu` (outputs poisoned with NaN) and judges it.
+pub fn run_fp8_case_gpu<T: Element>(
+    cu: &Arc<CudaStream>,
+    case: &Fp8PagedPrefillCase,
+    seed: u64,
+) -> Result<Fp8PagedPrefillRun<T>> {
+    fn go<T: Element, C: Fp8Element + KvCacheOf<T>>(
+        cu: &Arc<CudaStream>,
+        f: &Fp8PagedPrefillFixture<T>,
+    ) -> Result<(Vec<T>, Vec<f32>, PagedPrefillPlan)> {
+        let mut g = upload::<T, C>(cu, f)?;
+        let plan = g.run(cu, &f.sixteen)?;
+        let (o, lse) = g.outputs(cu, &f.sixteen.case)?;
+        Ok((o, lse, plan))
+    }
+    let f = Fp8PagedPrefillFixture::<T>::new(case, seed);
+    let (o, lse, plan) = match case.format {
+        Fp8Format::E4m3 => go::<T, Fp8E4m3>(cu, &f)?,
+        Fp8Format::E5m2 => go::<T, Fp8E5m2>(cu, &f)?,
+    };
+    let outcome = judge(&f, seed, plan, &o, &lse)?;
+    Ok(Fp8PagedPrefillRun { fixture: f, o, lse, outcome })
+}
+
+fn upload<T: Element, C: Fp8Element + KvCacheOf<T>>(
+    cu: &Arc<CudaStream>,
+    f: &Fp8PagedPrefillFixture<T>,
+) -> Result<GpuCase<T, C>> {
+    let k: Vec<C> = f.k_codes.iter().map(|&x| C::from_code(x)).collect();
+    let v: Vec<C> = f.v_codes.iter().map(|&x| C::from_code(x)).collect();
+    GpuCase::upload(cu, &f.sixteen, &k, &v, Some(f.scales(&Stream::Gpu(cu))?))
+}
+
+/// GPU timing of an FP8 case (kernel + merge when split), as [`super::cases::time_case_gpu`].
+pub fn time_fp8_case_gpu(
+    cu: &Arc<CudaStream>,
+    case: &Fp8PagedPrefillCase,
+    seed: u64,
+    warmup: usize,
+    iters: usize,
+) -> Result<super::cases::PagedPrefillTiming> {
+    fn go<T: Element, C: Fp8Element + KvCacheOf<T>>(
+        cu: &Arc<CudaStream>,
+        case: &Fp8PagedPrefillCase,
+        seed: u64,
+        warmup: usize,
+        iters: usize,
+    ) -> Result<super::cases::PagedPrefillTiming> {
+        let f = Fp8PagedPrefillFixture::<T>::new(case, seed);
+        let mut g = upload::<T, C>(cu, &f)?;
+        let plan = g.run(cu, &f.sixteen)?;
+        let timing = time_launches(cu, warmup, iters, |_| g.run(cu, &f.sixteen).map(|_| ()))?;
+        let tflops = super::cases::case_flops(&case.base) / (timing.median_ms * 1e-3) / 1e12;
+        Ok(super::cases::PagedPrefillTiming { timing, plan, tflops })
+    }
+    match (case.base.dtype, case.format) {
+        (DType::F16, Fp8Format::E4m3) => go::<f16, Fp8E4m3>(cu, case, seed, warmup, iters),
+        (DType::F16, Fp8Format::E5m2) => go::<f16, Fp8E5m2>(cu, case, seed, warmup, iters),
+        (DType::Bf16, Fp8Format::E4m3) => go::<bf16, Fp8E4m3>(cu, case, seed, warmup, iters),
+        (DType::Bf16, Fp8Format::E5m2) => go::<bf16, Fp8E5m2>(cu, case, seed, warmup, iters),
+    }
+}
