@@ -39,7 +39,7 @@ impl Fp8PagedPrefillCase {
 }
 
 /// The emulated FP8 sweep: both formats x both scale kinds x both dtypes, page sizes 1..256, every
-/// instantiated width (32..256), GQA groups 1..8, q_len 1..200 (short chunks packed into one CTA and a
+/// instantiated width (32..256), GQA groups 1..8, q_len 1..300 (short chunks packed into one CTA and a
 /// multi-block chunk), an empty sequence, a q_len > seq_len one, forced and planned splits, a shared prefix,
 /// and softcap / ALiBi / window + sinks on some. Sized for CI (a few seconds).
 pub fn fp8_paged_prefill_sweep_emulated() -> Vec<Fp8PagedPrefillCase> {
@@ -72,6 +72,7 @@ pub fn fp8_paged_prefill_sweep_emulated() -> Vec<Fp8PagedPrefillCase> {
         with(softcap, DType::Bf16, e4, ph),
         with(alibi, DType::F16, e5, pt),
         with(window, DType::Bf16, e5, ph),
+        with(case(128, (4, 2), 32, &[(300, 400), (2, 50)]), DType::Bf16, e4, ph),
     ]
 }
 
@@ -89,13 +90,20 @@ pub struct Fp8PagedPrefillFixture<T> {
 
 impl<T: Element> Fp8PagedPrefillFixture<T> {
     /// The 16-bit fixture of `case.base` from `seed`, quantised. Per-tensor scales map the amax to the
-    /// format's max; per-head scales leave 3% less room, so the largest values saturate.
+    /// format's max; per-head scales leave 3% less room, so the largest values saturate, and grow with the
+    /// head (x1 .. x2.5, K and V differently) so that a kernel reading another head's scale fails.
     pub fn new(case: &Fp8PagedPrefillCase, seed: u64) -> Self {
         let sixteen = PagedPrefillFixture::<T>::new(&case.base, seed);
         let (hkv, d, f) = (case.base.heads_kv, case.base.head_dim, case.format);
         let headroom = if case.scales == ScaleKind::PerHead { 0.97 } else { 1.0 };
-        let k_scale = scales_of(&sixteen.k_cache, hkv, d, f, case.scales, headroom);
-        let v_scale = scales_of(&sixteen.v_cache, hkv, d, f, case.scales, headroom);
+        let spread = |mut s: Vec<f32>, step: f32| {
+            if s.len() > 1 {
+                s.iter_mut().enumerate().for_each(|(h, x)| *x *= 1.0 + step * h as f32 / (hkv - 1).max(1) as f32);
+            }
+            s
+        };
+        let k_scale = spread(scales_of(&sixteen.k_cache, hkv, d, f, case.scales, headroom), 1.5);
+        let v_scale = spread(scales_of(&sixteen.v_cache, hkv, d, f, case.scales, headroom), 0.75);
         Self {
             k_codes: quantize(&sixteen.k_cache, hkv, d, f, &k_scale),
             v_codes: quantize(&sixteen.v_cache, hkv, d, f, &v_scale),
