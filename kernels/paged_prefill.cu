@@ -21,8 +21,15 @@
 //     S = Q Kᵀ; (softcap, ALiBi); mask (edge tiles only: diagonal, window, ragged end; and keys whose
 //     block-table entry is out of range, on any tile); online softmax; O += P V;
 //   normalise (with the row's sink when unsplit) and store O / LSE, or the split's fp32 partial.
+//
+// FP8 cache (kFp8, issue 17; fa/fp8_tile.cuh): the copies move the FP8 rows as stored (16 elements per
+// 16-byte chunk) into kStages FP8 staging tiles; after the barrier that publishes tile n, every thread
+// converts its chunks of K and V (exactly) into the one 16-bit K/V buffer the tile GEMMs read, a second
+// barrier, and the math runs unchanged. The KV head's dequantisation scales are folded in as decode does:
+// k_scale into the score scale (and ScoreMod's), v_scale into the normalised output (split partials too).
 #include "fa/abi.h"
 #include "fa/attention_state.cuh"
+#include "fa/fp8_tile.cuh"
 #include "fa/intrinsics.cuh"
 #include "fa/mma_tile.cuh"
 #include "fa/online_softmax.cuh"
@@ -65,18 +72,22 @@ template <bool kValue> struct Flag {
   static constexpr bool value = kValue;
 };
 
-// Shared memory: Q (Br x D), kStages K and V buffers (Bc x D each), the two-slot ring of K/V row offsets
-// and three slots of hole flags per key row (fa/paged_prefill/kv_tile.cuh; slot use in the kernel), and
-// each CTA row's token and ALiBi slope (fa/paged_prefill/packed_rows.cuh).
-template <int kHeadDim> struct Smem {
+// Shared memory: Q (Br x D), kStages K and V buffers (Bc x D each; FP8: one 16-bit K and V buffer, the
+// converted tile, then kStages FP8 staging K and V tiles of Bc x D bytes), the two-slot ring of K/V row
+// offsets and three slots of hole flags per key row (fa/paged_prefill/kv_tile.cuh; slot use in the kernel),
+// and each CTA row's token and ALiBi slope (fa/paged_prefill/packed_rows.cuh).
+template <int kHeadDim, bool kFp8> struct Smem {
   using Cfg = TileConfig<kHeadDim>;
-  static constexpr int kRingOffset = Cfg::kSmemBytes;
+  static constexpr int kTile = Cfg::kBc * kHeadDim; // elements of one K or V tile
+  static constexpr int kBuffers = kFp8 ? 1 : Cfg::kStages; // 16-bit K/V buffers
+  static constexpr int kFp8Offset = (Cfg::kBr + 2 * kBuffers * Cfg::kBc) * kHeadDim * 2;
+  static constexpr int kRingOffset = kFp8Offset + (kFp8 ? Cfg::kStages * 2 * kTile : 0);
   static constexpr int kHoleSlots = 3;
   static constexpr int kHoleOffset = kRingOffset + 2 * Cfg::kBc * (int)sizeof(RowOffsets);
   static constexpr int kRowTokenOffset = kHoleOffset + kHoleSlots * Cfg::kBc * 4; // int [kBr]
   static constexpr int kRowSlopeOffset = kRowTokenOffset + Cfg::kBr * 4;          // float [kBr] (ALiBi)
   static constexpr int kBytes = kRowSlopeOffset + Cfg::kBr * 4;
-  static_assert(Cfg::kSmemBytes % 16 == 0, "the ring is 16-byte aligned");
+  static_assert(kRingOffset % 16 == 0 && kFp8Offset % 16 == 0, "the ring and FP8 stages are 16-byte aligned");
   static_assert(kBytes <= 99 * 1024, "must fit the 99 KiB opt-in of sm_86/sm_89");
 };
 
@@ -184,8 +195,10 @@ FA_DEVICE void store_partial(const FaPagedPrefillParams &p, const Rows &r, int s
 
 // The plain kernels handle causal, a right window bound and sinks; the _mod kernels (kVariant) also
 // softcap, ALiBi and a left window bound (fa/score_mod.cuh says why those are compile-time).
-// Grid: (row blocks · num_splits, Hkv, B); block: Cfg::kThreads; dynamic smem: Smem<kHeadDim>::kBytes.
-template <class T, int kHeadDim, bool kVariant> FA_DEVICE void paged_prefill_kernel(const FaPagedPrefillParams &p) {
+// kFp8: an FP8 cache (either format, p.cache.kv_dtype) under 16-bit queries and outputs.
+// Grid: (row blocks · num_splits, Hkv, B); block: Cfg::kThreads; dynamic smem: Smem<kHeadDim, kFp8>::kBytes.
+template <class T, int kHeadDim, bool kVariant, bool kFp8>
+FA_DEVICE void paged_prefill_kernel(const FaPagedPrefillParams &p) {
   using Cfg = TileConfig<kHeadDim>;
   constexpr int kBr = Cfg::kBr;
   constexpr int kBc = Cfg::kBc;
@@ -222,12 +235,14 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void paged_prefill_ker
   const int n_lo = range.n_begin > split_lo ? range.n_begin : split_lo;
   const int n_hi = range.n_end < split_hi ? range.n_end : split_hi;
 
+  using Sm = Smem<kHeadDim, kFp8>;
   T *sQ = dynamic_smem<T>();
   T *sK = sQ + kBr * kHeadDim;
-  T *sV = sK + Cfg::kStages * kTile;
+  T *sV = sK + Sm::kBuffers * kTile;
   unsigned char *smem_bytes = reinterpret_cast<unsigned char *>(sQ);
-  RowOffsets *ring = reinterpret_cast<RowOffsets *>(smem_bytes + Smem<kHeadDim>::kRingOffset); // [2][kBc]
-  int32_t *holes = reinterpret_cast<int32_t *>(smem_bytes + Smem<kHeadDim>::kHoleOffset);     // [3][kBc]
+  [[maybe_unused]] unsigned char *s8 = smem_bytes + Sm::kFp8Offset; // FP8 stage x: K at 2x·kTile, V after
+  RowOffsets *ring = reinterpret_cast<RowOffsets *>(smem_bytes + Sm::kRingOffset); // [2][kBc]
+  int32_t *holes = reinterpret_cast<int32_t *>(smem_bytes + Sm::kHoleOffset);     // [3][kBc]
   // Tile x's page lookups (a tile ahead of its copy), their publication into ring slot x & 1 and hole slot
   // x % 3, and its copy into K/V buffer buf. Slot reuse: tile x is published in the step of tile x + 2
   // (after its math) and copied in the step of tile x + 1 (after its barrier), so a ring slot is rewritten
@@ -239,10 +254,17 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void paged_prefill_ker
   };
   auto issue = [&](int x, int buf) {
     // The KV head's K/V bases, formed here from the parameters rather than kept live across the math.
-    const T *k_head = static_cast<const T *>(p.cache.k_cache) + r.kv_head * p.cache.k_head_stride;
-    const T *v_head = static_cast<const T *>(p.cache.v_cache) + r.kv_head * p.cache.v_head_stride;
-    cp_async_paged_kv_tile<kBc, kHeadDim, Cfg::kThreads>(sK + buf * kTile, sV + buf * kTile, ring + (x & 1) * kBc,
-                                                          k_head, v_head, p.head_dim);
+    if constexpr (kFp8) {
+      const uint8_t *k_head = static_cast<const uint8_t *>(p.cache.k_cache) + r.kv_head * p.cache.k_head_stride;
+      const uint8_t *v_head = static_cast<const uint8_t *>(p.cache.v_cache) + r.kv_head * p.cache.v_head_stride;
+      cp_async_paged_fp8_tile<kBc, kHeadDim, Cfg::kThreads>(s8 + 2 * buf * kTile, s8 + (2 * buf + 1) * kTile,
+                                                            ring + (x & 1) * kBc, k_head, v_head, p.head_dim);
+    } else {
+      const T *k_head = static_cast<const T *>(p.cache.k_cache) + r.kv_head * p.cache.k_head_stride;
+      const T *v_head = static_cast<const T *>(p.cache.v_cache) + r.kv_head * p.cache.v_head_stride;
+      cp_async_paged_kv_tile<kBc, kHeadDim, Cfg::kThreads>(sK + buf * kTile, sV + buf * kTile, ring + (x & 1) * kBc,
+                                                            k_head, v_head, p.head_dim);
+    }
     cp_async_commit();
   };
 
@@ -250,18 +272,20 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void paged_prefill_ker
   // barrier); sinks are read in the epilogue.
   const int warp_row0 = warp_id() * 16 * kMT;
   const bool warp_active = m0 + warp_row0 < r.rows; // else: loads and barriers only
-  int *row_tokens = reinterpret_cast<int *>(smem_bytes + Smem<kHeadDim>::kRowTokenOffset);
-  [[maybe_unused]] float *row_slopes = reinterpret_cast<float *>(smem_bytes + Smem<kHeadDim>::kRowSlopeOffset);
+  int *row_tokens = reinterpret_cast<int *>(smem_bytes + Sm::kRowTokenOffset);
+  [[maybe_unused]] float *row_slopes = reinterpret_cast<float *>(smem_bytes + Sm::kRowSlopeOffset);
   for (int row = thread_idx(); row < kBr; row += Cfg::kThreads) {
     st_shared(row_tokens + row, row_token(r, m0 + row));
     if constexpr (kVariant) st_shared(row_slopes + row, alibi_slope_log2(p.score_mod, r.b, row_head(r, m0 + row)));
   }
-  float softmax_scale_log2 = p.scale_log2;
+  // FP8: the KV head's K dequantisation scale folds into the score scale (raw scores are q · stored k).
+  const float k_scale = kFp8 ? kv_scale(p.cache.k_scale, p.cache.scale_head_stride, r.kv_head) : 1.0f;
+  float softmax_scale_log2 = kFp8 ? p.scale_log2 * k_scale : p.scale_log2;
   [[maybe_unused]] bool has_score_mod = false;
   [[maybe_unused]] ScoreMod mod;
   if constexpr (kVariant) {
     has_score_mod = needs_score_mod(p.score_mod);
-    mod = ScoreMod::make(p.scale, p.scale_log2, p.score_mod.softcap);
+    mod = ScoreMod::make(kFp8 ? p.scale * k_scale : p.scale, softmax_scale_log2, p.score_mod.softcap);
     if (has_score_mod) softmax_scale_log2 = 1.0f; // apply_packed_score_mod maps to the exp2 domain
   }
   const LaneAddress<kHeadDim> a_lane = a_lanes<kHeadDim>();
@@ -290,9 +314,21 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void paged_prefill_ker
       issue(n - 1, next); // into the buffer of tile n + 1 (2 stages) or n + 2 (3), read before the barrier
       page = lookup(n - 2); // consumed after the math, so its latency is hidden
     }
+    int tile = buf; // the 16-bit buffer holding tile n
+    if constexpr (kFp8) {
+      // Tile n's FP8 bytes -> the 16-bit buffer (free: every warp is past step n + 1's math), all threads.
+      using Chunks = SwizzledRowChunks<kHeadDim>;
+      const unsigned char *k8 = s8 + 2 * buf * kTile;
+      convert_fp8_tile<T, Chunks, kHeadDim, kBc>(p.cache.kv_dtype, k8, reinterpret_cast<unsigned char *>(sK),
+                                                 thread_idx(), Cfg::kThreads);
+      convert_fp8_tile<T, Chunks, kHeadDim, kBc>(p.cache.kv_dtype, k8 + kTile, reinterpret_cast<unsigned char *>(sV),
+                                                 thread_idx(), Cfg::kThreads);
+      sync_threads(); // the converted tile is visible to every warp
+      tile = 0;
+    }
     if (warp_active) {
       float s[kMT][kBc / 8][4] = {};
-      gemm_qk<T, Cfg>(s, sQ, sK + buf * kTile, warp_row0, a_lane, k_lane);
+      gemm_qk<T, Cfg>(s, sQ, sK + tile * kTile, warp_row0, a_lane, k_lane);
       // Holes of this tile: one flag per key row, balloted 32 keys at a time (after the GEMM: fewer live
       // registers across it).
       const int lane = lane_id();
@@ -306,7 +342,7 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void paged_prefill_ker
         apply_packed_mask<kVariant>(s, row_tokens, warp_row0, n * kBc, diag, tk, window.left, window.right);
       if (hole_bits != 0) mask_hole_keys(s, hole_bits);
       softmax.update(s, o, softmax_scale_log2);
-      gemm_pv<T, Cfg>(o, s, sV + buf * kTile, a_lane);
+      gemm_pv<T, Cfg>(o, s, sV + tile * kTile, a_lane);
     }
     publish(n - 2, page);
     return next;
@@ -329,6 +365,15 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void paged_prefill_ker
     sinks[k] = p.num_splits == 1 ? sink_logit(p.score_mod, row_head(r, fragment_row(m0 + warp_row0, k))) : kNegInf;
   softmax.finalize(o, lse, softmax_scale_log2, sinks);
   if (!warp_active) return;
+  if constexpr (kFp8) { // V's dequantisation scale, on the normalised rows (the merge is linear in them)
+    const float v_scale = kv_scale(p.cache.v_scale, p.cache.scale_head_stride, r.kv_head);
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int db = 0; db < kHeadDim / 8; ++db)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) o[mt][db][i] *= v_scale;
+  }
   if (p.num_splits == 1) {
     store_rows<T, Cfg>(p, r, m0, warp_row0, sQ, o, lse);
   } else {
@@ -340,13 +385,16 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void paged_prefill_ker
 } // namespace paged_prefill
 FA_NAMESPACE_END
 
-// One kernel per (dtype, instantiated head-dim width, score mod); 4 warps, like dense prefill.
-#define FA_PAGED_PREFILL_KERNEL(name, T, D, kMod)                                                            \
-  FA_KERNEL(name, fa::paged_prefill::TileConfig<D>::kThreads, 1, FaPagedPrefillParams,                             \
-            (fa::paged_prefill::paged_prefill_kernel<T, D, kMod>))
+// One kernel per (dtype, instantiated head-dim width, score mod, cache dtype); 4 warps, like dense prefill.
+#define FA_PAGED_PREFILL_KERNEL(name, T, D, kMod, kFp8)                                                      \
+  FA_KERNEL(name, fa::paged_prefill::TileConfig<D>::kThreads, 1, FaPagedPrefillParams,                       \
+            (fa::paged_prefill::paged_prefill_kernel<T, D, kMod, kFp8>))
+// _fp8: an FP8 cache (either format, chosen at run time) under 16-bit queries and outputs.
 #define FA_PAGED_PREFILL_KERNELS(dt, T, D)                                                                   \
-  FA_PAGED_PREFILL_KERNEL(fa_paged_prefill_##dt##_d##D, T, D, false)                                         \
-  FA_PAGED_PREFILL_KERNEL(fa_paged_prefill_##dt##_d##D##_mod, T, D, true)
+  FA_PAGED_PREFILL_KERNEL(fa_paged_prefill_##dt##_d##D, T, D, false, false)                                  \
+  FA_PAGED_PREFILL_KERNEL(fa_paged_prefill_##dt##_d##D##_mod, T, D, true, false)                             \
+  FA_PAGED_PREFILL_KERNEL(fa_paged_prefill_##dt##_d##D##_fp8, T, D, false, true)                             \
+  FA_PAGED_PREFILL_KERNEL(fa_paged_prefill_##dt##_d##D##_fp8_mod, T, D, true, true)
 FA_PAGED_PREFILL_KERNELS(f16, fa::half_t, 32)
 FA_PAGED_PREFILL_KERNELS(f16, fa::half_t, 64)
 FA_PAGED_PREFILL_KERNELS(f16, fa::half_t, 96)
@@ -366,7 +414,7 @@ namespace {
 // The instantiated widths, smallest first: head_dim runs at the first one >= it.
 constexpr int kWidths[] = {32, 64, 96, 128, 256};
 
-template <int kHeadDim>
+template <int kHeadDim, bool kFp8>
 int launch_paged_prefill(void (*kernel)(FaPagedPrefillParams), const char *name, const FaPagedPrefillParams &p,
                          FaExec *exec) {
   using Cfg = TileConfig<kHeadDim>;
@@ -375,17 +423,21 @@ int launch_paged_prefill(void (*kernel)(FaPagedPrefillParams), const char *name,
   if (m_blocks == 0) return FA_OK; // nothing to compute
   if (m_blocks * p.num_splits > 0x7fffffff) return FA_ERR_INVALID;
   return launch(name, kernel, Dim3{(int)(m_blocks * p.num_splits), p.heads_kv, p.batch}, Cfg::kThreads,
-                Smem<kHeadDim>::kBytes, exec, p);
+                Smem<kHeadDim, kFp8>::kBytes, exec, p);
 }
 
 #define FA_PAGED_PREFILL_CASE(D, kernel)                                                                     \
   case D:                                                                                                    \
-    return mod ? launch_paged_prefill<D>(kernel##_mod, #kernel "_mod", p, exec)                              \
-               : launch_paged_prefill<D>(kernel, #kernel, p, exec)
+    if (fp8)                                                                                                 \
+      return mod ? launch_paged_prefill<D, true>(kernel##_fp8_mod, #kernel "_fp8_mod", p, exec)              \
+                 : launch_paged_prefill<D, true>(kernel##_fp8, #kernel "_fp8", p, exec);                     \
+    return mod ? launch_paged_prefill<D, false>(kernel##_mod, #kernel "_mod", p, exec)                       \
+               : launch_paged_prefill<D, false>(kernel, #kernel, p, exec)
 int dispatch(const FaPagedPrefillParams &p, FaExec *exec) {
   // Softcap, ALiBi or any left window bound need the _mod kernels (a bound that excludes nothing only costs
   // the variant kernel's extra compare; the host does not know the sequence lengths to rule it out).
   const bool mod = needs_score_mod(p.score_mod) || p.score_mod.window_left >= 0;
+  const bool fp8 = p.cache.kv_dtype != FA_KV_SAME;
   int width = 0;
   for (int w : kWidths)
     if (width == 0 && p.head_dim <= w) width = w;
@@ -415,6 +467,13 @@ inline bool valid_params(const FaPagedPrefillParams &p) {
   const FaPagedCache &c = p.cache;
   if (p.batch < 0 || p.heads_kv <= 0 || p.heads_q <= 0 || p.heads_q % p.heads_kv != 0) return false;
   if (p.head_dim < 8 || p.head_dim > 256 || p.head_dim % 8 != 0) return false;
+  const bool fp8 = c.kv_dtype == FA_KV_FP8_E4M3 || c.kv_dtype == FA_KV_FP8_E5M2;
+  if (!fp8 && c.kv_dtype != FA_KV_SAME) return false;
+  if (fp8 && p.head_dim % 16 != 0) return false; // FP8 rows are whole 16-byte chunks: none straddles head_dim
+  // FP8: scales per tensor or per KV head (their values are checked by the Rust layer).
+  if (fp8 && (c.k_scale == nullptr || c.v_scale == nullptr || ((uintptr_t)c.k_scale & 3u) != 0 ||
+              ((uintptr_t)c.v_scale & 3u) != 0 || (c.scale_head_stride != 0 && c.scale_head_stride != 1)))
+    return false;
   if (p.total_q < 0 || p.max_seqlen_q < 0 || p.num_splits < 1) return false;
   if (c.page_size < 1 || c.page_size > 256 || c.page_size != (1 << c.log2_page_size)) return false;
   if (c.max_pages_per_seq < 1 || c.num_pages < 1) return false;
@@ -430,15 +489,18 @@ inline bool valid_params(const FaPagedPrefillParams &p) {
   if (p.num_splits > 1 && (p.split_tokens <= 0 || p.split_tokens % 64 != 0 || p.partial_o == nullptr ||
                            p.partial_lse == nullptr))
     return false;
-  // 16-byte cp.async / stores of every row: aligned bases and element strides (16-bit elements: multiples of 8).
+  // 16-byte cp.async / stores of every row: aligned bases and element strides (16-bit elements: multiples of
+  // 8; FP8 cache elements: of 16).
   const void *ptrs[] = {p.q, p.o, c.k_cache, c.v_cache, p.partial_o};
   for (const void *ptr : ptrs)
     if (((uintptr_t)ptr & 15u) != 0) return false;
-  const int64_t strides[] = {p.q_row_stride, p.q_head_stride, p.o_row_stride, p.o_head_stride,
-                             c.k_page_stride, c.k_token_stride, c.k_head_stride, c.v_page_stride,
-                             c.v_token_stride, c.v_head_stride};
+  const int64_t strides[] = {p.q_row_stride, p.q_head_stride, p.o_row_stride, p.o_head_stride};
   for (int64_t s : strides)
     if (s < 0 || s % 8 != 0) return false;
+  const int64_t cache_strides[] = {c.k_page_stride, c.k_token_stride, c.k_head_stride,
+                                   c.v_page_stride, c.v_token_stride, c.v_head_stride};
+  for (int64_t s : cache_strides)
+    if (s < 0 || s % (fp8 ? 16 : 8) != 0) return false;
   if (((uintptr_t)p.lse & 3u) != 0 || ((uintptr_t)p.partial_lse & 3u) != 0 || p.lse_head_stride < 0) return false;
   if (((uintptr_t)p.cu_seqlens_q & 3u) != 0 || ((uintptr_t)c.block_table & 3u) != 0 ||
       ((uintptr_t)c.seq_lens & 3u) != 0 || c.block_table_stride < 0)
@@ -454,7 +516,6 @@ inline bool valid_params(const FaPagedPrefillParams &p) {
 extern "C" int fa_paged_prefill(FaPagedPrefillParams p, FaExec *exec) {
   using namespace fa::paged_prefill;
   if (!valid_params(p)) return FA_ERR_INVALID;
-  if (p.cache.kv_dtype != FA_KV_SAME) return FA_ERR_UNSUPPORTED; // no FP8 path here yet (fa/fp8_tile.cuh)
   if (p.batch == 0 || p.total_q == 0 || p.max_seqlen_q == 0) return FA_OK;
   const int status = dispatch(p, exec);
   if (status != FA_OK || p.num_splits == 1) return status;

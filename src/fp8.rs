@@ -373,26 +373,9 @@ pub(crate) fn check_cache_dtype<C: KvElement>(dtype: DType, scales: Option<&KvSc
     }
 }
 
-/// For an op that reads a paged cache but has no FP8 path (`op` names it in the error): `Unsupported` for an
-/// FP8 cache, Ok for a 16-bit one. (Paged prefill calls this until it reads FP8 pages through
-/// kernels/include/fa/fp8_tile.cuh.)
-pub fn require_16bit_cache<C: KvElement>(op: &str) -> Result<()> {
-    match C::KV_DTYPE {
-        KvDType::Fp8(f) => Err(Error::unsupported("k_cache", format!("{op} does not read {} caches yet", f.name()))),
-        KvDType::Sixteen(_) => Ok(()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ops_without_an_fp8_path_refuse_fp8_caches() {
-        assert_eq!(require_16bit_cache::<Fp8E4m3>("paged prefill").unwrap_err().kind(), &ErrorKind::Unsupported);
-        assert_eq!(require_16bit_cache::<Fp8E5m2>("paged prefill").unwrap_err().kind(), &ErrorKind::Unsupported);
-        assert!(require_16bit_cache::<half::bf16>("paged prefill").is_ok());
-    }
 
     /// Every code's value, and encode(decode(c)) == c for every non-NaN code (-0 included).
     #[test]

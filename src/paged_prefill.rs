@@ -13,13 +13,21 @@
 //! or 64 at widths 96 and 256) reads each K/V tile once per KV head, and a long chunk runs the dense prefill tiling.
 //! When the grid would leave SMs idle (few rows, long context) [`PagedPrefillPlan`] splits the key range;
 //! the fp32 partials are merged on the same stream (sinks enter there, once).
+//!
+//! FP8 caches (issue 17): the cache may hold [`crate::Fp8E4m3`] / [`crate::Fp8E5m2`] codes with their
+//! dequantisation scales attached ([`PagedKvCache::with_scales`], per tensor or per KV head), as decode
+//! reads them: the kernel copies the FP8 rows (half the K/V bytes), converts them exactly to the query
+//! dtype in shared memory and folds the scales into the math; q and o stay 16-bit. FP8 head dims are
+//! multiples of 16.
 
 pub mod cases;
+pub mod fp8_cases;
 
 use crate::decode::{stream_sm_count, Buffer};
 use crate::device::Stream;
 use crate::dtype::Element;
 use crate::error::{to_i32, Error, Result};
+use crate::fp8::{self, KvCacheOf};
 use crate::launch::{softmax_scale, Launch};
 use crate::paged::{abi_cache, PagedKvCache};
 use crate::plan::{MAX_GRID_YZ, SPLIT_GRANULE};
@@ -205,18 +213,25 @@ impl PagedPrefillWorkspace {
 }
 
 /// Validates paged prefill arguments and returns the problem they describe.
-pub fn check_paged_prefill_args<T>(
+pub fn check_paged_prefill_args<T: Element, C: KvCacheOf<T>>(
     q: &TensorView<'_, T, 3>,
     cu_seqlens_q: &TensorView<'_, i32, 1>,
     max_seqlen_q: usize,
-    cache: &PagedKvCache<'_, T>,
+    cache: &PagedKvCache<'_, C>,
     o: &TensorViewMut<'_, T, 3>,
     lse: Option<&TensorViewMut<'_, f32, 2>>,
 ) -> Result<PagedPrefillProblem> {
     let [total_q, heads_q, head_dim] = q.shape();
     let g = cache.geometry();
+    fp8::check_cache_dtype::<C>(T::DTYPE, cache.scales(), g.heads_kv)?;
     if head_dim % 8 != 0 || !(32..=256).contains(&head_dim) {
         return Err(Error::unsupported("q", format!("head dim {head_dim} (a multiple of 8 in 32..=256)")));
+    }
+    if C::KV_DTYPE.fp8().is_some() && head_dim % 16 != 0 {
+        return Err(Error::unsupported(
+            "k_cache",
+            format!("head dim {head_dim} (an FP8 cache needs a multiple of 16)"),
+        ));
     }
     if g.head_dim != head_dim {
         return Err(Error::shape("k_cache", format!("head dim {} differs from q's {head_dim}", g.head_dim)));
@@ -282,14 +297,17 @@ pub fn check_paged_prefill_args<T>(
 ///  - `lse`: optional `[Hq, total_q]` natural-log LSE (fp32, unit row stride);
 ///  - `workspace`: needed only for split-KV; `None` runs one split.
 ///
+/// The cache may hold FP8 (`C` = [`crate::Fp8E4m3`] / [`crate::Fp8E5m2`], with its scales attached by
+/// [`PagedKvCache::with_scales`], head dim a multiple of 16): attention then uses stored value x scale.
+///
 /// Returns the plan it followed. Errors name the offending argument.
 #[allow(clippy::too_many_arguments)]
-pub fn paged_prefill<T: Element>(
+pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
     stream: &Stream<'_>,
     q: &TensorView<'_, T, 3>,
     cu_seqlens_q: &TensorView<'_, i32, 1>,
     max_seqlen_q: usize,
-    cache: &PagedKvCache<'_, T>,
+    cache: &PagedKvCache<'_, C>,
     o: &mut TensorViewMut<'_, T, 3>,
     lse: Option<&mut TensorViewMut<'_, f32, 2>>,
     workspace: Option<&mut PagedPrefillWorkspace>,
@@ -318,8 +336,13 @@ pub fn paged_prefill<T: Element>(
         None => (None, None),
     };
 
+    let scales_view = cache.scales().map(|s| s.view()).transpose()?;
     let mut launch = Launch::new(*stream);
     let score_mod = opts.score_mod.abi(&mut launch, problem.batch, problem.heads_q)?;
+    let scales_ptr = match &scales_view {
+        Some(view) => Some(launch.input(c"kv_scales", view, 4)?),
+        None => None,
+    };
     let q_ptr = launch.input(c"q", q, 16)?;
     let cu_ptr = launch.input(c"cu_seqlens_q", cu_seqlens_q, 4)?;
     let k_ptr = launch.input(c"k_cache", &cache.k, 16)?;
@@ -341,7 +364,7 @@ pub fn paged_prefill<T: Element>(
         }
         _ => (std::ptr::null_mut(), std::ptr::null_mut()),
     };
-    let cache_abi = abi_cache(
+    let mut cache_abi = abi_cache(
         &cache.geometry(),
         cache.k.strides(),
         cache.v.strides(),
@@ -353,6 +376,7 @@ pub fn paged_prefill<T: Element>(
             cache.max_pages_per_seq(),
         )),
     )?;
+    fp8::fill_abi(&mut cache_abi, C::KV_DTYPE, cache.scales().zip(scales_ptr));
     let q_strides = q.strides();
     let params = sys::FaPagedPrefillParams {
         q: q_ptr,

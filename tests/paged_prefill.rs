@@ -1,17 +1,24 @@
 //! Paged prefill against the fp64 reference on the emulator: the sweep (page sizes 1..256, q_len 1..1000,
 //! contexts to 4k+, GQA groups 1..16, ragged batches, shuffled and shared pages, splits), the score variants,
-//! q_len = 1 against decode, and bad input -> typed errors.
+//! q_len = 1 against decode, and bad input -> typed errors. FP8 caches (issue 17): the emulated FP8 sweep
+//! against the fp64 reference over the stored cache (quantisation error against the 16-bit cache bounded),
+//! the halved K/V reads, and FP8 bad input -> typed errors.
 mod common;
 
 use fused_attn::paged_prefill::cases::{
     case, check_case_emulated, check_case_gpu, paged_prefill_sweep_emulated, paged_prefill_variant_sweep,
     PagedPrefillCase, PagedPrefillFixture,
 };
+use fused_attn::paged_prefill::fp8_cases::{
+    check_fp8_case_emulated, fp8_paged_prefill_sweep_emulated, run_fp8_case_gpu, Fp8PagedPrefillCase,
+    Fp8PagedPrefillFixture,
+};
 use fused_attn::paged_prefill::{paged_prefill, PagedPrefillOptions, PagedPrefillWorkspace};
 use fused_attn::{
-    decode, DecodeOptions, DecodeWorkspace, Emulator, ErrorKind, PagedKvCache, Stream, TensorView, TensorViewMut,
+    decode, DType, DecodeOptions, DecodeWorkspace, Emulator, ErrorKind, Fp8E4m3, Fp8Format, KvScales, PagedKvCache,
+    ScaleKind, Stream, TensorView, TensorViewMut,
 };
-use half::bf16;
+use half::{bf16, f16};
 
 /// Runs every selected case (FA_CASE) and panics listing the failures, each with its rerun command.
 fn sweep(test: &str, cases: &[(usize, PagedPrefillCase)]) {
@@ -242,4 +249,156 @@ fn gpu_paged_prefill_sweep() {
         }
     }
     assert!(failures.is_empty(), "gpu_paged_prefill_sweep: {} failing cases:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// The FP8 sweep (both formats and scale kinds, page sizes 1..256, every width, GQA, splits, variants)
+/// against the fp64 reference over the stored (dequantised) cache; the quantisation error against the
+/// 16-bit cache must stay small against the outputs (|O| ~ 0.25): a wrong scale or a dropped token shows there
+/// even if the kernel matched a wrong reference.
+#[test]
+fn emulated_fp8_paged_prefill_sweep() {
+    let emu = Emulator::new();
+    let mut failures = Vec::new();
+    for (i, c) in fp8_paged_prefill_sweep_emulated().iter().enumerate().filter(|&(i, _)| common::case_selected(i)) {
+        let o = check_fp8_case_emulated(&emu, c, common::case_seed(i)).unwrap();
+        eprintln!("[{i}] {}: {}", c.label(), o.summary());
+        if !o.passed() || o.quant_rel_l2_err >= 0.1 {
+            failures.push(format!(
+                "[{i}] {}: {}\n    {}",
+                c.label(),
+                o.summary(),
+                common::rerun("paged_prefill", "emulated_fp8_paged_prefill_sweep", Some(i))
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{} failing cases:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// The FP8 sweep on a GPU (skips visibly without one), judged as on the emulator.
+#[test]
+fn gpu_fp8_paged_prefill_sweep() {
+    let Some(ctx) = common::gpu_or_skip("paged_prefill::gpu_fp8_paged_prefill_sweep") else { return };
+    let cu = ctx.default_stream();
+    let mut failures = Vec::new();
+    for (i, c) in fp8_paged_prefill_sweep_emulated().iter().enumerate().filter(|&(i, _)| common::case_selected(i)) {
+        let run = match c.base.dtype {
+            DType::F16 => run_fp8_case_gpu::<f16>(&cu, c, common::case_seed(i)).map(|r| r.outcome),
+            DType::Bf16 => run_fp8_case_gpu::<bf16>(&cu, c, common::case_seed(i)).map(|r| r.outcome),
+        };
+        let o = run.unwrap_or_else(|e| panic!("[{i}] {}: {e}", c.label()));
+        eprintln!("[{i}] {}: {}", c.label(), o.summary());
+        if !o.passed() || o.quant_rel_l2_err >= 0.1 {
+            failures.push(format!("[{i}] {}: {}", c.label(), o.summary()));
+        }
+    }
+    assert!(failures.is_empty(), "{} failing cases:\n{}", failures.len(), failures.join("\n"));
+}
+
+fn fp8_case(format: Fp8Format, scales: ScaleKind) -> Fp8PagedPrefillCase {
+    let mut base = case(64, (4, 2), 16, &[(5, 200), (17, 100)]);
+    base.dtype = DType::F16;
+    Fp8PagedPrefillCase { base, format, scales }
+}
+
+/// Over an FP8 cache the kernel reads exactly half the K/V bytes of the 16-bit cache (same fixture, same
+/// pages, one split), and its global reads overall drop accordingly.
+#[test]
+fn fp8_paged_prefill_reads_half_the_kv_bytes() {
+    let emu = Emulator::new();
+    let stream = Stream::Emu(&emu);
+    let f = Fp8PagedPrefillFixture::<f16>::new(&fp8_case(Fp8Format::E5m2, ScaleKind::PerHead), 3);
+    let (o8, _, _) = f.run_format(&stream, Some(1)).unwrap();
+    assert!(o8.iter().all(|x| !x.is_nan()));
+    let fp8 = emu.last_launch_counters().unwrap();
+    f.sixteen.run(&stream, Some(1)).unwrap();
+    let sixteen = emu.last_launch_counters().unwrap();
+    let kv = |l: &fused_attn::LaunchCounters| l.kernels[0].read_of("k_cache") + l.kernels[0].read_of("v_cache");
+    let (kv8, kv16) = (kv(&fp8), kv(&sixteen));
+    assert!(kv16 > 0 && 2 * kv8 == kv16, "FP8 K/V reads {kv8} B, 16-bit {kv16} B");
+    let (all8, all16) = (fp8.kernels[0].global_bytes_read(), sixteen.kernels[0].global_bytes_read());
+    eprintln!("global reads: FP8 {all8} B, 16-bit {all16} B (K/V {kv8} vs {kv16})");
+    let scale_reads = fp8.kernels[0].read_of("kv_scales");
+    assert!(scale_reads > 0, "the kernel reads its scales");
+    assert_eq!(all8 - scale_reads, all16 - (kv16 - kv8), "only the K/V reads differ, and the scales are read");
+}
+
+/// FP8 bad input: a cache without scales, scales for the wrong head count, scales on a 16-bit cache.
+#[test]
+fn bad_fp8_paged_prefill_inputs_are_typed_errors() {
+    let emu = Emulator::new();
+    let stream = Stream::Emu(&emu);
+    let f = Fp8PagedPrefillFixture::<f16>::new(&fp8_case(Fp8Format::E4m3, ScaleKind::PerTensor), 4);
+    let s = &f.sixteen;
+    let c = &s.case;
+    let (b, hq, d, tq) = (c.batch(), c.heads_q, c.head_dim, c.total_q());
+    let k: Vec<Fp8E4m3> = f.k_codes.iter().map(|&x| Fp8E4m3(x)).collect();
+    let v: Vec<Fp8E4m3> = f.v_codes.iter().map(|&x| Fp8E4m3(x)).collect();
+    let cache = || {
+        PagedKvCache::new(
+            TensorView::host(&k, s.cache_shape()).unwrap(),
+            TensorView::host(&v, s.cache_shape()).unwrap(),
+            TensorView::host(&s.block_table, [b, s.width]).unwrap(),
+            TensorView::host(&s.seq_lens, [b]).unwrap(),
+            c.max_seq_len(),
+        )
+        .unwrap()
+    };
+    let three = KvScales::per_head(&stream, &[1.0; 3], &[1.0; 3]).unwrap();
+    assert_eq!(cache().with_scales(&three).err().unwrap().kind(), &ErrorKind::Shape);
+    let q = TensorView::host(&s.q, [tq, hq, d]).unwrap();
+    let cu = TensorView::host(&s.cu_seqlens_q, [b + 1]).unwrap();
+    let mut o = vec![f16::NAN; tq * hq * d];
+    let opts = PagedPrefillOptions::default();
+    let e = paged_prefill(
+        &stream,
+        &q,
+        &cu,
+        c.max_seqlen_q(),
+        &cache(),
+        &mut TensorViewMut::host(&mut o, [tq, hq, d]).unwrap(),
+        None,
+        None,
+        &opts,
+    )
+    .unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Shape, "FP8 cache without scales: {e}");
+    let per_tensor = KvScales::per_tensor(&stream, 0.5, 0.5).unwrap();
+    let cache16 = PagedKvCache::new(
+        TensorView::host(&s.k_cache, s.cache_shape()).unwrap(),
+        TensorView::host(&s.v_cache, s.cache_shape()).unwrap(),
+        TensorView::host(&s.block_table, [b, s.width]).unwrap(),
+        TensorView::host(&s.seq_lens, [b]).unwrap(),
+        c.max_seq_len(),
+    )
+    .unwrap()
+    .with_scales(&per_tensor)
+    .unwrap();
+    let e = paged_prefill(
+        &stream,
+        &q,
+        &cu,
+        c.max_seqlen_q(),
+        &cache16,
+        &mut TensorViewMut::host(&mut o, [tq, hq, d]).unwrap(),
+        None,
+        None,
+        &opts,
+    )
+    .unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Unsupported, "scales on a 16-bit cache: {e}");
+    // And with its scales the FP8 call works.
+    let scales = f.scales(&stream).unwrap();
+    paged_prefill(
+        &stream,
+        &q,
+        &cu,
+        c.max_seqlen_q(),
+        &cache().with_scales(&scales).unwrap(),
+        &mut TensorViewMut::host(&mut o, [tq, hq, d]).unwrap(),
+        None,
+        None,
+        &opts,
+    )
+    .unwrap();
+    assert!(o.iter().all(|x| !x.is_nan()));
 }

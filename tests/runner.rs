@@ -333,12 +333,14 @@ fn npy_header(path: &Path) -> (String, Vec<usize>) {
 }
 
 /// `run --op paged-prefill`: a passing JSON row with its shape, page size and split count, causal by
-/// default (`--no-causal` bidirectional), and its --dump files.
+/// default (`--no-causal` bidirectional), over an FP8 cache (`--kv-dtype`), and its --dump files (of the
+/// last, FP8 run: the stored values as float32 and the scales).
 #[test]
 fn run_emulated_paged_prefill_prints_a_passing_row_and_dumps() {
     let dir = std::env::temp_dir().join(format!("fa-runner-pp-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    for (extra, causal) in [("--num-splits 2", true), ("--no-causal", false)] {
+    let fp8 = "--num-splits 2 --kv-dtype fp8_e5m2 --kv-scale per-head";
+    for (extra, causal) in [("--num-splits 2", true), ("--no-causal", false), (fp8, true)] {
         let o = fused_attn(&format!(
             "run --backend emu --op paged-prefill --batch 2 --heads 8 --kv-heads 2 --seqlen-q 5 --seqlen-k 300 \
              --head-dim 64 --page-size 16 {extra} --json --seed 3 --dump {}",
@@ -355,12 +357,17 @@ fn run_emulated_paged_prefill_prints_a_passing_row_and_dumps() {
         if causal {
             assert_eq!(r["num_splits"], 2, "{r}");
         }
+        let label = r["label"].as_str().unwrap_or_default();
+        assert_eq!(extra == fp8, label.starts_with("fp8_e5m2 per-head"), "{r}");
     }
     for (name, descr, shape) in [
         ("q", "<f4", vec![2, 5, 8, 64]),
         ("out", "<f4", vec![2, 5, 8, 64]),
         ("lse", "<f4", vec![2, 8, 5]),
         ("k", "<f4", vec![2, 300, 2, 64]),
+        ("k_cache", "<f4", vec![19 * 2 + 4, 16, 2, 64]),
+        ("k_scale", "<f4", vec![2]),
+        ("v_scale", "<f4", vec![2]),
         ("block_table", "<i4", vec![2, 19]),
         ("seq_lens", "<i4", vec![2]),
     ] {

@@ -85,7 +85,14 @@ pub struct Fp8Fixture<T> {
 
 /// Scales of one tensor ([pages, page_size, Hkv, D] with NaN in unused slots): amax / max of each head
 /// (or of all), times `headroom` (< 1 saturates the largest values), never 0.
-fn scales_of<T: Element>(x: &[T], hkv: usize, d: usize, format: Fp8Format, kind: ScaleKind, headroom: f64) -> Vec<f32> {
+pub(crate) fn scales_of<T: Element>(
+    x: &[T],
+    hkv: usize,
+    d: usize,
+    format: Fp8Format,
+    kind: ScaleKind,
+    headroom: f64,
+) -> Vec<f32> {
     let mut amax = vec![0f64; hkv];
     for (i, v) in x.iter().enumerate() {
         let v = v.to_f64();

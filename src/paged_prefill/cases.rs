@@ -15,6 +15,7 @@ use crate::decode::cases::lse_tolerance;
 use crate::dtype::{DType, Element};
 use crate::emu::Emulator;
 use crate::error::Result;
+use crate::fp8::{KvCacheOf, KvScales};
 use crate::paged::PagedKvCache;
 use crate::paged_prefill::{
     paged_prefill, PagedPrefillOptions, PagedPrefillPlan, PagedPrefillWorkspace, MAX_PLANNED_SPLITS,
@@ -252,12 +253,18 @@ impl<T: Element> PagedPrefillFixture<T> {
 
     /// The fp64 reference over the same cache.
     pub fn reference(&self) -> Result<(reference::Output, Vec<f64>)> {
-        let c = &self.case;
         let w = |x: &[T]| x.iter().map(|v| v.to_f64()).collect::<Vec<f64>>();
-        let (q, k, v) = (w(&self.q), w(&self.k_cache), w(&self.v_cache));
+        self.reference_kv(&w(&self.k_cache), &w(&self.v_cache))
+    }
+
+    /// The fp64 reference (and the naive low-precision one) over the cache values `k`, `v` (laid out as
+    /// `k_cache`, e.g. a dequantised FP8 cache) with this fixture's queries, table and variants.
+    pub fn reference_kv(&self, k: &[f64], v: &[f64]) -> Result<(reference::Output, Vec<f64>)> {
+        let c = &self.case;
+        let q: Vec<f64> = self.q.iter().map(|v| v.to_f64()).collect();
         let cache = reference::PagedCache {
-            k_cache: &k,
-            v_cache: &v,
+            k_cache: k,
+            v_cache: v,
             num_pages: self.num_pages,
             page_size: c.page_size,
             heads_kv: c.heads_kv,
@@ -288,14 +295,25 @@ impl<T: Element> PagedPrefillFixture<T> {
     /// overrides the case's. Returns o `[total_q, Hq, D]`, lse `[Hq, total_q]` and the plan.
     pub fn run(&self, stream: &Stream<'_>, num_splits: Option<usize>) -> Result<(Vec<T>, Vec<f32>, PagedPrefillPlan)> {
         let c = &self.case;
-        let (b, hq, d, tq) = (c.batch(), c.heads_q, c.head_dim, c.total_q());
         let cache = PagedKvCache::new(
             TensorView::host(&self.k_cache, self.cache_shape())?,
             TensorView::host(&self.v_cache, self.cache_shape())?,
-            TensorView::host(&self.block_table, [b, self.width])?,
-            TensorView::host(&self.seq_lens, [b])?,
+            TensorView::host(&self.block_table, [c.batch(), self.width])?,
+            TensorView::host(&self.seq_lens, [c.batch()])?,
             c.max_seq_len(),
         )?;
+        self.run_on(stream, &cache, num_splits)
+    }
+
+    /// [`Self::run`] over `cache` (host memory) in place of the fixture's own K/V: e.g. its FP8 codes.
+    pub fn run_on<C: KvCacheOf<T>>(
+        &self,
+        stream: &Stream<'_>,
+        cache: &PagedKvCache<'_, C>,
+        num_splits: Option<usize>,
+    ) -> Result<(Vec<T>, Vec<f32>, PagedPrefillPlan)> {
+        let c = &self.case;
+        let (b, hq, d, tq) = (c.batch(), c.heads_q, c.head_dim, c.total_q());
         let q = TensorView::host(&self.q, [tq, hq, d])?;
         let cu = TensorView::host(&self.cu_seqlens_q, [b + 1])?;
         let mut o = vec![T::nan(); tq * hq * d];
@@ -316,7 +334,7 @@ impl<T: Element> PagedPrefillFixture<T> {
             &q,
             &cu,
             c.max_seqlen_q(),
-            &cache,
+            cache,
             &mut TensorViewMut::host(&mut o, [tq, hq, d])?,
             Some(&mut TensorViewMut::host(&mut lse, [hq, tq])?),
             Some(&mut ws),
@@ -399,10 +417,11 @@ pub fn check_case_emulated(emu: &Emulator, case: &PagedPrefillCase, seed: u64) -
     }
 }
 
-/// The fixture's data on the GPU, and a workspace for its plan.
-struct GpuCase<T: Element> {
-    k: CudaSlice<T>,
-    v: CudaSlice<T>,
+/// The fixture's data on the GPU (its cache as `C`: the fixture's own 16-bit values, or FP8 codes with their
+/// scales), and a workspace for its plan.
+pub(crate) struct GpuCase<T: Element, C: KvCacheOf<T>> {
+    k: CudaSlice<C>,
+    v: CudaSlice<C>,
     table: CudaSlice<i32>,
     lens: CudaSlice<i32>,
     cu_q: CudaSlice<i32>,
@@ -411,16 +430,31 @@ struct GpuCase<T: Element> {
     lse: CudaSlice<f32>,
     slopes: CudaSlice<f32>,
     sinks: CudaSlice<f32>,
+    scales: Option<KvScales>,
     ws: PagedPrefillWorkspace,
 }
 
-impl<T: Element> GpuCase<T> {
-    fn upload(cu: &Arc<CudaStream>, f: &PagedPrefillFixture<T>) -> Result<Self> {
+impl<T: Element> GpuCase<T, T> {
+    fn upload16(cu: &Arc<CudaStream>, f: &PagedPrefillFixture<T>) -> Result<Self> {
+        Self::upload(cu, f, &f.k_cache, &f.v_cache, None)
+    }
+}
+
+impl<T: Element, C: KvCacheOf<T>> GpuCase<T, C> {
+    /// Uploads `f` with the cache `k`, `v` (laid out as `f.k_cache`) and its FP8 scales, if any.
+    pub(crate) fn upload(
+        cu: &Arc<CudaStream>,
+        f: &PagedPrefillFixture<T>,
+        k: &[C],
+        v: &[C],
+        scales: Option<KvScales>,
+    ) -> Result<Self> {
         let c = &f.case;
         let (hq, d, tq) = (c.heads_q, c.head_dim, c.total_q());
         Ok(Self {
-            k: cu.clone_htod(&f.k_cache)?,
-            v: cu.clone_htod(&f.v_cache)?,
+            k: cu.clone_htod(k)?,
+            v: cu.clone_htod(v)?,
+            scales,
             table: cu.clone_htod(&f.block_table)?,
             lens: cu.clone_htod(&f.seq_lens)?,
             cu_q: cu.clone_htod(&f.cu_seqlens_q)?,
@@ -439,7 +473,7 @@ impl<T: Element> GpuCase<T> {
         })
     }
 
-    fn run(&mut self, cu: &Arc<CudaStream>, f: &PagedPrefillFixture<T>) -> Result<PagedPrefillPlan> {
+    pub(crate) fn run(&mut self, cu: &Arc<CudaStream>, f: &PagedPrefillFixture<T>) -> Result<PagedPrefillPlan> {
         let c = &f.case;
         let (b, hq, d, tq) = (c.batch(), c.heads_q, c.head_dim, c.total_q());
         let stream = Stream::Gpu(cu);
@@ -450,6 +484,10 @@ impl<T: Element> GpuCase<T> {
             TensorView::gpu(self.lens.as_view(), [b])?,
             c.max_seq_len(),
         )?;
+        let cache = match &self.scales {
+            Some(s) => cache.with_scales(s)?,
+            None => cache,
+        };
         let (slopes, sinks) = (&self.slopes, &self.sinks);
         let variants = VariantViews::new(&c.variants, b, hq, |sink, n| {
             TensorView::gpu((if sink { sinks } else { slopes }).slice(0..n), [n])
@@ -474,6 +512,18 @@ impl<T: Element> GpuCase<T> {
     }
 }
 
+impl<T: Element, C: KvCacheOf<T>> GpuCase<T, C> {
+    /// o `[total_q, Hq, D]` and lse `[Hq, total_q]` back on the host.
+    pub(crate) fn outputs(&self, cu: &Arc<CudaStream>, case: &PagedPrefillCase) -> Result<(Vec<T>, Vec<f32>)> {
+        let n = case.total_q() * case.heads_q;
+        let mut o: Vec<T> = cu.clone_dtoh(&self.o)?;
+        let mut lse: Vec<f32> = cu.clone_dtoh(&self.lse)?;
+        o.truncate(n * case.head_dim);
+        lse.truncate(n);
+        Ok((o, lse))
+    }
+}
+
 /// Runs `case` on the GPU behind `cu` (outputs poisoned with NaN) and judges it.
 pub fn run_case_gpu<T: Element>(
     cu: &Arc<CudaStream>,
@@ -481,13 +531,9 @@ pub fn run_case_gpu<T: Element>(
     seed: u64,
 ) -> Result<PagedPrefillRun<T>> {
     let f = PagedPrefillFixture::<T>::new(case, seed);
-    let mut g = GpuCase::upload(cu, &f)?;
+    let mut g = GpuCase::upload16(cu, &f)?;
     let plan = g.run(cu, &f)?;
-    let n = case.total_q() * case.heads_q;
-    let mut o: Vec<T> = cu.clone_dtoh(&g.o)?;
-    let mut lse: Vec<f32> = cu.clone_dtoh(&g.lse)?;
-    o.truncate(n * case.head_dim);
-    lse.truncate(n);
+    let (o, lse) = g.outputs(cu, case)?;
     let outcome = evaluate(&f, seed, plan, &o, &lse)?;
     Ok(PagedPrefillRun { fixture: f, o, lse, outcome })
 }
@@ -540,7 +586,7 @@ pub fn time_case_gpu(
         iters: usize,
     ) -> Result<PagedPrefillTiming> {
         let f = PagedPrefillFixture::<T>::new(case, seed);
-        let mut g = GpuCase::upload(cu, &f)?;
+        let mut g = GpuCase::upload16(cu, &f)?;
         let plan = g.run(cu, &f)?;
         let timing = time_launches(cu, warmup, iters, |_| g.run(cu, &f).map(|_| ()))?;
         Ok(PagedPrefillTiming { timing, plan, tflops: case_flops(case) / (timing.median_ms * 1e-3) / 1e12 })

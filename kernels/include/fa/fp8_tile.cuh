@@ -8,6 +8,7 @@
 
 #include "fa/intrinsics.cuh"
 #include "fa/paged_view.cuh"
+#include "fa/swizzle.cuh"
 #include "fa/namespace.cuh"
 
 FA_NAMESPACE_BEGIN
@@ -59,6 +60,12 @@ FA_DEVICE void convert_fp8_tile(const unsigned char *src, unsigned char *dst, in
     st_shared(reinterpret_cast<Vec16 *>(dst + Tile::offset(row, 2 * c + 1)), hi);
   }
 }
+// The Tile of convert_fp8_tile for a SwizzledRows<kCols> tile of 16-bit elements (the prefill tile layout,
+// fa/swizzle.cuh): byte offset of 16-byte chunk `chunk` of row `row`.
+template <int kCols> struct SwizzledRowChunks {
+  FA_HOST_DEVICE static int offset(int row, int chunk) { return SwizzledRows<kCols>::offset(row, 8 * chunk) * 2; }
+};
+
 // The same with the format chosen at run time (kv_dtype: FA_KV_FP8_E4M3 or FA_KV_FP8_E5M2; uniform per launch).
 template <class T, class Tile, int D, int kRows>
 FA_DEVICE void convert_fp8_tile(int kv_dtype, const unsigned char *src, unsigned char *dst, int tid, int nthreads) {

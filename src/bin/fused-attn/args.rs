@@ -188,12 +188,12 @@ pub struct RunArgs {
     /// Page size of the KV cache, a power of two in 1..=256 [decode, paged-prefill].
     #[arg(long, default_value_t = 16, value_name = "N")]
     pub page_size: usize,
-    /// Element type of the KV cache [decode only] [default: --dtype]. FP8 caches hold the 16-bit cache
+    /// Element type of the KV cache [decode, paged-prefill] [default: --dtype]. FP8 caches hold the 16-bit cache
     /// quantised with calibrated scales (amax / the format's max); q and the output stay --dtype.
     #[arg(long, value_enum, value_name = "TYPE")]
     pub kv_dtype: Option<KvDTypeArg>,
-    /// FP8 dequantisation scales: one per tensor or one per KV head (K and V separately) [decode, FP8
-    /// --kv-dtype only].
+    /// FP8 dequantisation scales: one per tensor or one per KV head (K and V separately) [decode,
+    /// paged-prefill; FP8 --kv-dtype only].
     #[arg(long, value_enum, default_value_t = KvScaleArg::PerTensor, value_name = "KIND")]
     pub kv_scale: KvScaleArg,
     /// Force the split-KV count [decode, paged-prefill] [default: the planner's choice].
@@ -317,8 +317,8 @@ const OP_ONLY: [(&str, &str, &[Op], &str); 7] = [
     ("no_causal", "--no-causal", &[Op::PagedPrefill], "prefill is bidirectional unless --causal"),
     ("page_size", "--page-size", &[Op::Decode, Op::PagedPrefill], "prefill reads contiguous K/V, not a paged cache"),
     ("num_splits", "--num-splits", &[Op::Decode, Op::PagedPrefill], "prefill does not split the KV range"),
-    ("kv_dtype", "--kv-dtype", &[Op::Decode], "only decode reads FP8 caches so far"),
-    ("kv_scale", "--kv-scale", &[Op::Decode], "only decode reads FP8 caches so far"),
+    ("kv_dtype", "--kv-dtype", &[Op::Decode, Op::PagedPrefill], "prefill reads contiguous 16-bit K/V"),
+    ("kv_scale", "--kv-scale", &[Op::Decode, Op::PagedPrefill], "prefill reads contiguous 16-bit K/V"),
 ];
 
 /// A flag the user gave for an op it does not apply to.
@@ -499,7 +499,10 @@ mod tests {
         run("run --causal --seqlen-q 9");
         run("run --op decode --kv-dtype fp8_e4m3 --kv-scale per-head");
         run("run --op decode --dtype fp16 --kv-dtype fp16");
-        assert!(msg("run --kv-dtype fp8_e5m2").starts_with("--kv-dtype applies to --op decode only"));
+        assert!(
+            msg("run --kv-dtype fp8_e5m2").starts_with("--kv-dtype applies to --op decode or --op paged-prefill only")
+        );
+        run("run --op paged-prefill --kv-dtype fp8_e5m2 --kv-scale per-head");
         let a = run("run --op paged-prefill --seqlen-q 5 --seqlen-k 300 --page-size 64 --num-splits 2 --no-causal");
         assert_eq!(
             (a.op, a.seqlen_q, a.seqlen_k(), a.page_size, a.num_splits),

@@ -8,6 +8,7 @@ use cudarc::driver::CudaStream;
 use fused_attn::decode::cases::{self as dc, DecodeCase};
 use fused_attn::decode::fp8_cases::{self as fc, Fp8DecodeCase};
 use fused_attn::paged_prefill::cases::{self as ppc, PagedPrefillCase};
+use fused_attn::paged_prefill::fp8_cases::{self as pfc, Fp8PagedPrefillCase};
 use fused_attn::prefill::cases::{self as pc, PrefillCase, PrefillFixture, PrefillOutputs};
 use fused_attn::score_mod::{CaseAlibi, CaseVariants};
 use fused_attn::{cost_model, DType, Element, Error, LaunchCounters, Result};
@@ -448,6 +449,82 @@ fn run_paged_prefill_t<T: Element>(
     }
     let o = &r.outcome;
     let mut row = paged_prefill_row("run", backend, c, seed);
+    row.max_abs_err = Some(o.out.max_abs_err);
+    row.rel_l2_err = Some(o.out.rel_l2_err);
+    row.tolerance = Some(o.out.tolerance);
+    row.lse_max_abs_err = Some(o.lse.max_abs_err);
+    row.num_splits = Some(o.plan.num_splits);
+    row.passed = Some(o.passed());
+    row.check = Some("full".into());
+    if !o.passed() {
+        row.error = Some(o.summary());
+    }
+    Ok(with_counters(row, backend, |_| None))
+}
+
+/// `run --op paged-prefill --kv-dtype fp8_*`: as [`run_paged_prefill`] over the FP8 cache; the row's error
+/// columns are against the stored cache, and the label carries the quantisation error against the 16-bit
+/// cache.
+pub fn run_paged_prefill_fp8(
+    backend: &Backend,
+    c: &Fp8PagedPrefillCase,
+    seed: u64,
+    copy_gbps: Option<f64>,
+    dump: Option<&Dump>,
+    progress: &Progress,
+) -> Result<Row> {
+    let b = &c.base;
+    if !b.page_size.is_power_of_two() || b.page_size > 256 {
+        return Err(Error::unsupported("page_size", format!("{} (must be a power of two in 1..=256)", b.page_size)));
+    }
+    let tokens = b.seqs.iter().map(|s| s.1).sum::<usize>();
+    checked_elements(&[
+        &[tokens, b.heads_kv, b.head_dim],
+        &[tokens, b.heads_kv, b.head_dim],
+        &[b.total_q(), b.heads_q, b.head_dim],
+        &[b.total_q(), b.heads_q, b.head_dim],
+    ])?;
+    progress
+        .message(format!("paged-prefill: running on {} and checking against the fp64 reference", backend.describe()));
+    let mut row = match b.dtype {
+        DType::F16 => run_paged_prefill_fp8_t::<f16>(backend, c, seed, dump, progress)?,
+        DType::Bf16 => run_paged_prefill_fp8_t::<bf16>(backend, c, seed, dump, progress)?,
+    };
+    if let (Backend::Gpu { stream, .. }, Some(copy)) = (backend, copy_gbps) {
+        progress.message("paged-prefill: timing on the GPU (CUDA events, median of 20)");
+        match pfc::time_fp8_case_gpu(stream, c, seed, 3, 20) {
+            Ok(t) => {
+                (row.ms, row.tflops, row.copy_gbps) = (Some(t.timing.median_ms), Some(t.tflops), Some(copy));
+            }
+            Err(e) => row = failed(row, &e),
+        }
+    }
+    Ok(row)
+}
+
+fn run_paged_prefill_fp8_t<T: Element>(
+    backend: &Backend,
+    c: &Fp8PagedPrefillCase,
+    seed: u64,
+    dump: Option<&Dump>,
+    progress: &Progress,
+) -> Result<Row> {
+    let r = match backend {
+        Backend::Emu(emu) => pfc::run_fp8_case_emulated::<T>(emu, c, seed)?,
+        Backend::Gpu { stream, .. } => pfc::run_fp8_case_gpu::<T>(stream, c, seed)?,
+    };
+    if let Some(dump) = dump {
+        progress.message("paged-prefill: writing the .npy dump");
+        dump.paged_prefill_fp8(&r)?;
+    }
+    let o = &r.outcome.outcome;
+    let mut row = paged_prefill_row("run", backend, &c.base, seed);
+    row.label = format!(
+        "{} (vs the 16-bit cache: max|err|={:.2e} rel-L2={:.2e})",
+        c.label(),
+        r.outcome.quant_max_abs_err,
+        r.outcome.quant_rel_l2_err
+    );
     row.max_abs_err = Some(o.out.max_abs_err);
     row.rel_l2_err = Some(o.out.rel_l2_err);
     row.tolerance = Some(o.out.tolerance);

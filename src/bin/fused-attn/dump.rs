@@ -9,7 +9,7 @@
 //!   (before scaling; NaN in unowned slots), and k_scale.npy / v_scale.npy float32 [1] or [Hkv] the
 //!   dequantisation scales: the values attention used are k_cache * k_scale[h] (v likewise);
 //! - paged-prefill: q [B, Tq, Hq, D], out [B, Tq, Hq, D], lse [B, Hq, Tq], and the cache, block_table,
-//!   seq_lens, k and v as for decode (seq_lens include the Tq new tokens).
+//!   seq_lens, k and v as for decode (seq_lens include the Tq new tokens); an FP8 cache as for decode.
 
 use std::fs::File;
 use std::io::BufWriter;
@@ -17,7 +17,8 @@ use std::path::{Path, PathBuf};
 
 use fused_attn::decode::cases::DecodeRun;
 use fused_attn::decode::fp8_cases::Fp8DecodeRun;
-use fused_attn::paged_prefill::cases::PagedPrefillRun;
+use fused_attn::paged_prefill::cases::{PagedPrefillFixture, PagedPrefillRun};
+use fused_attn::paged_prefill::fp8_cases::Fp8PagedPrefillRun;
 use fused_attn::prefill::cases::{PrefillFixture, PrefillOutputs};
 use fused_attn::{DType, Element, Error, Result};
 
@@ -154,6 +155,31 @@ impl Dump {
     /// The runner's paged prefill: every sequence has the same Tq (the packed [B·Tq, Hq, D] is [B, Tq, Hq, D]).
     pub fn paged_prefill<T: Element>(&self, r: &PagedPrefillRun<T>) -> Result<()> {
         let f = &r.fixture;
+        let vals = |x: &[T]| x.iter().map(|v| v.to_f64()).collect::<Vec<_>>();
+        self.paged_prefill_with(f, &r.o, &r.lse, &vals(&f.k_cache), &vals(&f.v_cache), Some(T::DTYPE))
+    }
+
+    /// The FP8 paged prefill run's dump: as [`Dump::paged_prefill`] with the caches' stored FP8 values (float32)
+    /// and the scales.
+    pub fn paged_prefill_fp8<T: Element>(&self, r: &Fp8PagedPrefillRun<T>) -> Result<()> {
+        let fx = &r.fixture;
+        let stored = |codes: &[u8]| codes.iter().map(|&x| fx.format.decode(x)).collect::<Vec<f64>>();
+        self.write("k_scale", &[fx.k_scale.len()], NpyData::F32(fx.k_scale.clone()))?;
+        self.write("v_scale", &[fx.v_scale.len()], NpyData::F32(fx.v_scale.clone()))?;
+        self.paged_prefill_with(&fx.sixteen, &r.o, &r.lse, &stored(&fx.k_codes), &stored(&fx.v_codes), None)
+    }
+
+    /// A paged prefill dump with the cache values `kc`, `vc` (laid out as the fixture's cache), written as
+    /// `cache_dtype` (None: float32).
+    fn paged_prefill_with<T: Element>(
+        &self,
+        f: &PagedPrefillFixture<T>,
+        o: &[T],
+        lse_in: &[f32],
+        kc: &[f64],
+        vc: &[f64],
+        cache_dtype: Option<DType>,
+    ) -> Result<()> {
         let c = &f.case;
         let dt = T::DTYPE;
         let (b, tq, hq, hkv, d, ps) = (c.batch(), c.max_seqlen_q(), c.heads_q, c.heads_kv, c.head_dim, c.page_size);
@@ -161,20 +187,24 @@ impl Dump {
             return Err(Error::usage("--dump: paged-prefill dumps need the same Tq for every sequence"));
         }
         let vals = |x: &[T]| x.iter().map(|v| v.to_f64()).collect::<Vec<_>>();
+        let cache = |x: Vec<f64>| match cache_dtype {
+            Some(dt) => encode(dt, x.into_iter()),
+            None => NpyData::F32(x.into_iter().map(|v| v as f32).collect()),
+        };
         self.write("q", &[b, tq, hq, d], encode(dt, vals(&f.q).into_iter()))?;
-        self.write("out", &[b, tq, hq, d], encode(dt, vals(&r.o).into_iter()))?;
+        self.write("out", &[b, tq, hq, d], encode(dt, vals(o).into_iter()))?;
         // lse [Hq, total_q] -> [B, Hq, Tq].
         let mut lse = vec![0f32; b * hq * tq];
         for i in 0..b {
             for h in 0..hq {
                 for t in 0..tq {
-                    lse[(i * hq + h) * tq + t] = r.lse[h * b * tq + i * tq + t];
+                    lse[(i * hq + h) * tq + t] = lse_in[h * b * tq + i * tq + t];
                 }
             }
         }
         self.write("lse", &[b, hq, tq], NpyData::F32(lse))?;
-        self.write("k_cache", &f.cache_shape(), encode(dt, vals(&f.k_cache).into_iter()))?;
-        self.write("v_cache", &f.cache_shape(), encode(dt, vals(&f.v_cache).into_iter()))?;
+        self.write("k_cache", &f.cache_shape(), cache(kc.to_vec()))?;
+        self.write("v_cache", &f.cache_shape(), cache(vc.to_vec()))?;
         self.write("block_table", &[b, f.width], NpyData::I32(&f.block_table))?;
         self.write("seq_lens", &[b], NpyData::I32(&f.seq_lens))?;
         let t = c.max_seq_len();
@@ -184,14 +214,12 @@ impl Dump {
                 let page = f.block_table[i * f.width + j / ps] as usize;
                 let src = (page * ps + j % ps) * hkv * d;
                 let dst = (i * t + j) * hkv * d;
-                for e in 0..hkv * d {
-                    k[dst + e] = f.k_cache[src + e].to_f64();
-                    v[dst + e] = f.v_cache[src + e].to_f64();
-                }
+                k[dst..dst + hkv * d].copy_from_slice(&kc[src..src + hkv * d]);
+                v[dst..dst + hkv * d].copy_from_slice(&vc[src..src + hkv * d]);
             }
         }
-        self.write("k", &[b, t, hkv, d], encode(dt, k.into_iter()))?;
-        self.write("v", &[b, t, hkv, d], encode(dt, v.into_iter()))?;
+        self.write("k", &[b, t, hkv, d], cache(k))?;
+        self.write("v", &[b, t, hkv, d], cache(v))?;
         self.variants(&f.alibi_slopes, &f.sinks, b, hq)
     }
 }

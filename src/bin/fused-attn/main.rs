@@ -19,6 +19,7 @@ use std::path::Path;
 use fused_attn::decode::cases::DecodeCase;
 use fused_attn::decode::fp8_cases::Fp8DecodeCase;
 use fused_attn::paged_prefill::cases::PagedPrefillCase;
+use fused_attn::paged_prefill::fp8_cases::Fp8PagedPrefillCase;
 use fused_attn::prefill::{CaseLayout, PrefillCase};
 use fused_attn::timing::copy_bandwidth_gbps;
 use fused_attn::{Error, ErrorKind, Result};
@@ -91,7 +92,13 @@ fn run(a: &RunArgs, backend: &Backend, out: &mut Output) -> Result<()> {
                 shared_prefix: 0,
                 variants: a.variants(),
             };
-            cases::run_paged_prefill(backend, &case, a.common.seed, copy, dump.as_ref(), &progress)
+            match a.kv_dtype().fp8() {
+                Some(format) => {
+                    let case = Fp8PagedPrefillCase { base: case, format, scales: a.kv_scale() };
+                    cases::run_paged_prefill_fp8(backend, &case, a.common.seed, copy, dump.as_ref(), &progress)
+                }
+                None => cases::run_paged_prefill(backend, &case, a.common.seed, copy, dump.as_ref(), &progress),
+            }
         }
     };
     progress.finish();

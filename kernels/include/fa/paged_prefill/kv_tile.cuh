@@ -1,6 +1,7 @@
 // Paged K/V tiles into shared memory, decode's page-lookup scheme (kernels/decode.cu) for the prefill tile
 // (Bc keys x the instantiated width, the swizzled row layout fa/prefill/tile_math.cuh reads). This is the
-// paged prefill kernel's only global K/V read path, so an FP8 dequantising load can replace it in one place.
+// paged prefill kernel's only global K/V read path (16-bit caches: step 3; FP8 caches: step 3', whose staged
+// bytes fa/fp8_tile.cuh converts into the 16-bit tile).
 //  1. lookup:  thread t < kRows fetches the page of key key0 + t of the tile (one ld_global per key row,
 //              issued a tile ahead of its use so that its latency hides behind a tile of math);
 //  2. publish: the same thread turns it into the row's K/V element offsets in a shared-memory ring slot, and
@@ -55,6 +56,29 @@ FA_DEVICE void cp_async_paged_kv_tile(T *sK, T *sV, const RowOffsets *ring, cons
     // A predicated-off copy reads nothing; its address is the head's row 0 so that no stray pointer is formed.
     cp_async_cg_16(sK + Layout::offset(row, c), copy ? k_head + off.k + c : k_head, copy);
     cp_async_cg_16(sV + Layout::offset(row, c), copy ? v_head + off.v + c : v_head, copy);
+  }
+}
+
+// 3'. An FP8 cache: the tile's rows as stored (one byte per element, 16 elements per cp.async chunk) into
+// row-major, unswizzled FP8 staging tiles of kRows x kCols bytes (what convert_fp8_tile reads). FP8 head
+// dims are multiples of 16 (the launcher checks), so a chunk is either wholly inside the head dim or
+// zero-filled. At kCols = 96 the 6 chunks per row do not split evenly over the threads: the last pass is
+// partial.
+template <int kRows, int kCols, int kThreads>
+FA_DEVICE void cp_async_paged_fp8_tile(unsigned char *sK, unsigned char *sV, const RowOffsets *ring,
+                                       const uint8_t *k_head, const uint8_t *v_head, int head_dim) {
+  constexpr int kChunks = kCols / 16;
+  constexpr int kTotal = kRows * kChunks;
+#pragma unroll
+  for (int i = 0; i < (kTotal + kThreads - 1) / kThreads; ++i) {
+    const int idx = i * kThreads + thread_idx();
+    if (kTotal % kThreads != 0 && idx >= kTotal) break;
+    const int row = idx / kChunks;
+    const int c = (idx % kChunks) * 16;
+    const RowOffsets off = ld_shared(ring + row);
+    const bool copy = off.k >= 0 && c < head_dim;
+    cp_async_cg_16(sK + row * kCols + c, copy ? k_head + off.k + c : k_head, copy);
+    cp_async_cg_16(sV + row * kCols + c, copy ? v_head + off.v + c : v_head, copy);
   }
 }
 
