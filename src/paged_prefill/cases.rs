@@ -61,7 +61,7 @@ impl PagedPrefillCase {
     pub fn cu_seqlens_q(&self) -> Vec<i32> {
         let mut cu = vec![0i32];
         for &(q, _) in &self.seqs {
-            cu.push(cu.last().unwrap() + q as i32);
+            cu.push(cu.last().unwrap() + q as i32); // ok: starts as [0]
         }
         cu
     }
@@ -248,7 +248,8 @@ impl<T: Element> PagedPrefillFixture<T> {
     }
 
     pub fn scale(&self) -> f64 {
-        f64::from(crate::launch::softmax_scale(None, self.case.head_dim).expect("valid head dim"))
+        let scale = crate::launch::softmax_scale(None, self.case.head_dim);
+        f64::from(scale.expect("a harness head dim")) // ok: the cases use valid head dims
     }
 
     /// The fp64 reference over the same cache.

@@ -140,7 +140,8 @@ pub(crate) fn choose(
             if let Some(why) = unsupported_reason(head_dim, score_mod) {
                 return Err(Error::unsupported("prefill kernel sm90", why));
             }
-            Ok(Choice::Sm90(tile().expect("unsupported_reason checked the head dim")))
+            let t = tile().expect("a supported head dim"); // ok: unsupported_reason checked it
+            Ok(Choice::Sm90(t))
         }
     }
 }
