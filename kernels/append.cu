@@ -125,12 +125,8 @@ extern "C" int fa_append(FaAppendParams p, FaExec *exec) {
   if (c.page_size < 1 || c.page_size > 256 || c.page_size != (1 << c.log2_page_size) || c.num_pages < 0)
     return FA_ERR_INVALID;
   if (p.dtype != FA_DTYPE_F16 && p.dtype != FA_DTYPE_BF16) return FA_ERR_UNSUPPORTED;
-  const bool fp8 = c.kv_dtype == FA_KV_FP8_E4M3 || c.kv_dtype == FA_KV_FP8_E5M2;
-  if (!fp8 && c.kv_dtype != FA_KV_SAME) return FA_ERR_INVALID;
-  if (fp8 && (p.head_dim % 16 != 0 || c.k_scale == nullptr || c.v_scale == nullptr ||
-              ((uintptr_t)c.k_scale & 3u) != 0 || ((uintptr_t)c.v_scale & 3u) != 0 ||
-              (c.scale_head_stride != 0 && c.scale_head_stride != 1)))
-    return FA_ERR_INVALID;
+  if (!fa::valid_cache_format(c, p.head_dim)) return FA_ERR_INVALID;
+  const bool fp8 = c.kv_dtype != FA_KV_SAME;
   const int64_t items = (int64_t)p.num_tokens * p.heads_kv * (p.head_dim / (fp8 ? 16 : 8));
   if (items == 0) return FA_OK;
   // Memory safety: every pointer dereferenced, 16-byte aligned rows (bases and element strides).
@@ -141,11 +137,7 @@ extern "C" int fa_append(FaAppendParams p, FaExec *exec) {
   const int64_t strides[] = {p.k_token_stride, p.k_head_stride, p.v_token_stride, p.v_head_stride};
   for (int64_t s : strides)
     if (s < 0 || s % 8 != 0) return FA_ERR_INVALID;
-  // Cache strides: 16 bytes are 8 16-bit or 16 FP8 elements.
-  const int64_t cache_strides[] = {c.k_page_stride, c.k_token_stride, c.k_head_stride,
-                                   c.v_page_stride, c.v_token_stride, c.v_head_stride};
-  for (int64_t s : cache_strides)
-    if (s < 0 || s % (fp8 ? 16 : 8) != 0) return FA_ERR_INVALID;
+  if (!fa::valid_cache_strides(c)) return FA_ERR_INVALID;
   const int64_t blocks = (items + kThreads - 1) / kThreads;
   if (blocks > 0x7fffffff) return FA_ERR_INVALID;
   if (fp8) return FA_LAUNCH(fa_paged_append_fp8, fa::Dim3{(int)blocks, 1, 1}, kThreads, 0, exec, p);

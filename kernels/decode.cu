@@ -44,6 +44,7 @@
 #include "fa/intrinsics.cuh"
 #include "fa/paged_view.cuh"
 #include "fa/score_mod.cuh"
+#include "fa/split_kv.cuh"
 #include "fa/namespace.cuh"
 
 FA_NAMESPACE_BEGIN
@@ -385,40 +386,22 @@ int dispatch(const FaDecodeParams &p, FaExec *exec) {
 
 // Preconditions the Rust layer checks; re-checked here so a bad call fails instead of faulting.
 inline bool valid_params(const FaDecodeParams &p) {
-  const FaPagedCache &c = p.cache;
   if (p.batch < 0 || p.heads_kv <= 0 || p.heads_q <= 0 || p.heads_q % p.heads_kv != 0) return false;
-  if (c.page_size < 1 || c.page_size > 256 || c.page_size != (1 << c.log2_page_size)) return false;
-  if (c.max_pages_per_seq < 1 || c.num_pages < 1) return false;
-  const bool fp8 = c.kv_dtype == FA_KV_FP8_E4M3 || c.kv_dtype == FA_KV_FP8_E5M2;
-  if (!fp8 && c.kv_dtype != FA_KV_SAME) return false;
-  if (fp8 && p.head_dim % 16 != 0) return false; // FP8 rows are whole 16-byte chunks: none straddles head_dim
-  // FP8: scales per tensor or per KV head (their values are checked by the Rust layer).
-  if (fp8 && (c.k_scale == nullptr || c.v_scale == nullptr || ((uintptr_t)c.k_scale & 3u) != 0 ||
-              ((uintptr_t)c.v_scale & 3u) != 0 || (c.scale_head_stride != 0 && c.scale_head_stride != 1)))
-    return false;
+  if (!valid_paged_cache_for_read(p.cache, p.head_dim, p.batch)) return false;
   if (p.num_splits < 1) return false;
   // Memory safety: every pointer the kernel dereferences (lse is optional).
-  if (p.batch > 0 && (p.q == nullptr || p.o == nullptr || c.k_cache == nullptr || c.v_cache == nullptr ||
-                      c.block_table == nullptr || c.seq_lens == nullptr))
-    return false;
+  if (p.batch > 0 && (p.q == nullptr || p.o == nullptr)) return false;
   if (p.num_splits > 1 && (p.split_tokens <= 0 || p.split_tokens % kSplitGranule != 0 || p.partial_o == nullptr ||
                            p.partial_lse == nullptr))
     return false;
-  // 16-byte cp.async / stores of every row: aligned bases and element strides (16-bit elements: multiples of
-  // 8; FP8 cache elements: of 16).
-  const void *ptrs[] = {p.q, p.o, c.k_cache, c.v_cache, p.partial_o};
+  // 16-byte cp.async / stores of every row: aligned bases and element strides (multiples of 8 16-bit elements).
+  const void *ptrs[] = {p.q, p.o, p.partial_o};
   for (const void *ptr : ptrs)
     if (((uintptr_t)ptr & 15u) != 0) return false;
   const int64_t strides[] = {p.q_batch_stride, p.q_head_stride, p.o_batch_stride, p.o_head_stride};
   for (int64_t s : strides)
     if (s < 0 || s % 8 != 0) return false;
-  const int64_t cache_strides[] = {c.k_page_stride, c.k_token_stride, c.k_head_stride,
-                                   c.v_page_stride, c.v_token_stride, c.v_head_stride};
-  for (int64_t s : cache_strides)
-    if (s < 0 || s % (fp8 ? 16 : 8) != 0) return false;
   if (((uintptr_t)p.lse & 3u) != 0 || ((uintptr_t)p.partial_lse & 3u) != 0 || p.lse_batch_stride < 0) return false;
-  if (((uintptr_t)c.block_table & 3u) != 0 || ((uintptr_t)c.seq_lens & 3u) != 0 || c.block_table_stride < 0)
-    return false;
   if (!valid_score_mod(p.score_mod, p.heads_q)) return false;
   const int group = p.heads_q / p.heads_kv;
   const int64_t grid_y = (int64_t)p.heads_kv * ((group + 15) / 16);
@@ -437,30 +420,7 @@ extern "C" int fa_decode(FaDecodeParams p, FaExec *exec) {
   const int status = dispatch(p, exec);
   if (status != FA_OK || p.num_splits == 1) return status;
 
-  // Split-KV: combine the fp32 partials [num_splits, B, Hq, D] / [num_splits, B, Hq] into o / lse.
-  FaMergeParams m = {};
-  m.o_states = p.partial_o;
-  m.lse_states = p.partial_lse;
-  m.o = p.o;
-  m.lse = p.lse;
-  m.o_state_stride = (int64_t)p.batch * p.heads_q * p.head_dim;
-  m.o_outer_stride = (int64_t)p.heads_q * p.head_dim;
-  m.o_inner_stride = p.head_dim;
-  m.lse_state_stride = (int64_t)p.batch * p.heads_q;
-  m.lse_outer_stride = p.heads_q;
-  m.lse_inner_stride = 1;
-  m.o_out_outer_stride = p.o_batch_stride;
-  m.o_out_inner_stride = p.o_head_stride;
-  m.lse_out_outer_stride = p.lse_batch_stride;
-  m.lse_out_inner_stride = 1;
-  m.num_states = p.num_splits;
-  m.rows_outer = p.batch;
-  m.rows_inner = p.heads_q;
-  m.head_dim = p.head_dim;
-  m.states_dtype = FA_DTYPE_F32;
-  m.out_dtype = p.dtype;
-  m.sinks = p.score_mod.sinks; // the partials never include the sink: it enters here, once
-
-  return fa_merge(m, exec);
+  // Split-KV: combine the partials into o [B, Hq, D] / lse [B, Hq], rows = sequences.
+  return fa::merge_split_kv_partials(p, p.batch, p.o_batch_stride, p.lse_batch_stride, 1, exec);
 }
 #endif // FA_HOST_BUILD

@@ -63,4 +63,38 @@ struct PagedView {
   }
 };
 
+#if defined(FA_HOST_BUILD)
+// The launchers' re-checks of a cache descriptor (what the Rust layer validates; they guard memory safety).
+// Its element format: 16-bit (FA_KV_SAME), or FP8 of either format with whole 16-byte chunks per row (head_dim
+// a multiple of 16: none straddles head_dim) and fp32 scales per tensor or per KV head, 4-byte aligned (their
+// values are checked by the Rust layer).
+inline bool valid_cache_format(const FaPagedCache &c, int head_dim) {
+  const bool fp8 = c.kv_dtype == FA_KV_FP8_E4M3 || c.kv_dtype == FA_KV_FP8_E5M2;
+  if (!fp8) return c.kv_dtype == FA_KV_SAME;
+  return head_dim % 16 == 0 && c.k_scale != nullptr && c.v_scale != nullptr && ((uintptr_t)c.k_scale & 3u) == 0 &&
+         ((uintptr_t)c.v_scale & 3u) == 0 && (c.scale_head_stride == 0 || c.scale_head_stride == 1);
+}
+// Its K/V element strides: non-negative, whole 16-byte units (8 16-bit or 16 FP8 elements) for cp.async.
+inline bool valid_cache_strides(const FaPagedCache &c) {
+  const int unit = c.kv_dtype == FA_KV_SAME ? 8 : 16;
+  const int64_t strides[] = {c.k_page_stride, c.k_token_stride, c.k_head_stride,
+                             c.v_page_stride, c.v_token_stride, c.v_head_stride};
+  for (int64_t s : strides)
+    if (s < 0 || s % unit != 0) return false;
+  return true;
+}
+// Everything a reader of `batch` sequences (decode, paged prefill) dereferences through PagedView: the format
+// and strides above, a power-of-two page size up to 256, a non-empty table and pool, 16-byte aligned K/V bases,
+// 4-byte aligned block table and seq_lens, and no null pointer when there is a sequence to read.
+inline bool valid_paged_cache_for_read(const FaPagedCache &c, int head_dim, int batch) {
+  if (!valid_cache_format(c, head_dim) || !valid_cache_strides(c)) return false;
+  if (c.page_size < 1 || c.page_size > 256 || c.page_size != (1 << c.log2_page_size)) return false;
+  if (c.max_pages_per_seq < 1 || c.num_pages < 1) return false;
+  if (batch > 0 && (c.k_cache == nullptr || c.v_cache == nullptr || c.block_table == nullptr || c.seq_lens == nullptr))
+    return false;
+  if (((uintptr_t)c.k_cache & 15u) != 0 || ((uintptr_t)c.v_cache & 15u) != 0) return false;
+  return ((uintptr_t)c.block_table & 3u) == 0 && ((uintptr_t)c.seq_lens & 3u) == 0 && c.block_table_stride >= 0;
+}
+#endif
+
 FA_NAMESPACE_END

@@ -1,0 +1,46 @@
+// Host only: the second launch of a split-KV launcher (decode, paged prefill). Their kernels leave the fp32
+// partials of each split, o [num_splits, rows, Hq, D] and lse [num_splits, rows, Hq] (contiguous, a row being
+// a sequence in decode and a query token in paged prefill); fa_merge (merge.cu) combines them into the
+// caller's o and lse.
+#pragma once
+
+#include "fa/abi.h"
+#include "fa/intrinsics.cuh"
+#include "fa/namespace.cuh"
+
+#if defined(FA_HOST_BUILD)
+FA_NAMESPACE_BEGIN
+
+// Where the merge writes: o[row, h] at o + row * o_row_stride + h * p.o_head_stride, lse[row, h] at
+// lse + row * lse_row_stride + h * lse_head_stride (elements). Params is FaDecodeParams or
+// FaPagedPrefillParams: the partials, outputs, shape, dtype and sinks are read from it under the same names.
+template <class Params>
+int merge_split_kv_partials(const Params &p, int rows, int64_t o_row_stride, int64_t lse_row_stride,
+                            int64_t lse_head_stride, FaExec *exec) {
+  FaMergeParams m = {};
+  m.o_states = p.partial_o;
+  m.lse_states = p.partial_lse;
+  m.o = p.o;
+  m.lse = p.lse;
+  m.o_state_stride = (int64_t)rows * p.heads_q * p.head_dim;
+  m.o_outer_stride = (int64_t)p.heads_q * p.head_dim;
+  m.o_inner_stride = p.head_dim;
+  m.lse_state_stride = (int64_t)rows * p.heads_q;
+  m.lse_outer_stride = p.heads_q;
+  m.lse_inner_stride = 1;
+  m.o_out_outer_stride = o_row_stride;
+  m.o_out_inner_stride = p.o_head_stride;
+  m.lse_out_outer_stride = lse_row_stride;
+  m.lse_out_inner_stride = lse_head_stride;
+  m.num_states = p.num_splits;
+  m.rows_outer = rows;
+  m.rows_inner = p.heads_q;
+  m.head_dim = p.head_dim;
+  m.states_dtype = FA_DTYPE_F32;
+  m.out_dtype = p.dtype;
+  m.sinks = p.score_mod.sinks; // the partials never include the sink: it enters here, once
+  return fa_merge(m, exec);
+}
+
+FA_NAMESPACE_END
+#endif
