@@ -19,7 +19,7 @@ use crate::dtype::Element;
 use crate::error::{to_i32, Error, ErrorKind, Result};
 use crate::fp8::{self, KvCacheOf};
 use crate::launch::Launch;
-use crate::paged::{abi_cache, PagedKvCache};
+use crate::paged::PagedKvCache;
 use crate::plan::{DecodePlan, DecodeProblem};
 use crate::score_mod::ScoreMod;
 use crate::sys;
@@ -53,17 +53,14 @@ pub(crate) enum Buffer {
 }
 
 impl Buffer {
-    pub(crate) fn new(stream: &Stream<'_>, len: usize) -> Result<Self> {
+    /// `len` zeroed fp32 on `stream`'s backend; a [`Stream::Raw`] has no allocator: a Usage error whose
+    /// message `on_raw` tells the caller of the workspace type what to do instead.
+    pub(crate) fn new(stream: &Stream<'_>, len: usize, on_raw: &'static str) -> Result<Self> {
         Ok(match stream {
             // Allocated and zeroed on the caller's stream (stream-ordered, no synchronisation); cudarc frees
             // it on that stream too, after the work enqueued before the drop.
             Stream::Gpu(s) => Buffer::Gpu(s.alloc_zeros::<f32>(len.max(1))?),
-            Stream::Raw(_) => {
-                return Err(Error::new(
-                    ErrorKind::Usage,
-                    "a raw stream's decode workspace is the caller's memory: use DecodeWorkspace::from_device_ptrs",
-                ))
-            }
+            Stream::Raw(_) => return Err(Error::new(ErrorKind::Usage, on_raw)),
             Stream::Emu(_) => Buffer::Host(vec![0.0; len]),
         })
     }
@@ -101,13 +98,17 @@ pub(crate) fn stream_sm_count(stream: &Stream<'_>) -> Result<usize> {
     }
 }
 
+/// Buffer::new's error for a DecodeWorkspace allocated on a raw stream.
+const ON_RAW_STREAM: &str =
+    "a raw stream's decode workspace is the caller's memory: use DecodeWorkspace::from_device_ptrs";
+
 impl DecodeWorkspace {
     /// A workspace of `partial_o_len` / `partial_lse_len` fp32 elements on `stream`'s backend that plans
     /// every call from its own shape.
     pub fn new(stream: &Stream<'_>, partial_o_len: usize, partial_lse_len: usize) -> Result<Self> {
         Ok(Self {
-            partial_o: Buffer::new(stream, partial_o_len)?,
-            partial_lse: Buffer::new(stream, partial_lse_len)?,
+            partial_o: Buffer::new(stream, partial_o_len, ON_RAW_STREAM)?,
+            partial_lse: Buffer::new(stream, partial_lse_len, ON_RAW_STREAM)?,
             sm_count: stream_sm_count(stream)?,
             plan: None,
         })
@@ -293,18 +294,11 @@ pub fn decode<T: Element, C: KvCacheOf<T>>(
     let mut partial_o = workspace.partial_o.view(if split { rows * problem.head_dim } else { 0 })?;
     let mut partial_lse = workspace.partial_lse.view(if split { rows } else { 0 })?;
 
-    let scales_view = cache.scales.map(|s| s.view()).transpose()?;
+    let scales_view = cache.scales_view()?;
     let mut launch = Launch::new(*stream);
     let score_mod = opts.score_mod.abi(&mut launch, problem.batch, problem.heads_q)?;
-    let scales_ptr = match &scales_view {
-        Some(view) => Some(launch.input(c"kv_scales", view, 4)?),
-        None => None,
-    };
     let q_ptr = launch.input(c"q", q, 16)?;
-    let k_ptr = launch.input(c"k_cache", &cache.k, 16)?;
-    let v_ptr = launch.input(c"v_cache", &cache.v, 16)?;
-    let table_ptr = launch.input(c"block_table", &cache.block_table, 4)?;
-    let lens_ptr = launch.input(c"seq_lens", &cache.seq_lens, 4)?;
+    let cache_abi = cache.launch_abi(&mut launch, scales_view.as_ref())?;
     let o_strides = o.strides();
     let o_ptr = launch.output(c"o", o, 16)?;
     let (lse_ptr, lse_batch_stride) = match lse {
@@ -322,15 +316,6 @@ pub fn decode<T: Element, C: KvCacheOf<T>>(
     } else {
         (std::ptr::null_mut(), std::ptr::null_mut())
     };
-    let table_strides = cache.block_table.strides();
-    let mut cache_abi = abi_cache(
-        &cache.geometry(),
-        cache.k.strides(),
-        cache.v.strides(),
-        (k_ptr as *mut _, v_ptr as *mut _),
-        Some((table_ptr as *const i32, lens_ptr as *const i32, table_strides[0], cache.max_pages_per_seq())),
-    )?;
-    fp8::fill_abi(&mut cache_abi, C::KV_DTYPE, cache.scales.zip(scales_ptr));
     let q_strides = q.strides();
     let params = sys::FaDecodeParams {
         q: q_ptr,

@@ -20,7 +20,8 @@
 
 use crate::device::Stream;
 use crate::error::{to_i32, Error, Result};
-use crate::fp8::KvScales;
+use crate::fp8::{self, KvElement, KvScales};
+use crate::launch::Launch;
 use crate::sys;
 use crate::tensor::{Mem, TensorView, TensorViewMut};
 
@@ -203,6 +204,42 @@ impl<'a, T> PagedKvCache<'a, T> {
     }
     pub fn max_seq_len(&self) -> usize {
         self.max_seq_len
+    }
+}
+
+impl<'c, T: KvElement> PagedKvCache<'c, T> {
+    /// The FP8 scales as a launch reads them (`[k..., v...]`), or `None` for a 16-bit cache. Made before the
+    /// [`Launch`] that takes it in [`Self::launch_abi`], so that it outlives the launch.
+    pub(crate) fn scales_view(&self) -> Result<Option<TensorView<'c, f32, 1>>> {
+        self.scales.map(|s| s.view()).transpose()
+    }
+
+    /// The FaPagedCache of a launch that reads this cache (decode, paged prefill): K, V, the block table,
+    /// seq_lens and, for FP8, `scales_view` (from [`Self::scales_view`]) taken as inputs of `launch`.
+    pub(crate) fn launch_abi<'l>(
+        &'l self,
+        launch: &mut Launch<'l>,
+        scales_view: Option<&'l TensorView<'_, f32, 1>>,
+    ) -> Result<sys::FaPagedCache> {
+        let scales_ptr = scales_view.map(|view| launch.input(c"kv_scales", view, 4)).transpose()?;
+        let k_ptr = launch.input(c"k_cache", &self.k, 16)?;
+        let v_ptr = launch.input(c"v_cache", &self.v, 16)?;
+        let table_ptr = launch.input(c"block_table", &self.block_table, 4)?;
+        let lens_ptr = launch.input(c"seq_lens", &self.seq_lens, 4)?;
+        let mut abi = abi_cache(
+            &self.geometry,
+            self.k.strides(),
+            self.v.strides(),
+            (k_ptr as *mut _, v_ptr as *mut _),
+            Some((
+                table_ptr as *const i32,
+                lens_ptr as *const i32,
+                self.block_table.strides()[0],
+                self.max_pages_per_seq(),
+            )),
+        )?;
+        fp8::fill_abi(&mut abi, T::KV_DTYPE, self.scales.zip(scales_ptr));
+        Ok(abi)
     }
 }
 

@@ -29,7 +29,7 @@ use crate::dtype::Element;
 use crate::error::{to_i32, Error, Result};
 use crate::fp8::{self, KvCacheOf};
 use crate::launch::{softmax_scale, Launch};
-use crate::paged::{abi_cache, PagedKvCache};
+use crate::paged::PagedKvCache;
 use crate::plan::{MAX_GRID_YZ, SPLIT_GRANULE};
 use crate::prefill::{check_cu_seqlens, host_values, MAX_PREFILL_SEQLEN};
 use crate::score_mod::ScoreMod;
@@ -167,6 +167,10 @@ pub struct PagedPrefillWorkspace {
     sm_count: usize,
 }
 
+/// Buffer::new's error for a PagedPrefillWorkspace on a raw stream (it has no device-pointer constructor).
+const ON_RAW_STREAM: &str = "a raw stream has no allocator for a PagedPrefillWorkspace: \
+    call paged_prefill without a workspace (one split)";
+
 impl PagedPrefillWorkspace {
     /// Room for any plan over at most `max_total_q` packed tokens of `heads_q` heads of `head_dim` with at
     /// most `max_splits` splits, on `stream`'s backend (a [`Stream::Raw`] has no allocator: Usage error).
@@ -183,8 +187,8 @@ impl PagedPrefillWorkspace {
             .ok_or_else(|| Error::overflow("workspace", "size overflows"))?;
         let o = lse.checked_mul(head_dim).ok_or_else(|| Error::overflow("workspace", "size overflows"))?;
         Ok(Self {
-            partial_o: Buffer::new(stream, o)?,
-            partial_lse: Buffer::new(stream, lse)?,
+            partial_o: Buffer::new(stream, o, ON_RAW_STREAM)?,
+            partial_lse: Buffer::new(stream, lse, ON_RAW_STREAM)?,
             sm_count: stream_sm_count(stream)?,
         })
     }
@@ -336,19 +340,12 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
         None => (None, None),
     };
 
-    let scales_view = cache.scales().map(|s| s.view()).transpose()?;
+    let scales_view = cache.scales_view()?;
     let mut launch = Launch::new(*stream);
     let score_mod = opts.score_mod.abi(&mut launch, problem.batch, problem.heads_q)?;
-    let scales_ptr = match &scales_view {
-        Some(view) => Some(launch.input(c"kv_scales", view, 4)?),
-        None => None,
-    };
     let q_ptr = launch.input(c"q", q, 16)?;
     let cu_ptr = launch.input(c"cu_seqlens_q", cu_seqlens_q, 4)?;
-    let k_ptr = launch.input(c"k_cache", &cache.k, 16)?;
-    let v_ptr = launch.input(c"v_cache", &cache.v, 16)?;
-    let table_ptr = launch.input(c"block_table", &cache.block_table, 4)?;
-    let lens_ptr = launch.input(c"seq_lens", &cache.seq_lens, 4)?;
+    let cache_abi = cache.launch_abi(&mut launch, scales_view.as_ref())?;
     let o_strides = o.strides();
     let o_ptr = launch.output(c"o", o, 16)?;
     let (lse_ptr, lse_head_stride) = match lse {
@@ -364,19 +361,6 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
         }
         _ => (std::ptr::null_mut(), std::ptr::null_mut()),
     };
-    let mut cache_abi = abi_cache(
-        &cache.geometry(),
-        cache.k.strides(),
-        cache.v.strides(),
-        (k_ptr as *mut _, v_ptr as *mut _),
-        Some((
-            table_ptr as *const i32,
-            lens_ptr as *const i32,
-            cache.block_table.strides()[0],
-            cache.max_pages_per_seq(),
-        )),
-    )?;
-    fp8::fill_abi(&mut cache_abi, C::KV_DTYPE, cache.scales().zip(scales_ptr));
     let q_strides = q.strides();
     let params = sys::FaPagedPrefillParams {
         q: q_ptr,
