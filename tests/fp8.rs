@@ -173,9 +173,9 @@ fn append_then_decode_round_trip() {
         v.extend(std::iter::repeat_n(bf16::NAN, row));
         slots.push((s.num_pages * c.page_size + 1) as i64);
         let n = slots.len();
-        let scales = f.scales(&stream).unwrap();
-        let mut k_codes = vec![Fp8Format::NAN_CODE; f.k_codes.len()];
-        let mut v_codes = vec![Fp8Format::NAN_CODE; f.v_codes.len()];
+        let scales = f.fp8.scales(&stream).unwrap();
+        let mut k_codes = vec![Fp8Format::NAN_CODE; f.fp8.k_codes.len()];
+        let mut v_codes = vec![Fp8Format::NAN_CODE; f.fp8.v_codes.len()];
         macro_rules! append_as {
             ($ty:ty) => {{
                 let mut kc: Vec<$ty> = k_codes.iter().map(|&x| <$ty>::from_code(x)).collect();
@@ -204,8 +204,8 @@ fn append_then_decode_round_trip() {
             Fp8Format::E5m2 => append_as!(Fp8E5m2),
         }
         let rerun = common::rerun("fp8", "append_then_decode_round_trip", None);
-        assert!(k_codes == f.k_codes, "{format:?}: appended K differs from the model's quantisation; {rerun}");
-        assert!(v_codes == f.v_codes, "{format:?}: appended V differs; {rerun}");
+        assert!(k_codes == f.fp8.k_codes, "{format:?}: appended K differs from the model's quantisation; {rerun}");
+        assert!(v_codes == f.fp8.v_codes, "{format:?}: appended V differs; {rerun}");
         // Decode over the appended cache (the same bytes as the fixture's, so the sweep's check applies).
         let o = check_fp8_case_emulated(&emu, &case, seed).unwrap();
         assert!(o.passed(), "{}: {}; {rerun}", case.label(), o.summary());
@@ -283,8 +283,7 @@ fn bad_fp8_inputs_are_typed_errors() {
     let s = &f.sixteen;
     let c = &s.case;
     let (b, hq, d) = (c.batch(), c.heads_q, c.head_dim);
-    let k: Vec<Fp8E4m3> = f.k_codes.iter().map(|&x| Fp8E4m3(x)).collect();
-    let v: Vec<Fp8E4m3> = f.v_codes.iter().map(|&x| Fp8E4m3(x)).collect();
+    let (k, v) = f.fp8.codes::<Fp8E4m3>();
     let cache = || {
         PagedKvCache::new(
             TensorView::host(&k, s.cache_shape()).unwrap(),

@@ -1026,8 +1026,8 @@ fn gpu_vs_emu_fp8_decode() {
     let shape3 = [n, case.base.heads_kv, case.base.head_dim];
     let (emu_k, emu_v) = {
         let stream = Stream::Emu(&emu);
-        let scales = f.scales(&stream).unwrap();
-        let (mut kc, mut vc) = (vec![Fp8E4m3(0); f.k_codes.len()], vec![Fp8E4m3(0); f.v_codes.len()]);
+        let scales = f.fp8.scales(&stream).unwrap();
+        let (mut kc, mut vc) = (vec![Fp8E4m3(0); f.fp8.k_codes.len()], vec![Fp8E4m3(0); f.fp8.v_codes.len()]);
         let mut cache = PagedKvCacheMut::new(
             TensorViewMut::host(&mut kc, sx.cache_shape()).unwrap(),
             TensorViewMut::host(&mut vc, sx.cache_shape()).unwrap(),
@@ -1046,10 +1046,10 @@ fn gpu_vs_emu_fp8_decode() {
         (kc, vc)
     };
     let stream = Stream::Gpu(&cu);
-    let scales = f.scales(&stream).unwrap();
+    let scales = f.fp8.scales(&stream).unwrap();
     let (dk, dv, ds) = (cu.clone_htod(&k).unwrap(), cu.clone_htod(&v).unwrap(), cu.clone_htod(&slots).unwrap());
-    let mut dkc = cu.alloc_zeros::<Fp8E4m3>(f.k_codes.len()).unwrap();
-    let mut dvc = cu.alloc_zeros::<Fp8E4m3>(f.v_codes.len()).unwrap();
+    let mut dkc = cu.alloc_zeros::<Fp8E4m3>(f.fp8.k_codes.len()).unwrap();
+    let mut dvc = cu.alloc_zeros::<Fp8E4m3>(f.fp8.v_codes.len()).unwrap();
     {
         let mut cache = PagedKvCacheMut::new(
             TensorViewMut::gpu(dkc.as_view_mut(), sx.cache_shape()).unwrap(),

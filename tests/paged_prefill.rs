@@ -331,8 +331,7 @@ fn bad_fp8_paged_prefill_inputs_are_typed_errors() {
     let s = &f.sixteen;
     let c = &s.case;
     let (b, hq, d, tq) = (c.batch(), c.heads_q, c.head_dim, c.total_q());
-    let k: Vec<Fp8E4m3> = f.k_codes.iter().map(|&x| Fp8E4m3(x)).collect();
-    let v: Vec<Fp8E4m3> = f.v_codes.iter().map(|&x| Fp8E4m3(x)).collect();
+    let (k, v) = f.fp8.codes::<Fp8E4m3>();
     let cache = || {
         PagedKvCache::new(
             TensorView::host(&k, s.cache_shape()).unwrap(),
@@ -387,7 +386,7 @@ fn bad_fp8_paged_prefill_inputs_are_typed_errors() {
     .unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::Unsupported, "scales on a 16-bit cache: {e}");
     // And with its scales the FP8 call works.
-    let scales = f.scales(&stream).unwrap();
+    let scales = f.fp8.scales(&stream).unwrap();
     paged_prefill(
         &stream,
         &q,

@@ -15,6 +15,7 @@ use crate::decode::{decode, DecodeOptions, DecodeWorkspace};
 use crate::dtype::{DType, Element};
 use crate::emu::Emulator;
 use crate::error::Result;
+use crate::fp8::{KvCacheOf, KvScales};
 use crate::paged::PagedKvCache;
 use crate::plan::DecodePlan;
 use crate::prefill::cases::VariantViews;
@@ -324,24 +325,13 @@ impl<T: Element> PagedFixture<T> {
             ids.swap(at, last);
         }
         let mut block_table = vec![0i32; case.batch() * width];
-        let row = ps * hkv * d;
-        let mut k_cache = vec![T::nan(); num_pages * row];
-        let mut v_cache = vec![T::nan(); num_pages * row];
         let mut next = 0;
-        for (b, &len) in case.seq_lens.iter().enumerate() {
-            for p in 0..pages_of[b] {
-                block_table[b * width + p] = ids[next];
-                next += 1;
-            }
-            for t in 0..len {
-                let page = block_table[b * width + t / ps] as usize;
-                let base = (page * ps + t % ps) * hkv * d;
-                for i in 0..hkv * d {
-                    k_cache[base + i] = T::from_f64(rng.random_range(-mag..mag));
-                    v_cache[base + i] = T::from_f64(0.25 * mag + rng.random_range(-0.5 * mag..0.5 * mag));
-                }
-            }
+        for (b, &n) in pages_of.iter().enumerate() {
+            block_table[b * width..][..n].copy_from_slice(&ids[next..next + n]);
+            next += n;
         }
+        let tokens = case.seq_lens.iter().enumerate().map(|(b, &len)| (b, 0..len));
+        let (k_cache, v_cache) = fill_cache(&mut rng, [num_pages, ps, hkv, d], &block_table, width, tokens, mag);
         let q = (0..case.batch() * case.heads_q * d).map(|_| T::from_f64(rng.random_range(-mag..mag))).collect();
         let seq_lens = case.seq_lens.iter().map(|&n| n as i32).collect();
         Self {
@@ -430,6 +420,72 @@ impl<T: Element> PagedFixture<T> {
         }
         (k, v)
     }
+
+    /// The fp64 reference (and the naive low-precision one) over the cache values `k`, `v` (laid out as
+    /// `k_cache`: the fixture's own, or a dequantised FP8 cache) with this fixture's queries, table and
+    /// variants.
+    pub fn reference_kv(&self, k: &[f64], v: &[f64]) -> Result<(reference::Output, Vec<f64>)> {
+        let c = &self.case;
+        let cache = reference_cache(k, v, self.cache_shape(), &self.block_table, self.width, &self.seq_lens);
+        let wide = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>();
+        let (slopes, sinks) = (wide(&self.alibi_slopes), wide(&self.sinks));
+        let var = c.variants.reference(&slopes, &sinks);
+        let (scale, q) = (self.scale(), to_f64(&self.q));
+        let exact = reference::paged_decode_with(c.heads_q, scale, &var, &q, &cache)?;
+        let naive = reference::naive_lowp_paged_decode_with(c.heads_q, scale, &var, &q, &cache, T::DTYPE)?;
+        Ok((exact, naive))
+    }
+}
+
+/// The reference's view of a fixture's paged cache: the values `k`, `v` (`[num_pages, page_size, Hkv, D]` =
+/// `shape`) through `block_table` (`width` columns) and `seq_lens`.
+pub(crate) fn reference_cache<'a>(
+    k: &'a [f64],
+    v: &'a [f64],
+    [num_pages, page_size, heads_kv, head_dim]: [usize; 4],
+    block_table: &'a [i32],
+    width: usize,
+    seq_lens: &'a [i32],
+) -> reference::PagedCache<'a> {
+    reference::PagedCache {
+        k_cache: k,
+        v_cache: v,
+        num_pages,
+        page_size,
+        heads_kv,
+        head_dim,
+        block_table,
+        max_pages_per_seq: width,
+        seq_lens,
+    }
+}
+
+/// A fixture's K and V caches (`shape` = `[num_pages, page_size, Hkv, D]`): NaN except in the slots of the
+/// `tokens` (sequence b's token range, placed through its `block_table` row of `width` columns), which get
+/// K uniform in [-mag, mag) and V uniform in 0.25·mag + [-0.5·mag, 0.5·mag) (offset so outputs are not
+/// ~ 0), drawn from `rng` token by token, K and V interleaved.
+pub(crate) fn fill_cache<T: Element>(
+    rng: &mut impl Rng,
+    shape: [usize; 4],
+    block_table: &[i32],
+    width: usize,
+    tokens: impl IntoIterator<Item = (usize, std::ops::Range<usize>)>,
+    mag: f64,
+) -> (Vec<T>, Vec<T>) {
+    let [num_pages, ps, hkv, d] = shape;
+    let mut k_cache = vec![T::nan(); num_pages * ps * hkv * d];
+    let mut v_cache = vec![T::nan(); num_pages * ps * hkv * d];
+    for (b, range) in tokens {
+        for t in range {
+            let page = block_table[b * width + t / ps] as usize;
+            let base = (page * ps + t % ps) * hkv * d;
+            for i in 0..hkv * d {
+                k_cache[base + i] = T::from_f64(rng.random_range(-mag..mag));
+                v_cache[base + i] = T::from_f64(0.25 * mag + rng.random_range(-0.5 * mag..0.5 * mag));
+            }
+        }
+    }
+    (k_cache, v_cache)
 }
 
 /// LSE tolerance (absolute, natural log): the kernel's LSE is fp32 from exactly the reference's inputs.
@@ -496,24 +552,7 @@ pub(crate) fn evaluate_kv<T: Element>(
     lse: &[f32],
 ) -> Result<CaseOutcome> {
     let c = &f.case;
-    let scale = f.scale();
-    let q = to_f64(&f.q);
-    let cache = reference::PagedCache {
-        k_cache: k,
-        v_cache: v,
-        num_pages: f.num_pages,
-        page_size: c.page_size,
-        heads_kv: c.heads_kv,
-        head_dim: c.head_dim,
-        block_table: &f.block_table,
-        max_pages_per_seq: f.width,
-        seq_lens: &f.seq_lens,
-    };
-    let wide = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>();
-    let (slopes, sinks) = (wide(&f.alibi_slopes), wide(&f.sinks));
-    let var = c.variants.reference(&slopes, &sinks);
-    let exact = reference::paged_decode_with(c.heads_q, scale, &var, &q, &cache)?;
-    let naive = reference::naive_lowp_paged_decode_with(c.heads_q, scale, &var, &q, &cache, T::DTYPE)?;
+    let (exact, naive) = f.reference_kv(k, v)?;
     let bound = exact.out_bound(Some(T::DTYPE), Some(T::DTYPE));
     let ours = to_f64(o);
     let ours_lse: Vec<f64> = lse.iter().map(|&x| x as f64).collect();
@@ -638,32 +677,46 @@ pub fn run_inputs_emulated<T: Element>(emu: &Emulator, f: &PagedFixture<T>, seed
     Ok(DecodeRun { fixture: f.clone(), o, lse, outcome })
 }
 
-/// The fixture's data on the GPU, and the workspace for its plan.
-struct GpuCase<T: Element> {
-    k: cudarc::driver::CudaSlice<T>,
-    v: cudarc::driver::CudaSlice<T>,
+/// The fixture's data on the GPU (its cache as `C`: the fixture's own 16-bit values, or FP8 codes with their
+/// scales), and the workspace for its plan.
+pub(crate) struct GpuCase<T: Element, C: KvCacheOf<T>> {
+    k: cudarc::driver::CudaSlice<C>,
+    v: cudarc::driver::CudaSlice<C>,
     table: cudarc::driver::CudaSlice<i32>,
     lens: cudarc::driver::CudaSlice<i32>,
     q: cudarc::driver::CudaSlice<T>,
-    o: cudarc::driver::CudaSlice<T>,
-    lse: cudarc::driver::CudaSlice<f32>,
+    pub(crate) o: cudarc::driver::CudaSlice<T>,
+    pub(crate) lse: cudarc::driver::CudaSlice<f32>,
     slopes: cudarc::driver::CudaSlice<f32>,
     sinks: cudarc::driver::CudaSlice<f32>,
+    scales: Option<KvScales>,
     ws: DecodeWorkspace,
-    plan: DecodePlan,
+    pub(crate) plan: DecodePlan,
 }
 
-impl<T: Element> GpuCase<T> {
-    fn upload(cu: &Arc<CudaStream>, f: &PagedFixture<T>) -> Result<Self> {
+impl<T: Element> GpuCase<T, T> {
+    fn upload16(cu: &Arc<CudaStream>, f: &PagedFixture<T>) -> Result<Self> {
+        Self::upload(cu, f, &f.k_cache, &f.v_cache, None)
+    }
+}
+
+impl<T: Element, C: KvCacheOf<T>> GpuCase<T, C> {
+    /// Uploads `f` with the cache `k`, `v` (laid out as `f.k_cache`) and its FP8 scales, if any.
+    pub(crate) fn upload(
+        cu: &Arc<CudaStream>,
+        f: &PagedFixture<T>,
+        k: &[C],
+        v: &[C],
+        scales: Option<KvScales>,
+    ) -> Result<Self> {
         let c = &f.case;
         let (b, hq, d) = (c.batch(), c.heads_q, c.head_dim);
         let stream = Stream::Gpu(cu);
-        let opts = DecodeOptions { scale: None, num_splits: c.num_splits, ..Default::default() };
-        let probe = DecodeWorkspace::new(&stream, 0, 0)?;
-        let plan = probe.plan(&c.problem(), &opts)?;
+        let opts = DecodeOptions { scale: f.inputs.scale, num_splits: c.num_splits, ..Default::default() };
+        let plan = DecodeWorkspace::new(&stream, 0, 0)?.plan(&c.problem(), &opts)?;
         Ok(Self {
-            k: cu.clone_htod(&f.k_cache)?,
-            v: cu.clone_htod(&f.v_cache)?,
+            k: cu.clone_htod(k)?,
+            v: cu.clone_htod(v)?,
             table: cu.clone_htod(&f.block_table)?,
             lens: cu.clone_htod(&f.seq_lens)?,
             q: cu.clone_htod(&f.q)?,
@@ -671,15 +724,15 @@ impl<T: Element> GpuCase<T> {
             lse: cu.clone_htod(&vec![f32::NAN; b * hq])?,
             slopes: cu.clone_htod(&f.alibi_slopes.iter().copied().chain([0.0]).collect::<Vec<_>>())?,
             sinks: cu.clone_htod(&f.sinks.iter().copied().chain([0.0]).collect::<Vec<_>>())?,
+            scales,
             ws: DecodeWorkspace::for_plan(&stream, &plan)?,
             plan,
         })
     }
 
-    fn run(&mut self, cu: &Arc<CudaStream>, f: &PagedFixture<T>) -> Result<DecodePlan> {
+    pub(crate) fn run(&mut self, cu: &Arc<CudaStream>, f: &PagedFixture<T>) -> Result<DecodePlan> {
         let c = &f.case;
         let (b, hq, d) = (c.batch(), c.heads_q, c.head_dim);
-        let stream = Stream::Gpu(cu);
         let cache = PagedKvCache::new(
             TensorView::gpu(self.k.as_view(), f.cache_shape())?,
             TensorView::gpu(self.v.as_view(), f.cache_shape())?,
@@ -687,13 +740,21 @@ impl<T: Element> GpuCase<T> {
             TensorView::gpu(self.lens.as_view(), [b])?,
             c.max_seq_len(),
         )?;
+        let cache = match &self.scales {
+            Some(s) => cache.with_scales(s)?,
+            None => cache,
+        };
         let (slopes, sinks) = (&self.slopes, &self.sinks);
         let variants = VariantViews::new(&c.variants, b, hq, |sink, n| {
             TensorView::gpu((if sink { sinks } else { slopes }).slice(0..n), [n])
         })?;
-        let opts = DecodeOptions { scale: None, num_splits: c.num_splits, score_mod: variants.score_mod(&c.variants) };
+        let opts = DecodeOptions {
+            scale: f.inputs.scale,
+            num_splits: c.num_splits,
+            score_mod: variants.score_mod(&c.variants),
+        };
         decode(
-            &stream,
+            &Stream::Gpu(cu),
             &TensorView::gpu(self.q.as_view(), [b, hq, d])?,
             &cache,
             &mut TensorViewMut::gpu(self.o.as_view_mut(), [b, hq, d])?,
@@ -715,7 +776,7 @@ pub fn check_case_gpu(cu: &Arc<CudaStream>, case: &DecodeCase, seed: u64) -> Res
 /// [`check_case_gpu`] for a static element type, handing back the data too.
 pub fn run_case_gpu<T: Element>(cu: &Arc<CudaStream>, case: &DecodeCase, seed: u64) -> Result<DecodeRun<T>> {
     let f = PagedFixture::<T>::new(case, seed);
-    let mut g = GpuCase::upload(cu, &f)?;
+    let mut g = GpuCase::upload16(cu, &f)?;
     let plan = g.run(cu, &f)?;
     let o: Vec<T> = cu.clone_dtoh(&g.o)?;
     let lse: Vec<f32> = cu.clone_dtoh(&g.lse)?;
@@ -764,7 +825,7 @@ fn time_gpu<T: Element>(
     iters: usize,
 ) -> Result<DecodeTiming> {
     let f = PagedFixture::<T>::new(case, seed);
-    let mut g = GpuCase::upload(cu, &f)?;
+    let mut g = GpuCase::upload16(cu, &f)?;
     let plan = g.plan;
     let timing = time_launches(cu, warmup, iters, |_| g.run(cu, &f).map(|_| ()))?;
     let bytes = decode_bytes(case, &plan);

@@ -10,7 +10,8 @@ use cudarc::driver::CudaStream;
 use half::{bf16, f16};
 
 use super::cases::{
-    decode_bytes, evaluate_kv, to_f64, CaseOutcome, DecodeCase, DecodeTiming, PagedFixture, SWEEP_HEADS, SWEEP_SPLITS,
+    decode_bytes, evaluate_kv, to_f64, CaseOutcome, DecodeCase, DecodeTiming, GpuCase, PagedFixture, SWEEP_HEADS,
+    SWEEP_SPLITS,
 };
 use crate::decode::{decode, DecodeOptions, DecodeWorkspace};
 use crate::dtype::{DType, Element};
@@ -70,17 +71,72 @@ pub fn fp8_decode_sweep_emulated() -> Vec<Fp8DecodeCase> {
         .collect()
 }
 
-/// The FP8 fixture: the 16-bit fixture it was quantised from, the stored codes (laid out as the 16-bit
-/// cache; NaN slots hold the NaN code) and the scales.
+/// A 16-bit paged cache quantised to FP8 (shared by the decode and paged prefill FP8 fixtures): the stored
+/// codes (laid out as the 16-bit cache `[num_pages, page_size, Hkv, D]`; NaN slots hold the NaN code) and
+/// the scales.
 #[derive(Debug, Clone)]
-pub struct Fp8Fixture<T> {
-    pub sixteen: PagedFixture<T>,
+pub struct Fp8Cache {
     pub format: Fp8Format,
     pub k_codes: Vec<u8>,
     pub v_codes: Vec<u8>,
     /// One scale, or one per KV head.
     pub k_scale: Vec<f32>,
     pub v_scale: Vec<f32>,
+    heads_kv: usize,
+    head_dim: usize,
+}
+
+impl Fp8Cache {
+    /// Quantises K and V (`[.., Hkv, D]`) with the given scales ([`quantize`]).
+    pub fn quantize<T: Element>(
+        k: &[T],
+        v: &[T],
+        (hkv, d): (usize, usize),
+        format: Fp8Format,
+        k_scale: Vec<f32>,
+        v_scale: Vec<f32>,
+    ) -> Self {
+        Self {
+            k_codes: quantize(k, hkv, d, format, &k_scale),
+            v_codes: quantize(v, hkv, d, format, &v_scale),
+            format,
+            k_scale,
+            v_scale,
+            heads_kv: hkv,
+            head_dim: d,
+        }
+    }
+
+    /// The scales for a launch on `stream`'s backend.
+    pub fn scales(&self, stream: &Stream<'_>) -> Result<KvScales> {
+        if self.k_scale.len() == 1 {
+            KvScales::per_tensor(stream, self.k_scale[0], self.v_scale[0])
+        } else {
+            KvScales::per_head(stream, &self.k_scale, &self.v_scale)
+        }
+    }
+
+    /// The dequantised caches (what the reference reads).
+    pub fn dequantized(&self) -> (Vec<f64>, Vec<f64>) {
+        let (hkv, d) = (self.heads_kv, self.head_dim);
+        (
+            dequantize(&self.k_codes, hkv, d, self.format, &self.k_scale),
+            dequantize(&self.v_codes, hkv, d, self.format, &self.v_scale),
+        )
+    }
+
+    /// The codes as the cache element type `C` (of this cache's format) for a launch.
+    pub fn codes<C: Fp8Element>(&self) -> (Vec<C>, Vec<C>) {
+        let typed = |codes: &[u8]| codes.iter().map(|&x| C::from_code(x)).collect();
+        (typed(&self.k_codes), typed(&self.v_codes))
+    }
+}
+
+/// The FP8 fixture: the 16-bit fixture it was quantised from and its FP8 cache.
+#[derive(Debug, Clone)]
+pub struct Fp8Fixture<T> {
+    pub sixteen: PagedFixture<T>,
+    pub fp8: Fp8Cache,
 }
 
 /// Scales of one tensor ([pages, page_size, Hkv, D] with NaN in unused slots): amax / max of each head
@@ -136,31 +192,8 @@ impl<T: Element> Fp8Fixture<T> {
         let headroom = if case.scales == ScaleKind::PerHead { 0.97 } else { 1.0 };
         let k_scale = scales_of(&sixteen.k_cache, hkv, d, f, case.scales, headroom);
         let v_scale = scales_of(&sixteen.v_cache, hkv, d, f, case.scales, headroom);
-        Self {
-            k_codes: quantize(&sixteen.k_cache, hkv, d, f, &k_scale),
-            v_codes: quantize(&sixteen.v_cache, hkv, d, f, &v_scale),
-            sixteen,
-            format: f,
-            k_scale,
-            v_scale,
-        }
-    }
-
-    pub fn scales(&self, stream: &Stream<'_>) -> Result<KvScales> {
-        if self.k_scale.len() == 1 {
-            KvScales::per_tensor(stream, self.k_scale[0], self.v_scale[0])
-        } else {
-            KvScales::per_head(stream, &self.k_scale, &self.v_scale)
-        }
-    }
-
-    /// The dequantised caches (what the reference reads).
-    pub fn dequantized(&self) -> (Vec<f64>, Vec<f64>) {
-        let (hkv, d) = (self.sixteen.case.heads_kv, self.sixteen.case.head_dim);
-        (
-            dequantize(&self.k_codes, hkv, d, self.format, &self.k_scale),
-            dequantize(&self.v_codes, hkv, d, self.format, &self.v_scale),
-        )
+        let fp8 = Fp8Cache::quantize(&sixteen.k_cache, &sixteen.v_cache, (hkv, d), f, k_scale, v_scale);
+        Self { sixteen, fp8 }
     }
 }
 
@@ -198,32 +231,11 @@ pub struct Fp8DecodeRun<T> {
 }
 
 fn judge<T: Element>(f: &Fp8Fixture<T>, seed: u64, plan: DecodePlan, o: &[T], lse: &[f32]) -> Result<Fp8Outcome> {
-    let (k, v) = f.dequantized();
+    let (k, v) = f.fp8.dequantized();
     let outcome = evaluate_kv(&f.sixteen, &k, &v, seed, plan, o, lse)?;
     // The quantisation error: the same outputs against attention over the 16-bit cache.
     let s = &f.sixteen;
-    let c = &s.case;
-    let (k16, v16) = (to_f64(&s.k_cache), to_f64(&s.v_cache));
-    let cache = reference::PagedCache {
-        k_cache: &k16,
-        v_cache: &v16,
-        num_pages: s.num_pages,
-        page_size: c.page_size,
-        heads_kv: c.heads_kv,
-        head_dim: c.head_dim,
-        block_table: &s.block_table,
-        max_pages_per_seq: s.width,
-        seq_lens: &s.seq_lens,
-    };
-    let wide = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>();
-    let (slopes, sinks) = (wide(&s.alibi_slopes), wide(&s.sinks));
-    let exact16 = reference::paged_decode_with(
-        c.heads_q,
-        s.scale(),
-        &c.variants.reference(&slopes, &sinks),
-        &to_f64(&s.q),
-        &cache,
-    )?;
+    let (exact16, _) = s.reference_kv(&to_f64(&s.k_cache), &to_f64(&s.v_cache))?;
     let q = reference::compare(&to_f64(o), &exact16.out, &exact16.out);
     Ok(Fp8Outcome { outcome, quant_max_abs_err: q.max_abs_err, quant_rel_l2_err: q.rel_l2_err })
 }
@@ -265,17 +277,16 @@ pub fn decode_fp8<T: Element, C: Fp8Element + KvCacheOf<T>>(
     f: &Fp8Fixture<T>,
 ) -> Result<(Vec<T>, Vec<f32>, DecodePlan)> {
     if let Stream::Gpu(cu) = stream {
-        let mut g = Fp8GpuCase::<T, C>::upload(cu, f)?;
-        g.run(cu, f)?;
-        return Ok((cu.clone_dtoh(&g.o)?, cu.clone_dtoh(&g.lse)?, g.plan));
+        let mut g = upload::<T, C>(cu, f)?;
+        let plan = g.run(cu, &f.sixteen)?;
+        return Ok((cu.clone_dtoh(&g.o)?, cu.clone_dtoh(&g.lse)?, plan));
     }
     let s = &f.sixteen;
     let c = &s.case;
     let (b, hq, d) = (c.batch(), c.heads_q, c.head_dim);
     let shape = s.cache_shape();
-    let k: Vec<C> = f.k_codes.iter().map(|&x| C::from_code(x)).collect();
-    let v: Vec<C> = f.v_codes.iter().map(|&x| C::from_code(x)).collect();
-    let scales = f.scales(stream)?;
+    let (k, v) = f.fp8.codes::<C>();
+    let scales = f.fp8.scales(stream)?;
     let cache = PagedKvCache::new(
         TensorView::host(&k, shape)?,
         TensorView::host(&v, shape)?,
@@ -305,79 +316,10 @@ pub fn decode_fp8<T: Element, C: Fp8Element + KvCacheOf<T>>(
     Ok((o, lse, plan))
 }
 
-/// An FP8 fixture's data on the GPU, and the workspace for its plan.
-struct Fp8GpuCase<T: Element, C: Fp8Element + KvCacheOf<T>> {
-    k: cudarc::driver::CudaSlice<C>,
-    v: cudarc::driver::CudaSlice<C>,
-    table: cudarc::driver::CudaSlice<i32>,
-    lens: cudarc::driver::CudaSlice<i32>,
-    q: cudarc::driver::CudaSlice<T>,
-    o: cudarc::driver::CudaSlice<T>,
-    lse: cudarc::driver::CudaSlice<f32>,
-    slopes: cudarc::driver::CudaSlice<f32>,
-    sinks: cudarc::driver::CudaSlice<f32>,
-    scales: KvScales,
-    ws: DecodeWorkspace,
-    plan: DecodePlan,
-}
-
-impl<T: Element, C: Fp8Element + KvCacheOf<T>> Fp8GpuCase<T, C> {
-    fn upload(cu: &Arc<CudaStream>, f: &Fp8Fixture<T>) -> Result<Self> {
-        let s = &f.sixteen;
-        let c = &s.case;
-        let (b, hq, d) = (c.batch(), c.heads_q, c.head_dim);
-        let stream = Stream::Gpu(cu);
-        let opts = DecodeOptions { scale: s.inputs.scale, num_splits: c.num_splits, ..Default::default() };
-        let plan = DecodeWorkspace::new(&stream, 0, 0)?.plan(&c.problem(), &opts)?;
-        let k: Vec<C> = f.k_codes.iter().map(|&x| C::from_code(x)).collect();
-        let v: Vec<C> = f.v_codes.iter().map(|&x| C::from_code(x)).collect();
-        Ok(Self {
-            k: cu.clone_htod(&k)?,
-            v: cu.clone_htod(&v)?,
-            table: cu.clone_htod(&s.block_table)?,
-            lens: cu.clone_htod(&s.seq_lens)?,
-            q: cu.clone_htod(&s.q)?,
-            o: cu.clone_htod(&vec![T::nan(); b * hq * d])?,
-            lse: cu.clone_htod(&vec![f32::NAN; b * hq])?,
-            slopes: cu.clone_htod(&s.alibi_slopes.iter().copied().chain([0.0]).collect::<Vec<_>>())?,
-            sinks: cu.clone_htod(&s.sinks.iter().copied().chain([0.0]).collect::<Vec<_>>())?,
-            scales: f.scales(&stream)?,
-            ws: DecodeWorkspace::for_plan(&stream, &plan)?,
-            plan,
-        })
-    }
-
-    fn run(&mut self, cu: &Arc<CudaStream>, f: &Fp8Fixture<T>) -> Result<DecodePlan> {
-        let s = &f.sixteen;
-        let c = &s.case;
-        let (b, hq, d) = (c.batch(), c.heads_q, c.head_dim);
-        let cache = PagedKvCache::new(
-            TensorView::gpu(self.k.as_view(), s.cache_shape())?,
-            TensorView::gpu(self.v.as_view(), s.cache_shape())?,
-            TensorView::gpu(self.table.as_view(), [b, s.width])?,
-            TensorView::gpu(self.lens.as_view(), [b])?,
-            c.max_seq_len(),
-        )?
-        .with_scales(&self.scales)?;
-        let (slopes, sinks) = (&self.slopes, &self.sinks);
-        let variants = VariantViews::new(&c.variants, b, hq, |sink, n| {
-            TensorView::gpu((if sink { sinks } else { slopes }).slice(0..n), [n])
-        })?;
-        let opts = DecodeOptions {
-            scale: s.inputs.scale,
-            num_splits: c.num_splits,
-            score_mod: variants.score_mod(&c.variants),
-        };
-        decode(
-            &Stream::Gpu(cu),
-            &TensorView::gpu(self.q.as_view(), [b, hq, d])?,
-            &cache,
-            &mut TensorViewMut::gpu(self.o.as_view_mut(), [b, hq, d])?,
-            Some(&mut TensorViewMut::gpu(self.lse.as_view_mut(), [b, hq])?),
-            &mut self.ws,
-            &opts,
-        )
-    }
+/// Uploads fixture `f` with its FP8 codes as `C` and its scales.
+fn upload<T: Element, C: Fp8Element + KvCacheOf<T>>(cu: &Arc<CudaStream>, f: &Fp8Fixture<T>) -> Result<GpuCase<T, C>> {
+    let (k, v) = f.fp8.codes::<C>();
+    GpuCase::upload(cu, &f.sixteen, &k, &v, Some(f.fp8.scales(&Stream::Gpu(cu))?))
 }
 
 /// Bytes an FP8 decode moves: [`decode_bytes`] with K and V at one byte per element, plus the scales.
@@ -401,9 +343,9 @@ pub fn time_fp8_case_gpu(
         iters: usize,
     ) -> Result<DecodeTiming> {
         let f = Fp8Fixture::<T>::new(case, seed);
-        let mut g = Fp8GpuCase::<T, C>::upload(cu, &f)?;
+        let mut g = upload::<T, C>(cu, &f)?;
         let plan = g.plan;
-        let timing = time_launches(cu, warmup, iters, |_| g.run(cu, &f).map(|_| ()))?;
+        let timing = time_launches(cu, warmup, iters, |_| g.run(cu, &f.sixteen).map(|_| ()))?;
         let bytes = fp8_decode_bytes(case, &plan);
         Ok(DecodeTiming { timing, plan, bytes, gbps: bytes as f64 / (timing.median_ms * 1e-3) / 1e9 })
     }

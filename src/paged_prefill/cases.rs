@@ -11,7 +11,7 @@ use half::{bf16, f16};
 use rand::seq::SliceRandom;
 use rand::Rng;
 
-use crate::decode::cases::lse_tolerance;
+use crate::decode::cases::{fill_cache, lse_tolerance, reference_cache};
 use crate::dtype::{DType, Element};
 use crate::emu::Emulator;
 use crate::error::Result;
@@ -212,21 +212,10 @@ impl<T: Element> PagedPrefillFixture<T> {
             }
         }
         let mag = 1.0;
-        let row = ps * hkv * d;
-        let mut k_cache = vec![T::nan(); num_pages * row];
-        let mut v_cache = vec![T::nan(); num_pages * row];
-        for (b, &(_, len)) in case.seqs.iter().enumerate() {
-            // Shared slots are written by sequence 0 only (same values for everyone).
-            let first = if b == 0 { 0 } else { case.shared_prefix };
-            for t in first..len {
-                let page = block_table[b * width + t / ps] as usize;
-                let base = (page * ps + t % ps) * hkv * d;
-                for i in 0..hkv * d {
-                    k_cache[base + i] = T::from_f64(rng.random_range(-mag..mag));
-                    v_cache[base + i] = T::from_f64(0.25 * mag + rng.random_range(-0.5 * mag..0.5 * mag));
-                }
-            }
-        }
+        // Shared slots are written by sequence 0 only (same values for everyone).
+        let tokens =
+            case.seqs.iter().enumerate().map(|(b, &(_, len))| (b, if b == 0 { 0 } else { case.shared_prefix }..len));
+        let (k_cache, v_cache) = fill_cache(&mut rng, [num_pages, ps, hkv, d], &block_table, width, tokens, mag);
         let q = (0..case.total_q() * case.heads_q * d).map(|_| T::from_f64(rng.random_range(-mag..mag))).collect();
         Self {
             alibi_slopes: case.variants.slopes(case.batch(), case.heads_q),
@@ -263,17 +252,7 @@ impl<T: Element> PagedPrefillFixture<T> {
     pub fn reference_kv(&self, k: &[f64], v: &[f64]) -> Result<(reference::Output, Vec<f64>)> {
         let c = &self.case;
         let q: Vec<f64> = self.q.iter().map(|v| v.to_f64()).collect();
-        let cache = reference::PagedCache {
-            k_cache: k,
-            v_cache: v,
-            num_pages: self.num_pages,
-            page_size: c.page_size,
-            heads_kv: c.heads_kv,
-            head_dim: c.head_dim,
-            block_table: &self.block_table,
-            max_pages_per_seq: self.width,
-            seq_lens: &self.seq_lens,
-        };
+        let cache = reference_cache(k, v, self.cache_shape(), &self.block_table, self.width, &self.seq_lens);
         let wide = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>();
         let (slopes, sinks) = (wide(&self.alibi_slopes), wide(&self.sinks));
         let var = c.variants.reference(&slopes, &sinks);

@@ -10,11 +10,11 @@ use cudarc::driver::CudaStream;
 use half::{bf16, f16};
 
 use super::cases::{case, GpuCase, PagedPrefillCase, PagedPrefillFixture, PagedPrefillOutcome};
-use crate::decode::fp8_cases::{dequantize, quantize, scales_of};
+use crate::decode::fp8_cases::{scales_of, Fp8Cache};
 use crate::dtype::{DType, Element};
 use crate::emu::Emulator;
 use crate::error::Result;
-use crate::fp8::{Fp8E4m3, Fp8E5m2, Fp8Element, Fp8Format, KvCacheOf, KvScales, ScaleKind};
+use crate::fp8::{Fp8E4m3, Fp8E5m2, Fp8Element, Fp8Format, KvCacheOf, ScaleKind};
 use crate::paged::PagedKvCache;
 use crate::paged_prefill::PagedPrefillPlan;
 use crate::reference;
@@ -76,16 +76,10 @@ pub fn fp8_paged_prefill_sweep_emulated() -> Vec<Fp8PagedPrefillCase> {
     ]
 }
 
-/// The FP8 fixture: the 16-bit fixture it was quantised from, the stored codes (laid out as the 16-bit cache;
-/// NaN slots hold the NaN code) and the scales.
+/// The FP8 fixture: the 16-bit fixture it was quantised from and its FP8 cache.
 pub struct Fp8PagedPrefillFixture<T> {
     pub sixteen: PagedPrefillFixture<T>,
-    pub format: Fp8Format,
-    pub k_codes: Vec<u8>,
-    pub v_codes: Vec<u8>,
-    /// One scale, or one per KV head.
-    pub k_scale: Vec<f32>,
-    pub v_scale: Vec<f32>,
+    pub fp8: Fp8Cache,
 }
 
 impl<T: Element> Fp8PagedPrefillFixture<T> {
@@ -104,31 +98,8 @@ impl<T: Element> Fp8PagedPrefillFixture<T> {
         };
         let k_scale = spread(scales_of(&sixteen.k_cache, hkv, d, f, case.scales, headroom), 1.5);
         let v_scale = spread(scales_of(&sixteen.v_cache, hkv, d, f, case.scales, headroom), 0.75);
-        Self {
-            k_codes: quantize(&sixteen.k_cache, hkv, d, f, &k_scale),
-            v_codes: quantize(&sixteen.v_cache, hkv, d, f, &v_scale),
-            sixteen,
-            format: f,
-            k_scale,
-            v_scale,
-        }
-    }
-
-    pub fn scales(&self, stream: &Stream<'_>) -> Result<KvScales> {
-        if self.k_scale.len() == 1 {
-            KvScales::per_tensor(stream, self.k_scale[0], self.v_scale[0])
-        } else {
-            KvScales::per_head(stream, &self.k_scale, &self.v_scale)
-        }
-    }
-
-    /// The dequantised caches (what the reference reads).
-    pub fn dequantized(&self) -> (Vec<f64>, Vec<f64>) {
-        let (hkv, d) = (self.sixteen.case.heads_kv, self.sixteen.case.head_dim);
-        (
-            dequantize(&self.k_codes, hkv, d, self.format, &self.k_scale),
-            dequantize(&self.v_codes, hkv, d, self.format, &self.v_scale),
-        )
+        let fp8 = Fp8Cache::quantize(&sixteen.k_cache, &sixteen.v_cache, (hkv, d), f, k_scale, v_scale);
+        Self { sixteen, fp8 }
     }
 
     /// Runs the kernel over the FP8 codes on `stream` (host memory: the emulator), outputs NaN-poisoned;
@@ -140,9 +111,8 @@ impl<T: Element> Fp8PagedPrefillFixture<T> {
     ) -> Result<(Vec<T>, Vec<f32>, PagedPrefillPlan)> {
         let s = &self.sixteen;
         let b = s.case.batch();
-        let k: Vec<C> = self.k_codes.iter().map(|&x| C::from_code(x)).collect();
-        let v: Vec<C> = self.v_codes.iter().map(|&x| C::from_code(x)).collect();
-        let scales = self.scales(stream)?;
+        let (k, v) = self.fp8.codes::<C>();
+        let scales = self.fp8.scales(stream)?;
         let cache = PagedKvCache::new(
             TensorView::host(&k, s.cache_shape())?,
             TensorView::host(&v, s.cache_shape())?,
@@ -160,7 +130,7 @@ impl<T: Element> Fp8PagedPrefillFixture<T> {
         stream: &Stream<'_>,
         num_splits: Option<usize>,
     ) -> Result<(Vec<T>, Vec<f32>, PagedPrefillPlan)> {
-        match self.format {
+        match self.fp8.format {
             Fp8Format::E4m3 => self.run::<Fp8E4m3>(stream, num_splits),
             Fp8Format::E5m2 => self.run::<Fp8E5m2>(stream, num_splits),
         }
@@ -208,7 +178,7 @@ pub fn judge<T: Element>(
     o: &[T],
     lse: &[f32],
 ) -> Result<Fp8PagedPrefillOutcome> {
-    let (k, v) = f.dequantized();
+    let (k, v) = f.fp8.dequantized();
     let (exact, naive) = f.sixteen.reference_kv(&k, &v)?;
     let ours: Vec<f64> = o.iter().map(|x| x.to_f64()).collect();
     let ours_lse: Vec<f64> = lse.iter().map(|&x| f64::from(x)).collect();
@@ -275,9 +245,8 @@ fn upload<T: Element, C: Fp8Element + KvCacheOf<T>>(
     cu: &Arc<CudaStream>,
     f: &Fp8PagedPrefillFixture<T>,
 ) -> Result<GpuCase<T, C>> {
-    let k: Vec<C> = f.k_codes.iter().map(|&x| C::from_code(x)).collect();
-    let v: Vec<C> = f.v_codes.iter().map(|&x| C::from_code(x)).collect();
-    GpuCase::upload(cu, &f.sixteen, &k, &v, Some(f.scales(&Stream::Gpu(cu))?))
+    let (k, v) = f.fp8.codes::<C>();
+    GpuCase::upload(cu, &f.sixteen, &k, &v, Some(f.fp8.scales(&Stream::Gpu(cu))?))
 }
 
 /// GPU timing of an FP8 case (kernel + merge when split), as [`super::cases::time_case_gpu`].

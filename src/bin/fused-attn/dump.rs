@@ -100,13 +100,13 @@ impl Dump {
         let c = &f.case;
         let dt = T::DTYPE;
         let (b, hq, hkv, d) = (c.batch(), c.heads_q, c.heads_kv, c.head_dim);
-        let stored = |codes: &[u8]| codes.iter().map(|&x| fx.format.decode(x) as f32).collect::<Vec<f32>>();
-        let (kc, vc) = (stored(&fx.k_codes), stored(&fx.v_codes));
+        let stored = |codes: &[u8]| codes.iter().map(|&x| fx.fp8.format.decode(x) as f32).collect::<Vec<f32>>();
+        let (kc, vc) = (stored(&fx.fp8.k_codes), stored(&fx.fp8.v_codes));
         self.write("q", &[b, hq, d], encode(dt, f.q.iter().map(|v| v.to_f64())))?;
         self.write("k_cache", &f.cache_shape(), NpyData::F32(kc.clone()))?;
         self.write("v_cache", &f.cache_shape(), NpyData::F32(vc.clone()))?;
-        self.write("k_scale", &[fx.k_scale.len()], NpyData::F32(fx.k_scale.clone()))?;
-        self.write("v_scale", &[fx.v_scale.len()], NpyData::F32(fx.v_scale.clone()))?;
+        self.write("k_scale", &[fx.fp8.k_scale.len()], NpyData::F32(fx.fp8.k_scale.clone()))?;
+        self.write("v_scale", &[fx.fp8.v_scale.len()], NpyData::F32(fx.fp8.v_scale.clone()))?;
         self.write("block_table", &[b, f.width], NpyData::I32(&f.block_table))?;
         self.write("seq_lens", &[b], NpyData::I32(&f.seq_lens))?;
         let t = c.max_seq_len();
@@ -163,10 +163,10 @@ impl Dump {
     /// and the scales.
     pub fn paged_prefill_fp8<T: Element>(&self, r: &Fp8PagedPrefillRun<T>) -> Result<()> {
         let fx = &r.fixture;
-        let stored = |codes: &[u8]| codes.iter().map(|&x| fx.format.decode(x)).collect::<Vec<f64>>();
-        self.write("k_scale", &[fx.k_scale.len()], NpyData::F32(fx.k_scale.clone()))?;
-        self.write("v_scale", &[fx.v_scale.len()], NpyData::F32(fx.v_scale.clone()))?;
-        self.paged_prefill_with(&fx.sixteen, &r.o, &r.lse, &stored(&fx.k_codes), &stored(&fx.v_codes), None)
+        let stored = |codes: &[u8]| codes.iter().map(|&x| fx.fp8.format.decode(x)).collect::<Vec<f64>>();
+        self.write("k_scale", &[fx.fp8.k_scale.len()], NpyData::F32(fx.fp8.k_scale.clone()))?;
+        self.write("v_scale", &[fx.fp8.v_scale.len()], NpyData::F32(fx.fp8.v_scale.clone()))?;
+        self.paged_prefill_with(&fx.sixteen, &r.o, &r.lse, &stored(&fx.fp8.k_codes), &stored(&fx.fp8.v_codes), None)
     }
 
     /// A paged prefill dump with the cache values `kc`, `vc` (laid out as the fixture's cache), written as
