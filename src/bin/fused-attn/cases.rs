@@ -10,6 +10,7 @@ use fused_attn::decode::fp8_cases::{self as fc, Fp8DecodeCase};
 use fused_attn::paged_prefill::cases::{self as ppc, PagedPrefillCase};
 use fused_attn::paged_prefill::fp8_cases::{self as pfc, Fp8PagedPrefillCase};
 use fused_attn::prefill::cases::{self as pc, PrefillCase, PrefillFixture, PrefillOutputs};
+use fused_attn::reference::Comparison;
 use fused_attn::score_mod::{CaseAlibi, CaseVariants};
 use fused_attn::{cost_model, DType, Element, Error, LaunchCounters, Result};
 use half::{bf16, f16};
@@ -99,16 +100,33 @@ fn with_prefill_outcome(mut row: Row, o: &pc::CaseOutcome) -> Row {
     row
 }
 
-fn with_decode_outcome(mut row: Row, o: &dc::CaseOutcome) -> Row {
-    row.max_abs_err = Some(o.out.max_abs_err);
-    row.rel_l2_err = Some(o.out.rel_l2_err);
-    row.tolerance = Some(o.out.tolerance);
-    row.lse_max_abs_err = Some(o.lse.max_abs_err);
-    row.num_splits = Some(o.plan.num_splits);
-    row.passed = Some(o.passed());
+fn with_decode_outcome(row: Row, o: &dc::CaseOutcome) -> Row {
+    with_full_check(row, &o.out, &o.lse, o.plan.num_splits, o.passed(), || o.summary())
+}
+
+fn with_paged_prefill_outcome(row: Row, o: &ppc::PagedPrefillOutcome) -> Row {
+    with_full_check(row, &o.out, &o.lse, o.plan.num_splits, o.passed(), || o.summary())
+}
+
+/// A paged op's row with its full check: O and LSE against the reference, the split count it ran with, and
+/// the verdict (its summary as the error when it failed).
+fn with_full_check(
+    mut row: Row,
+    out: &Comparison,
+    lse: &Comparison,
+    num_splits: usize,
+    passed: bool,
+    summary: impl FnOnce() -> String,
+) -> Row {
+    row.max_abs_err = Some(out.max_abs_err);
+    row.rel_l2_err = Some(out.rel_l2_err);
+    row.tolerance = Some(out.tolerance);
+    row.lse_max_abs_err = Some(lse.max_abs_err);
+    row.num_splits = Some(num_splits);
+    row.passed = Some(passed);
     row.check = Some("full".into());
-    if !o.passed() {
-        row.error = Some(o.summary());
+    if !passed {
+        row.error = Some(summary());
     }
     row
 }
@@ -167,9 +185,17 @@ pub fn time_prefill(cu: &Arc<CudaStream>, backend: &Backend, c: &PrefillCase, se
 /// Times one decode case on the GPU (timing only: correctness comes from the sweep rows).
 pub fn time_decode(cu: &Arc<CudaStream>, backend: &Backend, c: &DecodeCase, seed: u64, copy_gbps: f64) -> Row {
     let mut row = decode_row("perf", backend, c, seed);
-    match dc::time_case_gpu(cu, c, seed, 5, 30) {
+    let t = dc::time_case_gpu(cu, c, seed, 5, 30);
+    if let Ok(t) = &t {
+        row.num_splits = Some(t.plan.num_splits);
+    }
+    with_decode_timing(row, t, copy_gbps)
+}
+
+/// A decode row with its GPU timing, or failed with the timing's error.
+fn with_decode_timing(mut row: Row, t: Result<dc::DecodeTiming>, copy_gbps: f64) -> Row {
+    match t {
         Ok(t) => {
-            row.num_splits = Some(t.plan.num_splits);
             row.ms = Some(t.timing.median_ms);
             row.gbps = Some(t.gbps);
             row.copy_gbps = Some(copy_gbps);
@@ -178,6 +204,47 @@ pub fn time_decode(cu: &Arc<CudaStream>, backend: &Backend, c: &DecodeCase, seed
         }
         Err(e) => failed(row, &e),
     }
+}
+
+/// A paged prefill row with its GPU timing, or failed with the timing's error.
+fn with_paged_prefill_timing(mut row: Row, t: Result<ppc::PagedPrefillTiming>, copy_gbps: f64) -> Row {
+    match t {
+        Ok(t) => {
+            (row.ms, row.tflops, row.copy_gbps) = (Some(t.timing.median_ms), Some(t.tflops), Some(copy_gbps));
+            row
+        }
+        Err(e) => failed(row, &e),
+    }
+}
+
+/// The row label of an FP8 run: the case's, and the quantisation error against the 16-bit cache.
+fn fp8_label(label: String, quant_max_abs_err: f64, quant_rel_l2_err: f64) -> String {
+    format!("{label} (vs the 16-bit cache: max|err|={quant_max_abs_err:.2e} rel-L2={quant_rel_l2_err:.2e})")
+}
+
+/// The checks `run --op decode` makes before building a case's host data.
+fn check_decode_size(c: &DecodeCase) -> Result<()> {
+    if c.page_size == 0 {
+        return Err(Error::unsupported("page_size", "0 (must be a power of two in 1..=256)"));
+    }
+    let tokens = c.seq_lens.iter().sum::<usize>();
+    checked_elements(&[&[tokens, c.heads_kv, c.head_dim], &[tokens, c.heads_kv, c.head_dim]])?;
+    Ok(())
+}
+
+/// The checks `run --op paged-prefill` makes before building a case's host data.
+fn check_paged_prefill_size(c: &PagedPrefillCase) -> Result<()> {
+    if !c.page_size.is_power_of_two() || c.page_size > 256 {
+        return Err(Error::unsupported("page_size", format!("{} (must be a power of two in 1..=256)", c.page_size)));
+    }
+    let tokens = c.seqs.iter().map(|s| s.1).sum::<usize>();
+    checked_elements(&[
+        &[tokens, c.heads_kv, c.head_dim],
+        &[tokens, c.heads_kv, c.head_dim],
+        &[c.total_q(), c.heads_q, c.head_dim],
+        &[c.total_q(), c.heads_q, c.head_dim],
+    ])?;
+    Ok(())
 }
 
 fn checked_elements(dims: &[&[usize]]) -> Result<usize> {
@@ -266,25 +333,18 @@ pub fn run_decode(
     dump: Option<&Dump>,
     progress: &Progress,
 ) -> Result<Row> {
-    if c.page_size == 0 {
-        return Err(Error::unsupported("page_size", "0 (must be a power of two in 1..=256)"));
-    }
-    let tokens = c.seq_lens.iter().sum::<usize>();
-    checked_elements(&[&[tokens, c.heads_kv, c.head_dim], &[tokens, c.heads_kv, c.head_dim]])?;
-    let mut row = match c.dtype {
+    check_decode_size(c)?;
+    let row = match c.dtype {
         DType::F16 => run_decode_t::<f16>(backend, c, seed, dump, progress)?,
         DType::Bf16 => run_decode_t::<bf16>(backend, c, seed, dump, progress)?,
     };
-    if let (Backend::Gpu { stream, .. }, Some(copy)) = (backend, copy_gbps) {
-        progress.message("decode: timing on the GPU (CUDA events, median of 30)");
-        let t = time_decode(stream, backend, c, seed, copy);
-        (row.ms, row.gbps, row.copy_gbps, row.pct_of_copy_bw) = (t.ms, t.gbps, t.copy_gbps, t.pct_of_copy_bw);
-        if t.error.is_some() {
-            row.passed = Some(false);
-            row.error = t.error;
+    Ok(match (backend, copy_gbps) {
+        (Backend::Gpu { stream, .. }, Some(copy)) => {
+            progress.message("decode: timing on the GPU (CUDA events, median of 30)");
+            with_decode_timing(row, dc::time_case_gpu(stream, c, seed, 5, 30), copy)
         }
-    }
-    Ok(row)
+        _ => row,
+    })
 }
 
 /// `run --op decode --kv-dtype fp8_*`: as [`run_decode`] over the FP8 cache; the row's error columns are
@@ -297,31 +357,18 @@ pub fn run_decode_fp8(
     dump: Option<&Dump>,
     progress: &Progress,
 ) -> Result<Row> {
-    if c.base.page_size == 0 {
-        return Err(Error::unsupported("page_size", "0 (must be a power of two in 1..=256)"));
-    }
-    let tokens = c.base.seq_lens.iter().sum::<usize>();
-    checked_elements(&[&[tokens, c.base.heads_kv, c.base.head_dim], &[tokens, c.base.heads_kv, c.base.head_dim]])?;
-    let mut row = match c.base.dtype {
+    check_decode_size(&c.base)?;
+    let row = match c.base.dtype {
         DType::F16 => run_decode_fp8_t::<f16>(backend, c, seed, dump, progress)?,
         DType::Bf16 => run_decode_fp8_t::<bf16>(backend, c, seed, dump, progress)?,
     };
-    if let (Backend::Gpu { stream, .. }, Some(copy)) = (backend, copy_gbps) {
-        progress.message("decode: timing on the GPU (CUDA events, median of 30)");
-        match fc::time_fp8_case_gpu(stream, c, seed, 5, 30) {
-            Ok(t) => {
-                row.ms = Some(t.timing.median_ms);
-                row.gbps = Some(t.gbps);
-                row.copy_gbps = Some(copy);
-                row.pct_of_copy_bw = Some(100.0 * t.gbps / copy);
-            }
-            Err(e) => {
-                row.passed = Some(false);
-                row.error = Some(e.to_string());
-            }
+    Ok(match (backend, copy_gbps) {
+        (Backend::Gpu { stream, .. }, Some(copy)) => {
+            progress.message("decode: timing on the GPU (CUDA events, median of 30)");
+            with_decode_timing(row, fc::time_fp8_case_gpu(stream, c, seed, 5, 30), copy)
         }
-    }
-    Ok(row)
+        _ => row,
+    })
 }
 
 fn run_decode_fp8_t<T: Element>(
@@ -341,12 +388,7 @@ fn run_decode_fp8_t<T: Element>(
         dump.decode_fp8(&r)?;
     }
     let mut row = with_decode_outcome(decode_row("run", backend, &c.base, seed), &r.outcome.outcome);
-    row.label = format!(
-        "{} (vs the 16-bit cache: max|err|={:.2e} rel-L2={:.2e})",
-        c.label(),
-        r.outcome.quant_max_abs_err,
-        r.outcome.quant_rel_l2_err
-    );
+    row.label = fp8_label(c.label(), r.outcome.quant_max_abs_err, r.outcome.quant_rel_l2_err);
     let plan = r.outcome.outcome.plan;
     let fp8 = (c.base.clone(), c.format);
     Ok(with_counters(row, backend, |k| cost_model::decode_ratios_fp8(&fp8.0, &plan, k)))
@@ -404,32 +446,20 @@ pub fn run_paged_prefill(
     dump: Option<&Dump>,
     progress: &Progress,
 ) -> Result<Row> {
-    if !c.page_size.is_power_of_two() || c.page_size > 256 {
-        return Err(Error::unsupported("page_size", format!("{} (must be a power of two in 1..=256)", c.page_size)));
-    }
-    let tokens = c.seqs.iter().map(|s| s.1).sum::<usize>();
-    checked_elements(&[
-        &[tokens, c.heads_kv, c.head_dim],
-        &[tokens, c.heads_kv, c.head_dim],
-        &[c.total_q(), c.heads_q, c.head_dim],
-        &[c.total_q(), c.heads_q, c.head_dim],
-    ])?;
+    check_paged_prefill_size(c)?;
     progress
         .message(format!("paged-prefill: running on {} and checking against the fp64 reference", backend.describe()));
-    let mut row = match c.dtype {
+    let row = match c.dtype {
         DType::F16 => run_paged_prefill_t::<f16>(backend, c, seed, dump, progress)?,
         DType::Bf16 => run_paged_prefill_t::<bf16>(backend, c, seed, dump, progress)?,
     };
-    if let (Backend::Gpu { stream, .. }, Some(copy)) = (backend, copy_gbps) {
-        progress.message("paged-prefill: timing on the GPU (CUDA events, median of 20)");
-        match ppc::time_case_gpu(stream, c, seed, 3, 20) {
-            Ok(t) => {
-                (row.ms, row.tflops, row.copy_gbps) = (Some(t.timing.median_ms), Some(t.tflops), Some(copy));
-            }
-            Err(e) => row = failed(row, &e),
+    Ok(match (backend, copy_gbps) {
+        (Backend::Gpu { stream, .. }, Some(copy)) => {
+            progress.message("paged-prefill: timing on the GPU (CUDA events, median of 20)");
+            with_paged_prefill_timing(row, ppc::time_case_gpu(stream, c, seed, 3, 20), copy)
         }
-    }
-    Ok(row)
+        _ => row,
+    })
 }
 
 fn run_paged_prefill_t<T: Element>(
@@ -447,18 +477,7 @@ fn run_paged_prefill_t<T: Element>(
         progress.message("paged-prefill: writing the .npy dump");
         dump.paged_prefill(&r)?;
     }
-    let o = &r.outcome;
-    let mut row = paged_prefill_row("run", backend, c, seed);
-    row.max_abs_err = Some(o.out.max_abs_err);
-    row.rel_l2_err = Some(o.out.rel_l2_err);
-    row.tolerance = Some(o.out.tolerance);
-    row.lse_max_abs_err = Some(o.lse.max_abs_err);
-    row.num_splits = Some(o.plan.num_splits);
-    row.passed = Some(o.passed());
-    row.check = Some("full".into());
-    if !o.passed() {
-        row.error = Some(o.summary());
-    }
+    let row = with_paged_prefill_outcome(paged_prefill_row("run", backend, c, seed), &r.outcome);
     Ok(with_counters(row, backend, |_| None))
 }
 
@@ -473,33 +492,20 @@ pub fn run_paged_prefill_fp8(
     dump: Option<&Dump>,
     progress: &Progress,
 ) -> Result<Row> {
-    let b = &c.base;
-    if !b.page_size.is_power_of_two() || b.page_size > 256 {
-        return Err(Error::unsupported("page_size", format!("{} (must be a power of two in 1..=256)", b.page_size)));
-    }
-    let tokens = b.seqs.iter().map(|s| s.1).sum::<usize>();
-    checked_elements(&[
-        &[tokens, b.heads_kv, b.head_dim],
-        &[tokens, b.heads_kv, b.head_dim],
-        &[b.total_q(), b.heads_q, b.head_dim],
-        &[b.total_q(), b.heads_q, b.head_dim],
-    ])?;
+    check_paged_prefill_size(&c.base)?;
     progress
         .message(format!("paged-prefill: running on {} and checking against the fp64 reference", backend.describe()));
-    let mut row = match b.dtype {
+    let row = match c.base.dtype {
         DType::F16 => run_paged_prefill_fp8_t::<f16>(backend, c, seed, dump, progress)?,
         DType::Bf16 => run_paged_prefill_fp8_t::<bf16>(backend, c, seed, dump, progress)?,
     };
-    if let (Backend::Gpu { stream, .. }, Some(copy)) = (backend, copy_gbps) {
-        progress.message("paged-prefill: timing on the GPU (CUDA events, median of 20)");
-        match pfc::time_fp8_case_gpu(stream, c, seed, 3, 20) {
-            Ok(t) => {
-                (row.ms, row.tflops, row.copy_gbps) = (Some(t.timing.median_ms), Some(t.tflops), Some(copy));
-            }
-            Err(e) => row = failed(row, &e),
+    Ok(match (backend, copy_gbps) {
+        (Backend::Gpu { stream, .. }, Some(copy)) => {
+            progress.message("paged-prefill: timing on the GPU (CUDA events, median of 20)");
+            with_paged_prefill_timing(row, pfc::time_fp8_case_gpu(stream, c, seed, 3, 20), copy)
         }
-    }
-    Ok(row)
+        _ => row,
+    })
 }
 
 fn run_paged_prefill_fp8_t<T: Element>(
@@ -517,24 +523,8 @@ fn run_paged_prefill_fp8_t<T: Element>(
         progress.message("paged-prefill: writing the .npy dump");
         dump.paged_prefill_fp8(&r)?;
     }
-    let o = &r.outcome.outcome;
-    let mut row = paged_prefill_row("run", backend, &c.base, seed);
-    row.label = format!(
-        "{} (vs the 16-bit cache: max|err|={:.2e} rel-L2={:.2e})",
-        c.label(),
-        r.outcome.quant_max_abs_err,
-        r.outcome.quant_rel_l2_err
-    );
-    row.max_abs_err = Some(o.out.max_abs_err);
-    row.rel_l2_err = Some(o.out.rel_l2_err);
-    row.tolerance = Some(o.out.tolerance);
-    row.lse_max_abs_err = Some(o.lse.max_abs_err);
-    row.num_splits = Some(o.plan.num_splits);
-    row.passed = Some(o.passed());
-    row.check = Some("full".into());
-    if !o.passed() {
-        row.error = Some(o.summary());
-    }
+    let mut row = with_paged_prefill_outcome(paged_prefill_row("run", backend, &c.base, seed), &r.outcome.outcome);
+    row.label = fp8_label(c.label(), r.outcome.quant_max_abs_err, r.outcome.quant_rel_l2_err);
     Ok(with_counters(row, backend, |_| None))
 }
 
