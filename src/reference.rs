@@ -1590,10 +1590,29 @@ mod tests {
         v_cache: Vec<f64>,
         num_pages: usize,
         page_size: usize,
+        heads_kv: usize,
+        head_dim: usize,
         table: Vec<i32>,
         max_pages: usize,
         seq_lens: Vec<i32>,
         dense_kv: Vec<(Vec<f64>, Vec<f64>)>,
+    }
+
+    impl Paged {
+        /// The reference's view of this cache (tests vary one field with `..c.cache()`).
+        fn cache(&self) -> PagedCache<'_> {
+            PagedCache {
+                k_cache: &self.k_cache,
+                v_cache: &self.v_cache,
+                num_pages: self.num_pages,
+                page_size: self.page_size,
+                heads_kv: self.heads_kv,
+                head_dim: self.head_dim,
+                block_table: &self.table,
+                max_pages_per_seq: self.max_pages,
+                seq_lens: &self.seq_lens,
+            }
+        }
     }
 
     fn paged(seed: u64, hkv: usize, d: usize, page_size: usize, seq_lens: &[usize]) -> Paged {
@@ -1624,7 +1643,18 @@ mod tests {
             dense_kv.push((ks, vs));
         }
         let seq_lens = seq_lens.iter().map(|&l| l as i32).collect();
-        Paged { k_cache, v_cache, num_pages, page_size, table, max_pages, seq_lens, dense_kv }
+        Paged {
+            k_cache,
+            v_cache,
+            num_pages,
+            page_size,
+            heads_kv: hkv,
+            head_dim: d,
+            table,
+            max_pages,
+            seq_lens,
+            dense_kv,
+        }
     }
 
     #[test]
@@ -1633,38 +1663,11 @@ mod tests {
         let (hq, hkv, d) = (8, 2, 16);
         for page_size in [1, 4, 16] {
             let c = paged(seed, hkv, d, page_size, &[5, 0, 17, 8, 16]);
-            let kv = gather_paged(&PagedCache {
-                k_cache: &c.k_cache,
-                v_cache: &c.v_cache,
-                num_pages: c.num_pages,
-                page_size,
-                heads_kv: hkv,
-                head_dim: d,
-                block_table: &c.table,
-                max_pages_per_seq: c.max_pages,
-                seq_lens: &c.seq_lens,
-            })
-            .unwrap();
+            let kv = gather_paged(&c.cache()).unwrap();
             assert_eq!(kv, c.dense_kv, "seed {seed} page_size {page_size}");
             let q = rand_vec(&mut StdRng::seed_from_u64(seed + 7), c.seq_lens.len() * hq * d, -1.0, 1.0);
             let scale = 0.25;
-            let r = paged_decode(
-                hq,
-                scale,
-                &q,
-                &PagedCache {
-                    k_cache: &c.k_cache,
-                    v_cache: &c.v_cache,
-                    num_pages: c.num_pages,
-                    page_size: c.page_size,
-                    heads_kv: hkv,
-                    head_dim: d,
-                    block_table: &c.table,
-                    max_pages_per_seq: c.max_pages,
-                    seq_lens: &c.seq_lens,
-                },
-            )
-            .unwrap();
+            let r = paged_decode(hq, scale, &q, &c.cache()).unwrap();
             assert!(r.out.iter().all(|x| x.is_finite()), "seed {seed}: NaN leaked from unused cache slots");
             for (b, (ks, vs)) in c.dense_kv.iter().enumerate() {
                 for causal in [false, true] {
@@ -1675,24 +1678,7 @@ mod tests {
                     assert_eq!(&r.lse[b * hq..][..hq], &want.lse[..], "seed {seed} seq {b}");
                 }
             }
-            let naive = naive_lowp_paged_decode(
-                hq,
-                scale,
-                &q,
-                &PagedCache {
-                    k_cache: &c.k_cache,
-                    v_cache: &c.v_cache,
-                    num_pages: c.num_pages,
-                    page_size: c.page_size,
-                    heads_kv: hkv,
-                    head_dim: d,
-                    block_table: &c.table,
-                    max_pages_per_seq: c.max_pages,
-                    seq_lens: &c.seq_lens,
-                },
-                DType::Bf16,
-            )
-            .unwrap();
+            let naive = naive_lowp_paged_decode(hq, scale, &q, &c.cache(), DType::Bf16).unwrap();
             assert!(naive.iter().all(|x| x.is_finite()), "seed {seed}: NaN leaked into the naive decode");
         }
     }
@@ -1920,20 +1906,10 @@ mod tests {
         let (hkv, d) = (2, 4);
         let c = paged(8001, hkv, d, 4, &[5, 3]);
         let g = |table: &[i32], lens: &[i32], ps: usize| {
-            gather_paged(&PagedCache {
-                k_cache: &c.k_cache,
-                v_cache: &c.v_cache,
-                num_pages: c.num_pages,
-                page_size: ps,
-                heads_kv: hkv,
-                head_dim: d,
-                block_table: table,
-                max_pages_per_seq: c.max_pages,
-                seq_lens: lens,
-            })
-            .unwrap_err()
-            .kind()
-            .clone()
+            gather_paged(&PagedCache { page_size: ps, block_table: table, seq_lens: lens, ..c.cache() })
+                .unwrap_err()
+                .kind()
+                .clone()
         };
         let mut t = c.table.clone();
         t[1] = c.num_pages as i32; // page of token 4 of sequence 0
@@ -1945,41 +1921,14 @@ mod tests {
         assert_eq!(g(&c.table[1..], &c.seq_lens, 4), ErrorKind::Shape, "table length");
         assert_eq!(g(&c.table, &c.seq_lens, 0), ErrorKind::Shape, "page_size 0");
         let q = vec![0.0; 2 * 4 * d];
-        let pd = |q: &[f64], hq: usize| {
-            kind(paged_decode(
-                hq,
-                1.0,
-                q,
-                &PagedCache {
-                    k_cache: &c.k_cache,
-                    v_cache: &c.v_cache,
-                    num_pages: c.num_pages,
-                    page_size: 4,
-                    heads_kv: hkv,
-                    head_dim: d,
-                    block_table: &c.table,
-                    max_pages_per_seq: c.max_pages,
-                    seq_lens: &c.seq_lens,
-                },
-            ))
-        };
+        let pd = |q: &[f64], hq: usize| kind(paged_decode(hq, 1.0, q, &c.cache()));
         assert_eq!(pd(&q[1..], 4), ErrorKind::Shape);
         assert_eq!(pd(&q, 3), ErrorKind::Shape);
         let e = paged_decode(
             4,
             1.0,
             &q,
-            &PagedCache {
-                k_cache: &c.k_cache[1..],
-                v_cache: &c.v_cache,
-                num_pages: c.num_pages,
-                page_size: 4,
-                heads_kv: hkv,
-                head_dim: d,
-                block_table: &c.table,
-                max_pages_per_seq: 3,
-                seq_lens: &[5, 3],
-            },
+            &PagedCache { k_cache: &c.k_cache[1..], max_pages_per_seq: 3, seq_lens: &[5, 3], ..c.cache() },
         );
         assert_eq!(kind(e), ErrorKind::Shape);
 
@@ -2097,17 +2046,7 @@ mod tests {
         let mut table = c.table.clone();
         table[1] = -3; // tokens 4..8 of sequence 0
         table[c.max_pages] = c.num_pages as i32; // tokens 0..4 of sequence 1
-        let cache = PagedCache {
-            k_cache: &c.k_cache,
-            v_cache: &c.v_cache,
-            num_pages: c.num_pages,
-            page_size: ps,
-            heads_kv: hkv,
-            head_dim: d,
-            block_table: &table,
-            max_pages_per_seq: c.max_pages,
-            seq_lens: &c.seq_lens,
-        };
+        let cache = PagedCache { block_table: &table, ..c.cache() };
         let got = paged_decode(4, 0.5, &q, &cache).unwrap();
         assert_eq!(gather_paged(&cache).unwrap_err().kind(), &ErrorKind::OutOfBounds);
         // The same as attending to the remaining tokens only.
