@@ -39,6 +39,7 @@
 //! seed and the command that reruns the test.
 mod common;
 
+use fused_attn::cost_model::decode_tile_tokens;
 use fused_attn::decode::cases::{run_inputs_emulated, DecodeCase, DecodeInputs, PagedFixture};
 use fused_attn::plan::DecodePlan;
 use fused_attn::prefill::cases::{run_emulated, PrefillFixture};
@@ -173,15 +174,6 @@ fn dot(a: &[f64], b: &[f64]) -> f64 {
 }
 
 // ------------------------------------------------------------------------------------------------ decode
-
-/// Keys per decode KV tile (kernels/include/fa/decode/traits.cuh: 64 / 32 / 16 for D = 64 / 128 / 256).
-fn decode_tile_tokens(d: usize) -> usize {
-    match d {
-        64 => 64,
-        128 => 32,
-        _ => 16,
-    }
-}
 
 /// What to place in a decode cache: constant keys, or constant keys with one dominant key per sequence.
 #[derive(Clone, Debug)]
