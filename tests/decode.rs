@@ -5,7 +5,7 @@ mod common;
 
 use fused_attn::decode::cases::{
     check_case_emulated, check_case_gpu, check_inputs_emulated, decode_head_dim_sweep, decode_sweep,
-    decode_sweep_emulated, DecodeCase, DecodeInputs, PagedFixture,
+    decode_sweep_emulated, CaseOutcome, DecodeCase, DecodeInputs, PagedFixture,
 };
 use fused_attn::decode::{DecodeOptions, DecodeWorkspace};
 use fused_attn::plan::DecodePlan;
@@ -50,17 +50,25 @@ fn seed_for(i: usize) -> u64 {
     common::case_seed(i)
 }
 
-/// Runs `check` on every selected case (FA_CASE) and panics listing the failures, each with its rerun command.
-fn sweep<C>(test: &str, cases: &[C], label: impl Fn(&C) -> String, check: impl Fn(usize, &C) -> (bool, String)) {
-    let mut failures = Vec::new();
-    for (i, case) in cases.iter().enumerate().filter(|&(i, _)| common::case_selected(i)) {
-        let (passed, summary) = check(i, case);
-        eprintln!("[{i}] {}: {summary}", label(case));
-        if !passed {
-            failures.push(format!("[{i}] {}: {summary}\n    {}", label(case), common::rerun("decode", test, Some(i))));
-        }
-    }
-    assert!(failures.is_empty(), "{test}: {} failing cases:\n{}", failures.len(), failures.join("\n"));
+/// Checks the selected cases (FA_CASE: positions in `cases`) in order with `check_case`, each on the seed of
+/// its sweep index plus `seed_base`, and fails listing every failure with its rerun command.
+fn check_sweep(
+    test: &str,
+    cases: &[(usize, DecodeCase)],
+    seed_base: usize,
+    check_case: impl Fn(&DecodeCase, u64) -> fused_attn::Result<CaseOutcome> + Sync,
+) {
+    common::sweep(
+        "decode",
+        test,
+        cases,
+        1,
+        |(_, c)| c.label(),
+        |_, (i, case)| {
+            let outcome = check_case(case, seed_for(seed_base + i)).unwrap();
+            common::verdict(outcome.passed(), outcome.summary())
+        },
+    );
 }
 
 /// Checks every `part`-th case of the emulated sweep starting at `first` (the sweep is split over tests so
@@ -69,15 +77,7 @@ fn emulated_sweep_part(test: &str, first: usize, part: usize) {
     let emu = Emulator::new();
     let cases: Vec<(usize, DecodeCase)> =
         decode_sweep_emulated().into_iter().enumerate().skip(first).step_by(part).collect();
-    sweep(
-        test,
-        &cases,
-        |(_, c)| c.label(),
-        |_, (i, case)| {
-            let outcome = check_case_emulated(&emu, case, seed_for(*i)).unwrap();
-            (outcome.passed(), outcome.summary())
-        },
-    );
+    check_sweep(test, &cases, 0, |c, seed| check_case_emulated(&emu, c, seed));
 }
 
 /// Every head dim of `decode::cases::decode_head_dim_sweep` (issue 12: widths 64/128/256 serving the dims
@@ -86,15 +86,7 @@ fn emulated_sweep_part(test: &str, first: usize, part: usize) {
 fn emulated_head_dim_sweep() {
     let emu = Emulator::new();
     let cases: Vec<(usize, DecodeCase)> = decode_head_dim_sweep().into_iter().enumerate().collect();
-    sweep(
-        "emulated_head_dim_sweep",
-        &cases,
-        |(_, c)| c.label(),
-        |_, (i, case)| {
-            let outcome = check_case_emulated(&emu, case, seed_for(9000 + *i)).unwrap();
-            (outcome.passed(), outcome.summary())
-        },
-    );
+    check_sweep("emulated_head_dim_sweep", &cases, 9000, |c, seed| check_case_emulated(&emu, c, seed));
 }
 
 #[test]
@@ -141,13 +133,15 @@ fn layout_cases() -> Vec<(DecodeCase, DecodeInputs)> {
 fn emulated_layouts_scales_and_magnitudes() {
     let emu = Emulator::new();
     let cases = layout_cases();
-    sweep(
+    common::sweep(
+        "decode",
         "emulated_layouts_scales_and_magnitudes",
         &cases,
+        1,
         |(c, inp)| format!("{} {}", c.label(), inp.label()),
         |i, (case, inputs)| {
             let outcome = check_inputs_emulated(&emu, case, inputs, seed_for(1000 + i)).unwrap();
-            (
+            common::verdict(
                 outcome.passed(),
                 format!(
                     "{} (naive/bound {:.1})",
@@ -163,30 +157,16 @@ fn emulated_layouts_scales_and_magnitudes() {
 fn gpu_decode_sweep() {
     let Some(ctx) = common::gpu_or_skip("decode::gpu_decode_sweep") else { return };
     let cu = ctx.default_stream();
-    sweep(
-        "gpu_decode_sweep",
-        &decode_sweep(),
-        |c| c.label(),
-        |i, case| {
-            let outcome = check_case_gpu(&cu, case, seed_for(i)).unwrap();
-            (outcome.passed(), outcome.summary())
-        },
-    );
+    let cases: Vec<(usize, DecodeCase)> = decode_sweep().into_iter().enumerate().collect();
+    check_sweep("gpu_decode_sweep", &cases, 0, |c, seed| check_case_gpu(&cu, c, seed));
 }
 
 #[test]
 fn gpu_head_dim_sweep() {
     let Some(ctx) = common::gpu_or_skip("decode::gpu_head_dim_sweep") else { return };
     let cu = ctx.default_stream();
-    sweep(
-        "gpu_head_dim_sweep",
-        &decode_head_dim_sweep(),
-        |c| c.label(),
-        |i, case| {
-            let outcome = check_case_gpu(&cu, case, seed_for(9000 + i)).unwrap();
-            (outcome.passed(), outcome.summary())
-        },
-    );
+    let cases: Vec<(usize, DecodeCase)> = decode_head_dim_sweep().into_iter().enumerate().collect();
+    check_sweep("gpu_head_dim_sweep", &cases, 9000, |c, seed| check_case_gpu(&cu, c, seed));
 }
 
 /// Bandwidth of the issue's performance shapes (printed; the bars are judged in the report, not asserted

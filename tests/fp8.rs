@@ -86,23 +86,13 @@ fn conversions_through_the_intrinsics_on_the_emulator() {
 #[test]
 fn emulated_fp8_decode_sweep() {
     let emu = Emulator::new();
-    let mut failures = Vec::new();
-    for (i, case) in fp8_decode_sweep_emulated().iter().enumerate().filter(|&(i, _)| common::case_selected(i)) {
+    let cases = fp8_decode_sweep_emulated();
+    common::sweep("fp8", "emulated_fp8_decode_sweep", &cases, 1, Fp8DecodeCase::label, |i, case| {
         let o = check_fp8_case_emulated(&emu, case, common::case_seed(i)).unwrap();
-        eprintln!("[{i}] {}: {}", case.label(), o.summary());
         // The quantisation error is reported, and must be small against the outputs (|O| ~ 0.5): a wrong
         // scale or a dropped token would show here even if the kernel matched a wrong reference.
-        let quant_ok = o.quant_rel_l2_err < 0.1;
-        if !o.passed() || !quant_ok {
-            failures.push(format!(
-                "[{i}] {}: {}\n    {}",
-                case.label(),
-                o.summary(),
-                common::rerun("fp8", "emulated_fp8_decode_sweep", Some(i))
-            ));
-        }
-    }
-    assert!(failures.is_empty(), "{} failing cases:\n{}", failures.len(), failures.join("\n"));
+        common::verdict(o.passed() && o.quant_rel_l2_err < 0.1, o.summary())
+    });
 }
 
 /// The FP8 sweep on a GPU (skips visibly without one): every case against the fp64 reference over the
@@ -111,19 +101,15 @@ fn emulated_fp8_decode_sweep() {
 fn gpu_fp8_decode_sweep() {
     let Some(ctx) = common::gpu_or_skip("fp8::gpu_fp8_decode_sweep") else { return };
     let cu = ctx.default_stream();
-    let mut failures = Vec::new();
-    for (i, case) in fp8_decode_sweep_emulated().iter().enumerate().filter(|&(i, _)| common::case_selected(i)) {
+    let cases = fp8_decode_sweep_emulated();
+    common::sweep("fp8", "gpu_fp8_decode_sweep", &cases, 1, Fp8DecodeCase::label, |i, case| {
         let run = match case.base.dtype {
             DType::F16 => run_fp8_case_gpu::<f16>(&cu, case, common::case_seed(i)).map(|r| r.outcome),
             DType::Bf16 => run_fp8_case_gpu::<bf16>(&cu, case, common::case_seed(i)).map(|r| r.outcome),
         };
         let o = run.unwrap_or_else(|e| panic!("[{i}] {}: {e}", case.label()));
-        eprintln!("[{i}] {}: {}", case.label(), o.summary());
-        if !o.passed() {
-            failures.push(format!("[{i}] {}: {}", case.label(), o.summary()));
-        }
-    }
-    assert!(failures.is_empty(), "{} failing cases:\n{}", failures.len(), failures.join("\n"));
+        common::verdict(o.passed(), o.summary())
+    });
 }
 
 fn round_trip_case(format: Fp8Format, scales: ScaleKind) -> Fp8DecodeCase {

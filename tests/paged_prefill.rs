@@ -11,7 +11,7 @@ use fused_attn::paged_prefill::cases::{
 };
 use fused_attn::paged_prefill::fp8_cases::{
     check_fp8_case_emulated, fp8_paged_prefill_sweep_emulated, run_fp8_case_gpu, Fp8PagedPrefillCase,
-    Fp8PagedPrefillFixture,
+    Fp8PagedPrefillFixture, Fp8PagedPrefillOutcome,
 };
 use fused_attn::paged_prefill::{paged_prefill, PagedPrefillOptions, PagedPrefillWorkspace};
 use fused_attn::{
@@ -23,20 +23,17 @@ use half::{bf16, f16};
 /// Runs every selected case (FA_CASE) and panics listing the failures, each with its rerun command.
 fn sweep(test: &str, cases: &[(usize, PagedPrefillCase)]) {
     let emu = Emulator::new();
-    let mut failures = Vec::new();
-    for (i, c) in cases.iter().filter(|(i, _)| common::case_selected(*i)) {
-        let outcome = check_case_emulated(&emu, c, common::case_seed(*i)).unwrap();
-        let summary = outcome.summary();
-        eprintln!("[{i}] {}: {summary}", c.label());
-        if !outcome.passed() {
-            failures.push(format!(
-                "[{i}] {}: {summary}\n    {}",
-                c.label(),
-                common::rerun("paged_prefill", test, Some(*i))
-            ));
-        }
-    }
-    assert!(failures.is_empty(), "{test}: {} failing cases:\n{}", failures.len(), failures.join("\n"));
+    common::sweep(
+        "paged_prefill",
+        test,
+        cases,
+        1,
+        |(_, c)| c.label(),
+        |_, (i, c)| {
+            let outcome = check_case_emulated(&emu, c, common::case_seed(*i)).unwrap();
+            common::verdict(outcome.passed(), outcome.summary())
+        },
+    );
 }
 
 fn part(cases: Vec<PagedPrefillCase>, first: usize, step: usize) -> Vec<(usize, PagedPrefillCase)> {
@@ -235,20 +232,10 @@ fn gpu_paged_prefill_sweep() {
     let cu = ctx.default_stream();
     let cases: Vec<PagedPrefillCase> =
         paged_prefill_sweep_emulated().into_iter().chain(paged_prefill_variant_sweep()).collect();
-    let mut failures = Vec::new();
-    for (i, c) in cases.iter().enumerate().filter(|(i, _)| common::case_selected(*i)) {
+    common::sweep("paged_prefill", "gpu_paged_prefill_sweep", &cases, 1, PagedPrefillCase::label, |i, c| {
         let outcome = check_case_gpu(&cu, c, common::case_seed(i)).unwrap();
-        let summary = outcome.summary();
-        eprintln!("[{i}] {}: {summary}", c.label());
-        if !outcome.passed() {
-            failures.push(format!(
-                "[{i}] {}: {summary}\n    {}",
-                c.label(),
-                common::rerun("paged_prefill", "gpu_paged_prefill_sweep", Some(i))
-            ));
-        }
-    }
-    assert!(failures.is_empty(), "gpu_paged_prefill_sweep: {} failing cases:\n{}", failures.len(), failures.join("\n"));
+        common::verdict(outcome.passed(), outcome.summary())
+    });
 }
 
 /// The FP8 sweep (both formats and scale kinds, page sizes 1..256, every width, GQA, splits, variants)
@@ -258,20 +245,7 @@ fn gpu_paged_prefill_sweep() {
 #[test]
 fn emulated_fp8_paged_prefill_sweep() {
     let emu = Emulator::new();
-    let mut failures = Vec::new();
-    for (i, c) in fp8_paged_prefill_sweep_emulated().iter().enumerate().filter(|&(i, _)| common::case_selected(i)) {
-        let o = check_fp8_case_emulated(&emu, c, common::case_seed(i)).unwrap();
-        eprintln!("[{i}] {}: {}", c.label(), o.summary());
-        if !o.passed() || o.quant_rel_l2_err >= 0.1 {
-            failures.push(format!(
-                "[{i}] {}: {}\n    {}",
-                c.label(),
-                o.summary(),
-                common::rerun("paged_prefill", "emulated_fp8_paged_prefill_sweep", Some(i))
-            ));
-        }
-    }
-    assert!(failures.is_empty(), "{} failing cases:\n{}", failures.len(), failures.join("\n"));
+    fp8_sweep("emulated_fp8_paged_prefill_sweep", |c, seed| check_fp8_case_emulated(&emu, c, seed));
 }
 
 /// The FP8 sweep on a GPU (skips visibly without one), judged as on the emulator.
@@ -279,19 +253,23 @@ fn emulated_fp8_paged_prefill_sweep() {
 fn gpu_fp8_paged_prefill_sweep() {
     let Some(ctx) = common::gpu_or_skip("paged_prefill::gpu_fp8_paged_prefill_sweep") else { return };
     let cu = ctx.default_stream();
-    let mut failures = Vec::new();
-    for (i, c) in fp8_paged_prefill_sweep_emulated().iter().enumerate().filter(|&(i, _)| common::case_selected(i)) {
-        let run = match c.base.dtype {
-            DType::F16 => run_fp8_case_gpu::<f16>(&cu, c, common::case_seed(i)).map(|r| r.outcome),
-            DType::Bf16 => run_fp8_case_gpu::<bf16>(&cu, c, common::case_seed(i)).map(|r| r.outcome),
-        };
-        let o = run.unwrap_or_else(|e| panic!("[{i}] {}: {e}", c.label()));
-        eprintln!("[{i}] {}: {}", c.label(), o.summary());
-        if !o.passed() || o.quant_rel_l2_err >= 0.1 {
-            failures.push(format!("[{i}] {}: {}", c.label(), o.summary()));
-        }
-    }
-    assert!(failures.is_empty(), "{} failing cases:\n{}", failures.len(), failures.join("\n"));
+    fp8_sweep("gpu_fp8_paged_prefill_sweep", |c, seed| match c.base.dtype {
+        DType::F16 => run_fp8_case_gpu::<f16>(&cu, c, seed).map(|r| r.outcome),
+        DType::Bf16 => run_fp8_case_gpu::<bf16>(&cu, c, seed).map(|r| r.outcome),
+    });
+}
+
+/// The FP8 sweep judged by `check`: against the reference over the stored cache, and the quantisation error
+/// against the 16-bit cache small against the outputs.
+fn fp8_sweep(
+    test: &str,
+    check: impl Fn(&Fp8PagedPrefillCase, u64) -> fused_attn::Result<Fp8PagedPrefillOutcome> + Sync,
+) {
+    let cases = fp8_paged_prefill_sweep_emulated();
+    common::sweep("paged_prefill", test, &cases, 1, Fp8PagedPrefillCase::label, |i, c| {
+        let o = check(c, common::case_seed(i)).unwrap_or_else(|e| panic!("[{i}] {}: {e}", c.label()));
+        common::verdict(o.passed() && o.quant_rel_l2_err < 0.1, o.summary())
+    });
 }
 
 fn fp8_case(format: Fp8Format, scales: ScaleKind) -> Fp8PagedPrefillCase {

@@ -6,8 +6,6 @@
 //! (`variants_over_constant_keys`), the window's savings in tests/cost.rs.
 mod common;
 
-use std::time::Instant;
-
 use fused_attn::decode::cases::{decode_variant_sweep, run_case_emulated, DecodeCase};
 use fused_attn::prefill::cases::{run_emulated, variant_sweep_cases, PrefillFixture};
 use fused_attn::prefill::{prefill, prefill_varlen, PrefillCase, PrefillOptions};
@@ -18,59 +16,30 @@ use fused_attn::{
 };
 use half::{bf16, f16};
 
-/// Runs `cases` on all cores with `check` (Ok(summary) or Err(summary)), printing every verdict, and fails
-/// listing every failure with the command that reruns it.
+/// Runs the variant sweep `test` over `cases` on all cores ([`common::sweep`]): case i on the seed of
+/// `seed_base + i`, judged by `check` (passed, summary); a failure names its seed.
 fn sweep<C: Sync>(
     test: &str,
     cases: &[C],
+    seed_base: usize,
     label: impl Fn(&C) -> String + Sync,
-    check: impl Fn(usize, &C) -> Result<String, String> + Sync,
+    check: impl Fn(&C, u64) -> fused_attn::Result<(bool, String)> + Sync,
 ) {
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let failures = std::sync::Mutex::new(Vec::new());
-    let start = Instant::now();
-    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
-    std::thread::scope(|s| {
-        for _ in 0..workers {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some(case) = cases.get(i) else { break };
-                if !common::case_selected(i) {
-                    continue;
-                }
-                match check(i, case) {
-                    Ok(msg) => eprintln!("ok   [{i}] {}: {msg}", label(case)),
-                    Err(msg) => {
-                        let msg =
-                            format!("[{i}] {}: {msg}\n    {}", label(case), common::rerun("variants", test, Some(i)));
-                        eprintln!("FAIL {msg}");
-                        failures.lock().unwrap().push(msg);
-                    }
-                }
-            });
+    common::sweep("variants", test, cases, common::all_cores(), label, |i, c| {
+        let seed = common::case_seed(seed_base + i);
+        match check(c, seed).map_err(|e| e.to_string())? {
+            (true, summary) => Ok(summary),
+            (false, summary) => Err(format!("{summary} (case seed {seed:#x})")),
         }
     });
-    let failures = failures.into_inner().unwrap();
-    eprintln!("{test}: {} cases in {:.1} s, {} failed", cases.len(), start.elapsed().as_secs_f64(), failures.len());
-    assert!(failures.is_empty(), "{test}: {} of {} failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
-}
-
-fn verdict(passed: bool, summary: String, seed: u64) -> Result<String, String> {
-    if passed {
-        Ok(summary)
-    } else {
-        Err(format!("{summary} (case seed {seed:#x})"))
-    }
 }
 
 #[test]
 fn emulated_prefill_variant_sweep() {
     let emu = Emulator::new();
     let cases = variant_sweep_cases();
-    sweep("emulated_prefill_variant_sweep", &cases, PrefillCase::label, |i, c| {
-        let seed = common::case_seed(7000 + i);
-        let o = fused_attn::prefill::cases::check_case_emulated(&emu, c, seed).map_err(|e| e.to_string())?;
-        verdict(o.passed(), o.summary(), seed)
+    sweep("emulated_prefill_variant_sweep", &cases, 7000, PrefillCase::label, |c, seed| {
+        fused_attn::prefill::cases::check_case_emulated(&emu, c, seed).map(|o| (o.passed(), o.summary()))
     });
 }
 
@@ -79,10 +48,8 @@ fn gpu_prefill_variant_sweep() {
     let Some(ctx) = common::gpu_or_skip("variants::gpu_prefill_variant_sweep") else { return };
     let s = ctx.default_stream();
     let cases = variant_sweep_cases();
-    sweep("gpu_prefill_variant_sweep", &cases, PrefillCase::label, |i, c| {
-        let seed = common::case_seed(7000 + i);
-        let o = fused_attn::prefill::cases::check_case_gpu(&s, c, seed).map_err(|e| e.to_string())?;
-        verdict(o.passed(), o.summary(), seed)
+    sweep("gpu_prefill_variant_sweep", &cases, 7000, PrefillCase::label, |c, seed| {
+        fused_attn::prefill::cases::check_case_gpu(&s, c, seed).map(|o| (o.passed(), o.summary()))
     });
 }
 
@@ -94,10 +61,8 @@ fn decode_label(c: &DecodeCase) -> String {
 fn emulated_decode_variant_sweep() {
     let emu = Emulator::new();
     let cases = decode_variant_sweep();
-    sweep("emulated_decode_variant_sweep", &cases, decode_label, |i, c| {
-        let seed = common::case_seed(7100 + i);
-        let o = fused_attn::decode::cases::check_case_emulated(&emu, c, seed).map_err(|e| e.to_string())?;
-        verdict(o.passed(), o.summary(), seed)
+    sweep("emulated_decode_variant_sweep", &cases, 7100, decode_label, |c, seed| {
+        fused_attn::decode::cases::check_case_emulated(&emu, c, seed).map(|o| (o.passed(), o.summary()))
     });
 }
 
@@ -106,10 +71,8 @@ fn gpu_decode_variant_sweep() {
     let Some(ctx) = common::gpu_or_skip("variants::gpu_decode_variant_sweep") else { return };
     let s = ctx.default_stream();
     let cases = decode_variant_sweep();
-    sweep("gpu_decode_variant_sweep", &cases, decode_label, |i, c| {
-        let seed = common::case_seed(7100 + i);
-        let o = fused_attn::decode::cases::check_case_gpu(&s, c, seed).map_err(|e| e.to_string())?;
-        verdict(o.passed(), o.summary(), seed)
+    sweep("gpu_decode_variant_sweep", &cases, 7100, decode_label, |c, seed| {
+        fused_attn::decode::cases::check_case_gpu(&s, c, seed).map(|o| (o.passed(), o.summary()))
     });
 }
 

@@ -53,3 +53,59 @@ pub fn rerun(file: &str, test: &str, case: Option<usize>) -> String {
     let case = case.map(|i| format!("FA_CASE={i} ")).unwrap_or_default();
     format!("rerun: FA_SEED={:#x} {case}cargo test --release --test {file} -- {test} --exact", base_seed())
 }
+
+/// Runs the selected cases of a sweep (FA_CASE: positions in `cases`) with `check` (position, case) →
+/// Ok(summary) or Err(summary), on `workers` threads (1: in order, on this thread), printing every verdict;
+/// then fails listing every failure with the command that reruns it (test `test` of tests/<file>.rs).
+pub fn sweep<C: Sync>(
+    file: &str,
+    test: &str,
+    cases: &[C],
+    workers: usize,
+    label: impl Fn(&C) -> String + Sync,
+    check: impl Fn(usize, &C) -> Result<String, String> + Sync,
+) {
+    let failures = std::sync::Mutex::new(Vec::new());
+    let run = |i: usize, case: &C| match check(i, case) {
+        Ok(msg) => eprintln!("ok   [{i}] {}: {msg}", label(case)),
+        Err(msg) => {
+            let msg = format!("[{i}] {}: {msg}\n    {}", label(case), rerun(file, test, Some(i)));
+            eprintln!("FAIL {msg}");
+            failures.lock().unwrap().push(msg);
+        }
+    };
+    let start = std::time::Instant::now();
+    if workers <= 1 {
+        cases.iter().enumerate().filter(|&(i, _)| case_selected(i)).for_each(|(i, c)| run(i, c));
+    } else {
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..workers {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(case) = cases.get(i) else { break };
+                    if case_selected(i) {
+                        run(i, case);
+                    }
+                });
+            }
+        });
+    }
+    let failures = failures.into_inner().unwrap();
+    eprintln!("{test}: {} cases in {:.1} s, {} failed", cases.len(), start.elapsed().as_secs_f64(), failures.len());
+    assert!(failures.is_empty(), "{test}: {} of {} failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
+}
+
+/// A sweep verdict from a pass flag and the case's summary.
+pub fn verdict(passed: bool, summary: String) -> Result<String, String> {
+    if passed {
+        Ok(summary)
+    } else {
+        Err(summary)
+    }
+}
+
+/// Every available core, for sweeps of independent cases.
+pub fn all_cores() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
+}
