@@ -98,6 +98,27 @@ pub(crate) fn stream_sm_count(stream: &Stream<'_>) -> Result<usize> {
     }
 }
 
+/// Checks that a split-KV workspace's partial O / LSE buffers hold a plan's `o_len` / `lse_len` fp32
+/// elements (else `OutOfBounds`, naming the plan's `num_splits`).
+pub(crate) fn check_split_fits(
+    (partial_o, partial_lse): (&Buffer, &Buffer),
+    num_splits: usize,
+    o_len: usize,
+    lse_len: usize,
+) -> Result<()> {
+    if o_len > partial_o.len() || lse_len > partial_lse.len() {
+        return Err(Error::out_of_bounds(
+            "workspace",
+            format!(
+                "holds {} / {} fp32 partial O / LSE elements, the plan ({num_splits} splits) needs {o_len} / {lse_len}",
+                partial_o.len(),
+                partial_lse.len(),
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Buffer::new's error for a DecodeWorkspace allocated on a raw stream.
 const ON_RAW_STREAM: &str =
     "a raw stream's decode workspace is the caller's memory: use DecodeWorkspace::from_device_ptrs";
@@ -200,20 +221,12 @@ impl DecodeWorkspace {
     }
 
     fn check_fits(&self, plan: &DecodePlan) -> Result<()> {
-        if plan.partial_o_len > self.partial_o.len() || plan.partial_lse_len > self.partial_lse.len() {
-            return Err(Error::out_of_bounds(
-                "workspace",
-                format!(
-                    "holds {} / {} fp32 partial O / LSE elements, the plan ({} splits) needs {} / {}",
-                    self.partial_o.len(),
-                    self.partial_lse.len(),
-                    plan.num_splits,
-                    plan.partial_o_len,
-                    plan.partial_lse_len
-                ),
-            ));
-        }
-        Ok(())
+        check_split_fits(
+            (&self.partial_o, &self.partial_lse),
+            plan.num_splits,
+            plan.partial_o_len,
+            plan.partial_lse_len,
+        )
     }
 }
 

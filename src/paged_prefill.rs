@@ -23,7 +23,7 @@
 pub mod cases;
 pub mod fp8_cases;
 
-use crate::decode::{stream_sm_count, Buffer};
+use crate::decode::{check_split_fits, stream_sm_count, Buffer};
 use crate::device::Stream;
 use crate::dtype::Element;
 use crate::error::{to_i32, Error, Result};
@@ -199,20 +199,12 @@ impl PagedPrefillWorkspace {
     }
 
     fn check_fits(&self, plan: &PagedPrefillPlan) -> Result<()> {
-        if plan.partial_o_len > self.partial_o.len() || plan.partial_lse_len > self.partial_lse.len() {
-            return Err(Error::out_of_bounds(
-                "workspace",
-                format!(
-                    "holds {} / {} fp32 partial O / LSE elements, the plan ({} splits) needs {} / {}",
-                    self.partial_o.len(),
-                    self.partial_lse.len(),
-                    plan.num_splits,
-                    plan.partial_o_len,
-                    plan.partial_lse_len
-                ),
-            ));
-        }
-        Ok(())
+        check_split_fits(
+            (&self.partial_o, &self.partial_lse),
+            plan.num_splits,
+            plan.partial_o_len,
+            plan.partial_lse_len,
+        )
     }
 }
 
