@@ -192,6 +192,20 @@ pub fn time_decode(cu: &Arc<CudaStream>, backend: &Backend, c: &DecodeCase, seed
     with_decode_timing(row, t, copy_gbps)
 }
 
+/// `row` passed to `time` (GPU stream, copy bandwidth, row) when it ran on a GPU and a copy bandwidth was
+/// measured; as it is otherwise.
+fn timed_on_gpu(
+    row: Row,
+    backend: &Backend,
+    copy_gbps: Option<f64>,
+    time: impl FnOnce(&Arc<CudaStream>, f64, Row) -> Row,
+) -> Row {
+    match (backend, copy_gbps) {
+        (Backend::Gpu { stream, .. }, Some(copy)) => time(stream, copy, row),
+        _ => row,
+    }
+}
+
 /// A decode row with its GPU timing, or failed with the timing's error.
 fn with_decode_timing(mut row: Row, t: Result<dc::DecodeTiming>, copy_gbps: f64) -> Row {
     match t {
@@ -338,13 +352,10 @@ pub fn run_decode(
         DType::F16 => run_decode_t::<f16>(backend, c, seed, dump, progress)?,
         DType::Bf16 => run_decode_t::<bf16>(backend, c, seed, dump, progress)?,
     };
-    Ok(match (backend, copy_gbps) {
-        (Backend::Gpu { stream, .. }, Some(copy)) => {
-            progress.message("decode: timing on the GPU (CUDA events, median of 30)");
-            with_decode_timing(row, dc::time_case_gpu(stream, c, seed, 5, 30), copy)
-        }
-        _ => row,
-    })
+    Ok(timed_on_gpu(row, backend, copy_gbps, |s, copy, row| {
+        progress.message("decode: timing on the GPU (CUDA events, median of 30)");
+        with_decode_timing(row, dc::time_case_gpu(s, c, seed, 5, 30), copy)
+    }))
 }
 
 /// `run --op decode --kv-dtype fp8_*`: as [`run_decode`] over the FP8 cache; the row's error columns are
@@ -362,13 +373,10 @@ pub fn run_decode_fp8(
         DType::F16 => run_decode_fp8_t::<f16>(backend, c, seed, dump, progress)?,
         DType::Bf16 => run_decode_fp8_t::<bf16>(backend, c, seed, dump, progress)?,
     };
-    Ok(match (backend, copy_gbps) {
-        (Backend::Gpu { stream, .. }, Some(copy)) => {
-            progress.message("decode: timing on the GPU (CUDA events, median of 30)");
-            with_decode_timing(row, fc::time_fp8_case_gpu(stream, c, seed, 5, 30), copy)
-        }
-        _ => row,
-    })
+    Ok(timed_on_gpu(row, backend, copy_gbps, |s, copy, row| {
+        progress.message("decode: timing on the GPU (CUDA events, median of 30)");
+        with_decode_timing(row, fc::time_fp8_case_gpu(s, c, seed, 5, 30), copy)
+    }))
 }
 
 fn run_decode_fp8_t<T: Element>(
@@ -453,13 +461,10 @@ pub fn run_paged_prefill(
         DType::F16 => run_paged_prefill_t::<f16>(backend, c, seed, dump, progress)?,
         DType::Bf16 => run_paged_prefill_t::<bf16>(backend, c, seed, dump, progress)?,
     };
-    Ok(match (backend, copy_gbps) {
-        (Backend::Gpu { stream, .. }, Some(copy)) => {
-            progress.message("paged-prefill: timing on the GPU (CUDA events, median of 20)");
-            with_paged_prefill_timing(row, ppc::time_case_gpu(stream, c, seed, 3, 20), copy)
-        }
-        _ => row,
-    })
+    Ok(timed_on_gpu(row, backend, copy_gbps, |s, copy, row| {
+        progress.message("paged-prefill: timing on the GPU (CUDA events, median of 20)");
+        with_paged_prefill_timing(row, ppc::time_case_gpu(s, c, seed, 3, 20), copy)
+    }))
 }
 
 fn run_paged_prefill_t<T: Element>(
@@ -499,13 +504,10 @@ pub fn run_paged_prefill_fp8(
         DType::F16 => run_paged_prefill_fp8_t::<f16>(backend, c, seed, dump, progress)?,
         DType::Bf16 => run_paged_prefill_fp8_t::<bf16>(backend, c, seed, dump, progress)?,
     };
-    Ok(match (backend, copy_gbps) {
-        (Backend::Gpu { stream, .. }, Some(copy)) => {
-            progress.message("paged-prefill: timing on the GPU (CUDA events, median of 20)");
-            with_paged_prefill_timing(row, pfc::time_fp8_case_gpu(stream, c, seed, 3, 20), copy)
-        }
-        _ => row,
-    })
+    Ok(timed_on_gpu(row, backend, copy_gbps, |s, copy, row| {
+        progress.message("paged-prefill: timing on the GPU (CUDA events, median of 20)");
+        with_paged_prefill_timing(row, pfc::time_fp8_case_gpu(s, c, seed, 3, 20), copy)
+    }))
 }
 
 fn run_paged_prefill_fp8_t<T: Element>(
