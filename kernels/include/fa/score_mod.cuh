@@ -9,7 +9,9 @@
 //    (an exp2 and a division for the tanh, an integer distance and an FMA for the bias), so they cannot be
 //    hoisted; a run-time branch in the inner loop would keep both paths' registers live in the plain
 //    kernel (prefill D = 128 runs at ~250 of 255). One flag rather than two doubles, not quadruples, the
-//    kernels nvcc builds; inside a kScoreMod kernel the two are uniform run-time branches.
+//    kernels nvcc builds; inside a kScoreMod kernel the two are uniform run-time branches. The sm_90a
+//    prefill kernel has no such flag: its consumers have the registers for a uniform run-time branch per
+//    tile (fa/hopper/mainloop.cuh, softmax_step, says why and what it took).
 //  - Sinks: run-time, in the epilogue (prefill, single-split decode) or the merge (split-KV): one exp2 per
 //    row, never per score.
 //
