@@ -1,10 +1,12 @@
 // Fused prefill attention for sm_90a (Hopper): the same problem, semantics and outputs as kernels/prefill.cu,
 // built from wgmma, TMA and mbarriers with warp specialisation (FlashAttention-3's structure).
 //
-// One CTA per (query tile of 128 rows, query head, sequence); 3 warpgroups (fa/hopper/traits.cuh):
-//   warpgroup 0, the producer (setmaxnreg.dec to 40): one thread issues TMA loads of the Q tile once and of
-//     the K/V tiles into a ring of stages guarded by full/empty mbarriers (fa/hopper/producer.cuh);
-//   warpgroups 1 and 2, the consumers (setmaxnreg.inc to 232): 64 query rows each, S = Q Kᵀ by wgmma SS,
+// One CTA per (query tile of Br rows, query head, sequence); 1 + kConsumers warpgroups (fa/hopper/traits.cuh:
+// Br = 128 with 2 consumers for D 128 and 256, Br = 192 with 3 for D 64):
+//   warpgroup 0, the producer (setmaxnreg.dec to 40, or 24 with 3 consumers): one thread issues TMA loads of
+//     the Q tile once and of the K/V tiles into a ring of stages guarded by full/empty mbarriers
+//     (fa/hopper/producer.cuh);
+//   the others, the consumers (setmaxnreg.inc to 232, or 160): 64 query rows each, S = Q Kᵀ by wgmma SS,
 //     softcap/ALiBi, mask, online softmax, O += P V by wgmma RS, then release the stage
 //     (fa/hopper/mainloop.cuh); finally O /= rowsum (with the sink), LSE, and 16-byte stores through shared
 //     memory (fa/hopper/epilogue.cuh).

@@ -99,6 +99,29 @@ fn emulated_sm90_variants() {
     run_cases("emulated_sm90_variants", cases.into_iter().map(sm90).collect(), 20);
 }
 
+/// D = 64 runs three consumer warpgroups (Br = 192, fa/hopper/traits.cuh): query lengths around one and two
+/// query tiles (191, 192, 193, 385), causal and not, Tq > Tk and Tq < Tk, varlen with sequences ending on
+/// both sides of a tile edge, GQA, and one case with every score variant: each consumer's rows, the
+/// pingpong ring of three, the ragged last tile.
+#[test]
+fn emulated_sm90_d64_three_consumers() {
+    assert_eq!(Sm90Tile::for_head_dim(64).unwrap().block_m, 192);
+    let mut cases = vec![
+        PrefillCase::dense(DType::Bf16, 64, true, 193, 193, (2, 1)),
+        PrefillCase::dense(DType::F16, 64, false, 191, 300, (4, 2)),
+        PrefillCase::dense(DType::Bf16, 64, true, 385, 129, (2, 2)),
+        PrefillCase::dense(DType::F16, 64, false, 192, 64, (3, 1)),
+    ];
+    let mut varlen = PrefillCase::dense(DType::Bf16, 64, true, 0, 0, (4, 2));
+    varlen.varlen = Some(vec![(192, 192), (193, 250), (1, 5), (130, 61)]);
+    (varlen.batch, varlen.seqlen_q, varlen.seqlen_k) = (4, 193, 250);
+    let mut all = varlen.clone();
+    (all.dtype, all.causal, all.layout) = (DType::F16, false, CaseLayout::Padded);
+    all.variants = CaseVariants { window: Some((100, 30)), softcap: Some(8.0), alibi: CaseAlibi::PerHead, sinks: true };
+    cases.extend([varlen, all]);
+    run_cases("emulated_sm90_d64_three_consumers", cases.into_iter().map(sm90).collect(), 6);
+}
+
 fn run_cases(name: &str, cases: Vec<PrefillCase>, at_least: usize) {
     let emu = Emulator::new();
     let next = std::sync::atomic::AtomicUsize::new(0);

@@ -66,7 +66,7 @@ pub const SM90_SOFTCAP_RANGE: std::ops::RangeInclusive<f32> = f32::from_bits(63 
 /// The sm_90a kernel's tile for one head dim (kernels/include/fa/hopper/traits.cuh, which says why).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sm90Tile {
-    /// Query rows per CTA (two consumer warpgroups of 64).
+    /// Query rows per CTA: 64 per consumer warpgroup, two (D 128, 256) or three (D 64).
     pub block_m: usize,
     /// Keys per KV tile.
     pub block_n: usize,
@@ -74,12 +74,13 @@ pub struct Sm90Tile {
 
 impl Sm90Tile {
     pub fn for_head_dim(head_dim: usize) -> Option<Self> {
-        let block_n = match head_dim {
-            64 | 128 => 128,
-            256 => 64,
+        let (block_m, block_n) = match head_dim {
+            64 => (192, 128),
+            128 => (128, 128),
+            256 => (128, 64),
             _ => return None,
         };
-        Some(Self { block_m: 128, block_n })
+        Some(Self { block_m, block_n })
     }
 }
 
@@ -255,6 +256,7 @@ mod tests {
 
     #[test]
     fn tiles_and_names() {
+        assert_eq!(Sm90Tile::for_head_dim(64), Some(Sm90Tile { block_m: 192, block_n: 128 }));
         assert_eq!(Sm90Tile::for_head_dim(128), Some(Sm90Tile { block_m: 128, block_n: 128 }));
         assert_eq!(Sm90Tile::for_head_dim(256), Some(Sm90Tile { block_m: 128, block_n: 64 }));
         assert_eq!(Sm90Tile::for_head_dim(96), None);

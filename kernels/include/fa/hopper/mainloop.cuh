@@ -10,7 +10,7 @@
 //                     MN-major (head dim contiguous) from its panels;
 //   release the stage (one arrive per warpgroup on its empty barrier, after the wgmma_wait that
 //   completes every read of it).
-// The loop overlaps each tile's softmax with the previous tile's P·V (intra-warpgroup overlap) and the two
+// The loop overlaps each tile's softmax with the previous tile's P·V (intra-warpgroup overlap) and the
 // warpgroups' GEMMs with each other's softmax (pingpong); see consume() and Pingpong below.
 #pragma once
 
@@ -27,7 +27,7 @@
 FA_NAMESPACE_BEGIN
 namespace hopper {
 
-// Named barrier of the two consumer warpgroups (id 0 is sync_threads').
+// Named barrier of the consumer warpgroups (id 0 is sync_threads').
 constexpr int kConsumerBarrier = 1;
 
 // wgmma descriptors of the 128B-swizzled panels (fa/hopper/traits.cuh). K-major (Q as A, K as B): 8 rows
@@ -49,10 +49,10 @@ template <int N> FA_DEVICE float (&fragments(WgmmaAcc<N> &acc))[1][N / 8][4] {
   return *reinterpret_cast<float(*)[1][N / 8][4]>(acc.raw());
 }
 
-// Rows [valid, Bc) of every V panel of a stage set to 0 by both consumer warpgroups (whole 128-byte rows:
+// Rows [valid, Bc) of every V panel of a stage set to 0 by all consumer warpgroups (whole 128-byte rows:
 // the swizzle only permutes chunks within a row). In varlen those rows are the next sequence's: their P is
 // 0, but 0 · NaN would still be NaN. The proxy fence makes the stores visible to wgmma; the named barrier
-// to the other warpgroup (both read the whole stage).
+// to the other warpgroups (all read the whole stage).
 template <class Tr> FA_DEVICE void zero_v_rows(unsigned char *sV, int valid) {
   constexpr int kConsumerThreads = Tr::kConsumers * kWarpgroupThreads;
   const int t = thread_idx() - kWarpgroupThreads;
@@ -84,24 +84,27 @@ FA_DEVICE float softmax_scale_log2(const FaPrefillParams &p) {
   return needs_score_mod(p.score_mod) ? 1.0f : p.scale_log2;
 }
 
-// Pingpong between the two consumer warpgroups (FA3's warp scheduler barriers): each warpgroup issues its
-// wgmmas inside a window that opens when the other has issued its own (named barrier kPingpong + c: 128
-// threads of c wait there, 128 of the other arrive), so the tensor cores alternate between them and one
-// warpgroup's softmax runs while the other's GEMMs do. Consumer 1 opens consumer 0's first window; each
-// warpgroup opens the other's next window after issuing, except consumer 1 after its last (nobody waits
-// for it), so every barrier generation gets exactly 256 threads.
-constexpr int kPingpong = 2; // ids 2 and 3
-struct Pingpong {
-  int c;        // this consumer (0 or 1)
+// Pingpong among the consumer warpgroups, a ring of kConsumers (FA3's warp scheduler barriers): each
+// warpgroup issues its wgmmas inside a window that opens when the previous one in the ring has issued its
+// own (named barrier kPingpong + c: 128 threads of c wait there, 128 of c − 1 arrive), so the tensor cores
+// take the warpgroups in turn and the others' softmax runs meanwhile. The last consumer opens consumer
+// 0's first window; each warpgroup opens the next one's window after issuing, except the last consumer
+// after its last (nobody waits for it): all have the same windows (the CTA's KV tiles + 1), so every
+// barrier generation gets exactly 256 threads, and a warpgroup cannot arrive twice before its successor
+// waited once (its next window needs the whole ring to have gone round, the successor included).
+constexpr int kPingpong = 2; // ids 2 .. 1 + kConsumers
+template <int kConsumers> struct Pingpong {
+  int c;        // this consumer (0 .. kConsumers − 1)
   int windows;  // windows this warpgroup opens in total (tiles + 1)
   int opened = 0;
   FA_DEVICE void start() const {
-    if (c == 1) named_barrier_arrive(kPingpong + 0, 2 * kWarpgroupThreads);
+    if (c == kConsumers - 1) named_barrier_arrive(kPingpong + 0, 2 * kWarpgroupThreads);
   }
   FA_DEVICE void open() const { named_barrier_sync(kPingpong + c, 2 * kWarpgroupThreads); }
   FA_DEVICE void close() {
     ++opened;
-    if (c == 0 || opened < windows) named_barrier_arrive(kPingpong + (1 - c), 2 * kWarpgroupThreads);
+    if (c < kConsumers - 1 || opened < windows)
+      named_barrier_arrive(kPingpong + (c + 1) % kConsumers, 2 * kWarpgroupThreads);
   }
 };
 
@@ -187,7 +190,7 @@ FA_DEVICE void consume(unsigned char *smem, const Barriers<Tr::kStages> &bars, c
   const unsigned char *sQ = smem + ct.wg * 64 * kPanelRowBytes; // this warpgroup's 64 rows of each panel
   auto stage_k = [&](int stage) { return smem + Tr::kQBytes + stage * Tr::kStageBytes; };
   auto masked = [&](int n) { return n >= range.n_mask_begin || n < range.n_interior_begin; };
-  Pingpong pingpong{ct.wg, range.n_end - range.n_begin + 1};
+  Pingpong<Tr::kConsumers> pingpong{ct.wg, range.n_end - range.n_begin + 1};
   pingpong.start();
   mbarrier_wait(bars.q_full, 0);
 
