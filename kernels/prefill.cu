@@ -74,30 +74,6 @@ template <class T, class Cfg> struct CtaContext {
 // The buffer after `buf` in the ring of Cfg::kStages K/V buffers.
 template <class Cfg> FA_DEVICE int next_buffer(int buf) { return buf + 1 == Cfg::kStages ? 0 : buf + 1; }
 
-// Softcap and ALiBi of this warp's scores (rows row0 + [0, 16·kMT), keys key0 + [0, 8·kNB)), in place; the
-// result is in the exp2 domain (fa/score_mod.cuh), so the softmax then runs with a scale of 1.
-template <int kMT, int kNB>
-FA_DEVICE void apply_score_mod(float (&s)[kMT][kNB][4], int row0, int key0, int diag, const ScoreMod &mod,
-                               float slope_log2) {
-  const int g = lane_id() >> 2;
-  const int t = lane_id() & 3;
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int diag_key = row0 + 16 * mt + 8 * h + g + diag;
-#pragma unroll
-      for (int nb = 0; nb < kNB; ++nb) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int dist = diag_key - (key0 + 8 * nb + 2 * t + e);
-          s[mt][nb][2 * h + e] = mod.apply(s[mt][nb][2 * h + e], slope_log2, dist < 0 ? -dist : dist);
-        }
-      }
-    }
-  }
-}
-
 // One KV tile: prefetch the next (down to n_begin), wait for this one, S = Q Kᵀ, (score variants), (mask),
 // online softmax, O += P V.
 template <bool kMasked, bool kVariant, class T, class Cfg>

@@ -1,18 +1,23 @@
 // Fused prefill attention for sm_90a (Hopper): the same problem, semantics and outputs as kernels/prefill.cu,
 // built from wgmma, TMA and mbarriers with warp specialisation (FlashAttention-3's structure).
 //
-// One CTA per (query tile of 128 rows, query head, sequence); 3 warpgroups (fa/hopper/traits.cuh):
-//   warpgroup 0, the producer (setmaxnreg.dec to 40): one thread issues TMA loads of the Q tile once and of
-//     the K/V tiles into a ring of stages guarded by full/empty mbarriers (fa/hopper/producer.cuh);
-//   warpgroups 1 and 2, the consumers (setmaxnreg.inc to 232): 64 query rows each, S = Q Kᵀ by wgmma SS,
-//     mask, online softmax, O += P V by wgmma RS, then release the stage (fa/hopper/mainloop.cuh); finally
-//     O /= rowsum (with the sink), LSE, and 16-byte stores through shared memory (fa/hopper/epilogue.cuh).
+// One CTA per (query tile of Br rows, query head, sequence); 1 + kConsumers warpgroups (fa/hopper/traits.cuh:
+// Br = 128 with 2 consumers for D 128 and 256, Br = 192 with 3 for D 64):
+//   warpgroup 0, the producer (setmaxnreg.dec to 40, or 24 with 3 consumers): one thread issues TMA loads of
+//     the Q tile once and of the K/V tiles into a ring of stages guarded by full/empty mbarriers
+//     (fa/hopper/producer.cuh);
+//   the others, the consumers (setmaxnreg.inc to 232, or 160): 64 query rows each, S = Q Kᵀ by wgmma SS,
+//     softcap/ALiBi, mask, online softmax, O += P V by wgmma RS, then release the stage
+//     (fa/hopper/mainloop.cuh); finally O /= rowsum (with the sink), LSE, and 16-byte stores through shared
+//     memory (fa/hopper/epilogue.cuh).
 // KV tiles are visited top down over kv_block_range (causal and window tiles skipped as in the sm_80 kernel);
 // causal grids run the longest query tiles first (fa/hopper/tile_scheduler.cuh).
 //
-// Supported: fp16/bf16, D 64/128/256, dense and varlen, GQA, causal, LSE, sliding window, sinks. Softcap
-// and ALiBi are not (the Rust layer keeps those on the sm_80 kernel). The tensor maps are made by the Rust
-// side (src/prefill/sm90.rs) for the backend that runs the kernel.
+// Supported: fp16/bf16, D 64/128/256, dense and varlen, GQA, causal, LSE, and every score variant (sliding
+// window, softcap, ALiBi, sinks) with the sm_80 kernel's semantics and code (fa/score_mod.cuh); softcap and
+// ALiBi are a run-time branch per tile rather than separate kernels (fa/hopper/mainloop.cuh, softmax_step,
+// says why). The tensor maps are made by the Rust side (src/prefill/sm90.rs) for the backend that runs the
+// kernel.
 #include "fa/abi.h"
 #include "fa/hopper/epilogue.cuh"
 #include "fa/hopper/mainloop.cuh"
@@ -73,14 +78,16 @@ template <class T, int kHeadDim> FA_DEVICE void prefill_sm90_kernel(const FaPref
     ct.tk = seq.tk;
     ct.window = window;
     ct.zero_ragged_v = varlen;
+    ct.tanh_in = ScoreMod::tanh_input(p.scale, p.score_mod.softcap);
+    ct.slope_log2 = alibi_slope_log2(p.score_mod, work.batch, work.head);
     WgmmaAcc<kHeadDim> o;
 #pragma unroll
     for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
     OnlineSoftmax<1> softmax;
     softmax.init();
-    if (range.n_end > range.n_begin) consume<T, Tr>(smem, bars, range, ct, p.scale_log2, o, softmax);
+    if (range.n_end > range.n_begin) consume<T, Tr>(smem, bars, range, ct, p, o, softmax);
     float lse[2];
-    softmax.finalize(fragments(o), lse, p.scale_log2, sink_logit(p.score_mod, work.head));
+    softmax.finalize(fragments(o), lse, softmax_scale_log2(p), sink_logit(p.score_mod, work.head));
     const int rows_left = seq.tq - (ct.warp_row0);
     store_output<T, Tr>(p, smem, o, lse, c, seq.o_offset + (int64_t)ct.warp_row0 * p.o_row_stride,
                         seq.lse_offset + ct.warp_row0, rows_left);
@@ -144,9 +151,10 @@ int dispatch_sm90(const FaPrefillSm90Params &p, FaExec *exec) {
 } // namespace fa
 
 // The sm_80 launcher's checks (fa_prefill validates the same FaPrefillParams: pointers, alignment, strides,
-// sizes, score variants) via a dry run in record mode, then this kernel's own: no softcap or ALiBi.
+// sizes, score variants) via a dry run in record mode, then this kernel's own: the tile of the maps, and a
+// softcap its inline division is exact for (fa/score_mod.cuh).
 extern "C" int fa_prefill_sm90(FaPrefillSm90Params p, FaExec *exec) {
-  if (fa::needs_score_mod(p.base.score_mod)) return FA_ERR_UNSUPPORTED;
+  if (!fa::softcap_inline_division_ok(p.base.score_mod.softcap)) return FA_ERR_UNSUPPORTED;
   FaExec dry{};
   dry.mode = FA_EXEC_RECORD;
   const int status = fa_prefill(p.base, &dry);

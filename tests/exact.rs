@@ -43,7 +43,7 @@ use fused_attn::cost_model::decode_tile_tokens;
 use fused_attn::decode::cases::{run_inputs_emulated, DecodeCase, DecodeInputs, PagedFixture};
 use fused_attn::plan::DecodePlan;
 use fused_attn::prefill::cases::{run_emulated, PrefillFixture};
-use fused_attn::prefill::{CaseLayout, PrefillCase, TileConfig};
+use fused_attn::prefill::{CaseLayout, PrefillCase, PrefillKernel, TileConfig};
 use fused_attn::reference::{self, fp32_chain_gamma, half_ulp};
 use fused_attn::score_mod::{CaseAlibi, CaseVariants};
 use fused_attn::{DType, Element, Emulator};
@@ -808,6 +808,33 @@ fn one_token_of_4097_exceeds_the_bounds() {
 
 // ------------------------------------------------------------------------------------------------ variants
 
+/// The variants of [`variants_over_constant_keys`] (ALiBi has no constant-key closed form).
+const CONSTANT_KEY_VARIANTS: [CaseVariants; 5] = [
+    CaseVariants { window: Some((100, 0)), softcap: None, alibi: CaseAlibi::None, sinks: false },
+    CaseVariants { window: Some((37, 20)), softcap: None, alibi: CaseAlibi::None, sinks: false },
+    CaseVariants { window: None, softcap: None, alibi: CaseAlibi::None, sinks: true },
+    CaseVariants { window: Some((64, -1)), softcap: None, alibi: CaseAlibi::None, sinks: true },
+    CaseVariants { window: Some((50, 0)), softcap: Some(0.5), alibi: CaseAlibi::None, sinks: false },
+];
+
+/// The prefill cases of [`variants_over_constant_keys`] for variant `i`, run with `kernel`: dense causal
+/// or not, and varlen with Tq > Tk (empty rows under causal) and Tq < Tk.
+fn prefill_constant_key_variant_verdicts(emu: &Emulator, i: usize, kernel: PrefillKernel) -> [Verdict; 2] {
+    let v = CONSTANT_KEY_VARIANTS[i];
+    let causal = v.window.is_some_and(|w| w.1 == 0);
+    let mut dense = prefill_case(DType::Bf16, 128, (2, 1), 1, 300, 300, causal);
+    dense.variants = v;
+    dense.kernel = kernel;
+    let mut varlen = prefill_case(DType::F16, 64, (4, 2), 3, 150, 260, causal);
+    varlen.varlen = Some(vec![(150, 20), (0, 5), (70, 260)]);
+    varlen.variants = v;
+    varlen.kernel = kernel;
+    [
+        run_prefill(emu, "constant keys", &dense, None, common::case_seed(70 + i)),
+        run_prefill(emu, "constant keys", &varlen, None, common::case_seed(80 + i)),
+    ]
+}
+
 /// Score variants over constant keys (docs/semantics.md, "Score variants"): a window of w keys gives
 /// LSE = t + ln w and O = the mean of those w V rows; a sink gives LSE = log(e^σ + n e^t) and O scaled by
 /// n e^t / (e^σ + n e^t) (an empty row: O = 0, LSE = σ); a softcap c replaces t by c·tanh(t/c). Prefill
@@ -817,23 +844,8 @@ fn one_token_of_4097_exceeds_the_bounds() {
 fn variants_over_constant_keys() {
     let emu = Emulator::new();
     let mut verdicts = Vec::new();
-    let variants = [
-        CaseVariants { window: Some((100, 0)), ..Default::default() },
-        CaseVariants { window: Some((37, 20)), ..Default::default() },
-        CaseVariants { sinks: true, ..Default::default() },
-        CaseVariants { window: Some((64, -1)), sinks: true, ..Default::default() },
-        CaseVariants { window: Some((50, 0)), softcap: Some(0.5), ..Default::default() },
-    ];
-    for (i, v) in variants.iter().enumerate() {
-        let causal = v.window.is_some_and(|w| w.1 == 0);
-        let mut dense = prefill_case(DType::Bf16, 128, (2, 1), 1, 300, 300, causal);
-        dense.variants = *v;
-        verdicts.push(run_prefill(&emu, "constant keys", &dense, None, common::case_seed(70 + i)));
-        // Varlen with Tq > Tk (empty rows under causal) and Tq < Tk.
-        let mut varlen = prefill_case(DType::F16, 64, (4, 2), 3, 150, 260, causal);
-        varlen.varlen = Some(vec![(150, 20), (0, 5), (70, 260)]);
-        varlen.variants = *v;
-        verdicts.push(run_prefill(&emu, "constant keys", &varlen, None, common::case_seed(80 + i)));
+    for (i, v) in CONSTANT_KEY_VARIANTS.iter().enumerate() {
+        verdicts.extend(prefill_constant_key_variant_verdicts(&emu, i, PrefillKernel::Auto));
         for (j, splits) in [Some(1), Some(2), Some(max_splits(2100))].into_iter().enumerate() {
             let mut case = decode_case(DType::Bf16, 128, (8, 2), 16, vec![0, 1, 40, 2100], splits);
             case.variants = *v;
@@ -850,6 +862,17 @@ fn variants_over_constant_keys() {
         }
     }
     judge("variants_over_constant_keys", &verdicts);
+}
+
+/// The same prefill closed forms on the sm_90a kernel (emulated): every constant-key variant, the softcap's
+/// c·tanh(t/c) included.
+#[test]
+fn sm90_variants_over_constant_keys() {
+    let emu = Emulator::new();
+    let verdicts: Vec<Verdict> = (0..CONSTANT_KEY_VARIANTS.len())
+        .flat_map(|i| prefill_constant_key_variant_verdicts(&emu, i, PrefillKernel::Sm90))
+        .collect();
+    judge("sm90_variants_over_constant_keys", &verdicts);
 }
 
 // ------------------------------------------------------------------------------------------ paged prefill

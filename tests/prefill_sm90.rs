@@ -1,7 +1,9 @@
 //! The sm_90a prefill kernel (kernels/prefill_sm90.cu) on the host emulator, forced with
 //! `PrefillKernel::Sm90`, with every emulator check active (races, wgmma/TMA/mbarrier misuse, bounds):
-//! a slice of the shared sweep chosen to cover each axis at small sizes (emulating wgmma is slow), varlen
-//! with NaN in the rows past the last sequence (which a TMA box of a ragged tile reads), the kernel choice
+//! a slice of the shared sweep chosen to cover each axis at small sizes (emulating wgmma is slow), the score
+//! variants (window, softcap, ALiBi, sinks: the variant sweep's cases and every variant on every sm90 head
+//! dim), varlen with NaN in the rows past the last sequence (which a TMA box of a ragged tile reads), the
+//! kernel choice
 //! (`Auto` on the emulator is the sm_80 kernel; forcing sm90 where it cannot run is a typed error), and
 //! determinism across scheduling seeds. The whole emulated sweep runs with
 //! `fused-attn report --backend emu --kernel sm90` (and FA_PREFILL_SWEEP=sm90-all here).
@@ -10,8 +12,11 @@ mod common;
 use std::time::Instant;
 
 use fused_attn::prefill::cases::{run_emulated, variant_sweep_cases, PrefillFixture};
-use fused_attn::prefill::{prefill, prefill_varlen, sweep_cases, PrefillCase, PrefillKernel, PrefillOptions, Sm90Tile};
-use fused_attn::score_mod::{CaseAlibi, ScoreMod};
+use fused_attn::prefill::{
+    prefill, prefill_varlen, sweep_cases, CaseLayout, PrefillCase, PrefillKernel, PrefillOptions, Sm90Tile,
+    SM90_HEAD_DIMS, SM90_SOFTCAP_RANGE,
+};
+use fused_attn::score_mod::{AlibiSlopes, CaseAlibi, CaseVariants, ScoreMod};
 use fused_attn::{DType, Element, Emulator, ErrorKind, Stream, TensorView, TensorViewMut};
 use half::{bf16, f16};
 
@@ -21,7 +26,7 @@ fn sm90(mut c: PrefillCase) -> PrefillCase {
 }
 
 fn supported(c: &PrefillCase) -> bool {
-    Sm90Tile::for_head_dim(c.head_dim).is_some() && c.variants.softcap.is_none() && c.variants.alibi == CaseAlibi::None
+    Sm90Tile::for_head_dim(c.head_dim).is_some() && c.variants.softcap.is_none_or(|s| SM90_SOFTCAP_RANGE.contains(&s))
 }
 
 /// The emulated slice: from the emulation sweep, every case of D 64 and 256 and the structural ones (GQA,
@@ -67,12 +72,54 @@ fn emulated_sm90_sweep() {
     run_cases("emulated_sm90_sweep", slice(), 60);
 }
 
-/// The score-variant sweep's cases the sm90 kernel has (sliding windows, sinks, with causal; dense and
-/// varlen): window tiles skipped on both sides, left-edge masks, the sink in the epilogue.
+/// The score-variant sweep's cases of the sm90 head dims (every variant alone and combined, causal and not,
+/// dense and varlen): window tiles skipped on both sides, left-edge masks, softcap and ALiBi on every score
+/// (ALiBi per head and per sequence), the sink in the epilogue; then softcap and ALiBi on every sm90 head dim
+/// (the sweep leaves some pairs out): softcap alone, and all four variants together, causal, GQA, varlen
+/// with an empty sequence, Tq and Tk across the tile edges.
 #[test]
 fn emulated_sm90_variants() {
-    let cases: Vec<PrefillCase> = variant_sweep_cases().into_iter().filter(supported).map(sm90).collect();
-    run_cases("emulated_sm90_variants", cases, 5);
+    let mut cases: Vec<PrefillCase> = variant_sweep_cases().into_iter().filter(supported).collect();
+    assert!(
+        cases.iter().any(|c| c.variants.softcap.is_some()) && cases.iter().any(|c| c.variants.alibi != CaseAlibi::None)
+    );
+    for (i, &d) in SM90_HEAD_DIMS.iter().enumerate() {
+        let dtype = if i % 2 == 0 { DType::Bf16 } else { DType::F16 };
+        let mut capped = PrefillCase::dense(dtype, d, false, 129, 70, (4, 2));
+        capped.variants = CaseVariants { softcap: Some(5.0 + i as f32), ..Default::default() };
+        cases.push(capped);
+        let mut all = PrefillCase::dense(dtype, d, true, 0, 0, (4, 1));
+        all.varlen = Some(vec![(130, 140), (0, 3), (20, 129)]);
+        (all.batch, all.seqlen_q, all.seqlen_k) = (3, 130, 140);
+        all.layout = CaseLayout::Padded;
+        let alibi = if i == 1 { CaseAlibi::PerSequence } else { CaseAlibi::PerHead };
+        all.variants = CaseVariants { window: Some((90, 0)), softcap: Some(3.0), alibi, sinks: true };
+        cases.push(all);
+    }
+    run_cases("emulated_sm90_variants", cases.into_iter().map(sm90).collect(), 20);
+}
+
+/// D = 64 runs three consumer warpgroups (Br = 192, fa/hopper/traits.cuh): query lengths around one and two
+/// query tiles (191, 192, 193, 385), causal and not, Tq > Tk and Tq < Tk, varlen with sequences ending on
+/// both sides of a tile edge, GQA, and one case with every score variant: each consumer's rows, the
+/// pingpong ring of three, the ragged last tile.
+#[test]
+fn emulated_sm90_d64_three_consumers() {
+    assert_eq!(Sm90Tile::for_head_dim(64).unwrap().block_m, 192);
+    let mut cases = vec![
+        PrefillCase::dense(DType::Bf16, 64, true, 193, 193, (2, 1)),
+        PrefillCase::dense(DType::F16, 64, false, 191, 300, (4, 2)),
+        PrefillCase::dense(DType::Bf16, 64, true, 385, 129, (2, 2)),
+        PrefillCase::dense(DType::F16, 64, false, 192, 64, (3, 1)),
+    ];
+    let mut varlen = PrefillCase::dense(DType::Bf16, 64, true, 0, 0, (4, 2));
+    varlen.varlen = Some(vec![(192, 192), (193, 250), (1, 5), (130, 61)]);
+    (varlen.batch, varlen.seqlen_q, varlen.seqlen_k) = (4, 193, 250);
+    let mut all = varlen.clone();
+    (all.dtype, all.causal, all.layout) = (DType::F16, false, CaseLayout::Padded);
+    all.variants = CaseVariants { window: Some((100, 30)), softcap: Some(8.0), alibi: CaseAlibi::PerHead, sinks: true };
+    cases.extend([varlen, all]);
+    run_cases("emulated_sm90_d64_three_consumers", cases.into_iter().map(sm90).collect(), 6);
 }
 
 fn run_cases(name: &str, cases: Vec<PrefillCase>, at_least: usize) {
@@ -188,13 +235,29 @@ fn kernel_choice_and_typed_errors() {
     // Head dims and variants the sm90 kernel lacks: Unsupported when forced, sm_80 under Auto.
     assert_eq!(run(96, with(PrefillKernel::Sm90)).unwrap_err().kind(), &ErrorKind::Unsupported);
     assert_eq!(run(96, with(PrefillKernel::Auto)).unwrap(), "fa_prefill_bf16_d96");
-    let softcap = ScoreMod { softcap: Some(20.0), ..Default::default() };
-    let e = run(128, PrefillOptions { score_mod: softcap, kernel: PrefillKernel::Sm90, ..Default::default() });
+    // Every variant it has (window, softcap, ALiBi, sinks) ...
+    let slopes = [0.25f32, 0.5];
+    let slopes = TensorView::host(&slopes, [2]).unwrap();
+    let sinks = [0.5f32, -1.0];
+    let sinks = TensorView::host(&sinks, [2]).unwrap();
+    let all = ScoreMod {
+        window: Some((7, 0)),
+        softcap: Some(20.0),
+        alibi_slopes: Some(AlibiSlopes::PerHead(&slopes)),
+        sinks: Some(&sinks),
+    };
+    for score_mod in [all, ScoreMod { softcap: Some(20.0), ..Default::default() }] {
+        let r = run(128, PrefillOptions { score_mod, kernel: PrefillKernel::Sm90, ..Default::default() });
+        assert_eq!(r.unwrap(), "fa_prefill_sm90_bf16_d128");
+        // ... and Auto keeps the sm_80 kernel on the emulator, with or without variants.
+        let r = run(128, PrefillOptions { score_mod, ..Default::default() });
+        assert_eq!(r.unwrap(), "fa_prefill_bf16_d128_mod");
+    }
+    // A softcap past the range its inline division is exact on: Unsupported when forced, sm_80 under Auto.
+    let far = ScoreMod { softcap: Some(1e30), ..Default::default() };
+    let e = run(128, PrefillOptions { score_mod: far, kernel: PrefillKernel::Sm90, ..Default::default() });
     assert_eq!(e.unwrap_err().kind(), &ErrorKind::Unsupported);
-    // Window and sinks it has.
-    let window = ScoreMod { window: Some((7, 0)), ..Default::default() };
-    let r = run(128, PrefillOptions { score_mod: window, kernel: PrefillKernel::Sm90, ..Default::default() });
-    assert_eq!(r.unwrap(), "fa_prefill_sm90_bf16_d128");
+    assert_eq!(run(128, PrefillOptions { score_mod: far, ..Default::default() }).unwrap(), "fa_prefill_bf16_d128_mod");
 }
 
 /// Every scheduling seed gives bit-identical outputs (the producer/consumer interleaving is the seed's).

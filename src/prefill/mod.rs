@@ -21,7 +21,7 @@ pub mod cases;
 pub mod sm90;
 
 pub use cases::{sweep_cases, CaseLayout, PrefillCase, SWEEP_SEQLENS};
-pub use sm90::{PrefillKernel, Sm90Tile, SM90_HEAD_DIMS};
+pub use sm90::{PrefillKernel, Sm90Tile, SM90_HEAD_DIMS, SM90_SOFTCAP_RANGE};
 
 use crate::device::Stream;
 use crate::dtype::Element;

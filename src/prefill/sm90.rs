@@ -3,8 +3,9 @@
 //! q, k and v, encoded for the backend that runs it (src/tensor_map.rs).
 //!
 //! [`PrefillKernel::Auto`] takes the sm_90a kernel on a GPU of compute capability 9.0 when it supports the
-//! call (head dim 64, 128 or 256; no softcap or ALiBi; tensors TMA can address), and the sm_80 kernel
-//! otherwise, silently. On the emulator `Auto` keeps the sm_80 kernel (the emulator has no compute
+//! call (head dim 64, 128 or 256; a softcap, if any, in [`SM90_SOFTCAP_RANGE`]; tensors TMA can address),
+//! and the sm_80 kernel otherwise, silently. Every score variant (window, softcap, ALiBi, sinks) runs on both
+//! kernels with the same semantics. On the emulator `Auto` keeps the sm_80 kernel (the emulator has no compute
 //! capability to choose by; tests and the runner pick the sm_90a kernel with [`PrefillKernel::Sm90`]).
 //! Forcing `Sm90` where it cannot run is a typed error, never a silent fallback: `Arch` on a GPU that is
 //! not compute capability 9.0, `Unsupported` for a head dim or variant it lacks, the tensor map's own error
@@ -58,10 +59,14 @@ impl FromStr for PrefillKernel {
 /// Head dims the sm_90a kernel is instantiated for (others run the sm_80 kernel).
 pub const SM90_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 
+/// The softcaps the sm_90a kernel takes (every one a model uses): its per-score division is inline and exact
+/// on this range only (kernels/include/fa/score_mod.cuh, `softcap_inline_division_ok`, which this mirrors).
+pub const SM90_SOFTCAP_RANGE: std::ops::RangeInclusive<f32> = f32::from_bits(63 << 23)..=f32::from_bits(191 << 23); // 2^-64..=2^64
+
 /// The sm_90a kernel's tile for one head dim (kernels/include/fa/hopper/traits.cuh, which says why).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sm90Tile {
-    /// Query rows per CTA (two consumer warpgroups of 64).
+    /// Query rows per CTA: 64 per consumer warpgroup, two (D 128, 256) or three (D 64).
     pub block_m: usize,
     /// Keys per KV tile.
     pub block_n: usize,
@@ -69,12 +74,13 @@ pub struct Sm90Tile {
 
 impl Sm90Tile {
     pub fn for_head_dim(head_dim: usize) -> Option<Self> {
-        let block_n = match head_dim {
-            64 | 128 => 128,
-            256 => 64,
+        let (block_m, block_n) = match head_dim {
+            64 => (192, 128),
+            128 => (128, 128),
+            256 => (128, 64),
             _ => return None,
         };
-        Some(Self { block_m: 128, block_n })
+        Some(Self { block_m, block_n })
     }
 }
 
@@ -90,11 +96,8 @@ fn unsupported_reason(head_dim: usize, score_mod: &ScoreMod) -> Option<String> {
     if Sm90Tile::for_head_dim(head_dim).is_none() {
         return Some(format!("head dim {head_dim} (the sm90 kernel has {SM90_HEAD_DIMS:?})"));
     }
-    if score_mod.softcap.is_some_and(|c| c > 0.0) {
-        return Some("softcap (the sm90 kernel has window and sinks, not softcap or ALiBi)".into());
-    }
-    if score_mod.alibi_slopes.is_some() {
-        return Some("ALiBi (the sm90 kernel has window and sinks, not softcap or ALiBi)".into());
+    if let Some(c) = score_mod.softcap.filter(|c| *c > 0.0 && !SM90_SOFTCAP_RANGE.contains(c)) {
+        return Some(format!("softcap {c} (the sm90 kernel takes softcaps in 2^-64..=2^64)"));
     }
     None
 }
@@ -253,6 +256,7 @@ mod tests {
 
     #[test]
     fn tiles_and_names() {
+        assert_eq!(Sm90Tile::for_head_dim(64), Some(Sm90Tile { block_m: 192, block_n: 128 }));
         assert_eq!(Sm90Tile::for_head_dim(128), Some(Sm90Tile { block_m: 128, block_n: 128 }));
         assert_eq!(Sm90Tile::for_head_dim(256), Some(Sm90Tile { block_m: 128, block_n: 64 }));
         assert_eq!(Sm90Tile::for_head_dim(96), None);
@@ -272,7 +276,18 @@ mod tests {
         assert!(matches!(choose(&s, PrefillKernel::Sm90, 64, &none).unwrap(), Choice::Sm90(_)));
         let e = choose(&s, PrefillKernel::Sm90, 96, &none).unwrap_err();
         assert_eq!(e.kind(), &ErrorKind::Unsupported, "{e}");
-        let cap = ScoreMod { softcap: Some(30.0), ..none };
-        assert_eq!(choose(&s, PrefillKernel::Sm90, 128, &cap).unwrap_err().kind(), &ErrorKind::Unsupported);
+        // Every variant runs on the sm90 kernel; a softcap outside its range is Unsupported when forced and
+        // sm_80 under Auto.
+        let cap = ScoreMod { softcap: Some(30.0), window: Some((10, 0)), ..none };
+        assert!(matches!(choose(&s, PrefillKernel::Sm90, 128, &cap).unwrap(), Choice::Sm90(_)));
+        for c in [1e-30, 1e30] {
+            let far = ScoreMod { softcap: Some(c), ..none };
+            let e = choose(&s, PrefillKernel::Sm90, 128, &far).unwrap_err();
+            assert_eq!(e.kind(), &ErrorKind::Unsupported, "{e}");
+            assert_eq!(choose(&s, PrefillKernel::Auto, 128, &far).unwrap(), Choice::Sm80);
+        }
+        assert!(SM90_SOFTCAP_RANGE.contains(&2f32.powi(-64)) && SM90_SOFTCAP_RANGE.contains(&2f32.powi(64)));
+        assert!(!SM90_SOFTCAP_RANGE.contains(&(2f32.powi(64) * (1.0 + f32::EPSILON))));
+        assert!(!SM90_SOFTCAP_RANGE.contains(&(2f32.powi(-64) * (1.0 - f32::EPSILON))));
     }
 }

@@ -353,6 +353,23 @@ FA_DEVICE float div_rn(float a, float b) { return a / b; }
 #else
 FA_DEVICE float div_rn(float a, float b) { return __fdiv_rn(a, b); }
 #endif
+// a / b correctly rounded, without div.rn's call to its slow path: the fast path nvcc emits for div.rn.f32
+// (MUFU.RCP, one Newton step on the reciprocal, one on the quotient, then FCHK to take the slow path),
+// which gives the IEEE quotient bit for bit when no step over- or underflows: the caller guarantees
+// |a|, |b| and |a / b| in [2^-100, 2^100] (outside, the last bits may differ from a / b, or an infinite
+// operand give NaN). For register-bound code, where the call's caller-saved registers spill
+// (fa/hopper/mainloop.cuh). The emulator divides: the same bits in that range.
+#if defined(FA_HOST_BUILD)
+FA_DEVICE float div_rn_in_range(float a, float b) { return a / b; }
+#else
+FA_DEVICE float div_rn_in_range(float a, float b) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(b));
+  y = fmaf(y, fmaf(-b, y, 1.0f), y);
+  const float q = a * y;
+  return fmaf(y, fmaf(-b, q, a), q);
+}
+#endif
 
 FA_NAMESPACE_END
 

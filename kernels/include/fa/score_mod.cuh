@@ -9,7 +9,9 @@
 //    (an exp2 and a division for the tanh, an integer distance and an FMA for the bias), so they cannot be
 //    hoisted; a run-time branch in the inner loop would keep both paths' registers live in the plain
 //    kernel (prefill D = 128 runs at ~250 of 255). One flag rather than two doubles, not quadruples, the
-//    kernels nvcc builds; inside a kScoreMod kernel the two are uniform run-time branches.
+//    kernels nvcc builds; inside a kScoreMod kernel the two are uniform run-time branches. The sm_90a
+//    prefill kernel has no such flag: its consumers have the registers for a uniform run-time branch per
+//    tile (fa/hopper/mainloop.cuh, softmax_step, says why and what it took).
 //  - Sinks: run-time, in the epilogue (prefill, single-split decode) or the merge (split-KV): one exp2 per
 //    row, never per score.
 //
@@ -51,9 +53,17 @@ struct ScoreMod {
   float two_cap_log2;  // 2 · c · log2 e
 
   FA_DEVICE static ScoreMod make(float scale, float scale_log2, float softcap) {
+    return from(scale_log2, softcap, tanh_input(scale, softcap));
+  }
+  // tanh_in, make()'s division: a kernel short of registers keeps only it across its loop and rebuilds the
+  // rest per tile from the kernel parameters with from() (fa/hopper/mainloop.cuh).
+  FA_DEVICE static float tanh_input(float scale, float softcap) {
+    return softcap > 0.0f ? 2.0f * kLog2e * scale / softcap : 0.0f;
+  }
+  FA_DEVICE static ScoreMod from(float scale_log2, float softcap, float tanh_in) {
     ScoreMod m;
     m.scale_log2 = scale_log2;
-    m.tanh_in = softcap > 0.0f ? 2.0f * kLog2e * scale / softcap : 0.0f;
+    m.tanh_in = tanh_in;
     m.cap_log2 = softcap * kLog2e;
     m.two_cap_log2 = 2.0f * m.cap_log2;
     return m;
@@ -65,21 +75,99 @@ struct ScoreMod {
   // emulator) and an IEEE division. exp2 overflowing to +inf gives c, underflowing to 0 gives −c: never NaN.
   // The absolute error is a few ulp of c (ex2's 2^-22 relative error moves tanh by at most half that),
   // the same order as the fp32 rounding of a score of magnitude c.
-  FA_DEVICE float apply(float s, float slope_log2, int dist) const {
-    float t;
-    if (tanh_in != 0.0f) {
-      const float e = fast_exp2(s * tanh_in);
-      t = cap_log2 - two_cap_log2 / (e + 1.0f);
-    } else {
-      t = s * scale_log2;
-    }
-    return fmaf(-slope_log2, (float)dist, t);
+  // kInlineDivision (the sm_90a kernel): the division without div.rn's slow-path call, whose caller-saved
+  // registers make the consumer warpgroups spill (div_rn_in_range), on e + 1 clamped to 2^30. The same
+  // bits as the IEEE division whenever softcap_inline_division_ok(c): 2c·log2 e is then in [2^-64, 2^66]
+  // and its quotients by [1, 2^30] inside div_rn_in_range's range, and past e + 1 = 2^30 the quotient is
+  // below 2^-29 · 2c·log2 e, under half an ulp of cap_log2, so t rounds to cap_log2 with the clamp or
+  // without.
+  template <bool kInlineDivision = false> FA_DEVICE float apply(float s, float slope_log2, int dist) const {
+    const float t = tanh_in != 0.0f ? softcapped<kInlineDivision>(s) : s * scale_log2;
+    return alibi(t, slope_log2, dist);
   }
+  // The two steps of apply(), for a kernel that runs them as separate passes (apply_score_mod_by_pass).
+  template <bool kInlineDivision = false> FA_DEVICE float softcapped(float s) const {
+    const float e = fast_exp2(s * tanh_in);
+    return cap_log2 -
+           (kInlineDivision ? div_rn_in_range(two_cap_log2, fminf(e + 1.0f, 0x1p30f)) : two_cap_log2 / (e + 1.0f));
+  }
+  FA_DEVICE static float alibi(float t, float slope_log2, int dist) { return fmaf(-slope_log2, (float)dist, t); }
 };
+
+// No softcap, or one inside the range ScoreMod's kInlineDivision is exact on: [2^-64, 2^64]. Any softcap
+// a model uses (Gemma 2: 30 and 50) is; the sm_90a kernel rejects others (the Rust layer keeps them on the
+// sm_80 kernel under auto). Mirrored by src/prefill/sm90.rs (SM90_SOFTCAP_RANGE).
+FA_HOST_DEVICE bool softcap_inline_division_ok(float softcap) {
+  return !(softcap > 0.0f) || (softcap >= 0x1p-64f && softcap <= 0x1p64f);
+}
+
+// apply_score_mod for one warp's m16 rows, as uniform passes over the whole tile: the softcap (or the plain
+// scale) on every score, then ALiBi only with a slope. The same bits as apply_score_mod (ALiBi with a slope
+// of 0 is fmaf(−0, dist, t) = t), with one pass's temporaries live at a time: the single-pass form, with
+// both paths of every score interleaved by the scheduler (64 distances and 64 copies of the scale in
+// registers at D = 64), spills the sm_90a consumers (fa/hopper/mainloop.cuh). The sm_90a kernel's divisions
+// are inline (kInlineDivision: ScoreMod::apply).
+template <int kNB>
+FA_DEVICE void apply_score_mod_by_pass(float (&s)[1][kNB][4], int row0, int key0, int diag, const ScoreMod &mod,
+                                       float slope_log2) {
+  if (mod.tanh_in != 0.0f) {
+#pragma unroll
+    for (int nb = 0; nb < kNB; ++nb)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s[0][nb][i] = mod.template softcapped<true>(s[0][nb][i]);
+  } else {
+#pragma unroll
+    for (int nb = 0; nb < kNB; ++nb)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s[0][nb][i] *= mod.scale_log2;
+  }
+  if (slope_log2 != 0.0f) {
+    const int g = lane_id() >> 2;
+    const int t = lane_id() & 3;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int diag_key = row0 + 8 * h + g + diag;
+#pragma unroll
+      for (int nb = 0; nb < kNB; ++nb) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int dist = diag_key - (key0 + 8 * nb + 2 * t + e);
+          s[0][nb][2 * h + e] = ScoreMod::alibi(s[0][nb][2 * h + e], slope_log2, dist < 0 ? -dist : dist);
+        }
+      }
+    }
+  }
+}
 
 // The ALiBi slope of query head h of sequence b, times log2 e; 0 without ALiBi.
 FA_DEVICE float alibi_slope_log2(const FaScoreMod &m, int b, int h) {
   return m.alibi_slopes == nullptr ? 0.0f : ld_global(m.alibi_slopes + b * m.alibi_batch_stride + h) * kLog2e;
+}
+
+// Softcap and ALiBi of one warp's scores held as mma C fragments (rows row0 + [0, 16·kMT), keys
+// key0 + [0, 8·kNB); the layout of mma.m16n8k16 and of a wgmma m64 accumulator's per-warp 16 rows alike),
+// in place; diag = Tk − Tq. The result is in the exp2 domain, so the softmax then runs with a scale of 1.
+// Used by the sm_80 kernel (kernels/prefill.cu); the sm_90a one runs apply_score_mod_by_pass.
+template <int kMT, int kNB>
+FA_DEVICE void apply_score_mod(float (&s)[kMT][kNB][4], int row0, int key0, int diag, const ScoreMod &mod,
+                               float slope_log2) {
+  const int g = lane_id() >> 2;
+  const int t = lane_id() & 3;
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int diag_key = row0 + 16 * mt + 8 * h + g + diag;
+#pragma unroll
+      for (int nb = 0; nb < kNB; ++nb) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int dist = diag_key - (key0 + 8 * nb + 2 * t + e);
+          s[mt][nb][2 * h + e] = mod.apply(s[mt][nb][2 * h + e], slope_log2, dist < 0 ? -dist : dist);
+        }
+      }
+    }
+  }
 }
 
 // The sink logit of query head h (natural log), or -inf without sinks.

@@ -9,8 +9,7 @@ use std::time::Instant;
 
 use fused_attn::decode::cases::{decode_sweep, decode_sweep_emulated, perf_cases as decode_perf, DecodeCase};
 use fused_attn::prefill::cases::perf_cases as prefill_perf;
-use fused_attn::prefill::{sweep_cases, PrefillCase, PrefillKernel, Sm90Tile};
-use fused_attn::score_mod::CaseAlibi;
+use fused_attn::prefill::{sweep_cases, PrefillCase, PrefillKernel, Sm90Tile, SM90_SOFTCAP_RANGE};
 use fused_attn::timing::copy_bandwidth_gbps;
 use fused_attn::{DType, Result};
 
@@ -24,12 +23,12 @@ pub fn case_seed(base: u64, i: usize) -> u64 {
     base ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
-/// Whether the sm90 kernel runs `c` (head dim and variants; the GPU's compute capability aside).
+/// Whether the sm90 kernel runs `c` (head dim and softcap range; the GPU's compute capability aside).
 fn sm90_runs(c: &PrefillCase) -> bool {
-    Sm90Tile::for_head_dim(c.head_dim).is_some() && c.variants.softcap.is_none() && c.variants.alibi == CaseAlibi::None
+    Sm90Tile::for_head_dim(c.head_dim).is_some() && c.variants.softcap.is_none_or(|s| SM90_SOFTCAP_RANGE.contains(&s))
 }
 
-/// The prefill case run with `kernel` (`--kernel`). The sm90 kernel lacks some head dims and variants:
+/// The prefill case run with `kernel` (`--kernel`). The sm90 kernel lacks some head dims:
 /// those cases keep `auto` (the sm_80 kernel), as a call with `auto` would.
 fn with_kernel(mut c: PrefillCase, kernel: PrefillKernel) -> PrefillCase {
     if kernel != PrefillKernel::Sm90 || sm90_runs(&c) {

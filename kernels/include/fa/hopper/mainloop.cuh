@@ -3,13 +3,14 @@
 //   wait for the stage's K (its V only before the P·V that reads it);
 //   S = Q Kᵀ          wgmma m64n{Bc}k16 SS, D/16 steps: Q and K K-major from their 128B-swizzled panels;
 //   (varlen, ragged top tile: the V rows past the sequence end are zeroed, see zero_v_rows)
+//   softcap, ALiBi    when the call has them (fa/score_mod.cuh; a uniform run-time branch, see softmax_step);
 //   mask S            only the tiles kv_block_range marks (diagonal, window edges, ragged Tk);
 //   online softmax    fa/online_softmax.cuh on the accumulator (its registers are mma C fragments);
 //   O += P V          wgmma m64n{D}k16 RS, Bc/16 steps: P packed to 16-bit A fragments in registers, V
 //                     MN-major (head dim contiguous) from its panels;
 //   release the stage (one arrive per warpgroup on its empty barrier, after the wgmma_wait that
 //   completes every read of it).
-// The loop overlaps each tile's softmax with the previous tile's P·V (intra-warpgroup overlap) and the two
+// The loop overlaps each tile's softmax with the previous tile's P·V (intra-warpgroup overlap) and the
 // warpgroups' GEMMs with each other's softmax (pingpong); see consume() and Pingpong below.
 #pragma once
 
@@ -26,7 +27,7 @@
 FA_NAMESPACE_BEGIN
 namespace hopper {
 
-// Named barrier of the two consumer warpgroups (id 0 is sync_threads').
+// Named barrier of the consumer warpgroups (id 0 is sync_threads').
 constexpr int kConsumerBarrier = 1;
 
 // wgmma descriptors of the 128B-swizzled panels (fa/hopper/traits.cuh). K-major (Q as A, K as B): 8 rows
@@ -48,10 +49,10 @@ template <int N> FA_DEVICE float (&fragments(WgmmaAcc<N> &acc))[1][N / 8][4] {
   return *reinterpret_cast<float(*)[1][N / 8][4]>(acc.raw());
 }
 
-// Rows [valid, Bc) of every V panel of a stage set to 0 by both consumer warpgroups (whole 128-byte rows:
+// Rows [valid, Bc) of every V panel of a stage set to 0 by all consumer warpgroups (whole 128-byte rows:
 // the swizzle only permutes chunks within a row). In varlen those rows are the next sequence's: their P is
 // 0, but 0 · NaN would still be NaN. The proxy fence makes the stores visible to wgmma; the named barrier
-// to the other warpgroup (both read the whole stage).
+// to the other warpgroups (all read the whole stage).
 template <class Tr> FA_DEVICE void zero_v_rows(unsigned char *sV, int valid) {
   constexpr int kConsumerThreads = Tr::kConsumers * kWarpgroupThreads;
   const int t = thread_idx() - kWarpgroupThreads;
@@ -72,26 +73,38 @@ struct ConsumerTile {
   int tq, tk;
   WindowBounds window;
   bool zero_ragged_v; // varlen: the top tile's rows past Tk belong to the next sequence
+  // Softcap and ALiBi (fa/score_mod.cuh), a uniform run-time branch per tile (see softmax_step): the two
+  // values the kernel parameters do not hold.
+  float tanh_in;    // ScoreMod::tanh_input
+  float slope_log2; // this head's ALiBi slope · log2 e (0 without ALiBi)
 };
 
-// Pingpong between the two consumer warpgroups (FA3's warp scheduler barriers): each warpgroup issues its
-// wgmmas inside a window that opens when the other has issued its own (named barrier kPingpong + c: 128
-// threads of c wait there, 128 of the other arrive), so the tensor cores alternate between them and one
-// warpgroup's softmax runs while the other's GEMMs do. Consumer 1 opens consumer 0's first window; each
-// warpgroup opens the other's next window after issuing, except consumer 1 after its last (nobody waits
-// for it), so every barrier generation gets exactly 256 threads.
-constexpr int kPingpong = 2; // ids 2 and 3
-struct Pingpong {
-  int c;        // this consumer (0 or 1)
+// The scale the online softmax runs with: 1 when softcap or ALiBi have mapped the scores to the exp2 domain.
+FA_DEVICE float softmax_scale_log2(const FaPrefillParams &p) {
+  return needs_score_mod(p.score_mod) ? 1.0f : p.scale_log2;
+}
+
+// Pingpong among the consumer warpgroups, a ring of kConsumers (FA3's warp scheduler barriers): each
+// warpgroup issues its wgmmas inside a window that opens when the previous one in the ring has issued its
+// own (named barrier kPingpong + c: 128 threads of c wait there, 128 of c − 1 arrive), so the tensor cores
+// take the warpgroups in turn and the others' softmax runs meanwhile. The last consumer opens consumer
+// 0's first window; each warpgroup opens the next one's window after issuing, except the last consumer
+// after its last (nobody waits for it): all have the same windows (the CTA's KV tiles + 1), so every
+// barrier generation gets exactly 256 threads, and a warpgroup cannot arrive twice before its successor
+// waited once (its next window needs the whole ring to have gone round, the successor included).
+constexpr int kPingpong = 2; // ids 2 .. 1 + kConsumers
+template <int kConsumers> struct Pingpong {
+  int c;        // this consumer (0 .. kConsumers − 1)
   int windows;  // windows this warpgroup opens in total (tiles + 1)
   int opened = 0;
   FA_DEVICE void start() const {
-    if (c == 1) named_barrier_arrive(kPingpong + 0, 2 * kWarpgroupThreads);
+    if (c == kConsumers - 1) named_barrier_arrive(kPingpong + 0, 2 * kWarpgroupThreads);
   }
   FA_DEVICE void open() const { named_barrier_sync(kPingpong + c, 2 * kWarpgroupThreads); }
   FA_DEVICE void close() {
     ++opened;
-    if (c == 0 || opened < windows) named_barrier_arrive(kPingpong + (1 - c), 2 * kWarpgroupThreads);
+    if (c < kConsumers - 1 || opened < windows)
+      named_barrier_arrive(kPingpong + (c + 1) % kConsumers, 2 * kWarpgroupThreads);
   }
 };
 
@@ -115,14 +128,29 @@ FA_DEVICE void issue_pv(WgmmaAcc<Tr::kHeadDim> &o, const WgmmaFragA (&pa)[Tr::kB
   wgmma_commit();
 }
 
-// Mask (on the edge tiles) and the online softmax of one tile's scores, leaving the unnormalised
+// Score variants, mask (on the edge tiles) and the online softmax of one tile's scores, leaving the unnormalised
 // probabilities in s and returning in alpha[2] the factor the output rows (g, g + 8) must be rescaled by.
 // O is rescaled by the caller, once the P·V wgmma of the previous tile that accumulates into it completed:
 // alpha is computed exactly as OnlineSoftmax::update computes it (which gets a dummy accumulator here).
+//
+// Softcap and ALiBi are a run-time branch, uniform over the CTA, around passes over the tile's scores, not
+// a template flag as in the sm_80 kernel (whose D = 128 loop runs at ~250 of 255 registers, where keeping
+// both paths live would spill). Here the consumers have 232 registers; the plain path pays the test of
+// two kernel parameters per tile and two registers (tanh_in, slope), while a template flag would double the
+// sm_90a kernels and prefill_sm90.cu's nvcc time, which the build's budget cannot spare. What it took to
+// keep every consumer spill-free (ptxas, sm_90a; README "sm_90a kernel"): the per-score division inline
+// (div.rn's slow-path call spilled D = 128 and 256), the softcap and ALiBi as separate passes
+// (apply_score_mod_by_pass: the sm_80 single-pass form spilled D = 64), and the ScoreMod rebuilt per tile
+// from the kernel parameters (constant-bank operands) rather than held across the loop.
 template <class Tr>
 FA_DEVICE void softmax_step(WgmmaAcc<Tr::kBc> &s, OnlineSoftmax<1> &softmax, float (&alpha)[2], bool masked,
-                            const ConsumerTile &ct, int key0, float scale_log2) {
+                            const ConsumerTile &ct, const FaPrefillParams &p, int key0) {
   float(&sf)[1][Tr::kBc / 8][4] = fragments(s);
+  const float scale_log2 = softmax_scale_log2(p);
+  if (needs_score_mod(p.score_mod)) {
+    const ScoreMod mod = ScoreMod::from(p.scale_log2, p.score_mod.softcap, ct.tanh_in);
+    apply_score_mod_by_pass(sf, ct.warp_row0, key0, ct.tk - ct.tq, mod, ct.slope_log2);
+  }
   if (masked) prefill::apply_kv_mask<true>(sf, ct.warp_row0, key0, ct.tq, ct.tk, ct.window.left, ct.window.right);
   const float m_old[2] = {softmax.row_max[0], softmax.row_max[1]};
   float none[1][1][4] = {};
@@ -155,14 +183,14 @@ template <int N> FA_DEVICE void rescale_rows(WgmmaAcc<N> &o, const float (&alpha
 // P·V wgmma is still in flight; O is rescaled after it completes. Tiles run top down (n_end - 1 first).
 template <class T, class Tr>
 FA_DEVICE void consume(unsigned char *smem, const Barriers<Tr::kStages> &bars, const prefill::KvBlockRange &range,
-                       const ConsumerTile &ct, float scale_log2, WgmmaAcc<Tr::kHeadDim> &o,
+                       const ConsumerTile &ct, const FaPrefillParams &p, WgmmaAcc<Tr::kHeadDim> &o,
                        OnlineSoftmax<1> &softmax) {
   constexpr int kBc = Tr::kBc;
   const bool leader = thread_idx() % kWarpgroupThreads == 0;
   const unsigned char *sQ = smem + ct.wg * 64 * kPanelRowBytes; // this warpgroup's 64 rows of each panel
   auto stage_k = [&](int stage) { return smem + Tr::kQBytes + stage * Tr::kStageBytes; };
   auto masked = [&](int n) { return n >= range.n_mask_begin || n < range.n_interior_begin; };
-  Pingpong pingpong{ct.wg, range.n_end - range.n_begin + 1};
+  Pingpong<Tr::kConsumers> pingpong{ct.wg, range.n_end - range.n_begin + 1};
   pingpong.start();
   mbarrier_wait(bars.q_full, 0);
 
@@ -183,7 +211,7 @@ FA_DEVICE void consume(unsigned char *smem, const Barriers<Tr::kStages> &bars, c
     mbarrier_wait(&bars.full_v[st.stage], st.phase); // the rows to zero have landed
     zero_v_rows<Tr>(stage_k(st.stage) + Tr::kKvTileBytes, ct.tk - n * kBc);
   }
-  softmax_step<Tr>(s, softmax, alpha, masked(n), ct, n * kBc, scale_log2);
+  softmax_step<Tr>(s, softmax, alpha, masked(n), ct, p, n * kBc);
   pack_p<T, kBc>(pa, s);
   PipelineState<Tr::kStages> prev = st;
   st.advance();
@@ -199,7 +227,7 @@ FA_DEVICE void consume(unsigned char *smem, const Barriers<Tr::kStages> &bars, c
     pingpong.close();
     wgmma_wait<1>(); // S of tile n; the previous tile's P V may still run
     wgmma_fence_operand(s);
-    softmax_step<Tr>(s, softmax, alpha, masked(n), ct, n * kBc, scale_log2);
+    softmax_step<Tr>(s, softmax, alpha, masked(n), ct, p, n * kBc);
     wgmma_wait<0>(); // P V done: the previous stage is free, O and the P registers may be touched
     wgmma_fence_operand(o);
     if (leader) mbarrier_arrive(&bars.empty[prev.stage]);

@@ -2,20 +2,29 @@
 // by `prefill::sm90::Sm90Tile::for_head_dim` (src/prefill/sm90.rs), which makes the TMA boxes; keep both in
 // step (the launcher checks the boxes it was given against these).
 //
-// CTA = 3 warpgroups (384 threads): warpgroup 0 produces (one thread issues TMA), warpgroups 1 and 2
-// consume, 64 query rows each (wgmma's M), so Br = 128. Registers: 384 threads start at 168 each
-// (65536 / 384 rounded down to 8); the producer returns all but 40, the consumers take 232
-// (40 + 2 · 232 = 504 ≤ 512 per thread-slot of a warpgroup, i.e. 64.5k ≤ 65536 registers).
+// CTA = 1 + kConsumers warpgroups: warpgroup 0 produces (one thread issues TMA), the others consume, 64
+// query rows each (wgmma's M), so Br = 64 · kConsumers. Registers: the threads start with 65536 / threads
+// each (rounded down to 8); the producer returns all but kProducerRegs and the consumers take
+// kConsumerRegs, out of that pool: producer + kConsumers · consumer ≤ (1 + kConsumers) · entry.
+//   2 consumers, 384 threads, entry 168: 40 + 2 · 232 = 504 ≤ 504.
+//   3 consumers, 512 threads, entry 128: 24 + 3 · 160 = 504 ≤ 512 (FA3's split at D = 64; the producer
+//     uses 14 registers, tests/build_artifacts.rs checks every role against its budget).
 //
 // Shared memory holds 16-bit tiles as TMA writes them with 128-byte swizzle: a tile of R rows and D columns
 // is D/64 "panels" of R rows x 64 columns (128 bytes, one swizzle span, per row); panel p of a tile starts
 // R·128 bytes after panel p-1. Every panel is a multiple of 1024 bytes (8 rows · 128), so every panel and
 // stage starts on the 1024-byte boundary the 128B swizzle pattern repeats on.
 //
-//   D   | Br  | Bc  | stages | smem (Q + stages·(K+V)) | consumer registers (S + O + P fragments)
-//   64  | 128 | 128 | 2      | 16 + 2·32  =  80 KiB    | 64 + 32 + 32   (FA3: 192 x 128, 3 consumer WGs)
-//   128 | 128 | 128 | 2      | 32 + 2·64  = 160 KiB    | 64 + 64 + 32   (FA3: 128 x 176; 128 x 128 first)
-//   256 | 128 | 64  | 2      | 64 + 2·64  = 192 KiB    | 32 + 128 + 16  (FA3: 128 x 80)
+//   D   | consumers | Br  | Bc  | stages | smem (Q + stages·(K+V)) | consumer registers: fragments (S+O+P) / budget
+//   64  | 3         | 192 | 128 | 2      | 24 + 2·32  =  88 KiB    | 64 + 32 + 32  = 128 / 160 (FA3: 192 x 128)
+//   128 | 2         | 128 | 128 | 2      | 32 + 2·64  = 160 KiB    | 64 + 64 + 32  = 160 / 232 (FA3: 128 x 176)
+//   256 | 2         | 128 | 64  | 2      | 64 + 2·64  = 192 KiB    | 32 + 128 + 16 = 176 / 232 (FA3: 128 x 80)
+// D = 64 runs three consumers: its GEMMs per KV tile are half D = 128's while the softmax per score is the
+// same, so with two consumers the tensor cores would idle behind the softmax that pingpong cannot hide; a
+// third warpgroup gives them a third stream (the ring of Pingpong, fa/hopper/mainloop.cuh) and every K/V
+// tile serves 192 query rows instead of 128 (2/3 of the K/V loads per row). Its 128 fragment registers
+// and ~30 of addresses and softmax state fit 160 (ptxas: R157 the highest, no spills). D = 128 and 256
+// keep two: their consumers need more than 160 (O alone is 64 / 128).
 // Bc = 128 for D ≤ 128 gives each S wgmma N = 128 (the m64n128k16 shape runs at full rate); D = 256 halves
 // Bc because O alone is 128 registers. Two stages: the producer loads tile n-1 while tile n is consumed; a
 // third stage would not fit D = 256 and is left for tuning on a GPU (not yet measured).
@@ -30,16 +39,17 @@ constexpr int kWarpgroupThreads = 128;
 constexpr int kPanelCols = 64;    // 16-bit elements per 128-byte swizzle row
 constexpr int kPanelRowBytes = 128;
 
-template <int kHeadDim_, int kBc_, int kStages_> struct PrefillShape {
+template <int kHeadDim_, int kBc_, int kStages_, int kConsumers_, int kProducerRegs_, int kConsumerRegs_>
+struct PrefillShape {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kConsumers = 2; // consumer warpgroups
+  static constexpr int kConsumers = kConsumers_; // consumer warpgroups
   static constexpr int kThreads = (kConsumers + 1) * kWarpgroupThreads;
   static constexpr int kBr = 64 * kConsumers; // query rows per CTA
   static constexpr int kBc = kBc_;            // keys per KV tile
   static constexpr int kStages = kStages_;
   static constexpr int kPanels = kHeadDim / kPanelCols;
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;
+  static constexpr int kProducerRegs = kProducerRegs_;
+  static constexpr int kConsumerRegs = kConsumerRegs_;
   // Bytes of one panel / tile of each operand.
   static constexpr int kQPanelBytes = kBr * kPanelRowBytes;
   static constexpr int kKvPanelBytes = kBc * kPanelRowBytes;
@@ -55,12 +65,16 @@ template <int kHeadDim_, int kBc_, int kStages_> struct PrefillShape {
   static_assert(kSmemBytes <= 227 * 1024, "sm_90's 227 KiB opt-in");
   static constexpr int kEntryRegs = 65536 / kThreads / 8 * 8;
   static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (kConsumers + 1) * kEntryRegs, "the register pool");
+  static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0 && kProducerRegs >= 24 && kConsumerRegs <= 256,
+                "setmaxnreg: multiples of 8 from 24 to 256");
+  static_assert(kConsumers >= 2 && kConsumers <= 3, "named barriers: pingpong ids 2 .. 1 + kConsumers");
 };
 
 template <int kHeadDim> struct PrefillTraits;
-template <> struct PrefillTraits<64> : PrefillShape<64, 128, 2> {};
-template <> struct PrefillTraits<128> : PrefillShape<128, 128, 2> {};
-template <> struct PrefillTraits<256> : PrefillShape<256, 64, 2> {};
+//                                             D    Bc   stages consumers producer/consumer registers
+template <> struct PrefillTraits<64> : PrefillShape<64, 128, 2, 3, 24, 160> {};
+template <> struct PrefillTraits<128> : PrefillShape<128, 128, 2, 2, 40, 232> {};
+template <> struct PrefillTraits<256> : PrefillShape<256, 64, 2, 2, 40, 232> {};
 
 } // namespace hopper
 FA_NAMESPACE_END
