@@ -98,10 +98,14 @@ fn fatbins_have_sass_for_every_target_and_ptx() {
 fn kernel_names(tool: &std::path::Path, fatbin: &std::path::Path, arch: &str) -> Vec<String> {
     let out = Command::new(tool).arg("--list-text").arg(fatbin).output().unwrap();
     assert!(out.status.success(), "cuobjdump --list-text failed: {}", String::from_utf8_lossy(&out.stderr));
-    // "SASS text section 4 : x-fa_selftest_fp8_kernel.sm_80.elf.bin"
+    // "SASS text section 4 : selftest-fa_selftest_fp8_kernel.sm_80.elf.bin" (<fatbin>-<kernel>.<arch>.elf.bin)
     String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter_map(|l| l.rsplit(" x-").next()?.strip_suffix(&format!(".{arch}.elf.bin")).map(str::to_string))
+        .filter_map(|l| {
+            let (_, file) = l.split_once(" : ")?;
+            let (_, kernel) = file.strip_suffix(&format!(".{arch}.elf.bin"))?.split_once('-')?;
+            Some(kernel.to_string())
+        })
         .collect()
 }
 
@@ -133,7 +137,7 @@ fn every_host_kernel_is_in_the_fatbins_for_every_target() {
     host.dedup();
     // Host-only: a planted bug the GPU build cannot compile (it needs a stack frame).
     host.retain(|k| k != "fa_bug_stack_overflow");
-    assert!(host.len() >= 150, "only {} kernels in {}: {host:?}", host.len(), lib.display());
+    assert!(host.len() >= 100, "only {} kernels in {}: {host:?}", host.len(), lib.display());
     // sm_90a-only kernels: what the sm_90a-only fatbins hold.
     let sm90: Vec<String> = build_info::fatbins()
         .iter()
@@ -156,7 +160,7 @@ fn every_host_kernel_is_in_the_fatbins_for_every_target() {
 
 /// The FP8 kernels convert with the hardware cvt (F2FP ... E4M3 / E5M2) in their SASS for 8.9 and up, which
 /// build.rs gets by compiling it from a compute_89 front end (`code_changes_at`); sm_80 SASS has the software
-/// model (8.0 and 8.6 have no such instruction).
+/// model (8.0 and 8.6 have no such instruction). Only the fatbins that hold FP8 kernels are disassembled.
 #[test]
 fn fp8_kernels_use_the_hardware_conversion_from_sm89() {
     let Some(tool) = cuobjdump() else {
@@ -165,6 +169,9 @@ fn fp8_kernels_use_the_hardware_conversion_from_sm89() {
     let mut checked = 0;
     for fatbin in build_info::fatbins() {
         let (sass, _) = fatbin_archs(&tool, &fatbin);
+        if !kernel_names(&tool, &fatbin, &sass[0]).iter().any(|k| k.contains("fp8")) {
+            continue;
+        }
         for arch in &sass {
             let n: u32 = arch.trim_start_matches("sm_").trim_end_matches('a').parse().unwrap();
             for (name, body) in sass_of(&tool, &fatbin, arch) {
