@@ -208,8 +208,8 @@ fn code_changes_at(stem: &str) -> &'static [u32] {
 /// they produce; `None` when the file has nothing for these targets (an sm_90a-only file without 90a).
 ///
 /// FA_CUDA_ARCHS lists the GPUs to serve, and each gets its best code with the fewest compiler passes:
-///  - one front-end pass (cicc: C++ to PTX, about half of a file's nvcc time) per distinct device code, not
-///    per arch: at the lowest target, plus one at each `code_changes_at` point (compute_89 for the FP8
+///  - one front-end pass (cicc: C++ to PTX, a quarter to a half of a file's nvcc time) per distinct device
+///    code, not per arch: at the lowest target, plus one at each `code_changes_at` point (compute_89 for the FP8
 ///    files); each SASS is compiled (ptxas) from the highest front end at or below its arch;
 ///  - SASS for a target only when no lower target of the same major has SASS from the same PTX: the
 ///    driver runs sm_XY SASS on any X.Z with Z >= Y, so sm_80 SASS serves 8.6 and 8.9 with the same code
@@ -262,21 +262,21 @@ fn gencode_flags(stem: &str, targets: &[Target]) -> Option<(Vec<String>, String,
     Some((flags, sass, ptx.to_string()))
 }
 
-/// Rough nvcc CPU seconds of each file with the default targets (measured, README "Build"): build_fatbins
-/// starts the longest first, so that the two jobs of a 2-core machine finish together. Only an ordering:
-/// a file not listed starts first (it may be long).
+/// nvcc CPU seconds of each file with the default targets (measured 2026-12-01, README "Build"): build_fatbins
+/// starts the longest first, so that the two jobs of a 2-core machine finish together. Only an ordering: a
+/// file not listed starts first (it may be long).
 fn nvcc_cost(stem: &str) -> u32 {
     match stem {
-        "prefill" => 45,
-        "paged_prefill" => 45,
-        "paged_prefill_fp8" => 40,
-        "decode_fp8" => 15,
-        "decode" => 8,
-        "prefill_sm90" => 6,
-        "selftest_sm90" => 5,
+        "prefill" => 55,
+        "paged_prefill_fp8" => 50,
+        "paged_prefill" => 40,
+        "decode_fp8" => 17,
+        "selftest_sm90" => 8,
+        "decode" => 7,
+        "prefill_sm90" => 7,
+        "append" => 4,
         "merge" => 3,
-        "append" => 3,
-        "selftest" => 2,
+        "selftest" => 3,
         _ => 1000,
     }
 }
