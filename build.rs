@@ -220,6 +220,7 @@ fn code_changes_at(stem: &str) -> &'static [u32] {
 ///    use nothing arch-specific, and sm_90 SASS can come from the lower targets' PTX (sm_90a needs its
 ///    own compute_90a front end);
 ///  - PTX of the highest front end, for GPUs newer than every SASS (JIT-compiled by the driver).
+///
 /// So the default 80,86,89,90a builds sm_80 + sm_90 SASS from one front end for most files, and
 /// sm_80 (compute_80) + sm_89, sm_90 (compute_89) for the FP8 files. An sm_90a-only file is compiled for
 /// 90a alone (no PTX: arch-specific code has no forward-compatible form), when the targets include 90a.
