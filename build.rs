@@ -3,18 +3,25 @@
 //!     kernels/*.cu as host C++ (-DFA_EMULATION: the kernels for the emulator, plus the launchers, which
 //!     validate parameters and compute every launch's geometry for both backends), kernels/host/*.cpp and the
 //!     host SIMT executor kernels/emu/*.{cpp,S}. Always optimised: the emulated suite must be fast in debug too.
-//!  2. GPU kernels (feature `cuda`, when nvcc is found): every kernels/*.cu through `nvcc -fatbin`, SASS for
-//!     each arch in FA_CUDA_ARCHS (default 80,86,89,90a) plus PTX of the lowest arch for forward
-//!     compatibility; embedded in the crate (OUT_DIR/fatbins.rs) and loaded per CUDA context through the
-//!     driver API. No CUDA runtime is linked. `ptxas -v` of every kernel goes to
-//!     target/<profile>/ptxas-report.txt and any spill or stack frame fails the build, and so does ptxas
+//!  2. GPU kernels (feature `cuda`, when nvcc is found): every kernels/*.cu through `nvcc -fatbin`, for the
+//!     GPUs FA_CUDA_ARCHS lists (default 80,86,89,90a): SASS that each of them runs, with the fewest compiler
+//!     passes (`gencode_flags`: one front end per distinct device code, not per arch; no SASS a lower arch of
+//!     the same major already serves with the same code: by default sm_80 + sm_90, plus sm_89 for the FP8
+//!     kernels' hardware conversion), plus PTX for newer GPUs; embedded in the crate (OUT_DIR/fatbins.rs)
+//!     and loaded per CUDA context through the driver API. No CUDA runtime is linked. The nvcc jobs run on
+//!     threads of our own (a fatbin is not an object file, which is all `cc` builds), the longest first;
+//!     the budget is 2 minutes of wall time for all of them on a 2-core machine (README "Build" has the
+//!     measurements, and the reasons for each choice). `ptxas -v` of every kernel goes to
+//!     target/<profile>/ptxas-report.txt (headed by each fatbin's SASS / PTX and nvcc time) and any spill
+//!     or stack frame fails the build, and so does ptxas
 //!     ignoring setmaxnreg (C7508) or serialising a wgmma pipeline (C7509-C7520: the Hopper kernels' silent
 //!     performance cliffs), except in the planted-bug self-tests (fa_bug_*) and the wgmma primitive
 //!     self-tests (fa_selftest_wgmma_*, which pick their layout at run time).
 //!     kernels/*_sm90.cu hold sm_90a-only kernels (wgmma, TMA, setmaxnreg): they are compiled for 90a alone
 //!     (skipped when FA_CUDA_ARCHS lacks it), without PTX, and the Rust side loads them only on a GPU of
-//!     compute capability 9.0. nvcc runs on threads
-//!     of our own: a fatbin is not an object file, which is all `cc` builds.
+//!     compute capability 9.0. kernels/decode_fp8.cu and kernels/paged_prefill_fp8.cu are nvcc jobs that
+//!     build the FP8 half of decode.cu / paged_prefill.cu (which they include), for balance and their
+//!     compute_89 front end; empty in the host build.
 //!     Without nvcc (or with the feature off) the crate is emulator-only: GPU calls return
 //!     `ErrorKind::NoKernels`, and a cargo warning says why.
 //!
@@ -70,9 +77,11 @@ fn main() {
     match &nvcc {
         Some(nvcc) => {
             cuda_version = nvcc_version(nvcc);
-            let report = build_fatbins(nvcc, &include, &cu_sources, &archs, &fatbin_dir, &mut fatbins);
+            let (header, report) = build_fatbins(nvcc, &include, &cu_sources, &archs, &fatbin_dir, &mut fatbins);
+            fatbins.sort();
             let summary = check_ptxas(&report);
-            fs::write(&report_path, format!("# ptxas -v for FA_CUDA_ARCHS={archs}\n{summary}\n{report}")).unwrap();
+            fs::write(&report_path, format!("# ptxas -v for FA_CUDA_ARCHS={archs}\n{header}{summary}\n{report}"))
+                .unwrap();
             if let Some(bad) = summary.lines().find(|l| l.starts_with("SPILL")) {
                 if env::var("FA_ALLOW_SPILLS").is_err() {
                     panic!("ptxas reports spills or a stack frame (see {}): {bad}", report_path.display());
@@ -159,24 +168,118 @@ fn watch_dir(dir: &Path, f: &mut dyn FnMut(&Path)) {
     }
 }
 
-/// `-gencode` flags. Plain archs share one virtual arch (the lowest) so the front end runs once for all of
-/// them; arch-specific ones (90a) need their own. PTX of the lowest plain arch is embedded for GPUs newer
-/// than any SASS we ship.
-fn gencode_flags(archs: &str) -> Vec<String> {
-    let list: Vec<&str> = archs.split(',').map(str::trim).filter(|a| !a.is_empty()).collect();
-    assert!(!list.is_empty(), "FA_CUDA_ARCHS is empty");
-    let (specific, plain): (Vec<&str>, Vec<&str>) = list.iter().partition(|a| a.ends_with('a'));
+/// One GPU target of FA_CUDA_ARCHS: compute capability 10 · major + minor, and whether it was given
+/// arch-specific ("90a").
+#[derive(Clone, Copy, PartialEq)]
+struct Target {
+    cc: u32,
+    specific: bool,
+}
+
+fn parse_targets(archs: &str) -> Vec<Target> {
+    let mut targets: Vec<Target> = archs
+        .split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .map(|a| {
+            let specific = a.ends_with('a');
+            let cc = a.trim_end_matches('a').parse().unwrap_or_else(|_| panic!("FA_CUDA_ARCHS: bad arch {a:?}"));
+            Target { cc, specific }
+        })
+        .collect();
+    assert!(!targets.is_empty(), "FA_CUDA_ARCHS is empty");
+    targets.sort_by_key(|t| (t.cc, t.specific));
+    targets
+}
+
+/// Compute capabilities above the lowest target at which a file's device code changes (`__CUDA_ARCH__`
+/// tests): the FP8 conversions (fa/intrinsics.cuh) use the hardware cvt from 8.9 on, so a file with FP8
+/// kernels needs a front end at compute_89 for its SASS of 8.9 and up. tests/build_artifacts.rs checks that
+/// the sm_89 / sm_90 SASS of every `*fp8*` kernel has the hardware conversion, so a file with FP8 kernels
+/// missing here fails there.
+fn code_changes_at(stem: &str) -> &'static [u32] {
+    match stem {
+        "append" | "decode_fp8" | "paged_prefill_fp8" | "selftest" => &[89],
+        _ => &[],
+    }
+}
+
+/// What nvcc builds for one file: `-gencode` flags, and the SASS archs ("80,89,90") and PTX arch ("89")
+/// they produce; `None` when the file has nothing for these targets (an sm_90a-only file without 90a).
+///
+/// FA_CUDA_ARCHS lists the GPUs to serve, and each gets its best code with the fewest compiler passes:
+///  - one front-end pass (cicc: C++ to PTX, a quarter to a half of a file's nvcc time) per distinct device
+///    code, not per arch: at the lowest target, plus one at each `code_changes_at` point (compute_89 for the FP8
+///    files); each SASS is compiled (ptxas) from the highest front end at or below its arch;
+///  - SASS for a target only when no lower target of the same major has SASS from the same PTX: the
+///    driver runs sm_XY SASS on any X.Z with Z >= Y, so sm_80 SASS serves 8.6 and 8.9 with the same code
+///    (every sm_80 tile config fits the 99 KiB of shared memory of 8.6/8.9: fa/prefill/tile_config.cuh).
+///    What a separate sm_86 / sm_89 pass of the same PTX would add is ptxas's scheduling for that minor
+///    revision, for a full pass of nvcc time; FlashAttention-2 ships sm_80 and sm_90 SASS alone, too;
+///  - "90a" (or any arch-specific target) gives plain sm_90 SASS outside kernels/*_sm90.cu: those kernels
+///    use nothing arch-specific, and sm_90 SASS can come from the lower targets' PTX (sm_90a needs its
+///    own compute_90a front end);
+///  - PTX of the highest front end, for GPUs newer than every SASS (JIT-compiled by the driver).
+///
+/// So the default 80,86,89,90a builds sm_80 + sm_90 SASS from one front end for most files, and
+/// sm_80 (compute_80) + sm_89, sm_90 (compute_89) for the FP8 files. An sm_90a-only file is compiled for
+/// 90a alone (no PTX: arch-specific code has no forward-compatible form), when the targets include 90a.
+fn gencode_flags(stem: &str, targets: &[Target]) -> Option<(Vec<String>, String, String)> {
+    if is_sm90_only(stem) {
+        let has_90a = targets.iter().any(|t| t.cc == 90 && t.specific);
+        let flags = vec!["-gencode".to_string(), "arch=compute_90a,code=sm_90a".to_string()];
+        return has_90a.then(|| (flags, "90a".into(), String::new()));
+    }
+    let base = targets[0].cc;
+    let mut front_ends = vec![base];
+    front_ends.extend(code_changes_at(stem).iter().filter(|&&c| c > base));
+    let front_end = |cc: u32| front_ends.iter().copied().filter(|&f| f <= cc).max().unwrap();
+    // (front end, SASS archs compiled from it)
+    let mut passes: Vec<(u32, Vec<u32>)> = Vec::new();
+    for (i, t) in targets.iter().enumerate() {
+        let f = front_end(t.cc);
+        let served = targets[..i].iter().any(|u| u.cc / 10 == t.cc / 10 && front_end(u.cc) == f);
+        if served {
+            continue; // a lower arch's SASS runs here with the same code (or t repeats an arch)
+        }
+        match passes.iter_mut().find(|(g, _)| *g == f) {
+            Some((_, sass)) => sass.push(t.cc),
+            None => passes.push((f, vec![t.cc])),
+        }
+    }
+    let ptx = passes.iter().map(|(f, _)| *f).max().unwrap();
     let mut flags = Vec::new();
-    if let Some(lowest) = plain.iter().min_by_key(|a| a.parse::<u32>().expect("FA_CUDA_ARCHS: bad arch")) {
-        let codes: Vec<String> = plain.iter().map(|a| format!("sm_{a}")).collect();
+    for (f, sass) in &passes {
+        let mut codes: Vec<String> = sass.iter().map(|a| format!("sm_{a}")).collect();
+        if *f == ptx {
+            codes.push(format!("compute_{f}"));
+        }
         flags.push("-gencode".into());
-        flags.push(format!("arch=compute_{lowest},code=[{},compute_{lowest}]", codes.join(",")));
+        flags.push(format!("arch=compute_{f},code=[{}]", codes.join(",")));
     }
-    for a in specific {
-        flags.push("-gencode".into());
-        flags.push(format!("arch=compute_{a},code=sm_{a}"));
+    let mut sass: Vec<u32> = passes.iter().flat_map(|(_, s)| s.iter().copied()).collect();
+    sass.sort();
+    let sass = sass.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    Some((flags, sass, ptx.to_string()))
+}
+
+/// nvcc CPU seconds of each file with the default targets (measured 2026-12-01, README "Build"): build_fatbins
+/// starts the longest first, so that the two jobs of a 2-core machine finish together. Only an ordering: a
+/// file not listed starts first (it may be long).
+fn nvcc_cost(stem: &str) -> u32 {
+    match stem {
+        "prefill" => 55,
+        "paged_prefill_fp8" => 50,
+        "paged_prefill" => 40,
+        "decode_fp8" => 17,
+        "selftest_sm90" => 8,
+        "decode" => 7,
+        "prefill_sm90" => 7,
+        "append" => 4,
+        "merge" => 3,
+        "selftest" => 3,
+        _ => 1000,
     }
-    flags
 }
 
 fn find_nvcc(root: &Path) -> Option<PathBuf> {
@@ -215,9 +318,8 @@ fn is_sm90_only(stem: &str) -> bool {
     stem.ends_with("_sm90")
 }
 
-/// One fatbin per kernels/*.cu (device code only); returns ptxas's output of all of them. An sm_90a-only
-/// file is compiled for 90a alone (no PTX: arch-specific code has no forward-compatible form), and not at all
-/// when FA_CUDA_ARCHS lacks 90a.
+/// One fatbin per kernels/*.cu (device code only), with the SASS and PTX `gencode_flags` gives it; returns
+/// the report's header (each fatbin's archs and nvcc wall time) and ptxas's output of all of them.
 fn build_fatbins(
     nvcc: &Path,
     include: &Path,
@@ -225,54 +327,75 @@ fn build_fatbins(
     archs: &str,
     dir: &Path,
     fatbins: &mut Vec<(String, PathBuf)>,
-) -> String {
+) -> (String, String) {
     let home = nvcc.parent().and_then(Path::parent).unwrap().to_path_buf();
-    let gencode = gencode_flags(archs);
-    let has_90a = archs.split(',').any(|a| a.trim() == "90a");
-    let gencode_90a: Vec<String> = vec!["-gencode".into(), "arch=compute_90a,code=sm_90a".into()];
-    let mut commands = Vec::new();
+    let targets = parse_targets(archs);
+    let jobs = env::var("NUM_JOBS").ok().and_then(|j| j.parse().ok()).unwrap_or(2usize).max(1);
+    let mut files: Vec<(String, &PathBuf, Vec<String>, String)> = Vec::new();
     for src in sources {
         let stem = src.file_stem().unwrap().to_string_lossy().into_owned();
-        if is_sm90_only(&stem) && !has_90a {
-            continue;
+        if let Some((gencode, sass, ptx)) = gencode_flags(&stem, &targets) {
+            let what = if ptx.is_empty() { format!("SASS {sass}") } else { format!("SASS {sass} + PTX {ptx}") };
+            files.push((stem, src, gencode, what));
         }
+    }
+    // Longest first: the last job to start should be a short one.
+    files.sort_by_key(|(stem, ..)| std::cmp::Reverse(nvcc_cost(stem)));
+    // More jobs than files (a many-core machine): nvcc runs a file's passes (front ends, ptxas per arch) on
+    // threads of its own. With fewer, it would only oversubscribe the cores.
+    let threads = jobs / files.len().max(1);
+    let mut commands = Vec::new();
+    let mut lines = Vec::new();
+    for (stem, src, gencode, what) in files {
         let fatbin = dir.join(format!("{stem}.fatbin"));
         let mut c = Command::new(nvcc);
         // No --use_fast_math: the hot loops already use the explicit approximations they mean
         // (fa::fast_exp2 = ex2.approx, which the emulator models); everything else (epilogue exp/log/division)
         // stays IEEE, as the emulator's host build computes it. Measured: identical registers, no spills.
         c.args(["-fatbin", "-O3", "-std=c++17", "-lineinfo", "-Xptxas", "-v", "-Xcudafe", "--diag_suppress=177"])
-            .args(if is_sm90_only(&stem) { &gencode_90a } else { &gencode })
+            .args(&gencode)
             .arg("-I")
             .arg(include);
+        if threads > 1 {
+            c.arg("--threads").arg(threads.to_string());
+        }
         // The PyPI layout keeps CCCL (needed by cuda_fp16.h for <nv/target>) under include/cccl.
         if home.join("include/cccl").is_dir() {
             c.arg("-I").arg(home.join("include/cccl"));
         }
         c.arg("-o").arg(&fatbin).arg(src);
+        lines.push(format!("{stem}.fatbin: {what}"));
         fatbins.push((stem, fatbin));
         commands.push(c);
     }
-    let jobs = env::var("NUM_JOBS").ok().and_then(|j| j.parse().ok()).unwrap_or(2usize).max(1);
-    run_parallel(commands, jobs).concat()
+    let mut header = String::new();
+    let mut report = String::new();
+    for (line, (stderr, seconds)) in lines.iter().zip(run_parallel(commands, jobs)) {
+        header.push_str(&format!("# {line} (nvcc {seconds:.1} s wall)\n"));
+        report.push_str(&stderr);
+    }
+    (header, report)
 }
 
-/// Runs the commands on `jobs` threads; panics with the compiler's output on the first failure. Returns each
-/// command's stderr, in the original order.
-fn run_parallel(commands: Vec<Command>, jobs: usize) -> Vec<String> {
+/// Runs the commands on `jobs` threads, starting them in order; panics with the compiler's output on the
+/// first failure. Returns each command's stderr and wall time in seconds, in the original order.
+fn run_parallel(commands: Vec<Command>, jobs: usize) -> Vec<(String, f64)> {
     let n = commands.len();
-    let queue = Mutex::new(commands.into_iter().enumerate().collect::<Vec<_>>());
-    let results: Mutex<Vec<String>> = Mutex::new(vec![String::new(); n]);
+    let mut queue: Vec<_> = commands.into_iter().enumerate().collect();
+    queue.reverse(); // popped from the back
+    let queue = Mutex::new(queue);
+    let results: Mutex<Vec<(String, f64)>> = Mutex::new(vec![(String::new(), 0.0); n]);
     let failures = Mutex::new(Vec::new());
     std::thread::scope(|s| {
         for _ in 0..jobs.min(n.max(1)) {
             s.spawn(|| loop {
                 let job = queue.lock().unwrap().pop();
                 let Some((i, mut cmd)) = job else { break };
+                let start = std::time::Instant::now();
                 let output = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
                 let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
                 if output.status.success() {
-                    results.lock().unwrap()[i] = stderr;
+                    results.lock().unwrap()[i] = (stderr, start.elapsed().as_secs_f64());
                 } else {
                     let stdout = String::from_utf8_lossy(&output.stdout);
                     failures.lock().unwrap().push(format!("{cmd:?}\n{stdout}{stderr}"));

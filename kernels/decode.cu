@@ -331,12 +331,23 @@ FA_NAMESPACE_END
 // SM (traits.cuh).
 #define FA_DECODE_KERNEL(name, T, D, kMod, kFp8)                                                             \
   FA_KERNEL(name, 128, 3, FaDecodeParams, (fa::decode::paged_decode_kernel<T, D, kMod, kFp8>))
-// _fp8: an FP8 cache (either format, chosen at run time) under 16-bit queries and outputs.
-#define FA_DECODE_KERNELS(dt, T, D)                                                                          \
+#define FA_DECODE_16BIT_KERNELS(dt, T, D)                                                                    \
   FA_DECODE_KERNEL(fa_paged_decode_##dt##_d##D, T, D, false, false)                                          \
-  FA_DECODE_KERNEL(fa_paged_decode_##dt##_d##D##_mod, T, D, true, false)                                     \
+  FA_DECODE_KERNEL(fa_paged_decode_##dt##_d##D##_mod, T, D, true, false)
+// _fp8: an FP8 cache (either format, chosen at run time) under 16-bit queries and outputs.
+#define FA_DECODE_FP8_KERNELS(dt, T, D)                                                                      \
   FA_DECODE_KERNEL(fa_paged_decode_##dt##_d##D##_fp8, T, D, false, true)                                     \
   FA_DECODE_KERNEL(fa_paged_decode_##dt##_d##D##_fp8_mod, T, D, true, true)
+// nvcc builds the 16-bit-cache kernels from this file and the FP8-cache ones from kernels/decode_fp8.cu (this
+// file with FA_DECODE_FP8_JOB): only those need the compute_89 front end and sm_89 SASS of the hardware FP8
+// conversion (build.rs: code_changes_at). The host build (launchers, emulator) has them all.
+#if defined(FA_HOST_BUILD)
+#define FA_DECODE_KERNELS(dt, T, D) FA_DECODE_16BIT_KERNELS(dt, T, D) FA_DECODE_FP8_KERNELS(dt, T, D)
+#elif defined(FA_DECODE_FP8_JOB)
+#define FA_DECODE_KERNELS(dt, T, D) FA_DECODE_FP8_KERNELS(dt, T, D)
+#else
+#define FA_DECODE_KERNELS(dt, T, D) FA_DECODE_16BIT_KERNELS(dt, T, D)
+#endif
 FA_DECODE_KERNELS(f16, fa::half_t, 64)
 FA_DECODE_KERNELS(f16, fa::half_t, 128)
 FA_DECODE_KERNELS(f16, fa::half_t, 256)

@@ -62,7 +62,6 @@ using prefill::gemm_qk;
 // but one m16 tile per warp (Br = 64): its 128 x 32 tile spills 8 bytes on sm_90a, and 16-key tiles do not
 // split evenly over the threads at 12 chunks per row. src/paged_prefill.rs (`block_rows`) mirrors Br.
 template <int kHeadDim> struct TileConfig;
-template <> struct TileConfig<32> : prefill::TileConfig<32> {};
 template <> struct TileConfig<64> : prefill::TileShape<64, 2, 32, 3> {};
 template <> struct TileConfig<96> : prefill::TileShape<96, 1, 32, 3> {};
 template <> struct TileConfig<128> : prefill::TileShape<128, 2, 16, 3> {};
@@ -390,18 +389,30 @@ FA_NAMESPACE_END
 #define FA_PAGED_PREFILL_KERNEL(name, T, D, kMod, kFp8)                                                      \
   FA_KERNEL(name, fa::paged_prefill::TileConfig<D>::kThreads, 1, FaPagedPrefillParams,                       \
             (fa::paged_prefill::paged_prefill_kernel<T, D, kMod, kFp8>))
-// _fp8: an FP8 cache (either format, chosen at run time) under 16-bit queries and outputs.
-#define FA_PAGED_PREFILL_KERNELS(dt, T, D)                                                                   \
+#define FA_PAGED_PREFILL_16BIT_KERNELS(dt, T, D)                                                             \
   FA_PAGED_PREFILL_KERNEL(fa_paged_prefill_##dt##_d##D, T, D, false, false)                                  \
-  FA_PAGED_PREFILL_KERNEL(fa_paged_prefill_##dt##_d##D##_mod, T, D, true, false)                             \
-  FA_PAGED_PREFILL_KERNEL(fa_paged_prefill_##dt##_d##D##_fp8, T, D, false, true)                             \
+  FA_PAGED_PREFILL_KERNEL(fa_paged_prefill_##dt##_d##D##_mod, T, D, true, false)
+// _fp8_mod: an FP8 cache (either format, chosen at run time) under 16-bit queries and outputs, for every score
+// variant: FP8 paged prefill has no plain twin, which would cost as much nvcc time as all of this file's
+// 16-bit kernels (README "Build"); a plain call pays the variant kernel's run-time checks (no softcap / ALiBi:
+// one uniform branch per tile; the left window bound's compare in edge tiles), at the same registers.
+#define FA_PAGED_PREFILL_FP8_KERNELS(dt, T, D)                                                               \
   FA_PAGED_PREFILL_KERNEL(fa_paged_prefill_##dt##_d##D##_fp8_mod, T, D, true, true)
-FA_PAGED_PREFILL_KERNELS(f16, fa::half_t, 32)
+// nvcc builds this file's kernels in two jobs that run in parallel: this file the 16-bit-cache ones,
+// kernels/paged_prefill_fp8.cu (this file with FA_PAGED_PREFILL_FP8_JOB) the FP8-cache ones, whose SASS for
+// sm_90 comes from a compute_89 front end (the hardware FP8 conversion; build.rs: code_changes_at). The host
+// build (launchers, emulator) has them all.
+#if defined(FA_HOST_BUILD)
+#define FA_PAGED_PREFILL_KERNELS(dt, T, D) FA_PAGED_PREFILL_16BIT_KERNELS(dt, T, D) FA_PAGED_PREFILL_FP8_KERNELS(dt, T, D)
+#elif defined(FA_PAGED_PREFILL_FP8_JOB)
+#define FA_PAGED_PREFILL_KERNELS(dt, T, D) FA_PAGED_PREFILL_FP8_KERNELS(dt, T, D)
+#else
+#define FA_PAGED_PREFILL_KERNELS(dt, T, D) FA_PAGED_PREFILL_16BIT_KERNELS(dt, T, D)
+#endif
 FA_PAGED_PREFILL_KERNELS(f16, fa::half_t, 64)
 FA_PAGED_PREFILL_KERNELS(f16, fa::half_t, 96)
 FA_PAGED_PREFILL_KERNELS(f16, fa::half_t, 128)
 FA_PAGED_PREFILL_KERNELS(f16, fa::half_t, 256)
-FA_PAGED_PREFILL_KERNELS(bf16, fa::bf16_t, 32)
 FA_PAGED_PREFILL_KERNELS(bf16, fa::bf16_t, 64)
 FA_PAGED_PREFILL_KERNELS(bf16, fa::bf16_t, 96)
 FA_PAGED_PREFILL_KERNELS(bf16, fa::bf16_t, 128)
@@ -412,8 +423,10 @@ namespace fa {
 namespace paged_prefill {
 namespace {
 
-// The instantiated widths, smallest first: head_dim runs at the first one >= it.
-constexpr int kWidths[] = {32, 64, 96, 128, 256};
+// The instantiated widths, smallest first: head_dim runs at the first one >= it. No 32: head dim 32 (no
+// mainstream LLM's) runs at 64, twice its MMAs but the same memory traffic, and its kernels would cost a
+// quarter of this op's nvcc time (README "Build"; src/paged_prefill.rs mirrors the list).
+constexpr int kWidths[] = {64, 96, 128, 256};
 
 template <int kHeadDim, bool kFp8>
 int launch_paged_prefill(void (*kernel)(FaPagedPrefillParams), const char *name, const FaPagedPrefillParams &p,
@@ -429,9 +442,8 @@ int launch_paged_prefill(void (*kernel)(FaPagedPrefillParams), const char *name,
 
 #define FA_PAGED_PREFILL_CASE(D, kernel)                                                                     \
   case D:                                                                                                    \
-    if (fp8)                                                                                                 \
-      return mod ? launch_paged_prefill<D, true>(kernel##_fp8_mod, #kernel "_fp8_mod", p, exec)              \
-                 : launch_paged_prefill<D, true>(kernel##_fp8, #kernel "_fp8", p, exec);                     \
+    if (fp8) /* the FP8 kernel serves every variant (see its instantiation) */                               \
+      return launch_paged_prefill<D, true>(kernel##_fp8_mod, #kernel "_fp8_mod", p, exec);                   \
     return mod ? launch_paged_prefill<D, false>(kernel##_mod, #kernel "_mod", p, exec)                       \
                : launch_paged_prefill<D, false>(kernel, #kernel, p, exec)
 int dispatch(const FaPagedPrefillParams &p, FaExec *exec) {
@@ -444,7 +456,6 @@ int dispatch(const FaPagedPrefillParams &p, FaExec *exec) {
     if (width == 0 && p.head_dim <= w) width = w;
   if (p.dtype == FA_DTYPE_F16) {
     switch (width) {
-      FA_PAGED_PREFILL_CASE(32, fa_paged_prefill_f16_d32);
       FA_PAGED_PREFILL_CASE(64, fa_paged_prefill_f16_d64);
       FA_PAGED_PREFILL_CASE(96, fa_paged_prefill_f16_d96);
       FA_PAGED_PREFILL_CASE(128, fa_paged_prefill_f16_d128);
@@ -452,7 +463,6 @@ int dispatch(const FaPagedPrefillParams &p, FaExec *exec) {
     }
   } else if (p.dtype == FA_DTYPE_BF16) {
     switch (width) {
-      FA_PAGED_PREFILL_CASE(32, fa_paged_prefill_bf16_d32);
       FA_PAGED_PREFILL_CASE(64, fa_paged_prefill_bf16_d64);
       FA_PAGED_PREFILL_CASE(96, fa_paged_prefill_bf16_d96);
       FA_PAGED_PREFILL_CASE(128, fa_paged_prefill_bf16_d128);

@@ -5,7 +5,8 @@
 pub const PTXAS_REPORT: &str = env!("FA_PTXAS_REPORT");
 /// Directory of the fatbins embedded in the crate (`<op>.fatbin`, one per kernels/*.cu), for SASS checks.
 pub const FATBIN_DIR: &str = env!("FA_FATBIN_DIR");
-/// The SASS architectures compiled (FA_CUDA_ARCHS at build time, e.g. "80,86,89,90a"); empty without kernels.
+/// The GPU targets (FA_CUDA_ARCHS at build time, e.g. "80,86,89,90a"); empty without kernels. Which SASS and
+/// PTX each fatbin holds for them: the header of [`PTXAS_REPORT`] (build.rs, `gencode_flags`).
 pub const CUDA_ARCHS: &str = env!("FA_CUDA_ARCHS");
 /// The CUDA toolkit version the kernels were built with ("13.0"); empty without kernels.
 pub const CUDA_VERSION: &str = env!("FA_CUDA_VERSION");

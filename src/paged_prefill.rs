@@ -37,8 +37,9 @@ use crate::sys;
 use crate::tensor::{TensorView, TensorViewMut};
 
 /// The head-dim widths the kernel is instantiated for; a head dim (a multiple of 8 in 32..=256) runs at the
-/// smallest width at least as large, its extra columns zero-filled and never stored.
-pub const PAGED_PREFILL_WIDTHS: [usize; 5] = [32, 64, 96, 128, 256];
+/// smallest width at least as large, its extra columns zero-filled and never stored. No 32 (unlike dense
+/// prefill): head dim 32 runs at 64 (kernels/paged_prefill.cu, `kWidths`, says why).
+pub const PAGED_PREFILL_WIDTHS: [usize; 4] = [64, 96, 128, 256];
 
 /// Splits are planned only when each keeps at least this many keys (a split's fixed cost: its pipeline fill,
 /// its fp32 partial rows written and merged).
@@ -403,6 +404,7 @@ mod tests {
 
     #[test]
     fn widths_round_up() {
+        assert_eq!(problem(1, 1, 1, 32, 1, 1).width(), Some(64));
         assert_eq!(problem(1, 1, 1, 40, 1, 1).width(), Some(64));
         assert_eq!(problem(1, 1, 1, 96, 1, 1).width(), Some(96));
         assert_eq!(problem(1, 1, 1, 136, 1, 1).width(), Some(256));

@@ -17,35 +17,181 @@ fn cuobjdump() -> Option<PathBuf> {
     std::env::split_paths(&path).map(|d| d.join("cuobjdump")).find(|p| p.is_file())
 }
 
+/// Compute capability (10 · major + minor) of each FA_CUDA_ARCHS target ("90a" -> 90).
+fn target_ccs() -> Vec<u32> {
+    build_info::CUDA_ARCHS.split(',').map(|a| a.trim().trim_end_matches('a').parse().unwrap()).collect()
+}
+
+/// The SASS archs ("sm_80", "sm_90a") and PTX archs ("compute_80") a fatbin holds, from cuobjdump.
+fn fatbin_archs(tool: &std::path::Path, fatbin: &std::path::Path) -> (Vec<String>, Vec<String>) {
+    let listing = |flag: &str| {
+        let out = Command::new(tool).arg(flag).arg(fatbin).output().unwrap();
+        assert!(out.status.success(), "cuobjdump {flag} failed: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // "ELF file    1: prefill.1.sm_80.cubin", "PTX file    1: prefill.1.sm_80.ptx" (named after the virtual arch's
+    // number: compute_80's PTX is "sm_80.ptx").
+    let archs = |text: &str, ext: &str| -> Vec<String> {
+        let mut v: Vec<String> = text
+            .split_whitespace()
+            .filter(|w| w.ends_with(ext))
+            .filter_map(|w| w.split('.').rev().nth(1).map(str::to_string))
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    let sass = archs(&listing("--list-elf"), ".cubin");
+    let ptx = archs(&listing("--list-ptx"), ".ptx").iter().map(|a| a.replace("sm_", "compute_")).collect();
+    (sass, ptx)
+}
+
+/// The SASS the driver runs on a GPU of compute capability `cc`: the highest sm_XY with X its major and
+/// Y <= its minor (sm_XYa only on X.Y itself), or None (it would JIT the PTX, or fail).
+fn driver_pick(sass: &[String], cc: u32) -> Option<&String> {
+    sass.iter()
+        .filter(|s| {
+            let a = s.trim_start_matches("sm_");
+            let n: u32 = a.trim_end_matches('a').parse().unwrap();
+            n / 10 == cc / 10 && n <= cc && (!a.ends_with('a') || n == cc)
+        })
+        .max_by_key(|s| s.trim_start_matches("sm_").trim_end_matches('a').parse::<u32>().unwrap())
+}
+
+/// The arch contract (build.rs `gencode_flags`): every fatbin has SASS the driver runs on each target GPU
+/// (sm_90a-only fatbins: on 9.0 alone) and, but for the sm_90a-only ones, PTX for newer GPUs. With the default
+/// targets (8.0, 8.6, 8.9, 9.0) it is exactly sm_80 + sm_90 SASS and compute_80 PTX per fatbin, plus sm_89
+/// SASS (and compute_89 PTX) where the FP8 kernels are (their hardware conversion, checked below), and
+/// sm_90a alone for the wgmma kernels: no SASS the driver would never pick (sm_86: sm_80 runs there with
+/// the same code), which is the nvcc time the build budget has no room for.
 #[test]
-fn fatbins_have_sass_for_every_arch_and_ptx() {
+fn fatbins_have_sass_for_every_target_and_ptx() {
     assert!(build_info::has_gpu_kernels(), "this test build has no GPU kernels: {}", build_info::PTXAS_REPORT);
     let Some(tool) = cuobjdump() else {
         panic!("cuobjdump not found: scripts/setup installs it into .toolchain/cuda-tools");
     };
     let fatbins = build_info::fatbins();
     assert!(fatbins.len() >= 5, "expected a fatbin per kernels/*.cu, got {fatbins:?}");
+    let default = build_info::CUDA_ARCHS == "80,86,89,90a";
     for fatbin in &fatbins {
-        let out = Command::new(&tool).arg("--list-elf").arg(fatbin).output().unwrap();
-        assert!(out.status.success(), "cuobjdump failed: {}", String::from_utf8_lossy(&out.stderr));
-        let listing = String::from_utf8_lossy(&out.stdout);
+        let (sass, ptx) = fatbin_archs(&tool, fatbin);
+        let name = fatbin.file_stem().unwrap().to_string_lossy();
         if build_info::is_sm90_only(fatbin) {
             // sm_90a SASS alone: arch-specific code has no PTX for other GPUs.
-            assert!(listing.contains(".sm_90a."), "no sm_90a SASS in {}:\n{listing}", fatbin.display());
-            assert_eq!(listing.matches(".cubin").count(), 1, "{} must hold sm_90a only:\n{listing}", fatbin.display());
+            assert_eq!((sass, ptx), (vec!["sm_90a".to_string()], vec![]), "{name} must hold sm_90a only");
             continue;
         }
-        for arch in build_info::CUDA_ARCHS.split(',') {
-            let tag = format!(".sm_{}.", arch.trim());
-            assert!(listing.contains(&tag), "no SASS for sm_{arch} in {}:\n{listing}", fatbin.display());
+        for cc in target_ccs() {
+            assert!(driver_pick(&sass, cc).is_some(), "{name}: no SASS runs on a {cc} GPU: {sass:?}");
         }
-        let ptx = Command::new(&tool).arg("--list-ptx").arg(fatbin).output().unwrap();
-        assert!(
-            String::from_utf8_lossy(&ptx.stdout).contains(".ptx"),
-            "no PTX in {} for forward compatibility",
-            fatbin.display()
-        );
+        assert_eq!(ptx.len(), 1, "{name}: one PTX for GPUs newer than its SASS: {ptx:?}");
+        if default {
+            let fp8 = kernel_names(&tool, fatbin, "sm_80").iter().any(|k| k.contains("fp8"));
+            let want: &[&str] = if fp8 { &["sm_80", "sm_89", "sm_90"] } else { &["sm_80", "sm_90"] };
+            assert_eq!(sass, want, "{name}");
+            assert_eq!(ptx, [if fp8 { "compute_89" } else { "compute_80" }], "{name}");
+        }
     }
+}
+
+/// Kernel names in a fatbin's SASS for `arch` ("sm_80").
+fn kernel_names(tool: &std::path::Path, fatbin: &std::path::Path, arch: &str) -> Vec<String> {
+    let out = Command::new(tool).arg("--list-text").arg(fatbin).output().unwrap();
+    assert!(out.status.success(), "cuobjdump --list-text failed: {}", String::from_utf8_lossy(&out.stderr));
+    // "SASS text section 4 : selftest-fa_selftest_fp8_kernel.sm_80.elf.bin" (<fatbin>-<kernel>.<arch>.elf.bin)
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let (_, file) = l.split_once(" : ")?;
+            let (_, kernel) = file.strip_suffix(&format!(".{arch}.elf.bin"))?.split_once('-')?;
+            Some(kernel.to_string())
+        })
+        .collect()
+}
+
+/// Every kernel the launchers can pick (every FA_KERNEL of the host library: the host build instantiates the
+/// same kernels, for the emulator) is in the fatbins, in SASS the driver runs on each target GPU: the nvcc
+/// jobs that split one source (kernels/decode_fp8.cu, kernels/paged_prefill_fp8.cu) lose none. The sm_90a
+/// kernels count on 9.0 alone.
+#[test]
+fn every_host_kernel_is_in_the_fatbins_for_every_target() {
+    let Some(tool) = cuobjdump() else {
+        panic!("cuobjdump not found: scripts/setup installs it into .toolchain/cuda-tools");
+    };
+    // The C ABI's functions (launchers and host helpers) are every extern "C" fa_* that is not a kernel.
+    let abi = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/sys/abi.rs")).unwrap();
+    let abi: Vec<&str> = abi.split("pub fn ").skip(1).filter_map(|r| r.split('(').next()).collect();
+    // The host library: OUT_DIR/libfa_host.a, next to the fatbin directory (build.rs).
+    let lib = std::path::Path::new(build_info::FATBIN_DIR).parent().unwrap().join("libfa_host.a");
+    let nm = Command::new("nm").args(["--defined-only", "--format=posix"]).arg(&lib).output().expect("nm");
+    assert!(nm.status.success(), "nm {} failed: {}", lib.display(), String::from_utf8_lossy(&nm.stderr));
+    let mut host: Vec<String> = String::from_utf8_lossy(&nm.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            let (name, kind) = (w.next()?, w.next()?);
+            (kind == "T" && name.starts_with("fa_") && !abi.contains(&name)).then(|| name.to_string())
+        })
+        .collect();
+    host.sort();
+    host.dedup();
+    // Host-only: a planted bug the GPU build cannot compile (it needs a stack frame).
+    host.retain(|k| k != "fa_bug_stack_overflow");
+    assert!(host.len() >= 100, "only {} kernels in {}: {host:?}", host.len(), lib.display());
+    // sm_90a-only kernels: what the sm_90a-only fatbins hold.
+    let sm90: Vec<String> = build_info::fatbins()
+        .iter()
+        .filter(|f| build_info::is_sm90_only(f))
+        .flat_map(|f| kernel_names(&tool, f, "sm_90a"))
+        .collect();
+    for cc in target_ccs() {
+        let mut gpu = Vec::new();
+        for fatbin in build_info::fatbins() {
+            let (sass, _) = fatbin_archs(&tool, &fatbin);
+            if let Some(arch) = driver_pick(&sass, cc) {
+                gpu.extend(kernel_names(&tool, &fatbin, arch));
+            }
+        }
+        let missing: Vec<&String> =
+            host.iter().filter(|k| !gpu.contains(k) && (cc == 90 || !sm90.contains(k))).collect();
+        assert!(missing.is_empty(), "kernels a {cc} GPU cannot load: {missing:?}");
+    }
+}
+
+/// The FP8 kernels convert with the hardware cvt (F2FP ... E4M3 / E5M2) in their SASS for 8.9 and up, which
+/// build.rs gets by compiling it from a compute_89 front end (`code_changes_at`); sm_80 SASS has the software
+/// model (8.0 and 8.6 have no such instruction). Only the fatbins that hold FP8 kernels are disassembled.
+#[test]
+fn fp8_kernels_use_the_hardware_conversion_from_sm89() {
+    let Some(tool) = cuobjdump() else {
+        panic!("cuobjdump not found: scripts/setup installs it into .toolchain/cuda-tools");
+    };
+    let mut checked = 0;
+    for fatbin in build_info::fatbins() {
+        let (sass, _) = fatbin_archs(&tool, &fatbin);
+        if !kernel_names(&tool, &fatbin, &sass[0]).iter().any(|k| k.contains("fp8")) {
+            continue;
+        }
+        for arch in &sass {
+            let n: u32 = arch.trim_start_matches("sm_").trim_end_matches('a').parse().unwrap();
+            for (name, body) in sass_of(&tool, &fatbin, arch) {
+                let hardware = body.lines().any(|l| l.contains("F2FP") && (l.contains(".E4M3") || l.contains(".E5M2")));
+                if n < 89 {
+                    assert!(!hardware, "{arch}: {name} has an FP8 cvt");
+                } else if name.contains("fp8") {
+                    for format in [".E4M3", ".E5M2"] {
+                        assert!(
+                            body.lines().any(|l| l.contains("F2FP") && l.contains(format)),
+                            "{arch}: {name} converts {format} without the hardware cvt (a front end below compute_89?)"
+                        );
+                    }
+                    checked += 1;
+                }
+            }
+        }
+    }
+    let want = if target_ccs().iter().any(|&cc| cc >= 89) { 20 } else { 0 };
+    assert!(checked >= want, "only {checked} FP8 kernels checked on sm_89+");
 }
 
 /// Kernels launch through the driver API (cudarc): no CUDA runtime is linked, statically or dynamically,
@@ -82,26 +228,30 @@ fn ptxas_report_is_spill_free_and_lists_kernels() {
     assert!(kernels >= archs, "ptxas report lists {kernels} kernel builds for {archs} archs:\n{report}");
 }
 
-/// SASS of every kernel for one arch, as (name, body) pairs.
-fn sass_functions(tool: &std::path::Path, arch: &str) -> Vec<(String, String)> {
+/// SASS of every kernel of one fatbin for `arch` ("sm_80"), as (name, body) pairs.
+fn sass_of(tool: &std::path::Path, fatbin: &std::path::Path, arch: &str) -> Vec<(String, String)> {
     // cuobjdump needs nvdisasm from the same directory on PATH to print SASS.
     let dir = tool.parent().unwrap();
     let path = std::env::join_paths(
         std::iter::once(dir.to_path_buf()).chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())),
     )
     .unwrap();
+    let out = Command::new(tool).args(["--dump-sass", "-arch", arch]).arg(fatbin).env("PATH", &path).output().unwrap();
+    assert!(out.status.success(), "cuobjdump --dump-sass failed: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.split("Function : ")
+        .skip(1)
+        .map(|chunk| (chunk.lines().next().unwrap_or("").trim().to_string(), chunk.to_string()))
+        .collect()
+}
+
+/// SASS of every kernel a GPU of compute capability `cc` runs (each fatbin's `driver_pick`), as (name, body).
+fn sass_functions(tool: &std::path::Path, cc: u32) -> Vec<(String, String)> {
     let mut funcs = Vec::new();
     for fatbin in build_info::fatbins() {
-        if build_info::is_sm90_only(&fatbin) && arch != "sm_90a" {
-            continue;
-        }
-        let out =
-            Command::new(tool).args(["--dump-sass", "-arch", arch]).arg(&fatbin).env("PATH", &path).output().unwrap();
-        assert!(out.status.success(), "cuobjdump --dump-sass failed: {}", String::from_utf8_lossy(&out.stderr));
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        for chunk in text.split("Function : ").skip(1) {
-            let name = chunk.lines().next().unwrap_or("").trim().to_string();
-            funcs.push((name, chunk.to_string()));
+        let (sass, _) = fatbin_archs(tool, &fatbin);
+        if let Some(arch) = driver_pick(&sass, cc) {
+            funcs.extend(sass_of(tool, &fatbin, arch));
         }
     }
     funcs
@@ -115,10 +265,10 @@ fn sass_has_the_instructions_the_kernels_were_written_for() {
     let Some(tool) = cuobjdump() else {
         panic!("cuobjdump not found: scripts/setup installs it into .toolchain/cuda-tools");
     };
-    let archs: Vec<String> = build_info::CUDA_ARCHS.split(',').map(|a| format!("sm_{}", a.trim())).collect();
+    let ccs = target_ccs();
     let mut checked = 0;
-    for arch in [archs.first(), archs.last()].into_iter().flatten() {
-        let funcs = sass_functions(&tool, arch);
+    for cc in [ccs.first(), ccs.last()].into_iter().flatten().copied() {
+        let funcs = sass_functions(&tool, cc);
         let want: [(&str, &[&str]); 5] = [
             ("fa_prefill_", &["HMMA.16816.F32", "LDSM.16.M88.4", "LDSM.16.MT88.4", "LDGSTS.E.BYPASS.128"]),
             ("fa_paged_prefill_", &["HMMA.16816.F32", "LDSM.16.M88.4", "LDSM.16.MT88.4", "LDGSTS.E.BYPASS.128"]),
@@ -130,13 +280,13 @@ fn sass_has_the_instructions_the_kernels_were_written_for() {
             // The sm_90a prefill kernel (fa_prefill_sm90_*) is checked in the Hopper test below.
             let bodies: Vec<&(String, String)> =
                 funcs.iter().filter(|(n, _)| n.contains(kernel) && !n.contains("_sm90")).collect();
-            assert!(!bodies.is_empty(), "{arch}: no {kernel}* kernel in the fatbins");
+            assert!(!bodies.is_empty(), "{cc}: no {kernel}* kernel in the fatbins");
             for (name, body) in bodies {
                 for needle in needles {
-                    assert!(body.contains(needle), "{arch}: {name} has no {needle} in its SASS");
+                    assert!(body.contains(needle), "{cc}: {name} has no {needle} in its SASS");
                 }
                 for local in ["LDL", "STL"] {
-                    assert!(!body.contains(&format!(" {local}")), "{arch}: {name} uses local memory ({local})");
+                    assert!(!body.contains(&format!(" {local}")), "{cc}: {name} uses local memory ({local})");
                 }
                 checked += 1;
             }
@@ -158,7 +308,7 @@ fn sm90_kernels_use_wgmma_tma_mbarriers_and_setmaxnreg() {
     let Some(tool) = cuobjdump() else {
         panic!("cuobjdump not found: scripts/setup installs it into .toolchain/cuda-tools");
     };
-    let funcs = sass_functions(&tool, "sm_90a");
+    let funcs = sass_functions(&tool, 90);
     let want: [(&str, &[&str]); 6] = [
         (
             "fa_prefill_sm90_",
