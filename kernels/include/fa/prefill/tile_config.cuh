@@ -49,6 +49,7 @@
 // dims 200-224 at 256 are at most 28% more MMAs (224: 14%).
 #pragma once
 
+#include "fa/swizzle.cuh"
 #include "fa/namespace.cuh"
 
 FA_NAMESPACE_BEGIN
@@ -56,7 +57,18 @@ namespace prefill {
 
 template <int kHeadDim> struct TileConfig;
 
-template <int kHeadDim_, int kMTiles_, int kBc_, int kStages_> struct TileShape {
+// The ldmatrix lane addressing of fa/swizzle.cuh: kVariants registers per operand, or one (kXor).
+template <bool kXor> struct LaneSelect {
+  template <int kCols> using type = LaneAddress<kCols>;
+};
+template <> struct LaneSelect<true> {
+  template <int kCols> using type = XorLaneAddress<kCols>;
+};
+
+// kLean_: the register-lean KV loop (measured above): XorLaneAddress lanes; the K/V bases and the epilogue's
+// offsets parked in shared memory (48 bytes per warp), the K/V loads by RowWalkCopy; the softmax row sums
+// parked in shared memory (16 bytes per thread) between updates.
+template <int kHeadDim_, int kMTiles_, int kBc_, int kStages_, bool kLean_ = false> struct TileShape {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kWarps = 4;
   static constexpr int kThreads = 32 * kWarps;
@@ -64,7 +76,11 @@ template <int kHeadDim_, int kMTiles_, int kBc_, int kStages_> struct TileShape 
   static constexpr int kBr = 16 * kMTiles * kWarps; // query rows per CTA
   static constexpr int kBc = kBc_;                 // keys per KV tile
   static constexpr int kStages = kStages_;         // K/V tile buffers (2 or 3)
-  static constexpr int kSmemBytes = (kBr + 2 * kStages * kBc) * kHeadDim * 2;
+  static constexpr bool kLean = kLean_;
+  // Q, the K/V buffers, and (lean) the parked K/V bases and row sums (prefill.cu).
+  static constexpr int kSmemBytes = (kBr + 2 * kStages * kBc) * kHeadDim * 2 + (kLean ? 48 * kWarps + 16 * kThreads : 0);
+  template <int kCols> using LaneOf = typename LaneSelect<kLean>::template type<kCols>;
+  using Lane = LaneOf<kHeadDim>;
   static_assert(kBc % 16 == 0 && kHeadDim % 16 == 0, "mma k/n steps are 16 wide");
   static_assert(kStages == 2 || kStages == 3, "double or triple buffering");
   static_assert(kSmemBytes <= 99 * 1024, "must fit the 99 KiB opt-in of sm_86/sm_89");
@@ -73,10 +89,25 @@ template <int kHeadDim_, int kMTiles_, int kBc_, int kStages_> struct TileShape 
 template <> struct TileConfig<32> : TileShape<32, 2, 64, 3> {};
 template <> struct TileConfig<64> : TileShape<64, 2, 64, 3> {};
 template <> struct TileConfig<96> : TileShape<96, 2, 32, 3> {};
-template <> struct TileConfig<128> : TileShape<128, 2, 32, 3> {};
+template <> struct TileConfig<128> : TileShape<128, 2, 64, 2, true> {};
 template <> struct TileConfig<160> : TileShape<160, 1, 32, 3> {};
 template <> struct TileConfig<192> : TileShape<192, 1, 32, 3> {};
 template <> struct TileConfig<256> : TileShape<256, 1, 32, 2> {};
+
+// The _mod kernels' tiles (softcap, ALiBi, a left window bound): TileConfig's, except d128, where the per-score
+// work of the variants (the softcap's exp2 and IEEE division, ALiBi's distance) leaves too few registers for
+// the 64-key tile (measured above), so the _mod kernel keeps the spill-free 128 x 32.
+template <int kHeadDim> struct ModTileConfig : TileConfig<kHeadDim> {};
+template <> struct ModTileConfig<128> : TileShape<128, 2, 32, 3> {};
+
+// The tile of the kernel of width kHeadDim, plain or _mod (kVariant).
+template <int kHeadDim, bool kVariant> struct KernelTileSelect {
+  using type = TileConfig<kHeadDim>;
+};
+template <int kHeadDim> struct KernelTileSelect<kHeadDim, true> {
+  using type = ModTileConfig<kHeadDim>;
+};
+template <int kHeadDim, bool kVariant> using KernelTile = typename KernelTileSelect<kHeadDim, kVariant>::type;
 
 // Whether the kernel of width kHeadDim serves head dims below it (predicated columns, fa/head_dim.cuh). Not
 // 128: that config runs at 255 registers, and the per-copy column predicate in its K/V loop makes its _mod
