@@ -107,12 +107,6 @@ FA_DEVICE int thread_idx_reread() {
   asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
   return t;
 }
-// Returns v, but hides where it came from: ptxas cannot hoist values computed from the result out of the
-// loop this is called in (loop-invariant addresses hoisted out of the KV loop cost a register each).
-FA_DEVICE int opaque(int v) {
-  asm volatile("" : "+r"(v));
-  return v;
-}
 
 // ldmatrix: lane l supplies the address of one 16-byte row (lanes 0-7: matrix 0, 8-15: matrix 1, ...);
 // register i of every lane receives matrix i, row lane/4, columns 2*(lane%4)..+1 (.trans: transposed).
@@ -248,7 +242,6 @@ template <class T> FA_DEVICE void st_shared(T *p, T v) { emu::shared_store(p, &v
 template <class T> FA_DEVICE const T *xor_smem_bytes(const T *p, uint32_t bytes) {
   return reinterpret_cast<const T *>(reinterpret_cast<uintptr_t>(p) ^ bytes);
 }
-FA_DEVICE int opaque(int v) { return v; }
 
 FA_DEVICE void ldmatrix_x1(uint32_t (&r)[1], const void *row) { emu::ldmatrix(r, 1, false, row); }
 FA_DEVICE void ldmatrix_x2(uint32_t (&r)[2], const void *row) { emu::ldmatrix(r, 2, false, row); }

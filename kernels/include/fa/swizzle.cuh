@@ -73,8 +73,7 @@ template <int kCols> struct LaneAddress {
 // per distinct c0 & 7 (shared by every block of that column), on an address whose low 7 bits are z's alone
 // (the tile is 128-byte aligned and a row is a multiple of 128 bytes), plus an immediate in the ldmatrix.
 // The price: up to 8 LOP3 per tile operand per KV tile, instead of 3 registers per operand held across the
-// KV loop (fa/prefill/tile_config.cuh measures both). bind() hides the lane's offset from ptxas (opaque) so
-// that it cannot hoist the 8 XORed addresses of a loop-invariant tile (Q) out of the loop into 8 registers.
+// KV loop (fa/prefill/tile_config.cuh measures both).
 template <int kCols> struct XorLaneAddress {
   using Layout = SwizzledRows<kCols>;
   static_assert(Layout::kXorMask == 7 && kCols % 64 == 0, "rows of a multiple of 64 elements");
@@ -84,7 +83,7 @@ template <int kCols> struct XorLaneAddress {
     return XorLaneAddress{lane_row * kCols + (lane_chunk ^ Layout::row_xor(lane_row)) * 8};
   }
   // tile: 128-byte aligned in shared memory.
-  template <class T> FA_DEVICE const T *bind(const T *tile) const { return tile + opaque(lane); }
+  template <class T> FA_DEVICE const T *bind(const T *tile) const { return tile + lane; }
   // This lane's 16 bytes of the block at (row0, col0) of the bound tile: row0 % 16 == 0, col0 % 16 == 0
   // (compile-time).
   template <class T> FA_DEVICE const T *at(const T *bound, int row0, int col0) const {
