@@ -34,7 +34,7 @@
 //                     |  all | HMMA | LDSM | LDGSTS | LDS/STS | MUFU | FMUL | FFMA/FADD | F2FP | SHFL | int/ | BAR/
 //                     |      |      |      |        |         |      |      | FMNMX     |      | VOTE | addr | BRA
 //   128x32 3 stages   | 1144 |  256 |   96 |     16 |       6 |   72 |  264 |       240 |   32 |   18 |  126 |  16
-//   128x64 2 stages   |  909 |  256 |   80 |     16 |       3 |   68 |  132 |       216 |   32 |    9 |   85 |   9
+//   128x64 (spills)   |  909 |  256 |   80 |     16 |       3 |   68 |  132 |       216 |   32 |    9 |   85 |   9
 //   128x64 lean       |  911 |  256 |   80 |     16 |       6 |   68 |  132 |       216 |   32 |    9 |   86 |   9
 //
 // (LDS/STS: 3 per tile are ptxas's no-op "@!PT LDS" beside the cp.async; the lean loop adds its 3 parking
@@ -61,11 +61,11 @@
 //     STS.128 per tile, conflict-free): they are dead through both GEMMs, where the pressure peaks.
 // Result, f16 and bf16: 255 registers, no spills, on sm_80, 86, 89 and 90a (sm_90a: 913 instructions per 64
 // keys); live across the loop head 142 registers (O, the maxima, n, the buffer, lane addresses), peak ~249
-// in Q Kᵀ. Tried and not kept (no effect or worse,
-// measured): 16-bit P packed before P V; an empty-asm "opaque" lane offset against hoisting (+13 instructions
-// per tile); recomputing the epilogue's offsets from re-read block indices
-// (ptxas merges the re-reads); the single-lane-set B load (HMMA needs B's two registers adjacent: +220 MOVs
-// per tile); a rolled or 2x/4x-unrolled k loop in Q Kᵀ; ptxas -O1 (fixes the plain kernel but not _mod).
+// in Q Kᵀ. Tried and not kept (no effect or worse, measured): 16-bit P packed before P V; an empty-asm
+// "opaque" lane offset against hoisting (+13 instructions per tile); recomputing the epilogue's offsets from
+// re-read block indices (ptxas merges the re-reads); one lane set for Q, K and V (K's B fragments then come
+// out of ldmatrix in the wrong register order: +220 MOVs per tile); a rolled or 2x/4x-unrolled k loop in
+// Q Kᵀ; ptxas -O1 (fixes the plain kernel but not _mod).
 // The margin is thin: ptxas fills freed registers with deeper prefetch, so small edits to the loop can bring
 // a spill back (the build fails on it; re-measure with the ptxas report).
 //
