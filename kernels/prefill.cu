@@ -40,6 +40,20 @@ namespace prefill {
 // and emulator builds never share a symbol in any case: fa/namespace.cuh.)
 namespace {
 
+// K and V row 0 of this sequence and KV head: what the K/V loads inside the KV loop start from.
+template <class T> struct alignas(16) KvBases {
+  const T *k;
+  const T *v;
+};
+// What the lean configs (tile_config.cuh) keep in shared memory, one copy per warp, instead of registers
+// across the KV loop: the K/V bases of the in-loop loads, and where the epilogue writes.
+template <class T> struct alignas(16) WarpPark {
+  KvBases<T> kv;
+  int64_t o_offset, lse_offset; // SeqInfo's
+  int m0, tq;
+};
+static_assert(sizeof(WarpPark<half_t>) == 48, "tile_config.cuh counts 48 bytes per warp");
+
 // Everything one CTA works on, so that the per-tile step below reads like the algorithm.
 template <class T, class Cfg> struct CtaContext {
   const T *k; // row 0 of this sequence and KV head
@@ -49,27 +63,54 @@ template <class T, class Cfg> struct CtaContext {
   T *sK; // Cfg::kStages buffers of kBc x D
   T *sV;
   int m0, tq, tk, warp_row0;
-  LaneAddress<Cfg::kHeadDim> a_lane; // ldmatrix lanes for Q (A) and V (trans B)
-  LaneAddress<Cfg::kHeadDim> k_lane; // ldmatrix lanes for K (B)
+  typename Cfg::Lane a_lane; // ldmatrix lanes for Q (A) and V (trans B)
+  typename Cfg::Lane k_lane; // ldmatrix lanes for K (B)
   WindowBounds window;               // effective bounds (causal: right = 0), fa/score_mod.cuh
   float softmax_scale_log2; // scale_log2, or 1 when apply_score_mod has mapped the scores to the exp2 domain
   // kVariant kernels only:
   bool has_score_mod; // softcap or ALiBi
   ScoreMod score_mod;
   float slope_log2; // this head's ALiBi slope · log2 e (0 without ALiBi)
+  // Cfg::kLean only: this warp's park and this thread's parked row sums, in shared memory.
+  const WarpPark<T> *warp_park;
+  Bytes16 *row_sum_park;
 
   // Starts loading KV tile n into buffer buf. Only the top tile can be ragged (Tk % Bc != 0), and it is
   // loaded before the loop (kPredicated); the tiles prefetched inside the loop lie below it, so they are
   // always full and skip the row predicates. Columns at or past head_dim (<= Cfg::kHeadDim) are zero-filled.
+  // The lean configs load the in-loop tiles from the parked bases with RowWalkCopy (fa/tile_copy.cuh), which
+  // holds no register across the loop.
   template <bool kPredicated> FA_DEVICE void load_kv_async(int n, int buf, int head_dim) const {
     constexpr int kTile = Cfg::kBc * Cfg::kHeadDim;
     const int key0 = n * Cfg::kBc;
+    if constexpr (Cfg::kLean && !kPredicated) {
+      using Copy = RowWalkCopy<Cfg::kBc, Cfg::kHeadDim, Cfg::kThreads>;
+      const KvBases<T> bases = ld_shared(&warp_park->kv);
+      Copy::copy(sK + buf * kTile, bases.k + key0 * k_row_stride, k_row_stride, head_dim);
+      Copy::copy(sV + buf * kTile, bases.v + key0 * v_row_stride, v_row_stride, head_dim);
+      return;
+    }
     cp_async_tile<Cfg::kBc, Cfg::kHeadDim, Cfg::kThreads, kPredicated>(sK + buf * kTile, k + key0 * k_row_stride,
                                                                        k_row_stride, tk - key0, head_dim);
     cp_async_tile<Cfg::kBc, Cfg::kHeadDim, Cfg::kThreads, kPredicated>(sV + buf * kTile, v + key0 * v_row_stride,
                                                                        v_row_stride, tk - key0, head_dim);
   }
 };
+
+// The lean configs' parked row sums (tile_config.cuh): the 2·kMTiles partial sums of OnlineSoftmax live in
+// this thread's 16 bytes of shared memory between softmax updates, not in registers through both GEMMs.
+template <class Cfg> FA_DEVICE void unpark_row_sums(const Bytes16 *park, OnlineSoftmax<Cfg::kMTiles> &softmax) {
+  static_assert(2 * Cfg::kMTiles == 4, "one 16-byte slot per thread");
+  const Bytes16 b = ld_shared(park);
+#pragma unroll
+  for (int r = 0; r < 4; ++r) __builtin_memcpy(&softmax.row_sum[r], &b.w[r], 4);
+}
+template <class Cfg> FA_DEVICE void park_row_sums(Bytes16 *park, const OnlineSoftmax<Cfg::kMTiles> &softmax) {
+  Bytes16 b;
+#pragma unroll
+  for (int r = 0; r < 4; ++r) __builtin_memcpy(&b.w[r], &softmax.row_sum[r], 4);
+  st_shared(park, b);
+}
 
 // The buffer after `buf` in the ring of Cfg::kStages K/V buffers.
 template <class Cfg> FA_DEVICE int next_buffer(int buf) { return buf + 1 == Cfg::kStages ? 0 : buf + 1; }
@@ -100,7 +141,9 @@ FA_DEVICE void kv_tile_step(const CtaContext<T, Cfg> &cta, int n, int n_begin, i
   if (kMasked)
     apply_kv_mask<kVariant>(s, cta.m0 + cta.warp_row0, n * Cfg::kBc, cta.tq, cta.tk, cta.window.left,
                             cta.window.right);
+  if constexpr (Cfg::kLean) unpark_row_sums<Cfg>(cta.row_sum_park, softmax);
   softmax.update(s, o, cta.softmax_scale_log2);
+  if constexpr (Cfg::kLean) park_row_sums<Cfg>(cta.row_sum_park, softmax);
   gemm_pv<T, Cfg>(o, s, cta.sV + buf * kTile, cta.a_lane);
 
   // Double buffering: every warp must be done with `buf` before the next step refills it.
@@ -167,7 +210,7 @@ FA_DEVICE void store_output(const FaPrefillParams &p, const SeqInfo &seq, int m0
 // Grid: (query tiles, Hq, B). Block: Cfg::kThreads. Dynamic smem: Cfg::kSmemBytes. The kernels are the
 // FA_KERNEL instantiations below.
 template <class T, int kHeadDim, bool kVariant> FA_DEVICE void prefill_kernel(const FaPrefillParams &p) {
-  using Cfg = TileConfig<kHeadDim>;
+  using Cfg = KernelTile<kHeadDim, kVariant>;
   constexpr int kBr = Cfg::kBr;
   const Dim3 bid = block_idx();
   // Causal tiles lower down the sequence visit more KV tiles: launch those first (longest first), so the
@@ -181,8 +224,8 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void prefill_kernel(co
   // tile_config.cuh) the compile-time width, which folds every column check away.
   const int head_dim = kPredicatedColumns<kHeadDim> ? p.head_dim : kHeadDim;
   CtaContext<T, Cfg> cta;
-  cta.a_lane = a_lanes<kHeadDim>();
-  cta.k_lane = b_nk_lanes<kHeadDim>();
+  cta.a_lane = a_lanes<kHeadDim, Cfg::template LaneOf>();
+  cta.k_lane = b_nk_lanes<kHeadDim, Cfg::template LaneOf>();
   cta.k = static_cast<const T *>(p.k) + seq.k_offset;
   cta.v = static_cast<const T *>(p.v) + seq.v_offset;
   cta.k_row_stride = p.k_row_stride;
@@ -211,6 +254,16 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void prefill_kernel(co
   float o[Cfg::kMTiles][kHeadDim / 8][4] = {};
   OnlineSoftmax<Cfg::kMTiles> softmax;
   softmax.init();
+  if constexpr (Cfg::kLean) {
+    WarpPark<T> *parks = reinterpret_cast<WarpPark<T> *>(cta.sV + Cfg::kStages * Cfg::kBc * kHeadDim);
+    cta.warp_park = parks + warp_id();
+    cta.row_sum_park = reinterpret_cast<Bytes16 *>(parks + Cfg::kWarps) + thread_idx();
+    if (lane_id() == 0) {
+      st_shared(parks + warp_id(), WarpPark<T>{KvBases<T>{cta.k, cta.v}, seq.o_offset, seq.lse_offset, m0, seq.tq});
+    }
+    park_row_sums<Cfg>(cta.row_sum_park, softmax);
+    sync_warp(); // lane 0's park is visible to the whole warp before its first in-loop load
+  }
 
   if (range.n_end > range.n_begin) {
     const T *q = static_cast<const T *>(p.q) + seq.q_offset + m0 * p.q_row_stride;
@@ -231,9 +284,19 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void prefill_kernel(co
       kv_tile_step<true, kVariant>(cta, n, n_begin, buf, head_dim, o, softmax);
   }
 
+  if constexpr (Cfg::kLean) unpark_row_sums<Cfg>(cta.row_sum_park, softmax);
   float lse[2 * Cfg::kMTiles];
   softmax.finalize(o, lse, cta.softmax_scale_log2, sink_logit(p.score_mod, bid.y));
-  store_output<T, Cfg>(p, seq, m0, cta.warp_row0, cta.sQ, o, lse, head_dim);
+  if constexpr (Cfg::kLean) {
+    const WarpPark<T> park = ld_shared(cta.warp_park);
+    SeqInfo out = seq;
+    out.o_offset = park.o_offset;
+    out.lse_offset = park.lse_offset;
+    out.tq = park.tq;
+    store_output<T, Cfg>(p, out, park.m0, warp_id() * 16 * Cfg::kMTiles, cta.sQ, o, lse, head_dim);
+  } else {
+    store_output<T, Cfg>(p, seq, m0, cta.warp_row0, cta.sQ, o, lse, head_dim);
+  }
 }
 
 } // namespace
@@ -244,7 +307,7 @@ FA_NAMESPACE_END
 // per SM at 255 registers (tile_config.cuh).
 // The _mod kernels apply softcap and ALiBi to every score (fa/score_mod.cuh says why that is a template).
 #define FA_PREFILL_KERNEL(name, T, D, kMod)                                                                  \
-  FA_KERNEL(name, fa::prefill::TileConfig<D>::kThreads, 1, FaPrefillParams, (fa::prefill::prefill_kernel<T, D, kMod>))
+  FA_KERNEL(name, (fa::prefill::KernelTile<D, kMod>::kThreads), 1, FaPrefillParams, (fa::prefill::prefill_kernel<T, D, kMod>))
 #define FA_PREFILL_KERNELS(dt, T, D)                                                                         \
   FA_PREFILL_KERNEL(fa_prefill_##dt##_d##D, T, D, false)                                                     \
   FA_PREFILL_KERNEL(fa_prefill_##dt##_d##D##_mod, T, D, true)
@@ -268,9 +331,9 @@ namespace fa {
 namespace prefill {
 namespace {
 
-template <int kHeadDim> int launch_prefill(void (*kernel)(FaPrefillParams), const char *name, const FaPrefillParams &p,
-                                           FaExec *exec) {
-  using Cfg = TileConfig<kHeadDim>;
+template <int kHeadDim, bool kVariant>
+int launch_prefill(void (*kernel)(FaPrefillParams), const char *name, const FaPrefillParams &p, FaExec *exec) {
+  using Cfg = KernelTile<kHeadDim, kVariant>;
   // A width without predicated columns computes exactly kHeadDim columns (fa/head_dim.cuh never maps
   // another dim to it; this guards the kernel's memory safety should the mapping change).
   if (!kPredicatedColumns<kHeadDim> && p.head_dim != kHeadDim) return FA_ERR_UNSUPPORTED;
@@ -289,7 +352,8 @@ bool needs_variant_kernel(const FaPrefillParams &p) {
 
 #define FA_PREFILL_CASE(D, kernel)                                                                           \
   case D:                                                                                                    \
-    return mod ? launch_prefill<D>(kernel##_mod, #kernel "_mod", p, exec) : launch_prefill<D>(kernel, #kernel, p, exec)
+    return mod ? launch_prefill<D, true>(kernel##_mod, #kernel "_mod", p, exec)                                \
+               : launch_prefill<D, false>(kernel, #kernel, p, exec)
 int dispatch(const FaPrefillParams &p, FaExec *exec) {
   if (!head_dim_supported(p.head_dim)) return FA_ERR_UNSUPPORTED;
   const bool mod = needs_variant_kernel(p);

@@ -11,7 +11,7 @@ use crate::counters::{KernelCounters, LaunchCounters};
 use crate::decode::cases::DecodeCase;
 use crate::plan::{DecodePlan, ROWS_PER_CTA};
 use crate::prefill::cases::PrefillCase;
-use crate::prefill::{kv_block_range, TileConfig, Window};
+use crate::prefill::{kv_block_range, uses_variant_kernel, TileConfig, Window};
 
 /// Multiply-accumulates of one `mma.m16n8k16`.
 const MMA_MACS: u64 = 16 * 8 * 16;
@@ -47,12 +47,15 @@ pub struct PrefillCost {
 
 /// The prefill model of `case` (dense or varlen), or `None` if its head dim has no kernel.
 pub fn prefill_cost(case: &PrefillCase) -> Option<PrefillCost> {
-    let cfg = TileConfig::for_head_dim(case.head_dim)?;
-    let (br, bc, d, w) = (cfg.block_m, cfg.block_n, case.head_dim as u64, cfg.width as u64);
     let seqs: Vec<(usize, usize)> = match &case.varlen {
         Some(s) => s.clone(),
         None => vec![(case.seqlen_q, case.seqlen_k); case.batch],
     };
+    // The plain or the _mod kernel (their tiles differ at d128), chosen as the launcher does: on seqlen_q /
+    // seqlen_k (varlen: the maxima the call passes).
+    let variant = uses_variant_kernel(&case.variants, case.seqlen_q, case.seqlen_k);
+    let cfg = TileConfig::for_kernel(case.head_dim, variant)?;
+    let (br, bc, d, w) = (cfg.block_m, cfg.block_n, case.head_dim as u64, cfg.width as u64);
     let mut c = PrefillCost::default();
     let window = Window::new(case.variants.window, case.causal);
     let mut ctas = 0u64;

@@ -164,7 +164,8 @@ fn prefill_bits(case: &PrefillCase, seed: u64) -> (Vec<u16>, Vec<u32>) {
 /// A window at least as long as the sequence gives bitwise the output of no window: dense causal and not
 /// (the plain kernel), varlen whose max_seqlen bound is looser than its sequences (the variant kernel with
 /// a window that excludes nothing), with ALiBi (variant kernels on both sides), and decode with 1 and 3
-/// splits.
+/// splits. The varlen case is D = 96: at D = 128 the plain and variant kernels have different key tiles (64
+/// and 32 keys: fa/prefill/tile_config.cuh), so there the two agree only to rounding (docs/semantics.md).
 #[test]
 fn window_longer_than_the_sequence_is_no_window() {
     let seed = common::case_seed(7300);
@@ -175,7 +176,7 @@ fn window_longer_than_the_sequence_is_no_window() {
         c.variants.alibi = CaseAlibi::PerHead;
         cases.push((c, Some((130, -1))));
     }
-    let mut varlen = PrefillCase::dense(DType::Bf16, 128, true, 0, 0, (4, 2));
+    let mut varlen = PrefillCase::dense(DType::Bf16, 96, true, 0, 0, (4, 2));
     varlen.varlen = Some(vec![(100, 120), (0, 7), (60, 60)]);
     (varlen.batch, varlen.seqlen_q, varlen.seqlen_k) = (3, 400, 400); // loose bounds: span 400
     cases.push((varlen, Some((150, -1))));

@@ -28,7 +28,7 @@ use crate::dtype::Element;
 use crate::error::{to_i32, Error, Result};
 use crate::launch::{softmax_scale, Launch};
 use crate::plan::MAX_GRID_YZ;
-use crate::score_mod::ScoreMod;
+use crate::score_mod::{CaseAlibi, CaseVariants, ScoreMod};
 use crate::sys;
 use crate::tensor::{Mem, TensorView, TensorViewMut};
 
@@ -53,7 +53,8 @@ pub struct PrefillOptions<'a> {
 /// Longest sequence prefill accepts (positions plus window bounds stay inside the kernel's int32).
 pub const MAX_PREFILL_SEQLEN: usize = 1 << 30;
 
-/// The kernel's tile shape for one head dim (kernels/include/fa/prefill/tile_config.cuh, which says why).
+/// The kernel's tile shape for one head dim and kernel (plain or `_mod`: kernels/include/fa/prefill/
+/// tile_config.cuh, which says why).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TileConfig {
     pub head_dim: usize,
@@ -69,28 +70,40 @@ pub struct TileConfig {
     pub block_n: usize,
     /// K/V tile buffers in shared memory (2 or 3).
     pub stages: usize,
+    /// The register-lean KV loop (d128's plain kernel): K/V bases and epilogue offsets parked in shared
+    /// memory (48 bytes per warp), the softmax row sums too (16 bytes per thread).
+    pub lean: bool,
 }
 
 impl TileConfig {
-    /// The config the kernel uses for `head_dim`, or `None` if prefill does not support it.
+    /// The config the plain kernel uses for `head_dim`, or `None` if prefill does not support it.
     pub fn for_head_dim(head_dim: usize) -> Option<Self> {
+        Self::for_kernel(head_dim, false)
+    }
+    /// The config of the plain (`variant` false) or `_mod` kernel (softcap, ALiBi or a left window bound:
+    /// [`uses_variant_kernel`]) for `head_dim`, or `None` if prefill does not support it.
+    pub fn for_kernel(head_dim: usize, variant: bool) -> Option<Self> {
         let width = crate::head_dim::prefill_width(head_dim)?;
-        let (m_tiles, block_n, stages) = match width {
-            32 | 64 => (2, 64, 3),
-            96 | 128 => (2, 32, 3),
-            160 | 192 => (1, 32, 3),
-            256 => (1, 32, 2),
+        let (m_tiles, block_n, stages, lean) = match width {
+            32 | 64 => (2, 64, 3, false),
+            96 => (2, 32, 3, false),
+            128 if variant => (2, 32, 3, false),
+            128 => (2, 64, 2, true),
+            160 | 192 => (1, 32, 3, false),
+            256 => (1, 32, 2, false),
             _ => unreachable!("prefill_width gives only instantiated widths"),
         };
         let warps = 4;
-        Some(Self { head_dim, width, warps, m_tiles, block_m: 16 * m_tiles * warps, block_n, stages })
+        Some(Self { head_dim, width, warps, m_tiles, block_m: 16 * m_tiles * warps, block_n, stages, lean })
     }
     pub fn threads(&self) -> usize {
         32 * self.warps
     }
-    /// Dynamic shared memory per CTA: Q tile plus `stages` K and V tiles, 16-bit, `width` columns.
+    /// Dynamic shared memory per CTA: Q tile plus `stages` K and V tiles, 16-bit, `width` columns (and the
+    /// lean loop's parked values).
     pub fn smem_bytes(&self) -> usize {
-        (self.block_m + 2 * self.stages * self.block_n) * self.width * 2
+        let parked = if self.lean { 48 * self.warps + 16 * self.threads() } else { 0 };
+        (self.block_m + 2 * self.stages * self.block_n) * self.width * 2 + parked
     }
     /// Launch grid `[query tiles, Hq, B]` for sequences of at most `max_seqlen_q` rows.
     pub fn grid(&self, max_seqlen_q: usize, heads_q: usize, batch: usize) -> [usize; 3] {
@@ -173,6 +186,16 @@ pub fn kv_block_range(m0: usize, block_m: usize, block_n: usize, tq: usize, tk: 
         n_mask_begin: u(n_mask_begin),
         n_interior_begin: u(n_interior_begin),
     }
+}
+
+/// Whether a launch with these variants runs the `_mod` kernel (kernels/prefill.cu, needs_variant_kernel):
+/// softcap, ALiBi, or a left window bound below `max(seqlen_q, seqlen_k)` (the batch's maxima), which
+/// excludes keys.
+pub fn uses_variant_kernel(variants: &CaseVariants, seqlen_q: usize, seqlen_k: usize) -> bool {
+    let span = seqlen_q.max(seqlen_k);
+    variants.softcap.is_some()
+        || variants.alibi != CaseAlibi::None
+        || matches!(variants.window, Some((left, _)) if left >= 0 && (left as usize) < span)
 }
 
 /// Checks the head layout shared by both entry points: D supported and equal for q/k/v, Hq a positive
@@ -509,7 +532,17 @@ mod tests {
             assert_eq!(c.block_m % 16, 0);
             assert_eq!(c.block_n % 16, 0);
         }
-        assert_eq!(TileConfig::for_head_dim(128).unwrap().smem_bytes(), 80 * 1024);
+        assert_eq!(TileConfig::for_head_dim(128).unwrap().smem_bytes(), 96 * 1024 + 4 * 48 + 128 * 16);
+        assert_eq!(TileConfig::for_kernel(128, true).unwrap().smem_bytes(), 80 * 1024);
+        assert_eq!(TileConfig::for_kernel(128, true).unwrap().block_n, 32);
+        assert_eq!(TileConfig::for_head_dim(128).unwrap().block_n, 64);
+        for d in PREFILL_HEAD_DIMS {
+            let c = TileConfig::for_kernel(d, true).unwrap();
+            assert!(c.smem_bytes() <= 99 * 1024, "D={d} _mod: {} bytes", c.smem_bytes());
+            if d != 128 {
+                assert_eq!(c, TileConfig::for_head_dim(d).unwrap());
+            }
+        }
         assert_eq!(TileConfig::for_head_dim(256).unwrap().smem_bytes(), 96 * 1024);
         assert_eq!(TileConfig::for_head_dim(200).unwrap().smem_bytes(), 96 * 1024);
         assert_eq!(TileConfig::for_head_dim(160).unwrap().smem_bytes(), 80 * 1024);

@@ -96,6 +96,17 @@ template <class T> FA_DEVICE T ld_shared(const T *p) { return *p; }
 template <class T> FA_DEVICE void st_shared(T *p, T v) { *p = v; }
 
 FA_DEVICE uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+// p with `bytes` XORed into its shared-memory address (swizzled addressing, fa/swizzle.cuh). Done on the
+// 32-bit shared address, so that the result stays a known shared-memory pointer and costs one LOP3.
+template <class T> FA_DEVICE const T *xor_smem_bytes(const T *p, uint32_t bytes) {
+  return static_cast<const T *>(__cvta_shared_to_generic(smem_addr(p) ^ bytes));
+}
+// thread_idx(), read again from the special register (volatile asm: not reused from an earlier read).
+FA_DEVICE int thread_idx_reread() {
+  int t;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+  return t;
+}
 
 // ldmatrix: lane l supplies the address of one 16-byte row (lanes 0-7: matrix 0, 8-15: matrix 1, ...);
 // register i of every lane receives matrix i, row lane/4, columns 2*(lane%4)..+1 (.trans: transposed).
@@ -190,6 +201,7 @@ FA_DEVICE Dim3 grid_dim() {
   emu::Dim3 g = emu::grid_dim();
   return Dim3{g.x, g.y, g.z};
 }
+FA_DEVICE int thread_idx_reread() { return emu::thread_idx(); }
 FA_DEVICE int lane_id() { return emu::thread_idx() & 31; }
 FA_DEVICE int warp_id() { return emu::thread_idx() >> 5; }
 
@@ -226,6 +238,10 @@ template <class T> FA_DEVICE T ld_shared(const T *p) {
   return v;
 }
 template <class T> FA_DEVICE void st_shared(T *p, T v) { emu::shared_store(p, &v, sizeof(T)); }
+// Host addresses of shared memory agree with the shared window's modulo 1024 (emu/shared_memory.cpp).
+template <class T> FA_DEVICE const T *xor_smem_bytes(const T *p, uint32_t bytes) {
+  return reinterpret_cast<const T *>(reinterpret_cast<uintptr_t>(p) ^ bytes);
+}
 
 FA_DEVICE void ldmatrix_x1(uint32_t (&r)[1], const void *row) { emu::ldmatrix(r, 1, false, row); }
 FA_DEVICE void ldmatrix_x2(uint32_t (&r)[2], const void *row) { emu::ldmatrix(r, 2, false, row); }

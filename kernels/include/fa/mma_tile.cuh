@@ -22,31 +22,30 @@ FA_NAMESPACE_BEGIN
 // A fragment of the 16x16 block at (row0, col0) of a row-major [rows][k] tile (e.g. Q: rows x D).
 // Lanes 0-15 address rows row0..row0+15 at col0 (matrices 0, 1 = a0, a1), lanes 16-31 the same rows at
 // col0 + 8 (a2, a3).
-template <int kCols> FA_DEVICE LaneAddress<kCols> a_lanes() {
-  return LaneAddress<kCols>::make(lane_id() & 15, lane_id() >> 4);
+template <int kCols, template <int> class Lane = LaneAddress> FA_DEVICE Lane<kCols> a_lanes() {
+  return Lane<kCols>::make(lane_id() & 15, lane_id() >> 4);
 }
-template <int kCols, class T>
-FA_DEVICE void load_a_16x16(uint32_t (&a)[4], const T *tile, const LaneAddress<kCols> &lane, int row0, int col0) {
+template <class Lane, class T>
+FA_DEVICE void load_a_16x16(uint32_t (&a)[4], const T *tile, const Lane &lane, int row0, int col0) {
   ldmatrix_x4(a, lane.at(tile, row0, col0));
 }
 
 // B fragments of two adjacent n8 blocks (n0, n0+8) at k0 from a row-major [n][k] tile (K: keys x D, so
 // S = Q Kᵀ needs no transpose): b[0..1] for n0, b[2..3] for n0 + 8. Lanes 0-7 / 8-15 address rows
 // n0..n0+7 at k0 / k0+8, lanes 16-23 / 24-31 rows n0+8..n0+15 at k0 / k0+8.
-template <int kCols> FA_DEVICE LaneAddress<kCols> b_nk_lanes() {
-  return LaneAddress<kCols>::make((lane_id() >> 4) * 8 + (lane_id() & 7), (lane_id() >> 3) & 1);
+template <int kCols, template <int> class Lane = LaneAddress> FA_DEVICE Lane<kCols> b_nk_lanes() {
+  return Lane<kCols>::make((lane_id() >> 4) * 8 + (lane_id() & 7), (lane_id() >> 3) & 1);
 }
-template <int kCols, class T>
-FA_DEVICE void load_b_16x16_nk(uint32_t (&b)[4], const T *tile, const LaneAddress<kCols> &lane, int n0, int k0) {
+template <class Lane, class T>
+FA_DEVICE void load_b_16x16_nk(uint32_t (&b)[4], const T *tile, const Lane &lane, int n0, int k0) {
   ldmatrix_x4(b, lane.at(tile, n0, k0));
 }
 
 // B fragments of two adjacent n8 blocks (n0, n0+8) at k0 from a row-major [k][n] tile (V: keys x D for
 // O = P V), transposed on the fly by ldmatrix.trans: b[0..1] for n0, b[2..3] for n0 + 8. Same lane
 // pattern as the A fragment (lanes 0-15 rows k0..k0+15 at n0, lanes 16-31 at n0 + 8): use a_lanes().
-template <int kCols, class T>
-FA_DEVICE void load_b_16x16_kn_trans(uint32_t (&b)[4], const T *tile, const LaneAddress<kCols> &lane, int k0,
-                                     int n0) {
+template <class Lane, class T>
+FA_DEVICE void load_b_16x16_kn_trans(uint32_t (&b)[4], const T *tile, const Lane &lane, int k0, int n0) {
   ldmatrix_x4_trans(b, lane.at(tile, k0, n0));
 }
 

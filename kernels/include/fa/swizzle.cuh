@@ -56,11 +56,39 @@ template <int kCols> struct LaneAddress {
     return a;
   }
 
+  // The tile as at() wants it (XorLaneAddress binds the lane to it; here nothing to do).
+  template <class T> FA_DEVICE const T *bind(const T *tile) const { return tile; }
   // This lane's 16 bytes of the block at (row0, col0): row0 % 16 == 0, col0 % 16 == 0 (compile-time).
   template <class T> FA_DEVICE const T *at(const T *tile, int row0, int col0) const {
     const int c0 = col0 >> 3;
     constexpr int kMask = Layout::kXorMask;
     return (tile + variant[(c0 & kMask) >> 1]) + (row0 * kCols + (c0 & ~kMask) * 8);
+  }
+};
+
+// The same addresses from ONE register per lane instead of kVariants, for rows of a multiple of 64 elements
+// (kXorMask = 7) in tiles 128-byte aligned in shared memory. The lane's offset b = lane_row * kCols + z * 8
+// (elements) is added to the tile once (bind); then the 128-byte line holding (row0, col0) is b's line plus
+// a compile-time offset, and the chunk inside it, (c0 & 7) ^ z, is b's chunk bits XOR (c0 & 7): one LOP3
+// per distinct c0 & 7 (shared by every block of that column), on an address whose low 7 bits are z's alone
+// (the tile is 128-byte aligned and a row is a multiple of 128 bytes), plus an immediate in the ldmatrix.
+// The price: up to 8 LOP3 per tile operand per KV tile, instead of 3 registers per operand held across the
+// KV loop (fa/prefill/tile_config.cuh measures both).
+template <int kCols> struct XorLaneAddress {
+  using Layout = SwizzledRows<kCols>;
+  static_assert(Layout::kXorMask == 7 && kCols % 64 == 0, "rows of a multiple of 64 elements");
+  int lane; // lane_row * kCols + z * 8 (elements)
+
+  FA_DEVICE static XorLaneAddress make(int lane_row, int lane_chunk) {
+    return XorLaneAddress{lane_row * kCols + (lane_chunk ^ Layout::row_xor(lane_row)) * 8};
+  }
+  // tile: 128-byte aligned in shared memory.
+  template <class T> FA_DEVICE const T *bind(const T *tile) const { return tile + lane; }
+  // This lane's 16 bytes of the block at (row0, col0) of the bound tile: row0 % 16 == 0, col0 % 16 == 0
+  // (compile-time).
+  template <class T> FA_DEVICE const T *at(const T *bound, int row0, int col0) const {
+    const int c0 = col0 >> 3;
+    return xor_smem_bytes(bound, (uint32_t)(c0 & 7) * 16) + (row0 * kCols + (c0 & ~7) * 8);
   }
 };
 

@@ -67,4 +67,29 @@ FA_DEVICE void cp_async_tile(T *smem, const T *gmem, int64_t row_stride, int val
   }
 }
 
+// cp_async_tile's row walk for full tiles (every row present), for a loop that copies a tile per step and
+// cannot afford registers for it: this thread's row, column, destination and source offset are recomputed
+// from the thread index on every call (re-read, so that the compiler holds none of them across the loop).
+template <int kRows, int kCols, int kThreads> struct RowWalkCopy {
+  using Layout = SwizzledRows<kCols>;
+  static constexpr int kChunks = kCols / 8;
+  static constexpr int kRowStep = kThreads / kChunks;
+  static_assert(kThreads % kChunks == 0 && kRows % kRowStep == 0, "whole rows per step, whole steps per tile");
+
+  // Copies rows [0, kRows) of the tile whose row 0 is at gmem; columns at or past valid_cols are zero-filled.
+  template <class T> FA_DEVICE static void copy(T *smem, const T *gmem, int64_t row_stride, int valid_cols) {
+    const int tid = thread_idx_reread();
+    const int r = tid / kChunks;
+    const int c = (tid % kChunks) * 8;
+    const bool col_in_range = c < valid_cols;
+    const T *src = gmem + r * row_stride + (col_in_range ? c : 0);
+#pragma unroll
+    for (int i = 0; i < kRows / kRowStep; ++i) {
+      const int dst = kRowStep % 8 == 0 ? Layout::offset(r, c) + i * kRowStep * kCols : Layout::offset(r + i * kRowStep, c);
+      cp_async_cg_16(smem + dst, src, col_in_range);
+      src += kRowStep * row_stride;
+    }
+  }
+};
+
 FA_NAMESPACE_END

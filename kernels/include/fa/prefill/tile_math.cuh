@@ -11,10 +11,13 @@
 FA_NAMESPACE_BEGIN
 namespace prefill {
 
-// S[kMT][kBc/8] = Q[warp rows] · K[buffer]ᵀ over the full head dim.
-template <class T, class Cfg>
+// S[kMT][kBc/8] = Q[warp rows] · K[buffer]ᵀ over the full head dim. Lane: LaneAddress or XorLaneAddress
+// (fa/swizzle.cuh) of Cfg::kHeadDim.
+template <class T, class Cfg, class Lane>
 FA_DEVICE void gemm_qk(float (&s)[Cfg::kMTiles][Cfg::kBc / 8][4], const T *sQ, const T *sK, int warp_row0,
-                       const LaneAddress<Cfg::kHeadDim> &a_lane, const LaneAddress<Cfg::kHeadDim> &b_lane) {
+                       const Lane &a_lane, const Lane &b_lane) {
+  sQ = a_lane.bind(sQ);
+  sK = b_lane.bind(sK);
 #pragma unroll
   for (int k0 = 0; k0 < Cfg::kHeadDim; k0 += 16) {
     uint32_t a[Cfg::kMTiles][4];
@@ -31,9 +34,10 @@ FA_DEVICE void gemm_qk(float (&s)[Cfg::kMTiles][Cfg::kBc / 8][4], const T *sQ, c
 }
 
 // O[kMT][D/8] += P · V[buffer], P taken from the probabilities left in s (C -> A fragment reuse).
-template <class T, class Cfg>
+template <class T, class Cfg, class Lane>
 FA_DEVICE void gemm_pv(float (&o)[Cfg::kMTiles][Cfg::kHeadDim / 8][4], const float (&s)[Cfg::kMTiles][Cfg::kBc / 8][4],
-                       const T *sV, const LaneAddress<Cfg::kHeadDim> &v_lane) {
+                       const T *sV, const Lane &v_lane) {
+  sV = v_lane.bind(sV);
 #pragma unroll
   for (int k0 = 0; k0 < Cfg::kBc; k0 += 16) {
     uint32_t a[Cfg::kMTiles][4];
