@@ -291,7 +291,7 @@ if pre:
 kernel = lambda r: str(r.get("label", "")).split(" ", 1)[0]
 pairs = {}
 for r in pre:
-    if kernel(r) in ("sm80", "sm90"):
+    if kernel(r) in ("sm80", "sm90") and r["seqlen_q"] == r["seqlen_k"]:  # the family, not the paged baselines
         shape = (r["dtype"], r["head_dim"], r["batch"], r["heads_q"], r["heads_kv"], r["seqlen_q"], r["causal"])
         pairs.setdefault(shape, {})[kernel(r)] = f(r["tflops"])
 for k in ("sm90", "sm80"):
@@ -306,8 +306,20 @@ if pairs:
             cells = " | ".join(str(x) for x in shape)
             out.write(f"| {cells} | {t.get('sm90', 0):.1f} | {t.get('sm80', 0):.1f} |\n")
 for r in dec:
-    print(f"decode B={r['batch']} ctx={r['seqlen_k']} page={r.get('page_size')}: {f(r.get('gbps')) or 0:.0f} GB/s = "
-          f"{f(r['pct_of_copy_bw']):.0f}% of copy bandwidth")
+    kv = r.get("kv_dtype") or r["dtype"]
+    print(f"decode {kv} B={r['batch']} ctx={r['seqlen_k']} page={r.get('page_size')}: {f(r.get('gbps')) or 0:.0f} GB/s = "
+          f"{f(r['pct_of_copy_bw']):.0f}% of copy bandwidth"
+          + (f", {f(r.get('vs_baseline')):.2f}x the bf16 time" if f(r.get("vs_baseline")) else ""))
+# Paged prefill rows (chunks vs the dense prefill of the same pairs; spec-verify vs one decode step), each with
+# its time over its baseline's (vs_baseline; the README's bars: chunks <= 1.1, spec-verify <= 1.3).
+for r in rows:
+    if r.get("op") == "paged-prefill" and r.get("kind") == "perf":
+        ratio = f(r.get("vs_baseline"))
+        base = str(r.get("baseline") or "").split(" ", 1)[0]
+        print(f"paged-prefill B={r['batch']} q={r['seqlen_q']} ctx={r['seqlen_k']} page={r.get('page_size')}: "
+              f"{f(r.get('tflops')) or 0:.1f} TFLOPS"
+              + (f", {ratio:.2f}x the time of {'dense prefill' if base == 'prefill' else 'one decode step'}" if ratio else
+                 f" (no ratio: {r.get('error') or 'baseline not timed'})"))
 EOF
     mapfile -t more < "$RESULTS_DIR/report-keys.txt"
     cat "$RESULTS_DIR/report-keys.txt"

@@ -458,6 +458,11 @@ fn quick_emulated_report_is_all_passing_json() {
     for op in ["prefill", "decode"] {
         assert!(rows.iter().any(|r| r["op"] == op), "no {op} rows");
     }
+    // The cache's element type on decode rows; no comparison rows off a GPU.
+    for r in &rows {
+        let kv = if r["op"] == "decode" { r["dtype"].clone() } else { Json::Null };
+        assert_eq!((&r["kv_dtype"], &r["baseline"], &r["vs_baseline"]), (&kv, &Json::Null, &Json::Null), "{r}");
+    }
     // No timed rows on the emulator: no plots, and a note saying so and what to do instead.
     assert!(!dir.join("prefill.png").exists());
     assert!(stderr(&o).contains("no plots") && stderr(&o).contains("plots need a GPU run"), "{}", stderr(&o));

@@ -82,6 +82,7 @@ pub fn decode_row(kind: &str, backend: &Backend, c: &DecodeCase, seed: u64) -> R
         seqlen_k: c.max_seq_len(),
         causal: false,
         page_size: Some(c.page_size),
+        kv_dtype: Some(c.dtype.name().into()),
         num_splits: c.num_splits,
         ..variant_fields(&c.variants)
     }
@@ -190,6 +191,35 @@ pub fn time_decode(cu: &Arc<CudaStream>, backend: &Backend, c: &DecodeCase, seed
         row.num_splits = Some(t.plan.num_splits);
     }
     with_decode_timing(row, t, copy_gbps)
+}
+
+/// Times one decode case over an FP8 cache on the GPU (timing only, as [`time_decode`]): GB/s of the bytes
+/// it actually moves (K/V at one byte per element, the scales, Q, O, LSE, the split workspace).
+pub fn time_decode_fp8(cu: &Arc<CudaStream>, backend: &Backend, c: &Fp8DecodeCase, seed: u64, copy_gbps: f64) -> Row {
+    let mut row = decode_row("perf", backend, &c.base, seed);
+    (row.label, row.kv_dtype) = (c.label(), Some(c.format.name().into()));
+    let t = fc::time_fp8_case_gpu(cu, c, seed, 5, 30);
+    if let Ok(t) = &t {
+        row.num_splits = Some(t.plan.num_splits);
+    }
+    with_decode_timing(row, t, copy_gbps)
+}
+
+/// Times one paged prefill case on the GPU (timing only: correctness comes from the test suites' sweeps):
+/// TFLOPS of the visible (query, key) pairs ([`ppc::case_flops`]).
+pub fn time_paged_prefill(
+    cu: &Arc<CudaStream>,
+    backend: &Backend,
+    c: &PagedPrefillCase,
+    seed: u64,
+    copy_gbps: f64,
+) -> Row {
+    let mut row = paged_prefill_row("perf", backend, c, seed);
+    let t = ppc::time_case_gpu(cu, c, seed, 3, 20);
+    if let Ok(t) = &t {
+        row.num_splits = Some(t.plan.num_splits);
+    }
+    with_paged_prefill_timing(row, t, copy_gbps)
 }
 
 /// `row` passed to `time` (GPU stream, copy bandwidth, row) when it ran on a GPU and a copy bandwidth was
@@ -397,6 +427,7 @@ fn run_decode_fp8_t<T: Element>(
     }
     let mut row = with_decode_outcome(decode_row("run", backend, &c.base, seed), &r.outcome.outcome);
     row.label = fp8_label(c.label(), r.outcome.quant_max_abs_err, r.outcome.quant_rel_l2_err);
+    row.kv_dtype = Some(c.format.name().into());
     let plan = r.outcome.outcome.plan;
     let fp8 = (c.base.clone(), c.format);
     Ok(with_counters(row, backend, |k| cost_model::decode_ratios_fp8(&fp8.0, &plan, k)))
@@ -439,6 +470,7 @@ pub fn paged_prefill_row(kind: &str, backend: &Backend, c: &PagedPrefillCase, se
         seqlen_k: c.max_seq_len(),
         causal: c.causal,
         page_size: Some(c.page_size),
+        kv_dtype: Some(c.dtype.name().into()),
         num_splits: c.num_splits,
         ..variant_fields(&c.variants)
     }
@@ -527,6 +559,7 @@ fn run_paged_prefill_fp8_t<T: Element>(
     }
     let mut row = with_paged_prefill_outcome(paged_prefill_row("run", backend, &c.base, seed), &r.outcome.outcome);
     row.label = fp8_label(c.label(), r.outcome.quant_max_abs_err, r.outcome.quant_rel_l2_err);
+    row.kv_dtype = Some(c.format.name().into());
     Ok(with_counters(row, backend, |_| None))
 }
 

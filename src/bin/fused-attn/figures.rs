@@ -72,8 +72,11 @@ fn caption(perf: &[&Row], matmul: Option<Option<f64>>) -> Vec<String> {
 
 /// The prefill chart, or None without timed prefill rows.
 pub fn prefill(rows: &[Row], matmul_tflops: Option<f64>) -> Option<Chart> {
-    let perf: Vec<&Row> =
-        rows.iter().filter(|r| r.kind == "perf" && r.op == "prefill" && finite(r.tflops).is_some()).collect();
+    // The FA family (Tq = Tk); the dense baselines of the paged prefill rows (Tq < Tk) are not on this axis.
+    let perf: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.kind == "perf" && r.op == "prefill" && r.seqlen_q == r.seqlen_k && finite(r.tflops).is_some())
+        .collect();
     if perf.is_empty() {
         return None;
     }
@@ -141,7 +144,11 @@ pub fn decode(rows: &[Row]) -> Option<Chart> {
         return None;
     }
     // One series per batch size and shape; shapes other than the most common one are dashed.
-    let shape = |r: &Row| (r.dtype.clone(), r.head_dim, r.heads_q, r.heads_kv, r.page_size);
+    // The cache's element type is part of the shape: FP8 rows are their own (dashed) series.
+    let shape = |r: &Row| {
+        let kv = r.kv_dtype.clone().filter(|k| *k != r.dtype).map_or(String::new(), |k| format!(" kv={k}"));
+        (r.dtype.clone(), r.head_dim, r.heads_q, r.heads_kv, r.page_size, kv)
+    };
     let mut counts: BTreeMap<_, usize> = BTreeMap::new();
     for r in &perf {
         *counts.entry(shape(r)).or_default() += 1;
@@ -151,7 +158,8 @@ pub fn decode(rows: &[Row]) -> Option<Chart> {
     for r in &perf {
         let s = shape(r);
         let odd = Some(&s) != common.as_ref();
-        let desc = format!("{} D={} {}:{} page={}", s.0, s.1, s.2, s.3, s.4.map_or("-".into(), |p| p.to_string()));
+        let desc =
+            format!("{} D={} {}:{} page={}{}", s.0, s.1, s.2, s.3, s.4.map_or("-".into(), |p| p.to_string()), s.5);
         groups.entry((r.batch, odd, desc)).or_default().push((r.seqlen_k as f64, r.pct_of_copy_bw.unwrap_or(0.0)));
     }
     let copy = median(perf.iter().filter_map(|r| finite(r.copy_gbps)).collect());
@@ -259,5 +267,31 @@ mod tests {
         assert_eq!(d.panels[0].lines[1].style.color, s[1].style.color, "the B=64 target in B=64's colour");
 
         assert!(prefill(&rows[8..], None).is_none() && decode(&rows[8..]).is_none());
+    }
+
+    #[test]
+    fn comparison_rows_keep_the_charts_apart() {
+        let mut rows = vec![
+            perf("prefill", "bf16", 128, false, (4096, 4), (32, 8), 280.0),
+            perf("decode", "bf16", 128, false, (4096, 64), (32, 8), 80.0),
+            perf("decode", "bf16", 128, false, (2048, 64), (32, 8), 75.0),
+        ];
+        rows[1].kv_dtype = Some("bf16".into()); // as the runner writes it; older reports lack it
+                                                // report's comparison rows: a dense baseline (Tq < Tk), a paged prefill row, an FP8 decode row.
+        let mut dense = perf("prefill", "bf16", 128, true, (4096, 4), (32, 8), 250.0);
+        dense.seqlen_q = 512;
+        let paged = Row { op: "paged-prefill".into(), ..dense.clone() };
+        let mut fp8 = perf("decode", "bf16", 128, false, (4096, 64), (32, 8), 78.0);
+        fp8.kv_dtype = Some("fp8_e4m3".into());
+        rows.extend([dense, paged, fp8]);
+        let p = prefill(&rows, None).expect("prefill chart");
+        let series: Vec<(&str, usize)> =
+            p.panels[0].series.iter().map(|s| (s.label.as_str(), s.points.len())).collect();
+        assert_eq!(series, [("D=128 GQA 32:8", 1)]);
+        let d = decode(&rows).expect("decode chart");
+        let s = &d.panels[0].series;
+        let labels: Vec<(&str, usize, bool)> =
+            s.iter().map(|s| (s.label.as_str(), s.points.len(), s.style.dashed)).collect();
+        assert_eq!(labels, [("B=64", 2, false), ("B=64 bf16 D=128 32:8 page=16 kv=fp8_e4m3", 1, true)]);
     }
 }

@@ -1,22 +1,26 @@
 //! `report`: the standard sweep. Emulator: a representative subset of both correctness sweeps (or a few
 //! cases with `--quick`). GPU: the copy-bandwidth ceiling, the timed performance shapes (prefill: the FA
-//! family, TFLOPS; decode: contexts × batches, % of the copy bandwidth), then the full correctness sweeps of
-//! both ops. Rows stream out in order as they complete.
+//! family, TFLOPS; decode: contexts × batches, % of the copy bandwidth; decode over an FP8 cache; paged
+//! prefill — chunks and speculative verification — each against its baseline timed in the same run: see
+//! [`perf_plan`]), then the full correctness sweeps of both ops. Rows stream out in order as they complete.
 
 use std::collections::BTreeMap;
 use std::sync::mpsc;
 use std::time::Instant;
 
 use fused_attn::decode::cases::{decode_sweep, decode_sweep_emulated, perf_cases as decode_perf, DecodeCase};
+use fused_attn::decode::fp8_cases::Fp8DecodeCase;
+use fused_attn::paged_prefill::cases::{self as ppc, PagedPrefillCase};
 use fused_attn::prefill::cases::perf_cases as prefill_perf;
 use fused_attn::prefill::{sweep_cases, PrefillCase, PrefillKernel, Sm90Tile, SM90_SOFTCAP_RANGE};
 use fused_attn::timing::copy_bandwidth_gbps;
-use fused_attn::{DType, Result};
+use fused_attn::{DType, Fp8Format, Result, ScaleKind};
 
 use crate::backend::Backend;
 use crate::cases::{self, Case};
 use crate::output::Output;
 use crate::progress::Progress;
+use crate::row::Row;
 
 /// Per-case seed: the base seed (`--seed`) mixed with the case's index.
 pub fn case_seed(base: u64, i: usize) -> u64 {
@@ -87,6 +91,147 @@ pub fn decode_perf_cases() -> Vec<DecodeCase> {
     cases
 }
 
+/// One shape `report` times on a GPU.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Timed {
+    Prefill(PrefillCase),
+    Decode(DecodeCase),
+    /// Decode over an FP8 cache.
+    Fp8Decode(Fp8DecodeCase),
+    /// Chunked prefill or speculative verification over the paged cache.
+    PagedPrefill(PagedPrefillCase),
+}
+
+/// A timed shape and, for a comparison row, the index (into the same plan, always earlier) of the shape
+/// whose median time its own is divided by.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TimedShape {
+    pub case: Timed,
+    pub baseline: Option<usize>,
+}
+
+/// Paged prefill against dense prefill (the README's "paged prefill vs dense prefill, same shapes" row):
+/// B = 4 chunks of `q_len` new tokens at the end of a `context`-token sequence, bf16, D = 128, GQA 32:8,
+/// causal, over pages of [`PAGED_CHUNK_PAGES`]. (q_len, context).
+pub const PAGED_CHUNKS: [(usize, usize); 2] = [(512, 4096), (2048, 4096)];
+pub const PAGED_CHUNK_BATCH: usize = 4;
+pub const PAGED_CHUNK_PAGES: [usize; 2] = [16, 64];
+/// Speculative verification (q_len tokens per sequence) against one decode step over the same cache: the
+/// decode perf shapes (B = 64 at 4096 tokens, B = 1 at 32768; page 16). (batch, context).
+pub const SPEC_VERIFY_CONTEXTS: [(usize, usize); 2] = [(64, 4096), (1, 32768)];
+pub const SPEC_VERIFY_Q_LENS: [usize; 2] = [4, 8];
+
+/// The paged prefill case of `report`'s timed shapes: `batch` sequences of `q_len` new tokens over
+/// `context` tokens (bf16, D = 128, Hq = 32, Hkv = 8, causal).
+pub fn paged_perf_case(batch: usize, q_len: usize, context: usize, page_size: usize) -> PagedPrefillCase {
+    ppc::case(128, (32, 8), page_size, &vec![(q_len, context); batch])
+}
+
+/// Dense prefill over the same visible (query, key) pairs as the uniform paged case `c`: B sequences of
+/// Tq = q_len queries over Tk = context keys, causal bottom-right (docs/semantics.md).
+pub fn dense_equivalent(c: &PagedPrefillCase) -> PrefillCase {
+    let (q_len, context) = c.seqs.first().copied().unwrap_or((0, 0));
+    let mut d = PrefillCase::dense(c.dtype, c.head_dim, c.causal, q_len, context, (c.heads_q, c.heads_kv));
+    d.batch = c.batch();
+    d
+}
+
+/// The decode step a spec-verify case is compared with: the same sequences, one query token each.
+pub fn decode_step(c: &PagedPrefillCase) -> DecodeCase {
+    DecodeCase {
+        dtype: c.dtype,
+        head_dim: c.head_dim,
+        heads_q: c.heads_q,
+        heads_kv: c.heads_kv,
+        page_size: c.page_size,
+        seq_lens: c.seqs.iter().map(|s| s.1).collect(),
+        num_splits: None,
+        variants: c.variants.clone(),
+    }
+}
+
+/// Everything `report` times on a GPU, in order: the prefill family (on both kernels on a compute
+/// capability 9.0 GPU with `--kernel auto`: `hopper`), the decode contexts × batches, then the comparison
+/// rows, each after its baseline — decode over an FP8 (E4M3, per-head scales) cache vs the bf16 row of the
+/// same shape, paged chunks (page 16 and 64) vs the dense prefill of the same pairs (the sm80 row when both
+/// kernels run: paged prefill is an sm_80-class kernel), and spec-verify q_len 4 / 8 vs one decode step.
+/// `quick`: one shape of each kind.
+pub fn perf_plan(quick: bool, kernel: PrefillKernel, hopper: bool) -> Vec<TimedShape> {
+    let mut pf = prefill_perf();
+    let mut dp = decode_perf_cases();
+    if quick {
+        pf.retain(|c| c.dtype == DType::Bf16 && c.head_dim == 128 && matches!(c.seqlen_q, 1024 | 8192));
+        dp.retain(|c| decode_perf().contains(c));
+    }
+    // On a compute capability 9.0 GPU with `--kernel auto`, every timed prefill shape the sm90 kernel
+    // supports runs on both kernels, side by side (rows labelled sm80 / sm90); elsewhere on the kernel asked
+    // for.
+    let kernels = |c: PrefillCase| -> Vec<PrefillCase> {
+        if kernel == PrefillKernel::Auto && hopper && sm90_runs(&c) {
+            vec![with_kernel(c.clone(), PrefillKernel::Sm80), with_kernel(c, PrefillKernel::Sm90)]
+        } else {
+            vec![with_kernel(c, kernel)]
+        }
+    };
+    let plain = |case| TimedShape { case, baseline: None };
+    let mut plan: Vec<TimedShape> = pf.into_iter().flat_map(kernels).map(|c| plain(Timed::Prefill(c))).collect();
+    plan.extend(dp.into_iter().map(|c| plain(Timed::Decode(c))));
+    // The index of `case`'s row, timed (appended) first if the plan lacks it.
+    fn index_of(plan: &mut Vec<TimedShape>, case: Timed) -> usize {
+        plan.iter().position(|s| s.case == case).unwrap_or_else(|| {
+            plan.push(TimedShape { case, baseline: None });
+            plan.len() - 1
+        })
+    }
+
+    let mut fp8_shapes = decode_perf();
+    fp8_shapes.truncate(if quick { 1 } else { fp8_shapes.len() });
+    for base in fp8_shapes {
+        let baseline = index_of(&mut plan, Timed::Decode(base.clone()));
+        let case = Fp8DecodeCase { base, format: Fp8Format::E4m3, scales: ScaleKind::PerHead };
+        plan.push(TimedShape { case: Timed::Fp8Decode(case), baseline: Some(baseline) });
+    }
+
+    let (chunks, pages) =
+        if quick { (&PAGED_CHUNKS[..1], &PAGED_CHUNK_PAGES[..1]) } else { (&PAGED_CHUNKS[..], &PAGED_CHUNK_PAGES[..]) };
+    for &(q_len, context) in chunks {
+        let dense = dense_equivalent(&paged_perf_case(PAGED_CHUNK_BATCH, q_len, context, pages[0]));
+        let first = plan.len();
+        let dense_rows = kernels(dense);
+        let sm80 = dense_rows.iter().position(|c| c.kernel == PrefillKernel::Sm80).unwrap_or(0);
+        plan.extend(dense_rows.into_iter().map(|c| plain(Timed::Prefill(c))));
+        for &page in pages {
+            let case = paged_perf_case(PAGED_CHUNK_BATCH, q_len, context, page);
+            plan.push(TimedShape { case: Timed::PagedPrefill(case), baseline: Some(first + sm80) });
+        }
+    }
+
+    let (contexts, q_lens) = if quick {
+        (&SPEC_VERIFY_CONTEXTS[..1], &SPEC_VERIFY_Q_LENS[1..])
+    } else {
+        (&SPEC_VERIFY_CONTEXTS[..], &SPEC_VERIFY_Q_LENS[..])
+    };
+    for &(batch, context) in contexts {
+        for &q_len in q_lens {
+            let case = paged_perf_case(batch, q_len, context, 16);
+            let baseline = index_of(&mut plan, Timed::Decode(decode_step(&case)));
+            plan.push(TimedShape { case: Timed::PagedPrefill(case), baseline: Some(baseline) });
+        }
+    }
+    plan
+}
+
+/// `row` as a comparison with `base`: the baseline's op and label, and the ratio of the median times (None
+/// when either was not measured).
+fn compared(mut row: Row, base: &Row) -> Row {
+    row.baseline = Some(format!("{} {}", base.op, base.label));
+    row.vs_baseline = match (row.ms, base.ms) {
+        (Some(a), Some(b)) if a.is_finite() && b.is_finite() && a > 0.0 && b > 0.0 => Some(a / b),
+        _ => None,
+    };
+    row
+}
+
 /// Runs `f` over `items` on `workers` threads, handing results to `emit` in order as soon as they are ready.
 fn ordered_parallel<I: Sync, R: Send>(
     items: &[I],
@@ -136,40 +281,48 @@ pub fn report(backend: &Backend, base_seed: u64, quick: bool, kernel: PrefillKer
     // On a GPU the timed shapes run first: they carry the numbers the issues' bars are judged by (and a
     // sampled correctness check each), so a run cut short by a time budget still has them.
     if let (Backend::Gpu { stream, .. }, Some(copy)) = (backend, copy_gbps) {
-        let mut pf = prefill_perf();
-        let mut dp = decode_perf_cases();
-        if quick {
-            pf.retain(|c| c.dtype == DType::Bf16 && c.head_dim == 128 && matches!(c.seqlen_q, 1024 | 8192));
-            dp.retain(|c| decode_perf().contains(c));
-        }
-        // On a compute capability 9.0 GPU with `--kernel auto`, every timed prefill shape the sm90 kernel
-        // supports runs on both kernels, side by side (rows labelled sm80 / sm90); elsewhere on the kernel
-        // asked for.
         let hopper = stream.context().compute_capability().is_ok_and(|cc| cc == (9, 0));
-        let pf: Vec<PrefillCase> = pf
-            .into_iter()
-            .flat_map(|c| {
-                if kernel == PrefillKernel::Auto && hopper && sm90_runs(&c) {
-                    vec![with_kernel(c.clone(), PrefillKernel::Sm80), with_kernel(c, PrefillKernel::Sm90)]
-                } else {
-                    vec![with_kernel(c, kernel)]
-                }
-            })
-            .collect();
+        let plan = perf_plan(quick, kernel, hopper);
         let start = Instant::now();
-        out.note(&format!("performance: {} prefill and {} decode shapes (CUDA events, median)", pf.len(), dp.len()));
-        let progress = Progress::counter(pf.len() + dp.len(), "timing");
+        let count = |f: fn(&Timed) -> bool| plan.iter().filter(|s| f(&s.case)).count();
+        out.note(&format!(
+            "performance: {} prefill, {} decode, {} FP8 decode and {} paged prefill shapes (CUDA events, median; \
+             comparison rows carry vs_baseline = their time / their baseline's)",
+            count(|c| matches!(c, Timed::Prefill(_))),
+            count(|c| matches!(c, Timed::Decode(_))),
+            count(|c| matches!(c, Timed::Fp8Decode(_))),
+            count(|c| matches!(c, Timed::PagedPrefill(_))),
+        ));
+        let progress = Progress::counter(plan.len(), "timing");
         out.set_progress(progress.clone());
         let offset = cases.len(); // seeds continue after the sweep's
-        for (i, c) in pf.iter().enumerate() {
-            progress.message(format!("prefill {}", c.label()));
-            out.row(cases::time_prefill(stream, backend, c, case_seed(base_seed, offset + i), copy));
-            progress.inc();
-        }
-        let offset = offset + pf.len();
-        for (i, c) in dp.iter().enumerate() {
-            progress.message(format!("decode {}", c.label()));
-            out.row(cases::time_decode(stream, backend, c, case_seed(base_seed, offset + i), copy));
+        let mut timed: Vec<Row> = Vec::with_capacity(plan.len());
+        for (i, s) in plan.iter().enumerate() {
+            let seed = case_seed(base_seed, offset + i);
+            let row = match &s.case {
+                Timed::Prefill(c) => {
+                    progress.message(format!("prefill {}", c.label()));
+                    cases::time_prefill(stream, backend, c, seed, copy)
+                }
+                Timed::Decode(c) => {
+                    progress.message(format!("decode {}", c.label()));
+                    cases::time_decode(stream, backend, c, seed, copy)
+                }
+                Timed::Fp8Decode(c) => {
+                    progress.message(format!("decode {}", c.label()));
+                    cases::time_decode_fp8(stream, backend, c, seed, copy)
+                }
+                Timed::PagedPrefill(c) => {
+                    progress.message(format!("paged-prefill {}", c.label()));
+                    cases::time_paged_prefill(stream, backend, c, seed, copy)
+                }
+            };
+            let row = match s.baseline.and_then(|b| timed.get(b)) {
+                Some(base) => compared(row, base),
+                None => row,
+            };
+            out.row(row.clone());
+            timed.push(row);
             progress.inc();
         }
         progress.finish();
@@ -199,6 +352,108 @@ pub fn report(backend: &Backend, base_seed: u64, quick: bool, kernel: PrefillKer
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The comparison rows of a plan: (row, its baseline), checked to be earlier in the plan.
+    fn comparisons(plan: &[TimedShape]) -> Vec<(&Timed, &Timed)> {
+        plan.iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                let b = s.baseline?;
+                assert!(b < i, "row {i}'s baseline {b} is not timed before it");
+                assert!(plan[b].baseline.is_none(), "a baseline is itself a comparison row");
+                Some((&s.case, &plan[b].case))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_comparison_row_follows_its_baseline_of_the_same_work() {
+        for (quick, hopper) in [(false, false), (false, true), (true, false), (true, true)] {
+            let plan = perf_plan(quick, PrefillKernel::Auto, hopper);
+            let pairs = comparisons(&plan);
+            let (mut fp8, mut chunks, mut spec) = (0, 0, 0);
+            for (row, base) in &pairs {
+                match (row, base) {
+                    (Timed::Fp8Decode(c), Timed::Decode(b)) => {
+                        assert_eq!((&c.base, c.format, c.scales), (b, Fp8Format::E4m3, ScaleKind::PerHead));
+                        assert!(decode_perf().contains(b) && b.dtype == DType::Bf16);
+                        // --quick keeps the README row's shape.
+                        assert!(!quick || (b.batch(), b.max_seq_len()) == (64, 4096));
+                        fp8 += 1;
+                    }
+                    (Timed::PagedPrefill(c), Timed::Prefill(d)) => {
+                        // The same visible (query, key) pairs: FLOPs and so TFLOPS compare directly.
+                        let dense = fused_attn::timing::prefill_flops(
+                            d.batch, d.heads_q, d.seqlen_q, d.seqlen_k, d.head_dim, d.causal,
+                        );
+                        assert_eq!(ppc::case_flops(c), dense, "{}", c.label());
+                        assert_eq!((d.heads_q, d.heads_kv, d.head_dim, d.dtype), (c.heads_q, c.heads_kv, 128, c.dtype));
+                        assert!(c.causal && d.causal && d.seqlen_q < d.seqlen_k);
+                        assert_eq!(d.kernel, if hopper { PrefillKernel::Sm80 } else { PrefillKernel::Auto });
+                        chunks += 1;
+                    }
+                    (Timed::PagedPrefill(c), Timed::Decode(b)) => {
+                        assert!(c.max_seqlen_q() <= 8 && c.seqs.iter().all(|s| s.0 == c.max_seqlen_q()));
+                        assert_eq!(b, &decode_step(c));
+                        assert_eq!((c.heads_q / c.heads_kv, c.head_dim, c.page_size), (4, 128, 16));
+                        spec += 1;
+                    }
+                    _ => panic!("unexpected comparison {row:?} vs {base:?}"),
+                }
+            }
+            let want = if quick { (1, 1, 1) } else { (2, 4, 4) }; // FP8: 2 shapes; chunks: 2 × 2 pages; 2 × 2 q_lens
+            assert_eq!((fp8, chunks, spec), want, "quick {quick} hopper {hopper}");
+            // The baselines are rows the plan times anyway (the decode perf shapes), plus one dense prefill
+            // per chunk shape (two kernels on Hopper).
+            let decode_rows = plan.iter().filter(|s| matches!(s.case, Timed::Decode(_))).count();
+            let mut dp = decode_perf_cases();
+            if quick {
+                dp.retain(|c| decode_perf().contains(c));
+            }
+            assert_eq!(decode_rows, dp.len());
+            let dense =
+                plan.iter().filter(|s| matches!(&s.case, Timed::Prefill(c) if c.seqlen_q != c.seqlen_k)).count();
+            let (shapes, kernels) = (if quick { 1 } else { 2 }, if hopper { 2 } else { 1 });
+            assert_eq!(dense, shapes * kernels);
+        }
+        // Both README rows' page sizes and q_lens, and their contexts.
+        let full = perf_plan(false, PrefillKernel::Auto, false);
+        let paged: Vec<&PagedPrefillCase> =
+            full.iter().filter_map(|s| if let Timed::PagedPrefill(c) = &s.case { Some(c) } else { None }).collect();
+        for page in [16, 64] {
+            assert!(paged.iter().any(|c| c.page_size == page && c.max_seqlen_q() >= 512));
+        }
+        for (q, ctx) in [(4, 4096), (8, 4096), (4, 32768), (8, 32768)] {
+            assert!(paged.iter().any(|c| (c.max_seqlen_q(), c.max_seq_len()) == (q, ctx)), "q_len {q} ctx {ctx}");
+        }
+    }
+
+    #[test]
+    fn the_prefill_and_decode_rows_are_as_before() {
+        let plan = perf_plan(false, PrefillKernel::Auto, true);
+        let prefill: Vec<&PrefillCase> =
+            plan.iter().filter_map(|s| if let Timed::Prefill(c) = &s.case { Some(c) } else { None }).collect();
+        let family: Vec<&&PrefillCase> = prefill.iter().filter(|c| c.seqlen_q == c.seqlen_k).collect();
+        let both = prefill_perf().iter().filter(|c| sm90_runs(c)).count();
+        assert_eq!(family.len(), prefill_perf().len() + both);
+        assert!(plan[..family.len()].iter().all(|s| matches!(&s.case, Timed::Prefill(c) if c.seqlen_q == c.seqlen_k)));
+        let sm80 = perf_plan(false, PrefillKernel::Sm80, true);
+        assert!(sm80.iter().all(|s| !matches!(&s.case, Timed::Prefill(c) if c.kernel != PrefillKernel::Sm80)));
+    }
+
+    #[test]
+    fn comparison_rows_carry_the_time_ratio() {
+        let base = Row { op: "decode".into(), label: "bf16 step".into(), ms: Some(0.2), ..Default::default() };
+        let r = compared(Row { ms: Some(0.11), ..Default::default() }, &base);
+        assert_eq!(r.baseline.as_deref(), Some("decode bf16 step"));
+        assert!((r.vs_baseline.unwrap() - 0.55).abs() < 1e-12);
+        assert!(r.table_line().contains("[0.55x the time of its decode baseline]"), "{}", r.table_line());
+        // Unmeasured or failed on either side: no ratio.
+        for (a, b) in [(None, Some(0.2)), (Some(0.1), None), (Some(f64::NAN), Some(0.2)), (Some(0.1), Some(0.0))] {
+            let base = Row { ms: b, ..base.clone() };
+            assert_eq!(compared(Row { ms: a, ..Default::default() }, &base).vs_baseline, None);
+        }
+    }
 
     #[test]
     fn decode_perf_shapes_stream_from_memory() {

@@ -31,6 +31,8 @@ pub struct Row {
     pub alibi: bool,
     pub sinks: bool,
     pub page_size: Option<usize>,
+    /// Decode and paged prefill: the cache's element type (`dtype`, or `fp8_e4m3` / `fp8_e5m2`).
+    pub kv_dtype: Option<String>,
     /// Decode: the split-KV count the launch used.
     pub num_splits: Option<usize>,
     #[serde(with = "finite_or_string")]
@@ -53,6 +55,12 @@ pub struct Row {
     pub copy_gbps: Option<f64>,
     #[serde(with = "finite_or_string")]
     pub pct_of_copy_bw: Option<f64>,
+    /// A timed comparison row (`report` on a GPU): the row it is compared with ("<op> <label>", timed in the
+    /// same run) and this row's median time over that row's (paged / dense prefill, spec-verify / one
+    /// decode step, FP8 / 16-bit decode).
+    pub baseline: Option<String>,
+    #[serde(with = "finite_or_string")]
+    pub vs_baseline: Option<f64>,
     /// How the output was checked: "full" (every row against the fp64 reference), "sampled" (some rows, for
     /// shapes too large for the reference), or None (timing only).
     pub check: Option<String>,
@@ -150,6 +158,10 @@ max_abs_err  tolerance    rel_l2       passed  ms        TFLOPS   GB/s     %copy
             g(self.pct_of_copy_bw, 6, 1),
             self.label,
         );
+        if let (Some(x), Some(b)) = (self.vs_baseline, &self.baseline) {
+            let op = b.split(' ').next().unwrap_or_default();
+            let _ = write!(s, "  [{x:.2}x the time of its {op} baseline]");
+        }
         if let Some(e) = &self.error {
             let _ = write!(s, "  error: {e}");
         }
@@ -187,6 +199,7 @@ mod tests {
             "seqlen_k",
             "causal",
             "page_size",
+            "kv_dtype",
             "num_splits",
             "max_abs_err",
             "rel_l2_err",
@@ -198,6 +211,8 @@ mod tests {
             "gbps",
             "copy_gbps",
             "pct_of_copy_bw",
+            "baseline",
+            "vs_baseline",
             "check",
             "kind",
             "seed",
