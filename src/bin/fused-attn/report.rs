@@ -146,7 +146,7 @@ pub fn decode_step(c: &PagedPrefillCase) -> DecodeCase {
         page_size: c.page_size,
         seq_lens: c.seqs.iter().map(|s| s.1).collect(),
         num_splits: None,
-        variants: c.variants.clone(),
+        variants: c.variants,
     }
 }
 
