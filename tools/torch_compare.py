@@ -67,8 +67,11 @@ def number(x):
 
 
 def timed_rows(rows):
-    """Rows worth comparing: GPU rows with a positive time."""
-    return [r for r in rows if r.get("backend") == "gpu" and (number(r.get("ms")) or 0) > 0]
+    """Rows worth comparing: GPU rows with a positive time. Paged-prefill rows are left out: the report times
+    each against a dense prefill row of the same (query, key) pairs, which is compared instead (SDPA has no
+    paged cache). FP8-cache decode rows stay; SDPA's time for their shape is the bf16 decode row's (measured once)."""
+    return [r for r in rows if r.get("backend") == "gpu" and r.get("op") != "paged-prefill"
+            and (number(r.get("ms")) or 0) > 0]
 
 
 def visible_keys(causal, tq, tk, i):
