@@ -1,173 +1,11 @@
-//! Builds the kernels from one set of sources, twice:
-//!  1. Host library (libfa_host.a, through the `cc` crate, any C++17 compiler, no CUDA needed): every
-//!     kernels/*.cu as host C++ (-DFA_EMULATION: the kernels for the emulator, plus the launchers, which
-//!     validate parameters and compute every launch's geometry for both backends), kernels/host/*.cpp and the
-//!     host SIMT executor kernels/emu/*.{cpp,S}. Always optimised: the emulated suite must be fast in debug too.
-//!  2. GPU kernels (feature `cuda`, when nvcc is found): every kernels/*.cu through `nvcc -fatbin`, for the
-//!     GPUs FA_CUDA_ARCHS lists (default 80,86,89,90a): SASS that each of them runs, with the fewest compiler
-//!     passes (`gencode_flags`: one front end per distinct device code, not per arch; no SASS a lower arch of
-//!     the same major already serves with the same code: by default sm_80 + sm_90, plus sm_89 for the FP8
-//!     kernels' hardware conversion), plus PTX for newer GPUs; embedded in the crate (OUT_DIR/fatbins.rs)
-//!     and loaded per CUDA context through the driver API. No CUDA runtime is linked. The nvcc jobs run on
-//!     threads of our own (a fatbin is not an object file, which is all `cc` builds), the longest first;
-//!     the budget is 2 minutes of wall time for all of them on a 2-core machine (README "Build" has the
-//!     measurements, and the reasons for each choice). `ptxas -v` of every kernel goes to
-//!     target/<profile>/ptxas-report.txt (headed by each fatbin's SASS / PTX and nvcc time) and any spill
-//!     or stack frame fails the build, and so does ptxas
-//!     ignoring setmaxnreg (C7508) or serialising a wgmma pipeline (C7509-C7520: the Hopper kernels' silent
-//!     performance cliffs), except in the planted-bug self-tests (fa_bug_*) and the wgmma primitive
-//!     self-tests (fa_selftest_wgmma_*, which pick their layout at run time).
-//!     kernels/*_sm90.cu hold sm_90a-only kernels (wgmma, TMA, setmaxnreg): they are compiled for 90a alone
-//!     (skipped when FA_CUDA_ARCHS lacks it), without PTX, and the Rust side loads them only on a GPU of
-//!     compute capability 9.0. kernels/decode_fp8.cu and kernels/paged_prefill_fp8.cu are nvcc jobs that
-//!     build the FP8 half of decode.cu / paged_prefill.cu (which they include), for balance and their
-//!     compute_89 front end; empty in the host build.
-//!     Without nvcc (or with the feature off) the crate is emulator-only: GPU calls return
-//!     `ErrorKind::NoKernels`, and a cargo warning says why.
-//!
-//! The C ABI (kernels/include/fa/abi.h) is mirrored by bindgen into src/sys/abi.rs, which is committed (so
-//! building needs no libclang); tests/abi_bindings.rs regenerates it and fails if it is stale.
-//!
-//! nvcc search (first hit wins): $NVCC, $CUDA_HOME/bin/nvcc, $CUDA_PATH/bin/nvcc, nvcc on PATH,
-//! /usr/local/cuda/bin/nvcc, then the toolchain scripts/setup installs ($FA_TOOLCHAIN_DIR, default
-//! .toolchain/). No network access at build time.
+//! nvcc: which GPU code each kernels/*.cu gets (`gencode_flags`), finding the compiler, running the fatbin
+//! jobs in parallel (longest first) and reading ptxas's report (`check_ptxas`).
 
+use crate::cache::{include_closure, KernelCache, KeyBuilder};
 use std::env;
-use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
-
-const DEFAULT_ARCHS: &str = "80,86,89,90a";
-
-fn main() {
-    let root = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
-    let out = PathBuf::from(env::var("OUT_DIR").unwrap());
-    for var in ["NVCC", "CUDA_HOME", "CUDA_PATH", "FA_CUDA_ARCHS", "FA_ALLOW_SPILLS", "FA_TOOLCHAIN_DIR", "CXX"] {
-        println!("cargo:rerun-if-env-changed={var}");
-    }
-    let kernels = root.join("kernels");
-    let include = kernels.join("include");
-    let mut cu_sources = Vec::new();
-    let mut cpp_sources = Vec::new();
-    let mut asm_sources = Vec::new();
-    watch_dir(&kernels, &mut |p| {
-        let dir = p.parent().unwrap_or(Path::new(""));
-        match p.extension().and_then(|e| e.to_str()) {
-            Some("cu") if dir == kernels => cu_sources.push(p.to_path_buf()),
-            Some("cpp") if dir == kernels.join("emu") || dir == kernels.join("host") => {
-                cpp_sources.push(p.to_path_buf())
-            }
-            Some("S") if dir == kernels.join("emu") => asm_sources.push(p.to_path_buf()),
-            _ => {}
-        }
-    });
-    cu_sources.sort();
-    cpp_sources.sort();
-
-    build_host_library(&include, &cu_sources, &cpp_sources, &asm_sources);
-
-    let archs = env::var("FA_CUDA_ARCHS").unwrap_or_else(|_| DEFAULT_ARCHS.to_string());
-    let nvcc = if env::var_os("CARGO_FEATURE_CUDA").is_some() { find_nvcc(&root) } else { None };
-    let report_path = profile_dir(&out).join("ptxas-report.txt");
-    let fatbin_dir = out.join("fatbin");
-    fs::create_dir_all(&fatbin_dir).unwrap();
-    let mut fatbins = Vec::new();
-    let mut cuda_version = String::new();
-    match &nvcc {
-        Some(nvcc) => {
-            cuda_version = nvcc_version(nvcc);
-            let (header, report) = build_fatbins(nvcc, &include, &cu_sources, &archs, &fatbin_dir, &mut fatbins);
-            fatbins.sort();
-            let summary = check_ptxas(&report);
-            fs::write(&report_path, format!("# ptxas -v for FA_CUDA_ARCHS={archs}\n{header}{summary}\n{report}"))
-                .unwrap();
-            if let Some(bad) = summary.lines().find(|l| l.starts_with("SPILL")) {
-                if env::var("FA_ALLOW_SPILLS").is_err() {
-                    panic!("ptxas reports spills or a stack frame (see {}): {bad}", report_path.display());
-                }
-                println!("cargo:warning=FA_ALLOW_SPILLS set, ignoring: {bad}");
-            }
-            if let Some(bad) = summary.lines().find(|l| l.starts_with("WGMMA")) {
-                panic!("ptxas serialises wgmma or ignores setmaxnreg (see {}): {bad}", report_path.display());
-            }
-        }
-        None => {
-            let why = if env::var_os("CARGO_FEATURE_CUDA").is_some() {
-                println!(
-                    "cargo:warning=fused-attn: no CUDA compiler found (NVCC, CUDA_HOME, CUDA_PATH, PATH, /usr/local/cuda, \
-                     FA_TOOLCHAIN_DIR or .toolchain/): building the emulator only; GPU calls will return NoKernels errors"
-                );
-                "no CUDA compiler was found"
-            } else {
-                "the `cuda` feature is off"
-            };
-            fs::write(&report_path, format!("# no GPU kernels were built: {why}\n")).unwrap();
-        }
-    }
-
-    // The embedded fatbins, 64-byte aligned (the driver reads their headers in place).
-    let mut rs = String::from("// @generated by build.rs: the GPU kernels, one fatbin per kernels/*.cu.\n");
-    rs.push_str("// (name, image, sm_90a only)\n");
-    rs.push_str("pub(crate) static FATBINS: &[(&str, &[u8], bool)] = &[\n");
-    for (name, path) in &fatbins {
-        rs.push_str(&format!(
-            "    ({name:?}, &crate::kernels::Aligned(*include_bytes!({:?})).0, {}),\n",
-            path.display().to_string(),
-            is_sm90_only(name)
-        ));
-    }
-    rs.push_str("];\n");
-    fs::write(out.join("fatbins.rs"), rs).unwrap();
-
-    println!("cargo:rustc-env=FA_PTXAS_REPORT={}", report_path.display());
-    println!("cargo:rustc-env=FA_FATBIN_DIR={}", fatbin_dir.display());
-    println!("cargo:rustc-env=FA_CUDA_ARCHS={}", if nvcc.is_some() { archs.as_str() } else { "" });
-    println!("cargo:rustc-env=FA_CUDA_VERSION={cuda_version}");
-}
-
-/// libfa_host.a: launchers + emulator kernels + the SIMT executor, through `cc` (parallel jobs, jobserver).
-fn build_host_library(include: &Path, cu: &[PathBuf], cpp: &[PathBuf], asm: &[PathBuf]) {
-    let mut b = cc::Build::new();
-    b.cpp(true)
-        .opt_level(2)
-        .debug(false)
-        .extra_warnings(false)
-        .include(include)
-        .define("FA_EMULATION", "1")
-        .flag("-std=c++17")
-        .flag("-fno-strict-aliasing")
-        .flag("-Wall")
-        .flag("-Wno-unused-function")
-        .flag("-Wno-unknown-pragmas")
-        // Tensor maps are 64-byte aligned by-value members: GCC notes an ABI change from GCC 4.6.
-        .flag("-Wno-psabi")
-        // .cu sources are plain C++ in this build.
-        .flag("-xc++")
-        .files(cu)
-        .files(cpp);
-    b.compile("fa_host");
-    if !asm.is_empty() {
-        cc::Build::new().files(asm).compile("fa_host_asm");
-    }
-    println!("cargo:rustc-link-lib=dylib=pthread");
-}
-
-/// Emits rerun-if-changed for every file under `dir` and hands each to `f`.
-fn watch_dir(dir: &Path, f: &mut dyn FnMut(&Path)) {
-    println!("cargo:rerun-if-changed={}", dir.display());
-    let mut entries: Vec<_> = fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
-    entries.sort();
-    for p in entries {
-        if p.is_dir() {
-            watch_dir(&p, f);
-        } else {
-            println!("cargo:rerun-if-changed={}", p.display());
-            f(&p);
-        }
-    }
-}
-
 /// One GPU target of FA_CUDA_ARCHS: compute capability 10 · major + minor, and whether it was given
 /// arch-specific ("90a").
 #[derive(Clone, Copy, PartialEq)]
@@ -282,7 +120,7 @@ fn nvcc_cost(stem: &str) -> u32 {
     }
 }
 
-fn find_nvcc(root: &Path) -> Option<PathBuf> {
+pub fn find_nvcc(root: &Path) -> Option<PathBuf> {
     let mut candidates: Vec<PathBuf> = Vec::new();
     if let Ok(p) = env::var("NVCC") {
         candidates.push(p.into());
@@ -301,8 +139,15 @@ fn find_nvcc(root: &Path) -> Option<PathBuf> {
     candidates.into_iter().find(|p| p.is_file())
 }
 
+/// The whole `nvcc --version` text: the compiler's identity in the kernel cache's keys.
+fn nvcc_identity(nvcc: &Path) -> String {
+    let out =
+        Command::new(nvcc).arg("--version").output().unwrap_or_else(|e| panic!("cannot run {}: {e}", nvcc.display()));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// "13.0" from `nvcc --version` ("Cuda compilation tools, release 13.0, V13.0.88").
-fn nvcc_version(nvcc: &Path) -> String {
+pub fn nvcc_version(nvcc: &Path) -> String {
     let out =
         Command::new(nvcc).arg("--version").output().unwrap_or_else(|e| panic!("cannot run {}: {e}", nvcc.display()));
     let text = String::from_utf8_lossy(&out.stdout);
@@ -314,21 +159,26 @@ fn nvcc_version(nvcc: &Path) -> String {
 }
 
 /// kernels/<stem>_sm90.cu: sm_90a-only kernels.
-fn is_sm90_only(stem: &str) -> bool {
+pub fn is_sm90_only(stem: &str) -> bool {
     stem.ends_with("_sm90")
 }
 
-/// One fatbin per kernels/*.cu (device code only), with the SASS and PTX `gencode_flags` gives it; returns
-/// the report's header (each fatbin's archs and nvcc wall time) and ptxas's output of all of them.
-fn build_fatbins(
+/// One fatbin per kernels/*.cu (device code only), with the SASS and PTX `gencode_flags` gives it, from the
+/// kernel cache where an entry has the same key (the file's include closure, nvcc's `--version`, the flags),
+/// else compiled and stored; returns the report's header (each fatbin's archs and nvcc wall time) and
+/// ptxas's output of all of them. Prints a line per file (cargo shows them with `-vv`).
+pub fn build_fatbins(
     nvcc: &Path,
-    include: &Path,
+    kernels: &Path,
     sources: &[PathBuf],
     archs: &str,
     dir: &Path,
+    cache: &KernelCache,
     fatbins: &mut Vec<(String, PathBuf)>,
 ) -> (String, String) {
+    let include = kernels.join("include");
     let home = nvcc.parent().and_then(Path::parent).unwrap().to_path_buf();
+    let identity = nvcc_identity(nvcc);
     let targets = parse_targets(archs);
     let jobs = env::var("NUM_JOBS").ok().and_then(|j| j.parse().ok()).unwrap_or(2usize).max(1);
     let mut files: Vec<(String, &PathBuf, Vec<String>, String)> = Vec::new();
@@ -341,45 +191,65 @@ fn build_fatbins(
     }
     // Longest first: the last job to start should be a short one.
     files.sort_by_key(|(stem, ..)| std::cmp::Reverse(nvcc_cost(stem)));
-    // More jobs than files (a many-core machine): nvcc runs a file's passes (front ends, ptxas per arch) on
-    // threads of its own. With fewer, it would only oversubscribe the cores.
-    let threads = jobs / files.len().max(1);
-    let mut commands = Vec::new();
-    let mut lines = Vec::new();
-    for (stem, src, gencode, what) in files {
+    // No --use_fast_math: the hot loops already use the explicit approximations they mean
+    // (fa::fast_exp2 = ex2.approx, which the emulator models); everything else (epilogue exp/log/division)
+    // stays IEEE, as the emulator's host build computes it. Measured: identical registers, no spills.
+    let flags = ["-fatbin", "-O3", "-std=c++17", "-lineinfo", "-Xptxas", "-v", "-Xcudafe", "--diag_suppress=177"];
+    // The PyPI layout keeps CCCL (needed by cuda_fp16.h for <nv/target>) under include/cccl.
+    let cccl = home.join("include/cccl");
+    let mut header = vec![String::new(); files.len()];
+    let mut report = vec![String::new(); files.len()];
+    let mut misses = Vec::new();
+    for (i, (stem, src, gencode, what)) in files.iter().enumerate() {
         let fatbin = dir.join(format!("{stem}.fatbin"));
+        let mut key = KeyBuilder::new("fatbin");
+        key.text(&identity).text(&flags.join(" ")).text(&gencode.join(" ")).text(&cccl.is_dir().to_string());
+        for f in include_closure(src, &include) {
+            key.file(kernels, &f);
+        }
+        let entry = cache.entry(stem, &key.finish());
+        fatbins.push((stem.clone(), fatbin.clone()));
+        if entry.fetch(&[("kernel.fatbin", &fatbin)]) {
+            let seconds = entry.read("nvcc-seconds");
+            println!("fused-attn: {stem}.fatbin from the kernel cache ({})", entry.path("").display());
+            header[i] = format!("# {stem}.fatbin: {what} (kernel cache; nvcc {} s wall when built)\n", seconds.trim());
+            report[i] = entry.read("ptxas.txt");
+            continue;
+        }
         let mut c = Command::new(nvcc);
-        // No --use_fast_math: the hot loops already use the explicit approximations they mean
-        // (fa::fast_exp2 = ex2.approx, which the emulator models); everything else (epilogue exp/log/division)
-        // stays IEEE, as the emulator's host build computes it. Measured: identical registers, no spills.
-        c.args(["-fatbin", "-O3", "-std=c++17", "-lineinfo", "-Xptxas", "-v", "-Xcudafe", "--diag_suppress=177"])
-            .args(&gencode)
-            .arg("-I")
-            .arg(include);
+        c.args(flags).args(gencode).arg("-I").arg(&include);
+        if cccl.is_dir() {
+            c.arg("-I").arg(&cccl);
+        }
+        c.arg("-o").arg(&fatbin).arg(src);
+        misses.push((i, format!("{stem}.cu ({what})"), c, entry, fatbin));
+    }
+    // More jobs than files to compile (a many-core machine): nvcc runs a file's passes (front ends, ptxas per
+    // arch) on threads of its own. With fewer, it would only oversubscribe the cores.
+    let threads = jobs / misses.len().max(1);
+    let mut commands = Vec::new();
+    for (_, what, c, ..) in &mut misses {
         if threads > 1 {
             c.arg("--threads").arg(threads.to_string());
         }
-        // The PyPI layout keeps CCCL (needed by cuda_fp16.h for <nv/target>) under include/cccl.
-        if home.join("include/cccl").is_dir() {
-            c.arg("-I").arg(home.join("include/cccl"));
-        }
-        c.arg("-o").arg(&fatbin).arg(src);
-        lines.push(format!("{stem}.fatbin: {what}"));
-        fatbins.push((stem, fatbin));
-        commands.push(c);
+        commands.push((what.clone(), std::mem::replace(c, Command::new("true"))));
     }
-    let mut header = String::new();
-    let mut report = String::new();
-    for (line, (stderr, seconds)) in lines.iter().zip(run_parallel(commands, jobs)) {
-        header.push_str(&format!("# {line} (nvcc {seconds:.1} s wall)\n"));
-        report.push_str(&stderr);
+    for ((i, what, _, entry, fatbin), (stderr, seconds)) in misses.into_iter().zip(run_parallel(commands, jobs)) {
+        println!("fused-attn: nvcc {what}: {seconds:.1} s");
+        let seconds = format!("{seconds:.1}");
+        entry.store(&[("kernel.fatbin", &fatbin)], &[("ptxas.txt", &stderr), ("nvcc-seconds", &seconds)]);
+        header[i] = format!("# {}.fatbin: {} (nvcc {seconds} s wall)\n", files[i].0, files[i].3);
+        report[i] = stderr;
     }
-    (header, report)
+    for (stem, ..) in &files {
+        cache.prune(stem);
+    }
+    (header.concat(), report.concat())
 }
 
 /// Runs the commands on `jobs` threads, starting them in order; panics with the compiler's output on the
 /// first failure. Returns each command's stderr and wall time in seconds, in the original order.
-fn run_parallel(commands: Vec<Command>, jobs: usize) -> Vec<(String, f64)> {
+fn run_parallel(commands: Vec<(String, Command)>, jobs: usize) -> Vec<(String, f64)> {
     let n = commands.len();
     let mut queue: Vec<_> = commands.into_iter().enumerate().collect();
     queue.reverse(); // popped from the back
@@ -390,7 +260,8 @@ fn run_parallel(commands: Vec<Command>, jobs: usize) -> Vec<(String, f64)> {
         for _ in 0..jobs.min(n.max(1)) {
             s.spawn(|| loop {
                 let job = queue.lock().unwrap().pop();
-                let Some((i, mut cmd)) = job else { break };
+                let Some((i, (label, mut cmd))) = job else { break };
+                println!("fused-attn: nvcc {label}");
                 let start = std::time::Instant::now();
                 let output = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
                 let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
@@ -410,16 +281,11 @@ fn run_parallel(commands: Vec<Command>, jobs: usize) -> Vec<(String, f64)> {
     results.into_inner().unwrap()
 }
 
-/// target/<profile>/ from OUT_DIR (target/<profile>/build/<pkg>-<hash>/out).
-fn profile_dir(out: &Path) -> PathBuf {
-    out.ancestors().nth(3).unwrap_or(out).to_path_buf()
-}
-
 /// Per-kernel summary of `ptxas -v`: one line per (function, arch) with registers, shared memory, stack
 /// and spills; lines starting with SPILL mark a spill or a non-zero stack frame, lines starting with WGMMA
 /// a serialised wgmma pipeline or an ignored setmaxnreg (ptxas info/warning C7508-C7520) outside the
 /// kernels allowed them.
-fn check_ptxas(report: &str) -> String {
+pub fn check_ptxas(report: &str) -> String {
     let mut summary = String::new();
     let mut current = String::new();
     for line in report.lines() {
