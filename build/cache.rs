@@ -59,12 +59,12 @@ impl KernelCache {
             let used = fs::metadata(e.path().join(STAMP)).and_then(|m| m.modified()).unwrap_or(SystemTime::UNIX_EPOCH);
             entries.push((used, e.path()));
         }
-        entries.sort_by(|a, b| b.0.cmp(&a.0));
+        entries.sort_by_key(|e| std::cmp::Reverse(e.0));
         let hour = std::time::Duration::from_secs(3600);
         let mut kept = 0;
         for (used, path) in entries {
             let temporary = path.to_string_lossy().contains(".tmp");
-            let old = used.elapsed().map_or(false, |age| age > hour);
+            let old = used.elapsed().is_ok_and(|age| age > hour);
             if temporary {
                 if old {
                     let _ = fs::remove_dir_all(&path);

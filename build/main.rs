@@ -25,8 +25,9 @@
 //!     With the feature off the crate is emulator-only: GPU calls return `ErrorKind::NoKernels`. With it on
 //!     and no nvcc found, the build fails and says what to do (`no_cuda_compiler`), except on docs.rs or
 //!     with FA_ALLOW_NO_CUDA set.
-//!  Both come from the kernel cache (build/cache.rs: keyed by content, shared by every profile and feature
-//!  set) when nothing they are built from changed. Each step prints a line (`cargo build -vv` shows them).
+//!
+//! Both come from the kernel cache (build/cache.rs: keyed by content, shared by every profile and feature
+//! set) when nothing they are built from changed. Each step prints a line (`cargo build -vv` shows them).
 //!
 //! The C ABI (kernels/include/fa/abi.h) is mirrored by bindgen into src/sys/abi.rs, which is committed (so
 //! building needs no libclang); tests/abi_bindings.rs regenerates it and fails if it is stale.
