@@ -25,6 +25,7 @@
 //!     With the feature off the crate is emulator-only: GPU calls return `ErrorKind::NoKernels`. With it on
 //!     and no nvcc found, the build fails and says what to do (`no_cuda_compiler`), except on docs.rs or
 //!     with FA_ALLOW_NO_CUDA set.
+//!  The self-test kernels (kernels/selftest*.cu) are part of both only with the `testkit` feature.
 //!
 //! Both come from the kernel cache (build/cache.rs: keyed by content, shared by every profile and feature
 //! set) when nothing they are built from changed. Each step prints a line (`cargo build -vv` shows them).
@@ -82,6 +83,11 @@ fn main() {
             _ => {}
         }
     });
+    // The self-test kernels (kernels/selftest*.cu: intrinsics, emulator fault detection, planted bugs) verify
+    // the crate; they are built, for the emulator and into the fatbins, only with the `testkit` feature.
+    if env::var_os("CARGO_FEATURE_TESTKIT").is_none() {
+        cu_sources.retain(|p| !is_selftest(p));
+    }
     cu_sources.sort();
     cpp_sources.sort();
     let cache = cache::KernelCache::new(&out);
@@ -189,6 +195,11 @@ fn watch_dir(dir: &Path, f: &mut dyn FnMut(&Path)) {
 }
 
 /// target/<profile>/ from OUT_DIR (target/<profile>/build/<pkg>-<hash>/out).
+/// kernels/selftest.cu, kernels/selftest_sm90.cu.
+fn is_selftest(path: &Path) -> bool {
+    path.file_stem().and_then(|s| s.to_str()).is_some_and(|s| s.starts_with("selftest"))
+}
+
 fn profile_dir(out: &Path) -> PathBuf {
     out.ancestors().nth(3).unwrap_or(out).to_path_buf()
 }

@@ -158,7 +158,7 @@ impl KernelCounters {
                 name: if r.name.is_null() {
                     "(unnamed)".to_string()
                 } else {
-                    // SAFETY: region names are 'static C strings (crate::launch, crate::emu_selftest).
+                    // SAFETY: region names are 'static C strings (crate::launch, crate::testkit::emu_selftest).
                     unsafe { CStr::from_ptr(r.name) }.to_string_lossy().into_owned()
                 },
                 size: r.bytes,

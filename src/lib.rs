@@ -5,7 +5,9 @@
 //! kernels/include/fa/abi.h) → `launch` (the only place raw pointers are taken) and `kernels` (fatbins loaded
 //! per context, launches through the driver API) → the safe ops over [`TensorView`]s on a [`Stream`] (a
 //! cudarc stream, a raw `CUstream`, or the emulator). `reference` is the fp64
-//! CPU reference the tests (and downstream suites) compare against.
+//! CPU reference the tests (and downstream suites) compare against. `testkit` (feature `testkit`, off by
+//! default) is what verifies rather than ships: fixtures, case harnesses, timing, the cost model and the
+//! emulator's self-test kernels.
 //!
 //! ```
 //! use fused_attn::{prefill::{prefill, PrefillOptions}, Emulator, Stream, TensorView, TensorViewMut};
@@ -36,19 +38,17 @@ pub mod append;
 pub mod build_info;
 #[cfg(feature = "candle")]
 pub mod candle;
-pub mod cost_model;
 pub mod counters;
 pub mod decode;
 pub mod device;
 pub mod dtype;
 pub mod emu;
-#[doc(hidden)]
-pub mod emu_selftest;
 pub mod error;
 pub mod fp8;
 pub mod head_dim;
 mod kernels;
 mod launch;
+pub mod mask;
 pub mod merge;
 pub mod paged;
 pub mod paged_prefill;
@@ -56,12 +56,12 @@ pub mod plan;
 pub mod prefill;
 pub mod reference;
 pub mod score_mod;
-pub mod seed;
 #[doc(hidden)]
 pub mod sys;
 pub mod tensor;
 pub mod tensor_map;
-pub mod timing;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 
 /// The `half` and `cudarc` versions this crate's API uses (bf16/f16 elements, streams and views).
 pub use cudarc;

@@ -3,7 +3,7 @@
 //! skips visibly without a GPU.
 mod common;
 
-use fused_attn::decode::cases::{DecodeCase, PagedFixture};
+use fused_attn::testkit::cases::decode::{DecodeCase, PagedFixture};
 use fused_attn::decode::{DecodeOptions, DecodeWorkspace};
 use fused_attn::{
     append, decode, DType, Element, Emulator, ErrorKind, PagedKvCache, PagedKvCacheMut, Stream, TensorView,

@@ -1,5 +1,5 @@
 //! Cost tests: the emulator's counters (fused_attn::counters) against the cost models the kernels are
-//! designed to (fused_attn::cost_model), so a kernel that gets the right answer by doing the wrong amount of
+//! designed to (fused_attn::testkit::cost_model), so a kernel that gets the right answer by doing the wrong amount of
 //! work — reading the cache twice, visiting tiles the causal mask hides — fails. First the counters' own
 //! semantics on self-test kernels whose counts are known by hand, then the design's promises:
 //!  - decode reads each visible K/V byte once per KV head (exactly), and everything it reads stays within
@@ -11,11 +11,11 @@
 //! The counts do not depend on the data; the seed (fixed, FA_SEED varies it) only feeds the correctness
 //! check each case also passes.
 
-use fused_attn::cost_model::{decode_cost, decode_ratios, prefill_cost, prefill_ratios, DecodeCost};
+use fused_attn::testkit::cost_model::{decode_cost, decode_ratios, prefill_cost, prefill_ratios, DecodeCost};
 use fused_attn::counters::{KernelCounters, LaunchCounters};
-use fused_attn::decode::cases::{run_case_emulated, DecodeCase};
-use fused_attn::emu_selftest::{self as st, BarrierMode, GemmBug, GemmShape, WarpOp};
-use fused_attn::prefill::cases::{run_emulated, CaseLayout, PrefillCase, PrefillFixture};
+use fused_attn::testkit::cases::decode::{run_case_emulated, DecodeCase};
+use fused_attn::testkit::emu_selftest::{self as st, BarrierMode, GemmBug, GemmShape, WarpOp};
+use fused_attn::testkit::cases::prefill::{run_emulated, CaseLayout, PrefillCase, PrefillFixture};
 use fused_attn::prefill::TileConfig;
 use fused_attn::{DType, Emulator};
 use half::{bf16, f16};
@@ -302,7 +302,7 @@ fn prefill_counters(case: &PrefillCase) -> KernelCounters {
     only_kernel(&emu.last_launch_counters().unwrap(), "prefill").clone()
 }
 
-/// Model (the FA2 tiling, fused_attn::cost_model::prefill_cost): one CTA per (query tile of Br rows, query
+/// Model (the FA2 tiling, fused_attn::testkit::cost_model::prefill_cost): one CTA per (query tile of Br rows, query
 /// head); it visits KV tiles [0, n_end) of Bc keys (kv_block_range: all ⌈Tk/Bc⌉, or up to the last key its
 /// last row sees when causal) and loads each once, only the rows below Tk. So per query head
 ///     K bytes = V bytes = Σ_query tiles min(n_end·Bc, Tk) · D · 2      (non-causal: ⌈Tq/Br⌉ · Tk · D · 2)
@@ -397,7 +397,7 @@ fn ratios_are_one_for_the_kernels_as_designed() {
 /// nothing countable.
 #[test]
 fn prefill_variants_follow_the_tiling_model() {
-    use fused_attn::score_mod::{CaseAlibi, CaseVariants as V};
+    use fused_attn::testkit::variants::{CaseAlibi, CaseVariants as V};
     let none = V::default();
     let cases = [
         (prefill_case(300, 300, 64, (1, 1), true), V { window: Some((70, 0)), ..none }),
@@ -444,7 +444,7 @@ fn sliding_window_prefill_at_4096_issues_the_window_share_of_the_mma() {
     let dense = prefill_cost(&prefill_case(t, t, 64, (1, 1), false)).unwrap();
     for w in [256usize, 1024] {
         let case = PrefillCase {
-            variants: fused_attn::score_mod::CaseVariants { window: Some((w as i32 - 1, 0)), ..Default::default() },
+            variants: fused_attn::testkit::variants::CaseVariants { window: Some((w as i32 - 1, 0)), ..Default::default() },
             ..prefill_case(t, t, 64, (1, 1), true)
         };
         let k = prefill_counters(&case);
@@ -471,7 +471,7 @@ fn sliding_window_decode_reads_only_the_window() {
     for splits in [Some(1), Some(3), None] {
         let case = DecodeCase {
             num_splits: splits,
-            variants: fused_attn::score_mod::CaseVariants { window: Some((w as i32 - 1, 0)), ..Default::default() },
+            variants: fused_attn::testkit::variants::CaseVariants { window: Some((w as i32 - 1, 0)), ..Default::default() },
             ..decode_case(4, ps, 1, vec![ctx, ctx - 7])
         };
         let (c, model, planned) = decode_counters(&case);
@@ -495,9 +495,9 @@ fn sliding_window_decode_reads_only_the_window() {
 // ------------------------------------------------------------------------------ paged prefill
 
 /// Runs a paged prefill case (checked against the fp64 reference) and returns its kernel's counters.
-fn paged_prefill_counters(case: &fused_attn::paged_prefill::cases::PagedPrefillCase) -> KernelCounters {
+fn paged_prefill_counters(case: &fused_attn::testkit::cases::paged_prefill::PagedPrefillCase) -> KernelCounters {
     let emu = Emulator::new();
-    let run = fused_attn::paged_prefill::cases::run_case_emulated::<bf16>(&emu, case, base_seed()).unwrap();
+    let run = fused_attn::testkit::cases::paged_prefill::run_case_emulated::<bf16>(&emu, case, base_seed()).unwrap();
     assert!(run.outcome.passed(), "{}: {} ({})", case.label(), run.outcome.summary(), rerun("paged_prefill"));
     let c = emu.last_launch_counters().unwrap();
     c.kernel("paged_prefill").expect("paged prefill kernel launched").clone()
@@ -513,7 +513,7 @@ fn paged_prefill_counters(case: &fused_attn::paged_prefill::cases::PagedPrefillC
 /// With q_len · G > Br the rows take ⌈q_len · G / Br⌉ CTAs, each reading the keys its tokens see.
 #[test]
 fn paged_prefill_reads_kv_once_per_kv_head_for_short_chunks() {
-    use fused_attn::paged_prefill::cases::case;
+    use fused_attn::testkit::cases::paged_prefill::case;
     let mut failures = Vec::new();
     // (head dim, (Hq, Hkv), page size, q_len, splits): q_len · G ≤ Br in every case.
     for (d, heads, ps, q_len, splits) in [
@@ -568,7 +568,7 @@ fn paged_prefill_reads_kv_once_per_kv_head_for_short_chunks() {
 /// CTA for the keys its tokens see: here both see the whole (non-causal) context, so exactly twice.
 #[test]
 fn paged_prefill_past_one_cta_reads_kv_per_row_block() {
-    use fused_attn::paged_prefill::cases::case;
+    use fused_attn::testkit::cases::paged_prefill::case;
     let mut c = case(128, (8, 1), 16, &[(17, 200)]); // 136 rows > Br = 128
     c.causal = false;
     c.num_splits = Some(1);

@@ -3,7 +3,7 @@
 //! reproducibility of a fixed plan, strided q/o, and bad input -> typed errors.
 mod common;
 
-use fused_attn::decode::cases::{
+use fused_attn::testkit::cases::decode::{
     check_case_emulated, check_case_gpu, check_inputs_emulated, decode_head_dim_sweep, decode_sweep,
     decode_sweep_emulated, CaseOutcome, DecodeCase, DecodeInputs, PagedFixture,
 };
@@ -104,7 +104,7 @@ fn emulated_decode_sweep_odd() {
 /// per page in one allocation, q/o as head slices of packed tensors, scales 0.01 / 1 / 3, and large
 /// magnitudes (|q|, |k| up to 8 at scale 3: a softmax sharp enough that the naive rule allows ~0.1).
 fn layout_cases() -> Vec<(DecodeCase, DecodeInputs)> {
-    use fused_attn::decode::cases::CacheLayout::*;
+    use fused_attn::testkit::cases::decode::CacheLayout::*;
     let case = |dtype, head_dim, heads: (usize, usize), page_size, num_splits| DecodeCase {
         dtype,
         head_dim,
@@ -175,7 +175,7 @@ fn gpu_head_dim_sweep() {
 fn gpu_decode_bandwidth() {
     let Some(ctx) = common::gpu_or_skip("decode::gpu_decode_bandwidth") else { return };
     let cu = ctx.default_stream();
-    let rows = fused_attn::decode::cases::perf_report(&cu, seed_for(0)).unwrap();
+    let rows = fused_attn::testkit::cases::decode::perf_report(&cu, seed_for(0)).unwrap();
     assert!(!rows.is_empty(), "no bandwidth rows");
     for row in rows {
         // Sanity, not a performance bar: a positive time, and no more bytes per second than the copy

@@ -39,13 +39,14 @@
 //! seed and the command that reruns the test.
 mod common;
 
-use fused_attn::cost_model::decode_tile_tokens;
-use fused_attn::decode::cases::{run_inputs_emulated, DecodeCase, DecodeInputs, PagedFixture};
+use fused_attn::testkit::cost_model::decode_tile_tokens;
+use fused_attn::testkit::cases::decode::{run_inputs_emulated, DecodeCase, DecodeInputs, PagedFixture};
 use fused_attn::plan::DecodePlan;
-use fused_attn::prefill::cases::{run_emulated, PrefillFixture};
-use fused_attn::prefill::{CaseLayout, PrefillCase, PrefillKernel, TileConfig};
+use fused_attn::testkit::cases::prefill::{run_emulated, PrefillFixture};
+use fused_attn::prefill::{PrefillKernel, TileConfig};
+use fused_attn::testkit::cases::prefill::{CaseLayout, PrefillCase};
 use fused_attn::reference::{self, fp32_chain_gamma, half_ulp};
-use fused_attn::score_mod::{CaseAlibi, CaseVariants};
+use fused_attn::testkit::variants::{CaseAlibi, CaseVariants};
 use fused_attn::{DType, Element, Emulator};
 use half::{bf16, f16};
 use rand::Rng;
@@ -187,7 +188,7 @@ enum Keys {
 /// key `k0 + 2·1` where asked, V from U(-1, 1); q = 0.3 + U(-1, 1) (positive mean, so the dominant key's
 /// score `t0 + 2·scale·Σq` is well above t0). Unowned slots stay NaN.
 fn fill_decode<T: Element>(f: &mut PagedFixture<T>, keys: &Keys, seed: u64) {
-    let mut rng = fused_attn::seed::rng(seed);
+    let mut rng = fused_attn::testkit::seed::rng(seed);
     let c = f.case.clone();
     let (hkv, d) = (c.heads_kv, c.head_dim);
     for x in f.q.iter_mut() {
@@ -421,7 +422,7 @@ fn decode_dominant_token_at_every_boundary() {
 /// Fills a prefill fixture: per (sequence, KV head) constant keys k0 = U(-1, 1) (the dominant key of
 /// sequence b at `dominant[b]` is `k0 + 2·1`), V = U(-1, 1), q = 0.3 + U(-1, 1).
 fn fill_prefill<T: Element>(f: &mut PrefillFixture<T>, dominant: Option<&[usize]>, seed: u64) {
-    let mut rng = fused_attn::seed::rng(seed);
+    let mut rng = fused_attn::testkit::seed::rng(seed);
     let c = f.case.clone();
     let seqs: Vec<(usize, usize)> = match &c.varlen {
         Some(s) => {
@@ -687,7 +688,7 @@ fn merge_uniform_chunks() {
     let (n, rows, d) = (4097usize, 6usize, 64usize);
     let mut verdicts = Vec::new();
     for (ci, &states) in [1usize, 2, 3, 21].iter().enumerate() {
-        let mut rng = fused_attn::seed::rng(common::case_seed(60 + ci));
+        let mut rng = fused_attn::testkit::seed::rng(common::case_seed(60 + ci));
         // Chunk boundaries: random cuts, one chunk possibly tiny.
         let mut cuts: Vec<usize> = (1..states).map(|_| rng.random_range(1..n)).collect();
         cuts.extend([0, n]);
@@ -783,7 +784,7 @@ fn merge_uniform_chunks() {
 /// where the token's V is not close to the mean), so a kernel making that mistake cannot pass.
 #[test]
 fn one_token_of_4097_exceeds_the_bounds() {
-    let mut rng = fused_attn::seed::rng(common::case_seed(70));
+    let mut rng = fused_attn::testkit::seed::rng(common::case_seed(70));
     let (n, d) = (4097usize, 128usize);
     let v: Vec<f64> = (0..n * d).map(|_| bf16::from_f64(rng.random_range(-1.0..1.0)).to_f64()).collect();
     let t = 1.7;
@@ -884,17 +885,17 @@ fn sm90_variants_over_constant_keys() {
 fn paged_prefill_exact<T: Element>(
     emu: &Emulator,
     label: &str,
-    case: &fused_attn::paged_prefill::cases::PagedPrefillCase,
+    case: &fused_attn::testkit::cases::paged_prefill::PagedPrefillCase,
     dominant: Option<&[usize]>,
     seed: u64,
 ) -> Verdict {
-    use fused_attn::paged_prefill::cases::PagedPrefillFixture;
+    use fused_attn::testkit::cases::paged_prefill::PagedPrefillFixture;
     let mut f = PagedPrefillFixture::<T>::new(case, seed);
     let (hq, hkv, d, ps) = (case.heads_q, case.heads_kv, case.head_dim, case.page_size);
     let slot = |f: &PagedPrefillFixture<T>, b: usize, t: usize| {
         (f.block_table[b * f.width + t / ps] as usize * ps + t % ps) * hkv * d
     };
-    let mut rng = fused_attn::seed::rng(seed ^ 0xe8ac7);
+    let mut rng = fused_attn::testkit::seed::rng(seed ^ 0xe8ac7);
     for x in f.q.iter_mut() {
         *x = T::from_f64(0.3 + rng.random_range(-1.0..1.0));
     }
@@ -979,7 +980,7 @@ fn paged_prefill_exact<T: Element>(
 fn run_paged_prefill(
     emu: &Emulator,
     label: &str,
-    case: &fused_attn::paged_prefill::cases::PagedPrefillCase,
+    case: &fused_attn::testkit::cases::paged_prefill::PagedPrefillCase,
     dominant: Option<&[usize]>,
     seed: u64,
 ) -> Verdict {
@@ -993,7 +994,7 @@ fn run_paged_prefill(
 /// 1..17 new tokens, page sizes 1, 16 and 256, split counts 1, 2, 3 and the maximum.
 #[test]
 fn paged_prefill_uniform_4097() {
-    use fused_attn::paged_prefill::cases::case;
+    use fused_attn::testkit::cases::paged_prefill::case;
     let emu = Emulator::new();
     let seqs = [(5, 4097), (16, 4096), (1, 1), (17, 17)];
     let configs = [
@@ -1019,7 +1020,7 @@ fn paged_prefill_uniform_4097() {
 /// causal edge (the first keys past the context: positions len − q_len .. len).
 #[test]
 fn paged_prefill_dominant_token_at_every_boundary() {
-    use fused_attn::paged_prefill::cases::case;
+    use fused_attn::testkit::cases::paged_prefill::case;
     let emu = Emulator::new();
     let (n, q_len) = (1000usize, 5usize);
     let configs = [(DType::Bf16, 128, (8, 2), 16, 1, 16), (DType::F16, 64, (4, 1), 1, 3, 32)];

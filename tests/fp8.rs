@@ -5,12 +5,12 @@
 //! bad input -> typed errors. On a GPU (skipped visibly without one) the same sweep runs on the hardware.
 mod common;
 
-use fused_attn::decode::cases::DecodeCase;
-use fused_attn::decode::fp8_cases::{
+use fused_attn::testkit::cases::decode::DecodeCase;
+use fused_attn::testkit::cases::decode_fp8::{
     check_fp8_case_emulated, decode_fp8, fp8_decode_sweep_emulated, run_fp8_case_gpu, Fp8DecodeCase, Fp8Fixture,
 };
 use fused_attn::decode::{DecodeOptions, DecodeWorkspace};
-use fused_attn::emu_selftest;
+use fused_attn::testkit::emu_selftest;
 use fused_attn::fp8::Fp8Element;
 use fused_attn::{
     append, decode, DType, Emulator, ErrorKind, Fp8E4m3, Fp8E5m2, Fp8Format, KvScales, PagedKvCache, PagedKvCacheMut,
@@ -247,7 +247,7 @@ fn fp8_decode_reads_half_the_bytes() {
     // The FP8 cost model matches the counters (K/V one byte per element, reads within the budget).
     let plan = fused_attn::DecodePlan::new(&c.problem(), fused_attn::decode::EMULATOR_SM_COUNT, Some(1)).unwrap();
     let r: std::collections::HashMap<_, _> =
-        fused_attn::cost_model::decode_ratios_fp8(c, &plan, &fp8).unwrap().into_iter().collect();
+        fused_attn::testkit::cost_model::decode_ratios_fp8(c, &plan, &fp8).unwrap().into_iter().collect();
     assert_eq!((r["k_read"], r["v_read"], r["mma"]), (1.0, 1.0, 1.0), "{r:?}");
     assert!(r["read_vs_budget"] <= 1.0, "{r:?}");
 }

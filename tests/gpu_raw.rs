@@ -5,7 +5,7 @@
 mod common;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
-use fused_attn::decode::cases::{DecodeCase, PagedFixture};
+use fused_attn::testkit::cases::decode::{DecodeCase, PagedFixture};
 use fused_attn::plan::DecodePlan;
 use fused_attn::prefill::{prefill, PrefillOptions};
 use fused_attn::{

@@ -16,9 +16,10 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use cudarc::driver::{result, CudaSlice, CudaStream, DeviceRepr};
-use fused_attn::decode::cases::{run_case_gpu, DecodeCase, PagedFixture};
-use fused_attn::prefill::cases::{run_gpu, PrefillFixture, PrefillOutputs};
-use fused_attn::prefill::{prefill, CaseLayout, PrefillCase, PrefillOptions};
+use fused_attn::testkit::cases::decode::{run_case_gpu, DecodeCase, PagedFixture};
+use fused_attn::testkit::cases::prefill::{run_gpu, PrefillFixture, PrefillOutputs};
+use fused_attn::prefill::{prefill, PrefillOptions};
+use fused_attn::testkit::cases::prefill::{CaseLayout, PrefillCase};
 use fused_attn::{decode, DType, DecodeOptions, DecodeWorkspace, PagedKvCache, Stream, TensorView, TensorViewMut};
 use half::bf16;
 
@@ -156,7 +157,7 @@ fn prefill_gated(cu: &Arc<CudaStream>, f: &PrefillFixture<bf16>) -> PrefillOutpu
     }
     cu.memcpy_dtod(&o_nan, &mut o).unwrap();
     cu.memcpy_dtod(&lse_nan, &mut lse).unwrap();
-    let view = |p: &fused_attn::prefill::cases::Place| {
+    let view = |p: &fused_attn::testkit::cases::prefill::Place| {
         TensorView::gpu(bufs[p.buf][1].slice(p.offset..), p.shape).unwrap().with_strides(p.strides).unwrap()
     };
     let mut o_view =

@@ -18,11 +18,11 @@ mod common;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr};
-use fused_attn::decode::cases::{DecodeCase, PagedFixture};
-use fused_attn::emu_selftest::{self as st, BarrierMode, Bug, GemmBug, GemmShape, WarpOp};
+use fused_attn::testkit::cases::decode::{DecodeCase, PagedFixture};
+use fused_attn::testkit::emu_selftest::{self as st, BarrierMode, Bug, GemmBug, GemmShape, WarpOp};
 use fused_attn::prefill::{prefill, PrefillKernel, PrefillOptions};
 use fused_attn::reference::{self, Problem};
-use fused_attn::seed::FixtureRng;
+use fused_attn::testkit::seed::FixtureRng;
 use fused_attn::{
     append, decode, merge_states, sys, DType, DecodeOptions, DecodeWorkspace, Element, Emulator, PagedKvCache,
     PagedKvCacheMut, Stream, TensorView, TensorViewMut,
@@ -32,7 +32,7 @@ use rand::Rng;
 
 /// The run's base seed (FA_SEED or the fixed default) mixed with this file's constant.
 fn seed() -> u64 {
-    fused_attn::seed::base_seed() ^ 0x6a75_e3a1
+    fused_attn::testkit::seed::base_seed() ^ 0x6a75_e3a1
 }
 
 /// How far the GPU's and the emulator's outputs are apart.
@@ -108,7 +108,7 @@ fn prefill_pair<T: Element>(emu: &Emulator, cu: &Arc<CudaStream>, s: PrefillSpec
 /// Both backends run `kernel` (`Auto`: the sm_80 kernel in emulation, whichever the GPU picks there).
 fn prefill_pair_on<T: Element>(emu: &Emulator, cu: &Arc<CudaStream>, s: PrefillSpec, seed: u64, kernel: PrefillKernel) {
     let what = format!("prefill {} {s:?} {}", T::DTYPE.name(), kernel.name());
-    let mut rng = fused_attn::seed::rng(seed);
+    let mut rng = fused_attn::testkit::seed::rng(seed);
     let (qs, ks) = ([s.b, s.tq, s.hq, s.d], [s.b, s.tk, s.hkv, s.d]);
     let q: Vec<T> = random(&mut rng, qs.iter().product(), -2.0, 2.0);
     let k: Vec<T> = random(&mut rng, ks.iter().product(), -2.0, 2.0);
@@ -359,7 +359,7 @@ fn gpu_vs_emu_merge() {
     let cu = ctx.default_stream();
     let emu = Emulator::new();
     let dims @ [k, n, h, d] = [5usize, 3, 4, 128];
-    let mut rng = fused_attn::seed::rng(seed());
+    let mut rng = fused_attn::testkit::seed::rng(seed());
     // Row 0 has every state empty (O = 0, LSE = -inf), ~25% of the other (state, row) pairs are empty
     // (their O is NaN: it must never be read).
     let (mut os, mut ls) = (Vec::new(), Vec::new());
@@ -465,7 +465,7 @@ fn dptr<T>(cu: &CudaStream, s: &CudaSlice<T>) -> u64 {
 fn launch_gpu<P>(cu: &Arc<CudaStream>, name: &str, launcher: unsafe extern "C" fn(P, *mut sys::FaExec) -> i32, p: P) {
     // SAFETY: `p` holds device addresses of live allocations of the sizes the launcher's contract (abi.h)
     // requires.
-    unsafe { fused_attn::emu_selftest::launch_gpu(cu, name, p, launcher) }
+    unsafe { fused_attn::testkit::emu_selftest::launch_gpu(cu, name, p, launcher) }
         .unwrap_or_else(|e| panic!("{name} (gpu): {e}"));
     cu.synchronize().unwrap();
 }
@@ -489,7 +489,7 @@ fn half_bits(rng: &mut FixtureRng, dtype: DType) -> u32 {
 fn gpu_vs_emu_selftest_intrinsics() {
     let Some(ctx) = common::gpu_or_skip("gpu_vs_emulator::gpu_vs_emu_selftest_intrinsics") else { return };
     let cu = ctx.default_stream();
-    let mut rng = fused_attn::seed::rng(seed());
+    let mut rng = fused_attn::testkit::seed::rng(seed());
 
     // mma.m16n8k16: 16 exact products summed in fp32; the tensor core's summation order may differ from the
     // emulator's k order, so: within 16 ulp of the magnitude bound (|a|, |b| <= 2, |c| <= 4: sum <= 68).
@@ -676,7 +676,7 @@ fn gpu_vs_emu_selftest_gemm() {
 }
 
 fn gemm_pair<T: Element>(cu: &Arc<CudaStream>, s: GemmShape) {
-    let mut rng = fused_attn::seed::rng(seed() ^ (s.m * s.n * s.k) as u64);
+    let mut rng = fused_attn::testkit::seed::rng(seed() ^ (s.m * s.n * s.k) as u64);
     let a: Vec<T> = random(&mut rng, s.m * s.k, -0.75, 1.25);
     let b: Vec<T> = random(&mut rng, s.n * s.k, -0.75, 1.25);
     let emu = st::gemm(&a, &b, s, GemmBug::None, seed()).unwrap();
@@ -747,12 +747,12 @@ fn hopper_or_skip(test: &str) -> Option<Arc<cudarc::driver::CudaContext>> {
 /// warp-specialised GEMM (exact inputs: bit for bit).
 #[test]
 fn gpu_vs_emu_selftest_hopper() {
-    use fused_attn::emu_selftest::{Sm90Bug, WsGemmBug};
+    use fused_attn::testkit::emu_selftest::{Sm90Bug, WsGemmBug};
     use hopper_model::*;
     let Some(ctx) = hopper_or_skip("gpu_vs_emulator::gpu_vs_emu_selftest_hopper") else { return };
     let cu = ctx.default_stream();
     const SEED: u64 = 0x90a;
-    let mut rng = fused_attn::seed::rng(seed() ^ SEED);
+    let mut rng = fused_attn::testkit::seed::rng(seed() ^ SEED);
 
     // wgmma: every layout pair at N = 64, SS and RS, both dtypes; every N with a few layouts.
     let layouts: Vec<(bool, u32)> =
@@ -949,7 +949,7 @@ fn gpu_vs_emu_fp8_conversions() {
 /// printed. The K/V codes the GPU's quantising append writes are compared with the emulator's bit for bit.
 #[test]
 fn gpu_vs_emu_fp8_decode() {
-    use fused_attn::decode::fp8_cases::{run_fp8_case_emulated, run_fp8_case_gpu, Fp8DecodeCase, Fp8Fixture};
+    use fused_attn::testkit::cases::decode_fp8::{run_fp8_case_emulated, run_fp8_case_gpu, Fp8DecodeCase, Fp8Fixture};
     use fused_attn::{Fp8E4m3, Fp8Format, ScaleKind};
     let Some(ctx) = common::gpu_or_skip("gpu_vs_emulator::gpu_vs_emu_fp8_decode") else { return };
     let cu = ctx.default_stream();

@@ -4,7 +4,7 @@
 //! to its correct twin, and a warp-specialised TMA + mbarrier + wgmma GEMM against fp64.
 //! tests/gpu_vs_emulator.rs runs the same kernels on a GPU and compares bit for bit.
 
-use fused_attn::emu_selftest::{self as st, Sm90Bug, WsGemmBug};
+use fused_attn::testkit::emu_selftest::{self as st, Sm90Bug, WsGemmBug};
 use fused_attn::tensor_map::{TensorMapSpec, TmaSwizzle};
 use fused_attn::{DType, Element, ErrorKind};
 use half::{bf16, f16};
@@ -26,7 +26,7 @@ fn bits(x: &[f32]) -> Vec<u32> {
 /// with a rotating subset of layouts.
 #[test]
 fn wgmma_matches_the_ptx_model_for_every_layout() {
-    let mut rng = fused_attn::seed::rng(fused_attn::seed::base_seed() ^ SEED);
+    let mut rng = fused_attn::testkit::seed::rng(fused_attn::testkit::seed::base_seed() ^ SEED);
     let layouts: Vec<(bool, u32)> =
         [false, true].iter().flat_map(|&mn| [0u32, 32, 64, 128].map(move |s| (mn, s))).collect();
     let mut cases = 0;
@@ -56,7 +56,7 @@ fn wgmma_matches_the_ptx_model_for_every_layout() {
 /// Non-exact data: the emulator adds the 16 products of each k step in k order, rounding each time.
 #[test]
 fn wgmma_accumulates_in_k_order() {
-    let mut rng = fused_attn::seed::rng(fused_attn::seed::base_seed() ^ SEED ^ 1);
+    let mut rng = fused_attn::testkit::seed::rng(fused_attn::testkit::seed::base_seed() ^ SEED ^ 1);
     for dtype in [DType::F16, DType::Bf16] {
         let s = wgmma_setup(&mut rng, dtype, 64, (false, 128), (true, 64), false, false);
         let got = st::wgmma(&s.case(dtype, 64, true), SEED).unwrap();
@@ -68,7 +68,7 @@ fn wgmma_accumulates_in_k_order() {
 /// is reported with the descriptor's addresses.
 #[test]
 fn wgmma_descriptor_errors_are_reported() {
-    let mut rng = fused_attn::seed::rng(fused_attn::seed::base_seed() ^ SEED ^ 2);
+    let mut rng = fused_attn::testkit::seed::rng(fused_attn::testkit::seed::base_seed() ^ SEED ^ 2);
     let s = wgmma_setup(&mut rng, DType::F16, 64, (false, 128), (false, 128), false, true);
     let mut case = s.case(DType::F16, 64, false);
     case.desc_b += 128 >> 4; // one 128-byte row into the 1024-byte pattern
@@ -95,7 +95,7 @@ fn wgmma_descriptor_errors_are_reported() {
 /// model's, and the mbarrier completes on the whole box's bytes (out-of-bounds elements included).
 #[test]
 fn tma_loads_match_the_model() {
-    let mut rng = fused_attn::seed::rng(fused_attn::seed::base_seed() ^ SEED ^ 3);
+    let mut rng = fused_attn::testkit::seed::rng(fused_attn::testkit::seed::base_seed() ^ SEED ^ 3);
     for (s, coords) in tma_cases() {
         let tensor = tensor_bytes(&mut rng, tensor_len(&s));
         let got = st::tma_load(&s, &tensor, &coords, s.box_bytes() as u32, SEED).unwrap();
@@ -109,7 +109,7 @@ fn tma_loads_match_the_model() {
 /// TMA stores write exactly the in-bounds elements of the box.
 #[test]
 fn tma_stores_match_the_model() {
-    let mut rng = fused_attn::seed::rng(fused_attn::seed::base_seed() ^ SEED ^ 4);
+    let mut rng = fused_attn::testkit::seed::rng(fused_attn::testkit::seed::base_seed() ^ SEED ^ 4);
     for (s, coords) in tma_cases() {
         let before = tensor_bytes(&mut rng, tensor_len(&s));
         let image = tensor_bytes(&mut rng, s.box_bytes() as usize);
@@ -142,7 +142,7 @@ fn tma_stores_match_the_model() {
 /// thread and what is involved) and its correct twin passes on several scheduling seeds.
 #[test]
 fn every_hopper_check_catches_its_planted_bug_and_passes_its_twin() {
-    let mut rng = fused_attn::seed::rng(fused_attn::seed::base_seed() ^ SEED ^ 5);
+    let mut rng = fused_attn::testkit::seed::rng(fused_attn::testkit::seed::base_seed() ^ SEED ^ 5);
     let input: Vec<u16> = exact_values(&mut rng, DType::F16, st::SM90_BUG_INPUT);
     for bug in Sm90Bug::ALL {
         for seed in [SEED, SEED ^ 0x77, 3] {
@@ -213,7 +213,7 @@ fn every_hopper_check_catches_its_planted_bug_and_passes_its_twin() {
 }
 
 fn ws_case<T: Element>(m: usize, n: usize, k: usize, b_mn_major: bool, seed: u64) {
-    let mut rng = fused_attn::seed::rng(fused_attn::seed::base_seed() ^ seed);
+    let mut rng = fused_attn::testkit::seed::rng(fused_attn::testkit::seed::base_seed() ^ seed);
     let a: Vec<T> = (0..m * k).map(|_| T::from_f64(rng.random_range(-1.0..1.0))).collect();
     let b: Vec<T> = (0..n * k).map(|_| T::from_f64(rng.random_range(-1.0..1.0))).collect();
     let c = st::ws_gemm(&a, &b, (m, n, k), b_mn_major, WsGemmBug::None, seed).unwrap();

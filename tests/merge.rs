@@ -4,7 +4,7 @@
 mod common;
 
 use fused_attn::merge::{merge_states, MergeElement};
-use fused_attn::seed::FixtureRng;
+use fused_attn::testkit::seed::FixtureRng;
 use fused_attn::{DType, Emulator, ErrorKind, Stream, TensorView, TensorViewMut};
 use half::{bf16, f16};
 use rand::Rng;
@@ -67,7 +67,7 @@ impl Val for bf16 {
 /// Seed of one check: the run's base seed (FA_SEED or the fixed default) mixed with the check's shape, so
 /// every check of a test draws its own inputs and the same ones on every run.
 fn seed_of(tag: u64) -> u64 {
-    fused_attn::seed::case_seed(common::base_seed(), tag)
+    fused_attn::testkit::seed::case_seed(common::base_seed(), tag)
 }
 
 /// States [k, n, h, d] and LSEs [k, n, h]; row (n, h) = (0, 0) has every state empty, row (0, 1) all but one,
@@ -117,7 +117,7 @@ fn check<S: Val, O: Val>(test: &str, k: usize, n: usize, h: usize, d: usize) {
     let emu = Emulator::new();
     let stream = Stream::Emu(&emu);
     let seed = seed_of((k * 1_000_000 + n * 10_000 + h * 1000 + d) as u64);
-    let mut rng = fused_attn::seed::rng(seed);
+    let mut rng = fused_attn::testkit::seed::rng(seed);
     let (os, ls) = states::<S>(&mut rng, k, n, h, d);
     let mut o = vec![O::nan(); n * h * d];
     let mut lse = vec![f32::NAN; n * h];
@@ -190,7 +190,7 @@ fn transposed_lse_layout_and_no_lse_output() {
     let emu = Emulator::new();
     let stream = Stream::Emu(&emu);
     let (k, n, h, d) = (3usize, 4usize, 2usize, 64usize);
-    let mut rng = fused_attn::seed::rng(seed_of(1));
+    let mut rng = fused_attn::testkit::seed::rng(seed_of(1));
     let (os, ls) = states::<f32>(&mut rng, k, n, h, d);
     let mut ls_t = vec![0f32; k * h * n];
     for s in 0..k {
@@ -253,7 +253,7 @@ fn gpu_merge() {
     let cu = ctx.default_stream();
     let stream = Stream::Gpu(&cu);
     let (k, n, h, d) = (5usize, 3usize, 4usize, 128usize);
-    let mut rng = fused_attn::seed::rng(seed_of(2));
+    let mut rng = fused_attn::testkit::seed::rng(seed_of(2));
     let (os, ls) = states::<f32>(&mut rng, k, n, h, d);
     let (osd, lsd) = (cu.clone_htod(&os).unwrap(), cu.clone_htod(&ls).unwrap());
     let mut od = cu.clone_htod(&vec![bf16::NAN; n * h * d]).unwrap();

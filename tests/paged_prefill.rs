@@ -5,11 +5,11 @@
 //! the halved K/V reads, and FP8 bad input -> typed errors.
 mod common;
 
-use fused_attn::paged_prefill::cases::{
+use fused_attn::testkit::cases::paged_prefill::{
     case, check_case_emulated, check_case_gpu, paged_prefill_sweep_emulated, paged_prefill_variant_sweep,
     PagedPrefillCase, PagedPrefillFixture,
 };
-use fused_attn::paged_prefill::fp8_cases::{
+use fused_attn::testkit::cases::paged_prefill_fp8::{
     check_fp8_case_emulated, fp8_paged_prefill_sweep_emulated, run_fp8_case_gpu, Fp8PagedPrefillCase,
     Fp8PagedPrefillFixture, Fp8PagedPrefillOutcome,
 };

@@ -11,8 +11,9 @@ mod common;
 
 use std::time::Instant;
 
-use fused_attn::prefill::cases::{head_dim_sweep_cases, run_emulated, run_gpu, PrefillFixture};
-use fused_attn::prefill::{prefill, prefill_varlen, sweep_cases, CaseLayout, PrefillCase, PrefillOptions};
+use fused_attn::testkit::cases::prefill::{head_dim_sweep_cases, run_emulated, run_gpu, PrefillFixture};
+use fused_attn::prefill::{prefill, prefill_varlen, PrefillOptions};
+use fused_attn::testkit::cases::prefill::{sweep_cases, CaseLayout, PrefillCase};
 use fused_attn::{DType, Element, Emulator, ErrorKind, Stream, TensorView, TensorViewMut};
 use half::{bf16, f16};
 
@@ -23,7 +24,7 @@ fn base_seed() -> u64 {
 
 // ---------------------------------------------------------------------------------------------- running
 // Inputs, NaN poisoning, the launch and the comparison with the fp64 reference are the library's
-// (`fused_attn::prefill::cases`, shared with the runner); this file drives them.
+// (`fused_attn::testkit::cases::prefill`, shared with the runner); this file drives them.
 
 /// Runs the selected (FA_CASE) `cases` on `workers` threads with `run`, collecting failures; panics listing
 /// them all, each with the command that reruns it (`test`: the calling test's name).
@@ -76,7 +77,7 @@ fn case_seed(i: usize) -> u64 {
 fn check_case<T: Element>(
     i: usize,
     case: &PrefillCase,
-    run: impl FnOnce(&PrefillFixture<T>) -> fused_attn::Result<fused_attn::prefill::cases::PrefillOutputs<T>>,
+    run: impl FnOnce(&PrefillFixture<T>) -> fused_attn::Result<fused_attn::testkit::cases::prefill::PrefillOutputs<T>>,
 ) -> Result<String, String> {
     let seed = case_seed(i);
     let result = PrefillFixture::<T>::new(case, seed)
@@ -151,7 +152,7 @@ fn gpu_sweep() {
 /// rule allows ~0.1) on dense, varlen and strided layouts, held to the tolerance rule and the arithmetic bound.
 #[test]
 fn emulated_scales_and_magnitudes() {
-    use fused_attn::prefill::cases::{check_inputs_emulated, PrefillInputs};
+    use fused_attn::testkit::cases::prefill::{check_inputs_emulated, PrefillInputs};
     let emu = Emulator::new();
     let base = sweep_cases(false);
     let pick = |f: &dyn Fn(&PrefillCase) -> bool| base.iter().find(|c| f(c)).cloned().unwrap();

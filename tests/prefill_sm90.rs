@@ -11,12 +11,13 @@ mod common;
 
 use std::time::Instant;
 
-use fused_attn::prefill::cases::{run_emulated, variant_sweep_cases, PrefillFixture};
+use fused_attn::testkit::cases::prefill::{run_emulated, variant_sweep_cases, PrefillFixture};
 use fused_attn::prefill::{
     prefill, prefill_varlen, sweep_cases, CaseLayout, PrefillCase, PrefillKernel, PrefillOptions, Sm90Tile,
     SM90_HEAD_DIMS, SM90_SOFTCAP_RANGE,
 };
-use fused_attn::score_mod::{AlibiSlopes, CaseAlibi, CaseVariants, ScoreMod};
+use fused_attn::score_mod::{AlibiSlopes, ScoreMod};
+use fused_attn::testkit::variants::{CaseAlibi, CaseVariants};
 use fused_attn::{DType, Element, Emulator, ErrorKind, Stream, TensorView, TensorViewMut};
 use half::{bf16, f16};
 

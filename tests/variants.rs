@@ -6,10 +6,12 @@
 //! (`variants_over_constant_keys`), the window's savings in tests/cost.rs.
 mod common;
 
-use fused_attn::decode::cases::{decode_variant_sweep, run_case_emulated, DecodeCase};
-use fused_attn::prefill::cases::{run_emulated, variant_sweep_cases, PrefillFixture};
-use fused_attn::prefill::{prefill, prefill_varlen, PrefillCase, PrefillOptions};
-use fused_attn::score_mod::{AlibiSlopes, CaseAlibi, CaseVariants, ScoreMod};
+use fused_attn::testkit::cases::decode::{decode_variant_sweep, run_case_emulated, DecodeCase};
+use fused_attn::testkit::cases::prefill::{run_emulated, variant_sweep_cases, PrefillFixture};
+use fused_attn::prefill::{prefill, prefill_varlen, PrefillOptions};
+use fused_attn::testkit::cases::prefill::PrefillCase;
+use fused_attn::score_mod::{AlibiSlopes, ScoreMod};
+use fused_attn::testkit::variants::{CaseAlibi, CaseVariants};
 use fused_attn::{
     decode, merge_states_with_sinks, DType, DecodeOptions, DecodeWorkspace, Emulator, ErrorKind, PagedKvCache, Stream,
     TensorView, TensorViewMut,
@@ -39,7 +41,7 @@ fn emulated_prefill_variant_sweep() {
     let emu = Emulator::new();
     let cases = variant_sweep_cases();
     sweep("emulated_prefill_variant_sweep", &cases, 7000, PrefillCase::label, |c, seed| {
-        fused_attn::prefill::cases::check_case_emulated(&emu, c, seed).map(|o| (o.passed(), o.summary()))
+        fused_attn::testkit::cases::prefill::check_case_emulated(&emu, c, seed).map(|o| (o.passed(), o.summary()))
     });
 }
 
@@ -49,7 +51,7 @@ fn gpu_prefill_variant_sweep() {
     let s = ctx.default_stream();
     let cases = variant_sweep_cases();
     sweep("gpu_prefill_variant_sweep", &cases, 7000, PrefillCase::label, |c, seed| {
-        fused_attn::prefill::cases::check_case_gpu(&s, c, seed).map(|o| (o.passed(), o.summary()))
+        fused_attn::testkit::cases::prefill::check_case_gpu(&s, c, seed).map(|o| (o.passed(), o.summary()))
     });
 }
 
@@ -62,7 +64,7 @@ fn emulated_decode_variant_sweep() {
     let emu = Emulator::new();
     let cases = decode_variant_sweep();
     sweep("emulated_decode_variant_sweep", &cases, 7100, decode_label, |c, seed| {
-        fused_attn::decode::cases::check_case_emulated(&emu, c, seed).map(|o| (o.passed(), o.summary()))
+        fused_attn::testkit::cases::decode::check_case_emulated(&emu, c, seed).map(|o| (o.passed(), o.summary()))
     });
 }
 
@@ -72,7 +74,7 @@ fn gpu_decode_variant_sweep() {
     let s = ctx.default_stream();
     let cases = decode_variant_sweep();
     sweep("gpu_decode_variant_sweep", &cases, 7100, decode_label, |c, seed| {
-        fused_attn::decode::cases::check_case_gpu(&s, c, seed).map(|o| (o.passed(), o.summary()))
+        fused_attn::testkit::cases::decode::check_case_gpu(&s, c, seed).map(|o| (o.passed(), o.summary()))
     });
 }
 
@@ -108,7 +110,7 @@ fn merge_with_sinks_matches_the_reference() {
     let emu = Emulator::new();
     let stream = Stream::Emu(&emu);
     let (k, n, h, d) = (3usize, 2usize, 4usize, 64usize);
-    let mut rng = fused_attn::seed::rng(common::case_seed(7200));
+    let mut rng = fused_attn::testkit::seed::rng(common::case_seed(7200));
     let o: Vec<f32> = (0..k * n * h * d).map(|_| rng.random_range(-1.0..1.5)).collect();
     let mut lse: Vec<f32> = (0..k * n * h).map(|_| rng.random_range(-2.0..4.0)).collect();
     for s in 0..k {

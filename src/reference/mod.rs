@@ -86,7 +86,7 @@ impl Variants<'_> {
     /// The keys `[lo, hi)` row `i` (of `tq`) sees among `tk` under the window and `causal`.
     pub fn visible_range(&self, causal: bool, tq: usize, tk: usize, i: usize) -> (usize, usize) {
         let (l, r) = self.window.unwrap_or((-1, -1));
-        crate::prefill::Window {
+        crate::mask::Window {
             left: usize::try_from(l).ok(),
             right: if causal { Some(0) } else { usize::try_from(r).ok() },
         }

@@ -8,10 +8,11 @@
 //! [`kv_block_range`], [`DecodePlan`]); each formula says which design decision it encodes.
 
 use crate::counters::{KernelCounters, LaunchCounters};
-use crate::decode::cases::DecodeCase;
+use crate::testkit::cases::decode::DecodeCase;
 use crate::plan::{DecodePlan, ROWS_PER_CTA};
-use crate::prefill::cases::PrefillCase;
-use crate::prefill::{kv_block_range, uses_variant_kernel, TileConfig, Window};
+use crate::testkit::cases::prefill::PrefillCase;
+use crate::mask::{kv_block_range, Window};
+use crate::prefill::{uses_variant_kernel, TileConfig};
 
 /// Multiply-accumulates of one `mma.m16n8k16`.
 const MMA_MACS: u64 = 16 * 8 * 16;
@@ -53,7 +54,7 @@ pub fn prefill_cost(case: &PrefillCase) -> Option<PrefillCost> {
     };
     // The plain or the _mod kernel (their tiles differ at d128), chosen as the launcher does: on seqlen_q /
     // seqlen_k (varlen: the maxima the call passes).
-    let variant = uses_variant_kernel(&case.variants, case.seqlen_q, case.seqlen_k);
+    let variant = uses_variant_kernel(&case.variants.set(), case.seqlen_q, case.seqlen_k);
     let cfg = TileConfig::for_kernel(case.head_dim, variant)?;
     let (br, bc, d, w) = (cfg.block_m, cfg.block_n, case.head_dim as u64, cfg.width as u64);
     let mut c = PrefillCost::default();
@@ -267,7 +268,7 @@ fn ratio(measured: u64, model: u64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::prefill::cases::CaseLayout;
+    use crate::testkit::cases::prefill::CaseLayout;
     use crate::DType;
 
     fn prefill_case(t: usize, causal: bool) -> PrefillCase {

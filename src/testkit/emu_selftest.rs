@@ -10,7 +10,7 @@ use crate::counters::LaunchCounters;
 use crate::dtype::{DType, Element};
 use crate::emu::run_emulated;
 use crate::error::{to_i32, Error, Result};
-use crate::sys;
+use crate::sys::selftest as sys;
 
 thread_local! {
     static LAST_COUNTERS: RefCell<Option<LaunchCounters>> = const { RefCell::new(None) };

@@ -2,8 +2,8 @@
 //! tests/hopper.rs (emulator against the models) and tests/gpu_vs_emulator.rs (GPU against the emulator).
 #![allow(dead_code)]
 
-use fused_attn::emu_selftest::WgmmaCase;
-use fused_attn::seed::FixtureRng;
+use fused_attn::testkit::emu_selftest::WgmmaCase;
+use fused_attn::testkit::seed::FixtureRng;
 use fused_attn::tensor_map::{TensorMapSpec, TmaSwizzle};
 use fused_attn::DType;
 use half::{bf16, f16};

@@ -28,14 +28,14 @@ pub fn gpu_or_skip(test: &str) -> Option<Arc<CudaContext>> {
 }
 
 /// The run's base seed: FA_SEED (decimal or 0x hex) if set, else the fixed default, so two runs of the suite
-/// use the same inputs (see `fused_attn::seed`).
+/// use the same inputs (see `fused_attn::testkit::seed`).
 pub fn base_seed() -> u64 {
-    fused_attn::seed::base_seed()
+    fused_attn::testkit::seed::base_seed()
 }
 
 /// The seed of case `index` of a sweep (derived from the base seed).
 pub fn case_seed(index: usize) -> u64 {
-    fused_attn::seed::case_seed(base_seed(), index as u64)
+    fused_attn::testkit::seed::case_seed(base_seed(), index as u64)
 }
 
 /// FA_CASE (a comma-separated list of case indices) restricts a sweep to those cases, to rerun one failure;

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use fused_attn::prefill::PrefillKernel;
-use fused_attn::score_mod::{CaseAlibi, CaseVariants};
+use fused_attn::testkit::variants::{CaseAlibi, CaseVariants};
 use fused_attn::{DType, Error, Fp8Format, KvDType, Result, ScaleKind};
 
 /// The runner's git commit (`git describe` at build time; "unknown" outside a git checkout).

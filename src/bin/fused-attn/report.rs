@@ -8,12 +8,13 @@ use std::collections::BTreeMap;
 use std::sync::mpsc;
 use std::time::Instant;
 
-use fused_attn::decode::cases::{decode_sweep, decode_sweep_emulated, perf_cases as decode_perf, DecodeCase};
-use fused_attn::decode::fp8_cases::Fp8DecodeCase;
-use fused_attn::paged_prefill::cases::{self as ppc, PagedPrefillCase};
-use fused_attn::prefill::cases::perf_cases as prefill_perf;
-use fused_attn::prefill::{sweep_cases, PrefillCase, PrefillKernel, Sm90Tile, SM90_SOFTCAP_RANGE};
-use fused_attn::timing::copy_bandwidth_gbps;
+use fused_attn::testkit::cases::decode::{decode_sweep, decode_sweep_emulated, perf_cases as decode_perf, DecodeCase};
+use fused_attn::testkit::cases::decode_fp8::Fp8DecodeCase;
+use fused_attn::testkit::cases::paged_prefill::{self as ppc, PagedPrefillCase};
+use fused_attn::testkit::cases::prefill::perf_cases as prefill_perf;
+use fused_attn::prefill::{PrefillKernel, Sm90Tile, SM90_SOFTCAP_RANGE};
+use fused_attn::testkit::cases::prefill::{sweep_cases, PrefillCase};
+use fused_attn::testkit::timing::copy_bandwidth_gbps;
 use fused_attn::{DType, Fp8Format, Result, ScaleKind};
 
 use crate::backend::Backend;
@@ -383,7 +384,7 @@ mod tests {
                     }
                     (Timed::PagedPrefill(c), Timed::Prefill(d)) => {
                         // The same visible (query, key) pairs: FLOPs and so TFLOPS compare directly.
-                        let dense = fused_attn::timing::prefill_flops(
+                        let dense = fused_attn::testkit::timing::prefill_flops(
                             d.batch, d.heads_q, d.seqlen_q, d.seqlen_k, d.head_dim, d.causal,
                         );
                         assert_eq!(ppc::case_flops(c), dense, "{}", c.label());

@@ -18,11 +18,11 @@ use crate::error::Result;
 use crate::fp8::{KvCacheOf, KvScales};
 use crate::paged::PagedKvCache;
 use crate::plan::DecodePlan;
-use crate::prefill::cases::VariantViews;
+use crate::testkit::cases::prefill::VariantViews;
 use crate::reference::{self, Comparison};
-use crate::score_mod::CaseVariants;
+use crate::testkit::variants::CaseVariants;
 use crate::tensor::{TensorView, TensorViewMut};
-use crate::timing::{time_launches, Timing};
+use crate::testkit::timing::{time_launches, Timing};
 use crate::Stream;
 
 /// Sequence lengths of every sweep case: all of them in one batch (empty, single token, page and tile edges,
@@ -150,7 +150,7 @@ pub fn decode_sweep_emulated() -> Vec<DecodeCase> {
 /// choice; head dims, page sizes and dtypes rotate. The batch holds an empty sequence, sequences shorter
 /// than the windows and longer ones.
 pub fn decode_variant_sweep() -> Vec<DecodeCase> {
-    use crate::score_mod::{CaseAlibi, CaseVariants as V};
+    use crate::testkit::variants::{CaseAlibi, CaseVariants as V};
     let none = V::default();
     let variants = [
         V { window: Some((100, 0)), ..none },
@@ -192,7 +192,7 @@ pub const HEAD_DIM_SWEEP_DIMS: [usize; 12] = [32, 40, 72, 80, 96, 112, 136, 160,
 /// (the fixture puts a full page last in the cache: [`PagedFixture::with_inputs`]), so reading or writing a
 /// column past D is out of bounds in the emulator. Sized to emulate in a few seconds on two cores.
 pub fn decode_head_dim_sweep() -> Vec<DecodeCase> {
-    use crate::score_mod::{CaseAlibi, CaseVariants as V};
+    use crate::testkit::variants::{CaseAlibi, CaseVariants as V};
     let variants = [
         V { window: Some((100, 0)), sinks: true, ..V::default() },
         V { softcap: Some(2.0), alibi: CaseAlibi::PerHead, ..V::default() },
@@ -303,7 +303,7 @@ impl<T: Element> PagedFixture<T> {
     /// Builds the fixture from `seed`, drawing values as `inputs` says (its layout is applied when the
     /// cache is materialised for a launch, [`PagedFixture::cache_buffers`]).
     pub fn with_inputs(case: &DecodeCase, inputs: &DecodeInputs, seed: u64) -> Self {
-        let mut rng = crate::seed::rng(seed);
+        let mut rng = crate::testkit::seed::rng(seed);
         let mag = inputs.magnitude;
         let (ps, hkv, d) = (case.page_size, case.heads_kv, case.head_dim);
         let pages_of: Vec<usize> = case.seq_lens.iter().map(|&n| n.div_ceil(ps)).collect();
@@ -862,7 +862,7 @@ pub struct PerfRow {
 
 /// Measures [`perf_cases`] on `cu` against a device-to-device copy of 1 GiB (the ceiling of docs/semantics.md).
 pub fn perf_report(cu: &Arc<CudaStream>, seed: u64) -> Result<Vec<PerfRow>> {
-    let copy_gbps = crate::timing::copy_bandwidth_gbps(cu, 1 << 30)?;
+    let copy_gbps = crate::testkit::timing::copy_bandwidth_gbps(cu, 1 << 30)?;
     perf_cases()
         .into_iter()
         .map(|case| {

@@ -1,4 +1,4 @@
-//! Decode over an FP8 cache (issue 17): the cases, the fixture (the 16-bit fixture of [`super::cases`],
+//! Decode over an FP8 cache (issue 17): the cases, the fixture (the 16-bit fixture of [`super::decode`],
 //! quantised on the host with the Rust model of [`crate::fp8`]) and the verdict. The kernel is judged against
 //! the fp64 reference over the *stored* cache (the dequantised values, exactly representable), under the
 //! usual tolerance rule; the quantisation error against the 16-bit cache is reported beside it (what users
@@ -9,7 +9,7 @@ use std::sync::Arc;
 use cudarc::driver::CudaStream;
 use half::{bf16, f16};
 
-use super::cases::{
+use super::decode::{
     decode_bytes, evaluate_kv, to_f64, CaseOutcome, DecodeCase, DecodeTiming, GpuCase, PagedFixture, SWEEP_HEADS,
     SWEEP_SPLITS,
 };
@@ -20,11 +20,11 @@ use crate::error::Result;
 use crate::fp8::{Fp8E4m3, Fp8E5m2, Fp8Element, Fp8Format, KvCacheOf, KvScales, ScaleKind};
 use crate::paged::PagedKvCache;
 use crate::plan::DecodePlan;
-use crate::prefill::cases::VariantViews;
+use crate::testkit::cases::prefill::VariantViews;
 use crate::reference;
-use crate::score_mod::{CaseAlibi, CaseVariants};
+use crate::testkit::variants::{CaseAlibi, CaseVariants};
 use crate::tensor::{TensorView, TensorViewMut};
-use crate::timing::time_launches;
+use crate::testkit::timing::time_launches;
 use crate::Stream;
 
 /// A decode case over an FP8 cache.
@@ -340,7 +340,7 @@ pub fn fp8_decode_bytes(case: &Fp8DecodeCase, plan: &DecodePlan) -> usize {
     decode_bytes(&case.base, plan) - case.base.kv_bytes() / 2 + 2 * 4 * case.base.heads_kv
 }
 
-/// GPU timing of an FP8 case (decode + merge when split), as [`super::cases::time_case_gpu`].
+/// GPU timing of an FP8 case (decode + merge when split), as [`super::decode::time_case_gpu`].
 pub fn time_fp8_case_gpu(
     cu: &Arc<CudaStream>,
     case: &Fp8DecodeCase,

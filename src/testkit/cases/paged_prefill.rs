@@ -1,5 +1,5 @@
 //! Paged prefill test cases and the fixture they run on: a paged cache built the adversarial way (as
-//! decode's, [`crate::decode::cases`]): pages handed out in shuffled order, page 0 a reserved null page,
+//! decode's, [`crate::testkit::cases::decode`]): pages handed out in shuffled order, page 0 a reserved null page,
 //! every slot no sequence owns holding NaN, block-table columns past a sequence's pages pointing at the null
 //! page; optionally a prefix of whole pages *shared* by every sequence (prefix caching: the same page ids
 //! in every row of the block table). A kernel that reads or lets any of that leak produces NaN.
@@ -11,7 +11,7 @@ use half::{bf16, f16};
 use rand::seq::SliceRandom;
 use rand::Rng;
 
-use crate::decode::cases::{fill_cache, lse_tolerance, reference_cache};
+use crate::testkit::cases::decode::{fill_cache, lse_tolerance, reference_cache};
 use crate::dtype::{DType, Element};
 use crate::emu::Emulator;
 use crate::error::Result;
@@ -20,11 +20,11 @@ use crate::paged::PagedKvCache;
 use crate::paged_prefill::{
     paged_prefill, PagedPrefillOptions, PagedPrefillPlan, PagedPrefillWorkspace, MAX_PLANNED_SPLITS,
 };
-use crate::prefill::cases::VariantViews;
+use crate::testkit::cases::prefill::VariantViews;
 use crate::reference::{self, Comparison};
-use crate::score_mod::CaseVariants;
+use crate::testkit::variants::CaseVariants;
 use crate::tensor::{TensorView, TensorViewMut};
-use crate::timing::{time_launches, Timing};
+use crate::testkit::timing::{time_launches, Timing};
 use crate::Stream;
 
 /// One paged prefill case: a ragged batch of (q_len, seq_len) sequences over a paged cache.
@@ -139,7 +139,7 @@ pub fn paged_prefill_sweep_emulated() -> Vec<PagedPrefillCase> {
 
 /// The score-variant cases (window, softcap, ALiBi, sinks; unsplit and split).
 pub fn paged_prefill_variant_sweep() -> Vec<PagedPrefillCase> {
-    use crate::score_mod::CaseAlibi;
+    use crate::testkit::variants::CaseAlibi;
     let with = |mut c: PagedPrefillCase, variants: CaseVariants, splits: Option<usize>| {
         c.variants = variants;
         c.num_splits = splits;
@@ -186,7 +186,7 @@ pub struct PagedPrefillFixture<T> {
 
 impl<T: Element> PagedPrefillFixture<T> {
     pub fn new(case: &PagedPrefillCase, seed: u64) -> Self {
-        let mut rng = crate::seed::rng(seed);
+        let mut rng = crate::testkit::seed::rng(seed);
         let (ps, hkv, d) = (case.page_size, case.heads_kv, case.head_dim);
         assert!(case.shared_prefix % ps == 0, "the shared prefix is whole pages");
         assert!(case.seqs.iter().all(|s| s.1 >= case.shared_prefix), "every sequence holds the shared prefix");

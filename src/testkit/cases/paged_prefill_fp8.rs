@@ -1,5 +1,5 @@
-//! Paged prefill over an FP8 cache (issue 17): the cases, the fixture (the 16-bit fixture of [`super::cases`]
-//! quantised on the host with the Rust model of [`crate::fp8`], as decode's [`crate::decode::fp8_cases`]) and
+//! Paged prefill over an FP8 cache (issue 17): the cases, the fixture (the 16-bit fixture of [`super::paged_prefill`]
+//! quantised on the host with the Rust model of [`crate::fp8`], as decode's [`crate::testkit::cases::decode_fp8`]) and
 //! the verdict. The kernel is judged against the fp64 reference over the *stored* cache (the dequantised
 //! values) under the usual tolerance rule; the quantisation error against the 16-bit cache is reported beside
 //! it and bounded by the tests, not judged here.
@@ -9,8 +9,8 @@ use std::sync::Arc;
 use cudarc::driver::CudaStream;
 use half::{bf16, f16};
 
-use super::cases::{case, GpuCase, PagedPrefillCase, PagedPrefillFixture, PagedPrefillOutcome};
-use crate::decode::fp8_cases::{scales_of, Fp8Cache};
+use super::paged_prefill::{case, GpuCase, PagedPrefillCase, PagedPrefillFixture, PagedPrefillOutcome};
+use crate::testkit::cases::decode_fp8::{scales_of, Fp8Cache};
 use crate::dtype::{DType, Element};
 use crate::emu::Emulator;
 use crate::error::Result;
@@ -18,9 +18,9 @@ use crate::fp8::{Fp8E4m3, Fp8E5m2, Fp8Element, Fp8Format, KvCacheOf, ScaleKind};
 use crate::paged::PagedKvCache;
 use crate::paged_prefill::PagedPrefillPlan;
 use crate::reference;
-use crate::score_mod::{CaseAlibi, CaseVariants};
+use crate::testkit::variants::{CaseAlibi, CaseVariants};
 use crate::tensor::TensorView;
-use crate::timing::time_launches;
+use crate::testkit::timing::time_launches;
 use crate::Stream;
 
 /// A paged prefill case over an FP8 cache.
@@ -186,7 +186,7 @@ pub fn judge<T: Element>(
         seed,
         plan,
         out: reference::compare(&ours, &exact.out, &naive),
-        lse: reference::compare_lse(&ours_lse, &exact.lse, crate::decode::cases::lse_tolerance(&exact.lse)),
+        lse: reference::compare_lse(&ours_lse, &exact.lse, crate::testkit::cases::decode::lse_tolerance(&exact.lse)),
     };
     let (exact16, _) = f.sixteen.reference()?;
     let q = reference::compare(&ours, &exact16.out, &exact16.out);
@@ -249,27 +249,27 @@ fn upload<T: Element, C: Fp8Element + KvCacheOf<T>>(
     GpuCase::upload(cu, &f.sixteen, &k, &v, Some(f.fp8.scales(&Stream::Gpu(cu))?))
 }
 
-/// GPU timing of an FP8 case (kernel + merge when split), as [`super::cases::time_case_gpu`].
+/// GPU timing of an FP8 case (kernel + merge when split), as [`super::paged_prefill::time_case_gpu`].
 pub fn time_fp8_case_gpu(
     cu: &Arc<CudaStream>,
     case: &Fp8PagedPrefillCase,
     seed: u64,
     warmup: usize,
     iters: usize,
-) -> Result<super::cases::PagedPrefillTiming> {
+) -> Result<super::paged_prefill::PagedPrefillTiming> {
     fn go<T: Element, C: Fp8Element + KvCacheOf<T>>(
         cu: &Arc<CudaStream>,
         case: &Fp8PagedPrefillCase,
         seed: u64,
         warmup: usize,
         iters: usize,
-    ) -> Result<super::cases::PagedPrefillTiming> {
+    ) -> Result<super::paged_prefill::PagedPrefillTiming> {
         let f = Fp8PagedPrefillFixture::<T>::new(case, seed);
         let mut g = upload::<T, C>(cu, &f)?;
         let plan = g.run(cu, &f.sixteen)?;
         let timing = time_launches(cu, warmup, iters, |_| g.run(cu, &f.sixteen).map(|_| ()))?;
-        let tflops = super::cases::case_flops(&case.base) / (timing.median_ms * 1e-3) / 1e12;
-        Ok(super::cases::PagedPrefillTiming { timing, plan, tflops })
+        let tflops = super::paged_prefill::case_flops(&case.base) / (timing.median_ms * 1e-3) / 1e12;
+        Ok(super::paged_prefill::PagedPrefillTiming { timing, plan, tflops })
     }
     match (case.base.dtype, case.format) {
         (DType::F16, Fp8Format::E4m3) => go::<f16, Fp8E4m3>(cu, case, seed, warmup, iters),

@@ -14,14 +14,15 @@ use std::time::Instant;
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::{bf16, f16};
 
-use super::{prefill, prefill_varlen, PrefillKernel, PrefillOptions};
+use crate::prefill::{prefill, prefill_varlen, PrefillKernel, PrefillOptions};
 use crate::dtype::{DType, Element};
 use crate::emu::Emulator;
 use crate::error::{Error, Result};
 use crate::reference::{self, Comparison};
-use crate::score_mod::{AlibiSlopes, CaseAlibi, CaseVariants, ScoreMod};
+use crate::score_mod::{AlibiSlopes, ScoreMod};
+use crate::testkit::variants::{CaseAlibi, CaseVariants};
 use crate::tensor::{TensorView, TensorViewMut};
-use crate::timing::{prefill_flops, time_launches, Timing};
+use crate::testkit::timing::{prefill_flops, time_launches, Timing};
 use crate::Stream;
 use rand::Rng;
 
@@ -230,7 +231,7 @@ pub fn sweep_cases(full: bool) -> Vec<PrefillCase> {
 /// dtypes. Windows are shorter than the sequences, so tiles are skipped on both sides. Sized to emulate in
 /// about a minute on two cores.
 pub fn variant_sweep_cases() -> Vec<PrefillCase> {
-    use crate::score_mod::{CaseAlibi, CaseVariants as V};
+    use crate::testkit::variants::{CaseAlibi, CaseVariants as V};
     let none = V::default();
     let variants: [(bool, V); 12] = [
         (false, V { window: Some((48, -1)), ..none }),
@@ -279,7 +280,7 @@ pub const HEAD_DIM_SWEEP_DIMS: [usize; 10] = [40, 72, 80, 112, 136, 160, 192, 20
 /// its buffer ([`PrefillFixture`] allocates no slack), so a read of a column past D is out of bounds in the
 /// emulator (or reads the next head: a wrong answer). Sized to emulate in a few seconds on two cores.
 pub fn head_dim_sweep_cases() -> Vec<PrefillCase> {
-    use crate::score_mod::{CaseAlibi, CaseVariants as V};
+    use crate::testkit::variants::{CaseAlibi, CaseVariants as V};
     let dtypes = [DType::Bf16, DType::F16];
     let mut cases = Vec::new();
     for (i, &d) in HEAD_DIM_SWEEP_DIMS.iter().enumerate() {
@@ -414,7 +415,7 @@ fn random_values<T: Element>(n: usize, mean: f64, spread: f64, seed: u64, tag: u
     let mut out = vec![T::default(); n];
     let fill = |c: usize, chunk: &mut [T]| {
         let mut rng =
-            crate::seed::rng(crate::seed::case_seed(seed ^ tag.wrapping_mul(0xd1b5_4a32_d192_ed03), c as u64));
+            crate::testkit::seed::rng(crate::testkit::seed::case_seed(seed ^ tag.wrapping_mul(0xd1b5_4a32_d192_ed03), c as u64));
         for x in chunk {
             *x = T::from_f64(mean + rng.random_range(-1.0..1.0) * spread);
         }
@@ -686,7 +687,7 @@ impl<T: Element> PrefillFixture<T> {
         let (b, tq, tk) = (c.batch, c.seqlen_q, c.seqlen_k);
         let rows = b * tq * hq;
         let group = hq / hkv.max(1);
-        let mut rng = crate::seed::rng(self.seed ^ 0x5a3d_1e5a);
+        let mut rng = crate::testkit::seed::rng(self.seed ^ 0x5a3d_1e5a);
         let picks: Vec<(usize, usize, usize)> = if rows == 0 {
             vec![]
         } else {
