@@ -30,7 +30,7 @@
 //! Both come from the kernel cache (build/cache.rs: keyed by content, shared by every profile and feature
 //! set) when nothing they are built from changed. Each step prints a line (`cargo build -vv` shows them).
 //!
-//! The C ABI (kernels/include/fa/abi.h) is mirrored by bindgen into src/sys/abi.rs, which is committed (so
+//! The C ABI (kernels/include/fa/abi.h) is mirrored by bindgen into src/runtime/sys/abi.rs, which is committed (so
 //! building needs no libclang); tests/abi_bindings.rs regenerates it and fails if it is stale.
 //!
 //! nvcc search (first hit wins): $NVCC, $CUDA_HOME/bin/nvcc, $CUDA_PATH/bin/nvcc, nvcc on PATH,

@@ -38,16 +38,11 @@ pub mod append;
 pub mod build_info;
 #[cfg(feature = "candle")]
 pub mod candle;
-pub mod counters;
 pub mod decode;
-pub mod device;
 pub mod dtype;
-pub mod emu;
 pub mod error;
 pub mod fp8;
 pub mod head_dim;
-mod kernels;
-mod launch;
 pub mod mask;
 pub mod merge;
 pub mod paged;
@@ -55,13 +50,15 @@ pub mod paged_prefill;
 pub mod plan;
 pub mod prefill;
 pub mod reference;
+pub mod runtime;
 pub mod score_mod;
-#[doc(hidden)]
-pub mod sys;
 pub mod tensor;
-pub mod tensor_map;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+
+// The runtime layer's modules keep their crate-root paths (`fused_attn::device`, `crate::launch`, ...).
+pub use runtime::{counters, device, emu, sys, tensor_map};
+pub(crate) use runtime::{kernels, launch};
 
 /// The `half` and `cudarc` versions this crate's API uses (bf16/f16 elements, streams and views).
 pub use cudarc;

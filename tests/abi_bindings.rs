@@ -1,4 +1,4 @@
-//! src/sys/abi.rs and src/sys/selftest_abi.rs are bindgen's output for kernels/include/fa/abi.h and
+//! src/runtime/sys/abi.rs and selftest_abi.rs are bindgen's output for kernels/include/fa/abi.h and
 //! kernels/include/fa/selftest_abi.h (the self-test kernels', feature `testkit`), committed so that building
 //! the crate needs no libclang. This test regenerates them and fails if a committed copy is stale; run it
 //! with `FA_BLESS=1` to rewrite the files after changing a header.
@@ -51,10 +51,10 @@ fn check(header: &str, own_items_only: bool, rust: &str) {
 
 #[test]
 fn committed_bindings_match_the_header() {
-    check("abi.h", false, "src/sys/abi.rs");
+    check("abi.h", false, "src/runtime/sys/abi.rs");
 }
 
 #[test]
 fn committed_selftest_bindings_match_their_header() {
-    check("selftest_abi.h", true, "src/sys/selftest_abi.rs");
+    check("selftest_abi.h", true, "src/runtime/sys/selftest_abi.rs");
 }

@@ -9,7 +9,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// The module path of a source file under src/ (`None`: the crate root, a binary, an `include!`d file).
+/// The module path of a source file under src/ (`None`: the crate root, a binary). An `include!`d file
+/// (bindgen's output) counts as a module of its own, which `node` folds into its includer's.
 fn module_of(rel: &Path) -> Option<Vec<String>> {
     let mut parts: Vec<String> = rel.iter().map(|p| p.to_string_lossy().into_owned()).collect();
     if parts.first().is_some_and(|p| p == "bin") || parts == ["lib.rs"] {
@@ -19,10 +20,6 @@ fn module_of(rel: &Path) -> Option<Vec<String>> {
     let stem = last.strip_suffix(".rs")?;
     if stem != "mod" {
         parts.push(stem.to_string());
-    }
-    // bindgen's output, include!d into `sys`
-    if parts.first().is_some_and(|p| p == "sys") && parts.len() > 1 {
-        parts.truncate(1);
     }
     Some(parts)
 }
@@ -131,12 +128,16 @@ fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
     rust_files(src, &mut files);
     let modules: BTreeSet<String> =
         files.iter().filter_map(|f| module_of(f.strip_prefix(src).unwrap())).map(|m| node(&m)).collect();
+    let aliases = root_aliases(&std::fs::read_to_string(src.join("lib.rs")).unwrap(), &modules);
     let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for f in &files {
         let Some(m) = module_of(f.strip_prefix(src).unwrap()) else { continue };
         let from = node(&m);
         let code = code_only(&std::fs::read_to_string(f).unwrap());
-        for p in crate_paths(&code) {
+        for mut p in crate_paths(&code) {
+            if let Some(full) = aliases.get(&p[0]) {
+                p.splice(0..1, full.iter().cloned());
+            }
             // The longest prefix (of at most two segments) that is a module; an item of the root is none.
             let to = [node(&p), p[0].clone()].into_iter().find(|n| modules.contains(n));
             if let Some(to) = to.filter(|t| !related(&from, t)) {
@@ -146,6 +147,24 @@ fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
         g.entry(from).or_default();
     }
     g
+}
+
+/// The crate root's re-exported modules (`pub use runtime::{device, emu};` makes `crate::device` name
+/// `runtime::device`): short name → full path.
+fn root_aliases(lib: &str, modules: &BTreeSet<String>) -> BTreeMap<String, Vec<String>> {
+    let mut aliases = BTreeMap::new();
+    for line in code_only(lib).lines() {
+        let Some(rest) = line.trim().strip_prefix("pub use ").or_else(|| line.trim().strip_prefix("pub(crate) use "))
+        else {
+            continue;
+        };
+        for p in crate_paths(&format!("crate::{rest}")) {
+            if p.len() == 2 && modules.contains(&p.join("::")) {
+                aliases.insert(p[1].clone(), p.clone());
+            }
+        }
+    }
+    aliases
 }
 
 /// A cycle of `g`, if it has one (depth-first search).
@@ -193,6 +212,7 @@ fn find_cycle(g: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
 fn the_crate_import_graph_has_no_cycle() {
     let g = graph(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
     assert!(g.contains_key("prefill") && g["prefill"].contains("mask"), "the graph misses edges: {g:?}");
+    assert!(g["prefill"].contains("runtime::launch"), "re-exported modules resolve: {g:?}");
     if let Some(cycle) = find_cycle(&g) {
         panic!("module cycle: {}", cycle.join(" -> "));
     }
