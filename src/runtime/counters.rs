@@ -1,7 +1,7 @@
 //! Cost counters of emulated launches: what each kernel did, counted by the host executor as it ran
 //! (kernels/emu/, `FaEmuCounters` in abi.h). Not a timing model: they count the instructions and bytes the
 //! kernel issued through the intrinsics layer, so a test can check that a kernel moves the bytes and does
-//! the work its design promises (tests/cost.rs; what each counter counts: docs/emulator.md, "Cost counters").
+//! the work its design promises (tests/it/cost.rs; what each counter counts: docs/emulator.md, "Cost counters").
 //!
 //! One op call (one `fa_emu_*` launcher) may launch several kernels, e.g. split-KV decode runs the decode
 //! kernel then the merge kernel: [`LaunchCounters`] keeps one [`KernelCounters`] per kernel, in launch order.

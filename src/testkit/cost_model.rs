@@ -1,6 +1,6 @@
 //! The cost models the kernels are designed to: for a case, the global bytes, mma instructions, exp2 calls
 //! and barriers each kernel should issue. The emulator's counters ([`crate::counters`]) measure what the
-//! kernel really did; tests/cost.rs asserts the two agree, so a kernel that reads the cache twice or visits
+//! kernel really did; tests/it/cost.rs asserts the two agree, so a kernel that reads the cache twice or visits
 //! tiles the causal mask hides fails even when its answer is right.
 //!
 //! The models restate the kernels' tiling from their own sources (kernels/include/fa/prefill/,

@@ -17,7 +17,7 @@ thread_local! {
 }
 
 /// The cost counters of the last self-test this thread ran (`None` if it failed), for the counters' own
-/// tests (tests/cost.rs).
+/// tests (tests/it/cost.rs).
 pub fn last_counters() -> Option<LaunchCounters> {
     LAST_COUNTERS.with(|c| c.borrow().clone())
 }
@@ -373,7 +373,7 @@ pub fn bench(op: BenchOp, iters: usize, blocks: usize, seed: u64) -> Result<()> 
 }
 
 /// Runs a self-test launcher (`sys::fa_selftest_*`) on a GPU stream, through the same record-and-enqueue
-/// path as the ops (tests/gpu_vs_emulator.rs compares its results with the emulator's).
+/// path as the ops (tests/it/gpu_vs_emulator.rs compares its results with the emulator's).
 ///
 /// # Safety
 /// `params` must hold device addresses of live allocations of `stream`'s context, of the sizes the
@@ -411,7 +411,7 @@ fn dtype_code(dtype: DType) -> i32 {
 }
 
 // ------------------------------------------------------------------------------------------ sm_90 (Hopper)
-// Wrappers over kernels/selftest_sm90.cu (tests/hopper.rs); abi.h documents each kernel.
+// Wrappers over kernels/selftest_sm90.cu (tests/it/hopper.rs); abi.h documents each kernel.
 
 use crate::tensor_map::{TensorMapSpec, TmaSwizzle};
 

@@ -1,7 +1,7 @@
 //! Append into the paged cache: a whole prompt per sequence (with padding rows), one token per sequence (the
 //! decode step), the round trip through decode, and bad input -> typed errors. Emulated; the GPU variant
 //! skips visibly without a GPU.
-mod common;
+use crate::common;
 
 use fused_attn::testkit::cases::decode::{DecodeCase, PagedFixture};
 use fused_attn::decode::{DecodeOptions, DecodeWorkspace};

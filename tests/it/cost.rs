@@ -26,7 +26,7 @@ fn base_seed() -> u64 {
 
 /// How to rerun one failing test with the same seed.
 fn rerun(test: &str) -> String {
-    format!("seed {:#x}; rerun: FA_SEED={} cargo test --release --test cost {test}", base_seed(), base_seed())
+    format!("seed {:#x}; rerun: FA_SEED={} cargo test --release --test it -- cost::{test}", base_seed(), base_seed())
 }
 
 fn only_kernel<'a>(c: &'a LaunchCounters, name: &str) -> &'a KernelCounters {
@@ -293,7 +293,7 @@ fn prefill_case(tq: usize, tk: usize, d: usize, heads: (usize, usize), causal: b
     }
 }
 
-/// Runs `case` on the emulator (no reference check: tests/prefill.rs owns correctness) and returns the
+/// Runs `case` on the emulator (no reference check: tests/it/prefill.rs owns correctness) and returns the
 /// prefill kernel's counters.
 fn prefill_counters(case: &PrefillCase) -> KernelCounters {
     let emu = Emulator::new();

@@ -1,7 +1,7 @@
 //! Paged decode against the fp64 reference: the emulated sweep (a representative subset of
 //! `decode::cases::decode_sweep`), the full sweep on a GPU (skipped visibly without one), bitwise
 //! reproducibility of a fixed plan, strided q/o, and bad input -> typed errors.
-mod common;
+use crate::common;
 
 use fused_attn::testkit::cases::decode::{
     check_case_emulated, check_case_gpu, check_inputs_emulated, decode_head_dim_sweep, decode_sweep,

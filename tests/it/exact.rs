@@ -37,7 +37,7 @@
 //!
 //! Reproducible: inputs come from the run's base seed (FA_SEED or the fixed default); a failure prints the
 //! seed and the command that reruns the test.
-mod common;
+use crate::common;
 
 use fused_attn::testkit::cost_model::decode_tile_tokens;
 use fused_attn::testkit::cases::decode::{run_inputs_emulated, DecodeCase, DecodeInputs, PagedFixture};

@@ -3,7 +3,7 @@
 //! intrinsics on the emulator; the emulated FP8 decode sweep against the fp64 reference over the stored
 //! cache; the append -> decode round trip (append's codes bit for bit the model's); the halved K/V traffic;
 //! bad input -> typed errors. On a GPU (skipped visibly without one) the same sweep runs on the hardware.
-mod common;
+use crate::common;
 
 use fused_attn::testkit::cases::decode::DecodeCase;
 use fused_attn::testkit::cases::decode_fp8::{

@@ -9,7 +9,7 @@
 //!
 //! Its own test binary, with one test: it switches off cudarc's event tracking for its context (below),
 //! and GLOBAL capture mode would also fail unrelated CUDA calls of tests running concurrently in-process.
-mod common;
+use crate::common;
 
 use cudarc::driver::sys::{self, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaSlice, CudaStream};

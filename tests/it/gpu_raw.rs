@@ -2,7 +2,7 @@
 //! `RawStream`, device memory by raw pointer (`TensorView::from_device_ptr`), and a decode workspace in the
 //! caller's memory (`DecodeWorkspace::from_device_ptrs`). Prefill and split-KV decode through them must
 //! match the cudarc-view path bit for bit (which the library's harness judges against fp64 elsewhere).
-mod common;
+use crate::common;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use fused_attn::testkit::cases::decode::{DecodeCase, PagedFixture};

@@ -8,7 +8,7 @@
 //! that escaped the gated stream would run at once on the zero placeholders, its outputs then overwritten
 //! by the poison: nothing but a launch ordered on the caller's stream can match, bit for bit, the same
 //! case run by the library harness on `ctx.default_stream()` (which also judges it against fp64).
-mod common;
+use crate::common;
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};

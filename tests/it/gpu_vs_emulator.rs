@@ -13,7 +13,7 @@
 //! Every test is named gpu_* (the bundle runs `gpu` with FA_REQUIRE_GPU=1) and skips visibly without a GPU.
 //! Run with --nocapture to see the agreement lines.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 
@@ -717,8 +717,7 @@ fn gemm_pair<T: Element>(cu: &Arc<CudaStream>, s: GemmShape) {
 
 // ------------------------------------------------------------------------------------ Hopper (sm_90a)
 
-#[path = "common/hopper_model.rs"]
-mod hopper_model;
+use crate::common::hopper_model;
 
 /// A GPU of compute capability 9.0 with the sm_90a kernels built, or `None` (skipped visibly; with
 /// FA_REQUIRE_GPU=1 an sm_90 GPU without the sm_90a kernels fails).

@@ -2,7 +2,7 @@
 //! layouts and shared-memory descriptors (every swizzle, K- and MN-major, SS and RS, N from 16 to 256), TMA
 //! boxes (ranks 1-5, out-of-bounds fill, swizzles, stores), every Hopper misuse check as a planted bug next
 //! to its correct twin, and a warp-specialised TMA + mbarrier + wgmma GEMM against fp64.
-//! tests/gpu_vs_emulator.rs runs the same kernels on a GPU and compares bit for bit.
+//! tests/it/gpu_vs_emulator.rs runs the same kernels on a GPU and compares bit for bit.
 
 use fused_attn::testkit::emu_selftest::{self as st, Sm90Bug, WsGemmBug};
 use fused_attn::tensor_map::{TensorMapSpec, TmaSwizzle};
@@ -10,8 +10,7 @@ use fused_attn::{DType, Element, ErrorKind};
 use half::{bf16, f16};
 use rand::Rng;
 
-#[path = "common/hopper_model.rs"]
-mod model;
+use crate::common::hopper_model as model;
 
 use model::*;
 

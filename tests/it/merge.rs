@@ -1,7 +1,7 @@
 //! merge_states against an fp64 reference: fp32 and 16-bit states into 16-bit and fp32 outputs, empty
 //! partials (LSE = -inf, with NaN garbage in their O), all-empty rows, a single state, no states at all,
 //! strided (transposed) LSE layouts, and bad input -> typed errors.
-mod common;
+use crate::common;
 
 use fused_attn::merge::{merge_states, MergeElement};
 use fused_attn::testkit::seed::FixtureRng;

@@ -3,7 +3,7 @@
 //! q_len = 1 against decode, and bad input -> typed errors. FP8 caches (issue 17): the emulated FP8 sweep
 //! against the fp64 reference over the stored cache (quantisation error against the 16-bit cache bounded),
 //! the halved K/V reads, and FP8 bad input -> typed errors.
-mod common;
+use crate::common;
 
 use fused_attn::testkit::cases::paged_prefill::{
     case, check_case_emulated, check_case_gpu, paged_prefill_sweep_emulated, paged_prefill_variant_sweep,

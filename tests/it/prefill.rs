@@ -7,7 +7,7 @@
 //! the same rule against a naive LSE over the dtype-rounded scores, and -inf exactly where the reference
 //! row is empty. NaN never passes; outputs are poisoned with NaN before every launch, and elements outside
 //! the logical tensor (padding) must still be NaN afterwards.
-mod common;
+use crate::common;
 
 use std::time::Instant;
 

@@ -7,7 +7,7 @@
 //! (`Auto` on the emulator is the sm_80 kernel; forcing sm90 where it cannot run is a typed error), and
 //! determinism across scheduling seeds. The whole emulated sweep runs with
 //! `fused-attn report --backend emu --kernel sm90` (and FA_PREFILL_SWEEP=sm90-all here).
-mod common;
+use crate::common;
 
 use std::time::Instant;
 

@@ -2,9 +2,9 @@
 //! kernel, against the fp64 reference under the tolerance rule and the arithmetic bound: the prefill
 //! (dense and varlen) and decode (forced split counts 1, 2, 7 and planned) variant sweeps on the emulator
 //! (and on a GPU when there is one), merge with sinks, windows that exclude nothing (bitwise the plain
-//! result), and bad input as typed errors. Closed-form checks are in tests/exact.rs
-//! (`variants_over_constant_keys`), the window's savings in tests/cost.rs.
-mod common;
+//! result), and bad input as typed errors. Closed-form checks are in tests/it/exact.rs
+//! (`variants_over_constant_keys`), the window's savings in tests/it/cost.rs.
+use crate::common;
 
 use fused_attn::testkit::cases::decode::{decode_variant_sweep, run_case_emulated, DecodeCase};
 use fused_attn::testkit::cases::prefill::{run_emulated, variant_sweep_cases, PrefillFixture};

@@ -1,6 +1,6 @@
 //! Raw bindings to kernels/include/fa/abi.h (and, with `testkit`, to the self-test kernels' selftest_abi.h):
 //! abi.rs and selftest_abi.rs are bindgen's output, committed so that building needs no libclang;
-//! tests/abi_bindings.rs regenerates them and fails when they are stale (`FA_BLESS=1` rewrites them).
+//! tests/it/abi_bindings.rs regenerates them and fails when they are stale (`FA_BLESS=1` rewrites them).
 //! Nothing here is hand-written; the safe layers above are the only callers.
 #![allow(non_upper_case_globals, non_camel_case_types, non_snake_case, dead_code, clippy::all)]
 

@@ -1,4 +1,4 @@
-//! The prefill sweep and performance shapes (shared by tests/prefill.rs, the runner's `report` / `run --op
+//! The prefill sweep and performance shapes (shared by tests/it/prefill.rs, the runner's `report` / `run --op
 //! prefill` and the benches), and the harness that runs one case: seeded inputs laid out as the case says,
 //! outputs poisoned with NaN (padding included), one launch on the emulator or a GPU, and the verdict
 //! against the fp64 reference under the tolerance rule of docs/semantics.md. On a GPU, [`time_case_gpu`] also
@@ -38,7 +38,7 @@ pub enum CaseLayout {
     Padded,
 }
 
-/// One configuration of the correctness sweep (shared by tests/prefill.rs and the runner's `report`).
+/// One configuration of the correctness sweep (shared by tests/it/prefill.rs and the runner's `report`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct PrefillCase {
     pub dtype: DType,

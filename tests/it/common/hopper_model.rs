@@ -1,5 +1,5 @@
 //! Scalar models of the PTX ISA's wgmma layouts and TMA boxes, and the cases built on them, shared by
-//! tests/hopper.rs (emulator against the models) and tests/gpu_vs_emulator.rs (GPU against the emulator).
+//! tests/it/hopper.rs (emulator against the models) and tests/it/gpu_vs_emulator.rs (GPU against the emulator).
 #![allow(dead_code)]
 
 use fused_attn::testkit::emu_selftest::WgmmaCase;

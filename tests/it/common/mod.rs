@@ -1,6 +1,8 @@
 //! Shared test support: GPU discovery that skips visibly.
 #![allow(dead_code)]
 
+pub mod hopper_model;
+
 use std::io::Write;
 use std::sync::Arc;
 
@@ -51,7 +53,7 @@ pub fn case_selected(index: usize) -> bool {
 /// case `case` of its sweep, when given).
 pub fn rerun(file: &str, test: &str, case: Option<usize>) -> String {
     let case = case.map(|i| format!("FA_CASE={i} ")).unwrap_or_default();
-    format!("rerun: FA_SEED={:#x} {case}cargo test --release --test {file} -- {test} --exact", base_seed())
+    format!("rerun: FA_SEED={:#x} {case}cargo test --release --test it -- {file}::{test} --exact", base_seed())
 }
 
 /// Runs the selected cases of a sweep (FA_CASE: positions in `cases`) with `check` (position, case) →
