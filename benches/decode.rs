@@ -25,8 +25,8 @@ use std::rc::Rc;
 
 use criterion::{BenchmarkId, Throughput};
 use cudarc::driver::CudaSlice;
-use fused_attn::testkit::cases::decode::{decode_bytes, DecodeCase};
 use fused_attn::fp8::{Fp8Element, KvCacheOf};
+use fused_attn::testkit::cases::decode::{decode_bytes, DecodeCase};
 use fused_attn::{
     decode, DType, DecodeOptions, DecodeWorkspace, Fp8E4m3, Fp8Format, KvScales, PagedKvCache, Stream, TensorView,
     TensorViewMut,

@@ -19,9 +19,9 @@ use std::rc::Rc;
 
 use criterion::{BenchmarkId, Throughput};
 use cudarc::driver::CudaSlice;
-use fused_attn::testkit::cases::paged_prefill::{case_flops, PagedPrefillCase};
 use fused_attn::paged_prefill::{paged_prefill, PagedPrefillOptions, PagedPrefillWorkspace};
 use fused_attn::prefill::{prefill, PrefillOptions};
+use fused_attn::testkit::cases::paged_prefill::{case_flops, PagedPrefillCase};
 use fused_attn::{decode, DType, DecodeOptions, DecodeWorkspace, PagedKvCache, Stream, TensorView, TensorViewMut};
 use half::bf16;
 use rand::seq::SliceRandom;

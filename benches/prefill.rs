@@ -30,8 +30,8 @@ use std::rc::Rc;
 
 use criterion::{BenchmarkId, Throughput};
 use cudarc::driver::CudaSlice;
-use fused_attn::testkit::cases::prefill::{perf_cases, PrefillCase};
 use fused_attn::prefill::{prefill, PrefillOptions};
+use fused_attn::testkit::cases::prefill::{perf_cases, PrefillCase};
 use fused_attn::testkit::timing::prefill_flops;
 use fused_attn::{DType, Element, Stream, TensorView, TensorViewMut};
 use half::{bf16, f16};

@@ -14,8 +14,8 @@
 use cudarc::driver::CudaSlice;
 
 use crate::device::Stream;
-pub use crate::dtype::{Fp8E4m3, Fp8E5m2, Fp8Element, Fp8Format, KvCacheOf, KvDType, KvElement};
 use crate::dtype::DType;
+pub use crate::dtype::{Fp8E4m3, Fp8E5m2, Fp8Element, Fp8Format, KvCacheOf, KvDType, KvElement};
 use crate::error::{Error, ErrorKind, Result};
 use crate::sys;
 use crate::tensor::TensorView;

@@ -21,7 +21,9 @@ use rand::Rng;
 const SEEDS: [u64; 4] = [0, 1, 0x5eed, 0xdead_beef];
 
 fn rng(seed: u64) -> StdRng {
-    fused_attn::testkit::seed::rng(seed ^ fused_attn::testkit::seed::base_seed() ^ fused_attn::testkit::seed::DEFAULT_BASE_SEED)
+    fused_attn::testkit::seed::rng(
+        seed ^ fused_attn::testkit::seed::base_seed() ^ fused_attn::testkit::seed::DEFAULT_BASE_SEED,
+    )
 }
 
 fn emulator_error(r: fused_attn::Result<impl std::fmt::Debug>) -> String {

@@ -8,11 +8,11 @@
 //! [`kv_block_range`], [`DecodePlan`]); each formula says which design decision it encodes.
 
 use crate::counters::{KernelCounters, LaunchCounters};
-use crate::testkit::cases::decode::DecodeCase;
-use crate::plan::{DecodePlan, ROWS_PER_CTA};
-use crate::testkit::cases::prefill::PrefillCase;
 use crate::mask::{kv_block_range, Window};
+use crate::plan::{DecodePlan, ROWS_PER_CTA};
 use crate::prefill::{uses_variant_kernel, TileConfig};
+use crate::testkit::cases::decode::DecodeCase;
+use crate::testkit::cases::prefill::PrefillCase;
 
 /// Multiply-accumulates of one `mma.m16n8k16`.
 const MMA_MACS: u64 = 16 * 8 * 16;

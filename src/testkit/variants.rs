@@ -32,7 +32,12 @@ impl CaseVariants {
 
     /// The variants set, without their arrays (what the product API's kernel choice takes).
     pub fn set(&self) -> VariantSet {
-        VariantSet { window: self.window, softcap: self.softcap, alibi: self.alibi != CaseAlibi::None, sinks: self.sinks }
+        VariantSet {
+            window: self.window,
+            softcap: self.softcap,
+            alibi: self.alibi != CaseAlibi::None,
+            sinks: self.sinks,
+        }
     }
 
     /// Short description for labels ("" when plain).

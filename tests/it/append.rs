@@ -3,8 +3,8 @@
 //! skips visibly without a GPU.
 use crate::common;
 
-use fused_attn::testkit::cases::decode::{DecodeCase, PagedFixture};
 use fused_attn::decode::{DecodeOptions, DecodeWorkspace};
+use fused_attn::testkit::cases::decode::{DecodeCase, PagedFixture};
 use fused_attn::{
     append, decode, DType, Element, Emulator, ErrorKind, PagedKvCache, PagedKvCacheMut, Stream, TensorView,
     TensorViewMut,

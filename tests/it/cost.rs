@@ -11,12 +11,12 @@
 //! The counts do not depend on the data; the seed (fixed, FA_SEED varies it) only feeds the correctness
 //! check each case also passes.
 
-use fused_attn::testkit::cost_model::{decode_cost, decode_ratios, prefill_cost, prefill_ratios, DecodeCost};
 use fused_attn::counters::{KernelCounters, LaunchCounters};
-use fused_attn::testkit::cases::decode::{run_case_emulated, DecodeCase};
-use fused_attn::testkit::emu_selftest::{self as st, BarrierMode, GemmBug, GemmShape, WarpOp};
-use fused_attn::testkit::cases::prefill::{run_emulated, CaseLayout, PrefillCase, PrefillFixture};
 use fused_attn::prefill::TileConfig;
+use fused_attn::testkit::cases::decode::{run_case_emulated, DecodeCase};
+use fused_attn::testkit::cases::prefill::{run_emulated, CaseLayout, PrefillCase, PrefillFixture};
+use fused_attn::testkit::cost_model::{decode_cost, decode_ratios, prefill_cost, prefill_ratios, DecodeCost};
+use fused_attn::testkit::emu_selftest::{self as st, BarrierMode, GemmBug, GemmShape, WarpOp};
 use fused_attn::{DType, Emulator};
 use half::{bf16, f16};
 
@@ -444,7 +444,10 @@ fn sliding_window_prefill_at_4096_issues_the_window_share_of_the_mma() {
     let dense = prefill_cost(&prefill_case(t, t, 64, (1, 1), false)).unwrap();
     for w in [256usize, 1024] {
         let case = PrefillCase {
-            variants: fused_attn::testkit::variants::CaseVariants { window: Some((w as i32 - 1, 0)), ..Default::default() },
+            variants: fused_attn::testkit::variants::CaseVariants {
+                window: Some((w as i32 - 1, 0)),
+                ..Default::default()
+            },
             ..prefill_case(t, t, 64, (1, 1), true)
         };
         let k = prefill_counters(&case);
@@ -471,7 +474,10 @@ fn sliding_window_decode_reads_only_the_window() {
     for splits in [Some(1), Some(3), None] {
         let case = DecodeCase {
             num_splits: splits,
-            variants: fused_attn::testkit::variants::CaseVariants { window: Some((w as i32 - 1, 0)), ..Default::default() },
+            variants: fused_attn::testkit::variants::CaseVariants {
+                window: Some((w as i32 - 1, 0)),
+                ..Default::default()
+            },
             ..decode_case(4, ps, 1, vec![ctx, ctx - 7])
         };
         let (c, model, planned) = decode_counters(&case);

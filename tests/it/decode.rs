@@ -3,12 +3,12 @@
 //! reproducibility of a fixed plan, strided q/o, and bad input -> typed errors.
 use crate::common;
 
+use fused_attn::decode::{DecodeOptions, DecodeWorkspace};
+use fused_attn::plan::DecodePlan;
 use fused_attn::testkit::cases::decode::{
     check_case_emulated, check_case_gpu, check_inputs_emulated, decode_head_dim_sweep, decode_sweep,
     decode_sweep_emulated, CaseOutcome, DecodeCase, DecodeInputs, PagedFixture,
 };
-use fused_attn::decode::{DecodeOptions, DecodeWorkspace};
-use fused_attn::plan::DecodePlan;
 use fused_attn::{decode, DType, Element, Emulator, ErrorKind, PagedKvCache, Stream, TensorView, TensorViewMut};
 use half::bf16;
 

@@ -39,13 +39,13 @@
 //! seed and the command that reruns the test.
 use crate::common;
 
-use fused_attn::testkit::cost_model::decode_tile_tokens;
-use fused_attn::testkit::cases::decode::{run_inputs_emulated, DecodeCase, DecodeInputs, PagedFixture};
 use fused_attn::plan::DecodePlan;
-use fused_attn::testkit::cases::prefill::{run_emulated, PrefillFixture};
 use fused_attn::prefill::{PrefillKernel, TileConfig};
-use fused_attn::testkit::cases::prefill::{CaseLayout, PrefillCase};
 use fused_attn::reference::{self, fp32_chain_gamma, half_ulp};
+use fused_attn::testkit::cases::decode::{run_inputs_emulated, DecodeCase, DecodeInputs, PagedFixture};
+use fused_attn::testkit::cases::prefill::{run_emulated, PrefillFixture};
+use fused_attn::testkit::cases::prefill::{CaseLayout, PrefillCase};
+use fused_attn::testkit::cost_model::decode_tile_tokens;
 use fused_attn::testkit::variants::{CaseAlibi, CaseVariants};
 use fused_attn::{DType, Element, Emulator};
 use half::{bf16, f16};

@@ -5,13 +5,13 @@
 //! bad input -> typed errors. On a GPU (skipped visibly without one) the same sweep runs on the hardware.
 use crate::common;
 
+use fused_attn::decode::{DecodeOptions, DecodeWorkspace};
+use fused_attn::fp8::Fp8Element;
 use fused_attn::testkit::cases::decode::DecodeCase;
 use fused_attn::testkit::cases::decode_fp8::{
     check_fp8_case_emulated, decode_fp8, fp8_decode_sweep_emulated, run_fp8_case_gpu, Fp8DecodeCase, Fp8Fixture,
 };
-use fused_attn::decode::{DecodeOptions, DecodeWorkspace};
 use fused_attn::testkit::emu_selftest;
-use fused_attn::fp8::Fp8Element;
 use fused_attn::{
     append, decode, DType, Emulator, ErrorKind, Fp8E4m3, Fp8E5m2, Fp8Format, KvScales, PagedKvCache, PagedKvCacheMut,
     ScaleKind, Stream, TensorView, TensorViewMut,

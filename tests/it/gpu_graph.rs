@@ -13,10 +13,10 @@ use crate::common;
 
 use cudarc::driver::sys::{self, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaSlice, CudaStream};
-use fused_attn::testkit::cases::decode::{run_case_gpu, DecodeCase, PagedFixture};
-use fused_attn::testkit::cases::prefill::{Place, PrefillFixture, PrefillOutputs};
 use fused_attn::prefill::{prefill, PrefillOptions};
+use fused_attn::testkit::cases::decode::{run_case_gpu, DecodeCase, PagedFixture};
 use fused_attn::testkit::cases::prefill::{CaseLayout, PrefillCase};
+use fused_attn::testkit::cases::prefill::{Place, PrefillFixture, PrefillOutputs};
 use fused_attn::{
     decode, DType, DecodeOptions, DecodeWorkspace, PagedKvCache, Result, Stream, TensorView, TensorViewMut,
 };

@@ -5,9 +5,9 @@
 use crate::common;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
-use fused_attn::testkit::cases::decode::{DecodeCase, PagedFixture};
 use fused_attn::plan::DecodePlan;
 use fused_attn::prefill::{prefill, PrefillOptions};
+use fused_attn::testkit::cases::decode::{DecodeCase, PagedFixture};
 use fused_attn::{
     decode, DType, DecodeOptions, DecodeWorkspace, PagedKvCache, RawStream, Stream, TensorView, TensorViewMut,
 };

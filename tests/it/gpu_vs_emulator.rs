@@ -18,14 +18,14 @@ use crate::common;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr};
-use fused_attn::testkit::cases::decode::{DecodeCase, PagedFixture};
-use fused_attn::testkit::emu_selftest::{self as st, BarrierMode, Bug, GemmBug, GemmShape, WarpOp};
 use fused_attn::prefill::{prefill, PrefillKernel, PrefillOptions};
 use fused_attn::reference::{self, Problem};
+use fused_attn::testkit::cases::decode::{DecodeCase, PagedFixture};
+use fused_attn::testkit::emu_selftest::{self as st, BarrierMode, Bug, GemmBug, GemmShape, WarpOp};
 use fused_attn::testkit::seed::FixtureRng;
 use fused_attn::{
-    append, decode, merge_states, sys, DType, DecodeOptions, DecodeWorkspace, Element, Emulator, PagedKvCache,
-    PagedKvCacheMut, Stream, TensorView, TensorViewMut,
+    append, decode, merge_states, sys::selftest as sys, DType, DecodeOptions, DecodeWorkspace, Element, Emulator,
+    PagedKvCache, PagedKvCacheMut, Stream, TensorView, TensorViewMut,
 };
 use half::{bf16, f16};
 use rand::Rng;

@@ -4,8 +4,8 @@
 //! to its correct twin, and a warp-specialised TMA + mbarrier + wgmma GEMM against fp64.
 //! tests/it/gpu_vs_emulator.rs runs the same kernels on a GPU and compares bit for bit.
 
-use fused_attn::testkit::emu_selftest::{self as st, Sm90Bug, WsGemmBug};
 use fused_attn::tensor_map::{TensorMapSpec, TmaSwizzle};
+use fused_attn::testkit::emu_selftest::{self as st, Sm90Bug, WsGemmBug};
 use fused_attn::{DType, Element, ErrorKind};
 use half::{bf16, f16};
 use rand::Rng;

@@ -5,6 +5,7 @@
 //! the halved K/V reads, and FP8 bad input -> typed errors.
 use crate::common;
 
+use fused_attn::paged_prefill::{paged_prefill, PagedPrefillOptions, PagedPrefillWorkspace};
 use fused_attn::testkit::cases::paged_prefill::{
     case, check_case_emulated, check_case_gpu, paged_prefill_sweep_emulated, paged_prefill_variant_sweep,
     PagedPrefillCase, PagedPrefillFixture,
@@ -13,7 +14,6 @@ use fused_attn::testkit::cases::paged_prefill_fp8::{
     check_fp8_case_emulated, fp8_paged_prefill_sweep_emulated, run_fp8_case_gpu, Fp8PagedPrefillCase,
     Fp8PagedPrefillFixture, Fp8PagedPrefillOutcome,
 };
-use fused_attn::paged_prefill::{paged_prefill, PagedPrefillOptions, PagedPrefillWorkspace};
 use fused_attn::{
     decode, DType, DecodeOptions, DecodeWorkspace, Emulator, ErrorKind, Fp8E4m3, Fp8Format, KvScales, PagedKvCache,
     ScaleKind, Stream, TensorView, TensorViewMut,

@@ -1,8 +1,8 @@
 //! The split-KV plan through the public API: what the emulator backend plans for the performance
 //! shapes, forced splits, and workspace sizing (too small is a typed error, never an allocation).
-use fused_attn::testkit::cases::decode::perf_cases;
 use fused_attn::decode::{DecodeOptions, DecodeWorkspace, EMULATOR_SM_COUNT};
 use fused_attn::plan::{DecodePlan, DecodeProblem, SPLIT_GRANULE};
+use fused_attn::testkit::cases::decode::perf_cases;
 use fused_attn::{Emulator, Stream};
 
 #[test]

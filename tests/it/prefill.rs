@@ -11,8 +11,8 @@ use crate::common;
 
 use std::time::Instant;
 
-use fused_attn::testkit::cases::prefill::{head_dim_sweep_cases, run_emulated, run_gpu, PrefillFixture};
 use fused_attn::prefill::{prefill, prefill_varlen, PrefillOptions};
+use fused_attn::testkit::cases::prefill::{head_dim_sweep_cases, run_emulated, run_gpu, PrefillFixture};
 use fused_attn::testkit::cases::prefill::{sweep_cases, CaseLayout, PrefillCase};
 use fused_attn::{DType, Element, Emulator, ErrorKind, Stream, TensorView, TensorViewMut};
 use half::{bf16, f16};

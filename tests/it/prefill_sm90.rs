@@ -11,12 +11,13 @@ use crate::common;
 
 use std::time::Instant;
 
-use fused_attn::testkit::cases::prefill::{run_emulated, variant_sweep_cases, PrefillFixture};
 use fused_attn::prefill::{
-    prefill, prefill_varlen, sweep_cases, CaseLayout, PrefillCase, PrefillKernel, PrefillOptions, Sm90Tile,
-    SM90_HEAD_DIMS, SM90_SOFTCAP_RANGE,
+    prefill, prefill_varlen, PrefillKernel, PrefillOptions, Sm90Tile, SM90_HEAD_DIMS, SM90_SOFTCAP_RANGE,
 };
 use fused_attn::score_mod::{AlibiSlopes, ScoreMod};
+use fused_attn::testkit::cases::prefill::{
+    run_emulated, sweep_cases, variant_sweep_cases, CaseLayout, PrefillCase, PrefillFixture,
+};
 use fused_attn::testkit::variants::{CaseAlibi, CaseVariants};
 use fused_attn::{DType, Element, Emulator, ErrorKind, Stream, TensorView, TensorViewMut};
 use half::{bf16, f16};

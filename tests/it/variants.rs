@@ -6,11 +6,11 @@
 //! (`variants_over_constant_keys`), the window's savings in tests/it/cost.rs.
 use crate::common;
 
-use fused_attn::testkit::cases::decode::{decode_variant_sweep, run_case_emulated, DecodeCase};
-use fused_attn::testkit::cases::prefill::{run_emulated, variant_sweep_cases, PrefillFixture};
 use fused_attn::prefill::{prefill, prefill_varlen, PrefillOptions};
-use fused_attn::testkit::cases::prefill::PrefillCase;
 use fused_attn::score_mod::{AlibiSlopes, ScoreMod};
+use fused_attn::testkit::cases::decode::{decode_variant_sweep, run_case_emulated, DecodeCase};
+use fused_attn::testkit::cases::prefill::PrefillCase;
+use fused_attn::testkit::cases::prefill::{run_emulated, variant_sweep_cases, PrefillFixture};
 use fused_attn::testkit::variants::{CaseAlibi, CaseVariants};
 use fused_attn::{
     decode, merge_states_with_sinks, DType, DecodeOptions, DecodeWorkspace, Emulator, ErrorKind, PagedKvCache, Stream,

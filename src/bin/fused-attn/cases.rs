@@ -5,14 +5,15 @@
 use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
+use fused_attn::reference::Comparison;
 use fused_attn::testkit::cases::decode::{self as dc, DecodeCase};
 use fused_attn::testkit::cases::decode_fp8::{self as fc, Fp8DecodeCase};
 use fused_attn::testkit::cases::paged_prefill::{self as ppc, PagedPrefillCase};
 use fused_attn::testkit::cases::paged_prefill_fp8::{self as pfc, Fp8PagedPrefillCase};
 use fused_attn::testkit::cases::prefill::{self as pc, PrefillCase, PrefillFixture, PrefillOutputs};
-use fused_attn::reference::Comparison;
+use fused_attn::testkit::cost_model;
 use fused_attn::testkit::variants::{CaseAlibi, CaseVariants};
-use fused_attn::{cost_model, DType, Element, Error, LaunchCounters, Result};
+use fused_attn::{DType, Element, Error, LaunchCounters, Result};
 use half::{bf16, f16};
 
 use crate::backend::Backend;

@@ -8,11 +8,11 @@ use std::collections::BTreeMap;
 use std::sync::mpsc;
 use std::time::Instant;
 
+use fused_attn::prefill::{PrefillKernel, Sm90Tile, SM90_SOFTCAP_RANGE};
 use fused_attn::testkit::cases::decode::{decode_sweep, decode_sweep_emulated, perf_cases as decode_perf, DecodeCase};
 use fused_attn::testkit::cases::decode_fp8::Fp8DecodeCase;
 use fused_attn::testkit::cases::paged_prefill::{self as ppc, PagedPrefillCase};
 use fused_attn::testkit::cases::prefill::perf_cases as prefill_perf;
-use fused_attn::prefill::{PrefillKernel, Sm90Tile, SM90_SOFTCAP_RANGE};
 use fused_attn::testkit::cases::prefill::{sweep_cases, PrefillCase};
 use fused_attn::testkit::timing::copy_bandwidth_gbps;
 use fused_attn::{DType, Fp8Format, Result, ScaleKind};

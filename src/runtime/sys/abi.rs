@@ -369,10 +369,7 @@ unsafe extern "C" {
     pub fn fa_merge(params: FaMergeParams, exec: *mut FaExec) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
-    pub fn fa_paged_prefill(
-        params: FaPagedPrefillParams,
-        exec: *mut FaExec,
-    ) -> ::std::os::raw::c_int;
+    pub fn fa_paged_prefill(params: FaPagedPrefillParams, exec: *mut FaExec) -> ::std::os::raw::c_int;
 }
 #[repr(C)]
 #[repr(align(64))]
@@ -433,8 +430,7 @@ impl Default for FaPrefillSm90Params {
     }
 }
 unsafe extern "C" {
-    pub fn fa_prefill_sm90(params: FaPrefillSm90Params, exec: *mut FaExec)
-        -> ::std::os::raw::c_int;
+    pub fn fa_prefill_sm90(params: FaPrefillSm90Params, exec: *mut FaExec) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
     pub fn fa_host_float_to_16(in_: *const f32, out: *mut u16, n: i64, dtype: i32);

@@ -221,58 +221,34 @@ impl Default for FaSelftestFp8Params {
     }
 }
 unsafe extern "C" {
-    pub fn fa_selftest_mma(params: FaSelftestMmaParams, exec: *mut FaExec)
-        -> ::std::os::raw::c_int;
+    pub fn fa_selftest_mma(params: FaSelftestMmaParams, exec: *mut FaExec) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
-    pub fn fa_selftest_fp8(params: FaSelftestFp8Params, exec: *mut FaExec)
-        -> ::std::os::raw::c_int;
+    pub fn fa_selftest_fp8(params: FaSelftestFp8Params, exec: *mut FaExec) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
-    pub fn fa_selftest_ldmatrix(
-        params: FaSelftestLdmatrixParams,
-        exec: *mut FaExec,
-    ) -> ::std::os::raw::c_int;
+    pub fn fa_selftest_ldmatrix(params: FaSelftestLdmatrixParams, exec: *mut FaExec) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
-    pub fn fa_selftest_warp(
-        params: FaSelftestWarpParams,
-        exec: *mut FaExec,
-    ) -> ::std::os::raw::c_int;
+    pub fn fa_selftest_warp(params: FaSelftestWarpParams, exec: *mut FaExec) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
-    pub fn fa_selftest_cp_async(
-        params: FaSelftestCpAsyncParams,
-        exec: *mut FaExec,
-    ) -> ::std::os::raw::c_int;
+    pub fn fa_selftest_cp_async(params: FaSelftestCpAsyncParams, exec: *mut FaExec) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
-    pub fn fa_selftest_atomic(
-        params: FaSelftestAtomicParams,
-        exec: *mut FaExec,
-    ) -> ::std::os::raw::c_int;
+    pub fn fa_selftest_atomic(params: FaSelftestAtomicParams, exec: *mut FaExec) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
-    pub fn fa_selftest_barrier(
-        params: FaSelftestBarrierParams,
-        exec: *mut FaExec,
-    ) -> ::std::os::raw::c_int;
+    pub fn fa_selftest_barrier(params: FaSelftestBarrierParams, exec: *mut FaExec) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
-    pub fn fa_selftest_bug(params: FaSelftestBugParams, exec: *mut FaExec)
-        -> ::std::os::raw::c_int;
+    pub fn fa_selftest_bug(params: FaSelftestBugParams, exec: *mut FaExec) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
-    pub fn fa_selftest_gemm(
-        params: FaSelftestGemmParams,
-        exec: *mut FaExec,
-    ) -> ::std::os::raw::c_int;
+    pub fn fa_selftest_gemm(params: FaSelftestGemmParams, exec: *mut FaExec) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
-    pub fn fa_selftest_bench(
-        params: FaSelftestBenchParams,
-        exec: *mut FaExec,
-    ) -> ::std::os::raw::c_int;
+    pub fn fa_selftest_bench(params: FaSelftestBenchParams, exec: *mut FaExec) -> ::std::os::raw::c_int;
 }
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
@@ -398,24 +374,14 @@ impl Default for FaSelftestWsGemmParams {
     }
 }
 unsafe extern "C" {
-    pub fn fa_selftest_wgmma(
-        params: FaSelftestWgmmaParams,
-        exec: *mut FaExec,
-    ) -> ::std::os::raw::c_int;
+    pub fn fa_selftest_wgmma(params: FaSelftestWgmmaParams, exec: *mut FaExec) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
-    pub fn fa_selftest_tma(params: FaSelftestTmaParams, exec: *mut FaExec)
-        -> ::std::os::raw::c_int;
+    pub fn fa_selftest_tma(params: FaSelftestTmaParams, exec: *mut FaExec) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
-    pub fn fa_selftest_sm90_bug(
-        params: FaSelftestSm90BugParams,
-        exec: *mut FaExec,
-    ) -> ::std::os::raw::c_int;
+    pub fn fa_selftest_sm90_bug(params: FaSelftestSm90BugParams, exec: *mut FaExec) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
-    pub fn fa_selftest_ws_gemm(
-        params: FaSelftestWsGemmParams,
-        exec: *mut FaExec,
-    ) -> ::std::os::raw::c_int;
+    pub fn fa_selftest_ws_gemm(params: FaSelftestWsGemmParams, exec: *mut FaExec) -> ::std::os::raw::c_int;
 }

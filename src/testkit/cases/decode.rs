@@ -18,11 +18,11 @@ use crate::error::Result;
 use crate::fp8::{KvCacheOf, KvScales};
 use crate::paged::PagedKvCache;
 use crate::plan::DecodePlan;
-use crate::testkit::cases::prefill::VariantViews;
 use crate::reference::{self, Comparison};
-use crate::testkit::variants::CaseVariants;
 use crate::tensor::{TensorView, TensorViewMut};
+use crate::testkit::cases::prefill::VariantViews;
 use crate::testkit::timing::{time_launches, Timing};
+use crate::testkit::variants::CaseVariants;
 use crate::Stream;
 
 /// Sequence lengths of every sweep case: all of them in one batch (empty, single token, page and tile edges,

@@ -20,11 +20,11 @@ use crate::error::Result;
 use crate::fp8::{Fp8E4m3, Fp8E5m2, Fp8Element, Fp8Format, KvCacheOf, KvScales, ScaleKind};
 use crate::paged::PagedKvCache;
 use crate::plan::DecodePlan;
-use crate::testkit::cases::prefill::VariantViews;
 use crate::reference;
-use crate::testkit::variants::{CaseAlibi, CaseVariants};
 use crate::tensor::{TensorView, TensorViewMut};
+use crate::testkit::cases::prefill::VariantViews;
 use crate::testkit::timing::time_launches;
+use crate::testkit::variants::{CaseAlibi, CaseVariants};
 use crate::Stream;
 
 /// A decode case over an FP8 cache.

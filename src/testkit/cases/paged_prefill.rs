@@ -11,7 +11,6 @@ use half::{bf16, f16};
 use rand::seq::SliceRandom;
 use rand::Rng;
 
-use crate::testkit::cases::decode::{fill_cache, lse_tolerance, reference_cache};
 use crate::dtype::{DType, Element};
 use crate::emu::Emulator;
 use crate::error::Result;
@@ -20,11 +19,12 @@ use crate::paged::PagedKvCache;
 use crate::paged_prefill::{
     paged_prefill, PagedPrefillOptions, PagedPrefillPlan, PagedPrefillWorkspace, MAX_PLANNED_SPLITS,
 };
-use crate::testkit::cases::prefill::VariantViews;
 use crate::reference::{self, Comparison};
-use crate::testkit::variants::CaseVariants;
 use crate::tensor::{TensorView, TensorViewMut};
+use crate::testkit::cases::decode::{fill_cache, lse_tolerance, reference_cache};
+use crate::testkit::cases::prefill::VariantViews;
 use crate::testkit::timing::{time_launches, Timing};
+use crate::testkit::variants::CaseVariants;
 use crate::Stream;
 
 /// One paged prefill case: a ragged batch of (q_len, seq_len) sequences over a paged cache.

@@ -10,7 +10,6 @@ use cudarc::driver::CudaStream;
 use half::{bf16, f16};
 
 use super::paged_prefill::{case, GpuCase, PagedPrefillCase, PagedPrefillFixture, PagedPrefillOutcome};
-use crate::testkit::cases::decode_fp8::{scales_of, Fp8Cache};
 use crate::dtype::{DType, Element};
 use crate::emu::Emulator;
 use crate::error::Result;
@@ -18,9 +17,10 @@ use crate::fp8::{Fp8E4m3, Fp8E5m2, Fp8Element, Fp8Format, KvCacheOf, ScaleKind};
 use crate::paged::PagedKvCache;
 use crate::paged_prefill::PagedPrefillPlan;
 use crate::reference;
-use crate::testkit::variants::{CaseAlibi, CaseVariants};
 use crate::tensor::TensorView;
+use crate::testkit::cases::decode_fp8::{scales_of, Fp8Cache};
 use crate::testkit::timing::time_launches;
+use crate::testkit::variants::{CaseAlibi, CaseVariants};
 use crate::Stream;
 
 /// A paged prefill case over an FP8 cache.

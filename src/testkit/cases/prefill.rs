@@ -14,15 +14,15 @@ use std::time::Instant;
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::{bf16, f16};
 
-use crate::prefill::{prefill, prefill_varlen, PrefillKernel, PrefillOptions};
 use crate::dtype::{DType, Element};
 use crate::emu::Emulator;
 use crate::error::{Error, Result};
+use crate::prefill::{prefill, prefill_varlen, PrefillKernel, PrefillOptions};
 use crate::reference::{self, Comparison};
 use crate::score_mod::{AlibiSlopes, ScoreMod};
-use crate::testkit::variants::{CaseAlibi, CaseVariants};
 use crate::tensor::{TensorView, TensorViewMut};
 use crate::testkit::timing::{prefill_flops, time_launches, Timing};
+use crate::testkit::variants::{CaseAlibi, CaseVariants};
 use crate::Stream;
 use rand::Rng;
 
@@ -414,8 +414,10 @@ const FILL_CHUNK: usize = 1 << 18;
 fn random_values<T: Element>(n: usize, mean: f64, spread: f64, seed: u64, tag: u64) -> Vec<T> {
     let mut out = vec![T::default(); n];
     let fill = |c: usize, chunk: &mut [T]| {
-        let mut rng =
-            crate::testkit::seed::rng(crate::testkit::seed::case_seed(seed ^ tag.wrapping_mul(0xd1b5_4a32_d192_ed03), c as u64));
+        let mut rng = crate::testkit::seed::rng(crate::testkit::seed::case_seed(
+            seed ^ tag.wrapping_mul(0xd1b5_4a32_d192_ed03),
+            c as u64,
+        ));
         for x in chunk {
             *x = T::from_f64(mean + rng.random_range(-1.0..1.0) * spread);
         }

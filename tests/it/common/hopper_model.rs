@@ -2,9 +2,9 @@
 //! tests/it/hopper.rs (emulator against the models) and tests/it/gpu_vs_emulator.rs (GPU against the emulator).
 #![allow(dead_code)]
 
+use fused_attn::tensor_map::{TensorMapSpec, TmaSwizzle};
 use fused_attn::testkit::emu_selftest::WgmmaCase;
 use fused_attn::testkit::seed::FixtureRng;
-use fused_attn::tensor_map::{TensorMapSpec, TmaSwizzle};
 use fused_attn::DType;
 use half::{bf16, f16};
 use rand::{Rng, RngCore};
