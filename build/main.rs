@@ -25,7 +25,8 @@
 //!     With the feature off the crate is emulator-only: GPU calls return `ErrorKind::NoKernels`. With it on
 //!     and no nvcc found, the build fails and says what to do (`no_cuda_compiler`), except on docs.rs or
 //!     with FA_ALLOW_NO_CUDA set.
-//!  The self-test kernels (kernels/selftest*.cu) are part of both only with the `testkit` feature.
+//!
+//! The self-test kernels (kernels/selftest*.cu) are part of both only with the `testkit` feature.
 //!
 //! Both come from the kernel cache (build/cache.rs: keyed by content, shared by every profile and feature
 //! set) when nothing they are built from changed. Each step prints a line (`cargo build -vv` shows them).
