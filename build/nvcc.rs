@@ -199,7 +199,9 @@ pub fn build_fatbins(
     let cccl = home.join("include/cccl");
     let mut header = vec![String::new(); files.len()];
     let mut report = vec![String::new(); files.len()];
+    // Files to compile: (index, entry to store into, fatbin) beside their (label, nvcc command).
     let mut misses = Vec::new();
+    let mut commands = Vec::new();
     for (i, (stem, src, gencode, what)) in files.iter().enumerate() {
         let fatbin = dir.join(format!("{stem}.fatbin"));
         let mut key = KeyBuilder::new("fatbin");
@@ -222,19 +224,20 @@ pub fn build_fatbins(
             c.arg("-I").arg(&cccl);
         }
         c.arg("-o").arg(&fatbin).arg(src);
-        misses.push((i, format!("{stem}.cu ({what})"), c, entry, fatbin));
+        misses.push((i, entry, fatbin));
+        commands.push((format!("{stem}.cu ({what})"), c));
     }
     // More jobs than files to compile (a many-core machine): nvcc runs a file's passes (front ends, ptxas per
     // arch) on threads of its own. With fewer, it would only oversubscribe the cores.
     let threads = jobs / misses.len().max(1);
-    let mut commands = Vec::new();
-    for (_, what, c, ..) in &mut misses {
-        if threads > 1 {
+    if threads > 1 {
+        for (_, c) in &mut commands {
             c.arg("--threads").arg(threads.to_string());
         }
-        commands.push((what.clone(), std::mem::replace(c, Command::new("true"))));
     }
-    for ((i, what, _, entry, fatbin), (stderr, seconds)) in misses.into_iter().zip(run_parallel(commands, jobs)) {
+    let labels: Vec<String> = commands.iter().map(|(label, _)| label.clone()).collect();
+    let results = run_parallel(commands, jobs);
+    for (((i, entry, fatbin), what), (stderr, seconds)) in misses.into_iter().zip(labels).zip(results) {
         println!("fused-attn: nvcc {what}: {seconds:.1} s");
         let seconds = format!("{seconds:.1}");
         entry.store(&[("kernel.fatbin", &fatbin)], &[("ptxas.txt", &stderr), ("nvcc-seconds", &seconds)]);
