@@ -21,7 +21,8 @@ use std::hash::Hasher;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-/// Bumped when the layout of an entry or the meaning of a key changes.
+/// Bumped when the layout of an entry or the meaning of a key changes, or when the build script changes how
+/// it builds an artifact in a way its key does not hash (the key covers sources, compiler and flags).
 const FORMAT: &str = "fa-kernel-cache v1";
 /// Entries kept per name (a kernel file, the host library): the current sources and a few recent edits.
 const KEEP_PER_NAME: usize = 6;
