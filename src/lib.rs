@@ -53,6 +53,7 @@ pub mod merge;
 pub mod paged;
 pub mod paged_prefill;
 pub mod plan;
+pub mod poison;
 pub mod prefill;
 pub mod reference;
 pub mod score_mod;
