@@ -66,7 +66,6 @@ template <class T, class Cfg> struct CtaContext {
   typename Cfg::Lane a_lane; // ldmatrix lanes for Q (A) and V (trans B)
   typename Cfg::Lane k_lane; // ldmatrix lanes for K (B)
   WindowBounds window;               // effective bounds (causal: right = 0), fa/score_mod.cuh
-  int first_key; // kVariant: the first key a row of the tile sees (window left edge); keys below it are hidden
   float softmax_scale_log2; // scale_log2, or 1 when apply_score_mod has mapped the scores to the exp2 domain
   // kVariant kernels only:
   bool has_score_mod; // softcap or ALiBi
@@ -81,10 +80,7 @@ template <class T, class Cfg> struct CtaContext {
   // always full and skip the row predicates. Columns at or past head_dim (<= Cfg::kHeadDim) are zero-filled.
   // The lean configs load the in-loop tiles from the parked bases with RowWalkCopy (fa/tile_copy.cuh), which
   // holds no register across the loop.
-  // Only the bottom tile can hold keys left of the window (first_key / Bc is that tile): the _mod kernels load
-  // it, and the top tile, with the rows below first_key zero-filled, never read. Masking their scores is not
-  // enough: P = 0 times a NaN or Inf V row is NaN (docs/semantics.md: hidden memory never matters).
-  template <bool kPredicated, bool kVariant = false> FA_DEVICE void load_kv_async(int n, int buf, int head_dim) const {
+  template <bool kPredicated> FA_DEVICE void load_kv_async(int n, int buf, int head_dim) const {
     constexpr int kTile = Cfg::kBc * Cfg::kHeadDim;
     const int key0 = n * Cfg::kBc;
     if constexpr (Cfg::kLean && !kPredicated) {
@@ -92,13 +88,6 @@ template <class T, class Cfg> struct CtaContext {
       const KvBases<T> bases = ld_shared(&warp_park->kv);
       Copy::copy(sK + buf * kTile, bases.k + key0 * k_row_stride, k_row_stride, head_dim);
       Copy::copy(sV + buf * kTile, bases.v + key0 * v_row_stride, v_row_stride, head_dim);
-      return;
-    }
-    if constexpr (kVariant && kPredicated) {
-      cp_async_tile<Cfg::kBc, Cfg::kHeadDim, Cfg::kThreads, true, T, true>(
-          sK + buf * kTile, k + key0 * k_row_stride, k_row_stride, tk - key0, head_dim, first_key - key0);
-      cp_async_tile<Cfg::kBc, Cfg::kHeadDim, Cfg::kThreads, true, T, true>(
-          sV + buf * kTile, v + key0 * v_row_stride, v_row_stride, tk - key0, head_dim, first_key - key0);
       return;
     }
     cp_async_tile<Cfg::kBc, Cfg::kHeadDim, Cfg::kThreads, kPredicated>(sK + buf * kTile, k + key0 * k_row_stride,
@@ -135,10 +124,7 @@ FA_DEVICE void kv_tile_step(const CtaContext<T, Cfg> &cta, int n, int n_begin, i
   if (n > n_begin) {
     // With 3 buffers, next_buffer(buf) was last read two steps ago, before every warp passed the previous
     // step's barrier; with 2 it was read in the previous step, ordered by that step's trailing barrier.
-    if (kVariant && n - 1 == n_begin) // the bottom tile: the window's left edge may cut it
-      cta.template load_kv_async<true, kVariant>(n - 1, next_buffer<Cfg>(buf), head_dim);
-    else
-      cta.template load_kv_async<false>(n - 1, next_buffer<Cfg>(buf), head_dim);
+    cta.template load_kv_async<false>(n - 1, next_buffer<Cfg>(buf), head_dim);
     cp_async_commit();
     cp_async_wait<1>(); // everything but the prefetch just issued: tile n (and Q) have landed
   } else {
@@ -230,9 +216,26 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void prefill_kernel(co
   // Causal tiles lower down the sequence visit more KV tiles: launch those first (longest first), so the
   // short ones fill the tail of the grid.
   const int m_block = p.causal ? grid_dim().x - 1 - bid.x : bid.x;
-  const SeqInfo seq = seq_info(p, bid.z, bid.y);
+  SeqInfo seq = seq_info(p, bid.z, bid.y);
   const int m0 = m_block * kBr;
   if (m0 >= seq.tq) return; // past this sequence's end (varlen, or an empty sequence): no rows here
+  // The window's bounds, effective for this sequence (fa/score_mod.cuh; causal: right = 0).
+  WindowBounds window = effective_window(p.score_mod, p.causal != 0, seq.tq, seq.tk);
+  if constexpr (kVariant) {
+    // Keys left of every row's window (chunked prefill with a window: the first row sees from δ − left on)
+    // are hidden memory: an engine may have freed their pages, so they can hold anything. Masking their
+    // scores is not enough (P = 0 times a NaN or Inf V row is NaN, docs/semantics.md), so the sequence is
+    // made to start at its first visible key: K/V move down `skip` rows and Tk shrinks by as much, which
+    // keeps every row's visible keys, the window and ALiBi distances (both relative to δ = Tk − Tq), and
+    // makes the first query tile's bottom tile start at that key. Every other tile a CTA loads then holds
+    // only keys some row of the sequence sees. Prologue only: the KV loop is unchanged.
+    const int skip = seq.tk - seq.tq - window.left;
+    if (skip > 0) {
+      seq.k_offset += skip * p.k_row_stride;
+      seq.v_offset += skip * p.v_row_stride;
+      seq.tk -= skip;
+    }
+  }
 
   // The columns this kernel loads and stores: the head dim, or (a width without predicated columns,
   // tile_config.cuh) the compile-time width, which folds every column check away.
@@ -251,7 +254,7 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void prefill_kernel(co
   cta.tq = seq.tq;
   cta.tk = seq.tk;
   cta.warp_row0 = warp_id() * 16 * Cfg::kMTiles;
-  cta.window = effective_window(p.score_mod, p.causal != 0, seq.tq, seq.tk);
+  cta.window = window;
   cta.softmax_scale_log2 = p.scale_log2;
   if constexpr (kVariant) {
     cta.has_score_mod = needs_score_mod(p.score_mod);
@@ -261,7 +264,6 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void prefill_kernel(co
   } else {
     cta.window.left = seq.tq > seq.tk ? seq.tq : seq.tk; // the plain kernel has no left bound (launcher)
   }
-  cta.first_key = m0 + (seq.tk - seq.tq) - cta.window.left; // may be < 0: nothing below it to hide
 
   const KvBlockRange range =
       kv_block_range(m0, kBr, Cfg::kBc, seq.tq, seq.tk, cta.window.left, cta.window.right);
@@ -283,7 +285,7 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void prefill_kernel(co
   if (range.n_end > range.n_begin) {
     const T *q = static_cast<const T *>(p.q) + seq.q_offset + m0 * p.q_row_stride;
     cp_async_tile<kBr, kHeadDim, Cfg::kThreads, true>(cta.sQ, q, p.q_row_stride, seq.tq - m0, head_dim);
-    cta.template load_kv_async<true, kVariant>(range.n_end - 1, 0, head_dim);
+    cta.template load_kv_async<true>(range.n_end - 1, 0, head_dim);
     cp_async_commit();
   }
   int n = range.n_end - 1;
