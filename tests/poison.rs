@@ -17,8 +17,8 @@ use fused_attn::paged_prefill::{paged_prefill, PagedPrefillOptions, PagedPrefill
 use fused_attn::prefill::{prefill, prefill_varlen, PrefillKernel, PrefillOptions, Window};
 use fused_attn::score_mod::ScoreMod;
 use fused_attn::{
-    append, decode, merge_states, DecodeOptions, DecodeWorkspace, Element, Emulator, Fp8E4m3, Fp8E5m2, Fp8Format, KvScales,
-    PagedKvCache, PagedKvCacheMut, Stream, TensorView, TensorViewMut,
+    append, decode, merge_states, DecodeOptions, DecodeWorkspace, Element, Emulator, Fp8E4m3, Fp8E5m2, Fp8Format,
+    KvScales, PagedKvCache, PagedKvCacheMut, Stream, TensorView, TensorViewMut,
 };
 use half::{bf16, f16};
 
@@ -402,8 +402,12 @@ fn run_varlen<T: Element + Bits>(
     let (cu_q, cu_k) = (be.buf(cu_q), be.buf(cu_k));
     let mut o = be.buf(vec![T::nan(); total_q * hq * d]);
     let mut lse = be.buf(vec![f32::NAN; hq * total_q]);
-    let opts =
-        PrefillOptions { causal: true, score_mod: ScoreMod { window, ..Default::default() }, kernel, ..Default::default() };
+    let opts = PrefillOptions {
+        causal: true,
+        score_mod: ScoreMod { window, ..Default::default() },
+        kernel,
+        ..Default::default()
+    };
     prefill_varlen(
         &be.stream(),
         &q.prefix(total_q * hq * d, [total_q, hq, d]),
@@ -462,7 +466,13 @@ struct Paged {
     splits: Option<usize>,
 }
 
-fn paged(seqs: &[(usize, usize)], page_size: usize, d: usize, window: Option<(i32, i32)>, splits: Option<usize>) -> Paged {
+fn paged(
+    seqs: &[(usize, usize)],
+    page_size: usize,
+    d: usize,
+    window: Option<(i32, i32)>,
+    splits: Option<usize>,
+) -> Paged {
     Paged { seqs: seqs.to_vec(), page_size, heads: (4, 2), d, window, splits }
 }
 
@@ -709,7 +719,7 @@ fn merge_ignores_empty_states(be: &Backend) {
     let (k, n, h, d, dp) = (4usize, 3usize, 2usize, 64usize, 72usize);
     let run = |fill: Fill| {
         let mut rng = Rng::new(0x11);
-        let mut o_states = vec![fill.value::<f32>(); k * n * h * dp];
+        let mut o_states = vec![fill.value::<bf16>().to_f32(); k * n * h * dp];
         let mut lse = vec![0.0f32; k * n * h];
         for s in 0..k {
             for r in 0..n * h {
