@@ -5,7 +5,7 @@
 //! bytes, i.e. everywhere but the smallest, launch-bound shapes).
 //!
 //! Throughput is `Throughput::Bytes(bytes)` with the bytes a decode actually moves
-//! (`fused_attn::decode::cases::decode_bytes`: K and V read once per KV head, Q, O, LSE, and the split
+//! (`fused_attn::testkit::cases::decode::decode_bytes`: K and V read once per KV head, Q, O, LSE, and the split
 //! workspace written and read back by the merge), and each row is quoted against the device-to-device copy
 //! bandwidth measured at the start of the same run. Each sample is a CUDA-event pair around back-to-back
 //! launches (decode + merge when split); criterion's warm-up is excluded. Small caches would sit in L2, so
@@ -25,8 +25,8 @@ use std::rc::Rc;
 
 use criterion::{BenchmarkId, Throughput};
 use cudarc::driver::CudaSlice;
-use fused_attn::decode::cases::{decode_bytes, DecodeCase};
 use fused_attn::fp8::{Fp8Element, KvCacheOf};
+use fused_attn::testkit::cases::decode::{decode_bytes, DecodeCase};
 use fused_attn::{
     decode, DType, DecodeOptions, DecodeWorkspace, Fp8E4m3, Fp8Format, KvScales, PagedKvCache, Stream, TensorView,
     TensorViewMut,
@@ -91,7 +91,7 @@ impl BenchKv for Fp8E4m3 {
     ) {
         let len = buf.len();
         let chunk = len.min(1 << 20);
-        let mut rng = fused_attn::seed::rng(seed);
+        let mut rng = fused_attn::testkit::seed::rng(seed);
         let scale = lo.abs().max(hi.abs()) / Fp8Format::E4m3.max();
         let host: Vec<Fp8E4m3> = (0..chunk)
             .map(|_| Fp8E4m3::from_code(Fp8Format::E4m3.encode((rng.random_range(lo..hi) / scale) as f32)))
@@ -134,7 +134,7 @@ fn bench_case<C: BenchKv>(
     C::fill(s, &mut v, seed + 1, -0.5, 1.5);
     let scales = C::scales(&stream, hkv);
     // One block table per set, each a shuffled permutation of that set's pages.
-    let mut rng = fused_attn::seed::rng(seed + 2);
+    let mut rng = fused_attn::testkit::seed::rng(seed + 2);
     let mut tables = Vec::with_capacity(sets);
     for set in 0..sets {
         let mut ids: Vec<i32> = (0..pages_per_set).map(|p| (set * pages_per_set + p) as i32).collect();
@@ -197,7 +197,7 @@ fn main() {
     let smoke = support::test_mode();
     // The memory ceiling, measured first in the same process: a 1 GiB device-to-device copy (bytes read +
     // written).
-    let copy_gbps = fused_attn::timing::copy_bandwidth_gbps(&gpu.stream, 1 << 30).expect("copy bandwidth");
+    let copy_gbps = fused_attn::testkit::timing::copy_bandwidth_gbps(&gpu.stream, 1 << 30).expect("copy bandwidth");
     println!("device-to-device copy bandwidth (read + write, same run): {copy_gbps:.0} GB/s");
 
     let mut c = support::criterion();

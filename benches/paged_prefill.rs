@@ -1,4 +1,4 @@
-//! Paged prefill on the GPU (bf16, D = 128, Hq = 32, Hkv = 8), two comparisons the README states targets
+//! Paged prefill on the GPU (bf16, D = 128, Hq = 32, Hkv = 8), two comparisons docs/performance.md states targets
 //! for (not yet measured):
 //!  - **paged vs dense prefill** on the same shapes: a full causal prefill (q_len = context = 2048, B = 4) and
 //!    a chunk (q_len 512 at context 4096, B = 4), paged with page size 16 and 64 against
@@ -19,9 +19,9 @@ use std::rc::Rc;
 
 use criterion::{BenchmarkId, Throughput};
 use cudarc::driver::CudaSlice;
-use fused_attn::paged_prefill::cases::{case_flops, PagedPrefillCase};
 use fused_attn::paged_prefill::{paged_prefill, PagedPrefillOptions, PagedPrefillWorkspace};
 use fused_attn::prefill::{prefill, PrefillOptions};
+use fused_attn::testkit::cases::paged_prefill::{case_flops, PagedPrefillCase};
 use fused_attn::{decode, DType, DecodeOptions, DecodeWorkspace, PagedKvCache, Stream, TensorView, TensorViewMut};
 use half::bf16;
 use rand::seq::SliceRandom;
@@ -60,7 +60,7 @@ impl PagedSetup {
         support::fill_random(s, &mut k, seed, -2.0, 2.0);
         support::fill_random(s, &mut v, seed + 1, -0.5, 1.5);
         let mut ids: Vec<i32> = (0..pages as i32).collect();
-        ids.shuffle(&mut fused_attn::seed::rng(seed + 2));
+        ids.shuffle(&mut fused_attn::testkit::seed::rng(seed + 2));
         let total_q = b * q_len;
         let mut q = unsafe { s.alloc::<bf16>(total_q * HQ * D) }.expect("alloc q");
         support::fill_random(s, &mut q, seed + 3, -2.0, 2.0);
@@ -121,7 +121,7 @@ impl PagedSetup {
 }
 
 fn case(b: usize, q_len: usize, ctx: usize, ps: usize) -> PagedPrefillCase {
-    let mut c = fused_attn::paged_prefill::cases::case(D, (HQ, HKV), ps, &vec![(q_len, ctx); b]);
+    let mut c = fused_attn::testkit::cases::paged_prefill::case(D, (HQ, HKV), ps, &vec![(q_len, ctx); b]);
     c.dtype = DType::Bf16;
     c
 }

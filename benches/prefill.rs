@@ -1,4 +1,4 @@
-//! Prefill throughput on the standard FlashAttention shape family, as `fused_attn::prefill::cases::perf_cases`
+//! Prefill throughput on the standard FlashAttention shape family, as `fused_attn::testkit::cases::prefill::perf_cases`
 //! defines it for the runner's report (one source of truth for the shapes): B·T = 16k tokens, Hq·D = 2048
 //! (every shape moves the same bytes), T in 512..16k, D in {64, 128, 256}, causal and not, MHA (Hkv = Hq,
 //! as in the FA2/FA3 papers' forward benchmarks), plus the GQA shape (Hq 32, Hkv 8). Here: every bf16 shape,
@@ -30,9 +30,9 @@ use std::rc::Rc;
 
 use criterion::{BenchmarkId, Throughput};
 use cudarc::driver::CudaSlice;
-use fused_attn::prefill::cases::{perf_cases, PrefillCase};
 use fused_attn::prefill::{prefill, PrefillOptions};
-use fused_attn::timing::prefill_flops;
+use fused_attn::testkit::cases::prefill::{perf_cases, PrefillCase};
+use fused_attn::testkit::timing::prefill_flops;
 use fused_attn::{DType, Element, Stream, TensorView, TensorViewMut};
 use half::{bf16, f16};
 

@@ -1,5 +1,5 @@
 //! libfa_host.a: the launchers, the kernels compiled as host C++ for the emulator, and the SIMT executor,
-//! through `cc` (parallel jobs, jobserver). It depends on no cargo feature or profile (always -O2: the
+//! through `cc` (parallel jobs, jobserver). It depends on no cargo feature (but `testkit`, which adds the self-test kernels) or profile (always -O2: the
 //! emulated suite must be fast in debug too), so it comes from the kernel cache whenever the sources under
 //! kernels/, the C++ compiler and its flags are the ones an entry was built from.
 
@@ -62,6 +62,10 @@ pub fn build_host_library(
     key.text(&a.get_compiler().args().iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" "));
     for f in all {
         key.file(kernels, f);
+    }
+    // Which .cu files are compiled depends on the `testkit` feature (the self-test kernels).
+    for f in cu {
+        key.text(&f.strip_prefix(kernels).unwrap_or(f).to_string_lossy());
     }
     let entry = cache.entry("host", &key.finish());
     let dests: Vec<PathBuf> = LIBS.iter().map(|l| out.join(l)).collect();

@@ -10,7 +10,7 @@
 //!     kernels' hardware conversion), plus PTX for newer GPUs; embedded in the crate (OUT_DIR/fatbins.rs)
 //!     and loaded per CUDA context through the driver API. No CUDA runtime is linked. The nvcc jobs run on
 //!     threads of our own (a fatbin is not an object file, which is all `cc` builds), the longest first;
-//!     the budget is 2 minutes of wall time for all of them on a 2-core machine (README "Build" has the
+//!     the budget is 2 minutes of wall time for all of them on a 2-core machine (docs/build.md has the
 //!     measurements, and the reasons for each choice). `ptxas -v` of every kernel goes to
 //!     target/<profile>/ptxas-report.txt (headed by each fatbin's SASS / PTX and nvcc time) and any spill
 //!     or stack frame fails the build, and so does ptxas
@@ -26,11 +26,13 @@
 //!     and no nvcc found, the build fails and says what to do (`no_cuda_compiler`), except on docs.rs or
 //!     with FA_ALLOW_NO_CUDA set.
 //!
+//! The self-test kernels (kernels/selftest*.cu) are part of both only with the `testkit` feature.
+//!
 //! Both come from the kernel cache (build/cache.rs: keyed by content, shared by every profile and feature
 //! set) when nothing they are built from changed. Each step prints a line (`cargo build -vv` shows them).
 //!
-//! The C ABI (kernels/include/fa/abi.h) is mirrored by bindgen into src/sys/abi.rs, which is committed (so
-//! building needs no libclang); tests/abi_bindings.rs regenerates it and fails if it is stale.
+//! The C ABI (kernels/include/fa/abi.h) is mirrored by bindgen into src/runtime/sys/abi.rs, which is committed (so
+//! building needs no libclang); tests/it/abi_bindings.rs regenerates it and fails if it is stale.
 //!
 //! nvcc search (first hit wins): $NVCC, $CUDA_HOME/bin/nvcc, $CUDA_PATH/bin/nvcc, nvcc on PATH,
 //! /usr/local/cuda/bin/nvcc, then the toolchain scripts/setup installs ($FA_TOOLCHAIN_DIR, default
@@ -82,6 +84,11 @@ fn main() {
             _ => {}
         }
     });
+    // The self-test kernels (kernels/selftest*.cu: intrinsics, emulator fault detection, planted bugs) verify
+    // the crate; they are built, for the emulator and into the fatbins, only with the `testkit` feature.
+    if env::var_os("CARGO_FEATURE_TESTKIT").is_none() {
+        cu_sources.retain(|p| !is_selftest(p));
+    }
     cu_sources.sort();
     cpp_sources.sort();
     let cache = cache::KernelCache::new(&out);
@@ -189,6 +196,11 @@ fn watch_dir(dir: &Path, f: &mut dyn FnMut(&Path)) {
 }
 
 /// target/<profile>/ from OUT_DIR (target/<profile>/build/<pkg>-<hash>/out).
+/// kernels/selftest.cu, kernels/selftest_sm90.cu.
+fn is_selftest(path: &Path) -> bool {
+    path.file_stem().and_then(|s| s.to_str()).is_some_and(|s| s.starts_with("selftest"))
+}
+
 fn profile_dir(out: &Path) -> PathBuf {
     out.ancestors().nth(3).unwrap_or(out).to_path_buf()
 }

@@ -7,6 +7,7 @@
 // emulator must report, or, for the GEMM, uses all of it together the way the attention kernels do.
 #include "fa/intrinsics.cuh"
 #include "fa/namespace.cuh"
+#include "fa/selftest_abi.h"
 
 FA_NAMESPACE_BEGIN
 namespace {

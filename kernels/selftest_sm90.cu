@@ -7,6 +7,7 @@
 // correct twin, or, for the GEMM, composes them as a warp-specialised kernel does.
 #include "fa/intrinsics.cuh"
 #include "fa/namespace.cuh"
+#include "fa/selftest_abi.h"
 
 FA_NAMESPACE_BEGIN
 namespace {

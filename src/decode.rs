@@ -9,9 +9,6 @@
 //! plan's max_seq_len. A workspace made by [`DecodeWorkspace::with_capacity`] instead plans each call from
 //! its own shape (convenient, but the split geometry then depends on the batch).
 
-pub mod cases;
-pub mod fp8_cases;
-
 use cudarc::driver::CudaSlice;
 
 use crate::device::Stream;

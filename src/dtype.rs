@@ -1,7 +1,11 @@
-//! Element types the kernels accept: fp16 and bf16 (half::f16 / half::bf16), with the conversions the
-//! tests and the reference need. Conversions round to nearest even, as the GPU's cvt.rn does.
+//! Element types the kernels accept: fp16 and bf16 (half::f16 / half::bf16) for every tensor, with the
+//! conversions the tests and the reference need (round to nearest even, as the GPU's cvt.rn does), and the
+//! FP8 codes (E4M3, E5M2) a KV cache may hold instead, with a scalar model of their conversions
+//! ([`Fp8Format`]). The caches' scales and their checks are in [`crate::fp8`].
 
 use half::{bf16, f16};
+
+use crate::sys;
 
 /// Runtime tag of a 16-bit floating-point element type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -14,8 +18,8 @@ impl DType {
     /// The tag the C ABI uses (FA_DTYPE_* in kernels/include/fa/abi.h).
     pub(crate) fn abi(self) -> i32 {
         match self {
-            DType::F16 => crate::sys::FA_DTYPE_F16 as i32,
-            DType::Bf16 => crate::sys::FA_DTYPE_BF16 as i32,
+            DType::F16 => sys::FA_DTYPE_F16 as i32,
+            DType::Bf16 => sys::FA_DTYPE_BF16 as i32,
         }
     }
     /// Spelling used by the runner's `--dtype` flag and JSON rows.
@@ -44,7 +48,7 @@ impl DType {
 
 /// A 16-bit element type usable in kernel views (and as a 16-bit KV cache's element).
 pub trait Element:
-    crate::fp8::KvCacheOf<Self>
+    KvCacheOf<Self>
     + Copy
     + Default
     + Send
@@ -83,5 +87,195 @@ impl Element for bf16 {
     }
     fn nan() -> Self {
         bf16::NAN
+    }
+}
+
+/// An FP8 format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Fp8Format {
+    E4m3,
+    E5m2,
+}
+
+impl Fp8Format {
+    /// Exponent bias and mantissa bits.
+    fn layout(self) -> (i32, i32) {
+        match self {
+            Fp8Format::E4m3 => (7, 3),
+            Fp8Format::E5m2 => (15, 2),
+        }
+    }
+    /// The largest finite value (448 or 57344).
+    pub fn max(self) -> f64 {
+        match self {
+            Fp8Format::E4m3 => 448.0,
+            Fp8Format::E5m2 => 57344.0,
+        }
+    }
+    /// The canonical NaN code both formats' conversions produce.
+    pub const NAN_CODE: u8 = 0x7f;
+
+    /// The value of a code (the model: sign, biased exponent, mantissa; NaN and infinities by format).
+    pub fn decode(self, code: u8) -> f64 {
+        let (bias, mant) = self.layout();
+        let sign = if code & 0x80 != 0 { -1.0 } else { 1.0 };
+        let e = i32::from((code & 0x7f) >> mant);
+        let m = f64::from(code & ((1 << mant) - 1));
+        let all_ones = (1 << (7 - mant)) - 1;
+        match self {
+            Fp8Format::E4m3 if code & 0x7f == 0x7f => return f64::NAN,
+            Fp8Format::E5m2 if e == all_ones => return if m == 0.0 { sign * f64::INFINITY } else { f64::NAN },
+            _ => {}
+        }
+        let frac = m / f64::from(1 << mant);
+        if e == 0 {
+            sign * frac * 2f64.powi(1 - bias)
+        } else {
+            sign * (1.0 + frac) * 2f64.powi(e - bias)
+        }
+    }
+
+    /// The code of `x` (the model, computed in f64 from the value's binade rather than from bits): round to
+    /// nearest even, saturate to ±max (infinities included), NaN -> 0x7f, -0 -> 0x80.
+    pub fn encode(self, x: f32) -> u8 {
+        if x.is_nan() {
+            return Self::NAN_CODE;
+        }
+        let (bias, mant) = self.layout();
+        let sign = if x.is_sign_negative() { 0x80u8 } else { 0 };
+        let a = f64::from(x).abs();
+        let max = self.max();
+        // The spacing of representable values around a: 2^(max(exponent, 1 - bias) - mant).
+        let exp = if a == 0.0 { 1 - bias } else { (a.log2().floor() as i32).max(1 - bias) };
+        let ulp = 2f64.powi(exp - mant);
+        let q = (a / ulp).round_ties_even() * ulp; // exact: a / ulp is a scaling by a power of two
+        let q = if a > max || q > max { max } else { q };
+        // The code of the (now representable) value q.
+        let e = if q == 0.0 { 0 } else { (q.log2().floor() as i32).max(1 - bias) };
+        let code = if q < 2f64.powi(1 - bias) {
+            (q / 2f64.powi(1 - bias - mant)) as u8 // subnormal (or zero): the mantissa alone
+        } else {
+            (((e + bias) << mant) as u8) | (((q / 2f64.powi(e) - 1.0) * f64::from(1 << mant)) as u8)
+        };
+        sign | code
+    }
+
+    /// The tag the C ABI uses (FA_KV_FP8_* in abi.h).
+    pub(crate) fn abi(self) -> i32 {
+        match self {
+            Fp8Format::E4m3 => sys::FA_KV_FP8_E4M3 as i32,
+            Fp8Format::E5m2 => sys::FA_KV_FP8_E5M2 as i32,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Fp8Format::E4m3 => "fp8_e4m3",
+            Fp8Format::E5m2 => "fp8_e5m2",
+        }
+    }
+}
+
+/// The element type of a KV cache: the op's 16-bit dtype, or FP8.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KvDType {
+    Sixteen(DType),
+    Fp8(Fp8Format),
+}
+
+impl KvDType {
+    /// Spelling of the runner's `--kv-dtype` (fp16, bf16, fp8_e4m3, fp8_e5m2).
+    pub fn name(self) -> &'static str {
+        match self {
+            KvDType::Sixteen(d) => d.name(),
+            KvDType::Fp8(f) => f.name(),
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "fp8_e4m3" | "e4m3" => Some(KvDType::Fp8(Fp8Format::E4m3)),
+            "fp8_e5m2" | "e5m2" => Some(KvDType::Fp8(Fp8Format::E5m2)),
+            _ => DType::parse(s).map(KvDType::Sixteen),
+        }
+    }
+    pub fn fp8(self) -> Option<Fp8Format> {
+        match self {
+            KvDType::Fp8(f) => Some(f),
+            KvDType::Sixteen(_) => None,
+        }
+    }
+    /// Bytes per element.
+    pub fn bytes(self) -> usize {
+        match self {
+            KvDType::Sixteen(_) => 2,
+            KvDType::Fp8(_) => 1,
+        }
+    }
+}
+
+/// One E4M3 code.
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Fp8E4m3(pub u8);
+/// One E5M2 code.
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Fp8E5m2(pub u8);
+
+// SAFETY: one plain byte, any bit pattern valid; passed to kernels only through pointers.
+unsafe impl cudarc::driver::DeviceRepr for Fp8E4m3 {}
+unsafe impl cudarc::driver::ValidAsZeroBits for Fp8E4m3 {}
+unsafe impl cudarc::driver::DeviceRepr for Fp8E5m2 {}
+unsafe impl cudarc::driver::ValidAsZeroBits for Fp8E5m2 {}
+
+/// An element type a KV cache can hold: fp16/bf16 (the op's own dtype) or an FP8 code.
+pub trait KvElement:
+    Copy + Default + Send + Sync + std::fmt::Debug + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits + 'static
+{
+    const KV_DTYPE: KvDType;
+}
+impl KvElement for half::f16 {
+    const KV_DTYPE: KvDType = KvDType::Sixteen(DType::F16);
+}
+impl KvElement for half::bf16 {
+    const KV_DTYPE: KvDType = KvDType::Sixteen(DType::Bf16);
+}
+impl KvElement for Fp8E4m3 {
+    const KV_DTYPE: KvDType = KvDType::Fp8(Fp8Format::E4m3);
+}
+impl KvElement for Fp8E5m2 {
+    const KV_DTYPE: KvDType = KvDType::Fp8(Fp8Format::E5m2);
+}
+
+/// A cache element type that serves queries / new tokens of type `T`: `T` itself (a 16-bit cache), or an
+/// FP8 code type (either 16-bit `T`). A 16-bit cache of the other dtype does not compile; and since a 16-bit
+/// cache type has one such `T`, callers' `T` is still inferred from the cache.
+pub trait KvCacheOf<T>: KvElement {}
+impl KvCacheOf<half::f16> for half::f16 {}
+impl KvCacheOf<half::bf16> for half::bf16 {}
+impl<T: Element> KvCacheOf<T> for Fp8E4m3 {}
+impl<T: Element> KvCacheOf<T> for Fp8E5m2 {}
+
+/// An FP8 code type: its format and the raw byte.
+pub trait Fp8Element: KvElement {
+    const FORMAT: Fp8Format;
+    fn from_code(code: u8) -> Self;
+    fn code(self) -> u8;
+}
+impl Fp8Element for Fp8E4m3 {
+    const FORMAT: Fp8Format = Fp8Format::E4m3;
+    fn from_code(code: u8) -> Self {
+        Fp8E4m3(code)
+    }
+    fn code(self) -> u8 {
+        self.0
+    }
+}
+impl Fp8Element for Fp8E5m2 {
+    const FORMAT: Fp8Format = Fp8Format::E5m2;
+    fn from_code(code: u8) -> Self {
+        Fp8E5m2(code)
+    }
+    fn code(self) -> u8 {
+        self.0
     }
 }

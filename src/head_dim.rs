@@ -4,7 +4,7 @@
 //! Every op (prefill, varlen prefill, decode) accepts every head dim that is a multiple of 8 from 32 to 256.
 //! A kernel of width `W >= D` serves `D` with predicated columns: the columns past `D` are zero-filled in
 //! shared memory, never read from global memory and never stored, so the padding costs tensor-core time
-//! (counted in [`crate::cost_model`]'s mma), not memory traffic.
+//! (counted in the testkit cost model's mma), not memory traffic.
 
 /// Smallest supported head dim.
 pub const MIN_HEAD_DIM: usize = 32;

@@ -5,7 +5,9 @@
 //! kernels/include/fa/abi.h) → `launch` (the only place raw pointers are taken) and `kernels` (fatbins loaded
 //! per context, launches through the driver API) → the safe ops over [`TensorView`]s on a [`Stream`] (a
 //! cudarc stream, a raw `CUstream`, or the emulator). `reference` is the fp64
-//! CPU reference the tests (and downstream suites) compare against.
+//! CPU reference the tests (and downstream suites) compare against. `testkit` (feature `testkit`, off by
+//! default) is what verifies rather than ships: fixtures, case harnesses, timing, the cost model and the
+//! emulator's self-test kernels.
 //!
 //! ```
 //! use fused_attn::{prefill::{prefill, PrefillOptions}, Emulator, Stream, TensorView, TensorViewMut};
@@ -36,33 +38,27 @@ pub mod append;
 pub mod build_info;
 #[cfg(feature = "candle")]
 pub mod candle;
-pub mod cost_model;
-pub mod counters;
 pub mod decode;
-pub mod device;
 pub mod dtype;
-pub mod emu;
-#[doc(hidden)]
-pub mod emu_selftest;
 pub mod error;
 pub mod fp8;
 pub mod head_dim;
-mod kernels;
-mod launch;
+pub mod mask;
 pub mod merge;
 pub mod paged;
 pub mod paged_prefill;
 pub mod plan;
-pub mod poison;
 pub mod prefill;
 pub mod reference;
+pub mod runtime;
 pub mod score_mod;
-pub mod seed;
-#[doc(hidden)]
-pub mod sys;
 pub mod tensor;
-pub mod tensor_map;
-pub mod timing;
+#[cfg(feature = "testkit")]
+pub mod testkit;
+
+// The runtime layer's modules keep their crate-root paths (`fused_attn::device`, `crate::launch`, ...).
+pub use runtime::{counters, device, emu, sys, tensor_map};
+pub(crate) use runtime::{kernels, launch};
 
 /// The `half` and `cudarc` versions this crate's API uses (bf16/f16 elements, streams and views).
 pub use cudarc;
@@ -84,7 +80,28 @@ pub use paged_prefill::{paged_prefill, PagedPrefillOptions, PagedPrefillWorkspac
 pub use plan::{DecodePlan, DecodeProblem};
 pub use score_mod::{AlibiSlopes, ScoreMod};
 
-/// Every Rust snippet of the README compiles (and the ones not marked `no_run` run) as a doctest.
+/// Every Rust snippet of the README and of docs/ compiles (and the ones not marked `no_run` run) as a
+/// doctest.
 #[cfg(doctest)]
-#[doc = include_str!("../README.md")]
-pub struct ReadmeDoctests;
+mod doc_pages {
+    #[doc = include_str!("../README.md")]
+    pub struct Readme;
+    #[doc = include_str!("../docs/usage.md")]
+    pub struct Usage;
+    #[doc = include_str!("../docs/integration.md")]
+    pub struct Integration;
+    #[doc = include_str!("../docs/runner.md")]
+    pub struct Runner;
+    #[doc = include_str!("../docs/build.md")]
+    pub struct Build;
+    #[doc = include_str!("../docs/correctness.md")]
+    pub struct Correctness;
+    #[doc = include_str!("../docs/performance.md")]
+    pub struct Performance;
+    #[doc = include_str!("../docs/semantics.md")]
+    pub struct Semantics;
+    #[doc = include_str!("../docs/emulator.md")]
+    pub struct Emulator;
+    #[doc = include_str!("../docs/architecture.md")]
+    pub struct Architecture;
+}

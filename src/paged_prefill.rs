@@ -20,9 +20,6 @@
 //! dtype in shared memory and folds the scales into the math; q and o stay 16-bit. FP8 head dims are
 //! multiples of 16.
 
-pub mod cases;
-pub mod fp8_cases;
-
 use crate::decode::{check_split_fits, stream_sm_count, Buffer};
 use crate::device::Stream;
 use crate::dtype::Element;

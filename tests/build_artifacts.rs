@@ -119,7 +119,8 @@ fn every_host_kernel_is_in_the_fatbins_for_every_target() {
         panic!("cuobjdump not found: scripts/setup installs it into .toolchain/cuda-tools");
     };
     // The C ABI's functions (launchers and host helpers) are every extern "C" fa_* that is not a kernel.
-    let abi = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/sys/abi.rs")).unwrap();
+    let abi = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/runtime/sys/abi.rs")).unwrap()
+        + &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/runtime/sys/selftest_abi.rs")).unwrap();
     let abi: Vec<&str> = abi.split("pub fn ").skip(1).filter_map(|r| r.split('(').next()).collect();
     // The host library: OUT_DIR/libfa_host.a, next to the fatbin directory (build.rs).
     let lib = std::path::Path::new(build_info::FATBIN_DIR).parent().unwrap().join("libfa_host.a");

@@ -10,8 +10,8 @@
 
 use std::time::Instant;
 
-use fused_attn::emu_selftest::{self as st, BarrierMode, BenchOp, Bug, GemmBug, GemmShape, WarpOp};
-use fused_attn::seed::FixtureRng as StdRng;
+use fused_attn::testkit::emu_selftest::{self as st, BarrierMode, BenchOp, Bug, GemmBug, GemmShape, WarpOp};
+use fused_attn::testkit::seed::FixtureRng as StdRng;
 use fused_attn::{DType, Element, ErrorKind};
 use half::{bf16, f16};
 use rand::Rng;
@@ -21,7 +21,9 @@ use rand::Rng;
 const SEEDS: [u64; 4] = [0, 1, 0x5eed, 0xdead_beef];
 
 fn rng(seed: u64) -> StdRng {
-    fused_attn::seed::rng(seed ^ fused_attn::seed::base_seed() ^ fused_attn::seed::DEFAULT_BASE_SEED)
+    fused_attn::testkit::seed::rng(
+        seed ^ fused_attn::testkit::seed::base_seed() ^ fused_attn::testkit::seed::DEFAULT_BASE_SEED,
+    )
 }
 
 fn emulator_error(r: fused_attn::Result<impl std::fmt::Debug>) -> String {

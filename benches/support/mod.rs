@@ -105,7 +105,7 @@ pub fn fill_random<T: Element>(stream: &Arc<CudaStream>, buf: &mut CudaSlice<T>,
     if chunk == 0 {
         return;
     }
-    let mut rng = fused_attn::seed::rng(seed);
+    let mut rng = fused_attn::testkit::seed::rng(seed);
     let host: Vec<T> = (0..chunk).map(|_| T::from_f64(rng.random_range(lo..hi))).collect();
     stream.memcpy_htod(&host, &mut buf.slice_mut(0..chunk)).expect("upload");
     let mut filled = chunk;

@@ -13,22 +13,18 @@
 //! The host policy the kernel follows — tile shape per head dim, the grid, which KV tiles a query tile
 //! visits and which of them are masked — is here as pure functions ([`TileConfig`], [`kv_block_range`]),
 //! mirroring kernels/include/fa/prefill/{tile_config,block_range}.cuh, and unit-tested.
-//!
-//! [`cases`] holds the correctness sweep, the performance shapes and the harness that runs one case against
-//! the fp64 reference (emulator or GPU) and times it on a GPU.
 
-pub mod cases;
 pub mod sm90;
 
-pub use cases::{sweep_cases, CaseLayout, PrefillCase, SWEEP_SEQLENS};
 pub use sm90::{PrefillKernel, Sm90Tile, SM90_HEAD_DIMS, SM90_SOFTCAP_RANGE};
 
 use crate::device::Stream;
 use crate::dtype::Element;
 use crate::error::{to_i32, Error, Result};
 use crate::launch::{softmax_scale, Launch};
+pub use crate::mask::{kv_block_range, KvBlockRange, Window};
 use crate::plan::MAX_GRID_YZ;
-use crate::score_mod::{CaseAlibi, CaseVariants, ScoreMod};
+use crate::score_mod::{ScoreMod, VariantSet};
 use crate::sys;
 use crate::tensor::{Mem, TensorView, TensorViewMut};
 
@@ -111,90 +107,13 @@ impl TileConfig {
     }
 }
 
-/// The KV tiles one query tile visits: `[n_begin, n_end)`, walked downward: `[n_mask_begin, n_end)` need
-/// the mask (right edge, causal diagonal, ragged Tk), `[n_interior_begin, n_mask_begin)` do not, and
-/// `[n_begin, n_interior_begin)` need it again (the window's left edge).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KvBlockRange {
-    pub n_begin: usize,
-    pub n_end: usize,
-    pub n_mask_begin: usize,
-    pub n_interior_begin: usize,
-}
-
-/// A query tile's view of the keys: row i sees key j iff `i + δ − left ≤ j ≤ i + δ + right` (and j < Tk),
-/// δ = Tk − Tq; `None` bounds are unbounded (causal is `right = Some(0)`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Window {
-    pub left: Option<usize>,
-    pub right: Option<usize>,
-}
-
-impl Window {
-    /// Plain attention (`causal = false`) or the causal mask.
-    pub fn causal(causal: bool) -> Self {
-        Self { left: None, right: causal.then_some(0) }
-    }
-    /// The window a call applies: `(left, right)` bounds (−1 unbounded) and causal (right 0).
-    pub fn new(window: Option<(i32, i32)>, causal: bool) -> Self {
-        let (l, r) = window.unwrap_or((-1, -1));
-        Self { left: usize::try_from(l).ok(), right: if causal { Some(0) } else { usize::try_from(r).ok() } }
-    }
-    /// Whether row `i` (of `tq`) sees key `j` (of `tk`).
-    pub fn sees(&self, i: usize, j: usize, tq: usize, tk: usize) -> bool {
-        let (pos, j) = ((i + tk) as i64 - tq as i64, j as i64);
-        j < tk as i64 && self.left.is_none_or(|l| j >= pos - l as i64) && self.right.is_none_or(|r| j <= pos + r as i64)
-    }
-    /// The keys `[lo, hi)` row `i` (of `tq`) sees among `tk` (empty: lo == hi).
-    pub fn visible_range(&self, i: usize, tq: usize, tk: usize) -> (usize, usize) {
-        let pos = (i + tk) as i64 - tq as i64;
-        let lo = self.left.map_or(0, |l| (pos - l as i64).max(0)).min(tk as i64);
-        let hi = self.right.map_or(tk as i64, |r| (pos + r as i64 + 1).clamp(0, tk as i64));
-        (lo as usize, hi.max(lo) as usize)
-    }
-    /// The kernel's effective bounds: a bound that excludes nothing (None, or ≥ max(Tq, Tk)) is that span.
-    fn effective(&self, tq: usize, tk: usize) -> (i64, i64) {
-        let span = tq.max(tk) as i64;
-        let eff = |b: Option<usize>| b.map_or(span, |b| (b as i64).min(span));
-        (eff(self.left), eff(self.right))
-    }
-}
-
-/// Which KV tiles the query tile of rows `[m0, m0 + block_m)` (clipped to `tq`) visits, and which need the
-/// mask: exactly the kernel's `kv_block_range` (kernels/include/fa/prefill/block_range.cuh). Tiles holding
-/// no key some row of the tile sees are skipped (above the diagonal, outside the window); a tile is
-/// mask-free iff every row sees all its keys. `n_begin == n_end`: no row sees a key (O = 0, LSE = -inf).
-pub fn kv_block_range(m0: usize, block_m: usize, block_n: usize, tq: usize, tk: usize, window: Window) -> KvBlockRange {
-    let (left, right) = window.effective(tq, tk);
-    let (m0, br, bc, tq, tk) = (m0 as i64, block_m as i64, block_n as i64, tq as i64, tk as i64);
-    let diag = tk - tq;
-    let last_row = if tq - m0 < br { tq } else { m0 + br } - 1;
-    let first_key = (m0 + diag - left).max(0);
-    let last_key = (last_row + diag + right).min(tk - 1);
-    if last_key < first_key {
-        return KvBlockRange { n_begin: 0, n_end: 0, n_mask_begin: 0, n_interior_begin: 0 };
-    }
-    let (n_begin, n_end) = (first_key / bc, last_key / bc + 1);
-    let all_lo = (last_row + diag - left).max(0);
-    let all_hi = (m0 + diag + right).min(tk - 1);
-    let n_mask_begin = if all_hi < 0 { 0 } else { (all_hi + 1) / bc }.clamp(n_begin, n_end);
-    let n_interior_begin = ((all_lo + bc - 1) / bc).clamp(n_begin, n_mask_begin);
-    let u = |x: i64| x as usize;
-    KvBlockRange {
-        n_begin: u(n_begin),
-        n_end: u(n_end),
-        n_mask_begin: u(n_mask_begin),
-        n_interior_begin: u(n_interior_begin),
-    }
-}
-
 /// Whether a launch with these variants runs the `_mod` kernel (kernels/prefill.cu, needs_variant_kernel):
 /// softcap, ALiBi, or a left window bound below `max(seqlen_q, seqlen_k)` (the batch's maxima), which
 /// excludes keys.
-pub fn uses_variant_kernel(variants: &CaseVariants, seqlen_q: usize, seqlen_k: usize) -> bool {
+pub fn uses_variant_kernel(variants: &VariantSet, seqlen_q: usize, seqlen_k: usize) -> bool {
     let span = seqlen_q.max(seqlen_k);
     variants.softcap.is_some()
-        || variants.alibi != CaseAlibi::None
+        || variants.alibi
         || matches!(variants.window, Some((left, _)) if left >= 0 && (left as usize) < span)
 }
 

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use fused_attn::prefill::PrefillKernel;
-use fused_attn::score_mod::{CaseAlibi, CaseVariants};
+use fused_attn::testkit::variants::{CaseAlibi, CaseVariants};
 use fused_attn::{DType, Error, Fp8Format, KvDType, Result, ScaleKind};
 
 /// The runner's git commit (`git describe` at build time; "unknown" outside a git checkout).
@@ -218,7 +218,7 @@ pub struct RunArgs {
     pub sinks: bool,
     #[command(flatten)]
     pub common: Common,
-    /// Write every input and output as .npy into DIR (see the README for names, dtypes and shapes).
+    /// Write every input and output as .npy into DIR (docs/runner.md lists names, dtypes and shapes).
     #[arg(long, value_name = "DIR")]
     pub dump: Option<PathBuf>,
     /// On a GPU: check without timing (one launch, e.g. under compute-sanitizer).

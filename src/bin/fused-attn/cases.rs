@@ -1,18 +1,19 @@
 //! Runner cases: one prefill or decode case, run on a backend and turned into a [`Row`]. Correctness comes
-//! from the library harnesses (`fused_attn::prefill::cases`, `fused_attn::decode::cases`), timing from
+//! from the library harnesses (`fused_attn::testkit::cases::prefill`, `fused_attn::testkit::cases::decode`), timing from
 //! their GPU timers.
 
 use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
-use fused_attn::decode::cases::{self as dc, DecodeCase};
-use fused_attn::decode::fp8_cases::{self as fc, Fp8DecodeCase};
-use fused_attn::paged_prefill::cases::{self as ppc, PagedPrefillCase};
-use fused_attn::paged_prefill::fp8_cases::{self as pfc, Fp8PagedPrefillCase};
-use fused_attn::prefill::cases::{self as pc, PrefillCase, PrefillFixture, PrefillOutputs};
 use fused_attn::reference::Comparison;
-use fused_attn::score_mod::{CaseAlibi, CaseVariants};
-use fused_attn::{cost_model, DType, Element, Error, LaunchCounters, Result};
+use fused_attn::testkit::cases::decode::{self as dc, DecodeCase};
+use fused_attn::testkit::cases::decode_fp8::{self as fc, Fp8DecodeCase};
+use fused_attn::testkit::cases::paged_prefill::{self as ppc, PagedPrefillCase};
+use fused_attn::testkit::cases::paged_prefill_fp8::{self as pfc, Fp8PagedPrefillCase};
+use fused_attn::testkit::cases::prefill::{self as pc, PrefillCase, PrefillFixture, PrefillOutputs};
+use fused_attn::testkit::cost_model;
+use fused_attn::testkit::variants::{CaseAlibi, CaseVariants};
+use fused_attn::{DType, Element, Error, LaunchCounters, Result};
 use half::{bf16, f16};
 
 use crate::backend::Backend;

@@ -15,11 +15,11 @@ use std::fs::File;
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 
-use fused_attn::decode::cases::DecodeRun;
-use fused_attn::decode::fp8_cases::Fp8DecodeRun;
-use fused_attn::paged_prefill::cases::{PagedPrefillFixture, PagedPrefillRun};
-use fused_attn::paged_prefill::fp8_cases::Fp8PagedPrefillRun;
-use fused_attn::prefill::cases::{PrefillFixture, PrefillOutputs};
+use fused_attn::testkit::cases::decode::DecodeRun;
+use fused_attn::testkit::cases::decode_fp8::Fp8DecodeRun;
+use fused_attn::testkit::cases::paged_prefill::{PagedPrefillFixture, PagedPrefillRun};
+use fused_attn::testkit::cases::paged_prefill_fp8::Fp8PagedPrefillRun;
+use fused_attn::testkit::cases::prefill::{PrefillFixture, PrefillOutputs};
 use fused_attn::{DType, Element, Error, Result};
 
 use npyz::WriterBuilder;

@@ -16,12 +16,12 @@ mod row;
 use std::io::BufRead;
 use std::path::Path;
 
-use fused_attn::decode::cases::DecodeCase;
-use fused_attn::decode::fp8_cases::Fp8DecodeCase;
-use fused_attn::paged_prefill::cases::PagedPrefillCase;
-use fused_attn::paged_prefill::fp8_cases::Fp8PagedPrefillCase;
-use fused_attn::prefill::{CaseLayout, PrefillCase};
-use fused_attn::timing::copy_bandwidth_gbps;
+use fused_attn::testkit::cases::decode::DecodeCase;
+use fused_attn::testkit::cases::decode_fp8::Fp8DecodeCase;
+use fused_attn::testkit::cases::paged_prefill::PagedPrefillCase;
+use fused_attn::testkit::cases::paged_prefill_fp8::Fp8PagedPrefillCase;
+use fused_attn::testkit::cases::prefill::{CaseLayout, PrefillCase};
+use fused_attn::testkit::timing::copy_bandwidth_gbps;
 use fused_attn::{Error, ErrorKind, Result};
 
 use args::{Command, Op, Parsed, PlotArgs, ReportArgs, RunArgs};

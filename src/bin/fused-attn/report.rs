@@ -8,12 +8,13 @@ use std::collections::BTreeMap;
 use std::sync::mpsc;
 use std::time::Instant;
 
-use fused_attn::decode::cases::{decode_sweep, decode_sweep_emulated, perf_cases as decode_perf, DecodeCase};
-use fused_attn::decode::fp8_cases::Fp8DecodeCase;
-use fused_attn::paged_prefill::cases::{self as ppc, PagedPrefillCase};
-use fused_attn::prefill::cases::perf_cases as prefill_perf;
-use fused_attn::prefill::{sweep_cases, PrefillCase, PrefillKernel, Sm90Tile, SM90_SOFTCAP_RANGE};
-use fused_attn::timing::copy_bandwidth_gbps;
+use fused_attn::prefill::{PrefillKernel, Sm90Tile, SM90_SOFTCAP_RANGE};
+use fused_attn::testkit::cases::decode::{decode_sweep, decode_sweep_emulated, perf_cases as decode_perf, DecodeCase};
+use fused_attn::testkit::cases::decode_fp8::Fp8DecodeCase;
+use fused_attn::testkit::cases::paged_prefill::{self as ppc, PagedPrefillCase};
+use fused_attn::testkit::cases::prefill::perf_cases as prefill_perf;
+use fused_attn::testkit::cases::prefill::{sweep_cases, PrefillCase};
+use fused_attn::testkit::timing::copy_bandwidth_gbps;
 use fused_attn::{DType, Fp8Format, Result, ScaleKind};
 
 use crate::backend::Backend;
@@ -110,7 +111,7 @@ pub struct TimedShape {
     pub baseline: Option<usize>,
 }
 
-/// Paged prefill against dense prefill (the README's "paged prefill vs dense prefill, same shapes" row):
+/// Paged prefill against dense prefill (docs/performance.md's "paged prefill vs dense prefill, same shapes" row):
 /// B = 4 chunks of `q_len` new tokens at the end of a `context`-token sequence, bf16, D = 128, GQA 32:8,
 /// causal, over pages of [`PAGED_CHUNK_PAGES`]. (q_len, context).
 pub const PAGED_CHUNKS: [(usize, usize); 2] = [(512, 4096), (2048, 4096)];
@@ -377,13 +378,13 @@ mod tests {
                     (Timed::Fp8Decode(c), Timed::Decode(b)) => {
                         assert_eq!((&c.base, c.format, c.scales), (b, Fp8Format::E4m3, ScaleKind::PerHead));
                         assert!(decode_perf().contains(b) && b.dtype == DType::Bf16);
-                        // --quick keeps the README row's shape.
+                        // --quick keeps the predictions row's shape.
                         assert!(!quick || (b.batch(), b.max_seq_len()) == (64, 4096));
                         fp8 += 1;
                     }
                     (Timed::PagedPrefill(c), Timed::Prefill(d)) => {
                         // The same visible (query, key) pairs: FLOPs and so TFLOPS compare directly.
-                        let dense = fused_attn::timing::prefill_flops(
+                        let dense = fused_attn::testkit::timing::prefill_flops(
                             d.batch, d.heads_q, d.seqlen_q, d.seqlen_k, d.head_dim, d.causal,
                         );
                         assert_eq!(ppc::case_flops(c), dense, "{}", c.label());
@@ -416,7 +417,7 @@ mod tests {
             let (shapes, kernels) = (if quick { 1 } else { 2 }, if hopper { 2 } else { 1 });
             assert_eq!(dense, shapes * kernels);
         }
-        // Both README rows' page sizes and q_lens, and their contexts.
+        // Both predictions rows' page sizes and q_lens, and their contexts.
         let full = perf_plan(false, PrefillKernel::Auto, false);
         let paged: Vec<&PagedPrefillCase> =
             full.iter().filter_map(|s| if let Timed::PagedPrefill(c) = &s.case { Some(c) } else { None }).collect();

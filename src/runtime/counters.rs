@@ -1,0 +1,291 @@
+//! Cost counters of emulated launches: what each kernel did, counted by the host executor as it ran
+//! (kernels/emu/, `FaEmuCounters` in abi.h). Not a timing model: they count the instructions and bytes the
+//! kernel issued through the intrinsics layer, so a test can check that a kernel moves the bytes and does
+//! the work its design promises (tests/it/cost.rs; what each counter counts: docs/emulator.md, "Cost counters").
+//!
+//! One op call (one `fa_emu_*` launcher) may launch several kernels, e.g. split-KV decode runs the decode
+//! kernel then the merge kernel: [`LaunchCounters`] keeps one [`KernelCounters`] per kernel, in launch order.
+//! [`Emulator::last_launch_counters`](crate::Emulator::last_launch_counters) returns them for the calling
+//! thread's last op.
+
+use std::ffi::CStr;
+use std::fmt;
+
+use crate::sys;
+
+/// Global-memory traffic of one buffer the launch listed (one `FaEmuRegion`), in bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct BufferTraffic {
+    /// The argument's name ("q", "k_cache", "partial_o", ...).
+    pub name: String,
+    /// The buffer's size as listed (the whole view the op was given).
+    pub size: u64,
+    /// Bytes loaded: `ld_global`, cp.async sources whose predicate is true, atomics (4 each).
+    pub read: u64,
+    /// Bytes stored: `st_global`, atomics (4 each).
+    pub written: u64,
+}
+
+/// What one kernel launch did. Warp-level instructions count once per warp; bytes are access sizes.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct KernelCounters {
+    /// The kernel's symbol: `fa_<family>_<instantiation>` ("fa_prefill_bf16_d128", "fa_paged_decode_f16_d64",
+    /// "fa_merge_states_f32_bf16", "fa_paged_append", ...).
+    pub kernel: String,
+    /// CTAs run.
+    pub blocks: u64,
+    /// Global traffic per buffer, in the launch's buffer order (every listed buffer, touched or not).
+    pub buffers: Vec<BufferTraffic>,
+    /// `mma.m16n8k16` warp instructions.
+    pub mma: u64,
+    /// `ldmatrix` warp instructions (any width, transposed or not).
+    pub ldmatrix: u64,
+    /// `shfl` warp instructions.
+    pub shuffles: u64,
+    /// `fast_exp2` calls, one per lane that calls it.
+    pub exp2: u64,
+    /// Completed `bar.sync` barriers: one each time a block (or a named barrier's set of warps) passes one.
+    pub barriers: u64,
+    /// Warp arrivals at barriers (each completed barrier times the warps taking part).
+    pub barrier_arrivals: u64,
+    /// Shared bytes loaded: `ld_shared`, plus 16 bytes per `ldmatrix` row (128 per matrix).
+    pub shared_bytes_read: u64,
+    /// Shared bytes stored: `st_shared`, plus every cp.async landing (zero-fills included).
+    pub shared_bytes_written: u64,
+    /// cp.async bytes issued with a true predicate (each also counted as a global read of its source).
+    pub cp_async_bytes: u64,
+    /// cp.async bytes issued with a false predicate: the destination is zero-filled, nothing is read.
+    pub cp_async_zfill_bytes: u64,
+    /// `wgmma.mma_async` warpgroup instructions (one per warpgroup; m64nNk16 is 2048·N FLOPs).
+    pub wgmma: u64,
+    /// TMA loads issued, whole boxes (out-of-bounds elements included; the in-bounds bytes are also global
+    /// reads of their buffer).
+    pub tma_load_bytes: u64,
+    /// TMA stores completed, whole boxes (the in-bounds bytes are also global writes of their buffer).
+    pub tma_store_bytes: u64,
+}
+
+impl KernelCounters {
+    /// Whether this is a kernel of `family` ("prefill", "paged_decode", "merge_states", "selftest_mma", ...):
+    /// its symbol is `fa_<family>` or `fa_<family>_<instantiation>`.
+    pub fn is(&self, family: &str) -> bool {
+        self.kernel
+            .strip_prefix("fa_")
+            .and_then(|r| r.strip_prefix(family))
+            .is_some_and(|r| r.is_empty() || r.starts_with('_'))
+    }
+
+    /// Global bytes read, over all buffers.
+    pub fn global_bytes_read(&self) -> u64 {
+        self.buffers.iter().map(|b| b.read).sum()
+    }
+    /// Global bytes written, over all buffers.
+    pub fn global_bytes_written(&self) -> u64 {
+        self.buffers.iter().map(|b| b.written).sum()
+    }
+    /// The traffic of the buffer named `name`, if the launch listed one.
+    pub fn buffer(&self, name: &str) -> Option<&BufferTraffic> {
+        self.buffers.iter().find(|b| b.name == name)
+    }
+    /// Bytes read from the buffer named `name` (0 if the launch did not list it).
+    pub fn read_of(&self, name: &str) -> u64 {
+        self.buffer(name).map_or(0, |b| b.read)
+    }
+    /// Bytes written to the buffer named `name` (0 if the launch did not list it).
+    pub fn written_of(&self, name: &str) -> u64 {
+        self.buffer(name).map_or(0, |b| b.written)
+    }
+
+    /// Every scalar counter by name, global totals first: the flat view a JSON writer serialises (per-buffer
+    /// traffic is in [`KernelCounters::buffers`]).
+    pub fn values(&self) -> [(&'static str, u64); 17] {
+        [
+            ("global_bytes_read", self.global_bytes_read()),
+            ("global_bytes_written", self.global_bytes_written()),
+            ("mma", self.mma),
+            ("barriers", self.barriers),
+            ("exp2", self.exp2),
+            ("ldmatrix", self.ldmatrix),
+            ("shuffles", self.shuffles),
+            ("barrier_arrivals", self.barrier_arrivals),
+            ("shared_bytes_read", self.shared_bytes_read),
+            ("shared_bytes_written", self.shared_bytes_written),
+            ("cp_async_bytes", self.cp_async_bytes),
+            ("cp_async_zfill_bytes", self.cp_async_zfill_bytes),
+            ("wgmma", self.wgmma),
+            ("tma_load_bytes", self.tma_load_bytes),
+            ("tma_store_bytes", self.tma_store_bytes),
+            ("blocks", self.blocks),
+            ("kernels", 1),
+        ]
+    }
+
+    /// Adds `other`'s counts to these; buffers are matched by name (kernels of one op share its buffers).
+    fn accumulate(&mut self, other: &KernelCounters) {
+        self.blocks += other.blocks;
+        self.mma += other.mma;
+        self.ldmatrix += other.ldmatrix;
+        self.shuffles += other.shuffles;
+        self.exp2 += other.exp2;
+        self.barriers += other.barriers;
+        self.barrier_arrivals += other.barrier_arrivals;
+        self.shared_bytes_read += other.shared_bytes_read;
+        self.shared_bytes_written += other.shared_bytes_written;
+        self.cp_async_bytes += other.cp_async_bytes;
+        self.cp_async_zfill_bytes += other.cp_async_zfill_bytes;
+        self.wgmma += other.wgmma;
+        self.tma_load_bytes += other.tma_load_bytes;
+        self.tma_store_bytes += other.tma_store_bytes;
+        for b in &other.buffers {
+            match self.buffers.iter_mut().find(|x| x.name == b.name) {
+                Some(x) => {
+                    x.read += b.read;
+                    x.written += b.written;
+                }
+                None => self.buffers.push(b.clone()),
+            }
+        }
+    }
+
+    /// The counters the executor wrote for one kernel; `regions` is the launch's buffer list.
+    fn from_abi(c: &sys::FaEmuCounters, regions: &[sys::FaEmuRegion]) -> Self {
+        // SAFETY: the executor NUL-terminates the kernel name within its array (snprintf).
+        let kernel = unsafe { CStr::from_ptr(c.kernel.as_ptr()) }.to_string_lossy().into_owned();
+        let buffers = regions
+            .iter()
+            .enumerate()
+            .map(|(i, r)| BufferTraffic {
+                name: if r.name.is_null() {
+                    "(unnamed)".to_string()
+                } else {
+                    // SAFETY: region names are 'static C strings (crate::launch, crate::testkit::emu_selftest).
+                    unsafe { CStr::from_ptr(r.name) }.to_string_lossy().into_owned()
+                },
+                size: r.bytes,
+                read: c.global_bytes_read.get(i).copied().unwrap_or(0),
+                written: c.global_bytes_written.get(i).copied().unwrap_or(0),
+            })
+            .collect();
+        Self {
+            kernel,
+            blocks: c.blocks,
+            buffers,
+            mma: c.mma,
+            ldmatrix: c.ldmatrix,
+            shuffles: c.shuffles,
+            exp2: c.exp2,
+            barriers: c.barriers,
+            barrier_arrivals: c.barrier_arrivals,
+            shared_bytes_read: c.shared_bytes_read,
+            shared_bytes_written: c.shared_bytes_written,
+            cp_async_bytes: c.cp_async_bytes,
+            cp_async_zfill_bytes: c.cp_async_zfill_bytes,
+            wgmma: c.wgmma,
+            tma_load_bytes: c.tma_load_bytes,
+            tma_store_bytes: c.tma_store_bytes,
+        }
+    }
+}
+
+/// Every kernel one op call launched on the emulator, in launch order.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LaunchCounters {
+    pub kernels: Vec<KernelCounters>,
+}
+
+impl LaunchCounters {
+    /// The first kernel named `name`.
+    pub fn kernel(&self, family: &str) -> Option<&KernelCounters> {
+        self.kernels.iter().find(|k| k.is(family))
+    }
+
+    /// All kernels summed (named "decode+merge" style), e.g. an op's whole global traffic.
+    pub fn total(&self) -> KernelCounters {
+        let mut t = KernelCounters::default();
+        for k in &self.kernels {
+            t.accumulate(k);
+        }
+        t.kernel = self.kernels.iter().map(|k| k.kernel.as_str()).collect::<Vec<_>>().join("+");
+        t
+    }
+
+    /// [`KernelCounters::values`] of the total, with "kernels" the number of kernel launches: what a JSON
+    /// writer puts in a `"counters"` object.
+    pub fn values(&self) -> [(&'static str, u64); 17] {
+        let mut v = self.total().values();
+        if let Some(k) = v.iter_mut().find(|(name, _)| *name == "kernels") {
+            k.1 = self.kernels.len() as u64;
+        }
+        v
+    }
+
+    /// Reads the counters the executor left in `ctx` (after the launcher returned).
+    pub(crate) fn from_abi(ctx: &sys::FaEmuLaunch, regions: &[sys::FaEmuRegion]) -> Self {
+        let n = usize::try_from(ctx.num_kernels).unwrap_or(0).min(ctx.kernels.len());
+        Self { kernels: ctx.kernels[..n].iter().map(|c| KernelCounters::from_abi(c, regions)).collect() }
+    }
+}
+
+impl fmt::Display for KernelCounters {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: {} blocks; global read {} B, written {} B",
+            self.kernel,
+            self.blocks,
+            self.global_bytes_read(),
+            self.global_bytes_written()
+        )?;
+        let touched: Vec<String> = self
+            .buffers
+            .iter()
+            .filter(|b| b.read > 0 || b.written > 0)
+            .map(|b| match (b.read, b.written) {
+                (r, 0) => format!("{} r {r}", b.name),
+                (0, w) => format!("{} w {w}", b.name),
+                (r, w) => format!("{} r {r} w {w}", b.name),
+            })
+            .collect();
+        if !touched.is_empty() {
+            write!(f, " ({})", touched.join(", "))?;
+        }
+        write!(
+            f,
+            "; mma {}, ldmatrix {}, shfl {}, exp2 {}, barriers {} ({} warp arrivals); shared read {} B, \
+             written {} B; cp.async {} B (+{} B zero-fill)",
+            self.mma,
+            self.ldmatrix,
+            self.shuffles,
+            self.exp2,
+            self.barriers,
+            self.barrier_arrivals,
+            self.shared_bytes_read,
+            self.shared_bytes_written,
+            self.cp_async_bytes,
+            self.cp_async_zfill_bytes
+        )?;
+        if self.wgmma > 0 || self.tma_load_bytes > 0 || self.tma_store_bytes > 0 {
+            write!(
+                f,
+                "; wgmma {}, TMA loads {} B, stores {} B",
+                self.wgmma, self.tma_load_bytes, self.tma_store_bytes
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for LaunchCounters {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.kernels.is_empty() {
+            return write!(f, "(no kernel launched)");
+        }
+        for (i, k) in self.kernels.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{k}")?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,945 @@
+//! The decode sweep (shared by the tests and the runner's `report` / `run --op decode`) and the host-side
+//! fixture it runs on: a paged cache built the adversarial way. Pages are handed out in shuffled order,
+//! page 0 is a reserved null page, every slot no sequence owns (the null page, spare pages, the tail of
+//! each partial last page) holds NaN, and block-table columns past a sequence's pages point at the null
+//! page. A kernel that reads or lets any of that leak produces NaN.
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaStream;
+use half::{bf16, f16};
+use rand::seq::SliceRandom;
+use rand::Rng;
+
+use crate::decode::{decode, DecodeOptions, DecodeWorkspace};
+use crate::dtype::{DType, Element};
+use crate::emu::Emulator;
+use crate::error::Result;
+use crate::fp8::{KvCacheOf, KvScales};
+use crate::paged::PagedKvCache;
+use crate::plan::DecodePlan;
+use crate::reference::{self, Comparison};
+use crate::tensor::{TensorView, TensorViewMut};
+use crate::testkit::cases::prefill::VariantViews;
+use crate::testkit::timing::{time_launches, Timing};
+use crate::testkit::variants::CaseVariants;
+use crate::Stream;
+
+/// Sequence lengths of every sweep case: all of them in one batch (empty, single token, page and tile edges,
+/// a long one that is not a multiple of anything).
+pub const SWEEP_SEQ_LENS: [usize; 7] = [0, 1, 15, 16, 17, 1000, 4097];
+pub const SWEEP_PAGE_SIZES: [usize; 5] = [1, 8, 16, 64, 256];
+/// (Hq, Hkv): MHA, GQA 4, GQA 8, and MQA with 20 query heads (two 16-row CTA blocks, the second partial).
+pub const SWEEP_HEADS: [(usize, usize); 4] = [(4, 4), (8, 2), (16, 2), (20, 1)];
+pub const SWEEP_HEAD_DIMS: [usize; 3] = [64, 128, 256];
+pub const SWEEP_DTYPES: [DType; 2] = [DType::F16, DType::Bf16];
+/// Forced split counts, and `None` = the planner's choice.
+pub const SWEEP_SPLITS: [Option<usize>; 4] = [Some(1), Some(2), Some(7), None];
+
+/// One decode configuration: a batch of sequences of the given lengths over a paged cache.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecodeCase {
+    pub dtype: DType,
+    pub head_dim: usize,
+    pub heads_q: usize,
+    pub heads_kv: usize,
+    pub page_size: usize,
+    pub seq_lens: Vec<usize>,
+    pub num_splits: Option<usize>,
+    /// Score variants (sliding window, softcap, ALiBi, sinks).
+    pub variants: CaseVariants,
+}
+
+impl DecodeCase {
+    pub fn batch(&self) -> usize {
+        self.seq_lens.len()
+    }
+    pub fn max_seq_len(&self) -> usize {
+        self.seq_lens.iter().copied().max().unwrap_or(0)
+    }
+    /// The sliding window's left bound, if any.
+    pub fn window_left(&self) -> Option<usize> {
+        self.variants.window.and_then(|(l, _)| usize::try_from(l).ok())
+    }
+    /// Tokens of a sequence of `len` the query sees (the last `left + 1` under a window).
+    pub fn visible_tokens(&self, len: usize) -> usize {
+        self.window_left().map_or(len, |w| len.min(w + 1))
+    }
+    /// K and V bytes the kernel must read (each visible cached token once per KV head), for bandwidth
+    /// accounting.
+    pub fn kv_bytes(&self) -> usize {
+        self.seq_lens.iter().map(|&n| self.visible_tokens(n)).sum::<usize>() * self.heads_kv * self.head_dim * 2 * 2
+    }
+    /// The planner's view of this case (over the window, if any).
+    pub fn problem(&self) -> crate::plan::DecodeProblem {
+        crate::plan::DecodeProblem {
+            batch: self.batch(),
+            heads_q: self.heads_q,
+            heads_kv: self.heads_kv,
+            head_dim: self.head_dim,
+            max_seq_len: self.max_seq_len(),
+        }
+        .windowed(self.window_left())
+    }
+    pub fn label(&self) -> String {
+        let splits = self.num_splits.map_or("planned".to_string(), |s| s.to_string());
+        let variants = self.variants.label();
+        format!(
+            "{} D={} Hq={} Hkv={} page={} splits={} lens={:?}{}{}",
+            self.dtype.name(),
+            self.head_dim,
+            self.heads_q,
+            self.heads_kv,
+            self.page_size,
+            splits,
+            self.seq_lens,
+            if variants.is_empty() { "" } else { " " },
+            variants
+        )
+    }
+}
+
+/// The full sweep: every page size x head layout x head dim x dtype x split choice (480 cases), each a
+/// batch holding all of [`SWEEP_SEQ_LENS`]. What a GPU runs.
+pub fn decode_sweep() -> Vec<DecodeCase> {
+    let mut cases = Vec::new();
+    for &page_size in &SWEEP_PAGE_SIZES {
+        for &(heads_q, heads_kv) in &SWEEP_HEADS {
+            for &head_dim in &SWEEP_HEAD_DIMS {
+                for &dtype in &SWEEP_DTYPES {
+                    for &num_splits in &SWEEP_SPLITS {
+                        cases.push(DecodeCase {
+                            dtype,
+                            head_dim,
+                            heads_q,
+                            heads_kv,
+                            page_size,
+                            seq_lens: SWEEP_SEQ_LENS.to_vec(),
+                            num_splits,
+                            variants: CaseVariants::default(),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    cases
+}
+
+/// A representative subset for the host emulator, 48 of the 480 cases: every (page size, split choice) pair
+/// appears (twice) and every (head layout, head dim, dtype) triple appears (twice), so every value of every
+/// dimension meets every value of the others it interacts with most.
+pub fn decode_sweep_emulated() -> Vec<DecodeCase> {
+    (0..48)
+        .map(|i| DecodeCase {
+            dtype: SWEEP_DTYPES[(i / 12) % 2],
+            head_dim: SWEEP_HEAD_DIMS[(i / 4) % 3],
+            heads_q: SWEEP_HEADS[i % 4].0,
+            heads_kv: SWEEP_HEADS[i % 4].1,
+            page_size: SWEEP_PAGE_SIZES[i % 5],
+            seq_lens: SWEEP_SEQ_LENS.to_vec(),
+            num_splits: SWEEP_SPLITS[(i / 5) % 4],
+            variants: CaseVariants::default(),
+        })
+        .collect()
+}
+
+/// The score-variant decode sweep: each variant alone (a window shorter and longer than the sequences,
+/// softcap, ALiBi per head and per sequence, sinks) and the gpt-oss (window + sinks) and Gemma 2 (window +
+/// softcap) combinations and all at once, each with forced split counts 1, 2 and 7 and the planner's
+/// choice; head dims, page sizes and dtypes rotate. The batch holds an empty sequence, sequences shorter
+/// than the windows and longer ones.
+pub fn decode_variant_sweep() -> Vec<DecodeCase> {
+    use crate::testkit::variants::{CaseAlibi, CaseVariants as V};
+    let none = V::default();
+    let variants = [
+        V { window: Some((100, 0)), ..none },
+        V { window: Some((700, -1)), ..none },
+        V { softcap: Some(2.0), ..none },
+        V { alibi: CaseAlibi::PerHead, ..none },
+        V { alibi: CaseAlibi::PerSequence, ..none },
+        V { sinks: true, ..none },
+        V { window: Some((127, 0)), sinks: true, ..none },
+        V { window: Some((255, 0)), softcap: Some(3.0), ..none },
+        V { window: Some((90, 0)), softcap: Some(4.0), alibi: CaseAlibi::PerHead, sinks: true },
+    ];
+    let mut cases = Vec::new();
+    for (i, v) in variants.iter().enumerate() {
+        for (j, &num_splits) in SWEEP_SPLITS.iter().enumerate() {
+            let k = i * SWEEP_SPLITS.len() + j;
+            cases.push(DecodeCase {
+                dtype: SWEEP_DTYPES[k % 2],
+                head_dim: SWEEP_HEAD_DIMS[(i + j) % 3],
+                heads_q: SWEEP_HEADS[k % 4].0,
+                heads_kv: SWEEP_HEADS[k % 4].1,
+                page_size: [1, 16, 256][k % 3],
+                seq_lens: vec![0, 1, 17, 129, 1000, 2100],
+                num_splits,
+                variants: *v,
+            });
+        }
+    }
+    cases
+}
+
+/// The head dims the decode head-dim sweep runs (the widths 64, 128, 256 serve the others with predicated
+/// columns, kernels/include/fa/head_dim.cuh): the smallest, each width's odd members and the model dims.
+pub const HEAD_DIM_SWEEP_DIMS: [usize; 12] = [32, 40, 72, 80, 96, 112, 136, 160, 192, 200, 224, 248];
+
+/// The decode head-dim sweep (issue 12): each of [`HEAD_DIM_SWEEP_DIMS`] with page sizes, split choices
+/// (1, 2, 7, planned), head layouts and dtypes rotating, and a score variant on every third. The batch holds
+/// an empty sequence, a short one and a full-page one; q, o, the cache and the split partials are tight
+/// (the fixture puts a full page last in the cache: [`PagedFixture::with_inputs`]), so reading or writing a
+/// column past D is out of bounds in the emulator. Sized to emulate in a few seconds on two cores.
+pub fn decode_head_dim_sweep() -> Vec<DecodeCase> {
+    use crate::testkit::variants::{CaseAlibi, CaseVariants as V};
+    let variants = [
+        V { window: Some((100, 0)), sinks: true, ..V::default() },
+        V { softcap: Some(2.0), alibi: CaseAlibi::PerHead, ..V::default() },
+        V { sinks: true, ..V::default() },
+        V { window: Some((60, 0)), ..V::default() },
+    ];
+    HEAD_DIM_SWEEP_DIMS
+        .iter()
+        .enumerate()
+        .map(|(i, &head_dim)| DecodeCase {
+            dtype: SWEEP_DTYPES[i % 2],
+            head_dim,
+            heads_q: SWEEP_HEADS[i % 4].0,
+            heads_kv: SWEEP_HEADS[i % 4].1,
+            page_size: [16, 1, 8, 64, 256][i % 5],
+            seq_lens: vec![0, 17, 256, 300],
+            num_splits: SWEEP_SPLITS[i % 4],
+            variants: if i % 3 == 2 { variants[(i / 3) % 4] } else { V::default() },
+        })
+        .collect()
+}
+
+/// How a case's inputs are drawn and laid out, beyond its shape ([`DecodeCase`]): the variations engines use.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DecodeInputs {
+    /// The softmax scale passed to the kernel; `None`: its default 1/sqrt(D).
+    pub scale: Option<f32>,
+    /// q and K are drawn from U(-m, m) and V from m/4 + U(-m/2, m/2) (so O is not ~ 0); 2 by default.
+    /// Large values (e.g. 8) with a large scale make the softmax sharp.
+    pub magnitude: f64,
+    /// Memory layout of the cache pages.
+    pub cache_layout: CacheLayout,
+    /// q and o as head slices of packed `[B, 3·Hq, D]` tensors (non-contiguous batch stride) instead of
+    /// contiguous `[B, Hq, D]`.
+    pub strided_q_o: bool,
+}
+
+impl Default for DecodeInputs {
+    fn default() -> Self {
+        Self { scale: None, magnitude: 2.0, cache_layout: CacheLayout::TokenMajor, strided_q_o: false }
+    }
+}
+
+impl DecodeInputs {
+    pub fn label(&self) -> String {
+        let mut s = format!("{:?}", self.cache_layout);
+        if let Some(sc) = self.scale {
+            s += &format!(" scale={sc}");
+        }
+        if self.magnitude != 2.0 {
+            s += &format!(" |x|<{}", self.magnitude);
+        }
+        if self.strided_q_o {
+            s += " strided-q/o";
+        }
+        s
+    }
+}
+
+/// Layouts of the paged cache that engines use; all are the same logical `[num_pages, page_size, Hkv, D]`
+/// view, through strides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheLayout {
+    /// Separate K and V buffers, each `[num_pages, page_size, Hkv, D]` contiguous (vLLM's flash layout).
+    TokenMajor,
+    /// Separate buffers stored `[num_pages, Hkv, page_size, D]` (FlashInfer's HND): token stride D, head
+    /// stride page_size·D.
+    HeadMajor,
+    /// One buffer `[num_pages, 2, page_size, Hkv, D]`: each page holds its K block then its V block.
+    Interleaved,
+}
+
+/// A cache materialised in a [`CacheLayout`]: the buffers and, for K and V, (buffer index, element offset,
+/// strides of the logical `[num_pages, page_size, Hkv, D]` view).
+#[derive(Debug, Clone)]
+pub struct CacheBuffers<T> {
+    pub bufs: Vec<Vec<T>>,
+    pub k: (usize, usize, [i64; 4]),
+    pub v: (usize, usize, [i64; 4]),
+}
+
+/// Host data of one case/// Host data of one case: the paged cache (NaN wherever no sequence owns a slot), the block table, the
+/// lengths and the queries. Element layouts: k/v_cache [num_pages, page_size, Hkv, D], block_table
+/// [B, width], q [B, Hq, D].
+#[derive(Debug, Clone)]
+pub struct PagedFixture<T> {
+    pub case: DecodeCase,
+    pub inputs: DecodeInputs,
+    pub num_pages: usize,
+    pub width: usize,
+    pub k_cache: Vec<T>,
+    pub v_cache: Vec<T>,
+    pub block_table: Vec<i32>,
+    pub seq_lens: Vec<i32>,
+    pub q: Vec<T>,
+    /// ALiBi slopes (`[Hq]` or `[B, Hq]`) and sinks (`[Hq]`) of the case's variants (empty when unused).
+    pub alibi_slopes: Vec<f32>,
+    pub sinks: Vec<f32>,
+}
+
+impl<T: Element> PagedFixture<T> {
+    /// Builds the fixture from `seed` with the default inputs: q and K uniform in [-2, 2) (so softmax is far
+    /// from uniform at scale 1/sqrt(D)), V uniform in [-0.5, 1.5) (offset so outputs are not ~ 0).
+    pub fn new(case: &DecodeCase, seed: u64) -> Self {
+        Self::with_inputs(case, &DecodeInputs::default(), seed)
+    }
+
+    /// Builds the fixture from `seed`, drawing values as `inputs` says (its layout is applied when the
+    /// cache is materialised for a launch, [`PagedFixture::cache_buffers`]).
+    pub fn with_inputs(case: &DecodeCase, inputs: &DecodeInputs, seed: u64) -> Self {
+        let mut rng = crate::testkit::seed::rng(seed);
+        let mag = inputs.magnitude;
+        let (ps, hkv, d) = (case.page_size, case.heads_kv, case.head_dim);
+        let pages_of: Vec<usize> = case.seq_lens.iter().map(|&n| n.div_ceil(ps)).collect();
+        // One spare column of table per sequence (pointing at the null page) and two spare pages.
+        let width = pages_of.iter().copied().max().unwrap_or(0) + 1;
+        let num_pages = 1 + pages_of.iter().sum::<usize>() + 2;
+        let mut ids: Vec<i32> = (1..num_pages as i32).collect();
+        ids.shuffle(&mut rng);
+        // The cache's last page gets the first full page of a sequence, if there is one: then the last row
+        // (and head) of the allocation is read, and a kernel reading past it (or past a row's D columns) is
+        // out of bounds in the emulator, not in the spare pages' NaN.
+        let full = case.seq_lens.iter().zip(&pages_of).scan(0, |first, (&len, &n)| {
+            let at = *first;
+            *first += n;
+            Some((len >= ps).then_some(at))
+        });
+        if let Some(at) = full.flatten().next() {
+            let last = ids.iter().position(|&id| id == num_pages as i32 - 1).unwrap_or(at);
+            ids.swap(at, last);
+        }
+        let mut block_table = vec![0i32; case.batch() * width];
+        let mut next = 0;
+        for (b, &n) in pages_of.iter().enumerate() {
+            block_table[b * width..][..n].copy_from_slice(&ids[next..next + n]);
+            next += n;
+        }
+        let tokens = case.seq_lens.iter().enumerate().map(|(b, &len)| (b, 0..len));
+        let (mut k_cache, mut v_cache) =
+            fill_cache(&mut rng, [num_pages, ps, hkv, d], &block_table, width, tokens, mag);
+        // Keys left of the window are hidden memory too: poisoned (after the draws, so the visible values do
+        // not depend on the window).
+        let seqs = case.seq_lens.iter().enumerate().map(|(b, &seq_len)| crate::testkit::poison::SeqRows {
+            pages: &block_table[b * width..][..width],
+            q_len: 1,
+            seq_len,
+        });
+        let window = crate::mask::Window::new(case.variants.window, true);
+        crate::testkit::poison::poison_unseen_slots(&mut k_cache, &mut v_cache, hkv * d, ps, seqs, window);
+        let q = (0..case.batch() * case.heads_q * d).map(|_| T::from_f64(rng.random_range(-mag..mag))).collect();
+        let seq_lens = case.seq_lens.iter().map(|&n| n as i32).collect();
+        Self {
+            alibi_slopes: case.variants.slopes(case.batch(), case.heads_q),
+            sinks: case.variants.sinks(case.heads_q, seed),
+            case: case.clone(),
+            inputs: *inputs,
+            num_pages,
+            width,
+            k_cache,
+            v_cache,
+            block_table,
+            seq_lens,
+            q,
+        }
+    }
+
+    /// The kernel's scale (fp32) as the reference uses it.
+    pub fn scale(&self) -> f64 {
+        f64::from(self.inputs.scale.unwrap_or(1.0 / (self.case.head_dim as f32).sqrt()))
+    }
+
+    /// The cache in the fixture's [`CacheLayout`] (NaN wherever the logical cache has NaN, and in any
+    /// storage the layout leaves unused).
+    pub fn cache_buffers(&self) -> CacheBuffers<T> {
+        let [np, ps, hkv, d] = self.cache_shape();
+        let page = (ps * hkv * d) as i64;
+        let (ps_, hkv_, d_) = (ps as i64, hkv as i64, d as i64);
+        match self.inputs.cache_layout {
+            CacheLayout::TokenMajor => {
+                let st = [page, hkv_ * d_, d_, 1];
+                CacheBuffers { bufs: vec![self.k_cache.clone(), self.v_cache.clone()], k: (0, 0, st), v: (1, 0, st) }
+            }
+            CacheLayout::HeadMajor => {
+                let st = [page, d_, ps_ * d_, 1];
+                let permute = |src: &[T]| {
+                    let mut dst = vec![T::nan(); src.len()];
+                    for p in 0..np {
+                        for t in 0..ps {
+                            for h in 0..hkv {
+                                let from = ((p * ps + t) * hkv + h) * d;
+                                let to = ((p * hkv + h) * ps + t) * d;
+                                dst[to..to + d].copy_from_slice(&src[from..from + d]);
+                            }
+                        }
+                    }
+                    dst
+                };
+                CacheBuffers {
+                    bufs: vec![permute(&self.k_cache), permute(&self.v_cache)],
+                    k: (0, 0, st),
+                    v: (1, 0, st),
+                }
+            }
+            CacheLayout::Interleaved => {
+                let st = [2 * page, hkv_ * d_, d_, 1];
+                let mut buf = vec![T::nan(); 2 * self.k_cache.len()];
+                let page = page as usize;
+                for p in 0..np {
+                    buf[2 * p * page..][..page].copy_from_slice(&self.k_cache[p * page..][..page]);
+                    buf[(2 * p + 1) * page..][..page].copy_from_slice(&self.v_cache[p * page..][..page]);
+                }
+                CacheBuffers { bufs: vec![buf], k: (0, 0, st), v: (0, page, st) }
+            }
+        }
+    }
+
+    pub fn cache_shape(&self) -> [usize; 4] {
+        [self.num_pages, self.case.page_size, self.case.heads_kv, self.case.head_dim]
+    }
+
+    /// Slot (page * page_size + offset) of token t of sequence b.
+    pub fn slot(&self, b: usize, t: usize) -> usize {
+        let ps = self.case.page_size;
+        self.block_table[b * self.width + t / ps] as usize * ps + t % ps
+    }
+
+    /// Dense K and V of sequence b, [len, Hkv, D], gathered through the block table.
+    pub fn dense_kv(&self, b: usize) -> (Vec<T>, Vec<T>) {
+        let row = self.case.heads_kv * self.case.head_dim;
+        let (mut k, mut v) = (Vec::new(), Vec::new());
+        for t in 0..self.case.seq_lens[b] {
+            let s = self.slot(b, t) * row;
+            k.extend_from_slice(&self.k_cache[s..s + row]);
+            v.extend_from_slice(&self.v_cache[s..s + row]);
+        }
+        (k, v)
+    }
+
+    /// The fp64 reference (and the naive low-precision one) over the cache values `k`, `v` (laid out as
+    /// `k_cache`: the fixture's own, or a dequantised FP8 cache) with this fixture's queries, table and
+    /// variants.
+    pub fn reference_kv(&self, k: &[f64], v: &[f64]) -> Result<(reference::Output, Vec<f64>)> {
+        let c = &self.case;
+        let cache = reference_cache(k, v, self.cache_shape(), &self.block_table, self.width, &self.seq_lens);
+        let wide = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>();
+        let (slopes, sinks) = (wide(&self.alibi_slopes), wide(&self.sinks));
+        let var = c.variants.reference(&slopes, &sinks);
+        let (scale, q) = (self.scale(), to_f64(&self.q));
+        let exact = reference::paged_decode_with(c.heads_q, scale, &var, &q, &cache)?;
+        let naive = reference::naive_lowp_paged_decode_with(c.heads_q, scale, &var, &q, &cache, T::DTYPE)?;
+        Ok((exact, naive))
+    }
+}
+
+/// The reference's view of a fixture's paged cache: the values `k`, `v` (`[num_pages, page_size, Hkv, D]` =
+/// `shape`) through `block_table` (`width` columns) and `seq_lens`.
+pub(crate) fn reference_cache<'a>(
+    k: &'a [f64],
+    v: &'a [f64],
+    [num_pages, page_size, heads_kv, head_dim]: [usize; 4],
+    block_table: &'a [i32],
+    width: usize,
+    seq_lens: &'a [i32],
+) -> reference::PagedCache<'a> {
+    reference::PagedCache {
+        k_cache: k,
+        v_cache: v,
+        num_pages,
+        page_size,
+        heads_kv,
+        head_dim,
+        block_table,
+        max_pages_per_seq: width,
+        seq_lens,
+    }
+}
+
+/// A fixture's K and V caches (`shape` = `[num_pages, page_size, Hkv, D]`): NaN except in the slots of the
+/// `tokens` (sequence b's token range, placed through its `block_table` row of `width` columns), which get
+/// K uniform in [-mag, mag) and V uniform in 0.25·mag + [-0.5·mag, 0.5·mag) (offset so outputs are not
+/// ~ 0), drawn from `rng` token by token, K and V interleaved.
+pub(crate) fn fill_cache<T: Element>(
+    rng: &mut impl Rng,
+    shape: [usize; 4],
+    block_table: &[i32],
+    width: usize,
+    tokens: impl IntoIterator<Item = (usize, std::ops::Range<usize>)>,
+    mag: f64,
+) -> (Vec<T>, Vec<T>) {
+    let [num_pages, ps, hkv, d] = shape;
+    // Slots nobody writes (past seq_len, spare pages) hold the poison (FA_POISON: NaN by default).
+    let mut k_cache = vec![crate::testkit::poison::hidden::<T>(); num_pages * ps * hkv * d];
+    let mut v_cache = vec![crate::testkit::poison::hidden::<T>(); num_pages * ps * hkv * d];
+    for (b, range) in tokens {
+        for t in range {
+            let page = block_table[b * width + t / ps] as usize;
+            let base = (page * ps + t % ps) * hkv * d;
+            for i in 0..hkv * d {
+                k_cache[base + i] = T::from_f64(rng.random_range(-mag..mag));
+                v_cache[base + i] = T::from_f64(0.25 * mag + rng.random_range(-0.5 * mag..0.5 * mag));
+            }
+        }
+    }
+    (k_cache, v_cache)
+}
+
+/// LSE tolerance (absolute, natural log): the kernel's LSE is fp32 from exactly the reference's inputs.
+pub const LSE_ATOL: f64 = 1e-3;
+
+/// The LSE tolerance of a result: [`LSE_ATOL`] plus 16u · max |LSE| (u = 2^-24) for large scores.
+pub fn lse_tolerance(reference_lse: &[f64]) -> f64 {
+    let max = reference_lse.iter().filter(|x| x.is_finite()).fold(0.0f64, |a, x| a.max(x.abs()));
+    LSE_ATOL + 16.0 * max / (1u64 << 24) as f64
+}
+
+/// The verdict on one case.
+#[derive(Debug, Clone)]
+pub struct CaseOutcome {
+    pub seed: u64,
+    pub plan: DecodePlan,
+    /// O against the fp64 reference under the tolerance rule.
+    pub out: Comparison,
+    /// LSE against the reference (within [`lse_tolerance`]; −inf must match exactly).
+    pub lse: Comparison,
+    /// Every row of an empty sequence is exactly O = 0, LSE = −inf.
+    pub empty_rows_exact: bool,
+}
+
+impl CaseOutcome {
+    pub fn passed(&self) -> bool {
+        self.out.passed && self.lse.passed && self.empty_rows_exact
+    }
+    pub fn summary(&self) -> String {
+        format!(
+            "seed={} splits={} max|err|={:.2e} (tol {:.2e}, naive {:.2e}, err/bound {:.2}) rel-L2={:.2e} lse max|err|={:.2e} {}",
+            self.seed,
+            self.plan.num_splits,
+            self.out.max_abs_err,
+            self.out.tolerance,
+            self.out.naive_max_abs_err,
+            self.out.bound_ratio,
+            self.out.rel_l2_err,
+            self.lse.max_abs_err,
+            if self.passed() { "ok" } else { "FAILED" }
+        )
+    }
+}
+
+pub(crate) fn to_f64<T: Element>(x: &[T]) -> Vec<f64> {
+    x.iter().map(|v| v.to_f64()).collect()
+}
+
+/// Compares a kernel's outputs for fixture `f` with the reference: O under the tolerance rule and the
+/// arithmetic bound ([`reference::compare_bounded`]), LSE within [`lse_tolerance`].
+fn evaluate<T: Element>(f: &PagedFixture<T>, seed: u64, plan: DecodePlan, o: &[T], lse: &[f32]) -> Result<CaseOutcome> {
+    evaluate_kv(f, &to_f64(&f.k_cache), &to_f64(&f.v_cache), seed, plan, o, lse)
+}
+
+/// [`evaluate`] over the cache values `k`, `v` (laid out as the fixture's) instead of the fixture's own: an
+/// FP8 case passes its dequantised cache.
+pub(crate) fn evaluate_kv<T: Element>(
+    f: &PagedFixture<T>,
+    k: &[f64],
+    v: &[f64],
+    seed: u64,
+    plan: DecodePlan,
+    o: &[T],
+    lse: &[f32],
+) -> Result<CaseOutcome> {
+    let c = &f.case;
+    let (exact, naive) = f.reference_kv(k, v)?;
+    let bound = exact.out_bound(Some(T::DTYPE), Some(T::DTYPE));
+    let ours = to_f64(o);
+    let ours_lse: Vec<f64> = lse.iter().map(|&x| x as f64).collect();
+    let d = c.head_dim;
+    let empty_rows_exact = (0..c.batch()).filter(|&b| c.seq_lens[b] == 0).all(|b| {
+        (0..c.heads_q).all(|h| {
+            let r = b * c.heads_q + h;
+            let empty_lse = f.sinks.get(h).copied().unwrap_or(f32::NEG_INFINITY);
+            lse[r] == empty_lse && ours[r * d..(r + 1) * d].iter().all(|&x| x == 0.0)
+        })
+    });
+    Ok(CaseOutcome {
+        seed,
+        plan,
+        out: reference::compare_bounded(&ours, &exact.out, &naive, &bound),
+        lse: reference::compare_lse(&ours_lse, &exact.lse, lse_tolerance(&exact.lse)),
+        empty_rows_exact,
+    })
+}
+
+/// Runs `case` on the emulator with outputs poisoned with NaN, and judges it.
+pub fn check_case_emulated(emu: &Emulator, case: &DecodeCase, seed: u64) -> Result<CaseOutcome> {
+    match case.dtype {
+        DType::F16 => run_case_emulated::<f16>(emu, case, seed).map(|r| r.outcome),
+        DType::Bf16 => run_case_emulated::<bf16>(emu, case, seed).map(|r| r.outcome),
+    }
+}
+
+/// One judged run with its data: the fixture, the kernel's outputs (o [B, Hq, D], lse [B, Hq]) and the
+/// verdict (the runner's `--dump` writes them out).
+#[derive(Debug, Clone)]
+pub struct DecodeRun<T> {
+    pub fixture: PagedFixture<T>,
+    pub o: Vec<T>,
+    pub lse: Vec<f32>,
+    pub outcome: CaseOutcome,
+}
+
+/// [`check_case_emulated`] for a static element type, handing back the data too.
+pub fn run_case_emulated<T: Element>(emu: &Emulator, case: &DecodeCase, seed: u64) -> Result<DecodeRun<T>> {
+    run_inputs_emulated(emu, &PagedFixture::<T>::new(case, seed), seed)
+}
+
+/// [`check_case_emulated`] with inputs drawn and laid out as `inputs` says.
+pub fn check_inputs_emulated(
+    emu: &Emulator,
+    case: &DecodeCase,
+    inputs: &DecodeInputs,
+    seed: u64,
+) -> Result<CaseOutcome> {
+    match case.dtype {
+        DType::F16 => {
+            run_inputs_emulated(emu, &PagedFixture::<f16>::with_inputs(case, inputs, seed), seed).map(|r| r.outcome)
+        }
+        DType::Bf16 => {
+            run_inputs_emulated(emu, &PagedFixture::<bf16>::with_inputs(case, inputs, seed), seed).map(|r| r.outcome)
+        }
+    }
+}
+
+/// Runs fixture `f` on the emulator (its cache in its layout, q/o strided if it says so, outputs poisoned
+/// with NaN) and judges it. Strided o: the neighbouring head slices must still be NaN afterwards.
+pub fn run_inputs_emulated<T: Element>(emu: &Emulator, f: &PagedFixture<T>, seed: u64) -> Result<DecodeRun<T>> {
+    let case = &f.case;
+    let stream = Stream::Emu(emu);
+    let (b, hq, d) = (case.batch(), case.heads_q, case.head_dim);
+    let cb = f.cache_buffers();
+    let shape = f.cache_shape();
+    let cache = PagedKvCache::new(
+        TensorView::host(&cb.bufs[cb.k.0][cb.k.1..], shape)?.with_strides(cb.k.2)?,
+        TensorView::host(&cb.bufs[cb.v.0][cb.v.1..], shape)?.with_strides(cb.v.2)?,
+        TensorView::host(&f.block_table, [b, f.width])?,
+        TensorView::host(&f.seq_lens, [b])?,
+        case.max_seq_len(),
+    )?;
+    // Strided q/o: head slices [hq..2hq) (q) and [2hq..3hq) (o) of packed [B, 3·Hq, D] buffers.
+    let (rows, q_at, o_at) = if f.inputs.strided_q_o { (3 * hq, hq, 2 * hq) } else { (hq, 0, 0) };
+    let strides = [(rows * d) as i64, d as i64, 1];
+    let mut q_buf = vec![T::nan(); b * rows * d];
+    for i in 0..b {
+        q_buf[(i * rows + q_at) * d..][..hq * d].copy_from_slice(&f.q[i * hq * d..][..hq * d]);
+    }
+    let q = TensorView::host(&q_buf[q_at * d..], [b, hq, d])?.with_strides(strides)?;
+    let mut o_buf = vec![T::nan(); b * rows * d];
+    let mut lse = vec![f32::NAN; b * hq];
+    let variants = VariantViews::new(&case.variants, b, hq, |sinks, n| {
+        TensorView::host(&(if sinks { &f.sinks } else { &f.alibi_slopes })[..n], [n])
+    })?;
+    let opts = DecodeOptions {
+        scale: f.inputs.scale,
+        num_splits: case.num_splits,
+        score_mod: variants.score_mod(&case.variants),
+    };
+    let mut ws = DecodeWorkspace::new(&stream, 0, 0)?;
+    let plan = ws.plan(&case.problem(), &opts)?;
+    ws = DecodeWorkspace::for_plan(&stream, &plan)?;
+    decode(
+        &stream,
+        &q,
+        &cache,
+        &mut TensorViewMut::host(&mut o_buf[o_at * d..], [b, hq, d])?.with_strides(strides)?,
+        Some(&mut TensorViewMut::host(&mut lse, [b, hq])?),
+        &mut ws,
+        &opts,
+    )?;
+    let mut o = Vec::with_capacity(b * hq * d);
+    let mut stray = 0;
+    for i in 0..b {
+        let row = &o_buf[i * rows * d..][..rows * d];
+        o.extend_from_slice(&row[o_at * d..][..hq * d]);
+        stray += row
+            .iter()
+            .enumerate()
+            .filter(|&(x, v)| !(o_at * d..(o_at + hq) * d).contains(&x) && !v.to_f64().is_nan())
+            .count();
+    }
+    let mut outcome = evaluate(f, seed, plan, &o, &lse)?;
+    if stray > 0 {
+        outcome.out.passed = false;
+        outcome.out.max_abs_err = f64::INFINITY;
+    }
+    Ok(DecodeRun { fixture: f.clone(), o, lse, outcome })
+}
+
+/// The fixture's data on the GPU (its cache as `C`: the fixture's own 16-bit values, or FP8 codes with their
+/// scales), and the workspace for its plan.
+pub(crate) struct GpuCase<T: Element, C: KvCacheOf<T>> {
+    k: cudarc::driver::CudaSlice<C>,
+    v: cudarc::driver::CudaSlice<C>,
+    table: cudarc::driver::CudaSlice<i32>,
+    lens: cudarc::driver::CudaSlice<i32>,
+    q: cudarc::driver::CudaSlice<T>,
+    pub(crate) o: cudarc::driver::CudaSlice<T>,
+    pub(crate) lse: cudarc::driver::CudaSlice<f32>,
+    slopes: cudarc::driver::CudaSlice<f32>,
+    sinks: cudarc::driver::CudaSlice<f32>,
+    scales: Option<KvScales>,
+    ws: DecodeWorkspace,
+    pub(crate) plan: DecodePlan,
+}
+
+impl<T: Element> GpuCase<T, T> {
+    fn upload16(cu: &Arc<CudaStream>, f: &PagedFixture<T>) -> Result<Self> {
+        Self::upload(cu, f, &f.k_cache, &f.v_cache, None)
+    }
+}
+
+impl<T: Element, C: KvCacheOf<T>> GpuCase<T, C> {
+    /// Uploads `f` with the cache `k`, `v` (laid out as `f.k_cache`) and its FP8 scales, if any.
+    pub(crate) fn upload(
+        cu: &Arc<CudaStream>,
+        f: &PagedFixture<T>,
+        k: &[C],
+        v: &[C],
+        scales: Option<KvScales>,
+    ) -> Result<Self> {
+        let c = &f.case;
+        let (b, hq, d) = (c.batch(), c.heads_q, c.head_dim);
+        let stream = Stream::Gpu(cu);
+        let opts = DecodeOptions { scale: f.inputs.scale, num_splits: c.num_splits, ..Default::default() };
+        let plan = DecodeWorkspace::new(&stream, 0, 0)?.plan(&c.problem(), &opts)?;
+        Ok(Self {
+            k: cu.clone_htod(k)?,
+            v: cu.clone_htod(v)?,
+            table: cu.clone_htod(&f.block_table)?,
+            lens: cu.clone_htod(&f.seq_lens)?,
+            q: cu.clone_htod(&f.q)?,
+            o: cu.clone_htod(&vec![T::nan(); b * hq * d])?,
+            lse: cu.clone_htod(&vec![f32::NAN; b * hq])?,
+            slopes: cu.clone_htod(&f.alibi_slopes.iter().copied().chain([0.0]).collect::<Vec<_>>())?,
+            sinks: cu.clone_htod(&f.sinks.iter().copied().chain([0.0]).collect::<Vec<_>>())?,
+            scales,
+            ws: DecodeWorkspace::for_plan(&stream, &plan)?,
+            plan,
+        })
+    }
+
+    pub(crate) fn run(&mut self, cu: &Arc<CudaStream>, f: &PagedFixture<T>) -> Result<DecodePlan> {
+        let c = &f.case;
+        let (b, hq, d) = (c.batch(), c.heads_q, c.head_dim);
+        let cache = PagedKvCache::new(
+            TensorView::gpu(self.k.as_view(), f.cache_shape())?,
+            TensorView::gpu(self.v.as_view(), f.cache_shape())?,
+            TensorView::gpu(self.table.as_view(), [b, f.width])?,
+            TensorView::gpu(self.lens.as_view(), [b])?,
+            c.max_seq_len(),
+        )?;
+        let cache = match &self.scales {
+            Some(s) => cache.with_scales(s)?,
+            None => cache,
+        };
+        let (slopes, sinks) = (&self.slopes, &self.sinks);
+        let variants = VariantViews::new(&c.variants, b, hq, |sink, n| {
+            TensorView::gpu((if sink { sinks } else { slopes }).slice(0..n), [n])
+        })?;
+        let opts = DecodeOptions {
+            scale: f.inputs.scale,
+            num_splits: c.num_splits,
+            score_mod: variants.score_mod(&c.variants),
+        };
+        decode(
+            &Stream::Gpu(cu),
+            &TensorView::gpu(self.q.as_view(), [b, hq, d])?,
+            &cache,
+            &mut TensorViewMut::gpu(self.o.as_view_mut(), [b, hq, d])?,
+            Some(&mut TensorViewMut::gpu(self.lse.as_view_mut(), [b, hq])?),
+            &mut self.ws,
+            &opts,
+        )
+    }
+}
+
+/// Runs `case` on the GPU behind `cu` with outputs poisoned with NaN, and judges it.
+pub fn check_case_gpu(cu: &Arc<CudaStream>, case: &DecodeCase, seed: u64) -> Result<CaseOutcome> {
+    match case.dtype {
+        DType::F16 => run_case_gpu::<f16>(cu, case, seed).map(|r| r.outcome),
+        DType::Bf16 => run_case_gpu::<bf16>(cu, case, seed).map(|r| r.outcome),
+    }
+}
+
+/// [`check_case_gpu`] for a static element type, handing back the data too.
+pub fn run_case_gpu<T: Element>(cu: &Arc<CudaStream>, case: &DecodeCase, seed: u64) -> Result<DecodeRun<T>> {
+    let f = PagedFixture::<T>::new(case, seed);
+    let mut g = GpuCase::upload16(cu, &f)?;
+    let plan = g.run(cu, &f)?;
+    let o: Vec<T> = cu.clone_dtoh(&g.o)?;
+    let lse: Vec<f32> = cu.clone_dtoh(&g.lse)?;
+    let outcome = evaluate(&f, seed, plan, &o, &lse)?;
+    Ok(DecodeRun { fixture: f, o, lse, outcome })
+}
+
+/// Bytes a decode moves, per docs/semantics.md: K and V actually read, Q, O, LSE, and the split workspace
+/// (fp32 partial O and LSE written once and read once by the merge).
+pub fn decode_bytes(case: &DecodeCase, plan: &DecodePlan) -> usize {
+    let elem = 2;
+    let rows = case.batch() * case.heads_q;
+    let workspace = if plan.num_splits > 1 { 2 * 4 * (plan.partial_o_len + plan.partial_lse_len) } else { 0 };
+    case.kv_bytes() + 2 * rows * case.head_dim * elem + rows * 4 + workspace
+}
+
+/// GPU timing of one case: CUDA events, `warmup` untimed launches then the median of `iters`.
+#[derive(Debug, Clone, Copy)]
+pub struct DecodeTiming {
+    pub timing: Timing,
+    pub plan: DecodePlan,
+    pub bytes: usize,
+    pub gbps: f64,
+}
+
+/// Times `case` (decode + merge when split) on `cu`. Inputs are the fixture's; cases meant for bandwidth
+/// should be larger than L2 (the perf shapes are hundreds of MB) so every launch streams from HBM.
+pub fn time_case_gpu(
+    cu: &Arc<CudaStream>,
+    case: &DecodeCase,
+    seed: u64,
+    warmup: usize,
+    iters: usize,
+) -> Result<DecodeTiming> {
+    match case.dtype {
+        DType::F16 => time_gpu::<f16>(cu, case, seed, warmup, iters),
+        DType::Bf16 => time_gpu::<bf16>(cu, case, seed, warmup, iters),
+    }
+}
+
+fn time_gpu<T: Element>(
+    cu: &Arc<CudaStream>,
+    case: &DecodeCase,
+    seed: u64,
+    warmup: usize,
+    iters: usize,
+) -> Result<DecodeTiming> {
+    let f = PagedFixture::<T>::new(case, seed);
+    let mut g = GpuCase::upload16(cu, &f)?;
+    let plan = g.plan;
+    let timing = time_launches(cu, warmup, iters, |_| g.run(cu, &f).map(|_| ()))?;
+    let bytes = decode_bytes(case, &plan);
+    Ok(DecodeTiming { timing, plan, bytes, gbps: bytes as f64 / (timing.median_ms * 1e-3) / 1e9 })
+}
+
+/// The performance shapes of issue 5 (bf16, D = 128, Hq = 32, Hkv = 8, page 16): B = 64 at 4096 tokens
+/// (bar: 85% of copy bandwidth) and B = 1 at 32768 tokens with split-KV (bar: 60%).
+pub fn perf_cases() -> Vec<DecodeCase> {
+    [(64, 4096), (1, 32768)]
+        .into_iter()
+        .map(|(batch, ctx)| DecodeCase {
+            dtype: DType::Bf16,
+            head_dim: 128,
+            heads_q: 32,
+            heads_kv: 8,
+            page_size: 16,
+            seq_lens: vec![ctx; batch],
+            num_splits: None,
+            variants: Default::default(),
+        })
+        .collect()
+}
+
+/// One performance row: a perf case, its timing and the ratio of its bandwidth to the copy bandwidth
+/// measured in the same run.
+#[derive(Debug, Clone)]
+pub struct PerfRow {
+    pub case: DecodeCase,
+    pub timing: DecodeTiming,
+    pub copy_gbps: f64,
+    pub ratio: f64,
+}
+
+/// Measures [`perf_cases`] on `cu` against a device-to-device copy of 1 GiB (the ceiling of docs/semantics.md).
+pub fn perf_report(cu: &Arc<CudaStream>, seed: u64) -> Result<Vec<PerfRow>> {
+    let copy_gbps = crate::testkit::timing::copy_bandwidth_gbps(cu, 1 << 30)?;
+    perf_cases()
+        .into_iter()
+        .map(|case| {
+            let timing = time_case_gpu(cu, &case, seed, 5, 50)?;
+            Ok(PerfRow { ratio: timing.gbps / copy_gbps, case, timing, copy_gbps })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::bf16;
+
+    #[test]
+    fn sweep_sizes_and_coverage() {
+        assert_eq!(decode_sweep().len(), 480);
+        let emu = decode_sweep_emulated();
+        assert_eq!(emu.len(), 48);
+        for &h in &SWEEP_HEADS {
+            for &d in &SWEEP_HEAD_DIMS {
+                for &t in &SWEEP_DTYPES {
+                    assert!(emu.iter().any(|c| (c.heads_q, c.heads_kv) == h && c.head_dim == d && c.dtype == t));
+                }
+            }
+        }
+        for &p in &SWEEP_PAGE_SIZES {
+            for &s in &SWEEP_SPLITS {
+                assert!(emu.iter().any(|c| c.page_size == p && c.num_splits == s), "page {p} splits {s:?}");
+            }
+        }
+        for &h in &SWEEP_HEADS {
+            assert!(emu.iter().any(|c| (c.heads_q, c.heads_kv) == h));
+        }
+        for &d in &SWEEP_HEAD_DIMS {
+            for &t in &SWEEP_DTYPES {
+                assert!(emu.iter().any(|c| c.head_dim == d && c.dtype == t));
+            }
+        }
+    }
+
+    #[test]
+    fn fixture_poisons_everything_unowned() {
+        let case = DecodeCase {
+            dtype: DType::Bf16,
+            head_dim: 64,
+            heads_q: 4,
+            heads_kv: 2,
+            page_size: 8,
+            seq_lens: vec![0, 3, 17],
+            num_splits: None,
+            variants: Default::default(),
+        };
+        let f = PagedFixture::<bf16>::new(&case, 1);
+        assert_eq!(f.width, 4);
+        assert_eq!(f.num_pages, 1 + 1 + 3 + 2); // null page, pages of the sequences, two spares
+        let owned: usize = case.seq_lens.iter().sum::<usize>() * 2 * 64;
+        let finite = f.k_cache.iter().filter(|x| x.to_f64().is_finite()).count();
+        assert_eq!(finite, owned);
+        // Every page id is used at most once and page 0 only as padding.
+        let mut used: Vec<i32> = f.block_table.iter().copied().filter(|&p| p != 0).collect();
+        used.sort();
+        used.dedup();
+        assert_eq!(used.len(), 4);
+        let (k, _) = f.dense_kv(2);
+        assert_eq!(k.len(), 17 * 2 * 64);
+        assert!(k.iter().all(|x| x.to_f64().is_finite()));
+    }
+}

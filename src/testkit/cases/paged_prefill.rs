@@ -1,0 +1,587 @@
+//! Paged prefill test cases and the fixture they run on: a paged cache built the adversarial way (as
+//! decode's, [`crate::testkit::cases::decode`]): pages handed out in shuffled order, page 0 a reserved null page,
+//! every slot no sequence owns holding NaN, block-table columns past a sequence's pages pointing at the null
+//! page; optionally a prefix of whole pages *shared* by every sequence (prefix caching: the same page ids
+//! in every row of the block table). A kernel that reads or lets any of that leak produces NaN.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream};
+use half::{bf16, f16};
+use rand::seq::SliceRandom;
+use rand::Rng;
+
+use crate::dtype::{DType, Element};
+use crate::emu::Emulator;
+use crate::error::Result;
+use crate::fp8::{KvCacheOf, KvScales};
+use crate::paged::PagedKvCache;
+use crate::paged_prefill::{
+    paged_prefill, PagedPrefillOptions, PagedPrefillPlan, PagedPrefillWorkspace, MAX_PLANNED_SPLITS,
+};
+use crate::reference::{self, Comparison};
+use crate::tensor::{TensorView, TensorViewMut};
+use crate::testkit::cases::decode::{fill_cache, lse_tolerance, reference_cache};
+use crate::testkit::cases::prefill::VariantViews;
+use crate::testkit::timing::{time_launches, Timing};
+use crate::testkit::variants::CaseVariants;
+use crate::Stream;
+
+/// One paged prefill case: a ragged batch of (q_len, seq_len) sequences over a paged cache.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PagedPrefillCase {
+    pub dtype: DType,
+    pub head_dim: usize,
+    pub heads_q: usize,
+    pub heads_kv: usize,
+    pub page_size: usize,
+    /// (q_len, seq_len) per sequence; seq_len includes the q_len new tokens (q_len > seq_len is allowed).
+    pub seqs: Vec<(usize, usize)>,
+    pub causal: bool,
+    /// Forced split count (`None`: the planner's choice for the emulator's SM count).
+    pub num_splits: Option<usize>,
+    /// Tokens (a multiple of page_size, at most every seq_len) whose pages every sequence shares.
+    pub shared_prefix: usize,
+    pub variants: CaseVariants,
+}
+
+impl PagedPrefillCase {
+    pub fn batch(&self) -> usize {
+        self.seqs.len()
+    }
+    pub fn total_q(&self) -> usize {
+        self.seqs.iter().map(|s| s.0).sum()
+    }
+    pub fn max_seqlen_q(&self) -> usize {
+        self.seqs.iter().map(|s| s.0).max().unwrap_or(0)
+    }
+    pub fn max_seq_len(&self) -> usize {
+        self.seqs.iter().map(|s| s.1).max().unwrap_or(0)
+    }
+    pub fn cu_seqlens_q(&self) -> Vec<i32> {
+        let mut cu = vec![0i32];
+        for &(q, _) in &self.seqs {
+            cu.push(cu.last().unwrap() + q as i32); // ok: starts as [0]
+        }
+        cu
+    }
+    pub fn label(&self) -> String {
+        let seqs: Vec<String> = self.seqs.iter().map(|(q, k)| format!("{q}/{k}")).collect();
+        format!(
+            "{} D={} Hq={} Hkv={} page={} q/k=[{}]{}{}{}{}{}",
+            self.dtype.name(),
+            self.head_dim,
+            self.heads_q,
+            self.heads_kv,
+            self.page_size,
+            seqs.join(","),
+            if self.causal { "" } else { " bidirectional" },
+            self.num_splits.map_or(String::new(), |n| format!(" splits={n}")),
+            if self.shared_prefix > 0 { format!(" shared={}", self.shared_prefix) } else { String::new() },
+            if self.variants.is_plain() { "" } else { " " },
+            self.variants.label()
+        )
+    }
+}
+
+/// A plain causal bf16 case (the sweep's building block).
+pub fn case(head_dim: usize, heads: (usize, usize), page_size: usize, seqs: &[(usize, usize)]) -> PagedPrefillCase {
+    PagedPrefillCase {
+        dtype: DType::Bf16,
+        head_dim,
+        heads_q: heads.0,
+        heads_kv: heads.1,
+        page_size,
+        seqs: seqs.to_vec(),
+        causal: true,
+        num_splits: None,
+        shared_prefix: 0,
+        variants: CaseVariants::default(),
+    }
+}
+
+/// The emulated sweep: page sizes 1..256, q_len in {1, 2, 5, 16, 17, 100, 1000}, contexts from q_len to
+/// 4k+, GQA groups 1..16, ragged batches (with an empty sequence and a q_len > seq_len one), shuffled pages,
+/// shared prefixes, splits, both dtypes, the head-dim widths and a non-instantiated head dim. Sized for CI:
+/// the 1000-token and 4k cases are one each, with one KV head.
+pub fn paged_prefill_sweep_emulated() -> Vec<PagedPrefillCase> {
+    let mut v = vec![
+        case(64, (4, 4), 1, &[(1, 1), (2, 9), (5, 5)]),
+        case(64, (8, 2), 8, &[(5, 40), (0, 13), (16, 16), (17, 50)]),
+        case(128, (16, 1), 16, &[(2, 100), (16, 200), (1, 17)]),
+        case(128, (8, 1), 64, &[(17, 300), (5, 3), (100, 130)]),
+        case(64, (2, 1), 256, &[(100, 600), (1, 300)]),
+        case(32, (4, 2), 16, &[(1000, 1000)]),
+        case(64, (2, 1), 32, &[(16, 4100), (5, 700)]),
+        case(256, (8, 2), 16, &[(5, 80), (9, 9), (1, 33)]),
+        case(96, (6, 3), 16, &[(17, 90), (2, 2)]),
+        case(40, (4, 1), 16, &[(5, 70), (16, 33)]),
+    ];
+    // Shared prefixes (prefix caching): every sequence's first pages are the same pages.
+    let mut shared = case(64, (8, 2), 16, &[(5, 100), (17, 64), (1, 48), (16, 200)]);
+    shared.shared_prefix = 48;
+    v.push(shared);
+    let mut shared1 = case(128, (4, 1), 1, &[(2, 20), (5, 9)]);
+    shared1.shared_prefix = 7;
+    v.push(shared1);
+    // fp16, bidirectional.
+    let mut f16 = case(64, (4, 2), 16, &[(5, 40), (16, 20), (3, 1)]);
+    f16.dtype = DType::F16;
+    f16.causal = false;
+    v.push(f16);
+    // Split-KV: forced and planned (few rows, long context).
+    let mut split = case(64, (8, 2), 16, &[(5, 700), (17, 300), (0, 100), (1, 1)]);
+    split.num_splits = Some(3);
+    v.push(split);
+    v.push(case(128, (4, 1), 64, &[(4, 2100)]));
+    v
+}
+
+/// The score-variant cases (window, softcap, ALiBi, sinks; unsplit and split).
+pub fn paged_prefill_variant_sweep() -> Vec<PagedPrefillCase> {
+    use crate::testkit::variants::CaseAlibi;
+    let with = |mut c: PagedPrefillCase, variants: CaseVariants, splits: Option<usize>| {
+        c.variants = variants;
+        c.num_splits = splits;
+        c
+    };
+    let seqs = [(5, 90), (17, 40), (1, 1), (3, 0)];
+    vec![
+        with(case(64, (8, 2), 16, &seqs), CaseVariants { window: Some((20, 0)), ..Default::default() }, None),
+        with(case(64, (4, 1), 8, &seqs), CaseVariants { softcap: Some(5.0), ..Default::default() }, Some(2)),
+        with(case(128, (8, 2), 16, &seqs), CaseVariants { alibi: CaseAlibi::PerSequence, ..Default::default() }, None),
+        with(case(64, (8, 4), 16, &seqs), CaseVariants { sinks: true, ..Default::default() }, None),
+        with(
+            case(64, (8, 4), 16, &seqs),
+            CaseVariants { sinks: true, alibi: CaseAlibi::PerHead, ..Default::default() },
+            Some(2),
+        ),
+        {
+            let mut c = with(
+                case(64, (4, 2), 16, &seqs),
+                CaseVariants { window: Some((7, 3)), softcap: Some(10.0), sinks: true, ..Default::default() },
+                None,
+            );
+            c.causal = false;
+            c
+        },
+    ]
+}
+
+/// A case's inputs on the host: the adversarial paged cache, q, the variant arrays.
+pub struct PagedPrefillFixture<T> {
+    pub case: PagedPrefillCase,
+    pub num_pages: usize,
+    /// Block-table width (max pages per sequence).
+    pub width: usize,
+    pub k_cache: Vec<T>,
+    pub v_cache: Vec<T>,
+    pub block_table: Vec<i32>,
+    pub seq_lens: Vec<i32>,
+    pub cu_seqlens_q: Vec<i32>,
+    pub q: Vec<T>,
+    pub alibi_slopes: Vec<f32>,
+    pub sinks: Vec<f32>,
+}
+
+impl<T: Element> PagedPrefillFixture<T> {
+    pub fn new(case: &PagedPrefillCase, seed: u64) -> Self {
+        let mut rng = crate::testkit::seed::rng(seed);
+        let (ps, hkv, d) = (case.page_size, case.heads_kv, case.head_dim);
+        assert!(case.shared_prefix % ps == 0, "the shared prefix is whole pages");
+        assert!(case.seqs.iter().all(|s| s.1 >= case.shared_prefix), "every sequence holds the shared prefix");
+        let shared_pages = case.shared_prefix / ps;
+        let pages_of: Vec<usize> = case.seqs.iter().map(|s| s.1.div_ceil(ps)).collect();
+        let own: usize = pages_of.iter().map(|&n| n - shared_pages).sum();
+        // Page 0 is the null page; 3 spare pages no one owns.
+        let num_pages = 1 + shared_pages + own + 3;
+        let width = pages_of.iter().copied().max().unwrap_or(0).max(1);
+        let mut ids: Vec<i32> = (1..num_pages as i32).collect();
+        ids.shuffle(&mut rng);
+        let shared_ids: Vec<i32> = ids[..shared_pages].to_vec();
+        let mut next = shared_pages;
+        let mut block_table = vec![0i32; case.batch() * width];
+        for (b, &n) in pages_of.iter().enumerate() {
+            for p in 0..n {
+                block_table[b * width + p] = if p < shared_pages {
+                    shared_ids[p]
+                } else {
+                    next += 1;
+                    ids[next - 1]
+                };
+            }
+        }
+        let mag = 1.0;
+        // Shared slots are written by sequence 0 only (same values for everyone).
+        let tokens =
+            case.seqs.iter().enumerate().map(|(b, &(_, len))| (b, if b == 0 { 0 } else { case.shared_prefix }..len));
+        let (mut k_cache, mut v_cache) =
+            fill_cache(&mut rng, [num_pages, ps, hkv, d], &block_table, width, tokens, mag);
+        // Keys no row sees (left of every row's window) are hidden memory: poisoned, as the unused slots are.
+        let seqs = case.seqs.iter().enumerate().map(|(b, &(q_len, seq_len))| crate::testkit::poison::SeqRows {
+            pages: &block_table[b * width..][..width],
+            q_len,
+            seq_len,
+        });
+        let window = crate::mask::Window::new(case.variants.window, case.causal);
+        crate::testkit::poison::poison_unseen_slots(&mut k_cache, &mut v_cache, hkv * d, ps, seqs, window);
+        let q = (0..case.total_q() * case.heads_q * d).map(|_| T::from_f64(rng.random_range(-mag..mag))).collect();
+        Self {
+            alibi_slopes: case.variants.slopes(case.batch(), case.heads_q),
+            sinks: case.variants.sinks(case.heads_q, seed),
+            case: case.clone(),
+            num_pages,
+            width,
+            k_cache,
+            v_cache,
+            block_table,
+            seq_lens: case.seqs.iter().map(|s| s.1 as i32).collect(),
+            cu_seqlens_q: case.cu_seqlens_q(),
+            q,
+        }
+    }
+
+    pub fn cache_shape(&self) -> [usize; 4] {
+        [self.num_pages, self.case.page_size, self.case.heads_kv, self.case.head_dim]
+    }
+
+    pub fn scale(&self) -> f64 {
+        let scale = crate::launch::softmax_scale(None, self.case.head_dim);
+        f64::from(scale.expect("a harness head dim")) // ok: the cases use valid head dims
+    }
+
+    /// The fp64 reference over the same cache.
+    pub fn reference(&self) -> Result<(reference::Output, Vec<f64>)> {
+        let w = |x: &[T]| x.iter().map(|v| v.to_f64()).collect::<Vec<f64>>();
+        self.reference_kv(&w(&self.k_cache), &w(&self.v_cache))
+    }
+
+    /// The fp64 reference (and the naive low-precision one) over the cache values `k`, `v` (laid out as
+    /// `k_cache`, e.g. a dequantised FP8 cache) with this fixture's queries, table and variants.
+    pub fn reference_kv(&self, k: &[f64], v: &[f64]) -> Result<(reference::Output, Vec<f64>)> {
+        let c = &self.case;
+        let q: Vec<f64> = self.q.iter().map(|v| v.to_f64()).collect();
+        let cache = reference_cache(k, v, self.cache_shape(), &self.block_table, self.width, &self.seq_lens);
+        let wide = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>();
+        let (slopes, sinks) = (wide(&self.alibi_slopes), wide(&self.sinks));
+        let var = c.variants.reference(&slopes, &sinks);
+        let scale = self.scale();
+        let exact = reference::paged_prefill_with(c.heads_q, c.causal, scale, &var, &self.cu_seqlens_q, &q, &cache)?;
+        let naive = reference::naive_lowp_paged_prefill_with(
+            c.heads_q,
+            c.causal,
+            scale,
+            &var,
+            &self.cu_seqlens_q,
+            &q,
+            &cache,
+            T::DTYPE,
+        )?;
+        Ok((exact, naive))
+    }
+
+    /// Runs the kernel on `stream` (host memory: the emulator) with NaN-poisoned outputs; `num_splits`
+    /// overrides the case's. Returns o `[total_q, Hq, D]`, lse `[Hq, total_q]` and the plan.
+    pub fn run(&self, stream: &Stream<'_>, num_splits: Option<usize>) -> Result<(Vec<T>, Vec<f32>, PagedPrefillPlan)> {
+        let c = &self.case;
+        let cache = PagedKvCache::new(
+            TensorView::host(&self.k_cache, self.cache_shape())?,
+            TensorView::host(&self.v_cache, self.cache_shape())?,
+            TensorView::host(&self.block_table, [c.batch(), self.width])?,
+            TensorView::host(&self.seq_lens, [c.batch()])?,
+            c.max_seq_len(),
+        )?;
+        self.run_on(stream, &cache, num_splits)
+    }
+
+    /// [`Self::run`] over `cache` (host memory) in place of the fixture's own K/V: e.g. its FP8 codes.
+    pub fn run_on<C: KvCacheOf<T>>(
+        &self,
+        stream: &Stream<'_>,
+        cache: &PagedKvCache<'_, C>,
+        num_splits: Option<usize>,
+    ) -> Result<(Vec<T>, Vec<f32>, PagedPrefillPlan)> {
+        let c = &self.case;
+        let (b, hq, d, tq) = (c.batch(), c.heads_q, c.head_dim, c.total_q());
+        let q = TensorView::host(&self.q, [tq, hq, d])?;
+        let cu = TensorView::host(&self.cu_seqlens_q, [b + 1])?;
+        let mut o = vec![T::nan(); tq * hq * d];
+        let mut lse = vec![f32::NAN; hq * tq];
+        let views = VariantViews::new(&c.variants, b, hq, |sinks, n| {
+            TensorView::host(if sinks { &self.sinks[..n] } else { &self.alibi_slopes[..n] }, [n])
+        })?;
+        let opts = PagedPrefillOptions {
+            causal: c.causal,
+            scale: None,
+            num_splits: num_splits.or(c.num_splits),
+            score_mod: views.score_mod(&c.variants),
+        };
+        let cap = opts.num_splits.unwrap_or(1).max(MAX_PLANNED_SPLITS);
+        let mut ws = PagedPrefillWorkspace::with_capacity(stream, tq, hq, d, cap)?;
+        let plan = paged_prefill(
+            stream,
+            &q,
+            &cu,
+            c.max_seqlen_q(),
+            cache,
+            &mut TensorViewMut::host(&mut o, [tq, hq, d])?,
+            Some(&mut TensorViewMut::host(&mut lse, [hq, tq])?),
+            Some(&mut ws),
+            &opts,
+        )?;
+        Ok((o, lse, plan))
+    }
+}
+
+/// The verdict on one case.
+#[derive(Debug, Clone)]
+pub struct PagedPrefillOutcome {
+    pub seed: u64,
+    pub plan: PagedPrefillPlan,
+    /// O against the fp64 reference under the tolerance rule.
+    pub out: Comparison,
+    /// LSE against the reference (within [`lse_tolerance`]; −inf must match exactly).
+    pub lse: Comparison,
+}
+
+impl PagedPrefillOutcome {
+    pub fn passed(&self) -> bool {
+        self.out.passed && self.lse.passed
+    }
+    pub fn summary(&self) -> String {
+        format!(
+            "seed={} splits={} max|err|={:.2e} (tol {:.2e}, naive {:.2e}) rel-L2={:.2e} lse max|err|={:.2e} {}",
+            self.seed,
+            self.plan.num_splits,
+            self.out.max_abs_err,
+            self.out.tolerance,
+            self.out.naive_max_abs_err,
+            self.out.rel_l2_err,
+            self.lse.max_abs_err,
+            if self.passed() { "ok" } else { "FAILED" }
+        )
+    }
+}
+
+/// One case run: its fixture, the kernel's outputs (o `[total_q, Hq, D]`, lse `[Hq, total_q]`) and the verdict.
+pub struct PagedPrefillRun<T> {
+    pub fixture: PagedPrefillFixture<T>,
+    pub o: Vec<T>,
+    pub lse: Vec<f32>,
+    pub outcome: PagedPrefillOutcome,
+}
+
+/// Judges a kernel's outputs for fixture `f` against the fp64 reference.
+pub fn evaluate<T: Element>(
+    f: &PagedPrefillFixture<T>,
+    seed: u64,
+    plan: PagedPrefillPlan,
+    o: &[T],
+    lse: &[f32],
+) -> Result<PagedPrefillOutcome> {
+    let (exact, naive) = f.reference()?;
+    let ours: Vec<f64> = o.iter().map(|v| v.to_f64()).collect();
+    let ours_lse: Vec<f64> = lse.iter().map(|&x| f64::from(x)).collect();
+    Ok(PagedPrefillOutcome {
+        seed,
+        plan,
+        out: reference::compare(&ours, &exact.out, &naive),
+        lse: reference::compare_lse(&ours_lse, &exact.lse, lse_tolerance(&exact.lse)),
+    })
+}
+
+/// Runs `case` on the emulator (outputs poisoned with NaN) and judges it.
+pub fn run_case_emulated<T: Element>(emu: &Emulator, case: &PagedPrefillCase, seed: u64) -> Result<PagedPrefillRun<T>> {
+    let f = PagedPrefillFixture::<T>::new(case, seed);
+    let (o, lse, plan) = f.run(&Stream::Emu(emu), None)?;
+    let outcome = evaluate(&f, seed, plan, &o, &lse)?;
+    Ok(PagedPrefillRun { fixture: f, o, lse, outcome })
+}
+
+/// [`run_case_emulated`] for the case's dtype, the verdict only.
+pub fn check_case_emulated(emu: &Emulator, case: &PagedPrefillCase, seed: u64) -> Result<PagedPrefillOutcome> {
+    match case.dtype {
+        DType::Bf16 => run_case_emulated::<bf16>(emu, case, seed).map(|r| r.outcome),
+        DType::F16 => run_case_emulated::<f16>(emu, case, seed).map(|r| r.outcome),
+    }
+}
+
+/// The fixture's data on the GPU (its cache as `C`: the fixture's own 16-bit values, or FP8 codes with their
+/// scales), and a workspace for its plan.
+pub(crate) struct GpuCase<T: Element, C: KvCacheOf<T>> {
+    k: CudaSlice<C>,
+    v: CudaSlice<C>,
+    table: CudaSlice<i32>,
+    lens: CudaSlice<i32>,
+    cu_q: CudaSlice<i32>,
+    q: CudaSlice<T>,
+    o: CudaSlice<T>,
+    lse: CudaSlice<f32>,
+    slopes: CudaSlice<f32>,
+    sinks: CudaSlice<f32>,
+    scales: Option<KvScales>,
+    ws: PagedPrefillWorkspace,
+}
+
+impl<T: Element> GpuCase<T, T> {
+    fn upload16(cu: &Arc<CudaStream>, f: &PagedPrefillFixture<T>) -> Result<Self> {
+        Self::upload(cu, f, &f.k_cache, &f.v_cache, None)
+    }
+}
+
+impl<T: Element, C: KvCacheOf<T>> GpuCase<T, C> {
+    /// Uploads `f` with the cache `k`, `v` (laid out as `f.k_cache`) and its FP8 scales, if any.
+    pub(crate) fn upload(
+        cu: &Arc<CudaStream>,
+        f: &PagedPrefillFixture<T>,
+        k: &[C],
+        v: &[C],
+        scales: Option<KvScales>,
+    ) -> Result<Self> {
+        let c = &f.case;
+        let (hq, d, tq) = (c.heads_q, c.head_dim, c.total_q());
+        Ok(Self {
+            k: cu.clone_htod(k)?,
+            v: cu.clone_htod(v)?,
+            scales,
+            table: cu.clone_htod(&f.block_table)?,
+            lens: cu.clone_htod(&f.seq_lens)?,
+            cu_q: cu.clone_htod(&f.cu_seqlens_q)?,
+            q: cu.clone_htod(&f.q)?,
+            o: cu.clone_htod(&vec![T::nan(); (tq * hq * d).max(1)])?,
+            lse: cu.clone_htod(&vec![f32::NAN; (hq * tq).max(1)])?,
+            slopes: cu.clone_htod(&f.alibi_slopes.iter().copied().chain([0.0]).collect::<Vec<_>>())?,
+            sinks: cu.clone_htod(&f.sinks.iter().copied().chain([0.0]).collect::<Vec<_>>())?,
+            ws: PagedPrefillWorkspace::with_capacity(
+                &Stream::Gpu(cu),
+                tq,
+                hq,
+                d,
+                c.num_splits.unwrap_or(1).max(MAX_PLANNED_SPLITS),
+            )?,
+        })
+    }
+
+    pub(crate) fn run(&mut self, cu: &Arc<CudaStream>, f: &PagedPrefillFixture<T>) -> Result<PagedPrefillPlan> {
+        let c = &f.case;
+        let (b, hq, d, tq) = (c.batch(), c.heads_q, c.head_dim, c.total_q());
+        let stream = Stream::Gpu(cu);
+        let cache = PagedKvCache::new(
+            TensorView::gpu(self.k.as_view(), f.cache_shape())?,
+            TensorView::gpu(self.v.as_view(), f.cache_shape())?,
+            TensorView::gpu(self.table.as_view(), [b, f.width])?,
+            TensorView::gpu(self.lens.as_view(), [b])?,
+            c.max_seq_len(),
+        )?;
+        let cache = match &self.scales {
+            Some(s) => cache.with_scales(s)?,
+            None => cache,
+        };
+        let (slopes, sinks) = (&self.slopes, &self.sinks);
+        let variants = VariantViews::new(&c.variants, b, hq, |sink, n| {
+            TensorView::gpu((if sink { sinks } else { slopes }).slice(0..n), [n])
+        })?;
+        let opts = PagedPrefillOptions {
+            causal: c.causal,
+            scale: None,
+            num_splits: c.num_splits,
+            score_mod: variants.score_mod(&c.variants),
+        };
+        paged_prefill(
+            &stream,
+            &TensorView::gpu(self.q.slice(0..tq * hq * d), [tq, hq, d])?,
+            &TensorView::gpu(self.cu_q.as_view(), [b + 1])?,
+            c.max_seqlen_q(),
+            &cache,
+            &mut TensorViewMut::gpu(self.o.slice_mut(0..tq * hq * d), [tq, hq, d])?,
+            Some(&mut TensorViewMut::gpu(self.lse.slice_mut(0..hq * tq), [hq, tq])?),
+            Some(&mut self.ws),
+            &opts,
+        )
+    }
+}
+
+impl<T: Element, C: KvCacheOf<T>> GpuCase<T, C> {
+    /// o `[total_q, Hq, D]` and lse `[Hq, total_q]` back on the host.
+    pub(crate) fn outputs(&self, cu: &Arc<CudaStream>, case: &PagedPrefillCase) -> Result<(Vec<T>, Vec<f32>)> {
+        let n = case.total_q() * case.heads_q;
+        let mut o: Vec<T> = cu.clone_dtoh(&self.o)?;
+        let mut lse: Vec<f32> = cu.clone_dtoh(&self.lse)?;
+        o.truncate(n * case.head_dim);
+        lse.truncate(n);
+        Ok((o, lse))
+    }
+}
+
+/// Runs `case` on the GPU behind `cu` (outputs poisoned with NaN) and judges it.
+pub fn run_case_gpu<T: Element>(
+    cu: &Arc<CudaStream>,
+    case: &PagedPrefillCase,
+    seed: u64,
+) -> Result<PagedPrefillRun<T>> {
+    let f = PagedPrefillFixture::<T>::new(case, seed);
+    let mut g = GpuCase::upload16(cu, &f)?;
+    let plan = g.run(cu, &f)?;
+    let (o, lse) = g.outputs(cu, case)?;
+    let outcome = evaluate(&f, seed, plan, &o, &lse)?;
+    Ok(PagedPrefillRun { fixture: f, o, lse, outcome })
+}
+
+/// [`run_case_gpu`] for the case's dtype, the verdict only.
+pub fn check_case_gpu(cu: &Arc<CudaStream>, case: &PagedPrefillCase, seed: u64) -> Result<PagedPrefillOutcome> {
+    match case.dtype {
+        DType::Bf16 => run_case_gpu::<bf16>(cu, case, seed).map(|r| r.outcome),
+        DType::F16 => run_case_gpu::<f16>(cu, case, seed).map(|r| r.outcome),
+    }
+}
+
+/// Attention FLOPs of a case: 4 · Hq · D · (visible (row, key) pairs), the pairs counted exactly from the
+/// causal rule (no window).
+pub fn case_flops(case: &PagedPrefillCase) -> f64 {
+    let pairs: usize = case
+        .seqs
+        .iter()
+        .map(|&(q, k)| {
+            if !case.causal {
+                return q * k;
+            }
+            (0..q).map(|i| if i + k >= q { (i + k - q + 1).min(k) } else { 0 }).sum::<usize>()
+        })
+        .sum();
+    4.0 * (case.heads_q * case.head_dim) as f64 * pairs as f64
+}
+
+/// GPU timing of one case: CUDA events, `warmup` untimed launches then the median of `iters`.
+#[derive(Debug, Clone, Copy)]
+pub struct PagedPrefillTiming {
+    pub timing: Timing,
+    pub plan: PagedPrefillPlan,
+    pub tflops: f64,
+}
+
+/// Times `case` (kernel + merge when split) on `cu`.
+pub fn time_case_gpu(
+    cu: &Arc<CudaStream>,
+    case: &PagedPrefillCase,
+    seed: u64,
+    warmup: usize,
+    iters: usize,
+) -> Result<PagedPrefillTiming> {
+    fn go<T: Element>(
+        cu: &Arc<CudaStream>,
+        case: &PagedPrefillCase,
+        seed: u64,
+        warmup: usize,
+        iters: usize,
+    ) -> Result<PagedPrefillTiming> {
+        let f = PagedPrefillFixture::<T>::new(case, seed);
+        let mut g = GpuCase::upload16(cu, &f)?;
+        let plan = g.run(cu, &f)?;
+        let timing = time_launches(cu, warmup, iters, |_| g.run(cu, &f).map(|_| ()))?;
+        Ok(PagedPrefillTiming { timing, plan, tflops: case_flops(case) / (timing.median_ms * 1e-3) / 1e12 })
+    }
+    match case.dtype {
+        DType::Bf16 => go::<bf16>(cu, case, seed, warmup, iters),
+        DType::F16 => go::<f16>(cu, case, seed, warmup, iters),
+    }
+}

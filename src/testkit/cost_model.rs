@@ -1,0 +1,316 @@
+//! The cost models the kernels are designed to: for a case, the global bytes, mma instructions, exp2 calls
+//! and barriers each kernel should issue. The emulator's counters ([`crate::counters`]) measure what the
+//! kernel really did; tests/it/cost.rs asserts the two agree, so a kernel that reads the cache twice or visits
+//! tiles the causal mask hides fails even when its answer is right.
+//!
+//! The models restate the kernels' tiling from their own sources (kernels/include/fa/prefill/,
+//! kernels/include/fa/decode/traits.cuh) and the host policy that mirrors it ([`TileConfig`],
+//! [`kv_block_range`], [`DecodePlan`]); each formula says which design decision it encodes.
+
+use crate::counters::{KernelCounters, LaunchCounters};
+use crate::mask::{kv_block_range, Window};
+use crate::plan::{DecodePlan, ROWS_PER_CTA};
+use crate::prefill::{uses_variant_kernel, TileConfig};
+use crate::testkit::cases::decode::DecodeCase;
+use crate::testkit::cases::prefill::PrefillCase;
+
+/// Multiply-accumulates of one `mma.m16n8k16`.
+const MMA_MACS: u64 = 16 * 8 * 16;
+/// Bytes per fp16/bf16 element.
+const ELEM: u64 = 2;
+
+/// What one prefill launch should cost (kernels/prefill.cu).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PrefillCost {
+    /// (query tile, head) × KV tile visits: tiles past the last key a query tile's last row sees are never
+    /// visited (causal, a window's right bound), nor tiles before the first key its first row sees (a
+    /// window's left bound); the ragged top tile is.
+    pub kv_tiles: u64,
+    /// Each visited tile is loaded once per (query tile, query head) — ⌈Tq/Br⌉ passes over K and V per query
+    /// head — and only its rows below Tk (the ragged rows are zero-filled, not read).
+    /// With a sliding window of w keys a query tile visits about (w + Br) / Bc tiles, not Tk / Bc.
+    pub k_bytes_read: u64,
+    pub v_bytes_read: u64,
+    /// Q read exactly once (by the query tiles that see any key).
+    pub q_bytes_read: u64,
+    /// O written exactly once; LSE too when requested.
+    pub o_bytes_written: u64,
+    pub lse_bytes_written: u64,
+    /// Q·Kᵀ and P·V of a Br × Bc tile over the kernel's tile width W ≥ D (the zero columns past D are
+    /// multiplied too: fa/head_dim.cuh): 2·Br·Bc·W multiply-adds, 2048 per mma. Bytes are of D columns.
+    pub mma: u64,
+    /// One exp2 per score of a visited tile, plus one rescale factor per row per lane of its quad (4) per tile;
+    /// a softcap adds one per score (its tanh); sinks add two per row per lane of its quad (the epilogue).
+    pub exp2: u64,
+    /// One barrier per visited tile with 3 K/V buffers, two with 2 (the refill waits for every reader).
+    pub barriers: u64,
+}
+
+/// The prefill model of `case` (dense or varlen), or `None` if its head dim has no kernel.
+pub fn prefill_cost(case: &PrefillCase) -> Option<PrefillCost> {
+    let seqs: Vec<(usize, usize)> = match &case.varlen {
+        Some(s) => s.clone(),
+        None => vec![(case.seqlen_q, case.seqlen_k); case.batch],
+    };
+    // The plain or the _mod kernel (their tiles differ at d128), chosen as the launcher does: on seqlen_q /
+    // seqlen_k (varlen: the maxima the call passes).
+    let variant = uses_variant_kernel(&case.variants.set(), case.seqlen_q, case.seqlen_k);
+    let cfg = TileConfig::for_kernel(case.head_dim, variant)?;
+    let (br, bc, d, w) = (cfg.block_m, cfg.block_n, case.head_dim as u64, cfg.width as u64);
+    let mut c = PrefillCost::default();
+    let window = Window::new(case.variants.window, case.causal);
+    let mut ctas = 0u64;
+    for &(tq, tk) in &seqs {
+        for m0 in (0..tq).step_by(br) {
+            let rows = (tq - m0).min(br) as u64;
+            let range = kv_block_range(m0, br, bc, tq, tk, window);
+            ctas += 1;
+            c.o_bytes_written += rows * d * ELEM;
+            if case.with_lse {
+                c.lse_bytes_written += rows * 4;
+            }
+            if range.n_end == range.n_begin {
+                continue; // no row sees a key: nothing is loaded, O = 0 is stored
+            }
+            let keys = ((range.n_end * bc).min(tk) - range.n_begin * bc) as u64;
+            c.kv_tiles += (range.n_end - range.n_begin) as u64;
+            c.q_bytes_read += rows * d * ELEM;
+            c.k_bytes_read += keys * d * ELEM;
+            c.v_bytes_read += keys * d * ELEM;
+        }
+    }
+    let heads = case.heads_q as u64;
+    for x in [
+        &mut c.kv_tiles,
+        &mut c.k_bytes_read,
+        &mut c.v_bytes_read,
+        &mut c.q_bytes_read,
+        &mut c.o_bytes_written,
+        &mut c.lse_bytes_written,
+    ] {
+        *x *= heads;
+    }
+    let (br, bc) = (br as u64, bc as u64);
+    c.mma = c.kv_tiles * 2 * br * bc * w / MMA_MACS;
+    let softcap = u64::from(case.variants.softcap.is_some());
+    c.exp2 = c.kv_tiles * br * (bc + 4 + softcap * bc);
+    if case.variants.sinks {
+        c.exp2 += ctas * heads * 8 * br; // 128 threads x Br/32 rows each x 2
+    }
+    c.barriers = c.kv_tiles * if cfg.stages == 2 { 2 } else { 1 };
+    Some(c)
+}
+
+impl PrefillCost {
+    /// measured / model for each modelled quantity of a `prefill` kernel's counters (1.0 = as designed;
+    /// a model of 0 gives 1.0 when nothing was measured either, else infinity).
+    pub fn ratios(&self, k: &KernelCounters) -> Vec<(&'static str, f64)> {
+        vec![
+            ("k_read", ratio(k.read_of("k"), self.k_bytes_read)),
+            ("v_read", ratio(k.read_of("v"), self.v_bytes_read)),
+            ("q_read", ratio(k.read_of("q"), self.q_bytes_read)),
+            ("o_written", ratio(k.written_of("o"), self.o_bytes_written)),
+            ("mma", ratio(k.mma, self.mma)),
+            ("exp2", ratio(k.exp2, self.exp2)),
+            ("barriers", ratio(k.barriers, self.barriers)),
+        ]
+    }
+}
+
+/// The decode kernel's KV tile (tokens) for a head dim: 16 tokens per warp times the token groups of the
+/// kernel width serving it (kTileTokens in kernels/include/fa/decode/traits.cuh).
+pub fn decode_tile_tokens(head_dim: usize) -> usize {
+    16 * match crate::head_dim::decode_width(head_dim).unwrap_or(head_dim) {
+        64 => 4,
+        128 => 2,
+        _ => 1,
+    }
+}
+/// cp.async stages of the decode pipeline (kStages in traits.cuh): the page ids of this many tiles are
+/// fetched speculatively from a split's start before its length is known.
+pub const DECODE_STAGES: usize = 4;
+/// Threads of a decode CTA (each reads its sequence's length once).
+pub const DECODE_THREADS: usize = 128;
+
+/// What one paged decode should cost (kernels/decode.cu, then merge.cu for split-KV).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DecodeCost {
+    /// CTAs of the decode kernel: splits × B × Hkv × ⌈G/16⌉.
+    pub ctas: u64,
+    /// K and V tiles walked, over all CTAs.
+    pub kv_tiles: u64,
+    /// Each visible token's K and V row read once per KV head (⌈G/16⌉ = 1 for G ≤ 16: the G query heads of
+    /// a KV head are the 16 rows of one mma tile), never a slot past `seq_len` (zero-filled instead), nor
+    /// one left of a sliding window (the last w + 1 tokens are the visible ones).
+    pub k_bytes_read: u64,
+    pub v_bytes_read: u64,
+    /// Q read once per split (every split's CTA needs the query rows).
+    pub q_bytes_read: u64,
+    /// The block table: at most one entry per visible token per CTA, plus the speculative first
+    /// DECODE_STAGES tiles of each CTA (an upper bound, not exact).
+    pub block_table_bytes_max: u64,
+    /// seq_lens: one read per thread per CTA.
+    pub seq_lens_bytes_read: u64,
+    /// FP8 cache: the K and V dequantisation scales of the CTA's KV head, one fp32 each per thread.
+    pub scale_bytes_read: u64,
+    /// O (and LSE) written exactly once — by the decode kernel, or by the merge after a split.
+    pub o_bytes_written: u64,
+    pub lse_bytes_written: u64,
+    /// Split-KV: the decode kernel writes one fp32 partial O row and LSE per (split, sequence, head).
+    pub partial_o_bytes_written: u64,
+    pub partial_lse_bytes_written: u64,
+    /// Per tile each of the 4 warps runs S = Q·Kᵀ over its 16 tokens (2 mma per 16 of the kernel width W ≥ D)
+    /// and P·V over its 64 output columns (8 mma): 4·(W/8 + 8). Bytes are of D columns (the chunks past D
+    /// are zero-filled, not read).
+    pub mma: u64,
+}
+
+/// The decode model of `case` under `plan`.
+pub fn decode_cost(case: &DecodeCase, plan: &DecodePlan) -> DecodeCost {
+    decode_cost_kv(case, plan, ELEM)
+}
+
+/// The decode model of `case` over an FP8 cache (K/V one byte per element, plus the scales).
+pub fn decode_cost_fp8(case: &DecodeCase, plan: &DecodePlan) -> DecodeCost {
+    let mut c = decode_cost_kv(case, plan, 1);
+    c.scale_bytes_read = c.ctas * DECODE_THREADS as u64 * 2 * 4;
+    c
+}
+
+/// The decode model with K/V elements of `kv_elem` bytes.
+fn decode_cost_kv(case: &DecodeCase, plan: &DecodePlan, kv_elem: u64) -> DecodeCost {
+    let d = case.head_dim as u64;
+    let w = crate::head_dim::decode_width(case.head_dim).unwrap_or(case.head_dim) as u64;
+    let group = case.heads_q / case.heads_kv.max(1);
+    let kv_ctas = (case.heads_kv * group.div_ceil(ROWS_PER_CTA)) as u64; // CTAs per (sequence, split)
+    let tile = decode_tile_tokens(case.head_dim);
+    let splits = plan.num_splits as u64;
+    let rows = (case.batch() * case.heads_q) as u64;
+    let mut c = DecodeCost { ctas: splits * case.batch() as u64 * kv_ctas, ..Default::default() };
+    let mut table_entries = 0u64;
+    let window_left = case.window_left();
+    for &len in &case.seq_lens {
+        let mut visible = 0;
+        for s in 0..plan.num_splits {
+            let (begin, end) = plan.split_range_windowed(s, len, window_left);
+            c.kv_tiles += (end - begin).div_ceil(tile) as u64 * kv_ctas;
+            table_entries += ((end - begin) + DECODE_STAGES * tile) as u64 * kv_ctas;
+            visible += end - begin;
+        }
+        c.k_bytes_read += visible as u64 * kv_ctas * d * kv_elem;
+    }
+    c.v_bytes_read = c.k_bytes_read;
+    c.q_bytes_read = splits * rows * d * ELEM;
+    c.block_table_bytes_max = table_entries * 4;
+    c.seq_lens_bytes_read = c.ctas * DECODE_THREADS as u64 * 4;
+    c.o_bytes_written = rows * d * ELEM;
+    c.lse_bytes_written = rows * 4;
+    if plan.num_splits > 1 {
+        c.partial_o_bytes_written = splits * rows * d * 4;
+        c.partial_lse_bytes_written = splits * rows * 4;
+    }
+    c.mma = c.kv_tiles * 4 * (w / 8 + 8);
+    c
+}
+
+impl DecodeCost {
+    /// The issue's budget for everything the decode kernel reads: K/V within 2% of the model, plus Q and
+    /// the tables (block table bound, seq_lens).
+    pub fn read_budget(&self) -> f64 {
+        1.02 * (self.k_bytes_read + self.v_bytes_read) as f64
+            + (self.q_bytes_read + self.block_table_bytes_max + self.seq_lens_bytes_read + self.scale_bytes_read) as f64
+    }
+
+    /// measured / model for the `paged_decode` kernel's counters (see [`PrefillCost::ratios`]).
+    pub fn ratios(&self, k: &KernelCounters) -> Vec<(&'static str, f64)> {
+        vec![
+            ("k_read", ratio(k.read_of("k_cache"), self.k_bytes_read)),
+            ("v_read", ratio(k.read_of("v_cache"), self.v_bytes_read)),
+            ("q_read", ratio(k.read_of("q"), self.q_bytes_read)),
+            ("read_vs_budget", k.global_bytes_read() as f64 / self.read_budget()),
+            ("mma", ratio(k.mma, self.mma)),
+        ]
+    }
+}
+
+/// measured / model for a prefill op's counters (`Emulator::last_launch_counters` after running `case`), or
+/// `None` if the case has no kernel or no `prefill` kernel ran: what the runner's `report` shows per case.
+pub fn prefill_ratios(case: &PrefillCase, counters: &LaunchCounters) -> Option<Vec<(&'static str, f64)>> {
+    Some(prefill_cost(case)?.ratios(counters.kernel("prefill")?))
+}
+
+/// measured / model for a decode op's counters under the `plan` it followed (see [`prefill_ratios`]).
+pub fn decode_ratios(
+    case: &DecodeCase,
+    plan: &DecodePlan,
+    counters: &LaunchCounters,
+) -> Option<Vec<(&'static str, f64)>> {
+    Some(decode_cost(case, plan).ratios(counters.kernel("paged_decode")?))
+}
+
+/// [`decode_ratios`] for a decode over an FP8 cache ([`decode_cost_fp8`]).
+pub fn decode_ratios_fp8(
+    case: &DecodeCase,
+    plan: &DecodePlan,
+    counters: &LaunchCounters,
+) -> Option<Vec<(&'static str, f64)>> {
+    Some(decode_cost_fp8(case, plan).ratios(counters.kernel("paged_decode")?))
+}
+
+fn ratio(measured: u64, model: u64) -> f64 {
+    match (measured, model) {
+        (0, 0) => 1.0,
+        (m, 0) => m as f64 / 0.0,
+        (m, n) => m as f64 / n as f64,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testkit::cases::prefill::CaseLayout;
+    use crate::DType;
+
+    fn prefill_case(t: usize, causal: bool) -> PrefillCase {
+        PrefillCase {
+            dtype: DType::Bf16,
+            batch: 1,
+            seqlen_q: t,
+            seqlen_k: t,
+            heads_q: 1,
+            heads_kv: 1,
+            head_dim: 64,
+            causal,
+            varlen: None,
+            layout: CaseLayout::Contiguous,
+            with_lse: true,
+            variants: Default::default(),
+            kernel: Default::default(),
+        }
+    }
+
+    #[test]
+    fn causal_prefill_visits_the_lower_triangle_of_tiles() {
+        // D = 64: Br = 128, Bc = 64. T = 4096: 32 query tiles; tile m visits 2(m + 1) KV tiles of 64.
+        let full = prefill_cost(&prefill_case(4096, false)).unwrap();
+        let causal = prefill_cost(&prefill_case(4096, true)).unwrap();
+        assert_eq!(full.kv_tiles, 32 * 64);
+        assert_eq!(causal.kv_tiles, (1..=32).map(|m| 2 * m).sum::<u64>());
+        assert_eq!(full.mma, 2048 * 512); // 2·128·64·64 / 2048 = 512 per tile
+        assert_eq!(full.k_bytes_read, 32 * 4096 * 64 * 2);
+    }
+
+    #[test]
+    fn ragged_prefill_reads_only_rows_below_tk() {
+        // Tq = Tk = 65 at D = 64: one query tile, two KV tiles, the second holding one key.
+        let c = prefill_cost(&prefill_case(65, false)).unwrap();
+        assert_eq!((c.kv_tiles, c.k_bytes_read, c.q_bytes_read), (2, 65 * 128, 65 * 128));
+    }
+
+    #[test]
+    fn ratio_of_nothing_is_one() {
+        assert_eq!(ratio(0, 0), 1.0);
+        assert_eq!(ratio(3, 0), f64::INFINITY);
+        assert_eq!(ratio(3, 2), 1.5);
+    }
+}

@@ -1,0 +1,113 @@
+//! Shared test support: GPU discovery that skips visibly.
+#![allow(dead_code)]
+
+pub mod hopper_model;
+
+use std::io::Write;
+use std::sync::Arc;
+
+use cudarc::driver::CudaContext;
+
+/// The first GPU, or `None` after recording `test` as skipped: the name goes to stderr and to the file named
+/// by FA_SKIP_LOG (scripts/test counts and lists them). With FA_REQUIRE_GPU=1 (the GPU bundle) a missing GPU
+/// fails the test instead.
+pub fn gpu_or_skip(test: &str) -> Option<Arc<CudaContext>> {
+    match fused_attn::device::cuda_context(0) {
+        Ok(ctx) => Some(ctx),
+        Err(e) => {
+            if std::env::var("FA_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+                panic!("{test}: a GPU is required (FA_REQUIRE_GPU=1) but none is usable: {e}");
+            }
+            eprintln!("skipped: no GPU: {test} ({e})");
+            if let Ok(path) = std::env::var("FA_SKIP_LOG") {
+                if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+                    let _ = writeln!(f, "{test}");
+                }
+            }
+            None
+        }
+    }
+}
+
+/// The run's base seed: FA_SEED (decimal or 0x hex) if set, else the fixed default, so two runs of the suite
+/// use the same inputs (see `fused_attn::testkit::seed`).
+pub fn base_seed() -> u64 {
+    fused_attn::testkit::seed::base_seed()
+}
+
+/// The seed of case `index` of a sweep (derived from the base seed).
+pub fn case_seed(index: usize) -> u64 {
+    fused_attn::testkit::seed::case_seed(base_seed(), index as u64)
+}
+
+/// FA_CASE (a comma-separated list of case indices) restricts a sweep to those cases, to rerun one failure;
+/// unset, every case runs.
+pub fn case_selected(index: usize) -> bool {
+    match std::env::var("FA_CASE") {
+        Ok(list) => list.split(',').any(|x| x.trim().parse() == Ok(index)),
+        Err(_) => true,
+    }
+}
+
+/// The one-line command that reruns test `test` of `tests/<file>.rs` with this run's base seed (and only
+/// case `case` of its sweep, when given).
+pub fn rerun(file: &str, test: &str, case: Option<usize>) -> String {
+    let case = case.map(|i| format!("FA_CASE={i} ")).unwrap_or_default();
+    format!("rerun: FA_SEED={:#x} {case}cargo test --release --test it -- {file}::{test} --exact", base_seed())
+}
+
+/// Runs the selected cases of a sweep (FA_CASE: positions in `cases`) with `check` (position, case) →
+/// Ok(summary) or Err(summary), on `workers` threads (1: in order, on this thread), printing every verdict;
+/// then fails listing every failure with the command that reruns it (test `test` of tests/<file>.rs).
+pub fn sweep<C: Sync>(
+    file: &str,
+    test: &str,
+    cases: &[C],
+    workers: usize,
+    label: impl Fn(&C) -> String + Sync,
+    check: impl Fn(usize, &C) -> Result<String, String> + Sync,
+) {
+    let failures = std::sync::Mutex::new(Vec::new());
+    let run = |i: usize, case: &C| match check(i, case) {
+        Ok(msg) => eprintln!("ok   [{i}] {}: {msg}", label(case)),
+        Err(msg) => {
+            let msg = format!("[{i}] {}: {msg}\n    {}", label(case), rerun(file, test, Some(i)));
+            eprintln!("FAIL {msg}");
+            failures.lock().unwrap().push(msg);
+        }
+    };
+    let start = std::time::Instant::now();
+    if workers <= 1 {
+        cases.iter().enumerate().filter(|&(i, _)| case_selected(i)).for_each(|(i, c)| run(i, c));
+    } else {
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..workers {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(case) = cases.get(i) else { break };
+                    if case_selected(i) {
+                        run(i, case);
+                    }
+                });
+            }
+        });
+    }
+    let failures = failures.into_inner().unwrap();
+    eprintln!("{test}: {} cases in {:.1} s, {} failed", cases.len(), start.elapsed().as_secs_f64(), failures.len());
+    assert!(failures.is_empty(), "{test}: {} of {} failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
+}
+
+/// A sweep verdict from a pass flag and the case's summary.
+pub fn verdict(passed: bool, summary: String) -> Result<String, String> {
+    if passed {
+        Ok(summary)
+    } else {
+        Err(summary)
+    }
+}
+
+/// Every available core, for sweeps of independent cases.
+pub fn all_cores() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
+}

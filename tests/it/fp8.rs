@@ -1,0 +1,322 @@
+//! FP8 KV cache (issue 17): the conversions (all 256 codes of both formats, every fp16 value and a bf16 sweep
+//! through the quantiser) against the Rust model of `fused_attn::fp8`, on the host model and through the
+//! intrinsics on the emulator; the emulated FP8 decode sweep against the fp64 reference over the stored
+//! cache; the append -> decode round trip (append's codes bit for bit the model's); the halved K/V traffic;
+//! bad input -> typed errors. On a GPU (skipped visibly without one) the same sweep runs on the hardware.
+use crate::common;
+
+use fused_attn::decode::{DecodeOptions, DecodeWorkspace};
+use fused_attn::fp8::Fp8Element;
+use fused_attn::testkit::cases::decode::DecodeCase;
+use fused_attn::testkit::cases::decode_fp8::{
+    check_fp8_case_emulated, decode_fp8, fp8_decode_sweep_emulated, run_fp8_case_gpu, Fp8DecodeCase, Fp8Fixture,
+};
+use fused_attn::testkit::emu_selftest;
+use fused_attn::{
+    append, decode, DType, Emulator, ErrorKind, Fp8E4m3, Fp8E5m2, Fp8Format, KvScales, PagedKvCache, PagedKvCacheMut,
+    ScaleKind, Stream, TensorView, TensorViewMut,
+};
+use half::{bf16, f16};
+
+const FORMATS: [Fp8Format; 2] = [Fp8Format::E4m3, Fp8Format::E5m2];
+
+/// The fp16 bits of a model value (exact for every FP8 value; NaN -> the canonical 0x7fff).
+fn half_bits(x: f64) -> u16 {
+    if x.is_nan() {
+        0x7fff
+    } else {
+        f16::from_f64(x).to_bits()
+    }
+}
+
+/// Inputs of the encode direction: every fp16 value, every bf16 value, and specials (±0, ±inf, NaNs,
+/// the formats' maxima and midpoints around them, the smallest subnormals and half of them).
+fn encode_inputs(format: Fp8Format) -> Vec<f32> {
+    let mut x: Vec<f32> = (0..=u16::MAX).map(|b| f16::from_bits(b).to_f32()).collect();
+    x.extend((0..=u16::MAX).map(|b| bf16::from_bits(b).to_f32()));
+    let max = format.max() as f32;
+    let tiny = format.decode(1) as f32;
+    x.extend([0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, -f32::NAN, f32::from_bits(0x7f80_0001)]);
+    for s in [1.0f32, -1.0] {
+        x.extend([max, max * 1.03, max * 1.0625, max * 1.07, max * 2.0, tiny, tiny * 0.5, tiny * 0.50001, tiny * 1.5]);
+        x.extend([s * 1e-30, s * f32::MIN_POSITIVE, s * f32::MAX]);
+    }
+    if x.len() % 2 == 1 {
+        x.push(1.0);
+    }
+    x
+}
+
+#[test]
+fn conversions_host_model_match_the_rust_model() {
+    for f in FORMATS {
+        let codes: Vec<u8> = (0..=255).collect();
+        let got = emu_selftest::fp8_to_half_host(f, &codes);
+        for (&c, &h) in codes.iter().zip(&got) {
+            assert_eq!(h, half_bits(f.decode(c)), "{f:?} code {c:#04x}");
+        }
+        let x = encode_inputs(f);
+        let got = emu_selftest::float_to_fp8_host(f, &x);
+        for (&v, &c) in x.iter().zip(&got) {
+            assert_eq!(c, f.encode(v), "{f:?} encode {v:e} ({:#010x})", v.to_bits());
+        }
+    }
+}
+
+#[test]
+fn conversions_through_the_intrinsics_on_the_emulator() {
+    let seed = common::base_seed();
+    for f in FORMATS {
+        // Every code in the low byte and (another permutation) in the high byte.
+        let pairs: Vec<u16> = (0..=255u16).map(|c| c | (((c * 37 + 11) & 0xff) << 8)).collect();
+        let got = emu_selftest::fp8_decode_emulated(f, &pairs, seed).unwrap();
+        for (&p, &h) in pairs.iter().zip(&got) {
+            let want = u32::from(half_bits(f.decode(p as u8))) | u32::from(half_bits(f.decode((p >> 8) as u8))) << 16;
+            assert_eq!(h, want, "{f:?} codes {p:#06x}");
+        }
+        let x = encode_inputs(f);
+        let got = emu_selftest::fp8_encode_emulated(f, &x, seed).unwrap();
+        for (i, &c) in got.iter().enumerate() {
+            let want = u16::from(f.encode(x[2 * i])) | u16::from(f.encode(x[2 * i + 1])) << 8;
+            assert_eq!(c, want, "{f:?} encode ({:e}, {:e})", x[2 * i], x[2 * i + 1]);
+        }
+    }
+}
+
+#[test]
+fn emulated_fp8_decode_sweep() {
+    let emu = Emulator::new();
+    let cases = fp8_decode_sweep_emulated();
+    common::sweep("fp8", "emulated_fp8_decode_sweep", &cases, 1, Fp8DecodeCase::label, |i, case| {
+        let o = check_fp8_case_emulated(&emu, case, common::case_seed(i)).unwrap();
+        // The quantisation error is reported, and must be small against the outputs (|O| ~ 0.5): a wrong
+        // scale or a dropped token would show here even if the kernel matched a wrong reference.
+        common::verdict(o.passed() && o.quant_rel_l2_err < 0.1, o.summary())
+    });
+}
+
+/// The FP8 sweep on a GPU (skips visibly without one): every case against the fp64 reference over the
+/// stored cache.
+#[test]
+fn gpu_fp8_decode_sweep() {
+    let Some(ctx) = common::gpu_or_skip("fp8::gpu_fp8_decode_sweep") else { return };
+    let cu = ctx.default_stream();
+    let cases = fp8_decode_sweep_emulated();
+    common::sweep("fp8", "gpu_fp8_decode_sweep", &cases, 1, Fp8DecodeCase::label, |i, case| {
+        let run = match case.base.dtype {
+            DType::F16 => run_fp8_case_gpu::<f16>(&cu, case, common::case_seed(i)).map(|r| r.outcome),
+            DType::Bf16 => run_fp8_case_gpu::<bf16>(&cu, case, common::case_seed(i)).map(|r| r.outcome),
+        };
+        let o = run.unwrap_or_else(|e| panic!("[{i}] {}: {e}", case.label()));
+        common::verdict(o.passed(), o.summary())
+    });
+}
+
+fn round_trip_case(format: Fp8Format, scales: ScaleKind) -> Fp8DecodeCase {
+    Fp8DecodeCase {
+        base: DecodeCase {
+            dtype: DType::Bf16,
+            head_dim: 128,
+            heads_q: 8,
+            heads_kv: 2,
+            page_size: 16,
+            seq_lens: vec![0, 1, 17, 100],
+            num_splits: Some(2),
+            variants: Default::default(),
+        },
+        format,
+        scales,
+    }
+}
+
+/// Appends every token of the fixture's 16-bit cache into a NaN-poisoned FP8 cache (with padding rows and a
+/// row past the end, both skipped): the cache must equal the model-quantised fixture bit for bit; decode
+/// over it then passes against the reference.
+#[test]
+fn append_then_decode_round_trip() {
+    let emu = Emulator::new();
+    let stream = Stream::Emu(&emu);
+    let seed = common::base_seed();
+    for (format, kind) in [(Fp8Format::E4m3, ScaleKind::PerHead), (Fp8Format::E5m2, ScaleKind::PerTensor)] {
+        let case = round_trip_case(format, kind);
+        let f = Fp8Fixture::<bf16>::new(&case, seed);
+        let s = &f.sixteen;
+        let c = &s.case;
+        let row = c.heads_kv * c.head_dim;
+        let (mut k, mut v, mut slots) = (Vec::new(), Vec::new(), Vec::new());
+        for b in 0..c.batch() {
+            for t in 0..c.seq_lens[b] {
+                let slot = s.slot(b, t);
+                k.extend_from_slice(&s.k_cache[slot * row..][..row]);
+                v.extend_from_slice(&s.v_cache[slot * row..][..row]);
+                slots.push(slot as i64);
+            }
+            k.extend(std::iter::repeat_n(bf16::NAN, row));
+            v.extend(std::iter::repeat_n(bf16::NAN, row));
+            slots.push(-1);
+        }
+        k.extend(std::iter::repeat_n(bf16::NAN, row));
+        v.extend(std::iter::repeat_n(bf16::NAN, row));
+        slots.push((s.num_pages * c.page_size + 1) as i64);
+        let n = slots.len();
+        let scales = f.fp8.scales(&stream).unwrap();
+        let mut k_codes = vec![Fp8Format::NAN_CODE; f.fp8.k_codes.len()];
+        let mut v_codes = vec![Fp8Format::NAN_CODE; f.fp8.v_codes.len()];
+        macro_rules! append_as {
+            ($ty:ty) => {{
+                let mut kc: Vec<$ty> = k_codes.iter().map(|&x| <$ty>::from_code(x)).collect();
+                let mut vc: Vec<$ty> = v_codes.iter().map(|&x| <$ty>::from_code(x)).collect();
+                let mut cache = PagedKvCacheMut::new(
+                    TensorViewMut::host(&mut kc, s.cache_shape()).unwrap(),
+                    TensorViewMut::host(&mut vc, s.cache_shape()).unwrap(),
+                )
+                .unwrap()
+                .with_scales(&scales)
+                .unwrap();
+                append(
+                    &stream,
+                    &TensorView::host(&k, [n, c.heads_kv, c.head_dim]).unwrap(),
+                    &TensorView::host(&v, [n, c.heads_kv, c.head_dim]).unwrap(),
+                    &TensorView::host(&slots, [n]).unwrap(),
+                    &mut cache,
+                )
+                .unwrap();
+                k_codes = kc.iter().map(|x| x.code()).collect();
+                v_codes = vc.iter().map(|x| x.code()).collect();
+            }};
+        }
+        match format {
+            Fp8Format::E4m3 => append_as!(Fp8E4m3),
+            Fp8Format::E5m2 => append_as!(Fp8E5m2),
+        }
+        let rerun = common::rerun("fp8", "append_then_decode_round_trip", None);
+        assert!(k_codes == f.fp8.k_codes, "{format:?}: appended K differs from the model's quantisation; {rerun}");
+        assert!(v_codes == f.fp8.v_codes, "{format:?}: appended V differs; {rerun}");
+        // Decode over the appended cache (the same bytes as the fixture's, so the sweep's check applies).
+        let o = check_fp8_case_emulated(&emu, &case, seed).unwrap();
+        assert!(o.passed(), "{}: {}; {rerun}", case.label(), o.summary());
+    }
+}
+
+/// The decode kernel's K/V reads over an FP8 cache are half those over the 16-bit cache (table and length
+/// reads included: <= 0.52x of the 16-bit kernel's global reads).
+#[test]
+fn fp8_decode_reads_half_the_bytes() {
+    let emu = Emulator::new();
+    let stream = Stream::Emu(&emu);
+    let mut case = round_trip_case(Fp8Format::E4m3, ScaleKind::PerHead);
+    case.base.seq_lens = vec![1000, 999];
+    case.base.num_splits = Some(1);
+    let f = Fp8Fixture::<f16>::new(
+        &Fp8DecodeCase { base: DecodeCase { dtype: DType::F16, ..case.base.clone() }, ..case },
+        1,
+    );
+    decode_fp8::<f16, Fp8E4m3>(&stream, &f).unwrap();
+    let fp8 = emu.last_launch_counters().unwrap();
+    let s = &f.sixteen;
+    let c = &s.case;
+    let (b, hq, d) = (c.batch(), c.heads_q, c.head_dim);
+    let cache = PagedKvCache::new(
+        TensorView::host(&s.k_cache, s.cache_shape()).unwrap(),
+        TensorView::host(&s.v_cache, s.cache_shape()).unwrap(),
+        TensorView::host(&s.block_table, [b, s.width]).unwrap(),
+        TensorView::host(&s.seq_lens, [b]).unwrap(),
+        c.max_seq_len(),
+    )
+    .unwrap();
+    let mut o = vec![f16::NAN; b * hq * d];
+    let mut ws = DecodeWorkspace::with_capacity(&stream, b, hq, d, 1).unwrap();
+    decode(
+        &stream,
+        &TensorView::host(&s.q, [b, hq, d]).unwrap(),
+        &cache,
+        &mut TensorViewMut::host(&mut o, [b, hq, d]).unwrap(),
+        None,
+        &mut ws,
+        &DecodeOptions { num_splits: Some(1), ..Default::default() },
+    )
+    .unwrap();
+    let sixteen = emu.last_launch_counters().unwrap();
+    let kv = |l: &fused_attn::LaunchCounters| l.kernels[0].read_of("k_cache") + l.kernels[0].read_of("v_cache");
+    let (kv8, kv16) = (kv(&fp8), kv(&sixteen));
+    assert!(kv16 > 0 && 2 * kv8 == kv16, "FP8 K/V reads {kv8} B, 16-bit {kv16} B");
+    let (all8, all16) = (fp8.kernels[0].global_bytes_read(), sixteen.kernels[0].global_bytes_read());
+    let ratio = all8 as f64 / all16 as f64;
+    eprintln!("global reads: FP8 {all8} B, 16-bit {all16} B, ratio {ratio:.3}");
+    assert!(ratio <= 0.52, "FP8 decode reads {ratio:.3}x the 16-bit decode's bytes");
+    // The FP8 cost model matches the counters (K/V one byte per element, reads within the budget).
+    let plan = fused_attn::DecodePlan::new(&c.problem(), fused_attn::decode::EMULATOR_SM_COUNT, Some(1)).unwrap();
+    let r: std::collections::HashMap<_, _> =
+        fused_attn::testkit::cost_model::decode_ratios_fp8(c, &plan, &fp8).unwrap().into_iter().collect();
+    assert_eq!((r["k_read"], r["v_read"], r["mma"]), (1.0, 1.0, 1.0), "{r:?}");
+    assert!(r["read_vs_budget"] <= 1.0, "{r:?}");
+}
+
+#[test]
+fn bad_fp8_inputs_are_typed_errors() {
+    let emu = Emulator::new();
+    let stream = Stream::Emu(&emu);
+    // Scale values.
+    for (k, v) in [(0.0, 1.0), (-1.0, 1.0), (f32::NAN, 1.0), (1.0, f32::INFINITY)] {
+        let e = KvScales::per_tensor(&stream, k, v).err().unwrap();
+        assert_eq!(e.kind(), &ErrorKind::Unsupported, "scales ({k}, {v}): {e}");
+    }
+    let e = KvScales::per_head(&stream, &[1.0, 2.0], &[1.0]).err().unwrap();
+    assert_eq!(e.kind(), &ErrorKind::Shape);
+
+    let case = round_trip_case(Fp8Format::E4m3, ScaleKind::PerHead);
+    let f = Fp8Fixture::<bf16>::new(&case, 5);
+    let s = &f.sixteen;
+    let c = &s.case;
+    let (b, hq, d) = (c.batch(), c.heads_q, c.head_dim);
+    let (k, v) = f.fp8.codes::<Fp8E4m3>();
+    let cache = || {
+        PagedKvCache::new(
+            TensorView::host(&k, s.cache_shape()).unwrap(),
+            TensorView::host(&v, s.cache_shape()).unwrap(),
+            TensorView::host(&s.block_table, [b, s.width]).unwrap(),
+            TensorView::host(&s.seq_lens, [b]).unwrap(),
+            c.max_seq_len(),
+        )
+        .unwrap()
+    };
+    // Per-head scales for the wrong head count.
+    let three = KvScales::per_head(&stream, &[1.0; 3], &[1.0; 3]).unwrap();
+    assert_eq!(cache().with_scales(&three).err().unwrap().kind(), &ErrorKind::Shape);
+    // An FP8 cache without scales, and 16-bit caches with scales or of the other dtype.
+    let q = TensorView::host(&s.q, [b, hq, d]).unwrap();
+    let mut o = vec![bf16::NAN; b * hq * d];
+    let mut ws = DecodeWorkspace::with_capacity(&stream, b, hq, d, 4).unwrap();
+    let opts = DecodeOptions::default();
+    let e = decode(&stream, &q, &cache(), &mut TensorViewMut::host(&mut o, [b, hq, d]).unwrap(), None, &mut ws, &opts)
+        .err()
+        .unwrap();
+    assert_eq!(e.kind(), &ErrorKind::Shape, "{e}");
+    let per_tensor = KvScales::per_tensor(&stream, 0.5, 0.5).unwrap();
+    let k16: Vec<bf16> = s.k_cache.clone();
+    let cache16 = PagedKvCache::new(
+        TensorView::host(&k16, s.cache_shape()).unwrap(),
+        TensorView::host(&s.v_cache, s.cache_shape()).unwrap(),
+        TensorView::host(&s.block_table, [b, s.width]).unwrap(),
+        TensorView::host(&s.seq_lens, [b]).unwrap(),
+        c.max_seq_len(),
+    )
+    .unwrap()
+    .with_scales(&per_tensor)
+    .unwrap();
+    let e = decode(&stream, &q, &cache16, &mut TensorViewMut::host(&mut o, [b, hq, d]).unwrap(), None, &mut ws, &opts)
+        .err()
+        .unwrap();
+    assert_eq!(e.kind(), &ErrorKind::Unsupported, "{e}");
+    // (A 16-bit cache of the other dtype than q does not compile: KvCacheOf.)
+    // An FP8 cache whose rows are not 16-byte multiples (head dim 24: 24 bytes).
+    let mut kc = vec![Fp8E5m2(0); 2 * 4 * 24];
+    let mut vc = vec![Fp8E5m2(0); 2 * 4 * 24];
+    let e = PagedKvCacheMut::new(
+        TensorViewMut::host(&mut kc, [2, 4, 1, 24]).unwrap(),
+        TensorViewMut::host(&mut vc, [2, 4, 1, 24]).unwrap(),
+    )
+    .err()
+    .unwrap();
+    assert_eq!(e.kind(), &ErrorKind::Alignment, "{e}");
+}

@@ -1,0 +1,381 @@
+//! Paged prefill against the fp64 reference on the emulator: the sweep (page sizes 1..256, q_len 1..1000,
+//! contexts to 4k+, GQA groups 1..16, ragged batches, shuffled and shared pages, splits), the score variants,
+//! q_len = 1 against decode, and bad input -> typed errors. FP8 caches (issue 17): the emulated FP8 sweep
+//! against the fp64 reference over the stored cache (quantisation error against the 16-bit cache bounded),
+//! the halved K/V reads, and FP8 bad input -> typed errors.
+use crate::common;
+
+use fused_attn::paged_prefill::{paged_prefill, PagedPrefillOptions, PagedPrefillWorkspace};
+use fused_attn::testkit::cases::paged_prefill::{
+    case, check_case_emulated, check_case_gpu, paged_prefill_sweep_emulated, paged_prefill_variant_sweep,
+    PagedPrefillCase, PagedPrefillFixture,
+};
+use fused_attn::testkit::cases::paged_prefill_fp8::{
+    check_fp8_case_emulated, fp8_paged_prefill_sweep_emulated, run_fp8_case_gpu, Fp8PagedPrefillCase,
+    Fp8PagedPrefillFixture, Fp8PagedPrefillOutcome,
+};
+use fused_attn::{
+    decode, DType, DecodeOptions, DecodeWorkspace, Emulator, ErrorKind, Fp8E4m3, Fp8Format, KvScales, PagedKvCache,
+    ScaleKind, Stream, TensorView, TensorViewMut,
+};
+use half::{bf16, f16};
+
+/// Runs every selected case (FA_CASE) and panics listing the failures, each with its rerun command.
+fn sweep(test: &str, cases: &[(usize, PagedPrefillCase)]) {
+    let emu = Emulator::new();
+    common::sweep(
+        "paged_prefill",
+        test,
+        cases,
+        1,
+        |(_, c)| c.label(),
+        |_, (i, c)| {
+            let outcome = check_case_emulated(&emu, c, common::case_seed(*i)).unwrap();
+            common::verdict(outcome.passed(), outcome.summary())
+        },
+    );
+}
+
+fn part(cases: Vec<PagedPrefillCase>, first: usize, step: usize) -> Vec<(usize, PagedPrefillCase)> {
+    cases.into_iter().enumerate().skip(first).step_by(step).collect()
+}
+
+#[test]
+fn emulated_paged_prefill_sweep_even() {
+    sweep("emulated_paged_prefill_sweep_even", &part(paged_prefill_sweep_emulated(), 0, 2));
+}
+
+#[test]
+fn emulated_paged_prefill_sweep_odd() {
+    sweep("emulated_paged_prefill_sweep_odd", &part(paged_prefill_sweep_emulated(), 1, 2));
+}
+
+#[test]
+fn emulated_paged_prefill_variants() {
+    sweep("emulated_paged_prefill_variants", &part(paged_prefill_variant_sweep(), 0, 1));
+}
+
+/// A case with a shared prefix gives every sequence exactly the result of the same sequence laid out on
+/// private pages (the kernel reads pages by id, whoever else names them).
+#[test]
+fn shared_prefix_pages_match_private_pages() {
+    let emu = Emulator::new();
+    let mut shared = case(64, (4, 2), 16, &[(5, 64), (5, 64)]);
+    shared.shared_prefix = 64; // the whole context shared: both sequences are the same keys
+    let f = PagedPrefillFixture::<bf16>::new(&shared, common::case_seed(0));
+    let mut f2 = PagedPrefillFixture::<bf16>::new(&shared, common::case_seed(0));
+    f2.q = f.q.clone();
+    // Same queries for both sequences: their outputs must then be bitwise equal.
+    let tok = 5 * 4 * 64;
+    let (a, b) = f2.q.split_at_mut(tok);
+    b.copy_from_slice(a);
+    let (o, lse, _) = f2.run(&Stream::Emu(&emu), Some(1)).unwrap();
+    assert!(o.iter().all(|x| !x.is_nan()));
+    assert_eq!(o[..tok], o[tok..], "the two sequences share every page and query");
+    for h in 0..4 {
+        assert_eq!(lse[h * 10..h * 10 + 5], lse[h * 10 + 5..h * 10 + 10]);
+    }
+}
+
+/// Block-table entries out of range inside a sequence (holes) mask their page's tokens (weight exactly 0,
+/// as decode does), on masked and interior tiles alike, unsplit and split.
+#[test]
+fn holes_in_the_block_table_are_masked() {
+    let emu = Emulator::new();
+    for (i, splits) in [(0usize, 1usize), (1, 2)] {
+        let c = case(64, (8, 2), 16, &[(5, 200), (17, 150)]);
+        let mut f = PagedPrefillFixture::<bf16>::new(&c, common::case_seed(10 + i));
+        f.block_table[1] = -1; // sequence 0, tokens 16..32: an interior tile
+        f.block_table[f.width + 9] = 1 << 20; // sequence 1, tokens 144..150: the diagonal's tiles
+        let (o, lse, plan) = f.run(&Stream::Emu(&emu), Some(splits)).unwrap();
+        assert_eq!(plan.num_splits, splits);
+        let (exact, naive) = f.reference().unwrap();
+        let ours: Vec<f64> = o.iter().map(|v| f64::from(v.to_f32())).collect();
+        let c_out = fused_attn::reference::compare(&ours, &exact.out, &naive);
+        let ours_lse: Vec<f64> = lse.iter().map(|&x| f64::from(x)).collect();
+        let c_lse = fused_attn::reference::compare_lse(&ours_lse, &exact.lse, 1e-4);
+        assert!(c_out.passed && c_lse.passed, "splits={splits}: {c_out:?} {c_lse:?}");
+    }
+}
+
+/// q_len = 1 paged prefill is decode: the same cache and query give the same result (within fp32
+/// reassociation: the kernels tile differently).
+#[test]
+fn q_len_one_matches_decode() {
+    let emu = Emulator::new();
+    let stream = Stream::Emu(&emu);
+    let c = case(128, (8, 2), 16, &[(1, 1), (1, 77), (1, 300), (1, 0)]);
+    let f = PagedPrefillFixture::<bf16>::new(&c, common::case_seed(1));
+    let (o, lse, _) = f.run(&stream, Some(1)).unwrap();
+    let (b, hq, d) = (4, 8, 128);
+    let cache = PagedKvCache::new(
+        TensorView::host(&f.k_cache, f.cache_shape()).unwrap(),
+        TensorView::host(&f.v_cache, f.cache_shape()).unwrap(),
+        TensorView::host(&f.block_table, [b, f.width]).unwrap(),
+        TensorView::host(&f.seq_lens, [b]).unwrap(),
+        300,
+    )
+    .unwrap();
+    let mut od = vec![bf16::NAN; b * hq * d];
+    let mut lsed = vec![f32::NAN; b * hq];
+    let mut ws = DecodeWorkspace::with_capacity(&stream, b, hq, d, 1).unwrap();
+    let opts = DecodeOptions { num_splits: Some(1), ..Default::default() };
+    decode(
+        &stream,
+        &TensorView::host(&f.q, [b, hq, d]).unwrap(),
+        &cache,
+        &mut TensorViewMut::host(&mut od, [b, hq, d]).unwrap(),
+        Some(&mut TensorViewMut::host(&mut lsed, [b, hq]).unwrap()),
+        &mut ws,
+        &opts,
+    )
+    .unwrap();
+    for (x, y) in o.iter().zip(&od) {
+        let (x, y) = (x.to_f32(), y.to_f32());
+        assert!((x - y).abs() <= 1e-2 * (1.0 + y.abs()), "paged prefill {x} vs decode {y}");
+    }
+    // lse: paged prefill [Hq, total_q], decode [B, Hq].
+    for bb in 0..b {
+        for h in 0..hq {
+            let (x, y) = (lse[h * b + bb], lsed[bb * hq + h]);
+            assert!(x == y || (x - y).abs() <= 1e-4 * (1.0 + y.abs()), "lse b={bb} h={h}: {x} vs {y}");
+        }
+    }
+}
+
+/// Bad input: each kind of mistake gives its typed error.
+#[test]
+fn bad_input_gives_typed_errors() {
+    let emu = Emulator::new();
+    let stream = Stream::Emu(&emu);
+    let (b, hq, hkv, d, ps, pages) = (2usize, 4usize, 2usize, 64usize, 16usize, 8usize);
+    let kc = vec![bf16::ZERO; pages * ps * hkv * d];
+    let table = vec![0i32; b * 8];
+    let lens = vec![20i32, 5];
+    let cache = PagedKvCache::new(
+        TensorView::host(&kc, [pages, ps, hkv, d]).unwrap(),
+        TensorView::host(&kc, [pages, ps, hkv, d]).unwrap(),
+        TensorView::host(&table, [b, 8]).unwrap(),
+        TensorView::host(&lens, [b]).unwrap(),
+        128,
+    )
+    .unwrap();
+    let q = vec![bf16::ZERO; 8 * hq * d];
+    let mut o = vec![bf16::ZERO; 8 * hq * d];
+    let cu_good = [0i32, 5, 8];
+    let run =
+        |q_shape: [usize; 3], cu: &[i32], max_q: usize, o: &mut [bf16], o_shape: [usize; 3], splits: Option<usize>| {
+            let opts = PagedPrefillOptions { num_splits: splits, ..Default::default() };
+            paged_prefill(
+                &stream,
+                &TensorView::host(&q[..q_shape.iter().product()], q_shape).unwrap(),
+                &TensorView::host(cu, [cu.len()]).unwrap(),
+                max_q,
+                &cache,
+                &mut TensorViewMut::host(&mut o[..o_shape.iter().product()], o_shape).unwrap(),
+                None,
+                None,
+                &opts,
+            )
+            .map(|_| ())
+            .unwrap_err()
+            .kind()
+            .clone()
+        };
+    // cu_seqlens_q of the wrong length.
+    assert_eq!(run([8, hq, d], &[0, 8], 8, &mut o, [8, hq, d], None), ErrorKind::Shape);
+    // cu_seqlens_q decreasing / a sequence longer than max_seqlen_q / past the packed rows.
+    assert_eq!(run([8, hq, d], &[0, 5, 3], 8, &mut o, [8, hq, d], None), ErrorKind::Shape);
+    assert_eq!(run([8, hq, d], &cu_good, 4, &mut o, [8, hq, d], None), ErrorKind::Shape);
+    assert_eq!(run([8, hq, d], &[0, 5, 9], 8, &mut o, [8, hq, d], None), ErrorKind::Shape);
+    // o of another shape.
+    assert_eq!(run([8, hq, d], &cu_good, 8, &mut o, [7, hq, d], None), ErrorKind::Shape);
+    // Query heads not a multiple of the KV heads; a head dim that differs from the cache's.
+    assert_eq!(run([8, 3, d], &cu_good, 8, &mut o, [8, 3, d], None), ErrorKind::Shape);
+    assert_eq!(run([8, hq, 32], &cu_good, 8, &mut o, [8, hq, 32], None), ErrorKind::Shape);
+    // Splits without a workspace.
+    assert_eq!(run([8, hq, d], &cu_good, 8, &mut o, [8, hq, d], Some(2)), ErrorKind::Usage);
+    // A workspace too small for the forced split count.
+    let mut ws = PagedPrefillWorkspace::with_capacity(&stream, 8, hq, d, 1).unwrap();
+    let err = paged_prefill(
+        &stream,
+        &TensorView::host(&q, [8, hq, d]).unwrap(),
+        &TensorView::host(&cu_good, [3]).unwrap(),
+        8,
+        &cache,
+        &mut TensorViewMut::host(&mut o, [8, hq, d]).unwrap(),
+        None,
+        Some(&mut ws),
+        &PagedPrefillOptions { num_splits: Some(2), ..Default::default() },
+    )
+    .unwrap_err();
+    assert_eq!(*err.kind(), ErrorKind::OutOfBounds);
+    // And the good call works (a test that cannot fail is a defect: the errors above are the arguments').
+    paged_prefill(
+        &stream,
+        &TensorView::host(&q, [8, hq, d]).unwrap(),
+        &TensorView::host(&cu_good, [3]).unwrap(),
+        8,
+        &cache,
+        &mut TensorViewMut::host(&mut o, [8, hq, d]).unwrap(),
+        None,
+        None,
+        &PagedPrefillOptions::default(),
+    )
+    .unwrap();
+}
+
+/// The emulated sweep and variant cases on a GPU (skipped visibly without one; the GPU bundle requires it).
+#[test]
+fn gpu_paged_prefill_sweep() {
+    let Some(ctx) = common::gpu_or_skip("paged_prefill::gpu_paged_prefill_sweep") else { return };
+    let cu = ctx.default_stream();
+    let cases: Vec<PagedPrefillCase> =
+        paged_prefill_sweep_emulated().into_iter().chain(paged_prefill_variant_sweep()).collect();
+    common::sweep("paged_prefill", "gpu_paged_prefill_sweep", &cases, 1, PagedPrefillCase::label, |i, c| {
+        let outcome = check_case_gpu(&cu, c, common::case_seed(i)).unwrap();
+        common::verdict(outcome.passed(), outcome.summary())
+    });
+}
+
+/// The FP8 sweep (both formats and scale kinds, page sizes 1..256, every width, GQA, splits, variants)
+/// against the fp64 reference over the stored (dequantised) cache; the quantisation error against the
+/// 16-bit cache must stay small against the outputs (|O| ~ 0.25): a wrong scale or a dropped token shows there
+/// even if the kernel matched a wrong reference.
+#[test]
+fn emulated_fp8_paged_prefill_sweep() {
+    let emu = Emulator::new();
+    fp8_sweep("emulated_fp8_paged_prefill_sweep", |c, seed| check_fp8_case_emulated(&emu, c, seed));
+}
+
+/// The FP8 sweep on a GPU (skips visibly without one), judged as on the emulator.
+#[test]
+fn gpu_fp8_paged_prefill_sweep() {
+    let Some(ctx) = common::gpu_or_skip("paged_prefill::gpu_fp8_paged_prefill_sweep") else { return };
+    let cu = ctx.default_stream();
+    fp8_sweep("gpu_fp8_paged_prefill_sweep", |c, seed| match c.base.dtype {
+        DType::F16 => run_fp8_case_gpu::<f16>(&cu, c, seed).map(|r| r.outcome),
+        DType::Bf16 => run_fp8_case_gpu::<bf16>(&cu, c, seed).map(|r| r.outcome),
+    });
+}
+
+/// The FP8 sweep judged by `check`: against the reference over the stored cache, and the quantisation error
+/// against the 16-bit cache small against the outputs.
+fn fp8_sweep(
+    test: &str,
+    check: impl Fn(&Fp8PagedPrefillCase, u64) -> fused_attn::Result<Fp8PagedPrefillOutcome> + Sync,
+) {
+    let cases = fp8_paged_prefill_sweep_emulated();
+    common::sweep("paged_prefill", test, &cases, 1, Fp8PagedPrefillCase::label, |i, c| {
+        let o = check(c, common::case_seed(i)).unwrap_or_else(|e| panic!("[{i}] {}: {e}", c.label()));
+        common::verdict(o.passed() && o.quant_rel_l2_err < 0.1, o.summary())
+    });
+}
+
+fn fp8_case(format: Fp8Format, scales: ScaleKind) -> Fp8PagedPrefillCase {
+    let mut base = case(64, (4, 2), 16, &[(5, 200), (17, 100)]);
+    base.dtype = DType::F16;
+    Fp8PagedPrefillCase { base, format, scales }
+}
+
+/// Over an FP8 cache the kernel reads exactly half the K/V bytes of the 16-bit cache (same fixture, same
+/// pages, one split), and its global reads overall drop accordingly.
+#[test]
+fn fp8_paged_prefill_reads_half_the_kv_bytes() {
+    let emu = Emulator::new();
+    let stream = Stream::Emu(&emu);
+    let f = Fp8PagedPrefillFixture::<f16>::new(&fp8_case(Fp8Format::E5m2, ScaleKind::PerHead), 3);
+    let (o8, _, _) = f.run_format(&stream, Some(1)).unwrap();
+    assert!(o8.iter().all(|x| !x.is_nan()));
+    let fp8 = emu.last_launch_counters().unwrap();
+    f.sixteen.run(&stream, Some(1)).unwrap();
+    let sixteen = emu.last_launch_counters().unwrap();
+    let kv = |l: &fused_attn::LaunchCounters| l.kernels[0].read_of("k_cache") + l.kernels[0].read_of("v_cache");
+    let (kv8, kv16) = (kv(&fp8), kv(&sixteen));
+    assert!(kv16 > 0 && 2 * kv8 == kv16, "FP8 K/V reads {kv8} B, 16-bit {kv16} B");
+    let (all8, all16) = (fp8.kernels[0].global_bytes_read(), sixteen.kernels[0].global_bytes_read());
+    eprintln!("global reads: FP8 {all8} B, 16-bit {all16} B (K/V {kv8} vs {kv16})");
+    let scale_reads = fp8.kernels[0].read_of("kv_scales");
+    assert!(scale_reads > 0, "the kernel reads its scales");
+    assert_eq!(all8 - scale_reads, all16 - (kv16 - kv8), "only the K/V reads differ, and the scales are read");
+}
+
+/// FP8 bad input: a cache without scales, scales for the wrong head count, scales on a 16-bit cache.
+#[test]
+fn bad_fp8_paged_prefill_inputs_are_typed_errors() {
+    let emu = Emulator::new();
+    let stream = Stream::Emu(&emu);
+    let f = Fp8PagedPrefillFixture::<f16>::new(&fp8_case(Fp8Format::E4m3, ScaleKind::PerTensor), 4);
+    let s = &f.sixteen;
+    let c = &s.case;
+    let (b, hq, d, tq) = (c.batch(), c.heads_q, c.head_dim, c.total_q());
+    let (k, v) = f.fp8.codes::<Fp8E4m3>();
+    let cache = || {
+        PagedKvCache::new(
+            TensorView::host(&k, s.cache_shape()).unwrap(),
+            TensorView::host(&v, s.cache_shape()).unwrap(),
+            TensorView::host(&s.block_table, [b, s.width]).unwrap(),
+            TensorView::host(&s.seq_lens, [b]).unwrap(),
+            c.max_seq_len(),
+        )
+        .unwrap()
+    };
+    let three = KvScales::per_head(&stream, &[1.0; 3], &[1.0; 3]).unwrap();
+    assert_eq!(cache().with_scales(&three).err().unwrap().kind(), &ErrorKind::Shape);
+    let q = TensorView::host(&s.q, [tq, hq, d]).unwrap();
+    let cu = TensorView::host(&s.cu_seqlens_q, [b + 1]).unwrap();
+    let mut o = vec![f16::NAN; tq * hq * d];
+    let opts = PagedPrefillOptions::default();
+    let e = paged_prefill(
+        &stream,
+        &q,
+        &cu,
+        c.max_seqlen_q(),
+        &cache(),
+        &mut TensorViewMut::host(&mut o, [tq, hq, d]).unwrap(),
+        None,
+        None,
+        &opts,
+    )
+    .unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Shape, "FP8 cache without scales: {e}");
+    let per_tensor = KvScales::per_tensor(&stream, 0.5, 0.5).unwrap();
+    let cache16 = PagedKvCache::new(
+        TensorView::host(&s.k_cache, s.cache_shape()).unwrap(),
+        TensorView::host(&s.v_cache, s.cache_shape()).unwrap(),
+        TensorView::host(&s.block_table, [b, s.width]).unwrap(),
+        TensorView::host(&s.seq_lens, [b]).unwrap(),
+        c.max_seq_len(),
+    )
+    .unwrap()
+    .with_scales(&per_tensor)
+    .unwrap();
+    let e = paged_prefill(
+        &stream,
+        &q,
+        &cu,
+        c.max_seqlen_q(),
+        &cache16,
+        &mut TensorViewMut::host(&mut o, [tq, hq, d]).unwrap(),
+        None,
+        None,
+        &opts,
+    )
+    .unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Unsupported, "scales on a 16-bit cache: {e}");
+    // And with its scales the FP8 call works.
+    let scales = f.fp8.scales(&stream).unwrap();
+    paged_prefill(
+        &stream,
+        &q,
+        &cu,
+        c.max_seqlen_q(),
+        &cache().with_scales(&scales).unwrap(),
+        &mut TensorViewMut::host(&mut o, [tq, hq, d]).unwrap(),
+        None,
+        None,
+        &opts,
+    )
+    .unwrap();
+    assert!(o.iter().all(|x| !x.is_nan()));
+}

@@ -1,0 +1,277 @@
+//! The sm_90a prefill kernel (kernels/prefill_sm90.cu) on the host emulator, forced with
+//! `PrefillKernel::Sm90`, with every emulator check active (races, wgmma/TMA/mbarrier misuse, bounds):
+//! a slice of the shared sweep chosen to cover each axis at small sizes (emulating wgmma is slow), the score
+//! variants (window, softcap, ALiBi, sinks: the variant sweep's cases and every variant on every sm90 head
+//! dim), varlen with NaN in the rows past the last sequence (which a TMA box of a ragged tile reads), the
+//! kernel choice
+//! (`Auto` on the emulator is the sm_80 kernel; forcing sm90 where it cannot run is a typed error), and
+//! determinism across scheduling seeds. The whole emulated sweep runs with
+//! `fused-attn report --backend emu --kernel sm90` (and FA_PREFILL_SWEEP=sm90-all here).
+use crate::common;
+
+use std::time::Instant;
+
+use fused_attn::prefill::{
+    prefill, prefill_varlen, PrefillKernel, PrefillOptions, Sm90Tile, SM90_HEAD_DIMS, SM90_SOFTCAP_RANGE,
+};
+use fused_attn::score_mod::{AlibiSlopes, ScoreMod};
+use fused_attn::testkit::cases::prefill::{
+    run_emulated, sweep_cases, variant_sweep_cases, CaseLayout, PrefillCase, PrefillFixture,
+};
+use fused_attn::testkit::variants::{CaseAlibi, CaseVariants};
+use fused_attn::{DType, Element, Emulator, ErrorKind, Stream, TensorView, TensorViewMut};
+use half::{bf16, f16};
+
+fn sm90(mut c: PrefillCase) -> PrefillCase {
+    c.kernel = PrefillKernel::Sm90;
+    c
+}
+
+fn supported(c: &PrefillCase) -> bool {
+    Sm90Tile::for_head_dim(c.head_dim).is_some() && c.variants.softcap.is_none_or(|s| SM90_SOFTCAP_RANGE.contains(&s))
+}
+
+/// The emulated slice: from the emulation sweep, every case of D 64 and 256 and the structural ones (GQA,
+/// batches, layouts, varlen, no LSE), and of the D = 128 (Tq, Tk) grid the pairs whose lengths sit on the
+/// tile edges (1, 127, 128, 129, 255) — every case with FA_PREFILL_SWEEP=sm90-all.
+fn slice() -> Vec<PrefillCase> {
+    let all = std::env::var("FA_PREFILL_SWEEP").is_ok_and(|v| v == "sm90-all");
+    let edge = |t: usize| [1, 127, 128, 129, 255].contains(&t);
+    sweep_cases(false)
+        .into_iter()
+        .filter(supported)
+        .filter(|c| {
+            all || c.head_dim != 128
+                || c.varlen.is_some()
+                || c.batch > 1
+                || c.heads_q != 2
+                || c.heads_kv != 1
+                || (edge(c.seqlen_q) && edge(c.seqlen_k))
+        })
+        .filter(|c| all || c.seqlen_q.max(c.seqlen_k) < 1000)
+        .map(sm90)
+        .collect()
+}
+
+fn check<T: Element>(emu: &Emulator, i: usize, case: &PrefillCase) -> Result<String, String> {
+    let seed = common::case_seed(i);
+    let f = PrefillFixture::<T>::new(case, seed).map_err(|e| e.to_string())?;
+    let out = run_emulated(emu, &f).map_err(|e| format!("{e} (case seed {seed:#x})"))?;
+    let counters = emu.last_launch_counters().ok_or("no counters")?;
+    if let Some(k) = counters.kernels.iter().find(|k| !k.kernel.starts_with("fa_prefill_sm90")) {
+        return Err(format!("ran {} instead of the sm90 kernel", k.kernel));
+    }
+    let outcome = f.evaluate(&out).map_err(|e| e.to_string())?;
+    if outcome.passed() {
+        Ok(outcome.summary())
+    } else {
+        Err(format!("{} (case seed {seed:#x})", outcome.summary()))
+    }
+}
+
+#[test]
+fn emulated_sm90_sweep() {
+    run_cases("emulated_sm90_sweep", slice(), 60);
+}
+
+/// The score-variant sweep's cases of the sm90 head dims (every variant alone and combined, causal and not,
+/// dense and varlen): window tiles skipped on both sides, left-edge masks, softcap and ALiBi on every score
+/// (ALiBi per head and per sequence), the sink in the epilogue; then softcap and ALiBi on every sm90 head dim
+/// (the sweep leaves some pairs out): softcap alone, and all four variants together, causal, GQA, varlen
+/// with an empty sequence, Tq and Tk across the tile edges.
+#[test]
+fn emulated_sm90_variants() {
+    let mut cases: Vec<PrefillCase> = variant_sweep_cases().into_iter().filter(supported).collect();
+    assert!(
+        cases.iter().any(|c| c.variants.softcap.is_some()) && cases.iter().any(|c| c.variants.alibi != CaseAlibi::None)
+    );
+    for (i, &d) in SM90_HEAD_DIMS.iter().enumerate() {
+        let dtype = if i % 2 == 0 { DType::Bf16 } else { DType::F16 };
+        let mut capped = PrefillCase::dense(dtype, d, false, 129, 70, (4, 2));
+        capped.variants = CaseVariants { softcap: Some(5.0 + i as f32), ..Default::default() };
+        cases.push(capped);
+        let mut all = PrefillCase::dense(dtype, d, true, 0, 0, (4, 1));
+        all.varlen = Some(vec![(130, 140), (0, 3), (20, 129)]);
+        (all.batch, all.seqlen_q, all.seqlen_k) = (3, 130, 140);
+        all.layout = CaseLayout::Padded;
+        let alibi = if i == 1 { CaseAlibi::PerSequence } else { CaseAlibi::PerHead };
+        all.variants = CaseVariants { window: Some((90, 0)), softcap: Some(3.0), alibi, sinks: true };
+        cases.push(all);
+    }
+    run_cases("emulated_sm90_variants", cases.into_iter().map(sm90).collect(), 20);
+}
+
+/// D = 64 runs three consumer warpgroups (Br = 192, fa/hopper/traits.cuh): query lengths around one and two
+/// query tiles (191, 192, 193, 385), causal and not, Tq > Tk and Tq < Tk, varlen with sequences ending on
+/// both sides of a tile edge, GQA, and one case with every score variant: each consumer's rows, the
+/// pingpong ring of three, the ragged last tile.
+#[test]
+fn emulated_sm90_d64_three_consumers() {
+    assert_eq!(Sm90Tile::for_head_dim(64).unwrap().block_m, 192);
+    let mut cases = vec![
+        PrefillCase::dense(DType::Bf16, 64, true, 193, 193, (2, 1)),
+        PrefillCase::dense(DType::F16, 64, false, 191, 300, (4, 2)),
+        PrefillCase::dense(DType::Bf16, 64, true, 385, 129, (2, 2)),
+        PrefillCase::dense(DType::F16, 64, false, 192, 64, (3, 1)),
+    ];
+    let mut varlen = PrefillCase::dense(DType::Bf16, 64, true, 0, 0, (4, 2));
+    varlen.varlen = Some(vec![(192, 192), (193, 250), (1, 5), (130, 61)]);
+    (varlen.batch, varlen.seqlen_q, varlen.seqlen_k) = (4, 193, 250);
+    let mut all = varlen.clone();
+    (all.dtype, all.causal, all.layout) = (DType::F16, false, CaseLayout::Padded);
+    all.variants = CaseVariants { window: Some((100, 30)), softcap: Some(8.0), alibi: CaseAlibi::PerHead, sinks: true };
+    cases.extend([varlen, all]);
+    run_cases("emulated_sm90_d64_three_consumers", cases.into_iter().map(sm90).collect(), 6);
+}
+
+fn run_cases(name: &str, cases: Vec<PrefillCase>, at_least: usize) {
+    let emu = Emulator::new();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let failures = std::sync::Mutex::new(Vec::new());
+    let start = Instant::now();
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(c) = cases.get(i) else { break };
+                if !common::case_selected(i) {
+                    continue;
+                }
+                let r = match c.dtype {
+                    DType::F16 => check::<f16>(&emu, i, c),
+                    DType::Bf16 => check::<bf16>(&emu, i, c),
+                };
+                match r {
+                    Ok(msg) => eprintln!("ok   [{i}] {}: {msg}", c.label()),
+                    Err(msg) => {
+                        let msg = format!("[{i}] {}: {msg}", c.label());
+                        eprintln!("FAIL {msg}");
+                        failures.lock().unwrap().push(msg);
+                    }
+                }
+            });
+        }
+    });
+    let failures = failures.into_inner().unwrap();
+    eprintln!("{name}: {} cases in {:.1} s", cases.len(), start.elapsed().as_secs_f64());
+    assert!(cases.len() >= at_least, "{name}: the slice shrank to {} cases", cases.len());
+    assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
+}
+
+/// Varlen: the last sequence's ragged top KV tile is one TMA box of 128 rows, which reads the packed rows
+/// past it (here: rows no sequence owns, set to NaN). Its scores are masked, but P = 0 times a NaN of V
+/// would still be NaN: the kernel zeroes those V rows. Outputs with NaN and with zeros there must be
+/// bit-identical (and finite).
+#[test]
+fn varlen_rows_past_a_sequence_never_reach_the_output() {
+    let (hq, hkv, d) = (2usize, 1usize, 128usize);
+    let cu_q = [0i32, 20, 50];
+    let cu_k = [0i32, 17, 40];
+    let (total_q, total_k) = (50usize, 60usize); // k/v rows 40..60 belong to no sequence
+    let mut rng = 0x1234_5678_u64;
+    let mut val = || {
+        rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        bf16::from_f32(((rng >> 40) as f32 / (1u64 << 24) as f32) - 0.5)
+    };
+    let q: Vec<bf16> = (0..total_q * hq * d).map(|_| val()).collect();
+    let k: Vec<bf16> = (0..total_k * hkv * d).map(|_| val()).collect();
+    let v_clean: Vec<bf16> = (0..total_k * hkv * d).map(|_| val()).collect();
+    let run = |fill: bf16| -> Vec<u16> {
+        let mut k = k.clone();
+        let mut v = v_clean.clone();
+        for x in k[40 * hkv * d..].iter_mut().chain(v[40 * hkv * d..].iter_mut()) {
+            *x = fill;
+        }
+        let emu = Emulator::new();
+        let mut o = vec![bf16::NAN; total_q * hq * d];
+        let mut lse = vec![f32::NAN; hq * total_q];
+        let opts = PrefillOptions { kernel: PrefillKernel::Sm90, ..Default::default() };
+        prefill_varlen(
+            &Stream::Emu(&emu),
+            &TensorView::host(&q, [total_q, hq, d]).unwrap(),
+            &TensorView::host(&k, [total_k, hkv, d]).unwrap(),
+            &TensorView::host(&v, [total_k, hkv, d]).unwrap(),
+            &TensorView::host(&cu_q, [3]).unwrap(),
+            &TensorView::host(&cu_k, [3]).unwrap(),
+            30,
+            23,
+            &mut TensorViewMut::host(&mut o, [total_q, hq, d]).unwrap(),
+            Some(&mut TensorViewMut::host(&mut lse, [hq, total_q]).unwrap()),
+            &opts,
+        )
+        .unwrap();
+        assert!(emu.last_launch_counters().unwrap().kernels[0].kernel.starts_with("fa_prefill_sm90"));
+        assert!(o.iter().all(|x| x.is_finite()), "NaN or inf in o (fill {fill})");
+        assert!(lse.iter().all(|x| x.is_finite()));
+        o.iter().map(|x| x.to_bits()).collect()
+    };
+    assert_eq!(run(bf16::NAN), run(bf16::ZERO));
+}
+
+/// `Auto` on the emulator is the sm_80 kernel; `Sm80` too; `Sm90` the sm_90a one. Forcing sm90 where it
+/// cannot run is a typed error, not a fallback.
+#[test]
+fn kernel_choice_and_typed_errors() {
+    let run = |d: usize, opts: PrefillOptions| -> fused_attn::Result<String> {
+        let emu = Emulator::new();
+        let n = 2 * 40 * d;
+        let q = vec![bf16::ONE; n];
+        let mut o = vec![bf16::ZERO; n];
+        prefill(
+            &Stream::Emu(&emu),
+            &TensorView::host(&q, [1, 40, 2, d])?,
+            &TensorView::host(&q, [1, 40, 2, d])?,
+            &TensorView::host(&q, [1, 40, 2, d])?,
+            &mut TensorViewMut::host(&mut o, [1, 40, 2, d])?,
+            None,
+            &opts,
+        )?;
+        Ok(emu.last_launch_counters().unwrap().kernels[0].kernel.clone())
+    };
+    let with = |kernel| PrefillOptions { kernel, ..Default::default() };
+    assert_eq!(run(128, with(PrefillKernel::Auto)).unwrap(), "fa_prefill_bf16_d128");
+    assert_eq!(run(128, with(PrefillKernel::Sm80)).unwrap(), "fa_prefill_bf16_d128");
+    assert_eq!(run(128, with(PrefillKernel::Sm90)).unwrap(), "fa_prefill_sm90_bf16_d128");
+    assert_eq!(run(64, with(PrefillKernel::Sm90)).unwrap(), "fa_prefill_sm90_bf16_d64");
+    // Head dims and variants the sm90 kernel lacks: Unsupported when forced, sm_80 under Auto.
+    assert_eq!(run(96, with(PrefillKernel::Sm90)).unwrap_err().kind(), &ErrorKind::Unsupported);
+    assert_eq!(run(96, with(PrefillKernel::Auto)).unwrap(), "fa_prefill_bf16_d96");
+    // Every variant it has (window, softcap, ALiBi, sinks) ...
+    let slopes = [0.25f32, 0.5];
+    let slopes = TensorView::host(&slopes, [2]).unwrap();
+    let sinks = [0.5f32, -1.0];
+    let sinks = TensorView::host(&sinks, [2]).unwrap();
+    let all = ScoreMod {
+        window: Some((7, 0)),
+        softcap: Some(20.0),
+        alibi_slopes: Some(AlibiSlopes::PerHead(&slopes)),
+        sinks: Some(&sinks),
+    };
+    for score_mod in [all, ScoreMod { softcap: Some(20.0), ..Default::default() }] {
+        let r = run(128, PrefillOptions { score_mod, kernel: PrefillKernel::Sm90, ..Default::default() });
+        assert_eq!(r.unwrap(), "fa_prefill_sm90_bf16_d128");
+        // ... and Auto keeps the sm_80 kernel on the emulator, with or without variants.
+        let r = run(128, PrefillOptions { score_mod, ..Default::default() });
+        assert_eq!(r.unwrap(), "fa_prefill_bf16_d128_mod");
+    }
+    // A softcap past the range its inline division is exact on: Unsupported when forced, sm_80 under Auto.
+    let far = ScoreMod { softcap: Some(1e30), ..Default::default() };
+    let e = run(128, PrefillOptions { score_mod: far, kernel: PrefillKernel::Sm90, ..Default::default() });
+    assert_eq!(e.unwrap_err().kind(), &ErrorKind::Unsupported);
+    assert_eq!(run(128, PrefillOptions { score_mod: far, ..Default::default() }).unwrap(), "fa_prefill_bf16_d128_mod");
+}
+
+/// Every scheduling seed gives bit-identical outputs (the producer/consumer interleaving is the seed's).
+#[test]
+fn emulated_sm90_results_do_not_depend_on_scheduling() {
+    let mut case = sweep_cases(false).into_iter().find(|c| c.varlen.is_some() && c.causal && c.head_dim == 64).unwrap();
+    case = sm90(case);
+    let f = PrefillFixture::<bf16>::new(&case, common::base_seed()).unwrap();
+    let r1 = run_emulated(&Emulator::with_seed(1), &f).unwrap();
+    let r2 = run_emulated(&Emulator::with_seed(0xdead_beef), &f).unwrap();
+    let bits = |o: &[bf16]| o.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&r1.o), bits(&r2.o));
+    let lse_bits = |l: Option<Vec<f32>>| l.unwrap().iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(lse_bits(r1.lse), lse_bits(r2.lse));
+}
