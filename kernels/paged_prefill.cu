@@ -248,9 +248,13 @@ FA_DEVICE void paged_prefill_kernel(const FaPagedPrefillParams &p) {
   // (after its math) and copied in the step of tile x + 1 (after its barrier), so a ring slot is rewritten
   // only after every warp passed the barrier behind its last copy; tile x's holes are read in its own step,
   // right after the barrier, three steps after the slot's previous tile was read.
-  auto lookup = [&](int x) { return x >= n_lo ? lookup_tile_row<kBc>(cache, r.b, x * kBc, tk) : kNoPage; };
+  // Keys below key_lo are left of every row's window (the _mod kernels' left bound; plain kernels have none):
+  // never looked up, zero-filled (kv_tile.cuh).
+  const int key_lo = kVariant ? tok0 + diag - window.left : 0;
+  auto lookup = [&](int x) { return x >= n_lo ? lookup_tile_row<kBc>(cache, r.b, x * kBc, key_lo, tk) : kNoPage; };
   auto publish = [&](int x, int page) {
-    if (x >= n_lo) publish_tile_row<kBc>(ring + (x & 1) * kBc, holes + (x % 3) * kBc, cache, x * kBc, tk, page);
+    if (x >= n_lo)
+      publish_tile_row<kBc>(ring + (x & 1) * kBc, holes + (x % 3) * kBc, cache, x * kBc, key_lo, tk, page);
   };
   auto issue = [&](int x, int buf) {
     // The KV head's K/V bases, formed here from the parameters rather than kept live across the math.

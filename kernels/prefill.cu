@@ -216,9 +216,26 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void prefill_kernel(co
   // Causal tiles lower down the sequence visit more KV tiles: launch those first (longest first), so the
   // short ones fill the tail of the grid.
   const int m_block = p.causal ? grid_dim().x - 1 - bid.x : bid.x;
-  const SeqInfo seq = seq_info(p, bid.z, bid.y);
+  SeqInfo seq = seq_info(p, bid.z, bid.y);
   const int m0 = m_block * kBr;
   if (m0 >= seq.tq) return; // past this sequence's end (varlen, or an empty sequence): no rows here
+  // The window's bounds, effective for this sequence (fa/score_mod.cuh; causal: right = 0).
+  WindowBounds window = effective_window(p.score_mod, p.causal != 0, seq.tq, seq.tk);
+  if constexpr (kVariant) {
+    // Keys left of every row's window (chunked prefill with a window: the first row sees from δ − left on)
+    // are hidden memory: an engine may have freed their pages, so they can hold anything. Masking their
+    // scores is not enough (P = 0 times a NaN or Inf V row is NaN, docs/semantics.md), so the sequence is
+    // made to start at its first visible key: K/V move down `skip` rows and Tk shrinks by as much, which
+    // keeps every row's visible keys, the window and ALiBi distances (both relative to δ = Tk − Tq), and
+    // makes the first query tile's bottom tile start at that key. Every other tile a CTA loads then holds
+    // only keys some row of the sequence sees. Prologue only: the KV loop is unchanged.
+    const int skip = seq.tk - seq.tq - window.left;
+    if (skip > 0) {
+      seq.k_offset += skip * p.k_row_stride;
+      seq.v_offset += skip * p.v_row_stride;
+      seq.tk -= skip;
+    }
+  }
 
   // The columns this kernel loads and stores: the head dim, or (a width without predicated columns,
   // tile_config.cuh) the compile-time width, which folds every column check away.
@@ -237,7 +254,7 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void prefill_kernel(co
   cta.tq = seq.tq;
   cta.tk = seq.tk;
   cta.warp_row0 = warp_id() * 16 * Cfg::kMTiles;
-  cta.window = effective_window(p.score_mod, p.causal != 0, seq.tq, seq.tk);
+  cta.window = window;
   cta.softmax_scale_log2 = p.scale_log2;
   if constexpr (kVariant) {
     cta.has_score_mod = needs_score_mod(p.score_mod);

@@ -78,6 +78,7 @@ template <class T, int kHeadDim> FA_DEVICE void prefill_sm90_kernel(const FaPref
     ct.tk = seq.tk;
     ct.window = window;
     ct.zero_ragged_v = varlen;
+    ct.first_key = m0 + (seq.tk - seq.tq) - window.left;
     ct.tanh_in = ScoreMod::tanh_input(p.scale, p.score_mod.softcap);
     ct.slope_log2 = alibi_slope_log2(p.score_mod, work.batch, work.head);
     WgmmaAcc<kHeadDim> o;

@@ -7,7 +7,8 @@
 # toolchain, no network. Steps, each under `timeout`, all inside one time budget (default 345 s, < 6 min):
 #   preflight      fail fast (exit 2, nothing else runs) when there is no usable GPU
 #   gpu-info       nvidia-smi, driver version
-#   gpu-tests      every test binary with the filter `gpu`, FA_REQUIRE_GPU=1 (a skipped GPU test fails);
+#   gpu-tests      every test binary with the filter `gpu`, FA_REQUIRE_GPU=1 (a skipped GPU test fails),
+#                  tests/poison among them (hidden memory poisoned with NaN/±Inf/FP8 codes: bitwise equal outputs);
 #                  the full prefill/decode sweeps and the decode bandwidth test are left to the report, which
 #                  runs the same cases through the same library harness (FA_BUNDLE_FULL_TESTS=1: run them here
 #                  too, ~1.5 more minutes)

@@ -73,7 +73,13 @@ impl Buffer {
             Buffer::Gpu(s) => TensorViewMut::gpu(s.slice_mut(0..len), [len]),
             // SAFETY: the memory's contract was accepted by DecodeWorkspace::from_device_ptrs.
             Buffer::Device { ptr, .. } => unsafe { TensorViewMut::from_device_ptr(*ptr, len, [len]) },
-            Buffer::Host(v) => TensorViewMut::host(&mut v[..len], [len]),
+            // The emulator's workspace is poisoned (NaN) before every launch: a merge that read a partial no
+            // split wrote would fail loudly instead of reading the previous call's values
+            // (docs/hidden-memory.md).
+            Buffer::Host(v) => {
+                v[..len].fill(f32::NAN);
+                TensorViewMut::host(&mut v[..len], [len])
+            }
         }
     }
 }

@@ -15,7 +15,14 @@ namespace detail {
 // start at any multiple of 128 past a 1024-byte boundary (its host address and its shared window address
 // then agree modulo 1024, as swizzle patterns and alignment checks need).
 constexpr size_t kSmemAlign = 1024;
-constexpr unsigned char kPoison = 0xFF;
+// The poison of a block's shared memory at its start, one of three 4-byte patterns chosen by the block's seed
+// (bytes in address order), each non-finite in every element type a kernel reads, so that a read of a byte
+// nobody wrote shows up in the output whatever the code does with it:
+//  - FF FF FF FF: NaN as fp16, bf16, fp32, E4M3 and E5M2;
+//  - 00 7C 80 7F: fp16 +Inf, NaN; bf16 2.6e36, +Inf; fp32 NaN; FP8 0, E5M2 +Inf / E4M3 384, -0, NaN;
+//  - 00 FC 80 FF: the same with the sign set (-Inf): a -Inf key scores like a masked one, and a NaN can
+//    vanish in fmaxf, so NaN alone could hide a bug that an infinity shows (0 · Inf is NaN).
+constexpr uint32_t kPoisonPatterns[3] = {0xFFFFFFFFu, 0x7F807C00u, 0xFF80FC00u};
 constexpr size_t kReaderNames = 1024;
 
 SharedMemory::~SharedMemory() { free(alloc_); }
@@ -51,7 +58,10 @@ void SharedMemory::reset_block(uint64_t placement_seed) {
   phase_ = (uint32_t)(128 * (1 + placement_seed % 7));
   placed_ = false;
   base_ = alloc_ + phase_;
-  memset(alloc_, kPoison, (size_t)bytes_ + kSmemAlign);
+  // A different mix of the seed than the placement's, so that every placement meets every pattern.
+  const uint32_t pattern = kPoisonPatterns[(placement_seed >> 17) % 3];
+  const size_t words = ((size_t)bytes_ + kSmemAlign + 3) / 4; // inside the allocation (1024-byte multiples)
+  for (size_t i = 0; i < words; ++i) memcpy(alloc_ + 4 * i, &pattern, 4);
   std::fill(in_flight_.begin(), in_flight_.end(), 0);
   std::fill(last_write_.begin(), last_write_.end(), 0);
   std::fill(last_read_.begin(), last_read_.end(), 0);

@@ -1,8 +1,9 @@
 // The running block's shared memory and every check on it:
 //  - bounds [0, smem_bytes) and the alignment the GPU requires (natural for loads/stores, 16 bytes for
 //    ldmatrix rows, the copy size for cp.async);
-//  - poison: 0xFF bytes at block start (0xFFFF is NaN in fp16 and bf16, 0xFFFFFFFF in fp32), so reading
-//    what nobody wrote shows up as NaN instead of as a plausible stale value;
+//  - poison: at block start every byte is one of three seeded NaN / ±Inf patterns (non-finite in fp16, bf16,
+//    fp32 and both FP8 formats; shared_memory.cpp), so reading what nobody wrote shows up as NaN or Inf
+//    instead of as a plausible stale value;
 //  - cp.async in flight: the bytes an issued cp.async will write are marked until a wait completes it, and
 //    any access to them is a fault (the missing-wait bug becomes deterministic instead of timing-dependent);
 //  - data races: a cross-warp read-after-write, write-after-read or write-after-write on the same bytes with

@@ -136,3 +136,15 @@ fn torch_compare_self_test() {
     assert!(out.status.success(), "torch_compare.py --self-test failed:\n{}", text(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("torch_compare self-test: ok"));
 }
+
+/// The bundle must ship (and its gpu-tests step run) the poisoned-memory tests: scripts/gpu-bundle requires
+/// them, and tests/it/poison.rs has GPU twins (named gpu_*, the bundle's selection) of its emulated tests.
+#[test]
+fn bundle_runs_the_poisoned_memory_tests() {
+    let script = std::fs::read_to_string(root().join("scripts/gpu-bundle")).unwrap();
+    assert!(script.contains("for required in poison::gpu_"), "scripts/gpu-bundle does not require the poison tests");
+    let tests = std::fs::read_to_string(root().join("tests/it/poison.rs")).unwrap();
+    for twin in ["gpu_dense_prefill_window_edges", "gpu_paged_prefill_window_edges", "gpu_decode_hidden_slots"] {
+        assert!(tests.contains(twin), "tests/it/poison.rs lost {twin}");
+    }
+}

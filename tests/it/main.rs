@@ -22,6 +22,7 @@ mod merge;
 mod module_graph;
 mod paged_prefill;
 mod plan;
+mod poison;
 mod prefill;
 mod prefill_sm90;
 mod runner;

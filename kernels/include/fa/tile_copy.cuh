@@ -1,7 +1,8 @@
 // Asynchronous global -> shared copy of a row-major tile of 16-bit elements (fa/swizzle.cuh layout) with
 // cp.async 16-byte transfers, predicated per row and per 16-byte column chunk: rows at or past `valid_rows`
-// (ragged sequence ends) and columns at or past `valid_cols` (a head dim below the tile width,
-// fa/head_dim.cuh) are zero-filled in shared memory and their global memory is never read. Consecutive
+// (ragged sequence ends), rows below `first_row` (keys left of every row's window: kLowerBound only) and
+// columns at or past `valid_cols` (a head dim below the tile width, fa/head_dim.cuh) are zero-filled in
+// shared memory and their global memory is never read (docs/semantics.md: hidden memory never matters). Consecutive
 // threads take consecutive 16-byte chunks of a row, so each 8-thread phase reads 128 contiguous bytes of
 // global memory and writes a permutation of one 128-byte shared line (conflict-free).
 #pragma once
@@ -22,8 +23,12 @@ struct alignas(16) Bytes16 {
 // every row must exist (valid_rows is ignored): no row compares, no selects, fewer live registers.
 // valid_cols (a multiple of 8, <= kCols) is always honoured: a chunk is wholly inside or outside it, and the
 // chunks past it are zero-filled. A compile-time valid_cols == kCols folds every column check away.
-template <int kRows, int kCols, int kThreads, bool kPredicated, class T>
-FA_DEVICE void cp_async_tile(T *smem, const T *gmem, int64_t row_stride, int valid_rows, int valid_cols = kCols) {
+// kLowerBound (with kPredicated): rows below first_row are zero-filled too; one more compare per copy, paid
+// only by the copies that can need it (a window's bottom tile), so every other copy keeps its code.
+template <int kRows, int kCols, int kThreads, bool kPredicated, class T, bool kLowerBound = false>
+FA_DEVICE void cp_async_tile(T *smem, const T *gmem, int64_t row_stride, int valid_rows, int valid_cols = kCols,
+                             int first_row = 0) {
+  static_assert(kPredicated || !kLowerBound, "a lower bound is a row predicate");
   using Layout = SwizzledRows<kCols>;
   constexpr int kChunks = kCols / 8;
   static_assert((kRows * kChunks) % kThreads == 0, "tile chunks must split evenly over the threads");
@@ -46,7 +51,7 @@ FA_DEVICE void cp_async_tile(T *smem, const T *gmem, int64_t row_stride, int val
       if constexpr (kPredicated) {
         // A predicated-off copy reads nothing; its address still points at row 0 (always valid) so that no
         // out-of-range pointer is ever formed.
-        const bool in_range = col_in_range && row < valid_rows;
+        const bool in_range = col_in_range && row < valid_rows && (!kLowerBound || row >= first_row);
         cp_async_cg_16(smem + dst, in_range ? src : gmem, in_range);
       } else {
         // No per-copy select back to row 0 as above (a second live address per copy): src is inside the
@@ -61,7 +66,8 @@ FA_DEVICE void cp_async_tile(T *smem, const T *gmem, int64_t row_stride, int val
       const int idx = i * kThreads + thread_idx();
       const int row = idx / kChunks;
       const int c = (idx % kChunks) * 8;
-      const bool in_range = (!kPredicated || row < valid_rows) && c < valid_cols;
+      const bool in_range =
+          (!kPredicated || row < valid_rows) && (!kLowerBound || row >= first_row) && c < valid_cols;
       cp_async_cg_16(smem + Layout::offset(row, c), in_range ? gmem + row * row_stride + c : gmem, in_range);
     }
   }

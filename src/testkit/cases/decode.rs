@@ -331,7 +331,17 @@ impl<T: Element> PagedFixture<T> {
             next += n;
         }
         let tokens = case.seq_lens.iter().enumerate().map(|(b, &len)| (b, 0..len));
-        let (k_cache, v_cache) = fill_cache(&mut rng, [num_pages, ps, hkv, d], &block_table, width, tokens, mag);
+        let (mut k_cache, mut v_cache) =
+            fill_cache(&mut rng, [num_pages, ps, hkv, d], &block_table, width, tokens, mag);
+        // Keys left of the window are hidden memory too: poisoned (after the draws, so the visible values do
+        // not depend on the window).
+        let seqs = case.seq_lens.iter().enumerate().map(|(b, &seq_len)| crate::testkit::poison::SeqRows {
+            pages: &block_table[b * width..][..width],
+            q_len: 1,
+            seq_len,
+        });
+        let window = crate::mask::Window::new(case.variants.window, true);
+        crate::testkit::poison::poison_unseen_slots(&mut k_cache, &mut v_cache, hkv * d, ps, seqs, window);
         let q = (0..case.batch() * case.heads_q * d).map(|_| T::from_f64(rng.random_range(-mag..mag))).collect();
         let seq_lens = case.seq_lens.iter().map(|&n| n as i32).collect();
         Self {
@@ -473,8 +483,9 @@ pub(crate) fn fill_cache<T: Element>(
     mag: f64,
 ) -> (Vec<T>, Vec<T>) {
     let [num_pages, ps, hkv, d] = shape;
-    let mut k_cache = vec![T::nan(); num_pages * ps * hkv * d];
-    let mut v_cache = vec![T::nan(); num_pages * ps * hkv * d];
+    // Slots nobody writes (past seq_len, spare pages) hold the poison (FA_POISON: NaN by default).
+    let mut k_cache = vec![crate::testkit::poison::hidden::<T>(); num_pages * ps * hkv * d];
+    let mut v_cache = vec![crate::testkit::poison::hidden::<T>(); num_pages * ps * hkv * d];
     for (b, range) in tokens {
         for t in range {
             let page = block_table[b * width + t / ps] as usize;

@@ -215,7 +215,16 @@ impl<T: Element> PagedPrefillFixture<T> {
         // Shared slots are written by sequence 0 only (same values for everyone).
         let tokens =
             case.seqs.iter().enumerate().map(|(b, &(_, len))| (b, if b == 0 { 0 } else { case.shared_prefix }..len));
-        let (k_cache, v_cache) = fill_cache(&mut rng, [num_pages, ps, hkv, d], &block_table, width, tokens, mag);
+        let (mut k_cache, mut v_cache) =
+            fill_cache(&mut rng, [num_pages, ps, hkv, d], &block_table, width, tokens, mag);
+        // Keys no row sees (left of every row's window) are hidden memory: poisoned, as the unused slots are.
+        let seqs = case.seqs.iter().enumerate().map(|(b, &(q_len, seq_len))| crate::testkit::poison::SeqRows {
+            pages: &block_table[b * width..][..width],
+            q_len,
+            seq_len,
+        });
+        let window = crate::mask::Window::new(case.variants.window, case.causal);
+        crate::testkit::poison::poison_unseen_slots(&mut k_cache, &mut v_cache, hkv * d, ps, seqs, window);
         let q = (0..case.total_q() * case.heads_q * d).map(|_| T::from_f64(rng.random_range(-mag..mag))).collect();
         Self {
             alibi_slopes: case.variants.slopes(case.batch(), case.heads_q),

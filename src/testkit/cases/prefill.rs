@@ -546,7 +546,8 @@ impl<T: Element> PrefillFixture<T> {
                 // column past D (or a row past the end) is out of bounds in the emulator.
                 // (An empty tensor still gets a real, aligned allocation.)
                 let len = [q, k, v].iter().filter(|p| p.buf == i).map(|p| p.end()).max().unwrap_or(0).max(8);
-                vec![T::nan(); len]
+                // Padding and gaps hold the poison (FA_POISON, NaN by default: crate::poison).
+                vec![crate::testkit::poison::hidden::<T>(); len]
             })
             .collect();
         let m = inputs.magnitude;

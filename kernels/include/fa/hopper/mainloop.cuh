@@ -2,7 +2,8 @@
 // 16w..16w+15, wgmma's accumulator layout), all head-dim columns. Per KV tile, top down:
 //   wait for the stage's K (its V only before the P·V that reads it);
 //   S = Q Kᵀ          wgmma m64n{Bc}k16 SS, D/16 steps: Q and K K-major from their 128B-swizzled panels;
-//   (varlen, ragged top tile: the V rows past the sequence end are zeroed, see zero_v_rows)
+//   (varlen, ragged top tile: the V rows past the sequence end are zeroed, see zero_v_rows; so are the
+//   bottom tile's V rows left of every row's window, before its P·V)
 //   softcap, ALiBi    when the call has them (fa/score_mod.cuh; a uniform run-time branch, see softmax_step);
 //   mask S            only the tiles kv_block_range marks (diagonal, window edges, ragged Tk);
 //   online softmax    fa/online_softmax.cuh on the accumulator (its registers are mma C fragments);
@@ -49,17 +50,19 @@ template <int N> FA_DEVICE float (&fragments(WgmmaAcc<N> &acc))[1][N / 8][4] {
   return *reinterpret_cast<float(*)[1][N / 8][4]>(acc.raw());
 }
 
-// Rows [valid, Bc) of every V panel of a stage set to 0 by all consumer warpgroups (whole 128-byte rows:
-// the swizzle only permutes chunks within a row). In varlen those rows are the next sequence's: their P is
-// 0, but 0 · NaN would still be NaN. The proxy fence makes the stores visible to wgmma; the named barrier
-// to the other warpgroups (all read the whole stage).
-template <class Tr> FA_DEVICE void zero_v_rows(unsigned char *sV, int valid) {
+// Rows [lo, hi) of every V panel of a stage set to 0 by all consumer warpgroups (whole 128-byte rows: the
+// swizzle only permutes chunks within a row). A TMA box brings in whole tiles: in varlen the top tile's rows
+// past Tk are the next sequence's, and the bottom tile's rows left of the window are keys no row sees (a
+// freed cache's bytes, anything). Their P is 0, but 0 · NaN would still be NaN (docs/semantics.md). The
+// proxy fence makes the stores visible to wgmma; the named barrier to the other warpgroups (all read the
+// whole stage).
+template <class Tr> FA_DEVICE void zero_v_rows(unsigned char *sV, int lo, int hi) {
   constexpr int kConsumerThreads = Tr::kConsumers * kWarpgroupThreads;
   const int t = thread_idx() - kWarpgroupThreads;
-  const int chunks = (Tr::kBc - valid) * (kPanelRowBytes / 16);
+  const int chunks = (hi - lo) * (kPanelRowBytes / 16);
 #pragma unroll
   for (int p = 0; p < Tr::kPanels; ++p) {
-    Bytes16 *rows = reinterpret_cast<Bytes16 *>(sV + p * Tr::kKvPanelBytes + valid * kPanelRowBytes);
+    Bytes16 *rows = reinterpret_cast<Bytes16 *>(sV + p * Tr::kKvPanelBytes + lo * kPanelRowBytes);
     for (int i = t; i < chunks; i += kConsumerThreads) st_shared(rows + i, Bytes16{});
   }
   fence_proxy_async();
@@ -73,6 +76,7 @@ struct ConsumerTile {
   int tq, tk;
   WindowBounds window;
   bool zero_ragged_v; // varlen: the top tile's rows past Tk belong to the next sequence
+  int first_key;      // the first key a row of the CTA sees (the window's left edge; may be < 0)
   // Softcap and ALiBi (fa/score_mod.cuh), a uniform run-time branch per tile (see softmax_step): the two
   // values the kernel parameters do not hold.
   float tanh_in;    // ScoreMod::tanh_input
@@ -209,7 +213,7 @@ FA_DEVICE void consume(unsigned char *smem, const Barriers<Tr::kStages> &bars, c
   wgmma_fence_operand(s);
   if (ct.zero_ragged_v && n * kBc + kBc > ct.tk) {
     mbarrier_wait(&bars.full_v[st.stage], st.phase); // the rows to zero have landed
-    zero_v_rows<Tr>(stage_k(st.stage) + Tr::kKvTileBytes, ct.tk - n * kBc);
+    zero_v_rows<Tr>(stage_k(st.stage) + Tr::kKvTileBytes, ct.tk - n * kBc, kBc);
   }
   softmax_step<Tr>(s, softmax, alpha, masked(n), ct, p, n * kBc);
   pack_p<T, kBc>(pa, s);
@@ -236,8 +240,10 @@ FA_DEVICE void consume(unsigned char *smem, const Barriers<Tr::kStages> &bars, c
     prev = st;
   }
 
-  // The last tile's P V.
+  // The last tile's P V; first its V rows left of the window, if any (uniform over the CTA).
   mbarrier_wait(&bars.full_v[prev.stage], prev.phase);
+  const int hidden = ct.first_key - range.n_begin * kBc;
+  if (hidden > 0) zero_v_rows<Tr>(stage_k(prev.stage) + Tr::kKvTileBytes, 0, hidden);
   wgmma_fence_operand(o);
   pingpong.open();
   wgmma_fence();

@@ -7,7 +7,9 @@
 //  2. publish: the same thread turns it into the row's K/V element offsets in a shared-memory ring slot, and
 //              flags a *hole* (a key inside [0, seq_len) whose table entry is out of range) for the mask;
 //  3. copy:    every thread issues its cp.async chunks from the ring: one shared load per copied row.
-// Rows past the sequence and holes are zero-filled by the cp.async predicate, never read; so are the columns
+// Rows past the sequence, rows below `key_lo` (keys left of the window of every row of the CTA: their pages
+// may have been freed and reused, and P = 0 times a NaN V row is still NaN, docs/semantics.md) and holes are
+// zero-filled by the cp.async predicate, never read, their table entries never looked up; so are the columns
 // at or past head_dim (the instantiated width may exceed the problem's head dim). The caller orders a ring
 // slot's publish before its copy and its reuse after the copy with its barriers (kernels/paged_prefill.cu).
 #pragma once
@@ -21,21 +23,24 @@ FA_NAMESPACE_BEGIN
 namespace paged_prefill {
 
 
-// 1. The page of key key0 + thread_idx() (threads < kRows), or kNoPage past seq_len / for other threads.
-template <int kRows> FA_DEVICE int lookup_tile_row(const PagedView &cache, int b, int key0, int seq_len) {
+// 1. The page of key key0 + thread_idx() (threads < kRows), or kNoPage outside [key_lo, seq_len) / for other
+// threads.
+template <int kRows>
+FA_DEVICE int lookup_tile_row(const PagedView &cache, int b, int key0, int key_lo, int seq_len) {
   const int key = key0 + thread_idx();
-  return (thread_idx() < kRows && key < seq_len) ? cache.page_of(b, key) : kNoPage;
+  return (thread_idx() < kRows && key >= key_lo && key < seq_len) ? cache.page_of(b, key) : kNoPage;
 }
 
-// 2. ring[t] = the offsets of key key0 + t, holes[t] = whether it is a hole (threads t < kRows).
+// 2. ring[t] = the offsets of key key0 + t, holes[t] = whether it is a hole (threads t < kRows): a key in
+// [key_lo, seq_len) without a page (keys below key_lo have none either, but the window mask hides them).
 template <int kRows>
-FA_DEVICE void publish_tile_row(RowOffsets *ring, int32_t *holes, const PagedView &cache, int key0, int seq_len,
-                                int page) {
+FA_DEVICE void publish_tile_row(RowOffsets *ring, int32_t *holes, const PagedView &cache, int key0, int key_lo,
+                                int seq_len, int page) {
   const int t = thread_idx();
   if (t < kRows) {
     const int key = key0 + t;
     st_shared(ring + t, cache.row_offsets(page, key));
-    st_shared(holes + t, (int32_t)(key < seq_len && page == kNoPage));
+    st_shared(holes + t, (int32_t)(key >= key_lo && key < seq_len && page == kNoPage));
   }
 }
 
