@@ -22,6 +22,9 @@
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
+mod check;
+pub use check::{check_decode, check_paged_prefill, check_prefill, check_prefill_varlen, Check, PagedCacheData};
+
 /// A dense (padded-batch) attention problem.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Problem {
