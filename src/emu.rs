@@ -39,7 +39,11 @@ impl Emulator {
         Self::default()
     }
     pub fn with_seed(seed: u64) -> Self {
-        Self { next_seed: AtomicU64::new(seed), table_checks: TableChecks::Strict, last_counters: Mutex::new(HashMap::new()) }
+        Self {
+            next_seed: AtomicU64::new(seed),
+            table_checks: TableChecks::Strict,
+            last_counters: Mutex::new(HashMap::new()),
+        }
     }
 
     /// The same emulator with `checks` for the engine-owned tables of every later launch.

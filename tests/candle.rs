@@ -402,14 +402,22 @@ fn score_variants_pass_through_the_candle_ops() -> Result<()> {
         sinks: Some(Tensor::from_vec(sinks.clone(), hq, &Device::Cpu)?),
     };
     let (slopes_v, sinks_v) = (TensorView::host(&slopes, [hq]).unwrap(), TensorView::host(&sinks, [hq]).unwrap());
-    let score_mod = ScoreMod { window, softcap, alibi_slopes: Some(AlibiSlopes::PerHead(&slopes_v)), sinks: Some(&sinks_v) };
+    let score_mod =
+        ScoreMod { window, softcap, alibi_slopes: Some(AlibiSlopes::PerHead(&slopes_v)), sinks: Some(&sinks_v) };
 
     let (qh, kh, vh) = (host(&q)?, host(&k)?, host(&v)?);
     let opts = PrefillOptions { causal: true, scale: Some(scale), score_mod, ..Default::default() };
     let prefill_check = |o: &Tensor| {
         let oh = host(o).unwrap();
-        check_prefill(&view(&qh, [b, t, hq, d]), &view(&kh, [b, t, hkv, d]), &view(&vh, [b, t, hkv, d]), &view(&oh, [b, t, hq, d]), None, &opts)
-            .unwrap()
+        check_prefill(
+            &view(&qh, [b, t, hq, d]),
+            &view(&kh, [b, t, hkv, d]),
+            &view(&vh, [b, t, hkv, d]),
+            &view(&oh, [b, t, hq, d]),
+            None,
+            &opts,
+        )
+        .unwrap()
     };
     let with = prefill_check(&fa::flash_attn_with(&q, &k, &v, scale, true, &variants)?);
     assert!(with.passed(), "flash_attn_with: {with}");
@@ -424,7 +432,8 @@ fn score_variants_pass_through_the_candle_ops() -> Result<()> {
     let mut ws = fa::decode_workspace(&Device::Cpu, &limits, Some(2))?;
     let (o, _) =
         fa::paged_decode_with(&q1, &c.kv_cache, &c.block_table, &c.seq_lens, max_seq_len, scale, &variants, &mut ws)?;
-    let (plain, _) = fa::paged_decode_with_lse(&q1, &c.kv_cache, &c.block_table, &c.seq_lens, max_seq_len, scale, &mut ws)?;
+    let (plain, _) =
+        fa::paged_decode_with_lse(&q1, &c.kv_cache, &c.block_table, &c.seq_lens, max_seq_len, scale, &mut ws)?;
     let kv = host(&c.kv_cache)?;
     let pages = c.kv_cache.dims()[1..].to_vec();
     let shape = [pages[0], pages[1], pages[2], pages[3]];
@@ -442,8 +451,14 @@ fn score_variants_pass_through_the_candle_ops() -> Result<()> {
     let decode_check = |o: &Tensor| {
         let oh = host(o).unwrap();
         let shape = [lens.len(), hq, d];
-        check_decode(&TensorView::host(&q1h, shape).unwrap(), &cache, &TensorView::host(&oh, shape).unwrap(), None, &opts)
-            .unwrap()
+        check_decode(
+            &TensorView::host(&q1h, shape).unwrap(),
+            &cache,
+            &TensorView::host(&oh, shape).unwrap(),
+            None,
+            &opts,
+        )
+        .unwrap()
     };
     let with = decode_check(&o);
     assert!(with.passed(), "paged_decode_with: {with}");

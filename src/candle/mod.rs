@@ -116,8 +116,12 @@ impl FlashAttn {
             let shape = q.shape();
             let mut o = backend.alloc::<T>(shape.iter().product(), Fill::Poison)?;
             self.variants.with_score_mod::<S, _>(|score_mod| {
-                let opts =
-                    PrefillOptions { causal: self.causal, scale: Some(self.softmax_scale), score_mod, ..Default::default() };
+                let opts = PrefillOptions {
+                    causal: self.causal,
+                    scale: Some(self.softmax_scale),
+                    score_mod,
+                    ..Default::default()
+                };
                 Ok(prefill(&backend.stream(), &q, &k, &v, &mut o.view(shape)?, None, &opts)?)
             })?;
             Ok((S::from_out(o)?, Shape::from(shape.to_vec())))
@@ -207,8 +211,12 @@ impl FlashAttnVarLen {
             // Rows past seqlens_q[B] are not written by the kernel: they read as zeros.
             let mut o = backend.alloc::<T>(shape.iter().product(), Fill::Zero)?;
             self.variants.with_score_mod::<S, _>(|score_mod| {
-                let opts =
-                    PrefillOptions { causal: self.causal, scale: Some(self.softmax_scale), score_mod, ..Default::default() };
+                let opts = PrefillOptions {
+                    causal: self.causal,
+                    scale: Some(self.softmax_scale),
+                    score_mod,
+                    ..Default::default()
+                };
                 Ok(prefill_varlen(
                     &backend.stream(),
                     &q,

@@ -225,7 +225,10 @@ fn variant_arrays(m: &ScoreMod<'_>, batch: usize, heads_q: usize) -> Result<(Vec
         Some(AlibiSlopes::PerSequence(s)) => {
             let v = host_f32("alibi_slopes", s)?;
             if s.shape() != [batch, heads_q] {
-                return Err(Error::shape("alibi_slopes", format!("shape {:?}, expected [{batch}, {heads_q}]", s.shape())));
+                return Err(Error::shape(
+                    "alibi_slopes",
+                    format!("shape {:?}, expected [{batch}, {heads_q}]", s.shape()),
+                ));
             }
             v
         }

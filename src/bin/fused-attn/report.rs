@@ -71,7 +71,8 @@ pub fn sweep(backend: &Backend, quick: bool, kernel: PrefillKernel) -> Vec<Case>
         out.extend(other_op_quick(kernel));
         return out;
     }
-    let mut out: Vec<Case> = prefill.into_iter().map(Case::Prefill).chain(decode.into_iter().map(Case::Decode)).collect();
+    let mut out: Vec<Case> =
+        prefill.into_iter().map(Case::Prefill).chain(decode.into_iter().map(Case::Decode)).collect();
     out.extend(other_op_cases(kernel));
     out
 }

@@ -145,9 +145,11 @@ max_abs_err  tolerance    rel_l2       passed  ms        TFLOPS   GB/s     %copy
         if timing {
             return self.table_line();
         }
-        Row { ms: None, tflops: None, gbps: None, pct_of_copy_bw: None, ..self.clone() }
-            .table_line()
-            .replacen(&format!("{:>9} {:>8} {:>8} {:>6}  ", "-", "-", "-", "-"), "", 1)
+        Row { ms: None, tflops: None, gbps: None, pct_of_copy_bw: None, ..self.clone() }.table_line().replacen(
+            &format!("{:>9} {:>8} {:>8} {:>6}  ", "-", "-", "-", "-"),
+            "",
+            1,
+        )
     }
 
     pub fn table_line(&self) -> String {
