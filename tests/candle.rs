@@ -383,7 +383,9 @@ fn score_variants_pass_through_the_candle_ops() -> Result<()> {
     use fused_attn::{AlibiSlopes, DecodeOptions, PagedKvCache, ScoreMod, TensorView};
     use half::bf16;
     let host = |t: &Tensor| t.flatten_all().and_then(|t| t.to_vec1::<bf16>());
-    let view = |v: &'_ [bf16], shape: [usize; 4]| TensorView::host(v, shape).unwrap();
+    fn view(v: &[bf16], shape: [usize; 4]) -> TensorView<'_, bf16, 4> {
+        TensorView::host(v, shape).unwrap()
+    }
     let mut rng = StdRng::seed_from_u64(21);
     let (b, t, hq, hkv, d) = (2, 40, 4, 2, 64);
     let dtype = DType::BF16;
