@@ -66,21 +66,20 @@ impl PagedCacheData {
     pub fn from_host<C: KvElement>(cache: &PagedKvCache<'_, C>) -> Result<Self> {
         let g = cache.geometry();
         let row = g.head_dim;
-        let scaled = |name: &str, view: &TensorView<'_, C, 4>, scale: &dyn Fn(usize) -> f32| -> Result<Vec<f64>> {
+        let scales = cache.scales();
+        // The dequantisation scale of KV head `h` (1 for a 16-bit cache), K's or V's.
+        let scale = |is_k: bool, h: usize| scales.map_or(1.0, |s| if is_k { s.k_of(h) } else { s.v_of(h) });
+        let scaled = |name: &str, view: &TensorView<'_, C, 4>, is_k: bool| -> Result<Vec<f64>> {
             let raw = host_elements(name, view)?;
             Ok(raw
                 .into_iter()
                 .enumerate()
-                .map(|(i, x)| x.stored_value() * f64::from(scale((i / row) % g.heads_kv)))
+                .map(|(i, x)| x.stored_value() * f64::from(scale(is_k, (i / row) % g.heads_kv)))
                 .collect())
         };
-        let (k_scale, v_scale): (Box<dyn Fn(usize) -> f32>, Box<dyn Fn(usize) -> f32>) = match cache.scales() {
-            Some(s) => (Box::new(move |h| s.k_of(h)), Box::new(move |h| s.v_of(h))),
-            None => (Box::new(|_| 1.0), Box::new(|_| 1.0)),
-        };
         Ok(Self {
-            k_cache: scaled("k_cache", &cache.k, &k_scale)?,
-            v_cache: scaled("v_cache", &cache.v, &v_scale)?,
+            k_cache: scaled("k_cache", &cache.k, true)?,
+            v_cache: scaled("v_cache", &cache.v, false)?,
             num_pages: g.num_pages,
             page_size: g.page_size,
             heads_kv: g.heads_kv,
