@@ -3,7 +3,7 @@
 //!  - **paged vs dense prefill** on the same shapes: a full causal prefill (q_len = context = 2048, B = 4) and
 //!    a chunk (q_len 512 at context 4096, B = 4), paged with page size 16 and 64 against
 //!    `prefill::prefill` on dense K/V; target: paged within 10 % of dense. Throughput in FLOPs
-//!    (`paged_prefill::cases::case_flops`, the causal pairs counted exactly).
+//!    (`testkit::cases::paged_prefill::case_flops`, the causal pairs counted exactly).
 //!  - **speculative verification** (q_len 4 and 8) against one decode step at the same context
 //!    (B = 8, contexts 4096 and 16384, page 16); target: q_len ≤ 8 within 1.3 × the decode step.
 //!    Caches are ≥ 128 MiB, above L2. Throughput in K/V bytes.

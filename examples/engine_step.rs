@@ -9,10 +9,9 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use fused_attn::decode::DecodeWorkspace;
 use fused_attn::plan::DecodeProblem;
 use fused_attn::prefill::{prefill_varlen, PrefillOptions};
-use fused_attn::reference::{self, PagedCache};
+use fused_attn::reference::{check_decode, check_prefill_varlen, Check};
 use fused_attn::{
-    append, decode, DType, DecodeOptions, Emulator, PagedKvCache, PagedKvCacheMut, Result, Stream, TensorView,
-    TensorViewMut,
+    append, decode, DecodeOptions, Emulator, PagedKvCache, PagedKvCacheMut, Result, Stream, TensorView, TensorViewMut,
 };
 use half::bf16;
 use std::sync::Arc;
@@ -63,19 +62,9 @@ fn data(n: usize, salt: u64) -> Vec<bf16> {
     (0..n as u64).map(|i| bf16::from_f32(((i * 2654435761 + salt * 40503) % 2000) as f32 / 1000.0 - 0.75)).collect()
 }
 
-fn f64s(x: &[bf16]) -> Vec<f64> {
-    x.iter().map(|v| v.to_f64()).collect()
-}
-
-fn check(what: &str, ours: &[bf16], reference: &[f64], naive: &[f64]) -> bool {
-    let c = reference::compare(&f64s(ours), reference, naive);
-    println!(
-        "{what:<8} max |err| {:.2e} (tolerance {:.2e}) {}",
-        c.max_abs_err,
-        c.tolerance,
-        if c.passed { "ok" } else { "FAILED" }
-    );
-    c.passed
+fn report(what: &str, check: Check) -> bool {
+    println!("{what:<8} {check}");
+    check.passed()
 }
 
 fn main() -> Result<()> {
@@ -99,6 +88,7 @@ fn main() -> Result<()> {
     let cu = Buf::new(gpu, &cu_seqlens)?;
     let mut o = Buf::new(gpu, &vec![bf16::NAN; total * HQ * D])?;
     let mut lse = Buf::new(gpu, &vec![f32::NAN; HQ * total])?;
+    let opts = PrefillOptions { causal: true, scale: None, ..Default::default() };
     prefill_varlen(
         &stream,
         &dq.view([total, HQ, D])?,
@@ -110,14 +100,25 @@ fn main() -> Result<()> {
         50,
         &mut o.view_mut([total, HQ, D])?,
         Some(&mut lse.view_mut([HQ, total])?),
-        &PrefillOptions { causal: true, scale: None, ..Default::default() },
+        &opts,
     )?;
-    let scale = 1.0 / (D as f64).sqrt();
-    let (fq, fk, fv) = (f64s(&q), f64s(&k), f64s(&v));
-    let want = reference::varlen(HQ, HKV, D, true, scale, &cu_seqlens, &cu_seqlens, &fq, &fk, &fv)?;
-    let naive =
-        reference::naive_lowp_varlen(HQ, HKV, D, true, scale, &cu_seqlens, &cu_seqlens, &fq, &fk, &fv, DType::Bf16)?;
-    let mut ok = check("prefill", &o.read(gpu)?, &want.out, &naive);
+    // One call checks the outputs against the fp64 reference (and the naive bf16 implementation the
+    // tolerance rule compares with), with the options the op ran with. It reads host views.
+    let (o_host, lse_host) = (o.read(gpu)?, lse.read(gpu)?);
+    let cu_host = TensorView::host(&cu_seqlens, [3])?;
+    let mut ok = report(
+        "prefill",
+        check_prefill_varlen(
+            &TensorView::host(&q, [total, HQ, D])?,
+            &TensorView::host(&k, [total, HKV, D])?,
+            &TensorView::host(&v, [total, HKV, D])?,
+            &cu_host,
+            &cu_host,
+            &TensorView::host(&o_host, [total, HQ, D])?,
+            Some(&TensorView::host(&lse_host, [HQ, total])?),
+            &opts,
+        )?,
+    );
 
     // ---- 2. Append the prompts' K/V into the paged cache. The engine owns the page allocator: here a free
     // list handed out back to front, so page ids are in no particular order. slot = page * PAGE + offset.
@@ -171,21 +172,18 @@ fn main() -> Result<()> {
         &DecodeOptions::default(),
     )?;
 
-    let (kc, vc) = (f64s(&k_cache.read(gpu)?), f64s(&v_cache.read(gpu)?));
-    let paged = PagedCache {
-        k_cache: &kc,
-        v_cache: &vc,
-        num_pages: PAGES,
-        page_size: PAGE,
-        heads_kv: HKV,
-        head_dim: D,
-        block_table: &block_table,
-        max_pages_per_seq: width,
-        seq_lens: &seq_lens,
-    };
-    let want = reference::paged_decode(HQ, scale, &f64s(&q_new), &paged)?;
-    let naive = reference::naive_lowp_paged_decode(HQ, scale, &f64s(&q_new), &paged, DType::Bf16)?;
-    ok &= check("decode", &o_dec.read(gpu)?, &want.out, &naive);
+    // The cache as the kernel read it, on the host.
+    let (kc, vc, o_host) = (k_cache.read(gpu)?, v_cache.read(gpu)?, o_dec.read(gpu)?);
+    let host_cache = PagedKvCache::new(
+        TensorView::host(&kc, cache_shape)?,
+        TensorView::host(&vc, cache_shape)?,
+        TensorView::host(&block_table, [2, width])?,
+        TensorView::host(&seq_lens, [2])?,
+        MAX_LEN,
+    )?;
+    let q_view = TensorView::host(&q_new, [2, HQ, D])?;
+    let o_view = TensorView::host(&o_host, [2, HQ, D])?;
+    ok &= report("decode", check_decode(&q_view, &host_cache, &o_view, None, &DecodeOptions::default())?);
     if !ok {
         std::process::exit(1);
     }

@@ -50,7 +50,8 @@ pub fn check_append_args<T: Element, C: KvCacheOf<T>>(
 
 /// Writes `k[t]`, `v[t]` (`[num_tokens, Hkv, D]`) into cache slot `slot_mapping[t]` (int64,
 /// `page * page_size + offset`). A negative slot is padding and is skipped; so is a slot past the cache
-/// (device data the host does not read; documented in abi.h). Slots must be distinct.
+/// (device data the host does not read; documented in abi.h). Slots must be distinct. On the emulator a slot
+/// past the cache or a repeated one is an error naming it ([`crate::TableChecks`], unless `GpuMasking`).
 ///
 /// An FP8 cache (`C` = [`crate::Fp8E4m3`] / [`crate::Fp8E5m2`], scales attached with
 /// [`PagedKvCacheMut::with_scales`]) receives the quantised values: `fp8_rn_satfinite(f32(x) / scale)` with
@@ -63,6 +64,9 @@ pub fn append<T: Element, C: KvCacheOf<T>>(
     cache: &mut PagedKvCacheMut<'_, C>,
 ) -> Result<()> {
     let num_tokens = check_append_args(k, v, slot_mapping, cache)?;
+    if crate::paged::strict_tables(stream) {
+        crate::paged::validate_slot_mapping(stream, slot_mapping, &cache.geometry())?;
+    }
     if num_tokens == 0 {
         return Ok(());
     }

@@ -285,6 +285,10 @@ pub fn check_decode_args<T: Element, C: KvCacheOf<T>>(
 /// The cache may hold FP8 (`C` = [`crate::Fp8E4m3`] / [`crate::Fp8E5m2`], with its scales attached by
 /// [`PagedKvCache::with_scales`]): attention then uses stored value x scale; q and o stay 16-bit.
 ///
+/// On the emulator the block table and `seq_lens` are checked first ([`PagedKvCache::validate`], unless the
+/// emulator was built with [`crate::TableChecks::GpuMasking`]); on a GPU bad entries are masked
+/// (docs/semantics.md).
+///
 /// Enqueues on `stream` and returns the plan it followed. Errors name the offending argument.
 pub fn decode<T: Element, C: KvCacheOf<T>>(
     stream: &Stream<'_>,
@@ -297,6 +301,9 @@ pub fn decode<T: Element, C: KvCacheOf<T>>(
 ) -> Result<DecodePlan> {
     opts.score_mod.check_values()?;
     let problem = check_decode_args(q, cache, o, lse.as_deref())?.windowed(opts.score_mod.window_left());
+    if crate::paged::strict_tables(stream) {
+        cache.validate(stream)?;
+    }
     let plan = workspace.plan(&problem, opts)?;
     workspace.check_fits(&plan)?;
     let scale = crate::launch::softmax_scale(opts.scale, problem.head_dim)?;

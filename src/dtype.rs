@@ -232,18 +232,33 @@ pub trait KvElement:
     Copy + Default + Send + Sync + std::fmt::Debug + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits + 'static
 {
     const KV_DTYPE: KvDType;
+    /// The value stored, before any dequantisation scale: the 16-bit value, or the FP8 code decoded
+    /// (NaN / ±inf codes included). The reference checks read caches through it.
+    fn stored_value(self) -> f64;
 }
 impl KvElement for half::f16 {
     const KV_DTYPE: KvDType = KvDType::Sixteen(DType::F16);
+    fn stored_value(self) -> f64 {
+        self.to_f64()
+    }
 }
 impl KvElement for half::bf16 {
     const KV_DTYPE: KvDType = KvDType::Sixteen(DType::Bf16);
+    fn stored_value(self) -> f64 {
+        self.to_f64()
+    }
 }
 impl KvElement for Fp8E4m3 {
     const KV_DTYPE: KvDType = KvDType::Fp8(Fp8Format::E4m3);
+    fn stored_value(self) -> f64 {
+        Fp8Format::E4m3.decode(self.0)
+    }
 }
 impl KvElement for Fp8E5m2 {
     const KV_DTYPE: KvDType = KvDType::Fp8(Fp8Format::E5m2);
+    fn stored_value(self) -> f64 {
+        Fp8Format::E5m2.decode(self.0)
+    }
 }
 
 /// A cache element type that serves queries / new tokens of type `T`: `T` itself (a 16-bit cache), or an

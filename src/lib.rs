@@ -67,7 +67,7 @@ pub use half;
 pub use counters::{KernelCounters, LaunchCounters};
 pub use device::{RawStream, Stream};
 pub use dtype::{DType, Element};
-pub use emu::Emulator;
+pub use emu::{Emulator, TableChecks};
 pub use error::{Error, ErrorKind, Result};
 pub use fp8::{Fp8E4m3, Fp8E5m2, Fp8Format, KvCacheOf, KvDType, KvElement, KvScales, ScaleKind};
 pub use tensor::{TensorView, TensorViewMut};

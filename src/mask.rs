@@ -45,6 +45,11 @@ impl Window {
         let hi = self.right.map_or(tk as i64, |r| (pos + r as i64 + 1).clamp(0, tk as i64));
         (lo as usize, hi.max(lo) as usize)
     }
+    /// The keys left of every row's window (row 0's first visible key): hidden memory, which the
+    /// dense prefill `_mod` kernels never load (kernels/prefill.cu moves the sequence's start past them).
+    pub fn hidden_prefix(&self, tq: usize, tk: usize) -> usize {
+        self.left.map_or(0, |l| tk.saturating_sub(tq + l))
+    }
     /// The kernel's effective bounds: a bound that excludes nothing (None, or ≥ max(Tq, Tk)) is that span.
     fn effective(&self, tq: usize, tk: usize) -> (i64, i64) {
         let span = tq.max(tk) as i64;

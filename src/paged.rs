@@ -16,9 +16,11 @@
 //! Engines debugging their own tables can opt in to checking the data: [`PagedKvCache::validate`] (block
 //! table and lengths), [`validate_cu_seqlens`] and [`validate_slot_mapping`] read it back (a device-to-host
 //! copy and a synchronisation on the GPU backend; direct on the emulator) and return a typed error naming
-//! the first bad entry. Never on a launch path.
+//! the first bad entry. Never on a GPU launch path. The emulator, where the data is host memory, runs the
+//! same checks before every launch unless it was built with [`TableChecks::GpuMasking`].
 
 use crate::device::Stream;
+use crate::emu::TableChecks;
 use crate::error::{to_i32, Error, Result};
 use crate::fp8::{self, KvElement, KvScales};
 use crate::launch::Launch;
@@ -273,6 +275,12 @@ impl<T> PagedKvCache<'_, T> {
         }
         Ok(())
     }
+}
+
+/// Whether a launch on `stream` checks its engine-owned tables first: an emulator with
+/// [`TableChecks::Strict`] (the default). Never the GPU, whose tables are device data.
+pub(crate) fn strict_tables(stream: &Stream<'_>) -> bool {
+    matches!(stream, Stream::Emu(emu) if emu.table_checks() == TableChecks::Strict)
 }
 
 /// Reads `cu_seqlens` back and checks it (opt-in, for debugging; synchronises on the GPU backend): it starts

@@ -294,6 +294,8 @@ pub fn check_paged_prefill_args<T: Element, C: KvCacheOf<T>>(
 /// The cache may hold FP8 (`C` = [`crate::Fp8E4m3`] / [`crate::Fp8E5m2`], with its scales attached by
 /// [`PagedKvCache::with_scales`], head dim a multiple of 16): attention then uses stored value x scale.
 ///
+/// On the emulator the block table and `seq_lens` are checked first, as for [`crate::decode`].
+///
 /// Returns the plan it followed. Errors name the offending argument.
 #[allow(clippy::too_many_arguments)]
 pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
@@ -309,6 +311,9 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
 ) -> Result<PagedPrefillPlan> {
     opts.score_mod.check_values()?;
     let problem = check_paged_prefill_args(q, cu_seqlens_q, max_seqlen_q, cache, o, lse.as_deref())?;
+    if crate::paged::strict_tables(stream) {
+        cache.validate(stream)?;
+    }
     let scale = softmax_scale(opts.scale, problem.head_dim)?;
     let plan = match workspace.as_deref() {
         Some(ws) => PagedPrefillPlan::new(&problem, ws.sm_count(), opts.num_splits)?,

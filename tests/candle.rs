@@ -371,3 +371,99 @@ fn safetensors_round_trip() -> Result<()> {
     assert_eq!(ra.logits, rb.logits);
     Ok(())
 }
+
+/// Score variants through the candle ops: a causal window with softcap, ALiBi and sinks on
+/// `flash_attn_with` and `paged_decode_with` (CPU tensors, the emulator), each checked with one call against
+/// the fp64 reference given the same variants (`reference::check_prefill` / `check_decode` over host views
+/// of the same data); the plain op's output fails that check, so the variants are not lost on the way.
+#[test]
+fn score_variants_pass_through_the_candle_ops() -> Result<()> {
+    use fused_attn::prefill::PrefillOptions;
+    use fused_attn::reference::{check_decode, check_prefill};
+    use fused_attn::{AlibiSlopes, DecodeOptions, PagedKvCache, ScoreMod, TensorView};
+    use half::bf16;
+    let host = |t: &Tensor| t.flatten_all().and_then(|t| t.to_vec1::<bf16>());
+    fn view(v: &[bf16], shape: [usize; 4]) -> TensorView<'_, bf16, 4> {
+        TensorView::host(v, shape).unwrap()
+    }
+    let mut rng = StdRng::seed_from_u64(21);
+    let (b, t, hq, hkv, d) = (2, 40, 4, 2, 64);
+    let dtype = DType::BF16;
+    let (q, k, v) = (
+        random(&[b, t, hq, d], -1.0, 1.0, dtype, &mut rng)?,
+        random(&[b, t, hkv, d], -1.0, 1.0, dtype, &mut rng)?,
+        random(&[b, t, hkv, d], -0.5, 1.5, dtype, &mut rng)?,
+    );
+    let slopes: Vec<f32> = (0..hq).map(|h| 0.5f32.powi(h as i32 + 1)).collect();
+    let sinks: Vec<f32> = (0..hq).map(|h| 0.3 * h as f32 - 0.4).collect();
+    let (window, softcap, scale) = (Some((12, 0)), Some(20.0), 1.0 / (d as f32).sqrt());
+    let variants = fa::Variants {
+        window,
+        softcap,
+        alibi_slopes: Some(Tensor::from_vec(slopes.clone(), hq, &Device::Cpu)?),
+        sinks: Some(Tensor::from_vec(sinks.clone(), hq, &Device::Cpu)?),
+    };
+    let (slopes_v, sinks_v) = (TensorView::host(&slopes, [hq]).unwrap(), TensorView::host(&sinks, [hq]).unwrap());
+    let score_mod =
+        ScoreMod { window, softcap, alibi_slopes: Some(AlibiSlopes::PerHead(&slopes_v)), sinks: Some(&sinks_v) };
+
+    let (qh, kh, vh) = (host(&q)?, host(&k)?, host(&v)?);
+    let opts = PrefillOptions { causal: true, scale: Some(scale), score_mod, ..Default::default() };
+    let prefill_check = |o: &Tensor| {
+        let oh = host(o).unwrap();
+        check_prefill(
+            &view(&qh, [b, t, hq, d]),
+            &view(&kh, [b, t, hkv, d]),
+            &view(&vh, [b, t, hkv, d]),
+            &view(&oh, [b, t, hq, d]),
+            None,
+            &opts,
+        )
+        .unwrap()
+    };
+    let with = prefill_check(&fa::flash_attn_with(&q, &k, &v, scale, true, &variants)?);
+    assert!(with.passed(), "flash_attn_with: {with}");
+    let plain = prefill_check(&fa::flash_attn(&q, &k, &v, scale, true)?);
+    assert!(!plain.passed(), "the plain op passes the variants' check: {plain}");
+
+    let lens = [1usize, 30, 77];
+    let c = paged(&lens, hkv, d, dtype, &mut rng)?;
+    let q1 = random(&[lens.len(), hq, d], -1.0, 1.0, dtype, &mut rng)?;
+    let max_seq_len = 77;
+    let limits = DecodeProblem { batch: lens.len(), heads_q: hq, heads_kv: hkv, head_dim: d, max_seq_len };
+    let mut ws = fa::decode_workspace(&Device::Cpu, &limits, Some(2))?;
+    let (o, _) =
+        fa::paged_decode_with(&q1, &c.kv_cache, &c.block_table, &c.seq_lens, max_seq_len, scale, &variants, &mut ws)?;
+    let (plain, _) =
+        fa::paged_decode_with_lse(&q1, &c.kv_cache, &c.block_table, &c.seq_lens, max_seq_len, scale, &mut ws)?;
+    let kv = host(&c.kv_cache)?;
+    let pages = c.kv_cache.dims()[1..].to_vec();
+    let shape = [pages[0], pages[1], pages[2], pages[3]];
+    let (table, seq_lens) = (c.block_table.flatten_all()?.to_vec1::<i32>()?, c.seq_lens.to_vec1::<i32>()?);
+    let cache = PagedKvCache::new(
+        view(&kv[..kv.len() / 2], shape),
+        view(&kv[kv.len() / 2..], shape),
+        TensorView::host(&table, [lens.len(), c.block_table.dims()[1]]).unwrap(),
+        TensorView::host(&seq_lens, [lens.len()]).unwrap(),
+        max_seq_len,
+    )
+    .unwrap();
+    let q1h = host(&q1)?;
+    let opts = DecodeOptions { scale: Some(scale), num_splits: None, score_mod };
+    let decode_check = |o: &Tensor| {
+        let oh = host(o).unwrap();
+        let shape = [lens.len(), hq, d];
+        check_decode(
+            &TensorView::host(&q1h, shape).unwrap(),
+            &cache,
+            &TensorView::host(&oh, shape).unwrap(),
+            None,
+            &opts,
+        )
+        .unwrap()
+    };
+    let with = decode_check(&o);
+    assert!(with.passed(), "paged_decode_with: {with}");
+    assert!(!decode_check(&plain).passed(), "the plain decode passes the variants' check");
+    Ok(())
+}

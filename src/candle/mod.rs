@@ -18,6 +18,9 @@
 //! candle-flash-attn takes them); `slot_mapping` is `DType::I64`.
 
 mod bridge;
+mod variants;
+
+pub use variants::Variants;
 
 use std::sync::OnceLock;
 
@@ -89,11 +92,12 @@ macro_rules! backend_of {
     };
 }
 
-/// Dense prefill attention as a candle op (candle-flash-attn's `FlashAttn`, without its window / ALiBi /
-/// softcap options, which fused-attn does not implement yet).
+/// Dense prefill attention as a candle op (candle-flash-attn's `FlashAttn`; its window / ALiBi / softcap
+/// options, and sinks, are [`Variants`]).
 pub struct FlashAttn {
     pub softmax_scale: f32,
     pub causal: bool,
+    pub variants: Variants,
 }
 
 impl FlashAttn {
@@ -111,8 +115,15 @@ impl FlashAttn {
             let (q, k, v) = (q.view::<T, 4>("q", q_l)?, k.view::<T, 4>("k", k_l)?, v.view::<T, 4>("v", v_l)?);
             let shape = q.shape();
             let mut o = backend.alloc::<T>(shape.iter().product(), Fill::Poison)?;
-            let opts = PrefillOptions { causal: self.causal, scale: Some(self.softmax_scale), ..Default::default() };
-            prefill(&backend.stream(), &q, &k, &v, &mut o.view(shape)?, None, &opts)?;
+            self.variants.with_score_mod::<S, _>(|score_mod| {
+                let opts = PrefillOptions {
+                    causal: self.causal,
+                    scale: Some(self.softmax_scale),
+                    score_mod,
+                    ..Default::default()
+                };
+                Ok(prefill(&backend.stream(), &q, &k, &v, &mut o.view(shape)?, None, &opts)?)
+            })?;
             Ok((S::from_out(o)?, Shape::from(shape.to_vec())))
         })
     }
@@ -152,11 +163,23 @@ impl CustomOp3 for FlashAttn {
 /// [`crate::prefill::PREFILL_HEAD_DIMS`]; returns `[B, Tq, Hq, D]`. `causal` is bottom-right aligned (row i
 /// sees key j iff `j <= i + Tk - Tq`), as in FlashAttention ≥ 2.1.
 pub fn flash_attn(q: &Tensor, k: &Tensor, v: &Tensor, softmax_scale: f32, causal: bool) -> candle_core::Result<Tensor> {
-    q.apply_op3(k, v, FlashAttn { softmax_scale, causal })
+    flash_attn_with(q, k, v, softmax_scale, causal, &Variants::default())
 }
 
-/// Variable-length prefill attention as a candle op (candle-flash-attn's `FlashAttnVarLen` without
-/// window / ALiBi / softcap / paged K/V).
+/// [`flash_attn`] with score variants (window, softcap, ALiBi, sinks: [`Variants`]).
+pub fn flash_attn_with(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    softmax_scale: f32,
+    causal: bool,
+    variants: &Variants,
+) -> candle_core::Result<Tensor> {
+    q.apply_op3(k, v, FlashAttn { softmax_scale, causal, variants: variants.clone() })
+}
+
+/// Variable-length prefill attention as a candle op (candle-flash-attn's `FlashAttnVarLen`, its window /
+/// ALiBi / softcap options and sinks as [`Variants`]; paged K/V is [`paged_decode`]'s).
 pub struct FlashAttnVarLen {
     pub softmax_scale: f32,
     pub causal: bool,
@@ -164,6 +187,7 @@ pub struct FlashAttnVarLen {
     pub max_seqlen_k: usize,
     pub seqlens_q: Tensor,
     pub seqlens_k: Tensor,
+    pub variants: Variants,
 }
 
 impl FlashAttnVarLen {
@@ -186,20 +210,27 @@ impl FlashAttnVarLen {
             let shape = q.shape();
             // Rows past seqlens_q[B] are not written by the kernel: they read as zeros.
             let mut o = backend.alloc::<T>(shape.iter().product(), Fill::Zero)?;
-            let opts = PrefillOptions { causal: self.causal, scale: Some(self.softmax_scale), ..Default::default() };
-            prefill_varlen(
-                &backend.stream(),
-                &q,
-                &k,
-                &v,
-                &cu_q,
-                &cu_k,
-                self.max_seqlen_q,
-                self.max_seqlen_k,
-                &mut o.view(shape)?,
-                None,
-                &opts,
-            )?;
+            self.variants.with_score_mod::<S, _>(|score_mod| {
+                let opts = PrefillOptions {
+                    causal: self.causal,
+                    scale: Some(self.softmax_scale),
+                    score_mod,
+                    ..Default::default()
+                };
+                Ok(prefill_varlen(
+                    &backend.stream(),
+                    &q,
+                    &k,
+                    &v,
+                    &cu_q,
+                    &cu_k,
+                    self.max_seqlen_q,
+                    self.max_seqlen_k,
+                    &mut o.view(shape)?,
+                    None,
+                    &opts,
+                )?)
+            })?;
             Ok((S::from_out(o)?, Shape::from(shape.to_vec())))
         })
     }
@@ -249,13 +280,37 @@ pub fn flash_attn_varlen(
     softmax_scale: f32,
     causal: bool,
 ) -> candle_core::Result<Tensor> {
+    let lens = VarlenLengths { seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k };
+    flash_attn_varlen_with(q, k, v, &lens, softmax_scale, causal, &Variants::default())
+}
+
+/// The sequence lengths of a varlen call: the `B + 1` cumulative lengths of q and of k/v (int32) and
+/// upper bounds of each sequence's length.
+pub struct VarlenLengths<'t> {
+    pub seqlens_q: &'t Tensor,
+    pub seqlens_k: &'t Tensor,
+    pub max_seqlen_q: usize,
+    pub max_seqlen_k: usize,
+}
+
+/// [`flash_attn_varlen`] with score variants ([`Variants`]; ALiBi slopes `[Hq]` or `[B, Hq]`).
+pub fn flash_attn_varlen_with(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    lens: &VarlenLengths<'_>,
+    softmax_scale: f32,
+    causal: bool,
+    variants: &Variants,
+) -> candle_core::Result<Tensor> {
     let op = FlashAttnVarLen {
         softmax_scale,
         causal,
-        max_seqlen_q,
-        max_seqlen_k,
-        seqlens_q: seqlens_q.clone(),
-        seqlens_k: seqlens_k.clone(),
+        max_seqlen_q: lens.max_seqlen_q,
+        max_seqlen_k: lens.max_seqlen_k,
+        seqlens_q: lens.seqlens_q.clone(),
+        seqlens_k: lens.seqlens_k.clone(),
+        variants: variants.clone(),
     };
     q.apply_op3(k, v, op)
 }
@@ -363,7 +418,8 @@ pub fn paged_decode(
     softmax_scale: f32,
     workspace: &mut DecodeWorkspace,
 ) -> candle_core::Result<Tensor> {
-    let args = DecodeArgs { q, kv_cache, block_table, seq_lens, max_seq_len, softmax_scale };
+    let variants = Variants::default();
+    let args = DecodeArgs { q, kv_cache, block_table, seq_lens, max_seq_len, softmax_scale, variants: &variants };
     Ok(args.run(workspace, false)?.0)
 }
 
@@ -379,7 +435,28 @@ pub fn paged_decode_with_lse(
     softmax_scale: f32,
     workspace: &mut DecodeWorkspace,
 ) -> candle_core::Result<(Tensor, Tensor)> {
-    let args = DecodeArgs { q, kv_cache, block_table, seq_lens, max_seq_len, softmax_scale };
+    let variants = Variants::default();
+    let args = DecodeArgs { q, kv_cache, block_table, seq_lens, max_seq_len, softmax_scale, variants: &variants };
+    let (o, lse) = args.run(workspace, true)?;
+    let lse = lse.ok_or_else(|| Error::backend("lse", "not produced"))?;
+    Ok((o, lse))
+}
+
+/// [`paged_decode_with_lse`] with score variants ([`Variants`]; the query is each sequence's newest token,
+/// so a window keeps its last `left + 1` tokens). Returns `o [B, Hq, D]` and the LSE `[B, Hq]` (f32; with
+/// sinks, the sink is in it).
+#[allow(clippy::too_many_arguments)]
+pub fn paged_decode_with(
+    q: &Tensor,
+    kv_cache: &Tensor,
+    block_table: &Tensor,
+    seq_lens: &Tensor,
+    max_seq_len: usize,
+    softmax_scale: f32,
+    variants: &Variants,
+    workspace: &mut DecodeWorkspace,
+) -> candle_core::Result<(Tensor, Tensor)> {
+    let args = DecodeArgs { q, kv_cache, block_table, seq_lens, max_seq_len, softmax_scale, variants };
     let (o, lse) = args.run(workspace, true)?;
     let lse = lse.ok_or_else(|| Error::backend("lse", "not produced"))?;
     Ok((o, lse))
@@ -392,6 +469,7 @@ struct DecodeArgs<'t> {
     seq_lens: &'t Tensor,
     max_seq_len: usize,
     softmax_scale: f32,
+    variants: &'t Variants,
 }
 
 impl DecodeArgs<'_> {
@@ -433,8 +511,11 @@ impl DecodeArgs<'_> {
                     Some(l) => Some(l.view([b, hq])?),
                     None => None,
                 };
-                let opts = DecodeOptions { scale: Some(self.softmax_scale), num_splits: None, ..Default::default() };
-                decode(&backend.stream(), &q, &cache, &mut o.view([b, hq, d])?, lse_view.as_mut(), workspace, &opts)?;
+                self.variants.with_score_mod::<S, _>(|score_mod| {
+                    let opts = DecodeOptions { scale: Some(self.softmax_scale), num_splits: None, score_mod };
+                    let mut o_view = o.view([b, hq, d])?;
+                    Ok(decode(&backend.stream(), &q, &cache, &mut o_view, lse_view.as_mut(), workspace, &opts)?)
+                })?;
             }
             Ok((o.into_storage(), lse.map(|l| l.into_storage())))
         })

@@ -26,6 +26,9 @@ pub use tolerance::{compare, compare_bounded, compare_lse, compare_within, Compa
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
+mod check;
+pub use check::{check_decode, check_paged_prefill, check_prefill, check_prefill_varlen, Check, PagedCacheData};
+
 /// A dense (padded-batch) attention problem.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Problem {

@@ -15,9 +15,14 @@ use crate::sys;
 /// Host emulator backend. Each launch runs to completion on the calling thread. Warp scheduling between
 /// barriers is varied by a seed that advances per launch, so runs are reproducible for a given starting
 /// seed yet successive launches explore different interleavings.
+///
+/// Engines test their own block tables, lengths and slot mappings here, so by default the emulator reads
+/// them before each launch and rejects bad ones with a typed error naming the entry ([`TableChecks`]);
+/// [`Emulator::with_table_checks`] keeps the GPU's masking semantics instead.
 #[derive(Debug)]
 pub struct Emulator {
     next_seed: AtomicU64,
+    table_checks: TableChecks,
     /// Per OS thread: the counters of the last op that thread ran here (one emulator may serve many
     /// threads, as in the runner's parallel `report`).
     last_counters: Mutex<HashMap<ThreadId, LaunchCounters>>,
@@ -34,7 +39,21 @@ impl Emulator {
         Self::default()
     }
     pub fn with_seed(seed: u64) -> Self {
-        Self { next_seed: AtomicU64::new(seed), last_counters: Mutex::new(HashMap::new()) }
+        Self {
+            next_seed: AtomicU64::new(seed),
+            table_checks: TableChecks::Strict,
+            last_counters: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The same emulator with `checks` for the engine-owned tables of every later launch.
+    pub fn with_table_checks(mut self, checks: TableChecks) -> Self {
+        self.table_checks = checks;
+        self
+    }
+
+    pub fn table_checks(&self) -> TableChecks {
+        self.table_checks
     }
     pub(crate) fn take_seed(&self) -> u64 {
         self.next_seed.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)
@@ -62,6 +81,22 @@ impl Emulator {
         // A panic while the lock was held cannot leave the map half-updated (single insert/remove/get).
         self.last_counters.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+}
+
+/// What the emulator does with engine-owned table data that the GPU kernels would mask (docs/semantics.md,
+/// "Bad tables"). The GPU backend never reads that data on the host (it lives in device memory), so it always
+/// masks; the emulator has it in host memory and checks it for free.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TableChecks {
+    /// Before each launch, as [`crate::PagedKvCache::validate`] (decode, paged prefill: every `seq_lens[b]`
+    /// in `0..=max_seq_len`, every block-table id inside `seq_len` in the pool) and
+    /// [`crate::paged::validate_slot_mapping`] (append: slots inside the pool, none repeated): a bad entry
+    /// is an `OutOfBounds` or `Shape` error naming it, and nothing runs.
+    #[default]
+    Strict,
+    /// The GPU's semantics: lengths clamped into the table's capacity, tokens of out-of-pool pages masked,
+    /// out-of-pool slots skipped (duplicate slots race, as on the GPU). For engines whose tables rely on it.
+    GpuMasking,
 }
 
 /// Runs one op on the emulator: `launch` receives an FaExec in emulate mode (its FaEmuLaunch lists

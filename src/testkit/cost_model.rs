@@ -61,6 +61,8 @@ pub fn prefill_cost(case: &PrefillCase) -> Option<PrefillCost> {
     let window = Window::new(case.variants.window, case.causal);
     let mut ctas = 0u64;
     for &(tq, tk) in &seqs {
+        // The `_mod` kernels start a windowed sequence at its first visible key (no load of hidden keys).
+        let tk = if variant { tk - window.hidden_prefix(tq, tk) } else { tk };
         for m0 in (0..tq).step_by(br) {
             let rows = (tq - m0).min(br) as u64;
             let range = kv_block_range(m0, br, bc, tq, tk, window);

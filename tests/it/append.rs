@@ -31,7 +31,8 @@ fn case() -> DecodeCase {
 }
 
 /// The tokens of every sequence as one packed [N, Hkv, D] batch plus its slot mapping, with a NaN padding
-/// row (slot -1) after every sequence and one row aimed past the end of the cache (also skipped).
+/// row (slot -1) after every sequence and one row aimed past the end of the cache (skipped, as on a GPU:
+/// the emulators of these tests keep the GPU's masking semantics, `TableChecks::GpuMasking`).
 fn packed_tokens<T: Element>(
     f: &PagedFixture<T>,
     tokens: impl Fn(usize) -> std::ops::Range<usize>,
@@ -114,7 +115,7 @@ fn decode_host(stream: &Stream<'_>, f: &PagedFixture<bf16>, k_cache: &[bf16], v_
 
 #[test]
 fn prompt_append_then_decode_round_trip() {
-    let emu = Emulator::new();
+    let emu = Emulator::new().with_table_checks(fused_attn::TableChecks::GpuMasking);
     let stream = Stream::Emu(&emu);
     let (seed, rerun) = seed("prompt_append_then_decode_round_trip");
     let f = PagedFixture::<bf16>::new(&case(), seed);
@@ -133,7 +134,7 @@ fn prompt_append_then_decode_round_trip() {
 
 #[test]
 fn one_token_per_sequence_append() {
-    let emu = Emulator::new();
+    let emu = Emulator::new().with_table_checks(fused_attn::TableChecks::GpuMasking);
     let stream = Stream::Emu(&emu);
     let (seed, rerun) = seed("one_token_per_sequence_append");
     let f = PagedFixture::<bf16>::new(&case(), seed);

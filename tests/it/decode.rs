@@ -1,5 +1,5 @@
 //! Paged decode against the fp64 reference: the emulated sweep (a representative subset of
-//! `decode::cases::decode_sweep`), the full sweep on a GPU (skipped visibly without one), bitwise
+//! `testkit::cases::decode::decode_sweep`), the full sweep on a GPU (skipped visibly without one), bitwise
 //! reproducibility of a fixed plan, strided q/o, and bad input -> typed errors.
 use crate::common;
 
@@ -80,7 +80,7 @@ fn emulated_sweep_part(test: &str, first: usize, part: usize) {
     check_sweep(test, &cases, 0, |c, seed| check_case_emulated(&emu, c, seed));
 }
 
-/// Every head dim of `decode::cases::decode_head_dim_sweep` (issue 12: widths 64/128/256 serving the dims
+/// Every head dim of `testkit::cases::decode::decode_head_dim_sweep` (issue 12: widths 64/128/256 serving the dims
 /// below them with predicated columns) on tight q, o, cache and split partials.
 #[test]
 fn emulated_head_dim_sweep() {
@@ -385,7 +385,7 @@ fn empty_batch_is_a_no_op() {
 #[test]
 fn clamps_device_data_it_cannot_validate() {
     use fused_attn::reference;
-    let emu = Emulator::new();
+    let emu = Emulator::new().with_table_checks(fused_attn::TableChecks::GpuMasking);
     let stream = Stream::Emu(&emu);
     let case = DecodeCase { seq_lens: vec![48, 48, 48], num_splits: Some(2), ..small_case(None) };
     let f = PagedFixture::<bf16>::new(&case, seed_for(3));
@@ -455,7 +455,7 @@ fn clamps_device_data_it_cannot_validate() {
 #[test]
 fn out_of_range_page_ids_are_masked_keys() {
     use fused_attn::reference;
-    let emu = Emulator::new();
+    let emu = Emulator::new().with_table_checks(fused_attn::TableChecks::GpuMasking);
     let stream = Stream::Emu(&emu);
     let test = "out_of_range_page_ids_are_masked_keys";
     for (i, (ps, splits)) in
@@ -631,4 +631,106 @@ fn validate_reports_the_first_bad_entry() {
     let e = slots(&[0, 5, 9, 5]).unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::Shape);
     assert!(e.message().contains("slot_mapping[3] = 5 repeats slot_mapping[1]"), "{e}");
+}
+
+/// The emulator checks engine-owned tables before every launch by default (`TableChecks::Strict`): each bad
+/// table is a typed error naming its entry and nothing runs (the NaN-poisoned output stays NaN); with
+/// `TableChecks::GpuMasking` the same launches run with the GPU's masking semantics.
+#[test]
+fn the_emulator_rejects_bad_tables_by_default() {
+    use fused_attn::testkit::cases::paged_prefill::{case as paged_case, PagedPrefillFixture};
+    use fused_attn::{append, PagedKvCacheMut, TableChecks};
+    let strict = Emulator::new();
+    let masking = Emulator::new().with_table_checks(TableChecks::GpuMasking);
+    assert_eq!(strict.table_checks(), TableChecks::Strict);
+    let c = small_case(Some(2));
+    let f = PagedFixture::<bf16>::new(&c, seed_for(5));
+    let (b, hq, d, w) = (c.batch(), c.heads_q, c.head_dim, f.width);
+    let run = |emu: &Emulator, table: &[i32], lens: &[i32]| {
+        let stream = Stream::Emu(emu);
+        let cache = PagedKvCache::new(
+            TensorView::host(&f.k_cache, f.cache_shape()).unwrap(),
+            TensorView::host(&f.v_cache, f.cache_shape()).unwrap(),
+            TensorView::host(table, [b, w]).unwrap(),
+            TensorView::host(lens, [b]).unwrap(),
+            c.max_seq_len(),
+        )
+        .unwrap();
+        let mut o = vec![bf16::NAN; b * hq * d];
+        let mut ws = DecodeWorkspace::with_capacity(&stream, b, hq, d, 2).unwrap();
+        let opts = DecodeOptions { num_splits: Some(2), ..Default::default() };
+        let r = decode(
+            &stream,
+            &TensorView::host(&f.q, [b, hq, d]).unwrap(),
+            &cache,
+            &mut TensorViewMut::host(&mut o, [b, hq, d]).unwrap(),
+            None,
+            &mut ws,
+            &opts,
+        );
+        (r.map(|_| ()), o)
+    };
+    assert!(run(&strict, &f.block_table, &f.seq_lens).0.is_ok());
+    // (table, lens, kind, the entry the message names)
+    let mut hole = f.block_table.clone();
+    hole[3 * w + 10] = -1; // sequence 3 (1029 tokens) uses 65 pages of 16
+    let mut past = f.block_table.clone();
+    past[2 * w + 4] = f.num_pages as i32; // sequence 2 (77 tokens): its fifth page, tokens 64..77
+    let mut unused = f.block_table.clone();
+    unused[2 * w + 5] = -1; // past sequence 2's 5 pages: not checked
+    let (mut negative, mut long) = (f.seq_lens.clone(), f.seq_lens.clone());
+    negative[1] = -4;
+    long[0] = c.max_seq_len() as i32 + 1;
+    let bad: [(&[i32], &[i32], ErrorKind, String); 4] = [
+        (&hole, &f.seq_lens, ErrorKind::OutOfBounds, "block_table[3][10] = -1 (tokens 160..176 of sequence 3)".into()),
+        (&past, &f.seq_lens, ErrorKind::OutOfBounds, format!("block_table[2][4] = {} (tokens 64..77", f.num_pages)),
+        (&f.block_table, &negative, ErrorKind::Shape, "seq_lens[1] = -4 is outside 0..=1029".into()),
+        (&f.block_table, &long, ErrorKind::Shape, "seq_lens[0] = 1030 is outside 0..=1029".into()),
+    ];
+    for (table, lens, kind, entry) in &bad {
+        let (r, o) = run(&strict, table, lens);
+        let e = r.unwrap_err();
+        assert_eq!(e.kind(), kind, "{e}");
+        assert!(e.message().contains(entry.as_str()), "{e}");
+        assert!(o.iter().all(|x| x.is_nan()), "{entry}: the launch ran");
+        let (r, o) = run(&masking, table, lens);
+        assert!(r.is_ok() && o.iter().all(|x| !x.is_nan()), "GpuMasking: {entry}: {r:?}");
+    }
+    assert!(run(&strict, &unused, &f.seq_lens).0.is_ok());
+
+    // Paged prefill: the same check of its cache.
+    let pc = paged_case(64, (4, 2), 16, &[(5, 40), (3, 70)]);
+    let mut pf = PagedPrefillFixture::<bf16>::new(&pc, seed_for(6));
+    pf.block_table[pf.width + 4] = 1 << 20; // sequence 1, tokens 64..70
+    let e = pf.run(&Stream::Emu(&strict), Some(1)).unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::OutOfBounds, "{e}");
+    assert!(e.message().contains("block_table[1][4] = 1048576 (tokens 64..70 of sequence 1)"), "{e}");
+    assert!(pf.run(&Stream::Emu(&masking), Some(1)).is_ok());
+
+    // Append: a slot past the pool, a slot written twice.
+    let (pages, ps, hkv, hd) = (4, 8, 2, 64);
+    let kv = vec![bf16::ONE; 3 * hkv * hd];
+    let try_append = |emu: &Emulator, slots: &[i64]| {
+        let (mut kc, mut vc) = (vec![bf16::NAN; pages * ps * hkv * hd], vec![bf16::NAN; pages * ps * hkv * hd]);
+        let mut cache = PagedKvCacheMut::new(
+            TensorViewMut::host(&mut kc, [pages, ps, hkv, hd]).unwrap(),
+            TensorViewMut::host(&mut vc, [pages, ps, hkv, hd]).unwrap(),
+        )
+        .unwrap();
+        let view = TensorView::host(&kv, [3, hkv, hd]).unwrap();
+        let r = append(&Stream::Emu(emu), &view, &view, &TensorView::host(slots, [3]).unwrap(), &mut cache);
+        (r, kc.iter().any(|x| !x.is_nan()))
+    };
+    assert!(try_append(&strict, &[0, -1, 31]).0.is_ok());
+    for (slots, kind, entry) in [
+        ([0i64, 32, 5], ErrorKind::OutOfBounds, "slot_mapping[1] = 32 is outside 0..32"),
+        ([7, 3, 7], ErrorKind::Shape, "slot_mapping[2] = 7 repeats slot_mapping[0]"),
+    ] {
+        let (r, wrote) = try_append(&strict, &slots);
+        let e = r.unwrap_err();
+        assert_eq!(e.kind(), &kind, "{e}");
+        assert!(e.message().contains(entry), "{e}");
+        assert!(!wrote, "{entry}: the launch ran");
+        assert!(try_append(&masking, &slots).0.is_ok(), "GpuMasking: {entry}");
+    }
 }

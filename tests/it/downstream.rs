@@ -2,7 +2,10 @@
 //! against fused-attn, `cargo tree -e features` shows no other CUDA-version feature on cudarc, and it runs an
 //! emulated prefill through the public API. The crate is copied outside the repository so that this
 //! repository's .cargo/config.toml (CUDARC_CUDA_VERSION for its own builds) does not apply, as for any
-//! dependent. One arch (FA_CUDA_ARCHS=80) keeps its nvcc time short; its target dir is target/downstream.
+//! dependent. Its target dir is target/downstream (a nested cargo cannot share the outer one, which the
+//! running `cargo test` holds); the kernel cache is the outer build's (FA_KERNEL_CACHE, else
+//! target/fa-kernel-cache) and FA_CUDA_ARCHS is the outer build's, so its fatbins and host library are
+//! cache hits: no nvcc runs.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -19,12 +22,14 @@ fn a_downstream_crate_chooses_the_cuda_version_and_runs() {
     // The repository's lock file pins the same versions its own build uses.
     std::fs::copy(root.join("Cargo.lock"), dir.join("Cargo.lock")).unwrap();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let kernel_cache =
+        std::env::var_os("FA_KERNEL_CACHE").map_or_else(|| root.join("target/fa-kernel-cache"), PathBuf::from);
     let cmd = |args: &[&str]| {
         let out = Command::new(&cargo)
             .args(args)
             .current_dir(&dir)
             .env("CARGO_TARGET_DIR", root.join("target/downstream"))
-            .env("FA_CUDA_ARCHS", "80")
+            .env("FA_KERNEL_CACHE", &kernel_cache)
             .env_remove("CUDARC_CUDA_VERSION")
             .output()
             .unwrap();

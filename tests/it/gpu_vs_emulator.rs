@@ -384,7 +384,8 @@ fn gpu_vs_emu_merge() {
 fn gpu_vs_emu_append() {
     let Some(ctx) = common::gpu_or_skip("gpu_vs_emulator::gpu_vs_emu_append") else { return };
     let cu = ctx.default_stream();
-    let emu = Emulator::new();
+    // The emulator with the GPU's semantics for the slot past the pool (skipped) below.
+    let emu = Emulator::new().with_table_checks(fused_attn::TableChecks::GpuMasking);
     let case = DecodeCase {
         dtype: DType::Bf16,
         head_dim: 128,

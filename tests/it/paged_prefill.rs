@@ -81,7 +81,7 @@ fn shared_prefix_pages_match_private_pages() {
 /// as decode does), on masked and interior tiles alike, unsplit and split.
 #[test]
 fn holes_in_the_block_table_are_masked() {
-    let emu = Emulator::new();
+    let emu = Emulator::new().with_table_checks(fused_attn::TableChecks::GpuMasking);
     for (i, splits) in [(0usize, 1usize), (1, 2)] {
         let c = case(64, (8, 2), 16, &[(5, 200), (17, 150)]);
         let mut f = PagedPrefillFixture::<bf16>::new(&c, common::case_seed(10 + i));

@@ -125,7 +125,7 @@ fn emulated_sweep() {
 }
 
 /// Every supported head dim that is not a kernel width (issue 12), on tight buffers: dense, varlen,
-/// causal, GQA, variants (`prefill::cases::head_dim_sweep_cases`).
+/// causal, GQA, variants (`testkit::cases::prefill::head_dim_sweep_cases`).
 #[test]
 fn emulated_head_dim_sweep() {
     let emu = Emulator::new();

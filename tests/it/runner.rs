@@ -455,14 +455,21 @@ fn quick_emulated_report_is_all_passing_json() {
         assert_eq!(r["passed"], true, "{r}");
         assert_eq!(r["ms"], Json::Null);
     }
-    for op in ["prefill", "decode"] {
+    for op in ["prefill", "decode", "paged-prefill"] {
         assert!(rows.iter().any(|r| r["op"] == op), "no {op} rows");
     }
-    // The cache's element type on decode rows; no comparison rows off a GPU.
+    // The cache's element type on the cache ops' rows (their 16-bit dtype, or an FP8 format: both
+    // appear); none on prefill rows; no comparison rows off a GPU.
     for r in &rows {
-        let kv = if r["op"] == "decode" { r["dtype"].clone() } else { Json::Null };
-        assert_eq!((&r["kv_dtype"], &r["baseline"], &r["vs_baseline"]), (&kv, &Json::Null, &Json::Null), "{r}");
+        let kv = r["kv_dtype"].as_str();
+        if r["op"] == "prefill" {
+            assert_eq!(kv, None, "{r}");
+        } else {
+            assert!(kv == r["dtype"].as_str() || kv.is_some_and(|k| k.starts_with("fp8_e")), "{r}");
+        }
+        assert_eq!((&r["baseline"], &r["vs_baseline"]), (&Json::Null, &Json::Null), "{r}");
     }
+    assert!(rows.iter().any(|r| r["kv_dtype"].as_str().is_some_and(|k| k.starts_with("fp8"))), "no FP8 rows");
     // No timed rows on the emulator: no plots, and a note saying so and what to do instead.
     assert!(!dir.join("prefill.png").exists());
     assert!(stderr(&o).contains("no plots") && stderr(&o).contains("plots need a GPU run"), "{}", stderr(&o));

@@ -26,6 +26,12 @@ use crate::row::Row;
 pub enum Case {
     Prefill(PrefillCase),
     Decode(DecodeCase),
+    /// Decode over an FP8 cache.
+    Fp8Decode(Fp8DecodeCase),
+    /// Chunked prefill / speculative verification over the paged cache.
+    PagedPrefill(PagedPrefillCase),
+    /// Paged prefill over an FP8 cache.
+    Fp8PagedPrefill(Fp8PagedPrefillCase),
 }
 
 /// Largest full fp64 check: B·Hq·Tq·Tk·D multiply-adds (a few seconds of reference); larger shapes are
@@ -166,6 +172,27 @@ pub fn check(backend: &Backend, case: &Case, seed: u64) -> Row {
                 Err(e) => failed(row, &e),
             }
         }
+        // The `run` paths with no dump, no timing and no progress messages (the sweep runs in parallel).
+        Case::Fp8Decode(c) => {
+            let row = run_decode_fp8(backend, c, seed, None, None, &Progress::hidden());
+            as_sweep(row, || decode_row("sweep", backend, &c.base, seed))
+        }
+        Case::PagedPrefill(c) => {
+            let row = run_paged_prefill(backend, c, seed, None, None, &Progress::hidden());
+            as_sweep(row, || paged_prefill_row("sweep", backend, c, seed))
+        }
+        Case::Fp8PagedPrefill(c) => {
+            let row = run_paged_prefill_fp8(backend, c, seed, None, None, &Progress::hidden());
+            as_sweep(row, || paged_prefill_row("sweep", backend, &c.base, seed))
+        }
+    }
+}
+
+/// A `run` row as a sweep row, or the case's row failed with the error.
+fn as_sweep(row: Result<Row>, case_row: impl FnOnce() -> Row) -> Row {
+    match row {
+        Ok(row) => Row { kind: "sweep".into(), ..row },
+        Err(e) => failed(case_row(), &e),
     }
 }
 

@@ -180,12 +180,14 @@ fn main_inner(command: Command) -> Result<bool> {
         Command::Run(a) => {
             let backend = Backend::resolve(a.common.backend)?;
             let mut out = Output::new(a.common.json, info(&backend));
+            out.set_timing(matches!(backend, Backend::Gpu { .. }) && !a.no_timing);
             run(&a, &backend, &mut out)?;
             Ok(out.failed() == 0)
         }
         Command::Report(a) => {
             let backend = Backend::resolve(a.common.backend)?;
             let mut out = Output::new(a.common.json, info(&backend));
+            out.set_timing(matches!(backend, Backend::Gpu { .. }));
             report(&a, &backend, &mut out)?;
             Ok(out.failed() == 0)
         }

@@ -18,6 +18,8 @@ pub struct RunInfo {
 
 pub struct Output {
     json: bool,
+    /// Whether the table has the timing columns (a backend that times: a GPU; not the emulator).
+    timing: bool,
     header_done: bool,
     info: RunInfo,
     progress: Progress,
@@ -30,7 +32,13 @@ pub const PASS_STAR: &str = "pass* = passed, checked against the fp64 reference 
 
 impl Output {
     pub fn new(json: bool, info: RunInfo) -> Self {
-        Self { json, header_done: false, info, progress: Progress::hidden(), rows: Vec::new() }
+        Self { json, timing: true, header_done: false, info, progress: Progress::hidden(), rows: Vec::new() }
+    }
+
+    /// Drops the table's timing columns (ms, TFLOPS, GB/s, %copy) when `timing` is false: a backend that
+    /// only checks, like the emulator, would show `-` in all of them. JSON rows keep every field.
+    pub fn set_timing(&mut self, timing: bool) {
+        self.timing = timing;
     }
 
     /// Lines printed from now on clear and redraw `progress` around themselves.
@@ -63,10 +71,10 @@ impl Output {
             self.line(&row.json());
         } else {
             if !self.header_done {
-                self.line(Row::HEADER);
+                self.line(&Row::header(self.timing));
                 self.header_done = true;
             }
-            self.line(&row.table_line());
+            self.line(&row.table_line_with(self.timing));
         }
         self.rows.push(row);
     }

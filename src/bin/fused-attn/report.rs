@@ -9,10 +9,13 @@ use std::sync::mpsc;
 use std::time::Instant;
 
 use fused_attn::prefill::{PrefillKernel, Sm90Tile, SM90_SOFTCAP_RANGE};
-use fused_attn::testkit::cases::decode::{decode_sweep, decode_sweep_emulated, perf_cases as decode_perf, DecodeCase};
-use fused_attn::testkit::cases::decode_fp8::Fp8DecodeCase;
+use fused_attn::testkit::cases::decode::{
+    decode_sweep, decode_sweep_emulated, decode_variant_sweep, perf_cases as decode_perf, DecodeCase,
+};
+use fused_attn::testkit::cases::decode_fp8::{fp8_decode_sweep_emulated, Fp8DecodeCase};
 use fused_attn::testkit::cases::paged_prefill::{self as ppc, PagedPrefillCase};
-use fused_attn::testkit::cases::prefill::perf_cases as prefill_perf;
+use fused_attn::testkit::cases::paged_prefill_fp8::fp8_paged_prefill_sweep_emulated;
+use fused_attn::testkit::cases::prefill::{perf_cases as prefill_perf, variant_sweep_cases};
 use fused_attn::testkit::cases::prefill::{sweep_cases, PrefillCase};
 use fused_attn::testkit::timing::copy_bandwidth_gbps;
 use fused_attn::{DType, Fp8Format, Result, ScaleKind};
@@ -66,9 +69,50 @@ pub fn sweep(backend: &Backend, quick: bool, kernel: PrefillKernel) -> Vec<Case>
                 out.push(Case::Decode(c));
             }
         }
+        out.extend(other_op_quick(kernel));
         return out;
     }
-    prefill.into_iter().map(Case::Prefill).chain(decode.into_iter().map(Case::Decode)).collect()
+    let mut out: Vec<Case> =
+        prefill.into_iter().map(Case::Prefill).chain(decode.into_iter().map(Case::Decode)).collect();
+    out.extend(other_op_cases(kernel));
+    out
+}
+
+/// Every op and cache type beyond the plain prefill and decode sweeps, from the test suites' own case
+/// lists: the score variants alone and combined (prefill dense and varlen; decode with every split
+/// choice), paged prefill (chunks of 1 to 1000 tokens, speculative-verification-sized q_len 2 to 17 over long
+/// contexts, shared prefixes, splits) with its variants, and FP8 caches (E4M3 and E5M2, per-tensor and
+/// per-head scales) for decode and paged prefill.
+fn other_op_cases(kernel: PrefillKernel) -> Vec<Case> {
+    let mut v: Vec<Case> = variant_sweep_cases().into_iter().map(|c| Case::Prefill(with_kernel(c, kernel))).collect();
+    v.extend(decode_variant_sweep().into_iter().map(Case::Decode));
+    v.extend(ppc::paged_prefill_sweep_emulated().into_iter().map(Case::PagedPrefill));
+    v.extend(ppc::paged_prefill_variant_sweep().into_iter().map(Case::PagedPrefill));
+    v.extend(fp8_decode_sweep_emulated().into_iter().map(Case::Fp8Decode));
+    v.extend(fp8_paged_prefill_sweep_emulated().into_iter().map(Case::Fp8PagedPrefill));
+    v
+}
+
+/// One of each kind [`other_op_cases`] has, for `--quick`: the first case of each op and cache type, and
+/// the first prefill and decode cases with a variant.
+fn other_op_quick(kernel: PrefillKernel) -> Vec<Case> {
+    let mut seen = Vec::new();
+    other_op_cases(kernel)
+        .into_iter()
+        .filter(|c| {
+            let key = match c {
+                Case::Prefill(_) => "prefill variant",
+                Case::Decode(_) => "decode variant",
+                Case::PagedPrefill(c) if c.variants.is_plain() => "paged prefill",
+                Case::PagedPrefill(_) => "paged prefill variant",
+                Case::Fp8Decode(_) => "fp8 decode",
+                Case::Fp8PagedPrefill(_) => "fp8 paged prefill",
+            };
+            let new = !seen.contains(&key);
+            seen.push(key);
+            new
+        })
+        .collect()
 }
 
 /// Decode shapes timed by `report`: the issue-5 shapes (B = 64 at 4k, B = 1 at 32k) plus more contexts per
@@ -347,7 +391,48 @@ pub fn report(backend: &Backend, base_seed: u64, quick: bool, kernel: PrefillKer
     progress.finish();
     out.set_progress(Progress::hidden());
     out.note(&format!("correctness: done in {:.1} s", start.elapsed().as_secs_f64()));
+    for line in op_summary(out.rows.iter().filter(|r| r.kind == "sweep")) {
+        out.note(&line);
+    }
     Ok(())
+}
+
+/// One line per op (and cache type) of the correctness rows: how many passed, how many had a score
+/// variant, and the worst error as a fraction of its tolerance.
+pub fn op_summary<'a>(rows: impl Iterator<Item = &'a Row>) -> Vec<String> {
+    #[derive(Default)]
+    struct Tally {
+        rows: usize,
+        passed: usize,
+        variants: usize,
+        worst: f64,
+    }
+    let mut by_op: Vec<(String, Tally)> = Vec::new();
+    for r in rows {
+        let fp8 = r.kv_dtype.as_deref().is_some_and(|k| k.starts_with("fp8"));
+        let op = if fp8 { format!("{} (FP8 cache)", r.op) } else { r.op.clone() };
+        let i = by_op.iter().position(|(o, _)| *o == op).unwrap_or_else(|| {
+            by_op.push((op, Tally::default()));
+            by_op.len() - 1
+        });
+        let t = &mut by_op[i].1;
+        t.rows += 1;
+        t.passed += usize::from(r.passed == Some(true));
+        let plain = (r.window_left, r.window_right) == (-1, -1) && r.softcap == 0.0 && !r.alibi && !r.sinks;
+        t.variants += usize::from(!plain);
+        if let (Some(e), Some(tol)) = (r.max_abs_err, r.tolerance) {
+            t.worst = t.worst.max(if e.is_nan() { f64::INFINITY } else { e / tol });
+        }
+    }
+    by_op
+        .into_iter()
+        .map(|(op, t)| {
+            format!(
+                "summary: {op:<26} {:>4} / {:<4} passed ({} with score variants; worst max|err| / tolerance {:.2})",
+                t.passed, t.rows, t.variants, t.worst
+            )
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -454,6 +539,83 @@ mod tests {
             let base = Row { ms: b, ..base.clone() };
             assert_eq!(compared(Row { ms: a, ..Default::default() }, &base).vs_baseline, None);
         }
+    }
+
+    #[test]
+    fn the_sweep_covers_every_op_cache_type_and_variant() {
+        let ops = |cases: &[Case]| {
+            let mut kinds = Vec::new();
+            for c in cases {
+                let k = match c {
+                    Case::Prefill(c) if !c.variants.is_plain() => "prefill variant",
+                    Case::Prefill(_) => "prefill",
+                    Case::Decode(c) if !c.variants.is_plain() => "decode variant",
+                    Case::Decode(_) => "decode",
+                    Case::PagedPrefill(c) if !c.variants.is_plain() => "paged prefill variant",
+                    Case::PagedPrefill(_) => "paged prefill",
+                    Case::Fp8Decode(c) => ["fp8 decode e4m3", "fp8 decode e5m2"][c.format as usize],
+                    Case::Fp8PagedPrefill(c) => ["fp8 paged e4m3", "fp8 paged e5m2"][c.format as usize],
+                };
+                if !kinds.contains(&k) {
+                    kinds.push(k);
+                }
+            }
+            kinds.len()
+        };
+        let emu = Backend::Emu(fused_attn::Emulator::new());
+        let full = sweep(&emu, false, PrefillKernel::Auto);
+        assert_eq!(ops(&full), 10);
+        assert!(ops(&sweep(&emu, true, PrefillKernel::Auto)) >= 8);
+        // Paged prefill: long chunks and spec-verify-sized q_len over longer contexts.
+        let paged: Vec<&PagedPrefillCase> =
+            full.iter().filter_map(|c| if let Case::PagedPrefill(c) = c { Some(c) } else { None }).collect();
+        assert!(paged.iter().any(|c| c.seqs.iter().any(|&(q, k)| q >= 1000 && k >= 1000)));
+        assert!(paged.iter().any(|c| c.seqs.iter().any(|&(q, k)| (2..=17).contains(&q) && k >= 100)));
+        // FP8: both scale kinds for each format.
+        for scales in [ScaleKind::PerTensor, ScaleKind::PerHead] {
+            assert!(full.iter().any(|c| matches!(c, Case::Fp8Decode(f) if f.scales == scales)));
+            assert!(full.iter().any(|c| matches!(c, Case::Fp8PagedPrefill(f) if f.scales == scales)));
+        }
+        // Variants alone and combined.
+        let prefill_variants: Vec<_> = full
+            .iter()
+            .filter_map(|c| if let Case::Prefill(c) = c { Some(c.variants) } else { None })
+            .filter(|v| !v.is_plain())
+            .collect();
+        let count = |v: &fused_attn::testkit::variants::CaseVariants| {
+            usize::from(v.window.is_some())
+                + usize::from(v.softcap.is_some())
+                + usize::from(v.alibi != fused_attn::testkit::variants::CaseAlibi::None)
+                + usize::from(v.sinks)
+        };
+        assert!(prefill_variants.iter().any(|v| count(v) == 1) && prefill_variants.iter().any(|v| count(v) >= 3));
+    }
+
+    #[test]
+    fn the_summary_has_a_line_per_op_and_cache_type() {
+        let row = |op: &str, kv: Option<&str>, passed: bool, err: f64, sinks: bool| Row {
+            op: op.into(),
+            kv_dtype: kv.map(Into::into),
+            passed: Some(passed),
+            max_abs_err: Some(err),
+            tolerance: Some(1e-2),
+            sinks,
+            window_left: -1,
+            window_right: -1,
+            kind: "sweep".into(),
+            ..Default::default()
+        };
+        let rows = [
+            row("prefill", None, true, 1e-3, false),
+            row("prefill", None, true, 5e-3, true),
+            row("decode", Some("bf16"), true, 1e-3, false),
+            row("decode", Some("fp8_e4m3"), false, f64::NAN, false),
+        ];
+        let lines = op_summary(rows.iter());
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        assert!(lines[0].contains("prefill") && lines[0].contains("2 / 2") && lines[0].contains("1 with score"));
+        assert!(lines[0].contains("0.50"), "{}", lines[0]);
+        assert!(lines[2].contains("decode (FP8 cache)") && lines[2].contains("0 / 1") && lines[2].contains("inf"));
     }
 
     #[test]

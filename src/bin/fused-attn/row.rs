@@ -131,6 +131,27 @@ impl Row {
     pub const HEADER: &'static str = "op      backend dtype  D    B    Hq  Hkv  Tq     Tk     causal page split \
 max_abs_err  tolerance    rel_l2       passed  ms        TFLOPS   GB/s     %copy  case";
 
+    /// The header of a table without the timing columns (ms, TFLOPS, GB/s, %copy).
+    pub fn header(timing: bool) -> String {
+        if timing {
+            Self::HEADER.to_string()
+        } else {
+            Self::HEADER.replace("ms        TFLOPS   GB/s     %copy  ", "")
+        }
+    }
+
+    /// [`Self::table_line`], with the timing columns only when `timing` (a backend that times: a GPU).
+    pub fn table_line_with(&self, timing: bool) -> String {
+        if timing {
+            return self.table_line();
+        }
+        Row { ms: None, tflops: None, gbps: None, pct_of_copy_bw: None, ..self.clone() }.table_line().replacen(
+            &format!("{:>9} {:>8} {:>8} {:>6}  ", "-", "-", "-", "-"),
+            "",
+            1,
+        )
+    }
+
     pub fn table_line(&self) -> String {
         let f = |v: Option<f64>, w: usize| v.map_or(format!("{:>w$}", "-"), |x| format!("{x:>w$.3e}"));
         let g = |v: Option<f64>, w: usize, p: usize| v.map_or(format!("{:>w$}", "-"), |x| format!("{x:>w$.p$}"));

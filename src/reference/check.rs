@@ -1,0 +1,273 @@
+//! One-call checks of an op's outputs against the fp64 reference, over the same views the op took: the
+//! inputs are widened to f64 (an FP8 cache as stored value × its scale), the reference and the naive
+//! same-dtype implementation run with the op's options (scale, causal, score variants), and O is judged by
+//! the tolerance rule and the arithmetic bound ([`compare_bounded`]), LSE within 1e-4 (prefill) / 1e-3
+//! (paged ops) plus 16 u·|LSE| (docs/semantics.md, "Tolerance"). Host views only: copy GPU outputs back first
+//! (the inputs too, or build host views of the same data).
+
+use std::fmt;
+
+use super::{
+    compare_bounded, compare_lse, dense_with, naive_lowp_dense_with, naive_lowp_paged_decode_with,
+    naive_lowp_paged_prefill_with, naive_lowp_varlen_with, paged_decode_with, paged_prefill_with, varlen_with,
+    Comparison, Output, PagedCache, Problem, Variants,
+};
+use crate::decode::DecodeOptions;
+use crate::dtype::Element;
+use crate::error::{Error, Result};
+use crate::fp8::KvElement;
+use crate::paged::PagedKvCache;
+use crate::paged_prefill::PagedPrefillOptions;
+use crate::prefill::PrefillOptions;
+use crate::score_mod::{AlibiSlopes, ScoreMod};
+use crate::tensor::{Mem, TensorView};
+
+/// The verdict of a one-call check: O, and LSE when it was given.
+#[derive(Clone, Copy, Debug)]
+pub struct Check {
+    pub out: Comparison,
+    pub lse: Option<Comparison>,
+}
+
+impl Check {
+    pub fn passed(&self) -> bool {
+        self.out.passed && self.lse.is_none_or(|l| l.passed)
+    }
+}
+
+impl fmt::Display for Check {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let o = &self.out;
+        write!(f, "max |err| {:.2e} (tolerance {:.2e}, bound ratio {:.2})", o.max_abs_err, o.tolerance, o.bound_ratio)?;
+        if let Some(l) = &self.lse {
+            write!(f, ", lse max |err| {:.2e} (tolerance {:.2e})", l.max_abs_err, l.tolerance)?;
+        }
+        write!(f, " {}", if self.passed() { "ok" } else { "FAILED" })
+    }
+}
+
+/// A paged cache's contents in f64 (FP8 codes × their head's scale), with its block table and lengths: what
+/// [`PagedCache`] borrows. Build it from the cache view an op took with [`PagedCacheData::from_host`].
+#[derive(Clone, Debug)]
+pub struct PagedCacheData {
+    pub k_cache: Vec<f64>,
+    pub v_cache: Vec<f64>,
+    pub num_pages: usize,
+    pub page_size: usize,
+    pub heads_kv: usize,
+    pub head_dim: usize,
+    pub block_table: Vec<i32>,
+    pub max_pages_per_seq: usize,
+    pub seq_lens: Vec<i32>,
+}
+
+impl PagedCacheData {
+    /// Reads a host cache view (any strides; 16-bit or FP8 with its scales attached).
+    pub fn from_host<C: KvElement>(cache: &PagedKvCache<'_, C>) -> Result<Self> {
+        let g = cache.geometry();
+        let row = g.head_dim;
+        let scales = cache.scales();
+        // The dequantisation scale of KV head `h` (1 for a 16-bit cache), K's or V's.
+        let scale = |is_k: bool, h: usize| scales.map_or(1.0, |s| if is_k { s.k_of(h) } else { s.v_of(h) });
+        let scaled = |name: &str, view: &TensorView<'_, C, 4>, is_k: bool| -> Result<Vec<f64>> {
+            let raw = host_elements(name, view)?;
+            Ok(raw
+                .into_iter()
+                .enumerate()
+                .map(|(i, x)| x.stored_value() * f64::from(scale(is_k, (i / row) % g.heads_kv)))
+                .collect())
+        };
+        Ok(Self {
+            k_cache: scaled("k_cache", &cache.k, true)?,
+            v_cache: scaled("v_cache", &cache.v, false)?,
+            num_pages: g.num_pages,
+            page_size: g.page_size,
+            heads_kv: g.heads_kv,
+            head_dim: g.head_dim,
+            block_table: host_elements("block_table", &cache.block_table)?,
+            max_pages_per_seq: cache.max_pages_per_seq(),
+            seq_lens: host_elements("seq_lens", &cache.seq_lens)?,
+        })
+    }
+
+    pub fn cache(&self) -> PagedCache<'_> {
+        PagedCache {
+            k_cache: &self.k_cache,
+            v_cache: &self.v_cache,
+            num_pages: self.num_pages,
+            page_size: self.page_size,
+            heads_kv: self.heads_kv,
+            head_dim: self.head_dim,
+            block_table: &self.block_table,
+            max_pages_per_seq: self.max_pages_per_seq,
+            seq_lens: &self.seq_lens,
+        }
+    }
+}
+
+/// Checks a [`crate::prefill::prefill`] call: `q [B, Tq, Hq, D]`, `k`/`v [B, Tk, Hkv, D]`, its outputs `o`
+/// (as `q`) and `lse [B, Hq, Tq]`, and the options it ran with.
+pub fn check_prefill<T: Element>(
+    q: &TensorView<'_, T, 4>,
+    k: &TensorView<'_, T, 4>,
+    v: &TensorView<'_, T, 4>,
+    o: &TensorView<'_, T, 4>,
+    lse: Option<&TensorView<'_, f32, 3>>,
+    opts: &PrefillOptions<'_>,
+) -> Result<Check> {
+    let [b, tq, hq, d] = q.shape();
+    let [_, tk, hkv, _] = k.shape();
+    let p = Problem { scale: scale_of(opts.scale, d), ..Problem::new(b, hq, hkv, tq, tk, d, opts.causal) };
+    let (slopes, sinks) = variant_arrays(&opts.score_mod, b, hq)?;
+    let var = variants(&opts.score_mod, &slopes, &sinks);
+    let (fq, fk, fv) = (host_f64("q", q)?, host_f64("k", k)?, host_f64("v", v)?);
+    let exact = dense_with(&p, &var, &fq, &fk, &fv)?;
+    let naive = naive_lowp_dense_with(&p, &var, T::DTYPE, &fq, &fk, &fv)?;
+    judge::<T>(&exact, &naive, &host_f64("o", o)?, lse.map(|l| host_f32("lse", l)).transpose()?, PREFILL_LSE_ATOL)
+}
+
+/// Checks a [`crate::prefill::prefill_varlen`] call: packed `q [total_q, Hq, D]`, `k`/`v [total_k, Hkv, D]`,
+/// `cu_seqlens_q` / `cu_seqlens_k [B + 1]`, its outputs `o` (as `q`) and `lse [Hq, total_q]`.
+#[allow(clippy::too_many_arguments)]
+pub fn check_prefill_varlen<T: Element>(
+    q: &TensorView<'_, T, 3>,
+    k: &TensorView<'_, T, 3>,
+    v: &TensorView<'_, T, 3>,
+    cu_seqlens_q: &TensorView<'_, i32, 1>,
+    cu_seqlens_k: &TensorView<'_, i32, 1>,
+    o: &TensorView<'_, T, 3>,
+    lse: Option<&TensorView<'_, f32, 2>>,
+    opts: &PrefillOptions<'_>,
+) -> Result<Check> {
+    let [_, hq, d] = q.shape();
+    let hkv = k.dim(1);
+    let (cq, ck) = (host_elements("cu_seqlens_q", cu_seqlens_q)?, host_elements("cu_seqlens_k", cu_seqlens_k)?);
+    let batch = cq.len().saturating_sub(1);
+    let (slopes, sinks) = variant_arrays(&opts.score_mod, batch, hq)?;
+    let var = variants(&opts.score_mod, &slopes, &sinks);
+    let scale = scale_of(opts.scale, d);
+    let (fq, fk, fv) = (host_f64("q", q)?, host_f64("k", k)?, host_f64("v", v)?);
+    let exact = varlen_with(hq, hkv, d, opts.causal, scale, &var, &cq, &ck, &fq, &fk, &fv)?;
+    let naive = naive_lowp_varlen_with(hq, hkv, d, opts.causal, scale, &var, &cq, &ck, &fq, &fk, &fv, T::DTYPE)?;
+    let lse = lse.map(|l| host_f32("lse", l)).transpose()?;
+    judge::<T>(&exact, &naive, &host_f64("o", o)?, lse, PREFILL_LSE_ATOL)
+}
+
+/// Checks a [`crate::decode`] call: `q [B, Hq, D]`, the cache it read (16-bit or FP8), its outputs `o`
+/// (as `q`) and `lse [B, Hq]`, and the options it ran with.
+pub fn check_decode<T: Element, C: KvElement>(
+    q: &TensorView<'_, T, 3>,
+    cache: &PagedKvCache<'_, C>,
+    o: &TensorView<'_, T, 3>,
+    lse: Option<&TensorView<'_, f32, 2>>,
+    opts: &DecodeOptions<'_>,
+) -> Result<Check> {
+    let [b, hq, d] = q.shape();
+    let data = PagedCacheData::from_host(cache)?;
+    let (slopes, sinks) = variant_arrays(&opts.score_mod, b, hq)?;
+    let var = variants(&opts.score_mod, &slopes, &sinks);
+    let scale = scale_of(opts.scale, d);
+    let fq = host_f64("q", q)?;
+    let exact = paged_decode_with(hq, scale, &var, &fq, &data.cache())?;
+    let naive = naive_lowp_paged_decode_with(hq, scale, &var, &fq, &data.cache(), T::DTYPE)?;
+    let lse = lse.map(|l| host_f32("lse", l)).transpose()?;
+    judge::<T>(&exact, &naive, &host_f64("o", o)?, lse, PAGED_LSE_ATOL)
+}
+
+/// Checks a [`crate::paged_prefill`] call: packed `q [total_q, Hq, D]`, `cu_seqlens_q [B + 1]`, the cache
+/// it read, its outputs `o` (as `q`) and `lse [Hq, total_q]`, and the options it ran with.
+pub fn check_paged_prefill<T: Element, C: KvElement>(
+    q: &TensorView<'_, T, 3>,
+    cu_seqlens_q: &TensorView<'_, i32, 1>,
+    cache: &PagedKvCache<'_, C>,
+    o: &TensorView<'_, T, 3>,
+    lse: Option<&TensorView<'_, f32, 2>>,
+    opts: &PagedPrefillOptions<'_>,
+) -> Result<Check> {
+    let [_, hq, d] = q.shape();
+    let data = PagedCacheData::from_host(cache)?;
+    let cu = host_elements("cu_seqlens_q", cu_seqlens_q)?;
+    let (slopes, sinks) = variant_arrays(&opts.score_mod, cache.batch(), hq)?;
+    let var = variants(&opts.score_mod, &slopes, &sinks);
+    let scale = scale_of(opts.scale, d);
+    let fq = host_f64("q", q)?;
+    let exact = paged_prefill_with(hq, opts.causal, scale, &var, &cu, &fq, &data.cache())?;
+    let naive = naive_lowp_paged_prefill_with(hq, opts.causal, scale, &var, &cu, &fq, &data.cache(), T::DTYPE)?;
+    let lse = lse.map(|l| host_f32("lse", l)).transpose()?;
+    judge::<T>(&exact, &naive, &host_f64("o", o)?, lse, PAGED_LSE_ATOL)
+}
+
+const PREFILL_LSE_ATOL: f64 = 1e-4;
+const PAGED_LSE_ATOL: f64 = 1e-3;
+
+/// O under [`compare_bounded`] (P and O rounded to `T`, as the kernels do), LSE within `atol + 16 u·|LSE|`.
+fn judge<T: Element>(exact: &Output, naive: &[f64], ours: &[f64], lse: Option<Vec<f64>>, atol: f64) -> Result<Check> {
+    let bound = exact.out_bound(Some(T::DTYPE), Some(T::DTYPE));
+    let out = compare_bounded(ours, &exact.out, naive, &bound);
+    let lse = lse.map(|l| {
+        let max = exact.lse.iter().filter(|x| x.is_finite()).fold(0.0f64, |a, x| a.max(x.abs()));
+        compare_lse(&l, &exact.lse, atol + 16.0 * max / (1u64 << 24) as f64)
+    });
+    Ok(Check { out, lse })
+}
+
+/// The scale the kernels use: the caller's, or 1/sqrt(D) rounded to fp32 as the launchers compute it.
+fn scale_of(scale: Option<f32>, head_dim: usize) -> f64 {
+    f64::from(scale.unwrap_or(1.0 / (head_dim as f32).sqrt()))
+}
+
+/// The ALiBi slopes (`[Hq]` or `[B·Hq]`) and sinks (`[Hq]`) of `m`, widened (empty when unused).
+fn variant_arrays(m: &ScoreMod<'_>, batch: usize, heads_q: usize) -> Result<(Vec<f64>, Vec<f64>)> {
+    let slopes = match m.alibi_slopes {
+        None => Vec::new(),
+        Some(AlibiSlopes::PerHead(s)) => host_f32("alibi_slopes", s)?,
+        Some(AlibiSlopes::PerSequence(s)) => {
+            let v = host_f32("alibi_slopes", s)?;
+            if s.shape() != [batch, heads_q] {
+                return Err(Error::shape(
+                    "alibi_slopes",
+                    format!("shape {:?}, expected [{batch}, {heads_q}]", s.shape()),
+                ));
+            }
+            v
+        }
+    };
+    let sinks = m.sinks.map(|s| host_f32("sinks", s)).transpose()?.unwrap_or_default();
+    Ok((slopes, sinks))
+}
+
+fn variants<'a>(m: &ScoreMod<'_>, slopes: &'a [f64], sinks: &'a [f64]) -> Variants<'a> {
+    Variants {
+        window: m.window.map(|(l, r)| (i64::from(l), i64::from(r))),
+        softcap: m.softcap.map(f64::from),
+        alibi: m.alibi_slopes.is_some().then_some(slopes),
+        sinks: m.sinks.is_some().then_some(sinks),
+    }
+}
+
+fn host_f64<T: Element, const N: usize>(name: &str, view: &TensorView<'_, T, N>) -> Result<Vec<f64>> {
+    Ok(host_elements(name, view)?.into_iter().map(Element::to_f64).collect())
+}
+
+fn host_f32<const N: usize>(name: &str, view: &TensorView<'_, f32, N>) -> Result<Vec<f64>> {
+    Ok(host_elements(name, view)?.into_iter().map(f64::from).collect())
+}
+
+/// A host view's elements in logical (row-major) order, whatever its strides.
+fn host_elements<E: Copy, const N: usize>(name: &str, view: &TensorView<'_, E, N>) -> Result<Vec<E>> {
+    let Mem::Host(data) = &view.mem else {
+        return Err(Error::backend(name, "the reference checks read host views: copy device data back first"));
+    };
+    let (shape, strides) = (view.shape(), view.strides());
+    let count: usize = shape.iter().product();
+    let mut out = Vec::with_capacity(count);
+    for flat in 0..count {
+        let (mut rem, mut at) = (flat, 0i64);
+        for d in (0..N).rev() {
+            at += (rem % shape[d]) as i64 * strides[d];
+            rem /= shape[d];
+        }
+        out.push(data[at as usize]);
+    }
+    Ok(out)
+}
