@@ -55,6 +55,7 @@ pub mod paged_prefill;
 pub mod plan;
 pub mod prefill;
 pub mod reference;
+pub mod schedule;
 pub mod score_mod;
 pub mod seed;
 #[doc(hidden)]
@@ -81,6 +82,7 @@ pub use merge::{merge_states, merge_states_with_sinks};
 pub use paged::{PagedKvCache, PagedKvCacheMut};
 pub use paged_prefill::{paged_prefill, PagedPrefillOptions, PagedPrefillWorkspace};
 pub use plan::{DecodePlan, DecodeProblem};
+pub use schedule::{DecodeSchedule, SplitPolicy};
 pub use score_mod::{AlibiSlopes, ScoreMod};
 
 /// Every Rust snippet of the README compiles (and the ones not marked `no_run` run) as a doctest.

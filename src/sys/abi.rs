@@ -138,6 +138,23 @@ impl Default for FaAppendParams {
     }
 }
 #[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct FaDecodeWork {
+    pub b: i32,
+    pub head_block: i32,
+    pub split: i32,
+    pub num_splits: i32,
+    pub split_tokens: i32,
+    pub partial_base: i32,
+}
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct FaMergeRow {
+    pub out_row: i32,
+    pub first_state: i32,
+    pub num_states: i32,
+}
+#[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct FaDecodeParams {
     pub q: *const ::std::os::raw::c_void,
@@ -161,6 +178,13 @@ pub struct FaDecodeParams {
     pub scale: f32,
     pub scale_log2: f32,
     pub score_mod: FaScoreMod,
+    pub work: *const FaDecodeWork,
+    pub work_indptr: *const i32,
+    pub merge_rows: *const FaMergeRow,
+    pub num_ctas: i32,
+    pub num_work: i32,
+    pub num_merge_rows: i32,
+    pub num_partials: i32,
 }
 impl Default for FaDecodeParams {
     fn default() -> Self {
@@ -235,6 +259,7 @@ pub struct FaMergeParams {
     pub states_dtype: i32,
     pub out_dtype: i32,
     pub sinks: *const f32,
+    pub row_list: *const FaMergeRow,
 }
 impl Default for FaMergeParams {
     fn default() -> Self {
@@ -270,6 +295,11 @@ pub type _bindgen_ty_5 = ::std::os::raw::c_uint;
 pub struct FaEmuCounters {
     pub kernel: [::std::os::raw::c_char; 64usize],
     pub blocks: u64,
+    pub active_blocks: u64,
+    pub max_block_bytes_read: u64,
+    pub active_bytes_read: u64,
+    pub max_block_mma: u64,
+    pub active_mma: u64,
     pub global_bytes_read: [u64; 32usize],
     pub global_bytes_written: [u64; 32usize],
     pub mma: u64,
