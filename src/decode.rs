@@ -158,7 +158,13 @@ impl Scheduler {
             t.extend([w.b, w.head_block, w.split, w.num_splits, w.split_tokens, w.partial_base]);
         }
         t.resize(self.merge_offset(), 0);
-        for r in schedule.merge_rows.iter().map(|r| [r.out_row, r.first_state, r.num_states]).chain(std::iter::repeat([-1, 0, 0])).take(self.merge_rows()) {
+        for r in schedule
+            .merge_rows
+            .iter()
+            .map(|r| [r.out_row, r.first_state, r.num_states])
+            .chain(std::iter::repeat([-1, 0, 0]))
+            .take(self.merge_rows())
+        {
             t.extend(r);
         }
         t
@@ -299,7 +305,12 @@ impl DecodeWorkspace {
 
     /// [`DecodeWorkspace::scheduled`] for `slots` CTA slots instead of the device's (tests and tools that
     /// model another GPU on the emulator).
-    pub fn scheduled_on(stream: &Stream<'_>, limits: &DecodeProblem, policy: SplitPolicy, slots: usize) -> Result<Self> {
+    pub fn scheduled_on(
+        stream: &Stream<'_>,
+        limits: &DecodeProblem,
+        policy: SplitPolicy,
+        slots: usize,
+    ) -> Result<Self> {
         let slots = slots.max(1);
         if slots > i32::MAX as usize / 2 {
             return Err(Error::overflow("slots", format!("{slots} CTA slots")));
@@ -311,7 +322,15 @@ impl DecodeWorkspace {
             .checked_mul(limits.heads_q)
             .ok_or_else(|| Error::overflow("workspace", "partial LSE size overflows"))?;
         let o = rows.checked_mul(limits.head_dim).ok_or_else(|| Error::overflow("workspace", "size overflows"))?;
-        let mut sched = Scheduler { limits: *limits, policy, slots, work_cap, partial_cap, table: Buffer::Host(Vec::new()), current: None };
+        let mut sched = Scheduler {
+            limits: *limits,
+            policy,
+            slots,
+            work_cap,
+            partial_cap,
+            table: Buffer::Host(Vec::new()),
+            current: None,
+        };
         sched.table = Buffer::new(stream, sched.table_len(), ON_RAW_STREAM)?;
         Ok(Self {
             partial_o: Buffer::new(stream, o, ON_RAW_STREAM)?,
@@ -577,7 +596,9 @@ fn decode_scheduled<T: Element, C: KvCacheOf<T>>(
     let scale = crate::launch::softmax_scale(opts.scale, problem.head_dim)?;
     let sched = workspace.scheduler.as_ref().expect("scheduled");
     let schedule = sched.current.as_ref().ok_or_else(|| {
-        Error::usage("decode: a scheduled workspace on a GPU needs DecodeWorkspace::prepare with the host seq_lens first")
+        Error::usage(
+            "decode: a scheduled workspace on a GPU needs DecodeWorkspace::prepare with the host seq_lens first",
+        )
     })?;
     if schedule.batch != problem.batch || schedule.window_left != opts.score_mod.window_left() {
         return Err(Error::shape(
@@ -605,7 +626,8 @@ fn decode_scheduled<T: Element, C: KvCacheOf<T>>(
     if problem.batch == 0 {
         return Ok(plan);
     }
-    let (slots, work_cap, partial_cap, merge_rows) = (sched.slots, sched.work_cap, sched.partial_cap, sched.merge_rows());
+    let (slots, work_cap, partial_cap, merge_rows) =
+        (sched.slots, sched.work_cap, sched.partial_cap, sched.merge_rows());
     let (work_at, merge_at, table_len) = (sched.work_offset(), sched.merge_offset(), sched.table_len());
     let table = sched.table.input(table_len)?;
     let mut partial_o = workspace.partial_o.view(partial_cap * problem.heads_q * problem.head_dim)?;

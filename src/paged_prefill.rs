@@ -328,9 +328,11 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
     let problem = check_paged_prefill_args(q, cu_seqlens_q, max_seqlen_q, cache, o, lse.as_deref())?;
     let scale = softmax_scale(opts.scale, problem.head_dim)?;
     let plan = match workspace.as_deref() {
-        Some(ws) => {
-            PagedPrefillPlan::new(&problem.windowed(opts.score_mod.window, opts.causal), ws.sm_count(), opts.num_splits)?
-        }
+        Some(ws) => PagedPrefillPlan::new(
+            &problem.windowed(opts.score_mod.window, opts.causal),
+            ws.sm_count(),
+            opts.num_splits,
+        )?,
         None if opts.num_splits.is_some_and(|n| n > 1) => {
             return Err(Error::usage("paged_prefill: num_splits > 1 needs a PagedPrefillWorkspace"))
         }

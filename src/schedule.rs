@@ -55,9 +55,9 @@ pub enum SplitPolicy {
 impl SplitPolicy {
     fn check(&self) -> Result<()> {
         match *self {
-            SplitPolicy::FixedSplitTokens(t) if t == 0 || t % SPLIT_GRANULE != 0 || t > i32::MAX as usize => {
-                Err(Error::shape("split policy", format!("{t} tokens per split: a positive multiple of {SPLIT_GRANULE}")))
-            }
+            SplitPolicy::FixedSplitTokens(t) if t == 0 || t % SPLIT_GRANULE != 0 || t > i32::MAX as usize => Err(
+                Error::shape("split policy", format!("{t} tokens per split: a positive multiple of {SPLIT_GRANULE}")),
+            ),
             _ => Ok(()),
         }
     }
@@ -67,13 +67,18 @@ impl SplitPolicy {
 /// kernels/include/fa/decode/traits.cuh (Q, 4 stages of 16 KiB of K/V, the row-offset ring, the token
 /// groups' (m, l), the hole words).
 pub fn decode_smem_bytes(width: usize) -> usize {
-    let tile_tokens = 16 * (match width {
-        64 => 4,
-        128 => 2,
-        _ => 1,
-    });
+    let tile_tokens = 16
+        * (match width {
+            64 => 4,
+            128 => 2,
+            _ => 1,
+        });
     let token_groups = tile_tokens / 16;
-    16 * width * 2 + 4 * 2 * tile_tokens * width * 2 + 2 * tile_tokens * 16 + token_groups * 16 * 2 * 4 + 5 * tile_tokens.div_ceil(32) * 4
+    16 * width * 2
+        + 4 * 2 * tile_tokens * width * 2
+        + 2 * tile_tokens * 16
+        + token_groups * 16 * 2 * 4
+        + 5 * tile_tokens.div_ceil(32) * 4
 }
 
 /// Resident decode CTAs per SM on compute capability `(major, minor)`: the shared memory an SM can give
@@ -166,7 +171,12 @@ pub fn attended_span(len: usize, window_left: Option<usize>) -> usize {
 /// The most partial states a schedule for these limits can write: with the balanced policy at most
 /// `MAX_UNITS_PER_SLOT · slots / head_blocks + batch` chunks in all (chunks are at least total / (slots · 4)
 /// tokens, and each sequence adds at most one tail); with fixed splits, every sequence at `max_seq_len`.
-pub fn partial_capacity(limits: &DecodeProblem, window_left: Option<usize>, slots: usize, policy: SplitPolicy) -> usize {
+pub fn partial_capacity(
+    limits: &DecodeProblem,
+    window_left: Option<usize>,
+    slots: usize,
+    policy: SplitPolicy,
+) -> usize {
     let span = attended_span(limits.max_seq_len, window_left);
     let per_seq = match policy {
         SplitPolicy::Balanced => {
@@ -261,7 +271,8 @@ pub fn schedule_decode(
             let longest = spans.iter().copied().max().unwrap_or(0);
             let mut candidates: Vec<Option<usize>> = vec![None];
             for f in 1..=MAX_UNITS_PER_SLOT {
-                let c = (total.div_ceil((slots * f) as u64) as usize).next_multiple_of(SPLIT_GRANULE).max(MIN_SPLIT_TOKENS);
+                let c =
+                    (total.div_ceil((slots * f) as u64) as usize).next_multiple_of(SPLIT_GRANULE).max(MIN_SPLIT_TOKENS);
                 if c < longest && !candidates.contains(&Some(c)) {
                     candidates.push(Some(c));
                 }
@@ -337,7 +348,12 @@ pub fn schedule_decode(
 /// these lengths on `slots` CTA slots, modelling the hardware's block dispatch: CTAs in launch order (split
 /// fastest, then row block, then sequence), each onto the slot that frees first. The schedule's own
 /// makespan is its heaviest CTA; the ratio of the two is the predicted speed-up.
-pub fn uniform_makespan(plan: &crate::plan::DecodePlan, seq_lens: &[i32], window_left: Option<usize>, slots: usize) -> u64 {
+pub fn uniform_makespan(
+    plan: &crate::plan::DecodePlan,
+    seq_lens: &[i32],
+    window_left: Option<usize>,
+    slots: usize,
+) -> u64 {
     let blocks = plan.grid[1];
     let mut heap: BinaryHeap<Reverse<u64>> = (0..slots.max(1)).map(|_| Reverse(0)).collect();
     let mut makespan = 0;

@@ -265,9 +265,16 @@ fn uneven_batches_run_from_seq_lens() {
         assert_eq!(o.status.code(), Some(0), "{args}: {}", stderr(&o));
         let r = &json_rows(&o)[0];
         assert_eq!(r["passed"], true, "{args}: {r}");
-        assert_eq!((&r["batch"], r["seqlen_k"].as_u64()), (&batch.into(), Some(if batch == 4 { 700 } else { 300 })), "{r}");
+        assert_eq!(
+            (&r["batch"], r["seqlen_k"].as_u64()),
+            (&batch.into(), Some(if batch == 4 { 700 } else { 300 })),
+            "{r}"
+        );
         let k = &r["counters"]["per_kernel"][0];
-        assert!(k["active_blocks"].as_u64().is_some_and(|n| n > 0) && k["max_block_bytes_read"].as_u64().is_some(), "{k}");
+        assert!(
+            k["active_blocks"].as_u64().is_some_and(|n| n > 0) && k["max_block_bytes_read"].as_u64().is_some(),
+            "{k}"
+        );
         assert!(k["mean_block_bytes_read"].as_f64().is_some_and(|m| m > 0.0), "{k}");
     }
     assert_one_line_error(

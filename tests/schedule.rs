@@ -50,8 +50,8 @@ fn run(emu: &Emulator, c: &DecodeCase, ws: &mut DecodeWorkspace) -> (KernelCount
 fn skewed_batches_are_balanced_and_right() {
     let emu = Emulator::new();
     let c = case(8, 2, vec![3000, 64, 0, 200, 1029, 5], None);
-    let mut ws = DecodeWorkspace::scheduled_on(&Stream::Emu(&emu), &limits(&c, 8, 4096), SplitPolicy::Balanced, 16)
-        .unwrap();
+    let mut ws =
+        DecodeWorkspace::scheduled_on(&Stream::Emu(&emu), &limits(&c, 8, 4096), SplitPolicy::Balanced, 16).unwrap();
     let (k, _, _) = run(&emu, &c, &mut ws);
     let s = ws.schedule().unwrap();
     assert_eq!(k.blocks, 16, "the grid is one CTA per slot");
@@ -75,7 +75,8 @@ fn a_workspace_for_the_limits_plans_each_call_fresh() {
     let stream = Stream::Emu(&emu);
     let long = case(8, 2, vec![4096], None);
     let short = case(8, 2, vec![256; 8], None);
-    let mut pinned = DecodeWorkspace::scheduled_on(&stream, &limits(&long, 8, 4096), SplitPolicy::Balanced, 16).unwrap();
+    let mut pinned =
+        DecodeWorkspace::scheduled_on(&stream, &limits(&long, 8, 4096), SplitPolicy::Balanced, 16).unwrap();
     for c in [&long, &short] {
         let mut fresh =
             DecodeWorkspace::scheduled_on(&stream, &limits(c, c.batch(), c.max_seq_len()), SplitPolicy::Balanced, 16)
@@ -111,7 +112,8 @@ fn production_skew_is_balanced() {
     let mut lens = vec![131072];
     lens.extend([1024; 63]);
     let mut rng = StdRng::seed_from_u64(SEED);
-    let tail: Vec<i32> = (0..64).map(|_| (128.0 / (1.0 - rng.random::<f64>()).powf(1.0 / 1.2)).min(131072.0) as i32).collect();
+    let tail: Vec<i32> =
+        (0..64).map(|_| (128.0 / (1.0 - rng.random::<f64>()).powf(1.0 / 1.2)).min(131072.0) as i32).collect();
     for lens in [lens, tail] {
         for slots in [396, 264, 132] {
             let s = schedule_decode(&p, &lens, None, slots, SplitPolicy::Balanced).unwrap();
@@ -206,11 +208,7 @@ fn predictions_per_shape() {
         ("128k + 63x1k", skew),
     ];
     for (name, lens) in shapes {
-        let call = DecodeProblem {
-            batch: lens.len(),
-            max_seq_len: *lens.iter().max().unwrap() as usize,
-            ..limits
-        };
+        let call = DecodeProblem { batch: lens.len(), max_seq_len: *lens.iter().max().unwrap() as usize, ..limits };
         let s = schedule_decode(&call, &lens, None, slots, SplitPolicy::Balanced).unwrap();
         let fresh = DecodePlan::new(&call, 132, None).unwrap();
         let (ms, mf, mp) = (
