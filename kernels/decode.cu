@@ -54,7 +54,14 @@ namespace decode {
 namespace {
 
 
-template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void paged_decode_kernel(const FaDecodeParams &p) {
+// One CTA's piece of work: sequence b, grid row block head_block (KV head and block of its query heads),
+// split `split` of num_splits, each split_tokens long; with num_splits > 1 its partial is state `state` of the
+// workspace ([state, Hq, D]).
+struct Unit {
+  int b, head_block, split, num_splits, split_tokens, state;
+};
+
+template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(const FaDecodeParams &p, const Unit &u) {
   using Tr = Traits<D>;
   using Tile = SwizzledTile<D>;
   constexpr int kTileTokens = Tr::kTileTokens;
@@ -75,13 +82,12 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void paged_decode_
   const int d_split = warp / Tr::kTokenGroups;
 
   // Which sequence, KV head, query heads and chunk of the context this CTA serves.
-  const Dim3 bid = block_idx();
-  const int split = bid.x;
-  const int b = bid.z;
+  const int split = u.split;
+  const int b = u.b;
   const int group = p.heads_q / p.heads_kv;
   const int head_blocks = (group + Tr::kRows - 1) / Tr::kRows;
-  const int kv_head = bid.y / head_blocks;
-  const int row_block = bid.y % head_blocks;
+  const int kv_head = u.head_block / head_blocks;
+  const int row_block = u.head_block % head_blocks;
   const int head0 = kv_head * group + row_block * Tr::kRows; // first query head of this CTA
   const int rows = group - row_block * Tr::kRows < Tr::kRows ? group - row_block * Tr::kRows : Tr::kRows;
 
@@ -95,17 +101,17 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void paged_decode_
   if (!windowed) {
 #pragma unroll
     for (int x = 0; x < kStages; ++x) {
-      const int64_t token = (int64_t)split * p.split_tokens + x * kTileTokens + tid;
+      const int64_t token = (int64_t)split * u.split_tokens + x * kTileTokens + tid;
       first_pages[x] = (tid < kTileTokens && token < cache.capacity()) ? cache.page_of(b, (int)token) : kNoPage;
     }
   }
   const int seq_len = cache.seq_len(b);
   // The window's first token (seq_len - 1 - w >= INT_MIN: no overflow); splits are laid out from it.
   const int window_begin = windowed && seq_len - 1 - p.score_mod.window_left > 0 ? seq_len - 1 - p.score_mod.window_left : 0;
-  const int64_t split_begin = window_begin + (int64_t)split * p.split_tokens;
+  const int64_t split_begin = window_begin + (int64_t)split * u.split_tokens;
   const int begin = split_begin < seq_len ? (int)split_begin : seq_len;
   // The last split runs to the end, so a sequence longer than the plan assumed is still covered in full.
-  const int end = (split == p.num_splits - 1 || seq_len - begin <= p.split_tokens) ? seq_len : begin + p.split_tokens;
+  const int end = (split == u.num_splits - 1 || seq_len - begin <= u.split_tokens) ? seq_len : begin + u.split_tokens;
   const int num_tiles = (end - begin + kTileTokens - 1) / kTileTokens;
 
   // This thread's cp.async assignment: one 16-byte column chunk of kLoadsPerThread rows of every tile; a
@@ -279,7 +285,7 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void paged_decode_
   // sink as one more (value-free) state when there is one and this CTA writes o itself, normalise, and
   // store 8 columns per item with 16-byte stores (none past the head dim).
   const int head_chunks = p.head_dim / 8;
-  const bool add_sink = p.score_mod.sinks != nullptr && p.num_splits == 1;
+  const bool add_sink = p.score_mod.sinks != nullptr && u.num_splits == 1;
   for (int item = tid; item < rows * Tr::kChunksPerRow; item += Tr::kThreads) {
     const int r = item / Tr::kChunksPerRow;
     const int c = item % Tr::kChunksPerRow;
@@ -312,14 +318,42 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void paged_decode_
     for (int i = 0; i < 8; ++i) acc[i] *= inv;
     const float lse = add_sink && no_key ? sink : lse_from_state(m_max, sum); // no key: exactly the sink
     const int head = head0 + r;
-    if (p.num_splits == 1) {
+    if (u.num_splits == 1) {
       Vec8<T>::store(static_cast<T *>(p.o) + b * p.o_batch_stride + head * p.o_head_stride + c * 8, acc);
       if (p.lse != nullptr && c == 0) st_global(p.lse + b * p.lse_batch_stride + head, lse);
     } else {
-      const int64_t row = ((int64_t)split * p.batch + b) * p.heads_q + head;
+      const int64_t row = (int64_t)u.state * p.heads_q + head;
       Vec8<float>::store(p.partial_o + row * p.head_dim + c * 8, acc);
       if (c == 0) st_global(p.partial_lse + row, lse);
     }
+  }
+}
+
+// Uniform grid (work == NULL): CTA (split, head block, sequence), its partial state split * B + b. Scheduled
+// (fa/abi.h, FaDecodeWork; src/schedule.rs): CTA x runs its units in turn. A unit the launch's shape cannot
+// hold is skipped (the Rust layer never makes one; this guards memory).
+template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void paged_decode_kernel(const FaDecodeParams &p) {
+  const Dim3 bid = block_idx();
+  if (p.work == nullptr) {
+    decode_unit<T, D, kVariant, kFp8>(p, Unit{bid.z, bid.y, bid.x, p.num_splits, p.split_tokens, bid.x * p.batch + bid.z});
+    return;
+  }
+  const int group = p.heads_q / p.heads_kv;
+  const int head_block_count = p.heads_kv * ((group + Traits<D>::kRows - 1) / Traits<D>::kRows);
+  const int first = ld_global_nc(p.work_indptr + bid.x);
+  const int last = ld_global_nc(p.work_indptr + bid.x + 1);
+  for (int i = first; i < last && i < p.num_work; ++i) {
+    const FaDecodeWork *w = p.work + i;
+    const Unit u{ld_global_nc(&w->b),         ld_global_nc(&w->head_block),   ld_global_nc(&w->split),
+                 ld_global_nc(&w->num_splits), ld_global_nc(&w->split_tokens), ld_global_nc(&w->partial_base)};
+    const bool split_ok = u.num_splits == 1 || (u.split_tokens > 0 && u.split_tokens % kSplitGranule == 0 &&
+                                                u.state >= 0 && u.state + u.split < p.num_partials);
+    if (u.b < 0 || u.b >= p.batch || u.head_block < 0 || u.head_block >= head_block_count || u.split < 0 ||
+        u.split >= u.num_splits || !split_ok)
+      continue;
+    sync_threads(); // the previous unit's epilogue is done with the shared memory this one's prologue fills
+    decode_unit<T, D, kVariant, kFp8>(p, Unit{u.b, u.head_block, u.split, u.num_splits, u.split_tokens,
+                                             u.state + u.split});
   }
 }
 
@@ -364,7 +398,8 @@ template <int D> int launch_decode(void (*kernel)(FaDecodeParams), const char *n
   using Tr = Traits<D>;
   static_assert(Tr::kThreads == 128, "FA_DECODE_KERNEL's launch bounds");
   const int group = p.heads_q / p.heads_kv;
-  const Dim3 grid{p.num_splits, p.heads_kv * ((group + Tr::kRows - 1) / Tr::kRows), p.batch};
+  const Dim3 grid = p.work != nullptr ? Dim3{p.num_ctas, 1, 1}
+                                      : Dim3{p.num_splits, p.heads_kv * ((group + Tr::kRows - 1) / Tr::kRows), p.batch};
   return launch(name, kernel, grid, Tr::kThreads, Tr::kSmemBytes, exec, p);
 }
 
@@ -414,6 +449,13 @@ inline bool valid_params(const FaDecodeParams &p) {
     if (s < 0 || s % 8 != 0) return false;
   if (((uintptr_t)p.lse & 3u) != 0 || ((uintptr_t)p.partial_lse & 3u) != 0 || p.lse_batch_stride < 0) return false;
   if (!valid_score_mod(p.score_mod, p.heads_q)) return false;
+  if (p.work != nullptr) {
+    if (p.work_indptr == nullptr || p.num_ctas < 1 || p.num_work < 0 || p.num_partials < 0 || p.num_merge_rows < 0)
+      return false;
+    if ((p.num_partials > 0 || p.num_merge_rows > 0) &&
+        (p.partial_o == nullptr || p.partial_lse == nullptr || p.merge_rows == nullptr))
+      return false;
+  }
   const int group = p.heads_q / p.heads_kv;
   const int64_t grid_y = (int64_t)p.heads_kv * ((group + 15) / 16);
   return grid_y <= 65535 && p.batch <= 65535 && p.num_splits <= 65535;
@@ -429,6 +471,12 @@ extern "C" int fa_decode(FaDecodeParams p, FaExec *exec) {
   if (!valid_params(p)) return FA_ERR_INVALID;
   if (p.batch == 0) return FA_OK;
   const int status = dispatch(p, exec);
+  if (p.work != nullptr) {
+    // Scheduled: merge the sequences the schedule split, each over its own states [num_partials, Hq, D].
+    if (status != FA_OK || p.num_merge_rows == 0) return status;
+    return fa::merge_split_kv_rows(p, p.merge_rows, p.num_merge_rows, p.num_partials, p.o_batch_stride,
+                                   p.lse_batch_stride, exec);
+  }
   if (status != FA_OK || p.num_splits == 1) return status;
 
   // Split-KV: combine the partials into o [B, Hq, D] / lse [B, Hq], rows = sequences.

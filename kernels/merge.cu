@@ -28,20 +28,35 @@ template <class S, class O> FA_DEVICE void merge_states_kernel(const FaMergePara
   if (item >= (int64_t)p.rows_outer * p.rows_inner * chunks) return;
   const int c = (int)(item % chunks);
   const int64_t row = item / chunks;
-  const int64_t n = row / p.rows_inner;
+  int64_t n = row / p.rows_inner;
   const int64_t h = row % p.rows_inner;
 
-  const float *lse_row = p.lse_states + n * p.lse_outer_stride + h * p.lse_inner_stride;
-  const S *o_row = static_cast<const S *>(p.o_states) + n * p.o_outer_stride + h * p.o_inner_stride + c * 8;
+  // A row list names each outer row's output row and its run of states (a scheduled split-KV merges only
+  // the sequences it split, each over its own number of states); else row n's states are s = 0 .. k-1.
+  int64_t first_lse = n * p.lse_outer_stride, first_o = n * p.o_outer_stride;
+  int num_states = p.num_states;
+  if (p.row_list != nullptr) {
+    const FaMergeRow *entry = p.row_list + n;
+    const int out_row = ld_global_nc(&entry->out_row);
+    if (out_row < 0) return; // padding
+    const int first_state = ld_global_nc(&entry->first_state);
+    const int entry_states = ld_global_nc(&entry->num_states);
+    n = out_row;
+    num_states = entry_states < p.num_states ? entry_states : p.num_states;
+    first_lse = (int64_t)first_state * p.lse_state_stride;
+    first_o = (int64_t)first_state * p.o_state_stride;
+  }
+  const float *lse_row = p.lse_states + first_lse + h * p.lse_inner_stride;
+  const S *o_row = static_cast<const S *>(p.o_states) + first_o + h * p.o_inner_stride + c * 8;
   // States are visited kUnroll at a time so that many independent loads are in flight (split-KV merges
   // tens of states per row, and a serial chain of L2 round trips would dominate); the accumulation order
   // stays s = 0, 1, ... .
   float lse_max = kNegInf;
-  for (int s0 = 0; s0 < p.num_states; s0 += kUnroll) {
+  for (int s0 = 0; s0 < num_states; s0 += kUnroll) {
     float l[kUnroll];
 #pragma unroll
     for (int i = 0; i < kUnroll; ++i)
-      l[i] = s0 + i < p.num_states ? ld_global_nc(lse_row + (s0 + i) * p.lse_state_stride) : kNegInf;
+      l[i] = s0 + i < num_states ? ld_global_nc(lse_row + (s0 + i) * p.lse_state_stride) : kNegInf;
 #pragma unroll
     for (int i = 0; i < kUnroll; ++i) lse_max = fmaxf(lse_max, l[i]);
   }
@@ -51,12 +66,12 @@ template <class S, class O> FA_DEVICE void merge_states_kernel(const FaMergePara
   float sum = p.sinks != nullptr ? expf(sink - lse_max) : 0.0f;
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   if (lse_max != kNegInf) {
-    for (int s0 = 0; s0 < p.num_states; s0 += kUnroll) {
+    for (int s0 = 0; s0 < num_states; s0 += kUnroll) {
       float w[kUnroll];
       float x[kUnroll][8];
 #pragma unroll
       for (int i = 0; i < kUnroll; ++i)
-        w[i] = s0 + i < p.num_states ? merge_weight(ld_global_nc(lse_row + (s0 + i) * p.lse_state_stride), lse_max)
+        w[i] = s0 + i < num_states ? merge_weight(ld_global_nc(lse_row + (s0 + i) * p.lse_state_stride), lse_max)
                                      : 0.0f;
 #pragma unroll
       for (int i = 0; i < kUnroll; ++i) // empty (or negligible) states: their o_s is not read

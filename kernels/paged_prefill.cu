@@ -229,9 +229,13 @@ FA_DEVICE void paged_prefill_kernel(const FaPagedPrefillParams &p) {
   WindowBounds window = effective_window(p.score_mod, p.causal != 0, tq, tk);
   if constexpr (!kVariant) window.left = tq > tk ? tq : tk; // the plain kernel has no left bound (launcher)
   const prefill::KvBlockRange range = prefill::kv_block_range(tok0, tok1 - tok0 + 1, kBc, tq, tk, window.left, window.right);
-  // This split's keys [s · split_tokens, (s + 1) · split_tokens) (the last split runs to the end), in tiles.
-  const int split_lo = p.num_splits == 1 ? 0 : (int)((int64_t)split * p.split_tokens / kBc);
-  const int split_hi = split == p.num_splits - 1 ? range.n_end : (int)((int64_t)(split + 1) * p.split_tokens / kBc);
+  // This split's keys, in tiles: splits are laid out from the first tile these rows see (a window's left
+  // edge, or key 0), [n_begin + s · split_tokens / Bc, n_begin + (s + 1) · split_tokens / Bc), the last one
+  // running to the end; so a window's keys are split, not the context left of it (split_tokens is a
+  // multiple of 64, and Bc divides it).
+  const int split_lo = p.num_splits == 1 ? 0 : range.n_begin + (int)((int64_t)split * p.split_tokens / kBc);
+  const int split_hi =
+      split == p.num_splits - 1 ? range.n_end : range.n_begin + (int)((int64_t)(split + 1) * p.split_tokens / kBc);
   const int n_lo = range.n_begin > split_lo ? range.n_begin : split_lo;
   const int n_hi = range.n_end < split_hi ? range.n_end : split_hi;
 

@@ -9,7 +9,7 @@
 //! plan's max_seq_len. A workspace made by [`DecodeWorkspace::with_capacity`] instead plans each call from
 //! its own shape (convenient, but the split geometry then depends on the batch).
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 
 use crate::device::Stream;
 use crate::dtype::Element;
@@ -18,6 +18,7 @@ use crate::fp8::{self, KvCacheOf};
 use crate::launch::Launch;
 use crate::paged::PagedKvCache;
 use crate::plan::{DecodePlan, DecodeProblem};
+use crate::schedule::{decode_ctas_per_sm, schedule_decode, DecodeSchedule, SplitPolicy};
 use crate::score_mod::ScoreMod;
 use crate::sys;
 use crate::tensor::{TensorView, TensorViewMut};
@@ -43,23 +44,45 @@ pub struct DecodeOptions<'a> {
     pub score_mod: ScoreMod<'a>,
 }
 
-pub(crate) enum Buffer {
-    Gpu(CudaSlice<f32>),
+pub(crate) enum Buffer<T = f32> {
+    Gpu(CudaSlice<T>),
     Device { ptr: u64, len: usize },
-    Host(Vec<f32>),
+    Host(Vec<T>),
 }
 
-impl Buffer {
-    /// `len` zeroed fp32 on `stream`'s backend; a [`Stream::Raw`] has no allocator: a Usage error whose
+impl<T: DeviceRepr + ValidAsZeroBits + Copy + Default> Buffer<T> {
+    /// `len` zeroed elements on `stream`'s backend; a [`Stream::Raw`] has no allocator: a Usage error whose
     /// message `on_raw` tells the caller of the workspace type what to do instead.
     pub(crate) fn new(stream: &Stream<'_>, len: usize, on_raw: &'static str) -> Result<Self> {
         Ok(match stream {
             // Allocated and zeroed on the caller's stream (stream-ordered, no synchronisation); cudarc frees
             // it on that stream too, after the work enqueued before the drop.
-            Stream::Gpu(s) => Buffer::Gpu(s.alloc_zeros::<f32>(len.max(1))?),
+            Stream::Gpu(s) => Buffer::Gpu(s.alloc_zeros::<T>(len.max(1))?),
             Stream::Raw(_) => return Err(Error::new(ErrorKind::Usage, on_raw)),
-            Stream::Emu(_) => Buffer::Host(vec![0.0; len]),
+            Stream::Emu(_) => Buffer::Host(vec![T::default(); len]),
         })
+    }
+    /// Writes `data` at the start, ordered on `stream` (a host-to-device copy from pageable memory: the
+    /// driver has staged it when the call returns, so `data` may go at once).
+    pub(crate) fn write(&mut self, stream: &Stream<'_>, data: &[T]) -> Result<()> {
+        if data.len() > self.len() {
+            return Err(Error::out_of_bounds("schedule", format!("{} entries for {}", data.len(), self.len())));
+        }
+        match (self, stream) {
+            (Buffer::Gpu(buf), Stream::Gpu(s)) => s.memcpy_htod(data, &mut buf.slice_mut(0..data.len()))?,
+            (Buffer::Host(v), Stream::Emu(_)) => v[..data.len()].copy_from_slice(data),
+            _ => return Err(Error::backend("workspace", "made on another backend than this call's stream")),
+        }
+        Ok(())
+    }
+    /// A read-only view of the first `len` elements.
+    pub(crate) fn input(&self, len: usize) -> Result<TensorView<'_, T, 1>> {
+        match self {
+            Buffer::Gpu(s) => TensorView::gpu(s.slice(0..len), [len]),
+            // SAFETY: the memory's contract was accepted by DecodeWorkspace::from_device_ptrs.
+            Buffer::Device { ptr, .. } => unsafe { TensorView::from_device_ptr(*ptr, len, [len]) },
+            Buffer::Host(v) => TensorView::host(&v[..len], [len]),
+        }
     }
     pub(crate) fn len(&self) -> usize {
         match self {
@@ -68,7 +91,7 @@ impl Buffer {
             Buffer::Host(v) => v.len(),
         }
     }
-    pub(crate) fn view(&mut self, len: usize) -> Result<TensorViewMut<'_, f32, 1>> {
+    pub(crate) fn view(&mut self, len: usize) -> Result<TensorViewMut<'_, T, 1>> {
         match self {
             Buffer::Gpu(s) => TensorViewMut::gpu(s.slice_mut(0..len), [len]),
             // SAFETY: the memory's contract was accepted by DecodeWorkspace::from_device_ptrs.
@@ -85,12 +108,70 @@ impl Buffer {
 }
 
 /// The reusable split-KV workspace (fp32 partial O and LSE), the SM count plans are made for, and optionally
-/// the one plan every call follows. Create it once, outside the decode loop.
+/// the one plan every call follows, or the scheduler every call is packed by. Create it once, outside the
+/// decode loop.
 pub struct DecodeWorkspace {
     partial_o: Buffer,
     partial_lse: Buffer,
     sm_count: usize,
     plan: Option<DecodePlan>,
+    scheduler: Option<Scheduler>,
+}
+
+/// A scheduled workspace's fixed launch geometry and the device copy of the current schedule (one int32
+/// table: CTA ranges [slots + 1], units [work_cap], merge rows [limits.batch]).
+struct Scheduler {
+    limits: DecodeProblem,
+    policy: SplitPolicy,
+    slots: usize,
+    work_cap: usize,
+    partial_cap: usize,
+    table: Buffer<i32>,
+    current: Option<DecodeSchedule>,
+}
+
+/// int32 words of one FaDecodeWork / FaMergeRow.
+const WORK_WORDS: usize = 6;
+const MERGE_WORDS: usize = 3;
+
+impl Scheduler {
+    fn work_offset(&self) -> usize {
+        self.slots + 1
+    }
+    fn merge_offset(&self) -> usize {
+        self.work_offset() + self.work_cap * WORK_WORDS
+    }
+    fn merge_rows(&self) -> usize {
+        if self.partial_cap == 0 {
+            0
+        } else {
+            self.limits.batch
+        }
+    }
+    fn table_len(&self) -> usize {
+        self.merge_offset() + self.merge_rows() * MERGE_WORDS
+    }
+    /// The table of `schedule`, padded to the fixed geometry: CTAs past its last have empty ranges, merge
+    /// entries past its last are padding (out_row −1).
+    fn encode(&self, schedule: &DecodeSchedule) -> Vec<i32> {
+        let mut t = Vec::with_capacity(self.merge_offset() + self.merge_rows() * MERGE_WORDS);
+        let last = schedule.cta_indptr.last().copied().unwrap_or(0);
+        t.extend(schedule.cta_indptr.iter().copied().chain(std::iter::repeat(last)).take(self.slots + 1));
+        for w in &schedule.work {
+            t.extend([w.b, w.head_block, w.split, w.num_splits, w.split_tokens, w.partial_base]);
+        }
+        t.resize(self.merge_offset(), 0);
+        for r in schedule
+            .merge_rows
+            .iter()
+            .map(|r| [r.out_row, r.first_state, r.num_states])
+            .chain(std::iter::repeat([-1, 0, 0]))
+            .take(self.merge_rows())
+        {
+            t.extend(r);
+        }
+        t
+    }
 }
 
 pub(crate) fn stream_sm_count(stream: &Stream<'_>) -> Result<usize> {
@@ -122,6 +203,22 @@ pub(crate) fn check_split_fits(
     Ok(())
 }
 
+/// Compute capability the emulator models (an H100/H200, with [`EMULATOR_SM_COUNT`] SMs).
+pub const EMULATOR_COMPUTE_CAPABILITY: (u32, u32) = (9, 0);
+
+/// CTA slots of `stream`'s device for decode at `head_dim`: SMs × resident CTAs per SM.
+pub(crate) fn stream_slots(stream: &Stream<'_>, head_dim: usize) -> Result<usize> {
+    let cc = match stream {
+        Stream::Gpu(s) => {
+            let (major, minor) = s.context().compute_capability()?;
+            (major.max(0) as u32, minor.max(0) as u32)
+        }
+        Stream::Raw(_) => return Err(Error::new(ErrorKind::Usage, ON_RAW_STREAM)),
+        Stream::Emu(_) => EMULATOR_COMPUTE_CAPABILITY,
+    };
+    Ok(stream_sm_count(stream)? * decode_ctas_per_sm(cc, head_dim))
+}
+
 /// Buffer::new's error for a DecodeWorkspace allocated on a raw stream.
 const ON_RAW_STREAM: &str =
     "a raw stream's decode workspace is the caller's memory: use DecodeWorkspace::from_device_ptrs";
@@ -135,6 +232,7 @@ impl DecodeWorkspace {
             partial_lse: Buffer::new(stream, partial_lse_len, ON_RAW_STREAM)?,
             sm_count: stream_sm_count(stream)?,
             plan: None,
+            scheduler: None,
         })
     }
 
@@ -155,6 +253,7 @@ impl DecodeWorkspace {
             partial_lse: Buffer::Device { ptr: partial_lse.0, len: partial_lse.1 },
             sm_count,
             plan: Some(*plan),
+            scheduler: None,
         };
         ws.check_fits(plan)?;
         Ok(ws)
@@ -192,6 +291,99 @@ impl DecodeWorkspace {
         let mut ws = Self::new(stream, plan.partial_o_len, plan.partial_lse_len)?;
         ws.plan = Some(*plan);
         Ok(ws)
+    }
+
+    /// A scheduled workspace for calls within `limits` (the largest batch, the heads, the longest context):
+    /// every call is cut and packed by [`crate::schedule`] from its own sequences' lengths (window-clipped)
+    /// onto this device's CTA slots (SMs × [`decode_ctas_per_sm`]), so a small batch splits as a fresh plan
+    /// would and a skewed one is balanced. The launch geometry is fixed (a grid of one CTA per slot, a merge
+    /// over `limits.batch` rows whose unused entries are skipped), so a CUDA graph captured once replays any
+    /// later schedule: call [`DecodeWorkspace::prepare`] with the step's host `seq_lens` before each replay
+    /// (on the emulator, whose lengths are host memory, [`decode`] prepares by itself). Needs at most
+    /// [`crate::schedule::partial_capacity`] · Hq · (D + 1) fp32 of partials.
+    pub fn scheduled(stream: &Stream<'_>, limits: &DecodeProblem, policy: SplitPolicy) -> Result<Self> {
+        let slots = stream_slots(stream, limits.head_dim)?;
+        Self::scheduled_on(stream, limits, policy, slots)
+    }
+
+    /// [`DecodeWorkspace::scheduled`] for `slots` CTA slots instead of the device's (tests and tools that
+    /// model another GPU on the emulator).
+    pub fn scheduled_on(
+        stream: &Stream<'_>,
+        limits: &DecodeProblem,
+        policy: SplitPolicy,
+        slots: usize,
+    ) -> Result<Self> {
+        let slots = slots.max(1);
+        if slots > i32::MAX as usize / 2 {
+            return Err(Error::overflow("slots", format!("{slots} CTA slots")));
+        }
+        // A window may clip the spans, never lengthen them: size for the whole context.
+        let partial_cap = crate::schedule::partial_capacity(limits, None, slots, policy);
+        let work_cap = crate::schedule::work_capacity(limits, None, slots, policy);
+        let rows = partial_cap
+            .checked_mul(limits.heads_q)
+            .ok_or_else(|| Error::overflow("workspace", "partial LSE size overflows"))?;
+        let o = rows.checked_mul(limits.head_dim).ok_or_else(|| Error::overflow("workspace", "size overflows"))?;
+        let mut sched = Scheduler {
+            limits: *limits,
+            policy,
+            slots,
+            work_cap,
+            partial_cap,
+            table: Buffer::Host(Vec::new()),
+            current: None,
+        };
+        sched.table = Buffer::new(stream, sched.table_len(), ON_RAW_STREAM)?;
+        Ok(Self {
+            partial_o: Buffer::new(stream, o, ON_RAW_STREAM)?,
+            partial_lse: Buffer::new(stream, rows, ON_RAW_STREAM)?,
+            sm_count: stream_sm_count(stream)?,
+            plan: None,
+            scheduler: Some(sched),
+        })
+    }
+
+    /// Plans the next call of a scheduled workspace from the host's copy of its `seq_lens` (and the window
+    /// of `opts`) and writes the schedule into the workspace's device table, ordered on `stream`: before a
+    /// CUDA-graph replay, or before each call on a GPU (where the kernel cannot read the host's lengths).
+    /// The kernel takes each unit's token range from the device `seq_lens`, so lengths that grew since are
+    /// still attended in full (the last chunk runs to the end), only less evenly. Errors: `Usage` for a
+    /// workspace that is not scheduled, `Shape` for a batch or heads outside its limits.
+    pub fn prepare(&mut self, stream: &Stream<'_>, seq_lens: &[i32], opts: &DecodeOptions) -> Result<&DecodeSchedule> {
+        let sched = self.scheduler.as_mut().ok_or_else(|| {
+            Error::usage("DecodeWorkspace::prepare: the workspace is not scheduled (DecodeWorkspace::scheduled)")
+        })?;
+        if seq_lens.len() > sched.limits.batch {
+            return Err(Error::shape(
+                "seq_lens",
+                format!("{} sequences, the workspace's limit is {}", seq_lens.len(), sched.limits.batch),
+            ));
+        }
+        let problem = DecodeProblem { batch: seq_lens.len(), ..sched.limits };
+        let window = opts.score_mod.window_left();
+        let schedule = schedule_decode(&problem, seq_lens, window, sched.slots, sched.policy)?;
+        if schedule.work.len() > sched.work_cap || schedule.num_partials > sched.partial_cap {
+            return Err(Error::out_of_bounds(
+                "workspace",
+                format!(
+                    "the schedule has {} units / {} partial states, the workspace room for {} / {} (lengths past max_seq_len {}?)",
+                    schedule.work.len(),
+                    schedule.num_partials,
+                    sched.work_cap,
+                    sched.partial_cap,
+                    sched.limits.max_seq_len
+                ),
+            ));
+        }
+        let table = sched.encode(&schedule);
+        sched.table.write(stream, &table)?;
+        Ok(sched.current.insert(schedule))
+    }
+
+    /// The schedule the last [`DecodeWorkspace::prepare`] (or emulated scheduled call) made.
+    pub fn schedule(&self) -> Option<&DecodeSchedule> {
+        self.scheduler.as_ref().and_then(|s| s.current.as_ref())
     }
 
     /// The SM count plans are made for (the device's, or [`EMULATOR_SM_COUNT`]).
@@ -304,6 +496,9 @@ pub fn decode<T: Element, C: KvCacheOf<T>>(
     if crate::paged::strict_tables(stream) {
         cache.validate(stream)?;
     }
+    if workspace.scheduler.is_some() {
+        return decode_scheduled(stream, q, cache, o, lse, workspace, opts, &problem);
+    }
     let plan = workspace.plan(&problem, opts)?;
     workspace.check_fits(&plan)?;
     let scale = crate::launch::softmax_scale(opts.scale, problem.head_dim)?;
@@ -362,6 +557,147 @@ pub fn decode<T: Element, C: KvCacheOf<T>>(
         scale,
         scale_log2: scale * std::f32::consts::LOG2_E,
         score_mod,
+        ..Default::default()
+    };
+    launch.run("paged_decode", params, sys::fa_decode)?;
+    Ok(plan)
+}
+
+/// [`decode`] on a scheduled workspace: the schedule prepared for this call (made here from the cache's
+/// lengths when they are host memory), launched at the workspace's fixed geometry. Returns a summary plan:
+/// the largest chunk count, the grid (slots, 1, 1) and the partials used.
+#[allow(clippy::too_many_arguments)]
+fn decode_scheduled<T: Element, C: KvCacheOf<T>>(
+    stream: &Stream<'_>,
+    q: &TensorView<'_, T, 3>,
+    cache: &PagedKvCache<'_, C>,
+    o: &mut TensorViewMut<'_, T, 3>,
+    lse: Option<&mut TensorViewMut<'_, f32, 2>>,
+    workspace: &mut DecodeWorkspace,
+    opts: &DecodeOptions,
+    problem: &DecodeProblem,
+) -> Result<DecodePlan> {
+    if opts.num_splits.is_some() {
+        return Err(Error::usage("num_splits: a scheduled workspace cuts each sequence itself (SplitPolicy)"));
+    }
+    let limits = workspace.scheduler.as_ref().map(|s| s.limits).expect("scheduled");
+    if (problem.heads_q, problem.heads_kv, problem.head_dim) != (limits.heads_q, limits.heads_kv, limits.head_dim)
+        || problem.batch > limits.batch
+    {
+        return Err(Error::shape(
+            "workspace",
+            format!(
+                "scheduled for B <= {} / Hq {} / Hkv {} / D {}, the call has B {} / Hq {} / Hkv {} / D {}",
+                limits.batch,
+                limits.heads_q,
+                limits.heads_kv,
+                limits.head_dim,
+                problem.batch,
+                problem.heads_q,
+                problem.heads_kv,
+                problem.head_dim
+            ),
+        ));
+    }
+    if let Some(lens) = crate::prefill::host_values(&cache.seq_lens) {
+        let lens = lens.to_vec();
+        workspace.prepare(stream, &lens, opts)?;
+    }
+    let scale = crate::launch::softmax_scale(opts.scale, problem.head_dim)?;
+    let sched = workspace.scheduler.as_ref().expect("scheduled");
+    let schedule = sched.current.as_ref().ok_or_else(|| {
+        Error::usage(
+            "decode: a scheduled workspace on a GPU needs DecodeWorkspace::prepare with the host seq_lens first",
+        )
+    })?;
+    if schedule.batch != problem.batch || schedule.window_left != opts.score_mod.window_left() {
+        return Err(Error::shape(
+            "workspace",
+            format!(
+                "the prepared schedule is for B {} / window {:?}, the call has B {} / window {:?}",
+                schedule.batch,
+                schedule.window_left,
+                problem.batch,
+                opts.score_mod.window_left()
+            ),
+        ));
+    }
+    let plan = DecodePlan {
+        problem: *problem,
+        num_splits: schedule.max_splits(),
+        split_tokens: match sched.policy {
+            SplitPolicy::FixedSplitTokens(t) => t,
+            SplitPolicy::Balanced => 0,
+        },
+        grid: [sched.slots, 1, 1],
+        partial_o_len: schedule.num_partials * problem.heads_q * problem.head_dim,
+        partial_lse_len: schedule.num_partials * problem.heads_q,
+    };
+    if problem.batch == 0 {
+        return Ok(plan);
+    }
+    let (slots, work_cap, partial_cap, merge_rows) =
+        (sched.slots, sched.work_cap, sched.partial_cap, sched.merge_rows());
+    let (work_at, merge_at, table_len) = (sched.work_offset(), sched.merge_offset(), sched.table_len());
+    let table = sched.table.input(table_len)?;
+    let mut partial_o = workspace.partial_o.view(partial_cap * problem.heads_q * problem.head_dim)?;
+    let mut partial_lse = workspace.partial_lse.view(partial_cap * problem.heads_q)?;
+
+    let scales_view = cache.scales_view()?;
+    let mut launch = Launch::new(*stream);
+    let score_mod = opts.score_mod.abi(&mut launch, problem.batch, problem.heads_q)?;
+    let q_ptr = launch.input(c"q", q, 16)?;
+    let cache_abi = cache.launch_abi(&mut launch, scales_view.as_ref())?;
+    let table_ptr = launch.input(c"schedule", &table, 4)? as *const i32;
+    let o_strides = o.strides();
+    let o_ptr = launch.output(c"o", o, 16)?;
+    let (lse_ptr, lse_batch_stride) = match lse {
+        Some(l) => {
+            let stride = l.strides()[0];
+            (launch.output(c"lse", l, 4)? as *mut f32, stride)
+        }
+        None => (std::ptr::null_mut(), 0),
+    };
+    let (po_ptr, plse_ptr) = if partial_cap > 0 {
+        (
+            launch.output(c"partial_o", &mut partial_o, 16)? as *mut f32,
+            launch.output(c"partial_lse", &mut partial_lse, 4)? as *mut f32,
+        )
+    } else {
+        (std::ptr::null_mut(), std::ptr::null_mut())
+    };
+    let q_strides = q.strides();
+    // SAFETY (pointer arithmetic only): the offsets lie inside the table (Scheduler::table_len).
+    let (work_ptr, merge_ptr) = (table_ptr.wrapping_add(work_at), table_ptr.wrapping_add(merge_at));
+    let params = sys::FaDecodeParams {
+        q: q_ptr,
+        o: o_ptr,
+        lse: lse_ptr,
+        partial_o: po_ptr,
+        partial_lse: plse_ptr,
+        q_batch_stride: q_strides[0],
+        q_head_stride: q_strides[1],
+        o_batch_stride: o_strides[0],
+        o_head_stride: o_strides[1],
+        lse_batch_stride,
+        cache: cache_abi,
+        batch: to_i32("batch", problem.batch)?,
+        heads_q: to_i32("heads_q", problem.heads_q)?,
+        heads_kv: to_i32("heads_kv", problem.heads_kv)?,
+        head_dim: to_i32("head_dim", problem.head_dim)?,
+        num_splits: 1,
+        split_tokens: 0,
+        dtype: T::DTYPE.abi(),
+        scale,
+        scale_log2: scale * std::f32::consts::LOG2_E,
+        score_mod,
+        work: work_ptr.cast(),
+        work_indptr: table_ptr,
+        merge_rows: if merge_rows > 0 { merge_ptr.cast() } else { std::ptr::null() },
+        num_ctas: to_i32("slots", slots)?,
+        num_work: to_i32("schedule", work_cap)?,
+        num_merge_rows: to_i32("batch", merge_rows)?,
+        num_partials: to_i32("partials", partial_cap)?,
     };
     launch.run("paged_decode", params, sys::fa_decode)?;
     Ok(plan)

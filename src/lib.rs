@@ -51,6 +51,7 @@ pub mod plan;
 pub mod prefill;
 pub mod reference;
 pub mod runtime;
+pub mod schedule;
 pub mod score_mod;
 pub mod tensor;
 #[cfg(feature = "testkit")]
@@ -78,6 +79,7 @@ pub use merge::{merge_states, merge_states_with_sinks};
 pub use paged::{PagedKvCache, PagedKvCacheMut};
 pub use paged_prefill::{paged_prefill, PagedPrefillOptions, PagedPrefillWorkspace};
 pub use plan::{DecodePlan, DecodeProblem};
+pub use schedule::{DecodeSchedule, SplitPolicy};
 pub use score_mod::{AlibiSlopes, ScoreMod};
 
 /// Every Rust snippet of the README and of docs/ compiles (and the ones not marked `no_run` run) as a
@@ -98,6 +100,8 @@ mod doc_pages {
     pub struct Correctness;
     #[doc = include_str!("../docs/performance.md")]
     pub struct Performance;
+    #[doc = include_str!("../docs/scheduling.md")]
+    pub struct Scheduling;
     #[doc = include_str!("../docs/semantics.md")]
     pub struct Semantics;
     #[doc = include_str!("../docs/emulator.md")]

@@ -117,6 +117,7 @@ pub fn merge_states_with_sinks<S: MergeElement, O: MergeElement>(
         states_dtype: S::ABI,
         out_dtype: O::ABI,
         sinks: sinks_ptr,
+        row_list: std::ptr::null(),
     };
     launch.run("merge_states", params, sys::fa_merge)
 }

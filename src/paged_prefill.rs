@@ -98,6 +98,20 @@ impl PagedPrefillProblem {
     pub fn width(&self) -> Option<usize> {
         PAGED_PREFILL_WIDTHS.iter().copied().find(|&w| self.head_dim <= w)
     }
+    /// The problem a CTA's key range leaves under a sliding window: a CTA's rows are at most
+    /// `min(max_seqlen_q, ⌈Br / G⌉ + 1)` consecutive tokens, and each sees `left + right + 1` keys around
+    /// its diagonal (right = 0 when causal), so its keys span at most the sum; splits are planned over that
+    /// (and laid out from the CTA's first visible tile by the kernel), not over the context left of the
+    /// window. No left bound (or an unbounded right one without causal) leaves the problem as it is.
+    pub fn windowed(self, window: Option<(i32, i32)>, causal: bool) -> Self {
+        let Some((left, right)) = window else { return self };
+        let right = if causal { Some(0) } else { usize::try_from(right).ok() };
+        let (Ok(left), Some(right)) = (usize::try_from(left), right) else { return self };
+        let br = self.width().map_or(128, block_rows);
+        let tokens = self.max_seqlen_q.min(br.div_ceil(self.group().max(1)) + 1);
+        let span = tokens.saturating_add(left).saturating_add(right);
+        Self { max_seq_len: self.max_seq_len.min(span), ..self }
+    }
     /// CTAs per split: row blocks of `Br` packed rows x KV heads x sequences.
     pub fn ctas_per_split(&self) -> usize {
         let br = self.width().map_or(128, block_rows);
@@ -316,7 +330,11 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
     }
     let scale = softmax_scale(opts.scale, problem.head_dim)?;
     let plan = match workspace.as_deref() {
-        Some(ws) => PagedPrefillPlan::new(&problem, ws.sm_count(), opts.num_splits)?,
+        Some(ws) => PagedPrefillPlan::new(
+            &problem.windowed(opts.score_mod.window, opts.causal),
+            ws.sm_count(),
+            opts.num_splits,
+        )?,
         None if opts.num_splits.is_some_and(|n| n > 1) => {
             return Err(Error::usage("paged_prefill: num_splits > 1 needs a PagedPrefillWorkspace"))
         }
@@ -423,6 +441,23 @@ mod tests {
         // D = 256: Br 64.
         assert_eq!(problem(1, 8, 1, 256, 8, 64).ctas_per_split(), 1);
         assert_eq!(problem(1, 8, 1, 256, 9, 64).ctas_per_split(), 2);
+    }
+
+    #[test]
+    fn windows_plan_over_a_ctas_span() {
+        // gpt-oss spec-verify: q_len 4, 32k context, window 128, G = 8: a CTA's keys span 4 + 128 tokens,
+        // one split (the context would make 17, 16 of them all −inf).
+        let p = problem(1, 64, 8, 64, 4, 32768);
+        assert_eq!(PagedPrefillPlan::new(&p, 132, None).unwrap().num_splits, 17);
+        let w = p.windowed(Some((128, -1)), true);
+        assert_eq!(w.max_seq_len, 4 + 128);
+        assert_eq!(PagedPrefillPlan::new(&w, 132, None).unwrap().num_splits, 1);
+        // Long chunks: a CTA's 128 packed rows at G = 8 are 17 tokens at most.
+        assert_eq!(problem(1, 64, 8, 64, 2048, 32768).windowed(Some((4096, 0)), true).max_seq_len, 17 + 4096);
+        // Unbounded on one side without causal, or no window: unchanged.
+        assert_eq!(p.windowed(Some((128, -1)), false), p);
+        assert_eq!(p.windowed(Some((-1, 0)), true), p);
+        assert_eq!(p.windowed(None, true), p);
     }
 
     #[test]

@@ -404,6 +404,30 @@ static void run_block(Launch &l, Dim3 idx, uint64_t linear) {
   }
 }
 
+// The running totals a block's share is the difference of (the balance counters of FaEmuCounters).
+struct BlockTotals {
+  uint64_t read, written, mma;
+};
+static BlockTotals block_totals(const FaEmuCounters &c) {
+  BlockTotals t{0, 0, c.mma + c.wgmma};
+  for (int r = 0; r < FA_EMU_MAX_REGIONS; ++r) {
+    t.read += c.global_bytes_read[r];
+    t.written += c.global_bytes_written[r];
+  }
+  return t;
+}
+// A block that stored nothing found no work (a fixed-size grid's spare CTA): it joins no balance statistic.
+static void count_block_balance(FaEmuCounters &c, const BlockTotals &before) {
+  const BlockTotals after = block_totals(c);
+  if (after.written == before.written) return;
+  const uint64_t read = after.read - before.read, mma = after.mma - before.mma;
+  c.active_blocks += 1;
+  c.active_bytes_read += read;
+  c.active_mma += mma;
+  if (read > c.max_block_bytes_read) c.max_block_bytes_read = read;
+  if (mma > c.max_block_mma) c.max_block_mma = mma;
+}
+
 static uint64_t gcd(uint64_t a, uint64_t b) {
   while (b) {
     uint64_t r = a % b;
@@ -429,7 +453,9 @@ static void run_grid(Launch &l) {
   for (uint64_t i = 0; i < total && !l.faulted; ++i) {
     uint64_t linear = (uint64_t)(((unsigned __int128)a * i + c) % total);
     Dim3 idx{(int)(linear % gx), (int)(linear / gx % gy), (int)(linear / (gx * gy))};
+    const BlockTotals before = block_totals(l.counters);
     run_block(l, idx, linear);
+    count_block_balance(l.counters, before);
   }
 }
 

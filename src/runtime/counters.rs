@@ -34,6 +34,15 @@ pub struct KernelCounters {
     pub kernel: String,
     /// CTAs run.
     pub blocks: u64,
+    /// CTAs that stored any global byte: those that had work (a fixed-size grid's spare CTAs exit without
+    /// storing). The balance counters below are over these.
+    pub active_blocks: u64,
+    /// The most global bytes one active CTA read, and the sum over active CTAs (mean: [`Self::mean_block_bytes_read`]).
+    pub max_block_bytes_read: u64,
+    pub active_bytes_read: u64,
+    /// The most mma (and wgmma) instructions one active CTA issued, and the sum over active CTAs.
+    pub max_block_mma: u64,
+    pub active_mma: u64,
     /// Global traffic per buffer, in the launch's buffer order (every listed buffer, touched or not).
     pub buffers: Vec<BufferTraffic>,
     /// `mma.m16n8k16` warp instructions.
@@ -96,9 +105,25 @@ impl KernelCounters {
         self.buffer(name).map_or(0, |b| b.written)
     }
 
+    /// Mean global bytes read per active CTA (0 with none).
+    pub fn mean_block_bytes_read(&self) -> f64 {
+        self.active_bytes_read as f64 / self.active_blocks.max(1) as f64
+    }
+    /// Mean mma per active CTA (0 with none).
+    pub fn mean_block_mma(&self) -> f64 {
+        self.active_mma as f64 / self.active_blocks.max(1) as f64
+    }
+    /// The longest CTA's global reads over the mean's: 1 is perfect balance (1 with no active CTA).
+    pub fn read_imbalance(&self) -> f64 {
+        if self.active_blocks == 0 {
+            return 1.0;
+        }
+        self.max_block_bytes_read as f64 / self.mean_block_bytes_read().max(1.0)
+    }
+
     /// Every scalar counter by name, global totals first: the flat view a JSON writer serialises (per-buffer
-    /// traffic is in [`KernelCounters::buffers`]).
-    pub fn values(&self) -> [(&'static str, u64); 17] {
+    /// traffic is in [`KernelCounters::buffers`]; means are sums over `active_blocks`).
+    pub fn values(&self) -> [(&'static str, u64); 22] {
         [
             ("global_bytes_read", self.global_bytes_read()),
             ("global_bytes_written", self.global_bytes_written()),
@@ -116,6 +141,11 @@ impl KernelCounters {
             ("tma_load_bytes", self.tma_load_bytes),
             ("tma_store_bytes", self.tma_store_bytes),
             ("blocks", self.blocks),
+            ("active_blocks", self.active_blocks),
+            ("max_block_bytes_read", self.max_block_bytes_read),
+            ("active_bytes_read", self.active_bytes_read),
+            ("max_block_mma", self.max_block_mma),
+            ("active_mma", self.active_mma),
             ("kernels", 1),
         ]
     }
@@ -123,6 +153,11 @@ impl KernelCounters {
     /// Adds `other`'s counts to these; buffers are matched by name (kernels of one op share its buffers).
     fn accumulate(&mut self, other: &KernelCounters) {
         self.blocks += other.blocks;
+        self.active_blocks += other.active_blocks;
+        self.max_block_bytes_read = self.max_block_bytes_read.max(other.max_block_bytes_read);
+        self.active_bytes_read += other.active_bytes_read;
+        self.max_block_mma = self.max_block_mma.max(other.max_block_mma);
+        self.active_mma += other.active_mma;
         self.mma += other.mma;
         self.ldmatrix += other.ldmatrix;
         self.shuffles += other.shuffles;
@@ -169,6 +204,11 @@ impl KernelCounters {
         Self {
             kernel,
             blocks: c.blocks,
+            active_blocks: c.active_blocks,
+            max_block_bytes_read: c.max_block_bytes_read,
+            active_bytes_read: c.active_bytes_read,
+            max_block_mma: c.max_block_mma,
+            active_mma: c.active_mma,
             buffers,
             mma: c.mma,
             ldmatrix: c.ldmatrix,
@@ -211,7 +251,7 @@ impl LaunchCounters {
 
     /// [`KernelCounters::values`] of the total, with "kernels" the number of kernel launches: what a JSON
     /// writer puts in a `"counters"` object.
-    pub fn values(&self) -> [(&'static str, u64); 17] {
+    pub fn values(&self) -> [(&'static str, u64); 22] {
         let mut v = self.total().values();
         if let Some(k) = v.iter_mut().find(|(name, _)| *name == "kernels") {
             k.1 = self.kernels.len() as u64;
@@ -230,9 +270,12 @@ impl fmt::Display for KernelCounters {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{}: {} blocks; global read {} B, written {} B",
+            "{}: {} blocks ({} active, per-CTA read max {} B / mean {:.0} B); global read {} B, written {} B",
             self.kernel,
             self.blocks,
+            self.active_blocks,
+            self.max_block_bytes_read,
+            self.mean_block_bytes_read(),
             self.global_bytes_read(),
             self.global_bytes_written()
         )?;

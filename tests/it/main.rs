@@ -26,4 +26,5 @@ mod poison;
 mod prefill;
 mod prefill_sm90;
 mod runner;
+mod schedule;
 mod variants;

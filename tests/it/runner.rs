@@ -253,6 +253,37 @@ fn run_emulated_prefill_and_decode_print_a_passing_json_row() {
 
 /// The score-variant flags: every variant alone and together, both ops, as passing JSON rows that carry the
 /// variant fields; --dump adds alibi_slopes.npy and sinks.npy; bad values are usage errors.
+/// Uneven batches: `--seq-lens` (decode, paged prefill) and `--q-lens` (paged prefill); the row carries the
+/// batch, the longest context and the per-kernel balance counters.
+#[test]
+fn uneven_batches_run_from_seq_lens() {
+    for (args, batch) in [
+        ("run --backend emu --op decode --heads 4 --kv-heads 2 --head-dim 64 --seq-lens 700,20,0,65", 4),
+        ("run --backend emu --op paged-prefill --heads 4 --kv-heads 2 --head-dim 64 --seq-lens 300,9 --q-lens 5,9", 2),
+    ] {
+        let o = fused_attn(&format!("{args} --json"));
+        assert_eq!(o.status.code(), Some(0), "{args}: {}", stderr(&o));
+        let r = &json_rows(&o)[0];
+        assert_eq!(r["passed"], true, "{args}: {r}");
+        assert_eq!(
+            (&r["batch"], r["seqlen_k"].as_u64()),
+            (&batch.into(), Some(if batch == 4 { 700 } else { 300 })),
+            "{r}"
+        );
+        let k = &r["counters"]["per_kernel"][0];
+        assert!(
+            k["active_blocks"].as_u64().is_some_and(|n| n > 0) && k["max_block_bytes_read"].as_u64().is_some(),
+            "{k}"
+        );
+        assert!(k["mean_block_bytes_read"].as_f64().is_some_and(|m| m > 0.0), "{k}");
+    }
+    assert_one_line_error(
+        &fused_attn("run --backend emu --op paged-prefill --seq-lens 30,40 --q-lens 3"),
+        2,
+        "--q-lens has 1 entries",
+    );
+}
+
 #[test]
 fn variant_flags_run_and_are_recorded() {
     for (args, want) in [

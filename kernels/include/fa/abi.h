@@ -146,6 +146,21 @@ typedef struct FaAppendParams {
  * directly and the workspace may be NULL.
  * seq_lens / block_table are device data the host cannot check without a sync: the kernel clamps a length
  * into [0, max_pages_per_seq * page_size] and reads the rows of an out-of-range page id as zeros. */
+/* A scheduled decode's unit of work (src/schedule.rs): sequence b, CTA row block head_block (as the uniform
+ * grid's y: KV head head_block / ceil(G/16), query-head block head_block % ceil(G/16)), split `split` of
+ * num_splits, each split_tokens long (laid out from the window's start; the last runs to seq_len, as in the
+ * uniform grid). With num_splits == 1 the unit writes o / lse; else the fp32 partial of state
+ * partial_base + split: partial_o [num_partials, Hq, D] / partial_lse [num_partials, Hq]. */
+typedef struct FaDecodeWork {
+  int32_t b, head_block, split, num_splits, split_tokens, partial_base;
+} FaDecodeWork;
+
+/* One output row of a merge over a row list: states first_state .. first_state + num_states - 1 of row
+ * out_row (out_row < 0: a padding entry, skipped). */
+typedef struct FaMergeRow {
+  int32_t out_row, first_state, num_states;
+} FaMergeRow;
+
 typedef struct FaDecodeParams {
   const void *q;
   void *o;
@@ -162,6 +177,13 @@ typedef struct FaDecodeParams {
   float scale;
   float scale_log2;
   FaScoreMod score_mod;
+  /* Scheduled launch (work != NULL; num_splits, split_tokens unused): grid (num_ctas, 1, 1), CTA x runs the
+   * units work[work_indptr[x] .. work_indptr[x+1]) in turn (a CTA with none exits), then the merge kernel
+   * combines merge_rows[0 .. num_merge_rows) (its padding entries skipped); num_partials bounds the states. */
+  const FaDecodeWork *work;
+  const int32_t *work_indptr; /* [num_ctas + 1], non-decreasing, work_indptr[num_ctas] <= num_work */
+  const FaMergeRow *merge_rows;
+  int32_t num_ctas, num_work, num_merge_rows, num_partials;
 } FaDecodeParams;
 
 /* Paged prefill: packed new query tokens of each sequence over the paged cache (chunked prefill, prefix
@@ -173,8 +195,9 @@ typedef struct FaDecodeParams {
  * head_dim: a multiple of 8 in 32..256; the kernel runs at the smallest instantiated width >= head_dim
  * (32, 64, 96, 128, 256) with the columns past head_dim zero-filled and never stored.
  * max_seqlen_q: the largest q_len (the grid covers max_seqlen_q * Hq / Hkv packed rows per KV head).
- * Split-KV: with num_splits > 1, split s covers keys [s*split_tokens, (s+1)*split_tokens) (the last split
- * runs to seq_len; split_tokens a multiple of 64) and writes fp32 partials partial_o [num_splits, total_q,
+ * Split-KV: with num_splits > 1, split s of a CTA covers keys [k0 + s*split_tokens, k0 + (s+1)*split_tokens),
+ * k0 the first key its rows see (a window's left edge; 0 without one), rounded down to the KV tile (the last
+ * split runs to seq_len; split_tokens a multiple of 64) and writes fp32 partials partial_o [num_splits, total_q,
  * Hq, head_dim] / partial_lse [num_splits, total_q, Hq] (contiguous), which the launcher merges into o / lse
  * with the merge kernel on the same stream (the sinks enter there, once).
  * cu_seqlens_q, seq_lens and block_table are device data: cu_seqlens_q is clamped to [0, total_q], seq_lens
@@ -226,6 +249,10 @@ typedef struct FaMergeParams {
   int32_t num_states, rows_outer, rows_inner, head_dim;
   int32_t states_dtype, out_dtype;
   const float *sinks; /* fp32 [rows_inner] or NULL: row (n, h)'s denominator gains exp(sinks[h]) */
+  /* Row list (or NULL): outer row n < rows_outer merges row_list[n].num_states states of output row
+   * row_list[n].out_row, state s at index row_list[n].first_state + s (o_outer_stride / lse_outer_stride
+   * unused; num_states bounds every count), written at out_row's output position. */
+  const FaMergeRow *row_list;
 } FaMergeParams;
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -247,6 +274,11 @@ enum { FA_EMU_MAX_REGIONS = 32, FA_EMU_MAX_KERNELS = 8 };
 typedef struct FaEmuCounters {
   char kernel[64]; /* the kernel's name, NUL-terminated (truncated) */
   uint64_t blocks; /* CTAs run */
+  /* Balance: per-CTA global bytes read and mma, over the CTAs that stored any global byte ("active": a CTA
+   * of a fixed-size grid that finds no work exits without storing). */
+  uint64_t active_blocks;
+  uint64_t max_block_bytes_read, active_bytes_read;
+  uint64_t max_block_mma, active_mma;
   uint64_t global_bytes_read[FA_EMU_MAX_REGIONS];    /* loads, cp.async sources (predicate true), atomics */
   uint64_t global_bytes_written[FA_EMU_MAX_REGIONS]; /* stores, atomics */
   uint64_t mma;              /* mma.m16n8k16 warp instructions */

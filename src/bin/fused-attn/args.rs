@@ -182,6 +182,13 @@ pub struct RunArgs {
     /// Bottom-right aligned causal mask [prefill; paged-prefill, where it is the default].
     #[arg(long)]
     pub causal: bool,
+    /// Uneven batch: each sequence's context length, comma-separated (e.g. 131072,1024,1024); the batch is
+    /// their count [decode, paged-prefill; replaces --batch and --seqlen-k].
+    #[arg(long, value_delimiter = ',', value_name = "N,N,...", conflicts_with_all = ["batch", "seqlen_k"])]
+    pub seq_lens: Option<Vec<usize>>,
+    /// New query tokens per sequence, one per --seq-lens entry [paged-prefill; default: --seqlen-q each].
+    #[arg(long, value_delimiter = ',', value_name = "N,N,...", requires = "seq_lens")]
+    pub q_lens: Option<Vec<usize>>,
     /// Bidirectional attention over the whole context [paged-prefill only; it is causal by default].
     #[arg(long, conflicts_with = "causal")]
     pub no_causal: bool,
@@ -251,6 +258,19 @@ impl RunArgs {
     pub fn seqlen_k(&self) -> usize {
         self.seqlen_k.unwrap_or(self.seqlen_q)
     }
+    /// Decode: every sequence's context length (--seq-lens, or --batch copies of --seqlen-k).
+    pub fn context_lens(&self) -> Vec<usize> {
+        self.seq_lens.clone().unwrap_or_else(|| vec![self.seqlen_k(); self.batch])
+    }
+    /// Paged prefill: (q_len, seq_len) per sequence.
+    pub fn paged_seqs(&self) -> Result<Vec<(usize, usize)>> {
+        let lens = self.context_lens();
+        let q = self.q_lens.clone().unwrap_or_else(|| vec![self.seqlen_q; lens.len()]);
+        if q.len() != lens.len() {
+            return Err(Error::usage(format!("--q-lens has {} entries, --seq-lens {}", q.len(), lens.len())));
+        }
+        Ok(q.into_iter().zip(lens).collect())
+    }
     /// The score variants the flags ask for.
     pub fn variants(&self) -> CaseVariants {
         let window = (self.window_left, self.window_right);
@@ -306,7 +326,9 @@ impl RunArgs {
 }
 
 /// Flags that apply to some ops only, by clap id: (id, flag, the ops it applies to, why).
-const OP_ONLY: [(&str, &str, &[Op], &str); 7] = [
+const OP_ONLY: [(&str, &str, &[Op], &str); 9] = [
+    ("seq_lens", "--seq-lens", &[Op::Decode, Op::PagedPrefill], "prefill's batches are uniform"),
+    ("q_lens", "--q-lens", &[Op::PagedPrefill], "decode is one query token per sequence"),
     (
         "seqlen_q",
         "--seqlen-q",

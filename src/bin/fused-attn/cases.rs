@@ -604,6 +604,23 @@ fn with_counters(
     for (name, v) in c.values() {
         map.insert(name.to_string(), v.into());
     }
+    // Balance per kernel (the totals' maxima mix kernels): CTAs, those with work, per-CTA reads and mma.
+    let per_kernel: Vec<serde_json::Value> = c
+        .kernels
+        .iter()
+        .map(|k| {
+            serde_json::json!({
+                "kernel": k.kernel,
+                "blocks": k.blocks,
+                "active_blocks": k.active_blocks,
+                "max_block_bytes_read": k.max_block_bytes_read,
+                "mean_block_bytes_read": k.mean_block_bytes_read(),
+                "max_block_mma": k.max_block_mma,
+                "mean_block_mma": k.mean_block_mma(),
+            })
+        })
+        .collect();
+    map.insert("per_kernel".into(), per_kernel.into());
     if let Some(r) = ratios(&c) {
         let r: serde_json::Map<String, serde_json::Value> =
             r.into_iter().map(|(k, v)| (k.to_string(), serde_json::json!(v))).collect();

@@ -67,7 +67,7 @@ fn run(a: &RunArgs, backend: &Backend, out: &mut Output) -> Result<()> {
                 heads_q: a.heads,
                 heads_kv: a.kv_heads(),
                 page_size: a.page_size,
-                seq_lens: vec![a.seqlen_k(); a.batch],
+                seq_lens: a.context_lens(),
                 num_splits: a.num_splits,
                 variants: a.variants(),
             };
@@ -86,7 +86,7 @@ fn run(a: &RunArgs, backend: &Backend, out: &mut Output) -> Result<()> {
                 heads_q: a.heads,
                 heads_kv: a.kv_heads(),
                 page_size: a.page_size,
-                seqs: vec![(a.seqlen_q, a.seqlen_k()); a.batch],
+                seqs: a.paged_seqs()?,
                 causal: !a.no_causal,
                 num_splits: a.num_splits,
                 shared_prefix: 0,

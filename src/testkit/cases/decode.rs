@@ -627,6 +627,17 @@ pub fn check_inputs_emulated(
 /// Runs fixture `f` on the emulator (its cache in its layout, q/o strided if it says so, outputs poisoned
 /// with NaN) and judges it. Strided o: the neighbouring head slices must still be NaN afterwards.
 pub fn run_inputs_emulated<T: Element>(emu: &Emulator, f: &PagedFixture<T>, seed: u64) -> Result<DecodeRun<T>> {
+    run_emulated_on(emu, f, seed, None)
+}
+
+/// [`run_inputs_emulated`] on the caller's workspace (e.g. a scheduled one), or, with `None`, on one
+/// pinned to the plan for the case.
+pub fn run_emulated_on<T: Element>(
+    emu: &Emulator,
+    f: &PagedFixture<T>,
+    seed: u64,
+    workspace: Option<&mut DecodeWorkspace>,
+) -> Result<DecodeRun<T>> {
     let case = &f.case;
     let stream = Stream::Emu(emu);
     let (b, hq, d) = (case.batch(), case.heads_q, case.head_dim);
@@ -657,16 +668,22 @@ pub fn run_inputs_emulated<T: Element>(emu: &Emulator, f: &PagedFixture<T>, seed
         num_splits: case.num_splits,
         score_mod: variants.score_mod(&case.variants),
     };
-    let mut ws = DecodeWorkspace::new(&stream, 0, 0)?;
-    let plan = ws.plan(&case.problem(), &opts)?;
-    ws = DecodeWorkspace::for_plan(&stream, &plan)?;
-    decode(
+    let mut own;
+    let ws = match workspace {
+        Some(ws) => ws,
+        None => {
+            let plan = DecodeWorkspace::new(&stream, 0, 0)?.plan(&case.problem(), &opts)?;
+            own = DecodeWorkspace::for_plan(&stream, &plan)?;
+            &mut own
+        }
+    };
+    let plan = decode(
         &stream,
         &q,
         &cache,
         &mut TensorViewMut::host(&mut o_buf[o_at * d..], [b, hq, d])?.with_strides(strides)?,
         Some(&mut TensorViewMut::host(&mut lse, [b, hq])?),
-        &mut ws,
+        ws,
         &opts,
     )?;
     let mut o = Vec::with_capacity(b * hq * d);

@@ -1,0 +1,482 @@
+//! Work-balanced scheduling of split-KV decode from the batch's real lengths (the FlashInfer-scheduler
+//! class: plan on the host from `seq_lens`, run a fixed-size grid that reads the plan). Pure functions, unit
+//! tested here; the kernel's side is `FaDecodeWork` in kernels/include/fa/abi.h and the scheduled loop of
+//! kernels/decode.cu.
+//!
+//! The uniform plan ([`crate::plan::DecodePlan`]) splits every sequence alike, from `max_seq_len` and the
+//! batch: one long sequence among short ones gets the short ones' split (none), and a plan pinned for a
+//! large batch never splits a small one. A schedule instead cuts each sequence's attended span (its window,
+//! if any) into chunks of its own and packs the units (sequence, KV-head row block, chunk) onto the GPU's
+//! CTA slots:
+//!  1. chunk size: [`SplitPolicy::Balanced`] tries no split and chunks of `total / (slots · f)` tokens for
+//!     f = 1..=[`MAX_UNITS_PER_SLOT`] (each sequence then evens its chunks out, in [`SPLIT_GRANULE`]s), and
+//!     keeps the one whose packing has the lightest heaviest CTA (merging costs [`MERGE_OVERHEAD_TOKENS`]);
+//!     [`SplitPolicy::FixedSplitTokens`] cuts every sequence into chunks of exactly that size, so a
+//!     sequence's units, and its bits, depend on nothing but its own length (batch invariance);
+//!  2. packing: longest-processing-time first (units by decreasing cost onto the least loaded of `slots`
+//!     CTAs, [`UNIT_OVERHEAD_TOKENS`] each), so the heaviest CTA is within one unit of the mean;
+//!  3. only sequences cut in more than one chunk write partials and are merged.
+//!
+//! The kernel computes each unit's token range on the device from the sequence's `seq_len` (the window's
+//! start, `split · split_tokens`, the last split running to the end), so a schedule made from lengths that
+//! have since grown is still correct, only less balanced; and the launch geometry is fixed by the workspace's
+//! capacity, so a CUDA graph captured once replays any schedule written into the same buffer.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use crate::error::{Error, Result};
+use crate::plan::{DecodeProblem, MIN_SPLIT_TOKENS, ROWS_PER_CTA, SPLIT_GRANULE};
+use crate::sys;
+
+/// A unit's fixed cost in tokens streamed: its pipeline fill (three tiles' latency before the first math),
+/// the Q load and the epilogue. Only the packing's choices depend on it.
+pub const UNIT_OVERHEAD_TOKENS: u64 = 32;
+/// What merging costs, in tokens one CTA streams in the same time: the merge kernel's launch and its pass
+/// over the partials (a few microseconds against ~40 ns per token and KV head at D = 128 per CTA slot).
+pub const MERGE_OVERHEAD_TOKENS: u64 = 128;
+/// The balanced policy's chunks are at least `total work / (slots · MAX_UNITS_PER_SLOT)` tokens: at most
+/// about this many units per CTA (plus one tail per sequence), which bounds the workspace (see
+/// [`partial_capacity`]).
+pub const MAX_UNITS_PER_SLOT: usize = 4;
+
+/// How a schedule cuts sequences into chunks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SplitPolicy {
+    /// Chunk size chosen per call from the batch's work (the default).
+    #[default]
+    Balanced,
+    /// Every sequence's span cut into chunks of exactly this many tokens (a multiple of [`SPLIT_GRANULE`])
+    /// from its window's start, the last chunk running to the end: a sequence's result is bitwise the same
+    /// whatever else is in the batch (FlashInfer's `fixed_split_size`).
+    FixedSplitTokens(usize),
+}
+
+impl SplitPolicy {
+    fn check(&self) -> Result<()> {
+        match *self {
+            SplitPolicy::FixedSplitTokens(t) if t == 0 || t % SPLIT_GRANULE != 0 || t > i32::MAX as usize => Err(
+                Error::shape("split policy", format!("{t} tokens per split: a positive multiple of {SPLIT_GRANULE}")),
+            ),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Shared memory one decode CTA needs at kernel width `width` (64, 128, 256): `Traits<D>::kSmemBytes` of
+/// kernels/include/fa/decode/traits.cuh (Q, 4 stages of 16 KiB of K/V, the row-offset ring, the token
+/// groups' (m, l), the hole words).
+pub fn decode_smem_bytes(width: usize) -> usize {
+    let tile_tokens = 16
+        * (match width {
+            64 => 4,
+            128 => 2,
+            _ => 1,
+        });
+    let token_groups = tile_tokens / 16;
+    16 * width * 2
+        + 4 * 2 * tile_tokens * width * 2
+        + 2 * tile_tokens * 16
+        + token_groups * 16 * 2 * 4
+        + 5 * tile_tokens.div_ceil(32) * 4
+}
+
+/// Resident decode CTAs per SM on compute capability `(major, minor)`: the shared memory an SM can give
+/// blocks (228 KiB on sm_90, 164 KiB on sm_80/87, 100 KiB on sm_86/89) over the CTA's need plus the 1 KiB
+/// the hardware reserves per block. Registers never bind first: the launch bounds (128 threads, 3 blocks)
+/// keep a thread at 168 or fewer, which fits three CTAs in any SM's 64 K registers. So: 3 on sm_90, 2 on
+/// sm_80, 1 on sm_86/89 (the uniform planner assumes 2 everywhere).
+pub fn decode_ctas_per_sm(compute_capability: (u32, u32), head_dim: usize) -> usize {
+    let smem_per_sm = match compute_capability {
+        (9, _) => 228 * 1024,
+        (8, 0) | (8, 7) => 164 * 1024,
+        (8, _) => 100 * 1024,
+        _ => 100 * 1024,
+    };
+    let width = crate::head_dim::decode_width(head_dim).unwrap_or(256);
+    (smem_per_sm / (decode_smem_bytes(width) + 1024)).clamp(1, 3)
+}
+
+/// One decode launch's schedule: which units each CTA runs, which sequences are merged, and what each CTA
+/// is predicted to stream.
+#[derive(Debug, Clone)]
+pub struct DecodeSchedule {
+    /// CTA slots the schedule was packed for (SMs × resident CTAs per SM).
+    pub slots: usize,
+    /// The CTAs that have work (≤ slots): CTA x runs `work[cta_indptr[x] .. cta_indptr[x + 1])`.
+    pub cta_indptr: Vec<i32>,
+    pub work: Vec<sys::FaDecodeWork>,
+    /// One entry per sequence cut in more than one chunk, in sequence order.
+    pub merge_rows: Vec<sys::FaMergeRow>,
+    /// Partial states (rows of `[num_partials, Hq, D]` fp32) the split sequences write.
+    pub num_partials: usize,
+    /// Per sequence: (chunks, tokens per chunk; 0 when unsplit).
+    pub splits: Vec<(usize, usize)>,
+    /// K/V tokens each CTA is predicted to stream (from the lengths planned for), per CTA.
+    pub cta_tokens: Vec<u64>,
+    /// The window's left bound the spans were clipped by.
+    pub window_left: Option<usize>,
+    /// The batch planned for.
+    pub batch: usize,
+}
+
+impl DecodeSchedule {
+    /// CTAs with work.
+    pub fn num_ctas(&self) -> usize {
+        self.cta_indptr.len().saturating_sub(1)
+    }
+    /// The heaviest CTA's predicted tokens.
+    pub fn max_cta_tokens(&self) -> u64 {
+        self.cta_tokens.iter().copied().max().unwrap_or(0)
+    }
+    /// The mean over CTAs with work.
+    pub fn mean_cta_tokens(&self) -> f64 {
+        self.cta_tokens.iter().sum::<u64>() as f64 / self.cta_tokens.len().max(1) as f64
+    }
+    /// Heaviest over mean (1 = perfect balance; 1 with no work).
+    pub fn imbalance(&self) -> f64 {
+        let mean = self.mean_cta_tokens();
+        if mean == 0.0 {
+            1.0
+        } else {
+            self.max_cta_tokens() as f64 / mean
+        }
+    }
+    /// Total tokens over the GPU's slots times the heaviest CTA's: the fraction of the slots' time spent
+    /// streaming (1 = every slot busy for the whole launch).
+    pub fn slot_efficiency(&self) -> f64 {
+        let max = self.max_cta_tokens();
+        if max == 0 {
+            return 1.0;
+        }
+        self.cta_tokens.iter().sum::<u64>() as f64 / (self.slots as f64 * max as f64)
+    }
+    /// Largest chunk count of any sequence.
+    pub fn max_splits(&self) -> usize {
+        self.splits.iter().map(|s| s.0).max().unwrap_or(1)
+    }
+}
+
+/// CTA row blocks per sequence: KV heads × blocks of up to 16 of their query heads (the uniform grid's y).
+pub fn head_blocks(problem: &DecodeProblem) -> usize {
+    problem.heads_kv * problem.group().div_ceil(ROWS_PER_CTA)
+}
+
+/// Tokens sequence `len` attends to under a window of left bound `window_left`: the kernel's
+/// `[max(0, len − 1 − w), len)`.
+pub fn attended_span(len: usize, window_left: Option<usize>) -> usize {
+    window_left.map_or(len, |w| len.min(w.saturating_add(1)))
+}
+
+/// The most partial states a schedule for these limits can write: with the balanced policy at most
+/// `MAX_UNITS_PER_SLOT · slots / head_blocks + batch` chunks in all (chunks are at least total / (slots · 4)
+/// tokens, and each sequence adds at most one tail); with fixed splits, every sequence at `max_seq_len`.
+pub fn partial_capacity(
+    limits: &DecodeProblem,
+    window_left: Option<usize>,
+    slots: usize,
+    policy: SplitPolicy,
+) -> usize {
+    let span = attended_span(limits.max_seq_len, window_left);
+    let per_seq = match policy {
+        SplitPolicy::Balanced => {
+            let bound = MAX_UNITS_PER_SLOT * slots / head_blocks(limits).max(1) + limits.batch;
+            return bound.min(limits.batch * span.div_ceil(MIN_SPLIT_TOKENS).max(1));
+        }
+        SplitPolicy::FixedSplitTokens(t) => span.div_ceil(t.max(1)).max(1),
+    };
+    limits.batch * per_seq
+}
+
+/// The most units a schedule for these limits can hold: every chunk times the head blocks.
+pub fn work_capacity(limits: &DecodeProblem, window_left: Option<usize>, slots: usize, policy: SplitPolicy) -> usize {
+    (partial_capacity(limits, window_left, slots, policy) + limits.batch) * head_blocks(limits)
+}
+
+/// Cuts of one candidate: per sequence (chunks, tokens per chunk).
+fn cuts(spans: &[usize], chunk: Option<usize>, fixed: bool) -> Vec<(usize, usize)> {
+    spans
+        .iter()
+        .map(|&span| match chunk {
+            Some(c) if span > c => {
+                if fixed {
+                    return (span.div_ceil(c), c);
+                }
+                // Even chunks of whole granules, no empty one.
+                let n = span.div_ceil(c);
+                let per = span.div_ceil(n).next_multiple_of(SPLIT_GRANULE);
+                let n = span.div_ceil(per);
+                if n == 1 {
+                    (1, 0)
+                } else {
+                    (n, per)
+                }
+            }
+            _ => (1, 0),
+        })
+        .collect()
+}
+
+/// One unit before packing: (tokens, sequence, head block, split).
+type Unit = (u64, usize, usize, usize);
+
+fn units_of(spans: &[usize], cuts: &[(usize, usize)], blocks: usize) -> Vec<Unit> {
+    let mut units = Vec::new();
+    for (b, (&span, &(n, per))) in spans.iter().zip(cuts).enumerate() {
+        for s in 0..n {
+            let tokens = if n == 1 { span } else { per.min(span - s * per) };
+            for y in 0..blocks {
+                units.push((tokens as u64, b, y, s));
+            }
+        }
+    }
+    // Longest first; ties in (sequence, head block, split) order, so a schedule is a pure function.
+    units.sort_by_key(|&(t, b, y, s)| (Reverse(t), b, s, y));
+    units
+}
+
+/// Longest-processing-time packing of `units` (sorted) onto up to `slots` CTAs: per CTA its units and its
+/// cost (tokens + UNIT_OVERHEAD_TOKENS each).
+fn pack(units: &[Unit], slots: usize) -> Vec<(u64, Vec<usize>)> {
+    let ctas = slots.min(units.len()).max(1);
+    let mut bins: Vec<(u64, Vec<usize>)> = vec![(0, Vec::new()); ctas];
+    let mut heap: BinaryHeap<Reverse<(u64, usize)>> = (0..ctas).map(|x| Reverse((0, x))).collect();
+    for (i, u) in units.iter().enumerate() {
+        let Reverse((load, x)) = heap.pop().expect("at least one CTA");
+        let load = load + u.0 + UNIT_OVERHEAD_TOKENS;
+        bins[x].0 = load;
+        bins[x].1.push(i);
+        heap.push(Reverse((load, x)));
+    }
+    bins
+}
+
+/// Schedules a decode of `problem`'s heads over sequences of `seq_lens` tokens (the host's copy of what
+/// the launch's `seq_lens` hold; negative entries count as 0) on `slots` CTA slots.
+pub fn schedule_decode(
+    problem: &DecodeProblem,
+    seq_lens: &[i32],
+    window_left: Option<usize>,
+    slots: usize,
+    policy: SplitPolicy,
+) -> Result<DecodeSchedule> {
+    policy.check()?;
+    let slots = slots.max(1);
+    let blocks = head_blocks(problem);
+    let spans: Vec<usize> = seq_lens.iter().map(|&l| attended_span(l.max(0) as usize, window_left)).collect();
+    let total: u64 = spans.iter().map(|&s| s as u64).sum::<u64>() * blocks as u64;
+    let cut = match policy {
+        SplitPolicy::FixedSplitTokens(t) => cuts(&spans, Some(t), true),
+        SplitPolicy::Balanced => {
+            let longest = spans.iter().copied().max().unwrap_or(0);
+            let mut candidates: Vec<Option<usize>> = vec![None];
+            for f in 1..=MAX_UNITS_PER_SLOT {
+                let c =
+                    (total.div_ceil((slots * f) as u64) as usize).next_multiple_of(SPLIT_GRANULE).max(MIN_SPLIT_TOKENS);
+                if c < longest && !candidates.contains(&Some(c)) {
+                    candidates.push(Some(c));
+                }
+            }
+            let mut best: Option<(u64, Vec<(usize, usize)>)> = None;
+            for c in candidates {
+                let cut = cuts(&spans, c, false);
+                let bins = pack(&units_of(&spans, &cut, blocks), slots);
+                let merges = cut.iter().any(|&(n, _)| n > 1);
+                let cost = bins.iter().map(|b| b.0).max().unwrap_or(0) + if merges { MERGE_OVERHEAD_TOKENS } else { 0 };
+                if best.as_ref().is_none_or(|(c0, _)| cost < *c0) {
+                    best = Some((cost, cut));
+                }
+            }
+            best.map(|b| b.1).unwrap_or_default()
+        }
+    };
+    let units = units_of(&spans, &cut, blocks);
+    let bins = pack(&units, slots);
+
+    let mut merge_rows = Vec::new();
+    let mut base = vec![0usize; spans.len()];
+    let mut num_partials = 0usize;
+    for (b, &(n, _)) in cut.iter().enumerate() {
+        if n > 1 {
+            base[b] = num_partials;
+            merge_rows.push(sys::FaMergeRow {
+                out_row: to_i32(b)?,
+                first_state: to_i32(num_partials)?,
+                num_states: to_i32(n)?,
+            });
+            num_partials += n;
+        }
+    }
+    let mut cta_indptr = vec![0i32];
+    let mut work = Vec::with_capacity(units.len());
+    let mut cta_tokens = Vec::with_capacity(bins.len());
+    for (_, members) in bins.iter().filter(|b| !b.1.is_empty()) {
+        let mut tokens = 0u64;
+        for &i in members {
+            let (t, b, y, s) = units[i];
+            tokens += t;
+            let (n, per) = cut[b];
+            work.push(sys::FaDecodeWork {
+                b: to_i32(b)?,
+                head_block: to_i32(y)?,
+                split: to_i32(s)?,
+                num_splits: to_i32(n)?,
+                split_tokens: to_i32(per)?,
+                partial_base: to_i32(base[b])?,
+            });
+        }
+        cta_indptr.push(to_i32(work.len())?);
+        cta_tokens.push(tokens);
+    }
+    if spans.is_empty() {
+        cta_tokens.clear();
+    }
+    Ok(DecodeSchedule {
+        slots,
+        cta_indptr,
+        work,
+        merge_rows,
+        num_partials,
+        splits: cut,
+        cta_tokens,
+        window_left,
+        batch: seq_lens.len(),
+    })
+}
+
+/// The makespan, in tokens (with [`UNIT_OVERHEAD_TOKENS`] per CTA), of the uniform grid of `plan` over
+/// these lengths on `slots` CTA slots, modelling the hardware's block dispatch: CTAs in launch order (split
+/// fastest, then row block, then sequence), each onto the slot that frees first. The schedule's own
+/// makespan is its heaviest CTA; the ratio of the two is the predicted speed-up.
+pub fn uniform_makespan(
+    plan: &crate::plan::DecodePlan,
+    seq_lens: &[i32],
+    window_left: Option<usize>,
+    slots: usize,
+) -> u64 {
+    let blocks = plan.grid[1];
+    let mut heap: BinaryHeap<Reverse<u64>> = (0..slots.max(1)).map(|_| Reverse(0)).collect();
+    let mut makespan = 0;
+    for &len in seq_lens {
+        let len = len.max(0) as usize;
+        for _ in 0..blocks {
+            for s in 0..plan.num_splits {
+                let (b, e) = plan.split_range_windowed(s, len, window_left);
+                let Reverse(free) = heap.pop().expect("a slot");
+                let done = free + (e - b) as u64 + UNIT_OVERHEAD_TOKENS;
+                makespan = makespan.max(done);
+                heap.push(Reverse(done));
+            }
+        }
+    }
+    makespan
+}
+
+/// The schedule's makespan in the same model: its heaviest CTA, [`UNIT_OVERHEAD_TOKENS`] per unit, plus
+/// [`MERGE_OVERHEAD_TOKENS`] when it merges.
+pub fn schedule_makespan(s: &DecodeSchedule) -> u64 {
+    let mut per_cta = vec![0u64; s.num_ctas()];
+    for (x, w) in s.cta_indptr.windows(2).enumerate() {
+        per_cta[x] = s.cta_tokens[x] + (w[1] - w[0]) as u64 * UNIT_OVERHEAD_TOKENS;
+    }
+    per_cta.into_iter().max().unwrap_or(0) + if s.merge_rows.is_empty() { 0 } else { MERGE_OVERHEAD_TOKENS }
+}
+
+fn to_i32(v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::overflow("schedule", format!("{v} does not fit in i32")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problem(batch: usize, hq: usize, hkv: usize, len: usize) -> DecodeProblem {
+        DecodeProblem { batch, heads_q: hq, heads_kv: hkv, head_dim: 128, max_seq_len: len }
+    }
+    const H100_SLOTS: usize = 132 * 3;
+
+    /// Every sequence's chunks tile its span exactly once per head block.
+    fn check_covers(s: &DecodeSchedule, lens: &[i32], blocks: usize) {
+        let mut seen = vec![vec![0usize; blocks]; lens.len()];
+        for w in &s.work {
+            let (n, per) = s.splits[w.b as usize];
+            assert_eq!((w.num_splits as usize, w.split_tokens as usize), (n, per));
+            seen[w.b as usize][w.head_block as usize] += 1;
+        }
+        assert!(seen.iter().enumerate().all(|(b, v)| v.iter().all(|&c| c == s.splits[b].0)), "{seen:?}");
+        for (b, &(n, per)) in s.splits.iter().enumerate() {
+            if n > 1 {
+                let span = attended_span(lens[b] as usize, s.window_left);
+                assert!((n - 1) * per < span && n * per >= span, "seq {b}: {n} x {per} for {span}");
+            }
+        }
+        assert_eq!(s.num_partials, s.splits.iter().filter(|x| x.0 > 1).map(|x| x.0).sum::<usize>());
+    }
+
+    #[test]
+    fn one_long_sequence_fills_the_slots() {
+        let p = problem(1, 32, 8, 32768);
+        let s = schedule_decode(&p, &[32768], None, H100_SLOTS, SplitPolicy::Balanced).unwrap();
+        check_covers(&s, &[32768], 8);
+        assert!(s.num_ctas() as f64 >= 0.9 * H100_SLOTS as f64, "{} CTAs", s.num_ctas());
+        assert!(s.imbalance() <= 1.25 && s.slot_efficiency() >= 0.85, "{} {}", s.imbalance(), s.slot_efficiency());
+    }
+
+    #[test]
+    fn skewed_batches_are_balanced() {
+        let p = problem(64, 32, 8, 131072);
+        let mut lens = vec![131072];
+        lens.extend([1024; 63]);
+        let s = schedule_decode(&p, &lens, None, H100_SLOTS, SplitPolicy::Balanced).unwrap();
+        check_covers(&s, &lens, 8);
+        assert!(s.imbalance() <= 1.25, "imbalance {}", s.imbalance());
+        assert_eq!(s.num_ctas(), H100_SLOTS);
+        // Only the long sequence was split, so only it is merged.
+        assert_eq!(s.merge_rows.len(), 1);
+        assert!(s.work.len() <= work_capacity(&p, None, H100_SLOTS, SplitPolicy::Balanced));
+        assert!(s.num_partials <= partial_capacity(&p, None, H100_SLOTS, SplitPolicy::Balanced));
+    }
+
+    #[test]
+    fn uniform_full_batches_are_cut_only_when_the_packing_gains() {
+        let p = problem(64, 32, 8, 8192);
+        let s = schedule_decode(&p, &[8192; 64], None, H100_SLOTS, SplitPolicy::Balanced).unwrap();
+        check_covers(&s, &[8192; 64], 8);
+        assert!(s.imbalance() <= 1.1 && s.slot_efficiency() >= 0.9, "{} {}", s.imbalance(), s.slot_efficiency());
+        // Enough work per slot already, evenly divided: no split.
+        let s = schedule_decode(&problem(132, 8, 3, 4096), &[4096; 132], None, 132, SplitPolicy::Balanced).unwrap();
+        assert_eq!((s.max_splits(), s.merge_rows.len()), (1, 0));
+    }
+
+    #[test]
+    fn fixed_split_size_depends_only_on_the_sequence() {
+        let p = problem(4, 8, 2, 5000);
+        let pol = SplitPolicy::FixedSplitTokens(512);
+        let a = schedule_decode(&p, &[1500], Some(1000), 16, pol).unwrap();
+        let b = schedule_decode(&p, &[700, 5000, 1500, 33], Some(1000), 16, pol).unwrap();
+        assert_eq!(a.splits[0], b.splits[2]);
+        assert_eq!(a.splits[0], (2, 512)); // window of 1001 tokens
+        assert_eq!(b.splits[3], (1, 0));
+        check_covers(&b, &[700, 5000, 1500, 33], 2);
+        assert!(schedule_decode(&p, &[1], None, 16, SplitPolicy::FixedSplitTokens(100)).is_err());
+    }
+
+    #[test]
+    fn empty_and_zero_length_batches() {
+        let p = problem(3, 8, 1, 100);
+        let s = schedule_decode(&p, &[0, 0, 5], None, 8, SplitPolicy::Balanced).unwrap();
+        // Every sequence still gets its unit (a zero-length one writes o = 0, lse = −inf).
+        assert_eq!(s.work.len(), 3);
+        let s = schedule_decode(&p, &[], None, 8, SplitPolicy::Balanced).unwrap();
+        assert_eq!((s.work.len(), s.num_ctas()), (0, 0));
+    }
+
+    #[test]
+    fn occupancy_per_arch() {
+        assert_eq!(decode_smem_bytes(128), 70_932);
+        assert_eq!(decode_ctas_per_sm((9, 0), 128), 3);
+        assert_eq!(decode_ctas_per_sm((8, 0), 128), 2);
+        assert_eq!(decode_ctas_per_sm((8, 9), 64), 1);
+        assert_eq!(decode_ctas_per_sm((8, 6), 256), 1);
+    }
+}
