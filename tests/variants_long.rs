@@ -624,33 +624,32 @@ fn probed(tq: usize, tk: usize, dists: &[usize]) -> (Vec<(usize, usize)>, Vec<Op
 fn alibi_probes_at_every_range() {
     let seed = common::case_seed(31_000);
     let mut cases = Vec::new();
-    // Prefill: dense and varlen, sm_80 and sm_90a.
-    let (seqs, probes) = probed(16, 32_768, &[1016, 32_752]);
+    // Prefill: dense over 8k keys, varlen over 32k, 2k and 5k (no probe: a geometric row), sm_80 and sm_90a.
+    let (seqs, probes) = probed(16, 8192, &[1016, 8176]);
     let mut p = Problem::constant_keys(DType::Bf16, &seqs, (2, 1, 64), true, &probes, seed);
     p.slopes = probe_slopes(2);
     cases.push((p, vec![Op::Dense(PrefillKernel::Sm80), Op::Dense(PrefillKernel::Sm90)]));
-    let (mut seqs, mut probes) = probed(16, 8192, &[4088, 8176]);
-    seqs.push((16, 2048));
-    probes.push(Some(2048 - 16 - 1016));
-    let mut p = Problem::constant_keys(DType::F16, &seqs, (4, 2, 128), true, &probes, seed + 1);
-    p.slopes = probe_slopes(4);
+    let seqs = [(16, 32_768), (16, 2048), (1, 5000)];
+    let probes = [Some(0), Some(2048 - 16 - 1016), None];
+    let mut p = Problem::constant_keys(DType::F16, &seqs, (2, 1, 64), true, &probes, seed + 1);
+    p.slopes = probe_slopes(2);
     cases.push((p, vec![Op::Varlen(PrefillKernel::Sm80), Op::Varlen(PrefillKernel::Sm90)]));
-    // Paged prefill: chunks of 16 new tokens over 32k and 4k contexts, one split and several.
-    let (mut seqs, mut probes) = probed(16, 32_768, &[1016, 16_376, 32_752]);
-    seqs.push((16, 4096));
-    probes.push(Some(4096 - 16 - 2040));
-    let mut p = Problem::constant_keys(DType::Bf16, &seqs, (8, 2, 64), true, &probes, seed + 2);
+    // Paged prefill: chunks of 16 new tokens over 32k, 4k and 2k contexts, one split and several.
+    let seqs = [(16, 32_768), (16, 4096), (16, 2048)];
+    let probes = [Some(0), Some(4096 - 16 - 1016), Some(2048 - 16 - 2016)];
+    let mut p = Problem::constant_keys(DType::Bf16, &seqs, (8, 1, 128), true, &probes, seed + 2);
     p.slopes = probe_slopes(8);
     cases.push((
         p,
         vec![Op::Paged { page_size: 16, splits: Some(1) }, Op::Paged { page_size: 64, splits: Some(5) }],
     ));
-    // Decode: one row per sequence, probes at distances 0 .. 32767.
-    let dists = [0usize, 1, 63, 64, 1023, 1024, 1025, 1040, 4095, 16_384, 32_767];
-    let seqs: Vec<(usize, usize)> = dists.iter().map(|_| (1, 32_768)).collect();
-    let probes: Vec<Option<usize>> = dists.iter().map(|&d| Some(32_767 - d)).collect();
-    let mut p = Problem::constant_keys(DType::Bf16, &seqs, (16, 2, 128), true, &probes, seed + 3);
-    p.slopes = probe_slopes(16);
+    // Decode: one row per sequence, probes at distances 0 .. 32767 (each sequence up to 64 keys longer than
+    // its probe's distance: 64 to 32,768 keys).
+    let dists = [0usize, 1, 63, 64, 1023, 1024, 1025, 1040, 4095, 16_000, 32_767];
+    let seqs: Vec<(usize, usize)> = dists.iter().map(|&d| (1, (d + 64).min(32_768))).collect();
+    let probes: Vec<Option<usize>> = seqs.iter().zip(&dists).map(|(s, &d)| Some(s.1 - 1 - d)).collect();
+    let mut p = Problem::constant_keys(DType::Bf16, &seqs, (8, 1, 64), true, &probes, seed + 3);
+    p.slopes = probe_slopes(8);
     cases.push((
         p,
         vec![
@@ -679,64 +678,65 @@ fn sinks_for(hq: usize, n: usize) -> Vec<f32> {
 #[test]
 fn window_sinks_softcap_at_long_range() {
     let seed = common::case_seed(31_100);
-    let prefill_ops = || {
-        vec![
-            Op::Dense(PrefillKernel::Sm80),
-            Op::Dense(PrefillKernel::Sm90),
-            Op::Varlen(PrefillKernel::Sm80),
-            Op::Varlen(PrefillKernel::Sm90),
-            Op::Paged { page_size: 16, splits: Some(1) },
-            Op::Paged { page_size: 32, splits: Some(4) },
-        ]
-    };
-    let decode_ops = || {
-        vec![
-            Op::Decode { page_size: 16, splits: Some(1) },
-            Op::Decode { page_size: 64, splits: Some(2) },
-            Op::Decode { page_size: 256, splits: None },
-        ]
-    };
+    // Every prefill and decode op, dealt round-robin over the cases of each variant (each case runs
+    // three prefill ops or two decode ones; each variant meets every op).
+    let prefill_ops = [
+        Op::Dense(PrefillKernel::Sm80),
+        Op::Varlen(PrefillKernel::Sm90),
+        Op::Paged { page_size: 16, splits: Some(1) },
+        Op::Dense(PrefillKernel::Sm90),
+        Op::Varlen(PrefillKernel::Sm80),
+        Op::Paged { page_size: 32, splits: Some(4) },
+    ];
+    let decode_ops = [
+        Op::Decode { page_size: 16, splits: Some(1) },
+        Op::Decode { page_size: 64, splits: Some(2) },
+        Op::Decode { page_size: 256, splits: None },
+        Op::Decode { page_size: 1, splits: Some(3) },
+    ];
+    let pre = |i: usize| prefill_ops[3 * (i % 2)..3 * (i % 2) + 3].to_vec();
+    let dec = |i: usize| vec![decode_ops[(2 * i) % 4], decode_ops[(2 * i + 1) % 4]];
     let mut cases = Vec::new();
     // gpt-oss: windows of 8k (far from the diagonal's tiles) and 128 with sinks, over 32k keys.
     for (i, window) in [(8191, 0), (127, 0)].into_iter().enumerate() {
-        let seqs = [(16, 32_768), (16, 32_768)];
-        let mut p = Problem::constant_keys(DType::Bf16, &seqs, (4, 1, 64), true, &[], seed + i as u64);
-        (p.window, p.sinks) = (Some(window), sinks_for(4, window.0 as usize + 1));
-        cases.push((p, prefill_ops()));
-        let seqs = [(1, 32_768), (1, 20_001), (1, 8192), (1, 8191), (1, 100)];
-        let mut p = Problem::constant_keys(DType::F16, &seqs, (8, 2, 128), true, &[], seed + 10 + i as u64);
+        let seqs = [(16, 32_768)];
+        let mut p = Problem::constant_keys(DType::Bf16, &seqs, (2, 1, 64), true, &[], seed + i as u64);
+        (p.window, p.sinks) = (Some(window), sinks_for(2, window.0 as usize + 1));
+        cases.push((p, pre(i)));
+        let seqs = [(1, 32_768), (1, 8192), (1, 8191), (1, 100)];
+        let mut p = Problem::constant_keys(DType::F16, &seqs, (8, 1, 128), true, &[], seed + 10 + i as u64);
         (p.window, p.sinks) = (Some(window), sinks_for(8, window.0 as usize + 1));
-        cases.push((p, decode_ops()));
+        cases.push((p, dec(i)));
     }
     // Gemma 2: softcaps over probes at far distances, inside a 4k window.
     for (i, cap) in [30.0f32, 50.0].into_iter().enumerate() {
         let (seqs, probes) = probed(16, 16_384, &[1016, 4064]);
-        let mut p = Problem::constant_keys(DType::Bf16, &seqs, (2, 1, 128), true, &probes, seed + 20 + i as u64);
+        let mut p = Problem::constant_keys(DType::Bf16, &seqs, (2, 1, 64), true, &probes, seed + 20 + i as u64);
         (p.window, p.softcap) = (Some((4095, 0)), Some(cap));
-        cases.push((p, prefill_ops()));
-        let dists = [0usize, 1025, 4095, 4096, 16_383];
+        cases.push((p, pre(i)));
+        let dists = [0usize, 1025, 4095, 4096];
         let seqs: Vec<(usize, usize)> = dists.iter().map(|_| (1, 16_384)).collect();
         let probes: Vec<Option<usize>> = dists.iter().map(|&d| Some(16_383 - d)).collect();
         let mut p = Problem::constant_keys(DType::Bf16, &seqs, (4, 1, 64), true, &probes, seed + 30 + i as u64);
         (p.window, p.softcap) = (Some((4095, 0)), Some(cap));
-        cases.push((p, decode_ops()));
+        cases.push((p, dec(i)));
     }
     // Bidirectional windows (prefill and paged prefill): blocks [pos − 1000, pos + 3000].
     let seqs = [(64, 16_384)];
     let mut p = Problem::constant_keys(DType::F16, &seqs, (2, 2, 64), false, &[], seed + 40);
     p.window = Some((1000, 3000));
-    cases.push((p, prefill_ops()));
-    // All four: a 16k window, softcap 30, ALiBi, sinks; probes near and far.
-    let (seqs, probes) = probed(16, 32_768, &[1016, 12_000]);
-    let mut p = Problem::constant_keys(DType::Bf16, &seqs, (4, 2, 64), true, &probes, seed + 50);
-    (p.window, p.softcap, p.slopes, p.sinks) = (Some((16_383, 0)), Some(30.0), probe_slopes(4), sinks_for(4, 1 << 20));
-    cases.push((p, prefill_ops()));
+    cases.push((p, pre(0)));
+    // All four: a 12k (prefill) or 16k (decode) window, softcap 30, ALiBi, sinks; probes near and far.
+    let (seqs, probes) = probed(16, 32_768, &[12_000]);
+    let mut p = Problem::constant_keys(DType::Bf16, &seqs, (2, 1, 64), true, &probes, seed + 50);
+    (p.window, p.softcap, p.slopes, p.sinks) = (Some((12_287, 0)), Some(30.0), probe_slopes(2), sinks_for(2, 1 << 20));
+    cases.push((p, pre(1)));
     let dists = [3usize, 1500, 16_000];
     let seqs: Vec<(usize, usize)> = dists.iter().map(|_| (1, 32_768)).collect();
     let probes: Vec<Option<usize>> = dists.iter().map(|&d| Some(32_767 - d)).collect();
     let mut p = Problem::constant_keys(DType::Bf16, &seqs, (8, 1, 64), true, &probes, seed + 51);
     (p.window, p.softcap, p.slopes, p.sinks) = (Some((16_383, 0)), Some(30.0), probe_slopes(8), sinks_for(8, 1 << 20));
-    cases.push((p, decode_ops()));
+    cases.push((p, dec(2)));
     check_all("window_sinks_softcap_at_long_range", &cases, seed);
 }
 
@@ -780,15 +780,13 @@ fn every_head_its_own_slope_and_sink() {
         p.sinks = sinks_for(hq, 2048);
         cases.push((p, vec![Op::Paged { page_size: 16, splits: Some(1) }, Op::Paged { page_size: 16, splits: Some(3) }]));
     }
-    // Prefill at Hq = 64 / Hkv = 8: slopes and sinks together, a probe at distances 1200..1215.
-    let (seqs, probes) = probed(16, 1280, &[1200]);
+    // Prefill at Hq = 64 / Hkv = 8: slopes and sinks together, a probe at distances 1050..1065 and sinks
+    // as heavy as the probe (σ_h within ±2 of its score), so each head's LSE depends on both.
+    let (seqs, probes) = probed(16, 1088, &[1050]);
     let mut p = Problem::constant_keys(DType::Bf16, &seqs, (64, 8, 64), true, &probes, seed + 50);
     p.slopes = probe_slopes(64);
+    p.sinks = sinks_for(64, 1).iter().map(|&s| s + 63.0).collect();
     cases.push((p, vec![Op::Dense(PrefillKernel::Sm80), Op::Varlen(PrefillKernel::Sm90)]));
-    let seqs = [(16, 1280)];
-    let mut p = Problem::constant_keys(DType::F16, &seqs, (64, 8, 64), true, &[], seed + 51);
-    p.sinks = sinks_for(64, 1280);
-    cases.push((p, vec![Op::Dense(PrefillKernel::Sm90), Op::Varlen(PrefillKernel::Sm80)]));
     check_all("every_head_its_own_slope_and_sink", &cases, seed);
 }
 
@@ -917,9 +915,9 @@ fn random_long_context_sweeps() {
     for (i, v) in sweep_variants().into_iter().enumerate() {
         let seed = base + 10 * i as u64;
         // Prefill: 16 query rows over 4k–32k keys.
-        let tk = [4096, 32_768, 8192, 16_384, 32_768][i];
+        let tk = [4096, 8192, 8192, 4096, 32_768][i];
         let kernel = if i % 2 == 0 { PrefillKernel::Sm80 } else { PrefillKernel::Sm90 };
-        let mut c = PrefillCase::dense(DType::Bf16, if i % 2 == 0 { 64 } else { 128 }, true, 16, tk, (2, 1));
+        let mut c = PrefillCase::dense(DType::Bf16, if i == 3 { 128 } else { 64 }, true, 16, tk, (2, 1));
         (c.variants, c.kernel) = (v, kernel);
         let start = std::time::Instant::now();
         let mut f = PrefillFixture::<bf16>::new(&c, seed).unwrap();
@@ -930,7 +928,7 @@ fn random_long_context_sweeps() {
         let o = f.evaluate(&out).unwrap();
         record(format!("prefill {kernel:?} {}", c.label()), o.passed(), o.summary(), start.elapsed().as_secs_f64());
         // Paged prefill: chunks of 8 and 3 new tokens over 4k–32k contexts.
-        let len = [32_768, 4096, 16_384, 8192, 32_768][i];
+        let len = [8192, 4096, 16_384, 4096, 32_768][i];
         let mut c = paged_case(64, (4, 1), [16, 64, 1, 256, 16][i], &[(8, len), (3, 4100)]);
         (c.variants, c.num_splits, c.dtype) = (v, Some([1, 3, 1, 2, 5][i]), DType::F16);
         let start = std::time::Instant::now();
@@ -941,14 +939,14 @@ fn random_long_context_sweeps() {
         let (po, pl, plan) = f.run(&Stream::Emu(&emu), None).unwrap();
         let o = evaluate(&f, seed + 1, plan, &po, &pl).unwrap();
         record(format!("paged prefill {}", c.label()), o.passed(), o.summary(), start.elapsed().as_secs_f64());
-        // Decode: 32k, 5k and 4k contexts, one split, several, planned.
+        // Decode: 4k–32k contexts, one split, several, planned.
         let c = DecodeCase {
             dtype: DType::Bf16,
             head_dim: 128,
             heads_q: 8,
-            heads_kv: 2,
+            heads_kv: 1,
             page_size: [16, 256, 1, 64, 16][i],
-            seq_lens: vec![32_768, 5000, 4096],
+            seq_lens: if i == 4 { vec![32_768, 4100] } else { vec![[16_384, 4096, 8192, 12_000][i], 5000] },
             num_splits: [Some(1), Some(4), None, Some(2), None][i],
             variants: v,
         };
