@@ -633,11 +633,15 @@ fn alibi_probes_at_every_range() {
     let probes = [Some(0), Some(2048 - 16 - 1016), None];
     let mut p = Problem::constant_keys(DType::F16, &seqs, (2, 1, 64), true, &probes, seed + 1);
     p.slopes = probe_slopes(2);
-    cases.push((p, vec![Op::Varlen(PrefillKernel::Sm80), Op::Varlen(PrefillKernel::Sm90)]));
-    // Paged prefill: chunks of 16 new tokens over 32k, 4k and 2k contexts, one split and several.
-    let seqs = [(16, 32_768), (16, 4096), (16, 2048)];
-    let probes = [Some(0), Some(4096 - 16 - 1016), Some(2048 - 16 - 2016)];
-    let mut p = Problem::constant_keys(DType::Bf16, &seqs, (8, 1, 128), true, &probes, seed + 2);
+    cases.push((p, vec![Op::Varlen(PrefillKernel::Sm80)]));
+    // sm_90a without the 32k sequence (its ALiBi at 32k: window_sinks_softcap_at_long_range, all four).
+    let mut p = Problem::constant_keys(DType::F16, &seqs[1..], (2, 1, 64), true, &probes[1..], seed + 4);
+    p.slopes = probe_slopes(2);
+    cases.push((p, vec![Op::Varlen(PrefillKernel::Sm90)]));
+    // Paged prefill: chunks of 16 new tokens over 32k and 2k contexts, one split and several.
+    let seqs = [(16, 32_768), (16, 2048)];
+    let probes = [Some(0), Some(2048 - 16 - 1016)];
+    let mut p = Problem::constant_keys(DType::Bf16, &seqs, (8, 1, 64), true, &probes, seed + 2);
     p.slopes = probe_slopes(8);
     cases.push((
         p,
@@ -780,13 +784,19 @@ fn every_head_its_own_slope_and_sink() {
         p.sinks = sinks_for(hq, 2048);
         cases.push((p, vec![Op::Paged { page_size: 16, splits: Some(1) }, Op::Paged { page_size: 16, splits: Some(3) }]));
     }
-    // Prefill at Hq = 64 / Hkv = 8: slopes and sinks together, a probe at distances 1050..1065 and sinks
-    // as heavy as the probe (σ_h within ±2 of its score), so each head's LSE depends on both.
-    let (seqs, probes) = probed(16, 1088, &[1050]);
-    let mut p = Problem::constant_keys(DType::Bf16, &seqs, (64, 8, 64), true, &probes, seed + 50);
-    p.slopes = probe_slopes(64);
-    p.sinks = sinks_for(64, 1).iter().map(|&s| s + 63.0).collect();
-    cases.push((p, vec![Op::Dense(PrefillKernel::Sm80), Op::Varlen(PrefillKernel::Sm90)]));
+    // Prefill: slopes and sinks together, a probe at distances 200..215 ((m_h − m_h')·d ≥ 5e-4, 50× the
+    // bound) and sinks as heavy as the probe (σ_h within ±2 of its score), so each head's LSE depends on
+    // both. Hq = 64 / Hkv = 8 on sm_80, Hq = 32 / Hkv = 4 on sm_90a (whose emulation costs twice as much).
+    for (i, (hq, hkv, op)) in [(64, 8, Op::Dense(PrefillKernel::Sm80)), (32, 4, Op::Varlen(PrefillKernel::Sm90))]
+        .into_iter()
+        .enumerate()
+    {
+        let (seqs, probes) = probed(16, 256, &[200]);
+        let mut p = Problem::constant_keys(DType::Bf16, &seqs, (hq, hkv, 64), true, &probes, seed + 50 + i as u64);
+        p.slopes = probe_slopes(hq);
+        p.sinks = sinks_for(hq, 1).iter().map(|&s| s + 63.0).collect();
+        cases.push((p, vec![op]));
+    }
     check_all("every_head_its_own_slope_and_sink", &cases, seed);
 }
 
@@ -915,9 +925,9 @@ fn random_long_context_sweeps() {
     for (i, v) in sweep_variants().into_iter().enumerate() {
         let seed = base + 10 * i as u64;
         // Prefill: 16 query rows over 4k–32k keys.
-        let tk = [4096, 8192, 8192, 4096, 32_768][i];
+        let tk = [4096, 4096, 8192, 4096, 32_768][i];
         let kernel = if i % 2 == 0 { PrefillKernel::Sm80 } else { PrefillKernel::Sm90 };
-        let mut c = PrefillCase::dense(DType::Bf16, if i == 3 { 128 } else { 64 }, true, 16, tk, (2, 1));
+        let mut c = PrefillCase::dense(DType::Bf16, if i == 2 { 128 } else { 64 }, true, 16, tk, (2, 1));
         (c.variants, c.kernel) = (v, kernel);
         let start = std::time::Instant::now();
         let mut f = PrefillFixture::<bf16>::new(&c, seed).unwrap();
@@ -942,7 +952,7 @@ fn random_long_context_sweeps() {
         // Decode: 4k–32k contexts, one split, several, planned.
         let c = DecodeCase {
             dtype: DType::Bf16,
-            head_dim: 128,
+            head_dim: 64,
             heads_q: 8,
             heads_kv: 1,
             page_size: [16, 256, 1, 64, 16][i],
