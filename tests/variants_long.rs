@@ -290,11 +290,12 @@ fn run_as<T: Element>(emu: &Emulator, p: &Problem, op: Op, seed: u64) -> Outputs
         }
         Op::Varlen(kernel) => {
             let cu = |f: fn(&(usize, usize)) -> usize| -> Vec<i32> {
-                std::iter::once(0).chain(p.seqs.iter().scan(0, |a, s| {
-                    *a += f(s) as i32;
-                    Some(*a)
-                }))
-                .collect()
+                std::iter::once(0)
+                    .chain(p.seqs.iter().scan(0, |a, s| {
+                        *a += f(s) as i32;
+                        Some(*a)
+                    }))
+                    .collect()
             };
             let (cq, ck) = (cu(|s| s.0), cu(|s| s.1));
             let total_k = *ck.last().unwrap() as usize;
@@ -362,8 +363,9 @@ fn run_as<T: Element>(emu: &Emulator, p: &Problem, op: Op, seed: u64) -> Outputs
             )
             .unwrap();
             let opts = DecodeOptions { scale: Some(p.scale), num_splits: forced, score_mod };
-            let problem = fused_attn::DecodeProblem { batch: b, heads_q: hq, heads_kv: hkv, head_dim: d, max_seq_len: max_len }
-                .windowed(p.window.and_then(|w| usize::try_from(w.0).ok()));
+            let problem =
+                fused_attn::DecodeProblem { batch: b, heads_q: hq, heads_kv: hkv, head_dim: d, max_seq_len: max_len }
+                    .windowed(p.window.and_then(|w| usize::try_from(w.0).ok()));
             let plan = DecodeWorkspace::new(&stream, 0, 0).unwrap().plan(&problem, &opts).unwrap();
             splits = plan.num_splits;
             let mut ws = DecodeWorkspace::for_plan(&stream, &plan).unwrap();
@@ -415,7 +417,8 @@ fn closed_form(p: &Problem) -> Expected {
         sinks: (!sinks.is_empty()).then_some(&sinks[..]),
     };
     // Rows in parallel: (sequence, row) pairs.
-    let rows: Vec<(usize, usize)> = p.seqs.iter().enumerate().flat_map(|(s, &(tq, _))| (0..tq).map(move |i| (s, i))).collect();
+    let rows: Vec<(usize, usize)> =
+        p.seqs.iter().enumerate().flat_map(|(s, &(tq, _))| (0..tq).map(move |i| (s, i))).collect();
     let starts = p.starts();
     type Row = (usize, Vec<(Vec<f64>, Vec<f64>, f64, f64)>);
     let results: Vec<Row> = parallel_map(&rows, |&(s, i)| {
@@ -468,11 +471,8 @@ fn closed_form(p: &Problem) -> Expected {
                 }
                 // The reference: the same row, and the bound O is held to.
                 let r = reference::dense_row_with(&rp, &var, None, qr, kseq, vseq, (0, i, h)).unwrap();
-                let o_bound = if n == 0 {
-                    vec![f64::MIN_POSITIVE; d]
-                } else {
-                    r.out_bound(Some(p.dtype), Some(p.dtype))
-                };
+                let o_bound =
+                    if n == 0 { vec![f64::MIN_POSITIVE; d] } else { r.out_bound(Some(p.dtype), Some(p.dtype)) };
                 for x in 0..d {
                     assert!((r.out[x] - o[x]).abs() < 1e-9, "closed form vs reference: O {} vs {}", o[x], r.out[x]);
                 }
@@ -487,7 +487,8 @@ fn closed_form(p: &Problem) -> Expected {
                     let w = |tj: f64| (tj - lse).exp();
                     let w_rest: f64 = t.iter().filter(|x| x.0 < tmax).map(|x| w(x.0)).sum();
                     let n_max = t.iter().filter(|x| x.0 == tmax).count();
-                    let scores: f64 = t.iter().map(|&(tj, dist)| w(tj) * (4.0 * U * tj.abs() + 3.0 * U * m * dist)).sum();
+                    let scores: f64 =
+                        t.iter().map(|&(tj, dist)| w(tj) * (4.0 * U * tj.abs() + 3.0 * U * m * dist)).sum();
                     let softcap = p.softcap.map_or(0.0, |c| f64::from(c) / (1u64 << 20) as f64);
                     let sum = if w_rest == 0.0 {
                         0.0
@@ -643,10 +644,7 @@ fn alibi_probes_at_every_range() {
     let probes = [Some(0), Some(2048 - 16 - 1016)];
     let mut p = Problem::constant_keys(DType::Bf16, &seqs, (8, 1, 64), true, &probes, seed + 2);
     p.slopes = probe_slopes(8);
-    cases.push((
-        p,
-        vec![Op::Paged { page_size: 16, splits: Some(1) }, Op::Paged { page_size: 64, splits: Some(5) }],
-    ));
+    cases.push((p, vec![Op::Paged { page_size: 16, splits: Some(1) }, Op::Paged { page_size: 64, splits: Some(5) }]));
     // Decode: one row per sequence, probes at distances 0 .. 32767 (each sequence up to 64 keys longer than
     // its probe's distance: 64 to 32,768 keys).
     let dists = [0usize, 1, 63, 64, 1023, 1024, 1025, 1040, 4095, 16_000, 32_767];
@@ -770,7 +768,8 @@ fn every_head_its_own_slope_and_sink() {
         let (seqs, probes) = probed(4, 2048, &[1500, 1800]);
         let mut p = Problem::constant_keys(DType::F16, &seqs, (hq, hkv, 64), true, &probes, s + 1);
         p.slopes = probe_slopes(hq);
-        cases.push((p, vec![Op::Paged { page_size: 16, splits: Some(1) }, Op::Paged { page_size: 8, splits: Some(2) }]));
+        cases
+            .push((p, vec![Op::Paged { page_size: 16, splits: Some(1) }, Op::Paged { page_size: 8, splits: Some(2) }]));
         // Sinks: constant keys, n ≈ ln n − 2 .. ln n + 2 heavy.
         let seqs = [(1, 2048), (1, 1500), (1, 1)];
         let mut p = Problem::constant_keys(DType::Bf16, &seqs, (hq, hkv, 64), true, &[], s + 2);
@@ -782,14 +781,16 @@ fn every_head_its_own_slope_and_sink() {
         let seqs = [(4, 2048), (3, 1200)];
         let mut p = Problem::constant_keys(DType::Bf16, &seqs, (hq, hkv, 64), true, &[], s + 3);
         p.sinks = sinks_for(hq, 2048);
-        cases.push((p, vec![Op::Paged { page_size: 16, splits: Some(1) }, Op::Paged { page_size: 16, splits: Some(3) }]));
+        cases.push((
+            p,
+            vec![Op::Paged { page_size: 16, splits: Some(1) }, Op::Paged { page_size: 16, splits: Some(3) }],
+        ));
     }
     // Prefill: slopes and sinks together, a probe at distances 200..215 ((m_h − m_h')·d ≥ 5e-4, 50× the
     // bound) and sinks as heavy as the probe (σ_h within ±2 of its score), so each head's LSE depends on
     // both. Hq = 64 / Hkv = 8 on sm_80, Hq = 32 / Hkv = 4 on sm_90a (whose emulation costs twice as much).
-    for (i, (hq, hkv, op)) in [(64, 8, Op::Dense(PrefillKernel::Sm80)), (32, 4, Op::Varlen(PrefillKernel::Sm90))]
-        .into_iter()
-        .enumerate()
+    for (i, (hq, hkv, op)) in
+        [(64, 8, Op::Dense(PrefillKernel::Sm80)), (32, 4, Op::Varlen(PrefillKernel::Sm90))].into_iter().enumerate()
     {
         let (seqs, probes) = probed(16, 256, &[200]);
         let mut p = Problem::constant_keys(DType::Bf16, &seqs, (hq, hkv, 64), true, &probes, seed + 50 + i as u64);
