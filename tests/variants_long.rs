@@ -473,8 +473,8 @@ fn closed_form(p: &Problem) -> Expected {
                 let r = reference::dense_row_with(&rp, &var, None, qr, kseq, vseq, (0, i, h)).unwrap();
                 let o_bound =
                     if n == 0 { vec![f64::MIN_POSITIVE; d] } else { r.out_bound(Some(p.dtype), Some(p.dtype)) };
-                for x in 0..d {
-                    assert!((r.out[x] - o[x]).abs() < 1e-9, "closed form vs reference: O {} vs {}", o[x], r.out[x]);
+                for (mine, theirs) in o.iter().zip(&r.out) {
+                    assert!((theirs - mine).abs() < 1e-9, "closed form vs reference: O {mine} vs {theirs}");
                 }
                 assert!(
                     r.lse[0] == lse || (r.lse[0] - lse).abs() < 1e-9,
