@@ -27,3 +27,4 @@ mod prefill;
 mod prefill_sm90;
 mod runner;
 mod variants;
+mod variants_long;
