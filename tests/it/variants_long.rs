@@ -914,10 +914,9 @@ fn sweep_variants() -> Vec<CaseVariants> {
 /// weight.
 #[test]
 fn random_long_context_sweeps() {
-    use fused_attn::decode::cases::{run_inputs_emulated, DecodeCase, DecodeInputs, PagedFixture};
-    use fused_attn::paged_prefill::cases::{case as paged_case, evaluate, PagedPrefillFixture};
-    use fused_attn::prefill::cases::{run_emulated, PrefillFixture};
-    use fused_attn::prefill::PrefillCase;
+    use fused_attn::testkit::cases::decode::{run_inputs_emulated, DecodeCase, DecodeInputs, PagedFixture};
+    use fused_attn::testkit::cases::paged_prefill::{case as paged_case, evaluate, PagedPrefillFixture};
+    use fused_attn::testkit::cases::prefill::{run_emulated, PrefillCase, PrefillFixture};
     let emu = Emulator::new();
     let base = common::case_seed(31_400);
     let mut verdicts = Vec::new();
