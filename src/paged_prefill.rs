@@ -308,7 +308,7 @@ pub fn check_paged_prefill_args<T: Element, C: KvCacheOf<T>>(
 /// The cache may hold FP8 (`C` = [`crate::Fp8E4m3`] / [`crate::Fp8E5m2`], with its scales attached by
 /// [`PagedKvCache::with_scales`], head dim a multiple of 16): attention then uses stored value x scale.
 ///
-/// On the emulator the block table and `seq_lens` are checked first, as for [`crate::decode`].
+/// On the emulator the block table and `seq_lens` are checked first, as for [`crate::decode()`].
 ///
 /// Returns the plan it followed. Errors name the offending argument.
 #[allow(clippy::too_many_arguments)]

@@ -153,7 +153,7 @@ pub fn check_prefill_varlen<T: Element>(
     judge::<T>(&exact, &naive, &host_f64("o", o)?, lse, PREFILL_LSE_ATOL)
 }
 
-/// Checks a [`crate::decode`] call: `q [B, Hq, D]`, the cache it read (16-bit or FP8), its outputs `o`
+/// Checks a [`crate::decode()`] call: `q [B, Hq, D]`, the cache it read (16-bit or FP8), its outputs `o`
 /// (as `q`) and `lse [B, Hq]`, and the options it ran with.
 pub fn check_decode<T: Element, C: KvElement>(
     q: &TensorView<'_, T, 3>,
@@ -174,7 +174,7 @@ pub fn check_decode<T: Element, C: KvElement>(
     judge::<T>(&exact, &naive, &host_f64("o", o)?, lse, PAGED_LSE_ATOL)
 }
 
-/// Checks a [`crate::paged_prefill`] call: packed `q [total_q, Hq, D]`, `cu_seqlens_q [B + 1]`, the cache
+/// Checks a [`crate::paged_prefill()`] call: packed `q [total_q, Hq, D]`, `cu_seqlens_q [B + 1]`, the cache
 /// it read, its outputs `o` (as `q`) and `lse [Hq, total_q]`, and the options it ran with.
 pub fn check_paged_prefill<T: Element, C: KvElement>(
     q: &TensorView<'_, T, 3>,

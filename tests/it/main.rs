@@ -28,3 +28,4 @@ mod prefill_sm90;
 mod runner;
 mod schedule;
 mod variants;
+mod variants_long;
