@@ -32,7 +32,7 @@
 //! set) when nothing they are built from changed. Each step prints a line (`cargo build -vv` shows them).
 //!
 //! The C ABI (kernels/include/fa/abi.h) is mirrored by bindgen into src/runtime/sys/abi.rs, which is committed (so
-//! building needs no libclang); tests/it/abi_bindings.rs regenerates it and fails if it is stale.
+//! building needs no libclang) by scripts/bless-abi; tests/it/abi_bindings.rs fails if it is stale.
 //!
 //! nvcc search (first hit wins): $NVCC, $CUDA_HOME/bin/nvcc, $CUDA_PATH/bin/nvcc, nvcc on PATH,
 //! /usr/local/cuda/bin/nvcc, then the toolchain scripts/setup installs ($FA_TOOLCHAIN_DIR, default

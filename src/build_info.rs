@@ -29,3 +29,29 @@ pub fn fatbins() -> Vec<std::path::PathBuf> {
         .map(|(name, _, _)| std::path::Path::new(FATBIN_DIR).join(format!("{name}.fatbin")))
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::error::ErrorKind;
+
+    /// Built without GPU kernels (`--no-default-features`), every GPU entry says so by kind; with them, the
+    /// embedded fatbins are there and the toolkit version is known. (scripts/test runs this both ways: the
+    /// main build, and the packaged crate's emulator-only build.)
+    #[test]
+    fn gpu_kernels_are_present_exactly_when_built() {
+        let built = super::has_gpu_kernels();
+        assert_eq!(
+            built,
+            cfg!(feature = "cuda"),
+            "feature cuda = {} but kernels built = {built}",
+            cfg!(feature = "cuda")
+        );
+        if built {
+            assert!(super::CUDA_VERSION.starts_with(char::is_numeric));
+            assert!(!super::CUDA_ARCHS.is_empty());
+        } else {
+            let e = crate::device::cuda_context(0).unwrap_err();
+            assert!(matches!(e.kind(), ErrorKind::NoKernels | ErrorKind::NoDriver), "{e}");
+        }
+    }
+}

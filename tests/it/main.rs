@@ -1,12 +1,14 @@
 //! The integration tests, one binary (one link instead of one per file): each module is what was a file
 //! of tests/, named as before, so `cargo test --release --test it -- decode::` runs what `--test decode`
-//! did. tests/emulator.rs, tests/linking.rs (also run by the emulator-only build), tests/candle.rs (feature
-//! `candle`) and tests/build_artifacts.rs (the `cuda` build's fatbins and runner) stay binaries of their own.
+//! did. tests/emulator.rs and tests/candle.rs (feature `candle`) stay binaries of their own.
 
 mod common;
 
 mod abi_bindings;
 mod append;
+// The `cuda` build's fatbins (SASS per target, kernel lists, ptxas report) and the runner binary's symbols.
+#[cfg(feature = "cuda")]
+mod build_artifacts;
 mod bundle;
 mod cost;
 mod decode;
@@ -18,6 +20,7 @@ mod gpu_raw;
 mod gpu_streams;
 mod gpu_vs_emulator;
 mod hopper;
+mod linking;
 mod merge;
 mod module_graph;
 mod paged_prefill;

@@ -2,7 +2,7 @@
  * the host emulator's fault detection (planted bugs) and the Hopper primitives, each with a launcher that
  * runs through an FaExec like the ops' (abi.h), so the same kernels run on a GPU and on the emulator and can
  * be compared. They verify the crate rather than ship in it: compiled only with the `testkit` feature, and
- * mirrored by bindgen into src/runtime/sys/selftest_abi.rs (tests/abi_bindings.rs checks it is current).
+ * mirrored by bindgen into src/runtime/sys/selftest_abi.rs (scripts/bless-abi; tests/it/abi_bindings.rs checks it is current).
  */
 #ifndef FA_SELFTEST_ABI_H
 #define FA_SELFTEST_ABI_H
