@@ -285,6 +285,10 @@ pub struct FaEmuCounters {
     pub wgmma: u64,
     pub tma_load_bytes: u64,
     pub tma_store_bytes: u64,
+    pub shared_requests: u64,
+    pub shared_wavefronts: u64,
+    pub shared_ideal_wavefronts: u64,
+    pub shared_uncounted: u64,
 }
 impl Default for FaEmuCounters {
     fn default() -> Self {
@@ -451,6 +455,30 @@ impl Default for FaSelftestCpAsyncParams {
         }
     }
 }
+pub const FA_SELFTEST_BANK_LOAD: _bindgen_ty_9 = 0;
+pub const FA_SELFTEST_BANK_STORE: _bindgen_ty_9 = 1;
+pub const FA_SELFTEST_BANK_CP_ASYNC: _bindgen_ty_9 = 2;
+pub const FA_SELFTEST_BANK_LDMATRIX_X4: _bindgen_ty_9 = 3;
+pub type _bindgen_ty_9 = ::std::os::raw::c_uint;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct FaSelftestBankParams {
+    pub offsets: *const i32,
+    pub out: *mut u32,
+    pub kind: i32,
+    pub bytes: i32,
+    pub repeat: i32,
+    pub smem_bytes: i32,
+}
+impl Default for FaSelftestBankParams {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct FaSelftestAtomicParams {
@@ -469,11 +497,11 @@ impl Default for FaSelftestAtomicParams {
         }
     }
 }
-pub const FA_SELFTEST_BARRIER_PAIRS: _bindgen_ty_9 = 0;
-pub const FA_SELFTEST_BARRIER_CROSS: _bindgen_ty_9 = 1;
-pub const FA_SELFTEST_BARRIER_BLOCK: _bindgen_ty_9 = 2;
-pub const FA_SELFTEST_BARRIER_MISMATCH: _bindgen_ty_9 = 3;
-pub type _bindgen_ty_9 = ::std::os::raw::c_uint;
+pub const FA_SELFTEST_BARRIER_PAIRS: _bindgen_ty_10 = 0;
+pub const FA_SELFTEST_BARRIER_CROSS: _bindgen_ty_10 = 1;
+pub const FA_SELFTEST_BARRIER_BLOCK: _bindgen_ty_10 = 2;
+pub const FA_SELFTEST_BARRIER_MISMATCH: _bindgen_ty_10 = 3;
+pub type _bindgen_ty_10 = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct FaSelftestBarrierParams {
@@ -489,20 +517,20 @@ impl Default for FaSelftestBarrierParams {
         }
     }
 }
-pub const FA_SELFTEST_BUG_MISSING_SYNCTHREADS: _bindgen_ty_10 = 0;
-pub const FA_SELFTEST_BUG_OOB_WRITE: _bindgen_ty_10 = 1;
-pub const FA_SELFTEST_BUG_MISSING_CP_ASYNC_WAIT: _bindgen_ty_10 = 2;
-pub const FA_SELFTEST_BUG_DIVERGENT_BARRIER: _bindgen_ty_10 = 3;
-pub const FA_SELFTEST_BUG_DEADLOCK: _bindgen_ty_10 = 4;
-pub const FA_SELFTEST_BUG_MISALIGNED_16: _bindgen_ty_10 = 5;
-pub const FA_SELFTEST_BUG_STACK_OVERFLOW: _bindgen_ty_10 = 6;
-pub const FA_SELFTEST_BUG_RAW_POINTER: _bindgen_ty_10 = 7;
-pub const FA_SELFTEST_BUG_DIV_BY_ZERO: _bindgen_ty_10 = 8;
-pub const FA_SELFTEST_BUG_STORE_TO_INPUT: _bindgen_ty_10 = 9;
-pub const FA_SELFTEST_BUG_SHARED_OOB: _bindgen_ty_10 = 10;
-pub const FA_SELFTEST_BUG_GLOBAL_AS_SHARED: _bindgen_ty_10 = 11;
-pub const FA_SELFTEST_BUG_SPIN_WAIT: _bindgen_ty_10 = 12;
-pub type _bindgen_ty_10 = ::std::os::raw::c_uint;
+pub const FA_SELFTEST_BUG_MISSING_SYNCTHREADS: _bindgen_ty_11 = 0;
+pub const FA_SELFTEST_BUG_OOB_WRITE: _bindgen_ty_11 = 1;
+pub const FA_SELFTEST_BUG_MISSING_CP_ASYNC_WAIT: _bindgen_ty_11 = 2;
+pub const FA_SELFTEST_BUG_DIVERGENT_BARRIER: _bindgen_ty_11 = 3;
+pub const FA_SELFTEST_BUG_DEADLOCK: _bindgen_ty_11 = 4;
+pub const FA_SELFTEST_BUG_MISALIGNED_16: _bindgen_ty_11 = 5;
+pub const FA_SELFTEST_BUG_STACK_OVERFLOW: _bindgen_ty_11 = 6;
+pub const FA_SELFTEST_BUG_RAW_POINTER: _bindgen_ty_11 = 7;
+pub const FA_SELFTEST_BUG_DIV_BY_ZERO: _bindgen_ty_11 = 8;
+pub const FA_SELFTEST_BUG_STORE_TO_INPUT: _bindgen_ty_11 = 9;
+pub const FA_SELFTEST_BUG_SHARED_OOB: _bindgen_ty_11 = 10;
+pub const FA_SELFTEST_BUG_GLOBAL_AS_SHARED: _bindgen_ty_11 = 11;
+pub const FA_SELFTEST_BUG_SPIN_WAIT: _bindgen_ty_11 = 12;
+pub type _bindgen_ty_11 = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct FaSelftestBugParams {
@@ -521,10 +549,10 @@ impl Default for FaSelftestBugParams {
         }
     }
 }
-pub const FA_SELFTEST_GEMM_CORRECT: _bindgen_ty_11 = 0;
-pub const FA_SELFTEST_GEMM_NO_TRAILING_BARRIER: _bindgen_ty_11 = 1;
-pub const FA_SELFTEST_GEMM_NO_WAIT: _bindgen_ty_11 = 2;
-pub type _bindgen_ty_11 = ::std::os::raw::c_uint;
+pub const FA_SELFTEST_GEMM_CORRECT: _bindgen_ty_12 = 0;
+pub const FA_SELFTEST_GEMM_NO_TRAILING_BARRIER: _bindgen_ty_12 = 1;
+pub const FA_SELFTEST_GEMM_NO_WAIT: _bindgen_ty_12 = 2;
+pub type _bindgen_ty_12 = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct FaSelftestGemmParams {
@@ -547,12 +575,12 @@ impl Default for FaSelftestGemmParams {
         }
     }
 }
-pub const FA_SELFTEST_BENCH_SHFL: _bindgen_ty_12 = 0;
-pub const FA_SELFTEST_BENCH_LDMATRIX: _bindgen_ty_12 = 1;
-pub const FA_SELFTEST_BENCH_MMA: _bindgen_ty_12 = 2;
-pub const FA_SELFTEST_BENCH_SYNCTHREADS: _bindgen_ty_12 = 3;
-pub const FA_SELFTEST_BENCH_SHARED_STORE_LOAD: _bindgen_ty_12 = 4;
-pub type _bindgen_ty_12 = ::std::os::raw::c_uint;
+pub const FA_SELFTEST_BENCH_SHFL: _bindgen_ty_13 = 0;
+pub const FA_SELFTEST_BENCH_LDMATRIX: _bindgen_ty_13 = 1;
+pub const FA_SELFTEST_BENCH_MMA: _bindgen_ty_13 = 2;
+pub const FA_SELFTEST_BENCH_SYNCTHREADS: _bindgen_ty_13 = 3;
+pub const FA_SELFTEST_BENCH_SHARED_STORE_LOAD: _bindgen_ty_13 = 4;
+pub type _bindgen_ty_13 = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct FaSelftestBenchParams {
@@ -606,6 +634,9 @@ unsafe extern "C" {
     pub fn fa_selftest_cp_async(params: FaSelftestCpAsyncParams, exec: *mut FaExec) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
+    pub fn fa_selftest_bank(params: FaSelftestBankParams, exec: *mut FaExec) -> ::std::os::raw::c_int;
+}
+unsafe extern "C" {
     pub fn fa_selftest_atomic(params: FaSelftestAtomicParams, exec: *mut FaExec) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
@@ -635,8 +666,8 @@ impl Default for FaTensorMap {
         }
     }
 }
-pub const FA_EMU_TENSOR_MAP_MAGIC: _bindgen_ty_13 = 1885433204;
-pub type _bindgen_ty_13 = ::std::os::raw::c_uint;
+pub const FA_EMU_TENSOR_MAP_MAGIC: _bindgen_ty_14 = 1885433204;
+pub type _bindgen_ty_14 = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct FaEmuTensorMap {
@@ -689,9 +720,9 @@ impl Default for FaSelftestWgmmaParams {
         }
     }
 }
-pub const FA_SELFTEST_TMA_LOAD: _bindgen_ty_14 = 0;
-pub const FA_SELFTEST_TMA_STORE: _bindgen_ty_14 = 1;
-pub type _bindgen_ty_14 = ::std::os::raw::c_uint;
+pub const FA_SELFTEST_TMA_LOAD: _bindgen_ty_15 = 0;
+pub const FA_SELFTEST_TMA_STORE: _bindgen_ty_15 = 1;
+pub type _bindgen_ty_15 = ::std::os::raw::c_uint;
 #[repr(C)]
 #[repr(align(64))]
 #[derive(Debug, Copy, Clone)]
@@ -713,30 +744,30 @@ impl Default for FaSelftestTmaParams {
         }
     }
 }
-pub const FA_SM90_BUG_ACC_READ_IN_FLIGHT: _bindgen_ty_15 = 0;
-pub const FA_SM90_BUG_A_WRITE_IN_FLIGHT: _bindgen_ty_15 = 1;
-pub const FA_SM90_BUG_SMEM_WRITE_IN_FLIGHT: _bindgen_ty_15 = 2;
-pub const FA_SM90_BUG_NO_WGMMA_FENCE: _bindgen_ty_15 = 3;
-pub const FA_SM90_BUG_UNCOMMITTED_AT_EXIT: _bindgen_ty_15 = 4;
-pub const FA_SM90_BUG_UNWAITED_AT_EXIT: _bindgen_ty_15 = 5;
-pub const FA_SM90_BUG_MBARRIER_DOUBLE_INIT: _bindgen_ty_15 = 6;
-pub const FA_SM90_BUG_MBARRIER_UNORDERED_INIT: _bindgen_ty_15 = 7;
-pub const FA_SM90_BUG_MBARRIER_PLAIN_ACCESS: _bindgen_ty_15 = 8;
-pub const FA_SM90_BUG_EXPECT_TX_TOO_FEW: _bindgen_ty_15 = 9;
-pub const FA_SM90_BUG_EXPECT_TX_TOO_MANY: _bindgen_ty_15 = 10;
-pub const FA_SM90_BUG_WAITER_BEHIND: _bindgen_ty_15 = 11;
-pub const FA_SM90_BUG_TMA_READ_BEFORE_WAIT: _bindgen_ty_15 = 12;
-pub const FA_SM90_BUG_TMA_INTO_BUSY_STAGE: _bindgen_ty_15 = 13;
-pub const FA_SM90_BUG_EXIT_WITH_TMA_IN_FLIGHT: _bindgen_ty_15 = 14;
-pub const FA_SM90_BUG_MISSING_PROXY_FENCE: _bindgen_ty_15 = 15;
-pub const FA_SM90_BUG_TMA_STORE_NO_FENCE: _bindgen_ty_15 = 16;
-pub const FA_SM90_BUG_TMA_STORE_SRC_OVERWRITE: _bindgen_ty_15 = 17;
-pub const FA_SM90_BUG_SETMAXNREG_EXHAUSTED: _bindgen_ty_15 = 18;
-pub const FA_SM90_BUG_SETMAXNREG_MISUSE: _bindgen_ty_15 = 19;
-pub const FA_SM90_BUG_SMEM_ALIGNMENT_ASSUMED: _bindgen_ty_15 = 20;
-pub const FA_SM90_BUG_BAR_ARRIVE_ORDER: _bindgen_ty_15 = 21;
-pub const FA_SM90_BUG_COUNT: _bindgen_ty_15 = 22;
-pub type _bindgen_ty_15 = ::std::os::raw::c_uint;
+pub const FA_SM90_BUG_ACC_READ_IN_FLIGHT: _bindgen_ty_16 = 0;
+pub const FA_SM90_BUG_A_WRITE_IN_FLIGHT: _bindgen_ty_16 = 1;
+pub const FA_SM90_BUG_SMEM_WRITE_IN_FLIGHT: _bindgen_ty_16 = 2;
+pub const FA_SM90_BUG_NO_WGMMA_FENCE: _bindgen_ty_16 = 3;
+pub const FA_SM90_BUG_UNCOMMITTED_AT_EXIT: _bindgen_ty_16 = 4;
+pub const FA_SM90_BUG_UNWAITED_AT_EXIT: _bindgen_ty_16 = 5;
+pub const FA_SM90_BUG_MBARRIER_DOUBLE_INIT: _bindgen_ty_16 = 6;
+pub const FA_SM90_BUG_MBARRIER_UNORDERED_INIT: _bindgen_ty_16 = 7;
+pub const FA_SM90_BUG_MBARRIER_PLAIN_ACCESS: _bindgen_ty_16 = 8;
+pub const FA_SM90_BUG_EXPECT_TX_TOO_FEW: _bindgen_ty_16 = 9;
+pub const FA_SM90_BUG_EXPECT_TX_TOO_MANY: _bindgen_ty_16 = 10;
+pub const FA_SM90_BUG_WAITER_BEHIND: _bindgen_ty_16 = 11;
+pub const FA_SM90_BUG_TMA_READ_BEFORE_WAIT: _bindgen_ty_16 = 12;
+pub const FA_SM90_BUG_TMA_INTO_BUSY_STAGE: _bindgen_ty_16 = 13;
+pub const FA_SM90_BUG_EXIT_WITH_TMA_IN_FLIGHT: _bindgen_ty_16 = 14;
+pub const FA_SM90_BUG_MISSING_PROXY_FENCE: _bindgen_ty_16 = 15;
+pub const FA_SM90_BUG_TMA_STORE_NO_FENCE: _bindgen_ty_16 = 16;
+pub const FA_SM90_BUG_TMA_STORE_SRC_OVERWRITE: _bindgen_ty_16 = 17;
+pub const FA_SM90_BUG_SETMAXNREG_EXHAUSTED: _bindgen_ty_16 = 18;
+pub const FA_SM90_BUG_SETMAXNREG_MISUSE: _bindgen_ty_16 = 19;
+pub const FA_SM90_BUG_SMEM_ALIGNMENT_ASSUMED: _bindgen_ty_16 = 20;
+pub const FA_SM90_BUG_BAR_ARRIVE_ORDER: _bindgen_ty_16 = 21;
+pub const FA_SM90_BUG_COUNT: _bindgen_ty_16 = 22;
+pub type _bindgen_ty_16 = ::std::os::raw::c_uint;
 #[repr(C)]
 #[repr(align(64))]
 #[derive(Debug, Copy, Clone)]
@@ -756,11 +787,11 @@ impl Default for FaSelftestSm90BugParams {
         }
     }
 }
-pub const FA_SELFTEST_WS_GEMM_CORRECT: _bindgen_ty_16 = 0;
-pub const FA_SELFTEST_WS_GEMM_NO_EMPTY_WAIT: _bindgen_ty_16 = 1;
-pub const FA_SELFTEST_WS_GEMM_EARLY_RELEASE: _bindgen_ty_16 = 2;
-pub const FA_SELFTEST_WS_GEMM_SHORT_TX: _bindgen_ty_16 = 3;
-pub type _bindgen_ty_16 = ::std::os::raw::c_uint;
+pub const FA_SELFTEST_WS_GEMM_CORRECT: _bindgen_ty_17 = 0;
+pub const FA_SELFTEST_WS_GEMM_NO_EMPTY_WAIT: _bindgen_ty_17 = 1;
+pub const FA_SELFTEST_WS_GEMM_EARLY_RELEASE: _bindgen_ty_17 = 2;
+pub const FA_SELFTEST_WS_GEMM_SHORT_TX: _bindgen_ty_17 = 3;
+pub type _bindgen_ty_17 = ::std::os::raw::c_uint;
 #[repr(C)]
 #[repr(align(64))]
 #[derive(Debug, Copy, Clone)]
