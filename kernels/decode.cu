@@ -119,12 +119,12 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void paged_decode_
   const T *v_base = static_cast<const T *>(p.cache.v_cache) + kv_head * p.cache.v_head_stride + col;
   // FP8: one byte per element, 16-element chunks (FP8 rows are whole 16-byte chunks: head_dim % 16 == 0,
   // checked by the launcher), zero-filled past the head dim like the 16-bit ones.
-  const int chunk8 = tid % Tr::kFp8ChunksPerRow;
-  const int row8 = tid / Tr::kFp8ChunksPerRow;
-  const bool chunk8_in_range = chunk8 * 16 < p.head_dim;
-  const int col8 = chunk8_in_range ? chunk8 * 16 : 0;
-  const uint8_t *k8_base = static_cast<const uint8_t *>(p.cache.k_cache) + kv_head * p.cache.k_head_stride + col8;
-  const uint8_t *v8_base = static_cast<const uint8_t *>(p.cache.v_cache) + kv_head * p.cache.v_head_stride + col8;
+  // Two chunks per thread (Traits::fp8_copy_chunk).
+  const int row8 = tid / Tr::kFp8ThreadsPerRow;
+  const int chunk8[2] = {Tr::fp8_copy_chunk(tid, 0), Tr::fp8_copy_chunk(tid, 1)};
+  const bool chunk8_in_range[2] = {chunk8[0] * 16 < p.head_dim, chunk8[1] * 16 < p.head_dim};
+  const uint8_t *k8_head = static_cast<const uint8_t *>(p.cache.k_cache) + kv_head * p.cache.k_head_stride;
+  const uint8_t *v8_head = static_cast<const uint8_t *>(p.cache.v_cache) + kv_head * p.cache.v_head_stride;
 
   // Page of row `tid` of tile x (threads < kTileTokens), or kNoPage past the chunk's end.
   auto tile_page = [&](int x) -> int {
@@ -160,11 +160,13 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void paged_decode_
       for (int i = 0; i < Tr::kFp8LoadsPerThread; ++i) {
         const int row = row8 + i * Tr::kFp8RowsPerPass;
         const RowOffsets off = ld_shared(ring + row);
-        const bool valid = off.k >= 0;
-        cp_async_cg_16(k_dst + Fp8SwizzledTile<D>::offset(row, chunk8), valid ? k8_base + off.k : k8_base,
-                       valid && chunk8_in_range);
-        cp_async_cg_16(v_dst + Fp8SwizzledTile<D>::offset(row, chunk8), valid ? v8_base + off.v : v8_base,
-                       valid && chunk8_in_range);
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const bool valid = off.k >= 0 && chunk8_in_range[e];
+          const int col = chunk8_in_range[e] ? chunk8[e] * 16 : 0;
+          cp_async_cg_16(k_dst + Fp8SwizzledTile<D>::offset(row, chunk8[e]), k8_head + col + (valid ? off.k : 0), valid);
+          cp_async_cg_16(v_dst + Fp8SwizzledTile<D>::offset(row, chunk8[e]), v8_head + col + (valid ? off.v : 0), valid);
+        }
       }
     } else if (x < num_tiles) {
       unsigned char *k_dst = stages + (x % kStages) * Tr::kStageBytes;

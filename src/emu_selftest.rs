@@ -741,6 +741,18 @@ pub fn fp8_to_half_host(format: crate::fp8::Fp8Format, codes: &[u8]) -> Vec<u16>
     out
 }
 
+/// The decode kernels' in-register FP8 conversion (fa/fp8_convert.cuh) as the host build runs it: codes
+/// (a multiple of 4) -> fp16 or bf16 bits.
+pub fn fp8_to_16_fast_host(format: crate::fp8::Fp8Format, dtype: DType, codes: &[u8]) -> Vec<u16> {
+    assert!(codes.len() % 4 == 0, "whole groups of four codes");
+    let mut out = vec![0u16; codes.len()];
+    // SAFETY: both buffers hold codes.len() elements.
+    unsafe {
+        sys::fa_host_fp8_to_16_fast(codes.as_ptr(), out.as_mut_ptr(), codes.len() as i64, format.abi(), dtype.abi())
+    };
+    out
+}
+
 /// The host build's FP8 scalar model: fp32 -> codes (round to nearest even, satfinite).
 pub fn float_to_fp8_host(format: crate::fp8::Fp8Format, values: &[f32]) -> Vec<u8> {
     let mut out = vec![0u8; values.len()];

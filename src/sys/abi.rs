@@ -862,3 +862,6 @@ unsafe extern "C" {
 unsafe extern "C" {
     pub fn fa_host_float_to_fp8(in_: *const f32, out: *mut u8, n: i64, kv_dtype: i32);
 }
+unsafe extern "C" {
+    pub fn fa_host_fp8_to_16_fast(in_: *const u8, out: *mut u16, n: i64, kv_dtype: i32, dtype: i32);
+}

@@ -703,6 +703,10 @@ void fa_host_16_to_float(const uint16_t *in, float *out, int64_t n, int32_t dtyp
  * nearest even, satfinite). kv_dtype: FA_KV_FP8_E4M3 or FA_KV_FP8_E5M2. */
 void fa_host_fp8_to_half(const uint8_t *in, uint16_t *out, int64_t n, int32_t kv_dtype);
 void fa_host_float_to_fp8(const float *in, uint8_t *out, int64_t n, int32_t kv_dtype);
+/* The decode kernels' in-register FP8 -> 16-bit conversion (fa/fp8_convert.cuh: byte permute, shift,
+ * power-of-two multiply), as the host build runs it (and the GPU below sm_89, and for bf16 everywhere):
+ * codes -> fp16 (dtype FA_DTYPE_F16) or bf16 bits, n a multiple of 4. */
+void fa_host_fp8_to_16_fast(const uint8_t *in, uint16_t *out, int64_t n, int32_t kv_dtype, int32_t dtype);
 
 #ifdef __cplusplus
 }

@@ -104,10 +104,19 @@ template <int D> struct Traits {
   static constexpr int kFp8TileBytes = kTileTokens * D;
   static constexpr int kFp8StageBytes = 2 * kFp8TileBytes;
   static_assert(kStages * kFp8StageBytes <= kStages * kStageBytes, "FP8 stages fit");
+  // Each copying thread takes two chunks of a row (K and V), so a row's page offsets are read from the
+  // ring by D / 32 threads: per global byte, the ring costs FP8 what it costs the 16-bit path (one chunk per
+  // thread, twice the bytes per chunk). Which two: chunks 2c, 2c+1 up to 8 chunks a row, c and c + 8 at 16,
+  // so each quarter-warp of copies still lands in 8 different bank groups of the swizzled tile.
   static constexpr int kFp8ChunksPerRow = D / 16;
-  static constexpr int kFp8RowsPerPass = kThreads / kFp8ChunksPerRow;
+  static constexpr int kFp8ThreadsPerRow = kFp8ChunksPerRow / 2;
+  static constexpr int kFp8RowsPerPass = kThreads / kFp8ThreadsPerRow;
   static constexpr int kFp8LoadsPerThread = kTileTokens / kFp8RowsPerPass;
   static_assert(kFp8LoadsPerThread * kFp8RowsPerPass == kTileTokens, "FP8 tile rows split evenly over threads");
+  FA_HOST_DEVICE static int fp8_copy_chunk(int tid, int e) {
+    const int c = tid % kFp8ThreadsPerRow;
+    return kFp8ChunksPerRow <= 8 ? 2 * c + e : c + 8 * e;
+  }
   static_assert(kSmemBytes <= 99 * 1024, "fits the smallest per-block limit among the targets (sm_86/89)");
 };
 
