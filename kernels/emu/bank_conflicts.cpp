@@ -18,8 +18,6 @@
 // around whole accesses, which is what SIMT hardware issues. ldmatrix is a collective and is counted as it
 // completes. Accesses through the async proxy (wgmma operands, TMA) are not counted.
 #include <algorithm>
-#include <stdio.h>
-#include <stdlib.h>
 
 #include "launch.h"
 
@@ -48,7 +46,7 @@ uint32_t phase_wavefronts(const uint32_t *offsets, const uint32_t *bytes, int n)
 
 namespace {
 
-void add_instruction(Launch &l, const uint32_t *offsets, const uint32_t *bytes, const bool *active, int lanes_per_phase, const char *file = nullptr, int line = 0) {
+void add_instruction(Launch &l, const uint32_t *offsets, const uint32_t *bytes, const bool *active, int lanes_per_phase) {
   uint32_t wavefronts = 0, ideal = 0;
   for (int p = 0; p < kWarpSize; p += lanes_per_phase) {
     uint32_t off[kWarpSize], n_bytes[kWarpSize];
@@ -62,7 +60,6 @@ void add_instruction(Launch &l, const uint32_t *offsets, const uint32_t *bytes, 
     wavefronts += phase_wavefronts(off, n_bytes, n);
     ideal += 1;
   }
-  if (wavefronts != ideal && getenv("FA_BANK_TRACE")) fprintf(stderr, "BANK %s:%d %u/%u\n", file ? file : "ldmatrix", line, wavefronts, ideal);
   l.counters.shared_requests += 1;
   l.counters.shared_wavefronts += wavefronts;
   l.counters.shared_ideal_wavefronts += ideal;
@@ -79,7 +76,7 @@ void record_shared_access(Launch &l, const Thread &t, const SharedSite &site, ui
     return;
   }
   const uint64_t key = (uint64_t)(uintptr_t)site.file * 0x9E3779B97F4A7C15ull ^ (uint64_t)site.line;
-  step.push_back(SharedAccess{key, offset, (uint32_t)step.size(), 0, (uint8_t)t.lane, (uint8_t)bytes, site.file, site.line});
+  step.push_back(SharedAccess{key, offset, (uint32_t)step.size(), 0, (uint8_t)t.lane, (uint8_t)bytes});
 }
 
 void account_shared_step(Launch &l, int w) {
@@ -108,7 +105,7 @@ void account_shared_step(Launch &l, int w) {
       widest = step[j].bytes > widest ? step[j].bytes : widest;
       ++j;
     }
-    add_instruction(l, offsets, bytes, active, lanes_per_phase(widest), step[i].file, step[i].line);
+    add_instruction(l, offsets, bytes, active, lanes_per_phase(widest));
     i = j;
   }
   step.clear();

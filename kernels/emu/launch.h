@@ -69,8 +69,6 @@ struct SharedAccess {
   uint32_t occurrence;
   uint8_t lane;
   uint8_t bytes;
-  const char *file;
-  int line;
 };
 // Accesses one warp may make between two collectives before the rest go uncounted (shared_uncounted).
 constexpr size_t kMaxSharedAccessesPerStep = 16384;
