@@ -1,4 +1,4 @@
-//! Paged prefill on the GPU (bf16, D = 128, Hq = 32, Hkv = 8), two comparisons the README states targets
+//! Paged prefill on the GPU (bf16, D = 128, Hq = 32, Hkv = 8), two comparisons docs/performance.md states targets
 //! for (not yet measured):
 //!  - **paged vs dense prefill** on the same shapes: a full causal prefill (q_len = context = 2048, B = 4) and
 //!    a chunk (q_len 512 at context 4096, B = 4), paged with page size 16 and 64 against

@@ -10,7 +10,7 @@
 //!     kernels' hardware conversion), plus PTX for newer GPUs; embedded in the crate (OUT_DIR/fatbins.rs)
 //!     and loaded per CUDA context through the driver API. No CUDA runtime is linked. The nvcc jobs run on
 //!     threads of our own (a fatbin is not an object file, which is all `cc` builds), the longest first;
-//!     the budget is 2 minutes of wall time for all of them on a 2-core machine (README "Build" has the
+//!     the budget is 2 minutes of wall time for all of them on a 2-core machine (docs/build.md has the
 //!     measurements, and the reasons for each choice). `ptxas -v` of every kernel goes to
 //!     target/<profile>/ptxas-report.txt (headed by each fatbin's SASS / PTX and nvcc time) and any spill
 //!     or stack frame fails the build, and so does ptxas

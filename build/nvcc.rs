@@ -101,7 +101,7 @@ fn gencode_flags(stem: &str, targets: &[Target]) -> Option<(Vec<String>, String,
     Some((flags, sass, ptx.to_string()))
 }
 
-/// nvcc CPU seconds of each file with the default targets (measured 2026-12-01, README "Build"): build_fatbins
+/// nvcc CPU seconds of each file with the default targets (measured 2026-12-01, docs/build.md): build_fatbins
 /// starts the longest first, so that the two jobs of a 2-core machine finish together. Only an ordering: a
 /// file not listed starts first (it may be long).
 fn nvcc_cost(stem: &str) -> u32 {

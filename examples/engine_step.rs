@@ -4,7 +4,7 @@
 //!  3. append one new token per sequence and decode it over the cache (split-KV planned once, pinned).
 //!
 //! `cargo run --release --example engine_step` runs it on the host emulator (the same kernel sources, on the
-//! CPU); on a machine with an NVIDIA GPU (sm_80+) add `-- --gpu`. The README's "Using it" is this file.
+//! CPU); on a machine with an NVIDIA GPU (sm_80+) add `-- --gpu`. README.md's "Using it" is this file.
 use cudarc::driver::{CudaSlice, CudaStream};
 use fused_attn::decode::DecodeWorkspace;
 use fused_attn::plan::DecodeProblem;

@@ -394,7 +394,7 @@ FA_NAMESPACE_END
   FA_PAGED_PREFILL_KERNEL(fa_paged_prefill_##dt##_d##D##_mod, T, D, true, false)
 // _fp8_mod: an FP8 cache (either format, chosen at run time) under 16-bit queries and outputs, for every score
 // variant: FP8 paged prefill has no plain twin, which would cost as much nvcc time as all of this file's
-// 16-bit kernels (README "Build"); a plain call pays the variant kernel's run-time checks (no softcap / ALiBi:
+// 16-bit kernels (docs/build.md); a plain call pays the variant kernel's run-time checks (no softcap / ALiBi:
 // one uniform branch per tile; the left window bound's compare in edge tiles), at the same registers.
 #define FA_PAGED_PREFILL_FP8_KERNELS(dt, T, D)                                                               \
   FA_PAGED_PREFILL_KERNEL(fa_paged_prefill_##dt##_d##D##_fp8_mod, T, D, true, true)
@@ -425,7 +425,7 @@ namespace {
 
 // The instantiated widths, smallest first: head_dim runs at the first one >= it. No 32: head dim 32 (no
 // mainstream LLM's) runs at 64, twice its MMAs but the same memory traffic, and its kernels would cost a
-// quarter of this op's nvcc time (README "Build"; src/paged_prefill.rs mirrors the list).
+// quarter of this op's nvcc time (docs/build.md; src/paged_prefill.rs mirrors the list).
 constexpr int kWidths[] = {64, 96, 128, 256};
 
 template <int kHeadDim, bool kFp8>

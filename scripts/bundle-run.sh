@@ -287,7 +287,7 @@ if pre:
     print(f"prefill best: {f(best['tflops']):.1f} TFLOPS ({best['dtype']} D={best['head_dim']} B={best['batch']} "
           f"Hq={best['heads_q']} T={best['seqlen_q']} causal={best['causal']})")
 # On an H100/H200 the report times each prefill shape on both kernels (labels "sm80 ..." / "sm90 ..."): the
-# best of each here, every shape side by side in sm90-vs-sm80.txt (the README's measured column).
+# best of each here, every shape side by side in sm90-vs-sm80.txt (docs/performance.md's measured column).
 kernel = lambda r: str(r.get("label", "")).split(" ", 1)[0]
 pairs = {}
 for r in pre:
@@ -311,7 +311,7 @@ for r in dec:
           f"{f(r['pct_of_copy_bw']):.0f}% of copy bandwidth"
           + (f", {f(r.get('vs_baseline')):.2f}x the bf16 time" if f(r.get("vs_baseline")) else ""))
 # Paged prefill rows (chunks vs the dense prefill of the same pairs; spec-verify vs one decode step), each with
-# its time over its baseline's (vs_baseline; the README's bars: chunks <= 1.1, spec-verify <= 1.3).
+# its time over its baseline's (vs_baseline; docs/performance.md's bars: chunks <= 1.1, spec-verify <= 1.3).
 for r in rows:
     if r.get("op") == "paged-prefill" and r.get("kind") == "perf":
         ratio = f(r.get("vs_baseline"))

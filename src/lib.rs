@@ -83,7 +83,28 @@ pub use paged_prefill::{paged_prefill, PagedPrefillOptions, PagedPrefillWorkspac
 pub use plan::{DecodePlan, DecodeProblem};
 pub use score_mod::{AlibiSlopes, ScoreMod};
 
-/// Every Rust snippet of the README compiles (and the ones not marked `no_run` run) as a doctest.
+/// Every Rust snippet of the README and of docs/ compiles (and the ones not marked `no_run` run) as a
+/// doctest.
 #[cfg(doctest)]
-#[doc = include_str!("../README.md")]
-pub struct ReadmeDoctests;
+mod doc_pages {
+    #[doc = include_str!("../README.md")]
+    pub struct Readme;
+    #[doc = include_str!("../docs/usage.md")]
+    pub struct Usage;
+    #[doc = include_str!("../docs/integration.md")]
+    pub struct Integration;
+    #[doc = include_str!("../docs/runner.md")]
+    pub struct Runner;
+    #[doc = include_str!("../docs/build.md")]
+    pub struct Build;
+    #[doc = include_str!("../docs/correctness.md")]
+    pub struct Correctness;
+    #[doc = include_str!("../docs/performance.md")]
+    pub struct Performance;
+    #[doc = include_str!("../docs/semantics.md")]
+    pub struct Semantics;
+    #[doc = include_str!("../docs/emulator.md")]
+    pub struct Emulator;
+    #[doc = include_str!("../docs/architecture.md")]
+    pub struct Architecture;
+}

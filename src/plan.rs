@@ -294,8 +294,8 @@ mod tests {
         assert_eq!(e.kind(), &crate::ErrorKind::Overflow);
     }
 
-    /// The README's workspace bound: for B <= 64, Hq = 32 (Hkv = 8), D = 128 and contexts up to 128k on 132
-    /// SMs, the largest planned workspace (num_splits * B * Hq * (D + 1) fp32) is at most 3.1 MiB.
+    /// The workspace bound of docs/usage.md: for B <= 64, Hq = 32 (Hkv = 8), D = 128 and contexts up to 128k
+    /// on 132 SMs, the largest planned workspace (num_splits * B * Hq * (D + 1) fp32) is at most 3.1 MiB.
     #[test]
     fn planned_workspace_worst_case_for_the_readme() {
         let mut worst = 0usize;

@@ -218,7 +218,7 @@ pub struct RunArgs {
     pub sinks: bool,
     #[command(flatten)]
     pub common: Common,
-    /// Write every input and output as .npy into DIR (see the README for names, dtypes and shapes).
+    /// Write every input and output as .npy into DIR (docs/runner.md lists names, dtypes and shapes).
     #[arg(long, value_name = "DIR")]
     pub dump: Option<PathBuf>,
     /// On a GPU: check without timing (one launch, e.g. under compute-sanitizer).

@@ -28,7 +28,7 @@ const MARKERS: [Marker; 5] = [Marker::Circle, Marker::Triangle, Marker::Square, 
 const CEILING: RGBColor = RGBColor(110, 110, 110);
 const TARGET: RGBColor = RGBColor(200, 0, 0);
 
-/// The bars the README's results table judges the kernels by (set in the issues that asked for the kernels).
+/// The bars docs/performance.md's predictions table judges the kernels by (set in the issues that asked for the kernels).
 const PREFILL_TARGET_TFLOPS: f64 = 350.0; // bf16, D = 128, B·T = 16k, Hq = 16, T = 8k, non-causal
 const PREFILL_CAUSAL_TARGET: f64 = 0.9; // causal ≥ 0.9 × the non-causal rate of the same shape
 const DECODE_TARGETS: [(usize, usize, f64); 2] = [(64, 4096, 85.0), (1, 32768, 60.0)]; // (B, context, % of copy)

@@ -110,7 +110,7 @@ pub struct TimedShape {
     pub baseline: Option<usize>,
 }
 
-/// Paged prefill against dense prefill (the README's "paged prefill vs dense prefill, same shapes" row):
+/// Paged prefill against dense prefill (docs/performance.md's "paged prefill vs dense prefill, same shapes" row):
 /// B = 4 chunks of `q_len` new tokens at the end of a `context`-token sequence, bf16, D = 128, GQA 32:8,
 /// causal, over pages of [`PAGED_CHUNK_PAGES`]. (q_len, context).
 pub const PAGED_CHUNKS: [(usize, usize); 2] = [(512, 4096), (2048, 4096)];
@@ -377,7 +377,7 @@ mod tests {
                     (Timed::Fp8Decode(c), Timed::Decode(b)) => {
                         assert_eq!((&c.base, c.format, c.scales), (b, Fp8Format::E4m3, ScaleKind::PerHead));
                         assert!(decode_perf().contains(b) && b.dtype == DType::Bf16);
-                        // --quick keeps the README row's shape.
+                        // --quick keeps the predictions row's shape.
                         assert!(!quick || (b.batch(), b.max_seq_len()) == (64, 4096));
                         fp8 += 1;
                     }
@@ -416,7 +416,7 @@ mod tests {
             let (shapes, kernels) = (if quick { 1 } else { 2 }, if hopper { 2 } else { 1 });
             assert_eq!(dense, shapes * kernels);
         }
-        // Both README rows' page sizes and q_lens, and their contexts.
+        // Both predictions rows' page sizes and q_lens, and their contexts.
         let full = perf_plan(false, PrefillKernel::Auto, false);
         let paged: Vec<&PagedPrefillCase> =
             full.iter().filter_map(|s| if let Timed::PagedPrefill(c) = &s.case { Some(c) } else { None }).collect();

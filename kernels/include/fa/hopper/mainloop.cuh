@@ -138,7 +138,7 @@ FA_DEVICE void issue_pv(WgmmaAcc<Tr::kHeadDim> &o, const WgmmaFragA (&pa)[Tr::kB
 // both paths live would spill). Here the consumers have 232 registers; the plain path pays the test of
 // two kernel parameters per tile and two registers (tanh_in, slope), while a template flag would double the
 // sm_90a kernels and prefill_sm90.cu's nvcc time, which the build's budget cannot spare. What it took to
-// keep every consumer spill-free (ptxas, sm_90a; README "sm_90a kernel"): the per-score division inline
+// keep every consumer spill-free (ptxas, sm_90a; docs/usage.md "sm_90a kernel"): the per-score division inline
 // (div.rn's slow-path call spilled D = 128 and 256), the softcap and ALiBi as separate passes
 // (apply_score_mod_by_pass: the sm_80 single-pass form spilled D = 64), and the ScoreMod rebuilt per tile
 // from the kernel parameters (constant-bank operands) rather than held across the loop.
