@@ -400,7 +400,10 @@ fn fp8_decode_shared_traffic_and_bank_conflicts() {
                 excess(&long[0]) / long[0].blocks,
                 excess(&long[1]) / long[1].blocks,
             );
-            assert!(r8 <= r16 * 1.0001, "D={d} {format:?}: FP8 moves {r8:.3} shared bytes per global byte, 16-bit {r16:.3}");
+            assert!(
+                r8 <= r16 * 1.0001,
+                "D={d} {format:?}: FP8 moves {r8:.3} shared bytes per global byte, 16-bit {r16:.3}"
+            );
             for (i, name) in [(0, "FP8"), (1, "16-bit")] {
                 assert_eq!((short[i].shared_uncounted, long[i].shared_uncounted), (0, 0), "{name}");
                 assert_eq!(
