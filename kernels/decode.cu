@@ -30,9 +30,10 @@
 // (kVariant) map the scores to the exp2 domain with them. A sink joins the single-split epilogue's sum;
 // under split-KV the merge adds it (once, not per split).
 //
-// FP8 cache (kFp8, issue 17; fa/fp8_tile.cuh): the cp.async path moves the FP8 rows (16 elements per 16-byte
-// chunk) into FP8 stages; after the barrier that publishes tile j, its K and V are converted (exactly) into
-// one 16-bit stage, a second barrier, and the math below runs unchanged on it. The dequantisation scales of
+// FP8 cache (kFp8): the cp.async path moves the FP8 rows (16 elements per 16-byte chunk) into swizzled FP8
+// stages (fa/decode/traits.cuh, Fp8SwizzledTile), and the warps read them with the same ldmatrix pattern as
+// 16-bit tiles, converting in registers on the way to the mma (fa/decode/warp_attention.cuh,
+// fa/fp8_convert.cuh): no second trip through shared memory, no extra barrier. The dequantisation scales of
 // this CTA's KV head are folded in: k_scale into the score scale (and ScoreMod's), v_scale into the
 // epilogue's normalisation (so the split partials carry it too).
 #include "fa/attention_state.cuh"
@@ -124,12 +125,12 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
   const T *v_base = static_cast<const T *>(p.cache.v_cache) + kv_head * p.cache.v_head_stride + col;
   // FP8: one byte per element, 16-element chunks (FP8 rows are whole 16-byte chunks: head_dim % 16 == 0,
   // checked by the launcher), zero-filled past the head dim like the 16-bit ones.
-  const int chunk8 = tid % Tr::kFp8ChunksPerRow;
-  const int row8 = tid / Tr::kFp8ChunksPerRow;
-  const bool chunk8_in_range = chunk8 * 16 < p.head_dim;
-  const int col8 = chunk8_in_range ? chunk8 * 16 : 0;
-  const uint8_t *k8_base = static_cast<const uint8_t *>(p.cache.k_cache) + kv_head * p.cache.k_head_stride + col8;
-  const uint8_t *v8_base = static_cast<const uint8_t *>(p.cache.v_cache) + kv_head * p.cache.v_head_stride + col8;
+  // Two chunks per thread (Traits::fp8_copy_chunk).
+  const int row8 = tid / Tr::kFp8ThreadsPerRow;
+  const int chunk8[2] = {Tr::fp8_copy_chunk(tid, 0), Tr::fp8_copy_chunk(tid, 1)};
+  const bool chunk8_in_range[2] = {chunk8[0] * 16 < p.head_dim, chunk8[1] * 16 < p.head_dim};
+  const uint8_t *k8_head = static_cast<const uint8_t *>(p.cache.k_cache) + kv_head * p.cache.k_head_stride;
+  const uint8_t *v8_head = static_cast<const uint8_t *>(p.cache.v_cache) + kv_head * p.cache.v_head_stride;
 
   // Page of row `tid` of tile x (threads < kTileTokens), or kNoPage past the chunk's end.
   auto tile_page = [&](int x) -> int {
@@ -165,9 +166,13 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
       for (int i = 0; i < Tr::kFp8LoadsPerThread; ++i) {
         const int row = row8 + i * Tr::kFp8RowsPerPass;
         const RowOffsets off = ld_shared(ring + row);
-        const bool valid = off.k >= 0;
-        cp_async_cg_16(k_dst + row * D + chunk8 * 16, valid ? k8_base + off.k : k8_base, valid && chunk8_in_range);
-        cp_async_cg_16(v_dst + row * D + chunk8 * 16, valid ? v8_base + off.v : v8_base, valid && chunk8_in_range);
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const bool valid = off.k >= 0 && chunk8_in_range[e];
+          const int col = chunk8_in_range[e] ? chunk8[e] * 16 : 0;
+          cp_async_cg_16(k_dst + Fp8SwizzledTile<D>::offset(row, chunk8[e]), k8_head + col + (valid ? off.k : 0), valid);
+          cp_async_cg_16(v_dst + Fp8SwizzledTile<D>::offset(row, chunk8[e]), v8_head + col + (valid ? off.v : 0), valid);
+        }
       }
     } else if (x < num_tiles) {
       unsigned char *k_dst = stages + (x % kStages) * Tr::kStageBytes;
@@ -207,7 +212,12 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
   const int warp_token0 = token_group * Tr::kWarpTokens; // this warp's rows within a tile
   const int col0 = d_split * Tr::kWarpD;
   WarpAttention<T, D> att;
-  att.init(q_smem, warp_token0, col0, lane);
+  if constexpr (kFp8) {
+    att.init_fp8(q_smem, warp_token0, col0, lane);
+  } else {
+    att.init(q_smem, warp_token0, col0, lane);
+  }
+  const bool e5m2 = kFp8 && p.cache.kv_dtype == FA_KV_FP8_E5M2;
   // kVariant: softcap and ALiBi (slopes of this lane's two rows, the heads head0 + lane/4 (+ 8)).
   // FP8: this KV head's dequantisation scales, folded into the score scale and the output normalisation.
   const float k_scale = kFp8 ? kv_scale(p.cache.k_scale, p.cache.scale_head_stride, kv_head) : 1.0f;
@@ -229,21 +239,25 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
     issue_tile(x);
     const int next_page = tile_page(x + 1); // consumed after the math, so its latency is hidden
 
-    const unsigned char *k_tile = stages + (j % kStages) * Tr::kStageBytes;
-    if constexpr (kFp8) { // tile j's FP8 bytes -> the converted 16-bit stage (free: everyone is past tile j-1)
-      const unsigned char *k8 = stages + (j % kStages) * Tr::kFp8StageBytes;
-      unsigned char *k16 = stages + Tr::kFp8ConvertedOffset;
-      convert_fp8_tile<T, Tile, D, kTileTokens>(p.cache.kv_dtype, k8, k16, tid, Tr::kThreads);
-      convert_fp8_tile<T, Tile, D, kTileTokens>(p.cache.kv_dtype, k8 + Tr::kFp8TileBytes, k16 + Tr::kTileBytes, tid,
-                                                Tr::kThreads);
-      sync_threads();
-      k_tile = k16;
-    }
-    const unsigned char *v_tile = k_tile + Tr::kTileBytes;
+    const unsigned char *k_tile = stages + (j % kStages) * (kFp8 ? Tr::kFp8StageBytes : Tr::kStageBytes);
+    const unsigned char *v_tile = k_tile + (kFp8 ? Tr::kFp8TileBytes : Tr::kTileBytes);
+    // Distance of this warp's first token of the tile from the query's own position seq_len - 1.
+    const int dist0 = seq_len - 1 - (begin + j * kTileTokens + warp_token0);
     float s[2][4];
-    if constexpr (kVariant) {
-      // Distance of this warp's first token of the tile from the query's own position seq_len - 1.
-      att.scores_mod(s, k_tile, mod, slopes, seq_len - 1 - (begin + j * kTileTokens + warp_token0), lane);
+    if constexpr (kFp8 && kVariant) {
+      if (e5m2) {
+        att.template scores_mod_fp8<Fp8Format::E5M2>(s, k_tile, mod, slopes, dist0, lane);
+      } else {
+        att.template scores_mod_fp8<Fp8Format::E4M3>(s, k_tile, mod, slopes, dist0, lane);
+      }
+    } else if constexpr (kFp8) {
+      if (e5m2) {
+        att.template scores_fp8<Fp8Format::E5M2>(s, k_tile, scale_log2);
+      } else {
+        att.template scores_fp8<Fp8Format::E4M3>(s, k_tile, scale_log2);
+      }
+    } else if constexpr (kVariant) {
+      att.scores_mod(s, k_tile, mod, slopes, dist0, lane);
     } else {
       att.scores(s, k_tile, scale_log2);
     }
@@ -252,7 +266,15 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
     if (hole_bits != 0u) att.mask_rows(s, hole_bits >> (warp_token0 % 32), lane);
     uint32_t pa[4];
     att.softmax_update(s, pa);
-    att.accumulate_pv(pa, v_tile);
+    if constexpr (kFp8) {
+      if (e5m2) {
+        att.template accumulate_pv_fp8<Fp8Format::E5M2>(pa, v_tile);
+      } else {
+        att.template accumulate_pv_fp8<Fp8Format::E4M3>(pa, v_tile);
+      }
+    } else {
+      att.accumulate_pv(pa, v_tile);
+    }
 
     publish_row(x + 1, next_page);
   }
@@ -270,15 +292,7 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
       st_shared(st + 1, att.l[r]);
     }
   }
-#pragma unroll
-  for (int n = 0; n < WarpAttention<T, D>::kONTiles; ++n) {
-    const int col = col0 + 8 * n + 2 * (lane & 3);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float *dst = o_partial + (token_group * Tr::kRows + r0 + 8 * r) * Tr::kOStride + col;
-      st_shared(reinterpret_cast<float2 *>(dst), make_float2(att.o[n][2 * r], att.o[n][2 * r + 1]));
-    }
-  }
+  att.template park_o<kFp8>(o_partial + token_group * Tr::kRows * Tr::kOStride, Tr::kOStride, col0, lane);
   sync_threads();
 
   // Epilogue 2: combine the token groups (the same guarded merge as merge.cu, in the exp2 domain), with the

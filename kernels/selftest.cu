@@ -19,6 +19,45 @@ struct alignas(16) U32x4 {
 
 // ------------------------------------------------------------------------------------- single intrinsics
 
+// One warp-wide shared access per iteration, from one source line per kind and width (abi.h).
+template <class V> FA_DEVICE uint32_t low_word(const V &v) {
+  uint32_t w = 0;
+  __builtin_memcpy(&w, &v, sizeof(V) < 4 ? sizeof(V) : 4);
+  return w;
+}
+template <class V> FA_DEVICE uint32_t bank_access(unsigned char *smem, int kind, int offset) {
+  V v{};
+  if (kind == FA_SELFTEST_BANK_LOAD) v = ld_shared(reinterpret_cast<const V *>(smem + offset));
+  if (kind == FA_SELFTEST_BANK_STORE) st_shared(reinterpret_cast<V *>(smem + offset), v);
+  return low_word(v);
+}
+FA_DEVICE void selftest_bank_kernel(const FaSelftestBankParams &p) {
+  unsigned char *smem = dynamic_smem<unsigned char>();
+  const int lane = lane_id();
+  const int offset = ld_global(p.offsets + lane);
+  uint32_t word = 0;
+  for (int i = 0; i < p.repeat; ++i) {
+    if (p.kind == FA_SELFTEST_BANK_LDMATRIX_X4) {
+      uint32_t r[4];
+      ldmatrix_x4(r, smem + offset);
+      word ^= r[0];
+    } else if (offset >= 0 && p.kind == FA_SELFTEST_BANK_CP_ASYNC) {
+      cp_async_cg_16(smem + offset, p.offsets, false);
+    } else if (offset >= 0) {
+      switch (p.bytes) {
+      case 1: word ^= bank_access<uint8_t>(smem, p.kind, offset); break;
+      case 2: word ^= bank_access<uint16_t>(smem, p.kind, offset); break;
+      case 4: word ^= bank_access<uint32_t>(smem, p.kind, offset); break;
+      case 8: word ^= bank_access<float2>(smem, p.kind, offset); break;
+      default: word ^= bank_access<U32x4>(smem, p.kind, offset); break;
+      }
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+  }
+  st_global(p.out + lane, word);
+}
+
 FA_DEVICE void selftest_mma_kernel(const FaSelftestMmaParams &p) {
   const int lane = lane_id();
   uint32_t a[4], b[2];
@@ -452,6 +491,7 @@ FA_NAMESPACE_END
 FA_KERNEL(fa_selftest_mma_kernel, 32, 1, FaSelftestMmaParams, fa::selftest_mma_kernel)
 FA_KERNEL(fa_selftest_ldmatrix_kernel, 32, 1, FaSelftestLdmatrixParams, fa::selftest_ldmatrix_kernel)
 FA_KERNEL(fa_selftest_warp_kernel, 32, 1, FaSelftestWarpParams, fa::selftest_warp_kernel)
+FA_KERNEL(fa_selftest_bank_kernel, 32, 1, FaSelftestBankParams, fa::selftest_bank_kernel)
 FA_KERNEL(fa_selftest_cp_async_kernel, fa::kCpAsyncThreads, 1, FaSelftestCpAsyncParams, fa::selftest_cp_async_kernel)
 FA_KERNEL(fa_selftest_atomic_kernel, fa::kBlock128, 1, FaSelftestAtomicParams, fa::selftest_atomic_kernel)
 FA_KERNEL(fa_selftest_barrier_kernel, fa::kBlock128, 1, FaSelftestBarrierParams, fa::selftest_barrier_kernel)
@@ -495,6 +535,15 @@ extern "C" int fa_selftest_fp8(FaSelftestFp8Params p, FaExec *exec) {
 extern "C" int fa_selftest_ldmatrix(FaSelftestLdmatrixParams p, FaExec *exec) {
   if (p.rows < 1 || p.rows > 64 || (p.count != 1 && p.count != 2 && p.count != 4)) return FA_ERR_INVALID;
   return FA_LAUNCH(fa_selftest_ldmatrix_kernel, Dim3{}, kWarpSize, p.rows * 16, exec, p);
+}
+
+extern "C" int fa_selftest_bank(FaSelftestBankParams p, FaExec *exec) {
+  const bool sized = p.bytes == 1 || p.bytes == 2 || p.bytes == 4 || p.bytes == 8 || p.bytes == 16;
+  if (p.kind < FA_SELFTEST_BANK_LOAD || p.kind > FA_SELFTEST_BANK_LDMATRIX_X4 || !sized || p.repeat < 1 ||
+      p.repeat > 8 || p.smem_bytes < 16 || p.smem_bytes > 65536 || p.offsets == nullptr || p.out == nullptr)
+    return FA_ERR_INVALID;
+  if (p.kind >= FA_SELFTEST_BANK_CP_ASYNC && p.bytes != 16) return FA_ERR_INVALID;
+  return FA_LAUNCH(fa_selftest_bank_kernel, Dim3{}, kWarpSize, p.smem_bytes, exec, p);
 }
 
 extern "C" int fa_selftest_warp(FaSelftestWarpParams p, FaExec *exec) {

@@ -88,13 +88,17 @@ void complete_ballot(Launch &l, int w) {
 //    column); with .trans it receives column l/4, elements 2(l%4) and 2(l%4)+1 instead.
 void complete_ldmatrix(Launch &l, int w, int count, bool trans) {
   uint16_t m[4][8][8];
+  uint32_t row_offsets[kWarpSize] = {};
   for (int i = 0; i < count; ++i) {
     for (int r = 0; r < 8; ++r) {
       const int src = 8 * i + r;
       const Thread &t = l.threads[(size_t)w * kWarpSize + src];
-      l.shared.collective_read(t, m[i][r], args_of<LdmatrixArgs>(l, w, src).row, 16, "ldmatrix row read");
+      const void *row = args_of<LdmatrixArgs>(l, w, src).row;
+      l.shared.collective_read(t, m[i][r], row, 16, "ldmatrix row read");
+      row_offsets[src] = (uint32_t)((const unsigned char *)row - l.shared.base());
     }
   }
+  account_ldmatrix(l, row_offsets, count);
   for (int lane = 0; lane < kWarpSize; ++lane) {
     LdmatrixArgs &a = args_of<LdmatrixArgs>(l, w, lane);
     const int g = lane / 4, c = 2 * (lane % 4);

@@ -26,7 +26,7 @@ void cp_async_drain(Thread &t) {
 
 using namespace detail;
 
-void cp_async(void *smem, const void *gmem, int bytes, bool pred) {
+void cp_async(void *smem, const void *gmem, int bytes, bool pred, SharedSite site) {
   Launch &l = current_launch();
   Thread &t = *l.current;
   if (bytes != 4 && bytes != 8 && bytes != 16) fault(t, "cp.async of %d bytes: the copy size must be 4, 8 or 16", bytes);
@@ -39,6 +39,7 @@ void cp_async(void *smem, const void *gmem, int bytes, bool pred) {
     l.counters.cp_async_zfill_bytes += (uint64_t)bytes;
   }
   uint32_t off = l.shared.begin_async_write(t, smem, (size_t)bytes);
+  record_shared_access(l, t, site, off, (uint32_t)bytes); // the landing's bank pattern is the issue's
   t.cp_async.push_back(CpAsyncCopy{off, (uint32_t)bytes, gmem, pred, t.cp_async_groups});
 }
 

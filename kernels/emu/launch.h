@@ -59,6 +59,20 @@ inline bool is_warpgroup_op(Op op) { return op >= Op::WgFence; }
 // Blocked: the lane waits alone (not as a warp) for an mbarrier phase; its warp steps on without it.
 enum class LaneState : uint8_t { Ready, Arrived, Exited, Blocked };
 
+// One lane's shared-memory access within its warp's current step (bank_conflicts.cpp): `site` names the
+// source location, `seq` its place in the step, `occurrence` (filled at the step's end) how many earlier
+// accesses of the same lane came from the same site.
+struct SharedAccess {
+  uint64_t site;
+  uint32_t offset;
+  uint32_t seq;
+  uint32_t occurrence;
+  uint8_t lane;
+  uint8_t bytes;
+};
+// Accesses one warp may make between two collectives before the rest go uncounted (shared_uncounted).
+constexpr size_t kMaxSharedAccessesPerStep = 16384;
+
 // One cp.async between issue and completion: data moves only when a cp_async_wait covers its group.
 struct CpAsyncCopy {
   uint32_t smem_offset;
@@ -210,6 +224,7 @@ struct Launch {
   FiberContext scheduler; // the launching thread's own context, resumed whenever a fiber waits or exits
   std::vector<Thread> threads;
   std::vector<Warp> warps;
+  std::vector<std::vector<SharedAccess>> shared_steps; // per warp, reserved at launch (bank_conflicts.cpp)
   Barrier barriers[kNumBarriers];
   std::vector<Warpgroup> warpgroups;
   std::vector<MBarrier> mbarriers; // initialised this block (few: a pipeline has a handful)
@@ -256,6 +271,17 @@ private:
   void *mem_ = nullptr;
   stack_t previous_{};
 };
+
+// Bank conflicts (bank_conflicts.cpp). record_shared_access notes one lane's access of `bytes` at shared
+// offset `offset` (ld/st or a cp.async destination) from source location `site`; account_shared_step, when
+// warp w's step ends (all lanes at a collective or exited), groups its lanes' accesses into warp instructions
+// and counts their wavefronts; account_ldmatrix counts one ldmatrix from its 32 lanes' row offsets.
+void record_shared_access(Launch &launch, const Thread &t, const SharedSite &site, uint32_t offset, uint32_t bytes);
+void account_shared_step(Launch &launch, int w);
+void account_ldmatrix(Launch &launch, const uint32_t *row_offsets, int count);
+// Wavefronts of one phase: n lane accesses (byte offset, size), the largest number of distinct 4-byte words
+// one of the 32 banks holds.
+uint32_t phase_wavefronts(const uint32_t *offsets, const uint32_t *bytes, int n);
 
 // Counts one load of `t` towards kMaxLoadsBetweenWaits; faults past it.
 void count_load(Thread &t);

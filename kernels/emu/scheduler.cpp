@@ -177,6 +177,7 @@ static void arrive_at_barrier(Launch &l, int w, const Thread &blame, bool wait) 
 // All 32 lanes of warp `w` have arrived somewhere or exited; runs on the last lane's fiber.
 static void resolve_step(Launch &l, int w) {
   Warp &warp = l.warps[w];
+  account_shared_step(l, w); // the step's shared accesses, as warp instructions
   if (warp.arrived == 0) {
     warp.done = true;
     return;
@@ -360,6 +361,7 @@ static void run_block(Launch &l, Dim3 idx, uint64_t linear) {
   l.shared.reset_block(Rng{l.seed ^ (0x2545F4914F6CDD1Dull * (linear + 1))}.next());
   for (Barrier &b : l.barriers) b = Barrier{};
   for (Warp &w : l.warps) w = Warp{};
+  for (std::vector<SharedAccess> &step : l.shared_steps) step.clear();
   sm90_reset_block(l);
   for (int i = 0; i < l.block_threads; ++i) {
     Thread &t = l.threads[(size_t)i];
@@ -514,6 +516,8 @@ int launch(const char *kernel_name, Dim3 grid, int block, int smem_bytes, FaEmuL
     }
     l.threads.resize((size_t)block);
     l.warps.resize((size_t)l.num_warps);
+    l.shared_steps.resize((size_t)l.num_warps);
+    for (std::vector<SharedAccess> &step : l.shared_steps) step.reserve(kMaxSharedAccessesPerStep);
     // sm_90: warpgroups, and the register pool setmaxnreg redistributes. Launched with one CTA per SM (as
     // warp-specialised kernels are), each thread starts with the registers ptxas can give it:
     // 65536 / threads, rounded down to a multiple of 8, at most 256.

@@ -393,17 +393,19 @@ uint32_t shared_address(const void *smem) {
   return l.shared.window_address(off);
 }
 
-void shared_load(void *dst, const void *smem, size_t bytes) {
+void shared_load(void *dst, const void *smem, size_t bytes, SharedSite site) {
   Launch &l = current_launch();
   l.shared.load(*l.current, dst, smem, bytes);
   l.counters.shared_bytes_read += bytes;
+  record_shared_access(l, *l.current, site, (uint32_t)((const unsigned char *)smem - l.shared.base()), (uint32_t)bytes);
   count_load(*l.current);
 }
 
-void shared_store(void *smem, const void *src, size_t bytes) {
+void shared_store(void *smem, const void *src, size_t bytes, SharedSite site) {
   Launch &l = current_launch();
   l.shared.store(*l.current, smem, src, bytes);
   l.counters.shared_bytes_written += bytes;
+  record_shared_access(l, *l.current, site, (uint32_t)((const unsigned char *)smem - l.shared.base()), (uint32_t)bytes);
 }
 
 } // namespace emu

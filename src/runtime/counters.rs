@@ -72,6 +72,18 @@ pub struct KernelCounters {
     pub tma_load_bytes: u64,
     /// TMA stores completed, whole boxes (the in-bounds bytes are also global writes of their buffer).
     pub tma_store_bytes: u64,
+    /// Warp-wide shared-memory instructions: `ld_shared` / `st_shared` (one per source location and lane
+    /// occurrence between two collectives), cp.async destinations, `ldmatrix`.
+    pub shared_requests: u64,
+    /// Wavefronts those instructions take on 32 banks × 4 bytes (phases of 128 bytes; in each, the most
+    /// distinct words one bank holds).
+    pub shared_wavefronts: u64,
+    /// The wavefronts they would take without bank conflicts (one per phase with an active lane):
+    /// `shared_wavefronts - shared_ideal_wavefronts` is what the conflicts cost.
+    pub shared_ideal_wavefronts: u64,
+    /// Lane accesses left out of the three counts above (a warp made more than the emulator's per-step
+    /// buffer holds between two collectives); 0 means the counts are complete.
+    pub shared_uncounted: u64,
 }
 
 impl KernelCounters {
@@ -123,7 +135,7 @@ impl KernelCounters {
 
     /// Every scalar counter by name, global totals first: the flat view a JSON writer serialises (per-buffer
     /// traffic is in [`KernelCounters::buffers`]; means are sums over `active_blocks`).
-    pub fn values(&self) -> [(&'static str, u64); 22] {
+    pub fn values(&self) -> [(&'static str, u64); 26] {
         [
             ("global_bytes_read", self.global_bytes_read()),
             ("global_bytes_written", self.global_bytes_written()),
@@ -140,6 +152,10 @@ impl KernelCounters {
             ("wgmma", self.wgmma),
             ("tma_load_bytes", self.tma_load_bytes),
             ("tma_store_bytes", self.tma_store_bytes),
+            ("shared_requests", self.shared_requests),
+            ("shared_wavefronts", self.shared_wavefronts),
+            ("shared_ideal_wavefronts", self.shared_ideal_wavefronts),
+            ("shared_uncounted", self.shared_uncounted),
             ("blocks", self.blocks),
             ("active_blocks", self.active_blocks),
             ("max_block_bytes_read", self.max_block_bytes_read),
@@ -171,6 +187,10 @@ impl KernelCounters {
         self.wgmma += other.wgmma;
         self.tma_load_bytes += other.tma_load_bytes;
         self.tma_store_bytes += other.tma_store_bytes;
+        self.shared_requests += other.shared_requests;
+        self.shared_wavefronts += other.shared_wavefronts;
+        self.shared_ideal_wavefronts += other.shared_ideal_wavefronts;
+        self.shared_uncounted += other.shared_uncounted;
         for b in &other.buffers {
             match self.buffers.iter_mut().find(|x| x.name == b.name) {
                 Some(x) => {
@@ -223,6 +243,10 @@ impl KernelCounters {
             wgmma: c.wgmma,
             tma_load_bytes: c.tma_load_bytes,
             tma_store_bytes: c.tma_store_bytes,
+            shared_requests: c.shared_requests,
+            shared_wavefronts: c.shared_wavefronts,
+            shared_ideal_wavefronts: c.shared_ideal_wavefronts,
+            shared_uncounted: c.shared_uncounted,
         }
     }
 }
@@ -251,7 +275,7 @@ impl LaunchCounters {
 
     /// [`KernelCounters::values`] of the total, with "kernels" the number of kernel launches: what a JSON
     /// writer puts in a `"counters"` object.
-    pub fn values(&self) -> [(&'static str, u64); 22] {
+    pub fn values(&self) -> [(&'static str, u64); 26] {
         let mut v = self.total().values();
         if let Some(k) = v.iter_mut().find(|(name, _)| *name == "kernels") {
             k.1 = self.kernels.len() as u64;
@@ -307,6 +331,14 @@ impl fmt::Display for KernelCounters {
             self.cp_async_bytes,
             self.cp_async_zfill_bytes
         )?;
+        write!(
+            f,
+            "; shared {} requests, {} wavefronts (ideal {})",
+            self.shared_requests, self.shared_wavefronts, self.shared_ideal_wavefronts
+        )?;
+        if self.shared_uncounted > 0 {
+            write!(f, " (+{} lane accesses uncounted)", self.shared_uncounted)?;
+        }
         if self.wgmma > 0 || self.tma_load_bytes > 0 || self.tma_store_bytes > 0 {
             write!(
                 f,

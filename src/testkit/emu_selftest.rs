@@ -86,6 +86,42 @@ pub fn ldmatrix(rows: &[[u16; 8]], row_of_lane: &[i32; 32], count: u32, trans: b
     Ok(out)
 }
 
+/// The kind of warp-wide shared access the bank-conflict self-test makes (`FA_SELFTEST_BANK_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BankAccess {
+    /// `ld_shared` of `bytes` per lane.
+    Load,
+    /// `st_shared` of `bytes` per lane.
+    Store,
+    /// A 16-byte cp.async destination (zero-filled).
+    CpAsync,
+    /// `ldmatrix.x4`: each lane's offset is its row address.
+    LdmatrixX4,
+}
+
+/// One warp makes `repeat` identical shared accesses of `kind`, lane l at byte offset `offsets[l]` of
+/// `smem_bytes` of shared memory (`< 0`: the lane skips it); the counters ([`last_counters`]) hold their
+/// requests and wavefronts.
+pub fn bank_access(kind: BankAccess, bytes: u32, offsets: &[i32; 32], repeat: u32, smem_bytes: u32) -> Result<()> {
+    let mut out = [0u32; 32];
+    let regions = [region(c"offsets", offsets), region_mut(c"out", &mut out)];
+    let params = sys::FaSelftestBankParams {
+        offsets: offsets.as_ptr(),
+        out: out.as_mut_ptr(),
+        kind: match kind {
+            BankAccess::Load => sys::FA_SELFTEST_BANK_LOAD,
+            BankAccess::Store => sys::FA_SELFTEST_BANK_STORE,
+            BankAccess::CpAsync => sys::FA_SELFTEST_BANK_CP_ASYNC,
+            BankAccess::LdmatrixX4 => sys::FA_SELFTEST_BANK_LDMATRIX_X4,
+        } as i32,
+        bytes: to_i32("bytes", bytes as usize)?,
+        repeat: to_i32("repeat", repeat as usize)?,
+        smem_bytes: to_i32("smem_bytes", smem_bytes as usize)?,
+    };
+    // SAFETY: every pointer in `params` is one of `regions`' live buffers.
+    run("selftest_bank", &regions, 1, |s| unsafe { sys::fa_selftest_bank(params, s) })
+}
+
 /// A warp shuffle or vote, lane by lane.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WarpOp {
@@ -702,6 +738,18 @@ pub fn fp8_to_half_host(format: crate::fp8::Fp8Format, codes: &[u8]) -> Vec<u16>
     let mut out = vec![0u16; codes.len()];
     // SAFETY: both buffers hold codes.len() elements.
     unsafe { sys::fa_host_fp8_to_half(codes.as_ptr(), out.as_mut_ptr(), codes.len() as i64, format.abi()) };
+    out
+}
+
+/// The decode kernels' in-register FP8 conversion (fa/fp8_convert.cuh) as the host build runs it: codes
+/// (a multiple of 4) -> fp16 or bf16 bits.
+pub fn fp8_to_16_fast_host(format: crate::fp8::Fp8Format, dtype: DType, codes: &[u8]) -> Vec<u16> {
+    assert!(codes.len() % 4 == 0, "whole groups of four codes");
+    let mut out = vec![0u16; codes.len()];
+    // SAFETY: both buffers hold codes.len() elements.
+    unsafe {
+        sys::fa_host_fp8_to_16_fast(codes.as_ptr(), out.as_mut_ptr(), codes.len() as i64, format.abi(), dtype.abi())
+    };
     out
 }
 

@@ -73,6 +73,79 @@ fn ldmatrix_counts_instructions_and_128_shared_bytes_per_matrix() {
     assert_eq!((k.barriers, k.barrier_arrivals), (1, 1));
 }
 
+/// (requests, wavefronts, ideal wavefronts) of `repeat` warp-wide accesses of `kind` at `offsets`.
+fn bank_counts(kind: st::BankAccess, bytes: u32, offsets: [i32; 32], repeat: u32) -> (u64, u64, u64) {
+    st::bank_access(kind, bytes, &offsets, repeat, 65536).unwrap();
+    let k = st::last_counters().unwrap().kernels[0].clone();
+    assert_eq!(k.shared_uncounted, 0);
+    (k.shared_requests, k.shared_wavefronts, k.shared_ideal_wavefronts)
+}
+
+/// Lane offsets `f(lane)`.
+fn lanes(f: impl Fn(i32) -> i32) -> [i32; 32] {
+    std::array::from_fn(|l| f(l as i32))
+}
+
+/// Byte offset of 16-byte chunk `c` of row `r` in rows of 128 bytes, XOR-swizzled like the decode tiles.
+fn swizzled(r: i32, c: i32) -> i32 {
+    r * 128 + 16 * (c ^ (r & 7))
+}
+
+#[test]
+fn bank_conflicts_of_32_bit_accesses() {
+    use st::BankAccess::{Load, Store};
+    // Lane l at word l: 32 banks, one wavefront. Stride 2 words: lanes l and l + 16 share a bank (2-way).
+    // Stride 32 words: all 32 lanes in bank 0 (32-way). One word for all: a broadcast, one wavefront.
+    assert_eq!(bank_counts(Load, 4, lanes(|l| 4 * l), 1), (1, 1, 1));
+    assert_eq!(bank_counts(Load, 4, lanes(|l| 8 * l), 1), (1, 2, 1));
+    assert_eq!(bank_counts(Store, 4, lanes(|l| 8 * l), 1), (1, 2, 1));
+    assert_eq!(bank_counts(Load, 4, lanes(|l| 128 * l), 1), (1, 32, 1));
+    assert_eq!(bank_counts(Store, 4, lanes(|l| 128 * l), 1), (1, 32, 1));
+    assert_eq!(bank_counts(Load, 4, lanes(|_| 64), 1), (1, 1, 1));
+    // Pairs of lanes on one word, 16 words in 16 banks: still one wavefront.
+    assert_eq!(bank_counts(Load, 4, lanes(|l| 4 * (l / 2)), 1), (1, 1, 1));
+    // Sub-word accesses: four lanes per word, 8 words.
+    assert_eq!(bank_counts(Load, 1, lanes(|l| l), 1), (1, 1, 1));
+    assert_eq!(bank_counts(Load, 2, lanes(|l| 2 * l + 128 * (l % 2)), 1), (1, 2, 1));
+    // Each repetition is its own instruction (one source line, executed again).
+    assert_eq!(bank_counts(Load, 4, lanes(|l| 8 * l), 3), (3, 6, 3));
+    // Only half the lanes take part (divergence around the access): one phase, conflict-free.
+    assert_eq!(bank_counts(Load, 4, lanes(|l| if l < 16 { 4 * l } else { -1 }), 1), (1, 1, 1));
+}
+
+#[test]
+fn bank_conflicts_of_64_and_128_bit_accesses() {
+    use st::BankAccess::{CpAsync, Load, Store};
+    // 8 bytes per lane: two half-warp phases; consecutive: no conflict. 16-byte stride: each half-warp spans
+    // 256 bytes, two words per bank: 2-way.
+    assert_eq!(bank_counts(Load, 8, lanes(|l| 8 * l), 1), (1, 2, 2));
+    assert_eq!(bank_counts(Load, 8, lanes(|l| 16 * l), 1), (1, 4, 2));
+    // 16 bytes per lane: four quarter-warp phases. Consecutive: 4. A column of a 128-byte-row tile, unswizzled:
+    // 8 rows in the same 4 banks per phase (8-way). The XOR swizzle spreads them: conflict-free.
+    assert_eq!(bank_counts(Load, 16, lanes(|l| 16 * l), 1), (1, 4, 4));
+    assert_eq!(bank_counts(Store, 16, lanes(|l| 128 * l), 1), (1, 32, 4));
+    assert_eq!(bank_counts(Store, 16, lanes(|l| swizzled(l, 0)), 1), (1, 4, 4));
+    // cp.async destinations count like 16-byte stores: rows of 64 bytes, 2 rows per 128 bytes: 4-way.
+    assert_eq!(bank_counts(CpAsync, 16, lanes(|l| 64 * l), 1), (1, 16, 4));
+    assert_eq!(bank_counts(CpAsync, 16, lanes(|l| 16 * l), 2), (2, 8, 8));
+    // One quarter-warp only.
+    assert_eq!(bank_counts(Store, 16, lanes(|l| if l < 8 { 128 * l } else { -1 }), 1), (1, 8, 1));
+}
+
+#[test]
+fn bank_conflicts_of_ldmatrix() {
+    use st::BankAccess::LdmatrixX4;
+    // ldmatrix.x4: one phase per matrix (lanes 8i .. 8i+7 address its rows). Rows of one column of a tile
+    // with 128-byte rows: 8-way per matrix; swizzled: conflict-free; consecutive rows: conflict-free.
+    assert_eq!(bank_counts(LdmatrixX4, 16, lanes(|l| 128 * l), 1), (1, 32, 4));
+    assert_eq!(bank_counts(LdmatrixX4, 16, lanes(|l| swizzled(l % 8, l / 8)), 1), (1, 4, 4));
+    assert_eq!(bank_counts(LdmatrixX4, 16, lanes(|l| 16 * l), 1), (1, 4, 4));
+    // Rows 0-3 and 8-11 (the swizzle repeats every 8 rows): rows r and r + 8 share a bank group, 2-way;
+    // rows 0-3 twice over: the same addresses, broadcast.
+    assert_eq!(bank_counts(LdmatrixX4, 16, lanes(|l| swizzled(l % 4 + 8 * (l % 8 / 4), l / 8)), 2), (2, 16, 8));
+    assert_eq!(bank_counts(LdmatrixX4, 16, lanes(|l| swizzled(l % 4, l / 8)), 1), (1, 4, 4));
+}
+
 #[test]
 fn named_barriers_count_completions_and_warp_arrivals() {
     st::barriers(BarrierMode::Pairs, 1).unwrap();

@@ -5,9 +5,10 @@
 //! bad input -> typed errors. On a GPU (skipped visibly without one) the same sweep runs on the hardware.
 use crate::common;
 
+use fused_attn::counters::KernelCounters;
 use fused_attn::decode::{DecodeOptions, DecodeWorkspace};
 use fused_attn::fp8::Fp8Element;
-use fused_attn::testkit::cases::decode::DecodeCase;
+use fused_attn::testkit::cases::decode::{run_case_emulated, DecodeCase};
 use fused_attn::testkit::cases::decode_fp8::{
     check_fp8_case_emulated, decode_fp8, fp8_decode_sweep_emulated, run_fp8_case_gpu, Fp8DecodeCase, Fp8Fixture,
 };
@@ -79,6 +80,35 @@ fn conversions_through_the_intrinsics_on_the_emulator() {
         for (i, &c) in got.iter().enumerate() {
             let want = u16::from(f.encode(x[2 * i])) | u16::from(f.encode(x[2 * i + 1])) << 8;
             assert_eq!(c, want, "{f:?} encode ({:e}, {:e})", x[2 * i], x[2 * i + 1]);
+        }
+    }
+}
+
+/// The decode kernels' fast FP8 -> 16-bit conversion (permute, shift, power-of-two multiply; the path of
+/// sm_80/86 and of bf16 everywhere) gives the model's value bit for bit for every finite code of both
+/// formats, in fp16 and bf16 (all 256 codes; NaN/Inf codes, which the kernels never read, excluded).
+#[test]
+fn fast_fp8_conversion_is_exact_for_every_finite_code() {
+    let codes: Vec<u8> = (0..=255u8).collect();
+    for format in FORMATS {
+        let model = emu_selftest::fp8_to_half_host(format, &codes);
+        for dtype in [DType::F16, DType::Bf16] {
+            let fast = emu_selftest::fp8_to_16_fast_host(format, dtype, &codes);
+            let mut finite = 0;
+            for (i, (&m, &f)) in model.iter().zip(&fast).enumerate() {
+                let value = f16::from_bits(m);
+                if !value.is_finite() {
+                    continue;
+                }
+                finite += 1;
+                let want = match dtype {
+                    DType::F16 => m,
+                    DType::Bf16 => bf16::from_f32(value.to_f32()).to_bits(),
+                };
+                assert_eq!(f, want, "{format:?} code {i:#04x} -> {dtype:?}: {f:#06x}, model {want:#06x}");
+            }
+            let expect = if format == Fp8Format::E4m3 { 254 } else { 248 };
+            assert_eq!(finite, expect, "{format:?}: finite codes");
         }
     }
 }
@@ -320,4 +350,70 @@ fn bad_fp8_inputs_are_typed_errors() {
     .err()
     .unwrap();
     assert_eq!(e.kind(), &ErrorKind::Alignment, "{e}");
+}
+
+/// Counters of the FP8 decode kernel (`format`) and of the 16-bit one over the same shape, one split.
+fn decode_kernel_counters(d: usize, format: Fp8Format, seq_lens: Vec<usize>) -> [KernelCounters; 2] {
+    let base = DecodeCase {
+        dtype: DType::Bf16,
+        head_dim: d,
+        heads_q: 8,
+        heads_kv: 2,
+        page_size: 16,
+        seq_lens,
+        num_splits: Some(1),
+        variants: Default::default(),
+    };
+    let case = Fp8DecodeCase { base: base.clone(), format, scales: ScaleKind::PerHead };
+    let emu = Emulator::new();
+    let o = check_fp8_case_emulated(&emu, &case, 1).unwrap();
+    assert!(o.passed(), "{}: {}", case.label(), o.summary());
+    let fp8 = emu.last_launch_counters().unwrap().kernels[0].clone();
+    let run = run_case_emulated::<bf16>(&emu, &base, 1).unwrap();
+    assert!(run.outcome.passed(), "{}: {}", base.label(), run.outcome.summary());
+    [fp8, emu.last_launch_counters().unwrap().kernels[0].clone()]
+}
+
+/// The decode kernels' shared-memory traffic in the streaming loop (the emulator's bank counters, as the
+/// difference between two context lengths, so the per-CTA prologue and epilogue cancel): FP8 tiles are
+/// written once by cp.async and read once per reading warp by ldmatrix, converted in registers, so per
+/// global byte FP8 moves no more shared bytes than the 16-bit kernel, and every warp-wide shared access of
+/// the loop is conflict-free (wavefronts = ideal), for both formats and every tile width. The per-CTA part
+/// (Q load, epilogue) has a few 2-way conflicts, printed with `--nocapture`; docs/decode-memory.md holds the
+/// model these numbers follow.
+#[test]
+fn fp8_decode_shared_traffic_and_bank_conflicts() {
+    for d in [64, 128, 256] {
+        for format in FORMATS {
+            let short = decode_kernel_counters(d, format, vec![256, 200]);
+            let long = decode_kernel_counters(d, format, vec![768, 712]);
+            let delta = |i: usize, f: fn(&KernelCounters) -> u64| f(&long[i]) - f(&short[i]);
+            let shared = |k: &KernelCounters| k.shared_bytes_read + k.shared_bytes_written;
+            let per_global = |i| delta(i, shared) as f64 / delta(i, KernelCounters::global_bytes_read) as f64;
+            let (r8, r16) = (per_global(0), per_global(1));
+            let excess = |k: &KernelCounters| k.shared_wavefronts - k.shared_ideal_wavefronts;
+            eprintln!(
+                "D={d} {}: loop shared bytes per global byte FP8 {r8:.3}, 16-bit {r16:.3}; loop requests FP8 {}, \
+                 16-bit {}; per-CTA conflict wavefronts FP8 {}, 16-bit {}",
+                format.name(),
+                delta(0, |k| k.shared_requests),
+                delta(1, |k| k.shared_requests),
+                excess(&long[0]) / long[0].blocks,
+                excess(&long[1]) / long[1].blocks,
+            );
+            assert!(
+                r8 <= r16 * 1.0001,
+                "D={d} {format:?}: FP8 moves {r8:.3} shared bytes per global byte, 16-bit {r16:.3}"
+            );
+            for (i, name) in [(0, "FP8"), (1, "16-bit")] {
+                assert_eq!((short[i].shared_uncounted, long[i].shared_uncounted), (0, 0), "{name}");
+                assert_eq!(
+                    delta(i, |k| k.shared_wavefronts),
+                    delta(i, |k| k.shared_ideal_wavefronts),
+                    "D={d} {format:?}: the {name} decode loop has bank conflicts:\n{}",
+                    long[i]
+                );
+            }
+        }
+    }
 }

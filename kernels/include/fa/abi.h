@@ -294,6 +294,13 @@ typedef struct FaEmuCounters {
   uint64_t wgmma;           /* wgmma.mma_async warpgroup instructions (m64nNk16: 2048 N FLOPs each) */
   uint64_t tma_load_bytes;  /* TMA loads issued: whole boxes, out-of-bounds elements included */
   uint64_t tma_store_bytes; /* TMA stores completed: whole boxes (only in-bounds bytes reach global memory) */
+  /* Bank conflicts (kernels/emu/bank_conflicts.cpp): warp-wide shared accesses (ld/st, cp.async destinations,
+   * ldmatrix), the wavefronts they take on 32 banks x 4 bytes, and the wavefronts they would take without
+   * conflicts (one per 128-byte phase with an active lane); accesses past the per-step buffer go uncounted. */
+  uint64_t shared_requests;
+  uint64_t shared_wavefronts;
+  uint64_t shared_ideal_wavefronts;
+  uint64_t shared_uncounted;
 } FaEmuCounters;
 
 typedef struct FaEmuLaunch {
@@ -395,6 +402,10 @@ void fa_host_16_to_float(const uint16_t *in, float *out, int64_t n, int32_t dtyp
  * nearest even, satfinite). kv_dtype: FA_KV_FP8_E4M3 or FA_KV_FP8_E5M2. */
 void fa_host_fp8_to_half(const uint8_t *in, uint16_t *out, int64_t n, int32_t kv_dtype);
 void fa_host_float_to_fp8(const float *in, uint8_t *out, int64_t n, int32_t kv_dtype);
+/* The decode kernels' in-register FP8 -> 16-bit conversion (fa/fp8_convert.cuh: byte permute, shift,
+ * power-of-two multiply), as the host build runs it (and the GPU below sm_89, and for bf16 everywhere):
+ * codes -> fp16 (dtype FA_DTYPE_F16) or bf16 bits, n a multiple of 4. */
+void fa_host_fp8_to_16_fast(const uint8_t *in, uint16_t *out, int64_t n, int32_t kv_dtype, int32_t dtype);
 
 #ifdef __cplusplus
 }

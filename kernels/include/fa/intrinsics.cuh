@@ -232,12 +232,19 @@ FA_DEVICE bool warp_any(bool p) { return emu::ballot(p) != 0u; }
 FA_DEVICE bool warp_all(bool p) { return emu::ballot(p) == 0xffffffffu; }
 
 template <class T> FA_DEVICE T *dynamic_smem() { return reinterpret_cast<T *>(emu::dynamic_smem()); }
-template <class T> FA_DEVICE T ld_shared(const T *p) {
+// The shared accesses carry their caller's source location (default arguments are evaluated at the call
+// site): the emulator's bank-conflict counters take the lanes' accesses from one location as one warp
+// instruction (kernels/emu/bank_conflicts.cpp).
+#define FA_SHARED_SITE_PARAMS const char *site_file = __builtin_FILE(), int site_line = __builtin_LINE()
+#define FA_SHARED_SITE emu::SharedSite{site_file, site_line}
+template <class T> FA_DEVICE T ld_shared(const T *p, FA_SHARED_SITE_PARAMS) {
   T v;
-  emu::shared_load(&v, p, sizeof(T));
+  emu::shared_load(&v, p, sizeof(T), FA_SHARED_SITE);
   return v;
 }
-template <class T> FA_DEVICE void st_shared(T *p, T v) { emu::shared_store(p, &v, sizeof(T)); }
+template <class T> FA_DEVICE void st_shared(T *p, T v, FA_SHARED_SITE_PARAMS) {
+  emu::shared_store(p, &v, sizeof(T), FA_SHARED_SITE);
+}
 // Host addresses of shared memory agree with the shared window's modulo 1024 (emu/shared_memory.cpp).
 template <class T> FA_DEVICE const T *xor_smem_bytes(const T *p, uint32_t bytes) {
   return reinterpret_cast<const T *>(reinterpret_cast<uintptr_t>(p) ^ bytes);
@@ -258,8 +265,12 @@ template <> FA_DEVICE void mma_m16n8k16<bf16_t>(float (&d)[4], const uint32_t (&
   emu::mma_m16n8k16(d, a, b, emu::MmaType::Bf16);
 }
 
-FA_DEVICE void cp_async_cg_16(void *smem, const void *gmem, bool pred) { emu::cp_async(smem, gmem, 16, pred); }
-FA_DEVICE void cp_async_ca_16(void *smem, const void *gmem, bool pred) { emu::cp_async(smem, gmem, 16, pred); }
+FA_DEVICE void cp_async_cg_16(void *smem, const void *gmem, bool pred, FA_SHARED_SITE_PARAMS) {
+  emu::cp_async(smem, gmem, 16, pred, FA_SHARED_SITE);
+}
+FA_DEVICE void cp_async_ca_16(void *smem, const void *gmem, bool pred, FA_SHARED_SITE_PARAMS) {
+  emu::cp_async(smem, gmem, 16, pred, FA_SHARED_SITE);
+}
 FA_DEVICE void cp_async_commit() { emu::cp_async_commit(); }
 template <int pending> FA_DEVICE void cp_async_wait() { emu::cp_async_wait(pending); }
 

@@ -73,6 +73,26 @@ typedef struct FaSelftestCpAsyncParams {
   int32_t read_groups;  /* 0..groups */
 } FaSelftestCpAsyncParams;
 
+/* Bank conflicts (the emulator's shared_wavefronts counters): one warp makes `repeat` warp-wide shared accesses
+ * of one kind, each from one source location, lane l at byte offset offsets[l] of its shared memory
+ * (offsets[l] < 0: lane l skips the access). LOAD / STORE: `bytes` (1, 2, 4, 8, 16) per lane; CP_ASYNC: a
+ * 16-byte cp.async destination (zero-filled); LDMATRIX_X4: the lanes' row addresses (every lane, bytes 16).
+ * Nothing else touches shared memory. out[l] receives a word of what lane l loaded. */
+enum {
+  FA_SELFTEST_BANK_LOAD = 0,
+  FA_SELFTEST_BANK_STORE = 1,
+  FA_SELFTEST_BANK_CP_ASYNC = 2,
+  FA_SELFTEST_BANK_LDMATRIX_X4 = 3,
+};
+typedef struct FaSelftestBankParams {
+  const int32_t *offsets; /* [32], multiples of `bytes`, below smem_bytes */
+  uint32_t *out;          /* [32] */
+  int32_t kind;           /* FA_SELFTEST_BANK_* */
+  int32_t bytes;
+  int32_t repeat;     /* 1..8 */
+  int32_t smem_bytes; /* 16..65536 */
+} FaSelftestBankParams;
+
 /* Atomics over `blocks` blocks of 128 threads: global thread i stores atomic_add(counter, 1) to olds[i] and
  * adds addends[i] to *sum. */
 typedef struct FaSelftestAtomicParams {
@@ -195,6 +215,7 @@ int fa_selftest_fp8(FaSelftestFp8Params params, FaExec *exec);
 int fa_selftest_ldmatrix(FaSelftestLdmatrixParams params, FaExec *exec);
 int fa_selftest_warp(FaSelftestWarpParams params, FaExec *exec);
 int fa_selftest_cp_async(FaSelftestCpAsyncParams params, FaExec *exec);
+int fa_selftest_bank(FaSelftestBankParams params, FaExec *exec);
 int fa_selftest_atomic(FaSelftestAtomicParams params, FaExec *exec);
 int fa_selftest_barrier(FaSelftestBarrierParams params, FaExec *exec);
 int fa_selftest_bug(FaSelftestBugParams params, FaExec *exec);

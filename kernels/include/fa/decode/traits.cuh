@@ -41,6 +41,20 @@ template <int D> struct SwizzledTile {
   FA_HOST_DEVICE static int offset(int row, int chunk) { return (row * kChunks + (chunk ^ (row & 7))) * 16; }
 };
 
+// A [rows][D] tile of FP8 codes in shared memory (D bytes per row, 16-byte chunks of 16 elements), chunk
+// index XORed so that the 8 consecutive rows one ldmatrix phase (or one quarter-warp of cp.async writes)
+// touches at one logical chunk land in 8 different 16-byte bank groups: with >= 8 chunks per row the row
+// index's low 3 bits do it (as SwizzledTile); with 4 (D = 64, two rows per 128 bytes) the row's parity
+// already picks the half of the 128 bytes, and bits 1-2 of the row permute the 4 chunks within it.
+template <int D> struct Fp8SwizzledTile {
+  static constexpr int kChunks = D / 16;
+  static_assert(kChunks == 4 || kChunks % 8 == 0, "FP8 tile widths");
+  FA_HOST_DEVICE static int offset(int row, int chunk) {
+    const int x = kChunks == 4 ? (row >> 1) & 3 : row & 7;
+    return row * D + (chunk ^ x) * 16;
+  }
+};
+
 template <int D> struct Traits {
   static_assert(D == 64 || D == 128 || D == 256, "decode head dims");
   static constexpr int kThreads = 128;
@@ -82,18 +96,27 @@ template <int D> struct Traits {
   static constexpr int kOBytes = kTokenGroups * kRows * kOStride * 4;
   static_assert(kOBytes <= kStages * kStageBytes, "epilogue partials fit in the stages");
 
-  // FP8 cache (the _fp8 kernels, fa/fp8_tile.cuh): the same stage area holds kStages FP8 stages (K then V
-  // tile, D bytes per row, unswizzled) in its first half and the one converted 16-bit stage the math reads
-  // (K then V, as above) after them. So the same tokens are in flight as with a 16-bit cache, in half the
-  // bytes; the cp.async split is 16 elements per chunk, D / 16 chunks per row.
+  // FP8 cache (the _fp8 kernels): the same stage area holds kStages FP8 stages (K then V tile, each an
+  // Fp8SwizzledTile), which the warps read with ldmatrix and convert in registers on the way to the mma
+  // (fa/decode/warp_attention.cuh): the same tokens are in flight as with a 16-bit cache, in half the bytes,
+  // and every shared byte is written once (cp.async) and read once per reading warp, as with 16-bit. The
+  // cp.async split is 16 elements per chunk, D / 16 chunks per row.
   static constexpr int kFp8TileBytes = kTileTokens * D;
   static constexpr int kFp8StageBytes = 2 * kFp8TileBytes;
-  static constexpr int kFp8ConvertedOffset = kStages * kFp8StageBytes; // from the stage area's start
-  static_assert(kFp8ConvertedOffset + kStageBytes <= kStages * kStageBytes, "FP8 stages + converted stage fit");
+  static_assert(kStages * kFp8StageBytes <= kStages * kStageBytes, "FP8 stages fit");
+  // Each copying thread takes two chunks of a row (K and V), so a row's page offsets are read from the
+  // ring by D / 32 threads: per global byte, the ring costs FP8 what it costs the 16-bit path (one chunk per
+  // thread, twice the bytes per chunk). Which two: chunks 2c, 2c+1 up to 8 chunks a row, c and c + 8 at 16,
+  // so each quarter-warp of copies still lands in 8 different bank groups of the swizzled tile.
   static constexpr int kFp8ChunksPerRow = D / 16;
-  static constexpr int kFp8RowsPerPass = kThreads / kFp8ChunksPerRow;
+  static constexpr int kFp8ThreadsPerRow = kFp8ChunksPerRow / 2;
+  static constexpr int kFp8RowsPerPass = kThreads / kFp8ThreadsPerRow;
   static constexpr int kFp8LoadsPerThread = kTileTokens / kFp8RowsPerPass;
   static_assert(kFp8LoadsPerThread * kFp8RowsPerPass == kTileTokens, "FP8 tile rows split evenly over threads");
+  FA_HOST_DEVICE static int fp8_copy_chunk(int tid, int e) {
+    const int c = tid % kFp8ThreadsPerRow;
+    return kFp8ChunksPerRow <= 8 ? 2 * c + e : c + 8 * e;
+  }
   static_assert(kSmemBytes <= 99 * 1024, "fits the smallest per-block limit among the targets (sm_86/89)");
 };
 

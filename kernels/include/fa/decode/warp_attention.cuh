@@ -10,6 +10,7 @@
 
 #include "fa/attention_state.cuh"
 #include "fa/decode/traits.cuh"
+#include "fa/fp8_convert.cuh"
 #include "fa/intrinsics.cuh"
 #include "fa/namespace.cuh"
 #include "fa/score_mod.cuh"
@@ -20,6 +21,7 @@ namespace decode {
 template <class T, int D> struct WarpAttention {
   using Tr = Traits<D>;
   using Tile = SwizzledTile<D>;
+  using Fp8Tile = Fp8SwizzledTile<D>;
   static constexpr int kKSteps = D / 16;           // QKᵀ k-steps
   static constexpr int kONTiles = Tr::kWarpD / 8;  // n8 tiles of this warp's output columns
 
@@ -56,6 +58,124 @@ template <class T, int D> struct WarpAttention {
     }
   }
 
+  // FP8 tiles (the _fp8 kernels): K and V stay FP8 in shared memory (Fp8SwizzledTile) and are converted in
+  // registers after an ldmatrix of the codes. One ldmatrix.x4 moves 16 tokens x 32 FP8 columns, the same
+  // 512 bytes per instruction as the 16-bit path, so the shared traffic per global byte is the 16-bit path's.
+  // Matrix i (lanes 8i..8i+7) is tokens 8*(i&1) .. +7 of 16-byte chunk (i>>1) of the pair: the same row
+  // addresses serve K and V.
+  //  - K, plain ldmatrix: lane (g = lane/4, t = lane%4) receives codes 4t..4t+3 of its matrix's row g, i.e.
+  //    token g, columns 4t..4t+3 of a 16-column k-step. Converted, those are the B fragment of that k-step
+  //    with its k rows permuted (rows 2t, 2t+1 <- columns 4t, 4t+1; rows 2t+8, 2t+9 <- 4t+2, 4t+3). Q·Kᵀ
+  //    sums over k in any order, so Q's A fragment is loaded with the same permutation (init_fp8) and S is
+  //    unchanged, tokens in their natural places.
+  //  - V, ldmatrix.trans: the 16-bit element at column g of rows 2t, 2t+1 is the code pair (2g, 2g+1) of
+  //    tokens 2t and 2t+1. Its even codes (bytes 0, 2) are the B fragment half of output column 2g, its odd
+  //    codes (bytes 1, 3) that of column 2g+1: one byte permute per register pair gives two n8 tiles, the
+  //    even and the odd columns of the chunk. So o[4s + 2h + e] holds columns 16*(c + h) + 2j + e of the
+  //    chunk pair c = col0/16 + 2s (j the tile column), and park_o puts them back in order.
+  // This lane's ldmatrix row address in an FP8 tile for chunk pair cp (chunks 2cp, 2cp+1), cp % 4; as with
+  // k_lane, the pairs 4 apart are 128 bytes apart. v_pair0: the first chunk pair of this warp's V columns.
+  int fp8_lane[4];
+  int v_pair0;
+  FA_DEVICE int fp8_chunk(int cp) const { return fp8_lane[cp % 4] + (cp / 4) * 128; }
+
+  FA_DEVICE void init_fp8(const unsigned char *q_smem, int token0, int col0, int lane) {
+    m[0] = m[1] = kNegInf;
+    l[0] = l[1] = 0.0f;
+#pragma unroll
+    for (int n = 0; n < kONTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    // Q's A fragment with k rows permuted as K's: a0/a2 = row g, columns 4t..4t+1 / 4t+2..4t+3 of the k-step
+    // (one 8-byte load), a1/a3 the same of row g + 8.
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float2 pair = ld_shared(reinterpret_cast<const float2 *>(q_smem + Tile::offset(g + 8 * r, 2 * ks + (t >> 1)) + 8 * (t & 1)));
+        __builtin_memcpy(&q[ks][r], &pair.x, 4);
+        __builtin_memcpy(&q[ks][r + 2], &pair.y, 4);
+      }
+    }
+    const int row = token0 + ((lane >> 3) & 1) * 8 + (lane & 7);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) fp8_lane[i] = 2 * i < Fp8Tile::kChunks ? Fp8Tile::offset(row, 2 * i + (lane >> 4)) : 0;
+    v_pair0 = col0 / 32; // kWarpD = 64: two chunk pairs per warp
+  }
+
+  // scores() on an FP8 K tile of format F.
+  template <Fp8Format F> FA_DEVICE void scores_fp8(float (&s)[2][4], const unsigned char *k_tile, float scale_log2) const {
+#pragma unroll
+    for (int n = 0; n < 2; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+    for (int kp = 0; kp < kKSteps / 2; ++kp) {
+      uint32_t k[4];
+      ldmatrix_x4(k, k_tile + fp8_chunk(kp));
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+          uint32_t b[2];
+          fp8x4_to<T, F>(k[2 * h + n], b[0], b[1]);
+          mma_m16n8k16<T>(s[n], q[2 * kp + h], b);
+        }
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) s[n][c] *= scale_log2;
+  }
+
+  template <Fp8Format F>
+  FA_DEVICE void scores_mod_fp8(float (&s)[2][4], const unsigned char *k_tile, const ScoreMod &mod,
+                                const float (&slope_log2)[2], int dist0, int lane) const {
+    scores_fp8<F>(s, k_tile, 1.0f);
+    apply_mod(s, mod, slope_log2, dist0, lane);
+  }
+
+  // accumulate_pv() on an FP8 V tile of format F.
+  template <Fp8Format F> FA_DEVICE void accumulate_pv_fp8(const uint32_t (&p)[4], const unsigned char *v_tile) {
+#pragma unroll
+    for (int sp = 0; sp < kONTiles / 4; ++sp) {
+      uint32_t v[4];
+      ldmatrix_x4_trans(v, v_tile + fp8_chunk(v_pair0 + sp));
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          uint32_t b[2];
+          fp8x4_to<T, F>(byte_perm(v[2 * h], v[2 * h + 1], e == 0 ? 0x6420u : 0x7531u), b[0], b[1]);
+          mma_m16n8k16<T>(o[4 * sp + 2 * h + e], p, b);
+        }
+      }
+    }
+  }
+
+  // Stores this warp's O (16 rows x kWarpD columns, fp32) to rows[r * stride + column], columns in order.
+  template <bool kFp8> FA_DEVICE void park_o(float *rows, int stride, int col0, int lane) const {
+    const int g = lane >> 2, t = lane & 3;
+    if constexpr (kFp8) {
+#pragma unroll
+      for (int n = 0; n < kONTiles; n += 2) { // n: the even tile, n + 1 the odd one, of chunk col0/16 + n/2
+        const int col = col0 + 8 * n + 4 * t;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          st_shared(reinterpret_cast<float4 *>(rows + (g + 8 * r) * stride + col),
+                    make_float4(o[n][2 * r], o[n + 1][2 * r], o[n][2 * r + 1], o[n + 1][2 * r + 1]));
+        }
+      }
+    } else {
+#pragma unroll
+      for (int n = 0; n < kONTiles; ++n) {
+        const int col = col0 + 8 * n + 2 * t;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          st_shared(reinterpret_cast<float2 *>(rows + (g + 8 * r) * stride + col), make_float2(o[n][2 * r], o[n][2 * r + 1]));
+        }
+      }
+    }
+  }
+
   // Scores of this warp's 16 tokens in the exp2 domain: s[n][c] is row r0/r1 (c < 2 / c >= 2), token
   // token0 + 8n + 2*(lane%4) + (c&1).
   FA_DEVICE void scores(float (&s)[2][4], const unsigned char *k_tile, float scale_log2) const {
@@ -82,6 +202,11 @@ template <class T, int D> struct WarpAttention {
   FA_DEVICE void scores_mod(float (&s)[2][4], const unsigned char *k_tile, const ScoreMod &mod,
                             const float (&slope_log2)[2], int dist0, int lane) const {
     scores(s, k_tile, 1.0f);
+    apply_mod(s, mod, slope_log2, dist0, lane);
+  }
+
+  FA_DEVICE static void apply_mod(float (&s)[2][4], const ScoreMod &mod, const float (&slope_log2)[2], int dist0,
+                                  int lane) {
 #pragma unroll
     for (int n = 0; n < 2; ++n)
 #pragma unroll

@@ -36,8 +36,14 @@ uint32_t shfl(uint32_t v, ShflMode mode, int arg);
 uint32_t ballot(bool p);
 
 unsigned char *dynamic_smem();
-void shared_load(void *dst, const void *smem, size_t bytes);
-void shared_store(void *smem, const void *src, size_t bytes);
+// The kernel source location of a shared-memory access (the intrinsics pass their caller's): the emulator
+// groups the lanes' accesses from one location into warp instructions to count bank conflicts.
+struct SharedSite {
+  const char *file;
+  int line;
+};
+void shared_load(void *dst, const void *smem, size_t bytes, SharedSite site);
+void shared_store(void *smem, const void *src, size_t bytes, SharedSite site);
 
 // ldmatrix .x{count}, optionally .trans; `row` is this lane's row address; r receives `count` registers.
 void ldmatrix(uint32_t *r, int count, bool trans, const void *row);
@@ -45,7 +51,7 @@ void ldmatrix(uint32_t *r, int count, bool trans, const void *row);
 enum class MmaType { F16, Bf16 };
 void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], MmaType type);
 
-void cp_async(void *smem, const void *gmem, int bytes, bool pred);
+void cp_async(void *smem, const void *gmem, int bytes, bool pred, SharedSite site);
 void cp_async_commit();
 void cp_async_wait(int pending);
 
