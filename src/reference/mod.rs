@@ -1193,49 +1193,24 @@ fn packed_total(arg: &str, cu_arg: &str, x: &[f64], token: usize, cu: &[usize]) 
     Ok(last)
 }
 
-#[cfg(test)]
+// With `testkit` (its rand): the packaged crate, built without it, leaves these out; the main build runs them.
+#[cfg(all(test, feature = "testkit"))]
 mod tests {
     use super::*;
     use crate::error::ErrorKind;
-
-    /// A seeded splitmix64 stream. These tests need only uniform f64s and shuffles, and the packaged crate
-    /// runs them too, built without the `testkit` feature (whose `rand` the packaged manifest lacks).
-    struct TestRng(u64);
-    impl TestRng {
-        fn seed_from_u64(seed: u64) -> Self {
-            Self(seed)
-        }
-        fn next_u64(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let z = (self.0 ^ (self.0 >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            let z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^ (z >> 31)
-        }
-        fn random_range(&mut self, r: std::ops::Range<f64>) -> f64 {
-            r.start + (r.end - r.start) * ((self.next_u64() >> 11) as f64 / (1u64 << 53) as f64)
-        }
-    }
-    /// Fisher–Yates with [`TestRng`].
-    trait Shuffle {
-        fn shuffle(&mut self, rng: &mut TestRng);
-    }
-    impl<T> Shuffle for [T] {
-        fn shuffle(&mut self, rng: &mut TestRng) {
-            for i in (1..self.len()).rev() {
-                self.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
-            }
-        }
-    }
+    use rand::rngs::StdRng;
+    use rand::seq::SliceRandom;
+    use rand::{Rng, SeedableRng};
 
     const NEG_INF: f64 = f64::NEG_INFINITY;
 
-    fn rand_vec(rng: &mut TestRng, n: usize, lo: f64, hi: f64) -> Vec<f64> {
+    fn rand_vec(rng: &mut StdRng, n: usize, lo: f64, hi: f64) -> Vec<f64> {
         (0..n).map(|_| rng.random_range(lo..hi)).collect()
     }
 
     /// Random (q, k, v) for a dense problem; v is offset so outputs are not ≈ 0.
     fn inputs(p: &Problem, seed: u64) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
-        let mut rng = TestRng::seed_from_u64(seed);
+        let mut rng = StdRng::seed_from_u64(seed);
         let nq = p.batch * p.seqlen_q * p.heads_q * p.head_dim;
         let nk = p.batch * p.seqlen_k * p.heads_kv * p.head_dim;
         (rand_vec(&mut rng, nq, -1.0, 1.0), rand_vec(&mut rng, nk, -1.0, 1.0), rand_vec(&mut rng, nk, -0.5, 1.5))
@@ -1370,7 +1345,7 @@ mod tests {
             let p = Problem::new(2, 4, 2, 6, 11, 8, causal);
             let (q, k, v) = inputs(&p, seed);
             let mut perm: Vec<usize> = (0..p.seqlen_k).collect();
-            perm.shuffle(&mut TestRng::seed_from_u64(seed + 1));
+            perm.shuffle(&mut StdRng::seed_from_u64(seed + 1));
             let tok = p.heads_kv * p.head_dim;
             let permute = |x: &[f64]| {
                 let mut y = x.to_vec();
@@ -1423,7 +1398,7 @@ mod tests {
         // Varlen: sequence 1 has no keys, sequence 2 has no tokens at all.
         let (hq, hkv, d) = (2, 1, 4);
         let (cu_q, cu_k) = ([0, 2, 5, 5, 6], [0, 3, 3, 4, 6]);
-        let mut rng = TestRng::seed_from_u64(seed);
+        let mut rng = StdRng::seed_from_u64(seed);
         let q = rand_vec(&mut rng, 6 * hq * d, -1.0, 1.0);
         let k = rand_vec(&mut rng, 6 * hkv * d, -1.0, 1.0);
         let v = rand_vec(&mut rng, 6 * hkv * d, 0.5, 1.5);
@@ -1445,7 +1420,7 @@ mod tests {
     #[test]
     fn varlen_equals_dense_per_sequence() {
         let seed = 5000;
-        let mut rng = TestRng::seed_from_u64(seed);
+        let mut rng = StdRng::seed_from_u64(seed);
         let (hq, hkv, d) = (8, 2, 12);
         let lens: [(usize, usize); 5] = [(3, 3), (1, 9), (6, 2), (0, 4), (5, 11)];
         let cu = |f: fn(&(usize, usize)) -> usize| -> Vec<i32> {
@@ -1512,7 +1487,7 @@ mod tests {
     }
 
     fn paged(seed: u64, hkv: usize, d: usize, page_size: usize, seq_lens: &[usize]) -> Paged {
-        let mut rng = TestRng::seed_from_u64(seed);
+        let mut rng = StdRng::seed_from_u64(seed);
         let tok = hkv * d;
         let max_pages = seq_lens.iter().map(|l| l.div_ceil(page_size)).max().unwrap_or(0) + 1;
         let used: usize = seq_lens.iter().map(|l| l.div_ceil(page_size)).sum();
@@ -1561,7 +1536,7 @@ mod tests {
             let c = paged(seed, hkv, d, page_size, &[5, 0, 17, 8, 16]);
             let kv = gather_paged(&c.cache()).unwrap();
             assert_eq!(kv, c.dense_kv, "seed {seed} page_size {page_size}");
-            let q = rand_vec(&mut TestRng::seed_from_u64(seed + 7), c.seq_lens.len() * hq * d, -1.0, 1.0);
+            let q = rand_vec(&mut StdRng::seed_from_u64(seed + 7), c.seq_lens.len() * hq * d, -1.0, 1.0);
             let scale = 0.25;
             let r = paged_decode(hq, scale, &q, &c.cache()).unwrap();
             assert!(r.out.iter().all(|x| x.is_finite()), "seed {seed}: NaN leaked from unused cache slots");
@@ -1877,9 +1852,9 @@ mod tests {
         .enumerate()
         {
             let seed = 9100 + n as u64;
-            let mut rng = TestRng::seed_from_u64(seed);
+            let mut rng = StdRng::seed_from_u64(seed);
             let (d, keys) = (64, 300);
-            let draw = |rng: &mut TestRng, lo: f64, hi: f64| dt.round(rng.random_range(lo..hi));
+            let draw = |rng: &mut StdRng, lo: f64, hi: f64| dt.round(rng.random_range(lo..hi));
             let q: Vec<f64> = (0..d).map(|_| draw(&mut rng, -mag, mag)).collect();
             let k: Vec<Vec<f64>> = (0..keys).map(|_| (0..d).map(|_| draw(&mut rng, -mag, mag)).collect()).collect();
             let v: Vec<Vec<f64>> =
@@ -1906,7 +1881,7 @@ mod tests {
         // Constant keys: no key is below the max, so P needs no rounding; the bound is a few output ulps and
         // dropping one of 4,097 tokens exceeds it.
         let (n, d) = (4097, 16);
-        let mut rng = TestRng::seed_from_u64(9200);
+        let mut rng = StdRng::seed_from_u64(9200);
         let q: Vec<f64> = (0..d).map(|_| rng.random_range(-1.0..1.0)).collect();
         let k0: Vec<f64> = (0..d).map(|_| rng.random_range(-1.0..1.0)).collect();
         let k: Vec<f64> = (0..n).flat_map(|_| k0.clone()).collect();
