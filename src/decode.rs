@@ -91,7 +91,11 @@ impl<T: DeviceRepr + ValidAsZeroBits + Copy + Default> Buffer<T> {
             Buffer::Host(v) => v.len(),
         }
     }
-    pub(crate) fn view(&mut self, len: usize) -> Result<TensorViewMut<'_, T, 1>> {
+}
+
+impl Buffer<f32> {
+    /// A writable view of the first `len` partials (fp32 O / LSE).
+    pub(crate) fn view(&mut self, len: usize) -> Result<TensorViewMut<'_, f32, 1>> {
         match self {
             Buffer::Gpu(s) => TensorViewMut::gpu(s.slice_mut(0..len), [len]),
             // SAFETY: the memory's contract was accepted by DecodeWorkspace::from_device_ptrs.
