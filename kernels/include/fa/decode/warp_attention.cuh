@@ -74,10 +74,21 @@ template <class T, int D> struct WarpAttention {
   //    even and the odd columns of the chunk. So o[4s + 2h + e] holds columns 16*(c + h) + 2j + e of the
   //    chunk pair c = col0/16 + 2s (j the tile column), and park_o puts them back in order.
   // This lane's ldmatrix row address in an FP8 tile for chunk pair cp (chunks 2cp, 2cp+1), cp % 4; as with
-  // k_lane, the pairs 4 apart are 128 bytes apart. v_pair0: the first chunk pair of this warp's V columns.
+  // k_lane, the pairs 4 apart are 128 bytes apart. v_chunk: the offsets of this warp's V chunk pairs.
+  // (cp must be a compile-time index after unrolling: a run-time index into fp8_lane would put this
+  // struct, accumulators included, in local memory. The V pairs, which start at a run-time column, are
+  // resolved once in init_fp8 with selects: v_chunk.)
   int fp8_lane[4];
-  int v_pair0;
+  int v_chunk[kONTiles / 4];
   FA_DEVICE int fp8_chunk(int cp) const { return fp8_lane[cp % 4] + (cp / 4) * 128; }
+  FA_DEVICE int fp8_chunk_at(int cp) const { // cp >= 0 known only at run time
+    const int i = cp & 3;
+    int lane_off = fp8_lane[0];
+    lane_off = i == 1 ? fp8_lane[1] : lane_off;
+    lane_off = i == 2 ? fp8_lane[2] : lane_off;
+    lane_off = i == 3 ? fp8_lane[3] : lane_off;
+    return lane_off + (cp >> 2) * 128;
+  }
 
   FA_DEVICE void init_fp8(const unsigned char *q_smem, int token0, int col0, int lane) {
     m[0] = m[1] = kNegInf;
@@ -99,7 +110,9 @@ template <class T, int D> struct WarpAttention {
     const int row = token0 + ((lane >> 3) & 1) * 8 + (lane & 7);
 #pragma unroll
     for (int i = 0; i < 4; ++i) fp8_lane[i] = 2 * i < Fp8Tile::kChunks ? Fp8Tile::offset(row, 2 * i + (lane >> 4)) : 0;
-    v_pair0 = col0 / 32; // kWarpD = 64: two chunk pairs per warp
+    // This warp's V columns start at chunk pair col0 / 32 (kWarpD = 64: two chunk pairs per warp).
+#pragma unroll
+    for (int sp = 0; sp < kONTiles / 4; ++sp) v_chunk[sp] = fp8_chunk_at(col0 / 32 + sp);
   }
 
   // scores() on an FP8 K tile of format F.
@@ -138,7 +151,7 @@ template <class T, int D> struct WarpAttention {
 #pragma unroll
     for (int sp = 0; sp < kONTiles / 4; ++sp) {
       uint32_t v[4];
-      ldmatrix_x4_trans(v, v_tile + fp8_chunk(v_pair0 + sp));
+      ldmatrix_x4_trans(v, v_tile + v_chunk[sp]);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
 #pragma unroll
