@@ -6,9 +6,9 @@
 //! token counts are what the kernel streams.
 
 use fused_attn::counters::KernelCounters;
+use fused_attn::schedule::{schedule_decode, SplitPolicy};
 use fused_attn::testkit::cases::decode::{run_emulated_on, DecodeCase, PagedFixture};
 use fused_attn::testkit::cases::paged_prefill::{PagedPrefillCase, PagedPrefillFixture};
-use fused_attn::schedule::{schedule_decode, SplitPolicy};
 use fused_attn::{DType, DecodeProblem, DecodeWorkspace, Emulator, Stream};
 use half::bf16;
 use rand::rngs::StdRng;
