@@ -101,7 +101,11 @@ fn main() {
 
     host::build_host_library(&out, &kernels, &all, &cu_sources, &cpp_sources, &asm_sources, &cache);
 
-    let report_path = profile_dir(&out).join("ptxas-report.txt");
+    // The report this build embeds the path of is its own (OUT_DIR): builds of other feature sets share the
+    // target dir, and an emulator-only one must not replace what a kernel build reads. A kernel build also
+    // copies it to target/<profile>/ptxas-report.txt, the place to read it.
+    let report_path = out.join("ptxas-report.txt");
+    let report_copy = profile_dir(&out).join("ptxas-report.txt");
     let fatbin_dir = out.join("fatbin");
     fs::create_dir_all(&fatbin_dir).unwrap();
     let mut fatbins = Vec::new();
@@ -113,16 +117,17 @@ fn main() {
                 nvcc::build_fatbins(nvcc, &kernels, &cu_sources, &archs, &fatbin_dir, &cache, &mut fatbins);
             fatbins.sort();
             let summary = nvcc::check_ptxas(&report);
-            fs::write(&report_path, format!("# ptxas -v for FA_CUDA_ARCHS={archs}\n{header}{summary}\n{report}"))
-                .unwrap();
+            let text = format!("# ptxas -v for FA_CUDA_ARCHS={archs}\n{header}{summary}\n{report}");
+            fs::write(&report_path, &text).unwrap();
+            fs::write(&report_copy, &text).unwrap();
             if let Some(bad) = summary.lines().find(|l| l.starts_with("SPILL")) {
                 if env::var("FA_ALLOW_SPILLS").is_err() {
-                    panic!("ptxas reports spills or a stack frame (see {}): {bad}", report_path.display());
+                    panic!("ptxas reports spills or a stack frame (see {}): {bad}", report_copy.display());
                 }
                 println!("cargo:warning=FA_ALLOW_SPILLS set, ignoring: {bad}");
             }
             if let Some(bad) = summary.lines().find(|l| l.starts_with("WGMMA")) {
-                panic!("ptxas serialises wgmma or ignores setmaxnreg (see {}): {bad}", report_path.display());
+                panic!("ptxas serialises wgmma or ignores setmaxnreg (see {}): {bad}", report_copy.display());
             }
         }
         None => {

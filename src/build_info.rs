@@ -1,7 +1,8 @@
 //! Facts about how this copy of the crate was built (set by build.rs).
 
-/// `ptxas -v` output for every kernel, with a per-kernel summary (`target/<profile>/ptxas-report.txt`); says
-/// why when no GPU kernels were built.
+/// Path of this build's `ptxas -v` output for every kernel, with a per-kernel summary (in the build script's
+/// OUT_DIR; a kernel build copies it to `target/<profile>/ptxas-report.txt`); says why when no GPU kernels
+/// were built.
 pub const PTXAS_REPORT: &str = env!("FA_PTXAS_REPORT");
 /// Directory of the fatbins embedded in the crate (`<op>.fatbin`, one per kernels/*.cu), for SASS checks.
 pub const FATBIN_DIR: &str = env!("FA_FATBIN_DIR");

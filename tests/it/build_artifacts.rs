@@ -2,8 +2,10 @@
 //! a ptxas report that lists every kernel with no spills and no stack frame, the instructions each kernel
 //! was written for, and no CUDA runtime anywhere in the binaries (kernels launch through the driver API).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use fused_attn::build_info;
 
@@ -175,7 +177,7 @@ fn fp8_kernels_use_the_hardware_conversion_from_sm89() {
         }
         for arch in &sass {
             let n: u32 = arch.trim_start_matches("sm_").trim_end_matches('a').parse().unwrap();
-            for (name, body) in sass_of(&tool, &fatbin, arch) {
+            for (name, body) in sass_of(&tool, &fatbin, arch).iter() {
                 let hardware = body.lines().any(|l| l.contains("F2FP") && (l.contains(".E4M3") || l.contains(".E5M2")));
                 if n < 89 {
                     assert!(!hardware, "{arch}: {name} has an FP8 cvt");
@@ -236,8 +238,16 @@ fn ptxas_report_is_spill_free_and_lists_kernels() {
     assert!(kernels >= archs, "ptxas report lists {kernels} kernel builds for {archs} archs:\n{report}");
 }
 
-/// SASS of every kernel of one fatbin for `arch` ("sm_80"), as (name, body) pairs.
-fn sass_of(tool: &std::path::Path, fatbin: &std::path::Path, arch: &str) -> Vec<(String, String)> {
+/// SASS of every kernel of one fatbin for `arch` ("sm_80"), as (name, body) pairs; disassembled once per
+/// test binary (the SASS tests share fatbins and archs, and cuobjdump is most of their time).
+fn sass_of(tool: &std::path::Path, fatbin: &std::path::Path, arch: &str) -> Arc<Vec<(String, String)>> {
+    type Cell = Arc<OnceLock<Arc<Vec<(String, String)>>>>;
+    static DUMPS: Mutex<BTreeMap<(PathBuf, String), Cell>> = Mutex::new(BTreeMap::new());
+    let cell = DUMPS.lock().unwrap().entry((fatbin.to_path_buf(), arch.to_string())).or_default().clone();
+    cell.get_or_init(|| Arc::new(dump_sass(tool, fatbin, arch))).clone()
+}
+
+fn dump_sass(tool: &std::path::Path, fatbin: &std::path::Path, arch: &str) -> Vec<(String, String)> {
     // cuobjdump needs nvdisasm from the same directory on PATH to print SASS.
     let dir = tool.parent().unwrap();
     let path = std::env::join_paths(
@@ -259,7 +269,7 @@ fn sass_functions(tool: &std::path::Path, cc: u32) -> Vec<(String, String)> {
     for fatbin in build_info::fatbins() {
         let (sass, _) = fatbin_archs(tool, &fatbin);
         if let Some(arch) = driver_pick(&sass, cc) {
-            funcs.extend(sass_of(tool, &fatbin, arch));
+            funcs.extend(sass_of(tool, &fatbin, arch).iter().cloned());
         }
     }
     funcs
