@@ -18,6 +18,8 @@ use fused_attn::{
     ScaleKind, Stream, TensorView, TensorViewMut,
 };
 use half::{bf16, f16};
+use rand::seq::SliceRandom;
+use rand::Rng;
 
 const FORMATS: [Fp8Format; 2] = [Fp8Format::E4m3, Fp8Format::E5m2];
 
@@ -415,5 +417,96 @@ fn fp8_decode_shared_traffic_and_bank_conflicts() {
                 );
             }
         }
+    }
+}
+
+/// Every KV head dequantises with its own FP8 scales, at the head counts models use (Hq 64 / Hkv 8 and
+/// Hq 128 / Hkv 16, decode, one split and several): scales distinct per head (K: 2^(π(h)/2 − 4), V:
+/// 2^(π(h)/2 − 3), π a permutation, so any two heads differ by ≥ √2) over random E4M3 / E5M2 codes, checked
+/// against the fp64 reference over the same cache. And the check can fail: the same output judged against
+/// the cache with every head given its neighbour's scales (head h reads h + 1's, the bug a per-head
+/// indexing slip makes) must not pass.
+#[test]
+fn every_kv_head_reads_its_own_fp8_scale() {
+    let emu = Emulator::new();
+    let stream = Stream::Emu(&emu);
+    let seed = common::case_seed(30_500);
+    let mut rng = fused_attn::testkit::seed::rng(seed);
+    for (i, (hq, hkv, format, splits)) in
+        [(64, 8, Fp8Format::E4m3, Some(1)), (128, 16, Fp8Format::E5m2, Some(3)), (64, 8, Fp8Format::E5m2, None)]
+            .into_iter()
+            .enumerate()
+    {
+        let (d, page, lens) = (128, 16, [700usize, 333]);
+        let b = lens.len();
+        let width = lens.iter().max().unwrap().div_ceil(page);
+        let pages = b * width;
+        // Sequence s owns pages s*width.. (in order); codes of values in [-1, 1].
+        let codes = |rng: &mut fused_attn::testkit::seed::FixtureRng, n: usize| -> Vec<u8> {
+            (0..n).map(|_| format.encode(rng.random_range(-1.0f32..1.0))).collect()
+        };
+        let (kc, vc) = (codes(&mut rng, pages * page * hkv * d), codes(&mut rng, pages * page * hkv * d));
+        let mut perm: Vec<usize> = (0..hkv).collect();
+        perm.shuffle(&mut rng);
+        let k_scale: Vec<f32> = perm.iter().map(|&p| 2f32.powf(p as f32 / 2.0 - 4.0)).collect();
+        let v_scale: Vec<f32> = perm.iter().map(|&p| 2f32.powf(p as f32 / 2.0 - 3.0)).collect();
+        let neighbour = |s: &[f32]| -> Vec<f32> { (0..hkv).map(|h| s[(h + 1) % hkv]).collect() };
+        let scales = KvScales::per_head(&stream, &k_scale, &v_scale).unwrap();
+        let wrong = KvScales::per_head(&stream, &neighbour(&k_scale), &neighbour(&v_scale)).unwrap();
+        let table: Vec<i32> = (0..pages as i32).collect();
+        let seq_lens: Vec<i32> = lens.iter().map(|&l| l as i32).collect();
+        let q: Vec<bf16> = (0..b * hq * d).map(|_| bf16::from_f32(rng.random_range(-0.5f32..0.5))).collect();
+        macro_rules! run_as {
+            ($ty:ty) => {{
+                let (kc, vc): (Vec<$ty>, Vec<$ty>) = (
+                    kc.iter().map(|&c| <$ty>::from_code(c)).collect(),
+                    vc.iter().map(|&c| <$ty>::from_code(c)).collect(),
+                );
+                let cache_with = |s| {
+                    PagedKvCache::new(
+                        TensorView::host(&kc, [pages, page, hkv, d]).unwrap(),
+                        TensorView::host(&vc, [pages, page, hkv, d]).unwrap(),
+                        TensorView::host(&table, [b, width]).unwrap(),
+                        TensorView::host(&seq_lens, [b]).unwrap(),
+                        *lens.iter().max().unwrap(),
+                    )
+                    .unwrap()
+                    .with_scales(s)
+                    .unwrap()
+                };
+                let cache = cache_with(&scales);
+                let mut o = vec![bf16::NAN; b * hq * d];
+                let mut lse = vec![f32::NAN; b * hq];
+                let mut ws = DecodeWorkspace::with_capacity(&stream, b, hq, d, 8).unwrap();
+                let opts = DecodeOptions { num_splits: splits, ..Default::default() };
+                decode(
+                    &stream,
+                    &TensorView::host(&q, [b, hq, d]).unwrap(),
+                    &cache,
+                    &mut TensorViewMut::host(&mut o, [b, hq, d]).unwrap(),
+                    Some(&mut TensorViewMut::host(&mut lse, [b, hq]).unwrap()),
+                    &mut ws,
+                    &opts,
+                )
+                .unwrap();
+                let (qv, ov, lv) = (
+                    TensorView::host(&q, [b, hq, d]).unwrap(),
+                    TensorView::host(&o, [b, hq, d]).unwrap(),
+                    TensorView::host(&lse, [b, hq]).unwrap(),
+                );
+                let right = fused_attn::reference::check_decode(&qv, &cache, &ov, Some(&lv), &opts).unwrap();
+                let neighbours =
+                    fused_attn::reference::check_decode(&qv, &cache_with(&wrong), &ov, Some(&lv), &opts).unwrap();
+                (right, neighbours)
+            }};
+        }
+        let (right, neighbours) = match format {
+            Fp8Format::E4m3 => run_as!(Fp8E4m3),
+            Fp8Format::E5m2 => run_as!(Fp8E5m2),
+        };
+        let label = format!("case {i}: Hq {hq} / Hkv {hkv} {format:?} splits {splits:?} (seed {seed:#x})");
+        eprintln!("{label}: own scales {right}; neighbour's scales {neighbours}");
+        assert!(right.passed(), "{label}: {right}");
+        assert!(!neighbours.passed(), "{label}: a neighbour's scales would pass too: {neighbours}");
     }
 }
