@@ -584,7 +584,10 @@ fn decode_scheduled<T: Element, C: KvCacheOf<T>>(
     if opts.num_splits.is_some() {
         return Err(Error::usage("num_splits: a scheduled workspace cuts each sequence itself (SplitPolicy)"));
     }
-    let limits = workspace.scheduler.as_ref().map(|s| s.limits).expect("scheduled");
+    const NOT_SCHEDULED: &str = "decode: this workspace has no scheduler (DecodeWorkspace::scheduled)";
+    let Some(limits) = workspace.scheduler.as_ref().map(|s| s.limits) else {
+        return Err(Error::usage(NOT_SCHEDULED));
+    };
     if (problem.heads_q, problem.heads_kv, problem.head_dim) != (limits.heads_q, limits.heads_kv, limits.head_dim)
         || problem.batch > limits.batch
     {
@@ -608,7 +611,7 @@ fn decode_scheduled<T: Element, C: KvCacheOf<T>>(
         workspace.prepare(stream, &lens, opts)?;
     }
     let scale = crate::launch::softmax_scale(opts.scale, problem.head_dim)?;
-    let sched = workspace.scheduler.as_ref().expect("scheduled");
+    let sched = workspace.scheduler.as_ref().ok_or_else(|| Error::usage(NOT_SCHEDULED))?;
     let schedule = sched.current.as_ref().ok_or_else(|| {
         Error::usage(
             "decode: a scheduled workspace on a GPU needs DecodeWorkspace::prepare with the host seq_lens first",
