@@ -126,6 +126,9 @@ fn main() {
                 }
                 println!("cargo:warning=FA_ALLOW_SPILLS set, ignoring: {bad}");
             }
+            if let Some(bad) = summary.lines().find(|l| l.starts_with("POOL")) {
+                panic!("ptxas broke a setmaxnreg register pool (see {}): {bad}", report_path.display());
+            }
             if let Some(bad) = summary.lines().find(|l| l.starts_with("WGMMA")) {
                 panic!("ptxas serialises wgmma or ignores setmaxnreg (see {}): {bad}", report_copy.display());
             }

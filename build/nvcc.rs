@@ -32,7 +32,7 @@ fn parse_targets(archs: &str) -> Vec<Target> {
 
 /// Compute capabilities above the lowest target at which a file's device code changes (`__CUDA_ARCH__`
 /// tests): the FP8 conversions (fa/intrinsics.cuh) use the hardware cvt from 8.9 on, so a file with FP8
-/// kernels needs a front end at compute_89 for its SASS of 8.9 and up. tests/build_artifacts.rs checks that
+/// kernels needs a front end at compute_89 for its SASS of 8.9 and up. tests/it/build_artifacts.rs checks that
 /// the sm_89 / sm_90 SASS of every `*fp8*` kernel has the hardware conversion, so a file with FP8 kernels
 /// missing here fails there.
 fn code_changes_at(stem: &str) -> &'static [u32] {
@@ -284,10 +284,41 @@ fn run_parallel(commands: Vec<(String, Command)>, jobs: usize) -> Vec<(String, f
     results.into_inner().unwrap()
 }
 
+/// The sm_90a kernels that redistribute registers with setmaxnreg (by name prefix, first match wins) and
+/// their threads per CTA. Their role budgets add up to the pool of 65536 / threads registers per thread
+/// (rounded down to 8: fa/hopper/traits.cuh), which holds only if ptxas launches them with exactly that
+/// many; with fewer, setmaxnreg.inc waits forever on the GPU. `check_ptxas` asserts it for each
+/// (tests/it/build_artifacts.rs checks that every kernel with USETMAXREG in its SASS is listed here).
+const SETMAXNREG_KERNELS: &[(&str, u32)] = &[
+    ("fa_prefill_sm90_f16_d64", 512),
+    ("fa_prefill_sm90_bf16_d64", 512),
+    ("fa_prefill_sm90_", 384),
+    ("fa_selftest_ws_gemm_", 384),
+    ("fa_bug_sm90_setmaxnreg", 384),
+];
+
+/// The launch registers of a setmaxnreg kernel's `Used N registers` line: a `pool` line, or `POOL` (a build
+/// error) when ptxas gave it another count than its pool needs.
+fn check_pool(function: &str, line: &str) -> Option<String> {
+    let name = function.strip_prefix("sm_90a ")?;
+    let &(_, threads) = SETMAXNREG_KERNELS.iter().find(|(prefix, _)| name.starts_with(prefix))?;
+    let used: u32 = line.split("Used ").nth(1)?.split_whitespace().next()?.parse().ok()?;
+    let pool = (65536 / threads / 8 * 8).min(255);
+    Some(if used == pool {
+        format!("pool  {function}: {used} registers at launch = 65536 / {threads} threads, the setmaxnreg pool\n")
+    } else {
+        format!(
+            "POOL  {function}: ptxas launches it with {used} registers, its setmaxnreg budgets need {pool} \
+             (65536 / {threads} threads): setmaxnreg.inc would wait forever\n"
+        )
+    })
+}
+
 /// Per-kernel summary of `ptxas -v`: one line per (function, arch) with registers, shared memory, stack
 /// and spills; lines starting with SPILL mark a spill or a non-zero stack frame, lines starting with WGMMA
 /// a serialised wgmma pipeline or an ignored setmaxnreg (ptxas info/warning C7508-C7520) outside the
-/// kernels allowed them.
+/// kernels allowed them; POOL a setmaxnreg kernel launched with other registers than its pool (`pool` when
+/// it holds).
 pub fn check_ptxas(report: &str) -> String {
     let mut summary = String::new();
     let mut current = String::new();
@@ -320,6 +351,9 @@ pub fn check_ptxas(report: &str) -> String {
             }
         } else if line.contains("Used ") && line.contains("registers") {
             summary.push_str(&format!("ok    {current}: {}\n", line.split("info    : ").last().unwrap_or(line).trim()));
+            if let Some(pool) = check_pool(&current, line) {
+                summary.push_str(&pool);
+            }
         }
     }
     summary

@@ -1,17 +1,18 @@
 // Fused prefill attention for sm_90a (Hopper): the same problem, semantics and outputs as kernels/prefill.cu,
 // built from wgmma, TMA and mbarriers with warp specialisation (FlashAttention-3's structure).
 //
-// One CTA per (query tile of Br rows, query head, sequence); 1 + kConsumers warpgroups (fa/hopper/traits.cuh:
+// Persistent: each CTA runs work tiles (query tile of Br rows, query head, sequence) one after another, as
+// fa/hopper/tile_scheduler.cuh assigns them; 1 + kConsumers warpgroups (fa/hopper/traits.cuh:
 // Br = 128 with 2 consumers for D 128 and 256, Br = 192 with 3 for D 64):
 //   warpgroup 0, the producer (setmaxnreg.dec to 40, or 24 with 3 consumers): one thread issues TMA loads of
-//     the Q tile once and of the K/V tiles into a ring of stages guarded by full/empty mbarriers
-//     (fa/hopper/producer.cuh);
+//     each work tile's Q tile and of the K/V tiles into a ring of stages guarded by separate K and V
+//     full/empty mbarriers (fa/hopper/pipeline.cuh, producer.cuh);
 //   the others, the consumers (setmaxnreg.inc to 232, or 160): 64 query rows each, S = Q Kᵀ by wgmma SS,
-//     softcap/ALiBi, mask, online softmax, O += P V by wgmma RS, then release the stage
+//     softcap/ALiBi, mask, online softmax, O += P V by wgmma RS, releasing K after S and V after P V
 //     (fa/hopper/mainloop.cuh); finally O /= rowsum (with the sink), LSE, and 16-byte stores through shared
 //     memory (fa/hopper/epilogue.cuh).
 // KV tiles are visited top down over kv_block_range (causal and window tiles skipped as in the sm_80 kernel);
-// causal grids run the longest query tiles first (fa/hopper/tile_scheduler.cuh).
+// causal schedules run the longest query tiles first (fa/hopper/tile_scheduler.cuh).
 //
 // Supported: fp16/bf16, D 64/128/256, dense and varlen, GQA, causal, LSE, and every score variant (sliding
 // window, softcap, ALiBi, sinks) with the sm_80 kernel's semantics and code (fa/score_mod.cuh); softcap and
@@ -36,28 +37,82 @@ FA_NAMESPACE_BEGIN
 namespace hopper {
 namespace {
 
+// One consumer warpgroup's work tile: O and the softmax state from zero, the mainloop when there are KV
+// tiles, then the epilogue. Leaves the Q buffer's rows of this warpgroup free (q_empty) for the next tile.
+template <class T, class Tr>
+FA_DEVICE void consume_tile(const FaPrefillParams &p, unsigned char *smem, const Barriers<Tr::kStages> &bars,
+                            const WorkTile &work, const prefill::SeqInfo &seq, int m0, const WindowBounds &window,
+                            const prefill::KvBlockRange &range, int c, int work_count,
+                            PipelineState<Tr::kStages> &kv) {
+  constexpr int kHeadDim = Tr::kHeadDim;
+  ConsumerTile ct;
+  ct.wg = c;
+  ct.warp_row0 = m0 + 64 * c + 16 * (warp_id() % 4);
+  ct.tq = seq.tq;
+  ct.tk = seq.tk;
+  ct.window = window;
+  ct.zero_ragged_v = p.cu_seqlens_q != nullptr;
+  ct.first_key = m0 + (seq.tk - seq.tq) - window.left;
+  ct.tanh_in = ScoreMod::tanh_input(p.scale, p.score_mod.softcap);
+  ct.slope_log2 = alibi_slope_log2(p.score_mod, work.batch, work.head);
+  WgmmaAcc<kHeadDim> o;
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
+  OnlineSoftmax<1> softmax;
+  softmax.init();
+  mbarrier_wait(bars.q_full(), work_count & 1); // the Q tile landed (or, without KV tiles, the buffer is free)
+  if (range.n_end > range.n_begin) consume<T, Tr>(smem, bars, range, ct, p, o, softmax, kv);
+  float lse[2];
+  softmax.finalize(fragments(o), lse, softmax_scale_log2(p), sink_logit(p.score_mod, work.head));
+  const int rows_left = seq.tq - ct.warp_row0;
+  store_output<T, Tr>(p, smem, o, lse, c, seq.o_offset + (int64_t)ct.warp_row0 * p.o_row_stride,
+                      seq.lse_offset + ct.warp_row0, rows_left);
+  sync_warp(); // every lane's reads of the staged rows are done before lane 0 releases them
+  if (lane_id() == 0) mbarrier_arrive(bars.q_empty());
+}
+
+// Calls f(work, seq, m0, window, range, work_count) for each of this CTA's work tiles that has rows (a
+// varlen tile past its sequence's end is skipped: uniform over the CTA). Each role runs its own copy
+// (setmaxnreg: a role's code must lie in its branch).
+template <class Tr, class F> FA_DEVICE void for_each_work_tile(const FaPrefillParams &p, F f) {
+  const TileScheduler sched{(p.seqlen_q + Tr::kBr - 1) / Tr::kBr, p.heads_q, p.batch, p.causal != 0};
+  auto run = [&](int t, int work_count) {
+    const WorkTile work = sched.tile(t);
+    const prefill::SeqInfo seq = prefill::seq_info(p, work.batch, work.head);
+    const int m0 = work.m_block * Tr::kBr;
+    if (m0 >= seq.tq) return false;
+    const WindowBounds window = effective_window(p.score_mod, p.causal != 0, seq.tq, seq.tk);
+    const prefill::KvBlockRange range =
+        prefill::kv_block_range(m0, Tr::kBr, Tr::kBc, seq.tq, seq.tk, window.left, window.right);
+    f(work, seq, m0, window, range, work_count);
+    return true;
+  };
+  if constexpr (!Tr::kPersistent) {
+    run(TileScheduler::first(), 0); // one CTA per tile (the launcher's grid)
+  } else {
+    int work_count = 0;
+    for (int t = TileScheduler::first(); t < sched.tiles(); t += TileScheduler::stride()) work_count += run(t, work_count);
+  }
+}
+
 template <class T, int kHeadDim> FA_DEVICE void prefill_sm90_kernel(const FaPrefillSm90Params &params) {
   using Tr = PrefillTraits<kHeadDim>;
   const FaPrefillParams &p = params.base;
-  const WorkTile work = work_tile(p.causal != 0);
-  const prefill::SeqInfo seq = prefill::seq_info(p, work.batch, work.head);
-  const int m0 = work.m_block * Tr::kBr;
-  if (m0 >= seq.tq) return; // past this sequence's end: no rows here (uniform over the CTA)
-
   unsigned char *smem = dynamic_smem_aligned<unsigned char>();
   const Barriers<Tr::kStages> bars = Barriers<Tr::kStages>::at(smem + Tr::kBarrierOffset);
-  if (thread_idx() == 0) bars.init(Tr::kConsumers);
+  if (thread_idx() == 0) {
+    check_smem_aligned_1024(smem);
+    bars.init(Tr::kConsumers);
+  }
   sync_threads();
 
-  const WindowBounds window = effective_window(p.score_mod, p.causal != 0, seq.tq, seq.tk);
-  const prefill::KvBlockRange range =
-      prefill::kv_block_range(m0, Tr::kBr, Tr::kBc, seq.tq, seq.tk, window.left, window.right);
-  const bool varlen = p.cu_seqlens_q != nullptr;
-  const int wg = thread_idx() / kWarpgroupThreads;
-
-  if (wg == 0) {
+  PipelineState<Tr::kStages> kv; // both sides walk the same KV tiles, work tile after work tile
+  if (thread_idx() / kWarpgroupThreads == 0) {
     setmaxnreg_dec<Tr::kProducerRegs>();
-    if (thread_idx() == 0 && range.n_end > range.n_begin) {
+    if (thread_idx() != 0) return;
+    const bool varlen = p.cu_seqlens_q != nullptr;
+    for_each_work_tile<Tr>(p, [&](const WorkTile &work, const prefill::SeqInfo &, int m0, const WindowBounds &,
+                                  const prefill::KvBlockRange &range, int work_count) {
       // Varlen maps are [total rows, heads] with a batch of 1: a sequence starts at its cu_seqlens row.
       int q_start = 0, k_start = 0, len;
       if (varlen) { // clamped as seq_info clamps them
@@ -66,32 +121,16 @@ template <class T, int kHeadDim> FA_DEVICE void prefill_sm90_kernel(const FaPref
       }
       const TmaRows at{q_start + m0, k_start, work.head, work.head / (p.heads_q / p.heads_kv),
                        varlen ? 0 : work.batch};
-      produce<Tr>(params, smem, bars, at, range.n_begin, range.n_end);
-    }
+      produce<Tr>(params, smem, bars, at, range.n_begin, range.n_end, work_count, kv);
+    });
+    producer_drain<Tr>(bars, kv);
   } else {
     setmaxnreg_inc<Tr::kConsumerRegs>();
-    const int c = wg - 1;
-    ConsumerTile ct;
-    ct.wg = c;
-    ct.warp_row0 = m0 + 64 * c + 16 * (warp_id() % 4);
-    ct.tq = seq.tq;
-    ct.tk = seq.tk;
-    ct.window = window;
-    ct.zero_ragged_v = varlen;
-    ct.first_key = m0 + (seq.tk - seq.tq) - window.left;
-    ct.tanh_in = ScoreMod::tanh_input(p.scale, p.score_mod.softcap);
-    ct.slope_log2 = alibi_slope_log2(p.score_mod, work.batch, work.head);
-    WgmmaAcc<kHeadDim> o;
-#pragma unroll
-    for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
-    OnlineSoftmax<1> softmax;
-    softmax.init();
-    if (range.n_end > range.n_begin) consume<T, Tr>(smem, bars, range, ct, p, o, softmax);
-    float lse[2];
-    softmax.finalize(fragments(o), lse, softmax_scale_log2(p), sink_logit(p.score_mod, work.head));
-    const int rows_left = seq.tq - (ct.warp_row0);
-    store_output<T, Tr>(p, smem, o, lse, c, seq.o_offset + (int64_t)ct.warp_row0 * p.o_row_stride,
-                        seq.lse_offset + ct.warp_row0, rows_left);
+    const int c = thread_idx() / kWarpgroupThreads - 1;
+    for_each_work_tile<Tr>(p, [&](const WorkTile &work, const prefill::SeqInfo &seq, int m0,
+                                  const WindowBounds &window, const prefill::KvBlockRange &range, int work_count) {
+      consume_tile<T, Tr>(p, smem, bars, work, seq, m0, window, range, c, work_count, kv);
+    });
   }
 }
 
@@ -120,10 +159,12 @@ int launch_prefill_sm90(void (*kernel)(FaPrefillSm90Params), const char *name, c
                         FaExec *exec) {
   using Tr = PrefillTraits<kHeadDim>;
   if (p.block_m != Tr::kBr || p.block_n != Tr::kBc) return FA_ERR_INVALID; // maps made for another tile
-  const int m_blocks = p.base.seqlen_q / Tr::kBr + (p.base.seqlen_q % Tr::kBr != 0);
-  if (m_blocks == 0 || p.base.batch == 0 || p.base.heads_q == 0) return FA_OK;
-  if (p.base.heads_q > 65535 || p.base.batch > 65535) return FA_ERR_INVALID;
-  return launch(name, kernel, Dim3{m_blocks, p.base.heads_q, p.base.batch}, Tr::kThreads, Tr::kSmemBytes, exec, p);
+  const int64_t m_blocks = p.base.seqlen_q / Tr::kBr + (p.base.seqlen_q % Tr::kBr != 0);
+  const int64_t tiles = m_blocks * p.base.heads_q * p.base.batch;
+  if (tiles == 0) return FA_OK;
+  if (tiles > INT32_MAX || p.ctas < 0) return FA_ERR_INVALID;
+  const int ctas = Tr::kPersistent && p.ctas > 0 && p.ctas < tiles ? p.ctas : (int)tiles;
+  return launch(name, kernel, Dim3{ctas, 1, 1}, Tr::kThreads, Tr::kSmemBytes, exec, p);
 }
 
 #define FA_PREFILL_SM90_CASE(D, kernel)                                                                      \

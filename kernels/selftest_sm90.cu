@@ -1,8 +1,8 @@
 // Self-tests of the sm_90a intrinsics (wgmma, TMA, mbarrier, proxy fences, setmaxnreg) and of the emulator's
-// Hopper checks (tests/hopper.rs drives them; tests/gpu_vs_emulator.rs compares them with a GPU bit for bit).
+// Hopper checks (tests/it/hopper.rs drives them; tests/it/gpu_vs_emulator.rs compares them with a GPU bit for bit).
 //
 // build.rs compiles this file (like every kernels/*_sm90.cu) for sm_90a only; the Rust side loads its fatbin
-// only into a context whose device is compute capability 9.0 (src/kernels.rs). Each kernel isolates one
+// only into a context whose device is compute capability 9.0 (src/runtime/kernels.rs). Each kernel isolates one
 // primitive (a wgmma shape and layout, a TMA box), plants one bug the emulator must report next to its
 // correct twin, or, for the GEMM, composes them as a warp-specialised kernel does.
 #include "fa/intrinsics.cuh"
@@ -109,7 +109,10 @@ FA_DEVICE void selftest_tma_kernel(const FaSelftestTmaParams &p) {
   uint64_t *bar = reinterpret_cast<uint64_t *>(smem + (p.box_bytes + 127) / 128 * 128);
   const int t = thread_idx();
   if (p.mode == FA_SELFTEST_TMA_LOAD) {
-    if (t == 0) mbarrier_init(bar, 1);
+    if (t == 0) {
+      mbarrier_init(bar, 1);
+      fence_mbarrier_init();
+    }
     sync_threads();
     if (t == 0) {
       mbarrier_arrive_expect_tx(bar, (uint32_t)p.expect_tx);
@@ -169,7 +172,10 @@ FA_DEVICE void tma_tile(const FaSelftestSm90BugParams &p, unsigned char *dst, ui
 
 // Both tiles a and b loaded (the same data) through TMA, completing on bar, which every thread waits for.
 FA_DEVICE void load_tiles(const FaSelftestSm90BugParams &p, unsigned char *a, unsigned char *b, uint64_t *bar) {
-  if (thread_idx() == 0) mbarrier_init(bar, 1);
+  if (thread_idx() == 0) {
+    mbarrier_init(bar, 1);
+    fence_mbarrier_init();
+  }
   sync_threads();
   if (thread_idx() == 0) {
     mbarrier_arrive_expect_tx(bar, 2 * kTileBytes);
@@ -275,14 +281,20 @@ FA_DEVICE void bug_sm90_kernel(const FaSelftestSm90BugParams &p) {
     st_global(p.out + t, (float)t);
     break;
   case FA_SM90_BUG_MBARRIER_UNORDERED_INIT:
-    if (t == 0) mbarrier_init(bars, 1);
+    if (t == 0) {
+      mbarrier_init(bars, 1);
+      fence_mbarrier_init();
+    }
     if (!bug) sync_threads();
     if (t == 32) mbarrier_arrive(bars);
     mbarrier_wait(bars, 0);
     st_global(p.out + t, (float)t);
     break;
   case FA_SM90_BUG_MBARRIER_PLAIN_ACCESS:
-    if (t == 0) mbarrier_init(bars, 1);
+    if (t == 0) {
+      mbarrier_init(bars, 1);
+      fence_mbarrier_init();
+    }
     sync_threads();
     if (bug && t == 0) st_global(p.out + 128, (float)ld_shared(reinterpret_cast<const uint32_t *>(bars)));
     if (t == 0) mbarrier_arrive(bars);
@@ -290,7 +302,10 @@ FA_DEVICE void bug_sm90_kernel(const FaSelftestSm90BugParams &p) {
     st_global(p.out + t, (float)t);
     break;
   case FA_SM90_BUG_EXPECT_TX_TOO_FEW:
-    if (t == 0) mbarrier_init(bars, 1);
+    if (t == 0) {
+      mbarrier_init(bars, 1);
+      fence_mbarrier_init();
+    }
     sync_threads();
     if (t == 0) {
       mbarrier_arrive_expect_tx(bars, bug ? kTileBytes : 2 * kTileBytes); // two tiles follow
@@ -301,7 +316,10 @@ FA_DEVICE void bug_sm90_kernel(const FaSelftestSm90BugParams &p) {
     copy_out(p, tile_b);
     break;
   case FA_SM90_BUG_EXPECT_TX_TOO_MANY:
-    if (t == 0) mbarrier_init(bars, 1);
+    if (t == 0) {
+      mbarrier_init(bars, 1);
+      fence_mbarrier_init();
+    }
     sync_threads();
     if (t == 0) {
       mbarrier_arrive_expect_tx(bars, bug ? 2 * kTileBytes : kTileBytes); // one tile follows
@@ -311,7 +329,10 @@ FA_DEVICE void bug_sm90_kernel(const FaSelftestSm90BugParams &p) {
     copy_out(p, tile_a);
     break;
   case FA_SM90_BUG_WAITER_BEHIND:
-    if (t == 0) mbarrier_init(bars, 32);
+    if (t == 0) {
+      mbarrier_init(bars, 32);
+      fence_mbarrier_init();
+    }
     sync_threads();
     if (warp == 1) {
       mbarrier_arrive(bars); // phase 0
@@ -322,7 +343,10 @@ FA_DEVICE void bug_sm90_kernel(const FaSelftestSm90BugParams &p) {
     st_global(p.out + t, (float)t);
     break;
   case FA_SM90_BUG_TMA_READ_BEFORE_WAIT: {
-    if (t == 0) mbarrier_init(bars, 1);
+    if (t == 0) {
+      mbarrier_init(bars, 1);
+      fence_mbarrier_init();
+    }
     sync_threads();
     if (t == 0) {
       mbarrier_arrive_expect_tx(bars, kTileBytes);
@@ -341,6 +365,7 @@ FA_DEVICE void bug_sm90_kernel(const FaSelftestSm90BugParams &p) {
     if (t == 0) {
       mbarrier_init(full, 1);
       mbarrier_init(empty, kWarpgroup);
+      fence_mbarrier_init();
     }
     sync_threads();
     if (t == 0) {
@@ -362,7 +387,10 @@ FA_DEVICE void bug_sm90_kernel(const FaSelftestSm90BugParams &p) {
     break;
   }
   case FA_SM90_BUG_EXIT_WITH_TMA_IN_FLIGHT:
-    if (t == 0) mbarrier_init(bars, 1);
+    if (t == 0) {
+      mbarrier_init(bars, 1);
+      fence_mbarrier_init();
+    }
     sync_threads();
     if (t == 0) {
       mbarrier_arrive_expect_tx(bars, kTileBytes);
@@ -413,6 +441,53 @@ FA_DEVICE void bug_sm90_kernel(const FaSelftestSm90BugParams &p) {
       named_barrier_sync(1, 64);
       st_global(p.out + t, ld_shared(cells + t - 32));
     }
+    break;
+  }
+  case FA_SM90_BUG_MBARRIER_INIT_NO_FENCE:
+    if (t == 0) {
+      mbarrier_init(bars, 1);
+      if (!bug) fence_mbarrier_init();
+    }
+    sync_threads();
+    if (t == 0) {
+      mbarrier_arrive_expect_tx(bars, kTileBytes);
+      tma_tile(p, tile_a, bars);
+    }
+    mbarrier_wait(bars, 0);
+    copy_out(p, tile_a);
+    break;
+  case FA_SM90_BUG_WAIT_GROUP_NOT_A_BARRIER: {
+    // One stage: tile_a, the wgmma's operand, and tile_c, rows the warps write meanwhile (as the prefill
+    // kernel zeroes ragged V rows); thread 0 releases the stage for the warpgroup and refills it.
+    uint64_t *full = bars, *empty = bars + 1;
+    if (t == 0) {
+      mbarrier_init(full, 1);
+      mbarrier_init(empty, 1);
+      fence_mbarrier_init();
+    }
+    sync_threads();
+    if (t == 0) {
+      mbarrier_arrive_expect_tx(full, 2 * kTileBytes);
+      tma_tile(p, tile_a, full);
+      tma_tile(p, tile_c, full);
+    }
+    mbarrier_wait(full, 0);
+    wgmma_fence();
+    tile_gemm(acc, tile_a, tile_a, false);
+    wgmma_commit();
+    if (warp > 0) st_shared(reinterpret_cast<uint32_t *>(tile_c) + t, 0u);
+    wgmma_wait<0>();
+    wgmma_fence_operand(acc);
+    if (!bug) named_barrier_sync(1, kWarpgroup); // orders warps 1-3's stores before thread 0's release
+    if (t == 0) {
+      mbarrier_arrive(empty);
+      mbarrier_wait(empty, 0);
+      mbarrier_arrive_expect_tx(full, 2 * kTileBytes);
+      tma_tile(p, tile_a, full);
+      tma_tile(p, tile_c, full);
+    }
+    mbarrier_wait(full, 1);
+    store_acc(p, acc);
     break;
   }
   default: break;
@@ -531,6 +606,7 @@ template <class T> FA_DEVICE void selftest_ws_gemm_kernel(const FaSelftestWsGemm
       mbarrier_init(&full[s], 1);  // the producer's arrive.expect_tx (plus the copies' bytes)
       mbarrier_init(&empty[s], 2); // one arrive per consumer warpgroup
     }
+    fence_mbarrier_init(); // before the sync: the TMA unit is the first to signal `full`
   }
   sync_threads();
   if (wg == 0) {

@@ -193,6 +193,10 @@ struct MBarrier {
   int64_t tx_expected = 0, tx_landed = 0; // this phase so far, for messages
   int init_tid = 0, init_warp = 0;
   uint32_t init_epoch = 0;
+  // fence.mbarrier_init by the initialising warp: the async proxy (a TMA's complete_tx) may signal the
+  // barrier only once that fence is ordered before the issuing thread.
+  bool init_fenced = false;
+  uint32_t fence_epoch = 0;
   uint32_t pending_release[32] = {};
   uint32_t released[32] = {};
 };
@@ -206,6 +210,19 @@ struct TmaLoad {
   uint32_t epoch = 0; // the issuing warp's epoch at issue
   uint64_t seq = 0;   // issue order
   bool live = false;
+};
+
+// One stream of TMA tiles: the loads a block issues through one tensor map, tile by tile (a tile: the boxes
+// of one outer coordinate, i.e. every panel of it), for the prefetch-slack counters (FaEmuCounters).
+constexpr int kMaxTmaStreams = 8;
+struct TmaStream {
+  const void *map = nullptr; // the kernel's tensor map (its address identifies the stream)
+  int32_t tile[4] = {};      // coordinates 1..4 of the current tile
+  uint32_t lo = 0, hi = 0;   // shared bytes [lo, hi) the current tile's boxes fill
+  int tiles = 0;             // tiles issued so far
+  // Per warp: 1 + its epoch when it observed (wgmma_wait) the completion of a wgmma that read the current
+  // tile; 0 if none did.
+  uint32_t done[32] = {};
 };
 
 struct Launch {
@@ -229,6 +246,8 @@ struct Launch {
   std::vector<Warpgroup> warpgroups;
   std::vector<MBarrier> mbarriers; // initialised this block (few: a pipeline has a handful)
   std::vector<TmaLoad> tma_loads;  // slots; `live` ones are in flight
+  TmaStream tma_streams[kMaxTmaStreams];
+  int num_tma_streams = 0;
   int entry_regs = 0, reg_pool = 0; // setmaxnreg: registers per thread at launch, and the CTA's pool
   uint32_t async_serial = 0;        // numbers in-flight wgmmas and TMA stores for shared-memory read marks
   uint64_t tma_seq = 0;
@@ -340,6 +359,9 @@ void complete_mbarrier_phase(Launch &launch, const Thread &blame, MBarrier &bar)
 void tma_stores_drain(Thread &t);
 // Lands the TMA loads that signal mbarrier `bar` (its waiter needs the phase), in issue order.
 void land_tma_for(Launch &launch, MBarrier &bar);
+// A wgmma that read shared bytes [lo, hi) completed, observed by the warps in `warp_mask` (at their current
+// epochs): recorded against the TMA stream whose current tile lies there (prefetch slack).
+void tma_streams_read_done(Launch &launch, uint32_t lo, uint32_t hi, uint32_t warp_mask);
 
 } // namespace detail
 } // namespace emu

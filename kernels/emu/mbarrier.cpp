@@ -11,7 +11,9 @@
 // Race detection: an arrive releases the arriving warp's vector clock into the phase; a landed TMA releases
 // its write; a wait that observes the phase acquires everything its barrier released so far.
 //
-// Checks: init twice, or a use not ordered after the init by a barrier; ordinary loads or stores to the 8
+// Checks: init twice, or a use not ordered after the init by a barrier; a TMA load signalling a barrier
+// whose init was not fenced (fence.mbarrier_init, by the initialising warp, ordered before the issuer:
+// tma.cpp); ordinary loads or stores to the 8
 // bytes (shared_memory.cpp); more arrivals than the count; a phase completing while TMA loads that signal
 // it are still attached (expect_tx declared too few bytes); a waiter that skips a phase (it was two or more
 // phases behind: the producer overran it); deadlocks name the arrivals and bytes still missing.
@@ -182,6 +184,7 @@ void sm90_block_end(Launch &l) {
 void sm90_reset_block(Launch &l) {
   warpgroups_reset(l);
   l.mbarriers.clear();
+  l.num_tma_streams = 0;
   for (TmaLoad &c : l.tma_loads) c.live = false;
 }
 
@@ -250,6 +253,18 @@ void mbarrier_wait(void *bar, int parity) {
 void fence_proxy_async() {
   Launch &l = current_launch();
   l.shared.fence_proxy(l.current->warp);
+}
+
+void fence_mbarrier_init() {
+  Launch &l = current_launch();
+  Thread &t = *l.current;
+  // Covers every barrier this warp initialised so far (the fence orders the warp's earlier inits).
+  for (MBarrier &b : l.mbarriers) {
+    if (b.init_warp == t.warp && !b.init_fenced) {
+      b.init_fenced = true;
+      b.fence_epoch = l.shared.epoch_of(t.warp);
+    }
+  }
 }
 
 } // namespace emu

@@ -43,6 +43,7 @@ bool SharedMemory::allocate(int bytes, int num_warps, bool race_detection) {
   if (races_) {
     last_write_.assign(granules, 0);
     last_read_.assign(granules * (size_t)num_warps, 0);
+    async_done_.assign(granules * (size_t)num_warps, 0);
   }
   clock_.assign((size_t)num_warps * num_warps, 0);
   async_reads_.assign(granules, 0);
@@ -65,6 +66,7 @@ void SharedMemory::reset_block(uint64_t placement_seed) {
   std::fill(in_flight_.begin(), in_flight_.end(), 0);
   std::fill(last_write_.begin(), last_write_.end(), 0);
   std::fill(last_read_.begin(), last_read_.end(), 0);
+  std::fill(async_done_.begin(), async_done_.end(), 0);
   std::fill(clock_.begin(), clock_.end(), 0);
   std::fill(async_reads_.begin(), async_reads_.end(), 0);
   std::fill(generic_write_.begin(), generic_write_.end(), 0);
@@ -208,6 +210,22 @@ void SharedMemory::on_write(const Thread &t, uint32_t offset, size_t n, uint16_t
       for (int r = 0; r < warps_; ++r) {
         if (r != w && reads[r] && reads[r] - 1 >= knows(w, r)) report_race(t, t.warp, 2 * g, access, r, "read");
       }
+      // Completed wgmma reads, per warpgroup: ordered after any one of the warps that observed it.
+      const uint32_t *done = &async_done_[(size_t)g * warps_];
+      for (int g0 = 0; g0 < warps_; g0 += 4) {
+        int seen = -1;
+        bool ordered = false;
+        for (int r = g0; r < g0 + 4 && r < warps_; ++r) {
+          if (!done[r]) continue;
+          if (seen < 0) seen = r;
+          ordered = ordered || r == w || done[r] - 1 < knows(w, r);
+        }
+        if (seen >= 0 && !ordered) {
+          report_race(t, t.warp, 2 * g, access, seen,
+                      "and its warpgroup read through a wgmma (complete at their wgmma_wait; no release by any of "
+                      "them orders it before this access: missing empty-barrier arrive?)");
+        }
+      }
       if (!async) last_write_[g] = ((epoch(w) + 1) << 5) | (uint32_t)w;
     }
     if (async) {
@@ -298,7 +316,7 @@ void SharedMemory::acquire(int w, const uint32_t *from) {
 }
 
 void SharedMemory::async_proxy_read(const Thread &t, uint32_t offset, size_t n, uint32_t warp_mask, const char *what,
-                                    bool check_fence) {
+                                    bool check_fence, Record record) {
   check_not_mbarrier(t, offset, n, what);
   const uint32_t g_end = (uint32_t)((offset + n + 1) / 2);
   for (uint32_t g = offset / 2; g < g_end; ++g) {
@@ -323,7 +341,8 @@ void SharedMemory::async_proxy_read(const Thread &t, uint32_t offset, size_t n, 
           report_race(t, w, 2 * g, access, writer, "wrote");
         }
       }
-      last_read_[(size_t)g * warps_ + w] = epoch(w) + 1;
+      if (record == Record::Issuer) last_read_[(size_t)g * warps_ + w] = epoch(w) + 1;
+      if (record == Record::Completed) async_done_[(size_t)g * warps_ + w] = epoch(w) + 1;
     }
   }
 }
@@ -385,6 +404,18 @@ unsigned char *dynamic_smem_aligned(int alignment) {
     fault(*l.current, "dynamic_smem_aligned(%d): the alignments are 128 and 1024", alignment);
   }
   return l.shared.place(*l.current, alignment);
+}
+
+void check_smem_aligned_1024(const void *smem) {
+  Launch &l = current_launch();
+  const uint32_t off = l.shared.check_range(*l.current, smem, 1, 1, "check_smem_aligned_1024");
+  const uint32_t a = l.shared.window_address(off);
+  if (a % 1024 != 0) {
+    fault(*l.current,
+          "the dynamic shared memory starts at shared window address %#x, not on a 1024-byte boundary: the "
+          "kernel's 128B-swizzled tiles and descriptors assume it (the GPU build traps here)",
+          a);
+  }
 }
 
 uint32_t shared_address(const void *smem) {

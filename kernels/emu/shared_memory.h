@@ -87,10 +87,17 @@ public:
   // Whether warp w is ordered after everything warp `other` did up to its epoch `other_epoch`.
   bool ordered_after(int w, int other, uint32_t other_epoch) const { return knows(w, other) > other_epoch; }
   // A read of [offset, offset + n) by the async proxy (wgmma operand, TMA store source) on behalf of the
-  // warps in `warp_mask` (`t` names them in messages): in-flight, mbarrier, proxy-fence and race checks,
-  // and the reads are recorded for each warp. `what`: "wgmma.mma_async operand read", ...
+  // warps in `warp_mask` (`t` names them in messages): in-flight, mbarrier, proxy-fence (`check_fence`) and
+  // race checks, then the read is recorded as `record` says. `what`: "wgmma.mma_async operand read", ...
+  //   Issuer:    as a read by each warp of the mask in its current epoch (a TMA store: its thread's warp);
+  //   None:      not recorded (a wgmma at issue: its bytes stay marked in flight until it completes);
+  //   Completed: as one completed read observed by every warp of the mask at its wgmma_wait. A later write
+  //              must be ordered after any one of them (a warp waiting on wait_group sees the whole
+  //              warpgroup's wgmma complete, so one thread may release its stage), but nothing else the
+  //              other warps did is ordered by that wait (it is no barrier among them).
+  enum class Record { Issuer, None, Completed };
   void async_proxy_read(const Thread &t, uint32_t offset, size_t n, uint32_t warp_mask, const char *what,
-                        bool check_fence);
+                        bool check_fence, Record record);
   // Marks [offset, offset + n) as read by in-flight async operation `id` (delta +1) or unmarks it (-1).
   void mark_async_read(uint32_t offset, size_t n, uint32_t id, int delta);
   // Names in-flight async reader `id` for messages ("wgmma group 2 of warpgroup 1 (threads 128-255)").
@@ -128,6 +135,7 @@ private:
   bool races_ = true;
   std::vector<uint32_t> last_write_; // per granule: 0, or (epoch + 1) << 5 | warp
   std::vector<uint32_t> last_read_;  // per granule and warp: 0, or epoch + 1
+  std::vector<uint32_t> async_done_; // per granule and warp: 0, or epoch + 1 at which it saw a wgmma read complete
   std::vector<uint16_t> in_flight_;  // per granule: 0, or 1 + tid of the thread whose cp.async will write it
   std::vector<uint32_t> in_flight_epoch_; // per granule: the issuing warp's epoch at issue
   std::vector<uint32_t> clock_;      // warps x warps; row w is warp w's vector clock, [w][w] its epoch

@@ -31,7 +31,7 @@ uint64_t box_elements(const FaEmuTensorMap &m) {
 
 // Copies and checks the kernel's map (it may go out of scope before the copy completes).
 FaEmuTensorMap read_map(const Thread &t, const void *map, int rank, const char *what) {
-  if (!map || (uintptr_t)map % 64 != 0) fault(t, "%s: the tensor map at %p is not 64-byte aligned", what, map);
+  if (!map || (uintptr_t)map % 128 != 0) fault(t, "%s: the tensor map at %p is not 128-byte aligned", what, map);
   FaEmuTensorMap m;
   memcpy(&m, map, sizeof m);
   if (m.magic != FA_EMU_TENSOR_MAP_MAGIC) {
@@ -171,7 +171,50 @@ void complete_stores(Launch &l, Thread &t, int pending, bool all) {
   t.bulk_stores.resize(kept);
 }
 
+// Prefetch slack: the first box of a new tile of a stream asks whether its issuer is ordered after a
+// completed wgmma read of the stream's previous tile (see FaEmuCounters.tma_tiles_late).
+void track_stream(Launch &l, const Thread &t, const void *map, const TmaBox &box) {
+  TmaStream *s = nullptr;
+  for (int i = 0; i < l.num_tma_streams; ++i) {
+    if (l.tma_streams[i].map == map) s = &l.tma_streams[i];
+  }
+  if (!s) {
+    if (l.num_tma_streams == kMaxTmaStreams) return; // more maps than tracked: the rest go uncounted
+    s = &l.tma_streams[l.num_tma_streams++];
+    *s = TmaStream{};
+    s->map = map;
+  }
+  const uint32_t lo = box.smem_offset, hi = box.smem_offset + box.bytes;
+  if (s->tiles > 0 && memcmp(s->tile, box.coords + 1, sizeof s->tile) == 0) {
+    s->lo = lo < s->lo ? lo : s->lo; // another panel of the current tile
+    s->hi = hi > s->hi ? hi : s->hi;
+    return;
+  }
+  if (s->tiles > 0) {
+    bool late = false;
+    for (int w = 0; w < l.num_warps && !late; ++w) {
+      late = s->done[w] != 0 && (w == t.warp || l.shared.ordered_after(t.warp, w, s->done[w] - 1));
+    }
+    (late ? l.counters.tma_tiles_late : l.counters.tma_tiles_prefetched) += 1;
+  }
+  memcpy(s->tile, box.coords + 1, sizeof s->tile);
+  s->lo = lo;
+  s->hi = hi;
+  s->tiles += 1;
+  memset(s->done, 0, sizeof s->done);
+}
+
 } // namespace
+
+void tma_streams_read_done(Launch &l, uint32_t lo, uint32_t hi, uint32_t warp_mask) {
+  for (int i = 0; i < l.num_tma_streams; ++i) {
+    TmaStream &s = l.tma_streams[i];
+    if (lo >= s.hi || hi <= s.lo) continue;
+    for (int w = 0; w < l.num_warps; ++w) {
+      if (warp_mask >> w & 1) s.done[w] = l.shared.epoch_of(w) + 1;
+    }
+  }
+}
 
 void land_tma_for(Launch &l, MBarrier &bar) {
   const uint32_t off = bar.offset;
@@ -209,6 +252,14 @@ void tma_load(void *smem_dst, const void *map, void *bar, const int32_t *coords,
   const uint32_t bar_off = l.shared.check_range(t, bar, 8, 8, "TMA load mbarrier");
   MBarrier *b = find_mbarrier(l, bar_off);
   if (!b) fault(t, "TMA load completing on shared+%u, which is not an initialised mbarrier", bar_off);
+  if (!b->init_fenced || (b->init_warp != t.warp && !l.shared.ordered_after(t.warp, b->init_warp, b->fence_epoch))) {
+    fault(t,
+          "TMA load completing on the mbarrier at shared+%u, whose initialisation (thread %d, warp %d) %s: the "
+          "TMA unit (async proxy) may see the barrier uninitialised (missing fence_mbarrier_init() after "
+          "mbarrier_init, before the barrier that publishes it?)",
+          bar_off, b->init_tid, b->init_warp,
+          b->init_fenced ? "was fenced, but the fence is not ordered before this thread" : "was never fenced");
+  }
   TmaLoad *slot = nullptr;
   for (TmaLoad &c : l.tma_loads) {
     if (!c.live) {
@@ -227,6 +278,7 @@ void tma_load(void *smem_dst, const void *map, void *bar, const int32_t *coords,
   slot->seq = ++l.tma_seq;
   slot->live = true;
   l.counters.tma_load_bytes += box.bytes;
+  track_stream(l, t, map, box);
 }
 
 void tma_store(const void *map, const int32_t *coords, int rank, const void *smem_src) {
@@ -246,7 +298,7 @@ void tma_store(const void *map, const int32_t *coords, int rank, const void *sme
   for (int d = 0; d < 5; ++d) s.box.coords[d] = d < rank ? coords[d] : 0;
   s.box.smem_offset = box_offset(l, t, s.box.map, smem_src, s.box.bytes, "TMA store source");
   l.shared.async_proxy_read(t, s.box.smem_offset, s.box.bytes, 1u << t.warp, "TMA store (cp.async.bulk.tensor) source read",
-                            true);
+                            true, SharedMemory::Record::Issuer);
   s.group = t.bulk_groups;
   s.reader_id = ++l.async_serial;
   char name[160];

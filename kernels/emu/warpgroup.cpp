@@ -12,6 +12,8 @@
 //  - the accumulator and A-fragment registers belong to it: the intrinsics layer's register objects
 //    (fa::WgmmaAcc, fa::WgmmaFragA) report every access, and one while a wgmma owns them faults;
 //  - a register object accessed since the thread's last wgmma.fence may not be an operand of a new wgmma.
+// At the wait, the completed reads are recorded as observed by all four warps (any one of them may release
+// the bytes: SharedMemory::Record::Completed); the wait orders nothing else between the warps.
 // Exiting with wgmmas in flight (uncommitted, or committed and never waited for) faults.
 //
 // Numerics as mma.sync: each product of two 16-bit values is exact in fp32; each output starts from D (or 0
@@ -207,7 +209,8 @@ void issue_wgmma(Launch &l, int g) {
   auto read = [&](uint64_t desc, bool mn_major, int rows, const char *which) {
     const SmemMatrix m = decode(t0, desc, mn_major, which);
     for_each_chunk(l, t0, m, rows, which, [&](uint32_t off) {
-      l.shared.async_proxy_read(t0, off, 16, wg_warp_mask(g), "wgmma.mma_async operand read", true);
+      l.shared.async_proxy_read(t0, off, 16, wg_warp_mask(g), "wgmma.mma_async operand read", true,
+                                SharedMemory::Record::None);
       l.shared.mark_async_read(off, 16, op.serial, +1);
       l.counters.shared_bytes_read += 16;
     });
@@ -258,10 +261,15 @@ void complete_wgmma(Launch &l, int g, const WgmmaOp &op) {
   // race with whoever refills it) and the registers.
   auto unmark = [&](uint64_t desc, bool mn_major, int rows, const char *which) {
     const SmemMatrix m = decode(t0, desc, mn_major, which);
+    uint32_t lo = UINT32_MAX, hi = 0;
     for_each_chunk(l, t0, m, rows, which, [&](uint32_t off) {
       l.shared.mark_async_read(off, 16, op.serial, -1);
-      l.shared.async_proxy_read(t0, off, 16, wg_warp_mask(g), "wgmma.mma_async operand read", false);
+      l.shared.async_proxy_read(t0, off, 16, wg_warp_mask(g), "wgmma.mma_async operand read", false,
+                                SharedMemory::Record::Completed);
+      lo = off < lo ? off : lo;
+      hi = off + 16 > hi ? off + 16 : hi;
     });
+    tma_streams_read_done(l, lo, hi, wg_warp_mask(g));
   };
   if (!op.a_from_regs) unmark(op.desc_a, op.trans_a, 64, "A");
   unmark(op.desc_b, op.trans_b, op.n, "B");
@@ -335,11 +343,10 @@ bool complete_warpgroup(Launch &l, int g) {
   case Op::WgMma: issue_wgmma(l, g); break;
   case Op::WgCommit: wg.groups += 1; break;
   case Op::WgWait:
+    // A wgmma's completion is one event all four warps observe (their reads of it are recorded as such:
+    // one thread may release a stage for its whole warpgroup, the common pipeline idiom). The wait is no
+    // barrier among the warps for anything else: their ordinary shared accesses stay unordered.
     wait_wgmma(l, g, (int)wg.key);
-    // wait_group is .sync.aligned: the warpgroup's warps pass it together, and a wgmma's completion is one
-    // event all four observe. Ordering them here lets one thread release a stage for its whole warpgroup
-    // (the common pipeline idiom); races between warps of one warpgroup across a wait are not reported.
-    l.shared.barrier(wg_warp_mask(g), nullptr);
     break;
   case Op::SetMaxNReg:
     if (!run_setmaxnreg(l, g)) return false;

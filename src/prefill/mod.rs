@@ -16,7 +16,9 @@
 
 pub mod sm90;
 
-pub use sm90::{PrefillKernel, Sm90Tile, SM90_HEAD_DIMS, SM90_SOFTCAP_RANGE};
+pub use sm90::{
+    persistent_ctas, PrefillKernel, Sm90Tile, EMULATED_SMS, SM90_HEAD_DIMS, SM90_OCCUPANCY, SM90_SOFTCAP_RANGE,
+};
 
 use crate::device::Stream;
 use crate::dtype::Element;

@@ -1,6 +1,6 @@
 //! Which prefill kernel a call runs, and what the sm_90a kernel (kernels/prefill_sm90.cu) needs from the host:
 //! its tile shape ([`Sm90Tile`], mirroring kernels/include/fa/hopper/traits.cuh) and the TMA tensor maps of
-//! q, k and v, encoded for the backend that runs it (src/tensor_map.rs).
+//! q, k and v, encoded for the backend that runs it (src/runtime/tensor_map.rs).
 //!
 //! [`PrefillKernel::Auto`] takes the sm_90a kernel on a GPU of compute capability 9.0 when it supports the
 //! call (head dim 64, 128 or 256; a softcap, if any, in [`SM90_SOFTCAP_RANGE`]; tensors TMA can address),
@@ -82,6 +82,33 @@ impl Sm90Tile {
         };
         Some(Self { block_m, block_n })
     }
+}
+
+/// SMs an emulator stands for unless told otherwise ([`crate::Emulator::with_multiprocessors`]): an H100
+/// SXM's 132.
+pub const EMULATED_SMS: usize = 132;
+
+/// CTAs of the sm_90a kernel one SM holds: one (every instantiation takes more than half of the 227 KiB of
+/// shared memory, or all 64 K registers: fa/hopper/traits.cuh).
+pub const SM90_OCCUPANCY: usize = 1;
+
+/// The persistent grid for `tiles` work tiles on a GPU of `sms` SMs: every CTA resident at once (SM count
+/// x occupancy), or one per tile when there are fewer (fa/hopper/tile_scheduler.cuh).
+pub fn persistent_ctas(tiles: usize, sms: usize) -> usize {
+    tiles.min(sms * SM90_OCCUPANCY).max(1)
+}
+
+/// SMs of the device behind `stream` (the emulator's [`crate::Emulator::multiprocessors`]).
+fn multiprocessors(stream: &Stream<'_>) -> Result<usize> {
+    let n = match stream {
+        Stream::Emu(e) => return Ok(e.multiprocessors()),
+        Stream::Gpu(s) => {
+            s.context().bind_to_thread()?;
+            crate::kernels::multiprocessor_count()?
+        }
+        Stream::Raw(r) => r.with_context(crate::kernels::multiprocessor_count)?,
+    };
+    Ok(n.max(1) as usize)
 }
 
 /// The kernel a call runs.
@@ -235,6 +262,9 @@ pub(crate) fn run(
     let Choice::Sm90(tile) = choice else { return launch.run(label, params, sys::fa_prefill) };
     match maps(stream, elem_bytes, tile, q, kv) {
         Ok([q_map, k_map, v_map]) => {
+            let m_blocks = (params.seqlen_q.max(0) as usize).div_ceil(tile.block_m);
+            let tiles = m_blocks * params.heads_q.max(0) as usize * params.batch.max(0) as usize;
+            let ctas = persistent_ctas(tiles, multiprocessors(stream)?);
             let p = sys::FaPrefillSm90Params {
                 q_map,
                 k_map,
@@ -242,6 +272,7 @@ pub(crate) fn run(
                 base: params,
                 block_m: tile.block_m as i32,
                 block_n: tile.block_n as i32,
+                ctas: i32::try_from(ctas).unwrap_or(i32::MAX),
             };
             launch.run(label, p, sys::fa_prefill_sm90)
         }
@@ -264,6 +295,19 @@ mod tests {
             assert_eq!(k.name().parse::<PrefillKernel>().unwrap(), k);
         }
         assert_eq!("sm100".parse::<PrefillKernel>().unwrap_err().kind(), &ErrorKind::Usage);
+    }
+
+    /// A 16k-token non-causal prefill (B 1, 16 heads, D 128: 128 query tiles per head) launches one CTA per
+    /// SM on an H100 (132) or H200 (132), not 2048; a call with fewer tiles than SMs one per tile.
+    #[test]
+    fn persistent_grid_is_the_resident_ctas() {
+        let tile = Sm90Tile::for_head_dim(128).unwrap();
+        let tiles = (16384usize).div_ceil(tile.block_m) * 16;
+        assert_eq!(tiles, 2048);
+        assert_eq!(persistent_ctas(tiles, 132), 132);
+        assert_eq!(persistent_ctas(tiles, 114), 114); // H100 PCIe
+        assert_eq!(persistent_ctas(40, 132), 40);
+        assert_eq!(persistent_ctas(0, 132), 1);
     }
 
     #[test]

@@ -84,6 +84,12 @@ pub struct KernelCounters {
     /// Lane accesses left out of the three counts above (a warp made more than the emulator's per-step
     /// buffer holds between two collectives); 0 means the counts are complete.
     pub shared_uncounted: u64,
+    /// TMA tiles (every tile of a tensor-map stream but its first) whose load was issued while the previous
+    /// tile of the stream could still be in use: the issuer is not ordered after any wgmma read of it
+    /// completing (prefetch slack; abi.h FaEmuCounters).
+    pub tma_tiles_prefetched: u64,
+    /// TMA tiles whose load waited for a wgmma read of the previous tile to complete (no prefetch).
+    pub tma_tiles_late: u64,
 }
 
 impl KernelCounters {
@@ -135,7 +141,7 @@ impl KernelCounters {
 
     /// Every scalar counter by name, global totals first: the flat view a JSON writer serialises (per-buffer
     /// traffic is in [`KernelCounters::buffers`]; means are sums over `active_blocks`).
-    pub fn values(&self) -> [(&'static str, u64); 26] {
+    pub fn values(&self) -> [(&'static str, u64); 28] {
         [
             ("global_bytes_read", self.global_bytes_read()),
             ("global_bytes_written", self.global_bytes_written()),
@@ -156,6 +162,8 @@ impl KernelCounters {
             ("shared_wavefronts", self.shared_wavefronts),
             ("shared_ideal_wavefronts", self.shared_ideal_wavefronts),
             ("shared_uncounted", self.shared_uncounted),
+            ("tma_tiles_prefetched", self.tma_tiles_prefetched),
+            ("tma_tiles_late", self.tma_tiles_late),
             ("blocks", self.blocks),
             ("active_blocks", self.active_blocks),
             ("max_block_bytes_read", self.max_block_bytes_read),
@@ -191,6 +199,8 @@ impl KernelCounters {
         self.shared_wavefronts += other.shared_wavefronts;
         self.shared_ideal_wavefronts += other.shared_ideal_wavefronts;
         self.shared_uncounted += other.shared_uncounted;
+        self.tma_tiles_prefetched += other.tma_tiles_prefetched;
+        self.tma_tiles_late += other.tma_tiles_late;
         for b in &other.buffers {
             match self.buffers.iter_mut().find(|x| x.name == b.name) {
                 Some(x) => {
@@ -247,6 +257,8 @@ impl KernelCounters {
             shared_wavefronts: c.shared_wavefronts,
             shared_ideal_wavefronts: c.shared_ideal_wavefronts,
             shared_uncounted: c.shared_uncounted,
+            tma_tiles_prefetched: c.tma_tiles_prefetched,
+            tma_tiles_late: c.tma_tiles_late,
         }
     }
 }
@@ -275,7 +287,7 @@ impl LaunchCounters {
 
     /// [`KernelCounters::values`] of the total, with "kernels" the number of kernel launches: what a JSON
     /// writer puts in a `"counters"` object.
-    pub fn values(&self) -> [(&'static str, u64); 26] {
+    pub fn values(&self) -> [(&'static str, u64); 28] {
         let mut v = self.total().values();
         if let Some(k) = v.iter_mut().find(|(name, _)| *name == "kernels") {
             k.1 = self.kernels.len() as u64;

@@ -26,6 +26,9 @@ pub struct Emulator {
     /// Per OS thread: the counters of the last op that thread ran here (one emulator may serve many
     /// threads, as in the runner's parallel `report`).
     last_counters: Mutex<HashMap<ThreadId, LaunchCounters>>,
+    /// The SMs of the GPU it stands for, where a kernel sizes its grid by them (the sm_90a prefill's
+    /// persistent grid): an H100's 132 unless set.
+    multiprocessors: usize,
 }
 
 impl Default for Emulator {
@@ -43,6 +46,7 @@ impl Emulator {
             next_seed: AtomicU64::new(seed),
             table_checks: TableChecks::Strict,
             last_counters: Mutex::new(HashMap::new()),
+            multiprocessors: crate::prefill::EMULATED_SMS,
         }
     }
 
@@ -54,6 +58,17 @@ impl Emulator {
 
     pub fn table_checks(&self) -> TableChecks {
         self.table_checks
+    }
+
+    /// The same emulator standing for a GPU of `sms` SMs (at least 1): a persistent kernel then runs on
+    /// that many CTAs (tests use a few, so that every CTA walks several work tiles).
+    pub fn with_multiprocessors(mut self, sms: usize) -> Self {
+        self.multiprocessors = sms.max(1);
+        self
+    }
+
+    pub fn multiprocessors(&self) -> usize {
+        self.multiprocessors
     }
     pub(crate) fn take_seed(&self) -> u64 {
         self.next_seed.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)

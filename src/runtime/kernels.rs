@@ -122,6 +122,19 @@ pub(crate) fn compute_capability() -> Result<i32> {
     Ok(10 * attr(MAJOR)? + attr(MINOR)?)
 }
 
+/// Streaming multiprocessors of the current context's device.
+pub(crate) fn multiprocessor_count() -> Result<i32> {
+    let mut dev: sys::CUdevice = 0;
+    // SAFETY: writes one integer; a context is current (ensure_loaded's contract).
+    check(unsafe { sys::cuCtxGetDevice(&mut dev) })?;
+    let mut v = 0;
+    // SAFETY: writes one integer for a valid device.
+    check(unsafe {
+        sys::cuDeviceGetAttribute(&mut v, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)
+    })?;
+    Ok(v)
+}
+
 /// The function `name` in `ctx` (current on this thread), with its dynamic shared memory limit raised to
 /// at least `smem_bytes` (a per-function attribute, needed above 48 KiB; host-side, legal during capture).
 fn function(ctx: CUcontext, name: &CStr, smem_bytes: i32) -> Result<CUfunction> {

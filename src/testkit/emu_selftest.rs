@@ -589,10 +589,12 @@ pub enum Sm90Bug {
     SetmaxnregMisuse,
     SmemAlignmentAssumed,
     BarArriveOrder,
+    MbarrierInitNoFence,
+    WaitGroupNotABarrier,
 }
 
 impl Sm90Bug {
-    pub const ALL: [Sm90Bug; 22] = [
+    pub const ALL: [Sm90Bug; 24] = [
         Sm90Bug::AccReadInFlight,
         Sm90Bug::AWriteInFlight,
         Sm90Bug::SmemWriteInFlight,
@@ -615,6 +617,8 @@ impl Sm90Bug {
         Sm90Bug::SetmaxnregMisuse,
         Sm90Bug::SmemAlignmentAssumed,
         Sm90Bug::BarArriveOrder,
+        Sm90Bug::MbarrierInitNoFence,
+        Sm90Bug::WaitGroupNotABarrier,
     ];
     /// The `FA_SM90_BUG_*` value.
     pub fn abi(self) -> i32 {

@@ -359,6 +359,17 @@ fn sm90_kernels_use_wgmma_tma_mbarriers_and_setmaxnreg() {
         }
     }
     let report = std::fs::read_to_string(build_info::PTXAS_REPORT).expect("ptxas report missing");
+    // Every kernel that redistributes registers is launched with exactly its pool (build.rs fails on a
+    // POOL line; here: none of them is missing from the list it checks).
+    for (name, body) in &funcs {
+        if body.contains("USETMAXREG") {
+            assert!(
+                report.lines().any(|l| l.starts_with(&format!("pool  sm_90a {name}: "))),
+                "{name} uses setmaxnreg but build/nvcc.rs SETMAXNREG_KERNELS does not check its launch registers"
+            );
+        }
+    }
+    assert!(!report.lines().any(|l| l.starts_with("POOL")), "{report}");
     assert!(!report.lines().any(|l| l.starts_with("WGMMA")), "serialised wgmma outside the allowed kernels:\n{report}");
     assert!(report.contains("ok    sm_90a fa_selftest_ws_gemm_f16: Used 168 registers"), "{report}");
 }

@@ -204,6 +204,11 @@ fn every_hopper_check_catches_its_planted_bug_and_passes_its_twin() {
                 &["TMA load destination at shared window address", "not 1024-byte aligned"]
             }
             Sm90Bug::BarArriveOrder => &["data race", "warp 0", "warp 1"],
+            Sm90Bug::MbarrierInitNoFence => {
+                &["TMA load completing on the mbarrier at shared+24576", "was never fenced", "fence_mbarrier_init"]
+            }
+            // Thread 0 (warp 0) refills the rows warps 1-3 wrote before the wait: only a barrier orders them.
+            Sm90Bug::WaitGroupNotABarrier => &["data race", "warp 0's TMA load writes bytes that warp", "also wrote"],
         };
         for needle in expect {
             assert!(m.contains(needle), "{bug:?}: no {needle:?} in: {m}");

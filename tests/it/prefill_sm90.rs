@@ -124,8 +124,12 @@ fn emulated_sm90_d64_three_consumers() {
     run_cases("emulated_sm90_d64_three_consumers", cases.into_iter().map(sm90).collect(), 6);
 }
 
+/// SMs of the emulated GPU in the sweeps: few, so that the persistent CTAs each run several work tiles
+/// (causal, varlen, GQA, empty ones) with their barrier phases and KV ring carried across them.
+const SWEEP_SMS: usize = 3;
+
 fn run_cases(name: &str, cases: Vec<PrefillCase>, at_least: usize) {
-    let emu = Emulator::new();
+    let emu = Emulator::new().with_multiprocessors(SWEEP_SMS);
     let next = std::sync::atomic::AtomicUsize::new(0);
     let failures = std::sync::Mutex::new(Vec::new());
     let start = Instant::now();
@@ -274,4 +278,64 @@ fn emulated_sm90_results_do_not_depend_on_scheduling() {
     assert_eq!(bits(&r1.o), bits(&r2.o));
     let lse_bits = |l: Option<Vec<f32>>| l.unwrap().iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert_eq!(lse_bits(r1.lse), lse_bits(r2.lse));
+}
+
+/// Prefetch slack, from the emulator's happens-before order (FaEmuCounters.tma_tiles_*): for every sm90
+/// kernel, every K and V tile load after a stream's first is issued while the previous tile may still be in
+/// use — the producer is never ordered after a consumer's wgmma read of tile w completing when it requests
+/// tile w+1. Freeing K and V of a stage together after the P·V of the next iteration (the joint-release
+/// pipeline, scripts/mutants/sm90-joint-release.patch) makes every K load of the two-stage D = 256 kernel
+/// late. One CTA, one query tile, six KV tiles: 5 counted loads per stream, for K and V.
+#[test]
+fn emulated_sm90_tma_loads_prefetch_every_tile() {
+    let emu = Emulator::new();
+    for (i, &d) in SM90_HEAD_DIMS.iter().enumerate() {
+        for dtype in [DType::F16, DType::Bf16] {
+            let tile = Sm90Tile::for_head_dim(d).unwrap();
+            let case = sm90(PrefillCase::dense(dtype, d, false, tile.block_m, 6 * tile.block_n, (1, 1)));
+            let r = match dtype {
+                DType::F16 => check::<f16>(&emu, i, &case),
+                DType::Bf16 => check::<bf16>(&emu, i, &case),
+            };
+            r.unwrap_or_else(|e| panic!("{}: {e}", case.label()));
+            let k = emu.last_launch_counters().unwrap().total();
+            assert_eq!(k.blocks, 1, "{}", case.label());
+            assert_eq!(
+                (k.tma_tiles_prefetched, k.tma_tiles_late),
+                (10, 0),
+                "{}: K and V loads issued only after the consumers finished the previous tile",
+                case.label()
+            );
+        }
+    }
+}
+
+/// The persistent grid: more work tiles than the emulated GPU's SMs run on SM count × occupancy CTAs (each
+/// CTA walks several tiles, its barrier phases and KV ring carried across them), with the right answer;
+/// fewer tiles than SMs run one CTA per tile. Causal varlen with sequences of different lengths runs the
+/// longest-first order over the longest sequence's tiles (the sweeps above run on 3 SMs, so every CTA there
+/// walks several tiles of every kind).
+#[test]
+fn emulated_sm90_persistent_grid_is_the_resident_ctas() {
+    use fused_attn::prefill::{persistent_ctas, EMULATED_SMS, SM90_OCCUPANCY};
+    let emu = Emulator::new();
+    let heads = EMULATED_SMS + 8;
+    let many = sm90(PrefillCase::dense(DType::Bf16, 128, false, 3, 100, (heads, heads / 4)));
+    check::<bf16>(&emu, 0, &many).unwrap_or_else(|e| panic!("{}: {e}", many.label()));
+    let k = emu.last_launch_counters().unwrap().total();
+    assert_eq!(k.blocks as usize, EMULATED_SMS * SM90_OCCUPANCY, "CTAs of {heads} work tiles");
+    assert_eq!(persistent_ctas(heads, EMULATED_SMS), EMULATED_SMS);
+    let few = sm90(PrefillCase::dense(DType::F16, 128, true, 300, 300, (2, 1)));
+    check::<f16>(&emu, 1, &few).unwrap_or_else(|e| panic!("{}: {e}", few.label()));
+    assert_eq!(emu.last_launch_counters().unwrap().total().blocks, 3 * 2);
+    // Two SMs: 6 causal tiles of unequal length on 2 CTAs, and a varlen batch whose short sequences leave
+    // tiles past their ends.
+    let two = Emulator::new().with_multiprocessors(2);
+    check::<f16>(&two, 2, &few).unwrap_or_else(|e| panic!("{}: {e}", few.label()));
+    assert_eq!(two.last_launch_counters().unwrap().total().blocks, 2);
+    let mut varlen = PrefillCase::dense(DType::Bf16, 128, true, 0, 0, (2, 1));
+    varlen.varlen = Some(vec![(400, 420), (5, 3), (200, 130)]);
+    (varlen.batch, varlen.seqlen_q, varlen.seqlen_k) = (3, 400, 420);
+    check::<bf16>(&two, 3, &sm90(varlen)).unwrap();
+    assert_eq!(two.last_launch_counters().unwrap().total().blocks, 2);
 }

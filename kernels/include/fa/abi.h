@@ -301,6 +301,13 @@ typedef struct FaEmuCounters {
   uint64_t shared_wavefronts;
   uint64_t shared_ideal_wavefronts;
   uint64_t shared_uncounted;
+  /* Prefetch slack of TMA tile streams (one stream per tensor map a block loads through; a tile is the boxes
+   * of one outer coordinate, panels together). When the first box of tile w+1 of a stream is issued, the
+   * executor asks whether the issuing thread is ordered after (happens-before, the race detector's vector
+   * clocks) the completion of any wgmma that read tile w of that stream: if so the load waited for the
+   * consumer to finish tile w (late), else it was issued while tile w could still be in use (prefetched). */
+  uint64_t tma_tiles_prefetched;
+  uint64_t tma_tiles_late;
 } FaEmuCounters;
 
 typedef struct FaEmuLaunch {
@@ -355,12 +362,13 @@ int fa_paged_prefill(FaPagedPrefillParams params, FaExec *exec);
  * sm_90a: tensor maps and the Hopper prefill's params (kernels/prefill_sm90.cu).
  * ------------------------------------------------------------------------------------------------------- */
 
-/* A TMA tensor map: 128 bytes, 64-byte aligned, passed inside a kernel's params (FA_KERNEL_SM90 makes them
- * __grid_constant__). On the GPU it holds the driver's CUtensorMap (cuTensorMapEncodeTiled); on the emulator
- * an FaEmuTensorMap. The Rust side makes both, after one validation (src/tensor_map.rs). */
+/* A TMA tensor map: 128 bytes, 128-byte aligned (CUDA 13's CUtensorMap is alignas(128); the TMA unit reads
+ * it in place), passed inside a kernel's params (FA_KERNEL_SM90 makes them __grid_constant__). On the GPU
+ * it holds the driver's CUtensorMap (cuTensorMapEncodeTiled); on the emulator an FaEmuTensorMap. The Rust side makes
+ * both, after one validation (src/runtime/tensor_map.rs). */
 typedef struct FaTensorMap {
   uint64_t opaque[16];
-} __attribute__((aligned(64))) FaTensorMap;
+} __attribute__((aligned(128))) FaTensorMap;
 
 /* The emulator's tensor map: a tiled, non-interleaved map with unit element strides and zero fill. */
 enum { FA_EMU_TENSOR_MAP_MAGIC = 0x70616d74 /* "tmap" */ };
@@ -382,13 +390,17 @@ typedef struct FaEmuTensorMap {
  * rows per tile (block_m for q, block_n for k and v) x 1 x 1, 128B swizzle. Rows past a dense sequence's
  * end are zero-filled by the TMA unit; in varlen a box may cover the next sequence's rows, which the kernel
  * masks (scores) and zeroes (V rows) so that nothing of a neighbour reaches the softmax or O.
- * block_m / block_n: the tile the maps were made for (the launcher checks they match its kernel). */
+ * block_m / block_n: the tile the maps were made for (the launcher checks they match its kernel).
+ * ctas: the persistent grid (CTAs resident at once: SM count x occupancy, src/prefill/sm90.rs); the launch
+ * has min(ctas, work tiles) CTAs, each walking the tiles ctas apart (fa/hopper/tile_scheduler.cuh); 0 = one
+ * CTA per tile. */
 typedef struct FaPrefillSm90Params {
   FaTensorMap q_map;
   FaTensorMap k_map;
   FaTensorMap v_map;
   FaPrefillParams base;
   int32_t block_m, block_n;
+  int32_t ctas;
 } FaPrefillSm90Params;
 
 int fa_prefill_sm90(FaPrefillSm90Params params, FaExec *exec);

@@ -15,14 +15,15 @@
 //    in-flight wgmma owns them, and that a wgmma_fence separates accesses from the next wgmma).
 //    wgmma_fence_operand keeps nvcc from moving register accesses across the asynchronous window.
 //  - Shared-memory matrix descriptors: smem_matrix_desc(address, LBO, SBO, swizzle) (PTX ISA 9.7.15.5.1.2.2).
-//  - mbarrier: mbarrier_init (one thread, then a barrier), mbarrier_arrive, mbarrier_arrive_expect_tx,
+//  - mbarrier: mbarrier_init (one thread, then fence_mbarrier_init, then a barrier), mbarrier_arrive, mbarrier_arrive_expect_tx,
 //    mbarrier_wait (try_wait.parity in a loop: returns once the phase with that parity has completed).
 //  - TMA: tma_load (box -> shared, completes on an mbarrier with the whole box's bytes), tma_store
 //    (shared -> box), tma_store_commit, tma_store_wait<N>; fence_proxy_async() after ordinary shared stores
 //    that wgmma or a TMA store will read.
 //  - setmaxnreg_inc<N>() / setmaxnreg_dec<N>() (warpgroup-wide); named_barrier_arrive(id, n) (bar.arrive).
 //  - dynamic_smem_aligned<T>(): the dynamic shared memory, declared 1024-byte aligned (128B-swizzled tiles
-//    need their pattern to start on a 1024-byte boundary; the emulator misaligns undeclared allocations).
+//    need their pattern to start on a 1024-byte boundary; the emulator misaligns undeclared allocations);
+//    check_smem_aligned_1024(p): traps on the GPU if it is not (once per CTA).
 #pragma once
 
 #include <type_traits>
@@ -116,6 +117,20 @@ FA_DEVICE void mbarrier_wait(uint64_t *bar, int parity) {
 }
 
 FA_DEVICE void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// After mbarrier_init, by the initialising thread, before the barrier that publishes the barriers: makes
+// the initialisation visible to the async proxy, whose TMA complete_tx may be the first to touch them
+// (CUTLASS's fence_barrier_init; the CUDA guide's TMA example fences the proxy at the same point: both).
+FA_DEVICE void fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// The one-time check that the dynamic shared memory really starts on a 1024-byte boundary (the descriptors'
+// base offset 0 and the TMA swizzle phase assume it; __align__ on the extern array is a request the
+// toolchain has honoured, not a guarantee): a trap, so a violation is a launch error, never wrong numbers.
+FA_DEVICE void check_smem_aligned_1024(const void *smem) {
+  if ((smem_addr(smem) & 1023u) != 0) asm volatile("trap;");
+}
 
 // TMA: `map` points at an FaTensorMap inside the kernel's __grid_constant__ params; coordinates are
 // elements, dimension 0 first.
@@ -252,6 +267,8 @@ FA_DEVICE void mbarrier_arrive(uint64_t *bar) { emu::mbarrier_arrive(bar); }
 FA_DEVICE void mbarrier_arrive_expect_tx(uint64_t *bar, uint32_t bytes) { emu::mbarrier_arrive_expect_tx(bar, bytes); }
 FA_DEVICE void mbarrier_wait(uint64_t *bar, int parity) { emu::mbarrier_wait(bar, parity); }
 FA_DEVICE void fence_proxy_async() { emu::fence_proxy_async(); }
+FA_DEVICE void fence_mbarrier_init() { emu::fence_mbarrier_init(); }
+FA_DEVICE void check_smem_aligned_1024(const void *smem) { emu::check_smem_aligned_1024(smem); }
 
 template <int R>
 FA_DEVICE void tma_load(void *smem_dst, const FaTensorMap *map, uint64_t *bar, const int32_t (&c)[R]) {

@@ -223,7 +223,7 @@ int fa_selftest_gemm(FaSelftestGemmParams params, FaExec *exec);
 int fa_selftest_bench(FaSelftestBenchParams params, FaExec *exec);
 
 /* ---------------------------------------------------------------------------------------------------------
- * sm_90a self-tests (kernels/selftest_sm90.cu, tests/hopper.rs).
+ * sm_90a self-tests (kernels/selftest_sm90.cu, tests/it/hopper.rs).
  * ------------------------------------------------------------------------------------------------------- */
 
 /* wgmma.mma_async m64nNk16 (f16/bf16 -> f32), one warpgroup of 128 threads. The test lays out the shared
@@ -289,7 +289,12 @@ typedef struct FaSelftestTmaParams {
  *                          producer's setmaxnreg.dec 40 returns, which the bug leaves out (a deadlock);
  *  SETMAXNREG_MISUSE       setmaxnreg.inc 160 in a warpgroup holding 168 registers per thread (twin: .dec);
  *  SMEM_ALIGNMENT_ASSUMED  a 128B-swizzled TMA tile in dynamic_smem() (only 128-byte alignment declared);
- *  BAR_ARRIVE_ORDER        named_barrier_arrive before the producer warp's stores (twin: after). */
+ *  BAR_ARRIVE_ORDER        named_barrier_arrive before the producer warp's stores (twin: after);
+ *  MBARRIER_INIT_NO_FENCE  a TMA load completes on an mbarrier whose init was never fenced
+ *                          (fence_mbarrier_init) before the barrier that publishes it;
+ *  WAIT_GROUP_NOT_A_BARRIER warps 1-3 write the stage's scratch rows before wgmma_wait, thread 0 releases the
+ *                          stage for the warpgroup and refills it (twin: a named barrier of the warpgroup
+ *                          first): wgmma.wait_group orders no warp's ordinary accesses for another. */
 enum {
   FA_SM90_BUG_ACC_READ_IN_FLIGHT = 0,
   FA_SM90_BUG_A_WRITE_IN_FLIGHT = 1,
@@ -313,7 +318,9 @@ enum {
   FA_SM90_BUG_SETMAXNREG_MISUSE = 19,
   FA_SM90_BUG_SMEM_ALIGNMENT_ASSUMED = 20,
   FA_SM90_BUG_BAR_ARRIVE_ORDER = 21,
-  FA_SM90_BUG_COUNT = 22,
+  FA_SM90_BUG_MBARRIER_INIT_NO_FENCE = 22,
+  FA_SM90_BUG_WAIT_GROUP_NOT_A_BARRIER = 23,
+  FA_SM90_BUG_COUNT = 24,
 };
 typedef struct FaSelftestSm90BugParams {
   FaTensorMap map;

@@ -88,6 +88,10 @@ void mbarrier_arrive(void *bar);
 void mbarrier_arrive_expect_tx(void *bar, uint32_t bytes);
 void mbarrier_wait(void *bar, int parity);
 void fence_proxy_async();
+// fence.mbarrier_init: the calling warp's barrier initialisations become visible to the async proxy.
+void fence_mbarrier_init();
+// The one-time device check that the dynamic shared memory is 1024-byte aligned (a trap on the GPU).
+void check_smem_aligned_1024(const void *smem);
 
 // TMA (cp.async.bulk.tensor, tiled): `map` is an FaTensorMap holding an FaEmuTensorMap (abi.h).
 void tma_load(void *smem_dst, const void *map, void *bar, const int32_t *coords, int rank);

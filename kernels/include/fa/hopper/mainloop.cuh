@@ -9,8 +9,8 @@
 //   online softmax    fa/online_softmax.cuh on the accumulator (its registers are mma C fragments);
 //   O += P V          wgmma m64n{D}k16 RS, Bc/16 steps: P packed to 16-bit A fragments in registers, V
 //                     MN-major (head dim contiguous) from its panels;
-//   release the stage (one arrive per warpgroup on its empty barrier, after the wgmma_wait that
-//   completes every read of it).
+//   release K and V separately (one arrive per warpgroup on empty_k / empty_v, each after the wgmma_wait
+//   that completes every read of it: fa/hopper/pipeline.cuh).
 // The loop overlaps each tile's softmax with the previous tile's P·V (intra-warpgroup overlap) and the
 // warpgroups' GEMMs with each other's softmax (pingpong); see consume() and Pingpong below.
 #pragma once
@@ -96,18 +96,23 @@ FA_DEVICE float softmax_scale_log2(const FaPrefillParams &p) {
 // after its last (nobody waits for it): all have the same windows (the CTA's KV tiles + 1), so every
 // barrier generation gets exactly 256 threads, and a warpgroup cannot arrive twice before its successor
 // waited once (its next window needs the whole ring to have gone round, the successor included).
+// With kEnabled false (D = 256, fa/hopper/traits.cuh) every call is empty: the warpgroups issue freely.
+// In the persistent loop each work tile runs its own ring: the last consumer's start() of the next tile
+// takes the place of the close() it skipped after its last window.
 constexpr int kPingpong = 2; // ids 2 .. 1 + kConsumers
-template <int kConsumers> struct Pingpong {
+template <int kConsumers, bool kEnabled> struct Pingpong {
   int c;        // this consumer (0 .. kConsumers − 1)
   int windows;  // windows this warpgroup opens in total (tiles + 1)
   int opened = 0;
   FA_DEVICE void start() const {
-    if (c == kConsumers - 1) named_barrier_arrive(kPingpong + 0, 2 * kWarpgroupThreads);
+    if (kEnabled && c == kConsumers - 1) named_barrier_arrive(kPingpong + 0, 2 * kWarpgroupThreads);
   }
-  FA_DEVICE void open() const { named_barrier_sync(kPingpong + c, 2 * kWarpgroupThreads); }
+  FA_DEVICE void open() const {
+    if (kEnabled) named_barrier_sync(kPingpong + c, 2 * kWarpgroupThreads);
+  }
   FA_DEVICE void close() {
     ++opened;
-    if (c < kConsumers - 1 || opened < windows)
+    if (kEnabled && (c < kConsumers - 1 || opened < windows))
       named_barrier_arrive(kPingpong + (c + 1) % kConsumers, 2 * kWarpgroupThreads);
   }
 };
@@ -185,34 +190,40 @@ template <int N> FA_DEVICE void rescale_rows(WgmmaAcc<N> &o, const float (&alpha
 // The mainloop with intra-warpgroup overlap (FA3): tile n's S = Q K_nᵀ and the previous tile's O += P V
 // are issued together, S is waited for alone (wgmma_wait<1>), and the softmax of tile n runs while the
 // P·V wgmma is still in flight; O is rescaled after it completes. Tiles run top down (n_end - 1 first).
+// Release points (FA3's): K of tile n right after its S completed, V of tile n−1 after its P V did, so the
+// producer refills K while this tile's softmax and P V still run (fa/hopper/pipeline.cuh). `st` is the
+// ring position of the work tile's first KV tile, and is left past its last (the persistent loop goes on).
+// The caller has waited for the Q tile (q_full).
 template <class T, class Tr>
 FA_DEVICE void consume(unsigned char *smem, const Barriers<Tr::kStages> &bars, const prefill::KvBlockRange &range,
                        const ConsumerTile &ct, const FaPrefillParams &p, WgmmaAcc<Tr::kHeadDim> &o,
-                       OnlineSoftmax<1> &softmax) {
+                       OnlineSoftmax<1> &softmax, PipelineState<Tr::kStages> &st) {
   constexpr int kBc = Tr::kBc;
   const bool leader = thread_idx() % kWarpgroupThreads == 0;
   const unsigned char *sQ = smem + ct.wg * 64 * kPanelRowBytes; // this warpgroup's 64 rows of each panel
   auto stage_k = [&](int stage) { return smem + Tr::kQBytes + stage * Tr::kStageBytes; };
   auto masked = [&](int n) { return n >= range.n_mask_begin || n < range.n_interior_begin; };
-  Pingpong<Tr::kConsumers> pingpong{ct.wg, range.n_end - range.n_begin + 1};
+  auto release = [&](uint64_t *empty) {
+    if (leader) mbarrier_arrive(empty); // the wgmma_wait before it saw the whole warpgroup's reads complete
+  };
+  Pingpong<Tr::kConsumers, Tr::kPingpong> pingpong{ct.wg, range.n_end - range.n_begin + 1};
   pingpong.start();
-  mbarrier_wait(bars.q_full, 0);
 
   // The top tile: S alone, then its softmax (O is still 0: nothing to rescale).
-  PipelineState<Tr::kStages> st;
   int n = range.n_end - 1;
   WgmmaAcc<kBc> s;
   WgmmaFragA pa[kBc / 16];
   float alpha[2];
-  mbarrier_wait(&bars.full_k[st.stage], st.phase);
+  mbarrier_wait(bars.full_k(st.stage), st.phase);
   pingpong.open();
   wgmma_fence();
   issue_qk<T, Tr>(s, sQ, stage_k(st.stage));
   pingpong.close();
   wgmma_wait<0>();
   wgmma_fence_operand(s);
+  release(bars.empty_k(st.stage));
   if (ct.zero_ragged_v && n * kBc + kBc > ct.tk) {
-    mbarrier_wait(&bars.full_v[st.stage], st.phase); // the rows to zero have landed
+    mbarrier_wait(bars.full_v(st.stage), st.phase); // the rows to zero have landed
     zero_v_rows<Tr>(stage_k(st.stage) + Tr::kKvTileBytes, ct.tk - n * kBc, kBc);
   }
   softmax_step<Tr>(s, softmax, alpha, masked(n), ct, p, n * kBc);
@@ -221,8 +232,8 @@ FA_DEVICE void consume(unsigned char *smem, const Barriers<Tr::kStages> &bars, c
   st.advance();
 
   for (--n; n >= range.n_begin; --n, st.advance()) {
-    mbarrier_wait(&bars.full_k[st.stage], st.phase);
-    mbarrier_wait(&bars.full_v[prev.stage], prev.phase);
+    mbarrier_wait(bars.full_k(st.stage), st.phase);
+    mbarrier_wait(bars.full_v(prev.stage), prev.phase);
     wgmma_fence_operand(o);
     pingpong.open();
     wgmma_fence();
@@ -231,17 +242,18 @@ FA_DEVICE void consume(unsigned char *smem, const Barriers<Tr::kStages> &bars, c
     pingpong.close();
     wgmma_wait<1>(); // S of tile n; the previous tile's P V may still run
     wgmma_fence_operand(s);
+    release(bars.empty_k(st.stage));
     softmax_step<Tr>(s, softmax, alpha, masked(n), ct, p, n * kBc);
-    wgmma_wait<0>(); // P V done: the previous stage is free, O and the P registers may be touched
+    wgmma_wait<0>(); // P V done: the previous tile's V is free, O and the P registers may be touched
     wgmma_fence_operand(o);
-    if (leader) mbarrier_arrive(&bars.empty[prev.stage]);
+    release(bars.empty_v(prev.stage));
     rescale_rows(o, alpha);
     pack_p<T, kBc>(pa, s);
     prev = st;
   }
 
   // The last tile's P V; first its V rows left of the window, if any (uniform over the CTA).
-  mbarrier_wait(&bars.full_v[prev.stage], prev.phase);
+  mbarrier_wait(bars.full_v(prev.stage), prev.phase);
   const int hidden = ct.first_key - range.n_begin * kBc;
   if (hidden > 0) zero_v_rows<Tr>(stage_k(prev.stage) + Tr::kKvTileBytes, 0, hidden);
   wgmma_fence_operand(o);
@@ -251,7 +263,7 @@ FA_DEVICE void consume(unsigned char *smem, const Barriers<Tr::kStages> &bars, c
   pingpong.close();
   wgmma_wait<0>();
   wgmma_fence_operand(o);
-  if (leader) mbarrier_arrive(&bars.empty[prev.stage]);
+  release(bars.empty_v(prev.stage));
 }
 
 } // namespace hopper

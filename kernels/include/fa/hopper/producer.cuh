@@ -1,5 +1,6 @@
-// The producer warpgroup of the sm_90a prefill kernel: one thread issues every TMA load of the CTA — the Q
-// tile once, then the K and V tiles of each visited KV tile, top down, into the ring (fa/hopper/pipeline.cuh).
+// The producer warpgroup of the sm_90a prefill kernel: one thread issues every TMA load of the CTA — per
+// work tile the Q tile, then the K and V tiles of each visited KV tile, top down, into the ring
+// (fa/hopper/pipeline.cuh).
 // A tile is D/64 boxes of 64 columns (one 128-byte swizzle span) per operand, completing on the stage's
 // full_k or full_v barrier, whose expect_tx declares the whole boxes' bytes (out-of-bounds rows included: the TMA unit
 // zero-fills them and counts them).
@@ -31,26 +32,55 @@ FA_DEVICE void load_panels(unsigned char *dst, int panel_bytes, const FaTensorMa
   }
 }
 
-// Loads KV tiles n_end-1 down to n_begin (the order the consumers visit them). Called by one thread.
+// Loads the Q tile (once its buffer is free: the previous work tile's epilogue read it) and then KV tiles
+// n_end-1 down to n_begin (the order the consumers visit them), K of each tile before V of the one above it
+// (FA3's order: S = Q Kᵀ of the next tile is what the consumers wait for first); a work tile without KV
+// tiles only arrives on q_full. `kv` is the ring position of the first KV tile and is left past the last.
+// `work` counts the CTA's work tiles so far (their q_full / q_empty phases). Called by one thread.
 template <class Tr>
 FA_DEVICE void produce(const FaPrefillSm90Params &p, unsigned char *smem, const Barriers<Tr::kStages> &bars,
-                       const TmaRows &at, int n_begin, int n_end) {
-  mbarrier_arrive_expect_tx(bars.q_full, Tr::kQBytes);
-  load_panels<Tr>(smem, Tr::kQPanelBytes, &p.q_map, bars.q_full, at.q_row0, at.head, at.batch);
-  PipelineState<Tr::kStages> st;
-  for (int n = n_end - 1; n >= n_begin; --n, st.advance()) {
-    mbarrier_wait(&bars.empty[st.stage], st.phase ^ 1); // both consumers released this stage's last use
-    unsigned char *stage = smem + Tr::kQBytes + st.stage * Tr::kStageBytes;
-    const int row = at.k_row0 + n * Tr::kBc;
-    mbarrier_arrive_expect_tx(&bars.full_k[st.stage], Tr::kKvTileBytes);
-    load_panels<Tr>(stage, Tr::kKvPanelBytes, &p.k_map, &bars.full_k[st.stage], row, at.head_kv, at.batch);
-    mbarrier_arrive_expect_tx(&bars.full_v[st.stage], Tr::kKvTileBytes);
-    load_panels<Tr>(stage + Tr::kKvTileBytes, Tr::kKvPanelBytes, &p.v_map, &bars.full_v[st.stage], row, at.head_kv,
-                    at.batch);
+                       const TmaRows &at, int n_begin, int n_end, int work, PipelineState<Tr::kStages> &kv) {
+  mbarrier_wait(bars.q_empty(), (work & 1) ^ 1);
+  if (n_end <= n_begin) {
+    mbarrier_arrive(bars.q_full());
+    return;
   }
-  // Stay until the consumers have released every stage: then no load of this thread is still in flight
-  // when it exits (for a stage never used, the wait passes at once).
-  for (int i = 0; i < Tr::kStages; ++i, st.advance()) mbarrier_wait(&bars.empty[st.stage], st.phase ^ 1);
+  mbarrier_arrive_expect_tx(bars.q_full(), Tr::kQBytes);
+  load_panels<Tr>(smem, Tr::kQPanelBytes, &p.q_map, bars.q_full(), at.q_row0, at.head, at.batch);
+  auto stage = [&](const PipelineState<Tr::kStages> &s) { return smem + Tr::kQBytes + s.stage * Tr::kStageBytes; };
+  auto load_k = [&](int n, const PipelineState<Tr::kStages> &s) {
+    mbarrier_wait(bars.empty_k(s.stage), s.phase ^ 1); // every consumer's S of this stage's last K completed
+    mbarrier_arrive_expect_tx(bars.full_k(s.stage), Tr::kKvTileBytes);
+    load_panels<Tr>(stage(s), Tr::kKvPanelBytes, &p.k_map, bars.full_k(s.stage), at.k_row0 + n * Tr::kBc,
+                    at.head_kv, at.batch);
+  };
+  auto load_v = [&](int n, const PipelineState<Tr::kStages> &s) {
+    mbarrier_wait(bars.empty_v(s.stage), s.phase ^ 1); // every consumer's P V of this stage's last V completed
+    mbarrier_arrive_expect_tx(bars.full_v(s.stage), Tr::kKvTileBytes);
+    load_panels<Tr>(stage(s) + Tr::kKvTileBytes, Tr::kKvPanelBytes, &p.v_map, bars.full_v(s.stage),
+                    at.k_row0 + n * Tr::kBc, at.head_kv, at.batch);
+  };
+  PipelineState<Tr::kStages> v = kv;
+  int n = n_end - 1;
+  load_k(n, kv);
+  for (--n; n >= n_begin; --n) {
+    kv.advance();
+    load_k(n, kv);
+    load_v(n + 1, v);
+    v.advance();
+  }
+  load_v(n_begin, v);
+  kv.advance();
+}
+
+// After the last work tile: stay until the consumers have released every stage, so that no load of this
+// thread is still in flight when it exits (for a stage never used, the waits pass at once).
+template <class Tr>
+FA_DEVICE void producer_drain(const Barriers<Tr::kStages> &bars, PipelineState<Tr::kStages> kv) {
+  for (int i = 0; i < Tr::kStages; ++i, kv.advance()) {
+    mbarrier_wait(bars.empty_k(kv.stage), kv.phase ^ 1);
+    mbarrier_wait(bars.empty_v(kv.stage), kv.phase ^ 1);
+  }
 }
 
 } // namespace hopper

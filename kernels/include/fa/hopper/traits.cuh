@@ -8,7 +8,7 @@
 // kConsumerRegs, out of that pool: producer + kConsumers · consumer ≤ (1 + kConsumers) · entry.
 //   2 consumers, 384 threads, entry 168: 40 + 2 · 232 = 504 ≤ 504.
 //   3 consumers, 512 threads, entry 128: 24 + 3 · 160 = 504 ≤ 512 (FA3's split at D = 64; the producer
-//     uses 14 registers, tests/build_artifacts.rs checks every role against its budget).
+//     uses 14 registers, tests/it/build_artifacts.rs checks every role against its budget).
 //
 // Shared memory holds 16-bit tiles as TMA writes them with 128-byte swizzle: a tile of R rows and D columns
 // is D/64 "panels" of R rows x 64 columns (128 bytes, one swizzle span, per row); panel p of a tile starts
@@ -16,8 +16,8 @@
 // stage starts on the 1024-byte boundary the 128B swizzle pattern repeats on.
 //
 //   D   | consumers | Br  | Bc  | stages | smem (Q + stages·(K+V)) | consumer registers: fragments (S+O+P) / budget
-//   64  | 3         | 192 | 128 | 2      | 24 + 2·32  =  88 KiB    | 64 + 32 + 32  = 128 / 160 (FA3: 192 x 128)
-//   128 | 2         | 128 | 128 | 2      | 32 + 2·64  = 160 KiB    | 64 + 64 + 32  = 160 / 232 (FA3: 128 x 176)
+//   64  | 3         | 192 | 128 | 3      | 24 + 3·32  = 120 KiB    | 64 + 32 + 32  = 128 / 160 (FA3: 192 x 128)
+//   128 | 2         | 128 | 128 | 3      | 32 + 3·64  = 224 KiB    | 64 + 64 + 32  = 160 / 232 (FA3: 128 x 176)
 //   256 | 2         | 128 | 64  | 2      | 64 + 2·64  = 192 KiB    | 32 + 128 + 16 = 176 / 232 (FA3: 128 x 80)
 // D = 64 runs three consumers: its GEMMs per KV tile are half D = 128's while the softmax per score is the
 // same, so with two consumers the tensor cores would idle behind the softmax that pingpong cannot hide; a
@@ -26,8 +26,14 @@
 // and ~30 of addresses and softmax state fit 160 (ptxas: R157 the highest, no spills). D = 128 and 256
 // keep two: their consumers need more than 160 (O alone is 64 / 128).
 // Bc = 128 for D ≤ 128 gives each S wgmma N = 128 (the m64n128k16 shape runs at full rate); D = 256 halves
-// Bc because O alone is 128 registers. Two stages: the producer loads tile n-1 while tile n is consumed; a
-// third stage would not fit D = 256 and is left for tuning on a GPU (not yet measured).
+// Bc because O alone is 128 registers.
+// Stages: K and V have their own full/empty barriers (fa/hopper/pipeline.cuh), K freed as soon as S = Q Kᵀ
+// completed and V once P V did, so with two stages the load of tile n+1's K already overlaps tile n; a
+// third stage (D 64 and 128, where 227 KiB allow it) lets the producer run one more tile ahead, absorbing
+// a late TMA or the pingpong skew between the consumers. D = 256 has room for two.
+// Pingpong (kPingpong): on for D ≤ 128, off for D = 256, as FA3 has it (its mainloop's UseSchedulerBarrier:
+// 16-bit inputs, head dim ≤ 128): at D = 256 each warpgroup's GEMMs are long enough next to its softmax
+// that serialising the warpgroups' GEMMs only costs issue slots.
 #pragma once
 
 #include "fa/namespace.cuh"
@@ -39,7 +45,8 @@ constexpr int kWarpgroupThreads = 128;
 constexpr int kPanelCols = 64;    // 16-bit elements per 128-byte swizzle row
 constexpr int kPanelRowBytes = 128;
 
-template <int kHeadDim_, int kBc_, int kStages_, int kConsumers_, int kProducerRegs_, int kConsumerRegs_>
+template <int kHeadDim_, int kBc_, int kStages_, int kConsumers_, int kProducerRegs_, int kConsumerRegs_,
+          bool kPingpong_, bool kPersistent_>
 struct PrefillShape {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kConsumers = kConsumers_; // consumer warpgroups
@@ -50,15 +57,20 @@ struct PrefillShape {
   static constexpr int kPanels = kHeadDim / kPanelCols;
   static constexpr int kProducerRegs = kProducerRegs_;
   static constexpr int kConsumerRegs = kConsumerRegs_;
+  static constexpr bool kPingpong = kPingpong_;
+  // Persistent grid (fa/hopper/tile_scheduler.cuh): D 128 only. The loop's state across work tiles costs
+  // ~8 registers the D 64 (160) and D 256 (232) consumers do not have: ptxas spilled 80 / 104 bytes there;
+  // they run one CTA per tile until their consumers are leaner.
+  static constexpr bool kPersistent = kPersistent_;
   // Bytes of one panel / tile of each operand.
   static constexpr int kQPanelBytes = kBr * kPanelRowBytes;
   static constexpr int kKvPanelBytes = kBc * kPanelRowBytes;
   static constexpr int kQBytes = kPanels * kQPanelBytes;
   static constexpr int kKvTileBytes = kPanels * kKvPanelBytes; // one of K or V
   static constexpr int kStageBytes = 2 * kKvTileBytes;         // K then V
-  // Layout: Q, stages x (K, V), then the mbarriers (q_full, full_k[stages], full_v[stages], empty[stages]).
+  // Layout: Q, stages x (K, V), then the mbarriers (fa/hopper/pipeline.cuh, Barriers).
   static constexpr int kBarrierOffset = kQBytes + kStages * kStageBytes;
-  static constexpr int kSmemBytes = kBarrierOffset + 8 * (1 + 3 * kStages);
+  static constexpr int kSmemBytes = kBarrierOffset + 8 * (2 + 4 * kStages);
   static_assert(kHeadDim % kPanelCols == 0, "head dim is whole 64-column panels");
   static_assert(kBc % 16 == 0 && kBc <= 256, "wgmma N: a multiple of 16 up to 256, and a TMA box of at most 256 rows");
   static_assert(kQPanelBytes % 1024 == 0 && kKvPanelBytes % 1024 == 0, "panels start on the swizzle pattern");
@@ -71,10 +83,10 @@ struct PrefillShape {
 };
 
 template <int kHeadDim> struct PrefillTraits;
-//                                             D    Bc   stages consumers producer/consumer registers
-template <> struct PrefillTraits<64> : PrefillShape<64, 128, 2, 3, 24, 160> {};
-template <> struct PrefillTraits<128> : PrefillShape<128, 128, 2, 2, 40, 232> {};
-template <> struct PrefillTraits<256> : PrefillShape<256, 64, 2, 2, 40, 232> {};
+//                                             D    Bc   stages consumers registers pingpong persistent
+template <> struct PrefillTraits<64> : PrefillShape<64, 128, 3, 3, 24, 160, true, false> {};
+template <> struct PrefillTraits<128> : PrefillShape<128, 128, 3, 2, 40, 232, true, true> {};
+template <> struct PrefillTraits<256> : PrefillShape<256, 64, 2, 2, 40, 232, false, false> {};
 
 } // namespace hopper
 FA_NAMESPACE_END
