@@ -84,9 +84,7 @@ impl Sm90Tile {
     }
 }
 
-/// SMs an emulator stands for unless told otherwise ([`crate::Emulator::with_multiprocessors`]): an H100
-/// SXM's 132.
-pub const EMULATED_SMS: usize = 132;
+pub use crate::emu::EMULATED_SMS;
 
 /// CTAs of the sm_90a kernel one SM holds: one (every instantiation takes more than half of the 227 KiB of
 /// shared memory, or all 64 K registers: fa/hopper/traits.cuh).

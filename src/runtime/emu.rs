@@ -31,6 +31,10 @@ pub struct Emulator {
     multiprocessors: usize,
 }
 
+/// SMs an emulator stands for unless told otherwise ([`Emulator::with_multiprocessors`]): an H100 SXM's
+/// 132 (the persistent sm_90a grid is sized from it).
+pub const EMULATED_SMS: usize = 132;
+
 impl Default for Emulator {
     fn default() -> Self {
         Self::with_seed(0x5eed_fa11)
@@ -46,7 +50,7 @@ impl Emulator {
             next_seed: AtomicU64::new(seed),
             table_checks: TableChecks::Strict,
             last_counters: Mutex::new(HashMap::new()),
-            multiprocessors: crate::prefill::EMULATED_SMS,
+            multiprocessors: EMULATED_SMS,
         }
     }
 
