@@ -43,7 +43,7 @@ template <class T, class Tr>
 FA_DEVICE void consume_tile(const FaPrefillParams &p, unsigned char *smem, const Barriers<Tr::kStages> &bars,
                             const WorkTile &work, const prefill::SeqInfo &seq, int m0, const WindowBounds &window,
                             const prefill::KvBlockRange &range, int c, int work_count,
-                            PipelineState<Tr::kStages> &kv) {
+                            PipelineState<Tr::kStages> &kv, const FaTensorMap *o_map) {
   constexpr int kHeadDim = Tr::kHeadDim;
   ConsumerTile ct;
   ct.wg = c;
@@ -64,9 +64,9 @@ FA_DEVICE void consume_tile(const FaPrefillParams &p, unsigned char *smem, const
   if (range.n_end > range.n_begin) consume<T, Tr>(smem, bars, range, ct, p, o, softmax, kv);
   float lse[2];
   softmax.finalize(fragments(o), lse, softmax_scale_log2(p), sink_logit(p.score_mod, work.head));
-  const int rows_left = seq.tq - ct.warp_row0;
-  store_output<T, Tr>(p, smem, o, lse, c, seq.o_offset + (int64_t)ct.warp_row0 * p.o_row_stride,
-                      seq.lse_offset + ct.warp_row0, rows_left);
+  const OutputAt at{seq.o_offset + (int64_t)ct.warp_row0 * p.o_row_stride, seq.lse_offset + ct.warp_row0,
+                    seq.tq - ct.warp_row0, o_map, ct.warp_row0, work.head, work.batch};
+  store_output<T, Tr>(p, smem, o, lse, c, at);
   sync_warp(); // every lane's reads of the staged rows are done before lane 0 releases them
   if (lane_id() == 0) mbarrier_arrive(bars.q_empty());
 }
@@ -100,10 +100,8 @@ template <class T, int kHeadDim> FA_DEVICE void prefill_sm90_kernel(const FaPref
   const FaPrefillParams &p = params.base;
   unsigned char *smem = dynamic_smem_aligned<unsigned char>();
   const Barriers<Tr::kStages> bars = Barriers<Tr::kStages>::at(smem + Tr::kBarrierOffset);
-  if (thread_idx() == 0) {
-    check_smem_aligned_1024(smem);
-    bars.init(Tr::kConsumers);
-  }
+  if (warp_id() == 0) check_smem_aligned_1024(smem);
+  if (thread_idx() == 0) bars.init(Tr::kConsumers);
   sync_threads();
 
   PipelineState<Tr::kStages> kv; // both sides walk the same KV tiles, work tile after work tile
@@ -127,9 +125,10 @@ template <class T, int kHeadDim> FA_DEVICE void prefill_sm90_kernel(const FaPref
   } else {
     setmaxnreg_inc<Tr::kConsumerRegs>();
     const int c = thread_idx() / kWarpgroupThreads - 1;
+    const FaTensorMap *o_map = params.o_tma ? &params.o_map : nullptr; // dense: TMA-store epilogue
     for_each_work_tile<Tr>(p, [&](const WorkTile &work, const prefill::SeqInfo &seq, int m0,
                                   const WindowBounds &window, const prefill::KvBlockRange &range, int work_count) {
-      consume_tile<T, Tr>(p, smem, bars, work, seq, m0, window, range, c, work_count, kv);
+      consume_tile<T, Tr>(p, smem, bars, work, seq, m0, window, range, c, work_count, kv, o_map);
     });
   }
 }
@@ -159,6 +158,7 @@ int launch_prefill_sm90(void (*kernel)(FaPrefillSm90Params), const char *name, c
                         FaExec *exec) {
   using Tr = PrefillTraits<kHeadDim>;
   if (p.block_m != Tr::kBr || p.block_n != Tr::kBc) return FA_ERR_INVALID; // maps made for another tile
+  if (p.o_tma && p.base.cu_seqlens_q != nullptr) return FA_ERR_INVALID; // a varlen box crosses sequences
   const int64_t m_blocks = p.base.seqlen_q / Tr::kBr + (p.base.seqlen_q % Tr::kBr != 0);
   const int64_t tiles = m_blocks * p.base.heads_q * p.base.batch;
   if (tiles == 0) return FA_OK;

@@ -236,7 +236,7 @@ bool land_all_tma(Launch &l) {
 
 using namespace detail;
 
-void tma_load(void *smem_dst, const void *map, void *bar, const int32_t *coords, int rank) {
+void tma_load(void *smem_dst, const void *map, void *bar, const int32_t *coords, int rank, uint64_t l2_policy) {
   Launch &l = current_launch();
   Thread &t = *l.current;
   TmaBox box;
@@ -278,6 +278,9 @@ void tma_load(void *smem_dst, const void *map, void *bar, const int32_t *coords,
   slot->seq = ++l.tma_seq;
   slot->live = true;
   l.counters.tma_load_bytes += box.bytes;
+  if (l2_policy == kL2EvictFirst) l.counters.tma_load_bytes_evict_first += box.bytes;
+  else if (l2_policy == kL2EvictLast) l.counters.tma_load_bytes_evict_last += box.bytes;
+  else if (l2_policy != 0) fault(t, "TMA load with an unknown L2 policy %llu", (unsigned long long)l2_policy);
   track_stream(l, t, map, box);
 }
 

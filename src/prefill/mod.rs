@@ -263,8 +263,9 @@ pub fn prefill<T: Element>(
     };
     let (q_op, k_op, v_op) =
         (op(q_ptr, seqlen_q, heads_q, qs), op(k_ptr, seqlen_k, heads_kv, ks), op(v_ptr, seqlen_k, heads_kv, vs));
+    let o_op = op(o_ptr.cast_const(), seqlen_q, heads_q, os);
     let kv = (seqlen_k > 0).then_some((&k_op, &v_op));
-    sm90::run(launch, "prefill", stream, opts.kernel, choice, params, std::mem::size_of::<T>(), &q_op, kv)
+    sm90::run(launch, "prefill", stream, opts.kernel, choice, params, std::mem::size_of::<T>(), &q_op, kv, Some(&o_op))
 }
 
 /// Sequences (and packed totals) longer than [`MAX_PREFILL_SEQLEN`] are Overflow errors.
@@ -437,7 +438,7 @@ pub fn prefill_varlen<T: Element>(
     let (q_op, k_op, v_op) =
         (op(q_ptr, total_q, heads_q, qs), op(k_ptr, total_k, heads_kv, ks), op(v_ptr, total_k, heads_kv, vs));
     let kv = (total_k > 0).then_some((&k_op, &v_op));
-    sm90::run(launch, "prefill_varlen", stream, opts.kernel, choice, params, std::mem::size_of::<T>(), &q_op, kv)
+    sm90::run(launch, "prefill_varlen", stream, opts.kernel, choice, params, std::mem::size_of::<T>(), &q_op, kv, None)
 }
 
 #[cfg(test)]

@@ -243,8 +243,12 @@ fn maps(
     Ok([q_map, k_map, v_map])
 }
 
+/// Rows of the TMA-store epilogue's box: one warp's rows (fa/hopper/epilogue.cuh).
+const O_BOX_ROWS: usize = 16;
+
 /// Runs the chosen kernel. A tensor TMA cannot address (a map error) sends `Auto` to the sm_80 kernel and
-/// is the error itself for a forced `Sm90`.
+/// is the error itself for a forced `Sm90`. `o`: the output as a map sees it, for the TMA-store epilogue
+/// (dense calls; None for varlen); an O no map can address is stored with 16-byte stores instead.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run(
     launch: Launch<'_>,
@@ -256,10 +260,12 @@ pub(crate) fn run(
     elem_bytes: usize,
     q: &Operand,
     kv: Option<(&Operand, &Operand)>,
+    o: Option<&Operand>,
 ) -> Result<()> {
     let Choice::Sm90(tile) = choice else { return launch.run(label, params, sys::fa_prefill) };
     match maps(stream, elem_bytes, tile, q, kv) {
         Ok([q_map, k_map, v_map]) => {
+            let o_map = o.and_then(|o| o.encode(stream, elem_bytes, O_BOX_ROWS).ok());
             let m_blocks = (params.seqlen_q.max(0) as usize).div_ceil(tile.block_m);
             let tiles = m_blocks * params.heads_q.max(0) as usize * params.batch.max(0) as usize;
             let ctas = persistent_ctas(tiles, multiprocessors(stream)?);
@@ -267,10 +273,12 @@ pub(crate) fn run(
                 q_map,
                 k_map,
                 v_map,
+                o_map: o_map.unwrap_or_default(),
                 base: params,
                 block_m: tile.block_m as i32,
                 block_n: tile.block_n as i32,
                 ctas: i32::try_from(ctas).unwrap_or(i32::MAX),
+                o_tma: o_map.is_some() as i32,
             };
             launch.run(label, p, sys::fa_prefill_sm90)
         }

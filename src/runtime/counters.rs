@@ -72,6 +72,10 @@ pub struct KernelCounters {
     pub tma_load_bytes: u64,
     /// TMA stores completed, whole boxes (the in-bounds bytes are also global writes of their buffer).
     pub tma_store_bytes: u64,
+    /// Of `tma_load_bytes`, loaded with an L2 evict_first policy (data read once: Q tiles).
+    pub tma_load_bytes_evict_first: u64,
+    /// Of `tma_load_bytes`, loaded with an L2 evict_last policy (data other CTAs read again: K and V).
+    pub tma_load_bytes_evict_last: u64,
     /// Warp-wide shared-memory instructions: `ld_shared` / `st_shared` (one per source location and lane
     /// occurrence between two collectives), cp.async destinations, `ldmatrix`.
     pub shared_requests: u64,
@@ -141,7 +145,7 @@ impl KernelCounters {
 
     /// Every scalar counter by name, global totals first: the flat view a JSON writer serialises (per-buffer
     /// traffic is in [`KernelCounters::buffers`]; means are sums over `active_blocks`).
-    pub fn values(&self) -> [(&'static str, u64); 28] {
+    pub fn values(&self) -> [(&'static str, u64); 30] {
         [
             ("global_bytes_read", self.global_bytes_read()),
             ("global_bytes_written", self.global_bytes_written()),
@@ -158,6 +162,8 @@ impl KernelCounters {
             ("wgmma", self.wgmma),
             ("tma_load_bytes", self.tma_load_bytes),
             ("tma_store_bytes", self.tma_store_bytes),
+            ("tma_load_bytes_evict_first", self.tma_load_bytes_evict_first),
+            ("tma_load_bytes_evict_last", self.tma_load_bytes_evict_last),
             ("shared_requests", self.shared_requests),
             ("shared_wavefronts", self.shared_wavefronts),
             ("shared_ideal_wavefronts", self.shared_ideal_wavefronts),
@@ -195,6 +201,8 @@ impl KernelCounters {
         self.wgmma += other.wgmma;
         self.tma_load_bytes += other.tma_load_bytes;
         self.tma_store_bytes += other.tma_store_bytes;
+        self.tma_load_bytes_evict_first += other.tma_load_bytes_evict_first;
+        self.tma_load_bytes_evict_last += other.tma_load_bytes_evict_last;
         self.shared_requests += other.shared_requests;
         self.shared_wavefronts += other.shared_wavefronts;
         self.shared_ideal_wavefronts += other.shared_ideal_wavefronts;
@@ -253,6 +261,8 @@ impl KernelCounters {
             wgmma: c.wgmma,
             tma_load_bytes: c.tma_load_bytes,
             tma_store_bytes: c.tma_store_bytes,
+            tma_load_bytes_evict_first: c.tma_load_bytes_evict_first,
+            tma_load_bytes_evict_last: c.tma_load_bytes_evict_last,
             shared_requests: c.shared_requests,
             shared_wavefronts: c.shared_wavefronts,
             shared_ideal_wavefronts: c.shared_ideal_wavefronts,
@@ -287,7 +297,7 @@ impl LaunchCounters {
 
     /// [`KernelCounters::values`] of the total, with "kernels" the number of kernel launches: what a JSON
     /// writer puts in a `"counters"` object.
-    pub fn values(&self) -> [(&'static str, u64); 28] {
+    pub fn values(&self) -> [(&'static str, u64); 30] {
         let mut v = self.total().values();
         if let Some(k) = v.iter_mut().find(|(name, _)| *name == "kernels") {
             k.1 = self.kernels.len() as u64;

@@ -330,7 +330,16 @@ fn sm90_kernels_use_wgmma_tma_mbarriers_and_setmaxnreg() {
     let want: [(&str, &[&str]); 6] = [
         (
             "fa_prefill_sm90_",
-            &["HGMMA.64x", "UTMALDG.4D", "SYNCS.ARRIVE.TRANS64", "SYNCS.PHASECHK", "USETMAXREG", "BAR.SYNC"],
+            &[
+                "HGMMA.64x",
+                "UTMALDG.4D",
+                "UTMASTG.4D",
+                "SYNCS.ARRIVE.TRANS64",
+                "SYNCS.PHASECHK",
+                "USETMAXREG",
+                "BAR.SYNC",
+                "BPT.TRAP",
+            ],
         ),
         (
             "fa_selftest_ws_gemm_",
@@ -355,6 +364,11 @@ fn sm90_kernels_use_wgmma_tma_mbarriers_and_setmaxnreg() {
             }
             if name.starts_with("fa_prefill_sm90_") {
                 check_role_registers(name, body);
+                // Every TMA load carries an L2 cache policy (`desc[URx]`: Q evict_first, K and V evict_last);
+                // the dynamic shared memory alignment check survives as a trap (BPT.TRAP above).
+                for l in body.lines().filter(|l| l.contains("UTMALDG")) {
+                    assert!(l.contains("desc["), "{name}: a TMA load without an L2 cache hint: {l}");
+                }
             }
         }
     }

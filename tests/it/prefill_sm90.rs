@@ -339,3 +339,34 @@ fn emulated_sm90_persistent_grid_is_the_resident_ctas() {
     check::<bf16>(&two, 3, &sm90(varlen)).unwrap();
     assert_eq!(two.last_launch_counters().unwrap().total().blocks, 2);
 }
+
+/// FA3's L2 hints and TMA-store epilogue, from the emulator's counters: every Q byte the TMA loads is under
+/// evict_first and every K and V byte under evict_last (nothing unhinted); a dense call stores O by TMA,
+/// one 16-row box per panel of each warp that has rows (whole boxes: the TMA unit clips rows past Tq, which
+/// the fixture's NaN-poisoned output would show); varlen stores none (a box would reach into the next
+/// sequence) and still gets the right answer with 16-byte stores.
+#[test]
+fn emulated_sm90_l2_hints_and_tma_store_epilogue() {
+    let emu = Emulator::new().with_multiprocessors(SWEEP_SMS);
+    for (i, &d) in SM90_HEAD_DIMS.iter().enumerate() {
+        let tile = Sm90Tile::for_head_dim(d).unwrap();
+        let mut case = sm90(PrefillCase::dense(DType::Bf16, d, true, tile.block_m + 40, 2 * tile.block_n + 3, (4, 2)));
+        case.batch = 2;
+        check::<bf16>(&emu, i, &case).unwrap_or_else(|e| panic!("{}: {e}", case.label()));
+        let k = emu.last_launch_counters().unwrap().total();
+        let q_tiles = case.seqlen_q.div_ceil(tile.block_m) * case.heads_q * case.batch;
+        assert_eq!(k.tma_load_bytes_evict_first as usize, q_tiles * tile.block_m * d * 2, "{}: Q", case.label());
+        assert_eq!(k.tma_load_bytes_evict_first + k.tma_load_bytes_evict_last, k.tma_load_bytes, "{}", case.label());
+        assert!(k.tma_load_bytes_evict_last > k.tma_load_bytes_evict_first, "{}: K and V", case.label());
+        let warps_with_rows = case.seqlen_q.div_ceil(16) * case.heads_q * case.batch;
+        assert_eq!(k.tma_store_bytes as usize, warps_with_rows * 16 * d * 2, "{}: O boxes", case.label());
+
+        let mut varlen = sm90(PrefillCase::dense(DType::Bf16, d, false, 0, 0, (2, 1)));
+        varlen.varlen = Some(vec![(tile.block_m + 7, 50), (9, 130)]);
+        (varlen.batch, varlen.seqlen_q, varlen.seqlen_k) = (2, tile.block_m + 7, 130);
+        check::<bf16>(&emu, 10 + i, &varlen).unwrap_or_else(|e| panic!("{}: {e}", varlen.label()));
+        let k = emu.last_launch_counters().unwrap().total();
+        assert_eq!(k.tma_store_bytes, 0, "{}: varlen O by TMA", varlen.label());
+        assert_eq!(k.tma_load_bytes_evict_first + k.tma_load_bytes_evict_last, k.tma_load_bytes, "{}", varlen.label());
+    }
+}

@@ -294,6 +294,8 @@ typedef struct FaEmuCounters {
   uint64_t wgmma;           /* wgmma.mma_async warpgroup instructions (m64nNk16: 2048 N FLOPs each) */
   uint64_t tma_load_bytes;  /* TMA loads issued: whole boxes, out-of-bounds elements included */
   uint64_t tma_store_bytes; /* TMA stores completed: whole boxes (only in-bounds bytes reach global memory) */
+  uint64_t tma_load_bytes_evict_first; /* of tma_load_bytes: loaded with an L2 evict_first policy */
+  uint64_t tma_load_bytes_evict_last;  /* of tma_load_bytes: loaded with an L2 evict_last policy */
   /* Bank conflicts (kernels/emu/bank_conflicts.cpp): warp-wide shared accesses (ld/st, cp.async destinations,
    * ldmatrix), the wavefronts they take on 32 banks x 4 bytes, and the wavefronts they would take without
    * conflicts (one per 128-byte phase with an active lane); accesses past the per-step buffer go uncounted. */
@@ -391,6 +393,9 @@ typedef struct FaEmuTensorMap {
  * end are zero-filled by the TMA unit; in varlen a box may cover the next sequence's rows, which the kernel
  * masks (scores) and zeroes (V rows) so that nothing of a neighbour reaches the softmax or O.
  * block_m / block_n: the tile the maps were made for (the launcher checks they match its kernel).
+ * o_tma: 1 when o_map (box 64 x 16 rows x 1 x 1, 128B swizzle, o's strides; dense calls only: a varlen box
+ * would write into the next sequence) is valid: the epilogue stores O by TMA (fa/hopper/epilogue.cuh); 0:
+ * 16-byte stores.
  * ctas: the persistent grid (CTAs resident at once: SM count x occupancy, src/prefill/sm90.rs); the launch
  * has min(ctas, work tiles) CTAs, each walking the tiles ctas apart (fa/hopper/tile_scheduler.cuh); 0 = one
  * CTA per tile. */
@@ -398,9 +403,11 @@ typedef struct FaPrefillSm90Params {
   FaTensorMap q_map;
   FaTensorMap k_map;
   FaTensorMap v_map;
+  FaTensorMap o_map; /* read only with o_tma */
   FaPrefillParams base;
   int32_t block_m, block_n;
   int32_t ctas;
+  int32_t o_tma;
 } FaPrefillSm90Params;
 
 int fa_prefill_sm90(FaPrefillSm90Params params, FaExec *exec);

@@ -17,13 +17,15 @@
 //  - Shared-memory matrix descriptors: smem_matrix_desc(address, LBO, SBO, swizzle) (PTX ISA 9.7.15.5.1.2.2).
 //  - mbarrier: mbarrier_init (one thread, then fence_mbarrier_init, then a barrier), mbarrier_arrive, mbarrier_arrive_expect_tx,
 //    mbarrier_wait (try_wait.parity in a loop: returns once the phase with that parity has completed).
-//  - TMA: tma_load (box -> shared, completes on an mbarrier with the whole box's bytes), tma_store
-//    (shared -> box), tma_store_commit, tma_store_wait<N>; fence_proxy_async() after ordinary shared stores
-//    that wgmma or a TMA store will read.
+//  - TMA: tma_load (box -> shared, completes on an mbarrier with the whole box's bytes; optionally with an
+//    L2 eviction priority, l2_evict_first() / l2_evict_last()), tma_store (shared -> box), tma_store_commit,
+//    tma_store_wait<N> (the writes done) and tma_store_wait_read<N> (only the source read: the shared bytes
+//    may be reused; CUTLASS's tma_store_wait); fence_proxy_async() after ordinary shared stores that wgmma
+//    or a TMA store will read.
 //  - setmaxnreg_inc<N>() / setmaxnreg_dec<N>() (warpgroup-wide); named_barrier_arrive(id, n) (bar.arrive).
 //  - dynamic_smem_aligned<T>(): the dynamic shared memory, declared 1024-byte aligned (128B-swizzled tiles
 //    need their pattern to start on a 1024-byte boundary; the emulator misaligns undeclared allocations);
-//    check_smem_aligned_1024(p): traps on the GPU if it is not (once per CTA).
+//    check_smem_aligned_1024(p): by one warp, traps on the GPU if it is not (once per CTA).
 #pragma once
 
 #include <type_traits>
@@ -81,6 +83,13 @@ private:
 // Major-ness of a wgmma operand in shared memory (imm-trans-a/b): K-major (0) or M/N-major (1).
 enum class Major : int { K = 0, MN = 1 };
 
+// An L2 cache policy for a TMA load (PTX createpolicy; the emulator keeps which one it is, to count the
+// bytes loaded under each). evict_first: data read once (a Q tile); evict_last: data many CTAs read again
+// (K and V: every query tile of a head reads the same keys), FA3's hints.
+struct L2Policy {
+  uint64_t bits;
+};
+
 #if !defined(FA_EMULATION)
 // ------------------------------------------------------------------------------------------------ device
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
@@ -128,8 +137,13 @@ FA_DEVICE void fence_mbarrier_init() {
 // The one-time check that the dynamic shared memory really starts on a 1024-byte boundary (the descriptors'
 // base offset 0 and the TMA swizzle phase assume it; __align__ on the extern array is a request the
 // toolchain has honoured, not a guarantee): a trap, so a violation is a launch error, never wrong numbers.
+// Called by all 32 lanes of a warp. The address goes through a shuffle first: ptxas knows the extern
+// array's declared alignment and folds a direct test away (no trap in the SASS); it does not see through
+// shfl.sync.
 FA_DEVICE void check_smem_aligned_1024(const void *smem) {
-  if ((smem_addr(smem) & 1023u) != 0) asm volatile("trap;");
+  uint32_t a;
+  asm volatile("shfl.sync.idx.b32 %0, %1, 0, 0x1f, 0xffffffff;" : "=r"(a) : "r"(smem_addr(smem)));
+  if ((a & 1023u) != 0) asm volatile("trap;");
 }
 
 // TMA: `map` points at an FaTensorMap inside the kernel's __grid_constant__ params; coordinates are
@@ -184,6 +198,30 @@ FA_DEVICE void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;" :
 // Until at most `pending` committed bulk groups of this thread are incomplete (their writes done).
 template <int pending> FA_DEVICE void tma_store_wait() {
   asm volatile("cp.async.bulk.wait_group %0;" ::"n"(pending) : "memory");
+}
+// Until at most `pending` committed bulk groups of this thread still read their shared source (their
+// global writes may still be under way: they complete without the thread, even after it exits).
+template <int pending> FA_DEVICE void tma_store_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(pending) : "memory");
+}
+
+FA_DEVICE L2Policy l2_evict_first() {
+  L2Policy p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p.bits));
+  return p;
+}
+FA_DEVICE L2Policy l2_evict_last() {
+  L2Policy p;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p.bits));
+  return p;
+}
+// A 4-D TMA load (the prefill kernel's maps) with an L2 cache policy.
+FA_DEVICE void tma_load(void *smem_dst, const FaTensorMap *map, uint64_t *bar, const int32_t (&c)[4], L2Policy policy) {
+  const uint32_t dst = smem_addr(smem_dst), mb = smem_addr(bar);
+  const uint64_t m = reinterpret_cast<uint64_t>(map);
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], "
+               "[%1, {%3, %4, %5, %6}], [%2], %7;" ::"r"(dst), "l"(m), "r"(mb), "r"(c[0]), "r"(c[1]), "r"(c[2]),
+               "r"(c[3]), "l"(policy.bits) : "memory");
 }
 
 #endif // sm_90
@@ -279,6 +317,13 @@ template <int R> FA_DEVICE void tma_store(const FaTensorMap *map, const int32_t 
 }
 FA_DEVICE void tma_store_commit() { emu::tma_store_commit(); }
 template <int pending> FA_DEVICE void tma_store_wait() { emu::tma_store_wait(pending); }
+// The emulator completes the writes with the read (a stronger wait than the hardware's).
+template <int pending> FA_DEVICE void tma_store_wait_read() { emu::tma_store_wait(pending); }
+FA_DEVICE L2Policy l2_evict_first() { return L2Policy{emu::kL2EvictFirst}; }
+FA_DEVICE L2Policy l2_evict_last() { return L2Policy{emu::kL2EvictLast}; }
+FA_DEVICE void tma_load(void *smem_dst, const FaTensorMap *map, uint64_t *bar, const int32_t (&c)[4], L2Policy policy) {
+  emu::tma_load(smem_dst, map, bar, c, 4, policy.bits);
+}
 
 FA_DEVICE void wgmma_fence() { emu::wgmma_fence(); }
 FA_DEVICE void wgmma_commit() { emu::wgmma_commit(); }

@@ -21,14 +21,14 @@ struct TmaRows {
   int head, head_kv, batch;
 };
 
-// The D/64 panels of one tile of `rows` rows starting at `row`, into `dst`.
+// The D/64 panels of one tile of `rows` rows starting at `row`, into `dst`, under L2 `policy`.
 template <class Tr>
 FA_DEVICE void load_panels(unsigned char *dst, int panel_bytes, const FaTensorMap *map, uint64_t *bar, int row,
-                           int head, int batch) {
+                           int head, int batch, L2Policy policy) {
 #pragma unroll
   for (int p = 0; p < Tr::kPanels; ++p) {
     const int32_t c[4] = {p * kPanelCols, row, head, batch};
-    tma_load(dst + p * panel_bytes, map, bar, c);
+    tma_load(dst + p * panel_bytes, map, bar, c, policy);
   }
 }
 
@@ -37,6 +37,8 @@ FA_DEVICE void load_panels(unsigned char *dst, int panel_bytes, const FaTensorMa
 // (FA3's order: S = Q Kᵀ of the next tile is what the consumers wait for first); a work tile without KV
 // tiles only arrives on q_full. `kv` is the ring position of the first KV tile and is left past the last.
 // `work` counts the CTA's work tiles so far (their q_full / q_empty phases). Called by one thread.
+// L2 policies (FA3's): Q evict_first (this CTA alone reads it, once), K and V evict_last (every query tile of
+// the head, and every query head of its group, reads them again).
 template <class Tr>
 FA_DEVICE void produce(const FaPrefillSm90Params &p, unsigned char *smem, const Barriers<Tr::kStages> &bars,
                        const TmaRows &at, int n_begin, int n_end, int work, PipelineState<Tr::kStages> &kv) {
@@ -46,19 +48,20 @@ FA_DEVICE void produce(const FaPrefillSm90Params &p, unsigned char *smem, const 
     return;
   }
   mbarrier_arrive_expect_tx(bars.q_full(), Tr::kQBytes);
-  load_panels<Tr>(smem, Tr::kQPanelBytes, &p.q_map, bars.q_full(), at.q_row0, at.head, at.batch);
+  const L2Policy q_policy = l2_evict_first(), kv_policy = l2_evict_last();
+  load_panels<Tr>(smem, Tr::kQPanelBytes, &p.q_map, bars.q_full(), at.q_row0, at.head, at.batch, q_policy);
   auto stage = [&](const PipelineState<Tr::kStages> &s) { return smem + Tr::kQBytes + s.stage * Tr::kStageBytes; };
   auto load_k = [&](int n, const PipelineState<Tr::kStages> &s) {
     mbarrier_wait(bars.empty_k(s.stage), s.phase ^ 1); // every consumer's S of this stage's last K completed
     mbarrier_arrive_expect_tx(bars.full_k(s.stage), Tr::kKvTileBytes);
     load_panels<Tr>(stage(s), Tr::kKvPanelBytes, &p.k_map, bars.full_k(s.stage), at.k_row0 + n * Tr::kBc,
-                    at.head_kv, at.batch);
+                    at.head_kv, at.batch, kv_policy);
   };
   auto load_v = [&](int n, const PipelineState<Tr::kStages> &s) {
     mbarrier_wait(bars.empty_v(s.stage), s.phase ^ 1); // every consumer's P V of this stage's last V completed
     mbarrier_arrive_expect_tx(bars.full_v(s.stage), Tr::kKvTileBytes);
     load_panels<Tr>(stage(s) + Tr::kKvTileBytes, Tr::kKvPanelBytes, &p.v_map, bars.full_v(s.stage),
-                    at.k_row0 + n * Tr::kBc, at.head_kv, at.batch);
+                    at.k_row0 + n * Tr::kBc, at.head_kv, at.batch, kv_policy);
   };
   PipelineState<Tr::kStages> v = kv;
   int n = n_end - 1;
