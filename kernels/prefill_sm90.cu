@@ -95,8 +95,8 @@ template <class Tr, class F> FA_DEVICE void for_each_work_tile(const FaPrefillPa
   }
 }
 
-template <class T, int kHeadDim> FA_DEVICE void prefill_sm90_kernel(const FaPrefillSm90Params &params) {
-  using Tr = PrefillTraits<kHeadDim>;
+template <class T, int kHeadDim, int kBc> FA_DEVICE void prefill_sm90_kernel(const FaPrefillSm90Params &params) {
+  using Tr = PrefillTraits<kHeadDim, kBc>;
   const FaPrefillParams &p = params.base;
   unsigned char *smem = dynamic_smem_aligned<unsigned char>();
   const Barriers<Tr::kStages> bars = Barriers<Tr::kStages>::at(smem + Tr::kBarrierOffset);
@@ -137,15 +137,18 @@ template <class T, int kHeadDim> FA_DEVICE void prefill_sm90_kernel(const FaPref
 } // namespace hopper
 FA_NAMESPACE_END
 
-#define FA_PREFILL_SM90_KERNEL(dt, T, D)                                                                     \
-  FA_KERNEL_SM90(fa_prefill_sm90_##dt##_d##D, fa::hopper::PrefillTraits<D>::kThreads, 1, FaPrefillSm90Params, \
-                 (fa::hopper::prefill_sm90_kernel<T, D>))
-FA_PREFILL_SM90_KERNEL(f16, fa::half_t, 64)
-FA_PREFILL_SM90_KERNEL(f16, fa::half_t, 128)
-FA_PREFILL_SM90_KERNEL(f16, fa::half_t, 256)
-FA_PREFILL_SM90_KERNEL(bf16, fa::bf16_t, 64)
-FA_PREFILL_SM90_KERNEL(bf16, fa::bf16_t, 128)
-FA_PREFILL_SM90_KERNEL(bf16, fa::bf16_t, 256)
+// fa_prefill_sm90_<dtype>_d<D>[_bc<Bc>]: the suffix names the wider of two tiles of one head dim.
+#define FA_PREFILL_SM90_KERNEL(name, T, D, BC)                                                              \
+  FA_KERNEL_SM90(name, (fa::hopper::PrefillTraits<D, BC>::kThreads), 1, FaPrefillSm90Params,                 \
+                 (fa::hopper::prefill_sm90_kernel<T, D, BC>))
+FA_PREFILL_SM90_KERNEL(fa_prefill_sm90_f16_d64, fa::half_t, 64, 128)
+FA_PREFILL_SM90_KERNEL(fa_prefill_sm90_f16_d128, fa::half_t, 128, 128)
+FA_PREFILL_SM90_KERNEL(fa_prefill_sm90_f16_d128_bc176, fa::half_t, 128, 176)
+FA_PREFILL_SM90_KERNEL(fa_prefill_sm90_f16_d256, fa::half_t, 256, 64)
+FA_PREFILL_SM90_KERNEL(fa_prefill_sm90_bf16_d64, fa::bf16_t, 64, 128)
+FA_PREFILL_SM90_KERNEL(fa_prefill_sm90_bf16_d128, fa::bf16_t, 128, 128)
+FA_PREFILL_SM90_KERNEL(fa_prefill_sm90_bf16_d128_bc176, fa::bf16_t, 128, 176)
+FA_PREFILL_SM90_KERNEL(fa_prefill_sm90_bf16_d256, fa::bf16_t, 256, 64)
 #undef FA_PREFILL_SM90_KERNEL
 
 #if defined(FA_HOST_BUILD)
@@ -153,11 +156,11 @@ namespace fa {
 namespace hopper {
 namespace {
 
-template <int kHeadDim>
+template <int kHeadDim, int kBc>
 int launch_prefill_sm90(void (*kernel)(FaPrefillSm90Params), const char *name, const FaPrefillSm90Params &p,
                         FaExec *exec) {
-  using Tr = PrefillTraits<kHeadDim>;
-  if (p.block_m != Tr::kBr || p.block_n != Tr::kBc) return FA_ERR_INVALID; // maps made for another tile
+  using Tr = PrefillTraits<kHeadDim, kBc>;
+  if (p.block_m != Tr::kBr) return FA_ERR_INVALID; // maps made for another tile
   if (p.o_tma && p.base.cu_seqlens_q != nullptr) return FA_ERR_INVALID; // a varlen box crosses sequences
   const int64_t m_blocks = p.base.seqlen_q / Tr::kBr + (p.base.seqlen_q % Tr::kBr != 0);
   const int64_t tiles = m_blocks * p.base.heads_q * p.base.batch;
@@ -167,24 +170,25 @@ int launch_prefill_sm90(void (*kernel)(FaPrefillSm90Params), const char *name, c
   return launch(name, kernel, Dim3{ctas, 1, 1}, Tr::kThreads, Tr::kSmemBytes, exec, p);
 }
 
-#define FA_PREFILL_SM90_CASE(D, kernel)                                                                      \
-  case D:                                                                                                    \
-    return launch_prefill_sm90<D>(kernel, #kernel, p, exec)
+// By head dim and the maps' Bc (a tile the kernels do not have is FA_ERR_INVALID).
+#define FA_PREFILL_SM90_CASE(D, BC, kernel)                                                                  \
+  if (p.base.head_dim == D && p.block_n == BC) return launch_prefill_sm90<D, BC>(kernel, #kernel, p, exec)
 int dispatch_sm90(const FaPrefillSm90Params &p, FaExec *exec) {
+  if (p.base.head_dim != 64 && p.base.head_dim != 128 && p.base.head_dim != 256) return FA_ERR_UNSUPPORTED;
   if (p.base.dtype == FA_DTYPE_F16) {
-    switch (p.base.head_dim) {
-      FA_PREFILL_SM90_CASE(64, fa_prefill_sm90_f16_d64);
-      FA_PREFILL_SM90_CASE(128, fa_prefill_sm90_f16_d128);
-      FA_PREFILL_SM90_CASE(256, fa_prefill_sm90_f16_d256);
-    }
+    FA_PREFILL_SM90_CASE(64, 128, fa_prefill_sm90_f16_d64);
+    FA_PREFILL_SM90_CASE(128, 128, fa_prefill_sm90_f16_d128);
+    FA_PREFILL_SM90_CASE(128, 176, fa_prefill_sm90_f16_d128_bc176);
+    FA_PREFILL_SM90_CASE(256, 64, fa_prefill_sm90_f16_d256);
   } else if (p.base.dtype == FA_DTYPE_BF16) {
-    switch (p.base.head_dim) {
-      FA_PREFILL_SM90_CASE(64, fa_prefill_sm90_bf16_d64);
-      FA_PREFILL_SM90_CASE(128, fa_prefill_sm90_bf16_d128);
-      FA_PREFILL_SM90_CASE(256, fa_prefill_sm90_bf16_d256);
-    }
+    FA_PREFILL_SM90_CASE(64, 128, fa_prefill_sm90_bf16_d64);
+    FA_PREFILL_SM90_CASE(128, 128, fa_prefill_sm90_bf16_d128);
+    FA_PREFILL_SM90_CASE(128, 176, fa_prefill_sm90_bf16_d128_bc176);
+    FA_PREFILL_SM90_CASE(256, 64, fa_prefill_sm90_bf16_d256);
+  } else {
+    return FA_ERR_UNSUPPORTED;
   }
-  return FA_ERR_UNSUPPORTED;
+  return FA_ERR_INVALID; // maps made for a tile no kernel has
 }
 #undef FA_PREFILL_SM90_CASE
 

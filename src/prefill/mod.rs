@@ -195,7 +195,7 @@ pub fn prefill<T: Element>(
     let scale = softmax_scale(opts.scale, head_dim)?;
     opts.score_mod.check_values()?;
     check_seqlens(&[("q", seqlen_q), ("k", seqlen_k)])?;
-    let choice = sm90::choose(stream, opts.kernel, head_dim, &opts.score_mod)?;
+    let choice = sm90::choose(stream, opts.kernel, head_dim, opts.causal, &opts.score_mod)?;
     let params = sys::FaPrefillParams {
         batch: to_i32("q (batch)", batch)?,
         heads_q: to_i32("q (heads)", heads_q)?,
@@ -369,7 +369,7 @@ pub fn prefill_varlen<T: Element>(
     let scale = softmax_scale(opts.scale, head_dim)?;
     opts.score_mod.check_values()?;
     check_seqlens(&[("q", total_q), ("k", total_k), ("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)])?;
-    let choice = sm90::choose(stream, opts.kernel, head_dim, &opts.score_mod)?;
+    let choice = sm90::choose(stream, opts.kernel, head_dim, opts.causal, &opts.score_mod)?;
     let params = sys::FaPrefillParams {
         batch: to_i32("cu_seqlens_q (batch)", batch)?,
         heads_q: to_i32("q (heads)", heads_q)?,

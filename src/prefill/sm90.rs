@@ -63,7 +63,7 @@ pub const SM90_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 /// on this range only (kernels/include/fa/score_mod.cuh, `softcap_inline_division_ok`, which this mirrors).
 pub const SM90_SOFTCAP_RANGE: std::ops::RangeInclusive<f32> = f32::from_bits(63 << 23)..=f32::from_bits(191 << 23); // 2^-64..=2^64
 
-/// The sm_90a kernel's tile for one head dim (kernels/include/fa/hopper/traits.cuh, which says why).
+/// The sm_90a kernel's tile for one call (kernels/include/fa/hopper/traits.cuh, which says why).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sm90Tile {
     /// Query rows per CTA: 64 per consumer warpgroup, two (D 128, 256) or three (D 64).
@@ -73,10 +73,14 @@ pub struct Sm90Tile {
 }
 
 impl Sm90Tile {
-    pub fn for_head_dim(head_dim: usize) -> Option<Self> {
+    /// The tile of a call with head dim `head_dim`; `masked`: causal or with a sliding window, which keep
+    /// D 128 at 128 × 128 (FA3's choice; unmasked D 128 runs 128 × 176). `None` for a head dim the kernel
+    /// does not have ([`SM90_HEAD_DIMS`]).
+    pub fn for_call(head_dim: usize, masked: bool) -> Option<Self> {
         let (block_m, block_n) = match head_dim {
             64 => (192, 128),
-            128 => (128, 128),
+            128 if masked => (128, 128),
+            128 => (128, 176),
             256 => (128, 64),
             _ => return None,
         };
@@ -118,7 +122,7 @@ pub(crate) enum Choice {
 
 /// Why the sm_90a kernel cannot run a call of this head dim and these variants (`None`: it can).
 fn unsupported_reason(head_dim: usize, score_mod: &ScoreMod) -> Option<String> {
-    if Sm90Tile::for_head_dim(head_dim).is_none() {
+    if !SM90_HEAD_DIMS.contains(&head_dim) {
         return Some(format!("head dim {head_dim} (the sm90 kernel has {SM90_HEAD_DIMS:?})"));
     }
     if let Some(c) = score_mod.softcap.filter(|c| *c > 0.0 && !SM90_SOFTCAP_RANGE.contains(c)) {
@@ -144,9 +148,10 @@ pub(crate) fn choose(
     stream: &Stream<'_>,
     kernel: PrefillKernel,
     head_dim: usize,
+    causal: bool,
     score_mod: &ScoreMod,
 ) -> Result<Choice> {
-    let tile = || Sm90Tile::for_head_dim(head_dim);
+    let tile = || Sm90Tile::for_call(head_dim, causal || score_mod.window.is_some());
     match kernel {
         PrefillKernel::Sm80 => Ok(Choice::Sm80),
         PrefillKernel::Auto => {
@@ -293,10 +298,13 @@ mod tests {
 
     #[test]
     fn tiles_and_names() {
-        assert_eq!(Sm90Tile::for_head_dim(64), Some(Sm90Tile { block_m: 192, block_n: 128 }));
-        assert_eq!(Sm90Tile::for_head_dim(128), Some(Sm90Tile { block_m: 128, block_n: 128 }));
-        assert_eq!(Sm90Tile::for_head_dim(256), Some(Sm90Tile { block_m: 128, block_n: 64 }));
-        assert_eq!(Sm90Tile::for_head_dim(96), None);
+        for masked in [false, true] {
+            assert_eq!(Sm90Tile::for_call(64, masked), Some(Sm90Tile { block_m: 192, block_n: 128 }));
+            assert_eq!(Sm90Tile::for_call(256, masked), Some(Sm90Tile { block_m: 128, block_n: 64 }));
+            assert_eq!(Sm90Tile::for_call(96, masked), None);
+        }
+        assert_eq!(Sm90Tile::for_call(128, true), Some(Sm90Tile { block_m: 128, block_n: 128 }));
+        assert_eq!(Sm90Tile::for_call(128, false), Some(Sm90Tile { block_m: 128, block_n: 176 }));
         for k in [PrefillKernel::Auto, PrefillKernel::Sm80, PrefillKernel::Sm90] {
             assert_eq!(k.name().parse::<PrefillKernel>().unwrap(), k);
         }
@@ -307,7 +315,7 @@ mod tests {
     /// SM on an H100 (132) or H200 (132), not 2048; a call with fewer tiles than SMs one per tile.
     #[test]
     fn persistent_grid_is_the_resident_ctas() {
-        let tile = Sm90Tile::for_head_dim(128).unwrap();
+        let tile = Sm90Tile::for_call(128, false).unwrap();
         let tiles = (16384usize).div_ceil(tile.block_m) * 16;
         assert_eq!(tiles, 2048);
         assert_eq!(persistent_ctas(tiles, 132), 132);
@@ -321,20 +329,26 @@ mod tests {
         let emu = crate::emu::Emulator::new();
         let s = Stream::Emu(&emu);
         let none = ScoreMod::default();
-        assert_eq!(choose(&s, PrefillKernel::Auto, 128, &none).unwrap(), Choice::Sm80);
-        assert_eq!(choose(&s, PrefillKernel::Sm80, 128, &none).unwrap(), Choice::Sm80);
-        assert!(matches!(choose(&s, PrefillKernel::Sm90, 64, &none).unwrap(), Choice::Sm90(_)));
-        let e = choose(&s, PrefillKernel::Sm90, 96, &none).unwrap_err();
+        assert_eq!(choose(&s, PrefillKernel::Auto, 128, false, &none).unwrap(), Choice::Sm80);
+        assert_eq!(choose(&s, PrefillKernel::Sm80, 128, false, &none).unwrap(), Choice::Sm80);
+        assert!(matches!(choose(&s, PrefillKernel::Sm90, 64, false, &none).unwrap(), Choice::Sm90(_)));
+        // D 128: 128 x 176 unmasked, 128 x 128 causal or windowed.
+        let window = ScoreMod { window: Some((100, 100)), ..none };
+        for (causal, sm, block_n) in [(false, &none, 176), (true, &none, 128), (false, &window, 128)] {
+            let c = choose(&s, PrefillKernel::Sm90, 128, causal, sm).unwrap();
+            assert_eq!(c, Choice::Sm90(Sm90Tile { block_m: 128, block_n }), "causal {causal}, {sm:?}");
+        }
+        let e = choose(&s, PrefillKernel::Sm90, 96, false, &none).unwrap_err();
         assert_eq!(e.kind(), &ErrorKind::Unsupported, "{e}");
         // Every variant runs on the sm90 kernel; a softcap outside its range is Unsupported when forced and
         // sm_80 under Auto.
         let cap = ScoreMod { softcap: Some(30.0), window: Some((10, 0)), ..none };
-        assert!(matches!(choose(&s, PrefillKernel::Sm90, 128, &cap).unwrap(), Choice::Sm90(_)));
+        assert!(matches!(choose(&s, PrefillKernel::Sm90, 128, false, &cap).unwrap(), Choice::Sm90(_)));
         for c in [1e-30, 1e30] {
             let far = ScoreMod { softcap: Some(c), ..none };
-            let e = choose(&s, PrefillKernel::Sm90, 128, &far).unwrap_err();
+            let e = choose(&s, PrefillKernel::Sm90, 128, false, &far).unwrap_err();
             assert_eq!(e.kind(), &ErrorKind::Unsupported, "{e}");
-            assert_eq!(choose(&s, PrefillKernel::Auto, 128, &far).unwrap(), Choice::Sm80);
+            assert_eq!(choose(&s, PrefillKernel::Auto, 128, false, &far).unwrap(), Choice::Sm80);
         }
         assert!(SM90_SOFTCAP_RANGE.contains(&2f32.powi(-64)) && SM90_SOFTCAP_RANGE.contains(&2f32.powi(64)));
         assert!(!SM90_SOFTCAP_RANGE.contains(&(2f32.powi(64) * (1.0 + f32::EPSILON))));

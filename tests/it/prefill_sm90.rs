@@ -28,7 +28,7 @@ fn sm90(mut c: PrefillCase) -> PrefillCase {
 }
 
 fn supported(c: &PrefillCase) -> bool {
-    Sm90Tile::for_head_dim(c.head_dim).is_some() && c.variants.softcap.is_none_or(|s| SM90_SOFTCAP_RANGE.contains(&s))
+    SM90_HEAD_DIMS.contains(&c.head_dim) && c.variants.softcap.is_none_or(|s| SM90_SOFTCAP_RANGE.contains(&s))
 }
 
 /// The emulated slice: from the emulation sweep, every case of D 64 and 256 and the structural ones (GQA,
@@ -107,7 +107,7 @@ fn emulated_sm90_variants() {
 /// pingpong ring of three, the ragged last tile.
 #[test]
 fn emulated_sm90_d64_three_consumers() {
-    assert_eq!(Sm90Tile::for_head_dim(64).unwrap().block_m, 192);
+    assert_eq!(Sm90Tile::for_call(64, false).unwrap().block_m, 192);
     let mut cases = vec![
         PrefillCase::dense(DType::Bf16, 64, true, 193, 193, (2, 1)),
         PrefillCase::dense(DType::F16, 64, false, 191, 300, (4, 2)),
@@ -122,6 +122,40 @@ fn emulated_sm90_d64_three_consumers() {
     all.variants = CaseVariants { window: Some((100, 30)), softcap: Some(8.0), alibi: CaseAlibi::PerHead, sinks: true };
     cases.extend([varlen, all]);
     run_cases("emulated_sm90_d64_three_consumers", cases.into_iter().map(sm90).collect(), 6);
+}
+
+/// D = 128 without a mask runs FA3's 128 x 176 tile (24 / 240 registers, 2 stages): key lengths around
+/// one and two KV tiles (175, 176, 177, 353) and below one (40), Tq > Tk and Tq < Tk, GQA, varlen with
+/// sequences ending on both sides of a 176-key edge, strided layouts, softcap, ALiBi and sinks (which keep
+/// it; a window or causal mask takes 128 x 128: kernel_choice_and_typed_errors). Every case must run the
+/// `_bc176` kernel.
+#[test]
+fn emulated_sm90_d128_wide_tile() {
+    assert_eq!(Sm90Tile::for_call(128, false).unwrap().block_n, 176);
+    let mut cases = vec![
+        PrefillCase::dense(DType::Bf16, 128, false, 129, 177, (2, 1)),
+        PrefillCase::dense(DType::F16, 128, false, 40, 353, (4, 2)),
+        PrefillCase::dense(DType::Bf16, 128, false, 300, 175, (2, 2)),
+        PrefillCase::dense(DType::F16, 128, false, 128, 176, (3, 1)),
+        PrefillCase::dense(DType::Bf16, 128, false, 256, 40, (2, 1)),
+    ];
+    let mut varlen = PrefillCase::dense(DType::Bf16, 128, false, 0, 0, (4, 2));
+    varlen.varlen = Some(vec![(128, 176), (129, 177), (1, 5), (200, 352)]);
+    (varlen.batch, varlen.seqlen_q, varlen.seqlen_k) = (4, 200, 352);
+    let mut all = varlen.clone();
+    (all.dtype, all.layout) = (DType::F16, CaseLayout::Padded);
+    all.variants = CaseVariants { window: None, softcap: Some(8.0), alibi: CaseAlibi::PerHead, sinks: true };
+    cases.extend([varlen, all]);
+    let emu = Emulator::new().with_multiprocessors(SWEEP_SMS);
+    for (i, case) in cases.iter().map(|c| sm90(c.clone())).enumerate() {
+        let r = match case.dtype {
+            DType::F16 => check::<f16>(&emu, i, &case),
+            DType::Bf16 => check::<bf16>(&emu, i, &case),
+        };
+        r.unwrap_or_else(|e| panic!("{}: {e}", case.label()));
+        let kernel = &emu.last_launch_counters().unwrap().kernels[0].kernel;
+        assert!(kernel.ends_with("_d128_bc176"), "{}: ran {kernel}", case.label());
+    }
 }
 
 /// SMs of the emulated GPU in the sweeps: few, so that the persistent CTAs each run several work tiles
@@ -236,7 +270,10 @@ fn kernel_choice_and_typed_errors() {
     let with = |kernel| PrefillOptions { kernel, ..Default::default() };
     assert_eq!(run(128, with(PrefillKernel::Auto)).unwrap(), "fa_prefill_bf16_d128");
     assert_eq!(run(128, with(PrefillKernel::Sm80)).unwrap(), "fa_prefill_bf16_d128");
-    assert_eq!(run(128, with(PrefillKernel::Sm90)).unwrap(), "fa_prefill_sm90_bf16_d128");
+    // D 128: FA3's 128 x 176 tile unmasked, 128 x 128 causal or windowed.
+    assert_eq!(run(128, with(PrefillKernel::Sm90)).unwrap(), "fa_prefill_sm90_bf16_d128_bc176");
+    let causal = PrefillOptions { kernel: PrefillKernel::Sm90, causal: true, ..Default::default() };
+    assert_eq!(run(128, causal).unwrap(), "fa_prefill_sm90_bf16_d128");
     assert_eq!(run(64, with(PrefillKernel::Sm90)).unwrap(), "fa_prefill_sm90_bf16_d64");
     // Head dims and variants the sm90 kernel lacks: Unsupported when forced, sm_80 under Auto.
     assert_eq!(run(96, with(PrefillKernel::Sm90)).unwrap_err().kind(), &ErrorKind::Unsupported);
@@ -252,9 +289,10 @@ fn kernel_choice_and_typed_errors() {
         alibi_slopes: Some(AlibiSlopes::PerHead(&slopes)),
         sinks: Some(&sinks),
     };
-    for score_mod in [all, ScoreMod { softcap: Some(20.0), ..Default::default() }] {
+    let softcap = ScoreMod { softcap: Some(20.0), ..Default::default() };
+    for (score_mod, sm90) in [(all, "fa_prefill_sm90_bf16_d128"), (softcap, "fa_prefill_sm90_bf16_d128_bc176")] {
         let r = run(128, PrefillOptions { score_mod, kernel: PrefillKernel::Sm90, ..Default::default() });
-        assert_eq!(r.unwrap(), "fa_prefill_sm90_bf16_d128");
+        assert_eq!(r.unwrap(), sm90);
         // ... and Auto keeps the sm_80 kernel on the emulator, with or without variants.
         let r = run(128, PrefillOptions { score_mod, ..Default::default() });
         assert_eq!(r.unwrap(), "fa_prefill_bf16_d128_mod");
@@ -291,7 +329,7 @@ fn emulated_sm90_tma_loads_prefetch_every_tile() {
     let emu = Emulator::new();
     for (i, &d) in SM90_HEAD_DIMS.iter().enumerate() {
         for dtype in [DType::F16, DType::Bf16] {
-            let tile = Sm90Tile::for_head_dim(d).unwrap();
+            let tile = Sm90Tile::for_call(d, false).unwrap();
             let case = sm90(PrefillCase::dense(dtype, d, false, tile.block_m, 6 * tile.block_n, (1, 1)));
             let r = match dtype {
                 DType::F16 => check::<f16>(&emu, i, &case),
@@ -349,7 +387,7 @@ fn emulated_sm90_persistent_grid_is_the_resident_ctas() {
 fn emulated_sm90_l2_hints_and_tma_store_epilogue() {
     let emu = Emulator::new().with_multiprocessors(SWEEP_SMS);
     for (i, &d) in SM90_HEAD_DIMS.iter().enumerate() {
-        let tile = Sm90Tile::for_head_dim(d).unwrap();
+        let tile = Sm90Tile::for_call(d, true).unwrap();
         let mut case = sm90(PrefillCase::dense(DType::Bf16, d, true, tile.block_m + 40, 2 * tile.block_n + 3, (4, 2)));
         case.batch = 2;
         check::<bf16>(&emu, i, &case).unwrap_or_else(|e| panic!("{}: {e}", case.label()));

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::mpsc;
 use std::time::Instant;
 
-use fused_attn::prefill::{PrefillKernel, Sm90Tile, SM90_SOFTCAP_RANGE};
+use fused_attn::prefill::{PrefillKernel, SM90_HEAD_DIMS, SM90_SOFTCAP_RANGE};
 use fused_attn::testkit::cases::decode::{
     decode_sweep, decode_sweep_emulated, decode_variant_sweep, perf_cases as decode_perf, DecodeCase,
 };
@@ -33,7 +33,7 @@ pub fn case_seed(base: u64, i: usize) -> u64 {
 
 /// Whether the sm90 kernel runs `c` (head dim and softcap range; the GPU's compute capability aside).
 fn sm90_runs(c: &PrefillCase) -> bool {
-    Sm90Tile::for_head_dim(c.head_dim).is_some() && c.variants.softcap.is_none_or(|s| SM90_SOFTCAP_RANGE.contains(&s))
+    SM90_HEAD_DIMS.contains(&c.head_dim) && c.variants.softcap.is_none_or(|s| SM90_SOFTCAP_RANGE.contains(&s))
 }
 
 /// The prefill case run with `kernel` (`--kernel`). The sm90 kernel lacks some head dims:

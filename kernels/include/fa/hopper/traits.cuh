@@ -1,12 +1,13 @@
-// Compile-time shape of the sm_90a prefill kernel, one per head dim (dtype-independent). Mirrored on the host
-// by `prefill::sm90::Sm90Tile::for_head_dim` (src/prefill/sm90.rs), which makes the TMA boxes; keep both in
-// step (the launcher checks the boxes it was given against these).
+// Compile-time shape of the sm_90a prefill kernel, one per (head dim, Bc) (dtype-independent). Mirrored on the
+// host by `prefill::sm90::Sm90Tile::for_call` (src/prefill/sm90.rs), which picks the tile and makes the TMA
+// boxes; keep both in step (the launcher dispatches on the tile it was given and rejects any other).
 //
 // CTA = 1 + kConsumers warpgroups: warpgroup 0 produces (one thread issues TMA), the others consume, 64
 // query rows each (wgmma's M), so Br = 64 · kConsumers. Registers: the threads start with 65536 / threads
 // each (rounded down to 8); the producer returns all but kProducerRegs and the consumers take
 // kConsumerRegs, out of that pool: producer + kConsumers · consumer ≤ (1 + kConsumers) · entry.
-//   2 consumers, 384 threads, entry 168: 40 + 2 · 232 = 504 ≤ 504.
+//   2 consumers, 384 threads, entry 168: 40 + 2 · 232 = 504 ≤ 504, or 24 + 2 · 240 = 504 (FA3's split at
+//     D = 128: the producer uses R0-R11).
 //   3 consumers, 512 threads, entry 128: 24 + 3 · 160 = 504 ≤ 512 (FA3's split at D = 64; the producer
 //     uses 14 registers, tests/it/build_artifacts.rs checks every role against its budget).
 //
@@ -17,7 +18,8 @@
 //
 //   D   | consumers | Br  | Bc  | stages | smem (Q + stages·(K+V)) | consumer registers: fragments (S+O+P) / budget
 //   64  | 3         | 192 | 128 | 3      | 24 + 3·32  = 120 KiB    | 64 + 32 + 32  = 128 / 160 (FA3: 192 x 128)
-//   128 | 2         | 128 | 128 | 3      | 32 + 3·64  = 224 KiB    | 64 + 64 + 32  = 160 / 232 (FA3: 128 x 176)
+//   128 | 2         | 128 | 176 | 2      | 32 + 2·88  = 208 KiB    | 88 + 64 + 44  = 196 / 240 (FA3: 128 x 176)
+//   128 | 2         | 128 | 128 | 3      | 32 + 3·64  = 224 KiB    | 64 + 64 + 32  = 160 / 232 (causal/local)
 //   256 | 2         | 128 | 64  | 2      | 64 + 2·64  = 192 KiB    | 32 + 128 + 16 = 176 / 232 (FA3: 128 x 80)
 // D = 64 runs three consumers: its GEMMs per KV tile are half D = 128's while the softmax per score is the
 // same, so with two consumers the tensor cores would idle behind the softmax that pingpong cannot hide; a
@@ -26,7 +28,12 @@
 // and ~30 of addresses and softmax state fit 160 (ptxas: R157 the highest, no spills). D = 128 and 256
 // keep two: their consumers need more than 160 (O alone is 64 / 128).
 // Bc = 128 for D ≤ 128 gives each S wgmma N = 128 (the m64n128k16 shape runs at full rate); D = 256 halves
-// Bc because O alone is 128 registers.
+// Bc because O alone is 128 registers. D = 128 without a mask (not causal, no window) takes FA3's 128 x 176
+// (m64n176k16: 176 keys per softmax and per barrier round trip instead of 128, 27 % fewer KV iterations) with
+// the 24 / 240 split that its 196 fragment registers need (ptxas: R237 the highest, no spills), 2 stages
+// (3 x 88 KiB would not fit); causal and windowed calls keep 128 x 128 as FA3 does (a wider tile adds
+// masked diagonal work and a longer tail of short query tiles). D = 64 stays at 192 x 128: FA3's 192 x 192
+// would need S = 96 + O 32 + P 48 = 176 fragment registers, past the 160 its three consumers get.
 // Stages: K and V have their own full/empty barriers (fa/hopper/pipeline.cuh), K freed as soon as S = Q Kᵀ
 // completed and V once P V did, so with two stages the load of tile n+1's K already overlaps tile n; a
 // third stage (D 64 and 128, where 227 KiB allow it) lets the producer run one more tile ahead, absorbing
@@ -82,11 +89,12 @@ struct PrefillShape {
   static_assert(kConsumers >= 2 && kConsumers <= 3, "named barriers: pingpong ids 2 .. 1 + kConsumers");
 };
 
-template <int kHeadDim> struct PrefillTraits;
-//                                             D    Bc   stages consumers registers pingpong persistent
-template <> struct PrefillTraits<64> : PrefillShape<64, 128, 3, 3, 24, 160, true, false> {};
-template <> struct PrefillTraits<128> : PrefillShape<128, 128, 3, 2, 40, 232, true, true> {};
-template <> struct PrefillTraits<256> : PrefillShape<256, 64, 2, 2, 40, 232, false, false> {};
+template <int kHeadDim, int kBc> struct PrefillTraits;
+//                                                      D    Bc   stages consumers registers pingpong persistent
+template <> struct PrefillTraits<64, 128> : PrefillShape<64, 128, 3, 3, 24, 160, true, false> {};
+template <> struct PrefillTraits<128, 176> : PrefillShape<128, 176, 2, 2, 24, 240, true, true> {};
+template <> struct PrefillTraits<128, 128> : PrefillShape<128, 128, 3, 2, 40, 232, true, true> {};
+template <> struct PrefillTraits<256, 64> : PrefillShape<256, 64, 2, 2, 40, 232, false, false> {};
 
 } // namespace hopper
 FA_NAMESPACE_END
