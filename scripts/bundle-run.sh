@@ -16,7 +16,8 @@
 #   report         fused-attn report --backend gpu --json --plot: the full correctness sweeps and the timed
 #                  shapes against the copy bandwidth -> report.jsonl, prefill.png, decode.png; on an H100/H200
 #                  the sweep runs the sm_90a prefill kernel (`--kernel auto`) and every timed prefill shape
-#                  runs on both kernels -> sm90-vs-sm80.txt
+#                  runs on both kernels -> sm90-vs-sm80.txt, and every D 128 sm90 shape again with each
+#                  tuning step off (persistent grid, 128 x 176 tile, TMA-store epilogue) -> sm90-steps.txt
 #   torch-compare  tools/torch_compare.py: PyTorch SDPA flash/cuDNN on the same shapes, bf16 matmul ceiling
 #                  (then `fused-attn plot` redraws prefill.png with that ceiling)
 #   sanitizer      compute-sanitizer memcheck + racecheck on a small prefill and decode (if present); last, so
@@ -306,6 +307,19 @@ if pairs:
         for shape, t in sorted(pairs.items()):
             cells = " | ".join(str(x) for x in shape)
             out.write(f"| {cells} | {t.get('sm90', 0):.1f} | {t.get('sm80', 0):.1f} |\n")
+# The sm90 kernel's tuning steps A/B (labels "sm90-no-<step> ..."; docs/hopper.md's step table): each row's
+# time against the same shape with every step on.
+steps = [r for r in pre if kernel(r).startswith("sm90-no-")]
+if steps:
+    import os
+    with open(os.path.join(os.path.dirname(sys.argv[1]), "sm90-steps.txt"), "w") as out:
+        out.write("| step off | dtype | D | B | Hq | T | causal | TFLOPS | time vs all steps on |\n|---|---|---|---|---|---|---|---|---|\n")
+        for r in steps:
+            ratio = f(r.get("vs_baseline"))
+            cells = " | ".join(str(r[k]) for k in ("dtype", "head_dim", "batch", "heads_q", "seqlen_q", "causal"))
+            out.write(f"| {kernel(r)[len('sm90-no-'):]} | {cells} | {f(r['tflops']):.1f} | {ratio:.3f}x |\n" if ratio else
+                      f"| {kernel(r)[len('sm90-no-'):]} | {cells} | {f(r['tflops']):.1f} | - |\n")
+            print(f"sm90 step A/B: {r['label']}: {f(r['tflops']):.1f} TFLOPS, " + (f"{ratio:.3f}x the time with it on" if ratio else "no ratio"))
 for r in dec:
     kv = r.get("kv_dtype") or r["dtype"]
     print(f"decode {kv} B={r['batch']} ctx={r['seqlen_k']} page={r.get('page_size')}: {f(r.get('gbps')) or 0:.0f} GB/s = "

@@ -17,7 +17,8 @@
 pub mod sm90;
 
 pub use sm90::{
-    persistent_ctas, PrefillKernel, Sm90Tile, EMULATED_SMS, SM90_HEAD_DIMS, SM90_OCCUPANCY, SM90_SOFTCAP_RANGE,
+    persistent_ctas, PrefillKernel, Sm90Steps, Sm90Tile, EMULATED_SMS, SM90_HEAD_DIMS, SM90_OCCUPANCY,
+    SM90_SOFTCAP_RANGE,
 };
 
 use crate::device::Stream;
@@ -46,6 +47,8 @@ pub struct PrefillOptions<'a> {
     /// Which kernel runs the call ([`PrefillKernel`]): `Auto` (the default) takes the sm_90a kernel on a
     /// compute capability 9.0 GPU when it supports the call, else the sm_80 one.
     pub kernel: PrefillKernel,
+    /// The sm_90a kernel's tuning steps, all on by default ([`Sm90Steps`]: A/B switches for timing them).
+    pub sm90_steps: Sm90Steps,
 }
 
 /// Longest sequence prefill accepts (positions plus window bounds stay inside the kernel's int32).
@@ -195,7 +198,7 @@ pub fn prefill<T: Element>(
     let scale = softmax_scale(opts.scale, head_dim)?;
     opts.score_mod.check_values()?;
     check_seqlens(&[("q", seqlen_q), ("k", seqlen_k)])?;
-    let choice = sm90::choose(stream, opts.kernel, head_dim, opts.causal, &opts.score_mod)?;
+    let choice = sm90::choose(stream, opts.kernel, head_dim, opts.causal, &opts.score_mod, opts.sm90_steps)?;
     let params = sys::FaPrefillParams {
         batch: to_i32("q (batch)", batch)?,
         heads_q: to_i32("q (heads)", heads_q)?,
@@ -265,7 +268,19 @@ pub fn prefill<T: Element>(
         (op(q_ptr, seqlen_q, heads_q, qs), op(k_ptr, seqlen_k, heads_kv, ks), op(v_ptr, seqlen_k, heads_kv, vs));
     let o_op = op(o_ptr.cast_const(), seqlen_q, heads_q, os);
     let kv = (seqlen_k > 0).then_some((&k_op, &v_op));
-    sm90::run(launch, "prefill", stream, opts.kernel, choice, params, std::mem::size_of::<T>(), &q_op, kv, Some(&o_op))
+    sm90::run(
+        launch,
+        "prefill",
+        stream,
+        opts.kernel,
+        choice,
+        params,
+        std::mem::size_of::<T>(),
+        &q_op,
+        kv,
+        Some(&o_op),
+        opts.sm90_steps,
+    )
 }
 
 /// Sequences (and packed totals) longer than [`MAX_PREFILL_SEQLEN`] are Overflow errors.
@@ -369,7 +384,7 @@ pub fn prefill_varlen<T: Element>(
     let scale = softmax_scale(opts.scale, head_dim)?;
     opts.score_mod.check_values()?;
     check_seqlens(&[("q", total_q), ("k", total_k), ("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)])?;
-    let choice = sm90::choose(stream, opts.kernel, head_dim, opts.causal, &opts.score_mod)?;
+    let choice = sm90::choose(stream, opts.kernel, head_dim, opts.causal, &opts.score_mod, opts.sm90_steps)?;
     let params = sys::FaPrefillParams {
         batch: to_i32("cu_seqlens_q (batch)", batch)?,
         heads_q: to_i32("q (heads)", heads_q)?,
@@ -438,7 +453,19 @@ pub fn prefill_varlen<T: Element>(
     let (q_op, k_op, v_op) =
         (op(q_ptr, total_q, heads_q, qs), op(k_ptr, total_k, heads_kv, ks), op(v_ptr, total_k, heads_kv, vs));
     let kv = (total_k > 0).then_some((&k_op, &v_op));
-    sm90::run(launch, "prefill_varlen", stream, opts.kernel, choice, params, std::mem::size_of::<T>(), &q_op, kv, None)
+    sm90::run(
+        launch,
+        "prefill_varlen",
+        stream,
+        opts.kernel,
+        choice,
+        params,
+        std::mem::size_of::<T>(),
+        &q_op,
+        kv,
+        None,
+        opts.sm90_steps,
+    )
 }
 
 #[cfg(test)]

@@ -88,6 +88,42 @@ impl Sm90Tile {
     }
 }
 
+/// A/B switches of the sm_90a kernel's tuning steps (docs/hopper.md, "Predictions, step by step"), to time
+/// each step on a GPU in one run (`fused-attn report` on an H100/H200 does). Every setting computes the
+/// same attention; the default has every step on. Ignored by the sm_80 kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Sm90Steps {
+    /// The persistent grid (D 128: SM count × occupancy CTAs walking the work tiles); off: one CTA per tile.
+    pub persistent: bool,
+    /// FA3's 128 × 176 tile for D 128 without a mask; off: 128 × 128 as causal calls.
+    pub wide_tile: bool,
+    /// The TMA-store epilogue of dense calls; off: 16-byte stores as varlen.
+    pub tma_store: bool,
+}
+
+impl Default for Sm90Steps {
+    fn default() -> Self {
+        Self { persistent: true, wide_tile: true, tma_store: true }
+    }
+}
+
+impl Sm90Steps {
+    /// The steps that are off, as `-no-persistent-no-wide-tile-no-tma-store` (empty with all on): a
+    /// kernel-name suffix for labels.
+    pub fn label(&self) -> String {
+        let mut s = String::new();
+        for (on, name) in
+            [(self.persistent, "persistent"), (self.wide_tile, "wide-tile"), (self.tma_store, "tma-store")]
+        {
+            if !on {
+                s.push_str("-no-");
+                s.push_str(name);
+            }
+        }
+        s
+    }
+}
+
 pub use crate::emu::EMULATED_SMS;
 
 /// CTAs of the sm_90a kernel one SM holds: one (every instantiation takes more than half of the 227 KiB of
@@ -150,8 +186,9 @@ pub(crate) fn choose(
     head_dim: usize,
     causal: bool,
     score_mod: &ScoreMod,
+    steps: Sm90Steps,
 ) -> Result<Choice> {
-    let tile = || Sm90Tile::for_call(head_dim, causal || score_mod.window.is_some());
+    let tile = || Sm90Tile::for_call(head_dim, causal || score_mod.window.is_some() || !steps.wide_tile);
     match kernel {
         PrefillKernel::Sm80 => Ok(Choice::Sm80),
         PrefillKernel::Auto => {
@@ -266,14 +303,16 @@ pub(crate) fn run(
     q: &Operand,
     kv: Option<(&Operand, &Operand)>,
     o: Option<&Operand>,
+    steps: Sm90Steps,
 ) -> Result<()> {
     let Choice::Sm90(tile) = choice else { return launch.run(label, params, sys::fa_prefill) };
     match maps(stream, elem_bytes, tile, q, kv) {
         Ok([q_map, k_map, v_map]) => {
+            let o = o.filter(|_| steps.tma_store);
             let o_map = o.and_then(|o| o.encode(stream, elem_bytes, O_BOX_ROWS).ok());
             let m_blocks = (params.seqlen_q.max(0) as usize).div_ceil(tile.block_m);
             let tiles = m_blocks * params.heads_q.max(0) as usize * params.batch.max(0) as usize;
-            let ctas = persistent_ctas(tiles, multiprocessors(stream)?);
+            let ctas = if steps.persistent { persistent_ctas(tiles, multiprocessors(stream)?) } else { 0 };
             let p = sys::FaPrefillSm90Params {
                 q_map,
                 k_map,
@@ -329,26 +368,32 @@ mod tests {
         let emu = crate::emu::Emulator::new();
         let s = Stream::Emu(&emu);
         let none = ScoreMod::default();
-        assert_eq!(choose(&s, PrefillKernel::Auto, 128, false, &none).unwrap(), Choice::Sm80);
-        assert_eq!(choose(&s, PrefillKernel::Sm80, 128, false, &none).unwrap(), Choice::Sm80);
-        assert!(matches!(choose(&s, PrefillKernel::Sm90, 64, false, &none).unwrap(), Choice::Sm90(_)));
+        assert_eq!(choose(&s, PrefillKernel::Auto, 128, false, &none, Sm90Steps::default()).unwrap(), Choice::Sm80);
+        assert_eq!(choose(&s, PrefillKernel::Sm80, 128, false, &none, Sm90Steps::default()).unwrap(), Choice::Sm80);
+        assert!(matches!(
+            choose(&s, PrefillKernel::Sm90, 64, false, &none, Sm90Steps::default()).unwrap(),
+            Choice::Sm90(_)
+        ));
         // D 128: 128 x 176 unmasked, 128 x 128 causal or windowed.
         let window = ScoreMod { window: Some((100, 100)), ..none };
         for (causal, sm, block_n) in [(false, &none, 176), (true, &none, 128), (false, &window, 128)] {
-            let c = choose(&s, PrefillKernel::Sm90, 128, causal, sm).unwrap();
+            let c = choose(&s, PrefillKernel::Sm90, 128, causal, sm, Sm90Steps::default()).unwrap();
             assert_eq!(c, Choice::Sm90(Sm90Tile { block_m: 128, block_n }), "causal {causal}, {sm:?}");
         }
-        let e = choose(&s, PrefillKernel::Sm90, 96, false, &none).unwrap_err();
+        let e = choose(&s, PrefillKernel::Sm90, 96, false, &none, Sm90Steps::default()).unwrap_err();
         assert_eq!(e.kind(), &ErrorKind::Unsupported, "{e}");
         // Every variant runs on the sm90 kernel; a softcap outside its range is Unsupported when forced and
         // sm_80 under Auto.
         let cap = ScoreMod { softcap: Some(30.0), window: Some((10, 0)), ..none };
-        assert!(matches!(choose(&s, PrefillKernel::Sm90, 128, false, &cap).unwrap(), Choice::Sm90(_)));
+        assert!(matches!(
+            choose(&s, PrefillKernel::Sm90, 128, false, &cap, Sm90Steps::default()).unwrap(),
+            Choice::Sm90(_)
+        ));
         for c in [1e-30, 1e30] {
             let far = ScoreMod { softcap: Some(c), ..none };
-            let e = choose(&s, PrefillKernel::Sm90, 128, false, &far).unwrap_err();
+            let e = choose(&s, PrefillKernel::Sm90, 128, false, &far, Sm90Steps::default()).unwrap_err();
             assert_eq!(e.kind(), &ErrorKind::Unsupported, "{e}");
-            assert_eq!(choose(&s, PrefillKernel::Auto, 128, false, &far).unwrap(), Choice::Sm80);
+            assert_eq!(choose(&s, PrefillKernel::Auto, 128, false, &far, Sm90Steps::default()).unwrap(), Choice::Sm80);
         }
         assert!(SM90_SOFTCAP_RANGE.contains(&2f32.powi(-64)) && SM90_SOFTCAP_RANGE.contains(&2f32.powi(64)));
         assert!(!SM90_SOFTCAP_RANGE.contains(&(2f32.powi(64) * (1.0 + f32::EPSILON))));

@@ -288,6 +288,7 @@ mod tests {
             with_lse: true,
             variants: Default::default(),
             kernel: Default::default(),
+            sm90_steps: Default::default(),
         }
     }
 

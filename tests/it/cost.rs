@@ -363,6 +363,7 @@ fn prefill_case(tq: usize, tk: usize, d: usize, heads: (usize, usize), causal: b
         with_lse: true,
         variants: Default::default(),
         kernel: Default::default(),
+        sm90_steps: Default::default(),
     }
 }
 

@@ -615,6 +615,7 @@ fn prefill_case(
         with_lse: true,
         variants: Default::default(),
         kernel: Default::default(),
+        sm90_steps: Default::default(),
     }
 }
 

@@ -57,6 +57,7 @@ fn prefill_case() -> PrefillCase {
         with_lse,
         variants: Default::default(),
         kernel: Default::default(),
+        sm90_steps: Default::default(),
     }
 }
 

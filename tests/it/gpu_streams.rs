@@ -205,6 +205,7 @@ fn gpu_streams_prefill_on_new_stream() {
         with_lse: true,
         variants: Default::default(),
         kernel: Default::default(),
+        sm90_steps: Default::default(),
     };
     let f = PrefillFixture::<bf16>::new(&case, SEED).unwrap();
     let on_default = run_gpu(&ctx.default_stream(), &f).unwrap();

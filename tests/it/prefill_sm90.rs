@@ -408,3 +408,38 @@ fn emulated_sm90_l2_hints_and_tma_store_epilogue() {
         assert_eq!(k.tma_load_bytes_evict_first + k.tma_load_bytes_evict_last, k.tma_load_bytes, "{}", varlen.label());
     }
 }
+
+/// The tuning steps' A/B switches (`Sm90Steps`, timed by `report` on an H100/H200) compute the same
+/// attention: one CTA per tile instead of the persistent grid, and 16-byte stores instead of the TMA-store
+/// epilogue, give the same bits (each tile's arithmetic does not depend on which CTA runs it or how O
+/// leaves shared memory); 128 × 128 instead of 128 × 176 sums in another order and passes the reference.
+/// The counters show each switch took effect.
+#[test]
+fn emulated_sm90_steps_compute_the_same_attention() {
+    use fused_attn::prefill::Sm90Steps;
+    let emu = Emulator::new().with_multiprocessors(SWEEP_SMS);
+    let base = sm90(PrefillCase { batch: 2, ..PrefillCase::dense(DType::Bf16, 128, false, 300, 400, (4, 2)) });
+    let run = |steps: Sm90Steps| {
+        let case = PrefillCase { sm90_steps: steps, ..base.clone() };
+        let f = PrefillFixture::<bf16>::new(&case, common::case_seed(0)).unwrap();
+        let out = run_emulated(&emu, &f).unwrap_or_else(|e| panic!("{}: {e}", case.label()));
+        assert!(f.evaluate(&out).unwrap().passed(), "{}", case.label());
+        let k = emu.last_launch_counters().unwrap().kernels.into_iter().next().unwrap();
+        (out.o.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), k)
+    };
+    let on = Sm90Steps::default();
+    let (all, k) = run(on);
+    assert_eq!(k.kernel, "fa_prefill_sm90_bf16_d128_bc176");
+    let tiles = 300usize.div_ceil(128) * 4 * 2;
+    assert_eq!(k.blocks as usize, SWEEP_SMS);
+    assert!(k.tma_store_bytes > 0);
+
+    let (o, k) = run(Sm90Steps { persistent: false, ..on });
+    assert_eq!(k.blocks as usize, tiles, "one CTA per work tile");
+    assert!(o == all, "the persistent grid changed the result");
+    let (o, k) = run(Sm90Steps { tma_store: false, ..on });
+    assert_eq!(k.tma_store_bytes, 0, "16-byte stores");
+    assert!(o == all, "the TMA-store epilogue changed the result");
+    let (_, k) = run(Sm90Steps { wide_tile: false, ..on });
+    assert_eq!(k.kernel, "fa_prefill_sm90_bf16_d128");
+}

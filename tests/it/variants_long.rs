@@ -284,7 +284,7 @@ fn run_as<T: Element>(emu: &Emulator, p: &Problem, op: Op, seed: u64) -> Outputs
                 &TensorView::host(&v, [b, tk, hkv, d]).unwrap(),
                 &mut TensorViewMut::host(&mut o, [b, tq, hq, d]).unwrap(),
                 Some(&mut TensorViewMut::host(&mut lse, [b, hq, tq]).unwrap()),
-                &PrefillOptions { causal: p.causal, scale: Some(p.scale), score_mod, kernel },
+                &PrefillOptions { causal: p.causal, scale: Some(p.scale), score_mod, kernel, ..Default::default() },
             )
             .unwrap();
             Box::new(move |row, h| ((row / tq) * hq + h) * tq + row % tq)
@@ -311,7 +311,7 @@ fn run_as<T: Element>(emu: &Emulator, p: &Problem, op: Op, seed: u64) -> Outputs
                 p.seqs.iter().map(|s| s.1).max().unwrap(),
                 &mut TensorViewMut::host(&mut o, [tq_all, hq, d]).unwrap(),
                 Some(&mut TensorViewMut::host(&mut lse, [hq, tq_all]).unwrap()),
-                &PrefillOptions { causal: p.causal, scale: Some(p.scale), score_mod, kernel },
+                &PrefillOptions { causal: p.causal, scale: Some(p.scale), score_mod, kernel, ..Default::default() },
             )
             .unwrap();
             Box::new(move |row, h| h * tq_all + row)

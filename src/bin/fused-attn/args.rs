@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
-use fused_attn::prefill::PrefillKernel;
+use fused_attn::prefill::{PrefillKernel, Sm90Steps};
 use fused_attn::testkit::variants::{CaseAlibi, CaseVariants};
 use fused_attn::{DType, Error, Fp8Format, KvDType, Result, ScaleKind};
 
@@ -131,6 +131,19 @@ pub struct Common {
     pub kernel: PrefillKernel,
 }
 
+fn parse_sm90_off(s: &str) -> std::result::Result<Sm90Steps, String> {
+    let mut steps = Sm90Steps::default();
+    for name in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        match name {
+            "persistent" => steps.persistent = false,
+            "wide-tile" => steps.wide_tile = false,
+            "tma-store" => steps.tma_store = false,
+            _ => return Err(format!("unknown sm90 step {name:?} (persistent, wide-tile, tma-store)")),
+        }
+    }
+    Ok(steps)
+}
+
 fn parse_kernel(s: &str) -> std::result::Result<PrefillKernel, String> {
     s.parse().map_err(|e: fused_attn::Error| e.message().to_string())
 }
@@ -182,6 +195,10 @@ pub struct RunArgs {
     /// Bottom-right aligned causal mask [prefill; paged-prefill, where it is the default].
     #[arg(long)]
     pub causal: bool,
+    /// sm90 prefill only: tuning steps to turn off, comma-separated — persistent, wide-tile, tma-store
+    /// (docs/hopper.md; `report` on an H100/H200 times each one off by itself).
+    #[arg(long, value_parser = parse_sm90_off, default_value = "", value_name = "STEPS")]
+    pub sm90_off: Sm90Steps,
     /// Uneven batch: each sequence's context length, comma-separated (e.g. 131072,1024,1024); the batch is
     /// their count [decode, paged-prefill; replaces --batch and --seqlen-k].
     #[arg(long, value_delimiter = ',', value_name = "N,N,...", conflicts_with_all = ["batch", "seqlen_k"])]
@@ -446,6 +463,15 @@ mod tests {
         }
         let a = run("run --heads 4 --seqlen-q 33");
         assert_eq!((a.kv_heads(), a.seqlen_k(), a.common.backend, a.head_dim), (4, 33, BackendChoice::Auto, 128));
+    }
+
+    #[test]
+    fn sm90_steps_flag() {
+        assert_eq!(run("run --kernel sm90").sm90_off, Sm90Steps::default());
+        let a = run("run --kernel sm90 --sm90-off persistent,tma-store");
+        assert_eq!(a.sm90_off, Sm90Steps { persistent: false, wide_tile: true, tma_store: false });
+        assert_eq!(run("run --sm90-off=wide-tile").sm90_off.label(), "-no-wide-tile");
+        assert!(p("run --sm90-off pingpong").is_err());
     }
 
     #[test]

@@ -57,6 +57,7 @@ fn run(a: &RunArgs, backend: &Backend, out: &mut Output) -> Result<()> {
                 with_lse: true,
                 variants: a.variants(),
                 kernel: a.common.kernel,
+                sm90_steps: a.sm90_off,
             };
             cases::run_prefill(backend, &case, a.common.seed, copy, dump.as_ref(), &progress)
         }

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::mpsc;
 use std::time::Instant;
 
-use fused_attn::prefill::{PrefillKernel, SM90_HEAD_DIMS, SM90_SOFTCAP_RANGE};
+use fused_attn::prefill::{PrefillKernel, Sm90Steps, SM90_HEAD_DIMS, SM90_SOFTCAP_RANGE};
 use fused_attn::testkit::cases::decode::{
     decode_sweep, decode_sweep_emulated, decode_variant_sweep, perf_cases as decode_perf, DecodeCase,
 };
@@ -220,6 +220,24 @@ pub fn perf_plan(quick: bool, kernel: PrefillKernel, hopper: bool) -> Vec<TimedS
     };
     let plain = |case| TimedShape { case, baseline: None };
     let mut plan: Vec<TimedShape> = pf.into_iter().flat_map(kernels).map(|c| plain(Timed::Prefill(c))).collect();
+    // The sm90 kernel's tuning steps A/B (docs/hopper.md): each D 128 sm90 row of the family again with one
+    // step off, compared with the row that has them all (one shape in `quick`).
+    let sm90_rows: Vec<usize> = (0..plan.len())
+        .filter(|&i| matches!(&plan[i].case, Timed::Prefill(c) if c.kernel == PrefillKernel::Sm90 && c.head_dim == 128))
+        .take(if quick { 1 } else { usize::MAX })
+        .collect();
+    for i in sm90_rows {
+        let Timed::Prefill(full) = plan[i].case.clone() else { continue };
+        let on = Sm90Steps::default();
+        let mut offs = vec![Sm90Steps { persistent: false, ..on }, Sm90Steps { tma_store: false, ..on }];
+        if !full.causal && full.variants.window.is_none() {
+            offs.push(Sm90Steps { wide_tile: false, ..on });
+        }
+        for sm90_steps in offs {
+            let case = PrefillCase { sm90_steps, ..full.clone() };
+            plan.push(TimedShape { case: Timed::Prefill(case), baseline: Some(i) });
+        }
+    }
     plan.extend(dp.into_iter().map(|c| plain(Timed::Decode(c))));
     // The index of `case`'s row, timed (appended) first if the plan lacks it.
     fn index_of(plan: &mut Vec<TimedShape>, case: Timed) -> usize {
@@ -484,6 +502,11 @@ mod tests {
                         assert_eq!((c.heads_q / c.heads_kv, c.head_dim, c.page_size), (4, 128, 16));
                         spec += 1;
                     }
+                    (Timed::Prefill(c), Timed::Prefill(d)) => {
+                        // An sm90 tuning step off against the same shape with every step on.
+                        assert!(hopper && c.kernel == PrefillKernel::Sm90 && c.sm90_steps != Sm90Steps::default());
+                        assert_eq!(&PrefillCase { sm90_steps: Sm90Steps::default(), ..c.clone() }, d);
+                    }
                     _ => panic!("unexpected comparison {row:?} vs {base:?}"),
                 }
             }
@@ -519,12 +542,49 @@ mod tests {
         let plan = perf_plan(false, PrefillKernel::Auto, true);
         let prefill: Vec<&PrefillCase> =
             plan.iter().filter_map(|s| if let Timed::Prefill(c) = &s.case { Some(c) } else { None }).collect();
-        let family: Vec<&&PrefillCase> = prefill.iter().filter(|c| c.seqlen_q == c.seqlen_k).collect();
+        let family: Vec<&&PrefillCase> =
+            prefill.iter().filter(|c| c.seqlen_q == c.seqlen_k && c.sm90_steps == Sm90Steps::default()).collect();
         let both = prefill_perf().iter().filter(|c| sm90_runs(c)).count();
         assert_eq!(family.len(), prefill_perf().len() + both);
         assert!(plan[..family.len()].iter().all(|s| matches!(&s.case, Timed::Prefill(c) if c.seqlen_q == c.seqlen_k)));
         let sm80 = perf_plan(false, PrefillKernel::Sm80, true);
         assert!(sm80.iter().all(|s| !matches!(&s.case, Timed::Prefill(c) if c.kernel != PrefillKernel::Sm80)));
+    }
+
+    /// On Hopper every D 128 sm90 row of the prefill family is timed again with each tuning step off,
+    /// against itself; nowhere else.
+    #[test]
+    fn sm90_steps_are_timed_against_the_full_kernel() {
+        for quick in [false, true] {
+            let plan = perf_plan(quick, PrefillKernel::Auto, true);
+            let ab: Vec<(&PrefillCase, usize)> = plan
+                .iter()
+                .filter_map(|s| match &s.case {
+                    Timed::Prefill(c) if c.sm90_steps != Sm90Steps::default() => Some((c, s.baseline.unwrap())),
+                    _ => None,
+                })
+                .collect();
+            let full: Vec<usize> = (0..plan.len())
+                .filter(|&i| {
+                    matches!(&plan[i].case, Timed::Prefill(c) if c.kernel == PrefillKernel::Sm90
+                        && c.head_dim == 128 && c.seqlen_q == c.seqlen_k && c.sm90_steps == Sm90Steps::default())
+                })
+                .collect();
+            assert!(!full.is_empty());
+            for &i in full.iter().take(if quick { 1 } else { full.len() }) {
+                let Timed::Prefill(f) = &plan[i].case else { unreachable!() };
+                let against: Vec<&PrefillCase> = ab.iter().filter(|(_, b)| *b == i).map(|(c, _)| *c).collect();
+                assert_eq!(against.len(), if f.causal { 2 } else { 3 }, "{}", f.label());
+                for c in against {
+                    assert_eq!(PrefillCase { sm90_steps: Sm90Steps::default(), ..c.clone() }, *f);
+                    assert!(c.label().starts_with("sm90-no-"), "{}", c.label());
+                }
+            }
+        }
+        let elsewhere = perf_plan(false, PrefillKernel::Auto, false);
+        assert!(elsewhere
+            .iter()
+            .all(|s| !matches!(&s.case, Timed::Prefill(c) if c.sm90_steps != Sm90Steps::default())));
     }
 
     #[test]

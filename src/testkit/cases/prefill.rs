@@ -17,7 +17,7 @@ use half::{bf16, f16};
 use crate::dtype::{DType, Element};
 use crate::emu::Emulator;
 use crate::error::{Error, Result};
-use crate::prefill::{prefill, prefill_varlen, PrefillKernel, PrefillOptions};
+use crate::prefill::{prefill, prefill_varlen, PrefillKernel, PrefillOptions, Sm90Steps};
 use crate::reference::{self, Comparison};
 use crate::score_mod::{AlibiSlopes, ScoreMod};
 use crate::tensor::{TensorView, TensorViewMut};
@@ -59,6 +59,8 @@ pub struct PrefillCase {
     pub variants: CaseVariants,
     /// The kernel the case runs (`Auto` unless a test or `--kernel` forces one).
     pub kernel: PrefillKernel,
+    /// The sm_90a kernel's tuning steps (all on unless an A/B row turns one off).
+    pub sm90_steps: Sm90Steps,
 }
 
 impl PrefillCase {
@@ -78,6 +80,7 @@ impl PrefillCase {
             with_lse: true,
             variants: CaseVariants::default(),
             kernel: PrefillKernel::Auto,
+            sm90_steps: Sm90Steps::default(),
         }
     }
     /// Short description for test output and report rows.
@@ -88,8 +91,9 @@ impl PrefillCase {
         };
         let variants = self.variants.label();
         format!(
-            "{}{}{} D={} {} Hq={} Hkv={} {}{:?}{}{}{}",
+            "{}{}{}{} D={} {} Hq={} Hkv={} {}{:?}{}{}{}",
             if self.kernel == PrefillKernel::Auto { "" } else { self.kernel.name() },
+            self.sm90_steps.label(),
             if self.kernel == PrefillKernel::Auto { "" } else { " " },
             self.dtype.name(),
             self.head_dim,
@@ -998,6 +1002,7 @@ fn launch_views<T: Element>(
         scale: f.inputs.scale,
         score_mod: variants.score_mod(&c.variants),
         kernel: c.kernel,
+        sm90_steps: c.sm90_steps,
     };
     match views {
         CaseViews::Dense { q, k, v, mut o, mut lse } => prefill(stream, &q, &k, &v, &mut o, lse.as_mut(), &opts),
