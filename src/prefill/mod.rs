@@ -264,23 +264,13 @@ pub fn prefill<T: Element>(
         batch,
         strides: [s[1], s[2], s[0]],
     };
-    let (q_op, k_op, v_op) =
-        (op(q_ptr, seqlen_q, heads_q, qs), op(k_ptr, seqlen_k, heads_kv, ks), op(v_ptr, seqlen_k, heads_kv, vs));
-    let o_op = op(o_ptr.cast_const(), seqlen_q, heads_q, os);
-    let kv = (seqlen_k > 0).then_some((&k_op, &v_op));
-    sm90::run(
-        launch,
-        "prefill",
-        stream,
-        opts.kernel,
-        choice,
-        params,
-        std::mem::size_of::<T>(),
-        &q_op,
-        kv,
-        Some(&o_op),
-        opts.sm90_steps,
-    )
+    let ops = sm90::Operands {
+        elem_bytes: std::mem::size_of::<T>(),
+        q: op(q_ptr, seqlen_q, heads_q, qs),
+        kv: (seqlen_k > 0).then(|| (op(k_ptr, seqlen_k, heads_kv, ks), op(v_ptr, seqlen_k, heads_kv, vs))),
+        o: Some(op(o_ptr.cast_const(), seqlen_q, heads_q, os)),
+    };
+    sm90::run(launch, "prefill", stream, opts, choice, params, &ops)
 }
 
 /// Sequences (and packed totals) longer than [`MAX_PREFILL_SEQLEN`] are Overflow errors.
@@ -450,22 +440,13 @@ pub fn prefill_varlen<T: Element>(
         batch: 1,
         strides: [s[0], s[1], 0],
     };
-    let (q_op, k_op, v_op) =
-        (op(q_ptr, total_q, heads_q, qs), op(k_ptr, total_k, heads_kv, ks), op(v_ptr, total_k, heads_kv, vs));
-    let kv = (total_k > 0).then_some((&k_op, &v_op));
-    sm90::run(
-        launch,
-        "prefill_varlen",
-        stream,
-        opts.kernel,
-        choice,
-        params,
-        std::mem::size_of::<T>(),
-        &q_op,
-        kv,
-        None,
-        opts.sm90_steps,
-    )
+    let ops = sm90::Operands {
+        elem_bytes: std::mem::size_of::<T>(),
+        q: op(q_ptr, total_q, heads_q, qs),
+        kv: (total_k > 0).then(|| (op(k_ptr, total_k, heads_kv, ks), op(v_ptr, total_k, heads_kv, vs))),
+        o: None,
+    };
+    sm90::run(launch, "prefill_varlen", stream, opts, choice, params, &ops)
 }
 
 #[cfg(test)]

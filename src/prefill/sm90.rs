@@ -264,21 +264,24 @@ impl Operand {
     }
 }
 
-/// The tensor maps of q, k and v for `tile` (k and v only when there are keys: without, zeroed maps the
-/// kernel never reads).
-fn maps(
-    stream: &Stream<'_>,
-    elem_bytes: usize,
-    tile: Sm90Tile,
-    q: &Operand,
-    kv: Option<(&Operand, &Operand)>,
-) -> Result<[sys::FaTensorMap; 3]> {
+/// The operands of one call as the kernel's tensor maps see them.
+pub(crate) struct Operands {
+    pub elem_bytes: usize,
+    pub q: Operand,
+    /// k and v; `None` without keys (zeroed maps, which the kernel never reads).
+    pub kv: Option<(Operand, Operand)>,
+    /// o, for the TMA-store epilogue (dense calls); `None` (varlen): 16-byte stores.
+    pub o: Option<Operand>,
+}
+
+/// The tensor maps of q, k and v for `tile`.
+fn maps(stream: &Stream<'_>, tile: Sm90Tile, ops: &Operands) -> Result<[sys::FaTensorMap; 3]> {
     let name = |e: Error, what: &str| e.context(&format!("prefill kernel sm90: the {what} tensor map"));
-    let q_map = q.encode(stream, elem_bytes, tile.block_m).map_err(|e| name(e, "q"))?;
-    let (k_map, v_map) = match kv {
+    let q_map = ops.q.encode(stream, ops.elem_bytes, tile.block_m).map_err(|e| name(e, "q"))?;
+    let (k_map, v_map) = match &ops.kv {
         Some((k, v)) => (
-            k.encode(stream, elem_bytes, tile.block_n).map_err(|e| name(e, "k"))?,
-            v.encode(stream, elem_bytes, tile.block_n).map_err(|e| name(e, "v"))?,
+            k.encode(stream, ops.elem_bytes, tile.block_n).map_err(|e| name(e, "k"))?,
+            v.encode(stream, ops.elem_bytes, tile.block_n).map_err(|e| name(e, "v"))?,
         ),
         None => (sys::FaTensorMap::default(), sys::FaTensorMap::default()),
     };
@@ -289,27 +292,22 @@ fn maps(
 const O_BOX_ROWS: usize = 16;
 
 /// Runs the chosen kernel. A tensor TMA cannot address (a map error) sends `Auto` to the sm_80 kernel and
-/// is the error itself for a forced `Sm90`. `o`: the output as a map sees it, for the TMA-store epilogue
-/// (dense calls; None for varlen); an O no map can address is stored with 16-byte stores instead.
-#[allow(clippy::too_many_arguments)]
+/// is the error itself for a forced `Sm90`; an O no map can address is stored with 16-byte stores instead.
 pub(crate) fn run(
     launch: Launch<'_>,
     label: &str,
     stream: &Stream<'_>,
-    kernel: PrefillKernel,
+    opts: &super::PrefillOptions<'_>,
     choice: Choice,
     params: sys::FaPrefillParams,
-    elem_bytes: usize,
-    q: &Operand,
-    kv: Option<(&Operand, &Operand)>,
-    o: Option<&Operand>,
-    steps: Sm90Steps,
+    ops: &Operands,
 ) -> Result<()> {
     let Choice::Sm90(tile) = choice else { return launch.run(label, params, sys::fa_prefill) };
-    match maps(stream, elem_bytes, tile, q, kv) {
+    let steps = opts.sm90_steps;
+    match maps(stream, tile, ops) {
         Ok([q_map, k_map, v_map]) => {
-            let o = o.filter(|_| steps.tma_store);
-            let o_map = o.and_then(|o| o.encode(stream, elem_bytes, O_BOX_ROWS).ok());
+            let o = ops.o.as_ref().filter(|_| steps.tma_store);
+            let o_map = o.and_then(|o| o.encode(stream, ops.elem_bytes, O_BOX_ROWS).ok());
             let m_blocks = (params.seqlen_q.max(0) as usize).div_ceil(tile.block_m);
             let tiles = m_blocks * params.heads_q.max(0) as usize * params.batch.max(0) as usize;
             let ctas = if steps.persistent { persistent_ctas(tiles, multiprocessors(stream)?) } else { 0 };
@@ -326,7 +324,7 @@ pub(crate) fn run(
             };
             launch.run(label, p, sys::fa_prefill_sm90)
         }
-        Err(_) if kernel == PrefillKernel::Auto => launch.run(label, params, sys::fa_prefill),
+        Err(_) if opts.kernel == PrefillKernel::Auto => launch.run(label, params, sys::fa_prefill),
         Err(e) => Err(e),
     }
 }
