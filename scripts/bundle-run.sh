@@ -17,7 +17,7 @@
 #                  shapes against the copy bandwidth -> report.jsonl, prefill.png, decode.png; on an H100/H200
 #                  the sweep runs the sm_90a prefill kernel (`--kernel auto`) and every timed prefill shape
 #                  runs on both kernels -> sm90-vs-sm80.txt, and every D 128 sm90 shape again with each
-#                  tuning step off (persistent grid, 128 x 176 tile, TMA-store epilogue) -> sm90-steps.txt
+#                  tuning step off (persistent grid, 128 x 176 tile, TMA-store epilogue, L2 hints) -> sm90-steps.txt
 #   torch-compare  tools/torch_compare.py: PyTorch SDPA flash/cuDNN on the same shapes, bf16 matmul ceiling
 #                  (then `fused-attn plot` redraws prefill.png with that ceiling)
 #   sanitizer      compute-sanitizer memcheck + racecheck on a small prefill and decode (if present); last, so

@@ -280,7 +280,7 @@ void tma_load(void *smem_dst, const void *map, void *bar, const int32_t *coords,
   l.counters.tma_load_bytes += box.bytes;
   if (l2_policy == kL2EvictFirst) l.counters.tma_load_bytes_evict_first += box.bytes;
   else if (l2_policy == kL2EvictLast) l.counters.tma_load_bytes_evict_last += box.bytes;
-  else if (l2_policy != 0) fault(t, "TMA load with an unknown L2 policy %llu", (unsigned long long)l2_policy);
+  else if (l2_policy != 0 && l2_policy != kL2EvictNormal) fault(t, "TMA load with an unknown L2 policy %llu", (unsigned long long)l2_policy);
   track_stream(l, t, map, box);
 }
 

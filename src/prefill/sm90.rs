@@ -99,22 +99,28 @@ pub struct Sm90Steps {
     pub wide_tile: bool,
     /// The TMA-store epilogue of dense calls; off: 16-byte stores as varlen.
     pub tma_store: bool,
+    /// L2 cache hints on the TMA loads (Q evict_first, K and V evict_last); off: evict_normal.
+    pub l2_hints: bool,
 }
 
 impl Default for Sm90Steps {
     fn default() -> Self {
-        Self { persistent: true, wide_tile: true, tma_store: true }
+        Self { persistent: true, wide_tile: true, tma_store: true, l2_hints: true }
     }
 }
 
 impl Sm90Steps {
-    /// The steps that are off, as `-no-persistent-no-wide-tile-no-tma-store` (empty with all on): a
-    /// kernel-name suffix for labels.
+    /// The steps that are off, as `-no-persistent-no-wide-tile-no-tma-store-no-l2-hints` (empty with all
+    /// on): a kernel-name suffix for labels.
     pub fn label(&self) -> String {
         let mut s = String::new();
-        for (on, name) in
-            [(self.persistent, "persistent"), (self.wide_tile, "wide-tile"), (self.tma_store, "tma-store")]
-        {
+        let steps = [
+            (self.persistent, "persistent"),
+            (self.wide_tile, "wide-tile"),
+            (self.tma_store, "tma-store"),
+            (self.l2_hints, "l2-hints"),
+        ];
+        for (on, name) in steps {
             if !on {
                 s.push_str("-no-");
                 s.push_str(name);
@@ -321,6 +327,7 @@ pub(crate) fn run(
                 block_n: tile.block_n as i32,
                 ctas: i32::try_from(ctas).unwrap_or(i32::MAX),
                 o_tma: o_map.is_some() as i32,
+                l2_hints: steps.l2_hints as i32,
             };
             launch.run(label, p, sys::fa_prefill_sm90)
         }

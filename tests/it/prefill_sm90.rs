@@ -410,9 +410,10 @@ fn emulated_sm90_l2_hints_and_tma_store_epilogue() {
 }
 
 /// The tuning steps' A/B switches (`Sm90Steps`, timed by `report` on an H100/H200) compute the same
-/// attention: one CTA per tile instead of the persistent grid, and 16-byte stores instead of the TMA-store
-/// epilogue, give the same bits (each tile's arithmetic does not depend on which CTA runs it or how O
-/// leaves shared memory); 128 × 128 instead of 128 × 176 sums in another order and passes the reference.
+/// attention: one CTA per tile instead of the persistent grid, 16-byte stores instead of the TMA-store
+/// epilogue and evict_normal loads instead of the L2 hints give the same bits (a tile's arithmetic does not
+/// depend on which CTA runs it, how O leaves shared memory or how long its inputs stay in L2); 128 × 128
+/// instead of 128 × 176 sums in another order and passes the reference.
 /// The counters show each switch took effect.
 #[test]
 fn emulated_sm90_steps_compute_the_same_attention() {
@@ -442,4 +443,7 @@ fn emulated_sm90_steps_compute_the_same_attention() {
     assert!(o == all, "the TMA-store epilogue changed the result");
     let (_, k) = run(Sm90Steps { wide_tile: false, ..on });
     assert_eq!(k.kernel, "fa_prefill_sm90_bf16_d128");
+    let (o, k) = run(Sm90Steps { l2_hints: false, ..on });
+    assert_eq!((k.tma_load_bytes_evict_first, k.tma_load_bytes_evict_last), (0, 0), "evict_normal loads");
+    assert!(o == all, "the L2 hints changed the result");
 }

@@ -396,6 +396,8 @@ typedef struct FaEmuTensorMap {
  * o_tma: 1 when o_map (box 64 x 16 rows x 1 x 1, 128B swizzle, o's strides; dense calls only: a varlen box
  * would write into the next sequence) is valid: the epilogue stores O by TMA (fa/hopper/epilogue.cuh); 0:
  * 16-byte stores.
+ * l2_hints: 1 = Q tiles loaded evict_first and K/V evict_last in L2 (FA3's hints), 0 = every load
+ * evict_normal.
  * ctas: the persistent grid (CTAs resident at once: SM count x occupancy, src/prefill/sm90.rs); the launch
  * has min(ctas, work tiles) CTAs, each walking the tiles ctas apart (fa/hopper/tile_scheduler.cuh); 0 = one
  * CTA per tile. */
@@ -408,6 +410,7 @@ typedef struct FaPrefillSm90Params {
   int32_t block_m, block_n;
   int32_t ctas;
   int32_t o_tma;
+  int32_t l2_hints;
 } FaPrefillSm90Params;
 
 int fa_prefill_sm90(FaPrefillSm90Params params, FaExec *exec);

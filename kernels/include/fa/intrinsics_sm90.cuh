@@ -18,7 +18,7 @@
 //  - mbarrier: mbarrier_init (one thread, then fence_mbarrier_init, then a barrier), mbarrier_arrive, mbarrier_arrive_expect_tx,
 //    mbarrier_wait (try_wait.parity in a loop: returns once the phase with that parity has completed).
 //  - TMA: tma_load (box -> shared, completes on an mbarrier with the whole box's bytes; optionally with an
-//    L2 eviction priority, l2_evict_first() / l2_evict_last()), tma_store (shared -> box), tma_store_commit,
+//    L2 eviction priority, l2_evict_first() / l2_evict_last() / l2_evict_normal()), tma_store (shared -> box), tma_store_commit,
 //    tma_store_wait<N> (the writes done) and tma_store_wait_read<N> (only the source read: the shared bytes
 //    may be reused; CUTLASS's tma_store_wait); fence_proxy_async() after ordinary shared stores that wgmma
 //    or a TMA store will read.
@@ -215,6 +215,11 @@ FA_DEVICE L2Policy l2_evict_last() {
   asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p.bits));
   return p;
 }
+FA_DEVICE L2Policy l2_evict_normal() {
+  L2Policy p;
+  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p.bits));
+  return p;
+}
 // A 4-D TMA load (the prefill kernel's maps) with an L2 cache policy.
 FA_DEVICE void tma_load(void *smem_dst, const FaTensorMap *map, uint64_t *bar, const int32_t (&c)[4], L2Policy policy) {
   const uint32_t dst = smem_addr(smem_dst), mb = smem_addr(bar);
@@ -321,6 +326,7 @@ template <int pending> FA_DEVICE void tma_store_wait() { emu::tma_store_wait(pen
 template <int pending> FA_DEVICE void tma_store_wait_read() { emu::tma_store_wait(pending); }
 FA_DEVICE L2Policy l2_evict_first() { return L2Policy{emu::kL2EvictFirst}; }
 FA_DEVICE L2Policy l2_evict_last() { return L2Policy{emu::kL2EvictLast}; }
+FA_DEVICE L2Policy l2_evict_normal() { return L2Policy{emu::kL2EvictNormal}; }
 FA_DEVICE void tma_load(void *smem_dst, const FaTensorMap *map, uint64_t *bar, const int32_t (&c)[4], L2Policy policy) {
   emu::tma_load(smem_dst, map, bar, c, 4, policy.bits);
 }

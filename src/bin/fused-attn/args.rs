@@ -138,7 +138,8 @@ fn parse_sm90_off(s: &str) -> std::result::Result<Sm90Steps, String> {
             "persistent" => steps.persistent = false,
             "wide-tile" => steps.wide_tile = false,
             "tma-store" => steps.tma_store = false,
-            _ => return Err(format!("unknown sm90 step {name:?} (persistent, wide-tile, tma-store)")),
+            "l2-hints" => steps.l2_hints = false,
+            _ => return Err(format!("unknown sm90 step {name:?} (persistent, wide-tile, tma-store, l2-hints)")),
         }
     }
     Ok(steps)
@@ -195,7 +196,7 @@ pub struct RunArgs {
     /// Bottom-right aligned causal mask [prefill; paged-prefill, where it is the default].
     #[arg(long)]
     pub causal: bool,
-    /// sm90 prefill only: tuning steps to turn off, comma-separated — persistent, wide-tile, tma-store
+    /// sm90 prefill only: tuning steps to turn off, comma-separated — persistent, wide-tile, tma-store, l2-hints
     /// (docs/hopper.md; `report` on an H100/H200 times each one off by itself).
     #[arg(long, value_parser = parse_sm90_off, default_value = "", value_name = "STEPS")]
     pub sm90_off: Sm90Steps,
@@ -469,7 +470,8 @@ mod tests {
     fn sm90_steps_flag() {
         assert_eq!(run("run --kernel sm90").sm90_off, Sm90Steps::default());
         let a = run("run --kernel sm90 --sm90-off persistent,tma-store");
-        assert_eq!(a.sm90_off, Sm90Steps { persistent: false, wide_tile: true, tma_store: false });
+        assert_eq!(a.sm90_off, Sm90Steps { persistent: false, tma_store: false, ..Sm90Steps::default() });
+        assert!(!run("run --sm90-off l2-hints").sm90_off.l2_hints);
         assert_eq!(run("run --sm90-off=wide-tile").sm90_off.label(), "-no-wide-tile");
         assert!(p("run --sm90-off pingpong").is_err());
     }

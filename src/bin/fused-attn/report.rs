@@ -229,7 +229,11 @@ pub fn perf_plan(quick: bool, kernel: PrefillKernel, hopper: bool) -> Vec<TimedS
     for i in sm90_rows {
         let Timed::Prefill(full) = plan[i].case.clone() else { continue };
         let on = Sm90Steps::default();
-        let mut offs = vec![Sm90Steps { persistent: false, ..on }, Sm90Steps { tma_store: false, ..on }];
+        let mut offs = vec![
+            Sm90Steps { persistent: false, ..on },
+            Sm90Steps { tma_store: false, ..on },
+            Sm90Steps { l2_hints: false, ..on },
+        ];
         if !full.causal && full.variants.window.is_none() {
             offs.push(Sm90Steps { wide_tile: false, ..on });
         }
@@ -574,7 +578,7 @@ mod tests {
             for &i in full.iter().take(if quick { 1 } else { full.len() }) {
                 let Timed::Prefill(f) = &plan[i].case else { unreachable!() };
                 let against: Vec<&PrefillCase> = ab.iter().filter(|(_, b)| *b == i).map(|(c, _)| *c).collect();
-                assert_eq!(against.len(), if f.causal { 2 } else { 3 }, "{}", f.label());
+                assert_eq!(against.len(), if f.causal { 3 } else { 4 }, "{}", f.label());
                 for c in against {
                     assert_eq!(PrefillCase { sm90_steps: Sm90Steps::default(), ..c.clone() }, *f);
                     assert!(c.label().starts_with("sm90-no-"), "{}", c.label());

@@ -94,8 +94,9 @@ void fence_mbarrier_init();
 void check_smem_aligned_1024(const void *smem);
 
 // TMA (cp.async.bulk.tensor, tiled): `map` is an FaTensorMap holding an FaEmuTensorMap (abi.h).
-// l2_policy: 0 (none), kL2EvictFirst or kL2EvictLast (the bytes loaded under each are counted).
-enum : uint64_t { kL2EvictFirst = 1, kL2EvictLast = 2 };
+// l2_policy: 0 (none), kL2EvictFirst, kL2EvictLast (the bytes loaded under each are counted) or
+// kL2EvictNormal.
+enum : uint64_t { kL2EvictFirst = 1, kL2EvictLast = 2, kL2EvictNormal = 3 };
 void tma_load(void *smem_dst, const void *map, void *bar, const int32_t *coords, int rank, uint64_t l2_policy = 0);
 void tma_store(const void *map, const int32_t *coords, int rank, const void *smem_src);
 void tma_store_commit();

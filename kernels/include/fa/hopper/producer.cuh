@@ -48,7 +48,9 @@ FA_DEVICE void produce(const FaPrefillSm90Params &p, unsigned char *smem, const 
     return;
   }
   mbarrier_arrive_expect_tx(bars.q_full(), Tr::kQBytes);
-  const L2Policy q_policy = l2_evict_first(), kv_policy = l2_evict_last();
+  const bool hints = p.l2_hints != 0; // off: evict_normal, the A/B baseline (Sm90Steps::l2_hints)
+  const L2Policy q_policy = hints ? l2_evict_first() : l2_evict_normal();
+  const L2Policy kv_policy = hints ? l2_evict_last() : l2_evict_normal();
   load_panels<Tr>(smem, Tr::kQPanelBytes, &p.q_map, bars.q_full(), at.q_row0, at.head, at.batch, q_policy);
   auto stage = [&](const PipelineState<Tr::kStages> &s) { return smem + Tr::kQBytes + s.stage * Tr::kStageBytes; };
   auto load_k = [&](int n, const PipelineState<Tr::kStages> &s) {
