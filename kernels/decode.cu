@@ -73,24 +73,26 @@ template <class T> FA_DEVICE float half_to_float(uint16_t bits) {
 }
 template <class T> FA_DEVICE uint16_t float_to_half(float x) { return (uint16_t)(pack2<T>(x, 0.0f) & 0xffffu); }
 
-// Rotates the first `rows` Q rows of the swizzled tile q_smem in place at table row `row_t` (every thread
-// takes whole pairs, strided over (row, pair)), then a barrier: the warps read them after it.
+// Rotates the first `rows` Q rows of the swizzled tile q_smem in place at table row `row_t`, then a barrier:
+// the warps read them after it. Thread i takes pair i of every row (the rows share one position: one
+// sequence), so each (cos, sin) is loaded once per CTA; both elements of a pair are its own, so the
+// in-place update needs no barrier of its own.
 template <class T, int D>
 FA_DEVICE void rotate_q_tile(const FaRope &r, unsigned char *q_smem, int rows, int row_t) {
   const int half = r.rotary_dim / 2;
-  for (int item = thread_idx(); item < rows * half; item += Traits<D>::kThreads) {
-    const int row = item / half;
-    const int i = item % half;
+  for (int i = thread_idx(); i < half; i += Traits<D>::kThreads) {
     const int ja = r.style == FA_ROPE_GPTJ ? 2 * i : i;
     const int jb = r.style == FA_ROPE_GPTJ ? 2 * i + 1 : i + half;
-    uint16_t *a = q_element<T, D>(q_smem, row, ja);
-    uint16_t *b = q_element<T, D>(q_smem, row, jb);
-    const float xa = half_to_float<T>(ld_shared(a));
-    const float xb = half_to_float<T>(ld_shared(b));
     float c, sn;
     rope_cos_sin(r, row_t, i, c, sn);
-    st_shared(a, float_to_half<T>(rope_rotate(xa, xb, c, sn, true)));
-    st_shared(b, float_to_half<T>(rope_rotate(xb, xa, c, sn, false)));
+    for (int row = 0; row < rows; ++row) {
+      uint16_t *a = q_element<T, D>(q_smem, row, ja);
+      uint16_t *b = q_element<T, D>(q_smem, row, jb);
+      const float xa = half_to_float<T>(ld_shared(a));
+      const float xb = half_to_float<T>(ld_shared(b));
+      st_shared(a, float_to_half<T>(rope_rotate(xa, xb, c, sn, true)));
+      st_shared(b, float_to_half<T>(rope_rotate(xb, xa, c, sn, false)));
+    }
   }
   sync_threads();
 }

@@ -419,6 +419,31 @@ mod tests {
         assert_eq!(t.at(0, 5).0, y.attention_factor() as f32);
     }
 
+    /// The fp32 model is the f64 rotation to within the two roundings of an fma chain (|a| + |b| times
+    /// 2^-23), at every pair of a Llama-3 table's far positions.
+    #[test]
+    fn fp32_model_is_the_f64_rotation_rounded() {
+        let cfg = RopeConfig { scaling: RopeScaling::llama31(), ..RopeConfig::new(500000.0, 64, RopeStyle::Neox) };
+        let t = cfg.table(1 << 17).unwrap();
+        for style in [RopeStyle::Neox, RopeStyle::Gptj] {
+            for p in [0usize, 1, 4095, 131071] {
+                let x: Vec<f32> = (0..80).map(|j| ((j * 37 % 19) as f32 - 9.0) / 4.0).collect();
+                let (mut a, mut b) = (x.clone(), x.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>());
+                rotate_row_f32(&mut a, 64, style, |i| t.at(p, i));
+                rotate_row_f64(&mut b, 64, style, |i| {
+                    let (c, s) = t.at(p, i);
+                    (f64::from(c), f64::from(s))
+                });
+                for j in 0..80 {
+                    let (_, partner, _) = if j < 64 { style.pair(j, 64) } else { (0, j, true) };
+                    let bound = f64::from(x[j].abs() + x[partner].abs()) * 2f64.powi(-23);
+                    assert!((f64::from(a[j]) - b[j]).abs() <= bound, "{style:?} p {p} j {j}: {} vs {}", a[j], b[j]);
+                }
+                assert_eq!(a[64..], x[64..]);
+            }
+        }
+    }
+
     #[test]
     fn rotations_pair_the_layouts() {
         assert_eq!(RopeStyle::Neox.pair(1, 8), (1, 5, true));

@@ -449,7 +449,7 @@ fn score_variants_pass_through_the_candle_ops() -> Result<()> {
     )
     .unwrap();
     let q1h = host(&q1)?;
-    let opts = DecodeOptions { scale: Some(scale), num_splits: None, score_mod };
+    let opts = DecodeOptions { scale: Some(scale), num_splits: None, score_mod, rope: None };
     let decode_check = |o: &Tensor| {
         let oh = host(o).unwrap();
         let shape = [lens.len(), hq, d];

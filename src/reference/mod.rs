@@ -27,6 +27,8 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 
 mod check;
+mod rope;
+pub use rope::RopeRef;
 pub use check::{check_decode, check_paged_prefill, check_prefill, check_prefill_varlen, Check, PagedCacheData};
 
 /// A dense (padded-batch) attention problem.

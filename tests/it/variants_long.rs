@@ -363,7 +363,7 @@ fn run_as<T: Element>(emu: &Emulator, p: &Problem, op: Op, seed: u64) -> Outputs
                 max_len,
             )
             .unwrap();
-            let opts = DecodeOptions { scale: Some(p.scale), num_splits: forced, score_mod };
+            let opts = DecodeOptions { scale: Some(p.scale), num_splits: forced, score_mod, rope: None };
             let problem =
                 fused_attn::DecodeProblem { batch: b, heads_q: hq, heads_kv: hkv, head_dim: d, max_seq_len: max_len }
                     .windowed(p.window.and_then(|w| usize::try_from(w.0).ok()));

@@ -667,6 +667,7 @@ pub fn run_emulated_on<T: Element>(
         scale: f.inputs.scale,
         num_splits: case.num_splits,
         score_mod: variants.score_mod(&case.variants),
+        rope: None,
     };
     let mut own;
     let ws = match workspace {
@@ -780,6 +781,7 @@ impl<T: Element, C: KvCacheOf<T>> GpuCase<T, C> {
             scale: f.inputs.scale,
             num_splits: c.num_splits,
             score_mod: variants.score_mod(&c.variants),
+            rope: None,
         };
         decode(
             &Stream::Gpu(cu),

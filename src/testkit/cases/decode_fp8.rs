@@ -311,8 +311,12 @@ pub fn decode_fp8<T: Element, C: Fp8Element + KvCacheOf<T>>(
     let variants = VariantViews::new(&c.variants, b, hq, |sinks, n| {
         TensorView::host(&(if sinks { &s.sinks } else { &s.alibi_slopes })[..n], [n])
     })?;
-    let opts =
-        DecodeOptions { scale: s.inputs.scale, num_splits: c.num_splits, score_mod: variants.score_mod(&c.variants) };
+    let opts = DecodeOptions {
+        scale: s.inputs.scale,
+        num_splits: c.num_splits,
+        score_mod: variants.score_mod(&c.variants),
+        rope: None,
+    };
     let plan = DecodeWorkspace::new(stream, 0, 0)?.plan(&c.problem(), &opts)?;
     let mut ws = DecodeWorkspace::for_plan(stream, &plan)?;
     let mut o = vec![T::nan(); b * hq * d];
