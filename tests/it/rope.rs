@@ -385,6 +385,7 @@ fn decode_rope_sweep_against_the_reference() {
         seq_lens: vec![0, 1, 17, 300, 1000],
         num_splits,
         variants: Default::default(),
+        rope: None,
     };
     let cfg = |theta, rd, style, scaling| RopeConfig { theta, rotary_dim: rd, style, scaling };
     use RopeStyle::{Gptj, Neox};
@@ -548,6 +549,7 @@ fn append_then_decode_with_rope_fp8_and_16_bit() {
         seq_lens: vec![0, 1, 40, 333],
         num_splits: Some(2),
         variants: Default::default(),
+        rope: None,
     };
     let f = PagedFixture::<bf16>::new(&case, seed);
     let (b, hq, d, hkv) = (case.batch(), case.heads_q, case.head_dim, case.heads_kv);
@@ -676,6 +678,7 @@ fn rope_reads_q_and_k_once_and_writes_them_nowhere() {
         seq_lens: vec![5, 60],
         num_splits: Some(1),
         variants: Default::default(),
+        rope: None,
     };
     let f = PagedFixture::<bf16>::new(&case, 7);
     let cache = PagedKvCache::new(
@@ -746,4 +749,36 @@ fn bad_rope_inputs_are_typed_errors() {
     assert!(RopeConfig { scaling: RopeScaling::Linear { factor: 0.0 }, ..RopeConfig::new(10000.0, 64, RopeStyle::Neox) }
         .table(4)
         .is_err());
+}
+
+/// The testkit harness (what the runner's `run --op decode --rope-theta …` and the GPU bundle use) with RoPE
+/// cases: 16-bit and FP8 caches, default and explicit positions, a partial-rotary YaRN table.
+#[test]
+fn decode_harness_runs_rope_cases() {
+    use fused_attn::testkit::cases::decode::{check_case_emulated, CaseRope};
+    use fused_attn::testkit::cases::decode_fp8::{check_fp8_case_emulated, Fp8DecodeCase};
+    let emu = Emulator::new();
+    let yarn = RopeConfig { theta: 10000.0, rotary_dim: 64, style: RopeStyle::Gptj, scaling: RopeScaling::yarn(8.0, 4096) };
+    let l3 = RopeConfig { theta: 500000.0, rotary_dim: 128, style: RopeStyle::Neox, scaling: RopeScaling::llama31() };
+    for (i, (config, explicit)) in [(yarn, true), (l3, false)].into_iter().enumerate() {
+        let case = DecodeCase {
+            dtype: DType::Bf16,
+            head_dim: 128,
+            heads_q: 16,
+            heads_kv: 4,
+            page_size: 16,
+            seq_lens: vec![0, 3, 129, 700],
+            num_splits: Some(3),
+            variants: Default::default(),
+            rope: Some(CaseRope { config, explicit_positions: explicit }),
+        };
+        let seed = common::case_seed(28_400 + i);
+        let o = check_case_emulated(&emu, &case, seed).unwrap();
+        eprintln!("{}: {}", case.label(), o.summary());
+        assert!(o.passed(), "{}: {}", case.label(), o.summary());
+        let fp8 = Fp8DecodeCase { base: case.clone(), format: Fp8Format::E4m3, scales: fused_attn::ScaleKind::PerHead };
+        let o = check_fp8_case_emulated(&emu, &fp8, seed).unwrap();
+        eprintln!("{}: {}", fp8.label(), o.summary());
+        assert!(o.passed(), "{}: {}", fp8.label(), o.summary());
+    }
 }

@@ -960,6 +960,7 @@ fn random_long_context_sweeps() {
             seq_lens: if i == 4 { vec![32_768, 4100] } else { vec![[16_384, 4096, 8192, 12_000][i], 5000] },
             num_splits: [Some(1), Some(4), None, Some(2), None][i],
             variants: v,
+            rope: None,
         };
         let start = std::time::Instant::now();
         let mut f = PagedFixture::<bf16>::with_inputs(&c, &DecodeInputs::default(), seed + 2);

@@ -70,6 +70,7 @@ fn run(a: &RunArgs, backend: &Backend, out: &mut Output) -> Result<()> {
                 seq_lens: a.context_lens(),
                 num_splits: a.num_splits,
                 variants: a.variants(),
+                rope: a.rope()?,
             };
             match a.kv_dtype().fp8() {
                 Some(format) => {
