@@ -554,6 +554,35 @@ mod tests {
     }
 
     #[test]
+    fn rope_flags() {
+        let a = run("run --op decode --head-dim 80 --rope-theta 10000 --rope-style gptj --rotary-dim 20 --rope-scaling yarn:4:2048 --rope-positions explicit");
+        let r = a.rope().unwrap().unwrap();
+        assert_eq!((r.config.theta, r.config.rotary_dim, r.config.style), (10000.0, 20, RopeStyle::Gptj));
+        assert_eq!(r.config.scaling, RopeScaling::yarn(4.0, 2048));
+        assert!(r.explicit_positions);
+        let r = run("run --op decode --rope-theta 500000 --rope-scaling llama3").rope().unwrap().unwrap();
+        assert_eq!((r.config.rotary_dim, r.config.scaling, r.explicit_positions), (128, RopeScaling::llama31(), false));
+        assert_eq!(parse_rope_scaling("linear:2").unwrap(), RopeScaling::Linear { factor: 2.0 });
+        assert_eq!(parse_rope_scaling("ntk:4").unwrap(), RopeScaling::Ntk { factor: 4.0 });
+        assert_eq!(
+            parse_rope_scaling("llama3:8:1:4:8192").unwrap(),
+            RopeScaling::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_pos: 8192 }
+        );
+        assert!(run("run --op decode").rope().unwrap().is_none());
+        for bad in [
+            "run --op decode --rope-theta 10000 --rotary-dim 7",
+            "run --op decode --rope-theta 10000 --rotary-dim 256",
+            "run --op decode --rope-theta 10000 --rope-scaling yarn:4",
+            "run --op decode --rope-theta 10000 --rope-scaling cubic:2",
+            "run --op decode --rope-style gptj",
+            "run --op prefill --rope-theta 10000",
+            "run --op paged-prefill --rope-theta 10000",
+        ] {
+            assert!(matches!(p(bad), Err(e) if e.kind() == &fused_attn::ErrorKind::Usage), "{bad}");
+        }
+    }
+
+    #[test]
     fn clap_definition_is_consistent() {
         Cli::command().debug_assert();
     }
