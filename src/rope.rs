@@ -135,7 +135,10 @@ impl RopeConfig {
             }
             RopeScaling::Yarn { factor, original_max_pos, beta_fast, beta_slow, .. } => {
                 if !(original_max_pos > 0 && beta_fast > 0.0 && beta_slow > 0.0) {
-                    return Err(Error::unsupported("rope_scaling", "yarn needs original_max_pos, beta_fast, beta_slow > 0"));
+                    return Err(Error::unsupported(
+                        "rope_scaling",
+                        "yarn needs original_max_pos, beta_fast, beta_slow > 0",
+                    ));
                 }
                 factor
             }
@@ -297,7 +300,10 @@ impl<'a> Rope<'a> {
         }
         let [sin_pos, sin_cols] = self.sin.shape();
         if sin_pos != max_pos || sin_cols < rd / 2 {
-            return Err(Error::shape("rope_sin", format!("shape {:?} does not match cos {:?}", self.sin.shape(), self.cos.shape())));
+            return Err(Error::shape(
+                "rope_sin",
+                format!("shape {:?} does not match cos {:?}", self.sin.shape(), self.cos.shape()),
+            ));
         }
         i32::try_from(max_pos).map_err(|_| Error::overflow("rope_cos", format!("{max_pos} positions")))?;
         for (name, v) in [("rope_cos", self.cos), ("rope_sin", self.sin)] {
@@ -331,7 +337,9 @@ impl<'a> Rope<'a> {
                     return Err(Error::layout("rope_positions", "must be contiguous"));
                 }
                 if let Mem::Host(h) = &p.mem {
-                    if let Some((i, &x)) = h.iter().take(positions_len).enumerate().find(|(_, &x)| x < 0 || x as usize >= max_pos) {
+                    if let Some((i, &x)) =
+                        h.iter().take(positions_len).enumerate().find(|(_, &x)| x < 0 || x as usize >= max_pos)
+                    {
                         return Err(Error::out_of_bounds(
                             "rope_positions",
                             format!("position {x} of row {i} is outside the table's {max_pos} positions"),
@@ -405,7 +413,8 @@ mod tests {
         let l3 = RopeConfig { scaling: RopeScaling::llama31(), ..base }.inv_freq();
         assert_eq!(l3[0], f0[0]);
         assert!((l3[63] * 8.0 / f0[63] - 1.0).abs() < 1e-12);
-        let mid: Vec<usize> = (0..64).filter(|&i| l3[i] != f0[i] && (l3[i] * 8.0 / f0[i] - 1.0).abs() > 1e-12).collect();
+        let mid: Vec<usize> =
+            (0..64).filter(|&i| l3[i] != f0[i] && (l3[i] * 8.0 / f0[i] - 1.0).abs() > 1e-12).collect();
         assert!(!mid.is_empty());
         assert!(mid.iter().all(|&i| l3[i] < f0[i] && l3[i] > f0[i] / 8.0));
         // YaRN: extrapolated (kept) at high frequencies, interpolated (÷ factor) at low ones.

@@ -512,7 +512,8 @@ impl DecodeArgs<'_> {
                     None => None,
                 };
                 self.variants.with_score_mod::<S, _>(|score_mod| {
-                    let opts = DecodeOptions { scale: Some(self.softmax_scale), num_splits: None, score_mod, rope: None };
+                    let opts =
+                        DecodeOptions { scale: Some(self.softmax_scale), num_splits: None, score_mod, rope: None };
                     let mut o_view = o.view([b, hq, d])?;
                     Ok(decode(&backend.stream(), &q, &cache, &mut o_view, lse_view.as_mut(), workspace, &opts)?)
                 })?;

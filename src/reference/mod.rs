@@ -28,8 +28,8 @@ use crate::error::{Error, Result};
 
 mod check;
 mod rope;
-pub use rope::RopeRef;
 pub use check::{check_decode, check_paged_prefill, check_prefill, check_prefill_varlen, Check, PagedCacheData};
+pub use rope::RopeRef;
 
 /// A dense (padded-batch) attention problem.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -65,7 +65,14 @@ impl RopeRef {
 
     /// The naive twin: each row (values of `dtype`) rotated in fp32 as the kernels do, then rounded to
     /// `dtype` (what a separate rotary kernel writes).
-    pub fn rotate_lowp(&self, x: &mut [f64], head_dim: usize, rows_per_position: usize, positions: &[i64], dtype: DType) {
+    pub fn rotate_lowp(
+        &self,
+        x: &mut [f64],
+        head_dim: usize,
+        rows_per_position: usize,
+        positions: &[i64],
+        dtype: DType,
+    ) {
         for (r, row) in x.chunks_mut(head_dim).enumerate() {
             let pos = positions[r / rows_per_position];
             let mut f: Vec<f32> = row.iter().map(|&v| v as f32).collect();

@@ -20,8 +20,8 @@ use fused_attn::testkit::cases::decode::{DecodeCase, PagedFixture};
 use fused_attn::testkit::seed::rng;
 use fused_attn::{
     append_with, decode, AppendOptions, DType, Element, Emulator, ErrorKind, Fp8E4m3, Fp8E5m2, Fp8Format, KvCacheOf,
-    KvScales, PagedKvCache, PagedKvCacheMut, Rope, RopeConfig, RopeScaling, RopeStyle, SplitPolicy, Stream,
-    TensorView, TensorViewMut,
+    KvScales, PagedKvCache, PagedKvCacheMut, Rope, RopeConfig, RopeScaling, RopeStyle, SplitPolicy, Stream, TensorView,
+    TensorViewMut,
 };
 use half::{bf16, f16};
 use rand::seq::SliceRandom;
@@ -194,8 +194,12 @@ fn check_append_case<T: Element>(stream: &Stream<'_>, c: &AppendCase, seed: u64)
         Store::Fp8(f) => {
             let scales = KvScales::per_head(stream, &k_scale, &v_scale).unwrap();
             match f {
-                Fp8Format::E4m3 => run_append::<T, Fp8E4m3>(stream, shape, Fp8E4m3(0x7f), Some(&scales), &k, &v, &slots, Some(rope)),
-                Fp8Format::E5m2 => run_append::<T, Fp8E5m2>(stream, shape, Fp8E5m2(0x7f), Some(&scales), &k, &v, &slots, Some(rope)),
+                Fp8Format::E4m3 => {
+                    run_append::<T, Fp8E4m3>(stream, shape, Fp8E4m3(0x7f), Some(&scales), &k, &v, &slots, Some(rope))
+                }
+                Fp8Format::E5m2 => {
+                    run_append::<T, Fp8E5m2>(stream, shape, Fp8E5m2(0x7f), Some(&scales), &k, &v, &slots, Some(rope))
+                }
             }
         }
     }
@@ -210,7 +214,7 @@ fn check_append_case<T: Element>(stream: &Stream<'_>, c: &AppendCase, seed: u64)
         if s < 0 || s >= num_slots as i64 {
             continue;
         }
-        for h in 0..hkv {
+        for (h, &v_scale_h) in v_scale.iter().enumerate() {
             let row = (t * hkv + h) * d;
             let mut x: Vec<f32> = k[row..row + d].iter().map(|e| e.to_f64() as f32).collect();
             fused_attn::rope::rotate_row_f32(&mut x, c.rotary_dim, c.style, |i| {
@@ -219,7 +223,7 @@ fn check_append_case<T: Element>(stream: &Stream<'_>, c: &AppendCase, seed: u64)
             let at = (s as usize * hkv + h) * d;
             for j in 0..d {
                 want_k[at + j] = stored::<T>(c.store, x[j], ks(h));
-                let vscale = if c.store == Store::Sixteen { 1.0 } else { v_scale[h] };
+                let vscale = if c.store == Store::Sixteen { 1.0 } else { v_scale_h };
                 want_v[at + j] = stored::<T>(c.store, v[row + j].to_f64() as f32, vscale);
             }
         }
@@ -249,7 +253,11 @@ fn append_rope_sweep_matches_the_model_bit_for_bit() {
             failed.push(i);
         }
     }
-    assert!(failed.is_empty(), "cases {failed:?} failed; {}", common::rerun("rope", "append_rope_sweep_matches_the_model_bit_for_bit", None));
+    assert!(
+        failed.is_empty(),
+        "cases {failed:?} failed; {}",
+        common::rerun("rope", "append_rope_sweep_matches_the_model_bit_for_bit", None)
+    );
 }
 
 /// A one-hot K row e_j rotated at position p holds exactly the table's entries of p: for j the first of
@@ -259,7 +267,9 @@ fn append_rope_sweep_matches_the_model_bit_for_bit() {
 fn append_rotates_one_hot_rows_to_the_table_entries() {
     let emu = Emulator::new();
     let stream = Stream::Emu(&emu);
-    for (style, d, rd) in [(RopeStyle::Neox, 64, 64), (RopeStyle::Gptj, 64, 64), (RopeStyle::Neox, 80, 20), (RopeStyle::Gptj, 48, 16)] {
+    for (style, d, rd) in
+        [(RopeStyle::Neox, 64, 64), (RopeStyle::Gptj, 64, 64), (RopeStyle::Neox, 80, 20), (RopeStyle::Gptj, 48, 16)]
+    {
         let cfg = RopeConfig::new(10000.0, rd, style);
         let n = d; // token j carries e_j
         let positions: Vec<i32> = (0..n as i32).map(|j| 3 + 97 * j).collect();
@@ -274,7 +284,8 @@ fn append_rotates_one_hot_rows_to_the_table_entries() {
             k[j * d + j] = bf16::ONE;
         }
         let slots: Vec<i64> = (0..n as i64).collect();
-        let (kc, _) = run_append::<bf16, bf16>(&stream, [n, 1, 1, d], bf16::NAN, None, &k, &k, &slots, Some(rope)).unwrap();
+        let (kc, _) =
+            run_append::<bf16, bf16>(&stream, [n, 1, 1, d], bf16::NAN, None, &k, &k, &slots, Some(rope)).unwrap();
         let full = cfg.table(max_pos).unwrap();
         for j in 0..n {
             let row = &kc[j * d..][..d];
@@ -292,7 +303,12 @@ fn append_rotates_one_hot_rows_to_the_table_entries() {
                 want[j] = 1.0;
             }
             for e in 0..d {
-                assert!(same_value(row[e], want[e]) || (row[e] == 0.0 && want[e] == 0.0), "{style:?} rd {rd}: token {j} dim {e}: {} want {}", row[e], want[e]);
+                assert!(
+                    same_value(row[e], want[e]) || (row[e] == 0.0 && want[e] == 0.0),
+                    "{style:?} rd {rd}: token {j} dim {e}: {} want {}",
+                    row[e],
+                    want[e]
+                );
             }
         }
     }
@@ -395,7 +411,12 @@ fn decode_rope_sweep_against_the_reference() {
         (dc(DType::Bf16, 128, 16, 2, 8, None), cfg(500000.0, 128, Neox, RopeScaling::llama31()), true, false),
         (dc(DType::F16, 64, 4, 4, 64, Some(7)), cfg(10000.0, 64, Gptj, RopeScaling::yarn(4.0, 2048)), false, false),
         (dc(DType::Bf16, 80, 20, 1, 16, Some(2)), cfg(10000.0, 20, Neox, RopeScaling::None), false, false),
-        (dc(DType::F16, 256, 8, 2, 16, Some(1)), cfg(10000.0, 128, Gptj, RopeScaling::Ntk { factor: 4.0 }), true, false),
+        (
+            dc(DType::F16, 256, 8, 2, 16, Some(1)),
+            cfg(10000.0, 128, Gptj, RopeScaling::Ntk { factor: 4.0 }),
+            true,
+            false,
+        ),
         (dc(DType::Bf16, 96, 8, 1, 1, None), cfg(10000.0, 48, Neox, RopeScaling::Linear { factor: 2.0 }), true, true),
         (dc(DType::Bf16, 128, 8, 2, 16, None), cfg(500000.0, 128, Neox, RopeScaling::llama31()), false, true),
     ];
@@ -417,7 +438,11 @@ fn decode_rope_sweep_against_the_reference() {
             failed.push(i);
         }
     }
-    assert!(failed.is_empty(), "cases {failed:?} failed; {}", common::rerun("rope", "decode_rope_sweep_against_the_reference", None));
+    assert!(
+        failed.is_empty(),
+        "cases {failed:?} failed; {}",
+        common::rerun("rope", "decode_rope_sweep_against_the_reference", None)
+    );
 }
 
 /// A one-token cache whose K was appended with RoPE at position `pk`, and a decode of `q` at position
@@ -437,13 +462,15 @@ fn one_key_score(
 ) -> Vec<f32> {
     let d = k.len();
     let hq = q.len() / d;
-    let (cv, sv) = (TensorView::host(cos, [max_pos, rd / 2]).unwrap(), TensorView::host(sin, [max_pos, rd / 2]).unwrap());
+    let (cv, sv) =
+        (TensorView::host(cos, [max_pos, rd / 2]).unwrap(), TensorView::host(sin, [max_pos, rd / 2]).unwrap());
     let pkv = [pk];
     let pk_view = TensorView::host(&pkv, [1]).unwrap();
     let rope_k = Rope { cos: &cv, sin: &sv, rotary_dim: rd, style, positions: Some(&pk_view) };
     let v = vec![bf16::ONE; d];
     let (kc, vc) = run_append::<bf16, bf16>(stream, [1, 1, 1, d], bf16::NAN, None, k, &v, &[0], Some(rope_k)).unwrap();
-    let (kc, vc): (Vec<bf16>, Vec<bf16>) = (kc.iter().map(|&x| bf16::from_f64(x)).collect(), vc.iter().map(|&x| bf16::from_f64(x)).collect());
+    let (kc, vc): (Vec<bf16>, Vec<bf16>) =
+        (kc.iter().map(|&x| bf16::from_f64(x)).collect(), vc.iter().map(|&x| bf16::from_f64(x)).collect());
     let (table, lens) = ([0i32], [1i32]);
     let cache = PagedKvCache::new(
         TensorView::host(&kc, [1, 1, 1, d]).unwrap(),
@@ -498,7 +525,11 @@ fn scores_depend_only_on_the_relative_position() {
         let base = one_key_score(&stream, &cos, &sin, max_pos, rd, style, &q, &k, 5, 12);
         for shift in [1, 2, 3, 17, 40] {
             let shifted = one_key_score(&stream, &cos, &sin, max_pos, rd, style, &q, &k, 5 + shift, 12 + shift);
-            assert_eq!(base.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), shifted.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), "{style:?} shift {shift}: {base:?} vs {shifted:?}");
+            assert_eq!(
+                base.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                shifted.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                "{style:?} shift {shift}: {base:?} vs {shifted:?}"
+            );
         }
         // And the rotation is not the identity: another distance gives another score.
         let other = one_key_score(&stream, &cos, &sin, max_pos, rd, style, &q, &k, 5, 13);
@@ -526,7 +557,12 @@ fn scores_depend_only_on_the_relative_position() {
                     .sum();
                 let bound = 2.0 * 2.05 * pairs / 256.0 + 1e-4;
                 let err = f64::from((base[h] - shifted[h]).abs());
-                assert!(err <= bound, "{style:?} shift {shift} head {h}: {} vs {} (bound {bound:.2e})", base[h], shifted[h]);
+                assert!(
+                    err <= bound,
+                    "{style:?} shift {shift} head {h}: {} vs {} (bound {bound:.2e})",
+                    base[h],
+                    shifted[h]
+                );
             }
         }
     }
@@ -578,7 +614,8 @@ fn append_then_decode_with_rope_fp8_and_16_bit() {
     let scales = KvScales::per_head(&stream, &k_scale, &v_scale).unwrap();
     macro_rules! round_trip {
         ($ty:ty, $nan:expr, $scales:expr) => {{
-            let (kc, vc) = run_append::<bf16, $ty>(&stream, f.cache_shape(), $nan, $scales, &k, &v, &slots, Some(rope_k)).unwrap();
+            let (kc, vc) =
+                run_append::<bf16, $ty>(&stream, f.cache_shape(), $nan, $scales, &k, &v, &slots, Some(rope_k)).unwrap();
             let to = |x: &[f64]| -> Vec<$ty> { x.iter().map(|&x| <$ty as Element2>::from_value(x)).collect() };
             let (kc, vc) = (to(&kc), to(&vc));
             let mut cache = PagedKvCache::new(
@@ -660,9 +697,22 @@ fn rope_reads_q_and_k_once_and_writes_them_nowhere() {
     for r in [None, Some(rope)] {
         run_append::<bf16, bf16>(&stream, [4, 8, hkv, d], bf16::NAN, None, &k, &v, &slots, r).unwrap();
         let c = emu.last_launch_counters().unwrap().kernels[0].clone();
-        traffic.push((c.read_of("k"), c.written_of("k"), c.written_of("k_cache"), c.read_of("v"), c.written_of("v_cache")));
+        traffic.push((
+            c.read_of("k"),
+            c.written_of("k"),
+            c.written_of("k_cache"),
+            c.read_of("v"),
+            c.written_of("v_cache"),
+        ));
         assert_eq!(c.read_of("v"), valid * (hkv * d * 2) as u64, "V not read exactly once");
-        eprintln!("append rope={}: {} k bytes read, table {} + {} bytes, positions {}", r.is_some(), c.read_of("k"), c.read_of("rope_cos"), c.read_of("rope_sin"), c.read_of("rope_positions"));
+        eprintln!(
+            "append rope={}: {} k bytes read, table {} + {} bytes, positions {}",
+            r.is_some(),
+            c.read_of("k"),
+            c.read_of("rope_cos"),
+            c.read_of("rope_sin"),
+            c.read_of("rope_positions")
+        );
     }
     let row_bytes = (hkv * d * 2) as u64;
     assert_eq!(traffic[0], traffic[1], "append traffic differs with RoPE");
@@ -706,11 +756,27 @@ fn rope_reads_q_and_k_once_and_writes_them_nowhere() {
         .unwrap();
         let c = emu.last_launch_counters().unwrap().kernels[0].clone();
         let table = c.read_of("rope_cos") + c.read_of("rope_sin");
-        eprintln!("decode rope={}: q {} bytes read, table {table} bytes, total {} read", r.is_some(), c.read_of("q"), c.global_bytes_read());
-        reads.push((c.read_of("q"), c.written_of("q"), c.read_of("k_cache"), c.read_of("v_cache"), c.written_of("o"), table));
+        eprintln!(
+            "decode rope={}: q {} bytes read, table {table} bytes, total {} read",
+            r.is_some(),
+            c.read_of("q"),
+            c.global_bytes_read()
+        );
+        reads.push((
+            c.read_of("q"),
+            c.written_of("q"),
+            c.read_of("k_cache"),
+            c.read_of("v_cache"),
+            c.written_of("o"),
+            table,
+        ));
     }
     assert_eq!(reads[0].0, (2 * 8 * d * 2) as u64, "q not read exactly once");
-    assert_eq!((reads[0].0, reads[0].1, reads[0].2, reads[0].3, reads[0].4), (reads[1].0, reads[1].1, reads[1].2, reads[1].3, reads[1].4), "decode traffic differs with RoPE");
+    assert_eq!(
+        (reads[0].0, reads[0].1, reads[0].2, reads[0].3, reads[0].4),
+        (reads[1].0, reads[1].1, reads[1].2, reads[1].3, reads[1].4),
+        "decode traffic differs with RoPE"
+    );
     // The table: per CTA (one per KV head and sequence here) rd/2 (cos, sin) pairs, shared by its query rows.
     assert_eq!((reads[0].5, reads[1].5), (0, (2 * 2 * (rd / 2) * 2 * 4) as u64));
 }
@@ -733,7 +799,9 @@ fn bad_rope_inputs_are_typed_errors() {
         TensorView::host(&good[..3], [3]).unwrap(),
     );
     let rope = Rope { cos: &cos, sin: &sin, rotary_dim: 64, style: RopeStyle::Neox, positions: Some(&gv) };
-    let run = |r: Rope<'_>| run_append::<bf16, bf16>(&stream, [1, 4, 1, d], bf16::NAN, None, &k, &k, &slots, Some(r)).map(|_| ());
+    let run = |r: Rope<'_>| {
+        run_append::<bf16, bf16>(&stream, [1, 4, 1, d], bf16::NAN, None, &k, &k, &slots, Some(r)).map(|_| ())
+    };
     assert!(run(rope).is_ok());
     let kind = |r: Rope<'_>| {
         let e = run(r).unwrap_err();
@@ -746,9 +814,12 @@ fn bad_rope_inputs_are_typed_errors() {
     assert_eq!(kind(Rope { rotary_dim: 7, ..rope }).0, ErrorKind::Unsupported);
     let narrow = TensorView::host(&t.cos, [16, 16]).unwrap();
     assert_eq!(kind(Rope { cos: &narrow, ..rope }).0, ErrorKind::Shape);
-    assert!(RopeConfig { scaling: RopeScaling::Linear { factor: 0.0 }, ..RopeConfig::new(10000.0, 64, RopeStyle::Neox) }
-        .table(4)
-        .is_err());
+    assert!(RopeConfig {
+        scaling: RopeScaling::Linear { factor: 0.0 },
+        ..RopeConfig::new(10000.0, 64, RopeStyle::Neox)
+    }
+    .table(4)
+    .is_err());
 }
 
 /// The testkit harness (what the runner's `run --op decode --rope-theta …` and the GPU bundle use) with RoPE
@@ -758,7 +829,8 @@ fn decode_harness_runs_rope_cases() {
     use fused_attn::testkit::cases::decode::{check_case_emulated, CaseRope};
     use fused_attn::testkit::cases::decode_fp8::{check_fp8_case_emulated, Fp8DecodeCase};
     let emu = Emulator::new();
-    let yarn = RopeConfig { theta: 10000.0, rotary_dim: 64, style: RopeStyle::Gptj, scaling: RopeScaling::yarn(8.0, 4096) };
+    let yarn =
+        RopeConfig { theta: 10000.0, rotary_dim: 64, style: RopeStyle::Gptj, scaling: RopeScaling::yarn(8.0, 4096) };
     let l3 = RopeConfig { theta: 500000.0, rotary_dim: 128, style: RopeStyle::Neox, scaling: RopeScaling::llama31() };
     for (i, (config, explicit)) in [(yarn, true), (l3, false)].into_iter().enumerate() {
         let case = DecodeCase {

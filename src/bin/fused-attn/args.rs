@@ -382,7 +382,10 @@ impl RunArgs {
         };
         config.check().map_err(|e| Error::usage(format!("--rope-*: {}", e.message())))?;
         if config.rotary_dim > self.head_dim {
-            return Err(Error::usage(format!("--rotary-dim {} exceeds --head-dim {}", config.rotary_dim, self.head_dim)));
+            return Err(Error::usage(format!(
+                "--rotary-dim {} exceeds --head-dim {}",
+                config.rotary_dim, self.head_dim
+            )));
         }
         Ok(Some(CaseRope { config, explicit_positions: self.rope_positions == RopePositionsArg::Explicit }))
     }
@@ -483,7 +486,8 @@ fn inapplicable(m: &ArgMatches, op: Op) -> Option<String> {
 /// What parsing decided: run a command, or print help/version text to stdout and exit 0, or (no command
 /// given) print the help to stderr and exit 2.
 pub enum Parsed {
-    Command(Command),
+    /// Boxed: the run flags make it much larger than the text variants.
+    Command(Box<Command>),
     Print(String),
     Help(String),
 }
@@ -535,7 +539,7 @@ where
         run.check_kv(m)?;
         run.check_rope(m)?;
     }
-    Ok(Parsed::Command(cli.command))
+    Ok(Parsed::Command(Box::new(cli.command)))
 }
 
 #[cfg(test)]
@@ -548,7 +552,10 @@ mod tests {
 
     fn run(s: &str) -> RunArgs {
         match p(s) {
-            Ok(Parsed::Command(Command::Run(r))) => r,
+            Ok(Parsed::Command(c)) => match *c {
+                Command::Run(r) => r,
+                _ => panic!("{s}: not a run"),
+            },
             _ => panic!("{s}: not a run"),
         }
     }

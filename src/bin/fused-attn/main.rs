@@ -216,7 +216,7 @@ fn main() {
             eprint!("{text}");
             Err(Error::usage(""))
         }
-        Parsed::Command(c) => main_inner(c),
+        Parsed::Command(c) => main_inner(*c),
     });
     let code = match result {
         Ok(true) => 0,
