@@ -178,10 +178,17 @@ fn check_append_case<T: Element>(stream: &Stream<'_>, c: &AppendCase, seed: u64)
         .collect();
     let max_pos = 6000;
     let positions: Vec<i32> = (0..n).map(|_| r.random_range(0..max_pos as i32)).collect();
-    let k: Vec<T> = (0..n * hkv * d).map(|_| T::from_f64(r.random_range(-3.0..3.0))).collect();
-    let v: Vec<T> = (0..n * hkv * d).map(|_| T::from_f64(r.random_range(-3.0..3.0))).collect();
+    let mut k: Vec<T> = (0..n * hkv * d).map(|_| T::from_f64(r.random_range(-3.0..3.0))).collect();
+    let mut v: Vec<T> = (0..n * hkv * d).map(|_| T::from_f64(r.random_range(-3.0..3.0))).collect();
+    // Rows that are not stored (padding, the slot past the cache) are NaN, and so are their positions'
+    // table rows (not in `used`): neither may reach a stored row.
+    let stored_row = |t: usize| slots[t] >= 0 && slots[t] < num_slots as i64;
+    for t in (0..n).filter(|&t| !stored_row(t)) {
+        k[t * hkv * d..][..hkv * d].fill(T::nan());
+        v[t * hkv * d..][..hkv * d].fill(T::nan());
+    }
     let cfg = RopeConfig { theta: c.theta, rotary_dim: c.rotary_dim, style: c.style, scaling: c.scaling };
-    let used: Vec<i64> = positions.iter().map(|&p| i64::from(p)).collect();
+    let used: Vec<i64> = (0..n).filter(|&t| stored_row(t)).map(|t| i64::from(positions[t])).collect();
     let table = PoisonedTable::new(&cfg, max_pos, &used);
     let (cos, sin) = table.views();
     let pos_view = TensorView::host(&positions, [n]).unwrap();
