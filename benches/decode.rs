@@ -220,6 +220,7 @@ fn main() {
                         seq_lens: vec![ctx_len; b],
                         num_splits: None,
                         variants: Default::default(),
+                        rope: None,
                     };
                     seed += 3;
                     rows.push(bench_case::<bf16>(&mut group, &gpu, &case, seed));

@@ -5,7 +5,9 @@
 //! - **fused**: the prompts through `flash_attn_varlen` (causal), their K/V through `paged_append` into one
 //!   paged cache per layer (pages handed out in shuffled order, as an engine's allocator would), then a
 //!   decode loop: each step appends the new token's K/V and runs `paged_decode` for both sequences at once,
-//!   with one decode workspace for all layers and steps;
+//!   with one decode workspace for all layers and steps. The decode steps fuse RoPE: the new token's q and
+//!   k reach fused-attn unrotated, `paged_append_rope` rotates k into the cache and `paged_decode_rope`
+//!   rotates q at its position (the prompts are rotated by the model, as the varlen prefill takes them);
 //! - **reference**: candle's plain attention, `softmax(QKᵀ/√d + mask)·V` in f32 over a contiguous per-sequence
 //!   K/V history (what candle-transformers' Llama does without flash-attn).
 //!
@@ -204,7 +206,12 @@ impl Model {
             let q = self.linear(&h, &p("self_attn.q_proj"))?.reshape((n, c.heads, c.head_dim))?;
             let k = self.linear(&h, &p("self_attn.k_proj"))?.reshape((n, c.kv_heads, c.head_dim))?;
             let v = self.linear(&h, &p("self_attn.v_proj"))?.reshape((n, c.kv_heads, c.head_dim))?;
-            let (q, k) = (self.rope(&q, positions)?, self.rope(&k, positions)?);
+            // A path that fuses RoPE into this pass gets q and k unrotated.
+            let (q, k) = if attn.fuses_rope(batch.prefill) {
+                (q, k)
+            } else {
+                (self.rope(&q, positions)?, self.rope(&k, positions)?)
+            };
             // Attention sees f16/bf16 inputs on both paths (the cache's dtype) and gives that dtype back.
             let (q, k, v) = (q.to_dtype(dtype)?, k.to_dtype(dtype)?, v.to_dtype(dtype)?);
             let o = attn.attend(l, &q, &k, &v)?.to_dtype(DType::F32)?.reshape((n, c.heads * c.head_dim))?;
@@ -240,6 +247,10 @@ pub trait AttentionPath {
     /// Causal attention of layer `layer` for the new tokens: `q [N, Hq, hd]`, `k`/`v [N, Hkv, hd]` →
     /// `[N, Hq, hd]`, each new token seeing its own sequence's earlier tokens and itself.
     fn attend(&mut self, layer: usize, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor>;
+    /// Whether `attend` rotates q and k itself in a pass of this kind (`prefill` or a decode step).
+    fn fuses_rope(&self, _prefill: bool) -> bool {
+        false
+    }
 }
 
 /// fused-attn: varlen prefill, paged append, paged decode.
@@ -250,6 +261,8 @@ pub struct FusedPath {
     pages: Vec<Vec<usize>>,
     max_seq_len: usize,
     workspace: fused_attn::DecodeWorkspace,
+    /// The model's RoPE table, for the decode steps (positions 0..max_seq_len).
+    rope: fa::CandleRope,
     step: Option<FusedStep>,
 }
 
@@ -260,8 +273,15 @@ struct FusedStep {
 }
 
 enum FusedStepKind {
-    Prefill { cu_seqlens: Tensor, max_len: usize },
-    Decode { seq_lens: Tensor },
+    Prefill {
+        cu_seqlens: Tensor,
+        max_len: usize,
+    },
+    /// The new tokens' positions (int32) rotate k in the append; q is rotated at seq_len − 1.
+    Decode {
+        seq_lens: Tensor,
+        positions: Tensor,
+    },
 }
 
 impl FusedPath {
@@ -285,6 +305,11 @@ impl FusedPath {
             pages,
             max_seq_len,
             workspace: fa::decode_workspace(dev, &limits, None)?,
+            rope: fa::CandleRope::new(
+                &fused_attn::RopeConfig::new(cfg.rope_theta, cfg.head_dim, fused_attn::RopeStyle::Neox),
+                max_seq_len,
+                dev,
+            )?,
             step: None,
         })
     }
@@ -305,7 +330,11 @@ impl AttentionPath for FusedPath {
         let slot_mapping = Tensor::from_vec(slots, seqs.len(), &dev)?;
         let kind = if !prefill {
             let lens: Vec<i32> = positions.iter().map(|&p| p as i32 + 1).collect();
-            FusedStepKind::Decode { seq_lens: Tensor::from_vec(lens, seqs.len(), &dev)? }
+            let pos: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
+            FusedStepKind::Decode {
+                seq_lens: Tensor::from_vec(lens, seqs.len(), &dev)?,
+                positions: Tensor::from_vec(pos, seqs.len(), &dev)?,
+            }
         } else {
             let mut cu = vec![0i32];
             for s in 0..self.pages.len() {
@@ -321,21 +350,30 @@ impl AttentionPath for FusedPath {
     fn attend(&mut self, layer: usize, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
         let step = self.step.as_ref().ok_or_else(|| candle_core::Error::Msg("attend before begin".into()))?;
         let kv_cache = &self.kv_caches[layer];
-        fa::paged_append(k, v, &step.slot_mapping, kv_cache)?;
         match &step.kind {
             FusedStepKind::Prefill { cu_seqlens, max_len } => {
+                fa::paged_append(k, v, &step.slot_mapping, kv_cache)?;
                 fa::flash_attn_varlen(q, k, v, cu_seqlens, cu_seqlens, *max_len, *max_len, self.softmax_scale, true)
             }
-            FusedStepKind::Decode { seq_lens } => fa::paged_decode(
-                q,
-                kv_cache,
-                &self.block_table,
-                seq_lens,
-                self.max_seq_len,
-                self.softmax_scale,
-                &mut self.workspace,
-            ),
+            FusedStepKind::Decode { seq_lens, positions } => {
+                fa::paged_append_rope(k, v, &step.slot_mapping, positions, kv_cache, &self.rope)?;
+                fa::paged_decode_rope(
+                    q,
+                    kv_cache,
+                    &self.block_table,
+                    seq_lens,
+                    self.max_seq_len,
+                    self.softmax_scale,
+                    &self.rope,
+                    None,
+                    &mut self.workspace,
+                )
+            }
         }
+    }
+
+    fn fuses_rope(&self, prefill: bool) -> bool {
+        !prefill
     }
 }
 

@@ -11,8 +11,17 @@
 // 16-byte reads, one 16-byte write): stored = fp8_rn_satfinite(float(x) / scale) with the KV head's scale
 // (abi.h defines it exactly; the GPU and the emulator agree bit for bit: an IEEE division, then the cvt or
 // its model in fa/fp8_model.cuh).
+//
+// RoPE (p.rope, fa/rope.cuh; issue 28): K is rotated on its way in, then rounded or quantised, in one pass.
+// A rotation pairs elements up to rotary_dim / 2 apart (NeoX), further than one thread's chunk, so the
+// RoPE kernels (separate instantiations: without RoPE the launcher runs the plain kernels above, unchanged)
+// give each CTA whole (token, head) rows: every thread loads its chunk of K once from global memory, parks
+// it in shared memory as fp32, and after one barrier reads its elements' partners from there. K is read
+// once, written once; V moves as in the plain kernels. Any even rotary_dim works (Pythia's 20 of 80, GLM's
+// half), for both layouts.
 #include "fa/intrinsics.cuh"
 #include "fa/paged_view.cuh"
+#include "fa/rope.cuh"
 #include "fa/namespace.cuh"
 
 FA_NAMESPACE_BEGIN
@@ -106,6 +115,174 @@ FA_DEVICE void paged_append_fp8_kernel(const FaAppendParams &p) {
   st_global(reinterpret_cast<Vec16 *>(v_dst), vq);
 }
 
+// ---- RoPE kernels -------------------------------------------------------------------------------------
+// kElems elements per thread (8: a 16-bit chunk; 16: an FP8 chunk), kThreads / (head_dim / kElems) whole
+// rows per CTA (the threads past them idle through the barrier). Shared memory: one fp32 K row per CTA row,
+// kThreads * kElems floats in all (the launcher's rope_smem_bytes).
+
+// Where this thread's chunk lies: CTA row `row` (< rows_per_block, else idle), global row `item` (token *
+// Hkv + head), chunk c of the head row.
+struct RopeChunk {
+  bool active;
+  int row, h, c;
+  int64_t token;
+};
+template <int kElems> FA_DEVICE RopeChunk rope_chunk(const FaAppendParams &p) {
+  const int chunks = p.head_dim / kElems;
+  const int rows_per_block = kThreads / chunks;
+  const int tid = thread_idx();
+  const int row = tid / chunks;
+  const int64_t item = (int64_t)block_idx().x * rows_per_block + row;
+  RopeChunk r{row < rows_per_block && item < (int64_t)p.num_tokens * p.heads_kv, row, 0, tid % chunks, 0};
+  if (r.active) {
+    r.token = item / p.heads_kv;
+    r.h = (int)(item % p.heads_kv);
+  }
+  return r;
+}
+
+// Rotates this thread's kElems K values x (columns c * kElems ..) in place; their whole row, as fp32, is in
+// shared memory at k_row (the partners); elements at or past rotary_dim pass through.
+template <int kElems>
+FA_DEVICE void rope_rotate_chunk(const FaRope &r, int64_t pos, const float *k_row, int c, float (&x)[kElems]) {
+  const int row = rope_row(r, pos);
+  float out[kElems];
+#pragma unroll
+  for (int e = 0; e < kElems; ++e) {
+    const int j = c * kElems + e;
+    out[e] = x[e];
+    if (j < r.rotary_dim) {
+      const RopePair pr = rope_pair(j, r.rotary_dim, r.style);
+      float cs, sn;
+      rope_cos_sin(r, row, pr.index, cs, sn);
+      out[e] = rope_rotate(x[e], ld_shared(k_row + pr.partner), cs, sn, pr.first);
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < kElems; ++e) x[e] = out[e];
+}
+
+template <class T> FA_DEVICE void unpack8(const Vec16 &w, float (&x)[8]) {
+  unpack2<T>(w.x, x[0], x[1]);
+  unpack2<T>(w.y, x[2], x[3]);
+  unpack2<T>(w.z, x[4], x[5]);
+  unpack2<T>(w.w, x[6], x[7]);
+}
+
+// 16-bit cache: K rotated in fp32 and rounded to T (words wholly past rotary_dim keep their input bits), V
+// copied.
+template <class T> FA_DEVICE void paged_append_rope_16(const FaAppendParams &p) {
+  float *k_rows = dynamic_smem<float>();
+  const RopeChunk ch = rope_chunk<8>(p);
+  float *k_row = k_rows + ch.row * p.head_dim;
+  int64_t slot = -1;
+  Vec16 kw{0, 0, 0, 0};
+  float x[8];
+  if (ch.active) {
+    slot = ld_global_nc(p.slot_mapping + ch.token);
+    const int64_t num_slots = (int64_t)p.cache.num_pages << p.cache.log2_page_size;
+    if (slot >= num_slots) slot = -1; // out of range: skipped, as padding
+  }
+  if (slot >= 0) {
+    const uint16_t *k = static_cast<const uint16_t *>(p.k) + ch.token * p.k_token_stride + ch.h * p.k_head_stride + ch.c * 8;
+    kw = ld_global_nc(reinterpret_cast<const Vec16 *>(k));
+    unpack8<T>(kw, x);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) st_shared(k_row + ch.c * 8 + e, x[e]);
+  }
+  sync_threads();
+  if (slot < 0) return;
+  const int64_t page = slot >> p.cache.log2_page_size;
+  const int64_t offset = slot & (p.cache.page_size - 1);
+  const int64_t pos = ld_global_nc(p.rope.positions + ch.token);
+  rope_rotate_chunk<8>(p.rope, pos, k_row, ch.c, x);
+  uint32_t w[4] = {kw.x, kw.y, kw.z, kw.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    if (ch.c * 8 + 2 * i < p.rope.rotary_dim) w[i] = pack2<T>(x[2 * i], x[2 * i + 1]);
+  uint16_t *k_dst = static_cast<uint16_t *>(p.cache.k_cache) + page * p.cache.k_page_stride +
+                    offset * p.cache.k_token_stride + ch.h * p.cache.k_head_stride + ch.c * 8;
+  st_global(reinterpret_cast<Vec16 *>(k_dst), Vec16{w[0], w[1], w[2], w[3]});
+  const uint16_t *v = static_cast<const uint16_t *>(p.v) + ch.token * p.v_token_stride + ch.h * p.v_head_stride + ch.c * 8;
+  uint16_t *v_dst = static_cast<uint16_t *>(p.cache.v_cache) + page * p.cache.v_page_stride +
+                    offset * p.cache.v_token_stride + ch.h * p.cache.v_head_stride + ch.c * 8;
+  st_global(reinterpret_cast<Vec16 *>(v_dst), ld_global_nc(reinterpret_cast<const Vec16 *>(v)));
+}
+
+FA_DEVICE void paged_append_rope_kernel(const FaAppendParams &p) {
+  if (p.dtype == FA_DTYPE_BF16) {
+    paged_append_rope_16<bf16_t>(p);
+  } else {
+    paged_append_rope_16<half_t>(p);
+  }
+}
+
+// 16 fp32 values -> 16 FP8 codes: x / scale, round to nearest even, saturating (as quantize16).
+template <Fp8Format F> FA_DEVICE Vec16 quantize16_f32(const float (&x)[16], float scale) {
+  uint32_t codes[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    codes[i] = (uint32_t)float2_to_fp8x2<F>(div_rn(x[4 * i], scale), div_rn(x[4 * i + 1], scale)) |
+               (uint32_t)float2_to_fp8x2<F>(div_rn(x[4 * i + 2], scale), div_rn(x[4 * i + 3], scale)) << 16;
+  return Vec16{codes[0], codes[1], codes[2], codes[3]};
+}
+
+// FP8 cache: K rotated in fp32, then quantised with its head's scale (no intermediate 16-bit rounding); V
+// quantised as in the plain kernel.
+template <class T> FA_DEVICE void paged_append_fp8_rope_t(const FaAppendParams &p) {
+  float *k_rows = dynamic_smem<float>();
+  const RopeChunk ch = rope_chunk<16>(p);
+  float *k_row = k_rows + ch.row * p.head_dim;
+  int64_t slot = -1;
+  float x[16];
+  if (ch.active) {
+    slot = ld_global_nc(p.slot_mapping + ch.token);
+    const int64_t num_slots = (int64_t)p.cache.num_pages << p.cache.log2_page_size;
+    if (slot >= num_slots) slot = -1;
+  }
+  if (slot >= 0) {
+    const Vec16 *k = reinterpret_cast<const Vec16 *>(static_cast<const T *>(p.k) + ch.token * p.k_token_stride +
+                                                     ch.h * p.k_head_stride + ch.c * 16);
+    const Vec16 a = ld_global_nc(k), b = ld_global_nc(k + 1);
+    float lo[8], hi[8];
+    unpack8<T>(a, lo);
+    unpack8<T>(b, hi);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      x[e] = lo[e];
+      x[8 + e] = hi[e];
+    }
+#pragma unroll
+    for (int e = 0; e < 16; ++e) st_shared(k_row + ch.c * 16 + e, x[e]);
+  }
+  sync_threads();
+  if (slot < 0) return;
+  const int64_t page = slot >> p.cache.log2_page_size;
+  const int64_t offset = slot & (p.cache.page_size - 1);
+  const int64_t pos = ld_global_nc(p.rope.positions + ch.token);
+  rope_rotate_chunk<16>(p.rope, pos, k_row, ch.c, x);
+  const float ks = ld_global_nc(p.cache.k_scale + (int64_t)ch.h * p.cache.scale_head_stride);
+  const float vs = ld_global_nc(p.cache.v_scale + (int64_t)ch.h * p.cache.scale_head_stride);
+  const bool e5m2 = p.cache.kv_dtype == FA_KV_FP8_E5M2;
+  const Vec16 kq = e5m2 ? quantize16_f32<Fp8Format::E5M2>(x, ks) : quantize16_f32<Fp8Format::E4M3>(x, ks);
+  const T *v = static_cast<const T *>(p.v) + ch.token * p.v_token_stride + ch.h * p.v_head_stride + ch.c * 16;
+  const Vec16 vq = e5m2 ? quantize16<T, Fp8Format::E5M2>(v, vs) : quantize16<T, Fp8Format::E4M3>(v, vs);
+  uint8_t *k_dst = static_cast<uint8_t *>(p.cache.k_cache) + page * p.cache.k_page_stride +
+                   offset * p.cache.k_token_stride + ch.h * p.cache.k_head_stride + ch.c * 16;
+  uint8_t *v_dst = static_cast<uint8_t *>(p.cache.v_cache) + page * p.cache.v_page_stride +
+                   offset * p.cache.v_token_stride + ch.h * p.cache.v_head_stride + ch.c * 16;
+  st_global(reinterpret_cast<Vec16 *>(k_dst), kq);
+  st_global(reinterpret_cast<Vec16 *>(v_dst), vq);
+}
+
+FA_DEVICE void paged_append_fp8_rope_kernel(const FaAppendParams &p) {
+  if (p.dtype == FA_DTYPE_BF16) {
+    paged_append_fp8_rope_t<bf16_t>(p);
+  } else {
+    paged_append_fp8_rope_t<half_t>(p);
+  }
+}
+
 } // namespace
 } // namespace append
 FA_NAMESPACE_END
@@ -114,6 +291,9 @@ FA_NAMESPACE_END
 FA_KERNEL(fa_paged_append, 256, 4, FaAppendParams, fa::append::paged_append_kernel)
 // Quantising append into an FP8 cache: either 16-bit source dtype, either format (run-time branches).
 FA_KERNEL(fa_paged_append_fp8, 256, 4, FaAppendParams, fa::append::paged_append_fp8_kernel)
+// The RoPE appends (p.rope.cos != NULL): whole rows per CTA, K parked in shared memory (fp32) for its pairs.
+FA_KERNEL(fa_paged_append_rope, 256, 4, FaAppendParams, fa::append::paged_append_rope_kernel)
+FA_KERNEL(fa_paged_append_fp8_rope, 256, 4, FaAppendParams, fa::append::paged_append_fp8_rope_kernel)
 
 #if defined(FA_HOST_BUILD)
 static_assert(fa::append::kThreads == 256, "fa_paged_append's launch bounds");
@@ -138,6 +318,17 @@ extern "C" int fa_append(FaAppendParams p, FaExec *exec) {
   for (int64_t s : strides)
     if (s < 0 || s % 8 != 0) return FA_ERR_INVALID;
   if (!fa::valid_cache_strides(c)) return FA_ERR_INVALID;
+  if (!fa::valid_rope(p.rope, p.head_dim)) return FA_ERR_INVALID;
+  if (p.rope.cos != nullptr) {
+    if (p.rope.positions == nullptr || p.head_dim / (fp8 ? 16 : 8) > kThreads) return FA_ERR_INVALID;
+    // Whole rows per CTA; one fp32 K row of shared memory per row.
+    const int64_t rows_per_block = kThreads / (p.head_dim / (fp8 ? 16 : 8));
+    const int64_t rope_blocks = ((int64_t)p.num_tokens * p.heads_kv + rows_per_block - 1) / rows_per_block;
+    if (rope_blocks > 0x7fffffff) return FA_ERR_INVALID;
+    const int smem = (int)(rows_per_block * p.head_dim * sizeof(float));
+    if (fp8) return FA_LAUNCH(fa_paged_append_fp8_rope, fa::Dim3{(int)rope_blocks, 1, 1}, kThreads, smem, exec, p);
+    return FA_LAUNCH(fa_paged_append_rope, fa::Dim3{(int)rope_blocks, 1, 1}, kThreads, smem, exec, p);
+  }
   const int64_t blocks = (items + kThreads - 1) / kThreads;
   if (blocks > 0x7fffffff) return FA_ERR_INVALID;
   if (fp8) return FA_LAUNCH(fa_paged_append_fp8, fa::Dim3{(int)blocks, 1, 1}, kThreads, 0, exec, p);

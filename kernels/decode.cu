@@ -36,6 +36,12 @@
 // fa/fp8_convert.cuh): no second trip through shared memory, no extra barrier. The dequantisation scales of
 // this CTA's KV head are folded in: k_scale into the score scale (and ScoreMod's), v_scale into the
 // epilogue's normalisation (so the split partials carry it too).
+//
+// RoPE on q (p.rope, fa/rope.cuh): once Q has landed in shared memory (the prologue's first wait), each
+// thread rotates whole pairs of it in place (fp32 arithmetic, rounded back to T: the mma's operand type) at
+// the sequence's position, and one more barrier publishes them before the warps read their fragments. Q is
+// still read from global memory once and never written back; the KV loop does not change. A run-time
+// switch, not another instantiation: it costs one uniform branch per CTA when off.
 #include "fa/attention_state.cuh"
 #include "fa/decode/traits.cuh"
 #include "fa/decode/vec8.cuh"
@@ -44,6 +50,7 @@
 #include "fa/head_dim.cuh"
 #include "fa/intrinsics.cuh"
 #include "fa/paged_view.cuh"
+#include "fa/rope.cuh"
 #include "fa/score_mod.cuh"
 #include "fa/split_kv.cuh"
 #include "fa/namespace.cuh"
@@ -54,6 +61,41 @@ namespace decode {
 // and emulator builds never share a symbol in any case: fa/namespace.cuh.)
 namespace {
 
+
+// Element (row, column j) of a swizzled 16-bit shared tile, and scalar conversions of its bits.
+template <class T, int D> FA_DEVICE uint16_t *q_element(unsigned char *tile, int row, int j) {
+  return reinterpret_cast<uint16_t *>(tile + SwizzledTile<D>::offset(row, j / 8)) + j % 8;
+}
+template <class T> FA_DEVICE float half_to_float(uint16_t bits) {
+  float lo, hi;
+  unpack2<T>((uint32_t)bits, lo, hi);
+  return lo;
+}
+template <class T> FA_DEVICE uint16_t float_to_half(float x) { return (uint16_t)(pack2<T>(x, 0.0f) & 0xffffu); }
+
+// Rotates the first `rows` Q rows of the swizzled tile q_smem in place at table row `row_t`, then a barrier:
+// the warps read them after it. Thread i takes pair i of every row (the rows share one position: one
+// sequence), so each (cos, sin) is loaded once per CTA; both elements of a pair are its own, so the
+// in-place update needs no barrier of its own.
+template <class T, int D>
+FA_DEVICE void rotate_q_tile(const FaRope &r, unsigned char *q_smem, int rows, int row_t) {
+  const int half = r.rotary_dim / 2;
+  for (int i = thread_idx(); i < half; i += Traits<D>::kThreads) {
+    const int ja = r.style == FA_ROPE_GPTJ ? 2 * i : i;
+    const int jb = r.style == FA_ROPE_GPTJ ? 2 * i + 1 : i + half;
+    float c, sn;
+    rope_cos_sin(r, row_t, i, c, sn);
+    for (int row = 0; row < rows; ++row) {
+      uint16_t *a = q_element<T, D>(q_smem, row, ja);
+      uint16_t *b = q_element<T, D>(q_smem, row, jb);
+      const float xa = half_to_float<T>(ld_shared(a));
+      const float xb = half_to_float<T>(ld_shared(b));
+      st_shared(a, float_to_half<T>(rope_rotate(xa, xb, c, sn, true)));
+      st_shared(b, float_to_half<T>(rope_rotate(xb, xa, c, sn, false)));
+    }
+  }
+  sync_threads();
+}
 
 // One CTA's piece of work: sequence b, grid row block head_block (KV head and block of its query heads),
 // split `split` of num_splits, each split_tokens long; with num_splits > 1 its partial is state `state` of the
@@ -208,6 +250,12 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
   publish_row(kStages - 1, first_pages[kStages - 1]);
   cp_async_wait<kStages - 2>();
   sync_threads();
+
+  // RoPE: q rotated at its own position (explicit, or the last token's, seq_len - 1).
+  if (rope_enabled(p.rope)) {
+    const int64_t pos = p.rope.positions != nullptr ? (int64_t)ld_global_nc(p.rope.positions + b) : seq_len - 1;
+    rotate_q_tile<T, D>(p.rope, q_smem, rows, rope_row(p.rope, pos));
+  }
 
   const int warp_token0 = token_group * Tr::kWarpTokens; // this warp's rows within a tile
   const int col0 = d_split * Tr::kWarpD;
@@ -463,6 +511,7 @@ inline bool valid_params(const FaDecodeParams &p) {
     if (s < 0 || s % 8 != 0) return false;
   if (((uintptr_t)p.lse & 3u) != 0 || ((uintptr_t)p.partial_lse & 3u) != 0 || p.lse_batch_stride < 0) return false;
   if (!valid_score_mod(p.score_mod, p.heads_q)) return false;
+  if (!valid_rope(p.rope, p.head_dim)) return false;
   if (p.work != nullptr) {
     if (p.work_indptr == nullptr || p.num_ctas < 1 || p.num_work < 0 || p.num_partials < 0 || p.num_merge_rows < 0)
       return false;

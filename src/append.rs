@@ -48,6 +48,14 @@ pub fn check_append_args<T: Element, C: KvCacheOf<T>>(
     Ok(num_tokens)
 }
 
+/// Options of one append call: `AppendOptions { rope: Some(rope) }`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AppendOptions<'a> {
+    /// Rotate K at `rope.positions[t]` (one int32 per token, required) on its way into the cache, in fp32,
+    /// then round (16-bit cache) or quantise (FP8) once (docs/rope.md). V is never rotated.
+    pub rope: Option<crate::rope::Rope<'a>>,
+}
+
 /// Writes `k[t]`, `v[t]` (`[num_tokens, Hkv, D]`) into cache slot `slot_mapping[t]` (int64,
 /// `page * page_size + offset`). A negative slot is padding and is skipped; so is a slot past the cache
 /// (device data the host does not read; documented in abi.h). Slots must be distinct. On the emulator a slot
@@ -62,6 +70,19 @@ pub fn append<T: Element, C: KvCacheOf<T>>(
     v: &TensorView<'_, T, 3>,
     slot_mapping: &TensorView<'_, i64, 1>,
     cache: &mut PagedKvCacheMut<'_, C>,
+) -> Result<()> {
+    append_with(stream, k, v, slot_mapping, cache, &AppendOptions::default())
+}
+
+/// [`append`] with options: with `opts.rope`, K row t is stored rotated at position
+/// `opts.rope.positions[t]` ([`crate::rope`]); rows of padding slots are neither rotated nor stored.
+pub fn append_with<T: Element, C: KvCacheOf<T>>(
+    stream: &Stream<'_>,
+    k: &TensorView<'_, T, 3>,
+    v: &TensorView<'_, T, 3>,
+    slot_mapping: &TensorView<'_, i64, 1>,
+    cache: &mut PagedKvCacheMut<'_, C>,
+    opts: &AppendOptions<'_>,
 ) -> Result<()> {
     let num_tokens = check_append_args(k, v, slot_mapping, cache)?;
     if crate::paged::strict_tables(stream) {
@@ -79,6 +100,10 @@ pub fn append<T: Element, C: KvCacheOf<T>>(
     let scales_ptr = match &scales_view {
         Some(view) => Some(launch.input(c"kv_scales", view, 4)?),
         None => None,
+    };
+    let rope = match &opts.rope {
+        Some(r) => r.abi(&mut launch, g.head_dim, num_tokens, true)?,
+        None => sys::FaRope::default(),
     };
     let k_ptr = launch.input(c"k", k, 16)?;
     let v_ptr = launch.input(c"v", v, 16)?;
@@ -100,6 +125,7 @@ pub fn append<T: Element, C: KvCacheOf<T>>(
         heads_kv: to_i32("heads_kv", g.heads_kv)?,
         head_dim: to_i32("head_dim", g.head_dim)?,
         dtype: T::DTYPE.abi(),
+        rope,
     };
     launch.run("paged_append", params, sys::fa_append)
 }

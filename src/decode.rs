@@ -42,6 +42,10 @@ pub struct DecodeOptions<'a> {
     /// softcap, ALiBi, sinks. A window reads only the last `left + 1` tokens of each sequence, and plans
     /// split-KV over that span ([`DecodeProblem::windowed`]).
     pub score_mod: ScoreMod<'a>,
+    /// Rotary embedding of q ([`crate::rope`]): each query rotated at `rope.positions[b]` (one per
+    /// sequence) or, without positions, at its sequence's last position `seq_len − 1`; q is read once and
+    /// never written back. The cache's K must already be rotated (append with RoPE).
+    pub rope: Option<crate::rope::Rope<'a>>,
 }
 
 pub(crate) enum Buffer<T = f32> {
@@ -519,6 +523,10 @@ pub fn decode<T: Element, C: KvCacheOf<T>>(
     let scales_view = cache.scales_view()?;
     let mut launch = Launch::new(*stream);
     let score_mod = opts.score_mod.abi(&mut launch, problem.batch, problem.heads_q)?;
+    let rope = match &opts.rope {
+        Some(r) => r.abi(&mut launch, problem.head_dim, problem.batch, false)?,
+        None => sys::FaRope::default(),
+    };
     let q_ptr = launch.input(c"q", q, 16)?;
     let cache_abi = cache.launch_abi(&mut launch, scales_view.as_ref())?;
     let o_strides = o.strides();
@@ -561,6 +569,7 @@ pub fn decode<T: Element, C: KvCacheOf<T>>(
         scale,
         scale_log2: scale * std::f32::consts::LOG2_E,
         score_mod,
+        rope,
         ..Default::default()
     };
     launch.run("paged_decode", params, sys::fa_decode)?;
@@ -653,6 +662,10 @@ fn decode_scheduled<T: Element, C: KvCacheOf<T>>(
     let scales_view = cache.scales_view()?;
     let mut launch = Launch::new(*stream);
     let score_mod = opts.score_mod.abi(&mut launch, problem.batch, problem.heads_q)?;
+    let rope = match &opts.rope {
+        Some(r) => r.abi(&mut launch, problem.head_dim, problem.batch, false)?,
+        None => sys::FaRope::default(),
+    };
     let q_ptr = launch.input(c"q", q, 16)?;
     let cache_abi = cache.launch_abi(&mut launch, scales_view.as_ref())?;
     let table_ptr = launch.input(c"schedule", &table, 4)? as *const i32;
@@ -705,6 +718,7 @@ fn decode_scheduled<T: Element, C: KvCacheOf<T>>(
         num_work: to_i32("schedule", work_cap)?,
         num_merge_rows: to_i32("batch", merge_rows)?,
         num_partials: to_i32("partials", partial_cap)?,
+        rope,
     };
     launch.run("paged_decode", params, sys::fa_decode)?;
     Ok(plan)

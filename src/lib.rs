@@ -50,6 +50,7 @@ pub mod paged_prefill;
 pub mod plan;
 pub mod prefill;
 pub mod reference;
+pub mod rope;
 pub mod runtime;
 pub mod schedule;
 pub mod score_mod;
@@ -73,12 +74,13 @@ pub use error::{Error, ErrorKind, Result};
 pub use fp8::{Fp8E4m3, Fp8E5m2, Fp8Format, KvCacheOf, KvDType, KvElement, KvScales, ScaleKind};
 pub use tensor::{TensorView, TensorViewMut};
 
-pub use append::append;
+pub use append::{append, append_with, AppendOptions};
 pub use decode::{decode, DecodeOptions, DecodeWorkspace};
 pub use merge::{merge_states, merge_states_with_sinks};
 pub use paged::{PagedKvCache, PagedKvCacheMut};
 pub use paged_prefill::{paged_prefill, PagedPrefillOptions, PagedPrefillWorkspace};
 pub use plan::{DecodePlan, DecodeProblem};
+pub use rope::{Rope, RopeConfig, RopeScaling, RopeStyle, RopeTable};
 pub use schedule::{DecodeSchedule, SplitPolicy};
 pub use score_mod::{AlibiSlopes, ScoreMod};
 

@@ -326,9 +326,10 @@ fn errors_keep_the_kind_and_the_argument() -> Result<()> {
     Ok(())
 }
 
-/// The example's two attention paths (fused-attn: varlen prefill + paged append + paged decode; candle's
-/// plain attention) generate identical tokens for 32 decode steps on the 2-layer model, with logits that
-/// agree closely; a deliberately wrong softmax scale on the fused path is caught.
+/// The example's two attention paths (fused-attn: varlen prefill + paged append + paged decode, RoPE fused
+/// into the decode steps' append and decode; candle's plain attention with candle-side RoPE) generate
+/// identical tokens for 32 decode steps on the 2-layer model, with logits that agree closely; a deliberately
+/// wrong softmax scale, or RoPE θ, on the fused path is caught.
 #[test]
 fn generation_paths_pick_identical_tokens() -> Result<()> {
     let model = generate::Model::random(generate::Config::small(), 1, &Device::Cpu)?;
@@ -349,6 +350,15 @@ fn generation_paths_pick_identical_tokens() -> Result<()> {
     let wrong = generate::generate(&model, &prompts, 2, &mut wrong, DType::F16)?;
     let wrong_diff = generate::logit_diffs(&wrong, &reference).into_iter().fold(0.0f32, f32::max);
     assert!(wrong_diff > 10.0 * worst.max(1e-3), "a 10 % scale error gave logit differences of only {wrong_diff}");
+
+    // The fused path's decode steps rotate q and k in the kernels (paged_append_rope, paged_decode_rope): a
+    // table of another θ there must be seen too.
+    let mut other_theta = cfg;
+    other_theta.rope_theta *= 2.0;
+    let mut wrong = generate::FusedPath::new(&other_theta, prompts.len(), max_seq_len, DType::F16, 1, &Device::Cpu)?;
+    let wrong = generate::generate(&model, &prompts, 2, &mut wrong, DType::F16)?;
+    let wrong_diff = generate::logit_diffs(&wrong, &reference).into_iter().fold(0.0f32, f32::max);
+    assert!(wrong_diff > 10.0 * worst.max(1e-3), "a wrong RoPE θ gave logit differences of only {wrong_diff}");
     Ok(())
 }
 
@@ -449,7 +459,7 @@ fn score_variants_pass_through_the_candle_ops() -> Result<()> {
     )
     .unwrap();
     let q1h = host(&q1)?;
-    let opts = DecodeOptions { scale: Some(scale), num_splits: None, score_mod };
+    let opts = DecodeOptions { scale: Some(scale), num_splits: None, score_mod, rope: None };
     let decode_check = |o: &Tensor| {
         let oh = host(o).unwrap();
         let shape = [lens.len(), hq, d];

@@ -1,6 +1,7 @@
 //! fused-attn as candle ops over `candle_core::Tensor` (feature `candle`): a drop-in for candle-flash-attn's
 //! [`flash_attn`] / [`flash_attn_varlen`] (same arguments, shapes and `CustomOp3` form), plus the paged-cache
-//! ops an engine's decode loop needs: [`paged_append`], [`paged_decode`] and [`merge_states`].
+//! ops an engine's decode loop needs: [`paged_append`], [`paged_decode`] and [`merge_states`]; with fused
+//! rotary embeddings ([`CandleRope`], docs/rope.md): [`paged_append_rope`] and [`paged_decode_rope`].
 //!
 //! - **CUDA tensors** (feature `candle-cuda`): the GPU kernels on candle's stream, reading candle's
 //!   `CudaSlice`s in place and writing new ones; no copies, no synchronisation.
@@ -27,13 +28,14 @@ use std::sync::OnceLock;
 use candle_core::op::BackpropOp;
 use candle_core::{CpuStorage, CustomOp3, DType, Device, InplaceOp3, Layout, Shape, Storage, Tensor};
 
-use crate::append::append;
+use crate::append::{append, append_with, AppendOptions};
 use crate::decode::{decode, DecodeOptions, DecodeWorkspace};
 use crate::emu::Emulator;
 use crate::error::Error;
 use crate::paged::{PagedKvCache, PagedKvCacheMut};
 use crate::plan::DecodeProblem;
 use crate::prefill::{prefill, prefill_varlen, PrefillOptions};
+use crate::rope::{Rope, RopeConfig, RopeStyle};
 use bridge::{kv_halves, Backing, Fill};
 
 impl From<Error> for candle_core::Error {
@@ -315,10 +317,54 @@ pub fn flash_attn_varlen_with(
     q.apply_op3(k, v, op)
 }
 
+/// A rotary embedding for the candle ops (docs/rope.md): the fp32 tables `cos`, `sin` `[max_pos, ≥
+/// rotary_dim/2]` on the op's device, the rotated dims and the pair layout.
+#[derive(Clone, Debug)]
+pub struct CandleRope {
+    pub cos: Tensor,
+    pub sin: Tensor,
+    pub rotary_dim: usize,
+    pub style: RopeStyle,
+}
+
+impl CandleRope {
+    /// The table of `config` for positions `0..max_pos` ([`RopeConfig::table`]: f64, rounded once to f32) on
+    /// `device`.
+    pub fn new(config: &RopeConfig, max_pos: usize, device: &Device) -> candle_core::Result<Self> {
+        let t = config.table(max_pos)?;
+        Ok(Self {
+            cos: Tensor::from_vec(t.cos, (max_pos, t.half), device)?,
+            sin: Tensor::from_vec(t.sin, (max_pos, t.half), device)?,
+            rotary_dim: config.rotary_dim,
+            style: config.style,
+        })
+    }
+
+    /// Runs `f` with this table (and `positions`, int32, if given) as views on backend `S`.
+    fn with_rope<S: Backing, R>(
+        &self,
+        positions: Option<&Tensor>,
+        f: impl FnOnce(Rope<'_>) -> candle_core::Result<R>,
+    ) -> candle_core::Result<R> {
+        let (cs, cl) = self.cos.storage_and_layout();
+        let (ss, sl) = self.sin.storage_and_layout();
+        let cos = S::of(&cs, "rope_cos")?.view::<f32, 2>("rope_cos", cl)?;
+        let sin = S::of(&ss, "rope_sin")?.view::<f32, 2>("rope_sin", sl)?;
+        let pos = positions.map(|t| t.storage_and_layout());
+        let pos_view = match &pos {
+            Some((st, l)) => Some(S::of(st, "rope_positions")?.index_view::<1>("rope_positions", l)?),
+            None => None,
+        };
+        f(Rope { cos: &cos, sin: &sin, rotary_dim: self.rotary_dim, style: self.style, positions: pos_view.as_ref() })
+    }
+}
+
 /// Writes new tokens' K/V rows into a paged cache in place (an `InplaceOp3` on the cache tensor).
 pub struct PagedAppend {
     /// `[num_tokens]` int64 slots (`page * page_size + offset`); negative slots are skipped.
     pub slot_mapping: Tensor,
+    /// K rotated on its way in: the table and the int32 `[num_tokens]` positions.
+    pub rope: Option<(CandleRope, Tensor)>,
 }
 
 impl PagedAppend {
@@ -339,7 +385,13 @@ impl PagedAppend {
             let (k, v) = (k.view::<T, 3>("k", k_l)?, v.view::<T, 3>("v", v_l)?);
             kv_cache.with_kv_mut::<T, _>(&halves, |k_cache, v_cache| {
                 let mut cache = PagedKvCacheMut::new(k_cache, v_cache)?;
-                Ok(append(&backend.stream(), &k, &v, &slots, &mut cache)?)
+                match &self.rope {
+                    None => Ok(append(&backend.stream(), &k, &v, &slots, &mut cache)?),
+                    Some((rope, positions)) => rope.with_rope::<S, _>(Some(positions), |rope| {
+                        let opts = AppendOptions { rope: Some(rope) };
+                        Ok(append_with(&backend.stream(), &k, &v, &slots, &mut cache, &opts)?)
+                    }),
+                }
             })
         })
     }
@@ -377,7 +429,21 @@ impl InplaceOp3 for PagedAppend {
 /// Appends `k`, `v` (`[num_tokens, Hkv, D]`) to `kv_cache` (`[2, num_pages, page_size, Hkv, D]`, same dtype)
 /// at `slot_mapping` (int64 `[num_tokens]`), in place. Slots must be distinct; negative slots are padding.
 pub fn paged_append(k: &Tensor, v: &Tensor, slot_mapping: &Tensor, kv_cache: &Tensor) -> candle_core::Result<()> {
-    kv_cache.inplace_op3(k, v, &PagedAppend { slot_mapping: slot_mapping.clone() })
+    kv_cache.inplace_op3(k, v, &PagedAppend { slot_mapping: slot_mapping.clone(), rope: None })
+}
+
+/// [`paged_append`] with K rotated by `rope` at `positions` (int32 `[num_tokens]`) on its way into the cache
+/// (fp32, then rounded to the cache's dtype); V as is.
+pub fn paged_append_rope(
+    k: &Tensor,
+    v: &Tensor,
+    slot_mapping: &Tensor,
+    positions: &Tensor,
+    kv_cache: &Tensor,
+    rope: &CandleRope,
+) -> candle_core::Result<()> {
+    let op = PagedAppend { slot_mapping: slot_mapping.clone(), rope: Some((rope.clone(), positions.clone())) };
+    kv_cache.inplace_op3(k, v, &op)
 }
 
 /// A decode workspace (the split-KV partials) on `device`, pinned to the plan for `limits` (the largest
@@ -419,7 +485,29 @@ pub fn paged_decode(
     workspace: &mut DecodeWorkspace,
 ) -> candle_core::Result<Tensor> {
     let variants = Variants::default();
-    let args = DecodeArgs { q, kv_cache, block_table, seq_lens, max_seq_len, softmax_scale, variants: &variants };
+    let args =
+        DecodeArgs { q, kv_cache, block_table, seq_lens, max_seq_len, softmax_scale, variants: &variants, rope: None };
+    Ok(args.run(workspace, false)?.0)
+}
+
+/// [`paged_decode`] with q rotated by `rope` at `positions` (int32 `[B]`) or, with `None`, at each sequence's
+/// last position `seq_lens[b] − 1` (its K must be in the cache rotated by the same table:
+/// [`paged_append_rope`]). Returns `o [B, Hq, D]`.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_decode_rope(
+    q: &Tensor,
+    kv_cache: &Tensor,
+    block_table: &Tensor,
+    seq_lens: &Tensor,
+    max_seq_len: usize,
+    softmax_scale: f32,
+    rope: &CandleRope,
+    positions: Option<&Tensor>,
+    workspace: &mut DecodeWorkspace,
+) -> candle_core::Result<Tensor> {
+    let variants = Variants::default();
+    let rope = Some((rope, positions));
+    let args = DecodeArgs { q, kv_cache, block_table, seq_lens, max_seq_len, softmax_scale, variants: &variants, rope };
     Ok(args.run(workspace, false)?.0)
 }
 
@@ -436,7 +524,8 @@ pub fn paged_decode_with_lse(
     workspace: &mut DecodeWorkspace,
 ) -> candle_core::Result<(Tensor, Tensor)> {
     let variants = Variants::default();
-    let args = DecodeArgs { q, kv_cache, block_table, seq_lens, max_seq_len, softmax_scale, variants: &variants };
+    let args =
+        DecodeArgs { q, kv_cache, block_table, seq_lens, max_seq_len, softmax_scale, variants: &variants, rope: None };
     let (o, lse) = args.run(workspace, true)?;
     let lse = lse.ok_or_else(|| Error::backend("lse", "not produced"))?;
     Ok((o, lse))
@@ -456,7 +545,7 @@ pub fn paged_decode_with(
     variants: &Variants,
     workspace: &mut DecodeWorkspace,
 ) -> candle_core::Result<(Tensor, Tensor)> {
-    let args = DecodeArgs { q, kv_cache, block_table, seq_lens, max_seq_len, softmax_scale, variants };
+    let args = DecodeArgs { q, kv_cache, block_table, seq_lens, max_seq_len, softmax_scale, variants, rope: None };
     let (o, lse) = args.run(workspace, true)?;
     let lse = lse.ok_or_else(|| Error::backend("lse", "not produced"))?;
     Ok((o, lse))
@@ -470,6 +559,7 @@ struct DecodeArgs<'t> {
     max_seq_len: usize,
     softmax_scale: f32,
     variants: &'t Variants,
+    rope: Option<(&'t CandleRope, Option<&'t Tensor>)>,
 }
 
 impl DecodeArgs<'_> {
@@ -512,9 +602,15 @@ impl DecodeArgs<'_> {
                     None => None,
                 };
                 self.variants.with_score_mod::<S, _>(|score_mod| {
-                    let opts = DecodeOptions { scale: Some(self.softmax_scale), num_splits: None, score_mod };
-                    let mut o_view = o.view([b, hq, d])?;
-                    Ok(decode(&backend.stream(), &q, &cache, &mut o_view, lse_view.as_mut(), workspace, &opts)?)
+                    let mut run = |rope: Option<Rope<'_>>| -> candle_core::Result<crate::DecodePlan> {
+                        let opts = DecodeOptions { scale: Some(self.softmax_scale), num_splits: None, score_mod, rope };
+                        let mut o_view = o.view([b, hq, d])?;
+                        Ok(decode(&backend.stream(), &q, &cache, &mut o_view, lse_view.as_mut(), workspace, &opts)?)
+                    };
+                    match self.rope {
+                        None => run(None),
+                        Some((rope, positions)) => rope.with_rope::<S, _>(positions, |r| run(Some(r))),
+                    }
                 })?;
             }
             Ok((o.into_storage(), lse.map(|l| l.into_storage())))

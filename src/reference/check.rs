@@ -168,6 +168,18 @@ pub fn check_decode<T: Element, C: KvElement>(
     let var = variants(&opts.score_mod, &slopes, &sinks);
     let scale = scale_of(opts.scale, d);
     let fq = host_f64("q", q)?;
+    // RoPE: q rotated at each sequence's position (explicit, or seq_len - 1) as the op defines it: in fp32,
+    // rounded to T (the attention's operand; docs/rope.md). Both the reference and the naive twin attend
+    // over that q, so the rotation adds no slack to the tolerance.
+    let mut fq = fq;
+    if let Some(rope) = &opts.rope {
+        let table = super::RopeRef::from_view(rope)?;
+        let positions: Vec<i64> = match rope.positions {
+            Some(p) => host_elements("rope_positions", p)?.into_iter().map(i64::from).collect(),
+            None => data.seq_lens.iter().map(|&n| i64::from(n) - 1).collect(),
+        };
+        table.rotate_lowp(&mut fq, d, hq, &positions, T::DTYPE);
+    }
     let exact = paged_decode_with(hq, scale, &var, &fq, &data.cache())?;
     let naive = naive_lowp_paged_decode_with(hq, scale, &var, &fq, &data.cache(), T::DTYPE)?;
     let lse = lse.map(|l| host_f32("lse", l)).transpose()?;
@@ -254,7 +266,7 @@ fn host_f32<const N: usize>(name: &str, view: &TensorView<'_, f32, N>) -> Result
 }
 
 /// A host view's elements in logical (row-major) order, whatever its strides.
-fn host_elements<E: Copy, const N: usize>(name: &str, view: &TensorView<'_, E, N>) -> Result<Vec<E>> {
+pub(super) fn host_elements<E: Copy, const N: usize>(name: &str, view: &TensorView<'_, E, N>) -> Result<Vec<E>> {
     let Mem::Host(data) = &view.mem else {
         return Err(Error::backend(name, "the reference checks read host views: copy device data back first"));
     };

@@ -27,7 +27,9 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 
 mod check;
+mod rope;
 pub use check::{check_decode, check_paged_prefill, check_prefill, check_prefill_varlen, Check, PagedCacheData};
+pub use rope::RopeRef;
 
 /// A dense (padded-batch) attention problem.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -8,6 +8,7 @@ pub mod cases;
 pub mod cost_model;
 pub mod emu_selftest;
 pub mod poison;
+pub mod rope;
 pub mod seed;
 pub mod timing;
 pub mod variants;

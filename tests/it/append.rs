@@ -27,6 +27,7 @@ fn case() -> DecodeCase {
         seq_lens: vec![0, 1, 15, 17, 300],
         num_splits: Some(2),
         variants: Default::default(),
+        rope: None,
     }
 }
 

@@ -231,6 +231,7 @@ fn decode_case(group: usize, page_size: usize, splits: usize, seq_lens: Vec<usiz
         seq_lens,
         num_splits: Some(splits),
         variants: Default::default(),
+        rope: None,
     }
 }
 

@@ -114,6 +114,7 @@ fn layout_cases() -> Vec<(DecodeCase, DecodeInputs)> {
         seq_lens: vec![0, 1, 17, 300, 1029],
         num_splits,
         variants: Default::default(),
+        rope: None,
     };
     let inputs =
         |cache_layout, scale, magnitude, strided_q_o| DecodeInputs { scale, magnitude, cache_layout, strided_q_o };
@@ -204,6 +205,7 @@ fn small_case(num_splits: Option<usize>) -> DecodeCase {
         seq_lens: vec![300, 0, 77, 1029],
         num_splits,
         variants: Default::default(),
+        rope: None,
     }
 }
 

@@ -319,6 +319,7 @@ fn decode_case(
         seq_lens: lens,
         num_splits: s,
         variants: Default::default(),
+        rope: None,
     }
 }
 

@@ -155,6 +155,7 @@ fn round_trip_case(format: Fp8Format, scales: ScaleKind) -> Fp8DecodeCase {
             seq_lens: vec![0, 1, 17, 100],
             num_splits: Some(2),
             variants: Default::default(),
+            rope: None,
         },
         format,
         scales,
@@ -365,6 +366,7 @@ fn decode_kernel_counters(d: usize, format: Fp8Format, seq_lens: Vec<usize>) -> 
         seq_lens,
         num_splits: Some(1),
         variants: Default::default(),
+        rope: None,
     };
     let case = Fp8DecodeCase { base: base.clone(), format, scales: ScaleKind::PerHead };
     let emu = Emulator::new();

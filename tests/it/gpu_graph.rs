@@ -37,6 +37,7 @@ fn decode_case() -> DecodeCase {
         seq_lens,
         num_splits: Some(2),
         variants: Default::default(),
+        rope: None,
     }
 }
 

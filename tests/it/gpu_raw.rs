@@ -94,6 +94,7 @@ fn gpu_raw_stream_decode_with_caller_workspace_matches_the_cudarc_path() {
         seq_lens: vec![1, 700, 4097],
         num_splits: Some(3),
         variants: Default::default(),
+        rope: None,
     };
     let f = PagedFixture::<bf16>::new(&case, SEED);
     let (b, hq, d) = (case.batch(), case.heads_q, case.head_dim);

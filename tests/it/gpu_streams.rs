@@ -184,6 +184,7 @@ fn decode_case(heads: (usize, usize), seq_lens: Vec<usize>, splits: usize) -> De
         seq_lens,
         num_splits: Some(splits),
         variants: Default::default(),
+        rope: None,
     }
 }
 

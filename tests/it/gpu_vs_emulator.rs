@@ -301,6 +301,7 @@ fn gpu_vs_emu_decode() {
             seq_lens: vec![0, 1, 17, 300],
             num_splits: splits,
             variants: Default::default(),
+            rope: None,
         };
         decode_pair::<bf16>(&emu, &cu, &case, seed() + i as u64);
     }
@@ -313,6 +314,7 @@ fn gpu_vs_emu_decode() {
         seq_lens: vec![5, 129],
         num_splits: Some(2),
         variants: Default::default(),
+        rope: None,
     };
     decode_pair::<f16>(&emu, &cu, &case, seed() + 7);
 }
@@ -395,6 +397,7 @@ fn gpu_vs_emu_append() {
         seq_lens: vec![0, 1, 15, 17, 300],
         num_splits: None,
         variants: Default::default(),
+        rope: None,
     };
     let f = PagedFixture::<bf16>::new(&case, seed());
     let row = case.heads_kv * case.head_dim;
@@ -971,6 +974,7 @@ fn gpu_vs_emu_fp8_decode() {
                 seq_lens: vec![0, 1, 17, 300],
                 num_splits: splits,
                 variants: Default::default(),
+                rope: None,
             },
             format,
             scales,
@@ -1006,6 +1010,7 @@ fn gpu_vs_emu_fp8_decode() {
             seq_lens: vec![1, 17, 300],
             num_splits: Some(1),
             variants: Default::default(),
+            rope: None,
         },
         format: Fp8Format::E4m3,
         scales: ScaleKind::PerHead,

@@ -28,6 +28,7 @@ mod plan;
 mod poison;
 mod prefill;
 mod prefill_sm90;
+mod rope;
 mod runner;
 mod schedule;
 mod variants;

@@ -26,6 +26,7 @@ fn case(heads_q: usize, heads_kv: usize, seq_lens: Vec<usize>, window: Option<i3
         seq_lens,
         num_splits: None,
         variants: Default::default(),
+        rope: None,
     };
     c.variants.window = window.map(|w| (w, 0));
     c

@@ -202,6 +202,7 @@ fn window_longer_than_the_sequence_is_no_window() {
             seq_lens: vec![0, 5, 700, 1000],
             num_splits: splits,
             variants: Default::default(),
+            rope: None,
         };
         let mut windowed = plain.clone();
         windowed.variants.window = Some((1000, 0));

@@ -363,7 +363,7 @@ fn run_as<T: Element>(emu: &Emulator, p: &Problem, op: Op, seed: u64) -> Outputs
                 max_len,
             )
             .unwrap();
-            let opts = DecodeOptions { scale: Some(p.scale), num_splits: forced, score_mod };
+            let opts = DecodeOptions { scale: Some(p.scale), num_splits: forced, score_mod, rope: None };
             let problem =
                 fused_attn::DecodeProblem { batch: b, heads_q: hq, heads_kv: hkv, head_dim: d, max_seq_len: max_len }
                     .windowed(p.window.and_then(|w| usize::try_from(w.0).ok()));
@@ -960,6 +960,7 @@ fn random_long_context_sweeps() {
             seq_lens: if i == 4 { vec![32_768, 4100] } else { vec![[16_384, 4096, 8192, 12_000][i], 5000] },
             num_splits: [Some(1), Some(4), None, Some(2), None][i],
             variants: v,
+            rope: None,
         };
         let start = std::time::Instant::now();
         let mut f = PagedFixture::<bf16>::with_inputs(&c, &DecodeInputs::default(), seed + 2);

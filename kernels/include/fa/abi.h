@@ -120,11 +120,37 @@ typedef struct FaPagedCache {
   const float *v_scale;
 } FaPagedCache;
 
+/* ---------------------------------------------------------------------------------------------------------
+ * Rotary position embedding (docs/rope.md), fused into the ops that read Q or K. The kernels rotate by a
+ * precomputed fp32 table (the host builds it: src/rope.rs; any frequency scheme, YaRN's attention factor
+ * folded in): cos[p * cos_stride + i], sin[p * sin_stride + i] for position p < max_pos and pair i <
+ * rotary_dim / 2. Pair i of a head row x is
+ *   FA_ROPE_NEOX (rotate-half):  (x[i], x[i + rotary_dim/2])
+ *   FA_ROPE_GPTJ (interleaved):  (x[2i], x[2i + 1])
+ * and becomes (a, b) -> (fmaf(a, c, -(b * s)), fmaf(b, c, a * s)) in fp32 (c, s the table entries; the fma
+ * pins the rounding, so the GPU, the emulator and the Rust model agree bit for bit). Dims >= rotary_dim pass
+ * through. rotary_dim is even, 2..head_dim. cos == NULL: no rotation (the kernels run their plain path).
+ * positions: int32 device data (append: one per new token; decode: one per sequence, or NULL for each
+ * sequence's last position seq_len - 1); a position outside [0, max_pos) is clamped into the table (memory
+ * safety; the Rust layer rejects it where it can read it). The table rows and columns no position addresses
+ * are never read.
+ * ------------------------------------------------------------------------------------------------------- */
+enum { FA_ROPE_NEOX = 0, FA_ROPE_GPTJ = 1 };
+typedef struct FaRope {
+  const float *cos;
+  const float *sin;
+  int64_t cos_stride, sin_stride; /* row strides, elements */
+  const int32_t *positions;
+  int32_t max_pos, rotary_dim, style;
+} FaRope;
+
 /* Append: write new tokens' K/V ([num_tokens, Hkv, D], head_dim a multiple of 8) into cache slots.
  * slot_mapping int64 [num_tokens]: slot = page * page_size + offset; a negative slot is padding and is
  * skipped, and so is a slot >= num_pages * page_size (device data: clamped, not checked by the host).
  * Slots must be distinct (two tokens writing one slot race). A 16-bit cache gets a dtype-agnostic copy; an FP8
- * cache (cache.kv_dtype) the quantised values (head_dim then a multiple of 16). */
+ * cache (cache.kv_dtype) the quantised values (head_dim then a multiple of 16).
+ * rope (cos != NULL): K row t is rotated at position rope.positions[t] on its way in (in fp32, then rounded
+ * to the cache's 16-bit dtype or quantised as above, in one pass); V is never rotated. */
 typedef struct FaAppendParams {
   const void *k;
   const void *v;
@@ -134,6 +160,7 @@ typedef struct FaAppendParams {
   FaPagedCache cache;
   int32_t num_tokens, heads_kv, head_dim;
   int32_t dtype;
+  FaRope rope;
 } FaAppendParams;
 
 /* Decode: one query token per sequence over the paged cache.
@@ -184,6 +211,9 @@ typedef struct FaDecodeParams {
   const int32_t *work_indptr; /* [num_ctas + 1], non-decreasing, work_indptr[num_ctas] <= num_work */
   const FaMergeRow *merge_rows;
   int32_t num_ctas, num_work, num_merge_rows, num_partials;
+  /* Rotary embedding of q (cos != NULL): each query row of sequence b rotated at rope.positions[b], or at
+   * seq_len_b - 1 when positions is NULL, after it is read and before the first score (never written back). */
+  FaRope rope;
 } FaDecodeParams;
 
 /* Paged prefill: packed new query tokens of each sequence over the paged cache (chunked prefill, prefix

@@ -8,8 +8,9 @@ use std::path::PathBuf;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use fused_attn::prefill::{PrefillKernel, Sm90Steps};
+use fused_attn::testkit::cases::decode::CaseRope;
 use fused_attn::testkit::variants::{CaseAlibi, CaseVariants};
-use fused_attn::{DType, Error, Fp8Format, KvDType, Result, ScaleKind};
+use fused_attn::{DType, Error, Fp8Format, KvDType, Result, RopeConfig, RopeScaling, RopeStyle, ScaleKind};
 
 /// The runner's git commit (`git describe` at build time; "unknown" outside a git checkout).
 pub const COMMIT: &str =
@@ -241,6 +242,23 @@ pub struct RunArgs {
     /// Attention sinks: a logit per query head, N(0, 1) from --seed [prefill, decode].
     #[arg(long)]
     pub sinks: bool,
+    /// RoPE on q, fused [decode]: the base θ (e.g. 10000, 500000); unset = q taken as already rotated.
+    #[arg(long, value_name = "THETA")]
+    pub rope_theta: Option<f64>,
+    /// RoPE pair layout: neox (rotate-half) or gptj (interleaved) [decode, with --rope-theta].
+    #[arg(long, value_enum, default_value_t = RopeStyleArg::Neox, value_name = "STYLE")]
+    pub rope_style: RopeStyleArg,
+    /// Rotated dims, even, <= --head-dim (partial rotary) [decode, with --rope-theta] [default: --head-dim].
+    #[arg(long, value_name = "N")]
+    pub rotary_dim: Option<usize>,
+    /// Frequency scheme [decode, with --rope-theta]: none, linear:F, ntk:F, llama3 (3.1's 8/1/4/8192) or
+    /// llama3:F:LOW:HIGH:ORIG, yarn:F:ORIG (β 32/1).
+    #[arg(long, default_value = "none", value_name = "SCHEME")]
+    pub rope_scaling: String,
+    /// RoPE positions: `last` (each sequence's seq_len - 1) or `explicit` (drawn from --seed) [decode,
+    /// with --rope-theta].
+    #[arg(long, value_enum, default_value_t = RopePositionsArg::Last, value_name = "KIND")]
+    pub rope_positions: RopePositionsArg,
     #[command(flatten)]
     pub common: Common,
     /// Write every input and output as .npy into DIR (docs/runner.md lists names, dtypes and shapes).
@@ -253,6 +271,75 @@ pub struct RunArgs {
     /// and their ratio to the kernel's cost model [emu backend; --json rows always carry them].
     #[arg(long)]
     pub counters: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RopeStyleArg {
+    Neox,
+    Gptj,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RopePositionsArg {
+    Last,
+    Explicit,
+}
+
+/// `--rope-scaling`'s value: none, linear:F, ntk:F, llama3[:F:LOW:HIGH:ORIG], yarn:F:ORIG.
+pub fn parse_rope_scaling(s: &str) -> Result<RopeScaling> {
+    let parts: Vec<&str> = s.split(':').collect();
+    let num = |i: usize| -> Result<f64> {
+        parts
+            .get(i)
+            .and_then(|x| x.parse::<f64>().ok())
+            .ok_or_else(|| Error::usage(format!("--rope-scaling {s}: field {i} is not a number")))
+    };
+    let int = |i: usize| -> Result<usize> {
+        parts
+            .get(i)
+            .and_then(|x| x.parse::<usize>().ok())
+            .ok_or_else(|| Error::usage(format!("--rope-scaling {s}: field {i} is not a count")))
+    };
+    let want = |n: usize| -> Result<()> {
+        if parts.len() == n {
+            Ok(())
+        } else {
+            Err(Error::usage(format!("--rope-scaling {s}: {} takes {} values", parts[0], n - 1)))
+        }
+    };
+    Ok(match parts[0] {
+        "none" => {
+            want(1)?;
+            RopeScaling::None
+        }
+        "linear" => {
+            want(2)?;
+            RopeScaling::Linear { factor: num(1)? }
+        }
+        "ntk" => {
+            want(2)?;
+            RopeScaling::Ntk { factor: num(1)? }
+        }
+        "llama3" if parts.len() == 1 => RopeScaling::llama31(),
+        "llama3" => {
+            want(5)?;
+            RopeScaling::Llama3 {
+                factor: num(1)?,
+                low_freq_factor: num(2)?,
+                high_freq_factor: num(3)?,
+                original_max_pos: int(4)?,
+            }
+        }
+        "yarn" => {
+            want(3)?;
+            RopeScaling::yarn(num(1)?, int(2)?)
+        }
+        other => {
+            return Err(Error::usage(format!(
+                "--rope-scaling {other}: one of none, linear:F, ntk:F, llama3[:F:LOW:HIGH:ORIG], yarn:F:ORIG"
+            )))
+        }
+    })
 }
 
 #[derive(Args, Debug, Clone)]
@@ -299,6 +386,27 @@ impl RunArgs {
             sinks: self.sinks,
         }
     }
+    /// The RoPE the flags ask for (`None` without --rope-theta); bad values are usage errors.
+    pub fn rope(&self) -> Result<Option<CaseRope>> {
+        let Some(theta) = self.rope_theta else { return Ok(None) };
+        let config = RopeConfig {
+            theta,
+            rotary_dim: self.rotary_dim.unwrap_or(self.head_dim),
+            style: match self.rope_style {
+                RopeStyleArg::Neox => RopeStyle::Neox,
+                RopeStyleArg::Gptj => RopeStyle::Gptj,
+            },
+            scaling: parse_rope_scaling(&self.rope_scaling)?,
+        };
+        config.check().map_err(|e| Error::usage(format!("--rope-*: {}", e.message())))?;
+        if config.rotary_dim > self.head_dim {
+            return Err(Error::usage(format!(
+                "--rotary-dim {} exceeds --head-dim {}",
+                config.rotary_dim, self.head_dim
+            )));
+        }
+        Ok(Some(CaseRope { config, explicit_positions: self.rope_positions == RopePositionsArg::Explicit }))
+    }
     /// The cache's element type: --kv-dtype, or --dtype.
     pub fn kv_dtype(&self) -> KvDType {
         match self.kv_dtype {
@@ -329,6 +437,22 @@ impl RunArgs {
             _ => Ok(()),
         }
     }
+    /// The RoPE flags other than --rope-theta need it; and their values must make a table.
+    fn check_rope(&self, m: &ArgMatches) -> Result<()> {
+        if self.rope_theta.is_none() {
+            for (id, flag) in [
+                ("rope_style", "--rope-style"),
+                ("rotary_dim", "--rotary-dim"),
+                ("rope_scaling", "--rope-scaling"),
+                ("rope_positions", "--rope-positions"),
+            ] {
+                if m.value_source(id) == Some(ValueSource::CommandLine) {
+                    return Err(Error::usage(format!("{flag} needs --rope-theta (RoPE is off without it)")));
+                }
+            }
+        }
+        self.rope().map(|_| ())
+    }
     /// The checks clap cannot express on the variant flags.
     fn check_variants(&self) -> Result<()> {
         for (flag, v) in [("--window-left", self.window_left), ("--window-right", self.window_right)] {
@@ -344,7 +468,7 @@ impl RunArgs {
 }
 
 /// Flags that apply to some ops only, by clap id: (id, flag, the ops it applies to, why).
-const OP_ONLY: [(&str, &str, &[Op], &str); 9] = [
+const OP_ONLY: [(&str, &str, &[Op], &str); 14] = [
     ("seq_lens", "--seq-lens", &[Op::Decode, Op::PagedPrefill], "prefill's batches are uniform"),
     ("q_lens", "--q-lens", &[Op::PagedPrefill], "decode is one query token per sequence"),
     (
@@ -359,6 +483,11 @@ const OP_ONLY: [(&str, &str, &[Op], &str); 9] = [
     ("num_splits", "--num-splits", &[Op::Decode, Op::PagedPrefill], "prefill does not split the KV range"),
     ("kv_dtype", "--kv-dtype", &[Op::Decode, Op::PagedPrefill], "prefill reads contiguous 16-bit K/V"),
     ("kv_scale", "--kv-scale", &[Op::Decode, Op::PagedPrefill], "prefill reads contiguous 16-bit K/V"),
+    ("rope_theta", "--rope-theta", &[Op::Decode], "fused RoPE is not in this op yet (docs/rope.md)"),
+    ("rope_style", "--rope-style", &[Op::Decode], "fused RoPE is not in this op yet (docs/rope.md)"),
+    ("rotary_dim", "--rotary-dim", &[Op::Decode], "fused RoPE is not in this op yet (docs/rope.md)"),
+    ("rope_scaling", "--rope-scaling", &[Op::Decode], "fused RoPE is not in this op yet (docs/rope.md)"),
+    ("rope_positions", "--rope-positions", &[Op::Decode], "fused RoPE is not in this op yet (docs/rope.md)"),
 ];
 
 /// A flag the user gave for an op it does not apply to.
@@ -375,7 +504,8 @@ fn inapplicable(m: &ArgMatches, op: Op) -> Option<String> {
 /// What parsing decided: run a command, or print help/version text to stdout and exit 0, or (no command
 /// given) print the help to stderr and exit 2.
 pub enum Parsed {
-    Command(Command),
+    /// Boxed: the run flags make it much larger than the text variants.
+    Command(Box<Command>),
     Print(String),
     Help(String),
 }
@@ -425,8 +555,9 @@ where
         }
         run.check_variants()?;
         run.check_kv(m)?;
+        run.check_rope(m)?;
     }
-    Ok(Parsed::Command(cli.command))
+    Ok(Parsed::Command(Box::new(cli.command)))
 }
 
 #[cfg(test)]
@@ -439,8 +570,40 @@ mod tests {
 
     fn run(s: &str) -> RunArgs {
         match p(s) {
-            Ok(Parsed::Command(Command::Run(r))) => r,
+            Ok(Parsed::Command(c)) => match *c {
+                Command::Run(r) => r,
+                _ => panic!("{s}: not a run"),
+            },
             _ => panic!("{s}: not a run"),
+        }
+    }
+
+    #[test]
+    fn rope_flags() {
+        let a = run("run --op decode --head-dim 80 --rope-theta 10000 --rope-style gptj --rotary-dim 20 --rope-scaling yarn:4:2048 --rope-positions explicit");
+        let r = a.rope().unwrap().unwrap();
+        assert_eq!((r.config.theta, r.config.rotary_dim, r.config.style), (10000.0, 20, RopeStyle::Gptj));
+        assert_eq!(r.config.scaling, RopeScaling::yarn(4.0, 2048));
+        assert!(r.explicit_positions);
+        let r = run("run --op decode --rope-theta 500000 --rope-scaling llama3").rope().unwrap().unwrap();
+        assert_eq!((r.config.rotary_dim, r.config.scaling, r.explicit_positions), (128, RopeScaling::llama31(), false));
+        assert_eq!(parse_rope_scaling("linear:2").unwrap(), RopeScaling::Linear { factor: 2.0 });
+        assert_eq!(parse_rope_scaling("ntk:4").unwrap(), RopeScaling::Ntk { factor: 4.0 });
+        assert_eq!(
+            parse_rope_scaling("llama3:8:1:4:8192").unwrap(),
+            RopeScaling::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_pos: 8192 }
+        );
+        assert!(run("run --op decode").rope().unwrap().is_none());
+        for bad in [
+            "run --op decode --rope-theta 10000 --rotary-dim 7",
+            "run --op decode --rope-theta 10000 --rotary-dim 256",
+            "run --op decode --rope-theta 10000 --rope-scaling yarn:4",
+            "run --op decode --rope-theta 10000 --rope-scaling cubic:2",
+            "run --op decode --rope-style gptj",
+            "run --op prefill --rope-theta 10000",
+            "run --op paged-prefill --rope-theta 10000",
+        ] {
+            assert!(matches!(p(bad), Err(e) if e.kind() == &fused_attn::ErrorKind::Usage), "{bad}");
         }
     }
 

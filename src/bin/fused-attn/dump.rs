@@ -123,7 +123,22 @@ impl Dump {
         self.write("v", &[b, t, hkv, d], NpyData::F32(v))?;
         self.write("out", &[b, hq, d], encode(dt, r.o.iter().map(|v| v.to_f64())))?;
         self.variants(&f.alibi_slopes, &f.sinks, b, hq)?;
+        self.rope(f)?;
         self.write("lse", &[b, hq], NpyData::F32(r.lse.clone()))
+    }
+
+    /// RoPE (`--rope-theta`): the table the kernel read (NaN in the rows no position addresses and in the
+    /// 3 columns past rotary_dim/2) and each sequence's position (q is written unrotated).
+    fn rope<T>(&self, f: &fused_attn::testkit::cases::decode::PagedFixture<T>) -> Result<()> {
+        let (Some(r), Some(t)) = (&f.case.rope, &f.rope_table) else { return Ok(()) };
+        self.write("rope_cos", &t.shape(), NpyData::F32(t.cos.clone()))?;
+        self.write("rope_sin", &t.shape(), NpyData::F32(t.sin.clone()))?;
+        let pos: Vec<i32> = if r.explicit_positions {
+            f.rope_positions.clone()
+        } else {
+            f.seq_lens.iter().map(|&n| (n - 1).max(0)).collect()
+        };
+        self.write("rope_positions", &[pos.len()], NpyData::I32(&pos))
     }
 
     pub fn decode<T: Element>(&self, r: &DecodeRun<T>) -> Result<()> {
@@ -149,6 +164,7 @@ impl Dump {
         self.write("v", &[b, t, hkv, d], encode(dt, v.into_iter()))?;
         self.write("out", &[b, hq, d], encode(dt, vals(&r.o).into_iter()))?;
         self.variants(&f.alibi_slopes, &f.sinks, b, hq)?;
+        self.rope(f)?;
         self.write("lse", &[b, hq], NpyData::F32(r.lse.clone()))
     }
 

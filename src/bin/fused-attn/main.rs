@@ -71,6 +71,7 @@ fn run(a: &RunArgs, backend: &Backend, out: &mut Output) -> Result<()> {
                 seq_lens: a.context_lens(),
                 num_splits: a.num_splits,
                 variants: a.variants(),
+                rope: a.rope()?,
             };
             match a.kv_dtype().fp8() {
                 Some(format) => {
@@ -216,7 +217,7 @@ fn main() {
             eprint!("{text}");
             Err(Error::usage(""))
         }
-        Parsed::Command(c) => main_inner(c),
+        Parsed::Command(c) => main_inner(*c),
     });
     let code = match result {
         Ok(true) => 0,

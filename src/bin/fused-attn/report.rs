@@ -192,6 +192,7 @@ pub fn decode_step(c: &PagedPrefillCase) -> DecodeCase {
         seq_lens: c.seqs.iter().map(|s| s.1).collect(),
         num_splits: None,
         variants: c.variants,
+        rope: None,
     }
 }
 

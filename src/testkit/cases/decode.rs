@@ -48,6 +48,35 @@ pub struct DecodeCase {
     pub num_splits: Option<usize>,
     /// Score variants (sliding window, softcap, ALiBi, sinks).
     pub variants: CaseVariants,
+    /// Rotary embedding of q ([`CaseRope`]); `None`: q is taken as already rotated.
+    pub rope: Option<CaseRope>,
+}
+
+/// RoPE on a decode case's queries: the model's configuration, and whether the positions are explicit (drawn
+/// from the seed, one per sequence) or each sequence's last (seq_len − 1). The fixture builds the table for
+/// [`CaseRope::MAX_POS`] positions, with NaN in every row no position addresses and in 3 columns past
+/// rotary_dim / 2 (`crate::testkit::rope::PoisonedTable`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CaseRope {
+    pub config: crate::rope::RopeConfig,
+    pub explicit_positions: bool,
+}
+
+impl CaseRope {
+    /// Table rows (positions) of a case's table: past every sweep's lengths.
+    pub const MAX_POS: usize = 1 << 15;
+
+    pub fn label(&self) -> String {
+        let c = &self.config;
+        format!(
+            "rope={:?} rd={} theta={} {:?}{}",
+            c.style,
+            c.rotary_dim,
+            c.theta,
+            c.scaling,
+            if self.explicit_positions { " positions" } else { "" }
+        )
+    }
 }
 
 impl DecodeCase {
@@ -83,7 +112,10 @@ impl DecodeCase {
     }
     pub fn label(&self) -> String {
         let splits = self.num_splits.map_or("planned".to_string(), |s| s.to_string());
-        let variants = self.variants.label();
+        let mut variants = self.variants.label();
+        if let Some(r) = &self.rope {
+            variants = if variants.is_empty() { r.label() } else { format!("{variants} {}", r.label()) };
+        }
         format!(
             "{} D={} Hq={} Hkv={} page={} splits={} lens={:?}{}{}",
             self.dtype.name(),
@@ -117,6 +149,7 @@ pub fn decode_sweep() -> Vec<DecodeCase> {
                             seq_lens: SWEEP_SEQ_LENS.to_vec(),
                             num_splits,
                             variants: CaseVariants::default(),
+                            rope: None,
                         });
                     }
                 }
@@ -140,6 +173,7 @@ pub fn decode_sweep_emulated() -> Vec<DecodeCase> {
             seq_lens: SWEEP_SEQ_LENS.to_vec(),
             num_splits: SWEEP_SPLITS[(i / 5) % 4],
             variants: CaseVariants::default(),
+            rope: None,
         })
         .collect()
 }
@@ -176,6 +210,7 @@ pub fn decode_variant_sweep() -> Vec<DecodeCase> {
                 seq_lens: vec![0, 1, 17, 129, 1000, 2100],
                 num_splits,
                 variants: *v,
+                rope: None,
             });
         }
     }
@@ -211,6 +246,7 @@ pub fn decode_head_dim_sweep() -> Vec<DecodeCase> {
             seq_lens: vec![0, 17, 256, 300],
             num_splits: SWEEP_SPLITS[i % 4],
             variants: if i % 3 == 2 { variants[(i / 3) % 4] } else { V::default() },
+            rope: None,
         })
         .collect()
 }
@@ -291,6 +327,9 @@ pub struct PagedFixture<T> {
     /// ALiBi slopes (`[Hq]` or `[B, Hq]`) and sinks (`[Hq]`) of the case's variants (empty when unused).
     pub alibi_slopes: Vec<f32>,
     pub sinks: Vec<f32>,
+    /// The case's RoPE table (poisoned) and explicit positions `[B]` (empty when unused).
+    pub rope_table: Option<crate::testkit::rope::PoisonedTable>,
+    pub rope_positions: Vec<i32>,
 }
 
 impl<T: Element> PagedFixture<T> {
@@ -343,7 +382,27 @@ impl<T: Element> PagedFixture<T> {
         let window = crate::mask::Window::new(case.variants.window, true);
         crate::testkit::poison::poison_unseen_slots(&mut k_cache, &mut v_cache, hkv * d, ps, seqs, window);
         let q = (0..case.batch() * case.heads_q * d).map(|_| T::from_f64(rng.random_range(-mag..mag))).collect();
-        let seq_lens = case.seq_lens.iter().map(|&n| n as i32).collect();
+        let seq_lens: Vec<i32> = case.seq_lens.iter().map(|&n| n as i32).collect();
+        // RoPE: positions drawn after everything else (the other inputs do not depend on them).
+        let (rope_table, rope_positions) = match &case.rope {
+            None => (None, Vec::new()),
+            Some(r) => {
+                let max_pos = CaseRope::MAX_POS;
+                let positions: Vec<i32> = if r.explicit_positions {
+                    (0..case.batch()).map(|_| rng.random_range(0..max_pos as i32)).collect()
+                } else {
+                    Vec::new()
+                };
+                let used: Vec<i64> = if r.explicit_positions {
+                    positions.iter().map(|&p| i64::from(p)).collect()
+                } else {
+                    seq_lens.iter().map(|&n| i64::from(n) - 1).collect()
+                };
+                let table = crate::testkit::rope::PoisonedTable::new(&r.config, max_pos, &used)
+                    .expect("CaseRope holds a valid configuration");
+                (Some(table), positions)
+            }
+        };
         Self {
             alibi_slopes: case.variants.slopes(case.batch(), case.heads_q),
             sinks: case.variants.sinks(case.heads_q, seed),
@@ -356,7 +415,25 @@ impl<T: Element> PagedFixture<T> {
             block_table,
             seq_lens,
             q,
+            rope_table,
+            rope_positions,
         }
+    }
+
+    /// The reference's view of q: the fixture's, rotated as the kernels rotate it when the case has RoPE
+    /// (fp32, rounded to T, at the explicit positions or seq_len − 1).
+    pub fn reference_q(&self) -> Vec<f64> {
+        let mut q = to_f64(&self.q);
+        if let (Some(r), Some(t)) = (&self.case.rope, &self.rope_table) {
+            let table = t.reference(r.config.rotary_dim, r.config.style);
+            let positions: Vec<i64> = if r.explicit_positions {
+                self.rope_positions.iter().map(|&p| i64::from(p)).collect()
+            } else {
+                self.seq_lens.iter().map(|&n| i64::from(n) - 1).collect()
+            };
+            table.rotate_lowp(&mut q, self.case.head_dim, self.case.heads_q, &positions, T::DTYPE);
+        }
+        q
     }
 
     /// The kernel's scale (fp32) as the reference uses it.
@@ -440,10 +517,43 @@ impl<T: Element> PagedFixture<T> {
         let wide = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>();
         let (slopes, sinks) = (wide(&self.alibi_slopes), wide(&self.sinks));
         let var = c.variants.reference(&slopes, &sinks);
-        let (scale, q) = (self.scale(), to_f64(&self.q));
+        let (scale, q) = (self.scale(), self.reference_q());
         let exact = reference::paged_decode_with(c.heads_q, scale, &var, &q, &cache)?;
         let naive = reference::naive_lowp_paged_decode_with(c.heads_q, scale, &var, &q, &cache, T::DTYPE)?;
         Ok((exact, naive))
+    }
+}
+
+/// The views of a fixture's RoPE table and positions on one backend.
+pub(crate) struct RopeViews<'a> {
+    pub(crate) cos: TensorView<'a, f32, 2>,
+    pub(crate) sin: TensorView<'a, f32, 2>,
+    pub(crate) positions: TensorView<'a, i32, 1>,
+}
+
+impl<'a> RopeViews<'a> {
+    /// The op's [`Rope`](crate::rope::Rope) of the fixture's case.
+    pub(crate) fn rope<T>(&'a self, f: &PagedFixture<T>) -> crate::rope::Rope<'a> {
+        let r = f.case.rope.expect("RopeViews exist only for a case with RoPE");
+        crate::rope::Rope {
+            cos: &self.cos,
+            sin: &self.sin,
+            rotary_dim: r.config.rotary_dim,
+            style: r.config.style,
+            positions: r.explicit_positions.then_some(&self.positions),
+        }
+    }
+}
+
+impl<T> PagedFixture<T> {
+    /// Host views of the case's RoPE table and positions, if it has RoPE.
+    pub(crate) fn rope_views_host(&self) -> Result<Option<RopeViews<'_>>> {
+        let Some(t) = &self.rope_table else { return Ok(None) };
+        Ok(Some(RopeViews {
+            cos: TensorView::host(&t.cos, t.shape())?,
+            sin: TensorView::host(&t.sin, t.shape())?,
+            positions: TensorView::host(&self.rope_positions, [self.rope_positions.len()])?,
+        }))
     }
 }
 
@@ -663,10 +773,12 @@ pub fn run_emulated_on<T: Element>(
     let variants = VariantViews::new(&case.variants, b, hq, |sinks, n| {
         TensorView::host(&(if sinks { &f.sinks } else { &f.alibi_slopes })[..n], [n])
     })?;
+    let rope_views = f.rope_views_host()?;
     let opts = DecodeOptions {
         scale: f.inputs.scale,
         num_splits: case.num_splits,
         score_mod: variants.score_mod(&case.variants),
+        rope: rope_views.as_ref().map(|v| v.rope(f)),
     };
     let mut own;
     let ws = match workspace {
@@ -718,6 +830,8 @@ pub(crate) struct GpuCase<T: Element, C: KvCacheOf<T>> {
     slopes: cudarc::driver::CudaSlice<f32>,
     sinks: cudarc::driver::CudaSlice<f32>,
     scales: Option<KvScales>,
+    /// RoPE: cos, sin and positions (one spare element, so an empty list still allocates).
+    rope: Option<(cudarc::driver::CudaSlice<f32>, cudarc::driver::CudaSlice<f32>, cudarc::driver::CudaSlice<i32>)>,
     ws: DecodeWorkspace,
     pub(crate) plan: DecodePlan,
 }
@@ -753,6 +867,14 @@ impl<T: Element, C: KvCacheOf<T>> GpuCase<T, C> {
             slopes: cu.clone_htod(&f.alibi_slopes.iter().copied().chain([0.0]).collect::<Vec<_>>())?,
             sinks: cu.clone_htod(&f.sinks.iter().copied().chain([0.0]).collect::<Vec<_>>())?,
             scales,
+            rope: match &f.rope_table {
+                Some(t) => Some((
+                    cu.clone_htod(&t.cos)?,
+                    cu.clone_htod(&t.sin)?,
+                    cu.clone_htod(&f.rope_positions.iter().copied().chain([0]).collect::<Vec<_>>())?,
+                )),
+                None => None,
+            },
             ws: DecodeWorkspace::for_plan(&stream, &plan)?,
             plan,
         })
@@ -776,10 +898,19 @@ impl<T: Element, C: KvCacheOf<T>> GpuCase<T, C> {
         let variants = VariantViews::new(&c.variants, b, hq, |sink, n| {
             TensorView::gpu((if sink { sinks } else { slopes }).slice(0..n), [n])
         })?;
+        let rope_views = match &self.rope {
+            Some((cos, sin, pos)) => Some(RopeViews {
+                cos: TensorView::gpu(cos.as_view(), f.rope_table.as_ref().map_or([0, 0], |t| t.shape()))?,
+                sin: TensorView::gpu(sin.as_view(), f.rope_table.as_ref().map_or([0, 0], |t| t.shape()))?,
+                positions: TensorView::gpu(pos.slice(0..f.rope_positions.len()), [f.rope_positions.len()])?,
+            }),
+            None => None,
+        };
         let opts = DecodeOptions {
             scale: f.inputs.scale,
             num_splits: c.num_splits,
             score_mod: variants.score_mod(&c.variants),
+            rope: rope_views.as_ref().map(|v| v.rope(f)),
         };
         decode(
             &Stream::Gpu(cu),
@@ -874,6 +1005,7 @@ pub fn perf_cases() -> Vec<DecodeCase> {
             seq_lens: vec![ctx; batch],
             num_splits: None,
             variants: Default::default(),
+            rope: None,
         })
         .collect()
 }
@@ -943,6 +1075,7 @@ mod tests {
             seq_lens: vec![0, 3, 17],
             num_splits: None,
             variants: Default::default(),
+            rope: None,
         };
         let f = PagedFixture::<bf16>::new(&case, 1);
         assert_eq!(f.width, 4);

@@ -64,6 +64,7 @@ pub fn fp8_decode_sweep_emulated() -> Vec<Fp8DecodeCase> {
                 seq_lens: vec![0, 1, 33, 300],
                 num_splits: SWEEP_SPLITS[(i / 3) % 4],
                 variants: if i % 4 == 3 { variants[(i / 4) % 4] } else { CaseVariants::default() },
+                rope: None,
             },
             format: [Fp8Format::E4m3, Fp8Format::E5m2][i % 2],
             scales: [ScaleKind::PerTensor, ScaleKind::PerHead][(i / 4) % 2],
@@ -311,8 +312,13 @@ pub fn decode_fp8<T: Element, C: Fp8Element + KvCacheOf<T>>(
     let variants = VariantViews::new(&c.variants, b, hq, |sinks, n| {
         TensorView::host(&(if sinks { &s.sinks } else { &s.alibi_slopes })[..n], [n])
     })?;
-    let opts =
-        DecodeOptions { scale: s.inputs.scale, num_splits: c.num_splits, score_mod: variants.score_mod(&c.variants) };
+    let rope_views = s.rope_views_host()?;
+    let opts = DecodeOptions {
+        scale: s.inputs.scale,
+        num_splits: c.num_splits,
+        score_mod: variants.score_mod(&c.variants),
+        rope: rope_views.as_ref().map(|r| r.rope(s)),
+    };
     let plan = DecodeWorkspace::new(stream, 0, 0)?.plan(&c.problem(), &opts)?;
     let mut ws = DecodeWorkspace::for_plan(stream, &plan)?;
     let mut o = vec![T::nan(); b * hq * d];
