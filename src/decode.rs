@@ -522,14 +522,41 @@ pub fn decode<T: Element, C: KvCacheOf<T>>(
 
     let scales_view = cache.scales_view()?;
     let mut launch = Launch::new(*stream);
-    let score_mod = opts.score_mod.abi(&mut launch, problem.batch, problem.heads_q)?;
+    let partials = split.then_some((&mut partial_o, &mut partial_lse));
+    let base = common_params(&mut launch, q, cache, scales_view.as_ref(), o, lse, partials, &problem, opts, scale)?;
+    let params = sys::FaDecodeParams {
+        num_splits: to_i32("num_splits", plan.num_splits)?,
+        split_tokens: to_i32("split_tokens", plan.split_tokens)?,
+        ..base
+    };
+    launch.run("paged_decode", params, sys::fa_decode)?;
+    Ok(plan)
+}
+
+/// The kernel parameters both decode paths share, their buffers taken into `launch`: q, o and the LSE, the
+/// split partials (when the launch writes any), the cache, the problem's sizes, the scale and the variants
+/// (RoPE included). The split and schedule fields are left at 0 for the caller.
+#[allow(clippy::too_many_arguments)]
+fn common_params<'l, T: Element, C: KvCacheOf<T>>(
+    launch: &mut Launch<'l>,
+    q: &'l TensorView<'_, T, 3>,
+    cache: &'l PagedKvCache<'_, C>,
+    scales_view: Option<&'l TensorView<'_, f32, 1>>,
+    o: &'l mut TensorViewMut<'_, T, 3>,
+    lse: Option<&'l mut TensorViewMut<'_, f32, 2>>,
+    partials: Option<(&'l mut TensorViewMut<'_, f32, 1>, &'l mut TensorViewMut<'_, f32, 1>)>,
+    problem: &DecodeProblem,
+    opts: &'l DecodeOptions,
+    scale: f32,
+) -> Result<sys::FaDecodeParams> {
+    let score_mod = opts.score_mod.abi(launch, problem.batch, problem.heads_q)?;
     let rope = match &opts.rope {
-        Some(r) => r.abi(&mut launch, problem.head_dim, problem.batch, false)?,
+        Some(r) => r.abi(launch, problem.head_dim, problem.batch, false)?,
         None => sys::FaRope::default(),
     };
     let q_ptr = launch.input(c"q", q, 16)?;
-    let cache_abi = cache.launch_abi(&mut launch, scales_view.as_ref())?;
-    let o_strides = o.strides();
+    let cache_abi = cache.launch_abi(launch, scales_view)?;
+    let (q_strides, o_strides) = (q.strides(), o.strides());
     let o_ptr = launch.output(c"o", o, 16)?;
     let (lse_ptr, lse_batch_stride) = match lse {
         Some(l) => {
@@ -538,21 +565,18 @@ pub fn decode<T: Element, C: KvCacheOf<T>>(
         }
         None => (std::ptr::null_mut(), 0),
     };
-    let (po_ptr, plse_ptr) = if split {
-        (
-            launch.output(c"partial_o", &mut partial_o, 16)? as *mut f32,
-            launch.output(c"partial_lse", &mut partial_lse, 4)? as *mut f32,
-        )
-    } else {
-        (std::ptr::null_mut(), std::ptr::null_mut())
+    let (partial_o, partial_lse) = match partials {
+        Some((po, plse)) => {
+            (launch.output(c"partial_o", po, 16)? as *mut f32, launch.output(c"partial_lse", plse, 4)? as *mut f32)
+        }
+        None => (std::ptr::null_mut(), std::ptr::null_mut()),
     };
-    let q_strides = q.strides();
-    let params = sys::FaDecodeParams {
+    Ok(sys::FaDecodeParams {
         q: q_ptr,
         o: o_ptr,
         lse: lse_ptr,
-        partial_o: po_ptr,
-        partial_lse: plse_ptr,
+        partial_o,
+        partial_lse,
         q_batch_stride: q_strides[0],
         q_head_stride: q_strides[1],
         o_batch_stride: o_strides[0],
@@ -563,17 +587,13 @@ pub fn decode<T: Element, C: KvCacheOf<T>>(
         heads_q: to_i32("heads_q", problem.heads_q)?,
         heads_kv: to_i32("heads_kv", problem.heads_kv)?,
         head_dim: to_i32("head_dim", problem.head_dim)?,
-        num_splits: to_i32("num_splits", plan.num_splits)?,
-        split_tokens: to_i32("split_tokens", plan.split_tokens)?,
         dtype: T::DTYPE.abi(),
         scale,
         scale_log2: scale * std::f32::consts::LOG2_E,
         score_mod,
         rope,
         ..Default::default()
-    };
-    launch.run("paged_decode", params, sys::fa_decode)?;
-    Ok(plan)
+    })
 }
 
 /// [`decode`] on a scheduled workspace: the schedule prepared for this call (made here from the cache's
@@ -661,56 +681,14 @@ fn decode_scheduled<T: Element, C: KvCacheOf<T>>(
 
     let scales_view = cache.scales_view()?;
     let mut launch = Launch::new(*stream);
-    let score_mod = opts.score_mod.abi(&mut launch, problem.batch, problem.heads_q)?;
-    let rope = match &opts.rope {
-        Some(r) => r.abi(&mut launch, problem.head_dim, problem.batch, false)?,
-        None => sys::FaRope::default(),
-    };
-    let q_ptr = launch.input(c"q", q, 16)?;
-    let cache_abi = cache.launch_abi(&mut launch, scales_view.as_ref())?;
+    let partials = (partial_cap > 0).then_some((&mut partial_o, &mut partial_lse));
+    let base = common_params(&mut launch, q, cache, scales_view.as_ref(), o, lse, partials, problem, opts, scale)?;
     let table_ptr = launch.input(c"schedule", &table, 4)? as *const i32;
-    let o_strides = o.strides();
-    let o_ptr = launch.output(c"o", o, 16)?;
-    let (lse_ptr, lse_batch_stride) = match lse {
-        Some(l) => {
-            let stride = l.strides()[0];
-            (launch.output(c"lse", l, 4)? as *mut f32, stride)
-        }
-        None => (std::ptr::null_mut(), 0),
-    };
-    let (po_ptr, plse_ptr) = if partial_cap > 0 {
-        (
-            launch.output(c"partial_o", &mut partial_o, 16)? as *mut f32,
-            launch.output(c"partial_lse", &mut partial_lse, 4)? as *mut f32,
-        )
-    } else {
-        (std::ptr::null_mut(), std::ptr::null_mut())
-    };
-    let q_strides = q.strides();
     // SAFETY (pointer arithmetic only): the offsets lie inside the table (Scheduler::table_len).
     let (work_ptr, merge_ptr) = (table_ptr.wrapping_add(work_at), table_ptr.wrapping_add(merge_at));
     let params = sys::FaDecodeParams {
-        q: q_ptr,
-        o: o_ptr,
-        lse: lse_ptr,
-        partial_o: po_ptr,
-        partial_lse: plse_ptr,
-        q_batch_stride: q_strides[0],
-        q_head_stride: q_strides[1],
-        o_batch_stride: o_strides[0],
-        o_head_stride: o_strides[1],
-        lse_batch_stride,
-        cache: cache_abi,
-        batch: to_i32("batch", problem.batch)?,
-        heads_q: to_i32("heads_q", problem.heads_q)?,
-        heads_kv: to_i32("heads_kv", problem.heads_kv)?,
-        head_dim: to_i32("head_dim", problem.head_dim)?,
         num_splits: 1,
         split_tokens: 0,
-        dtype: T::DTYPE.abi(),
-        scale,
-        scale_log2: scale * std::f32::consts::LOG2_E,
-        score_mod,
         work: work_ptr.cast(),
         work_indptr: table_ptr,
         merge_rows: if merge_rows > 0 { merge_ptr.cast() } else { std::ptr::null() },
@@ -718,7 +696,7 @@ fn decode_scheduled<T: Element, C: KvCacheOf<T>>(
         num_work: to_i32("schedule", work_cap)?,
         num_merge_rows: to_i32("batch", merge_rows)?,
         num_partials: to_i32("partials", partial_cap)?,
-        rope,
+        ..base
     };
     launch.run("paged_decode", params, sys::fa_decode)?;
     Ok(plan)
