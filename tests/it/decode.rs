@@ -21,14 +21,7 @@ fn run_decode<T: Element>(
     let c = &f.case;
     let (b, hq, d) = (c.batch(), c.heads_q, c.head_dim);
     let opts = opts.unwrap_or(DecodeOptions { scale: None, num_splits: c.num_splits, ..Default::default() });
-    let cache = PagedKvCache::new(
-        TensorView::host(&f.k_cache, f.cache_shape()).unwrap(),
-        TensorView::host(&f.v_cache, f.cache_shape()).unwrap(),
-        TensorView::host(&f.block_table, [b, f.width]).unwrap(),
-        TensorView::host(&f.seq_lens, [b]).unwrap(),
-        c.max_seq_len(),
-    )
-    .unwrap();
+    let cache = f.host_cache().unwrap();
     let q = TensorView::host(&f.q, [b, hq, d]).unwrap();
     let mut o = vec![T::nan(); b * hq * d];
     let mut lse = vec![f32::NAN; b * hq];
@@ -241,14 +234,7 @@ fn strided_q_and_o_and_no_lse() {
     let strides = [(3 * hq * d) as i64, d as i64, 1];
     let q = TensorView::host(&q_packed[hq * d..], [b, hq, d]).unwrap().with_strides(strides).unwrap();
     let mut o_packed = vec![bf16::NAN; b * 3 * hq * d];
-    let cache = PagedKvCache::new(
-        TensorView::host(&f.k_cache, f.cache_shape()).unwrap(),
-        TensorView::host(&f.v_cache, f.cache_shape()).unwrap(),
-        TensorView::host(&f.block_table, [b, f.width]).unwrap(),
-        TensorView::host(&f.seq_lens, [b]).unwrap(),
-        case.max_seq_len(),
-    )
-    .unwrap();
+    let cache = f.host_cache().unwrap();
     let mut ws = DecodeWorkspace::with_capacity(&stream, b, hq, d, 2).unwrap();
     {
         let mut o =

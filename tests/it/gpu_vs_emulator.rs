@@ -207,14 +207,7 @@ fn decode_pair<T: Element>(emu: &Emulator, cu: &Arc<CudaStream>, case: &DecodeCa
     let mut emu_o = vec![T::nan(); b * hq * d];
     let mut emu_lse = vec![f32::NAN; b * hq];
     let emu_plan = {
-        let cache = PagedKvCache::new(
-            TensorView::host(&f.k_cache, f.cache_shape()).unwrap(),
-            TensorView::host(&f.v_cache, f.cache_shape()).unwrap(),
-            TensorView::host(&f.block_table, [b, f.width]).unwrap(),
-            TensorView::host(&f.seq_lens, [b]).unwrap(),
-            case.max_seq_len(),
-        )
-        .unwrap();
+        let cache = f.host_cache().unwrap();
         let plan = DecodeWorkspace::new(&emu_stream, 0, 0).unwrap().plan(&case.problem(), &opts).unwrap();
         let mut ws = DecodeWorkspace::for_plan(&emu_stream, &plan).unwrap();
         decode(

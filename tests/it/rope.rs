@@ -351,14 +351,7 @@ fn check_decode_rope<T: Element>(
         style: cfg.style,
         positions: explicit.then_some(&pos_view),
     };
-    let cache = PagedKvCache::new(
-        TensorView::host(&f.k_cache, f.cache_shape()).unwrap(),
-        TensorView::host(&f.v_cache, f.cache_shape()).unwrap(),
-        TensorView::host(&f.block_table, [b, f.width]).unwrap(),
-        TensorView::host(&f.seq_lens, [b]).unwrap(),
-        case.max_seq_len(),
-    )
-    .unwrap();
+    let cache = f.host_cache().unwrap();
     let mut o = vec![T::nan(); b * hq * d];
     let mut lse = vec![f32::NAN; b * hq];
     let mut ws = if scheduled {

@@ -490,6 +490,18 @@ impl<T: Element> PagedFixture<T> {
         [self.num_pages, self.case.page_size, self.case.heads_kv, self.case.head_dim]
     }
 
+    /// The fixture's cache as host views (packed layout, no scales): what a test hands the ops directly.
+    pub fn host_cache(&self) -> Result<PagedKvCache<'_, T>> {
+        let b = self.case.batch();
+        PagedKvCache::new(
+            TensorView::host(&self.k_cache, self.cache_shape())?,
+            TensorView::host(&self.v_cache, self.cache_shape())?,
+            TensorView::host(&self.block_table, [b, self.width])?,
+            TensorView::host(&self.seq_lens, [b])?,
+            self.case.max_seq_len(),
+        )
+    }
+
     /// Slot (page * page_size + offset) of token t of sequence b.
     pub fn slot(&self, b: usize, t: usize) -> usize {
         let ps = self.case.page_size;
