@@ -119,7 +119,7 @@ fn prompt_append_then_decode_round_trip() {
     let emu = Emulator::new().with_table_checks(fused_attn::TableChecks::GpuMasking);
     let stream = Stream::Emu(&emu);
     let (seed, rerun) = seed("prompt_append_then_decode_round_trip");
-    let f = PagedFixture::<bf16>::new(&case(), seed);
+    let f = PagedFixture::<bf16>::new(&case(), seed).unwrap();
     let (k, v, slots) = packed_tokens(&f, |b| 0..f.case.seq_lens[b]);
     let mut k_cache = vec![bf16::NAN; f.k_cache.len()];
     let mut v_cache = vec![bf16::NAN; f.v_cache.len()];
@@ -138,7 +138,7 @@ fn one_token_per_sequence_append() {
     let emu = Emulator::new().with_table_checks(fused_attn::TableChecks::GpuMasking);
     let stream = Stream::Emu(&emu);
     let (seed, rerun) = seed("one_token_per_sequence_append");
-    let f = PagedFixture::<bf16>::new(&case(), seed);
+    let f = PagedFixture::<bf16>::new(&case(), seed).unwrap();
     let lens = &f.case.seq_lens;
     // Cache holding all but the last token of every sequence; the decode step appends that token.
     let (k, v, slots) = packed_tokens(&f, |b| 0..lens[b].saturating_sub(1));
@@ -196,7 +196,7 @@ fn gpu_append_round_trip() {
     let cu = ctx.default_stream();
     let stream = Stream::Gpu(&cu);
     let (seed, rerun) = seed("gpu_append_round_trip");
-    let f = PagedFixture::<bf16>::new(&case(), seed);
+    let f = PagedFixture::<bf16>::new(&case(), seed).unwrap();
     let c = &f.case;
     let (k, v, slots) = packed_tokens(&f, |b| 0..c.seq_lens[b]);
     let n = slots.len();

@@ -206,7 +206,7 @@ fn small_case(num_splits: Option<usize>) -> DecodeCase {
 fn fixed_plan_is_bitwise_reproducible() {
     let emu = Emulator::new();
     let stream = Stream::Emu(&emu);
-    let f = PagedFixture::<bf16>::new(&small_case(Some(3)), seed_for(0));
+    let f = PagedFixture::<bf16>::new(&small_case(Some(3)), seed_for(0)).unwrap();
     let (o1, l1, p1) = run_decode(&stream, &f, None);
     let (o2, l2, p2) = run_decode(&stream, &f, None);
     assert_eq!(p1, p2);
@@ -220,7 +220,7 @@ fn strided_q_and_o_and_no_lse() {
     let emu = Emulator::new();
     let stream = Stream::Emu(&emu);
     let case = small_case(Some(2));
-    let f = PagedFixture::<bf16>::new(&case, seed_for(1));
+    let f = PagedFixture::<bf16>::new(&case, seed_for(1)).unwrap();
     let (b, hq, d) = (case.batch(), case.heads_q, case.head_dim);
     let (want, _, _) = run_decode(&stream, &f, None);
     // q and o as head slices of packed [B, 3*Hq, D] tensors.
@@ -376,7 +376,7 @@ fn clamps_device_data_it_cannot_validate() {
     let emu = Emulator::new().with_table_checks(fused_attn::TableChecks::GpuMasking);
     let stream = Stream::Emu(&emu);
     let case = DecodeCase { seq_lens: vec![48, 48, 48], num_splits: Some(2), ..small_case(None) };
-    let f = PagedFixture::<bf16>::new(&case, seed_for(3));
+    let f = PagedFixture::<bf16>::new(&case, seed_for(3)).unwrap();
     let (b, hq, d, ps) = (case.batch(), case.heads_q, case.head_dim, case.page_size);
     assert_eq!(f.width, 4); // capacity 64 tokens
                             // Kernel view: seq 0 has length -3, seq 1 claims 1000 (clamped to 64; its spare column is pointed at a
@@ -452,7 +452,7 @@ fn out_of_range_page_ids_are_masked_keys() {
         let case =
             DecodeCase { page_size: ps, seq_lens: vec![700, 300, 40, 1029], num_splits: splits, ..small_case(None) };
         let seed = seed_for(2000 + i);
-        let f = PagedFixture::<bf16>::new(&case, seed);
+        let f = PagedFixture::<bf16>::new(&case, seed).unwrap();
         let (b, hq, d) = (case.batch(), case.heads_q, case.head_dim);
         // Seq 0: bad pages (negative ids) covering >= 64 tokens in the middle; seq 1: its first pages past
         // the end; seq 2: every page bad (an empty row: O = 0, LSE = -inf); seq 3 untouched.
@@ -556,7 +556,7 @@ fn validate_reports_the_first_bad_entry() {
     let emu = Emulator::new();
     let stream = Stream::Emu(&emu);
     let case = small_case(Some(2));
-    let f = PagedFixture::<bf16>::new(&case, seed_for(4));
+    let f = PagedFixture::<bf16>::new(&case, seed_for(4)).unwrap();
     let (b, w) = (case.batch(), f.width);
     let cache = |table: &'_ [i32], lens: &'_ [i32]| {
         PagedKvCache::new(
@@ -632,7 +632,7 @@ fn the_emulator_rejects_bad_tables_by_default() {
     let masking = Emulator::new().with_table_checks(TableChecks::GpuMasking);
     assert_eq!(strict.table_checks(), TableChecks::Strict);
     let c = small_case(Some(2));
-    let f = PagedFixture::<bf16>::new(&c, seed_for(5));
+    let f = PagedFixture::<bf16>::new(&c, seed_for(5)).unwrap();
     let (b, hq, d, w) = (c.batch(), c.heads_q, c.head_dim, f.width);
     let run = |emu: &Emulator, table: &[i32], lens: &[i32]| {
         let stream = Stream::Emu(emu);

@@ -210,7 +210,7 @@ fn fill_decode<T: Element>(f: &mut PagedFixture<T>, keys: &Keys, seed: u64) {
 /// Runs one exact decode configuration on the emulator and judges it against the closed forms.
 fn decode_exact<T: Element>(emu: &Emulator, label: &str, case: &DecodeCase, keys: &Keys, seed: u64) -> Verdict {
     let inputs = DecodeInputs::default();
-    let mut f = PagedFixture::<T>::with_inputs(case, &inputs, seed);
+    let mut f = PagedFixture::<T>::with_inputs(case, &inputs, seed).unwrap();
     fill_decode(&mut f, keys, seed ^ 0xe8ac7);
     let run = run_inputs_emulated(emu, &f, seed).unwrap();
     let (hq, hkv, d) = (case.heads_q, case.heads_kv, case.head_dim);

@@ -173,7 +173,7 @@ fn append_then_decode_round_trip() {
     let seed = common::base_seed();
     for (format, kind) in [(Fp8Format::E4m3, ScaleKind::PerHead), (Fp8Format::E5m2, ScaleKind::PerTensor)] {
         let case = round_trip_case(format, kind);
-        let f = Fp8Fixture::<bf16>::new(&case, seed);
+        let f = Fp8Fixture::<bf16>::new(&case, seed).unwrap();
         let s = &f.sixteen;
         let c = &s.case;
         let row = c.heads_kv * c.head_dim;
@@ -244,7 +244,8 @@ fn fp8_decode_reads_half_the_bytes() {
     let f = Fp8Fixture::<f16>::new(
         &Fp8DecodeCase { base: DecodeCase { dtype: DType::F16, ..case.base.clone() }, ..case },
         1,
-    );
+    )
+    .unwrap();
     decode_fp8::<f16, Fp8E4m3>(&stream, &f).unwrap();
     let fp8 = emu.last_launch_counters().unwrap();
     let s = &f.sixteen;
@@ -299,7 +300,7 @@ fn bad_fp8_inputs_are_typed_errors() {
     assert_eq!(e.kind(), &ErrorKind::Shape);
 
     let case = round_trip_case(Fp8Format::E4m3, ScaleKind::PerHead);
-    let f = Fp8Fixture::<bf16>::new(&case, 5);
+    let f = Fp8Fixture::<bf16>::new(&case, 5).unwrap();
     let s = &f.sixteen;
     let c = &s.case;
     let (b, hq, d) = (c.batch(), c.heads_q, c.head_dim);

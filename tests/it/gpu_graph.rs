@@ -195,7 +195,7 @@ fn gpu_graph_capture_replays_decode_and_prefill() {
     unsafe { ctx.disable_event_tracking() };
     let cu = ctx.new_stream().unwrap();
     let (dec, pre) =
-        (PagedFixture::<bf16>::new(&decode_case(), SEED), PrefillFixture::new(&prefill_case(), SEED).unwrap());
+        (PagedFixture::<bf16>::new(&decode_case(), SEED).unwrap(), PrefillFixture::new(&prefill_case(), SEED).unwrap());
     let fx = (&dec, &pre);
     let probe = DecodeWorkspace::new(&Stream::Gpu(&cu), 0, 0).unwrap();
     let plan = probe
@@ -243,7 +243,7 @@ fn gpu_graph_capture_replays_decode_and_prefill() {
 
     // New q for both ops, written in place into the captured buffers (prefill's q has a buffer of its own).
     assert!(pre.q.buf != pre.k.buf && pre.q.buf != pre.v.buf);
-    cu.memcpy_htod(&PagedFixture::<bf16>::new(&decode_case(), SEED + 1).q, &mut inp.dq).unwrap();
+    cu.memcpy_htod(&PagedFixture::<bf16>::new(&decode_case(), SEED + 1).unwrap().q, &mut inp.dq).unwrap();
     let pre2 = PrefillFixture::<bf16>::new(&prefill_case(), SEED + 1).unwrap();
     cu.memcpy_htod(&pre2.bufs[pre.q.buf], &mut inp.pbufs[pre.q.buf]).unwrap();
     direct.poison(&cu);

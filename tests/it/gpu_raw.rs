@@ -96,7 +96,7 @@ fn gpu_raw_stream_decode_with_caller_workspace_matches_the_cudarc_path() {
         variants: Default::default(),
         rope: None,
     };
-    let f = PagedFixture::<bf16>::new(&case, SEED);
+    let f = PagedFixture::<bf16>::new(&case, SEED).unwrap();
     let (b, hq, d) = (case.batch(), case.heads_q, case.head_dim);
     let sm = fused_attn::device::sm_count(&ctx).unwrap();
     let plan = DecodePlan::new(&case.problem(), sm, case.num_splits).unwrap();

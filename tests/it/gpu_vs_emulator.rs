@@ -199,7 +199,7 @@ fn gpu_vs_emu_prefill_sm90() {
 
 fn decode_pair<T: Element>(emu: &Emulator, cu: &Arc<CudaStream>, case: &DecodeCase, seed: u64) {
     let what = format!("decode {}", case.label());
-    let f = PagedFixture::<T>::new(case, seed);
+    let f = PagedFixture::<T>::new(case, seed).unwrap();
     let (b, hq, d) = (case.batch(), case.heads_q, case.head_dim);
     let opts = DecodeOptions { scale: None, num_splits: case.num_splits, ..Default::default() };
 
@@ -392,7 +392,7 @@ fn gpu_vs_emu_append() {
         variants: Default::default(),
         rope: None,
     };
-    let f = PagedFixture::<bf16>::new(&case, seed());
+    let f = PagedFixture::<bf16>::new(&case, seed()).unwrap();
     let row = case.heads_kv * case.head_dim;
     // Every owned token, plus a padding slot (-1) and one past the cache: both must be skipped.
     let (mut k, mut v, mut slots) = (Vec::new(), Vec::new(), Vec::new());
@@ -1008,7 +1008,7 @@ fn gpu_vs_emu_fp8_decode() {
         format: Fp8Format::E4m3,
         scales: ScaleKind::PerHead,
     };
-    let f = Fp8Fixture::<bf16>::new(&case, seed());
+    let f = Fp8Fixture::<bf16>::new(&case, seed()).unwrap();
     let sx = &f.sixteen;
     let row = case.base.heads_kv * case.base.head_dim;
     let (mut k, mut v, mut slots) = (Vec::new(), Vec::new(), Vec::new());

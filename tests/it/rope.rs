@@ -331,7 +331,7 @@ fn check_decode_rope<T: Element>(
     scheduled: bool,
     seed: u64,
 ) -> Result<String, String> {
-    let f = PagedFixture::<T>::new(case, seed);
+    let f = PagedFixture::<T>::new(case, seed).unwrap();
     let (b, hq, d) = (case.batch(), case.heads_q, case.head_dim);
     let max_pos = 5000;
     let mut r = rng(seed ^ 0x5eed);
@@ -587,7 +587,7 @@ fn append_then_decode_with_rope_fp8_and_16_bit() {
         variants: Default::default(),
         rope: None,
     };
-    let f = PagedFixture::<bf16>::new(&case, seed);
+    let f = PagedFixture::<bf16>::new(&case, seed).unwrap();
     let (b, hq, d, hkv) = (case.batch(), case.heads_q, case.head_dim, case.heads_kv);
     let row = hkv * d;
     let (mut k, mut v, mut slots, mut pos) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -730,7 +730,7 @@ fn rope_reads_q_and_k_once_and_writes_them_nowhere() {
         variants: Default::default(),
         rope: None,
     };
-    let f = PagedFixture::<bf16>::new(&case, 7);
+    let f = PagedFixture::<bf16>::new(&case, 7).unwrap();
     let cache = PagedKvCache::new(
         TensorView::host(&f.k_cache, f.cache_shape()).unwrap(),
         TensorView::host(&f.v_cache, f.cache_shape()).unwrap(),

@@ -38,7 +38,7 @@ fn limits(c: &DecodeCase, batch: usize, max_seq_len: usize) -> DecodeProblem {
 
 /// Runs `c` on `ws`; checks it against the reference and returns the decode kernel's counters.
 fn run(emu: &Emulator, c: &DecodeCase, ws: &mut DecodeWorkspace) -> (KernelCounters, Vec<bf16>, Vec<f32>) {
-    let f = PagedFixture::<bf16>::new(c, SEED);
+    let f = PagedFixture::<bf16>::new(c, SEED).unwrap();
     let r = run_emulated_on(emu, &f, SEED, Some(ws)).unwrap();
     assert!(r.outcome.passed(), "{}: {}", c.label(), r.outcome.summary());
     let counters = emu.last_launch_counters().unwrap();
@@ -137,8 +137,8 @@ fn fixed_split_size_is_batch_invariant_with_windows() {
         let mut ws = DecodeWorkspace::scheduled_on(&stream, &limits(&batch, 4, 2048), policy, 16).unwrap();
         // The same data for the target: a fixture's K/V/Q depend on the seed and the sequence's position, so
         // build the batch's fixture and run the target's rows alone by copying them into a batch of one.
-        let fb = PagedFixture::<bf16>::new(&batch, SEED);
-        let mut fa = PagedFixture::<bf16>::new(&alone, SEED);
+        let fb = PagedFixture::<bf16>::new(&batch, SEED).unwrap();
+        let mut fa = PagedFixture::<bf16>::new(&alone, SEED).unwrap();
         let (b2, hq, d) = (2, 8, 128);
         fa.q.copy_from_slice(&fb.q[b2 * hq * d..(b2 + 1) * hq * d]);
         for t in 0..1500 {

@@ -963,7 +963,7 @@ fn random_long_context_sweeps() {
             rope: None,
         };
         let start = std::time::Instant::now();
-        let mut f = PagedFixture::<bf16>::with_inputs(&c, &DecodeInputs::default(), seed + 2);
+        let mut f = PagedFixture::<bf16>::with_inputs(&c, &DecodeInputs::default(), seed + 2).unwrap();
         if v.alibi != CaseAlibi::None {
             f.alibi_slopes = probe_slopes(8);
         }

@@ -335,13 +335,14 @@ pub struct PagedFixture<T> {
 impl<T: Element> PagedFixture<T> {
     /// Builds the fixture from `seed` with the default inputs: q and K uniform in [-2, 2) (so softmax is far
     /// from uniform at scale 1/sqrt(D)), V uniform in [-0.5, 1.5) (offset so outputs are not ~ 0).
-    pub fn new(case: &DecodeCase, seed: u64) -> Self {
+    pub fn new(case: &DecodeCase, seed: u64) -> Result<Self> {
         Self::with_inputs(case, &DecodeInputs::default(), seed)
     }
 
     /// Builds the fixture from `seed`, drawing values as `inputs` says (its layout is applied when the
-    /// cache is materialised for a launch, [`PagedFixture::cache_buffers`]).
-    pub fn with_inputs(case: &DecodeCase, inputs: &DecodeInputs, seed: u64) -> Self {
+    /// cache is materialised for a launch, [`PagedFixture::cache_buffers`]). A case whose RoPE
+    /// configuration makes no table is the table's error.
+    pub fn with_inputs(case: &DecodeCase, inputs: &DecodeInputs, seed: u64) -> Result<Self> {
         let mut rng = crate::testkit::seed::rng(seed);
         let mag = inputs.magnitude;
         let (ps, hkv, d) = (case.page_size, case.heads_kv, case.head_dim);
@@ -398,12 +399,11 @@ impl<T: Element> PagedFixture<T> {
                 } else {
                     seq_lens.iter().map(|&n| i64::from(n) - 1).collect()
                 };
-                let table = crate::testkit::rope::PoisonedTable::new(&r.config, max_pos, &used)
-                    .expect("CaseRope holds a valid configuration");
+                let table = crate::testkit::rope::PoisonedTable::new(&r.config, max_pos, &used)?;
                 (Some(table), positions)
             }
         };
-        Self {
+        Ok(Self {
             alibi_slopes: case.variants.slopes(case.batch(), case.heads_q),
             sinks: case.variants.sinks(case.heads_q, seed),
             case: case.clone(),
@@ -417,7 +417,7 @@ impl<T: Element> PagedFixture<T> {
             q,
             rope_table,
             rope_positions,
-        }
+        })
     }
 
     /// The reference's view of q: the fixture's, rotated as the kernels rotate it when the case has RoPE
@@ -541,12 +541,14 @@ pub(crate) struct RopeViews<'a> {
     pub(crate) cos: TensorView<'a, f32, 2>,
     pub(crate) sin: TensorView<'a, f32, 2>,
     pub(crate) positions: TensorView<'a, i32, 1>,
+    /// The case's RoPE the views are of.
+    pub(crate) case: CaseRope,
 }
 
 impl<'a> RopeViews<'a> {
     /// The op's [`Rope`](crate::rope::Rope) of the fixture's case.
-    pub(crate) fn rope<T>(&'a self, f: &PagedFixture<T>) -> crate::rope::Rope<'a> {
-        let r = f.case.rope.expect("RopeViews exist only for a case with RoPE");
+    pub(crate) fn rope(&'a self) -> crate::rope::Rope<'a> {
+        let r = self.case;
         crate::rope::Rope {
             cos: &self.cos,
             sin: &self.sin,
@@ -558,13 +560,29 @@ impl<'a> RopeViews<'a> {
 }
 
 impl<T> PagedFixture<T> {
+    /// The op's options for the fixture's case: its scale, splits, the score variants of `variants` and the
+    /// RoPE of `rope` (views on the backend that runs it).
+    pub(crate) fn options<'a>(
+        &self,
+        variants: &'a VariantViews<'a>,
+        rope: Option<&'a RopeViews<'a>>,
+    ) -> DecodeOptions<'a> {
+        DecodeOptions {
+            scale: self.inputs.scale,
+            num_splits: self.case.num_splits,
+            score_mod: variants.score_mod(&self.case.variants),
+            rope: rope.map(RopeViews::rope),
+        }
+    }
+
     /// Host views of the case's RoPE table and positions, if it has RoPE.
     pub(crate) fn rope_views_host(&self) -> Result<Option<RopeViews<'_>>> {
-        let Some(t) = &self.rope_table else { return Ok(None) };
+        let (Some(t), Some(case)) = (&self.rope_table, self.case.rope) else { return Ok(None) };
         Ok(Some(RopeViews {
             cos: TensorView::host(&t.cos, t.shape())?,
             sin: TensorView::host(&t.sin, t.shape())?,
             positions: TensorView::host(&self.rope_positions, [self.rope_positions.len()])?,
+            case,
         }))
     }
 }
@@ -726,7 +744,7 @@ pub struct DecodeRun<T> {
 
 /// [`check_case_emulated`] for a static element type, handing back the data too.
 pub fn run_case_emulated<T: Element>(emu: &Emulator, case: &DecodeCase, seed: u64) -> Result<DecodeRun<T>> {
-    run_inputs_emulated(emu, &PagedFixture::<T>::new(case, seed), seed)
+    run_inputs_emulated(emu, &PagedFixture::<T>::new(case, seed)?, seed)
 }
 
 /// [`check_case_emulated`] with inputs drawn and laid out as `inputs` says.
@@ -738,10 +756,10 @@ pub fn check_inputs_emulated(
 ) -> Result<CaseOutcome> {
     match case.dtype {
         DType::F16 => {
-            run_inputs_emulated(emu, &PagedFixture::<f16>::with_inputs(case, inputs, seed), seed).map(|r| r.outcome)
+            run_inputs_emulated(emu, &PagedFixture::<f16>::with_inputs(case, inputs, seed)?, seed).map(|r| r.outcome)
         }
         DType::Bf16 => {
-            run_inputs_emulated(emu, &PagedFixture::<bf16>::with_inputs(case, inputs, seed), seed).map(|r| r.outcome)
+            run_inputs_emulated(emu, &PagedFixture::<bf16>::with_inputs(case, inputs, seed)?, seed).map(|r| r.outcome)
         }
     }
 }
@@ -786,12 +804,7 @@ pub fn run_emulated_on<T: Element>(
         TensorView::host(&(if sinks { &f.sinks } else { &f.alibi_slopes })[..n], [n])
     })?;
     let rope_views = f.rope_views_host()?;
-    let opts = DecodeOptions {
-        scale: f.inputs.scale,
-        num_splits: case.num_splits,
-        score_mod: variants.score_mod(&case.variants),
-        rope: rope_views.as_ref().map(|v| v.rope(f)),
-    };
+    let opts = f.options(&variants, rope_views.as_ref());
     let mut own;
     let ws = match workspace {
         Some(ws) => ws,
@@ -910,20 +923,16 @@ impl<T: Element, C: KvCacheOf<T>> GpuCase<T, C> {
         let variants = VariantViews::new(&c.variants, b, hq, |sink, n| {
             TensorView::gpu((if sink { sinks } else { slopes }).slice(0..n), [n])
         })?;
-        let rope_views = match &self.rope {
-            Some((cos, sin, pos)) => Some(RopeViews {
-                cos: TensorView::gpu(cos.as_view(), f.rope_table.as_ref().map_or([0, 0], |t| t.shape()))?,
-                sin: TensorView::gpu(sin.as_view(), f.rope_table.as_ref().map_or([0, 0], |t| t.shape()))?,
+        let rope_views = match (&self.rope, &f.rope_table, c.rope) {
+            (Some((cos, sin, pos)), Some(t), Some(case)) => Some(RopeViews {
+                cos: TensorView::gpu(cos.as_view(), t.shape())?,
+                sin: TensorView::gpu(sin.as_view(), t.shape())?,
                 positions: TensorView::gpu(pos.slice(0..f.rope_positions.len()), [f.rope_positions.len()])?,
+                case,
             }),
-            None => None,
+            _ => None,
         };
-        let opts = DecodeOptions {
-            scale: f.inputs.scale,
-            num_splits: c.num_splits,
-            score_mod: variants.score_mod(&c.variants),
-            rope: rope_views.as_ref().map(|v| v.rope(f)),
-        };
+        let opts = f.options(&variants, rope_views.as_ref());
         decode(
             &Stream::Gpu(cu),
             &TensorView::gpu(self.q.as_view(), [b, hq, d])?,
@@ -946,7 +955,7 @@ pub fn check_case_gpu(cu: &Arc<CudaStream>, case: &DecodeCase, seed: u64) -> Res
 
 /// [`check_case_gpu`] for a static element type, handing back the data too.
 pub fn run_case_gpu<T: Element>(cu: &Arc<CudaStream>, case: &DecodeCase, seed: u64) -> Result<DecodeRun<T>> {
-    let f = PagedFixture::<T>::new(case, seed);
+    let f = PagedFixture::<T>::new(case, seed)?;
     let mut g = GpuCase::upload16(cu, &f)?;
     let plan = g.run(cu, &f)?;
     let o: Vec<T> = cu.clone_dtoh(&g.o)?;
@@ -995,7 +1004,7 @@ fn time_gpu<T: Element>(
     warmup: usize,
     iters: usize,
 ) -> Result<DecodeTiming> {
-    let f = PagedFixture::<T>::new(case, seed);
+    let f = PagedFixture::<T>::new(case, seed)?;
     let mut g = GpuCase::upload16(cu, &f)?;
     let plan = g.plan;
     let timing = time_launches(cu, warmup, iters, |_| g.run(cu, &f).map(|_| ()))?;
@@ -1089,7 +1098,7 @@ mod tests {
             variants: Default::default(),
             rope: None,
         };
-        let f = PagedFixture::<bf16>::new(&case, 1);
+        let f = PagedFixture::<bf16>::new(&case, 1).unwrap();
         assert_eq!(f.width, 4);
         assert_eq!(f.num_pages, 1 + 1 + 3 + 2); // null page, pages of the sequences, two spares
         let owned: usize = case.seq_lens.iter().sum::<usize>() * 2 * 64;

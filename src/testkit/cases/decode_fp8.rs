@@ -13,7 +13,7 @@ use super::decode::{
     decode_bytes, evaluate_kv, to_f64, CaseOutcome, DecodeCase, DecodeTiming, GpuCase, PagedFixture, SWEEP_HEADS,
     SWEEP_SPLITS,
 };
-use crate::decode::{decode, DecodeOptions, DecodeWorkspace};
+use crate::decode::{decode, DecodeWorkspace};
 use crate::dtype::{DType, Element};
 use crate::emu::Emulator;
 use crate::error::Result;
@@ -200,14 +200,14 @@ pub fn dequantize(codes: &[u8], hkv: usize, d: usize, format: Fp8Format, scales:
 impl<T: Element> Fp8Fixture<T> {
     /// The 16-bit fixture of `case.base` from `seed`, quantised. Per-tensor scales map the amax to the
     /// format's max; per-head scales leave 3% less room, so the largest values saturate.
-    pub fn new(case: &Fp8DecodeCase, seed: u64) -> Self {
-        let sixteen = PagedFixture::<T>::new(&case.base, seed);
+    pub fn new(case: &Fp8DecodeCase, seed: u64) -> Result<Self> {
+        let sixteen = PagedFixture::<T>::new(&case.base, seed)?;
         let (hkv, d, f) = (case.base.heads_kv, case.base.head_dim, case.format);
         let headroom = if case.scales == ScaleKind::PerHead { 0.97 } else { 1.0 };
         let k_scale = scales_of(&sixteen.k_cache, hkv, d, f, case.scales, headroom);
         let v_scale = scales_of(&sixteen.v_cache, hkv, d, f, case.scales, headroom);
         let fp8 = Fp8Cache::quantize(&sixteen.k_cache, &sixteen.v_cache, (hkv, d), f, k_scale, v_scale);
-        Self { sixteen, fp8 }
+        Ok(Self { sixteen, fp8 })
     }
 }
 
@@ -264,7 +264,7 @@ pub fn check_fp8_case_emulated(emu: &Emulator, case: &Fp8DecodeCase, seed: u64) 
 
 /// [`check_fp8_case_emulated`] for a static element type, handing back the data too.
 pub fn run_fp8_case_emulated<T: Element>(emu: &Emulator, case: &Fp8DecodeCase, seed: u64) -> Result<Fp8DecodeRun<T>> {
-    let f = Fp8Fixture::<T>::new(case, seed);
+    let f = Fp8Fixture::<T>::new(case, seed)?;
     let (o, lse, plan) = match case.format {
         Fp8Format::E4m3 => decode_fp8::<T, Fp8E4m3>(&Stream::Emu(emu), &f)?,
         Fp8Format::E5m2 => decode_fp8::<T, Fp8E5m2>(&Stream::Emu(emu), &f)?,
@@ -275,7 +275,7 @@ pub fn run_fp8_case_emulated<T: Element>(emu: &Emulator, case: &Fp8DecodeCase, s
 
 /// Runs an FP8 case on the GPU behind `cu` and judges it (the data comes back for bitwise comparisons).
 pub fn run_fp8_case_gpu<T: Element>(cu: &Arc<CudaStream>, case: &Fp8DecodeCase, seed: u64) -> Result<Fp8DecodeRun<T>> {
-    let f = Fp8Fixture::<T>::new(case, seed);
+    let f = Fp8Fixture::<T>::new(case, seed)?;
     let (o, lse, plan) = match case.format {
         Fp8Format::E4m3 => decode_fp8::<T, Fp8E4m3>(&Stream::Gpu(cu), &f)?,
         Fp8Format::E5m2 => decode_fp8::<T, Fp8E5m2>(&Stream::Gpu(cu), &f)?,
@@ -313,12 +313,7 @@ pub fn decode_fp8<T: Element, C: Fp8Element + KvCacheOf<T>>(
         TensorView::host(&(if sinks { &s.sinks } else { &s.alibi_slopes })[..n], [n])
     })?;
     let rope_views = s.rope_views_host()?;
-    let opts = DecodeOptions {
-        scale: s.inputs.scale,
-        num_splits: c.num_splits,
-        score_mod: variants.score_mod(&c.variants),
-        rope: rope_views.as_ref().map(|r| r.rope(s)),
-    };
+    let opts = s.options(&variants, rope_views.as_ref());
     let plan = DecodeWorkspace::new(stream, 0, 0)?.plan(&c.problem(), &opts)?;
     let mut ws = DecodeWorkspace::for_plan(stream, &plan)?;
     let mut o = vec![T::nan(); b * hq * d];
@@ -361,7 +356,7 @@ pub fn time_fp8_case_gpu(
         warmup: usize,
         iters: usize,
     ) -> Result<DecodeTiming> {
-        let f = Fp8Fixture::<T>::new(case, seed);
+        let f = Fp8Fixture::<T>::new(case, seed)?;
         let mut g = upload::<T, C>(cu, &f)?;
         let plan = g.plan;
         let timing = time_launches(cu, warmup, iters, |_| g.run(cu, &f.sixteen).map(|_| ()))?;
