@@ -30,6 +30,14 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// The cache slot of new token `token`, or -1 when its row is skipped: padding (a negative slot) or a slot past
+// the cache (device data the host cannot check).
+FA_DEVICE int64_t cache_slot(const FaAppendParams &p, int64_t token) {
+  const int64_t slot = ld_global_nc(p.slot_mapping + token);
+  const int64_t num_slots = (int64_t)p.cache.num_pages << p.cache.log2_page_size;
+  return slot < num_slots ? slot : -1;
+}
+
 FA_DEVICE void paged_append_kernel(const FaAppendParams &p) {
   const int chunks = p.head_dim / 8;
   const int64_t per_token = (int64_t)p.heads_kv * chunks;
@@ -39,9 +47,8 @@ FA_DEVICE void paged_append_kernel(const FaAppendParams &p) {
   const int h = (int)(item % per_token) / chunks;
   const int c = (int)(item % per_token) % chunks;
 
-  const int64_t slot = ld_global_nc(p.slot_mapping + token);
-  const int64_t num_slots = (int64_t)p.cache.num_pages << p.cache.log2_page_size;
-  if (slot < 0 || slot >= num_slots) return; // padding; or out of range (device data the host cannot check)
+  const int64_t slot = cache_slot(p, token);
+  if (slot < 0) return;
   const int64_t page = slot >> p.cache.log2_page_size;
   const int64_t offset = slot & (p.cache.page_size - 1);
 
@@ -84,9 +91,8 @@ FA_DEVICE void paged_append_fp8_kernel(const FaAppendParams &p) {
   const int h = (int)(item % per_token) / chunks;
   const int c = (int)(item % per_token) % chunks;
 
-  const int64_t slot = ld_global_nc(p.slot_mapping + token);
-  const int64_t num_slots = (int64_t)p.cache.num_pages << p.cache.log2_page_size;
-  if (slot < 0 || slot >= num_slots) return;
+  const int64_t slot = cache_slot(p, token);
+  if (slot < 0) return;
   const int64_t page = slot >> p.cache.log2_page_size;
   const int64_t offset = slot & (p.cache.page_size - 1);
 
@@ -178,11 +184,7 @@ template <class T> FA_DEVICE void paged_append_rope_16(const FaAppendParams &p) 
   int64_t slot = -1;
   Vec16 kw{0, 0, 0, 0};
   float x[8];
-  if (ch.active) {
-    slot = ld_global_nc(p.slot_mapping + ch.token);
-    const int64_t num_slots = (int64_t)p.cache.num_pages << p.cache.log2_page_size;
-    if (slot >= num_slots) slot = -1; // out of range: skipped, as padding
-  }
+  if (ch.active) slot = cache_slot(p, ch.token);
   if (slot >= 0) {
     const uint16_t *k = static_cast<const uint16_t *>(p.k) + ch.token * p.k_token_stride + ch.h * p.k_head_stride + ch.c * 8;
     kw = ld_global_nc(reinterpret_cast<const Vec16 *>(k));
@@ -235,11 +237,7 @@ template <class T> FA_DEVICE void paged_append_fp8_rope_t(const FaAppendParams &
   float *k_row = k_rows + ch.row * p.head_dim;
   int64_t slot = -1;
   float x[16];
-  if (ch.active) {
-    slot = ld_global_nc(p.slot_mapping + ch.token);
-    const int64_t num_slots = (int64_t)p.cache.num_pages << p.cache.log2_page_size;
-    if (slot >= num_slots) slot = -1;
-  }
+  if (ch.active) slot = cache_slot(p, ch.token);
   if (slot >= 0) {
     const Vec16 *k = reinterpret_cast<const Vec16 *>(static_cast<const T *>(p.k) + ch.token * p.k_token_stride +
                                                      ch.h * p.k_head_stride + ch.c * 16);
