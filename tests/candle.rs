@@ -477,3 +477,170 @@ fn score_variants_pass_through_the_candle_ops() -> Result<()> {
     assert!(!decode_check(&plain).passed(), "the plain decode passes the variants' check");
     Ok(())
 }
+
+/// FP8 caches through the candle ops (CPU tensors, the emulator): bf16 K/V appended into a cache of FP8
+/// codes (`U8` in either format, or candle's `F8E4M3`), per-tensor and per-head scales, and decoded from it.
+/// The codes written are exactly `encode(f32(x) / scale)`, slot by slot, and nothing else is written; the
+/// decode passes the fp64 reference over that cache and its scales (`reference::check_decode`), and fails it
+/// when the reference is given other scales, so the scales reach the kernel. Then the errors: FP8 codes
+/// without `fp8`, E5M2 codes in an `F8E4M3` tensor, a 16-bit cache with `fp8`.
+#[test]
+fn fp8_caches_pass_through_the_candle_ops() -> Result<()> {
+    use fused_attn::fp8::Fp8Element;
+    use fused_attn::reference::check_decode;
+    use fused_attn::{DecodeOptions, Fp8E4m3, Fp8E5m2, Fp8Format, KvScales, PagedKvCache, TensorView};
+    use half::bf16;
+
+    let mut rng = StdRng::seed_from_u64(23);
+    let (hq, hkv, d, page) = (4, 2, 64, 16);
+    let lens = [1usize, 37, 70];
+    let (b, per_seq) = (lens.len(), 5);
+    let num_pages = b * per_seq + 1;
+    let max_seq_len = 70;
+    let scale = 1.0 / (d as f32).sqrt();
+    let emu = fused_attn::Stream::Emu(fa::emulator());
+    for (format, storage, per_head) in [
+        (Fp8Format::E4m3, DType::F8E4M3, false),
+        (Fp8Format::E5m2, DType::U8, true),
+        (Fp8Format::E4m3, DType::U8, true),
+    ] {
+        let what = format!("{format:?} in {storage:?}, per-head scales {per_head}");
+        let (k_scales, v_scales): (Vec<f32>, Vec<f32>) =
+            if per_head { (vec![0.004, 0.011], vec![0.02, 0.0075]) } else { (vec![0.006], vec![0.013]) };
+        let fp8 = if per_head {
+            fa::Fp8Kv::per_head(&Device::Cpu, format, &k_scales, &v_scales)?
+        } else {
+            fa::Fp8Kv::per_tensor(&Device::Cpu, format, k_scales[0], v_scales[0])?
+        };
+        let opts = fa::PagedOptions { fp8: Some(&fp8), ..Default::default() };
+        // Pages in shuffled order, one nobody owns; the cache starts as code 0x5a everywhere.
+        let mut order: Vec<usize> = (0..num_pages).collect();
+        order.shuffle(&mut rng);
+        let filler = 0x5au8;
+        let cache_shape = (2, num_pages, page, hkv, d);
+        let cells = 2 * num_pages * page * hkv * d;
+        let kv_cache = match storage {
+            DType::U8 => Tensor::from_vec(vec![filler; cells], cache_shape, &Device::Cpu)?,
+            // candle converts by value: the filler's value is exact in E4M3.
+            _ => Tensor::from_vec(vec![Fp8Format::E4m3.decode(filler) as f32; cells], cache_shape, &Device::Cpu)?
+                .to_dtype(storage)?,
+        };
+        let mut expected = vec![filler; cells];
+        let slot_offset = |kv: usize, slot: usize, h: usize| ((kv * num_pages * page + slot) * hkv + h) * d;
+        for (s, &n) in lens.iter().enumerate() {
+            let k = random(&[n, hkv, d], -1.0, 1.0, DType::BF16, &mut rng)?;
+            let v = random(&[n, hkv, d], -0.5, 1.5, DType::BF16, &mut rng)?;
+            let slots: Vec<i64> = (0..n).map(|t| (order[s * per_seq + t / page] * page + t % page) as i64).collect();
+            fa::paged_append_opts(&k, &v, &Tensor::from_vec(slots.clone(), n, &Device::Cpu)?, &kv_cache, &opts)?;
+            for (kv, (x, scales)) in [(&k, &k_scales), (&v, &v_scales)].into_iter().enumerate() {
+                let x = x.flatten_all()?.to_vec1::<bf16>()?;
+                for (t, &slot) in slots.iter().enumerate() {
+                    for h in 0..hkv {
+                        let sc = scales[if per_head { h } else { 0 }];
+                        for i in 0..d {
+                            expected[slot_offset(kv, slot as usize, h) + i] =
+                                format.encode(x[(t * hkv + h) * d + i].to_f32() / sc);
+                        }
+                    }
+                }
+            }
+        }
+        let codes: Vec<u8> = match storage {
+            DType::U8 => kv_cache.flatten_all()?.to_vec1::<u8>()?,
+            // By value, exact: no code the append writes is NaN (it saturates), and -0 stays -0.
+            _ => kv_cache
+                .to_dtype(DType::F32)?
+                .flatten_all()?
+                .to_vec1::<f32>()?
+                .into_iter()
+                .map(|x| Fp8Format::E4m3.encode(x))
+                .collect(),
+        };
+        assert_eq!(codes.len(), expected.len());
+        let wrong = codes.iter().zip(&expected).position(|(a, b)| a != b);
+        assert_eq!(wrong, None, "{what}: first wrong code (got {:?})", wrong.map(|i| (codes[i], expected[i])));
+
+        let table: Vec<i32> =
+            (0..b).flat_map(|s| (0..per_seq).map(|p| order[s * per_seq + p] as i32).collect::<Vec<_>>()).collect();
+        let seq_lens: Vec<i32> = lens.iter().map(|&n| n as i32).collect();
+        let q = random(&[b, hq, d], -1.0, 1.0, DType::BF16, &mut rng)?;
+        let limits = DecodeProblem { batch: b, heads_q: hq, heads_kv: hkv, head_dim: d, max_seq_len };
+        let mut ws = fa::decode_workspace(&Device::Cpu, &limits, Some(2))?;
+        let block_table = Tensor::from_vec(table.clone(), (b, per_seq), &Device::Cpu)?;
+        let seq_lens_t = Tensor::from_vec(seq_lens.clone(), b, &Device::Cpu)?;
+        let (o, lse) =
+            fa::paged_decode_opts(&q, &kv_cache, &block_table, &seq_lens_t, max_seq_len, scale, &opts, &mut ws)?;
+
+        // The reference over host views of the same codes, with the given (or other) scales.
+        fn judge<C: Fp8Element>(
+            codes: &[u8],
+            shape: [usize; 4],
+            scales: &KvScales,
+            views: (&[i32], &[i32], usize, usize),
+            q: &[bf16],
+            o: &[bf16],
+            lse: &[f32],
+            scale: f32,
+        ) -> fused_attn::reference::Check {
+            let (table, seq_lens, per_seq, max_seq_len) = views;
+            let codes: Vec<C> = codes.iter().map(|&c| C::from_code(c)).collect();
+            let (k, v) = codes.split_at(codes.len() / 2);
+            let b = seq_lens.len();
+            let cache = PagedKvCache::new(
+                TensorView::host(k, shape).unwrap(),
+                TensorView::host(v, shape).unwrap(),
+                TensorView::host(table, [b, per_seq]).unwrap(),
+                TensorView::host(seq_lens, [b]).unwrap(),
+                max_seq_len,
+            )
+            .unwrap()
+            .with_scales(scales)
+            .unwrap();
+            let [hq, d] = [o.len() / b / shape[3], shape[3]];
+            let opts = DecodeOptions { scale: Some(scale), ..Default::default() };
+            check_decode(
+                &TensorView::host(q, [b, hq, d]).unwrap(),
+                &cache,
+                &TensorView::host(o, [b, hq, d]).unwrap(),
+                Some(&TensorView::host(lse, [b, hq]).unwrap()),
+                &opts,
+            )
+            .unwrap()
+        }
+        let (qh, oh, lseh) = (
+            q.flatten_all()?.to_vec1::<bf16>()?,
+            o.flatten_all()?.to_vec1::<bf16>()?,
+            lse.flatten_all()?.to_vec1::<f32>()?,
+        );
+        let shape = [num_pages, page, hkv, d];
+        let views = (&table[..], &seq_lens[..], per_seq, max_seq_len);
+        let run = |scales: &KvScales| match format {
+            Fp8Format::E4m3 => judge::<Fp8E4m3>(&codes, shape, scales, views, &qh, &oh, &lseh, scale),
+            Fp8Format::E5m2 => judge::<Fp8E5m2>(&codes, shape, scales, views, &qh, &oh, &lseh, scale),
+        };
+        let right = run(&fp8.scales);
+        assert!(right.passed(), "{what}: {right}");
+        let doubled: Vec<f32> = v_scales.iter().map(|s| 2.0 * s).collect();
+        let other = KvScales::per_head(&emu, &vec![k_scales[0]; hkv], &vec![doubled[0]; hkv])?;
+        assert!(!run(&other).passed(), "{what}: the decode also passes against other V scales");
+    }
+
+    // Errors: what is missing or mismatched, named.
+    let err = |r: Result<()>| r.err().map(|e| e.to_string()).unwrap_or_default();
+    let k = random(&[2, hkv, d], -1.0, 1.0, DType::BF16, &mut rng)?;
+    let slots = Tensor::new(&[0i64, 1], &Device::Cpu)?;
+    let u8_cache = Tensor::zeros((2, 2, page, hkv, d), DType::U8, &Device::Cpu)?;
+    let msg = err(fa::paged_append(&k, &k, &slots, &u8_cache));
+    assert!(msg.starts_with("Unsupported error: kv_cache: dtype U8 holds FP8 codes"), "{msg}");
+    let e5m2 = fa::Fp8Kv::per_tensor(&Device::Cpu, Fp8Format::E5m2, 0.01, 0.01)?;
+    let opts = fa::PagedOptions { fp8: Some(&e5m2), ..Default::default() };
+    let e4m3_cache = u8_cache.to_dtype(DType::F8E4M3)?;
+    let msg = err(fa::paged_append_opts(&k, &k, &slots, &e4m3_cache, &opts));
+    assert!(msg.starts_with("Unsupported error: kv_cache: dtype F8E4M3, expected u8 (E5M2 codes"), "{msg}");
+    let bf16_cache = u8_cache.to_dtype(DType::BF16)?;
+    let msg = err(fa::paged_append_opts(&k, &k, &slots, &bf16_cache, &opts));
+    assert!(msg.starts_with("Unsupported error: kv_cache: dtype BF16, expected u8"), "{msg}");
+    let bad = fa::Fp8Kv::per_tensor(&Device::Cpu, Fp8Format::E4m3, 0.0, 1.0).err().map(|e| e.to_string());
+    assert!(bad.as_deref().unwrap_or("").starts_with("Unsupported error: k_scale"), "{bad:?}");
+    Ok(())
+}

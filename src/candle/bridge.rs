@@ -7,22 +7,36 @@
 //! with a Layout / Alignment error naming the argument.
 
 #[cfg(feature = "candle-cuda")]
-use candle_core::{backend::BackendStorage, cuda::CudaDType, CudaDevice, CudaStorage};
+use candle_core::{backend::BackendStorage, cuda::CudaDType, cuda_backend::CudaStorageSlice, CudaDevice, CudaStorage};
 use candle_core::{CpuStorage, DType, Layout, Storage, WithDType};
 #[cfg(feature = "candle-cuda")]
-use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, ValidAsZeroBits};
 #[cfg(feature = "candle-cuda")]
 use std::sync::Arc;
 
 use crate::device::Stream;
+use crate::dtype::{Fp8E4m3, Fp8E5m2};
 use crate::error::Error;
 use crate::tensor::{TensorView, TensorViewMut};
 
-/// Element types that cross the bridge (attention data, fp32 LSE / merge states, int32 and int64 indices).
-pub trait Elem: BackendElem {
-    /// The `Vec` inside a CPU storage of this type (for in-place writes), `None` for another dtype.
-    fn host_vec_mut(s: &mut CpuStorage) -> Option<&mut Vec<Self>>;
+/// Element types a view reads or writes in place in a candle storage: candle's own dtypes as they are, and
+/// FP8 codes ([`Fp8E4m3`], [`Fp8E5m2`]) in a `U8` storage (as vLLM keeps FP8 caches) or, for E4M3 codes,
+/// candle's `F8E4M3`.
+pub trait InPlace: Copy + 'static {
+    /// The storage dtypes this type is read from, for errors.
+    fn expected() -> &'static str;
+    fn host(s: &CpuStorage) -> Option<&[Self]>;
+    fn host_mut(s: &mut CpuStorage) -> Option<&mut [Self]>;
+    #[cfg(feature = "candle-cuda")]
+    fn cuda(s: &CudaStorage) -> Option<CudaView<'_, Self>>;
+    #[cfg(feature = "candle-cuda")]
+    fn cuda_mut(s: &mut CudaStorage) -> Option<CudaViewMut<'_, Self>>;
 }
+
+/// Element types of the outputs an op allocates (attention data, fp32 LSE / merge states) and of its
+/// inputs: every one is also read in place.
+pub trait Elem: InPlace + BackendElem {}
+impl<T: InPlace + BackendElem> Elem for T {}
 
 #[cfg(not(feature = "candle-cuda"))]
 pub trait BackendElem: WithDType {}
@@ -33,24 +47,112 @@ pub trait BackendElem: WithDType + CudaDType + DeviceRepr + ValidAsZeroBits {}
 #[cfg(feature = "candle-cuda")]
 impl<T: WithDType + CudaDType + DeviceRepr + ValidAsZeroBits> BackendElem for T {}
 
-macro_rules! elem {
-    ($t:ty, $variant:ident) => {
-        impl Elem for $t {
-            fn host_vec_mut(s: &mut CpuStorage) -> Option<&mut Vec<Self>> {
+macro_rules! in_place {
+    ($t:ty, $variant:ident, $name:literal) => {
+        impl InPlace for $t {
+            fn expected() -> &'static str {
+                $name
+            }
+            fn host(s: &CpuStorage) -> Option<&[Self]> {
                 match s {
                     CpuStorage::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn host_mut(s: &mut CpuStorage) -> Option<&mut [Self]> {
+                match s {
+                    CpuStorage::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+            #[cfg(feature = "candle-cuda")]
+            fn cuda(s: &CudaStorage) -> Option<CudaView<'_, Self>> {
+                match &s.slice {
+                    CudaStorageSlice::$variant(v) => Some(v.as_view()),
+                    _ => None,
+                }
+            }
+            #[cfg(feature = "candle-cuda")]
+            fn cuda_mut(s: &mut CudaStorage) -> Option<CudaViewMut<'_, Self>> {
+                match &mut s.slice {
+                    CudaStorageSlice::$variant(v) => Some(v.as_view_mut()),
                     _ => None,
                 }
             }
         }
     };
 }
-elem!(half::f16, F16);
-elem!(half::bf16, BF16);
-elem!(f32, F32);
-elem!(i32, I32);
-elem!(u32, U32);
-elem!(i64, I64);
+in_place!(half::f16, F16, "f16");
+in_place!(half::bf16, BF16, "bf16");
+in_place!(f32, F32, "f32");
+in_place!(i32, I32, "i32");
+in_place!(u32, U32, "u32");
+in_place!(i64, I64, "i64");
+
+/// Reinterprets a slice of one-byte codes. SAFETY (callers): `A` and `B` are both one byte with every bit
+/// pattern valid (u8, candle's `F8E4M3` and fused-attn's FP8 code types are `repr(transparent)` over u8).
+unsafe fn codes<A, B>(v: &[A]) -> &[B] {
+    debug_assert!(std::mem::size_of::<A>() == 1 && std::mem::size_of::<B>() == 1);
+    std::slice::from_raw_parts(v.as_ptr().cast(), v.len())
+}
+/// [`codes`] for a mutable slice (same SAFETY).
+unsafe fn codes_mut<A, B>(v: &mut [A]) -> &mut [B] {
+    debug_assert!(std::mem::size_of::<A>() == 1 && std::mem::size_of::<B>() == 1);
+    std::slice::from_raw_parts_mut(v.as_mut_ptr().cast(), v.len())
+}
+
+/// FP8 codes: any format in a `U8` storage; E4M3 codes also in candle's `F8E4M3` (`$e4m3` says whether).
+macro_rules! fp8_in_place {
+    ($t:ty, $e4m3:literal, $name:literal) => {
+        impl InPlace for $t {
+            fn expected() -> &'static str {
+                $name
+            }
+            fn host(s: &CpuStorage) -> Option<&[Self]> {
+                // SAFETY: one-byte code types (`codes`).
+                match s {
+                    CpuStorage::U8(v) => Some(unsafe { codes(v) }),
+                    CpuStorage::F8E4M3(v) if $e4m3 => Some(unsafe { codes(v) }),
+                    _ => None,
+                }
+            }
+            fn host_mut(s: &mut CpuStorage) -> Option<&mut [Self]> {
+                // SAFETY: one-byte code types (`codes_mut`).
+                match s {
+                    CpuStorage::U8(v) => Some(unsafe { codes_mut(v) }),
+                    CpuStorage::F8E4M3(v) if $e4m3 => Some(unsafe { codes_mut(v) }),
+                    _ => None,
+                }
+            }
+            #[cfg(feature = "candle-cuda")]
+            fn cuda(s: &CudaStorage) -> Option<CudaView<'_, Self>> {
+                // SAFETY: one-byte code types of the same length (`codes`).
+                match &s.slice {
+                    CudaStorageSlice::U8(v) => unsafe { v.transmute::<Self>(v.len()) },
+                    CudaStorageSlice::F8E4M3(v) if $e4m3 => unsafe { v.transmute::<Self>(v.len()) },
+                    _ => None,
+                }
+            }
+            #[cfg(feature = "candle-cuda")]
+            fn cuda_mut(s: &mut CudaStorage) -> Option<CudaViewMut<'_, Self>> {
+                // SAFETY: one-byte code types of the same length (`codes_mut`).
+                match &mut s.slice {
+                    CudaStorageSlice::U8(v) => {
+                        let len = v.len();
+                        unsafe { v.transmute_mut::<Self>(len) }
+                    }
+                    CudaStorageSlice::F8E4M3(v) if $e4m3 => {
+                        let len = v.len();
+                        unsafe { v.transmute_mut::<Self>(len) }
+                    }
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+fp8_in_place!(Fp8E4m3, true, "u8 or f8e4m3 (E4M3 codes)");
+fp8_in_place!(Fp8E5m2, false, "u8 (E5M2 codes: candle's f8e4m3 holds E4M3 codes)");
 
 /// Where an op runs: the emulator for CPU tensors, candle's CUDA stream for CUDA tensors.
 pub enum Backend {
@@ -176,7 +278,7 @@ pub trait Backing: Sized {
     fn backend(&self) -> Backend;
     fn dtype(&self) -> DType;
     /// A view of `shape` with `strides` starting `offset` elements into the storage.
-    fn view_at<T: Elem, const N: usize>(
+    fn view_at<T: InPlace, const N: usize>(
         &self,
         name: &str,
         offset: usize,
@@ -194,14 +296,14 @@ pub trait Backing: Sized {
     /// An output buffer of this backend as a storage of this backend.
     fn from_out<T: Elem>(out: OutBuf<T>) -> crate::Result<Self>;
     /// Runs `f` on writable views of the K and V halves of a paged cache storage.
-    fn with_kv_mut<T: Elem, R>(
+    fn with_kv_mut<T: InPlace, R>(
         &mut self,
         halves: &KvHalves,
         f: impl FnOnce(TensorViewMut<'_, T, 4>, TensorViewMut<'_, T, 4>) -> candle_core::Result<R>,
     ) -> candle_core::Result<R>;
 
     /// [`Backing::view_at`] with the tensor's own layout.
-    fn view<T: Elem, const N: usize>(&self, name: &str, l: &Layout) -> candle_core::Result<TensorView<'_, T, N>> {
+    fn view<T: InPlace, const N: usize>(&self, name: &str, l: &Layout) -> candle_core::Result<TensorView<'_, T, N>> {
         let (shape, strides) = dims(name, l)?;
         self.view_at(name, l.start_offset(), shape, strides)
     }
@@ -216,11 +318,8 @@ fn past_end(name: &str, offset: usize, len: usize) -> Error {
     Error::out_of_bounds(name, format!("start offset {offset} is past the storage's {len} elements"))
 }
 
-fn check_dtype<T: Elem>(name: &str, got: DType) -> crate::Result<()> {
-    if got != T::DTYPE {
-        return Err(Error::unsupported(name, format!("dtype {got:?}, expected {:?}", T::DTYPE)));
-    }
-    Ok(())
+fn wrong_dtype<T: InPlace>(name: &str, got: DType) -> Error {
+    Error::unsupported(name, format!("dtype {got:?}, expected {}", T::expected()))
 }
 
 fn not_int32(name: &str, dtype: DType) -> candle_core::Error {
@@ -247,15 +346,14 @@ impl Backing for CpuStorage {
     fn dtype(&self) -> DType {
         candle_core::backend::BackendStorage::dtype(self)
     }
-    fn view_at<T: Elem, const N: usize>(
+    fn view_at<T: InPlace, const N: usize>(
         &self,
         name: &str,
         offset: usize,
         shape: [usize; N],
         strides: [i64; N],
     ) -> candle_core::Result<TensorView<'_, T, N>> {
-        check_dtype::<T>(name, Backing::dtype(self))?;
-        let data = T::cpu_storage_as_slice(self)?;
+        let data = T::host(self).ok_or_else(|| wrong_dtype::<T>(name, Backing::dtype(self)))?;
         let data = data.get(offset..).ok_or_else(|| past_end(name, offset, data.len()))?;
         Ok(TensorView::host(data, shape)?.with_strides(strides)?)
     }
@@ -275,13 +373,13 @@ impl Backing for CpuStorage {
         let data = data.get(offset..).ok_or_else(|| past_end(name, offset, data.len()))?;
         Ok(TensorView::host(data, shape)?.with_strides(strides)?)
     }
-    fn with_kv_mut<T: Elem, R>(
+    fn with_kv_mut<T: InPlace, R>(
         &mut self,
         h: &KvHalves,
         f: impl FnOnce(TensorViewMut<'_, T, 4>, TensorViewMut<'_, T, 4>) -> candle_core::Result<R>,
     ) -> candle_core::Result<R> {
-        check_dtype::<T>("kv_cache", Backing::dtype(self))?;
-        let data = T::host_vec_mut(self).ok_or_else(|| Error::unsupported("kv_cache", "dtype"))?;
+        let dtype = Backing::dtype(self);
+        let data = T::host_mut(self).ok_or_else(|| wrong_dtype::<T>("kv_cache", dtype))?;
         let len = data.len();
         let data = data.get_mut(h.k_offset..).ok_or_else(|| past_end("kv_cache", h.k_offset, len))?;
         if h.v_offset - h.k_offset > data.len() {
@@ -317,15 +415,14 @@ impl Backing for CudaStorage {
     fn dtype(&self) -> DType {
         BackendStorage::dtype(self)
     }
-    fn view_at<T: Elem, const N: usize>(
+    fn view_at<T: InPlace, const N: usize>(
         &self,
         name: &str,
         offset: usize,
         shape: [usize; N],
         strides: [i64; N],
     ) -> candle_core::Result<TensorView<'_, T, N>> {
-        check_dtype::<T>(name, BackendStorage::dtype(self))?;
-        let s = T::as_cuda_slice(self)?;
+        let s = T::cuda(self).ok_or_else(|| wrong_dtype::<T>(name, BackendStorage::dtype(self)))?;
         let view = s.try_slice(offset..).ok_or_else(|| past_end(name, offset, s.len()))?;
         Ok(TensorView::gpu(view, shape)?.with_strides(strides)?)
     }
@@ -349,13 +446,13 @@ impl Backing for CudaStorage {
         let view = whole.try_slice(offset..).ok_or_else(|| past_end(name, offset, len))?;
         Ok(TensorView::gpu(view, shape)?.with_strides(strides)?)
     }
-    fn with_kv_mut<T: Elem, R>(
+    fn with_kv_mut<T: InPlace, R>(
         &mut self,
         h: &KvHalves,
         f: impl FnOnce(TensorViewMut<'_, T, 4>, TensorViewMut<'_, T, 4>) -> candle_core::Result<R>,
     ) -> candle_core::Result<R> {
-        check_dtype::<T>("kv_cache", BackendStorage::dtype(self))?;
-        let s = T::as_cuda_slice_mut(self)?;
+        let dtype = BackendStorage::dtype(self);
+        let mut s = T::cuda_mut(self).ok_or_else(|| wrong_dtype::<T>("kv_cache", dtype))?;
         let len = s.len();
         let mut rest = s.try_slice_mut(h.k_offset..).ok_or_else(|| past_end("kv_cache", h.k_offset, len))?;
         let (k, v) =

@@ -28,10 +28,12 @@ use std::sync::OnceLock;
 use candle_core::op::BackpropOp;
 use candle_core::{CpuStorage, CustomOp3, DType, Device, InplaceOp3, Layout, Shape, Storage, Tensor};
 
-use crate::append::{append, append_with, AppendOptions};
+use crate::append::{append_with, AppendOptions};
 use crate::decode::{decode, DecodeOptions, DecodeWorkspace};
+use crate::dtype::{Fp8E4m3, Fp8E5m2, Fp8Format};
 use crate::emu::Emulator;
 use crate::error::Error;
+use crate::fp8::KvScales;
 use crate::paged::{PagedKvCache, PagedKvCacheMut};
 use crate::plan::DecodeProblem;
 use crate::prefill::{prefill, prefill_varlen, PrefillOptions};
@@ -359,15 +361,121 @@ impl CandleRope {
     }
 }
 
-/// Writes new tokens' K/V rows into a paged cache in place (an `InplaceOp3` on the cache tensor).
-pub struct PagedAppend {
-    /// `[num_tokens]` int64 slots (`page * page_size + offset`); negative slots are skipped.
-    pub slot_mapping: Tensor,
-    /// K rotated on its way in: the table and the int32 `[num_tokens]` positions.
-    pub rope: Option<(CandleRope, Tensor)>,
+/// An FP8 paged cache for the candle ops (docs/semantics.md, "FP8 KV caches"): the format of its codes and
+/// its dequantisation scales, uploaded once to the cache's device. The cache tensor
+/// `[2, num_pages, page_size, Hkv, D]` holds the codes as `U8` (either format, as vLLM keeps FP8 caches) or
+/// as candle's `F8E4M3` (E4M3 codes only); q, new K/V rows and the output stay f16/bf16.
+pub struct Fp8Kv {
+    pub format: Fp8Format,
+    pub scales: KvScales,
 }
 
-impl PagedAppend {
+impl Fp8Kv {
+    /// One K and one V scale for the whole cache (finite, > 0).
+    pub fn per_tensor(device: &Device, format: Fp8Format, k_scale: f32, v_scale: f32) -> candle_core::Result<Self> {
+        let scales = on_device(device, |stream| KvScales::per_tensor(stream, k_scale, v_scale))?;
+        Ok(Self { format, scales })
+    }
+
+    /// One K and one V scale per KV head (`Hkv` each, finite, > 0).
+    pub fn per_head(
+        device: &Device,
+        format: Fp8Format,
+        k_scales: &[f32],
+        v_scales: &[f32],
+    ) -> candle_core::Result<Self> {
+        let scales = on_device(device, |stream| KvScales::per_head(stream, k_scales, v_scales))?;
+        Ok(Self { format, scales })
+    }
+}
+
+/// Runs `f` on the stream of `device`: the emulator for the CPU, candle's stream for CUDA.
+fn on_device<R>(device: &Device, f: impl FnOnce(&crate::Stream<'_>) -> crate::Result<R>) -> candle_core::Result<R> {
+    match device {
+        Device::Cpu => Ok(f(&crate::Stream::Emu(emulator()))?),
+        #[cfg(feature = "candle-cuda")]
+        Device::Cuda(dev) => {
+            let stream = dev.cuda_stream();
+            Ok(f(&crate::Stream::Gpu(&stream))?)
+        }
+        other => Err(Error::backend(
+            "device",
+            format!("{:?}: fused-attn runs on the CPU (emulator) or, with candle-cuda, CUDA", other.location()),
+        )
+        .into()),
+    }
+}
+
+/// What a paged op does beyond plain attention over a 16-bit cache; `PagedOptions::default()` is none of
+/// it. [`paged_append_opts`] and [`paged_decode_opts`] take every option; the other paged ops are their
+/// shorthands.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PagedOptions<'a> {
+    /// Score variants (decode; the query is each sequence's newest token, so a window keeps its last
+    /// `left + 1` tokens).
+    pub variants: Option<&'a Variants>,
+    /// Rotary embedding: the append rotates K at `positions` (required there); the decode rotates q at
+    /// `positions` or, without them, at each sequence's last position `seq_lens[b] − 1`.
+    pub rope: Option<&'a CandleRope>,
+    /// int32 positions: `[num_tokens]` for the append, `[B]` for the decode.
+    pub positions: Option<&'a Tensor>,
+    /// The cache holds FP8 codes: required for a `U8` / `F8E4M3` cache, refused for a 16-bit one.
+    pub fp8: Option<&'a Fp8Kv>,
+}
+
+impl std::fmt::Debug for Fp8Kv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fp8Kv").field("format", &self.format).field("scales", &self.scales.kind()).finish()
+    }
+}
+
+/// A cache of FP8 codes read as 16-bit data would be garbage: say what is missing.
+fn check_codes_have_fp8(dtype: DType, fp8: Option<&Fp8Kv>) -> crate::Result<()> {
+    if fp8.is_none() && matches!(dtype, DType::U8 | DType::F8E4M3) {
+        return Err(Error::unsupported(
+            "kv_cache",
+            format!("dtype {dtype:?} holds FP8 codes: pass PagedOptions::fp8 (an Fp8Kv: their format and scales)"),
+        ));
+    }
+    Ok(())
+}
+
+/// Runs `$body` with `$C` the cache element type: `$T` for a 16-bit cache, the FP8 code type of `$fp8`'s
+/// format otherwise, and `$scales` the FP8 scales (`None` for 16-bit).
+macro_rules! cache_element {
+    ($fp8:expr, $T:ty, |$C:ident, $scales:ident| $body:block) => {
+        match $fp8 {
+            None => {
+                type $C = $T;
+                let $scales: Option<&KvScales> = None;
+                $body
+            }
+            Some(fp8) => {
+                let $scales = Some(&fp8.scales);
+                match fp8.format {
+                    Fp8Format::E4m3 => {
+                        type $C = Fp8E4m3;
+                        $body
+                    }
+                    Fp8Format::E5m2 => {
+                        type $C = Fp8E5m2;
+                        $body
+                    }
+                }
+            }
+        }
+    };
+}
+
+/// Writes new tokens' K/V rows into a paged cache in place (an `InplaceOp3` on the cache tensor).
+pub struct PagedAppend<'a> {
+    /// `[num_tokens]` int64 slots (`page * page_size + offset`); negative slots are skipped.
+    pub slot_mapping: &'a Tensor,
+    /// RoPE on K (with its `[num_tokens]` positions) and the FP8 format and scales of the cache.
+    pub opts: PagedOptions<'a>,
+}
+
+impl PagedAppend<'_> {
     fn fwd<S: Backing>(
         &self,
         kv_cache: &mut S,
@@ -380,24 +488,36 @@ impl PagedAppend {
         let (slots, slots_l) = self.slot_mapping.storage_and_layout();
         let slots = S::of(&slots, "slot_mapping")?.view::<i64, 1>("slot_mapping", slots_l)?;
         let halves = kv_halves(kv_l)?;
+        check_codes_have_fp8(kv_cache.dtype(), self.opts.fp8)?;
         attention_dtype!("k", k.dtype(), |T| {
-            let backend = k.backend();
+            let stream = k.backend();
+            let stream = stream.stream();
             let (k, v) = (k.view::<T, 3>("k", k_l)?, v.view::<T, 3>("v", v_l)?);
-            kv_cache.with_kv_mut::<T, _>(&halves, |k_cache, v_cache| {
-                let mut cache = PagedKvCacheMut::new(k_cache, v_cache)?;
-                match &self.rope {
-                    None => Ok(append(&backend.stream(), &k, &v, &slots, &mut cache)?),
-                    Some((rope, positions)) => rope.with_rope::<S, _>(Some(positions), |rope| {
-                        let opts = AppendOptions { rope: Some(rope) };
-                        Ok(append_with(&backend.stream(), &k, &v, &slots, &mut cache, &opts)?)
-                    }),
-                }
+            cache_element!(self.opts.fp8, T, |C, scales| {
+                kv_cache.with_kv_mut::<C, _>(&halves, |k_cache, v_cache| {
+                    let mut cache = PagedKvCacheMut::new(k_cache, v_cache)?;
+                    if let Some(scales) = scales {
+                        cache = cache.with_scales(scales)?;
+                    }
+                    let mut run = |rope: Option<Rope<'_>>| -> candle_core::Result<()> {
+                        Ok(append_with(&stream, &k, &v, &slots, &mut cache, &AppendOptions { rope })?)
+                    };
+                    match self.opts.rope {
+                        None => run(None),
+                        Some(rope) => {
+                            let positions = self.opts.positions.ok_or_else(|| {
+                                Error::usage("rope_positions: a RoPE append needs each token's position")
+                            })?;
+                            rope.with_rope::<S, _>(Some(positions), |r| run(Some(r)))
+                        }
+                    }
+                })
             })
         })
     }
 }
 
-impl InplaceOp3 for PagedAppend {
+impl InplaceOp3 for PagedAppend<'_> {
     fn name(&self) -> &'static str {
         "fused-attn-paged-append"
     }
@@ -429,7 +549,7 @@ impl InplaceOp3 for PagedAppend {
 /// Appends `k`, `v` (`[num_tokens, Hkv, D]`) to `kv_cache` (`[2, num_pages, page_size, Hkv, D]`, same dtype)
 /// at `slot_mapping` (int64 `[num_tokens]`), in place. Slots must be distinct; negative slots are padding.
 pub fn paged_append(k: &Tensor, v: &Tensor, slot_mapping: &Tensor, kv_cache: &Tensor) -> candle_core::Result<()> {
-    kv_cache.inplace_op3(k, v, &PagedAppend { slot_mapping: slot_mapping.clone(), rope: None })
+    paged_append_opts(k, v, slot_mapping, kv_cache, &PagedOptions::default())
 }
 
 /// [`paged_append`] with K rotated by `rope` at `positions` (int32 `[num_tokens]`) on its way into the cache
@@ -442,8 +562,21 @@ pub fn paged_append_rope(
     kv_cache: &Tensor,
     rope: &CandleRope,
 ) -> candle_core::Result<()> {
-    let op = PagedAppend { slot_mapping: slot_mapping.clone(), rope: Some((rope.clone(), positions.clone())) };
-    kv_cache.inplace_op3(k, v, &op)
+    let opts = PagedOptions { rope: Some(rope), positions: Some(positions), ..Default::default() };
+    paged_append_opts(k, v, slot_mapping, kv_cache, &opts)
+}
+
+/// [`paged_append`] with every option: K rotated by `opts.rope` at `opts.positions`, and, with `opts.fp8`,
+/// K and V (f16/bf16) quantised into a cache of FP8 codes (`fp8_rn_satfinite(x / scale)`, after the
+/// rotation: one pass).
+pub fn paged_append_opts(
+    k: &Tensor,
+    v: &Tensor,
+    slot_mapping: &Tensor,
+    kv_cache: &Tensor,
+    opts: &PagedOptions<'_>,
+) -> candle_core::Result<()> {
+    kv_cache.inplace_op3(k, v, &PagedAppend { slot_mapping, opts: *opts })
 }
 
 /// A decode workspace (the split-KV partials) on `device`, pinned to the plan for `limits` (the largest
@@ -454,19 +587,7 @@ pub fn decode_workspace(
     limits: &DecodeProblem,
     forced_splits: Option<usize>,
 ) -> candle_core::Result<DecodeWorkspace> {
-    match device {
-        Device::Cpu => Ok(DecodeWorkspace::for_limits(&crate::Stream::Emu(emulator()), limits, forced_splits)?),
-        #[cfg(feature = "candle-cuda")]
-        Device::Cuda(dev) => {
-            let stream = dev.cuda_stream();
-            Ok(DecodeWorkspace::for_limits(&crate::Stream::Gpu(&stream), limits, forced_splits)?)
-        }
-        other => Err(Error::backend(
-            "device",
-            format!("{:?}: fused-attn runs on the CPU (emulator) or, with candle-cuda, CUDA", other.location()),
-        )
-        .into()),
-    }
+    on_device(device, |stream| DecodeWorkspace::for_limits(stream, limits, forced_splits))
 }
 
 /// Paged decode: `o[b, h] = softmax(q[b, h] · K_bᵀ · softmax_scale) V_b` over the first `seq_lens[b]` tokens
@@ -484,10 +605,8 @@ pub fn paged_decode(
     softmax_scale: f32,
     workspace: &mut DecodeWorkspace,
 ) -> candle_core::Result<Tensor> {
-    let variants = Variants::default();
-    let args =
-        DecodeArgs { q, kv_cache, block_table, seq_lens, max_seq_len, softmax_scale, variants: &variants, rope: None };
-    Ok(args.run(workspace, false)?.0)
+    let args = DecodeArgs { q, kv_cache, block_table, seq_lens, max_seq_len, softmax_scale };
+    Ok(args.run(&PagedOptions::default(), workspace, false)?.0)
 }
 
 /// [`paged_decode`] with q rotated by `rope` at `positions` (int32 `[B]`) or, with `None`, at each sequence's
@@ -505,10 +624,9 @@ pub fn paged_decode_rope(
     positions: Option<&Tensor>,
     workspace: &mut DecodeWorkspace,
 ) -> candle_core::Result<Tensor> {
-    let variants = Variants::default();
-    let rope = Some((rope, positions));
-    let args = DecodeArgs { q, kv_cache, block_table, seq_lens, max_seq_len, softmax_scale, variants: &variants, rope };
-    Ok(args.run(workspace, false)?.0)
+    let opts = PagedOptions { rope: Some(rope), positions, ..Default::default() };
+    let args = DecodeArgs { q, kv_cache, block_table, seq_lens, max_seq_len, softmax_scale };
+    Ok(args.run(&opts, workspace, false)?.0)
 }
 
 /// [`paged_decode`] that also returns the natural-log LSE `[B, Hq]` (f32), e.g. to [`merge_states`] it with
@@ -523,12 +641,8 @@ pub fn paged_decode_with_lse(
     softmax_scale: f32,
     workspace: &mut DecodeWorkspace,
 ) -> candle_core::Result<(Tensor, Tensor)> {
-    let variants = Variants::default();
-    let args =
-        DecodeArgs { q, kv_cache, block_table, seq_lens, max_seq_len, softmax_scale, variants: &variants, rope: None };
-    let (o, lse) = args.run(workspace, true)?;
-    let lse = lse.ok_or_else(|| Error::backend("lse", "not produced"))?;
-    Ok((o, lse))
+    let opts = PagedOptions::default();
+    paged_decode_opts(q, kv_cache, block_table, seq_lens, max_seq_len, softmax_scale, &opts, workspace)
 }
 
 /// [`paged_decode_with_lse`] with score variants ([`Variants`]; the query is each sequence's newest token,
@@ -545,8 +659,26 @@ pub fn paged_decode_with(
     variants: &Variants,
     workspace: &mut DecodeWorkspace,
 ) -> candle_core::Result<(Tensor, Tensor)> {
-    let args = DecodeArgs { q, kv_cache, block_table, seq_lens, max_seq_len, softmax_scale, variants, rope: None };
-    let (o, lse) = args.run(workspace, true)?;
+    let opts = PagedOptions { variants: Some(variants), ..Default::default() };
+    paged_decode_opts(q, kv_cache, block_table, seq_lens, max_seq_len, softmax_scale, &opts, workspace)
+}
+
+/// [`paged_decode_with_lse`] with every option ([`PagedOptions`]): score variants, q rotated by a RoPE
+/// table, a cache of FP8 codes (dequantised by its scales as it is read). Returns `o [B, Hq, D]` and the
+/// LSE `[B, Hq]` (f32).
+#[allow(clippy::too_many_arguments)]
+pub fn paged_decode_opts(
+    q: &Tensor,
+    kv_cache: &Tensor,
+    block_table: &Tensor,
+    seq_lens: &Tensor,
+    max_seq_len: usize,
+    softmax_scale: f32,
+    opts: &PagedOptions<'_>,
+    workspace: &mut DecodeWorkspace,
+) -> candle_core::Result<(Tensor, Tensor)> {
+    let args = DecodeArgs { q, kv_cache, block_table, seq_lens, max_seq_len, softmax_scale };
+    let (o, lse) = args.run(opts, workspace, true)?;
     let lse = lse.ok_or_else(|| Error::backend("lse", "not produced"))?;
     Ok((o, lse))
 }
@@ -558,16 +690,19 @@ struct DecodeArgs<'t> {
     seq_lens: &'t Tensor,
     max_seq_len: usize,
     softmax_scale: f32,
-    variants: &'t Variants,
-    rope: Option<(&'t CandleRope, Option<&'t Tensor>)>,
 }
 
 impl DecodeArgs<'_> {
-    fn run(&self, workspace: &mut DecodeWorkspace, want_lse: bool) -> candle_core::Result<(Tensor, Option<Tensor>)> {
+    fn run(
+        &self,
+        opts: &PagedOptions<'_>,
+        workspace: &mut DecodeWorkspace,
+        want_lse: bool,
+    ) -> candle_core::Result<(Tensor, Option<Tensor>)> {
         let (q, q_l) = self.q.storage_and_layout();
         let (b, hq, d) =
             q_l.shape().dims3().map_err(|_| Error::shape("q", format!("expected [B, Hq, D], got {:?}", q_l.dims())))?;
-        let (o, lse) = backend_of!("q", &*q, |S| { self.run_on::<S>(&q, q_l, workspace, want_lse) })?;
+        let (o, lse) = backend_of!("q", &*q, |S| { self.run_on::<S>(&q, q_l, opts, workspace, want_lse) })?;
         let o = Tensor::from_storage(o, (b, hq, d), BackpropOp::none(), false);
         let lse = lse.map(|l| Tensor::from_storage(l, (b, hq), BackpropOp::none(), false));
         Ok((o, lse))
@@ -577,6 +712,7 @@ impl DecodeArgs<'_> {
         &self,
         q: &Storage,
         q_l: &Layout,
+        opts: &PagedOptions<'_>,
         workspace: &mut DecodeWorkspace,
         want_lse: bool,
     ) -> candle_core::Result<(Storage, Option<Storage>)> {
@@ -587,32 +723,38 @@ impl DecodeArgs<'_> {
         let table = S::of(&table, "block_table")?.index_view::<2>("block_table", table_l)?;
         let lens = S::of(&lens, "seq_lens")?.index_view::<1>("seq_lens", lens_l)?;
         let halves = kv_halves(kv_l)?;
+        check_codes_have_fp8(kv.dtype(), opts.fp8)?;
         attention_dtype!("q", q.dtype(), |T| {
             let backend = q.backend();
             let q = q.view::<T, 3>("q", q_l)?;
-            let k_cache = kv.view_at::<T, 4>("kv_cache", halves.k_offset, halves.shape, halves.strides)?;
-            let v_cache = kv.view_at::<T, 4>("kv_cache", halves.v_offset, halves.shape, halves.strides)?;
-            let cache = PagedKvCache::new(k_cache, v_cache, table, lens, self.max_seq_len)?;
             let [b, hq, d] = q.shape();
             let mut o = backend.alloc::<T>(b * hq * d, Fill::Poison)?;
             let mut lse = if want_lse { Some(backend.alloc::<f32>(b * hq, Fill::Poison)?) } else { None };
-            {
+            cache_element!(opts.fp8, T, |C, scales| {
+                let k_cache = kv.view_at::<C, 4>("kv_cache", halves.k_offset, halves.shape, halves.strides)?;
+                let v_cache = kv.view_at::<C, 4>("kv_cache", halves.v_offset, halves.shape, halves.strides)?;
+                let mut cache = PagedKvCache::new(k_cache, v_cache, table, lens, self.max_seq_len)?;
+                if let Some(scales) = scales {
+                    cache = cache.with_scales(scales)?;
+                }
                 let mut lse_view = match lse.as_mut() {
                     Some(l) => Some(l.view([b, hq])?),
                     None => None,
                 };
-                self.variants.with_score_mod::<S, _>(|score_mod| {
+                let no_variants = Variants::default();
+                opts.variants.unwrap_or(&no_variants).with_score_mod::<S, _>(|score_mod| {
                     let mut run = |rope: Option<Rope<'_>>| -> candle_core::Result<crate::DecodePlan> {
-                        let opts = DecodeOptions { scale: Some(self.softmax_scale), num_splits: None, score_mod, rope };
+                        let dopts =
+                            DecodeOptions { scale: Some(self.softmax_scale), num_splits: None, score_mod, rope };
                         let mut o_view = o.view([b, hq, d])?;
-                        Ok(decode(&backend.stream(), &q, &cache, &mut o_view, lse_view.as_mut(), workspace, &opts)?)
+                        Ok(decode(&backend.stream(), &q, &cache, &mut o_view, lse_view.as_mut(), workspace, &dopts)?)
                     };
-                    match self.rope {
+                    match opts.rope {
                         None => run(None),
-                        Some((rope, positions)) => rope.with_rope::<S, _>(positions, |r| run(Some(r))),
+                        Some(rope) => rope.with_rope::<S, _>(opts.positions, |r| run(Some(r))),
                     }
                 })?;
-            }
+            });
             Ok((o.into_storage(), lse.map(|l| l.into_storage())))
         })
     }
