@@ -76,37 +76,49 @@ void record_shared_access(Launch &l, const Thread &t, const SharedSite &site, ui
     return;
   }
   const uint64_t key = (uint64_t)(uintptr_t)site.file * 0x9E3779B97F4A7C15ull ^ (uint64_t)site.line;
-  step.push_back(SharedAccess{key, offset, (uint32_t)step.size(), 0, (uint8_t)t.lane, (uint8_t)bytes});
+  step.push_back(SharedAccess{key, offset, (uint8_t)t.lane, (uint8_t)bytes});
 }
 
 void account_shared_step(Launch &l, int w) {
   std::vector<SharedAccess> &step = l.shared_steps[(size_t)w];
   if (step.empty()) return;
-  // Occurrence of each access among its lane's accesses at the same site (seq keeps program order).
-  std::sort(step.begin(), step.end(), [](const SharedAccess &a, const SharedAccess &b) {
-    return a.site != b.site ? a.site < b.site : a.lane != b.lane ? a.lane < b.lane : a.seq < b.seq;
-  });
+  // The step is in program order. An access's occurrence is how many earlier accesses its lane made at the
+  // same site; (site, occurrence) is one warp instruction. One sort of packed keys (site by first
+  // appearance, occurrence, lane, the access's index) groups them: the emulator runs this after every warp
+  // step, so it avoids sorting the records themselves.
+  SharedStepScratch &s = l.shared_scratch;
+  int n_sites = 0;
+  s.keys.clear();
   for (size_t i = 0; i < step.size(); ++i) {
-    const bool same_run = i > 0 && step[i - 1].site == step[i].site && step[i - 1].lane == step[i].lane;
-    step[i].occurrence = same_run ? step[i - 1].occurrence + 1 : 0;
+    const SharedAccess &a = step[i];
+    int site = 0;
+    while (site < n_sites && s.sites[site] != a.site) ++site;
+    if (site == n_sites) {
+      if (n_sites == SharedStepScratch::kMaxSites) { // more sites than the key holds: count none of it
+        l.counters.shared_uncounted += step.size();
+        step.clear();
+        return;
+      }
+      s.sites[n_sites++] = a.site;
+      for (uint16_t &c : s.counts[site]) c = 0;
+    }
+    const uint64_t occurrence = s.counts[site][a.lane]++;
+    s.keys.push_back((uint64_t)site << 48 | occurrence << 24 | (uint64_t)a.lane << 16 | i);
   }
-  std::sort(step.begin(), step.end(), [](const SharedAccess &a, const SharedAccess &b) {
-    return a.site != b.site ? a.site < b.site : a.occurrence != b.occurrence ? a.occurrence < b.occurrence : a.lane < b.lane;
-  });
-  for (size_t i = 0; i < step.size();) {
-    size_t j = i;
+  std::sort(s.keys.begin(), s.keys.end());
+  for (size_t i = 0; i < s.keys.size();) {
+    const uint64_t instruction = s.keys[i] >> 24;
     uint32_t offsets[kWarpSize] = {}, bytes[kWarpSize] = {};
     bool active[kWarpSize] = {};
     uint32_t widest = 0;
-    while (j < step.size() && step[j].site == step[i].site && step[j].occurrence == step[i].occurrence) {
-      offsets[step[j].lane] = step[j].offset;
-      bytes[step[j].lane] = step[j].bytes;
-      active[step[j].lane] = true;
-      widest = step[j].bytes > widest ? step[j].bytes : widest;
-      ++j;
+    for (; i < s.keys.size() && s.keys[i] >> 24 == instruction; ++i) {
+      const SharedAccess &a = step[s.keys[i] & 0xffff];
+      offsets[a.lane] = a.offset;
+      bytes[a.lane] = a.bytes;
+      active[a.lane] = true;
+      widest = a.bytes > widest ? a.bytes : widest;
     }
     add_instruction(l, offsets, bytes, active, lanes_per_phase(widest));
-    i = j;
   }
   step.clear();
 }

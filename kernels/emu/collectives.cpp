@@ -10,30 +10,6 @@ namespace fa {
 namespace emu {
 namespace detail {
 
-float bf16_to_float(uint16_t h) {
-  uint32_t bits = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &bits, 4);
-  return f;
-}
-
-// Exact IEEE binary16 -> binary32, subnormals included (the tensor cores do not flush fp16 inputs).
-float f16_to_float(uint16_t h) {
-  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, bits;
-  if (exp == 0) {
-    float f = (float)mant * 0x1p-24f; // exact: at most 10 significant bits
-    memcpy(&bits, &f, 4);
-    bits |= sign;
-  } else if (exp == 31) {
-    bits = sign | 0x7f800000u | mant << 13;
-  } else {
-    bits = sign | (exp + 112) << 23 | mant << 13;
-  }
-  float f;
-  memcpy(&f, &bits, 4);
-  return f;
-}
-
 namespace {
 
 struct ShflArgs {
@@ -120,7 +96,9 @@ void complete_ldmatrix(Launch &l, int w, int count, bool trans) {
 //  C/D (16x8 fp32, 4 values): c_i at row g for i < 2, g + 8 otherwise; col 2t + (i & 1).
 // Arithmetic: every product of two 16-bit values is exact in fp32; each output starts from C and adds the 16
 // products in k order, rounding to nearest after each addition.
-void complete_mma(Launch &l, int w, bool bf16) {
+template <bool kBf16> float to_float(uint16_t h) { return kBf16 ? bf16_to_float(h) : f16_to_float(h); }
+
+template <bool kBf16> void complete_mma(Launch &l, int w) {
   float a[16][16], b[16][8], c[16][8];
   for (int lane = 0; lane < kWarpSize; ++lane) {
     const MmaArgs &m = args_of<MmaArgs>(l, w, lane);
@@ -128,26 +106,40 @@ void complete_mma(Launch &l, int w, bool bf16) {
     for (int j = 0; j < 4; ++j) {
       const int row = g + 8 * (j & 1), col = 2 * t + 8 * (j >> 1);
       const uint32_t r = m.a[j];
-      a[row][col] = bf16 ? bf16_to_float((uint16_t)r) : f16_to_float((uint16_t)r);
-      a[row][col + 1] = bf16 ? bf16_to_float((uint16_t)(r >> 16)) : f16_to_float((uint16_t)(r >> 16));
+      a[row][col] = to_float<kBf16>((uint16_t)r);
+      a[row][col + 1] = to_float<kBf16>((uint16_t)(r >> 16));
     }
     for (int j = 0; j < 2; ++j) {
       const int row = 2 * t + 8 * j;
       const uint32_t r = m.b[j];
-      b[row][g] = bf16 ? bf16_to_float((uint16_t)r) : f16_to_float((uint16_t)r);
-      b[row + 1][g] = bf16 ? bf16_to_float((uint16_t)(r >> 16)) : f16_to_float((uint16_t)(r >> 16));
+      b[row][g] = to_float<kBf16>((uint16_t)r);
+      b[row + 1][g] = to_float<kBf16>((uint16_t)(r >> 16));
     }
     for (int i = 0; i < 4; ++i) c[g + 8 * (i >> 1)][2 * t + (i & 1)] = m.d[i];
   }
-  for (int lane = 0; lane < kWarpSize; ++lane) {
-    const MmaArgs &m = args_of<MmaArgs>(l, w, lane);
-    const int g = lane >> 2, t = lane & 3;
-    for (int i = 0; i < 4; ++i) {
-      const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
-      float acc = c[row][col];
-      for (int k = 0; k < 16; ++k) acc += a[row][k] * b[k][col];
-      m.d[i] = acc;
+  // Two rows at a time, each row's 8 sums as two 4-wide vectors (GCC vector extensions): every output still
+  // adds its 16 products in k order, one rounding per product (exact anyway) and per addition, as the
+  // scalar loop would; four independent chains keep the host's adders busy (the emulator's hottest loop).
+  typedef float f32x4 __attribute__((vector_size(16)));
+  for (int row = 0; row < 16; row += 2) {
+    f32x4 acc[4];
+    memcpy(acc, &c[row][0], sizeof acc); // rows row and row + 1: c is contiguous
+    for (int k = 0; k < 16; ++k) {
+      f32x4 b_lo, b_hi;
+      memcpy(&b_lo, &b[k][0], sizeof b_lo);
+      memcpy(&b_hi, &b[k][4], sizeof b_hi);
+      const float x0 = a[row][k], x1 = a[row + 1][k];
+      acc[0] += x0 * b_lo;
+      acc[1] += x0 * b_hi;
+      acc[2] += x1 * b_lo;
+      acc[3] += x1 * b_hi;
     }
+    memcpy(&c[row][0], acc, sizeof acc);
+  }
+  for (int lane = 0; lane < kWarpSize; ++lane) {
+    MmaArgs &m = args_of<MmaArgs>(l, w, lane);
+    const int g = lane >> 2, t = lane & 3;
+    for (int i = 0; i < 4; ++i) m.d[i] = c[g + 8 * (i >> 1)][2 * t + (i & 1)];
   }
 }
 
@@ -169,7 +161,11 @@ void complete_collective(Launch &l, int w) {
     l.counters.shared_bytes_read += 8 * 16 * (t->op_key & 7); // 8 rows of 16 bytes per matrix
     break;
   case Op::Mma:
-    complete_mma(l, w, t->op_key != 0);
+    if (t->op_key != 0) {
+      complete_mma<true>(l, w);
+    } else {
+      complete_mma<false>(l, w);
+    }
     l.counters.mma += 1;
     break;
   default: break; // barriers and warpgroup ops are resolved by the scheduler

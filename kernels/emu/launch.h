@@ -9,6 +9,7 @@
 #include <setjmp.h>
 #include <signal.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <functional>
 #include <vector>
@@ -59,19 +60,24 @@ inline bool is_warpgroup_op(Op op) { return op >= Op::WgFence; }
 // Blocked: the lane waits alone (not as a warp) for an mbarrier phase; its warp steps on without it.
 enum class LaneState : uint8_t { Ready, Arrived, Exited, Blocked };
 
-// One lane's shared-memory access within its warp's current step (bank_conflicts.cpp): `site` names the
-// source location, `seq` its place in the step, `occurrence` (filled at the step's end) how many earlier
-// accesses of the same lane came from the same site.
+// One lane's shared-memory access within its warp's current step (bank_conflicts.cpp), recorded in program
+// order: `site` names the source location.
 struct SharedAccess {
   uint64_t site;
   uint32_t offset;
-  uint32_t seq;
-  uint32_t occurrence;
   uint8_t lane;
   uint8_t bytes;
 };
-// Accesses one warp may make between two collectives before the rest go uncounted (shared_uncounted).
+// Accesses one warp may make between two collectives before the rest go uncounted (shared_uncounted); the
+// index fits the 16 bits account_shared_step packs it in.
 constexpr size_t kMaxSharedAccessesPerStep = 16384;
+// account_shared_step's working memory, allocated once per launch (it runs on a fiber's small stack).
+struct SharedStepScratch {
+  static constexpr int kMaxSites = 256; // distinct access sites in one warp step (8 bits of the key)
+  std::vector<uint64_t> keys;           // reserved kMaxSharedAccessesPerStep
+  uint64_t sites[kMaxSites];
+  uint16_t counts[kMaxSites][32]; // per site and lane: accesses so far this step
+};
 
 // One cp.async between issue and completion: data moves only when a cp_async_wait covers its group.
 struct CpAsyncCopy {
@@ -242,6 +248,7 @@ struct Launch {
   std::vector<Thread> threads;
   std::vector<Warp> warps;
   std::vector<std::vector<SharedAccess>> shared_steps; // per warp, reserved at launch (bank_conflicts.cpp)
+  SharedStepScratch shared_scratch;
   Barrier barriers[kNumBarriers];
   std::vector<Warpgroup> warpgroups;
   std::vector<MBarrier> mbarriers; // initialised this block (few: a pipeline has a handful)
@@ -348,9 +355,30 @@ void wake_mbarrier_waiters(Launch &launch, const MBarrier &bar);
 size_t describe_warpgroup_waits(Launch &launch, char *buf, size_t len, int *blame);
 void wgmma_thread_exit(Thread &t);
 void warpgroups_reset(Launch &launch);
-// 16-bit floats to fp32, exactly (collectives.cpp).
-float bf16_to_float(uint16_t h);
-float f16_to_float(uint16_t h);
+// 16-bit floats to fp32, exactly.
+inline float bf16_to_float(uint16_t h) {
+  uint32_t bits = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Exact IEEE binary16 -> binary32, subnormals included (the tensor cores do not flush fp16 inputs).
+inline float f16_to_float(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, bits;
+  if (exp == 0) {
+    float f = (float)mant * 0x1p-24f; // exact: at most 10 significant bits
+    memcpy(&bits, &f, 4);
+    bits |= sign;
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | mant << 13;
+  } else {
+    bits = sign | (exp + 112) << 23 | mant << 13;
+  }
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
 // The mbarrier at shared offset `offset`, or null.
 MBarrier *find_mbarrier(Launch &launch, uint32_t offset);
 // The current phase of `bar` completes (its arrivals and bytes are in); faults if loads still signal it.

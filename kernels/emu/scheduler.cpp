@@ -518,6 +518,7 @@ int launch(const char *kernel_name, Dim3 grid, int block, int smem_bytes, FaEmuL
     l.warps.resize((size_t)l.num_warps);
     l.shared_steps.resize((size_t)l.num_warps);
     for (std::vector<SharedAccess> &step : l.shared_steps) step.reserve(kMaxSharedAccessesPerStep);
+    l.shared_scratch.keys.reserve(kMaxSharedAccessesPerStep);
     // sm_90: warpgroups, and the register pool setmaxnreg redistributes. Launched with one CTA per SM (as
     // warp-specialised kernels are), each thread starts with the registers ptxas can give it:
     // 65536 / threads, rounded down to a multiple of 8, at most 256.

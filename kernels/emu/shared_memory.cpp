@@ -67,6 +67,7 @@ void SharedMemory::reset_block(uint64_t placement_seed) {
   std::fill(last_write_.begin(), last_write_.end(), 0);
   std::fill(last_read_.begin(), last_read_.end(), 0);
   std::fill(async_done_.begin(), async_done_.end(), 0);
+  any_async_done_ = false;
   std::fill(clock_.begin(), clock_.end(), 0);
   std::fill(async_reads_.begin(), async_reads_.end(), 0);
   std::fill(generic_write_.begin(), generic_write_.end(), 0);
@@ -177,8 +178,15 @@ void SharedMemory::check_not_mbarrier(const Thread &t, uint32_t offset, size_t n
   }
 }
 
+// The race checks below run for every 2-byte granule of every shared access: the emulator's second hottest
+// path. Warp w's clock row (what it knows of each warp) is the same for all granules of one access, so it
+// is read once; each granule is first screened with branch-free comparisons over the warps, and only a
+// granule that fails the screen takes the ordered checks, which report the first violation in the order
+// they always did (the same message).
 void SharedMemory::on_read(const Thread &t, uint32_t offset, size_t n) {
   const int w = t.warp;
+  const uint32_t *kn = &clock_[(size_t)w * warps_];
+  const uint32_t read_mark = kn[w] + 1; // epoch(w) + 1
   const uint32_t g_end = (uint32_t)((offset + n + 1) / 2);
   for (uint32_t g = offset / 2; g < g_end; ++g) {
     if (in_flight_[g]) report_in_flight(t, g, " reads");
@@ -186,15 +194,17 @@ void SharedMemory::on_read(const Thread &t, uint32_t offset, size_t n) {
     uint32_t wr = last_write_[g];
     if (wr) {
       int writer = (int)(wr & 31);
-      if (writer != w && (wr >> 5) - 1 >= knows(w, writer)) report_race(t, t.warp, 2 * g, " reads", writer, "wrote");
+      if (writer != w && (wr >> 5) - 1 >= kn[writer]) report_race(t, t.warp, 2 * g, " reads", writer, "wrote");
     }
-    last_read_[(size_t)g * warps_ + w] = epoch(w) + 1;
+    last_read_[(size_t)g * warps_ + w] = read_mark;
   }
 }
 
 void SharedMemory::on_write(const Thread &t, uint32_t offset, size_t n, uint16_t in_flight_mark) {
   const int w = t.warp;
   const bool async = in_flight_mark != 0;
+  const uint32_t *kn = &clock_[(size_t)w * warps_];
+  const uint32_t write_mark = ((kn[w] + 1) << 5) | (uint32_t)w; // (epoch(w) + 1) << 5 | w
   const uint32_t g_end = (uint32_t)((offset + n + 1) / 2);
   const char *access = !async ? " writes" : (in_flight_mark & kTmaInFlight) ? "'s TMA load writes" : "'s cp.async writes";
   for (uint32_t g = offset / 2; g < g_end; ++g) {
@@ -204,33 +214,41 @@ void SharedMemory::on_write(const Thread &t, uint32_t offset, size_t n, uint16_t
       uint32_t wr = last_write_[g];
       if (wr) {
         int writer = (int)(wr & 31);
-        if (writer != w && (wr >> 5) - 1 >= knows(w, writer)) report_race(t, t.warp, 2 * g, access, writer, "also wrote");
+        if (writer != w && (wr >> 5) - 1 >= kn[writer]) report_race(t, t.warp, 2 * g, access, writer, "also wrote");
       }
       const uint32_t *reads = &last_read_[(size_t)g * warps_];
-      for (int r = 0; r < warps_; ++r) {
-        if (r != w && reads[r] && reads[r] - 1 >= knows(w, r)) report_race(t, t.warp, 2 * g, access, r, "read");
-      }
-      // Completed wgmma reads, per warpgroup: ordered after any one of the warps that observed it.
-      const uint32_t *done = &async_done_[(size_t)g * warps_];
-      for (int g0 = 0; g0 < warps_; g0 += 4) {
-        int seen = -1;
-        bool ordered = false;
-        for (int r = g0; r < g0 + 4 && r < warps_; ++r) {
-          if (!done[r]) continue;
-          if (seen < 0) seen = r;
-          ordered = ordered || r == w || done[r] - 1 < knows(w, r);
-        }
-        if (seen >= 0 && !ordered) {
-          report_race(t, t.warp, 2 * g, access, seen,
-                      "and its warpgroup read through a wgmma (complete at their wgmma_wait; no release by any of "
-                      "them orders it before this access: missing empty-barrier arrive?)");
+      // Screen: a read unordered before this write (reads[r] = epoch + 1 > what w knows of r).
+      bool suspect = false;
+      for (int r = 0; r < warps_; ++r) suspect |= (r != w) & (reads[r] > kn[r]);
+      if (suspect) {
+        for (int r = 0; r < warps_; ++r) {
+          if (r != w && reads[r] && reads[r] - 1 >= kn[r]) report_race(t, t.warp, 2 * g, access, r, "read");
         }
       }
-      if (!async) last_write_[g] = ((epoch(w) + 1) << 5) | (uint32_t)w;
+      // Completed wgmma reads, per warpgroup: ordered after any one of the warps that observed it (none
+      // until a block's first wgmma_wait: skipped, and their memory not touched, before that).
+      if (any_async_done_) {
+        const uint32_t *done = &async_done_[(size_t)g * warps_];
+        for (int g0 = 0; g0 < warps_; g0 += 4) {
+          int seen = -1;
+          bool ordered = false;
+          for (int r = g0; r < g0 + 4 && r < warps_; ++r) {
+            if (!done[r]) continue;
+            if (seen < 0) seen = r;
+            ordered = ordered || r == w || done[r] - 1 < kn[r];
+          }
+          if (seen >= 0 && !ordered) {
+            report_race(t, t.warp, 2 * g, access, seen,
+                        "and its warpgroup read through a wgmma (complete at their wgmma_wait; no release by any of "
+                        "them orders it before this access: missing empty-barrier arrive?)");
+          }
+        }
+      }
+      if (!async) last_write_[g] = write_mark;
     }
     if (async) {
       in_flight_[g] = in_flight_mark;
-      in_flight_epoch_[g] = epoch(w);
+      in_flight_epoch_[g] = kn[w];
     } else {
       generic_write_[g] = ((proxy_fences_[(size_t)w] + 1) << 5) | (uint32_t)w;
     }
@@ -330,19 +348,21 @@ void SharedMemory::async_proxy_read(const Thread &t, uint32_t offset, size_t n, 
             what, (unsigned long long)((uintptr_t)base_ + 2 * g), 2 * g, (int)(gw & 31));
     }
     if (!races_) continue;
-    for (int w = 0; w < warps_; ++w) {
-      if (!(warp_mask >> w & 1)) continue;
-      uint32_t wr = last_write_[g];
-      if (wr) {
-        int writer = (int)(wr & 31);
-        if (writer != w && (wr >> 5) - 1 >= knows(w, writer)) {
-          char access[96];
-          snprintf(access, sizeof access, "'s %s", what);
-          report_race(t, w, 2 * g, access, writer, "wrote");
-        }
+    // The warps of the mask in increasing order (a race reports the lowest one, as a plain loop would).
+    const uint32_t wr = last_write_[g];
+    const int writer = (int)(wr & 31);
+    for (uint32_t m = warp_mask & (warps_ >= 32 ? ~0u : (1u << warps_) - 1); m; m &= m - 1) {
+      const int w = __builtin_ctz(m);
+      if (wr && writer != w && (wr >> 5) - 1 >= knows(w, writer)) {
+        char access[96];
+        snprintf(access, sizeof access, "'s %s", what);
+        report_race(t, w, 2 * g, access, writer, "wrote");
       }
       if (record == Record::Issuer) last_read_[(size_t)g * warps_ + w] = epoch(w) + 1;
-      if (record == Record::Completed) async_done_[(size_t)g * warps_ + w] = epoch(w) + 1;
+      if (record == Record::Completed) {
+        async_done_[(size_t)g * warps_ + w] = epoch(w) + 1;
+        any_async_done_ = true;
+      }
     }
   }
 }

@@ -136,6 +136,7 @@ private:
   std::vector<uint32_t> last_write_; // per granule: 0, or (epoch + 1) << 5 | warp
   std::vector<uint32_t> last_read_;  // per granule and warp: 0, or epoch + 1
   std::vector<uint32_t> async_done_; // per granule and warp: 0, or epoch + 1 at which it saw a wgmma read complete
+  bool any_async_done_ = false;     // whether async_done_ holds anything this block
   std::vector<uint16_t> in_flight_;  // per granule: 0, or 1 + tid of the thread whose cp.async will write it
   std::vector<uint32_t> in_flight_epoch_; // per granule: the issuing warp's epoch at issue
   std::vector<uint32_t> clock_;      // warps x warps; row w is warp w's vector clock, [w][w] its epoch

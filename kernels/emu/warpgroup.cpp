@@ -247,14 +247,27 @@ void complete_wgmma(Launch &l, int g, const WgmmaOp &op) {
   for (int c = 0; c < op.n; ++c)
     for (int k = 0; k < 16; ++k) b[k][c] = element(l, mb, c, k, op.bf16);
   // D: register i of thread (w, g, q) holds row 16w + g + 8((i>>1)&1), column 8(i>>2) + 2q + (i&1).
+  // Registers 4s .. 4s + 3 are rows {R, R + 8} x columns {C, C + 1}: their four sums run side by side
+  // (independent chains for the host's adders), each still adding its 16 products in k order.
   for (int i = 0; i < 128; ++i) {
     const int w = i / 32, gr = (i % 32) / 4, q = i % 4;
     float *d = op.d[i];
-    for (int r = 0; r < op.n / 2; ++r) {
-      const int row = 16 * w + gr + 8 * ((r >> 1) & 1), col = 8 * (r >> 2) + 2 * q + (r & 1);
-      float acc = op.accumulate ? d[r] : 0.0f;
-      for (int k = 0; k < 16; ++k) acc += a[row][k] * b[k][col];
-      d[r] = acc;
+    const int row = 16 * w + gr;
+    for (int s = 0; s < op.n / 8; ++s) {
+      const int col = 8 * s + 2 * q;
+      float acc0 = op.accumulate ? d[4 * s] : 0.0f, acc1 = op.accumulate ? d[4 * s + 1] : 0.0f;
+      float acc2 = op.accumulate ? d[4 * s + 2] : 0.0f, acc3 = op.accumulate ? d[4 * s + 3] : 0.0f;
+      for (int k = 0; k < 16; ++k) {
+        const float a0 = a[row][k], a1 = a[row + 8][k], b0 = b[k][col], b1 = b[k][col + 1];
+        acc0 += a0 * b0;
+        acc1 += a0 * b1;
+        acc2 += a1 * b0;
+        acc3 += a1 * b1;
+      }
+      d[4 * s] = acc0;
+      d[4 * s + 1] = acc1;
+      d[4 * s + 2] = acc2;
+      d[4 * s + 3] = acc3;
     }
   }
   // Hand back the shared bytes (recording the reads as of now: a stage released before this point is a
