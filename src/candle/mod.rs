@@ -361,7 +361,7 @@ impl CandleRope {
     }
 }
 
-/// An FP8 paged cache for the candle ops (docs/semantics.md, "FP8 KV caches"): the format of its codes and
+/// An FP8 paged cache for the candle ops (docs/semantics.md, "Layouts": FP8 cache): the format of its codes and
 /// its dequantisation scales, uploaded once to the cache's device. The cache tensor
 /// `[2, num_pages, page_size, Hkv, D]` holds the codes as `U8` (either format, as vLLM keeps FP8 caches) or
 /// as candle's `F8E4M3` (E4M3 codes only); q, new K/V rows and the output stay f16/bf16.
@@ -386,6 +386,12 @@ impl Fp8Kv {
     ) -> candle_core::Result<Self> {
         let scales = on_device(device, |stream| KvScales::per_head(stream, k_scales, v_scales))?;
         Ok(Self { format, scales })
+    }
+}
+
+impl std::fmt::Debug for Fp8Kv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fp8Kv").field("format", &self.format).field("scales", &self.scales.kind()).finish()
     }
 }
 
@@ -421,12 +427,6 @@ pub struct PagedOptions<'a> {
     pub positions: Option<&'a Tensor>,
     /// The cache holds FP8 codes: required for a `U8` / `F8E4M3` cache, refused for a 16-bit one.
     pub fp8: Option<&'a Fp8Kv>,
-}
-
-impl std::fmt::Debug for Fp8Kv {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Fp8Kv").field("format", &self.format).field("scales", &self.scales.kind()).finish()
-    }
 }
 
 /// A cache of FP8 codes read as 16-bit data would be garbage: say what is missing.
@@ -490,8 +490,8 @@ impl PagedAppend<'_> {
         let halves = kv_halves(kv_l)?;
         check_codes_have_fp8(kv_cache.dtype(), self.opts.fp8)?;
         attention_dtype!("k", k.dtype(), |T| {
-            let stream = k.backend();
-            let stream = stream.stream();
+            let backend = k.backend();
+            let stream = backend.stream();
             let (k, v) = (k.view::<T, 3>("k", k_l)?, v.view::<T, 3>("v", v_l)?);
             cache_element!(self.opts.fp8, T, |C, scales| {
                 kv_cache.with_kv_mut::<C, _>(&halves, |k_cache, v_cache| {
