@@ -27,6 +27,7 @@ use criterion::{BenchmarkId, Throughput};
 use cudarc::driver::CudaSlice;
 use fused_attn::fp8::{Fp8Element, KvCacheOf};
 use fused_attn::testkit::cases::decode::{decode_bytes, DecodeCase};
+use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::{
     decode, DType, DecodeOptions, DecodeWorkspace, Fp8E4m3, Fp8Format, KvScales, PagedKvCache, Stream, TensorView,
     TensorViewMut,
@@ -221,6 +222,7 @@ fn main() {
                         num_splits: None,
                         variants: Default::default(),
                         rope: None,
+                        kv: KvFormat::Sixteen,
                     };
                     seed += 3;
                     rows.push(bench_case::<bf16>(&mut group, &gpu, &case, seed));

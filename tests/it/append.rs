@@ -5,6 +5,7 @@ use crate::common;
 
 use fused_attn::decode::{DecodeOptions, DecodeWorkspace};
 use fused_attn::testkit::cases::decode::{DecodeCase, PagedFixture};
+use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::{
     append, decode, DType, Element, Emulator, ErrorKind, PagedKvCache, PagedKvCacheMut, Stream, TensorView,
     TensorViewMut,
@@ -28,6 +29,7 @@ fn case() -> DecodeCase {
         num_splits: Some(2),
         variants: Default::default(),
         rope: None,
+        kv: KvFormat::Sixteen,
     }
 }
 

@@ -14,6 +14,7 @@
 use fused_attn::counters::{KernelCounters, LaunchCounters};
 use fused_attn::prefill::TileConfig;
 use fused_attn::testkit::cases::decode::{run_case_emulated, DecodeCase};
+use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::testkit::cases::prefill::{run_emulated, CaseLayout, PrefillCase, PrefillFixture};
 use fused_attn::testkit::cost_model::{decode_cost, decode_ratios, prefill_cost, prefill_ratios, DecodeCost};
 use fused_attn::testkit::emu_selftest::{self as st, BarrierMode, GemmBug, GemmShape, WarpOp};
@@ -232,6 +233,7 @@ fn decode_case(group: usize, page_size: usize, splits: usize, seq_lens: Vec<usiz
         num_splits: Some(splits),
         variants: Default::default(),
         rope: None,
+        kv: KvFormat::Sixteen,
     }
 }
 

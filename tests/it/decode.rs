@@ -9,6 +9,7 @@ use fused_attn::testkit::cases::decode::{
     check_case_emulated, check_case_gpu, check_inputs_emulated, decode_head_dim_sweep, decode_sweep,
     decode_sweep_emulated, CaseOutcome, DecodeCase, DecodeInputs, PagedFixture,
 };
+use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::{decode, DType, Element, Emulator, ErrorKind, PagedKvCache, Stream, TensorView, TensorViewMut};
 use half::bf16;
 
@@ -108,6 +109,7 @@ fn layout_cases() -> Vec<(DecodeCase, DecodeInputs)> {
         num_splits,
         variants: Default::default(),
         rope: None,
+        kv: KvFormat::Sixteen,
     };
     let inputs =
         |cache_layout, scale, magnitude, strided_q_o| DecodeInputs { scale, magnitude, cache_layout, strided_q_o };
@@ -199,6 +201,7 @@ fn small_case(num_splits: Option<usize>) -> DecodeCase {
         num_splits,
         variants: Default::default(),
         rope: None,
+        kv: KvFormat::Sixteen,
     }
 }
 

@@ -43,6 +43,7 @@ use fused_attn::plan::DecodePlan;
 use fused_attn::prefill::{PrefillKernel, TileConfig};
 use fused_attn::reference::{self, fp32_chain_gamma, half_ulp};
 use fused_attn::testkit::cases::decode::{run_inputs_emulated, DecodeCase, DecodeInputs, PagedFixture};
+use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::testkit::cases::prefill::{run_emulated, PrefillFixture};
 use fused_attn::testkit::cases::prefill::{CaseLayout, PrefillCase};
 use fused_attn::testkit::cost_model::decode_tile_tokens;
@@ -320,6 +321,7 @@ fn decode_case(
         num_splits: s,
         variants: Default::default(),
         rope: None,
+        kv: KvFormat::Sixteen,
     }
 }
 

@@ -15,6 +15,7 @@ use cudarc::driver::sys::{self, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaSlice, CudaStream};
 use fused_attn::prefill::{prefill, PrefillOptions};
 use fused_attn::testkit::cases::decode::{run_case_gpu, DecodeCase, PagedFixture};
+use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::testkit::cases::prefill::{CaseLayout, PrefillCase};
 use fused_attn::testkit::cases::prefill::{Place, PrefillFixture, PrefillOutputs};
 use fused_attn::{
@@ -38,6 +39,7 @@ fn decode_case() -> DecodeCase {
         num_splits: Some(2),
         variants: Default::default(),
         rope: None,
+        kv: KvFormat::Sixteen,
     }
 }
 

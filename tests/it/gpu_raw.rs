@@ -8,6 +8,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use fused_attn::plan::DecodePlan;
 use fused_attn::prefill::{prefill, PrefillOptions};
 use fused_attn::testkit::cases::decode::{DecodeCase, PagedFixture};
+use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::{
     decode, DType, DecodeOptions, DecodeWorkspace, PagedKvCache, RawStream, Stream, TensorView, TensorViewMut,
 };
@@ -95,6 +96,7 @@ fn gpu_raw_stream_decode_with_caller_workspace_matches_the_cudarc_path() {
         num_splits: Some(3),
         variants: Default::default(),
         rope: None,
+        kv: KvFormat::Sixteen,
     };
     let f = PagedFixture::<bf16>::new(&case, SEED).unwrap();
     let (b, hq, d) = (case.batch(), case.heads_q, case.head_dim);

@@ -18,6 +18,7 @@ use std::time::Duration;
 use cudarc::driver::{result, CudaSlice, CudaStream, DeviceRepr};
 use fused_attn::prefill::{prefill, PrefillOptions};
 use fused_attn::testkit::cases::decode::{run_case_gpu, DecodeCase, PagedFixture};
+use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::testkit::cases::prefill::{run_gpu, PrefillFixture, PrefillOutputs};
 use fused_attn::testkit::cases::prefill::{CaseLayout, PrefillCase};
 use fused_attn::{decode, DType, DecodeOptions, DecodeWorkspace, PagedKvCache, Stream, TensorView, TensorViewMut};
@@ -185,6 +186,7 @@ fn decode_case(heads: (usize, usize), seq_lens: Vec<usize>, splits: usize) -> De
         num_splits: Some(splits),
         variants: Default::default(),
         rope: None,
+        kv: KvFormat::Sixteen,
     }
 }
 

@@ -21,6 +21,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr};
 use fused_attn::prefill::{prefill, PrefillKernel, PrefillOptions};
 use fused_attn::reference::{self, Problem};
 use fused_attn::testkit::cases::decode::{DecodeCase, PagedFixture};
+use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::testkit::emu_selftest::{self as st, BarrierMode, Bug, GemmBug, GemmShape, WarpOp};
 use fused_attn::testkit::seed::FixtureRng;
 use fused_attn::{
@@ -295,6 +296,7 @@ fn gpu_vs_emu_decode() {
             num_splits: splits,
             variants: Default::default(),
             rope: None,
+            kv: KvFormat::Sixteen,
         };
         decode_pair::<bf16>(&emu, &cu, &case, seed() + i as u64);
     }
@@ -308,6 +310,7 @@ fn gpu_vs_emu_decode() {
         num_splits: Some(2),
         variants: Default::default(),
         rope: None,
+        kv: KvFormat::Sixteen,
     };
     decode_pair::<f16>(&emu, &cu, &case, seed() + 7);
 }
@@ -391,6 +394,7 @@ fn gpu_vs_emu_append() {
         num_splits: None,
         variants: Default::default(),
         rope: None,
+        kv: KvFormat::Sixteen,
     };
     let f = PagedFixture::<bf16>::new(&case, seed()).unwrap();
     let row = case.heads_kv * case.head_dim;
@@ -945,7 +949,7 @@ fn gpu_vs_emu_fp8_conversions() {
 /// printed. The K/V codes the GPU's quantising append writes are compared with the emulator's bit for bit.
 #[test]
 fn gpu_vs_emu_fp8_decode() {
-    use fused_attn::testkit::cases::decode_fp8::{run_fp8_case_emulated, run_fp8_case_gpu, Fp8DecodeCase, Fp8Fixture};
+    use fused_attn::testkit::cases::decode::{run_case_emulated, run_case_gpu};
     use fused_attn::{Fp8E4m3, Fp8Format, ScaleKind};
     let Some(ctx) = common::gpu_or_skip("gpu_vs_emulator::gpu_vs_emu_fp8_decode") else { return };
     let cu = ctx.default_stream();
@@ -957,31 +961,28 @@ fn gpu_vs_emu_fp8_decode() {
         (DType::F16, Fp8Format::E4m3, ScaleKind::PerTensor, 128, (4, 4), Some(1)),
     ];
     for (i, &(dtype, format, scales, d, (hq, hkv), splits)) in cases.iter().enumerate() {
-        let case = Fp8DecodeCase {
-            base: DecodeCase {
-                dtype,
-                head_dim: d,
-                heads_q: hq,
-                heads_kv: hkv,
-                page_size: [16, 1, 256, 8][i],
-                seq_lens: vec![0, 1, 17, 300],
-                num_splits: splits,
-                variants: Default::default(),
-                rope: None,
-            },
-            format,
-            scales,
+        let case = DecodeCase {
+            dtype,
+            head_dim: d,
+            heads_q: hq,
+            heads_kv: hkv,
+            page_size: [16, 1, 256, 8][i],
+            seq_lens: vec![0, 1, 17, 300],
+            num_splits: splits,
+            variants: Default::default(),
+            rope: None,
+            kv: KvFormat::Fp8 { format, scales },
         };
         let what = format!("fp8 decode {}", case.label());
         let s = seed() + i as u64;
         macro_rules! pair {
             ($t:ty) => {{
-                let g = run_fp8_case_gpu::<$t>(&cu, &case, s).unwrap_or_else(|e| panic!("{what}: GPU: {e}"));
-                let e = run_fp8_case_emulated::<$t>(&emu, &case, s).unwrap_or_else(|e| panic!("{what}: emulator: {e}"));
-                assert_eq!(g.outcome.outcome.plan, e.outcome.outcome.plan, "{what}: plans differ");
+                let g = run_case_gpu::<$t>(&cu, &case, s).unwrap_or_else(|e| panic!("{what}: GPU: {e}"));
+                let e = run_case_emulated::<$t>(&emu, &case, s).unwrap_or_else(|e| panic!("{what}: emulator: {e}"));
+                assert_eq!(g.outcome.plan, e.outcome.plan, "{what}: plans differ");
                 assert!(g.outcome.passed(), "{what}: GPU: {}", g.outcome.summary());
                 assert!(e.outcome.passed(), "{what}: emulator: {}", e.outcome.summary());
-                let tol = g.outcome.outcome.out.tolerance + e.outcome.outcome.out.tolerance;
+                let tol = g.outcome.out.tolerance + e.outcome.out.tolerance;
                 agree(&format!("{what} O"), &to_f64(&g.o), &to_f64(&e.o), |_| tol);
                 agree(&format!("{what} LSE"), &f32s(&g.lse), &f32s(&e.lse), |_| 1e-3);
             }};
@@ -993,27 +994,24 @@ fn gpu_vs_emu_fp8_decode() {
     }
 
     // Quantising append: every token of a bf16 fixture into a zeroed E4M3 cache, on both backends.
-    let case = Fp8DecodeCase {
-        base: DecodeCase {
-            dtype: DType::Bf16,
-            head_dim: 128,
-            heads_q: 8,
-            heads_kv: 2,
-            page_size: 16,
-            seq_lens: vec![1, 17, 300],
-            num_splits: Some(1),
-            variants: Default::default(),
-            rope: None,
-        },
-        format: Fp8Format::E4m3,
-        scales: ScaleKind::PerHead,
+    let case = DecodeCase {
+        dtype: DType::Bf16,
+        head_dim: 128,
+        heads_q: 8,
+        heads_kv: 2,
+        page_size: 16,
+        seq_lens: vec![1, 17, 300],
+        num_splits: Some(1),
+        variants: Default::default(),
+        rope: None,
+        kv: KvFormat::Fp8 { format: Fp8Format::E4m3, scales: ScaleKind::PerHead },
     };
-    let f = Fp8Fixture::<bf16>::new(&case, seed()).unwrap();
-    let sx = &f.sixteen;
-    let row = case.base.heads_kv * case.base.head_dim;
+    let sx = PagedFixture::<bf16>::new(&case, seed()).unwrap();
+    let fp8 = sx.fp8.as_ref().unwrap();
+    let row = case.heads_kv * case.head_dim;
     let (mut k, mut v, mut slots) = (Vec::new(), Vec::new(), Vec::new());
-    for b in 0..case.base.batch() {
-        for t in 0..case.base.seq_lens[b] {
+    for b in 0..case.batch() {
+        for t in 0..case.seq_lens[b] {
             let slot = sx.slot(b, t);
             k.extend_from_slice(&sx.k_cache[slot * row..][..row]);
             v.extend_from_slice(&sx.v_cache[slot * row..][..row]);
@@ -1021,11 +1019,11 @@ fn gpu_vs_emu_fp8_decode() {
         }
     }
     let n = slots.len();
-    let shape3 = [n, case.base.heads_kv, case.base.head_dim];
+    let shape3 = [n, case.heads_kv, case.head_dim];
     let (emu_k, emu_v) = {
         let stream = Stream::Emu(&emu);
-        let scales = f.fp8.scales(&stream).unwrap();
-        let (mut kc, mut vc) = (vec![Fp8E4m3(0); f.fp8.k_codes.len()], vec![Fp8E4m3(0); f.fp8.v_codes.len()]);
+        let scales = fp8.scales(&stream).unwrap();
+        let (mut kc, mut vc) = (vec![Fp8E4m3(0); fp8.k_codes.len()], vec![Fp8E4m3(0); fp8.v_codes.len()]);
         let mut cache = PagedKvCacheMut::new(
             TensorViewMut::host(&mut kc, sx.cache_shape()).unwrap(),
             TensorViewMut::host(&mut vc, sx.cache_shape()).unwrap(),
@@ -1044,10 +1042,10 @@ fn gpu_vs_emu_fp8_decode() {
         (kc, vc)
     };
     let stream = Stream::Gpu(&cu);
-    let scales = f.fp8.scales(&stream).unwrap();
+    let scales = fp8.scales(&stream).unwrap();
     let (dk, dv, ds) = (cu.clone_htod(&k).unwrap(), cu.clone_htod(&v).unwrap(), cu.clone_htod(&slots).unwrap());
-    let mut dkc = cu.alloc_zeros::<Fp8E4m3>(f.fp8.k_codes.len()).unwrap();
-    let mut dvc = cu.alloc_zeros::<Fp8E4m3>(f.fp8.v_codes.len()).unwrap();
+    let mut dkc = cu.alloc_zeros::<Fp8E4m3>(fp8.k_codes.len()).unwrap();
+    let mut dvc = cu.alloc_zeros::<Fp8E4m3>(fp8.v_codes.len()).unwrap();
     {
         let mut cache = PagedKvCacheMut::new(
             TensorViewMut::gpu(dkc.as_view_mut(), sx.cache_shape()).unwrap(),

@@ -17,6 +17,7 @@ use crate::common;
 use fused_attn::decode::{DecodeOptions, DecodeWorkspace};
 use fused_attn::reference::{check_decode, RopeRef};
 use fused_attn::testkit::cases::decode::{DecodeCase, PagedFixture};
+use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::testkit::seed::rng;
 use fused_attn::{
     append_with, decode, AppendOptions, DType, Element, Emulator, ErrorKind, Fp8E4m3, Fp8E5m2, Fp8Format, KvCacheOf,
@@ -402,6 +403,7 @@ fn decode_rope_sweep_against_the_reference() {
         num_splits,
         variants: Default::default(),
         rope: None,
+        kv: KvFormat::Sixteen,
     };
     let cfg = |theta, rd, style, scaling| RopeConfig { theta, rotary_dim: rd, style, scaling };
     use RopeStyle::{Gptj, Neox};
@@ -586,6 +588,7 @@ fn append_then_decode_with_rope_fp8_and_16_bit() {
         num_splits: Some(2),
         variants: Default::default(),
         rope: None,
+        kv: KvFormat::Sixteen,
     };
     let f = PagedFixture::<bf16>::new(&case, seed).unwrap();
     let (b, hq, d, hkv) = (case.batch(), case.heads_q, case.head_dim, case.heads_kv);
@@ -729,6 +732,7 @@ fn rope_reads_q_and_k_once_and_writes_them_nowhere() {
         num_splits: Some(1),
         variants: Default::default(),
         rope: None,
+        kv: KvFormat::Sixteen,
     };
     let f = PagedFixture::<bf16>::new(&case, 7).unwrap();
     let cache = PagedKvCache::new(
@@ -827,7 +831,6 @@ fn bad_rope_inputs_are_typed_errors() {
 #[test]
 fn decode_harness_runs_rope_cases() {
     use fused_attn::testkit::cases::decode::{check_case_emulated, CaseRope};
-    use fused_attn::testkit::cases::decode_fp8::{check_fp8_case_emulated, Fp8DecodeCase};
     let emu = Emulator::new();
     let yarn =
         RopeConfig { theta: 10000.0, rotary_dim: 64, style: RopeStyle::Gptj, scaling: RopeScaling::yarn(8.0, 4096) };
@@ -843,13 +846,15 @@ fn decode_harness_runs_rope_cases() {
             num_splits: Some(3),
             variants: Default::default(),
             rope: Some(CaseRope { config, explicit_positions: explicit }),
+            kv: KvFormat::Sixteen,
         };
         let seed = common::case_seed(28_400 + i);
         let o = check_case_emulated(&emu, &case, seed).unwrap();
         eprintln!("{}: {}", case.label(), o.summary());
         assert!(o.passed(), "{}: {}", case.label(), o.summary());
-        let fp8 = Fp8DecodeCase { base: case.clone(), format: Fp8Format::E4m3, scales: fused_attn::ScaleKind::PerHead };
-        let o = check_fp8_case_emulated(&emu, &fp8, seed).unwrap();
+        let kv = KvFormat::Fp8 { format: Fp8Format::E4m3, scales: fused_attn::ScaleKind::PerHead };
+        let fp8 = DecodeCase { kv, ..case.clone() };
+        let o = check_case_emulated(&emu, &fp8, seed).unwrap();
         eprintln!("{}: {}", fp8.label(), o.summary());
         assert!(o.passed(), "{}: {}", fp8.label(), o.summary());
     }

@@ -8,6 +8,7 @@
 use fused_attn::counters::KernelCounters;
 use fused_attn::schedule::{schedule_decode, SplitPolicy};
 use fused_attn::testkit::cases::decode::{run_emulated_on, DecodeCase, PagedFixture};
+use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::testkit::cases::paged_prefill::{PagedPrefillCase, PagedPrefillFixture};
 use fused_attn::{DType, DecodeProblem, DecodeWorkspace, Emulator, Stream};
 use half::bf16;
@@ -27,6 +28,7 @@ fn case(heads_q: usize, heads_kv: usize, seq_lens: Vec<usize>, window: Option<i3
         num_splits: None,
         variants: Default::default(),
         rope: None,
+        kv: KvFormat::Sixteen,
     };
     c.variants.window = window.map(|w| (w, 0));
     c
@@ -176,6 +178,7 @@ fn windowed_paged_prefill_plans_over_the_window() {
         num_splits: None,
         shared_prefix: 0,
         variants: Default::default(),
+        kv: KvFormat::Sixteen,
     };
     c.variants.window = Some((128, 0));
     let f = PagedPrefillFixture::<bf16>::new(&c, SEED);

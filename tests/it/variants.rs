@@ -9,6 +9,7 @@ use crate::common;
 use fused_attn::prefill::{prefill, prefill_varlen, PrefillOptions};
 use fused_attn::score_mod::{AlibiSlopes, ScoreMod};
 use fused_attn::testkit::cases::decode::{decode_variant_sweep, run_case_emulated, DecodeCase};
+use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::testkit::cases::prefill::PrefillCase;
 use fused_attn::testkit::cases::prefill::{run_emulated, variant_sweep_cases, PrefillFixture};
 use fused_attn::testkit::variants::{CaseAlibi, CaseVariants};
@@ -203,6 +204,7 @@ fn window_longer_than_the_sequence_is_no_window() {
             num_splits: splits,
             variants: Default::default(),
             rope: None,
+            kv: KvFormat::Sixteen,
         };
         let mut windowed = plain.clone();
         windowed.variants.window = Some((1000, 0));

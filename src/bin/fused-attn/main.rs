@@ -17,9 +17,7 @@ use std::io::BufRead;
 use std::path::Path;
 
 use fused_attn::testkit::cases::decode::DecodeCase;
-use fused_attn::testkit::cases::decode_fp8::Fp8DecodeCase;
 use fused_attn::testkit::cases::paged_prefill::PagedPrefillCase;
-use fused_attn::testkit::cases::paged_prefill_fp8::Fp8PagedPrefillCase;
 use fused_attn::testkit::cases::prefill::{CaseLayout, PrefillCase};
 use fused_attn::testkit::timing::copy_bandwidth_gbps;
 use fused_attn::{Error, ErrorKind, Result};
@@ -72,14 +70,9 @@ fn run(a: &RunArgs, backend: &Backend, out: &mut Output) -> Result<()> {
                 num_splits: a.num_splits,
                 variants: a.variants(),
                 rope: a.rope()?,
+                kv: a.kv_format(),
             };
-            match a.kv_dtype().fp8() {
-                Some(format) => {
-                    let case = Fp8DecodeCase { base: case, format, scales: a.kv_scale() };
-                    cases::run_decode_fp8(backend, &case, a.common.seed, copy, dump.as_ref(), &progress)
-                }
-                None => cases::run_decode(backend, &case, a.common.seed, copy, dump.as_ref(), &progress),
-            }
+            cases::run_decode(backend, &case, a.common.seed, copy, dump.as_ref(), &progress)
         }
         Op::PagedPrefill => {
             let case = PagedPrefillCase {
@@ -93,14 +86,9 @@ fn run(a: &RunArgs, backend: &Backend, out: &mut Output) -> Result<()> {
                 num_splits: a.num_splits,
                 shared_prefix: 0,
                 variants: a.variants(),
+                kv: a.kv_format(),
             };
-            match a.kv_dtype().fp8() {
-                Some(format) => {
-                    let case = Fp8PagedPrefillCase { base: case, format, scales: a.kv_scale() };
-                    cases::run_paged_prefill_fp8(backend, &case, a.common.seed, copy, dump.as_ref(), &progress)
-                }
-                None => cases::run_paged_prefill(backend, &case, a.common.seed, copy, dump.as_ref(), &progress),
-            }
+            cases::run_paged_prefill(backend, &case, a.common.seed, copy, dump.as_ref(), &progress)
         }
     };
     progress.finish();
