@@ -27,7 +27,6 @@ use criterion::{BenchmarkId, Throughput};
 use cudarc::driver::CudaSlice;
 use fused_attn::fp8::{Fp8Element, KvCacheOf};
 use fused_attn::testkit::cases::decode::{decode_bytes, DecodeCase};
-use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::{
     decode, DType, DecodeOptions, DecodeWorkspace, Fp8E4m3, Fp8Format, KvScales, PagedKvCache, Stream, TensorView,
     TensorViewMut,
@@ -212,18 +211,7 @@ fn main() {
                     if smoke && (b, ctx_len, ps, hkv) != (1, 1024, 16, 8) {
                         continue;
                     }
-                    let case = DecodeCase {
-                        dtype: DType::Bf16,
-                        head_dim: HEAD_DIM,
-                        heads_q: hq,
-                        heads_kv: hkv,
-                        page_size: ps,
-                        seq_lens: vec![ctx_len; b],
-                        num_splits: None,
-                        variants: Default::default(),
-                        rope: None,
-                        kv: KvFormat::Sixteen,
-                    };
+                    let case = DecodeCase::new(DType::Bf16, HEAD_DIM, (hq, hkv), ps, &vec![ctx_len; b], None);
                     seed += 3;
                     rows.push(bench_case::<bf16>(&mut group, &gpu, &case, seed));
                     if ps == 16 {

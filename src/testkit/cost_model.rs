@@ -258,26 +258,10 @@ fn ratio(measured: u64, model: u64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testkit::cases::prefill::CaseLayout;
     use crate::DType;
 
     fn prefill_case(t: usize, causal: bool) -> PrefillCase {
-        PrefillCase {
-            dtype: DType::Bf16,
-            batch: 1,
-            seqlen_q: t,
-            seqlen_k: t,
-            heads_q: 1,
-            heads_kv: 1,
-            head_dim: 64,
-            causal,
-            varlen: None,
-            layout: CaseLayout::Contiguous,
-            with_lse: true,
-            variants: Default::default(),
-            kernel: Default::default(),
-            sm90_steps: Default::default(),
-        }
+        PrefillCase::dense(DType::Bf16, 64, causal, t, t, (1, 1))
     }
 
     #[test]

@@ -5,7 +5,6 @@ use crate::common;
 
 use fused_attn::decode::{DecodeOptions, DecodeWorkspace};
 use fused_attn::testkit::cases::decode::{DecodeCase, PagedFixture};
-use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::{
     append, decode, DType, Element, Emulator, ErrorKind, PagedKvCache, PagedKvCacheMut, Stream, TensorView,
     TensorViewMut,
@@ -19,18 +18,7 @@ fn seed(test: &str) -> (u64, String) {
 }
 
 fn case() -> DecodeCase {
-    DecodeCase {
-        dtype: DType::Bf16,
-        head_dim: 128,
-        heads_q: 8,
-        heads_kv: 2,
-        page_size: 16,
-        seq_lens: vec![0, 1, 15, 17, 300],
-        num_splits: Some(2),
-        variants: Default::default(),
-        rope: None,
-        kv: KvFormat::Sixteen,
-    }
+    DecodeCase::new(DType::Bf16, 128, (8, 2), 16, &[0, 1, 15, 17, 300], Some(2))
 }
 
 /// The tokens of every sequence as one packed [N, Hkv, D] batch plus its slot mapping, with a NaN padding

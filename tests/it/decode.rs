@@ -9,7 +9,6 @@ use fused_attn::testkit::cases::decode::{
     check_case_emulated, check_case_gpu, check_inputs_emulated, decode_head_dim_sweep, decode_sweep,
     decode_sweep_emulated, CaseOutcome, DecodeCase, DecodeInputs, PagedFixture,
 };
-use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::{decode, DType, Element, Emulator, ErrorKind, PagedKvCache, Stream, TensorView, TensorViewMut};
 use half::bf16;
 
@@ -99,17 +98,8 @@ fn emulated_decode_sweep_odd() {
 /// magnitudes (|q|, |k| up to 8 at scale 3: a softmax sharp enough that the naive rule allows ~0.1).
 fn layout_cases() -> Vec<(DecodeCase, DecodeInputs)> {
     use fused_attn::testkit::cases::decode::CacheLayout::*;
-    let case = |dtype, head_dim, heads: (usize, usize), page_size, num_splits| DecodeCase {
-        dtype,
-        head_dim,
-        heads_q: heads.0,
-        heads_kv: heads.1,
-        page_size,
-        seq_lens: vec![0, 1, 17, 300, 1029],
-        num_splits,
-        variants: Default::default(),
-        rope: None,
-        kv: KvFormat::Sixteen,
+    let case = |dtype, head_dim, heads: (usize, usize), page_size, num_splits| {
+        DecodeCase::new(dtype, head_dim, heads, page_size, &[0, 1, 17, 300, 1029], num_splits)
     };
     let inputs =
         |cache_layout, scale, magnitude, strided_q_o| DecodeInputs { scale, magnitude, cache_layout, strided_q_o };
@@ -191,18 +181,7 @@ fn gpu_decode_bandwidth() {
 }
 
 fn small_case(num_splits: Option<usize>) -> DecodeCase {
-    DecodeCase {
-        dtype: DType::Bf16,
-        head_dim: 128,
-        heads_q: 8,
-        heads_kv: 2,
-        page_size: 16,
-        seq_lens: vec![300, 0, 77, 1029],
-        num_splits,
-        variants: Default::default(),
-        rope: None,
-        kv: KvFormat::Sixteen,
-    }
+    DecodeCase::new(DType::Bf16, 128, (8, 2), 16, &[300, 0, 77, 1029], num_splits)
 }
 
 #[test]

@@ -43,7 +43,6 @@ use fused_attn::plan::DecodePlan;
 use fused_attn::prefill::{PrefillKernel, TileConfig};
 use fused_attn::reference::{self, fp32_chain_gamma, half_ulp};
 use fused_attn::testkit::cases::decode::{run_inputs_emulated, DecodeCase, DecodeInputs, PagedFixture};
-use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::testkit::cases::prefill::{run_emulated, PrefillFixture};
 use fused_attn::testkit::cases::prefill::{CaseLayout, PrefillCase};
 use fused_attn::testkit::cost_model::decode_tile_tokens;
@@ -311,18 +310,7 @@ fn decode_case(
     lens: Vec<usize>,
     s: Option<usize>,
 ) -> DecodeCase {
-    DecodeCase {
-        dtype,
-        head_dim: d,
-        heads_q: heads.0,
-        heads_kv: heads.1,
-        page_size: ps,
-        seq_lens: lens,
-        num_splits: s,
-        variants: Default::default(),
-        rope: None,
-        kv: KvFormat::Sixteen,
-    }
+    DecodeCase::new(dtype, d, heads, ps, &lens, s)
 }
 
 /// (dtype, head dim, (Hq, Hkv), page size, forced splits) of a decode configuration.
@@ -604,22 +592,7 @@ fn prefill_case(
     tk: usize,
     causal: bool,
 ) -> PrefillCase {
-    PrefillCase {
-        dtype,
-        batch: b,
-        seqlen_q: tq,
-        seqlen_k: tk,
-        heads_q: heads.0,
-        heads_kv: heads.1,
-        head_dim: d,
-        causal,
-        varlen: None,
-        layout: CaseLayout::Contiguous,
-        with_lse: true,
-        variants: Default::default(),
-        kernel: Default::default(),
-        sm90_steps: Default::default(),
-    }
+    PrefillCase { batch: b, ..PrefillCase::dense(dtype, d, causal, tq, tk, heads) }
 }
 
 /// Constant keys: dense causal and not, a chunked-prefill shape with Tk = 8192 (rows see 8,129..8,192 keys),

@@ -144,16 +144,8 @@ fn gpu_fp8_decode_sweep() {
 
 fn round_trip_case(format: Fp8Format, scales: ScaleKind) -> DecodeCase {
     DecodeCase {
-        dtype: DType::Bf16,
-        head_dim: 128,
-        heads_q: 8,
-        heads_kv: 2,
-        page_size: 16,
-        seq_lens: vec![0, 1, 17, 100],
-        num_splits: Some(2),
-        variants: Default::default(),
-        rope: None,
         kv: KvFormat::Fp8 { format, scales },
+        ..DecodeCase::new(DType::Bf16, 128, (8, 2), 16, &[0, 1, 17, 100], Some(2))
     }
 }
 
@@ -321,18 +313,7 @@ fn bad_fp8_inputs_are_typed_errors() {
 
 /// Counters of the FP8 decode kernel (`format`) and of the 16-bit one over the same shape, one split.
 fn decode_kernel_counters(d: usize, format: Fp8Format, seq_lens: Vec<usize>) -> [KernelCounters; 2] {
-    let base = DecodeCase {
-        dtype: DType::Bf16,
-        head_dim: d,
-        heads_q: 8,
-        heads_kv: 2,
-        page_size: 16,
-        seq_lens,
-        num_splits: Some(1),
-        variants: Default::default(),
-        rope: None,
-        kv: KvFormat::Sixteen,
-    };
+    let base = DecodeCase::new(DType::Bf16, d, (8, 2), 16, &seq_lens, Some(1));
     let case = DecodeCase { kv: KvFormat::Fp8 { format, scales: ScaleKind::PerHead }, ..base.clone() };
     let emu = Emulator::new();
     let o = check_case_emulated(&emu, &case, 1).unwrap();

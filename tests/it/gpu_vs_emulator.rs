@@ -286,32 +286,10 @@ fn gpu_vs_emu_decode() {
     let cu = ctx.default_stream();
     let emu = Emulator::new();
     for (i, splits) in [Some(1), Some(3)].into_iter().enumerate() {
-        let case = DecodeCase {
-            dtype: DType::Bf16,
-            head_dim: 128,
-            heads_q: 8,
-            heads_kv: 2,
-            page_size: 16,
-            seq_lens: vec![0, 1, 17, 300],
-            num_splits: splits,
-            variants: Default::default(),
-            rope: None,
-            kv: KvFormat::Sixteen,
-        };
+        let case = DecodeCase::new(DType::Bf16, 128, (8, 2), 16, &[0, 1, 17, 300], splits);
         decode_pair::<bf16>(&emu, &cu, &case, seed() + i as u64);
     }
-    let case = DecodeCase {
-        dtype: DType::F16,
-        head_dim: 64,
-        heads_q: 20,
-        heads_kv: 1,
-        page_size: 8,
-        seq_lens: vec![5, 129],
-        num_splits: Some(2),
-        variants: Default::default(),
-        rope: None,
-        kv: KvFormat::Sixteen,
-    };
+    let case = DecodeCase::new(DType::F16, 64, (20, 1), 8, &[5, 129], Some(2));
     decode_pair::<f16>(&emu, &cu, &case, seed() + 7);
 }
 
@@ -384,18 +362,7 @@ fn gpu_vs_emu_append() {
     let cu = ctx.default_stream();
     // The emulator with the GPU's semantics for the slot past the pool (skipped) below.
     let emu = Emulator::new().with_table_checks(fused_attn::TableChecks::GpuMasking);
-    let case = DecodeCase {
-        dtype: DType::Bf16,
-        head_dim: 128,
-        heads_q: 8,
-        heads_kv: 2,
-        page_size: 16,
-        seq_lens: vec![0, 1, 15, 17, 300],
-        num_splits: None,
-        variants: Default::default(),
-        rope: None,
-        kv: KvFormat::Sixteen,
-    };
+    let case = DecodeCase::new(DType::Bf16, 128, (8, 2), 16, &[0, 1, 15, 17, 300], None);
     let f = PagedFixture::<bf16>::new(&case, seed()).unwrap();
     let row = case.heads_kv * case.head_dim;
     // Every owned token, plus a padding slot (-1) and one past the cache: both must be skipped.
@@ -962,16 +929,8 @@ fn gpu_vs_emu_fp8_decode() {
     ];
     for (i, &(dtype, format, scales, d, (hq, hkv), splits)) in cases.iter().enumerate() {
         let case = DecodeCase {
-            dtype,
-            head_dim: d,
-            heads_q: hq,
-            heads_kv: hkv,
-            page_size: [16, 1, 256, 8][i],
-            seq_lens: vec![0, 1, 17, 300],
-            num_splits: splits,
-            variants: Default::default(),
-            rope: None,
             kv: KvFormat::Fp8 { format, scales },
+            ..DecodeCase::new(dtype, d, (hq, hkv), [16, 1, 256, 8][i], &[0, 1, 17, 300], splits)
         };
         let what = format!("fp8 decode {}", case.label());
         let s = seed() + i as u64;
@@ -995,16 +954,8 @@ fn gpu_vs_emu_fp8_decode() {
 
     // Quantising append: every token of a bf16 fixture into a zeroed E4M3 cache, on both backends.
     let case = DecodeCase {
-        dtype: DType::Bf16,
-        head_dim: 128,
-        heads_q: 8,
-        heads_kv: 2,
-        page_size: 16,
-        seq_lens: vec![1, 17, 300],
-        num_splits: Some(1),
-        variants: Default::default(),
-        rope: None,
         kv: KvFormat::Fp8 { format: Fp8Format::E4m3, scales: ScaleKind::PerHead },
+        ..DecodeCase::new(DType::Bf16, 128, (8, 2), 16, &[1, 17, 300], Some(1))
     };
     let sx = PagedFixture::<bf16>::new(&case, seed()).unwrap();
     let fp8 = sx.fp8.as_ref().unwrap();

@@ -393,17 +393,8 @@ fn check_decode_rope<T: Element>(
 fn decode_rope_sweep_against_the_reference() {
     let emu = Emulator::new();
     let stream = Stream::Emu(&emu);
-    let dc = |dtype, head_dim, heads_q, heads_kv, page_size, num_splits| DecodeCase {
-        dtype,
-        head_dim,
-        heads_q,
-        heads_kv,
-        page_size,
-        seq_lens: vec![0, 1, 17, 300, 1000],
-        num_splits,
-        variants: Default::default(),
-        rope: None,
-        kv: KvFormat::Sixteen,
+    let dc = |dtype, head_dim, heads_q, heads_kv, page_size, num_splits| {
+        DecodeCase::new(dtype, head_dim, (heads_q, heads_kv), page_size, &[0, 1, 17, 300, 1000], num_splits)
     };
     let cfg = |theta, rd, style, scaling| RopeConfig { theta, rotary_dim: rd, style, scaling };
     use RopeStyle::{Gptj, Neox};
@@ -578,18 +569,7 @@ fn append_then_decode_with_rope_fp8_and_16_bit() {
     let emu = Emulator::new().with_table_checks(fused_attn::TableChecks::GpuMasking);
     let stream = Stream::Emu(&emu);
     let seed = common::case_seed(28_300);
-    let case = DecodeCase {
-        dtype: DType::Bf16,
-        head_dim: 128,
-        heads_q: 8,
-        heads_kv: 2,
-        page_size: 16,
-        seq_lens: vec![0, 1, 40, 333],
-        num_splits: Some(2),
-        variants: Default::default(),
-        rope: None,
-        kv: KvFormat::Sixteen,
-    };
+    let case = DecodeCase::new(DType::Bf16, 128, (8, 2), 16, &[0, 1, 40, 333], Some(2));
     let f = PagedFixture::<bf16>::new(&case, seed).unwrap();
     let (b, hq, d, hkv) = (case.batch(), case.heads_q, case.head_dim, case.heads_kv);
     let row = hkv * d;
@@ -722,18 +702,7 @@ fn rope_reads_q_and_k_once_and_writes_them_nowhere() {
     assert_eq!(traffic[1].0, valid * row_bytes, "K not read exactly once");
 
     // Decode: q read once (B·Hq·D·2 bytes), with and without RoPE.
-    let case = DecodeCase {
-        dtype: DType::Bf16,
-        head_dim: d,
-        heads_q: 8,
-        heads_kv: 2,
-        page_size: 16,
-        seq_lens: vec![5, 60],
-        num_splits: Some(1),
-        variants: Default::default(),
-        rope: None,
-        kv: KvFormat::Sixteen,
-    };
+    let case = DecodeCase::new(DType::Bf16, d, (8, 2), 16, &[5, 60], Some(1));
     let f = PagedFixture::<bf16>::new(&case, 7).unwrap();
     let cache = PagedKvCache::new(
         TensorView::host(&f.k_cache, f.cache_shape()).unwrap(),
@@ -837,16 +806,8 @@ fn decode_harness_runs_rope_cases() {
     let l3 = RopeConfig { theta: 500000.0, rotary_dim: 128, style: RopeStyle::Neox, scaling: RopeScaling::llama31() };
     for (i, (config, explicit)) in [(yarn, true), (l3, false)].into_iter().enumerate() {
         let case = DecodeCase {
-            dtype: DType::Bf16,
-            head_dim: 128,
-            heads_q: 16,
-            heads_kv: 4,
-            page_size: 16,
-            seq_lens: vec![0, 3, 129, 700],
-            num_splits: Some(3),
-            variants: Default::default(),
             rope: Some(CaseRope { config, explicit_positions: explicit }),
-            kv: KvFormat::Sixteen,
+            ..DecodeCase::new(DType::Bf16, 128, (16, 4), 16, &[0, 3, 129, 700], Some(3))
         };
         let seed = common::case_seed(28_400 + i);
         let o = check_case_emulated(&emu, &case, seed).unwrap();

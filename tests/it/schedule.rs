@@ -18,18 +18,7 @@ use rand::{Rng, SeedableRng};
 const SEED: u64 = 0x5c4e_d01e;
 
 fn case(heads_q: usize, heads_kv: usize, seq_lens: Vec<usize>, window: Option<i32>) -> DecodeCase {
-    let mut c = DecodeCase {
-        dtype: DType::Bf16,
-        head_dim: 128,
-        heads_q,
-        heads_kv,
-        page_size: 16,
-        seq_lens,
-        num_splits: None,
-        variants: Default::default(),
-        rope: None,
-        kv: KvFormat::Sixteen,
-    };
+    let mut c = DecodeCase::new(DType::Bf16, 128, (heads_q, heads_kv), 16, &seq_lens, None);
     c.variants.window = window.map(|w| (w, 0));
     c
 }

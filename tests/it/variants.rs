@@ -9,7 +9,6 @@ use crate::common;
 use fused_attn::prefill::{prefill, prefill_varlen, PrefillOptions};
 use fused_attn::score_mod::{AlibiSlopes, ScoreMod};
 use fused_attn::testkit::cases::decode::{decode_variant_sweep, run_case_emulated, DecodeCase};
-use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::testkit::cases::prefill::PrefillCase;
 use fused_attn::testkit::cases::prefill::{run_emulated, variant_sweep_cases, PrefillFixture};
 use fused_attn::testkit::variants::{CaseAlibi, CaseVariants};
@@ -194,18 +193,7 @@ fn window_longer_than_the_sequence_is_no_window() {
         );
     }
     for splits in [Some(1), Some(3)] {
-        let plain = DecodeCase {
-            dtype: DType::F16,
-            head_dim: 128,
-            heads_q: 8,
-            heads_kv: 2,
-            page_size: 16,
-            seq_lens: vec![0, 5, 700, 1000],
-            num_splits: splits,
-            variants: Default::default(),
-            rope: None,
-            kv: KvFormat::Sixteen,
-        };
+        let plain = DecodeCase::new(DType::F16, 128, (8, 2), 16, &[0, 5, 700, 1000], splits);
         let mut windowed = plain.clone();
         windowed.variants.window = Some((1000, 0));
         let emu = Emulator::new();

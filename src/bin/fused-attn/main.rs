@@ -18,7 +18,7 @@ use std::path::Path;
 
 use fused_attn::testkit::cases::decode::DecodeCase;
 use fused_attn::testkit::cases::paged_prefill::PagedPrefillCase;
-use fused_attn::testkit::cases::prefill::{CaseLayout, PrefillCase};
+use fused_attn::testkit::cases::prefill::PrefillCase;
 use fused_attn::testkit::timing::copy_bandwidth_gbps;
 use fused_attn::{Error, ErrorKind, Result};
 
@@ -42,20 +42,18 @@ fn run(a: &RunArgs, backend: &Backend, out: &mut Output) -> Result<()> {
     let row = match a.op {
         Op::Prefill => {
             let case = PrefillCase {
-                dtype: a.dtype.into(),
                 batch: a.batch,
-                seqlen_q: a.seqlen_q,
-                seqlen_k: a.seqlen_k(),
-                heads_q: a.heads,
-                heads_kv: a.kv_heads(),
-                head_dim: a.head_dim,
-                causal: a.causal,
-                varlen: None,
-                layout: CaseLayout::Contiguous,
-                with_lse: true,
                 variants: a.variants(),
                 kernel: a.common.kernel,
                 sm90_steps: a.sm90_off,
+                ..PrefillCase::dense(
+                    a.dtype.into(),
+                    a.head_dim,
+                    a.causal,
+                    a.seqlen_q,
+                    a.seqlen_k(),
+                    (a.heads, a.kv_heads()),
+                )
             };
             cases::run_prefill(backend, &case, a.common.seed, copy, dump.as_ref(), &progress)
         }

@@ -169,18 +169,14 @@ pub fn decode_sweep() -> Vec<DecodeCase> {
             for &head_dim in &SWEEP_HEAD_DIMS {
                 for &dtype in &SWEEP_DTYPES {
                     for &num_splits in &SWEEP_SPLITS {
-                        cases.push(DecodeCase {
+                        cases.push(DecodeCase::new(
                             dtype,
                             head_dim,
-                            heads_q,
-                            heads_kv,
+                            (heads_q, heads_kv),
                             page_size,
-                            seq_lens: SWEEP_SEQ_LENS.to_vec(),
+                            &SWEEP_SEQ_LENS,
                             num_splits,
-                            variants: CaseVariants::default(),
-                            rope: None,
-                            kv: KvFormat::Sixteen,
-                        });
+                        ));
                     }
                 }
             }
@@ -194,17 +190,15 @@ pub fn decode_sweep() -> Vec<DecodeCase> {
 /// dimension meets every value of the others it interacts with most.
 pub fn decode_sweep_emulated() -> Vec<DecodeCase> {
     (0..48)
-        .map(|i| DecodeCase {
-            dtype: SWEEP_DTYPES[(i / 12) % 2],
-            head_dim: SWEEP_HEAD_DIMS[(i / 4) % 3],
-            heads_q: SWEEP_HEADS[i % 4].0,
-            heads_kv: SWEEP_HEADS[i % 4].1,
-            page_size: SWEEP_PAGE_SIZES[i % 5],
-            seq_lens: SWEEP_SEQ_LENS.to_vec(),
-            num_splits: SWEEP_SPLITS[(i / 5) % 4],
-            variants: CaseVariants::default(),
-            rope: None,
-            kv: KvFormat::Sixteen,
+        .map(|i| {
+            DecodeCase::new(
+                SWEEP_DTYPES[(i / 12) % 2],
+                SWEEP_HEAD_DIMS[(i / 4) % 3],
+                SWEEP_HEADS[i % 4],
+                SWEEP_PAGE_SIZES[i % 5],
+                &SWEEP_SEQ_LENS,
+                SWEEP_SPLITS[(i / 5) % 4],
+            )
         })
         .collect()
 }
@@ -233,16 +227,15 @@ pub fn decode_variant_sweep() -> Vec<DecodeCase> {
         for (j, &num_splits) in SWEEP_SPLITS.iter().enumerate() {
             let k = i * SWEEP_SPLITS.len() + j;
             cases.push(DecodeCase {
-                dtype: SWEEP_DTYPES[k % 2],
-                head_dim: SWEEP_HEAD_DIMS[(i + j) % 3],
-                heads_q: SWEEP_HEADS[k % 4].0,
-                heads_kv: SWEEP_HEADS[k % 4].1,
-                page_size: [1, 16, 256][k % 3],
-                seq_lens: vec![0, 1, 17, 129, 1000, 2100],
-                num_splits,
                 variants: *v,
-                rope: None,
-                kv: KvFormat::Sixteen,
+                ..DecodeCase::new(
+                    SWEEP_DTYPES[k % 2],
+                    SWEEP_HEAD_DIMS[(i + j) % 3],
+                    SWEEP_HEADS[k % 4],
+                    [1, 16, 256][k % 3],
+                    &[0, 1, 17, 129, 1000, 2100],
+                    num_splits,
+                )
             });
         }
     }
@@ -270,16 +263,15 @@ pub fn decode_head_dim_sweep() -> Vec<DecodeCase> {
         .iter()
         .enumerate()
         .map(|(i, &head_dim)| DecodeCase {
-            dtype: SWEEP_DTYPES[i % 2],
-            head_dim,
-            heads_q: SWEEP_HEADS[i % 4].0,
-            heads_kv: SWEEP_HEADS[i % 4].1,
-            page_size: [16, 1, 8, 64, 256][i % 5],
-            seq_lens: vec![0, 17, 256, 300],
-            num_splits: SWEEP_SPLITS[i % 4],
             variants: if i % 3 == 2 { variants[(i / 3) % 4] } else { V::default() },
-            rope: None,
-            kv: KvFormat::Sixteen,
+            ..DecodeCase::new(
+                SWEEP_DTYPES[i % 2],
+                head_dim,
+                SWEEP_HEADS[i % 4],
+                [16, 1, 8, 64, 256][i % 5],
+                &[0, 17, 256, 300],
+                SWEEP_SPLITS[i % 4],
+            )
         })
         .collect()
 }
@@ -298,19 +290,19 @@ pub fn fp8_decode_sweep_emulated() -> Vec<DecodeCase> {
     ];
     (0..16)
         .map(|i| DecodeCase {
-            dtype: SWEEP_DTYPES[(i / 2) % 2],
-            head_dim: SWEEP_HEAD_DIMS[i % 3],
-            heads_q: SWEEP_HEADS[i % 4].0,
-            heads_kv: SWEEP_HEADS[i % 4].1,
-            page_size: page_sizes[i % 8],
-            seq_lens: vec![0, 1, 33, 300],
-            num_splits: SWEEP_SPLITS[(i / 3) % 4],
             variants: if i % 4 == 3 { variants[(i / 4) % 4] } else { V::default() },
-            rope: None,
             kv: KvFormat::Fp8 {
                 format: [Fp8Format::E4m3, Fp8Format::E5m2][i % 2],
                 scales: [ScaleKind::PerTensor, ScaleKind::PerHead][(i / 4) % 2],
             },
+            ..DecodeCase::new(
+                SWEEP_DTYPES[(i / 2) % 2],
+                SWEEP_HEAD_DIMS[i % 3],
+                SWEEP_HEADS[i % 4],
+                page_sizes[i % 8],
+                &[0, 1, 33, 300],
+                SWEEP_SPLITS[(i / 3) % 4],
+            )
         })
         .collect()
 }
@@ -1098,18 +1090,7 @@ pub fn time_case_gpu(
 pub fn perf_cases() -> Vec<DecodeCase> {
     [(64, 4096), (1, 32768)]
         .into_iter()
-        .map(|(batch, ctx)| DecodeCase {
-            dtype: DType::Bf16,
-            head_dim: 128,
-            heads_q: 32,
-            heads_kv: 8,
-            page_size: 16,
-            seq_lens: vec![ctx; batch],
-            num_splits: None,
-            variants: Default::default(),
-            rope: None,
-            kv: KvFormat::Sixteen,
-        })
+        .map(|(batch, ctx)| DecodeCase::new(DType::Bf16, 128, (32, 8), 16, &vec![ctx; batch], None))
         .collect()
 }
 
@@ -1169,18 +1150,7 @@ mod tests {
 
     #[test]
     fn fixture_poisons_everything_unowned() {
-        let case = DecodeCase {
-            dtype: DType::Bf16,
-            head_dim: 64,
-            heads_q: 4,
-            heads_kv: 2,
-            page_size: 8,
-            seq_lens: vec![0, 3, 17],
-            num_splits: None,
-            variants: Default::default(),
-            rope: None,
-            kv: KvFormat::Sixteen,
-        };
+        let case = DecodeCase::new(DType::Bf16, 64, (4, 2), 8, &[0, 3, 17], None);
         let f = PagedFixture::<bf16>::new(&case, 1).unwrap();
         assert_eq!(f.width, 4);
         assert_eq!(f.num_pages, 1 + 1 + 3 + 2); // null page, pages of the sequences, two spares
