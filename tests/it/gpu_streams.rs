@@ -18,8 +18,8 @@ use std::time::Duration;
 use cudarc::driver::{result, CudaSlice, CudaStream, DeviceRepr};
 use fused_attn::prefill::{prefill, PrefillOptions};
 use fused_attn::testkit::cases::decode::{run_case_gpu, DecodeCase, PagedFixture};
-use fused_attn::testkit::cases::prefill::{run_gpu, PrefillFixture, PrefillOutputs};
 use fused_attn::testkit::cases::prefill::PrefillCase;
+use fused_attn::testkit::cases::prefill::{run_gpu, PrefillFixture, PrefillOutputs};
 use fused_attn::{decode, DType, DecodeOptions, DecodeWorkspace, PagedKvCache, Stream, TensorView, TensorViewMut};
 use half::bf16;
 

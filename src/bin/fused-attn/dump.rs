@@ -16,7 +16,7 @@ use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 
 use fused_attn::testkit::cases::decode::{DecodeRun, PagedFixture};
-use fused_attn::testkit::cases::kv::Fp8Cache;
+use fused_attn::testkit::cases::kv::PagedHost;
 use fused_attn::testkit::cases::paged_prefill::PagedPrefillRun;
 use fused_attn::testkit::cases::prefill::{PrefillFixture, PrefillOutputs};
 use fused_attn::{DType, Element, Error, Result};
@@ -113,16 +113,7 @@ impl Dump {
         let (b, hq, d) = (c.batch(), c.heads_q, c.head_dim);
         let vals = |x: &[T]| x.iter().map(|v| v.to_f64()).collect::<Vec<_>>();
         self.write("q", &[b, hq, d], encode(dt, vals(&f.q).into_iter()))?;
-        let cache = PagedDump {
-            k: &f.k_cache,
-            v: &f.v_cache,
-            fp8: f.fp8.as_ref(),
-            shape: f.cache_shape(),
-            block_table: &f.block_table,
-            width: f.width,
-            seq_lens: &f.seq_lens,
-        };
-        self.paged_cache(&cache)?;
+        self.paged_cache(&f.host())?;
         self.write("out", &[b, hq, d], encode(dt, vals(&r.o).into_iter()))?;
         self.variants(&f.alibi_slopes, &f.sinks, b, hq)?;
         self.rope(f)?;
@@ -132,7 +123,7 @@ impl Dump {
     /// A paged cache's files: k_cache / v_cache as stored (16-bit values in their encoding, or an FP8
     /// cache's stored values as float32 with k_scale / v_scale), block_table, seq_lens, and k / v
     /// `[B, max(seq_lens), Hkv, D]` gathered through the table (zero past each seq_len).
-    fn paged_cache<T: Element>(&self, c: &PagedDump<'_, T>) -> Result<()> {
+    fn paged_cache<T: Element>(&self, c: &PagedHost<'_, T>) -> Result<()> {
         let [_, ps, hkv, d] = c.shape;
         let (kc, vc) = match c.fp8 {
             Some(f) => {
@@ -142,7 +133,7 @@ impl Dump {
             }
             None => {
                 let vals = |x: &[T]| x.iter().map(|v| v.to_f64()).collect::<Vec<_>>();
-                (vals(c.k), vals(c.v))
+                (vals(c.k_cache), vals(c.v_cache))
             }
         };
         let encoded = |x: Vec<f64>| match c.fp8 {
@@ -191,27 +182,7 @@ impl Dump {
             }
         }
         self.write("lse", &[b, hq, tq], NpyData::F32(lse))?;
-        let cache = PagedDump {
-            k: &f.k_cache,
-            v: &f.v_cache,
-            fp8: f.fp8.as_ref(),
-            shape: f.cache_shape(),
-            block_table: &f.block_table,
-            width: f.width,
-            seq_lens: &f.seq_lens,
-        };
-        self.paged_cache(&cache)?;
+        self.paged_cache(&f.host())?;
         self.variants(&f.alibi_slopes, &f.sinks, b, hq)
     }
-}
-
-/// A paged fixture's cache, for [`Dump::paged_cache`].
-struct PagedDump<'a, T> {
-    k: &'a [T],
-    v: &'a [T],
-    fp8: Option<&'a Fp8Cache>,
-    shape: [usize; 4],
-    block_table: &'a [i32],
-    width: usize,
-    seq_lens: &'a [i32],
 }

@@ -7,7 +7,6 @@
 use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
-use half::{bf16, f16};
 use rand::seq::SliceRandom;
 use rand::Rng;
 
@@ -25,6 +24,7 @@ use crate::testkit::cases::kv::{
     host_cache, with_cache_element, CacheElement, Fp8Cache, GpuPaged, KvFormat, PagedHost, QuantError,
 };
 use crate::testkit::cases::prefill::VariantViews;
+use crate::testkit::cases::with_dtype;
 use crate::testkit::timing::{time_launches, Timing};
 use crate::testkit::variants::CaseVariants;
 use crate::Stream;
@@ -568,8 +568,8 @@ impl<T: Element> PagedFixture<T> {
         host_cache(kv, self.cache_shape(), (&self.block_table, self.width), lens, scales)
     }
 
-    /// What [`GpuPaged::upload`] uploads.
-    pub(crate) fn host(&self) -> PagedHost<'_, T> {
+    /// The fixture's data as a [`PagedHost`].
+    pub fn host(&self) -> PagedHost<'_, T> {
         PagedHost {
             k_cache: &self.k_cache,
             v_cache: &self.v_cache,
@@ -813,10 +813,7 @@ fn evaluate<T: Element>(f: &PagedFixture<T>, seed: u64, plan: DecodePlan, o: &[T
 
 /// Runs `case` on the emulator with outputs poisoned with NaN, and judges it.
 pub fn check_case_emulated(emu: &Emulator, case: &DecodeCase, seed: u64) -> Result<CaseOutcome> {
-    match case.dtype {
-        DType::F16 => run_case_emulated::<f16>(emu, case, seed).map(|r| r.outcome),
-        DType::Bf16 => run_case_emulated::<bf16>(emu, case, seed).map(|r| r.outcome),
-    }
+    with_dtype!(case.dtype, T => run_case_emulated::<T>(emu, case, seed).map(|r| r.outcome))
 }
 
 /// One judged run with its data: the fixture, the kernel's outputs (o [B, Hq, D], lse [B, Hq]) and the
@@ -841,14 +838,9 @@ pub fn check_inputs_emulated(
     inputs: &DecodeInputs,
     seed: u64,
 ) -> Result<CaseOutcome> {
-    match case.dtype {
-        DType::F16 => {
-            run_inputs_emulated(emu, &PagedFixture::<f16>::with_inputs(case, inputs, seed)?, seed).map(|r| r.outcome)
-        }
-        DType::Bf16 => {
-            run_inputs_emulated(emu, &PagedFixture::<bf16>::with_inputs(case, inputs, seed)?, seed).map(|r| r.outcome)
-        }
-    }
+    with_dtype!(case.dtype, T => {
+        run_inputs_emulated(emu, &PagedFixture::<T>::with_inputs(case, inputs, seed)?, seed).map(|r| r.outcome)
+    })
 }
 
 /// Runs fixture `f` on the emulator (its cache — 16-bit or FP8 — in its layout, q/o strided if it says
@@ -1010,10 +1002,7 @@ impl<T: Element, C: CacheElement<T>> GpuCase<T, C> {
 
 /// Runs `case` on the GPU behind `cu` with outputs poisoned with NaN, and judges it.
 pub fn check_case_gpu(cu: &Arc<CudaStream>, case: &DecodeCase, seed: u64) -> Result<CaseOutcome> {
-    match case.dtype {
-        DType::F16 => run_case_gpu::<f16>(cu, case, seed).map(|r| r.outcome),
-        DType::Bf16 => run_case_gpu::<bf16>(cu, case, seed).map(|r| r.outcome),
-    }
+    with_dtype!(case.dtype, T => run_case_gpu::<T>(cu, case, seed).map(|r| r.outcome))
 }
 
 /// [`check_case_gpu`] for a static element type, handing back the data too.
@@ -1073,16 +1062,10 @@ pub fn time_case_gpu(
         let bytes = decode_bytes(&f.case, &plan);
         Ok(DecodeTiming { timing, plan, bytes, gbps: bytes as f64 / (timing.median_ms * 1e-3) / 1e9 })
     }
-    match case.dtype {
-        DType::F16 => {
-            let f = PagedFixture::<f16>::new(case, seed)?;
-            with_cache_element!(f.fp8.as_ref(), go::<f16>(cu, &f, warmup, iters))
-        }
-        DType::Bf16 => {
-            let f = PagedFixture::<bf16>::new(case, seed)?;
-            with_cache_element!(f.fp8.as_ref(), go::<bf16>(cu, &f, warmup, iters))
-        }
-    }
+    with_dtype!(case.dtype, T => {
+        let f = PagedFixture::<T>::new(case, seed)?;
+        with_cache_element!(f.fp8.as_ref(), go::<T>(cu, &f, warmup, iters))
+    })
 }
 
 /// The performance shapes of issue 5 (bf16, D = 128, Hq = 32, Hkv = 8, page 16): B = 64 at 4096 tokens

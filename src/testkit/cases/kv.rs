@@ -327,8 +327,10 @@ pub(crate) struct GpuPaged<T: Element, C: KvCacheOf<T>> {
     width: usize,
 }
 
-/// What [`GpuPaged::upload`] uploads: a paged fixture's host data.
-pub(crate) struct PagedHost<'a, T> {
+/// A paged fixture's host data, borrowed (what [`GpuPaged`] uploads and the runner's `--dump` writes): the
+/// 16-bit cache and its FP8 quantisation if any (`shape` = `[num_pages, page_size, Hkv, D]`), the block
+/// table (`width` columns), the lengths, q and the variant arrays.
+pub struct PagedHost<'a, T> {
     pub k_cache: &'a [T],
     pub v_cache: &'a [T],
     pub fp8: Option<&'a Fp8Cache>,

@@ -7,3 +7,21 @@ pub mod decode;
 pub mod kv;
 pub mod paged_prefill;
 pub mod prefill;
+
+/// `$body` with `$t` the 16-bit element type of the runtime dtype `$dtype` (`half::f16` or `half::bf16`):
+/// how a harness calls its generic run for a case's dtype.
+macro_rules! with_dtype {
+    ($dtype:expr, $t:ident => $body:expr) => {
+        match $dtype {
+            $crate::dtype::DType::F16 => {
+                type $t = half::f16;
+                $body
+            }
+            $crate::dtype::DType::Bf16 => {
+                type $t = half::bf16;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use with_dtype;

@@ -7,7 +7,6 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
-use half::{bf16, f16};
 use rand::seq::SliceRandom;
 use rand::Rng;
 
@@ -26,6 +25,7 @@ use crate::testkit::cases::kv::{
     host_cache, with_cache_element, CacheElement, Fp8Cache, GpuPaged, KvFormat, PagedHost, QuantError,
 };
 use crate::testkit::cases::prefill::VariantViews;
+use crate::testkit::cases::with_dtype;
 use crate::testkit::timing::{time_launches, Timing};
 use crate::testkit::variants::CaseVariants;
 use crate::Stream;
@@ -351,8 +351,8 @@ impl<T: Element> PagedPrefillFixture<T> {
         host_cache(kv, self.cache_shape(), (&self.block_table, self.width), lens, scales)
     }
 
-    /// What [`GpuPaged::upload`] uploads.
-    fn host(&self) -> PagedHost<'_, T> {
+    /// The fixture's data as a [`PagedHost`].
+    pub fn host(&self) -> PagedHost<'_, T> {
         PagedHost {
             k_cache: &self.k_cache,
             v_cache: &self.v_cache,
@@ -500,10 +500,7 @@ pub fn run_case_emulated<T: Element>(emu: &Emulator, case: &PagedPrefillCase, se
 
 /// [`run_case_emulated`] for the case's dtype, the verdict only.
 pub fn check_case_emulated(emu: &Emulator, case: &PagedPrefillCase, seed: u64) -> Result<PagedPrefillOutcome> {
-    match case.dtype {
-        DType::Bf16 => run_case_emulated::<bf16>(emu, case, seed).map(|r| r.outcome),
-        DType::F16 => run_case_emulated::<f16>(emu, case, seed).map(|r| r.outcome),
-    }
+    with_dtype!(case.dtype, T => run_case_emulated::<T>(emu, case, seed).map(|r| r.outcome))
 }
 
 /// The fixture's data on the GPU (its cache as `C`: the fixture's own 16-bit values, or its FP8 codes with
@@ -594,10 +591,7 @@ pub fn run_case_gpu<T: Element>(
 
 /// [`run_case_gpu`] for the case's dtype, the verdict only.
 pub fn check_case_gpu(cu: &Arc<CudaStream>, case: &PagedPrefillCase, seed: u64) -> Result<PagedPrefillOutcome> {
-    match case.dtype {
-        DType::Bf16 => run_case_gpu::<bf16>(cu, case, seed).map(|r| r.outcome),
-        DType::F16 => run_case_gpu::<f16>(cu, case, seed).map(|r| r.outcome),
-    }
+    with_dtype!(case.dtype, T => run_case_gpu::<T>(cu, case, seed).map(|r| r.outcome))
 }
 
 /// Attention FLOPs of a case: 4 · Hq · D · (visible (row, key) pairs), the pairs counted exactly from the
@@ -643,14 +637,8 @@ pub fn time_case_gpu(
         let timing = time_launches(cu, warmup, iters, |_| g.run(cu, f).map(|_| ()))?;
         Ok(PagedPrefillTiming { timing, plan, tflops: case_flops(&f.case) / (timing.median_ms * 1e-3) / 1e12 })
     }
-    match case.dtype {
-        DType::Bf16 => {
-            let f = PagedPrefillFixture::<bf16>::new(case, seed);
-            with_cache_element!(f.fp8.as_ref(), go::<bf16>(cu, &f, warmup, iters))
-        }
-        DType::F16 => {
-            let f = PagedPrefillFixture::<f16>::new(case, seed);
-            with_cache_element!(f.fp8.as_ref(), go::<f16>(cu, &f, warmup, iters))
-        }
-    }
+    with_dtype!(case.dtype, T => {
+        let f = PagedPrefillFixture::<T>::new(case, seed);
+        with_cache_element!(f.fp8.as_ref(), go::<T>(cu, &f, warmup, iters))
+    })
 }
