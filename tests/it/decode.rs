@@ -6,7 +6,7 @@ use crate::common;
 use fused_attn::decode::{DecodeOptions, DecodeWorkspace};
 use fused_attn::plan::DecodePlan;
 use fused_attn::testkit::cases::decode::{
-    check_case_emulated, check_case_gpu, check_inputs_emulated, decode_head_dim_sweep, decode_sweep,
+    check_case_emulated, check_case_gpu, check_inputs_emulated, decode_head_dim_sweep, decode_on_host, decode_sweep,
     decode_sweep_emulated, CaseOutcome, DecodeCase, DecodeInputs, PagedFixture,
 };
 use fused_attn::{decode, DType, Element, Emulator, ErrorKind, PagedKvCache, Stream, TensorView, TensorViewMut};
@@ -396,15 +396,11 @@ fn clamps_device_data_it_cannot_validate() {
         48,
     )
     .unwrap();
-    let mut o = vec![bf16::NAN; b * hq * d];
-    let mut lse = vec![f32::NAN; b * hq];
     let mut ws = DecodeWorkspace::with_capacity(&stream, b, hq, d, 2).unwrap();
-    decode(
+    let (o, lse, _) = decode_on_host(
         &stream,
         &TensorView::host(&f.q, [b, hq, d]).unwrap(),
         &cache,
-        &mut TensorViewMut::host(&mut o, [b, hq, d]).unwrap(),
-        Some(&mut TensorViewMut::host(&mut lse, [b, hq]).unwrap()),
         &mut ws,
         &DecodeOptions { scale: None, num_splits: Some(2), ..Default::default() },
     )

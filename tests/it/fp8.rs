@@ -9,8 +9,8 @@ use fused_attn::counters::KernelCounters;
 use fused_attn::decode::{DecodeOptions, DecodeWorkspace};
 use fused_attn::fp8::Fp8Element;
 use fused_attn::testkit::cases::decode::{
-    check_case_emulated, check_case_gpu, fp8_decode_sweep_emulated, run_case_emulated, run_inputs_emulated, DecodeCase,
-    PagedFixture,
+    check_case_emulated, check_case_gpu, decode_on_host, fp8_decode_sweep_emulated, run_case_emulated,
+    run_inputs_emulated, DecodeCase, PagedFixture,
 };
 use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::testkit::emu_selftest;
@@ -423,20 +423,11 @@ fn every_kv_head_reads_its_own_fp8_scale() {
                     .unwrap()
                 };
                 let cache = cache_with(&scales);
-                let mut o = vec![bf16::NAN; b * hq * d];
-                let mut lse = vec![f32::NAN; b * hq];
                 let mut ws = DecodeWorkspace::with_capacity(&stream, b, hq, d, 8).unwrap();
                 let opts = DecodeOptions { num_splits: splits, ..Default::default() };
-                decode(
-                    &stream,
-                    &TensorView::host(&q, [b, hq, d]).unwrap(),
-                    &cache,
-                    &mut TensorViewMut::host(&mut o, [b, hq, d]).unwrap(),
-                    Some(&mut TensorViewMut::host(&mut lse, [b, hq]).unwrap()),
-                    &mut ws,
-                    &opts,
-                )
-                .unwrap();
+                let (o, lse, _) =
+                    decode_on_host(&stream, &TensorView::host(&q, [b, hq, d]).unwrap(), &cache, &mut ws, &opts)
+                        .unwrap();
                 let (qv, ov, lv) = (
                     TensorView::host(&q, [b, hq, d]).unwrap(),
                     TensorView::host(&o, [b, hq, d]).unwrap(),

@@ -6,14 +6,15 @@
 use crate::common;
 
 use fused_attn::paged_prefill::{paged_prefill, PagedPrefillOptions, PagedPrefillWorkspace};
+use fused_attn::testkit::cases::decode::decode_on_host;
 use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::testkit::cases::paged_prefill::{
     case, check_case_emulated, check_case_gpu, fp8_paged_prefill_sweep_emulated, paged_prefill_sweep_emulated,
     paged_prefill_variant_sweep, PagedPrefillCase, PagedPrefillFixture, PagedPrefillOutcome,
 };
 use fused_attn::{
-    decode, DType, DecodeOptions, DecodeWorkspace, Emulator, ErrorKind, Fp8E4m3, Fp8Format, KvScales, PagedKvCache,
-    ScaleKind, Stream, TensorView, TensorViewMut,
+    DType, DecodeOptions, DecodeWorkspace, Emulator, ErrorKind, Fp8E4m3, Fp8Format, KvScales, PagedKvCache, ScaleKind,
+    Stream, TensorView, TensorViewMut,
 };
 use half::{bf16, f16};
 
@@ -106,20 +107,10 @@ fn q_len_one_matches_decode() {
     let (o, lse, _) = f.run(&stream, Some(1)).unwrap();
     let (b, hq, d) = (4, 8, 128);
     let cache = f.host_cache().unwrap(); // max_seq_len 300
-    let mut od = vec![bf16::NAN; b * hq * d];
-    let mut lsed = vec![f32::NAN; b * hq];
     let mut ws = DecodeWorkspace::with_capacity(&stream, b, hq, d, 1).unwrap();
     let opts = DecodeOptions { num_splits: Some(1), ..Default::default() };
-    decode(
-        &stream,
-        &TensorView::host(&f.q, [b, hq, d]).unwrap(),
-        &cache,
-        &mut TensorViewMut::host(&mut od, [b, hq, d]).unwrap(),
-        Some(&mut TensorViewMut::host(&mut lsed, [b, hq]).unwrap()),
-        &mut ws,
-        &opts,
-    )
-    .unwrap();
+    let (od, lsed, _) =
+        decode_on_host(&stream, &TensorView::host(&f.q, [b, hq, d]).unwrap(), &cache, &mut ws, &opts).unwrap();
     for (x, y) in o.iter().zip(&od) {
         let (x, y) = (x.to_f32(), y.to_f32());
         assert!((x - y).abs() <= 1e-2 * (1.0 + y.abs()), "paged prefill {x} vs decode {y}");

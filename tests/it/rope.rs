@@ -16,7 +16,7 @@ use crate::common;
 
 use fused_attn::decode::{DecodeOptions, DecodeWorkspace};
 use fused_attn::reference::{check_decode, RopeRef};
-use fused_attn::testkit::cases::decode::{DecodeCase, PagedFixture};
+use fused_attn::testkit::cases::decode::{decode_on_host, DecodeCase, PagedFixture};
 use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::testkit::seed::rng;
 use fused_attn::{
@@ -612,21 +612,10 @@ fn append_then_decode_with_rope_fp8_and_16_bit() {
             if let Some(s) = $scales {
                 cache = cache.with_scales(s).unwrap();
             }
-            let mut o = vec![bf16::NAN; b * hq * d];
-            let mut lse = vec![f32::NAN; b * hq];
             let mut ws = DecodeWorkspace::with_capacity(&stream, b, hq, d, 2).unwrap();
             let opts = DecodeOptions { num_splits: Some(2), rope: Some(rope_q), ..Default::default() };
             let q = TensorView::host(&f.q, [b, hq, d]).unwrap();
-            decode(
-                &stream,
-                &q,
-                &cache,
-                &mut TensorViewMut::host(&mut o, [b, hq, d]).unwrap(),
-                Some(&mut TensorViewMut::host(&mut lse, [b, hq]).unwrap()),
-                &mut ws,
-                &opts,
-            )
-            .unwrap();
+            let (o, lse, _) = decode_on_host(&stream, &q, &cache, &mut ws, &opts).unwrap();
             let (ov, lv) = (TensorView::host(&o, [b, hq, d]).unwrap(), TensorView::host(&lse, [b, hq]).unwrap());
             check_decode(&q, &cache, &ov, Some(&lv), &opts).unwrap()
         }};

@@ -936,6 +936,30 @@ fn decode_host<T: Element, C: CacheElement<T>>(
     decode(stream, q, &cache, o, Some(lse), ws, opts)
 }
 
+/// One decode on host memory (the emulator) into NaN-poisoned outputs: o `[B, Hq, D]` shaped like `q`, lse
+/// `[B, Hq]`, and the plan it ran (what the tests' direct calls of the op share).
+pub fn decode_on_host<T: Element, C: KvCacheOf<T>>(
+    stream: &Stream<'_>,
+    q: &TensorView<'_, T, 3>,
+    cache: &PagedKvCache<'_, C>,
+    ws: &mut DecodeWorkspace,
+    opts: &DecodeOptions<'_>,
+) -> Result<(Vec<T>, Vec<f32>, DecodePlan)> {
+    let [b, hq, d] = q.shape();
+    let mut o = vec![T::nan(); b * hq * d];
+    let mut lse = vec![f32::NAN; b * hq];
+    let plan = decode(
+        stream,
+        q,
+        cache,
+        &mut TensorViewMut::host(&mut o, [b, hq, d])?,
+        Some(&mut TensorViewMut::host(&mut lse, [b, hq])?),
+        ws,
+        opts,
+    )?;
+    Ok((o, lse, plan))
+}
+
 /// The fixture's data on the GPU (its cache as `C`: the fixture's own 16-bit values, or its FP8 codes with
 /// their scales), the outputs (NaN-poisoned) and the workspace for its plan.
 pub(crate) struct GpuCase<T: Element, C: KvCacheOf<T>> {
