@@ -28,24 +28,7 @@ fn packed_tokens<T: Element>(
     f: &PagedFixture<T>,
     tokens: impl Fn(usize) -> std::ops::Range<usize>,
 ) -> (Vec<T>, Vec<T>, Vec<i64>) {
-    let c = &f.case;
-    let row = c.heads_kv * c.head_dim;
-    let (mut k, mut v, mut slots) = (Vec::new(), Vec::new(), Vec::new());
-    for b in 0..c.batch() {
-        for t in tokens(b) {
-            let s = f.slot(b, t);
-            k.extend_from_slice(&f.k_cache[s * row..][..row]);
-            v.extend_from_slice(&f.v_cache[s * row..][..row]);
-            slots.push(s as i64);
-        }
-        k.extend(std::iter::repeat_n(T::nan(), row));
-        v.extend(std::iter::repeat_n(T::nan(), row));
-        slots.push(-1);
-    }
-    k.extend(std::iter::repeat_n(T::nan(), row));
-    v.extend(std::iter::repeat_n(T::nan(), row));
-    slots.push((f.num_pages * c.page_size + 3) as i64);
-    (k, v, slots)
+    f.append_rows(tokens, true, Some(f.num_pages * f.case.page_size + 3))
 }
 
 fn append_host(

@@ -139,20 +139,22 @@ fn emulated_layouts_scales_and_magnitudes() {
     );
 }
 
+/// Every case of `cases` on the GPU (skipped visibly without one), seeds from `seed_base` on.
+fn gpu_sweep(test: &str, cases: Vec<DecodeCase>, seed_base: usize) {
+    let Some(ctx) = common::gpu_or_skip(&format!("decode::{test}")) else { return };
+    let cu = ctx.default_stream();
+    let cases: Vec<(usize, DecodeCase)> = cases.into_iter().enumerate().collect();
+    check_sweep(test, &cases, seed_base, |c, seed| check_case_gpu(&cu, c, seed));
+}
+
 #[test]
 fn gpu_decode_sweep() {
-    let Some(ctx) = common::gpu_or_skip("decode::gpu_decode_sweep") else { return };
-    let cu = ctx.default_stream();
-    let cases: Vec<(usize, DecodeCase)> = decode_sweep().into_iter().enumerate().collect();
-    check_sweep("gpu_decode_sweep", &cases, 0, |c, seed| check_case_gpu(&cu, c, seed));
+    gpu_sweep("gpu_decode_sweep", decode_sweep(), 0);
 }
 
 #[test]
 fn gpu_head_dim_sweep() {
-    let Some(ctx) = common::gpu_or_skip("decode::gpu_head_dim_sweep") else { return };
-    let cu = ctx.default_stream();
-    let cases: Vec<(usize, DecodeCase)> = decode_head_dim_sweep().into_iter().enumerate().collect();
-    check_sweep("gpu_head_dim_sweep", &cases, 9000, |c, seed| check_case_gpu(&cu, c, seed));
+    gpu_sweep("gpu_head_dim_sweep", decode_head_dim_sweep(), 9000);
 }
 
 /// Bandwidth of the performance shapes (printed; the bars are judged in the report, not asserted

@@ -163,22 +163,7 @@ fn append_then_decode_round_trip() {
         let s = PagedFixture::<bf16>::new(&case, seed).unwrap();
         let fp8 = s.fp8.as_ref().unwrap();
         let c = &s.case;
-        let row = c.heads_kv * c.head_dim;
-        let (mut k, mut v, mut slots) = (Vec::new(), Vec::new(), Vec::new());
-        for b in 0..c.batch() {
-            for t in 0..c.seq_lens[b] {
-                let slot = s.slot(b, t);
-                k.extend_from_slice(&s.k_cache[slot * row..][..row]);
-                v.extend_from_slice(&s.v_cache[slot * row..][..row]);
-                slots.push(slot as i64);
-            }
-            k.extend(std::iter::repeat_n(bf16::NAN, row));
-            v.extend(std::iter::repeat_n(bf16::NAN, row));
-            slots.push(-1);
-        }
-        k.extend(std::iter::repeat_n(bf16::NAN, row));
-        v.extend(std::iter::repeat_n(bf16::NAN, row));
-        slots.push((s.num_pages * c.page_size + 1) as i64);
+        let (k, v, slots) = s.append_rows(|b| 0..c.seq_lens[b], true, Some(s.num_pages * c.page_size + 1));
         let n = slots.len();
         let scales = fp8.scales(&stream).unwrap();
         let mut k_codes = vec![Fp8Format::NAN_CODE; fp8.k_codes.len()];
@@ -279,7 +264,7 @@ fn bad_fp8_inputs_are_typed_errors() {
     let c = &s.case;
     let (b, hq, d) = (c.batch(), c.heads_q, c.head_dim);
     let (k, v) = s.fp8.as_ref().unwrap().codes::<Fp8E4m3>();
-    let cache = || s.host_cache_of([&k, &v], None).unwrap();
+    let cache = || s.host().cache_of([&k, &v], None).unwrap();
     // Per-head scales for the wrong head count.
     let three = KvScales::per_head(&stream, &[1.0; 3], &[1.0; 3]).unwrap();
     assert_eq!(cache().with_scales(&three).err().unwrap().kind(), &ErrorKind::Shape);

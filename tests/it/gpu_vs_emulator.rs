@@ -366,15 +366,7 @@ fn gpu_vs_emu_append() {
     let f = PagedFixture::<bf16>::new(&case, seed()).unwrap();
     let row = case.heads_kv * case.head_dim;
     // Every owned token, plus a padding slot (-1) and one past the cache: both must be skipped.
-    let (mut k, mut v, mut slots) = (Vec::new(), Vec::new(), Vec::new());
-    for b in 0..case.batch() {
-        for t in 0..case.seq_lens[b] {
-            let s = f.slot(b, t);
-            k.extend_from_slice(&f.k_cache[s * row..][..row]);
-            v.extend_from_slice(&f.v_cache[s * row..][..row]);
-            slots.push(s as i64);
-        }
-    }
+    let (mut k, mut v, mut slots) = f.token_rows(|b| 0..case.seq_lens[b]);
     for bad in [-1i64, (f.num_pages * case.page_size + 3) as i64] {
         k.extend(std::iter::repeat_n(bf16::ONE, row));
         v.extend(std::iter::repeat_n(bf16::ONE, row));
@@ -959,16 +951,7 @@ fn gpu_vs_emu_fp8_decode() {
     };
     let sx = PagedFixture::<bf16>::new(&case, seed()).unwrap();
     let fp8 = sx.fp8.as_ref().unwrap();
-    let row = case.heads_kv * case.head_dim;
-    let (mut k, mut v, mut slots) = (Vec::new(), Vec::new(), Vec::new());
-    for b in 0..case.batch() {
-        for t in 0..case.seq_lens[b] {
-            let slot = sx.slot(b, t);
-            k.extend_from_slice(&sx.k_cache[slot * row..][..row]);
-            v.extend_from_slice(&sx.v_cache[slot * row..][..row]);
-            slots.push(slot as i64);
-        }
-    }
+    let (k, v, slots) = sx.token_rows(|b| 0..case.seq_lens[b]);
     let n = slots.len();
     let shape3 = [n, case.heads_kv, case.head_dim];
     let (emu_k, emu_v) = {

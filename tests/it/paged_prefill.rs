@@ -176,34 +176,26 @@ fn bad_input_gives_typed_errors() {
     assert_eq!(run([8, hq, 32], &cu_good, 8, &mut o, [8, hq, 32], None), ErrorKind::Shape);
     // Splits without a workspace.
     assert_eq!(run([8, hq, d], &cu_good, 8, &mut o, [8, hq, d], Some(2)), ErrorKind::Usage);
+    // The good arguments with a workspace and options.
+    let mut good = |ws: Option<&mut PagedPrefillWorkspace>, opts: &PagedPrefillOptions| {
+        paged_prefill(
+            &stream,
+            &TensorView::host(&q, [8, hq, d]).unwrap(),
+            &TensorView::host(&cu_good, [3]).unwrap(),
+            8,
+            &cache,
+            &mut TensorViewMut::host(&mut o, [8, hq, d]).unwrap(),
+            None,
+            ws,
+            opts,
+        )
+    };
     // A workspace too small for the forced split count.
     let mut ws = PagedPrefillWorkspace::with_capacity(&stream, 8, hq, d, 1).unwrap();
-    let err = paged_prefill(
-        &stream,
-        &TensorView::host(&q, [8, hq, d]).unwrap(),
-        &TensorView::host(&cu_good, [3]).unwrap(),
-        8,
-        &cache,
-        &mut TensorViewMut::host(&mut o, [8, hq, d]).unwrap(),
-        None,
-        Some(&mut ws),
-        &PagedPrefillOptions { num_splits: Some(2), ..Default::default() },
-    )
-    .unwrap_err();
+    let err = good(Some(&mut ws), &PagedPrefillOptions { num_splits: Some(2), ..Default::default() }).unwrap_err();
     assert_eq!(*err.kind(), ErrorKind::OutOfBounds);
     // And the good call works (a test that cannot fail is a defect: the errors above are the arguments').
-    paged_prefill(
-        &stream,
-        &TensorView::host(&q, [8, hq, d]).unwrap(),
-        &TensorView::host(&cu_good, [3]).unwrap(),
-        8,
-        &cache,
-        &mut TensorViewMut::host(&mut o, [8, hq, d]).unwrap(),
-        None,
-        None,
-        &PagedPrefillOptions::default(),
-    )
-    .unwrap();
+    good(None, &PagedPrefillOptions::default()).unwrap();
 }
 
 /// The emulated sweep and variant cases on a GPU (skipped visibly without one; the GPU bundle requires it).
@@ -286,7 +278,7 @@ fn bad_fp8_paged_prefill_inputs_are_typed_errors() {
     let (b, hq, d, tq) = (c.batch(), c.heads_q, c.head_dim, c.total_q());
     let fp8 = s.fp8.as_ref().unwrap();
     let (k, v) = fp8.codes::<Fp8E4m3>();
-    let cache = || s.host_cache_of([&k, &v], None).unwrap();
+    let cache = || s.host().cache_of([&k, &v], None).unwrap();
     let three = KvScales::per_head(&stream, &[1.0; 3], &[1.0; 3]).unwrap();
     assert_eq!(cache().with_scales(&three).err().unwrap().kind(), &ErrorKind::Shape);
     let q = TensorView::host(&s.q, [tq, hq, d]).unwrap();

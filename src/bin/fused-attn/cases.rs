@@ -7,7 +7,7 @@ use std::sync::Arc;
 use cudarc::driver::CudaStream;
 use fused_attn::reference::Comparison;
 use fused_attn::testkit::cases::decode::{self as dc, DecodeCase};
-use fused_attn::testkit::cases::kv::QuantError;
+use fused_attn::testkit::cases::kv::{KvFormat, QuantError};
 use fused_attn::testkit::cases::paged_prefill::{self as ppc, PagedPrefillCase};
 use fused_attn::testkit::cases::prefill::{self as pc, PrefillCase, PrefillFixture, PrefillOutputs};
 use fused_attn::testkit::cost_model;
@@ -69,6 +69,18 @@ fn variant_fields(v: &CaseVariants) -> Row {
     }
 }
 
+/// The fields a paged op's row (decode, paged prefill) takes from its case: the dtypes, the cache, the
+/// splits and the variants (the rest default).
+fn paged_fields(dtype: DType, kv: KvFormat, page_size: usize, num_splits: Option<usize>, v: &CaseVariants) -> Row {
+    Row {
+        dtype: dtype.name().into(),
+        page_size: Some(page_size),
+        kv_dtype: Some(kv.kv_dtype(dtype).name().into()),
+        num_splits,
+        ..variant_fields(v)
+    }
+}
+
 pub fn decode_row(kind: &str, backend: &Backend, c: &DecodeCase, seed: u64) -> Row {
     Row {
         kind: kind.into(),
@@ -76,7 +88,6 @@ pub fn decode_row(kind: &str, backend: &Backend, c: &DecodeCase, seed: u64) -> R
         seed,
         op: "decode".into(),
         backend: backend.name().into(),
-        dtype: c.dtype.name().into(),
         head_dim: c.head_dim,
         batch: c.batch(),
         heads_q: c.heads_q,
@@ -84,10 +95,7 @@ pub fn decode_row(kind: &str, backend: &Backend, c: &DecodeCase, seed: u64) -> R
         seqlen_q: 1,
         seqlen_k: c.max_seq_len(),
         causal: false,
-        page_size: Some(c.page_size),
-        kv_dtype: Some(c.kv.kv_dtype(c.dtype).name().into()),
-        num_splits: c.num_splits,
-        ..variant_fields(&c.variants)
+        ..paged_fields(c.dtype, c.kv, c.page_size, c.num_splits, &c.variants)
     }
 }
 
@@ -415,7 +423,6 @@ pub fn paged_prefill_row(kind: &str, backend: &Backend, c: &PagedPrefillCase, se
         seed,
         op: "paged-prefill".into(),
         backend: backend.name().into(),
-        dtype: c.dtype.name().into(),
         head_dim: c.head_dim,
         batch: c.batch(),
         heads_q: c.heads_q,
@@ -423,10 +430,7 @@ pub fn paged_prefill_row(kind: &str, backend: &Backend, c: &PagedPrefillCase, se
         seqlen_q: c.max_seqlen_q(),
         seqlen_k: c.max_seq_len(),
         causal: c.causal,
-        page_size: Some(c.page_size),
-        kv_dtype: Some(c.kv.kv_dtype(c.dtype).name().into()),
-        num_splits: c.num_splits,
-        ..variant_fields(&c.variants)
+        ..paged_fields(c.dtype, c.kv, c.page_size, c.num_splits, &c.variants)
     }
 }
 

@@ -21,7 +21,7 @@ use crate::plan::DecodePlan;
 use crate::reference::{self, Comparison};
 use crate::tensor::{TensorView, TensorViewMut};
 use crate::testkit::cases::kv::{
-    host_cache, with_cache_element, CacheElement, Fp8Cache, GpuPaged, KvFormat, PagedHost, QuantError,
+    with_cache_element, CacheElement, Fp8Cache, GpuPaged, KvFormat, PagedHost, QuantError,
 };
 use crate::testkit::cases::prefill::VariantViews;
 use crate::testkit::cases::with_dtype;
@@ -552,20 +552,9 @@ impl<T: Element> PagedFixture<T> {
     }
 
     /// The fixture's 16-bit cache as host views (packed layout, no scales): what a test hands the ops
-    /// directly.
+    /// directly ([`PagedHost::cache_of`] for other values, e.g. the FP8 codes).
     pub fn host_cache(&self) -> Result<PagedKvCache<'_, T>> {
-        self.host_cache_of([&self.k_cache, &self.v_cache], None)
-    }
-
-    /// The cache values `k`, `v` (laid out as `k_cache`: e.g. the FP8 codes) through the fixture's block
-    /// table and lengths as host views, with `scales` if given.
-    pub fn host_cache_of<'a, C: crate::fp8::KvElement>(
-        &'a self,
-        kv: [&'a [C]; 2],
-        scales: Option<&'a crate::fp8::KvScales>,
-    ) -> Result<PagedKvCache<'a, C>> {
-        let lens = (&self.seq_lens[..], self.case.max_seq_len());
-        host_cache(kv, self.cache_shape(), (&self.block_table, self.width), lens, scales)
+        self.host().cache()
     }
 
     /// The fixture's data as a [`PagedHost`].
@@ -578,6 +567,7 @@ impl<T: Element> PagedFixture<T> {
             block_table: &self.block_table,
             width: self.width,
             seq_lens: &self.seq_lens,
+            max_seq_len: self.case.max_seq_len(),
             q: &self.q,
             alibi_slopes: &self.alibi_slopes,
             sinks: &self.sinks,
@@ -588,6 +578,40 @@ impl<T: Element> PagedFixture<T> {
     pub fn slot(&self, b: usize, t: usize) -> usize {
         let ps = self.case.page_size;
         self.block_table[b * self.width + t / ps] as usize * ps + t % ps
+    }
+
+    /// The K and V rows (`[n, Hkv, D]`) and slots of tokens `tokens(b)` of every sequence b, in order: what
+    /// an append of those tokens writes into the cache.
+    pub fn token_rows(&self, tokens: impl Fn(usize) -> std::ops::Range<usize>) -> (Vec<T>, Vec<T>, Vec<i64>) {
+        self.append_rows(tokens, false, None)
+    }
+
+    /// [`Self::token_rows`] with padding an append must skip: with `pad_each`, a NaN row at slot −1 after
+    /// each sequence's tokens; with `past_pool`, a last NaN row at that slot (past the cache).
+    pub fn append_rows(
+        &self,
+        tokens: impl Fn(usize) -> std::ops::Range<usize>,
+        pad_each: bool,
+        past_pool: Option<usize>,
+    ) -> (Vec<T>, Vec<T>, Vec<i64>) {
+        let row = self.case.heads_kv * self.case.head_dim;
+        let (mut k, mut v, mut slots) = (Vec::new(), Vec::new(), Vec::new());
+        let nan_row = |x: &mut Vec<T>| x.extend(std::iter::repeat_n(T::nan(), row));
+        for b in 0..self.case.batch() {
+            for t in tokens(b) {
+                let s = self.slot(b, t);
+                k.extend_from_slice(&self.k_cache[s * row..][..row]);
+                v.extend_from_slice(&self.v_cache[s * row..][..row]);
+                slots.push(s as i64);
+            }
+            if pad_each {
+                (nan_row(&mut k), nan_row(&mut v), slots.push(-1));
+            }
+        }
+        if let Some(slot) = past_pool {
+            (nan_row(&mut k), nan_row(&mut v), slots.push(slot as i64));
+        }
+        (k, v, slots)
     }
 
     /// Dense K and V of sequence b, [len, Hkv, D], gathered through the block table.

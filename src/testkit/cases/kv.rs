@@ -338,9 +338,29 @@ pub struct PagedHost<'a, T> {
     pub block_table: &'a [i32],
     pub width: usize,
     pub seq_lens: &'a [i32],
+    /// The case's longest sequence (what the cache views are told).
+    pub max_seq_len: usize,
     pub q: &'a [T],
     pub alibi_slopes: &'a [f32],
     pub sinks: &'a [f32],
+}
+
+impl<'a, T: Element> PagedHost<'a, T> {
+    /// The 16-bit cache as host views (packed layout, no scales): what a test hands the ops directly.
+    pub fn cache(&self) -> Result<PagedKvCache<'a, T>> {
+        self.cache_of([self.k_cache, self.v_cache], None)
+    }
+
+    /// The cache values `k`, `v` (laid out as `k_cache`: e.g. the FP8 codes) through the fixture's block
+    /// table and lengths as host views, with `scales` if given.
+    pub fn cache_of<C: crate::fp8::KvElement>(
+        &self,
+        kv: [&'a [C]; 2],
+        scales: Option<&'a KvScales>,
+    ) -> Result<PagedKvCache<'a, C>> {
+        let lens = (self.seq_lens, self.max_seq_len);
+        host_cache(kv, self.shape, (self.block_table, self.width), lens, scales)
+    }
 }
 
 impl<T: Element, C: CacheElement<T>> GpuPaged<T, C> {

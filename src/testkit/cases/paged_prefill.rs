@@ -13,7 +13,7 @@ use rand::Rng;
 use crate::dtype::{DType, Element, Fp8Format, KvCacheOf};
 use crate::emu::Emulator;
 use crate::error::Result;
-use crate::fp8::{KvElement, KvScales, ScaleKind};
+use crate::fp8::ScaleKind;
 use crate::paged::PagedKvCache;
 use crate::paged_prefill::{
     paged_prefill, PagedPrefillOptions, PagedPrefillPlan, PagedPrefillWorkspace, MAX_PLANNED_SPLITS,
@@ -22,7 +22,7 @@ use crate::reference::{self, Comparison};
 use crate::tensor::{TensorView, TensorViewMut};
 use crate::testkit::cases::decode::{fill_cache, lse_tolerance, reference_cache, to_f64};
 use crate::testkit::cases::kv::{
-    host_cache, with_cache_element, CacheElement, Fp8Cache, GpuPaged, KvFormat, PagedHost, QuantError,
+    with_cache_element, CacheElement, Fp8Cache, GpuPaged, KvFormat, PagedHost, QuantError,
 };
 use crate::testkit::cases::prefill::VariantViews;
 use crate::testkit::cases::with_dtype;
@@ -335,20 +335,9 @@ impl<T: Element> PagedPrefillFixture<T> {
         Ok((exact, naive))
     }
 
-    /// The fixture's 16-bit cache as host views (no scales).
+    /// The fixture's 16-bit cache as host views (no scales; [`PagedHost::cache_of`] for other values).
     pub fn host_cache(&self) -> Result<PagedKvCache<'_, T>> {
-        self.host_cache_of([&self.k_cache, &self.v_cache], None)
-    }
-
-    /// The cache values `k`, `v` (laid out as `k_cache`: e.g. the FP8 codes) through the fixture's block
-    /// table and lengths as host views, with `scales` if given.
-    pub fn host_cache_of<'a, C: KvElement>(
-        &'a self,
-        kv: [&'a [C]; 2],
-        scales: Option<&'a KvScales>,
-    ) -> Result<PagedKvCache<'a, C>> {
-        let lens = (&self.seq_lens[..], self.case.max_seq_len());
-        host_cache(kv, self.cache_shape(), (&self.block_table, self.width), lens, scales)
+        self.host().cache()
     }
 
     /// The fixture's data as a [`PagedHost`].
@@ -361,6 +350,7 @@ impl<T: Element> PagedPrefillFixture<T> {
             block_table: &self.block_table,
             width: self.width,
             seq_lens: &self.seq_lens,
+            max_seq_len: self.case.max_seq_len(),
             q: &self.q,
             alibi_slopes: &self.alibi_slopes,
             sinks: &self.sinks,
@@ -378,7 +368,7 @@ impl<T: Element> PagedPrefillFixture<T> {
         ) -> Result<(Vec<T>, Vec<f32>, PagedPrefillPlan)> {
             let [k, v] = C::cache(&f.k_cache, &f.v_cache, f.fp8.as_ref())?;
             let scales = f.fp8.as_ref().map(|c| c.scales(stream)).transpose()?;
-            f.run_on(stream, &f.host_cache_of([&k, &v], scales.as_ref())?, num_splits)
+            f.run_on(stream, &f.host().cache_of([&k, &v], scales.as_ref())?, num_splits)
         }
         with_cache_element!(self.fp8.as_ref(), go::<T>(self, stream, num_splits))
     }
