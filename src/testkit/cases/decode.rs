@@ -21,7 +21,7 @@ use crate::plan::DecodePlan;
 use crate::reference::{self, Comparison};
 use crate::tensor::{TensorView, TensorViewMut};
 use crate::testkit::cases::kv::{
-    with_cache_element, CacheElement, Fp8Cache, GpuPaged, KvFormat, PagedHost, QuantError,
+    paged_host, with_cache_element, CacheElement, Fp8Cache, GpuPaged, KvFormat, PagedHost, QuantError,
 };
 use crate::testkit::cases::prefill::VariantViews;
 use crate::testkit::cases::with_dtype;
@@ -559,19 +559,7 @@ impl<T: Element> PagedFixture<T> {
 
     /// The fixture's data as a [`PagedHost`].
     pub fn host(&self) -> PagedHost<'_, T> {
-        PagedHost {
-            k_cache: &self.k_cache,
-            v_cache: &self.v_cache,
-            fp8: self.fp8.as_ref(),
-            shape: self.cache_shape(),
-            block_table: &self.block_table,
-            width: self.width,
-            seq_lens: &self.seq_lens,
-            max_seq_len: self.case.max_seq_len(),
-            q: &self.q,
-            alibi_slopes: &self.alibi_slopes,
-            sinks: &self.sinks,
-        }
+        paged_host!(self)
     }
 
     /// Slot (page * page_size + offset) of token t of sequence b.
@@ -596,7 +584,11 @@ impl<T: Element> PagedFixture<T> {
     ) -> (Vec<T>, Vec<T>, Vec<i64>) {
         let row = self.case.heads_kv * self.case.head_dim;
         let (mut k, mut v, mut slots) = (Vec::new(), Vec::new(), Vec::new());
-        let nan_row = |x: &mut Vec<T>| x.extend(std::iter::repeat_n(T::nan(), row));
+        let pad = |k: &mut Vec<T>, v: &mut Vec<T>, slots: &mut Vec<i64>, slot: i64| {
+            k.extend(std::iter::repeat_n(T::nan(), row));
+            v.extend(std::iter::repeat_n(T::nan(), row));
+            slots.push(slot);
+        };
         for b in 0..self.case.batch() {
             for t in tokens(b) {
                 let s = self.slot(b, t);
@@ -605,11 +597,11 @@ impl<T: Element> PagedFixture<T> {
                 slots.push(s as i64);
             }
             if pad_each {
-                (nan_row(&mut k), nan_row(&mut v), slots.push(-1));
+                pad(&mut k, &mut v, &mut slots, -1);
             }
         }
         if let Some(slot) = past_pool {
-            (nan_row(&mut k), nan_row(&mut v), slots.push(slot as i64));
+            pad(&mut k, &mut v, &mut slots, slot as i64);
         }
         (k, v, slots)
     }

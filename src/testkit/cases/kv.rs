@@ -345,6 +345,26 @@ pub struct PagedHost<'a, T> {
     pub sinks: &'a [f32],
 }
 
+/// The [`PagedHost`] of a paged fixture (decode's and paged prefill's have these fields by the same names).
+macro_rules! paged_host {
+    ($f:expr) => {
+        $crate::testkit::cases::kv::PagedHost {
+            k_cache: &$f.k_cache,
+            v_cache: &$f.v_cache,
+            fp8: $f.fp8.as_ref(),
+            shape: $f.cache_shape(),
+            block_table: &$f.block_table,
+            width: $f.width,
+            seq_lens: &$f.seq_lens,
+            max_seq_len: $f.case.max_seq_len(),
+            q: &$f.q,
+            alibi_slopes: &$f.alibi_slopes,
+            sinks: &$f.sinks,
+        }
+    };
+}
+pub(crate) use paged_host;
+
 impl<'a, T: Element> PagedHost<'a, T> {
     /// The 16-bit cache as host views (packed layout, no scales): what a test hands the ops directly.
     pub fn cache(&self) -> Result<PagedKvCache<'a, T>> {

@@ -22,7 +22,7 @@ use crate::reference::{self, Comparison};
 use crate::tensor::{TensorView, TensorViewMut};
 use crate::testkit::cases::decode::{fill_cache, lse_tolerance, reference_cache, to_f64};
 use crate::testkit::cases::kv::{
-    with_cache_element, CacheElement, Fp8Cache, GpuPaged, KvFormat, PagedHost, QuantError,
+    paged_host, with_cache_element, CacheElement, Fp8Cache, GpuPaged, KvFormat, PagedHost, QuantError,
 };
 use crate::testkit::cases::prefill::VariantViews;
 use crate::testkit::cases::with_dtype;
@@ -342,19 +342,7 @@ impl<T: Element> PagedPrefillFixture<T> {
 
     /// The fixture's data as a [`PagedHost`].
     pub fn host(&self) -> PagedHost<'_, T> {
-        PagedHost {
-            k_cache: &self.k_cache,
-            v_cache: &self.v_cache,
-            fp8: self.fp8.as_ref(),
-            shape: self.cache_shape(),
-            block_table: &self.block_table,
-            width: self.width,
-            seq_lens: &self.seq_lens,
-            max_seq_len: self.case.max_seq_len(),
-            q: &self.q,
-            alibi_slopes: &self.alibi_slopes,
-            sinks: &self.sinks,
-        }
+        paged_host!(self)
     }
 
     /// Runs the kernel over the case's cache (16-bit, or the FP8 codes with their scales) on `stream` (host
