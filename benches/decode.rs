@@ -211,17 +211,7 @@ fn main() {
                     if smoke && (b, ctx_len, ps, hkv) != (1, 1024, 16, 8) {
                         continue;
                     }
-                    let case = DecodeCase {
-                        dtype: DType::Bf16,
-                        head_dim: HEAD_DIM,
-                        heads_q: hq,
-                        heads_kv: hkv,
-                        page_size: ps,
-                        seq_lens: vec![ctx_len; b],
-                        num_splits: None,
-                        variants: Default::default(),
-                        rope: None,
-                    };
+                    let case = DecodeCase::new(DType::Bf16, HEAD_DIM, (hq, hkv), ps, &vec![ctx_len; b], None);
                     seed += 3;
                     rows.push(bench_case::<bf16>(&mut group, &gpu, &case, seed));
                     if ps == 16 {

@@ -167,15 +167,12 @@ pub struct DecodeCost {
     pub mma: u64,
 }
 
-/// The decode model of `case` under `plan`.
+/// The decode model of `case` under `plan` (over an FP8 cache: K/V one byte per element, plus the scales).
 pub fn decode_cost(case: &DecodeCase, plan: &DecodePlan) -> DecodeCost {
-    decode_cost_kv(case, plan, ELEM)
-}
-
-/// The decode model of `case` over an FP8 cache (K/V one byte per element, plus the scales).
-pub fn decode_cost_fp8(case: &DecodeCase, plan: &DecodePlan) -> DecodeCost {
-    let mut c = decode_cost_kv(case, plan, 1);
-    c.scale_bytes_read = c.ctas * DECODE_THREADS as u64 * 2 * 4;
+    let mut c = decode_cost_kv(case, plan, case.kv.bytes() as u64);
+    if case.kv.fp8().is_some() {
+        c.scale_bytes_read = c.ctas * DECODE_THREADS as u64 * 2 * 4;
+    }
     c
 }
 
@@ -250,15 +247,6 @@ pub fn decode_ratios(
     Some(decode_cost(case, plan).ratios(counters.kernel("paged_decode")?))
 }
 
-/// [`decode_ratios`] for a decode over an FP8 cache ([`decode_cost_fp8`]).
-pub fn decode_ratios_fp8(
-    case: &DecodeCase,
-    plan: &DecodePlan,
-    counters: &LaunchCounters,
-) -> Option<Vec<(&'static str, f64)>> {
-    Some(decode_cost_fp8(case, plan).ratios(counters.kernel("paged_decode")?))
-}
-
 fn ratio(measured: u64, model: u64) -> f64 {
     match (measured, model) {
         (0, 0) => 1.0,
@@ -270,26 +258,10 @@ fn ratio(measured: u64, model: u64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testkit::cases::prefill::CaseLayout;
     use crate::DType;
 
     fn prefill_case(t: usize, causal: bool) -> PrefillCase {
-        PrefillCase {
-            dtype: DType::Bf16,
-            batch: 1,
-            seqlen_q: t,
-            seqlen_k: t,
-            heads_q: 1,
-            heads_kv: 1,
-            head_dim: 64,
-            causal,
-            varlen: None,
-            layout: CaseLayout::Contiguous,
-            with_lse: true,
-            variants: Default::default(),
-            kernel: Default::default(),
-            sm90_steps: Default::default(),
-        }
+        PrefillCase::dense(DType::Bf16, 64, causal, t, t, (1, 1))
     }
 
     #[test]

@@ -18,17 +18,7 @@ fn seed(test: &str) -> (u64, String) {
 }
 
 fn case() -> DecodeCase {
-    DecodeCase {
-        dtype: DType::Bf16,
-        head_dim: 128,
-        heads_q: 8,
-        heads_kv: 2,
-        page_size: 16,
-        seq_lens: vec![0, 1, 15, 17, 300],
-        num_splits: Some(2),
-        variants: Default::default(),
-        rope: None,
-    }
+    DecodeCase::new(DType::Bf16, 128, (8, 2), 16, &[0, 1, 15, 17, 300], Some(2))
 }
 
 /// The tokens of every sequence as one packed [N, Hkv, D] batch plus its slot mapping, with a NaN padding
@@ -38,24 +28,7 @@ fn packed_tokens<T: Element>(
     f: &PagedFixture<T>,
     tokens: impl Fn(usize) -> std::ops::Range<usize>,
 ) -> (Vec<T>, Vec<T>, Vec<i64>) {
-    let c = &f.case;
-    let row = c.heads_kv * c.head_dim;
-    let (mut k, mut v, mut slots) = (Vec::new(), Vec::new(), Vec::new());
-    for b in 0..c.batch() {
-        for t in tokens(b) {
-            let s = f.slot(b, t);
-            k.extend_from_slice(&f.k_cache[s * row..][..row]);
-            v.extend_from_slice(&f.v_cache[s * row..][..row]);
-            slots.push(s as i64);
-        }
-        k.extend(std::iter::repeat_n(T::nan(), row));
-        v.extend(std::iter::repeat_n(T::nan(), row));
-        slots.push(-1);
-    }
-    k.extend(std::iter::repeat_n(T::nan(), row));
-    v.extend(std::iter::repeat_n(T::nan(), row));
-    slots.push((f.num_pages * c.page_size + 3) as i64);
-    (k, v, slots)
+    f.append_rows(tokens, true, Some(f.num_pages * f.case.page_size + 3))
 }
 
 fn append_host(

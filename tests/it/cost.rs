@@ -14,7 +14,7 @@
 use fused_attn::counters::{KernelCounters, LaunchCounters};
 use fused_attn::prefill::TileConfig;
 use fused_attn::testkit::cases::decode::{run_case_emulated, DecodeCase};
-use fused_attn::testkit::cases::prefill::{run_emulated, CaseLayout, PrefillCase, PrefillFixture};
+use fused_attn::testkit::cases::prefill::{run_emulated, PrefillCase, PrefillFixture};
 use fused_attn::testkit::cost_model::{decode_cost, decode_ratios, prefill_cost, prefill_ratios, DecodeCost};
 use fused_attn::testkit::emu_selftest::{self as st, BarrierMode, GemmBug, GemmShape, WarpOp};
 use fused_attn::{DType, Emulator};
@@ -222,17 +222,7 @@ fn ops_record_every_kernel_they_launch_per_thread() {
 // ---------------------------------------------------------------------------------------------- decode
 
 fn decode_case(group: usize, page_size: usize, splits: usize, seq_lens: Vec<usize>) -> DecodeCase {
-    DecodeCase {
-        dtype: DType::Bf16,
-        head_dim: 64,
-        heads_q: 2 * group,
-        heads_kv: 2,
-        page_size,
-        seq_lens,
-        num_splits: Some(splits),
-        variants: Default::default(),
-        rope: None,
-    }
+    DecodeCase::new(DType::Bf16, 64, (2 * group, 2), page_size, &seq_lens, Some(splits))
 }
 
 /// Runs `case` (checked against the fp64 reference) and returns its counters and model.
@@ -350,22 +340,7 @@ fn decode_with_more_than_16_heads_per_kv_head_reads_once_per_cta() {
 // --------------------------------------------------------------------------------------------- prefill
 
 fn prefill_case(tq: usize, tk: usize, d: usize, heads: (usize, usize), causal: bool) -> PrefillCase {
-    PrefillCase {
-        dtype: DType::Bf16,
-        batch: 1,
-        seqlen_q: tq,
-        seqlen_k: tk,
-        heads_q: heads.0,
-        heads_kv: heads.1,
-        head_dim: d,
-        causal,
-        varlen: None,
-        layout: CaseLayout::Contiguous,
-        with_lse: true,
-        variants: Default::default(),
-        kernel: Default::default(),
-        sm90_steps: Default::default(),
-    }
+    PrefillCase::dense(DType::Bf16, d, causal, tq, tk, heads)
 }
 
 /// Runs `case` on the emulator (no reference check: tests/it/prefill.rs owns correctness) and returns the

@@ -6,7 +6,7 @@ use crate::common;
 use fused_attn::decode::{DecodeOptions, DecodeWorkspace};
 use fused_attn::plan::DecodePlan;
 use fused_attn::testkit::cases::decode::{
-    check_case_emulated, check_case_gpu, check_inputs_emulated, decode_head_dim_sweep, decode_sweep,
+    check_case_emulated, check_case_gpu, check_inputs_emulated, decode_head_dim_sweep, decode_on_host, decode_sweep,
     decode_sweep_emulated, CaseOutcome, DecodeCase, DecodeInputs, PagedFixture,
 };
 use fused_attn::{decode, DType, Element, Emulator, ErrorKind, PagedKvCache, Stream, TensorView, TensorViewMut};
@@ -98,16 +98,8 @@ fn emulated_decode_sweep_odd() {
 /// magnitudes (|q|, |k| up to 8 at scale 3: a softmax sharp enough that the naive rule allows ~0.1).
 fn layout_cases() -> Vec<(DecodeCase, DecodeInputs)> {
     use fused_attn::testkit::cases::decode::CacheLayout::*;
-    let case = |dtype, head_dim, heads: (usize, usize), page_size, num_splits| DecodeCase {
-        dtype,
-        head_dim,
-        heads_q: heads.0,
-        heads_kv: heads.1,
-        page_size,
-        seq_lens: vec![0, 1, 17, 300, 1029],
-        num_splits,
-        variants: Default::default(),
-        rope: None,
+    let case = |dtype, head_dim, heads: (usize, usize), page_size, num_splits| {
+        DecodeCase::new(dtype, head_dim, heads, page_size, &[0, 1, 17, 300, 1029], num_splits)
     };
     let inputs =
         |cache_layout, scale, magnitude, strided_q_o| DecodeInputs { scale, magnitude, cache_layout, strided_q_o };
@@ -147,20 +139,22 @@ fn emulated_layouts_scales_and_magnitudes() {
     );
 }
 
+/// Every case of `cases` on the GPU (skipped visibly without one), seeds from `seed_base` on.
+fn gpu_sweep(test: &str, cases: Vec<DecodeCase>, seed_base: usize) {
+    let Some(ctx) = common::gpu_or_skip(&format!("decode::{test}")) else { return };
+    let cu = ctx.default_stream();
+    let cases: Vec<(usize, DecodeCase)> = cases.into_iter().enumerate().collect();
+    check_sweep(test, &cases, seed_base, |c, seed| check_case_gpu(&cu, c, seed));
+}
+
 #[test]
 fn gpu_decode_sweep() {
-    let Some(ctx) = common::gpu_or_skip("decode::gpu_decode_sweep") else { return };
-    let cu = ctx.default_stream();
-    let cases: Vec<(usize, DecodeCase)> = decode_sweep().into_iter().enumerate().collect();
-    check_sweep("gpu_decode_sweep", &cases, 0, |c, seed| check_case_gpu(&cu, c, seed));
+    gpu_sweep("gpu_decode_sweep", decode_sweep(), 0);
 }
 
 #[test]
 fn gpu_head_dim_sweep() {
-    let Some(ctx) = common::gpu_or_skip("decode::gpu_head_dim_sweep") else { return };
-    let cu = ctx.default_stream();
-    let cases: Vec<(usize, DecodeCase)> = decode_head_dim_sweep().into_iter().enumerate().collect();
-    check_sweep("gpu_head_dim_sweep", &cases, 9000, |c, seed| check_case_gpu(&cu, c, seed));
+    gpu_sweep("gpu_head_dim_sweep", decode_head_dim_sweep(), 9000);
 }
 
 /// Bandwidth of the performance shapes (printed; the bars are judged in the report, not asserted
@@ -189,17 +183,7 @@ fn gpu_decode_bandwidth() {
 }
 
 fn small_case(num_splits: Option<usize>) -> DecodeCase {
-    DecodeCase {
-        dtype: DType::Bf16,
-        head_dim: 128,
-        heads_q: 8,
-        heads_kv: 2,
-        page_size: 16,
-        seq_lens: vec![300, 0, 77, 1029],
-        num_splits,
-        variants: Default::default(),
-        rope: None,
-    }
+    DecodeCase::new(DType::Bf16, 128, (8, 2), 16, &[300, 0, 77, 1029], num_splits)
 }
 
 #[test]
@@ -414,15 +398,11 @@ fn clamps_device_data_it_cannot_validate() {
         48,
     )
     .unwrap();
-    let mut o = vec![bf16::NAN; b * hq * d];
-    let mut lse = vec![f32::NAN; b * hq];
     let mut ws = DecodeWorkspace::with_capacity(&stream, b, hq, d, 2).unwrap();
-    decode(
+    let (o, lse, _) = decode_on_host(
         &stream,
         &TensorView::host(&f.q, [b, hq, d]).unwrap(),
         &cache,
-        &mut TensorViewMut::host(&mut o, [b, hq, d]).unwrap(),
-        Some(&mut TensorViewMut::host(&mut lse, [b, hq]).unwrap()),
         &mut ws,
         &DecodeOptions { scale: None, num_splits: Some(2), ..Default::default() },
     )

@@ -310,17 +310,7 @@ fn decode_case(
     lens: Vec<usize>,
     s: Option<usize>,
 ) -> DecodeCase {
-    DecodeCase {
-        dtype,
-        head_dim: d,
-        heads_q: heads.0,
-        heads_kv: heads.1,
-        page_size: ps,
-        seq_lens: lens,
-        num_splits: s,
-        variants: Default::default(),
-        rope: None,
-    }
+    DecodeCase::new(dtype, d, heads, ps, &lens, s)
 }
 
 /// (dtype, head dim, (Hq, Hkv), page size, forced splits) of a decode configuration.
@@ -602,22 +592,7 @@ fn prefill_case(
     tk: usize,
     causal: bool,
 ) -> PrefillCase {
-    PrefillCase {
-        dtype,
-        batch: b,
-        seqlen_q: tq,
-        seqlen_k: tk,
-        heads_q: heads.0,
-        heads_kv: heads.1,
-        head_dim: d,
-        causal,
-        varlen: None,
-        layout: CaseLayout::Contiguous,
-        with_lse: true,
-        variants: Default::default(),
-        kernel: Default::default(),
-        sm90_steps: Default::default(),
-    }
+    PrefillCase { batch: b, ..PrefillCase::dense(dtype, d, causal, tq, tk, heads) }
 }
 
 /// Constant keys: dense causal and not, a chunked-prefill shape with Tk = 8192 (rows see 8,129..8,192 keys),

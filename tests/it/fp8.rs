@@ -8,10 +8,11 @@ use crate::common;
 use fused_attn::counters::KernelCounters;
 use fused_attn::decode::{DecodeOptions, DecodeWorkspace};
 use fused_attn::fp8::Fp8Element;
-use fused_attn::testkit::cases::decode::{run_case_emulated, DecodeCase};
-use fused_attn::testkit::cases::decode_fp8::{
-    check_fp8_case_emulated, decode_fp8, fp8_decode_sweep_emulated, run_fp8_case_gpu, Fp8DecodeCase, Fp8Fixture,
+use fused_attn::testkit::cases::decode::{
+    check_case_emulated, check_case_gpu, decode_on_host, fp8_decode_sweep_emulated, run_case_emulated,
+    run_inputs_emulated, DecodeCase, PagedFixture,
 };
+use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::testkit::emu_selftest;
 use fused_attn::{
     append, decode, DType, Emulator, ErrorKind, Fp8E4m3, Fp8E5m2, Fp8Format, KvScales, PagedKvCache, PagedKvCacheMut,
@@ -119,11 +120,11 @@ fn fast_fp8_conversion_is_exact_for_every_finite_code() {
 fn emulated_fp8_decode_sweep() {
     let emu = Emulator::new();
     let cases = fp8_decode_sweep_emulated();
-    common::sweep("fp8", "emulated_fp8_decode_sweep", &cases, 1, Fp8DecodeCase::label, |i, case| {
-        let o = check_fp8_case_emulated(&emu, case, common::case_seed(i)).unwrap();
+    common::sweep("fp8", "emulated_fp8_decode_sweep", &cases, 1, DecodeCase::label, |i, case| {
+        let o = check_case_emulated(&emu, case, common::case_seed(i)).unwrap();
         // The quantisation error is reported, and must be small against the outputs (|O| ~ 0.5): a wrong
         // scale or a dropped token would show here even if the kernel matched a wrong reference.
-        common::verdict(o.passed() && o.quant_rel_l2_err < 0.1, o.summary())
+        common::verdict(o.passed() && o.quant.is_some_and(|q| q.rel_l2_err < 0.1), o.summary())
     });
 }
 
@@ -134,31 +135,17 @@ fn gpu_fp8_decode_sweep() {
     let Some(ctx) = common::gpu_or_skip("fp8::gpu_fp8_decode_sweep") else { return };
     let cu = ctx.default_stream();
     let cases = fp8_decode_sweep_emulated();
-    common::sweep("fp8", "gpu_fp8_decode_sweep", &cases, 1, Fp8DecodeCase::label, |i, case| {
-        let run = match case.base.dtype {
-            DType::F16 => run_fp8_case_gpu::<f16>(&cu, case, common::case_seed(i)).map(|r| r.outcome),
-            DType::Bf16 => run_fp8_case_gpu::<bf16>(&cu, case, common::case_seed(i)).map(|r| r.outcome),
-        };
-        let o = run.unwrap_or_else(|e| panic!("[{i}] {}: {e}", case.label()));
+    common::sweep("fp8", "gpu_fp8_decode_sweep", &cases, 1, DecodeCase::label, |i, case| {
+        let o =
+            check_case_gpu(&cu, case, common::case_seed(i)).unwrap_or_else(|e| panic!("[{i}] {}: {e}", case.label()));
         common::verdict(o.passed(), o.summary())
     });
 }
 
-fn round_trip_case(format: Fp8Format, scales: ScaleKind) -> Fp8DecodeCase {
-    Fp8DecodeCase {
-        base: DecodeCase {
-            dtype: DType::Bf16,
-            head_dim: 128,
-            heads_q: 8,
-            heads_kv: 2,
-            page_size: 16,
-            seq_lens: vec![0, 1, 17, 100],
-            num_splits: Some(2),
-            variants: Default::default(),
-            rope: None,
-        },
-        format,
-        scales,
+fn round_trip_case(format: Fp8Format, scales: ScaleKind) -> DecodeCase {
+    DecodeCase {
+        kv: KvFormat::Fp8 { format, scales },
+        ..DecodeCase::new(DType::Bf16, 128, (8, 2), 16, &[0, 1, 17, 100], Some(2))
     }
 }
 
@@ -173,29 +160,14 @@ fn append_then_decode_round_trip() {
     let seed = common::base_seed();
     for (format, kind) in [(Fp8Format::E4m3, ScaleKind::PerHead), (Fp8Format::E5m2, ScaleKind::PerTensor)] {
         let case = round_trip_case(format, kind);
-        let f = Fp8Fixture::<bf16>::new(&case, seed).unwrap();
-        let s = &f.sixteen;
+        let s = PagedFixture::<bf16>::new(&case, seed).unwrap();
+        let fp8 = s.fp8.as_ref().unwrap();
         let c = &s.case;
-        let row = c.heads_kv * c.head_dim;
-        let (mut k, mut v, mut slots) = (Vec::new(), Vec::new(), Vec::new());
-        for b in 0..c.batch() {
-            for t in 0..c.seq_lens[b] {
-                let slot = s.slot(b, t);
-                k.extend_from_slice(&s.k_cache[slot * row..][..row]);
-                v.extend_from_slice(&s.v_cache[slot * row..][..row]);
-                slots.push(slot as i64);
-            }
-            k.extend(std::iter::repeat_n(bf16::NAN, row));
-            v.extend(std::iter::repeat_n(bf16::NAN, row));
-            slots.push(-1);
-        }
-        k.extend(std::iter::repeat_n(bf16::NAN, row));
-        v.extend(std::iter::repeat_n(bf16::NAN, row));
-        slots.push((s.num_pages * c.page_size + 1) as i64);
+        let (k, v, slots) = s.append_rows(|b| 0..c.seq_lens[b], true, Some(s.num_pages * c.page_size + 1));
         let n = slots.len();
-        let scales = f.fp8.scales(&stream).unwrap();
-        let mut k_codes = vec![Fp8Format::NAN_CODE; f.fp8.k_codes.len()];
-        let mut v_codes = vec![Fp8Format::NAN_CODE; f.fp8.v_codes.len()];
+        let scales = fp8.scales(&stream).unwrap();
+        let mut k_codes = vec![Fp8Format::NAN_CODE; fp8.k_codes.len()];
+        let mut v_codes = vec![Fp8Format::NAN_CODE; fp8.v_codes.len()];
         macro_rules! append_as {
             ($ty:ty) => {{
                 let mut kc: Vec<$ty> = k_codes.iter().map(|&x| <$ty>::from_code(x)).collect();
@@ -224,10 +196,10 @@ fn append_then_decode_round_trip() {
             Fp8Format::E5m2 => append_as!(Fp8E5m2),
         }
         let rerun = common::rerun("fp8", "append_then_decode_round_trip", None);
-        assert!(k_codes == f.fp8.k_codes, "{format:?}: appended K differs from the model's quantisation; {rerun}");
-        assert!(v_codes == f.fp8.v_codes, "{format:?}: appended V differs; {rerun}");
+        assert!(k_codes == fp8.k_codes, "{format:?}: appended K differs from the model's quantisation; {rerun}");
+        assert!(v_codes == fp8.v_codes, "{format:?}: appended V differs; {rerun}");
         // Decode over the appended cache (the same bytes as the fixture's, so the sweep's check applies).
-        let o = check_fp8_case_emulated(&emu, &case, seed).unwrap();
+        let o = check_case_emulated(&emu, &case, seed).unwrap();
         assert!(o.passed(), "{}: {}; {rerun}", case.label(), o.summary());
     }
 }
@@ -239,26 +211,14 @@ fn fp8_decode_reads_half_the_bytes() {
     let emu = Emulator::new();
     let stream = Stream::Emu(&emu);
     let mut case = round_trip_case(Fp8Format::E4m3, ScaleKind::PerHead);
-    case.base.seq_lens = vec![1000, 999];
-    case.base.num_splits = Some(1);
-    let f = Fp8Fixture::<f16>::new(
-        &Fp8DecodeCase { base: DecodeCase { dtype: DType::F16, ..case.base.clone() }, ..case },
-        1,
-    )
-    .unwrap();
-    decode_fp8::<f16, Fp8E4m3>(&stream, &f).unwrap();
+    case.seq_lens = vec![1000, 999];
+    case.num_splits = Some(1);
+    let s = PagedFixture::<f16>::new(&DecodeCase { dtype: DType::F16, ..case }, 1).unwrap();
+    run_inputs_emulated(&emu, &s, 1).unwrap();
     let fp8 = emu.last_launch_counters().unwrap();
-    let s = &f.sixteen;
     let c = &s.case;
     let (b, hq, d) = (c.batch(), c.heads_q, c.head_dim);
-    let cache = PagedKvCache::new(
-        TensorView::host(&s.k_cache, s.cache_shape()).unwrap(),
-        TensorView::host(&s.v_cache, s.cache_shape()).unwrap(),
-        TensorView::host(&s.block_table, [b, s.width]).unwrap(),
-        TensorView::host(&s.seq_lens, [b]).unwrap(),
-        c.max_seq_len(),
-    )
-    .unwrap();
+    let cache = s.host_cache().unwrap();
     let mut o = vec![f16::NAN; b * hq * d];
     let mut ws = DecodeWorkspace::with_capacity(&stream, b, hq, d, 1).unwrap();
     decode(
@@ -282,7 +242,7 @@ fn fp8_decode_reads_half_the_bytes() {
     // The FP8 cost model matches the counters (K/V one byte per element, reads within the budget).
     let plan = fused_attn::DecodePlan::new(&c.problem(), fused_attn::decode::EMULATOR_SM_COUNT, Some(1)).unwrap();
     let r: std::collections::HashMap<_, _> =
-        fused_attn::testkit::cost_model::decode_ratios_fp8(c, &plan, &fp8).unwrap().into_iter().collect();
+        fused_attn::testkit::cost_model::decode_ratios(c, &plan, &fp8).unwrap().into_iter().collect();
     assert_eq!((r["k_read"], r["v_read"], r["mma"]), (1.0, 1.0, 1.0), "{r:?}");
     assert!(r["read_vs_budget"] <= 1.0, "{r:?}");
 }
@@ -300,21 +260,11 @@ fn bad_fp8_inputs_are_typed_errors() {
     assert_eq!(e.kind(), &ErrorKind::Shape);
 
     let case = round_trip_case(Fp8Format::E4m3, ScaleKind::PerHead);
-    let f = Fp8Fixture::<bf16>::new(&case, 5).unwrap();
-    let s = &f.sixteen;
+    let s = PagedFixture::<bf16>::new(&case, 5).unwrap();
     let c = &s.case;
     let (b, hq, d) = (c.batch(), c.heads_q, c.head_dim);
-    let (k, v) = f.fp8.codes::<Fp8E4m3>();
-    let cache = || {
-        PagedKvCache::new(
-            TensorView::host(&k, s.cache_shape()).unwrap(),
-            TensorView::host(&v, s.cache_shape()).unwrap(),
-            TensorView::host(&s.block_table, [b, s.width]).unwrap(),
-            TensorView::host(&s.seq_lens, [b]).unwrap(),
-            c.max_seq_len(),
-        )
-        .unwrap()
-    };
+    let (k, v) = s.fp8.as_ref().unwrap().codes::<Fp8E4m3>();
+    let cache = || s.host().cache_of([&k, &v], None).unwrap();
     // Per-head scales for the wrong head count.
     let three = KvScales::per_head(&stream, &[1.0; 3], &[1.0; 3]).unwrap();
     assert_eq!(cache().with_scales(&three).err().unwrap().kind(), &ErrorKind::Shape);
@@ -328,17 +278,7 @@ fn bad_fp8_inputs_are_typed_errors() {
         .unwrap();
     assert_eq!(e.kind(), &ErrorKind::Shape, "{e}");
     let per_tensor = KvScales::per_tensor(&stream, 0.5, 0.5).unwrap();
-    let k16: Vec<bf16> = s.k_cache.clone();
-    let cache16 = PagedKvCache::new(
-        TensorView::host(&k16, s.cache_shape()).unwrap(),
-        TensorView::host(&s.v_cache, s.cache_shape()).unwrap(),
-        TensorView::host(&s.block_table, [b, s.width]).unwrap(),
-        TensorView::host(&s.seq_lens, [b]).unwrap(),
-        c.max_seq_len(),
-    )
-    .unwrap()
-    .with_scales(&per_tensor)
-    .unwrap();
+    let cache16 = s.host_cache().unwrap().with_scales(&per_tensor).unwrap();
     let e = decode(&stream, &q, &cache16, &mut TensorViewMut::host(&mut o, [b, hq, d]).unwrap(), None, &mut ws, &opts)
         .err()
         .unwrap();
@@ -358,20 +298,10 @@ fn bad_fp8_inputs_are_typed_errors() {
 
 /// Counters of the FP8 decode kernel (`format`) and of the 16-bit one over the same shape, one split.
 fn decode_kernel_counters(d: usize, format: Fp8Format, seq_lens: Vec<usize>) -> [KernelCounters; 2] {
-    let base = DecodeCase {
-        dtype: DType::Bf16,
-        head_dim: d,
-        heads_q: 8,
-        heads_kv: 2,
-        page_size: 16,
-        seq_lens,
-        num_splits: Some(1),
-        variants: Default::default(),
-        rope: None,
-    };
-    let case = Fp8DecodeCase { base: base.clone(), format, scales: ScaleKind::PerHead };
+    let base = DecodeCase::new(DType::Bf16, d, (8, 2), 16, &seq_lens, Some(1));
+    let case = DecodeCase { kv: KvFormat::Fp8 { format, scales: ScaleKind::PerHead }, ..base.clone() };
     let emu = Emulator::new();
-    let o = check_fp8_case_emulated(&emu, &case, 1).unwrap();
+    let o = check_case_emulated(&emu, &case, 1).unwrap();
     assert!(o.passed(), "{}: {}", case.label(), o.summary());
     let fp8 = emu.last_launch_counters().unwrap().kernels[0].clone();
     let run = run_case_emulated::<bf16>(&emu, &base, 1).unwrap();
@@ -478,20 +408,11 @@ fn every_kv_head_reads_its_own_fp8_scale() {
                     .unwrap()
                 };
                 let cache = cache_with(&scales);
-                let mut o = vec![bf16::NAN; b * hq * d];
-                let mut lse = vec![f32::NAN; b * hq];
                 let mut ws = DecodeWorkspace::with_capacity(&stream, b, hq, d, 8).unwrap();
                 let opts = DecodeOptions { num_splits: splits, ..Default::default() };
-                decode(
-                    &stream,
-                    &TensorView::host(&q, [b, hq, d]).unwrap(),
-                    &cache,
-                    &mut TensorViewMut::host(&mut o, [b, hq, d]).unwrap(),
-                    Some(&mut TensorViewMut::host(&mut lse, [b, hq]).unwrap()),
-                    &mut ws,
-                    &opts,
-                )
-                .unwrap();
+                let (o, lse, _) =
+                    decode_on_host(&stream, &TensorView::host(&q, [b, hq, d]).unwrap(), &cache, &mut ws, &opts)
+                        .unwrap();
                 let (qv, ov, lv) = (
                     TensorView::host(&q, [b, hq, d]).unwrap(),
                     TensorView::host(&o, [b, hq, d]).unwrap(),

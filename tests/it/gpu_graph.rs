@@ -28,37 +28,18 @@ const KERNEL_NODE: u32 = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL as u32;
 
 fn decode_case() -> DecodeCase {
     let seq_lens = vec![0, 1, 17, 300, 1000];
-    DecodeCase {
-        dtype: DType::Bf16,
-        head_dim: 128,
-        heads_q: 8,
-        heads_kv: 2,
-        page_size: 16,
-        seq_lens,
-        num_splits: Some(2),
-        variants: Default::default(),
-        rope: None,
-    }
+    DecodeCase::new(DType::Bf16, 128, (8, 2), 16, &seq_lens, Some(2))
 }
 
 fn prefill_case() -> PrefillCase {
     let (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim) = (1, 129, 129, 4, 2, 128);
     let (causal, varlen, layout, with_lse) = (true, None, CaseLayout::Contiguous, true);
     PrefillCase {
-        dtype: DType::Bf16,
         batch,
-        seqlen_q,
-        seqlen_k,
-        heads_q,
-        heads_kv,
-        head_dim,
-        causal,
         varlen,
         layout,
         with_lse,
-        variants: Default::default(),
-        kernel: Default::default(),
-        sm90_steps: Default::default(),
+        ..PrefillCase::dense(DType::Bf16, head_dim, causal, seqlen_q, seqlen_k, (heads_q, heads_kv))
     }
 }
 

@@ -85,17 +85,7 @@ fn gpu_raw_stream_prefill_matches_the_cudarc_path() {
 fn gpu_raw_stream_decode_with_caller_workspace_matches_the_cudarc_path() {
     let Some(ctx) = common::gpu_or_skip("gpu_raw::gpu_raw_stream_decode_with_caller_workspace") else { return };
     let cu: Arc<CudaStream> = ctx.new_stream().unwrap();
-    let case = DecodeCase {
-        dtype: DType::Bf16,
-        head_dim: 128,
-        heads_q: 16,
-        heads_kv: 2,
-        page_size: 16,
-        seq_lens: vec![1, 700, 4097],
-        num_splits: Some(3),
-        variants: Default::default(),
-        rope: None,
-    };
+    let case = DecodeCase::new(DType::Bf16, 128, (16, 2), 16, &[1, 700, 4097], Some(3));
     let f = PagedFixture::<bf16>::new(&case, SEED).unwrap();
     let (b, hq, d) = (case.batch(), case.heads_q, case.head_dim);
     let sm = fused_attn::device::sm_count(&ctx).unwrap();

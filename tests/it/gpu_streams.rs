@@ -18,8 +18,8 @@ use std::time::Duration;
 use cudarc::driver::{result, CudaSlice, CudaStream, DeviceRepr};
 use fused_attn::prefill::{prefill, PrefillOptions};
 use fused_attn::testkit::cases::decode::{run_case_gpu, DecodeCase, PagedFixture};
+use fused_attn::testkit::cases::prefill::PrefillCase;
 use fused_attn::testkit::cases::prefill::{run_gpu, PrefillFixture, PrefillOutputs};
-use fused_attn::testkit::cases::prefill::{CaseLayout, PrefillCase};
 use fused_attn::{decode, DType, DecodeOptions, DecodeWorkspace, PagedKvCache, Stream, TensorView, TensorViewMut};
 use half::bf16;
 
@@ -175,39 +175,14 @@ fn prefill_gated(cu: &Arc<CudaStream>, f: &PrefillFixture<bf16>) -> PrefillOutpu
 
 fn decode_case(heads: (usize, usize), seq_lens: Vec<usize>, splits: usize) -> DecodeCase {
     let (heads_q, heads_kv) = heads;
-    DecodeCase {
-        dtype: DType::Bf16,
-        head_dim: 128,
-        heads_q,
-        heads_kv,
-        page_size: 16,
-        seq_lens,
-        num_splits: Some(splits),
-        variants: Default::default(),
-        rope: None,
-    }
+    DecodeCase::new(DType::Bf16, 128, (heads_q, heads_kv), 16, &seq_lens, Some(splits))
 }
 
 /// (a) Causal GQA bf16 D=128 prefill on a new stream: correct, and bitwise the default stream's result.
 #[test]
 fn gpu_streams_prefill_on_new_stream() {
     let Some(ctx) = common::gpu_or_skip("gpu_streams::gpu_streams_prefill_on_new_stream") else { return };
-    let case = PrefillCase {
-        dtype: DType::Bf16,
-        batch: 2,
-        seqlen_q: 129,
-        seqlen_k: 200,
-        heads_q: 8,
-        heads_kv: 2,
-        head_dim: 128,
-        causal: true,
-        varlen: None,
-        layout: CaseLayout::Contiguous,
-        with_lse: true,
-        variants: Default::default(),
-        kernel: Default::default(),
-        sm90_steps: Default::default(),
-    };
+    let case = PrefillCase { batch: 2, ..PrefillCase::dense(DType::Bf16, 128, true, 129, 200, (8, 2)) };
     let f = PrefillFixture::<bf16>::new(&case, SEED).unwrap();
     let on_default = run_gpu(&ctx.default_stream(), &f).unwrap();
     let on_new = prefill_gated(&ctx.new_stream().unwrap(), &f);

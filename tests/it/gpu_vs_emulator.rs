@@ -21,6 +21,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr};
 use fused_attn::prefill::{prefill, PrefillKernel, PrefillOptions};
 use fused_attn::reference::{self, Problem};
 use fused_attn::testkit::cases::decode::{DecodeCase, PagedFixture};
+use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::testkit::emu_selftest::{self as st, BarrierMode, Bug, GemmBug, GemmShape, WarpOp};
 use fused_attn::testkit::seed::FixtureRng;
 use fused_attn::{
@@ -285,30 +286,10 @@ fn gpu_vs_emu_decode() {
     let cu = ctx.default_stream();
     let emu = Emulator::new();
     for (i, splits) in [Some(1), Some(3)].into_iter().enumerate() {
-        let case = DecodeCase {
-            dtype: DType::Bf16,
-            head_dim: 128,
-            heads_q: 8,
-            heads_kv: 2,
-            page_size: 16,
-            seq_lens: vec![0, 1, 17, 300],
-            num_splits: splits,
-            variants: Default::default(),
-            rope: None,
-        };
+        let case = DecodeCase::new(DType::Bf16, 128, (8, 2), 16, &[0, 1, 17, 300], splits);
         decode_pair::<bf16>(&emu, &cu, &case, seed() + i as u64);
     }
-    let case = DecodeCase {
-        dtype: DType::F16,
-        head_dim: 64,
-        heads_q: 20,
-        heads_kv: 1,
-        page_size: 8,
-        seq_lens: vec![5, 129],
-        num_splits: Some(2),
-        variants: Default::default(),
-        rope: None,
-    };
+    let case = DecodeCase::new(DType::F16, 64, (20, 1), 8, &[5, 129], Some(2));
     decode_pair::<f16>(&emu, &cu, &case, seed() + 7);
 }
 
@@ -381,29 +362,11 @@ fn gpu_vs_emu_append() {
     let cu = ctx.default_stream();
     // The emulator with the GPU's semantics for the slot past the pool (skipped) below.
     let emu = Emulator::new().with_table_checks(fused_attn::TableChecks::GpuMasking);
-    let case = DecodeCase {
-        dtype: DType::Bf16,
-        head_dim: 128,
-        heads_q: 8,
-        heads_kv: 2,
-        page_size: 16,
-        seq_lens: vec![0, 1, 15, 17, 300],
-        num_splits: None,
-        variants: Default::default(),
-        rope: None,
-    };
+    let case = DecodeCase::new(DType::Bf16, 128, (8, 2), 16, &[0, 1, 15, 17, 300], None);
     let f = PagedFixture::<bf16>::new(&case, seed()).unwrap();
     let row = case.heads_kv * case.head_dim;
     // Every owned token, plus a padding slot (-1) and one past the cache: both must be skipped.
-    let (mut k, mut v, mut slots) = (Vec::new(), Vec::new(), Vec::new());
-    for b in 0..case.batch() {
-        for t in 0..case.seq_lens[b] {
-            let s = f.slot(b, t);
-            k.extend_from_slice(&f.k_cache[s * row..][..row]);
-            v.extend_from_slice(&f.v_cache[s * row..][..row]);
-            slots.push(s as i64);
-        }
-    }
+    let (mut k, mut v, mut slots) = f.token_rows(|b| 0..case.seq_lens[b]);
     for bad in [-1i64, (f.num_pages * case.page_size + 3) as i64] {
         k.extend(std::iter::repeat_n(bf16::ONE, row));
         v.extend(std::iter::repeat_n(bf16::ONE, row));
@@ -945,7 +908,7 @@ fn gpu_vs_emu_fp8_conversions() {
 /// printed. The K/V codes the GPU's quantising append writes are compared with the emulator's bit for bit.
 #[test]
 fn gpu_vs_emu_fp8_decode() {
-    use fused_attn::testkit::cases::decode_fp8::{run_fp8_case_emulated, run_fp8_case_gpu, Fp8DecodeCase, Fp8Fixture};
+    use fused_attn::testkit::cases::decode::{run_case_emulated, run_case_gpu};
     use fused_attn::{Fp8E4m3, Fp8Format, ScaleKind};
     let Some(ctx) = common::gpu_or_skip("gpu_vs_emulator::gpu_vs_emu_fp8_decode") else { return };
     let cu = ctx.default_stream();
@@ -957,31 +920,20 @@ fn gpu_vs_emu_fp8_decode() {
         (DType::F16, Fp8Format::E4m3, ScaleKind::PerTensor, 128, (4, 4), Some(1)),
     ];
     for (i, &(dtype, format, scales, d, (hq, hkv), splits)) in cases.iter().enumerate() {
-        let case = Fp8DecodeCase {
-            base: DecodeCase {
-                dtype,
-                head_dim: d,
-                heads_q: hq,
-                heads_kv: hkv,
-                page_size: [16, 1, 256, 8][i],
-                seq_lens: vec![0, 1, 17, 300],
-                num_splits: splits,
-                variants: Default::default(),
-                rope: None,
-            },
-            format,
-            scales,
+        let case = DecodeCase {
+            kv: KvFormat::Fp8 { format, scales },
+            ..DecodeCase::new(dtype, d, (hq, hkv), [16, 1, 256, 8][i], &[0, 1, 17, 300], splits)
         };
         let what = format!("fp8 decode {}", case.label());
         let s = seed() + i as u64;
         macro_rules! pair {
             ($t:ty) => {{
-                let g = run_fp8_case_gpu::<$t>(&cu, &case, s).unwrap_or_else(|e| panic!("{what}: GPU: {e}"));
-                let e = run_fp8_case_emulated::<$t>(&emu, &case, s).unwrap_or_else(|e| panic!("{what}: emulator: {e}"));
-                assert_eq!(g.outcome.outcome.plan, e.outcome.outcome.plan, "{what}: plans differ");
+                let g = run_case_gpu::<$t>(&cu, &case, s).unwrap_or_else(|e| panic!("{what}: GPU: {e}"));
+                let e = run_case_emulated::<$t>(&emu, &case, s).unwrap_or_else(|e| panic!("{what}: emulator: {e}"));
+                assert_eq!(g.outcome.plan, e.outcome.plan, "{what}: plans differ");
                 assert!(g.outcome.passed(), "{what}: GPU: {}", g.outcome.summary());
                 assert!(e.outcome.passed(), "{what}: emulator: {}", e.outcome.summary());
-                let tol = g.outcome.outcome.out.tolerance + e.outcome.outcome.out.tolerance;
+                let tol = g.outcome.out.tolerance + e.outcome.out.tolerance;
                 agree(&format!("{what} O"), &to_f64(&g.o), &to_f64(&e.o), |_| tol);
                 agree(&format!("{what} LSE"), &f32s(&g.lse), &f32s(&e.lse), |_| 1e-3);
             }};
@@ -993,39 +945,19 @@ fn gpu_vs_emu_fp8_decode() {
     }
 
     // Quantising append: every token of a bf16 fixture into a zeroed E4M3 cache, on both backends.
-    let case = Fp8DecodeCase {
-        base: DecodeCase {
-            dtype: DType::Bf16,
-            head_dim: 128,
-            heads_q: 8,
-            heads_kv: 2,
-            page_size: 16,
-            seq_lens: vec![1, 17, 300],
-            num_splits: Some(1),
-            variants: Default::default(),
-            rope: None,
-        },
-        format: Fp8Format::E4m3,
-        scales: ScaleKind::PerHead,
+    let case = DecodeCase {
+        kv: KvFormat::Fp8 { format: Fp8Format::E4m3, scales: ScaleKind::PerHead },
+        ..DecodeCase::new(DType::Bf16, 128, (8, 2), 16, &[1, 17, 300], Some(1))
     };
-    let f = Fp8Fixture::<bf16>::new(&case, seed()).unwrap();
-    let sx = &f.sixteen;
-    let row = case.base.heads_kv * case.base.head_dim;
-    let (mut k, mut v, mut slots) = (Vec::new(), Vec::new(), Vec::new());
-    for b in 0..case.base.batch() {
-        for t in 0..case.base.seq_lens[b] {
-            let slot = sx.slot(b, t);
-            k.extend_from_slice(&sx.k_cache[slot * row..][..row]);
-            v.extend_from_slice(&sx.v_cache[slot * row..][..row]);
-            slots.push(slot as i64);
-        }
-    }
+    let sx = PagedFixture::<bf16>::new(&case, seed()).unwrap();
+    let fp8 = sx.fp8.as_ref().unwrap();
+    let (k, v, slots) = sx.token_rows(|b| 0..case.seq_lens[b]);
     let n = slots.len();
-    let shape3 = [n, case.base.heads_kv, case.base.head_dim];
+    let shape3 = [n, case.heads_kv, case.head_dim];
     let (emu_k, emu_v) = {
         let stream = Stream::Emu(&emu);
-        let scales = f.fp8.scales(&stream).unwrap();
-        let (mut kc, mut vc) = (vec![Fp8E4m3(0); f.fp8.k_codes.len()], vec![Fp8E4m3(0); f.fp8.v_codes.len()]);
+        let scales = fp8.scales(&stream).unwrap();
+        let (mut kc, mut vc) = (vec![Fp8E4m3(0); fp8.k_codes.len()], vec![Fp8E4m3(0); fp8.v_codes.len()]);
         let mut cache = PagedKvCacheMut::new(
             TensorViewMut::host(&mut kc, sx.cache_shape()).unwrap(),
             TensorViewMut::host(&mut vc, sx.cache_shape()).unwrap(),
@@ -1044,10 +976,10 @@ fn gpu_vs_emu_fp8_decode() {
         (kc, vc)
     };
     let stream = Stream::Gpu(&cu);
-    let scales = f.fp8.scales(&stream).unwrap();
+    let scales = fp8.scales(&stream).unwrap();
     let (dk, dv, ds) = (cu.clone_htod(&k).unwrap(), cu.clone_htod(&v).unwrap(), cu.clone_htod(&slots).unwrap());
-    let mut dkc = cu.alloc_zeros::<Fp8E4m3>(f.fp8.k_codes.len()).unwrap();
-    let mut dvc = cu.alloc_zeros::<Fp8E4m3>(f.fp8.v_codes.len()).unwrap();
+    let mut dkc = cu.alloc_zeros::<Fp8E4m3>(fp8.k_codes.len()).unwrap();
+    let mut dvc = cu.alloc_zeros::<Fp8E4m3>(fp8.v_codes.len()).unwrap();
     {
         let mut cache = PagedKvCacheMut::new(
             TensorViewMut::gpu(dkc.as_view_mut(), sx.cache_shape()).unwrap(),

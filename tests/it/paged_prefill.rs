@@ -6,17 +6,15 @@
 use crate::common;
 
 use fused_attn::paged_prefill::{paged_prefill, PagedPrefillOptions, PagedPrefillWorkspace};
+use fused_attn::testkit::cases::decode::decode_on_host;
+use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::testkit::cases::paged_prefill::{
-    case, check_case_emulated, check_case_gpu, paged_prefill_sweep_emulated, paged_prefill_variant_sweep,
-    PagedPrefillCase, PagedPrefillFixture,
-};
-use fused_attn::testkit::cases::paged_prefill_fp8::{
-    check_fp8_case_emulated, fp8_paged_prefill_sweep_emulated, run_fp8_case_gpu, Fp8PagedPrefillCase,
-    Fp8PagedPrefillFixture, Fp8PagedPrefillOutcome,
+    case, check_case_emulated, check_case_gpu, fp8_paged_prefill_sweep_emulated, paged_prefill_sweep_emulated,
+    paged_prefill_variant_sweep, PagedPrefillCase, PagedPrefillFixture, PagedPrefillOutcome,
 };
 use fused_attn::{
-    decode, DType, DecodeOptions, DecodeWorkspace, Emulator, ErrorKind, Fp8E4m3, Fp8Format, KvScales, PagedKvCache,
-    ScaleKind, Stream, TensorView, TensorViewMut,
+    DType, DecodeOptions, DecodeWorkspace, Emulator, ErrorKind, Fp8E4m3, Fp8Format, KvScales, PagedKvCache, ScaleKind,
+    Stream, TensorView, TensorViewMut,
 };
 use half::{bf16, f16};
 
@@ -108,28 +106,11 @@ fn q_len_one_matches_decode() {
     let f = PagedPrefillFixture::<bf16>::new(&c, common::case_seed(1));
     let (o, lse, _) = f.run(&stream, Some(1)).unwrap();
     let (b, hq, d) = (4, 8, 128);
-    let cache = PagedKvCache::new(
-        TensorView::host(&f.k_cache, f.cache_shape()).unwrap(),
-        TensorView::host(&f.v_cache, f.cache_shape()).unwrap(),
-        TensorView::host(&f.block_table, [b, f.width]).unwrap(),
-        TensorView::host(&f.seq_lens, [b]).unwrap(),
-        300,
-    )
-    .unwrap();
-    let mut od = vec![bf16::NAN; b * hq * d];
-    let mut lsed = vec![f32::NAN; b * hq];
+    let cache = f.host_cache().unwrap(); // max_seq_len 300
     let mut ws = DecodeWorkspace::with_capacity(&stream, b, hq, d, 1).unwrap();
     let opts = DecodeOptions { num_splits: Some(1), ..Default::default() };
-    decode(
-        &stream,
-        &TensorView::host(&f.q, [b, hq, d]).unwrap(),
-        &cache,
-        &mut TensorViewMut::host(&mut od, [b, hq, d]).unwrap(),
-        Some(&mut TensorViewMut::host(&mut lsed, [b, hq]).unwrap()),
-        &mut ws,
-        &opts,
-    )
-    .unwrap();
+    let (od, lsed, _) =
+        decode_on_host(&stream, &TensorView::host(&f.q, [b, hq, d]).unwrap(), &cache, &mut ws, &opts).unwrap();
     for (x, y) in o.iter().zip(&od) {
         let (x, y) = (x.to_f32(), y.to_f32());
         assert!((x - y).abs() <= 1e-2 * (1.0 + y.abs()), "paged prefill {x} vs decode {y}");
@@ -195,34 +176,26 @@ fn bad_input_gives_typed_errors() {
     assert_eq!(run([8, hq, 32], &cu_good, 8, &mut o, [8, hq, 32], None), ErrorKind::Shape);
     // Splits without a workspace.
     assert_eq!(run([8, hq, d], &cu_good, 8, &mut o, [8, hq, d], Some(2)), ErrorKind::Usage);
+    // The good arguments with a workspace and options.
+    let mut good = |ws: Option<&mut PagedPrefillWorkspace>, opts: &PagedPrefillOptions| {
+        paged_prefill(
+            &stream,
+            &TensorView::host(&q, [8, hq, d]).unwrap(),
+            &TensorView::host(&cu_good, [3]).unwrap(),
+            8,
+            &cache,
+            &mut TensorViewMut::host(&mut o, [8, hq, d]).unwrap(),
+            None,
+            ws,
+            opts,
+        )
+    };
     // A workspace too small for the forced split count.
     let mut ws = PagedPrefillWorkspace::with_capacity(&stream, 8, hq, d, 1).unwrap();
-    let err = paged_prefill(
-        &stream,
-        &TensorView::host(&q, [8, hq, d]).unwrap(),
-        &TensorView::host(&cu_good, [3]).unwrap(),
-        8,
-        &cache,
-        &mut TensorViewMut::host(&mut o, [8, hq, d]).unwrap(),
-        None,
-        Some(&mut ws),
-        &PagedPrefillOptions { num_splits: Some(2), ..Default::default() },
-    )
-    .unwrap_err();
+    let err = good(Some(&mut ws), &PagedPrefillOptions { num_splits: Some(2), ..Default::default() }).unwrap_err();
     assert_eq!(*err.kind(), ErrorKind::OutOfBounds);
     // And the good call works (a test that cannot fail is a defect: the errors above are the arguments').
-    paged_prefill(
-        &stream,
-        &TensorView::host(&q, [8, hq, d]).unwrap(),
-        &TensorView::host(&cu_good, [3]).unwrap(),
-        8,
-        &cache,
-        &mut TensorViewMut::host(&mut o, [8, hq, d]).unwrap(),
-        None,
-        None,
-        &PagedPrefillOptions::default(),
-    )
-    .unwrap();
+    good(None, &PagedPrefillOptions::default()).unwrap();
 }
 
 /// The emulated sweep and variant cases on a GPU (skipped visibly without one; the GPU bundle requires it).
@@ -245,7 +218,7 @@ fn gpu_paged_prefill_sweep() {
 #[test]
 fn emulated_fp8_paged_prefill_sweep() {
     let emu = Emulator::new();
-    fp8_sweep("emulated_fp8_paged_prefill_sweep", |c, seed| check_fp8_case_emulated(&emu, c, seed));
+    fp8_sweep("emulated_fp8_paged_prefill_sweep", |c, seed| check_case_emulated(&emu, c, seed));
 }
 
 /// The FP8 sweep on a GPU (skips visibly without one), judged as on the emulator.
@@ -253,29 +226,24 @@ fn emulated_fp8_paged_prefill_sweep() {
 fn gpu_fp8_paged_prefill_sweep() {
     let Some(ctx) = common::gpu_or_skip("paged_prefill::gpu_fp8_paged_prefill_sweep") else { return };
     let cu = ctx.default_stream();
-    fp8_sweep("gpu_fp8_paged_prefill_sweep", |c, seed| match c.base.dtype {
-        DType::F16 => run_fp8_case_gpu::<f16>(&cu, c, seed).map(|r| r.outcome),
-        DType::Bf16 => run_fp8_case_gpu::<bf16>(&cu, c, seed).map(|r| r.outcome),
-    });
+    fp8_sweep("gpu_fp8_paged_prefill_sweep", |c, seed| check_case_gpu(&cu, c, seed));
 }
 
 /// The FP8 sweep judged by `check`: against the reference over the stored cache, and the quantisation error
 /// against the 16-bit cache small against the outputs.
-fn fp8_sweep(
-    test: &str,
-    check: impl Fn(&Fp8PagedPrefillCase, u64) -> fused_attn::Result<Fp8PagedPrefillOutcome> + Sync,
-) {
+fn fp8_sweep(test: &str, check: impl Fn(&PagedPrefillCase, u64) -> fused_attn::Result<PagedPrefillOutcome> + Sync) {
     let cases = fp8_paged_prefill_sweep_emulated();
-    common::sweep("paged_prefill", test, &cases, 1, Fp8PagedPrefillCase::label, |i, c| {
+    common::sweep("paged_prefill", test, &cases, 1, PagedPrefillCase::label, |i, c| {
         let o = check(c, common::case_seed(i)).unwrap_or_else(|e| panic!("[{i}] {}: {e}", c.label()));
-        common::verdict(o.passed() && o.quant_rel_l2_err < 0.1, o.summary())
+        common::verdict(o.passed() && o.quant.is_some_and(|q| q.rel_l2_err < 0.1), o.summary())
     });
 }
 
-fn fp8_case(format: Fp8Format, scales: ScaleKind) -> Fp8PagedPrefillCase {
-    let mut base = case(64, (4, 2), 16, &[(5, 200), (17, 100)]);
-    base.dtype = DType::F16;
-    Fp8PagedPrefillCase { base, format, scales }
+fn fp8_case(format: Fp8Format, scales: ScaleKind) -> PagedPrefillCase {
+    let mut c = case(64, (4, 2), 16, &[(5, 200), (17, 100)]);
+    c.dtype = DType::F16;
+    c.kv = KvFormat::Fp8 { format, scales };
+    c
 }
 
 /// Over an FP8 cache the kernel reads exactly half the K/V bytes of the 16-bit cache (same fixture, same
@@ -284,11 +252,11 @@ fn fp8_case(format: Fp8Format, scales: ScaleKind) -> Fp8PagedPrefillCase {
 fn fp8_paged_prefill_reads_half_the_kv_bytes() {
     let emu = Emulator::new();
     let stream = Stream::Emu(&emu);
-    let f = Fp8PagedPrefillFixture::<f16>::new(&fp8_case(Fp8Format::E5m2, ScaleKind::PerHead), 3);
-    let (o8, _, _) = f.run_format(&stream, Some(1)).unwrap();
+    let f = PagedPrefillFixture::<f16>::new(&fp8_case(Fp8Format::E5m2, ScaleKind::PerHead), 3);
+    let (o8, _, _) = f.run(&stream, Some(1)).unwrap();
     assert!(o8.iter().all(|x| !x.is_nan()));
     let fp8 = emu.last_launch_counters().unwrap();
-    f.sixteen.run(&stream, Some(1)).unwrap();
+    f.run_on(&stream, &f.host_cache().unwrap(), Some(1)).unwrap();
     let sixteen = emu.last_launch_counters().unwrap();
     let kv = |l: &fused_attn::LaunchCounters| l.kernels[0].read_of("k_cache") + l.kernels[0].read_of("v_cache");
     let (kv8, kv16) = (kv(&fp8), kv(&sixteen));
@@ -305,21 +273,12 @@ fn fp8_paged_prefill_reads_half_the_kv_bytes() {
 fn bad_fp8_paged_prefill_inputs_are_typed_errors() {
     let emu = Emulator::new();
     let stream = Stream::Emu(&emu);
-    let f = Fp8PagedPrefillFixture::<f16>::new(&fp8_case(Fp8Format::E4m3, ScaleKind::PerTensor), 4);
-    let s = &f.sixteen;
+    let s = PagedPrefillFixture::<f16>::new(&fp8_case(Fp8Format::E4m3, ScaleKind::PerTensor), 4);
     let c = &s.case;
     let (b, hq, d, tq) = (c.batch(), c.heads_q, c.head_dim, c.total_q());
-    let (k, v) = f.fp8.codes::<Fp8E4m3>();
-    let cache = || {
-        PagedKvCache::new(
-            TensorView::host(&k, s.cache_shape()).unwrap(),
-            TensorView::host(&v, s.cache_shape()).unwrap(),
-            TensorView::host(&s.block_table, [b, s.width]).unwrap(),
-            TensorView::host(&s.seq_lens, [b]).unwrap(),
-            c.max_seq_len(),
-        )
-        .unwrap()
-    };
+    let fp8 = s.fp8.as_ref().unwrap();
+    let (k, v) = fp8.codes::<Fp8E4m3>();
+    let cache = || s.host().cache_of([&k, &v], None).unwrap();
     let three = KvScales::per_head(&stream, &[1.0; 3], &[1.0; 3]).unwrap();
     assert_eq!(cache().with_scales(&three).err().unwrap().kind(), &ErrorKind::Shape);
     let q = TensorView::host(&s.q, [tq, hq, d]).unwrap();
@@ -340,16 +299,7 @@ fn bad_fp8_paged_prefill_inputs_are_typed_errors() {
     .unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::Shape, "FP8 cache without scales: {e}");
     let per_tensor = KvScales::per_tensor(&stream, 0.5, 0.5).unwrap();
-    let cache16 = PagedKvCache::new(
-        TensorView::host(&s.k_cache, s.cache_shape()).unwrap(),
-        TensorView::host(&s.v_cache, s.cache_shape()).unwrap(),
-        TensorView::host(&s.block_table, [b, s.width]).unwrap(),
-        TensorView::host(&s.seq_lens, [b]).unwrap(),
-        c.max_seq_len(),
-    )
-    .unwrap()
-    .with_scales(&per_tensor)
-    .unwrap();
+    let cache16 = s.host_cache().unwrap().with_scales(&per_tensor).unwrap();
     let e = paged_prefill(
         &stream,
         &q,
@@ -364,7 +314,7 @@ fn bad_fp8_paged_prefill_inputs_are_typed_errors() {
     .unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::Unsupported, "scales on a 16-bit cache: {e}");
     // And with its scales the FP8 call works.
-    let scales = f.fp8.scales(&stream).unwrap();
+    let scales = fp8.scales(&stream).unwrap();
     paged_prefill(
         &stream,
         &q,

@@ -16,7 +16,8 @@ use crate::common;
 
 use fused_attn::decode::{DecodeOptions, DecodeWorkspace};
 use fused_attn::reference::{check_decode, RopeRef};
-use fused_attn::testkit::cases::decode::{DecodeCase, PagedFixture};
+use fused_attn::testkit::cases::decode::{decode_on_host, DecodeCase, PagedFixture};
+use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::testkit::seed::rng;
 use fused_attn::{
     append_with, decode, AppendOptions, DType, Element, Emulator, ErrorKind, Fp8E4m3, Fp8E5m2, Fp8Format, KvCacheOf,
@@ -392,16 +393,8 @@ fn check_decode_rope<T: Element>(
 fn decode_rope_sweep_against_the_reference() {
     let emu = Emulator::new();
     let stream = Stream::Emu(&emu);
-    let dc = |dtype, head_dim, heads_q, heads_kv, page_size, num_splits| DecodeCase {
-        dtype,
-        head_dim,
-        heads_q,
-        heads_kv,
-        page_size,
-        seq_lens: vec![0, 1, 17, 300, 1000],
-        num_splits,
-        variants: Default::default(),
-        rope: None,
+    let dc = |dtype, head_dim, heads_q, heads_kv, page_size, num_splits| {
+        DecodeCase::new(dtype, head_dim, (heads_q, heads_kv), page_size, &[0, 1, 17, 300, 1000], num_splits)
     };
     let cfg = |theta, rd, style, scaling| RopeConfig { theta, rotary_dim: rd, style, scaling };
     use RopeStyle::{Gptj, Neox};
@@ -576,17 +569,7 @@ fn append_then_decode_with_rope_fp8_and_16_bit() {
     let emu = Emulator::new().with_table_checks(fused_attn::TableChecks::GpuMasking);
     let stream = Stream::Emu(&emu);
     let seed = common::case_seed(28_300);
-    let case = DecodeCase {
-        dtype: DType::Bf16,
-        head_dim: 128,
-        heads_q: 8,
-        heads_kv: 2,
-        page_size: 16,
-        seq_lens: vec![0, 1, 40, 333],
-        num_splits: Some(2),
-        variants: Default::default(),
-        rope: None,
-    };
+    let case = DecodeCase::new(DType::Bf16, 128, (8, 2), 16, &[0, 1, 40, 333], Some(2));
     let f = PagedFixture::<bf16>::new(&case, seed).unwrap();
     let (b, hq, d, hkv) = (case.batch(), case.heads_q, case.head_dim, case.heads_kv);
     let row = hkv * d;
@@ -629,21 +612,10 @@ fn append_then_decode_with_rope_fp8_and_16_bit() {
             if let Some(s) = $scales {
                 cache = cache.with_scales(s).unwrap();
             }
-            let mut o = vec![bf16::NAN; b * hq * d];
-            let mut lse = vec![f32::NAN; b * hq];
             let mut ws = DecodeWorkspace::with_capacity(&stream, b, hq, d, 2).unwrap();
             let opts = DecodeOptions { num_splits: Some(2), rope: Some(rope_q), ..Default::default() };
             let q = TensorView::host(&f.q, [b, hq, d]).unwrap();
-            decode(
-                &stream,
-                &q,
-                &cache,
-                &mut TensorViewMut::host(&mut o, [b, hq, d]).unwrap(),
-                Some(&mut TensorViewMut::host(&mut lse, [b, hq]).unwrap()),
-                &mut ws,
-                &opts,
-            )
-            .unwrap();
+            let (o, lse, _) = decode_on_host(&stream, &q, &cache, &mut ws, &opts).unwrap();
             let (ov, lv) = (TensorView::host(&o, [b, hq, d]).unwrap(), TensorView::host(&lse, [b, hq]).unwrap());
             check_decode(&q, &cache, &ov, Some(&lv), &opts).unwrap()
         }};
@@ -719,17 +691,7 @@ fn rope_reads_q_and_k_once_and_writes_them_nowhere() {
     assert_eq!(traffic[1].0, valid * row_bytes, "K not read exactly once");
 
     // Decode: q read once (B·Hq·D·2 bytes), with and without RoPE.
-    let case = DecodeCase {
-        dtype: DType::Bf16,
-        head_dim: d,
-        heads_q: 8,
-        heads_kv: 2,
-        page_size: 16,
-        seq_lens: vec![5, 60],
-        num_splits: Some(1),
-        variants: Default::default(),
-        rope: None,
-    };
+    let case = DecodeCase::new(DType::Bf16, d, (8, 2), 16, &[5, 60], Some(1));
     let f = PagedFixture::<bf16>::new(&case, 7).unwrap();
     let cache = PagedKvCache::new(
         TensorView::host(&f.k_cache, f.cache_shape()).unwrap(),
@@ -827,29 +789,22 @@ fn bad_rope_inputs_are_typed_errors() {
 #[test]
 fn decode_harness_runs_rope_cases() {
     use fused_attn::testkit::cases::decode::{check_case_emulated, CaseRope};
-    use fused_attn::testkit::cases::decode_fp8::{check_fp8_case_emulated, Fp8DecodeCase};
     let emu = Emulator::new();
     let yarn =
         RopeConfig { theta: 10000.0, rotary_dim: 64, style: RopeStyle::Gptj, scaling: RopeScaling::yarn(8.0, 4096) };
     let l3 = RopeConfig { theta: 500000.0, rotary_dim: 128, style: RopeStyle::Neox, scaling: RopeScaling::llama31() };
     for (i, (config, explicit)) in [(yarn, true), (l3, false)].into_iter().enumerate() {
         let case = DecodeCase {
-            dtype: DType::Bf16,
-            head_dim: 128,
-            heads_q: 16,
-            heads_kv: 4,
-            page_size: 16,
-            seq_lens: vec![0, 3, 129, 700],
-            num_splits: Some(3),
-            variants: Default::default(),
             rope: Some(CaseRope { config, explicit_positions: explicit }),
+            ..DecodeCase::new(DType::Bf16, 128, (16, 4), 16, &[0, 3, 129, 700], Some(3))
         };
         let seed = common::case_seed(28_400 + i);
         let o = check_case_emulated(&emu, &case, seed).unwrap();
         eprintln!("{}: {}", case.label(), o.summary());
         assert!(o.passed(), "{}: {}", case.label(), o.summary());
-        let fp8 = Fp8DecodeCase { base: case.clone(), format: Fp8Format::E4m3, scales: fused_attn::ScaleKind::PerHead };
-        let o = check_fp8_case_emulated(&emu, &fp8, seed).unwrap();
+        let kv = KvFormat::Fp8 { format: Fp8Format::E4m3, scales: fused_attn::ScaleKind::PerHead };
+        let fp8 = DecodeCase { kv, ..case.clone() };
+        let o = check_case_emulated(&emu, &fp8, seed).unwrap();
         eprintln!("{}: {}", fp8.label(), o.summary());
         assert!(o.passed(), "{}: {}", fp8.label(), o.summary());
     }

@@ -8,6 +8,7 @@
 use fused_attn::counters::KernelCounters;
 use fused_attn::schedule::{schedule_decode, SplitPolicy};
 use fused_attn::testkit::cases::decode::{run_emulated_on, DecodeCase, PagedFixture};
+use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::testkit::cases::paged_prefill::{PagedPrefillCase, PagedPrefillFixture};
 use fused_attn::{DType, DecodeProblem, DecodeWorkspace, Emulator, Stream};
 use half::bf16;
@@ -17,17 +18,7 @@ use rand::{Rng, SeedableRng};
 const SEED: u64 = 0x5c4e_d01e;
 
 fn case(heads_q: usize, heads_kv: usize, seq_lens: Vec<usize>, window: Option<i32>) -> DecodeCase {
-    let mut c = DecodeCase {
-        dtype: DType::Bf16,
-        head_dim: 128,
-        heads_q,
-        heads_kv,
-        page_size: 16,
-        seq_lens,
-        num_splits: None,
-        variants: Default::default(),
-        rope: None,
-    };
+    let mut c = DecodeCase::new(DType::Bf16, 128, (heads_q, heads_kv), 16, &seq_lens, None);
     c.variants.window = window.map(|w| (w, 0));
     c
 }
@@ -176,6 +167,7 @@ fn windowed_paged_prefill_plans_over_the_window() {
         num_splits: None,
         shared_prefix: 0,
         variants: Default::default(),
+        kv: KvFormat::Sixteen,
     };
     c.variants.window = Some((128, 0));
     let f = PagedPrefillFixture::<bf16>::new(&c, SEED);

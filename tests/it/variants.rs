@@ -193,17 +193,7 @@ fn window_longer_than_the_sequence_is_no_window() {
         );
     }
     for splits in [Some(1), Some(3)] {
-        let plain = DecodeCase {
-            dtype: DType::F16,
-            head_dim: 128,
-            heads_q: 8,
-            heads_kv: 2,
-            page_size: 16,
-            seq_lens: vec![0, 5, 700, 1000],
-            num_splits: splits,
-            variants: Default::default(),
-            rope: None,
-        };
+        let plain = DecodeCase::new(DType::F16, 128, (8, 2), 16, &[0, 5, 700, 1000], splits);
         let mut windowed = plain.clone();
         windowed.variants.window = Some((1000, 0));
         let emu = Emulator::new();

@@ -39,6 +39,7 @@ use crate::common;
 use fused_attn::prefill::{prefill, prefill_varlen, PrefillKernel, PrefillOptions};
 use fused_attn::reference;
 use fused_attn::score_mod::{AlibiSlopes, ScoreMod};
+use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::testkit::variants::{CaseAlibi, CaseVariants};
 use fused_attn::{
     decode, merge_states_with_sinks, paged_prefill, DType, DecodeOptions, DecodeWorkspace, Element, Emulator,
@@ -961,6 +962,7 @@ fn random_long_context_sweeps() {
             num_splits: [Some(1), Some(4), None, Some(2), None][i],
             variants: v,
             rope: None,
+            kv: KvFormat::Sixteen,
         };
         let start = std::time::Instant::now();
         let mut f = PagedFixture::<bf16>::with_inputs(&c, &DecodeInputs::default(), seed + 2).unwrap();

@@ -9,6 +9,7 @@ use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use fused_attn::prefill::{PrefillKernel, Sm90Steps};
 use fused_attn::testkit::cases::decode::CaseRope;
+use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::testkit::variants::{CaseAlibi, CaseVariants};
 use fused_attn::{DType, Error, Fp8Format, KvDType, Result, RopeConfig, RopeScaling, RopeStyle, ScaleKind};
 
@@ -421,6 +422,13 @@ impl RunArgs {
         match self.kv_scale {
             KvScaleArg::PerTensor => ScaleKind::PerTensor,
             KvScaleArg::PerHead => ScaleKind::PerHead,
+        }
+    }
+    /// A case's cache format: 16-bit (the queries' dtype, checked by `check_kv`), or FP8 with --kv-scale.
+    pub fn kv_format(&self) -> KvFormat {
+        match self.kv_dtype().fp8() {
+            Some(format) => KvFormat::Fp8 { format, scales: self.kv_scale() },
+            None => KvFormat::Sixteen,
         }
     }
     /// A 16-bit cache is the queries' dtype; scales apply to FP8 caches only.

@@ -7,9 +7,8 @@ use std::sync::Arc;
 use cudarc::driver::CudaStream;
 use fused_attn::reference::Comparison;
 use fused_attn::testkit::cases::decode::{self as dc, DecodeCase};
-use fused_attn::testkit::cases::decode_fp8::{self as fc, Fp8DecodeCase};
+use fused_attn::testkit::cases::kv::{KvFormat, QuantError};
 use fused_attn::testkit::cases::paged_prefill::{self as ppc, PagedPrefillCase};
-use fused_attn::testkit::cases::paged_prefill_fp8::{self as pfc, Fp8PagedPrefillCase};
 use fused_attn::testkit::cases::prefill::{self as pc, PrefillCase, PrefillFixture, PrefillOutputs};
 use fused_attn::testkit::cost_model;
 use fused_attn::testkit::variants::{CaseAlibi, CaseVariants};
@@ -25,13 +24,10 @@ use crate::row::Row;
 #[derive(Clone, Debug)]
 pub enum Case {
     Prefill(PrefillCase),
+    /// Decode over a 16-bit or FP8 cache.
     Decode(DecodeCase),
-    /// Decode over an FP8 cache.
-    Fp8Decode(Fp8DecodeCase),
-    /// Chunked prefill / speculative verification over the paged cache.
+    /// Chunked prefill / speculative verification over the paged cache (16-bit or FP8).
     PagedPrefill(PagedPrefillCase),
-    /// Paged prefill over an FP8 cache.
-    Fp8PagedPrefill(Fp8PagedPrefillCase),
 }
 
 /// Largest full fp64 check: B·Hq·Tq·Tk·D multiply-adds (a few seconds of reference); larger shapes are
@@ -73,6 +69,18 @@ fn variant_fields(v: &CaseVariants) -> Row {
     }
 }
 
+/// The fields a paged op's row (decode, paged prefill) takes from its case: the dtypes, the cache, the
+/// splits and the variants (the rest default).
+fn paged_fields(dtype: DType, kv: KvFormat, page_size: usize, num_splits: Option<usize>, v: &CaseVariants) -> Row {
+    Row {
+        dtype: dtype.name().into(),
+        page_size: Some(page_size),
+        kv_dtype: Some(kv.kv_dtype(dtype).name().into()),
+        num_splits,
+        ..variant_fields(v)
+    }
+}
+
 pub fn decode_row(kind: &str, backend: &Backend, c: &DecodeCase, seed: u64) -> Row {
     Row {
         kind: kind.into(),
@@ -80,7 +88,6 @@ pub fn decode_row(kind: &str, backend: &Backend, c: &DecodeCase, seed: u64) -> R
         seed,
         op: "decode".into(),
         backend: backend.name().into(),
-        dtype: c.dtype.name().into(),
         head_dim: c.head_dim,
         batch: c.batch(),
         heads_q: c.heads_q,
@@ -88,10 +95,7 @@ pub fn decode_row(kind: &str, backend: &Backend, c: &DecodeCase, seed: u64) -> R
         seqlen_q: 1,
         seqlen_k: c.max_seq_len(),
         causal: false,
-        page_size: Some(c.page_size),
-        kv_dtype: Some(c.dtype.name().into()),
-        num_splits: c.num_splits,
-        ..variant_fields(&c.variants)
+        ..paged_fields(c.dtype, c.kv, c.page_size, c.num_splits, &c.variants)
     }
 }
 
@@ -109,23 +113,29 @@ fn with_prefill_outcome(mut row: Row, o: &pc::CaseOutcome) -> Row {
 }
 
 fn with_decode_outcome(row: Row, o: &dc::CaseOutcome) -> Row {
-    with_full_check(row, &o.out, &o.lse, o.plan.num_splits, o.passed(), || o.summary())
+    with_full_check(row, &o.out, &o.lse, o.plan.num_splits, o.quant, o.passed(), || o.summary())
 }
 
 fn with_paged_prefill_outcome(row: Row, o: &ppc::PagedPrefillOutcome) -> Row {
-    with_full_check(row, &o.out, &o.lse, o.plan.num_splits, o.passed(), || o.summary())
+    with_full_check(row, &o.out, &o.lse, o.plan.num_splits, o.quant, o.passed(), || o.summary())
 }
 
-/// A paged op's row with its full check: O and LSE against the reference, the split count it ran with, and
-/// the verdict (its summary as the error when it failed).
+/// A paged op's row with its full check: O and LSE against the reference, the split count it ran with, the
+/// quantisation error of an FP8 cache against the 16-bit one (in the label), and the verdict (its summary as
+/// the error when it failed).
 fn with_full_check(
     mut row: Row,
     out: &Comparison,
     lse: &Comparison,
     num_splits: usize,
+    quant: Option<QuantError>,
     passed: bool,
     summary: impl FnOnce() -> String,
 ) -> Row {
+    if let Some(q) = quant {
+        row.label =
+            format!("{} (vs the 16-bit cache: max|err|={:.2e} rel-L2={:.2e})", row.label, q.max_abs_err, q.rel_l2_err);
+    }
     row.max_abs_err = Some(out.max_abs_err);
     row.rel_l2_err = Some(out.rel_l2_err);
     row.tolerance = Some(out.tolerance);
@@ -158,32 +168,14 @@ pub fn check(backend: &Backend, case: &Case, seed: u64) -> Row {
             let row = r.map_or_else(|e| failed(row.clone(), &e), |o| with_prefill_outcome(row.clone(), &o));
             with_counters(row, backend, |k| cost_model::prefill_ratios(c, k))
         }
-        Case::Decode(c) => {
-            let row = decode_row("sweep", backend, c, seed);
-            let r = match backend {
-                Backend::Emu(emu) => dc::check_case_emulated(emu, c, seed),
-                Backend::Gpu { stream, .. } => dc::check_case_gpu(stream, c, seed),
-            };
-            match r {
-                Ok(o) => {
-                    let plan = o.plan;
-                    with_counters(with_decode_outcome(row, &o), backend, |k| cost_model::decode_ratios(c, &plan, k))
-                }
-                Err(e) => failed(row, &e),
-            }
-        }
         // The `run` paths with no dump, no timing and no progress messages (the sweep runs in parallel).
-        Case::Fp8Decode(c) => {
-            let row = run_decode_fp8(backend, c, seed, None, None, &Progress::hidden());
-            as_sweep(row, || decode_row("sweep", backend, &c.base, seed))
+        Case::Decode(c) => {
+            let row = run_decode(backend, c, seed, None, None, &Progress::hidden());
+            as_sweep(row, || decode_row("sweep", backend, c, seed))
         }
         Case::PagedPrefill(c) => {
             let row = run_paged_prefill(backend, c, seed, None, None, &Progress::hidden());
             as_sweep(row, || paged_prefill_row("sweep", backend, c, seed))
-        }
-        Case::Fp8PagedPrefill(c) => {
-            let row = run_paged_prefill_fp8(backend, c, seed, None, None, &Progress::hidden());
-            as_sweep(row, || paged_prefill_row("sweep", backend, &c.base, seed))
         }
     }
 }
@@ -211,22 +203,12 @@ pub fn time_prefill(cu: &Arc<CudaStream>, backend: &Backend, c: &PrefillCase, se
     }
 }
 
-/// Times one decode case on the GPU (timing only: correctness comes from the sweep rows).
+/// Times one decode case on the GPU (timing only: correctness comes from the sweep rows): GB/s of the bytes
+/// it actually moves (over an FP8 cache K/V at one byte per element and the scales; Q, O, LSE, the split
+/// workspace).
 pub fn time_decode(cu: &Arc<CudaStream>, backend: &Backend, c: &DecodeCase, seed: u64, copy_gbps: f64) -> Row {
     let mut row = decode_row("perf", backend, c, seed);
     let t = dc::time_case_gpu(cu, c, seed, 5, 30);
-    if let Ok(t) = &t {
-        row.num_splits = Some(t.plan.num_splits);
-    }
-    with_decode_timing(row, t, copy_gbps)
-}
-
-/// Times one decode case over an FP8 cache on the GPU (timing only, as [`time_decode`]): GB/s of the bytes
-/// it actually moves (K/V at one byte per element, the scales, Q, O, LSE, the split workspace).
-pub fn time_decode_fp8(cu: &Arc<CudaStream>, backend: &Backend, c: &Fp8DecodeCase, seed: u64, copy_gbps: f64) -> Row {
-    let mut row = decode_row("perf", backend, &c.base, seed);
-    (row.label, row.kv_dtype) = (c.label(), Some(c.format.name().into()));
-    let t = fc::time_fp8_case_gpu(cu, c, seed, 5, 30);
     if let Ok(t) = &t {
         row.num_splits = Some(t.plan.num_splits);
     }
@@ -287,11 +269,6 @@ fn with_paged_prefill_timing(mut row: Row, t: Result<ppc::PagedPrefillTiming>, c
         }
         Err(e) => failed(row, &e),
     }
-}
-
-/// The row label of an FP8 run: the case's, and the quantisation error against the 16-bit cache.
-fn fp8_label(label: String, quant_max_abs_err: f64, quant_rel_l2_err: f64) -> String {
-    format!("{label} (vs the 16-bit cache: max|err|={quant_max_abs_err:.2e} rel-L2={quant_rel_l2_err:.2e})")
 }
 
 /// The checks `run --op decode` makes before building a case's host data.
@@ -396,7 +373,9 @@ fn run_prefill_t<T: Element>(
     Ok(with_counters(row, backend, |k| cost_model::prefill_ratios(c, k)))
 }
 
-/// `run --op decode`: one batch of `batch` sequences of the same context length over a paged cache.
+/// `run --op decode`: one batch of `batch` sequences of the same context length over a paged cache (16-bit
+/// or FP8: then the row's error columns are against the stored cache, and the label carries the
+/// quantisation error against the 16-bit cache).
 pub fn run_decode(
     backend: &Backend,
     c: &DecodeCase,
@@ -414,51 +393,6 @@ pub fn run_decode(
         progress.message("decode: timing on the GPU (CUDA events, median of 30)");
         with_decode_timing(row, dc::time_case_gpu(s, c, seed, 5, 30), copy)
     }))
-}
-
-/// `run --op decode --kv-dtype fp8_*`: as [`run_decode`] over the FP8 cache; the row's error columns are
-/// against the stored cache, and the label carries the quantisation error against the 16-bit cache.
-pub fn run_decode_fp8(
-    backend: &Backend,
-    c: &Fp8DecodeCase,
-    seed: u64,
-    copy_gbps: Option<f64>,
-    dump: Option<&Dump>,
-    progress: &Progress,
-) -> Result<Row> {
-    check_decode_size(&c.base)?;
-    let row = match c.base.dtype {
-        DType::F16 => run_decode_fp8_t::<f16>(backend, c, seed, dump, progress)?,
-        DType::Bf16 => run_decode_fp8_t::<bf16>(backend, c, seed, dump, progress)?,
-    };
-    Ok(timed_on_gpu(row, backend, copy_gbps, |s, copy, row| {
-        progress.message("decode: timing on the GPU (CUDA events, median of 30)");
-        with_decode_timing(row, fc::time_fp8_case_gpu(s, c, seed, 5, 30), copy)
-    }))
-}
-
-fn run_decode_fp8_t<T: Element>(
-    backend: &Backend,
-    c: &Fp8DecodeCase,
-    seed: u64,
-    dump: Option<&Dump>,
-    progress: &Progress,
-) -> Result<Row> {
-    progress.message(format!("decode: running on {} and checking against the fp64 reference", backend.describe()));
-    let r = match backend {
-        Backend::Emu(emu) => fc::run_fp8_case_emulated::<T>(emu, c, seed)?,
-        Backend::Gpu { stream, .. } => fc::run_fp8_case_gpu::<T>(stream, c, seed)?,
-    };
-    if let Some(dump) = dump {
-        progress.message("decode: writing the .npy dump");
-        dump.decode_fp8(&r)?;
-    }
-    let mut row = with_decode_outcome(decode_row("run", backend, &c.base, seed), &r.outcome.outcome);
-    row.label = fp8_label(c.label(), r.outcome.quant_max_abs_err, r.outcome.quant_rel_l2_err);
-    row.kv_dtype = Some(c.format.name().into());
-    let plan = r.outcome.outcome.plan;
-    let fp8 = (c.base.clone(), c.format);
-    Ok(with_counters(row, backend, |k| cost_model::decode_ratios_fp8(&fp8.0, &plan, k)))
 }
 
 fn run_decode_t<T: Element>(
@@ -489,7 +423,6 @@ pub fn paged_prefill_row(kind: &str, backend: &Backend, c: &PagedPrefillCase, se
         seed,
         op: "paged-prefill".into(),
         backend: backend.name().into(),
-        dtype: c.dtype.name().into(),
         head_dim: c.head_dim,
         batch: c.batch(),
         heads_q: c.heads_q,
@@ -497,15 +430,13 @@ pub fn paged_prefill_row(kind: &str, backend: &Backend, c: &PagedPrefillCase, se
         seqlen_q: c.max_seqlen_q(),
         seqlen_k: c.max_seq_len(),
         causal: c.causal,
-        page_size: Some(c.page_size),
-        kv_dtype: Some(c.dtype.name().into()),
-        num_splits: c.num_splits,
-        ..variant_fields(&c.variants)
+        ..paged_fields(c.dtype, c.kv, c.page_size, c.num_splits, &c.variants)
     }
 }
 
 /// `run --op paged-prefill`: `batch` sequences of `seqlen_q` new tokens over contexts of `seqlen_k` tokens
-/// (the new ones included) in a paged cache; full fp64 check; on a GPU also timed.
+/// (the new ones included) in a paged cache (16-bit or FP8, as for decode); full fp64 check; on a GPU also
+/// timed.
 pub fn run_paged_prefill(
     backend: &Backend,
     c: &PagedPrefillCase,
@@ -543,51 +474,6 @@ fn run_paged_prefill_t<T: Element>(
         dump.paged_prefill(&r)?;
     }
     let row = with_paged_prefill_outcome(paged_prefill_row("run", backend, c, seed), &r.outcome);
-    Ok(with_counters(row, backend, |_| None))
-}
-
-/// `run --op paged-prefill --kv-dtype fp8_*`: as [`run_paged_prefill`] over the FP8 cache; the row's error
-/// columns are against the stored cache, and the label carries the quantisation error against the 16-bit
-/// cache.
-pub fn run_paged_prefill_fp8(
-    backend: &Backend,
-    c: &Fp8PagedPrefillCase,
-    seed: u64,
-    copy_gbps: Option<f64>,
-    dump: Option<&Dump>,
-    progress: &Progress,
-) -> Result<Row> {
-    check_paged_prefill_size(&c.base)?;
-    progress
-        .message(format!("paged-prefill: running on {} and checking against the fp64 reference", backend.describe()));
-    let row = match c.base.dtype {
-        DType::F16 => run_paged_prefill_fp8_t::<f16>(backend, c, seed, dump, progress)?,
-        DType::Bf16 => run_paged_prefill_fp8_t::<bf16>(backend, c, seed, dump, progress)?,
-    };
-    Ok(timed_on_gpu(row, backend, copy_gbps, |s, copy, row| {
-        progress.message("paged-prefill: timing on the GPU (CUDA events, median of 20)");
-        with_paged_prefill_timing(row, pfc::time_fp8_case_gpu(s, c, seed, 3, 20), copy)
-    }))
-}
-
-fn run_paged_prefill_fp8_t<T: Element>(
-    backend: &Backend,
-    c: &Fp8PagedPrefillCase,
-    seed: u64,
-    dump: Option<&Dump>,
-    progress: &Progress,
-) -> Result<Row> {
-    let r = match backend {
-        Backend::Emu(emu) => pfc::run_fp8_case_emulated::<T>(emu, c, seed)?,
-        Backend::Gpu { stream, .. } => pfc::run_fp8_case_gpu::<T>(stream, c, seed)?,
-    };
-    if let Some(dump) = dump {
-        progress.message("paged-prefill: writing the .npy dump");
-        dump.paged_prefill_fp8(&r)?;
-    }
-    let mut row = with_paged_prefill_outcome(paged_prefill_row("run", backend, &c.base, seed), &r.outcome.outcome);
-    row.label = fp8_label(c.label(), r.outcome.quant_max_abs_err, r.outcome.quant_rel_l2_err);
-    row.kv_dtype = Some(c.format.name().into());
     Ok(with_counters(row, backend, |_| None))
 }
 

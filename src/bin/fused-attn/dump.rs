@@ -15,10 +15,9 @@ use std::fs::File;
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 
-use fused_attn::testkit::cases::decode::DecodeRun;
-use fused_attn::testkit::cases::decode_fp8::Fp8DecodeRun;
-use fused_attn::testkit::cases::paged_prefill::{PagedPrefillFixture, PagedPrefillRun};
-use fused_attn::testkit::cases::paged_prefill_fp8::Fp8PagedPrefillRun;
+use fused_attn::testkit::cases::decode::{DecodeRun, PagedFixture};
+use fused_attn::testkit::cases::kv::PagedHost;
+use fused_attn::testkit::cases::paged_prefill::PagedPrefillRun;
 use fused_attn::testkit::cases::prefill::{PrefillFixture, PrefillOutputs};
 use fused_attn::{DType, Element, Error, Result};
 
@@ -93,43 +92,9 @@ impl Dump {
         Ok(())
     }
 
-    /// The FP8 run's dump: as [`Dump::decode`] with the caches' stored FP8 values and the scales.
-    pub fn decode_fp8<T: Element>(&self, r: &Fp8DecodeRun<T>) -> Result<()> {
-        let fx = &r.fixture;
-        let f = &fx.sixteen;
-        let c = &f.case;
-        let dt = T::DTYPE;
-        let (b, hq, hkv, d) = (c.batch(), c.heads_q, c.heads_kv, c.head_dim);
-        let stored = |codes: &[u8]| codes.iter().map(|&x| fx.fp8.format.decode(x) as f32).collect::<Vec<f32>>();
-        let (kc, vc) = (stored(&fx.fp8.k_codes), stored(&fx.fp8.v_codes));
-        self.write("q", &[b, hq, d], encode(dt, f.q.iter().map(|v| v.to_f64())))?;
-        self.write("k_cache", &f.cache_shape(), NpyData::F32(kc.clone()))?;
-        self.write("v_cache", &f.cache_shape(), NpyData::F32(vc.clone()))?;
-        self.write("k_scale", &[fx.fp8.k_scale.len()], NpyData::F32(fx.fp8.k_scale.clone()))?;
-        self.write("v_scale", &[fx.fp8.v_scale.len()], NpyData::F32(fx.fp8.v_scale.clone()))?;
-        self.write("block_table", &[b, f.width], NpyData::I32(&f.block_table))?;
-        self.write("seq_lens", &[b], NpyData::I32(&f.seq_lens))?;
-        let t = c.max_seq_len();
-        let row = hkv * d;
-        let (mut k, mut v) = (vec![0f32; b * t * row], vec![0f32; b * t * row]);
-        for i in 0..b {
-            for j in 0..c.seq_lens[i] {
-                let (from, to) = (f.slot(i, j) * row, (i * t + j) * row);
-                k[to..to + row].copy_from_slice(&kc[from..from + row]);
-                v[to..to + row].copy_from_slice(&vc[from..from + row]);
-            }
-        }
-        self.write("k", &[b, t, hkv, d], NpyData::F32(k))?;
-        self.write("v", &[b, t, hkv, d], NpyData::F32(v))?;
-        self.write("out", &[b, hq, d], encode(dt, r.o.iter().map(|v| v.to_f64())))?;
-        self.variants(&f.alibi_slopes, &f.sinks, b, hq)?;
-        self.rope(f)?;
-        self.write("lse", &[b, hq], NpyData::F32(r.lse.clone()))
-    }
-
     /// RoPE (`--rope-theta`): the table the kernel read (NaN in the rows no position addresses and in the
     /// 3 columns past rotary_dim/2) and each sequence's position (q is written unrotated).
-    fn rope<T>(&self, f: &fused_attn::testkit::cases::decode::PagedFixture<T>) -> Result<()> {
+    fn rope<T>(&self, f: &PagedFixture<T>) -> Result<()> {
         let (Some(r), Some(t)) = (&f.case.rope, &f.rope_table) else { return Ok(()) };
         self.write("rope_cos", &t.shape(), NpyData::F32(t.cos.clone()))?;
         self.write("rope_sin", &t.shape(), NpyData::F32(t.sin.clone()))?;
@@ -145,97 +110,79 @@ impl Dump {
         let f = &r.fixture;
         let c = &f.case;
         let dt = T::DTYPE;
-        let (b, hq, hkv, d) = (c.batch(), c.heads_q, c.heads_kv, c.head_dim);
+        let (b, hq, d) = (c.batch(), c.heads_q, c.head_dim);
         let vals = |x: &[T]| x.iter().map(|v| v.to_f64()).collect::<Vec<_>>();
         self.write("q", &[b, hq, d], encode(dt, vals(&f.q).into_iter()))?;
-        self.write("k_cache", &f.cache_shape(), encode(dt, vals(&f.k_cache).into_iter()))?;
-        self.write("v_cache", &f.cache_shape(), encode(dt, vals(&f.v_cache).into_iter()))?;
-        self.write("block_table", &[b, f.width], NpyData::I32(&f.block_table))?;
-        self.write("seq_lens", &[b], NpyData::I32(&f.seq_lens))?;
-        let t = c.max_seq_len();
-        let (mut k, mut v) = (vec![0.0; b * t * hkv * d], vec![0.0; b * t * hkv * d]);
-        for i in 0..b {
-            let (ki, vi) = f.dense_kv(i);
-            let at = i * t * hkv * d;
-            k[at..at + ki.len()].iter_mut().zip(&ki).for_each(|(x, y)| *x = y.to_f64());
-            v[at..at + vi.len()].iter_mut().zip(&vi).for_each(|(x, y)| *x = y.to_f64());
-        }
-        self.write("k", &[b, t, hkv, d], encode(dt, k.into_iter()))?;
-        self.write("v", &[b, t, hkv, d], encode(dt, v.into_iter()))?;
+        self.paged_cache(&f.host())?;
         self.write("out", &[b, hq, d], encode(dt, vals(&r.o).into_iter()))?;
         self.variants(&f.alibi_slopes, &f.sinks, b, hq)?;
         self.rope(f)?;
         self.write("lse", &[b, hq], NpyData::F32(r.lse.clone()))
     }
 
+    /// A paged cache's files: k_cache / v_cache as stored (16-bit values in their encoding, or an FP8
+    /// cache's stored values as float32 with k_scale / v_scale), block_table, seq_lens, and k / v
+    /// `[B, max(seq_lens), Hkv, D]` gathered through the table (zero past each seq_len).
+    fn paged_cache<T: Element>(&self, c: &PagedHost<'_, T>) -> Result<()> {
+        let [_, ps, hkv, d] = c.shape;
+        let (kc, vc) = match c.fp8 {
+            Some(f) => {
+                self.write("k_scale", &[f.k_scale.len()], NpyData::F32(f.k_scale.clone()))?;
+                self.write("v_scale", &[f.v_scale.len()], NpyData::F32(f.v_scale.clone()))?;
+                f.stored()
+            }
+            None => {
+                let vals = |x: &[T]| x.iter().map(|v| v.to_f64()).collect::<Vec<_>>();
+                (vals(c.k_cache), vals(c.v_cache))
+            }
+        };
+        let encoded = |x: Vec<f64>| match c.fp8 {
+            None => encode(T::DTYPE, x.into_iter()),
+            Some(_) => NpyData::F32(x.into_iter().map(|v| v as f32).collect()),
+        };
+        let b = c.seq_lens.len();
+        let t = c.seq_lens.iter().map(|&n| n.max(0) as usize).max().unwrap_or(0);
+        let row = hkv * d;
+        let (mut k, mut v) = (vec![0.0; b * t * row], vec![0.0; b * t * row]);
+        for i in 0..b {
+            for j in 0..c.seq_lens[i] as usize {
+                let page = c.block_table[i * c.width + j / ps] as usize;
+                let (from, to) = ((page * ps + j % ps) * row, (i * t + j) * row);
+                k[to..to + row].copy_from_slice(&kc[from..from + row]);
+                v[to..to + row].copy_from_slice(&vc[from..from + row]);
+            }
+        }
+        self.write("k_cache", &c.shape, encoded(kc))?;
+        self.write("v_cache", &c.shape, encoded(vc))?;
+        self.write("block_table", &[b, c.width], NpyData::I32(c.block_table))?;
+        self.write("seq_lens", &[b], NpyData::I32(c.seq_lens))?;
+        self.write("k", &[b, t, hkv, d], encoded(k))?;
+        self.write("v", &[b, t, hkv, d], encoded(v))
+    }
+
     /// The runner's paged prefill: every sequence has the same Tq (the packed [B·Tq, Hq, D] is [B, Tq, Hq, D]).
     pub fn paged_prefill<T: Element>(&self, r: &PagedPrefillRun<T>) -> Result<()> {
         let f = &r.fixture;
-        let vals = |x: &[T]| x.iter().map(|v| v.to_f64()).collect::<Vec<_>>();
-        self.paged_prefill_with(f, &r.o, &r.lse, &vals(&f.k_cache), &vals(&f.v_cache), Some(T::DTYPE))
-    }
-
-    /// The FP8 paged prefill run's dump: as [`Dump::paged_prefill`] with the caches' stored FP8 values (float32)
-    /// and the scales.
-    pub fn paged_prefill_fp8<T: Element>(&self, r: &Fp8PagedPrefillRun<T>) -> Result<()> {
-        let fx = &r.fixture;
-        let stored = |codes: &[u8]| codes.iter().map(|&x| fx.fp8.format.decode(x)).collect::<Vec<f64>>();
-        self.write("k_scale", &[fx.fp8.k_scale.len()], NpyData::F32(fx.fp8.k_scale.clone()))?;
-        self.write("v_scale", &[fx.fp8.v_scale.len()], NpyData::F32(fx.fp8.v_scale.clone()))?;
-        self.paged_prefill_with(&fx.sixteen, &r.o, &r.lse, &stored(&fx.fp8.k_codes), &stored(&fx.fp8.v_codes), None)
-    }
-
-    /// A paged prefill dump with the cache values `kc`, `vc` (laid out as the fixture's cache), written as
-    /// `cache_dtype` (None: float32).
-    fn paged_prefill_with<T: Element>(
-        &self,
-        f: &PagedPrefillFixture<T>,
-        o: &[T],
-        lse_in: &[f32],
-        kc: &[f64],
-        vc: &[f64],
-        cache_dtype: Option<DType>,
-    ) -> Result<()> {
         let c = &f.case;
         let dt = T::DTYPE;
-        let (b, tq, hq, hkv, d, ps) = (c.batch(), c.max_seqlen_q(), c.heads_q, c.heads_kv, c.head_dim, c.page_size);
+        let (b, tq, hq, d) = (c.batch(), c.max_seqlen_q(), c.heads_q, c.head_dim);
         if c.total_q() != b * tq {
             return Err(Error::usage("--dump: paged-prefill dumps need the same Tq for every sequence"));
         }
         let vals = |x: &[T]| x.iter().map(|v| v.to_f64()).collect::<Vec<_>>();
-        let cache = |x: Vec<f64>| match cache_dtype {
-            Some(dt) => encode(dt, x.into_iter()),
-            None => NpyData::F32(x.into_iter().map(|v| v as f32).collect()),
-        };
         self.write("q", &[b, tq, hq, d], encode(dt, vals(&f.q).into_iter()))?;
-        self.write("out", &[b, tq, hq, d], encode(dt, vals(o).into_iter()))?;
+        self.write("out", &[b, tq, hq, d], encode(dt, vals(&r.o).into_iter()))?;
         // lse [Hq, total_q] -> [B, Hq, Tq].
         let mut lse = vec![0f32; b * hq * tq];
         for i in 0..b {
             for h in 0..hq {
                 for t in 0..tq {
-                    lse[(i * hq + h) * tq + t] = lse_in[h * b * tq + i * tq + t];
+                    lse[(i * hq + h) * tq + t] = r.lse[h * b * tq + i * tq + t];
                 }
             }
         }
         self.write("lse", &[b, hq, tq], NpyData::F32(lse))?;
-        self.write("k_cache", &f.cache_shape(), cache(kc.to_vec()))?;
-        self.write("v_cache", &f.cache_shape(), cache(vc.to_vec()))?;
-        self.write("block_table", &[b, f.width], NpyData::I32(&f.block_table))?;
-        self.write("seq_lens", &[b], NpyData::I32(&f.seq_lens))?;
-        let t = c.max_seq_len();
-        let (mut k, mut v) = (vec![0.0; b * t * hkv * d], vec![0.0; b * t * hkv * d]);
-        for i in 0..b {
-            for j in 0..f.seq_lens[i] as usize {
-                let page = f.block_table[i * f.width + j / ps] as usize;
-                let src = (page * ps + j % ps) * hkv * d;
-                let dst = (i * t + j) * hkv * d;
-                k[dst..dst + hkv * d].copy_from_slice(&kc[src..src + hkv * d]);
-                v[dst..dst + hkv * d].copy_from_slice(&vc[src..src + hkv * d]);
-            }
-        }
-        self.write("k", &[b, t, hkv, d], cache(k))?;
-        self.write("v", &[b, t, hkv, d], cache(v))?;
+        self.paged_cache(&f.host())?;
         self.variants(&f.alibi_slopes, &f.sinks, b, hq)
     }
 }

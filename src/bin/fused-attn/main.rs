@@ -17,10 +17,8 @@ use std::io::BufRead;
 use std::path::Path;
 
 use fused_attn::testkit::cases::decode::DecodeCase;
-use fused_attn::testkit::cases::decode_fp8::Fp8DecodeCase;
 use fused_attn::testkit::cases::paged_prefill::PagedPrefillCase;
-use fused_attn::testkit::cases::paged_prefill_fp8::Fp8PagedPrefillCase;
-use fused_attn::testkit::cases::prefill::{CaseLayout, PrefillCase};
+use fused_attn::testkit::cases::prefill::PrefillCase;
 use fused_attn::testkit::timing::copy_bandwidth_gbps;
 use fused_attn::{Error, ErrorKind, Result};
 
@@ -44,20 +42,18 @@ fn run(a: &RunArgs, backend: &Backend, out: &mut Output) -> Result<()> {
     let row = match a.op {
         Op::Prefill => {
             let case = PrefillCase {
-                dtype: a.dtype.into(),
                 batch: a.batch,
-                seqlen_q: a.seqlen_q,
-                seqlen_k: a.seqlen_k(),
-                heads_q: a.heads,
-                heads_kv: a.kv_heads(),
-                head_dim: a.head_dim,
-                causal: a.causal,
-                varlen: None,
-                layout: CaseLayout::Contiguous,
-                with_lse: true,
                 variants: a.variants(),
                 kernel: a.common.kernel,
                 sm90_steps: a.sm90_off,
+                ..PrefillCase::dense(
+                    a.dtype.into(),
+                    a.head_dim,
+                    a.causal,
+                    a.seqlen_q,
+                    a.seqlen_k(),
+                    (a.heads, a.kv_heads()),
+                )
             };
             cases::run_prefill(backend, &case, a.common.seed, copy, dump.as_ref(), &progress)
         }
@@ -72,14 +68,9 @@ fn run(a: &RunArgs, backend: &Backend, out: &mut Output) -> Result<()> {
                 num_splits: a.num_splits,
                 variants: a.variants(),
                 rope: a.rope()?,
+                kv: a.kv_format(),
             };
-            match a.kv_dtype().fp8() {
-                Some(format) => {
-                    let case = Fp8DecodeCase { base: case, format, scales: a.kv_scale() };
-                    cases::run_decode_fp8(backend, &case, a.common.seed, copy, dump.as_ref(), &progress)
-                }
-                None => cases::run_decode(backend, &case, a.common.seed, copy, dump.as_ref(), &progress),
-            }
+            cases::run_decode(backend, &case, a.common.seed, copy, dump.as_ref(), &progress)
         }
         Op::PagedPrefill => {
             let case = PagedPrefillCase {
@@ -93,14 +84,9 @@ fn run(a: &RunArgs, backend: &Backend, out: &mut Output) -> Result<()> {
                 num_splits: a.num_splits,
                 shared_prefix: 0,
                 variants: a.variants(),
+                kv: a.kv_format(),
             };
-            match a.kv_dtype().fp8() {
-                Some(format) => {
-                    let case = Fp8PagedPrefillCase { base: case, format, scales: a.kv_scale() };
-                    cases::run_paged_prefill_fp8(backend, &case, a.common.seed, copy, dump.as_ref(), &progress)
-                }
-                None => cases::run_paged_prefill(backend, &case, a.common.seed, copy, dump.as_ref(), &progress),
-            }
+            cases::run_paged_prefill(backend, &case, a.common.seed, copy, dump.as_ref(), &progress)
         }
     };
     progress.finish();

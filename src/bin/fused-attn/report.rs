@@ -10,11 +10,11 @@ use std::time::Instant;
 
 use fused_attn::prefill::{PrefillKernel, Sm90Steps, SM90_HEAD_DIMS, SM90_SOFTCAP_RANGE};
 use fused_attn::testkit::cases::decode::{
-    decode_sweep, decode_sweep_emulated, decode_variant_sweep, perf_cases as decode_perf, DecodeCase,
+    decode_sweep, decode_sweep_emulated, decode_variant_sweep, fp8_decode_sweep_emulated, perf_cases as decode_perf,
+    DecodeCase,
 };
-use fused_attn::testkit::cases::decode_fp8::{fp8_decode_sweep_emulated, Fp8DecodeCase};
+use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::testkit::cases::paged_prefill::{self as ppc, PagedPrefillCase};
-use fused_attn::testkit::cases::paged_prefill_fp8::fp8_paged_prefill_sweep_emulated;
 use fused_attn::testkit::cases::prefill::{perf_cases as prefill_perf, variant_sweep_cases};
 use fused_attn::testkit::cases::prefill::{sweep_cases, PrefillCase};
 use fused_attn::testkit::timing::copy_bandwidth_gbps;
@@ -88,8 +88,8 @@ fn other_op_cases(kernel: PrefillKernel) -> Vec<Case> {
     v.extend(decode_variant_sweep().into_iter().map(Case::Decode));
     v.extend(ppc::paged_prefill_sweep_emulated().into_iter().map(Case::PagedPrefill));
     v.extend(ppc::paged_prefill_variant_sweep().into_iter().map(Case::PagedPrefill));
-    v.extend(fp8_decode_sweep_emulated().into_iter().map(Case::Fp8Decode));
-    v.extend(fp8_paged_prefill_sweep_emulated().into_iter().map(Case::Fp8PagedPrefill));
+    v.extend(fp8_decode_sweep_emulated().into_iter().map(Case::Decode));
+    v.extend(ppc::fp8_paged_prefill_sweep_emulated().into_iter().map(Case::PagedPrefill));
     v
 }
 
@@ -102,11 +102,11 @@ fn other_op_quick(kernel: PrefillKernel) -> Vec<Case> {
         .filter(|c| {
             let key = match c {
                 Case::Prefill(_) => "prefill variant",
+                Case::Decode(c) if c.kv != KvFormat::Sixteen => "fp8 decode",
                 Case::Decode(_) => "decode variant",
+                Case::PagedPrefill(c) if c.kv != KvFormat::Sixteen => "fp8 paged prefill",
                 Case::PagedPrefill(c) if c.variants.is_plain() => "paged prefill",
                 Case::PagedPrefill(_) => "paged prefill variant",
-                Case::Fp8Decode(_) => "fp8 decode",
-                Case::Fp8PagedPrefill(_) => "fp8 paged prefill",
             };
             let new = !seen.contains(&key);
             seen.push(key);
@@ -140,9 +140,8 @@ pub fn decode_perf_cases() -> Vec<DecodeCase> {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Timed {
     Prefill(PrefillCase),
+    /// Decode over a 16-bit or FP8 cache.
     Decode(DecodeCase),
-    /// Decode over an FP8 cache.
-    Fp8Decode(Fp8DecodeCase),
     /// Chunked prefill or speculative verification over the paged cache.
     PagedPrefill(PagedPrefillCase),
 }
@@ -193,6 +192,7 @@ pub fn decode_step(c: &PagedPrefillCase) -> DecodeCase {
         num_splits: None,
         variants: c.variants,
         rope: None,
+        kv: KvFormat::Sixteen,
     }
 }
 
@@ -256,8 +256,8 @@ pub fn perf_plan(quick: bool, kernel: PrefillKernel, hopper: bool) -> Vec<TimedS
     fp8_shapes.truncate(if quick { 1 } else { fp8_shapes.len() });
     for base in fp8_shapes {
         let baseline = index_of(&mut plan, Timed::Decode(base.clone()));
-        let case = Fp8DecodeCase { base, format: Fp8Format::E4m3, scales: ScaleKind::PerHead };
-        plan.push(TimedShape { case: Timed::Fp8Decode(case), baseline: Some(baseline) });
+        let case = DecodeCase { kv: KvFormat::Fp8 { format: Fp8Format::E4m3, scales: ScaleKind::PerHead }, ..base };
+        plan.push(TimedShape { case: Timed::Decode(case), baseline: Some(baseline) });
     }
 
     let (chunks, pages) =
@@ -357,8 +357,8 @@ pub fn report(backend: &Backend, base_seed: u64, quick: bool, kernel: PrefillKer
             "performance: {} prefill, {} decode, {} FP8 decode and {} paged prefill shapes (CUDA events, median; \
              comparison rows carry vs_baseline = their time / their baseline's)",
             count(|c| matches!(c, Timed::Prefill(_))),
-            count(|c| matches!(c, Timed::Decode(_))),
-            count(|c| matches!(c, Timed::Fp8Decode(_))),
+            count(|c| matches!(c, Timed::Decode(d) if d.kv == KvFormat::Sixteen)),
+            count(|c| matches!(c, Timed::Decode(d) if d.kv != KvFormat::Sixteen)),
             count(|c| matches!(c, Timed::PagedPrefill(_))),
         ));
         let progress = Progress::counter(plan.len(), "timing");
@@ -375,10 +375,6 @@ pub fn report(backend: &Backend, base_seed: u64, quick: bool, kernel: PrefillKer
                 Timed::Decode(c) => {
                     progress.message(format!("decode {}", c.label()));
                     cases::time_decode(stream, backend, c, seed, copy)
-                }
-                Timed::Fp8Decode(c) => {
-                    progress.message(format!("decode {}", c.label()));
-                    cases::time_decode_fp8(stream, backend, c, seed, copy)
                 }
                 Timed::PagedPrefill(c) => {
                     progress.message(format!("paged-prefill {}", c.label()));
@@ -483,8 +479,9 @@ mod tests {
             let (mut fp8, mut chunks, mut spec) = (0, 0, 0);
             for (row, base) in &pairs {
                 match (row, base) {
-                    (Timed::Fp8Decode(c), Timed::Decode(b)) => {
-                        assert_eq!((&c.base, c.format, c.scales), (b, Fp8Format::E4m3, ScaleKind::PerHead));
+                    (Timed::Decode(c), Timed::Decode(b)) => {
+                        let e4m3 = KvFormat::Fp8 { format: Fp8Format::E4m3, scales: ScaleKind::PerHead };
+                        assert_eq!((&DecodeCase { kv: KvFormat::Sixteen, ..c.clone() }, c.kv), (b, e4m3));
                         assert!(decode_perf().contains(b) && b.dtype == DType::Bf16);
                         // --quick keeps the predictions row's shape.
                         assert!(!quick || (b.batch(), b.max_seq_len()) == (64, 4096));
@@ -519,7 +516,8 @@ mod tests {
             assert_eq!((fp8, chunks, spec), want, "quick {quick} hopper {hopper}");
             // The baselines are rows the plan times anyway (the decode perf shapes), plus one dense prefill
             // per chunk shape (two kernels on Hopper).
-            let decode_rows = plan.iter().filter(|s| matches!(s.case, Timed::Decode(_))).count();
+            let decode_rows =
+                plan.iter().filter(|s| matches!(&s.case, Timed::Decode(c) if c.kv == KvFormat::Sixteen)).count();
             let mut dp = decode_perf_cases();
             if quick {
                 dp.retain(|c| decode_perf().contains(c));
@@ -614,12 +612,16 @@ mod tests {
                 let k = match c {
                     Case::Prefill(c) if !c.variants.is_plain() => "prefill variant",
                     Case::Prefill(_) => "prefill",
+                    Case::Decode(DecodeCase { kv: KvFormat::Fp8 { format, .. }, .. }) => {
+                        ["fp8 decode e4m3", "fp8 decode e5m2"][*format as usize]
+                    }
                     Case::Decode(c) if !c.variants.is_plain() => "decode variant",
                     Case::Decode(_) => "decode",
+                    Case::PagedPrefill(PagedPrefillCase { kv: KvFormat::Fp8 { format, .. }, .. }) => {
+                        ["fp8 paged e4m3", "fp8 paged e5m2"][*format as usize]
+                    }
                     Case::PagedPrefill(c) if !c.variants.is_plain() => "paged prefill variant",
                     Case::PagedPrefill(_) => "paged prefill",
-                    Case::Fp8Decode(c) => ["fp8 decode e4m3", "fp8 decode e5m2"][c.format as usize],
-                    Case::Fp8PagedPrefill(c) => ["fp8 paged e4m3", "fp8 paged e5m2"][c.format as usize],
                 };
                 if !kinds.contains(&k) {
                     kinds.push(k);
@@ -638,8 +640,10 @@ mod tests {
         assert!(paged.iter().any(|c| c.seqs.iter().any(|&(q, k)| (2..=17).contains(&q) && k >= 100)));
         // FP8: both scale kinds for each format.
         for scales in [ScaleKind::PerTensor, ScaleKind::PerHead] {
-            assert!(full.iter().any(|c| matches!(c, Case::Fp8Decode(f) if f.scales == scales)));
-            assert!(full.iter().any(|c| matches!(c, Case::Fp8PagedPrefill(f) if f.scales == scales)));
+            assert!(full.iter().any(|c| matches!(c, Case::Decode(f) if f.kv.fp8().is_some_and(|k| k.1 == scales))));
+            assert!(full
+                .iter()
+                .any(|c| matches!(c, Case::PagedPrefill(f) if f.kv.fp8().is_some_and(|k| k.1 == scales))));
         }
         // Variants alone and combined.
         let prefill_variants: Vec<_> = full

@@ -7,20 +7,24 @@
 use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
-use half::{bf16, f16};
 use rand::seq::SliceRandom;
 use rand::Rng;
 
 use crate::decode::{decode, DecodeOptions, DecodeWorkspace};
 use crate::dtype::{DType, Element};
+use crate::dtype::{Fp8Format, KvCacheOf};
 use crate::emu::Emulator;
 use crate::error::Result;
-use crate::fp8::{KvCacheOf, KvScales};
+use crate::fp8::ScaleKind;
 use crate::paged::PagedKvCache;
 use crate::plan::DecodePlan;
 use crate::reference::{self, Comparison};
 use crate::tensor::{TensorView, TensorViewMut};
+use crate::testkit::cases::kv::{
+    paged_host, with_cache_element, CacheElement, Fp8Cache, GpuPaged, KvFormat, PagedHost, QuantError,
+};
 use crate::testkit::cases::prefill::VariantViews;
+use crate::testkit::cases::with_dtype;
 use crate::testkit::timing::{time_launches, Timing};
 use crate::testkit::variants::CaseVariants;
 use crate::Stream;
@@ -50,6 +54,8 @@ pub struct DecodeCase {
     pub variants: CaseVariants,
     /// Rotary embedding of q ([`CaseRope`]); `None`: q is taken as already rotated.
     pub rope: Option<CaseRope>,
+    /// The cache's element format: the 16-bit dtype, or FP8 quantised from it.
+    pub kv: KvFormat,
 }
 
 /// RoPE on a decode case's queries: the model's configuration, and whether the positions are explicit (drawn
@@ -80,6 +86,28 @@ impl CaseRope {
 }
 
 impl DecodeCase {
+    /// A plain case: no score variant, no RoPE, a 16-bit cache (the sweeps' and tests' building block).
+    pub fn new(
+        dtype: DType,
+        head_dim: usize,
+        (heads_q, heads_kv): (usize, usize),
+        page_size: usize,
+        seq_lens: &[usize],
+        num_splits: Option<usize>,
+    ) -> Self {
+        Self {
+            dtype,
+            head_dim,
+            heads_q,
+            heads_kv,
+            page_size,
+            seq_lens: seq_lens.to_vec(),
+            num_splits,
+            variants: CaseVariants::default(),
+            rope: None,
+            kv: KvFormat::Sixteen,
+        }
+    }
     pub fn batch(&self) -> usize {
         self.seq_lens.len()
     }
@@ -94,10 +122,11 @@ impl DecodeCase {
     pub fn visible_tokens(&self, len: usize) -> usize {
         self.window_left().map_or(len, |w| len.min(w + 1))
     }
-    /// K and V bytes the kernel must read (each visible cached token once per KV head), for bandwidth
-    /// accounting.
+    /// K and V bytes the kernel must read (each visible cached token once per KV head, at the cache's
+    /// element size), for bandwidth accounting.
     pub fn kv_bytes(&self) -> usize {
-        self.seq_lens.iter().map(|&n| self.visible_tokens(n)).sum::<usize>() * self.heads_kv * self.head_dim * 2 * 2
+        let tokens = self.seq_lens.iter().map(|&n| self.visible_tokens(n)).sum::<usize>();
+        tokens * self.heads_kv * self.head_dim * 2 * self.kv.bytes()
     }
     /// The planner's view of this case (over the window, if any).
     pub fn problem(&self) -> crate::plan::DecodeProblem {
@@ -116,7 +145,7 @@ impl DecodeCase {
         if let Some(r) = &self.rope {
             variants = if variants.is_empty() { r.label() } else { format!("{variants} {}", r.label()) };
         }
-        format!(
+        self.kv.label(format!(
             "{} D={} Hq={} Hkv={} page={} splits={} lens={:?}{}{}",
             self.dtype.name(),
             self.head_dim,
@@ -127,7 +156,7 @@ impl DecodeCase {
             self.seq_lens,
             if variants.is_empty() { "" } else { " " },
             variants
-        )
+        ))
     }
 }
 
@@ -140,17 +169,14 @@ pub fn decode_sweep() -> Vec<DecodeCase> {
             for &head_dim in &SWEEP_HEAD_DIMS {
                 for &dtype in &SWEEP_DTYPES {
                     for &num_splits in &SWEEP_SPLITS {
-                        cases.push(DecodeCase {
+                        cases.push(DecodeCase::new(
                             dtype,
                             head_dim,
-                            heads_q,
-                            heads_kv,
+                            (heads_q, heads_kv),
                             page_size,
-                            seq_lens: SWEEP_SEQ_LENS.to_vec(),
+                            &SWEEP_SEQ_LENS,
                             num_splits,
-                            variants: CaseVariants::default(),
-                            rope: None,
-                        });
+                        ));
                     }
                 }
             }
@@ -164,16 +190,15 @@ pub fn decode_sweep() -> Vec<DecodeCase> {
 /// dimension meets every value of the others it interacts with most.
 pub fn decode_sweep_emulated() -> Vec<DecodeCase> {
     (0..48)
-        .map(|i| DecodeCase {
-            dtype: SWEEP_DTYPES[(i / 12) % 2],
-            head_dim: SWEEP_HEAD_DIMS[(i / 4) % 3],
-            heads_q: SWEEP_HEADS[i % 4].0,
-            heads_kv: SWEEP_HEADS[i % 4].1,
-            page_size: SWEEP_PAGE_SIZES[i % 5],
-            seq_lens: SWEEP_SEQ_LENS.to_vec(),
-            num_splits: SWEEP_SPLITS[(i / 5) % 4],
-            variants: CaseVariants::default(),
-            rope: None,
+        .map(|i| {
+            DecodeCase::new(
+                SWEEP_DTYPES[(i / 12) % 2],
+                SWEEP_HEAD_DIMS[(i / 4) % 3],
+                SWEEP_HEADS[i % 4],
+                SWEEP_PAGE_SIZES[i % 5],
+                &SWEEP_SEQ_LENS,
+                SWEEP_SPLITS[(i / 5) % 4],
+            )
         })
         .collect()
 }
@@ -202,15 +227,15 @@ pub fn decode_variant_sweep() -> Vec<DecodeCase> {
         for (j, &num_splits) in SWEEP_SPLITS.iter().enumerate() {
             let k = i * SWEEP_SPLITS.len() + j;
             cases.push(DecodeCase {
-                dtype: SWEEP_DTYPES[k % 2],
-                head_dim: SWEEP_HEAD_DIMS[(i + j) % 3],
-                heads_q: SWEEP_HEADS[k % 4].0,
-                heads_kv: SWEEP_HEADS[k % 4].1,
-                page_size: [1, 16, 256][k % 3],
-                seq_lens: vec![0, 1, 17, 129, 1000, 2100],
-                num_splits,
                 variants: *v,
-                rope: None,
+                ..DecodeCase::new(
+                    SWEEP_DTYPES[k % 2],
+                    SWEEP_HEAD_DIMS[(i + j) % 3],
+                    SWEEP_HEADS[k % 4],
+                    [1, 16, 256][k % 3],
+                    &[0, 1, 17, 129, 1000, 2100],
+                    num_splits,
+                )
             });
         }
     }
@@ -238,15 +263,46 @@ pub fn decode_head_dim_sweep() -> Vec<DecodeCase> {
         .iter()
         .enumerate()
         .map(|(i, &head_dim)| DecodeCase {
-            dtype: SWEEP_DTYPES[i % 2],
-            head_dim,
-            heads_q: SWEEP_HEADS[i % 4].0,
-            heads_kv: SWEEP_HEADS[i % 4].1,
-            page_size: [16, 1, 8, 64, 256][i % 5],
-            seq_lens: vec![0, 17, 256, 300],
-            num_splits: SWEEP_SPLITS[i % 4],
             variants: if i % 3 == 2 { variants[(i / 3) % 4] } else { V::default() },
-            rope: None,
+            ..DecodeCase::new(
+                SWEEP_DTYPES[i % 2],
+                head_dim,
+                SWEEP_HEADS[i % 4],
+                [16, 1, 8, 64, 256][i % 5],
+                &[0, 17, 256, 300],
+                SWEEP_SPLITS[i % 4],
+            )
+        })
+        .collect()
+}
+
+/// The emulated FP8 sweep: both formats x both scale kinds x both dtypes, every page size 1..256, head dims
+/// 64/128/256, MHA/GQA/MQA layouts, forced and planned splits, and the score variants (window, softcap,
+/// ALiBi, sinks) on some; 16 cases of a short batch (empty, 1, a page/tile edge, a few hundred tokens).
+pub fn fp8_decode_sweep_emulated() -> Vec<DecodeCase> {
+    use crate::testkit::variants::{CaseAlibi, CaseVariants as V};
+    let page_sizes = [1, 8, 16, 32, 64, 128, 256, 4];
+    let variants = [
+        V::default(),
+        V { softcap: Some(3.0), ..Default::default() },
+        V { window: Some((100, 0)), sinks: true, ..Default::default() },
+        V { alibi: CaseAlibi::PerHead, ..Default::default() },
+    ];
+    (0..16)
+        .map(|i| DecodeCase {
+            variants: if i % 4 == 3 { variants[(i / 4) % 4] } else { V::default() },
+            kv: KvFormat::Fp8 {
+                format: [Fp8Format::E4m3, Fp8Format::E5m2][i % 2],
+                scales: [ScaleKind::PerTensor, ScaleKind::PerHead][(i / 4) % 2],
+            },
+            ..DecodeCase::new(
+                SWEEP_DTYPES[(i / 2) % 2],
+                SWEEP_HEAD_DIMS[i % 3],
+                SWEEP_HEADS[i % 4],
+                page_sizes[i % 8],
+                &[0, 1, 33, 300],
+                SWEEP_SPLITS[(i / 3) % 4],
+            )
         })
         .collect()
 }
@@ -330,6 +386,9 @@ pub struct PagedFixture<T> {
     /// The case's RoPE table (poisoned) and explicit positions `[B]` (empty when unused).
     pub rope_table: Option<crate::testkit::rope::PoisonedTable>,
     pub rope_positions: Vec<i32>,
+    /// The FP8 cache quantised from `k_cache` / `v_cache` when the case's cache is FP8 (what the kernel
+    /// reads then); `None` for a 16-bit case.
+    pub fp8: Option<Fp8Cache>,
 }
 
 impl<T: Element> PagedFixture<T> {
@@ -382,6 +441,9 @@ impl<T: Element> PagedFixture<T> {
         });
         let window = crate::mask::Window::new(case.variants.window, true);
         crate::testkit::poison::poison_unseen_slots(&mut k_cache, &mut v_cache, hkv * d, ps, seqs, window);
+        // FP8: the scales from the values, not spread across heads (every_kv_head_reads_its_own_fp8_scale
+        // in tests/it/fp8.rs checks per-head indexing).
+        let fp8 = case.kv.fp8().map(|kv| Fp8Cache::of_cache(&k_cache, &v_cache, (hkv, d), kv, (0.0, 0.0)));
         let q = (0..case.batch() * case.heads_q * d).map(|_| T::from_f64(rng.random_range(-mag..mag))).collect();
         let seq_lens: Vec<i32> = case.seq_lens.iter().map(|&n| n as i32).collect();
         // RoPE: positions drawn after everything else (the other inputs do not depend on them).
@@ -417,6 +479,7 @@ impl<T: Element> PagedFixture<T> {
             q,
             rope_table,
             rope_positions,
+            fp8,
         })
     }
 
@@ -441,21 +504,23 @@ impl<T: Element> PagedFixture<T> {
         f64::from(self.inputs.scale.unwrap_or(1.0 / (self.case.head_dim as f32).sqrt()))
     }
 
-    /// The cache in the fixture's [`CacheLayout`] (NaN wherever the logical cache has NaN, and in any
+    /// The cache the kernel reads (`C`: the 16-bit values, or the FP8 codes of an FP8 case) in the
+    /// fixture's [`CacheLayout`] (NaN, or the NaN code, wherever the logical cache has it and in any
     /// storage the layout leaves unused).
-    pub fn cache_buffers(&self) -> CacheBuffers<T> {
+    pub fn cache_buffers<C: CacheElement<T>>(&self) -> Result<CacheBuffers<C>> {
+        let [k, v] = C::cache(&self.k_cache, &self.v_cache, self.fp8.as_ref())?;
         let [np, ps, hkv, d] = self.cache_shape();
         let page = (ps * hkv * d) as i64;
         let (ps_, hkv_, d_) = (ps as i64, hkv as i64, d as i64);
-        match self.inputs.cache_layout {
+        Ok(match self.inputs.cache_layout {
             CacheLayout::TokenMajor => {
                 let st = [page, hkv_ * d_, d_, 1];
-                CacheBuffers { bufs: vec![self.k_cache.clone(), self.v_cache.clone()], k: (0, 0, st), v: (1, 0, st) }
+                CacheBuffers { bufs: vec![k.into_owned(), v.into_owned()], k: (0, 0, st), v: (1, 0, st) }
             }
             CacheLayout::HeadMajor => {
                 let st = [page, d_, ps_ * d_, 1];
-                let permute = |src: &[T]| {
-                    let mut dst = vec![T::nan(); src.len()];
+                let permute = |src: &[C]| {
+                    let mut dst = vec![C::hidden(); src.len()];
                     for p in 0..np {
                         for t in 0..ps {
                             for h in 0..hkv {
@@ -467,45 +532,78 @@ impl<T: Element> PagedFixture<T> {
                     }
                     dst
                 };
-                CacheBuffers {
-                    bufs: vec![permute(&self.k_cache), permute(&self.v_cache)],
-                    k: (0, 0, st),
-                    v: (1, 0, st),
-                }
+                CacheBuffers { bufs: vec![permute(&k), permute(&v)], k: (0, 0, st), v: (1, 0, st) }
             }
             CacheLayout::Interleaved => {
                 let st = [2 * page, hkv_ * d_, d_, 1];
-                let mut buf = vec![T::nan(); 2 * self.k_cache.len()];
+                let mut buf = vec![C::hidden(); 2 * k.len()];
                 let page = page as usize;
                 for p in 0..np {
-                    buf[2 * p * page..][..page].copy_from_slice(&self.k_cache[p * page..][..page]);
-                    buf[(2 * p + 1) * page..][..page].copy_from_slice(&self.v_cache[p * page..][..page]);
+                    buf[2 * p * page..][..page].copy_from_slice(&k[p * page..][..page]);
+                    buf[(2 * p + 1) * page..][..page].copy_from_slice(&v[p * page..][..page]);
                 }
                 CacheBuffers { bufs: vec![buf], k: (0, 0, st), v: (0, page, st) }
             }
-        }
+        })
     }
 
     pub fn cache_shape(&self) -> [usize; 4] {
         [self.num_pages, self.case.page_size, self.case.heads_kv, self.case.head_dim]
     }
 
-    /// The fixture's cache as host views (packed layout, no scales): what a test hands the ops directly.
+    /// The fixture's 16-bit cache as host views (packed layout, no scales): what a test hands the ops
+    /// directly ([`PagedHost::cache_of`] for other values, e.g. the FP8 codes).
     pub fn host_cache(&self) -> Result<PagedKvCache<'_, T>> {
-        let b = self.case.batch();
-        PagedKvCache::new(
-            TensorView::host(&self.k_cache, self.cache_shape())?,
-            TensorView::host(&self.v_cache, self.cache_shape())?,
-            TensorView::host(&self.block_table, [b, self.width])?,
-            TensorView::host(&self.seq_lens, [b])?,
-            self.case.max_seq_len(),
-        )
+        self.host().cache()
+    }
+
+    /// The fixture's data as a [`PagedHost`].
+    pub fn host(&self) -> PagedHost<'_, T> {
+        paged_host!(self)
     }
 
     /// Slot (page * page_size + offset) of token t of sequence b.
     pub fn slot(&self, b: usize, t: usize) -> usize {
         let ps = self.case.page_size;
         self.block_table[b * self.width + t / ps] as usize * ps + t % ps
+    }
+
+    /// The K and V rows (`[n, Hkv, D]`) and slots of tokens `tokens(b)` of every sequence b, in order: what
+    /// an append of those tokens writes into the cache.
+    pub fn token_rows(&self, tokens: impl Fn(usize) -> std::ops::Range<usize>) -> (Vec<T>, Vec<T>, Vec<i64>) {
+        self.append_rows(tokens, false, None)
+    }
+
+    /// [`Self::token_rows`] with padding an append must skip: with `pad_each`, a NaN row at slot −1 after
+    /// each sequence's tokens; with `past_pool`, a last NaN row at that slot (past the cache).
+    pub fn append_rows(
+        &self,
+        tokens: impl Fn(usize) -> std::ops::Range<usize>,
+        pad_each: bool,
+        past_pool: Option<usize>,
+    ) -> (Vec<T>, Vec<T>, Vec<i64>) {
+        let row = self.case.heads_kv * self.case.head_dim;
+        let (mut k, mut v, mut slots) = (Vec::new(), Vec::new(), Vec::new());
+        let pad = |k: &mut Vec<T>, v: &mut Vec<T>, slots: &mut Vec<i64>, slot: i64| {
+            k.extend(std::iter::repeat_n(T::nan(), row));
+            v.extend(std::iter::repeat_n(T::nan(), row));
+            slots.push(slot);
+        };
+        for b in 0..self.case.batch() {
+            for t in tokens(b) {
+                let s = self.slot(b, t);
+                k.extend_from_slice(&self.k_cache[s * row..][..row]);
+                v.extend_from_slice(&self.v_cache[s * row..][..row]);
+                slots.push(s as i64);
+            }
+            if pad_each {
+                pad(&mut k, &mut v, &mut slots, -1);
+            }
+        }
+        if let Some(slot) = past_pool {
+            pad(&mut k, &mut v, &mut slots, slot as i64);
+        }
+        (k, v, slots)
     }
 
     /// Dense K and V of sequence b, [len, Hkv, D], gathered through the block table.
@@ -518,6 +616,14 @@ impl<T: Element> PagedFixture<T> {
             v.extend_from_slice(&self.v_cache[s..s + row]);
         }
         (k, v)
+    }
+
+    /// The values the kernel's cache stands for: the 16-bit cache, or the FP8 cache dequantised.
+    pub fn stored_kv(&self) -> (Vec<f64>, Vec<f64>) {
+        match &self.fp8 {
+            Some(c) => c.dequantized(),
+            None => (to_f64(&self.k_cache), to_f64(&self.v_cache)),
+        }
     }
 
     /// The fp64 reference (and the naive low-precision one) over the cache values `k`, `v` (laid out as
@@ -653,12 +759,15 @@ pub fn lse_tolerance(reference_lse: &[f64]) -> f64 {
 pub struct CaseOutcome {
     pub seed: u64,
     pub plan: DecodePlan,
-    /// O against the fp64 reference under the tolerance rule.
+    /// O against the fp64 reference (over the stored cache: an FP8 case's dequantised values) under the
+    /// tolerance rule.
     pub out: Comparison,
     /// LSE against the reference (within [`lse_tolerance`]; −inf must match exactly).
     pub lse: Comparison,
     /// Every row of an empty sequence is exactly O = 0, LSE = −inf.
     pub empty_rows_exact: bool,
+    /// An FP8 case: its quantisation error against the 16-bit cache (reported, not judged).
+    pub quant: Option<QuantError>,
 }
 
 impl CaseOutcome {
@@ -667,7 +776,7 @@ impl CaseOutcome {
     }
     pub fn summary(&self) -> String {
         format!(
-            "seed={} splits={} max|err|={:.2e} (tol {:.2e}, naive {:.2e}, err/bound {:.2}) rel-L2={:.2e} lse max|err|={:.2e} {}",
+            "seed={} splits={} max|err|={:.2e} (tol {:.2e}, naive {:.2e}, err/bound {:.2}) rel-L2={:.2e} lse max|err|={:.2e} {}{}",
             self.seed,
             self.plan.num_splits,
             self.out.max_abs_err,
@@ -676,7 +785,8 @@ impl CaseOutcome {
             self.out.bound_ratio,
             self.out.rel_l2_err,
             self.lse.max_abs_err,
-            if self.passed() { "ok" } else { "FAILED" }
+            if self.passed() { "ok" } else { "FAILED" },
+            QuantError::suffix(self.quant)
         )
     }
 }
@@ -685,25 +795,13 @@ pub(crate) fn to_f64<T: Element>(x: &[T]) -> Vec<f64> {
     x.iter().map(|v| v.to_f64()).collect()
 }
 
-/// Compares a kernel's outputs for fixture `f` with the reference: O under the tolerance rule and the
-/// arithmetic bound ([`reference::compare_bounded`]), LSE within [`lse_tolerance`].
+/// Compares a kernel's outputs for fixture `f` with the reference over the cache it read
+/// ([`PagedFixture::stored_kv`]): O under the tolerance rule and the arithmetic bound
+/// ([`reference::compare_bounded`]), LSE within [`lse_tolerance`]; an FP8 case's quantisation error too.
 fn evaluate<T: Element>(f: &PagedFixture<T>, seed: u64, plan: DecodePlan, o: &[T], lse: &[f32]) -> Result<CaseOutcome> {
-    evaluate_kv(f, &to_f64(&f.k_cache), &to_f64(&f.v_cache), seed, plan, o, lse)
-}
-
-/// [`evaluate`] over the cache values `k`, `v` (laid out as the fixture's) instead of the fixture's own: an
-/// FP8 case passes its dequantised cache.
-pub(crate) fn evaluate_kv<T: Element>(
-    f: &PagedFixture<T>,
-    k: &[f64],
-    v: &[f64],
-    seed: u64,
-    plan: DecodePlan,
-    o: &[T],
-    lse: &[f32],
-) -> Result<CaseOutcome> {
     let c = &f.case;
-    let (exact, naive) = f.reference_kv(k, v)?;
+    let (k, v) = f.stored_kv();
+    let (exact, naive) = f.reference_kv(&k, &v)?;
     let bound = exact.out_bound(Some(T::DTYPE), Some(T::DTYPE));
     let ours = to_f64(o);
     let ours_lse: Vec<f64> = lse.iter().map(|&x| x as f64).collect();
@@ -715,21 +813,23 @@ pub(crate) fn evaluate_kv<T: Element>(
             lse[r] == empty_lse && ours[r * d..(r + 1) * d].iter().all(|&x| x == 0.0)
         })
     });
+    let quant = match f.fp8 {
+        Some(_) => Some(QuantError::of(&ours, &f.reference_kv(&to_f64(&f.k_cache), &to_f64(&f.v_cache))?.0.out)),
+        None => None,
+    };
     Ok(CaseOutcome {
         seed,
         plan,
         out: reference::compare_bounded(&ours, &exact.out, &naive, &bound),
         lse: reference::compare_lse(&ours_lse, &exact.lse, lse_tolerance(&exact.lse)),
         empty_rows_exact,
+        quant,
     })
 }
 
 /// Runs `case` on the emulator with outputs poisoned with NaN, and judges it.
 pub fn check_case_emulated(emu: &Emulator, case: &DecodeCase, seed: u64) -> Result<CaseOutcome> {
-    match case.dtype {
-        DType::F16 => run_case_emulated::<f16>(emu, case, seed).map(|r| r.outcome),
-        DType::Bf16 => run_case_emulated::<bf16>(emu, case, seed).map(|r| r.outcome),
-    }
+    with_dtype!(case.dtype, T => run_case_emulated::<T>(emu, case, seed).map(|r| r.outcome))
 }
 
 /// One judged run with its data: the fixture, the kernel's outputs (o [B, Hq, D], lse [B, Hq]) and the
@@ -754,18 +854,14 @@ pub fn check_inputs_emulated(
     inputs: &DecodeInputs,
     seed: u64,
 ) -> Result<CaseOutcome> {
-    match case.dtype {
-        DType::F16 => {
-            run_inputs_emulated(emu, &PagedFixture::<f16>::with_inputs(case, inputs, seed)?, seed).map(|r| r.outcome)
-        }
-        DType::Bf16 => {
-            run_inputs_emulated(emu, &PagedFixture::<bf16>::with_inputs(case, inputs, seed)?, seed).map(|r| r.outcome)
-        }
-    }
+    with_dtype!(case.dtype, T => {
+        run_inputs_emulated(emu, &PagedFixture::<T>::with_inputs(case, inputs, seed)?, seed).map(|r| r.outcome)
+    })
 }
 
-/// Runs fixture `f` on the emulator (its cache in its layout, q/o strided if it says so, outputs poisoned
-/// with NaN) and judges it. Strided o: the neighbouring head slices must still be NaN afterwards.
+/// Runs fixture `f` on the emulator (its cache — 16-bit or FP8 — in its layout, q/o strided if it says
+/// so, outputs poisoned with NaN) and judges it. Strided o: the neighbouring head slices must still be NaN
+/// afterwards.
 pub fn run_inputs_emulated<T: Element>(emu: &Emulator, f: &PagedFixture<T>, seed: u64) -> Result<DecodeRun<T>> {
     run_emulated_on(emu, f, seed, None)
 }
@@ -781,15 +877,6 @@ pub fn run_emulated_on<T: Element>(
     let case = &f.case;
     let stream = Stream::Emu(emu);
     let (b, hq, d) = (case.batch(), case.heads_q, case.head_dim);
-    let cb = f.cache_buffers();
-    let shape = f.cache_shape();
-    let cache = PagedKvCache::new(
-        TensorView::host(&cb.bufs[cb.k.0][cb.k.1..], shape)?.with_strides(cb.k.2)?,
-        TensorView::host(&cb.bufs[cb.v.0][cb.v.1..], shape)?.with_strides(cb.v.2)?,
-        TensorView::host(&f.block_table, [b, f.width])?,
-        TensorView::host(&f.seq_lens, [b])?,
-        case.max_seq_len(),
-    )?;
     // Strided q/o: head slices [hq..2hq) (q) and [2hq..3hq) (o) of packed [B, 3·Hq, D] buffers.
     let (rows, q_at, o_at) = if f.inputs.strided_q_o { (3 * hq, hq, 2 * hq) } else { (hq, 0, 0) };
     let strides = [(rows * d) as i64, d as i64, 1];
@@ -814,15 +901,10 @@ pub fn run_emulated_on<T: Element>(
             &mut own
         }
     };
-    let plan = decode(
-        &stream,
-        &q,
-        &cache,
-        &mut TensorViewMut::host(&mut o_buf[o_at * d..], [b, hq, d])?.with_strides(strides)?,
-        Some(&mut TensorViewMut::host(&mut lse, [b, hq])?),
-        ws,
-        &opts,
-    )?;
+    let mut o_view = TensorViewMut::host(&mut o_buf[o_at * d..], [b, hq, d])?.with_strides(strides)?;
+    let mut lse_view = TensorViewMut::host(&mut lse, [b, hq])?;
+    let plan =
+        with_cache_element!(f.fp8.as_ref(), decode_host::<T>(&stream, f, &q, &mut o_view, &mut lse_view, ws, &opts))?;
     let mut o = Vec::with_capacity(b * hq * d);
     let mut stray = 0;
     for i in 0..b {
@@ -842,56 +924,82 @@ pub fn run_emulated_on<T: Element>(
     Ok(DecodeRun { fixture: f.clone(), o, lse, outcome })
 }
 
-/// The fixture's data on the GPU (its cache as `C`: the fixture's own 16-bit values, or FP8 codes with their
-/// scales), and the workspace for its plan.
+/// One decode of `f` over its cache as `C`, in the fixture's layout, on host memory.
+#[allow(clippy::too_many_arguments)]
+fn decode_host<T: Element, C: CacheElement<T>>(
+    stream: &Stream<'_>,
+    f: &PagedFixture<T>,
+    q: &TensorView<'_, T, 3>,
+    o: &mut TensorViewMut<'_, T, 3>,
+    lse: &mut TensorViewMut<'_, f32, 2>,
+    ws: &mut DecodeWorkspace,
+    opts: &DecodeOptions<'_>,
+) -> Result<DecodePlan> {
+    let cb = f.cache_buffers::<C>()?;
+    let shape = f.cache_shape();
+    let scales = f.fp8.as_ref().map(|c| c.scales(stream)).transpose()?;
+    let cache = PagedKvCache::new(
+        TensorView::host(&cb.bufs[cb.k.0][cb.k.1..], shape)?.with_strides(cb.k.2)?,
+        TensorView::host(&cb.bufs[cb.v.0][cb.v.1..], shape)?.with_strides(cb.v.2)?,
+        TensorView::host(&f.block_table, [f.case.batch(), f.width])?,
+        TensorView::host(&f.seq_lens, [f.case.batch()])?,
+        f.case.max_seq_len(),
+    )?;
+    let cache = match &scales {
+        Some(s) => cache.with_scales(s)?,
+        None => cache,
+    };
+    decode(stream, q, &cache, o, Some(lse), ws, opts)
+}
+
+/// One decode on host memory (the emulator) into NaN-poisoned outputs: o `[B, Hq, D]` shaped like `q`, lse
+/// `[B, Hq]`, and the plan it ran (what the tests' direct calls of the op share).
+pub fn decode_on_host<T: Element, C: KvCacheOf<T>>(
+    stream: &Stream<'_>,
+    q: &TensorView<'_, T, 3>,
+    cache: &PagedKvCache<'_, C>,
+    ws: &mut DecodeWorkspace,
+    opts: &DecodeOptions<'_>,
+) -> Result<(Vec<T>, Vec<f32>, DecodePlan)> {
+    let [b, hq, d] = q.shape();
+    let mut o = vec![T::nan(); b * hq * d];
+    let mut lse = vec![f32::NAN; b * hq];
+    let plan = decode(
+        stream,
+        q,
+        cache,
+        &mut TensorViewMut::host(&mut o, [b, hq, d])?,
+        Some(&mut TensorViewMut::host(&mut lse, [b, hq])?),
+        ws,
+        opts,
+    )?;
+    Ok((o, lse, plan))
+}
+
+/// The fixture's data on the GPU (its cache as `C`: the fixture's own 16-bit values, or its FP8 codes with
+/// their scales), the outputs (NaN-poisoned) and the workspace for its plan.
 pub(crate) struct GpuCase<T: Element, C: KvCacheOf<T>> {
-    k: cudarc::driver::CudaSlice<C>,
-    v: cudarc::driver::CudaSlice<C>,
-    table: cudarc::driver::CudaSlice<i32>,
-    lens: cudarc::driver::CudaSlice<i32>,
-    q: cudarc::driver::CudaSlice<T>,
+    inputs: GpuPaged<T, C>,
     pub(crate) o: cudarc::driver::CudaSlice<T>,
     pub(crate) lse: cudarc::driver::CudaSlice<f32>,
-    slopes: cudarc::driver::CudaSlice<f32>,
-    sinks: cudarc::driver::CudaSlice<f32>,
-    scales: Option<KvScales>,
     /// RoPE: cos, sin and positions (one spare element, so an empty list still allocates).
     rope: Option<(cudarc::driver::CudaSlice<f32>, cudarc::driver::CudaSlice<f32>, cudarc::driver::CudaSlice<i32>)>,
     ws: DecodeWorkspace,
     pub(crate) plan: DecodePlan,
 }
 
-impl<T: Element> GpuCase<T, T> {
-    fn upload16(cu: &Arc<CudaStream>, f: &PagedFixture<T>) -> Result<Self> {
-        Self::upload(cu, f, &f.k_cache, &f.v_cache, None)
-    }
-}
-
-impl<T: Element, C: KvCacheOf<T>> GpuCase<T, C> {
-    /// Uploads `f` with the cache `k`, `v` (laid out as `f.k_cache`) and its FP8 scales, if any.
-    pub(crate) fn upload(
-        cu: &Arc<CudaStream>,
-        f: &PagedFixture<T>,
-        k: &[C],
-        v: &[C],
-        scales: Option<KvScales>,
-    ) -> Result<Self> {
+impl<T: Element, C: CacheElement<T>> GpuCase<T, C> {
+    /// Uploads `f` with its cache as `C`.
+    pub(crate) fn upload(cu: &Arc<CudaStream>, f: &PagedFixture<T>) -> Result<Self> {
         let c = &f.case;
         let (b, hq, d) = (c.batch(), c.heads_q, c.head_dim);
         let stream = Stream::Gpu(cu);
         let opts = DecodeOptions { scale: f.inputs.scale, num_splits: c.num_splits, ..Default::default() };
         let plan = DecodeWorkspace::new(&stream, 0, 0)?.plan(&c.problem(), &opts)?;
         Ok(Self {
-            k: cu.clone_htod(k)?,
-            v: cu.clone_htod(v)?,
-            table: cu.clone_htod(&f.block_table)?,
-            lens: cu.clone_htod(&f.seq_lens)?,
-            q: cu.clone_htod(&f.q)?,
+            inputs: GpuPaged::upload(cu, &f.host())?,
             o: cu.clone_htod(&vec![T::nan(); b * hq * d])?,
             lse: cu.clone_htod(&vec![f32::NAN; b * hq])?,
-            slopes: cu.clone_htod(&f.alibi_slopes.iter().copied().chain([0.0]).collect::<Vec<_>>())?,
-            sinks: cu.clone_htod(&f.sinks.iter().copied().chain([0.0]).collect::<Vec<_>>())?,
-            scales,
             rope: match &f.rope_table {
                 Some(t) => Some((
                     cu.clone_htod(&t.cos)?,
@@ -908,21 +1016,8 @@ impl<T: Element, C: KvCacheOf<T>> GpuCase<T, C> {
     pub(crate) fn run(&mut self, cu: &Arc<CudaStream>, f: &PagedFixture<T>) -> Result<DecodePlan> {
         let c = &f.case;
         let (b, hq, d) = (c.batch(), c.heads_q, c.head_dim);
-        let cache = PagedKvCache::new(
-            TensorView::gpu(self.k.as_view(), f.cache_shape())?,
-            TensorView::gpu(self.v.as_view(), f.cache_shape())?,
-            TensorView::gpu(self.table.as_view(), [b, f.width])?,
-            TensorView::gpu(self.lens.as_view(), [b])?,
-            c.max_seq_len(),
-        )?;
-        let cache = match &self.scales {
-            Some(s) => cache.with_scales(s)?,
-            None => cache,
-        };
-        let (slopes, sinks) = (&self.slopes, &self.sinks);
-        let variants = VariantViews::new(&c.variants, b, hq, |sink, n| {
-            TensorView::gpu((if sink { sinks } else { slopes }).slice(0..n), [n])
-        })?;
+        let cache = self.inputs.cache(c.max_seq_len())?;
+        let variants = self.inputs.variants(&c.variants, b, hq)?;
         let rope_views = match (&self.rope, &f.rope_table, c.rope) {
             (Some((cos, sin, pos)), Some(t), Some(case)) => Some(RopeViews {
                 cos: TensorView::gpu(cos.as_view(), t.shape())?,
@@ -935,7 +1030,7 @@ impl<T: Element, C: KvCacheOf<T>> GpuCase<T, C> {
         let opts = f.options(&variants, rope_views.as_ref());
         decode(
             &Stream::Gpu(cu),
-            &TensorView::gpu(self.q.as_view(), [b, hq, d])?,
+            &TensorView::gpu(self.inputs.q.as_view(), [b, hq, d])?,
             &cache,
             &mut TensorViewMut::gpu(self.o.as_view_mut(), [b, hq, d])?,
             Some(&mut TensorViewMut::gpu(self.lse.as_view_mut(), [b, hq])?),
@@ -947,30 +1042,34 @@ impl<T: Element, C: KvCacheOf<T>> GpuCase<T, C> {
 
 /// Runs `case` on the GPU behind `cu` with outputs poisoned with NaN, and judges it.
 pub fn check_case_gpu(cu: &Arc<CudaStream>, case: &DecodeCase, seed: u64) -> Result<CaseOutcome> {
-    match case.dtype {
-        DType::F16 => run_case_gpu::<f16>(cu, case, seed).map(|r| r.outcome),
-        DType::Bf16 => run_case_gpu::<bf16>(cu, case, seed).map(|r| r.outcome),
-    }
+    with_dtype!(case.dtype, T => run_case_gpu::<T>(cu, case, seed).map(|r| r.outcome))
 }
 
 /// [`check_case_gpu`] for a static element type, handing back the data too.
 pub fn run_case_gpu<T: Element>(cu: &Arc<CudaStream>, case: &DecodeCase, seed: u64) -> Result<DecodeRun<T>> {
+    fn go<T: Element, C: CacheElement<T>>(
+        cu: &Arc<CudaStream>,
+        f: &PagedFixture<T>,
+    ) -> Result<(Vec<T>, Vec<f32>, DecodePlan)> {
+        let mut g = GpuCase::<T, C>::upload(cu, f)?;
+        let plan = g.run(cu, f)?;
+        Ok((cu.clone_dtoh(&g.o)?, cu.clone_dtoh(&g.lse)?, plan))
+    }
     let f = PagedFixture::<T>::new(case, seed)?;
-    let mut g = GpuCase::upload16(cu, &f)?;
-    let plan = g.run(cu, &f)?;
-    let o: Vec<T> = cu.clone_dtoh(&g.o)?;
-    let lse: Vec<f32> = cu.clone_dtoh(&g.lse)?;
+    let (o, lse, plan) = with_cache_element!(f.fp8.as_ref(), go::<T>(cu, &f))?;
     let outcome = evaluate(&f, seed, plan, &o, &lse)?;
     Ok(DecodeRun { fixture: f, o, lse, outcome })
 }
 
-/// Bytes a decode moves, per docs/semantics.md: K and V actually read, Q, O, LSE, and the split workspace
-/// (fp32 partial O and LSE written once and read once by the merge).
+/// Bytes a decode moves, per docs/semantics.md: K and V actually read (one byte per element and the
+/// scales for an FP8 cache), Q, O, LSE, and the split workspace (fp32 partial O and LSE written once and
+/// read once by the merge).
 pub fn decode_bytes(case: &DecodeCase, plan: &DecodePlan) -> usize {
     let elem = 2;
     let rows = case.batch() * case.heads_q;
     let workspace = if plan.num_splits > 1 { 2 * 4 * (plan.partial_o_len + plan.partial_lse_len) } else { 0 };
-    case.kv_bytes() + 2 * rows * case.head_dim * elem + rows * 4 + workspace
+    let scales = if case.kv.fp8().is_some() { 2 * 4 * case.heads_kv } else { 0 };
+    case.kv_bytes() + scales + 2 * rows * case.head_dim * elem + rows * 4 + workspace
 }
 
 /// GPU timing of one case: CUDA events, `warmup` untimed launches then the median of `iters`.
@@ -991,25 +1090,22 @@ pub fn time_case_gpu(
     warmup: usize,
     iters: usize,
 ) -> Result<DecodeTiming> {
-    match case.dtype {
-        DType::F16 => time_gpu::<f16>(cu, case, seed, warmup, iters),
-        DType::Bf16 => time_gpu::<bf16>(cu, case, seed, warmup, iters),
+    fn go<T: Element, C: CacheElement<T>>(
+        cu: &Arc<CudaStream>,
+        f: &PagedFixture<T>,
+        warmup: usize,
+        iters: usize,
+    ) -> Result<DecodeTiming> {
+        let mut g = GpuCase::<T, C>::upload(cu, f)?;
+        let plan = g.plan;
+        let timing = time_launches(cu, warmup, iters, |_| g.run(cu, f).map(|_| ()))?;
+        let bytes = decode_bytes(&f.case, &plan);
+        Ok(DecodeTiming { timing, plan, bytes, gbps: bytes as f64 / (timing.median_ms * 1e-3) / 1e9 })
     }
-}
-
-fn time_gpu<T: Element>(
-    cu: &Arc<CudaStream>,
-    case: &DecodeCase,
-    seed: u64,
-    warmup: usize,
-    iters: usize,
-) -> Result<DecodeTiming> {
-    let f = PagedFixture::<T>::new(case, seed)?;
-    let mut g = GpuCase::upload16(cu, &f)?;
-    let plan = g.plan;
-    let timing = time_launches(cu, warmup, iters, |_| g.run(cu, &f).map(|_| ()))?;
-    let bytes = decode_bytes(case, &plan);
-    Ok(DecodeTiming { timing, plan, bytes, gbps: bytes as f64 / (timing.median_ms * 1e-3) / 1e9 })
+    with_dtype!(case.dtype, T => {
+        let f = PagedFixture::<T>::new(case, seed)?;
+        with_cache_element!(f.fp8.as_ref(), go::<T>(cu, &f, warmup, iters))
+    })
 }
 
 /// The performance shapes of issue 5 (bf16, D = 128, Hq = 32, Hkv = 8, page 16): B = 64 at 4096 tokens
@@ -1017,17 +1113,7 @@ fn time_gpu<T: Element>(
 pub fn perf_cases() -> Vec<DecodeCase> {
     [(64, 4096), (1, 32768)]
         .into_iter()
-        .map(|(batch, ctx)| DecodeCase {
-            dtype: DType::Bf16,
-            head_dim: 128,
-            heads_q: 32,
-            heads_kv: 8,
-            page_size: 16,
-            seq_lens: vec![ctx; batch],
-            num_splits: None,
-            variants: Default::default(),
-            rope: None,
-        })
+        .map(|(batch, ctx)| DecodeCase::new(DType::Bf16, 128, (32, 8), 16, &vec![ctx; batch], None))
         .collect()
 }
 
@@ -1087,17 +1173,7 @@ mod tests {
 
     #[test]
     fn fixture_poisons_everything_unowned() {
-        let case = DecodeCase {
-            dtype: DType::Bf16,
-            head_dim: 64,
-            heads_q: 4,
-            heads_kv: 2,
-            page_size: 8,
-            seq_lens: vec![0, 3, 17],
-            num_splits: None,
-            variants: Default::default(),
-            rope: None,
-        };
+        let case = DecodeCase::new(DType::Bf16, 64, (4, 2), 8, &[0, 3, 17], None);
         let f = PagedFixture::<bf16>::new(&case, 1).unwrap();
         assert_eq!(f.width, 4);
         assert_eq!(f.num_pages, 1 + 1 + 3 + 2); // null page, pages of the sequences, two spares

@@ -7,22 +7,25 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
-use half::{bf16, f16};
 use rand::seq::SliceRandom;
 use rand::Rng;
 
-use crate::dtype::{DType, Element};
+use crate::dtype::{DType, Element, Fp8Format, KvCacheOf};
 use crate::emu::Emulator;
 use crate::error::Result;
-use crate::fp8::{KvCacheOf, KvScales};
+use crate::fp8::ScaleKind;
 use crate::paged::PagedKvCache;
 use crate::paged_prefill::{
     paged_prefill, PagedPrefillOptions, PagedPrefillPlan, PagedPrefillWorkspace, MAX_PLANNED_SPLITS,
 };
 use crate::reference::{self, Comparison};
 use crate::tensor::{TensorView, TensorViewMut};
-use crate::testkit::cases::decode::{fill_cache, lse_tolerance, reference_cache};
+use crate::testkit::cases::decode::{fill_cache, lse_tolerance, reference_cache, to_f64};
+use crate::testkit::cases::kv::{
+    paged_host, with_cache_element, CacheElement, Fp8Cache, GpuPaged, KvFormat, PagedHost, QuantError,
+};
 use crate::testkit::cases::prefill::VariantViews;
+use crate::testkit::cases::with_dtype;
 use crate::testkit::timing::{time_launches, Timing};
 use crate::testkit::variants::CaseVariants;
 use crate::Stream;
@@ -43,6 +46,8 @@ pub struct PagedPrefillCase {
     /// Tokens (a multiple of page_size, at most every seq_len) whose pages every sequence shares.
     pub shared_prefix: usize,
     pub variants: CaseVariants,
+    /// The cache's element format: the 16-bit dtype, or FP8 quantised from it.
+    pub kv: KvFormat,
 }
 
 impl PagedPrefillCase {
@@ -67,7 +72,7 @@ impl PagedPrefillCase {
     }
     pub fn label(&self) -> String {
         let seqs: Vec<String> = self.seqs.iter().map(|(q, k)| format!("{q}/{k}")).collect();
-        format!(
+        self.kv.label(format!(
             "{} D={} Hq={} Hkv={} page={} q/k=[{}]{}{}{}{}{}",
             self.dtype.name(),
             self.head_dim,
@@ -80,7 +85,7 @@ impl PagedPrefillCase {
             if self.shared_prefix > 0 { format!(" shared={}", self.shared_prefix) } else { String::new() },
             if self.variants.is_plain() { "" } else { " " },
             self.variants.label()
-        )
+        ))
     }
 }
 
@@ -97,6 +102,7 @@ pub fn case(head_dim: usize, heads: (usize, usize), page_size: usize, seqs: &[(u
         num_splits: None,
         shared_prefix: 0,
         variants: CaseVariants::default(),
+        kv: KvFormat::Sixteen,
     }
 }
 
@@ -168,6 +174,46 @@ pub fn paged_prefill_variant_sweep() -> Vec<PagedPrefillCase> {
     ]
 }
 
+/// The emulated FP8 sweep: both formats x both scale kinds x both dtypes, page sizes 1..256, every
+/// instantiated width (32..256), GQA groups 1..8, q_len 1..300 (short chunks packed into one CTA and a
+/// multi-block chunk), an empty sequence, a q_len > seq_len one, forced and planned splits, a shared prefix,
+/// and softcap / ALiBi / window + sinks on some. Sized for CI (a few seconds).
+pub fn fp8_paged_prefill_sweep_emulated() -> Vec<PagedPrefillCase> {
+    use crate::testkit::variants::CaseAlibi;
+    let with = |mut c: PagedPrefillCase, dtype: DType, format: Fp8Format, scales: ScaleKind| {
+        c.dtype = dtype;
+        c.kv = KvFormat::Fp8 { format, scales };
+        c
+    };
+    let (e4, e5) = (Fp8Format::E4m3, Fp8Format::E5m2);
+    let (pt, ph) = (ScaleKind::PerTensor, ScaleKind::PerHead);
+    let mut split = case(64, (8, 2), 16, &[(5, 700), (17, 300), (0, 100), (1, 1)]);
+    split.num_splits = Some(3);
+    let mut shared = case(128, (4, 2), 8, &[(5, 40), (3, 24)]);
+    shared.shared_prefix = 24;
+    let mut softcap = case(64, (4, 1), 32, &[(5, 90), (17, 40), (3, 0)]);
+    softcap.variants = CaseVariants { softcap: Some(5.0), ..Default::default() };
+    softcap.num_splits = Some(2);
+    let mut alibi = case(128, (8, 2), 16, &[(5, 90), (1, 1)]);
+    alibi.variants = CaseVariants { alibi: CaseAlibi::PerHead, ..Default::default() };
+    let mut window = case(64, (4, 2), 64, &[(17, 90), (2, 40)]);
+    window.variants = CaseVariants { window: Some((20, 0)), sinks: true, ..Default::default() };
+    vec![
+        with(case(64, (4, 4), 1, &[(1, 1), (2, 9), (5, 5)]), DType::Bf16, e4, pt),
+        with(case(128, (8, 1), 256, &[(2, 300), (5, 3)]), DType::F16, e5, ph),
+        with(case(32, (4, 2), 4, &[(200, 200)]), DType::Bf16, e5, pt),
+        with(case(96, (6, 3), 16, &[(17, 90), (2, 2)]), DType::F16, e4, ph),
+        with(case(256, (8, 2), 16, &[(5, 80), (9, 9), (1, 33)]), DType::Bf16, e4, ph),
+        with(case(48, (4, 1), 128, &[(16, 130), (3, 60)]), DType::F16, e5, pt),
+        with(split, DType::Bf16, e5, ph),
+        with(shared, DType::F16, e4, pt),
+        with(softcap, DType::Bf16, e4, ph),
+        with(alibi, DType::F16, e5, pt),
+        with(window, DType::Bf16, e5, ph),
+        with(case(128, (4, 2), 32, &[(300, 400), (2, 50)]), DType::Bf16, e4, ph),
+    ]
+}
+
 /// A case's inputs on the host: the adversarial paged cache, q, the variant arrays.
 pub struct PagedPrefillFixture<T> {
     pub case: PagedPrefillCase,
@@ -182,6 +228,9 @@ pub struct PagedPrefillFixture<T> {
     pub q: Vec<T>,
     pub alibi_slopes: Vec<f32>,
     pub sinks: Vec<f32>,
+    /// The FP8 cache quantised from `k_cache` / `v_cache` when the case's cache is FP8 (what the kernel
+    /// reads then); `None` for a 16-bit case.
+    pub fp8: Option<Fp8Cache>,
 }
 
 impl<T: Element> PagedPrefillFixture<T> {
@@ -225,6 +274,8 @@ impl<T: Element> PagedPrefillFixture<T> {
         });
         let window = crate::mask::Window::new(case.variants.window, case.causal);
         crate::testkit::poison::poison_unseen_slots(&mut k_cache, &mut v_cache, hkv * d, ps, seqs, window);
+        // FP8: per-head scales grow with the head (x1 .. x2.5 for K, x1 .. x1.75 for V).
+        let fp8 = case.kv.fp8().map(|kv| Fp8Cache::of_cache(&k_cache, &v_cache, (hkv, d), kv, (1.5, 0.75)));
         let q = (0..case.total_q() * case.heads_q * d).map(|_| T::from_f64(rng.random_range(-mag..mag))).collect();
         Self {
             alibi_slopes: case.variants.slopes(case.batch(), case.heads_q),
@@ -238,6 +289,7 @@ impl<T: Element> PagedPrefillFixture<T> {
             seq_lens: case.seqs.iter().map(|s| s.1 as i32).collect(),
             cu_seqlens_q: case.cu_seqlens_q(),
             q,
+            fp8,
         }
     }
 
@@ -250,17 +302,20 @@ impl<T: Element> PagedPrefillFixture<T> {
         f64::from(scale.expect("a harness head dim")) // ok: the cases use valid head dims
     }
 
-    /// The fp64 reference over the same cache.
+    /// The fp64 reference over the cache the kernel reads (the 16-bit cache, or the FP8 cache dequantised).
     pub fn reference(&self) -> Result<(reference::Output, Vec<f64>)> {
-        let w = |x: &[T]| x.iter().map(|v| v.to_f64()).collect::<Vec<f64>>();
-        self.reference_kv(&w(&self.k_cache), &w(&self.v_cache))
+        let (k, v) = match &self.fp8 {
+            Some(c) => c.dequantized(),
+            None => (to_f64(&self.k_cache), to_f64(&self.v_cache)),
+        };
+        self.reference_kv(&k, &v)
     }
 
     /// The fp64 reference (and the naive low-precision one) over the cache values `k`, `v` (laid out as
     /// `k_cache`, e.g. a dequantised FP8 cache) with this fixture's queries, table and variants.
     pub fn reference_kv(&self, k: &[f64], v: &[f64]) -> Result<(reference::Output, Vec<f64>)> {
         let c = &self.case;
-        let q: Vec<f64> = self.q.iter().map(|v| v.to_f64()).collect();
+        let q = to_f64(&self.q);
         let cache = reference_cache(k, v, self.cache_shape(), &self.block_table, self.width, &self.seq_lens);
         let wide = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>();
         let (slopes, sinks) = (wide(&self.alibi_slopes), wide(&self.sinks));
@@ -280,21 +335,34 @@ impl<T: Element> PagedPrefillFixture<T> {
         Ok((exact, naive))
     }
 
-    /// Runs the kernel on `stream` (host memory: the emulator) with NaN-poisoned outputs; `num_splits`
-    /// overrides the case's. Returns o `[total_q, Hq, D]`, lse `[Hq, total_q]` and the plan.
-    pub fn run(&self, stream: &Stream<'_>, num_splits: Option<usize>) -> Result<(Vec<T>, Vec<f32>, PagedPrefillPlan)> {
-        let c = &self.case;
-        let cache = PagedKvCache::new(
-            TensorView::host(&self.k_cache, self.cache_shape())?,
-            TensorView::host(&self.v_cache, self.cache_shape())?,
-            TensorView::host(&self.block_table, [c.batch(), self.width])?,
-            TensorView::host(&self.seq_lens, [c.batch()])?,
-            c.max_seq_len(),
-        )?;
-        self.run_on(stream, &cache, num_splits)
+    /// The fixture's 16-bit cache as host views (no scales; [`PagedHost::cache_of`] for other values).
+    pub fn host_cache(&self) -> Result<PagedKvCache<'_, T>> {
+        self.host().cache()
     }
 
-    /// [`Self::run`] over `cache` (host memory) in place of the fixture's own K/V: e.g. its FP8 codes.
+    /// The fixture's data as a [`PagedHost`].
+    pub fn host(&self) -> PagedHost<'_, T> {
+        paged_host!(self)
+    }
+
+    /// Runs the kernel over the case's cache (16-bit, or the FP8 codes with their scales) on `stream` (host
+    /// memory: the emulator) with NaN-poisoned outputs; `num_splits` overrides the case's. Returns o
+    /// `[total_q, Hq, D]`, lse `[Hq, total_q]` and the plan.
+    pub fn run(&self, stream: &Stream<'_>, num_splits: Option<usize>) -> Result<(Vec<T>, Vec<f32>, PagedPrefillPlan)> {
+        fn go<T: Element, C: CacheElement<T>>(
+            f: &PagedPrefillFixture<T>,
+            stream: &Stream<'_>,
+            num_splits: Option<usize>,
+        ) -> Result<(Vec<T>, Vec<f32>, PagedPrefillPlan)> {
+            let [k, v] = C::cache(&f.k_cache, &f.v_cache, f.fp8.as_ref())?;
+            let scales = f.fp8.as_ref().map(|c| c.scales(stream)).transpose()?;
+            f.run_on(stream, &f.host().cache_of([&k, &v], scales.as_ref())?, num_splits)
+        }
+        with_cache_element!(self.fp8.as_ref(), go::<T>(self, stream, num_splits))
+    }
+
+    /// [`Self::run`] over `cache` (host memory) in place of the fixture's own: e.g. its 16-bit cache for an
+    /// FP8 case.
     pub fn run_on<C: KvCacheOf<T>>(
         &self,
         stream: &Stream<'_>,
@@ -338,10 +406,13 @@ impl<T: Element> PagedPrefillFixture<T> {
 pub struct PagedPrefillOutcome {
     pub seed: u64,
     pub plan: PagedPrefillPlan,
-    /// O against the fp64 reference under the tolerance rule.
+    /// O against the fp64 reference (over the stored cache: an FP8 case's dequantised values) under the
+    /// tolerance rule.
     pub out: Comparison,
     /// LSE against the reference (within [`lse_tolerance`]; −inf must match exactly).
     pub lse: Comparison,
+    /// An FP8 case: its quantisation error against the 16-bit cache (reported, not judged).
+    pub quant: Option<QuantError>,
 }
 
 impl PagedPrefillOutcome {
@@ -350,7 +421,7 @@ impl PagedPrefillOutcome {
     }
     pub fn summary(&self) -> String {
         format!(
-            "seed={} splits={} max|err|={:.2e} (tol {:.2e}, naive {:.2e}) rel-L2={:.2e} lse max|err|={:.2e} {}",
+            "seed={} splits={} max|err|={:.2e} (tol {:.2e}, naive {:.2e}) rel-L2={:.2e} lse max|err|={:.2e} {}{}",
             self.seed,
             self.plan.num_splits,
             self.out.max_abs_err,
@@ -358,7 +429,8 @@ impl PagedPrefillOutcome {
             self.out.naive_max_abs_err,
             self.out.rel_l2_err,
             self.lse.max_abs_err,
-            if self.passed() { "ok" } else { "FAILED" }
+            if self.passed() { "ok" } else { "FAILED" },
+            QuantError::suffix(self.quant)
         )
     }
 }
@@ -371,7 +443,8 @@ pub struct PagedPrefillRun<T> {
     pub outcome: PagedPrefillOutcome,
 }
 
-/// Judges a kernel's outputs for fixture `f` against the fp64 reference.
+/// Judges a kernel's outputs for fixture `f` against the fp64 reference over the cache it read; an FP8
+/// case's quantisation error too.
 pub fn evaluate<T: Element>(
     f: &PagedPrefillFixture<T>,
     seed: u64,
@@ -380,13 +453,18 @@ pub fn evaluate<T: Element>(
     lse: &[f32],
 ) -> Result<PagedPrefillOutcome> {
     let (exact, naive) = f.reference()?;
-    let ours: Vec<f64> = o.iter().map(|v| v.to_f64()).collect();
+    let ours = to_f64(o);
     let ours_lse: Vec<f64> = lse.iter().map(|&x| f64::from(x)).collect();
+    let quant = match f.fp8 {
+        Some(_) => Some(QuantError::of(&ours, &f.reference_kv(&to_f64(&f.k_cache), &to_f64(&f.v_cache))?.0.out)),
+        None => None,
+    };
     Ok(PagedPrefillOutcome {
         seed,
         plan,
         out: reference::compare(&ours, &exact.out, &naive),
         lse: reference::compare_lse(&ours_lse, &exact.lse, lse_tolerance(&exact.lse)),
+        quant,
     })
 }
 
@@ -400,58 +478,29 @@ pub fn run_case_emulated<T: Element>(emu: &Emulator, case: &PagedPrefillCase, se
 
 /// [`run_case_emulated`] for the case's dtype, the verdict only.
 pub fn check_case_emulated(emu: &Emulator, case: &PagedPrefillCase, seed: u64) -> Result<PagedPrefillOutcome> {
-    match case.dtype {
-        DType::Bf16 => run_case_emulated::<bf16>(emu, case, seed).map(|r| r.outcome),
-        DType::F16 => run_case_emulated::<f16>(emu, case, seed).map(|r| r.outcome),
-    }
+    with_dtype!(case.dtype, T => run_case_emulated::<T>(emu, case, seed).map(|r| r.outcome))
 }
 
-/// The fixture's data on the GPU (its cache as `C`: the fixture's own 16-bit values, or FP8 codes with their
-/// scales), and a workspace for its plan.
+/// The fixture's data on the GPU (its cache as `C`: the fixture's own 16-bit values, or its FP8 codes with
+/// their scales), the outputs (NaN-poisoned) and a workspace for its plan.
 pub(crate) struct GpuCase<T: Element, C: KvCacheOf<T>> {
-    k: CudaSlice<C>,
-    v: CudaSlice<C>,
-    table: CudaSlice<i32>,
-    lens: CudaSlice<i32>,
+    inputs: GpuPaged<T, C>,
     cu_q: CudaSlice<i32>,
-    q: CudaSlice<T>,
     o: CudaSlice<T>,
     lse: CudaSlice<f32>,
-    slopes: CudaSlice<f32>,
-    sinks: CudaSlice<f32>,
-    scales: Option<KvScales>,
     ws: PagedPrefillWorkspace,
 }
 
-impl<T: Element> GpuCase<T, T> {
-    fn upload16(cu: &Arc<CudaStream>, f: &PagedPrefillFixture<T>) -> Result<Self> {
-        Self::upload(cu, f, &f.k_cache, &f.v_cache, None)
-    }
-}
-
-impl<T: Element, C: KvCacheOf<T>> GpuCase<T, C> {
-    /// Uploads `f` with the cache `k`, `v` (laid out as `f.k_cache`) and its FP8 scales, if any.
-    pub(crate) fn upload(
-        cu: &Arc<CudaStream>,
-        f: &PagedPrefillFixture<T>,
-        k: &[C],
-        v: &[C],
-        scales: Option<KvScales>,
-    ) -> Result<Self> {
+impl<T: Element, C: CacheElement<T>> GpuCase<T, C> {
+    /// Uploads `f` with its cache as `C`.
+    pub(crate) fn upload(cu: &Arc<CudaStream>, f: &PagedPrefillFixture<T>) -> Result<Self> {
         let c = &f.case;
         let (hq, d, tq) = (c.heads_q, c.head_dim, c.total_q());
         Ok(Self {
-            k: cu.clone_htod(k)?,
-            v: cu.clone_htod(v)?,
-            scales,
-            table: cu.clone_htod(&f.block_table)?,
-            lens: cu.clone_htod(&f.seq_lens)?,
+            inputs: GpuPaged::upload(cu, &f.host())?,
             cu_q: cu.clone_htod(&f.cu_seqlens_q)?,
-            q: cu.clone_htod(&f.q)?,
             o: cu.clone_htod(&vec![T::nan(); (tq * hq * d).max(1)])?,
             lse: cu.clone_htod(&vec![f32::NAN; (hq * tq).max(1)])?,
-            slopes: cu.clone_htod(&f.alibi_slopes.iter().copied().chain([0.0]).collect::<Vec<_>>())?,
-            sinks: cu.clone_htod(&f.sinks.iter().copied().chain([0.0]).collect::<Vec<_>>())?,
             ws: PagedPrefillWorkspace::with_capacity(
                 &Stream::Gpu(cu),
                 tq,
@@ -465,22 +514,8 @@ impl<T: Element, C: KvCacheOf<T>> GpuCase<T, C> {
     pub(crate) fn run(&mut self, cu: &Arc<CudaStream>, f: &PagedPrefillFixture<T>) -> Result<PagedPrefillPlan> {
         let c = &f.case;
         let (b, hq, d, tq) = (c.batch(), c.heads_q, c.head_dim, c.total_q());
-        let stream = Stream::Gpu(cu);
-        let cache = PagedKvCache::new(
-            TensorView::gpu(self.k.as_view(), f.cache_shape())?,
-            TensorView::gpu(self.v.as_view(), f.cache_shape())?,
-            TensorView::gpu(self.table.as_view(), [b, f.width])?,
-            TensorView::gpu(self.lens.as_view(), [b])?,
-            c.max_seq_len(),
-        )?;
-        let cache = match &self.scales {
-            Some(s) => cache.with_scales(s)?,
-            None => cache,
-        };
-        let (slopes, sinks) = (&self.slopes, &self.sinks);
-        let variants = VariantViews::new(&c.variants, b, hq, |sink, n| {
-            TensorView::gpu((if sink { sinks } else { slopes }).slice(0..n), [n])
-        })?;
+        let cache = self.inputs.cache(c.max_seq_len())?;
+        let variants = self.inputs.variants(&c.variants, b, hq)?;
         let opts = PagedPrefillOptions {
             causal: c.causal,
             scale: None,
@@ -488,8 +523,8 @@ impl<T: Element, C: KvCacheOf<T>> GpuCase<T, C> {
             score_mod: variants.score_mod(&c.variants),
         };
         paged_prefill(
-            &stream,
-            &TensorView::gpu(self.q.slice(0..tq * hq * d), [tq, hq, d])?,
+            &Stream::Gpu(cu),
+            &TensorView::gpu(self.inputs.q.slice(0..tq * hq * d), [tq, hq, d])?,
             &TensorView::gpu(self.cu_q.as_view(), [b + 1])?,
             c.max_seqlen_q(),
             &cache,
@@ -499,9 +534,7 @@ impl<T: Element, C: KvCacheOf<T>> GpuCase<T, C> {
             &opts,
         )
     }
-}
 
-impl<T: Element, C: KvCacheOf<T>> GpuCase<T, C> {
     /// o `[total_q, Hq, D]` and lse `[Hq, total_q]` back on the host.
     pub(crate) fn outputs(&self, cu: &Arc<CudaStream>, case: &PagedPrefillCase) -> Result<(Vec<T>, Vec<f32>)> {
         let n = case.total_q() * case.heads_q;
@@ -519,20 +552,24 @@ pub fn run_case_gpu<T: Element>(
     case: &PagedPrefillCase,
     seed: u64,
 ) -> Result<PagedPrefillRun<T>> {
+    fn go<T: Element, C: CacheElement<T>>(
+        cu: &Arc<CudaStream>,
+        f: &PagedPrefillFixture<T>,
+    ) -> Result<(Vec<T>, Vec<f32>, PagedPrefillPlan)> {
+        let mut g = GpuCase::<T, C>::upload(cu, f)?;
+        let plan = g.run(cu, f)?;
+        let (o, lse) = g.outputs(cu, &f.case)?;
+        Ok((o, lse, plan))
+    }
     let f = PagedPrefillFixture::<T>::new(case, seed);
-    let mut g = GpuCase::upload16(cu, &f)?;
-    let plan = g.run(cu, &f)?;
-    let (o, lse) = g.outputs(cu, case)?;
+    let (o, lse, plan) = with_cache_element!(f.fp8.as_ref(), go::<T>(cu, &f))?;
     let outcome = evaluate(&f, seed, plan, &o, &lse)?;
     Ok(PagedPrefillRun { fixture: f, o, lse, outcome })
 }
 
 /// [`run_case_gpu`] for the case's dtype, the verdict only.
 pub fn check_case_gpu(cu: &Arc<CudaStream>, case: &PagedPrefillCase, seed: u64) -> Result<PagedPrefillOutcome> {
-    match case.dtype {
-        DType::Bf16 => run_case_gpu::<bf16>(cu, case, seed).map(|r| r.outcome),
-        DType::F16 => run_case_gpu::<f16>(cu, case, seed).map(|r| r.outcome),
-    }
+    with_dtype!(case.dtype, T => run_case_gpu::<T>(cu, case, seed).map(|r| r.outcome))
 }
 
 /// Attention FLOPs of a case: 4 · Hq · D · (visible (row, key) pairs), the pairs counted exactly from the
@@ -567,21 +604,19 @@ pub fn time_case_gpu(
     warmup: usize,
     iters: usize,
 ) -> Result<PagedPrefillTiming> {
-    fn go<T: Element>(
+    fn go<T: Element, C: CacheElement<T>>(
         cu: &Arc<CudaStream>,
-        case: &PagedPrefillCase,
-        seed: u64,
+        f: &PagedPrefillFixture<T>,
         warmup: usize,
         iters: usize,
     ) -> Result<PagedPrefillTiming> {
+        let mut g = GpuCase::<T, C>::upload(cu, f)?;
+        let plan = g.run(cu, f)?;
+        let timing = time_launches(cu, warmup, iters, |_| g.run(cu, f).map(|_| ()))?;
+        Ok(PagedPrefillTiming { timing, plan, tflops: case_flops(&f.case) / (timing.median_ms * 1e-3) / 1e12 })
+    }
+    with_dtype!(case.dtype, T => {
         let f = PagedPrefillFixture::<T>::new(case, seed);
-        let mut g = GpuCase::upload16(cu, &f)?;
-        let plan = g.run(cu, &f)?;
-        let timing = time_launches(cu, warmup, iters, |_| g.run(cu, &f).map(|_| ()))?;
-        Ok(PagedPrefillTiming { timing, plan, tflops: case_flops(case) / (timing.median_ms * 1e-3) / 1e12 })
-    }
-    match case.dtype {
-        DType::Bf16 => go::<bf16>(cu, case, seed, warmup, iters),
-        DType::F16 => go::<f16>(cu, case, seed, warmup, iters),
-    }
+        with_cache_element!(f.fp8.as_ref(), go::<T>(cu, &f, warmup, iters))
+    })
 }

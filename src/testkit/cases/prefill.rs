@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::{CudaSlice, CudaStream};
-use half::{bf16, f16};
 
 use crate::dtype::{DType, Element};
 use crate::emu::Emulator;
@@ -21,6 +20,7 @@ use crate::prefill::{prefill, prefill_varlen, PrefillKernel, PrefillOptions, Sm9
 use crate::reference::{self, Comparison};
 use crate::score_mod::{AlibiSlopes, ScoreMod};
 use crate::tensor::{TensorView, TensorViewMut};
+use crate::testkit::cases::with_dtype;
 use crate::testkit::timing::{prefill_flops, time_launches, Timing};
 use crate::testkit::variants::{CaseAlibi, CaseVariants};
 use crate::Stream;
@@ -1198,10 +1198,7 @@ pub fn run_gpu<T: Element>(cu: &Arc<CudaStream>, f: &PrefillFixture<T>) -> Resul
 
 /// Builds `case` from `seed`, runs it on the emulator and judges it against the fp64 reference.
 pub fn check_case_emulated(emu: &Emulator, case: &PrefillCase, seed: u64) -> Result<CaseOutcome> {
-    match case.dtype {
-        DType::F16 => check_emulated::<f16>(emu, case, &PrefillInputs::default(), seed),
-        DType::Bf16 => check_emulated::<bf16>(emu, case, &PrefillInputs::default(), seed),
-    }
+    with_dtype!(case.dtype, T => check_emulated::<T>(emu, case, &PrefillInputs::default(), seed))
 }
 
 fn check_emulated<T: Element>(
@@ -1221,18 +1218,12 @@ pub fn check_inputs_emulated(
     inputs: &PrefillInputs,
     seed: u64,
 ) -> Result<CaseOutcome> {
-    match case.dtype {
-        DType::F16 => check_emulated::<f16>(emu, case, inputs, seed),
-        DType::Bf16 => check_emulated::<bf16>(emu, case, inputs, seed),
-    }
+    with_dtype!(case.dtype, T => check_emulated::<T>(emu, case, inputs, seed))
 }
 
 /// Builds `case` from `seed`, runs it on the GPU behind `cu` and judges it against the fp64 reference.
 pub fn check_case_gpu(cu: &Arc<CudaStream>, case: &PrefillCase, seed: u64) -> Result<CaseOutcome> {
-    match case.dtype {
-        DType::F16 => check_gpu::<f16>(cu, case, seed),
-        DType::Bf16 => check_gpu::<bf16>(cu, case, seed),
-    }
+    with_dtype!(case.dtype, T => check_gpu::<T>(cu, case, seed))
 }
 
 fn check_gpu<T: Element>(cu: &Arc<CudaStream>, case: &PrefillCase, seed: u64) -> Result<CaseOutcome> {
@@ -1272,10 +1263,7 @@ pub fn time_case_gpu(
     warmup: usize,
     iters: usize,
 ) -> Result<PrefillTiming> {
-    match case.dtype {
-        DType::F16 => time_gpu::<f16>(cu, case, seed, warmup, iters),
-        DType::Bf16 => time_gpu::<bf16>(cu, case, seed, warmup, iters),
-    }
+    with_dtype!(case.dtype, T => time_gpu::<T>(cu, case, seed, warmup, iters))
 }
 
 fn time_gpu<T: Element>(
@@ -1307,6 +1295,7 @@ fn time_gpu<T: Element>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use half::{bf16, f16};
 
     #[test]
     fn sweep_covers_the_required_axes() {
