@@ -577,9 +577,7 @@ fn fp8_caches_pass_through_the_candle_ops() -> Result<()> {
             shape: [usize; 4],
             scales: &KvScales,
             views: (&[i32], &[i32], usize, usize),
-            q: &[bf16],
-            o: &[bf16],
-            lse: &[f32],
+            (q, o, lse): (&[bf16], &[bf16], &[f32]),
             scale: f32,
         ) -> fused_attn::reference::Check {
             let (table, seq_lens, per_seq, max_seq_len) = views;
@@ -615,8 +613,8 @@ fn fp8_caches_pass_through_the_candle_ops() -> Result<()> {
         let shape = [num_pages, page, hkv, d];
         let views = (&table[..], &seq_lens[..], per_seq, max_seq_len);
         let run = |scales: &KvScales| match format {
-            Fp8Format::E4m3 => judge::<Fp8E4m3>(&codes, shape, scales, views, &qh, &oh, &lseh, scale),
-            Fp8Format::E5m2 => judge::<Fp8E5m2>(&codes, shape, scales, views, &qh, &oh, &lseh, scale),
+            Fp8Format::E4m3 => judge::<Fp8E4m3>(&codes, shape, scales, views, (&qh, &oh, &lseh), scale),
+            Fp8Format::E5m2 => judge::<Fp8E5m2>(&codes, shape, scales, views, (&qh, &oh, &lseh), scale),
         };
         let right = run(&fp8.scales);
         assert!(right.passed(), "{what}: {right}");
