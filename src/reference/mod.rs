@@ -307,17 +307,17 @@ pub fn dense_row_with(
         }
     }
     let ar = naive.map_or(Arith::F64, Arith::Lowp);
-    let kv = KvRows { k, v, base: a.kv_head(h) * d, stride: a.heads_kv * d, d };
+    let kv = KvRows::new(k, v, a.kv_head(h) * d, a.heads_kv * d, d);
     let rm = RowMod { softcap: var.softcap, slope: var.slope(b, h, a.heads_q), sink: var.sinks.map(|sk| sk[h]) };
     let (tq, tk) = (p.seqlen_q, p.seqlen_k);
     let (lo, hi) = var.visible_range(a.causal, tq, tk, i);
     let diag = (i + tk) as f64 - tq as f64;
     let keys: Vec<(usize, f64)> = (lo..hi).map(|j| (j, (diag - j as f64).abs())).collect();
-    let (mut out, mut probs) = (vec![0.0; d], Vec::new());
-    let l = attend_row(ar, q_row, &kv, &keys, a.scale, &rm, &mut probs, &mut out);
+    let (mut out, mut sc) = (vec![0.0; d], RowScratch::default());
+    let l = attend_row(ar, q_row, &kv, &keys, a.scale, &rm, &mut sc, &mut out);
     let mut terms = ar.terms(d);
     if let Some(t) = terms.as_deref_mut() {
-        row_terms(q_row, &kv, &keys, a.scale, &rm, l, &probs, &out, t);
+        row_terms(q_row, &kv, &keys, a.scale, &rm, l, &sc, &out, t);
     }
     Ok(Output { out, lse: vec![l], terms: terms.unwrap_or_default() })
 }
@@ -622,13 +622,14 @@ pub fn probabilities(p: &Problem, q: &[f64], k: &[f64], b: usize, h: usize, i: u
     let d = a.head_dim;
     let q_row = &q[((b * p.seqlen_q + i) * a.heads_q + h) * d..][..d];
     let k_seq = &k[b * p.seqlen_k * a.heads_kv * d..][..p.seqlen_k * a.heads_kv * d];
-    let kv = KvRows { k: k_seq, v: k_seq, base: a.kv_head(h) * d, stride: a.heads_kv * d, d };
+    let kv = KvRows::new(k_seq, k_seq, a.kv_head(h) * d, a.heads_kv * d, d);
     let n = visible_keys(a.causal, p.seqlen_q, p.seqlen_k, i);
     let keys: Vec<(usize, f64)> = (0..n).map(|j| (j, 0.0)).collect();
-    let mut probs = Vec::with_capacity(p.seqlen_k);
+    let mut sc = RowScratch::with_capacity(p.seqlen_k);
     if n > 0 {
-        row_softmax(Arith::F64, q_row, &kv, &keys, a.scale, &RowMod::default(), &mut probs);
+        row_softmax(Arith::F64, q_row, &kv, &keys, a.scale, &RowMod::default(), &mut sc);
     }
+    let mut probs = sc.probs;
     probs.resize(p.seqlen_k, 0.0);
     Ok(probs)
 }
@@ -774,11 +775,19 @@ impl<'a> Attn<'a> {
         mut lse: impl FnMut(usize, usize, f64),
     ) {
         let d = self.head_dim;
-        let mut scratch = Vec::with_capacity(tk);
+        let mut scratch = RowScratch::with_capacity(tk);
         let mut keys: Vec<(usize, f64)> = Vec::with_capacity(tk);
+        // |k_j| of the current KV head's rows (for the bound terms), computed once per KV head.
+        let mut norms: (Option<usize>, Vec<f64>) = (None, Vec::new());
         // Head-major so one KV head's rows stay in cache across the query rows.
         for h in 0..self.heads_q {
-            let kv = KvRows { k, v, base: self.kv_head(h) * d, stride: self.heads_kv * d, d };
+            let mut kv = KvRows::new(k, v, self.kv_head(h) * d, self.heads_kv * d, d);
+            if terms.is_some() {
+                if norms.0 != Some(self.kv_head(h)) {
+                    norms = (Some(self.kv_head(h)), kv.k_norms());
+                }
+                kv.norms = Some(&norms.1);
+            }
             let rm = RowMod {
                 softcap: self.var.softcap,
                 slope: self.var.slope(b, h, self.heads_q),
@@ -816,9 +825,22 @@ struct KvRows<'a> {
     base: usize,
     stride: usize,
     d: usize,
+    /// `|k_j|` of every row, when the caller computed them once for many query rows.
+    norms: Option<&'a [f64]>,
 }
 
-impl KvRows<'_> {
+impl<'a> KvRows<'a> {
+    fn new(k: &'a [f64], v: &'a [f64], base: usize, stride: usize, d: usize) -> Self {
+        Self { k, v, base, stride, d, norms: None }
+    }
+    /// The rows' `|k_j|`, one per row of this head.
+    fn k_norms(&self) -> Vec<f64> {
+        let rows = (self.k.len().saturating_sub(self.base) + self.stride - self.d) / self.stride;
+        (0..rows).map(|j| dot64(self.k(j), self.k(j)).sqrt()).collect()
+    }
+    fn k_norm(&self, j: usize) -> f64 {
+        self.norms.map_or_else(|| dot64(self.k(j), self.k(j)).sqrt(), |n| n[j])
+    }
     fn k(&self, j: usize) -> &[f64] {
         &self.k[self.base + j * self.stride..][..self.d]
     }
@@ -837,16 +859,17 @@ fn attend_row(
     keys: &[(usize, f64)],
     scale: f64,
     rm: &RowMod,
-    probs: &mut Vec<f64>,
+    sc: &mut RowScratch,
     out: &mut [f64],
 ) -> f64 {
     out.fill(0.0);
     if keys.is_empty() {
-        probs.clear();
+        sc.probs.clear();
+        sc.raw.clear();
         return rm.sink.unwrap_or(f64::NEG_INFINITY);
     }
-    let lse = row_softmax(ar, q_row, kv, keys, scale, rm, probs);
-    for (&(j, _), &p) in keys.iter().zip(probs.iter()) {
+    let lse = row_softmax(ar, q_row, kv, keys, scale, rm, sc);
+    for (&(j, _), &p) in keys.iter().zip(sc.probs.iter()) {
         ar.axpy(out, p, kv.v(j));
     }
     for o in out.iter_mut() {
@@ -857,7 +880,11 @@ fn attend_row(
 
 /// fp64 score of one key after every variant: `softcap(q·k · scale) − slope · dist`.
 fn score64(q_row: &[f64], k: &[f64], scale: f64, rm: &RowMod, dist: f64) -> f64 {
-    let t = dot64(q_row, k) * scale;
+    modded64(dot64(q_row, k) * scale, rm, dist)
+}
+
+/// The variants applied to a scaled fp64 score `t`: `softcap(t) − slope · dist`.
+fn modded64(t: f64, rm: &RowMod, dist: f64) -> f64 {
     let t = rm.softcap.map_or(t, |c| c * (t / c).tanh());
     t - rm.slope * dist
 }
@@ -872,10 +899,11 @@ fn row_terms(
     scale: f64,
     rm: &RowMod,
     lse: f64,
-    probs: &[f64],
+    sc: &RowScratch,
     out: &[f64],
     terms: &mut [ErrorTerms],
 ) {
+    let probs = &sc.probs;
     terms.fill(ErrorTerms { keys: keys.len(), ..ErrorTerms::default() });
     if keys.is_empty() {
         return;
@@ -883,10 +911,9 @@ fn row_terms(
     let d = q_row.len();
     let q_norm = dot64(q_row, q_row).sqrt();
     let (mut k_norm, mut t_abs, mut t_max) = (0.0f64, 0.0f64, f64::NEG_INFINITY);
-    for &(j, dist) in keys {
-        let raw = dot64(q_row, kv.k(j)) * scale;
-        let t = score64(q_row, kv.k(j), scale, rm, dist);
-        k_norm = k_norm.max(dot64(kv.k(j), kv.k(j)).sqrt());
+    for (&(j, dist), &raw) in keys.iter().zip(&sc.raw) {
+        let t = modded64(raw, rm, dist);
+        k_norm = k_norm.max(kv.k_norm(j));
         // fp32 rounding of every intermediate: the scaled score, the result, the bias (which may cancel
         // against the score), the sink's logit.
         t_abs = t_abs.max(raw.abs()).max(t.abs()).max((rm.slope * dist).abs());
@@ -937,11 +964,32 @@ fn row_softmax(
     keys: &[(usize, f64)],
     scale: f64,
     rm: &RowMod,
-    probs: &mut Vec<f64>,
+    sc: &mut RowScratch,
 ) -> f64 {
-    probs.clear();
-    probs.extend(keys.iter().map(|&(j, dist)| ar.score(q_row, kv.k(j), scale, rm, dist)));
-    ar.softmax(probs, rm.sink)
+    sc.probs.clear();
+    sc.raw.clear();
+    match ar {
+        // The scaled scores before the variants are kept for `row_terms` (one q·k per key in all).
+        Arith::F64 => {
+            sc.raw.extend(keys.iter().map(|&(j, _)| dot64(q_row, kv.k(j)) * scale));
+            sc.probs.extend(sc.raw.iter().zip(keys).map(|(&t, &(_, dist))| modded64(t, rm, dist)));
+        }
+        Arith::Lowp(_) => sc.probs.extend(keys.iter().map(|&(j, dist)| ar.score(q_row, kv.k(j), scale, rm, dist))),
+    }
+    ar.softmax(&mut sc.probs, rm.sink)
+}
+
+/// Per-row scratch of the row routines: the softmax weights of the keys and (fp64) their scaled scores.
+#[derive(Default)]
+struct RowScratch {
+    probs: Vec<f64>,
+    raw: Vec<f64>,
+}
+
+impl RowScratch {
+    fn with_capacity(n: usize) -> Self {
+        Self { probs: Vec::with_capacity(n), raw: Vec::with_capacity(n) }
+    }
 }
 
 /// The arithmetic of a computation: exact-ish f64, or a framework's f32-accumulate / `dtype`-store.
