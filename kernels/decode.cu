@@ -426,7 +426,8 @@ FA_NAMESPACE_END
 // One kernel per (dtype, tile width (fa/head_dim.cuh), softcap/ALiBi, cache dtype): 128 threads, 3 CTAs per
 // SM (traits.cuh).
 #define FA_DECODE_KERNEL(name, T, D, kMod, kFp8)                                                             \
-  FA_KERNEL(name, 128, 3, FaDecodeParams, (fa::decode::paged_decode_kernel<T, D, kMod, kFp8>))
+  FA_KERNEL(name, fa::decode::Traits<D>::kThreads, fa::decode::Traits<D>::kMinCtasPerSm, FaDecodeParams,     \
+            (fa::decode::paged_decode_kernel<T, D, kMod, kFp8>))
 #define FA_DECODE_16BIT_KERNELS(dt, T, D)                                                                    \
   FA_DECODE_KERNEL(fa_paged_decode_##dt##_d##D, T, D, false, false)                                          \
   FA_DECODE_KERNEL(fa_paged_decode_##dt##_d##D##_mod, T, D, true, false)
@@ -444,14 +445,13 @@ FA_NAMESPACE_END
 #else
 #define FA_DECODE_KERNELS(dt, T, D) FA_DECODE_16BIT_KERNELS(dt, T, D)
 #endif
-FA_DECODE_KERNELS(f16, fa::half_t, 64)
-FA_DECODE_KERNELS(f16, fa::half_t, 128)
-FA_DECODE_KERNELS(f16, fa::half_t, 256)
-FA_DECODE_KERNELS(bf16, fa::bf16_t, 64)
-FA_DECODE_KERNELS(bf16, fa::bf16_t, 128)
-FA_DECODE_KERNELS(bf16, fa::bf16_t, 256)
+#define FA_DECODE_WIDTH_KERNELS(D) FA_DECODE_KERNELS(f16, fa::half_t, D) FA_DECODE_KERNELS(bf16, fa::bf16_t, D)
+FA_DECODE_WIDTHS(FA_DECODE_WIDTH_KERNELS)
+#undef FA_DECODE_WIDTH_KERNELS
 
 #if defined(FA_HOST_BUILD)
+#include "fa/tile_policy.h"
+
 namespace fa {
 namespace decode {
 namespace {
@@ -465,31 +465,29 @@ template <int D> int launch_decode(void (*kernel)(FaDecodeParams), const char *n
   return launch(name, kernel, grid, Tr::kThreads, Tr::kSmemBytes, exec, p);
 }
 
-#define FA_DECODE_CASE(D, kernel)                                                                            \
+// One case per instantiated width (FA_DECODE_WIDTHS): the kernel of the call's dtype, cache format and
+// variant.
+#define FA_DECODE_DTYPE_CASE(dt, D)                                                                          \
+  if (fp8)                                                                                                   \
+    return mod ? launch_decode<D>(FA_KERNEL_REF(fa_paged_decode_##dt##_d##D##_fp8_mod), p, exec)               \
+               : launch_decode<D>(FA_KERNEL_REF(fa_paged_decode_##dt##_d##D##_fp8), p, exec);                  \
+  return mod ? launch_decode<D>(FA_KERNEL_REF(fa_paged_decode_##dt##_d##D##_mod), p, exec)                     \
+             : launch_decode<D>(FA_KERNEL_REF(fa_paged_decode_##dt##_d##D), p, exec);
+#define FA_DECODE_CASE(D)                                                                                    \
   case D:                                                                                                    \
-    if (fp8)                                                                                                 \
-      return mod ? launch_decode<D>(kernel##_fp8_mod, #kernel "_fp8_mod", p, exec)                           \
-                 : launch_decode<D>(kernel##_fp8, #kernel "_fp8", p, exec);                                  \
-    return mod ? launch_decode<D>(kernel##_mod, #kernel "_mod", p, exec) : launch_decode<D>(kernel, #kernel, p, exec)
+    if (p.dtype == FA_DTYPE_F16) {                                                                           \
+      FA_DECODE_DTYPE_CASE(f16, D)                                                                           \
+    }                                                                                                        \
+    FA_DECODE_DTYPE_CASE(bf16, D)
 int dispatch(const FaDecodeParams &p, FaExec *exec) {
   if (!head_dim_supported(p.head_dim)) return FA_ERR_UNSUPPORTED;
+  if (p.dtype != FA_DTYPE_F16 && p.dtype != FA_DTYPE_BF16) return FA_ERR_UNSUPPORTED;
   const bool mod = needs_score_mod(p.score_mod);
   const bool fp8 = p.cache.kv_dtype != FA_KV_SAME;
-  if (p.dtype == FA_DTYPE_F16) {
-    switch (decode_width(p.head_dim)) {
-      FA_DECODE_CASE(64, fa_paged_decode_f16_d64);
-      FA_DECODE_CASE(128, fa_paged_decode_f16_d128);
-      FA_DECODE_CASE(256, fa_paged_decode_f16_d256);
-    }
-  } else if (p.dtype == FA_DTYPE_BF16) {
-    switch (decode_width(p.head_dim)) {
-      FA_DECODE_CASE(64, fa_paged_decode_bf16_d64);
-      FA_DECODE_CASE(128, fa_paged_decode_bf16_d128);
-      FA_DECODE_CASE(256, fa_paged_decode_bf16_d256);
-    }
-  }
+  switch (decode_width(p.head_dim)) { FA_DECODE_WIDTHS(FA_DECODE_CASE) }
   return FA_ERR_UNSUPPORTED;
 }
+#undef FA_DECODE_DTYPE_CASE
 #undef FA_DECODE_CASE
 
 // Preconditions the Rust layer checks; re-checked here so a bad call fails instead of faulting.
@@ -520,11 +518,26 @@ inline bool valid_params(const FaDecodeParams &p) {
       return false;
   }
   const int group = p.heads_q / p.heads_kv;
-  const int64_t grid_y = (int64_t)p.heads_kv * ((group + 15) / 16);
+  const int64_t grid_y = (int64_t)p.heads_kv * ((group + FA_DECODE_ROWS - 1) / FA_DECODE_ROWS);
   return grid_y <= 65535 && p.batch <= 65535 && p.num_splits <= 65535;
 }
 
 } // namespace
+
+// The kernel dispatch() runs for a head dim, and its launch shape (abi.h, fa_tile_policy): every kernel of a
+// width (variant or not, either cache format) has the same shape; the FP8 staging fits the same stages.
+int tile_policy(int head_dim, FaTilePolicy *out) {
+  if (!head_dim_supported(head_dim)) return FA_ERR_UNSUPPORTED;
+#define FA_DECODE_POLICY(D)                                                                                  \
+  case D:                                                                                                    \
+    *out = FaTilePolicy{D, Traits<D>::kRows, Traits<D>::kTileTokens, Traits<D>::kStages, Traits<D>::kThreads,  \
+                        Traits<D>::kSmemBytes, Traits<D>::kMinCtasPerSm, 0};                                 \
+    return FA_OK;
+  switch (decode_width(head_dim)) { FA_DECODE_WIDTHS(FA_DECODE_POLICY) }
+#undef FA_DECODE_POLICY
+  return FA_ERR_UNSUPPORTED;
+}
+
 } // namespace decode
 } // namespace fa
 

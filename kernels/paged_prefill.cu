@@ -29,6 +29,7 @@
 // k_scale into the score scale (and ScoreMod's), v_scale into the normalised output (split partials too).
 #include "fa/abi.h"
 #include "fa/attention_state.cuh"
+#include "fa/head_dim.cuh"
 #include "fa/fp8_tile.cuh"
 #include "fa/intrinsics.cuh"
 #include "fa/mma_tile.cuh"
@@ -60,7 +61,7 @@ using prefill::gemm_qk;
 // registers the paged state needs (the page looked up a tile ahead, the ring and row tables, the split
 // range): with dense prefill's Bc these kernels spill 4-16 registers (ptxas, sm_80). D = 96 keeps Bc = 32
 // but one m16 tile per warp (Br = 64): its 128 x 32 tile spills 8 bytes on sm_90a, and 16-key tiles do not
-// split evenly over the threads at 12 chunks per row. src/paged_prefill.rs (`block_rows`) mirrors Br.
+// split evenly over the threads at 12 chunks per row. The Rust side reads Br through fa_tile_policy.
 template <int kHeadDim> struct TileConfig;
 template <> struct TileConfig<64> : prefill::TileShape<64, 2, 32, 3> {};
 template <> struct TileConfig<96> : prefill::TileShape<96, 1, 32, 3> {};
@@ -395,7 +396,8 @@ FA_NAMESPACE_END
 
 // One kernel per (dtype, instantiated head-dim width, score mod, cache dtype); 4 warps, like dense prefill.
 #define FA_PAGED_PREFILL_KERNEL(name, T, D, kMod, kFp8)                                                      \
-  FA_KERNEL(name, fa::paged_prefill::TileConfig<D>::kThreads, 1, FaPagedPrefillParams,                       \
+  FA_KERNEL(name, fa::paged_prefill::TileConfig<D>::kThreads, fa::paged_prefill::TileConfig<D>::kMinCtasPerSm, \
+            FaPagedPrefillParams,                                                                            \
             (fa::paged_prefill::paged_prefill_kernel<T, D, kMod, kFp8>))
 #define FA_PAGED_PREFILL_16BIT_KERNELS(dt, T, D)                                                             \
   FA_PAGED_PREFILL_KERNEL(fa_paged_prefill_##dt##_d##D, T, D, false, false)                                  \
@@ -417,24 +419,23 @@ FA_NAMESPACE_END
 #else
 #define FA_PAGED_PREFILL_KERNELS(dt, T, D) FA_PAGED_PREFILL_16BIT_KERNELS(dt, T, D)
 #endif
-FA_PAGED_PREFILL_KERNELS(f16, fa::half_t, 64)
-FA_PAGED_PREFILL_KERNELS(f16, fa::half_t, 96)
-FA_PAGED_PREFILL_KERNELS(f16, fa::half_t, 128)
-FA_PAGED_PREFILL_KERNELS(f16, fa::half_t, 256)
-FA_PAGED_PREFILL_KERNELS(bf16, fa::bf16_t, 64)
-FA_PAGED_PREFILL_KERNELS(bf16, fa::bf16_t, 96)
-FA_PAGED_PREFILL_KERNELS(bf16, fa::bf16_t, 128)
-FA_PAGED_PREFILL_KERNELS(bf16, fa::bf16_t, 256)
+#define FA_PAGED_PREFILL_WIDTH_KERNELS(D)                                                                    \
+  FA_PAGED_PREFILL_KERNELS(f16, fa::half_t, D) FA_PAGED_PREFILL_KERNELS(bf16, fa::bf16_t, D)
+FA_PAGED_PREFILL_WIDTHS(FA_PAGED_PREFILL_WIDTH_KERNELS)
+#undef FA_PAGED_PREFILL_WIDTH_KERNELS
 
 #if defined(FA_HOST_BUILD)
+#include "fa/tile_policy.h"
+
 namespace fa {
 namespace paged_prefill {
 namespace {
 
-// The instantiated widths, smallest first: head_dim runs at the first one >= it. No 32: head dim 32 (no
-// mainstream LLM's) runs at 64, twice its MMAs but the same memory traffic, and its kernels would cost a
-// quarter of this op's nvcc time (docs/build.md; src/paged_prefill.rs mirrors the list).
-constexpr int kWidths[] = {64, 96, 128, 256};
+// Softcap, ALiBi or any left window bound need the _mod kernels (a bound that excludes nothing only costs the
+// variant kernel's extra compare; the host does not know the sequence lengths to rule it out).
+bool needs_variant_kernel(const FaPagedPrefillParams &p) {
+  return needs_score_mod(p.score_mod) || p.score_mod.window_left >= 0;
+}
 
 template <int kHeadDim, bool kFp8>
 int launch_paged_prefill(void (*kernel)(FaPagedPrefillParams), const char *name, const FaPagedPrefillParams &p,
@@ -448,44 +449,35 @@ int launch_paged_prefill(void (*kernel)(FaPagedPrefillParams), const char *name,
                 Smem<kHeadDim, kFp8>::kBytes, exec, p);
 }
 
-#define FA_PAGED_PREFILL_CASE(D, kernel)                                                                     \
+// One case per instantiated width (FA_PAGED_PREFILL_WIDTHS): the kernel of the call's dtype, cache format and
+// variant (the FP8 kernel serves every variant, see its instantiation).
+#define FA_PAGED_PREFILL_DTYPE_CASE(dt, D)                                                                   \
+  if (fp8)                                                                                                   \
+    return launch_paged_prefill<D, true>(FA_KERNEL_REF(fa_paged_prefill_##dt##_d##D##_fp8_mod), p, exec);     \
+  return mod ? launch_paged_prefill<D, false>(FA_KERNEL_REF(fa_paged_prefill_##dt##_d##D##_mod), p, exec)      \
+             : launch_paged_prefill<D, false>(FA_KERNEL_REF(fa_paged_prefill_##dt##_d##D), p, exec);
+#define FA_PAGED_PREFILL_CASE(D)                                                                             \
   case D:                                                                                                    \
-    if (fp8) /* the FP8 kernel serves every variant (see its instantiation) */                               \
-      return launch_paged_prefill<D, true>(kernel##_fp8_mod, #kernel "_fp8_mod", p, exec);                   \
-    return mod ? launch_paged_prefill<D, false>(kernel##_mod, #kernel "_mod", p, exec)                       \
-               : launch_paged_prefill<D, false>(kernel, #kernel, p, exec)
+    if (p.dtype == FA_DTYPE_F16) {                                                                           \
+      FA_PAGED_PREFILL_DTYPE_CASE(f16, D)                                                                    \
+    }                                                                                                        \
+    FA_PAGED_PREFILL_DTYPE_CASE(bf16, D)
 int dispatch(const FaPagedPrefillParams &p, FaExec *exec) {
-  // Softcap, ALiBi or any left window bound need the _mod kernels (a bound that excludes nothing only costs
-  // the variant kernel's extra compare; the host does not know the sequence lengths to rule it out).
-  const bool mod = needs_score_mod(p.score_mod) || p.score_mod.window_left >= 0;
+  if (!head_dim_supported(p.head_dim)) return FA_ERR_UNSUPPORTED;
+  if (p.dtype != FA_DTYPE_F16 && p.dtype != FA_DTYPE_BF16) return FA_ERR_UNSUPPORTED;
+  const bool mod = needs_variant_kernel(p);
   const bool fp8 = p.cache.kv_dtype != FA_KV_SAME;
-  int width = 0;
-  for (int w : kWidths)
-    if (width == 0 && p.head_dim <= w) width = w;
-  if (p.dtype == FA_DTYPE_F16) {
-    switch (width) {
-      FA_PAGED_PREFILL_CASE(64, fa_paged_prefill_f16_d64);
-      FA_PAGED_PREFILL_CASE(96, fa_paged_prefill_f16_d96);
-      FA_PAGED_PREFILL_CASE(128, fa_paged_prefill_f16_d128);
-      FA_PAGED_PREFILL_CASE(256, fa_paged_prefill_f16_d256);
-    }
-  } else if (p.dtype == FA_DTYPE_BF16) {
-    switch (width) {
-      FA_PAGED_PREFILL_CASE(64, fa_paged_prefill_bf16_d64);
-      FA_PAGED_PREFILL_CASE(96, fa_paged_prefill_bf16_d96);
-      FA_PAGED_PREFILL_CASE(128, fa_paged_prefill_bf16_d128);
-      FA_PAGED_PREFILL_CASE(256, fa_paged_prefill_bf16_d256);
-    }
-  }
+  switch (paged_prefill_width(p.head_dim)) { FA_PAGED_PREFILL_WIDTHS(FA_PAGED_PREFILL_CASE) }
   return FA_ERR_UNSUPPORTED;
 }
+#undef FA_PAGED_PREFILL_DTYPE_CASE
 #undef FA_PAGED_PREFILL_CASE
 
 // Preconditions the Rust layer checks; re-checked here because they guard memory safety.
 inline bool valid_params(const FaPagedPrefillParams &p) {
   const FaPagedCache &c = p.cache;
   if (p.batch < 0 || p.heads_kv <= 0 || p.heads_q <= 0 || p.heads_q % p.heads_kv != 0) return false;
-  if (p.head_dim < 8 || p.head_dim > 256 || p.head_dim % 8 != 0) return false;
+  if (!head_dim_supported(p.head_dim)) return false;
   if (!valid_paged_cache_for_read(c, p.head_dim, p.batch)) return false;
   if (p.total_q < 0 || p.max_seqlen_q < 0 || p.num_splits < 1) return false;
   if (!(p.scale_log2 > 0.0f)) return false; // the row max is taken on raw scores
@@ -495,7 +487,7 @@ inline bool valid_params(const FaPagedPrefillParams &p) {
   if ((int64_t)c.max_pages_per_seq * c.page_size > (1 << 30)) return false;
   // Memory safety: every pointer the kernel dereferences (lse is optional).
   if (p.batch > 0 && (p.q == nullptr || p.o == nullptr || p.cu_seqlens_q == nullptr)) return false;
-  if (p.num_splits > 1 && (p.split_tokens <= 0 || p.split_tokens % 64 != 0 || p.partial_o == nullptr ||
+  if (p.num_splits > 1 && (p.split_tokens <= 0 || p.split_tokens % FA_SPLIT_GRANULE != 0 || p.partial_o == nullptr ||
                            p.partial_lse == nullptr))
     return false;
   // 16-byte cp.async / stores of every row: aligned bases and element strides (multiples of 8 16-bit elements).
@@ -512,6 +504,28 @@ inline bool valid_params(const FaPagedPrefillParams &p) {
 }
 
 } // namespace
+
+// The kernel dispatch() runs for a head dim, variant and cache format, and its launch shape (abi.h,
+// fa_tile_policy).
+int tile_policy(int head_dim, bool fp8, FaTilePolicy *out) {
+  if (!head_dim_supported(head_dim)) return FA_ERR_UNSUPPORTED;
+#define FA_PAGED_PREFILL_POLICY(D)                                                                           \
+  case D:                                                                                                    \
+    static_assert(FA_SPLIT_GRANULE % TileConfig<D>::kBc == 0, "a split is whole KV tiles");                 \
+    *out = FaTilePolicy{D,                                                                                   \
+                        TileConfig<D>::kBr,                                                                  \
+                        TileConfig<D>::kBc,                                                                  \
+                        TileConfig<D>::kStages,                                                              \
+                        TileConfig<D>::kThreads,                                                             \
+                        fp8 ? Smem<D, true>::kBytes : Smem<D, false>::kBytes,                                \
+                        TileConfig<D>::kMinCtasPerSm,                                                        \
+                        TileConfig<D>::kLean};                                                               \
+    return FA_OK;
+  switch (paged_prefill_width(head_dim)) { FA_PAGED_PREFILL_WIDTHS(FA_PAGED_PREFILL_POLICY) }
+#undef FA_PAGED_PREFILL_POLICY
+  return FA_ERR_UNSUPPORTED;
+}
+
 } // namespace paged_prefill
 } // namespace fa
 

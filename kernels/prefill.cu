@@ -324,26 +324,19 @@ FA_NAMESPACE_END
 // per SM at 255 registers (tile_config.cuh).
 // The _mod kernels apply softcap and ALiBi to every score (fa/score_mod.cuh says why that is a template).
 #define FA_PREFILL_KERNEL(name, T, D, kMod)                                                                  \
-  FA_KERNEL(name, (fa::prefill::KernelTile<D, kMod>::kThreads), 1, FaPrefillParams, (fa::prefill::prefill_kernel<T, D, kMod>))
-#define FA_PREFILL_KERNELS(dt, T, D)                                                                         \
-  FA_PREFILL_KERNEL(fa_prefill_##dt##_d##D, T, D, false)                                                     \
-  FA_PREFILL_KERNEL(fa_prefill_##dt##_d##D##_mod, T, D, true)
-FA_PREFILL_KERNELS(f16, fa::half_t, 32)
-FA_PREFILL_KERNELS(f16, fa::half_t, 64)
-FA_PREFILL_KERNELS(f16, fa::half_t, 96)
-FA_PREFILL_KERNELS(f16, fa::half_t, 128)
-FA_PREFILL_KERNELS(f16, fa::half_t, 160)
-FA_PREFILL_KERNELS(f16, fa::half_t, 192)
-FA_PREFILL_KERNELS(f16, fa::half_t, 256)
-FA_PREFILL_KERNELS(bf16, fa::bf16_t, 32)
-FA_PREFILL_KERNELS(bf16, fa::bf16_t, 64)
-FA_PREFILL_KERNELS(bf16, fa::bf16_t, 96)
-FA_PREFILL_KERNELS(bf16, fa::bf16_t, 128)
-FA_PREFILL_KERNELS(bf16, fa::bf16_t, 160)
-FA_PREFILL_KERNELS(bf16, fa::bf16_t, 192)
-FA_PREFILL_KERNELS(bf16, fa::bf16_t, 256)
+  FA_KERNEL(name, (fa::prefill::KernelTile<D, kMod>::kThreads), (fa::prefill::KernelTile<D, kMod>::kMinCtasPerSm), \
+            FaPrefillParams, (fa::prefill::prefill_kernel<T, D, kMod>))
+#define FA_PREFILL_KERNELS(D)                                                                                \
+  FA_PREFILL_KERNEL(fa_prefill_f16_d##D, fa::half_t, D, false)                                                \
+  FA_PREFILL_KERNEL(fa_prefill_f16_d##D##_mod, fa::half_t, D, true)                                           \
+  FA_PREFILL_KERNEL(fa_prefill_bf16_d##D, fa::bf16_t, D, false)                                               \
+  FA_PREFILL_KERNEL(fa_prefill_bf16_d##D##_mod, fa::bf16_t, D, true)
+FA_PREFILL_WIDTHS(FA_PREFILL_KERNELS)
+#undef FA_PREFILL_KERNELS
 
 #if defined(FA_HOST_BUILD)
+#include "fa/tile_policy.h"
+
 namespace fa {
 namespace prefill {
 namespace {
@@ -367,34 +360,19 @@ bool needs_variant_kernel(const FaPrefillParams &p) {
   return needs_score_mod(p.score_mod) || (p.score_mod.window_left >= 0 && p.score_mod.window_left < span);
 }
 
-#define FA_PREFILL_CASE(D, kernel)                                                                           \
+// One case per instantiated width (FA_PREFILL_WIDTHS): the plain or _mod kernel of the call's dtype.
+#define FA_PREFILL_CASE(D)                                                                                   \
   case D:                                                                                                    \
-    return mod ? launch_prefill<D, true>(kernel##_mod, #kernel "_mod", p, exec)                                \
-               : launch_prefill<D, false>(kernel, #kernel, p, exec)
+    if (p.dtype == FA_DTYPE_F16)                                                                             \
+      return mod ? launch_prefill<D, true>(FA_KERNEL_REF(fa_prefill_f16_d##D##_mod), p, exec)                  \
+                 : launch_prefill<D, false>(FA_KERNEL_REF(fa_prefill_f16_d##D), p, exec);                      \
+    return mod ? launch_prefill<D, true>(FA_KERNEL_REF(fa_prefill_bf16_d##D##_mod), p, exec)                   \
+               : launch_prefill<D, false>(FA_KERNEL_REF(fa_prefill_bf16_d##D), p, exec);
 int dispatch(const FaPrefillParams &p, FaExec *exec) {
   if (!head_dim_supported(p.head_dim)) return FA_ERR_UNSUPPORTED;
+  if (p.dtype != FA_DTYPE_F16 && p.dtype != FA_DTYPE_BF16) return FA_ERR_UNSUPPORTED;
   const bool mod = needs_variant_kernel(p);
-  if (p.dtype == FA_DTYPE_F16) {
-    switch (prefill_width(p.head_dim)) {
-      FA_PREFILL_CASE(32, fa_prefill_f16_d32);
-      FA_PREFILL_CASE(64, fa_prefill_f16_d64);
-      FA_PREFILL_CASE(96, fa_prefill_f16_d96);
-      FA_PREFILL_CASE(128, fa_prefill_f16_d128);
-      FA_PREFILL_CASE(160, fa_prefill_f16_d160);
-      FA_PREFILL_CASE(192, fa_prefill_f16_d192);
-      FA_PREFILL_CASE(256, fa_prefill_f16_d256);
-    }
-  } else if (p.dtype == FA_DTYPE_BF16) {
-    switch (prefill_width(p.head_dim)) {
-      FA_PREFILL_CASE(32, fa_prefill_bf16_d32);
-      FA_PREFILL_CASE(64, fa_prefill_bf16_d64);
-      FA_PREFILL_CASE(96, fa_prefill_bf16_d96);
-      FA_PREFILL_CASE(128, fa_prefill_bf16_d128);
-      FA_PREFILL_CASE(160, fa_prefill_bf16_d160);
-      FA_PREFILL_CASE(192, fa_prefill_bf16_d192);
-      FA_PREFILL_CASE(256, fa_prefill_bf16_d256);
-    }
-  }
+  switch (prefill_width(p.head_dim)) { FA_PREFILL_WIDTHS(FA_PREFILL_CASE) }
   return FA_ERR_UNSUPPORTED;
 }
 #undef FA_PREFILL_CASE
@@ -404,6 +382,25 @@ bool aligned16(const void *ptr) { return ((uintptr_t)ptr & 15u) == 0; }
 bool stride_aligned16(int64_t elements) { return elements % 8 == 0; }
 
 } // namespace
+
+template <int kHeadDim, bool kVariant> FaTilePolicy policy_of() {
+  using Cfg = KernelTile<kHeadDim, kVariant>;
+  return FaTilePolicy{kHeadDim,       Cfg::kBr,        Cfg::kBc,          Cfg::kStages,
+                      Cfg::kThreads,  Cfg::kSmemBytes, Cfg::kMinCtasPerSm, Cfg::kLean};
+}
+
+// The kernel dispatch() runs for a head dim, plain or _mod, and its launch shape (abi.h, fa_tile_policy).
+int tile_policy(int head_dim, bool variant, FaTilePolicy *out) {
+  if (!head_dim_supported(head_dim)) return FA_ERR_UNSUPPORTED;
+#define FA_PREFILL_POLICY(D)                                                                                 \
+  case D:                                                                                                    \
+    *out = variant ? policy_of<D, true>() : policy_of<D, false>();                                           \
+    return FA_OK;
+  switch (prefill_width(head_dim)) { FA_PREFILL_WIDTHS(FA_PREFILL_POLICY) }
+#undef FA_PREFILL_POLICY
+  return FA_ERR_UNSUPPORTED;
+}
+
 } // namespace prefill
 } // namespace fa
 

@@ -139,19 +139,18 @@ FA_NAMESPACE_END
 
 // fa_prefill_sm90_<dtype>_d<D>[_bc<Bc>]: the suffix names the wider of two tiles of one head dim.
 #define FA_PREFILL_SM90_KERNEL(name, T, D, BC)                                                              \
-  FA_KERNEL_SM90(name, (fa::hopper::PrefillTraits<D, BC>::kThreads), 1, FaPrefillSm90Params,                 \
-                 (fa::hopper::prefill_sm90_kernel<T, D, BC>))
-FA_PREFILL_SM90_KERNEL(fa_prefill_sm90_f16_d64, fa::half_t, 64, 128)
-FA_PREFILL_SM90_KERNEL(fa_prefill_sm90_f16_d128, fa::half_t, 128, 128)
-FA_PREFILL_SM90_KERNEL(fa_prefill_sm90_f16_d128_bc176, fa::half_t, 128, 176)
-FA_PREFILL_SM90_KERNEL(fa_prefill_sm90_f16_d256, fa::half_t, 256, 64)
-FA_PREFILL_SM90_KERNEL(fa_prefill_sm90_bf16_d64, fa::bf16_t, 64, 128)
-FA_PREFILL_SM90_KERNEL(fa_prefill_sm90_bf16_d128, fa::bf16_t, 128, 128)
-FA_PREFILL_SM90_KERNEL(fa_prefill_sm90_bf16_d128_bc176, fa::bf16_t, 128, 176)
-FA_PREFILL_SM90_KERNEL(fa_prefill_sm90_bf16_d256, fa::bf16_t, 256, 64)
+  FA_KERNEL_SM90(name, (fa::hopper::PrefillTraits<D, BC>::kThreads), (fa::hopper::PrefillTraits<D, BC>::kMinCtasPerSm), \
+                 FaPrefillSm90Params, (fa::hopper::prefill_sm90_kernel<T, D, BC>))
+#define FA_PREFILL_SM90_TILE_KERNELS(D, BC, SUFFIX)                                                          \
+  FA_PREFILL_SM90_KERNEL(fa_prefill_sm90_f16_d##D##SUFFIX, fa::half_t, D, BC)                                \
+  FA_PREFILL_SM90_KERNEL(fa_prefill_sm90_bf16_d##D##SUFFIX, fa::bf16_t, D, BC)
+FA_PREFILL_SM90_TILES(FA_PREFILL_SM90_TILE_KERNELS)
+#undef FA_PREFILL_SM90_TILE_KERNELS
 #undef FA_PREFILL_SM90_KERNEL
 
 #if defined(FA_HOST_BUILD)
+#include "fa/tile_policy.h"
+
 namespace fa {
 namespace hopper {
 namespace {
@@ -170,29 +169,38 @@ int launch_prefill_sm90(void (*kernel)(FaPrefillSm90Params), const char *name, c
   return launch(name, kernel, Dim3{ctas, 1, 1}, Tr::kThreads, Tr::kSmemBytes, exec, p);
 }
 
-// By head dim and the maps' Bc (a tile the kernels do not have is FA_ERR_INVALID).
-#define FA_PREFILL_SM90_CASE(D, BC, kernel)                                                                  \
-  if (p.base.head_dim == D && p.block_n == BC) return launch_prefill_sm90<D, BC>(kernel, #kernel, p, exec)
+// By head dim and the maps' Bc (a tile the kernels do not have is FA_ERR_INVALID), one case per instantiated
+// tile (FA_PREFILL_SM90_TILES).
+#define FA_PREFILL_SM90_CASE(D, BC, SUFFIX)                                                                  \
+  if (p.base.head_dim == D && p.block_n == BC)                                                               \
+    return p.base.dtype == FA_DTYPE_F16                                                                      \
+               ? launch_prefill_sm90<D, BC>(FA_KERNEL_REF(fa_prefill_sm90_f16_d##D##SUFFIX), p, exec)          \
+               : launch_prefill_sm90<D, BC>(FA_KERNEL_REF(fa_prefill_sm90_bf16_d##D##SUFFIX), p, exec);
 int dispatch_sm90(const FaPrefillSm90Params &p, FaExec *exec) {
-  if (p.base.head_dim != 64 && p.base.head_dim != 128 && p.base.head_dim != 256) return FA_ERR_UNSUPPORTED;
-  if (p.base.dtype == FA_DTYPE_F16) {
-    FA_PREFILL_SM90_CASE(64, 128, fa_prefill_sm90_f16_d64);
-    FA_PREFILL_SM90_CASE(128, 128, fa_prefill_sm90_f16_d128);
-    FA_PREFILL_SM90_CASE(128, 176, fa_prefill_sm90_f16_d128_bc176);
-    FA_PREFILL_SM90_CASE(256, 64, fa_prefill_sm90_f16_d256);
-  } else if (p.base.dtype == FA_DTYPE_BF16) {
-    FA_PREFILL_SM90_CASE(64, 128, fa_prefill_sm90_bf16_d64);
-    FA_PREFILL_SM90_CASE(128, 128, fa_prefill_sm90_bf16_d128);
-    FA_PREFILL_SM90_CASE(128, 176, fa_prefill_sm90_bf16_d128_bc176);
-    FA_PREFILL_SM90_CASE(256, 64, fa_prefill_sm90_bf16_d256);
-  } else {
-    return FA_ERR_UNSUPPORTED;
-  }
+  if (prefill_sm90_block_n(p.base.head_dim, true) == 0) return FA_ERR_UNSUPPORTED;
+  if (p.base.dtype != FA_DTYPE_F16 && p.base.dtype != FA_DTYPE_BF16) return FA_ERR_UNSUPPORTED;
+  FA_PREFILL_SM90_TILES(FA_PREFILL_SM90_CASE)
   return FA_ERR_INVALID; // maps made for a tile no kernel has
 }
 #undef FA_PREFILL_SM90_CASE
 
 } // namespace
+
+// The tile a call of this head dim (masked: causal or windowed) runs, and its launch shape (abi.h,
+// fa_tile_policy); the Rust side makes the tensor maps for it.
+int tile_policy(int head_dim, bool masked, FaTilePolicy *out) {
+  const int block_n = prefill_sm90_block_n(head_dim, masked);
+#define FA_PREFILL_SM90_POLICY(D, BC, SUFFIX)                                                                \
+  if (head_dim == D && block_n == BC) {                                                                      \
+    using Tr = PrefillTraits<D, BC>;                                                                         \
+    *out = FaTilePolicy{D, Tr::kBr, Tr::kBc, Tr::kStages, Tr::kThreads, Tr::kSmemBytes, Tr::kMinCtasPerSm, 0};  \
+    return FA_OK;                                                                                            \
+  }
+  FA_PREFILL_SM90_TILES(FA_PREFILL_SM90_POLICY)
+#undef FA_PREFILL_SM90_POLICY
+  return FA_ERR_UNSUPPORTED;
+}
+
 } // namespace hopper
 } // namespace fa
 

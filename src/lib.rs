@@ -55,6 +55,7 @@ pub mod runtime;
 pub mod schedule;
 pub mod score_mod;
 pub mod tensor;
+pub mod tile;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 

@@ -9,7 +9,7 @@
 //! Decode is the case `q_len = 1` (kept as its own kernel, [`crate::decode()`]).
 //!
 //! Efficiency model. A CTA serves one sequence, one KV head and `Br` packed (token, query head) rows of
-//! it (the dense prefill tile), so a chunk with `q_len · G <= Br` (G = Hq / Hkv; Br = [`block_rows`]: 128,
+//! it (the dense prefill tile), so a chunk with `q_len · G <= Br` (G = Hq / Hkv; Br = [`PagedPrefillProblem::tile`]'s `block_m`: 128,
 //! or 64 at widths 96 and 256) reads each K/V tile once per KV head, and a long chunk runs the dense prefill tiling.
 //! When the grid would leave SMs idle (few rows, long context) [`PagedPrefillPlan`] splits the key range;
 //! the fp32 partials are merged on the same stream (sinks enter there, once).
@@ -31,12 +31,8 @@ use crate::plan::{MAX_GRID_YZ, SPLIT_GRANULE};
 use crate::prefill::{check_cu_seqlens, host_values, MAX_PREFILL_SEQLEN};
 use crate::score_mod::ScoreMod;
 use crate::sys;
+use crate::tile::{tile_policy, KernelOp, TilePolicy};
 use crate::tensor::{TensorView, TensorViewMut};
-
-/// The head-dim widths the kernel is instantiated for; a head dim (a multiple of 8 in 32..=256) runs at the
-/// smallest width at least as large, its extra columns zero-filled and never stored. No 32 (unlike dense
-/// prefill): head dim 32 runs at 64 (kernels/paged_prefill.cu, `kWidths`, says why).
-pub const PAGED_PREFILL_WIDTHS: [usize; 4] = [64, 96, 128, 256];
 
 /// Splits are planned only when each keeps at least this many keys (a split's fixed cost: its pipeline fill,
 /// its fp32 partial rows written and merged).
@@ -79,16 +75,6 @@ pub struct PagedPrefillProblem {
     pub max_seq_len: usize,
 }
 
-/// Packed rows per CTA (Br) of the paged prefill kernel at instantiated width `width`: mirrors
-/// `TileConfig<W>::kBr` in kernels/paged_prefill.cu (64 at D = 96, whose 128-row tile spills on sm_90a, and
-/// at D = 256; 128 otherwise).
-pub fn block_rows(width: usize) -> usize {
-    match width {
-        96 | 256 => 64,
-        _ => 128,
-    }
-}
-
 impl PagedPrefillProblem {
     /// Query heads per KV head.
     pub fn group(&self) -> usize {
@@ -96,7 +82,16 @@ impl PagedPrefillProblem {
     }
     /// The instantiated width this head dim runs at.
     pub fn width(&self) -> Option<usize> {
-        PAGED_PREFILL_WIDTHS.iter().copied().find(|&w| self.head_dim <= w)
+        self.tile().map(|t| t.width)
+    }
+    /// The kernel's tile (the launcher's [`tile_policy`]): `block_m` packed rows per CTA (Br), 128, or 64
+    /// at widths 96 (whose 128-row tile spills on sm_90a) and 256. The same for every variant and cache
+    /// format.
+    pub fn tile(&self) -> Option<TilePolicy> {
+        tile_policy(KernelOp::PagedPrefill, self.head_dim, false, None)
+    }
+    fn block_rows(&self) -> usize {
+        self.tile().map_or(128, |t| t.block_m)
     }
     /// The problem a CTA's key range leaves under a sliding window: a CTA's rows are at most
     /// `min(max_seqlen_q, ⌈Br / G⌉ + 1)` consecutive tokens, and each sees `left + right + 1` keys around
@@ -107,14 +102,14 @@ impl PagedPrefillProblem {
         let Some((left, right)) = window else { return self };
         let right = if causal { Some(0) } else { usize::try_from(right).ok() };
         let (Ok(left), Some(right)) = (usize::try_from(left), right) else { return self };
-        let br = self.width().map_or(128, block_rows);
+        let br = self.block_rows();
         let tokens = self.max_seqlen_q.min(br.div_ceil(self.group().max(1)) + 1);
         let span = tokens.saturating_add(left).saturating_add(right);
         Self { max_seq_len: self.max_seq_len.min(span), ..self }
     }
     /// CTAs per split: row blocks of `Br` packed rows x KV heads x sequences.
     pub fn ctas_per_split(&self) -> usize {
-        let br = self.width().map_or(128, block_rows);
+        let br = self.block_rows();
         (self.max_seqlen_q * self.group()).div_ceil(br) * self.heads_kv * self.batch
     }
 }
@@ -139,8 +134,8 @@ impl PagedPrefillPlan {
     /// kernel runs one CTA per SM at D = 128) or the context is short; else as many splits as it takes to
     /// cover the SMs, each at least [`MIN_SPLIT_KEYS`] keys, at most [`MAX_PLANNED_SPLITS`].
     pub fn new(problem: &PagedPrefillProblem, sm_count: usize, forced: Option<usize>) -> Result<Self> {
-        let width = problem.width().ok_or_else(|| {
-            Error::unsupported("q", format!("head dim {} (paged prefill supports 32..=256)", problem.head_dim))
+        problem.tile().ok_or_else(|| {
+            Error::unsupported("q", format!("head dim {} (paged prefill supports {})", problem.head_dim, crate::head_dim::describe()))
         })?;
         let ctas = problem.ctas_per_split();
         let keys = problem.max_seq_len.max(1);
@@ -156,7 +151,7 @@ impl PagedPrefillPlan {
             let split_tokens = keys.div_ceil(wanted).next_multiple_of(SPLIT_GRANULE);
             (keys.div_ceil(split_tokens).max(1), split_tokens)
         };
-        let row_blocks = (problem.max_seqlen_q * problem.group()).div_ceil(block_rows(width));
+        let row_blocks = (problem.max_seqlen_q * problem.group()).div_ceil(problem.block_rows());
         let rows = if num_splits > 1 { problem.total_q * problem.heads_q } else { 0 };
         let checked =
             |a: usize, b: usize| a.checked_mul(b).ok_or_else(|| Error::overflow("workspace", "size overflows"));

@@ -10,10 +10,10 @@
 
 use crate::error::{Error, Result};
 
-/// `split_tokens` must be a multiple of this (kSplitGranule in traits.cuh: every head dim's KV tile divides it).
-pub const SPLIT_GRANULE: usize = 64;
+/// `split_tokens` must be a multiple of this (abi.h's `FA_SPLIT_GRANULE`: every head dim's KV tile divides it).
+pub const SPLIT_GRANULE: usize = crate::sys::FA_SPLIT_GRANULE as usize;
 /// Query heads of one KV head served by one CTA: the M = 16 rows of the tensor-core tile.
-pub const ROWS_PER_CTA: usize = 16;
+pub const ROWS_PER_CTA: usize = crate::sys::FA_DECODE_ROWS as usize;
 /// The planner never splits below this many tokens per split: a split's fixed cost (pipeline fill, the
 /// epilogue, 16 x D fp32 of partials written and merged) must stay small against its K/V traffic
 /// (256 tokens x D = 128 x 2 x 2 bytes = 128 KiB per KV head).

@@ -27,6 +27,7 @@ use std::collections::BinaryHeap;
 
 use crate::error::{Error, Result};
 use crate::plan::{DecodeProblem, MIN_SPLIT_TOKENS, ROWS_PER_CTA, SPLIT_GRANULE};
+use crate::tile::{tile_policy, KernelOp};
 use crate::sys;
 
 /// A unit's fixed cost in tokens streamed: its pipeline fill (three tiles' latency before the first math),
@@ -63,29 +64,12 @@ impl SplitPolicy {
     }
 }
 
-/// Shared memory one decode CTA needs at kernel width `width` (64, 128, 256): `Traits<D>::kSmemBytes` of
-/// kernels/include/fa/decode/traits.cuh (Q, 4 stages of 16 KiB of K/V, the row-offset ring, the token
-/// groups' (m, l), the hole words).
-pub fn decode_smem_bytes(width: usize) -> usize {
-    let tile_tokens = 16
-        * (match width {
-            64 => 4,
-            128 => 2,
-            _ => 1,
-        });
-    let token_groups = tile_tokens / 16;
-    16 * width * 2
-        + 4 * 2 * tile_tokens * width * 2
-        + 2 * tile_tokens * 16
-        + token_groups * 16 * 2 * 4
-        + 5 * tile_tokens.div_ceil(32) * 4
-}
-
 /// Resident decode CTAs per SM on compute capability `(major, minor)`: the shared memory an SM can give
-/// blocks (228 KiB on sm_90, 164 KiB on sm_80/87, 100 KiB on sm_86/89) over the CTA's need plus the 1 KiB
-/// the hardware reserves per block. Registers never bind first: the launch bounds (128 threads, 3 blocks)
-/// keep a thread at 168 or fewer, which fits three CTAs in any SM's 64 K registers. So: 3 on sm_90, 2 on
-/// sm_80, 1 on sm_86/89 (the uniform planner assumes 2 everywhere).
+/// blocks (228 KiB on sm_90, 164 KiB on sm_80/87, 100 KiB on sm_86/89) over the CTA's need (the
+/// launcher's [`tile_policy`]: Q, 4 stages of 16 KiB of K/V, the row-offset ring, the token groups' (m, l),
+/// the hole words) plus the 1 KiB the hardware reserves per block, at most what the launch bounds are built
+/// for (3: 168 registers a thread, which fits three CTAs in any SM's 64 K registers, so registers never bind
+/// first). So: 3 on sm_90, 2 on sm_80, 1 on sm_86/89 (the uniform planner assumes 2 everywhere).
 pub fn decode_ctas_per_sm(compute_capability: (u32, u32), head_dim: usize) -> usize {
     let smem_per_sm = match compute_capability {
         (9, _) => 228 * 1024,
@@ -93,8 +77,11 @@ pub fn decode_ctas_per_sm(compute_capability: (u32, u32), head_dim: usize) -> us
         (8, _) => 100 * 1024,
         _ => 100 * 1024,
     };
-    let width = crate::head_dim::decode_width(head_dim).unwrap_or(256);
-    (smem_per_sm / (decode_smem_bytes(width) + 1024)).clamp(1, 3)
+    // The widest kernel's need for an unsupported head dim (the call fails later, with its own error).
+    let tile = tile_policy(KernelOp::Decode, head_dim, false, None)
+        .or_else(|| tile_policy(KernelOp::Decode, crate::head_dim::MAX_HEAD_DIM, false, None))
+        .expect("decode has a kernel for the widest head dim");
+    (smem_per_sm / (tile.smem_bytes + 1024)).clamp(1, tile.min_ctas_per_sm)
 }
 
 /// One decode launch's schedule: which units each CTA runs, which sequences are merged, and what each CTA
@@ -473,7 +460,7 @@ mod tests {
 
     #[test]
     fn occupancy_per_arch() {
-        assert_eq!(decode_smem_bytes(128), 70_932);
+        assert_eq!(tile_policy(KernelOp::Decode, 128, false, None).unwrap().smem_bytes, 70_932);
         assert_eq!(decode_ctas_per_sm((9, 0), 128), 3);
         assert_eq!(decode_ctas_per_sm((8, 0), 128), 2);
         assert_eq!(decode_ctas_per_sm((8, 9), 64), 1);

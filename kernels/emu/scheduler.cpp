@@ -548,6 +548,8 @@ int launch(const char *kernel_name, Dim3 grid, int block, int smem_bytes, FaEmuL
     run_grid(l);
     t_launch = nullptr;
     snprintf(l.counters.kernel, sizeof l.counters.kernel, "%s", name);
+    l.counters.block_threads = (uint64_t)block;
+    l.counters.smem_bytes = (uint64_t)smem_bytes;
     ctx->kernels[ctx->num_kernels++] = l.counters;
     return l.faulted ? FA_ERR_EMULATOR : FA_OK;
   } catch (const std::bad_alloc &) {

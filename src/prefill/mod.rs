@@ -10,9 +10,9 @@
 //! iff `j <= i + Tk - Tq`, per sequence), the score variants of [`ScoreMod`] (sliding window, softcap,
 //! ALiBi, sinks), rows that see no key give `o = 0`, `lse = -inf` (with a sink: the sink's logit).
 //!
-//! The host policy the kernel follows — tile shape per head dim, the grid, which KV tiles a query tile
-//! visits and which of them are masked — is here as pure functions ([`TileConfig`], [`kv_block_range`]),
-//! mirroring kernels/include/fa/prefill/{tile_config,block_range}.cuh, and unit-tested.
+//! The host policy the kernel follows — tile shape per head dim (the launcher's own, [`TileConfig`] from
+//! [`crate::tile::tile_policy`]), the grid, which KV tiles a query tile visits and which of them are
+//! masked ([`kv_block_range`], kernels/include/fa/prefill/block_range.cuh's rule) — is here, unit-tested.
 
 pub mod sm90;
 
@@ -29,6 +29,7 @@ pub use crate::mask::{kv_block_range, KvBlockRange, Window};
 use crate::plan::MAX_GRID_YZ;
 use crate::score_mod::{ScoreMod, VariantSet};
 use crate::sys;
+use crate::tile::{tile_policy, KernelOp};
 use crate::tensor::{Mem, TensorView, TensorViewMut};
 
 /// Head dims prefill accepts: every multiple of 8 from 32 to 256 ([`crate::head_dim`], which maps each to
@@ -74,6 +75,9 @@ pub struct TileConfig {
     /// The register-lean KV loop (d128's plain kernel): K/V bases and epilogue offsets parked in shared
     /// memory (48 bytes per warp), the softmax row sums too (16 bytes per thread).
     pub lean: bool,
+    /// Dynamic shared memory per CTA: the Q tile plus `stages` K and V tiles, 16-bit, `width` columns (and
+    /// the lean loop's parked values).
+    pub smem_bytes: usize,
 }
 
 impl TileConfig {
@@ -84,27 +88,22 @@ impl TileConfig {
     /// The config of the plain (`variant` false) or `_mod` kernel (softcap, ALiBi or a left window bound:
     /// [`uses_variant_kernel`]) for `head_dim`, or `None` if prefill does not support it.
     pub fn for_kernel(head_dim: usize, variant: bool) -> Option<Self> {
-        let width = crate::head_dim::prefill_width(head_dim)?;
-        let (m_tiles, block_n, stages, lean) = match width {
-            32 | 64 => (2, 64, 3, false),
-            96 => (2, 32, 3, false),
-            128 if variant => (2, 32, 3, false),
-            128 => (2, 64, 2, true),
-            160 | 192 => (1, 32, 3, false),
-            256 => (1, 32, 2, false),
-            _ => unreachable!("prefill_width gives only instantiated widths"),
-        };
-        let warps = 4;
-        Some(Self { head_dim, width, warps, m_tiles, block_m: 16 * m_tiles * warps, block_n, stages, lean })
+        let p = tile_policy(KernelOp::Prefill, head_dim, variant, None)?;
+        let m_tiles = p.block_m / (16 * p.warps());
+        Some(Self {
+            head_dim,
+            width: p.width,
+            warps: p.warps(),
+            m_tiles,
+            block_m: p.block_m,
+            block_n: p.block_n,
+            stages: p.stages,
+            lean: p.lean,
+            smem_bytes: p.smem_bytes,
+        })
     }
     pub fn threads(&self) -> usize {
         32 * self.warps
-    }
-    /// Dynamic shared memory per CTA: Q tile plus `stages` K and V tiles, 16-bit, `width` columns (and the
-    /// lean loop's parked values).
-    pub fn smem_bytes(&self) -> usize {
-        let parked = if self.lean { 48 * self.warps + 16 * self.threads() } else { 0 };
-        (self.block_m + 2 * self.stages * self.block_n) * self.width * 2 + parked
     }
     /// Launch grid `[query tiles, Hq, B]` for sequences of at most `max_seqlen_q` rows.
     pub fn grid(&self, max_seqlen_q: usize, heads_q: usize, batch: usize) -> [usize; 3] {
@@ -458,25 +457,25 @@ mod tests {
         for d in PREFILL_HEAD_DIMS {
             let c = TileConfig::for_head_dim(d).unwrap();
             assert_eq!(c.threads(), 128);
-            assert!(c.smem_bytes() <= 99 * 1024, "D={d}: {} bytes", c.smem_bytes());
+            assert!(c.smem_bytes <= 99 * 1024, "D={d}: {} bytes", c.smem_bytes);
             assert_eq!(c.block_m % 16, 0);
             assert_eq!(c.block_n % 16, 0);
         }
-        assert_eq!(TileConfig::for_head_dim(128).unwrap().smem_bytes(), 96 * 1024 + 4 * 48 + 128 * 16);
-        assert_eq!(TileConfig::for_kernel(128, true).unwrap().smem_bytes(), 80 * 1024);
+        assert_eq!(TileConfig::for_head_dim(128).unwrap().smem_bytes, 96 * 1024 + 4 * 48 + 128 * 16);
+        assert_eq!(TileConfig::for_kernel(128, true).unwrap().smem_bytes, 80 * 1024);
         assert_eq!(TileConfig::for_kernel(128, true).unwrap().block_n, 32);
         assert_eq!(TileConfig::for_head_dim(128).unwrap().block_n, 64);
         for d in PREFILL_HEAD_DIMS {
             let c = TileConfig::for_kernel(d, true).unwrap();
-            assert!(c.smem_bytes() <= 99 * 1024, "D={d} _mod: {} bytes", c.smem_bytes());
+            assert!(c.smem_bytes <= 99 * 1024, "D={d} _mod: {} bytes", c.smem_bytes);
             if d != 128 {
                 assert_eq!(c, TileConfig::for_head_dim(d).unwrap());
             }
         }
-        assert_eq!(TileConfig::for_head_dim(256).unwrap().smem_bytes(), 96 * 1024);
-        assert_eq!(TileConfig::for_head_dim(200).unwrap().smem_bytes(), 96 * 1024);
-        assert_eq!(TileConfig::for_head_dim(160).unwrap().smem_bytes(), 80 * 1024);
-        assert_eq!(TileConfig::for_head_dim(192).unwrap().smem_bytes(), 96 * 1024);
+        assert_eq!(TileConfig::for_head_dim(256).unwrap().smem_bytes, 96 * 1024);
+        assert_eq!(TileConfig::for_head_dim(200).unwrap().smem_bytes, 96 * 1024);
+        assert_eq!(TileConfig::for_head_dim(160).unwrap().smem_bytes, 80 * 1024);
+        assert_eq!(TileConfig::for_head_dim(192).unwrap().smem_bytes, 96 * 1024);
         assert_eq!(
             TileConfig::for_head_dim(80).unwrap(),
             TileConfig { head_dim: 80, ..TileConfig::for_head_dim(96).unwrap() }

@@ -1,5 +1,5 @@
 //! Which prefill kernel a call runs, and what the sm_90a kernel (kernels/prefill_sm90.cu) needs from the host:
-//! its tile shape ([`Sm90Tile`], mirroring kernels/include/fa/hopper/traits.cuh) and the TMA tensor maps of
+//! its tile shape ([`Sm90Tile`], the launcher's choice from kernels/include/fa/hopper/traits.cuh) and the TMA tensor maps of
 //! q, k and v, encoded for the backend that runs it (src/runtime/tensor_map.rs).
 //!
 //! [`PrefillKernel::Auto`] takes the sm_90a kernel on a GPU of compute capability 9.0 when it supports the
@@ -20,6 +20,7 @@ use crate::launch::Launch;
 use crate::score_mod::ScoreMod;
 use crate::sys;
 use crate::tensor_map::{TensorMapSpec, TmaSwizzle};
+use crate::tile::{tile_policy, KernelOp};
 
 /// The prefill kernel a call runs ([`super::PrefillOptions::kernel`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -63,7 +64,8 @@ pub const SM90_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 /// on this range only (kernels/include/fa/score_mod.cuh, `softcap_inline_division_ok`, which this mirrors).
 pub const SM90_SOFTCAP_RANGE: std::ops::RangeInclusive<f32> = f32::from_bits(63 << 23)..=f32::from_bits(191 << 23); // 2^-64..=2^64
 
-/// The sm_90a kernel's tile for one call (kernels/include/fa/hopper/traits.cuh, which says why).
+/// The sm_90a kernel's tile for one call: the launcher's choice ([`crate::tile::tile_policy`],
+/// kernels/include/fa/hopper/traits.cuh, which says why).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sm90Tile {
     /// Query rows per CTA: 64 per consumer warpgroup, two (D 128, 256) or three (D 64).
@@ -77,14 +79,8 @@ impl Sm90Tile {
     /// D 128 at 128 × 128 (FA3's choice; unmasked D 128 runs 128 × 176). `None` for a head dim the kernel
     /// does not have ([`SM90_HEAD_DIMS`]).
     pub fn for_call(head_dim: usize, masked: bool) -> Option<Self> {
-        let (block_m, block_n) = match head_dim {
-            64 => (192, 128),
-            128 if masked => (128, 128),
-            128 => (128, 176),
-            256 => (128, 64),
-            _ => return None,
-        };
-        Some(Self { block_m, block_n })
+        let p = tile_policy(KernelOp::PrefillSm90, head_dim, masked, None)?;
+        Some(Self { block_m: p.block_m, block_n: p.block_n })
     }
 }
 

@@ -34,6 +34,9 @@ pub struct KernelCounters {
     pub kernel: String,
     /// CTAs run.
     pub blocks: u64,
+    /// The launch's threads per CTA and dynamic shared memory (bytes): its geometry, as the launcher chose it.
+    pub block_threads: u64,
+    pub smem_bytes: u64,
     /// CTAs that stored any global byte: those that had work (a fixed-size grid's spare CTAs exit without
     /// storing). The balance counters below are over these.
     pub active_blocks: u64,
@@ -242,6 +245,8 @@ impl KernelCounters {
         Self {
             kernel,
             blocks: c.blocks,
+            block_threads: c.block_threads,
+            smem_bytes: c.smem_bytes,
             active_blocks: c.active_blocks,
             max_block_bytes_read: c.max_block_bytes_read,
             active_bytes_read: c.active_bytes_read,

@@ -3,9 +3,9 @@
 //! kernel really did; tests/it/cost.rs asserts the two agree, so a kernel that reads the cache twice or visits
 //! tiles the causal mask hides fails even when its answer is right.
 //!
-//! The models restate the kernels' tiling from their own sources (kernels/include/fa/prefill/,
-//! kernels/include/fa/decode/traits.cuh) and the host policy that mirrors it ([`TileConfig`],
-//! [`kv_block_range`], [`DecodePlan`]); each formula says which design decision it encodes.
+//! The models take the kernels' tiles from the launchers ([`tile_policy`], [`TileConfig`]) and their walk
+//! from the host policy ([`kv_block_range`], [`DecodePlan`]); each formula says which design decision it
+//! encodes.
 
 use crate::counters::{KernelCounters, LaunchCounters};
 use crate::mask::{kv_block_range, Window};
@@ -13,6 +13,7 @@ use crate::plan::{DecodePlan, ROWS_PER_CTA};
 use crate::prefill::{uses_variant_kernel, TileConfig};
 use crate::testkit::cases::decode::DecodeCase;
 use crate::testkit::cases::prefill::PrefillCase;
+use crate::tile::{tile_policy, KernelOp, TilePolicy};
 
 /// Multiply-accumulates of one `mma.m16n8k16`.
 const MMA_MACS: u64 = 16 * 8 * 16;
@@ -119,20 +120,19 @@ impl PrefillCost {
     }
 }
 
+/// The decode kernel's tile for a head dim (the launcher's [`tile_policy`]; the widest kernel's for a head
+/// dim no kernel takes, whose call fails anyway).
+fn decode_tile(head_dim: usize) -> TilePolicy {
+    tile_policy(KernelOp::Decode, head_dim, false, None)
+        .or_else(|| tile_policy(KernelOp::Decode, crate::head_dim::MAX_HEAD_DIM, false, None))
+        .expect("decode has a kernel for the widest head dim")
+}
+
 /// The decode kernel's KV tile (tokens) for a head dim: 16 tokens per warp times the token groups of the
 /// kernel width serving it (kTileTokens in kernels/include/fa/decode/traits.cuh).
 pub fn decode_tile_tokens(head_dim: usize) -> usize {
-    16 * match crate::head_dim::decode_width(head_dim).unwrap_or(head_dim) {
-        64 => 4,
-        128 => 2,
-        _ => 1,
-    }
+    decode_tile(head_dim).block_n
 }
-/// cp.async stages of the decode pipeline (kStages in traits.cuh): the page ids of this many tiles are
-/// fetched speculatively from a split's start before its length is known.
-pub const DECODE_STAGES: usize = 4;
-/// Threads of a decode CTA (each reads its sequence's length once).
-pub const DECODE_THREADS: usize = 128;
 
 /// What one paged decode should cost (kernels/decode.cu, then merge.cu for split-KV).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -149,7 +149,7 @@ pub struct DecodeCost {
     /// Q read once per split (every split's CTA needs the query rows).
     pub q_bytes_read: u64,
     /// The block table: at most one entry per visible token per CTA, plus the speculative first
-    /// DECODE_STAGES tiles of each CTA (an upper bound, not exact).
+    /// pipeline stages' tiles of each CTA (an upper bound, not exact).
     pub block_table_bytes_max: u64,
     /// seq_lens: one read per thread per CTA.
     pub seq_lens_bytes_read: u64,
@@ -171,7 +171,7 @@ pub struct DecodeCost {
 pub fn decode_cost(case: &DecodeCase, plan: &DecodePlan) -> DecodeCost {
     let mut c = decode_cost_kv(case, plan, case.kv.bytes() as u64);
     if case.kv.fp8().is_some() {
-        c.scale_bytes_read = c.ctas * DECODE_THREADS as u64 * 2 * 4;
+        c.scale_bytes_read = c.ctas * decode_tile(case.head_dim).threads as u64 * 2 * 4;
     }
     c
 }
@@ -182,7 +182,8 @@ fn decode_cost_kv(case: &DecodeCase, plan: &DecodePlan, kv_elem: u64) -> DecodeC
     let w = crate::head_dim::decode_width(case.head_dim).unwrap_or(case.head_dim) as u64;
     let group = case.heads_q / case.heads_kv.max(1);
     let kv_ctas = (case.heads_kv * group.div_ceil(ROWS_PER_CTA)) as u64; // CTAs per (sequence, split)
-    let tile = decode_tile_tokens(case.head_dim);
+    let policy = decode_tile(case.head_dim);
+    let tile = policy.block_n;
     let splits = plan.num_splits as u64;
     let rows = (case.batch() * case.heads_q) as u64;
     let mut c = DecodeCost { ctas: splits * case.batch() as u64 * kv_ctas, ..Default::default() };
@@ -193,7 +194,7 @@ fn decode_cost_kv(case: &DecodeCase, plan: &DecodePlan, kv_elem: u64) -> DecodeC
         for s in 0..plan.num_splits {
             let (begin, end) = plan.split_range_windowed(s, len, window_left);
             c.kv_tiles += (end - begin).div_ceil(tile) as u64 * kv_ctas;
-            table_entries += ((end - begin) + DECODE_STAGES * tile) as u64 * kv_ctas;
+            table_entries += ((end - begin) + policy.stages * tile) as u64 * kv_ctas;
             visible += end - begin;
         }
         c.k_bytes_read += visible as u64 * kv_ctas * d * kv_elem;
@@ -201,7 +202,7 @@ fn decode_cost_kv(case: &DecodeCase, plan: &DecodePlan, kv_elem: u64) -> DecodeC
     c.v_bytes_read = c.k_bytes_read;
     c.q_bytes_read = splits * rows * d * ELEM;
     c.block_table_bytes_max = table_entries * 4;
-    c.seq_lens_bytes_read = c.ctas * DECODE_THREADS as u64 * 4;
+    c.seq_lens_bytes_read = c.ctas * policy.threads as u64 * 4;
     c.o_bytes_written = rows * d * ELEM;
     c.lse_bytes_written = rows * 4;
     if plan.num_splits > 1 {

@@ -31,5 +31,6 @@ mod prefill_sm90;
 mod rope;
 mod runner;
 mod schedule;
+mod tile_policy;
 mod variants;
 mod variants_long;

@@ -304,6 +304,7 @@ enum { FA_EMU_MAX_REGIONS = 32, FA_EMU_MAX_KERNELS = 8 };
 typedef struct FaEmuCounters {
   char kernel[64]; /* the kernel's name, NUL-terminated (truncated) */
   uint64_t blocks; /* CTAs run */
+  uint64_t block_threads, smem_bytes; /* the launch's threads per CTA and dynamic shared memory */
   /* Balance: per-CTA global bytes read and mma, over the CTAs that stored any global byte ("active": a CTA
    * of a fixed-size grid that finds no work exits without storing). */
   uint64_t active_blocks;
@@ -380,6 +381,39 @@ typedef struct FaExec {
   int32_t num_launches;
   FaKernelLaunch launches[FA_MAX_LAUNCHES];
 } FaExec;
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Head dims and tile policy: what the launchers choose, read by the Rust side instead of mirrored there (its
+ * grids, workspaces, schedules and cost models). Each launcher and its policy read the same kernel traits,
+ * so the two cannot drift.
+ *   FA_MIN_HEAD_DIM .. FA_MAX_HEAD_DIM, multiples of FA_HEAD_DIM_STEP: the head dims every op takes.
+ *   FA_DECODE_ROWS: query heads one decode CTA serves (the mma M dimension); the work list's head blocks.
+ *   FA_SPLIT_GRANULE: split-KV decode and paged prefill take split_tokens in multiples of it.
+ * fa_tile_policy(op, head_dim, variant, kv_dtype, out): the kernel a call of that class runs and its launch
+ * shape (the same for fp16 and bf16); FA_ERR_UNSUPPORTED when no kernel serves it. `variant` is, per op:
+ *   FA_OP_PREFILL, FA_OP_PAGED_PREFILL, FA_OP_DECODE: the score-variant (_mod) kernel;
+ *   FA_OP_PREFILL_SM90: a masked call (causal or windowed), which keeps D 128 at 128 x 128.
+ * kv_dtype (FA_KV_*): the cache's element type (paged prefill and decode; FA_KV_SAME elsewhere).
+ * ------------------------------------------------------------------------------------------------------- */
+#define FA_MIN_HEAD_DIM 32
+#define FA_MAX_HEAD_DIM 256
+#define FA_HEAD_DIM_STEP 8
+#define FA_DECODE_ROWS 16
+#define FA_SPLIT_GRANULE 64 /* split-KV: split_tokens is a multiple of this (every KV tile divides it) */
+enum { FA_OP_PREFILL = 0, FA_OP_PREFILL_SM90 = 1, FA_OP_PAGED_PREFILL = 2, FA_OP_DECODE = 3 };
+
+typedef struct FaTilePolicy {
+  int32_t width;       /* the instantiated head-dim width serving the call (>= head_dim; columns past it zero) */
+  int32_t block_m;     /* rows per CTA: query rows (prefill), packed query rows (paged prefill), query heads (decode) */
+  int32_t block_n;     /* keys per KV tile */
+  int32_t stages;      /* K/V tiles in flight (shared-memory buffers) */
+  int32_t threads;     /* threads per CTA */
+  int32_t smem_bytes;  /* dynamic shared memory per CTA */
+  int32_t min_ctas_per_sm; /* the CTAs per SM the kernel's launch bounds are built for */
+  int32_t lean;        /* prefill's register-lean KV loop (K/V bases and row sums parked in shared memory) */
+} FaTilePolicy;
+
+int fa_tile_policy(int32_t op, int32_t head_dim, int32_t variant, int32_t kv_dtype, FaTilePolicy *out);
 
 /* ---------------------------------------------------------------------------------------------------------
  * Launchers (kernels/<op>.cu, host build).

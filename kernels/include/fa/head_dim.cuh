@@ -1,7 +1,6 @@
 // Which instantiated kernel width serves a head dim: the one place every op's launcher (prefill, paged
-// prefill, decode) maps a run-time D to a compile-time tile width W >= D. Mirrored on the host by
-// `fused_attn::head_dim` (src/head_dim.rs), which the grid, workspace and cost-model computations use; keep
-// both in step.
+// prefill, decode) maps a run-time D to a compile-time tile width W >= D. The Rust side reads the result
+// through fa_tile_policy (abi.h) and never restates it.
 //
 // Supported: every D that is a multiple of 8 from 32 to 256 (16-byte rows: one cp.async chunk is 8
 // elements). A kernel of width W serves D <= W with *predicated columns*: the 16-byte chunks at or past D
@@ -25,26 +24,68 @@
 // (fa/decode/traits.cuh).
 #pragma once
 
+#include "fa/abi.h"
 #include "fa/intrinsics.cuh"
 #include "fa/namespace.cuh"
 
+// The instantiated widths of each op, smallest first, as X-macro lists: one list drives a kernel file's
+// instantiations, its launcher's dispatch and its tile policy (abi.h, fa_tile_policy), so a width cannot be
+// instantiated without being dispatched, or the reverse. X(W) is expanded once per width.
+#define FA_PREFILL_WIDTHS(X) X(32) X(64) X(96) X(128) X(160) X(192) X(256)
+// Paged prefill: no 32 (head dim 32, no mainstream LLM's, runs at 64: twice its MMAs but the same memory
+// traffic, and its kernels would cost a quarter of this op's nvcc time, docs/build.md), no 160/192 (they run
+// at 256).
+#define FA_PAGED_PREFILL_WIDTHS(X) X(64) X(96) X(128) X(256)
+#define FA_DECODE_WIDTHS(X) X(64) X(128) X(256)
+#define FA_WIDTH_ITEM(W) W,
+
 FA_NAMESPACE_BEGIN
 
-constexpr int kMinHeadDim = 32;
-constexpr int kMaxHeadDim = 256;
+constexpr int kMinHeadDim = FA_MIN_HEAD_DIM;
+constexpr int kMaxHeadDim = FA_MAX_HEAD_DIM;
 
 // Whether any op accepts head dim d.
 FA_HOST_DEVICE constexpr bool head_dim_supported(int d) {
-  return d >= kMinHeadDim && d <= kMaxHeadDim && d % 8 == 0;
+  return d >= kMinHeadDim && d <= kMaxHeadDim && d % FA_HEAD_DIM_STEP == 0;
 }
 
-// The prefill (dense, varlen and paged) kernel width for a supported d: fa/prefill/tile_config.cuh has a
-// TileConfig for each value.
+// The prefill (dense and varlen) kernel width for a supported d: fa/prefill/tile_config.cuh has a TileConfig
+// for each value of FA_PREFILL_WIDTHS.
 FA_HOST_DEVICE constexpr int prefill_width(int d) {
   return d > 192 ? 256 : (d > 96 && d < 128) ? 160 : (d + 31) / 32 * 32;
 }
 
+// The smallest of `widths` (ascending) that is >= d, or 0.
+template <int N> FA_HOST_DEVICE constexpr int first_width_at_least(const int (&widths)[N], int d) {
+  for (int w : widths)
+    if (d <= w) return w;
+  return 0;
+}
+
+constexpr int kPagedPrefillWidths[] = {FA_PAGED_PREFILL_WIDTHS(FA_WIDTH_ITEM)};
+constexpr int kDecodeWidths[] = {FA_DECODE_WIDTHS(FA_WIDTH_ITEM)};
+
+// The paged prefill kernel width for a supported d: the smallest instantiated one >= d.
+FA_HOST_DEVICE constexpr int paged_prefill_width(int d) { return first_width_at_least(kPagedPrefillWidths, d); }
+
 // The decode kernel width for a supported d: fa/decode/traits.cuh has Traits for each value.
-FA_HOST_DEVICE constexpr int decode_width(int d) { return d <= 64 ? 64 : (d <= 128 ? 128 : 256); }
+FA_HOST_DEVICE constexpr int decode_width(int d) { return first_width_at_least(kDecodeWidths, d); }
+
+// Every supported head dim maps to an instantiated width >= it (prefill_width's rule is not "the first
+// width >= d", so it is checked against the list here).
+template <int N> constexpr bool listed(const int (&widths)[N], int w) {
+  for (int x : widths)
+    if (x == w) return true;
+  return false;
+}
+constexpr int kPrefillWidths[] = {FA_PREFILL_WIDTHS(FA_WIDTH_ITEM)};
+constexpr bool widths_cover_every_head_dim() {
+  for (int d = kMinHeadDim; d <= kMaxHeadDim; d += FA_HEAD_DIM_STEP) {
+    if (!listed(kPrefillWidths, prefill_width(d)) || prefill_width(d) < d) return false;
+    if (paged_prefill_width(d) < d || decode_width(d) < d) return false;
+  }
+  return true;
+}
+static_assert(widths_cover_every_head_dim(), "a supported head dim without an instantiated width");
 
 FA_NAMESPACE_END

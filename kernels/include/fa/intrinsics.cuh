@@ -44,6 +44,9 @@
 // host build it is the function the emulator runs for every thread. Use at global scope.
 #define FA_KERNEL(name, max_threads, min_blocks, Params, body)                                               \
   extern "C" FA_GLOBAL void FA_LAUNCH_BOUNDS(max_threads, min_blocks) name(const Params p) { body(p); }
+// A launcher's reference to a kernel: the function and its symbol name (`kernel, "kernel"`), for a name
+// pasted together in a macro (fa_prefill_##dt##_d##D).
+#define FA_KERNEL_REF(kernel) kernel, #kernel
 #include "fa/namespace.cuh"
 #include "fa/fp8_model.cuh"
 

@@ -1,6 +1,6 @@
 // Compile-time shape of the paged decode kernel for one head dim: the CTA mapping, the KV tile, the
 // cp.async pipeline and the shared-memory layout. Everything the kernel body and the launcher must agree on
-// lives here; src/plan.rs mirrors kSplitGranule.
+// lives here; the Rust side reads it through fa_tile_policy and FA_SPLIT_GRANULE (abi.h).
 //
 // D here is the kernel's tile width: 64, 128 or 256, each serving the head dims fa/head_dim.cuh maps to it
 // (columns past the head dim are zero-filled, never read: decode is memory-bound, so a padded width costs
@@ -58,8 +58,9 @@ template <int D> struct Fp8SwizzledTile {
 template <int D> struct Traits {
   static_assert(D == 64 || D == 128 || D == 256, "decode head dims");
   static constexpr int kThreads = 128;
+  static constexpr int kMinCtasPerSm = 3; // launch bounds: at most 168 registers, three CTAs fit any SM's
   static constexpr int kWarps = kThreads / 32;
-  static constexpr int kRows = 16;       // query heads per CTA: the mma M dimension
+  static constexpr int kRows = FA_DECODE_ROWS; // query heads per CTA: the mma M dimension
   static constexpr int kWarpTokens = 16; // tokens per warp per tile: one P.V k-step
   static constexpr int kTokenGroups = D == 64 ? 4 : (D == 128 ? 2 : 1);
   static constexpr int kDSplits = kWarps / kTokenGroups;
@@ -120,8 +121,11 @@ template <int D> struct Traits {
   static_assert(kSmemBytes <= 99 * 1024, "fits the smallest per-block limit among the targets (sm_86/89)");
 };
 
-// split_tokens must be a multiple of this (every head dim's tile divides it). Mirrored in src/plan.rs.
-constexpr int kSplitGranule = 64;
+// split_tokens must be a multiple of this (every head dim's tile divides it): abi.h's FA_SPLIT_GRANULE.
+constexpr int kSplitGranule = FA_SPLIT_GRANULE;
+static_assert(kSplitGranule % Traits<256>::kTileTokens == 0 && kSplitGranule % Traits<128>::kTileTokens == 0 &&
+                  kSplitGranule % Traits<64>::kTileTokens == 0,
+              "every decode KV tile divides a split");
 
 } // namespace decode
 FA_NAMESPACE_END

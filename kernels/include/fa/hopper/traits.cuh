@@ -1,6 +1,7 @@
-// Compile-time shape of the sm_90a prefill kernel, one per (head dim, Bc) (dtype-independent). Mirrored on the
-// host by `prefill::sm90::Sm90Tile::for_call` (src/prefill/sm90.rs), which picks the tile and makes the TMA
-// boxes; keep both in step (the launcher dispatches on the tile it was given and rejects any other).
+// Compile-time shape of the sm_90a prefill kernel, one per (head dim, Bc) (dtype-independent). The tile a call
+// runs is chosen here (prefill_sm90_block_n) and read by the host through fa_tile_policy (abi.h;
+// `prefill::sm90::Sm90Tile::for_call` makes the TMA boxes for it); the launcher dispatches on the tile it
+// was given and rejects any other.
 //
 // CTA = 1 + kConsumers warpgroups: warpgroup 0 produces (one thread issues TMA), the others consume, 64
 // query rows each (wgmma's M), so Br = 64 · kConsumers. Registers: the threads start with 65536 / threads
@@ -58,6 +59,7 @@ struct PrefillShape {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kConsumers = kConsumers_; // consumer warpgroups
   static constexpr int kThreads = (kConsumers + 1) * kWarpgroupThreads;
+  static constexpr int kMinCtasPerSm = 1; // launch bounds: every tile takes over half an SM's shared memory
   static constexpr int kBr = 64 * kConsumers; // query rows per CTA
   static constexpr int kBc = kBc_;            // keys per KV tile
   static constexpr int kStages = kStages_;
@@ -95,6 +97,16 @@ template <> struct PrefillTraits<64, 128> : PrefillShape<64, 128, 3, 3, 24, 160,
 template <> struct PrefillTraits<128, 176> : PrefillShape<128, 176, 2, 2, 24, 240, true, true> {};
 template <> struct PrefillTraits<128, 128> : PrefillShape<128, 128, 3, 2, 40, 232, true, true> {};
 template <> struct PrefillTraits<256, 64> : PrefillShape<256, 64, 2, 2, 40, 232, false, false> {};
+
+// The instantiated (D, Bc) tiles as an X-macro list, X(D, Bc, name suffix): the suffix names the wider of two
+// tiles of one head dim. It drives prefill_sm90.cu's instantiations, dispatch and tile policy.
+#define FA_PREFILL_SM90_TILES(X) X(64, 128, ) X(128, 128, ) X(128, 176, _bc176) X(256, 64, )
+
+// The tile a call runs (0: no kernel for this head dim): D 128 without a mask takes FA3's 128 x 176; masked
+// calls (causal or windowed) keep 128 x 128, as FA3 does (the diagonal tiles' waste grows with Bc).
+constexpr int prefill_sm90_block_n(int head_dim, bool masked) {
+  return head_dim == 64 ? 128 : head_dim == 128 ? (masked ? 128 : 176) : head_dim == 256 ? 64 : 0;
+}
 
 } // namespace hopper
 FA_NAMESPACE_END

@@ -1,7 +1,7 @@
 // Compile-time tile shapes of the prefill kernel, one per tile width (dtype-independent); kHeadDim is the
 // width W, which serves every head dim fa/head_dim.cuh maps to it (columns past the head dim predicated
-// off). Mirrored on the host by `prefill::TileConfig::for_kernel` (src/prefill/mod.rs: the grid, and the
-// cost model's tiling); keep both in step.
+// off). The host reads them through fa_tile_policy (abi.h; `prefill::TileConfig::for_kernel` in
+// src/prefill/mod.rs, the grid and the cost model's tiling): nothing restates them.
 //
 // Every config uses 4 warps (128 threads) and the FA2 "split-Q" partition: each warp owns 16·kMTiles query
 // rows of the Br-row tile and all Bc keys, so softmax statistics never leave the warp. 32 rows per warp
@@ -108,6 +108,7 @@ template <int kHeadDim_, int kMTiles_, int kBc_, int kStages_, bool kLean_ = fal
   static constexpr int kBc = kBc_;                 // keys per KV tile
   static constexpr int kStages = kStages_;         // K/V tile buffers (2 or 3)
   static constexpr bool kLean = kLean_;
+  static constexpr int kMinCtasPerSm = 1; // launch bounds: one CTA per SM at up to 255 registers
   // Q, the K/V buffers, and (lean) the parked K/V bases and row sums (prefill.cu).
   static constexpr int kSmemBytes = (kBr + 2 * kStages * kBc) * kHeadDim * 2 + (kLean ? 48 * kWarps + 16 * kThreads : 0);
   template <int kCols> using LaneOf = typename LaneSelect<kLean>::template type<kCols>;

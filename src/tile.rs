@@ -1,0 +1,130 @@
+//! Which kernel serves a class of calls and how it is launched, asked of the launchers rather than restated
+//! here: `fa_tile_policy` (kernels/include/fa/abi.h) reads the same kernel traits each launcher dispatches
+//! on (fa/prefill/tile_config.cuh, fa/decode/traits.cuh, paged_prefill.cu, fa/hopper/traits.cuh), so the
+//! grids, workspaces, schedules and cost models computed on this side cannot drift from the kernels.
+//! `tests/it/tile_policy.rs` runs every (op, dtype, head dim, variant, cache format) the launchers accept
+//! and checks that the kernel they launch has exactly this shape.
+
+use crate::dtype::Fp8Format;
+use crate::sys;
+
+/// The ops whose kernels are tiled over a head dim (merge and append have one shape for every call).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KernelOp {
+    /// Dense and varlen prefill, the sm_80 kernel; `variant`: the score-variant (`_mod`) kernel.
+    Prefill,
+    /// The sm_90a prefill kernel; `variant`: a masked call (causal or windowed), whose D 128 tile is
+    /// 128 × 128 (unmasked: FA3's 128 × 176).
+    PrefillSm90,
+    /// Paged prefill; `variant`: the `_mod` kernel (the shape is the same as the plain one's).
+    PagedPrefill,
+    /// Paged decode; `variant`: the `_mod` kernel (the same shape).
+    Decode,
+}
+
+/// A kernel's tile and launch shape (`FaTilePolicy` in abi.h).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TilePolicy {
+    /// The instantiated head-dim width serving the call (>= the head dim; the columns past it are
+    /// zero-filled in shared memory, never read from or written to global memory).
+    pub width: usize,
+    /// Rows per CTA: query rows (prefill), packed query rows (paged prefill: token · G + head), query heads
+    /// (decode).
+    pub block_m: usize,
+    /// Keys per KV tile.
+    pub block_n: usize,
+    /// K/V tiles in flight (shared-memory buffers).
+    pub stages: usize,
+    /// Threads per CTA.
+    pub threads: usize,
+    /// Dynamic shared memory per CTA.
+    pub smem_bytes: usize,
+    /// The CTAs per SM the kernel's launch bounds are built for (its register budget).
+    pub min_ctas_per_sm: usize,
+    /// Prefill's register-lean KV loop (the K/V bases and row sums parked in shared memory).
+    pub lean: bool,
+}
+
+impl TilePolicy {
+    /// Warps per CTA.
+    pub fn warps(&self) -> usize {
+        self.threads / 32
+    }
+}
+
+/// The policy of the kernel `op` runs for `head_dim` (`variant` as [`KernelOp`] says; `fp8`: an FP8 cache,
+/// paged prefill and decode only), or `None` when no kernel serves the call. fp16 and bf16 share it.
+pub fn tile_policy(op: KernelOp, head_dim: usize, variant: bool, fp8: Option<Fp8Format>) -> Option<TilePolicy> {
+    let op = match op {
+        KernelOp::Prefill => sys::FA_OP_PREFILL,
+        KernelOp::PrefillSm90 => sys::FA_OP_PREFILL_SM90,
+        KernelOp::PagedPrefill => sys::FA_OP_PAGED_PREFILL,
+        KernelOp::Decode => sys::FA_OP_DECODE,
+    };
+    let kv = fp8.map_or(sys::FA_KV_SAME as i32, Fp8Format::abi);
+    let mut p = sys::FaTilePolicy::default();
+    // SAFETY: a pure function of its arguments that writes only `*out` (kernels/host/tile_policy.cpp).
+    let status = unsafe { sys::fa_tile_policy(op as i32, i32::try_from(head_dim).ok()?, variant as i32, kv, &mut p) };
+    let n = |x: i32| usize::try_from(x).expect("fa_tile_policy returns non-negative sizes");
+    (status == sys::FA_OK as i32).then(|| TilePolicy {
+        width: n(p.width),
+        block_m: n(p.block_m),
+        block_n: n(p.block_n),
+        stages: n(p.stages),
+        threads: n(p.threads),
+        smem_bytes: n(p.smem_bytes),
+        min_ctas_per_sm: n(p.min_ctas_per_sm),
+        lean: p.lean != 0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policies_are_the_kernels_traits() {
+        let p = |op, d, variant, fp8| tile_policy(op, d, variant, fp8).unwrap();
+        // prefill: fa/prefill/tile_config.cuh
+        let d128 = p(KernelOp::Prefill, 128, false, None);
+        assert_eq!((d128.width, d128.block_m, d128.block_n, d128.stages, d128.threads), (128, 128, 64, 2, 128));
+        assert_eq!(d128.smem_bytes, 96 * 1024 + 4 * 48 + 128 * 16);
+        assert!(d128.lean);
+        let d128_mod = p(KernelOp::Prefill, 128, true, None);
+        assert_eq!((d128_mod.block_n, d128_mod.stages, d128_mod.smem_bytes, d128_mod.lean), (32, 3, 80 * 1024, false));
+        assert_eq!(p(KernelOp::Prefill, 112, false, None).width, 160);
+        assert_eq!(p(KernelOp::Prefill, 200, false, None).smem_bytes, 96 * 1024);
+        // decode: fa/decode/traits.cuh, 3 CTAs per SM
+        let dec = p(KernelOp::Decode, 72, false, Some(Fp8Format::E4m3));
+        assert_eq!((dec.width, dec.block_m, dec.block_n, dec.stages, dec.threads), (128, 16, 32, 4, 128));
+        assert_eq!(dec.min_ctas_per_sm, 3);
+        assert_eq!(dec, p(KernelOp::Decode, 128, true, None));
+        // paged prefill: no 32 or 160/192 widths; FP8 stages its tiles in more shared memory
+        assert_eq!(p(KernelOp::PagedPrefill, 40, false, None).width, 64);
+        assert_eq!(p(KernelOp::PagedPrefill, 136, false, None).width, 256);
+        assert_eq!(p(KernelOp::PagedPrefill, 96, false, None).block_m, 64);
+        let (plain, fp8) =
+            (p(KernelOp::PagedPrefill, 128, true, None), p(KernelOp::PagedPrefill, 128, true, Some(Fp8Format::E5m2)));
+        assert_eq!((plain.block_m, plain.block_n), (fp8.block_m, fp8.block_n));
+        assert_ne!(plain.smem_bytes, fp8.smem_bytes);
+        // sm_90a: FA3's tiles
+        let t = |d, masked| tile_policy(KernelOp::PrefillSm90, d, masked, None).map(|p| (p.block_m, p.block_n));
+        assert_eq!([t(64, true), t(128, true), t(128, false), t(256, false)].map(Option::unwrap), [
+            (192, 128),
+            (128, 128),
+            (128, 176),
+            (128, 64)
+        ]);
+        assert_eq!(t(96, false), None);
+    }
+
+    #[test]
+    fn unsupported_calls_have_no_policy() {
+        for op in [KernelOp::Prefill, KernelOp::PrefillSm90, KernelOp::PagedPrefill, KernelOp::Decode] {
+            for d in [0, 8, 24, 100, 264, 512, usize::MAX] {
+                assert_eq!(tile_policy(op, d, false, None), None, "{op:?} D {d}");
+            }
+        }
+        assert_eq!(tile_policy(KernelOp::Prefill, 128, false, Some(Fp8Format::E4m3)), None, "prefill has no FP8 cache");
+    }
+}

@@ -1,0 +1,154 @@
+//! The tile policy the Rust side reads (`fused_attn::tile::tile_policy`, the launchers' `fa_tile_policy`) is
+//! what the launchers launch: every (op, dtype, head dim, variant, cache format) a launcher accepts runs on
+//! the emulator, and the kernel it launched must be the policy's width and variant, with the policy's
+//! threads, shared memory and CTAs. A launcher that picks another kernel or shape than the policy says (a
+//! new width added to one list and not the other, a traits change the policy does not read) fails here.
+
+use fused_attn::head_dim::HEAD_DIMS;
+use fused_attn::prefill::PrefillKernel;
+use fused_attn::testkit::cases::decode::{run_case_emulated as run_decode, DecodeCase};
+use fused_attn::testkit::cases::kv::KvFormat;
+use fused_attn::testkit::cases::paged_prefill::{case as paged_case, run_case_emulated as run_paged};
+use fused_attn::testkit::cases::prefill::{run_emulated, PrefillCase, PrefillFixture};
+use fused_attn::tile::{tile_policy, KernelOp, TilePolicy};
+use fused_attn::{DType, Emulator, Fp8Format, KernelCounters, ScaleKind};
+use half::{bf16, f16};
+
+const SEED: u64 = 0x711e_9011;
+const DTYPES: [DType; 2] = [DType::F16, DType::Bf16];
+
+fn dt(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F16 => "f16",
+        DType::Bf16 => "bf16",
+    }
+}
+
+/// The one kernel the last emulated call launched (split-KV would add a merge; every case here has one split).
+fn launched(emu: &Emulator) -> KernelCounters {
+    let c = emu.last_launch_counters().expect("the call launched");
+    assert_eq!(c.kernels.len(), 1, "one kernel expected:\n{c}");
+    c.kernels[0].clone()
+}
+
+fn assert_shape(k: &KernelCounters, kernel: &str, p: &TilePolicy, blocks: usize, what: &str) {
+    assert_eq!(k.kernel, kernel, "{what}: {p:?}");
+    assert_eq!((k.block_threads, k.smem_bytes), (p.threads as u64, p.smem_bytes as u64), "{what}: {kernel}");
+    assert_eq!(k.blocks, blocks as u64, "{what}: {kernel}");
+}
+
+#[test]
+fn prefill_launches_the_policy_kernel_for_every_head_dim() {
+    let emu = Emulator::new();
+    for dtype in DTYPES {
+        for d in HEAD_DIMS {
+            for variant in [false, true] {
+                let p = tile_policy(KernelOp::Prefill, d, variant, None).unwrap();
+                // block_m + 1 query rows: two query tiles, the second one ragged.
+                let mut case = PrefillCase::dense(dtype, d, false, p.block_m + 1, 8, (1, 1));
+                case.kernel = PrefillKernel::Sm80;
+                case.with_lse = false;
+                case.variants.softcap = variant.then_some(30.0);
+                match dtype {
+                    DType::F16 => drop(run_emulated(&emu, &PrefillFixture::<f16>::new(&case, SEED).unwrap()).unwrap()),
+                    DType::Bf16 => drop(run_emulated(&emu, &PrefillFixture::<bf16>::new(&case, SEED).unwrap()).unwrap()),
+                }
+                let name = format!("fa_prefill_{}_d{}{}", dt(dtype), p.width, if variant { "_mod" } else { "" });
+                assert_shape(&launched(&emu), &name, &p, 2, &case.label());
+            }
+        }
+    }
+}
+
+#[test]
+fn sm90_prefill_launches_the_policy_tile() {
+    let emu = Emulator::new();
+    for dtype in DTYPES {
+        for d in HEAD_DIMS {
+            for masked in [false, true] {
+                let mut case = PrefillCase::dense(dtype, d, masked, 1, 8, (1, 1));
+                case.kernel = PrefillKernel::Sm90;
+                let result = match dtype {
+                    DType::F16 => PrefillFixture::<f16>::new(&case, SEED).and_then(|f| run_emulated(&emu, &f).map(drop)),
+                    DType::Bf16 => PrefillFixture::<bf16>::new(&case, SEED).and_then(|f| run_emulated(&emu, &f).map(drop)),
+                };
+                let Some(p) = tile_policy(KernelOp::PrefillSm90, d, masked, None) else {
+                    assert!(result.is_err(), "D {d}: no sm_90a policy, but the call ran");
+                    continue;
+                };
+                result.unwrap();
+                let wide = if p.block_n == 176 { "_bc176" } else { "" };
+                let name = format!("fa_prefill_sm90_{}_d{}{wide}", dt(dtype), p.width);
+                assert_shape(&launched(&emu), &name, &p, 1, &case.label());
+            }
+        }
+    }
+}
+
+/// The cache formats of the paged ops: 16-bit, and FP8 (head dims that are multiples of 16).
+fn formats(d: usize) -> Vec<(KvFormat, Option<Fp8Format>)> {
+    let mut f = vec![(KvFormat::Sixteen, None)];
+    if d % 16 == 0 {
+        f.push((KvFormat::Fp8 { format: Fp8Format::E4m3, scales: ScaleKind::PerHead }, Some(Fp8Format::E4m3)));
+    }
+    f
+}
+
+#[test]
+fn paged_prefill_launches_the_policy_kernel_for_every_head_dim() {
+    let emu = Emulator::new();
+    for dtype in DTYPES {
+        for d in HEAD_DIMS {
+            for (kv, fp8) in formats(d) {
+                for variant in [false, true] {
+                    let p = tile_policy(KernelOp::PagedPrefill, d, variant, fp8).unwrap();
+                    // G = 2 and block_m / 2 + 1 new tokens: two row blocks of packed rows.
+                    let mut case = paged_case(d, (2, 1), 16, &[(p.block_m / 2 + 1, p.block_m / 2 + 9)]);
+                    (case.dtype, case.kv, case.num_splits) = (dtype, kv, Some(1));
+                    case.variants.softcap = variant.then_some(30.0);
+                    match dtype {
+                        DType::F16 => drop(run_paged::<f16>(&emu, &case, SEED).unwrap()),
+                        DType::Bf16 => drop(run_paged::<bf16>(&emu, &case, SEED).unwrap()),
+                    }
+                    let suffix = match (fp8, variant) {
+                        (Some(_), _) => "_fp8_mod", // the FP8 kernel serves every variant
+                        (None, true) => "_mod",
+                        (None, false) => "",
+                    };
+                    let name = format!("fa_paged_prefill_{}_d{}{suffix}", dt(dtype), p.width);
+                    assert_shape(&launched(&emu), &name, &p, 2, &case.label());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn decode_launches_the_policy_kernel_for_every_head_dim() {
+    let emu = Emulator::new();
+    for dtype in DTYPES {
+        for d in HEAD_DIMS {
+            for (kv, fp8) in formats(d) {
+                for variant in [false, true] {
+                    let p = tile_policy(KernelOp::Decode, d, variant, fp8).unwrap();
+                    // block_m + 1 query heads of one KV head: two CTAs of query-head rows.
+                    let mut case = DecodeCase::new(dtype, d, (p.block_m + 1, 1), 16, &[40], Some(1));
+                    case.kv = kv;
+                    case.variants.softcap = variant.then_some(30.0);
+                    match dtype {
+                        DType::F16 => drop(run_decode::<f16>(&emu, &case, SEED).unwrap()),
+                        DType::Bf16 => drop(run_decode::<bf16>(&emu, &case, SEED).unwrap()),
+                    }
+                    let name = format!(
+                        "fa_paged_decode_{}_d{}{}{}",
+                        dt(dtype),
+                        p.width,
+                        if fp8.is_some() { "_fp8" } else { "" },
+                        if variant { "_mod" } else { "" }
+                    );
+                    assert_shape(&launched(&emu), &name, &p, 2, &case.label());
+                }
+            }
+        }
+    }
+}
