@@ -55,9 +55,9 @@ pub mod runtime;
 pub mod schedule;
 pub mod score_mod;
 pub mod tensor;
-pub mod tile;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+pub mod tile;
 
 // The runtime layer's modules keep their crate-root paths (`fused_attn::device`, `crate::launch`, ...).
 pub use runtime::{counters, device, emu, sys, tensor_map};

@@ -31,8 +31,8 @@ use crate::plan::{MAX_GRID_YZ, SPLIT_GRANULE};
 use crate::prefill::{check_cu_seqlens, host_values, MAX_PREFILL_SEQLEN};
 use crate::score_mod::ScoreMod;
 use crate::sys;
-use crate::tile::{tile_policy, KernelOp, TilePolicy};
 use crate::tensor::{TensorView, TensorViewMut};
+use crate::tile::{tile_policy, KernelOp, TilePolicy};
 
 /// Splits are planned only when each keeps at least this many keys (a split's fixed cost: its pipeline fill,
 /// its fp32 partial rows written and merged).
@@ -135,7 +135,10 @@ impl PagedPrefillPlan {
     /// cover the SMs, each at least [`MIN_SPLIT_KEYS`] keys, at most [`MAX_PLANNED_SPLITS`].
     pub fn new(problem: &PagedPrefillProblem, sm_count: usize, forced: Option<usize>) -> Result<Self> {
         problem.tile().ok_or_else(|| {
-            Error::unsupported("q", format!("head dim {} (paged prefill supports {})", problem.head_dim, crate::head_dim::describe()))
+            Error::unsupported(
+                "q",
+                format!("head dim {} (paged prefill supports {})", problem.head_dim, crate::head_dim::describe()),
+            )
         })?;
         let ctas = problem.ctas_per_split();
         let keys = problem.max_seq_len.max(1);

@@ -27,8 +27,8 @@ use std::collections::BinaryHeap;
 
 use crate::error::{Error, Result};
 use crate::plan::{DecodeProblem, MIN_SPLIT_TOKENS, ROWS_PER_CTA, SPLIT_GRANULE};
-use crate::tile::{tile_policy, KernelOp};
 use crate::sys;
+use crate::tile::{tile_policy, KernelOp};
 
 /// A unit's fixed cost in tokens streamed: its pipeline fill (three tiles' latency before the first math),
 /// the Q load and the epilogue. Only the packing's choices depend on it.

@@ -66,7 +66,7 @@ pub fn tile_policy(op: KernelOp, head_dim: usize, variant: bool, fp8: Option<Fp8
     // SAFETY: a pure function of its arguments that writes only `*out` (kernels/host/tile_policy.cpp).
     let status = unsafe { sys::fa_tile_policy(op as i32, i32::try_from(head_dim).ok()?, variant as i32, kv, &mut p) };
     let n = |x: i32| usize::try_from(x).expect("fa_tile_policy returns non-negative sizes");
-    (status == sys::FA_OK as i32).then(|| TilePolicy {
+    (status == sys::FA_OK).then(|| TilePolicy {
         width: n(p.width),
         block_m: n(p.block_m),
         block_n: n(p.block_n),
@@ -109,12 +109,10 @@ mod tests {
         assert_ne!(plain.smem_bytes, fp8.smem_bytes);
         // sm_90a: FA3's tiles
         let t = |d, masked| tile_policy(KernelOp::PrefillSm90, d, masked, None).map(|p| (p.block_m, p.block_n));
-        assert_eq!([t(64, true), t(128, true), t(128, false), t(256, false)].map(Option::unwrap), [
-            (192, 128),
-            (128, 128),
-            (128, 176),
-            (128, 64)
-        ]);
+        assert_eq!(
+            [t(64, true), t(128, true), t(128, false), t(256, false)].map(Option::unwrap),
+            [(192, 128), (128, 128), (128, 176), (128, 64)]
+        );
         assert_eq!(t(96, false), None);
     }
 

@@ -29,8 +29,8 @@ pub use crate::mask::{kv_block_range, KvBlockRange, Window};
 use crate::plan::MAX_GRID_YZ;
 use crate::score_mod::{ScoreMod, VariantSet};
 use crate::sys;
-use crate::tile::{tile_policy, KernelOp};
 use crate::tensor::{Mem, TensorView, TensorViewMut};
+use crate::tile::{tile_policy, KernelOp};
 
 /// Head dims prefill accepts: every multiple of 8 from 32 to 256 ([`crate::head_dim`], which maps each to
 /// the tile width of an instantiated kernel).

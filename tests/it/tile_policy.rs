@@ -51,7 +51,9 @@ fn prefill_launches_the_policy_kernel_for_every_head_dim() {
                 case.variants.softcap = variant.then_some(30.0);
                 match dtype {
                     DType::F16 => drop(run_emulated(&emu, &PrefillFixture::<f16>::new(&case, SEED).unwrap()).unwrap()),
-                    DType::Bf16 => drop(run_emulated(&emu, &PrefillFixture::<bf16>::new(&case, SEED).unwrap()).unwrap()),
+                    DType::Bf16 => {
+                        drop(run_emulated(&emu, &PrefillFixture::<bf16>::new(&case, SEED).unwrap()).unwrap())
+                    }
                 }
                 let name = format!("fa_prefill_{}_d{}{}", dt(dtype), p.width, if variant { "_mod" } else { "" });
                 assert_shape(&launched(&emu), &name, &p, 2, &case.label());
@@ -69,8 +71,12 @@ fn sm90_prefill_launches_the_policy_tile() {
                 let mut case = PrefillCase::dense(dtype, d, masked, 1, 8, (1, 1));
                 case.kernel = PrefillKernel::Sm90;
                 let result = match dtype {
-                    DType::F16 => PrefillFixture::<f16>::new(&case, SEED).and_then(|f| run_emulated(&emu, &f).map(drop)),
-                    DType::Bf16 => PrefillFixture::<bf16>::new(&case, SEED).and_then(|f| run_emulated(&emu, &f).map(drop)),
+                    DType::F16 => {
+                        PrefillFixture::<f16>::new(&case, SEED).and_then(|f| run_emulated(&emu, &f).map(drop))
+                    }
+                    DType::Bf16 => {
+                        PrefillFixture::<bf16>::new(&case, SEED).and_then(|f| run_emulated(&emu, &f).map(drop))
+                    }
                 };
                 let Some(p) = tile_policy(KernelOp::PrefillSm90, d, masked, None) else {
                     assert!(result.is_err(), "D {d}: no sm_90a policy, but the call ran");
