@@ -21,6 +21,7 @@
 
 #include "fa/abi.h"
 #include "fa/attention_state.cuh"
+#include "fa/fragment_walk.cuh"
 #include "fa/intrinsics.cuh"
 #include "fa/namespace.cuh"
 
@@ -122,20 +123,12 @@ FA_DEVICE void apply_score_mod_by_pass(float (&s)[1][kNB][4], int row0, int key0
       for (int i = 0; i < 4; ++i) s[0][nb][i] *= mod.scale_log2;
   }
   if (slope_log2 != 0.0f) {
-    const int g = lane_id() >> 2;
-    const int t = lane_id() & 3;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int diag_key = row0 + 8 * h + g + diag;
-#pragma unroll
-      for (int nb = 0; nb < kNB; ++nb) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int dist = diag_key - (key0 + 8 * nb + 2 * t + e);
-          s[0][nb][2 * h + e] = ScoreMod::alibi(s[0][nb][2 * h + e], slope_log2, dist < 0 ? -dist : dist);
-        }
-      }
-    }
+    for_each_score(
+        s, [&](int row) { return row0 + row + diag; },
+        [&](float &x, int diag_key, int col) {
+          const int dist = diag_key - (key0 + col);
+          x = ScoreMod::alibi(x, slope_log2, dist < 0 ? -dist : dist);
+        });
   }
 }
 
@@ -151,23 +144,12 @@ FA_DEVICE float alibi_slope_log2(const FaScoreMod &m, int b, int h) {
 template <int kMT, int kNB>
 FA_DEVICE void apply_score_mod(float (&s)[kMT][kNB][4], int row0, int key0, int diag, const ScoreMod &mod,
                                float slope_log2) {
-  const int g = lane_id() >> 2;
-  const int t = lane_id() & 3;
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int diag_key = row0 + 16 * mt + 8 * h + g + diag;
-#pragma unroll
-      for (int nb = 0; nb < kNB; ++nb) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int dist = diag_key - (key0 + 8 * nb + 2 * t + e);
-          s[mt][nb][2 * h + e] = mod.apply(s[mt][nb][2 * h + e], slope_log2, dist < 0 ? -dist : dist);
-        }
-      }
-    }
-  }
+  for_each_score(
+      s, [&](int row) { return row0 + row + diag; },
+      [&](float &x, int diag_key, int col) {
+        const int dist = diag_key - (key0 + col);
+        x = mod.apply(x, slope_log2, dist < 0 ? -dist : dist);
+      });
 }
 
 // The sink logit of query head h (natural log), or -inf without sinks.

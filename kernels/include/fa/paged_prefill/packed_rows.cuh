@@ -9,6 +9,7 @@
 #pragma once
 
 #include "fa/attention_state.cuh"
+#include "fa/fragment_walk.cuh"
 #include "fa/intrinsics.cuh"
 #include "fa/score_mod.cuh"
 #include "fa/namespace.cuh"
@@ -17,7 +18,7 @@ FA_NAMESPACE_BEGIN
 namespace paged_prefill {
 
 // The packed row index of fragment row r = 2·mt + h of this lane, for a warp whose rows start at row0.
-FA_DEVICE int fragment_row(int row0, int r) { return row0 + 16 * (r >> 1) + 8 * (r & 1) + (lane_id() >> 2); }
+FA_DEVICE int fragment_row(int row0, int r) { return row0 + fa::fragment_row(r); }
 
 // Mask of one KV tile (keys key0 + [0, 8·kNB)) for packed rows: key j of a row at token i is kept iff
 // i + δ − left ≤ j ≤ min(i + δ + right, Tk − 1) (δ = Tk − Tq; the bounds effective, fa/score_mod.cuh), as
@@ -25,25 +26,10 @@ FA_DEVICE int fragment_row(int row0, int r) { return row0 + 16 * (r >> 1) + 8 * 
 template <bool kLeft, int kMT, int kNB>
 FA_DEVICE void apply_packed_mask(float (&s)[kMT][kNB][4], const int *row_token, int row0, int key0, int diag, int tk,
                                  int left, int right) {
-  const int t = lane_id() & 3;
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      // One row at a time, its token read here: nothing per row stays live across the tile.
-      const int diag_key = ld_shared(row_token + fragment_row(row0, 2 * mt + h)) + diag;
-      const int first = diag_key - left;
-      const int last = diag_key + right < tk - 1 ? diag_key + right : tk - 1;
-#pragma unroll
-      for (int nb = 0; nb < kNB; ++nb) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int key = key0 + 8 * nb + 2 * t + e;
-          if (key > last || (kLeft && key < first)) s[mt][nb][2 * h + e] = kNegInf;
-        }
-      }
-    }
-  }
+  // One row at a time, its token read here: nothing per row stays live across the tile.
+  for_each_score(
+      s, [&](int row) { return visible_keys(ld_shared(row_token + row0 + row) + diag, tk, left, right); },
+      [&](float &x, const VisibleKeys &keys, int col) { mask_score<kLeft>(x, keys, key0 + col); });
 }
 
 // Keys of the tile whose bit is set in hole_bits (bit k: key key0 + k) -> -inf: holes in the block table.
@@ -69,24 +55,16 @@ template <int kMT, int kNB> FA_DEVICE void mask_hole_keys(float (&s)[kMT][kNB][4
 template <int kMT, int kNB>
 FA_DEVICE void apply_packed_score_mod(float (&s)[kMT][kNB][4], const int *row_token, const float *row_slope,
                                       int row0, int key0, int diag, const ScoreMod &mod) {
-  const int t = lane_id() & 3;
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = fragment_row(row0, 2 * mt + h);
-      const int diag_key = ld_shared(row_token + row) + diag;
-      const float slope_log2 = ld_shared(row_slope + row);
-#pragma unroll
-      for (int nb = 0; nb < kNB; ++nb) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int dist = diag_key - (key0 + 8 * nb + 2 * t + e);
-          s[mt][nb][2 * h + e] = mod.apply(s[mt][nb][2 * h + e], slope_log2, dist < 0 ? -dist : dist);
-        }
-      }
-    }
-  }
+  struct Row {
+    int diag_key;
+    float slope_log2;
+  };
+  for_each_score(
+      s, [&](int row) { return Row{ld_shared(row_token + row0 + row) + diag, ld_shared(row_slope + row0 + row)}; },
+      [&](float &x, const Row &r, int col) {
+        const int dist = r.diag_key - (key0 + col);
+        x = mod.apply(x, r.slope_log2, dist < 0 ? -dist : dist);
+      });
 }
 
 } // namespace paged_prefill

@@ -5,7 +5,7 @@
 // rows left with no key at all). Only called on the tiles kv_block_range marks as needing it.
 #pragma once
 
-#include "fa/attention_state.cuh"
+#include "fa/fragment_walk.cuh"
 #include "fa/intrinsics.cuh"
 #include "fa/namespace.cuh"
 
@@ -17,25 +17,10 @@ namespace prefill {
 // unbounded, and they keep today's single compare per score).
 template <bool kLeft, int kMT, int kNB>
 FA_DEVICE void apply_kv_mask(float (&s)[kMT][kNB][4], int row0, int key0, int tq, int tk, int left, int right) {
-  const int g = lane_id() >> 2;
-  const int t = lane_id() & 3;
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int diag_key = row0 + 16 * mt + 8 * h + g + (tk - tq); // this row's own position among the keys
-      const int first = diag_key - left;                            // first visible key (may be < 0)
-      const int last = diag_key + right < tk - 1 ? diag_key + right : tk - 1; // last visible key
-#pragma unroll
-      for (int nb = 0; nb < kNB; ++nb) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int key = key0 + 8 * nb + 2 * t + e;
-          if (key > last || (kLeft && key < first)) s[mt][nb][2 * h + e] = kNegInf;
-        }
-      }
-    }
-  }
+  // A row's own position among the keys is row + (tk − tq) (bottom-right alignment).
+  for_each_score(
+      s, [&](int row) { return visible_keys(row0 + row + (tk - tq), tk, left, right); },
+      [&](float &x, const VisibleKeys &keys, int col) { mask_score<kLeft>(x, keys, key0 + col); });
 }
 
 } // namespace prefill
