@@ -41,7 +41,7 @@ use crate::common;
 
 use fused_attn::plan::DecodePlan;
 use fused_attn::prefill::{PrefillKernel, TileConfig};
-use fused_attn::reference::{self, fp32_chain_gamma, half_ulp};
+use fused_attn::reference::{self, fp32_chain_gamma, half_ulp, Arith, Variants};
 use fused_attn::testkit::cases::decode::{run_inputs_emulated, DecodeCase, DecodeInputs, PagedFixture};
 use fused_attn::testkit::cases::prefill::{run_emulated, PrefillFixture};
 use fused_attn::testkit::cases::prefill::{CaseLayout, PrefillCase};
@@ -230,7 +230,7 @@ fn decode_exact<T: Element>(emu: &Emulator, label: &str, case: &DecodeCase, keys
         max_pages_per_seq: f.width,
         seq_lens: &f.seq_lens,
     };
-    let r = reference::paged_decode(hq, scale, &q, &cache).unwrap();
+    let r = reference::paged_decode(hq, scale, &Variants::default(), Arith::F64, &q, &cache).unwrap();
     let ref_bound = r.out_bound(Some(T::DTYPE), Some(T::DTYPE));
     // Windows, softcaps and sinks keep the constant-key closed forms (see prefill_exact).
     assert!(case.variants.alibi == CaseAlibi::None && (matches!(keys, Keys::Uniform) || case.variants.is_plain()));
@@ -557,7 +557,7 @@ fn prefill_exact<T: Element>(
                         pr.scale = scale;
                         let ks: Vec<f64> = (0..n).flat_map(|j| krow(j).to_vec()).collect();
                         let vs: Vec<f64> = (0..n).flat_map(|j| vrow(j).to_vec()).collect();
-                        let r = reference::dense(&pr, qr, &ks, &vs).unwrap();
+                        let r = reference::dense(&pr, &Variants::default(), Arith::F64, qr, &ks, &vs).unwrap();
                         for x in 0..d {
                             assert!((r.out[x] - want_o[at + x]).abs() < 1e-12, "reference vs closed form");
                         }

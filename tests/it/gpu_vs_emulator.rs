@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr};
 use fused_attn::prefill::{prefill, PrefillKernel, PrefillOptions};
-use fused_attn::reference::{self, Problem};
+use fused_attn::reference::{self, Arith, Problem, Variants};
 use fused_attn::testkit::cases::decode::{DecodeCase, PagedFixture};
 use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::testkit::emu_selftest::{self as st, BarrierMode, Bug, GemmBug, GemmShape, WarpOp};
@@ -151,8 +151,8 @@ fn prefill_pair_on<T: Element>(emu: &Emulator, cu: &Arc<CudaStream>, s: PrefillS
     let mut p = Problem::new(s.b, s.hq, s.hkv, s.tq, s.tk, s.d, s.causal);
     p.scale = (1.0 / (s.d as f64).sqrt()) as f32 as f64;
     let (q64, k64, v64) = (to_f64(&q), to_f64(&k), to_f64(&v));
-    let exact = reference::dense(&p, &q64, &k64, &v64).unwrap();
-    let naive = reference::naive_lowp_dense(&p, T::DTYPE, &q64, &k64, &v64).unwrap();
+    let exact = reference::dense(&p, &Variants::default(), Arith::F64, &q64, &k64, &v64).unwrap();
+    let naive = reference::dense(&p, &Variants::default(), Arith::Lowp(T::DTYPE), &q64, &k64, &v64).unwrap().out;
     let (go, eo) = (to_f64(&gpu_o), to_f64(&emu_o));
     let (gc, ec) = (reference::compare(&go, &exact.out, &naive), reference::compare(&eo, &exact.out, &naive));
     assert!(gc.passed, "{what}: GPU fails the tolerance rule: {gc:?}");
@@ -269,8 +269,9 @@ fn decode_pair<T: Element>(emu: &Emulator, cu: &Arc<CudaStream>, case: &DecodeCa
         max_pages_per_seq: f.width,
         seq_lens: &f.seq_lens,
     };
-    let exact = reference::paged_decode(hq, scale, &q, &cache).unwrap();
-    let naive = reference::naive_lowp_paged_decode(hq, scale, &q, &cache, T::DTYPE).unwrap();
+    let exact = reference::paged_decode(hq, scale, &Variants::default(), Arith::F64, &q, &cache).unwrap();
+    let naive =
+        reference::paged_decode(hq, scale, &Variants::default(), Arith::Lowp(T::DTYPE), &q, &cache).unwrap().out;
     let (go, eo) = (to_f64(&gpu_o), to_f64(&emu_o));
     let (gc, ec) = (reference::compare(&go, &exact.out, &naive), reference::compare(&eo, &exact.out, &naive));
     assert!(gc.passed, "{what}: GPU fails the tolerance rule: {gc:?}");

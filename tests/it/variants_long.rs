@@ -17,7 +17,7 @@
 //!   sequence; so a weight moved from any key to another shows in O, at every distance.
 //!
 //! The expected O and LSE are those closed-form weights summed in fp64 (`closed_form`), checked against
-//! the fp64 reference (`reference::dense_row_with`) to 1e-9.
+//! the fp64 reference (`reference::dense_row`) to 1e-9.
 //!
 //! # Bounds (u = 2^-24)
 //! O: the reference's arithmetic bound for the row (`reference::Output::out_bound`: score, exp2 and P
@@ -37,7 +37,7 @@
 use crate::common;
 
 use fused_attn::prefill::{prefill, prefill_varlen, PrefillKernel, PrefillOptions};
-use fused_attn::reference;
+use fused_attn::reference::{self, Arith};
 use fused_attn::score_mod::{AlibiSlopes, ScoreMod};
 use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::testkit::variants::{CaseAlibi, CaseVariants};
@@ -472,7 +472,7 @@ fn closed_form(p: &Problem) -> Expected {
                     }
                 }
                 // The reference: the same row, and the bound O is held to.
-                let r = reference::dense_row_with(&rp, &var, None, qr, kseq, vseq, (0, i, h)).unwrap();
+                let r = reference::dense_row(&rp, &var, Arith::F64, qr, kseq, vseq, (0, i, h)).unwrap();
                 let o_bound =
                     if n == 0 { vec![f64::MIN_POSITIVE; d] } else { r.out_bound(Some(p.dtype), Some(p.dtype)) };
                 for (mine, theirs) in o.iter().zip(&r.out) {

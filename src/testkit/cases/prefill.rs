@@ -17,7 +17,7 @@ use crate::dtype::{DType, Element};
 use crate::emu::Emulator;
 use crate::error::{Error, Result};
 use crate::prefill::{prefill, prefill_varlen, PrefillKernel, PrefillOptions, Sm90Steps};
-use crate::reference::{self, Comparison};
+use crate::reference::{self, Arith, Comparison};
 use crate::score_mod::{AlibiSlopes, ScoreMod};
 use crate::tensor::{TensorView, TensorViewMut};
 use crate::testkit::cases::with_dtype;
@@ -648,15 +648,15 @@ impl<T: Element> PrefillFixture<T> {
             None => {
                 let mut p = reference::Problem::new(c.batch, hq, hkv, c.seqlen_q, c.seqlen_k, d, c.causal);
                 p.scale = scale;
-                let exact = reference::dense_with(&p, &var, &qv, &kv, &vv)?;
-                (exact, reference::naive_lowp_dense_with(&p, &var, c.dtype, &qv, &kv, &vv)?)
+                let exact = reference::dense(&p, &var, Arith::F64, &qv, &kv, &vv)?;
+                (exact, reference::dense(&p, &var, Arith::Lowp(c.dtype), &qv, &kv, &vv)?.out)
             }
             Some(_) => {
                 let (cq, ck) = (&self.cu_q[..], &self.cu_k[..]);
-                let exact = reference::varlen_with(hq, hkv, d, c.causal, scale, &var, cq, ck, &qv, &kv, &vv)?;
-                let naive = reference::naive_lowp_varlen_with(
-                    hq, hkv, d, c.causal, scale, &var, cq, ck, &qv, &kv, &vv, c.dtype,
-                )?;
+                let exact = reference::varlen(hq, hkv, d, c.causal, scale, &var, Arith::F64, cq, ck, &qv, &kv, &vv)?;
+                let naive =
+                    reference::varlen(hq, hkv, d, c.causal, scale, &var, Arith::Lowp(c.dtype), cq, ck, &qv, &kv, &vv)?
+                        .out;
                 (exact, naive)
             }
         };
@@ -739,8 +739,8 @@ impl<T: Element> PrefillFixture<T> {
                 row_var.sinks = Some(&row_sinks);
             }
             let at_row = (ib, it, ih % group);
-            let exact = reference::dense_row_with(&p, &row_var, None, &qrow, &krows, &vrows, at_row)?;
-            let naive = reference::dense_row_with(&p, &row_var, Some(c.dtype), &qrow, &krows, &vrows, at_row)?.out;
+            let exact = reference::dense_row(&p, &row_var, Arith::F64, &qrow, &krows, &vrows, at_row)?;
+            let naive = reference::dense_row(&p, &row_var, Arith::Lowp(c.dtype), &qrow, &krows, &vrows, at_row)?.out;
             let at = self.o.at([ib, it, ih, 0]);
             let ours: Vec<f64> = out.o[at..at + d].iter().map(|x| x.to_f64()).collect();
             let our_lse = lse.map_or(f64::NAN, |l| l[self.lse_at(ib, ih, it)] as f64);
