@@ -366,17 +366,7 @@ where
         }
         _ => return Err(Error::backend(name, "view and stream belong to different backends")),
     };
-    let count: usize = shape.iter().product();
-    let mut out = Vec::with_capacity(count);
-    for flat in 0..count {
-        let (mut rem, mut at) = (flat, 0i64);
-        for d in (0..N).rev() {
-            at += (rem % shape[d]) as i64 * strides[d];
-            rem /= shape[d];
-        }
-        out.push(data[at as usize]);
-    }
-    Ok(out)
+    Ok(crate::tensor::logical_elements(&data, shape, strides))
 }
 
 /// The writable pages of a paged KV cache: what append writes (it addresses slots directly, so it needs no

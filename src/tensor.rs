@@ -119,6 +119,21 @@ fn check_fits<const N: usize>(len: usize, shape: [usize; N], strides: [i64; N]) 
     Ok(())
 }
 
+/// The elements of a `shape`/`strides` layout over `data` (offset 0) in logical (row-major) order.
+pub(crate) fn logical_elements<E: Copy, const N: usize>(data: &[E], shape: [usize; N], strides: [i64; N]) -> Vec<E> {
+    let count: usize = shape.iter().product();
+    let mut out = Vec::with_capacity(count);
+    for flat in 0..count {
+        let (mut rem, mut at) = (flat, 0i64);
+        for d in (0..N).rev() {
+            at += (rem % shape[d]) as i64 * strides[d];
+            rem /= shape[d];
+        }
+        out.push(data[at as usize]);
+    }
+    out
+}
+
 /// Rejects layouts whose elements would overlap (a zero or too-small stride), as an output must not:
 /// dimensions of extent > 1, ordered by stride, must each step past everything inside them.
 pub(crate) fn check_disjoint<const N: usize>(name: &str, shape: [usize; N], strides: [i64; N]) -> Result<()> {

@@ -286,16 +286,5 @@ pub(super) fn host_elements<E: Copy, const N: usize>(name: &str, view: &TensorVi
     let Mem::Host(data) = &view.mem else {
         return Err(Error::backend(name, "the reference checks read host views: copy device data back first"));
     };
-    let (shape, strides) = (view.shape(), view.strides());
-    let count: usize = shape.iter().product();
-    let mut out = Vec::with_capacity(count);
-    for flat in 0..count {
-        let (mut rem, mut at) = (flat, 0i64);
-        for d in (0..N).rev() {
-            at += (rem % shape[d]) as i64 * strides[d];
-            rem /= shape[d];
-        }
-        out.push(data[at as usize]);
-    }
-    Ok(out)
+    Ok(crate::tensor::logical_elements(data, view.shape(), view.strides()))
 }
