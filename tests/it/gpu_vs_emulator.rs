@@ -21,12 +21,13 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr};
 use fused_attn::prefill::{prefill, PrefillKernel, PrefillOptions};
 use fused_attn::reference::{self, Arith, Problem, Variants};
 use fused_attn::testkit::cases::decode::{DecodeCase, PagedFixture};
+use fused_attn::testkit::cases::kv::GpuPaged;
 use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::testkit::emu_selftest::{self as st, BarrierMode, Bug, GemmBug, GemmShape, WarpOp};
 use fused_attn::testkit::seed::FixtureRng;
 use fused_attn::{
     append, decode, merge_states, sys::selftest as sys, DType, DecodeOptions, DecodeWorkspace, Element, Emulator,
-    PagedKvCache, PagedKvCacheMut, Stream, TensorView, TensorViewMut,
+    PagedKvCacheMut, Stream, TensorView, TensorViewMut,
 };
 use half::{bf16, f16};
 use rand::Rng;
@@ -224,25 +225,16 @@ fn decode_pair<T: Element>(emu: &Emulator, cu: &Arc<CudaStream>, case: &DecodeCa
     };
 
     let gpu_stream = Stream::Gpu(cu);
-    let (dk, dv) = (cu.clone_htod(&f.k_cache).unwrap(), cu.clone_htod(&f.v_cache).unwrap());
-    let (dt, dl, dq) =
-        (cu.clone_htod(&f.block_table).unwrap(), cu.clone_htod(&f.seq_lens).unwrap(), cu.clone_htod(&f.q).unwrap());
+    let inputs = GpuPaged::<T, T>::upload(cu, &f.host()).unwrap();
     let mut d_o = cu.clone_htod(&vec![T::nan(); b * hq * d]).unwrap();
     let mut d_lse = cu.clone_htod(&vec![f32::NAN; b * hq]).unwrap();
     let gpu_plan = {
-        let cache = PagedKvCache::new(
-            TensorView::gpu(dk.as_view(), f.cache_shape()).unwrap(),
-            TensorView::gpu(dv.as_view(), f.cache_shape()).unwrap(),
-            TensorView::gpu(dt.as_view(), [b, f.width]).unwrap(),
-            TensorView::gpu(dl.as_view(), [b]).unwrap(),
-            case.max_seq_len(),
-        )
-        .unwrap();
+        let cache = inputs.cache(case.max_seq_len()).unwrap();
         let plan = DecodeWorkspace::new(&gpu_stream, 0, 0).unwrap().plan(&case.problem(), &opts).unwrap();
         let mut ws = DecodeWorkspace::for_plan(&gpu_stream, &plan).unwrap();
         decode(
             &gpu_stream,
-            &TensorView::gpu(dq.as_view(), [b, hq, d]).unwrap(),
+            &TensorView::gpu(inputs.q.as_view(), [b, hq, d]).unwrap(),
             &cache,
             &mut TensorViewMut::gpu(d_o.as_view_mut(), [b, hq, d]).unwrap(),
             Some(&mut TensorViewMut::gpu(d_lse.as_view_mut(), [b, hq]).unwrap()),
