@@ -103,24 +103,6 @@ fn variant_err(t: f64, n: usize, softcap: Option<f64>, sink: Option<f64>) -> f64
     e
 }
 
-/// Worst error / bound over a result, and where (index); NaN and a one-sided infinity count as ∞.
-fn worst(ours: &[f64], want: &[f64], bound: &[f64]) -> (f64, usize) {
-    let mut w = (0.0, 0);
-    for (i, ((&x, &y), &b)) in ours.iter().zip(want).zip(bound).enumerate() {
-        let r = if x == y {
-            0.0
-        } else if x.is_finite() && y.is_finite() {
-            (x - y).abs() / b
-        } else {
-            f64::INFINITY
-        };
-        if r > w.0 || r.is_nan() {
-            w = (r, i);
-        }
-    }
-    w
-}
-
 /// The verdict on one exact case: worst O and LSE error against their bounds.
 struct Verdict {
     label: String,
@@ -132,7 +114,8 @@ struct Verdict {
 
 impl Verdict {
     fn new(label: String, o: (&[f64], &[f64], &[f64]), lse: (&[f64], &[f64], &[f64])) -> Self {
-        let (wo, wl) = (worst(o.0, o.1, o.2), worst(lse.0, lse.1, lse.2));
+        let ((wo, io, _), (wl, il, _)) = (common::worst(o.0, o.1, o.2), common::worst(lse.0, lse.1, lse.2));
+        let (wo, wl) = ((wo, io), (wl, il));
         let err = |a: &[f64], b: &[f64], i: usize| if a.is_empty() { 0.0 } else { (a[i] - b[i]).abs() };
         Verdict { o_err: err(o.0, o.1, wo.1), lse_err: err(lse.0, lse.1, wl.1), label, o: wo, lse: wl }
     }
@@ -653,12 +636,27 @@ fn prefill_dominant_token_at_every_boundary() {
 
 // ------------------------------------------------------------------------------------------------ merge
 
+/// `merge_states` of `sv`/`lv` into `o` (`[rows, 1, d]`) and `lo`, its elements widened by `wide`.
+fn merged<O: fused_attn::merge::MergeElement>(
+    stream: &fused_attn::Stream<'_>,
+    sv: &fused_attn::TensorView<'_, f32, 4>,
+    lv: &fused_attn::TensorView<'_, f32, 3>,
+    lo: &mut fused_attn::TensorViewMut<'_, f32, 2>,
+    mut o: Vec<O>,
+    d: usize,
+    wide: impl Fn(O) -> f64,
+) -> Vec<f64> {
+    let rows = o.len() / d;
+    let mut ov = fused_attn::TensorViewMut::host(&mut o, [rows, 1, d]).unwrap();
+    fused_attn::merge::merge_states(stream, sv, lv, &mut ov, Some(lo)).unwrap();
+    o.into_iter().map(wide).collect()
+}
+
 /// Merging the partial states of a constant-key problem split into chunks gives exactly the whole problem's
 /// state: O = the mean of all V rows, LSE = t + ln n. Chunks of a 4,097-token context in 1, 2, 3 and 21
 /// states (fp32 states, the split-KV workspace's type), into bf16, f16 and fp32 outputs.
 #[test]
 fn merge_uniform_chunks() {
-    use fused_attn::merge::merge_states;
     use fused_attn::{Stream, TensorView, TensorViewMut};
     let emu = Emulator::new();
     let stream = Stream::Emu(&emu);
@@ -689,47 +687,15 @@ fn merge_uniform_chunks() {
         let mean_abs = v.iter().map(|x| x.abs()).sum::<f64>() / v.len() as f64;
         // States rounded to fp32 (u·|O_s| and u·|lse_s|), merged with fp32 weights, rounded once.
         let run = |out_dt: Option<DType>| -> Verdict {
-            let mut o32 = vec![f32::NAN; rows * d];
-            let mut o16 = vec![bf16::NAN; rows * d];
-            let mut oh = vec![f16::NAN; rows * d];
             let mut lse = vec![f32::NAN; rows];
             let sv = TensorView::host(&os, [states, rows, 1, d]).unwrap();
             let lv = TensorView::host(&ls, [states, rows, 1]).unwrap();
             let mut lo = TensorViewMut::host(&mut lse, [rows, 1]).unwrap();
+            // Merged into a NaN-poisoned O of the output type, widened.
             let o: Vec<f64> = match out_dt {
-                None => {
-                    merge_states(
-                        &stream,
-                        &sv,
-                        &lv,
-                        &mut TensorViewMut::host(&mut o32, [rows, 1, d]).unwrap(),
-                        Some(&mut lo),
-                    )
-                    .unwrap();
-                    o32.iter().map(|&x| x as f64).collect()
-                }
-                Some(DType::Bf16) => {
-                    merge_states(
-                        &stream,
-                        &sv,
-                        &lv,
-                        &mut TensorViewMut::host(&mut o16, [rows, 1, d]).unwrap(),
-                        Some(&mut lo),
-                    )
-                    .unwrap();
-                    f64s(&o16)
-                }
-                Some(DType::F16) => {
-                    merge_states(
-                        &stream,
-                        &sv,
-                        &lv,
-                        &mut TensorViewMut::host(&mut oh, [rows, 1, d]).unwrap(),
-                        Some(&mut lo),
-                    )
-                    .unwrap();
-                    f64s(&oh)
-                }
+                None => merged(&stream, &sv, &lv, &mut lo, vec![f32::NAN; rows * d], d, f64::from),
+                Some(DType::Bf16) => merged(&stream, &sv, &lv, &mut lo, vec![bf16::NAN; rows * d], d, bf16::to_f64),
+                Some(DType::F16) => merged(&stream, &sv, &lv, &mut lo, vec![f16::NAN; rows * d], d, f16::to_f64),
             };
             let o_bound: Vec<f64> = want_o
                 .iter()

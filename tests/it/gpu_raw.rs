@@ -25,6 +25,14 @@ fn bits(v: &[bf16]) -> Vec<u16> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
+/// Reads both paths' outputs back: the cudarc path's `o1` is finite and the raw path's `o2` the same bits.
+fn assert_same_bits(cu: &Arc<CudaStream>, o1: &CudaSlice<bf16>, o2: &CudaSlice<bf16>) {
+    let (r1, r2) = (cu.clone_dtoh(o1).unwrap(), cu.clone_dtoh(o2).unwrap());
+    cu.synchronize().unwrap();
+    assert!(r1.iter().all(|x| x.is_finite()), "cudarc path left NaN");
+    assert_eq!(bits(&r1), bits(&r2), "raw path differs from the cudarc path");
+}
+
 /// Prefill through cudarc views on `cu`, then through raw pointers on the same stream wrapped raw.
 #[test]
 fn gpu_raw_stream_prefill_matches_the_cudarc_path() {
@@ -66,10 +74,7 @@ fn gpu_raw_stream_prefill_matches_the_cudarc_path() {
         )
         .unwrap();
     }
-    let (r1, r2) = (cu.clone_dtoh(&o1).unwrap(), cu.clone_dtoh(&o2).unwrap());
-    cu.synchronize().unwrap();
-    assert!(r1.iter().all(|x| x.is_finite()), "cudarc path left NaN");
-    assert_eq!(bits(&r1), bits(&r2), "raw path differs from the cudarc path");
+    assert_same_bits(&cu, &o1, &o2);
     // A cudarc view on a raw stream is refused by kind (no stream-ordering guard could be kept).
     let e = with_views(&Stream::Raw(raw), &mut o1).unwrap_err();
     assert_eq!(e.kind(), &fused_attn::ErrorKind::Backend, "{e}");
@@ -132,8 +137,5 @@ fn gpu_raw_stream_decode_with_caller_workspace_matches_the_cudarc_path() {
         )
         .unwrap();
     }
-    let (r1, r2) = (cu.clone_dtoh(&o1).unwrap(), cu.clone_dtoh(&o2).unwrap());
-    cu.synchronize().unwrap();
-    assert!(r1.iter().all(|x| x.is_finite()), "cudarc path left NaN");
-    assert_eq!(bits(&r1), bits(&r2), "raw path differs from the cudarc path");
+    assert_same_bits(&cu, &o1, &o2);
 }

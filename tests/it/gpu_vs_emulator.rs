@@ -585,29 +585,17 @@ fn gpu_vs_emu_selftest_planted_bug_twins() {
     let input: Vec<f32> = (0..st::BUG_ELEMS).map(|i| 1.0 + i as f32 * 0.25).collect();
     let din = cu.clone_htod(&input).unwrap();
     for bug in Bug::ALL {
-        let abi = match bug {
-            Bug::MissingSyncthreads => sys::FA_SELFTEST_BUG_MISSING_SYNCTHREADS,
-            Bug::OobWrite => sys::FA_SELFTEST_BUG_OOB_WRITE,
-            Bug::MissingCpAsyncWait => sys::FA_SELFTEST_BUG_MISSING_CP_ASYNC_WAIT,
-            Bug::DivergentBarrier => sys::FA_SELFTEST_BUG_DIVERGENT_BARRIER,
-            Bug::Deadlock => sys::FA_SELFTEST_BUG_DEADLOCK,
-            Bug::Misaligned16 => sys::FA_SELFTEST_BUG_MISALIGNED_16,
-            Bug::RawPointer => sys::FA_SELFTEST_BUG_RAW_POINTER,
-            Bug::DivByZero => sys::FA_SELFTEST_BUG_DIV_BY_ZERO,
-            Bug::StoreToInput => sys::FA_SELFTEST_BUG_STORE_TO_INPUT,
-            Bug::SharedOob => sys::FA_SELFTEST_BUG_SHARED_OOB,
-            Bug::GlobalAsShared => sys::FA_SELFTEST_BUG_GLOBAL_AS_SHARED,
-            Bug::SpinWait => sys::FA_SELFTEST_BUG_SPIN_WAIT,
-            // The GPU build rejects kernels with a stack frame, so this one exists in emulation only.
-            Bug::StackOverflow => continue,
-        } as i32;
+        // The GPU build rejects kernels with a stack frame, so this one exists in emulation only.
+        if bug == Bug::StackOverflow {
+            continue;
+        }
         let emu = st::planted_bug(bug, false, true, &input, seed()).unwrap();
         // Twice the elements, as the emulated run's spare capacity: a stray write would land in the poison.
         let dout = cu.clone_htod(&vec![f32::NAN; 2 * st::BUG_ELEMS]).unwrap();
         let p = sys::FaSelftestBugParams {
             input: dptr(&cu, &din) as *const f32,
             out: dptr(&cu, &dout) as *mut f32,
-            bug: abi,
+            bug: bug.abi(),
             planted: 0,
             race_detection: 1,
         };
@@ -707,38 +695,24 @@ fn gpu_vs_emu_selftest_hopper() {
     let mut rng = fused_attn::testkit::seed::rng(seed() ^ SEED);
 
     // wgmma: every layout pair at N = 64, SS and RS, both dtypes; every N with a few layouts.
-    let layouts: Vec<(bool, u32)> =
-        [false, true].iter().flat_map(|&mn| [0u32, 32, 64, 128].map(move |s| (mn, s))).collect();
     let mut cases = 0;
-    for dtype in [DType::F16, DType::Bf16] {
-        for (i, &a_sw) in layouts.iter().enumerate() {
-            for (j, &b_sw) in layouts.iter().enumerate() {
-                for n in [16usize, 64, 128, 176, 256] {
-                    if n != 64 && (i + j + n / 16) % 7 != 0 {
-                        continue;
-                    }
-                    let rs = i == j;
-                    let s = wgmma_setup(&mut rng, dtype, n, a_sw, b_sw, rs, true);
-                    let accumulate = (i + j) % 2 == 0;
-                    let case = s.case(dtype, n, accumulate);
-                    let emu = st::wgmma(&case, SEED).unwrap();
-                    let (da, db) =
-                        (cu.clone_htod(&s.a_img.clone().max_len(16)).unwrap(), cu.clone_htod(&s.b_img).unwrap());
-                    let dr = cu.clone_htod(&s.a_regs.clone().unwrap_or_else(|| vec![0u32; 4])).unwrap();
-                    let (dc, dd) = (cu.clone_htod(&s.c).unwrap(), cu.clone_htod(&vec![f32::NAN; s.c.len()]).unwrap());
-                    let mut p = case.params(dptr(&cu, &dd) as *mut f32).unwrap();
-                    p.a_smem = dptr(&cu, &da) as *const u8;
-                    p.b_smem = dptr(&cu, &db) as *const u8;
-                    p.a_regs = if rs { dptr(&cu, &dr) as *const u32 } else { std::ptr::null() };
-                    p.c = dptr(&cu, &dc) as *const f32;
-                    launch_gpu(&cu, "selftest_wgmma", sys::fa_selftest_wgmma, p);
-                    let gpu: Vec<u32> = cu.clone_dtoh(&dd).unwrap().iter().map(|x| x.to_bits()).collect();
-                    let emu: Vec<u32> = emu.iter().map(|x| x.to_bits()).collect();
-                    bitwise(&format!("wgmma {dtype:?} n={n} A {a_sw:?} B {b_sw:?} rs={rs}"), &gpu, &emu);
-                    cases += 1;
-                }
-            }
-        }
+    for WgmmaSweepCase { dtype, n, a_sw, b_sw, rs, accumulate } in wgmma_sweep() {
+        let s = wgmma_setup(&mut rng, dtype, n, a_sw, b_sw, rs, true);
+        let case = s.case(dtype, n, accumulate);
+        let emu = st::wgmma(&case, SEED).unwrap();
+        let (da, db) = (cu.clone_htod(&s.a_img.clone().max_len(16)).unwrap(), cu.clone_htod(&s.b_img).unwrap());
+        let dr = cu.clone_htod(&s.a_regs.clone().unwrap_or_else(|| vec![0u32; 4])).unwrap();
+        let (dc, dd) = (cu.clone_htod(&s.c).unwrap(), cu.clone_htod(&vec![f32::NAN; s.c.len()]).unwrap());
+        let mut p = case.params(dptr(&cu, &dd) as *mut f32).unwrap();
+        p.a_smem = dptr(&cu, &da) as *const u8;
+        p.b_smem = dptr(&cu, &db) as *const u8;
+        p.a_regs = if rs { dptr(&cu, &dr) as *const u32 } else { std::ptr::null() };
+        p.c = dptr(&cu, &dc) as *const f32;
+        launch_gpu(&cu, "selftest_wgmma", sys::fa_selftest_wgmma, p);
+        let gpu: Vec<u32> = cu.clone_dtoh(&dd).unwrap().iter().map(|x| x.to_bits()).collect();
+        let emu: Vec<u32> = emu.iter().map(|x| x.to_bits()).collect();
+        bitwise(&format!("wgmma {dtype:?} n={n} A {a_sw:?} B {b_sw:?} rs={rs}"), &gpu, &emu);
+        cases += 1;
     }
     assert!(cases >= 150);
 
