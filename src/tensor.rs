@@ -240,6 +240,20 @@ impl<'a, T, const N: usize> TensorView<'a, T, N> {
     }
 }
 
+impl<T> TensorView<'_, T, 1> {
+    /// Checks an index vector (slot mapping, positions): `len` elements (else a `Shape` error "length …
+    /// {why_len()}"), contiguous when it has more than one (else `Layout`).
+    pub(crate) fn check_index_vector(&self, name: &str, len: usize, why_len: impl FnOnce() -> String) -> Result<()> {
+        if self.shape() != [len] {
+            return Err(Error::shape(name, format!("length {} {}", self.dim(0), why_len())));
+        }
+        if len > 1 && self.strides()[0] != 1 {
+            return Err(Error::layout(name, "must be contiguous"));
+        }
+        Ok(())
+    }
+}
+
 impl<'a, T, const N: usize> TensorViewMut<'a, T, N> {
     /// A contiguous writable view of GPU memory (`slice.as_view_mut()`).
     pub fn gpu(view: CudaViewMut<'a, T>, shape: [usize; N]) -> Result<Self> {
