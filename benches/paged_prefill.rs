@@ -118,6 +118,13 @@ impl PagedSetup {
         )
         .expect("paged prefill launch");
     }
+
+    /// Times the paged prefill (with its own workspace) as `id`; ms per launch.
+    fn time(mut self, group: &mut Group<'_>, gpu: &support::Gpu, id: BenchmarkId) -> Option<f64> {
+        let stream = Stream::Gpu(&gpu.stream);
+        let mut ws = PagedPrefillWorkspace::with_capacity(&stream, self.b * self.q_len, HQ, D, 64).expect("workspace");
+        time(group, gpu, id, || self.run_paged(&stream, &mut ws))
+    }
 }
 
 fn case(b: usize, q_len: usize, ctx: usize, ps: usize) -> PagedPrefillCase {
@@ -172,11 +179,8 @@ fn paged_vs_dense(gpu: &support::Gpu, smoke: bool) -> Vec<String> {
             .expect("dense prefill launch");
         });
         for ps in [16, 64] {
-            let mut setup = PagedSetup::new(gpu, b, ctx, q_len, ps, 100 + ps as u64);
-            let mut ws = PagedPrefillWorkspace::with_capacity(&stream, b * q_len, HQ, D, 64).expect("workspace");
-            let paged_ms = time(&mut group, gpu, BenchmarkId::new(format!("paged_page{ps}"), &label), || {
-                setup.run_paged(&stream, &mut ws)
-            });
+            let setup = PagedSetup::new(gpu, b, ctx, q_len, ps, 100 + ps as u64);
+            let paged_ms = setup.time(&mut group, gpu, BenchmarkId::new(format!("paged_page{ps}"), &label));
             if let (Some(p), Some(dn)) = (paged_ms, dense_ms) {
                 lines.push(format!(
                     "{label} page {ps}: paged {:.1} us ({:.0} TFLOPS), dense {:.1} us: paged/dense = {:.2} (target <= 1.10)",
@@ -225,11 +229,8 @@ fn spec_verify_vs_decode(gpu: &support::Gpu, smoke: bool) -> Vec<String> {
             .expect("decode launch");
         });
         for q_len in [4, 8] {
-            let mut setup = PagedSetup::new(gpu, b, ctx, q_len, 16, 300 + q_len as u64);
-            let mut ws = PagedPrefillWorkspace::with_capacity(&stream, b * q_len, HQ, D, 64).expect("workspace");
-            let ms = time(&mut group, gpu, BenchmarkId::new(format!("verify_q{q_len}"), &label), || {
-                setup.run_paged(&stream, &mut ws)
-            });
+            let setup = PagedSetup::new(gpu, b, ctx, q_len, 16, 300 + q_len as u64);
+            let ms = setup.time(&mut group, gpu, BenchmarkId::new(format!("verify_q{q_len}"), &label));
             if let (Some(v), Some(dn)) = (ms, decode_ms) {
                 lines.push(format!(
                     "{label} q_len {q_len}: verify {:.1} us, decode step {:.1} us: ratio {:.2} (target <= 1.30)",
