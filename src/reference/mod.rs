@@ -1215,12 +1215,20 @@ mod tests {
         v
     }
 
+    /// Each of [`shapes`] with its seed (`base` + index), random inputs and their fp64 [`dense`] result.
+    #[allow(clippy::type_complexity)]
+    fn shape_cases(base: u64) -> impl Iterator<Item = (u64, Problem, (Vec<f64>, Vec<f64>, Vec<f64>), Output)> {
+        shapes().into_iter().enumerate().map(move |(n, p)| {
+            let seed = base + n as u64;
+            let (q, k, v) = inputs(&p, seed);
+            let r = dense(&p, &Variants::default(), Arith::F64, &q, &k, &v).unwrap();
+            (seed, p, (q, k, v), r)
+        })
+    }
+
     #[test]
     fn dense_matches_naive_formulation() {
-        for (n, p) in shapes().iter().enumerate() {
-            let seed = 1000 + n as u64;
-            let (q, k, v) = inputs(p, seed);
-            let got = dense(p, &Variants::default(), Arith::F64, &q, &k, &v).unwrap();
+        for (seed, ref p, (q, k, v), got) in shape_cases(1000) {
             let (out, lse) = naive_dense(p, &q, &k, &v);
             let (eo, el) = (max_diff(&got.out, &out), max_diff(&got.lse, &lse));
             assert!(eo < 1e-12 && el < 1e-12, "seed {seed} {p:?}: out err {eo}, lse err {el}");
@@ -1229,10 +1237,7 @@ mod tests {
 
     #[test]
     fn probabilities_sum_to_one_and_masked_are_zero() {
-        for (n, p) in shapes().iter().enumerate() {
-            let seed = 2000 + n as u64;
-            let (q, k, v) = inputs(p, seed);
-            let full = dense(p, &Variants::default(), Arith::F64, &q, &k, &v).unwrap();
+        for (seed, ref p, (q, k, v), full) in shape_cases(2000) {
             let d = p.head_dim;
             for b in 0..p.batch {
                 for h in 0..p.heads_q {
