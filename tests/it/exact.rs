@@ -54,6 +54,16 @@ use rand::Rng;
 const U: f64 = 1.0 / (1u64 << 24) as f64;
 const EXP2_REL_ERR: f64 = 1.0 / (1u64 << 21) as f64;
 
+/// `$f::<T>(args)` for `T` the 16-bit type of the runtime dtype `$dtype`.
+macro_rules! by_dtype {
+    ($dtype:expr, $f:ident($($arg:expr),* $(,)?)) => {
+        match $dtype {
+            DType::F16 => $f::<f16>($($arg),*),
+            DType::Bf16 => $f::<bf16>($($arg),*),
+        }
+    };
+}
+
 // ------------------------------------------------------------------------------------------------ bounds
 
 /// The score arithmetic's error on `t = scale · q·k` (fp32 dot on tensor cores, fp32 scale·log2 e).
@@ -304,13 +314,6 @@ fn max_splits(n: usize) -> usize {
     n.div_ceil(fused_attn::plan::SPLIT_GRANULE)
 }
 
-fn run_decode(emu: &Emulator, dtype: DType, label: &str, case: &DecodeCase, keys: &Keys, seed: u64) -> Verdict {
-    match dtype {
-        DType::F16 => decode_exact::<f16>(emu, label, case, keys, seed),
-        DType::Bf16 => decode_exact::<bf16>(emu, label, case, keys, seed),
-    }
-}
-
 /// Constant keys at 4,097 tokens (and 4,096, 1, 17 in the same batch) for split counts 1, 2, 3 and the
 /// maximum, page sizes 1, 16 and 256.
 #[test]
@@ -328,7 +331,7 @@ fn decode_uniform_4097() {
         .enumerate()
         .map(|(i, &(dt, d, heads, ps, s))| {
             let case = decode_case(dt, d, heads, ps, lens.clone(), s);
-            run_decode(&emu, dt, "uniform", &case, &Keys::Uniform, common::case_seed(i))
+            by_dtype!(dt, decode_exact(&emu, "uniform", &case, &Keys::Uniform, common::case_seed(i)))
         })
         .collect();
     judge("decode_uniform_4097", &verdicts);
@@ -341,8 +344,8 @@ fn decode_uniform_long_contexts() {
     let long = decode_case(DType::Bf16, 128, (8, 1), 256, vec![131_072, 3], None);
     let many = decode_case(DType::F16, 64, (4, 1), 16, vec![32_768], Some(max_splits(32_768)));
     let verdicts = vec![
-        run_decode(&emu, DType::Bf16, "uniform 128k", &long, &Keys::Uniform, common::case_seed(10)),
-        run_decode(&emu, DType::F16, "uniform 32k", &many, &Keys::Uniform, common::case_seed(11)),
+        by_dtype!(DType::Bf16, decode_exact(&emu, "uniform 128k", &long, &Keys::Uniform, common::case_seed(10))),
+        by_dtype!(DType::F16, decode_exact(&emu, "uniform 32k", &many, &Keys::Uniform, common::case_seed(11))),
     ];
     judge("decode_uniform_long_contexts", &verdicts);
 }
@@ -385,7 +388,7 @@ fn decode_dominant_token_at_every_boundary() {
             let pos = boundary_positions(n, decode_tile_tokens(d), ps, split);
             let case = decode_case(dt, d, heads, ps, vec![n; pos.len()], s);
             let label = format!("dominant at {pos:?}");
-            run_decode(&emu, dt, &label, &case, &Keys::Dominant(pos), common::case_seed(20 + i))
+            by_dtype!(dt, decode_exact(&emu, &label, &case, &Keys::Dominant(pos), common::case_seed(20 + i)))
         })
         .collect();
     judge("decode_dominant_token_at_every_boundary", &verdicts);
@@ -559,13 +562,6 @@ fn prefill_exact<T: Element>(
     Verdict::new(label, (&o, &want_o, &o_bound), (&lse, &want_lse, &lse_bd))
 }
 
-fn run_prefill(emu: &Emulator, label: &str, case: &PrefillCase, dominant: Option<&[usize]>, seed: u64) -> Verdict {
-    match case.dtype {
-        DType::F16 => prefill_exact::<f16>(emu, label, case, dominant, seed),
-        DType::Bf16 => prefill_exact::<bf16>(emu, label, case, dominant, seed),
-    }
-}
-
 fn prefill_case(
     dtype: DType,
     d: usize,
@@ -601,7 +597,7 @@ fn prefill_uniform() {
     let verdicts: Vec<Verdict> = cases
         .iter()
         .enumerate()
-        .map(|(i, c)| run_prefill(&emu, "uniform", c, None, common::case_seed(30 + i)))
+        .map(|(i, c)| by_dtype!(c.dtype, prefill_exact(&emu, "uniform", c, None, common::case_seed(30 + i))))
         .collect();
     judge("prefill_uniform", &verdicts);
 }
@@ -626,10 +622,11 @@ fn prefill_dominant_token_at_every_boundary() {
         case.varlen = Some(vec![(tq, tk); pos.len()]);
         (case.batch, case.seqlen_q, case.seqlen_k) = (pos.len(), tq, tk);
         let label = format!("dominant at {pos:?}");
-        verdicts.push(run_prefill(&emu, &label, &case, Some(&pos), common::case_seed(40 + i)));
+        verdicts.push(by_dtype!(case.dtype, prefill_exact(&emu, &label, &case, Some(&pos), common::case_seed(40 + i))));
         // The same positions in a dense batch (B = positions).
         let dense = prefill_case(dt, d, (2, 1), pos.len(), tq, tk, causal);
-        verdicts.push(run_prefill(&emu, &label, &dense, Some(&pos), common::case_seed(50 + i)));
+        verdicts
+            .push(by_dtype!(dense.dtype, prefill_exact(&emu, &label, &dense, Some(&pos), common::case_seed(50 + i))));
     }
     judge("prefill_dominant_token_at_every_boundary", &verdicts);
 }
@@ -774,8 +771,8 @@ fn prefill_constant_key_variant_verdicts(emu: &Emulator, i: usize, kernel: Prefi
     varlen.variants = v;
     varlen.kernel = kernel;
     [
-        run_prefill(emu, "constant keys", &dense, None, common::case_seed(70 + i)),
-        run_prefill(emu, "constant keys", &varlen, None, common::case_seed(80 + i)),
+        by_dtype!(dense.dtype, prefill_exact(emu, "constant keys", &dense, None, common::case_seed(70 + i))),
+        by_dtype!(varlen.dtype, prefill_exact(emu, "constant keys", &varlen, None, common::case_seed(80 + i))),
     ]
 }
 
@@ -795,13 +792,9 @@ fn variants_over_constant_keys() {
             case.variants = *v;
             let dtype = if j == 1 { DType::F16 } else { DType::Bf16 };
             case.dtype = dtype;
-            verdicts.push(run_decode(
-                &emu,
+            verdicts.push(by_dtype!(
                 dtype,
-                "constant keys",
-                &case,
-                &Keys::Uniform,
-                common::case_seed(90 + 3 * i + j),
+                decode_exact(&emu, "constant keys", &case, &Keys::Uniform, common::case_seed(90 + 3 * i + j))
             ));
         }
     }
@@ -920,19 +913,6 @@ fn paged_prefill_exact<T: Element>(
     Verdict::new(label, (&o, &want_o, &o_bound), (&lse, &want_lse, &lse_bd))
 }
 
-fn run_paged_prefill(
-    emu: &Emulator,
-    label: &str,
-    case: &fused_attn::testkit::cases::paged_prefill::PagedPrefillCase,
-    dominant: Option<&[usize]>,
-    seed: u64,
-) -> Verdict {
-    match case.dtype {
-        DType::F16 => paged_prefill_exact::<f16>(emu, label, case, dominant, seed),
-        DType::Bf16 => paged_prefill_exact::<bf16>(emu, label, case, dominant, seed),
-    }
-}
-
 /// Constant keys over contexts of 4,097 and 4,096 tokens (and short ones in the same batch), chunks of
 /// 1..17 new tokens, page sizes 1, 16 and 256, split counts 1, 2, 3 and the maximum.
 #[test]
@@ -953,7 +933,7 @@ fn paged_prefill_uniform_4097() {
             let mut c = case(d, heads, ps, &seqs);
             c.dtype = dt;
             c.num_splits = Some(s);
-            run_paged_prefill(&emu, "uniform", &c, None, common::case_seed(40 + i))
+            by_dtype!(c.dtype, paged_prefill_exact(&emu, "uniform", &c, None, common::case_seed(40 + i)))
         })
         .collect();
     judge("paged_prefill_uniform_4097", &verdicts);
@@ -980,7 +960,7 @@ fn paged_prefill_dominant_token_at_every_boundary() {
             c.dtype = dt;
             c.num_splits = Some(s);
             let label = format!("dominant at {pos:?}");
-            run_paged_prefill(&emu, &label, &c, Some(&pos), common::case_seed(50 + i))
+            by_dtype!(c.dtype, paged_prefill_exact(&emu, &label, &c, Some(&pos), common::case_seed(50 + i)))
         })
         .collect();
     judge("paged_prefill_dominant_token_at_every_boundary", &verdicts);
