@@ -152,7 +152,8 @@ pub(crate) fn check_disjoint<const N: usize>(name: &str, shape: [usize; N], stri
 macro_rules! view_common {
     ($ty:ident, $mem:ident) => {
         impl<'a, T, const N: usize> $ty<'a, T, N> {
-            fn new(mem: $mem<'a, T>, shape: [usize; N]) -> Result<Self> {
+            /// A contiguous view of `mem`.
+            pub(crate) fn new(mem: $mem<'a, T>, shape: [usize; N]) -> Result<Self> {
                 let strides = contiguous_strides(shape)?;
                 check_fits(mem.len(), shape, strides)?;
                 Ok(Self { mem, shape, strides })
