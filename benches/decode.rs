@@ -54,27 +54,16 @@ struct Row {
 
 /// A cache element the bench fills: bf16 values as the 16-bit cache, or the FP8 codes of the same
 /// distributions (quantised with per-head scales amax / 448).
-trait BenchKv: KvCacheOf<bf16> {
+trait BenchKv: KvCacheOf<bf16> + cudarc::driver::DeviceRepr {
     const NAME: &'static str;
-    fn fill(
-        stream: &std::sync::Arc<cudarc::driver::CudaStream>,
-        buf: &mut CudaSlice<Self>,
-        seed: u64,
-        lo: f64,
-        hi: f64,
-    );
+    /// The element holding `x`, for values of magnitude at most `amax`.
+    fn of(x: f64, amax: f64) -> Self;
     fn scales(stream: &Stream<'_>, hkv: usize) -> Option<KvScales>;
 }
 impl BenchKv for bf16 {
     const NAME: &'static str = "bf16";
-    fn fill(
-        stream: &std::sync::Arc<cudarc::driver::CudaStream>,
-        buf: &mut CudaSlice<Self>,
-        seed: u64,
-        lo: f64,
-        hi: f64,
-    ) {
-        support::fill_random(stream, buf, seed, lo, hi);
+    fn of(x: f64, _: f64) -> Self {
+        <bf16 as fused_attn::Element>::from_f64(x)
     }
     fn scales(_: &Stream<'_>, _: usize) -> Option<KvScales> {
         None
@@ -82,32 +71,25 @@ impl BenchKv for bf16 {
 }
 impl BenchKv for Fp8E4m3 {
     const NAME: &'static str = "fp8_e4m3";
-    fn fill(
-        stream: &std::sync::Arc<cudarc::driver::CudaStream>,
-        buf: &mut CudaSlice<Self>,
-        seed: u64,
-        lo: f64,
-        hi: f64,
-    ) {
-        let len = buf.len();
-        let chunk = len.min(1 << 20);
-        let mut rng = fused_attn::testkit::seed::rng(seed);
-        let scale = lo.abs().max(hi.abs()) / Fp8Format::E4m3.max();
-        let host: Vec<Fp8E4m3> = (0..chunk)
-            .map(|_| Fp8E4m3::from_code(Fp8Format::E4m3.encode((rng.random_range(lo..hi) / scale) as f32)))
-            .collect();
-        stream.memcpy_htod(&host, &mut buf.slice_mut(0..chunk)).expect("upload");
-        let mut filled = chunk;
-        while filled < len {
-            let n = filled.min(len - filled);
-            let (head, mut tail) = buf.split_at_mut(filled);
-            stream.memcpy_dtod(&head.slice(0..n), &mut tail.slice_mut(0..n)).expect("device copy");
-            filled += n;
-        }
+    fn of(x: f64, amax: f64) -> Self {
+        let scale = amax / Fp8Format::E4m3.max();
+        Fp8E4m3::from_code(Fp8Format::E4m3.encode((x / scale) as f32))
     }
     fn scales(stream: &Stream<'_>, hkv: usize) -> Option<KvScales> {
         Some(KvScales::per_head(stream, &vec![2.0 / 448.0; hkv], &vec![1.5 / 448.0; hkv]).expect("scales"))
     }
+}
+
+/// Fills `buf` with `C` values uniform in [lo, hi) ([`support::fill_with`]).
+fn fill<C: BenchKv>(
+    stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    buf: &mut CudaSlice<C>,
+    seed: u64,
+    lo: f64,
+    hi: f64,
+) {
+    let amax = lo.abs().max(hi.abs());
+    support::fill_with(stream, buf, seed, |rng| C::of(rng.random_range(lo..hi), amax));
 }
 
 fn bench_case<C: BenchKv>(
@@ -127,11 +109,11 @@ fn bench_case<C: BenchKv>(
     let num_pages = sets * pages_per_set;
     let cache_len = num_pages * ps * hkv * d;
 
-    // SAFETY (both): every element is written by fill_random before any launch reads it.
+    // SAFETY (both): every element is written by fill before any launch reads it.
     let mut k = unsafe { s.alloc::<C>(cache_len) }.expect("alloc k cache");
     let mut v = unsafe { s.alloc::<C>(cache_len) }.expect("alloc v cache");
-    C::fill(s, &mut k, seed, -2.0, 2.0);
-    C::fill(s, &mut v, seed + 1, -0.5, 1.5);
+    fill(s, &mut k, seed, -2.0, 2.0);
+    fill(s, &mut v, seed + 1, -0.5, 1.5);
     let scales = C::scales(&stream, hkv);
     // One block table per set, each a shuffled permutation of that set's pages.
     let mut rng = fused_attn::testkit::seed::rng(seed + 2);

@@ -118,12 +118,35 @@ impl PagedSetup {
         )
         .expect("paged prefill launch");
     }
+
+    /// Times the paged prefill (with its own workspace) as `id`; ms per launch.
+    fn time(mut self, group: &mut Group<'_>, gpu: &support::Gpu, id: BenchmarkId) -> Option<f64> {
+        let stream = Stream::Gpu(&gpu.stream);
+        let mut ws = PagedPrefillWorkspace::with_capacity(&stream, self.b * self.q_len, HQ, D, 64).expect("workspace");
+        time(group, gpu, id, || self.run_paged(&stream, &mut ws))
+    }
 }
 
 fn case(b: usize, q_len: usize, ctx: usize, ps: usize) -> PagedPrefillCase {
     let mut c = fused_attn::testkit::cases::paged_prefill::case(D, (HQ, HKV), ps, &vec![(q_len, ctx); b]);
     c.dtype = DType::Bf16;
     c
+}
+
+/// Runs `body` in criterion group `name` on `gpu`'s stream, then prints criterion's summary; returns the
+/// body's summary lines.
+fn in_group(
+    gpu: &support::Gpu,
+    name: &str,
+    body: impl FnOnce(&mut Group<'_>, &Stream<'_>) -> Vec<String>,
+) -> Vec<String> {
+    let stream = Stream::Gpu(&gpu.stream);
+    let mut c = support::criterion();
+    let mut group = c.benchmark_group(name);
+    let lines = body(&mut group, &stream);
+    group.finish();
+    c.final_summary();
+    lines
 }
 
 /// Times `launch` under criterion; returns ms per launch.
@@ -139,110 +162,99 @@ fn time(group: &mut Group<'_>, gpu: &support::Gpu, id: BenchmarkId, mut launch: 
 }
 
 fn paged_vs_dense(gpu: &support::Gpu, smoke: bool) -> Vec<String> {
-    let s = &gpu.stream;
-    let stream = Stream::Gpu(s);
-    let mut c = support::criterion();
-    let mut group = c.benchmark_group("paged_vs_dense_prefill_bf16");
-    let mut lines = Vec::new();
-    for (i, &(b, q_len, ctx)) in [(4usize, 2048usize, 2048usize), (4, 512, 4096)].iter().enumerate() {
-        if smoke && i > 0 {
-            continue;
-        }
-        let flops = case_flops(&case(b, q_len, ctx, 16));
-        group.throughput(Throughput::Elements(flops as u64));
-        // Dense: q [B, q_len, Hq, D], k/v [B, ctx, Hkv, D], causal bottom-right (the same visible pairs).
-        let mut dk = unsafe { s.alloc::<bf16>(b * ctx * HKV * D) }.expect("alloc k");
-        let mut dv = unsafe { s.alloc::<bf16>(b * ctx * HKV * D) }.expect("alloc v");
-        let mut dq = unsafe { s.alloc::<bf16>(b * q_len * HQ * D) }.expect("alloc q");
-        for (buf, seed) in [(&mut dk, 11), (&mut dv, 12), (&mut dq, 13)] {
-            support::fill_random(s, buf, seed, -1.0, 1.0);
-        }
-        let mut d_o = s.alloc_zeros::<bf16>(b * q_len * HQ * D).expect("alloc o");
-        let label = format!("B{b}_q{q_len}_ctx{ctx}");
-        let dense_ms = time(&mut group, gpu, BenchmarkId::new("dense", &label), || {
-            prefill(
-                &stream,
-                &TensorView::gpu(dq.as_view(), [b, q_len, HQ, D]).expect("q view"),
-                &TensorView::gpu(dk.as_view(), [b, ctx, HKV, D]).expect("k view"),
-                &TensorView::gpu(dv.as_view(), [b, ctx, HKV, D]).expect("v view"),
-                &mut TensorViewMut::gpu(d_o.as_view_mut(), [b, q_len, HQ, D]).expect("o view"),
-                None,
-                &PrefillOptions { causal: true, ..Default::default() },
-            )
-            .expect("dense prefill launch");
-        });
-        for ps in [16, 64] {
-            let mut setup = PagedSetup::new(gpu, b, ctx, q_len, ps, 100 + ps as u64);
-            let mut ws = PagedPrefillWorkspace::with_capacity(&stream, b * q_len, HQ, D, 64).expect("workspace");
-            let paged_ms = time(&mut group, gpu, BenchmarkId::new(format!("paged_page{ps}"), &label), || {
-                setup.run_paged(&stream, &mut ws)
+    in_group(gpu, "paged_vs_dense_prefill_bf16", |group, stream| {
+        let s = &gpu.stream;
+        let mut lines = Vec::new();
+        for (i, &(b, q_len, ctx)) in [(4usize, 2048usize, 2048usize), (4, 512, 4096)].iter().enumerate() {
+            if smoke && i > 0 {
+                continue;
+            }
+            let flops = case_flops(&case(b, q_len, ctx, 16));
+            group.throughput(Throughput::Elements(flops as u64));
+            // Dense: q [B, q_len, Hq, D], k/v [B, ctx, Hkv, D], causal bottom-right (the same visible pairs).
+            let mut dk = unsafe { s.alloc::<bf16>(b * ctx * HKV * D) }.expect("alloc k");
+            let mut dv = unsafe { s.alloc::<bf16>(b * ctx * HKV * D) }.expect("alloc v");
+            let mut dq = unsafe { s.alloc::<bf16>(b * q_len * HQ * D) }.expect("alloc q");
+            for (buf, seed) in [(&mut dk, 11), (&mut dv, 12), (&mut dq, 13)] {
+                support::fill_random(s, buf, seed, -1.0, 1.0);
+            }
+            let mut d_o = s.alloc_zeros::<bf16>(b * q_len * HQ * D).expect("alloc o");
+            let label = format!("B{b}_q{q_len}_ctx{ctx}");
+            let dense_ms = time(group, gpu, BenchmarkId::new("dense", &label), || {
+                prefill(
+                    stream,
+                    &TensorView::gpu(dq.as_view(), [b, q_len, HQ, D]).expect("q view"),
+                    &TensorView::gpu(dk.as_view(), [b, ctx, HKV, D]).expect("k view"),
+                    &TensorView::gpu(dv.as_view(), [b, ctx, HKV, D]).expect("v view"),
+                    &mut TensorViewMut::gpu(d_o.as_view_mut(), [b, q_len, HQ, D]).expect("o view"),
+                    None,
+                    &PrefillOptions { causal: true, ..Default::default() },
+                )
+                .expect("dense prefill launch");
             });
-            if let (Some(p), Some(dn)) = (paged_ms, dense_ms) {
-                lines.push(format!(
-                    "{label} page {ps}: paged {:.1} us ({:.0} TFLOPS), dense {:.1} us: paged/dense = {:.2} (target <= 1.10)",
-                    p * 1e3,
-                    flops / (p * 1e-3) / 1e12,
-                    dn * 1e3,
-                    p / dn
-                ));
+            for ps in [16, 64] {
+                let setup = PagedSetup::new(gpu, b, ctx, q_len, ps, 100 + ps as u64);
+                let paged_ms = setup.time(group, gpu, BenchmarkId::new(format!("paged_page{ps}"), &label));
+                if let (Some(p), Some(dn)) = (paged_ms, dense_ms) {
+                    lines.push(format!(
+                        "{label} page {ps}: paged {:.1} us ({:.0} TFLOPS), dense {:.1} us: paged/dense = {:.2} (target <= 1.10)",
+                        p * 1e3,
+                        flops / (p * 1e-3) / 1e12,
+                        dn * 1e3,
+                        p / dn
+                    ));
+                }
             }
         }
-    }
-    group.finish();
-    c.final_summary();
-    lines
+        lines
+    })
 }
 
 fn spec_verify_vs_decode(gpu: &support::Gpu, smoke: bool) -> Vec<String> {
-    let s = &gpu.stream;
-    let stream = Stream::Gpu(s);
-    let mut c = support::criterion();
-    let mut group = c.benchmark_group("spec_verify_vs_decode_bf16");
-    let mut lines = Vec::new();
-    let b = 8;
-    for (i, &ctx) in [4096usize, 16384].iter().enumerate() {
-        if smoke && i > 0 {
-            continue;
-        }
-        let kv_bytes = (2 * b * ctx * HKV * D * 2) as u64;
-        group.throughput(Throughput::Bytes(kv_bytes));
-        let label = format!("B{b}_ctx{ctx}");
-        // The decode step over the same cache geometry.
-        let dec = PagedSetup::new(gpu, b, ctx, 1, 16, 200);
-        let mut o = s.alloc_zeros::<bf16>(b * HQ * D).expect("alloc o");
-        let problem = fused_attn::DecodeProblem { batch: b, heads_q: HQ, heads_kv: HKV, head_dim: D, max_seq_len: ctx };
-        let mut dws = DecodeWorkspace::for_limits(&stream, &problem, None).expect("decode workspace");
-        let decode_ms = time(&mut group, gpu, BenchmarkId::new("decode_step", &label), || {
-            decode(
-                &stream,
-                &TensorView::gpu(dec.q.as_view(), [b, HQ, D]).expect("q view"),
-                &dec.cache(),
-                &mut TensorViewMut::gpu(o.as_view_mut(), [b, HQ, D]).expect("o view"),
-                None,
-                &mut dws,
-                &DecodeOptions::default(),
-            )
-            .expect("decode launch");
-        });
-        for q_len in [4, 8] {
-            let mut setup = PagedSetup::new(gpu, b, ctx, q_len, 16, 300 + q_len as u64);
-            let mut ws = PagedPrefillWorkspace::with_capacity(&stream, b * q_len, HQ, D, 64).expect("workspace");
-            let ms = time(&mut group, gpu, BenchmarkId::new(format!("verify_q{q_len}"), &label), || {
-                setup.run_paged(&stream, &mut ws)
+    in_group(gpu, "spec_verify_vs_decode_bf16", |group, stream| {
+        let s = &gpu.stream;
+        let mut lines = Vec::new();
+        let b = 8;
+        for (i, &ctx) in [4096usize, 16384].iter().enumerate() {
+            if smoke && i > 0 {
+                continue;
+            }
+            let kv_bytes = (2 * b * ctx * HKV * D * 2) as u64;
+            group.throughput(Throughput::Bytes(kv_bytes));
+            let label = format!("B{b}_ctx{ctx}");
+            // The decode step over the same cache geometry.
+            let dec = PagedSetup::new(gpu, b, ctx, 1, 16, 200);
+            let mut o = s.alloc_zeros::<bf16>(b * HQ * D).expect("alloc o");
+            let problem =
+                fused_attn::DecodeProblem { batch: b, heads_q: HQ, heads_kv: HKV, head_dim: D, max_seq_len: ctx };
+            let mut dws = DecodeWorkspace::for_limits(stream, &problem, None).expect("decode workspace");
+            let decode_ms = time(group, gpu, BenchmarkId::new("decode_step", &label), || {
+                decode(
+                    stream,
+                    &TensorView::gpu(dec.q.as_view(), [b, HQ, D]).expect("q view"),
+                    &dec.cache(),
+                    &mut TensorViewMut::gpu(o.as_view_mut(), [b, HQ, D]).expect("o view"),
+                    None,
+                    &mut dws,
+                    &DecodeOptions::default(),
+                )
+                .expect("decode launch");
             });
-            if let (Some(v), Some(dn)) = (ms, decode_ms) {
-                lines.push(format!(
-                    "{label} q_len {q_len}: verify {:.1} us, decode step {:.1} us: ratio {:.2} (target <= 1.30)",
-                    v * 1e3,
-                    dn * 1e3,
-                    v / dn
-                ));
+            for q_len in [4, 8] {
+                let setup = PagedSetup::new(gpu, b, ctx, q_len, 16, 300 + q_len as u64);
+                let ms = setup.time(group, gpu, BenchmarkId::new(format!("verify_q{q_len}"), &label));
+                if let (Some(v), Some(dn)) = (ms, decode_ms) {
+                    lines.push(format!(
+                        "{label} q_len {q_len}: verify {:.1} us, decode step {:.1} us: ratio {:.2} (target <= 1.30)",
+                        v * 1e3,
+                        dn * 1e3,
+                        v / dn
+                    ));
+                }
             }
         }
-    }
-    group.finish();
-    c.final_summary();
-    lines
+        lines
+    })
 }
 
 fn main() {

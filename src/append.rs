@@ -33,15 +33,8 @@ pub fn check_append_args<T: Element, C: KvCacheOf<T>>(
         ));
     }
     v.expect_shape("v", k.shape())?;
-    if slot_mapping.shape() != [num_tokens] {
-        return Err(Error::shape(
-            "slot_mapping",
-            format!("length {} differs from the {num_tokens} tokens of k/v", slot_mapping.dim(0)),
-        ));
-    }
-    if num_tokens > 1 && slot_mapping.strides()[0] != 1 {
-        return Err(Error::layout("slot_mapping", "must be contiguous"));
-    }
+    slot_mapping
+        .check_index_vector("slot_mapping", num_tokens, || format!("differs from the {num_tokens} tokens of k/v"))?;
     k.check_rows("k", 16)?;
     v.check_rows("v", 16)?;
     to_i32("k (tokens)", num_tokens)?;

@@ -64,31 +64,18 @@ pub trait Element:
     fn nan() -> Self;
 }
 
-impl Element for f16 {
-    const DTYPE: DType = DType::F16;
-    fn from_f64(x: f64) -> Self {
-        f16::from_f64(x)
-    }
-    fn to_f64(self) -> f64 {
-        f16::to_f64(self)
-    }
-    fn nan() -> Self {
-        f16::NAN
-    }
+/// The two 16-bit types take their conversions from `half` by the same names, so one impl serves both.
+macro_rules! element {
+    ($($t:ident => $dtype:expr),*) => {$(
+        impl Element for $t {
+            const DTYPE: DType = $dtype;
+            fn from_f64(x: f64) -> Self { $t::from_f64(x) }
+            fn to_f64(self) -> f64 { $t::to_f64(self) }
+            fn nan() -> Self { $t::NAN }
+        }
+    )*};
 }
-
-impl Element for bf16 {
-    const DTYPE: DType = DType::Bf16;
-    fn from_f64(x: f64) -> Self {
-        bf16::from_f64(x)
-    }
-    fn to_f64(self) -> f64 {
-        bf16::to_f64(self)
-    }
-    fn nan() -> Self {
-        bf16::NAN
-    }
-}
+element!(f16 => DType::F16, bf16 => DType::Bf16);
 
 /// An FP8 format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -52,6 +52,16 @@ pub struct Error {
     cuda: Option<cudarc::driver::sys::CUresult>,
 }
 
+/// One constructor per argument-error kind, named after it: `Error::shape("q", msg)` is a
+/// [`ErrorKind::Shape`] error with the message "q: msg".
+macro_rules! arg_errors {
+    ($($name:ident => $kind:ident,)*) => {$(
+        pub fn $name(arg: &str, msg: impl fmt::Display) -> Self {
+            Self::new(ErrorKind::$kind, format!("{arg}: {msg}"))
+        }
+    )*};
+}
+
 impl Error {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
         Self { kind, message: message.into(), cuda: None }
@@ -71,26 +81,14 @@ impl Error {
     pub fn message(&self) -> &str {
         &self.message
     }
-    pub fn shape(arg: &str, msg: impl fmt::Display) -> Self {
-        Self::new(ErrorKind::Shape, format!("{arg}: {msg}"))
-    }
-    pub fn unsupported(arg: &str, msg: impl fmt::Display) -> Self {
-        Self::new(ErrorKind::Unsupported, format!("{arg}: {msg}"))
-    }
-    pub fn layout(arg: &str, msg: impl fmt::Display) -> Self {
-        Self::new(ErrorKind::Layout, format!("{arg}: {msg}"))
-    }
-    pub fn alignment(arg: &str, msg: impl fmt::Display) -> Self {
-        Self::new(ErrorKind::Alignment, format!("{arg}: {msg}"))
-    }
-    pub fn overflow(arg: &str, msg: impl fmt::Display) -> Self {
-        Self::new(ErrorKind::Overflow, format!("{arg}: {msg}"))
-    }
-    pub fn out_of_bounds(arg: &str, msg: impl fmt::Display) -> Self {
-        Self::new(ErrorKind::OutOfBounds, format!("{arg}: {msg}"))
-    }
-    pub fn backend(arg: &str, msg: impl fmt::Display) -> Self {
-        Self::new(ErrorKind::Backend, format!("{arg}: {msg}"))
+    arg_errors! {
+        shape => Shape,
+        unsupported => Unsupported,
+        layout => Layout,
+        alignment => Alignment,
+        overflow => Overflow,
+        out_of_bounds => OutOfBounds,
+        backend => Backend,
     }
     pub fn usage(msg: impl fmt::Display) -> Self {
         Self::new(ErrorKind::Usage, msg.to_string())

@@ -366,17 +366,7 @@ where
         }
         _ => return Err(Error::backend(name, "view and stream belong to different backends")),
     };
-    let count: usize = shape.iter().product();
-    let mut out = Vec::with_capacity(count);
-    for flat in 0..count {
-        let (mut rem, mut at) = (flat, 0i64);
-        for d in (0..N).rev() {
-            at += (rem % shape[d]) as i64 * strides[d];
-            rem /= shape[d];
-        }
-        out.push(data[at as usize]);
-    }
-    Ok(out)
+    Ok(crate::tensor::logical_elements(&data, shape, strides))
 }
 
 /// The writable pages of a paged KV cache: what append writes (it addresses slots directly, so it needs no
@@ -432,43 +422,38 @@ mod tests {
     use crate::ErrorKind;
     use half::bf16;
 
-    fn pages(num_pages: usize, page_size: usize, hkv: usize, d: usize) -> Vec<bf16> {
-        vec![bf16::ZERO; num_pages * page_size * hkv * d]
+    /// `PagedKvCache::new` over zero bf16 pages (K `k_shape`, V `v_shape`), a zero block table `table` and
+    /// `lens` zero lengths: the cache's batch and geometry, or its error.
+    fn try_cache(
+        k_shape: [usize; 4],
+        v_shape: [usize; 4],
+        table: [usize; 2],
+        lens: usize,
+        max_seq_len: usize,
+    ) -> Result<(usize, PageGeometry)> {
+        let (k, v) = (vec![bf16::ZERO; k_shape.iter().product()], vec![bf16::ZERO; v_shape.iter().product()]);
+        let (t, l) = (vec![0i32; table[0] * table[1]], vec![0i32; lens]);
+        let c = PagedKvCache::new(
+            TensorView::host(&k, k_shape).unwrap(),
+            TensorView::host(&v, v_shape).unwrap(),
+            TensorView::host(&t, table).unwrap(),
+            TensorView::host(&l, [lens]).unwrap(),
+            max_seq_len,
+        )?;
+        Ok((c.batch(), c.geometry()))
     }
 
     #[test]
     fn valid_cache() {
-        let (k, v) = (pages(5, 16, 2, 64), pages(5, 16, 2, 64));
-        let table = vec![0i32; 3 * 4];
-        let lens = vec![0i32; 3];
-        let c = PagedKvCache::new(
-            TensorView::host(&k, [5, 16, 2, 64]).unwrap(),
-            TensorView::host(&v, [5, 16, 2, 64]).unwrap(),
-            TensorView::host(&table, [3, 4]).unwrap(),
-            TensorView::host(&lens, [3]).unwrap(),
-            64,
-        )
-        .unwrap();
-        assert_eq!(c.batch(), 3);
-        assert_eq!(c.geometry(), PageGeometry { num_pages: 5, page_size: 16, heads_kv: 2, head_dim: 64 });
+        let (batch, geometry) = try_cache([5, 16, 2, 64], [5, 16, 2, 64], [3, 4], 3, 64).unwrap();
+        assert_eq!(batch, 3);
+        assert_eq!(geometry, PageGeometry { num_pages: 5, page_size: 16, heads_kv: 2, head_dim: 64 });
     }
 
     #[test]
     fn bad_caches_are_typed_errors() {
-        let table = vec![0i32; 3 * 4];
-        let lens = vec![0i32; 3];
         let make = |shape: [usize; 4], vshape: [usize; 4], max: usize| {
-            let n: usize = shape.iter().product();
-            let (k, v) = (vec![bf16::ZERO; n], vec![bf16::ZERO; vshape.iter().product()]);
-            PagedKvCache::new(
-                TensorView::host(&k, shape).unwrap(),
-                TensorView::host(&v, vshape).unwrap(),
-                TensorView::host(&table, [3, 4]).unwrap(),
-                TensorView::host(&lens, [3]).unwrap(),
-                max,
-            )
-            .err()
-            .map(|e| e.kind().clone())
+            try_cache(shape, vshape, [3, 4], 3, max).err().map(|e| e.kind().clone())
         };
         assert_eq!(make([2, 48, 1, 64], [2, 48, 1, 64], 1), Some(ErrorKind::Unsupported), "page size 48");
         assert_eq!(make([2, 512, 1, 64], [2, 512, 1, 64], 1), Some(ErrorKind::Unsupported), "page size 512");
@@ -480,18 +465,7 @@ mod tests {
 
     #[test]
     fn seq_lens_must_match_the_table() {
-        let (k, v) = (pages(2, 8, 1, 64), pages(2, 8, 1, 64));
-        let table = vec![0i32; 3 * 2];
-        let lens = vec![0i32; 2];
-        let e = PagedKvCache::new(
-            TensorView::host(&k, [2, 8, 1, 64]).unwrap(),
-            TensorView::host(&v, [2, 8, 1, 64]).unwrap(),
-            TensorView::host(&table, [3, 2]).unwrap(),
-            TensorView::host(&lens, [2]).unwrap(),
-            1,
-        )
-        .err()
-        .unwrap();
+        let e = try_cache([2, 8, 1, 64], [2, 8, 1, 64], [3, 2], 2, 1).err().unwrap();
         assert_eq!(e.kind(), &ErrorKind::Shape);
         assert!(e.message().starts_with("seq_lens"));
     }

@@ -327,15 +327,9 @@ impl<'a> Rope<'a> {
             }
             None => {}
             Some(p) => {
-                if p.shape() != [positions_len] {
-                    return Err(Error::shape(
-                        "rope_positions",
-                        format!("length {} (the op has {positions_len} rows to rotate)", p.dim(0)),
-                    ));
-                }
-                if positions_len > 1 && p.strides()[0] != 1 {
-                    return Err(Error::layout("rope_positions", "must be contiguous"));
-                }
+                p.check_index_vector("rope_positions", positions_len, || {
+                    format!("(the op has {positions_len} rows to rotate)")
+                })?;
                 if let Mem::Host(h) = &p.mem {
                     if let Some((i, &x)) =
                         h.iter().take(positions_len).enumerate().find(|(_, &x)| x < 0 || x as usize >= max_pos)
@@ -363,23 +357,39 @@ pub fn table_row(pos: i64, max_pos: usize) -> usize {
 /// The kernels' rotation of one head row `x` (fp32, in place) by the table entries `cos_sin(i)` of its
 /// position: bit for bit what fa/rope.cuh computes (`fmaf(a, c, −(b·s))`, `fmaf(b, c, a·s)`).
 pub fn rotate_row_f32(x: &mut [f32], rotary_dim: usize, style: RopeStyle, cos_sin: impl Fn(usize) -> (f32, f32)) {
-    let src = x[..rotary_dim].to_vec();
-    for (j, out) in x.iter_mut().enumerate().take(rotary_dim) {
-        let (i, partner, first) = style.pair(j, rotary_dim);
-        let (c, s) = cos_sin(i);
-        let y = src[partner];
-        *out = if first { src[j].mul_add(c, -(y * s)) } else { src[j].mul_add(c, y * s) };
-    }
+    rotate_row(
+        x,
+        rotary_dim,
+        style,
+        cos_sin,
+        |a, c, y, s, first| {
+            if first {
+                a.mul_add(c, -(y * s))
+            } else {
+                a.mul_add(c, y * s)
+            }
+        },
+    );
 }
 
 /// The fp64 rotation of one head row (the reference's): the same pairs and table entries, exact arithmetic.
 pub fn rotate_row_f64(x: &mut [f64], rotary_dim: usize, style: RopeStyle, cos_sin: impl Fn(usize) -> (f64, f64)) {
+    rotate_row(x, rotary_dim, style, cos_sin, |a, c, y, s, first| if first { a * c - y * s } else { a * c + y * s });
+}
+
+/// Element `j` of the rotated row is `rotate(x_j, cos, x_partner, sin, first of its pair)`.
+fn rotate_row<F: Copy>(
+    x: &mut [F],
+    rotary_dim: usize,
+    style: RopeStyle,
+    cos_sin: impl Fn(usize) -> (F, F),
+    rotate: impl Fn(F, F, F, F, bool) -> F,
+) {
     let src = x[..rotary_dim].to_vec();
     for (j, out) in x.iter_mut().enumerate().take(rotary_dim) {
         let (i, partner, first) = style.pair(j, rotary_dim);
         let (c, s) = cos_sin(i);
-        let y = src[partner];
-        *out = if first { src[j] * c - y * s } else { src[j] * c + y * s };
+        *out = rotate(src[j], c, src[partner], s, first);
     }
 }
 

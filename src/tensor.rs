@@ -119,6 +119,21 @@ fn check_fits<const N: usize>(len: usize, shape: [usize; N], strides: [i64; N]) 
     Ok(())
 }
 
+/// The elements of a `shape`/`strides` layout over `data` (offset 0) in logical (row-major) order.
+pub(crate) fn logical_elements<E: Copy, const N: usize>(data: &[E], shape: [usize; N], strides: [i64; N]) -> Vec<E> {
+    let count: usize = shape.iter().product();
+    let mut out = Vec::with_capacity(count);
+    for flat in 0..count {
+        let (mut rem, mut at) = (flat, 0i64);
+        for d in (0..N).rev() {
+            at += (rem % shape[d]) as i64 * strides[d];
+            rem /= shape[d];
+        }
+        out.push(data[at as usize]);
+    }
+    out
+}
+
 /// Rejects layouts whose elements would overlap (a zero or too-small stride), as an output must not:
 /// dimensions of extent > 1, ordered by stride, must each step past everything inside them.
 pub(crate) fn check_disjoint<const N: usize>(name: &str, shape: [usize; N], strides: [i64; N]) -> Result<()> {
@@ -137,7 +152,8 @@ pub(crate) fn check_disjoint<const N: usize>(name: &str, shape: [usize; N], stri
 macro_rules! view_common {
     ($ty:ident, $mem:ident) => {
         impl<'a, T, const N: usize> $ty<'a, T, N> {
-            fn new(mem: $mem<'a, T>, shape: [usize; N]) -> Result<Self> {
+            /// A contiguous view of `mem`.
+            pub(crate) fn new(mem: $mem<'a, T>, shape: [usize; N]) -> Result<Self> {
                 let strides = contiguous_strides(shape)?;
                 check_fits(mem.len(), shape, strides)?;
                 Ok(Self { mem, shape, strides })
@@ -222,6 +238,20 @@ impl<'a, T, const N: usize> TensorView<'a, T, N> {
     /// written by anyone else meanwhile. Stream ordering against other streams is the caller's business.
     pub unsafe fn from_device_ptr(ptr: u64, len: usize, shape: [usize; N]) -> Result<Self> {
         Self::new(Mem::Device(DevicePtr { ptr, len, _marker: PhantomData }), shape)
+    }
+}
+
+impl<T> TensorView<'_, T, 1> {
+    /// Checks an index vector (slot mapping, positions): `len` elements (else a `Shape` error "length …
+    /// {why_len()}"), contiguous when it has more than one (else `Layout`).
+    pub(crate) fn check_index_vector(&self, name: &str, len: usize, why_len: impl FnOnce() -> String) -> Result<()> {
+        if self.shape() != [len] {
+            return Err(Error::shape(name, format!("length {} {}", self.dim(0), why_len())));
+        }
+        if len > 1 && self.strides()[0] != 1 {
+            return Err(Error::layout(name, "must be contiguous"));
+        }
+        Ok(())
     }
 }
 

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use criterion::Criterion;
 use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags};
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr};
+use fused_attn::testkit::seed::FixtureRng;
 use fused_attn::Element;
 use rand::Rng;
 
@@ -100,13 +101,23 @@ pub fn ms_per_launch(log: &[(u64, f64)]) -> Option<f64> {
 /// doubled on the device (copy [0, n) to [n, 2n), ...). Values only need to be realistic, not independent
 /// (kernel timing does not depend on them), and multi-GiB caches fill in milliseconds this way.
 pub fn fill_random<T: Element>(stream: &Arc<CudaStream>, buf: &mut CudaSlice<T>, seed: u64, lo: f64, hi: f64) {
+    fill_with(stream, buf, seed, |rng| T::from_f64(rng.random_range(lo..hi)));
+}
+
+/// [`fill_random`] with the elements drawn by `draw` (e.g. FP8 codes).
+pub fn fill_with<T: DeviceRepr>(
+    stream: &Arc<CudaStream>,
+    buf: &mut CudaSlice<T>,
+    seed: u64,
+    mut draw: impl FnMut(&mut FixtureRng) -> T,
+) {
     let len = buf.len();
     let chunk = len.min(1 << 20);
     if chunk == 0 {
         return;
     }
     let mut rng = fused_attn::testkit::seed::rng(seed);
-    let host: Vec<T> = (0..chunk).map(|_| T::from_f64(rng.random_range(lo..hi))).collect();
+    let host: Vec<T> = (0..chunk).map(|_| draw(&mut rng)).collect();
     stream.memcpy_htod(&host, &mut buf.slice_mut(0..chunk)).expect("upload");
     let mut filled = chunk;
     while filled < len {

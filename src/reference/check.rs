@@ -8,9 +8,8 @@
 use std::fmt;
 
 use super::{
-    compare_bounded, compare_lse, dense_with, naive_lowp_dense_with, naive_lowp_paged_decode_with,
-    naive_lowp_paged_prefill_with, naive_lowp_varlen_with, paged_decode_with, paged_prefill_with, varlen_with,
-    Comparison, Output, PagedCache, Problem, Variants,
+    compare_bounded, compare_lse, dense, paged_decode, paged_prefill, varlen, Arith, Comparison, Output, PagedCache,
+    Problem, Variants,
 };
 use crate::decode::DecodeOptions;
 use crate::dtype::Element;
@@ -118,12 +117,9 @@ pub fn check_prefill<T: Element>(
     let [b, tq, hq, d] = q.shape();
     let [_, tk, hkv, _] = k.shape();
     let p = Problem { scale: scale_of(opts.scale, d), ..Problem::new(b, hq, hkv, tq, tk, d, opts.causal) };
-    let (slopes, sinks) = variant_arrays(&opts.score_mod, b, hq)?;
-    let var = variants(&opts.score_mod, &slopes, &sinks);
+    let var = HostVariants::read(&opts.score_mod, b, hq)?;
     let (fq, fk, fv) = (host_f64("q", q)?, host_f64("k", k)?, host_f64("v", v)?);
-    let exact = dense_with(&p, &var, &fq, &fk, &fv)?;
-    let naive = naive_lowp_dense_with(&p, &var, T::DTYPE, &fq, &fk, &fv)?;
-    judge::<T>(&exact, &naive, &host_f64("o", o)?, lse.map(|l| host_f32("lse", l)).transpose()?, PREFILL_LSE_ATOL)
+    judge(|ar| dense(&p, &var.view(), ar, &fq, &fk, &fv), o, lse, PREFILL_LSE_ATOL)
 }
 
 /// Checks a [`crate::prefill::prefill_varlen`] call: packed `q [total_q, Hq, D]`, `k`/`v [total_k, Hkv, D]`,
@@ -142,15 +138,11 @@ pub fn check_prefill_varlen<T: Element>(
     let [_, hq, d] = q.shape();
     let hkv = k.dim(1);
     let (cq, ck) = (host_elements("cu_seqlens_q", cu_seqlens_q)?, host_elements("cu_seqlens_k", cu_seqlens_k)?);
-    let batch = cq.len().saturating_sub(1);
-    let (slopes, sinks) = variant_arrays(&opts.score_mod, batch, hq)?;
-    let var = variants(&opts.score_mod, &slopes, &sinks);
+    let var = HostVariants::read(&opts.score_mod, cq.len().saturating_sub(1), hq)?;
     let scale = scale_of(opts.scale, d);
     let (fq, fk, fv) = (host_f64("q", q)?, host_f64("k", k)?, host_f64("v", v)?);
-    let exact = varlen_with(hq, hkv, d, opts.causal, scale, &var, &cq, &ck, &fq, &fk, &fv)?;
-    let naive = naive_lowp_varlen_with(hq, hkv, d, opts.causal, scale, &var, &cq, &ck, &fq, &fk, &fv, T::DTYPE)?;
-    let lse = lse.map(|l| host_f32("lse", l)).transpose()?;
-    judge::<T>(&exact, &naive, &host_f64("o", o)?, lse, PREFILL_LSE_ATOL)
+    let run = |ar| varlen(hq, hkv, d, opts.causal, scale, &var.view(), ar, &cq, &ck, &fq, &fk, &fv);
+    judge(run, o, lse, PREFILL_LSE_ATOL)
 }
 
 /// Checks a [`crate::decode()`] call: `q [B, Hq, D]`, the cache it read (16-bit or FP8), its outputs `o`
@@ -163,15 +155,10 @@ pub fn check_decode<T: Element, C: KvElement>(
     opts: &DecodeOptions<'_>,
 ) -> Result<Check> {
     let [b, hq, d] = q.shape();
-    let data = PagedCacheData::from_host(cache)?;
-    let (slopes, sinks) = variant_arrays(&opts.score_mod, b, hq)?;
-    let var = variants(&opts.score_mod, &slopes, &sinks);
-    let scale = scale_of(opts.scale, d);
-    let fq = host_f64("q", q)?;
+    let (data, var, mut fq) = paged_inputs(q, cache, &opts.score_mod, b)?;
     // RoPE: q rotated at each sequence's position (explicit, or seq_len - 1) as the op defines it: in fp32,
     // rounded to T (the attention's operand; docs/rope.md). Both the reference and the naive twin attend
     // over that q, so the rotation adds no slack to the tolerance.
-    let mut fq = fq;
     if let Some(rope) = &opts.rope {
         let table = super::RopeRef::from_view(rope)?;
         let positions: Vec<i64> = match rope.positions {
@@ -180,10 +167,8 @@ pub fn check_decode<T: Element, C: KvElement>(
         };
         table.rotate_lowp(&mut fq, d, hq, &positions, T::DTYPE);
     }
-    let exact = paged_decode_with(hq, scale, &var, &fq, &data.cache())?;
-    let naive = naive_lowp_paged_decode_with(hq, scale, &var, &fq, &data.cache(), T::DTYPE)?;
-    let lse = lse.map(|l| host_f32("lse", l)).transpose()?;
-    judge::<T>(&exact, &naive, &host_f64("o", o)?, lse, PAGED_LSE_ATOL)
+    let scale = scale_of(opts.scale, d);
+    judge(|ar| paged_decode(hq, scale, &var.view(), ar, &fq, &data.cache()), o, lse, PAGED_LSE_ATOL)
 }
 
 /// Checks a [`crate::paged_prefill()`] call: packed `q [total_q, Hq, D]`, `cu_seqlens_q [B + 1]`, the cache
@@ -197,26 +182,41 @@ pub fn check_paged_prefill<T: Element, C: KvElement>(
     opts: &PagedPrefillOptions<'_>,
 ) -> Result<Check> {
     let [_, hq, d] = q.shape();
-    let data = PagedCacheData::from_host(cache)?;
+    let (data, var, fq) = paged_inputs(q, cache, &opts.score_mod, cache.batch())?;
     let cu = host_elements("cu_seqlens_q", cu_seqlens_q)?;
-    let (slopes, sinks) = variant_arrays(&opts.score_mod, cache.batch(), hq)?;
-    let var = variants(&opts.score_mod, &slopes, &sinks);
     let scale = scale_of(opts.scale, d);
-    let fq = host_f64("q", q)?;
-    let exact = paged_prefill_with(hq, opts.causal, scale, &var, &cu, &fq, &data.cache())?;
-    let naive = naive_lowp_paged_prefill_with(hq, opts.causal, scale, &var, &cu, &fq, &data.cache(), T::DTYPE)?;
-    let lse = lse.map(|l| host_f32("lse", l)).transpose()?;
-    judge::<T>(&exact, &naive, &host_f64("o", o)?, lse, PAGED_LSE_ATOL)
+    let run = |ar| paged_prefill(hq, opts.causal, scale, &var.view(), ar, &cu, &fq, &data.cache());
+    judge(run, o, lse, PAGED_LSE_ATOL)
+}
+
+/// What both paged checks read first: the cache in f64, the variants (for `batch` sequences) and `q`.
+fn paged_inputs<T: Element, C: KvElement>(
+    q: &TensorView<'_, T, 3>,
+    cache: &PagedKvCache<'_, C>,
+    score_mod: &ScoreMod<'_>,
+    batch: usize,
+) -> Result<(PagedCacheData, HostVariants, Vec<f64>)> {
+    let data = PagedCacheData::from_host(cache)?;
+    let var = HostVariants::read(score_mod, batch, q.dim(1))?;
+    Ok((data, var, host_f64("q", q)?))
 }
 
 const PREFILL_LSE_ATOL: f64 = 1e-4;
 const PAGED_LSE_ATOL: f64 = 1e-3;
 
-/// O under [`compare_bounded`] (P and O rounded to `T`, as the kernels do), LSE within `atol + 16 u·|LSE|`.
-fn judge<T: Element>(exact: &Output, naive: &[f64], ours: &[f64], lse: Option<Vec<f64>>, atol: f64) -> Result<Check> {
+/// Runs the reference (`run(Arith::F64)`) and its naive twin (`run(Arith::Lowp(T))`), then judges `o` under
+/// [`compare_bounded`] (P and O rounded to `T`, as the kernels do) and `lse` within `atol + 16 u·|LSE|`.
+fn judge<T: Element, const N: usize, const M: usize>(
+    run: impl Fn(Arith) -> Result<Output>,
+    o: &TensorView<'_, T, N>,
+    lse: Option<&TensorView<'_, f32, M>>,
+    atol: f64,
+) -> Result<Check> {
+    let exact = run(Arith::F64)?;
+    let naive = run(Arith::Lowp(T::DTYPE))?.out;
     let bound = exact.out_bound(Some(T::DTYPE), Some(T::DTYPE));
-    let out = compare_bounded(ours, &exact.out, naive, &bound);
-    let lse = lse.map(|l| {
+    let out = compare_bounded(&host_f64("o", o)?, &exact.out, &naive, &bound);
+    let lse = lse.map(|l| host_f32("lse", l)).transpose()?.map(|l| {
         let max = exact.lse.iter().filter(|x| x.is_finite()).fold(0.0f64, |a, x| a.max(x.abs()));
         compare_lse(&l, &exact.lse, atol + 16.0 * max / (1u64 << 24) as f64)
     });
@@ -228,32 +228,48 @@ fn scale_of(scale: Option<f32>, head_dim: usize) -> f64 {
     f64::from(scale.unwrap_or(1.0 / (head_dim as f32).sqrt()))
 }
 
-/// The ALiBi slopes (`[Hq]` or `[B·Hq]`) and sinks (`[Hq]`) of `m`, widened (empty when unused).
-fn variant_arrays(m: &ScoreMod<'_>, batch: usize, heads_q: usize) -> Result<(Vec<f64>, Vec<f64>)> {
-    let slopes = match m.alibi_slopes {
-        None => Vec::new(),
-        Some(AlibiSlopes::PerHead(s)) => host_f32("alibi_slopes", s)?,
-        Some(AlibiSlopes::PerSequence(s)) => {
-            let v = host_f32("alibi_slopes", s)?;
-            if s.shape() != [batch, heads_q] {
-                return Err(Error::shape(
-                    "alibi_slopes",
-                    format!("shape {:?}, expected [{batch}, {heads_q}]", s.shape()),
-                ));
-            }
-            v
-        }
-    };
-    let sinks = m.sinks.map(|s| host_f32("sinks", s)).transpose()?.unwrap_or_default();
-    Ok((slopes, sinks))
+/// A [`ScoreMod`]'s variants read back to the host and widened: what [`Variants`] borrows.
+struct HostVariants {
+    window: Option<(i64, i64)>,
+    softcap: Option<f64>,
+    /// `[Hq]` or `[B·Hq]`.
+    alibi: Option<Vec<f64>>,
+    /// `[Hq]`.
+    sinks: Option<Vec<f64>>,
 }
 
-fn variants<'a>(m: &ScoreMod<'_>, slopes: &'a [f64], sinks: &'a [f64]) -> Variants<'a> {
-    Variants {
-        window: m.window.map(|(l, r)| (i64::from(l), i64::from(r))),
-        softcap: m.softcap.map(f64::from),
-        alibi: m.alibi_slopes.is_some().then_some(slopes),
-        sinks: m.sinks.is_some().then_some(sinks),
+impl HostVariants {
+    /// Reads `m` for `batch` sequences of `heads_q` query heads.
+    fn read(m: &ScoreMod<'_>, batch: usize, heads_q: usize) -> Result<Self> {
+        let alibi = match m.alibi_slopes {
+            None => None,
+            Some(AlibiSlopes::PerHead(s)) => Some(host_f32("alibi_slopes", s)?),
+            Some(AlibiSlopes::PerSequence(s)) => {
+                let v = host_f32("alibi_slopes", s)?;
+                if s.shape() != [batch, heads_q] {
+                    return Err(Error::shape(
+                        "alibi_slopes",
+                        format!("shape {:?}, expected [{batch}, {heads_q}]", s.shape()),
+                    ));
+                }
+                Some(v)
+            }
+        };
+        Ok(Self {
+            window: m.window.map(|(l, r)| (i64::from(l), i64::from(r))),
+            softcap: m.softcap.map(f64::from),
+            alibi,
+            sinks: m.sinks.map(|s| host_f32("sinks", s)).transpose()?,
+        })
+    }
+
+    fn view(&self) -> Variants<'_> {
+        Variants {
+            window: self.window,
+            softcap: self.softcap,
+            alibi: self.alibi.as_deref(),
+            sinks: self.sinks.as_deref(),
+        }
     }
 }
 
@@ -270,16 +286,5 @@ pub(super) fn host_elements<E: Copy, const N: usize>(name: &str, view: &TensorVi
     let Mem::Host(data) = &view.mem else {
         return Err(Error::backend(name, "the reference checks read host views: copy device data back first"));
     };
-    let (shape, strides) = (view.shape(), view.strides());
-    let count: usize = shape.iter().product();
-    let mut out = Vec::with_capacity(count);
-    for flat in 0..count {
-        let (mut rem, mut at) = (flat, 0i64);
-        for d in (0..N).rev() {
-            at += (rem % shape[d]) as i64 * strides[d];
-            rem /= shape[d];
-        }
-        out.push(data[at as usize]);
-    }
-    Ok(out)
+    Ok(crate::tensor::logical_elements(data, view.shape(), view.strides()))
 }

@@ -10,10 +10,17 @@
 //!   output 0 and LSE = −inf, never NaN.
 //! - LSE is the natural log of Σ exp(S) over the visible keys.
 //! - GQA/MQA: query head `h` reads KV head `h / (Hq / Hkv)`.
-//! - Score variants ([`Variants`], the `*_with` entry points): per score `t = s · scale`, then softcap
+//! - Score variants ([`Variants`], an argument of every entry point): per score `t = s · scale`, then softcap
 //!   `c · tanh(t / c)`, then ALiBi `t − m_h · |i + δ − j|` (δ = Tk − Tq), then the window mask
 //!   (`i + δ − left ≤ j ≤ i + δ + right`, combined with causal as right = 0), then the softmax with the sink
 //!   `σ_h` in the denominator: `LSE = log(e^σ + Σ e^t)`; an empty row gives 0 and LSE = σ.
+//!
+//! Every op is one function, `op(shape…, &Variants, Arith, data…)`: [`dense`], [`dense_row`], [`varlen`],
+//! [`paged_decode`], [`paged_prefill`]. The variants ([`Variants::default`]: plain attention) and the
+//! arithmetic ([`Arith::F64`], the reference; [`Arith::Lowp`], the naive low-precision twin of the tolerance
+//! rule) are plain arguments rather than a builder or twin functions, so the two sides of the rule are the
+//! same call with one argument changed and share every line of masking, gathering and validation. Both
+//! return an [`Output`]; only the fp64 one fills its bound terms.
 //!
 //! All tensors are flat row-major `f64` slices; the layout of each is given on the function. Bad input
 //! (mismatched lengths, bad `cu_seqlens`, out-of-range block table entries, ...) is an [`Error`], never a
@@ -271,26 +278,40 @@ pub fn visible_keys(causal: bool, tq: usize, tk: usize, i: usize) -> usize {
 /// Dense attention.
 ///
 /// - `q`: `[B, Tq, Hq, D]`, `k`, `v`: `[B, Tk, Hkv, D]`, contiguous.
-/// - Returns `out`: `[B, Tq, Hq, D]`, `lse`: `[B, Hq, Tq]`.
-pub fn dense(p: &Problem, q: &[f64], k: &[f64], v: &[f64]) -> Result<Output> {
-    dense_impl(Arith::F64, p, Variants::default(), q, k, v)
+/// - Returns `out`: `[B, Tq, Hq, D]`, `lse`: `[B, Hq, Tq]` (and, for [`Arith::F64`], the bound's `terms`).
+///
+/// `var` are the score variants ([`Variants::default`] for plain attention), `ar` the arithmetic: the fp64
+/// reference or its naive low-precision twin ([`Arith`]).
+pub fn dense(p: &Problem, var: &Variants<'_>, ar: Arith, q: &[f64], k: &[f64], v: &[f64]) -> Result<Output> {
+    let a = p.attn(*var)?;
+    let (tq, tk, hq, d) = (p.seqlen_q, p.seqlen_k, a.heads_q, a.head_dim);
+    check_dense_len(p, "q", q, tq, hq)?;
+    check_dense_len(p, "k", k, tk, a.heads_kv)?;
+    check_dense_len(p, "v", v, tk, a.heads_kv)?;
+    let (q_seq, kv_seq) = (tq * hq * d, tk * a.heads_kv * d);
+    let mut out = vec![0.0; q.len()];
+    let mut terms = ar.terms(q.len());
+    let mut lse = vec![f64::NEG_INFINITY; p.batch * hq * tq];
+    for b in 0..p.batch {
+        let (ks, vs) = (&k[b * kv_seq..][..kv_seq], &v[b * kv_seq..][..kv_seq]);
+        let lse_b = &mut lse[b * hq * tq..][..hq * tq];
+        let terms_b = terms.as_mut().map(|t| &mut t[b * q_seq..][..q_seq]);
+        let (qs, os) = (&q[b * q_seq..][..q_seq], &mut out[b * q_seq..][..q_seq]);
+        a.attend_seq(ar, b, tq, tk, None, qs, ks, vs, os, terms_b, |h, i, l| lse_b[h * tq + i] = l);
+    }
+    Ok(Output { out, lse, terms: terms.unwrap_or_default() })
 }
 
-/// [`dense`] with score variants.
-pub fn dense_with(p: &Problem, var: &Variants<'_>, q: &[f64], k: &[f64], v: &[f64]) -> Result<Output> {
-    dense_impl(Arith::F64, p, *var, q, k, v)
-}
-
-/// One row of [`dense_with`] (or of [`naive_lowp_dense_with`] when `naive` names a dtype): query row `i`
-/// of head `h` of sequence `b`, for checking a sample of a problem too large to compute whole.
+/// One row of [`dense`]: query row `i` of head `h` of sequence `b`, for checking a sample of a problem too
+/// large to compute whole.
 ///
 /// - `q_row`: `[D]`; `k`, `v`: sequence b's `[Tk, Hkv, D]`, contiguous.
-/// - Returns `out` `[D]`, `lse` `[1]` (and the bound's terms when `naive` is `None`).
+/// - Returns `out` `[D]`, `lse` `[1]` (and the bound's terms for [`Arith::F64`]).
 #[allow(clippy::too_many_arguments)]
-pub fn dense_row_with(
+pub fn dense_row(
     p: &Problem,
     var: &Variants<'_>,
-    naive: Option<DType>,
+    ar: Arith,
     q_row: &[f64],
     k: &[f64],
     v: &[f64],
@@ -301,24 +322,16 @@ pub fn dense_row_with(
     check_len("q_row", q_row.len(), d)?;
     check_len("k", k.len(), numel("k", &[p.seqlen_k, a.heads_kv, d])?)?;
     check_len("v", v.len(), numel("v", &[p.seqlen_k, a.heads_kv, d])?)?;
-    for (arg, idx, n) in [("b", b, p.batch), ("h", h, p.heads_q), ("i", i, p.seqlen_q)] {
-        if idx >= n {
-            return Err(Error::out_of_bounds(arg, format!("{idx} is outside 0..{n}")));
-        }
-    }
-    let ar = naive.map_or(Arith::F64, Arith::Lowp);
+    check_row_index(p, b, h, i)?;
     let kv = KvRows::new(k, v, a.kv_head(h) * d, a.heads_kv * d, d);
     let rm = RowMod { softcap: var.softcap, slope: var.slope(b, h, a.heads_q), sink: var.sinks.map(|sk| sk[h]) };
     let (tq, tk) = (p.seqlen_q, p.seqlen_k);
     let (lo, hi) = var.visible_range(a.causal, tq, tk, i);
     let diag = (i + tk) as f64 - tq as f64;
     let keys: Vec<(usize, f64)> = (lo..hi).map(|j| (j, (diag - j as f64).abs())).collect();
-    let (mut out, mut sc) = (vec![0.0; d], RowScratch::default());
-    let l = attend_row(ar, q_row, &kv, &keys, a.scale, &rm, &mut sc, &mut out);
-    let mut terms = ar.terms(d);
-    if let Some(t) = terms.as_deref_mut() {
-        row_terms(q_row, &kv, &keys, a.scale, &rm, l, &sc, &out, t);
-    }
+    let (mut out, mut terms) = (vec![0.0; d], ar.terms(d));
+    let row = Row { q: q_row, kv: &kv, keys: &keys, scale: a.scale, rm: &rm };
+    let l = row.attend(ar, &mut RowScratch::default(), &mut out, terms.as_deref_mut());
     Ok(Output { out, lse: vec![l], terms: terms.unwrap_or_default() })
 }
 
@@ -328,7 +341,7 @@ pub fn dense_row_with(
 ///   `cu_seqlens_q[b]..cu_seqlens_q[b+1]` of `q` and `cu_seqlens_k[b]..cu_seqlens_k[b+1]` of `k`/`v`.
 /// - `cu_seqlens_q`, `cu_seqlens_k`: `[B + 1]` prefix sums, starting at 0, non-decreasing, ending at
 ///   `total_q` / `total_k`.
-/// - Causal alignment uses each sequence's own lengths.
+/// - Causal alignment uses each sequence's own lengths; `var.alibi` has length Hq or B·Hq.
 /// - Returns `out`: `[total_q, Hq, D]`, `lse`: `[Hq, total_q]`.
 #[allow(clippy::too_many_arguments)]
 pub fn varlen(
@@ -337,25 +350,8 @@ pub fn varlen(
     head_dim: usize,
     causal: bool,
     scale: f64,
-    cu_seqlens_q: &[i32],
-    cu_seqlens_k: &[i32],
-    q: &[f64],
-    k: &[f64],
-    v: &[f64],
-) -> Result<Output> {
-    let a = Attn::new(heads_q, heads_kv, head_dim, causal, scale)?;
-    varlen_impl(Arith::F64, &a, cu_seqlens_q, cu_seqlens_k, q, k, v)
-}
-
-/// [`varlen`] with score variants (`var.alibi` of length Hq or B·Hq).
-#[allow(clippy::too_many_arguments)]
-pub fn varlen_with(
-    heads_q: usize,
-    heads_kv: usize,
-    head_dim: usize,
-    causal: bool,
-    scale: f64,
     var: &Variants<'_>,
+    ar: Arith,
     cu_seqlens_q: &[i32],
     cu_seqlens_k: &[i32],
     q: &[f64],
@@ -363,7 +359,23 @@ pub fn varlen_with(
     v: &[f64],
 ) -> Result<Output> {
     let a = Attn::new(heads_q, heads_kv, head_dim, causal, scale)?.with(*var, cu_seqlens_q.len().saturating_sub(1))?;
-    varlen_impl(Arith::F64, &a, cu_seqlens_q, cu_seqlens_k, q, k, v)
+    let cu_q = parse_cu("cu_seqlens_q", cu_seqlens_q)?;
+    let cu_k = parse_cu("cu_seqlens_k", cu_seqlens_k)?;
+    if cu_k.len() != cu_q.len() {
+        return Err(Error::shape(
+            "cu_seqlens_k",
+            format!("has {} entries but cu_seqlens_q has {}", cu_k.len(), cu_q.len()),
+        ));
+    }
+    let (tok_q, tok_kv) = (a.heads_q * head_dim, a.heads_kv * head_dim);
+    let total_q = packed_total("q", "cu_seqlens_q", q, tok_q, &cu_q)?;
+    packed_total("k", "cu_seqlens_k", k, tok_kv, &cu_k)?;
+    packed_total("v", "cu_seqlens_k", v, tok_kv, &cu_k)?;
+    let seqs = cu_k.windows(2).map(|w| {
+        let (k0, tk) = (w[0], w[1] - w[0]);
+        KvSeq { k: &k[k0 * tok_kv..][..tk * tok_kv], v: &v[k0 * tok_kv..][..tk * tok_kv], pos: None, len: tk }
+    });
+    Ok(a.attend_packed(ar, &cu_q, total_q, q, seqs))
 }
 
 /// Gathers each sequence's K and V out of a paged cache.
@@ -402,6 +414,21 @@ struct GatheredSeq {
     k: Vec<f64>,
     v: Vec<f64>,
     pos: Vec<usize>,
+    len: usize,
+}
+
+impl GatheredSeq {
+    fn rows(&self) -> KvSeq<'_> {
+        KvSeq { k: &self.k, v: &self.v, pos: Some(&self.pos), len: self.len }
+    }
+}
+
+/// The keys of one sequence as [`Attn::attend_seq`] takes them: `k`/`v` `[rows, Hkv, D]`, the position of
+/// each row among the sequence's `len` keys (`None`: row r is key r, rows = len).
+struct KvSeq<'a> {
+    k: &'a [f64],
+    v: &'a [f64],
+    pos: Option<&'a [usize]>,
     len: usize,
 }
 
@@ -477,22 +504,19 @@ fn gather_impl(cache: &PagedCache<'_>, mask_bad_pages: bool) -> Result<Vec<Gathe
 /// - A used block-table entry outside `0..num_pages` masks its page's tokens (weight exactly 0), as the
 ///   decode kernel does: a bad table entry never becomes zero keys that dilute the softmax. (A sequence
 ///   whose every page is bad is empty: 0 / −inf.)
-pub fn paged_decode(heads_q: usize, scale: f64, q: &[f64], cache: &PagedCache<'_>) -> Result<Output> {
-    paged_decode_with(heads_q, scale, &Variants::default(), q, cache)
-}
-
-/// [`paged_decode`] with score variants: the query is the sequence's newest token (position seq_len − 1),
-/// so a window keeps the last `left + 1` tokens and ALiBi weighs token t by `|seq_len − 1 − t|`.
-pub fn paged_decode_with(
+/// - Score variants: the query is the sequence's newest token (position seq_len − 1), so a window keeps the
+///   last `left + 1` tokens and ALiBi weighs token t by `|seq_len − 1 − t|`.
+pub fn paged_decode(
     heads_q: usize,
     scale: f64,
     var: &Variants<'_>,
+    ar: Arith,
     q: &[f64],
     cache: &PagedCache<'_>,
 ) -> Result<Output> {
     let a = Attn::new(heads_q, cache.heads_kv, cache.head_dim, false, scale)?.with(*var, cache.seq_lens.len())?;
     let kv = gather_visible(cache)?;
-    paged_impl(Arith::F64, &a, q, &kv)
+    decode_gathered(ar, &a, q, &kv)
 }
 
 /// Paged prefill: each sequence's new query tokens (packed, `cu_seqlens_q`) over its paged cache, whose
@@ -505,35 +529,27 @@ pub fn paged_decode_with(
 ///   and causal, or a window) gives 0 / −inf (0 / σ with a sink). Bad block-table entries mask their
 ///   page's tokens, as in [`paged_decode`].
 #[allow(clippy::too_many_arguments)]
-pub fn paged_prefill_with(
+pub fn paged_prefill(
     heads_q: usize,
     causal: bool,
     scale: f64,
     var: &Variants<'_>,
+    ar: Arith,
     cu_seqlens_q: &[i32],
     q: &[f64],
     cache: &PagedCache<'_>,
 ) -> Result<Output> {
     let a = Attn::new(heads_q, cache.heads_kv, cache.head_dim, causal, scale)?.with(*var, cache.seq_lens.len())?;
     let kv = gather_visible(cache)?;
-    paged_prefill_impl(Arith::F64, &a, cu_seqlens_q, q, &kv)
-}
-
-/// [`paged_prefill_with`] computed as [`naive_lowp_dense`] does. Returns `out` only: `[total_q, Hq, D]`.
-#[allow(clippy::too_many_arguments)]
-pub fn naive_lowp_paged_prefill_with(
-    heads_q: usize,
-    causal: bool,
-    scale: f64,
-    var: &Variants<'_>,
-    cu_seqlens_q: &[i32],
-    q: &[f64],
-    cache: &PagedCache<'_>,
-    dtype: DType,
-) -> Result<Vec<f64>> {
-    let a = Attn::new(heads_q, cache.heads_kv, cache.head_dim, causal, scale)?.with(*var, cache.seq_lens.len())?;
-    let kv = gather_visible(cache)?;
-    Ok(paged_prefill_impl(Arith::Lowp(dtype), &a, cu_seqlens_q, q, &kv)?.out)
+    let cu_q = parse_cu("cu_seqlens_q", cu_seqlens_q)?;
+    if cu_q.len() != kv.len() + 1 {
+        return Err(Error::shape(
+            "cu_seqlens_q",
+            format!("has {} entries, expected B + 1 = {} (seq_lens)", cu_q.len(), kv.len() + 1),
+        ));
+    }
+    let total_q = packed_total("q", "cu_seqlens_q", q, a.heads_q * a.head_dim, &cu_q)?;
+    Ok(a.attend_packed(ar, &cu_q, total_q, q, kv.iter().map(GatheredSeq::rows)))
 }
 
 /// Merges partial attention states (e.g. split-K chunks of the same rows).
@@ -614,11 +630,7 @@ pub fn probabilities(p: &Problem, q: &[f64], k: &[f64], b: usize, h: usize, i: u
     let a = p.attn(Variants::default())?;
     check_dense_len(p, "q", q, p.seqlen_q, p.heads_q)?;
     check_dense_len(p, "k", k, p.seqlen_k, p.heads_kv)?;
-    for (arg, idx, n) in [("b", b, p.batch), ("h", h, p.heads_q), ("i", i, p.seqlen_q)] {
-        if idx >= n {
-            return Err(Error::out_of_bounds(arg, format!("{idx} is outside 0..{n}")));
-        }
-    }
+    check_row_index(p, b, h, i)?;
     let d = a.head_dim;
     let q_row = &q[((b * p.seqlen_q + i) * a.heads_q + h) * d..][..d];
     let k_seq = &k[b * p.seqlen_k * a.heads_kv * d..][..p.seqlen_k * a.heads_kv * d];
@@ -627,97 +639,11 @@ pub fn probabilities(p: &Problem, q: &[f64], k: &[f64], b: usize, h: usize, i: u
     let keys: Vec<(usize, f64)> = (0..n).map(|j| (j, 0.0)).collect();
     let mut sc = RowScratch::with_capacity(p.seqlen_k);
     if n > 0 {
-        row_softmax(Arith::F64, q_row, &kv, &keys, a.scale, &RowMod::default(), &mut sc);
+        Row { q: q_row, kv: &kv, keys: &keys, scale: a.scale, rm: &RowMod::default() }.softmax(Arith::F64, &mut sc);
     }
     let mut probs = sc.probs;
     probs.resize(p.seqlen_k, 0.0);
     Ok(probs)
-}
-
-/// The naive low-precision implementation for the tolerance rule, computed like a plain framework in
-/// `dtype`: inputs are taken as given (already `dtype`-representable); S = Q Kᵀ accumulated in f32 and
-/// rounded to `dtype`; scaled in f32 and rounded; softmax in f32 from the rounded scores, probabilities
-/// rounded to `dtype`; O = P V accumulated in f32 and rounded to `dtype`. Same masking and empty-row rules
-/// as [`dense`]. Returns `out` only: `[B, Tq, Hq, D]`.
-pub fn naive_lowp_dense(p: &Problem, dtype: DType, q: &[f64], k: &[f64], v: &[f64]) -> Result<Vec<f64>> {
-    Ok(dense_impl(Arith::Lowp(dtype), p, Variants::default(), q, k, v)?.out)
-}
-
-/// [`naive_lowp_dense`] with score variants: softcap and the ALiBi bias each computed in fp32 and rounded
-/// to `dtype` (as a framework applies them to a score tensor), the sink in the fp32 softmax.
-pub fn naive_lowp_dense_with(
-    p: &Problem,
-    var: &Variants<'_>,
-    dtype: DType,
-    q: &[f64],
-    k: &[f64],
-    v: &[f64],
-) -> Result<Vec<f64>> {
-    Ok(dense_impl(Arith::Lowp(dtype), p, *var, q, k, v)?.out)
-}
-
-/// [`varlen`] computed as [`naive_lowp_dense`] does. Returns `out` only: `[total_q, Hq, D]`.
-#[allow(clippy::too_many_arguments)]
-pub fn naive_lowp_varlen(
-    heads_q: usize,
-    heads_kv: usize,
-    head_dim: usize,
-    causal: bool,
-    scale: f64,
-    cu_seqlens_q: &[i32],
-    cu_seqlens_k: &[i32],
-    q: &[f64],
-    k: &[f64],
-    v: &[f64],
-    dtype: DType,
-) -> Result<Vec<f64>> {
-    let a = Attn::new(heads_q, heads_kv, head_dim, causal, scale)?;
-    Ok(varlen_impl(Arith::Lowp(dtype), &a, cu_seqlens_q, cu_seqlens_k, q, k, v)?.out)
-}
-
-/// [`naive_lowp_varlen`] with score variants (see [`naive_lowp_dense_with`]).
-#[allow(clippy::too_many_arguments)]
-pub fn naive_lowp_varlen_with(
-    heads_q: usize,
-    heads_kv: usize,
-    head_dim: usize,
-    causal: bool,
-    scale: f64,
-    var: &Variants<'_>,
-    cu_seqlens_q: &[i32],
-    cu_seqlens_k: &[i32],
-    q: &[f64],
-    k: &[f64],
-    v: &[f64],
-    dtype: DType,
-) -> Result<Vec<f64>> {
-    let a = Attn::new(heads_q, heads_kv, head_dim, causal, scale)?.with(*var, cu_seqlens_q.len().saturating_sub(1))?;
-    Ok(varlen_impl(Arith::Lowp(dtype), &a, cu_seqlens_q, cu_seqlens_k, q, k, v)?.out)
-}
-
-/// [`paged_decode`] computed as [`naive_lowp_dense`] does. Returns `out` only: `[B, Hq, D]`.
-pub fn naive_lowp_paged_decode(
-    heads_q: usize,
-    scale: f64,
-    q: &[f64],
-    cache: &PagedCache<'_>,
-    dtype: DType,
-) -> Result<Vec<f64>> {
-    naive_lowp_paged_decode_with(heads_q, scale, &Variants::default(), q, cache, dtype)
-}
-
-/// [`naive_lowp_paged_decode`] with score variants (see [`naive_lowp_dense_with`]).
-pub fn naive_lowp_paged_decode_with(
-    heads_q: usize,
-    scale: f64,
-    var: &Variants<'_>,
-    q: &[f64],
-    cache: &PagedCache<'_>,
-    dtype: DType,
-) -> Result<Vec<f64>> {
-    let a = Attn::new(heads_q, cache.heads_kv, cache.head_dim, false, scale)?.with(*var, cache.seq_lens.len())?;
-    let kv = gather_visible(cache)?;
-    Ok(paged_impl(Arith::Lowp(dtype), &a, q, &kv)?.out)
 }
 
 /// Validated head configuration and score variants shared by dense, varlen and paged.
@@ -753,6 +679,31 @@ impl<'a> Attn<'a> {
 
     fn kv_head(&self, h: usize) -> usize {
         h / (self.heads_q / self.heads_kv)
+    }
+
+    /// Packed sequences: sequence `b` owns rows `cu_q[b]..cu_q[b + 1]` of `q` `[total_q, Hq, D]` and attends to
+    /// the `b`-th of `kv` → `out` like `q`, `lse` `[Hq, total_q]`.
+    fn attend_packed<'s>(
+        &self,
+        ar: Arith,
+        cu_q: &[usize],
+        total_q: usize,
+        q: &[f64],
+        kv: impl Iterator<Item = KvSeq<'s>>,
+    ) -> Output {
+        let tok = self.heads_q * self.head_dim;
+        let mut out = vec![0.0; q.len()];
+        let mut terms = ar.terms(q.len());
+        let mut lse = vec![f64::NEG_INFINITY; self.heads_q * total_q];
+        for (b, (w, seq)) in cu_q.windows(2).zip(kv).enumerate() {
+            let (q0, tq) = (w[0], w[1] - w[0]);
+            let terms_s = terms.as_mut().map(|t| &mut t[q0 * tok..][..tq * tok]);
+            let (qs, os) = (&q[q0 * tok..][..tq * tok], &mut out[q0 * tok..][..tq * tok]);
+            self.attend_seq(ar, b, tq, seq.len, seq.pos, qs, seq.k, seq.v, os, terms_s, |h, i, l| {
+                lse[h * total_q + q0 + i] = l
+            });
+        }
+        Output { out, lse, terms: terms.unwrap_or_default() }
     }
 
     /// One sequence (index `b` of its batch): `q` `[tq, Hq, D]`, `k`/`v` `[rows, Hkv, D]` → `out`
@@ -806,13 +757,10 @@ impl<'a> Attn<'a> {
                             .map(|(r, &p)| (r, (diag - p as f64).abs())),
                     ),
                 }
-                let row = (i * self.heads_q + h) * d;
-                let (q_row, out_row) = (&q[row..row + d], &mut out[row..row + d]);
-                let l = attend_row(ar, q_row, &kv, &keys, self.scale, &rm, &mut scratch, out_row);
-                if let Some(t) = terms.as_deref_mut() {
-                    row_terms(q_row, &kv, &keys, self.scale, &rm, l, &scratch, out_row, &mut t[row..row + d]);
-                }
-                lse(h, i, l);
+                let at = (i * self.heads_q + h) * d;
+                let row = Row { q: &q[at..at + d], kv: &kv, keys: &keys, scale: self.scale, rm: &rm };
+                let terms_row = terms.as_deref_mut().map(|t| &mut t[at..at + d]);
+                lse(h, i, row.attend(ar, &mut scratch, &mut out[at..at + d], terms_row));
             }
         }
     }
@@ -849,35 +797,6 @@ impl<'a> KvRows<'a> {
     }
 }
 
-/// The one attention row routine: attends `q_row` to the `keys` of `kv` (row index, distance |i + δ − j|),
-/// writes `out` (`[D]`) and returns the LSE; no keys give 0 and −inf (or the sink). `probs` is scratch.
-#[allow(clippy::too_many_arguments)]
-fn attend_row(
-    ar: Arith,
-    q_row: &[f64],
-    kv: &KvRows,
-    keys: &[(usize, f64)],
-    scale: f64,
-    rm: &RowMod,
-    sc: &mut RowScratch,
-    out: &mut [f64],
-) -> f64 {
-    out.fill(0.0);
-    if keys.is_empty() {
-        sc.probs.clear();
-        sc.raw.clear();
-        return rm.sink.unwrap_or(f64::NEG_INFINITY);
-    }
-    let lse = row_softmax(ar, q_row, kv, keys, scale, rm, sc);
-    for (&(j, _), &p) in keys.iter().zip(sc.probs.iter()) {
-        ar.axpy(out, p, kv.v(j));
-    }
-    for o in out.iter_mut() {
-        *o = ar.store(*o);
-    }
-    lse
-}
-
 /// fp64 score of one key after every variant: `softcap(q·k · scale) − slope · dist`.
 fn score64(q_row: &[f64], k: &[f64], scale: f64, rm: &RowMod, dist: f64) -> f64 {
     modded64(dot64(q_row, k) * scale, rm, dist)
@@ -889,94 +808,115 @@ fn modded64(t: f64, rm: &RowMod, dist: f64) -> f64 {
     t - rm.slope * dist
 }
 
-/// The arithmetic-bound terms of one row (see [`ErrorTerms`], [`Output::out_bound`]) from its fp64 softmax
-/// `probs` (normalised weights of `keys`), output `out` and LSE.
-#[allow(clippy::too_many_arguments)]
-fn row_terms(
-    q_row: &[f64],
-    kv: &KvRows,
-    keys: &[(usize, f64)],
+/// One query row's attention: its query `q` (`[D]`), the K/V rows of its KV head, the keys it sees (K/V row
+/// index, distance |i + δ − j| for ALiBi), the scale and the row's variants.
+struct Row<'r> {
+    q: &'r [f64],
+    kv: &'r KvRows<'r>,
+    keys: &'r [(usize, f64)],
     scale: f64,
-    rm: &RowMod,
-    lse: f64,
-    sc: &RowScratch,
-    out: &[f64],
-    terms: &mut [ErrorTerms],
-) {
-    let probs = &sc.probs;
-    terms.fill(ErrorTerms { keys: keys.len(), ..ErrorTerms::default() });
-    if keys.is_empty() {
-        return;
-    }
-    let d = q_row.len();
-    let q_norm = dot64(q_row, q_row).sqrt();
-    let (mut k_norm, mut t_abs, mut t_max) = (0.0f64, 0.0f64, f64::NEG_INFINITY);
-    for (&(j, dist), &raw) in keys.iter().zip(&sc.raw) {
-        let t = modded64(raw, rm, dist);
-        k_norm = k_norm.max(kv.k_norm(j));
-        // fp32 rounding of every intermediate: the scaled score, the result, the bias (which may cancel
-        // against the score), the sink's logit.
-        t_abs = t_abs.max(raw.abs()).max(t.abs()).max((rm.slope * dist).abs());
-        t_max = t_max.max(t);
-    }
-    if let Some(sk) = rm.sink {
-        t_abs = t_abs.max(sk.abs());
-    }
-    let gamma_d = 2.0 * U32 * (d.div_ceil(16) + 2) as f64;
-    // The softcap's tanh through exp2 and an fp32 division: a few ulp of c, absolutely (fa/score_mod.cuh).
-    let softcap_err = rm.softcap.map_or(0.0, |c| c * SOFTCAP_REL_ERR);
-    let eta = scale.abs() * gamma_d * q_norm * k_norm + 8.0 * U32 * t_abs + EXP2_REL_ERR + softcap_err;
-    // w_j = p̂_j / l with l = exp(lse − max t) = Σ p̂_j (+ the sink's e^(σ − max t)), so p̂_j = w_j · l.
-    let l = (lse - t_max).exp();
-    for (&(j, _), &w) in keys.iter().zip(probs) {
-        let p_hat = w * l;
-        let below_max = p_hat < 1.0;
-        let tiny = p_hat < F16_MIN_NORMAL;
-        for ((t, &vx), &o) in terms.iter_mut().zip(kv.v(j)).zip(out) {
-            t.abs_out += w * vx.abs();
-            t.spread += w * (vx - o).abs();
-            if below_max {
-                t.abs_out_below_max += w * vx.abs();
-            }
-            if tiny {
-                t.tiny += vx.abs() / l;
-            }
-        }
-    }
-    if let Some(sk) = rm.sink {
-        // The sink is a key with v = 0: its weight moves the output by w_σ · |0 − O|.
-        let w = (sk - lse).exp();
-        for (t, &o) in terms.iter_mut().zip(out) {
-            t.spread += w * o.abs();
-        }
-    }
-    terms.iter_mut().for_each(|t| {
-        t.eta = eta;
-        t.score_mag = t_abs;
-    });
+    rm: &'r RowMod,
 }
 
-/// Fills `probs` with the softmax over `keys` (non-empty) and the sink, and returns the LSE.
-fn row_softmax(
-    ar: Arith,
-    q_row: &[f64],
-    kv: &KvRows,
-    keys: &[(usize, f64)],
-    scale: f64,
-    rm: &RowMod,
-    sc: &mut RowScratch,
-) -> f64 {
-    sc.probs.clear();
-    sc.raw.clear();
-    match ar {
-        // The scaled scores before the variants are kept for `row_terms` (one q·k per key in all).
-        Arith::F64 => {
-            sc.raw.extend(keys.iter().map(|&(j, _)| dot64(q_row, kv.k(j)) * scale));
-            sc.probs.extend(sc.raw.iter().zip(keys).map(|(&t, &(_, dist))| modded64(t, rm, dist)));
+impl Row<'_> {
+    /// The one attention row routine: writes `out` (`[D]`) and returns the LSE; no keys give 0 and −inf (or
+    /// the sink). `terms` (`[D]`, fp64 only) receives the arithmetic-bound terms when given.
+    fn attend(&self, ar: Arith, sc: &mut RowScratch, out: &mut [f64], terms: Option<&mut [ErrorTerms]>) -> f64 {
+        out.fill(0.0);
+        let lse = if self.keys.is_empty() {
+            sc.probs.clear();
+            sc.raw.clear();
+            self.rm.sink.unwrap_or(f64::NEG_INFINITY)
+        } else {
+            let lse = self.softmax(ar, sc);
+            for (&(j, _), &p) in self.keys.iter().zip(sc.probs.iter()) {
+                ar.axpy(out, p, self.kv.v(j));
+            }
+            for o in out.iter_mut() {
+                *o = ar.store(*o);
+            }
+            lse
+        };
+        if let Some(t) = terms {
+            self.terms(lse, sc, out, t);
         }
-        Arith::Lowp(_) => sc.probs.extend(keys.iter().map(|&(j, dist)| ar.score(q_row, kv.k(j), scale, rm, dist))),
+        lse
     }
-    ar.softmax(&mut sc.probs, rm.sink)
+
+    /// Fills `sc.probs` with the softmax over the keys (non-empty) and the sink, and returns the LSE.
+    fn softmax(&self, ar: Arith, sc: &mut RowScratch) -> f64 {
+        let (q, kv, rm) = (self.q, self.kv, self.rm);
+        sc.probs.clear();
+        sc.raw.clear();
+        match ar {
+            // The scaled scores before the variants are kept for `terms` (one q·k per key in all).
+            Arith::F64 => {
+                sc.raw.extend(self.keys.iter().map(|&(j, _)| dot64(q, kv.k(j)) * self.scale));
+                sc.probs.extend(sc.raw.iter().zip(self.keys).map(|(&t, &(_, dist))| modded64(t, rm, dist)));
+            }
+            Arith::Lowp(_) => {
+                sc.probs.extend(self.keys.iter().map(|&(j, dist)| ar.score(q, kv.k(j), self.scale, rm, dist)))
+            }
+        }
+        ar.softmax(&mut sc.probs, rm.sink)
+    }
+
+    /// The arithmetic-bound terms of the row (see [`ErrorTerms`], [`Output::out_bound`]) from its fp64
+    /// softmax `sc.probs` (normalised weights of the keys), output `out` and LSE.
+    fn terms(&self, lse: f64, sc: &RowScratch, out: &[f64], terms: &mut [ErrorTerms]) {
+        let (q_row, kv, keys, scale, rm) = (self.q, self.kv, self.keys, self.scale, self.rm);
+        let probs = &sc.probs;
+        terms.fill(ErrorTerms { keys: keys.len(), ..ErrorTerms::default() });
+        if keys.is_empty() {
+            return;
+        }
+        let d = q_row.len();
+        let q_norm = dot64(q_row, q_row).sqrt();
+        let (mut k_norm, mut t_abs, mut t_max) = (0.0f64, 0.0f64, f64::NEG_INFINITY);
+        for (&(j, dist), &raw) in keys.iter().zip(&sc.raw) {
+            let t = modded64(raw, rm, dist);
+            k_norm = k_norm.max(kv.k_norm(j));
+            // fp32 rounding of every intermediate: the scaled score, the result, the bias (which may cancel
+            // against the score), the sink's logit.
+            t_abs = t_abs.max(raw.abs()).max(t.abs()).max((rm.slope * dist).abs());
+            t_max = t_max.max(t);
+        }
+        if let Some(sk) = rm.sink {
+            t_abs = t_abs.max(sk.abs());
+        }
+        let gamma_d = 2.0 * U32 * (d.div_ceil(16) + 2) as f64;
+        // The softcap's tanh through exp2 and an fp32 division: a few ulp of c, absolutely (fa/score_mod.cuh).
+        let softcap_err = rm.softcap.map_or(0.0, |c| c * SOFTCAP_REL_ERR);
+        let eta = scale.abs() * gamma_d * q_norm * k_norm + 8.0 * U32 * t_abs + EXP2_REL_ERR + softcap_err;
+        // w_j = p̂_j / l with l = exp(lse − max t) = Σ p̂_j (+ the sink's e^(σ − max t)), so p̂_j = w_j · l.
+        let l = (lse - t_max).exp();
+        for (&(j, _), &w) in keys.iter().zip(probs) {
+            let p_hat = w * l;
+            let below_max = p_hat < 1.0;
+            let tiny = p_hat < F16_MIN_NORMAL;
+            for ((t, &vx), &o) in terms.iter_mut().zip(kv.v(j)).zip(out) {
+                t.abs_out += w * vx.abs();
+                t.spread += w * (vx - o).abs();
+                if below_max {
+                    t.abs_out_below_max += w * vx.abs();
+                }
+                if tiny {
+                    t.tiny += vx.abs() / l;
+                }
+            }
+        }
+        if let Some(sk) = rm.sink {
+            // The sink is a key with v = 0: its weight moves the output by w_σ · |0 − O|.
+            let w = (sk - lse).exp();
+            for (t, &o) in terms.iter_mut().zip(out) {
+                t.spread += w * o.abs();
+            }
+        }
+        terms.iter_mut().for_each(|t| {
+            t.eta = eta;
+            t.score_mag = t_abs;
+        });
+    }
 }
 
 /// Per-row scratch of the row routines: the softmax weights of the keys and (fp64) their scaled scores.
@@ -992,10 +932,19 @@ impl RowScratch {
     }
 }
 
-/// The arithmetic of a computation: exact-ish f64, or a framework's f32-accumulate / `dtype`-store.
-#[derive(Clone, Copy, Debug)]
-enum Arith {
+/// The arithmetic an entry point computes in: the argument that makes each op one function for both sides
+/// of the tolerance rule (`max|ours − ref64| ≤ 2 · max|naive_lowp − ref64| + 1e-5`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arith {
+    /// The fp64 reference: scores, softmax and P·V in f64 with the max-subtracted softmax. The [`Output`]
+    /// carries the LSE and the arithmetic bound's [`ErrorTerms`].
     F64,
+    /// The naive low-precision twin, computed like a plain framework in this dtype: inputs are taken as given
+    /// (already representable); S = Q Kᵀ accumulated in f32 and rounded to the dtype; scaled in f32 and
+    /// rounded; softcap and the ALiBi bias each computed in f32 and rounded (as a framework applies them to a
+    /// score tensor); softmax in f32 from the rounded scores with the sink in its denominator, probabilities
+    /// rounded to the dtype; O = P V accumulated in f32 and rounded to the dtype. Same masking and empty-row
+    /// rules. The [`Output`]'s LSE is that f32 softmax's; `terms` is empty (no bound).
     Lowp(DType),
 }
 
@@ -1105,96 +1054,16 @@ fn axpy64(out: &mut [f64], p: f64, v: &[f64]) {
     }
 }
 
-fn dense_impl(ar: Arith, p: &Problem, var: Variants<'_>, q: &[f64], k: &[f64], v: &[f64]) -> Result<Output> {
-    let a = p.attn(var)?;
-    let (tq, tk, hq, d) = (p.seqlen_q, p.seqlen_k, a.heads_q, a.head_dim);
-    check_dense_len(p, "q", q, tq, hq)?;
-    check_dense_len(p, "k", k, tk, a.heads_kv)?;
-    check_dense_len(p, "v", v, tk, a.heads_kv)?;
-    let (q_seq, kv_seq) = (tq * hq * d, tk * a.heads_kv * d);
-    let mut out = vec![0.0; q.len()];
-    let mut terms = ar.terms(q.len());
-    let mut lse = vec![f64::NEG_INFINITY; p.batch * hq * tq];
-    for b in 0..p.batch {
-        let (ks, vs) = (&k[b * kv_seq..][..kv_seq], &v[b * kv_seq..][..kv_seq]);
-        let lse_b = &mut lse[b * hq * tq..][..hq * tq];
-        let terms_b = terms.as_mut().map(|t| &mut t[b * q_seq..][..q_seq]);
-        let (qs, os) = (&q[b * q_seq..][..q_seq], &mut out[b * q_seq..][..q_seq]);
-        a.attend_seq(ar, b, tq, tk, None, qs, ks, vs, os, terms_b, |h, i, l| lse_b[h * tq + i] = l);
-    }
-    Ok(Output { out, lse, terms: terms.unwrap_or_default() })
-}
-
-fn varlen_impl(ar: Arith, a: &Attn, cu_q: &[i32], cu_k: &[i32], q: &[f64], k: &[f64], v: &[f64]) -> Result<Output> {
-    let cu_q = parse_cu("cu_seqlens_q", cu_q)?;
-    let cu_k = parse_cu("cu_seqlens_k", cu_k)?;
-    if cu_k.len() != cu_q.len() {
-        return Err(Error::shape(
-            "cu_seqlens_k",
-            format!("has {} entries but cu_seqlens_q has {}", cu_k.len(), cu_q.len()),
-        ));
-    }
-    let d = a.head_dim;
-    let (tok_q, tok_kv) = (a.heads_q * d, a.heads_kv * d);
-    let total_q = packed_total("q", "cu_seqlens_q", q, tok_q, &cu_q)?;
-    packed_total("k", "cu_seqlens_k", k, tok_kv, &cu_k)?;
-    packed_total("v", "cu_seqlens_k", v, tok_kv, &cu_k)?;
-    let mut out = vec![0.0; q.len()];
-    let mut terms = ar.terms(q.len());
-    let mut lse = vec![f64::NEG_INFINITY; a.heads_q * total_q];
-    for (b, (wq, wk)) in cu_q.windows(2).zip(cu_k.windows(2)).enumerate() {
-        let (q0, tq, k0, tk) = (wq[0], wq[1] - wq[0], wk[0], wk[1] - wk[0]);
-        let (qs, ks, vs) =
-            (&q[q0 * tok_q..][..tq * tok_q], &k[k0 * tok_kv..][..tk * tok_kv], &v[k0 * tok_kv..][..tk * tok_kv]);
-        let terms_s = terms.as_mut().map(|t| &mut t[q0 * tok_q..][..tq * tok_q]);
-        a.attend_seq(ar, b, tq, tk, None, qs, ks, vs, &mut out[q0 * tok_q..][..tq * tok_q], terms_s, |h, i, l| {
-            lse[h * total_q + q0 + i] = l
-        });
-    }
-    Ok(Output { out, lse, terms: terms.unwrap_or_default() })
-}
-
-/// Decode over gathered per-sequence K/V: `q` `[B, Hq, D]` → out `[B, Hq, D]`, lse `[B, Hq]`.
-fn paged_impl(ar: Arith, a: &Attn, q: &[f64], kv: &[GatheredSeq]) -> Result<Output> {
-    let tok = a.heads_q * a.head_dim;
-    check_len("q", q.len(), numel("q", &[kv.len(), a.heads_q, a.head_dim])?)?;
-    let mut out = vec![0.0; q.len()];
-    let mut terms = ar.terms(q.len());
-    let mut lse = vec![f64::NEG_INFINITY; kv.len() * a.heads_q];
-    for (b, seq) in kv.iter().enumerate() {
-        let (ks, vs) = (&seq.k, &seq.v);
-        let lse_b = &mut lse[b * a.heads_q..][..a.heads_q];
-        let terms_b = terms.as_mut().map(|t| &mut t[b * tok..][..tok]);
-        let (qs, os) = (&q[b * tok..][..tok], &mut out[b * tok..][..tok]);
-        a.attend_seq(ar, b, 1, seq.len, Some(&seq.pos), qs, ks, vs, os, terms_b, |h, _, l| lse_b[h] = l);
-    }
-    Ok(Output { out, lse, terms: terms.unwrap_or_default() })
-}
-
-/// Paged prefill over gathered per-sequence K/V: `q` `[total_q, Hq, D]` → out `[total_q, Hq, D]`, lse
-/// `[Hq, total_q]`.
-fn paged_prefill_impl(ar: Arith, a: &Attn, cu_q: &[i32], q: &[f64], kv: &[GatheredSeq]) -> Result<Output> {
-    let cu_q = parse_cu("cu_seqlens_q", cu_q)?;
-    if cu_q.len() != kv.len() + 1 {
-        return Err(Error::shape(
-            "cu_seqlens_q",
-            format!("has {} entries, expected B + 1 = {} (seq_lens)", cu_q.len(), kv.len() + 1),
-        ));
-    }
-    let tok = a.heads_q * a.head_dim;
-    let total_q = packed_total("q", "cu_seqlens_q", q, tok, &cu_q)?;
-    let mut out = vec![0.0; q.len()];
-    let mut terms = ar.terms(q.len());
-    let mut lse = vec![f64::NEG_INFINITY; a.heads_q * total_q];
-    for (b, (w, seq)) in cu_q.windows(2).zip(kv).enumerate() {
-        let (q0, tq) = (w[0], w[1] - w[0]);
-        let terms_s = terms.as_mut().map(|t| &mut t[q0 * tok..][..tq * tok]);
-        let (qs, os) = (&q[q0 * tok..][..tq * tok], &mut out[q0 * tok..][..tq * tok]);
-        a.attend_seq(ar, b, tq, seq.len, Some(&seq.pos), qs, &seq.k, &seq.v, os, terms_s, |h, i, l| {
-            lse[h * total_q + q0 + i] = l
-        });
-    }
-    Ok(Output { out, lse, terms: terms.unwrap_or_default() })
+/// Decode over gathered per-sequence K/V: `q` `[B, Hq, D]` → out `[B, Hq, D]`, lse `[B, Hq]`. Each sequence
+/// is a packed one with a single query row (whose diagonal is its newest token).
+fn decode_gathered(ar: Arith, a: &Attn, q: &[f64], kv: &[GatheredSeq]) -> Result<Output> {
+    let batch = kv.len();
+    check_len("q", q.len(), numel("q", &[batch, a.heads_q, a.head_dim])?)?;
+    let cu_q: Vec<usize> = (0..=batch).collect();
+    let mut r = a.attend_packed(ar, &cu_q, batch, q, kv.iter().map(GatheredSeq::rows));
+    // The packed LSE is [Hq, B]; decode's is [B, Hq].
+    r.lse = (0..batch * a.heads_q).map(|x| r.lse[(x % a.heads_q) * batch + x / a.heads_q]).collect();
+    Ok(r)
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -1212,6 +1081,16 @@ fn check_len(arg: &str, got: usize, want: usize) -> Result<()> {
     } else {
         Err(Error::shape(arg, format!("has {got} elements, expected {want}")))
     }
+}
+
+/// Batch `b`, query head `h` and query row `i` are inside the problem.
+fn check_row_index(p: &Problem, b: usize, h: usize, i: usize) -> Result<()> {
+    for (arg, idx, n) in [("b", b, p.batch), ("h", h, p.heads_q), ("i", i, p.seqlen_q)] {
+        if idx >= n {
+            return Err(Error::out_of_bounds(arg, format!("{idx} is outside 0..{n}")));
+        }
+    }
+    Ok(())
 }
 
 fn check_dense_len(p: &Problem, arg: &str, x: &[f64], t: usize, heads: usize) -> Result<()> {
@@ -1336,12 +1215,20 @@ mod tests {
         v
     }
 
+    /// Each of [`shapes`] with its seed (`base` + index), random inputs and their fp64 [`dense`] result.
+    #[allow(clippy::type_complexity)]
+    fn shape_cases(base: u64) -> impl Iterator<Item = (u64, Problem, (Vec<f64>, Vec<f64>, Vec<f64>), Output)> {
+        shapes().into_iter().enumerate().map(move |(n, p)| {
+            let seed = base + n as u64;
+            let (q, k, v) = inputs(&p, seed);
+            let r = dense(&p, &Variants::default(), Arith::F64, &q, &k, &v).unwrap();
+            (seed, p, (q, k, v), r)
+        })
+    }
+
     #[test]
     fn dense_matches_naive_formulation() {
-        for (n, p) in shapes().iter().enumerate() {
-            let seed = 1000 + n as u64;
-            let (q, k, v) = inputs(p, seed);
-            let got = dense(p, &q, &k, &v).unwrap();
+        for (seed, ref p, (q, k, v), got) in shape_cases(1000) {
             let (out, lse) = naive_dense(p, &q, &k, &v);
             let (eo, el) = (max_diff(&got.out, &out), max_diff(&got.lse, &lse));
             assert!(eo < 1e-12 && el < 1e-12, "seed {seed} {p:?}: out err {eo}, lse err {el}");
@@ -1350,10 +1237,7 @@ mod tests {
 
     #[test]
     fn probabilities_sum_to_one_and_masked_are_zero() {
-        for (n, p) in shapes().iter().enumerate() {
-            let seed = 2000 + n as u64;
-            let (q, k, v) = inputs(p, seed);
-            let full = dense(p, &q, &k, &v).unwrap();
+        for (seed, ref p, (q, k, v), full) in shape_cases(2000) {
             let d = p.head_dim;
             for b in 0..p.batch {
                 for h in 0..p.heads_q {
@@ -1407,8 +1291,8 @@ mod tests {
                 }
                 y
             };
-            let a = dense(&p, &q, &k, &v).unwrap();
-            let b = dense(&p, &q, &permute(&k), &permute(&v)).unwrap();
+            let a = dense(&p, &Variants::default(), Arith::F64, &q, &k, &v).unwrap();
+            let b = dense(&p, &Variants::default(), Arith::F64, &q, &permute(&k), &permute(&v)).unwrap();
             let (eo, el) = (max_diff(&a.out, &b.out), max_diff(&a.lse, &b.lse));
             if causal {
                 assert!(eo > 1e-3, "seed {seed}: causal output should change under key permutation ({eo})");
@@ -1424,7 +1308,7 @@ mod tests {
         // Causal with Tq > Tk: the first Tq − Tk rows see nothing.
         let p = Problem::new(2, 4, 2, 7, 3, 8, true);
         let (q, k, v) = inputs(&p, seed);
-        let r = dense(&p, &q, &k, &v).unwrap();
+        let r = dense(&p, &Variants::default(), Arith::F64, &q, &k, &v).unwrap();
         let d = p.head_dim;
         for b in 0..p.batch {
             for h in 0..p.heads_q {
@@ -1443,7 +1327,7 @@ mod tests {
         // Tk = 0 (bidirectional): every row is empty.
         let p = Problem::new(1, 2, 1, 3, 0, 4, false);
         let (q, k, v) = inputs(&p, seed);
-        let r = dense(&p, &q, &k, &v).unwrap();
+        let r = dense(&p, &Variants::default(), Arith::F64, &q, &k, &v).unwrap();
         assert!(r.out.iter().all(|&x| x == 0.0) && r.lse.iter().all(|&x| x == NEG_INF));
         // Varlen: sequence 1 has no keys, sequence 2 has no tokens at all.
         let (hq, hkv, d) = (2, 1, 4);
@@ -1453,7 +1337,8 @@ mod tests {
         let k = rand_vec(&mut rng, 6 * hkv * d, -1.0, 1.0);
         let v = rand_vec(&mut rng, 6 * hkv * d, 0.5, 1.5);
         for causal in [false, true] {
-            let r = varlen(hq, hkv, d, causal, 0.5, &cu_q, &cu_k, &q, &k, &v).unwrap();
+            let r =
+                varlen(hq, hkv, d, causal, 0.5, &Variants::default(), Arith::F64, &cu_q, &cu_k, &q, &k, &v).unwrap();
             for t in 0..6 {
                 let empty = (2..5).contains(&t);
                 for h in 0..hq {
@@ -1486,12 +1371,15 @@ mod tests {
         let k = rand_vec(&mut rng, tot_k * hkv * d, -1.0, 1.0);
         let v = rand_vec(&mut rng, tot_k * hkv * d, -0.5, 1.5);
         for causal in [false, true] {
-            let r = varlen(hq, hkv, d, causal, 0.3, &cu_q, &cu_k, &q, &k, &v).unwrap();
+            let r =
+                varlen(hq, hkv, d, causal, 0.3, &Variants::default(), Arith::F64, &cu_q, &cu_k, &q, &k, &v).unwrap();
             for (s, &(tq, tk)) in lens.iter().enumerate() {
                 let (q0, k0) = (cu_q[s] as usize, cu_k[s] as usize);
                 let p = Problem { scale: 0.3, ..Problem::new(1, hq, hkv, tq, tk, d, causal) };
                 let want = dense(
                     &p,
+                    &Variants::default(),
+                    Arith::F64,
                     &q[q0 * hq * d..(q0 + tq) * hq * d],
                     &k[k0 * hkv * d..(k0 + tk) * hkv * d],
                     &v[k0 * hkv * d..(k0 + tk) * hkv * d],
@@ -1506,33 +1394,16 @@ mod tests {
     }
 
     /// A paged cache with shuffled pages, NaN in every slot no sequence uses and −1 in unused table entries.
+    /// A random paged cache and, per sequence, the dense K/V it holds.
     struct Paged {
-        k_cache: Vec<f64>,
-        v_cache: Vec<f64>,
-        num_pages: usize,
-        page_size: usize,
-        heads_kv: usize,
-        head_dim: usize,
-        table: Vec<i32>,
-        max_pages: usize,
-        seq_lens: Vec<i32>,
+        data: PagedCacheData,
         dense_kv: Vec<(Vec<f64>, Vec<f64>)>,
     }
 
     impl Paged {
         /// The reference's view of this cache (tests vary one field with `..c.cache()`).
         fn cache(&self) -> PagedCache<'_> {
-            PagedCache {
-                k_cache: &self.k_cache,
-                v_cache: &self.v_cache,
-                num_pages: self.num_pages,
-                page_size: self.page_size,
-                heads_kv: self.heads_kv,
-                head_dim: self.head_dim,
-                block_table: &self.table,
-                max_pages_per_seq: self.max_pages,
-                seq_lens: &self.seq_lens,
-            }
+            self.data.cache()
         }
     }
 
@@ -1564,18 +1435,18 @@ mod tests {
             dense_kv.push((ks, vs));
         }
         let seq_lens = seq_lens.iter().map(|&l| l as i32).collect();
-        Paged {
+        let data = PagedCacheData {
             k_cache,
             v_cache,
             num_pages,
             page_size,
             heads_kv: hkv,
             head_dim: d,
-            table,
-            max_pages,
+            block_table: table,
+            max_pages_per_seq: max_pages,
             seq_lens,
-            dense_kv,
-        }
+        };
+        Paged { data, dense_kv }
     }
 
     #[test]
@@ -1586,20 +1457,21 @@ mod tests {
             let c = paged(seed, hkv, d, page_size, &[5, 0, 17, 8, 16]);
             let kv = gather_paged(&c.cache()).unwrap();
             assert_eq!(kv, c.dense_kv, "seed {seed} page_size {page_size}");
-            let q = rand_vec(&mut StdRng::seed_from_u64(seed + 7), c.seq_lens.len() * hq * d, -1.0, 1.0);
+            let q = rand_vec(&mut StdRng::seed_from_u64(seed + 7), c.data.seq_lens.len() * hq * d, -1.0, 1.0);
             let scale = 0.25;
-            let r = paged_decode(hq, scale, &q, &c.cache()).unwrap();
+            let r = paged_decode(hq, scale, &Variants::default(), Arith::F64, &q, &c.cache()).unwrap();
             assert!(r.out.iter().all(|x| x.is_finite()), "seed {seed}: NaN leaked from unused cache slots");
             for (b, (ks, vs)) in c.dense_kv.iter().enumerate() {
                 for causal in [false, true] {
                     let tk = ks.len() / (hkv * d);
                     let p = Problem { scale, ..Problem::new(1, hq, hkv, 1, tk, d, causal) };
-                    let want = dense(&p, &q[b * hq * d..][..hq * d], ks, vs).unwrap();
+                    let want = dense(&p, &Variants::default(), Arith::F64, &q[b * hq * d..][..hq * d], ks, vs).unwrap();
                     assert_eq!(&r.out[b * hq * d..][..hq * d], &want.out[..], "seed {seed} seq {b}");
                     assert_eq!(&r.lse[b * hq..][..hq], &want.lse[..], "seed {seed} seq {b}");
                 }
             }
-            let naive = naive_lowp_paged_decode(hq, scale, &q, &c.cache(), DType::Bf16).unwrap();
+            let naive =
+                paged_decode(hq, scale, &Variants::default(), Arith::Lowp(DType::Bf16), &q, &c.cache()).unwrap().out;
             assert!(naive.iter().all(|x| x.is_finite()), "seed {seed}: NaN leaked into the naive decode");
         }
     }
@@ -1610,7 +1482,7 @@ mod tests {
         let (b, hq, hkv, tq, tk, d) = (2, 4, 2, 3, 20, 8);
         let full_p = Problem::new(b, hq, hkv, tq, tk, d, false);
         let (q, k, v) = inputs(&full_p, seed);
-        let full = dense(&full_p, &q, &k, &v).unwrap();
+        let full = dense(&full_p, &Variants::default(), Arith::F64, &q, &k, &v).unwrap();
         let rows = b * tq * hq; // row order (b, i, h), as in out
                                 // lse [B, Hq, Tq] -> row order (b, i, h)
         let lse_rows = |l: &[f64]| -> Vec<f64> {
@@ -1631,7 +1503,15 @@ mod tests {
         let (mut o, mut l) = (Vec::new(), Vec::new());
         for w in bounds.windows(2) {
             let p = Problem { seqlen_k: w[1] - w[0], ..full_p };
-            let part = dense(&p, &q, &slice_keys(&k, w[0], w[1]), &slice_keys(&v, w[0], w[1])).unwrap();
+            let part = dense(
+                &p,
+                &Variants::default(),
+                Arith::F64,
+                &q,
+                &slice_keys(&k, w[0], w[1]),
+                &slice_keys(&v, w[0], w[1]),
+            )
+            .unwrap();
             let mut po = part.out;
             if w[0] == w[1] {
                 po.fill(f64::NAN); // an empty partial's o must not be read
@@ -1668,8 +1548,8 @@ mod tests {
         let mut errs = Vec::new();
         for dt in [DType::F16, DType::Bf16] {
             let (q, k, v) = (round_all(&q, dt), round_all(&k, dt), round_all(&v, dt));
-            let r = dense(&p, &q, &k, &v).unwrap();
-            let naive = naive_lowp_dense(&p, dt, &q, &k, &v).unwrap();
+            let r = dense(&p, &Variants::default(), Arith::F64, &q, &k, &v).unwrap();
+            let naive = dense(&p, &Variants::default(), Arith::Lowp(dt), &q, &k, &v).unwrap().out;
             let err = max_diff(&naive, &r.out);
             let eps = if dt == DType::F16 { 2f64.powi(-10) } else { 2f64.powi(-7) };
             assert!(err > 0.0 && err < 8.0 * eps, "seed {seed} {dt:?}: naive err {err}");
@@ -1700,32 +1580,34 @@ mod tests {
             let cu_q = [0, p.seqlen_q as i32];
             let cu_k = [0, p.seqlen_k as i32];
             let b0 = |x: &[f64], t: usize, h: usize| x[..t * h * p.head_dim].to_vec();
-            let vl = naive_lowp_varlen(
+            let vl = varlen(
                 p.heads_q,
                 p.heads_kv,
                 p.head_dim,
                 p.causal,
                 p.scale,
+                &Variants::default(),
+                Arith::Lowp(dt),
                 &cu_q,
                 &cu_k,
                 &b0(&q, p.seqlen_q, p.heads_q),
                 &b0(&k, p.seqlen_k, p.heads_kv),
                 &b0(&v, p.seqlen_k, p.heads_kv),
-                dt,
             )
-            .unwrap();
+            .unwrap()
+            .out;
             assert_eq!(vl, b0(&naive, p.seqlen_q, p.heads_q));
         }
         assert!(errs[1] > errs[0], "seed {seed}: bf16 err {} should exceed f16 err {}", errs[1], errs[0]);
         // Empty rows stay 0 in the naive path too.
         let p = Problem::new(1, 1, 1, 4, 2, 8, true);
         let (q, k, v) = inputs(&p, seed);
-        let naive = naive_lowp_dense(&p, DType::Bf16, &q, &k, &v).unwrap();
+        let naive = dense(&p, &Variants::default(), Arith::Lowp(DType::Bf16), &q, &k, &v).unwrap().out;
         assert!(naive[..2 * 8].iter().all(|&x| x == 0.0) && naive.iter().all(|x| x.is_finite()));
     }
 
     /// The low-precision path written out like a framework would, with f32 tensors and explicit casts
-    /// through `half`; must agree with `naive_lowp_dense` bit for bit.
+    /// through `half`; must agree with `dense` under `Arith::Lowp` bit for bit.
     #[test]
     fn naive_lowp_matches_framework_style_formulation() {
         let seed = 7100;
@@ -1740,7 +1622,7 @@ mod tests {
                 }
             };
             let (q, k, v) = (round_all(&q, dt), round_all(&k, dt), round_all(&v, dt));
-            let got = naive_lowp_dense(&p, dt, &q, &k, &v).unwrap();
+            let got = dense(&p, &Variants::default(), Arith::Lowp(dt), &q, &k, &v).unwrap().out;
             let (hq, hkv, tq, tk, d) = (p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_k, p.head_dim);
             for h in 0..hq {
                 let g = h / (hq / hkv);
@@ -1799,11 +1681,20 @@ mod tests {
         let kind = |r: Result<Output>| r.unwrap_err().kind().clone();
         let p = Problem::new(1, 4, 2, 3, 5, 8, false);
         let (q, k, v) = inputs(&p, 8000);
-        assert_eq!(kind(dense(&p, &q[1..], &k, &v)), ErrorKind::Shape);
-        assert_eq!(kind(dense(&p, &q, &k, &v[..8])), ErrorKind::Shape);
-        assert_eq!(kind(dense(&Problem { heads_kv: 3, ..p }, &q, &k, &v)), ErrorKind::Shape);
-        assert_eq!(kind(dense(&Problem { heads_kv: 0, ..p }, &q, &k, &v)), ErrorKind::Shape);
-        assert_eq!(kind(dense(&Problem { head_dim: 0, ..p }, &[], &[], &[])), ErrorKind::Shape);
+        assert_eq!(kind(dense(&p, &Variants::default(), Arith::F64, &q[1..], &k, &v)), ErrorKind::Shape);
+        assert_eq!(kind(dense(&p, &Variants::default(), Arith::F64, &q, &k, &v[..8])), ErrorKind::Shape);
+        assert_eq!(
+            kind(dense(&Problem { heads_kv: 3, ..p }, &Variants::default(), Arith::F64, &q, &k, &v)),
+            ErrorKind::Shape
+        );
+        assert_eq!(
+            kind(dense(&Problem { heads_kv: 0, ..p }, &Variants::default(), Arith::F64, &q, &k, &v)),
+            ErrorKind::Shape
+        );
+        assert_eq!(
+            kind(dense(&Problem { head_dim: 0, ..p }, &Variants::default(), Arith::F64, &[], &[], &[])),
+            ErrorKind::Shape
+        );
         assert_eq!(Problem { batch: usize::MAX / 2, ..p }.validate().unwrap_err().kind(), &ErrorKind::Overflow);
         assert!(p.validate().is_ok());
         let e = probabilities(&p, &q, &k, 0, 4, 0).unwrap_err();
@@ -1811,8 +1702,12 @@ mod tests {
 
         // varlen: 2 sequences of (q, k) lengths (1, 2) and (2, 3); token sizes Hq·D = 32, Hkv·D = 16.
         let (q, k) = (vec![0.0; 3 * 32], vec![0.0; 5 * 16]);
-        let vl = |cq: &[i32], ck: &[i32], q: &[f64], k: &[f64]| kind(varlen(4, 2, 8, true, 1.0, cq, ck, q, k, k));
-        assert!(varlen(4, 2, 8, true, 1.0, &[0, 1, 3], &[0, 2, 5], &q, &k, &k).is_ok());
+        let vl = |cq: &[i32], ck: &[i32], q: &[f64], k: &[f64]| {
+            kind(varlen(4, 2, 8, true, 1.0, &Variants::default(), Arith::F64, cq, ck, q, k, k))
+        };
+        assert!(
+            varlen(4, 2, 8, true, 1.0, &Variants::default(), Arith::F64, &[0, 1, 3], &[0, 2, 5], &q, &k, &k).is_ok()
+        );
         assert_eq!(vl(&[0, 1, 3], &[0, 5], &q, &k), ErrorKind::Shape, "cu lengths differ");
         assert_eq!(vl(&[], &[], &[], &[]), ErrorKind::Shape, "empty cu");
         assert_eq!(vl(&[1, 1, 3], &[0, 2, 5], &q, &k), ErrorKind::Shape, "not starting at 0");
@@ -1820,7 +1715,8 @@ mod tests {
         assert_eq!(vl(&[0, 1, 2], &[0, 2, 5], &q, &k), ErrorKind::Shape, "last != total_q");
         assert_eq!(vl(&[0, 1, 3], &[0, 2, 6], &q, &k), ErrorKind::Shape, "last != total_k");
         assert_eq!(vl(&[0, 1, 3], &[0, 2, 5], &q[1..], &k), ErrorKind::Shape, "ragged q");
-        let e = varlen(4, 3, 8, true, 1.0, &[0, 1, 3], &[0, 2, 5], &q, &k, &k).unwrap_err();
+        let e = varlen(4, 3, 8, true, 1.0, &Variants::default(), Arith::F64, &[0, 1, 3], &[0, 2, 5], &q, &k, &k)
+            .unwrap_err();
         assert_eq!(e.kind(), &ErrorKind::Shape);
 
         // paged
@@ -1832,24 +1728,30 @@ mod tests {
                 .kind()
                 .clone()
         };
-        let mut t = c.table.clone();
-        t[1] = c.num_pages as i32; // page of token 4 of sequence 0
-        assert_eq!(g(&t, &c.seq_lens, 4), ErrorKind::OutOfBounds);
+        let mut t = c.data.block_table.clone();
+        t[1] = c.data.num_pages as i32; // page of token 4 of sequence 0
+        assert_eq!(g(&t, &c.data.seq_lens, 4), ErrorKind::OutOfBounds);
         t[1] = -1;
-        assert_eq!(g(&t, &c.seq_lens, 4), ErrorKind::OutOfBounds);
-        assert_eq!(g(&c.table, &[5, (c.max_pages * 4 + 1) as i32], 4), ErrorKind::Shape, "over capacity");
-        assert_eq!(g(&c.table, &[5, -1], 4), ErrorKind::Shape, "negative seq_len");
-        assert_eq!(g(&c.table[1..], &c.seq_lens, 4), ErrorKind::Shape, "table length");
-        assert_eq!(g(&c.table, &c.seq_lens, 0), ErrorKind::Shape, "page_size 0");
+        assert_eq!(g(&t, &c.data.seq_lens, 4), ErrorKind::OutOfBounds);
+        assert_eq!(
+            g(&c.data.block_table, &[5, (c.data.max_pages_per_seq * 4 + 1) as i32], 4),
+            ErrorKind::Shape,
+            "over capacity"
+        );
+        assert_eq!(g(&c.data.block_table, &[5, -1], 4), ErrorKind::Shape, "negative seq_len");
+        assert_eq!(g(&c.data.block_table[1..], &c.data.seq_lens, 4), ErrorKind::Shape, "table length");
+        assert_eq!(g(&c.data.block_table, &c.data.seq_lens, 0), ErrorKind::Shape, "page_size 0");
         let q = vec![0.0; 2 * 4 * d];
-        let pd = |q: &[f64], hq: usize| kind(paged_decode(hq, 1.0, q, &c.cache()));
+        let pd = |q: &[f64], hq: usize| kind(paged_decode(hq, 1.0, &Variants::default(), Arith::F64, q, &c.cache()));
         assert_eq!(pd(&q[1..], 4), ErrorKind::Shape);
         assert_eq!(pd(&q, 3), ErrorKind::Shape);
         let e = paged_decode(
             4,
             1.0,
+            &Variants::default(),
+            Arith::F64,
             &q,
-            &PagedCache { k_cache: &c.k_cache[1..], max_pages_per_seq: 3, seq_lens: &[5, 3], ..c.cache() },
+            &PagedCache { k_cache: &c.data.k_cache[1..], max_pages_per_seq: 3, seq_lens: &[5, 3], ..c.cache() },
         );
         assert_eq!(kind(e), ErrorKind::Shape);
 
@@ -1911,8 +1813,8 @@ mod tests {
                 (0..keys).map(|_| (0..d).map(|_| draw(&mut rng, -0.5 * mag, mag)).collect()).collect();
             let p = Problem { scale, ..Problem::new(1, 1, 1, 1, keys, d, false) };
             let (kf, vf): (Vec<f64>, Vec<f64>) = (k.concat(), v.concat());
-            let exact = dense(&p, &q, &kf, &vf).unwrap();
-            let naive = naive_lowp_dense(&p, dt, &q, &kf, &vf).unwrap();
+            let exact = dense(&p, &Variants::default(), Arith::F64, &q, &kf, &vf).unwrap();
+            let naive = dense(&p, &Variants::default(), Arith::Lowp(dt), &q, &kf, &vf).unwrap().out;
             let ours = kernel_model(dt, scale, &q, &k, &v);
             let c = compare_bounded(&ours, &exact.out, &naive, &exact.out_bound(Some(dt), Some(dt)));
             assert!(c.passed, "seed {seed} scale {scale} |x|<{mag} {dt:?}: {c:?}");
@@ -1937,10 +1839,11 @@ mod tests {
         let k: Vec<f64> = (0..n).flat_map(|_| k0.clone()).collect();
         let v: Vec<f64> = (0..n * d).map(|_| DType::Bf16.round(rng.random_range(-1.0..1.0))).collect();
         let p = Problem::new(1, 1, 1, 1, n, d, false);
-        let r = dense(&p, &q, &k, &v).unwrap();
+        let r = dense(&p, &Variants::default(), Arith::F64, &q, &k, &v).unwrap();
         assert!(r.terms.iter().all(|t| t.abs_out_below_max == 0.0 && t.keys == n && t.tiny == 0.0));
         let bound = r.out_bound(Some(DType::Bf16), Some(DType::Bf16));
-        let dropped = dense(&Problem { seqlen_k: n - 1, ..p }, &q, &k[d..], &v[d..]).unwrap();
+        let dropped =
+            dense(&Problem { seqlen_k: n - 1, ..p }, &Variants::default(), Arith::F64, &q, &k[d..], &v[d..]).unwrap();
         let c = compare_within(&dropped.out, &r.out, &bound);
         assert!(!c.passed && c.bound_ratio > 2.0, "{c:?}");
         assert!(compare_within(&r.out, &r.out, &bound).passed);
@@ -1951,6 +1854,8 @@ mod tests {
         // Empty rows have a (next to) zero bound: only an exact 0 passes.
         let e = dense(
             &Problem { seqlen_q: 3, seqlen_k: 1, causal: true, ..p },
+            &Variants::default(),
+            Arith::F64,
             &[q.clone(), q.clone(), q.clone()].concat(),
             &k[..d],
             &v[..d],
@@ -1964,11 +1869,11 @@ mod tests {
         let (hkv, d, ps) = (2, 8, 4);
         let c = paged(9300, hkv, d, ps, &[13, 9]);
         let q: Vec<f64> = (0..2 * 4 * d).map(|i| (i % 7) as f64 * 0.3 - 1.0).collect();
-        let mut table = c.table.clone();
+        let mut table = c.data.block_table.clone();
         table[1] = -3; // tokens 4..8 of sequence 0
-        table[c.max_pages] = c.num_pages as i32; // tokens 0..4 of sequence 1
+        table[c.data.max_pages_per_seq] = c.data.num_pages as i32; // tokens 0..4 of sequence 1
         let cache = PagedCache { block_table: &table, ..c.cache() };
-        let got = paged_decode(4, 0.5, &q, &cache).unwrap();
+        let got = paged_decode(4, 0.5, &Variants::default(), Arith::F64, &q, &cache).unwrap();
         assert_eq!(gather_paged(&cache).unwrap_err().kind(), &ErrorKind::OutOfBounds);
         // The same as attending to the remaining tokens only.
         let tok = hkv * d;
@@ -1982,9 +1887,9 @@ mod tests {
             let n = k.len() / tok;
             GatheredSeq { k, v, pos: (0..n).collect(), len: n }
         };
-        let want = paged_impl(Arith::F64, &a, &q, &[seq(k0, v0), seq(k1, v1)]).unwrap();
+        let want = decode_gathered(Arith::F64, &a, &q, &[seq(k0, v0), seq(k1, v1)]).unwrap();
         assert!(max_diff(&got.out, &want.out) < 1e-15 && max_diff(&got.lse, &want.lse) < 1e-15);
-        let naive = naive_lowp_paged_decode(4, 0.5, &q, &cache, DType::F16).unwrap();
+        let naive = paged_decode(4, 0.5, &Variants::default(), Arith::Lowp(DType::F16), &q, &cache).unwrap().out;
         assert!(max_diff(&naive, &got.out) < 1e-2);
     }
 }

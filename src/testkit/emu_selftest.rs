@@ -291,6 +291,25 @@ impl Bug {
         Bug::GlobalAsShared,
         Bug::SpinWait,
     ];
+
+    /// The kernel's tag of this bug (`FA_SELFTEST_BUG_*`, the params' `bug` field).
+    pub fn abi(self) -> i32 {
+        (match self {
+            Bug::MissingSyncthreads => sys::FA_SELFTEST_BUG_MISSING_SYNCTHREADS,
+            Bug::OobWrite => sys::FA_SELFTEST_BUG_OOB_WRITE,
+            Bug::MissingCpAsyncWait => sys::FA_SELFTEST_BUG_MISSING_CP_ASYNC_WAIT,
+            Bug::DivergentBarrier => sys::FA_SELFTEST_BUG_DIVERGENT_BARRIER,
+            Bug::Deadlock => sys::FA_SELFTEST_BUG_DEADLOCK,
+            Bug::Misaligned16 => sys::FA_SELFTEST_BUG_MISALIGNED_16,
+            Bug::StackOverflow => sys::FA_SELFTEST_BUG_STACK_OVERFLOW,
+            Bug::RawPointer => sys::FA_SELFTEST_BUG_RAW_POINTER,
+            Bug::DivByZero => sys::FA_SELFTEST_BUG_DIV_BY_ZERO,
+            Bug::StoreToInput => sys::FA_SELFTEST_BUG_STORE_TO_INPUT,
+            Bug::SharedOob => sys::FA_SELFTEST_BUG_SHARED_OOB,
+            Bug::GlobalAsShared => sys::FA_SELFTEST_BUG_GLOBAL_AS_SHARED,
+            Bug::SpinWait => sys::FA_SELFTEST_BUG_SPIN_WAIT,
+        }) as i32
+    }
 }
 
 /// Runs one planted-bug kernel over `input` (512 floats); `planted == false` runs its correct twin.
@@ -304,21 +323,7 @@ pub fn planted_bug(bug: Bug, planted: bool, race_detection: bool, input: &[f32],
     let mut out = Vec::with_capacity(2 * BUG_ELEMS);
     out.resize(BUG_ELEMS, f32::NAN);
     let regions = [region(c"input", input), region_mut(c"out", &mut out)];
-    let bug = match bug {
-        Bug::MissingSyncthreads => sys::FA_SELFTEST_BUG_MISSING_SYNCTHREADS,
-        Bug::OobWrite => sys::FA_SELFTEST_BUG_OOB_WRITE,
-        Bug::MissingCpAsyncWait => sys::FA_SELFTEST_BUG_MISSING_CP_ASYNC_WAIT,
-        Bug::DivergentBarrier => sys::FA_SELFTEST_BUG_DIVERGENT_BARRIER,
-        Bug::Deadlock => sys::FA_SELFTEST_BUG_DEADLOCK,
-        Bug::Misaligned16 => sys::FA_SELFTEST_BUG_MISALIGNED_16,
-        Bug::StackOverflow => sys::FA_SELFTEST_BUG_STACK_OVERFLOW,
-        Bug::RawPointer => sys::FA_SELFTEST_BUG_RAW_POINTER,
-        Bug::DivByZero => sys::FA_SELFTEST_BUG_DIV_BY_ZERO,
-        Bug::StoreToInput => sys::FA_SELFTEST_BUG_STORE_TO_INPUT,
-        Bug::SharedOob => sys::FA_SELFTEST_BUG_SHARED_OOB,
-        Bug::GlobalAsShared => sys::FA_SELFTEST_BUG_GLOBAL_AS_SHARED,
-        Bug::SpinWait => sys::FA_SELFTEST_BUG_SPIN_WAIT,
-    } as i32;
+    let bug = bug.abi();
     let params = sys::FaSelftestBugParams {
         input: input.as_ptr(),
         out: out.as_mut_ptr(),

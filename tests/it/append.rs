@@ -11,10 +11,10 @@ use fused_attn::{
 };
 use half::bf16;
 
-/// The run's base seed (FA_SEED or the fixed default) and, for failure messages, the line that reruns
-/// `test` with it.
-fn seed(test: &str) -> (u64, String) {
-    (common::base_seed(), common::rerun("append", test, None))
+/// The shared case's fixture on the run's base seed (FA_SEED or the fixed default) and, for failure
+/// messages, the line that reruns `test` with it.
+fn fixture(test: &str) -> (PagedFixture<bf16>, String) {
+    (PagedFixture::new(&case(), common::base_seed()).unwrap(), common::rerun("append", test, None))
 }
 
 fn case() -> DecodeCase {
@@ -91,8 +91,7 @@ fn decode_host(stream: &Stream<'_>, f: &PagedFixture<bf16>, k_cache: &[bf16], v_
 fn prompt_append_then_decode_round_trip() {
     let emu = Emulator::new().with_table_checks(fused_attn::TableChecks::GpuMasking);
     let stream = Stream::Emu(&emu);
-    let (seed, rerun) = seed("prompt_append_then_decode_round_trip");
-    let f = PagedFixture::<bf16>::new(&case(), seed).unwrap();
+    let (f, rerun) = fixture("prompt_append_then_decode_round_trip");
     let (k, v, slots) = packed_tokens(&f, |b| 0..f.case.seq_lens[b]);
     let mut k_cache = vec![bf16::NAN; f.k_cache.len()];
     let mut v_cache = vec![bf16::NAN; f.v_cache.len()];
@@ -110,8 +109,7 @@ fn prompt_append_then_decode_round_trip() {
 fn one_token_per_sequence_append() {
     let emu = Emulator::new().with_table_checks(fused_attn::TableChecks::GpuMasking);
     let stream = Stream::Emu(&emu);
-    let (seed, rerun) = seed("one_token_per_sequence_append");
-    let f = PagedFixture::<bf16>::new(&case(), seed).unwrap();
+    let (f, rerun) = fixture("one_token_per_sequence_append");
     let lens = &f.case.seq_lens;
     // Cache holding all but the last token of every sequence; the decode step appends that token.
     let (k, v, slots) = packed_tokens(&f, |b| 0..lens[b].saturating_sub(1));
@@ -168,8 +166,7 @@ fn gpu_append_round_trip() {
     let Some(ctx) = common::gpu_or_skip("append::gpu_append_round_trip") else { return };
     let cu = ctx.default_stream();
     let stream = Stream::Gpu(&cu);
-    let (seed, rerun) = seed("gpu_append_round_trip");
-    let f = PagedFixture::<bf16>::new(&case(), seed).unwrap();
+    let (f, rerun) = fixture("gpu_append_round_trip");
     let c = &f.case;
     let (k, v, slots) = packed_tokens(&f, |b| 0..c.seq_lens[b]);
     let n = slots.len();

@@ -5,6 +5,7 @@ use crate::common;
 
 use fused_attn::decode::{DecodeOptions, DecodeWorkspace};
 use fused_attn::plan::DecodePlan;
+use fused_attn::reference::{Arith, Variants};
 use fused_attn::testkit::cases::decode::{
     check_case_emulated, check_case_gpu, check_inputs_emulated, decode_head_dim_sweep, decode_on_host, decode_sweep,
     decode_sweep_emulated, CaseOutcome, DecodeCase, DecodeInputs, PagedFixture,
@@ -387,8 +388,9 @@ fn clamps_device_data_it_cannot_validate() {
         max_pages_per_seq: f.width,
         seq_lens: &ref_lens,
     };
-    let exact = reference::paged_decode(hq, scale, &q, &ref_cache).unwrap();
-    let naive = reference::naive_lowp_paged_decode(hq, scale, &q, &ref_cache, DType::Bf16).unwrap();
+    let exact = reference::paged_decode(hq, scale, &Variants::default(), Arith::F64, &q, &ref_cache).unwrap();
+    let naive =
+        reference::paged_decode(hq, scale, &Variants::default(), Arith::Lowp(DType::Bf16), &q, &ref_cache).unwrap().out;
 
     let cache = PagedKvCache::new(
         TensorView::host(&f.k_cache, f.cache_shape()).unwrap(),
@@ -454,44 +456,22 @@ fn out_of_range_page_ids_are_masked_keys() {
         let to64 = |v: &[bf16]| v.iter().map(|x| x.to_f64()).collect::<Vec<f64>>();
         let (q, k, v) = (to64(&f.q), to64(&f.k_cache), to64(&f.v_cache));
         let scale = 1.0 / (d as f64).sqrt();
-        let cache = |table: &'_ [i32], k: &'_ [f64], v: &'_ [f64], num_pages: usize| {
-            reference::paged_decode(
-                hq,
-                scale,
-                &q,
-                &reference::PagedCache {
-                    k_cache: k,
-                    v_cache: v,
-                    num_pages,
-                    page_size: ps,
-                    heads_kv: case.heads_kv,
-                    head_dim: d,
-                    block_table: table,
-                    max_pages_per_seq: w,
-                    seq_lens: &f.seq_lens,
-                },
-            )
-            .unwrap()
-        };
-        let exact = cache(&table, &k, &v, f.num_pages);
-        let naive = reference::naive_lowp_paged_decode(
-            hq,
-            scale,
-            &q,
-            &reference::PagedCache {
-                k_cache: &k,
-                v_cache: &v,
-                num_pages: f.num_pages,
+        let cache = |ar: Arith, table: &'_ [i32], k: &'_ [f64], v: &'_ [f64], num_pages: usize| {
+            let cache = reference::PagedCache {
+                k_cache: k,
+                v_cache: v,
+                num_pages,
                 page_size: ps,
                 heads_kv: case.heads_kv,
                 head_dim: d,
-                block_table: &table,
+                block_table: table,
                 max_pages_per_seq: w,
                 seq_lens: &f.seq_lens,
-            },
-            DType::Bf16,
-        )
-        .unwrap();
+            };
+            reference::paged_decode(hq, scale, &Variants::default(), ar, &q, &cache).unwrap()
+        };
+        let exact = cache(Arith::F64, &table, &k, &v, f.num_pages);
+        let naive = cache(Arith::Lowp(DType::Bf16), &table, &k, &v, f.num_pages).out;
         let bound = exact.out_bound(Some(DType::Bf16), Some(DType::Bf16));
         let cmp = reference::compare_bounded(&to64(&o), &exact.out, &naive, &bound);
         let ctx = format!("page {ps} splits {splits:?} seed {seed:#x}; {}", common::rerun("decode", test, None));
@@ -509,7 +489,7 @@ fn out_of_range_page_ids_are_masked_keys() {
         let (mut kz, mut vz) = (k.clone(), v.clone());
         kz.extend(std::iter::repeat_n(0.0, page_len));
         vz.extend(std::iter::repeat_n(0.0, page_len));
-        let diluted = cache(&zeroed, &kz, &vz, f.num_pages + 1);
+        let diluted = cache(Arith::F64, &zeroed, &kz, &vz, f.num_pages + 1);
         let old = reference::compare_within(&diluted.out, &exact.out, &bound);
         assert!(old.bound_ratio > 1.5, "{ctx}: zero keys would pass too ({:.2})", old.bound_ratio);
         assert!(diluted.lse[2 * hq].is_finite(), "{ctx}: zero keys make the all-bad sequence non-empty");

@@ -41,7 +41,7 @@ use crate::common;
 
 use fused_attn::plan::DecodePlan;
 use fused_attn::prefill::{PrefillKernel, TileConfig};
-use fused_attn::reference::{self, fp32_chain_gamma, half_ulp};
+use fused_attn::reference::{self, fp32_chain_gamma, half_ulp, Arith, Variants};
 use fused_attn::testkit::cases::decode::{run_inputs_emulated, DecodeCase, DecodeInputs, PagedFixture};
 use fused_attn::testkit::cases::prefill::{run_emulated, PrefillFixture};
 use fused_attn::testkit::cases::prefill::{CaseLayout, PrefillCase};
@@ -53,6 +53,16 @@ use rand::Rng;
 
 const U: f64 = 1.0 / (1u64 << 24) as f64;
 const EXP2_REL_ERR: f64 = 1.0 / (1u64 << 21) as f64;
+
+/// `$f::<T>(args)` for `T` the 16-bit type of the runtime dtype `$dtype`.
+macro_rules! by_dtype {
+    ($dtype:expr, $f:ident($($arg:expr),* $(,)?)) => {
+        match $dtype {
+            DType::F16 => $f::<f16>($($arg),*),
+            DType::Bf16 => $f::<bf16>($($arg),*),
+        }
+    };
+}
 
 // ------------------------------------------------------------------------------------------------ bounds
 
@@ -103,24 +113,6 @@ fn variant_err(t: f64, n: usize, softcap: Option<f64>, sink: Option<f64>) -> f64
     e
 }
 
-/// Worst error / bound over a result, and where (index); NaN and a one-sided infinity count as ∞.
-fn worst(ours: &[f64], want: &[f64], bound: &[f64]) -> (f64, usize) {
-    let mut w = (0.0, 0);
-    for (i, ((&x, &y), &b)) in ours.iter().zip(want).zip(bound).enumerate() {
-        let r = if x == y {
-            0.0
-        } else if x.is_finite() && y.is_finite() {
-            (x - y).abs() / b
-        } else {
-            f64::INFINITY
-        };
-        if r > w.0 || r.is_nan() {
-            w = (r, i);
-        }
-    }
-    w
-}
-
 /// The verdict on one exact case: worst O and LSE error against their bounds.
 struct Verdict {
     label: String,
@@ -132,7 +124,8 @@ struct Verdict {
 
 impl Verdict {
     fn new(label: String, o: (&[f64], &[f64], &[f64]), lse: (&[f64], &[f64], &[f64])) -> Self {
-        let (wo, wl) = (worst(o.0, o.1, o.2), worst(lse.0, lse.1, lse.2));
+        let ((wo, io, _), (wl, il, _)) = (common::worst(o.0, o.1, o.2), common::worst(lse.0, lse.1, lse.2));
+        let (wo, wl) = ((wo, io), (wl, il));
         let err = |a: &[f64], b: &[f64], i: usize| if a.is_empty() { 0.0 } else { (a[i] - b[i]).abs() };
         Verdict { o_err: err(o.0, o.1, wo.1), lse_err: err(lse.0, lse.1, wl.1), label, o: wo, lse: wl }
     }
@@ -230,7 +223,7 @@ fn decode_exact<T: Element>(emu: &Emulator, label: &str, case: &DecodeCase, keys
         max_pages_per_seq: f.width,
         seq_lens: &f.seq_lens,
     };
-    let r = reference::paged_decode(hq, scale, &q, &cache).unwrap();
+    let r = reference::paged_decode(hq, scale, &Variants::default(), Arith::F64, &q, &cache).unwrap();
     let ref_bound = r.out_bound(Some(T::DTYPE), Some(T::DTYPE));
     // Windows, softcaps and sinks keep the constant-key closed forms (see prefill_exact).
     assert!(case.variants.alibi == CaseAlibi::None && (matches!(keys, Keys::Uniform) || case.variants.is_plain()));
@@ -321,13 +314,6 @@ fn max_splits(n: usize) -> usize {
     n.div_ceil(fused_attn::plan::SPLIT_GRANULE)
 }
 
-fn run_decode(emu: &Emulator, dtype: DType, label: &str, case: &DecodeCase, keys: &Keys, seed: u64) -> Verdict {
-    match dtype {
-        DType::F16 => decode_exact::<f16>(emu, label, case, keys, seed),
-        DType::Bf16 => decode_exact::<bf16>(emu, label, case, keys, seed),
-    }
-}
-
 /// Constant keys at 4,097 tokens (and 4,096, 1, 17 in the same batch) for split counts 1, 2, 3 and the
 /// maximum, page sizes 1, 16 and 256.
 #[test]
@@ -345,7 +331,7 @@ fn decode_uniform_4097() {
         .enumerate()
         .map(|(i, &(dt, d, heads, ps, s))| {
             let case = decode_case(dt, d, heads, ps, lens.clone(), s);
-            run_decode(&emu, dt, "uniform", &case, &Keys::Uniform, common::case_seed(i))
+            by_dtype!(dt, decode_exact(&emu, "uniform", &case, &Keys::Uniform, common::case_seed(i)))
         })
         .collect();
     judge("decode_uniform_4097", &verdicts);
@@ -358,8 +344,8 @@ fn decode_uniform_long_contexts() {
     let long = decode_case(DType::Bf16, 128, (8, 1), 256, vec![131_072, 3], None);
     let many = decode_case(DType::F16, 64, (4, 1), 16, vec![32_768], Some(max_splits(32_768)));
     let verdicts = vec![
-        run_decode(&emu, DType::Bf16, "uniform 128k", &long, &Keys::Uniform, common::case_seed(10)),
-        run_decode(&emu, DType::F16, "uniform 32k", &many, &Keys::Uniform, common::case_seed(11)),
+        by_dtype!(DType::Bf16, decode_exact(&emu, "uniform 128k", &long, &Keys::Uniform, common::case_seed(10))),
+        by_dtype!(DType::F16, decode_exact(&emu, "uniform 32k", &many, &Keys::Uniform, common::case_seed(11))),
     ];
     judge("decode_uniform_long_contexts", &verdicts);
 }
@@ -402,7 +388,7 @@ fn decode_dominant_token_at_every_boundary() {
             let pos = boundary_positions(n, decode_tile_tokens(d), ps, split);
             let case = decode_case(dt, d, heads, ps, vec![n; pos.len()], s);
             let label = format!("dominant at {pos:?}");
-            run_decode(&emu, dt, &label, &case, &Keys::Dominant(pos), common::case_seed(20 + i))
+            by_dtype!(dt, decode_exact(&emu, &label, &case, &Keys::Dominant(pos), common::case_seed(20 + i)))
         })
         .collect();
     judge("decode_dominant_token_at_every_boundary", &verdicts);
@@ -557,7 +543,7 @@ fn prefill_exact<T: Element>(
                         pr.scale = scale;
                         let ks: Vec<f64> = (0..n).flat_map(|j| krow(j).to_vec()).collect();
                         let vs: Vec<f64> = (0..n).flat_map(|j| vrow(j).to_vec()).collect();
-                        let r = reference::dense(&pr, qr, &ks, &vs).unwrap();
+                        let r = reference::dense(&pr, &Variants::default(), Arith::F64, qr, &ks, &vs).unwrap();
                         for x in 0..d {
                             assert!((r.out[x] - want_o[at + x]).abs() < 1e-12, "reference vs closed form");
                         }
@@ -574,13 +560,6 @@ fn prefill_exact<T: Element>(
     let lse: Vec<f64> = f.logical_lse(&out).unwrap().iter().map(|&x| x as f64).collect();
     let label = format!("{label} [{}]", case.label());
     Verdict::new(label, (&o, &want_o, &o_bound), (&lse, &want_lse, &lse_bd))
-}
-
-fn run_prefill(emu: &Emulator, label: &str, case: &PrefillCase, dominant: Option<&[usize]>, seed: u64) -> Verdict {
-    match case.dtype {
-        DType::F16 => prefill_exact::<f16>(emu, label, case, dominant, seed),
-        DType::Bf16 => prefill_exact::<bf16>(emu, label, case, dominant, seed),
-    }
 }
 
 fn prefill_case(
@@ -618,7 +597,7 @@ fn prefill_uniform() {
     let verdicts: Vec<Verdict> = cases
         .iter()
         .enumerate()
-        .map(|(i, c)| run_prefill(&emu, "uniform", c, None, common::case_seed(30 + i)))
+        .map(|(i, c)| by_dtype!(c.dtype, prefill_exact(&emu, "uniform", c, None, common::case_seed(30 + i))))
         .collect();
     judge("prefill_uniform", &verdicts);
 }
@@ -643,22 +622,38 @@ fn prefill_dominant_token_at_every_boundary() {
         case.varlen = Some(vec![(tq, tk); pos.len()]);
         (case.batch, case.seqlen_q, case.seqlen_k) = (pos.len(), tq, tk);
         let label = format!("dominant at {pos:?}");
-        verdicts.push(run_prefill(&emu, &label, &case, Some(&pos), common::case_seed(40 + i)));
+        verdicts.push(by_dtype!(case.dtype, prefill_exact(&emu, &label, &case, Some(&pos), common::case_seed(40 + i))));
         // The same positions in a dense batch (B = positions).
         let dense = prefill_case(dt, d, (2, 1), pos.len(), tq, tk, causal);
-        verdicts.push(run_prefill(&emu, &label, &dense, Some(&pos), common::case_seed(50 + i)));
+        verdicts
+            .push(by_dtype!(dense.dtype, prefill_exact(&emu, &label, &dense, Some(&pos), common::case_seed(50 + i))));
     }
     judge("prefill_dominant_token_at_every_boundary", &verdicts);
 }
 
 // ------------------------------------------------------------------------------------------------ merge
 
+/// `merge_states` of `sv`/`lv` into `o` (`[rows, 1, d]`) and `lo`, its elements widened by `wide`.
+fn merged<O: fused_attn::merge::MergeElement>(
+    stream: &fused_attn::Stream<'_>,
+    sv: &fused_attn::TensorView<'_, f32, 4>,
+    lv: &fused_attn::TensorView<'_, f32, 3>,
+    lo: &mut fused_attn::TensorViewMut<'_, f32, 2>,
+    mut o: Vec<O>,
+    d: usize,
+    wide: impl Fn(O) -> f64,
+) -> Vec<f64> {
+    let rows = o.len() / d;
+    let mut ov = fused_attn::TensorViewMut::host(&mut o, [rows, 1, d]).unwrap();
+    fused_attn::merge::merge_states(stream, sv, lv, &mut ov, Some(lo)).unwrap();
+    o.into_iter().map(wide).collect()
+}
+
 /// Merging the partial states of a constant-key problem split into chunks gives exactly the whole problem's
 /// state: O = the mean of all V rows, LSE = t + ln n. Chunks of a 4,097-token context in 1, 2, 3 and 21
 /// states (fp32 states, the split-KV workspace's type), into bf16, f16 and fp32 outputs.
 #[test]
 fn merge_uniform_chunks() {
-    use fused_attn::merge::merge_states;
     use fused_attn::{Stream, TensorView, TensorViewMut};
     let emu = Emulator::new();
     let stream = Stream::Emu(&emu);
@@ -689,47 +684,15 @@ fn merge_uniform_chunks() {
         let mean_abs = v.iter().map(|x| x.abs()).sum::<f64>() / v.len() as f64;
         // States rounded to fp32 (u·|O_s| and u·|lse_s|), merged with fp32 weights, rounded once.
         let run = |out_dt: Option<DType>| -> Verdict {
-            let mut o32 = vec![f32::NAN; rows * d];
-            let mut o16 = vec![bf16::NAN; rows * d];
-            let mut oh = vec![f16::NAN; rows * d];
             let mut lse = vec![f32::NAN; rows];
             let sv = TensorView::host(&os, [states, rows, 1, d]).unwrap();
             let lv = TensorView::host(&ls, [states, rows, 1]).unwrap();
             let mut lo = TensorViewMut::host(&mut lse, [rows, 1]).unwrap();
+            // Merged into a NaN-poisoned O of the output type, widened.
             let o: Vec<f64> = match out_dt {
-                None => {
-                    merge_states(
-                        &stream,
-                        &sv,
-                        &lv,
-                        &mut TensorViewMut::host(&mut o32, [rows, 1, d]).unwrap(),
-                        Some(&mut lo),
-                    )
-                    .unwrap();
-                    o32.iter().map(|&x| x as f64).collect()
-                }
-                Some(DType::Bf16) => {
-                    merge_states(
-                        &stream,
-                        &sv,
-                        &lv,
-                        &mut TensorViewMut::host(&mut o16, [rows, 1, d]).unwrap(),
-                        Some(&mut lo),
-                    )
-                    .unwrap();
-                    f64s(&o16)
-                }
-                Some(DType::F16) => {
-                    merge_states(
-                        &stream,
-                        &sv,
-                        &lv,
-                        &mut TensorViewMut::host(&mut oh, [rows, 1, d]).unwrap(),
-                        Some(&mut lo),
-                    )
-                    .unwrap();
-                    f64s(&oh)
-                }
+                None => merged(&stream, &sv, &lv, &mut lo, vec![f32::NAN; rows * d], d, f64::from),
+                Some(DType::Bf16) => merged(&stream, &sv, &lv, &mut lo, vec![bf16::NAN; rows * d], d, bf16::to_f64),
+                Some(DType::F16) => merged(&stream, &sv, &lv, &mut lo, vec![f16::NAN; rows * d], d, f16::to_f64),
             };
             let o_bound: Vec<f64> = want_o
                 .iter()
@@ -808,8 +771,8 @@ fn prefill_constant_key_variant_verdicts(emu: &Emulator, i: usize, kernel: Prefi
     varlen.variants = v;
     varlen.kernel = kernel;
     [
-        run_prefill(emu, "constant keys", &dense, None, common::case_seed(70 + i)),
-        run_prefill(emu, "constant keys", &varlen, None, common::case_seed(80 + i)),
+        by_dtype!(dense.dtype, prefill_exact(emu, "constant keys", &dense, None, common::case_seed(70 + i))),
+        by_dtype!(varlen.dtype, prefill_exact(emu, "constant keys", &varlen, None, common::case_seed(80 + i))),
     ]
 }
 
@@ -829,13 +792,9 @@ fn variants_over_constant_keys() {
             case.variants = *v;
             let dtype = if j == 1 { DType::F16 } else { DType::Bf16 };
             case.dtype = dtype;
-            verdicts.push(run_decode(
-                &emu,
+            verdicts.push(by_dtype!(
                 dtype,
-                "constant keys",
-                &case,
-                &Keys::Uniform,
-                common::case_seed(90 + 3 * i + j),
+                decode_exact(&emu, "constant keys", &case, &Keys::Uniform, common::case_seed(90 + 3 * i + j))
             ));
         }
     }
@@ -954,19 +913,6 @@ fn paged_prefill_exact<T: Element>(
     Verdict::new(label, (&o, &want_o, &o_bound), (&lse, &want_lse, &lse_bd))
 }
 
-fn run_paged_prefill(
-    emu: &Emulator,
-    label: &str,
-    case: &fused_attn::testkit::cases::paged_prefill::PagedPrefillCase,
-    dominant: Option<&[usize]>,
-    seed: u64,
-) -> Verdict {
-    match case.dtype {
-        DType::F16 => paged_prefill_exact::<f16>(emu, label, case, dominant, seed),
-        DType::Bf16 => paged_prefill_exact::<bf16>(emu, label, case, dominant, seed),
-    }
-}
-
 /// Constant keys over contexts of 4,097 and 4,096 tokens (and short ones in the same batch), chunks of
 /// 1..17 new tokens, page sizes 1, 16 and 256, split counts 1, 2, 3 and the maximum.
 #[test]
@@ -987,7 +933,7 @@ fn paged_prefill_uniform_4097() {
             let mut c = case(d, heads, ps, &seqs);
             c.dtype = dt;
             c.num_splits = Some(s);
-            run_paged_prefill(&emu, "uniform", &c, None, common::case_seed(40 + i))
+            by_dtype!(c.dtype, paged_prefill_exact(&emu, "uniform", &c, None, common::case_seed(40 + i)))
         })
         .collect();
     judge("paged_prefill_uniform_4097", &verdicts);
@@ -1014,7 +960,7 @@ fn paged_prefill_dominant_token_at_every_boundary() {
             c.dtype = dt;
             c.num_splits = Some(s);
             let label = format!("dominant at {pos:?}");
-            run_paged_prefill(&emu, &label, &c, Some(&pos), common::case_seed(50 + i))
+            by_dtype!(c.dtype, paged_prefill_exact(&emu, &label, &c, Some(&pos), common::case_seed(50 + i)))
         })
         .collect();
     judge("paged_prefill_dominant_token_at_every_boundary", &verdicts);

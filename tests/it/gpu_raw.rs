@@ -8,6 +8,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use fused_attn::plan::DecodePlan;
 use fused_attn::prefill::{prefill, PrefillOptions};
 use fused_attn::testkit::cases::decode::{DecodeCase, PagedFixture};
+use fused_attn::testkit::cases::kv::GpuPaged;
 use fused_attn::{
     decode, DType, DecodeOptions, DecodeWorkspace, PagedKvCache, RawStream, Stream, TensorView, TensorViewMut,
 };
@@ -24,6 +25,14 @@ fn bits(v: &[bf16]) -> Vec<u16> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
+/// Reads both paths' outputs back: the cudarc path's `o1` is finite and the raw path's `o2` the same bits.
+fn assert_same_bits(cu: &Arc<CudaStream>, o1: &CudaSlice<bf16>, o2: &CudaSlice<bf16>) {
+    let (r1, r2) = (cu.clone_dtoh(o1).unwrap(), cu.clone_dtoh(o2).unwrap());
+    cu.synchronize().unwrap();
+    assert!(r1.iter().all(|x| x.is_finite()), "cudarc path left NaN");
+    assert_eq!(bits(&r1), bits(&r2), "raw path differs from the cudarc path");
+}
+
 /// Prefill through cudarc views on `cu`, then through raw pointers on the same stream wrapped raw.
 #[test]
 fn gpu_raw_stream_prefill_matches_the_cudarc_path() {
@@ -38,16 +47,19 @@ fn gpu_raw_stream_prefill_matches_the_cudarc_path() {
     let mut o1 = cu.clone_htod(&vec![bf16::NAN; q.len()]).unwrap();
     let o2 = cu.clone_htod(&vec![bf16::NAN; q.len()]).unwrap();
     let opts = PrefillOptions { causal: true, scale: None, ..Default::default() };
-    prefill(
-        &Stream::Gpu(&cu),
-        &TensorView::gpu(dq.as_view(), [b, t, hq, d]).unwrap(),
-        &TensorView::gpu(dk.as_view(), [b, t, hkv, d]).unwrap(),
-        &TensorView::gpu(dv.as_view(), [b, t, hkv, d]).unwrap(),
-        &mut TensorViewMut::gpu(o1.as_view_mut(), [b, t, hq, d]).unwrap(),
-        None,
-        &opts,
-    )
-    .unwrap();
+    // The cudarc-view call, on `stream`.
+    let with_views = |stream: &Stream<'_>, o: &mut CudaSlice<bf16>| {
+        prefill(
+            stream,
+            &TensorView::gpu(dq.as_view(), [b, t, hq, d]).unwrap(),
+            &TensorView::gpu(dk.as_view(), [b, t, hkv, d]).unwrap(),
+            &TensorView::gpu(dv.as_view(), [b, t, hkv, d]).unwrap(),
+            &mut TensorViewMut::gpu(o.as_view_mut(), [b, t, hq, d]).unwrap(),
+            None,
+            &opts,
+        )
+    };
+    with_views(&Stream::Gpu(&cu), &mut o1).unwrap();
     // SAFETY: the stream and every buffer outlive the launch (synchronised below).
     let raw = unsafe { RawStream::new(cu.cu_stream()) }.unwrap();
     unsafe {
@@ -62,21 +74,9 @@ fn gpu_raw_stream_prefill_matches_the_cudarc_path() {
         )
         .unwrap();
     }
-    let (r1, r2) = (cu.clone_dtoh(&o1).unwrap(), cu.clone_dtoh(&o2).unwrap());
-    cu.synchronize().unwrap();
-    assert!(r1.iter().all(|x| x.is_finite()), "cudarc path left NaN");
-    assert_eq!(bits(&r1), bits(&r2), "raw path differs from the cudarc path");
+    assert_same_bits(&cu, &o1, &o2);
     // A cudarc view on a raw stream is refused by kind (no stream-ordering guard could be kept).
-    let e = prefill(
-        &Stream::Raw(raw),
-        &TensorView::gpu(dq.as_view(), [b, t, hq, d]).unwrap(),
-        &TensorView::gpu(dk.as_view(), [b, t, hkv, d]).unwrap(),
-        &TensorView::gpu(dv.as_view(), [b, t, hkv, d]).unwrap(),
-        &mut TensorViewMut::gpu(o1.as_view_mut(), [b, t, hq, d]).unwrap(),
-        None,
-        &opts,
-    )
-    .unwrap_err();
+    let e = with_views(&Stream::Raw(raw), &mut o1).unwrap_err();
     assert_eq!(e.kind(), &fused_attn::ErrorKind::Backend, "{e}");
 }
 
@@ -90,24 +90,15 @@ fn gpu_raw_stream_decode_with_caller_workspace_matches_the_cudarc_path() {
     let (b, hq, d) = (case.batch(), case.heads_q, case.head_dim);
     let sm = fused_attn::device::sm_count(&ctx).unwrap();
     let plan = DecodePlan::new(&case.problem(), sm, case.num_splits).unwrap();
-    let (kc, vc) = (cu.clone_htod(&f.k_cache).unwrap(), cu.clone_htod(&f.v_cache).unwrap());
-    let (table, lens, q) =
-        (cu.clone_htod(&f.block_table).unwrap(), cu.clone_htod(&f.seq_lens).unwrap(), cu.clone_htod(&f.q).unwrap());
+    let g = GpuPaged::<bf16, bf16>::upload(&cu, &f.host()).unwrap();
     let mut o1 = cu.clone_htod(&vec![bf16::NAN; b * hq * d]).unwrap();
     let o2 = cu.clone_htod(&vec![bf16::NAN; b * hq * d]).unwrap();
     let mut ws1 = DecodeWorkspace::for_plan(&Stream::Gpu(&cu), &plan).unwrap();
-    let cache = PagedKvCache::new(
-        TensorView::gpu(kc.as_view(), f.cache_shape()).unwrap(),
-        TensorView::gpu(vc.as_view(), f.cache_shape()).unwrap(),
-        TensorView::gpu(table.as_view(), [b, f.width]).unwrap(),
-        TensorView::gpu(lens.as_view(), [b]).unwrap(),
-        case.max_seq_len(),
-    )
-    .unwrap();
+    let cache = g.cache(case.max_seq_len()).unwrap();
     let opts = DecodeOptions { scale: None, num_splits: case.num_splits, ..Default::default() };
     decode(
         &Stream::Gpu(&cu),
-        &TensorView::gpu(q.as_view(), [b, hq, d]).unwrap(),
+        &TensorView::gpu(g.q.as_view(), [b, hq, d]).unwrap(),
         &cache,
         &mut TensorViewMut::gpu(o1.as_view_mut(), [b, hq, d]).unwrap(),
         None,
@@ -128,16 +119,16 @@ fn gpu_raw_stream_decode_with_caller_workspace_matches_the_cudarc_path() {
         )
         .unwrap();
         let cache = PagedKvCache::new(
-            TensorView::<bf16, 4>::from_device_ptr(ptr(&cu, &kc), f.k_cache.len(), f.cache_shape()).unwrap(),
-            TensorView::from_device_ptr(ptr(&cu, &vc), f.v_cache.len(), f.cache_shape()).unwrap(),
-            TensorView::from_device_ptr(ptr(&cu, &table), f.block_table.len(), [b, f.width]).unwrap(),
-            TensorView::from_device_ptr(ptr(&cu, &lens), b, [b]).unwrap(),
+            TensorView::<bf16, 4>::from_device_ptr(ptr(&cu, &g.k), f.k_cache.len(), f.cache_shape()).unwrap(),
+            TensorView::from_device_ptr(ptr(&cu, &g.v), f.v_cache.len(), f.cache_shape()).unwrap(),
+            TensorView::from_device_ptr(ptr(&cu, &g.table), f.block_table.len(), [b, f.width]).unwrap(),
+            TensorView::from_device_ptr(ptr(&cu, &g.lens), b, [b]).unwrap(),
             case.max_seq_len(),
         )
         .unwrap();
         decode(
             &Stream::Raw(raw),
-            &TensorView::from_device_ptr(ptr(&cu, &q), f.q.len(), [b, hq, d]).unwrap(),
+            &TensorView::from_device_ptr(ptr(&cu, &g.q), f.q.len(), [b, hq, d]).unwrap(),
             &cache,
             &mut TensorViewMut::from_device_ptr(ptr(&cu, &o2), b * hq * d, [b, hq, d]).unwrap(),
             None,
@@ -146,8 +137,5 @@ fn gpu_raw_stream_decode_with_caller_workspace_matches_the_cudarc_path() {
         )
         .unwrap();
     }
-    let (r1, r2) = (cu.clone_dtoh(&o1).unwrap(), cu.clone_dtoh(&o2).unwrap());
-    cu.synchronize().unwrap();
-    assert!(r1.iter().all(|x| x.is_finite()), "cudarc path left NaN");
-    assert_eq!(bits(&r1), bits(&r2), "raw path differs from the cudarc path");
+    assert_same_bits(&cu, &o1, &o2);
 }

@@ -18,9 +18,10 @@ use std::time::Duration;
 use cudarc::driver::{result, CudaSlice, CudaStream, DeviceRepr};
 use fused_attn::prefill::{prefill, PrefillOptions};
 use fused_attn::testkit::cases::decode::{run_case_gpu, DecodeCase, PagedFixture};
+use fused_attn::testkit::cases::kv::GpuPaged;
 use fused_attn::testkit::cases::prefill::PrefillCase;
 use fused_attn::testkit::cases::prefill::{run_gpu, PrefillFixture, PrefillOutputs};
-use fused_attn::{decode, DType, DecodeOptions, DecodeWorkspace, PagedKvCache, Stream, TensorView, TensorViewMut};
+use fused_attn::{decode, DType, DecodeOptions, DecodeWorkspace, Stream, TensorView, TensorViewMut};
 use half::bf16;
 
 const SEED: u64 = 0x5eed_57e4;
@@ -108,8 +109,7 @@ fn decode_gated(cu: &Arc<CudaStream>, f: &PagedFixture<bf16>, together: Option<&
     let (b, hq, d) = (c.batch(), c.heads_q, c.head_dim);
     let stream = Stream::Gpu(cu);
     let opts = DecodeOptions { scale: None, num_splits: c.num_splits, ..Default::default() };
-    let (k, v) = (cu.clone_htod(&f.k_cache).unwrap(), cu.clone_htod(&f.v_cache).unwrap());
-    let (table, lens) = (cu.clone_htod(&f.block_table).unwrap(), cu.clone_htod(&f.seq_lens).unwrap());
+    let inputs = GpuPaged::<bf16, bf16>::upload(cu, &f.host()).unwrap();
     let [q_src, mut q] = staged(cu, &f.q);
     let [o_nan, mut o] = staged(cu, &vec![bf16::NAN; b * hq * d]);
     let [lse_nan, mut lse] = staged(cu, &vec![f32::NAN; b * hq]);
@@ -121,14 +121,7 @@ fn decode_gated(cu: &Arc<CudaStream>, f: &PagedFixture<bf16>, together: Option<&
     cu.memcpy_dtod(&q_src, &mut q).unwrap();
     cu.memcpy_dtod(&o_nan, &mut o).unwrap();
     cu.memcpy_dtod(&lse_nan, &mut lse).unwrap();
-    let cache = PagedKvCache::new(
-        TensorView::gpu(k.as_view(), f.cache_shape()).unwrap(),
-        TensorView::gpu(v.as_view(), f.cache_shape()).unwrap(),
-        TensorView::gpu(table.as_view(), [b, f.width]).unwrap(),
-        TensorView::gpu(lens.as_view(), [b]).unwrap(),
-        c.max_seq_len(),
-    )
-    .unwrap();
+    let cache = inputs.cache(c.max_seq_len()).unwrap();
     let mut o_view = TensorViewMut::gpu(o.as_view_mut(), [b, hq, d]).unwrap();
     let mut lse_view = TensorViewMut::gpu(lse.as_view_mut(), [b, hq]).unwrap();
     let q_view = TensorView::gpu(q.as_view(), [b, hq, d]).unwrap();

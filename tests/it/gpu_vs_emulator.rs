@@ -19,14 +19,15 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr};
 use fused_attn::prefill::{prefill, PrefillKernel, PrefillOptions};
-use fused_attn::reference::{self, Problem};
+use fused_attn::reference::{self, Arith, Problem, Variants};
 use fused_attn::testkit::cases::decode::{DecodeCase, PagedFixture};
+use fused_attn::testkit::cases::kv::GpuPaged;
 use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::testkit::emu_selftest::{self as st, BarrierMode, Bug, GemmBug, GemmShape, WarpOp};
 use fused_attn::testkit::seed::FixtureRng;
 use fused_attn::{
     append, decode, merge_states, sys::selftest as sys, DType, DecodeOptions, DecodeWorkspace, Element, Emulator,
-    PagedKvCache, PagedKvCacheMut, Stream, TensorView, TensorViewMut,
+    PagedKvCacheMut, Stream, TensorView, TensorViewMut,
 };
 use half::{bf16, f16};
 use rand::Rng;
@@ -151,8 +152,8 @@ fn prefill_pair_on<T: Element>(emu: &Emulator, cu: &Arc<CudaStream>, s: PrefillS
     let mut p = Problem::new(s.b, s.hq, s.hkv, s.tq, s.tk, s.d, s.causal);
     p.scale = (1.0 / (s.d as f64).sqrt()) as f32 as f64;
     let (q64, k64, v64) = (to_f64(&q), to_f64(&k), to_f64(&v));
-    let exact = reference::dense(&p, &q64, &k64, &v64).unwrap();
-    let naive = reference::naive_lowp_dense(&p, T::DTYPE, &q64, &k64, &v64).unwrap();
+    let exact = reference::dense(&p, &Variants::default(), Arith::F64, &q64, &k64, &v64).unwrap();
+    let naive = reference::dense(&p, &Variants::default(), Arith::Lowp(T::DTYPE), &q64, &k64, &v64).unwrap().out;
     let (go, eo) = (to_f64(&gpu_o), to_f64(&emu_o));
     let (gc, ec) = (reference::compare(&go, &exact.out, &naive), reference::compare(&eo, &exact.out, &naive));
     assert!(gc.passed, "{what}: GPU fails the tolerance rule: {gc:?}");
@@ -224,25 +225,16 @@ fn decode_pair<T: Element>(emu: &Emulator, cu: &Arc<CudaStream>, case: &DecodeCa
     };
 
     let gpu_stream = Stream::Gpu(cu);
-    let (dk, dv) = (cu.clone_htod(&f.k_cache).unwrap(), cu.clone_htod(&f.v_cache).unwrap());
-    let (dt, dl, dq) =
-        (cu.clone_htod(&f.block_table).unwrap(), cu.clone_htod(&f.seq_lens).unwrap(), cu.clone_htod(&f.q).unwrap());
+    let inputs = GpuPaged::<T, T>::upload(cu, &f.host()).unwrap();
     let mut d_o = cu.clone_htod(&vec![T::nan(); b * hq * d]).unwrap();
     let mut d_lse = cu.clone_htod(&vec![f32::NAN; b * hq]).unwrap();
     let gpu_plan = {
-        let cache = PagedKvCache::new(
-            TensorView::gpu(dk.as_view(), f.cache_shape()).unwrap(),
-            TensorView::gpu(dv.as_view(), f.cache_shape()).unwrap(),
-            TensorView::gpu(dt.as_view(), [b, f.width]).unwrap(),
-            TensorView::gpu(dl.as_view(), [b]).unwrap(),
-            case.max_seq_len(),
-        )
-        .unwrap();
+        let cache = inputs.cache(case.max_seq_len()).unwrap();
         let plan = DecodeWorkspace::new(&gpu_stream, 0, 0).unwrap().plan(&case.problem(), &opts).unwrap();
         let mut ws = DecodeWorkspace::for_plan(&gpu_stream, &plan).unwrap();
         decode(
             &gpu_stream,
-            &TensorView::gpu(dq.as_view(), [b, hq, d]).unwrap(),
+            &TensorView::gpu(inputs.q.as_view(), [b, hq, d]).unwrap(),
             &cache,
             &mut TensorViewMut::gpu(d_o.as_view_mut(), [b, hq, d]).unwrap(),
             Some(&mut TensorViewMut::gpu(d_lse.as_view_mut(), [b, hq]).unwrap()),
@@ -269,8 +261,9 @@ fn decode_pair<T: Element>(emu: &Emulator, cu: &Arc<CudaStream>, case: &DecodeCa
         max_pages_per_seq: f.width,
         seq_lens: &f.seq_lens,
     };
-    let exact = reference::paged_decode(hq, scale, &q, &cache).unwrap();
-    let naive = reference::naive_lowp_paged_decode(hq, scale, &q, &cache, T::DTYPE).unwrap();
+    let exact = reference::paged_decode(hq, scale, &Variants::default(), Arith::F64, &q, &cache).unwrap();
+    let naive =
+        reference::paged_decode(hq, scale, &Variants::default(), Arith::Lowp(T::DTYPE), &q, &cache).unwrap().out;
     let (go, eo) = (to_f64(&gpu_o), to_f64(&emu_o));
     let (gc, ec) = (reference::compare(&go, &exact.out, &naive), reference::compare(&eo, &exact.out, &naive));
     assert!(gc.passed, "{what}: GPU fails the tolerance rule: {gc:?}");
@@ -592,29 +585,17 @@ fn gpu_vs_emu_selftest_planted_bug_twins() {
     let input: Vec<f32> = (0..st::BUG_ELEMS).map(|i| 1.0 + i as f32 * 0.25).collect();
     let din = cu.clone_htod(&input).unwrap();
     for bug in Bug::ALL {
-        let abi = match bug {
-            Bug::MissingSyncthreads => sys::FA_SELFTEST_BUG_MISSING_SYNCTHREADS,
-            Bug::OobWrite => sys::FA_SELFTEST_BUG_OOB_WRITE,
-            Bug::MissingCpAsyncWait => sys::FA_SELFTEST_BUG_MISSING_CP_ASYNC_WAIT,
-            Bug::DivergentBarrier => sys::FA_SELFTEST_BUG_DIVERGENT_BARRIER,
-            Bug::Deadlock => sys::FA_SELFTEST_BUG_DEADLOCK,
-            Bug::Misaligned16 => sys::FA_SELFTEST_BUG_MISALIGNED_16,
-            Bug::RawPointer => sys::FA_SELFTEST_BUG_RAW_POINTER,
-            Bug::DivByZero => sys::FA_SELFTEST_BUG_DIV_BY_ZERO,
-            Bug::StoreToInput => sys::FA_SELFTEST_BUG_STORE_TO_INPUT,
-            Bug::SharedOob => sys::FA_SELFTEST_BUG_SHARED_OOB,
-            Bug::GlobalAsShared => sys::FA_SELFTEST_BUG_GLOBAL_AS_SHARED,
-            Bug::SpinWait => sys::FA_SELFTEST_BUG_SPIN_WAIT,
-            // The GPU build rejects kernels with a stack frame, so this one exists in emulation only.
-            Bug::StackOverflow => continue,
-        } as i32;
+        // The GPU build rejects kernels with a stack frame, so this one exists in emulation only.
+        if bug == Bug::StackOverflow {
+            continue;
+        }
         let emu = st::planted_bug(bug, false, true, &input, seed()).unwrap();
         // Twice the elements, as the emulated run's spare capacity: a stray write would land in the poison.
         let dout = cu.clone_htod(&vec![f32::NAN; 2 * st::BUG_ELEMS]).unwrap();
         let p = sys::FaSelftestBugParams {
             input: dptr(&cu, &din) as *const f32,
             out: dptr(&cu, &dout) as *mut f32,
-            bug: abi,
+            bug: bug.abi(),
             planted: 0,
             race_detection: 1,
         };
@@ -714,38 +695,24 @@ fn gpu_vs_emu_selftest_hopper() {
     let mut rng = fused_attn::testkit::seed::rng(seed() ^ SEED);
 
     // wgmma: every layout pair at N = 64, SS and RS, both dtypes; every N with a few layouts.
-    let layouts: Vec<(bool, u32)> =
-        [false, true].iter().flat_map(|&mn| [0u32, 32, 64, 128].map(move |s| (mn, s))).collect();
     let mut cases = 0;
-    for dtype in [DType::F16, DType::Bf16] {
-        for (i, &a_sw) in layouts.iter().enumerate() {
-            for (j, &b_sw) in layouts.iter().enumerate() {
-                for n in [16usize, 64, 128, 176, 256] {
-                    if n != 64 && (i + j + n / 16) % 7 != 0 {
-                        continue;
-                    }
-                    let rs = i == j;
-                    let s = wgmma_setup(&mut rng, dtype, n, a_sw, b_sw, rs, true);
-                    let accumulate = (i + j) % 2 == 0;
-                    let case = s.case(dtype, n, accumulate);
-                    let emu = st::wgmma(&case, SEED).unwrap();
-                    let (da, db) =
-                        (cu.clone_htod(&s.a_img.clone().max_len(16)).unwrap(), cu.clone_htod(&s.b_img).unwrap());
-                    let dr = cu.clone_htod(&s.a_regs.clone().unwrap_or_else(|| vec![0u32; 4])).unwrap();
-                    let (dc, dd) = (cu.clone_htod(&s.c).unwrap(), cu.clone_htod(&vec![f32::NAN; s.c.len()]).unwrap());
-                    let mut p = case.params(dptr(&cu, &dd) as *mut f32).unwrap();
-                    p.a_smem = dptr(&cu, &da) as *const u8;
-                    p.b_smem = dptr(&cu, &db) as *const u8;
-                    p.a_regs = if rs { dptr(&cu, &dr) as *const u32 } else { std::ptr::null() };
-                    p.c = dptr(&cu, &dc) as *const f32;
-                    launch_gpu(&cu, "selftest_wgmma", sys::fa_selftest_wgmma, p);
-                    let gpu: Vec<u32> = cu.clone_dtoh(&dd).unwrap().iter().map(|x| x.to_bits()).collect();
-                    let emu: Vec<u32> = emu.iter().map(|x| x.to_bits()).collect();
-                    bitwise(&format!("wgmma {dtype:?} n={n} A {a_sw:?} B {b_sw:?} rs={rs}"), &gpu, &emu);
-                    cases += 1;
-                }
-            }
-        }
+    for WgmmaSweepCase { dtype, n, a_sw, b_sw, rs, accumulate } in wgmma_sweep() {
+        let s = wgmma_setup(&mut rng, dtype, n, a_sw, b_sw, rs, true);
+        let case = s.case(dtype, n, accumulate);
+        let emu = st::wgmma(&case, SEED).unwrap();
+        let (da, db) = (cu.clone_htod(&s.a_img.clone().max_len(16)).unwrap(), cu.clone_htod(&s.b_img).unwrap());
+        let dr = cu.clone_htod(&s.a_regs.clone().unwrap_or_else(|| vec![0u32; 4])).unwrap();
+        let (dc, dd) = (cu.clone_htod(&s.c).unwrap(), cu.clone_htod(&vec![f32::NAN; s.c.len()]).unwrap());
+        let mut p = case.params(dptr(&cu, &dd) as *mut f32).unwrap();
+        p.a_smem = dptr(&cu, &da) as *const u8;
+        p.b_smem = dptr(&cu, &db) as *const u8;
+        p.a_regs = if rs { dptr(&cu, &dr) as *const u32 } else { std::ptr::null() };
+        p.c = dptr(&cu, &dc) as *const f32;
+        launch_gpu(&cu, "selftest_wgmma", sys::fa_selftest_wgmma, p);
+        let gpu: Vec<u32> = cu.clone_dtoh(&dd).unwrap().iter().map(|x| x.to_bits()).collect();
+        let emu: Vec<u32> = emu.iter().map(|x| x.to_bits()).collect();
+        bitwise(&format!("wgmma {dtype:?} n={n} A {a_sw:?} B {b_sw:?} rs={rs}"), &gpu, &emu);
+        cases += 1;
     }
     assert!(cases >= 150);
 

@@ -26,28 +26,15 @@ fn bits(x: &[f32]) -> Vec<u32> {
 #[test]
 fn wgmma_matches_the_ptx_model_for_every_layout() {
     let mut rng = fused_attn::testkit::seed::rng(fused_attn::testkit::seed::base_seed() ^ SEED);
-    let layouts: Vec<(bool, u32)> =
-        [false, true].iter().flat_map(|&mn| [0u32, 32, 64, 128].map(move |s| (mn, s))).collect();
     let mut cases = 0;
-    for dtype in [DType::F16, DType::Bf16] {
-        for (i, &a_sw) in layouts.iter().enumerate() {
-            for (j, &b_sw) in layouts.iter().enumerate() {
-                for n in [16usize, 64, 128, 176, 256] {
-                    if n != 64 && (i + j + n / 16) % 7 != 0 {
-                        continue;
-                    }
-                    let rs = i == j; // the RS form takes A from registers (K-major only)
-                    let s = wgmma_setup(&mut rng, dtype, n, a_sw, b_sw, rs, true);
-                    let accumulate = (i + j) % 2 == 0;
-                    let got = st::wgmma(&s.case(dtype, n, accumulate), SEED ^ cases).unwrap_or_else(|e| {
-                        panic!("{dtype:?} n={n} A {a_sw:?} B {b_sw:?} rs={rs}: {e}");
-                    });
-                    let want = s.reference(dtype, n, accumulate);
-                    assert_eq!(bits(&got), bits(&want), "{dtype:?} n={n} A {a_sw:?} B {b_sw:?} rs={rs}");
-                    cases += 1;
-                }
-            }
-        }
+    for WgmmaSweepCase { dtype, n, a_sw, b_sw, rs, accumulate } in wgmma_sweep() {
+        let s = wgmma_setup(&mut rng, dtype, n, a_sw, b_sw, rs, true);
+        let got = st::wgmma(&s.case(dtype, n, accumulate), SEED ^ cases).unwrap_or_else(|e| {
+            panic!("{dtype:?} n={n} A {a_sw:?} B {b_sw:?} rs={rs}: {e}");
+        });
+        let want = s.reference(dtype, n, accumulate);
+        assert_eq!(bits(&got), bits(&want), "{dtype:?} n={n} A {a_sw:?} B {b_sw:?} rs={rs}");
+        cases += 1;
     }
     assert!(cases >= 150, "{cases} cases");
 }

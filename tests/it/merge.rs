@@ -5,18 +5,20 @@ use crate::common;
 
 use fused_attn::merge::{merge_states, MergeElement};
 use fused_attn::testkit::seed::FixtureRng;
-use fused_attn::{DType, Emulator, ErrorKind, Stream, TensorView, TensorViewMut};
+use fused_attn::{DType, Element, Emulator, ErrorKind, Stream, TensorView, TensorViewMut};
 use half::{bf16, f16};
 use rand::Rng;
 
-/// Conversions the test needs for every merge element type.
+/// Conversions the test needs for every merge element type: the 16-bit ones through [`Element`], f32 itself.
 trait Val: MergeElement + Copy {
     /// The storage format (`None`: fp32), for the arithmetic bound.
     const DTYPE: Option<DType>;
     fn from_f64(x: f64) -> Self;
     fn to_f64(self) -> f64;
     fn nan() -> Self;
-    fn round(x: f64) -> f64;
+    fn round(x: f64) -> f64 {
+        Self::DTYPE.map_or(x as f32 as f64, |dt| dt.round(x))
+    }
 }
 impl Val for f32 {
     const DTYPE: Option<DType> = None;
@@ -29,40 +31,18 @@ impl Val for f32 {
     fn nan() -> Self {
         f32::NAN
     }
-    fn round(x: f64) -> f64 {
-        x as f32 as f64
-    }
 }
-impl Val for f16 {
-    const DTYPE: Option<DType> = Some(DType::F16);
-    fn from_f64(x: f64) -> Self {
-        f16::from_f64(x)
-    }
-    fn to_f64(self) -> f64 {
-        f16::to_f64(self)
-    }
-    fn nan() -> Self {
-        f16::NAN
-    }
-    fn round(x: f64) -> f64 {
-        DType::F16.round(x)
-    }
+macro_rules! val_of_element {
+    ($($t:ty),*) => {$(
+        impl Val for $t {
+            const DTYPE: Option<DType> = Some(<$t as Element>::DTYPE);
+            fn from_f64(x: f64) -> Self { <$t as Element>::from_f64(x) }
+            fn to_f64(self) -> f64 { Element::to_f64(self) }
+            fn nan() -> Self { <$t as Element>::nan() }
+        }
+    )*};
 }
-impl Val for bf16 {
-    const DTYPE: Option<DType> = Some(DType::Bf16);
-    fn from_f64(x: f64) -> Self {
-        bf16::from_f64(x)
-    }
-    fn to_f64(self) -> f64 {
-        bf16::to_f64(self)
-    }
-    fn nan() -> Self {
-        bf16::NAN
-    }
-    fn round(x: f64) -> f64 {
-        DType::Bf16.round(x)
-    }
-}
+val_of_element!(f16, bf16);
 
 /// Seed of one check: the run's base seed (FA_SEED or the fixed default) mixed with the check's shape, so
 /// every check of a test draws its own inputs and the same ones on every run.

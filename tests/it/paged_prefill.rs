@@ -284,48 +284,26 @@ fn bad_fp8_paged_prefill_inputs_are_typed_errors() {
     let q = TensorView::host(&s.q, [tq, hq, d]).unwrap();
     let cu = TensorView::host(&s.cu_seqlens_q, [b + 1]).unwrap();
     let mut o = vec![f16::NAN; tq * hq * d];
-    let opts = PagedPrefillOptions::default();
-    let e = paged_prefill(
-        &stream,
-        &q,
-        &cu,
-        c.max_seqlen_q(),
-        &cache(),
-        &mut TensorViewMut::host(&mut o, [tq, hq, d]).unwrap(),
-        None,
-        None,
-        &opts,
-    )
-    .unwrap_err();
+    // The call under test over `cache`, into `o`.
+    fn call<C: fused_attn::fp8::KvCacheOf<f16>>(
+        stream: &Stream<'_>,
+        (q, cu, max_q): (&TensorView<'_, f16, 3>, &TensorView<'_, i32, 1>, usize),
+        cache: &PagedKvCache<'_, C>,
+        o: &mut [f16],
+    ) -> fused_attn::Result<()> {
+        let shape = q.shape();
+        let mut o = TensorViewMut::host(o, shape).unwrap();
+        paged_prefill(stream, q, cu, max_q, cache, &mut o, None, None, &PagedPrefillOptions::default()).map(|_| ())
+    }
+    let args = (&q, &cu, c.max_seqlen_q());
+    let e = call(&stream, args, &cache(), &mut o).unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::Shape, "FP8 cache without scales: {e}");
     let per_tensor = KvScales::per_tensor(&stream, 0.5, 0.5).unwrap();
     let cache16 = s.host_cache().unwrap().with_scales(&per_tensor).unwrap();
-    let e = paged_prefill(
-        &stream,
-        &q,
-        &cu,
-        c.max_seqlen_q(),
-        &cache16,
-        &mut TensorViewMut::host(&mut o, [tq, hq, d]).unwrap(),
-        None,
-        None,
-        &opts,
-    )
-    .unwrap_err();
+    let e = call(&stream, args, &cache16, &mut o).unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::Unsupported, "scales on a 16-bit cache: {e}");
     // And with its scales the FP8 call works.
     let scales = fp8.scales(&stream).unwrap();
-    paged_prefill(
-        &stream,
-        &q,
-        &cu,
-        c.max_seqlen_q(),
-        &cache().with_scales(&scales).unwrap(),
-        &mut TensorViewMut::host(&mut o, [tq, hq, d]).unwrap(),
-        None,
-        None,
-        &opts,
-    )
-    .unwrap();
+    call(&stream, args, &cache().with_scales(&scales).unwrap(), &mut o).unwrap();
     assert!(o.iter().all(|x| !x.is_nan()));
 }

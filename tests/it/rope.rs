@@ -261,11 +261,7 @@ fn append_rope_sweep_matches_the_model_bit_for_bit() {
             failed.push(i);
         }
     }
-    assert!(
-        failed.is_empty(),
-        "cases {failed:?} failed; {}",
-        common::rerun("rope", "append_rope_sweep_matches_the_model_bit_for_bit", None)
-    );
+    assert_none_failed(&failed, "append_rope_sweep_matches_the_model_bit_for_bit");
 }
 
 /// A one-hot K row e_j rotated at position p holds exactly the table's entries of p: for j the first of
@@ -431,11 +427,7 @@ fn decode_rope_sweep_against_the_reference() {
             failed.push(i);
         }
     }
-    assert!(
-        failed.is_empty(),
-        "cases {failed:?} failed; {}",
-        common::rerun("rope", "decode_rope_sweep_against_the_reference", None)
-    );
+    assert_none_failed(&failed, "decode_rope_sweep_against_the_reference");
 }
 
 /// A one-token cache whose K was appended with RoPE at position `pk`, and a decode of `q` at position
@@ -808,4 +800,9 @@ fn decode_harness_runs_rope_cases() {
         eprintln!("{}: {}", fp8.label(), o.summary());
         assert!(o.passed(), "{}: {}", fp8.label(), o.summary());
     }
+}
+
+/// Fails naming the cases in `failed` (each printed its result) and the command that reruns `test`.
+fn assert_none_failed(failed: &[usize], test: &str) {
+    assert!(failed.is_empty(), "cases {failed:?} failed; {}", common::rerun("rope", test, None));
 }

@@ -181,18 +181,19 @@ fn bad_flags_are_usage_errors() {
 
 #[test]
 fn bad_shapes_are_typed_errors() {
-    let o = fused_attn("run --backend emu --head-dim 100 --seqlen-q 16");
-    assert_one_line_error(&o, 1, "Unsupported error: q: head dim 100");
-    let o = fused_attn("run --backend emu --heads 6 --kv-heads 4 --seqlen-q 16");
-    assert_one_line_error(&o, 1, "Shape error: q: 6 query heads are not a positive multiple of k's 4 KV heads");
-    let o = fused_attn("run --backend emu --op decode --head-dim 100 --seqlen-k 16");
-    assert_one_line_error(&o, 1, "Unsupported error: ");
-    let o = fused_attn("run --backend emu --op decode --page-size 48 --seqlen-k 16");
-    assert_one_line_error(&o, 1, "Unsupported error: k_cache: page size 48");
-    let o = fused_attn("run --backend emu --op decode --page-size 0 --seqlen-k 16");
-    assert_one_line_error(&o, 1, "Unsupported error: page_size: 0");
-    let o = fused_attn("run --backend emu --seqlen-q 100000000 --heads 1000");
-    assert_one_line_error(&o, 1, "more than the runner builds");
+    for (args, error) in [
+        ("run --backend emu --head-dim 100 --seqlen-q 16", "Unsupported error: q: head dim 100"),
+        (
+            "run --backend emu --heads 6 --kv-heads 4 --seqlen-q 16",
+            "Shape error: q: 6 query heads are not a positive multiple of k's 4 KV heads",
+        ),
+        ("run --backend emu --op decode --head-dim 100 --seqlen-k 16", "Unsupported error: "),
+        ("run --backend emu --op decode --page-size 48 --seqlen-k 16", "Unsupported error: k_cache: page size 48"),
+        ("run --backend emu --op decode --page-size 0 --seqlen-k 16", "Unsupported error: page_size: 0"),
+        ("run --backend emu --seqlen-q 100000000 --heads 1000", "more than the runner builds"),
+    ] {
+        assert_one_line_error(&fused_attn(args), 1, error);
+    }
 }
 
 #[test]

@@ -8,8 +8,8 @@ use crate::common;
 
 use fused_attn::prefill::{prefill, prefill_varlen, PrefillOptions};
 use fused_attn::score_mod::{AlibiSlopes, ScoreMod};
-use fused_attn::testkit::cases::decode::{decode_variant_sweep, run_case_emulated, DecodeCase};
-use fused_attn::testkit::cases::prefill::PrefillCase;
+use fused_attn::testkit::cases::decode::{self as decode_cases, decode_variant_sweep, run_case_emulated, DecodeCase};
+use fused_attn::testkit::cases::prefill::{self as prefill_cases, PrefillCase};
 use fused_attn::testkit::cases::prefill::{run_emulated, variant_sweep_cases, PrefillFixture};
 use fused_attn::testkit::variants::{CaseAlibi, CaseVariants};
 use fused_attn::{
@@ -36,46 +36,47 @@ fn sweep<C: Sync>(
     });
 }
 
+/// The prefill variant sweep (`variant_sweep_cases`, seeds from 7000), each case judged by `check`.
+fn prefill_sweep(
+    test: &str,
+    check: impl Fn(&PrefillCase, u64) -> fused_attn::Result<prefill_cases::CaseOutcome> + Sync,
+) {
+    sweep(test, &variant_sweep_cases(), 7000, PrefillCase::label, |c, seed| {
+        check(c, seed).map(|o| (o.passed(), o.summary()))
+    });
+}
+
+/// The decode variant sweep (`decode_variant_sweep`, seeds from 7100), each case judged by `check`.
+fn decode_sweep(test: &str, check: impl Fn(&DecodeCase, u64) -> fused_attn::Result<decode_cases::CaseOutcome> + Sync) {
+    sweep(test, &decode_variant_sweep(), 7100, DecodeCase::label, |c, seed| {
+        check(c, seed).map(|o| (o.passed(), o.summary()))
+    });
+}
+
 #[test]
 fn emulated_prefill_variant_sweep() {
     let emu = Emulator::new();
-    let cases = variant_sweep_cases();
-    sweep("emulated_prefill_variant_sweep", &cases, 7000, PrefillCase::label, |c, seed| {
-        fused_attn::testkit::cases::prefill::check_case_emulated(&emu, c, seed).map(|o| (o.passed(), o.summary()))
-    });
+    prefill_sweep("emulated_prefill_variant_sweep", |c, seed| prefill_cases::check_case_emulated(&emu, c, seed));
 }
 
 #[test]
 fn gpu_prefill_variant_sweep() {
     let Some(ctx) = common::gpu_or_skip("variants::gpu_prefill_variant_sweep") else { return };
     let s = ctx.default_stream();
-    let cases = variant_sweep_cases();
-    sweep("gpu_prefill_variant_sweep", &cases, 7000, PrefillCase::label, |c, seed| {
-        fused_attn::testkit::cases::prefill::check_case_gpu(&s, c, seed).map(|o| (o.passed(), o.summary()))
-    });
-}
-
-fn decode_label(c: &DecodeCase) -> String {
-    c.label()
+    prefill_sweep("gpu_prefill_variant_sweep", |c, seed| prefill_cases::check_case_gpu(&s, c, seed));
 }
 
 #[test]
 fn emulated_decode_variant_sweep() {
     let emu = Emulator::new();
-    let cases = decode_variant_sweep();
-    sweep("emulated_decode_variant_sweep", &cases, 7100, decode_label, |c, seed| {
-        fused_attn::testkit::cases::decode::check_case_emulated(&emu, c, seed).map(|o| (o.passed(), o.summary()))
-    });
+    decode_sweep("emulated_decode_variant_sweep", |c, seed| decode_cases::check_case_emulated(&emu, c, seed));
 }
 
 #[test]
 fn gpu_decode_variant_sweep() {
     let Some(ctx) = common::gpu_or_skip("variants::gpu_decode_variant_sweep") else { return };
     let s = ctx.default_stream();
-    let cases = decode_variant_sweep();
-    sweep("gpu_decode_variant_sweep", &cases, 7100, decode_label, |c, seed| {
-        fused_attn::testkit::cases::decode::check_case_gpu(&s, c, seed).map(|o| (o.passed(), o.summary()))
-    });
+    decode_sweep("gpu_decode_variant_sweep", |c, seed| decode_cases::check_case_gpu(&s, c, seed));
 }
 
 /// The sweeps cover what the issue asks for: every variant alone and the gpt-oss and Gemma 2 combinations,

@@ -17,7 +17,7 @@
 //!   sequence; so a weight moved from any key to another shows in O, at every distance.
 //!
 //! The expected O and LSE are those closed-form weights summed in fp64 (`closed_form`), checked against
-//! the fp64 reference (`reference::dense_row_with`) to 1e-9.
+//! the fp64 reference (`reference::dense_row`) to 1e-9.
 //!
 //! # Bounds (u = 2^-24)
 //! O: the reference's arithmetic bound for the row (`reference::Output::out_bound`: score, exp2 and P
@@ -37,7 +37,7 @@
 use crate::common;
 
 use fused_attn::prefill::{prefill, prefill_varlen, PrefillKernel, PrefillOptions};
-use fused_attn::reference;
+use fused_attn::reference::{self, Arith};
 use fused_attn::score_mod::{AlibiSlopes, ScoreMod};
 use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::testkit::variants::{CaseAlibi, CaseVariants};
@@ -472,7 +472,7 @@ fn closed_form(p: &Problem) -> Expected {
                     }
                 }
                 // The reference: the same row, and the bound O is held to.
-                let r = reference::dense_row_with(&rp, &var, None, qr, kseq, vseq, (0, i, h)).unwrap();
+                let r = reference::dense_row(&rp, &var, Arith::F64, qr, kseq, vseq, (0, i, h)).unwrap();
                 let o_bound =
                     if n == 0 { vec![f64::MIN_POSITIVE; d] } else { r.out_bound(Some(p.dtype), Some(p.dtype)) };
                 for (mine, theirs) in o.iter().zip(&r.out) {
@@ -535,29 +535,11 @@ fn parallel_map<I: Sync, R: Send>(items: &[I], f: impl Fn(&I) -> R + Sync) -> Ve
 
 // ------------------------------------------------------------------------------------------------ verdicts
 
-/// Worst err/bound over one output, and where; NaN and a one-sided infinity count as ∞.
-fn worst(ours: &[f64], want: &[f64], bound: &[f64]) -> (f64, usize, f64) {
-    let mut w = (0.0, 0, 0.0);
-    for (i, ((&x, &y), &b)) in ours.iter().zip(want).zip(bound).enumerate() {
-        let r = if x == y {
-            0.0
-        } else if x.is_finite() && y.is_finite() {
-            (x - y).abs() / b
-        } else {
-            f64::INFINITY
-        };
-        if r > w.0 || r.is_nan() {
-            w = (r, i, (x - y).abs());
-        }
-    }
-    w
-}
-
 /// Runs `p` through `op` and judges it against the closed forms: a line, and whether it passed.
 fn check(emu: &Emulator, p: &Problem, want: &Expected, op: Op, seed: u64) -> (bool, String) {
     let start = std::time::Instant::now();
     let out = run(emu, p, op, seed);
-    let (wo, wl) = (worst(&out.o, &want.o, &want.o_bound), worst(&out.lse, &want.lse, &want.lse_bound));
+    let (wo, wl) = (common::worst(&out.o, &want.o, &want.o_bound), common::worst(&out.lse, &want.lse, &want.lse_bound));
     let (hq, d) = (p.hq, p.d);
     let line = format!(
         "{op:?} splits={} [{}]: O err/bound {:.3} (|err| {:.2e} at row {} head {}), LSE err/bound {:.3} (|err| {:.2e} at row {} head {}), {:.1} s",
@@ -879,7 +861,7 @@ fn merge_with_every_heads_sink() {
         }
         let o64: Vec<f64> = o.iter().map(|&x| f64::from(x)).collect();
         let l64: Vec<f64> = lse.iter().map(|&x| f64::from(x)).collect();
-        let (wo, wl) = (worst(&o64, &want_o, &o_bd), worst(&l64, &want_l, &l_bd));
+        let (wo, wl) = (common::worst(&o64, &want_o, &o_bd), common::worst(&l64, &want_l, &l_bd));
         let line = format!(
             "merge {states} chunks of {n} keys {cuts:?}, {h} heads: O err/bound {:.3} (|err| {:.2e}), LSE err/bound {:.3} (|err| {:.2e} at head {})",
             wo.0,

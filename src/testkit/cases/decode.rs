@@ -18,7 +18,7 @@ use crate::error::Result;
 use crate::fp8::ScaleKind;
 use crate::paged::PagedKvCache;
 use crate::plan::DecodePlan;
-use crate::reference::{self, Comparison};
+use crate::reference::{self, Arith, Comparison};
 use crate::tensor::{TensorView, TensorViewMut};
 use crate::testkit::cases::kv::{
     paged_host, with_cache_element, CacheElement, Fp8Cache, GpuPaged, KvFormat, PagedHost, QuantError,
@@ -636,8 +636,8 @@ impl<T: Element> PagedFixture<T> {
         let (slopes, sinks) = (wide(&self.alibi_slopes), wide(&self.sinks));
         let var = c.variants.reference(&slopes, &sinks);
         let (scale, q) = (self.scale(), self.reference_q());
-        let exact = reference::paged_decode_with(c.heads_q, scale, &var, &q, &cache)?;
-        let naive = reference::naive_lowp_paged_decode_with(c.heads_q, scale, &var, &q, &cache, T::DTYPE)?;
+        let exact = reference::paged_decode(c.heads_q, scale, &var, Arith::F64, &q, &cache)?;
+        let naive = reference::paged_decode(c.heads_q, scale, &var, Arith::Lowp(T::DTYPE), &q, &cache)?.out;
         Ok((exact, naive))
     }
 }

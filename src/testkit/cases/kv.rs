@@ -314,12 +314,12 @@ pub(crate) fn host_cache<'a, C: crate::fp8::KvElement>(
 /// A paged fixture's inputs on the GPU: the cache as `C` (the 16-bit values or the FP8 codes, with their
 /// scales), the block table and lengths, q, and the ALiBi slopes and sinks (one spare element each, so an
 /// empty list still allocates).
-pub(crate) struct GpuPaged<T: Element, C: KvCacheOf<T>> {
-    k: CudaSlice<C>,
-    v: CudaSlice<C>,
-    table: CudaSlice<i32>,
-    lens: CudaSlice<i32>,
-    pub(crate) q: CudaSlice<T>,
+pub struct GpuPaged<T: Element, C: KvCacheOf<T>> {
+    pub k: CudaSlice<C>,
+    pub v: CudaSlice<C>,
+    pub table: CudaSlice<i32>,
+    pub lens: CudaSlice<i32>,
+    pub q: CudaSlice<T>,
     slopes: CudaSlice<f32>,
     sinks: CudaSlice<f32>,
     scales: Option<KvScales>,
@@ -384,7 +384,7 @@ impl<'a, T: Element> PagedHost<'a, T> {
 }
 
 impl<T: Element, C: CacheElement<T>> GpuPaged<T, C> {
-    pub(crate) fn upload(cu: &Arc<CudaStream>, f: &PagedHost<'_, T>) -> Result<Self> {
+    pub fn upload(cu: &Arc<CudaStream>, f: &PagedHost<'_, T>) -> Result<Self> {
         let [k, v] = C::cache(f.k_cache, f.v_cache, f.fp8)?;
         let spare = |x: &[f32]| x.iter().copied().chain([0.0]).collect::<Vec<_>>();
         Ok(Self {
@@ -402,7 +402,7 @@ impl<T: Element, C: CacheElement<T>> GpuPaged<T, C> {
     }
 
     /// The cache's views (with its scales), `max_seq_len` its longest sequence.
-    pub(crate) fn cache(&self, max_seq_len: usize) -> Result<PagedKvCache<'_, C>> {
+    pub fn cache(&self, max_seq_len: usize) -> Result<PagedKvCache<'_, C>> {
         let b = self.lens.len();
         let cache = PagedKvCache::new(
             TensorView::gpu(self.k.as_view(), self.shape)?,

@@ -18,7 +18,7 @@ use crate::paged::PagedKvCache;
 use crate::paged_prefill::{
     paged_prefill, PagedPrefillOptions, PagedPrefillPlan, PagedPrefillWorkspace, MAX_PLANNED_SPLITS,
 };
-use crate::reference::{self, Comparison};
+use crate::reference::{self, Arith, Comparison};
 use crate::tensor::{TensorView, TensorViewMut};
 use crate::testkit::cases::decode::{fill_cache, lse_tolerance, reference_cache, to_f64};
 use crate::testkit::cases::kv::{
@@ -321,17 +321,19 @@ impl<T: Element> PagedPrefillFixture<T> {
         let (slopes, sinks) = (wide(&self.alibi_slopes), wide(&self.sinks));
         let var = c.variants.reference(&slopes, &sinks);
         let scale = self.scale();
-        let exact = reference::paged_prefill_with(c.heads_q, c.causal, scale, &var, &self.cu_seqlens_q, &q, &cache)?;
-        let naive = reference::naive_lowp_paged_prefill_with(
+        let exact =
+            reference::paged_prefill(c.heads_q, c.causal, scale, &var, Arith::F64, &self.cu_seqlens_q, &q, &cache)?;
+        let naive = reference::paged_prefill(
             c.heads_q,
             c.causal,
             scale,
             &var,
+            Arith::Lowp(T::DTYPE),
             &self.cu_seqlens_q,
             &q,
             &cache,
-            T::DTYPE,
-        )?;
+        )?
+        .out;
         Ok((exact, naive))
     }
 

@@ -17,9 +17,9 @@ use crate::dtype::{DType, Element};
 use crate::emu::Emulator;
 use crate::error::{Error, Result};
 use crate::prefill::{prefill, prefill_varlen, PrefillKernel, PrefillOptions, Sm90Steps};
-use crate::reference::{self, Comparison};
+use crate::reference::{self, Arith, Comparison};
 use crate::score_mod::{AlibiSlopes, ScoreMod};
-use crate::tensor::{TensorView, TensorViewMut};
+use crate::tensor::{Mem, MemMut, TensorView, TensorViewMut};
 use crate::testkit::cases::with_dtype;
 use crate::testkit::timing::{prefill_flops, time_launches, Timing};
 use crate::testkit::variants::{CaseAlibi, CaseVariants};
@@ -648,15 +648,15 @@ impl<T: Element> PrefillFixture<T> {
             None => {
                 let mut p = reference::Problem::new(c.batch, hq, hkv, c.seqlen_q, c.seqlen_k, d, c.causal);
                 p.scale = scale;
-                let exact = reference::dense_with(&p, &var, &qv, &kv, &vv)?;
-                (exact, reference::naive_lowp_dense_with(&p, &var, c.dtype, &qv, &kv, &vv)?)
+                let exact = reference::dense(&p, &var, Arith::F64, &qv, &kv, &vv)?;
+                (exact, reference::dense(&p, &var, Arith::Lowp(c.dtype), &qv, &kv, &vv)?.out)
             }
             Some(_) => {
                 let (cq, ck) = (&self.cu_q[..], &self.cu_k[..]);
-                let exact = reference::varlen_with(hq, hkv, d, c.causal, scale, &var, cq, ck, &qv, &kv, &vv)?;
-                let naive = reference::naive_lowp_varlen_with(
-                    hq, hkv, d, c.causal, scale, &var, cq, ck, &qv, &kv, &vv, c.dtype,
-                )?;
+                let exact = reference::varlen(hq, hkv, d, c.causal, scale, &var, Arith::F64, cq, ck, &qv, &kv, &vv)?;
+                let naive =
+                    reference::varlen(hq, hkv, d, c.causal, scale, &var, Arith::Lowp(c.dtype), cq, ck, &qv, &kv, &vv)?
+                        .out;
                 (exact, naive)
             }
         };
@@ -739,8 +739,8 @@ impl<T: Element> PrefillFixture<T> {
                 row_var.sinks = Some(&row_sinks);
             }
             let at_row = (ib, it, ih % group);
-            let exact = reference::dense_row_with(&p, &row_var, None, &qrow, &krows, &vrows, at_row)?;
-            let naive = reference::dense_row_with(&p, &row_var, Some(c.dtype), &qrow, &krows, &vrows, at_row)?.out;
+            let exact = reference::dense_row(&p, &row_var, Arith::F64, &qrow, &krows, &vrows, at_row)?;
+            let naive = reference::dense_row(&p, &row_var, Arith::Lowp(c.dtype), &qrow, &krows, &vrows, at_row)?.out;
             let at = self.o.at([ib, it, ih, 0]);
             let ours: Vec<f64> = out.o[at..at + d].iter().map(|x| x.to_f64()).collect();
             let our_lse = lse.map_or(f64::NAN, |l| l[self.lse_at(ib, ih, it)] as f64);
@@ -939,6 +939,56 @@ enum CaseViews<'a, T> {
     },
 }
 
+impl<'a, T: Element> CaseViews<'a, T> {
+    /// The views of `f`'s case over its memory, on either backend: `input(p)` is the memory of input place
+    /// `p` from its offset on, `o` the output's from `f.o.offset`, `lse` the LSE's, `cu()` cu_seqlens q and k.
+    fn new(
+        f: &PrefillFixture<T>,
+        input: impl Fn(&Place) -> Mem<'a, T>,
+        o: MemMut<'a, T>,
+        lse: MemMut<'a, f32>,
+        cu: impl FnOnce() -> [Mem<'a, i32>; 2],
+    ) -> Result<Self> {
+        let c = &f.case;
+        Ok(match &c.varlen {
+            None => {
+                let v4 = |p: &Place| TensorView::new(input(p), p.shape)?.with_strides(p.strides);
+                let lse = match c.with_lse {
+                    true => {
+                        Some(TensorViewMut::new(lse, [c.batch, c.heads_q, c.seqlen_q])?.with_strides(f.lse_strides)?)
+                    }
+                    false => None,
+                };
+                let o = TensorViewMut::new(o, f.o.shape)?.with_strides(f.o.strides)?;
+                CaseViews::Dense { q: v4(&f.q)?, k: v4(&f.k)?, v: v4(&f.v)?, o, lse }
+            }
+            Some(_) => {
+                let v3 = |p: &Place| {
+                    let (s, st) = p.dims3();
+                    TensorView::new(input(p), s)?.with_strides(st)
+                };
+                let (os, ost) = f.o.dims3();
+                let lse = match c.with_lse {
+                    true => {
+                        Some(TensorViewMut::new(lse, [c.heads_q, f.q.shape[1]])?.with_strides([f.lse_strides[1], 1])?)
+                    }
+                    false => None,
+                };
+                let [cu_q, cu_k] = cu();
+                CaseViews::Varlen {
+                    q: v3(&f.q)?,
+                    k: v3(&f.k)?,
+                    v: v3(&f.v)?,
+                    cu_q: TensorView::new(cu_q, [f.cu_q.len()])?,
+                    cu_k: TensorView::new(cu_k, [f.cu_k.len()])?,
+                    o: TensorViewMut::new(o, os)?.with_strides(ost)?,
+                    lse,
+                }
+            }
+        })
+    }
+}
+
 /// The views of a case's ALiBi slopes and sinks, on the launch's backend.
 #[derive(Default)]
 pub(crate) struct VariantViews<'a> {
@@ -1026,43 +1076,13 @@ pub fn run_emulated<T: Element>(emu: &Emulator, f: &PrefillFixture<T>) -> Result
     let start = Instant::now();
     {
         let o_slice = &mut o_buf[f.o.offset..];
-        let views = match &c.varlen {
-            None => {
-                let v4 = |p: &Place| TensorView::host(&f.bufs[p.buf][p.offset..], p.shape)?.with_strides(p.strides);
-                let lse = match c.with_lse {
-                    true => Some(
-                        TensorViewMut::host(&mut lse_buf[..], [c.batch, c.heads_q, c.seqlen_q])?
-                            .with_strides(f.lse_strides)?,
-                    ),
-                    false => None,
-                };
-                let o = TensorViewMut::host(o_slice, f.o.shape)?.with_strides(f.o.strides)?;
-                CaseViews::Dense { q: v4(&f.q)?, k: v4(&f.k)?, v: v4(&f.v)?, o, lse }
-            }
-            Some(_) => {
-                let v3 = |p: &Place| {
-                    let (s, st) = p.dims3();
-                    TensorView::host(&f.bufs[p.buf][p.offset..], s)?.with_strides(st)
-                };
-                let (os, ost) = f.o.dims3();
-                let lse = match c.with_lse {
-                    true => Some(
-                        TensorViewMut::host(&mut lse_buf[..], [c.heads_q, f.q.shape[1]])?
-                            .with_strides([f.lse_strides[1], 1])?,
-                    ),
-                    false => None,
-                };
-                CaseViews::Varlen {
-                    q: v3(&f.q)?,
-                    k: v3(&f.k)?,
-                    v: v3(&f.v)?,
-                    cu_q: TensorView::host(&f.cu_q, [f.cu_q.len()])?,
-                    cu_k: TensorView::host(&f.cu_k, [f.cu_k.len()])?,
-                    o: TensorViewMut::host(o_slice, os)?.with_strides(ost)?,
-                    lse,
-                }
-            }
-        };
+        let views = CaseViews::new(
+            f,
+            |p| Mem::Host(&f.bufs[p.buf][p.offset..]),
+            MemMut::Host(o_slice),
+            MemMut::Host(&mut lse_buf[..]),
+            || [Mem::Host(&f.cu_q), Mem::Host(&f.cu_k)],
+        )?;
         let variants = VariantViews::new(&c.variants, case_batch(c), c.heads_q, |sinks, n| {
             TensorView::host(&(if sinks { &f.sinks } else { &f.alibi_slopes })[..n], [n])
         })?;
@@ -1128,42 +1148,14 @@ impl<T: Element> GpuSets<T> {
         let base = |p: &Place| bufs[p.buf].1 * set + p.offset;
         let o_slice = self.o.slice_mut(self.o_stride * set + f.o.offset..self.o_stride * (set + 1));
         let lse_slice = self.lse.slice_mut(self.lse_stride * set..self.lse_stride * set + f.lse_len);
-        let views = match &c.varlen {
-            None => {
-                let v4 = |p: &Place| TensorView::gpu(bufs[p.buf].0.slice(base(p)..), p.shape)?.with_strides(p.strides);
-                let lse = match c.with_lse {
-                    true => Some(
-                        TensorViewMut::gpu(lse_slice, [c.batch, c.heads_q, c.seqlen_q])?.with_strides(f.lse_strides)?,
-                    ),
-                    false => None,
-                };
-                let o = TensorViewMut::gpu(o_slice, f.o.shape)?.with_strides(f.o.strides)?;
-                CaseViews::Dense { q: v4(&f.q)?, k: v4(&f.k)?, v: v4(&f.v)?, o, lse }
-            }
-            Some(_) => {
-                let v3 = |p: &Place| {
-                    let (s, st) = p.dims3();
-                    TensorView::gpu(bufs[p.buf].0.slice(base(p)..), s)?.with_strides(st)
-                };
-                let (os, ost) = f.o.dims3();
-                let lse = match c.with_lse {
-                    true => Some(
-                        TensorViewMut::gpu(lse_slice, [c.heads_q, f.q.shape[1]])?
-                            .with_strides([f.lse_strides[1], 1])?,
-                    ),
-                    false => None,
-                };
-                CaseViews::Varlen {
-                    q: v3(&f.q)?,
-                    k: v3(&f.k)?,
-                    v: v3(&f.v)?,
-                    cu_q: TensorView::gpu(self.cu_q.slice(0..f.cu_q.len()), [f.cu_q.len()])?,
-                    cu_k: TensorView::gpu(self.cu_k.slice(0..f.cu_k.len()), [f.cu_k.len()])?,
-                    o: TensorViewMut::gpu(o_slice, os)?.with_strides(ost)?,
-                    lse,
-                }
-            }
-        };
+        let cu_len = [f.cu_q.len(), f.cu_k.len()];
+        let views = CaseViews::new(
+            f,
+            |p| Mem::Gpu(bufs[p.buf].0.slice(base(p)..)),
+            MemMut::Gpu(o_slice),
+            MemMut::Gpu(lse_slice),
+            || [Mem::Gpu(self.cu_q.slice(0..cu_len[0])), Mem::Gpu(self.cu_k.slice(0..cu_len[1]))],
+        )?;
         let variants = VariantViews::new(&c.variants, case_batch(c), c.heads_q, |sinks, n| {
             TensorView::gpu((if sinks { &self.sinks } else { &self.slopes }).slice(0..n), [n])
         })?;
@@ -1263,23 +1255,22 @@ pub fn time_case_gpu(
     warmup: usize,
     iters: usize,
 ) -> Result<PrefillTiming> {
-    with_dtype!(case.dtype, T => time_gpu::<T>(cu, case, seed, warmup, iters))
+    with_dtype!(case.dtype, T => time_fixture(cu, &PrefillFixture::<T>::new(case, seed)?, warmup, iters))
 }
 
-fn time_gpu<T: Element>(
+/// [`time_case_gpu`] of a fixture.
+fn time_fixture<T: Element>(
     cu: &Arc<CudaStream>,
-    case: &PrefillCase,
-    seed: u64,
+    f: &PrefillFixture<T>,
     warmup: usize,
     iters: usize,
 ) -> Result<PrefillTiming> {
-    let f = PrefillFixture::<T>::new(case, seed)?;
     let set_bytes =
         (f.bufs.iter().map(|b| round8(b.len())).sum::<usize>() + round8(f.o_len)) * 2 + round8(f.lse_len.max(1)) * 4;
     let sets = ROTATE_BYTES.div_ceil(set_bytes.max(1)).clamp(1, MAX_SETS);
-    let mut g = GpuSets::upload(cu, &f, sets)?;
-    let timing = time_launches(cu, warmup, iters, |i| g.launch(cu, &f, i))?;
-    let out = g.outputs(cu, &f, 0, timing.median_ms * 1e-3)?;
+    let mut g = GpuSets::upload(cu, f, sets)?;
+    let timing = time_launches(cu, warmup, iters, |i| g.launch(cu, f, i))?;
+    let out = g.outputs(cu, f, 0, timing.median_ms * 1e-3)?;
     let outcome = f.evaluate_sampled(&out, TIMED_SAMPLE_ROWS)?;
     let flops = f.flops();
     Ok(PrefillTiming {

@@ -231,6 +231,38 @@ pub struct WgmmaSetup {
     pub lb: Layout,
 }
 
+/// One case of the wgmma layout sweep: A and B layouts (MN-major?, swizzle bytes), `rs` (A from registers,
+/// K-major only), whether D accumulates onto C.
+#[derive(Clone, Copy, Debug)]
+pub struct WgmmaSweepCase {
+    pub dtype: DType,
+    pub n: usize,
+    pub a_sw: (bool, u32),
+    pub b_sw: (bool, u32),
+    pub rs: bool,
+    pub accumulate: bool,
+}
+
+/// Every layout pair of A and B (K/MN-major x no/32/64/128-byte swizzle), SS and RS (RS on the diagonal),
+/// f16 and bf16, at N = 64; N in {16, 128, 176, 256} with a rotating subset of layouts.
+pub fn wgmma_sweep() -> Vec<WgmmaSweepCase> {
+    let layouts: Vec<(bool, u32)> =
+        [false, true].iter().flat_map(|&mn| [0u32, 32, 64, 128].map(move |s| (mn, s))).collect();
+    let mut cases = Vec::new();
+    for dtype in [DType::F16, DType::Bf16] {
+        for (i, &a_sw) in layouts.iter().enumerate() {
+            for (j, &b_sw) in layouts.iter().enumerate() {
+                for n in [16usize, 64, 128, 176, 256] {
+                    if n == 64 || (i + j + n / 16) % 7 == 0 {
+                        cases.push(WgmmaSweepCase { dtype, n, a_sw, b_sw, rs: i == j, accumulate: (i + j) % 2 == 0 });
+                    }
+                }
+            }
+        }
+    }
+    cases
+}
+
 pub fn k_steps_for(swizzles: &[(bool, u32)]) -> usize {
     // K-major swizzled tiles keep all of K in one S-byte row: S / 32 k16 steps at most.
     swizzles.iter().map(|&(mn, s)| if !mn && s != 0 { (s / 32) as usize } else { 2 }).min().unwrap_or(2).min(2)

@@ -111,3 +111,21 @@ pub fn verdict(passed: bool, summary: String) -> Result<String, String> {
 pub fn all_cores() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get())
 }
+
+/// Worst err/bound over one output, where (index) and its |err|; NaN and a one-sided infinity count as ∞.
+pub fn worst(ours: &[f64], want: &[f64], bound: &[f64]) -> (f64, usize, f64) {
+    let mut w = (0.0, 0, 0.0);
+    for (i, ((&x, &y), &b)) in ours.iter().zip(want).zip(bound).enumerate() {
+        let r = if x == y {
+            0.0
+        } else if x.is_finite() && y.is_finite() {
+            (x - y).abs() / b
+        } else {
+            f64::INFINITY
+        };
+        if r > w.0 || r.is_nan() {
+            w = (r, i, (x - y).abs());
+        }
+    }
+    w
+}

@@ -1,6 +1,6 @@
 //! An emulated causal GQA prefill through fused-attn's public API, checked against its fp64 reference.
 use fused_attn::prefill::{prefill, PrefillOptions};
-use fused_attn::reference::{compare, dense, naive_lowp_dense, Problem};
+use fused_attn::reference::{compare, dense, Arith, Problem, Variants};
 use fused_attn::{DType, Emulator, Stream, TensorView, TensorViewMut};
 use half::bf16;
 
@@ -24,8 +24,8 @@ fn main() -> Result<(), fused_attn::Error> {
     )?;
     let f = |x: &[bf16]| x.iter().map(|v| v.to_f64()).collect::<Vec<f64>>();
     let p = Problem::new(b, hq, hkv, t, t, d, true);
-    let want = dense(&p, &f(&q), &f(&k), &f(&v))?;
-    let naive = naive_lowp_dense(&p, DType::Bf16, &f(&q), &f(&k), &f(&v))?;
+    let want = dense(&p, &Variants::default(), Arith::F64, &f(&q), &f(&k), &f(&v))?;
+    let naive = dense(&p, &Variants::default(), Arith::Lowp(DType::Bf16), &f(&q), &f(&k), &f(&v))?.out;
     let c = compare(&f(&o), &want.out, &naive);
     println!("downstream prefill: max |err| {:.3e} (tolerance {:.3e})", c.max_abs_err, c.tolerance);
     if !c.passed {
