@@ -38,28 +38,45 @@ FA_DEVICE int64_t cache_slot(const FaAppendParams &p, int64_t token) {
   return slot < num_slots ? slot : -1;
 }
 
-FA_DEVICE void paged_append_kernel(const FaAppendParams &p) {
-  const int chunks = p.head_dim / 8;
+// The chunk this thread moves in the plain kernels: one thread per kElems-element chunk of a (token, head)
+// row, consecutive threads on consecutive chunks of a row, then the next head (coalesced reads and writes).
+struct Chunk {
+  int64_t token;
+  int h, c;
+};
+template <int kElems> FA_DEVICE bool flat_chunk(const FaAppendParams &p, Chunk &ch) {
+  const int chunks = p.head_dim / kElems;
   const int64_t per_token = (int64_t)p.heads_kv * chunks;
   const int64_t item = (int64_t)block_idx().x * kThreads + thread_idx();
-  if (item >= p.num_tokens * per_token) return;
-  const int64_t token = item / per_token;
-  const int h = (int)(item % per_token) / chunks;
-  const int c = (int)(item % per_token) % chunks;
+  if (item >= p.num_tokens * per_token) return false;
+  ch = Chunk{item / per_token, (int)(item % per_token) / chunks, (int)(item % per_token) % chunks};
+  return true;
+}
 
-  const int64_t slot = cache_slot(p, token);
+// Where column `col` of head h of cache slot `slot` lies in the K and V caches, for elements E (uint16_t:
+// a 16-bit cache; uint8_t: FP8, whose strides count bytes).
+template <class E> struct KvPtrs {
+  E *k, *v;
+};
+template <class E> FA_DEVICE KvPtrs<E> cache_at(const FaPagedCache &c, int64_t slot, int h, int col) {
+  const int64_t page = slot >> c.log2_page_size;
+  const int64_t offset = slot & (c.page_size - 1);
+  E *k = static_cast<E *>(c.k_cache) + page * c.k_page_stride + offset * c.k_token_stride + h * c.k_head_stride;
+  E *v = static_cast<E *>(c.v_cache) + page * c.v_page_stride + offset * c.v_token_stride + h * c.v_head_stride;
+  return KvPtrs<E>{k + col, v + col};
+}
+
+FA_DEVICE void paged_append_kernel(const FaAppendParams &p) {
+  Chunk ch;
+  if (!flat_chunk<8>(p, ch)) return;
+  const int64_t slot = cache_slot(p, ch.token);
   if (slot < 0) return;
-  const int64_t page = slot >> p.cache.log2_page_size;
-  const int64_t offset = slot & (p.cache.page_size - 1);
-
-  const uint16_t *k = static_cast<const uint16_t *>(p.k) + token * p.k_token_stride + h * p.k_head_stride + c * 8;
-  const uint16_t *v = static_cast<const uint16_t *>(p.v) + token * p.v_token_stride + h * p.v_head_stride + c * 8;
-  uint16_t *k_dst = static_cast<uint16_t *>(p.cache.k_cache) + page * p.cache.k_page_stride +
-                    offset * p.cache.k_token_stride + h * p.cache.k_head_stride + c * 8;
-  uint16_t *v_dst = static_cast<uint16_t *>(p.cache.v_cache) + page * p.cache.v_page_stride +
-                    offset * p.cache.v_token_stride + h * p.cache.v_head_stride + c * 8;
-  st_global(reinterpret_cast<Vec16 *>(k_dst), ld_global_nc(reinterpret_cast<const Vec16 *>(k)));
-  st_global(reinterpret_cast<Vec16 *>(v_dst), ld_global_nc(reinterpret_cast<const Vec16 *>(v)));
+  const int col = ch.c * 8;
+  const uint16_t *k = static_cast<const uint16_t *>(p.k) + ch.token * p.k_token_stride + ch.h * p.k_head_stride + col;
+  const uint16_t *v = static_cast<const uint16_t *>(p.v) + ch.token * p.v_token_stride + ch.h * p.v_head_stride + col;
+  const KvPtrs<uint16_t> dst = cache_at<uint16_t>(p.cache, slot, ch.h, col);
+  st_global(reinterpret_cast<Vec16 *>(dst.k), ld_global_nc(reinterpret_cast<const Vec16 *>(k)));
+  st_global(reinterpret_cast<Vec16 *>(dst.v), ld_global_nc(reinterpret_cast<const Vec16 *>(v)));
 }
 
 // 16 elements of T -> 16 FP8 codes of format F: x / scale in fp32, then round to nearest even, saturating.
@@ -83,25 +100,14 @@ template <class T, Fp8Format F> FA_DEVICE Vec16 quantize16(const T *src, float s
 }
 
 FA_DEVICE void paged_append_fp8_kernel(const FaAppendParams &p) {
-  const int chunks = p.head_dim / 16;
-  const int64_t per_token = (int64_t)p.heads_kv * chunks;
-  const int64_t item = (int64_t)block_idx().x * kThreads + thread_idx();
-  if (item >= p.num_tokens * per_token) return;
-  const int64_t token = item / per_token;
-  const int h = (int)(item % per_token) / chunks;
-  const int c = (int)(item % per_token) % chunks;
-
-  const int64_t slot = cache_slot(p, token);
+  Chunk ch;
+  if (!flat_chunk<16>(p, ch)) return;
+  const int64_t slot = cache_slot(p, ch.token);
   if (slot < 0) return;
-  const int64_t page = slot >> p.cache.log2_page_size;
-  const int64_t offset = slot & (p.cache.page_size - 1);
-
-  const int64_t k_at = token * p.k_token_stride + h * p.k_head_stride + c * 16;
-  const int64_t v_at = token * p.v_token_stride + h * p.v_head_stride + c * 16;
-  uint8_t *k_dst = static_cast<uint8_t *>(p.cache.k_cache) + page * p.cache.k_page_stride +
-                   offset * p.cache.k_token_stride + h * p.cache.k_head_stride + c * 16;
-  uint8_t *v_dst = static_cast<uint8_t *>(p.cache.v_cache) + page * p.cache.v_page_stride +
-                   offset * p.cache.v_token_stride + h * p.cache.v_head_stride + c * 16;
+  const int h = ch.h;
+  const int64_t k_at = ch.token * p.k_token_stride + h * p.k_head_stride + ch.c * 16;
+  const int64_t v_at = ch.token * p.v_token_stride + h * p.v_head_stride + ch.c * 16;
+  const KvPtrs<uint8_t> dst = cache_at<uint8_t>(p.cache, slot, h, ch.c * 16);
   const float ks = ld_global_nc(p.cache.k_scale + (int64_t)h * p.cache.scale_head_stride);
   const float vs = ld_global_nc(p.cache.v_scale + (int64_t)h * p.cache.scale_head_stride);
   Vec16 kq, vq;
@@ -117,8 +123,8 @@ FA_DEVICE void paged_append_fp8_kernel(const FaAppendParams &p) {
     kq = e5m2 ? quantize16<half_t, Fp8Format::E5M2>(k, ks) : quantize16<half_t, Fp8Format::E4M3>(k, ks);
     vq = e5m2 ? quantize16<half_t, Fp8Format::E5M2>(v, vs) : quantize16<half_t, Fp8Format::E4M3>(v, vs);
   }
-  st_global(reinterpret_cast<Vec16 *>(k_dst), kq);
-  st_global(reinterpret_cast<Vec16 *>(v_dst), vq);
+  st_global(reinterpret_cast<Vec16 *>(dst.k), kq);
+  st_global(reinterpret_cast<Vec16 *>(dst.v), vq);
 }
 
 // ---- RoPE kernels -------------------------------------------------------------------------------------
@@ -194,21 +200,16 @@ template <class T> FA_DEVICE void paged_append_rope_16(const FaAppendParams &p) 
   }
   sync_threads();
   if (slot < 0) return;
-  const int64_t page = slot >> p.cache.log2_page_size;
-  const int64_t offset = slot & (p.cache.page_size - 1);
   const int64_t pos = ld_global_nc(p.rope.positions + ch.token);
   rope_rotate_chunk<8>(p.rope, pos, k_row, ch.c, x);
   uint32_t w[4] = {kw.x, kw.y, kw.z, kw.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i)
     if (ch.c * 8 + 2 * i < p.rope.rotary_dim) w[i] = pack2<T>(x[2 * i], x[2 * i + 1]);
-  uint16_t *k_dst = static_cast<uint16_t *>(p.cache.k_cache) + page * p.cache.k_page_stride +
-                    offset * p.cache.k_token_stride + ch.h * p.cache.k_head_stride + ch.c * 8;
-  st_global(reinterpret_cast<Vec16 *>(k_dst), Vec16{w[0], w[1], w[2], w[3]});
+  const KvPtrs<uint16_t> dst = cache_at<uint16_t>(p.cache, slot, ch.h, ch.c * 8);
+  st_global(reinterpret_cast<Vec16 *>(dst.k), Vec16{w[0], w[1], w[2], w[3]});
   const uint16_t *v = static_cast<const uint16_t *>(p.v) + ch.token * p.v_token_stride + ch.h * p.v_head_stride + ch.c * 8;
-  uint16_t *v_dst = static_cast<uint16_t *>(p.cache.v_cache) + page * p.cache.v_page_stride +
-                    offset * p.cache.v_token_stride + ch.h * p.cache.v_head_stride + ch.c * 8;
-  st_global(reinterpret_cast<Vec16 *>(v_dst), ld_global_nc(reinterpret_cast<const Vec16 *>(v)));
+  st_global(reinterpret_cast<Vec16 *>(dst.v), ld_global_nc(reinterpret_cast<const Vec16 *>(v)));
 }
 
 FA_DEVICE void paged_append_rope_kernel(const FaAppendParams &p) {
@@ -255,8 +256,6 @@ template <class T> FA_DEVICE void paged_append_fp8_rope_t(const FaAppendParams &
   }
   sync_threads();
   if (slot < 0) return;
-  const int64_t page = slot >> p.cache.log2_page_size;
-  const int64_t offset = slot & (p.cache.page_size - 1);
   const int64_t pos = ld_global_nc(p.rope.positions + ch.token);
   rope_rotate_chunk<16>(p.rope, pos, k_row, ch.c, x);
   const float ks = ld_global_nc(p.cache.k_scale + (int64_t)ch.h * p.cache.scale_head_stride);
@@ -265,12 +264,9 @@ template <class T> FA_DEVICE void paged_append_fp8_rope_t(const FaAppendParams &
   const Vec16 kq = e5m2 ? quantize16_f32<Fp8Format::E5M2>(x, ks) : quantize16_f32<Fp8Format::E4M3>(x, ks);
   const T *v = static_cast<const T *>(p.v) + ch.token * p.v_token_stride + ch.h * p.v_head_stride + ch.c * 16;
   const Vec16 vq = e5m2 ? quantize16<T, Fp8Format::E5M2>(v, vs) : quantize16<T, Fp8Format::E4M3>(v, vs);
-  uint8_t *k_dst = static_cast<uint8_t *>(p.cache.k_cache) + page * p.cache.k_page_stride +
-                   offset * p.cache.k_token_stride + ch.h * p.cache.k_head_stride + ch.c * 16;
-  uint8_t *v_dst = static_cast<uint8_t *>(p.cache.v_cache) + page * p.cache.v_page_stride +
-                   offset * p.cache.v_token_stride + ch.h * p.cache.v_head_stride + ch.c * 16;
-  st_global(reinterpret_cast<Vec16 *>(k_dst), kq);
-  st_global(reinterpret_cast<Vec16 *>(v_dst), vq);
+  const KvPtrs<uint8_t> dst = cache_at<uint8_t>(p.cache, slot, ch.h, ch.c * 16);
+  st_global(reinterpret_cast<Vec16 *>(dst.k), kq);
+  st_global(reinterpret_cast<Vec16 *>(dst.v), vq);
 }
 
 FA_DEVICE void paged_append_fp8_rope_kernel(const FaAppendParams &p) {

@@ -40,6 +40,7 @@
 #include "fa/prefill/block_range.cuh"
 #include "fa/prefill/seq_info.cuh"
 #include "fa/prefill/tile_config.cuh"
+#include "fa/prefill/stage_o.cuh"
 #include "fa/prefill/tile_math.cuh"
 #include "fa/score_mod.cuh"
 #include "fa/split_kv.cuh"
@@ -53,6 +54,7 @@ namespace paged_prefill {
 namespace {
 
 using prefill::gemm_pv;
+using prefill::stage_o_rows;
 using prefill::gemm_qk;
 
 // Tile shapes (fa/prefill/tile_config.cuh): dense prefill's Br and warp layout, so a chunk with
@@ -133,21 +135,8 @@ FA_DEVICE void store_rows(const FaPagedPrefillParams &p, const Rows &r, int m0, 
   constexpr int kRows = 16 * Cfg::kMTiles;
   constexpr int kChunks = Cfg::kHeadDim / 8;
   static_assert(kRows * kChunks % kWarpSize == 0, "whole chunks per lane");
-  const int g = lane_id() >> 2;
   const int t = lane_id() & 3;
-  sync_warp(); // every lane's reads of these Q rows are done before any lane overwrites them
-#pragma unroll
-  for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = warp_row0 + 16 * mt + 8 * h + g;
-#pragma unroll
-      for (int db = 0; db < kChunks; ++db)
-        st_shared(reinterpret_cast<uint32_t *>(sQ + Layout::offset(row, 8 * db) + 2 * t),
-                  pack2<T>(o[mt][db][2 * h], o[mt][db][2 * h + 1]));
-    }
-  }
-  sync_warp(); // lanes read back chunks other lanes wrote
+  stage_o_rows<T, Cfg>(sQ, warp_row0, o);
   T *out = static_cast<T *>(p.o);
 #pragma unroll
   for (int i = 0; i < kRows * kChunks / kWarpSize; ++i) {

@@ -28,6 +28,7 @@
 #include "fa/prefill/mask.cuh"
 #include "fa/prefill/seq_info.cuh"
 #include "fa/prefill/tile_config.cuh"
+#include "fa/prefill/stage_o.cuh"
 #include "fa/prefill/tile_math.cuh"
 #include "fa/score_mod.cuh"
 #include "fa/swizzle.cuh"
@@ -151,10 +152,7 @@ FA_DEVICE void kv_tile_step(const CtaContext<T, Cfg> &cta, int n, int n_begin, i
 }
 
 // Writes this warp's rows of O (16-bit) and LSE (fp32, if requested); rows past Tq and columns past the
-// head dim are not written.
-// O is staged through this warp's own rows of the Q tile in shared memory (no other warp reads them, and
-// this warp's last ldmatrix of Q is behind it), so that global stores are whole 16-byte chunks with
-// consecutive lanes on consecutive chunks of a row, instead of 4-byte pieces scattered over 8 rows.
+// head dim are not written. O is staged through this warp's own rows of the Q tile (fa/prefill/stage_o.cuh).
 template <class T, class Cfg>
 FA_DEVICE void store_output(const FaPrefillParams &p, const SeqInfo &seq, int m0, int warp_row0, T *sQ,
                             const float (&o)[Cfg::kMTiles][Cfg::kHeadDim / 8][4], const float (&lse)[2 * Cfg::kMTiles],
@@ -165,21 +163,7 @@ FA_DEVICE void store_output(const FaPrefillParams &p, const SeqInfo &seq, int m0
   static_assert(kRows * kChunks % kWarpSize == 0, "whole chunks per lane");
   const int g = lane_id() >> 2;
   const int t = lane_id() & 3;
-  sync_warp(); // every lane's reads of these Q rows are done before any lane overwrites them
-#pragma unroll
-  for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = warp_row0 + 16 * mt + 8 * h + g;
-#pragma unroll
-      for (int db = 0; db < kChunks; ++db) {
-        // Conflict-free: the 8 rows g of one store land in 8 different 16-byte bank groups (swizzle).
-        st_shared(reinterpret_cast<uint32_t *>(sQ + Layout::offset(r, 8 * db) + 2 * t),
-                  pack2<T>(o[mt][db][2 * h], o[mt][db][2 * h + 1]));
-      }
-    }
-  }
-  sync_warp(); // lanes read back chunks other lanes wrote
+  stage_o_rows<T, Cfg>(sQ, warp_row0, o);
   T *out = static_cast<T *>(p.o) + seq.o_offset;
 #pragma unroll
   for (int i = 0; i < kRows * kChunks / kWarpSize; ++i) {
