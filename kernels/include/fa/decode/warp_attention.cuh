@@ -124,7 +124,7 @@ template <class T, int D> struct WarpAttention {
     const int row = token0 + ((lane >> 3) & 1) * 8 + (lane & 7);
 #pragma unroll
     for (int i = 0; i < 4; ++i) fp8_lane[i] = 2 * i < Fp8Tile::kChunks ? Fp8Tile::offset(row, 2 * i + (lane >> 4)) : 0;
-    // This warp's V columns start at chunk pair col0 / 32 (kWarpD = 64: two chunk pairs per warp).
+    // This warp's V columns start at chunk pair col0 / 32 (kWarpD / 32 pairs per warp: 2, or 4 at D = 512).
 #pragma unroll
     for (int sp = 0; sp < kONTiles / 4; ++sp) v_chunk[sp] = fp8_chunk_at(col0 / 32 + sp);
     // K: this warp's share of Q·K starts at FP8 chunk col0 / 16, a multiple of 8 (the XOR leaves it alone),
