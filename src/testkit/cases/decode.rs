@@ -280,6 +280,10 @@ pub fn decode_head_dim_sweep() -> Vec<DecodeCase> {
 /// smallest, one per 64 between, and Gemma 4's 512.
 pub const LARGE_HEAD_DIMS: [usize; 5] = [264, 320, 384, 448, 512];
 
+/// (head dim, dtype, cache format, (Hq, Hkv), page size, forced splits, variants, RoPE) of a case of
+/// [`decode_large_head_dim_sweep`].
+type LargeDimCase = (usize, DType, KvFormat, (usize, usize), usize, Option<usize>, CaseVariants, Option<CaseRope>);
+
 /// The decode sweep past 256 (issue 27): every dim of [`LARGE_HEAD_DIMS`], fp16 and bf16, 16-bit and FP8
 /// caches (E4M3 and E5M2, per-tensor and per-head scales; FP8 needs D % 16 == 0, so not 264), forced split
 /// counts 1, 2, 7 and the planner's, MHA/GQA/MQA layouts (20:1, two 16-row blocks), page sizes 1..256, the
@@ -297,7 +301,7 @@ pub fn decode_large_head_dim_sweep() -> Vec<DecodeCase> {
     let full = CaseRope { config: RopeConfig::new(10_000.0, 448, RopeStyle::Gptj), explicit_positions: true };
     let all = V { window: Some((90, 0)), softcap: Some(4.0), alibi: CaseAlibi::PerHead, sinks: true };
     #[rustfmt::skip]
-    let cases: [(usize, DType, KvFormat, (usize, usize), usize, Option<usize>, V, Option<CaseRope>); 12] = [
+    let cases: [LargeDimCase; 12] = [
         (264, DType::F16, KvFormat::Sixteen, (4, 4), 16, Some(1), none, None),
         (264, DType::Bf16, KvFormat::Sixteen, (8, 2), 64, Some(2), V { window: Some((255, 0)), softcap: Some(3.0), ..none }, None),
         (320, DType::Bf16, fp8(e4, tensor), (8, 2), 1, Some(2), V { softcap: Some(2.0), alibi: CaseAlibi::PerHead, ..none }, None),
