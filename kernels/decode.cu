@@ -117,6 +117,7 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
   float *stats = reinterpret_cast<float *>(smem + Tr::kStatsOffset);
   uint32_t *holes = reinterpret_cast<uint32_t *>(smem + Tr::kHoleOffset); // [kHoleSlots][kHoleWords]
   float *o_partial = reinterpret_cast<float *>(stages); // epilogue only, after the last tile
+  float *exchange = reinterpret_cast<float *>(smem + Tr::kExchangeOffset); // partial S (kScoreSplits > 1)
 
   const int tid = thread_idx();
   const int lane = lane_id();
@@ -292,7 +293,24 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
     // Distance of this warp's first token of the tile from the query's own position seq_len - 1.
     const int dist0 = seq_len - 1 - (begin + j * kTileTokens + warp_token0);
     float s[2][4];
-    if constexpr (kFp8 && kVariant) {
+    if constexpr (Tr::kScoreSplits > 1) {
+      // D = 512: this warp's share of Q Kᵀ, summed with the other D splits' shares (one more barrier).
+      if constexpr (kFp8) {
+        if (e5m2) {
+          att.template qk_fp8<Fp8Format::E5M2>(s, k_tile);
+        } else {
+          att.template qk_fp8<Fp8Format::E4M3>(s, k_tile);
+        }
+      } else {
+        att.qk(s, k_tile);
+      }
+      att.exchange_scores(s, exchange, d_split, lane);
+      if constexpr (kVariant) {
+        att.apply_mod(s, mod, slopes, dist0, lane);
+      } else {
+        att.scale(s, scale_log2);
+      }
+    } else if constexpr (kFp8 && kVariant) {
       if (e5m2) {
         att.template scores_mod_fp8<Fp8Format::E5M2>(s, k_tile, mod, slopes, dist0, lane);
       } else {
@@ -424,7 +442,7 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void paged_decode_
 FA_NAMESPACE_END
 
 // One kernel per (dtype, tile width (fa/head_dim.cuh), softcap/ALiBi, cache dtype): 128 threads, 3 CTAs per
-// SM (traits.cuh).
+// SM (2 at D = 512: traits.cuh).
 #define FA_DECODE_KERNEL(name, T, D, kMod, kFp8)                                                             \
   FA_KERNEL(name, fa::decode::Traits<D>::kThreads, fa::decode::Traits<D>::kMinCtasPerSm, FaDecodeParams,     \
             (fa::decode::paged_decode_kernel<T, D, kMod, kFp8>))
@@ -531,7 +549,7 @@ int tile_policy(int head_dim, FaTilePolicy *out) {
 #define FA_DECODE_POLICY(D)                                                                                  \
   case D:                                                                                                    \
     *out = FaTilePolicy{D, Traits<D>::kRows, Traits<D>::kTileTokens, Traits<D>::kStages, Traits<D>::kThreads,  \
-                        Traits<D>::kSmemBytes, Traits<D>::kMinCtasPerSm, 0};                                 \
+                        Traits<D>::kSmemBytes, Traits<D>::kMinCtasPerSm, 0, Traits<D>::kScoreSplits};        \
     return FA_OK;
   switch (decode_width(head_dim)) { FA_DECODE_WIDTHS(FA_DECODE_POLICY) }
 #undef FA_DECODE_POLICY

@@ -22,10 +22,11 @@ use crate::schedule::{decode_ctas_per_sm, schedule_decode, DecodeSchedule, Split
 use crate::score_mod::ScoreMod;
 use crate::sys;
 use crate::tensor::{TensorView, TensorViewMut};
+use crate::tile::KernelOp;
 
-/// Head dims decode accepts: every multiple of 8 from 32 to 256 ([`crate::head_dim`]; the kernel is
-/// instantiated for widths 64, 128 and 256 and serves the dims below each with predicated columns).
-pub const DECODE_HEAD_DIMS: [usize; 29] = crate::head_dim::HEAD_DIMS;
+/// Head dims decode accepts: every multiple of 8 from 32 to 512 ([`crate::head_dim`]; the kernel is
+/// instantiated for widths 64, 128, 256 and 512 and serves the dims below each with predicated columns).
+pub use crate::head_dim::DECODE_HEAD_DIMS;
 
 /// SM count the emulator backend plans for (an H100/H200-sized GPU), so emulated runs take the same split
 /// decisions a real GPU of that size would.
@@ -443,10 +444,10 @@ pub fn check_decode_args<T: Element, C: KvCacheOf<T>>(
     let [batch, heads_q, head_dim] = q.shape();
     let g = cache.geometry();
     fp8::check_cache_dtype::<C>(T::DTYPE, cache.scales, g.heads_kv)?;
-    if !crate::head_dim::supported(head_dim) {
+    if !crate::head_dim::supported(KernelOp::Decode, head_dim) {
         return Err(Error::unsupported(
             "q",
-            format!("head dim {head_dim} (decode supports {})", crate::head_dim::describe()),
+            format!("head dim {head_dim} (decode supports {})", crate::head_dim::describe(KernelOp::Decode)),
         ));
     }
     if g.head_dim != head_dim {

@@ -137,7 +137,11 @@ impl PagedPrefillPlan {
         problem.tile().ok_or_else(|| {
             Error::unsupported(
                 "q",
-                format!("head dim {} (paged prefill supports {})", problem.head_dim, crate::head_dim::describe()),
+                format!(
+                    "head dim {} (paged prefill supports {})",
+                    problem.head_dim,
+                    crate::head_dim::describe(KernelOp::PagedPrefill)
+                ),
             )
         })?;
         let ctas = problem.ctas_per_split();
@@ -230,8 +234,14 @@ pub fn check_paged_prefill_args<T: Element, C: KvCacheOf<T>>(
     let [total_q, heads_q, head_dim] = q.shape();
     let g = cache.geometry();
     fp8::check_cache_dtype::<C>(T::DTYPE, cache.scales(), g.heads_kv)?;
-    if head_dim % 8 != 0 || !(32..=256).contains(&head_dim) {
-        return Err(Error::unsupported("q", format!("head dim {head_dim} (a multiple of 8 in 32..=256)")));
+    if !crate::head_dim::supported(KernelOp::PagedPrefill, head_dim) {
+        return Err(Error::unsupported(
+            "q",
+            format!(
+                "head dim {head_dim} (paged prefill supports {})",
+                crate::head_dim::describe(KernelOp::PagedPrefill)
+            ),
+        ));
     }
     if C::KV_DTYPE.fp8().is_some() && head_dim % 16 != 0 {
         return Err(Error::unsupported(
@@ -297,7 +307,8 @@ pub fn check_paged_prefill_args<T: Element, C: KvCacheOf<T>>(
 /// Paged prefill attention, enqueued on `stream`: for sequence b and its new token i (row
 /// `cu_seqlens_q[b] + i` of `q`), `o = softmax(q · K_bᵀ · scale) V_b` over the visible keys of its first
 /// `seq_lens[b]` cached tokens (see the module docs), K/V head `h / (Hq / Hkv)`, with `opts.score_mod`.
-///  - `q`, `o`: `[total_q, Hq, D]`, D a multiple of 8 in 32..=256, unit innermost stride, 16-byte rows;
+///  - `q`, `o`: `[total_q, Hq, D]`, D in [`crate::head_dim::PAGED_PREFILL_HEAD_DIMS`] (multiples of 8 in
+///    32..=256), unit innermost stride, 16-byte rows;
 ///  - `cu_seqlens_q`: int32 `[B + 1]` (B = the cache's batch), contiguous; `max_seqlen_q` bounds every
 ///    `q_len_b` (checked on the emulator; on a GPU the kernel clamps cu_seqlens_q to `total_q`);
 ///  - `lse`: optional `[Hq, total_q]` natural-log LSE (fp32, unit row stride);

@@ -69,7 +69,9 @@ impl SplitPolicy {
 /// launcher's [`tile_policy`]: Q, 4 stages of 16 KiB of K/V, the row-offset ring, the token groups' (m, l),
 /// the hole words) plus the 1 KiB the hardware reserves per block, at most what the launch bounds are built
 /// for (3: 168 registers a thread, which fits three CTAs in any SM's 64 K registers, so registers never bind
-/// first). So: 3 on sm_90, 2 on sm_80, 1 on sm_86/89 (the uniform planner assumes 2 everywhere).
+/// first). So: 3 on sm_90, 2 on sm_80, 1 on sm_86/89 (the uniform planner assumes 2 everywhere). Head dims
+/// 264-512 (width 512: Q and 2 stages of 32 KiB, 81 KiB; launch bounds for 2): 2 on sm_90 and sm_80, 1 on
+/// sm_86/89.
 pub fn decode_ctas_per_sm(compute_capability: (u32, u32), head_dim: usize) -> usize {
     let smem_per_sm = match compute_capability {
         (9, _) => 228 * 1024,
@@ -465,5 +467,8 @@ mod tests {
         assert_eq!(decode_ctas_per_sm((8, 0), 128), 2);
         assert_eq!(decode_ctas_per_sm((8, 9), 64), 1);
         assert_eq!(decode_ctas_per_sm((8, 6), 256), 1);
+        // D 264-512: 2 stages of 32 KiB + the Q tile (82,572 B), launch bounds for 2 CTAs.
+        assert_eq!(tile_policy(KernelOp::Decode, 512, false, None).unwrap().smem_bytes, 82_572);
+        assert_eq!([(9, 0), (8, 0), (8, 6), (8, 9)].map(|cc| decode_ctas_per_sm(cc, 264)), [2, 2, 1, 1]);
     }
 }

@@ -43,6 +43,9 @@ pub struct TilePolicy {
     pub min_ctas_per_sm: usize,
     /// Prefill's register-lean KV loop (the K/V bases and row sums parked in shared memory).
     pub lean: bool,
+    /// Decode: the warps that sum one S tile, each computing Q·Kᵀ over `width / score_splits` columns
+    /// (1 up to width 256; 4 at 512, kernels/include/fa/decode/traits.cuh); 0 for the other ops.
+    pub score_splits: usize,
 }
 
 impl TilePolicy {
@@ -75,6 +78,7 @@ pub fn tile_policy(op: KernelOp, head_dim: usize, variant: bool, fp8: Option<Fp8
         smem_bytes: n(p.smem_bytes),
         min_ctas_per_sm: n(p.min_ctas_per_sm),
         lean: p.lean != 0,
+        score_splits: n(p.score_splits),
     })
 }
 
@@ -99,6 +103,15 @@ mod tests {
         assert_eq!((dec.width, dec.block_m, dec.block_n, dec.stages, dec.threads), (128, 16, 32, 4, 128));
         assert_eq!(dec.min_ctas_per_sm, 3);
         assert_eq!(dec, p(KernelOp::Decode, 128, true, None));
+        // D 512 (and 264 at that width): 16-token tiles, 2 stages, 2 CTAs per SM, < 99 KiB.
+        let d512 = p(KernelOp::Decode, 264, false, Some(Fp8Format::E5m2));
+        assert_eq!((d512.width, d512.block_m, d512.block_n, d512.stages, d512.threads), (512, 16, 16, 2, 128));
+        assert_eq!(
+            (d512.min_ctas_per_sm, d512.smem_bytes),
+            (2, 16 * 1024 + 2 * 32 * 1024 + 2 * 16 * 16 + 16 * 2 * 4 + 3 * 4)
+        );
+        assert_eq!(d512, p(KernelOp::Decode, 512, true, None));
+        assert_eq!((d512.score_splits, dec.score_splits, d128.score_splits), (4, 1, 0));
         // paged prefill: no 32 or 160/192 widths; FP8 stages its tiles in more shared memory
         assert_eq!(p(KernelOp::PagedPrefill, 40, false, None).width, 64);
         assert_eq!(p(KernelOp::PagedPrefill, 136, false, None).width, 256);
@@ -119,9 +132,14 @@ mod tests {
     #[test]
     fn unsupported_calls_have_no_policy() {
         for op in [KernelOp::Prefill, KernelOp::PrefillSm90, KernelOp::PagedPrefill, KernelOp::Decode] {
-            for d in [0, 8, 24, 100, 264, 512, usize::MAX] {
+            for d in [0, 8, 24, 100, 516, 520, 1024, usize::MAX] {
                 assert_eq!(tile_policy(op, d, false, None), None, "{op:?} D {d}");
             }
+        }
+        // Past their own maxima (abi.h): prefill and paged prefill stop at 256, decode at 512.
+        for op in [KernelOp::Prefill, KernelOp::PrefillSm90, KernelOp::PagedPrefill] {
+            assert_eq!(tile_policy(op, 264, false, None), None, "{op:?}");
+            assert_eq!(tile_policy(op, 512, false, None), None, "{op:?}");
         }
         assert_eq!(tile_policy(KernelOp::Prefill, 128, false, Some(Fp8Format::E4m3)), None, "prefill has no FP8 cache");
     }

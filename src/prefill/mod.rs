@@ -34,7 +34,7 @@ use crate::tile::{tile_policy, KernelOp};
 
 /// Head dims prefill accepts: every multiple of 8 from 32 to 256 ([`crate::head_dim`], which maps each to
 /// the tile width of an instantiated kernel).
-pub const PREFILL_HEAD_DIMS: [usize; 29] = crate::head_dim::HEAD_DIMS;
+pub use crate::head_dim::PREFILL_HEAD_DIMS;
 
 /// Options of one prefill call: `PrefillOptions { causal: true, ..Default::default() }`.
 #[derive(Debug, Clone, Copy, Default)]
@@ -125,7 +125,10 @@ pub fn uses_variant_kernel(variants: &VariantSet, seqlen_q: usize, seqlen_k: usi
 /// multiple of Hkv, v shaped like k, o like q, rows 16-byte aligned with unit innermost stride.
 fn check_heads(head_dim: usize, d_k: usize, d_v: usize, heads_q: usize, heads_kv: usize) -> Result<TileConfig> {
     let cfg = TileConfig::for_head_dim(head_dim).ok_or_else(|| {
-        Error::unsupported("q", format!("head dim {head_dim} (prefill supports {})", crate::head_dim::describe()))
+        Error::unsupported(
+            "q",
+            format!("head dim {head_dim} (prefill supports {})", crate::head_dim::describe(KernelOp::Prefill)),
+        )
     })?;
     if d_k != head_dim {
         return Err(Error::shape("k", format!("head dim {d_k} differs from q's {head_dim}")));

@@ -161,9 +161,11 @@ pub struct DecodeCost {
     /// Split-KV: the decode kernel writes one fp32 partial O row and LSE per (split, sequence, head).
     pub partial_o_bytes_written: u64,
     pub partial_lse_bytes_written: u64,
-    /// Per tile each of the 4 warps runs S = Q·Kᵀ over its 16 tokens (2 mma per 16 of the kernel width W ≥ D)
-    /// and P·V over its 64 output columns (8 mma): 4·(W/8 + 8). Bytes are of D columns (the chunks past D
-    /// are zero-filled, not read).
+    /// Per tile each of the 4 warps runs S = Q·Kᵀ over its 16 tokens (2 mma per 16 of the kernel width W ≥ D,
+    /// or of W / 4 at W = 512, where the 4 D-split warps each compute a quarter of S: the policy's
+    /// `score_splits`) and P·V over its output columns (64, or 128 at W = 512: 2 mma per 16):
+    /// 4·(W/8 + 8) up to W = 256, 4·(16 + 16) at 512. Bytes are of D columns (the chunks past D are
+    /// zero-filled, not read).
     pub mma: u64,
 }
 
@@ -209,7 +211,9 @@ fn decode_cost_kv(case: &DecodeCase, plan: &DecodePlan, kv_elem: u64) -> DecodeC
         c.partial_o_bytes_written = splits * rows * d * 4;
         c.partial_lse_bytes_written = splits * rows * 4;
     }
-    c.mma = c.kv_tiles * 4 * (w / 8 + 8);
+    let warps = policy.warps() as u64;
+    let d_splits = warps / (tile as u64 / 16); // warps per token group
+    c.mma = c.kv_tiles * warps * (w / 8 / policy.score_splits as u64 + w / d_splits / 8);
     c
 }
 

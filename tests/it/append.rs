@@ -87,22 +87,26 @@ fn decode_host(stream: &Stream<'_>, f: &PagedFixture<bf16>, k_cache: &[bf16], v_
     o
 }
 
+/// At D = 128 and 512 (Gemma 4's global layers: append has no width of its own, decode's widest).
 #[test]
 fn prompt_append_then_decode_round_trip() {
     let emu = Emulator::new().with_table_checks(fused_attn::TableChecks::GpuMasking);
     let stream = Stream::Emu(&emu);
-    let (f, rerun) = fixture("prompt_append_then_decode_round_trip");
-    let (k, v, slots) = packed_tokens(&f, |b| 0..f.case.seq_lens[b]);
-    let mut k_cache = vec![bf16::NAN; f.k_cache.len()];
-    let mut v_cache = vec![bf16::NAN; f.v_cache.len()];
-    append_host(&stream, &f, &mut k_cache, &mut v_cache, &k, &v, &slots);
-    // Every owned slot now holds the fixture's data; every other slot (and padding) stayed NaN: the whole
-    // cache equals the fixture's, bit for bit.
-    assert!(same_bits(&k_cache, &f.k_cache), "{rerun}");
-    assert!(same_bits(&v_cache, &f.v_cache), "{rerun}");
-    let want = decode_host(&stream, &f, &f.k_cache, &f.v_cache);
-    let got = decode_host(&stream, &f, &k_cache, &v_cache);
-    assert!(same_bits(&got, &want), "{rerun}");
+    let rerun = common::rerun("append", "prompt_append_then_decode_round_trip", None);
+    for head_dim in [128, 512] {
+        let f = PagedFixture::<bf16>::new(&DecodeCase { head_dim, ..case() }, common::base_seed()).unwrap();
+        let (k, v, slots) = packed_tokens(&f, |b| 0..f.case.seq_lens[b]);
+        let mut k_cache = vec![bf16::NAN; f.k_cache.len()];
+        let mut v_cache = vec![bf16::NAN; f.v_cache.len()];
+        append_host(&stream, &f, &mut k_cache, &mut v_cache, &k, &v, &slots);
+        // Every owned slot now holds the fixture's data; every other slot (and padding) stayed NaN: the whole
+        // cache equals the fixture's, bit for bit.
+        assert!(same_bits(&k_cache, &f.k_cache), "D {head_dim}: {rerun}");
+        assert!(same_bits(&v_cache, &f.v_cache), "D {head_dim}: {rerun}");
+        let want = decode_host(&stream, &f, &f.k_cache, &f.v_cache);
+        let got = decode_host(&stream, &f, &k_cache, &v_cache);
+        assert!(same_bits(&got, &want), "D {head_dim}: {rerun}");
+    }
 }
 
 #[test]

@@ -248,64 +248,75 @@ fn decode_reads_each_kv_byte_once_per_kv_head() {
     for group in [1, 4, 8] {
         for page_size in [16, 1] {
             for splits in [1, 3, 7] {
-                let case = decode_case(group, page_size, splits, lens.clone());
-                let (c, model, planned_splits) = decode_counters(&case);
-                assert_eq!(planned_splits, splits);
-                let dec = c.kernel("paged_decode").expect("decode kernel launched");
-                let mut check = |what: &str, measured: u64, expected: u64| {
-                    if measured != expected {
-                        failures.push(format!("{}: {what} {measured} B, model {expected} B", case.label()));
-                    }
-                };
-                check("k_cache read", dec.read_of("k_cache"), model.k_bytes_read);
-                check("v_cache read", dec.read_of("v_cache"), model.v_bytes_read);
-                check("q read", dec.read_of("q"), model.q_bytes_read);
-                check("seq_lens read", dec.read_of("seq_lens"), model.seq_lens_bytes_read);
-                check("mma", dec.mma, model.mma);
-                let total = c.total();
-                check("o written", total.written_of("o"), model.o_bytes_written);
-                check("lse written", total.written_of("lse"), model.lse_bytes_written);
-                let mut at_most = |what: &str, measured: f64, bound: f64| {
-                    if measured > bound {
-                        failures.push(format!("{}: {what} {measured} B > {bound} B", case.label()));
-                    }
-                };
-                at_most("block_table read", dec.read_of("block_table") as f64, model.block_table_bytes_max as f64);
-                at_most(
-                    "decode read (bound: 1.02 x K/V + Q + tables)",
-                    dec.global_bytes_read() as f64,
-                    model.read_budget(),
-                );
-                if splits > 1 {
-                    let merge = c.kernel("merge_states").expect("merge kernel after a split");
-                    at_most(
-                        "merge partial_o read",
-                        merge.read_of("partial_o") as f64,
-                        model.partial_o_bytes_written as f64,
-                    );
-                    let mut check = |what: &str, measured: u64, expected: u64| {
-                        if measured != expected {
-                            failures.push(format!("{}: {what} {measured} B, model {expected} B", case.label()));
-                        }
-                    };
-                    check("partial_o written", dec.written_of("partial_o"), model.partial_o_bytes_written);
-                    check("partial_lse written", dec.written_of("partial_lse"), model.partial_lse_bytes_written);
-                    check("o written by the decode kernel", dec.written_of("o"), 0);
-                } else {
-                    assert_eq!(c.kernels.len(), 1, "{}: no merge without a split", case.label());
-                }
+                failures.extend(decode_model_mismatches(&decode_case(group, page_size, splits, lens.clone()), splits));
             }
         }
     }
     assert!(failures.is_empty(), "{} mismatches ({}):\n{}", failures.len(), rerun("decode"), failures.join("\n"));
 }
 
+/// The same model at D = 512 and 264 (the width 512: 16-token tiles, 2 stages, each warp a quarter of S):
+/// 16-bit and FP8 caches, split and not.
+#[test]
+fn decode_at_512_reads_each_kv_byte_once_per_kv_head() {
+    use fused_attn::testkit::cases::kv::KvFormat;
+    let fp8 = KvFormat::Fp8 { format: fused_attn::Fp8Format::E4m3, scales: fused_attn::ScaleKind::PerHead };
+    let mut failures = Vec::new();
+    for (d, group, page_size, splits, kv) in
+        [(512, 8, 16, 3, KvFormat::Sixteen), (264, 4, 1, 1, KvFormat::Sixteen), (512, 1, 16, 1, fp8)]
+    {
+        let case = DecodeCase { head_dim: d, kv, ..decode_case(group, page_size, splits, vec![300, 17, 0, 129]) };
+        failures.extend(decode_model_mismatches(&case, splits));
+    }
+    assert!(failures.is_empty(), "{} mismatches ({}):\n{}", failures.len(), rerun("decode"), failures.join("\n"));
+}
+
+/// Where `case`'s counters (run with `splits` forced) differ from the decode cost model.
+fn decode_model_mismatches(case: &DecodeCase, splits: usize) -> Vec<String> {
+    let mut failures = Vec::new();
+    let (c, model, planned_splits) = decode_counters(case);
+    assert_eq!(planned_splits, splits);
+    let dec = c.kernel("paged_decode").expect("decode kernel launched");
+    let mut check = |what: &str, measured: u64, expected: u64| {
+        if measured != expected {
+            failures.push(format!("{}: {what} {measured} B, model {expected} B", case.label()));
+        }
+    };
+    check("k_cache read", dec.read_of("k_cache"), model.k_bytes_read);
+    check("v_cache read", dec.read_of("v_cache"), model.v_bytes_read);
+    check("q read", dec.read_of("q"), model.q_bytes_read);
+    check("seq_lens read", dec.read_of("seq_lens"), model.seq_lens_bytes_read);
+    check("mma", dec.mma, model.mma);
+    let total = c.total();
+    check("o written", total.written_of("o"), model.o_bytes_written);
+    check("lse written", total.written_of("lse"), model.lse_bytes_written);
+    if splits > 1 {
+        check("partial_o written", dec.written_of("partial_o"), model.partial_o_bytes_written);
+        check("partial_lse written", dec.written_of("partial_lse"), model.partial_lse_bytes_written);
+        check("o written by the decode kernel", dec.written_of("o"), 0);
+    }
+    let mut at_most = |what: &str, measured: f64, bound: f64| {
+        if measured > bound {
+            failures.push(format!("{}: {what} {measured} B > {bound} B", case.label()));
+        }
+    };
+    at_most("block_table read", dec.read_of("block_table") as f64, model.block_table_bytes_max as f64);
+    at_most("decode read (bound: 1.02 x K/V + Q + tables)", dec.global_bytes_read() as f64, model.read_budget());
+    if splits > 1 {
+        let merge = c.kernel("merge_states").expect("merge kernel after a split");
+        at_most("merge partial_o read", merge.read_of("partial_o") as f64, model.partial_o_bytes_written as f64);
+    } else {
+        assert_eq!(c.kernels.len(), 1, "{}: no merge without a split", case.label());
+    }
+    failures
+}
+
 /// Head dims below the kernel's width (fa/head_dim.cuh): K/V/Q bytes of D columns, O written of D columns,
-/// mma of the width W (4·(W/8 + 8) per tile), for each decode width and with a split.
+/// mma of the width W (4·(W/8 + 8) per tile; 4·(16 + 16) at 512), for each decode width and with a split.
 #[test]
 fn decode_head_dims_below_the_width_read_only_d_columns() {
     let mut failures = Vec::new();
-    for (d, splits) in [(40, 1), (80, 3), (200, 2)] {
+    for (d, splits) in [(40, 1), (80, 3), (200, 2), (264, 2), (512, 1)] {
         let case = DecodeCase { head_dim: d, ..decode_case(4, 16, splits, vec![300, 17]) };
         let (c, model, _) = decode_counters(&case);
         let dec = c.kernel("paged_decode").expect("decode kernel launched");

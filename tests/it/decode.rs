@@ -7,8 +7,8 @@ use fused_attn::decode::{DecodeOptions, DecodeWorkspace};
 use fused_attn::plan::DecodePlan;
 use fused_attn::reference::{Arith, Variants};
 use fused_attn::testkit::cases::decode::{
-    check_case_emulated, check_case_gpu, check_inputs_emulated, decode_head_dim_sweep, decode_on_host, decode_sweep,
-    decode_sweep_emulated, CaseOutcome, DecodeCase, DecodeInputs, PagedFixture,
+    check_case_emulated, check_case_gpu, check_inputs_emulated, decode_head_dim_sweep, decode_large_head_dim_sweep,
+    decode_on_host, decode_sweep, decode_sweep_emulated, CaseOutcome, DecodeCase, DecodeInputs, PagedFixture,
 };
 use fused_attn::{decode, DType, Element, Emulator, ErrorKind, PagedKvCache, Stream, TensorView, TensorViewMut};
 use half::bf16;
@@ -81,6 +81,16 @@ fn emulated_head_dim_sweep() {
     let emu = Emulator::new();
     let cases: Vec<(usize, DecodeCase)> = decode_head_dim_sweep().into_iter().enumerate().collect();
     check_sweep("emulated_head_dim_sweep", &cases, 9000, |c, seed| check_case_emulated(&emu, c, seed));
+}
+
+/// Head dims 264-512 (issue 27: the width 512, whose D-split warps each compute a quarter of S and sum
+/// the quarters through shared memory): `testkit::cases::decode::decode_large_head_dim_sweep`, 16-bit and
+/// FP8 caches, every score variant, RoPE, forced and planned splits, on tight buffers.
+#[test]
+fn emulated_large_head_dim_sweep() {
+    let emu = Emulator::new();
+    let cases: Vec<(usize, DecodeCase)> = decode_large_head_dim_sweep().into_iter().enumerate().collect();
+    check_sweep("emulated_large_head_dim_sweep", &cases, 9500, |c, seed| check_case_emulated(&emu, c, seed));
 }
 
 #[test]
@@ -156,6 +166,11 @@ fn gpu_decode_sweep() {
 #[test]
 fn gpu_head_dim_sweep() {
     gpu_sweep("gpu_head_dim_sweep", decode_head_dim_sweep(), 9000);
+}
+
+#[test]
+fn gpu_large_head_dim_sweep() {
+    gpu_sweep("gpu_large_head_dim_sweep", decode_large_head_dim_sweep(), 9500);
 }
 
 /// Bandwidth of the issue's performance shapes (printed; the bars are judged in the report, not asserted
@@ -291,10 +306,13 @@ fn bad_inputs_are_typed_errors() {
     assert_eq!(run(hq, d, b, &mut ws, &opts), None);
     // Hq % Hkv != 0.
     assert_eq!(run(7, d, b, &mut ws, &opts).unwrap().0, ErrorKind::Shape);
-    // Head dims 100, 24, 264 (and a q/cache head-dim mismatch).
-    for dq in [100, 24, 264] {
-        assert_eq!(run(hq, dq, b, &mut ws, &opts).unwrap().0, ErrorKind::Unsupported, "D = {dq}");
+    // Head dims 100, 24, 520 (and a q/cache head-dim mismatch); the error names decode's own range.
+    for dq in [100, 24, 520] {
+        let (kind, msg) = run(hq, dq, b, &mut ws, &opts).unwrap();
+        assert_eq!(kind, ErrorKind::Unsupported, "D = {dq}");
+        assert!(msg.contains("decode supports multiples of 8 from 32 to 512"), "{msg}");
     }
+    assert_eq!(run(hq, 512, b, &mut ws, &opts).unwrap().0, ErrorKind::Shape);
     assert_eq!(run(hq, 128, b, &mut ws, &opts).unwrap().0, ErrorKind::Shape);
     // o of the wrong batch.
     let (kind, msg) = run(hq, d, b + 1, &mut ws, &opts).unwrap();

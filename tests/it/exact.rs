@@ -394,6 +394,37 @@ fn decode_dominant_token_at_every_boundary() {
     judge("decode_dominant_token_at_every_boundary", &verdicts);
 }
 
+/// D = 512 (Gemma 4's global layers; the width-512 kernel, whose 4 D-split warps each compute a quarter of
+/// S and sum the quarters through shared memory) and 264 (the smallest dim it serves): constant keys at
+/// 2,049 tokens unsplit and with the maximum split count, and a dominant key at every boundary (16-token
+/// tile, page 1 / 16, split), fp16 and bf16. (Shorter than the 4,097 of the other widths: the emulator
+/// takes ~4 s of CPU for all of it at D = 512.)
+#[test]
+fn decode_exact_at_512() {
+    let emu = Emulator::new();
+    let lens = vec![2049, 1, 17];
+    let mut verdicts = Vec::new();
+    let uniform: [DecodeConfig; 2] =
+        [(DType::Bf16, 512, (8, 2), 16, Some(1)), (DType::F16, 264, (4, 1), 256, Some(max_splits(2049)))];
+    for (i, &(dt, d, heads, ps, s)) in uniform.iter().enumerate() {
+        let case = decode_case(dt, d, heads, ps, lens.clone(), s);
+        verdicts.push(run_decode(&emu, dt, "uniform", &case, &Keys::Uniform, common::case_seed(40 + i)));
+    }
+    let n = 333;
+    let dominant: [DecodeConfig; 2] =
+        [(DType::F16, 512, (16, 2), 16, Some(2)), (DType::Bf16, 512, (4, 4), 1, Some(max_splits(n)))];
+    for (i, &(dt, d, heads, ps, s)) in dominant.iter().enumerate() {
+        let probe = decode_case(dt, d, heads, ps, vec![n], s);
+        let plan = DecodePlan::new(&probe.problem(), 1, s).unwrap();
+        let split = if plan.num_splits > 1 { plan.split_tokens } else { n };
+        let pos = boundary_positions(n, decode_tile_tokens(d), ps, split);
+        let case = decode_case(dt, d, heads, ps, vec![n; pos.len()], s);
+        let label = format!("dominant at {pos:?}");
+        verdicts.push(run_decode(&emu, dt, &label, &case, &Keys::Dominant(pos), common::case_seed(42 + i)));
+    }
+    judge("decode_exact_at_512", &verdicts);
+}
+
 // ------------------------------------------------------------------------------------------------ prefill
 
 /// Fills a prefill fixture: per (sequence, KV head) constant keys k0 = U(-1, 1) (the dominant key of

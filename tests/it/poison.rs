@@ -666,13 +666,16 @@ fn paged_prefill_window_edges(be: &Backend) {
 }
 
 /// Decode: slots past seq_len, spare pages behind unused table entries, keys left of the window, with and
-/// without forced splits, page sizes 1 and 256, every decode width (64, 128, 256; 80 runs at 128).
+/// without forced splits, page sizes 1 and 256, every decode width (64, 128, 256, 512; 80 runs at 128, 264
+/// at 512).
 fn decode_hidden_slots(be: &Backend) {
     let cases = [
         paged(&[(1, 100), (1, 1), (1, 47)], 16, 64, None, Some(1)),
         paged(&[(1, 300), (1, 129)], 16, 128, Some((100, 0)), Some(3)),
         paged(&[(1, 70), (1, 5)], 1, 80, Some((31, 0)), Some(2)),
         paged(&[(1, 270)], 256, 256, Some((64, 0)), Some(2)),
+        paged(&[(1, 270), (1, 3)], 16, 512, Some((64, 0)), Some(2)),
+        paged(&[(1, 90), (1, 17)], 1, 264, None, Some(1)),
     ];
     for c in cases {
         let label = format!("decode {c:?}");
@@ -703,9 +706,10 @@ where
 
 fn fp8_caches_hidden_codes(be: &Backend) {
     let dec = paged(&[(1, 150), (1, 33)], 16, 128, Some((60, 0)), Some(2));
+    let dec512 = paged(&[(1, 150), (1, 33)], 8, 512, Some((60, 0)), Some(2));
     let pre = paged(&[(20, 170), (3, 64)], 16, 64, Some((64, 0)), Some(1));
     let pre_split = paged(&[(4, 200)], 1, 128, Some((80, 0)), Some(2));
-    for (c, is_decode) in [(&dec, true), (&pre, false), (&pre_split, false)] {
+    for (c, is_decode) in [(&dec, true), (&dec512, true), (&pre, false), (&pre_split, false)] {
         assert_hidden_invisible(&format!("fp8 e4m3 decode={is_decode} {c:?}"), &[Fill::Nan], |fill| {
             run_fp8::<Fp8E4m3>(be, c, fill, false, Fp8E4m3, is_decode)
         });

@@ -223,3 +223,20 @@ fn predictions_per_shape() {
         assert!(ms as f64 <= 1.05 * mf.min(mp) as f64, "{name}: the schedule is not slower in the model");
     }
 }
+
+/// D = 512 under the work-list schedule with more units than slots (a CTA runs several in turn, its Q tile
+/// serving as the D-split warps' S exchange in between), over a window, 16-bit and FP8 caches: right answers.
+#[test]
+fn scheduled_decode_at_512_runs_several_units_per_cta() {
+    let emu = Emulator::new();
+    let fp8 = KvFormat::Fp8 { format: fused_attn::Fp8Format::E5m2, scales: fused_attn::ScaleKind::PerHead };
+    for kv in [KvFormat::Sixteen, fp8] {
+        let c = DecodeCase { head_dim: 512, kv, ..case(8, 2, vec![1500, 64, 0, 200, 17], Some(700)) };
+        let mut ws =
+            DecodeWorkspace::scheduled_on(&Stream::Emu(&emu), &limits(&c, 8, 2048), SplitPolicy::Balanced, 4).unwrap();
+        let (k, _, _) = run(&emu, &c, &mut ws);
+        let s = ws.schedule().unwrap();
+        assert!(s.work.len() > s.num_ctas(), "several units per CTA: {s:?}");
+        assert_eq!(k.active_blocks, s.num_ctas() as u64, "{k}");
+    }
+}

@@ -4,7 +4,7 @@
 //! threads, shared memory and CTAs. A launcher that picks another kernel or shape than the policy says (a
 //! new width added to one list and not the other, a traits change the policy does not read) fails here.
 
-use fused_attn::head_dim::HEAD_DIMS;
+use fused_attn::head_dim::{DECODE_HEAD_DIMS, HEAD_DIMS, PAGED_PREFILL_HEAD_DIMS, PREFILL_HEAD_DIMS};
 use fused_attn::prefill::PrefillKernel;
 use fused_attn::testkit::cases::decode::{run_case_emulated as run_decode, DecodeCase};
 use fused_attn::testkit::cases::kv::KvFormat;
@@ -41,7 +41,7 @@ fn assert_shape(k: &KernelCounters, kernel: &str, p: &TilePolicy, blocks: usize,
 fn prefill_launches_the_policy_kernel_for_every_head_dim() {
     let emu = Emulator::new();
     for dtype in DTYPES {
-        for d in HEAD_DIMS {
+        for d in PREFILL_HEAD_DIMS {
             for variant in [false, true] {
                 let p = tile_policy(KernelOp::Prefill, d, variant, None).unwrap();
                 // block_m + 1 query rows: two query tiles, the second one ragged.
@@ -104,7 +104,7 @@ fn formats(d: usize) -> Vec<(KvFormat, Option<Fp8Format>)> {
 fn paged_prefill_launches_the_policy_kernel_for_every_head_dim() {
     let emu = Emulator::new();
     for dtype in DTYPES {
-        for d in HEAD_DIMS {
+        for d in PAGED_PREFILL_HEAD_DIMS {
             for (kv, fp8) in formats(d) {
                 for variant in [false, true] {
                     let p = tile_policy(KernelOp::PagedPrefill, d, variant, fp8).unwrap();
@@ -133,7 +133,7 @@ fn paged_prefill_launches_the_policy_kernel_for_every_head_dim() {
 fn decode_launches_the_policy_kernel_for_every_head_dim() {
     let emu = Emulator::new();
     for dtype in DTYPES {
-        for d in HEAD_DIMS {
+        for d in DECODE_HEAD_DIMS {
             for (kv, fp8) in formats(d) {
                 for variant in [false, true] {
                     let p = tile_policy(KernelOp::Decode, d, variant, fp8).unwrap();
@@ -157,4 +157,25 @@ fn decode_launches_the_policy_kernel_for_every_head_dim() {
             }
         }
     }
+}
+
+/// Past an op's own range (abi.h's FA_<OP>_MAX_HEAD_DIM) its launcher has no kernel and no policy, and the
+/// op's own entry point refuses the call with an error naming its range (decode's: tests/it/decode.rs).
+#[test]
+fn ops_refuse_head_dims_past_their_own_range() {
+    let emu = Emulator::new();
+    for d in HEAD_DIMS.into_iter().filter(|d| !PREFILL_HEAD_DIMS.contains(d)) {
+        assert_eq!(tile_policy(KernelOp::Prefill, d, false, None), None, "D {d}");
+        assert_eq!(tile_policy(KernelOp::PagedPrefill, d, true, None), None, "D {d}");
+        assert!(tile_policy(KernelOp::Decode, d, false, None).is_some(), "D {d}");
+    }
+    let case = PrefillCase::dense(DType::Bf16, 264, false, 3, 8, (1, 1));
+    let e = PrefillFixture::<bf16>::new(&case, SEED).and_then(|f| run_emulated(&emu, &f).map(drop)).unwrap_err();
+    assert_eq!(*e.kind(), fused_attn::ErrorKind::Unsupported);
+    assert!(e.message().contains("prefill supports multiples of 8 from 32 to 256"), "{}", e.message());
+    let mut case = paged_case(512, (2, 1), 16, &[(3, 20)]);
+    case.num_splits = Some(1);
+    let e = run_paged::<bf16>(&emu, &case, SEED).map(drop).unwrap_err();
+    assert_eq!(*e.kind(), fused_attn::ErrorKind::Unsupported);
+    assert!(e.message().contains("paged prefill supports multiples of 8 from 32 to 256"), "{}", e.message());
 }

@@ -386,7 +386,9 @@ typedef struct FaExec {
  * Head dims and tile policy: what the launchers choose, read by the Rust side instead of mirrored there (its
  * grids, workspaces, schedules and cost models). Each launcher and its policy read the same kernel traits,
  * so the two cannot drift.
- *   FA_MIN_HEAD_DIM .. FA_MAX_HEAD_DIM, multiples of FA_HEAD_DIM_STEP: the head dims every op takes.
+ *   FA_MIN_HEAD_DIM .. FA_MAX_HEAD_DIM, multiples of FA_HEAD_DIM_STEP: the head dims some op takes; each op
+ *   takes every such dim up to its own maximum, FA_<OP>_MAX_HEAD_DIM (its widest kernel: fa/head_dim.cuh
+ *   checks the two agree), and its launcher and fa_tile_policy answer FA_ERR_UNSUPPORTED above it.
  *   FA_DECODE_ROWS: query heads one decode CTA serves (the mma M dimension); the work list's head blocks.
  *   FA_SPLIT_GRANULE: split-KV decode and paged prefill take split_tokens in multiples of it.
  * fa_tile_policy(op, head_dim, variant, kv_dtype, out): the kernel a call of that class runs and its launch
@@ -396,8 +398,11 @@ typedef struct FaExec {
  * kv_dtype (FA_KV_*): the cache's element type (paged prefill and decode; FA_KV_SAME elsewhere).
  * ------------------------------------------------------------------------------------------------------- */
 #define FA_MIN_HEAD_DIM 32
-#define FA_MAX_HEAD_DIM 256
+#define FA_MAX_HEAD_DIM 512
 #define FA_HEAD_DIM_STEP 8
+#define FA_PREFILL_MAX_HEAD_DIM 256       /* dense and varlen prefill (sm_80 kernel) */
+#define FA_PAGED_PREFILL_MAX_HEAD_DIM 256 /* paged prefill */
+#define FA_DECODE_MAX_HEAD_DIM 512        /* paged decode */
 #define FA_DECODE_ROWS 16
 #define FA_SPLIT_GRANULE 64 /* split-KV: split_tokens is a multiple of this (every KV tile divides it) */
 enum { FA_OP_PREFILL = 0, FA_OP_PREFILL_SM90 = 1, FA_OP_PAGED_PREFILL = 2, FA_OP_DECODE = 3 };
@@ -411,6 +416,7 @@ typedef struct FaTilePolicy {
   int32_t smem_bytes;  /* dynamic shared memory per CTA */
   int32_t min_ctas_per_sm; /* the CTAs per SM the kernel's launch bounds are built for */
   int32_t lean;        /* prefill's register-lean KV loop (K/V bases and row sums parked in shared memory) */
+  int32_t score_splits; /* decode: warps summing one S tile, each Q.K over width / score_splits columns; else 0 */
 } FaTilePolicy;
 
 int fa_tile_policy(int32_t op, int32_t head_dim, int32_t variant, int32_t kv_dtype, FaTilePolicy *out);

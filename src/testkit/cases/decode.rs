@@ -276,6 +276,56 @@ pub fn decode_head_dim_sweep() -> Vec<DecodeCase> {
         .collect()
 }
 
+/// The head dims past 256 the large-head-dim sweep runs (issue 27; the width 512 serves 264-512): the
+/// smallest, one per 64 between, and Gemma 4's 512.
+pub const LARGE_HEAD_DIMS: [usize; 5] = [264, 320, 384, 448, 512];
+
+/// (head dim, dtype, cache format, (Hq, Hkv), page size, forced splits, variants, RoPE) of a case of
+/// [`decode_large_head_dim_sweep`].
+type LargeDimCase = (usize, DType, KvFormat, (usize, usize), usize, Option<usize>, CaseVariants, Option<CaseRope>);
+
+/// The decode sweep past 256 (issue 27): every dim of [`LARGE_HEAD_DIMS`], fp16 and bf16, 16-bit and FP8
+/// caches (E4M3 and E5M2, per-tensor and per-head scales; FP8 needs D % 16 == 0, so not 264), forced split
+/// counts 1, 2, 7 and the planner's, MHA/GQA/MQA layouts (20:1, two 16-row blocks), page sizes 1..256, the
+/// score variants alone and together, and RoPE on q (Gemma 4's partial rotary at 512, and a full one). The
+/// batch holds an empty sequence, a single token, a tile edge and a long one. Sized for the emulator (which
+/// is slow at 512): 12 cases.
+pub fn decode_large_head_dim_sweep() -> Vec<DecodeCase> {
+    use crate::rope::{RopeConfig, RopeStyle};
+    use crate::testkit::variants::{CaseAlibi, CaseVariants as V};
+    let none = V::default();
+    let fp8 = |format, scales| KvFormat::Fp8 { format, scales };
+    let (e4, e5) = (Fp8Format::E4m3, Fp8Format::E5m2);
+    let (tensor, head) = (ScaleKind::PerTensor, ScaleKind::PerHead);
+    let gemma4 = CaseRope { config: RopeConfig::new(1_000_000.0, 128, RopeStyle::Neox), explicit_positions: false };
+    let full = CaseRope { config: RopeConfig::new(10_000.0, 448, RopeStyle::Gptj), explicit_positions: true };
+    let all = V { window: Some((90, 0)), softcap: Some(4.0), alibi: CaseAlibi::PerHead, sinks: true };
+    #[rustfmt::skip]
+    let cases: [LargeDimCase; 12] = [
+        (264, DType::F16, KvFormat::Sixteen, (4, 4), 16, Some(1), none, None),
+        (264, DType::Bf16, KvFormat::Sixteen, (8, 2), 64, Some(2), V { window: Some((255, 0)), softcap: Some(3.0), ..none }, None),
+        (320, DType::Bf16, fp8(e4, tensor), (8, 2), 1, Some(2), V { softcap: Some(2.0), alibi: CaseAlibi::PerHead, ..none }, None),
+        (384, DType::F16, KvFormat::Sixteen, (16, 2), 8, Some(7), V { window: Some((100, 0)), sinks: true, ..none }, None),
+        (384, DType::Bf16, fp8(e5, head), (4, 4), 32, None, none, None),
+        (448, DType::Bf16, fp8(e5, head), (20, 1), 64, None, V { sinks: true, ..none }, None),
+        (448, DType::F16, KvFormat::Sixteen, (4, 4), 16, None, none, Some(full)),
+        (512, DType::F16, KvFormat::Sixteen, (8, 2), 256, Some(1), none, None),
+        (512, DType::Bf16, KvFormat::Sixteen, (20, 1), 16, Some(2), all, Some(gemma4)),
+        (512, DType::F16, fp8(e4, head), (4, 4), 8, Some(7), V { alibi: CaseAlibi::PerSequence, ..none }, None),
+        (512, DType::Bf16, fp8(e5, tensor), (16, 2), 1, None, V { window: Some((60, 0)), softcap: Some(3.0), ..none }, Some(gemma4)),
+        (512, DType::Bf16, fp8(e4, head), (8, 2), 16, Some(1), none, None),
+    ];
+    cases
+        .into_iter()
+        .map(|(head_dim, dtype, kv, heads, page_size, num_splits, variants, rope)| DecodeCase {
+            variants,
+            rope,
+            kv,
+            ..DecodeCase::new(dtype, head_dim, heads, page_size, &[0, 1, 17, 700], num_splits)
+        })
+        .collect()
+}
+
 /// The emulated FP8 sweep: both formats x both scale kinds x both dtypes, every page size 1..256, head dims
 /// 64/128/256, MHA/GQA/MQA layouts, forced and planned splits, and the score variants (window, softcap,
 /// ALiBi, sinks) on some; 16 cases of a short batch (empty, 1, a page/tile edge, a few hundred tokens).

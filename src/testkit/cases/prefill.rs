@@ -315,7 +315,7 @@ pub fn head_dim_sweep_cases() -> Vec<PrefillCase> {
         cases.push(c);
     }
     // Every other supported dim, once.
-    for (i, d) in crate::head_dim::HEAD_DIMS.into_iter().enumerate() {
+    for (i, d) in crate::head_dim::PREFILL_HEAD_DIMS.into_iter().enumerate() {
         let width = crate::head_dim::prefill_width(d).unwrap_or(d);
         if d != width && !HEAD_DIM_SWEEP_DIMS.contains(&d) {
             cases.push(PrefillCase::dense(dtypes[i % 2], d, i % 2 == 0, 17, 40, (2, 1)));

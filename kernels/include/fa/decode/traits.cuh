@@ -2,8 +2,8 @@
 // cp.async pipeline and the shared-memory layout. Everything the kernel body and the launcher must agree on
 // lives here; the Rust side reads it through fa_tile_policy and FA_SPLIT_GRANULE (abi.h).
 //
-// D here is the kernel's tile width: 64, 128 or 256, each serving the head dims fa/head_dim.cuh maps to it
-// (columns past the head dim are zero-filled, never read: decode is memory-bound, so a padded width costs
+// D here is the kernel's tile width: 64, 128, 256 or 512, each serving the head dims fa/head_dim.cuh maps to
+// it (columns past the head dim are zero-filled, never read: decode is memory-bound, so a padded width costs
 // only tensor time and shared memory, both with room to spare, and no extra instantiations).
 //
 // CTA = one (sequence, KV head, block of up to 16 of its query heads, KV split). The G = Hq/Hkv query heads
@@ -15,14 +15,28 @@
 //
 // 4 warps. The warps are split kTokenGroups x kDSplits: warps of one token group own 16 tokens of every
 // KV tile (one P.V k-step) and keep an independent online-softmax state; warps of one D split accumulate
-// kWarpD = 64 output columns. Every warp therefore holds a 16 x 64 fp32 accumulator (32 registers) for
-// every head dim, and the KV tile holds 16 KB (K + V) for every head dim:
+// kWarpD output columns. Up to D = 256 every warp holds a 16 x 64 fp32 accumulator (32 registers) and
+// the KV tile holds 16 KB (K + V):
 //     D = 64:  4 token groups x 1 D split, 64-token tiles
 //     D = 128: 2 x 2, 32-token tiles (the two D-split warps recompute the same 16x16 S: cheap on tensor cores)
 //     D = 256: 1 x 4, 16-token tiles
 // kStages = 4 stages of 16 KB: after each barrier three tiles (48 KB) are in flight per CTA, and the whole
 // CTA needs < 73 KB of shared memory, so it fits every target (sm_86/89 allow 99 KB per block) and three
 // CTAs share an SM (~145 KB in flight per SM: far above bandwidth x latency for HBM3e).
+//
+// D = 512 (Gemma 4's global layers): 1 token group x 4 D splits of kWarpD = 128 columns, 16-token tiles of
+// 32 KB (K + V). A tile cannot get smaller (16 tokens is one P.V k-step) and the 16 x 512 Q tile alone is
+// 16 KB, so 4 stages (128 KB) do not fit the 99 KB opt-in limit of sm_86/89: kStages = 2 (80.6 KB in all).
+// Registers: a warp holding all of Q as A fragments (32 k-steps x 4 = 128 registers) beside its 16 x 128
+// accumulator (64) needs 255 registers and spills with an FP8 cache (ptxas, sm_80/89), so at 512 each
+// D-split warp computes S over its own 128 columns only (kScoreSplits = 4: 32 registers of Q) and the four
+// partial S tiles are summed through shared memory (WarpAttention::exchange_scores: 4 KB overlaying the Q
+// tile, idle once the fragments are loaded; one more barrier per tile). Each K element is then read from
+// shared memory once, not by each of 4 warps. The launch bounds are built for 2 CTAs per SM (shared memory
+// allows no more than 2 anywhere). Bytes in flight (docs/decode-memory.md, "D = 512"): one 32 KB tile per
+// CTA while the previous one is computed, 2 CTAs per SM on sm_80 and sm_90 (2 x 81.6 KB of 164 / 228 KB; 1
+// on sm_86/89's 100 KB), so 64 KB per SM (16-bit; 32 KB FP8) against a bandwidth-delay product of ~4.8 TB/s
+// x ~0.7 us / 132 SMs ~ 26 KB on the H200.
 #pragma once
 
 #include "fa/intrinsics.cuh"
@@ -56,17 +70,22 @@ template <int D> struct Fp8SwizzledTile {
 };
 
 template <int D> struct Traits {
-  static_assert(D == 64 || D == 128 || D == 256, "decode head dims");
+  static_assert(D == 64 || D == 128 || D == 256 || D == 512, "decode head dims");
   static constexpr int kThreads = 128;
-  static constexpr int kMinCtasPerSm = 3; // launch bounds: at most 168 registers, three CTAs fit any SM's
+  // Launch bounds: three CTAs (at most 168 registers) fit any SM's register file; at D = 512 two (shared
+  // memory holds no more).
+  static constexpr int kMinCtasPerSm = D == 512 ? 2 : 3;
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kRows = FA_DECODE_ROWS; // query heads per CTA: the mma M dimension
   static constexpr int kWarpTokens = 16; // tokens per warp per tile: one P.V k-step
   static constexpr int kTokenGroups = D == 64 ? 4 : (D == 128 ? 2 : 1);
   static constexpr int kDSplits = kWarps / kTokenGroups;
-  static constexpr int kWarpD = D / kDSplits; // output columns per warp (64 for every D)
+  static constexpr int kWarpD = D / kDSplits; // output columns per warp (64 up to D = 256, 128 at 512)
+  // Warps that share one S, each summing Q·K over D / kScoreSplits columns (the header: 4 at D = 512).
+  static constexpr int kScoreSplits = D == 512 ? kDSplits : 1;
+  static_assert(kScoreSplits == 1 || (kTokenGroups == 1 && kScoreSplits == kWarps), "exchange_scores' layout");
   static constexpr int kTileTokens = kWarpTokens * kTokenGroups;
-  static constexpr int kStages = 4;
+  static constexpr int kStages = D == 512 ? 2 : 4; // D = 512: two 32 KB stages fit 99 KB, three do not
 
   // cp.async work split: a tile row is kChunksPerRow 16-byte chunks; thread t copies chunk t % kChunksPerRow
   // of rows t / kChunksPerRow + i * kRowsPerPass, i < kLoadsPerThread (for K and for V).
@@ -93,6 +112,11 @@ template <int D> struct Traits {
   static constexpr int kHoleOffset = kStatsOffset + kStatsBytes;
   static constexpr int kHoleBytes = kHoleSlots * kHoleWords * 4;
   static constexpr int kSmemBytes = kHoleOffset + kHoleBytes;
+  // kScoreSplits > 1: the partial S tiles (per warp, 32 lanes x 8 fp32) overlay the Q tile, which no warp
+  // reads after its fragments are loaded (before the first tile's barrier).
+  static constexpr int kExchangeOffset = kQOffset;
+  static constexpr int kExchangeBytes = kScoreSplits > 1 ? kWarps * 32 * 8 * 4 : 0;
+  static_assert(kExchangeBytes <= kQBytes, "the S exchange fits in the Q tile");
   static constexpr int kOStride = D + 4; // fp32 row stride of the epilogue partials (+4: fewer conflicts)
   static constexpr int kOBytes = kTokenGroups * kRows * kOStride * 4;
   static_assert(kOBytes <= kStages * kStageBytes, "epilogue partials fit in the stages");
@@ -107,8 +131,9 @@ template <int D> struct Traits {
   static_assert(kStages * kFp8StageBytes <= kStages * kStageBytes, "FP8 stages fit");
   // Each copying thread takes two chunks of a row (K and V), so a row's page offsets are read from the
   // ring by D / 32 threads: per global byte, the ring costs FP8 what it costs the 16-bit path (one chunk per
-  // thread, twice the bytes per chunk). Which two: chunks 2c, 2c+1 up to 8 chunks a row, c and c + 8 at 16,
-  // so each quarter-warp of copies still lands in 8 different bank groups of the swizzled tile.
+  // thread, twice the bytes per chunk). Which two: chunks 2c, 2c+1 up to 8 chunks a row, c and c + n/2 with
+  // n >= 16 chunks (c + 8 at D = 256, c + 16 at 512), so each quarter-warp of copies still lands in 8
+  // different bank groups of the swizzled tile.
   static constexpr int kFp8ChunksPerRow = D / 16;
   static constexpr int kFp8ThreadsPerRow = kFp8ChunksPerRow / 2;
   static constexpr int kFp8RowsPerPass = kThreads / kFp8ThreadsPerRow;
@@ -116,15 +141,15 @@ template <int D> struct Traits {
   static_assert(kFp8LoadsPerThread * kFp8RowsPerPass == kTileTokens, "FP8 tile rows split evenly over threads");
   FA_HOST_DEVICE static int fp8_copy_chunk(int tid, int e) {
     const int c = tid % kFp8ThreadsPerRow;
-    return kFp8ChunksPerRow <= 8 ? 2 * c + e : c + 8 * e;
+    return kFp8ChunksPerRow <= 8 ? 2 * c + e : c + kFp8ThreadsPerRow * e;
   }
   static_assert(kSmemBytes <= 99 * 1024, "fits the smallest per-block limit among the targets (sm_86/89)");
 };
 
 // split_tokens must be a multiple of this (every head dim's tile divides it): abi.h's FA_SPLIT_GRANULE.
 constexpr int kSplitGranule = FA_SPLIT_GRANULE;
-static_assert(kSplitGranule % Traits<256>::kTileTokens == 0 && kSplitGranule % Traits<128>::kTileTokens == 0 &&
-                  kSplitGranule % Traits<64>::kTileTokens == 0,
+static_assert(kSplitGranule % Traits<512>::kTileTokens == 0 && kSplitGranule % Traits<256>::kTileTokens == 0 &&
+                  kSplitGranule % Traits<128>::kTileTokens == 0 && kSplitGranule % Traits<64>::kTileTokens == 0,
               "every decode KV tile divides a split");
 
 } // namespace decode

@@ -3,6 +3,13 @@
 // exp2-domain online-softmax update, then O += P V with P taken straight from S's accumulator registers
 // (the C fragment of S is the A fragment of P.V) and V by ldmatrix.trans.
 //
+// Up to D = 256 every warp computes the whole 16 x 16 S of its tokens from its own copy of Q (fragments in
+// registers). At D = 512 (Traits::kScoreSplits = 4) each warp holds Q only for its own 128 output columns and
+// computes that slice's share of Q Kᵀ (qk / qk_fp8): the four partial S tiles are summed through shared
+// memory (exchange_scores), in the same order by every warp, so every warp holds the same S bit for bit and
+// runs the same softmax. That keeps Q at 32 registers rather than 128 (the whole-Q kernels need 255 and
+// spill with an FP8 cache) and reads each K element from shared memory once rather than once per warp.
+//
 // Fragment layout (PTX ISA, m16n8k16): accumulator register c of lane l holds row l/4 (+8 for c >= 2),
 // column 2*(l%4) + (c&1). So each lane owns two query rows, r0 = l/4 and r1 = r0 + 8, and the four lanes of
 // a quad share them: row reductions are two xor-shuffles.
@@ -22,7 +29,9 @@ template <class T, int D> struct WarpAttention {
   using Tr = Traits<D>;
   using Tile = SwizzledTile<D>;
   using Fp8Tile = Fp8SwizzledTile<D>;
-  static constexpr int kKSteps = D / 16;           // QKᵀ k-steps
+  static constexpr int kScoreSplits = Tr::kScoreSplits;
+  static constexpr int kQkD = D / kScoreSplits;    // Q·K columns this warp sums over (a D split's at 512)
+  static constexpr int kKSteps = kQkD / 16;        // QKᵀ k-steps
   static constexpr int kONTiles = Tr::kWarpD / 8;  // n8 tiles of this warp's output columns
 
   uint32_t q[kKSteps][4]; // Q as m16n8k16 A fragments, loaded once
@@ -35,8 +44,10 @@ template <class T, int D> struct WarpAttention {
   int k_lane[4];
   int v_lane[4];
 
-  // token0: this warp's first row in every tile; col0: its first output column.
+  // token0: this warp's first row in every tile; col0: its first output column (and, with kScoreSplits > 1,
+  // the first Q·K column of its share of S).
   FA_DEVICE void init(const unsigned char *q_smem, int token0, int col0, int lane) {
+    const int qk_chunk0 = kScoreSplits > 1 ? col0 / 8 : 0;
     m[0] = m[1] = kNegInf;
     l[0] = l[1] = 0.0f;
 #pragma unroll
@@ -44,7 +55,8 @@ template <class T, int D> struct WarpAttention {
     // ldmatrix.x4: matrix i = lane/8 is rows ((i&1)*8 .. +7), columns 8*(i>>1) .. +7 of the 16x16 step.
     const int q_row = ((lane >> 3) & 1) * 8 + (lane & 7);
 #pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) ldmatrix_x4(q[ks], q_smem + Tile::offset(q_row, ks * 2 + (lane >> 4)));
+    for (int ks = 0; ks < kKSteps; ++ks)
+      ldmatrix_x4(q[ks], q_smem + Tile::offset(q_row, qk_chunk0 + ks * 2 + (lane >> 4)));
     // K (B operand of S = Q Kᵀ): matrix i = lane/8 is tokens 8*(i>>1) .. +7, columns 8*(i&1) .. +7, so regs
     // {0,1} are tokens 0-7 (k lo/hi) and regs {2,3} tokens 8-15.
     const int k_row = token0 + (lane >> 4) * 8 + (lane & 7);
@@ -53,7 +65,7 @@ template <class T, int D> struct WarpAttention {
     const int v_row = token0 + ((lane >> 3) & 1) * 8 + (lane & 7);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      k_lane[i] = Tile::offset(k_row, 2 * i + ((lane >> 3) & 1));
+      k_lane[i] = Tile::offset(k_row, qk_chunk0 + 2 * i + ((lane >> 3) & 1));
       v_lane[i] = Tile::offset(v_row, col0 / 8 + 2 * i + (lane >> 4));
     }
   }
@@ -98,11 +110,13 @@ template <class T, int D> struct WarpAttention {
     // Q's A fragment with k rows permuted as K's: a0/a2 = row g, columns 4t..4t+1 / 4t+2..4t+3 of the k-step
     // (one 8-byte load), a1/a3 the same of row g + 8.
     const int g = lane >> 2, t = lane & 3;
+    const int qk_chunk0 = kScoreSplits > 1 ? col0 / 8 : 0; // 16-bit Q chunks
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const float2 pair = ld_shared(reinterpret_cast<const float2 *>(q_smem + Tile::offset(g + 8 * r, 2 * ks + (t >> 1)) + 8 * (t & 1)));
+        const float2 pair = ld_shared(reinterpret_cast<const float2 *>(
+            q_smem + Tile::offset(g + 8 * r, qk_chunk0 + 2 * ks + (t >> 1)) + 8 * (t & 1)));
         __builtin_memcpy(&q[ks][r], &pair.x, 4);
         __builtin_memcpy(&q[ks][r + 2], &pair.y, 4);
       }
@@ -110,13 +124,19 @@ template <class T, int D> struct WarpAttention {
     const int row = token0 + ((lane >> 3) & 1) * 8 + (lane & 7);
 #pragma unroll
     for (int i = 0; i < 4; ++i) fp8_lane[i] = 2 * i < Fp8Tile::kChunks ? Fp8Tile::offset(row, 2 * i + (lane >> 4)) : 0;
-    // This warp's V columns start at chunk pair col0 / 32 (kWarpD = 64: two chunk pairs per warp).
+    // This warp's V columns start at chunk pair col0 / 32 (kWarpD / 32 pairs per warp: 2, or 4 at D = 512).
 #pragma unroll
     for (int sp = 0; sp < kONTiles / 4; ++sp) v_chunk[sp] = fp8_chunk_at(col0 / 32 + sp);
+    // K: this warp's share of Q·K starts at FP8 chunk col0 / 16, a multiple of 8 (the XOR leaves it alone),
+    // so col0 bytes further in every row.
+    if (kScoreSplits > 1) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) fp8_lane[i] += col0;
+    }
   }
 
-  // scores() on an FP8 K tile of format F.
-  template <Fp8Format F> FA_DEVICE void scores_fp8(float (&s)[2][4], const unsigned char *k_tile, float scale_log2) const {
+  // qk() on an FP8 K tile of format F.
+  template <Fp8Format F> FA_DEVICE void qk_fp8(float (&s)[2][4], const unsigned char *k_tile) const {
 #pragma unroll
     for (int n = 0; n < 2; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
@@ -133,10 +153,12 @@ template <class T, int D> struct WarpAttention {
         }
       }
     }
-#pragma unroll
-    for (int n = 0; n < 2; ++n)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) s[n][c] *= scale_log2;
+  }
+
+  // scores() on an FP8 K tile of format F.
+  template <Fp8Format F> FA_DEVICE void scores_fp8(float (&s)[2][4], const unsigned char *k_tile, float scale_log2) const {
+    qk_fp8<F>(s, k_tile);
+    scale(s, scale_log2);
   }
 
   template <Fp8Format F>
@@ -189,9 +211,9 @@ template <class T, int D> struct WarpAttention {
     }
   }
 
-  // Scores of this warp's 16 tokens in the exp2 domain: s[n][c] is row r0/r1 (c < 2 / c >= 2), token
-  // token0 + 8n + 2*(lane%4) + (c&1).
-  FA_DEVICE void scores(float (&s)[2][4], const unsigned char *k_tile, float scale_log2) const {
+  // Q Kᵀ over this warp's kQkD columns for its 16 tokens, unscaled: s[n][c] is row r0/r1 (c < 2 / c >= 2),
+  // token token0 + 8n + 2*(lane%4) + (c&1).
+  FA_DEVICE void qk(float (&s)[2][4], const unsigned char *k_tile) const {
 #pragma unroll
     for (int n = 0; n < 2; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
@@ -203,10 +225,47 @@ template <class T, int D> struct WarpAttention {
       mma_m16n8k16<T>(s[0], q[ks], k_lo);
       mma_m16n8k16<T>(s[1], q[ks], k_hi);
     }
+  }
+
+  FA_DEVICE static void scale(float (&s)[2][4], float scale_log2) {
 #pragma unroll
     for (int n = 0; n < 2; ++n)
 #pragma unroll
       for (int c = 0; c < 4; ++c) s[n][c] *= scale_log2;
+  }
+
+  // Scores of this warp's 16 tokens in the exp2 domain (kScoreSplits == 1: the warp's qk is all of S).
+  FA_DEVICE void scores(float (&s)[2][4], const unsigned char *k_tile, float scale_log2) const {
+    qk(s, k_tile);
+    scale(s, scale_log2);
+  }
+
+  // kScoreSplits > 1: turns this warp's partial S (qk over its columns) into the whole S, the same in every
+  // warp of the token group: each warp parks its 8 values per lane in `exchange` ([split][half][lane] of
+  // float4: each quarter-warp stores and loads 128 contiguous bytes, conflict-free), a CTA barrier, then
+  // every warp sums the kScoreSplits partials in split order. The caller's next tile barrier orders these
+  // loads before the next tile's stores, so one buffer suffices.
+  FA_DEVICE static void exchange_scores(float (&s)[2][4], float *exchange, int split, int lane) {
+    float4 *slot = reinterpret_cast<float4 *>(exchange);
+#pragma unroll
+    for (int n = 0; n < 2; ++n) st_shared(slot + (split * 2 + n) * 32 + lane, make_float4(s[n][0], s[n][1], s[n][2], s[n][3]));
+    sync_threads();
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      float4 sum = ld_shared(slot + n * 32 + lane);
+#pragma unroll
+      for (int w = 1; w < kScoreSplits; ++w) {
+        const float4 v = ld_shared(slot + (w * 2 + n) * 32 + lane);
+        sum.x += v.x;
+        sum.y += v.y;
+        sum.z += v.z;
+        sum.w += v.w;
+      }
+      s[n][0] = sum.x;
+      s[n][1] = sum.y;
+      s[n][2] = sum.z;
+      s[n][3] = sum.w;
+    }
   }
 
   // scores() with softcap and ALiBi (fa/score_mod.cuh), straight to the exp2 domain: slope_log2[r] is row r's
