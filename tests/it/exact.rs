@@ -408,7 +408,7 @@ fn decode_exact_at_512() {
         [(DType::Bf16, 512, (8, 2), 16, Some(1)), (DType::F16, 264, (4, 1), 256, Some(max_splits(2049)))];
     for (i, &(dt, d, heads, ps, s)) in uniform.iter().enumerate() {
         let case = decode_case(dt, d, heads, ps, lens.clone(), s);
-        verdicts.push(run_decode(&emu, dt, "uniform", &case, &Keys::Uniform, common::case_seed(40 + i)));
+        verdicts.push(by_dtype!(dt, decode_exact(&emu, "uniform", &case, &Keys::Uniform, common::case_seed(40 + i))));
     }
     let n = 333;
     let dominant: [DecodeConfig; 2] =
@@ -420,7 +420,7 @@ fn decode_exact_at_512() {
         let pos = boundary_positions(n, decode_tile_tokens(d), ps, split);
         let case = decode_case(dt, d, heads, ps, vec![n; pos.len()], s);
         let label = format!("dominant at {pos:?}");
-        verdicts.push(run_decode(&emu, dt, &label, &case, &Keys::Dominant(pos), common::case_seed(42 + i)));
+        verdicts.push(by_dtype!(dt, decode_exact(&emu, &label, &case, &Keys::Dominant(pos), common::case_seed(42 + i))));
     }
     judge("decode_exact_at_512", &verdicts);
 }
