@@ -21,17 +21,10 @@ use half::{bf16, f16};
 /// Runs every selected case (FA_CASE) and panics listing the failures, each with its rerun command.
 fn sweep(test: &str, cases: &[(usize, PagedPrefillCase)]) {
     let emu = Emulator::new();
-    common::sweep(
-        "paged_prefill",
-        test,
-        cases,
-        1,
-        |(_, c)| c.label(),
-        |_, (i, c)| {
-            let outcome = check_case_emulated(&emu, c, common::case_seed(*i)).unwrap();
-            common::verdict(outcome.passed(), outcome.summary())
-        },
-    );
+    common::sweep_in_order("paged_prefill", test, cases, PagedPrefillCase::label, |i, c| {
+        let outcome = check_case_emulated(&emu, c, common::case_seed(i)).unwrap();
+        (outcome.passed(), outcome.summary())
+    });
 }
 
 fn part(cases: Vec<PagedPrefillCase>, first: usize, step: usize) -> Vec<(usize, PagedPrefillCase)> {

@@ -83,6 +83,13 @@ impl PrefillCase {
             sm90_steps: Sm90Steps::default(),
         }
     }
+    /// A varlen case of `seqs` (q_len, k_len) per sequence, otherwise like [`PrefillCase::dense`]: batch
+    /// `seqs.len()`, and the longest sequences as `seqlen_q` / `seqlen_k` (the bounds the grid covers).
+    pub fn varlen(dtype: DType, d: usize, causal: bool, heads: (usize, usize), seqs: Vec<(usize, usize)>) -> Self {
+        let tq = seqs.iter().map(|s| s.0).max().unwrap_or(0);
+        let tk = seqs.iter().map(|s| s.1).max().unwrap_or(0);
+        Self { batch: seqs.len(), varlen: Some(seqs), ..Self::dense(dtype, d, causal, tq, tk, heads) }
+    }
     /// Short description for test output and report rows.
     pub fn label(&self) -> String {
         let shape = match &self.varlen {
