@@ -684,9 +684,10 @@ impl<T> PagedFixture<T> {
     /// Host views of the case's RoPE table and positions, if it has RoPE.
     pub(crate) fn rope_views_host(&self) -> Result<Option<RopeViews<'_>>> {
         let (Some(t), Some(case)) = (&self.rope_table, self.case.rope) else { return Ok(None) };
+        let (cos, sin) = t.views()?;
         Ok(Some(RopeViews {
-            cos: TensorView::host(&t.cos, t.shape())?,
-            sin: TensorView::host(&t.sin, t.shape())?,
+            cos,
+            sin,
             positions: TensorView::host(&self.rope_positions, [self.rope_positions.len()])?,
             case,
         }))
