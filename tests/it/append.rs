@@ -148,8 +148,7 @@ fn bad_inputs_are_typed_errors() {
 
 #[test]
 fn gpu_append_round_trip() {
-    let Some(ctx) = common::gpu_or_skip("append::gpu_append_round_trip") else { return };
-    let cu = ctx.default_stream();
+    let Some(cu) = common::gpu_stream_or_skip("append::gpu_append_round_trip") else { return };
     let (f, rerun) = fixture("gpu_append_round_trip");
     let c = &f.case;
     let (k, v, slots) = packed_tokens(&f, |b| 0..c.seq_lens[b]);

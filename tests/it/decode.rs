@@ -155,8 +155,7 @@ fn gpu_head_dim_sweep() {
 /// here, since a shared or throttled GPU would make the test flaky).
 #[test]
 fn gpu_decode_bandwidth() {
-    let Some(ctx) = common::gpu_or_skip("decode::gpu_decode_bandwidth") else { return };
-    let cu = ctx.default_stream();
+    let Some(cu) = common::gpu_stream_or_skip("decode::gpu_decode_bandwidth") else { return };
     let rows = fused_attn::testkit::cases::decode::perf_report(&cu, seed_for(0)).unwrap();
     assert!(!rows.is_empty(), "no bandwidth rows");
     for row in rows {

@@ -132,8 +132,7 @@ fn emulated_fp8_decode_sweep() {
 /// stored cache.
 #[test]
 fn gpu_fp8_decode_sweep() {
-    let Some(ctx) = common::gpu_or_skip("fp8::gpu_fp8_decode_sweep") else { return };
-    let cu = ctx.default_stream();
+    let Some(cu) = common::gpu_stream_or_skip("fp8::gpu_fp8_decode_sweep") else { return };
     let cases = fp8_decode_sweep_emulated();
     common::sweep("fp8", "gpu_fp8_decode_sweep", &cases, 1, DecodeCase::label, |i, case| {
         let o =

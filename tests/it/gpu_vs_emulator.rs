@@ -170,8 +170,7 @@ fn prefill_pair_on<T: Element>(emu: &Emulator, cu: &Arc<CudaStream>, s: PrefillS
 
 #[test]
 fn gpu_vs_emu_prefill() {
-    let Some(ctx) = common::gpu_or_skip("gpu_vs_emulator::gpu_vs_emu_prefill") else { return };
-    let cu = ctx.default_stream();
+    let Some(cu) = common::gpu_stream_or_skip("gpu_vs_emulator::gpu_vs_emu_prefill") else { return };
     let emu = Emulator::new();
     let spec = |b, tq, tk, hq, hkv, d, causal| PrefillSpec { b, tq, tk, hq, hkv, d, causal };
     // Tile edges, GQA, Tq != Tk both ways (Tq > Tk causal: the first rows see no key), every head dim class.
@@ -267,8 +266,7 @@ fn decode_pair<T: Element>(emu: &Emulator, cu: &Arc<CudaStream>, case: &DecodeCa
 
 #[test]
 fn gpu_vs_emu_decode() {
-    let Some(ctx) = common::gpu_or_skip("gpu_vs_emulator::gpu_vs_emu_decode") else { return };
-    let cu = ctx.default_stream();
+    let Some(cu) = common::gpu_stream_or_skip("gpu_vs_emulator::gpu_vs_emu_decode") else { return };
     let emu = Emulator::new();
     for (i, splits) in [Some(1), Some(3)].into_iter().enumerate() {
         let case = DecodeCase::new(DType::Bf16, 128, (8, 2), 16, &[0, 1, 17, 300], splits);
@@ -316,8 +314,7 @@ fn merge_both<O: fused_attn::merge::MergeElement + DeviceRepr + Copy>(
 
 #[test]
 fn gpu_vs_emu_merge() {
-    let Some(ctx) = common::gpu_or_skip("gpu_vs_emulator::gpu_vs_emu_merge") else { return };
-    let cu = ctx.default_stream();
+    let Some(cu) = common::gpu_stream_or_skip("gpu_vs_emulator::gpu_vs_emu_merge") else { return };
     let emu = Emulator::new();
     let dims @ [k, n, h, d] = [5usize, 3, 4, 128];
     let mut rng = fused_attn::testkit::seed::rng(seed());
@@ -343,8 +340,7 @@ fn gpu_vs_emu_merge() {
 
 #[test]
 fn gpu_vs_emu_append() {
-    let Some(ctx) = common::gpu_or_skip("gpu_vs_emulator::gpu_vs_emu_append") else { return };
-    let cu = ctx.default_stream();
+    let Some(cu) = common::gpu_stream_or_skip("gpu_vs_emulator::gpu_vs_emu_append") else { return };
     // The emulator with the GPU's semantics for the slot past the pool (skipped) below.
     let emu = Emulator::new().with_table_checks(fused_attn::TableChecks::GpuMasking);
     let case = DecodeCase::new(DType::Bf16, 128, (8, 2), 16, &[0, 1, 15, 17, 300], None);
@@ -402,8 +398,7 @@ fn half_bits(rng: &mut FixtureRng, dtype: DType) -> u32 {
 
 #[test]
 fn gpu_vs_emu_selftest_intrinsics() {
-    let Some(ctx) = common::gpu_or_skip("gpu_vs_emulator::gpu_vs_emu_selftest_intrinsics") else { return };
-    let cu = ctx.default_stream();
+    let Some(cu) = common::gpu_stream_or_skip("gpu_vs_emulator::gpu_vs_emu_selftest_intrinsics") else { return };
     let mut rng = fused_attn::testkit::seed::rng(seed());
 
     // mma.m16n8k16: 16 exact products summed in fp32; the tensor core's summation order may differ from the
@@ -542,8 +537,7 @@ fn gpu_vs_emu_selftest_intrinsics() {
 
 #[test]
 fn gpu_vs_emu_selftest_planted_bug_twins() {
-    let Some(ctx) = common::gpu_or_skip("gpu_vs_emulator::gpu_vs_emu_selftest_planted_bug_twins") else { return };
-    let cu = ctx.default_stream();
+    let Some(cu) = common::gpu_stream_or_skip("gpu_vs_emulator::gpu_vs_emu_selftest_planted_bug_twins") else { return };
     let input: Vec<f32> = (0..st::BUG_ELEMS).map(|i| 1.0 + i as f32 * 0.25).collect();
     let din = cu.clone_htod(&input).unwrap();
     for bug in Bug::ALL {
@@ -571,8 +565,7 @@ fn gpu_vs_emu_selftest_planted_bug_twins() {
 
 #[test]
 fn gpu_vs_emu_selftest_gemm() {
-    let Some(ctx) = common::gpu_or_skip("gpu_vs_emulator::gpu_vs_emu_selftest_gemm") else { return };
-    let cu = ctx.default_stream();
+    let Some(cu) = common::gpu_stream_or_skip("gpu_vs_emulator::gpu_vs_emu_selftest_gemm") else { return };
     gemm_pair::<f16>(&cu, GemmShape { m: 64, n: 64, k: 64, b_k_major: false });
     gemm_pair::<bf16>(&cu, GemmShape { m: 72, n: 40, k: 96, b_k_major: true });
     gemm_pair::<f16>(&cu, GemmShape { m: 128, n: 128, k: 128, b_k_major: true });
@@ -790,8 +783,7 @@ impl MaxLen for Vec<u8> {
 /// bf16 value through the quantiser (fp32 -> FP8, RN, satfinite), plus infinities and NaNs.
 #[test]
 fn gpu_vs_emu_fp8_conversions() {
-    let Some(ctx) = common::gpu_or_skip("gpu_vs_emulator::gpu_vs_emu_fp8_conversions") else { return };
-    let cu = ctx.default_stream();
+    let Some(cu) = common::gpu_stream_or_skip("gpu_vs_emulator::gpu_vs_emu_fp8_conversions") else { return };
     for format in [fused_attn::Fp8Format::E4m3, fused_attn::Fp8Format::E5m2] {
         let pairs: Vec<u16> = (0..=255u16).map(|c| c | (((c * 37 + 11) & 0xff) << 8)).collect();
         let emu = st::fp8_decode_emulated(format, &pairs, seed()).unwrap();
@@ -839,8 +831,7 @@ fn gpu_vs_emu_fp8_conversions() {
 fn gpu_vs_emu_fp8_decode() {
     use fused_attn::testkit::cases::decode::{run_case_emulated, run_case_gpu};
     use fused_attn::{Fp8E4m3, Fp8Format, ScaleKind};
-    let Some(ctx) = common::gpu_or_skip("gpu_vs_emulator::gpu_vs_emu_fp8_decode") else { return };
-    let cu = ctx.default_stream();
+    let Some(cu) = common::gpu_stream_or_skip("gpu_vs_emulator::gpu_vs_emu_fp8_decode") else { return };
     let emu = Emulator::new();
     let cases = [
         (DType::Bf16, Fp8Format::E4m3, ScaleKind::PerHead, 128, (8, 2), Some(1)),

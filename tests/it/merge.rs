@@ -215,8 +215,7 @@ fn bad_inputs_are_typed_errors() {
 
 #[test]
 fn gpu_merge() {
-    let Some(ctx) = common::gpu_or_skip("merge::gpu_merge") else { return };
-    let cu = ctx.default_stream();
+    let Some(cu) = common::gpu_stream_or_skip("merge::gpu_merge") else { return };
     let stream = Stream::Gpu(&cu);
     let (k, n, h, d) = (5usize, 3usize, 4usize, 128usize);
     let mut rng = fused_attn::testkit::seed::rng(seed_of(2));

@@ -65,8 +65,7 @@ macro_rules! variant_sweep_tests {
 
         #[test]
         fn $gpu() {
-            let Some(ctx) = common::gpu_or_skip(concat!("variants::", stringify!($gpu))) else { return };
-            let s = ctx.default_stream();
+            let Some(s) = common::gpu_stream_or_skip(concat!("variants::", stringify!($gpu))) else { return };
             $sweep(stringify!($gpu), |c, seed| $cases::check_case_gpu(&s, c, seed));
         }
     };

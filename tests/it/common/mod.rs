@@ -36,6 +36,11 @@ pub fn gpu_or_skip(test: &str) -> Option<Arc<CudaContext>> {
     }
 }
 
+/// The first GPU's default stream, or `None` after recording `test` as skipped ([`gpu_or_skip`]).
+pub fn gpu_stream_or_skip(test: &str) -> Option<Arc<CudaStream>> {
+    gpu_or_skip(test).map(|ctx| ctx.default_stream())
+}
+
 /// The run's base seed: FA_SEED (decimal or 0x hex) if set, else the fixed default, so two runs of the suite
 /// use the same inputs (see `fused_attn::testkit::seed`).
 pub fn base_seed() -> u64 {
