@@ -14,21 +14,31 @@ pub enum DType {
     Bf16,
 }
 
+/// The C ABI tag (`abi`, a constant of kernels/include/fa/abi.h) and the runner's spelling (`name`, of its
+/// `--dtype` / `--kv-dtype` flags and JSON rows) of each variant of an element-type enum, listed once.
+macro_rules! tags {
+    ($ty:ident { $($variant:ident => ($abi:path, $name:literal)),* $(,)? }) => {
+        impl $ty {
+            /// The tag the C ABI uses.
+            pub(crate) fn abi(self) -> i32 {
+                match self {
+                    $($ty::$variant => $abi as i32,)*
+                }
+            }
+            /// Spelling used by the runner's flags and JSON rows.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $($ty::$variant => $name,)*
+                }
+            }
+        }
+    };
+}
+
+tags!(DType { F16 => (sys::FA_DTYPE_F16, "fp16"), Bf16 => (sys::FA_DTYPE_BF16, "bf16") });
+tags!(Fp8Format { E4m3 => (sys::FA_KV_FP8_E4M3, "fp8_e4m3"), E5m2 => (sys::FA_KV_FP8_E5M2, "fp8_e5m2") });
+
 impl DType {
-    /// The tag the C ABI uses (FA_DTYPE_* in kernels/include/fa/abi.h).
-    pub(crate) fn abi(self) -> i32 {
-        match self {
-            DType::F16 => sys::FA_DTYPE_F16 as i32,
-            DType::Bf16 => sys::FA_DTYPE_BF16 as i32,
-        }
-    }
-    /// Spelling used by the runner's `--dtype` flag and JSON rows.
-    pub fn name(self) -> &'static str {
-        match self {
-            DType::F16 => "fp16",
-            DType::Bf16 => "bf16",
-        }
-    }
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "fp16" | "f16" | "float16" => Some(DType::F16),
@@ -146,20 +156,6 @@ impl Fp8Format {
         };
         sign | code
     }
-
-    /// The tag the C ABI uses (FA_KV_FP8_* in abi.h).
-    pub(crate) fn abi(self) -> i32 {
-        match self {
-            Fp8Format::E4m3 => sys::FA_KV_FP8_E4M3 as i32,
-            Fp8Format::E5m2 => sys::FA_KV_FP8_E5M2 as i32,
-        }
-    }
-    pub fn name(self) -> &'static str {
-        match self {
-            Fp8Format::E4m3 => "fp8_e4m3",
-            Fp8Format::E5m2 => "fp8_e5m2",
-        }
-    }
 }
 
 /// The element type of a KV cache: the op's 16-bit dtype, or FP8.
@@ -199,20 +195,44 @@ impl KvDType {
     }
 }
 
-/// One E4M3 code.
-#[repr(transparent)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Fp8E4m3(pub u8);
-/// One E5M2 code.
-#[repr(transparent)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Fp8E5m2(pub u8);
+/// The code type of each FP8 format: a byte newtype that a KV cache can hold ([`KvElement`], [`KvCacheOf`]
+/// any 16-bit `T`) and that knows its format ([`Fp8Element`]).
+macro_rules! fp8_code_types {
+    ($($(#[$doc:meta])* $ty:ident => $format:ident),* $(,)?) => {$(
+        $(#[$doc])*
+        #[repr(transparent)]
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+        pub struct $ty(pub u8);
 
-// SAFETY: one plain byte, any bit pattern valid; passed to kernels only through pointers.
-unsafe impl cudarc::driver::DeviceRepr for Fp8E4m3 {}
-unsafe impl cudarc::driver::ValidAsZeroBits for Fp8E4m3 {}
-unsafe impl cudarc::driver::DeviceRepr for Fp8E5m2 {}
-unsafe impl cudarc::driver::ValidAsZeroBits for Fp8E5m2 {}
+        // SAFETY: one plain byte, any bit pattern valid; passed to kernels only through pointers.
+        unsafe impl cudarc::driver::DeviceRepr for $ty {}
+        unsafe impl cudarc::driver::ValidAsZeroBits for $ty {}
+
+        impl KvElement for $ty {
+            const KV_DTYPE: KvDType = KvDType::Fp8(Fp8Format::$format);
+            fn stored_value(self) -> f64 {
+                Fp8Format::$format.decode(self.0)
+            }
+        }
+        impl<T: Element> KvCacheOf<T> for $ty {}
+        impl Fp8Element for $ty {
+            const FORMAT: Fp8Format = Fp8Format::$format;
+            fn from_code(code: u8) -> Self {
+                $ty(code)
+            }
+            fn code(self) -> u8 {
+                self.0
+            }
+        }
+    )*};
+}
+
+fp8_code_types! {
+    /// One E4M3 code.
+    Fp8E4m3 => E4m3,
+    /// One E5M2 code.
+    Fp8E5m2 => E5m2,
+}
 
 /// An element type a KV cache can hold: fp16/bf16 (the op's own dtype) or an FP8 code.
 pub trait KvElement:
@@ -235,18 +255,6 @@ impl KvElement for half::bf16 {
         self.to_f64()
     }
 }
-impl KvElement for Fp8E4m3 {
-    const KV_DTYPE: KvDType = KvDType::Fp8(Fp8Format::E4m3);
-    fn stored_value(self) -> f64 {
-        Fp8Format::E4m3.decode(self.0)
-    }
-}
-impl KvElement for Fp8E5m2 {
-    const KV_DTYPE: KvDType = KvDType::Fp8(Fp8Format::E5m2);
-    fn stored_value(self) -> f64 {
-        Fp8Format::E5m2.decode(self.0)
-    }
-}
 
 /// A cache element type that serves queries / new tokens of type `T`: `T` itself (a 16-bit cache), or an
 /// FP8 code type (either 16-bit `T`). A 16-bit cache of the other dtype does not compile; and since a 16-bit
@@ -254,30 +262,10 @@ impl KvElement for Fp8E5m2 {
 pub trait KvCacheOf<T>: KvElement {}
 impl KvCacheOf<half::f16> for half::f16 {}
 impl KvCacheOf<half::bf16> for half::bf16 {}
-impl<T: Element> KvCacheOf<T> for Fp8E4m3 {}
-impl<T: Element> KvCacheOf<T> for Fp8E5m2 {}
 
 /// An FP8 code type: its format and the raw byte.
 pub trait Fp8Element: KvElement {
     const FORMAT: Fp8Format;
     fn from_code(code: u8) -> Self;
     fn code(self) -> u8;
-}
-impl Fp8Element for Fp8E4m3 {
-    const FORMAT: Fp8Format = Fp8Format::E4m3;
-    fn from_code(code: u8) -> Self {
-        Fp8E4m3(code)
-    }
-    fn code(self) -> u8 {
-        self.0
-    }
-}
-impl Fp8Element for Fp8E5m2 {
-    const FORMAT: Fp8Format = Fp8Format::E5m2;
-    fn from_code(code: u8) -> Self {
-        Fp8E5m2(code)
-    }
-    fn code(self) -> u8 {
-        self.0
-    }
 }

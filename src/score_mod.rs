@@ -59,12 +59,13 @@ impl std::fmt::Debug for ScoreMod<'_> {
 }
 
 /// Which variants a call sets, without their arrays: what decides which kernel runs and which tiles it
-/// visits ([`crate::prefill::uses_variant_kernel`]). [`ScoreMod::set`] gives a call's.
+/// visits ([`crate::prefill::uses_variant_kernel`]). [`ScoreMod::set`] gives a call's. `A` says how ALiBi is
+/// set: whether at all (`bool`), or, for a test case (`testkit::variants::CaseVariants`), with which slopes.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct VariantSet {
+pub struct VariantSet<A = bool> {
     pub window: Option<(i32, i32)>,
     pub softcap: Option<f32>,
-    pub alibi: bool,
+    pub alibi: A,
     pub sinks: bool,
 }
 

@@ -161,6 +161,56 @@ fn check_rows_all<T, const N: usize>(
     o.check_disjoint("o")
 }
 
+/// What both entry points derive alike from the options: the scale and the variants' values (both checked),
+/// the sm_90a kernel choice, and the params fields of the head layout, dtype, mask and scale.
+fn shared_params<T: Element>(
+    stream: &Stream<'_>,
+    opts: &PrefillOptions,
+    head_dim: usize,
+    heads_q: usize,
+    heads_kv: usize,
+) -> Result<(sm90::Choice, sys::FaPrefillParams)> {
+    let scale = softmax_scale(opts.scale, head_dim)?;
+    opts.score_mod.check_values()?;
+    let choice = sm90::choose(stream, opts.kernel, head_dim, opts.causal, &opts.score_mod, opts.sm90_steps)?;
+    let params = sys::FaPrefillParams {
+        heads_q: to_i32("q (heads)", heads_q)?,
+        heads_kv: to_i32("k (heads)", heads_kv)?,
+        head_dim: head_dim as i32,
+        dtype: T::DTYPE.abi(),
+        causal: opts.causal as i32,
+        scale,
+        scale_log2: scale * std::f32::consts::LOG2_E,
+        ..Default::default()
+    };
+    Ok((choice, params))
+}
+
+/// Takes the pointers both entry points pass alike into `params`: q, then k and v (left null when there are
+/// no keys at all: the kernel never touches them, every row being empty, and an empty view has no meaningful
+/// address), o and the optional lse.
+fn take_pointers<'a, T: Element, const N: usize, const L: usize>(
+    launch: &mut Launch<'a>,
+    [q, k, v]: [&'a TensorView<'_, T, N>; 3],
+    has_keys: bool,
+    o: &'a mut TensorViewMut<'_, T, N>,
+    lse: Option<&'a mut TensorViewMut<'_, f32, L>>,
+    params: sys::FaPrefillParams,
+) -> Result<sys::FaPrefillParams> {
+    let q = launch.input(c"q", q, 16)?;
+    let (k, v) = if has_keys {
+        (launch.input(c"k", k, 16)?, launch.input(c"v", v, 16)?)
+    } else {
+        (std::ptr::null(), std::ptr::null())
+    };
+    let o = launch.output(c"o", o, 16)?;
+    let lse = match lse {
+        Some(l) => launch.output(c"lse", l, 4)? as *mut f32,
+        None => std::ptr::null_mut(),
+    };
+    Ok(sys::FaPrefillParams { q, k, v, o, lse, ..params })
+}
+
 /// Dense prefill attention, enqueued on `stream`:
 /// `o[b, i, h] = softmax_j(q[b, i, h] · k[b, j, h / G] · scale) v[b, j, h / G]`, G = Hq / Hkv.
 ///  - `q [B, Tq, Hq, D]`, `k`/`v [B, Tk, Hkv, D]`, `o [B, Tq, Hq, D]`; D in [`PREFILL_HEAD_DIMS`];
@@ -197,22 +247,13 @@ pub fn prefill<T: Element>(
     if batch > MAX_GRID_YZ {
         return Err(Error::unsupported("q", format!("batch {batch} (at most {MAX_GRID_YZ})")));
     }
-    let scale = softmax_scale(opts.scale, head_dim)?;
-    opts.score_mod.check_values()?;
     check_seqlens(&[("q", seqlen_q), ("k", seqlen_k)])?;
-    let choice = sm90::choose(stream, opts.kernel, head_dim, opts.causal, &opts.score_mod, opts.sm90_steps)?;
+    let (choice, params) = shared_params::<T>(stream, opts, head_dim, heads_q, heads_kv)?;
     let params = sys::FaPrefillParams {
         batch: to_i32("q (batch)", batch)?,
-        heads_q: to_i32("q (heads)", heads_q)?,
-        heads_kv: to_i32("k (heads)", heads_kv)?,
         seqlen_q: to_i32("q (seqlen)", seqlen_q)?,
         seqlen_k: to_i32("k (seqlen)", seqlen_k)?,
-        head_dim: head_dim as i32,
-        dtype: T::DTYPE.abi(),
-        causal: opts.causal as i32,
-        scale,
-        scale_log2: scale * std::f32::consts::LOG2_E,
-        ..Default::default()
+        ..params
     };
     if batch == 0 || seqlen_q == 0 {
         return Ok(()); // no rows
@@ -222,25 +263,8 @@ pub fn prefill<T: Element>(
     let lse_strides = lse.as_deref().map(|l| l.strides()).unwrap_or_default();
     let mut launch = Launch::new(*stream);
     let score_mod = opts.score_mod.abi(&mut launch, batch, heads_q)?;
-    let q_ptr = launch.input(c"q", q, 16)?;
-    // No keys at all: the kernel never touches k / v (every row is empty), and an empty view has no
-    // meaningful address.
-    let (k_ptr, v_ptr) = if seqlen_k > 0 {
-        (launch.input(c"k", k, 16)?, launch.input(c"v", v, 16)?)
-    } else {
-        (std::ptr::null(), std::ptr::null())
-    };
-    let o_ptr = launch.output(c"o", o, 16)?;
-    let lse_ptr = match lse {
-        Some(l) => launch.output(c"lse", l, 4)? as *mut f32,
-        None => std::ptr::null_mut(),
-    };
+    let params = take_pointers(&mut launch, [q, k, v], seqlen_k > 0, o, lse, params)?;
     let params = sys::FaPrefillParams {
-        q: q_ptr,
-        k: k_ptr,
-        v: v_ptr,
-        o: o_ptr,
-        lse: lse_ptr,
         q_batch_stride: qs[0],
         q_row_stride: qs[1],
         q_head_stride: qs[2],
@@ -268,9 +292,9 @@ pub fn prefill<T: Element>(
     };
     let ops = sm90::Operands {
         elem_bytes: std::mem::size_of::<T>(),
-        q: op(q_ptr, seqlen_q, heads_q, qs),
-        kv: (seqlen_k > 0).then(|| (op(k_ptr, seqlen_k, heads_kv, ks), op(v_ptr, seqlen_k, heads_kv, vs))),
-        o: Some(op(o_ptr.cast_const(), seqlen_q, heads_q, os)),
+        q: op(params.q, seqlen_q, heads_q, qs),
+        kv: (seqlen_k > 0).then(|| (op(params.k, seqlen_k, heads_kv, ks), op(params.v, seqlen_k, heads_kv, vs))),
+        o: Some(op(params.o.cast_const(), seqlen_q, heads_q, os)),
     };
     sm90::run(launch, "prefill", stream, opts, choice, params, &ops)
 }
@@ -373,24 +397,15 @@ pub fn prefill_varlen<T: Element>(
         check_cu_seqlens("cu_seqlens_q", cq, total_q, max_seqlen_q)?;
         check_cu_seqlens("cu_seqlens_k", ck, total_k, max_seqlen_k)?;
     }
-    let scale = softmax_scale(opts.scale, head_dim)?;
-    opts.score_mod.check_values()?;
     check_seqlens(&[("q", total_q), ("k", total_k), ("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)])?;
-    let choice = sm90::choose(stream, opts.kernel, head_dim, opts.causal, &opts.score_mod, opts.sm90_steps)?;
+    let (choice, params) = shared_params::<T>(stream, opts, head_dim, heads_q, heads_kv)?;
     let params = sys::FaPrefillParams {
         batch: to_i32("cu_seqlens_q (batch)", batch)?,
-        heads_q: to_i32("q (heads)", heads_q)?,
-        heads_kv: to_i32("k (heads)", heads_kv)?,
         seqlen_q: to_i32("max_seqlen_q", max_seqlen_q)?,
         seqlen_k: to_i32("max_seqlen_k", max_seqlen_k)?,
         total_q: to_i32("q (rows)", total_q)?,
         total_k: to_i32("k (rows)", total_k)?,
-        head_dim: head_dim as i32,
-        dtype: T::DTYPE.abi(),
-        causal: opts.causal as i32,
-        scale,
-        scale_log2: scale * std::f32::consts::LOG2_E,
-        ..Default::default()
+        ..params
     };
     if batch == 0 || total_q == 0 || max_seqlen_q == 0 {
         return Ok(()); // no rows
@@ -400,25 +415,10 @@ pub fn prefill_varlen<T: Element>(
     let lse_head_stride = lse.as_deref().map(|l| l.strides()[0]).unwrap_or(0);
     let mut launch = Launch::new(*stream);
     let score_mod = opts.score_mod.abi(&mut launch, batch, heads_q)?;
-    let q_ptr = launch.input(c"q", q, 16)?;
-    let (k_ptr, v_ptr) = if total_k > 0 {
-        (launch.input(c"k", k, 16)?, launch.input(c"v", v, 16)?)
-    } else {
-        (std::ptr::null(), std::ptr::null())
-    };
+    let params = take_pointers(&mut launch, [q, k, v], total_k > 0, o, lse, params)?;
     let cu_q_ptr = launch.input(c"cu_seqlens_q", cu_seqlens_q, 4)?;
     let cu_k_ptr = launch.input(c"cu_seqlens_k", cu_seqlens_k, 4)?;
-    let o_ptr = launch.output(c"o", o, 16)?;
-    let lse_ptr = match lse {
-        Some(l) => launch.output(c"lse", l, 4)? as *mut f32,
-        None => std::ptr::null_mut(),
-    };
     let params = sys::FaPrefillParams {
-        q: q_ptr,
-        k: k_ptr,
-        v: v_ptr,
-        o: o_ptr,
-        lse: lse_ptr,
         cu_seqlens_q: cu_q_ptr as *const i32,
         cu_seqlens_k: cu_k_ptr as *const i32,
         q_row_stride: qs[0],
@@ -444,8 +444,8 @@ pub fn prefill_varlen<T: Element>(
     };
     let ops = sm90::Operands {
         elem_bytes: std::mem::size_of::<T>(),
-        q: op(q_ptr, total_q, heads_q, qs),
-        kv: (total_k > 0).then(|| (op(k_ptr, total_k, heads_kv, ks), op(v_ptr, total_k, heads_kv, vs))),
+        q: op(params.q, total_q, heads_q, qs),
+        kv: (total_k > 0).then(|| (op(params.k, total_k, heads_kv, ks), op(params.v, total_k, heads_kv, vs))),
         o: None,
     };
     sm90::run(launch, "prefill_varlen", stream, opts, choice, params, &ops)

@@ -8,6 +8,7 @@
 //! [`Emulator::last_launch_counters`](crate::Emulator::last_launch_counters) returns them for the calling
 //! thread's last op.
 
+use std::cmp::max;
 use std::ffi::CStr;
 use std::fmt;
 
@@ -26,77 +27,157 @@ pub struct BufferTraffic {
     pub written: u64,
 }
 
-/// What one kernel launch did. Warp-level instructions count once per warp; bytes are access sizes.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct KernelCounters {
-    /// The kernel's symbol: `fa_<family>_<instantiation>` ("fa_prefill_bf16_d128", "fa_paged_decode_f16_d64",
-    /// "fa_merge_states_f32_bf16", "fa_paged_append", ...).
-    pub kernel: String,
-    /// CTAs run.
-    pub blocks: u64,
-    /// The launch's threads per CTA and dynamic shared memory (bytes): its geometry, as the launcher chose it.
-    pub block_threads: u64,
-    pub smem_bytes: u64,
-    /// CTAs that stored any global byte: those that had work (a fixed-size grid's spare CTAs exit without
-    /// storing). The balance counters below are over these.
-    pub active_blocks: u64,
-    /// The most global bytes one active CTA read, and the sum over active CTAs (mean: [`Self::mean_block_bytes_read`]).
-    pub max_block_bytes_read: u64,
-    pub active_bytes_read: u64,
-    /// The most mma (and wgmma) instructions one active CTA issued, and the sum over active CTAs.
-    pub max_block_mma: u64,
-    pub active_mma: u64,
-    /// Global traffic per buffer, in the launch's buffer order (every listed buffer, touched or not).
-    pub buffers: Vec<BufferTraffic>,
+/// Declares [`KernelCounters`] from one list of the executor's scalar counters, each a field of the same name in
+/// `FaEmuCounters` (copied by `from_abi`), combined over the kernels of one op by `sum` or `max`
+/// (`accumulate`), and listed in this order by [`KernelCounters::values`].
+macro_rules! kernel_counters {
+    ($( $(#[$doc:meta])* $field:ident: $combine:ident, )*) => {
+        /// What one kernel launch did. Warp-level instructions count once per warp; bytes are access sizes.
+        #[derive(Debug, Clone, PartialEq, Eq, Default)]
+        pub struct KernelCounters {
+            /// The kernel's symbol: `fa_<family>_<instantiation>` ("fa_prefill_bf16_d128",
+            /// "fa_paged_decode_f16_d64", "fa_merge_states_f32_bf16", "fa_paged_append", ...).
+            pub kernel: String,
+            /// The launch's threads per CTA and dynamic shared memory (bytes): its geometry, as the launcher
+            /// chose it.
+            pub block_threads: u64,
+            pub smem_bytes: u64,
+            /// Global traffic per buffer, in the launch's buffer order (every listed buffer, touched or not).
+            pub buffers: Vec<BufferTraffic>,
+            $( $(#[$doc])* pub $field: u64, )*
+        }
+
+        impl KernelCounters {
+            /// How many entries [`KernelCounters::values`] has: the two global totals, the scalar counters and
+            /// "kernels".
+            const NUM_VALUES: usize = 3 + [$(stringify!($field)),*].len();
+
+            /// Every scalar counter by name, global totals first: the flat view a JSON writer serialises
+            /// (per-buffer traffic is in [`KernelCounters::buffers`]; means are sums over `active_blocks`).
+            pub fn values(&self) -> [(&'static str, u64); Self::NUM_VALUES] {
+                [
+                    ("global_bytes_read", self.global_bytes_read()),
+                    ("global_bytes_written", self.global_bytes_written()),
+                    $( (stringify!($field), self.$field), )*
+                    ("kernels", 1),
+                ]
+            }
+
+            /// Adds `other`'s counts to these; buffers are matched by name (kernels of one op share its
+            /// buffers).
+            fn accumulate(&mut self, other: &KernelCounters) {
+                $( self.$field = $combine(self.$field, other.$field); )*
+                for b in &other.buffers {
+                    match self.buffers.iter_mut().find(|x| x.name == b.name) {
+                        Some(x) => {
+                            x.read += b.read;
+                            x.written += b.written;
+                        }
+                        None => self.buffers.push(b.clone()),
+                    }
+                }
+            }
+
+            /// The counters the executor wrote for one kernel; `regions` is the launch's buffer list.
+            fn from_abi(c: &sys::FaEmuCounters, regions: &[sys::FaEmuRegion]) -> Self {
+                // SAFETY: the executor NUL-terminates the kernel name within its array (snprintf).
+                let kernel = unsafe { CStr::from_ptr(c.kernel.as_ptr()) }.to_string_lossy().into_owned();
+                let buffers = regions
+                    .iter()
+                    .enumerate()
+                    .map(|(i, r)| BufferTraffic {
+                        name: if r.name.is_null() {
+                            "(unnamed)".to_string()
+                        } else {
+                            // SAFETY: region names are 'static C strings (crate::launch,
+                            // crate::testkit::emu_selftest).
+                            unsafe { CStr::from_ptr(r.name) }.to_string_lossy().into_owned()
+                        },
+                        size: r.bytes,
+                        read: c.global_bytes_read.get(i).copied().unwrap_or(0),
+                        written: c.global_bytes_written.get(i).copied().unwrap_or(0),
+                    })
+                    .collect();
+                Self {
+                    kernel,
+                    block_threads: c.block_threads,
+                    smem_bytes: c.smem_bytes,
+                    buffers,
+                    $( $field: c.$field, )*
+                }
+            }
+        }
+    };
+}
+
+/// How `accumulate` combines a counter that adds up over the kernels of one op.
+fn sum(a: u64, b: u64) -> u64 {
+    a + b
+}
+
+kernel_counters! {
     /// `mma.m16n8k16` warp instructions.
-    pub mma: u64,
-    /// `ldmatrix` warp instructions (any width, transposed or not).
-    pub ldmatrix: u64,
-    /// `shfl` warp instructions.
-    pub shuffles: u64,
-    /// `fast_exp2` calls, one per lane that calls it.
-    pub exp2: u64,
+    mma: sum,
     /// Completed `bar.sync` barriers: one each time a block (or a named barrier's set of warps) passes one.
-    pub barriers: u64,
+    barriers: sum,
+    /// `fast_exp2` calls, one per lane that calls it.
+    exp2: sum,
+    /// `ldmatrix` warp instructions (any width, transposed or not).
+    ldmatrix: sum,
+    /// `shfl` warp instructions.
+    shuffles: sum,
     /// Warp arrivals at barriers (each completed barrier times the warps taking part).
-    pub barrier_arrivals: u64,
+    barrier_arrivals: sum,
     /// Shared bytes loaded: `ld_shared`, plus 16 bytes per `ldmatrix` row (128 per matrix).
-    pub shared_bytes_read: u64,
+    shared_bytes_read: sum,
     /// Shared bytes stored: `st_shared`, plus every cp.async landing (zero-fills included).
-    pub shared_bytes_written: u64,
+    shared_bytes_written: sum,
     /// cp.async bytes issued with a true predicate (each also counted as a global read of its source).
-    pub cp_async_bytes: u64,
+    cp_async_bytes: sum,
     /// cp.async bytes issued with a false predicate: the destination is zero-filled, nothing is read.
-    pub cp_async_zfill_bytes: u64,
+    cp_async_zfill_bytes: sum,
     /// `wgmma.mma_async` warpgroup instructions (one per warpgroup; m64nNk16 is 2048·N FLOPs).
-    pub wgmma: u64,
+    wgmma: sum,
     /// TMA loads issued, whole boxes (out-of-bounds elements included; the in-bounds bytes are also global
     /// reads of their buffer).
-    pub tma_load_bytes: u64,
+    tma_load_bytes: sum,
     /// TMA stores completed, whole boxes (the in-bounds bytes are also global writes of their buffer).
-    pub tma_store_bytes: u64,
+    tma_store_bytes: sum,
     /// Of `tma_load_bytes`, loaded with an L2 evict_first policy (data read once: Q tiles).
-    pub tma_load_bytes_evict_first: u64,
+    tma_load_bytes_evict_first: sum,
     /// Of `tma_load_bytes`, loaded with an L2 evict_last policy (data other CTAs read again: K and V).
-    pub tma_load_bytes_evict_last: u64,
+    tma_load_bytes_evict_last: sum,
     /// Warp-wide shared-memory instructions: `ld_shared` / `st_shared` (one per source location and lane
     /// occurrence between two collectives), cp.async destinations, `ldmatrix`.
-    pub shared_requests: u64,
+    shared_requests: sum,
     /// Wavefronts those instructions take on 32 banks × 4 bytes (phases of 128 bytes; in each, the most
     /// distinct words one bank holds).
-    pub shared_wavefronts: u64,
+    shared_wavefronts: sum,
     /// The wavefronts they would take without bank conflicts (one per phase with an active lane):
     /// `shared_wavefronts - shared_ideal_wavefronts` is what the conflicts cost.
-    pub shared_ideal_wavefronts: u64,
+    shared_ideal_wavefronts: sum,
     /// Lane accesses left out of the three counts above (a warp made more than the emulator's per-step
     /// buffer holds between two collectives); 0 means the counts are complete.
-    pub shared_uncounted: u64,
+    shared_uncounted: sum,
     /// TMA tiles (every tile of a tensor-map stream but its first) whose load was issued while the previous
     /// tile of the stream could still be in use: the issuer is not ordered after any wgmma read of it
     /// completing (prefetch slack; abi.h FaEmuCounters).
-    pub tma_tiles_prefetched: u64,
+    tma_tiles_prefetched: sum,
     /// TMA tiles whose load waited for a wgmma read of the previous tile to complete (no prefetch).
-    pub tma_tiles_late: u64,
+    tma_tiles_late: sum,
+    /// CTAs run.
+    blocks: sum,
+    /// CTAs that stored any global byte: those that had work (a fixed-size grid's spare CTAs exit without
+    /// storing). The balance counters below are over these.
+    active_blocks: sum,
+    /// The most global bytes one active CTA read (mean: [`Self::mean_block_bytes_read`]).
+    max_block_bytes_read: max,
+    /// The global bytes all active CTAs read.
+    active_bytes_read: sum,
+    /// The most mma (and wgmma) instructions one active CTA issued.
+    max_block_mma: max,
+    /// The mma (and wgmma) instructions all active CTAs issued.
+    active_mma: sum,
 }
 
 impl KernelCounters {
@@ -145,137 +226,6 @@ impl KernelCounters {
         }
         self.max_block_bytes_read as f64 / self.mean_block_bytes_read().max(1.0)
     }
-
-    /// Every scalar counter by name, global totals first: the flat view a JSON writer serialises (per-buffer
-    /// traffic is in [`KernelCounters::buffers`]; means are sums over `active_blocks`).
-    pub fn values(&self) -> [(&'static str, u64); 30] {
-        [
-            ("global_bytes_read", self.global_bytes_read()),
-            ("global_bytes_written", self.global_bytes_written()),
-            ("mma", self.mma),
-            ("barriers", self.barriers),
-            ("exp2", self.exp2),
-            ("ldmatrix", self.ldmatrix),
-            ("shuffles", self.shuffles),
-            ("barrier_arrivals", self.barrier_arrivals),
-            ("shared_bytes_read", self.shared_bytes_read),
-            ("shared_bytes_written", self.shared_bytes_written),
-            ("cp_async_bytes", self.cp_async_bytes),
-            ("cp_async_zfill_bytes", self.cp_async_zfill_bytes),
-            ("wgmma", self.wgmma),
-            ("tma_load_bytes", self.tma_load_bytes),
-            ("tma_store_bytes", self.tma_store_bytes),
-            ("tma_load_bytes_evict_first", self.tma_load_bytes_evict_first),
-            ("tma_load_bytes_evict_last", self.tma_load_bytes_evict_last),
-            ("shared_requests", self.shared_requests),
-            ("shared_wavefronts", self.shared_wavefronts),
-            ("shared_ideal_wavefronts", self.shared_ideal_wavefronts),
-            ("shared_uncounted", self.shared_uncounted),
-            ("tma_tiles_prefetched", self.tma_tiles_prefetched),
-            ("tma_tiles_late", self.tma_tiles_late),
-            ("blocks", self.blocks),
-            ("active_blocks", self.active_blocks),
-            ("max_block_bytes_read", self.max_block_bytes_read),
-            ("active_bytes_read", self.active_bytes_read),
-            ("max_block_mma", self.max_block_mma),
-            ("active_mma", self.active_mma),
-            ("kernels", 1),
-        ]
-    }
-
-    /// Adds `other`'s counts to these; buffers are matched by name (kernels of one op share its buffers).
-    fn accumulate(&mut self, other: &KernelCounters) {
-        self.blocks += other.blocks;
-        self.active_blocks += other.active_blocks;
-        self.max_block_bytes_read = self.max_block_bytes_read.max(other.max_block_bytes_read);
-        self.active_bytes_read += other.active_bytes_read;
-        self.max_block_mma = self.max_block_mma.max(other.max_block_mma);
-        self.active_mma += other.active_mma;
-        self.mma += other.mma;
-        self.ldmatrix += other.ldmatrix;
-        self.shuffles += other.shuffles;
-        self.exp2 += other.exp2;
-        self.barriers += other.barriers;
-        self.barrier_arrivals += other.barrier_arrivals;
-        self.shared_bytes_read += other.shared_bytes_read;
-        self.shared_bytes_written += other.shared_bytes_written;
-        self.cp_async_bytes += other.cp_async_bytes;
-        self.cp_async_zfill_bytes += other.cp_async_zfill_bytes;
-        self.wgmma += other.wgmma;
-        self.tma_load_bytes += other.tma_load_bytes;
-        self.tma_store_bytes += other.tma_store_bytes;
-        self.tma_load_bytes_evict_first += other.tma_load_bytes_evict_first;
-        self.tma_load_bytes_evict_last += other.tma_load_bytes_evict_last;
-        self.shared_requests += other.shared_requests;
-        self.shared_wavefronts += other.shared_wavefronts;
-        self.shared_ideal_wavefronts += other.shared_ideal_wavefronts;
-        self.shared_uncounted += other.shared_uncounted;
-        self.tma_tiles_prefetched += other.tma_tiles_prefetched;
-        self.tma_tiles_late += other.tma_tiles_late;
-        for b in &other.buffers {
-            match self.buffers.iter_mut().find(|x| x.name == b.name) {
-                Some(x) => {
-                    x.read += b.read;
-                    x.written += b.written;
-                }
-                None => self.buffers.push(b.clone()),
-            }
-        }
-    }
-
-    /// The counters the executor wrote for one kernel; `regions` is the launch's buffer list.
-    fn from_abi(c: &sys::FaEmuCounters, regions: &[sys::FaEmuRegion]) -> Self {
-        // SAFETY: the executor NUL-terminates the kernel name within its array (snprintf).
-        let kernel = unsafe { CStr::from_ptr(c.kernel.as_ptr()) }.to_string_lossy().into_owned();
-        let buffers = regions
-            .iter()
-            .enumerate()
-            .map(|(i, r)| BufferTraffic {
-                name: if r.name.is_null() {
-                    "(unnamed)".to_string()
-                } else {
-                    // SAFETY: region names are 'static C strings (crate::launch, crate::testkit::emu_selftest).
-                    unsafe { CStr::from_ptr(r.name) }.to_string_lossy().into_owned()
-                },
-                size: r.bytes,
-                read: c.global_bytes_read.get(i).copied().unwrap_or(0),
-                written: c.global_bytes_written.get(i).copied().unwrap_or(0),
-            })
-            .collect();
-        Self {
-            kernel,
-            blocks: c.blocks,
-            block_threads: c.block_threads,
-            smem_bytes: c.smem_bytes,
-            active_blocks: c.active_blocks,
-            max_block_bytes_read: c.max_block_bytes_read,
-            active_bytes_read: c.active_bytes_read,
-            max_block_mma: c.max_block_mma,
-            active_mma: c.active_mma,
-            buffers,
-            mma: c.mma,
-            ldmatrix: c.ldmatrix,
-            shuffles: c.shuffles,
-            exp2: c.exp2,
-            barriers: c.barriers,
-            barrier_arrivals: c.barrier_arrivals,
-            shared_bytes_read: c.shared_bytes_read,
-            shared_bytes_written: c.shared_bytes_written,
-            cp_async_bytes: c.cp_async_bytes,
-            cp_async_zfill_bytes: c.cp_async_zfill_bytes,
-            wgmma: c.wgmma,
-            tma_load_bytes: c.tma_load_bytes,
-            tma_store_bytes: c.tma_store_bytes,
-            tma_load_bytes_evict_first: c.tma_load_bytes_evict_first,
-            tma_load_bytes_evict_last: c.tma_load_bytes_evict_last,
-            shared_requests: c.shared_requests,
-            shared_wavefronts: c.shared_wavefronts,
-            shared_ideal_wavefronts: c.shared_ideal_wavefronts,
-            shared_uncounted: c.shared_uncounted,
-            tma_tiles_prefetched: c.tma_tiles_prefetched,
-            tma_tiles_late: c.tma_tiles_late,
-        }
-    }
 }
 
 /// Every kernel one op call launched on the emulator, in launch order.
@@ -302,7 +252,7 @@ impl LaunchCounters {
 
     /// [`KernelCounters::values`] of the total, with "kernels" the number of kernel launches: what a JSON
     /// writer puts in a `"counters"` object.
-    pub fn values(&self) -> [(&'static str, u64); 30] {
+    pub fn values(&self) -> [(&'static str, u64); KernelCounters::NUM_VALUES] {
         let mut v = self.total().values();
         if let Some(k) = v.iter_mut().find(|(name, _)| *name == "kernels") {
             k.1 = self.kernels.len() as u64;

@@ -3,6 +3,7 @@
 use crate::error::Result;
 use crate::reference::RopeRef;
 use crate::rope::{RopeConfig, RopeStyle};
+use crate::tensor::TensorView;
 
 /// A cos/sin table as the kernels take it, `[max_pos, rotary_dim/2 + 3]`: the 3 columns past rotary_dim/2
 /// are NaN, and so is every row no position in `used` addresses (a position is clamped into the table as
@@ -32,6 +33,11 @@ impl PoisonedTable {
     /// `[max_pos, cols]`.
     pub fn shape(&self) -> [usize; 2] {
         [self.max_pos, self.cols]
+    }
+
+    /// Host views of the cos and sin tables, `[max_pos, cols]` each (what an emulated op takes).
+    pub fn views(&self) -> Result<(TensorView<'_, f32, 2>, TensorView<'_, f32, 2>)> {
+        Ok((TensorView::host(&self.cos, self.shape())?, TensorView::host(&self.sin, self.shape())?))
     }
 
     /// The reference's copy of the columns the ops read.

@@ -17,8 +17,16 @@ pub struct Timing {
     pub iters: usize,
 }
 
+/// How many launches a timing makes: `warmup` untimed ones, then `iters` timed ones (their median is the
+/// result).
+#[derive(Clone, Copy, Debug)]
+pub struct Runs {
+    pub warmup: usize,
+    pub iters: usize,
+}
+
 /// Times `launch(i)` (which must only enqueue work on `stream`) with a start/end event pair per iteration,
-/// after `warmup` untimed calls. `i` counts calls so the caller can rotate through several input sets
+/// after `runs.warmup` untimed calls. `i` counts calls so the caller can rotate through several input sets
 /// (larger than L2 together) and avoid measuring cache hits.
 ///
 /// All events are created before the first timed launch and every iteration is enqueued back to back with
@@ -26,10 +34,10 @@ pub struct Timing {
 /// idle while the host enqueues the next launch, and that host time would be counted as kernel time.)
 pub fn time_launches(
     stream: &Arc<CudaStream>,
-    warmup: usize,
-    iters: usize,
+    runs: Runs,
     mut launch: impl FnMut(usize) -> Result<()>,
 ) -> Result<Timing> {
+    let Runs { warmup, iters } = runs;
     if iters == 0 {
         return Err(Error::usage("time_launches: iters must be > 0"));
     }
@@ -67,7 +75,7 @@ pub fn copy_bandwidth_gbps(stream: &Arc<CudaStream>, bytes: usize) -> Result<f64
     let n = bytes / 4;
     let src = stream.alloc_zeros::<u32>(n)?;
     let mut dst = stream.alloc_zeros::<u32>(n)?;
-    let t = time_launches(stream, 3, 20, |_| Ok(stream.memcpy_dtod(&src, &mut dst)?))?;
+    let t = time_launches(stream, Runs { warmup: 3, iters: 20 }, |_| Ok(stream.memcpy_dtod(&src, &mut dst)?))?;
     Ok(2.0 * (n * 4) as f64 / (t.median_ms * 1e-3) / 1e9)
 }
 

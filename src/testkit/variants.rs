@@ -17,13 +17,7 @@ pub enum CaseAlibi {
 
 /// The score variants of a test or benchmark case, as data: the fixtures make the arrays (standard ALiBi
 /// slopes; sinks drawn from N(0, 1) with the case's seed).
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct CaseVariants {
-    pub window: Option<(i32, i32)>,
-    pub softcap: Option<f32>,
-    pub alibi: CaseAlibi,
-    pub sinks: bool,
-}
+pub type CaseVariants = VariantSet<CaseAlibi>;
 
 impl CaseVariants {
     pub fn is_plain(&self) -> bool {

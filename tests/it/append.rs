@@ -6,8 +6,7 @@ use crate::common;
 use fused_attn::decode::{DecodeOptions, DecodeWorkspace};
 use fused_attn::testkit::cases::decode::{DecodeCase, PagedFixture};
 use fused_attn::{
-    append, decode, DType, Element, Emulator, ErrorKind, PagedKvCache, PagedKvCacheMut, Stream, TensorView,
-    TensorViewMut,
+    append, DType, Element, Emulator, ErrorKind, PagedKvCache, PagedKvCacheMut, Stream, TensorView, TensorViewMut,
 };
 use half::bf16;
 
@@ -40,21 +39,7 @@ fn append_host(
     v: &[bf16],
     slots: &[i64],
 ) {
-    let c = &f.case;
-    let n = slots.len();
-    let mut cache = PagedKvCacheMut::new(
-        TensorViewMut::host(k_cache, f.cache_shape()).unwrap(),
-        TensorViewMut::host(v_cache, f.cache_shape()).unwrap(),
-    )
-    .unwrap();
-    append(
-        stream,
-        &TensorView::host(k, [n, c.heads_kv, c.head_dim]).unwrap(),
-        &TensorView::host(v, [n, c.heads_kv, c.head_dim]).unwrap(),
-        &TensorView::host(slots, [n]).unwrap(),
-        &mut cache,
-    )
-    .unwrap();
+    common::append_host(stream, (k, v, slots), (k_cache, v_cache), f.cache_shape(), None).unwrap();
 }
 
 fn same_bits(a: &[bf16], b: &[bf16]) -> bool {
@@ -74,12 +59,12 @@ fn decode_host(stream: &Stream<'_>, f: &PagedFixture<bf16>, k_cache: &[bf16], v_
     .unwrap();
     let mut o = vec![bf16::NAN; b * hq * d];
     let mut ws = DecodeWorkspace::with_capacity(stream, b, hq, d, 2).unwrap();
-    decode(
+    common::decode_host(
         stream,
-        &TensorView::host(&f.q, [b, hq, d]).unwrap(),
+        [b, hq, d],
+        &f.q,
         &cache,
-        &mut TensorViewMut::host(&mut o, [b, hq, d]).unwrap(),
-        None,
+        (&mut o, None),
         &mut ws,
         &DecodeOptions { scale: None, num_splits: c.num_splits, ..Default::default() },
     )
@@ -167,31 +152,13 @@ fn bad_inputs_are_typed_errors() {
 
 #[test]
 fn gpu_append_round_trip() {
-    let Some(ctx) = common::gpu_or_skip("append::gpu_append_round_trip") else { return };
-    let cu = ctx.default_stream();
-    let stream = Stream::Gpu(&cu);
+    let Some(cu) = common::gpu_stream_or_skip("append::gpu_append_round_trip") else { return };
     let (f, rerun) = fixture("gpu_append_round_trip");
     let c = &f.case;
     let (k, v, slots) = packed_tokens(&f, |b| 0..c.seq_lens[b]);
-    let n = slots.len();
     let mut kc = cu.clone_htod(&vec![bf16::NAN; f.k_cache.len()]).unwrap();
     let mut vc = cu.clone_htod(&vec![bf16::NAN; f.v_cache.len()]).unwrap();
-    let (kd, vd, sd) = (cu.clone_htod(&k).unwrap(), cu.clone_htod(&v).unwrap(), cu.clone_htod(&slots).unwrap());
-    {
-        let mut cache = PagedKvCacheMut::new(
-            TensorViewMut::gpu(kc.as_view_mut(), f.cache_shape()).unwrap(),
-            TensorViewMut::gpu(vc.as_view_mut(), f.cache_shape()).unwrap(),
-        )
-        .unwrap();
-        append(
-            &stream,
-            &TensorView::gpu(kd.as_view(), [n, c.heads_kv, c.head_dim]).unwrap(),
-            &TensorView::gpu(vd.as_view(), [n, c.heads_kv, c.head_dim]).unwrap(),
-            &TensorView::gpu(sd.as_view(), [n]).unwrap(),
-            &mut cache,
-        )
-        .unwrap();
-    }
+    common::append_gpu(&cu, (&k, &v, &slots), (&mut kc, &mut vc), f.cache_shape(), None).unwrap();
     let k_back: Vec<bf16> = cu.clone_dtoh(&kc).unwrap();
     let v_back: Vec<bf16> = cu.clone_dtoh(&vc).unwrap();
     assert!(same_bits(&k_back, &f.k_cache), "{rerun}");

@@ -52,17 +52,10 @@ fn check_sweep(
     seed_base: usize,
     check_case: impl Fn(&DecodeCase, u64) -> fused_attn::Result<CaseOutcome> + Sync,
 ) {
-    common::sweep(
-        "decode",
-        test,
-        cases,
-        1,
-        |(_, c)| c.label(),
-        |_, (i, case)| {
-            let outcome = check_case(case, seed_for(seed_base + i)).unwrap();
-            common::verdict(outcome.passed(), outcome.summary())
-        },
-    );
+    common::sweep_in_order("decode", test, cases, DecodeCase::label, |i, case| {
+        let outcome = check_case(case, seed_for(seed_base + i)).unwrap();
+        (outcome.passed(), outcome.summary())
+    });
 }
 
 /// Checks every `part`-th case of the emulated sweep starting at `first` (the sweep is split over tests so
@@ -177,8 +170,7 @@ fn gpu_large_head_dim_sweep() {
 /// here, since a shared or throttled GPU would make the test flaky).
 #[test]
 fn gpu_decode_bandwidth() {
-    let Some(ctx) = common::gpu_or_skip("decode::gpu_decode_bandwidth") else { return };
-    let cu = ctx.default_stream();
+    let Some(cu) = common::gpu_stream_or_skip("decode::gpu_decode_bandwidth") else { return };
     let rows = fused_attn::testkit::cases::decode::perf_report(&cu, seed_for(0)).unwrap();
     assert!(!rows.is_empty(), "no bandwidth rows");
     for row in rows {
@@ -202,11 +194,16 @@ fn small_case(num_splits: Option<usize>) -> DecodeCase {
     DecodeCase::new(DType::Bf16, 128, (8, 2), 16, &[300, 0, 77, 1029], num_splits)
 }
 
+/// The bf16 fixture of [`small_case`] on the seed of case `index`.
+fn small_fixture(num_splits: Option<usize>, index: usize) -> PagedFixture<bf16> {
+    PagedFixture::new(&small_case(num_splits), seed_for(index)).unwrap()
+}
+
 #[test]
 fn fixed_plan_is_bitwise_reproducible() {
     let emu = Emulator::new();
     let stream = Stream::Emu(&emu);
-    let f = PagedFixture::<bf16>::new(&small_case(Some(3)), seed_for(0)).unwrap();
+    let f = small_fixture(Some(3), 0);
     let (o1, l1, p1) = run_decode(&stream, &f, None);
     let (o2, l2, p2) = run_decode(&stream, &f, None);
     assert_eq!(p1, p2);
@@ -219,9 +216,8 @@ fn fixed_plan_is_bitwise_reproducible() {
 fn strided_q_and_o_and_no_lse() {
     let emu = Emulator::new();
     let stream = Stream::Emu(&emu);
-    let case = small_case(Some(2));
-    let f = PagedFixture::<bf16>::new(&case, seed_for(1)).unwrap();
-    let (b, hq, d) = (case.batch(), case.heads_q, case.head_dim);
+    let f = small_fixture(Some(2), 1);
+    let (b, hq, d) = (f.case.batch(), f.case.heads_q, f.case.head_dim);
     let (want, _, _) = run_decode(&stream, &f, None);
     // q and o as head slices of packed [B, 3*Hq, D] tensors.
     let mut q_packed = vec![bf16::NAN; b * 3 * hq * d];
@@ -357,16 +353,8 @@ fn empty_batch_is_a_no_op() {
     .unwrap();
     let mut o: Vec<bf16> = vec![];
     let mut ws = DecodeWorkspace::new(&stream, 0, 0).unwrap();
-    let plan = decode(
-        &stream,
-        &TensorView::host(&q, [0, 4, 64]).unwrap(),
-        &cache,
-        &mut TensorViewMut::host(&mut o, [0, 4, 64]).unwrap(),
-        None,
-        &mut ws,
-        &DecodeOptions::default(),
-    )
-    .unwrap();
+    let plan = common::decode_host(&stream, [0, 4, 64], &q, &cache, (&mut o, None), &mut ws, &DecodeOptions::default())
+        .unwrap();
     assert_eq!(plan.num_splits, 1);
 }
 
@@ -533,8 +521,8 @@ fn validate_reports_the_first_bad_entry() {
     use fused_attn::paged::{validate_cu_seqlens, validate_slot_mapping};
     let emu = Emulator::new();
     let stream = Stream::Emu(&emu);
-    let case = small_case(Some(2));
-    let f = PagedFixture::<bf16>::new(&case, seed_for(4)).unwrap();
+    let f = small_fixture(Some(2), 4);
+    let case = &f.case;
     let (b, w) = (case.batch(), f.width);
     let cache = |table: &'_ [i32], lens: &'_ [i32]| {
         PagedKvCache::new(
@@ -609,8 +597,8 @@ fn the_emulator_rejects_bad_tables_by_default() {
     let strict = Emulator::new();
     let masking = Emulator::new().with_table_checks(TableChecks::GpuMasking);
     assert_eq!(strict.table_checks(), TableChecks::Strict);
-    let c = small_case(Some(2));
-    let f = PagedFixture::<bf16>::new(&c, seed_for(5)).unwrap();
+    let f = small_fixture(Some(2), 5);
+    let c = &f.case;
     let (b, hq, d, w) = (c.batch(), c.heads_q, c.head_dim, f.width);
     let run = |emu: &Emulator, table: &[i32], lens: &[i32]| {
         let stream = Stream::Emu(emu);
@@ -625,15 +613,7 @@ fn the_emulator_rejects_bad_tables_by_default() {
         let mut o = vec![bf16::NAN; b * hq * d];
         let mut ws = DecodeWorkspace::with_capacity(&stream, b, hq, d, 2).unwrap();
         let opts = DecodeOptions { num_splits: Some(2), ..Default::default() };
-        let r = decode(
-            &stream,
-            &TensorView::host(&f.q, [b, hq, d]).unwrap(),
-            &cache,
-            &mut TensorViewMut::host(&mut o, [b, hq, d]).unwrap(),
-            None,
-            &mut ws,
-            &opts,
-        );
+        let r = common::decode_host(&stream, [b, hq, d], &f.q, &cache, (&mut o, None), &mut ws, &opts);
         (r.map(|_| ()), o)
     };
     assert!(run(&strict, &f.block_table, &f.seq_lens).0.is_ok());

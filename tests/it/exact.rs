@@ -295,17 +295,6 @@ fn decode_exact<T: Element>(emu: &Emulator, label: &str, case: &DecodeCase, keys
     Verdict::new(label, (&o, &want_o, &o_bound), (&lse, &want_lse, &lse_bd))
 }
 
-fn decode_case(
-    dtype: DType,
-    d: usize,
-    heads: (usize, usize),
-    ps: usize,
-    lens: Vec<usize>,
-    s: Option<usize>,
-) -> DecodeCase {
-    DecodeCase::new(dtype, d, heads, ps, &lens, s)
-}
-
 /// (dtype, head dim, (Hq, Hkv), page size, forced splits) of a decode configuration.
 type DecodeConfig = (DType, usize, (usize, usize), usize, Option<usize>);
 
@@ -330,7 +319,7 @@ fn decode_uniform_4097() {
         .iter()
         .enumerate()
         .map(|(i, &(dt, d, heads, ps, s))| {
-            let case = decode_case(dt, d, heads, ps, lens.clone(), s);
+            let case = DecodeCase::new(dt, d, heads, ps, &lens, s);
             by_dtype!(dt, decode_exact(&emu, "uniform", &case, &Keys::Uniform, common::case_seed(i)))
         })
         .collect();
@@ -341,8 +330,8 @@ fn decode_uniform_4097() {
 #[test]
 fn decode_uniform_long_contexts() {
     let emu = Emulator::new();
-    let long = decode_case(DType::Bf16, 128, (8, 1), 256, vec![131_072, 3], None);
-    let many = decode_case(DType::F16, 64, (4, 1), 16, vec![32_768], Some(max_splits(32_768)));
+    let long = DecodeCase::new(DType::Bf16, 128, (8, 1), 256, &[131_072, 3], None);
+    let many = DecodeCase::new(DType::F16, 64, (4, 1), 16, &[32_768], Some(max_splits(32_768)));
     let verdicts = vec![
         by_dtype!(DType::Bf16, decode_exact(&emu, "uniform 128k", &long, &Keys::Uniform, common::case_seed(10))),
         by_dtype!(DType::F16, decode_exact(&emu, "uniform 32k", &many, &Keys::Uniform, common::case_seed(11))),
@@ -382,11 +371,11 @@ fn decode_dominant_token_at_every_boundary() {
         .iter()
         .enumerate()
         .map(|(i, &(dt, d, heads, ps, s))| {
-            let probe = decode_case(dt, d, heads, ps, vec![n], s);
+            let probe = DecodeCase::new(dt, d, heads, ps, &[n], s);
             let plan = DecodePlan::new(&probe.problem(), 1, s).unwrap();
             let split = if plan.num_splits > 1 { plan.split_tokens } else { n };
             let pos = boundary_positions(n, decode_tile_tokens(d), ps, split);
-            let case = decode_case(dt, d, heads, ps, vec![n; pos.len()], s);
+            let case = DecodeCase::new(dt, d, heads, ps, &vec![n; pos.len()], s);
             let label = format!("dominant at {pos:?}");
             by_dtype!(dt, decode_exact(&emu, &label, &case, &Keys::Dominant(pos), common::case_seed(20 + i)))
         })
@@ -407,20 +396,21 @@ fn decode_exact_at_512() {
     let uniform: [DecodeConfig; 2] =
         [(DType::Bf16, 512, (8, 2), 16, Some(1)), (DType::F16, 264, (4, 1), 256, Some(max_splits(2049)))];
     for (i, &(dt, d, heads, ps, s)) in uniform.iter().enumerate() {
-        let case = decode_case(dt, d, heads, ps, lens.clone(), s);
+        let case = DecodeCase::new(dt, d, heads, ps, &lens, s);
         verdicts.push(by_dtype!(dt, decode_exact(&emu, "uniform", &case, &Keys::Uniform, common::case_seed(40 + i))));
     }
     let n = 333;
     let dominant: [DecodeConfig; 2] =
         [(DType::F16, 512, (16, 2), 16, Some(2)), (DType::Bf16, 512, (4, 4), 1, Some(max_splits(n)))];
     for (i, &(dt, d, heads, ps, s)) in dominant.iter().enumerate() {
-        let probe = decode_case(dt, d, heads, ps, vec![n], s);
+        let probe = DecodeCase::new(dt, d, heads, ps, &[n], s);
         let plan = DecodePlan::new(&probe.problem(), 1, s).unwrap();
         let split = if plan.num_splits > 1 { plan.split_tokens } else { n };
         let pos = boundary_positions(n, decode_tile_tokens(d), ps, split);
-        let case = decode_case(dt, d, heads, ps, vec![n; pos.len()], s);
+        let case = DecodeCase::new(dt, d, heads, ps, &vec![n; pos.len()], s);
         let label = format!("dominant at {pos:?}");
-        verdicts.push(by_dtype!(dt, decode_exact(&emu, &label, &case, &Keys::Dominant(pos), common::case_seed(42 + i))));
+        verdicts
+            .push(by_dtype!(dt, decode_exact(&emu, &label, &case, &Keys::Dominant(pos), common::case_seed(42 + i))));
     }
     judge("decode_exact_at_512", &verdicts);
 }
@@ -611,9 +601,7 @@ fn prefill_case(
 #[test]
 fn prefill_uniform() {
     let emu = Emulator::new();
-    let mut varlen = prefill_case(DType::Bf16, 128, (4, 2), 0, 0, 0, true);
-    varlen.varlen = Some(vec![(65, 4097), (0, 7), (130, 130), (1, 33)]);
-    (varlen.batch, varlen.seqlen_q, varlen.seqlen_k) = (4, 130, 4097);
+    let varlen = PrefillCase::varlen(DType::Bf16, 128, true, (4, 2), vec![(65, 4097), (0, 7), (130, 130), (1, 33)]);
     let mut varlen_nc = varlen.clone();
     (varlen_nc.dtype, varlen_nc.head_dim, varlen_nc.causal, varlen_nc.layout) =
         (DType::F16, 64, false, CaseLayout::Padded);
@@ -819,7 +807,7 @@ fn variants_over_constant_keys() {
     for (i, v) in CONSTANT_KEY_VARIANTS.iter().enumerate() {
         verdicts.extend(prefill_constant_key_variant_verdicts(&emu, i, PrefillKernel::Auto));
         for (j, splits) in [Some(1), Some(2), Some(max_splits(2100))].into_iter().enumerate() {
-            let mut case = decode_case(DType::Bf16, 128, (8, 2), 16, vec![0, 1, 40, 2100], splits);
+            let mut case = DecodeCase::new(DType::Bf16, 128, (8, 2), 16, &[0, 1, 40, 2100], splits);
             case.variants = *v;
             let dtype = if j == 1 { DType::F16 } else { DType::Bf16 };
             case.dtype = dtype;

@@ -15,7 +15,7 @@ use fused_attn::testkit::cases::decode::{
 use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::testkit::emu_selftest;
 use fused_attn::{
-    append, decode, DType, Emulator, ErrorKind, Fp8E4m3, Fp8E5m2, Fp8Format, KvScales, PagedKvCache, PagedKvCacheMut,
+    decode, DType, Emulator, ErrorKind, Fp8E4m3, Fp8E5m2, Fp8Format, KvScales, PagedKvCache, PagedKvCacheMut,
     ScaleKind, Stream, TensorView, TensorViewMut,
 };
 use half::{bf16, f16};
@@ -132,8 +132,7 @@ fn emulated_fp8_decode_sweep() {
 /// stored cache.
 #[test]
 fn gpu_fp8_decode_sweep() {
-    let Some(ctx) = common::gpu_or_skip("fp8::gpu_fp8_decode_sweep") else { return };
-    let cu = ctx.default_stream();
+    let Some(cu) = common::gpu_stream_or_skip("fp8::gpu_fp8_decode_sweep") else { return };
     let cases = fp8_decode_sweep_emulated();
     common::sweep("fp8", "gpu_fp8_decode_sweep", &cases, 1, DecodeCase::label, |i, case| {
         let o =
@@ -164,7 +163,6 @@ fn append_then_decode_round_trip() {
         let fp8 = s.fp8.as_ref().unwrap();
         let c = &s.case;
         let (k, v, slots) = s.append_rows(|b| 0..c.seq_lens[b], true, Some(s.num_pages * c.page_size + 1));
-        let n = slots.len();
         let scales = fp8.scales(&stream).unwrap();
         let mut k_codes = vec![Fp8Format::NAN_CODE; fp8.k_codes.len()];
         let mut v_codes = vec![Fp8Format::NAN_CODE; fp8.v_codes.len()];
@@ -172,21 +170,8 @@ fn append_then_decode_round_trip() {
             ($ty:ty) => {{
                 let mut kc: Vec<$ty> = k_codes.iter().map(|&x| <$ty>::from_code(x)).collect();
                 let mut vc: Vec<$ty> = v_codes.iter().map(|&x| <$ty>::from_code(x)).collect();
-                let mut cache = PagedKvCacheMut::new(
-                    TensorViewMut::host(&mut kc, s.cache_shape()).unwrap(),
-                    TensorViewMut::host(&mut vc, s.cache_shape()).unwrap(),
-                )
-                .unwrap()
-                .with_scales(&scales)
-                .unwrap();
-                append(
-                    &stream,
-                    &TensorView::host(&k, [n, c.heads_kv, c.head_dim]).unwrap(),
-                    &TensorView::host(&v, [n, c.heads_kv, c.head_dim]).unwrap(),
-                    &TensorView::host(&slots, [n]).unwrap(),
-                    &mut cache,
-                )
-                .unwrap();
+                let cache = (&mut kc[..], &mut vc[..]);
+                common::append_host(&stream, (&k, &v, &slots), cache, s.cache_shape(), Some(&scales)).unwrap();
                 k_codes = kc.iter().map(|x| x.code()).collect();
                 v_codes = vc.iter().map(|x| x.code()).collect();
             }};
@@ -221,12 +206,12 @@ fn fp8_decode_reads_half_the_bytes() {
     let cache = s.host_cache().unwrap();
     let mut o = vec![f16::NAN; b * hq * d];
     let mut ws = DecodeWorkspace::with_capacity(&stream, b, hq, d, 1).unwrap();
-    decode(
+    common::decode_host(
         &stream,
-        &TensorView::host(&s.q, [b, hq, d]).unwrap(),
+        [b, hq, d],
+        &s.q,
         &cache,
-        &mut TensorViewMut::host(&mut o, [b, hq, d]).unwrap(),
-        None,
+        (&mut o, None),
         &mut ws,
         &DecodeOptions { num_splits: Some(1), ..Default::default() },
     )

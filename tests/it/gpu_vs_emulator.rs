@@ -26,8 +26,8 @@ use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::testkit::emu_selftest::{self as st, BarrierMode, Bug, GemmBug, GemmShape, WarpOp};
 use fused_attn::testkit::seed::FixtureRng;
 use fused_attn::{
-    append, decode, merge_states, sys::selftest as sys, DType, DecodeOptions, DecodeWorkspace, Element, Emulator,
-    PagedKvCacheMut, Stream, TensorView, TensorViewMut,
+    decode, merge_states, sys::selftest as sys, DType, DecodeOptions, DecodeWorkspace, Element, Emulator, Stream,
+    TensorView, TensorViewMut,
 };
 use half::{bf16, f16};
 use rand::Rng;
@@ -170,8 +170,7 @@ fn prefill_pair_on<T: Element>(emu: &Emulator, cu: &Arc<CudaStream>, s: PrefillS
 
 #[test]
 fn gpu_vs_emu_prefill() {
-    let Some(ctx) = common::gpu_or_skip("gpu_vs_emulator::gpu_vs_emu_prefill") else { return };
-    let cu = ctx.default_stream();
+    let Some(cu) = common::gpu_stream_or_skip("gpu_vs_emulator::gpu_vs_emu_prefill") else { return };
     let emu = Emulator::new();
     let spec = |b, tq, tk, hq, hkv, d, causal| PrefillSpec { b, tq, tk, hq, hkv, d, causal };
     // Tile edges, GQA, Tq != Tk both ways (Tq > Tk causal: the first rows see no key), every head dim class.
@@ -212,16 +211,8 @@ fn decode_pair<T: Element>(emu: &Emulator, cu: &Arc<CudaStream>, case: &DecodeCa
         let cache = f.host_cache().unwrap();
         let plan = DecodeWorkspace::new(&emu_stream, 0, 0).unwrap().plan(&case.problem(), &opts).unwrap();
         let mut ws = DecodeWorkspace::for_plan(&emu_stream, &plan).unwrap();
-        decode(
-            &emu_stream,
-            &TensorView::host(&f.q, [b, hq, d]).unwrap(),
-            &cache,
-            &mut TensorViewMut::host(&mut emu_o, [b, hq, d]).unwrap(),
-            Some(&mut TensorViewMut::host(&mut emu_lse, [b, hq]).unwrap()),
-            &mut ws,
-            &opts,
-        )
-        .unwrap_or_else(|e| panic!("{what}: emulator: {e}"))
+        common::decode_host(&emu_stream, [b, hq, d], &f.q, &cache, (&mut emu_o, Some(&mut emu_lse)), &mut ws, &opts)
+            .unwrap_or_else(|e| panic!("{what}: emulator: {e}"))
     };
 
     let gpu_stream = Stream::Gpu(cu);
@@ -275,8 +266,7 @@ fn decode_pair<T: Element>(emu: &Emulator, cu: &Arc<CudaStream>, case: &DecodeCa
 
 #[test]
 fn gpu_vs_emu_decode() {
-    let Some(ctx) = common::gpu_or_skip("gpu_vs_emulator::gpu_vs_emu_decode") else { return };
-    let cu = ctx.default_stream();
+    let Some(cu) = common::gpu_stream_or_skip("gpu_vs_emulator::gpu_vs_emu_decode") else { return };
     let emu = Emulator::new();
     for (i, splits) in [Some(1), Some(3)].into_iter().enumerate() {
         let case = DecodeCase::new(DType::Bf16, 128, (8, 2), 16, &[0, 1, 17, 300], splits);
@@ -324,8 +314,7 @@ fn merge_both<O: fused_attn::merge::MergeElement + DeviceRepr + Copy>(
 
 #[test]
 fn gpu_vs_emu_merge() {
-    let Some(ctx) = common::gpu_or_skip("gpu_vs_emulator::gpu_vs_emu_merge") else { return };
-    let cu = ctx.default_stream();
+    let Some(cu) = common::gpu_stream_or_skip("gpu_vs_emulator::gpu_vs_emu_merge") else { return };
     let emu = Emulator::new();
     let dims @ [k, n, h, d] = [5usize, 3, 4, 128];
     let mut rng = fused_attn::testkit::seed::rng(seed());
@@ -351,8 +340,7 @@ fn gpu_vs_emu_merge() {
 
 #[test]
 fn gpu_vs_emu_append() {
-    let Some(ctx) = common::gpu_or_skip("gpu_vs_emulator::gpu_vs_emu_append") else { return };
-    let cu = ctx.default_stream();
+    let Some(cu) = common::gpu_stream_or_skip("gpu_vs_emulator::gpu_vs_emu_append") else { return };
     // The emulator with the GPU's semantics for the slot past the pool (skipped) below.
     let emu = Emulator::new().with_table_checks(fused_attn::TableChecks::GpuMasking);
     let case = DecodeCase::new(DType::Bf16, 128, (8, 2), 16, &[0, 1, 15, 17, 300], None);
@@ -365,42 +353,12 @@ fn gpu_vs_emu_append() {
         v.extend(std::iter::repeat_n(bf16::ONE, row));
         slots.push(bad);
     }
-    let tokens = [slots.len(), case.heads_kv, case.head_dim];
     let poison = vec![bf16::from_bits(0x7fc1); f.k_cache.len()];
 
     let (mut ek, mut ev) = (poison.clone(), poison.clone());
-    {
-        let mut cache = PagedKvCacheMut::new(
-            TensorViewMut::host(&mut ek, f.cache_shape()).unwrap(),
-            TensorViewMut::host(&mut ev, f.cache_shape()).unwrap(),
-        )
-        .unwrap();
-        append(
-            &Stream::Emu(&emu),
-            &TensorView::host(&k, tokens).unwrap(),
-            &TensorView::host(&v, tokens).unwrap(),
-            &TensorView::host(&slots, [slots.len()]).unwrap(),
-            &mut cache,
-        )
-        .unwrap();
-    }
+    common::append_host(&Stream::Emu(&emu), (&k, &v, &slots), (&mut ek, &mut ev), f.cache_shape(), None).unwrap();
     let (mut dkc, mut dvc) = (cu.clone_htod(&poison).unwrap(), cu.clone_htod(&poison).unwrap());
-    let (dk, dv, ds) = (cu.clone_htod(&k).unwrap(), cu.clone_htod(&v).unwrap(), cu.clone_htod(&slots).unwrap());
-    {
-        let mut cache = PagedKvCacheMut::new(
-            TensorViewMut::gpu(dkc.as_view_mut(), f.cache_shape()).unwrap(),
-            TensorViewMut::gpu(dvc.as_view_mut(), f.cache_shape()).unwrap(),
-        )
-        .unwrap();
-        append(
-            &Stream::Gpu(&cu),
-            &TensorView::gpu(dk.as_view(), tokens).unwrap(),
-            &TensorView::gpu(dv.as_view(), tokens).unwrap(),
-            &TensorView::gpu(ds.as_view(), [slots.len()]).unwrap(),
-            &mut cache,
-        )
-        .unwrap();
-    }
+    common::append_gpu(&cu, (&k, &v, &slots), (&mut dkc, &mut dvc), f.cache_shape(), None).unwrap();
     let bits = |x: &[bf16]| x.iter().map(|v| v.to_bits()).collect::<Vec<u16>>();
     bitwise("append K cache", &bits(&cu.clone_dtoh(&dkc).unwrap()), &bits(&ek));
     bitwise("append V cache", &bits(&cu.clone_dtoh(&dvc).unwrap()), &bits(&ev));
@@ -440,8 +398,7 @@ fn half_bits(rng: &mut FixtureRng, dtype: DType) -> u32 {
 
 #[test]
 fn gpu_vs_emu_selftest_intrinsics() {
-    let Some(ctx) = common::gpu_or_skip("gpu_vs_emulator::gpu_vs_emu_selftest_intrinsics") else { return };
-    let cu = ctx.default_stream();
+    let Some(cu) = common::gpu_stream_or_skip("gpu_vs_emulator::gpu_vs_emu_selftest_intrinsics") else { return };
     let mut rng = fused_attn::testkit::seed::rng(seed());
 
     // mma.m16n8k16: 16 exact products summed in fp32; the tensor core's summation order may differ from the
@@ -580,8 +537,7 @@ fn gpu_vs_emu_selftest_intrinsics() {
 
 #[test]
 fn gpu_vs_emu_selftest_planted_bug_twins() {
-    let Some(ctx) = common::gpu_or_skip("gpu_vs_emulator::gpu_vs_emu_selftest_planted_bug_twins") else { return };
-    let cu = ctx.default_stream();
+    let Some(cu) = common::gpu_stream_or_skip("gpu_vs_emulator::gpu_vs_emu_selftest_planted_bug_twins") else { return };
     let input: Vec<f32> = (0..st::BUG_ELEMS).map(|i| 1.0 + i as f32 * 0.25).collect();
     let din = cu.clone_htod(&input).unwrap();
     for bug in Bug::ALL {
@@ -609,8 +565,7 @@ fn gpu_vs_emu_selftest_planted_bug_twins() {
 
 #[test]
 fn gpu_vs_emu_selftest_gemm() {
-    let Some(ctx) = common::gpu_or_skip("gpu_vs_emulator::gpu_vs_emu_selftest_gemm") else { return };
-    let cu = ctx.default_stream();
+    let Some(cu) = common::gpu_stream_or_skip("gpu_vs_emulator::gpu_vs_emu_selftest_gemm") else { return };
     gemm_pair::<f16>(&cu, GemmShape { m: 64, n: 64, k: 64, b_k_major: false });
     gemm_pair::<bf16>(&cu, GemmShape { m: 72, n: 40, k: 96, b_k_major: true });
     gemm_pair::<f16>(&cu, GemmShape { m: 128, n: 128, k: 128, b_k_major: true });
@@ -828,8 +783,7 @@ impl MaxLen for Vec<u8> {
 /// bf16 value through the quantiser (fp32 -> FP8, RN, satfinite), plus infinities and NaNs.
 #[test]
 fn gpu_vs_emu_fp8_conversions() {
-    let Some(ctx) = common::gpu_or_skip("gpu_vs_emulator::gpu_vs_emu_fp8_conversions") else { return };
-    let cu = ctx.default_stream();
+    let Some(cu) = common::gpu_stream_or_skip("gpu_vs_emulator::gpu_vs_emu_fp8_conversions") else { return };
     for format in [fused_attn::Fp8Format::E4m3, fused_attn::Fp8Format::E5m2] {
         let pairs: Vec<u16> = (0..=255u16).map(|c| c | (((c * 37 + 11) & 0xff) << 8)).collect();
         let emu = st::fp8_decode_emulated(format, &pairs, seed()).unwrap();
@@ -877,8 +831,7 @@ fn gpu_vs_emu_fp8_conversions() {
 fn gpu_vs_emu_fp8_decode() {
     use fused_attn::testkit::cases::decode::{run_case_emulated, run_case_gpu};
     use fused_attn::{Fp8E4m3, Fp8Format, ScaleKind};
-    let Some(ctx) = common::gpu_or_skip("gpu_vs_emulator::gpu_vs_emu_fp8_decode") else { return };
-    let cu = ctx.default_stream();
+    let Some(cu) = common::gpu_stream_or_skip("gpu_vs_emulator::gpu_vs_emu_fp8_decode") else { return };
     let emu = Emulator::new();
     let cases = [
         (DType::Bf16, Fp8Format::E4m3, ScaleKind::PerHead, 128, (8, 2), Some(1)),
@@ -919,51 +872,17 @@ fn gpu_vs_emu_fp8_decode() {
     let sx = PagedFixture::<bf16>::new(&case, seed()).unwrap();
     let fp8 = sx.fp8.as_ref().unwrap();
     let (k, v, slots) = sx.token_rows(|b| 0..case.seq_lens[b]);
-    let n = slots.len();
-    let shape3 = [n, case.heads_kv, case.head_dim];
     let (emu_k, emu_v) = {
         let stream = Stream::Emu(&emu);
         let scales = fp8.scales(&stream).unwrap();
         let (mut kc, mut vc) = (vec![Fp8E4m3(0); fp8.k_codes.len()], vec![Fp8E4m3(0); fp8.v_codes.len()]);
-        let mut cache = PagedKvCacheMut::new(
-            TensorViewMut::host(&mut kc, sx.cache_shape()).unwrap(),
-            TensorViewMut::host(&mut vc, sx.cache_shape()).unwrap(),
-        )
-        .unwrap()
-        .with_scales(&scales)
-        .unwrap();
-        append(
-            &stream,
-            &TensorView::host(&k, shape3).unwrap(),
-            &TensorView::host(&v, shape3).unwrap(),
-            &TensorView::host(&slots, [n]).unwrap(),
-            &mut cache,
-        )
-        .unwrap();
+        common::append_host(&stream, (&k, &v, &slots), (&mut kc, &mut vc), sx.cache_shape(), Some(&scales)).unwrap();
         (kc, vc)
     };
-    let stream = Stream::Gpu(&cu);
-    let scales = fp8.scales(&stream).unwrap();
-    let (dk, dv, ds) = (cu.clone_htod(&k).unwrap(), cu.clone_htod(&v).unwrap(), cu.clone_htod(&slots).unwrap());
+    let scales = fp8.scales(&Stream::Gpu(&cu)).unwrap();
     let mut dkc = cu.alloc_zeros::<Fp8E4m3>(fp8.k_codes.len()).unwrap();
     let mut dvc = cu.alloc_zeros::<Fp8E4m3>(fp8.v_codes.len()).unwrap();
-    {
-        let mut cache = PagedKvCacheMut::new(
-            TensorViewMut::gpu(dkc.as_view_mut(), sx.cache_shape()).unwrap(),
-            TensorViewMut::gpu(dvc.as_view_mut(), sx.cache_shape()).unwrap(),
-        )
-        .unwrap()
-        .with_scales(&scales)
-        .unwrap();
-        append(
-            &stream,
-            &TensorView::gpu(dk.as_view(), shape3).unwrap(),
-            &TensorView::gpu(dv.as_view(), shape3).unwrap(),
-            &TensorView::gpu(ds.as_view(), [n]).unwrap(),
-            &mut cache,
-        )
-        .unwrap();
-    }
+    common::append_gpu(&cu, (&k, &v, &slots), (&mut dkc, &mut dvc), sx.cache_shape(), Some(&scales)).unwrap();
     let (gk, gv): (Vec<Fp8E4m3>, Vec<Fp8E4m3>) = (cu.clone_dtoh(&dkc).unwrap(), cu.clone_dtoh(&dvc).unwrap());
     bitwise("fp8 append K", &gk, &emu_k);
     bitwise("fp8 append V", &gv, &emu_v);

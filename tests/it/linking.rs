@@ -2,9 +2,11 @@
 //! independent of the rest of the batch (bitwise), plans refuse calls outside their limits, raw device views
 //! are refused by the emulator. (That a build without GPU kernels says so with a typed error is a unit test of
 //! src/build_info.rs, run again by the packaged crate's emulator-only build in scripts/test.)
+use crate::common;
+
 use fused_attn::decode::{DecodeOptions, DecodeWorkspace};
 use fused_attn::plan::DecodeProblem;
-use fused_attn::{decode, Emulator, ErrorKind, PagedKvCache, Stream, TensorView, TensorViewMut};
+use fused_attn::{Emulator, ErrorKind, PagedKvCache, Stream, TensorView, TensorViewMut};
 use half::bf16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -68,15 +70,7 @@ fn run(
         max_seq_len,
     )
     .unwrap();
-    decode(
-        &stream,
-        &TensorView::host(&q, [b, HQ, D]).unwrap(),
-        &cache,
-        &mut TensorViewMut::host(&mut o, [b, HQ, D]).unwrap(),
-        Some(&mut TensorViewMut::host(&mut lse, [b, HQ]).unwrap()),
-        ws,
-        &DecodeOptions::default(),
-    )?;
+    common::decode_host(&stream, [b, HQ, D], &q, &cache, (&mut o, Some(&mut lse)), ws, &DecodeOptions::default())?;
     Ok((o, lse))
 }
 
@@ -133,12 +127,12 @@ fn a_pinned_plan_refuses_calls_outside_its_limits() {
         4096,
     )
     .unwrap();
-    let e = decode(
+    let e = common::decode_host(
         &Stream::Emu(&emu),
-        &TensorView::host(&q, [1, HQ, D]).unwrap(),
+        [1, HQ, D],
+        &q,
         &cache,
-        &mut TensorViewMut::host(&mut o, [1, HQ, D]).unwrap(),
-        None,
+        (&mut o, None),
         &mut ws,
         &DecodeOptions::default(),
     )

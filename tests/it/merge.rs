@@ -101,14 +101,7 @@ fn check<S: Val, O: Val>(test: &str, k: usize, n: usize, h: usize, d: usize) {
     let (os, ls) = states::<S>(&mut rng, k, n, h, d);
     let mut o = vec![O::nan(); n * h * d];
     let mut lse = vec![f32::NAN; n * h];
-    merge_states(
-        &stream,
-        &TensorView::host(&os, [k, n, h, d]).unwrap(),
-        &TensorView::host(&ls, [k, n, h]).unwrap(),
-        &mut TensorViewMut::host(&mut o, [n, h, d]).unwrap(),
-        Some(&mut TensorViewMut::host(&mut lse, [n, h]).unwrap()),
-    )
-    .unwrap();
+    common::merge_host(&stream, [k, n, h, d], (&os, &ls), None, (&mut o, &mut lse)).unwrap();
     let (exact, naive, want_lse, bound) = reference::<S, O>(&os, &ls, k, n * h, d);
     let ours: Vec<f64> = o.iter().map(|x| x.to_f64()).collect();
     let ctx = format!("k={k} n={n} h={h} d={d} seed={seed:#x}; {}", common::rerun("merge", test, None));
@@ -152,14 +145,7 @@ fn one_state_and_no_states() {
     let (os, ls): (Vec<f32>, Vec<f32>) = (vec![], vec![]);
     let mut o = vec![bf16::NAN; 2 * 3 * 64];
     let mut lse = vec![f32::NAN; 6];
-    merge_states(
-        &stream,
-        &TensorView::host(&os, [0, 2, 3, 64]).unwrap(),
-        &TensorView::host(&ls, [0, 2, 3]).unwrap(),
-        &mut TensorViewMut::host(&mut o, [2, 3, 64]).unwrap(),
-        Some(&mut TensorViewMut::host(&mut lse, [2, 3]).unwrap()),
-    )
-    .unwrap();
+    common::merge_host(&stream, [0, 2, 3, 64], (&os, &ls), None, (&mut o, &mut lse)).unwrap();
     assert!(o.iter().all(|x| x.to_f64() == 0.0));
     assert!(lse.iter().all(|&x| x == f32::NEG_INFINITY));
 }
@@ -229,8 +215,7 @@ fn bad_inputs_are_typed_errors() {
 
 #[test]
 fn gpu_merge() {
-    let Some(ctx) = common::gpu_or_skip("merge::gpu_merge") else { return };
-    let cu = ctx.default_stream();
+    let Some(cu) = common::gpu_stream_or_skip("merge::gpu_merge") else { return };
     let stream = Stream::Gpu(&cu);
     let (k, n, h, d) = (5usize, 3usize, 4usize, 128usize);
     let mut rng = fused_attn::testkit::seed::rng(seed_of(2));

@@ -21,17 +21,10 @@ use half::{bf16, f16};
 /// Runs every selected case (FA_CASE) and panics listing the failures, each with its rerun command.
 fn sweep(test: &str, cases: &[(usize, PagedPrefillCase)]) {
     let emu = Emulator::new();
-    common::sweep(
-        "paged_prefill",
-        test,
-        cases,
-        1,
-        |(_, c)| c.label(),
-        |_, (i, c)| {
-            let outcome = check_case_emulated(&emu, c, common::case_seed(*i)).unwrap();
-            common::verdict(outcome.passed(), outcome.summary())
-        },
-    );
+    common::sweep_in_order("paged_prefill", test, cases, PagedPrefillCase::label, |i, c| {
+        let outcome = check_case_emulated(&emu, c, common::case_seed(i)).unwrap();
+        (outcome.passed(), outcome.summary())
+    });
 }
 
 fn part(cases: Vec<PagedPrefillCase>, first: usize, step: usize) -> Vec<(usize, PagedPrefillCase)> {
@@ -201,8 +194,7 @@ fn bad_input_gives_typed_errors() {
 /// The emulated sweep and variant cases on a GPU (skipped visibly without one; the GPU bundle requires it).
 #[test]
 fn gpu_paged_prefill_sweep() {
-    let Some(ctx) = common::gpu_or_skip("paged_prefill::gpu_paged_prefill_sweep") else { return };
-    let cu = ctx.default_stream();
+    let Some(cu) = common::gpu_stream_or_skip("paged_prefill::gpu_paged_prefill_sweep") else { return };
     let cases: Vec<PagedPrefillCase> =
         paged_prefill_sweep_emulated().into_iter().chain(paged_prefill_variant_sweep()).collect();
     common::sweep("paged_prefill", "gpu_paged_prefill_sweep", &cases, 1, PagedPrefillCase::label, |i, c| {
@@ -224,8 +216,7 @@ fn emulated_fp8_paged_prefill_sweep() {
 /// The FP8 sweep on a GPU (skips visibly without one), judged as on the emulator.
 #[test]
 fn gpu_fp8_paged_prefill_sweep() {
-    let Some(ctx) = common::gpu_or_skip("paged_prefill::gpu_fp8_paged_prefill_sweep") else { return };
-    let cu = ctx.default_stream();
+    let Some(cu) = common::gpu_stream_or_skip("paged_prefill::gpu_fp8_paged_prefill_sweep") else { return };
     fp8_sweep("gpu_fp8_paged_prefill_sweep", |c, seed| check_case_gpu(&cu, c, seed));
 }
 

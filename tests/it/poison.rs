@@ -231,6 +231,14 @@ fn finite_count<T: Element>(xs: &[T]) -> usize {
     xs.iter().filter(|x| x.to_f64().is_finite()).count()
 }
 
+/// What a run gives [`assert_hidden_invisible`]: the bits of `checked` then of `rest`, and how many of
+/// `checked`'s values are finite.
+fn outcome<T: Element + Bits, U: Bits>(checked: &[T], rest: &[U]) -> (Vec<u32>, usize) {
+    let mut out = bits(checked);
+    out.extend(bits(rest));
+    (out, finite_count(checked))
+}
+
 // ---- dense and varlen prefill --------------------------------------------------------------------------
 
 #[derive(Debug, Clone, Copy)]
@@ -307,10 +315,7 @@ fn run_dense<T: Element + Bits>(be: &Backend, c: &Dense, fill: Fill, seed: u64) 
     )
     .unwrap_or_else(|e| panic!("{c:?}: {e}"));
     let (o, lse) = (o.host(be), lse.host(be));
-    let finite = finite_count(&o);
-    let mut out = bits(&o);
-    out.extend(bits(&lse));
-    (out, finite)
+    outcome(&o, &lse)
 }
 
 fn check_dense<T: Element + Bits>(be: &Backend, c: Dense, seed: u64) {
@@ -620,10 +625,7 @@ fn run_paged<T: Element + Bits, C: fused_attn::KvCacheOf<T> + DeviceRepr + Copy 
         lse
     };
     let (o, lse) = (o.host(be), lse.host(be));
-    let finite = finite_count(&o);
-    let mut out = bits(&o);
-    out.extend(bits(&lse));
-    (out, finite)
+    outcome(&o, &lse)
 }
 
 /// A 16-bit cache of case `c` with `fill` in its hidden slots, then the op.
@@ -753,10 +755,7 @@ fn merge_ignores_empty_states(be: &Backend) {
         )
         .unwrap();
         let (o, lse_out) = (o.host(be), lse_out.host(be));
-        let finite = finite_count(&o);
-        let mut out = bits(&o);
-        out.extend(bits(&lse_out));
-        (out, finite)
+        outcome(&o, &lse_out)
     };
     assert_hidden_invisible("merge", &POISONS, run);
 }
@@ -803,10 +802,7 @@ fn append_touches_only_its_slots(be: &Backend) {
             assert!(kc[s * token..(s + 1) * token].iter().all(|x| x.is_nan()), "slot {s} of K written");
             assert!(vc[s * token..(s + 1) * token].iter().all(|&x| x == bf16::NEG_INFINITY), "slot {s} of V written");
         }
-        let finite = finite_count(&kc);
-        let mut out = bits(&kc);
-        out.extend(bits(&vc));
-        (out, finite)
+        outcome(&kc, &vc)
     };
     assert_hidden_invisible("append bf16", &POISONS, run);
 }

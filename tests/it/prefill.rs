@@ -134,15 +134,13 @@ fn emulated_head_dim_sweep() {
 
 #[test]
 fn gpu_head_dim_sweep() {
-    let Some(ctx) = common::gpu_or_skip("prefill::gpu_head_dim_sweep") else { return };
-    let s = ctx.default_stream();
+    let Some(s) = common::gpu_stream_or_skip("prefill::gpu_head_dim_sweep") else { return };
     sweep("gpu_head_dim_sweep", head_dim_sweep_cases(), workers(), &|i, c| gpu_case(&s, 7000 + i, c));
 }
 
 #[test]
 fn gpu_sweep() {
-    let Some(ctx) = common::gpu_or_skip("prefill::gpu_sweep") else { return };
-    let s = ctx.default_stream();
+    let Some(s) = common::gpu_stream_or_skip("prefill::gpu_sweep") else { return };
     // Launches from several threads share the one stream (each case synchronises it before reading back);
     // the threads are there for the fp64 reference, which dominates.
     sweep("gpu_sweep", sweep_cases(true), workers(), &|i, c| gpu_case(&s, i, c));

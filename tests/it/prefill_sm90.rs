@@ -90,9 +90,7 @@ fn emulated_sm90_variants() {
         let mut capped = PrefillCase::dense(dtype, d, false, 129, 70, (4, 2));
         capped.variants = CaseVariants { softcap: Some(5.0 + i as f32), ..Default::default() };
         cases.push(capped);
-        let mut all = PrefillCase::dense(dtype, d, true, 0, 0, (4, 1));
-        all.varlen = Some(vec![(130, 140), (0, 3), (20, 129)]);
-        (all.batch, all.seqlen_q, all.seqlen_k) = (3, 130, 140);
+        let mut all = PrefillCase::varlen(dtype, d, true, (4, 1), vec![(130, 140), (0, 3), (20, 129)]);
         all.layout = CaseLayout::Padded;
         let alibi = if i == 1 { CaseAlibi::PerSequence } else { CaseAlibi::PerHead };
         all.variants = CaseVariants { window: Some((90, 0)), softcap: Some(3.0), alibi, sinks: true };
@@ -114,9 +112,7 @@ fn emulated_sm90_d64_three_consumers() {
         PrefillCase::dense(DType::Bf16, 64, true, 385, 129, (2, 2)),
         PrefillCase::dense(DType::F16, 64, false, 192, 64, (3, 1)),
     ];
-    let mut varlen = PrefillCase::dense(DType::Bf16, 64, true, 0, 0, (4, 2));
-    varlen.varlen = Some(vec![(192, 192), (193, 250), (1, 5), (130, 61)]);
-    (varlen.batch, varlen.seqlen_q, varlen.seqlen_k) = (4, 193, 250);
+    let varlen = PrefillCase::varlen(DType::Bf16, 64, true, (4, 2), vec![(192, 192), (193, 250), (1, 5), (130, 61)]);
     let mut all = varlen.clone();
     (all.dtype, all.causal, all.layout) = (DType::F16, false, CaseLayout::Padded);
     all.variants = CaseVariants { window: Some((100, 30)), softcap: Some(8.0), alibi: CaseAlibi::PerHead, sinks: true };
@@ -139,9 +135,7 @@ fn emulated_sm90_d128_wide_tile() {
         PrefillCase::dense(DType::F16, 128, false, 128, 176, (3, 1)),
         PrefillCase::dense(DType::Bf16, 128, false, 256, 40, (2, 1)),
     ];
-    let mut varlen = PrefillCase::dense(DType::Bf16, 128, false, 0, 0, (4, 2));
-    varlen.varlen = Some(vec![(128, 176), (129, 177), (1, 5), (200, 352)]);
-    (varlen.batch, varlen.seqlen_q, varlen.seqlen_k) = (4, 200, 352);
+    let varlen = PrefillCase::varlen(DType::Bf16, 128, false, (4, 2), vec![(128, 176), (129, 177), (1, 5), (200, 352)]);
     let mut all = varlen.clone();
     (all.dtype, all.layout) = (DType::F16, CaseLayout::Padded);
     all.variants = CaseVariants { window: None, softcap: Some(8.0), alibi: CaseAlibi::PerHead, sinks: true };
@@ -371,9 +365,7 @@ fn emulated_sm90_persistent_grid_is_the_resident_ctas() {
     let two = Emulator::new().with_multiprocessors(2);
     check::<f16>(&two, 2, &few).unwrap_or_else(|e| panic!("{}: {e}", few.label()));
     assert_eq!(two.last_launch_counters().unwrap().total().blocks, 2);
-    let mut varlen = PrefillCase::dense(DType::Bf16, 128, true, 0, 0, (2, 1));
-    varlen.varlen = Some(vec![(400, 420), (5, 3), (200, 130)]);
-    (varlen.batch, varlen.seqlen_q, varlen.seqlen_k) = (3, 400, 420);
+    let varlen = PrefillCase::varlen(DType::Bf16, 128, true, (2, 1), vec![(400, 420), (5, 3), (200, 130)]);
     check::<bf16>(&two, 3, &sm90(varlen)).unwrap();
     assert_eq!(two.last_launch_counters().unwrap().total().blocks, 2);
 }
@@ -399,9 +391,7 @@ fn emulated_sm90_l2_hints_and_tma_store_epilogue() {
         let warps_with_rows = case.seqlen_q.div_ceil(16) * case.heads_q * case.batch;
         assert_eq!(k.tma_store_bytes as usize, warps_with_rows * 16 * d * 2, "{}: O boxes", case.label());
 
-        let mut varlen = sm90(PrefillCase::dense(DType::Bf16, d, false, 0, 0, (2, 1)));
-        varlen.varlen = Some(vec![(tile.block_m + 7, 50), (9, 130)]);
-        (varlen.batch, varlen.seqlen_q, varlen.seqlen_k) = (2, tile.block_m + 7, 130);
+        let varlen = sm90(PrefillCase::varlen(DType::Bf16, d, false, (2, 1), vec![(tile.block_m + 7, 50), (9, 130)]));
         check::<bf16>(&emu, 10 + i, &varlen).unwrap_or_else(|e| panic!("{}: {e}", varlen.label()));
         let k = emu.last_launch_counters().unwrap().total();
         assert_eq!(k.tma_store_bytes, 0, "{}: varlen O by TMA", varlen.label());

@@ -18,6 +18,7 @@ use fused_attn::decode::{DecodeOptions, DecodeWorkspace};
 use fused_attn::reference::{check_decode, RopeRef};
 use fused_attn::testkit::cases::decode::{decode_on_host, DecodeCase, PagedFixture};
 use fused_attn::testkit::cases::kv::KvFormat;
+use fused_attn::testkit::rope::PoisonedTable;
 use fused_attn::testkit::seed::rng;
 use fused_attn::{
     append_with, decode, AppendOptions, DType, Element, Emulator, ErrorKind, Fp8E4m3, Fp8E5m2, Fp8Format, KvCacheOf,
@@ -27,35 +28,6 @@ use fused_attn::{
 use half::{bf16, f16};
 use rand::seq::SliceRandom;
 use rand::Rng;
-
-/// A cos/sin table as the kernels take it, poisoned: `[max_pos, rotary_dim/2 + 3]` (the 3 extra columns
-/// NaN), and every row no position in `used` addresses NaN too.
-struct PoisonedTable {
-    cos: Vec<f32>,
-    sin: Vec<f32>,
-    max_pos: usize,
-    cols: usize,
-}
-
-impl PoisonedTable {
-    fn new(cfg: &RopeConfig, max_pos: usize, used: &[i64]) -> Self {
-        let t = cfg.table(max_pos).unwrap();
-        let cols = t.half + 3;
-        let (mut cos, mut sin) = (vec![f32::NAN; max_pos * cols], vec![f32::NAN; max_pos * cols]);
-        for &p in used {
-            let p = p.clamp(0, max_pos as i64 - 1) as usize;
-            cos[p * cols..][..t.half].copy_from_slice(&t.cos[p * t.half..][..t.half]);
-            sin[p * cols..][..t.half].copy_from_slice(&t.sin[p * t.half..][..t.half]);
-        }
-        Self { cos, sin, max_pos, cols }
-    }
-    fn views(&self) -> (TensorView<'_, f32, 2>, TensorView<'_, f32, 2>) {
-        (
-            TensorView::host(&self.cos, [self.max_pos, self.cols]).unwrap(),
-            TensorView::host(&self.sin, [self.max_pos, self.cols]).unwrap(),
-        )
-    }
-}
 
 /// Two stored values are the same bits (f64 bits of the value: ±0 differ; any NaN equals any NaN).
 fn same_value(a: f64, b: f64) -> bool {
@@ -190,8 +162,8 @@ fn check_append_case<T: Element>(stream: &Stream<'_>, c: &AppendCase, seed: u64)
     }
     let cfg = RopeConfig { theta: c.theta, rotary_dim: c.rotary_dim, style: c.style, scaling: c.scaling };
     let used: Vec<i64> = (0..n).filter(|&t| stored_row(t)).map(|t| i64::from(positions[t])).collect();
-    let table = PoisonedTable::new(&cfg, max_pos, &used);
-    let (cos, sin) = table.views();
+    let table = PoisonedTable::new(&cfg, max_pos, &used).unwrap();
+    let (cos, sin) = table.views().unwrap();
     let pos_view = TensorView::host(&positions, [n]).unwrap();
     let rope = Rope { cos: &cos, sin: &sin, rotary_dim: c.rotary_dim, style: c.style, positions: Some(&pos_view) };
     let k_scale: Vec<f32> = (0..hkv).map(|h| 2f32.powi(h as i32 - 3)).collect();
@@ -279,8 +251,8 @@ fn append_rotates_one_hot_rows_to_the_table_entries() {
         let positions: Vec<i32> = (0..n as i32).map(|j| 3 + 97 * j).collect();
         let max_pos = 8000;
         let used: Vec<i64> = positions.iter().map(|&p| i64::from(p)).collect();
-        let table = PoisonedTable::new(&cfg, max_pos, &used);
-        let (cos, sin) = table.views();
+        let table = PoisonedTable::new(&cfg, max_pos, &used).unwrap();
+        let (cos, sin) = table.views().unwrap();
         let pos_view = TensorView::host(&positions, [n]).unwrap();
         let rope = Rope { cos: &cos, sin: &sin, rotary_dim: rd, style, positions: Some(&pos_view) };
         let mut k = vec![bf16::ZERO; n * d];
@@ -338,8 +310,8 @@ fn check_decode_rope<T: Element>(
     } else {
         f.seq_lens.iter().map(|&n| i64::from(n) - 1).collect()
     };
-    let table = PoisonedTable::new(cfg, max_pos, &used);
-    let (cos, sin) = table.views();
+    let table = PoisonedTable::new(cfg, max_pos, &used).unwrap();
+    let (cos, sin) = table.views().unwrap();
     let pos_view = TensorView::host(&positions, [b]).unwrap();
     let rope = Rope {
         cos: &cos,
@@ -578,8 +550,8 @@ fn append_then_decode_with_rope_fp8_and_16_bit() {
     let cfg = RopeConfig { theta: 500000.0, rotary_dim: 128, style: RopeStyle::Neox, scaling: RopeScaling::llama31() };
     let max_pos = 4096;
     let used: Vec<i64> = (0..333).collect();
-    let table = PoisonedTable::new(&cfg, max_pos, &used);
-    let (cos, sin) = table.views();
+    let table = PoisonedTable::new(&cfg, max_pos, &used).unwrap();
+    let (cos, sin) = table.views().unwrap();
     let n = slots.len();
     let pos_view = TensorView::host(&pos, [n]).unwrap();
     let rope_k = Rope { cos: &cos, sin: &sin, rotary_dim: 128, style: RopeStyle::Neox, positions: Some(&pos_view) };

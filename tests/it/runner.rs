@@ -10,6 +10,11 @@ use std::process::{Command, Output};
 
 use serde_json::Value as Json;
 
+/// The documented row fields, the list the runner's own unit test checks too.
+#[path = "../../src/bin/fused-attn/row_fields.rs"]
+mod row_fields;
+use row_fields::ROW_FIELDS;
+
 fn fused_attn(args: &str) -> Output {
     Command::new(env!("CARGO_BIN_EXE_fused-attn"))
         .args(args.split_whitespace())
@@ -24,41 +29,6 @@ fn stderr(o: &Output) -> String {
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
-
-const ROW_FIELDS: [&str; 32] = [
-    "op",
-    "window_left",
-    "window_right",
-    "softcap",
-    "alibi",
-    "sinks",
-    "backend",
-    "dtype",
-    "head_dim",
-    "batch",
-    "heads_q",
-    "heads_kv",
-    "seqlen_q",
-    "seqlen_k",
-    "causal",
-    "page_size",
-    "max_abs_err",
-    "rel_l2_err",
-    "tolerance",
-    "passed",
-    "ms",
-    "tflops",
-    "gbps",
-    "copy_gbps",
-    "pct_of_copy_bw",
-    "check",
-    "kind",
-    "seed",
-    "label",
-    "error",
-    "device",
-    "commit",
-];
 
 /// Every stdout line as a JSON object holding every documented field (serde_json rejects NaN and inf
 /// literals, so a row with a bare non-finite number fails here).

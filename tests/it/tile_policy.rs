@@ -31,6 +31,11 @@ fn launched(emu: &Emulator) -> KernelCounters {
     c.kernels[0].clone()
 }
 
+/// Every dtype with every head dim of an op's range.
+fn dtypes_and_head_dims(dims: &'static [usize]) -> impl Iterator<Item = (DType, usize)> {
+    DTYPES.into_iter().flat_map(move |dtype| dims.iter().map(move |&d| (dtype, d)))
+}
+
 fn assert_shape(k: &KernelCounters, kernel: &str, p: &TilePolicy, blocks: usize, what: &str) {
     assert_eq!(k.kernel, kernel, "{what}: {p:?}");
     assert_eq!((k.block_threads, k.smem_bytes), (p.threads as u64, p.smem_bytes as u64), "{what}: {kernel}");
@@ -40,24 +45,20 @@ fn assert_shape(k: &KernelCounters, kernel: &str, p: &TilePolicy, blocks: usize,
 #[test]
 fn prefill_launches_the_policy_kernel_for_every_head_dim() {
     let emu = Emulator::new();
-    for dtype in DTYPES {
-        for d in PREFILL_HEAD_DIMS {
-            for variant in [false, true] {
-                let p = tile_policy(KernelOp::Prefill, d, variant, None).unwrap();
-                // block_m + 1 query rows: two query tiles, the second one ragged.
-                let mut case = PrefillCase::dense(dtype, d, false, p.block_m + 1, 8, (1, 1));
-                case.kernel = PrefillKernel::Sm80;
-                case.with_lse = false;
-                case.variants.softcap = variant.then_some(30.0);
-                match dtype {
-                    DType::F16 => drop(run_emulated(&emu, &PrefillFixture::<f16>::new(&case, SEED).unwrap()).unwrap()),
-                    DType::Bf16 => {
-                        drop(run_emulated(&emu, &PrefillFixture::<bf16>::new(&case, SEED).unwrap()).unwrap())
-                    }
-                }
-                let name = format!("fa_prefill_{}_d{}{}", dt(dtype), p.width, if variant { "_mod" } else { "" });
-                assert_shape(&launched(&emu), &name, &p, 2, &case.label());
+    for (dtype, d) in dtypes_and_head_dims(&PREFILL_HEAD_DIMS) {
+        for variant in [false, true] {
+            let p = tile_policy(KernelOp::Prefill, d, variant, None).unwrap();
+            // block_m + 1 query rows: two query tiles, the second one ragged.
+            let mut case = PrefillCase::dense(dtype, d, false, p.block_m + 1, 8, (1, 1));
+            case.kernel = PrefillKernel::Sm80;
+            case.with_lse = false;
+            case.variants.softcap = variant.then_some(30.0);
+            match dtype {
+                DType::F16 => drop(run_emulated(&emu, &PrefillFixture::<f16>::new(&case, SEED).unwrap()).unwrap()),
+                DType::Bf16 => drop(run_emulated(&emu, &PrefillFixture::<bf16>::new(&case, SEED).unwrap()).unwrap()),
             }
+            let name = format!("fa_prefill_{}_d{}{}", dt(dtype), p.width, if variant { "_mod" } else { "" });
+            assert_shape(&launched(&emu), &name, &p, 2, &case.label());
         }
     }
 }
@@ -65,28 +66,22 @@ fn prefill_launches_the_policy_kernel_for_every_head_dim() {
 #[test]
 fn sm90_prefill_launches_the_policy_tile() {
     let emu = Emulator::new();
-    for dtype in DTYPES {
-        for d in HEAD_DIMS {
-            for masked in [false, true] {
-                let mut case = PrefillCase::dense(dtype, d, masked, 1, 8, (1, 1));
-                case.kernel = PrefillKernel::Sm90;
-                let result = match dtype {
-                    DType::F16 => {
-                        PrefillFixture::<f16>::new(&case, SEED).and_then(|f| run_emulated(&emu, &f).map(drop))
-                    }
-                    DType::Bf16 => {
-                        PrefillFixture::<bf16>::new(&case, SEED).and_then(|f| run_emulated(&emu, &f).map(drop))
-                    }
-                };
-                let Some(p) = tile_policy(KernelOp::PrefillSm90, d, masked, None) else {
-                    assert!(result.is_err(), "D {d}: no sm_90a policy, but the call ran");
-                    continue;
-                };
-                result.unwrap();
-                let wide = if p.block_n == 176 { "_bc176" } else { "" };
-                let name = format!("fa_prefill_sm90_{}_d{}{wide}", dt(dtype), p.width);
-                assert_shape(&launched(&emu), &name, &p, 1, &case.label());
-            }
+    for (dtype, d) in dtypes_and_head_dims(&HEAD_DIMS) {
+        for masked in [false, true] {
+            let mut case = PrefillCase::dense(dtype, d, masked, 1, 8, (1, 1));
+            case.kernel = PrefillKernel::Sm90;
+            let result = match dtype {
+                DType::F16 => PrefillFixture::<f16>::new(&case, SEED).and_then(|f| run_emulated(&emu, &f).map(drop)),
+                DType::Bf16 => PrefillFixture::<bf16>::new(&case, SEED).and_then(|f| run_emulated(&emu, &f).map(drop)),
+            };
+            let Some(p) = tile_policy(KernelOp::PrefillSm90, d, masked, None) else {
+                assert!(result.is_err(), "D {d}: no sm_90a policy, but the call ran");
+                continue;
+            };
+            result.unwrap();
+            let wide = if p.block_n == 176 { "_bc176" } else { "" };
+            let name = format!("fa_prefill_sm90_{}_d{}{wide}", dt(dtype), p.width);
+            assert_shape(&launched(&emu), &name, &p, 1, &case.label());
         }
     }
 }
@@ -100,65 +95,59 @@ fn formats(d: usize) -> Vec<(KvFormat, Option<Fp8Format>)> {
     f
 }
 
+/// Every dtype, head dim (of the op's range), cache format (with its FP8 format) and variant flag of a paged op.
+fn paged_configs(dims: &'static [usize]) -> impl Iterator<Item = (DType, usize, (KvFormat, Option<Fp8Format>), bool)> {
+    dtypes_and_head_dims(dims).flat_map(|(dtype, d)| {
+        formats(d).into_iter().flat_map(move |f| [false, true].map(|variant| (dtype, d, f, variant)))
+    })
+}
+
 #[test]
 fn paged_prefill_launches_the_policy_kernel_for_every_head_dim() {
     let emu = Emulator::new();
-    for dtype in DTYPES {
-        for d in PAGED_PREFILL_HEAD_DIMS {
-            for (kv, fp8) in formats(d) {
-                for variant in [false, true] {
-                    let p = tile_policy(KernelOp::PagedPrefill, d, variant, fp8).unwrap();
-                    // G = 2 and block_m / 2 + 1 new tokens: two row blocks of packed rows.
-                    let mut case = paged_case(d, (2, 1), 16, &[(p.block_m / 2 + 1, p.block_m / 2 + 9)]);
-                    (case.dtype, case.kv, case.num_splits) = (dtype, kv, Some(1));
-                    case.variants.softcap = variant.then_some(30.0);
-                    match dtype {
-                        DType::F16 => drop(run_paged::<f16>(&emu, &case, SEED).unwrap()),
-                        DType::Bf16 => drop(run_paged::<bf16>(&emu, &case, SEED).unwrap()),
-                    }
-                    let suffix = match (fp8, variant) {
-                        (Some(_), _) => "_fp8_mod", // the FP8 kernel serves every variant
-                        (None, true) => "_mod",
-                        (None, false) => "",
-                    };
-                    let name = format!("fa_paged_prefill_{}_d{}{suffix}", dt(dtype), p.width);
-                    assert_shape(&launched(&emu), &name, &p, 2, &case.label());
-                }
-            }
+    for (dtype, d, (kv, fp8), variant) in paged_configs(&PAGED_PREFILL_HEAD_DIMS) {
+        let p = tile_policy(KernelOp::PagedPrefill, d, variant, fp8).unwrap();
+        // G = 2 and block_m / 2 + 1 new tokens: two row blocks of packed rows.
+        let mut case = paged_case(d, (2, 1), 16, &[(p.block_m / 2 + 1, p.block_m / 2 + 9)]);
+        (case.dtype, case.kv, case.num_splits) = (dtype, kv, Some(1));
+        case.variants.softcap = variant.then_some(30.0);
+        match dtype {
+            DType::F16 => drop(run_paged::<f16>(&emu, &case, SEED).unwrap()),
+            DType::Bf16 => drop(run_paged::<bf16>(&emu, &case, SEED).unwrap()),
         }
+        let suffix = match (fp8, variant) {
+            (Some(_), _) => "_fp8_mod", // the FP8 kernel serves every variant
+            (None, true) => "_mod",
+            (None, false) => "",
+        };
+        let name = format!("fa_paged_prefill_{}_d{}{suffix}", dt(dtype), p.width);
+        assert_shape(&launched(&emu), &name, &p, 2, &case.label());
     }
 }
 
 #[test]
 fn decode_launches_the_policy_kernel_for_every_head_dim() {
     let emu = Emulator::new();
-    for dtype in DTYPES {
-        for d in DECODE_HEAD_DIMS {
-            for (kv, fp8) in formats(d) {
-                for variant in [false, true] {
-                    let p = tile_policy(KernelOp::Decode, d, variant, fp8).unwrap();
-                    // block_m + 1 query heads of one KV head: two CTAs of query-head rows.
-                    let mut case = DecodeCase::new(dtype, d, (p.block_m + 1, 1), 16, &[40], Some(1));
-                    case.kv = kv;
-                    case.variants.softcap = variant.then_some(30.0);
-                    match dtype {
-                        DType::F16 => drop(run_decode::<f16>(&emu, &case, SEED).unwrap()),
-                        DType::Bf16 => drop(run_decode::<bf16>(&emu, &case, SEED).unwrap()),
-                    }
-                    let name = format!(
-                        "fa_paged_decode_{}_d{}{}{}",
-                        dt(dtype),
-                        p.width,
-                        if fp8.is_some() { "_fp8" } else { "" },
-                        if variant { "_mod" } else { "" }
-                    );
-                    assert_shape(&launched(&emu), &name, &p, 2, &case.label());
-                }
-            }
+    for (dtype, d, (kv, fp8), variant) in paged_configs(&DECODE_HEAD_DIMS) {
+        let p = tile_policy(KernelOp::Decode, d, variant, fp8).unwrap();
+        // block_m + 1 query heads of one KV head: two CTAs of query-head rows.
+        let mut case = DecodeCase::new(dtype, d, (p.block_m + 1, 1), 16, &[40], Some(1));
+        case.kv = kv;
+        case.variants.softcap = variant.then_some(30.0);
+        match dtype {
+            DType::F16 => drop(run_decode::<f16>(&emu, &case, SEED).unwrap()),
+            DType::Bf16 => drop(run_decode::<bf16>(&emu, &case, SEED).unwrap()),
         }
+        let name = format!(
+            "fa_paged_decode_{}_d{}{}{}",
+            dt(dtype),
+            p.width,
+            if fp8.is_some() { "_fp8" } else { "" },
+            if variant { "_mod" } else { "" }
+        );
+        assert_shape(&launched(&emu), &name, &p, 2, &case.label());
     }
 }
-
 /// Past an op's own range (abi.h's FA_<OP>_MAX_HEAD_DIM) its launcher has no kernel and no policy, and the
 /// op's own entry point refuses the call with an error naming its range (decode's: tests/it/decode.rs).
 #[test]

@@ -6,7 +6,7 @@
 //! (`variants_over_constant_keys`), the window's savings in tests/it/cost.rs.
 use crate::common;
 
-use fused_attn::prefill::{prefill, prefill_varlen, PrefillOptions};
+use fused_attn::prefill::{prefill_varlen, PrefillOptions};
 use fused_attn::score_mod::{AlibiSlopes, ScoreMod};
 use fused_attn::testkit::cases::decode::{self as decode_cases, decode_variant_sweep, run_case_emulated, DecodeCase};
 use fused_attn::testkit::cases::prefill::{self as prefill_cases, PrefillCase};
@@ -53,31 +53,26 @@ fn decode_sweep(test: &str, check: impl Fn(&DecodeCase, u64) -> fused_attn::Resu
     });
 }
 
-#[test]
-fn emulated_prefill_variant_sweep() {
-    let emu = Emulator::new();
-    prefill_sweep("emulated_prefill_variant_sweep", |c, seed| prefill_cases::check_case_emulated(&emu, c, seed));
+/// The two tests of one op's variant sweep: `$sweep` on the emulator (`$cases::check_case_emulated`) and on
+/// the GPU (`$cases::check_case_gpu`, skipped without one).
+macro_rules! variant_sweep_tests {
+    ($sweep:ident, $cases:ident, $emulated:ident, $gpu:ident) => {
+        #[test]
+        fn $emulated() {
+            let emu = Emulator::new();
+            $sweep(stringify!($emulated), |c, seed| $cases::check_case_emulated(&emu, c, seed));
+        }
+
+        #[test]
+        fn $gpu() {
+            let Some(s) = common::gpu_stream_or_skip(concat!("variants::", stringify!($gpu))) else { return };
+            $sweep(stringify!($gpu), |c, seed| $cases::check_case_gpu(&s, c, seed));
+        }
+    };
 }
 
-#[test]
-fn gpu_prefill_variant_sweep() {
-    let Some(ctx) = common::gpu_or_skip("variants::gpu_prefill_variant_sweep") else { return };
-    let s = ctx.default_stream();
-    prefill_sweep("gpu_prefill_variant_sweep", |c, seed| prefill_cases::check_case_gpu(&s, c, seed));
-}
-
-#[test]
-fn emulated_decode_variant_sweep() {
-    let emu = Emulator::new();
-    decode_sweep("emulated_decode_variant_sweep", |c, seed| decode_cases::check_case_emulated(&emu, c, seed));
-}
-
-#[test]
-fn gpu_decode_variant_sweep() {
-    let Some(ctx) = common::gpu_or_skip("variants::gpu_decode_variant_sweep") else { return };
-    let s = ctx.default_stream();
-    decode_sweep("gpu_decode_variant_sweep", |c, seed| decode_cases::check_case_gpu(&s, c, seed));
-}
+variant_sweep_tests!(prefill_sweep, prefill_cases, emulated_prefill_variant_sweep, gpu_prefill_variant_sweep);
+variant_sweep_tests!(decode_sweep, decode_cases, emulated_decode_variant_sweep, gpu_decode_variant_sweep);
 
 /// The sweeps cover what the issue asks for: every variant alone and the gpt-oss and Gemma 2 combinations,
 /// decode with split counts 1, 2 and many.
@@ -121,15 +116,7 @@ fn merge_with_sinks_matches_the_reference() {
     let sinks: Vec<f32> = (0..h).map(|_| rng.random_range(-1.0..3.0)).collect();
     let mut out = vec![f32::NAN; n * h * d];
     let mut out_lse = vec![f32::NAN; n * h];
-    merge_states_with_sinks(
-        &stream,
-        &TensorView::host(&o, [k, n, h, d]).unwrap(),
-        &TensorView::host(&lse, [k, n, h]).unwrap(),
-        Some(&TensorView::host(&sinks, [h]).unwrap()),
-        &mut TensorViewMut::host(&mut out, [n, h, d]).unwrap(),
-        Some(&mut TensorViewMut::host(&mut out_lse, [n, h]).unwrap()),
-    )
-    .unwrap();
+    common::merge_host(&stream, [k, n, h, d], (&o, &lse), Some(&sinks), (&mut out, &mut out_lse)).unwrap();
     let wide = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>();
     let row_sinks: Vec<f64> = (0..n * h).map(|r| f64::from(sinks[r % h])).collect();
     let r =
@@ -143,14 +130,7 @@ fn merge_with_sinks_matches_the_reference() {
     assert!(out[..d].iter().all(|&x| x == 0.0));
     // Plain merge_states is the same call without sinks: different results here.
     let mut plain = vec![f32::NAN; n * h];
-    fused_attn::merge_states(
-        &stream,
-        &TensorView::host(&o, [k, n, h, d]).unwrap(),
-        &TensorView::host(&lse, [k, n, h]).unwrap(),
-        &mut TensorViewMut::host(&mut out, [n, h, d]).unwrap(),
-        Some(&mut TensorViewMut::host(&mut plain, [n, h]).unwrap()),
-    )
-    .unwrap();
+    common::merge_host(&stream, [k, n, h, d], (&o, &lse), None, (&mut out, &mut plain)).unwrap();
     assert_eq!(plain[0], f32::NEG_INFINITY);
     assert!(plain[1..].iter().zip(&out_lse[1..]).all(|(p, s)| p < s));
 }
@@ -233,50 +213,32 @@ fn bad_variants_are_typed_errors() {
         (v(&good_slopes, hq), v(&long_slopes, hq + 1), v(&nan_sinks, hq), v(&short_sinks, hq - 1), v(&inf_slopes, hq));
     let strided = TensorView::host(&batch_slopes[..], [hq]).unwrap().with_strides([2]).unwrap();
     let wrong_batch = TensorView::host(&batch_slopes[..], [3, hq]).unwrap();
-    let mut run = |m: ScoreMod<'_>| -> ErrorKind {
-        prefill(
-            &stream,
-            &TensorView::host(&q, [b, t, hq, d]).unwrap(),
-            &TensorView::host(&kv, [b, t, hkv, d]).unwrap(),
-            &TensorView::host(&kv, [b, t, hkv, d]).unwrap(),
-            &mut TensorViewMut::host(&mut o, [b, t, hq, d]).unwrap(),
-            None,
-            &PrefillOptions { causal: true, score_mod: m, ..Default::default() },
-        )
-        .map_or_else(|e| e.kind().clone(), |_| panic!("{m:?} was accepted"))
+    let mut run = |m: ScoreMod<'_>| -> Result<(), ErrorKind> {
+        let opts = PrefillOptions { causal: true, score_mod: m, ..Default::default() };
+        common::prefill_host(&stream, [b, t, t, hq, hkv, d], (&q, &kv, &kv), (&mut o, None), &opts)
+            .map_err(|e| e.kind().clone())
     };
     let none = ScoreMod::default();
-    assert_eq!(run(ScoreMod { window: Some((-2, 0)), ..none }), ErrorKind::Unsupported);
-    assert_eq!(run(ScoreMod { window: Some((3, -7)), ..none }), ErrorKind::Unsupported);
+    assert_eq!(run(ScoreMod { window: Some((-2, 0)), ..none }), Err(ErrorKind::Unsupported));
+    assert_eq!(run(ScoreMod { window: Some((3, -7)), ..none }), Err(ErrorKind::Unsupported));
     for c in [0.0, -1.0, f32::NAN, f32::INFINITY] {
-        assert_eq!(run(ScoreMod { softcap: Some(c), ..none }), ErrorKind::Unsupported, "softcap {c}");
+        assert_eq!(run(ScoreMod { softcap: Some(c), ..none }), Err(ErrorKind::Unsupported), "softcap {c}");
     }
-    assert_eq!(run(ScoreMod { alibi_slopes: Some(AlibiSlopes::PerHead(&long)), ..none }), ErrorKind::Shape);
-    assert_eq!(run(ScoreMod { alibi_slopes: Some(AlibiSlopes::PerSequence(&wrong_batch)), ..none }), ErrorKind::Shape);
-    assert_eq!(run(ScoreMod { alibi_slopes: Some(AlibiSlopes::PerHead(&strided)), ..none }), ErrorKind::Layout);
-    assert_eq!(run(ScoreMod { alibi_slopes: Some(AlibiSlopes::PerHead(&inf)), ..none }), ErrorKind::Unsupported);
-    assert_eq!(run(ScoreMod { sinks: Some(&short), ..none }), ErrorKind::Shape);
-    assert_eq!(run(ScoreMod { sinks: Some(&nan), ..none }), ErrorKind::Unsupported);
+    assert_eq!(run(ScoreMod { alibi_slopes: Some(AlibiSlopes::PerHead(&long)), ..none }), Err(ErrorKind::Shape));
+    let per_sequence = ScoreMod { alibi_slopes: Some(AlibiSlopes::PerSequence(&wrong_batch)), ..none };
+    assert_eq!(run(per_sequence), Err(ErrorKind::Shape));
+    assert_eq!(run(ScoreMod { alibi_slopes: Some(AlibiSlopes::PerHead(&strided)), ..none }), Err(ErrorKind::Layout));
+    assert_eq!(run(ScoreMod { alibi_slopes: Some(AlibiSlopes::PerHead(&inf)), ..none }), Err(ErrorKind::Unsupported));
+    assert_eq!(run(ScoreMod { sinks: Some(&short), ..none }), Err(ErrorKind::Shape));
+    assert_eq!(run(ScoreMod { sinks: Some(&nan), ..none }), Err(ErrorKind::Unsupported));
     // The good ones are accepted.
-    prefill(
-        &stream,
-        &TensorView::host(&q, [b, t, hq, d]).unwrap(),
-        &TensorView::host(&kv, [b, t, hkv, d]).unwrap(),
-        &TensorView::host(&kv, [b, t, hkv, d]).unwrap(),
-        &mut TensorViewMut::host(&mut o, [b, t, hq, d]).unwrap(),
-        None,
-        &PrefillOptions {
-            causal: true,
-            score_mod: ScoreMod {
-                window: Some((4, 0)),
-                softcap: Some(5.0),
-                alibi_slopes: Some(AlibiSlopes::PerHead(&good)),
-                sinks: Some(&good),
-            },
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let good_ones = ScoreMod {
+        window: Some((4, 0)),
+        softcap: Some(5.0),
+        alibi_slopes: Some(AlibiSlopes::PerHead(&good)),
+        sinks: Some(&good),
+    };
+    assert_eq!(run(good_ones), Ok(()));
     // Varlen checks the same way.
     let cu = [0i32, 10, 32];
     let e = prefill_varlen(

@@ -36,14 +36,14 @@
 //! (3.7e-4 at 4k keys) and still separates two heads' slopes (their LSEs differ by ≥ 0.01).
 use crate::common;
 
-use fused_attn::prefill::{prefill, prefill_varlen, PrefillKernel, PrefillOptions};
+use fused_attn::prefill::{prefill_varlen, PrefillKernel, PrefillOptions};
 use fused_attn::reference::{self, Arith};
 use fused_attn::score_mod::{AlibiSlopes, ScoreMod};
 use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::testkit::variants::{CaseAlibi, CaseVariants};
 use fused_attn::{
-    decode, merge_states_with_sinks, paged_prefill, DType, DecodeOptions, DecodeWorkspace, Element, Emulator,
-    PagedKvCache, PagedPrefillOptions, PagedPrefillWorkspace, Stream, TensorView, TensorViewMut,
+    paged_prefill, DType, DecodeOptions, DecodeWorkspace, Element, Emulator, PagedKvCache, PagedPrefillOptions,
+    PagedPrefillWorkspace, Stream, TensorView, TensorViewMut,
 };
 use half::{bf16, f16};
 use rand::seq::SliceRandom;
@@ -278,16 +278,10 @@ fn run_as<T: Element>(emu: &Emulator, p: &Problem, op: Op, seed: u64) -> Outputs
         Op::Dense(kernel) => {
             let (tq, tk) = p.seqs[0];
             assert!(p.seqs.iter().all(|&s| s == (tq, tk)), "dense: equal sequences");
-            prefill(
-                &stream,
-                &TensorView::host(&q, [b, tq, hq, d]).unwrap(),
-                &TensorView::host(&k, [b, tk, hkv, d]).unwrap(),
-                &TensorView::host(&v, [b, tk, hkv, d]).unwrap(),
-                &mut TensorViewMut::host(&mut o, [b, tq, hq, d]).unwrap(),
-                Some(&mut TensorViewMut::host(&mut lse, [b, hq, tq]).unwrap()),
-                &PrefillOptions { causal: p.causal, scale: Some(p.scale), score_mod, kernel, ..Default::default() },
-            )
-            .unwrap();
+            let opts =
+                PrefillOptions { causal: p.causal, scale: Some(p.scale), score_mod, kernel, ..Default::default() };
+            common::prefill_host(&stream, [b, tq, tk, hq, hkv, d], (&q, &k, &v), (&mut o, Some(&mut lse)), &opts)
+                .unwrap();
             Box::new(move |row, h| ((row / tq) * hq + h) * tq + row % tq)
         }
         Op::Varlen(kernel) => {
@@ -371,16 +365,7 @@ fn run_as<T: Element>(emu: &Emulator, p: &Problem, op: Op, seed: u64) -> Outputs
             let plan = DecodeWorkspace::new(&stream, 0, 0).unwrap().plan(&problem, &opts).unwrap();
             splits = plan.num_splits;
             let mut ws = DecodeWorkspace::for_plan(&stream, &plan).unwrap();
-            decode(
-                &stream,
-                &TensorView::host(&q, [b, hq, d]).unwrap(),
-                &cache,
-                &mut TensorViewMut::host(&mut o, [b, hq, d]).unwrap(),
-                Some(&mut TensorViewMut::host(&mut lse, [b, hq]).unwrap()),
-                &mut ws,
-                &opts,
-            )
-            .unwrap();
+            common::decode_host(&stream, [b, hq, d], &q, &cache, (&mut o, Some(&mut lse)), &mut ws, &opts).unwrap();
             Box::new(move |row, h| row * hq + h)
         }
     };
@@ -829,15 +814,7 @@ fn merge_with_every_heads_sink() {
         }
         let mut o = vec![f32::NAN; rows * h * d];
         let mut lse = vec![f32::NAN; rows * h];
-        merge_states_with_sinks(
-            &stream,
-            &TensorView::host(&os, [states, rows, h, d]).unwrap(),
-            &TensorView::host(&ls, [states, rows, h]).unwrap(),
-            Some(&TensorView::host(&sinks, [h]).unwrap()),
-            &mut TensorViewMut::host(&mut o, [rows, h, d]).unwrap(),
-            Some(&mut TensorViewMut::host(&mut lse, [rows, h]).unwrap()),
-        )
-        .unwrap();
+        common::merge_host(&stream, [states, rows, h, d], (&os, &ls), Some(&sinks), (&mut o, &mut lse)).unwrap();
         let (mut want_o, mut o_bd, mut want_l, mut l_bd) = (vec![], vec![], vec![], vec![]);
         for rh in 0..rows * h {
             let sk = f64::from(sinks[rh % h]);

@@ -11,6 +11,7 @@ use fused_attn::testkit::cases::kv::{KvFormat, QuantError};
 use fused_attn::testkit::cases::paged_prefill::{self as ppc, PagedPrefillCase};
 use fused_attn::testkit::cases::prefill::{self as pc, PrefillCase, PrefillFixture, PrefillOutputs};
 use fused_attn::testkit::cost_model;
+use fused_attn::testkit::timing::Runs;
 use fused_attn::testkit::variants::{CaseAlibi, CaseVariants};
 use fused_attn::{DType, Element, Error, LaunchCounters, Result};
 use half::{bf16, f16};
@@ -188,10 +189,15 @@ fn as_sweep(row: Result<Row>, case_row: impl FnOnce() -> Row) -> Row {
     }
 }
 
+/// The launches each op's GPU timing makes, in `run` and in `report` alike.
+const PREFILL_RUNS: Runs = Runs { warmup: 3, iters: 20 };
+const DECODE_RUNS: Runs = Runs { warmup: 5, iters: 30 };
+const PAGED_PREFILL_RUNS: Runs = Runs { warmup: 3, iters: 20 };
+
 /// Times one prefill case on the GPU (its output checked on sampled rows).
 pub fn time_prefill(cu: &Arc<CudaStream>, backend: &Backend, c: &PrefillCase, seed: u64, copy_gbps: f64) -> Row {
     let row = prefill_row("perf", backend, c, seed);
-    match pc::time_case_gpu(cu, c, seed, 3, 20) {
+    match pc::time_case_gpu(cu, c, seed, PREFILL_RUNS) {
         Ok(t) => {
             let mut row = with_prefill_outcome(row, &t.outcome);
             row.ms = Some(t.timing.median_ms);
@@ -208,7 +214,7 @@ pub fn time_prefill(cu: &Arc<CudaStream>, backend: &Backend, c: &PrefillCase, se
 /// workspace).
 pub fn time_decode(cu: &Arc<CudaStream>, backend: &Backend, c: &DecodeCase, seed: u64, copy_gbps: f64) -> Row {
     let mut row = decode_row("perf", backend, c, seed);
-    let t = dc::time_case_gpu(cu, c, seed, 5, 30);
+    let t = dc::time_case_gpu(cu, c, seed, DECODE_RUNS);
     if let Ok(t) = &t {
         row.num_splits = Some(t.plan.num_splits);
     }
@@ -225,7 +231,7 @@ pub fn time_paged_prefill(
     copy_gbps: f64,
 ) -> Row {
     let mut row = paged_prefill_row("perf", backend, c, seed);
-    let t = ppc::time_case_gpu(cu, c, seed, 3, 20);
+    let t = ppc::time_case_gpu(cu, c, seed, PAGED_PREFILL_RUNS);
     if let Ok(t) = &t {
         row.num_splits = Some(t.plan.num_splits);
     }
@@ -328,7 +334,7 @@ pub fn run_prefill(
         DType::Bf16 => run_prefill_t::<bf16>(backend, c, seed, dump, progress)?,
     };
     if let (Backend::Gpu { stream, .. }, Some(copy)) = (backend, copy_gbps) {
-        progress.message("prefill: timing on the GPU (CUDA events, median of 20)");
+        progress.message(format!("prefill: timing on the GPU (CUDA events, median of {})", PREFILL_RUNS.iters));
         let t = time_prefill(stream, backend, c, seed, copy);
         (row.ms, row.tflops, row.copy_gbps) = (t.ms, t.tflops, t.copy_gbps);
         if t.passed == Some(false) {
@@ -390,8 +396,8 @@ pub fn run_decode(
         DType::Bf16 => run_decode_t::<bf16>(backend, c, seed, dump, progress)?,
     };
     Ok(timed_on_gpu(row, backend, copy_gbps, |s, copy, row| {
-        progress.message("decode: timing on the GPU (CUDA events, median of 30)");
-        with_decode_timing(row, dc::time_case_gpu(s, c, seed, 5, 30), copy)
+        progress.message(format!("decode: timing on the GPU (CUDA events, median of {})", DECODE_RUNS.iters));
+        with_decode_timing(row, dc::time_case_gpu(s, c, seed, DECODE_RUNS), copy)
     }))
 }
 
@@ -453,8 +459,9 @@ pub fn run_paged_prefill(
         DType::Bf16 => run_paged_prefill_t::<bf16>(backend, c, seed, dump, progress)?,
     };
     Ok(timed_on_gpu(row, backend, copy_gbps, |s, copy, row| {
-        progress.message("paged-prefill: timing on the GPU (CUDA events, median of 20)");
-        with_paged_prefill_timing(row, ppc::time_case_gpu(s, c, seed, 3, 20), copy)
+        progress
+            .message(format!("paged-prefill: timing on the GPU (CUDA events, median of {})", PAGED_PREFILL_RUNS.iters));
+        with_paged_prefill_timing(row, ppc::time_case_gpu(s, c, seed, PAGED_PREFILL_RUNS), copy)
     }))
 }
 

@@ -12,6 +12,8 @@ mod plot;
 mod progress;
 mod report;
 mod row;
+#[cfg(test)]
+mod row_fields;
 
 use std::io::BufRead;
 use std::path::Path;

@@ -208,42 +208,7 @@ mod tests {
         };
         let j = r.json();
         let v: serde_json::Value = serde_json::from_str(&j).unwrap();
-        for key in [
-            "op",
-            "backend",
-            "dtype",
-            "head_dim",
-            "batch",
-            "heads_q",
-            "heads_kv",
-            "seqlen_q",
-            "seqlen_k",
-            "causal",
-            "page_size",
-            "kv_dtype",
-            "num_splits",
-            "max_abs_err",
-            "rel_l2_err",
-            "tolerance",
-            "lse_max_abs_err",
-            "passed",
-            "ms",
-            "tflops",
-            "gbps",
-            "copy_gbps",
-            "pct_of_copy_bw",
-            "baseline",
-            "vs_baseline",
-            "check",
-            "kind",
-            "seed",
-            "label",
-            "error",
-            "device",
-            "commit",
-            "date",
-            "counters",
-        ] {
+        for key in crate::row_fields::ROW_FIELDS {
             assert!(v.get(key).is_some(), "{key} missing in {j}");
         }
         assert_eq!((&v["ms"], &v["passed"], &v["max_abs_err"]), (&serde_json::Value::Null, &true.into(), &1e-3.into()));

@@ -25,7 +25,7 @@ use crate::testkit::cases::kv::{
 };
 use crate::testkit::cases::prefill::VariantViews;
 use crate::testkit::cases::with_dtype;
-use crate::testkit::timing::{time_launches, Timing};
+use crate::testkit::timing::{time_launches, Runs, Timing};
 use crate::testkit::variants::CaseVariants;
 use crate::Stream;
 
@@ -734,9 +734,10 @@ impl<T> PagedFixture<T> {
     /// Host views of the case's RoPE table and positions, if it has RoPE.
     pub(crate) fn rope_views_host(&self) -> Result<Option<RopeViews<'_>>> {
         let (Some(t), Some(case)) = (&self.rope_table, self.case.rope) else { return Ok(None) };
+        let (cos, sin) = t.views()?;
         Ok(Some(RopeViews {
-            cos: TensorView::host(&t.cos, t.shape())?,
-            sin: TensorView::host(&t.sin, t.shape())?,
+            cos,
+            sin,
             positions: TensorView::host(&self.rope_positions, [self.rope_positions.len()])?,
             case,
         }))
@@ -1133,28 +1134,21 @@ pub struct DecodeTiming {
 
 /// Times `case` (decode + merge when split) on `cu`. Inputs are the fixture's; cases meant for bandwidth
 /// should be larger than L2 (the perf shapes are hundreds of MB) so every launch streams from HBM.
-pub fn time_case_gpu(
-    cu: &Arc<CudaStream>,
-    case: &DecodeCase,
-    seed: u64,
-    warmup: usize,
-    iters: usize,
-) -> Result<DecodeTiming> {
+pub fn time_case_gpu(cu: &Arc<CudaStream>, case: &DecodeCase, seed: u64, runs: Runs) -> Result<DecodeTiming> {
     fn go<T: Element, C: CacheElement<T>>(
         cu: &Arc<CudaStream>,
         f: &PagedFixture<T>,
-        warmup: usize,
-        iters: usize,
+        runs: Runs,
     ) -> Result<DecodeTiming> {
         let mut g = GpuCase::<T, C>::upload(cu, f)?;
         let plan = g.plan;
-        let timing = time_launches(cu, warmup, iters, |_| g.run(cu, f).map(|_| ()))?;
+        let timing = time_launches(cu, runs, |_| g.run(cu, f).map(|_| ()))?;
         let bytes = decode_bytes(&f.case, &plan);
         Ok(DecodeTiming { timing, plan, bytes, gbps: bytes as f64 / (timing.median_ms * 1e-3) / 1e9 })
     }
     with_dtype!(case.dtype, T => {
         let f = PagedFixture::<T>::new(case, seed)?;
-        with_cache_element!(f.fp8.as_ref(), go::<T>(cu, &f, warmup, iters))
+        with_cache_element!(f.fp8.as_ref(), go::<T>(cu, &f, runs))
     })
 }
 
@@ -1183,7 +1177,7 @@ pub fn perf_report(cu: &Arc<CudaStream>, seed: u64) -> Result<Vec<PerfRow>> {
     perf_cases()
         .into_iter()
         .map(|case| {
-            let timing = time_case_gpu(cu, &case, seed, 5, 50)?;
+            let timing = time_case_gpu(cu, &case, seed, Runs { warmup: 5, iters: 50 })?;
             Ok(PerfRow { ratio: timing.gbps / copy_gbps, case, timing, copy_gbps })
         })
         .collect()

@@ -26,7 +26,7 @@ use crate::testkit::cases::kv::{
 };
 use crate::testkit::cases::prefill::VariantViews;
 use crate::testkit::cases::with_dtype;
-use crate::testkit::timing::{time_launches, Timing};
+use crate::testkit::timing::{time_launches, Runs, Timing};
 use crate::testkit::variants::CaseVariants;
 use crate::Stream;
 
@@ -603,22 +603,20 @@ pub fn time_case_gpu(
     cu: &Arc<CudaStream>,
     case: &PagedPrefillCase,
     seed: u64,
-    warmup: usize,
-    iters: usize,
+    runs: Runs,
 ) -> Result<PagedPrefillTiming> {
     fn go<T: Element, C: CacheElement<T>>(
         cu: &Arc<CudaStream>,
         f: &PagedPrefillFixture<T>,
-        warmup: usize,
-        iters: usize,
+        runs: Runs,
     ) -> Result<PagedPrefillTiming> {
         let mut g = GpuCase::<T, C>::upload(cu, f)?;
         let plan = g.run(cu, f)?;
-        let timing = time_launches(cu, warmup, iters, |_| g.run(cu, f).map(|_| ()))?;
+        let timing = time_launches(cu, runs, |_| g.run(cu, f).map(|_| ()))?;
         Ok(PagedPrefillTiming { timing, plan, tflops: case_flops(&f.case) / (timing.median_ms * 1e-3) / 1e12 })
     }
     with_dtype!(case.dtype, T => {
         let f = PagedPrefillFixture::<T>::new(case, seed);
-        with_cache_element!(f.fp8.as_ref(), go::<T>(cu, &f, warmup, iters))
+        with_cache_element!(f.fp8.as_ref(), go::<T>(cu, &f, runs))
     })
 }

@@ -21,7 +21,7 @@ use crate::reference::{self, Arith, Comparison};
 use crate::score_mod::{AlibiSlopes, ScoreMod};
 use crate::tensor::{Mem, MemMut, TensorView, TensorViewMut};
 use crate::testkit::cases::with_dtype;
-use crate::testkit::timing::{prefill_flops, time_launches, Timing};
+use crate::testkit::timing::{prefill_flops, time_launches, Runs, Timing};
 use crate::testkit::variants::{CaseAlibi, CaseVariants};
 use crate::Stream;
 use rand::Rng;
@@ -82,6 +82,13 @@ impl PrefillCase {
             kernel: PrefillKernel::Auto,
             sm90_steps: Sm90Steps::default(),
         }
+    }
+    /// A varlen case of `seqs` (q_len, k_len) per sequence, otherwise like [`PrefillCase::dense`]: batch
+    /// `seqs.len()`, and the longest sequences as `seqlen_q` / `seqlen_k` (the bounds the grid covers).
+    pub fn varlen(dtype: DType, d: usize, causal: bool, heads: (usize, usize), seqs: Vec<(usize, usize)>) -> Self {
+        let tq = seqs.iter().map(|s| s.0).max().unwrap_or(0);
+        let tk = seqs.iter().map(|s| s.1).max().unwrap_or(0);
+        Self { batch: seqs.len(), varlen: Some(seqs), ..Self::dense(dtype, d, causal, tq, tk, heads) }
     }
     /// Short description for test output and report rows.
     pub fn label(&self) -> String {
@@ -1248,28 +1255,17 @@ pub struct PrefillTiming {
 /// consecutive launches use different copies of the inputs and outputs (at least [`ROTATE_BYTES`] in all,
 /// at most [`MAX_SETS`] copies) so they stream from memory rather than hit L2. The output is then checked
 /// on sampled rows.
-pub fn time_case_gpu(
-    cu: &Arc<CudaStream>,
-    case: &PrefillCase,
-    seed: u64,
-    warmup: usize,
-    iters: usize,
-) -> Result<PrefillTiming> {
-    with_dtype!(case.dtype, T => time_fixture(cu, &PrefillFixture::<T>::new(case, seed)?, warmup, iters))
+pub fn time_case_gpu(cu: &Arc<CudaStream>, case: &PrefillCase, seed: u64, runs: Runs) -> Result<PrefillTiming> {
+    with_dtype!(case.dtype, T => time_fixture(cu, &PrefillFixture::<T>::new(case, seed)?, runs))
 }
 
 /// [`time_case_gpu`] of a fixture.
-fn time_fixture<T: Element>(
-    cu: &Arc<CudaStream>,
-    f: &PrefillFixture<T>,
-    warmup: usize,
-    iters: usize,
-) -> Result<PrefillTiming> {
+fn time_fixture<T: Element>(cu: &Arc<CudaStream>, f: &PrefillFixture<T>, runs: Runs) -> Result<PrefillTiming> {
     let set_bytes =
         (f.bufs.iter().map(|b| round8(b.len())).sum::<usize>() + round8(f.o_len)) * 2 + round8(f.lse_len.max(1)) * 4;
     let sets = ROTATE_BYTES.div_ceil(set_bytes.max(1)).clamp(1, MAX_SETS);
     let mut g = GpuSets::upload(cu, f, sets)?;
-    let timing = time_launches(cu, warmup, iters, |i| g.launch(cu, f, i))?;
+    let timing = time_launches(cu, runs, |i| g.launch(cu, f, i))?;
     let out = g.outputs(cu, f, 0, timing.median_ms * 1e-3)?;
     let outcome = f.evaluate_sampled(&out, TIMED_SAMPLE_ROWS)?;
     let flops = f.flops();

@@ -7,6 +7,13 @@ use std::io::Write;
 use std::sync::Arc;
 
 use cudarc::driver::CudaContext;
+use cudarc::driver::{CudaSlice, CudaStream};
+use fused_attn::merge::{merge_states_with_sinks, MergeElement};
+use fused_attn::prefill::{prefill, PrefillOptions};
+use fused_attn::{
+    append, decode, DecodeOptions, DecodePlan, DecodeWorkspace, Element, KvCacheOf, KvScales, PagedKvCache,
+    PagedKvCacheMut, Stream, TensorView, TensorViewMut,
+};
 
 /// The first GPU, or `None` after recording `test` as skipped: the name goes to stderr and to the file named
 /// by FA_SKIP_LOG (scripts/test counts and lists them). With FA_REQUIRE_GPU=1 (the GPU bundle) a missing GPU
@@ -27,6 +34,11 @@ pub fn gpu_or_skip(test: &str) -> Option<Arc<CudaContext>> {
             None
         }
     }
+}
+
+/// The first GPU's default stream, or `None` after recording `test` as skipped ([`gpu_or_skip`]).
+pub fn gpu_stream_or_skip(test: &str) -> Option<Arc<CudaStream>> {
+    gpu_or_skip(test).map(|ctx| ctx.default_stream())
 }
 
 /// The run's base seed: FA_SEED (decimal or 0x hex) if set, else the fixed default, so two runs of the suite
@@ -54,6 +66,28 @@ pub fn case_selected(index: usize) -> bool {
 pub fn rerun(file: &str, test: &str, case: Option<usize>) -> String {
     let case = case.map(|i| format!("FA_CASE={i} ")).unwrap_or_default();
     format!("rerun: FA_SEED={:#x} {case}cargo test --release --test it -- {file}::{test} --exact", base_seed())
+}
+
+/// [`sweep`] in order, on this thread, over `(sweep index, case)` pairs: `check(sweep index, case)` gives
+/// (passed, summary), and the failures name the cases by their position in `cases`.
+pub fn sweep_in_order<C: Sync>(
+    file: &str,
+    test: &str,
+    cases: &[(usize, C)],
+    label: impl Fn(&C) -> String + Sync,
+    check: impl Fn(usize, &C) -> (bool, String) + Sync,
+) {
+    sweep(
+        file,
+        test,
+        cases,
+        1,
+        |(_, c)| label(c),
+        |_, (i, c)| {
+            let (passed, summary) = check(*i, c);
+            verdict(passed, summary)
+        },
+    );
 }
 
 /// Runs the selected cases of a sweep (FA_CASE: positions in `cases`) with `check` (position, case) →
@@ -128,4 +162,116 @@ pub fn worst(ours: &[f64], want: &[f64], bound: &[f64]) -> (f64, usize, f64) {
         }
     }
     w
+}
+
+/// `merge_states_with_sinks` over host buffers on `stream`: states `os [k, n, h, d]` with LSEs `ls [k, n, h]`,
+/// `sinks [h]` if given, into `o [n, h, d]` and `lse [n, h]`.
+pub fn merge_host<S: MergeElement, O: MergeElement>(
+    stream: &Stream<'_>,
+    [k, n, h, d]: [usize; 4],
+    (os, ls): (&[S], &[f32]),
+    sinks: Option<&[f32]>,
+    (o, lse): (&mut [O], &mut [f32]),
+) -> fused_attn::Result<()> {
+    merge_states_with_sinks(
+        stream,
+        &TensorView::host(os, [k, n, h, d])?,
+        &TensorView::host(ls, [k, n, h])?,
+        sinks.map(|s| TensorView::host(s, [h])).transpose()?.as_ref(),
+        &mut TensorViewMut::host(o, [n, h, d])?,
+        Some(&mut TensorViewMut::host(lse, [n, h])?),
+    )
+}
+
+/// `prefill` over contiguous host buffers on `stream`: q and o `[b, tq, hq, d]`, k and v `[b, tk, hkv, d]`,
+/// lse `[b, hq, tq]` if given.
+pub fn prefill_host<T: Element>(
+    stream: &Stream<'_>,
+    [b, tq, tk, hq, hkv, d]: [usize; 6],
+    (q, k, v): (&[T], &[T], &[T]),
+    (o, lse): (&mut [T], Option<&mut [f32]>),
+    opts: &PrefillOptions<'_>,
+) -> fused_attn::Result<()> {
+    let mut lse = lse.map(|l| TensorViewMut::host(l, [b, hq, tq])).transpose()?;
+    prefill(
+        stream,
+        &TensorView::host(q, [b, tq, hq, d])?,
+        &TensorView::host(k, [b, tk, hkv, d])?,
+        &TensorView::host(v, [b, tk, hkv, d])?,
+        &mut TensorViewMut::host(o, [b, tq, hq, d])?,
+        lse.as_mut(),
+        opts,
+    )
+}
+
+/// `decode` of host queries `q [b, hq, d]` over `cache` on `stream`, into `o [b, hq, d]` and `lse [b, hq]` if
+/// given.
+pub fn decode_host<T: Element, C: KvCacheOf<T>>(
+    stream: &Stream<'_>,
+    [b, hq, d]: [usize; 3],
+    q: &[T],
+    cache: &PagedKvCache<'_, C>,
+    (o, lse): (&mut [T], Option<&mut [f32]>),
+    ws: &mut DecodeWorkspace,
+    opts: &DecodeOptions,
+) -> fused_attn::Result<DecodePlan> {
+    let mut lse = lse.map(|l| TensorViewMut::host(l, [b, hq])).transpose()?;
+    decode(
+        stream,
+        &TensorView::host(q, [b, hq, d])?,
+        cache,
+        &mut TensorViewMut::host(o, [b, hq, d])?,
+        lse.as_mut(),
+        ws,
+        opts,
+    )
+}
+
+/// `append` of host tokens `k`, `v` (`[n, Hkv, D]`, n = `slots.len()`) at `slots` into the host cache
+/// `(k_cache, v_cache)` of `shape` `[pages, page_size, Hkv, D]`, with `scales` for an FP8 cache.
+pub fn append_host<T: Element, C: KvCacheOf<T>>(
+    stream: &Stream<'_>,
+    (k, v, slots): (&[T], &[T], &[i64]),
+    (k_cache, v_cache): (&mut [C], &mut [C]),
+    shape: [usize; 4],
+    scales: Option<&KvScales>,
+) -> fused_attn::Result<()> {
+    let mut cache = PagedKvCacheMut::new(TensorViewMut::host(k_cache, shape)?, TensorViewMut::host(v_cache, shape)?)?;
+    if let Some(s) = scales {
+        cache = cache.with_scales(s)?;
+    }
+    let tokens = [slots.len(), shape[2], shape[3]];
+    append(
+        stream,
+        &TensorView::host(k, tokens)?,
+        &TensorView::host(v, tokens)?,
+        &TensorView::host(slots, [slots.len()])?,
+        &mut cache,
+    )
+}
+
+/// [`append_host`] on the GPU `cu`: the tokens and slots uploaded, the cache in device memory.
+pub fn append_gpu<T: Element, C: KvCacheOf<T>>(
+    cu: &Arc<CudaStream>,
+    (k, v, slots): (&[T], &[T], &[i64]),
+    (k_cache, v_cache): (&mut CudaSlice<C>, &mut CudaSlice<C>),
+    shape: [usize; 4],
+    scales: Option<&KvScales>,
+) -> fused_attn::Result<()> {
+    let (k, v, slots) = (cu.clone_htod(k)?, cu.clone_htod(v)?, cu.clone_htod(slots)?);
+    let mut cache = PagedKvCacheMut::new(
+        TensorViewMut::gpu(k_cache.as_view_mut(), shape)?,
+        TensorViewMut::gpu(v_cache.as_view_mut(), shape)?,
+    )?;
+    if let Some(s) = scales {
+        cache = cache.with_scales(s)?;
+    }
+    let tokens = [slots.len(), shape[2], shape[3]];
+    append(
+        &Stream::Gpu(cu),
+        &TensorView::gpu(k.as_view(), tokens)?,
+        &TensorView::gpu(v.as_view(), tokens)?,
+        &TensorView::gpu(slots.as_view(), [slots.len()])?,
+        &mut cache,
+    )
 }
