@@ -370,17 +370,21 @@ fn decode_dominant_token_at_every_boundary() {
     let verdicts: Vec<Verdict> = configs
         .iter()
         .enumerate()
-        .map(|(i, &(dt, d, heads, ps, s))| {
-            let probe = DecodeCase::new(dt, d, heads, ps, &[n], s);
-            let plan = DecodePlan::new(&probe.problem(), 1, s).unwrap();
-            let split = if plan.num_splits > 1 { plan.split_tokens } else { n };
-            let pos = boundary_positions(n, decode_tile_tokens(d), ps, split);
-            let case = DecodeCase::new(dt, d, heads, ps, &vec![n; pos.len()], s);
-            let label = format!("dominant at {pos:?}");
-            by_dtype!(dt, decode_exact(&emu, &label, &case, &Keys::Dominant(pos), common::case_seed(20 + i)))
-        })
+        .map(|(i, &config)| decode_dominant_at_boundaries(&emu, config, n, common::case_seed(20 + i)))
         .collect();
     judge("decode_dominant_token_at_every_boundary", &verdicts);
+}
+
+/// One sequence of `n` tokens per boundary position of `config` (KV tile, page, split), each with its dominant
+/// key there.
+fn decode_dominant_at_boundaries(emu: &Emulator, (dt, d, heads, ps, s): DecodeConfig, n: usize, seed: u64) -> Verdict {
+    let probe = DecodeCase::new(dt, d, heads, ps, &[n], s);
+    let plan = DecodePlan::new(&probe.problem(), 1, s).unwrap();
+    let split = if plan.num_splits > 1 { plan.split_tokens } else { n };
+    let pos = boundary_positions(n, decode_tile_tokens(d), ps, split);
+    let case = DecodeCase::new(dt, d, heads, ps, &vec![n; pos.len()], s);
+    let label = format!("dominant at {pos:?}");
+    by_dtype!(dt, decode_exact(emu, &label, &case, &Keys::Dominant(pos), seed))
 }
 
 /// D = 512 (Gemma 4's global layers; the width-512 kernel, whose 4 D-split warps each compute a quarter of
@@ -402,15 +406,8 @@ fn decode_exact_at_512() {
     let n = 333;
     let dominant: [DecodeConfig; 2] =
         [(DType::F16, 512, (16, 2), 16, Some(2)), (DType::Bf16, 512, (4, 4), 1, Some(max_splits(n)))];
-    for (i, &(dt, d, heads, ps, s)) in dominant.iter().enumerate() {
-        let probe = DecodeCase::new(dt, d, heads, ps, &[n], s);
-        let plan = DecodePlan::new(&probe.problem(), 1, s).unwrap();
-        let split = if plan.num_splits > 1 { plan.split_tokens } else { n };
-        let pos = boundary_positions(n, decode_tile_tokens(d), ps, split);
-        let case = DecodeCase::new(dt, d, heads, ps, &vec![n; pos.len()], s);
-        let label = format!("dominant at {pos:?}");
-        verdicts
-            .push(by_dtype!(dt, decode_exact(&emu, &label, &case, &Keys::Dominant(pos), common::case_seed(42 + i))));
+    for (i, &config) in dominant.iter().enumerate() {
+        verdicts.push(decode_dominant_at_boundaries(&emu, config, n, common::case_seed(42 + i)));
     }
     judge("decode_exact_at_512", &verdicts);
 }
