@@ -28,7 +28,7 @@ use std::collections::BinaryHeap;
 use crate::error::{Error, Result};
 use crate::plan::{DecodeProblem, MIN_SPLIT_TOKENS, ROWS_PER_CTA, SPLIT_GRANULE};
 use crate::sys;
-use crate::tile::{tile_policy, KernelOp};
+use crate::tile::decode_tile_or_widest;
 
 /// A unit's fixed cost in tokens streamed: its pipeline fill (three tiles' latency before the first math),
 /// the Q load and the epilogue. Only the packing's choices depend on it.
@@ -66,7 +66,7 @@ impl SplitPolicy {
 
 /// Resident decode CTAs per SM on compute capability `(major, minor)`: the shared memory an SM can give
 /// blocks (228 KiB on sm_90, 164 KiB on sm_80/87, 100 KiB on sm_86/89) over the CTA's need (the
-/// launcher's [`tile_policy`]: Q, 4 stages of 16 KiB of K/V, the row-offset ring, the token groups' (m, l),
+/// launcher's [`tile_policy`](crate::tile::tile_policy): Q, 4 stages of 16 KiB of K/V, the row-offset ring, the token groups' (m, l),
 /// the hole words) plus the 1 KiB the hardware reserves per block, at most what the launch bounds are built
 /// for (3: 168 registers a thread, which fits three CTAs in any SM's 64 K registers, so registers never bind
 /// first). So: 3 on sm_90, 2 on sm_80, 1 on sm_86/89 (the uniform planner assumes 2 everywhere). Head dims
@@ -79,11 +79,9 @@ pub fn decode_ctas_per_sm(compute_capability: (u32, u32), head_dim: usize) -> us
         (8, _) => 100 * 1024,
         _ => 100 * 1024,
     };
-    // The widest kernel's need for an unsupported head dim (the call fails later, with its own error).
-    let tile = tile_policy(KernelOp::Decode, head_dim, false, None)
-        .or_else(|| tile_policy(KernelOp::Decode, crate::head_dim::MAX_HEAD_DIM, false, None))
-        .expect("decode has a kernel for the widest head dim");
-    (smem_per_sm / (tile.smem_bytes + 1024)).clamp(1, tile.min_ctas_per_sm)
+    // (No policy at all would be a launcher without decode kernels: one CTA per SM, the safe assumption.)
+    decode_tile_or_widest(head_dim)
+        .map_or(1, |tile| (smem_per_sm / (tile.smem_bytes + 1024)).clamp(1, tile.min_ctas_per_sm))
 }
 
 /// One decode launch's schedule: which units each CTA runs, which sequences are merged, and what each CTA
@@ -378,6 +376,7 @@ fn to_i32(v: usize) -> Result<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tile::{tile_policy, KernelOp};
 
     fn problem(batch: usize, hq: usize, hkv: usize, len: usize) -> DecodeProblem {
         DecodeProblem { batch, heads_q: hq, heads_kv: hkv, head_dim: 128, max_seq_len: len }

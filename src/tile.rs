@@ -68,18 +68,29 @@ pub fn tile_policy(op: KernelOp, head_dim: usize, variant: bool, fp8: Option<Fp8
     let mut p = sys::FaTilePolicy::default();
     // SAFETY: a pure function of its arguments that writes only `*out` (kernels/host/tile_policy.cpp).
     let status = unsafe { sys::fa_tile_policy(op as i32, i32::try_from(head_dim).ok()?, variant as i32, kv, &mut p) };
-    let n = |x: i32| usize::try_from(x).expect("fa_tile_policy returns non-negative sizes");
-    (status == sys::FA_OK).then(|| TilePolicy {
-        width: n(p.width),
-        block_m: n(p.block_m),
-        block_n: n(p.block_n),
-        stages: n(p.stages),
-        threads: n(p.threads),
-        smem_bytes: n(p.smem_bytes),
-        min_ctas_per_sm: n(p.min_ctas_per_sm),
+    if status != sys::FA_OK {
+        return None;
+    }
+    // Sizes are never negative (a negative one would be a launcher bug: no policy rather than a wrap).
+    let n = |x: i32| usize::try_from(x).ok();
+    Some(TilePolicy {
+        width: n(p.width)?,
+        block_m: n(p.block_m)?,
+        block_n: n(p.block_n)?,
+        stages: n(p.stages)?,
+        threads: n(p.threads)?,
+        smem_bytes: n(p.smem_bytes)?,
+        min_ctas_per_sm: n(p.min_ctas_per_sm)?,
         lean: p.lean != 0,
-        score_splits: n(p.score_splits),
+        score_splits: n(p.score_splits)?,
     })
+}
+
+/// The decode kernel's policy for `head_dim`, or, for a head dim decode does not take (whose call fails
+/// with its own error), the widest kernel's: what occupancy and cost estimates made before validation use.
+pub fn decode_tile_or_widest(head_dim: usize) -> Option<TilePolicy> {
+    tile_policy(KernelOp::Decode, head_dim, false, None)
+        .or_else(|| tile_policy(KernelOp::Decode, crate::head_dim::DECODE_MAX_HEAD_DIM, false, None))
 }
 
 #[cfg(test)]

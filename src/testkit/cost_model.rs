@@ -3,7 +3,7 @@
 //! kernel really did; tests/it/cost.rs asserts the two agree, so a kernel that reads the cache twice or visits
 //! tiles the causal mask hides fails even when its answer is right.
 //!
-//! The models take the kernels' tiles from the launchers ([`tile_policy`], [`TileConfig`]) and their walk
+//! The models take the kernels' tiles from the launchers ([`tile_policy`](crate::tile::tile_policy), [`TileConfig`]) and their walk
 //! from the host policy ([`kv_block_range`], [`DecodePlan`]); each formula says which design decision it
 //! encodes.
 
@@ -13,7 +13,7 @@ use crate::plan::{DecodePlan, ROWS_PER_CTA};
 use crate::prefill::{uses_variant_kernel, TileConfig};
 use crate::testkit::cases::decode::DecodeCase;
 use crate::testkit::cases::prefill::PrefillCase;
-use crate::tile::{tile_policy, KernelOp, TilePolicy};
+use crate::tile::{decode_tile_or_widest, TilePolicy};
 
 /// Multiply-accumulates of one `mma.m16n8k16`.
 const MMA_MACS: u64 = 16 * 8 * 16;
@@ -120,12 +120,11 @@ impl PrefillCost {
     }
 }
 
-/// The decode kernel's tile for a head dim (the launcher's [`tile_policy`]; the widest kernel's for a head
+/// The decode kernel's tile for a head dim (the launcher's [`tile_policy`](crate::tile::tile_policy); the widest kernel's for a head
 /// dim no kernel takes, whose call fails anyway).
+/// A test-harness precondition: the host library has decode kernels.
 fn decode_tile(head_dim: usize) -> TilePolicy {
-    tile_policy(KernelOp::Decode, head_dim, false, None)
-        .or_else(|| tile_policy(KernelOp::Decode, crate::head_dim::MAX_HEAD_DIM, false, None))
-        .expect("decode has a kernel for the widest head dim")
+    decode_tile_or_widest(head_dim).expect("the host library has decode kernels")
 }
 
 /// The decode kernel's KV tile (tokens) for a head dim: 16 tokens per warp times the token groups of the
