@@ -444,12 +444,7 @@ pub fn check_decode_args<T: Element, C: KvCacheOf<T>>(
     let [batch, heads_q, head_dim] = q.shape();
     let g = cache.geometry();
     fp8::check_cache_dtype::<C>(T::DTYPE, cache.scales, g.heads_kv)?;
-    if !crate::head_dim::supported(KernelOp::Decode, head_dim) {
-        return Err(Error::unsupported(
-            "q",
-            format!("head dim {head_dim} (decode supports {})", crate::head_dim::describe(KernelOp::Decode)),
-        ));
-    }
+    crate::head_dim::check(KernelOp::Decode, head_dim)?;
     if g.head_dim != head_dim {
         return Err(Error::shape("k_cache", format!("head dim {} differs from q's {head_dim}", g.head_dim)));
     }

@@ -9,6 +9,7 @@
 //! memory and never stored, so the padding costs tensor-core time (counted in the testkit cost model's mma),
 //! not memory traffic.
 
+use crate::error::{Error, Result};
 use crate::sys;
 use crate::tile::{tile_policy, KernelOp};
 
@@ -93,6 +94,20 @@ pub fn decode_width(d: usize) -> Option<usize> {
 /// "multiples of 8 from 32 to 512" (decode), for error messages: the head dims `op` takes.
 pub fn describe(op: KernelOp) -> String {
     format!("multiples of {HEAD_DIM_STEP} from {MIN_HEAD_DIM} to {}", max_head_dim(op))
+}
+
+/// `Ok` when `op` takes head dim `head_dim`, else the one error every op gives for it: `Unsupported`,
+/// naming `q` and the op's own range.
+pub(crate) fn check(op: KernelOp, head_dim: usize) -> Result<()> {
+    if supported(op, head_dim) {
+        return Ok(());
+    }
+    let name = match op {
+        KernelOp::Prefill | KernelOp::PrefillSm90 => "prefill",
+        KernelOp::PagedPrefill => "paged prefill",
+        KernelOp::Decode => "decode",
+    };
+    Err(Error::unsupported("q", format!("head dim {head_dim} ({name} supports {})", describe(op))))
 }
 
 #[cfg(test)]

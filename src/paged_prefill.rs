@@ -134,16 +134,7 @@ impl PagedPrefillPlan {
     /// kernel runs one CTA per SM at D = 128) or the context is short; else as many splits as it takes to
     /// cover the SMs, each at least [`MIN_SPLIT_KEYS`] keys, at most [`MAX_PLANNED_SPLITS`].
     pub fn new(problem: &PagedPrefillProblem, sm_count: usize, forced: Option<usize>) -> Result<Self> {
-        problem.tile().ok_or_else(|| {
-            Error::unsupported(
-                "q",
-                format!(
-                    "head dim {} (paged prefill supports {})",
-                    problem.head_dim,
-                    crate::head_dim::describe(KernelOp::PagedPrefill)
-                ),
-            )
-        })?;
+        crate::head_dim::check(KernelOp::PagedPrefill, problem.head_dim)?;
         let ctas = problem.ctas_per_split();
         let keys = problem.max_seq_len.max(1);
         let wanted = match forced {
@@ -234,15 +225,7 @@ pub fn check_paged_prefill_args<T: Element, C: KvCacheOf<T>>(
     let [total_q, heads_q, head_dim] = q.shape();
     let g = cache.geometry();
     fp8::check_cache_dtype::<C>(T::DTYPE, cache.scales(), g.heads_kv)?;
-    if !crate::head_dim::supported(KernelOp::PagedPrefill, head_dim) {
-        return Err(Error::unsupported(
-            "q",
-            format!(
-                "head dim {head_dim} (paged prefill supports {})",
-                crate::head_dim::describe(KernelOp::PagedPrefill)
-            ),
-        ));
-    }
+    crate::head_dim::check(KernelOp::PagedPrefill, head_dim)?;
     if C::KV_DTYPE.fp8().is_some() && head_dim % 16 != 0 {
         return Err(Error::unsupported(
             "k_cache",

@@ -90,7 +90,7 @@ pub fn tile_policy(op: KernelOp, head_dim: usize, variant: bool, fp8: Option<Fp8
 /// with its own error), the widest kernel's: what occupancy and cost estimates made before validation use.
 pub fn decode_tile_or_widest(head_dim: usize) -> Option<TilePolicy> {
     tile_policy(KernelOp::Decode, head_dim, false, None)
-        .or_else(|| tile_policy(KernelOp::Decode, crate::head_dim::DECODE_MAX_HEAD_DIM, false, None))
+        .or_else(|| tile_policy(KernelOp::Decode, sys::FA_DECODE_MAX_HEAD_DIM as usize, false, None))
 }
 
 #[cfg(test)]

@@ -124,12 +124,9 @@ pub fn uses_variant_kernel(variants: &VariantSet, seqlen_q: usize, seqlen_k: usi
 /// Checks the head layout shared by both entry points: D supported and equal for q/k/v, Hq a positive
 /// multiple of Hkv, v shaped like k, o like q, rows 16-byte aligned with unit innermost stride.
 fn check_heads(head_dim: usize, d_k: usize, d_v: usize, heads_q: usize, heads_kv: usize) -> Result<TileConfig> {
-    let cfg = TileConfig::for_head_dim(head_dim).ok_or_else(|| {
-        Error::unsupported(
-            "q",
-            format!("head dim {head_dim} (prefill supports {})", crate::head_dim::describe(KernelOp::Prefill)),
-        )
-    })?;
+    crate::head_dim::check(KernelOp::Prefill, head_dim)?;
+    let cfg = TileConfig::for_head_dim(head_dim)
+        .ok_or_else(|| Error::unsupported("q", format!("head dim {head_dim}: no prefill kernel")))?;
     if d_k != head_dim {
         return Err(Error::shape("k", format!("head dim {d_k} differs from q's {head_dim}")));
     }
