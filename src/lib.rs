@@ -41,6 +41,7 @@ pub mod candle;
 pub mod decode;
 pub mod dtype;
 pub mod error;
+pub mod fast_divmod;
 pub mod fp8;
 pub mod head_dim;
 pub mod mask;

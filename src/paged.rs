@@ -1,8 +1,8 @@
 //! Typed views of a paged KV cache (vLLM / FlashInfer style) and their validation.
 //!
-//! Layout (docs/semantics.md): K and V each `[num_pages, page_size, Hkv, D]`, `page_size` a power of two in
-//! 1..=256; `block_table` int32 `[B, max_pages_per_seq]`; `seq_lens` int32 `[B]`; a slot is
-//! `page * page_size + offset`.
+//! Layout (docs/semantics.md): K and V each `[num_pages, page_size, Hkv, D]`, `page_size` any value in
+//! 1..=[`MAX_PAGE_SIZE`] (vLLM's hybrid attention + Mamba models use sizes such as 528 or 1056);
+//! `block_table` int32 `[B, max_pages_per_seq]`; `seq_lens` int32 `[B]`; a slot is `page * page_size + offset`.
 //!
 //! What is validated where. Shapes, strides, page size and the table's capacity are checked here, on the
 //! host, when a view is built. `seq_lens` and the `block_table` entries are *data*, which on the GPU backend
@@ -22,6 +22,7 @@
 use crate::device::Stream;
 use crate::emu::TableChecks;
 use crate::error::{to_i32, Error, Result};
+use crate::fast_divmod;
 use crate::fp8::{self, KvElement, KvScales};
 use crate::launch::Launch;
 use crate::sys;
@@ -31,8 +32,10 @@ use crate::tensor::{Mem, TensorView, TensorViewMut};
 /// a tile and a split granule past the end.
 pub const MAX_TOKENS: usize = i32::MAX as usize - 4096;
 
-/// Largest supported page size (tokens).
-pub const MAX_PAGE_SIZE: usize = 256;
+/// Largest supported page size (tokens): the longest sequence. No kernel needs a smaller bound: they divide
+/// by the page size with [`crate::fast_divmod`]'s constants, exact for every divisor below 2^31, and tile
+/// keys independently of pages; a page larger than any sequence could fill would only waste memory.
+pub const MAX_PAGE_SIZE: usize = MAX_TOKENS;
 
 /// Page geometry shared by the read-only and the writable view.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,22 +46,16 @@ pub struct PageGeometry {
     pub head_dim: usize,
 }
 
-impl PageGeometry {
-    fn log2_page_size(&self) -> i32 {
-        self.page_size.trailing_zeros() as i32
-    }
-}
-
 /// Checks K and V pages: equal shapes, supported page size, 16-byte rows. Returns the geometry.
 fn check_pages(k_shape: [usize; 4], v_shape: [usize; 4]) -> Result<PageGeometry> {
     if k_shape != v_shape {
         return Err(Error::shape("v_cache", format!("shape {v_shape:?} differs from k_cache {k_shape:?}")));
     }
     let [num_pages, page_size, heads_kv, head_dim] = k_shape;
-    if !page_size.is_power_of_two() || page_size > MAX_PAGE_SIZE {
+    if page_size == 0 || page_size > MAX_PAGE_SIZE {
         return Err(Error::unsupported(
             "k_cache",
-            format!("page size {page_size} (dimension 1) is not a power of two in 1..={MAX_PAGE_SIZE}"),
+            format!("page size {page_size} (dimension 1) is outside 1..={MAX_PAGE_SIZE}"),
         ));
     }
     if num_pages == 0 || heads_kv == 0 {
@@ -85,6 +82,8 @@ pub(crate) fn abi_cache(
 ) -> Result<sys::FaPagedCache> {
     let (block_table, seq_lens, block_table_stride, max_pages) =
         table.unwrap_or((std::ptr::null(), std::ptr::null(), 0, 1));
+    let page_div = fast_divmod::divisor(g.page_size)
+        .ok_or_else(|| Error::unsupported("page_size", format!("{} is outside 1..={MAX_PAGE_SIZE}", g.page_size)))?;
     Ok(sys::FaPagedCache {
         k_cache: pointers.0,
         v_cache: pointers.1,
@@ -97,9 +96,9 @@ pub(crate) fn abi_cache(
         v_token_stride: v_strides[1],
         v_head_stride: v_strides[2],
         block_table_stride,
+        page_div,
         num_pages: to_i32("num_pages", g.num_pages)?,
         page_size: to_i32("page_size", g.page_size)?,
-        log2_page_size: g.log2_page_size(),
         max_pages_per_seq: to_i32("block_table (max_pages_per_seq)", max_pages)?,
         // 16-bit; an FP8 cache's fields are set by crate::fp8::fill_abi.
         kv_dtype: sys::FA_KV_SAME as i32,
@@ -125,7 +124,7 @@ pub struct PagedKvCache<'a, T> {
 impl<'a, T> PagedKvCache<'a, T> {
     /// Validates and wraps a cache.
     ///  - `k_cache`, `v_cache`: `[num_pages, page_size, Hkv, D]`, same shape, unit innermost stride, other
-    ///    strides multiples of 16 bytes; page size a power of two in 1..=256 (else `Unsupported`).
+    ///    strides multiples of 16 bytes; page size in 1..=[`MAX_PAGE_SIZE`] (else `Unsupported`).
     ///  - `block_table`: int32 `[B, max_pages_per_seq]`, unit innermost stride.
     ///  - `seq_lens`: int32 `[B]`, contiguous.
     ///  - `max_seq_len`: the caller's upper bound on `seq_lens` (see the module docs); must not exceed the
@@ -455,8 +454,10 @@ mod tests {
         let make = |shape: [usize; 4], vshape: [usize; 4], max: usize| {
             try_cache(shape, vshape, [3, 4], 3, max).err().map(|e| e.kind().clone())
         };
-        assert_eq!(make([2, 48, 1, 64], [2, 48, 1, 64], 1), Some(ErrorKind::Unsupported), "page size 48");
-        assert_eq!(make([2, 512, 1, 64], [2, 512, 1, 64], 1), Some(ErrorKind::Unsupported), "page size 512");
+        assert_eq!(make([2, 0, 1, 64], [2, 0, 1, 64], 0), Some(ErrorKind::Unsupported), "page size 0");
+        assert_eq!(make([2, 48, 1, 64], [2, 48, 1, 64], 1), None, "page size 48");
+        assert_eq!(make([2, 1056, 1, 64], [2, 1056, 1, 64], 4224), None, "page size 1056");
+        assert_eq!(make([2, 3, 1, 64], [2, 3, 1, 64], 13), Some(ErrorKind::Shape), "4 pages x 3 < 13");
         assert_eq!(make([2, 16, 1, 64], [2, 16, 2, 64], 1), Some(ErrorKind::Shape), "K/V mismatch");
         assert_eq!(make([2, 16, 1, 64], [2, 16, 1, 64], 65), Some(ErrorKind::Shape), "table too narrow");
         assert_eq!(make([2, 16, 1, 64], [2, 16, 1, 64], 64), None);

@@ -23,6 +23,7 @@ mod hopper;
 mod linking;
 mod merge;
 mod module_graph;
+mod page_sizes;
 mod paged_prefill;
 mod plan;
 mod poison;

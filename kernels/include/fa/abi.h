@@ -93,8 +93,23 @@ typedef struct FaPrefillParams {
 } FaPrefillParams;
 
 /* ---------------------------------------------------------------------------------------------------------
+ * Division by a runtime constant d (1 <= d < 2^31) without a divide instruction (fa/fast_divmod.cuh, which
+ * proves it exact): shift = ceil(log2 d), mul = ceil(2^(32 + shift) / d) - 2^32 and mul64 = ceil(2^(64 +
+ * shift) / d) - 2^64 (each fits its type); then n / d = (umulhi(n, mul) + n) >> shift for every 0 <= n < 2^31,
+ * and (umul64hi(n, mul64) + n) >> shift for every 0 <= n < 2^63. Computed by the host (src/fast_divmod.rs);
+ * the launchers re-check them against d.
+ * ------------------------------------------------------------------------------------------------------- */
+typedef struct FaDivisor {
+  uint64_t mul64;
+  uint32_t mul;
+  int32_t shift;
+} FaDivisor;
+
+/* ---------------------------------------------------------------------------------------------------------
  * Paged KV cache: k_cache / v_cache [num_pages, page_size, Hkv, D]; block_table int32 [B, max_pages_per_seq]
- * (row stride block_table_stride); seq_lens int32 [B]. page_size is a power of two, 1..256.
+ * (row stride block_table_stride); seq_lens int32 [B]. page_size: any value >= 1 (the Rust layer allows up
+ * to its MAX_TOKENS, the longest sequence), with page_div its FaDivisor; max_pages_per_seq * page_size fits
+ * int32 (token indices).
  * Element type (kv_dtype): FA_KV_SAME (0, what zero-initialised callers get) is the op's 16-bit dtype;
  * FA_KV_FP8_E4M3 / FA_KV_FP8_E5M2 store one byte per element (OCP FP8 as CUDA's __nv_fp8_e4m3 / _e5m2;
  * strides then count bytes). An FP8 cache has dequantisation scales: stored value x scale is the value
@@ -113,7 +128,8 @@ typedef struct FaPagedCache {
   int64_t k_page_stride, k_token_stride, k_head_stride;
   int64_t v_page_stride, v_token_stride, v_head_stride;
   int64_t block_table_stride;
-  int32_t num_pages, page_size, log2_page_size, max_pages_per_seq;
+  FaDivisor page_div; /* page_size as a divisor: token -> page and slot -> page without a divide */
+  int32_t num_pages, page_size, max_pages_per_seq;
   int32_t kv_dtype;          /* FA_KV_* */
   int32_t scale_head_stride; /* FP8: 0 = one scale per tensor, 1 = one per KV head */
   const float *k_scale;      /* FP8: dequantisation scales (see above) */
@@ -498,6 +514,13 @@ void fa_host_float_to_fp8(const float *in, uint8_t *out, int64_t n, int32_t kv_d
  * power-of-two multiply), as the host build runs it (and the GPU below sm_89, and for bf16 everywhere):
  * codes -> fp16 (dtype FA_DTYPE_F16) or bf16 bits, n a multiple of 4. */
 void fa_host_fp8_to_16_fast(const uint8_t *in, uint16_t *out, int64_t n, int32_t kv_dtype, int32_t dtype);
+/* The kernels' division by a page size (fa/fast_divmod.cuh), as the host build runs it: fa_host_divisor
+ * writes d's FaDivisor (what the launchers check a cache's page_div against; returns FA_ERR_INVALID for d
+ * outside 1 .. 2^31 - 1); fa_host_divmod divides n[i] by d through `div` into quot[i], rem[i]: the 32-bit
+ * form (wide = 0, token indices: 0 <= n < 2^31) or the 64-bit one (wide = 1, append's slots: 0 <= n < 2^63). */
+int fa_host_divisor(int32_t d, FaDivisor *out);
+void fa_host_divmod(FaDivisor div, int32_t d, const int64_t *n, int64_t *quot, int64_t *rem, int64_t count,
+                    int32_t wide);
 
 #ifdef __cplusplus
 }

@@ -212,7 +212,7 @@ pub struct RunArgs {
     /// Bidirectional attention over the whole context [paged-prefill only; it is causal by default].
     #[arg(long, conflicts_with = "causal")]
     pub no_causal: bool,
-    /// Page size of the KV cache, a power of two in 1..=256 [decode, paged-prefill].
+    /// Page size of the KV cache, any in 1..=MAX_PAGE_SIZE (2^31 - 4097) [decode, paged-prefill].
     #[arg(long, default_value_t = 16, value_name = "N")]
     pub page_size: usize,
     /// Element type of the KV cache [decode, paged-prefill] [default: --dtype]. FP8 caches hold the 16-bit cache
