@@ -14,7 +14,7 @@
 //! (`"Shape error: q: ..."`), through `impl From<fused_attn::Error> for candle_core::Error`.
 //!
 //! The paged cache of one layer is one tensor `kv_cache [2, num_pages, page_size, Hkv, D]` (K pages, then V
-//! pages: vLLM's flash-attention layout), f16 or bf16, page size a power of two up to 256. Index tensors
+//! pages: vLLM's flash-attention layout), f16 or bf16, any page size >= 1 (`paged::MAX_PAGE_SIZE`). Index tensors
 //! (`block_table`, `seq_lens`, `seqlens_q/k`) are int32 (`DType::I32`, or `U32` read as int32, as
 //! candle-flash-attn takes them); `slot_mapping` is `DType::I64`.
 
