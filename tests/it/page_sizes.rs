@@ -87,7 +87,8 @@ fn fast_divmod_is_exact_over_the_abi_range() {
         let mut n64 = boundary_dividends(d as i64, i64::MAX);
         n64.extend(boundary_dividends(d as i64, slots_top));
         n64.extend(boundary_dividends(d as i64, top32));
-        let failure = check_divmod(d, &boundary_dividends(d as i64, top32), false).or_else(|| check_divmod(d, &n64, true));
+        let failure =
+            check_divmod(d, &boundary_dividends(d as i64, top32), false).or_else(|| check_divmod(d, &n64, true));
         assert!(failure.is_none(), "{}", failure.unwrap());
     }
     // Exhaustively over the first 2^20 token indices (and slots) for the page sizes the ops are tested at
@@ -118,73 +119,131 @@ fn poisoned<T: fused_attn::Element>(f: &PagedFixture<T>) -> bool {
     nan(&f.k_cache) == unused && nan(&f.v_cache) == unused && unused >= (tail + ps) * row
 }
 
-#[test]
-fn decode_at_any_page_size() {
-    let emu = Emulator::new();
+/// Decode at every page size (16-bit, planned and forced splits alternating) and over FP8 caches at three.
+fn decode_cases() -> Vec<(usize, DecodeCase)> {
     let fp8 = KvFormat::Fp8 { format: Fp8Format::E4m3, scales: ScaleKind::PerHead };
-    let mut cases = Vec::new();
-    for (i, &ps) in PAGE_SIZES.iter().enumerate() {
-        cases.push(decode_case(ps, KvFormat::Sixteen, [None, Some(3)][i % 2]));
-    }
+    let mut cases: Vec<DecodeCase> = PAGE_SIZES
+        .iter()
+        .enumerate()
+        .map(|(i, &ps)| decode_case(ps, KvFormat::Sixteen, [None, Some(3)][i % 2]))
+        .collect();
     cases.extend([decode_case(3, fp8, Some(2)), decode_case(100, fp8, None), decode_case(1056, fp8, Some(3))]);
-    for (i, case) in cases.iter().enumerate() {
-        let seed = common::case_seed(7000 + i);
-        assert!(poisoned(&PagedFixture::<bf16>::new(case, seed).unwrap()), "{}", case.label());
-    }
-    let cases: Vec<(usize, DecodeCase)> = cases.into_iter().enumerate().collect();
-    common::sweep_in_order("page_sizes", "decode_at_any_page_size", &cases, DecodeCase::label, |i, case| {
-        let outcome = dc::check_case_emulated(&emu, case, common::case_seed(7000 + i)).unwrap();
+    cases.into_iter().enumerate().collect()
+}
+
+/// Paged prefill at every page size: chunked prefill starting mid-page, a speculative-verify row block, a
+/// whole prompt past 1056 tokens, a decode row; planned and forced splits alternating.
+fn paged_prefill_cases() -> Vec<(usize, ppc::PagedPrefillCase)> {
+    let case = |i: usize, ps| ppc::PagedPrefillCase {
+        num_splits: [None, Some(3)][i % 2],
+        ..ppc::case(64, (4, 2), ps, &[(5, 130), (17, 17), (40, 1100), (1, 37)])
+    };
+    PAGE_SIZES.iter().enumerate().map(|(i, &ps)| (i, case(i, ps))).collect()
+}
+
+fn check_decode(test: &str, check: impl Fn(&DecodeCase, u64) -> fused_attn::Result<dc::CaseOutcome> + Sync) {
+    common::sweep_in_order("page_sizes", test, &decode_cases(), DecodeCase::label, |i, case| {
+        let outcome = check(case, common::case_seed(7000 + i)).unwrap();
         (outcome.passed(), outcome.summary())
     });
+}
+
+fn check_paged_prefill(
+    test: &str,
+    check: impl Fn(&ppc::PagedPrefillCase, u64) -> fused_attn::Result<ppc::PagedPrefillOutcome> + Sync,
+) {
+    common::sweep_in_order("page_sizes", test, &paged_prefill_cases(), ppc::PagedPrefillCase::label, |i, c| {
+        let outcome = check(c, common::case_seed(7100 + i)).unwrap();
+        (outcome.passed(), outcome.summary())
+    });
+}
+
+#[test]
+fn decode_at_any_page_size() {
+    for (i, case) in decode_cases() {
+        assert!(poisoned(&PagedFixture::<bf16>::new(&case, common::case_seed(7000 + i)).unwrap()), "{}", case.label());
+    }
+    let emu = Emulator::new();
+    check_decode("decode_at_any_page_size", |c, seed| dc::check_case_emulated(&emu, c, seed));
+}
+
+/// The same cases on a GPU, where the division is __umulhi (skips visibly without one).
+#[test]
+fn gpu_decode_at_any_page_size() {
+    let Some(cu) = common::gpu_stream_or_skip("page_sizes::gpu_decode_at_any_page_size") else { return };
+    check_decode("gpu_decode_at_any_page_size", |c, seed| dc::check_case_gpu(&cu, c, seed));
 }
 
 #[test]
 fn paged_prefill_at_any_page_size() {
     let emu = Emulator::new();
-    let mut cases: Vec<(usize, ppc::PagedPrefillCase)> = Vec::new();
-    for (i, &ps) in PAGE_SIZES.iter().enumerate() {
-        // Chunked prefill starting mid-page, a speculative-verify row block, a whole prompt, a decode row.
-        let mut c = ppc::case(64, (4, 2), ps, &[(5, 130), (17, 17), (40, 1100), (1, 37)]);
-        c.num_splits = [None, Some(3)][i % 2];
-        cases.push((i, c));
-    }
-    common::sweep_in_order("page_sizes", "paged_prefill_at_any_page_size", &cases, ppc::PagedPrefillCase::label, |i, c| {
-        let outcome = ppc::check_case_emulated(&emu, c, common::case_seed(7100 + i)).unwrap();
-        (outcome.passed(), outcome.summary())
-    });
+    check_paged_prefill("paged_prefill_at_any_page_size", |c, seed| ppc::check_case_emulated(&emu, c, seed));
 }
 
-/// Append writes every token into exactly its slot (the whole cache, NaN slots included, equals the
-/// fixture's bit for bit), skipping padding and a slot past the pool; decode then reads it back.
+#[test]
+fn gpu_paged_prefill_at_any_page_size() {
+    let Some(cu) = common::gpu_stream_or_skip("page_sizes::gpu_paged_prefill_at_any_page_size") else { return };
+    check_paged_prefill("gpu_paged_prefill_at_any_page_size", |c, seed| ppc::check_case_gpu(&cu, c, seed));
+}
+
+/// Append's input at page size `ps` (case i): every token of the decode case, a NaN padding row (slot −1)
+/// after each sequence and one at the first slot past the pool (num_pages · ps), all to be skipped.
+fn append_input(i: usize, ps: usize) -> (PagedFixture<bf16>, (Vec<bf16>, Vec<bf16>, Vec<i64>)) {
+    let f =
+        PagedFixture::<bf16>::new(&decode_case(ps, KvFormat::Sixteen, Some(2)), common::case_seed(7200 + i)).unwrap();
+    let rows = f.append_rows(|b| 0..f.case.seq_lens[b], true, Some(f.num_pages * ps));
+    (f, rows)
+}
+
+/// Whether an append into all-NaN pages wrote every token into exactly its slot and nothing else: the whole
+/// cache equals the fixture's bit for bit (NaN slots included).
+fn appended_exactly(f: &PagedFixture<bf16>, k_cache: &[bf16], v_cache: &[bf16]) -> bool {
+    let bits = |x: &[bf16]| x.iter().map(|e| e.to_bits()).collect::<Vec<u16>>();
+    bits(k_cache) == bits(&f.k_cache) && bits(v_cache) == bits(&f.v_cache)
+}
+
+/// Append at every page size; decode then reads the appended cache (finite rows; the empty sequence's rows
+/// exactly 0).
 #[test]
 fn append_at_any_page_size() {
     let emu = Emulator::new().with_table_checks(fused_attn::TableChecks::GpuMasking);
     let stream = Stream::Emu(&emu);
     for (i, &ps) in PAGE_SIZES.iter().enumerate() {
-        let case = decode_case(ps, KvFormat::Sixteen, Some(2));
-        let f = PagedFixture::<bf16>::new(&case, common::case_seed(7200 + i)).unwrap();
-        let (k, v, slots) = f.append_rows(|b| 0..case.seq_lens[b], true, Some(f.num_pages * ps));
+        let (f, (k, v, slots)) = append_input(i, ps);
         let mut k_cache = vec![bf16::NAN; f.k_cache.len()];
         let mut v_cache = vec![bf16::NAN; f.v_cache.len()];
         common::append_host(&stream, (&k, &v, &slots), (&mut k_cache, &mut v_cache), f.cache_shape(), None).unwrap();
-        let bits = |x: &[bf16]| x.iter().map(|e| e.to_bits()).collect::<Vec<u16>>();
-        assert!(bits(&k_cache) == bits(&f.k_cache) && bits(&v_cache) == bits(&f.v_cache), "page size {ps}");
-        let (b, hq, d) = (case.batch(), case.heads_q, case.head_dim);
+        assert!(appended_exactly(&f, &k_cache, &v_cache), "page size {ps}");
+        let (b, hq, d) = (f.case.batch(), f.case.heads_q, f.case.head_dim);
         let cache = PagedKvCache::new(
             TensorView::host(&k_cache, f.cache_shape()).unwrap(),
             TensorView::host(&v_cache, f.cache_shape()).unwrap(),
             TensorView::host(&f.block_table, [b, f.width]).unwrap(),
             TensorView::host(&f.seq_lens, [b]).unwrap(),
-            case.max_seq_len(),
+            f.case.max_seq_len(),
         )
         .unwrap();
         let mut o = vec![bf16::NAN; b * hq * d];
         let mut ws = fused_attn::DecodeWorkspace::with_capacity(&stream, b, hq, d, 2).unwrap();
         let opts = DecodeOptions { num_splits: Some(2), ..Default::default() };
         common::decode_host(&stream, [b, hq, d], &f.q, &cache, (&mut o, None), &mut ws, &opts).unwrap();
-        // Rows with a visible key are finite; the empty sequence's rows are exactly 0.
         assert!(o.iter().all(|x| x.is_finite()), "page size {ps}");
         assert!(o[..hq * d].iter().all(|x| x.to_bits() == 0), "page size {ps}");
+    }
+}
+
+/// The same appends on a GPU, where the slot division is __umul64hi (skips visibly without one).
+#[test]
+fn gpu_append_at_any_page_size() {
+    let Some(cu) = common::gpu_stream_or_skip("page_sizes::gpu_append_at_any_page_size") else { return };
+    for (i, &ps) in PAGE_SIZES.iter().enumerate() {
+        let (f, (k, v, slots)) = append_input(i, ps);
+        let mut kc = cu.clone_htod(&vec![bf16::NAN; f.k_cache.len()]).unwrap();
+        let mut vc = cu.clone_htod(&vec![bf16::NAN; f.v_cache.len()]).unwrap();
+        common::append_gpu(&cu, (&k, &v, &slots), (&mut kc, &mut vc), f.cache_shape(), None).unwrap();
+        let (k_cache, v_cache) = (cu.clone_dtoh(&kc).unwrap(), cu.clone_dtoh(&vc).unwrap());
+        cu.synchronize().unwrap();
+        assert!(appended_exactly(&f, &k_cache, &v_cache), "page size {ps}");
     }
 }
 
