@@ -13,10 +13,9 @@ pub fn divisor(d: usize) -> Option<sys::FaDivisor> {
         return None;
     }
     let shift = d.next_power_of_two().trailing_zeros();
-    let d32 = d as u64;
     // ⌈2^(32+shift) / d⌉ is in [2^32, 2^33) and ⌈2^(64+shift) / d⌉ in [2^64, 2^65), as 2^(shift-1) < d ≤ 2^shift.
-    let m32 = ((1u64 << (32 + shift)) + d32 - 1) / d32;
-    let m64 = ((1u128 << (64 + shift)) + d as u128 - 1) / d as u128;
+    let m32 = (1u64 << (32 + shift)).div_ceil(d as u64);
+    let m64 = (1u128 << (64 + shift)).div_ceil(d as u128);
     Some(sys::FaDivisor { mul64: (m64 - (1u128 << 64)) as u64, mul: (m32 - (1u64 << 32)) as u32, shift: shift as i32 })
 }
 

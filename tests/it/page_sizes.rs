@@ -21,7 +21,7 @@ const PAGE_SIZES: [usize; 8] = [1, 3, 12, 16, 48, 100, 256, 1056];
 /// The launchers' constants for `d` (fa_host_divisor).
 fn host_divisor(d: usize) -> sys::FaDivisor {
     let mut out = sys::FaDivisor { mul64: 0, mul: 0, shift: -1 };
-    assert_eq!(unsafe { sys::fa_host_divisor(d as i32, &mut out) }, sys::FA_OK as i32, "d = {d}");
+    assert_eq!(unsafe { sys::fa_host_divisor(d as i32, &mut out) }, sys::FA_OK, "d = {d}");
     out
 }
 
@@ -74,7 +74,7 @@ fn rust_and_launcher_divisors_agree() {
         assert_eq!((ours.mul64, ours.mul, ours.shift), (theirs.mul64, theirs.mul, theirs.shift), "d = {d}");
     }
     let mut out = sys::FaDivisor { mul64: 0, mul: 0, shift: 0 };
-    assert_eq!(unsafe { sys::fa_host_divisor(0, &mut out) }, sys::FA_ERR_INVALID as i32);
+    assert_eq!(unsafe { sys::fa_host_divisor(0, &mut out) }, sys::FA_ERR_INVALID);
 }
 
 /// Token indices (0 ≤ n < 2^31, the 32-bit form) and cache slots (0 ≤ n < 2^63, the 64-bit form; slots stay
@@ -186,9 +186,12 @@ fn gpu_paged_prefill_at_any_page_size() {
     check_paged_prefill("gpu_paged_prefill_at_any_page_size", |c, seed| ppc::check_case_gpu(&cu, c, seed));
 }
 
+/// K rows, V rows and slots of an append.
+type AppendRows = (Vec<bf16>, Vec<bf16>, Vec<i64>);
+
 /// Append's input at page size `ps` (case i): every token of the decode case, a NaN padding row (slot −1)
 /// after each sequence and one at the first slot past the pool (num_pages · ps), all to be skipped.
-fn append_input(i: usize, ps: usize) -> (PagedFixture<bf16>, (Vec<bf16>, Vec<bf16>, Vec<i64>)) {
+fn append_input(i: usize, ps: usize) -> (PagedFixture<bf16>, AppendRows) {
     let f =
         PagedFixture::<bf16>::new(&decode_case(ps, KvFormat::Sixteen, Some(2)), common::case_seed(7200 + i)).unwrap();
     let rows = f.append_rows(|b| 0..f.case.seq_lens[b], true, Some(f.num_pages * ps));
