@@ -252,6 +252,9 @@ fn decode_reads_each_kv_byte_once_per_kv_head() {
             }
         }
     }
+    // A page size that is not a power of two (issue 30: the page divided by multiply-shift, still one table
+    // read per key row).
+    failures.extend(decode_model_mismatches(&decode_case(4, 48, 3, lens.clone()), 3));
     assert!(failures.is_empty(), "{} mismatches ({}):\n{}", failures.len(), rerun("decode"), failures.join("\n"));
 }
 
@@ -591,6 +594,7 @@ fn paged_prefill_reads_kv_once_per_kv_head_for_short_chunks() {
         (256, (8, 2), 16, 16, 1),
         (64, (4, 4), 16, 16, 2),
         (96, (8, 2), 16, 16, 1),
+        (64, (8, 2), 100, 8, 2), // not a power of two: still one table read per key row
     ] {
         let lens = [300usize, 77, 1000, 16];
         let seqs: Vec<(usize, usize)> = lens.iter().map(|&k| (q_len.min(k), k)).collect();

@@ -266,3 +266,37 @@ fn page_size_zero_is_unsupported() {
     assert!(err.message().contains("page size 0"), "{}", err.message());
     assert!(divisor(0).is_none());
 }
+
+/// The kernels never divide by the page size with `/` or `%` (on the GPU a ~20-instruction sequence per
+/// division, 64-bit a subroutine call): every token → page and slot → page goes through fa/fast_divmod.cuh.
+/// A static check over the kernel sources (comments left out).
+#[test]
+fn kernels_divide_by_the_page_size_only_through_fast_divmod() {
+    fn sources(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                sources(&path, out);
+            } else if path.extension().is_some_and(|e| e == "cu" || e == "cuh" || e == "h" || e == "cpp") {
+                out.push(path);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    sources(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels"), &mut files);
+    assert!(files.len() > 20, "{files:?}");
+    let mut divisions = Vec::new();
+    for file in &files {
+        for (i, line) in std::fs::read_to_string(file).unwrap().lines().enumerate() {
+            let code = line.split("//").next().unwrap();
+            for (at, _) in code.match_indices("page_size") {
+                // What the divisor expression follows: skip `c.`, `p.cache.`, `cache.`, `->`, `(` and spaces.
+                let before = code[..at].trim_end_matches(|ch: char| ch.is_alphanumeric() || "_.>-() ".contains(ch));
+                if before.ends_with('/') || before.ends_with('%') || before.ends_with("/=") || before.ends_with("%=") {
+                    divisions.push(format!("{}:{}: {}", file.display(), i + 1, line.trim()));
+                }
+            }
+        }
+    }
+    assert!(divisions.is_empty(), "division by the page size outside fa/fast_divmod.cuh:\n{}", divisions.join("\n"));
+}
