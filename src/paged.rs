@@ -198,7 +198,11 @@ impl<'a, T> PagedKvCache<'a, T> {
     /// an engine may compute or update them on its stream before each launch (or each graph replay). A value
     /// that is not finite and > 0 is not detected; it leaves the outputs of its KV head unspecified and
     /// touches nothing else (docs/semantics.md, "FP8 cache").
-    pub fn with_scale_tensors(mut self, k_scale: TensorView<'a, f32, 1>, v_scale: TensorView<'a, f32, 1>) -> Result<Self> {
+    pub fn with_scale_tensors(
+        mut self,
+        k_scale: TensorView<'a, f32, 1>,
+        v_scale: TensorView<'a, f32, 1>,
+    ) -> Result<Self> {
         let g = self.geometry;
         self.scales = Some(ScaleTensors::new(k_scale, v_scale, g.heads_kv, self.k.is_gpu())?);
         Ok(self)
@@ -401,7 +405,11 @@ impl<'a, T> PagedKvCacheMut<'a, T> {
 
     /// Attaches the quantisation scales of an FP8 cache as tensors the caller owns (the rules of
     /// [`PagedKvCache::with_scale_tensors`]; append divides by them at run time).
-    pub fn with_scale_tensors(mut self, k_scale: TensorView<'a, f32, 1>, v_scale: TensorView<'a, f32, 1>) -> Result<Self> {
+    pub fn with_scale_tensors(
+        mut self,
+        k_scale: TensorView<'a, f32, 1>,
+        v_scale: TensorView<'a, f32, 1>,
+    ) -> Result<Self> {
         let g = self.geometry;
         self.scales = Some(ScaleTensors::new(k_scale, v_scale, g.heads_kv, self.k.is_gpu())?);
         Ok(self)

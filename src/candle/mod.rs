@@ -530,18 +530,16 @@ macro_rules! cache_element {
                 type $C = $T;
                 $body
             }
-            Some(fp8) => {
-                match fp8.format {
-                    Fp8Format::E4m3 => {
-                        type $C = Fp8E4m3;
-                        $body
-                    }
-                    Fp8Format::E5m2 => {
-                        type $C = Fp8E5m2;
-                        $body
-                    }
+            Some(fp8) => match fp8.format {
+                Fp8Format::E4m3 => {
+                    type $C = Fp8E4m3;
+                    $body
                 }
-            }
+                Fp8Format::E5m2 => {
+                    type $C = Fp8E5m2;
+                    $body
+                }
+            },
         }
     };
 }

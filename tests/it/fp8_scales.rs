@@ -23,9 +23,8 @@ use fused_attn::reference::{check_decode, check_paged_prefill, Check};
 use fused_attn::testkit::cases::kv::quantize;
 use fused_attn::testkit::seed::{rng, FixtureRng};
 use fused_attn::{
-    append, decode, paged_prefill, DecodeOptions, DecodeWorkspace, Emulator, ErrorKind, Fp8E4m3, Fp8E5m2,
-    Fp8Format, KvCacheOf, KvScales, PagedKvCache, PagedKvCacheMut, PagedPrefillOptions, Stream, TensorView,
-    TensorViewMut,
+    append, decode, paged_prefill, DecodeOptions, DecodeWorkspace, Emulator, ErrorKind, Fp8E4m3, Fp8E5m2, Fp8Format,
+    KvCacheOf, KvScales, PagedKvCache, PagedKvCacheMut, PagedPrefillOptions, Stream, TensorView, TensorViewMut,
 };
 use half::bf16;
 use rand::seq::SliceRandom;
@@ -93,10 +92,13 @@ impl Setup {
         let mut slots: Vec<i64> = (0..(LENS.len() * width * PAGE) as i64).collect();
         slots.shuffle(&mut rng);
         slots.truncate(NEW_TOKENS);
-        let cu_seqlens_q = [0].into_iter().chain(Q_LENS.iter().scan(0, |acc, &n| {
-            *acc += n as i32;
-            Some(*acc)
-        })).collect();
+        let cu_seqlens_q = [0]
+            .into_iter()
+            .chain(Q_LENS.iter().scan(0, |acc, &n| {
+                *acc += n as i32;
+                Some(*acc)
+            }))
+            .collect();
         Self {
             format,
             hkv,
@@ -185,7 +187,11 @@ fn bits16(v: &[bf16]) -> Vec<u16> {
 
 impl Setup {
     /// Runs decode (2 splits) over `cache`; o and LSE NaN-poisoned first.
-    fn decode<C: KvCacheOf<bf16>>(&self, stream: &Stream<'_>, cache: &PagedKvCache<'_, C>) -> fused_attn::Result<(Vec<bf16>, Vec<f32>)> {
+    fn decode<C: KvCacheOf<bf16>>(
+        &self,
+        stream: &Stream<'_>,
+        cache: &PagedKvCache<'_, C>,
+    ) -> fused_attn::Result<(Vec<bf16>, Vec<f32>)> {
         let (b, hq) = (LENS.len(), self.hq());
         let mut o = vec![bf16::NAN; b * hq * D];
         let mut lse = vec![f32::NAN; b * hq];
@@ -406,7 +412,12 @@ fn append_quantises_with_every_kv_heads_own_scale_tensor() {
         }
         if hkv > 1 {
             let (nk, nv) = (Setup::neighbours(&s.k_scale), Setup::neighbours(&s.v_scale));
-            assert_ne!(want, s.append_model((&nk, &nv)), "append {}: neighbours' scales give the same codes", s.label());
+            assert_ne!(
+                want,
+                s.append_model((&nk, &nv)),
+                "append {}: neighbours' scales give the same codes",
+                s.label()
+            );
         }
     }
     assert!(failures.is_empty(), "append:\n{}", failures.join("\n"));
@@ -432,7 +443,12 @@ fn scale_tensors_match_host_scales_bit_for_bit() {
                     let f32_bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect();
                     match op {
                         Op::Decode => {
-                            let (o, l) = s.decode(&stream, &s.cache_without_scales(&codes.0, &codes.1).with_scales(&host).unwrap()).unwrap();
+                            let (o, l) = s
+                                .decode(
+                                    &stream,
+                                    &s.cache_without_scales(&codes.0, &codes.1).with_scales(&host).unwrap(),
+                                )
+                                .unwrap();
                             Outputs { o: bits16(&o), lse_or_codes: f32_bits(l) }
                         }
                         Op::PagedPrefill => {
@@ -518,12 +534,17 @@ fn bad_scale_values_stay_inside_their_kv_head() {
                 let o: (Vec<u32>, Vec<u32>) =
                     (got.o.iter().map(|&x| x.into()).collect(), good.o.iter().map(|&x| x.into()).collect());
                 assert_eq!(other(false, &o.0, &o.1), None, "{what}: another KV head's o changed");
-                assert_eq!(other(true, &got.lse_or_codes, &good.lse_or_codes), None, "{what}: another KV head's LSE / codes changed");
+                assert_eq!(
+                    other(true, &got.lse_or_codes, &good.lse_or_codes),
+                    None,
+                    "{what}: another KV head's LSE / codes changed"
+                );
             }
         }
         // Per tensor: memory-safe, whatever the rows hold.
         for op in OPS {
-            s.run::<Fp8E4m3>(&stream, op, (&[value], &[0.5])).unwrap_or_else(|e| panic!("{op:?} per-tensor K scale {value:e}: {e}"));
+            s.run::<Fp8E4m3>(&stream, op, (&[value], &[0.5]))
+                .unwrap_or_else(|e| panic!("{op:?} per-tensor K scale {value:e}: {e}"));
         }
     }
 }
@@ -559,11 +580,7 @@ fn bad_scale_tensors_are_typed_errors() {
     // Device memory for a cache of host pages (no GPU touched: the check is on the host).
     // SAFETY: never launched (the error comes first).
     let device = unsafe { TensorView::<f32, 1>::from_device_ptr(0x1000, 4, [4]) }.unwrap();
-    let e = s
-        .cache_without_scales(&codes.0, &codes.1)
-        .with_scale_tensors(device.clone(), device)
-        .err()
-        .unwrap();
+    let e = s.cache_without_scales(&codes.0, &codes.1).with_scale_tensors(device.clone(), device).err().unwrap();
     assert_eq!((e.kind(), e.message().starts_with("k_scale")), (&ErrorKind::Backend, true), "{e}");
     // The same rules for append's writable pages.
     let (mut kc, mut vc) = (codes.0.clone(), codes.1.clone());
@@ -583,4 +600,106 @@ fn bad_scale_tensors_are_typed_errors() {
     let cache = s.cache((&sixteen, &sixteen), (&sc[..4], &sc[..4]));
     let e = s.decode(&Stream::Emu(&emu), &cache).unwrap_err();
     assert_eq!((e.kind(), e.message().starts_with("k_scale")), (&ErrorKind::Unsupported, true), "{e}");
+}
+
+/// On a GPU (skipped visibly without one; not yet run on one): the scales as cudarc tensors (decode and
+/// paged prefill on a cudarc stream) and as raw device pointers on a raw stream (paged prefill without a
+/// workspace), bit for bit what `KvScales` gives on the cudarc stream. (Append reads its scales through the
+/// same `FaPagedCache` fields: the emulated tests above cover it.)
+#[test]
+fn gpu_scale_tensors_on_every_stream_kind_match_host_scales() {
+    use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+    use fused_attn::RawStream;
+    let Some(ctx) = common::gpu_or_skip("fp8_scales::gpu_scale_tensors_on_every_stream_kind_match_host_scales") else {
+        return;
+    };
+    let cu = ctx.new_stream().unwrap();
+    let gpu = Stream::Gpu(&cu);
+    let s = Setup::new(8, Fp8Format::E4m3, common::case_seed(30_670));
+    let (b, hq, total_q) = (LENS.len(), s.hq(), Q_LENS.iter().sum::<usize>());
+    let ptr = |x: &CudaSlice<f32>, cu: &CudaStream| x.device_ptr(cu).0;
+    let codes = s.codes::<Fp8E4m3>();
+    let (kc, vc) = (cu.clone_htod(&codes.0).unwrap(), cu.clone_htod(&codes.1).unwrap());
+    let (table, lens) = (cu.clone_htod(&s.table).unwrap(), cu.clone_htod(&s.seq_lens).unwrap());
+    let (qd, qp, cuq) = (
+        cu.clone_htod(&s.q_decode).unwrap(),
+        cu.clone_htod(&s.q_prefill).unwrap(),
+        cu.clone_htod(&s.cu_seqlens_q).unwrap(),
+    );
+    let (ks, vs) = (cu.clone_htod(&s.k_scale).unwrap(), cu.clone_htod(&s.v_scale).unwrap());
+    let host = KvScales::per_head(&gpu, &s.k_scale, &s.v_scale).unwrap();
+    let views = || {
+        PagedKvCache::new(
+            TensorView::gpu(kc.as_view(), s.shape()).unwrap(),
+            TensorView::gpu(vc.as_view(), s.shape()).unwrap(),
+            TensorView::gpu(table.as_view(), [b, s.width]).unwrap(),
+            TensorView::gpu(lens.as_view(), [b]).unwrap(),
+            *LENS.iter().max().unwrap(),
+        )
+        .unwrap()
+    };
+    let with_tensors = || {
+        views()
+            .with_scale_tensors(
+                TensorView::gpu(ks.as_view(), [s.hkv]).unwrap(),
+                TensorView::gpu(vs.as_view(), [s.hkv]).unwrap(),
+            )
+            .unwrap()
+    };
+    let read = |o: &CudaSlice<bf16>| -> Vec<u16> {
+        let h = cu.clone_dtoh(o).unwrap();
+        cu.synchronize().unwrap();
+        assert!(h.iter().all(|x| x.is_finite()), "NaN left in o");
+        bits16(&h)
+    };
+    // Decode on the cudarc stream: KvScales, then scale tensors.
+    let decode_gpu = |cache: &PagedKvCache<'_, Fp8E4m3>| {
+        let mut o = cu.clone_htod(&vec![bf16::NAN; b * hq * D]).unwrap();
+        let mut ws = DecodeWorkspace::with_capacity(&gpu, b, hq, D, 4).unwrap();
+        let q = TensorView::gpu(qd.as_view(), [b, hq, D]).unwrap();
+        let mut ov = TensorViewMut::gpu(o.as_view_mut(), [b, hq, D]).unwrap();
+        decode(&gpu, &q, cache, &mut ov, None, &mut ws, &Setup::decode_opts()).unwrap();
+        read(&o)
+    };
+    assert_eq!(decode_gpu(&views().with_scales(&host).unwrap()), decode_gpu(&with_tensors()), "decode");
+    // Paged prefill (one split: a raw stream has no workspace) on the cudarc stream, both ways, then raw.
+    let opts = PagedPrefillOptions { num_splits: Some(1), ..Default::default() };
+    let prefill_on = |stream: &Stream<'_>,
+                      cache: &PagedKvCache<'_, Fp8E4m3>,
+                      q: TensorView<'_, bf16, 3>,
+                      cuq: TensorView<'_, i32, 1>| {
+        let o = cu.clone_htod(&vec![bf16::NAN; total_q * hq * D]).unwrap();
+        // SAFETY: `o` outlives the work (read back and synchronised below).
+        let mut ov = unsafe {
+            TensorViewMut::<bf16, 3>::from_device_ptr(o.device_ptr(&cu).0, total_q * hq * D, [total_q, hq, D])
+        }
+        .unwrap();
+        paged_prefill(stream, &q, &cuq, *Q_LENS.iter().max().unwrap(), cache, &mut ov, None, None, &opts).unwrap();
+        read(&o)
+    };
+    let qv = || TensorView::gpu(qp.as_view(), [total_q, hq, D]).unwrap();
+    let cuv = || TensorView::gpu(cuq.as_view(), [b + 1]).unwrap();
+    let want = prefill_on(&gpu, &views().with_scales(&host).unwrap(), qv(), cuv());
+    assert_eq!(prefill_on(&gpu, &with_tensors(), qv(), cuv()), want, "paged prefill, cudarc scale tensors");
+    // SAFETY: the stream and every buffer outlive the work (synchronised in `read`).
+    unsafe {
+        let raw = Stream::Raw(RawStream::new(cu.cu_stream()).unwrap());
+        let dev = |p: u64, n: usize| TensorView::<Fp8E4m3, 4>::from_device_ptr(p, n, s.shape()).unwrap();
+        let cache = PagedKvCache::new(
+            dev(kc.device_ptr(&cu).0, codes.0.len()),
+            dev(vc.device_ptr(&cu).0, codes.1.len()),
+            TensorView::from_device_ptr(table.device_ptr(&cu).0, s.table.len(), [b, s.width]).unwrap(),
+            TensorView::from_device_ptr(lens.device_ptr(&cu).0, b, [b]).unwrap(),
+            *LENS.iter().max().unwrap(),
+        )
+        .unwrap()
+        .with_scale_tensors(
+            TensorView::from_device_ptr(ptr(&ks, &cu), s.hkv, [s.hkv]).unwrap(),
+            TensorView::from_device_ptr(ptr(&vs, &cu), s.hkv, [s.hkv]).unwrap(),
+        )
+        .unwrap();
+        let q = TensorView::from_device_ptr(qp.device_ptr(&cu).0, s.q_prefill.len(), [total_q, hq, D]).unwrap();
+        let cuq = TensorView::from_device_ptr(cuq.device_ptr(&cu).0, b + 1, [b + 1]).unwrap();
+        assert_eq!(prefill_on(&raw, &cache, q, cuq), want, "paged prefill, raw stream and pointers");
+    }
 }
