@@ -112,8 +112,8 @@ impl<'a> ScaleTensors<'a> {
     }
 }
 
-/// The dequantisation scales of an FP8 cache (K and V separately) given as host floats: validated (finite,
-/// > 0, else `Unsupported`) and uploaded once on creation (engines with calibrated static scales), then
+/// The dequantisation scales of an FP8 cache (K and V separately) given as host floats: validated (each
+/// finite and > 0, else `Unsupported`) and uploaded once on creation (engines with calibrated static scales), then
 /// attached with [`crate::PagedKvCache::with_scales`] / [`crate::PagedKvCacheMut::with_scales`], which read
 /// them as [`ScaleTensors`] of this buffer. Scales an engine keeps in its own device memory (computed at run
 /// time, on a raw stream) go to `with_scale_tensors` directly.
