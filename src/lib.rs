@@ -73,7 +73,7 @@ pub use device::{RawStream, Stream};
 pub use dtype::{DType, Element};
 pub use emu::{Emulator, TableChecks};
 pub use error::{Error, ErrorKind, Result};
-pub use fp8::{Fp8E4m3, Fp8E5m2, Fp8Format, KvCacheOf, KvDType, KvElement, KvScales, ScaleKind};
+pub use fp8::{Fp8E4m3, Fp8E5m2, Fp8Format, KvCacheOf, KvDType, KvElement, KvScales, ScaleKind, ScaleTensors};
 pub use tensor::{TensorView, TensorViewMut};
 
 pub use append::{append, append_with, AppendOptions};

@@ -23,7 +23,7 @@ use crate::device::Stream;
 use crate::emu::TableChecks;
 use crate::error::{to_i32, Error, Result};
 use crate::fast_divmod;
-use crate::fp8::{self, KvElement, KvScales};
+use crate::fp8::{self, KvElement, KvScales, ScaleTensors};
 use crate::launch::Launch;
 use crate::sys;
 use crate::tensor::{Mem, TensorView, TensorViewMut};
@@ -110,13 +110,13 @@ pub(crate) fn abi_cache(
 
 /// A read-only paged KV cache with its block table: what decode reads. `T` is the op's fp16/bf16 type, or an
 /// FP8 code type ([`crate::fp8::Fp8E4m3`], [`crate::fp8::Fp8E5m2`]) whose dequantisation scales are attached
-/// with [`PagedKvCache::with_scales`].
+/// with [`PagedKvCache::with_scales`] (host floats) or [`PagedKvCache::with_scale_tensors`] (device data).
 pub struct PagedKvCache<'a, T> {
     pub(crate) k: TensorView<'a, T, 4>,
     pub(crate) v: TensorView<'a, T, 4>,
     pub(crate) block_table: TensorView<'a, i32, 2>,
     pub(crate) seq_lens: TensorView<'a, i32, 1>,
-    pub(crate) scales: Option<&'a KvScales>,
+    pub(crate) scales: Option<ScaleTensors<'a>>,
     geometry: PageGeometry,
     max_seq_len: usize,
 }
@@ -182,16 +182,34 @@ impl<'a, T> PagedKvCache<'a, T> {
         Ok(Self { k: k_cache, v: v_cache, block_table, seq_lens, scales: None, geometry, max_seq_len })
     }
 
-    /// Attaches the dequantisation scales of an FP8 cache: one per tensor or one per KV head (else `Shape`).
-    pub fn with_scales(mut self, scales: &'a KvScales) -> Result<Self> {
-        scales.check_heads(self.geometry.heads_kv)?;
-        self.scales = Some(scales);
+    /// Attaches the dequantisation scales of an FP8 cache given as host floats (validated and uploaded by
+    /// [`KvScales`]): one per tensor or one per KV head (else `Shape`).
+    pub fn with_scales(self, scales: &'a KvScales) -> Result<Self> {
+        let (k, v) = scales.views()?;
+        self.with_scale_tensors(k, v)
+    }
+
+    /// Attaches the dequantisation scales of an FP8 cache given as fp32 tensors the caller owns, in the pages'
+    /// memory (device memory: a cudarc view or [`TensorView::from_device_ptr`], any stream kind; host slices
+    /// on the emulator): `k_scale` and `v_scale` each `[1]` (per tensor) or `[Hkv]` (per KV head), the same
+    /// length (else `Shape`), contiguous (else `Layout`), on the pages' backend (else `Backend`), 4-byte aligned
+    /// (checked at launch). Their values are never read by the host: the kernels load them at run time, so
+    /// an engine may compute or update them on its stream before each launch (or each graph replay). A value
+    /// that is not finite and > 0 is not detected; it leaves the outputs of its KV head unspecified and
+    /// touches nothing else (docs/semantics.md, "FP8 cache").
+    pub fn with_scale_tensors(
+        mut self,
+        k_scale: TensorView<'a, f32, 1>,
+        v_scale: TensorView<'a, f32, 1>,
+    ) -> Result<Self> {
+        let g = self.geometry;
+        self.scales = Some(ScaleTensors::new(k_scale, v_scale, g.heads_kv, self.k.is_gpu())?);
         Ok(self)
     }
 
     /// The attached FP8 scales, if any.
-    pub fn scales(&self) -> Option<&'a KvScales> {
-        self.scales
+    pub fn scales(&self) -> Option<&ScaleTensors<'a>> {
+        self.scales.as_ref()
     }
 
     pub fn geometry(&self) -> PageGeometry {
@@ -208,21 +226,10 @@ impl<'a, T> PagedKvCache<'a, T> {
     }
 }
 
-impl<'c, T: KvElement> PagedKvCache<'c, T> {
-    /// The FP8 scales as a launch reads them (`[k..., v...]`), or `None` for a 16-bit cache. Made before the
-    /// [`Launch`] that takes it in [`Self::launch_abi`], so that it outlives the launch.
-    pub(crate) fn scales_view(&self) -> Result<Option<TensorView<'c, f32, 1>>> {
-        self.scales.map(|s| s.view()).transpose()
-    }
-
+impl<T: KvElement> PagedKvCache<'_, T> {
     /// The FaPagedCache of a launch that reads this cache (decode, paged prefill): K, V, the block table,
-    /// seq_lens and, for FP8, `scales_view` (from [`Self::scales_view`]) taken as inputs of `launch`.
-    pub(crate) fn launch_abi<'l>(
-        &'l self,
-        launch: &mut Launch<'l>,
-        scales_view: Option<&'l TensorView<'_, f32, 1>>,
-    ) -> Result<sys::FaPagedCache> {
-        let scales_ptr = scales_view.map(|view| launch.input(c"kv_scales", view, 4)).transpose()?;
+    /// seq_lens and, for FP8, the scales, taken as inputs of `launch`.
+    pub(crate) fn launch_abi<'l>(&'l self, launch: &mut Launch<'l>) -> Result<sys::FaPagedCache> {
         let k_ptr = launch.input(c"k_cache", &self.k, 16)?;
         let v_ptr = launch.input(c"v_cache", &self.v, 16)?;
         let table_ptr = launch.input(c"block_table", &self.block_table, 4)?;
@@ -239,7 +246,7 @@ impl<'c, T: KvElement> PagedKvCache<'c, T> {
                 self.max_pages_per_seq(),
             )),
         )?;
-        fp8::fill_abi(&mut abi, T::KV_DTYPE, self.scales.zip(scales_ptr));
+        fp8::fill_abi(&mut abi, T::KV_DTYPE, self.scales.as_ref(), launch)?;
         Ok(abi)
     }
 }
@@ -373,7 +380,7 @@ where
 pub struct PagedKvCacheMut<'a, T> {
     pub(crate) k: TensorViewMut<'a, T, 4>,
     pub(crate) v: TensorViewMut<'a, T, 4>,
-    pub(crate) scales: Option<&'a KvScales>,
+    pub(crate) scales: Option<ScaleTensors<'a>>,
     geometry: PageGeometry,
 }
 
@@ -389,11 +396,27 @@ impl<'a, T> PagedKvCacheMut<'a, T> {
         Ok(Self { k: k_cache, v: v_cache, scales: None, geometry })
     }
 
-    /// Attaches the quantisation scales of an FP8 cache (see [`PagedKvCache::with_scales`]).
-    pub fn with_scales(mut self, scales: &'a KvScales) -> Result<Self> {
-        scales.check_heads(self.geometry.heads_kv)?;
-        self.scales = Some(scales);
+    /// Attaches the quantisation scales of an FP8 cache as host floats (see [`PagedKvCache::with_scales`]).
+    pub fn with_scales(self, scales: &'a KvScales) -> Result<Self> {
+        let (k, v) = scales.views()?;
+        self.with_scale_tensors(k, v)
+    }
+
+    /// Attaches the quantisation scales of an FP8 cache as tensors the caller owns (the rules of
+    /// [`PagedKvCache::with_scale_tensors`]; append divides by them at run time).
+    pub fn with_scale_tensors(
+        mut self,
+        k_scale: TensorView<'a, f32, 1>,
+        v_scale: TensorView<'a, f32, 1>,
+    ) -> Result<Self> {
+        let g = self.geometry;
+        self.scales = Some(ScaleTensors::new(k_scale, v_scale, g.heads_kv, self.k.is_gpu())?);
         Ok(self)
+    }
+
+    /// The attached FP8 scales, if any.
+    pub fn scales(&self) -> Option<&ScaleTensors<'a>> {
+        self.scales.as_ref()
     }
 
     pub fn geometry(&self) -> PageGeometry {
@@ -408,8 +431,8 @@ impl<'a, T> PagedKvCacheMut<'a, T> {
         max_seq_len: usize,
     ) -> Result<PagedKvCache<'b, T>> {
         let cache = PagedKvCache::new(self.k.as_view(), self.v.as_view(), block_table, seq_lens, max_seq_len)?;
-        match self.scales {
-            Some(s) => cache.with_scales(s),
+        match &self.scales {
+            Some(s) => cache.with_scale_tensors(s.k().clone(), s.v().clone()),
             None => Ok(cache),
         }
     }

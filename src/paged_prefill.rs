@@ -15,7 +15,8 @@
 //! the fp32 partials are merged on the same stream (sinks enter there, once).
 //!
 //! FP8 caches (issue 17): the cache may hold [`crate::Fp8E4m3`] / [`crate::Fp8E5m2`] codes with their
-//! dequantisation scales attached ([`PagedKvCache::with_scales`], per tensor or per KV head), as decode
+//! dequantisation scales attached ([`PagedKvCache::with_scales`] / [`PagedKvCache::with_scale_tensors`], per
+//! tensor or per KV head, read on the device at run time), as decode
 //! reads them: the kernel copies the FP8 rows (half the K/V bytes), converts them exactly to the query
 //! dtype in shared memory and folds the scales into the math; q and o stay 16-bit. FP8 head dims are
 //! multiples of 16.
@@ -224,7 +225,7 @@ pub fn check_paged_prefill_args<T: Element, C: KvCacheOf<T>>(
 ) -> Result<PagedPrefillProblem> {
     let [total_q, heads_q, head_dim] = q.shape();
     let g = cache.geometry();
-    fp8::check_cache_dtype::<C>(T::DTYPE, cache.scales(), g.heads_kv)?;
+    fp8::check_cache_dtype::<C>(T::DTYPE, cache.scales().is_some())?;
     crate::head_dim::check(KernelOp::PagedPrefill, head_dim)?;
     if C::KV_DTYPE.fp8().is_some() && head_dim % 16 != 0 {
         return Err(Error::unsupported(
@@ -298,7 +299,8 @@ pub fn check_paged_prefill_args<T: Element, C: KvCacheOf<T>>(
 ///  - `workspace`: needed only for split-KV; `None` runs one split.
 ///
 /// The cache may hold FP8 (`C` = [`crate::Fp8E4m3`] / [`crate::Fp8E5m2`], with its scales attached by
-/// [`PagedKvCache::with_scales`], head dim a multiple of 16): attention then uses stored value x scale.
+/// [`PagedKvCache::with_scales`] or [`PagedKvCache::with_scale_tensors`], head dim a multiple of 16):
+/// attention then uses stored value x scale.
 ///
 /// On the emulator the block table and `seq_lens` are checked first, as for [`crate::decode()`].
 ///
@@ -345,12 +347,11 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
         None => (None, None),
     };
 
-    let scales_view = cache.scales_view()?;
     let mut launch = Launch::new(*stream);
     let score_mod = opts.score_mod.abi(&mut launch, problem.batch, problem.heads_q)?;
     let q_ptr = launch.input(c"q", q, 16)?;
     let cu_ptr = launch.input(c"cu_seqlens_q", cu_seqlens_q, 4)?;
-    let cache_abi = cache.launch_abi(&mut launch, scales_view.as_ref())?;
+    let cache_abi = cache.launch_abi(&mut launch)?;
     let o_strides = o.strides();
     let o_ptr = launch.output(c"o", o, 16)?;
     let (lse_ptr, lse_head_stride) = match lse {

@@ -15,6 +15,7 @@ mod decode;
 mod downstream;
 mod exact;
 mod fp8;
+mod fp8_scales;
 mod gpu_graph;
 mod gpu_raw;
 mod gpu_streams;

@@ -254,8 +254,9 @@ fn fp8_paged_prefill_reads_half_the_kv_bytes() {
     assert!(kv16 > 0 && 2 * kv8 == kv16, "FP8 K/V reads {kv8} B, 16-bit {kv16} B");
     let (all8, all16) = (fp8.kernels[0].global_bytes_read(), sixteen.kernels[0].global_bytes_read());
     eprintln!("global reads: FP8 {all8} B, 16-bit {all16} B (K/V {kv8} vs {kv16})");
-    let scale_reads = fp8.kernels[0].read_of("kv_scales");
-    assert!(scale_reads > 0, "the kernel reads its scales");
+    let (k_scale_reads, v_scale_reads) = (fp8.kernels[0].read_of("k_scale"), fp8.kernels[0].read_of("v_scale"));
+    assert!(k_scale_reads > 0 && v_scale_reads > 0, "the kernel reads its K and V scales");
+    let scale_reads = k_scale_reads + v_scale_reads;
     assert_eq!(all8 - scale_reads, all16 - (kv16 - kv8), "only the K/V reads differ, and the scales are read");
 }
 

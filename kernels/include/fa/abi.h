@@ -114,8 +114,10 @@ typedef struct FaDivisor {
  * FA_KV_FP8_E4M3 / FA_KV_FP8_E5M2 store one byte per element (OCP FP8 as CUDA's __nv_fp8_e4m3 / _e5m2;
  * strides then count bytes). An FP8 cache has dequantisation scales: stored value x scale is the value
  * attention uses; k_scale / v_scale fp32, one per tensor (scale_head_stride 0: k_scale[0]) or one per KV head
- * (scale_head_stride 1: k_scale[h], h < Hkv); finite and > 0 (the Rust layer checks). Unused (may be NULL)
- * for 16-bit caches. Append quantises: stored = fp8_rn_satfinite(float(x) / scale) (fp32 division, correctly
+ * (scale_head_stride 1: k_scale[h], h < Hkv): device data, loaded when the kernel runs (never folded into
+ * these params, so a captured graph sees values rewritten in place). Meant finite and > 0 (the Rust layer
+ * checks scales given as host floats); any other value only makes its KV head's outputs unspecified, since no
+ * index or bound depends on a scale. Unused (may be NULL) for 16-bit caches. Append quantises: stored = fp8_rn_satfinite(float(x) / scale) (fp32 division, correctly
  * rounded; round to nearest even; |values| past the largest finite one, infinities included, saturate;
  * NaN -> NaN). FP8 -> 16-bit is exact for both formats.
  * ------------------------------------------------------------------------------------------------------- */
