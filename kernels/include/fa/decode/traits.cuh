@@ -111,7 +111,13 @@ template <int D> struct Traits {
   static constexpr int kHoleSlots = kStages + 1;
   static constexpr int kHoleOffset = kStatsOffset + kStatsBytes;
   static constexpr int kHoleBytes = kHoleSlots * kHoleWords * 4;
-  static constexpr int kSmemBytes = kHoleOffset + kHoleBytes;
+  // Per-row facts (key position, q row, query head, partial state: int [4][kRows]) and the key range where all
+  // rows see the same keys (int [2]), parked once per unit and read where needed (the loop's masks, ALiBi, the
+  // epilogue) instead of held in registers across the loop: the D = 256 kernels run at the 168-register
+  // launch bound, where two more live values spill (ptxas, sm_80/90).
+  static constexpr int kRowInfoOffset = kHoleOffset + kHoleBytes;
+  static constexpr int kRowInfoBytes = (4 * kRows + 2) * 4;
+  static constexpr int kSmemBytes = kRowInfoOffset + kRowInfoBytes;
   // kScoreSplits > 1: the partial S tiles (per warp, 32 lanes x 8 fp32) overlay the Q tile, which no warp
   // reads after its fragments are loaded (before the first tile's barrier).
   static constexpr int kExchangeOffset = kQOffset;
