@@ -119,7 +119,7 @@ mod tests {
         assert_eq!((d512.width, d512.block_m, d512.block_n, d512.stages, d512.threads), (512, 16, 16, 2, 128));
         assert_eq!(
             (d512.min_ctas_per_sm, d512.smem_bytes),
-            (2, 16 * 1024 + 2 * 32 * 1024 + 2 * 16 * 16 + 16 * 2 * 4 + 3 * 4)
+            (2, 16 * 1024 + 2 * 32 * 1024 + 2 * 16 * 16 + 16 * 2 * 4 + 3 * 4 + (4 * 16 + 2) * 4)
         );
         assert_eq!(d512, p(KernelOp::Decode, 512, true, None));
         assert_eq!((d512.score_splits, dec.score_splits, d128.score_splits), (4, 1, 0));

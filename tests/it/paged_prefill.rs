@@ -90,6 +90,7 @@ fn short_queries_stream_like_decode() {
         (p.stages - 1) * p.block_n * 128 * 2 * 2 * p.min_ctas_per_sm
     };
     let (streaming, tiled) = (in_flight(KernelOp::Decode), in_flight(KernelOp::PagedPrefill));
+    println!("bytes in flight per SM at D = 128: streaming {streaming}, tiled {tiled}");
     assert!(streaming >= 2 * tiled && streaming >= 26 * 1024, "streaming {streaming} B vs tiled {tiled} B per SM");
 }
 

@@ -26,7 +26,7 @@
 //
 // D = 512 (Gemma 4's global layers): 1 token group x 4 D splits of kWarpD = 128 columns, 16-token tiles of
 // 32 KB (K + V). A tile cannot get smaller (16 tokens is one P.V k-step) and the 16 x 512 Q tile alone is
-// 16 KB, so 4 stages (128 KB) do not fit the 99 KB opt-in limit of sm_86/89: kStages = 2 (80.6 KB in all).
+// 16 KB, so 4 stages (128 KB) do not fit the 99 KB opt-in limit of sm_86/89: kStages = 2 (80.9 KB in all).
 // Registers: a warp holding all of Q as A fragments (32 k-steps x 4 = 128 registers) beside its 16 x 128
 // accumulator (64) needs 255 registers and spills with an FP8 cache (ptxas, sm_80/89), so at 512 each
 // D-split warp computes S over its own 128 columns only (kScoreSplits = 4: 32 registers of Q) and the four
@@ -34,7 +34,7 @@
 // tile, idle once the fragments are loaded; one more barrier per tile). Each K element is then read from
 // shared memory once, not by each of 4 warps. The launch bounds are built for 2 CTAs per SM (shared memory
 // allows no more than 2 anywhere). Bytes in flight (docs/decode-memory.md, "D = 512"): one 32 KB tile per
-// CTA while the previous one is computed, 2 CTAs per SM on sm_80 and sm_90 (2 x 81.6 KB of 164 / 228 KB; 1
+// CTA while the previous one is computed, 2 CTAs per SM on sm_80 and sm_90 (2 x 81.9 KB of 164 / 228 KB; 1
 // on sm_86/89's 100 KB), so 64 KB per SM (16-bit; 32 KB FP8) against a bandwidth-delay product of ~4.8 TB/s
 // x ~0.7 us / 132 SMs ~ 26 KB on the H200.
 #pragma once
