@@ -136,7 +136,7 @@ template <int D> FA_HOST_DEVICE int64_t row_blocks(const FaDecodeParams &p) {
 }
 
 template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(const FaDecodeParams &p, const Unit &u) {
-  using Tr = Traits<D>;
+  using Tr = Traits<D, kFp8>;
   using Tile = SwizzledTile<D>;
   constexpr int kTileTokens = Tr::kTileTokens;
   constexpr int kStages = Tr::kStages;
@@ -576,8 +576,9 @@ namespace fa {
 namespace decode {
 namespace {
 
-template <int D> int launch_decode(void (*kernel)(FaDecodeParams), const char *name, const FaDecodeParams &p, FaExec *exec) {
-  using Tr = Traits<D>;
+template <int D, bool kFp8>
+int launch_decode(void (*kernel)(FaDecodeParams), const char *name, const FaDecodeParams &p, FaExec *exec) {
+  using Tr = Traits<D, kFp8>;
   static_assert(Tr::kThreads == 128, "FA_DECODE_KERNEL's launch bounds");
   const Dim3 grid = p.work != nullptr ? Dim3{p.num_ctas, 1, 1}
                                       : Dim3{p.num_splits, (int)(p.heads_kv * row_blocks<D>(p)), p.batch};
@@ -588,10 +589,10 @@ template <int D> int launch_decode(void (*kernel)(FaDecodeParams), const char *n
 // variant.
 #define FA_DECODE_DTYPE_CASE(dt, D)                                                                          \
   if (fp8)                                                                                                   \
-    return mod ? launch_decode<D>(FA_KERNEL_REF(fa_paged_decode_##dt##_d##D##_fp8_mod), p, exec)               \
-               : launch_decode<D>(FA_KERNEL_REF(fa_paged_decode_##dt##_d##D##_fp8), p, exec);                  \
-  return mod ? launch_decode<D>(FA_KERNEL_REF(fa_paged_decode_##dt##_d##D##_mod), p, exec)                     \
-             : launch_decode<D>(FA_KERNEL_REF(fa_paged_decode_##dt##_d##D), p, exec);
+    return mod ? launch_decode<D, true>(FA_KERNEL_REF(fa_paged_decode_##dt##_d##D##_fp8_mod), p, exec)         \
+               : launch_decode<D, true>(FA_KERNEL_REF(fa_paged_decode_##dt##_d##D##_fp8), p, exec);            \
+  return mod ? launch_decode<D, false>(FA_KERNEL_REF(fa_paged_decode_##dt##_d##D##_mod), p, exec)              \
+             : launch_decode<D, false>(FA_KERNEL_REF(fa_paged_decode_##dt##_d##D), p, exec);
 #define FA_DECODE_CASE(D)                                                                                    \
   case D:                                                                                                    \
     if (p.dtype == FA_DTYPE_F16) {                                                                           \
@@ -647,14 +648,19 @@ inline bool valid_params(const FaDecodeParams &p) {
 
 } // namespace
 
-// The kernel dispatch() runs for a head dim, and its launch shape (abi.h, fa_tile_policy): every kernel of a
-// width (variant or not, either cache format) has the same shape; the FP8 staging fits the same stages.
-int tile_policy(int head_dim, FaTilePolicy *out) {
+// The kernel dispatch() runs for a head dim and cache format, and its launch shape (abi.h, fa_tile_policy):
+// the kernels of a width and format (variant or not) have the same shape; FP8 has twice the stages in the
+// same stage area (traits.cuh).
+template <int D, bool kFp8> FaTilePolicy policy_of() {
+  using Tr = Traits<D, kFp8>;
+  return FaTilePolicy{D, Tr::kRows, Tr::kTileTokens, Tr::kStages, Tr::kThreads, Tr::kSmemBytes, Tr::kMinCtasPerSm, 0,
+                      Tr::kScoreSplits};
+}
+int tile_policy(int head_dim, bool fp8, FaTilePolicy *out) {
   if (!head_dim_supported(head_dim)) return FA_ERR_UNSUPPORTED;
 #define FA_DECODE_POLICY(D)                                                                                  \
   case D:                                                                                                    \
-    *out = FaTilePolicy{D, Traits<D>::kRows, Traits<D>::kTileTokens, Traits<D>::kStages, Traits<D>::kThreads,  \
-                        Traits<D>::kSmemBytes, Traits<D>::kMinCtasPerSm, 0, Traits<D>::kScoreSplits};        \
+    *out = fp8 ? policy_of<D, true>() : policy_of<D, false>();                                               \
     return FA_OK;
   switch (decode_width(head_dim)) { FA_DECODE_WIDTHS(FA_DECODE_POLICY) }
 #undef FA_DECODE_POLICY

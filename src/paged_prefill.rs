@@ -423,7 +423,11 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
     if kernel == PagedPrefillKernel::Streaming && plan.grid[1] > MAX_GRID_YZ {
         return Err(Error::unsupported(
             "max_seqlen_q",
-            format!("{} x {} KV heads row blocks of the streaming kernel (at most {MAX_GRID_YZ})", plan.grid[1] / problem.heads_kv, problem.heads_kv),
+            format!(
+                "{} x {} KV heads row blocks of the streaming kernel (at most {MAX_GRID_YZ})",
+                plan.grid[1] / problem.heads_kv,
+                problem.heads_kv
+            ),
         ));
     }
     if problem.batch == 0 || problem.total_q == 0 || max_seqlen_q == 0 {

@@ -8,7 +8,6 @@ use crate::common;
 use fused_attn::paged_prefill::{
     paged_prefill, PagedPrefillKernel, PagedPrefillOptions, PagedPrefillWorkspace, STREAMING_MAX_ROWS,
 };
-use fused_attn::tile::{tile_policy, KernelOp};
 use fused_attn::testkit::cases::decode::decode_on_host;
 use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::testkit::cases::paged_prefill::{
@@ -16,6 +15,7 @@ use fused_attn::testkit::cases::paged_prefill::{
     paged_prefill_sweep_emulated, paged_prefill_variant_sweep, PagedPrefillCase, PagedPrefillFixture,
     PagedPrefillOutcome,
 };
+use fused_attn::tile::{tile_policy, KernelOp};
 use fused_attn::{
     DType, DecodeOptions, DecodeWorkspace, Emulator, ErrorKind, Fp8E4m3, Fp8Format, KvScales, PagedKvCache, ScaleKind,
     Stream, TensorView, TensorViewMut,
@@ -80,6 +80,17 @@ fn short_queries_stream_like_decode() {
         assert_eq!(k.kernel, "fa_paged_decode_bf16_d128");
         assert_eq!((k.block_threads, k.smem_bytes), (p.threads as u64, p.smem_bytes as u64));
         assert_eq!(k.blocks, (plan.num_splits * 8 * rows.div_ceil(16) * 2) as u64);
+        // Each 16-row CTA reads the keys up to its last row's position once (causal: the range ends there),
+        // exactly: per sequence and KV head, Σ over row blocks of (last position + 1) keys of K.
+        let per_key = (8 * 128 * 2) as u64;
+        let keys: u64 = c
+            .seqs
+            .iter()
+            .flat_map(|&(q, len)| {
+                (0..(q * g).div_ceil(16)).map(move |blk| (len - q + ((blk * 16 + 15).min(q * g - 1)) / g + 1) as u64)
+            })
+            .sum();
+        assert_eq!(k.read_of("k_cache"), keys * per_key, "G {g}");
     }
     // Past the threshold: tiled.
     let long = case(128, (32, 8), 16, &[(9, 300)]);

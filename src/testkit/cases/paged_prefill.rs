@@ -16,8 +16,7 @@ use crate::error::Result;
 use crate::fp8::ScaleKind;
 use crate::paged::PagedKvCache;
 use crate::paged_prefill::{
-    paged_prefill, PagedPrefillKernel, PagedPrefillOptions, PagedPrefillPlan, PagedPrefillWorkspace,
-    MAX_PLANNED_SPLITS,
+    paged_prefill, PagedPrefillKernel, PagedPrefillOptions, PagedPrefillPlan, PagedPrefillWorkspace, MAX_PLANNED_SPLITS,
 };
 use crate::reference::{self, Arith, Comparison};
 use crate::tensor::{TensorView, TensorViewMut};
@@ -199,7 +198,7 @@ pub fn paged_prefill_kernel_sweep() -> Vec<PagedPrefillCase> {
     };
     let window = |l: i32, r: i32| CaseVariants { window: Some((l, r)), ..Default::default() };
     base.extend([
-        case(64, (4, 1), 16, &[(4, 300), (5, 77), (8, 8)]),  // 16, 20, 32 packed rows
+        case(64, (4, 1), 16, &[(4, 300), (5, 77), (8, 8)]), // 16, 20, 32 packed rows
         case(128, (8, 1), 8, &[(2, 130), (4, 97), (3, 2)]), // 16, 32, 24 (q_len > seq_len)
         with(case(128, (4, 2), 16, &[(8, 500), (3, 64)]), window(37, 0), None),
         with(case(64, (8, 2), 16, &[(4, 900), (9, 200)]), window(100, 0), Some(3)),
@@ -223,7 +222,8 @@ pub fn paged_prefill_kernel_sweep() -> Vec<PagedPrefillCase> {
     }
     base.into_iter()
         .flat_map(|c| {
-            [PagedPrefillKernel::Streaming, PagedPrefillKernel::Tiled].map(|kernel| PagedPrefillCase { kernel, ..c.clone() })
+            [PagedPrefillKernel::Streaming, PagedPrefillKernel::Tiled]
+                .map(|kernel| PagedPrefillCase { kernel, ..c.clone() })
         })
         .collect()
 }

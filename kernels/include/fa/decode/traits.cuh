@@ -69,7 +69,16 @@ template <int D> struct Fp8SwizzledTile {
   }
 };
 
-template <int D> struct Traits {
+// Stages per cache format (issue 30, item 3). Bytes in flight per CTA after each barrier are (kStages - 1)
+// stages; the model (docs/decode-memory.md, "Stages per format"): per SM, CTAs/SM x (kStages - 1) x stage
+// bytes must cover the bandwidth-delay product with margin, ~26 KB on the H200 (4.8 TB/s x ~0.7 us / 132 SMs)
+// and more at the longer latencies of a loaded memory system. The 16-bit stages fill the shared memory that
+// 3 CTAs per SM leave (2 at D = 512); an FP8 stage holds the same tokens in half the bytes, so FP8 takes
+// twice the stages in the same stage area: the same occupancy, twice the tokens in flight, and as many
+// bytes in flight as 16-bit (D <= 256: 7 x 8 KB = 56 KB per CTA against 16-bit's 3 x 16 KB; D = 512: 3 x 16 KB
+// against 1 x 32 KB). tests/it/tile_policy.rs holds the per-SM product against the model for every format,
+// head dim and arch.
+template <int D, bool kFp8 = false> struct Traits {
   static_assert(D == 64 || D == 128 || D == 256 || D == 512, "decode head dims");
   static constexpr int kThreads = 128;
   // Launch bounds: three CTAs (at most 168 registers) fit any SM's register file; at D = 512 two (shared
@@ -85,7 +94,8 @@ template <int D> struct Traits {
   static constexpr int kScoreSplits = D == 512 ? kDSplits : 1;
   static_assert(kScoreSplits == 1 || (kTokenGroups == 1 && kScoreSplits == kWarps), "exchange_scores' layout");
   static constexpr int kTileTokens = kWarpTokens * kTokenGroups;
-  static constexpr int kStages = D == 512 ? 2 : 4; // D = 512: two 32 KB stages fit 99 KB, three do not
+  static constexpr int k16BitStages = D == 512 ? 2 : 4; // D = 512: two 32 KB stages fit 99 KB, three do not
+  static constexpr int kStages = kFp8 ? 2 * k16BitStages : k16BitStages;
 
   // cp.async work split: a tile row is kChunksPerRow 16-byte chunks; thread t copies chunk t % kChunksPerRow
   // of rows t / kChunksPerRow + i * kRowsPerPass, i < kLoadsPerThread (for K and for V).
@@ -100,7 +110,8 @@ template <int D> struct Traits {
   static constexpr int kQOffset = 0;
   static constexpr int kQBytes = kRows * D * 2;
   static constexpr int kStageOffset = kQOffset + kQBytes;
-  static constexpr int kRowRingOffset = kStageOffset + kStages * kStageBytes;
+  static constexpr int kStageAreaBytes = k16BitStages * kStageBytes; // either format's stages
+  static constexpr int kRowRingOffset = kStageOffset + kStageAreaBytes;
   static constexpr int kRowRingBytes = 2 * kTileTokens * 16; // K/V row offsets of the next two tiles to issue
   static constexpr int kStatsOffset = kRowRingOffset + kRowRingBytes;
   static constexpr int kStatsBytes = kTokenGroups * kRows * 2 * 4; // (m, l) per token group and row
@@ -125,7 +136,7 @@ template <int D> struct Traits {
   static_assert(kExchangeBytes <= kQBytes, "the S exchange fits in the Q tile");
   static constexpr int kOStride = D + 4; // fp32 row stride of the epilogue partials (+4: fewer conflicts)
   static constexpr int kOBytes = kTokenGroups * kRows * kOStride * 4;
-  static_assert(kOBytes <= kStages * kStageBytes, "epilogue partials fit in the stages");
+  static_assert(kOBytes <= kStageAreaBytes, "epilogue partials fit in the stages");
 
   // FP8 cache (the _fp8 kernels): the same stage area holds kStages FP8 stages (K then V tile, each an
   // Fp8SwizzledTile), which the warps read with ldmatrix and convert in registers on the way to the mma
@@ -134,7 +145,7 @@ template <int D> struct Traits {
   // cp.async split is 16 elements per chunk, D / 16 chunks per row.
   static constexpr int kFp8TileBytes = kTileTokens * D;
   static constexpr int kFp8StageBytes = 2 * kFp8TileBytes;
-  static_assert(kStages * kFp8StageBytes <= kStages * kStageBytes, "FP8 stages fit");
+  static_assert(!kFp8 || kStages * kFp8StageBytes <= kStageAreaBytes, "FP8 stages fit");
   // Each copying thread takes two chunks of a row (K and V), so a row's page offsets are read from the
   // ring by D / 32 threads: per global byte, the ring costs FP8 what it costs the 16-bit path (one chunk per
   // thread, twice the bytes per chunk). Which two: chunks 2c, 2c+1 up to 8 chunks a row, c and c + n/2 with
