@@ -587,6 +587,11 @@ fn common_params<'l, T: Element, C: KvCacheOf<T>>(
         scale_log2: scale * std::f32::consts::LOG2_E,
         score_mod,
         rope,
+        // One query row per sequence (cu_seqlens_q NULL): row b, LSE [B, Hq].
+        lse_head_stride: 1,
+        total_q: to_i32("batch", problem.batch)?,
+        max_seqlen_q: 1,
+        causal: 1,
         ..Default::default()
     })
 }

@@ -80,7 +80,7 @@ pub use append::{append, append_with, AppendOptions};
 pub use decode::{decode, DecodeOptions, DecodeWorkspace};
 pub use merge::{merge_states, merge_states_with_sinks};
 pub use paged::{PagedKvCache, PagedKvCacheMut};
-pub use paged_prefill::{paged_prefill, PagedPrefillOptions, PagedPrefillWorkspace};
+pub use paged_prefill::{paged_prefill, PagedPrefillKernel, PagedPrefillOptions, PagedPrefillWorkspace};
 pub use plan::{DecodePlan, DecodeProblem};
 pub use rope::{Rope, RopeConfig, RopeScaling, RopeStyle, RopeTable};
 pub use schedule::{DecodeSchedule, SplitPolicy};

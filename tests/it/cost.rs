@@ -564,8 +564,13 @@ fn sliding_window_decode_reads_only_the_window() {
 
 // ------------------------------------------------------------------------------ paged prefill
 
-/// Runs a paged prefill case (checked against the fp64 reference) and returns its kernel's counters.
+/// Runs a paged prefill case on the tiled kernel (the model below is its; the streaming kernel's is in
+/// tests/it/paged_prefill.rs), checked against the fp64 reference, and returns its kernel's counters.
 fn paged_prefill_counters(case: &fused_attn::testkit::cases::paged_prefill::PagedPrefillCase) -> KernelCounters {
+    let case = &fused_attn::testkit::cases::paged_prefill::PagedPrefillCase {
+        kernel: fused_attn::PagedPrefillKernel::Tiled,
+        ..case.clone()
+    };
     let emu = Emulator::new();
     let run = fused_attn::testkit::cases::paged_prefill::run_case_emulated::<bf16>(&emu, case, base_seed()).unwrap();
     assert!(run.outcome.passed(), "{}: {} ({})", case.label(), run.outcome.summary(), rerun("paged_prefill"));

@@ -182,10 +182,19 @@ typedef struct FaAppendParams {
 } FaAppendParams;
 
 /* Decode: one query token per sequence over the paged cache.
- * q [B, Hq, D], o [B, Hq, D], lse [B, Hq] (natural log) or NULL. head_dim 64, 128 or 256.
- * Only the tokens [w, seq_len) are read, w = max(0, seq_len - 1 - window_left) (0 without a window).
- * Split-KV: with num_splits > 1, split s covers tokens [w + s*split_tokens, w + (s+1)*split_tokens) of each
- * sequence (the last split runs to seq_len); split_tokens is a multiple of 64 (every KV tile divides it). Partials go
+ * q [B, Hq, D], o [B, Hq, D], lse [B, Hq] (natural log) or NULL. head_dim: decode's range (FA_DECODE_MAX_HEAD_DIM).
+ * Short queries (paged prefill's streaming path, docs/scheduling.md): with cu_seqlens_q != NULL sequence b owns
+ * the q/o rows cu_seqlens_q[b] .. cu_seqlens_q[b+1] (clamped to [0, total_q]; q_len_b <= max_seqlen_q) and
+ * the semantics are paged prefill's (below): row i sits at key position seq_len_b - q_len_b + i, sees the keys
+ * up to it with causal (else to seq_len_b - 1, or to position + window_right), from position - window_left on;
+ * ALiBi distances are from that position; rope.positions (if any) has one entry per q row. A CTA serves 16
+ * packed rows (token r / G, query head kv_head * G + r % G) of one KV head. With cu_seqlens_q == NULL: one row
+ * per sequence (row b, total_q = B, max_seqlen_q = 1, causal). lse[row, h] is at row * lse_batch_stride +
+ * h * lse_head_stride. Partials (split-KV) are [num_splits, total_q, Hq, D] / [num_splits, total_q, Hq].
+ * A CTA reads only the keys [w, e) its rows see: w = max(0, p0 - window_left) (0 without a window), p0 the
+ * position of its first row (decode: seq_len - 1), e = seq_len (short causal queries: its last row's position + 1).
+ * Split-KV: with num_splits > 1, split s covers tokens [w + s*split_tokens, w + (s+1)*split_tokens) of that
+ * range (the last split runs to e); split_tokens is a multiple of 64 (every KV tile divides it). Partials go
  * to the fp32 workspace partial_o [num_splits, B, Hq, D] / partial_lse [num_splits, B, Hq] (contiguous) and
  * the launcher then runs the merge kernel on the same stream. With num_splits == 1 the kernel writes o / lse
  * directly and the workspace may be NULL.
@@ -195,7 +204,8 @@ typedef struct FaAppendParams {
  * grid's y: KV head head_block / ceil(G/16), query-head block head_block % ceil(G/16)), split `split` of
  * num_splits, each split_tokens long (laid out from the window's start; the last runs to seq_len, as in the
  * uniform grid). With num_splits == 1 the unit writes o / lse; else the fp32 partial of state
- * partial_base + split: partial_o [num_partials, Hq, D] / partial_lse [num_partials, Hq]. */
+ * partial_base + i * num_splits + split for its query token i (decode: i = 0): partial_o [num_partials, Hq, D] /
+ * partial_lse [num_partials, Hq], so a row's states are consecutive for the merge. */
 typedef struct FaDecodeWork {
   int32_t b, head_block, split, num_splits, split_tokens, partial_base;
 } FaDecodeWork;
@@ -229,9 +239,15 @@ typedef struct FaDecodeParams {
   const int32_t *work_indptr; /* [num_ctas + 1], non-decreasing, work_indptr[num_ctas] <= num_work */
   const FaMergeRow *merge_rows;
   int32_t num_ctas, num_work, num_merge_rows, num_partials;
-  /* Rotary embedding of q (cos != NULL): each query row of sequence b rotated at rope.positions[b], or at
-   * seq_len_b - 1 when positions is NULL, after it is read and before the first score (never written back). */
+  /* Rotary embedding of q (cos != NULL): each query row rotated at rope.positions[row] (row = b without
+   * cu_seqlens_q), or at its key position (seq_len_b - 1 for decode) when positions is NULL, after it is read
+   * and before the first score (never written back). */
   FaRope rope;
+  /* Query rows (see above): NULL = one per sequence. */
+  const int32_t *cu_seqlens_q;
+  int64_t lse_head_stride; /* decode: 1 */
+  int32_t total_q, max_seqlen_q;
+  int32_t causal; /* only read with cu_seqlens_q */
 } FaDecodeParams;
 
 /* Paged prefill: packed new query tokens of each sequence over the paged cache (chunked prefill, prefix
