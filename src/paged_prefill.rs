@@ -466,6 +466,17 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
         _ => (std::ptr::null_mut(), std::ptr::null_mut()),
     };
     let q_strides = q.strides();
+    // The launch's shape, for either kernel's parameters.
+    let (batch, heads_q, heads_kv, head_dim) = (
+        to_i32("batch", problem.batch)?,
+        to_i32("heads_q", problem.heads_q)?,
+        to_i32("heads_kv", problem.heads_kv)?,
+        to_i32("head_dim", problem.head_dim)?,
+    );
+    let (total_q, max_seqlen_q) = (to_i32("q (rows)", problem.total_q)?, to_i32("max_seqlen_q", max_seqlen_q)?);
+    let (num_splits, split_tokens) =
+        (to_i32("num_splits", plan.num_splits)?, to_i32("split_tokens", plan.split_tokens)?);
+    let (dtype, causal, scale_log2) = (T::DTYPE.abi(), opts.causal as i32, scale * std::f32::consts::LOG2_E);
     if kernel == PagedPrefillKernel::Streaming {
         // The decode kernel over 16 packed rows per CTA (fa/abi.h FaDecodeParams, "Short queries"): q/o rows
         // through cu_seqlens_q, LSE [Hq, total_q], the same partial layout [num_splits, total_q, Hq, D].
@@ -482,20 +493,20 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
             lse_batch_stride: 1,
             lse_head_stride,
             cache: cache_abi,
-            batch: to_i32("batch", problem.batch)?,
-            heads_q: to_i32("heads_q", problem.heads_q)?,
-            heads_kv: to_i32("heads_kv", problem.heads_kv)?,
-            head_dim: to_i32("head_dim", problem.head_dim)?,
-            num_splits: to_i32("num_splits", plan.num_splits)?,
-            split_tokens: to_i32("split_tokens", plan.split_tokens)?,
-            dtype: T::DTYPE.abi(),
+            batch,
+            heads_q,
+            heads_kv,
+            head_dim,
+            num_splits,
+            split_tokens,
+            dtype,
             scale,
-            scale_log2: scale * std::f32::consts::LOG2_E,
+            scale_log2,
             score_mod,
             cu_seqlens_q: cu_ptr as *const i32,
-            total_q: to_i32("q (rows)", problem.total_q)?,
-            max_seqlen_q: to_i32("max_seqlen_q", max_seqlen_q)?,
-            causal: opts.causal as i32,
+            total_q,
+            max_seqlen_q,
+            causal,
             ..Default::default()
         };
         launch.run("paged_prefill", params, sys::fa_decode)?;
@@ -514,18 +525,18 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
         o_head_stride: o_strides[1],
         lse_head_stride,
         cache: cache_abi,
-        batch: to_i32("batch", problem.batch)?,
-        heads_q: to_i32("heads_q", problem.heads_q)?,
-        heads_kv: to_i32("heads_kv", problem.heads_kv)?,
-        head_dim: to_i32("head_dim", problem.head_dim)?,
-        total_q: to_i32("q (rows)", problem.total_q)?,
-        max_seqlen_q: to_i32("max_seqlen_q", max_seqlen_q)?,
-        num_splits: to_i32("num_splits", plan.num_splits)?,
-        split_tokens: to_i32("split_tokens", plan.split_tokens)?,
-        dtype: T::DTYPE.abi(),
-        causal: opts.causal as i32,
+        batch,
+        heads_q,
+        heads_kv,
+        head_dim,
+        total_q,
+        max_seqlen_q,
+        num_splits,
+        split_tokens,
+        dtype,
+        causal,
         scale,
-        scale_log2: scale * std::f32::consts::LOG2_E,
+        scale_log2,
         score_mod,
     };
     launch.run("paged_prefill", params, sys::fa_paged_prefill)?;
