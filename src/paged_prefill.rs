@@ -52,11 +52,16 @@ pub struct PagedPrefillOptions<'a> {
     pub num_splits: Option<usize>,
     /// Sliding window, softcap, ALiBi, sinks.
     pub score_mod: ScoreMod<'a>,
+    /// Rotary embedding of q ([`crate::rope`], docs/rope.md), `None` by default: query token t of sequence b
+    /// rotated at `rope.positions[cu_seqlens_q[b] + t]` (one int32 per packed query token, `[total_q]`) or,
+    /// without positions, at its bottom-right position `t + seq_len_b − q_len_b` (its place in the cache).
+    /// The cache's K must have been rotated by the same table ([`crate::AppendOptions::rope`]).
+    pub rope: Option<crate::rope::Rope<'a>>,
 }
 
 impl Default for PagedPrefillOptions<'_> {
     fn default() -> Self {
-        Self { causal: true, scale: None, num_splits: None, score_mod: ScoreMod::default() }
+        Self { causal: true, scale: None, num_splits: None, score_mod: ScoreMod::default(), rope: None }
     }
 }
 
@@ -348,6 +353,10 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
     let scales_view = cache.scales_view()?;
     let mut launch = Launch::new(*stream);
     let score_mod = opts.score_mod.abi(&mut launch, problem.batch, problem.heads_q)?;
+    let rope = match &opts.rope {
+        Some(r) => r.abi(&mut launch, problem.head_dim, problem.total_q, false)?,
+        None => sys::FaRope::default(),
+    };
     let q_ptr = launch.input(c"q", q, 16)?;
     let cu_ptr = launch.input(c"cu_seqlens_q", cu_seqlens_q, 4)?;
     let cache_abi = cache.launch_abi(&mut launch, scales_view.as_ref())?;
@@ -393,6 +402,7 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
         scale,
         scale_log2: scale * std::f32::consts::LOG2_E,
         score_mod,
+        rope,
     };
     launch.run("paged_prefill", params, sys::fa_paged_prefill)?;
     Ok(plan)

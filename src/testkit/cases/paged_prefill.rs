@@ -371,6 +371,55 @@ impl<T: Element> PagedPrefillFixture<T> {
         cache: &PagedKvCache<'_, C>,
         num_splits: Option<usize>,
     ) -> Result<(Vec<T>, Vec<f32>, PagedPrefillPlan)> {
+        self.run_on_with(stream, cache, num_splits, None)
+    }
+
+    /// Runs the kernel with RoPE on q (`rope`) over the case's cache (16-bit, or the FP8 codes with their
+    /// scales; its K taken as already rotated) and judges the output with [`reference::check_paged_prefill`]
+    /// twice: as run, and as if q had not been rotated (which must fail for the check to mean anything).
+    pub fn check_rope(
+        &self,
+        stream: &Stream<'_>,
+        rope: crate::rope::Rope<'_>,
+    ) -> Result<(reference::Check, reference::Check)> {
+        fn go<T: Element, C: CacheElement<T>>(
+            f: &PagedPrefillFixture<T>,
+            stream: &Stream<'_>,
+            rope: crate::rope::Rope<'_>,
+        ) -> Result<(reference::Check, reference::Check)> {
+            let c = &f.case;
+            let (b, hq, d, tq) = (c.batch(), c.heads_q, c.head_dim, c.total_q());
+            let [k, v] = C::cache(&f.k_cache, &f.v_cache, f.fp8.as_ref())?;
+            let scales = f.fp8.as_ref().map(|c| c.scales(stream)).transpose()?;
+            let cache = f.host().cache_of([&k, &v], scales.as_ref())?;
+            let (o, lse, _) = f.run_on_with(stream, &cache, None, Some(rope))?;
+            let (q, cu) = (TensorView::host(&f.q, [tq, hq, d])?, TensorView::host(&f.cu_seqlens_q, [b + 1])?);
+            let (o, lse) = (TensorView::host(&o, [tq, hq, d])?, TensorView::host(&lse, [hq, tq])?);
+            let views = VariantViews::new(&c.variants, b, hq, |sinks, n| {
+                TensorView::host(if sinks { &f.sinks[..n] } else { &f.alibi_slopes[..n] }, [n])
+            })?;
+            let opts = PagedPrefillOptions {
+                causal: c.causal,
+                score_mod: views.score_mod(&c.variants),
+                rope: Some(rope),
+                ..Default::default()
+            };
+            let with = reference::check_paged_prefill(&q, &cu, &cache, &o, Some(&lse), &opts)?;
+            let without =
+                reference::check_paged_prefill(&q, &cu, &cache, &o, Some(&lse), &PagedPrefillOptions { rope: None, ..opts })?;
+            Ok((with, without))
+        }
+        with_cache_element!(self.fp8.as_ref(), go::<T>(self, stream, rope))
+    }
+
+    /// [`Self::run_on`] with RoPE on q.
+    fn run_on_with<C: KvCacheOf<T>>(
+        &self,
+        stream: &Stream<'_>,
+        cache: &PagedKvCache<'_, C>,
+        num_splits: Option<usize>,
+        rope: Option<crate::rope::Rope<'_>>,
+    ) -> Result<(Vec<T>, Vec<f32>, PagedPrefillPlan)> {
         let c = &self.case;
         let (b, hq, d, tq) = (c.batch(), c.heads_q, c.head_dim, c.total_q());
         let q = TensorView::host(&self.q, [tq, hq, d])?;
@@ -385,6 +434,7 @@ impl<T: Element> PagedPrefillFixture<T> {
             scale: None,
             num_splits: num_splits.or(c.num_splits),
             score_mod: views.score_mod(&c.variants),
+            rope,
         };
         let cap = opts.num_splits.unwrap_or(1).max(MAX_PLANNED_SPLITS);
         let mut ws = PagedPrefillWorkspace::with_capacity(stream, tq, hq, d, cap)?;
@@ -523,6 +573,7 @@ impl<T: Element, C: CacheElement<T>> GpuCase<T, C> {
             scale: None,
             num_splits: c.num_splits,
             score_mod: variants.score_mod(&c.variants),
+            rope: None,
         };
         paged_prefill(
             &Stream::Gpu(cu),
