@@ -120,7 +120,7 @@ pub fn check_prefill<T: Element>(
     let var = HostVariants::read(&opts.score_mod, b, hq)?;
     let (mut fq, fk, fv) = (host_f64("q", q)?, host_f64("k", k)?, host_f64("v", v)?);
     // RoPE: token (b, i) at positions[b·Tq + i], or at its bottom-right position i + Tk − Tq.
-    rotate_q(opts.rope.as_ref(), &mut fq, d, hq, || {
+    rotate_q::<T>(opts.rope.as_ref(), &mut fq, d, hq, || {
         (0..b * tq).map(|t| (t % tq) as i64 + tk as i64 - tq as i64).collect()
     })?;
     judge(|ar| dense(&p, &var.view(), ar, &fq, &fk, &fv), o, lse, PREFILL_LSE_ATOL)
@@ -146,7 +146,7 @@ pub fn check_prefill_varlen<T: Element>(
     let scale = scale_of(opts.scale, d);
     let (mut fq, fk, fv) = (host_f64("q", q)?, host_f64("k", k)?, host_f64("v", v)?);
     // RoPE: packed token t of sequence b at positions[t], or at t − cu_q[b] + Tk_b − Tq_b.
-    rotate_q(opts.rope.as_ref(), &mut fq, d, hq, || bottom_right_positions(&cq, |b| ck[b + 1] - ck[b], q.dim(0)))?;
+    rotate_q::<T>(opts.rope.as_ref(), &mut fq, d, hq, || bottom_right_positions(&cq, |b| ck[b + 1] - ck[b], q.dim(0)))?;
     let run = |ar| varlen(hq, hkv, d, opts.causal, scale, &var.view(), ar, &cq, &ck, &fq, &fk, &fv);
     judge(run, o, lse, PREFILL_LSE_ATOL)
 }
@@ -163,7 +163,7 @@ pub fn check_decode<T: Element, C: KvElement>(
     let [b, hq, d] = q.shape();
     let (data, var, mut fq) = paged_inputs(q, cache, &opts.score_mod, b)?;
     // RoPE: q rotated at each sequence's position (explicit, or seq_len - 1).
-    rotate_q(opts.rope.as_ref(), &mut fq, d, hq, || data.seq_lens.iter().map(|&n| i64::from(n) - 1).collect())?;
+    rotate_q::<T>(opts.rope.as_ref(), &mut fq, d, hq, || data.seq_lens.iter().map(|&n| i64::from(n) - 1).collect())?;
     let scale = scale_of(opts.scale, d);
     judge(|ar| paged_decode(hq, scale, &var.view(), ar, &fq, &data.cache()), o, lse, PAGED_LSE_ATOL)
 }
@@ -183,7 +183,7 @@ pub fn check_paged_prefill<T: Element, C: KvElement>(
     let cu = host_elements("cu_seqlens_q", cu_seqlens_q)?;
     // RoPE: packed token t of sequence b at positions[t], or at its place in the cache t − cu[b] + seq_len_b
     // − q_len_b.
-    rotate_q(opts.rope.as_ref(), &mut fq, d, hq, || bottom_right_positions(&cu, |b| data.seq_lens[b], q.dim(0)))?;
+    rotate_q::<T>(opts.rope.as_ref(), &mut fq, d, hq, || bottom_right_positions(&cu, |b| data.seq_lens[b], q.dim(0)))?;
     let scale = scale_of(opts.scale, d);
     let run = |ar| paged_prefill(hq, opts.causal, scale, &var.view(), ar, &cu, &fq, &data.cache());
     judge(run, o, lse, PAGED_LSE_ATOL)

@@ -275,8 +275,8 @@ fn paged_rope<T: Element>(
 
 /// Cost: with RoPE, dense prefill reads q exactly once (B·Tq·Hq·D·2 bytes) and writes it nowhere, reads the
 /// same K/V bytes and writes the same O as without; the table adds rotary_dim·4 bytes (rotary_dim/2 cos and
-/// sin) per query row and head, explicit positions 4 bytes per row and head. Paged prefill alike (q read
-/// once, per packed row).
+/// sin) per query row and head, explicit positions one warp-uniform int32 per row and head. Paged prefill
+/// alike (q read once, per packed row).
 #[test]
 fn prefill_rope_reads_q_once_and_writes_it_nowhere() {
     let emu = Emulator::new();
@@ -285,6 +285,7 @@ fn prefill_rope_reads_q_once_and_writes_it_nowhere() {
     let mut r = rng(28_800);
     let q = random::<bf16>(&mut r, b * tq * hq * d, -1.0, 1.0);
     let k = random::<bf16>(&mut r, b * tk * hkv * d, -1.0, 1.0);
+    let v = random::<bf16>(&mut r, b * tk * hkv * d, -0.5, 1.5);
     let table = RopeConfig::new(1e4, rd, RopeStyle::Neox).table(MAX_POS).unwrap();
     let (cos, sin) = (
         TensorView::host(&table.cos, [MAX_POS, rd / 2]).unwrap(),
@@ -301,7 +302,7 @@ fn prefill_rope_reads_q_once_and_writes_it_nowhere() {
             &stream,
             &TensorView::host(&q, [b, tq, hq, d]).unwrap(),
             &TensorView::host(&k, [b, tk, hkv, d]).unwrap(),
-            &TensorView::host(&k, [b, tk, hkv, d]).unwrap(),
+            &TensorView::host(&v, [b, tk, hkv, d]).unwrap(),
             &mut TensorViewMut::host(&mut o, [b, tq, hq, d]).unwrap(),
             None,
             &PrefillOptions { rope, ..Default::default() },
@@ -334,7 +335,9 @@ fn prefill_rope_reads_q_once_and_writes_it_nowhere() {
     assert_eq!(seen[0].1, [0, 0, 0]);
     let half = (rd / 2 * 4) as u64;
     assert_eq!(seen[1].1, [rows * half, rows * half, 0], "the table: rotary_dim/2 cos and sin per query row");
-    assert_eq!(seen[2].1, [rows * half, rows * half, rows * 4], "one position per query row and head");
+    // Every lane of the rotating warp reads its row's position (one warp-uniform request per row on a GPU;
+    // the emulator counts the lanes' bytes).
+    assert_eq!(seen[2].1, [rows * half, rows * half, rows * 32 * 4], "one position per query row, head and lane");
 
     // Paged prefill: q read once per packed row, with and without RoPE, over the same cache bytes.
     let case = paged_case(128, (8, 2), 16, &[(20, 60), (7, 7)]);
@@ -492,7 +495,9 @@ fn prefill_rope_errors_are_typed() {
     };
     assert!(run(PrefillOptions { rope: Some(rope), ..Default::default() }).is_ok());
     let kind = |opts| run(opts).unwrap_err().kind().clone();
-    let with = |r: Rope<'_>| PrefillOptions { rope: Some(r), ..Default::default() };
+    fn with(r: Rope<'_>) -> PrefillOptions<'_> {
+        PrefillOptions { rope: Some(r), ..Default::default() }
+    }
     assert_eq!(kind(PrefillOptions { kernel: PrefillKernel::Sm90, ..with(rope) }), ErrorKind::Unsupported);
     assert_eq!(kind(with(Rope { positions: Some(&fv), ..rope })), ErrorKind::OutOfBounds);
     assert_eq!(kind(with(Rope { positions: Some(&short), ..rope })), ErrorKind::Shape);

@@ -168,6 +168,7 @@ fn windowed_paged_prefill_plans_over_the_window() {
         shared_prefix: 0,
         variants: Default::default(),
         kv: KvFormat::Sixteen,
+        rope: None,
     };
     c.variants.window = Some((128, 0));
     let f = PagedPrefillFixture::<bf16>::new(&c, SEED);

@@ -11,7 +11,7 @@
 // of its width (the launchers' needs_variant_kernel) and pays its tile (d128: 128 x 32 instead of 128 x 64).
 //
 // Work split: a warp takes kRowsPerStep rows at a time, its lanes the pairs of a row (consecutive pairs:
-// coalesced table reads, conflict-free 16-bit shared accesses); each row's position is read once. The table loads of the kRowsPerStep rows
+// coalesced table reads, conflict-free 16-bit shared accesses). The table loads of the kRowsPerStep rows
 // are issued before any of them is used, so a warp waits for about rows / (4 · kRowsPerStep) table
 // round trips, not one per row. No trailing barrier: the KV loop's first step waits and syncs before it
 // reads the tile.
@@ -39,12 +39,12 @@ FA_DEVICE void rotate_q_rows(const FaRope &r, T *sQ, int rows, const Position &p
   const bool gptj = r.style == FA_ROPE_GPTJ;
 #pragma unroll 1
   for (int row0 = warp_id() * kRowsPerStep; row0 < rows; row0 += kWarps * kRowsPerStep) {
-    // Lane u < kRowsPerStep looks up row row0 + u's position (one load per row); the warp shares them.
+    // Every lane reads the rows' positions (a warp-uniform address: one request per row on the GPU). Lanes
+    // 0..3 reading them and a shuffle sharing them made ptxas spill 24 bytes in the sm_90 d128 _mod kernel.
     const int lane = lane_id();
-    const int mine = lane < kRowsPerStep && row0 + lane < rows ? rope_row(r, position(row0 + lane)) : 0;
     int table_row[kRowsPerStep];
 #pragma unroll
-    for (int u = 0; u < kRowsPerStep; ++u) table_row[u] = shfl_idx(mine, u);
+    for (int u = 0; u < kRowsPerStep; ++u) table_row[u] = row0 + u < rows ? rope_row(r, position(row0 + u)) : 0;
 #pragma unroll 1
     for (int i = lane; i < half; i += kWarpSize) {
       const int ja = gptj ? 2 * i : i;
