@@ -177,7 +177,10 @@ fn shared_params<T: Element>(
     opts.score_mod.check_values()?;
     let kernel = match (opts.rope.is_some(), opts.kernel) {
         (true, PrefillKernel::Sm90) => {
-            return Err(Error::unsupported("prefill kernel sm90", "RoPE is fused in the sm80 kernel only (docs/rope.md)"))
+            return Err(Error::unsupported(
+                "prefill kernel sm90",
+                "RoPE is fused in the sm80 kernel only (docs/rope.md)",
+            ))
         }
         (true, _) => PrefillKernel::Sm80,
         (false, kernel) => kernel,

@@ -808,7 +808,9 @@ fn append_reads_the_table_with_vector_loads() {
             let cos = TensorView::host(&buf[off..off + len], [max_pos, rd / 2]).unwrap();
             let sin = TensorView::host(&sin_buf[s_off..s_off + len], [max_pos, rd / 2]).unwrap();
             let rope = Rope { cos: &cos, sin: &sin, rotary_dim: rd, style, positions: Some(&pv) };
-            caches.push(run_append::<bf16, bf16>(&stream, [2, 8, hkv, d], bf16::NAN, None, &k, &k, &slots, Some(rope)).unwrap());
+            caches.push(
+                run_append::<bf16, bf16>(&stream, [2, 8, hkv, d], bf16::NAN, None, &k, &k, &slots, Some(rope)).unwrap(),
+            );
             let c = emu.last_launch_counters().unwrap().kernels[0].clone();
             eprintln!(
                 "{style:?} table offset {}: cos {} loads / {} bytes, sin {} loads / {} bytes",

@@ -69,12 +69,30 @@ fn cases() -> Vec<Case> {
         // Chunked prefill (Tq < Tk): positions start at Tk − Tq.
         c(f, 64, (4, 1), &[(64, 200)], false, true, cfg(1e4, 64, Gptj, RopeScaling::yarn(4.0, 2048)), false),
         // Phi-2: 32 of 80 (the 96 kernel), bidirectional, explicit positions.
-        c(bf, 80, (2, 2), &[(70, 70), (70, 70)], false, false, cfg(1e4, 32, Neox, RopeScaling::Linear { factor: 2.0 }), true),
+        c(
+            bf,
+            80,
+            (2, 2),
+            &[(70, 70), (70, 70)],
+            false,
+            false,
+            cfg(1e4, 32, Neox, RopeScaling::Linear { factor: 2.0 }),
+            true,
+        ),
         c(bf, 256, (2, 1), &[(40, 90)], false, true, cfg(5e5, 256, Neox, RopeScaling::llama31()), true),
         // Tq > Tk, bidirectional: the first rows' bottom-right positions are negative (clamped to 0).
         c(f, 32, (2, 2), &[(150, 100)], false, false, cfg(1e4, 32, Gptj, RopeScaling::Ntk { factor: 2.0 }), false),
         // Varlen: an empty sequence, a chunk, Llama 3.1.
-        c(bf, 128, (8, 2), &[(17, 17), (0, 5), (64, 150), (33, 33)], true, true, cfg(5e5, 128, Neox, RopeScaling::llama31()), false),
+        c(
+            bf,
+            128,
+            (8, 2),
+            &[(17, 17), (0, 5), (64, 150), (33, 33)],
+            true,
+            true,
+            cfg(5e5, 128, Neox, RopeScaling::llama31()),
+            false,
+        ),
         c(f, 160, (3, 1), &[(40, 40), (9, 100)], true, true, cfg(1e4, 128, Gptj, RopeScaling::yarn(8.0, 4096)), true),
         c(bf, 64, (2, 2), &[(1, 1), (70, 70)], true, false, cfg(1e4, 64, Neox, RopeScaling::None), true),
         // Pythia / StableLM: 20 of 80.
@@ -125,7 +143,12 @@ fn run_case<T: Element>(stream: &Stream<'_>, c: &Case, seed: u64) -> Result<(Che
     let mut lse = vec![f32::NAN; hq * rows_q];
     if c.varlen {
         let cu = |f: fn(&(usize, usize)) -> usize| -> Vec<i32> {
-            std::iter::once(0).chain(c.seqs.iter().scan(0, |s, x| { *s += f(x) as i32; Some(*s) })).collect()
+            std::iter::once(0)
+                .chain(c.seqs.iter().scan(0, |s, x| {
+                    *s += f(x) as i32;
+                    Some(*s)
+                }))
+                .collect()
         };
         let (cq, ck) = (cu(|s| s.0), cu(|s| s.1));
         let b = c.seqs.len();
@@ -202,7 +225,11 @@ fn prefill_rope_sweep_against_the_reference() {
             failed.push(i);
         }
     }
-    assert!(failed.is_empty(), "cases {failed:?} failed; {}", common::rerun("rope_prefill", "prefill_rope_sweep_against_the_reference", None));
+    assert!(
+        failed.is_empty(),
+        "cases {failed:?} failed; {}",
+        common::rerun("rope_prefill", "prefill_rope_sweep_against_the_reference", None)
+    );
 }
 
 #[test]
@@ -221,12 +248,32 @@ fn paged_prefill_rope_sweep_against_the_reference() {
         fused_attn::testkit::cases::paged_prefill::PagedPrefillCase { num_splits: Some(n), ..c }
     };
     let cases = [
-        (paged_case(128, (8, 2), 16, &[(17, 60), (0, 9), (40, 40)]), cfg(5e5, 128, Neox, RopeScaling::llama31()), false),
-        (f16_case(paged_case(64, (4, 4), 1, &[(5, 5), (30, 90)])), cfg(1e4, 64, Gptj, RopeScaling::yarn(4.0, 2048)), true),
+        (
+            paged_case(128, (8, 2), 16, &[(17, 60), (0, 9), (40, 40)]),
+            cfg(5e5, 128, Neox, RopeScaling::llama31()),
+            false,
+        ),
+        (
+            f16_case(paged_case(64, (4, 4), 1, &[(5, 5), (30, 90)])),
+            cfg(1e4, 64, Gptj, RopeScaling::yarn(4.0, 2048)),
+            true,
+        ),
         (paged_case(80, (4, 1), 8, &[(24, 100), (3, 3)]), cfg(1e4, 32, Neox, RopeScaling::None), true),
-        (split(paged_case(256, (2, 1), 32, &[(8, 300)]), 3), cfg(1e4, 256, Neox, RopeScaling::Ntk { factor: 2.0 }), false),
-        (fp8(paged_case(128, (8, 2), 16, &[(20, 70), (9, 9)]), Fp8Format::E4m3), cfg(5e5, 128, Neox, RopeScaling::llama31()), false),
-        (fp8(f16_case(paged_case(96, (3, 1), 4, &[(12, 40)])), Fp8Format::E5m2), cfg(1e4, 48, Gptj, RopeScaling::Linear { factor: 2.0 }), true),
+        (
+            split(paged_case(256, (2, 1), 32, &[(8, 300)]), 3),
+            cfg(1e4, 256, Neox, RopeScaling::Ntk { factor: 2.0 }),
+            false,
+        ),
+        (
+            fp8(paged_case(128, (8, 2), 16, &[(20, 70), (9, 9)]), Fp8Format::E4m3),
+            cfg(5e5, 128, Neox, RopeScaling::llama31()),
+            false,
+        ),
+        (
+            fp8(f16_case(paged_case(96, (3, 1), 4, &[(12, 40)])), Fp8Format::E5m2),
+            cfg(1e4, 48, Gptj, RopeScaling::Linear { factor: 2.0 }),
+            true,
+        ),
     ];
     let mut failed = Vec::new();
     for (i, (case, rope_cfg, explicit)) in cases.iter().enumerate() {
@@ -235,12 +282,22 @@ fn paged_prefill_rope_sweep_against_the_reference() {
             DType::Bf16 => paged_rope::<bf16>(&stream, case, rope_cfg, *explicit, seed),
             DType::F16 => paged_rope::<f16>(&stream, case, rope_cfg, *explicit, seed),
         });
-        eprintln!("case {i} {} rd {} {:?} {:?} explicit {explicit} (seed {seed:#x}): {res:?}", case.label(), rope_cfg.rotary_dim, rope_cfg.style, rope_cfg.scaling);
+        eprintln!(
+            "case {i} {} rd {} {:?} {:?} explicit {explicit} (seed {seed:#x}): {res:?}",
+            case.label(),
+            rope_cfg.rotary_dim,
+            rope_cfg.style,
+            rope_cfg.scaling
+        );
         if res.is_err() {
             failed.push(i);
         }
     }
-    assert!(failed.is_empty(), "cases {failed:?} failed; {}", common::rerun("rope_prefill", "paged_prefill_rope_sweep_against_the_reference", None));
+    assert!(
+        failed.is_empty(),
+        "cases {failed:?} failed; {}",
+        common::rerun("rope_prefill", "paged_prefill_rope_sweep_against_the_reference", None)
+    );
 }
 
 /// Paged prefill with RoPE over a fixture's cache (its K taken as already rotated): explicit positions, or
@@ -255,11 +312,7 @@ fn paged_rope<T: Element>(
     let f = PagedPrefillFixture::<T>::new(case, seed);
     let mut r = rng(seed ^ 0x5eed);
     let positions: Vec<i32> = (0..case.total_q()).map(|_| r.random_range(0..MAX_POS as i32)).collect();
-    let used = if explicit {
-        positions.iter().map(|&p| i64::from(p)).collect()
-    } else {
-        bottom_right(&case.seqs)
-    };
+    let used = if explicit { positions.iter().map(|&p| i64::from(p)).collect() } else { bottom_right(&case.seqs) };
     let table = PoisonedTable::new(rope_cfg, MAX_POS, &used)?;
     let (cos, sin) = table.views()?;
     let pv = TensorView::host(&positions, [case.total_q()])?;
@@ -383,7 +436,8 @@ fn append_then_paged_prefill_with_rope() {
     fn go<C: KvCacheOf<bf16> + Copy>(stream: &Stream<'_>, nan: C, scales: Option<&fused_attn::KvScales>) {
         let (ps, pages, hq, hkv, d, rd) = (8, 12, 4, 2, 64, 64);
         let seqs = [(10usize, 30usize), (16, 16)]; // (q_len, seq_len): the last q_len tokens are the chunk
-        let cfg = RopeConfig { theta: 1e4, rotary_dim: rd, style: RopeStyle::Gptj, scaling: RopeScaling::yarn(4.0, 2048) };
+        let cfg =
+            RopeConfig { theta: 1e4, rotary_dim: rd, style: RopeStyle::Gptj, scaling: RopeScaling::yarn(4.0, 2048) };
         let used: Vec<i64> = (0..30).collect();
         let table = PoisonedTable::new(&cfg, 64, &used).unwrap();
         let (cos, sin) = table.views().unwrap();
@@ -456,10 +510,12 @@ fn append_then_paged_prefill_with_rope() {
             &opts,
         )
         .unwrap();
-        let (ov, lv) = (TensorView::host(&o, [total_q, hq, d]).unwrap(), TensorView::host(&lse, [hq, total_q]).unwrap());
+        let (ov, lv) =
+            (TensorView::host(&o, [total_q, hq, d]).unwrap(), TensorView::host(&lse, [hq, total_q]).unwrap());
         let with = check_paged_prefill(&qv, &cuv, &cache, &ov, Some(&lv), &opts).unwrap();
         let without =
-            check_paged_prefill(&qv, &cuv, &cache, &ov, Some(&lv), &PagedPrefillOptions { rope: None, ..opts }).unwrap();
+            check_paged_prefill(&qv, &cuv, &cache, &ov, Some(&lv), &PagedPrefillOptions { rope: None, ..opts })
+                .unwrap();
         eprintln!("append -> paged prefill ({}): {with}; without RoPE: {without}", std::any::type_name::<C>());
         assert!(with.passed(), "{with}");
         assert!(!without.passed(), "passes without RoPE too: {without}");

@@ -336,7 +336,8 @@ fn run_emulated_paged_prefill_with_rope_passes_and_dumps_positions() {
         if positions == "last" {
             // Each query token's place in its cache: 84..89 for both sequences.
             let b = std::fs::read(dir.join("rope_positions.npy")).unwrap();
-            let pos: Vec<i32> = b[b.len() - 48..].chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
+            let pos: Vec<i32> =
+                b[b.len() - 48..].chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
             assert_eq!(pos, [84, 85, 86, 87, 88, 89, 84, 85, 86, 87, 88, 89]);
         }
     }

@@ -339,7 +339,13 @@ fn run_as<T: Element>(emu: &Emulator, p: &Problem, op: Op, seed: u64) -> Outputs
                 &mut TensorViewMut::host(&mut o, [tq_all, hq, d]).unwrap(),
                 Some(&mut TensorViewMut::host(&mut lse, [hq, tq_all]).unwrap()),
                 Some(&mut ws),
-                &PagedPrefillOptions { causal: p.causal, scale: Some(p.scale), num_splits: forced, score_mod, rope: None },
+                &PagedPrefillOptions {
+                    causal: p.causal,
+                    scale: Some(p.scale),
+                    num_splits: forced,
+                    score_mod,
+                    rope: None,
+                },
             )
             .unwrap();
             splits = plan.num_splits;

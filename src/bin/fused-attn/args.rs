@@ -491,11 +491,36 @@ const OP_ONLY: [(&str, &str, &[Op], &str); 14] = [
     ("num_splits", "--num-splits", &[Op::Decode, Op::PagedPrefill], "prefill does not split the KV range"),
     ("kv_dtype", "--kv-dtype", &[Op::Decode, Op::PagedPrefill], "prefill reads contiguous 16-bit K/V"),
     ("kv_scale", "--kv-scale", &[Op::Decode, Op::PagedPrefill], "prefill reads contiguous 16-bit K/V"),
-    ("rope_theta", "--rope-theta", &[Op::Decode, Op::PagedPrefill], "not in the runner's dense prefill yet (docs/rope.md)"),
-    ("rope_style", "--rope-style", &[Op::Decode, Op::PagedPrefill], "not in the runner's dense prefill yet (docs/rope.md)"),
-    ("rotary_dim", "--rotary-dim", &[Op::Decode, Op::PagedPrefill], "not in the runner's dense prefill yet (docs/rope.md)"),
-    ("rope_scaling", "--rope-scaling", &[Op::Decode, Op::PagedPrefill], "not in the runner's dense prefill yet (docs/rope.md)"),
-    ("rope_positions", "--rope-positions", &[Op::Decode, Op::PagedPrefill], "not in the runner's dense prefill yet (docs/rope.md)"),
+    (
+        "rope_theta",
+        "--rope-theta",
+        &[Op::Decode, Op::PagedPrefill],
+        "not in the runner's dense prefill yet (docs/rope.md)",
+    ),
+    (
+        "rope_style",
+        "--rope-style",
+        &[Op::Decode, Op::PagedPrefill],
+        "not in the runner's dense prefill yet (docs/rope.md)",
+    ),
+    (
+        "rotary_dim",
+        "--rotary-dim",
+        &[Op::Decode, Op::PagedPrefill],
+        "not in the runner's dense prefill yet (docs/rope.md)",
+    ),
+    (
+        "rope_scaling",
+        "--rope-scaling",
+        &[Op::Decode, Op::PagedPrefill],
+        "not in the runner's dense prefill yet (docs/rope.md)",
+    ),
+    (
+        "rope_positions",
+        "--rope-positions",
+        &[Op::Decode, Op::PagedPrefill],
+        "not in the runner's dense prefill yet (docs/rope.md)",
+    ),
 ];
 
 /// A flag the user gave for an op it does not apply to.

@@ -77,20 +77,22 @@ impl PagedPrefillCase {
     }
     pub fn label(&self) -> String {
         let seqs: Vec<String> = self.seqs.iter().map(|(q, k)| format!("{q}/{k}")).collect();
-        self.kv.label(format!(
-            "{} D={} Hq={} Hkv={} page={} q/k=[{}]{}{}{}{}{}",
-            self.dtype.name(),
-            self.head_dim,
-            self.heads_q,
-            self.heads_kv,
-            self.page_size,
-            seqs.join(","),
-            if self.causal { "" } else { " bidirectional" },
-            self.num_splits.map_or(String::new(), |n| format!(" splits={n}")),
-            if self.shared_prefix > 0 { format!(" shared={}", self.shared_prefix) } else { String::new() },
-            if self.variants.is_plain() { "" } else { " " },
-            self.variants.label()
-        ) + &self.rope.map_or(String::new(), |r| format!(" {}", r.label())))
+        self.kv.label(
+            format!(
+                "{} D={} Hq={} Hkv={} page={} q/k=[{}]{}{}{}{}{}",
+                self.dtype.name(),
+                self.head_dim,
+                self.heads_q,
+                self.heads_kv,
+                self.page_size,
+                seqs.join(","),
+                if self.causal { "" } else { " bidirectional" },
+                self.num_splits.map_or(String::new(), |n| format!(" splits={n}")),
+                if self.shared_prefix > 0 { format!(" shared={}", self.shared_prefix) } else { String::new() },
+                if self.variants.is_plain() { "" } else { " " },
+                self.variants.label()
+            ) + &self.rope.map_or(String::new(), |r| format!(" {}", r.label())),
+        )
     }
 }
 
@@ -441,8 +443,14 @@ impl<T: Element> PagedPrefillFixture<T> {
                 ..Default::default()
             };
             let with = reference::check_paged_prefill(&q, &cu, &cache, &o, Some(&lse), &opts)?;
-            let without =
-                reference::check_paged_prefill(&q, &cu, &cache, &o, Some(&lse), &PagedPrefillOptions { rope: None, ..opts })?;
+            let without = reference::check_paged_prefill(
+                &q,
+                &cu,
+                &cache,
+                &o,
+                Some(&lse),
+                &PagedPrefillOptions { rope: None, ..opts },
+            )?;
             Ok((with, without))
         }
         with_cache_element!(self.fp8.as_ref(), go::<T>(self, stream, rope))
