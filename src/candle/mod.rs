@@ -115,17 +115,24 @@ pub struct PrefillRope {
     pub positions: Option<Tensor>,
 }
 
-impl PrefillRope {
-    /// Runs `f` with the kernel's [`Rope`] of `rope` on backend `S`, or `None` without one.
-    fn with<S: Backing, R>(
-        rope: Option<&Self>,
-        f: impl FnOnce(Option<Rope<'_>>) -> candle_core::Result<R>,
-    ) -> candle_core::Result<R> {
+/// Runs `f` with the prefill options of a call on backend `S`: its mask and scale, the score variants of
+/// `variants` and the RoPE of `rope` (as views on that backend).
+fn with_prefill_options<S: Backing, R>(
+    variants: &Variants,
+    rope: Option<&PrefillRope>,
+    causal: bool,
+    scale: f32,
+    f: impl FnOnce(&PrefillOptions<'_>) -> candle_core::Result<R>,
+) -> candle_core::Result<R> {
+    variants.with_score_mod::<S, _>(|score_mod| {
+        let opts = PrefillOptions { causal, scale: Some(scale), score_mod, ..Default::default() };
         match rope {
-            None => f(None),
-            Some(r) => r.rope.with_rope::<S, _>(r.positions.as_ref(), |rope| f(Some(rope))),
+            None => f(&opts),
+            Some(r) => {
+                r.rope.with_rope::<S, _>(r.positions.as_ref(), |rope| f(&PrefillOptions { rope: Some(rope), ..opts }))
+            }
         }
-    }
+    })
 }
 
 impl FlashAttn {
@@ -143,17 +150,9 @@ impl FlashAttn {
             let (q, k, v) = (q.view::<T, 4>("q", q_l)?, k.view::<T, 4>("k", k_l)?, v.view::<T, 4>("v", v_l)?);
             let shape = q.shape();
             let mut o = backend.alloc::<T>(shape.iter().product(), Fill::Poison)?;
-            self.variants.with_score_mod::<S, _>(|score_mod| {
-                PrefillRope::with::<S, _>(self.rope.as_ref(), |rope| {
-                    let opts = PrefillOptions {
-                        causal: self.causal,
-                        scale: Some(self.softmax_scale),
-                        score_mod,
-                        rope,
-                        ..Default::default()
-                    };
-                    Ok(prefill(&backend.stream(), &q, &k, &v, &mut o.view(shape)?, None, &opts)?)
-                })
+            let (causal, scale) = (self.causal, self.softmax_scale);
+            with_prefill_options::<S, _>(&self.variants, self.rope.as_ref(), causal, scale, |opts| {
+                Ok(prefill(&backend.stream(), &q, &k, &v, &mut o.view(shape)?, None, opts)?)
             })?;
             Ok((S::from_out(o)?, Shape::from(shape.to_vec())))
         })
@@ -261,29 +260,11 @@ impl FlashAttnVarLen {
             let shape = q.shape();
             // Rows past seqlens_q[B] are not written by the kernel: they read as zeros.
             let mut o = backend.alloc::<T>(shape.iter().product(), Fill::Zero)?;
-            self.variants.with_score_mod::<S, _>(|score_mod| {
-                PrefillRope::with::<S, _>(self.rope.as_ref(), |rope| {
-                    let opts = PrefillOptions {
-                        causal: self.causal,
-                        scale: Some(self.softmax_scale),
-                        score_mod,
-                        rope,
-                        ..Default::default()
-                    };
-                    Ok(prefill_varlen(
-                        &backend.stream(),
-                        &q,
-                        &k,
-                        &v,
-                        &cu_q,
-                        &cu_k,
-                        self.max_seqlen_q,
-                        self.max_seqlen_k,
-                        &mut o.view(shape)?,
-                        None,
-                        &opts,
-                    )?)
-                })
+            let (causal, scale) = (self.causal, self.softmax_scale);
+            with_prefill_options::<S, _>(&self.variants, self.rope.as_ref(), causal, scale, |opts| {
+                let (max_q, max_k) = (self.max_seqlen_q, self.max_seqlen_k);
+                let mut o = o.view(shape)?;
+                Ok(prefill_varlen(&backend.stream(), &q, &k, &v, &cu_q, &cu_k, max_q, max_k, &mut o, None, opts)?)
             })?;
             Ok((S::from_out(o)?, Shape::from(shape.to_vec())))
         })

@@ -15,7 +15,7 @@
 use crate::common;
 
 use fused_attn::decode::{DecodeOptions, DecodeWorkspace};
-use fused_attn::reference::{check_decode, RopeRef};
+use fused_attn::reference::{check_decode, Check, RopeRef};
 use fused_attn::testkit::cases::decode::{decode_on_host, DecodeCase, PagedFixture};
 use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::testkit::rope::PoisonedTable;
@@ -348,6 +348,12 @@ fn check_decode_rope<T: Element>(
     let with = check_decode(&q, &cache, &ov, Some(&lv), &opts).unwrap();
     // The check can fail: the same output judged as if q had not been rotated must not pass.
     let without = check_decode(&q, &cache, &ov, Some(&lv), &DecodeOptions { rope: None, ..opts }).unwrap();
+    with_and_without(with, without)
+}
+
+/// An output judged with RoPE (`with`) and as if q had not been rotated (`without`): the first must pass and
+/// the second fail, else the check could not tell a rotated q from an unrotated one.
+pub(crate) fn with_and_without(with: Check, without: Check) -> Result<String, String> {
     if !with.passed() {
         return Err(format!("{with}"));
     }
