@@ -34,7 +34,7 @@ constexpr int kThreads = 256;
 // the cache (device data the host cannot check).
 FA_DEVICE int64_t cache_slot(const FaAppendParams &p, int64_t token) {
   const int64_t slot = ld_global_nc(p.slot_mapping + token);
-  const int64_t num_slots = (int64_t)p.cache.num_pages << p.cache.log2_page_size;
+  const int64_t num_slots = (int64_t)p.cache.num_pages * p.cache.page_size;
   return slot < num_slots ? slot : -1;
 }
 
@@ -59,8 +59,8 @@ template <class E> struct KvPtrs {
   E *k, *v;
 };
 template <class E> FA_DEVICE KvPtrs<E> cache_at(const FaPagedCache &c, int64_t slot, int h, int col) {
-  const int64_t page = slot >> c.log2_page_size;
-  const int64_t offset = slot & (c.page_size - 1);
+  const int64_t page = fast_div(c.page_div, slot); // slot < num_pages * page_size < 2^62
+  const int64_t offset = slot - page * c.page_size;
   E *k = static_cast<E *>(c.k_cache) + page * c.k_page_stride + offset * c.k_token_stride + h * c.k_head_stride;
   E *v = static_cast<E *>(c.v_cache) + page * c.v_page_stride + offset * c.v_token_stride + h * c.v_head_stride;
   return KvPtrs<E>{k + col, v + col};
@@ -348,8 +348,7 @@ extern "C" int fa_append(FaAppendParams p, FaExec *exec) {
   using namespace fa::append;
   const FaPagedCache &c = p.cache;
   if (p.num_tokens < 0 || p.heads_kv <= 0 || p.head_dim <= 0 || p.head_dim % 8 != 0) return FA_ERR_INVALID;
-  if (c.page_size < 1 || c.page_size > 256 || c.page_size != (1 << c.log2_page_size) || c.num_pages < 0)
-    return FA_ERR_INVALID;
+  if (!fa::valid_divisor(c.page_div, c.page_size) || c.num_pages < 0) return FA_ERR_INVALID;
   if (p.dtype != FA_DTYPE_F16 && p.dtype != FA_DTYPE_BF16) return FA_ERR_UNSUPPORTED;
   if (!fa::valid_cache_format(c, p.head_dim)) return FA_ERR_INVALID;
   const bool fp8 = c.kv_dtype != FA_KV_SAME;

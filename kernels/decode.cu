@@ -6,7 +6,13 @@
 // dim zero-fills it (Q, K and V alike, never reading global memory), so the padded columns add nothing to
 // the scores and give zero output columns, which are not stored.
 //
-// Grid (num_splits, Hkv * ceil(G/16), B). A CTA walks its chunk [begin, end) of the sequence in KV tiles:
+// Short queries (paged prefill's streaming path, issue 25; fa/abi.h): with cu_seqlens_q a CTA's 16 rows are
+// packed (token, query head) rows of a sequence's q_len new tokens, at their own key positions. The KV loop is
+// decode's (the same deep cp.async pipeline, 3 CTAs per SM); what changes is the key range (from the first
+// row's window start to the last row's causal end) and, in the few tiles at its edges where the rows' ranges
+// differ, a per-row mask (WarpAttention::mask_outside); ALiBi distances and RoPE positions are per row.
+//
+// Grid (num_splits, Hkv * ceil(max_seqlen_q * G / 16), B). A CTA walks its chunk [begin, end) of the sequence in KV tiles:
 //   prologue: Q and tiles 0..kStages-2 in flight (cp.async, 16 bytes per instruction);
 //   loop j:   wait for tile j, barrier, issue tile j+kStages-1, compute tile j (S, online softmax, P.V);
 //   epilogue: merge the token groups' states through shared memory, normalise, store O/LSE (one split) or
@@ -50,6 +56,7 @@
 #include "fa/head_dim.cuh"
 #include "fa/intrinsics.cuh"
 #include "fa/paged_view.cuh"
+#include "fa/prefill/seq_info.cuh"
 #include "fa/rope.cuh"
 #include "fa/score_mod.cuh"
 #include "fa/split_kv.cuh"
@@ -73,19 +80,24 @@ template <class T> FA_DEVICE float half_to_float(uint16_t bits) {
 }
 template <class T> FA_DEVICE uint16_t float_to_half(float x) { return (uint16_t)(pack2<T>(x, 0.0f) & 0xffffu); }
 
-// Rotates the first `rows` Q rows of the swizzled tile q_smem in place at table row `row_t`, then a barrier:
-// the warps read them after it. Thread i takes pair i of every row (the rows share one position: one
-// sequence), so each (cos, sin) is loaded once per CTA; both elements of a pair are its own, so the
-// in-place update needs no barrier of its own.
-template <class T, int D>
-FA_DEVICE void rotate_q_tile(const FaRope &r, unsigned char *q_smem, int rows, int row_t) {
+// Rotates the first `rows` Q rows of the swizzled tile q_smem in place, row r at table row table_row(r), then
+// a barrier: the warps read them after it. Thread i takes pair i of every row; rows are packed token-major
+// (consecutive rows share a token, and decode's all do), so (cos, sin) is loaded once per token, not per row.
+// Both elements of a pair are the thread's own, so the in-place update needs no barrier of its own.
+template <class T, int D, class TableRow>
+FA_DEVICE void rotate_q_tile(const FaRope &r, unsigned char *q_smem, int rows, TableRow table_row) {
   const int half = r.rotary_dim / 2;
   for (int i = thread_idx(); i < half; i += Traits<D>::kThreads) {
     const int ja = r.style == FA_ROPE_GPTJ ? 2 * i : i;
     const int jb = r.style == FA_ROPE_GPTJ ? 2 * i + 1 : i + half;
-    float c, sn;
-    rope_cos_sin(r, row_t, i, c, sn);
+    float c = 1.0f, sn = 0.0f;
+    int loaded = -1;
     for (int row = 0; row < rows; ++row) {
+      const int row_t = table_row(row);
+      if (row_t != loaded) {
+        rope_cos_sin(r, row_t, i, c, sn);
+        loaded = row_t;
+      }
       uint16_t *a = q_element<T, D>(q_smem, row, ja);
       uint16_t *b = q_element<T, D>(q_smem, row, jb);
       const float xa = half_to_float<T>(ld_shared(a));
@@ -97,15 +109,34 @@ FA_DEVICE void rotate_q_tile(const FaRope &r, unsigned char *q_smem, int rows, i
   sync_threads();
 }
 
-// One CTA's piece of work: sequence b, grid row block head_block (KV head and block of its query heads),
-// split `split` of num_splits, each split_tokens long; with num_splits > 1 its partial is state `state` of the
-// workspace ([state, Hq, D]).
+// One CTA's piece of work: sequence b, grid row block head_block (KV head and block of its packed query rows),
+// split `split` of num_splits, each split_tokens long; scheduled with num_splits > 1, its query token i's partial
+// is state `state` + i * num_splits of the workspace ([state, Hq, D]; the uniform grid's states are
+// [split, total_q] instead).
 struct Unit {
   int b, head_block, split, num_splits, split_tokens, state;
 };
 
+// The query rows one CTA serves: 16 packed rows of one sequence and KV head (packed row r: token r / G of
+// query head kv_head * G + r % G), their key positions, and the keys they see together.
+struct QueryRows {
+  int group, kv_head;
+  int q_start, q_len; // the sequence's rows of q: decode's one (row b), or its cu_seqlens_q range
+  int packed0, rows;  // the CTA's first packed row, and how many of its kRows exist
+  int pos_base;       // key position of token 0: seq_len - q_len (row i of the sequence sits at pos_base + i)
+  FA_DEVICE int token(int r) const { return (packed0 + r) / group; }
+  FA_DEVICE int head(int r) const { return kv_head * group + (packed0 + r) % group; }
+  FA_DEVICE int position(int r) const { return pos_base + token(r); }
+};
+
+// Packed row blocks per KV head: ceil(max_seqlen_q * G / 16) (decode: ceil(G / 16)).
+template <int D> FA_HOST_DEVICE int64_t row_blocks(const FaDecodeParams &p) {
+  const int64_t max_q = p.cu_seqlens_q != nullptr ? p.max_seqlen_q : 1;
+  return (max_q * (p.heads_q / p.heads_kv) + Traits<D>::kRows - 1) / Traits<D>::kRows;
+}
+
 template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(const FaDecodeParams &p, const Unit &u) {
-  using Tr = Traits<D>;
+  using Tr = Traits<D, kFp8>;
   using Tile = SwizzledTile<D>;
   constexpr int kTileTokens = Tr::kTileTokens;
   constexpr int kStages = Tr::kStages;
@@ -118,6 +149,13 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
   uint32_t *holes = reinterpret_cast<uint32_t *>(smem + Tr::kHoleOffset); // [kHoleSlots][kHoleWords]
   float *o_partial = reinterpret_cast<float *>(stages); // epilogue only, after the last tile
   float *exchange = reinterpret_cast<float *>(smem + Tr::kExchangeOffset); // partial S (kScoreSplits > 1)
+  // Per row r < kRows: key position, q row, query head (-1: no such row), partial state (traits.cuh); then the
+  // keys every row sees, [shared_keys[0], shared_keys[1]].
+  int *row_pos = reinterpret_cast<int *>(smem + Tr::kRowInfoOffset);
+  int *row_q = row_pos + Tr::kRows;
+  int *row_head = row_q + Tr::kRows;
+  int *row_state = row_head + Tr::kRows;
+  int *shared_keys = row_state + Tr::kRows;
 
   const int tid = thread_idx();
   const int lane = lane_id();
@@ -125,15 +163,29 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
   const int token_group = warp % Tr::kTokenGroups;
   const int d_split = warp / Tr::kTokenGroups;
 
-  // Which sequence, KV head, query heads and chunk of the context this CTA serves.
+  // Which sequence, KV head, query rows and chunk of the context this CTA serves.
   const int split = u.split;
   const int b = u.b;
-  const int group = p.heads_q / p.heads_kv;
-  const int head_blocks = (group + Tr::kRows - 1) / Tr::kRows;
-  const int kv_head = u.head_block / head_blocks;
-  const int row_block = u.head_block % head_blocks;
-  const int head0 = kv_head * group + row_block * Tr::kRows; // first query head of this CTA
-  const int rows = group - row_block * Tr::kRows < Tr::kRows ? group - row_block * Tr::kRows : Tr::kRows;
+  const bool short_queries = p.cu_seqlens_q != nullptr;
+  QueryRows qr;
+  qr.group = p.heads_q / p.heads_kv;
+  const int head_blocks = (int)row_blocks<D>(p);
+  qr.kv_head = u.head_block / head_blocks;
+  qr.packed0 = (u.head_block % head_blocks) * Tr::kRows;
+  qr.q_start = b;
+  qr.q_len = 1;
+  if (short_queries) prefill::varlen_bounds(p.cu_seqlens_q, b, p.total_q, qr.q_start, qr.q_len);
+  const int packed_rows = qr.q_len * qr.group;
+  if (qr.packed0 >= packed_rows) return; // past this sequence's rows (uniform across the CTA)
+  qr.rows = packed_rows - qr.packed0 < Tr::kRows ? packed_rows - qr.packed0 : Tr::kRows;
+  const int kv_head = qr.kv_head;
+  // Token i's partial state: uniform grid [split, total_q]; scheduled partial_base + i * num_splits + split
+  // (consecutive per row for the merge), and a unit the workspace cannot hold is not computed (the Rust layer
+  // never makes one; this guards memory).
+  const int64_t state0 = p.work == nullptr ? (int64_t)split * (short_queries ? p.total_q : p.batch) + qr.q_start
+                                           : (int64_t)u.state;
+  const int state_stride = p.work == nullptr ? 1 : u.num_splits;
+  if (p.work != nullptr && u.num_splits > 1 && state0 + (int64_t)(qr.q_len - 1) * state_stride >= p.num_partials) return;
 
   const PagedView cache{p.cache};
   const bool windowed = p.score_mod.window_left >= 0;
@@ -150,12 +202,37 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
     }
   }
   const int seq_len = cache.seq_len(b);
-  // The window's first token (seq_len - 1 - w >= INT_MIN: no overflow); splits are laid out from it.
-  const int window_begin = windowed && seq_len - 1 - p.score_mod.window_left > 0 ? seq_len - 1 - p.score_mod.window_left : 0;
+  qr.pos_base = seq_len - qr.q_len;
+  // The keys the CTA's rows see together, [window_begin, span_end): from its first row's window start
+  // (position - w; decode: seq_len - 1 - w) to its last row's position + 1 (causal; + right bound without
+  // causal, unbounded: seq_len). Decode's single row: [seq_len - 1 - w, seq_len). Splits are laid out from it.
+  const bool causal = !short_queries || p.causal != 0;
+  const int64_t right = causal ? 0 : (p.score_mod.window_right >= 0 ? p.score_mod.window_right : (int64_t)seq_len);
+  const int64_t first_pos = qr.position(0);
+  const int64_t last_pos = qr.position(qr.rows - 1);
+  const int window_begin = windowed && first_pos - p.score_mod.window_left > 0 ? (int)(first_pos - p.score_mod.window_left) : 0;
+  // (window_begin <= span_end: positions are < seq_len and window_begin is clamped at 0 as span_end is.)
+  const int span_end = last_pos + right + 1 < seq_len ? (int)(last_pos + right + 1 > 0 ? last_pos + right + 1 : 0) : seq_len;
+  // Rows see different keys only at the span's edges: keys below the last row's window start, or past the
+  // first row's right bound, are masked per row (never in decode, whose rows share one position). Parked in
+  // shared memory with the per-row facts; the first barrier below publishes them.
+  if (tid < Tr::kRows) {
+    const bool exists = tid < qr.rows;
+    st_shared(row_pos + tid, qr.position(tid));
+    st_shared(row_q + tid, qr.q_start + qr.token(tid));
+    st_shared(row_head + tid, exists ? qr.head(tid) : -1);
+    st_shared(row_state + tid, (int)(state0 + (int64_t)qr.token(tid) * state_stride));
+  }
+  if (tid == 0) {
+    const int64_t lo = windowed ? last_pos - p.score_mod.window_left : 0;
+    const int64_t hi = first_pos + right;
+    st_shared(shared_keys, lo < 0 ? 0 : (int)lo);
+    st_shared(shared_keys + 1, hi > seq_len ? seq_len : (int)hi);
+  }
   const int64_t split_begin = window_begin + (int64_t)split * u.split_tokens;
-  const int begin = split_begin < seq_len ? (int)split_begin : seq_len;
+  const int begin = split_begin < span_end ? (int)split_begin : span_end;
   // The last split runs to the end, so a sequence longer than the plan assumed is still covered in full.
-  const int end = (split == u.num_splits - 1 || seq_len - begin <= u.split_tokens) ? seq_len : begin + u.split_tokens;
+  const int end = (split == u.num_splits - 1 || span_end - begin <= u.split_tokens) ? span_end : begin + u.split_tokens;
   const int num_tiles = (end - begin + kTileTokens - 1) / kTileTokens;
 
   // This thread's cp.async assignment: one 16-byte column chunk of kLoadsPerThread rows of every tile; a
@@ -233,11 +310,13 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
     cp_async_commit();
   };
 
-  // Q rows of this CTA's heads (rows >= `rows` zero-filled); they travel in the first group.
-  const T *q = static_cast<const T *>(p.q) + b * p.q_batch_stride + col;
+  // Q rows of this CTA (rows >= qr.rows zero-filled); they travel in the first group.
+  const T *q = static_cast<const T *>(p.q) + col;
   for (int r = row0; r < Tr::kRows; r += Tr::kRowsPerPass) {
-    const bool valid = r < rows && chunk_in_range;
-    cp_async_cg_16(q_smem + Tile::offset(r, chunk), q + (valid ? head0 + r : head0) * p.q_head_stride, valid);
+    const bool valid = r < qr.rows && chunk_in_range;
+    const int64_t offset =
+        valid ? (int64_t)(qr.q_start + qr.token(r)) * p.q_batch_stride + (int64_t)qr.head(r) * p.q_head_stride : 0;
+    cp_async_cg_16(q_smem + Tile::offset(r, chunk), q + offset, valid);
   }
 #pragma unroll
   for (int x = 0; x < kStages; ++x)
@@ -252,10 +331,13 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
   cp_async_wait<kStages - 2>();
   sync_threads();
 
-  // RoPE: q rotated at its own position (explicit, or the last token's, seq_len - 1).
+  // RoPE: each q row rotated at its own position (explicit per q row, or its key position; decode: seq_len - 1).
   if (rope_enabled(p.rope)) {
-    const int64_t pos = p.rope.positions != nullptr ? (int64_t)ld_global_nc(p.rope.positions + b) : seq_len - 1;
-    rotate_q_tile<T, D>(p.rope, q_smem, rows, rope_row(p.rope, pos));
+    rotate_q_tile<T, D>(p.rope, q_smem, qr.rows, [&](int r) {
+      const int row = qr.q_start + qr.token(r);
+      return rope_row(p.rope, p.rope.positions != nullptr ? (int64_t)ld_global_nc(p.rope.positions + row)
+                                                          : (int64_t)qr.position(r));
+    });
   }
 
   const int warp_token0 = token_group * Tr::kWarpTokens; // this warp's rows within a tile
@@ -267,7 +349,8 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
     att.init(q_smem, warp_token0, col0, lane);
   }
   const bool e5m2 = kFp8 && p.cache.kv_dtype == FA_KV_FP8_E5M2;
-  // kVariant: softcap and ALiBi (slopes of this lane's two rows, the heads head0 + lane/4 (+ 8)).
+  // kVariant: softcap and ALiBi (slopes of this lane's two rows lane/4 (+ 8); their distances are from each
+  // row's own position, read per tile from row_pos).
   // FP8: this KV head's dequantisation scales, folded into the score scale and the output normalisation.
   const float k_scale = kFp8 ? kv_scale(p.cache.k_scale, p.cache.scale_head_stride, kv_head) : 1.0f;
   const float v_scale = kFp8 ? kv_scale(p.cache.v_scale, p.cache.scale_head_stride, kv_head) : 1.0f;
@@ -278,7 +361,7 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
     mod = ScoreMod::make(kFp8 ? p.scale * k_scale : p.scale, scale_log2, p.score_mod.softcap);
 #pragma unroll
     for (int r = 0; r < 2; ++r)
-      if ((lane >> 2) + 8 * r < rows) slopes[r] = alibi_slope_log2(p.score_mod, b, head0 + (lane >> 2) + 8 * r);
+      if ((lane >> 2) + 8 * r < qr.rows) slopes[r] = alibi_slope_log2(p.score_mod, b, qr.head((lane >> 2) + 8 * r));
   }
 
   for (int j = 0; j < num_tiles; ++j) {
@@ -290,8 +373,13 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
 
     const unsigned char *k_tile = stages + (j % kStages) * (kFp8 ? Tr::kFp8StageBytes : Tr::kStageBytes);
     const unsigned char *v_tile = k_tile + (kFp8 ? Tr::kFp8TileBytes : Tr::kTileBytes);
-    // Distance of this warp's first token of the tile from the query's own position seq_len - 1.
-    const int dist0 = seq_len - 1 - (begin + j * kTileTokens + warp_token0);
+    // This warp's first token of the tile, and its distance from each of the lane's rows' positions.
+    const int key0 = begin + j * kTileTokens + warp_token0;
+    [[maybe_unused]] int dist0[2];
+    if constexpr (kVariant) {
+      dist0[0] = ld_shared(row_pos + (lane >> 2)) - key0;
+      dist0[1] = ld_shared(row_pos + (lane >> 2) + 8) - key0;
+    }
     float s[2][4];
     if constexpr (Tr::kScoreSplits > 1) {
       // D = 512: this warp's share of Q Kᵀ, summed with the other D splits' shares (one more barrier).
@@ -327,7 +415,21 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
     } else {
       att.scores(s, k_tile, scale_log2);
     }
-    if (j == num_tiles - 1) att.mask_tail(s, begin + j * kTileTokens + warp_token0, end, lane);
+    if (j == num_tiles - 1) att.mask_tail(s, key0, end, lane);
+    // Keys some of the CTA's rows do not see (short queries only: decode's rows share their keys).
+    if (key0 < ld_shared(shared_keys) ||
+        (key0 + Tr::kWarpTokens < end ? key0 + Tr::kWarpTokens : end) - 1 > ld_shared(shared_keys + 1)) {
+      int64_t lo[2], hi[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int64_t pos = ld_shared(row_pos + (lane >> 2) + 8 * r);
+        lo[r] = p.score_mod.window_left >= 0 ? pos - p.score_mod.window_left : INT64_MIN;
+        hi[r] = pos + (short_queries && p.causal == 0 ? (p.score_mod.window_right >= 0 ? p.score_mod.window_right
+                                                                                      : (int64_t)INT32_MAX)
+                                                      : 0);
+      }
+      att.mask_outside(s, key0, lo, hi, lane);
+    }
     const uint32_t hole_bits = ld_shared(holes + (j % Tr::kHoleSlots) * Tr::kHoleWords + warp_token0 / 32);
     if (hole_bits != 0u) att.mask_rows(s, hole_bits >> (warp_token0 % 32), lane);
     uint32_t pa[4];
@@ -366,14 +468,15 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
   // store 8 columns per item with 16-byte stores (none past the head dim).
   const int head_chunks = p.head_dim / 8;
   const bool add_sink = p.score_mod.sinks != nullptr && u.num_splits == 1;
-  for (int item = tid; item < rows * Tr::kChunksPerRow; item += Tr::kThreads) {
+  for (int item = tid; item < Tr::kRows * Tr::kChunksPerRow; item += Tr::kThreads) {
     const int r = item / Tr::kChunksPerRow;
     const int c = item % Tr::kChunksPerRow;
-    if (c >= head_chunks) continue;
+    const int head = ld_shared(row_head + r);
+    if (c >= head_chunks || head < 0) continue; // past the head dim, or a row the CTA does not have
     float m_max = kNegInf;
 #pragma unroll
     for (int g = 0; g < Tr::kTokenGroups; ++g) m_max = fmaxf(m_max, ld_shared(stats + (g * Tr::kRows + r) * 2));
-    const float sink = add_sink ? sink_logit(p.score_mod, head0 + r) : kNegInf;
+    const float sink = add_sink ? sink_logit(p.score_mod, head) : kNegInf;
     const bool no_key = m_max == kNegInf;
     if (add_sink) m_max = fmaxf(m_max, sink * kLog2e);
     const float m_sub = max_for_exp(m_max);
@@ -397,12 +500,12 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
 #pragma unroll
     for (int i = 0; i < 8; ++i) acc[i] *= inv;
     const float lse = add_sink && no_key ? sink : lse_from_state(m_max, sum); // no key: exactly the sink
-    const int head = head0 + r;
     if (u.num_splits == 1) {
-      Vec8<T>::store(static_cast<T *>(p.o) + b * p.o_batch_stride + head * p.o_head_stride + c * 8, acc);
-      if (p.lse != nullptr && c == 0) st_global(p.lse + b * p.lse_batch_stride + head, lse);
+      const int64_t q_row = ld_shared(row_q + r);
+      Vec8<T>::store(static_cast<T *>(p.o) + q_row * p.o_batch_stride + head * p.o_head_stride + c * 8, acc);
+      if (p.lse != nullptr && c == 0) st_global(p.lse + q_row * p.lse_batch_stride + head * p.lse_head_stride, lse);
     } else {
-      const int64_t row = (int64_t)u.state * p.heads_q + head;
+      const int64_t row = (int64_t)ld_shared(row_state + r) * p.heads_q + head;
       Vec8<float>::store(p.partial_o + row * p.head_dim + c * 8, acc);
       if (c == 0) st_global(p.partial_lse + row, lse);
     }
@@ -415,11 +518,10 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
 template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void paged_decode_kernel(const FaDecodeParams &p) {
   const Dim3 bid = block_idx();
   if (p.work == nullptr) {
-    decode_unit<T, D, kVariant, kFp8>(p, Unit{bid.z, bid.y, bid.x, p.num_splits, p.split_tokens, bid.x * p.batch + bid.z});
+    decode_unit<T, D, kVariant, kFp8>(p, Unit{bid.z, bid.y, bid.x, p.num_splits, p.split_tokens, 0});
     return;
   }
-  const int group = p.heads_q / p.heads_kv;
-  const int head_block_count = p.heads_kv * ((group + Traits<D>::kRows - 1) / Traits<D>::kRows);
+  const int64_t head_block_count = p.heads_kv * row_blocks<D>(p);
   const int first = ld_global_nc(p.work_indptr + bid.x);
   const int last = ld_global_nc(p.work_indptr + bid.x + 1);
   for (int i = first; i < last && i < p.num_work; ++i) {
@@ -474,12 +576,12 @@ namespace fa {
 namespace decode {
 namespace {
 
-template <int D> int launch_decode(void (*kernel)(FaDecodeParams), const char *name, const FaDecodeParams &p, FaExec *exec) {
-  using Tr = Traits<D>;
+template <int D, bool kFp8>
+int launch_decode(void (*kernel)(FaDecodeParams), const char *name, const FaDecodeParams &p, FaExec *exec) {
+  using Tr = Traits<D, kFp8>;
   static_assert(Tr::kThreads == 128, "FA_DECODE_KERNEL's launch bounds");
-  const int group = p.heads_q / p.heads_kv;
   const Dim3 grid = p.work != nullptr ? Dim3{p.num_ctas, 1, 1}
-                                      : Dim3{p.num_splits, p.heads_kv * ((group + Tr::kRows - 1) / Tr::kRows), p.batch};
+                                      : Dim3{p.num_splits, (int)(p.heads_kv * row_blocks<D>(p)), p.batch};
   return launch(name, kernel, grid, Tr::kThreads, Tr::kSmemBytes, exec, p);
 }
 
@@ -487,10 +589,10 @@ template <int D> int launch_decode(void (*kernel)(FaDecodeParams), const char *n
 // variant.
 #define FA_DECODE_DTYPE_CASE(dt, D)                                                                          \
   if (fp8)                                                                                                   \
-    return mod ? launch_decode<D>(FA_KERNEL_REF(fa_paged_decode_##dt##_d##D##_fp8_mod), p, exec)               \
-               : launch_decode<D>(FA_KERNEL_REF(fa_paged_decode_##dt##_d##D##_fp8), p, exec);                  \
-  return mod ? launch_decode<D>(FA_KERNEL_REF(fa_paged_decode_##dt##_d##D##_mod), p, exec)                     \
-             : launch_decode<D>(FA_KERNEL_REF(fa_paged_decode_##dt##_d##D), p, exec);
+    return mod ? launch_decode<D, true>(FA_KERNEL_REF(fa_paged_decode_##dt##_d##D##_fp8_mod), p, exec)         \
+               : launch_decode<D, true>(FA_KERNEL_REF(fa_paged_decode_##dt##_d##D##_fp8), p, exec);            \
+  return mod ? launch_decode<D, false>(FA_KERNEL_REF(fa_paged_decode_##dt##_d##D##_mod), p, exec)              \
+             : launch_decode<D, false>(FA_KERNEL_REF(fa_paged_decode_##dt##_d##D), p, exec);
 #define FA_DECODE_CASE(D)                                                                                    \
   case D:                                                                                                    \
     if (p.dtype == FA_DTYPE_F16) {                                                                           \
@@ -535,21 +637,30 @@ inline bool valid_params(const FaDecodeParams &p) {
         (p.partial_o == nullptr || p.partial_lse == nullptr || p.merge_rows == nullptr))
       return false;
   }
-  const int group = p.heads_q / p.heads_kv;
-  const int64_t grid_y = (int64_t)p.heads_kv * ((group + FA_DECODE_ROWS - 1) / FA_DECODE_ROWS);
+  // Short queries (cu_seqlens_q): the rows, their LSE layout.
+  if (p.cu_seqlens_q != nullptr &&
+      (p.total_q < 0 || p.max_seqlen_q < 1 || ((uintptr_t)p.cu_seqlens_q & 3u) != 0 || p.lse_head_stride < 0))
+    return false;
+  const int64_t max_q = p.cu_seqlens_q != nullptr ? p.max_seqlen_q : 1;
+  const int64_t grid_y = (int64_t)p.heads_kv * ((max_q * (p.heads_q / p.heads_kv) + FA_DECODE_ROWS - 1) / FA_DECODE_ROWS);
   return grid_y <= 65535 && p.batch <= 65535 && p.num_splits <= 65535;
 }
 
 } // namespace
 
-// The kernel dispatch() runs for a head dim, and its launch shape (abi.h, fa_tile_policy): every kernel of a
-// width (variant or not, either cache format) has the same shape; the FP8 staging fits the same stages.
-int tile_policy(int head_dim, FaTilePolicy *out) {
+// The kernel dispatch() runs for a head dim and cache format, and its launch shape (abi.h, fa_tile_policy):
+// the kernels of a width and format (variant or not) have the same shape; FP8 has twice the stages in the
+// same stage area (traits.cuh).
+template <int D, bool kFp8> FaTilePolicy policy_of() {
+  using Tr = Traits<D, kFp8>;
+  return FaTilePolicy{D, Tr::kRows, Tr::kTileTokens, Tr::kStages, Tr::kThreads, Tr::kSmemBytes, Tr::kMinCtasPerSm, 0,
+                      Tr::kScoreSplits};
+}
+int tile_policy(int head_dim, bool fp8, FaTilePolicy *out) {
   if (!head_dim_supported(head_dim)) return FA_ERR_UNSUPPORTED;
 #define FA_DECODE_POLICY(D)                                                                                  \
   case D:                                                                                                    \
-    *out = FaTilePolicy{D, Traits<D>::kRows, Traits<D>::kTileTokens, Traits<D>::kStages, Traits<D>::kThreads,  \
-                        Traits<D>::kSmemBytes, Traits<D>::kMinCtasPerSm, 0, Traits<D>::kScoreSplits};        \
+    *out = fp8 ? policy_of<D, true>() : policy_of<D, false>();                                               \
     return FA_OK;
   switch (decode_width(head_dim)) { FA_DECODE_WIDTHS(FA_DECODE_POLICY) }
 #undef FA_DECODE_POLICY
@@ -569,11 +680,12 @@ extern "C" int fa_decode(FaDecodeParams p, FaExec *exec) {
     // Scheduled: merge the sequences the schedule split, each over its own states [num_partials, Hq, D].
     if (status != FA_OK || p.num_merge_rows == 0) return status;
     return fa::merge_split_kv_rows(p, p.merge_rows, p.num_merge_rows, p.num_partials, p.o_batch_stride,
-                                   p.lse_batch_stride, exec);
+                                   p.lse_batch_stride, p.lse_head_stride, exec);
   }
   if (status != FA_OK || p.num_splits == 1) return status;
 
-  // Split-KV: combine the partials into o [B, Hq, D] / lse [B, Hq], rows = sequences.
-  return fa::merge_split_kv_partials(p, p.batch, p.o_batch_stride, p.lse_batch_stride, 1, exec);
+  // Split-KV: combine the partials into o / lse, rows = sequences (decode) or q rows (short queries).
+  return fa::merge_split_kv_partials(p, p.cu_seqlens_q != nullptr ? p.total_q : p.batch, p.o_batch_stride,
+                                     p.lse_batch_stride, p.lse_head_stride, exec);
 }
 #endif // FA_HOST_BUILD

@@ -18,7 +18,7 @@ pub fn check_append_args<T: Element, C: KvCacheOf<T>>(
     cache: &PagedKvCacheMut<'_, C>,
 ) -> Result<usize> {
     let g = cache.geometry();
-    fp8::check_cache_dtype::<C>(T::DTYPE, cache.scales, g.heads_kv)?;
+    fp8::check_cache_dtype::<C>(T::DTYPE, cache.scales.is_some())?;
     if C::KV_DTYPE.fp8().is_some() && g.head_dim % 16 != 0 {
         return Err(Error::unsupported(
             "k_cache",
@@ -55,8 +55,9 @@ pub struct AppendOptions<'a> {
 /// past the cache or a repeated one is an error naming it ([`crate::TableChecks`], unless `GpuMasking`).
 ///
 /// An FP8 cache (`C` = [`crate::Fp8E4m3`] / [`crate::Fp8E5m2`], scales attached with
-/// [`PagedKvCacheMut::with_scales`]) receives the quantised values: `fp8_rn_satfinite(f32(x) / scale)` with
-/// the head's K or V scale (round to nearest even, saturating to the largest finite value, NaN stays NaN).
+/// [`PagedKvCacheMut::with_scales`] or [`PagedKvCacheMut::with_scale_tensors`], read on the device at run
+/// time) receives the quantised values: `fp8_rn_satfinite(f32(x) / scale)` with the head's K or V scale
+/// (round to nearest even, saturating to the largest finite value, NaN stays NaN).
 pub fn append<T: Element, C: KvCacheOf<T>>(
     stream: &Stream<'_>,
     k: &TensorView<'_, T, 3>,
@@ -87,13 +88,7 @@ pub fn append_with<T: Element, C: KvCacheOf<T>>(
     let g = cache.geometry();
     let (k_strides, v_strides) = (k.strides(), v.strides());
     let (kc_strides, vc_strides) = (cache.k.strides(), cache.v.strides());
-    let scales = cache.scales;
-    let scales_view = scales.map(|s| s.view()).transpose()?;
     let mut launch = Launch::new(*stream);
-    let scales_ptr = match &scales_view {
-        Some(view) => Some(launch.input(c"kv_scales", view, 4)?),
-        None => None,
-    };
     let rope = match &opts.rope {
         Some(r) => r.abi(&mut launch, g.head_dim, num_tokens, true)?,
         None => sys::FaRope::default(),
@@ -104,7 +99,7 @@ pub fn append_with<T: Element, C: KvCacheOf<T>>(
     let kc_ptr = launch.output(c"k_cache", &mut cache.k, 16)?;
     let vc_ptr = launch.output(c"v_cache", &mut cache.v, 16)?;
     let mut cache_abi = abi_cache(&g, kc_strides, vc_strides, (kc_ptr, vc_ptr), None)?;
-    fp8::fill_abi(&mut cache_abi, C::KV_DTYPE, scales.zip(scales_ptr));
+    fp8::fill_abi(&mut cache_abi, C::KV_DTYPE, cache.scales.as_ref(), &mut launch)?;
     let params = sys::FaAppendParams {
         k: k_ptr,
         v: v_ptr,

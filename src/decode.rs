@@ -443,7 +443,7 @@ pub fn check_decode_args<T: Element, C: KvCacheOf<T>>(
 ) -> Result<DecodeProblem> {
     let [batch, heads_q, head_dim] = q.shape();
     let g = cache.geometry();
-    fp8::check_cache_dtype::<C>(T::DTYPE, cache.scales, g.heads_kv)?;
+    fp8::check_cache_dtype::<C>(T::DTYPE, cache.scales.is_some())?;
     crate::head_dim::check(KernelOp::Decode, head_dim)?;
     if g.head_dim != head_dim {
         return Err(Error::shape("k_cache", format!("head dim {} differs from q's {head_dim}", g.head_dim)));
@@ -479,7 +479,8 @@ pub fn check_decode_args<T: Element, C: KvCacheOf<T>>(
 ///  - `workspace`: the split workspace, large enough for the plan (see [`DecodeWorkspace`]).
 ///
 /// The cache may hold FP8 (`C` = [`crate::Fp8E4m3`] / [`crate::Fp8E5m2`], with its scales attached by
-/// [`PagedKvCache::with_scales`]): attention then uses stored value x scale; q and o stay 16-bit.
+/// [`PagedKvCache::with_scales`] or [`PagedKvCache::with_scale_tensors`]): attention then uses stored value
+/// x scale, the scales read on the device at run time; q and o stay 16-bit.
 ///
 /// On the emulator the block table and `seq_lens` are checked first ([`PagedKvCache::validate`], unless the
 /// emulator was built with [`crate::TableChecks::GpuMasking`]); on a GPU bad entries are masked
@@ -516,10 +517,9 @@ pub fn decode<T: Element, C: KvCacheOf<T>>(
     let mut partial_o = workspace.partial_o.view(if split { rows * problem.head_dim } else { 0 })?;
     let mut partial_lse = workspace.partial_lse.view(if split { rows } else { 0 })?;
 
-    let scales_view = cache.scales_view()?;
     let mut launch = Launch::new(*stream);
     let partials = split.then_some((&mut partial_o, &mut partial_lse));
-    let base = common_params(&mut launch, q, cache, scales_view.as_ref(), o, lse, partials, &problem, opts, scale)?;
+    let base = common_params(&mut launch, q, cache, o, lse, partials, &problem, opts, scale)?;
     let params = sys::FaDecodeParams {
         num_splits: to_i32("num_splits", plan.num_splits)?,
         split_tokens: to_i32("split_tokens", plan.split_tokens)?,
@@ -537,7 +537,6 @@ fn common_params<'l, T: Element, C: KvCacheOf<T>>(
     launch: &mut Launch<'l>,
     q: &'l TensorView<'_, T, 3>,
     cache: &'l PagedKvCache<'_, C>,
-    scales_view: Option<&'l TensorView<'_, f32, 1>>,
     o: &'l mut TensorViewMut<'_, T, 3>,
     lse: Option<&'l mut TensorViewMut<'_, f32, 2>>,
     partials: Option<(&'l mut TensorViewMut<'_, f32, 1>, &'l mut TensorViewMut<'_, f32, 1>)>,
@@ -551,7 +550,7 @@ fn common_params<'l, T: Element, C: KvCacheOf<T>>(
         None => sys::FaRope::default(),
     };
     let q_ptr = launch.input(c"q", q, 16)?;
-    let cache_abi = cache.launch_abi(launch, scales_view)?;
+    let cache_abi = cache.launch_abi(launch)?;
     let (q_strides, o_strides) = (q.strides(), o.strides());
     let o_ptr = launch.output(c"o", o, 16)?;
     let (lse_ptr, lse_batch_stride) = match lse {
@@ -588,6 +587,11 @@ fn common_params<'l, T: Element, C: KvCacheOf<T>>(
         scale_log2: scale * std::f32::consts::LOG2_E,
         score_mod,
         rope,
+        // One query row per sequence (cu_seqlens_q NULL): row b, LSE [B, Hq].
+        lse_head_stride: 1,
+        total_q: to_i32("batch", problem.batch)?,
+        max_seqlen_q: 1,
+        causal: 1,
         ..Default::default()
     })
 }
@@ -675,10 +679,9 @@ fn decode_scheduled<T: Element, C: KvCacheOf<T>>(
     let mut partial_o = workspace.partial_o.view(partial_cap * problem.heads_q * problem.head_dim)?;
     let mut partial_lse = workspace.partial_lse.view(partial_cap * problem.heads_q)?;
 
-    let scales_view = cache.scales_view()?;
     let mut launch = Launch::new(*stream);
     let partials = (partial_cap > 0).then_some((&mut partial_o, &mut partial_lse));
-    let base = common_params(&mut launch, q, cache, scales_view.as_ref(), o, lse, partials, problem, opts, scale)?;
+    let base = common_params(&mut launch, q, cache, o, lse, partials, problem, opts, scale)?;
     let table_ptr = launch.input(c"schedule", &table, 4)? as *const i32;
     // SAFETY (pointer arithmetic only): the offsets lie inside the table (Scheduler::table_len).
     let (work_ptr, merge_ptr) = (table_ptr.wrapping_add(work_at), table_ptr.wrapping_add(merge_at));

@@ -9,7 +9,7 @@ use std::fmt;
 pub enum ErrorKind {
     /// Shapes of arguments disagree with each other or with the problem (e.g. K has the wrong head count).
     Shape,
-    /// A valid request this crate does not implement (head dim 100, page size 48, an unknown dtype).
+    /// A valid request this crate does not implement (head dim 100, page size 0, an unknown dtype).
     Unsupported,
     /// Strides are wrong for the kernel: non-unit last stride, negative strides, overlapping output.
     Layout,

@@ -17,6 +17,7 @@ use crate::device::Stream;
 use crate::dtype::DType;
 pub use crate::dtype::{Fp8E4m3, Fp8E5m2, Fp8Element, Fp8Format, KvCacheOf, KvDType, KvElement};
 use crate::error::{Error, ErrorKind, Result};
+use crate::launch::Launch;
 use crate::sys;
 use crate::tensor::TensorView;
 
@@ -44,19 +45,88 @@ impl ScaleKind {
     }
 }
 
-enum ScaleMem {
-    Host(Vec<f32>),
-    Gpu(CudaSlice<f32>),
+/// Checks host-given scales: every one finite and > 0 (else `Unsupported`, naming `name[i]`).
+pub(crate) fn check_scale_values(name: &str, scales: &[f32]) -> Result<()> {
+    match scales.iter().enumerate().find(|(_, x)| !(x.is_finite() && **x > 0.0)) {
+        Some((i, x)) => Err(Error::unsupported(name, format!("[{i}] = {x} (scales must be finite and > 0)"))),
+        None => Ok(()),
+    }
 }
 
-/// The dequantisation scales of an FP8 cache (K and V separately), validated on the host and uploaded once
-/// on creation (engines use calibrated static scales): pass them to [`crate::PagedKvCache::with_scales`] /
-/// [`crate::PagedKvCacheMut::with_scales`]. Every scale must be finite and > 0 (else `Unsupported`).
+/// The dequantisation scales of an FP8 cache as its launches read them: two fp32 tensors in the memory of the
+/// cache's backend (device memory on a GPU — a cudarc view or a raw device pointer —, host slices on the
+/// emulator), K's and V's, each `[1]` (one scale per tensor) or `[Hkv]` (one per KV head), both the same
+/// length. They are borrowed like the pages and never read by the host: the kernels load them at run time,
+/// so values an engine writes between launches (or between replays of a CUDA graph) are the ones used, and
+/// values the host cannot check are the caller's (docs/semantics.md, "FP8 cache": a scale that is not
+/// finite and > 0 leaves its KV head's outputs unspecified and nothing else). Attach them with
+/// [`crate::PagedKvCache::with_scale_tensors`] / [`crate::PagedKvCacheMut::with_scale_tensors`].
+#[derive(Clone)]
+pub struct ScaleTensors<'a> {
+    k: TensorView<'a, f32, 1>,
+    v: TensorView<'a, f32, 1>,
+}
+
+impl<'a> ScaleTensors<'a> {
+    /// Checks `k_scale` / `v_scale` for a cache of `heads_kv` KV heads whose pages are GPU memory or not
+    /// (`pages_on_gpu`): each `[1]` or `[Hkv]` and the same length (else `Shape`), contiguous (else `Layout`),
+    /// on the pages' backend (else `Backend`). Alignment (4 bytes) is checked by the launch.
+    pub(crate) fn new(
+        k: TensorView<'a, f32, 1>,
+        v: TensorView<'a, f32, 1>,
+        heads_kv: usize,
+        pages_on_gpu: bool,
+    ) -> Result<Self> {
+        let n = k.dim(0);
+        if n != 1 && n != heads_kv {
+            return Err(Error::shape(
+                "k_scale",
+                format!("length {n} for a cache of {heads_kv} KV heads (one scale per tensor, or one per KV head)"),
+            ));
+        }
+        v.check_index_vector("v_scale", n, || format!("differs from k_scale's {n} (K and V take the same count)"))?;
+        k.check_index_vector("k_scale", n, String::new)?;
+        for (name, t) in [("k_scale", &k), ("v_scale", &v)] {
+            if t.is_gpu() != pages_on_gpu {
+                return Err(Error::backend(name, "must be memory of the cache pages' backend"));
+            }
+        }
+        Ok(Self { k, v })
+    }
+
+    /// One scale per tensor or one per KV head (a single KV head's one scale counts as per tensor).
+    pub fn kind(&self) -> ScaleKind {
+        if self.k.dim(0) == 1 {
+            ScaleKind::PerTensor
+        } else {
+            ScaleKind::PerHead
+        }
+    }
+    /// The K scales, `[1]` or `[Hkv]`.
+    pub fn k(&self) -> &TensorView<'a, f32, 1> {
+        &self.k
+    }
+    /// The V scales, as many as K's.
+    pub fn v(&self) -> &TensorView<'a, f32, 1> {
+        &self.v
+    }
+}
+
+/// The dequantisation scales of an FP8 cache (K and V separately) given as host floats: validated (each
+/// finite and > 0, else `Unsupported`) and uploaded once on creation (engines with calibrated static scales), then
+/// attached with [`crate::PagedKvCache::with_scales`] / [`crate::PagedKvCacheMut::with_scales`], which read
+/// them as [`ScaleTensors`] of this buffer. Scales an engine keeps in its own device memory (computed at run
+/// time, on a raw stream) go to `with_scale_tensors` directly.
 pub struct KvScales {
     k: Vec<f32>,
     v: Vec<f32>,
     /// `[k..., v...]` where the kernels read it.
     mem: ScaleMem,
+}
+
+enum ScaleMem {
+    Host(Vec<f32>),
+    Gpu(CudaSlice<f32>),
 }
 
 impl KvScales {
@@ -77,11 +147,8 @@ impl KvScales {
     }
 
     fn new(stream: &Stream<'_>, k: &[f32], v: &[f32]) -> Result<Self> {
-        for (name, s) in [("k_scale", k), ("v_scale", v)] {
-            if let Some((i, x)) = s.iter().enumerate().find(|(_, x)| !(x.is_finite() && **x > 0.0)) {
-                return Err(Error::unsupported(name, format!("[{i}] = {x} (scales must be finite and > 0)")));
-            }
-        }
+        check_scale_values("k_scale", k)?;
+        check_scale_values("v_scale", v)?;
         let all: Vec<f32> = k.iter().chain(v).copied().collect();
         let mem = match stream {
             Stream::Gpu(s) => ScaleMem::Gpu(s.clone_htod(&all)?),
@@ -89,7 +156,8 @@ impl KvScales {
             Stream::Raw(_) => {
                 return Err(Error::new(
                     ErrorKind::Usage,
-                    "KvScales on a raw stream are not supported yet: use a cudarc stream or the emulator",
+                    "KvScales cannot upload on a raw stream (fused-attn allocates nothing there): keep the scales \
+                     in your device memory and attach them with with_scale_tensors (TensorView::from_device_ptr)",
                 ))
             }
         };
@@ -118,70 +186,56 @@ impl KvScales {
         self.v[if self.v.len() == 1 { 0 } else { h }]
     }
 
-    /// Checks the scales fit a cache of `heads_kv` heads (one scale, or `heads_kv`).
-    pub(crate) fn check_heads(&self, heads_kv: usize) -> Result<()> {
-        if self.k.len() != 1 && self.k.len() != heads_kv {
-            return Err(Error::shape(
-                "k_scale",
-                format!("{} per-head scales for a cache of {heads_kv} KV heads", self.k.len()),
-            ));
-        }
-        Ok(())
-    }
-
-    /// `[k..., v...]` as a view for a launch.
-    pub(crate) fn view(&self) -> Result<TensorView<'_, f32, 1>> {
-        let n = 2 * self.k.len();
+    /// The K and V scales as views of the uploaded buffer.
+    pub(crate) fn views(&self) -> Result<(TensorView<'_, f32, 1>, TensorView<'_, f32, 1>)> {
+        let n = self.k.len();
         match &self.mem {
-            ScaleMem::Host(h) => TensorView::host(h, [n]),
-            ScaleMem::Gpu(g) => TensorView::gpu(g.slice(0..n), [n]),
+            ScaleMem::Host(h) => Ok((TensorView::host(&h[..n], [n])?, TensorView::host(&h[n..], [n])?)),
+            ScaleMem::Gpu(g) => Ok((TensorView::gpu(g.slice(0..n), [n])?, TensorView::gpu(g.slice(n..2 * n), [n])?)),
         }
-    }
-
-    /// The ABI's head stride of the scales (0: per tensor, 1: per head).
-    pub(crate) fn head_stride(&self) -> i32 {
-        i32::from(self.k.len() != 1)
     }
 }
 
 /// Sets the FP8 fields of an FaPagedCache for a cache of `kv` elements: the dtype tag and, for FP8, the scale
-/// pointers (`scales_ptr` the launch pointer of [`KvScales::view`]).
-pub(crate) fn fill_abi(
+/// pointers, taken into `launch` as its inputs `k_scale` / `v_scale` (fp32, 4-byte aligned).
+pub(crate) fn fill_abi<'l>(
     cache: &mut sys::FaPagedCache,
     kv: KvDType,
-    scales: Option<(&KvScales, *const std::ffi::c_void)>,
-) {
+    scales: Option<&'l ScaleTensors<'_>>,
+    launch: &mut Launch<'l>,
+) -> Result<()> {
     match (kv.fp8(), scales) {
-        (Some(f), Some((s, ptr))) => {
+        (Some(f), Some(s)) => {
             cache.kv_dtype = f.abi();
-            cache.scale_head_stride = s.head_stride();
-            cache.k_scale = ptr as *const f32;
-            // SAFETY: the view holds 2 * len scales; v starts after the k ones.
-            cache.v_scale = unsafe { (ptr as *const f32).add(s.k.len()) };
+            cache.scale_head_stride = i32::from(s.kind() == ScaleKind::PerHead);
+            cache.k_scale = launch.input(c"k_scale", &s.k, 4)?.cast();
+            cache.v_scale = launch.input(c"v_scale", &s.v, 4)?.cast();
         }
         _ => cache.kv_dtype = sys::FA_KV_SAME as i32,
     }
+    Ok(())
 }
 
 /// Checks that a cache of `C` elements serves an op on `T` (`op` names it in the error): a 16-bit cache of
-/// the same dtype, or an FP8 cache with scales for its heads.
-pub(crate) fn check_cache_dtype<C: KvElement>(dtype: DType, scales: Option<&KvScales>, heads_kv: usize) -> Result<()> {
+/// the same dtype without scales, or an FP8 cache with them (their count was checked when attached).
+pub(crate) fn check_cache_dtype<C: KvElement>(dtype: DType, has_scales: bool) -> Result<()> {
     match C::KV_DTYPE {
         KvDType::Sixteen(d) if d != dtype => Err(Error::shape(
             "k_cache",
             format!("element type {} differs from the queries' / new tokens' {}", d.name(), dtype.name()),
         )),
-        KvDType::Sixteen(_) if scales.is_some() => {
+        KvDType::Sixteen(_) if has_scales => {
             Err(Error::unsupported("k_scale", "dequantisation scales apply to FP8 caches only"))
         }
         KvDType::Sixteen(_) => Ok(()),
-        KvDType::Fp8(f) => match scales {
-            None => Err(Error::shape(
-                "k_scale",
-                format!("an {} cache needs its dequantisation scales (PagedKvCache::with_scales)", f.name()),
-            )),
-            Some(s) => s.check_heads(heads_kv),
-        },
+        KvDType::Fp8(f) if !has_scales => Err(Error::shape(
+            "k_scale",
+            format!(
+                "an {} cache needs its dequantisation scales (PagedKvCache::with_scales / with_scale_tensors)",
+                f.name()
+            ),
+        )),
+        KvDType::Fp8(_) => Ok(()),
     }
 }
 

@@ -1,8 +1,8 @@
 //! Typed views of a paged KV cache (vLLM / FlashInfer style) and their validation.
 //!
-//! Layout (docs/semantics.md): K and V each `[num_pages, page_size, Hkv, D]`, `page_size` a power of two in
-//! 1..=256; `block_table` int32 `[B, max_pages_per_seq]`; `seq_lens` int32 `[B]`; a slot is
-//! `page * page_size + offset`.
+//! Layout (docs/semantics.md): K and V each `[num_pages, page_size, Hkv, D]`, `page_size` any value in
+//! 1..=[`MAX_PAGE_SIZE`] (vLLM's hybrid attention + Mamba models use sizes such as 528 or 1056);
+//! `block_table` int32 `[B, max_pages_per_seq]`; `seq_lens` int32 `[B]`; a slot is `page * page_size + offset`.
 //!
 //! What is validated where. Shapes, strides, page size and the table's capacity are checked here, on the
 //! host, when a view is built. `seq_lens` and the `block_table` entries are *data*, which on the GPU backend
@@ -22,7 +22,8 @@
 use crate::device::Stream;
 use crate::emu::TableChecks;
 use crate::error::{to_i32, Error, Result};
-use crate::fp8::{self, KvElement, KvScales};
+use crate::fast_divmod;
+use crate::fp8::{self, KvElement, KvScales, ScaleTensors};
 use crate::launch::Launch;
 use crate::sys;
 use crate::tensor::{Mem, TensorView, TensorViewMut};
@@ -31,8 +32,10 @@ use crate::tensor::{Mem, TensorView, TensorViewMut};
 /// a tile and a split granule past the end.
 pub const MAX_TOKENS: usize = i32::MAX as usize - 4096;
 
-/// Largest supported page size (tokens).
-pub const MAX_PAGE_SIZE: usize = 256;
+/// Largest supported page size (tokens): the longest sequence. No kernel needs a smaller bound: they divide
+/// by the page size with [`crate::fast_divmod`]'s constants, exact for every divisor below 2^31, and tile
+/// keys independently of pages; a page larger than any sequence could fill would only waste memory.
+pub const MAX_PAGE_SIZE: usize = MAX_TOKENS;
 
 /// Page geometry shared by the read-only and the writable view.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,22 +46,16 @@ pub struct PageGeometry {
     pub head_dim: usize,
 }
 
-impl PageGeometry {
-    fn log2_page_size(&self) -> i32 {
-        self.page_size.trailing_zeros() as i32
-    }
-}
-
 /// Checks K and V pages: equal shapes, supported page size, 16-byte rows. Returns the geometry.
 fn check_pages(k_shape: [usize; 4], v_shape: [usize; 4]) -> Result<PageGeometry> {
     if k_shape != v_shape {
         return Err(Error::shape("v_cache", format!("shape {v_shape:?} differs from k_cache {k_shape:?}")));
     }
     let [num_pages, page_size, heads_kv, head_dim] = k_shape;
-    if !page_size.is_power_of_two() || page_size > MAX_PAGE_SIZE {
+    if page_size == 0 || page_size > MAX_PAGE_SIZE {
         return Err(Error::unsupported(
             "k_cache",
-            format!("page size {page_size} (dimension 1) is not a power of two in 1..={MAX_PAGE_SIZE}"),
+            format!("page size {page_size} (dimension 1) is outside 1..={MAX_PAGE_SIZE}"),
         ));
     }
     if num_pages == 0 || heads_kv == 0 {
@@ -85,6 +82,8 @@ pub(crate) fn abi_cache(
 ) -> Result<sys::FaPagedCache> {
     let (block_table, seq_lens, block_table_stride, max_pages) =
         table.unwrap_or((std::ptr::null(), std::ptr::null(), 0, 1));
+    let page_div = fast_divmod::divisor(g.page_size)
+        .ok_or_else(|| Error::unsupported("page_size", format!("{} is outside 1..={MAX_PAGE_SIZE}", g.page_size)))?;
     Ok(sys::FaPagedCache {
         k_cache: pointers.0,
         v_cache: pointers.1,
@@ -97,9 +96,9 @@ pub(crate) fn abi_cache(
         v_token_stride: v_strides[1],
         v_head_stride: v_strides[2],
         block_table_stride,
+        page_div,
         num_pages: to_i32("num_pages", g.num_pages)?,
         page_size: to_i32("page_size", g.page_size)?,
-        log2_page_size: g.log2_page_size(),
         max_pages_per_seq: to_i32("block_table (max_pages_per_seq)", max_pages)?,
         // 16-bit; an FP8 cache's fields are set by crate::fp8::fill_abi.
         kv_dtype: sys::FA_KV_SAME as i32,
@@ -111,13 +110,13 @@ pub(crate) fn abi_cache(
 
 /// A read-only paged KV cache with its block table: what decode reads. `T` is the op's fp16/bf16 type, or an
 /// FP8 code type ([`crate::fp8::Fp8E4m3`], [`crate::fp8::Fp8E5m2`]) whose dequantisation scales are attached
-/// with [`PagedKvCache::with_scales`].
+/// with [`PagedKvCache::with_scales`] (host floats) or [`PagedKvCache::with_scale_tensors`] (device data).
 pub struct PagedKvCache<'a, T> {
     pub(crate) k: TensorView<'a, T, 4>,
     pub(crate) v: TensorView<'a, T, 4>,
     pub(crate) block_table: TensorView<'a, i32, 2>,
     pub(crate) seq_lens: TensorView<'a, i32, 1>,
-    pub(crate) scales: Option<&'a KvScales>,
+    pub(crate) scales: Option<ScaleTensors<'a>>,
     geometry: PageGeometry,
     max_seq_len: usize,
 }
@@ -125,7 +124,7 @@ pub struct PagedKvCache<'a, T> {
 impl<'a, T> PagedKvCache<'a, T> {
     /// Validates and wraps a cache.
     ///  - `k_cache`, `v_cache`: `[num_pages, page_size, Hkv, D]`, same shape, unit innermost stride, other
-    ///    strides multiples of 16 bytes; page size a power of two in 1..=256 (else `Unsupported`).
+    ///    strides multiples of 16 bytes; page size in 1..=[`MAX_PAGE_SIZE`] (else `Unsupported`).
     ///  - `block_table`: int32 `[B, max_pages_per_seq]`, unit innermost stride.
     ///  - `seq_lens`: int32 `[B]`, contiguous.
     ///  - `max_seq_len`: the caller's upper bound on `seq_lens` (see the module docs); must not exceed the
@@ -183,16 +182,34 @@ impl<'a, T> PagedKvCache<'a, T> {
         Ok(Self { k: k_cache, v: v_cache, block_table, seq_lens, scales: None, geometry, max_seq_len })
     }
 
-    /// Attaches the dequantisation scales of an FP8 cache: one per tensor or one per KV head (else `Shape`).
-    pub fn with_scales(mut self, scales: &'a KvScales) -> Result<Self> {
-        scales.check_heads(self.geometry.heads_kv)?;
-        self.scales = Some(scales);
+    /// Attaches the dequantisation scales of an FP8 cache given as host floats (validated and uploaded by
+    /// [`KvScales`]): one per tensor or one per KV head (else `Shape`).
+    pub fn with_scales(self, scales: &'a KvScales) -> Result<Self> {
+        let (k, v) = scales.views()?;
+        self.with_scale_tensors(k, v)
+    }
+
+    /// Attaches the dequantisation scales of an FP8 cache given as fp32 tensors the caller owns, in the pages'
+    /// memory (device memory: a cudarc view or [`TensorView::from_device_ptr`], any stream kind; host slices
+    /// on the emulator): `k_scale` and `v_scale` each `[1]` (per tensor) or `[Hkv]` (per KV head), the same
+    /// length (else `Shape`), contiguous (else `Layout`), on the pages' backend (else `Backend`), 4-byte aligned
+    /// (checked at launch). Their values are never read by the host: the kernels load them at run time, so
+    /// an engine may compute or update them on its stream before each launch (or each graph replay). A value
+    /// that is not finite and > 0 is not detected; it leaves the outputs of its KV head unspecified and
+    /// touches nothing else (docs/semantics.md, "FP8 cache").
+    pub fn with_scale_tensors(
+        mut self,
+        k_scale: TensorView<'a, f32, 1>,
+        v_scale: TensorView<'a, f32, 1>,
+    ) -> Result<Self> {
+        let g = self.geometry;
+        self.scales = Some(ScaleTensors::new(k_scale, v_scale, g.heads_kv, self.k.is_gpu())?);
         Ok(self)
     }
 
     /// The attached FP8 scales, if any.
-    pub fn scales(&self) -> Option<&'a KvScales> {
-        self.scales
+    pub fn scales(&self) -> Option<&ScaleTensors<'a>> {
+        self.scales.as_ref()
     }
 
     pub fn geometry(&self) -> PageGeometry {
@@ -209,21 +226,10 @@ impl<'a, T> PagedKvCache<'a, T> {
     }
 }
 
-impl<'c, T: KvElement> PagedKvCache<'c, T> {
-    /// The FP8 scales as a launch reads them (`[k..., v...]`), or `None` for a 16-bit cache. Made before the
-    /// [`Launch`] that takes it in [`Self::launch_abi`], so that it outlives the launch.
-    pub(crate) fn scales_view(&self) -> Result<Option<TensorView<'c, f32, 1>>> {
-        self.scales.map(|s| s.view()).transpose()
-    }
-
+impl<T: KvElement> PagedKvCache<'_, T> {
     /// The FaPagedCache of a launch that reads this cache (decode, paged prefill): K, V, the block table,
-    /// seq_lens and, for FP8, `scales_view` (from [`Self::scales_view`]) taken as inputs of `launch`.
-    pub(crate) fn launch_abi<'l>(
-        &'l self,
-        launch: &mut Launch<'l>,
-        scales_view: Option<&'l TensorView<'_, f32, 1>>,
-    ) -> Result<sys::FaPagedCache> {
-        let scales_ptr = scales_view.map(|view| launch.input(c"kv_scales", view, 4)).transpose()?;
+    /// seq_lens and, for FP8, the scales, taken as inputs of `launch`.
+    pub(crate) fn launch_abi<'l>(&'l self, launch: &mut Launch<'l>) -> Result<sys::FaPagedCache> {
         let k_ptr = launch.input(c"k_cache", &self.k, 16)?;
         let v_ptr = launch.input(c"v_cache", &self.v, 16)?;
         let table_ptr = launch.input(c"block_table", &self.block_table, 4)?;
@@ -240,7 +246,7 @@ impl<'c, T: KvElement> PagedKvCache<'c, T> {
                 self.max_pages_per_seq(),
             )),
         )?;
-        fp8::fill_abi(&mut abi, T::KV_DTYPE, self.scales.zip(scales_ptr));
+        fp8::fill_abi(&mut abi, T::KV_DTYPE, self.scales.as_ref(), launch)?;
         Ok(abi)
     }
 }
@@ -374,7 +380,7 @@ where
 pub struct PagedKvCacheMut<'a, T> {
     pub(crate) k: TensorViewMut<'a, T, 4>,
     pub(crate) v: TensorViewMut<'a, T, 4>,
-    pub(crate) scales: Option<&'a KvScales>,
+    pub(crate) scales: Option<ScaleTensors<'a>>,
     geometry: PageGeometry,
 }
 
@@ -390,11 +396,27 @@ impl<'a, T> PagedKvCacheMut<'a, T> {
         Ok(Self { k: k_cache, v: v_cache, scales: None, geometry })
     }
 
-    /// Attaches the quantisation scales of an FP8 cache (see [`PagedKvCache::with_scales`]).
-    pub fn with_scales(mut self, scales: &'a KvScales) -> Result<Self> {
-        scales.check_heads(self.geometry.heads_kv)?;
-        self.scales = Some(scales);
+    /// Attaches the quantisation scales of an FP8 cache as host floats (see [`PagedKvCache::with_scales`]).
+    pub fn with_scales(self, scales: &'a KvScales) -> Result<Self> {
+        let (k, v) = scales.views()?;
+        self.with_scale_tensors(k, v)
+    }
+
+    /// Attaches the quantisation scales of an FP8 cache as tensors the caller owns (the rules of
+    /// [`PagedKvCache::with_scale_tensors`]; append divides by them at run time).
+    pub fn with_scale_tensors(
+        mut self,
+        k_scale: TensorView<'a, f32, 1>,
+        v_scale: TensorView<'a, f32, 1>,
+    ) -> Result<Self> {
+        let g = self.geometry;
+        self.scales = Some(ScaleTensors::new(k_scale, v_scale, g.heads_kv, self.k.is_gpu())?);
         Ok(self)
+    }
+
+    /// The attached FP8 scales, if any.
+    pub fn scales(&self) -> Option<&ScaleTensors<'a>> {
+        self.scales.as_ref()
     }
 
     pub fn geometry(&self) -> PageGeometry {
@@ -409,8 +431,8 @@ impl<'a, T> PagedKvCacheMut<'a, T> {
         max_seq_len: usize,
     ) -> Result<PagedKvCache<'b, T>> {
         let cache = PagedKvCache::new(self.k.as_view(), self.v.as_view(), block_table, seq_lens, max_seq_len)?;
-        match self.scales {
-            Some(s) => cache.with_scales(s),
+        match &self.scales {
+            Some(s) => cache.with_scale_tensors(s.k().clone(), s.v().clone()),
             None => Ok(cache),
         }
     }
@@ -455,8 +477,10 @@ mod tests {
         let make = |shape: [usize; 4], vshape: [usize; 4], max: usize| {
             try_cache(shape, vshape, [3, 4], 3, max).err().map(|e| e.kind().clone())
         };
-        assert_eq!(make([2, 48, 1, 64], [2, 48, 1, 64], 1), Some(ErrorKind::Unsupported), "page size 48");
-        assert_eq!(make([2, 512, 1, 64], [2, 512, 1, 64], 1), Some(ErrorKind::Unsupported), "page size 512");
+        assert_eq!(make([2, 0, 1, 64], [2, 0, 1, 64], 0), Some(ErrorKind::Unsupported), "page size 0");
+        assert_eq!(make([2, 48, 1, 64], [2, 48, 1, 64], 1), None, "page size 48");
+        assert_eq!(make([2, 1056, 1, 64], [2, 1056, 1, 64], 4224), None, "page size 1056");
+        assert_eq!(make([2, 3, 1, 64], [2, 3, 1, 64], 13), Some(ErrorKind::Shape), "4 pages x 3 < 13");
         assert_eq!(make([2, 16, 1, 64], [2, 16, 2, 64], 1), Some(ErrorKind::Shape), "K/V mismatch");
         assert_eq!(make([2, 16, 1, 64], [2, 16, 1, 64], 65), Some(ErrorKind::Shape), "table too narrow");
         assert_eq!(make([2, 16, 1, 64], [2, 16, 1, 64], 64), None);

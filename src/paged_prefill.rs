@@ -14,20 +14,26 @@
 //! When the grid would leave SMs idle (few rows, long context) [`PagedPrefillPlan`] splits the key range;
 //! the fp32 partials are merged on the same stream (sinks enter there, once).
 //!
+//! Short queries (speculative verification, small chunks: `max_seqlen_q · G <=` [`STREAMING_MAX_ROWS`]) run
+//! on the decode kernel instead ([`PagedPrefillKernel::Streaming`], docs/scheduling.md): its 16-row CTAs stream
+//! K/V through a 4-stage cp.async pipeline (48 KB in flight per CTA, 3 CTAs per SM) where the tiled CTA waits
+//! for every tile's copies (one CTA per SM at D = 128), the memory-bound regime these calls are in.
+//!
 //! FP8 caches (issue 17): the cache may hold [`crate::Fp8E4m3`] / [`crate::Fp8E5m2`] codes with their
-//! dequantisation scales attached ([`PagedKvCache::with_scales`], per tensor or per KV head), as decode
+//! dequantisation scales attached ([`PagedKvCache::with_scales`] / [`PagedKvCache::with_scale_tensors`], per
+//! tensor or per KV head, read on the device at run time), as decode
 //! reads them: the kernel copies the FP8 rows (half the K/V bytes), converts them exactly to the query
 //! dtype in shared memory and folds the scales into the math; q and o stay 16-bit. FP8 head dims are
 //! multiples of 16.
 
-use crate::decode::{check_split_fits, stream_sm_count, Buffer};
+use crate::decode::{check_split_fits, stream_slots, stream_sm_count, Buffer};
 use crate::device::Stream;
 use crate::dtype::Element;
 use crate::error::{to_i32, Error, Result};
 use crate::fp8::{self, KvCacheOf};
 use crate::launch::{softmax_scale, Launch};
 use crate::paged::PagedKvCache;
-use crate::plan::{MAX_GRID_YZ, SPLIT_GRANULE};
+use crate::plan::{MAX_GRID_YZ, ROWS_PER_CTA, SPLIT_GRANULE};
 use crate::prefill::{check_cu_seqlens, host_values, MAX_PREFILL_SEQLEN};
 use crate::score_mod::ScoreMod;
 use crate::sys;
@@ -39,6 +45,24 @@ use crate::tile::{tile_policy, KernelOp, TilePolicy};
 pub const MIN_SPLIT_KEYS: usize = 512;
 /// Upper bound on planned (not forced) splits.
 pub const MAX_PLANNED_SPLITS: usize = 64;
+
+/// Short queries run on the streaming (decode) kernel when their packed rows per KV head, `max_seqlen_q · G`,
+/// are at most this: two of its 16-row CTAs, so each K/V byte is read from memory once and from L2 at most
+/// twice (the CTAs of one KV head run side by side), against the tiled CTA's one read but its one-CTA-per-SM
+/// pipeline. A prediction from the memory model (docs/scheduling.md), to be measured on a GPU.
+pub const STREAMING_MAX_ROWS: usize = 2 * ROWS_PER_CTA;
+
+/// Which kernel a paged prefill runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PagedPrefillKernel {
+    /// Streaming when `max_seqlen_q · G <=` [`STREAMING_MAX_ROWS`], else tiled (the default).
+    #[default]
+    Auto,
+    /// The prefill tile: `Br` packed rows per CTA (any query length).
+    Tiled,
+    /// The decode kernel over 16 packed rows per CTA (any query length; meant for short ones).
+    Streaming,
+}
 
 /// Options of one paged prefill call. `Default` is causal with the default scale and an automatic split.
 #[derive(Debug, Clone, Copy)]
@@ -52,6 +76,8 @@ pub struct PagedPrefillOptions<'a> {
     pub num_splits: Option<usize>,
     /// Sliding window, softcap, ALiBi, sinks.
     pub score_mod: ScoreMod<'a>,
+    /// The kernel (default: [`PagedPrefillKernel::Auto`]); the results agree within the tolerance either way.
+    pub kernel: PagedPrefillKernel,
     /// Rotary embedding of q ([`crate::rope`], docs/rope.md), `None` by default: query token t of sequence b
     /// rotated at `rope.positions[cu_seqlens_q[b] + t]` (one int32 per packed query token, `[total_q]`) or,
     /// without positions, at its bottom-right position `t + seq_len_b − q_len_b` (its place in the cache).
@@ -61,7 +87,14 @@ pub struct PagedPrefillOptions<'a> {
 
 impl Default for PagedPrefillOptions<'_> {
     fn default() -> Self {
-        Self { causal: true, scale: None, num_splits: None, score_mod: ScoreMod::default(), rope: None }
+        Self {
+            causal: true,
+            scale: None,
+            num_splits: None,
+            score_mod: ScoreMod::default(),
+            kernel: PagedPrefillKernel::Auto,
+            rope: None,
+        }
     }
 }
 
@@ -98,34 +131,61 @@ impl PagedPrefillProblem {
     fn block_rows(&self) -> usize {
         self.tile().map_or(128, |t| t.block_m)
     }
+    /// Packed (token, query head) rows per KV head: `max_seqlen_q · G`.
+    pub fn packed_rows(&self) -> usize {
+        self.max_seqlen_q.saturating_mul(self.group())
+    }
+    /// The kernel `requested` resolves to (Auto: [`STREAMING_MAX_ROWS`]).
+    pub fn kernel(&self, requested: PagedPrefillKernel) -> PagedPrefillKernel {
+        match requested {
+            PagedPrefillKernel::Auto if self.packed_rows() <= STREAMING_MAX_ROWS => PagedPrefillKernel::Streaming,
+            PagedPrefillKernel::Auto => PagedPrefillKernel::Tiled,
+            k => k,
+        }
+    }
+    /// Packed rows per CTA of `kernel` (resolved): the tile's `Br`, or the decode kernel's 16.
+    fn rows_per_cta(&self, kernel: PagedPrefillKernel) -> usize {
+        match kernel {
+            PagedPrefillKernel::Streaming => ROWS_PER_CTA,
+            _ => self.block_rows(),
+        }
+    }
     /// The problem a CTA's key range leaves under a sliding window: a CTA's rows are at most
     /// `min(max_seqlen_q, ⌈Br / G⌉ + 1)` consecutive tokens, and each sees `left + right + 1` keys around
     /// its diagonal (right = 0 when causal), so its keys span at most the sum; splits are planned over that
     /// (and laid out from the CTA's first visible tile by the kernel), not over the context left of the
     /// window. No left bound (or an unbounded right one without causal) leaves the problem as it is.
     pub fn windowed(self, window: Option<(i32, i32)>, causal: bool) -> Self {
+        self.windowed_for(window, causal, PagedPrefillKernel::Tiled)
+    }
+    /// [`Self::windowed`] for the CTAs of `kernel` (resolved).
+    pub fn windowed_for(self, window: Option<(i32, i32)>, causal: bool, kernel: PagedPrefillKernel) -> Self {
         let Some((left, right)) = window else { return self };
         let right = if causal { Some(0) } else { usize::try_from(right).ok() };
         let (Ok(left), Some(right)) = (usize::try_from(left), right) else { return self };
-        let br = self.block_rows();
+        let br = self.rows_per_cta(kernel);
         let tokens = self.max_seqlen_q.min(br.div_ceil(self.group().max(1)) + 1);
         let span = tokens.saturating_add(left).saturating_add(right);
         Self { max_seq_len: self.max_seq_len.min(span), ..self }
     }
-    /// CTAs per split: row blocks of `Br` packed rows x KV heads x sequences.
+    /// CTAs per split: row blocks of `Br` packed rows x KV heads x sequences (the tiled kernel).
     pub fn ctas_per_split(&self) -> usize {
-        let br = self.block_rows();
-        (self.max_seqlen_q * self.group()).div_ceil(br) * self.heads_kv * self.batch
+        self.ctas_per_split_of(PagedPrefillKernel::Tiled)
+    }
+    fn ctas_per_split_of(&self, kernel: PagedPrefillKernel) -> usize {
+        self.packed_rows().div_ceil(self.rows_per_cta(kernel)) * self.heads_kv * self.batch
     }
 }
 
-/// How one launch splits the keys, its grid and the workspace it needs.
+/// How one launch splits the keys, its kernel, grid and the workspace it needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PagedPrefillPlan {
+    /// The kernel it runs: [`PagedPrefillKernel::Tiled`] or [`PagedPrefillKernel::Streaming`].
+    pub kernel: PagedPrefillKernel,
     pub num_splits: usize,
     /// Keys per split, a multiple of [`SPLIT_GRANULE`] (meaningful when `num_splits > 1`).
     pub split_tokens: usize,
-    /// (row blocks · num_splits, Hkv, B).
+    /// Tiled: (row blocks · num_splits, Hkv, B); streaming: (num_splits, Hkv · row blocks, B).
     pub grid: [usize; 3],
     /// fp32 elements of partial O `[num_splits, total_q, Hq, D]` and partial LSE `[num_splits, total_q, Hq]`
     /// (0 without splitting).
@@ -139,14 +199,27 @@ impl PagedPrefillPlan {
     /// kernel runs one CTA per SM at D = 128) or the context is short; else as many splits as it takes to
     /// cover the SMs, each at least [`MIN_SPLIT_KEYS`] keys, at most [`MAX_PLANNED_SPLITS`].
     pub fn new(problem: &PagedPrefillProblem, sm_count: usize, forced: Option<usize>) -> Result<Self> {
+        Self::for_kernel(problem, PagedPrefillKernel::Tiled, sm_count, forced)
+    }
+
+    /// The plan for `problem` on `kernel` (Auto resolved by [`PagedPrefillProblem::kernel`]) with `slots`
+    /// CTAs the GPU runs at once (tiled: the SM count, one CTA per SM; streaming: SMs x the decode kernel's
+    /// CTAs per SM), by the rule of [`Self::new`].
+    pub fn for_kernel(
+        problem: &PagedPrefillProblem,
+        kernel: PagedPrefillKernel,
+        slots: usize,
+        forced: Option<usize>,
+    ) -> Result<Self> {
         crate::head_dim::check(KernelOp::PagedPrefill, problem.head_dim)?;
-        let ctas = problem.ctas_per_split();
+        let kernel = problem.kernel(kernel);
+        let ctas = problem.ctas_per_split_of(kernel);
         let keys = problem.max_seq_len.max(1);
         let wanted = match forced {
             Some(0) => return Err(Error::shape("num_splits", "must be at least 1")),
             Some(n) => n,
-            None if ctas == 0 || ctas >= sm_count || keys < 2 * MIN_SPLIT_KEYS => 1,
-            None => sm_count.div_ceil(ctas).min(keys / MIN_SPLIT_KEYS).clamp(1, MAX_PLANNED_SPLITS),
+            None if ctas == 0 || ctas >= slots || keys < 2 * MIN_SPLIT_KEYS => 1,
+            None => slots.div_ceil(ctas).min(keys / MIN_SPLIT_KEYS).clamp(1, MAX_PLANNED_SPLITS),
         };
         let (num_splits, split_tokens) = if wanted <= 1 {
             (1, 0)
@@ -154,15 +227,19 @@ impl PagedPrefillPlan {
             let split_tokens = keys.div_ceil(wanted).next_multiple_of(SPLIT_GRANULE);
             (keys.div_ceil(split_tokens).max(1), split_tokens)
         };
-        let row_blocks = (problem.max_seqlen_q * problem.group()).div_ceil(problem.block_rows());
+        let row_blocks = problem.packed_rows().div_ceil(problem.rows_per_cta(kernel));
         let rows = if num_splits > 1 { problem.total_q * problem.heads_q } else { 0 };
         let checked =
             |a: usize, b: usize| a.checked_mul(b).ok_or_else(|| Error::overflow("workspace", "size overflows"));
         let partial_lse_len = checked(rows, num_splits)?;
         Ok(Self {
+            kernel,
             num_splits,
             split_tokens,
-            grid: [row_blocks * num_splits, problem.heads_kv, problem.batch],
+            grid: match kernel {
+                PagedPrefillKernel::Streaming => [num_splits, problem.heads_kv * row_blocks, problem.batch],
+                _ => [row_blocks * num_splits, problem.heads_kv, problem.batch],
+            },
             partial_o_len: checked(partial_lse_len, problem.head_dim)?,
             partial_lse_len,
         })
@@ -175,6 +252,8 @@ pub struct PagedPrefillWorkspace {
     partial_o: Buffer,
     partial_lse: Buffer,
     sm_count: usize,
+    /// CTAs of the streaming (decode) kernel the GPU runs at once at this head dim.
+    streaming_slots: usize,
 }
 
 /// Buffer::new's error for a PagedPrefillWorkspace on a raw stream (it has no device-pointer constructor).
@@ -200,7 +279,16 @@ impl PagedPrefillWorkspace {
             partial_o: Buffer::new(stream, o, ON_RAW_STREAM)?,
             partial_lse: Buffer::new(stream, lse, ON_RAW_STREAM)?,
             sm_count: stream_sm_count(stream)?,
+            streaming_slots: stream_slots(stream, head_dim)?,
         })
+    }
+
+    /// CTA slots a plan for `kernel` (resolved) fills: SMs (tiled), or SMs x decode CTAs per SM (streaming).
+    fn slots(&self, kernel: PagedPrefillKernel) -> usize {
+        match kernel {
+            PagedPrefillKernel::Streaming => self.streaming_slots,
+            _ => self.sm_count,
+        }
     }
 
     /// The SM count plans are made for.
@@ -229,7 +317,7 @@ pub fn check_paged_prefill_args<T: Element, C: KvCacheOf<T>>(
 ) -> Result<PagedPrefillProblem> {
     let [total_q, heads_q, head_dim] = q.shape();
     let g = cache.geometry();
-    fp8::check_cache_dtype::<C>(T::DTYPE, cache.scales(), g.heads_kv)?;
+    fp8::check_cache_dtype::<C>(T::DTYPE, cache.scales().is_some())?;
     crate::head_dim::check(KernelOp::PagedPrefill, head_dim)?;
     if C::KV_DTYPE.fp8().is_some() && head_dim % 16 != 0 {
         return Err(Error::unsupported(
@@ -303,7 +391,8 @@ pub fn check_paged_prefill_args<T: Element, C: KvCacheOf<T>>(
 ///  - `workspace`: needed only for split-KV; `None` runs one split.
 ///
 /// The cache may hold FP8 (`C` = [`crate::Fp8E4m3`] / [`crate::Fp8E5m2`], with its scales attached by
-/// [`PagedKvCache::with_scales`], head dim a multiple of 16): attention then uses stored value x scale.
+/// [`PagedKvCache::with_scales`] or [`PagedKvCache::with_scale_tensors`], head dim a multiple of 16):
+/// attention then uses stored value x scale.
 ///
 /// On the emulator the block table and `seq_lens` are checked first, as for [`crate::decode()`].
 ///
@@ -326,17 +415,29 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
         cache.validate(stream)?;
     }
     let scale = softmax_scale(opts.scale, problem.head_dim)?;
+    let kernel = problem.kernel(opts.kernel);
     let plan = match workspace.as_deref() {
-        Some(ws) => PagedPrefillPlan::new(
-            &problem.windowed(opts.score_mod.window, opts.causal),
-            ws.sm_count(),
+        Some(ws) => PagedPrefillPlan::for_kernel(
+            &problem.windowed_for(opts.score_mod.window, opts.causal, kernel),
+            kernel,
+            ws.slots(kernel),
             opts.num_splits,
         )?,
         None if opts.num_splits.is_some_and(|n| n > 1) => {
             return Err(Error::usage("paged_prefill: num_splits > 1 needs a PagedPrefillWorkspace"))
         }
-        None => PagedPrefillPlan::new(&problem, 1, Some(1))?,
+        None => PagedPrefillPlan::for_kernel(&problem, kernel, 1, Some(1))?,
     };
+    if kernel == PagedPrefillKernel::Streaming && plan.grid[1] > MAX_GRID_YZ {
+        return Err(Error::unsupported(
+            "max_seqlen_q",
+            format!(
+                "{} x {} KV heads row blocks of the streaming kernel (at most {MAX_GRID_YZ})",
+                plan.grid[1] / problem.heads_kv,
+                problem.heads_kv
+            ),
+        ));
+    }
     if problem.batch == 0 || problem.total_q == 0 || max_seqlen_q == 0 {
         return Ok(plan);
     }
@@ -350,7 +451,6 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
         None => (None, None),
     };
 
-    let scales_view = cache.scales_view()?;
     let mut launch = Launch::new(*stream);
     let score_mod = opts.score_mod.abi(&mut launch, problem.batch, problem.heads_q)?;
     let rope = match &opts.rope {
@@ -359,7 +459,7 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
     };
     let q_ptr = launch.input(c"q", q, 16)?;
     let cu_ptr = launch.input(c"cu_seqlens_q", cu_seqlens_q, 4)?;
-    let cache_abi = cache.launch_abi(&mut launch, scales_view.as_ref())?;
+    let cache_abi = cache.launch_abi(&mut launch)?;
     let o_strides = o.strides();
     let o_ptr = launch.output(c"o", o, 16)?;
     let (lse_ptr, lse_head_stride) = match lse {
@@ -376,6 +476,42 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
         _ => (std::ptr::null_mut(), std::ptr::null_mut()),
     };
     let q_strides = q.strides();
+    if kernel == PagedPrefillKernel::Streaming {
+        // The decode kernel over 16 packed rows per CTA (fa/abi.h FaDecodeParams, "Short queries"): q/o rows
+        // through cu_seqlens_q, LSE [Hq, total_q], the same partial layout [num_splits, total_q, Hq, D].
+        let params = sys::FaDecodeParams {
+            q: q_ptr,
+            o: o_ptr,
+            lse: lse_ptr,
+            partial_o: po_ptr,
+            partial_lse: plse_ptr,
+            q_batch_stride: q_strides[0],
+            q_head_stride: q_strides[1],
+            o_batch_stride: o_strides[0],
+            o_head_stride: o_strides[1],
+            lse_batch_stride: 1,
+            lse_head_stride,
+            cache: cache_abi,
+            batch: to_i32("batch", problem.batch)?,
+            heads_q: to_i32("heads_q", problem.heads_q)?,
+            heads_kv: to_i32("heads_kv", problem.heads_kv)?,
+            head_dim: to_i32("head_dim", problem.head_dim)?,
+            num_splits: to_i32("num_splits", plan.num_splits)?,
+            split_tokens: to_i32("split_tokens", plan.split_tokens)?,
+            dtype: T::DTYPE.abi(),
+            scale,
+            scale_log2: scale * std::f32::consts::LOG2_E,
+            score_mod,
+            cu_seqlens_q: cu_ptr as *const i32,
+            total_q: to_i32("q (rows)", problem.total_q)?,
+            max_seqlen_q: to_i32("max_seqlen_q", max_seqlen_q)?,
+            causal: opts.causal as i32,
+            rope,
+            ..Default::default()
+        };
+        launch.run("paged_prefill", params, sys::fa_decode)?;
+        return Ok(plan);
+    }
     let params = sys::FaPagedPrefillParams {
         q: q_ptr,
         o: o_ptr,

@@ -40,6 +40,18 @@ pub enum MemMut<'a, T> {
     Host(&'a mut [T]),
 }
 
+/// Another handle on the same memory (no copy): a cudarc view is re-sliced whole, a raw pointer or host slice
+/// copied.
+impl<T> Clone for Mem<'_, T> {
+    fn clone(&self) -> Self {
+        match self {
+            Mem::Gpu(v) => Mem::Gpu(v.slice(..)),
+            Mem::Device(d) => Mem::Device(*d),
+            Mem::Host(s) => Mem::Host(s),
+        }
+    }
+}
+
 impl<T> Mem<'_, T> {
     fn len(&self) -> usize {
         match self {
@@ -60,11 +72,18 @@ impl<T> MemMut<'_, T> {
     }
 }
 
-/// A read-only N-dimensional view; the last dimension is the innermost.
+/// A read-only N-dimensional view; the last dimension is the innermost. Cloning it makes another view of the
+/// same memory (nothing is copied).
 pub struct TensorView<'a, T, const N: usize> {
     pub(crate) mem: Mem<'a, T>,
     shape: [usize; N],
     strides: [i64; N],
+}
+
+impl<T, const N: usize> Clone for TensorView<'_, T, N> {
+    fn clone(&self) -> Self {
+        Self { mem: self.mem.clone(), shape: self.shape, strides: self.strides }
+    }
 }
 
 /// A writable N-dimensional view.

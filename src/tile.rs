@@ -110,18 +110,23 @@ mod tests {
         assert_eq!(p(KernelOp::Prefill, 112, false, None).width, 160);
         assert_eq!(p(KernelOp::Prefill, 200, false, None).smem_bytes, 96 * 1024);
         // decode: fa/decode/traits.cuh, 3 CTAs per SM
-        let dec = p(KernelOp::Decode, 72, false, Some(Fp8Format::E4m3));
+        let dec = p(KernelOp::Decode, 72, false, None);
         assert_eq!((dec.width, dec.block_m, dec.block_n, dec.stages, dec.threads), (128, 16, 32, 4, 128));
         assert_eq!(dec.min_ctas_per_sm, 3);
         assert_eq!(dec, p(KernelOp::Decode, 128, true, None));
+        // FP8: twice the stages in the same stage area (4 more hole-slot words).
+        let dec8 = p(KernelOp::Decode, 72, false, Some(Fp8Format::E4m3));
+        assert_eq!((dec8.stages, dec8.smem_bytes), (8, dec.smem_bytes + 4 * 4));
         // D 512 (and 264 at that width): 16-token tiles, 2 stages, 2 CTAs per SM, < 99 KiB.
-        let d512 = p(KernelOp::Decode, 264, false, Some(Fp8Format::E5m2));
+        let d512 = p(KernelOp::Decode, 264, false, None);
         assert_eq!((d512.width, d512.block_m, d512.block_n, d512.stages, d512.threads), (512, 16, 16, 2, 128));
         assert_eq!(
             (d512.min_ctas_per_sm, d512.smem_bytes),
-            (2, 16 * 1024 + 2 * 32 * 1024 + 2 * 16 * 16 + 16 * 2 * 4 + 3 * 4)
+            (2, 16 * 1024 + 2 * 32 * 1024 + 2 * 16 * 16 + 16 * 2 * 4 + 3 * 4 + (4 * 16 + 2) * 4)
         );
         assert_eq!(d512, p(KernelOp::Decode, 512, true, None));
+        let d512_8 = p(KernelOp::Decode, 512, false, Some(Fp8Format::E5m2));
+        assert_eq!((d512_8.stages, d512_8.smem_bytes), (4, d512.smem_bytes + 2 * 4));
         assert_eq!((d512.score_splits, dec.score_splits, d128.score_splits), (4, 1, 0));
         // paged prefill: no 32 or 160/192 widths; FP8 stages its tiles in more shared memory
         assert_eq!(p(KernelOp::PagedPrefill, 40, false, None).width, 64);

@@ -679,7 +679,7 @@ fn fp8_caches_pass_through_the_candle_ops() -> Result<()> {
             Fp8Format::E4m3 => judge::<Fp8E4m3>(&codes, shape, scales, views, (&qh, &oh, &lseh), scale),
             Fp8Format::E5m2 => judge::<Fp8E5m2>(&codes, shape, scales, views, (&qh, &oh, &lseh), scale),
         };
-        let right = run(&fp8.scales);
+        let right = run(&KvScales::per_head(&emu, &k_scales, &v_scales)?);
         assert!(right.passed(), "{what}: {right}");
         let doubled: Vec<f32> = v_scales.iter().map(|s| 2.0 * s).collect();
         let other = KvScales::per_head(&emu, &vec![k_scales[0]; hkv], &vec![doubled[0]; hkv])?;
@@ -703,5 +703,70 @@ fn fp8_caches_pass_through_the_candle_ops() -> Result<()> {
     assert!(msg.starts_with("Unsupported error: kv_cache: dtype BF16, expected u8"), "{msg}");
     let bad = fa::Fp8Kv::per_tensor(&Device::Cpu, Fp8Format::E4m3, 0.0, 1.0).err().map(|e| e.to_string());
     assert!(bad.as_deref().unwrap_or("").starts_with("Unsupported error: k_scale"), "{bad:?}");
+    Ok(())
+}
+
+/// FP8 scales an engine keeps as candle tensors (`Fp8Kv::from_tensors`: f32 `[]`, `[1]` or `[Hkv]`): append
+/// and decode give bit for bit what the host-float constructors give for the same values; values written
+/// into the same tensors in place (`slice_set`) between two calls are the ones the second call uses (the ops
+/// read them when they run); bad scale tensors are typed errors naming them.
+#[test]
+fn fp8_scale_tensors_through_the_candle_ops() -> Result<()> {
+    use fused_attn::Fp8Format;
+
+    let mut rng = StdRng::seed_from_u64(29);
+    let (hq, hkv, d, page, b, per_seq, n) = (4, 2, 64, 16, 2, 3, 40);
+    let (num_pages, max_seq_len) = (b * per_seq, per_seq * page);
+    let dev = Device::Cpu;
+    let block_table = Tensor::from_vec((0..num_pages as i32).collect::<Vec<_>>(), (b, per_seq), &dev)?;
+    let seq_lens = Tensor::from_vec(vec![n as i32; b], b, &dev)?;
+    let slots: Vec<i64> = (0..b).flat_map(|s| (0..n).map(move |t| (s * per_seq * page + t) as i64)).collect();
+    let slots = Tensor::from_vec(slots, b * n, &dev)?;
+    let k = random(&[b * n, hkv, d], -1.0, 1.0, DType::BF16, &mut rng)?;
+    let v = random(&[b * n, hkv, d], -0.5, 1.5, DType::BF16, &mut rng)?;
+    let q = random(&[b, hq, d], -1.0, 1.0, DType::BF16, &mut rng)?;
+    let limits = DecodeProblem { batch: b, heads_q: hq, heads_kv: hkv, head_dim: d, max_seq_len };
+    // Append into a fresh U8 cache, then decode from it: the codes, o and the LSE as bits.
+    let run = |fp8: &fa::Fp8Kv| -> Result<(Vec<u8>, Vec<u16>, Vec<u32>)> {
+        let cache = Tensor::zeros((2, num_pages, page, hkv, d), DType::U8, &dev)?;
+        let opts = fa::PagedOptions { fp8: Some(fp8), ..Default::default() };
+        fa::paged_append_opts(&k, &v, &slots, &cache, &opts)?;
+        let mut ws = fa::decode_workspace(&dev, &limits, Some(2))?;
+        let (o, lse) = fa::paged_decode_opts(&q, &cache, &block_table, &seq_lens, max_seq_len, 0.125, &opts, &mut ws)?;
+        let o: Vec<u16> = o.flatten_all()?.to_vec1::<half::bf16>()?.iter().map(|x| x.to_bits()).collect();
+        assert!(o.iter().all(|&x| !half::bf16::from_bits(x).is_nan()), "NaN left in o");
+        let lse = lse.flatten_all()?.to_vec1::<f32>()?.iter().map(|x| x.to_bits()).collect();
+        Ok((cache.flatten_all()?.to_vec1::<u8>()?, o, lse))
+    };
+    let e4m3 = Fp8Format::E4m3;
+    // Per tensor, as 0-d tensors (vLLM's layer.k_scale) and as [1].
+    let host = run(&fa::Fp8Kv::per_tensor(&dev, e4m3, 0.01, 0.02)?)?;
+    let scalar = fa::Fp8Kv::from_tensors(e4m3, &Tensor::new(0.01f32, &dev)?, &Tensor::new(0.02f32, &dev)?)?;
+    assert!(run(&scalar)? == host, "0-d scale tensors differ from per_tensor");
+    let one = fa::Fp8Kv::from_tensors(e4m3, &Tensor::new(&[0.01f32], &dev)?, &Tensor::new(&[0.02f32], &dev)?)?;
+    assert!(run(&one)? == host, "[1] scale tensors differ from per_tensor");
+    // Per KV head, then rewritten in place.
+    let (ks, vs) = (Tensor::new(&[0.01f32, 0.017], &dev)?, Tensor::new(&[0.02f32, 0.013], &dev)?);
+    let fp8 = fa::Fp8Kv::from_tensors(e4m3, &ks, &vs)?;
+    let before = run(&fp8)?;
+    assert!(before == run(&fa::Fp8Kv::per_head(&dev, e4m3, &[0.01, 0.017], &[0.02, 0.013])?)?, "[Hkv] tensors");
+    ks.slice_set(&Tensor::new(&[0.006f32, 0.03], &dev)?, 0, 0)?;
+    vs.slice_set(&Tensor::new(&[0.011f32, 0.025], &dev)?, 0, 0)?;
+    let after = run(&fp8)?;
+    assert!(after == run(&fa::Fp8Kv::per_head(&dev, e4m3, &[0.006, 0.03], &[0.011, 0.025])?)?, "rewritten scales");
+    assert!(after != before, "rewriting the scale tensors changed nothing");
+
+    // Errors, named.
+    let msg = |r: Result<fa::Fp8Kv>| r.err().map(|e| e.to_string()).unwrap_or_default();
+    let f16 = Tensor::new(&[0.01f32, 0.02], &dev)?.to_dtype(DType::F16)?;
+    assert!(msg(fa::Fp8Kv::from_tensors(e4m3, &f16, &vs)).starts_with("Unsupported error: k_scale: dtype F16"));
+    let matrix = Tensor::new(&[[0.01f32], [0.02]], &dev)?;
+    assert!(msg(fa::Fp8Kv::from_tensors(e4m3, &ks, &matrix)).starts_with("Shape error: v_scale: shape [2, 1]"));
+    let single = Tensor::new(&[0.02f32], &dev)?;
+    assert!(msg(fa::Fp8Kv::from_tensors(e4m3, &ks, &single)).starts_with("Shape error: v_scale"));
+    let three = Tensor::new(&[0.01f32, 0.02, 0.03], &dev)?;
+    let wrong_count = fa::Fp8Kv::from_tensors(e4m3, &three, &three)?;
+    let e = run(&wrong_count).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(e.starts_with("Shape error: k_scale: length 3 for a cache of 2 KV heads"), "{e}");
     Ok(())
 }

@@ -9,7 +9,7 @@ extern "C" int fa_tile_policy(int32_t op, int32_t head_dim, int32_t variant, int
   case FA_OP_PREFILL: return fp8 ? FA_ERR_UNSUPPORTED : fa::prefill::tile_policy(head_dim, variant != 0, out);
   case FA_OP_PREFILL_SM90: return fp8 ? FA_ERR_UNSUPPORTED : fa::hopper::tile_policy(head_dim, variant != 0, out);
   case FA_OP_PAGED_PREFILL: return fa::paged_prefill::tile_policy(head_dim, fp8, out);
-  case FA_OP_DECODE: return fa::decode::tile_policy(head_dim, out);
+  case FA_OP_DECODE: return fa::decode::tile_policy(head_dim, fp8, out);
   default: return FA_ERR_INVALID;
   }
 }

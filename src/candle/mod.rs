@@ -15,7 +15,7 @@
 //! (`"Shape error: q: ..."`), through `impl From<fused_attn::Error> for candle_core::Error`.
 //!
 //! The paged cache of one layer is one tensor `kv_cache [2, num_pages, page_size, Hkv, D]` (K pages, then V
-//! pages: vLLM's flash-attention layout), f16 or bf16, page size a power of two up to 256. Index tensors
+//! pages: vLLM's flash-attention layout), f16 or bf16, any page size >= 1 (`paged::MAX_PAGE_SIZE`). Index tensors
 //! (`block_table`, `seq_lens`, `seqlens_q/k`) are int32 (`DType::I32`, or `U32` read as int32, as
 //! candle-flash-attn takes them); `slot_mapping` is `DType::I64`.
 
@@ -34,11 +34,11 @@ use crate::decode::{decode, DecodeOptions, DecodeWorkspace};
 use crate::dtype::{Fp8E4m3, Fp8E5m2, Fp8Format};
 use crate::emu::Emulator;
 use crate::error::Error;
-use crate::fp8::KvScales;
 use crate::paged::{PagedKvCache, PagedKvCacheMut};
 use crate::plan::DecodeProblem;
 use crate::prefill::{prefill, prefill_varlen, PrefillOptions};
 use crate::rope::{Rope, RopeConfig, RopeStyle};
+use crate::tensor::TensorView;
 use bridge::{kv_halves, Backing, Fill};
 
 impl From<Error> for candle_core::Error {
@@ -427,19 +427,25 @@ impl CandleRope {
 }
 
 /// An FP8 paged cache for the candle ops (docs/semantics.md, "Layouts": FP8 cache): the format of its codes and
-/// its dequantisation scales, uploaded once to the cache's device. The cache tensor
-/// `[2, num_pages, page_size, Hkv, D]` holds the codes as `U8` (either format, as vLLM keeps FP8 caches) or
-/// as candle's `F8E4M3` (E4M3 codes only); q, new K/V rows and the output stay f16/bf16.
+/// its dequantisation scales, two f32 tensors (K's and V's) on the cache's device, each one scale (`[]` or
+/// `[1]`: per tensor) or `[Hkv]` (per KV head), the same count. The ops read the tensors in place, on the
+/// device, when they run: scales the engine keeps as tensors ([`Fp8Kv::from_tensors`]; e.g. computed at
+/// run time, or updated between steps) are used as they are then, never copied or read back by the host;
+/// [`Fp8Kv::per_tensor`] / [`Fp8Kv::per_head`] make such tensors from host floats (checked, uploaded once).
+/// The cache tensor `[2, num_pages, page_size, Hkv, D]` holds the codes as `U8` (either format, as vLLM
+/// keeps FP8 caches) or as candle's `F8E4M3` (E4M3 codes only); q, new K/V rows and the output stay
+/// f16/bf16.
+#[derive(Clone)]
 pub struct Fp8Kv {
     pub format: Fp8Format,
-    pub scales: KvScales,
+    k_scale: Tensor,
+    v_scale: Tensor,
 }
 
 impl Fp8Kv {
-    /// One K and one V scale for the whole cache (finite, > 0).
+    /// One K and one V scale for the whole cache (finite, > 0, else `Unsupported`).
     pub fn per_tensor(device: &Device, format: Fp8Format, k_scale: f32, v_scale: f32) -> candle_core::Result<Self> {
-        let scales = on_device(device, |stream| KvScales::per_tensor(stream, k_scale, v_scale))?;
-        Ok(Self { format, scales })
+        Self::from_host(device, format, &[k_scale], &[v_scale])
     }
 
     /// One K and one V scale per KV head (`Hkv` each, finite, > 0).
@@ -449,14 +455,89 @@ impl Fp8Kv {
         k_scales: &[f32],
         v_scales: &[f32],
     ) -> candle_core::Result<Self> {
-        let scales = on_device(device, |stream| KvScales::per_head(stream, k_scales, v_scales))?;
-        Ok(Self { format, scales })
+        if k_scales.len() != v_scales.len() || k_scales.is_empty() {
+            return Err(Error::shape(
+                "v_scale",
+                format!("{} per-head V scales for {} K scales (need one per KV head)", v_scales.len(), k_scales.len()),
+            )
+            .into());
+        }
+        Self::from_host(device, format, k_scales, v_scales)
+    }
+
+    fn from_host(device: &Device, format: Fp8Format, k: &[f32], v: &[f32]) -> candle_core::Result<Self> {
+        crate::fp8::check_scale_values("k_scale", k)?;
+        crate::fp8::check_scale_values("v_scale", v)?;
+        Self::from_tensors(format, &Tensor::new(k, device)?, &Tensor::new(v, device)?)
+    }
+
+    /// Scales the engine keeps as tensors (vLLM's `k_scale` / `v_scale`): f32 (else `Unsupported`), `[]`,
+    /// `[1]` or `[Hkv]` with as many V scales as K scales (else `Shape`), on one device (else `Backend`).
+    /// The tensors are shared, not copied: the ops read their values on the device when they run. Values
+    /// are not checked (they are device data): a scale that is not finite and > 0 leaves its KV head's
+    /// outputs unspecified (docs/semantics.md). Whether the count fits the cache's Hkv, and the device the
+    /// cache's, is checked by each op.
+    pub fn from_tensors(format: Fp8Format, k_scale: &Tensor, v_scale: &Tensor) -> candle_core::Result<Self> {
+        let as_vector = |name: &str, t: &Tensor| -> candle_core::Result<Tensor> {
+            if t.dtype() != DType::F32 {
+                return Err(Error::unsupported(name, format!("dtype {:?} (scales are f32)", t.dtype())).into());
+            }
+            match t.rank() {
+                0 => Ok(t.reshape(1)?),
+                1 => Ok(t.clone()),
+                _ => Err(Error::shape(name, format!("shape {:?} (expected [], [1] or [Hkv])", t.dims())).into()),
+            }
+        };
+        let (k, v) = (as_vector("k_scale", k_scale)?, as_vector("v_scale", v_scale)?);
+        if k.dims() != v.dims() {
+            return Err(Error::shape(
+                "v_scale",
+                format!("{} scales for {} K scales (K and V take the same count)", v.elem_count(), k.elem_count()),
+            )
+            .into());
+        }
+        if !k.device().same_device(v.device()) {
+            return Err(Error::backend("v_scale", "on another device than k_scale").into());
+        }
+        Ok(Self { format, k_scale: k, v_scale: v })
+    }
+
+    /// The K scales, `[1]` or `[Hkv]` f32 (a `[]` tensor given to [`Fp8Kv::from_tensors`] reshaped).
+    pub fn k_scale(&self) -> &Tensor {
+        &self.k_scale
+    }
+    /// The V scales, shaped as the K scales.
+    pub fn v_scale(&self) -> &Tensor {
+        &self.v_scale
+    }
+
+    /// The scale tensors' storages, held for one op (see [`ScaleStorages::views`]).
+    fn storages(&self) -> ScaleStorages<'_, impl std::ops::Deref<Target = Storage> + '_> {
+        ScaleStorages { k: self.k_scale.storage_and_layout(), v: self.v_scale.storage_and_layout() }
     }
 }
 
 impl std::fmt::Debug for Fp8Kv {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Fp8Kv").field("format", &self.format).field("scales", &self.scales.kind()).finish()
+        f.debug_struct("Fp8Kv").field("format", &self.format).field("scales", &self.k_scale.elem_count()).finish()
+    }
+}
+
+/// An FP8 cache's K and V scales as views, for [`PagedKvCache::with_scale_tensors`].
+type ScaleViews<'a> = (TensorView<'a, f32, 1>, TensorView<'a, f32, 1>);
+
+/// The K and V scale storages of an [`Fp8Kv`], read-locked while an op holds views of them.
+struct ScaleStorages<'t, G> {
+    k: (G, &'t Layout),
+    v: (G, &'t Layout),
+}
+
+impl<G: std::ops::Deref<Target = Storage>> ScaleStorages<'_, G> {
+    /// The K and V scales as views on backend `S` (a scale tensor on another backend is a `Backend` error).
+    fn views<'a, S: Backing + 'a>(&'a self) -> candle_core::Result<ScaleViews<'a>> {
+        let k = S::of(&self.k.0, "k_scale")?.view::<f32, 1>("k_scale", self.k.1)?;
+        let v = S::of(&self.v.0, "v_scale")?.view::<f32, 1>("v_scale", self.v.1)?;
+        Ok((k, v))
     }
 }
 
@@ -506,28 +587,24 @@ fn check_codes_have_fp8(dtype: DType, fp8: Option<&Fp8Kv>) -> crate::Result<()> 
 }
 
 /// Runs `$body` with `$C` the cache element type: `$T` for a 16-bit cache, the FP8 code type of `$fp8`'s
-/// format otherwise, and `$scales` the FP8 scales (`None` for 16-bit).
+/// format otherwise.
 macro_rules! cache_element {
-    ($fp8:expr, $T:ty, |$C:ident, $scales:ident| $body:block) => {
+    ($fp8:expr, $T:ty, |$C:ident| $body:block) => {
         match $fp8 {
             None => {
                 type $C = $T;
-                let $scales: Option<&KvScales> = None;
                 $body
             }
-            Some(fp8) => {
-                let $scales = Some(&fp8.scales);
-                match fp8.format {
-                    Fp8Format::E4m3 => {
-                        type $C = Fp8E4m3;
-                        $body
-                    }
-                    Fp8Format::E5m2 => {
-                        type $C = Fp8E5m2;
-                        $body
-                    }
+            Some(fp8) => match fp8.format {
+                Fp8Format::E4m3 => {
+                    type $C = Fp8E4m3;
+                    $body
                 }
-            }
+                Fp8Format::E5m2 => {
+                    type $C = Fp8E5m2;
+                    $body
+                }
+            },
         }
     };
 }
@@ -554,15 +631,17 @@ impl PagedAppend<'_> {
         let slots = S::of(&slots, "slot_mapping")?.view::<i64, 1>("slot_mapping", slots_l)?;
         let halves = kv_halves(kv_l)?;
         check_codes_have_fp8(kv_cache.dtype(), self.opts.fp8)?;
+        let scales = self.opts.fp8.map(Fp8Kv::storages);
+        let scale_views = scales.as_ref().map(ScaleStorages::views::<S>).transpose()?;
         attention_dtype!("k", k.dtype(), |T| {
             let backend = k.backend();
             let stream = backend.stream();
             let (k, v) = (k.view::<T, 3>("k", k_l)?, v.view::<T, 3>("v", v_l)?);
-            cache_element!(self.opts.fp8, T, |C, scales| {
+            cache_element!(self.opts.fp8, T, |C| {
                 kv_cache.with_kv_mut::<C, _>(&halves, |k_cache, v_cache| {
                     let mut cache = PagedKvCacheMut::new(k_cache, v_cache)?;
-                    if let Some(scales) = scales {
-                        cache = cache.with_scales(scales)?;
+                    if let Some((k_scale, v_scale)) = scale_views {
+                        cache = cache.with_scale_tensors(k_scale, v_scale)?;
                     }
                     let mut run = |rope: Option<Rope<'_>>| -> candle_core::Result<()> {
                         Ok(append_with(&stream, &k, &v, &slots, &mut cache, &AppendOptions { rope })?)
@@ -789,18 +868,20 @@ impl DecodeArgs<'_> {
         let lens = S::of(&lens, "seq_lens")?.index_view::<1>("seq_lens", lens_l)?;
         let halves = kv_halves(kv_l)?;
         check_codes_have_fp8(kv.dtype(), opts.fp8)?;
+        let scales = opts.fp8.map(Fp8Kv::storages);
+        let scale_views = scales.as_ref().map(ScaleStorages::views::<S>).transpose()?;
         attention_dtype!("q", q.dtype(), |T| {
             let backend = q.backend();
             let q = q.view::<T, 3>("q", q_l)?;
             let [b, hq, d] = q.shape();
             let mut o = backend.alloc::<T>(b * hq * d, Fill::Poison)?;
             let mut lse = if want_lse { Some(backend.alloc::<f32>(b * hq, Fill::Poison)?) } else { None };
-            cache_element!(opts.fp8, T, |C, scales| {
+            cache_element!(opts.fp8, T, |C| {
                 let k_cache = kv.view_at::<C, 4>("kv_cache", halves.k_offset, halves.shape, halves.strides)?;
                 let v_cache = kv.view_at::<C, 4>("kv_cache", halves.v_offset, halves.shape, halves.strides)?;
                 let mut cache = PagedKvCache::new(k_cache, v_cache, table, lens, self.max_seq_len)?;
-                if let Some(scales) = scales {
-                    cache = cache.with_scales(scales)?;
+                if let Some((k_scale, v_scale)) = scale_views {
+                    cache = cache.with_scale_tensors(k_scale, v_scale)?;
                 }
                 let mut lse_view = match lse.as_mut() {
                     Some(l) => Some(l.view([b, hq])?),

@@ -65,9 +65,16 @@ impl PagedCacheData {
     pub fn from_host<C: KvElement>(cache: &PagedKvCache<'_, C>) -> Result<Self> {
         let g = cache.geometry();
         let row = g.head_dim;
-        let scales = cache.scales();
-        // The dequantisation scale of KV head `h` (1 for a 16-bit cache), K's or V's.
-        let scale = |is_k: bool, h: usize| scales.map_or(1.0, |s| if is_k { s.k_of(h) } else { s.v_of(h) });
+        // The scale tensors' values, read from the host views the kernel read (none: 16-bit, all 1).
+        let (k_scales, v_scales) = match cache.scales() {
+            Some(s) => (host_elements("k_scale", s.k())?, host_elements("v_scale", s.v())?),
+            None => (vec![1.0], vec![1.0]),
+        };
+        // The dequantisation scale of KV head `h`, K's or V's (one per tensor or one per head).
+        let scale = |is_k: bool, h: usize| {
+            let s = if is_k { &k_scales } else { &v_scales };
+            s[if s.len() == 1 { 0 } else { h }]
+        };
         let scaled = |name: &str, view: &TensorView<'_, C, 4>, is_k: bool| -> Result<Vec<f64>> {
             let raw = host_elements(name, view)?;
             Ok(raw

@@ -13,7 +13,7 @@ use crate::plan::{DecodePlan, ROWS_PER_CTA};
 use crate::prefill::{uses_variant_kernel, TileConfig};
 use crate::testkit::cases::decode::DecodeCase;
 use crate::testkit::cases::prefill::PrefillCase;
-use crate::tile::{decode_tile_or_widest, TilePolicy};
+use crate::tile::{decode_tile_or_widest, KernelOp, TilePolicy};
 
 /// Multiply-accumulates of one `mma.m16n8k16`.
 const MMA_MACS: u64 = 16 * 8 * 16;
@@ -183,7 +183,9 @@ fn decode_cost_kv(case: &DecodeCase, plan: &DecodePlan, kv_elem: u64) -> DecodeC
     let w = crate::head_dim::decode_width(case.head_dim).unwrap_or(case.head_dim) as u64;
     let group = case.heads_q / case.heads_kv.max(1);
     let kv_ctas = (case.heads_kv * group.div_ceil(ROWS_PER_CTA)) as u64; // CTAs per (sequence, split)
-    let policy = decode_tile(case.head_dim);
+                                                                         // The speculative page lookups cover the first kStages tiles: the cache format's stages (FP8 has twice).
+    let policy = crate::tile::tile_policy(KernelOp::Decode, case.head_dim, false, case.kv.fp8().map(|f| f.0))
+        .unwrap_or_else(|| decode_tile(case.head_dim));
     let tile = policy.block_n;
     let splits = plan.num_splits as u64;
     let rows = (case.batch() * case.heads_q) as u64;

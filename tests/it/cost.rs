@@ -252,6 +252,9 @@ fn decode_reads_each_kv_byte_once_per_kv_head() {
             }
         }
     }
+    // A page size that is not a power of two (issue 30: the page divided by multiply-shift, still one table
+    // read per key row).
+    failures.extend(decode_model_mismatches(&decode_case(4, 48, 3, lens.clone()), 3));
     assert!(failures.is_empty(), "{} mismatches ({}):\n{}", failures.len(), rerun("decode"), failures.join("\n"));
 }
 
@@ -561,8 +564,13 @@ fn sliding_window_decode_reads_only_the_window() {
 
 // ------------------------------------------------------------------------------ paged prefill
 
-/// Runs a paged prefill case (checked against the fp64 reference) and returns its kernel's counters.
+/// Runs a paged prefill case on the tiled kernel (the model below is its; the streaming kernel's is in
+/// tests/it/paged_prefill.rs), checked against the fp64 reference, and returns its kernel's counters.
 fn paged_prefill_counters(case: &fused_attn::testkit::cases::paged_prefill::PagedPrefillCase) -> KernelCounters {
+    let case = &fused_attn::testkit::cases::paged_prefill::PagedPrefillCase {
+        kernel: fused_attn::PagedPrefillKernel::Tiled,
+        ..case.clone()
+    };
     let emu = Emulator::new();
     let run = fused_attn::testkit::cases::paged_prefill::run_case_emulated::<bf16>(&emu, case, base_seed()).unwrap();
     assert!(run.outcome.passed(), "{}: {} ({})", case.label(), run.outcome.summary(), rerun("paged_prefill"));
@@ -591,6 +599,7 @@ fn paged_prefill_reads_kv_once_per_kv_head_for_short_chunks() {
         (256, (8, 2), 16, 16, 1),
         (64, (4, 4), 16, 16, 2),
         (96, (8, 2), 16, 16, 1),
+        (64, (8, 2), 100, 8, 2), // not a power of two: still one table read per key row
     ] {
         let lens = [300usize, 77, 1000, 16];
         let seqs: Vec<(usize, usize)> = lens.iter().map(|&k| (q_len.min(k), k)).collect();

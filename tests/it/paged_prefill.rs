@@ -5,13 +5,17 @@
 //! the halved K/V reads, and FP8 bad input -> typed errors.
 use crate::common;
 
-use fused_attn::paged_prefill::{paged_prefill, PagedPrefillOptions, PagedPrefillWorkspace};
+use fused_attn::paged_prefill::{
+    paged_prefill, PagedPrefillKernel, PagedPrefillOptions, PagedPrefillWorkspace, STREAMING_MAX_ROWS,
+};
 use fused_attn::testkit::cases::decode::decode_on_host;
 use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::testkit::cases::paged_prefill::{
-    case, check_case_emulated, check_case_gpu, fp8_paged_prefill_sweep_emulated, paged_prefill_sweep_emulated,
-    paged_prefill_variant_sweep, PagedPrefillCase, PagedPrefillFixture, PagedPrefillOutcome,
+    case, check_case_emulated, check_case_gpu, fp8_paged_prefill_sweep_emulated, paged_prefill_kernel_sweep,
+    paged_prefill_sweep_emulated, paged_prefill_variant_sweep, PagedPrefillCase, PagedPrefillFixture,
+    PagedPrefillOutcome,
 };
+use fused_attn::tile::{tile_policy, KernelOp};
 use fused_attn::{
     DType, DecodeOptions, DecodeWorkspace, Emulator, ErrorKind, Fp8E4m3, Fp8Format, KvScales, PagedKvCache, ScaleKind,
     Stream, TensorView, TensorViewMut,
@@ -44,6 +48,61 @@ fn emulated_paged_prefill_sweep_odd() {
 #[test]
 fn emulated_paged_prefill_variants() {
     sweep("emulated_paged_prefill_variants", &part(paged_prefill_variant_sweep(), 0, 1));
+}
+
+/// Short queries on both kernels (streaming and tiled), every case against the fp64 reference.
+#[test]
+fn emulated_paged_prefill_both_kernels() {
+    let cases = part(paged_prefill_kernel_sweep(), 0, 1);
+    assert!(cases.iter().any(|(_, c)| c.kernel == PagedPrefillKernel::Streaming));
+    sweep("emulated_paged_prefill_both_kernels", &cases);
+}
+
+/// Which kernel runs, and what it keeps in flight (issue 25, item 4). Speculative verification (q_len 4, G 4:
+/// 16 packed rows; and G 8: 32) runs on the decode kernel under Auto, 128 threads, decode's shared memory; the
+/// plan's grid is decode's (splits, Hkv x row blocks, B). Bytes in flight per SM from the two tile policies
+/// (stages - 1 K+V tiles per CTA, times CTAs per SM): the streaming kernel keeps at least twice the tiled
+/// one's, and at least the H200's bandwidth-delay product per SM (4.8 TB/s x ~0.7 us / 132 SMs ~ 26 KB).
+#[test]
+fn short_queries_stream_like_decode() {
+    let emu = Emulator::new();
+    for (g, rows) in [(4, 16), (8, 32)] {
+        let c = case(128, (8 * g, 8), 16, &[(4, 2000), (4, 700)]);
+        let outcome = check_case_emulated(&emu, &c, common::case_seed(0)).unwrap();
+        assert!(outcome.passed(), "{}", outcome.summary());
+        let plan = outcome.plan;
+        assert_eq!(plan.kernel, PagedPrefillKernel::Streaming, "G {g}");
+        assert!(rows <= STREAMING_MAX_ROWS);
+        assert_eq!(plan.grid, [plan.num_splits, 8 * rows.div_ceil(16), 2], "G {g}");
+        let counters = emu.last_launch_counters().unwrap();
+        let k = &counters.kernels[0];
+        let p = tile_policy(KernelOp::Decode, 128, false, None).unwrap();
+        assert_eq!(k.kernel, "fa_paged_decode_bf16_d128");
+        assert_eq!((k.block_threads, k.smem_bytes), (p.threads as u64, p.smem_bytes as u64));
+        assert_eq!(k.blocks, (plan.num_splits * 8 * rows.div_ceil(16) * 2) as u64);
+        // Each 16-row CTA reads the keys up to its last row's position once (causal: the range ends there),
+        // exactly: per sequence and KV head, Σ over row blocks of (last position + 1) keys of K.
+        let per_key = (8 * 128 * 2) as u64;
+        let keys: u64 = c
+            .seqs
+            .iter()
+            .flat_map(|&(q, len)| {
+                (0..(q * g).div_ceil(16)).map(move |blk| (len - q + ((blk * 16 + 15).min(q * g - 1)) / g + 1) as u64)
+            })
+            .sum();
+        assert_eq!(k.read_of("k_cache"), keys * per_key, "G {g}");
+    }
+    // Past the threshold: tiled.
+    let long = case(128, (32, 8), 16, &[(9, 300)]);
+    let (_, _, plan) = PagedPrefillFixture::<bf16>::new(&long, 1).run(&Stream::Emu(&emu), None).unwrap();
+    assert_eq!(plan.kernel, PagedPrefillKernel::Tiled);
+    let in_flight = |op: KernelOp| {
+        let p = tile_policy(op, 128, false, None).unwrap();
+        (p.stages - 1) * p.block_n * 128 * 2 * 2 * p.min_ctas_per_sm
+    };
+    let (streaming, tiled) = (in_flight(KernelOp::Decode), in_flight(KernelOp::PagedPrefill));
+    println!("bytes in flight per SM at D = 128: streaming {streaming}, tiled {tiled}");
+    assert!(streaming >= 2 * tiled && streaming >= 26 * 1024, "streaming {streaming} B vs tiled {tiled} B per SM");
 }
 
 /// A case with a shared prefix gives every sequence exactly the result of the same sequence laid out on
@@ -254,8 +313,9 @@ fn fp8_paged_prefill_reads_half_the_kv_bytes() {
     assert!(kv16 > 0 && 2 * kv8 == kv16, "FP8 K/V reads {kv8} B, 16-bit {kv16} B");
     let (all8, all16) = (fp8.kernels[0].global_bytes_read(), sixteen.kernels[0].global_bytes_read());
     eprintln!("global reads: FP8 {all8} B, 16-bit {all16} B (K/V {kv8} vs {kv16})");
-    let scale_reads = fp8.kernels[0].read_of("kv_scales");
-    assert!(scale_reads > 0, "the kernel reads its scales");
+    let (k_scale_reads, v_scale_reads) = (fp8.kernels[0].read_of("k_scale"), fp8.kernels[0].read_of("v_scale"));
+    assert!(k_scale_reads > 0 && v_scale_reads > 0, "the kernel reads its K and V scales");
+    let scale_reads = k_scale_reads + v_scale_reads;
     assert_eq!(all8 - scale_reads, all16 - (kv16 - kv8), "only the K/V reads differ, and the scales are read");
 }
 

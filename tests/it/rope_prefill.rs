@@ -13,11 +13,11 @@
 
 use crate::common;
 
-use fused_attn::paged_prefill::PagedPrefillOptions;
+use fused_attn::paged_prefill::{PagedPrefillKernel, PagedPrefillOptions};
 use fused_attn::prefill::{prefill, prefill_varlen, PrefillKernel, PrefillOptions};
 use fused_attn::reference::{check_prefill, check_prefill_varlen, Check};
 use fused_attn::testkit::cases::kv::KvFormat;
-use fused_attn::testkit::cases::paged_prefill::{case as paged_case, PagedPrefillFixture};
+use fused_attn::testkit::cases::paged_prefill::{case as paged_case, PagedPrefillCase, PagedPrefillFixture};
 use fused_attn::testkit::rope::PoisonedTable;
 use fused_attn::testkit::seed::rng;
 use fused_attn::{
@@ -231,16 +231,12 @@ fn paged_prefill_rope_sweep_against_the_reference() {
     use RopeStyle::{Gptj, Neox};
     let emu = Emulator::new();
     let stream = Stream::Emu(&emu);
-    let fp8 = |c: fused_attn::testkit::cases::paged_prefill::PagedPrefillCase, format| {
+    let fp8 = |c: PagedPrefillCase, format| {
         let kv = KvFormat::Fp8 { format, scales: ScaleKind::PerHead };
-        fused_attn::testkit::cases::paged_prefill::PagedPrefillCase { kv, ..c }
+        PagedPrefillCase { kv, ..c }
     };
-    let f16_case = |c: fused_attn::testkit::cases::paged_prefill::PagedPrefillCase| {
-        fused_attn::testkit::cases::paged_prefill::PagedPrefillCase { dtype: DType::F16, ..c }
-    };
-    let split = |c: fused_attn::testkit::cases::paged_prefill::PagedPrefillCase, n| {
-        fused_attn::testkit::cases::paged_prefill::PagedPrefillCase { num_splits: Some(n), ..c }
-    };
+    let f16_case = |c: PagedPrefillCase| PagedPrefillCase { dtype: DType::F16, ..c };
+    let split = |c: PagedPrefillCase, n| PagedPrefillCase { num_splits: Some(n), ..c };
     let cases = [
         (
             paged_case(128, (8, 2), 16, &[(17, 60), (0, 9), (40, 40)]),
@@ -270,8 +266,15 @@ fn paged_prefill_rope_sweep_against_the_reference() {
         ),
     ];
     let mut failed = Vec::new();
+    // Every case on both kernels: the tiled prefill CTA and the streaming (decode) kernel short queries run
+    // on under Auto; both rotate each query row at its position.
+    let kernels = [PagedPrefillKernel::Tiled, PagedPrefillKernel::Streaming];
+    let cases: Vec<_> = cases
+        .iter()
+        .flat_map(|(c, r, e)| kernels.map(|kernel| (PagedPrefillCase { kernel, ..c.clone() }, *r, *e)))
+        .collect();
     for (i, (case, rope_cfg, explicit)) in cases.iter().enumerate() {
-        let seed = common::case_seed(28_700 + i);
+        let seed = common::case_seed(28_700 + i / 2);
         let res = verdict(match case.dtype {
             DType::Bf16 => paged_rope::<bf16>(&stream, case, rope_cfg, *explicit, seed),
             DType::F16 => paged_rope::<f16>(&stream, case, rope_cfg, *explicit, seed),
@@ -298,7 +301,7 @@ fn paged_prefill_rope_sweep_against_the_reference() {
 /// each token's place in the cache.
 fn paged_rope<T: Element>(
     stream: &Stream<'_>,
-    case: &fused_attn::testkit::cases::paged_prefill::PagedPrefillCase,
+    case: &PagedPrefillCase,
     rope_cfg: &RopeConfig,
     explicit: bool,
     seed: u64,
@@ -405,7 +408,7 @@ fn prefill_rope_reads_q_once_and_writes_it_nowhere() {
             &mut TensorViewMut::host(&mut o, [total_q, 8, d]).unwrap(),
             None,
             None,
-            &PagedPrefillOptions { rope, ..Default::default() },
+            &PagedPrefillOptions { rope, kernel: PagedPrefillKernel::Tiled, ..Default::default() },
         )
         .unwrap();
         let c = emu.last_launch_counters().unwrap().kernels[0].clone();
@@ -421,8 +424,9 @@ fn prefill_rope_reads_q_once_and_writes_it_nowhere() {
 }
 
 /// The end-to-end path: prompt K/V appended with RoPE into the cache at each token's position (16-bit and
-/// FP8), then paged prefill of the last tokens (a chunk) with RoPE on q at their default positions: against
-/// the reference over the appended cache. Poisoned table rows must not leak.
+/// FP8), then paged prefill of the last tokens (a chunk) with RoPE on q at their default positions, on the
+/// tiled and the streaming kernel: against the reference over the appended cache. Poisoned table rows must
+/// not leak.
 #[test]
 fn append_then_paged_prefill_with_rope() {
     use fused_attn::reference::check_paged_prefill;
@@ -489,30 +493,35 @@ fn append_then_paged_prefill_with_rope() {
         let cu = [0i32, 10, 26];
         let (qv, cuv) = (TensorView::host(&q, [total_q, hq, d]).unwrap(), TensorView::host(&cu, [3]).unwrap());
         let rope = Rope { cos: &cos, sin: &sin, rotary_dim: rd, style: cfg.style, positions: None };
-        let opts = PagedPrefillOptions { rope: Some(rope), ..Default::default() };
-        let mut o = vec![bf16::NAN; total_q * hq * d];
-        let mut lse = vec![f32::NAN; hq * total_q];
-        fused_attn::paged_prefill(
-            stream,
-            &qv,
-            &cuv,
-            16,
-            &cache,
-            &mut TensorViewMut::host(&mut o, [total_q, hq, d]).unwrap(),
-            Some(&mut TensorViewMut::host(&mut lse, [hq, total_q]).unwrap()),
-            None,
-            &opts,
-        )
-        .unwrap();
-        let (ov, lv) =
-            (TensorView::host(&o, [total_q, hq, d]).unwrap(), TensorView::host(&lse, [hq, total_q]).unwrap());
-        let with = check_paged_prefill(&qv, &cuv, &cache, &ov, Some(&lv), &opts).unwrap();
-        let without =
-            check_paged_prefill(&qv, &cuv, &cache, &ov, Some(&lv), &PagedPrefillOptions { rope: None, ..opts })
-                .unwrap();
-        eprintln!("append -> paged prefill ({}): {with}; without RoPE: {without}", std::any::type_name::<C>());
-        assert!(with.passed(), "{with}");
-        assert!(!without.passed(), "passes without RoPE too: {without}");
+        for kernel in [PagedPrefillKernel::Tiled, PagedPrefillKernel::Streaming] {
+            let opts = PagedPrefillOptions { rope: Some(rope), kernel, ..Default::default() };
+            let mut o = vec![bf16::NAN; total_q * hq * d];
+            let mut lse = vec![f32::NAN; hq * total_q];
+            fused_attn::paged_prefill(
+                stream,
+                &qv,
+                &cuv,
+                16,
+                &cache,
+                &mut TensorViewMut::host(&mut o, [total_q, hq, d]).unwrap(),
+                Some(&mut TensorViewMut::host(&mut lse, [hq, total_q]).unwrap()),
+                None,
+                &opts,
+            )
+            .unwrap();
+            let (ov, lv) =
+                (TensorView::host(&o, [total_q, hq, d]).unwrap(), TensorView::host(&lse, [hq, total_q]).unwrap());
+            let with = check_paged_prefill(&qv, &cuv, &cache, &ov, Some(&lv), &opts).unwrap();
+            let without =
+                check_paged_prefill(&qv, &cuv, &cache, &ov, Some(&lv), &PagedPrefillOptions { rope: None, ..opts })
+                    .unwrap();
+            eprintln!(
+                "append -> paged prefill ({kernel:?}, {}): {with}; without RoPE: {without}",
+                std::any::type_name::<C>()
+            );
+            assert!(with.passed(), "{kernel:?}: {with}");
+            assert!(!without.passed(), "{kernel:?}: passes without RoPE too: {without}");
+        }
     }
     let emu = Emulator::new();
     let stream = Stream::Emu(&emu);

@@ -158,7 +158,7 @@ fn bad_shapes_are_typed_errors() {
             "Shape error: q: 6 query heads are not a positive multiple of k's 4 KV heads",
         ),
         ("run --backend emu --op decode --head-dim 100 --seqlen-k 16", "Unsupported error: "),
-        ("run --backend emu --op decode --page-size 48 --seqlen-k 16", "Unsupported error: k_cache: page size 48"),
+        ("run --backend emu --op paged-prefill --page-size 0 --seqlen-k 16", "Unsupported error: page_size: 0"),
         ("run --backend emu --op decode --page-size 0 --seqlen-k 16", "Unsupported error: page_size: 0"),
         ("run --backend emu --seqlen-q 100000000 --heads 1000", "more than the runner builds"),
     ] {
@@ -203,15 +203,16 @@ fn run_emulated_prefill_and_decode_print_a_passing_json_row() {
             assert!(ok, "{args}: model ratio {k} = {v}");
         }
     }
-    // The `--flag=value` spelling, and the decode row's page size and forced split count.
+    // The `--flag=value` spelling, and the decode row's page size (any, not only a power of two) and forced
+    // split count.
     let o = fused_attn(
-        "run --backend=emu --op=decode --heads=4 --kv-heads=2 --seqlen-k=40 --page-size=4 --num-splits=3 --json",
+        "run --backend=emu --op=decode --heads=4 --kv-heads=2 --seqlen-k=40 --page-size=12 --num-splits=3 --json",
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let r = &json_rows(&o)[0];
     assert_eq!(
         (&r["heads_q"], &r["seqlen_k"], &r["page_size"], &r["num_splits"]),
-        (&4.into(), &40.into(), &4.into(), &3.into())
+        (&4.into(), &40.into(), &12.into(), &3.into())
     );
     // The table form: a header and one PASS line; --counters adds one line per counter.
     let o = fused_attn("run --backend emu --seqlen-q 20 --heads 2 --head-dim 64 --counters");

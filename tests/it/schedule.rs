@@ -10,7 +10,7 @@ use fused_attn::schedule::{schedule_decode, SplitPolicy};
 use fused_attn::testkit::cases::decode::{run_emulated_on, DecodeCase, PagedFixture};
 use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::testkit::cases::paged_prefill::{PagedPrefillCase, PagedPrefillFixture};
-use fused_attn::{DType, DecodeProblem, DecodeWorkspace, Emulator, Stream};
+use fused_attn::{DType, DecodeProblem, DecodeWorkspace, Emulator, PagedPrefillKernel, Stream};
 use half::bf16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -169,17 +169,26 @@ fn windowed_paged_prefill_plans_over_the_window() {
         variants: Default::default(),
         kv: KvFormat::Sixteen,
         rope: None,
+        kernel: Default::default(),
     };
     c.variants.window = Some((128, 0));
-    let f = PagedPrefillFixture::<bf16>::new(&c, SEED);
-    let (_, _, plan) = f.run(&Stream::Emu(&emu), None).unwrap();
-    assert_eq!(plan.num_splits, 1, "{plan:?}");
-    let counters = emu.last_launch_counters().unwrap();
-    let k = counters.kernel("paged_prefill").unwrap();
-    assert_eq!(k.active_blocks, k.blocks, "{k}");
-    // Each CTA reads only the window's keys and its 4 rows' (8 heads each) neighbourhood: 132 keys, whole
-    // tiles (Bc = 32 at D = 64) around them.
-    assert!(k.read_of("k_cache") <= 2 * 192 * 64 * 2, "{k}");
+    for kernel in [PagedPrefillKernel::Tiled, PagedPrefillKernel::Streaming] {
+        c.kernel = kernel;
+        let f = PagedPrefillFixture::<bf16>::new(&c, SEED);
+        let (_, _, plan) = f.run(&Stream::Emu(&emu), None).unwrap();
+        assert_eq!((plan.num_splits, plan.kernel), (1, kernel), "{plan:?}");
+        let counters = emu.last_launch_counters().unwrap();
+        let (family, max_keys) = match kernel {
+            // Each of the 2 KV heads' CTAs reads only the window's keys and its 4 rows' (8 heads each)
+            // neighbourhood: 132 keys, whole tiles (Bc = 32 at D = 64) around them.
+            PagedPrefillKernel::Tiled => ("paged_prefill", 2 * 192),
+            // 2 row blocks of 16 packed rows per KV head, each reading exactly those 132 keys.
+            _ => ("paged_decode", 2 * 2 * 132),
+        };
+        let k = counters.kernel(family).unwrap();
+        assert_eq!(k.active_blocks, k.blocks, "{k}");
+        assert!(k.read_of("k_cache") <= max_keys * 64 * 2, "{kernel:?}: {k}");
+    }
 }
 
 /// The predictions docs/scheduling.md quotes: per shape, the schedule's CTAs, balance and makespan

@@ -148,6 +148,33 @@ fn decode_launches_the_policy_kernel_for_every_head_dim() {
         assert_shape(&launched(&emu), &name, &p, 2, &case.label());
     }
 }
+/// Decode's bytes in flight per SM (issue 30, item 3; the model beside fa/decode/traits.cuh's stages): after
+/// each barrier a CTA has (stages - 1) K+V stages in flight, times the CTAs an SM holds (shared memory and the
+/// launch bound, per arch). For every width and cache format on sm_80/86/89/90 that covers the H200's
+/// bandwidth-delay product per SM (4.8 TB/s x ~0.7 us / 132 SMs ~ 26 KB), FP8 keeps at least the 16-bit
+/// bytes in flight (twice the tokens) at the same occupancy, and neither format's shared memory costs a CTA.
+#[test]
+fn decode_keeps_the_bandwidth_delay_product_in_flight() {
+    use fused_attn::schedule::decode_ctas_per_sm;
+    const BDP_PER_SM: usize = 26 * 1024;
+    for d in [64, 128, 256, 512] {
+        for cc in [(8, 0), (8, 6), (8, 9), (9, 0)] {
+            let ctas = decode_ctas_per_sm(cc, d);
+            let in_flight = |fp8: Option<Fp8Format>| {
+                let p = tile_policy(KernelOp::Decode, d, false, fp8).unwrap();
+                let stage = 2 * p.block_n * d * if fp8.is_some() { 1 } else { 2 };
+                (p.stages - 1) * stage * ctas
+            };
+            let (b16, b8) = (in_flight(None), in_flight(Some(Fp8Format::E4m3)));
+            let what = format!("D {d} sm_{}{}: {ctas} CTAs/SM, 16-bit {b16} B, FP8 {b8} B", cc.0, cc.1);
+            assert!(b16 >= BDP_PER_SM && b8 >= BDP_PER_SM, "{what}");
+            assert!(b8 >= b16, "{what}");
+            let smem = |fp8| tile_policy(KernelOp::Decode, d, false, fp8).unwrap().smem_bytes;
+            assert!(smem(Some(Fp8Format::E5m2)) <= smem(None) + 64, "{what}");
+        }
+    }
+}
+
 /// Past an op's own range (abi.h's FA_<OP>_MAX_HEAD_DIM) its launcher has no kernel and no policy, and the
 /// op's own entry point refuses the call with an error naming its range (decode's: tests/it/decode.rs).
 #[test]

@@ -344,7 +344,7 @@ fn run_as<T: Element>(emu: &Emulator, p: &Problem, op: Op, seed: u64) -> Outputs
                     scale: Some(p.scale),
                     num_splits: forced,
                     score_mod,
-                    rope: None,
+                    ..Default::default()
                 },
             )
             .unwrap();

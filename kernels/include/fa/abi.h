@@ -124,14 +124,31 @@ typedef struct FaPrefillParams {
 } FaPrefillParams;
 
 /* ---------------------------------------------------------------------------------------------------------
+ * Division by a runtime constant d (1 <= d < 2^31) without a divide instruction (fa/fast_divmod.cuh, which
+ * proves it exact): shift = ceil(log2 d), mul = ceil(2^(32 + shift) / d) - 2^32 and mul64 = ceil(2^(64 +
+ * shift) / d) - 2^64 (each fits its type); then n / d = (umulhi(n, mul) + n) >> shift for every 0 <= n < 2^31,
+ * and (umul64hi(n, mul64) + n) >> shift for every 0 <= n < 2^63. Computed by the host (src/fast_divmod.rs);
+ * the launchers re-check them against d.
+ * ------------------------------------------------------------------------------------------------------- */
+typedef struct FaDivisor {
+  uint64_t mul64;
+  uint32_t mul;
+  int32_t shift;
+} FaDivisor;
+
+/* ---------------------------------------------------------------------------------------------------------
  * Paged KV cache: k_cache / v_cache [num_pages, page_size, Hkv, D]; block_table int32 [B, max_pages_per_seq]
- * (row stride block_table_stride); seq_lens int32 [B]. page_size is a power of two, 1..256.
+ * (row stride block_table_stride); seq_lens int32 [B]. page_size: any value >= 1 (the Rust layer allows up
+ * to its MAX_TOKENS, the longest sequence), with page_div its FaDivisor; max_pages_per_seq * page_size fits
+ * int32 (token indices).
  * Element type (kv_dtype): FA_KV_SAME (0, what zero-initialised callers get) is the op's 16-bit dtype;
  * FA_KV_FP8_E4M3 / FA_KV_FP8_E5M2 store one byte per element (OCP FP8 as CUDA's __nv_fp8_e4m3 / _e5m2;
  * strides then count bytes). An FP8 cache has dequantisation scales: stored value x scale is the value
  * attention uses; k_scale / v_scale fp32, one per tensor (scale_head_stride 0: k_scale[0]) or one per KV head
- * (scale_head_stride 1: k_scale[h], h < Hkv); finite and > 0 (the Rust layer checks). Unused (may be NULL)
- * for 16-bit caches. Append quantises: stored = fp8_rn_satfinite(float(x) / scale) (fp32 division, correctly
+ * (scale_head_stride 1: k_scale[h], h < Hkv): device data, loaded when the kernel runs (never folded into
+ * these params, so a captured graph sees values rewritten in place). Meant finite and > 0 (the Rust layer
+ * checks scales given as host floats); any other value only makes its KV head's outputs unspecified, since no
+ * index or bound depends on a scale. Unused (may be NULL) for 16-bit caches. Append quantises: stored = fp8_rn_satfinite(float(x) / scale) (fp32 division, correctly
  * rounded; round to nearest even; |values| past the largest finite one, infinities included, saturate;
  * NaN -> NaN). FP8 -> 16-bit is exact for both formats.
  * ------------------------------------------------------------------------------------------------------- */
@@ -144,7 +161,8 @@ typedef struct FaPagedCache {
   int64_t k_page_stride, k_token_stride, k_head_stride;
   int64_t v_page_stride, v_token_stride, v_head_stride;
   int64_t block_table_stride;
-  int32_t num_pages, page_size, log2_page_size, max_pages_per_seq;
+  FaDivisor page_div; /* page_size as a divisor: token -> page and slot -> page without a divide */
+  int32_t num_pages, page_size, max_pages_per_seq;
   int32_t kv_dtype;          /* FA_KV_* */
   int32_t scale_head_stride; /* FP8: 0 = one scale per tensor, 1 = one per KV head */
   const float *k_scale;      /* FP8: dequantisation scales (see above) */
@@ -171,10 +189,19 @@ typedef struct FaAppendParams {
 } FaAppendParams;
 
 /* Decode: one query token per sequence over the paged cache.
- * q [B, Hq, D], o [B, Hq, D], lse [B, Hq] (natural log) or NULL. head_dim 64, 128 or 256.
- * Only the tokens [w, seq_len) are read, w = max(0, seq_len - 1 - window_left) (0 without a window).
- * Split-KV: with num_splits > 1, split s covers tokens [w + s*split_tokens, w + (s+1)*split_tokens) of each
- * sequence (the last split runs to seq_len); split_tokens is a multiple of 64 (every KV tile divides it). Partials go
+ * q [B, Hq, D], o [B, Hq, D], lse [B, Hq] (natural log) or NULL. head_dim: decode's range (FA_DECODE_MAX_HEAD_DIM).
+ * Short queries (paged prefill's streaming path, docs/scheduling.md): with cu_seqlens_q != NULL sequence b owns
+ * the q/o rows cu_seqlens_q[b] .. cu_seqlens_q[b+1] (clamped to [0, total_q]; q_len_b <= max_seqlen_q) and
+ * the semantics are paged prefill's (below): row i sits at key position seq_len_b - q_len_b + i, sees the keys
+ * up to it with causal (else to seq_len_b - 1, or to position + window_right), from position - window_left on;
+ * ALiBi distances are from that position; rope.positions (if any) has one entry per q row. A CTA serves 16
+ * packed rows (token r / G, query head kv_head * G + r % G) of one KV head. With cu_seqlens_q == NULL: one row
+ * per sequence (row b, total_q = B, max_seqlen_q = 1, causal). lse[row, h] is at row * lse_batch_stride +
+ * h * lse_head_stride. Partials (split-KV) are [num_splits, total_q, Hq, D] / [num_splits, total_q, Hq].
+ * A CTA reads only the keys [w, e) its rows see: w = max(0, p0 - window_left) (0 without a window), p0 the
+ * position of its first row (decode: seq_len - 1), e = seq_len (short causal queries: its last row's position + 1).
+ * Split-KV: with num_splits > 1, split s covers tokens [w + s*split_tokens, w + (s+1)*split_tokens) of that
+ * range (the last split runs to e); split_tokens is a multiple of 64 (every KV tile divides it). Partials go
  * to the fp32 workspace partial_o [num_splits, B, Hq, D] / partial_lse [num_splits, B, Hq] (contiguous) and
  * the launcher then runs the merge kernel on the same stream. With num_splits == 1 the kernel writes o / lse
  * directly and the workspace may be NULL.
@@ -184,7 +211,8 @@ typedef struct FaAppendParams {
  * grid's y: KV head head_block / ceil(G/16), query-head block head_block % ceil(G/16)), split `split` of
  * num_splits, each split_tokens long (laid out from the window's start; the last runs to seq_len, as in the
  * uniform grid). With num_splits == 1 the unit writes o / lse; else the fp32 partial of state
- * partial_base + split: partial_o [num_partials, Hq, D] / partial_lse [num_partials, Hq]. */
+ * partial_base + i * num_splits + split for its query token i (decode: i = 0): partial_o [num_partials, Hq, D] /
+ * partial_lse [num_partials, Hq], so a row's states are consecutive for the merge. */
 typedef struct FaDecodeWork {
   int32_t b, head_block, split, num_splits, split_tokens, partial_base;
 } FaDecodeWork;
@@ -218,9 +246,15 @@ typedef struct FaDecodeParams {
   const int32_t *work_indptr; /* [num_ctas + 1], non-decreasing, work_indptr[num_ctas] <= num_work */
   const FaMergeRow *merge_rows;
   int32_t num_ctas, num_work, num_merge_rows, num_partials;
-  /* Rotary embedding of q (cos != NULL): each query row of sequence b rotated at rope.positions[b], or at
-   * seq_len_b - 1 when positions is NULL, after it is read and before the first score (never written back). */
+  /* Rotary embedding of q (cos != NULL): each query row rotated at rope.positions[row] (row = b without
+   * cu_seqlens_q), or at its key position (seq_len_b - 1 for decode) when positions is NULL, after it is read
+   * and before the first score (never written back). */
   FaRope rope;
+  /* Query rows (see above): NULL = one per sequence. */
+  const int32_t *cu_seqlens_q;
+  int64_t lse_head_stride; /* decode: 1 */
+  int32_t total_q, max_seqlen_q;
+  int32_t causal; /* only read with cu_seqlens_q */
 } FaDecodeParams;
 
 /* Paged prefill: packed new query tokens of each sequence over the paged cache (chunked prefill, prefix
@@ -511,6 +545,13 @@ void fa_host_float_to_fp8(const float *in, uint8_t *out, int64_t n, int32_t kv_d
  * power-of-two multiply), as the host build runs it (and the GPU below sm_89, and for bf16 everywhere):
  * codes -> fp16 (dtype FA_DTYPE_F16) or bf16 bits, n a multiple of 4. */
 void fa_host_fp8_to_16_fast(const uint8_t *in, uint16_t *out, int64_t n, int32_t kv_dtype, int32_t dtype);
+/* The kernels' division by a page size (fa/fast_divmod.cuh), as the host build runs it: fa_host_divisor
+ * writes d's FaDivisor (what the launchers check a cache's page_div against; returns FA_ERR_INVALID for d
+ * outside 1 .. 2^31 - 1); fa_host_divmod divides n[i] by d through `div` into quot[i], rem[i]: the 32-bit
+ * form (wide = 0, token indices: 0 <= n < 2^31) or the 64-bit one (wide = 1, append's slots: 0 <= n < 2^63). */
+int fa_host_divisor(int32_t d, FaDivisor *out);
+void fa_host_divmod(FaDivisor div, int32_t d, const int64_t *n, int64_t *quot, int64_t *rem, int64_t count,
+                    int32_t wide);
 
 #ifdef __cplusplus
 }

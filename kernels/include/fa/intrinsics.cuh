@@ -304,6 +304,22 @@ inline bool recording_for_gpu(const FaExec *exec) { return exec != nullptr && ex
 #endif
 
 // ------------------------------------------------------------------------------------------- both sides
+// High halves of unsigned products (fa/fast_divmod.cuh): IMAD.HI (64-bit: a short IMAD sequence) on the GPU.
+FA_HOST_DEVICE uint32_t mul_hi(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  return __umulhi(a, b);
+#else
+  return (uint32_t)(((uint64_t)a * b) >> 32);
+#endif
+}
+FA_HOST_DEVICE uint64_t mul_hi(uint64_t a, uint64_t b) {
+#if defined(__CUDA_ARCH__)
+  return __umul64hi(a, b);
+#else
+  return (uint64_t)(((unsigned __int128)a * b) >> 64);
+#endif
+}
+
 // Conversions between fp32 pairs and packed 16-bit pairs (low half = first element), round to nearest even.
 template <class T> FA_DEVICE uint32_t pack2(float lo, float hi);
 template <class T> FA_DEVICE void unpack2(uint32_t bits, float &lo, float &hi);

@@ -1,6 +1,8 @@
 // The paged KV cache as device code sees it (one idea: token -> page -> element address), shared by the
 // append, decode and paged prefill kernels. Layout (docs/semantics.md): K and V each [num_pages, page_size, Hkv, D] with i64
-// element strides; block_table int32 [B, max_pages_per_seq]; seq_lens int32 [B]; page_size = 2^log2.
+// element strides; block_table int32 [B, max_pages_per_seq]; seq_lens int32 [B]; any page_size >= 1, divided
+// by with fa/fast_divmod.cuh (no divide instruction: one multiply-high per key row for its page, one more
+// multiply for its slot in the page).
 //
 // Robustness. seq_lens and block_table live in device memory on the GPU backend, so the host can only check
 // what it knows without a sync (shapes, table width x page size >= the caller's max_seq_len). Everything
@@ -10,6 +12,7 @@
 //    (the cp.async predicate), never read; decode masks those tokens (weight exactly 0, like the tail).
 #pragma once
 
+#include "fa/fast_divmod.cuh"
 #include "fa/intrinsics.cuh"
 #include "fa/namespace.cuh"
 
@@ -33,7 +36,7 @@ struct PagedView {
 
   FA_DEVICE int page_size() const { return c.page_size; }
   // Tokens the block table can address: max_pages_per_seq * page_size (fits int32, checked by the host).
-  FA_DEVICE int capacity() const { return c.max_pages_per_seq << c.log2_page_size; }
+  FA_DEVICE int capacity() const { return c.max_pages_per_seq * c.page_size; }
 
   // seq_lens[b] clamped into [0, capacity()].
   FA_DEVICE int seq_len(int b) const {
@@ -43,10 +46,11 @@ struct PagedView {
 
   // Page holding token `t` (0 <= t < capacity()) of sequence b, or kNoPage for an out-of-range table entry.
   FA_DEVICE int page_of(int b, int t) const {
-    const int p = ld_global_nc(c.block_table + (int64_t)b * c.block_table_stride + (t >> c.log2_page_size));
+    const int p = ld_global_nc(c.block_table + (int64_t)b * c.block_table_stride + fast_div(c.page_div, t));
     return (unsigned)p < (unsigned)c.num_pages ? p : kNoPage;
   }
-  FA_DEVICE int offset_in_page(int t) const { return t & (c.page_size - 1); }
+  // Slot of token t (0 <= t < capacity()) in its page.
+  FA_DEVICE int offset_in_page(int t) const { return t - fast_div(c.page_div, t) * c.page_size; }
 
   // Element offsets (not bytes) of (page, slot-in-page) in K and V; the head and column are added by the
   // caller once, outside its loops.
@@ -84,12 +88,15 @@ inline bool valid_cache_strides(const FaPagedCache &c) {
   return true;
 }
 // Everything a reader of `batch` sequences (decode, paged prefill) dereferences through PagedView: the format
-// and strides above, a power-of-two page size up to 256, a non-empty table and pool, 16-byte aligned K/V bases,
-// 4-byte aligned block table and seq_lens, and no null pointer when there is a sequence to read.
+// and strides above, a page size >= 1 with its divisor, a non-empty table and pool whose capacity
+// (max_pages_per_seq * page_size tokens) fits int32 with a tile and a split granule to spare (src/paged.rs:
+// MAX_TOKENS), 16-byte aligned K/V bases, 4-byte aligned block table and seq_lens, and no null pointer when
+// there is a sequence to read.
 inline bool valid_paged_cache_for_read(const FaPagedCache &c, int head_dim, int batch) {
   if (!valid_cache_format(c, head_dim) || !valid_cache_strides(c)) return false;
-  if (c.page_size < 1 || c.page_size > 256 || c.page_size != (1 << c.log2_page_size)) return false;
+  if (!valid_divisor(c.page_div, c.page_size)) return false;
   if (c.max_pages_per_seq < 1 || c.num_pages < 1) return false;
+  if ((int64_t)c.max_pages_per_seq * c.page_size > INT32_MAX - 4096) return false;
   if (batch > 0 && (c.k_cache == nullptr || c.v_cache == nullptr || c.block_table == nullptr || c.seq_lens == nullptr))
     return false;
   if (((uintptr_t)c.k_cache & 15u) != 0 || ((uintptr_t)c.v_cache & 15u) != 0) return false;

@@ -42,11 +42,11 @@ int merge_split_kv_partials(const Params &p, int rows, int64_t o_row_stride, int
   return fa_merge(m, exec);
 }
 
-// The scheduled decode's merge: `rows` entries of `list` (fa/abi.h FaMergeRow), each naming its sequence's
-// output row and its run of states in the partials [num_states, Hq, D] / [num_states, Hq].
+// The scheduled decode's merge: `rows` entries of `list` (fa/abi.h FaMergeRow), each naming its output row (a
+// sequence, or a short query's q row) and its run of states in the partials [num_states, Hq, D] / [num_states, Hq].
 template <class Params>
 int merge_split_kv_rows(const Params &p, const FaMergeRow *list, int rows, int num_states, int64_t o_row_stride,
-                        int64_t lse_row_stride, FaExec *exec) {
+                        int64_t lse_row_stride, int64_t lse_head_stride, FaExec *exec) {
   FaMergeParams m = {};
   m.o_states = p.partial_o;
   m.lse_states = p.partial_lse;
@@ -59,7 +59,7 @@ int merge_split_kv_rows(const Params &p, const FaMergeRow *list, int rows, int n
   m.o_out_outer_stride = o_row_stride;
   m.o_out_inner_stride = p.o_head_stride;
   m.lse_out_outer_stride = lse_row_stride;
-  m.lse_out_inner_stride = 1;
+  m.lse_out_inner_stride = lse_head_stride;
   m.num_states = num_states;
   m.rows_outer = rows;
   m.rows_inner = p.heads_q;

@@ -16,6 +16,6 @@ namespace paged_prefill {
 int tile_policy(int head_dim, bool fp8, FaTilePolicy *out); // kernels/paged_prefill.cu
 }
 namespace decode {
-int tile_policy(int head_dim, FaTilePolicy *out); // kernels/decode.cu
+int tile_policy(int head_dim, bool fp8, FaTilePolicy *out); // kernels/decode.cu
 }
 } // namespace fa

@@ -99,6 +99,27 @@ pub enum KvDTypeArg {
     Fp8E5m2,
 }
 
+/// Paged prefill's kernel (fused_attn::PagedPrefillKernel).
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PagedKernelArg {
+    /// Streaming (the decode kernel) for short queries, else tiled.
+    Auto,
+    /// The prefill tile, any query length.
+    Tiled,
+    /// The decode kernel over 16 packed rows per CTA.
+    Streaming,
+}
+
+impl From<PagedKernelArg> for fused_attn::paged_prefill::PagedPrefillKernel {
+    fn from(k: PagedKernelArg) -> Self {
+        match k {
+            PagedKernelArg::Auto => Self::Auto,
+            PagedKernelArg::Tiled => Self::Tiled,
+            PagedKernelArg::Streaming => Self::Streaming,
+        }
+    }
+}
+
 /// Dequantisation scales of an FP8 cache.
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KvScaleArg {
@@ -212,7 +233,7 @@ pub struct RunArgs {
     /// Bidirectional attention over the whole context [paged-prefill only; it is causal by default].
     #[arg(long, conflicts_with = "causal")]
     pub no_causal: bool,
-    /// Page size of the KV cache, a power of two in 1..=256 [decode, paged-prefill].
+    /// Page size of the KV cache, any in 1..=MAX_PAGE_SIZE (2^31 - 4097) [decode, paged-prefill].
     #[arg(long, default_value_t = 16, value_name = "N")]
     pub page_size: usize,
     /// Element type of the KV cache [decode, paged-prefill] [default: --dtype]. FP8 caches hold the 16-bit cache
@@ -226,6 +247,9 @@ pub struct RunArgs {
     /// Force the split-KV count [decode, paged-prefill] [default: the planner's choice].
     #[arg(long, value_name = "N")]
     pub num_splits: Option<usize>,
+    /// Paged prefill's kernel: streaming (decode's pipeline, for short queries) or tiled [paged-prefill].
+    #[arg(long, value_enum, default_value_t = PagedKernelArg::Auto, value_name = "KERNEL")]
+    pub paged_kernel: PagedKernelArg,
     /// Sliding window: keys up to N positions left of a query's own are visible; -1 = unbounded
     /// [prefill, decode].
     #[arg(long, default_value_t = -1, value_name = "N")]
@@ -476,7 +500,7 @@ impl RunArgs {
 }
 
 /// Flags that apply to some ops only, by clap id: (id, flag, the ops it applies to, why).
-const OP_ONLY: [(&str, &str, &[Op], &str); 14] = [
+const OP_ONLY: [(&str, &str, &[Op], &str); 15] = [
     ("seq_lens", "--seq-lens", &[Op::Decode, Op::PagedPrefill], "prefill's batches are uniform"),
     ("q_lens", "--q-lens", &[Op::PagedPrefill], "decode is one query token per sequence"),
     (
@@ -489,6 +513,7 @@ const OP_ONLY: [(&str, &str, &[Op], &str); 14] = [
     ("no_causal", "--no-causal", &[Op::PagedPrefill], "prefill is bidirectional unless --causal"),
     ("page_size", "--page-size", &[Op::Decode, Op::PagedPrefill], "prefill reads contiguous K/V, not a paged cache"),
     ("num_splits", "--num-splits", &[Op::Decode, Op::PagedPrefill], "prefill does not split the KV range"),
+    ("paged_kernel", "--paged-kernel", &[Op::PagedPrefill], "only paged prefill has two kernels"),
     ("kv_dtype", "--kv-dtype", &[Op::Decode, Op::PagedPrefill], "prefill reads contiguous 16-bit K/V"),
     ("kv_scale", "--kv-scale", &[Op::Decode, Op::PagedPrefill], "prefill reads contiguous 16-bit K/V"),
     (

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
+use fused_attn::paged::MAX_PAGE_SIZE;
 use fused_attn::reference::Comparison;
 use fused_attn::testkit::cases::decode::{self as dc, DecodeCase};
 use fused_attn::testkit::cases::kv::{KvFormat, QuantError};
@@ -277,11 +278,17 @@ fn with_paged_prefill_timing(mut row: Row, t: Result<ppc::PagedPrefillTiming>, c
     }
 }
 
+/// A page size the paged cache takes (any in 1..=MAX_PAGE_SIZE), checked before a case's host data is built.
+fn check_page_size(page_size: usize) -> Result<()> {
+    if page_size == 0 || page_size > MAX_PAGE_SIZE {
+        return Err(Error::unsupported("page_size", format!("{page_size} (must be in 1..={MAX_PAGE_SIZE})")));
+    }
+    Ok(())
+}
+
 /// The checks `run --op decode` makes before building a case's host data.
 fn check_decode_size(c: &DecodeCase) -> Result<()> {
-    if c.page_size == 0 {
-        return Err(Error::unsupported("page_size", "0 (must be a power of two in 1..=256)"));
-    }
+    check_page_size(c.page_size)?;
     let tokens = c.seq_lens.iter().sum::<usize>();
     checked_elements(&[&[tokens, c.heads_kv, c.head_dim], &[tokens, c.heads_kv, c.head_dim]])?;
     Ok(())
@@ -289,9 +296,7 @@ fn check_decode_size(c: &DecodeCase) -> Result<()> {
 
 /// The checks `run --op paged-prefill` makes before building a case's host data.
 fn check_paged_prefill_size(c: &PagedPrefillCase) -> Result<()> {
-    if !c.page_size.is_power_of_two() || c.page_size > 256 {
-        return Err(Error::unsupported("page_size", format!("{} (must be a power of two in 1..=256)", c.page_size)));
-    }
+    check_page_size(c.page_size)?;
     let tokens = c.seqs.iter().map(|s| s.1).sum::<usize>();
     checked_elements(&[
         &[tokens, c.heads_kv, c.head_dim],

@@ -16,7 +16,7 @@ use crate::error::Result;
 use crate::fp8::ScaleKind;
 use crate::paged::PagedKvCache;
 use crate::paged_prefill::{
-    paged_prefill, PagedPrefillOptions, PagedPrefillPlan, PagedPrefillWorkspace, MAX_PLANNED_SPLITS,
+    paged_prefill, PagedPrefillKernel, PagedPrefillOptions, PagedPrefillPlan, PagedPrefillWorkspace, MAX_PLANNED_SPLITS,
 };
 use crate::reference::{self, Arith, Comparison};
 use crate::tensor::{TensorView, TensorViewMut};
@@ -50,6 +50,8 @@ pub struct PagedPrefillCase {
     pub variants: CaseVariants,
     /// The cache's element format: the 16-bit dtype, or FP8 quantised from it.
     pub kv: KvFormat,
+    /// The kernel asked for (Auto: streaming for short queries).
+    pub kernel: PagedPrefillKernel,
     /// Rotary embedding of q ([`CaseRope`]: explicit positions, one per query token, or each token's place
     /// in the cache); `None`: q is taken as already rotated (so is the cache's K either way).
     pub rope: Option<CaseRope>,
@@ -77,22 +79,24 @@ impl PagedPrefillCase {
     }
     pub fn label(&self) -> String {
         let seqs: Vec<String> = self.seqs.iter().map(|(q, k)| format!("{q}/{k}")).collect();
-        self.kv.label(
-            format!(
-                "{} D={} Hq={} Hkv={} page={} q/k=[{}]{}{}{}{}{}",
-                self.dtype.name(),
-                self.head_dim,
-                self.heads_q,
-                self.heads_kv,
-                self.page_size,
-                seqs.join(","),
-                if self.causal { "" } else { " bidirectional" },
-                self.num_splits.map_or(String::new(), |n| format!(" splits={n}")),
-                if self.shared_prefix > 0 { format!(" shared={}", self.shared_prefix) } else { String::new() },
-                if self.variants.is_plain() { "" } else { " " },
-                self.variants.label()
-            ) + &self.rope.map_or(String::new(), |r| format!(" {}", r.label())),
-        )
+        self.kv.label(format!(
+            "{} D={} Hq={} Hkv={} page={} q/k=[{}]{}{}{}{}{}",
+            self.dtype.name(),
+            self.head_dim,
+            self.heads_q,
+            self.heads_kv,
+            self.page_size,
+            seqs.join(","),
+            if self.causal { "" } else { " bidirectional" },
+            self.num_splits.map_or(String::new(), |n| format!(" splits={n}")),
+            if self.shared_prefix > 0 { format!(" shared={}", self.shared_prefix) } else { String::new() },
+            if self.variants.is_plain() { "" } else { " " },
+            self.variants.label()
+        )) + match self.kernel {
+            PagedPrefillKernel::Auto => "",
+            PagedPrefillKernel::Tiled => " tiled",
+            PagedPrefillKernel::Streaming => " streaming",
+        } + &self.rope.map_or(String::new(), |r| format!(" {}", r.label()))
     }
 }
 
@@ -111,6 +115,7 @@ pub fn case(head_dim: usize, heads: (usize, usize), page_size: usize, seqs: &[(u
         variants: CaseVariants::default(),
         kv: KvFormat::Sixteen,
         rope: None,
+        kernel: PagedPrefillKernel::Auto,
     }
 }
 
@@ -180,6 +185,53 @@ pub fn paged_prefill_variant_sweep() -> Vec<PagedPrefillCase> {
             c
         },
     ]
+}
+
+/// Both kernels on the short queries (issue 25): every case of the sweep and the variant sweep whose
+/// `max_seqlen_q · G` is at most 4 streaming row blocks, forced onto the streaming (decode) kernel and onto the
+/// tiled one, plus streaming's own edges: 16 / 17 / 32 / 33 packed rows, windows whose per-row starts cut
+/// tiles and splits, a bidirectional window, ALiBi at per-row distances, q_len > seq_len, head dims at the
+/// decode widths' edges (40 -> 64, 96 -> 128, 136 -> 256), FP8 of both formats, forced splits.
+pub fn paged_prefill_kernel_sweep() -> Vec<PagedPrefillCase> {
+    use crate::testkit::variants::CaseAlibi;
+    let short = |c: &PagedPrefillCase| c.max_seqlen_q() * (c.heads_q / c.heads_kv) <= 64;
+    let mut base: Vec<PagedPrefillCase> =
+        paged_prefill_sweep_emulated().into_iter().chain(paged_prefill_variant_sweep()).filter(short).collect();
+    let with = |mut c: PagedPrefillCase, variants: CaseVariants, splits: Option<usize>| {
+        c.variants = variants;
+        c.num_splits = splits;
+        c
+    };
+    let window = |l: i32, r: i32| CaseVariants { window: Some((l, r)), ..Default::default() };
+    base.extend([
+        case(64, (4, 1), 16, &[(4, 300), (5, 77), (8, 8)]), // 16, 20, 32 packed rows
+        case(128, (8, 1), 8, &[(2, 130), (4, 97), (3, 2)]), // 16, 32, 24 (q_len > seq_len)
+        with(case(128, (4, 2), 16, &[(8, 500), (3, 64)]), window(37, 0), None),
+        with(case(64, (8, 2), 16, &[(4, 900), (9, 200)]), window(100, 0), Some(3)),
+        with(case(64, (2, 1), 1, &[(6, 60), (2, 7)]), window(5, 2), None),
+        with(
+            case(256, (4, 1), 16, &[(4, 150), (1, 40)]),
+            CaseVariants { alibi: CaseAlibi::PerHead, softcap: Some(20.0), ..Default::default() },
+            Some(2),
+        ),
+        case(40, (2, 1), 16, &[(7, 50)]),
+        case(96, (3, 3), 16, &[(11, 70), (16, 16)]),
+        case(136, (4, 2), 32, &[(5, 90)]),
+    ]);
+    let mut bidirectional = with(case(64, (4, 2), 16, &[(6, 80), (3, 30)]), window(9, 4), None);
+    bidirectional.causal = false;
+    base.push(bidirectional);
+    for (format, scales) in [(Fp8Format::E4m3, ScaleKind::PerHead), (Fp8Format::E5m2, ScaleKind::PerTensor)] {
+        let mut c = with(case(128, (8, 2), 16, &[(4, 260), (2, 33)]), window(64, 0), Some(2));
+        c.kv = KvFormat::Fp8 { format, scales };
+        base.push(c);
+    }
+    base.into_iter()
+        .flat_map(|c| {
+            [PagedPrefillKernel::Streaming, PagedPrefillKernel::Tiled]
+                .map(|kernel| PagedPrefillCase { kernel, ..c.clone() })
+        })
+        .collect()
 }
 
 /// The emulated FP8 sweep: both formats x both scale kinds x both dtypes, page sizes 1..256, every
@@ -479,6 +531,7 @@ impl<T: Element> PagedPrefillFixture<T> {
             num_splits: num_splits.or(c.num_splits),
             score_mod: views.score_mod(&c.variants),
             rope,
+            kernel: c.kernel,
         };
         let cap = opts.num_splits.unwrap_or(1).max(MAX_PLANNED_SPLITS);
         let mut ws = PagedPrefillWorkspace::with_capacity(stream, tq, hq, d, cap)?;
@@ -630,6 +683,7 @@ impl<T: Element, C: CacheElement<T>> GpuCase<T, C> {
             num_splits: c.num_splits,
             score_mod: variants.score_mod(&c.variants),
             rope: rope.as_ref().map(RopeViews::rope),
+            kernel: c.kernel,
         };
         paged_prefill(
             &Stream::Gpu(cu),

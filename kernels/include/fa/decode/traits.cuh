@@ -26,7 +26,7 @@
 //
 // D = 512 (Gemma 4's global layers): 1 token group x 4 D splits of kWarpD = 128 columns, 16-token tiles of
 // 32 KB (K + V). A tile cannot get smaller (16 tokens is one P.V k-step) and the 16 x 512 Q tile alone is
-// 16 KB, so 4 stages (128 KB) do not fit the 99 KB opt-in limit of sm_86/89: kStages = 2 (80.6 KB in all).
+// 16 KB, so 4 stages (128 KB) do not fit the 99 KB opt-in limit of sm_86/89: kStages = 2 (80.9 KB in all).
 // Registers: a warp holding all of Q as A fragments (32 k-steps x 4 = 128 registers) beside its 16 x 128
 // accumulator (64) needs 255 registers and spills with an FP8 cache (ptxas, sm_80/89), so at 512 each
 // D-split warp computes S over its own 128 columns only (kScoreSplits = 4: 32 registers of Q) and the four
@@ -34,7 +34,7 @@
 // tile, idle once the fragments are loaded; one more barrier per tile). Each K element is then read from
 // shared memory once, not by each of 4 warps. The launch bounds are built for 2 CTAs per SM (shared memory
 // allows no more than 2 anywhere). Bytes in flight (docs/decode-memory.md, "D = 512"): one 32 KB tile per
-// CTA while the previous one is computed, 2 CTAs per SM on sm_80 and sm_90 (2 x 81.6 KB of 164 / 228 KB; 1
+// CTA while the previous one is computed, 2 CTAs per SM on sm_80 and sm_90 (2 x 81.9 KB of 164 / 228 KB; 1
 // on sm_86/89's 100 KB), so 64 KB per SM (16-bit; 32 KB FP8) against a bandwidth-delay product of ~4.8 TB/s
 // x ~0.7 us / 132 SMs ~ 26 KB on the H200.
 #pragma once
@@ -69,7 +69,16 @@ template <int D> struct Fp8SwizzledTile {
   }
 };
 
-template <int D> struct Traits {
+// Stages per cache format (issue 30, item 3). Bytes in flight per CTA after each barrier are (kStages - 1)
+// stages; the model (docs/decode-memory.md, "Stages per format"): per SM, CTAs/SM x (kStages - 1) x stage
+// bytes must cover the bandwidth-delay product with margin, ~26 KB on the H200 (4.8 TB/s x ~0.7 us / 132 SMs)
+// and more at the longer latencies of a loaded memory system. The 16-bit stages fill the shared memory that
+// 3 CTAs per SM leave (2 at D = 512); an FP8 stage holds the same tokens in half the bytes, so FP8 takes
+// twice the stages in the same stage area: the same occupancy, twice the tokens in flight, and as many
+// bytes in flight as 16-bit (D <= 256: 7 x 8 KB = 56 KB per CTA against 16-bit's 3 x 16 KB; D = 512: 3 x 16 KB
+// against 1 x 32 KB). tests/it/tile_policy.rs holds the per-SM product against the model for every format,
+// head dim and arch.
+template <int D, bool kFp8 = false> struct Traits {
   static_assert(D == 64 || D == 128 || D == 256 || D == 512, "decode head dims");
   static constexpr int kThreads = 128;
   // Launch bounds: three CTAs (at most 168 registers) fit any SM's register file; at D = 512 two (shared
@@ -85,7 +94,8 @@ template <int D> struct Traits {
   static constexpr int kScoreSplits = D == 512 ? kDSplits : 1;
   static_assert(kScoreSplits == 1 || (kTokenGroups == 1 && kScoreSplits == kWarps), "exchange_scores' layout");
   static constexpr int kTileTokens = kWarpTokens * kTokenGroups;
-  static constexpr int kStages = D == 512 ? 2 : 4; // D = 512: two 32 KB stages fit 99 KB, three do not
+  static constexpr int k16BitStages = D == 512 ? 2 : 4; // D = 512: two 32 KB stages fit 99 KB, three do not
+  static constexpr int kStages = kFp8 ? 2 * k16BitStages : k16BitStages;
 
   // cp.async work split: a tile row is kChunksPerRow 16-byte chunks; thread t copies chunk t % kChunksPerRow
   // of rows t / kChunksPerRow + i * kRowsPerPass, i < kLoadsPerThread (for K and for V).
@@ -100,7 +110,8 @@ template <int D> struct Traits {
   static constexpr int kQOffset = 0;
   static constexpr int kQBytes = kRows * D * 2;
   static constexpr int kStageOffset = kQOffset + kQBytes;
-  static constexpr int kRowRingOffset = kStageOffset + kStages * kStageBytes;
+  static constexpr int kStageAreaBytes = k16BitStages * kStageBytes; // either format's stages
+  static constexpr int kRowRingOffset = kStageOffset + kStageAreaBytes;
   static constexpr int kRowRingBytes = 2 * kTileTokens * 16; // K/V row offsets of the next two tiles to issue
   static constexpr int kStatsOffset = kRowRingOffset + kRowRingBytes;
   static constexpr int kStatsBytes = kTokenGroups * kRows * 2 * 4; // (m, l) per token group and row
@@ -111,7 +122,13 @@ template <int D> struct Traits {
   static constexpr int kHoleSlots = kStages + 1;
   static constexpr int kHoleOffset = kStatsOffset + kStatsBytes;
   static constexpr int kHoleBytes = kHoleSlots * kHoleWords * 4;
-  static constexpr int kSmemBytes = kHoleOffset + kHoleBytes;
+  // Per-row facts (key position, q row, query head, partial state: int [4][kRows]) and the key range where all
+  // rows see the same keys (int [2]), parked once per unit and read where needed (the loop's masks, ALiBi, the
+  // epilogue) instead of held in registers across the loop: the D = 256 kernels run at the 168-register
+  // launch bound, where two more live values spill (ptxas, sm_80/90).
+  static constexpr int kRowInfoOffset = kHoleOffset + kHoleBytes;
+  static constexpr int kRowInfoBytes = (4 * kRows + 2) * 4;
+  static constexpr int kSmemBytes = kRowInfoOffset + kRowInfoBytes;
   // kScoreSplits > 1: the partial S tiles (per warp, 32 lanes x 8 fp32) overlay the Q tile, which no warp
   // reads after its fragments are loaded (before the first tile's barrier).
   static constexpr int kExchangeOffset = kQOffset;
@@ -119,7 +136,7 @@ template <int D> struct Traits {
   static_assert(kExchangeBytes <= kQBytes, "the S exchange fits in the Q tile");
   static constexpr int kOStride = D + 4; // fp32 row stride of the epilogue partials (+4: fewer conflicts)
   static constexpr int kOBytes = kTokenGroups * kRows * kOStride * 4;
-  static_assert(kOBytes <= kStages * kStageBytes, "epilogue partials fit in the stages");
+  static_assert(kOBytes <= kStageAreaBytes, "epilogue partials fit in the stages");
 
   // FP8 cache (the _fp8 kernels): the same stage area holds kStages FP8 stages (K then V tile, each an
   // Fp8SwizzledTile), which the warps read with ldmatrix and convert in registers on the way to the mma
@@ -128,7 +145,7 @@ template <int D> struct Traits {
   // cp.async split is 16 elements per chunk, D / 16 chunks per row.
   static constexpr int kFp8TileBytes = kTileTokens * D;
   static constexpr int kFp8StageBytes = 2 * kFp8TileBytes;
-  static_assert(kStages * kFp8StageBytes <= kStages * kStageBytes, "FP8 stages fit");
+  static_assert(!kFp8 || kStages * kFp8StageBytes <= kStageAreaBytes, "FP8 stages fit");
   // Each copying thread takes two chunks of a row (K and V), so a row's page offsets are read from the
   // ring by D / 32 threads: per global byte, the ring costs FP8 what it costs the 16-bit path (one chunk per
   // thread, twice the bytes per chunk). Which two: chunks 2c, 2c+1 up to 8 chunks a row, c and c + n/2 with

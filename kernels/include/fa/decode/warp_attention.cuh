@@ -163,7 +163,7 @@ template <class T, int D> struct WarpAttention {
 
   template <Fp8Format F>
   FA_DEVICE void scores_mod_fp8(float (&s)[2][4], const unsigned char *k_tile, const ScoreMod &mod,
-                                const float (&slope_log2)[2], int dist0, int lane) const {
+                                const float (&slope_log2)[2], const int (&dist0)[2], int lane) const {
     scores_fp8<F>(s, k_tile, 1.0f);
     apply_mod(s, mod, slope_log2, dist0, lane);
   }
@@ -269,21 +269,22 @@ template <class T, int D> struct WarpAttention {
   }
 
   // scores() with softcap and ALiBi (fa/score_mod.cuh), straight to the exp2 domain: slope_log2[r] is row r's
-  // slope, dist0 the distance of the warp's first token from the query's position (seq_len - 1), so token
-  // token0 + i lies at dist0 - i (negative only past the end, where the mask follows).
+  // slope, dist0[r] the distance of the warp's first token from row r's query position (decode: seq_len - 1
+  // for both), so token token0 + i lies at dist0[r] - i (negative only past what the row sees, where the
+  // masks follow).
   FA_DEVICE void scores_mod(float (&s)[2][4], const unsigned char *k_tile, const ScoreMod &mod,
-                            const float (&slope_log2)[2], int dist0, int lane) const {
+                            const float (&slope_log2)[2], const int (&dist0)[2], int lane) const {
     scores(s, k_tile, 1.0f);
     apply_mod(s, mod, slope_log2, dist0, lane);
   }
 
-  FA_DEVICE static void apply_mod(float (&s)[2][4], const ScoreMod &mod, const float (&slope_log2)[2], int dist0,
-                                  int lane) {
+  FA_DEVICE static void apply_mod(float (&s)[2][4], const ScoreMod &mod, const float (&slope_log2)[2],
+                                  const int (&dist0)[2], int lane) {
 #pragma unroll
     for (int n = 0; n < 2; ++n)
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        const int dist = dist0 - (8 * n + 2 * (lane & 3) + (c & 1));
+        const int dist = dist0[c >> 1] - (8 * n + 2 * (lane & 3) + (c & 1));
         s[n][c] = mod.apply(s[n][c], slope_log2[c >> 1], dist < 0 ? -dist : dist);
       }
   }
@@ -295,6 +296,19 @@ template <class T, int D> struct WarpAttention {
 #pragma unroll
       for (int c = 0; c < 4; ++c)
         if (first_token + 8 * n + 2 * (lane & 3) + (c & 1) >= end) s[n][c] = kNegInf;
+  }
+
+  // Masks token first_token + i of this lane's row r (lane / 4 + 8r) to -inf unless lo[r] <= it <= hi[r]: the
+  // keys short queries' rows do not share (fa/abi.h: their window starts and causal ends differ).
+  FA_DEVICE static void mask_outside(float (&s)[2][4], int first_token, const int64_t (&lo)[2],
+                                     const int64_t (&hi)[2], int lane) {
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int token = first_token + 8 * n + 2 * (lane & 3) + (c & 1);
+        if (token < lo[c >> 1] || token > hi[c >> 1]) s[n][c] = kNegInf;
+      }
   }
 
   // Masks the tokens whose bit is set in `bits` (bit i = this warp's token i of the tile) to -inf, before the
