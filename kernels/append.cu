@@ -153,25 +153,77 @@ template <int kElems> FA_DEVICE RopeChunk rope_chunk(const FaAppendParams &p) {
   return r;
 }
 
-// Rotates this thread's kElems K values x (columns c * kElems ..) in place; their whole row, as fp32, is in
-// shared memory at k_row (the partners); elements at or past rotary_dim pass through.
-template <int kElems>
-FA_DEVICE void rope_rotate_chunk(const FaRope &r, int64_t pos, const float *k_row, int c, float (&x)[kElems]) {
-  const int row = rope_row(r, pos);
-  float out[kElems];
+// Rotates x[at .. at + 8) (columns j0 ..) from the 16-byte-aligned table runs cos_run / sin_run (their
+// pairs' entries: 8 NeoX, 4 GPT-J), the partners read from the fp32 row k_row.
+template <bool kGptj, int kElems>
+FA_DEVICE void rotate_group_vectorised(const float *cos_run, const float *sin_run, const float *k_row, int j0, int half,
+                                       float (&x)[kElems], int at) {
+  constexpr int kRuns = kGptj ? 1 : 2; // 16-byte loads per table
+  float cs[4 * kRuns], sn[4 * kRuns];
 #pragma unroll
-  for (int e = 0; e < kElems; ++e) {
-    const int j = c * kElems + e;
-    out[e] = x[e];
-    if (j < r.rotary_dim) {
-      const RopePair pr = rope_pair(j, r.rotary_dim, r.style);
-      float cs, sn;
-      rope_cos_sin(r, row, pr.index, cs, sn);
-      out[e] = rope_rotate(x[e], ld_shared(k_row + pr.partner), cs, sn, pr.first);
+  for (int v = 0; v < kRuns; ++v) {
+    const Vec16 cw = ld_global_nc(reinterpret_cast<const Vec16 *>(cos_run) + v);
+    const Vec16 sw = ld_global_nc(reinterpret_cast<const Vec16 *>(sin_run) + v);
+    const uint32_t cb[4] = {cw.x, cw.y, cw.z, cw.w}, sb[4] = {sw.x, sw.y, sw.z, sw.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      __builtin_memcpy(&cs[4 * v + i], &cb[i], 4);
+      __builtin_memcpy(&sn[4 * v + i], &sb[i], 4);
     }
   }
+  const bool first_half = j0 < half; // NeoX: the group's elements are all first (a) or all second (b)
 #pragma unroll
-  for (int e = 0; e < kElems; ++e) x[e] = out[e];
+  for (int e = 0; e < 8; ++e) {
+    const int k = kGptj ? e >> 1 : e;
+    const bool first = kGptj ? (e & 1) == 0 : first_half;
+    const int partner = kGptj ? (j0 + e) ^ 1 : (first_half ? j0 + e + half : j0 + e - half);
+    x[at + e] = rope_rotate(x[at + e], ld_shared(k_row + partner), cs[k], sn[k], first);
+  }
+}
+
+// Rotates this thread's kElems K values x (columns c * kElems ..) in place; their whole row, as fp32, is in
+// shared memory at k_row (the partners); elements at or past rotary_dim pass through. Eight elements at a
+// time, whose (cos, sin) are a contiguous run of table columns when the eight lie inside one half of the
+// rotated dims (NeoX: columns j or j - rotary_dim/2; GPT-J: j / 2, four columns): then both runs are read
+// with 16-byte loads (2 + 2 NeoX, 1 + 1 GPT-J, instead of 8 + 8 scalar ones) if they are 16-byte aligned.
+// Otherwise (a group across rotary_dim/2 or rotary_dim, e.g. partial rotary 20 of 80, or an unaligned table
+// view) each rotated element reads its pair's entries as scalars. The values, and so the rotation, are the
+// same either way.
+template <int kElems>
+FA_DEVICE void rope_rotate_chunk(const FaRope &r, int64_t pos, const float *k_row, int c, float (&x)[kElems]) {
+  static_assert(kElems % 8 == 0, "whole groups of eight");
+  const int row = rope_row(r, pos);
+  const bool gptj = r.style == FA_ROPE_GPTJ;
+  const int half = r.rotary_dim >> 1;
+#pragma unroll
+  for (int g = 0; g < kElems / 8; ++g) {
+    const int j0 = c * kElems + 8 * g;
+    if (j0 >= r.rotary_dim) break; // this group and the ones after it pass through
+    const int idx0 = gptj ? j0 >> 1 : (j0 < half ? j0 : j0 - half);
+    const float *cos_run = r.cos + (int64_t)row * r.cos_stride + idx0;
+    const float *sin_run = r.sin + (int64_t)row * r.sin_stride + idx0;
+    const bool one_half = j0 + 8 <= r.rotary_dim && (gptj || (j0 < half) == (j0 + 8 <= half));
+    if (one_half && (((uintptr_t)cos_run | (uintptr_t)sin_run) & 15u) == 0) {
+      // The layout as a template argument: every table index below is a compile-time constant, so the runs
+      // stay in registers (a run-time choice of index put them in local memory).
+      if (gptj) {
+        rotate_group_vectorised<true>(cos_run, sin_run, k_row, j0, half, x, 8 * g);
+      } else {
+        rotate_group_vectorised<false>(cos_run, sin_run, k_row, j0, half, x, 8 * g);
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const int j = j0 + e;
+        if (j < r.rotary_dim) {
+          const RopePair pr = rope_pair(j, r.rotary_dim, r.style);
+          float cs, sn;
+          rope_cos_sin(r, row, pr.index, cs, sn);
+          x[8 * g + e] = rope_rotate(x[8 * g + e], ld_shared(k_row + pr.partner), cs, sn, pr.first);
+        }
+      }
+    }
+  }
 }
 
 template <class T> FA_DEVICE void unpack8(const Vec16 &w, float (&x)[8]) {

@@ -22,6 +22,10 @@
 //     block-table entry is out of range, on any tile); online softmax; O += P V;
 //   normalise (with the row's sink when unsplit) and store O / LSE, or the split's fp32 partial.
 //
+// RoPE on q (p.rope; the _mod kernels, a run-time switch in the prologue: fa/prefill/rope_q.cuh): the Q rows
+// are committed as a copy group of their own and rotated in shared memory, each packed row at its token's
+// position, while the top KV tile is in flight.
+//
 // FP8 cache (kFp8, issue 17; fa/fp8_tile.cuh): the copies move the FP8 rows as stored (16 elements per
 // 16-byte chunk) into kStages FP8 staging tiles; after the barrier that publishes tile n, every thread
 // converts its chunks of K and V (exactly) into the one 16-bit K/V buffer the tile GEMMs read, a second
@@ -38,6 +42,7 @@
 #include "fa/paged_prefill/packed_rows.cuh"
 #include "fa/paged_view.cuh"
 #include "fa/prefill/block_range.cuh"
+#include "fa/prefill/rope_q.cuh"
 #include "fa/prefill/seq_info.cuh"
 #include "fa/prefill/tile_config.cuh"
 #include "fa/prefill/stage_o.cuh"
@@ -298,8 +303,27 @@ FA_DEVICE void paged_prefill_kernel(const FaPagedPrefillParams &p) {
     const int page = lookup(n_hi - 2);
     sync_threads(); // the top tile's row offsets (and the row tables) are visible to every thread
     load_q_rows<Cfg>(sQ, p, r, m0);
+    [[maybe_unused]] bool rope = false;
+    if constexpr (kVariant) {
+      rope = rope_enabled(p.rope);
+      if (rope) cp_async_commit(); // Q alone: rotated while the top KV tile is in flight
+    }
     issue(n_hi - 1, 0);
     publish(n_hi - 2, page);
+    if constexpr (kVariant) {
+      if (rope) {
+        cp_async_wait<1>();
+        sync_threads(); // every thread's Q chunks have landed (a pair's partner may be another thread's)
+        // Packed row m0 + i is query token row_tokens[i]: at positions[q_start + token], or at its
+        // bottom-right position token + seq_len - q_len.
+        const int32_t *positions = p.rope.positions != nullptr ? p.rope.positions + r.q_start : nullptr;
+        const int rows = r.rows - m0 < kBr ? r.rows - m0 : kBr;
+        prefill::rotate_q_rows<T, kHeadDim, Cfg::kThreads>(p.rope, sQ, rows, [&](int row) {
+          const int token = ld_shared(row_tokens + row);
+          return positions != nullptr ? (int64_t)ld_global_nc(positions + token) : (int64_t)(token + diag);
+        });
+      }
+    }
   }
   // One KV tile: wait for it, prefetch the next (down to n_lo) and look up the one after, S = Q Kᵀ,
   // (variants), (mask), online softmax, O += P V, publish the looked-up tile.
@@ -421,9 +445,10 @@ namespace paged_prefill {
 namespace {
 
 // Softcap, ALiBi or any left window bound need the _mod kernels (a bound that excludes nothing only costs the
-// variant kernel's extra compare; the host does not know the sequence lengths to rule it out).
+// variant kernel's extra compare; the host does not know the sequence lengths to rule it out), and so does
+// RoPE (only they rotate q: fa/prefill/rope_q.cuh).
 bool needs_variant_kernel(const FaPagedPrefillParams &p) {
-  return needs_score_mod(p.score_mod) || p.score_mod.window_left >= 0;
+  return needs_score_mod(p.score_mod) || p.score_mod.window_left >= 0 || rope_enabled(p.rope);
 }
 
 template <int kHeadDim, bool kFp8>
@@ -489,6 +514,7 @@ inline bool valid_params(const FaPagedPrefillParams &p) {
   if (((uintptr_t)p.lse & 3u) != 0 || ((uintptr_t)p.partial_lse & 3u) != 0 || p.lse_head_stride < 0) return false;
   if (((uintptr_t)p.cu_seqlens_q & 3u) != 0) return false;
   if (!valid_score_mod(p.score_mod, p.heads_q)) return false;
+  if (!valid_rope(p.rope, p.head_dim)) return false;
   return p.heads_kv <= 65535 && p.batch <= 65535;
 }
 

@@ -19,6 +19,10 @@
 // The kernel's head dim is a tile width W (Cfg::kHeadDim); it serves every head dim D <= W that
 // fa/head_dim.cuh maps to it: Q, K and V columns at or past D are zero-filled, never read, and O's are never
 // stored.
+//
+// RoPE on q (p.rope, fa/prefill/rope_q.cuh): a run-time switch in the _mod kernels' prologue (the launcher
+// sends every RoPE call to the _mod kernel of its width; the plain kernels hold no RoPE code). The Q tile is
+// committed as a copy group of its own, so the top KV tile's loads fly while the tile is rotated in place.
 #include "fa/abi.h"
 #include "fa/head_dim.cuh"
 #include "fa/intrinsics.cuh"
@@ -26,6 +30,7 @@
 #include "fa/online_softmax.cuh"
 #include "fa/prefill/block_range.cuh"
 #include "fa/prefill/mask.cuh"
+#include "fa/prefill/rope_q.cuh"
 #include "fa/prefill/seq_info.cuh"
 #include "fa/prefill/tile_config.cuh"
 #include "fa/prefill/stage_o.cuh"
@@ -205,6 +210,7 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void prefill_kernel(co
   if (m0 >= seq.tq) return; // past this sequence's end (varlen, or an empty sequence): no rows here
   // The window's bounds, effective for this sequence (fa/score_mod.cuh; causal: right = 0).
   WindowBounds window = effective_window(p.score_mod, p.causal != 0, seq.tq, seq.tk);
+  [[maybe_unused]] const int rope_delta = seq.tk - seq.tq; // RoPE's bottom-right offset, before any key skip
   if constexpr (kVariant) {
     // Keys left of every row's window (chunked prefill with a window: the first row sees from δ − left on)
     // are hidden memory: an engine may have freed their pages, so they can hold anything. Masking their
@@ -269,8 +275,36 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void prefill_kernel(co
   if (range.n_end > range.n_begin) {
     const T *q = static_cast<const T *>(p.q) + seq.q_offset + m0 * p.q_row_stride;
     cp_async_tile<kBr, kHeadDim, Cfg::kThreads, true>(cta.sQ, q, p.q_row_stride, seq.tq - m0, head_dim);
+    [[maybe_unused]] bool rope = false;
+    if constexpr (kVariant) {
+      rope = rope_enabled(p.rope);
+      if (rope) cp_async_commit(); // Q alone: rotated while the KV tile below is in flight
+    }
     cta.template load_kv_async<true>(range.n_end - 1, 0, head_dim);
     cp_async_commit();
+    if constexpr (kVariant) {
+      if (rope) {
+        cp_async_wait<1>();
+        sync_threads(); // every thread's Q chunks have landed (a pair's partner may be another thread's)
+        // Query row m0 + i at positions[q_row0 + m0 + i] (q_row0: the sequence's first packed row) or at
+        // its bottom-right position m0 + i + Tk - Tq.
+        const int32_t *positions = p.rope.positions;
+        if (positions != nullptr) {
+          int64_t q_row0 = (int64_t)bid.z * p.seqlen_q;
+          if (p.cu_seqlens_q != nullptr) {
+            int q_start, q_len;
+            varlen_bounds(p.cu_seqlens_q, bid.z, p.total_q, q_start, q_len);
+            q_row0 = q_start;
+          }
+          positions += q_row0 + m0;
+        }
+        const int first = m0 + rope_delta;
+        const int rows = seq.tq - m0 < kBr ? seq.tq - m0 : kBr;
+        rotate_q_rows<T, kHeadDim, Cfg::kThreads>(p.rope, cta.sQ, rows, [&](int row) {
+          return positions != nullptr ? (int64_t)ld_global_nc(positions + row) : (int64_t)(first + row);
+        });
+      }
+    }
   }
   int n = range.n_end - 1;
   int buf = 0;
@@ -338,10 +372,12 @@ int launch_prefill(void (*kernel)(FaPrefillParams), const char *name, const FaPr
 }
 
 // Softcap, ALiBi or a left window bound that excludes keys (one at least max(Tq, Tk) excludes none, for
-// any sequence of the batch: seqlen_q / seqlen_k are the maxima) need the _mod kernels.
+// any sequence of the batch: seqlen_q / seqlen_k are the maxima) need the _mod kernels, and so does RoPE
+// (only they rotate q: fa/prefill/rope_q.cuh says why).
 bool needs_variant_kernel(const FaPrefillParams &p) {
   const int span = p.seqlen_q > p.seqlen_k ? p.seqlen_q : p.seqlen_k;
-  return needs_score_mod(p.score_mod) || (p.score_mod.window_left >= 0 && p.score_mod.window_left < span);
+  return needs_score_mod(p.score_mod) || (p.score_mod.window_left >= 0 && p.score_mod.window_left < span) ||
+         rope_enabled(p.rope);
 }
 
 // One case per instantiated width (FA_PREFILL_WIDTHS): the plain or _mod kernel of the call's dtype.
@@ -409,6 +445,7 @@ extern "C" int fa_prefill(FaPrefillParams p, FaExec *exec) {
   if (p.lse != nullptr && (((uintptr_t)p.lse & 3u) != 0 || p.lse_batch_stride < 0 || p.lse_head_stride < 0))
     return FA_ERR_INVALID;
   if (!fa::valid_score_mod(p.score_mod, p.heads_q)) return FA_ERR_INVALID;
+  if (!fa::valid_rope(p.rope, p.head_dim)) return FA_ERR_INVALID;
   // Positions and window bounds must stay inside int32 when added (fa/score_mod.cuh).
   if (p.seqlen_q > (1 << 30) || p.seqlen_k > (1 << 30) || p.total_q > (1 << 30) || p.total_k > (1 << 30))
     return FA_ERR_INVALID;

@@ -206,9 +206,10 @@ int tile_policy(int head_dim, bool masked, FaTilePolicy *out) {
 
 // The sm_80 launcher's checks (fa_prefill validates the same FaPrefillParams: pointers, alignment, strides,
 // sizes, score variants) via a dry run in record mode, then this kernel's own: the tile of the maps, and a
-// softcap its inline division is exact for (fa/score_mod.cuh).
+// softcap its inline division is exact for (fa/score_mod.cuh); no RoPE.
 extern "C" int fa_prefill_sm90(FaPrefillSm90Params p, FaExec *exec) {
   if (!fa::softcap_inline_division_ok(p.base.score_mod.softcap)) return FA_ERR_UNSUPPORTED;
+  if (p.base.rope.cos != nullptr) return FA_ERR_UNSUPPORTED; // RoPE is fused in the sm_80 kernels only (docs/rope.md)
   FaExec dry{};
   dry.mode = FA_EXEC_RECORD;
   const int status = fa_prefill(p.base, &dry);

@@ -78,6 +78,11 @@ pub struct PagedPrefillOptions<'a> {
     pub score_mod: ScoreMod<'a>,
     /// The kernel (default: [`PagedPrefillKernel::Auto`]); the results agree within the tolerance either way.
     pub kernel: PagedPrefillKernel,
+    /// Rotary embedding of q ([`crate::rope`], docs/rope.md), `None` by default: query token t of sequence b
+    /// rotated at `rope.positions[cu_seqlens_q[b] + t]` (one int32 per packed query token, `[total_q]`) or,
+    /// without positions, at its bottom-right position `t + seq_len_b − q_len_b` (its place in the cache).
+    /// The cache's K must have been rotated by the same table ([`crate::AppendOptions::rope`]).
+    pub rope: Option<crate::rope::Rope<'a>>,
 }
 
 impl Default for PagedPrefillOptions<'_> {
@@ -88,6 +93,7 @@ impl Default for PagedPrefillOptions<'_> {
             num_splits: None,
             score_mod: ScoreMod::default(),
             kernel: PagedPrefillKernel::Auto,
+            rope: None,
         }
     }
 }
@@ -447,6 +453,10 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
 
     let mut launch = Launch::new(*stream);
     let score_mod = opts.score_mod.abi(&mut launch, problem.batch, problem.heads_q)?;
+    let rope = match &opts.rope {
+        Some(r) => r.abi(&mut launch, problem.head_dim, problem.total_q, false)?,
+        None => sys::FaRope::default(),
+    };
     let q_ptr = launch.input(c"q", q, 16)?;
     let cu_ptr = launch.input(c"cu_seqlens_q", cu_seqlens_q, 4)?;
     let cache_abi = cache.launch_abi(&mut launch)?;
@@ -507,6 +517,7 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
             total_q,
             max_seqlen_q,
             causal,
+            rope,
             ..Default::default()
         };
         launch.run("paged_prefill", params, sys::fa_decode)?;
@@ -538,6 +549,7 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
         scale,
         scale_log2,
         score_mod,
+        rope,
     };
     launch.run("paged_prefill", params, sys::fa_paged_prefill)?;
     Ok(plan)

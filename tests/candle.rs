@@ -146,6 +146,69 @@ fn flash_attn_varlen_matches_candle_attention_per_sequence() -> Result<()> {
     Ok(())
 }
 
+/// flash_attn_rope: q rotated in the kernel, at the bottom-right positions or at explicit ones, matches
+/// candle's attention over q rotated on the host by the same table (the Rust model of the kernel's rotation,
+/// rounded to the dtype); the same output judged against the unrotated q fails. Varlen through
+/// flash_attn_varlen_rope alike (bottom-right positions per sequence).
+#[test]
+fn flash_attn_rope_matches_candle_attention_over_rotated_q() -> Result<()> {
+    let mut rng = StdRng::seed_from_u64(28);
+    let (b, tq, tk, hq, hkv, d, rd, max_pos) = (2, 24, 40, 4, 2, 64, 32, 128);
+    let cfg = fused_attn::RopeConfig {
+        theta: 10000.0,
+        rotary_dim: rd,
+        style: fused_attn::RopeStyle::Gptj,
+        scaling: fused_attn::RopeScaling::None,
+    };
+    let rope = fa::CandleRope::new(&cfg, max_pos, &Device::Cpu)?;
+    let table = fused_attn::reference::RopeRef::from_table(&cfg.table(max_pos)?, rd, cfg.style);
+    let dtype = DType::BF16;
+    let scale = 1.0 / (d as f64).sqrt();
+    let q = random(&[b, tq, hq, d], -1.0, 1.0, dtype, &mut rng)?;
+    let k = random(&[b, tk, hkv, d], -1.0, 1.0, dtype, &mut rng)?;
+    let v = random(&[b, tk, hkv, d], -0.5, 1.5, dtype, &mut rng)?;
+    let rotated = |q: &Tensor, positions: &[i64]| -> Result<Tensor> {
+        let mut x = values(q);
+        table.rotate_lowp(&mut x, d, hq, positions, fused_attn::DType::Bf16);
+        Tensor::from_vec(x, q.dims(), &Device::Cpu)?.to_dtype(dtype)
+    };
+    let judge = |what: &str, ours: &Tensor, q: &Tensor, q_rot: &Tensor| -> Result<()> {
+        let attend = |q: &Tensor, dt| candle_attention(q, &k, &v, scale, true, dt);
+        check(what, ours, &attend(q_rot, DType::F64)?, &attend(q_rot, dtype)?);
+        let unrotated = compare(&values(ours), &values(&attend(q, DType::F64)?), &values(&attend(q, dtype)?));
+        assert!(!unrotated.passed, "{what}: passes against the unrotated q too");
+        Ok(())
+    };
+    let bottom_right: Vec<i64> = (0..b * tq).map(|t| (t % tq + tk - tq) as i64).collect();
+    let ours = fa::flash_attn_rope(&q, &k, &v, scale as f32, true, &fa::Variants::default(), &rope, None)?;
+    judge("dense, bottom-right positions", &ours, &q, &rotated(&q, &bottom_right)?)?;
+    let positions: Vec<i32> = (0..b * tq).map(|_| rng.random_range(0..max_pos as i32)).collect();
+    let pt = Tensor::new(positions.as_slice(), &Device::Cpu)?;
+    let ours = fa::flash_attn_rope(&q, &k, &v, scale as f32, true, &fa::Variants::default(), &rope, Some(&pt))?;
+    let explicit: Vec<i64> = positions.iter().map(|&p| i64::from(p)).collect();
+    judge("dense, explicit positions", &ours, &q, &rotated(&q, &explicit)?)?;
+    // Varlen: the same two sequences packed.
+    let (seqlens_q, seqlens_k) = (
+        Tensor::new(&[0u32, tq as u32, 2 * tq as u32], &Device::Cpu)?,
+        Tensor::new(&[0u32, tk as u32, 2 * tk as u32], &Device::Cpu)?,
+    );
+    let lens = fa::VarlenLengths { seqlens_q: &seqlens_q, seqlens_k: &seqlens_k, max_seqlen_q: tq, max_seqlen_k: tk };
+    let pack = |t: &Tensor, n: usize, h: usize| t.reshape((b * n, h, d));
+    let ours = fa::flash_attn_varlen_rope(
+        &pack(&q, tq, hq)?,
+        &pack(&k, tk, hkv)?,
+        &pack(&v, tk, hkv)?,
+        &lens,
+        scale as f32,
+        true,
+        &fa::Variants::default(),
+        &rope,
+        None,
+    )?;
+    judge("varlen, bottom-right positions", &ours.reshape((b, tq, hq, d))?, &q, &rotated(&q, &bottom_right)?)?;
+    Ok(())
+}
+
 /// Builds a paged cache of `lens` tokens per sequence (pages in shuffled order, page size 16) through
 /// `paged_append`; returns the cache, block table, seq_lens and each sequence's contiguous K and V.
 struct Paged {

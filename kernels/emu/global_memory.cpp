@@ -139,6 +139,7 @@ void global_load(void *dst, const void *gmem, size_t bytes) {
   Launch &l = current_launch();
   const size_t r = l.global.check(*l.current, gmem, bytes, natural_alignment(bytes), false, "global load");
   l.counters.global_bytes_read[r] += bytes;
+  l.counters.global_loads[r] += 1;
   count_load(*l.current);
   memcpy(dst, gmem, bytes);
 }

@@ -1,7 +1,8 @@
 //! fused-attn as candle ops over `candle_core::Tensor` (feature `candle`): a drop-in for candle-flash-attn's
 //! [`flash_attn`] / [`flash_attn_varlen`] (same arguments, shapes and `CustomOp3` form), plus the paged-cache
 //! ops an engine's decode loop needs: [`paged_append`], [`paged_decode`] and [`merge_states`]; with fused
-//! rotary embeddings ([`CandleRope`], docs/rope.md): [`paged_append_rope`] and [`paged_decode_rope`].
+//! rotary embeddings ([`CandleRope`], docs/rope.md): [`paged_append_rope`], [`paged_decode_rope`], and q
+//! rotated in prefill ([`flash_attn_rope`], [`flash_attn_varlen_rope`]).
 //!
 //! - **CUDA tensors** (feature `candle-cuda`): the GPU kernels on candle's stream, reading candle's
 //!   `CudaSlice`s in place and writing new ones; no copies, no synchronisation.
@@ -102,6 +103,36 @@ pub struct FlashAttn {
     pub softmax_scale: f32,
     pub causal: bool,
     pub variants: Variants,
+    /// RoPE on q ([`flash_attn_rope`]), `None`: q taken as already rotated.
+    pub rope: Option<PrefillRope>,
+}
+
+/// RoPE on q in the prefill ops: the table, and int32 positions (one per query token: `[B·Tq]` dense,
+/// `[total_q]` varlen), or `None` for each row's bottom-right position `i + Tk − Tq` (docs/rope.md).
+#[derive(Clone, Debug)]
+pub struct PrefillRope {
+    pub rope: CandleRope,
+    pub positions: Option<Tensor>,
+}
+
+/// Runs `f` with the prefill options of a call on backend `S`: its mask and scale, the score variants of
+/// `variants` and the RoPE of `rope` (as views on that backend).
+fn with_prefill_options<S: Backing, R>(
+    variants: &Variants,
+    rope: Option<&PrefillRope>,
+    causal: bool,
+    scale: f32,
+    f: impl FnOnce(&PrefillOptions<'_>) -> candle_core::Result<R>,
+) -> candle_core::Result<R> {
+    variants.with_score_mod::<S, _>(|score_mod| {
+        let opts = PrefillOptions { causal, scale: Some(scale), score_mod, ..Default::default() };
+        match rope {
+            None => f(&opts),
+            Some(r) => {
+                r.rope.with_rope::<S, _>(r.positions.as_ref(), |rope| f(&PrefillOptions { rope: Some(rope), ..opts }))
+            }
+        }
+    })
 }
 
 impl FlashAttn {
@@ -119,14 +150,9 @@ impl FlashAttn {
             let (q, k, v) = (q.view::<T, 4>("q", q_l)?, k.view::<T, 4>("k", k_l)?, v.view::<T, 4>("v", v_l)?);
             let shape = q.shape();
             let mut o = backend.alloc::<T>(shape.iter().product(), Fill::Poison)?;
-            self.variants.with_score_mod::<S, _>(|score_mod| {
-                let opts = PrefillOptions {
-                    causal: self.causal,
-                    scale: Some(self.softmax_scale),
-                    score_mod,
-                    ..Default::default()
-                };
-                Ok(prefill(&backend.stream(), &q, &k, &v, &mut o.view(shape)?, None, &opts)?)
+            let (causal, scale) = (self.causal, self.softmax_scale);
+            with_prefill_options::<S, _>(&self.variants, self.rope.as_ref(), causal, scale, |opts| {
+                Ok(prefill(&backend.stream(), &q, &k, &v, &mut o.view(shape)?, None, opts)?)
             })?;
             Ok((S::from_out(o)?, Shape::from(shape.to_vec())))
         })
@@ -179,7 +205,25 @@ pub fn flash_attn_with(
     causal: bool,
     variants: &Variants,
 ) -> candle_core::Result<Tensor> {
-    q.apply_op3(k, v, FlashAttn { softmax_scale, causal, variants: variants.clone() })
+    q.apply_op3(k, v, FlashAttn { softmax_scale, causal, variants: variants.clone(), rope: None })
+}
+
+/// [`flash_attn_with`] with q rotated by `rope` (the sm_80 kernel's fused RoPE, docs/rope.md) at `positions`
+/// (int32 `[B·Tq]`, row i of sequence b at `b·Tq + i`) or, with `None`, at each row's bottom-right position
+/// `i + Tk − Tq`. k is taken as already rotated.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attn_rope(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    softmax_scale: f32,
+    causal: bool,
+    variants: &Variants,
+    rope: &CandleRope,
+    positions: Option<&Tensor>,
+) -> candle_core::Result<Tensor> {
+    let rope = Some(PrefillRope { rope: rope.clone(), positions: positions.cloned() });
+    q.apply_op3(k, v, FlashAttn { softmax_scale, causal, variants: variants.clone(), rope })
 }
 
 /// Variable-length prefill attention as a candle op (candle-flash-attn's `FlashAttnVarLen`, its window /
@@ -192,6 +236,8 @@ pub struct FlashAttnVarLen {
     pub seqlens_q: Tensor,
     pub seqlens_k: Tensor,
     pub variants: Variants,
+    /// RoPE on q ([`flash_attn_varlen_rope`]), `None`: q taken as already rotated.
+    pub rope: Option<PrefillRope>,
 }
 
 impl FlashAttnVarLen {
@@ -214,26 +260,11 @@ impl FlashAttnVarLen {
             let shape = q.shape();
             // Rows past seqlens_q[B] are not written by the kernel: they read as zeros.
             let mut o = backend.alloc::<T>(shape.iter().product(), Fill::Zero)?;
-            self.variants.with_score_mod::<S, _>(|score_mod| {
-                let opts = PrefillOptions {
-                    causal: self.causal,
-                    scale: Some(self.softmax_scale),
-                    score_mod,
-                    ..Default::default()
-                };
-                Ok(prefill_varlen(
-                    &backend.stream(),
-                    &q,
-                    &k,
-                    &v,
-                    &cu_q,
-                    &cu_k,
-                    self.max_seqlen_q,
-                    self.max_seqlen_k,
-                    &mut o.view(shape)?,
-                    None,
-                    &opts,
-                )?)
+            let (causal, scale) = (self.causal, self.softmax_scale);
+            with_prefill_options::<S, _>(&self.variants, self.rope.as_ref(), causal, scale, |opts| {
+                let (max_q, max_k) = (self.max_seqlen_q, self.max_seqlen_k);
+                let mut o = o.view(shape)?;
+                Ok(prefill_varlen(&backend.stream(), &q, &k, &v, &cu_q, &cu_k, max_q, max_k, &mut o, None, opts)?)
             })?;
             Ok((S::from_out(o)?, Shape::from(shape.to_vec())))
         })
@@ -307,6 +338,39 @@ pub fn flash_attn_varlen_with(
     causal: bool,
     variants: &Variants,
 ) -> candle_core::Result<Tensor> {
+    apply_varlen(q, k, v, lens, softmax_scale, causal, variants, None)
+}
+
+/// [`flash_attn_varlen_with`] with q rotated by `rope` at `positions` (int32 `[total_q]`, one per packed
+/// query token) or, with `None`, at each row's bottom-right position `i + Tk_b − Tq_b` of its sequence.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attn_varlen_rope(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    lens: &VarlenLengths<'_>,
+    softmax_scale: f32,
+    causal: bool,
+    variants: &Variants,
+    rope: &CandleRope,
+    positions: Option<&Tensor>,
+) -> candle_core::Result<Tensor> {
+    let rope = Some(PrefillRope { rope: rope.clone(), positions: positions.cloned() });
+    apply_varlen(q, k, v, lens, softmax_scale, causal, variants, rope)
+}
+
+/// The [`FlashAttnVarLen`] op of a call.
+#[allow(clippy::too_many_arguments)]
+fn apply_varlen(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    lens: &VarlenLengths<'_>,
+    softmax_scale: f32,
+    causal: bool,
+    variants: &Variants,
+    rope: Option<PrefillRope>,
+) -> candle_core::Result<Tensor> {
     let op = FlashAttnVarLen {
         softmax_scale,
         causal,
@@ -315,6 +379,7 @@ pub fn flash_attn_varlen_with(
         seqlens_q: lens.seqlens_q.clone(),
         seqlens_k: lens.seqlens_k.clone(),
         variants: variants.clone(),
+        rope,
     };
     q.apply_op3(k, v, op)
 }

@@ -50,6 +50,12 @@ pub struct PrefillOptions<'a> {
     pub kernel: PrefillKernel,
     /// The sm_90a kernel's tuning steps, all on by default ([`Sm90Steps`]: A/B switches for timing them).
     pub sm90_steps: Sm90Steps,
+    /// Rotary embedding of q ([`crate::rope`], docs/rope.md), `None` by default: query row i of sequence b
+    /// rotated at `rope.positions[q_row0_b + i]` (one int32 per query token: `[B·Tq]` dense, `b·Tq + i`;
+    /// `[total_q]` varlen, `cu_seqlens_q[b] + i`) or, without positions, at its bottom-right position
+    /// `i + Tk − Tq` (the causal mask's; clamped to 0 when negative). K is taken as already rotated. Fused in
+    /// the sm_80 kernel only: `Auto` runs that kernel, `Sm90` is an Unsupported error.
+    pub rope: Option<crate::rope::Rope<'a>>,
 }
 
 /// Longest sequence prefill accepts (positions plus window bounds stay inside the kernel's int32).
@@ -169,7 +175,17 @@ fn shared_params<T: Element>(
 ) -> Result<(sm90::Choice, sys::FaPrefillParams)> {
     let scale = softmax_scale(opts.scale, head_dim)?;
     opts.score_mod.check_values()?;
-    let choice = sm90::choose(stream, opts.kernel, head_dim, opts.causal, &opts.score_mod, opts.sm90_steps)?;
+    let kernel = match (opts.rope.is_some(), opts.kernel) {
+        (true, PrefillKernel::Sm90) => {
+            return Err(Error::unsupported(
+                "prefill kernel sm90",
+                "RoPE is fused in the sm80 kernel only (docs/rope.md)",
+            ))
+        }
+        (true, _) => PrefillKernel::Sm80,
+        (false, kernel) => kernel,
+    };
+    let choice = sm90::choose(stream, kernel, head_dim, opts.causal, &opts.score_mod, opts.sm90_steps)?;
     let params = sys::FaPrefillParams {
         heads_q: to_i32("q (heads)", heads_q)?,
         heads_kv: to_i32("k (heads)", heads_kv)?,
@@ -260,6 +276,7 @@ pub fn prefill<T: Element>(
     let lse_strides = lse.as_deref().map(|l| l.strides()).unwrap_or_default();
     let mut launch = Launch::new(*stream);
     let score_mod = opts.score_mod.abi(&mut launch, batch, heads_q)?;
+    let rope = rope_abi(&mut launch, opts, head_dim, batch * seqlen_q)?;
     let params = take_pointers(&mut launch, [q, k, v], seqlen_k > 0, o, lse, params)?;
     let params = sys::FaPrefillParams {
         q_batch_stride: qs[0],
@@ -277,6 +294,7 @@ pub fn prefill<T: Element>(
         lse_batch_stride: lse_strides[0],
         lse_head_stride: lse_strides[1],
         score_mod,
+        rope,
         ..params
     };
     let op = |ptr, rows, heads, s: [i64; 4]| sm90::Operand {
@@ -294,6 +312,19 @@ pub fn prefill<T: Element>(
         o: Some(op(params.o.cast_const(), seqlen_q, heads_q, os)),
     };
     sm90::run(launch, "prefill", stream, opts, choice, params, &ops)
+}
+
+/// The call's RoPE for the kernel (off without one): `query_rows` positions, optional.
+fn rope_abi<'l>(
+    launch: &mut Launch<'l>,
+    opts: &PrefillOptions<'l>,
+    head_dim: usize,
+    query_rows: usize,
+) -> Result<sys::FaRope> {
+    match &opts.rope {
+        Some(r) => r.abi(launch, head_dim, query_rows, false),
+        None => Ok(sys::FaRope::default()),
+    }
 }
 
 /// Sequences (and packed totals) longer than [`MAX_PREFILL_SEQLEN`] are Overflow errors.
@@ -412,6 +443,7 @@ pub fn prefill_varlen<T: Element>(
     let lse_head_stride = lse.as_deref().map(|l| l.strides()[0]).unwrap_or(0);
     let mut launch = Launch::new(*stream);
     let score_mod = opts.score_mod.abi(&mut launch, batch, heads_q)?;
+    let rope = rope_abi(&mut launch, opts, head_dim, total_q)?;
     let params = take_pointers(&mut launch, [q, k, v], total_k > 0, o, lse, params)?;
     let cu_q_ptr = launch.input(c"cu_seqlens_q", cu_seqlens_q, 4)?;
     let cu_k_ptr = launch.input(c"cu_seqlens_k", cu_seqlens_k, 4)?;
@@ -428,6 +460,7 @@ pub fn prefill_varlen<T: Element>(
         o_head_stride: os[1],
         lse_head_stride,
         score_mod,
+        rope,
         ..params
     };
     // Varlen maps: all packed rows, a batch of 1 (a sequence starts at its cu_seqlens row).

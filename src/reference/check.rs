@@ -125,7 +125,11 @@ pub fn check_prefill<T: Element>(
     let [_, tk, hkv, _] = k.shape();
     let p = Problem { scale: scale_of(opts.scale, d), ..Problem::new(b, hq, hkv, tq, tk, d, opts.causal) };
     let var = HostVariants::read(&opts.score_mod, b, hq)?;
-    let (fq, fk, fv) = (host_f64("q", q)?, host_f64("k", k)?, host_f64("v", v)?);
+    let (mut fq, fk, fv) = (host_f64("q", q)?, host_f64("k", k)?, host_f64("v", v)?);
+    // RoPE: token (b, i) at positions[b·Tq + i], or at its bottom-right position i + Tk − Tq.
+    rotate_q::<T>(opts.rope.as_ref(), &mut fq, d, hq, || {
+        (0..b * tq).map(|t| (t % tq) as i64 + tk as i64 - tq as i64).collect()
+    })?;
     judge(|ar| dense(&p, &var.view(), ar, &fq, &fk, &fv), o, lse, PREFILL_LSE_ATOL)
 }
 
@@ -147,7 +151,9 @@ pub fn check_prefill_varlen<T: Element>(
     let (cq, ck) = (host_elements("cu_seqlens_q", cu_seqlens_q)?, host_elements("cu_seqlens_k", cu_seqlens_k)?);
     let var = HostVariants::read(&opts.score_mod, cq.len().saturating_sub(1), hq)?;
     let scale = scale_of(opts.scale, d);
-    let (fq, fk, fv) = (host_f64("q", q)?, host_f64("k", k)?, host_f64("v", v)?);
+    let (mut fq, fk, fv) = (host_f64("q", q)?, host_f64("k", k)?, host_f64("v", v)?);
+    // RoPE: packed token t of sequence b at positions[t], or at t − cu_q[b] + Tk_b − Tq_b.
+    rotate_q::<T>(opts.rope.as_ref(), &mut fq, d, hq, || bottom_right_positions(&cq, |b| ck[b + 1] - ck[b], q.dim(0)))?;
     let run = |ar| varlen(hq, hkv, d, opts.causal, scale, &var.view(), ar, &cq, &ck, &fq, &fk, &fv);
     judge(run, o, lse, PREFILL_LSE_ATOL)
 }
@@ -163,17 +169,8 @@ pub fn check_decode<T: Element, C: KvElement>(
 ) -> Result<Check> {
     let [b, hq, d] = q.shape();
     let (data, var, mut fq) = paged_inputs(q, cache, &opts.score_mod, b)?;
-    // RoPE: q rotated at each sequence's position (explicit, or seq_len - 1) as the op defines it: in fp32,
-    // rounded to T (the attention's operand; docs/rope.md). Both the reference and the naive twin attend
-    // over that q, so the rotation adds no slack to the tolerance.
-    if let Some(rope) = &opts.rope {
-        let table = super::RopeRef::from_view(rope)?;
-        let positions: Vec<i64> = match rope.positions {
-            Some(p) => host_elements("rope_positions", p)?.into_iter().map(i64::from).collect(),
-            None => data.seq_lens.iter().map(|&n| i64::from(n) - 1).collect(),
-        };
-        table.rotate_lowp(&mut fq, d, hq, &positions, T::DTYPE);
-    }
+    // RoPE: q rotated at each sequence's position (explicit, or seq_len - 1).
+    rotate_q::<T>(opts.rope.as_ref(), &mut fq, d, hq, || data.seq_lens.iter().map(|&n| i64::from(n) - 1).collect())?;
     let scale = scale_of(opts.scale, d);
     judge(|ar| paged_decode(hq, scale, &var.view(), ar, &fq, &data.cache()), o, lse, PAGED_LSE_ATOL)
 }
@@ -189,8 +186,11 @@ pub fn check_paged_prefill<T: Element, C: KvElement>(
     opts: &PagedPrefillOptions<'_>,
 ) -> Result<Check> {
     let [_, hq, d] = q.shape();
-    let (data, var, fq) = paged_inputs(q, cache, &opts.score_mod, cache.batch())?;
+    let (data, var, mut fq) = paged_inputs(q, cache, &opts.score_mod, cache.batch())?;
     let cu = host_elements("cu_seqlens_q", cu_seqlens_q)?;
+    // RoPE: packed token t of sequence b at positions[t], or at its place in the cache t − cu[b] + seq_len_b
+    // − q_len_b.
+    rotate_q::<T>(opts.rope.as_ref(), &mut fq, d, hq, || bottom_right_positions(&cu, |b| data.seq_lens[b], q.dim(0)))?;
     let scale = scale_of(opts.scale, d);
     let run = |ar| paged_prefill(hq, opts.causal, scale, &var.view(), ar, &cu, &fq, &data.cache());
     judge(run, o, lse, PAGED_LSE_ATOL)
@@ -206,6 +206,41 @@ fn paged_inputs<T: Element, C: KvElement>(
     let data = PagedCacheData::from_host(cache)?;
     let var = HostVariants::read(score_mod, batch, q.dim(1))?;
     Ok((data, var, host_f64("q", q)?))
+}
+
+/// Rotates the query rows `q` (tokens of `heads` rows of `d`) as the ops define it: in fp32 from the table,
+/// rounded to T (the attention's operand; docs/rope.md), at `rope.positions` (one per token) or else at
+/// `default_positions()`. Nothing without RoPE. Both the reference and the naive twin attend over that q, so
+/// the rotation adds no slack to the tolerance.
+fn rotate_q<T: Element>(
+    rope: Option<&crate::rope::Rope<'_>>,
+    q: &mut [f64],
+    d: usize,
+    heads: usize,
+    default_positions: impl FnOnce() -> Vec<i64>,
+) -> Result<()> {
+    let Some(rope) = rope else { return Ok(()) };
+    let table = super::RopeRef::from_view(rope)?;
+    let positions: Vec<i64> = match rope.positions {
+        Some(p) => host_elements("rope_positions", p)?.into_iter().map(i64::from).collect(),
+        None => default_positions(),
+    };
+    table.rotate_lowp(q, d, heads, &positions, T::DTYPE);
+    Ok(())
+}
+
+/// The bottom-right position of each of `rows` packed query tokens: token t of sequence b (`cu[b] <= t <
+/// cu[b + 1]`) at `t − cu[b] + keys(b) − q_len_b`; tokens outside every sequence at 0.
+fn bottom_right_positions(cu: &[i32], keys: impl Fn(usize) -> i32, rows: usize) -> Vec<i64> {
+    let mut positions = vec![0i64; rows];
+    for b in 0..cu.len().saturating_sub(1) {
+        let (q0, q1) = (cu[b].max(0) as usize, (cu[b + 1].max(0) as usize).min(rows));
+        let delta = i64::from(keys(b)) - i64::from(cu[b + 1] - cu[b]);
+        for (t, pos) in positions.iter_mut().enumerate().take(q1).skip(q0) {
+            *pos = (t - q0) as i64 + delta;
+        }
+    }
+    positions
 }
 
 const PREFILL_LSE_ATOL: f64 = 1e-4;

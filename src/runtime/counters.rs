@@ -25,6 +25,9 @@ pub struct BufferTraffic {
     pub read: u64,
     /// Bytes stored: `st_global`, atomics (4 each).
     pub written: u64,
+    /// Load instructions (`ld_global`, one per lane, any width): the requests behind `read`'s bytes, not
+    /// counting cp.async and atomics. Vectorised loads show here as fewer requests for the same bytes.
+    pub loads: u64,
 }
 
 /// Declares [`KernelCounters`] from one list of the executor's scalar counters, each a field of the same name in
@@ -72,6 +75,7 @@ macro_rules! kernel_counters {
                         Some(x) => {
                             x.read += b.read;
                             x.written += b.written;
+                            x.loads += b.loads;
                         }
                         None => self.buffers.push(b.clone()),
                     }
@@ -96,6 +100,7 @@ macro_rules! kernel_counters {
                         size: r.bytes,
                         read: c.global_bytes_read.get(i).copied().unwrap_or(0),
                         written: c.global_bytes_written.get(i).copied().unwrap_or(0),
+                        loads: c.global_loads.get(i).copied().unwrap_or(0),
                     })
                     .collect();
                 Self {
@@ -209,6 +214,10 @@ impl KernelCounters {
     /// Bytes written to the buffer named `name` (0 if the launch did not list it).
     pub fn written_of(&self, name: &str) -> u64 {
         self.buffer(name).map_or(0, |b| b.written)
+    }
+    /// Load instructions (per lane) from the buffer named `name` (0 if the launch did not list it).
+    pub fn loads_of(&self, name: &str) -> u64 {
+        self.buffer(name).map_or(0, |b| b.loads)
     }
 
     /// Mean global bytes read per active CTA (0 with none).

@@ -31,6 +31,7 @@ mod poison;
 mod prefill;
 mod prefill_sm90;
 mod rope;
+mod rope_prefill;
 mod runner;
 mod schedule;
 mod tile_policy;

@@ -15,7 +15,7 @@
 use crate::common;
 
 use fused_attn::decode::{DecodeOptions, DecodeWorkspace};
-use fused_attn::reference::{check_decode, RopeRef};
+use fused_attn::reference::{check_decode, Check, RopeRef};
 use fused_attn::testkit::cases::decode::{decode_on_host, DecodeCase, PagedFixture};
 use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::testkit::rope::PoisonedTable;
@@ -348,6 +348,12 @@ fn check_decode_rope<T: Element>(
     let with = check_decode(&q, &cache, &ov, Some(&lv), &opts).unwrap();
     // The check can fail: the same output judged as if q had not been rotated must not pass.
     let without = check_decode(&q, &cache, &ov, Some(&lv), &DecodeOptions { rope: None, ..opts }).unwrap();
+    with_and_without(with, without)
+}
+
+/// An output judged with RoPE (`with`) and as if q had not been rotated (`without`): the first must pass and
+/// the second fail, else the check could not tell a rotated q from an unrotated one.
+pub(crate) fn with_and_without(with: Check, without: Check) -> Result<String, String> {
     if !with.passed() {
         return Err(format!("{with}"));
     }
@@ -777,4 +783,58 @@ fn decode_harness_runs_rope_cases() {
 /// Fails naming the cases in `failed` (each printed its result) and the command that reruns `test`.
 fn assert_none_failed(failed: &[usize], test: &str) {
     assert!(failed.is_empty(), "cases {failed:?} failed; {}", common::rerun("rope", test, None));
+}
+
+/// Append reads the table with 16-byte loads: per 8-element group of a rotated K row, 2 loads of cos and 2 of
+/// sin (NeoX: 8 pairs) or 1 + 1 (GPT-J: 4 pairs), where scalar loads took 8 + 8. A table view that is not 16-byte aligned takes the scalar path (one cos and one sin load per
+/// rotated element), and the cache is the same bits either way.
+#[test]
+fn append_reads_the_table_with_vector_loads() {
+    let emu = Emulator::new();
+    let stream = Stream::Emu(&emu);
+    let (n, hkv, d, rd, max_pos) = (12, 2, 128, 128, 32);
+    let k: Vec<bf16> = (0..n * hkv * d).map(|i| bf16::from_f32(((i * 7) % 23) as f32 * 0.05 - 0.5)).collect();
+    let slots: Vec<i64> = (0..n as i64).map(|t| if t % 4 == 1 { -1 } else { t }).collect();
+    let rows = (slots.iter().filter(|&&s| s >= 0).count() * hkv) as u64;
+    let positions: Vec<i32> = (0..n as i32).map(|t| 2 * t + 1).collect();
+    let pv = TensorView::host(&positions, [n]).unwrap();
+    for style in [RopeStyle::Neox, RopeStyle::Gptj] {
+        let t = RopeConfig::new(10000.0, rd, style).table(max_pos).unwrap();
+        // The table twice: at a 16-byte aligned offset, and one float past it (unaligned).
+        let mut buf = vec![0.0f32; 2 * t.cos.len() + 8];
+        let aligned = buf.as_ptr().align_offset(16);
+        let mut caches = Vec::new();
+        let mut loads = Vec::new();
+        for off in [aligned, aligned + 1] {
+            let len = t.cos.len();
+            buf[off..off + len].copy_from_slice(&t.cos);
+            let mut sin_buf = vec![0.0f32; len + 8];
+            let s_off = sin_buf.as_ptr().align_offset(16) + (off - aligned);
+            sin_buf[s_off..s_off + len].copy_from_slice(&t.sin);
+            let cos = TensorView::host(&buf[off..off + len], [max_pos, rd / 2]).unwrap();
+            let sin = TensorView::host(&sin_buf[s_off..s_off + len], [max_pos, rd / 2]).unwrap();
+            let rope = Rope { cos: &cos, sin: &sin, rotary_dim: rd, style, positions: Some(&pv) };
+            caches.push(
+                run_append::<bf16, bf16>(&stream, [2, 8, hkv, d], bf16::NAN, None, &k, &k, &slots, Some(rope)).unwrap(),
+            );
+            let c = emu.last_launch_counters().unwrap().kernels[0].clone();
+            eprintln!(
+                "{style:?} table offset {}: cos {} loads / {} bytes, sin {} loads / {} bytes",
+                off - aligned,
+                c.loads_of("rope_cos"),
+                c.read_of("rope_cos"),
+                c.loads_of("rope_sin"),
+                c.read_of("rope_sin")
+            );
+            loads.push([c.loads_of("rope_cos"), c.read_of("rope_cos"), c.loads_of("rope_sin"), c.read_of("rope_sin")]);
+        }
+        assert!(caches[0].0.iter().zip(&caches[1].0).all(|(a, b)| same_value(*a, *b)), "the paths differ");
+        let groups = rows * (rd / 8) as u64;
+        let per_group = if style == RopeStyle::Neox { 2 } else { 1 };
+        // NeoX: the same 32 bytes per group in 2 requests instead of 8; GPT-J: its 4 pairs' 16 bytes once,
+        // where each of the 8 elements read its pair's entry (32 bytes).
+        let bytes = groups * per_group * 16;
+        assert_eq!(loads[0], [groups * per_group, bytes, groups * per_group, bytes], "vectorised");
+        assert_eq!(loads[1], [groups * 8, groups * 32, groups * 8, groups * 32], "scalar fallback");
+    }
 }

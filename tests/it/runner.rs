@@ -314,6 +314,37 @@ fn variant_flags_run_and_are_recorded() {
     assert_one_line_error(&fused_attn("run --softcap -1"), 2, "--softcap -1");
 }
 
+/// `run --op paged-prefill --rope-theta …`: q rotated in the kernel (default and explicit positions, a
+/// partial-rotary YaRN table) passes against the reference, the label says so, and --dump writes the
+/// poisoned table and each query token's position `[B, Tq]` (q unrotated).
+#[test]
+fn run_emulated_paged_prefill_with_rope_passes_and_dumps_positions() {
+    let dir = std::env::temp_dir().join(format!("fa-runner-pp-rope-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    for positions in ["last", "explicit"] {
+        let o = fused_attn(&format!(
+            "run --backend emu --op paged-prefill --batch 2 --heads 4 --kv-heads 2 --seqlen-q 6 --seqlen-k 90 \
+             --head-dim 64 --page-size 16 --rope-theta 10000 --rope-style gptj --rotary-dim 32 \
+             --rope-scaling yarn:4:2048 --rope-positions {positions} --json --seed 5 --dump {}",
+            dir.display()
+        ));
+        assert_eq!(o.status.code(), Some(0), "{positions}: {}", stderr(&o));
+        let r = &json_rows(&o)[0];
+        assert_eq!((&r["op"], &r["passed"]), (&"paged-prefill".into(), &true.into()), "{r}");
+        assert!(r["label"].as_str().unwrap_or_default().contains("rope=Gptj rd=32"), "{r}");
+        assert_eq!(npy_header(&dir.join("rope_cos.npy")), ("<f4".to_string(), vec![1 << 15, 16 + 3]));
+        assert_eq!(npy_header(&dir.join("rope_positions.npy")), ("<i4".to_string(), vec![2, 6]));
+        if positions == "last" {
+            // Each query token's place in its cache: 84..89 for both sequences.
+            let b = std::fs::read(dir.join("rope_positions.npy")).unwrap();
+            let pos: Vec<i32> =
+                b[b.len() - 48..].chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
+            assert_eq!(pos, [84, 85, 86, 87, 88, 89, 84, 85, 86, 87, 88, 89]);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Reads a .npy header: (descr, shape), and checks the file length against them.
 fn npy_header(path: &Path) -> (String, Vec<usize>) {
     let b = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));

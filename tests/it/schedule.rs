@@ -168,6 +168,7 @@ fn windowed_paged_prefill_plans_over_the_window() {
         shared_prefix: 0,
         variants: Default::default(),
         kv: KvFormat::Sixteen,
+        rope: None,
         kernel: Default::default(),
     };
     c.variants.window = Some((128, 0));

@@ -58,6 +58,31 @@ typedef struct FaScoreMod {
 } FaScoreMod;
 
 /* ---------------------------------------------------------------------------------------------------------
+ * Rotary position embedding (docs/rope.md), fused into the ops that read Q or K. The kernels rotate by a
+ * precomputed fp32 table (the host builds it: src/rope.rs; any frequency scheme, YaRN's attention factor
+ * folded in): cos[p * cos_stride + i], sin[p * sin_stride + i] for position p < max_pos and pair i <
+ * rotary_dim / 2. Pair i of a head row x is
+ *   FA_ROPE_NEOX (rotate-half):  (x[i], x[i + rotary_dim/2])
+ *   FA_ROPE_GPTJ (interleaved):  (x[2i], x[2i + 1])
+ * and becomes (a, b) -> (fmaf(a, c, -(b * s)), fmaf(b, c, a * s)) in fp32 (c, s the table entries; the fma
+ * pins the rounding, so the GPU, the emulator and the Rust model agree bit for bit). Dims >= rotary_dim pass
+ * through. rotary_dim is even, 2..head_dim. cos == NULL: no rotation (the kernels run their plain path).
+ * positions: int32 device data (append: one per new token; decode: one per sequence, or NULL for each
+ * sequence's last position seq_len - 1; prefill and paged prefill: one per query token, or NULL for the
+ * bottom-right positions the causal mask uses); a position outside [0, max_pos) is clamped into the table (memory
+ * safety; the Rust layer rejects it where it can read it). The table rows and columns no position addresses
+ * are never read.
+ * ------------------------------------------------------------------------------------------------------- */
+enum { FA_ROPE_NEOX = 0, FA_ROPE_GPTJ = 1 };
+typedef struct FaRope {
+  const float *cos;
+  const float *sin;
+  int64_t cos_stride, sin_stride; /* row strides, elements */
+  const int32_t *positions;
+  int32_t max_pos, rotary_dim, style;
+} FaRope;
+
+/* ---------------------------------------------------------------------------------------------------------
  * Prefill: O = softmax(Q Kᵀ · scale) V, fused.
  * Dense:  q [B, Tq, Hq, D], k/v [B, Tk, Hkv, D], o like q, lse [B, Hq, Tq] (natural log) or NULL.
  * Varlen: cu_seqlens_q/k non-NULL (int32, B+1): q [total_q, Hq, D], k/v [total_k, Hkv, D]; batch strides
@@ -90,6 +115,12 @@ typedef struct FaPrefillParams {
   float scale;      /* softmax scale (1/sqrt(D) by default) */
   float scale_log2; /* scale * log2(e): the kernel works in the exp2 domain */
   FaScoreMod score_mod;
+  /* Rotary embedding of q (rope.cos != NULL; the sm_80 kernels only: they run the _mod kernel of the width,
+   * and fa_prefill_sm90 refuses it): query row i of sequence b rotated at rope.positions[q_row0_b + i]
+   * (q_row0_b = b * seqlen_q dense, cu_seqlens_q[b] varlen: one int32 per query token) or, with positions
+   * NULL, at its bottom-right position i + (Tk - Tq) (clamped to 0 when negative), after it is loaded and
+   * before the first score (rounded to dtype, never written back). K is taken as already rotated. */
+  FaRope rope;
 } FaPrefillParams;
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -137,30 +168,6 @@ typedef struct FaPagedCache {
   const float *k_scale;      /* FP8: dequantisation scales (see above) */
   const float *v_scale;
 } FaPagedCache;
-
-/* ---------------------------------------------------------------------------------------------------------
- * Rotary position embedding (docs/rope.md), fused into the ops that read Q or K. The kernels rotate by a
- * precomputed fp32 table (the host builds it: src/rope.rs; any frequency scheme, YaRN's attention factor
- * folded in): cos[p * cos_stride + i], sin[p * sin_stride + i] for position p < max_pos and pair i <
- * rotary_dim / 2. Pair i of a head row x is
- *   FA_ROPE_NEOX (rotate-half):  (x[i], x[i + rotary_dim/2])
- *   FA_ROPE_GPTJ (interleaved):  (x[2i], x[2i + 1])
- * and becomes (a, b) -> (fmaf(a, c, -(b * s)), fmaf(b, c, a * s)) in fp32 (c, s the table entries; the fma
- * pins the rounding, so the GPU, the emulator and the Rust model agree bit for bit). Dims >= rotary_dim pass
- * through. rotary_dim is even, 2..head_dim. cos == NULL: no rotation (the kernels run their plain path).
- * positions: int32 device data (append: one per new token; decode: one per sequence, or NULL for each
- * sequence's last position seq_len - 1); a position outside [0, max_pos) is clamped into the table (memory
- * safety; the Rust layer rejects it where it can read it). The table rows and columns no position addresses
- * are never read.
- * ------------------------------------------------------------------------------------------------------- */
-enum { FA_ROPE_NEOX = 0, FA_ROPE_GPTJ = 1 };
-typedef struct FaRope {
-  const float *cos;
-  const float *sin;
-  int64_t cos_stride, sin_stride; /* row strides, elements */
-  const int32_t *positions;
-  int32_t max_pos, rotary_dim, style;
-} FaRope;
 
 /* Append: write new tokens' K/V ([num_tokens, Hkv, D], head_dim a multiple of 8) into cache slots.
  * slot_mapping int64 [num_tokens]: slot = page * page_size + offset; a negative slot is padding and is
@@ -285,6 +292,11 @@ typedef struct FaPagedPrefillParams {
   float scale;
   float scale_log2;
   FaScoreMod score_mod;
+  /* Rotary embedding of q (rope.cos != NULL; runs the _mod kernel of the width): query token t of sequence b
+   * rotated at rope.positions[cu_seqlens_q[b] + t] (one int32 per packed query token) or, with positions
+   * NULL, at its bottom-right position t + (seq_len_b - q_len_b). The cache's K must have been rotated by
+   * the same table (append with rope). */
+  FaRope rope;
 } FaPagedPrefillParams;
 
 /* Merge of attention states: num_states partial results (o_s, lse_s) of the same rows, each the attention of
@@ -346,6 +358,7 @@ typedef struct FaEmuCounters {
   uint64_t max_block_mma, active_mma;
   uint64_t global_bytes_read[FA_EMU_MAX_REGIONS];    /* loads, cp.async sources (predicate true), atomics */
   uint64_t global_bytes_written[FA_EMU_MAX_REGIONS]; /* stores, atomics */
+  uint64_t global_loads[FA_EMU_MAX_REGIONS]; /* load instructions (ld_global, one per lane): the requests */
   uint64_t mma;              /* mma.m16n8k16 warp instructions */
   uint64_t ldmatrix;         /* ldmatrix warp instructions (any .x, .trans or not) */
   uint64_t shuffles;         /* shfl warp instructions */

@@ -267,21 +267,21 @@ pub struct RunArgs {
     /// Attention sinks: a logit per query head, N(0, 1) from --seed [prefill, decode].
     #[arg(long)]
     pub sinks: bool,
-    /// RoPE on q, fused [decode]: the base θ (e.g. 10000, 500000); unset = q taken as already rotated.
+    /// RoPE on q, fused [decode, paged-prefill]: the base θ (e.g. 10000, 500000); unset = q taken as already rotated.
     #[arg(long, value_name = "THETA")]
     pub rope_theta: Option<f64>,
-    /// RoPE pair layout: neox (rotate-half) or gptj (interleaved) [decode, with --rope-theta].
+    /// RoPE pair layout: neox (rotate-half) or gptj (interleaved) [decode, paged-prefill, with --rope-theta].
     #[arg(long, value_enum, default_value_t = RopeStyleArg::Neox, value_name = "STYLE")]
     pub rope_style: RopeStyleArg,
-    /// Rotated dims, even, <= --head-dim (partial rotary) [decode, with --rope-theta] [default: --head-dim].
+    /// Rotated dims, even, <= --head-dim (partial rotary) [decode, paged-prefill, with --rope-theta] [default: --head-dim].
     #[arg(long, value_name = "N")]
     pub rotary_dim: Option<usize>,
-    /// Frequency scheme [decode, with --rope-theta]: none, linear:F, ntk:F, llama3 (3.1's 8/1/4/8192) or
+    /// Frequency scheme [decode, paged-prefill, with --rope-theta]: none, linear:F, ntk:F, llama3 (3.1's 8/1/4/8192) or
     /// llama3:F:LOW:HIGH:ORIG, yarn:F:ORIG (β 32/1).
     #[arg(long, default_value = "none", value_name = "SCHEME")]
     pub rope_scaling: String,
-    /// RoPE positions: `last` (each sequence's seq_len - 1) or `explicit` (drawn from --seed) [decode,
-    /// with --rope-theta].
+    /// RoPE positions: `last` (decode: each sequence's seq_len - 1; paged-prefill: each token's place in the
+    /// cache) or `explicit` (drawn from --seed) [decode, paged-prefill, with --rope-theta].
     #[arg(long, value_enum, default_value_t = RopePositionsArg::Last, value_name = "KIND")]
     pub rope_positions: RopePositionsArg,
     #[command(flatten)]
@@ -516,11 +516,36 @@ const OP_ONLY: [(&str, &str, &[Op], &str); 15] = [
     ("paged_kernel", "--paged-kernel", &[Op::PagedPrefill], "only paged prefill has two kernels"),
     ("kv_dtype", "--kv-dtype", &[Op::Decode, Op::PagedPrefill], "prefill reads contiguous 16-bit K/V"),
     ("kv_scale", "--kv-scale", &[Op::Decode, Op::PagedPrefill], "prefill reads contiguous 16-bit K/V"),
-    ("rope_theta", "--rope-theta", &[Op::Decode], "fused RoPE is not in this op yet (docs/rope.md)"),
-    ("rope_style", "--rope-style", &[Op::Decode], "fused RoPE is not in this op yet (docs/rope.md)"),
-    ("rotary_dim", "--rotary-dim", &[Op::Decode], "fused RoPE is not in this op yet (docs/rope.md)"),
-    ("rope_scaling", "--rope-scaling", &[Op::Decode], "fused RoPE is not in this op yet (docs/rope.md)"),
-    ("rope_positions", "--rope-positions", &[Op::Decode], "fused RoPE is not in this op yet (docs/rope.md)"),
+    (
+        "rope_theta",
+        "--rope-theta",
+        &[Op::Decode, Op::PagedPrefill],
+        "not in the runner's dense prefill yet (docs/rope.md)",
+    ),
+    (
+        "rope_style",
+        "--rope-style",
+        &[Op::Decode, Op::PagedPrefill],
+        "not in the runner's dense prefill yet (docs/rope.md)",
+    ),
+    (
+        "rotary_dim",
+        "--rotary-dim",
+        &[Op::Decode, Op::PagedPrefill],
+        "not in the runner's dense prefill yet (docs/rope.md)",
+    ),
+    (
+        "rope_scaling",
+        "--rope-scaling",
+        &[Op::Decode, Op::PagedPrefill],
+        "not in the runner's dense prefill yet (docs/rope.md)",
+    ),
+    (
+        "rope_positions",
+        "--rope-positions",
+        &[Op::Decode, Op::PagedPrefill],
+        "not in the runner's dense prefill yet (docs/rope.md)",
+    ),
 ];
 
 /// A flag the user gave for an op it does not apply to.
@@ -627,6 +652,8 @@ mod tests {
             RopeScaling::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_pos: 8192 }
         );
         assert!(run("run --op decode").rope().unwrap().is_none());
+        let r = run("run --op paged-prefill --rope-theta 10000 --rope-positions explicit").rope().unwrap().unwrap();
+        assert_eq!((r.config.theta, r.explicit_positions), (10000.0, true));
         for bad in [
             "run --op decode --rope-theta 10000 --rotary-dim 7",
             "run --op decode --rope-theta 10000 --rotary-dim 256",
@@ -634,7 +661,6 @@ mod tests {
             "run --op decode --rope-theta 10000 --rope-scaling cubic:2",
             "run --op decode --rope-style gptj",
             "run --op prefill --rope-theta 10000",
-            "run --op paged-prefill --rope-theta 10000",
         ] {
             assert!(matches!(p(bad), Err(e) if e.kind() == &fused_attn::ErrorKind::Usage), "{bad}");
         }

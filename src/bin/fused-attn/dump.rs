@@ -15,10 +15,11 @@ use std::fs::File;
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 
-use fused_attn::testkit::cases::decode::{DecodeRun, PagedFixture};
+use fused_attn::testkit::cases::decode::DecodeRun;
 use fused_attn::testkit::cases::kv::PagedHost;
 use fused_attn::testkit::cases::paged_prefill::PagedPrefillRun;
 use fused_attn::testkit::cases::prefill::{PrefillFixture, PrefillOutputs};
+use fused_attn::testkit::rope::PoisonedTable;
 use fused_attn::{DType, Element, Error, Result};
 
 use npyz::WriterBuilder;
@@ -93,17 +94,13 @@ impl Dump {
     }
 
     /// RoPE (`--rope-theta`): the table the kernel read (NaN in the rows no position addresses and in the
-    /// 3 columns past rotary_dim/2) and each sequence's position (q is written unrotated).
-    fn rope<T>(&self, f: &PagedFixture<T>) -> Result<()> {
-        let (Some(r), Some(t)) = (&f.case.rope, &f.rope_table) else { return Ok(()) };
+    /// 3 columns past rotary_dim/2) and each rotated row's position, shaped `positions_shape` (q is written
+    /// unrotated).
+    fn rope(&self, table: Option<&PoisonedTable>, positions: &[i32], positions_shape: &[usize]) -> Result<()> {
+        let Some(t) = table else { return Ok(()) };
         self.write("rope_cos", &t.shape(), NpyData::F32(t.cos.clone()))?;
         self.write("rope_sin", &t.shape(), NpyData::F32(t.sin.clone()))?;
-        let pos: Vec<i32> = if r.explicit_positions {
-            f.rope_positions.clone()
-        } else {
-            f.seq_lens.iter().map(|&n| (n - 1).max(0)).collect()
-        };
-        self.write("rope_positions", &[pos.len()], NpyData::I32(&pos))
+        self.write("rope_positions", positions_shape, NpyData::I32(positions))
     }
 
     pub fn decode<T: Element>(&self, r: &DecodeRun<T>) -> Result<()> {
@@ -116,7 +113,11 @@ impl Dump {
         self.paged_cache(&f.host())?;
         self.write("out", &[b, hq, d], encode(dt, vals(&r.o).into_iter()))?;
         self.variants(&f.alibi_slopes, &f.sinks, b, hq)?;
-        self.rope(f)?;
+        let pos: Vec<i32> = match &c.rope {
+            Some(r) if r.explicit_positions => f.rope_positions.clone(),
+            _ => f.seq_lens.iter().map(|&n| (n - 1).max(0)).collect(),
+        };
+        self.rope(f.rope_table.as_ref(), &pos, &[b])?;
         self.write("lse", &[b, hq], NpyData::F32(r.lse.clone()))
     }
 
@@ -183,6 +184,12 @@ impl Dump {
         }
         self.write("lse", &[b, hq, tq], NpyData::F32(lse))?;
         self.paged_cache(&f.host())?;
-        self.variants(&f.alibi_slopes, &f.sinks, b, hq)
+        self.variants(&f.alibi_slopes, &f.sinks, b, hq)?;
+        // Each query token's position [B, Tq]: explicit, or its place in the cache (seq_len − Tq + t).
+        let pos: Vec<i32> = match &c.rope {
+            Some(r) if r.explicit_positions => f.rope_positions.clone(),
+            _ => f.seq_lens.iter().flat_map(|&n| (0..tq as i32).map(move |t| n - tq as i32 + t)).collect(),
+        };
+        self.rope(f.rope_table.as_ref(), &pos, &[b, tq])
     }
 }

@@ -87,6 +87,7 @@ fn run(a: &RunArgs, backend: &Backend, out: &mut Output) -> Result<()> {
                 shared_prefix: 0,
                 variants: a.variants(),
                 kv: a.kv_format(),
+                rope: a.rope()?,
                 kernel: a.paged_kernel.into(),
             };
             cases::run_paged_prefill(backend, &case, a.common.seed, copy, dump.as_ref(), &progress)

@@ -58,8 +58,9 @@ pub struct DecodeCase {
     pub kv: KvFormat,
 }
 
-/// RoPE on a decode case's queries: the model's configuration, and whether the positions are explicit (drawn
-/// from the seed, one per sequence) or each sequence's last (seq_len − 1). The fixture builds the table for
+/// RoPE on a case's queries (decode, paged prefill): the model's configuration, and whether the positions are
+/// explicit (drawn from the seed: decode one per sequence, paged prefill one per query token) or the default
+/// ones (decode: each sequence's last, seq_len − 1; paged prefill: each token's place in the cache). The fixture builds the table for
 /// [`CaseRope::MAX_POS`] positions, with NaN in every row no position addresses and in 3 columns past
 /// rotary_dim / 2 (`crate::testkit::rope::PoisonedTable`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -692,6 +693,21 @@ impl<T: Element> PagedFixture<T> {
     }
 }
 
+/// A RoPE table's cos, sin and positions on the GPU (one spare position, so an empty list still allocates).
+pub(crate) type GpuRope =
+    (cudarc::driver::CudaSlice<f32>, cudarc::driver::CudaSlice<f32>, cudarc::driver::CudaSlice<i32>);
+
+/// Uploads a fixture's RoPE table and positions, if it has a table.
+pub(crate) fn upload_rope(
+    cu: &Arc<CudaStream>,
+    table: Option<&crate::testkit::rope::PoisonedTable>,
+    positions: &[i32],
+) -> Result<Option<GpuRope>> {
+    let Some(t) = table else { return Ok(None) };
+    let pos: Vec<i32> = positions.iter().copied().chain([0]).collect();
+    Ok(Some((cu.clone_htod(&t.cos)?, cu.clone_htod(&t.sin)?, cu.clone_htod(&pos)?)))
+}
+
 /// The views of a fixture's RoPE table and positions on one backend.
 pub(crate) struct RopeViews<'a> {
     pub(crate) cos: TensorView<'a, f32, 2>,
@@ -702,6 +718,33 @@ pub(crate) struct RopeViews<'a> {
 }
 
 impl<'a> RopeViews<'a> {
+    /// Host views of a fixture's table and explicit positions (`None` without a table or a case).
+    pub(crate) fn host(
+        table: Option<&'a crate::testkit::rope::PoisonedTable>,
+        positions: &'a [i32],
+        case: Option<CaseRope>,
+    ) -> Result<Option<Self>> {
+        let (Some(t), Some(case)) = (table, case) else { return Ok(None) };
+        let (cos, sin) = t.views()?;
+        Ok(Some(Self { cos, sin, positions: TensorView::host(positions, [positions.len()])?, case }))
+    }
+
+    /// GPU views of a table and positions uploaded by [`upload_rope`] (`positions`: their count).
+    pub(crate) fn gpu(
+        uploaded: Option<&'a GpuRope>,
+        table: Option<&crate::testkit::rope::PoisonedTable>,
+        positions: usize,
+        case: Option<CaseRope>,
+    ) -> Result<Option<Self>> {
+        let (Some((cos, sin, pos)), Some(t), Some(case)) = (uploaded, table, case) else { return Ok(None) };
+        Ok(Some(Self {
+            cos: TensorView::gpu(cos.as_view(), t.shape())?,
+            sin: TensorView::gpu(sin.as_view(), t.shape())?,
+            positions: TensorView::gpu(pos.slice(0..positions), [positions])?,
+            case,
+        }))
+    }
+
     /// The op's [`Rope`](crate::rope::Rope) of the fixture's case.
     pub(crate) fn rope(&'a self) -> crate::rope::Rope<'a> {
         let r = self.case;
@@ -733,14 +776,7 @@ impl<T> PagedFixture<T> {
 
     /// Host views of the case's RoPE table and positions, if it has RoPE.
     pub(crate) fn rope_views_host(&self) -> Result<Option<RopeViews<'_>>> {
-        let (Some(t), Some(case)) = (&self.rope_table, self.case.rope) else { return Ok(None) };
-        let (cos, sin) = t.views()?;
-        Ok(Some(RopeViews {
-            cos,
-            sin,
-            positions: TensorView::host(&self.rope_positions, [self.rope_positions.len()])?,
-            case,
-        }))
+        RopeViews::host(self.rope_table.as_ref(), &self.rope_positions, self.case.rope)
     }
 }
 
@@ -1033,8 +1069,8 @@ pub(crate) struct GpuCase<T: Element, C: KvCacheOf<T>> {
     inputs: GpuPaged<T, C>,
     pub(crate) o: cudarc::driver::CudaSlice<T>,
     pub(crate) lse: cudarc::driver::CudaSlice<f32>,
-    /// RoPE: cos, sin and positions (one spare element, so an empty list still allocates).
-    rope: Option<(cudarc::driver::CudaSlice<f32>, cudarc::driver::CudaSlice<f32>, cudarc::driver::CudaSlice<i32>)>,
+    /// RoPE: cos, sin and positions.
+    rope: Option<GpuRope>,
     ws: DecodeWorkspace,
     pub(crate) plan: DecodePlan,
 }
@@ -1051,14 +1087,7 @@ impl<T: Element, C: CacheElement<T>> GpuCase<T, C> {
             inputs: GpuPaged::upload(cu, &f.host())?,
             o: cu.clone_htod(&vec![T::nan(); b * hq * d])?,
             lse: cu.clone_htod(&vec![f32::NAN; b * hq])?,
-            rope: match &f.rope_table {
-                Some(t) => Some((
-                    cu.clone_htod(&t.cos)?,
-                    cu.clone_htod(&t.sin)?,
-                    cu.clone_htod(&f.rope_positions.iter().copied().chain([0]).collect::<Vec<_>>())?,
-                )),
-                None => None,
-            },
+            rope: upload_rope(cu, f.rope_table.as_ref(), &f.rope_positions)?,
             ws: DecodeWorkspace::for_plan(&stream, &plan)?,
             plan,
         })
@@ -1069,15 +1098,7 @@ impl<T: Element, C: CacheElement<T>> GpuCase<T, C> {
         let (b, hq, d) = (c.batch(), c.heads_q, c.head_dim);
         let cache = self.inputs.cache(c.max_seq_len())?;
         let variants = self.inputs.variants(&c.variants, b, hq)?;
-        let rope_views = match (&self.rope, &f.rope_table, c.rope) {
-            (Some((cos, sin, pos)), Some(t), Some(case)) => Some(RopeViews {
-                cos: TensorView::gpu(cos.as_view(), t.shape())?,
-                sin: TensorView::gpu(sin.as_view(), t.shape())?,
-                positions: TensorView::gpu(pos.slice(0..f.rope_positions.len()), [f.rope_positions.len()])?,
-                case,
-            }),
-            _ => None,
-        };
+        let rope_views = RopeViews::gpu(self.rope.as_ref(), f.rope_table.as_ref(), f.rope_positions.len(), c.rope)?;
         let opts = f.options(&variants, rope_views.as_ref());
         decode(
             &Stream::Gpu(cu),

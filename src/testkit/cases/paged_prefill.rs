@@ -20,7 +20,9 @@ use crate::paged_prefill::{
 };
 use crate::reference::{self, Arith, Comparison};
 use crate::tensor::{TensorView, TensorViewMut};
-use crate::testkit::cases::decode::{fill_cache, lse_tolerance, reference_cache, to_f64};
+use crate::testkit::cases::decode::{
+    fill_cache, lse_tolerance, reference_cache, to_f64, upload_rope, CaseRope, GpuRope, RopeViews,
+};
 use crate::testkit::cases::kv::{
     paged_host, with_cache_element, CacheElement, Fp8Cache, GpuPaged, KvFormat, PagedHost, QuantError,
 };
@@ -50,6 +52,9 @@ pub struct PagedPrefillCase {
     pub kv: KvFormat,
     /// The kernel asked for (Auto: streaming for short queries).
     pub kernel: PagedPrefillKernel,
+    /// Rotary embedding of q ([`CaseRope`]: explicit positions, one per query token, or each token's place
+    /// in the cache); `None`: q is taken as already rotated (so is the cache's K either way).
+    pub rope: Option<CaseRope>,
 }
 
 impl PagedPrefillCase {
@@ -91,7 +96,7 @@ impl PagedPrefillCase {
             PagedPrefillKernel::Auto => "",
             PagedPrefillKernel::Tiled => " tiled",
             PagedPrefillKernel::Streaming => " streaming",
-        }
+        } + &self.rope.map_or(String::new(), |r| format!(" {}", r.label()))
     }
 }
 
@@ -109,6 +114,7 @@ pub fn case(head_dim: usize, heads: (usize, usize), page_size: usize, seqs: &[(u
         shared_prefix: 0,
         variants: CaseVariants::default(),
         kv: KvFormat::Sixteen,
+        rope: None,
         kernel: PagedPrefillKernel::Auto,
     }
 }
@@ -285,6 +291,9 @@ pub struct PagedPrefillFixture<T> {
     /// The FP8 cache quantised from `k_cache` / `v_cache` when the case's cache is FP8 (what the kernel
     /// reads then); `None` for a 16-bit case.
     pub fp8: Option<Fp8Cache>,
+    /// The case's RoPE table (poisoned) and explicit positions `[total_q]` (empty when unused).
+    pub rope_table: Option<crate::testkit::rope::PoisonedTable>,
+    pub rope_positions: Vec<i32>,
 }
 
 impl<T: Element> PagedPrefillFixture<T> {
@@ -331,6 +340,18 @@ impl<T: Element> PagedPrefillFixture<T> {
         // FP8: per-head scales grow with the head (x1 .. x2.5 for K, x1 .. x1.75 for V).
         let fp8 = case.kv.fp8().map(|kv| Fp8Cache::of_cache(&k_cache, &v_cache, (hkv, d), kv, (1.5, 0.75)));
         let q = (0..case.total_q() * case.heads_q * d).map(|_| T::from_f64(rng.random_range(-mag..mag))).collect();
+        // RoPE: positions drawn after everything else (the other inputs do not depend on them).
+        let rope_positions: Vec<i32> = match &case.rope {
+            Some(r) if r.explicit_positions => {
+                (0..case.total_q()).map(|_| rng.random_range(0..CaseRope::MAX_POS as i32)).collect()
+            }
+            _ => Vec::new(),
+        };
+        let rope_table = case.rope.map(|r| {
+            let used = rope_positions_of(case, &rope_positions);
+            crate::testkit::rope::PoisonedTable::new(&r.config, CaseRope::MAX_POS, &used)
+                .expect("a case's RoPE config makes a table") // ok: the cases' configs are valid
+        });
         Self {
             alibi_slopes: case.variants.slopes(case.batch(), case.heads_q),
             sinks: case.variants.sinks(case.heads_q, seed),
@@ -344,7 +365,21 @@ impl<T: Element> PagedPrefillFixture<T> {
             cu_seqlens_q: case.cu_seqlens_q(),
             q,
             fp8,
+            rope_table,
+            rope_positions,
         }
+    }
+
+    /// The reference's view of q: the fixture's, rotated as the kernels rotate it when the case has RoPE
+    /// (fp32, rounded to T, at the explicit positions or each token's place in the cache).
+    pub fn reference_q(&self) -> Vec<f64> {
+        let mut q = to_f64(&self.q);
+        if let (Some(r), Some(t)) = (&self.case.rope, &self.rope_table) {
+            let table = t.reference(r.config.rotary_dim, r.config.style);
+            let positions = rope_positions_of(&self.case, &self.rope_positions);
+            table.rotate_lowp(&mut q, self.case.head_dim, self.case.heads_q, &positions, T::DTYPE);
+        }
+        q
     }
 
     pub fn cache_shape(&self) -> [usize; 4] {
@@ -369,7 +404,7 @@ impl<T: Element> PagedPrefillFixture<T> {
     /// `k_cache`, e.g. a dequantised FP8 cache) with this fixture's queries, table and variants.
     pub fn reference_kv(&self, k: &[f64], v: &[f64]) -> Result<(reference::Output, Vec<f64>)> {
         let c = &self.case;
-        let q = to_f64(&self.q);
+        let q = self.reference_q();
         let cache = reference_cache(k, v, self.cache_shape(), &self.block_table, self.width, &self.seq_lens);
         let wide = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>();
         let (slopes, sinks) = (wide(&self.alibi_slopes), wide(&self.sinks));
@@ -425,6 +460,62 @@ impl<T: Element> PagedPrefillFixture<T> {
         cache: &PagedKvCache<'_, C>,
         num_splits: Option<usize>,
     ) -> Result<(Vec<T>, Vec<f32>, PagedPrefillPlan)> {
+        let rope = RopeViews::host(self.rope_table.as_ref(), &self.rope_positions, self.case.rope)?;
+        self.run_on_with(stream, cache, num_splits, rope.as_ref().map(RopeViews::rope))
+    }
+
+    /// Runs the kernel with RoPE on q (`rope`) over the case's cache (16-bit, or the FP8 codes with their
+    /// scales; its K taken as already rotated) and judges the output with [`reference::check_paged_prefill`]
+    /// twice: as run, and as if q had not been rotated (which must fail for the check to mean anything).
+    pub fn check_rope(
+        &self,
+        stream: &Stream<'_>,
+        rope: crate::rope::Rope<'_>,
+    ) -> Result<(reference::Check, reference::Check)> {
+        fn go<T: Element, C: CacheElement<T>>(
+            f: &PagedPrefillFixture<T>,
+            stream: &Stream<'_>,
+            rope: crate::rope::Rope<'_>,
+        ) -> Result<(reference::Check, reference::Check)> {
+            let c = &f.case;
+            let (b, hq, d, tq) = (c.batch(), c.heads_q, c.head_dim, c.total_q());
+            let [k, v] = C::cache(&f.k_cache, &f.v_cache, f.fp8.as_ref())?;
+            let scales = f.fp8.as_ref().map(|c| c.scales(stream)).transpose()?;
+            let cache = f.host().cache_of([&k, &v], scales.as_ref())?;
+            let (o, lse, _) = f.run_on_with(stream, &cache, None, Some(rope))?;
+            let (q, cu) = (TensorView::host(&f.q, [tq, hq, d])?, TensorView::host(&f.cu_seqlens_q, [b + 1])?);
+            let (o, lse) = (TensorView::host(&o, [tq, hq, d])?, TensorView::host(&lse, [hq, tq])?);
+            let views = VariantViews::new(&c.variants, b, hq, |sinks, n| {
+                TensorView::host(if sinks { &f.sinks[..n] } else { &f.alibi_slopes[..n] }, [n])
+            })?;
+            let opts = PagedPrefillOptions {
+                causal: c.causal,
+                score_mod: views.score_mod(&c.variants),
+                rope: Some(rope),
+                ..Default::default()
+            };
+            let with = reference::check_paged_prefill(&q, &cu, &cache, &o, Some(&lse), &opts)?;
+            let without = reference::check_paged_prefill(
+                &q,
+                &cu,
+                &cache,
+                &o,
+                Some(&lse),
+                &PagedPrefillOptions { rope: None, ..opts },
+            )?;
+            Ok((with, without))
+        }
+        with_cache_element!(self.fp8.as_ref(), go::<T>(self, stream, rope))
+    }
+
+    /// [`Self::run_on`] with RoPE on q.
+    fn run_on_with<C: KvCacheOf<T>>(
+        &self,
+        stream: &Stream<'_>,
+        cache: &PagedKvCache<'_, C>,
+        num_splits: Option<usize>,
+        rope: Option<crate::rope::Rope<'_>>,
+    ) -> Result<(Vec<T>, Vec<f32>, PagedPrefillPlan)> {
         let c = &self.case;
         let (b, hq, d, tq) = (c.batch(), c.heads_q, c.head_dim, c.total_q());
         let q = TensorView::host(&self.q, [tq, hq, d])?;
@@ -439,6 +530,7 @@ impl<T: Element> PagedPrefillFixture<T> {
             scale: None,
             num_splits: num_splits.or(c.num_splits),
             score_mod: views.score_mod(&c.variants),
+            rope,
             kernel: c.kernel,
         };
         let cap = opts.num_splits.unwrap_or(1).max(MAX_PLANNED_SPLITS);
@@ -525,6 +617,15 @@ pub fn evaluate<T: Element>(
     })
 }
 
+/// The positions a case's queries are rotated at: `explicit` (one per packed token) when the case draws
+/// them, else each token's place in its cache, `t + seq_len_b − q_len_b`.
+fn rope_positions_of(case: &PagedPrefillCase, explicit: &[i32]) -> Vec<i64> {
+    match case.rope {
+        Some(r) if r.explicit_positions => explicit.iter().map(|&p| i64::from(p)).collect(),
+        _ => case.seqs.iter().flat_map(|&(q, k)| (0..q).map(move |t| t as i64 + k as i64 - q as i64)).collect(),
+    }
+}
+
 /// Runs `case` on the emulator (outputs poisoned with NaN) and judges it.
 pub fn run_case_emulated<T: Element>(emu: &Emulator, case: &PagedPrefillCase, seed: u64) -> Result<PagedPrefillRun<T>> {
     let f = PagedPrefillFixture::<T>::new(case, seed);
@@ -543,6 +644,7 @@ pub fn check_case_emulated(emu: &Emulator, case: &PagedPrefillCase, seed: u64) -
 pub(crate) struct GpuCase<T: Element, C: KvCacheOf<T>> {
     inputs: GpuPaged<T, C>,
     cu_q: CudaSlice<i32>,
+    rope: Option<GpuRope>,
     o: CudaSlice<T>,
     lse: CudaSlice<f32>,
     ws: PagedPrefillWorkspace,
@@ -556,6 +658,7 @@ impl<T: Element, C: CacheElement<T>> GpuCase<T, C> {
         Ok(Self {
             inputs: GpuPaged::upload(cu, &f.host())?,
             cu_q: cu.clone_htod(&f.cu_seqlens_q)?,
+            rope: upload_rope(cu, f.rope_table.as_ref(), &f.rope_positions)?,
             o: cu.clone_htod(&vec![T::nan(); (tq * hq * d).max(1)])?,
             lse: cu.clone_htod(&vec![f32::NAN; (hq * tq).max(1)])?,
             ws: PagedPrefillWorkspace::with_capacity(
@@ -573,11 +676,13 @@ impl<T: Element, C: CacheElement<T>> GpuCase<T, C> {
         let (b, hq, d, tq) = (c.batch(), c.heads_q, c.head_dim, c.total_q());
         let cache = self.inputs.cache(c.max_seq_len())?;
         let variants = self.inputs.variants(&c.variants, b, hq)?;
+        let rope = RopeViews::gpu(self.rope.as_ref(), f.rope_table.as_ref(), f.rope_positions.len(), c.rope)?;
         let opts = PagedPrefillOptions {
             causal: c.causal,
             scale: None,
             num_splits: c.num_splits,
             score_mod: variants.score_mod(&c.variants),
+            rope: rope.as_ref().map(RopeViews::rope),
             kernel: c.kernel,
         };
         paged_prefill(

@@ -1060,6 +1060,7 @@ fn launch_views<T: Element>(
         score_mod: variants.score_mod(&c.variants),
         kernel: c.kernel,
         sm90_steps: c.sm90_steps,
+        rope: None,
     };
     match views {
         CaseViews::Dense { q, k, v, mut o, mut lse } => prefill(stream, &q, &k, &v, &mut o, lse.as_mut(), &opts),
