@@ -18,7 +18,7 @@ use fused_attn::testkit::cases::paged_prefill::{self as ppc, PagedPrefillCase};
 use fused_attn::testkit::cases::prefill::{perf_cases as prefill_perf, variant_sweep_cases};
 use fused_attn::testkit::cases::prefill::{sweep_cases, PrefillCase};
 use fused_attn::testkit::timing::copy_bandwidth_gbps;
-use fused_attn::{DType, Fp8Format, Result, ScaleKind};
+use fused_attn::{DType, Fp8Format, PagedPrefillKernel, Result, ScaleKind};
 
 use crate::backend::Backend;
 use crate::cases::{self, Case};
@@ -200,7 +200,8 @@ pub fn decode_step(c: &PagedPrefillCase) -> DecodeCase {
 /// capability 9.0 GPU with `--kernel auto`: `hopper`), the decode contexts × batches, then the comparison
 /// rows, each after its baseline — decode over an FP8 (E4M3, per-head scales) cache vs the bf16 row of the
 /// same shape, paged chunks (page 16 and 64) vs the dense prefill of the same pairs (the sm80 row when both
-/// kernels run: paged prefill is an sm_80-class kernel), and spec-verify q_len 4 / 8 vs one decode step.
+/// kernels run: paged prefill is an sm_80-class kernel), and spec-verify q_len 4 / 8 vs one decode step (on the
+/// streaming kernel Auto picks, and again on the tiled one).
 /// `quick`: one shape of each kind.
 pub fn perf_plan(quick: bool, kernel: PrefillKernel, hopper: bool) -> Vec<TimedShape> {
     let mut pf = prefill_perf();
@@ -283,7 +284,11 @@ pub fn perf_plan(quick: bool, kernel: PrefillKernel, hopper: bool) -> Vec<TimedS
         for &q_len in q_lens {
             let case = paged_perf_case(batch, q_len, context, 16);
             let baseline = index_of(&mut plan, Timed::Decode(decode_step(&case)));
+            // The A/B of paged prefill's two kernels (docs/scheduling.md): these shapes stream under Auto;
+            // the same shape forced onto the tiled kernel, against the same decode step.
+            let tiled = PagedPrefillCase { kernel: PagedPrefillKernel::Tiled, ..case.clone() };
             plan.push(TimedShape { case: Timed::PagedPrefill(case), baseline: Some(baseline) });
+            plan.push(TimedShape { case: Timed::PagedPrefill(tiled), baseline: Some(baseline) });
         }
     }
     plan
@@ -502,6 +507,7 @@ mod tests {
                         assert!(c.max_seqlen_q() <= 8 && c.seqs.iter().all(|s| s.0 == c.max_seqlen_q()));
                         assert_eq!(b, &decode_step(c));
                         assert_eq!((c.heads_q / c.heads_kv, c.head_dim, c.page_size), (4, 128, 16));
+                        assert!(matches!(c.kernel, PagedPrefillKernel::Auto | PagedPrefillKernel::Tiled));
                         spec += 1;
                     }
                     (Timed::Prefill(c), Timed::Prefill(d)) => {
@@ -512,7 +518,8 @@ mod tests {
                     _ => panic!("unexpected comparison {row:?} vs {base:?}"),
                 }
             }
-            let want = if quick { (1, 1, 1) } else { (2, 4, 4) }; // FP8: 2 shapes; chunks: 2 × 2 pages; 2 × 2 q_lens
+            // FP8: 2 shapes; chunks: 2 × 2 pages; spec-verify: 2 contexts × 2 q_lens × both paged kernels.
+            let want = if quick { (1, 1, 2) } else { (2, 4, 8) };
             assert_eq!((fp8, chunks, spec), want, "quick {quick} hopper {hopper}");
             // The baselines are rows the plan times anyway (the decode perf shapes), plus one dense prefill
             // per chunk shape (two kernels on Hopper).
