@@ -129,6 +129,14 @@ struct QueryRows {
   FA_DEVICE int position(int r) const { return pos_base + token(r); }
 };
 
+// How far right of its own position a row sees: 0 with causal (decode's single row always), else the window's
+// right bound, else unbounded (INT32_MAX: past every key). One definition for the CTA's key range and the
+// per-row masks.
+FA_DEVICE int64_t right_bound(const FaDecodeParams &p) {
+  const bool causal = p.cu_seqlens_q == nullptr || p.causal != 0;
+  return causal ? 0 : (p.score_mod.window_right >= 0 ? p.score_mod.window_right : (int64_t)INT32_MAX);
+}
+
 // Packed row blocks per KV head: ceil(max_seqlen_q * G / 16) (decode: ceil(G / 16)).
 template <int D> FA_HOST_DEVICE int64_t row_blocks(const FaDecodeParams &p) {
   const int64_t max_q = p.cu_seqlens_q != nullptr ? p.max_seqlen_q : 1;
@@ -206,8 +214,7 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
   // The keys the CTA's rows see together, [window_begin, span_end): from its first row's window start
   // (position - w; decode: seq_len - 1 - w) to its last row's position + 1 (causal; + right bound without
   // causal, unbounded: seq_len). Decode's single row: [seq_len - 1 - w, seq_len). Splits are laid out from it.
-  const bool causal = !short_queries || p.causal != 0;
-  const int64_t right = causal ? 0 : (p.score_mod.window_right >= 0 ? p.score_mod.window_right : (int64_t)seq_len);
+  const int64_t right = right_bound(p);
   const int64_t first_pos = qr.position(0);
   const int64_t last_pos = qr.position(qr.rows - 1);
   const int window_begin = windowed && first_pos - p.score_mod.window_left > 0 ? (int)(first_pos - p.score_mod.window_left) : 0;
@@ -424,9 +431,7 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
       for (int r = 0; r < 2; ++r) {
         const int64_t pos = ld_shared(row_pos + (lane >> 2) + 8 * r);
         lo[r] = p.score_mod.window_left >= 0 ? pos - p.score_mod.window_left : INT64_MIN;
-        hi[r] = pos + (short_queries && p.causal == 0 ? (p.score_mod.window_right >= 0 ? p.score_mod.window_right
-                                                                                      : (int64_t)INT32_MAX)
-                                                      : 0);
+        hi[r] = pos + right_bound(p);
       }
       att.mask_outside(s, key0, lo, hi, lane);
     }
