@@ -137,10 +137,17 @@ FA_DEVICE int64_t right_bound(const FaDecodeParams &p) {
   return causal ? 0 : (p.score_mod.window_right >= 0 ? p.score_mod.window_right : (int64_t)INT32_MAX);
 }
 
-// Packed row blocks per KV head: ceil(max_seqlen_q * G / 16) (decode: ceil(G / 16)).
-template <int D> FA_HOST_DEVICE int64_t row_blocks(const FaDecodeParams &p) {
+// Packed row blocks per KV head of CTAs of `rows` rows: ceil(max_seqlen_q * G / rows) (decode: ceil(G / rows)).
+FA_HOST_DEVICE int64_t row_blocks(const FaDecodeParams &p, int rows) {
   const int64_t max_q = p.cu_seqlens_q != nullptr ? p.max_seqlen_q : 1;
-  return (max_q * (p.heads_q / p.heads_kv) + Traits<D>::kRows - 1) / Traits<D>::kRows;
+  return (max_q * (p.heads_q / p.heads_kv) + rows - 1) / rows;
+}
+FA_HOST_DEVICE int64_t row_blocks(const FaDecodeParams &p) { return row_blocks(p, p.rows_per_cta); }
+
+// Row groups of the launch (traits.cuh): rows_per_cta / 16, checked by the launcher to be a power of two <=
+// kMaxRowGroups; a compile-time 1 where the width has a single token group.
+template <int D> FA_DEVICE int row_groups(const FaDecodeParams &p) {
+  return Traits<D>::kMaxRowGroups == 1 ? 1 : p.rows_per_cta / Traits<D>::kRows;
 }
 
 template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(const FaDecodeParams &p, const Unit &u) {
@@ -168,8 +175,16 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
   const int tid = thread_idx();
   const int lane = lane_id();
   const int warp = warp_id();
-  const int token_group = warp % Tr::kTokenGroups;
+  // The warp's slot among the kTokenGroups of its D split (its (m, l) and O in the epilogue), split into a row
+  // group (the 16 rows it serves) and a token group (which 16-token chunks of every tile it computes: chunks
+  // token_group + i * token_groups, i < row_groups).
+  const int slot = warp % Tr::kTokenGroups;
   const int d_split = warp / Tr::kTokenGroups;
+  const int groups_r = row_groups<D>(p);
+  const int token_groups = Tr::kTokenGroups / groups_r;
+  const int row_group = slot / token_groups;
+  const int token_group = slot % token_groups;
+  const int cta_rows = groups_r * Tr::kRows;
 
   // Which sequence, KV head, query rows and chunk of the context this CTA serves.
   const int split = u.split;
@@ -177,15 +192,15 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
   const bool short_queries = p.cu_seqlens_q != nullptr;
   QueryRows qr;
   qr.group = p.heads_q / p.heads_kv;
-  const int head_blocks = (int)row_blocks<D>(p);
+  const int head_blocks = (int)row_blocks(p, cta_rows);
   qr.kv_head = u.head_block / head_blocks;
-  qr.packed0 = (u.head_block % head_blocks) * Tr::kRows;
+  qr.packed0 = (u.head_block % head_blocks) * cta_rows;
   qr.q_start = b;
   qr.q_len = 1;
   if (short_queries) prefill::varlen_bounds(p.cu_seqlens_q, b, p.total_q, qr.q_start, qr.q_len);
   const int packed_rows = qr.q_len * qr.group;
   if (qr.packed0 >= packed_rows) return; // past this sequence's rows (uniform across the CTA)
-  qr.rows = packed_rows - qr.packed0 < Tr::kRows ? packed_rows - qr.packed0 : Tr::kRows;
+  qr.rows = packed_rows - qr.packed0 < cta_rows ? packed_rows - qr.packed0 : cta_rows;
   const int kv_head = qr.kv_head;
   // Token i's partial state: uniform grid [split, total_q]; scheduled partial_base + i * num_splits + split
   // (consecutive per row for the merge), and a unit the workspace cannot hold is not computed (the Rust layer
@@ -223,7 +238,7 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
   // Rows see different keys only at the span's edges: keys below the last row's window start, or past the
   // first row's right bound, are masked per row (never in decode, whose rows share one position). Parked in
   // shared memory with the per-row facts; the first barrier below publishes them.
-  if (tid < Tr::kRows) {
+  if (tid < Tr::kCtaRows) {
     const bool exists = tid < qr.rows;
     st_shared(row_pos + tid, qr.position(tid));
     st_shared(row_q + tid, qr.q_start + qr.token(tid));
@@ -319,7 +334,7 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
 
   // Q rows of this CTA (rows >= qr.rows zero-filled); they travel in the first group.
   const T *q = static_cast<const T *>(p.q) + col;
-  for (int r = row0; r < Tr::kRows; r += Tr::kRowsPerPass) {
+  for (int r = row0; r < cta_rows; r += Tr::kRowsPerPass) {
     const bool valid = r < qr.rows && chunk_in_range;
     const int64_t offset =
         valid ? (int64_t)(qr.q_start + qr.token(r)) * p.q_batch_stride + (int64_t)qr.head(r) * p.q_head_stride : 0;
@@ -347,13 +362,20 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
     });
   }
 
-  const int warp_token0 = token_group * Tr::kWarpTokens; // this warp's rows within a tile
+  const int warp_token0 = token_group * Tr::kWarpTokens; // this warp's first chunk's rows within a tile
   const int col0 = d_split * Tr::kWarpD;
+  // This warp's rows: [row_base, row_base + 16) of the CTA's (its Q rows, row facts, and epilogue rows); a
+  // row group with none (the CTA's last rows) skips the math, not the copies and barriers.
+  const int row_base = row_group * Tr::kRows;
+  const bool warp_has_rows = row_base < qr.rows;
+  const unsigned char *q_rows = q_smem + row_base * D * 2; // 16-row steps keep the swizzle phase
+  // Chunk i of this warp (token_group + i * token_groups) lies this many bytes past chunk 0 in a K/V tile.
+  const int chunk_stride = token_groups * Tr::kWarpTokens * D * (kFp8 ? 1 : 2);
   WarpAttention<T, D> att;
   if constexpr (kFp8) {
-    att.init_fp8(q_smem, warp_token0, col0, lane);
+    att.init_fp8(q_rows, warp_token0, col0, lane);
   } else {
-    att.init(q_smem, warp_token0, col0, lane);
+    att.init(q_rows, warp_token0, col0, lane);
   }
   const bool e5m2 = kFp8 && p.cache.kv_dtype == FA_KV_FP8_E5M2;
   // kVariant: softcap and ALiBi (slopes of this lane's two rows lane/4 (+ 8); their distances are from each
@@ -368,7 +390,8 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
     mod = ScoreMod::make(kFp8 ? p.scale * k_scale : p.scale, scale_log2, p.score_mod.softcap);
 #pragma unroll
     for (int r = 0; r < 2; ++r)
-      if ((lane >> 2) + 8 * r < qr.rows) slopes[r] = alibi_slope_log2(p.score_mod, b, qr.head((lane >> 2) + 8 * r));
+      if (row_base + (lane >> 2) + 8 * r < qr.rows)
+        slopes[r] = alibi_slope_log2(p.score_mod, b, qr.head(row_base + (lane >> 2) + 8 * r));
   }
 
   for (int j = 0; j < num_tiles; ++j) {
@@ -378,75 +401,89 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
     issue_tile(x);
     const int next_page = tile_page(x + 1); // consumed after the math, so its latency is hidden
 
-    const unsigned char *k_tile = stages + (j % kStages) * (kFp8 ? Tr::kFp8StageBytes : Tr::kStageBytes);
-    const unsigned char *v_tile = k_tile + (kFp8 ? Tr::kFp8TileBytes : Tr::kTileBytes);
-    // This warp's first token of the tile, and its distance from each of the lane's rows' positions.
-    const int key0 = begin + j * kTileTokens + warp_token0;
-    [[maybe_unused]] int dist0[2];
-    if constexpr (kVariant) {
-      dist0[0] = ld_shared(row_pos + (lane >> 2)) - key0;
-      dist0[1] = ld_shared(row_pos + (lane >> 2) + 8) - key0;
-    }
-    float s[2][4];
-    if constexpr (Tr::kScoreSplits > 1) {
-      // D = 512: this warp's share of Q Kᵀ, summed with the other D splits' shares (one more barrier).
+    const unsigned char *k_tile0 = stages + (j % kStages) * (kFp8 ? Tr::kFp8StageBytes : Tr::kStageBytes);
+    const unsigned char *v_tile0 = k_tile0 + (kFp8 ? Tr::kFp8TileBytes : Tr::kTileBytes);
+    // The warp's chunk i of the tile: S, masks, the online softmax and P.V for its rows.
+    auto compute_chunk = [&](int i) {
+      const unsigned char *k_tile = k_tile0 + i * chunk_stride;
+      const unsigned char *v_tile = v_tile0 + i * chunk_stride;
+      // The chunk's first token, and its distance from each of the lane's rows' positions.
+      const int chunk_token0 = warp_token0 + i * token_groups * Tr::kWarpTokens;
+      const int key0 = begin + j * kTileTokens + chunk_token0;
+      [[maybe_unused]] int dist0[2];
+      if constexpr (kVariant) {
+        dist0[0] = ld_shared(row_pos + row_base + (lane >> 2)) - key0;
+        dist0[1] = ld_shared(row_pos + row_base + (lane >> 2) + 8) - key0;
+      }
+      float s[2][4];
+      if constexpr (Tr::kScoreSplits > 1) {
+        // D = 512: this warp's share of Q Kᵀ, summed with the other D splits' shares (one more barrier).
+        if constexpr (kFp8) {
+          if (e5m2) {
+            att.template qk_fp8<Fp8Format::E5M2>(s, k_tile);
+          } else {
+            att.template qk_fp8<Fp8Format::E4M3>(s, k_tile);
+          }
+        } else {
+          att.qk(s, k_tile);
+        }
+        att.exchange_scores(s, exchange, d_split, lane);
+        if constexpr (kVariant) {
+          att.apply_mod(s, mod, slopes, dist0, lane);
+        } else {
+          att.scale(s, scale_log2);
+        }
+      } else if constexpr (kFp8 && kVariant) {
+        if (e5m2) {
+          att.template scores_mod_fp8<Fp8Format::E5M2>(s, k_tile, mod, slopes, dist0, lane);
+        } else {
+          att.template scores_mod_fp8<Fp8Format::E4M3>(s, k_tile, mod, slopes, dist0, lane);
+        }
+      } else if constexpr (kFp8) {
+        if (e5m2) {
+          att.template scores_fp8<Fp8Format::E5M2>(s, k_tile, scale_log2);
+        } else {
+          att.template scores_fp8<Fp8Format::E4M3>(s, k_tile, scale_log2);
+        }
+      } else if constexpr (kVariant) {
+        att.scores_mod(s, k_tile, mod, slopes, dist0, lane);
+      } else {
+        att.scores(s, k_tile, scale_log2);
+      }
+      if (j == num_tiles - 1) att.mask_tail(s, key0, end, lane);
+      // Keys some of the CTA's rows do not see (short queries only: decode's rows share their keys).
+      if (key0 < ld_shared(shared_keys) ||
+          (key0 + Tr::kWarpTokens < end ? key0 + Tr::kWarpTokens : end) - 1 > ld_shared(shared_keys + 1)) {
+        int64_t lo[2], hi[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int64_t pos = ld_shared(row_pos + row_base + (lane >> 2) + 8 * r);
+          lo[r] = p.score_mod.window_left >= 0 ? pos - p.score_mod.window_left : INT64_MIN;
+          hi[r] = pos + right_bound(p);
+        }
+        att.mask_outside(s, key0, lo, hi, lane);
+      }
+      const uint32_t hole_bits = ld_shared(holes + (j % Tr::kHoleSlots) * Tr::kHoleWords + chunk_token0 / 32);
+      if (hole_bits != 0u) att.mask_rows(s, hole_bits >> (chunk_token0 % 32), lane);
+      uint32_t pa[4];
+      att.softmax_update(s, pa);
       if constexpr (kFp8) {
         if (e5m2) {
-          att.template qk_fp8<Fp8Format::E5M2>(s, k_tile);
+          att.template accumulate_pv_fp8<Fp8Format::E5M2>(pa, v_tile);
         } else {
-          att.template qk_fp8<Fp8Format::E4M3>(s, k_tile);
+          att.template accumulate_pv_fp8<Fp8Format::E4M3>(pa, v_tile);
         }
       } else {
-        att.qk(s, k_tile);
+        att.accumulate_pv(pa, v_tile);
       }
-      att.exchange_scores(s, exchange, d_split, lane);
-      if constexpr (kVariant) {
-        att.apply_mod(s, mod, slopes, dist0, lane);
-      } else {
-        att.scale(s, scale_log2);
-      }
-    } else if constexpr (kFp8 && kVariant) {
-      if (e5m2) {
-        att.template scores_mod_fp8<Fp8Format::E5M2>(s, k_tile, mod, slopes, dist0, lane);
-      } else {
-        att.template scores_mod_fp8<Fp8Format::E4M3>(s, k_tile, mod, slopes, dist0, lane);
-      }
-    } else if constexpr (kFp8) {
-      if (e5m2) {
-        att.template scores_fp8<Fp8Format::E5M2>(s, k_tile, scale_log2);
-      } else {
-        att.template scores_fp8<Fp8Format::E4M3>(s, k_tile, scale_log2);
-      }
-    } else if constexpr (kVariant) {
-      att.scores_mod(s, k_tile, mod, slopes, dist0, lane);
-    } else {
-      att.scores(s, k_tile, scale_log2);
-    }
-    if (j == num_tiles - 1) att.mask_tail(s, key0, end, lane);
-    // Keys some of the CTA's rows do not see (short queries only: decode's rows share their keys).
-    if (key0 < ld_shared(shared_keys) ||
-        (key0 + Tr::kWarpTokens < end ? key0 + Tr::kWarpTokens : end) - 1 > ld_shared(shared_keys + 1)) {
-      int64_t lo[2], hi[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int64_t pos = ld_shared(row_pos + (lane >> 2) + 8 * r);
-        lo[r] = p.score_mod.window_left >= 0 ? pos - p.score_mod.window_left : INT64_MIN;
-        hi[r] = pos + right_bound(p);
-      }
-      att.mask_outside(s, key0, lo, hi, lane);
-    }
-    const uint32_t hole_bits = ld_shared(holes + (j % Tr::kHoleSlots) * Tr::kHoleWords + warp_token0 / 32);
-    if (hole_bits != 0u) att.mask_rows(s, hole_bits >> (warp_token0 % 32), lane);
-    uint32_t pa[4];
-    att.softmax_update(s, pa);
-    if constexpr (kFp8) {
-      if (e5m2) {
-        att.template accumulate_pv_fp8<Fp8Format::E5M2>(pa, v_tile);
-      } else {
-        att.template accumulate_pv_fp8<Fp8Format::E4M3>(pa, v_tile);
-      }
-    } else {
-      att.accumulate_pv(pa, v_tile);
+    };
+    // The warp's chunks, one after the other (one unless the CTA serves several row groups: then a run-time
+    // count, not unrolled, so the body's code is there once).
+    if constexpr (Tr::kMaxRowGroups == 1) {
+      compute_chunk(0);
+    } else if (warp_has_rows) {
+#pragma unroll 1
+      for (int i = 0; i < groups_r; ++i) compute_chunk(i);
     }
 
     publish_row(x + 1, next_page);
@@ -454,33 +491,38 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
   cp_async_wait<0>();
   sync_threads(); // the stages are free for the epilogue partials
 
-  // Epilogue 1: each warp parks its state: (m, l) per row from the D-split-0 warps, O columns from all.
+  // Epilogue 1: each warp parks its state in its slot: (m, l) per row from the D-split-0 warps, O columns
+  // from all (a row group's slots are consecutive: row_group * token_groups + token group).
   att.reduce_sums();
   const int r0 = lane >> 2;
   if (d_split == 0 && (lane & 3) == 0) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float *st = stats + (token_group * Tr::kRows + r0 + 8 * r) * 2;
+      float *st = stats + (slot * Tr::kRows + r0 + 8 * r) * 2;
       st_shared(st, att.m[r]);
       st_shared(st + 1, att.l[r]);
     }
   }
-  att.template park_o<kFp8>(o_partial + token_group * Tr::kRows * Tr::kOStride, Tr::kOStride, col0, lane);
+  att.template park_o<kFp8>(o_partial + slot * Tr::kRows * Tr::kOStride, Tr::kOStride, col0, lane);
   sync_threads();
 
-  // Epilogue 2: combine the token groups (the same guarded merge as merge.cu, in the exp2 domain), with the
-  // sink as one more (value-free) state when there is one and this CTA writes o itself, normalise, and
-  // store 8 columns per item with 16-byte stores (none past the head dim).
+  // Epilogue 2: combine each row's token groups (the same guarded merge as merge.cu, in the exp2 domain),
+  // with the sink as one more (value-free) state when there is one and this CTA writes o itself, normalise,
+  // and store 8 columns per item with 16-byte stores (none past the head dim). CTA row r is row r % 16 of
+  // row group r / 16, whose states are slots (r / 16) * token_groups + g, g < token_groups.
   const int head_chunks = p.head_dim / 8;
   const bool add_sink = p.score_mod.sinks != nullptr && u.num_splits == 1;
-  for (int item = tid; item < Tr::kRows * Tr::kChunksPerRow; item += Tr::kThreads) {
+  for (int item = tid; item < cta_rows * Tr::kChunksPerRow; item += Tr::kThreads) {
     const int r = item / Tr::kChunksPerRow;
     const int c = item % Tr::kChunksPerRow;
     const int head = ld_shared(row_head + r);
     if (c >= head_chunks || head < 0) continue; // past the head dim, or a row the CTA does not have
+    // (slot * 16 + row within the group) of the row group's first slot: r % 16 + (r / 16) * token_groups * 16.
+    const int state_row = Tr::kMaxRowGroups == 1 ? r : r % Tr::kRows + (r / Tr::kRows) * token_groups * Tr::kRows;
     float m_max = kNegInf;
 #pragma unroll
-    for (int g = 0; g < Tr::kTokenGroups; ++g) m_max = fmaxf(m_max, ld_shared(stats + (g * Tr::kRows + r) * 2));
+    for (int g = 0; g < Tr::kTokenGroups; ++g)
+      if (g < token_groups) m_max = fmaxf(m_max, ld_shared(stats + (g * Tr::kRows + state_row) * 2));
     const float sink = add_sink ? sink_logit(p.score_mod, head) : kNegInf;
     const bool no_key = m_max == kNegInf;
     if (add_sink) m_max = fmaxf(m_max, sink * kLog2e);
@@ -489,9 +531,10 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
 #pragma unroll
     for (int g = 0; g < Tr::kTokenGroups; ++g) {
-      const float w = fast_exp2(ld_shared(stats + (g * Tr::kRows + r) * 2) - m_sub);
-      sum += w * ld_shared(stats + (g * Tr::kRows + r) * 2 + 1);
-      const float *src = o_partial + (g * Tr::kRows + r) * Tr::kOStride + c * 8;
+      if (g >= token_groups) break;
+      const float w = fast_exp2(ld_shared(stats + (g * Tr::kRows + state_row) * 2) - m_sub);
+      sum += w * ld_shared(stats + (g * Tr::kRows + state_row) * 2 + 1);
+      const float *src = o_partial + (g * Tr::kRows + state_row) * Tr::kOStride + c * 8;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float4 v = ld_shared(reinterpret_cast<const float4 *>(src + 4 * h));
@@ -526,7 +569,7 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void paged_decode_
     decode_unit<T, D, kVariant, kFp8>(p, Unit{bid.z, bid.y, bid.x, p.num_splits, p.split_tokens, 0});
     return;
   }
-  const int64_t head_block_count = p.heads_kv * row_blocks<D>(p);
+  const int64_t head_block_count = p.heads_kv * row_blocks(p);
   const int first = ld_global_nc(p.work_indptr + bid.x);
   const int last = ld_global_nc(p.work_indptr + bid.x + 1);
   for (int i = first; i < last && i < p.num_work; ++i) {
@@ -585,8 +628,9 @@ template <int D, bool kFp8>
 int launch_decode(void (*kernel)(FaDecodeParams), const char *name, const FaDecodeParams &p, FaExec *exec) {
   using Tr = Traits<D, kFp8>;
   static_assert(Tr::kThreads == 128, "FA_DECODE_KERNEL's launch bounds");
+  if (p.rows_per_cta > Tr::kCtaRows) return FA_ERR_INVALID; // more row groups than the width has warp slots
   const Dim3 grid = p.work != nullptr ? Dim3{p.num_ctas, 1, 1}
-                                      : Dim3{p.num_splits, (int)(p.heads_kv * row_blocks<D>(p)), p.batch};
+                                      : Dim3{p.num_splits, (int)(p.heads_kv * row_blocks(p)), p.batch};
   return launch(name, kernel, grid, Tr::kThreads, Tr::kSmemBytes, exec, p);
 }
 
@@ -646,8 +690,10 @@ inline bool valid_params(const FaDecodeParams &p) {
   if (p.cu_seqlens_q != nullptr &&
       (p.total_q < 0 || p.max_seqlen_q < 1 || ((uintptr_t)p.cu_seqlens_q & 3u) != 0 || p.lse_head_stride < 0))
     return false;
-  const int64_t max_q = p.cu_seqlens_q != nullptr ? p.max_seqlen_q : 1;
-  const int64_t grid_y = (int64_t)p.heads_kv * ((max_q * (p.heads_q / p.heads_kv) + FA_DECODE_ROWS - 1) / FA_DECODE_ROWS);
+  // Rows per CTA: 16, 32 or 64 (a power-of-two count of row groups; the width's bound is dispatch()'s).
+  if (p.rows_per_cta != FA_DECODE_ROWS && p.rows_per_cta != 2 * FA_DECODE_ROWS && p.rows_per_cta != 4 * FA_DECODE_ROWS)
+    return false;
+  const int64_t grid_y = (int64_t)p.heads_kv * row_blocks(p);
   return grid_y <= 65535 && p.batch <= 65535 && p.num_splits <= 65535;
 }
 
@@ -658,7 +704,7 @@ inline bool valid_params(const FaDecodeParams &p) {
 // same stage area (traits.cuh).
 template <int D, bool kFp8> FaTilePolicy policy_of() {
   using Tr = Traits<D, kFp8>;
-  return FaTilePolicy{D, Tr::kRows, Tr::kTileTokens, Tr::kStages, Tr::kThreads, Tr::kSmemBytes, Tr::kMinCtasPerSm, 0,
+  return FaTilePolicy{D, Tr::kCtaRows, Tr::kTileTokens, Tr::kStages, Tr::kThreads, Tr::kSmemBytes, Tr::kMinCtasPerSm, 0,
                       Tr::kScoreSplits};
 }
 int tile_policy(int head_dim, bool fp8, FaTilePolicy *out) {

@@ -592,6 +592,7 @@ fn common_params<'l, T: Element, C: KvCacheOf<T>>(
         total_q: to_i32("batch", problem.batch)?,
         max_seqlen_q: 1,
         causal: 1,
+        rows_per_cta: to_i32("rows per CTA", problem.rows_per_cta())?,
         ..Default::default()
     })
 }

@@ -33,7 +33,7 @@ use crate::error::{to_i32, Error, Result};
 use crate::fp8::{self, KvCacheOf};
 use crate::launch::{softmax_scale, Launch};
 use crate::paged::PagedKvCache;
-use crate::plan::{MAX_GRID_YZ, ROWS_PER_CTA, SPLIT_GRANULE};
+use crate::plan::{decode_rows_per_cta, MAX_GRID_YZ, ROWS_PER_CTA, SPLIT_GRANULE};
 use crate::prefill::{check_cu_seqlens, host_values, MAX_PREFILL_SEQLEN};
 use crate::score_mod::ScoreMod;
 use crate::sys;
@@ -143,10 +143,11 @@ impl PagedPrefillProblem {
             k => k,
         }
     }
-    /// Packed rows per CTA of `kernel` (resolved): the tile's `Br`, or the decode kernel's 16.
-    fn rows_per_cta(&self, kernel: PagedPrefillKernel) -> usize {
+    /// Packed rows per CTA of `kernel` (resolved): the tile's `Br`, or the decode kernel's
+    /// [`decode_rows_per_cta`] of the packed rows (each staged K/V byte serves them all).
+    pub fn rows_per_cta(&self, kernel: PagedPrefillKernel) -> usize {
         match kernel {
-            PagedPrefillKernel::Streaming => ROWS_PER_CTA,
+            PagedPrefillKernel::Streaming => decode_rows_per_cta(self.head_dim, self.packed_rows()),
             _ => self.block_rows(),
         }
     }
@@ -488,7 +489,7 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
         (to_i32("num_splits", plan.num_splits)?, to_i32("split_tokens", plan.split_tokens)?);
     let (dtype, causal, scale_log2) = (T::DTYPE.abi(), opts.causal as i32, scale * std::f32::consts::LOG2_E);
     if kernel == PagedPrefillKernel::Streaming {
-        // The decode kernel over 16 packed rows per CTA (fa/abi.h FaDecodeParams, "Short queries"): q/o rows
+        // The decode kernel over packed rows (fa/abi.h FaDecodeParams, "Short queries"): q/o rows
         // through cu_seqlens_q, LSE [Hq, total_q], the same partial layout [num_splits, total_q, Hq, D].
         let params = sys::FaDecodeParams {
             q: q_ptr,
@@ -518,6 +519,7 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
             max_seqlen_q,
             causal,
             rope,
+            rows_per_cta: to_i32("rows per CTA", problem.rows_per_cta(kernel))?,
             ..Default::default()
         };
         launch.run("paged_prefill", params, sys::fa_decode)?;

@@ -4,7 +4,7 @@
 //! bitwise-reproducible results (the kernels' summation orders are fixed).
 //!
 //! The kernel's side of the contract (kernels/include/fa/decode/traits.cuh): a CTA serves one sequence, one
-//! KV head, up to [`ROWS_PER_CTA`] of its query heads and one split; `split_tokens` is a multiple of
+//! KV head, up to [`DecodeProblem::rows_per_cta`] of its query heads and one split; `split_tokens` is a multiple of
 //! [`SPLIT_GRANULE`]; split `s` covers tokens `[s * split_tokens, (s + 1) * split_tokens)` and the last split
 //! runs to the sequence's end.
 
@@ -12,8 +12,20 @@ use crate::error::{Error, Result};
 
 /// `split_tokens` must be a multiple of this (abi.h's `FA_SPLIT_GRANULE`: every head dim's KV tile divides it).
 pub const SPLIT_GRANULE: usize = crate::sys::FA_SPLIT_GRANULE as usize;
-/// Query heads of one KV head served by one CTA: the M = 16 rows of the tensor-core tile.
+/// Rows of one decode row group: the M = 16 rows of the tensor-core tile. A CTA serves 1, 2 or 4 groups
+/// ([`decode_rows_per_cta`]).
 pub const ROWS_PER_CTA: usize = crate::sys::FA_DECODE_ROWS as usize;
+
+/// Packed query rows one decode CTA serves when each (sequence, KV head) has `rows` of them (decode: the
+/// group G; short queries: q_len · G): the fewest 16-row groups that hold them, rounded up to a power of two,
+/// at most the width's `block_m` (64 at width 64, 32 at 128, 16 above: the warp slots the kernel can give
+/// row groups, kernels/include/fa/decode/traits.cuh). Every K/V byte a CTA stages serves all its rows, so a
+/// KV head is read `ceil(rows / rows_per_cta)` times: once for MQA 64:1 at D <= 64, once up to G = 32 at
+/// D <= 128 (issue 30, item 4).
+pub fn decode_rows_per_cta(head_dim: usize, rows: usize) -> usize {
+    let most = crate::tile::decode_tile_or_widest(head_dim).map_or(ROWS_PER_CTA, |t| t.block_m.max(ROWS_PER_CTA));
+    (rows.max(1).div_ceil(ROWS_PER_CTA).next_power_of_two() * ROWS_PER_CTA).min(most)
+}
 /// The planner never splits below this many tokens per split: a split's fixed cost (pipeline fill, the
 /// epilogue, 16 x D fp32 of partials written and merged) must stay small against its K/V traffic
 /// (256 tokens x D = 128 x 2 x 2 bytes = 128 KiB per KV head).
@@ -52,9 +64,17 @@ impl DecodeProblem {
     pub fn group(&self) -> usize {
         self.heads_q / self.heads_kv.max(1)
     }
-    /// CTAs per split: sequences x KV heads x blocks of up to 16 query heads.
+    /// Query heads one CTA serves ([`decode_rows_per_cta`] of the group).
+    pub fn rows_per_cta(&self) -> usize {
+        decode_rows_per_cta(self.head_dim, self.group())
+    }
+    /// CTA row blocks per sequence: KV heads x blocks of [`Self::rows_per_cta`] query heads.
+    pub fn head_blocks(&self) -> usize {
+        self.heads_kv * self.group().div_ceil(self.rows_per_cta())
+    }
+    /// CTAs per split: sequences x [`Self::head_blocks`].
     pub fn ctas_per_split(&self) -> usize {
-        self.batch * self.heads_kv * self.group().div_ceil(ROWS_PER_CTA)
+        self.batch * self.head_blocks()
     }
 }
 
@@ -69,7 +89,7 @@ pub struct DecodePlan {
     pub num_splits: usize,
     /// Tokens per split (a multiple of [`SPLIT_GRANULE`]); meaningful only when `num_splits > 1`.
     pub split_tokens: usize,
-    /// Grid of the decode kernel: (num_splits, Hkv * ceil(G / 16), B).
+    /// Grid of the decode kernel: (num_splits, Hkv * ceil(G / rows per CTA), B).
     pub grid: [usize; 3],
     /// fp32 elements of the split workspace: partial O [num_splits, B, Hq, D] and partial LSE [num_splits, B, Hq]
     /// (both 0 without splitting).
@@ -122,8 +142,8 @@ impl DecodePlan {
         if split_tokens > i32::MAX as usize {
             return Err(Error::overflow("max_seq_len", format!("split of {split_tokens} tokens does not fit in i32")));
         }
-        let grid_y = problem.heads_kv * problem.group().div_ceil(ROWS_PER_CTA);
-        for (what, v) in [("num_splits", num_splits), ("heads_kv x ceil(G/16)", grid_y), ("batch", problem.batch)] {
+        let grid_y = problem.head_blocks();
+        for (what, v) in [("num_splits", num_splits), ("heads_kv x row blocks", grid_y), ("batch", problem.batch)] {
             if v > MAX_GRID_YZ {
                 return Err(Error::overflow(what, format!("{v} exceeds the grid limit {MAX_GRID_YZ}")));
             }

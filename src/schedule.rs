@@ -26,7 +26,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use crate::error::{Error, Result};
-use crate::plan::{DecodeProblem, MIN_SPLIT_TOKENS, ROWS_PER_CTA, SPLIT_GRANULE};
+use crate::plan::{DecodeProblem, MIN_SPLIT_TOKENS, SPLIT_GRANULE};
 use crate::sys;
 use crate::tile::decode_tile_or_widest;
 
@@ -144,9 +144,10 @@ impl DecodeSchedule {
     }
 }
 
-/// CTA row blocks per sequence: KV heads × blocks of up to 16 of their query heads (the uniform grid's y).
+/// CTA row blocks per sequence: KV heads × blocks of [`DecodeProblem::rows_per_cta`] of their query heads
+/// (the uniform grid's y).
 pub fn head_blocks(problem: &DecodeProblem) -> usize {
-    problem.heads_kv * problem.group().div_ceil(ROWS_PER_CTA)
+    problem.head_blocks()
 }
 
 /// Tokens sequence `len` attends to under a window of left bound `window_left`: the kernel's

@@ -111,7 +111,7 @@ mod tests {
         assert_eq!(p(KernelOp::Prefill, 200, false, None).smem_bytes, 96 * 1024);
         // decode: fa/decode/traits.cuh, 3 CTAs per SM
         let dec = p(KernelOp::Decode, 72, false, None);
-        assert_eq!((dec.width, dec.block_m, dec.block_n, dec.stages, dec.threads), (128, 16, 32, 4, 128));
+        assert_eq!((dec.width, dec.block_m, dec.block_n, dec.stages, dec.threads), (128, 32, 32, 4, 128));
         assert_eq!(dec.min_ctas_per_sm, 3);
         assert_eq!(dec, p(KernelOp::Decode, 128, true, None));
         // FP8: twice the stages in the same stage area (4 more hole-slot words).

@@ -9,7 +9,7 @@
 
 use crate::counters::{KernelCounters, LaunchCounters};
 use crate::mask::{kv_block_range, Window};
-use crate::plan::{DecodePlan, ROWS_PER_CTA};
+use crate::plan::DecodePlan;
 use crate::prefill::{uses_variant_kernel, TileConfig};
 use crate::testkit::cases::decode::DecodeCase;
 use crate::testkit::cases::prefill::PrefillCase;
@@ -182,7 +182,8 @@ fn decode_cost_kv(case: &DecodeCase, plan: &DecodePlan, kv_elem: u64) -> DecodeC
     let d = case.head_dim as u64;
     let w = crate::head_dim::decode_width(case.head_dim).unwrap_or(case.head_dim) as u64;
     let group = case.heads_q / case.heads_kv.max(1);
-    let kv_ctas = (case.heads_kv * group.div_ceil(ROWS_PER_CTA)) as u64; // CTAs per (sequence, split)
+    let rows_per_cta = crate::plan::decode_rows_per_cta(case.head_dim, group);
+    let kv_ctas = (case.heads_kv * group.div_ceil(rows_per_cta)) as u64; // CTAs per (sequence, split)
                                                                          // The speculative page lookups cover the first kStages tiles: the cache format's stages (FP8 has twice).
     let policy = crate::tile::tile_policy(KernelOp::Decode, case.head_dim, false, case.kv.fp8().map(|f| f.0))
         .unwrap_or_else(|| decode_tile(case.head_dim));
@@ -214,7 +215,11 @@ fn decode_cost_kv(case: &DecodeCase, plan: &DecodePlan, kv_elem: u64) -> DecodeC
     }
     let warps = policy.warps() as u64;
     let d_splits = warps / (tile as u64 / 16); // warps per token group
-    c.mma = c.kv_tiles * warps * (w / 8 / policy.score_splits as u64 + w / d_splits / 8);
+    // Per KV tile every 16-row group with rows runs the whole CTA's worth of chunks (its warps take the tile's
+    // chunks between them); a CTA's empty row groups (its last rows) run none. So per (sequence, KV head):
+    // ceil(G / 16) groups, however many CTAs hold them.
+    let groups = (case.heads_kv * group.div_ceil(crate::plan::ROWS_PER_CTA)) as u64;
+    c.mma = c.kv_tiles / kv_ctas.max(1) * groups * warps * (w / 8 / policy.score_splits as u64 + w / d_splits / 8);
     c
 }
 

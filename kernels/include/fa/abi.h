@@ -194,8 +194,10 @@ typedef struct FaAppendParams {
  * the q/o rows cu_seqlens_q[b] .. cu_seqlens_q[b+1] (clamped to [0, total_q]; q_len_b <= max_seqlen_q) and
  * the semantics are paged prefill's (below): row i sits at key position seq_len_b - q_len_b + i, sees the keys
  * up to it with causal (else to seq_len_b - 1, or to position + window_right), from position - window_left on;
- * ALiBi distances are from that position; rope.positions (if any) has one entry per q row. A CTA serves 16
- * packed rows (token r / G, query head kv_head * G + r % G) of one KV head. With cu_seqlens_q == NULL: one row
+ * ALiBi distances are from that position; rope.positions (if any) has one entry per q row. A CTA serves
+ * rows_per_cta packed rows (token r / G, query head kv_head * G + r % G) of one KV head, reading each K/V byte
+ * once for all of them: 16, 32 or 64, at most the width's fa_tile_policy block_m (64 at width 64, 32 at 128,
+ * 16 above). With cu_seqlens_q == NULL: one row
  * per sequence (row b, total_q = B, max_seqlen_q = 1, causal). lse[row, h] is at row * lse_batch_stride +
  * h * lse_head_stride. Partials (split-KV) are [num_splits, total_q, Hq, D] / [num_splits, total_q, Hq].
  * A CTA reads only the keys [w, e) its rows see: w = max(0, p0 - window_left) (0 without a window), p0 the
@@ -208,7 +210,8 @@ typedef struct FaAppendParams {
  * seq_lens / block_table are device data the host cannot check without a sync: the kernel clamps a length
  * into [0, max_pages_per_seq * page_size] and reads the rows of an out-of-range page id as zeros. */
 /* A scheduled decode's unit of work (src/schedule.rs): sequence b, CTA row block head_block (as the uniform
- * grid's y: KV head head_block / ceil(G/16), query-head block head_block % ceil(G/16)), split `split` of
+ * grid's y, with n = ceil(max packed rows / rows_per_cta) blocks per KV head: KV head head_block / n, row
+ * block head_block % n), split `split` of
  * num_splits, each split_tokens long (laid out from the window's start; the last runs to seq_len, as in the
  * uniform grid). With num_splits == 1 the unit writes o / lse; else the fp32 partial of state
  * partial_base + i * num_splits + split for its query token i (decode: i = 0): partial_o [num_partials, Hq, D] /
@@ -255,6 +258,7 @@ typedef struct FaDecodeParams {
   int64_t lse_head_stride; /* decode: 1 */
   int32_t total_q, max_seqlen_q;
   int32_t causal; /* only read with cu_seqlens_q */
+  int32_t rows_per_cta; /* packed rows per CTA (see above): 16 * 2^k <= the width's block_m */
 } FaDecodeParams;
 
 /* Paged prefill: packed new query tokens of each sequence over the paged cache (chunked prefill, prefix
@@ -436,7 +440,8 @@ typedef struct FaExec {
  *   FA_MIN_HEAD_DIM .. FA_MAX_HEAD_DIM, multiples of FA_HEAD_DIM_STEP: the head dims some op takes; each op
  *   takes every such dim up to its own maximum, FA_<OP>_MAX_HEAD_DIM (its widest kernel: fa/head_dim.cuh
  *   checks the two agree), and its launcher and fa_tile_policy answer FA_ERR_UNSUPPORTED above it.
- *   FA_DECODE_ROWS: query heads one decode CTA serves (the mma M dimension); the work list's head blocks.
+ *   FA_DECODE_ROWS: the rows of one decode row group (the mma M dimension); a CTA serves 1, 2 or 4 groups
+ *   (FaDecodeParams::rows_per_cta), up to the policy's block_m.
  *   FA_SPLIT_GRANULE: split-KV decode and paged prefill take split_tokens in multiples of it.
  * fa_tile_policy(op, head_dim, variant, kv_dtype, out): the kernel a call of that class runs and its launch
  * shape (the same for fp16 and bf16); FA_ERR_UNSUPPORTED when no kernel serves it. `variant` is, per op:
@@ -456,7 +461,7 @@ enum { FA_OP_PREFILL = 0, FA_OP_PREFILL_SM90 = 1, FA_OP_PAGED_PREFILL = 2, FA_OP
 
 typedef struct FaTilePolicy {
   int32_t width;       /* the instantiated head-dim width serving the call (>= head_dim; columns past it zero) */
-  int32_t block_m;     /* rows per CTA: query rows (prefill), packed query rows (paged prefill), query heads (decode) */
+  int32_t block_m;     /* rows per CTA: query rows (prefill), packed query rows (paged prefill), the most packed rows (decode) */
   int32_t block_n;     /* keys per KV tile */
   int32_t stages;      /* K/V tiles in flight (shared-memory buffers) */
   int32_t threads;     /* threads per CTA */

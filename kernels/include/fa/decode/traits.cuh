@@ -85,10 +85,19 @@ template <int D, bool kFp8 = false> struct Traits {
   // memory holds no more).
   static constexpr int kMinCtasPerSm = D == 512 ? 2 : 3;
   static constexpr int kWarps = kThreads / 32;
-  static constexpr int kRows = FA_DECODE_ROWS; // query heads per CTA: the mma M dimension
+  static constexpr int kRows = FA_DECODE_ROWS; // packed query rows per row group: the mma M dimension
   static constexpr int kWarpTokens = 16; // tokens per warp per tile: one P.V k-step
   static constexpr int kTokenGroups = D == 64 ? 4 : (D == 128 ? 2 : 1);
   static constexpr int kDSplits = kWarps / kTokenGroups;
+  // Row groups (issue 30, item 4: a KV head read once for more than 16 query rows). The kTokenGroups warp
+  // slots of a D split can instead serve up to kTokenGroups blocks of 16 rows: with R row groups (a power of
+  // two, chosen per launch from FaDecodeParams::rows_per_cta = 16 R) the slots are R row groups x
+  // kTokenGroups / R token groups, and each warp computes R of the tile's 16-token chunks for its own 16
+  // rows, one after the other, with the same per-warp state (so the same registers). The CTA then serves
+  // 16 R rows from each staged K/V byte: up to 64 rows at D = 64 (MQA 64:1 reads its KV head once), 32 at
+  // D = 128, 16 from 256 on (one token group: no slot to spare).
+  static constexpr int kMaxRowGroups = kTokenGroups;
+  static constexpr int kCtaRows = kRows * kMaxRowGroups;
   static constexpr int kWarpD = D / kDSplits; // output columns per warp (64 up to D = 256, 128 at 512)
   // Warps that share one S, each summing Q·K over D / kScoreSplits columns (the header: 4 at D = 512).
   static constexpr int kScoreSplits = D == 512 ? kDSplits : 1;
@@ -107,10 +116,16 @@ template <int D, bool kFp8 = false> struct Traits {
   // Shared memory (bytes). The epilogue's fp32 partial outputs overlay the (then idle) stages.
   static constexpr int kTileBytes = kTileTokens * D * 2; // K or V of one tile
   static constexpr int kStageBytes = 2 * kTileBytes;
-  static constexpr int kQOffset = 0;
-  static constexpr int kQBytes = kRows * D * 2;
-  static constexpr int kStageOffset = kQOffset + kQBytes;
   static constexpr int kStageAreaBytes = k16BitStages * kStageBytes; // either format's stages
+  // Q (kCtaRows x D, swizzled). Up to D = 256 the warps hold Q in registers once init has run, before the
+  // first barrier of the KV loop, and the last stage is first written after that barrier (iteration 0
+  // issues tile kStages - 1): so Q overlays the end of the stage area (inside the last stage of either
+  // format) and costs no shared memory of its own. At D = 512 the S exchange overlays Q during the loop,
+  // so Q has its own area in front of the stages.
+  static constexpr int kQBytes = kCtaRows * D * 2;
+  static constexpr bool kQInStages = kScoreSplits == 1;
+  static constexpr int kStageOffset = kQInStages ? 0 : kQBytes;
+  static constexpr int kQOffset = kQInStages ? kStageOffset + kStageAreaBytes - kQBytes : 0;
   static constexpr int kRowRingOffset = kStageOffset + kStageAreaBytes;
   static constexpr int kRowRingBytes = 2 * kTileTokens * 16; // K/V row offsets of the next two tiles to issue
   static constexpr int kStatsOffset = kRowRingOffset + kRowRingBytes;
@@ -127,7 +142,7 @@ template <int D, bool kFp8 = false> struct Traits {
   // epilogue) instead of held in registers across the loop: the D = 256 kernels run at the 168-register
   // launch bound, where two more live values spill (ptxas, sm_80/90).
   static constexpr int kRowInfoOffset = kHoleOffset + kHoleBytes;
-  static constexpr int kRowInfoBytes = (4 * kRows + 2) * 4;
+  static constexpr int kRowInfoBytes = (4 * kCtaRows + 2) * 4;
   static constexpr int kSmemBytes = kRowInfoOffset + kRowInfoBytes;
   // kScoreSplits > 1: the partial S tiles (per warp, 32 lanes x 8 fp32) overlay the Q tile, which no warp
   // reads after its fragments are loaded (before the first tile's barrier).
@@ -146,6 +161,7 @@ template <int D, bool kFp8 = false> struct Traits {
   static constexpr int kFp8TileBytes = kTileTokens * D;
   static constexpr int kFp8StageBytes = 2 * kFp8TileBytes;
   static_assert(!kFp8 || kStages * kFp8StageBytes <= kStageAreaBytes, "FP8 stages fit");
+  static_assert(!kQInStages || kQBytes <= (kFp8 ? kFp8StageBytes : kStageBytes), "Q lies inside the last stage");
   // Each copying thread takes two chunks of a row (K and V), so a row's page offsets are read from the
   // ring by D / 32 threads: per global byte, the ring costs FP8 what it costs the 16-bit path (one chunk per
   // thread, twice the bytes per chunk). Which two: chunks 2c, 2c+1 up to 8 chunks a row, c and c + n/2 with
