@@ -164,13 +164,13 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
   uint32_t *holes = reinterpret_cast<uint32_t *>(smem + Tr::kHoleOffset); // [kHoleSlots][kHoleWords]
   float *o_partial = reinterpret_cast<float *>(stages); // epilogue only, after the last tile
   float *exchange = reinterpret_cast<float *>(smem + Tr::kExchangeOffset); // partial S (kScoreSplits > 1)
-  // Per row r < kRows: key position, q row, query head (-1: no such row), partial state (traits.cuh); then the
+  // Per row r < kCtaRows: key position, q row, query head (-1: no such row), partial state (traits.cuh); then the
   // keys every row sees, [shared_keys[0], shared_keys[1]].
   int *row_pos = reinterpret_cast<int *>(smem + Tr::kRowInfoOffset);
-  int *row_q = row_pos + Tr::kRows;
-  int *row_head = row_q + Tr::kRows;
-  int *row_state = row_head + Tr::kRows;
-  int *shared_keys = row_state + Tr::kRows;
+  int *row_q = row_pos + Tr::kCtaRows;
+  int *row_head = row_q + Tr::kCtaRows;
+  int *row_state = row_head + Tr::kCtaRows;
+  int *shared_keys = row_state + Tr::kCtaRows;
 
   const int tid = thread_idx();
   const int lane = lane_id();

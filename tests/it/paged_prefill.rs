@@ -60,34 +60,37 @@ fn emulated_paged_prefill_both_kernels() {
 
 /// Which kernel runs, and what it keeps in flight (issue 25, item 4). Speculative verification (q_len 4, G 4:
 /// 16 packed rows; and G 8: 32) runs on the decode kernel under Auto, 128 threads, decode's shared memory; the
-/// plan's grid is decode's (splits, Hkv x row blocks, B). Bytes in flight per SM from the two tile policies
+/// plan's grid is decode's (splits, Hkv x row blocks, B), and a CTA serves all 32 rows of G 8 at D 128 (two
+/// row groups: issue 30, item 4), so each KV head's keys are read once. Bytes in flight per SM from the two tile policies
 /// (stages - 1 K+V tiles per CTA, times CTAs per SM): the streaming kernel keeps at least twice the tiled
 /// one's, and at least the H200's bandwidth-delay product per SM (4.8 TB/s x ~0.7 us / 132 SMs ~ 26 KB).
 #[test]
 fn short_queries_stream_like_decode() {
     let emu = Emulator::new();
-    for (g, rows) in [(4, 16), (8, 32)] {
+    // (G, packed rows, rows per CTA)
+    for (g, rows, cta_rows) in [(4, 16, 16), (8, 32, 32)] {
         let c = case(128, (8 * g, 8), 16, &[(4, 2000), (4, 700)]);
         let outcome = check_case_emulated(&emu, &c, common::case_seed(0)).unwrap();
         assert!(outcome.passed(), "{}", outcome.summary());
         let plan = outcome.plan;
         assert_eq!(plan.kernel, PagedPrefillKernel::Streaming, "G {g}");
         assert!(rows <= STREAMING_MAX_ROWS);
-        assert_eq!(plan.grid, [plan.num_splits, 8 * rows.div_ceil(16), 2], "G {g}");
+        assert_eq!(plan.grid, [plan.num_splits, 8, 2], "G {g}: one CTA per (KV head, split, sequence)");
         let counters = emu.last_launch_counters().unwrap();
         let k = &counters.kernels[0];
         let p = tile_policy(KernelOp::Decode, 128, false, None).unwrap();
         assert_eq!(k.kernel, "fa_paged_decode_bf16_d128");
         assert_eq!((k.block_threads, k.smem_bytes), (p.threads as u64, p.smem_bytes as u64));
-        assert_eq!(k.blocks, (plan.num_splits * 8 * rows.div_ceil(16) * 2) as u64);
-        // Each 16-row CTA reads the keys up to its last row's position once (causal: the range ends there),
-        // exactly: per sequence and KV head, Σ over row blocks of (last position + 1) keys of K.
+        assert_eq!(k.blocks, (plan.num_splits * 8 * 2) as u64);
+        // Each CTA reads the keys up to its last row's position once (causal: the range ends there), exactly:
+        // per sequence and KV head, Σ over row blocks of (last position + 1) keys of K.
         let per_key = (8 * 128 * 2) as u64;
         let keys: u64 = c
             .seqs
             .iter()
             .flat_map(|&(q, len)| {
-                (0..(q * g).div_ceil(16)).map(move |blk| (len - q + ((blk * 16 + 15).min(q * g - 1)) / g + 1) as u64)
+                (0..(q * g).div_ceil(cta_rows))
+                    .map(move |blk| (len - q + ((blk * cta_rows + cta_rows - 1).min(q * g - 1)) / g + 1) as u64)
             })
             .sum();
         assert_eq!(k.read_of("k_cache"), keys * per_key, "G {g}");

@@ -137,7 +137,7 @@ template <int D, bool kFp8 = false> struct Traits {
   static constexpr int kHoleSlots = kStages + 1;
   static constexpr int kHoleOffset = kStatsOffset + kStatsBytes;
   static constexpr int kHoleBytes = kHoleSlots * kHoleWords * 4;
-  // Per-row facts (key position, q row, query head, partial state: int [4][kRows]) and the key range where all
+  // Per-row facts (key position, q row, query head, partial state: int [4][kCtaRows]) and the key range where all
   // rows see the same keys (int [2]), parked once per unit and read where needed (the loop's masks, ALiBi, the
   // epilogue) instead of held in registers across the loop: the D = 256 kernels run at the 168-register
   // launch bound, where two more live values spill (ptxas, sm_80/90).
