@@ -303,9 +303,17 @@ mod tests {
         let a = DecodePlan::new(&problem(3, 64, 2, 9000), 108, None).unwrap();
         let b = DecodePlan::new(&problem(3, 64, 2, 9000), 108, None).unwrap();
         assert_eq!(a, b);
-        // G = 32 query heads per KV head: two CTAs of 16 rows each.
-        assert_eq!(a.grid[1], 4);
-        assert_eq!(problem(3, 64, 2, 9000).ctas_per_split(), 12);
+        // G = 32 query heads per KV head at width 128: one CTA of two 16-row groups per KV head.
+        assert_eq!(a.grid[1], 2);
+        assert_eq!(problem(3, 64, 2, 9000).ctas_per_split(), 6);
+        // At width 256 (one row group per CTA): two CTAs of 16 rows per KV head.
+        let wide = DecodeProblem { head_dim: 256, ..problem(3, 64, 2, 9000) };
+        assert_eq!((wide.rows_per_cta(), wide.ctas_per_split()), (16, 12));
+        // Rows per CTA: the fewest 16-row groups, a power of two, at most the width's (64, 32, 16, 16).
+        let rows = |d, g| decode_rows_per_cta(d, g);
+        assert_eq!([1, 16, 17, 33, 48, 64, 65, 200].map(|g| rows(64, g)), [16, 16, 32, 64, 64, 64, 64, 64]);
+        assert_eq!([1, 16, 17, 32, 33].map(|g| rows(128, g)), [16, 16, 32, 32, 32]);
+        assert_eq!([rows(256, 64), rows(512, 64), rows(40, 64), rows(72, 20)], [16, 16, 64, 32]);
     }
 
     #[test]

@@ -136,12 +136,13 @@ pub fn decode_tile_tokens(head_dim: usize) -> usize {
 /// What one paged decode should cost (kernels/decode.cu, then merge.cu for split-KV).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DecodeCost {
-    /// CTAs of the decode kernel: splits × B × Hkv × ⌈G/16⌉.
+    /// CTAs of the decode kernel: splits × B × Hkv × ⌈G / rows per CTA⌉ ([`crate::plan::decode_rows_per_cta`]:
+    /// up to 64 rows at width 64, 32 at 128, 16 above).
     pub ctas: u64,
     /// K and V tiles walked, over all CTAs.
     pub kv_tiles: u64,
-    /// Each visible token's K and V row read once per KV head (⌈G/16⌉ = 1 for G ≤ 16: the G query heads of
-    /// a KV head are the 16 rows of one mma tile), never a slot past `seq_len` (zero-filled instead), nor
+    /// Each visible token's K and V row read once per CTA of a KV head (one for G ≤ rows per CTA: the G query
+    /// heads of a KV head are the row groups of one CTA), never a slot past `seq_len` (zero-filled instead), nor
     /// one left of a sliding window (the last w + 1 tokens are the visible ones).
     pub k_bytes_read: u64,
     pub v_bytes_read: u64,

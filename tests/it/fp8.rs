@@ -349,6 +349,56 @@ fn fp8_decode_shared_traffic_and_bank_conflicts() {
     }
 }
 
+/// Row groups (issue 30, item 4) replace R CTAs of 16 query heads, each streaming the same KV head, by one
+/// CTA whose R row groups share each staged byte: global traffic / R, bought with shared reads inside the
+/// CTA, as every row group's warps read every chunk of the tile for their own rows. Model, per global byte of
+/// the loop (two context lengths differenced) against the same width at G = 16 (R = 1): K is read by the
+/// kDSplits warps of each row group, V once per row group, so + (R − 1)·(kDSplits + 1)/2 shared bytes per
+/// global byte (D 64, R 4: +3.0; D 128, R 2: +1.5); the landing and the row ring are unchanged. Each extra
+/// chunk a warp computes also rereads the tile's scalar facts (its hole word and the CTA's key range: at most
+/// three words per lane, 384 bytes), so the measured increase lies in [model, model + 4 warps · (R − 1) ·
+/// 384 B per tile]. Both cache formats, conflict-free, and less shared traffic per KV byte served than the R
+/// CTAs it replaces.
+#[test]
+fn row_groups_share_each_staged_byte() {
+    let fp8 = KvFormat::Fp8 { format: Fp8Format::E4m3, scales: ScaleKind::PerHead };
+    for (d, groups, d_splits) in [(64usize, 4usize, 1usize), (128, 2, 2)] {
+        for kv in [KvFormat::Sixteen, fp8] {
+            let loop_ratio = |g: usize| {
+                let run = |lens: &[usize]| {
+                    let case = DecodeCase { kv, ..DecodeCase::new(DType::Bf16, d, (g, 1), 16, lens, Some(1)) };
+                    let emu = Emulator::new();
+                    let o = check_case_emulated(&emu, &case, 1).unwrap();
+                    assert!(o.passed(), "{}: {}", case.label(), o.summary());
+                    emu.last_launch_counters().unwrap().kernels[0].clone()
+                };
+                let (short, long) = (run(&[256, 200]), run(&[768, 712]));
+                let delta = |f: fn(&KernelCounters) -> u64| f(&long) - f(&short);
+                assert_eq!(
+                    delta(|k| k.shared_wavefronts),
+                    delta(|k| k.shared_ideal_wavefronts),
+                    "D={d} G={g} {kv:?}: the loop has bank conflicts"
+                );
+                let shared = delta(|k| k.shared_bytes_read + k.shared_bytes_written);
+                shared as f64 / delta(KernelCounters::global_bytes_read) as f64
+            };
+            let (base, grouped) = (loop_ratio(16), loop_ratio(16 * groups));
+            let model = (groups - 1) as f64 * (d_splits + 1) as f64 / 2.0;
+            // A tile's global bytes (K + V of 64 tokens at D 64, 32 at D 128) over the cache's element size.
+            let tile_bytes = (4096 / d * d * 2 * kv.bytes()) as f64;
+            let facts = (4 * (groups - 1) * 384) as f64 / tile_bytes;
+            eprintln!("D={d} {kv:?}: loop shared B per global B: G 16 {base:.3}, G {} {grouped:.3}", 16 * groups);
+            assert!(
+                grouped - base >= model - 0.01 && grouped - base <= model + facts,
+                "D={d} {kv:?}: G {} moves {grouped:.3} shared bytes per global byte, G 16 {base:.3}, model +{model} \
+                 (+ up to {facts:.3} of scalar facts)",
+                16 * groups
+            );
+            assert!(grouped < groups as f64 * base, "D={d} {kv:?}: no better than {groups} CTAs of 16 rows");
+        }
+    }
+}
+
 /// Every KV head dequantises with its own FP8 scales, at the head counts models use (Hq 64 / Hkv 8 and
 /// Hq 128 / Hkv 16, decode, one split and several): scales distinct per head (K: 2^(π(h)/2 − 4), V:
 /// 2^(π(h)/2 − 3), π a permutation, so any two heads differ by ≥ √2) over random E4M3 / E5M2 codes, checked

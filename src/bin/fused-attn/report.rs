@@ -116,7 +116,8 @@ fn other_op_quick(kernel: PrefillKernel) -> Vec<Case> {
 }
 
 /// Decode shapes timed by `report`: the issue-5 shapes (B = 64 at 4k, B = 1 at 32k) plus more contexts per
-/// batch for the plot; every cache is ≥ 128 MB so launches stream from HBM, not L2.
+/// batch for the plot, and MQA 64:1 at D 64 / 128 (16 × 32k); every cache is ≥ 128 MB so launches stream
+/// from HBM, not L2.
 pub fn decode_perf_cases() -> Vec<DecodeCase> {
     let base = decode_perf();
     let Some(proto) = base.first().cloned() else { return base };
@@ -131,6 +132,29 @@ pub fn decode_perf_cases() -> Vec<DecodeCase> {
     for c in base {
         if !cases.contains(&c) {
             cases.push(c);
+        }
+    }
+    // MQA 64:1 (issue 30, item 4): one CTA per KV head and split at D 64 (four row groups), two at D 128.
+    for head_dim in [64, 128] {
+        cases.push(DecodeCase { head_dim, heads_q: 64, heads_kv: 1, seq_lens: vec![32768; 16], ..proto.clone() });
+    }
+    cases
+}
+
+/// The FP8-against-bf16 decode grid (issue 30): batch 1 / 8 / 64 x context 4k / 32k x D 128 / 256, the perf
+/// shapes' GQA 32:8 and pages of 16 (each timed over a bf16 and an E4M3 cache; the largest, 64 x 32k at
+/// D 256, is a 17 GB bf16 cache built on the host). `--quick` keeps the predictions row (64 x 4k, D 128).
+pub fn fp8_decode_shapes(quick: bool) -> Vec<DecodeCase> {
+    let Some(proto) = decode_perf().first().cloned() else { return Vec::new() };
+    if quick {
+        return vec![proto];
+    }
+    let mut cases = Vec::new();
+    for head_dim in [128, 256] {
+        for batch in [1, 8, 64] {
+            for ctx in [4096, 32768] {
+                cases.push(DecodeCase { head_dim, seq_lens: vec![ctx; batch], ..proto.clone() });
+            }
         }
     }
     cases
@@ -253,9 +277,7 @@ pub fn perf_plan(quick: bool, kernel: PrefillKernel, hopper: bool) -> Vec<TimedS
         })
     }
 
-    let mut fp8_shapes = decode_perf();
-    fp8_shapes.truncate(if quick { 1 } else { fp8_shapes.len() });
-    for base in fp8_shapes {
+    for base in fp8_decode_shapes(quick) {
         let baseline = index_of(&mut plan, Timed::Decode(base.clone()));
         let case = DecodeCase { kv: KvFormat::Fp8 { format: Fp8Format::E4m3, scales: ScaleKind::PerHead }, ..base };
         plan.push(TimedShape { case: Timed::Decode(case), baseline: Some(baseline) });
@@ -487,7 +509,7 @@ mod tests {
                     (Timed::Decode(c), Timed::Decode(b)) => {
                         let e4m3 = KvFormat::Fp8 { format: Fp8Format::E4m3, scales: ScaleKind::PerHead };
                         assert_eq!((&DecodeCase { kv: KvFormat::Sixteen, ..c.clone() }, c.kv), (b, e4m3));
-                        assert!(decode_perf().contains(b) && b.dtype == DType::Bf16);
+                        assert!(fp8_decode_shapes(quick).contains(b) && b.dtype == DType::Bf16);
                         // --quick keeps the predictions row's shape.
                         assert!(!quick || (b.batch(), b.max_seq_len()) == (64, 4096));
                         fp8 += 1;
@@ -518,8 +540,9 @@ mod tests {
                     _ => panic!("unexpected comparison {row:?} vs {base:?}"),
                 }
             }
-            // FP8: 2 shapes; chunks: 2 × 2 pages; spec-verify: 2 contexts × 2 q_lens × both paged kernels.
-            let want = if quick { (1, 1, 2) } else { (2, 4, 8) };
+            // FP8: B 1/8/64 × 4k/32k × D 128/256; chunks: 2 × 2 pages; spec-verify: 2 contexts × 2 q_lens ×
+            // both paged kernels.
+            let want = if quick { (1, 1, 2) } else { (12, 4, 8) };
             assert_eq!((fp8, chunks, spec), want, "quick {quick} hopper {hopper}");
             // The baselines are rows the plan times anyway (the decode perf shapes), plus one dense prefill
             // per chunk shape (two kernels on Hopper).
@@ -528,6 +551,11 @@ mod tests {
             let mut dp = decode_perf_cases();
             if quick {
                 dp.retain(|c| decode_perf().contains(c));
+            }
+            for c in fp8_decode_shapes(quick) {
+                if !dp.contains(&c) {
+                    dp.push(c);
+                }
             }
             assert_eq!(decode_rows, dp.len());
             let dense =

@@ -6,9 +6,10 @@
 // it (columns past the head dim are zero-filled, never read: decode is memory-bound, so a padded width costs
 // only tensor time and shared memory, both with room to spare, and no extra instantiations).
 //
-// CTA = one (sequence, KV head, block of up to 16 of its query heads, KV split). The G = Hq/Hkv query heads
-// that share the KV head are the M = 16 rows of an m16n8k16 tensor-core tile (FA2's "seqlenq_ngroups
-// swapped" / FlashInfer's tensor-core decode), so each K/V byte is read from memory once per group. Tensor
+// CTA = one (sequence, KV head, block of up to 16 R of its query heads, KV split; R row groups, below). The
+// G = Hq/Hkv query heads that share the KV head are the M = 16 rows of an m16n8k16 tensor-core tile (FA2's
+// "seqlenq_ngroups swapped" / FlashInfer's tensor-core decode), so each K/V byte is read from memory once
+// per CTA: once per KV head for G <= 16 R. Tensor
 // cores rather than CUDA cores: with G heads every K/V element feeds 2G FMAs, which at HBM3e rates is
 // 20-50% of the fp32 FMA pipe plus the conversions, while the padded mma (16 rows for G <= 16) costs well
 // under 10% of the tensor pipe; the data path (cp.async -> swizzled smem -> ldmatrix) is the same either way.
