@@ -1061,6 +1061,7 @@ fn launch_views<T: Element>(
         kernel: c.kernel,
         sm90_steps: c.sm90_steps,
         rope: None,
+        rope_k: None,
     };
     match views {
         CaseViews::Dense { q, k, v, mut o, mut lse } => prefill(stream, &q, &k, &v, &mut o, lse.as_mut(), &opts),
