@@ -345,6 +345,48 @@ fn run_emulated_paged_prefill_with_rope_passes_and_dumps_positions() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `run --op prefill --rope-theta …`: q and k rotated in the kernel (default and explicit positions, a
+/// partial-rotary Llama-3 table, dense and a sliding window) pass against the reference (which rotates both),
+/// the label says so, and --dump writes the poisoned table, each query row's position `[B, Tq]` and each
+/// key's `[B, Tk]` (q and k unrotated); the JSON row's counters show K read as without RoPE.
+#[test]
+fn run_emulated_prefill_with_rope_on_q_and_k() {
+    let dir = std::env::temp_dir().join(format!("fa-runner-prefill-rope-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let line = "run --backend emu --op prefill --batch 2 --heads 4 --kv-heads 2 --seqlen-q 40 --seqlen-k 70 \
+                --head-dim 64 --causal --json --seed 3";
+    let plain = fused_attn(line);
+    assert_eq!(plain.status.code(), Some(0), "{}", stderr(&plain));
+    let plain_k = json_rows(&plain)[0]["counters"]["buffers"]["k"].clone();
+    assert!(plain_k["read"].as_u64().unwrap_or(0) > 0, "{plain_k}");
+    for (positions, extra) in [("last", ""), ("explicit", " --window-left 20")] {
+        let o = fused_attn(&format!(
+            "{line} --rope-theta 500000 --rotary-dim 48 --rope-scaling llama3 --rope-positions {positions}{extra} \
+             --dump {}",
+            dir.display()
+        ));
+        assert_eq!(o.status.code(), Some(0), "{positions}: {}", stderr(&o));
+        let r = &json_rows(&o)[0];
+        assert_eq!((&r["op"], &r["passed"]), (&"prefill".into(), &true.into()), "{r}");
+        assert!(r["label"].as_str().unwrap_or_default().contains("rope=Neox rd=48"), "{r}");
+        if extra.is_empty() {
+            assert_eq!(r["counters"]["buffers"]["k"], plain_k, "K traffic differs with RoPE: {r}");
+        }
+        assert_eq!(npy_header(&dir.join("rope_positions.npy")), ("<i4".to_string(), vec![2, 40]));
+        assert_eq!(npy_header(&dir.join("rope_k_positions.npy")), ("<i4".to_string(), vec![2, 70]));
+        if positions == "last" {
+            let ints = |name: &str, n: usize| -> Vec<i32> {
+                let b = std::fs::read(dir.join(name)).unwrap();
+                b[b.len() - 4 * n..].chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect()
+            };
+            // Sequence 1's last query rows sit at the bottom right (.., 68, 69); its keys at 0..70.
+            assert_eq!(ints("rope_positions.npy", 2), [68, 69]);
+            assert_eq!(ints("rope_k_positions.npy", 3), [67, 68, 69]);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Reads a .npy header: (descr, shape), and checks the file length against them.
 fn npy_header(path: &Path) -> (String, Vec<usize>) {
     let b = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));

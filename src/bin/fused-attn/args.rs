@@ -267,21 +267,23 @@ pub struct RunArgs {
     /// Attention sinks: a logit per query head, N(0, 1) from --seed [prefill, decode].
     #[arg(long)]
     pub sinks: bool,
-    /// RoPE on q, fused [decode, paged-prefill]: the base θ (e.g. 10000, 500000); unset = q taken as already rotated.
+    /// RoPE, fused: the base θ (e.g. 10000, 500000); unset = taken as already rotated. prefill: q and k; decode,
+    /// paged-prefill: q (the cache is taken as rotated).
     #[arg(long, value_name = "THETA")]
     pub rope_theta: Option<f64>,
-    /// RoPE pair layout: neox (rotate-half) or gptj (interleaved) [decode, paged-prefill, with --rope-theta].
+    /// RoPE pair layout: neox (rotate-half) or gptj (interleaved) [with --rope-theta].
     #[arg(long, value_enum, default_value_t = RopeStyleArg::Neox, value_name = "STYLE")]
     pub rope_style: RopeStyleArg,
-    /// Rotated dims, even, <= --head-dim (partial rotary) [decode, paged-prefill, with --rope-theta] [default: --head-dim].
+    /// Rotated dims, even, <= --head-dim (partial rotary) [with --rope-theta] [default: --head-dim].
     #[arg(long, value_name = "N")]
     pub rotary_dim: Option<usize>,
-    /// Frequency scheme [decode, paged-prefill, with --rope-theta]: none, linear:F, ntk:F, llama3 (3.1's 8/1/4/8192) or
+    /// Frequency scheme [with --rope-theta]: none, linear:F, ntk:F, llama3 (3.1's 8/1/4/8192) or
     /// llama3:F:LOW:HIGH:ORIG, yarn:F:ORIG (β 32/1).
     #[arg(long, default_value = "none", value_name = "SCHEME")]
     pub rope_scaling: String,
     /// RoPE positions: `last` (decode: each sequence's seq_len - 1; paged-prefill: each token's place in the
-    /// cache) or `explicit` (drawn from --seed) [decode, paged-prefill, with --rope-theta].
+    /// cache; prefill: query row i at i + Tk - Tq, key j at j) or `explicit` (drawn from --seed) [with
+    /// --rope-theta].
     #[arg(long, value_enum, default_value_t = RopePositionsArg::Last, value_name = "KIND")]
     pub rope_positions: RopePositionsArg,
     #[command(flatten)]
@@ -500,7 +502,7 @@ impl RunArgs {
 }
 
 /// Flags that apply to some ops only, by clap id: (id, flag, the ops it applies to, why).
-const OP_ONLY: [(&str, &str, &[Op], &str); 15] = [
+const OP_ONLY: [(&str, &str, &[Op], &str); 10] = [
     ("seq_lens", "--seq-lens", &[Op::Decode, Op::PagedPrefill], "prefill's batches are uniform"),
     ("q_lens", "--q-lens", &[Op::PagedPrefill], "decode is one query token per sequence"),
     (
@@ -516,36 +518,6 @@ const OP_ONLY: [(&str, &str, &[Op], &str); 15] = [
     ("paged_kernel", "--paged-kernel", &[Op::PagedPrefill], "only paged prefill has two kernels"),
     ("kv_dtype", "--kv-dtype", &[Op::Decode, Op::PagedPrefill], "prefill reads contiguous 16-bit K/V"),
     ("kv_scale", "--kv-scale", &[Op::Decode, Op::PagedPrefill], "prefill reads contiguous 16-bit K/V"),
-    (
-        "rope_theta",
-        "--rope-theta",
-        &[Op::Decode, Op::PagedPrefill],
-        "not in the runner's dense prefill yet (docs/rope.md)",
-    ),
-    (
-        "rope_style",
-        "--rope-style",
-        &[Op::Decode, Op::PagedPrefill],
-        "not in the runner's dense prefill yet (docs/rope.md)",
-    ),
-    (
-        "rotary_dim",
-        "--rotary-dim",
-        &[Op::Decode, Op::PagedPrefill],
-        "not in the runner's dense prefill yet (docs/rope.md)",
-    ),
-    (
-        "rope_scaling",
-        "--rope-scaling",
-        &[Op::Decode, Op::PagedPrefill],
-        "not in the runner's dense prefill yet (docs/rope.md)",
-    ),
-    (
-        "rope_positions",
-        "--rope-positions",
-        &[Op::Decode, Op::PagedPrefill],
-        "not in the runner's dense prefill yet (docs/rope.md)",
-    ),
 ];
 
 /// A flag the user gave for an op it does not apply to.
@@ -654,13 +626,15 @@ mod tests {
         assert!(run("run --op decode").rope().unwrap().is_none());
         let r = run("run --op paged-prefill --rope-theta 10000 --rope-positions explicit").rope().unwrap().unwrap();
         assert_eq!((r.config.theta, r.explicit_positions), (10000.0, true));
+        let r = run("run --op prefill --rope-theta 10000 --rotary-dim 64").rope().unwrap().unwrap();
+        assert_eq!((r.config.rotary_dim, r.explicit_positions), (64, false));
         for bad in [
             "run --op decode --rope-theta 10000 --rotary-dim 7",
             "run --op decode --rope-theta 10000 --rotary-dim 256",
             "run --op decode --rope-theta 10000 --rope-scaling yarn:4",
             "run --op decode --rope-theta 10000 --rope-scaling cubic:2",
             "run --op decode --rope-style gptj",
-            "run --op prefill --rope-theta 10000",
+            "run --op prefill --rope-theta 10000 --rotary-dim 130",
         ] {
             assert!(matches!(p(bad), Err(e) if e.kind() == &fused_attn::ErrorKind::Usage), "{bad}");
         }

@@ -519,6 +519,14 @@ fn with_counters(
         })
         .collect();
     map.insert("per_kernel".into(), per_kernel.into());
+    // Bytes read and written per argument ("q", "k", "rope_cos", "k_cache", ...), over the op's kernels.
+    let buffers: serde_json::Map<String, serde_json::Value> = c
+        .total()
+        .buffers
+        .iter()
+        .map(|b| (b.name.clone(), serde_json::json!({ "read": b.read, "written": b.written })))
+        .collect();
+    map.insert("buffers".into(), buffers.into());
     if let Some(r) = ratios(&c) {
         let r: serde_json::Map<String, serde_json::Value> =
             r.into_iter().map(|(k, v)| (k.to_string(), serde_json::json!(v))).collect();

@@ -1,7 +1,8 @@
 //! `run --dump DIR`: every input and output of the run as .npy (C order, little-endian), so an outside tool
 //! can check the result independently. fp16 tensors are float16; bf16 tensors are float32 holding exactly
 //! the bf16 values; lse float32; integer tables int32. Layouts (docs/semantics.md):
-//! - prefill: q [B, Tq, Hq, D], k / v [B, Tk, Hkv, D], out [B, Tq, Hq, D], lse [B, Hq, Tq];
+//! - prefill: q [B, Tq, Hq, D], k / v [B, Tk, Hkv, D], out [B, Tq, Hq, D], lse [B, Hq, Tq]; with RoPE the
+//!   table (rope_cos / rope_sin) and rope_positions [B, Tq], rope_k_positions [B, Tk] (q and k unrotated);
 //! - decode: q [B, Hq, D], k_cache / v_cache [num_pages, page_size, Hkv, D] (NaN in slots no sequence
 //!   owns), block_table [B, max_pages_per_seq], seq_lens [B], k / v [B, max(seq_lens), Hkv, D] (the
 //!   cache gathered through the block table, zero past each seq_len), out [B, Hq, D], lse [B, Hq].
@@ -78,6 +79,14 @@ impl Dump {
         let [b, tq, hq, _] = f.q.shape;
         let lse = f.logical_lse(out).unwrap_or_else(|| vec![f32::NAN; b * hq * tq]);
         self.variants(&f.alibi_slopes, &f.sinks, b, hq)?;
+        // RoPE on q and k: each query row's and each key's position (q and k are written unrotated).
+        if f.rope_table.is_some() {
+            let (qp, kp) = f.rope_positions();
+            let narrow = |p: Vec<i64>| p.into_iter().map(|x| x as i32).collect::<Vec<i32>>();
+            self.rope(f.rope_table.as_ref(), &narrow(qp), &[b, tq])?;
+            let tk = f.k.shape[1];
+            self.write("rope_k_positions", &[b, tk], NpyData::I32(&narrow(kp)))?;
+        }
         self.write("lse", &[b, hq, tq], NpyData::F32(lse))
     }
 

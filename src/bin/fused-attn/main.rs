@@ -48,6 +48,7 @@ fn run(a: &RunArgs, backend: &Backend, out: &mut Output) -> Result<()> {
                 variants: a.variants(),
                 kernel: a.common.kernel,
                 sm90_steps: a.sm90_off,
+                rope: a.rope()?,
                 ..PrefillCase::dense(
                     a.dtype.into(),
                     a.head_dim,
