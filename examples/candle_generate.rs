@@ -276,16 +276,9 @@ struct FusedStep {
 enum FusedStepKind {
     /// The prompts' positions (int32) rotate k in the append; the prefill rotates q and k at their places
     /// in their prompts (the default positions: Tq = Tk).
-    Prefill {
-        cu_seqlens: Tensor,
-        max_len: usize,
-        positions: Tensor,
-    },
+    Prefill { cu_seqlens: Tensor, max_len: usize, positions: Tensor },
     /// The new tokens' positions (int32) rotate k in the append; q is rotated at seq_len − 1.
-    Decode {
-        seq_lens: Tensor,
-        positions: Tensor,
-    },
+    Decode { seq_lens: Tensor, positions: Tensor },
 }
 
 impl FusedPath {

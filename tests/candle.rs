@@ -187,8 +187,7 @@ fn flash_attn_rope_matches_candle_attention_over_rotated_q() -> Result<()> {
     judge("dense, bottom-right positions", &ours, &q, &rotated(&q, &bottom_right)?)?;
     let positions: Vec<i32> = (0..b * tq).map(|_| rng.random_range(0..max_pos as i32)).collect();
     let pt = Tensor::new(positions.as_slice(), &Device::Cpu)?;
-    let ours =
-        fa::flash_attn_rope(&q, &k, &v, scale as f32, true, &fa::Variants::default(), &rope, Some(&pt), None)?;
+    let ours = fa::flash_attn_rope(&q, &k, &v, scale as f32, true, &fa::Variants::default(), &rope, Some(&pt), None)?;
     let explicit: Vec<i64> = positions.iter().map(|&p| i64::from(p)).collect();
     judge("dense, explicit positions", &ours, &q, &rotated(&q, &explicit)?)?;
     // Varlen: the same two sequences packed.

@@ -284,8 +284,7 @@ pub fn prefill<T: Element>(
     let lse_strides = lse.as_deref().map(|l| l.strides()).unwrap_or_default();
     let mut launch = Launch::new(*stream);
     let score_mod = opts.score_mod.abi(&mut launch, batch, heads_q)?;
-    let (rope, rope_k, rope_k_positions) =
-        rope_abi(&mut launch, opts, head_dim, batch * seqlen_q, batch * seqlen_k)?;
+    let (rope, rope_k, rope_k_positions) = rope_abi(&mut launch, opts, head_dim, batch * seqlen_q, batch * seqlen_k)?;
     let params = take_pointers(&mut launch, [q, k, v], seqlen_k > 0, o, lse, params)?;
     let params = sys::FaPrefillParams {
         q_batch_stride: qs[0],

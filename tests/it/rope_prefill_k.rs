@@ -108,7 +108,16 @@ fn cases() -> Vec<Case> {
             cfg(1e4, 128, Gptj, RopeScaling::yarn(8.0, 4096)),
             (true, true),
         ),
-        c(bf, 64, (2, 2), &[(1, 1), (70, 70), (5, 0)], true, false, cfg(1e4, 64, Neox, RopeScaling::None), (false, true)),
+        c(
+            bf,
+            64,
+            (2, 2),
+            &[(1, 1), (70, 70), (5, 0)],
+            true,
+            false,
+            cfg(1e4, 64, Neox, RopeScaling::None),
+            (false, true),
+        ),
         // Pythia / StableLM: 20 of 80.
         c(f, 80, (4, 4), &[(50, 60), (3, 80)], true, true, cfg(1e4, 20, Neox, RopeScaling::None), none),
         // A left window that hides the first keys of every row: the kernel starts the sequence at its first
@@ -281,7 +290,8 @@ fn run_case<T: Element>(stream: &Stream<'_>, c: &Case, seed: u64) -> Result<Stri
     };
     let score_mod = ScoreMod { softcap: c.softcap.then_some(30.0), window: c.window, ..Default::default() };
     let base = PrefillOptions { causal: c.causal, score_mod, ..Default::default() };
-    let (o, with, without) = run(stream, &inp, (&cos, &sin), &c.rope, base).map_err(|e| format!("failed to run: {e}"))?;
+    let (o, with, without) =
+        run(stream, &inp, (&cos, &sin), &c.rope, base).map_err(|e| format!("failed to run: {e}"))?;
     if o.iter().any(|x| !x.to_f64().is_finite()) {
         return Err("an output element is not finite (unwritten, or a poisoned read)".into());
     }
@@ -342,7 +352,8 @@ fn prefill_rope_k_output_depends_only_on_relative_positions() {
                     (cos[p * half + i], sin[p * half + i]) = quarter[(p * (i + 1)) % 4];
                 }
             }
-            let (cv, sv) = (TensorView::host(&cos, [max_pos, half]).unwrap(), TensorView::host(&sin, [max_pos, half]).unwrap());
+            let (cv, sv) =
+                (TensorView::host(&cos, [max_pos, half]).unwrap(), TensorView::host(&sin, [max_pos, half]).unwrap());
             let (q, k) = (quarters(&mut r, rows_q * hq * d), quarters(&mut r, rows_k * hkv * d));
             let v = random::<bf16>(&mut r, rows_k * hkv * d, -0.5, 1.5);
             let cfg = RopeConfig::new(1e4, rd, style); // rotary_dim and style only (the table is the quarter turns)
@@ -375,8 +386,10 @@ fn prefill_rope_k_output_depends_only_on_relative_positions() {
             let cfg = RopeConfig { theta: 500000.0, rotary_dim: rd, style, scaling: RopeScaling::llama31() };
             let max_pos = 20000;
             let t = cfg.table(max_pos).unwrap();
-            let (cv, sv) =
-                (TensorView::host(&t.cos, [max_pos, half]).unwrap(), TensorView::host(&t.sin, [max_pos, half]).unwrap());
+            let (cv, sv) = (
+                TensorView::host(&t.cos, [max_pos, half]).unwrap(),
+                TensorView::host(&t.sin, [max_pos, half]).unwrap(),
+            );
             let q = random::<bf16>(&mut r, rows_q * hq * d, -1.0, 1.0);
             let k = random::<bf16>(&mut r, rows_k * hkv * d, -1.0, 1.0);
             let at = |s: i64| {
@@ -508,7 +521,8 @@ fn prefill_rope_k_errors_are_typed() {
         let (qv, kvv) = (TensorView::host(&q, [1, tq, 1, d]).unwrap(), TensorView::host(&kv, [1, tk, 1, d]).unwrap());
         prefill(&stream, &qv, &kvv, &kvv, &mut TensorViewMut::host(&mut o, [1, tq, 1, d]).unwrap(), None, &opts)
     };
-    let with = |positions| PrefillOptions { rope: Some(rope), rope_k: Some(RopeKeys { positions }), ..Default::default() };
+    let with =
+        |positions| PrefillOptions { rope: Some(rope), rope_k: Some(RopeKeys { positions }), ..Default::default() };
     assert!(run(with(Some(&gv))).is_ok());
     let err = |opts| run(opts).unwrap_err();
     assert_eq!(err(PrefillOptions { rope: None, ..with(None) }).kind().clone(), ErrorKind::Usage);
@@ -516,5 +530,8 @@ fn prefill_rope_k_errors_are_typed() {
     assert_eq!(e.kind().clone(), ErrorKind::OutOfBounds);
     assert!(e.to_string().contains("rope_k_positions"), "{e}");
     assert_eq!(err(with(Some(&short))).kind().clone(), ErrorKind::Shape);
-    assert_eq!(err(PrefillOptions { kernel: PrefillKernel::Sm90, ..with(None) }).kind().clone(), ErrorKind::Unsupported);
+    assert_eq!(
+        err(PrefillOptions { kernel: PrefillKernel::Sm90, ..with(None) }).kind().clone(),
+        ErrorKind::Unsupported
+    );
 }

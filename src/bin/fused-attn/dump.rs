@@ -10,12 +10,16 @@
 //!   (before scaling; NaN in unowned slots), and k_scale.npy / v_scale.npy float32 [1] or [Hkv] the
 //!   dequantisation scales: the values attention used are k_cache * k_scale[h] (v likewise);
 //! - paged-prefill: q [B, Tq, Hq, D], out [B, Tq, Hq, D], lse [B, Hq, Tq], and the cache, block_table,
-//!   seq_lens, k and v as for decode (seq_lens include the Tq new tokens); an FP8 cache as for decode.
+//!   seq_lens, k and v as for decode (seq_lens include the Tq new tokens); an FP8 cache as for decode;
+//! - append: k / v [N, Hkv, D] (unrotated), slot_mapping [N] int64, rope_positions [N] and the table with
+//!   RoPE, k_cache / v_cache [num_pages, page_size, Hkv, D] after the append (NaN in unwritten slots; FP8 as
+//!   float32 stored values, with k_scale / v_scale).
 
 use std::fs::File;
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 
+use fused_attn::testkit::cases::append::{AppendFixture, AppendOutputs};
 use fused_attn::testkit::cases::decode::DecodeRun;
 use fused_attn::testkit::cases::kv::PagedHost;
 use fused_attn::testkit::cases::paged_prefill::PagedPrefillRun;
@@ -30,6 +34,7 @@ enum NpyData<'a> {
     F16(Vec<half::f16>),
     F32(Vec<f32>),
     I32(&'a [i32]),
+    I64(&'a [i64]),
 }
 
 /// Writes `data` as a C-order little-endian .npy of `shape` (format 1.0, header padded to 64 bytes).
@@ -66,6 +71,7 @@ impl Dump {
             NpyData::F16(d) => write_npy(&path, shape, &d),
             NpyData::F32(d) => write_npy(&path, shape, &d),
             NpyData::I32(d) => write_npy(&path, shape, d),
+            NpyData::I64(d) => write_npy(&path, shape, d),
         }
         .map_err(|e| Error::usage(format!("--dump: cannot write {}: {e}", path.display())))
     }
@@ -110,6 +116,33 @@ impl Dump {
         self.write("rope_cos", &t.shape(), NpyData::F32(t.cos.clone()))?;
         self.write("rope_sin", &t.shape(), NpyData::F32(t.sin.clone()))?;
         self.write("rope_positions", positions_shape, NpyData::I32(positions))
+    }
+
+    /// `--op append`: the unrotated inputs k / v `[N, Hkv, D]`, slot_mapping `[N]` (int64), with RoPE the
+    /// table and rope_positions `[N]` (each token's position), the FP8 scales, and the caches after the
+    /// append, k_cache / v_cache `[num_pages, page_size, Hkv, D]` (stored values: 16-bit in their encoding,
+    /// FP8 as float32 before scaling; NaN in every slot no new token owns).
+    pub fn append<T: Element>(&self, f: &AppendFixture<T>, out: &AppendOutputs) -> Result<()> {
+        let dt = T::DTYPE;
+        let (n, hkv, d) = (f.slots.len(), f.case.heads_kv, f.case.head_dim);
+        let vals = |x: &[T]| x.iter().map(|v| v.to_f64()).collect::<Vec<_>>();
+        self.write("k", &[n, hkv, d], encode(dt, vals(&f.k).into_iter()))?;
+        self.write("v", &[n, hkv, d], encode(dt, vals(&f.v).into_iter()))?;
+        self.write("slot_mapping", &[n], NpyData::I64(&f.slots))?;
+        if f.rope_table.is_some() {
+            self.rope(f.rope_table.as_ref(), &f.positions, &[n])?;
+        }
+        let cache = |x: &[f64]| match f.case.kv.fp8() {
+            Some(_) => NpyData::F32(x.iter().map(|&v| v as f32).collect()),
+            None => encode(dt, x.iter().copied()),
+        };
+        self.write("k_cache", &f.cache_shape, cache(&out.k_cache))?;
+        self.write("v_cache", &f.cache_shape, cache(&out.v_cache))?;
+        if !f.k_scales.is_empty() {
+            self.write("k_scale", &[f.k_scales.len()], NpyData::F32(f.k_scales.clone()))?;
+            self.write("v_scale", &[f.v_scales.len()], NpyData::F32(f.v_scales.clone()))?;
+        }
+        Ok(())
     }
 
     pub fn decode<T: Element>(&self, r: &DecodeRun<T>) -> Result<()> {
