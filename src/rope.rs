@@ -326,7 +326,7 @@ impl<'a> Rope<'a> {
                 return Err(Error::usage("rope positions: this op needs one position per token"));
             }
             None => {}
-            Some(p) => r.positions = positions_abi(launch, c"rope_positions", p, positions_len, max_pos as usize)?,
+            Some(p) => r.positions = positions_abi(launch, c"rope_positions", p, positions_len, max_pos)?,
         }
         Ok(r)
     }
