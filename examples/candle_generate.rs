@@ -2,12 +2,13 @@
 //! embedding → RMSNorm → Q/K/V projections → RoPE → attention → output projection → SwiGLU MLP, GQA, page
 //! size 16) generates greedily from two prompts of different lengths, twice:
 //!
-//! - **fused**: the prompts through `flash_attn_varlen` (causal), their K/V through `paged_append` into one
-//!   paged cache per layer (pages handed out in shuffled order, as an engine's allocator would), then a
-//!   decode loop: each step appends the new token's K/V and runs `paged_decode` for both sequences at once,
-//!   with one decode workspace for all layers and steps. The decode steps fuse RoPE: the new token's q and
-//!   k reach fused-attn unrotated, `paged_append_rope` rotates k into the cache and `paged_decode_rope`
-//!   rotates q at its position (the prompts are rotated by the model, as the varlen prefill takes them);
+//! - **fused**: the prompts through `flash_attn_varlen_rope` (causal), their K/V through `paged_append_rope`
+//!   into one paged cache per layer (pages handed out in shuffled order, as an engine's allocator would),
+//!   then a decode loop: each step appends the new token's K/V and runs `paged_decode` for both sequences at
+//!   once, with one decode workspace for all layers and steps. RoPE is fused everywhere: q and k reach
+//!   fused-attn unrotated; the prompt's varlen prefill rotates q and k (each token at its place in its
+//!   prompt) as it loads them, `paged_append_rope` rotates k into the cache at each token's position, and
+//!   `paged_decode_rope` rotates the decode step's q at its position;
 //! - **reference**: candle's plain attention, `softmax(QKᵀ/√d + mask)·V` in f32 over a contiguous per-sequence
 //!   K/V history (what candle-transformers' Llama does without flash-attn).
 //!
@@ -253,7 +254,7 @@ pub trait AttentionPath {
     }
 }
 
-/// fused-attn: varlen prefill, paged append, paged decode.
+/// fused-attn: varlen prefill, paged append, paged decode, all with fused RoPE.
 pub struct FusedPath {
     pub softmax_scale: f32,
     kv_caches: Vec<Tensor>,
@@ -261,7 +262,7 @@ pub struct FusedPath {
     pages: Vec<Vec<usize>>,
     max_seq_len: usize,
     workspace: fused_attn::DecodeWorkspace,
-    /// The model's RoPE table, for the decode steps (positions 0..max_seq_len).
+    /// The model's RoPE table (positions 0..max_seq_len).
     rope: fa::CandleRope,
     step: Option<FusedStep>,
 }
@@ -273,15 +274,11 @@ struct FusedStep {
 }
 
 enum FusedStepKind {
-    Prefill {
-        cu_seqlens: Tensor,
-        max_len: usize,
-    },
+    /// The prompts' positions (int32) rotate k in the append; the prefill rotates q and k at their places
+    /// in their prompts (the default positions: Tq = Tk).
+    Prefill { cu_seqlens: Tensor, max_len: usize, positions: Tensor },
     /// The new tokens' positions (int32) rotate k in the append; q is rotated at seq_len − 1.
-    Decode {
-        seq_lens: Tensor,
-        positions: Tensor,
-    },
+    Decode { seq_lens: Tensor, positions: Tensor },
 }
 
 impl FusedPath {
@@ -341,7 +338,12 @@ impl AttentionPath for FusedPath {
                 cu.push(cu[s] + seqs.iter().filter(|&&x| x == s).count() as i32);
             }
             let max_len = cu.windows(2).map(|w| (w[1] - w[0]) as usize).max().unwrap_or(0);
-            FusedStepKind::Prefill { cu_seqlens: Tensor::from_vec(cu, self.pages.len() + 1, &dev)?, max_len }
+            let pos: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
+            FusedStepKind::Prefill {
+                cu_seqlens: Tensor::from_vec(cu, self.pages.len() + 1, &dev)?,
+                max_len,
+                positions: Tensor::from_vec(pos, seqs.len(), &dev)?,
+            }
         };
         self.step = Some(FusedStep { slot_mapping, kind });
         Ok(())
@@ -351,9 +353,17 @@ impl AttentionPath for FusedPath {
         let step = self.step.as_ref().ok_or_else(|| candle_core::Error::Msg("attend before begin".into()))?;
         let kv_cache = &self.kv_caches[layer];
         match &step.kind {
-            FusedStepKind::Prefill { cu_seqlens, max_len } => {
-                fa::paged_append(k, v, &step.slot_mapping, kv_cache)?;
-                fa::flash_attn_varlen(q, k, v, cu_seqlens, cu_seqlens, *max_len, *max_len, self.softmax_scale, true)
+            FusedStepKind::Prefill { cu_seqlens, max_len, positions } => {
+                fa::paged_append_rope(k, v, &step.slot_mapping, positions, kv_cache, &self.rope)?;
+                let lens = fa::VarlenLengths {
+                    seqlens_q: cu_seqlens,
+                    seqlens_k: cu_seqlens,
+                    max_seqlen_q: *max_len,
+                    max_seqlen_k: *max_len,
+                };
+                let (variants, keys) = (fa::Variants::default(), fa::KeyRope::default());
+                let scale = self.softmax_scale;
+                fa::flash_attn_varlen_rope(q, k, v, &lens, scale, true, &variants, &self.rope, None, Some(&keys))
             }
             FusedStepKind::Decode { seq_lens, positions } => {
                 fa::paged_append_rope(k, v, &step.slot_mapping, positions, kv_cache, &self.rope)?;
@@ -372,8 +382,8 @@ impl AttentionPath for FusedPath {
         }
     }
 
-    fn fuses_rope(&self, prefill: bool) -> bool {
-        !prefill
+    fn fuses_rope(&self, _prefill: bool) -> bool {
+        true
     }
 }
 

@@ -22,7 +22,7 @@
 //     block-table entry is out of range, on any tile); online softmax; O += P V;
 //   normalise (with the row's sink when unsplit) and store O / LSE, or the split's fp32 partial.
 //
-// RoPE on q (p.rope; the _mod kernels, a run-time switch in the prologue: fa/prefill/rope_q.cuh): the Q rows
+// RoPE on q (p.rope; the _mod kernels, a run-time switch in the prologue: fa/prefill/rope_tile.cuh): the Q rows
 // are committed as a copy group of their own and rotated in shared memory, each packed row at its token's
 // position, while the top KV tile is in flight.
 //
@@ -42,7 +42,7 @@
 #include "fa/paged_prefill/packed_rows.cuh"
 #include "fa/paged_view.cuh"
 #include "fa/prefill/block_range.cuh"
-#include "fa/prefill/rope_q.cuh"
+#include "fa/prefill/rope_tile.cuh"
 #include "fa/prefill/seq_info.cuh"
 #include "fa/prefill/tile_config.cuh"
 #include "fa/prefill/stage_o.cuh"
@@ -318,7 +318,7 @@ FA_DEVICE void paged_prefill_kernel(const FaPagedPrefillParams &p) {
         // bottom-right position token + seq_len - q_len.
         const int32_t *positions = p.rope.positions != nullptr ? p.rope.positions + r.q_start : nullptr;
         const int rows = r.rows - m0 < kBr ? r.rows - m0 : kBr;
-        prefill::rotate_q_rows<T, kHeadDim, Cfg::kThreads>(p.rope, sQ, rows, [&](int row) {
+        prefill::rotate_tile_rows<T, kHeadDim, Cfg::kThreads>(p.rope, sQ, rows, [&](int row) {
           const int token = ld_shared(row_tokens + row);
           return positions != nullptr ? (int64_t)ld_global_nc(positions + token) : (int64_t)(token + diag);
         });
@@ -446,7 +446,7 @@ namespace {
 
 // Softcap, ALiBi or any left window bound need the _mod kernels (a bound that excludes nothing only costs the
 // variant kernel's extra compare; the host does not know the sequence lengths to rule it out), and so does
-// RoPE (only they rotate q: fa/prefill/rope_q.cuh).
+// RoPE (only they rotate q: fa/prefill/rope_tile.cuh).
 bool needs_variant_kernel(const FaPagedPrefillParams &p) {
   return needs_score_mod(p.score_mod) || p.score_mod.window_left >= 0 || rope_enabled(p.rope);
 }

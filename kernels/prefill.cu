@@ -20,9 +20,11 @@
 // fa/head_dim.cuh maps to it: Q, K and V columns at or past D are zero-filled, never read, and O's are never
 // stored.
 //
-// RoPE on q (p.rope, fa/prefill/rope_q.cuh): a run-time switch in the _mod kernels' prologue (the launcher
-// sends every RoPE call to the _mod kernel of its width; the plain kernels hold no RoPE code). The Q tile is
-// committed as a copy group of its own, so the top KV tile's loads fly while the tile is rotated in place.
+// RoPE (p.rope, fa/prefill/rope_tile.cuh): run-time switches in the _mod kernels (the launcher sends every
+// RoPE call to the _mod kernel of its width; the plain kernels hold no RoPE code). q: in the prologue; the Q
+// tile is committed as a copy group of its own, so the top KV tile's loads fly while the tile is rotated in
+// place. K (p.rope_k): in each KV step, once the tile has landed and before Q Kᵀ, one more barrier per tile;
+// K is read from global memory exactly as without RoPE and never written back.
 #include "fa/abi.h"
 #include "fa/head_dim.cuh"
 #include "fa/intrinsics.cuh"
@@ -30,7 +32,7 @@
 #include "fa/online_softmax.cuh"
 #include "fa/prefill/block_range.cuh"
 #include "fa/prefill/mask.cuh"
-#include "fa/prefill/rope_q.cuh"
+#include "fa/prefill/rope_tile.cuh"
 #include "fa/prefill/seq_info.cuh"
 #include "fa/prefill/tile_config.cuh"
 #include "fa/prefill/stage_o.cuh"
@@ -77,6 +79,9 @@ template <class T, class Cfg> struct CtaContext {
   bool has_score_mod; // softcap or ALiBi
   ScoreMod score_mod;
   float slope_log2; // this head's ALiBi slope · log2 e (0 without ALiBi)
+  bool rope_k;      // rotate each K tile as it lands (p.rope_k)
+  int k_position0;  // without explicit key positions: the position of key row 0 (the left-window skip)
+  const int32_t *k_positions; // explicit key positions, the entry of key row 0; else nullptr
   // Cfg::kLean only: this warp's park and this thread's parked row sums, in shared memory.
   const WarpPark<T> *warp_park;
   Bytes16 *row_sum_park;
@@ -124,8 +129,9 @@ template <class Cfg> FA_DEVICE int next_buffer(int buf) { return buf + 1 == Cfg:
 // One KV tile: prefetch the next (down to n_begin), wait for this one, S = Q Kᵀ, (score variants), (mask),
 // online softmax, O += P V.
 template <bool kMasked, bool kVariant, class T, class Cfg>
-FA_DEVICE void kv_tile_step(const CtaContext<T, Cfg> &cta, int n, int n_begin, int buf, int head_dim,
-                            float (&o)[Cfg::kMTiles][Cfg::kHeadDim / 8][4], OnlineSoftmax<Cfg::kMTiles> &softmax) {
+FA_DEVICE void kv_tile_step(const CtaContext<T, Cfg> &cta, const FaRope &rope, int n, int n_begin, int buf,
+                            int head_dim, float (&o)[Cfg::kMTiles][Cfg::kHeadDim / 8][4],
+                            OnlineSoftmax<Cfg::kMTiles> &softmax) {
   constexpr int kTile = Cfg::kBc * Cfg::kHeadDim;
   if (n > n_begin) {
     // With 3 buffers, next_buffer(buf) was last read two steps ago, before every warp passed the previous
@@ -137,6 +143,20 @@ FA_DEVICE void kv_tile_step(const CtaContext<T, Cfg> &cta, int n, int n_begin, i
     cp_async_wait<0>();
   }
   sync_threads(); // every thread's part of tile n is visible to every warp
+  if constexpr (kVariant) {
+    if (cta.rope_k) {
+      // RoPE on K: the tile's keys rotated in place at their positions (rows past Tk, the top tile's zero
+      // fill, are not; they are never seen). The buffer is refilled only after every warp has passed this
+      // step's barriers, so the rotated rows are what Q Kᵀ reads, and global K is never written.
+      const int key0 = n * Cfg::kBc;
+      const int rows = cta.tk - key0 < Cfg::kBc ? cta.tk - key0 : Cfg::kBc;
+      rotate_tile_rows<T, Cfg::kHeadDim, Cfg::kThreads>(rope, cta.sK + buf * kTile, rows, [&](int row) {
+        return cta.k_positions != nullptr ? (int64_t)ld_global_nc(cta.k_positions + key0 + row)
+                                          : (int64_t)(cta.k_position0 + key0 + row);
+      });
+      sync_threads(); // the rotated rows are visible to every warp
+    }
+  }
 
   float s[Cfg::kMTiles][Cfg::kBc / 8][4] = {};
   gemm_qk<T, Cfg>(s, cta.sQ, cta.sK + buf * kTile, cta.warp_row0, cta.a_lane, cta.k_lane);
@@ -211,6 +231,7 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void prefill_kernel(co
   // The window's bounds, effective for this sequence (fa/score_mod.cuh; causal: right = 0).
   WindowBounds window = effective_window(p.score_mod, p.causal != 0, seq.tq, seq.tk);
   [[maybe_unused]] const int rope_delta = seq.tk - seq.tq; // RoPE's bottom-right offset, before any key skip
+  [[maybe_unused]] int key_skip = 0;                        // keys left of every row's window (below)
   if constexpr (kVariant) {
     // Keys left of every row's window (chunked prefill with a window: the first row sees from δ − left on)
     // are hidden memory: an engine may have freed their pages, so they can hold anything. Masking their
@@ -224,6 +245,7 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void prefill_kernel(co
       seq.k_offset += skip * p.k_row_stride;
       seq.v_offset += skip * p.v_row_stride;
       seq.tk -= skip;
+      key_skip = skip;
     }
   }
 
@@ -251,6 +273,20 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void prefill_kernel(co
     cta.score_mod = ScoreMod::make(p.scale, p.scale_log2, p.score_mod.softcap);
     cta.slope_log2 = alibi_slope_log2(p.score_mod, bid.z, bid.y);
     if (cta.has_score_mod) cta.softmax_scale_log2 = 1.0f;
+    // RoPE on K: key row j (after the skip) of sequence b sits at position key_skip + j, or at
+    // rope_k_positions[k_row0_b + key_skip + j] (k_row0_b: the sequence's first packed key row).
+    cta.rope_k = rope_enabled(p.rope) && p.rope_k != 0;
+    cta.k_position0 = key_skip;
+    cta.k_positions = nullptr;
+    if (cta.rope_k && p.rope_k_positions != nullptr) {
+      int64_t k_row0 = (int64_t)bid.z * p.seqlen_k;
+      if (p.cu_seqlens_k != nullptr) {
+        int k_start, k_len;
+        varlen_bounds(p.cu_seqlens_k, bid.z, p.total_k, k_start, k_len);
+        k_row0 = k_start;
+      }
+      cta.k_positions = p.rope_k_positions + k_row0 + key_skip;
+    }
   } else {
     cta.window.left = seq.tq > seq.tk ? seq.tq : seq.tk; // the plain kernel has no left bound (launcher)
   }
@@ -300,7 +336,7 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void prefill_kernel(co
         }
         const int first = m0 + rope_delta;
         const int rows = seq.tq - m0 < kBr ? seq.tq - m0 : kBr;
-        rotate_q_rows<T, kHeadDim, Cfg::kThreads>(p.rope, cta.sQ, rows, [&](int row) {
+        rotate_tile_rows<T, kHeadDim, Cfg::kThreads>(p.rope, cta.sQ, rows, [&](int row) {
           return positions != nullptr ? (int64_t)ld_global_nc(positions + row) : (int64_t)(first + row);
         });
       }
@@ -311,12 +347,12 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void prefill_kernel(co
   // Without a left window bound (every plain kernel) n_begin and n_interior_begin are 0: today's two loops.
   const int n_begin = kVariant ? range.n_begin : 0;
   for (; n >= range.n_mask_begin; --n, buf = next_buffer<Cfg>(buf))
-    kv_tile_step<true, kVariant>(cta, n, n_begin, buf, head_dim, o, softmax);
+    kv_tile_step<true, kVariant>(cta, p.rope, n, n_begin, buf, head_dim, o, softmax);
   for (; n >= (kVariant ? range.n_interior_begin : 0); --n, buf = next_buffer<Cfg>(buf))
-    kv_tile_step<false, kVariant>(cta, n, n_begin, buf, head_dim, o, softmax);
+    kv_tile_step<false, kVariant>(cta, p.rope, n, n_begin, buf, head_dim, o, softmax);
   if constexpr (kVariant) {
     for (; n >= n_begin; --n, buf = next_buffer<Cfg>(buf)) // the window's left edge
-      kv_tile_step<true, kVariant>(cta, n, n_begin, buf, head_dim, o, softmax);
+      kv_tile_step<true, kVariant>(cta, p.rope, n, n_begin, buf, head_dim, o, softmax);
   }
 
   if constexpr (Cfg::kLean) unpark_row_sums<Cfg>(cta.row_sum_park, softmax);
@@ -373,7 +409,7 @@ int launch_prefill(void (*kernel)(FaPrefillParams), const char *name, const FaPr
 
 // Softcap, ALiBi or a left window bound that excludes keys (one at least max(Tq, Tk) excludes none, for
 // any sequence of the batch: seqlen_q / seqlen_k are the maxima) need the _mod kernels, and so does RoPE
-// (only they rotate q: fa/prefill/rope_q.cuh says why).
+// (only they rotate q: fa/prefill/rope_tile.cuh says why).
 bool needs_variant_kernel(const FaPrefillParams &p) {
   const int span = p.seqlen_q > p.seqlen_k ? p.seqlen_q : p.seqlen_k;
   return needs_score_mod(p.score_mod) || (p.score_mod.window_left >= 0 && p.score_mod.window_left < span) ||
@@ -446,6 +482,8 @@ extern "C" int fa_prefill(FaPrefillParams p, FaExec *exec) {
     return FA_ERR_INVALID;
   if (!fa::valid_score_mod(p.score_mod, p.heads_q)) return FA_ERR_INVALID;
   if (!fa::valid_rope(p.rope, p.head_dim)) return FA_ERR_INVALID;
+  // RoPE on K rotates with q's table: it needs one, and aligned int32 key positions if any.
+  if (p.rope_k != 0 && (!fa::rope_enabled(p.rope) || ((uintptr_t)p.rope_k_positions & 3u) != 0)) return FA_ERR_INVALID;
   // Positions and window bounds must stay inside int32 when added (fa/score_mod.cuh).
   if (p.seqlen_q > (1 << 30) || p.seqlen_k > (1 << 30) || p.total_q > (1 << 30) || p.total_k > (1 << 30))
     return FA_ERR_INVALID;

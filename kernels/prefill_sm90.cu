@@ -209,7 +209,8 @@ int tile_policy(int head_dim, bool masked, FaTilePolicy *out) {
 // softcap its inline division is exact for (fa/score_mod.cuh); no RoPE.
 extern "C" int fa_prefill_sm90(FaPrefillSm90Params p, FaExec *exec) {
   if (!fa::softcap_inline_division_ok(p.base.score_mod.softcap)) return FA_ERR_UNSUPPORTED;
-  if (p.base.rope.cos != nullptr) return FA_ERR_UNSUPPORTED; // RoPE is fused in the sm_80 kernels only (docs/rope.md)
+  // RoPE (q, or q and k) is fused in the sm_80 kernels only (docs/rope.md).
+  if (p.base.rope.cos != nullptr || p.base.rope_k != 0) return FA_ERR_UNSUPPORTED;
   FaExec dry{};
   dry.mode = FA_EXEC_RECORD;
   const int status = fa_prefill(p.base, &dry);

@@ -82,7 +82,7 @@ pub use merge::{merge_states, merge_states_with_sinks};
 pub use paged::{PagedKvCache, PagedKvCacheMut};
 pub use paged_prefill::{paged_prefill, PagedPrefillKernel, PagedPrefillOptions, PagedPrefillWorkspace};
 pub use plan::{DecodePlan, DecodeProblem};
-pub use rope::{Rope, RopeConfig, RopeScaling, RopeStyle, RopeTable};
+pub use rope::{Rope, RopeConfig, RopeKeys, RopeScaling, RopeStyle, RopeTable};
 pub use schedule::{DecodeSchedule, SplitPolicy};
 pub use score_mod::{AlibiSlopes, ScoreMod};
 

@@ -326,26 +326,50 @@ impl<'a> Rope<'a> {
                 return Err(Error::usage("rope positions: this op needs one position per token"));
             }
             None => {}
-            Some(p) => {
-                p.check_index_vector("rope_positions", positions_len, || {
-                    format!("(the op has {positions_len} rows to rotate)")
-                })?;
-                if let Mem::Host(h) = &p.mem {
-                    if let Some((i, &x)) =
-                        h.iter().take(positions_len).enumerate().find(|(_, &x)| x < 0 || x as usize >= max_pos)
-                    {
-                        return Err(Error::out_of_bounds(
-                            "rope_positions",
-                            format!("position {x} of row {i} is outside the table's {max_pos} positions"),
-                        ));
-                    }
-                }
-                if positions_len > 0 {
-                    r.positions = launch.input(c"rope_positions", p, 4)? as *const i32;
-                }
-            }
+            Some(p) => r.positions = positions_abi(launch, c"rope_positions", p, positions_len, max_pos)?,
         }
         Ok(r)
+    }
+}
+
+/// Checks one positions vector (`len` int32 entries, contiguous; host values inside the table's `max_pos`)
+/// and registers it with `launch` as `name` (null when empty).
+pub(crate) fn positions_abi<'l>(
+    launch: &mut Launch<'l>,
+    name: &'static std::ffi::CStr,
+    p: &'l TensorView<'_, i32, 1>,
+    len: usize,
+    max_pos: usize,
+) -> Result<*const i32> {
+    let label = name.to_str().unwrap_or("rope_positions");
+    p.check_index_vector(label, len, || format!("(the op has {len} rows to rotate)"))?;
+    if let Mem::Host(h) = &p.mem {
+        if let Some((i, &x)) = h.iter().take(len).enumerate().find(|(_, &x)| x < 0 || x as usize >= max_pos) {
+            return Err(Error::out_of_bounds(
+                label,
+                format!("position {x} of row {i} is outside the table's {max_pos} positions"),
+            ));
+        }
+    }
+    if len == 0 {
+        return Ok(std::ptr::null());
+    }
+    Ok(launch.input(name, p, 4)? as *const i32)
+}
+
+/// RoPE on dense / varlen prefill's K ([`crate::prefill::PrefillOptions::rope_k`]; docs/rope.md): each key
+/// rotated with the call's q table (the same [`Rope`]: table, rotary dims, layout) as its tile lands in
+/// shared memory, at `positions` (int32, one per key token: `[B·Tk]` dense, key j of sequence b at
+/// `b·Tk + j`; `[total_k]` varlen, at `cu_seqlens_k[b] + j`) or, with `None`, at its index j in its sequence
+/// (keys at 0..Tk, queries at their bottom-right positions: the causal mask's alignment).
+#[derive(Clone, Copy, Default)]
+pub struct RopeKeys<'a> {
+    pub positions: Option<&'a TensorView<'a, i32, 1>>,
+}
+
+impl std::fmt::Debug for RopeKeys<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RopeKeys").field("positions", &self.positions.map(|p| p.shape())).finish()
     }
 }
 

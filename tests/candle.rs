@@ -149,7 +149,9 @@ fn flash_attn_varlen_matches_candle_attention_per_sequence() -> Result<()> {
 /// flash_attn_rope: q rotated in the kernel, at the bottom-right positions or at explicit ones, matches
 /// candle's attention over q rotated on the host by the same table (the Rust model of the kernel's rotation,
 /// rounded to the dtype); the same output judged against the unrotated q fails. Varlen through
-/// flash_attn_varlen_rope alike (bottom-right positions per sequence).
+/// flash_attn_varlen_rope alike (bottom-right positions per sequence). With a [`fa::KeyRope`] k is rotated
+/// too (key j at j, or at explicit positions), dense and varlen: candle's attention over q and k rotated on
+/// the host, and judged against the unrotated k it fails.
 #[test]
 fn flash_attn_rope_matches_candle_attention_over_rotated_q() -> Result<()> {
     let mut rng = StdRng::seed_from_u64(28);
@@ -167,11 +169,12 @@ fn flash_attn_rope_matches_candle_attention_over_rotated_q() -> Result<()> {
     let q = random(&[b, tq, hq, d], -1.0, 1.0, dtype, &mut rng)?;
     let k = random(&[b, tk, hkv, d], -1.0, 1.0, dtype, &mut rng)?;
     let v = random(&[b, tk, hkv, d], -0.5, 1.5, dtype, &mut rng)?;
-    let rotated = |q: &Tensor, positions: &[i64]| -> Result<Tensor> {
-        let mut x = values(q);
-        table.rotate_lowp(&mut x, d, hq, positions, fused_attn::DType::Bf16);
-        Tensor::from_vec(x, q.dims(), &Device::Cpu)?.to_dtype(dtype)
+    let rotated_rows = |x: &Tensor, heads: usize, positions: &[i64]| -> Result<Tensor> {
+        let mut f = values(x);
+        table.rotate_lowp(&mut f, d, heads, positions, fused_attn::DType::Bf16);
+        Tensor::from_vec(f, x.dims(), &Device::Cpu)?.to_dtype(dtype)
     };
+    let rotated = |q: &Tensor, positions: &[i64]| rotated_rows(q, hq, positions);
     let judge = |what: &str, ours: &Tensor, q: &Tensor, q_rot: &Tensor| -> Result<()> {
         let attend = |q: &Tensor, dt| candle_attention(q, &k, &v, scale, true, dt);
         check(what, ours, &attend(q_rot, DType::F64)?, &attend(q_rot, dtype)?);
@@ -180,11 +183,11 @@ fn flash_attn_rope_matches_candle_attention_over_rotated_q() -> Result<()> {
         Ok(())
     };
     let bottom_right: Vec<i64> = (0..b * tq).map(|t| (t % tq + tk - tq) as i64).collect();
-    let ours = fa::flash_attn_rope(&q, &k, &v, scale as f32, true, &fa::Variants::default(), &rope, None)?;
+    let ours = fa::flash_attn_rope(&q, &k, &v, scale as f32, true, &fa::Variants::default(), &rope, None, None)?;
     judge("dense, bottom-right positions", &ours, &q, &rotated(&q, &bottom_right)?)?;
     let positions: Vec<i32> = (0..b * tq).map(|_| rng.random_range(0..max_pos as i32)).collect();
     let pt = Tensor::new(positions.as_slice(), &Device::Cpu)?;
-    let ours = fa::flash_attn_rope(&q, &k, &v, scale as f32, true, &fa::Variants::default(), &rope, Some(&pt))?;
+    let ours = fa::flash_attn_rope(&q, &k, &v, scale as f32, true, &fa::Variants::default(), &rope, Some(&pt), None)?;
     let explicit: Vec<i64> = positions.iter().map(|&p| i64::from(p)).collect();
     judge("dense, explicit positions", &ours, &q, &rotated(&q, &explicit)?)?;
     // Varlen: the same two sequences packed.
@@ -204,8 +207,47 @@ fn flash_attn_rope_matches_candle_attention_over_rotated_q() -> Result<()> {
         &fa::Variants::default(),
         &rope,
         None,
+        None,
     )?;
     judge("varlen, bottom-right positions", &ours.reshape((b, tq, hq, d))?, &q, &rotated(&q, &bottom_right)?)?;
+
+    // K rotated in the kernel too: key j of each sequence at j, or at explicit positions.
+    let judge_qk = |what: &str, ours: &Tensor, q_rot: &Tensor, k_rot: &Tensor| -> Result<()> {
+        let attend = |k: &Tensor, dt| candle_attention(q_rot, k, &v, scale, true, dt);
+        check(what, ours, &attend(k_rot, DType::F64)?, &attend(k_rot, dtype)?);
+        let unrotated = compare(&values(ours), &values(&attend(&k, DType::F64)?), &values(&attend(&k, dtype)?));
+        assert!(!unrotated.passed, "{what}: passes against the unrotated k too");
+        Ok(())
+    };
+    let key_default: Vec<i64> = (0..b * tk).map(|t| (t % tk) as i64).collect();
+    let keys = fa::KeyRope::default();
+    let ours = fa::flash_attn_rope(&q, &k, &v, scale as f32, true, &fa::Variants::default(), &rope, None, Some(&keys))?;
+    let (q_br, k_default) = (rotated(&q, &bottom_right)?, rotated_rows(&k, hkv, &key_default)?);
+    judge_qk("dense q and k, default positions", &ours, &q_br, &k_default)?;
+    let k_positions: Vec<i32> = (0..b * tk).map(|_| rng.random_range(0..max_pos as i32)).collect();
+    let keys = fa::KeyRope { positions: Some(Tensor::new(k_positions.as_slice(), &Device::Cpu)?) };
+    let ours =
+        fa::flash_attn_rope(&q, &k, &v, scale as f32, true, &fa::Variants::default(), &rope, Some(&pt), Some(&keys))?;
+    let k_explicit: Vec<i64> = k_positions.iter().map(|&p| i64::from(p)).collect();
+    judge_qk(
+        "dense q and k, explicit positions",
+        &ours,
+        &rotated(&q, &explicit)?,
+        &rotated_rows(&k, hkv, &k_explicit)?,
+    )?;
+    let ours = fa::flash_attn_varlen_rope(
+        &pack(&q, tq, hq)?,
+        &pack(&k, tk, hkv)?,
+        &pack(&v, tk, hkv)?,
+        &lens,
+        scale as f32,
+        true,
+        &fa::Variants::default(),
+        &rope,
+        None,
+        Some(&fa::KeyRope::default()),
+    )?;
+    judge_qk("varlen q and k, default positions", &ours.reshape((b, tq, hq, d))?, &q_br, &k_default)?;
     Ok(())
 }
 
@@ -414,8 +456,9 @@ fn generation_paths_pick_identical_tokens() -> Result<()> {
     let wrong_diff = generate::logit_diffs(&wrong, &reference).into_iter().fold(0.0f32, f32::max);
     assert!(wrong_diff > 10.0 * worst.max(1e-3), "a 10 % scale error gave logit differences of only {wrong_diff}");
 
-    // The fused path's decode steps rotate q and k in the kernels (paged_append_rope, paged_decode_rope): a
-    // table of another θ there must be seen too.
+    // The fused path rotates q and k in the kernels, the prompts' (flash_attn_varlen_rope with k,
+    // paged_append_rope) and the decode steps' (paged_append_rope, paged_decode_rope): a table of another θ
+    // there must be seen too.
     let mut other_theta = cfg;
     other_theta.rope_theta *= 2.0;
     let mut wrong = generate::FusedPath::new(&other_theta, prompts.len(), max_seq_len, DType::F16, 1, &Device::Cpu)?;

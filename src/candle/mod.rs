@@ -2,7 +2,7 @@
 //! [`flash_attn`] / [`flash_attn_varlen`] (same arguments, shapes and `CustomOp3` form), plus the paged-cache
 //! ops an engine's decode loop needs: [`paged_append`], [`paged_decode`] and [`merge_states`]; with fused
 //! rotary embeddings ([`CandleRope`], docs/rope.md): [`paged_append_rope`], [`paged_decode_rope`], and q
-//! rotated in prefill ([`flash_attn_rope`], [`flash_attn_varlen_rope`]).
+//! and k rotated in prefill ([`flash_attn_rope`], [`flash_attn_varlen_rope`], k with a [`KeyRope`]).
 //!
 //! - **CUDA tensors** (feature `candle-cuda`): the GPU kernels on candle's stream, reading candle's
 //!   `CudaSlice`s in place and writing new ones; no copies, no synchronisation.
@@ -107,11 +107,21 @@ pub struct FlashAttn {
     pub rope: Option<PrefillRope>,
 }
 
-/// RoPE on q in the prefill ops: the table, and int32 positions (one per query token: `[B·Tq]` dense,
-/// `[total_q]` varlen), or `None` for each row's bottom-right position `i + Tk − Tq` (docs/rope.md).
+/// RoPE in the prefill ops: the table, and int32 positions of q (one per query token: `[B·Tq]` dense,
+/// `[total_q]` varlen), or `None` for each row's bottom-right position `i + Tk − Tq` (docs/rope.md); with
+/// `k`, K rotated too.
 #[derive(Clone, Debug)]
 pub struct PrefillRope {
     pub rope: CandleRope,
+    pub positions: Option<Tensor>,
+    /// RoPE on K ([`KeyRope`]), `None`: K taken as already rotated.
+    pub k: Option<KeyRope>,
+}
+
+/// RoPE on K in the prefill ops ([`crate::RopeKeys`]): key j of sequence b rotated with the q table at
+/// `positions` (int32, one per key token: `[B·Tk]` dense, `[total_k]` varlen) or, with `None`, at j.
+#[derive(Clone, Debug, Default)]
+pub struct KeyRope {
     pub positions: Option<Tensor>,
 }
 
@@ -128,9 +138,16 @@ fn with_prefill_options<S: Backing, R>(
         let opts = PrefillOptions { causal, scale: Some(scale), score_mod, ..Default::default() };
         match rope {
             None => f(&opts),
-            Some(r) => {
-                r.rope.with_rope::<S, _>(r.positions.as_ref(), |rope| f(&PrefillOptions { rope: Some(rope), ..opts }))
-            }
+            Some(r) => r.rope.with_rope::<S, _>(r.positions.as_ref(), |rope| {
+                let opts = PrefillOptions { rope: Some(rope), ..opts };
+                let Some(keys) = &r.k else { return f(&opts) };
+                let pos = keys.positions.as_ref().map(|t| t.storage_and_layout());
+                let pos_view = match &pos {
+                    Some((st, l)) => Some(S::of(st, "rope_k_positions")?.index_view::<1>("rope_k_positions", l)?),
+                    None => None,
+                };
+                f(&PrefillOptions { rope_k: Some(crate::RopeKeys { positions: pos_view.as_ref() }), ..opts })
+            }),
         }
     })
 }
@@ -210,7 +227,8 @@ pub fn flash_attn_with(
 
 /// [`flash_attn_with`] with q rotated by `rope` (the sm_80 kernel's fused RoPE, docs/rope.md) at `positions`
 /// (int32 `[B·Tq]`, row i of sequence b at `b·Tq + i`) or, with `None`, at each row's bottom-right position
-/// `i + Tk − Tq`. k is taken as already rotated.
+/// `i + Tk − Tq`; with `k_rope`, k rotated too (at its positions `[B·Tk]`, or key j at j), else k is taken as
+/// already rotated.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attn_rope(
     q: &Tensor,
@@ -221,8 +239,9 @@ pub fn flash_attn_rope(
     variants: &Variants,
     rope: &CandleRope,
     positions: Option<&Tensor>,
+    k_rope: Option<&KeyRope>,
 ) -> candle_core::Result<Tensor> {
-    let rope = Some(PrefillRope { rope: rope.clone(), positions: positions.cloned() });
+    let rope = Some(PrefillRope { rope: rope.clone(), positions: positions.cloned(), k: k_rope.cloned() });
     q.apply_op3(k, v, FlashAttn { softmax_scale, causal, variants: variants.clone(), rope })
 }
 
@@ -342,7 +361,9 @@ pub fn flash_attn_varlen_with(
 }
 
 /// [`flash_attn_varlen_with`] with q rotated by `rope` at `positions` (int32 `[total_q]`, one per packed
-/// query token) or, with `None`, at each row's bottom-right position `i + Tk_b − Tq_b` of its sequence.
+/// query token) or, with `None`, at each row's bottom-right position `i + Tk_b − Tq_b` of its sequence; with
+/// `k_rope`, k rotated too (at its positions `[total_k]`, or key j of a sequence at j), else k is taken as
+/// already rotated.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attn_varlen_rope(
     q: &Tensor,
@@ -354,8 +375,9 @@ pub fn flash_attn_varlen_rope(
     variants: &Variants,
     rope: &CandleRope,
     positions: Option<&Tensor>,
+    k_rope: Option<&KeyRope>,
 ) -> candle_core::Result<Tensor> {
-    let rope = Some(PrefillRope { rope: rope.clone(), positions: positions.cloned() });
+    let rope = Some(PrefillRope { rope: rope.clone(), positions: positions.cloned(), k: k_rope.cloned() });
     apply_varlen(q, k, v, lens, softmax_scale, causal, variants, rope)
 }
 

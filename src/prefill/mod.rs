@@ -53,9 +53,14 @@ pub struct PrefillOptions<'a> {
     /// Rotary embedding of q ([`crate::rope`], docs/rope.md), `None` by default: query row i of sequence b
     /// rotated at `rope.positions[q_row0_b + i]` (one int32 per query token: `[B·Tq]` dense, `b·Tq + i`;
     /// `[total_q]` varlen, `cu_seqlens_q[b] + i`) or, without positions, at its bottom-right position
-    /// `i + Tk − Tq` (the causal mask's; clamped to 0 when negative). K is taken as already rotated. Fused in
-    /// the sm_80 kernel only: `Auto` runs that kernel, `Sm90` is an Unsupported error.
+    /// `i + Tk − Tq` (the causal mask's; clamped to 0 when negative). Fused in the sm_80 kernel only: `Auto`
+    /// runs that kernel, `Sm90` is an Unsupported error.
     pub rope: Option<crate::rope::Rope<'a>>,
+    /// RoPE on K too ([`crate::RopeKeys`], needs `rope`: the same table, rotary dims and layout), `None` by
+    /// default (K taken as already rotated): key j of sequence b rotated at `positions[k_row0_b + j]` (one
+    /// int32 per key token: `[B·Tk]` dense, `[total_k]` varlen) or, without positions, at j. Rotated in shared
+    /// memory as each K tile lands; K is read as without RoPE and never written back.
+    pub rope_k: Option<crate::rope::RopeKeys<'a>>,
 }
 
 /// Longest sequence prefill accepts (positions plus window bounds stay inside the kernel's int32).
@@ -175,6 +180,9 @@ fn shared_params<T: Element>(
 ) -> Result<(sm90::Choice, sys::FaPrefillParams)> {
     let scale = softmax_scale(opts.scale, head_dim)?;
     opts.score_mod.check_values()?;
+    if opts.rope_k.is_some() && opts.rope.is_none() {
+        return Err(Error::usage("rope_k: RoPE on K rotates with q's table; set `rope` too"));
+    }
     let kernel = match (opts.rope.is_some(), opts.kernel) {
         (true, PrefillKernel::Sm90) => {
             return Err(Error::unsupported(
@@ -276,7 +284,7 @@ pub fn prefill<T: Element>(
     let lse_strides = lse.as_deref().map(|l| l.strides()).unwrap_or_default();
     let mut launch = Launch::new(*stream);
     let score_mod = opts.score_mod.abi(&mut launch, batch, heads_q)?;
-    let rope = rope_abi(&mut launch, opts, head_dim, batch * seqlen_q)?;
+    let (rope, rope_k, rope_k_positions) = rope_abi(&mut launch, opts, head_dim, batch * seqlen_q, batch * seqlen_k)?;
     let params = take_pointers(&mut launch, [q, k, v], seqlen_k > 0, o, lse, params)?;
     let params = sys::FaPrefillParams {
         q_batch_stride: qs[0],
@@ -295,6 +303,8 @@ pub fn prefill<T: Element>(
         lse_head_stride: lse_strides[1],
         score_mod,
         rope,
+        rope_k,
+        rope_k_positions,
         ..params
     };
     let op = |ptr, rows, heads, s: [i64; 4]| sm90::Operand {
@@ -314,17 +324,23 @@ pub fn prefill<T: Element>(
     sm90::run(launch, "prefill", stream, opts, choice, params, &ops)
 }
 
-/// The call's RoPE for the kernel (off without one): `query_rows` positions, optional.
+/// The call's RoPE for the kernel (off without one): `query_rows` positions, optional; with `rope_k`, the K
+/// switch and `key_rows` key positions, optional.
 fn rope_abi<'l>(
     launch: &mut Launch<'l>,
     opts: &PrefillOptions<'l>,
     head_dim: usize,
     query_rows: usize,
-) -> Result<sys::FaRope> {
-    match &opts.rope {
-        Some(r) => r.abi(launch, head_dim, query_rows, false),
-        None => Ok(sys::FaRope::default()),
-    }
+    key_rows: usize,
+) -> Result<(sys::FaRope, i32, *const i32)> {
+    let Some(r) = &opts.rope else { return Ok((sys::FaRope::default(), 0, std::ptr::null())) };
+    let rope = r.abi(launch, head_dim, query_rows, false)?;
+    let Some(keys) = &opts.rope_k else { return Ok((rope, 0, std::ptr::null())) };
+    let positions = match keys.positions {
+        Some(p) => crate::rope::positions_abi(launch, c"rope_k_positions", p, key_rows, rope.max_pos as usize)?,
+        None => std::ptr::null(),
+    };
+    Ok((rope, 1, positions))
 }
 
 /// Sequences (and packed totals) longer than [`MAX_PREFILL_SEQLEN`] are Overflow errors.
@@ -443,7 +459,7 @@ pub fn prefill_varlen<T: Element>(
     let lse_head_stride = lse.as_deref().map(|l| l.strides()[0]).unwrap_or(0);
     let mut launch = Launch::new(*stream);
     let score_mod = opts.score_mod.abi(&mut launch, batch, heads_q)?;
-    let rope = rope_abi(&mut launch, opts, head_dim, total_q)?;
+    let (rope, rope_k, rope_k_positions) = rope_abi(&mut launch, opts, head_dim, total_q, total_k)?;
     let params = take_pointers(&mut launch, [q, k, v], total_k > 0, o, lse, params)?;
     let cu_q_ptr = launch.input(c"cu_seqlens_q", cu_seqlens_q, 4)?;
     let cu_k_ptr = launch.input(c"cu_seqlens_k", cu_seqlens_k, 4)?;
@@ -461,6 +477,8 @@ pub fn prefill_varlen<T: Element>(
         lse_head_stride,
         score_mod,
         rope,
+        rope_k,
+        rope_k_positions,
         ..params
     };
     // Varlen maps: all packed rows, a batch of 1 (a sequence starts at its cu_seqlens row).

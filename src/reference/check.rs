@@ -125,11 +125,13 @@ pub fn check_prefill<T: Element>(
     let [_, tk, hkv, _] = k.shape();
     let p = Problem { scale: scale_of(opts.scale, d), ..Problem::new(b, hq, hkv, tq, tk, d, opts.causal) };
     let var = HostVariants::read(&opts.score_mod, b, hq)?;
-    let (mut fq, fk, fv) = (host_f64("q", q)?, host_f64("k", k)?, host_f64("v", v)?);
-    // RoPE: token (b, i) at positions[b·Tq + i], or at its bottom-right position i + Tk − Tq.
+    let (mut fq, mut fk, fv) = (host_f64("q", q)?, host_f64("k", k)?, host_f64("v", v)?);
+    // RoPE: token (b, i) at positions[b·Tq + i], or at its bottom-right position i + Tk − Tq; with rope_k,
+    // key (b, j) at its positions[b·Tk + j], or at j.
     rotate_q::<T>(opts.rope.as_ref(), &mut fq, d, hq, || {
         (0..b * tq).map(|t| (t % tq) as i64 + tk as i64 - tq as i64).collect()
     })?;
+    rotate_k::<T>(opts, &mut fk, d, hkv, || (0..b * tk).map(|t| (t % tk) as i64).collect())?;
     judge(|ar| dense(&p, &var.view(), ar, &fq, &fk, &fv), o, lse, PREFILL_LSE_ATOL)
 }
 
@@ -151,9 +153,11 @@ pub fn check_prefill_varlen<T: Element>(
     let (cq, ck) = (host_elements("cu_seqlens_q", cu_seqlens_q)?, host_elements("cu_seqlens_k", cu_seqlens_k)?);
     let var = HostVariants::read(&opts.score_mod, cq.len().saturating_sub(1), hq)?;
     let scale = scale_of(opts.scale, d);
-    let (mut fq, fk, fv) = (host_f64("q", q)?, host_f64("k", k)?, host_f64("v", v)?);
-    // RoPE: packed token t of sequence b at positions[t], or at t − cu_q[b] + Tk_b − Tq_b.
+    let (mut fq, mut fk, fv) = (host_f64("q", q)?, host_f64("k", k)?, host_f64("v", v)?);
+    // RoPE: packed token t of sequence b at positions[t], or at t − cu_q[b] + Tk_b − Tq_b; with rope_k, packed
+    // key t of sequence b at its positions[t], or at t − cu_k[b] (the bottom-right rule with Tq = Tk).
     rotate_q::<T>(opts.rope.as_ref(), &mut fq, d, hq, || bottom_right_positions(&cq, |b| ck[b + 1] - ck[b], q.dim(0)))?;
+    rotate_k::<T>(opts, &mut fk, d, hkv, || bottom_right_positions(&ck, |b| ck[b + 1] - ck[b], k.dim(0)))?;
     let run = |ar| varlen(hq, hkv, d, opts.causal, scale, &var.view(), ar, &cq, &ck, &fq, &fk, &fv);
     judge(run, o, lse, PREFILL_LSE_ATOL)
 }
@@ -227,6 +231,19 @@ fn rotate_q<T: Element>(
     };
     table.rotate_lowp(q, d, heads, &positions, T::DTYPE);
     Ok(())
+}
+
+/// With `opts.rope_k`, rotates the key rows `k` (tokens of `heads` rows of `d`) as prefill does: like q
+/// ([`rotate_q`]: fp32, rounded to T), at `rope_k.positions` (one per key token) or `default_positions()`.
+fn rotate_k<T: Element>(
+    opts: &PrefillOptions<'_>,
+    k: &mut [f64],
+    d: usize,
+    heads: usize,
+    default_positions: impl FnOnce() -> Vec<i64>,
+) -> Result<()> {
+    let (Some(rope), Some(keys)) = (opts.rope.as_ref(), opts.rope_k.as_ref()) else { return Ok(()) };
+    rotate_q::<T>(Some(&crate::rope::Rope { positions: keys.positions, ..*rope }), k, d, heads, default_positions)
 }
 
 /// The bottom-right position of each of `rows` packed query tokens: token t of sequence b (`cu[b] <= t <

@@ -32,6 +32,7 @@ mod prefill;
 mod prefill_sm90;
 mod rope;
 mod rope_prefill;
+mod rope_prefill_k;
 mod runner;
 mod schedule;
 mod tile_policy;

@@ -74,7 +74,7 @@ fn help_and_version_exit_0_and_list_every_flag_with_its_default() {
         ("--causal", "[prefill; paged-prefill, where it is the default]"),
         ("--no-causal", "[paged-prefill only"),
         ("--page-size <N>", "[default: 16]"),
-        ("--page-size <N>", "[decode, paged-prefill]"),
+        ("--page-size <N>", "[decode, paged-prefill,"),
         ("--num-splits <N>", "[default: the planner's choice]"),
         ("--backend <BACKEND>", "[default: auto]"),
         ("--json", ""),
@@ -126,7 +126,7 @@ fn bad_flags_are_usage_errors() {
         ("run --batch -1", "invalid value '-1' for '--batch <N>'"),
         ("run --heads=-3", "invalid value '-3' for '--heads <N>'"),
         ("run --dtype fp8", "invalid value 'fp8' for '--dtype <DTYPE>' [possible values: fp16, bf16]"),
-        ("run --op sort", "[possible values: prefill, decode, paged-prefill]"),
+        ("run --op sort", "[possible values: prefill, decode, paged-prefill, append]"),
         ("run --backend tpu", "[possible values: gpu, emu, auto]"),
         ("report --dump /tmp/x", "unexpected argument '--dump'"),
         ("report --no-timing", "unexpected argument '--no-timing'"),
@@ -135,9 +135,10 @@ fn bad_flags_are_usage_errors() {
         ("run --quick", "unexpected argument '--quick'"),
         // Flags of the other op are errors naming the flag, not silently ignored.
         ("run --op decode --causal", "--causal applies to --op prefill or --op paged-prefill only"),
-        ("run --op decode --seqlen-q 4", "--seqlen-q applies to --op prefill or --op paged-prefill only"),
-        ("run --op=decode --seqlen-q=4", "--seqlen-q applies to --op prefill or --op paged-prefill only"),
-        ("run --page-size 8", "--page-size applies to --op decode or --op paged-prefill only"),
+        ("run --op decode --seqlen-q 4", "--seqlen-q applies to --op prefill or --op paged-prefill or --op append"),
+        ("run --op=decode --seqlen-q=4", "--seqlen-q applies to --op prefill or --op paged-prefill or --op append"),
+        ("run --page-size 8", "--page-size applies to --op decode or --op paged-prefill or --op append only"),
+        ("run --op append --heads 4", "--heads applies to --op prefill or --op decode or --op paged-prefill only"),
         ("run --op prefill --num-splits 2", "--num-splits applies to --op decode or --op paged-prefill only"),
         ("run --op decode --no-causal", "--no-causal applies to --op paged-prefill only"),
         ("plot", "<REPORT.jsonl>"),
@@ -345,6 +346,93 @@ fn run_emulated_paged_prefill_with_rope_passes_and_dumps_positions() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `run --op prefill --rope-theta …`: q and k rotated in the kernel (default and explicit positions, a
+/// partial-rotary Llama-3 table, dense and a sliding window) pass against the reference (which rotates both),
+/// the label says so, and --dump writes the poisoned table, each query row's position `[B, Tq]` and each
+/// key's `[B, Tk]` (q and k unrotated); the JSON row's counters show K read as without RoPE.
+#[test]
+fn run_emulated_prefill_with_rope_on_q_and_k() {
+    let dir = std::env::temp_dir().join(format!("fa-runner-prefill-rope-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let line = "run --backend emu --op prefill --batch 2 --heads 4 --kv-heads 2 --seqlen-q 40 --seqlen-k 70 \
+                --head-dim 64 --causal --json --seed 3";
+    let plain = fused_attn(line);
+    assert_eq!(plain.status.code(), Some(0), "{}", stderr(&plain));
+    let plain_k = json_rows(&plain)[0]["counters"]["buffers"]["k"].clone();
+    assert!(plain_k["read"].as_u64().unwrap_or(0) > 0, "{plain_k}");
+    for (positions, extra) in [("last", ""), ("explicit", " --window-left 20")] {
+        let o = fused_attn(&format!(
+            "{line} --rope-theta 500000 --rotary-dim 48 --rope-scaling llama3 --rope-positions {positions}{extra} \
+             --dump {}",
+            dir.display()
+        ));
+        assert_eq!(o.status.code(), Some(0), "{positions}: {}", stderr(&o));
+        let r = &json_rows(&o)[0];
+        assert_eq!((&r["op"], &r["passed"]), (&"prefill".into(), &true.into()), "{r}");
+        assert!(r["label"].as_str().unwrap_or_default().contains("rope=Neox rd=48"), "{r}");
+        if extra.is_empty() {
+            assert_eq!(r["counters"]["buffers"]["k"], plain_k, "K traffic differs with RoPE: {r}");
+        }
+        assert_eq!(npy_header(&dir.join("rope_positions.npy")), ("<i4".to_string(), vec![2, 40]));
+        assert_eq!(npy_header(&dir.join("rope_k_positions.npy")), ("<i4".to_string(), vec![2, 70]));
+        if positions == "last" {
+            let ints = |name: &str, n: usize| -> Vec<i32> {
+                let b = std::fs::read(dir.join(name)).unwrap();
+                b[b.len() - 4 * n..].chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect()
+            };
+            // Sequence 1's last query rows sit at the bottom right (.., 68, 69); its keys at 0..70.
+            assert_eq!(ints("rope_positions.npy", 2), [68, 69]);
+            assert_eq!(ints("rope_k_positions.npy", 3), [67, 68, 69]);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `run --op append`: 16-bit and FP8 caches, with and without RoPE (default and explicit positions), pass
+/// the exact check; the JSON row's counters show K and V read once and the cache rows written once (with or
+/// without RoPE); --dump writes the unrotated k, the slots, the positions and the caches after the append.
+#[test]
+fn run_emulated_append_checks_the_cache_bit_for_bit() {
+    let dir = std::env::temp_dir().join(format!("fa-runner-append-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (n, hkv, d) = (2 * 6, 2, 64);
+    for (extra, cache_bytes) in [
+        ("", 2),
+        (" --rope-theta 10000 --rotary-dim 32 --rope-style gptj", 2),
+        (" --kv-dtype fp8_e4m3 --kv-scale per-head --rope-theta 500000 --rope-scaling llama3 --rope-positions explicit", 1),
+        (" --kv-dtype fp8_e5m2", 1),
+    ] {
+        let o = fused_attn(&format!(
+            "run --backend emu --op append --batch 2 --kv-heads {hkv} --seqlen-q 6 --seqlen-k 40 --head-dim {d} \
+             --page-size 16 --json --seed 9 --dump {}{extra}",
+            dir.display()
+        ));
+        assert_eq!(o.status.code(), Some(0), "{extra}: {}", stderr(&o));
+        let r = &json_rows(&o)[0];
+        assert_eq!((&r["op"], &r["passed"], &r["check"]), (&"append".into(), &true.into(), &"exact".into()), "{r}");
+        let b = &r["counters"]["buffers"];
+        let row_bytes = (n * hkv * d) as u64;
+        assert_eq!((b["k"]["read"].as_u64(), b["v"]["read"].as_u64()), (Some(2 * row_bytes), Some(2 * row_bytes)), "{r}");
+        assert_eq!(b["k"]["written"].as_u64(), Some(0), "{r}");
+        assert_eq!(b["k_cache"]["written"].as_u64(), Some(cache_bytes * row_bytes), "{r}");
+        assert_eq!(b["v_cache"]["written"].as_u64(), Some(cache_bytes * row_bytes), "{r}");
+        assert_eq!(npy_header(&dir.join("slot_mapping.npy")), ("<i8".to_string(), vec![n]));
+        if extra.contains("rope") {
+            assert!(r["label"].as_str().unwrap_or_default().contains("rope="), "{r}");
+            assert_eq!(npy_header(&dir.join("rope_positions.npy")), ("<i4".to_string(), vec![n]));
+        }
+        if extra == " --rope-theta 10000 --rotary-dim 32 --rope-style gptj" {
+            // The default positions: each new token's place in its sequence, 34..39 for both.
+            let bytes = std::fs::read(dir.join("rope_positions.npy")).unwrap();
+            let pos: Vec<i32> =
+                bytes[bytes.len() - 4 * n..].chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
+            assert_eq!(pos, [34, 35, 36, 37, 38, 39, 34, 35, 36, 37, 38, 39]);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    assert_one_line_error(&fused_attn("run --op append --softcap 30"), 2, "--softcap applies to");
+}
+
 /// Reads a .npy header: (descr, shape), and checks the file length against them.
 fn npy_header(path: &Path) -> (String, Vec<usize>) {
     let b = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -360,6 +448,7 @@ fn npy_header(path: &Path) -> (String, Vec<usize>) {
     let item = match descr.as_str() {
         "<f2" => 2,
         "<f4" | "<i4" => 4,
+        "<i8" => 8,
         d => panic!("unexpected descr {d}"),
     };
     assert_eq!(b.len() - 10 - hlen, item * shape.iter().product::<usize>(), "{}", path.display());

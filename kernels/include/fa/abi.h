@@ -119,8 +119,14 @@ typedef struct FaPrefillParams {
    * and fa_prefill_sm90 refuses it): query row i of sequence b rotated at rope.positions[q_row0_b + i]
    * (q_row0_b = b * seqlen_q dense, cu_seqlens_q[b] varlen: one int32 per query token) or, with positions
    * NULL, at its bottom-right position i + (Tk - Tq) (clamped to 0 when negative), after it is loaded and
-   * before the first score (rounded to dtype, never written back). K is taken as already rotated. */
+   * before the first score (rounded to dtype, never written back). */
   FaRope rope;
+  /* RoPE on K too (rope_k != 0, with rope.cos != NULL; the same table, rotary_dim and style): key row j of
+   * sequence b rotated at rope_k_positions[k_row0_b + j] (k_row0_b = b * seqlen_k dense, cu_seqlens_k[b]
+   * varlen: one int32 per key token) or, with rope_k_positions NULL, at j, as each K tile lands in shared
+   * memory (fp32, rounded to dtype; K is never written back). rope_k == 0: K is taken as already rotated. */
+  const int32_t *rope_k_positions;
+  int32_t rope_k;
 } FaPrefillParams;
 
 /* ---------------------------------------------------------------------------------------------------------

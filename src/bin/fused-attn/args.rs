@@ -56,6 +56,9 @@ pub enum Op {
     Decode,
     /// New query tokens per sequence over a paged cache (chunked prefill, prefix caching, verification).
     PagedPrefill,
+    /// Paged append alone: new tokens' K/V written into the cache (K rotated with --rope-theta), checked bit
+    /// for bit.
+    Append,
 }
 
 impl Op {
@@ -64,6 +67,7 @@ impl Op {
             Op::Prefill => "prefill",
             Op::Decode => "decode",
             Op::PagedPrefill => "paged-prefill",
+            Op::Append => "append",
         }
     }
 }
@@ -209,7 +213,7 @@ pub struct RunArgs {
     /// KV heads Hkv, dividing Hq [prefill, decode] [default: --heads].
     #[arg(long, value_name = "N")]
     pub kv_heads: Option<usize>,
-    /// Query length Tq [prefill]; new tokens per sequence [paged-prefill; decode is one token per sequence].
+    /// Query length Tq [prefill]; new tokens per sequence [paged-prefill, append; decode is one token per sequence].
     #[arg(long, default_value_t = 128, value_name = "N")]
     pub seqlen_q: usize,
     /// Key length Tk [prefill]; the context length of every sequence, the new tokens included [decode,
@@ -224,23 +228,23 @@ pub struct RunArgs {
     #[arg(long, value_parser = parse_sm90_off, default_value = "", value_name = "STEPS")]
     pub sm90_off: Sm90Steps,
     /// Uneven batch: each sequence's context length, comma-separated (e.g. 131072,1024,1024); the batch is
-    /// their count [decode, paged-prefill; replaces --batch and --seqlen-k].
+    /// their count [decode, paged-prefill, append; replaces --batch and --seqlen-k].
     #[arg(long, value_delimiter = ',', value_name = "N,N,...", conflicts_with_all = ["batch", "seqlen_k"])]
     pub seq_lens: Option<Vec<usize>>,
-    /// New query tokens per sequence, one per --seq-lens entry [paged-prefill; default: --seqlen-q each].
+    /// New query tokens per sequence, one per --seq-lens entry [paged-prefill, append; default: --seqlen-q each].
     #[arg(long, value_delimiter = ',', value_name = "N,N,...", requires = "seq_lens")]
     pub q_lens: Option<Vec<usize>>,
     /// Bidirectional attention over the whole context [paged-prefill only; it is causal by default].
     #[arg(long, conflicts_with = "causal")]
     pub no_causal: bool,
-    /// Page size of the KV cache, any in 1..=MAX_PAGE_SIZE (2^31 - 4097) [decode, paged-prefill].
+    /// Page size of the KV cache, any in 1..=MAX_PAGE_SIZE (2^31 - 4097) [decode, paged-prefill, append].
     #[arg(long, default_value_t = 16, value_name = "N")]
     pub page_size: usize,
-    /// Element type of the KV cache [decode, paged-prefill] [default: --dtype]. FP8 caches hold the 16-bit cache
+    /// Element type of the KV cache [decode, paged-prefill, append] [default: --dtype]. FP8 caches hold the 16-bit cache
     /// quantised with calibrated scales (amax / the format's max); q and the output stay --dtype.
     #[arg(long, value_enum, value_name = "TYPE")]
     pub kv_dtype: Option<KvDTypeArg>,
-    /// FP8 dequantisation scales: one per tensor or one per KV head (K and V separately) [decode,
+    /// FP8 dequantisation scales: one per tensor or one per KV head (K and V separately) [decode, append,
     /// paged-prefill; FP8 --kv-dtype only].
     #[arg(long, value_enum, default_value_t = KvScaleArg::PerTensor, value_name = "KIND")]
     pub kv_scale: KvScaleArg,
@@ -267,21 +271,23 @@ pub struct RunArgs {
     /// Attention sinks: a logit per query head, N(0, 1) from --seed [prefill, decode].
     #[arg(long)]
     pub sinks: bool,
-    /// RoPE on q, fused [decode, paged-prefill]: the base θ (e.g. 10000, 500000); unset = q taken as already rotated.
+    /// RoPE, fused: the base θ (e.g. 10000, 500000); unset = taken as already rotated. prefill: q and k; decode,
+    /// paged-prefill: q (the cache is taken as rotated).
     #[arg(long, value_name = "THETA")]
     pub rope_theta: Option<f64>,
-    /// RoPE pair layout: neox (rotate-half) or gptj (interleaved) [decode, paged-prefill, with --rope-theta].
+    /// RoPE pair layout: neox (rotate-half) or gptj (interleaved) [with --rope-theta].
     #[arg(long, value_enum, default_value_t = RopeStyleArg::Neox, value_name = "STYLE")]
     pub rope_style: RopeStyleArg,
-    /// Rotated dims, even, <= --head-dim (partial rotary) [decode, paged-prefill, with --rope-theta] [default: --head-dim].
+    /// Rotated dims, even, <= --head-dim (partial rotary) [with --rope-theta] [default: --head-dim].
     #[arg(long, value_name = "N")]
     pub rotary_dim: Option<usize>,
-    /// Frequency scheme [decode, paged-prefill, with --rope-theta]: none, linear:F, ntk:F, llama3 (3.1's 8/1/4/8192) or
+    /// Frequency scheme [with --rope-theta]: none, linear:F, ntk:F, llama3 (3.1's 8/1/4/8192) or
     /// llama3:F:LOW:HIGH:ORIG, yarn:F:ORIG (β 32/1).
     #[arg(long, default_value = "none", value_name = "SCHEME")]
     pub rope_scaling: String,
     /// RoPE positions: `last` (decode: each sequence's seq_len - 1; paged-prefill: each token's place in the
-    /// cache) or `explicit` (drawn from --seed) [decode, paged-prefill, with --rope-theta].
+    /// cache; prefill: query row i at i + Tk - Tq, key j at j) or `explicit` (drawn from --seed) [with
+    /// --rope-theta].
     #[arg(long, value_enum, default_value_t = RopePositionsArg::Last, value_name = "KIND")]
     pub rope_positions: RopePositionsArg,
     #[command(flatten)]
@@ -499,53 +505,38 @@ impl RunArgs {
     }
 }
 
+/// The ops that compute attention scores (all but append).
+const ATTENTION: [Op; 3] = [Op::Prefill, Op::Decode, Op::PagedPrefill];
+
 /// Flags that apply to some ops only, by clap id: (id, flag, the ops it applies to, why).
-const OP_ONLY: [(&str, &str, &[Op], &str); 15] = [
-    ("seq_lens", "--seq-lens", &[Op::Decode, Op::PagedPrefill], "prefill's batches are uniform"),
-    ("q_lens", "--q-lens", &[Op::PagedPrefill], "decode is one query token per sequence"),
+const OP_ONLY: [(&str, &str, &[Op], &str); 17] = [
+    ("seq_lens", "--seq-lens", &[Op::Decode, Op::PagedPrefill, Op::Append], "prefill's batches are uniform"),
+    ("q_lens", "--q-lens", &[Op::PagedPrefill, Op::Append], "decode is one query token per sequence"),
     (
         "seqlen_q",
         "--seqlen-q",
-        &[Op::Prefill, Op::PagedPrefill],
+        &[Op::Prefill, Op::PagedPrefill, Op::Append],
         "decode is one query token per sequence; --seqlen-k sets the context",
     ),
     ("causal", "--causal", &[Op::Prefill, Op::PagedPrefill], "a decode token attends to its whole cache"),
     ("no_causal", "--no-causal", &[Op::PagedPrefill], "prefill is bidirectional unless --causal"),
-    ("page_size", "--page-size", &[Op::Decode, Op::PagedPrefill], "prefill reads contiguous K/V, not a paged cache"),
+    (
+        "page_size",
+        "--page-size",
+        &[Op::Decode, Op::PagedPrefill, Op::Append],
+        "prefill reads contiguous K/V, not a paged cache",
+    ),
     ("num_splits", "--num-splits", &[Op::Decode, Op::PagedPrefill], "prefill does not split the KV range"),
     ("paged_kernel", "--paged-kernel", &[Op::PagedPrefill], "only paged prefill has two kernels"),
-    ("kv_dtype", "--kv-dtype", &[Op::Decode, Op::PagedPrefill], "prefill reads contiguous 16-bit K/V"),
-    ("kv_scale", "--kv-scale", &[Op::Decode, Op::PagedPrefill], "prefill reads contiguous 16-bit K/V"),
-    (
-        "rope_theta",
-        "--rope-theta",
-        &[Op::Decode, Op::PagedPrefill],
-        "not in the runner's dense prefill yet (docs/rope.md)",
-    ),
-    (
-        "rope_style",
-        "--rope-style",
-        &[Op::Decode, Op::PagedPrefill],
-        "not in the runner's dense prefill yet (docs/rope.md)",
-    ),
-    (
-        "rotary_dim",
-        "--rotary-dim",
-        &[Op::Decode, Op::PagedPrefill],
-        "not in the runner's dense prefill yet (docs/rope.md)",
-    ),
-    (
-        "rope_scaling",
-        "--rope-scaling",
-        &[Op::Decode, Op::PagedPrefill],
-        "not in the runner's dense prefill yet (docs/rope.md)",
-    ),
-    (
-        "rope_positions",
-        "--rope-positions",
-        &[Op::Decode, Op::PagedPrefill],
-        "not in the runner's dense prefill yet (docs/rope.md)",
-    ),
+    ("kv_dtype", "--kv-dtype", &[Op::Decode, Op::PagedPrefill, Op::Append], "prefill reads contiguous 16-bit K/V"),
+    ("kv_scale", "--kv-scale", &[Op::Decode, Op::PagedPrefill, Op::Append], "prefill reads contiguous 16-bit K/V"),
+    ("window_left", "--window-left", &ATTENTION, "append computes no scores"),
+    ("window_right", "--window-right", &ATTENTION, "append computes no scores"),
+    ("softcap", "--softcap", &ATTENTION, "append computes no scores"),
+    ("alibi", "--alibi", &ATTENTION, "append computes no scores"),
+    ("sinks", "--sinks", &ATTENTION, "append computes no scores"),
+    ("heads", "--heads", &ATTENTION, "append writes KV heads only: --kv-heads"),
+    ("kernel", "--kernel", &[Op::Prefill, Op::Decode, Op::PagedPrefill], "append has one kernel per cache format"),
 ];
 
 /// A flag the user gave for an op it does not apply to.
@@ -654,13 +645,15 @@ mod tests {
         assert!(run("run --op decode").rope().unwrap().is_none());
         let r = run("run --op paged-prefill --rope-theta 10000 --rope-positions explicit").rope().unwrap().unwrap();
         assert_eq!((r.config.theta, r.explicit_positions), (10000.0, true));
+        let r = run("run --op prefill --rope-theta 10000 --rotary-dim 64").rope().unwrap().unwrap();
+        assert_eq!((r.config.rotary_dim, r.explicit_positions), (64, false));
         for bad in [
             "run --op decode --rope-theta 10000 --rotary-dim 7",
             "run --op decode --rope-theta 10000 --rotary-dim 256",
             "run --op decode --rope-theta 10000 --rope-scaling yarn:4",
             "run --op decode --rope-theta 10000 --rope-scaling cubic:2",
             "run --op decode --rope-style gptj",
-            "run --op prefill --rope-theta 10000",
+            "run --op prefill --rope-theta 10000 --rotary-dim 130",
         ] {
             assert!(matches!(p(bad), Err(e) if e.kind() == &fused_attn::ErrorKind::Usage), "{bad}");
         }
@@ -763,7 +756,8 @@ mod tests {
             msg("run --op decode --causal").starts_with("--causal applies to --op prefill or --op paged-prefill only")
         );
         assert!(msg("run --op=decode --seqlen-q=4").starts_with("--seqlen-q applies to --op prefill or"));
-        assert!(msg("run --page-size 8").starts_with("--page-size applies to --op decode or --op paged-prefill only"));
+        assert!(msg("run --page-size 8")
+            .starts_with("--page-size applies to --op decode or --op paged-prefill or --op append only"));
         assert!(msg("run --num-splits 2").starts_with("--num-splits applies to --op decode or"));
         assert!(msg("run --no-causal").starts_with("--no-causal applies to --op paged-prefill only"));
         // Defaults are not "given": decode with no prefill flags is fine, and so is each op's own flag.
@@ -772,9 +766,11 @@ mod tests {
         run("run --op decode --kv-dtype fp8_e4m3 --kv-scale per-head");
         run("run --op decode --dtype fp16 --kv-dtype fp16");
         assert!(
-            msg("run --kv-dtype fp8_e5m2").starts_with("--kv-dtype applies to --op decode or --op paged-prefill only")
+            msg("run --kv-dtype fp8_e5m2").starts_with("--kv-dtype applies to --op decode or --op paged-prefill or")
         );
         run("run --op paged-prefill --kv-dtype fp8_e5m2 --kv-scale per-head");
+        run("run --op append --kv-dtype fp8_e5m2 --kv-scale per-head --kv-heads 2 --seqlen-q 5 --page-size 3");
+        assert!(msg("run --op append --alibi").starts_with("--alibi applies to --op prefill or --op decode or"));
         let a = run("run --op paged-prefill --seqlen-q 5 --seqlen-k 300 --page-size 64 --num-splits 2 --no-causal");
         assert_eq!(
             (a.op, a.seqlen_q, a.seqlen_k(), a.page_size, a.num_splits),

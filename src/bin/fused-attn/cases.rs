@@ -7,6 +7,7 @@ use std::sync::Arc;
 use cudarc::driver::CudaStream;
 use fused_attn::paged::MAX_PAGE_SIZE;
 use fused_attn::reference::Comparison;
+use fused_attn::testkit::cases::append::{self as ac, AppendCase};
 use fused_attn::testkit::cases::decode::{self as dc, DecodeCase};
 use fused_attn::testkit::cases::kv::{KvFormat, QuantError};
 use fused_attn::testkit::cases::paged_prefill::{self as ppc, PagedPrefillCase};
@@ -519,6 +520,14 @@ fn with_counters(
         })
         .collect();
     map.insert("per_kernel".into(), per_kernel.into());
+    // Bytes read and written per argument ("q", "k", "rope_cos", "k_cache", ...), over the op's kernels.
+    let buffers: serde_json::Map<String, serde_json::Value> = c
+        .total()
+        .buffers
+        .iter()
+        .map(|b| (b.name.clone(), serde_json::json!({ "read": b.read, "written": b.written })))
+        .collect();
+    map.insert("buffers".into(), buffers.into());
     if let Some(r) = ratios(&c) {
         let r: serde_json::Map<String, serde_json::Value> =
             r.into_iter().map(|(k, v)| (k.to_string(), serde_json::json!(v))).collect();
@@ -526,4 +535,86 @@ fn with_counters(
     }
     row.counters = Some(map);
     row
+}
+
+/// Launches an append is timed over on a GPU (each writes the same slots).
+const APPEND_RUNS: Runs = Runs { warmup: 5, iters: 50 };
+
+/// `run --op append`: the new tokens' K/V (the last q_len tokens of each sequence) scattered into a paged
+/// cache (16-bit or FP8, pages in shuffled order, NaN elsewhere), K rotated on the way with RoPE; checked
+/// bit for bit against the Rust model of the kernel (every cache element, the untouched ones included);
+/// on a GPU also timed (bytes moved: K/V read, cache rows written).
+pub fn run_append(
+    backend: &Backend,
+    c: &AppendCase,
+    seed: u64,
+    copy_gbps: Option<f64>,
+    dump: Option<&Dump>,
+    progress: &Progress,
+) -> Result<Row> {
+    check_page_size(c.page_size)?;
+    let elements = c.seqs.iter().map(|s| s.1.div_ceil(c.page_size.max(1)) + 1).sum::<usize>()
+        * c.page_size
+        * c.heads_kv
+        * c.head_dim;
+    if elements > MAX_ELEMENTS {
+        return Err(Error::unsupported(
+            "case",
+            format!("{elements} cache elements (the runner builds at most {MAX_ELEMENTS})"),
+        ));
+    }
+    progress.message(format!("append: running on {} and checking the cache bit for bit", backend.describe()));
+    match c.dtype {
+        DType::F16 => run_append_t::<f16>(backend, c, seed, copy_gbps, dump),
+        DType::Bf16 => run_append_t::<bf16>(backend, c, seed, copy_gbps, dump),
+    }
+}
+
+fn run_append_t<T: Element + ac::Poison>(
+    backend: &Backend,
+    c: &AppendCase,
+    seed: u64,
+    copy_gbps: Option<f64>,
+    dump: Option<&Dump>,
+) -> Result<Row> {
+    let f = ac::AppendFixture::<T>::new(c, seed)?;
+    let (out, timing) = match backend {
+        Backend::Emu(emu) => (ac::run_emulated(emu, &f)?, None),
+        Backend::Gpu { stream, .. } => ac::run_gpu(stream, &f, copy_gbps.map(|_| APPEND_RUNS))?,
+    };
+    if let Some(dump) = dump {
+        dump.append(&f, &out)?;
+    }
+    let o = f.evaluate(&out);
+    let mut row = Row {
+        kind: "run".into(),
+        label: c.label(),
+        seed,
+        op: "append".into(),
+        backend: backend.name().into(),
+        head_dim: c.head_dim,
+        batch: c.seqs.len(),
+        heads_q: 0,
+        heads_kv: c.heads_kv,
+        seqlen_q: c.seqs.iter().map(|s| s.0).max().unwrap_or(0),
+        seqlen_k: c.seqs.iter().map(|s| s.1).max().unwrap_or(0),
+        causal: false,
+        ..paged_fields(c.dtype, c.kv, c.page_size, None, &CaseVariants::default())
+    };
+    row.max_abs_err = Some(o.max_abs_err);
+    row.tolerance = Some(0.0);
+    row.passed = Some(o.passed());
+    row.check = Some("exact".into());
+    if !o.passed() {
+        row.error = Some(format!(
+            "{} of {} cache elements differ from the model (max |diff| {:.3e}; seed {seed})",
+            o.mismatches, o.elements, o.max_abs_err
+        ));
+    }
+    if let (Some(t), Some(copy)) = (timing, copy_gbps) {
+        let gbps = ac::bytes_moved(c) as f64 / (t.median_ms * 1e-3) / 1e9;
+        (row.ms, row.gbps, row.copy_gbps, row.pct_of_copy_bw) =
+            (Some(t.median_ms), Some(gbps), Some(copy), Some(100.0 * gbps / copy));
+    }
+    Ok(with_counters(row, backend, |_| None))
 }

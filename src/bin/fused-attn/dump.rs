@@ -1,7 +1,8 @@
 //! `run --dump DIR`: every input and output of the run as .npy (C order, little-endian), so an outside tool
 //! can check the result independently. fp16 tensors are float16; bf16 tensors are float32 holding exactly
 //! the bf16 values; lse float32; integer tables int32. Layouts (docs/semantics.md):
-//! - prefill: q [B, Tq, Hq, D], k / v [B, Tk, Hkv, D], out [B, Tq, Hq, D], lse [B, Hq, Tq];
+//! - prefill: q [B, Tq, Hq, D], k / v [B, Tk, Hkv, D], out [B, Tq, Hq, D], lse [B, Hq, Tq]; with RoPE the
+//!   table (rope_cos / rope_sin) and rope_positions [B, Tq], rope_k_positions [B, Tk] (q and k unrotated);
 //! - decode: q [B, Hq, D], k_cache / v_cache [num_pages, page_size, Hkv, D] (NaN in slots no sequence
 //!   owns), block_table [B, max_pages_per_seq], seq_lens [B], k / v [B, max(seq_lens), Hkv, D] (the
 //!   cache gathered through the block table, zero past each seq_len), out [B, Hq, D], lse [B, Hq].
@@ -9,12 +10,16 @@
 //!   (before scaling; NaN in unowned slots), and k_scale.npy / v_scale.npy float32 [1] or [Hkv] the
 //!   dequantisation scales: the values attention used are k_cache * k_scale[h] (v likewise);
 //! - paged-prefill: q [B, Tq, Hq, D], out [B, Tq, Hq, D], lse [B, Hq, Tq], and the cache, block_table,
-//!   seq_lens, k and v as for decode (seq_lens include the Tq new tokens); an FP8 cache as for decode.
+//!   seq_lens, k and v as for decode (seq_lens include the Tq new tokens); an FP8 cache as for decode;
+//! - append: k / v [N, Hkv, D] (unrotated), slot_mapping [N] int64, rope_positions [N] and the table with
+//!   RoPE, k_cache / v_cache [num_pages, page_size, Hkv, D] after the append (NaN in unwritten slots; FP8 as
+//!   float32 stored values, with k_scale / v_scale).
 
 use std::fs::File;
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 
+use fused_attn::testkit::cases::append::{AppendFixture, AppendOutputs};
 use fused_attn::testkit::cases::decode::DecodeRun;
 use fused_attn::testkit::cases::kv::PagedHost;
 use fused_attn::testkit::cases::paged_prefill::PagedPrefillRun;
@@ -29,6 +34,7 @@ enum NpyData<'a> {
     F16(Vec<half::f16>),
     F32(Vec<f32>),
     I32(&'a [i32]),
+    I64(&'a [i64]),
 }
 
 /// Writes `data` as a C-order little-endian .npy of `shape` (format 1.0, header padded to 64 bytes).
@@ -65,6 +71,7 @@ impl Dump {
             NpyData::F16(d) => write_npy(&path, shape, &d),
             NpyData::F32(d) => write_npy(&path, shape, &d),
             NpyData::I32(d) => write_npy(&path, shape, d),
+            NpyData::I64(d) => write_npy(&path, shape, d),
         }
         .map_err(|e| Error::usage(format!("--dump: cannot write {}: {e}", path.display())))
     }
@@ -78,6 +85,14 @@ impl Dump {
         let [b, tq, hq, _] = f.q.shape;
         let lse = f.logical_lse(out).unwrap_or_else(|| vec![f32::NAN; b * hq * tq]);
         self.variants(&f.alibi_slopes, &f.sinks, b, hq)?;
+        // RoPE on q and k: each query row's and each key's position (q and k are written unrotated).
+        if f.rope_table.is_some() {
+            let (qp, kp) = f.rope_positions();
+            let narrow = |p: Vec<i64>| p.into_iter().map(|x| x as i32).collect::<Vec<i32>>();
+            self.rope(f.rope_table.as_ref(), &narrow(qp), &[b, tq])?;
+            let tk = f.k.shape[1];
+            self.write("rope_k_positions", &[b, tk], NpyData::I32(&narrow(kp)))?;
+        }
         self.write("lse", &[b, hq, tq], NpyData::F32(lse))
     }
 
@@ -101,6 +116,33 @@ impl Dump {
         self.write("rope_cos", &t.shape(), NpyData::F32(t.cos.clone()))?;
         self.write("rope_sin", &t.shape(), NpyData::F32(t.sin.clone()))?;
         self.write("rope_positions", positions_shape, NpyData::I32(positions))
+    }
+
+    /// `--op append`: the unrotated inputs k / v `[N, Hkv, D]`, slot_mapping `[N]` (int64), with RoPE the
+    /// table and rope_positions `[N]` (each token's position), the FP8 scales, and the caches after the
+    /// append, k_cache / v_cache `[num_pages, page_size, Hkv, D]` (stored values: 16-bit in their encoding,
+    /// FP8 as float32 before scaling; NaN in every slot no new token owns).
+    pub fn append<T: Element>(&self, f: &AppendFixture<T>, out: &AppendOutputs) -> Result<()> {
+        let dt = T::DTYPE;
+        let (n, hkv, d) = (f.slots.len(), f.case.heads_kv, f.case.head_dim);
+        let vals = |x: &[T]| x.iter().map(|v| v.to_f64()).collect::<Vec<_>>();
+        self.write("k", &[n, hkv, d], encode(dt, vals(&f.k).into_iter()))?;
+        self.write("v", &[n, hkv, d], encode(dt, vals(&f.v).into_iter()))?;
+        self.write("slot_mapping", &[n], NpyData::I64(&f.slots))?;
+        if f.rope_table.is_some() {
+            self.rope(f.rope_table.as_ref(), &f.positions, &[n])?;
+        }
+        let cache = |x: &[f64]| match f.case.kv.fp8() {
+            Some(_) => NpyData::F32(x.iter().map(|&v| v as f32).collect()),
+            None => encode(dt, x.iter().copied()),
+        };
+        self.write("k_cache", &f.cache_shape, cache(&out.k_cache))?;
+        self.write("v_cache", &f.cache_shape, cache(&out.v_cache))?;
+        if !f.k_scales.is_empty() {
+            self.write("k_scale", &[f.k_scales.len()], NpyData::F32(f.k_scales.clone()))?;
+            self.write("v_scale", &[f.v_scales.len()], NpyData::F32(f.v_scales.clone()))?;
+        }
+        Ok(())
     }
 
     pub fn decode<T: Element>(&self, r: &DecodeRun<T>) -> Result<()> {

@@ -18,6 +18,7 @@ mod row_fields;
 use std::io::BufRead;
 use std::path::Path;
 
+use fused_attn::testkit::cases::append::AppendCase;
 use fused_attn::testkit::cases::decode::DecodeCase;
 use fused_attn::testkit::cases::paged_prefill::PagedPrefillCase;
 use fused_attn::testkit::cases::prefill::PrefillCase;
@@ -48,6 +49,7 @@ fn run(a: &RunArgs, backend: &Backend, out: &mut Output) -> Result<()> {
                 variants: a.variants(),
                 kernel: a.common.kernel,
                 sm90_steps: a.sm90_off,
+                rope: a.rope()?,
                 ..PrefillCase::dense(
                     a.dtype.into(),
                     a.head_dim,
@@ -91,6 +93,18 @@ fn run(a: &RunArgs, backend: &Backend, out: &mut Output) -> Result<()> {
                 kernel: a.paged_kernel.into(),
             };
             cases::run_paged_prefill(backend, &case, a.common.seed, copy, dump.as_ref(), &progress)
+        }
+        Op::Append => {
+            let case = AppendCase {
+                dtype: a.dtype.into(),
+                head_dim: a.head_dim,
+                heads_kv: a.kv_heads(),
+                page_size: a.page_size,
+                seqs: a.paged_seqs()?,
+                kv: a.kv_format(),
+                rope: a.rope()?,
+            };
+            cases::run_append(backend, &case, a.common.seed, copy, dump.as_ref(), &progress)
         }
     };
     progress.finish();

@@ -3,6 +3,7 @@
 //! time it. A paged case's cache is 16-bit or FP8 by a field of the case ([`kv::KvFormat`]): one case type,
 //! fixture and run serve both.
 
+pub mod append;
 pub mod decode;
 pub mod kv;
 pub mod paged_prefill;

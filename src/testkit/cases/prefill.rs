@@ -20,6 +20,7 @@ use crate::prefill::{prefill, prefill_varlen, PrefillKernel, PrefillOptions, Sm9
 use crate::reference::{self, Arith, Comparison};
 use crate::score_mod::{AlibiSlopes, ScoreMod};
 use crate::tensor::{Mem, MemMut, TensorView, TensorViewMut};
+use crate::testkit::cases::decode::{upload_rope, CaseRope, GpuRope, RopeViews};
 use crate::testkit::cases::with_dtype;
 use crate::testkit::timing::{prefill_flops, time_launches, Runs, Timing};
 use crate::testkit::variants::{CaseAlibi, CaseVariants};
@@ -61,6 +62,10 @@ pub struct PrefillCase {
     pub kernel: PrefillKernel,
     /// The sm_90a kernel's tuning steps (all on unless an A/B row turns one off).
     pub sm90_steps: Sm90Steps,
+    /// Rotary embedding of q and k, fused (`PrefillOptions::rope` and `rope_k`; [`CaseRope`]: explicit
+    /// positions drawn from the seed, one per query and one per key token, or the default ones: query row i
+    /// at i + Tk − Tq, key j at j). `None`: q and k are taken as already rotated.
+    pub rope: Option<CaseRope>,
 }
 
 impl PrefillCase {
@@ -81,6 +86,7 @@ impl PrefillCase {
             variants: CaseVariants::default(),
             kernel: PrefillKernel::Auto,
             sm90_steps: Sm90Steps::default(),
+            rope: None,
         }
     }
     /// A varlen case of `seqs` (q_len, k_len) per sequence, otherwise like [`PrefillCase::dense`]: batch
@@ -97,8 +103,9 @@ impl PrefillCase {
             None => format!("B={} Tq={} Tk={}", self.batch, self.seqlen_q, self.seqlen_k),
         };
         let variants = self.variants.label();
+        let rope = self.rope.map_or(String::new(), |r| format!(" {} q+k", r.label()));
         format!(
-            "{}{}{}{} D={} {} Hq={} Hkv={} {}{:?}{}{}{}",
+            "{}{}{}{} D={} {} Hq={} Hkv={} {}{:?}{}{}{}{}",
             if self.kernel == PrefillKernel::Auto { "" } else { self.kernel.name() },
             self.sm90_steps.label(),
             if self.kernel == PrefillKernel::Auto { "" } else { " " },
@@ -112,6 +119,7 @@ impl PrefillCase {
             if self.with_lse { "" } else { " no-lse" },
             if variants.is_empty() { "" } else { " " },
             variants,
+            rope,
         )
     }
     /// Query rows times keys times heads: the work the case represents (for sorting / budgeting).
@@ -477,6 +485,12 @@ pub struct PrefillFixture<T> {
     /// ALiBi slopes (`[Hq]` or `[B, Hq]`) and sinks (`[Hq]`) of the case's variants (empty when unused).
     pub alibi_slopes: Vec<f32>,
     pub sinks: Vec<f32>,
+    /// The case's RoPE table (poisoned outside the rows its positions address) and its explicit positions,
+    /// one per query token and one per key token in packed order (`b·Tq + i` dense, `cu_seqlens_q[b] + i`
+    /// varlen; keys alike); empty when the case uses the default ones or has no RoPE.
+    pub rope_table: Option<crate::testkit::rope::PoisonedTable>,
+    pub rope_q_positions: Vec<i32>,
+    pub rope_k_positions: Vec<i32>,
 }
 
 /// How a case's values are drawn, beyond its shape and layout ([`PrefillCase`]).
@@ -590,6 +604,16 @@ impl<T: Element> PrefillFixture<T> {
             ((b - 1) as i64 * lse_strides[0] + (hq - 1) as i64 * lse_strides[1] + tq as i64) as usize + 4
         };
         let batch = case.varlen.as_ref().map_or(case.batch, |s| s.len());
+        // RoPE: explicit positions drawn after everything else (the other inputs do not depend on them); the
+        // table covers the longest sequence's default positions.
+        let (mut rope_q_positions, mut rope_k_positions) = (vec![], vec![]);
+        if case.rope.is_some_and(|r| r.explicit_positions) {
+            let mut rng = crate::testkit::seed::rng(seed ^ 0x6f9e_2800);
+            let mut draw =
+                |n: usize| -> Vec<i32> { (0..n).map(|_| rng.random_range(0..CaseRope::MAX_POS as i32)).collect() };
+            rope_q_positions = draw(b * tq);
+            rope_k_positions = draw(b * tk);
+        }
         Ok(Self {
             alibi_slopes: case.variants.slopes(batch, hq),
             sinks: case.variants.sinks(hq, seed),
@@ -604,9 +628,36 @@ impl<T: Element> PrefillFixture<T> {
             o_len,
             lse_len,
             lse_strides,
+            rope_table: case
+                .rope
+                .map(|r| {
+                    let (q, k) = rope_token_positions(case, &rope_q_positions, &rope_k_positions);
+                    let used: Vec<i64> = q.into_iter().chain(k).collect();
+                    let max_pos = CaseRope::MAX_POS.max(tq.max(tk) + 1);
+                    crate::testkit::rope::PoisonedTable::new(&r.config, max_pos, &used)
+                })
+                .transpose()?,
+            rope_q_positions,
+            rope_k_positions,
             cu_q,
             cu_k,
         })
+    }
+
+    /// The position of every query token and every key token (packed order) the case rotates them at:
+    /// its explicit ones, or the defaults (query row i at i + Tk − Tq, key j at j, per sequence).
+    pub fn rope_positions(&self) -> (Vec<i64>, Vec<i64>) {
+        rope_token_positions(&self.case, &self.rope_q_positions, &self.rope_k_positions)
+    }
+
+    /// Rotates `x` (rows of D values; `heads` rows per token, from token `first` on) as the kernel rotates
+    /// q or k (fp32 from the table, rounded to the dtype) at `positions[first + row / heads]`. Nothing
+    /// without RoPE.
+    fn rotate(&self, x: &mut [f64], heads: usize, positions: &[i64]) {
+        if let (Some(r), Some(t)) = (&self.case.rope, &self.rope_table) {
+            let table = t.reference(r.config.rotary_dim, r.config.style);
+            table.rotate_lowp(x, self.case.head_dim, heads, positions, self.case.dtype);
+        }
     }
 
     /// A tensor's values in logical `[B, T, H, D]` order, as f64 (exact).
@@ -648,7 +699,11 @@ impl<T: Element> PrefillFixture<T> {
         let c = &self.case;
         let (hq, hkv, d) = (c.heads_q, c.heads_kv, c.head_dim);
         let scale = self.scale();
-        let (qv, kv, vv) = (self.logical(&self.q), self.logical(&self.k), self.logical(&self.v));
+        let (mut qv, mut kv, vv) = (self.logical(&self.q), self.logical(&self.k), self.logical(&self.v));
+        // RoPE: the reference attends over q and k rotated as the kernel rotates them.
+        let (q_pos, k_pos) = self.rope_positions();
+        self.rotate(&mut qv, hq, &q_pos);
+        self.rotate(&mut kv, hkv, &k_pos);
         let (slopes, sinks) = self.variant_values();
         let var = c.variants.reference(&slopes, &sinks);
         let (exact, naive) = match &c.varlen {
@@ -711,15 +766,17 @@ impl<T: Element> PrefillFixture<T> {
         let lse = out.lse.as_deref();
         let (slopes, sinks) = self.variant_values();
         let var = c.variants.reference(&slopes, &sinks);
+        let (q_pos, k_pos) = self.rope_positions();
         // Per sampled row: ours, reference, naive, bound (D values each), our LSE, the reference LSE.
         type SampledRow = (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>, f64, f64);
         let results: Vec<Result<SampledRow>> = parallel_map(&picks, |&(ib, it, ih)| {
             let (lo, hi) = var.visible_range(c.causal, tq, tk, it);
             let kh = ih / group.max(1);
-            let qrow = gather(
+            let mut qrow = gather(
                 &self.bufs[self.q.buf],
                 &Place { offset: self.q.at([ib, it, ih, 0]), shape: [1, 1, 1, d], ..self.q },
             );
+            self.rotate(&mut qrow, 1, &q_pos[ib * tq + it..][..1]);
             // Only this row's KV head and visible keys are gathered; the rest of the sequence stays 0 (never read).
             let sub = |p: &Place| {
                 let mut rows = vec![0.0; tk * d];
@@ -730,7 +787,8 @@ impl<T: Element> PrefillFixture<T> {
                 rows[lo * d..hi * d].copy_from_slice(&seen);
                 rows
             };
-            let (krows, vrows) = (sub(&self.k), sub(&self.v));
+            let (mut krows, vrows) = (sub(&self.k), sub(&self.v));
+            self.rotate(&mut krows[lo * d..hi * d], 1, &k_pos[ib * tk + lo..ib * tk + hi]);
             let mut p = reference::Problem::new(b, group, 1, tq, tk, d, c.causal);
             p.scale = scale;
             // Head ih of the full problem is head ih % group of this one-KV-head view (same slope and sink
@@ -1047,20 +1105,59 @@ impl<'a> VariantViews<'a> {
     }
 }
 
+/// The views of a case's RoPE table and positions on one backend: q's (as decode's) and the keys'.
+struct PrefillRopeViews<'a> {
+    q: RopeViews<'a>,
+    k_positions: TensorView<'a, i32, 1>,
+}
+
+impl<'a> PrefillRopeViews<'a> {
+    /// The fixture's table and explicit positions as host views (`None` without RoPE).
+    fn host<T>(f: &'a PrefillFixture<T>) -> Result<Option<Self>> {
+        let Some(q) = RopeViews::host(f.rope_table.as_ref(), &f.rope_q_positions, f.case.rope)? else {
+            return Ok(None);
+        };
+        let k_positions = TensorView::host(&f.rope_k_positions, [f.rope_k_positions.len()])?;
+        Ok(Some(Self { q, k_positions }))
+    }
+
+    /// Views of a table and positions uploaded by [`upload_rope`] (q's) and of the keys' positions.
+    fn gpu<T>(
+        f: &PrefillFixture<T>,
+        uploaded: Option<&'a GpuRope>,
+        k_positions: &'a CudaSlice<i32>,
+    ) -> Result<Option<Self>> {
+        let Some(q) = RopeViews::gpu(uploaded, f.rope_table.as_ref(), f.rope_q_positions.len(), f.case.rope)? else {
+            return Ok(None);
+        };
+        let n = f.rope_k_positions.len();
+        Ok(Some(Self { q, k_positions: TensorView::gpu(k_positions.slice(0..n), [n])? }))
+    }
+
+    /// The call's RoPE on q and on k.
+    fn options(&'a self) -> (crate::rope::Rope<'a>, crate::rope::RopeKeys<'a>) {
+        let explicit = self.q.case.explicit_positions;
+        (self.q.rope(), crate::rope::RopeKeys { positions: explicit.then_some(&self.k_positions) })
+    }
+}
+
 fn launch_views<T: Element>(
     stream: &Stream<'_>,
     f: &PrefillFixture<T>,
     views: CaseViews<'_, T>,
     variants: &VariantViews<'_>,
+    rope: Option<&PrefillRopeViews<'_>>,
 ) -> Result<()> {
     let c = &f.case;
+    let rope = rope.map(PrefillRopeViews::options);
     let opts = PrefillOptions {
         causal: c.causal,
         scale: f.inputs.scale,
         score_mod: variants.score_mod(&c.variants),
         kernel: c.kernel,
         sm90_steps: c.sm90_steps,
-        rope: None,
+        rope: rope.map(|r| r.0),
+        rope_k: rope.map(|r| r.1),
     };
     match views {
         CaseViews::Dense { q, k, v, mut o, mut lse } => prefill(stream, &q, &k, &v, &mut o, lse.as_mut(), &opts),
@@ -1071,6 +1168,25 @@ fn launch_views<T: Element>(
 }
 
 /// The batch size of a case (varlen: its sequence count).
+/// The rotation position of every query and key token of `case` (packed order): `explicit_q` /
+/// `explicit_k` when the case draws them, else query row i of a sequence at i + Tk − Tq and key j at j.
+fn rope_token_positions(case: &PrefillCase, explicit_q: &[i32], explicit_k: &[i32]) -> (Vec<i64>, Vec<i64>) {
+    let seqs: Vec<(usize, usize)> = match &case.varlen {
+        Some(s) => s.clone(),
+        None => vec![(case.seqlen_q, case.seqlen_k); case.batch],
+    };
+    let wide = |p: &[i32]| p.iter().map(|&x| i64::from(x)).collect::<Vec<i64>>();
+    let q = match case.rope {
+        Some(r) if r.explicit_positions => wide(explicit_q),
+        _ => seqs.iter().flat_map(|&(tq, tk)| (0..tq).map(move |i| (i + tk) as i64 - tq as i64)).collect(),
+    };
+    let k = match case.rope {
+        Some(r) if r.explicit_positions => wide(explicit_k),
+        _ => seqs.iter().flat_map(|&(_, tk)| 0..tk as i64).collect(),
+    };
+    (q, k)
+}
+
 fn case_batch(c: &PrefillCase) -> usize {
     c.varlen.as_ref().map_or(c.batch, |s| s.len())
 }
@@ -1094,7 +1210,8 @@ pub fn run_emulated<T: Element>(emu: &Emulator, f: &PrefillFixture<T>) -> Result
         let variants = VariantViews::new(&c.variants, case_batch(c), c.heads_q, |sinks, n| {
             TensorView::host(&(if sinks { &f.sinks } else { &f.alibi_slopes })[..n], [n])
         })?;
-        launch_views(&stream, f, views, &variants)?;
+        let rope = PrefillRopeViews::host(f)?;
+        launch_views(&stream, f, views, &variants, rope.as_ref())?;
     }
     let launch_secs = start.elapsed().as_secs_f64();
     Ok(PrefillOutputs { o: o_buf, lse: c.with_lse.then_some(lse_buf), launch_secs })
@@ -1112,6 +1229,9 @@ struct GpuSets<T: Element> {
     cu_k: CudaSlice<i32>,
     slopes: CudaSlice<f32>,
     sinks: CudaSlice<f32>,
+    /// The RoPE table and q positions, and the key positions (one spare element).
+    rope: Option<GpuRope>,
+    rope_k_positions: CudaSlice<i32>,
     sets: usize,
 }
 
@@ -1143,6 +1263,8 @@ impl<T: Element> GpuSets<T> {
             cu_k: cu.clone_htod(&f.cu_k.iter().copied().chain([0]).collect::<Vec<_>>())?,
             slopes: cu.clone_htod(&f.alibi_slopes.iter().copied().chain([0.0]).collect::<Vec<_>>())?,
             sinks: cu.clone_htod(&f.sinks.iter().copied().chain([0.0]).collect::<Vec<_>>())?,
+            rope: upload_rope(cu, f.rope_table.as_ref(), &f.rope_q_positions)?,
+            rope_k_positions: cu.clone_htod(&f.rope_k_positions.iter().copied().chain([0]).collect::<Vec<_>>())?,
             sets,
         })
     }
@@ -1167,7 +1289,8 @@ impl<T: Element> GpuSets<T> {
         let variants = VariantViews::new(&c.variants, case_batch(c), c.heads_q, |sinks, n| {
             TensorView::gpu((if sinks { &self.sinks } else { &self.slopes }).slice(0..n), [n])
         })?;
-        launch_views(&stream, f, views, &variants)
+        let rope = PrefillRopeViews::gpu(f, self.rope.as_ref(), &self.rope_k_positions)?;
+        launch_views(&stream, f, views, &variants, rope.as_ref())
     }
 
     /// Raw outputs of set `set` (synchronises the stream).
