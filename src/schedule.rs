@@ -21,6 +21,13 @@
 //! start, `split · split_tokens`, the last split running to the end), so a schedule made from lengths that
 //! have since grown is still correct, only less balanced; and the launch geometry is fixed by the workspace's
 //! capacity, so a CUDA graph captured once replays any schedule written into the same buffer.
+//!
+//! One scheduler serves both users of the decode kernel: decode (one query row per sequence,
+//! [`schedule_decode`]) and paged prefill's streaming path (short queries, [`schedule_short_queries`]), whose
+//! CTAs serve 16 packed (token, query head) rows of a sequence and KV head, each row block reading its own
+//! key range (its first row's window start to its last row's causal end, [`short_query_key_range`]). Both
+//! describe their sequences as [`SeqWork`] (rows, row blocks and the keys each reads) and share the cutting,
+//! packing and encoding below.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -84,8 +91,8 @@ pub fn decode_ctas_per_sm(compute_capability: (u32, u32), head_dim: usize) -> us
         .map_or(1, |tile| (smem_per_sm / (tile.smem_bytes + 1024)).clamp(1, tile.min_ctas_per_sm))
 }
 
-/// One decode launch's schedule: which units each CTA runs, which sequences are merged, and what each CTA
-/// is predicted to stream.
+/// One schedule of the decode kernel (a decode, or a streaming paged prefill's short queries): which units
+/// each CTA runs, which query rows are merged, and what each CTA is predicted to stream.
 #[derive(Debug, Clone)]
 pub struct DecodeSchedule {
     /// CTA slots the schedule was packed for (SMs × resident CTAs per SM).
@@ -93,9 +100,10 @@ pub struct DecodeSchedule {
     /// The CTAs that have work (≤ slots): CTA x runs `work[cta_indptr[x] .. cta_indptr[x + 1])`.
     pub cta_indptr: Vec<i32>,
     pub work: Vec<sys::FaDecodeWork>,
-    /// One entry per sequence cut in more than one chunk, in sequence order.
+    /// One entry per query row of a sequence cut in more than one chunk (decode: per sequence), in row order.
     pub merge_rows: Vec<sys::FaMergeRow>,
-    /// Partial states (rows of `[num_partials, Hq, D]` fp32) the split sequences write.
+    /// Partial states (rows of `[num_partials, Hq, D]` fp32) the split sequences write: `q_len · chunks`
+    /// each.
     pub num_partials: usize,
     /// Per sequence: (chunks, tokens per chunk; 0 when unsplit).
     pub splits: Vec<(usize, usize)>,
@@ -180,6 +188,76 @@ pub fn work_capacity(limits: &DecodeProblem, window_left: Option<usize>, slots: 
     (partial_capacity(limits, window_left, slots, policy) + limits.batch) * head_blocks(limits)
 }
 
+/// One sequence as a schedule sees it: the query rows whose states its chunks write and, per CTA row block
+/// that has rows, the keys the block reads. Its chunks are laid over the widest block's keys (every block
+/// of a sequence is cut alike, so a query row's states line up across its KV heads and row blocks), and
+/// each unit costs the keys its own block reads in that chunk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeqWork {
+    /// The output row of its first query token (decode: the sequence; short queries: `cu_seqlens_q[b]`).
+    pub first_row: usize,
+    /// Query tokens: each writes one partial state per chunk when the sequence is cut (decode: 1).
+    pub q_len: usize,
+    /// (row block in the kernel's numbering, keys it reads), for the row blocks that have rows.
+    pub blocks: Vec<(usize, usize)>,
+}
+
+impl SeqWork {
+    /// The keys its chunks are laid over: the widest block's.
+    pub fn span(&self) -> usize {
+        self.blocks.iter().map(|b| b.1).max().unwrap_or(0)
+    }
+}
+
+/// Row blocks (units per chunk) a short-query schedule within these limits has at most: `Hkv` per started
+/// block of 16 packed rows of every sequence, `Hkv · min(B · row_blocks, ⌈TQ · G / 16⌉ + B)` for `B`
+/// sequences of `TQ` query tokens in all.
+fn short_query_blocks(shape: &ShortQueryShape, batch: usize, total_q: usize) -> usize {
+    let packed = (total_q * shape.group()).div_ceil(ROWS_PER_CTA) + batch;
+    shape.heads_kv * packed.min(batch * shape.row_blocks())
+}
+
+/// The most partial states a short-query schedule within these limits (`batch` sequences, `total_q` query
+/// tokens in all, keys at most `max_seq_len`) writes. A query token of a sequence cut in n writes n states.
+/// Balanced: the chunk is at least the blocks' work over `MAX_UNITS_PER_SLOT · slots` and a sequence's
+/// tokens are at most `16 / Hq` of its blocks, so `Σ q_len · n ≤ 16 · MAX_UNITS_PER_SLOT · slots / Hq +
+/// total_q` (and never more than `total_q · ⌈max_seq_len / MIN_SPLIT_TOKENS⌉`); fixed splits:
+/// `total_q · ⌈max_seq_len / t⌉`.
+pub fn short_query_partial_capacity(
+    shape: &ShortQueryShape,
+    total_q: usize,
+    max_seq_len: usize,
+    slots: usize,
+    policy: SplitPolicy,
+) -> usize {
+    match policy {
+        SplitPolicy::Balanced => {
+            let bound = (ROWS_PER_CTA * MAX_UNITS_PER_SLOT * slots).div_ceil(shape.heads_q.max(1)) + total_q;
+            bound.min(total_q * max_seq_len.div_ceil(MIN_SPLIT_TOKENS).max(1))
+        }
+        SplitPolicy::FixedSplitTokens(t) => total_q * max_seq_len.div_ceil(t.max(1)).max(1),
+    }
+}
+
+/// The most units a short-query schedule within these limits holds: every block once per chunk
+/// (balanced: at most `MAX_UNITS_PER_SLOT · slots` more than the blocks).
+pub fn short_query_work_capacity(
+    shape: &ShortQueryShape,
+    batch: usize,
+    total_q: usize,
+    max_seq_len: usize,
+    slots: usize,
+    policy: SplitPolicy,
+) -> usize {
+    let blocks = short_query_blocks(shape, batch, total_q);
+    match policy {
+        SplitPolicy::Balanced => {
+            (MAX_UNITS_PER_SLOT * slots + blocks).min(blocks * max_seq_len.div_ceil(MIN_SPLIT_TOKENS).max(1))
+        }
+        SplitPolicy::FixedSplitTokens(t) => blocks * max_seq_len.div_ceil(t.max(1)).max(1),
+    }
+}
+
 /// Cuts of one candidate: per sequence (chunks, tokens per chunk).
 fn cuts(spans: &[usize], chunk: Option<usize>, fixed: bool) -> Vec<(usize, usize)> {
     spans
@@ -207,13 +285,26 @@ fn cuts(spans: &[usize], chunk: Option<usize>, fixed: bool) -> Vec<(usize, usize
 /// One unit before packing: (tokens, sequence, head block, split).
 type Unit = (u64, usize, usize, usize);
 
-fn units_of(spans: &[usize], cuts: &[(usize, usize)], blocks: usize) -> Vec<Unit> {
+/// Keys a block reading `keys` keys streams in chunk `s` of `(n, per)`: the kernel's range, laid from the
+/// block's first key, the last chunk running to its end (an earlier block may leave a chunk empty).
+fn chunk_keys(keys: usize, s: usize, (n, per): (usize, usize)) -> usize {
+    if n == 1 {
+        return keys;
+    }
+    let rest = keys.saturating_sub(s * per);
+    if s == n - 1 {
+        rest
+    } else {
+        rest.min(per)
+    }
+}
+
+fn units_of(seqs: &[SeqWork], cuts: &[(usize, usize)]) -> Vec<Unit> {
     let mut units = Vec::new();
-    for (b, (&span, &(n, per))) in spans.iter().zip(cuts).enumerate() {
-        for s in 0..n {
-            let tokens = if n == 1 { span } else { per.min(span - s * per) };
-            for y in 0..blocks {
-                units.push((tokens as u64, b, y, s));
+    for (b, (seq, &cut)) in seqs.iter().zip(cuts).enumerate() {
+        for s in 0..cut.0 {
+            for &(y, keys) in &seq.blocks {
+                units.push((chunk_keys(keys, s, cut) as u64, b, y, s));
             }
         }
     }
@@ -247,11 +338,142 @@ pub fn schedule_decode(
     slots: usize,
     policy: SplitPolicy,
 ) -> Result<DecodeSchedule> {
+    let blocks = head_blocks(problem);
+    let seqs: Vec<SeqWork> = seq_lens
+        .iter()
+        .enumerate()
+        .map(|(b, &l)| {
+            let span = attended_span(l.max(0) as usize, window_left);
+            SeqWork { first_row: b, q_len: 1, blocks: (0..blocks).map(|y| (y, span)).collect() }
+        })
+        .collect();
+    schedule_work(&seqs, window_left, slots, policy)
+}
+
+/// The shape of a streaming paged prefill launch a schedule is made for (paged prefill's short queries on
+/// the decode kernel).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShortQueryShape {
+    pub heads_q: usize,
+    pub heads_kv: usize,
+    /// The launch's `max_seqlen_q`: the kernel numbers a sequence's row blocks by it (KV head h, block r
+    /// of its packed rows is `h · ⌈max_seqlen_q · G / 16⌉ + r`), so a schedule is made for the value the
+    /// launch passes.
+    pub max_seqlen_q: usize,
+    /// The sliding window `(left, right)` (−1 = unbounded), as [`crate::ScoreMod::window`].
+    pub window: Option<(i32, i32)>,
+    pub causal: bool,
+}
+
+impl ShortQueryShape {
+    /// Query heads per KV head.
+    pub fn group(&self) -> usize {
+        self.heads_q / self.heads_kv.max(1)
+    }
+    /// Row blocks per KV head the kernel numbers: `⌈max_seqlen_q · G / 16⌉`.
+    pub fn row_blocks(&self) -> usize {
+        (self.max_seqlen_q * self.group()).div_ceil(ROWS_PER_CTA).max(1)
+    }
+    fn window_left(&self) -> Option<i64> {
+        self.window.and_then(|(l, _)| (l >= 0).then_some(i64::from(l)))
+    }
+    /// How far right of its own position a row sees (the kernel's `right_bound`): 0 with causal, else the
+    /// window's right bound, else unbounded.
+    fn right_bound(&self) -> i64 {
+        match self.window {
+            _ if self.causal => 0,
+            Some((_, r)) if r >= 0 => i64::from(r),
+            _ => i64::from(i32::MAX),
+        }
+    }
+}
+
+/// The keys `[begin, end)` the streaming kernel's CTA reads for row block `block` (of the sequence's
+/// `⌈q_len · G / 16⌉`) of a sequence with `q_len` new tokens and `seq_len` cached ones: from its first
+/// row's window start to its last row's causal end (kernels/decode.cu, `decode_unit`: `window_begin`,
+/// `span_end`), clipped to `[0, seq_len)`. `None` for a block past the sequence's rows.
+pub fn short_query_key_range(
+    shape: &ShortQueryShape,
+    q_len: usize,
+    seq_len: usize,
+    block: usize,
+) -> Option<(usize, usize)> {
+    let group = shape.group().max(1);
+    let packed0 = block * ROWS_PER_CTA;
+    let packed = q_len * group;
+    if packed0 >= packed {
+        return None;
+    }
+    let rows = (packed - packed0).min(ROWS_PER_CTA);
+    let pos_base = seq_len as i64 - q_len as i64;
+    let first_pos = pos_base + (packed0 / group) as i64;
+    let last_pos = pos_base + ((packed0 + rows - 1) / group) as i64;
+    let begin = shape.window_left().map_or(0, |w| (first_pos - w).max(0));
+    let end = (last_pos + shape.right_bound() + 1).clamp(0, seq_len as i64);
+    Some((begin.min(end) as usize, end as usize))
+}
+
+/// Schedules a streaming paged prefill (short queries on the decode kernel) of sequences with the host's
+/// copies of `cu_seqlens_q` (`[B + 1]`) and `seq_lens` (`[B]`; negative entries count as 0) on `slots` CTA
+/// slots: units of (sequence, KV head × packed row block, chunk of the keys the block reads), the chunks
+/// laid over the widest block's keys, one merge row per query token of a cut sequence. Errors (`Shape`):
+/// lengths that disagree, a `cu_seqlens_q` that decreases, a `q_len` past `shape.max_seqlen_q`.
+pub fn schedule_short_queries(
+    shape: &ShortQueryShape,
+    cu_seqlens_q: &[i32],
+    seq_lens: &[i32],
+    slots: usize,
+    policy: SplitPolicy,
+) -> Result<DecodeSchedule> {
+    if cu_seqlens_q.len() != seq_lens.len() + 1 {
+        return Err(Error::shape(
+            "cu_seqlens_q",
+            format!("{} entries for {} sequences (B + 1 expected)", cu_seqlens_q.len(), seq_lens.len()),
+        ));
+    }
+    let blocks = shape.row_blocks();
+    let mut seqs = Vec::with_capacity(seq_lens.len());
+    for (b, &len) in seq_lens.iter().enumerate() {
+        let (start, stop) = (cu_seqlens_q[b], cu_seqlens_q[b + 1]);
+        if start < 0 || stop < start || (stop - start) as usize > shape.max_seqlen_q {
+            return Err(Error::shape(
+                "cu_seqlens_q",
+                format!(
+                    "sequence {b}: rows {start}..{stop} (non-negative, non-decreasing, at most max_seqlen_q {})",
+                    shape.max_seqlen_q
+                ),
+            ));
+        }
+        let q_len = (stop - start) as usize;
+        let seq_len = len.max(0) as usize;
+        let mut work = SeqWork { first_row: start as usize, q_len, blocks: Vec::new() };
+        for h in 0..shape.heads_kv {
+            for r in 0..blocks {
+                if let Some((begin, end)) = short_query_key_range(shape, q_len, seq_len, r) {
+                    work.blocks.push((h * blocks + r, end - begin));
+                }
+            }
+        }
+        seqs.push(work);
+    }
+    schedule_work(&seqs, shape.window_left().map(|w| w as usize), slots, policy)
+}
+
+/// The scheduler both [`schedule_decode`] and [`schedule_short_queries`] are: cuts each sequence's span
+/// (by `policy`), packs the units onto `slots` CTAs, and lays out the split sequences' partial states (query
+/// token i of a sequence cut in n: states `partial_base + i · n ..`, one merge row each).
+pub fn schedule_work(
+    seqs: &[SeqWork],
+    window_left: Option<usize>,
+    slots: usize,
+    policy: SplitPolicy,
+) -> Result<DecodeSchedule> {
     policy.check()?;
     let slots = slots.max(1);
-    let blocks = head_blocks(problem);
-    let spans: Vec<usize> = seq_lens.iter().map(|&l| attended_span(l.max(0) as usize, window_left)).collect();
-    let total: u64 = spans.iter().map(|&s| s as u64).sum::<u64>() * blocks as u64;
+    let spans: Vec<usize> = seqs.iter().map(SeqWork::span).collect();
+    // The work the candidates divide: every block at its sequence's span (an upper bound on what the blocks
+    // read, which bounds the units and states a candidate makes: see partial_capacity).
+    let total: u64 = seqs.iter().zip(&spans).map(|(q, &s)| (s * q.blocks.len()) as u64).sum();
     let cut = match policy {
         SplitPolicy::FixedSplitTokens(t) => cuts(&spans, Some(t), true),
         SplitPolicy::Balanced => {
@@ -267,7 +489,7 @@ pub fn schedule_decode(
             let mut best: Option<(u64, Vec<(usize, usize)>)> = None;
             for c in candidates {
                 let cut = cuts(&spans, c, false);
-                let bins = pack(&units_of(&spans, &cut, blocks), slots);
+                let bins = pack(&units_of(seqs, &cut), slots);
                 let merges = cut.iter().any(|&(n, _)| n > 1);
                 let cost = bins.iter().map(|b| b.0).max().unwrap_or(0) + if merges { MERGE_OVERHEAD_TOKENS } else { 0 };
                 if best.as_ref().is_none_or(|(c0, _)| cost < *c0) {
@@ -277,21 +499,23 @@ pub fn schedule_decode(
             best.map(|b| b.1).unwrap_or_default()
         }
     };
-    let units = units_of(&spans, &cut, blocks);
+    let units = units_of(seqs, &cut);
     let bins = pack(&units, slots);
 
     let mut merge_rows = Vec::new();
-    let mut base = vec![0usize; spans.len()];
+    let mut base = vec![0usize; seqs.len()];
     let mut num_partials = 0usize;
-    for (b, &(n, _)) in cut.iter().enumerate() {
+    for (b, (seq, &(n, _))) in seqs.iter().zip(&cut).enumerate() {
         if n > 1 {
             base[b] = num_partials;
-            merge_rows.push(sys::FaMergeRow {
-                out_row: to_i32(b)?,
-                first_state: to_i32(num_partials)?,
-                num_states: to_i32(n)?,
-            });
-            num_partials += n;
+            for i in 0..seq.q_len {
+                merge_rows.push(sys::FaMergeRow {
+                    out_row: to_i32(seq.first_row + i)?,
+                    first_state: to_i32(num_partials + i * n)?,
+                    num_states: to_i32(n)?,
+                });
+            }
+            num_partials += n * seq.q_len;
         }
     }
     let mut cta_indptr = vec![0i32];
@@ -315,9 +539,6 @@ pub fn schedule_decode(
         cta_indptr.push(to_i32(work.len())?);
         cta_tokens.push(tokens);
     }
-    if spans.is_empty() {
-        cta_tokens.clear();
-    }
     Ok(DecodeSchedule {
         slots,
         cta_indptr,
@@ -327,7 +548,7 @@ pub fn schedule_decode(
         splits: cut,
         cta_tokens,
         window_left,
-        batch: seq_lens.len(),
+        batch: seqs.len(),
     })
 }
 

@@ -11,7 +11,9 @@ use fused_attn::prefill::{PrefillKernel, Sm90Steps};
 use fused_attn::testkit::cases::decode::CaseRope;
 use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::testkit::variants::{CaseAlibi, CaseVariants};
-use fused_attn::{DType, Error, Fp8Format, KvDType, Result, RopeConfig, RopeScaling, RopeStyle, ScaleKind};
+use fused_attn::{
+    DType, Error, Fp8Format, KvDType, Result, RopeConfig, RopeScaling, RopeStyle, ScaleKind, SplitPolicy,
+};
 
 /// The runner's git commit (`git describe` at build time; "unknown" outside a git checkout).
 pub const COMMIT: &str =
@@ -168,6 +170,17 @@ fn parse_sm90_off(s: &str) -> std::result::Result<Sm90Steps, String> {
     Ok(steps)
 }
 
+/// `balanced` or `fixed:N` (N tokens per chunk, a multiple of 64).
+fn parse_split_policy(s: &str) -> std::result::Result<SplitPolicy, String> {
+    match s.split_once(':') {
+        None if s == "balanced" => Ok(SplitPolicy::Balanced),
+        Some(("fixed", n)) => {
+            n.parse().map(SplitPolicy::FixedSplitTokens).map_err(|_| format!("fixed:{n}: N must be a token count"))
+        }
+        _ => Err(format!("unknown split policy {s:?} (balanced, fixed:N)")),
+    }
+}
+
 fn parse_kernel(s: &str) -> std::result::Result<PrefillKernel, String> {
     s.parse().map_err(|e: fused_attn::Error| e.message().to_string())
 }
@@ -247,6 +260,15 @@ pub struct RunArgs {
     /// Force the split-KV count [decode, paged-prefill] [default: the planner's choice].
     #[arg(long, value_name = "N")]
     pub num_splits: Option<usize>,
+    /// Schedule the streaming kernel's split-KV by each sequence's work (docs/scheduling.md): `balanced`, or
+    /// `fixed:N` (every sequence cut into N-token chunks, N a multiple of 64: a sequence's bits independent of
+    /// its batch) [paged-prefill; default: the uniform plan].
+    #[arg(long, value_parser = parse_split_policy, value_name = "POLICY", conflicts_with = "num_splits")]
+    pub split_policy: Option<SplitPolicy>,
+    /// CTA slots the schedule packs onto [paged-prefill, with --split-policy] [default: the device's; the
+    /// emulator models an H100's 132 SMs x 3].
+    #[arg(long, value_name = "N", requires = "split_policy")]
+    pub sched_slots: Option<usize>,
     /// Paged prefill's kernel: streaming (decode's pipeline, for short queries) or tiled [paged-prefill].
     #[arg(long, value_enum, default_value_t = PagedKernelArg::Auto, value_name = "KERNEL")]
     pub paged_kernel: PagedKernelArg,
@@ -500,7 +522,7 @@ impl RunArgs {
 }
 
 /// Flags that apply to some ops only, by clap id: (id, flag, the ops it applies to, why).
-const OP_ONLY: [(&str, &str, &[Op], &str); 15] = [
+const OP_ONLY: [(&str, &str, &[Op], &str); 17] = [
     ("seq_lens", "--seq-lens", &[Op::Decode, Op::PagedPrefill], "prefill's batches are uniform"),
     ("q_lens", "--q-lens", &[Op::PagedPrefill], "decode is one query token per sequence"),
     (
@@ -514,6 +536,13 @@ const OP_ONLY: [(&str, &str, &[Op], &str); 15] = [
     ("page_size", "--page-size", &[Op::Decode, Op::PagedPrefill], "prefill reads contiguous K/V, not a paged cache"),
     ("num_splits", "--num-splits", &[Op::Decode, Op::PagedPrefill], "prefill does not split the KV range"),
     ("paged_kernel", "--paged-kernel", &[Op::PagedPrefill], "only paged prefill has two kernels"),
+    (
+        "split_policy",
+        "--split-policy",
+        &[Op::PagedPrefill],
+        "the runner's decode runs the uniform plan (DecodeWorkspace::scheduled in the library)",
+    ),
+    ("sched_slots", "--sched-slots", &[Op::PagedPrefill], "it sizes --split-policy's schedule"),
     ("kv_dtype", "--kv-dtype", &[Op::Decode, Op::PagedPrefill], "prefill reads contiguous 16-bit K/V"),
     ("kv_scale", "--kv-scale", &[Op::Decode, Op::PagedPrefill], "prefill reads contiguous 16-bit K/V"),
     (
