@@ -413,6 +413,16 @@ pub fn short_query_key_range(
     Some((begin.min(end) as usize, end as usize))
 }
 
+/// Keys unit `w` of a short-query schedule reads, for a sequence of `q_len` new tokens and `seq_len` cached
+/// ones: its row block's key range cut as the kernel cuts it (0 for a block past the sequence's rows, or a
+/// chunk an earlier row block leaves empty).
+pub fn short_query_unit_keys(shape: &ShortQueryShape, q_len: usize, seq_len: usize, w: &sys::FaDecodeWork) -> usize {
+    let block = w.head_block.max(0) as usize % shape.row_blocks();
+    let cut = (w.num_splits.max(1) as usize, w.split_tokens.max(0) as usize);
+    short_query_key_range(shape, q_len, seq_len, block)
+        .map_or(0, |(begin, end)| chunk_keys(end - begin, w.split.max(0) as usize, cut))
+}
+
 /// Schedules a streaming paged prefill (short queries on the decode kernel) of sequences with the host's
 /// copies of `cu_seqlens_q` (`[B + 1]`) and `seq_lens` (`[B]`; negative entries count as 0) on `slots` CTA
 /// slots: units of (sequence, KV head × packed row block, chunk of the keys the block reads), the chunks
@@ -690,5 +700,139 @@ mod tests {
         // D 264-512: 2 stages of 32 KiB + the Q tile (82,836 B), launch bounds for 2 CTAs.
         assert_eq!(tile_policy(KernelOp::Decode, 512, false, None).unwrap().smem_bytes, 82_836);
         assert_eq!([(9, 0), (8, 0), (8, 6), (8, 9)].map(|cc| decode_ctas_per_sm(cc, 264)), [2, 2, 1, 1]);
+    }
+
+    fn shape(hq: usize, hkv: usize, max_q: usize, window: Option<(i32, i32)>, causal: bool) -> ShortQueryShape {
+        ShortQueryShape { heads_q: hq, heads_kv: hkv, max_seqlen_q: max_q, window, causal }
+    }
+
+    #[test]
+    fn short_query_key_ranges_follow_the_kernel() {
+        // One token per sequence: decode's span, window-clipped.
+        let s = shape(8, 2, 1, Some((100, 0)), true);
+        assert_eq!(short_query_key_range(&s, 1, 1000, 0), Some((899, 1000)));
+        assert_eq!(short_query_key_range(&s, 1, 50, 0), Some((0, 50)));
+        assert_eq!(short_query_key_range(&s, 1, 0, 0), Some((0, 0)));
+        // q_len 4 at G = 8: two row blocks of 2 tokens each, each to its last row's causal end.
+        let s = shape(16, 2, 4, None, true);
+        assert_eq!(s.row_blocks(), 2);
+        assert_eq!(short_query_key_range(&s, 4, 1000, 0), Some((0, 998)));
+        assert_eq!(short_query_key_range(&s, 4, 1000, 1), Some((0, 1000)));
+        assert_eq!(short_query_key_range(&s, 3, 1000, 1), Some((0, 1000)));
+        assert_eq!(short_query_key_range(&s, 2, 1000, 1), None, "past the sequence's rows");
+        // A window: from the first row's window start; bidirectional windows reach right, clipped at seq_len.
+        let s = shape(16, 2, 4, Some((128, 3)), true);
+        assert_eq!(short_query_key_range(&s, 4, 1000, 1), Some((998 - 128, 1000)));
+        let s = shape(16, 2, 4, Some((128, 3)), false);
+        assert_eq!(short_query_key_range(&s, 4, 1000, 0), Some((996 - 128, 1000)));
+        assert_eq!(short_query_key_range(&s, 4, 10, 0), Some((0, 10)));
+        // q_len > seq_len: rows before the cache's start see nothing.
+        let s = shape(8, 1, 3, None, true);
+        assert_eq!(short_query_key_range(&s, 3, 2, 0), Some((0, 1)));
+        assert_eq!(short_query_key_range(&s, 3, 2, 1), Some((0, 2)));
+        let s = shape(16, 1, 3, None, true);
+        assert_eq!(short_query_key_range(&s, 3, 1, 0), Some((0, 0)));
+    }
+
+    /// Every (sequence, existing row block) is cut into its sequence's chunks once; each query token of a cut
+    /// sequence has one merge row over its own run of states, the runs disjoint and within num_partials.
+    fn check_short_covers(s: &DecodeSchedule, sh: &ShortQueryShape, cu: &[i32], lens: &[i32]) {
+        let mut seen = std::collections::HashMap::new();
+        for w in &s.work {
+            assert_eq!((w.num_splits as usize, w.split_tokens as usize), s.splits[w.b as usize]);
+            *seen.entry((w.b, w.head_block)).or_insert(0usize) += 1;
+        }
+        for (b, &len) in lens.iter().enumerate() {
+            let q_len = (cu[b + 1] - cu[b]) as usize;
+            for y in 0..sh.heads_kv * sh.row_blocks() {
+                let exists = short_query_key_range(sh, q_len, len as usize, y % sh.row_blocks()).is_some();
+                let want = if exists { s.splits[b].0 } else { 0 };
+                assert_eq!(seen.get(&(b as i32, y as i32)).copied().unwrap_or(0), want, "seq {b} block {y}");
+            }
+        }
+        let mut owner = vec![None; s.num_partials];
+        for r in &s.merge_rows {
+            for st in r.first_state..r.first_state + r.num_states {
+                assert!(owner[st as usize].replace(r.out_row).is_none(), "state {st} shared");
+            }
+        }
+        assert!(owner.iter().all(Option::is_some), "every state merged");
+        let rows: usize =
+            s.splits.iter().zip(cu.windows(2)).filter(|(c, _)| c.0 > 1).map(|(_, w)| (w[1] - w[0]) as usize).sum();
+        assert_eq!(s.merge_rows.len(), rows);
+    }
+
+    #[test]
+    fn short_queries_are_cut_per_sequence_and_merged_per_row() {
+        let sh = shape(16, 2, 8, None, true);
+        let cu = [0, 4, 6, 6, 14, 15];
+        let lens = [9000, 300, 70, 2000, 3];
+        for policy in [SplitPolicy::Balanced, SplitPolicy::FixedSplitTokens(512)] {
+            let s = schedule_short_queries(&sh, &cu, &lens, 24, policy).unwrap();
+            check_short_covers(&s, &sh, &cu, &lens);
+            assert!(s.splits[0].0 > 1, "{policy:?}: the long sequence is cut: {:?}", s.splits);
+            assert!(s.work.len() <= short_query_work_capacity(&sh, 5, 15, 9000, 24, policy));
+            assert!(s.num_partials <= short_query_partial_capacity(&sh, 15, 9000, 24, policy));
+            // Each unit's predicted keys are what it reads.
+            let keys: u64 = s
+                .work
+                .iter()
+                .map(|w| {
+                    let b = w.b as usize;
+                    short_query_unit_keys(&sh, (cu[b + 1] - cu[b]) as usize, lens[b] as usize, w) as u64
+                })
+                .sum();
+            assert_eq!(keys, s.cta_tokens.iter().sum::<u64>());
+        }
+        // Errors: a q_len past max_seqlen_q, a decreasing cu_seqlens_q, a length mismatch.
+        assert!(schedule_short_queries(&sh, &[0, 9], &[100], 8, SplitPolicy::Balanced).is_err());
+        assert!(schedule_short_queries(&sh, &[0, 4, 3], &[100, 100], 8, SplitPolicy::Balanced).is_err());
+        assert!(schedule_short_queries(&sh, &[0, 4], &[100, 100], 8, SplitPolicy::Balanced).is_err());
+    }
+
+    /// The capacity bounds hold over random batches, windows and slot counts (a workspace sized by them never
+    /// refuses a call within its limits).
+    #[test]
+    fn short_query_capacities_bound_every_schedule() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        };
+        for _ in 0..300 {
+            let hkv = 1 + next(4) as usize;
+            let g = [1, 2, 3, 4, 8, 16, 32][next(7) as usize];
+            let max_q = 1 + next(12) as usize;
+            let batch = 1 + next(12) as usize;
+            let max_len = 1 + next(20_000) as usize;
+            let slots = 1 + next(400) as usize;
+            let window = match next(3) {
+                0 => None,
+                1 => Some((next(3000) as i32, -1)),
+                _ => Some((next(500) as i32, next(20) as i32)),
+            };
+            let sh = shape(hkv * g, hkv, max_q, window, next(2) == 0);
+            let mut cu = vec![0i32];
+            let mut lens = Vec::new();
+            for _ in 0..batch {
+                cu.push(cu.last().unwrap() + next(max_q as u64 + 1) as i32);
+                lens.push(next(max_len as u64 + 1) as i32);
+            }
+            let total_q = *cu.last().unwrap() as usize;
+            for policy in [SplitPolicy::Balanced, SplitPolicy::FixedSplitTokens(64 * (1 + next(8) as usize))] {
+                let s = schedule_short_queries(&sh, &cu, &lens, slots, policy).unwrap();
+                check_short_covers(&s, &sh, &cu, &lens);
+                let limits_shape = ShortQueryShape { window: None, causal: true, ..sh };
+                let (pc, wc) = (
+                    short_query_partial_capacity(&limits_shape, total_q, max_len, slots, policy),
+                    short_query_work_capacity(&limits_shape, batch, total_q, max_len, slots, policy),
+                );
+                assert!(s.num_partials <= pc, "{sh:?} {cu:?} {lens:?} {policy:?}: {} > {pc}", s.num_partials);
+                assert!(s.work.len() <= wc, "{sh:?} {cu:?} {lens:?} {policy:?}: {} > {wc}", s.work.len());
+                assert!(s.num_ctas() <= slots);
+            }
+        }
     }
 }

@@ -285,6 +285,54 @@ pub fn paged_prefill_kernel_sweep() -> Vec<PagedPrefillCase> {
         .collect()
 }
 
+/// Scheduled streaming paged prefill (issue 25): skewed batches of short queries on a scheduled workspace
+/// of 12-16 CTA slots (so the long sequences are cut and merged per query row): GQA groups 1, 2, 4 and 8,
+/// q_len 0..8 (one and two row blocks per KV head), a causal window, a bidirectional one with a right
+/// bound, q_len > seq_len at page size 1, sinks with ALiBi and softcap (the merge adds the sink once), FP8
+/// of both formats, fixed split sizes, a shared prefix.
+pub fn scheduled_paged_prefill_sweep() -> Vec<PagedPrefillCase> {
+    use crate::testkit::variants::CaseAlibi;
+    let sched = |mut c: PagedPrefillCase, policy: SplitPolicy, slots: usize, variants: CaseVariants| {
+        c.schedule = Some(CaseSchedule { policy, slots: Some(slots) });
+        c.kernel = PagedPrefillKernel::Streaming;
+        c.variants = variants;
+        c
+    };
+    let bal = SplitPolicy::Balanced;
+    let plain = CaseVariants::default;
+    let window = |l: i32, r: i32| CaseVariants { window: Some((l, r)), ..Default::default() };
+    let mut v = vec![
+        sched(case(64, (2, 2), 16, &[(8, 2000), (1, 40), (3, 300), (0, 50), (5, 3), (2, 700)]), bal, 16, plain()),
+        sched(case(128, (8, 2), 16, &[(4, 3000), (2, 64), (8, 500), (1, 1), (6, 900)]), bal, 16, plain()),
+        sched(case(64, (16, 2), 8, &[(4, 2500), (1, 100), (3, 7), (4, 1200)]), bal, 16, plain()),
+        sched(case(128, (8, 2), 16, &[(4, 3000), (6, 200), (2, 1000)]), bal, 12, window(1000, 0)),
+        sched(case(64, (4, 1), 1, &[(6, 4), (4, 900), (8, 2)]), bal, 16, plain()),
+        sched(
+            case(64, (8, 2), 16, &[(4, 1800), (2, 50), (3, 600)]),
+            bal,
+            16,
+            CaseVariants { sinks: true, alibi: CaseAlibi::PerHead, softcap: Some(20.0), ..Default::default() },
+        ),
+        sched(case(64, (8, 2), 16, &[(4, 1500), (3, 260), (1, 5)]), SplitPolicy::FixedSplitTokens(256), 16, plain()),
+        sched(case(64, (8, 2), 16, &[(4, 1500), (7, 900)]), SplitPolicy::FixedSplitTokens(192), 16, window(500, 0)),
+    ];
+    let mut bidirectional = sched(case(64, (4, 2), 16, &[(5, 1500), (3, 90), (7, 640)]), bal, 16, window(600, 5));
+    bidirectional.causal = false;
+    v.push(bidirectional);
+    for (format, scales, c, w) in [
+        (Fp8Format::E4m3, ScaleKind::PerHead, case(128, (8, 2), 16, &[(4, 2600), (2, 33), (5, 700)]), window(640, 0)),
+        (Fp8Format::E5m2, ScaleKind::PerTensor, case(64, (4, 1), 16, &[(8, 2100), (1, 20)]), plain()),
+    ] {
+        let mut c = sched(c, bal, 16, w);
+        c.kv = KvFormat::Fp8 { format, scales };
+        v.push(c);
+    }
+    let mut shared = sched(case(64, (8, 2), 16, &[(4, 1200), (2, 64), (3, 800)]), bal, 16, plain());
+    shared.shared_prefix = 64;
+    v.push(shared);
+    v
+}
+
 /// The emulated FP8 sweep: both formats x both scale kinds x both dtypes, page sizes 1..256, every
 /// instantiated width (32..256), GQA groups 1..8, q_len 1..300 (short chunks packed into one CTA and a
 /// multi-block chunk), an empty sequence, a q_len > seq_len one, forced and planned splits, a shared prefix,
