@@ -339,3 +339,106 @@ fn scheduled_workspace_bad_calls() {
         Some(ErrorKind::Shape)
     );
 }
+
+/// The makespan, in keys (with `UNIT_OVERHEAD_TOKENS` per CTA), of the streaming kernel's uniform grid of
+/// `plan` (splits fastest, then KV head × row block, then sequence) in the dispatch model of
+/// `fused_attn::schedule::uniform_makespan`: each CTA onto the slot that frees first; plus
+/// `MERGE_OVERHEAD_TOKENS` when it splits (its merge, as the schedule's makespan counts one). A CTA past its
+/// sequence's rows costs nothing (it exits at once).
+fn uniform_short_query_makespan(
+    shape: &ShortQueryShape,
+    plan: &fused_attn::paged_prefill::PagedPrefillPlan,
+    cu: &[i32],
+    lens: &[i32],
+    slots: usize,
+) -> u64 {
+    use fused_attn::schedule::{MERGE_OVERHEAD_TOKENS, UNIT_OVERHEAD_TOKENS};
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    let mut heap: BinaryHeap<Reverse<u64>> = (0..slots).map(|_| Reverse(0)).collect();
+    let mut makespan = 0;
+    for (b, &len) in lens.iter().enumerate() {
+        let q_len = (cu[b + 1] - cu[b]) as usize;
+        for y in 0..shape.heads_kv * shape.row_blocks() {
+            if fused_attn::schedule::short_query_key_range(shape, q_len, len as usize, y % shape.row_blocks()).is_none()
+            {
+                continue;
+            }
+            for s in 0..plan.num_splits {
+                let w = fused_attn::sys::FaDecodeWork {
+                    b: b as i32,
+                    head_block: y as i32,
+                    split: s as i32,
+                    num_splits: plan.num_splits as i32,
+                    split_tokens: plan.split_tokens as i32,
+                    partial_base: 0,
+                };
+                let keys = short_query_unit_keys(shape, q_len, len as usize, &w) as u64;
+                let Reverse(free) = heap.pop().expect("a slot");
+                let done = free + keys + UNIT_OVERHEAD_TOKENS;
+                makespan = makespan.max(done);
+                heap.push(Reverse(done));
+            }
+        }
+    }
+    makespan + if plan.num_splits > 1 { MERGE_OVERHEAD_TOKENS } else { 0 }
+}
+
+/// The predictions docs/scheduling.md quotes for short queries (q_len 4, D = 128, Hkv = 8, an H100's 396
+/// slots): per shape, the schedule's CTAs, balance and makespan against the uniform streaming plan's (made
+/// for the call, and one made for B = 64 / 128k limits), in the dispatch model. Printed with --nocapture.
+#[test]
+fn predictions_per_shape() {
+    use fused_attn::paged_prefill::{PagedPrefillKernel as K, PagedPrefillPlan};
+    use fused_attn::schedule::schedule_makespan;
+    let slots = 396;
+    let mut skew = vec![131072];
+    skew.extend([1024; 63]);
+    let shapes: Vec<(&str, usize, Vec<i32>, Option<(i32, i32)>)> = vec![
+        ("B=1 32k", 32, vec![32768], None),
+        ("B=64 1k", 32, vec![1024; 64], None),
+        ("B=64 4k", 32, vec![4096; 64], None),
+        ("128k + 63x1k", 32, skew.clone(), None),
+        ("128k + 63x1k G=8", 64, skew, None),
+        ("B=64 32k w128 G=8", 64, vec![32768; 64], Some((128, -1))),
+    ];
+    for (name, heads_q, lens, window) in shapes {
+        let shape = ShortQueryShape { heads_q, heads_kv: 8, max_seqlen_q: 4, window, causal: true };
+        let cu: Vec<i32> = (0..=lens.len() as i32).map(|b| 4 * b).collect();
+        let s = schedule_short_queries(&shape, &cu, &lens, slots, SplitPolicy::Balanced).unwrap();
+        let problem = |batch: usize, max_seq_len: usize| {
+            PagedPrefillProblem {
+                batch,
+                heads_q,
+                heads_kv: 8,
+                head_dim: 128,
+                total_q: 4 * batch,
+                max_seqlen_q: 4,
+                max_seq_len,
+            }
+            .windowed_for(window, true, K::Streaming)
+        };
+        let longest = *lens.iter().max().unwrap() as usize;
+        let fresh = PagedPrefillPlan::for_kernel(&problem(lens.len(), longest), K::Streaming, slots, None).unwrap();
+        let pinned = PagedPrefillPlan::for_kernel(&problem(64, 131072), K::Streaming, slots, None).unwrap();
+        let (ms, mf, mp) = (
+            schedule_makespan(&s),
+            uniform_short_query_makespan(&shape, &fresh, &cu, &lens, slots),
+            uniform_short_query_makespan(&shape, &pinned, &cu, &lens, slots),
+        );
+        println!(
+            "{name:>18}: {} CTAs, {} units, max/mean {:.3}, longest cut {:?}, {} rows merged; makespan {ms}; \
+             uniform fresh plan ({} splits) {mf} ({:.2}x), pinned B=64/128k plan ({} splits) {mp} ({:.2}x)",
+            s.num_ctas(),
+            s.work.len(),
+            s.imbalance(),
+            s.splits.iter().max_by_key(|x| x.0).unwrap(),
+            s.merge_rows.len(),
+            fresh.num_splits,
+            mf as f64 / ms as f64,
+            pinned.num_splits,
+            mp as f64 / ms as f64
+        );
+        assert!(ms as f64 <= 1.05 * mf.min(mp) as f64, "{name}: the schedule is not slower in the model");
+    }
+}

@@ -795,6 +795,24 @@ mod tests {
         assert!(msg("run --page-size 8").starts_with("--page-size applies to --op decode or --op paged-prefill only"));
         assert!(msg("run --num-splits 2").starts_with("--num-splits applies to --op decode or"));
         assert!(msg("run --no-causal").starts_with("--no-causal applies to --op paged-prefill only"));
+        assert!(
+            msg("run --op decode --split-policy balanced").starts_with("--split-policy applies to --op paged-prefill")
+        );
+        // The split policy: balanced or fixed:N, not with a forced split count; --sched-slots needs it.
+        let a = run("run --op paged-prefill --seq-lens 900,64 --q-lens 4,2 --split-policy fixed:256 --sched-slots 8");
+        assert_eq!((a.split_policy, a.sched_slots), (Some(fused_attn::SplitPolicy::FixedSplitTokens(256)), Some(8)));
+        assert_eq!(
+            run("run --op paged-prefill --split-policy balanced").split_policy,
+            Some(fused_attn::SplitPolicy::Balanced)
+        );
+        for bad in [
+            "run --op paged-prefill --split-policy even",
+            "run --op paged-prefill --split-policy fixed:x",
+            "run --op paged-prefill --split-policy balanced --num-splits 2",
+            "run --op paged-prefill --sched-slots 8",
+        ] {
+            assert!(p(bad).is_err(), "{bad}: accepted");
+        }
         // Defaults are not "given": decode with no prefill flags is fine, and so is each op's own flag.
         run("run --op decode --page-size 8 --num-splits 2 --seqlen-k 9");
         run("run --causal --seqlen-q 9");
