@@ -394,7 +394,9 @@ fn predictions_per_shape() {
     let slots = 396;
     let mut skew = vec![131072];
     skew.extend([1024; 63]);
-    let shapes: Vec<(&str, usize, Vec<i32>, Option<(i32, i32)>)> = vec![
+    // (name, Hq, seq_lens, window)
+    type Shape = (&'static str, usize, Vec<i32>, Option<(i32, i32)>);
+    let shapes: Vec<Shape> = vec![
         ("B=1 32k", 32, vec![32768], None),
         ("B=64 1k", 32, vec![1024; 64], None),
         ("B=64 4k", 32, vec![4096; 64], None),

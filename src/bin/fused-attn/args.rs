@@ -34,6 +34,8 @@ pub struct Cli {
     pub command: Command,
 }
 
+// Parsed once per process: the size of the largest variant (RunArgs) does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// The standard sweep: correctness of both ops against the fp64 reference; on a GPU also the timed
