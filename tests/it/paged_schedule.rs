@@ -408,6 +408,29 @@ fn predictions_per_shape() {
         let shape = ShortQueryShape { heads_q, heads_kv: 8, max_seqlen_q: 4, window, causal: true };
         let cu: Vec<i32> = (0..=lens.len() as i32).map(|b| 4 * b).collect();
         let s = schedule_short_queries(&shape, &cu, &lens, slots, SplitPolicy::Balanced).unwrap();
+        // Host cost of one schedule (the mean of 20; a shared machine's, so indicative only).
+        let start = std::time::Instant::now();
+        for _ in 0..20 {
+            std::hint::black_box(schedule_short_queries(&shape, &cu, &lens, slots, SplitPolicy::Balanced).unwrap());
+        }
+        let host_us = start.elapsed().as_secs_f64() * 1e6 / 20.0;
+        // The decode schedule of the same lengths, timed alike (its units: one per KV head × head block).
+        let decode = fused_attn::DecodeProblem {
+            batch: lens.len(),
+            heads_q,
+            heads_kv: 8,
+            head_dim: 128,
+            max_seq_len: *lens.iter().max().unwrap() as usize,
+        };
+        let window_left = window.map(|w| w.0 as usize);
+        let start = std::time::Instant::now();
+        for _ in 0..20 {
+            std::hint::black_box(
+                fused_attn::schedule::schedule_decode(&decode, &lens, window_left, slots, SplitPolicy::Balanced)
+                    .unwrap(),
+            );
+        }
+        let decode_us = start.elapsed().as_secs_f64() * 1e6 / 20.0;
         let problem = |batch: usize, max_seq_len: usize| {
             PagedPrefillProblem {
                 batch,
@@ -430,7 +453,8 @@ fn predictions_per_shape() {
         );
         println!(
             "{name:>18}: {} CTAs, {} units, max/mean {:.3}, longest cut {:?}, {} rows merged; makespan {ms}; \
-             uniform fresh plan ({} splits) {mf} ({:.2}x), pinned B=64/128k plan ({} splits) {mp} ({:.2}x)",
+             uniform fresh plan ({} splits) {mf} ({:.2}x), pinned B=64/128k plan ({} splits) {mp} ({:.2}x); \
+             host {host_us:.0} us (decode of the same lengths {decode_us:.0} us)",
             s.num_ctas(),
             s.work.len(),
             s.imbalance(),
