@@ -17,7 +17,10 @@
 //! Short queries (speculative verification, small chunks: `max_seqlen_q · G <=` [`STREAMING_MAX_ROWS`]) run
 //! on the decode kernel instead ([`PagedPrefillKernel::Streaming`], docs/scheduling.md): its 16-row CTAs stream
 //! K/V through a 4-stage cp.async pipeline (48 KB in flight per CTA, 3 CTAs per SM) where the tiled CTA waits
-//! for every tile's copies (one CTA per SM at D = 128), the memory-bound regime these calls are in.
+//! for every tile's copies (one CTA per SM at D = 128), the memory-bound regime these calls are in. On a
+//! scheduled workspace ([`PagedPrefillWorkspace::scheduled`], [`PagedPrefillWorkspace::prepare`]) that path
+//! is cut and packed by the work each sequence's row blocks have ([`crate::schedule::schedule_short_queries`],
+//! decode's scheduler), graph-safe at the workspace's fixed geometry; the tiled path keeps a uniform plan.
 //!
 //! FP8 caches (issue 17): the cache may hold [`crate::Fp8E4m3`] / [`crate::Fp8E5m2`] codes with their
 //! dequantisation scales attached ([`PagedKvCache::with_scales`] / [`PagedKvCache::with_scale_tensors`], per
