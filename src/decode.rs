@@ -127,43 +127,66 @@ pub struct DecodeWorkspace {
     scheduler: Option<Scheduler>,
 }
 
-/// A scheduled workspace's fixed launch geometry and the device copy of the current schedule (one int32
-/// table: CTA ranges [slots + 1], units [work_cap], merge rows [limits.batch]).
+/// A scheduled decode workspace's limits and its schedule table.
 struct Scheduler {
     limits: DecodeProblem,
-    policy: SplitPolicy,
-    slots: usize,
-    work_cap: usize,
-    partial_cap: usize,
+    table: ScheduleTable,
+}
+
+/// A scheduled launch's fixed geometry and the device copy of the current schedule (one int32 table: CTA
+/// ranges [slots + 1], units [work_cap], merge rows [merge_cap]), shared by decode and paged prefill's
+/// streaming path. The kernel reads only the units in its CTA's range, and the merge skips padding rows, so
+/// a table rewritten for a smaller call leaves nothing stale in reach.
+pub(crate) struct ScheduleTable {
+    pub(crate) policy: SplitPolicy,
+    pub(crate) slots: usize,
+    pub(crate) work_cap: usize,
+    pub(crate) partial_cap: usize,
+    merge_cap: usize,
     table: Buffer<i32>,
-    current: Option<DecodeSchedule>,
+    pub(crate) current: Option<DecodeSchedule>,
 }
 
 /// int32 words of one FaDecodeWork / FaMergeRow.
 const WORK_WORDS: usize = 6;
 const MERGE_WORDS: usize = 3;
 
-impl Scheduler {
+impl ScheduleTable {
+    /// A table for `slots` CTAs, `work_cap` units and `merge_cap` merge rows (none when no partial state
+    /// can be written), on `stream`'s backend.
+    pub(crate) fn new(
+        stream: &Stream<'_>,
+        policy: SplitPolicy,
+        slots: usize,
+        (work_cap, partial_cap, merge_cap): (usize, usize, usize),
+        on_raw: &'static str,
+    ) -> Result<Self> {
+        if slots > i32::MAX as usize / 2 {
+            return Err(Error::overflow("slots", format!("{slots} CTA slots")));
+        }
+        let merge_cap = if partial_cap == 0 { 0 } else { merge_cap };
+        let mut t =
+            Self { policy, slots, work_cap, partial_cap, merge_cap, table: Buffer::Host(Vec::new()), current: None };
+        let len = t.table_len();
+        if len > i32::MAX as usize {
+            return Err(Error::overflow("workspace", format!("a schedule table of {len} int32")));
+        }
+        t.table = Buffer::new(stream, len, on_raw)?;
+        Ok(t)
+    }
     fn work_offset(&self) -> usize {
         self.slots + 1
     }
     fn merge_offset(&self) -> usize {
         self.work_offset() + self.work_cap * WORK_WORDS
     }
-    fn merge_rows(&self) -> usize {
-        if self.partial_cap == 0 {
-            0
-        } else {
-            self.limits.batch
-        }
-    }
     fn table_len(&self) -> usize {
-        self.merge_offset() + self.merge_rows() * MERGE_WORDS
+        self.merge_offset() + self.merge_cap * MERGE_WORDS
     }
     /// The table of `schedule`, padded to the fixed geometry: CTAs past its last have empty ranges, merge
     /// entries past its last are padding (out_row −1).
     fn encode(&self, schedule: &DecodeSchedule) -> Vec<i32> {
-        let mut t = Vec::with_capacity(self.merge_offset() + self.merge_rows() * MERGE_WORDS);
+        let mut t = Vec::with_capacity(self.table_len());
         let last = schedule.cta_indptr.last().copied().unwrap_or(0);
         t.extend(schedule.cta_indptr.iter().copied().chain(std::iter::repeat(last)).take(self.slots + 1));
         for w in &schedule.work {
@@ -175,11 +198,63 @@ impl Scheduler {
             .iter()
             .map(|r| [r.out_row, r.first_state, r.num_states])
             .chain(std::iter::repeat([-1, 0, 0]))
-            .take(self.merge_rows())
+            .take(self.merge_cap)
         {
             t.extend(r);
         }
         t
+    }
+    /// Checks that `schedule` fits (else `OutOfBounds`, `what_past` naming the limit a call may have
+    /// exceeded), writes it into the device table on `stream` and keeps it as the current one.
+    pub(crate) fn install(
+        &mut self,
+        stream: &Stream<'_>,
+        schedule: DecodeSchedule,
+        what_past: &str,
+    ) -> Result<&DecodeSchedule> {
+        if schedule.work.len() > self.work_cap
+            || schedule.num_partials > self.partial_cap
+            || schedule.merge_rows.len() > self.merge_cap
+            || schedule.num_ctas() > self.slots
+        {
+            return Err(Error::out_of_bounds(
+                "workspace",
+                format!(
+                    "the schedule has {} units / {} partial states / {} merge rows, the workspace room for {} / {} / {} ({what_past}?)",
+                    schedule.work.len(),
+                    schedule.num_partials,
+                    schedule.merge_rows.len(),
+                    self.work_cap,
+                    self.partial_cap,
+                    self.merge_cap,
+                ),
+            ));
+        }
+        let table = self.encode(&schedule);
+        self.table.write(stream, &table)?;
+        Ok(self.current.insert(schedule))
+    }
+    /// A read-only view of the whole table, for the launch to take its pointer.
+    pub(crate) fn view(&self) -> Result<TensorView<'_, i32, 1>> {
+        self.table.input(self.table_len())
+    }
+    /// `params` with the scheduled launch's fields, the table at `table` (the view's pointer): the grid of
+    /// one CTA per slot, the units, the merge rows and the partial states' bound.
+    pub(crate) fn params(&self, params: sys::FaDecodeParams, table: *const i32) -> Result<sys::FaDecodeParams> {
+        // SAFETY (pointer arithmetic only): the offsets lie inside the table (table_len).
+        let (work, merge) = (table.wrapping_add(self.work_offset()), table.wrapping_add(self.merge_offset()));
+        Ok(sys::FaDecodeParams {
+            num_splits: 1,
+            split_tokens: 0,
+            work: work.cast(),
+            work_indptr: table,
+            merge_rows: if self.merge_cap > 0 { merge.cast() } else { std::ptr::null() },
+            num_ctas: to_i32("slots", self.slots)?,
+            num_work: to_i32("schedule", self.work_cap)?,
+            num_merge_rows: to_i32("merge rows", self.merge_cap)?,
+            num_partials: to_i32("partials", self.partial_cap)?,
+            ..params
+        })
     }
 }
 
@@ -324,9 +399,6 @@ impl DecodeWorkspace {
         slots: usize,
     ) -> Result<Self> {
         let slots = slots.max(1);
-        if slots > i32::MAX as usize / 2 {
-            return Err(Error::overflow("slots", format!("{slots} CTA slots")));
-        }
         // A window may clip the spans, never lengthen them: size for the whole context.
         let partial_cap = crate::schedule::partial_capacity(limits, None, slots, policy);
         let work_cap = crate::schedule::work_capacity(limits, None, slots, policy);
@@ -334,22 +406,13 @@ impl DecodeWorkspace {
             .checked_mul(limits.heads_q)
             .ok_or_else(|| Error::overflow("workspace", "partial LSE size overflows"))?;
         let o = rows.checked_mul(limits.head_dim).ok_or_else(|| Error::overflow("workspace", "size overflows"))?;
-        let mut sched = Scheduler {
-            limits: *limits,
-            policy,
-            slots,
-            work_cap,
-            partial_cap,
-            table: Buffer::Host(Vec::new()),
-            current: None,
-        };
-        sched.table = Buffer::new(stream, sched.table_len(), ON_RAW_STREAM)?;
+        let table = ScheduleTable::new(stream, policy, slots, (work_cap, partial_cap, limits.batch), ON_RAW_STREAM)?;
         Ok(Self {
             partial_o: Buffer::new(stream, o, ON_RAW_STREAM)?,
             partial_lse: Buffer::new(stream, rows, ON_RAW_STREAM)?,
             sm_count: stream_sm_count(stream)?,
             plan: None,
-            scheduler: Some(sched),
+            scheduler: Some(Scheduler { limits: *limits, table }),
         })
     }
 
@@ -371,28 +434,14 @@ impl DecodeWorkspace {
         }
         let problem = DecodeProblem { batch: seq_lens.len(), ..sched.limits };
         let window = opts.score_mod.window_left();
-        let schedule = schedule_decode(&problem, seq_lens, window, sched.slots, sched.policy)?;
-        if schedule.work.len() > sched.work_cap || schedule.num_partials > sched.partial_cap {
-            return Err(Error::out_of_bounds(
-                "workspace",
-                format!(
-                    "the schedule has {} units / {} partial states, the workspace room for {} / {} (lengths past max_seq_len {}?)",
-                    schedule.work.len(),
-                    schedule.num_partials,
-                    sched.work_cap,
-                    sched.partial_cap,
-                    sched.limits.max_seq_len
-                ),
-            ));
-        }
-        let table = sched.encode(&schedule);
-        sched.table.write(stream, &table)?;
-        Ok(sched.current.insert(schedule))
+        let schedule = schedule_decode(&problem, seq_lens, window, sched.table.slots, sched.table.policy)?;
+        let past = format!("lengths past max_seq_len {}", sched.limits.max_seq_len);
+        sched.table.install(stream, schedule, &past)
     }
 
     /// The schedule the last [`DecodeWorkspace::prepare`] (or emulated scheduled call) made.
     pub fn schedule(&self) -> Option<&DecodeSchedule> {
-        self.scheduler.as_ref().and_then(|s| s.current.as_ref())
+        self.scheduler.as_ref().and_then(|s| s.table.current.as_ref())
     }
 
     /// The SM count plans are made for (the device's, or [`EMULATOR_SM_COUNT`]).
@@ -641,7 +690,7 @@ fn decode_scheduled<T: Element, C: KvCacheOf<T>>(
         workspace.prepare(stream, &lens, opts)?;
     }
     let scale = crate::launch::softmax_scale(opts.scale, problem.head_dim)?;
-    let sched = workspace.scheduler.as_ref().ok_or_else(|| Error::usage(NOT_SCHEDULED))?;
+    let sched = &workspace.scheduler.as_ref().ok_or_else(|| Error::usage(NOT_SCHEDULED))?.table;
     let schedule = sched.current.as_ref().ok_or_else(|| {
         Error::usage(
             "decode: a scheduled workspace on a GPU needs DecodeWorkspace::prepare with the host seq_lens first",
@@ -673,10 +722,8 @@ fn decode_scheduled<T: Element, C: KvCacheOf<T>>(
     if problem.batch == 0 {
         return Ok(plan);
     }
-    let (slots, work_cap, partial_cap, merge_rows) =
-        (sched.slots, sched.work_cap, sched.partial_cap, sched.merge_rows());
-    let (work_at, merge_at, table_len) = (sched.work_offset(), sched.merge_offset(), sched.table_len());
-    let table = sched.table.input(table_len)?;
+    let partial_cap = sched.partial_cap;
+    let table = sched.view()?;
     let mut partial_o = workspace.partial_o.view(partial_cap * problem.heads_q * problem.head_dim)?;
     let mut partial_lse = workspace.partial_lse.view(partial_cap * problem.heads_q)?;
 
@@ -684,20 +731,7 @@ fn decode_scheduled<T: Element, C: KvCacheOf<T>>(
     let partials = (partial_cap > 0).then_some((&mut partial_o, &mut partial_lse));
     let base = common_params(&mut launch, q, cache, o, lse, partials, problem, opts, scale)?;
     let table_ptr = launch.input(c"schedule", &table, 4)? as *const i32;
-    // SAFETY (pointer arithmetic only): the offsets lie inside the table (Scheduler::table_len).
-    let (work_ptr, merge_ptr) = (table_ptr.wrapping_add(work_at), table_ptr.wrapping_add(merge_at));
-    let params = sys::FaDecodeParams {
-        num_splits: 1,
-        split_tokens: 0,
-        work: work_ptr.cast(),
-        work_indptr: table_ptr,
-        merge_rows: if merge_rows > 0 { merge_ptr.cast() } else { std::ptr::null() },
-        num_ctas: to_i32("slots", slots)?,
-        num_work: to_i32("schedule", work_cap)?,
-        num_merge_rows: to_i32("batch", merge_rows)?,
-        num_partials: to_i32("partials", partial_cap)?,
-        ..base
-    };
+    let params = sched.params(base, table_ptr)?;
     launch.run("paged_decode", params, sys::fa_decode)?;
     Ok(plan)
 }

@@ -17,7 +17,10 @@
 //! Short queries (speculative verification, small chunks: `max_seqlen_q · G <=` [`STREAMING_MAX_ROWS`]) run
 //! on the decode kernel instead ([`PagedPrefillKernel::Streaming`], docs/scheduling.md): its 16-row CTAs stream
 //! K/V through a 4-stage cp.async pipeline (48 KB in flight per CTA, 3 CTAs per SM) where the tiled CTA waits
-//! for every tile's copies (one CTA per SM at D = 128), the memory-bound regime these calls are in.
+//! for every tile's copies (one CTA per SM at D = 128), the memory-bound regime these calls are in. On a
+//! scheduled workspace ([`PagedPrefillWorkspace::scheduled`], [`PagedPrefillWorkspace::prepare`]) that path
+//! is cut and packed by the work each sequence's row blocks have ([`crate::schedule::schedule_short_queries`],
+//! decode's scheduler), graph-safe at the workspace's fixed geometry; the tiled path keeps a uniform plan.
 //!
 //! FP8 caches (issue 17): the cache may hold [`crate::Fp8E4m3`] / [`crate::Fp8E5m2`] codes with their
 //! dequantisation scales attached ([`PagedKvCache::with_scales`] / [`PagedKvCache::with_scale_tensors`], per
@@ -26,7 +29,7 @@
 //! dtype in shared memory and folds the scales into the math; q and o stay 16-bit. FP8 head dims are
 //! multiples of 16.
 
-use crate::decode::{check_split_fits, stream_slots, stream_sm_count, Buffer};
+use crate::decode::{check_split_fits, stream_slots, stream_sm_count, Buffer, ScheduleTable};
 use crate::device::Stream;
 use crate::dtype::Element;
 use crate::error::{to_i32, Error, Result};
@@ -35,6 +38,10 @@ use crate::launch::{softmax_scale, Launch};
 use crate::paged::PagedKvCache;
 use crate::plan::{decode_rows_per_cta, MAX_GRID_YZ, ROWS_PER_CTA, SPLIT_GRANULE};
 use crate::prefill::{check_cu_seqlens, host_values, MAX_PREFILL_SEQLEN};
+use crate::schedule::{
+    schedule_short_queries, short_query_partial_capacity, short_query_work_capacity, DecodeSchedule, ShortQueryShape,
+    SplitPolicy,
+};
 use crate::score_mod::ScoreMod;
 use crate::sys;
 use crate::tensor::{TensorView, TensorViewMut};
@@ -248,13 +255,34 @@ impl PagedPrefillPlan {
 }
 
 /// The reusable split-KV workspace of paged prefill (fp32 partial O and LSE) and the SM count plans are
-/// made for. Create it once, outside the layer loop.
+/// made for. Create it once, outside the layer loop. Made by [`PagedPrefillWorkspace::with_capacity`], each
+/// call follows a uniform plan ([`PagedPrefillPlan`]); made by [`PagedPrefillWorkspace::scheduled`], the
+/// streaming kernel's calls are scheduled by the work each sequence has ([`crate::schedule`], as
+/// [`crate::DecodeWorkspace::scheduled`] does for decode).
 pub struct PagedPrefillWorkspace {
     partial_o: Buffer,
     partial_lse: Buffer,
     sm_count: usize,
     /// CTAs of the streaming (decode) kernel the GPU runs at once at this head dim.
     streaming_slots: usize,
+    scheduler: Option<ShortQueryScheduler>,
+}
+
+/// A scheduled paged prefill workspace's limits, its schedule table, and what the current schedule was
+/// prepared for.
+struct ShortQueryScheduler {
+    limits: PagedPrefillProblem,
+    table: ScheduleTable,
+    prepared: Option<Prepared>,
+}
+
+/// The call a schedule was prepared for: its batch, its query rows (`cu_seqlens_q[B]`), window and causal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Prepared {
+    batch: usize,
+    rows: usize,
+    window: Option<(i32, i32)>,
+    causal: bool,
 }
 
 /// Buffer::new's error for a PagedPrefillWorkspace on a raw stream (it has no device-pointer constructor).
@@ -281,7 +309,135 @@ impl PagedPrefillWorkspace {
             partial_lse: Buffer::new(stream, lse, ON_RAW_STREAM)?,
             sm_count: stream_sm_count(stream)?,
             streaming_slots: stream_slots(stream, head_dim)?,
+            scheduler: None,
         })
+    }
+
+    /// A scheduled workspace for calls within `limits`: at most `limits.batch` sequences, `limits.total_q`
+    /// query tokens in all, `limits.max_seqlen_q` per sequence, contexts of at most `limits.max_seq_len`,
+    /// these heads and head dim. Calls that run the streaming kernel (short queries,
+    /// [`PagedPrefillKernel::Streaming`] or `Auto` with `max_seqlen_q · G <=` [`STREAMING_MAX_ROWS`]) are cut
+    /// and packed by [`crate::schedule::schedule_short_queries`] from their own `q_len`s and `seq_lens`
+    /// (window-clipped, each row block's real key range) onto this device's CTA slots, so a skewed batch is
+    /// balanced and a small one splits as a fresh plan would; only the split sequences' query rows are merged.
+    /// The launch geometry is fixed by the limits (one CTA per slot; a merge over `limits.total_q` rows whose
+    /// unused entries are skipped; row blocks numbered by `limits.max_seqlen_q`), so a CUDA graph captured
+    /// once replays any later schedule: call [`PagedPrefillWorkspace::prepare`] with the step's host
+    /// `cu_seqlens_q` and `seq_lens` before each replay (on the emulator, whose arrays are host memory,
+    /// [`paged_prefill`] prepares by itself). Calls on the tiled kernel follow the uniform plan within the
+    /// room the workspace has. Needs [`crate::schedule::short_query_partial_capacity`] · Hq · (D + 1) fp32.
+    pub fn scheduled(stream: &Stream<'_>, limits: &PagedPrefillProblem, policy: SplitPolicy) -> Result<Self> {
+        let slots = stream_slots(stream, limits.head_dim)?;
+        Self::scheduled_on(stream, limits, policy, slots)
+    }
+
+    /// [`PagedPrefillWorkspace::scheduled`] for `slots` CTA slots instead of the device's (tests and tools
+    /// that model another GPU on the emulator).
+    pub fn scheduled_on(
+        stream: &Stream<'_>,
+        limits: &PagedPrefillProblem,
+        policy: SplitPolicy,
+        slots: usize,
+    ) -> Result<Self> {
+        crate::head_dim::check(KernelOp::PagedPrefill, limits.head_dim)?;
+        if limits.heads_kv == 0 || limits.heads_q == 0 || limits.heads_q % limits.heads_kv != 0 {
+            return Err(Error::shape(
+                "limits",
+                format!("{} query heads are not a positive multiple of {} KV heads", limits.heads_q, limits.heads_kv),
+            ));
+        }
+        let slots = slots.max(1);
+        let shape = ShortQueryShape {
+            heads_q: limits.heads_q,
+            heads_kv: limits.heads_kv,
+            head_dim: limits.head_dim,
+            max_seqlen_q: limits.max_seqlen_q.max(1),
+            window: None,
+            causal: true,
+        };
+        if limits.heads_kv * shape.row_blocks() > MAX_GRID_YZ || limits.batch > MAX_GRID_YZ {
+            return Err(Error::unsupported(
+                "limits",
+                format!(
+                    "{} KV heads x {} row blocks of the streaming kernel, batch {} (at most {MAX_GRID_YZ})",
+                    limits.heads_kv,
+                    shape.row_blocks(),
+                    limits.batch
+                ),
+            ));
+        }
+        // A window may clip the keys, never add any: size for the whole context.
+        let (total_q, keys) = (limits.total_q, limits.max_seq_len);
+        let partial_cap = short_query_partial_capacity(&shape, total_q, keys, slots, policy);
+        let work_cap = short_query_work_capacity(&shape, limits.batch, total_q, keys, slots, policy);
+        let rows = partial_cap
+            .checked_mul(limits.heads_q)
+            .ok_or_else(|| Error::overflow("workspace", "partial LSE size overflows"))?;
+        let o = rows.checked_mul(limits.head_dim).ok_or_else(|| Error::overflow("workspace", "size overflows"))?;
+        let table = ScheduleTable::new(stream, policy, slots, (work_cap, partial_cap, total_q), ON_RAW_STREAM)?;
+        Ok(Self {
+            partial_o: Buffer::new(stream, o, ON_RAW_STREAM)?,
+            partial_lse: Buffer::new(stream, rows, ON_RAW_STREAM)?,
+            sm_count: stream_sm_count(stream)?,
+            streaming_slots: slots,
+            scheduler: Some(ShortQueryScheduler { limits: *limits, table, prepared: None }),
+        })
+    }
+
+    /// Plans the next streaming call of a scheduled workspace from the host's copies of its `cu_seqlens_q`
+    /// (`[B + 1]`) and `seq_lens` (`[B]`), with the window and causal flag of `opts`, and writes the schedule
+    /// into the workspace's device table, ordered on `stream`: before a CUDA-graph replay, or before each
+    /// call on a GPU (where the kernel cannot read the host's arrays). The kernel takes each unit's key range
+    /// from the device `seq_lens`, so contexts that grew since are still attended in full (a block's last
+    /// chunk runs to its end), only less evenly; the query rows are the schedule's own, so `cu_seqlens_q`
+    /// must be the call's. Errors: `Usage` for a workspace that is not scheduled, `Shape` for a batch, a
+    /// query length or query rows outside its limits, `OutOfBounds` for contexts past `max_seq_len`.
+    pub fn prepare(
+        &mut self,
+        stream: &Stream<'_>,
+        cu_seqlens_q: &[i32],
+        seq_lens: &[i32],
+        opts: &PagedPrefillOptions,
+    ) -> Result<&DecodeSchedule> {
+        let sched = self.scheduler.as_mut().ok_or_else(|| {
+            Error::usage(
+                "PagedPrefillWorkspace::prepare: the workspace is not scheduled (PagedPrefillWorkspace::scheduled)",
+            )
+        })?;
+        let limits = sched.limits;
+        if seq_lens.len() > limits.batch {
+            return Err(Error::shape(
+                "seq_lens",
+                format!("{} sequences, the workspace's limit is {}", seq_lens.len(), limits.batch),
+            ));
+        }
+        let rows = cu_seqlens_q.last().map_or(0, |&r| r.max(0) as usize);
+        if rows > limits.total_q {
+            return Err(Error::shape(
+                "cu_seqlens_q",
+                format!("{rows} query rows, the workspace's limit is {}", limits.total_q),
+            ));
+        }
+        let shape = ShortQueryShape {
+            heads_q: limits.heads_q,
+            heads_kv: limits.heads_kv,
+            head_dim: limits.head_dim,
+            max_seqlen_q: limits.max_seqlen_q.max(1),
+            window: opts.score_mod.window,
+            causal: opts.causal,
+        };
+        let schedule = schedule_short_queries(&shape, cu_seqlens_q, seq_lens, sched.table.slots, sched.table.policy)?;
+        let past = format!("contexts past max_seq_len {}", limits.max_seq_len);
+        let prepared = Prepared { batch: seq_lens.len(), rows, window: opts.score_mod.window, causal: opts.causal };
+        sched.prepared = None;
+        let schedule = sched.table.install(stream, schedule, &past)?;
+        sched.prepared = Some(prepared);
+        Ok(schedule)
+    }
+
+    /// The schedule the last [`PagedPrefillWorkspace::prepare`] (or emulated scheduled call) made.
+    pub fn schedule(&self) -> Option<&DecodeSchedule> {
+        self.scheduler.as_ref().and_then(|s| s.table.current.as_ref())
     }
 
     /// CTA slots a plan for `kernel` (resolved) fills: SMs (tiled), or SMs x decode CTAs per SM (streaming).
@@ -304,6 +460,92 @@ impl PagedPrefillWorkspace {
             plan.partial_o_len,
             plan.partial_lse_len,
         )
+    }
+
+    /// The uniform plan of a call on a workspace (`problem` windowed): the planner's, or, on a scheduled
+    /// workspace whose room it exceeds (its tiled calls), the most splits the room holds.
+    fn uniform_plan(
+        &self,
+        problem: &PagedPrefillProblem,
+        kernel: PagedPrefillKernel,
+        forced: Option<usize>,
+    ) -> Result<PagedPrefillPlan> {
+        let plan = PagedPrefillPlan::for_kernel(problem, kernel, self.slots(kernel), forced)?;
+        if self.scheduler.is_none() || forced.is_some() || plan.num_splits == 1 || self.check_fits(&plan).is_ok() {
+            return Ok(plan);
+        }
+        let per_split = (problem.total_q * problem.heads_q).max(1);
+        let fit = (self.partial_lse.len() / per_split).max(1);
+        PagedPrefillPlan::for_kernel(problem, kernel, self.slots(kernel), Some(fit))
+    }
+
+    /// Checks a streaming call against a scheduled workspace's limits and its prepared schedule; returns the
+    /// summary plan (the largest chunk count, the grid (slots, 1, 1), the partials used).
+    fn scheduled_plan(&self, problem: &PagedPrefillProblem, opts: &PagedPrefillOptions) -> Result<PagedPrefillPlan> {
+        const NOT_SCHEDULED: &str = "paged_prefill: this workspace has no scheduler";
+        let sched = self.scheduler.as_ref().ok_or_else(|| Error::usage(NOT_SCHEDULED))?;
+        let schedule = sched.table.current.as_ref().zip(sched.prepared).ok_or_else(|| {
+            Error::usage(
+                "paged_prefill: a scheduled workspace on a GPU needs PagedPrefillWorkspace::prepare with the host \
+                 cu_seqlens_q and seq_lens first",
+            )
+        })?;
+        let (schedule, prepared) = schedule;
+        if prepared.batch != problem.batch
+            || prepared.rows > problem.total_q
+            || prepared.window != opts.score_mod.window
+            || prepared.causal != opts.causal
+        {
+            return Err(Error::shape(
+                "workspace",
+                format!(
+                    "the prepared schedule is for B {} / {} query rows / window {:?} / causal {}, the call has B {} / \
+                     {} rows / window {:?} / causal {}",
+                    prepared.batch,
+                    prepared.rows,
+                    prepared.window,
+                    prepared.causal,
+                    problem.batch,
+                    problem.total_q,
+                    opts.score_mod.window,
+                    opts.causal
+                ),
+            ));
+        }
+        Ok(PagedPrefillPlan {
+            kernel: PagedPrefillKernel::Streaming,
+            num_splits: schedule.max_splits(),
+            split_tokens: match sched.table.policy {
+                SplitPolicy::FixedSplitTokens(t) => t,
+                SplitPolicy::Balanced => 0,
+            },
+            grid: [sched.table.slots, 1, 1],
+            partial_o_len: schedule.num_partials * problem.heads_q * problem.head_dim,
+            partial_lse_len: schedule.num_partials * problem.heads_q,
+        })
+    }
+
+    /// Checks a call's shape against a scheduled workspace's limits (`Shape`), and that it forces no split
+    /// count (`Usage`: the schedule cuts each sequence itself).
+    fn check_scheduled_call(&self, problem: &PagedPrefillProblem, opts: &PagedPrefillOptions) -> Result<()> {
+        let Some(limits) = self.scheduler.as_ref().map(|s| s.limits) else { return Ok(()) };
+        if opts.num_splits.is_some() {
+            return Err(Error::usage("num_splits: a scheduled workspace cuts each sequence itself (SplitPolicy)"));
+        }
+        let heads = |p: &PagedPrefillProblem| (p.heads_q, p.heads_kv, p.head_dim);
+        if heads(problem) != heads(&limits)
+            || problem.batch > limits.batch
+            || problem.total_q > limits.total_q
+            || problem.max_seqlen_q > limits.max_seqlen_q
+        {
+            return Err(Error::shape(
+                "workspace",
+                format!(
+                    "scheduled for {limits:?}, the call is {problem:?} (heads and head dim equal, the rest at most)"
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -417,19 +659,29 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
     }
     let scale = softmax_scale(opts.scale, problem.head_dim)?;
     let kernel = problem.kernel(opts.kernel);
-    let plan = match workspace.as_deref() {
-        Some(ws) => PagedPrefillPlan::for_kernel(
-            &problem.windowed_for(opts.score_mod.window, opts.causal, kernel),
-            kernel,
-            ws.slots(kernel),
-            opts.num_splits,
-        )?,
+    let mut workspace = workspace;
+    // A scheduled workspace runs the streaming kernel from its work list (prepared here from host arrays on
+    // the emulator; on a GPU by the caller's PagedPrefillWorkspace::prepare).
+    let scheduled =
+        kernel == PagedPrefillKernel::Streaming && workspace.as_ref().is_some_and(|w| w.scheduler.is_some());
+    let plan = match workspace.as_deref_mut() {
+        Some(ws) if scheduled => {
+            ws.check_scheduled_call(&problem, opts)?;
+            if let (Some(cu), Some(lens)) = (host_values(cu_seqlens_q), host_values(&cache.seq_lens)) {
+                let (cu, lens) = (cu.to_vec(), lens.to_vec());
+                ws.prepare(stream, &cu, &lens, opts)?;
+            }
+            ws.scheduled_plan(&problem, opts)?
+        }
+        Some(ws) => {
+            ws.uniform_plan(&problem.windowed_for(opts.score_mod.window, opts.causal, kernel), kernel, opts.num_splits)?
+        }
         None if opts.num_splits.is_some_and(|n| n > 1) => {
             return Err(Error::usage("paged_prefill: num_splits > 1 needs a PagedPrefillWorkspace"))
         }
         None => PagedPrefillPlan::for_kernel(&problem, kernel, 1, Some(1))?,
     };
-    if kernel == PagedPrefillKernel::Streaming && plan.grid[1] > MAX_GRID_YZ {
+    if !scheduled && kernel == PagedPrefillKernel::Streaming && plan.grid[1] > MAX_GRID_YZ {
         return Err(Error::unsupported(
             "max_seqlen_q",
             format!(
@@ -442,14 +694,26 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
     if problem.batch == 0 || problem.total_q == 0 || max_seqlen_q == 0 {
         return Ok(plan);
     }
-    let split = plan.num_splits > 1;
-    let (mut partial_o, mut partial_lse) = match workspace {
-        Some(ws) => {
+    // The partials the launch may write (a uniform split: the plan's; a schedule: the workspace's room, as
+    // the fixed geometry of a graph needs), and the schedule table.
+    let (mut partial_o, mut partial_lse, table) = match workspace {
+        Some(PagedPrefillWorkspace { partial_o, partial_lse, scheduler: Some(sched), .. }) if scheduled => {
+            let cap = sched.table.partial_cap;
+            let (po, pl) =
+                (partial_o.view(cap * problem.heads_q * problem.head_dim)?, partial_lse.view(cap * problem.heads_q)?);
+            let with_partials = cap > 0;
+            (
+                with_partials.then_some(po),
+                with_partials.then_some(pl),
+                Some((&sched.table, sched.table.view()?, sched.limits)),
+            )
+        }
+        Some(ws) if plan.num_splits > 1 => {
             ws.check_fits(&plan)?;
             let po = ws.partial_o.view(plan.partial_o_len)?;
-            (Some(po), Some(ws.partial_lse.view(plan.partial_lse_len)?))
+            (Some(po), Some(ws.partial_lse.view(plan.partial_lse_len)?), None)
         }
-        None => (None, None),
+        _ => (None, None, None),
     };
 
     let mut launch = Launch::new(*stream);
@@ -470,8 +734,8 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
         }
         None => (std::ptr::null_mut(), 0),
     };
-    let (po_ptr, plse_ptr) = match (split, partial_o.as_mut(), partial_lse.as_mut()) {
-        (true, Some(po), Some(pl)) => {
+    let (po_ptr, plse_ptr) = match (partial_o.as_mut(), partial_lse.as_mut()) {
+        (Some(po), Some(pl)) => {
             (launch.output(c"partial_o", po, 16)? as *mut f32, launch.output(c"partial_lse", pl, 4)? as *mut f32)
         }
         _ => (std::ptr::null_mut(), std::ptr::null_mut()),
@@ -484,6 +748,8 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
         to_i32("heads_kv", problem.heads_kv)?,
         to_i32("head_dim", problem.head_dim)?,
     );
+    // A schedule numbers row blocks by the workspace's max_seqlen_q (the launch's, fixed for graphs).
+    let max_seqlen_q = table.as_ref().map_or(max_seqlen_q, |t| t.2.max_seqlen_q.max(1));
     let (total_q, max_seqlen_q) = (to_i32("q (rows)", problem.total_q)?, to_i32("max_seqlen_q", max_seqlen_q)?);
     let (num_splits, split_tokens) =
         (to_i32("num_splits", plan.num_splits)?, to_i32("split_tokens", plan.split_tokens)?);
@@ -519,8 +785,16 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
             max_seqlen_q,
             causal,
             rope,
-            rows_per_cta: to_i32("rows per CTA", problem.rows_per_cta(kernel))?,
+            // The launch's max_seqlen_q (a schedule's: the workspace's) sets the rows per CTA too.
+            rows_per_cta: to_i32(
+                "rows per CTA",
+                decode_rows_per_cta(problem.head_dim, max_seqlen_q as usize * problem.group()),
+            )?,
             ..Default::default()
+        };
+        let params = match &table {
+            Some((sched, view, _)) => sched.params(params, launch.input(c"schedule", view, 4)? as *const i32)?,
+            None => params,
         };
         launch.run("paged_prefill", params, sys::fa_decode)?;
         return Ok(plan);

@@ -21,6 +21,13 @@
 //! start, `split · split_tokens`, the last split running to the end), so a schedule made from lengths that
 //! have since grown is still correct, only less balanced; and the launch geometry is fixed by the workspace's
 //! capacity, so a CUDA graph captured once replays any schedule written into the same buffer.
+//!
+//! One scheduler serves both users of the decode kernel: decode (one query row per sequence,
+//! [`schedule_decode`]) and paged prefill's streaming path (short queries, [`schedule_short_queries`]), whose
+//! CTAs serve 16-64 packed (token, query head) rows (`ShortQueryShape::rows_per_cta`) of a sequence and KV head, each row block reading its own
+//! key range (its first row's window start to its last row's causal end, [`short_query_key_range`]). Both
+//! describe their sequences as [`SeqWork`] (rows, row blocks and the keys each reads) and share the cutting,
+//! packing and encoding below.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -84,8 +91,8 @@ pub fn decode_ctas_per_sm(compute_capability: (u32, u32), head_dim: usize) -> us
         .map_or(1, |tile| (smem_per_sm / (tile.smem_bytes + 1024)).clamp(1, tile.min_ctas_per_sm))
 }
 
-/// One decode launch's schedule: which units each CTA runs, which sequences are merged, and what each CTA
-/// is predicted to stream.
+/// One schedule of the decode kernel (a decode, or a streaming paged prefill's short queries): which units
+/// each CTA runs, which query rows are merged, and what each CTA is predicted to stream.
 #[derive(Debug, Clone)]
 pub struct DecodeSchedule {
     /// CTA slots the schedule was packed for (SMs × resident CTAs per SM).
@@ -93,9 +100,10 @@ pub struct DecodeSchedule {
     /// The CTAs that have work (≤ slots): CTA x runs `work[cta_indptr[x] .. cta_indptr[x + 1])`.
     pub cta_indptr: Vec<i32>,
     pub work: Vec<sys::FaDecodeWork>,
-    /// One entry per sequence cut in more than one chunk, in sequence order.
+    /// One entry per query row of a sequence cut in more than one chunk (decode: per sequence), in row order.
     pub merge_rows: Vec<sys::FaMergeRow>,
-    /// Partial states (rows of `[num_partials, Hq, D]` fp32) the split sequences write.
+    /// Partial states (rows of `[num_partials, Hq, D]` fp32) the split sequences write: `q_len · chunks`
+    /// each.
     pub num_partials: usize,
     /// Per sequence: (chunks, tokens per chunk; 0 when unsplit).
     pub splits: Vec<(usize, usize)>,
@@ -181,6 +189,76 @@ pub fn work_capacity(limits: &DecodeProblem, window_left: Option<usize>, slots: 
     (partial_capacity(limits, window_left, slots, policy) + limits.batch) * head_blocks(limits)
 }
 
+/// One sequence as a schedule sees it: the query rows whose states its chunks write and, per CTA row block
+/// that has rows, the keys the block reads. Its chunks are laid over the widest block's keys (every block
+/// of a sequence is cut alike, so a query row's states line up across its KV heads and row blocks), and
+/// each unit costs the keys its own block reads in that chunk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeqWork {
+    /// The output row of its first query token (decode: the sequence; short queries: `cu_seqlens_q[b]`).
+    pub first_row: usize,
+    /// Query tokens: each writes one partial state per chunk when the sequence is cut (decode: 1).
+    pub q_len: usize,
+    /// (row block in the kernel's numbering, keys it reads), for the row blocks that have rows.
+    pub blocks: Vec<(usize, usize)>,
+}
+
+impl SeqWork {
+    /// The keys its chunks are laid over: the widest block's.
+    pub fn span(&self) -> usize {
+        self.blocks.iter().map(|b| b.1).max().unwrap_or(0)
+    }
+}
+
+/// Row blocks (units per chunk) a short-query schedule within these limits has at most: `Hkv` per started
+/// block of R packed rows (R = rows per CTA) of every sequence, `Hkv · min(B · row_blocks, ⌈TQ · G / R⌉ + B)` for `B`
+/// sequences of `TQ` query tokens in all.
+fn short_query_blocks(shape: &ShortQueryShape, batch: usize, total_q: usize) -> usize {
+    let packed = (total_q * shape.group()).div_ceil(shape.rows_per_cta()) + batch;
+    shape.heads_kv * packed.min(batch * shape.row_blocks())
+}
+
+/// The most partial states a short-query schedule within these limits (`batch` sequences, `total_q` query
+/// tokens in all, keys at most `max_seq_len`) writes. A query token of a sequence cut in n writes n states.
+/// Balanced: the chunk is at least the blocks' work over `MAX_UNITS_PER_SLOT · slots` and a sequence's
+/// tokens are at most `R / Hq` of its blocks (R rows per CTA), so `Σ q_len · n ≤ R · MAX_UNITS_PER_SLOT · slots / Hq +
+/// total_q` (and never more than `total_q · ⌈max_seq_len / MIN_SPLIT_TOKENS⌉`); fixed splits:
+/// `total_q · ⌈max_seq_len / t⌉`.
+pub fn short_query_partial_capacity(
+    shape: &ShortQueryShape,
+    total_q: usize,
+    max_seq_len: usize,
+    slots: usize,
+    policy: SplitPolicy,
+) -> usize {
+    match policy {
+        SplitPolicy::Balanced => {
+            let bound = (shape.rows_per_cta() * MAX_UNITS_PER_SLOT * slots).div_ceil(shape.heads_q.max(1)) + total_q;
+            bound.min(total_q * max_seq_len.div_ceil(MIN_SPLIT_TOKENS).max(1))
+        }
+        SplitPolicy::FixedSplitTokens(t) => total_q * max_seq_len.div_ceil(t.max(1)).max(1),
+    }
+}
+
+/// The most units a short-query schedule within these limits holds: every block once per chunk
+/// (balanced: at most `MAX_UNITS_PER_SLOT · slots` more than the blocks).
+pub fn short_query_work_capacity(
+    shape: &ShortQueryShape,
+    batch: usize,
+    total_q: usize,
+    max_seq_len: usize,
+    slots: usize,
+    policy: SplitPolicy,
+) -> usize {
+    let blocks = short_query_blocks(shape, batch, total_q);
+    match policy {
+        SplitPolicy::Balanced => {
+            (MAX_UNITS_PER_SLOT * slots + blocks).min(blocks * max_seq_len.div_ceil(MIN_SPLIT_TOKENS).max(1))
+        }
+        SplitPolicy::FixedSplitTokens(t) => blocks * max_seq_len.div_ceil(t.max(1)).max(1),
+    }
+}
+
 /// Cuts of one candidate: per sequence (chunks, tokens per chunk).
 fn cuts(spans: &[usize], chunk: Option<usize>, fixed: bool) -> Vec<(usize, usize)> {
     spans
@@ -208,13 +286,26 @@ fn cuts(spans: &[usize], chunk: Option<usize>, fixed: bool) -> Vec<(usize, usize
 /// One unit before packing: (tokens, sequence, head block, split).
 type Unit = (u64, usize, usize, usize);
 
-fn units_of(spans: &[usize], cuts: &[(usize, usize)], blocks: usize) -> Vec<Unit> {
+/// Keys a block reading `keys` keys streams in chunk `s` of `(n, per)`: the kernel's range, laid from the
+/// block's first key, the last chunk running to its end (an earlier block may leave a chunk empty).
+fn chunk_keys(keys: usize, s: usize, (n, per): (usize, usize)) -> usize {
+    if n == 1 {
+        return keys;
+    }
+    let rest = keys.saturating_sub(s * per);
+    if s == n - 1 {
+        rest
+    } else {
+        rest.min(per)
+    }
+}
+
+fn units_of(seqs: &[SeqWork], cuts: &[(usize, usize)]) -> Vec<Unit> {
     let mut units = Vec::new();
-    for (b, (&span, &(n, per))) in spans.iter().zip(cuts).enumerate() {
-        for s in 0..n {
-            let tokens = if n == 1 { span } else { per.min(span - s * per) };
-            for y in 0..blocks {
-                units.push((tokens as u64, b, y, s));
+    for (b, (seq, &cut)) in seqs.iter().zip(cuts).enumerate() {
+        for s in 0..cut.0 {
+            for &(y, keys) in &seq.blocks {
+                units.push((chunk_keys(keys, s, cut) as u64, b, y, s));
             }
         }
     }
@@ -248,11 +339,158 @@ pub fn schedule_decode(
     slots: usize,
     policy: SplitPolicy,
 ) -> Result<DecodeSchedule> {
+    let blocks = head_blocks(problem);
+    let seqs: Vec<SeqWork> = seq_lens
+        .iter()
+        .enumerate()
+        .map(|(b, &l)| {
+            let span = attended_span(l.max(0) as usize, window_left);
+            SeqWork { first_row: b, q_len: 1, blocks: (0..blocks).map(|y| (y, span)).collect() }
+        })
+        .collect();
+    schedule_work(&seqs, window_left, slots, policy)
+}
+
+/// The shape of a streaming paged prefill launch a schedule is made for (paged prefill's short queries on
+/// the decode kernel).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShortQueryShape {
+    pub heads_q: usize,
+    pub heads_kv: usize,
+    /// The head dim: its decode width sets the rows per CTA ([`Self::rows_per_cta`]).
+    pub head_dim: usize,
+    /// The launch's `max_seqlen_q`: the kernel numbers a sequence's row blocks by it (KV head h, block r
+    /// of its packed rows is `h · ⌈max_seqlen_q · G / rows per CTA⌉ + r`), so a schedule is made for the value
+    /// the launch passes.
+    pub max_seqlen_q: usize,
+    /// The sliding window `(left, right)` (−1 = unbounded), as [`crate::ScoreMod::window`].
+    pub window: Option<(i32, i32)>,
+    pub causal: bool,
+}
+
+impl ShortQueryShape {
+    /// Query heads per KV head.
+    pub fn group(&self) -> usize {
+        self.heads_q / self.heads_kv.max(1)
+    }
+    /// Packed rows per CTA of the launch: [`decode_rows_per_cta`] of `max_seqlen_q · G` (16, 32 or 64).
+    pub fn rows_per_cta(&self) -> usize {
+        decode_rows_per_cta(self.head_dim, self.max_seqlen_q * self.group())
+    }
+    /// Row blocks per KV head the kernel numbers: `⌈max_seqlen_q · G / rows per CTA⌉`.
+    pub fn row_blocks(&self) -> usize {
+        (self.max_seqlen_q * self.group()).div_ceil(self.rows_per_cta()).max(1)
+    }
+    fn window_left(&self) -> Option<i64> {
+        self.window.and_then(|(l, _)| (l >= 0).then_some(i64::from(l)))
+    }
+    /// How far right of its own position a row sees (the kernel's `right_bound`): 0 with causal, else the
+    /// window's right bound, else unbounded.
+    fn right_bound(&self) -> i64 {
+        match self.window {
+            _ if self.causal => 0,
+            Some((_, r)) if r >= 0 => i64::from(r),
+            _ => i64::from(i32::MAX),
+        }
+    }
+}
+
+/// The keys `[begin, end)` the streaming kernel's CTA reads for row block `block` (of the sequence's
+/// `⌈q_len · G / R⌉`, R the rows per CTA) of a sequence with `q_len` new tokens and `seq_len` cached ones: from its first
+/// row's window start to its last row's causal end (kernels/decode.cu, `decode_unit`: `window_begin`,
+/// `span_end`), clipped to `[0, seq_len)`. `None` for a block past the sequence's rows.
+pub fn short_query_key_range(
+    shape: &ShortQueryShape,
+    q_len: usize,
+    seq_len: usize,
+    block: usize,
+) -> Option<(usize, usize)> {
+    let group = shape.group().max(1);
+    let packed0 = block * shape.rows_per_cta();
+    let packed = q_len * group;
+    if packed0 >= packed {
+        return None;
+    }
+    let rows = (packed - packed0).min(shape.rows_per_cta());
+    let pos_base = seq_len as i64 - q_len as i64;
+    let first_pos = pos_base + (packed0 / group) as i64;
+    let last_pos = pos_base + ((packed0 + rows - 1) / group) as i64;
+    let begin = shape.window_left().map_or(0, |w| (first_pos - w).max(0));
+    let end = (last_pos + shape.right_bound() + 1).clamp(0, seq_len as i64);
+    Some((begin.min(end) as usize, end as usize))
+}
+
+/// Keys unit `w` of a short-query schedule reads, for a sequence of `q_len` new tokens and `seq_len` cached
+/// ones: its row block's key range cut as the kernel cuts it (0 for a block past the sequence's rows, or a
+/// chunk an earlier row block leaves empty).
+pub fn short_query_unit_keys(shape: &ShortQueryShape, q_len: usize, seq_len: usize, w: &sys::FaDecodeWork) -> usize {
+    let block = w.head_block.max(0) as usize % shape.row_blocks();
+    let cut = (w.num_splits.max(1) as usize, w.split_tokens.max(0) as usize);
+    short_query_key_range(shape, q_len, seq_len, block)
+        .map_or(0, |(begin, end)| chunk_keys(end - begin, w.split.max(0) as usize, cut))
+}
+
+/// Schedules a streaming paged prefill (short queries on the decode kernel) of sequences with the host's
+/// copies of `cu_seqlens_q` (`[B + 1]`) and `seq_lens` (`[B]`; negative entries count as 0) on `slots` CTA
+/// slots: units of (sequence, KV head × packed row block, chunk of the keys the block reads), the chunks
+/// laid over the widest block's keys, one merge row per query token of a cut sequence. Errors (`Shape`):
+/// lengths that disagree, a `cu_seqlens_q` that decreases, a `q_len` past `shape.max_seqlen_q`.
+pub fn schedule_short_queries(
+    shape: &ShortQueryShape,
+    cu_seqlens_q: &[i32],
+    seq_lens: &[i32],
+    slots: usize,
+    policy: SplitPolicy,
+) -> Result<DecodeSchedule> {
+    if cu_seqlens_q.len() != seq_lens.len() + 1 {
+        return Err(Error::shape(
+            "cu_seqlens_q",
+            format!("{} entries for {} sequences (B + 1 expected)", cu_seqlens_q.len(), seq_lens.len()),
+        ));
+    }
+    let blocks = shape.row_blocks();
+    let mut seqs = Vec::with_capacity(seq_lens.len());
+    for (b, &len) in seq_lens.iter().enumerate() {
+        let (start, stop) = (cu_seqlens_q[b], cu_seqlens_q[b + 1]);
+        if start < 0 || stop < start || (stop - start) as usize > shape.max_seqlen_q {
+            return Err(Error::shape(
+                "cu_seqlens_q",
+                format!(
+                    "sequence {b}: rows {start}..{stop} (non-negative, non-decreasing, at most max_seqlen_q {})",
+                    shape.max_seqlen_q
+                ),
+            ));
+        }
+        let q_len = (stop - start) as usize;
+        let seq_len = len.max(0) as usize;
+        let mut work = SeqWork { first_row: start as usize, q_len, blocks: Vec::new() };
+        for h in 0..shape.heads_kv {
+            for r in 0..blocks {
+                if let Some((begin, end)) = short_query_key_range(shape, q_len, seq_len, r) {
+                    work.blocks.push((h * blocks + r, end - begin));
+                }
+            }
+        }
+        seqs.push(work);
+    }
+    schedule_work(&seqs, shape.window_left().map(|w| w as usize), slots, policy)
+}
+
+/// The scheduler both [`schedule_decode`] and [`schedule_short_queries`] are: cuts each sequence's span
+/// (by `policy`), packs the units onto `slots` CTAs, and lays out the split sequences' partial states (query
+/// token i of a sequence cut in n: states `partial_base + i · n ..`, one merge row each).
+pub fn schedule_work(
+    seqs: &[SeqWork],
+    window_left: Option<usize>,
+    slots: usize,
+    policy: SplitPolicy,
+) -> Result<DecodeSchedule> {
     policy.check()?;
     let slots = slots.max(1);
-    let blocks = head_blocks(problem);
-    let spans: Vec<usize> = seq_lens.iter().map(|&l| attended_span(l.max(0) as usize, window_left)).collect();
-    let total: u64 = spans.iter().map(|&s| s as u64).sum::<u64>() * blocks as u64;
+    let spans: Vec<usize> = seqs.iter().map(SeqWork::span).collect();
+    // The work the candidates divide: every block at its sequence's span (an upper bound on what the blocks
+    // read, which bounds the units and states a candidate makes: see partial_capacity).
+    let total: u64 = seqs.iter().zip(&spans).map(|(q, &s)| (s * q.blocks.len()) as u64).sum();
     let cut = match policy {
         SplitPolicy::FixedSplitTokens(t) => cuts(&spans, Some(t), true),
         SplitPolicy::Balanced => {
@@ -268,7 +506,7 @@ pub fn schedule_decode(
             let mut best: Option<(u64, Vec<(usize, usize)>)> = None;
             for c in candidates {
                 let cut = cuts(&spans, c, false);
-                let bins = pack(&units_of(&spans, &cut, blocks), slots);
+                let bins = pack(&units_of(seqs, &cut), slots);
                 let merges = cut.iter().any(|&(n, _)| n > 1);
                 let cost = bins.iter().map(|b| b.0).max().unwrap_or(0) + if merges { MERGE_OVERHEAD_TOKENS } else { 0 };
                 if best.as_ref().is_none_or(|(c0, _)| cost < *c0) {
@@ -278,21 +516,23 @@ pub fn schedule_decode(
             best.map(|b| b.1).unwrap_or_default()
         }
     };
-    let units = units_of(&spans, &cut, blocks);
+    let units = units_of(seqs, &cut);
     let bins = pack(&units, slots);
 
     let mut merge_rows = Vec::new();
-    let mut base = vec![0usize; spans.len()];
+    let mut base = vec![0usize; seqs.len()];
     let mut num_partials = 0usize;
-    for (b, &(n, _)) in cut.iter().enumerate() {
+    for (b, (seq, &(n, _))) in seqs.iter().zip(&cut).enumerate() {
         if n > 1 {
             base[b] = num_partials;
-            merge_rows.push(sys::FaMergeRow {
-                out_row: to_i32(b)?,
-                first_state: to_i32(num_partials)?,
-                num_states: to_i32(n)?,
-            });
-            num_partials += n;
+            for i in 0..seq.q_len {
+                merge_rows.push(sys::FaMergeRow {
+                    out_row: to_i32(seq.first_row + i)?,
+                    first_state: to_i32(num_partials + i * n)?,
+                    num_states: to_i32(n)?,
+                });
+            }
+            num_partials += n * seq.q_len;
         }
     }
     let mut cta_indptr = vec![0i32];
@@ -316,9 +556,6 @@ pub fn schedule_decode(
         cta_indptr.push(to_i32(work.len())?);
         cta_tokens.push(tokens);
     }
-    if spans.is_empty() {
-        cta_tokens.clear();
-    }
     Ok(DecodeSchedule {
         slots,
         cta_indptr,
@@ -328,7 +565,7 @@ pub fn schedule_decode(
         splits: cut,
         cta_tokens,
         window_left,
-        batch: seq_lens.len(),
+        batch: seqs.len(),
     })
 }
 
@@ -471,5 +708,140 @@ mod tests {
         // D 264-512: 2 stages of 32 KiB + the Q tile (82,836 B), launch bounds for 2 CTAs.
         assert_eq!(tile_policy(KernelOp::Decode, 512, false, None).unwrap().smem_bytes, 82_836);
         assert_eq!([(9, 0), (8, 0), (8, 6), (8, 9)].map(|cc| decode_ctas_per_sm(cc, 264)), [2, 2, 1, 1]);
+    }
+
+    fn shape(hq: usize, hkv: usize, max_q: usize, window: Option<(i32, i32)>, causal: bool) -> ShortQueryShape {
+        // Width 256: 16 rows per CTA (the row-block arithmetic below counts in 16s).
+        ShortQueryShape { heads_q: hq, heads_kv: hkv, head_dim: 256, max_seqlen_q: max_q, window, causal }
+    }
+
+    #[test]
+    fn short_query_key_ranges_follow_the_kernel() {
+        // One token per sequence: decode's span, window-clipped.
+        let s = shape(8, 2, 1, Some((100, 0)), true);
+        assert_eq!(short_query_key_range(&s, 1, 1000, 0), Some((899, 1000)));
+        assert_eq!(short_query_key_range(&s, 1, 50, 0), Some((0, 50)));
+        assert_eq!(short_query_key_range(&s, 1, 0, 0), Some((0, 0)));
+        // q_len 4 at G = 8: two row blocks of 2 tokens each, each to its last row's causal end.
+        let s = shape(16, 2, 4, None, true);
+        assert_eq!(s.row_blocks(), 2);
+        assert_eq!(short_query_key_range(&s, 4, 1000, 0), Some((0, 998)));
+        assert_eq!(short_query_key_range(&s, 4, 1000, 1), Some((0, 1000)));
+        assert_eq!(short_query_key_range(&s, 3, 1000, 1), Some((0, 1000)));
+        assert_eq!(short_query_key_range(&s, 2, 1000, 1), None, "past the sequence's rows");
+        // A window: from the first row's window start; bidirectional windows reach right, clipped at seq_len.
+        let s = shape(16, 2, 4, Some((128, 3)), true);
+        assert_eq!(short_query_key_range(&s, 4, 1000, 1), Some((998 - 128, 1000)));
+        let s = shape(16, 2, 4, Some((128, 3)), false);
+        assert_eq!(short_query_key_range(&s, 4, 1000, 0), Some((996 - 128, 1000)));
+        assert_eq!(short_query_key_range(&s, 4, 10, 0), Some((0, 10)));
+        // q_len > seq_len: rows before the cache's start see nothing.
+        let s = shape(8, 1, 3, None, true);
+        assert_eq!(short_query_key_range(&s, 3, 2, 0), Some((0, 1)));
+        assert_eq!(short_query_key_range(&s, 3, 2, 1), Some((0, 2)));
+        let s = shape(16, 1, 3, None, true);
+        assert_eq!(short_query_key_range(&s, 3, 1, 0), Some((0, 0)));
+    }
+
+    /// Every (sequence, existing row block) is cut into its sequence's chunks once; each query token of a cut
+    /// sequence has one merge row over its own run of states, the runs disjoint and within num_partials.
+    fn check_short_covers(s: &DecodeSchedule, sh: &ShortQueryShape, cu: &[i32], lens: &[i32]) {
+        let mut seen = std::collections::HashMap::new();
+        for w in &s.work {
+            assert_eq!((w.num_splits as usize, w.split_tokens as usize), s.splits[w.b as usize]);
+            *seen.entry((w.b, w.head_block)).or_insert(0usize) += 1;
+        }
+        for (b, &len) in lens.iter().enumerate() {
+            let q_len = (cu[b + 1] - cu[b]) as usize;
+            for y in 0..sh.heads_kv * sh.row_blocks() {
+                let exists = short_query_key_range(sh, q_len, len as usize, y % sh.row_blocks()).is_some();
+                let want = if exists { s.splits[b].0 } else { 0 };
+                assert_eq!(seen.get(&(b as i32, y as i32)).copied().unwrap_or(0), want, "seq {b} block {y}");
+            }
+        }
+        let mut owner = vec![None; s.num_partials];
+        for r in &s.merge_rows {
+            for st in r.first_state..r.first_state + r.num_states {
+                assert!(owner[st as usize].replace(r.out_row).is_none(), "state {st} shared");
+            }
+        }
+        assert!(owner.iter().all(Option::is_some), "every state merged");
+        let rows: usize =
+            s.splits.iter().zip(cu.windows(2)).filter(|(c, _)| c.0 > 1).map(|(_, w)| (w[1] - w[0]) as usize).sum();
+        assert_eq!(s.merge_rows.len(), rows);
+    }
+
+    #[test]
+    fn short_queries_are_cut_per_sequence_and_merged_per_row() {
+        let sh = shape(16, 2, 8, None, true);
+        let cu = [0, 4, 6, 6, 14, 15];
+        let lens = [9000, 300, 70, 2000, 3];
+        for policy in [SplitPolicy::Balanced, SplitPolicy::FixedSplitTokens(512)] {
+            let s = schedule_short_queries(&sh, &cu, &lens, 24, policy).unwrap();
+            check_short_covers(&s, &sh, &cu, &lens);
+            assert!(s.splits[0].0 > 1, "{policy:?}: the long sequence is cut: {:?}", s.splits);
+            assert!(s.work.len() <= short_query_work_capacity(&sh, 5, 15, 9000, 24, policy));
+            assert!(s.num_partials <= short_query_partial_capacity(&sh, 15, 9000, 24, policy));
+            // Each unit's predicted keys are what it reads.
+            let keys: u64 = s
+                .work
+                .iter()
+                .map(|w| {
+                    let b = w.b as usize;
+                    short_query_unit_keys(&sh, (cu[b + 1] - cu[b]) as usize, lens[b] as usize, w) as u64
+                })
+                .sum();
+            assert_eq!(keys, s.cta_tokens.iter().sum::<u64>());
+        }
+        // Errors: a q_len past max_seqlen_q, a decreasing cu_seqlens_q, a length mismatch.
+        assert!(schedule_short_queries(&sh, &[0, 9], &[100], 8, SplitPolicy::Balanced).is_err());
+        assert!(schedule_short_queries(&sh, &[0, 4, 3], &[100, 100], 8, SplitPolicy::Balanced).is_err());
+        assert!(schedule_short_queries(&sh, &[0, 4], &[100, 100], 8, SplitPolicy::Balanced).is_err());
+    }
+
+    /// The capacity bounds hold over random batches, windows and slot counts (a workspace sized by them never
+    /// refuses a call within its limits).
+    #[test]
+    fn short_query_capacities_bound_every_schedule() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        };
+        for _ in 0..300 {
+            let hkv = 1 + next(4) as usize;
+            let g = [1, 2, 3, 4, 8, 16, 32][next(7) as usize];
+            let max_q = 1 + next(12) as usize;
+            let batch = 1 + next(12) as usize;
+            let max_len = 1 + next(20_000) as usize;
+            let slots = 1 + next(400) as usize;
+            let window = match next(3) {
+                0 => None,
+                1 => Some((next(3000) as i32, -1)),
+                _ => Some((next(500) as i32, next(20) as i32)),
+            };
+            let sh = shape(hkv * g, hkv, max_q, window, next(2) == 0);
+            let mut cu = vec![0i32];
+            let mut lens = Vec::new();
+            for _ in 0..batch {
+                cu.push(cu.last().unwrap() + next(max_q as u64 + 1) as i32);
+                lens.push(next(max_len as u64 + 1) as i32);
+            }
+            let total_q = *cu.last().unwrap() as usize;
+            for policy in [SplitPolicy::Balanced, SplitPolicy::FixedSplitTokens(64 * (1 + next(8) as usize))] {
+                let s = schedule_short_queries(&sh, &cu, &lens, slots, policy).unwrap();
+                check_short_covers(&s, &sh, &cu, &lens);
+                let limits_shape = ShortQueryShape { window: None, causal: true, ..sh };
+                let (pc, wc) = (
+                    short_query_partial_capacity(&limits_shape, total_q, max_len, slots, policy),
+                    short_query_work_capacity(&limits_shape, batch, total_q, max_len, slots, policy),
+                );
+                assert!(s.num_partials <= pc, "{sh:?} {cu:?} {lens:?} {policy:?}: {} > {pc}", s.num_partials);
+                assert!(s.work.len() <= wc, "{sh:?} {cu:?} {lens:?} {policy:?}: {} > {wc}", s.work.len());
+                assert!(s.num_ctas() <= slots);
+            }
+        }
     }
 }

@@ -216,9 +216,9 @@ fn decode_cost_kv(case: &DecodeCase, plan: &DecodePlan, kv_elem: u64) -> DecodeC
     }
     let warps = policy.warps() as u64;
     let d_splits = warps / (tile as u64 / 16); // warps per token group
-    // Per KV tile every 16-row group with rows runs the whole CTA's worth of chunks (its warps take the tile's
-    // chunks between them); a CTA's empty row groups (its last rows) run none. So per (sequence, KV head):
-    // ceil(G / 16) groups, however many CTAs hold them.
+                                               // Per KV tile every 16-row group with rows runs the whole CTA's worth of chunks (its warps take the tile's
+                                               // chunks between them); a CTA's empty row groups (its last rows) run none. So per (sequence, KV head):
+                                               // ceil(G / 16) groups, however many CTAs hold them.
     let groups = (case.heads_kv * group.div_ceil(crate::plan::ROWS_PER_CTA)) as u64;
     c.mma = c.kv_tiles / kv_ctas.max(1) * groups * warps * (w / 8 / policy.score_splits as u64 + w / d_splits / 8);
     c

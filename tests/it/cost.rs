@@ -378,7 +378,14 @@ fn decode_reads_a_kv_head_once_for_all_the_rows_a_cta_serves() {
         (256, 32, 16, 1, KvFormat::Sixteen, none, 2, 2), // one row group from width 256 on
     ];
     for (d, g, ps, splits, kv, variants, reads, ctas) in cases {
-        let case = DecodeCase { head_dim: d, heads_q: g, heads_kv: 1, kv, variants, ..decode_case(1, ps, splits, lens.clone()) };
+        let case = DecodeCase {
+            head_dim: d,
+            heads_q: g,
+            heads_kv: 1,
+            kv,
+            variants,
+            ..decode_case(1, ps, splits, lens.clone())
+        };
         failures.extend(decode_model_mismatches(&case, splits));
         let (c, _, _) = decode_counters(&case);
         let dec = c.kernel("paged_decode").expect("decode kernel launched");

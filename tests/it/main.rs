@@ -26,6 +26,7 @@ mod merge;
 mod module_graph;
 mod page_sizes;
 mod paged_prefill;
+mod paged_schedule;
 mod plan;
 mod poison;
 mod prefill;

@@ -170,6 +170,7 @@ fn windowed_paged_prefill_plans_over_the_window() {
         kv: KvFormat::Sixteen,
         rope: None,
         kernel: Default::default(),
+        schedule: None,
     };
     c.variants.window = Some((128, 0));
     for kernel in [PagedPrefillKernel::Tiled, PagedPrefillKernel::Streaming] {

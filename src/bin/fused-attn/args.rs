@@ -11,7 +11,9 @@ use fused_attn::prefill::{PrefillKernel, Sm90Steps};
 use fused_attn::testkit::cases::decode::CaseRope;
 use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::testkit::variants::{CaseAlibi, CaseVariants};
-use fused_attn::{DType, Error, Fp8Format, KvDType, Result, RopeConfig, RopeScaling, RopeStyle, ScaleKind};
+use fused_attn::{
+    DType, Error, Fp8Format, KvDType, Result, RopeConfig, RopeScaling, RopeStyle, ScaleKind, SplitPolicy,
+};
 
 /// The runner's git commit (`git describe` at build time; "unknown" outside a git checkout).
 pub const COMMIT: &str =
@@ -32,6 +34,8 @@ pub struct Cli {
     pub command: Command,
 }
 
+// Parsed once per process: the size of the largest variant (RunArgs) does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// The standard sweep: correctness of both ops against the fp64 reference; on a GPU also the timed
@@ -172,6 +176,17 @@ fn parse_sm90_off(s: &str) -> std::result::Result<Sm90Steps, String> {
     Ok(steps)
 }
 
+/// `balanced` or `fixed:N` (N tokens per chunk, a multiple of 64).
+fn parse_split_policy(s: &str) -> std::result::Result<SplitPolicy, String> {
+    match s.split_once(':') {
+        None if s == "balanced" => Ok(SplitPolicy::Balanced),
+        Some(("fixed", n)) => {
+            n.parse().map(SplitPolicy::FixedSplitTokens).map_err(|_| format!("fixed:{n}: N must be a token count"))
+        }
+        _ => Err(format!("unknown split policy {s:?} (balanced, fixed:N)")),
+    }
+}
+
 fn parse_kernel(s: &str) -> std::result::Result<PrefillKernel, String> {
     s.parse().map_err(|e: fused_attn::Error| e.message().to_string())
 }
@@ -251,6 +266,15 @@ pub struct RunArgs {
     /// Force the split-KV count [decode, paged-prefill] [default: the planner's choice].
     #[arg(long, value_name = "N")]
     pub num_splits: Option<usize>,
+    /// Schedule the streaming kernel's split-KV by each sequence's work (docs/scheduling.md): `balanced`, or
+    /// `fixed:N` (every sequence cut into N-token chunks, N a multiple of 64: a sequence's bits independent of
+    /// its batch) [paged-prefill; default: the uniform plan].
+    #[arg(long, value_parser = parse_split_policy, value_name = "POLICY", conflicts_with = "num_splits")]
+    pub split_policy: Option<SplitPolicy>,
+    /// CTA slots the schedule packs onto [paged-prefill, with --split-policy] [default: the device's; the
+    /// emulator models an H100's 132 SMs x 3].
+    #[arg(long, value_name = "N", requires = "split_policy")]
+    pub sched_slots: Option<usize>,
     /// Paged prefill's kernel: streaming (decode's pipeline, for short queries) or tiled [paged-prefill].
     #[arg(long, value_enum, default_value_t = PagedKernelArg::Auto, value_name = "KERNEL")]
     pub paged_kernel: PagedKernelArg,
@@ -528,6 +552,13 @@ const OP_ONLY: [(&str, &str, &[Op], &str); 17] = [
     ),
     ("num_splits", "--num-splits", &[Op::Decode, Op::PagedPrefill], "prefill does not split the KV range"),
     ("paged_kernel", "--paged-kernel", &[Op::PagedPrefill], "only paged prefill has two kernels"),
+    (
+        "split_policy",
+        "--split-policy",
+        &[Op::PagedPrefill],
+        "the runner's decode runs the uniform plan (DecodeWorkspace::scheduled in the library)",
+    ),
+    ("sched_slots", "--sched-slots", &[Op::PagedPrefill], "it sizes --split-policy's schedule"),
     ("kv_dtype", "--kv-dtype", &[Op::Decode, Op::PagedPrefill, Op::Append], "prefill reads contiguous 16-bit K/V"),
     ("kv_scale", "--kv-scale", &[Op::Decode, Op::PagedPrefill, Op::Append], "prefill reads contiguous 16-bit K/V"),
     ("window_left", "--window-left", &ATTENTION, "append computes no scores"),
@@ -760,6 +791,24 @@ mod tests {
             .starts_with("--page-size applies to --op decode or --op paged-prefill or --op append only"));
         assert!(msg("run --num-splits 2").starts_with("--num-splits applies to --op decode or"));
         assert!(msg("run --no-causal").starts_with("--no-causal applies to --op paged-prefill only"));
+        assert!(
+            msg("run --op decode --split-policy balanced").starts_with("--split-policy applies to --op paged-prefill")
+        );
+        // The split policy: balanced or fixed:N, not with a forced split count; --sched-slots needs it.
+        let a = run("run --op paged-prefill --seq-lens 900,64 --q-lens 4,2 --split-policy fixed:256 --sched-slots 8");
+        assert_eq!((a.split_policy, a.sched_slots), (Some(fused_attn::SplitPolicy::FixedSplitTokens(256)), Some(8)));
+        assert_eq!(
+            run("run --op paged-prefill --split-policy balanced").split_policy,
+            Some(fused_attn::SplitPolicy::Balanced)
+        );
+        for bad in [
+            "run --op paged-prefill --split-policy even",
+            "run --op paged-prefill --split-policy fixed:x",
+            "run --op paged-prefill --split-policy balanced --num-splits 2",
+            "run --op paged-prefill --sched-slots 8",
+        ] {
+            assert!(p(bad).is_err(), "{bad}: accepted");
+        }
         // Defaults are not "given": decode with no prefill flags is fine, and so is each op's own flag.
         run("run --op decode --page-size 8 --num-splits 2 --seqlen-k 9");
         run("run --causal --seqlen-q 9");

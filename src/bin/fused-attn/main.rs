@@ -20,7 +20,7 @@ use std::path::Path;
 
 use fused_attn::testkit::cases::append::AppendCase;
 use fused_attn::testkit::cases::decode::DecodeCase;
-use fused_attn::testkit::cases::paged_prefill::PagedPrefillCase;
+use fused_attn::testkit::cases::paged_prefill::{CaseSchedule, PagedPrefillCase};
 use fused_attn::testkit::cases::prefill::PrefillCase;
 use fused_attn::testkit::timing::copy_bandwidth_gbps;
 use fused_attn::{Error, ErrorKind, Result};
@@ -91,6 +91,7 @@ fn run(a: &RunArgs, backend: &Backend, out: &mut Output) -> Result<()> {
                 kv: a.kv_format(),
                 rope: a.rope()?,
                 kernel: a.paged_kernel.into(),
+                schedule: a.split_policy.map(|policy| CaseSchedule { policy, slots: a.sched_slots }),
             };
             cases::run_paged_prefill(backend, &case, a.common.seed, copy, dump.as_ref(), &progress)
         }

@@ -16,9 +16,11 @@ use crate::error::Result;
 use crate::fp8::ScaleKind;
 use crate::paged::PagedKvCache;
 use crate::paged_prefill::{
-    paged_prefill, PagedPrefillKernel, PagedPrefillOptions, PagedPrefillPlan, PagedPrefillWorkspace, MAX_PLANNED_SPLITS,
+    paged_prefill, PagedPrefillKernel, PagedPrefillOptions, PagedPrefillPlan, PagedPrefillProblem,
+    PagedPrefillWorkspace, MAX_PLANNED_SPLITS,
 };
 use crate::reference::{self, Arith, Comparison};
+use crate::schedule::SplitPolicy;
 use crate::tensor::{TensorView, TensorViewMut};
 use crate::testkit::cases::decode::{
     fill_cache, lse_tolerance, reference_cache, to_f64, upload_rope, CaseRope, GpuRope, RopeViews,
@@ -55,6 +57,27 @@ pub struct PagedPrefillCase {
     /// Rotary embedding of q ([`CaseRope`]: explicit positions, one per query token, or each token's place
     /// in the cache); `None`: q is taken as already rotated (so is the cache's K either way).
     pub rope: Option<CaseRope>,
+    /// Run on a scheduled workspace ([`PagedPrefillWorkspace::scheduled`], made for the case's own shape);
+    /// `None`: a uniform plan.
+    pub schedule: Option<CaseSchedule>,
+}
+
+/// How a case's scheduled workspace is made: the split policy and the CTA slots it packs onto.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CaseSchedule {
+    pub policy: SplitPolicy,
+    /// CTA slots (`None`: the device's, or the emulated H100's 396).
+    pub slots: Option<usize>,
+}
+
+impl CaseSchedule {
+    pub fn label(&self) -> String {
+        let policy = match self.policy {
+            SplitPolicy::Balanced => "balanced".to_string(),
+            SplitPolicy::FixedSplitTokens(t) => format!("fixed:{t}"),
+        };
+        format!(" sched={policy}{}", self.slots.map_or(String::new(), |s| format!("/{s}")))
+    }
 }
 
 impl PagedPrefillCase {
@@ -69,6 +92,32 @@ impl PagedPrefillCase {
     }
     pub fn max_seq_len(&self) -> usize {
         self.seqs.iter().map(|s| s.1).max().unwrap_or(0)
+    }
+    /// The case's shape as the limits of a workspace made for it.
+    pub fn limits(&self) -> PagedPrefillProblem {
+        PagedPrefillProblem {
+            batch: self.batch(),
+            heads_q: self.heads_q,
+            heads_kv: self.heads_kv,
+            head_dim: self.head_dim,
+            total_q: self.total_q(),
+            max_seqlen_q: self.max_seqlen_q(),
+            max_seq_len: self.max_seq_len(),
+        }
+    }
+    /// A workspace for this case on `stream`: scheduled ([`Self::schedule`]) or room for `num_splits` (at
+    /// least the planner's most) uniform splits.
+    pub fn workspace(&self, stream: &Stream<'_>, num_splits: Option<usize>) -> Result<PagedPrefillWorkspace> {
+        match self.schedule {
+            Some(s) => match s.slots {
+                Some(slots) => PagedPrefillWorkspace::scheduled_on(stream, &self.limits(), s.policy, slots),
+                None => PagedPrefillWorkspace::scheduled(stream, &self.limits(), s.policy),
+            },
+            None => {
+                let cap = num_splits.unwrap_or(1).max(MAX_PLANNED_SPLITS);
+                PagedPrefillWorkspace::with_capacity(stream, self.total_q(), self.heads_q, self.head_dim, cap)
+            }
+        }
     }
     pub fn cu_seqlens_q(&self) -> Vec<i32> {
         let mut cu = vec![0i32];
@@ -97,6 +146,7 @@ impl PagedPrefillCase {
             PagedPrefillKernel::Tiled => " tiled",
             PagedPrefillKernel::Streaming => " streaming",
         } + &self.rope.map_or(String::new(), |r| format!(" {}", r.label()))
+            + &self.schedule.map_or(String::new(), |s| s.label())
     }
 }
 
@@ -116,6 +166,7 @@ pub fn case(head_dim: usize, heads: (usize, usize), page_size: usize, seqs: &[(u
         kv: KvFormat::Sixteen,
         rope: None,
         kernel: PagedPrefillKernel::Auto,
+        schedule: None,
     }
 }
 
@@ -232,6 +283,54 @@ pub fn paged_prefill_kernel_sweep() -> Vec<PagedPrefillCase> {
                 .map(|kernel| PagedPrefillCase { kernel, ..c.clone() })
         })
         .collect()
+}
+
+/// Scheduled streaming paged prefill (issue 25): skewed batches of short queries on a scheduled workspace
+/// of 12-16 CTA slots (so the long sequences are cut and merged per query row): GQA groups 1, 2, 4 and 8,
+/// q_len 0..8 (one and two row blocks per KV head), a causal window, a bidirectional one with a right
+/// bound, q_len > seq_len at page size 1, sinks with ALiBi and softcap (the merge adds the sink once), FP8
+/// of both formats, fixed split sizes, a shared prefix.
+pub fn scheduled_paged_prefill_sweep() -> Vec<PagedPrefillCase> {
+    use crate::testkit::variants::CaseAlibi;
+    let sched = |mut c: PagedPrefillCase, policy: SplitPolicy, slots: usize, variants: CaseVariants| {
+        c.schedule = Some(CaseSchedule { policy, slots: Some(slots) });
+        c.kernel = PagedPrefillKernel::Streaming;
+        c.variants = variants;
+        c
+    };
+    let bal = SplitPolicy::Balanced;
+    let plain = CaseVariants::default;
+    let window = |l: i32, r: i32| CaseVariants { window: Some((l, r)), ..Default::default() };
+    let mut v = vec![
+        sched(case(64, (2, 2), 16, &[(8, 2000), (1, 40), (3, 300), (0, 50), (5, 3), (2, 700)]), bal, 16, plain()),
+        sched(case(128, (8, 2), 16, &[(4, 3000), (2, 64), (8, 500), (1, 1), (6, 900)]), bal, 16, plain()),
+        sched(case(64, (16, 2), 8, &[(4, 2500), (1, 100), (3, 7), (4, 1200)]), bal, 16, plain()),
+        sched(case(128, (8, 2), 16, &[(4, 3000), (6, 200), (2, 1000)]), bal, 12, window(1000, 0)),
+        sched(case(64, (4, 1), 1, &[(6, 4), (4, 900), (8, 2)]), bal, 16, plain()),
+        sched(
+            case(64, (8, 2), 16, &[(4, 1800), (2, 50), (3, 600)]),
+            bal,
+            16,
+            CaseVariants { sinks: true, alibi: CaseAlibi::PerHead, softcap: Some(20.0), ..Default::default() },
+        ),
+        sched(case(64, (8, 2), 16, &[(4, 1500), (3, 260), (1, 5)]), SplitPolicy::FixedSplitTokens(256), 16, plain()),
+        sched(case(64, (8, 2), 16, &[(4, 1500), (7, 900)]), SplitPolicy::FixedSplitTokens(192), 16, window(500, 0)),
+    ];
+    let mut bidirectional = sched(case(64, (4, 2), 16, &[(5, 1500), (3, 90), (7, 640)]), bal, 16, window(600, 5));
+    bidirectional.causal = false;
+    v.push(bidirectional);
+    for (format, scales, c, w) in [
+        (Fp8Format::E4m3, ScaleKind::PerHead, case(128, (8, 2), 16, &[(4, 2600), (2, 33), (5, 700)]), window(640, 0)),
+        (Fp8Format::E5m2, ScaleKind::PerTensor, case(64, (4, 1), 16, &[(8, 2100), (1, 20)]), plain()),
+    ] {
+        let mut c = sched(c, bal, 16, w);
+        c.kv = KvFormat::Fp8 { format, scales };
+        v.push(c);
+    }
+    let mut shared = sched(case(64, (8, 2), 16, &[(4, 1200), (2, 64), (3, 800)]), bal, 16, plain());
+    shared.shared_prefix = 64;
+    v.push(shared);
+    v
 }
 
 /// The emulated FP8 sweep: both formats x both scale kinds x both dtypes, page sizes 1..256, every
@@ -440,16 +539,31 @@ impl<T: Element> PagedPrefillFixture<T> {
     /// memory: the emulator) with NaN-poisoned outputs; `num_splits` overrides the case's. Returns o
     /// `[total_q, Hq, D]`, lse `[Hq, total_q]` and the plan.
     pub fn run(&self, stream: &Stream<'_>, num_splits: Option<usize>) -> Result<(Vec<T>, Vec<f32>, PagedPrefillPlan)> {
+        let mut ws = self.case.workspace(stream, num_splits.or(self.case.num_splits))?;
+        self.run_in(stream, num_splits, &mut ws)
+    }
+
+    /// [`Self::run`] on the caller's workspace (e.g. a scheduled one made for larger limits, or one reused
+    /// from an earlier call).
+    pub fn run_in(
+        &self,
+        stream: &Stream<'_>,
+        num_splits: Option<usize>,
+        ws: &mut PagedPrefillWorkspace,
+    ) -> Result<(Vec<T>, Vec<f32>, PagedPrefillPlan)> {
         fn go<T: Element, C: CacheElement<T>>(
             f: &PagedPrefillFixture<T>,
             stream: &Stream<'_>,
             num_splits: Option<usize>,
+            ws: &mut PagedPrefillWorkspace,
         ) -> Result<(Vec<T>, Vec<f32>, PagedPrefillPlan)> {
             let [k, v] = C::cache(&f.k_cache, &f.v_cache, f.fp8.as_ref())?;
             let scales = f.fp8.as_ref().map(|c| c.scales(stream)).transpose()?;
-            f.run_on(stream, &f.host().cache_of([&k, &v], scales.as_ref())?, num_splits)
+            let cache = f.host().cache_of([&k, &v], scales.as_ref())?;
+            let rope = RopeViews::host(f.rope_table.as_ref(), &f.rope_positions, f.case.rope)?;
+            f.run_on_with(stream, &cache, num_splits, rope.as_ref().map(RopeViews::rope), Some(ws))
         }
-        with_cache_element!(self.fp8.as_ref(), go::<T>(self, stream, num_splits))
+        with_cache_element!(self.fp8.as_ref(), go::<T>(self, stream, num_splits, ws))
     }
 
     /// [`Self::run`] over `cache` (host memory) in place of the fixture's own: e.g. its 16-bit cache for an
@@ -461,7 +575,7 @@ impl<T: Element> PagedPrefillFixture<T> {
         num_splits: Option<usize>,
     ) -> Result<(Vec<T>, Vec<f32>, PagedPrefillPlan)> {
         let rope = RopeViews::host(self.rope_table.as_ref(), &self.rope_positions, self.case.rope)?;
-        self.run_on_with(stream, cache, num_splits, rope.as_ref().map(RopeViews::rope))
+        self.run_on_with(stream, cache, num_splits, rope.as_ref().map(RopeViews::rope), None)
     }
 
     /// Runs the kernel with RoPE on q (`rope`) over the case's cache (16-bit, or the FP8 codes with their
@@ -482,7 +596,7 @@ impl<T: Element> PagedPrefillFixture<T> {
             let [k, v] = C::cache(&f.k_cache, &f.v_cache, f.fp8.as_ref())?;
             let scales = f.fp8.as_ref().map(|c| c.scales(stream)).transpose()?;
             let cache = f.host().cache_of([&k, &v], scales.as_ref())?;
-            let (o, lse, _) = f.run_on_with(stream, &cache, None, Some(rope))?;
+            let (o, lse, _) = f.run_on_with(stream, &cache, None, Some(rope), None)?;
             let (q, cu) = (TensorView::host(&f.q, [tq, hq, d])?, TensorView::host(&f.cu_seqlens_q, [b + 1])?);
             let (o, lse) = (TensorView::host(&o, [tq, hq, d])?, TensorView::host(&lse, [hq, tq])?);
             let views = VariantViews::new(&c.variants, b, hq, |sinks, n| {
@@ -508,13 +622,14 @@ impl<T: Element> PagedPrefillFixture<T> {
         with_cache_element!(self.fp8.as_ref(), go::<T>(self, stream, rope))
     }
 
-    /// [`Self::run_on`] with RoPE on q.
+    /// [`Self::run_on`] with RoPE on q, on `ws` (`None`: the case's own workspace).
     fn run_on_with<C: KvCacheOf<T>>(
         &self,
         stream: &Stream<'_>,
         cache: &PagedKvCache<'_, C>,
         num_splits: Option<usize>,
         rope: Option<crate::rope::Rope<'_>>,
+        ws: Option<&mut PagedPrefillWorkspace>,
     ) -> Result<(Vec<T>, Vec<f32>, PagedPrefillPlan)> {
         let c = &self.case;
         let (b, hq, d, tq) = (c.batch(), c.heads_q, c.head_dim, c.total_q());
@@ -533,8 +648,14 @@ impl<T: Element> PagedPrefillFixture<T> {
             rope,
             kernel: c.kernel,
         };
-        let cap = opts.num_splits.unwrap_or(1).max(MAX_PLANNED_SPLITS);
-        let mut ws = PagedPrefillWorkspace::with_capacity(stream, tq, hq, d, cap)?;
+        let mut own;
+        let ws = match ws {
+            Some(ws) => ws,
+            None => {
+                own = c.workspace(stream, opts.num_splits)?;
+                &mut own
+            }
+        };
         let plan = paged_prefill(
             stream,
             &q,
@@ -543,7 +664,7 @@ impl<T: Element> PagedPrefillFixture<T> {
             cache,
             &mut TensorViewMut::host(&mut o, [tq, hq, d])?,
             Some(&mut TensorViewMut::host(&mut lse, [hq, tq])?),
-            Some(&mut ws),
+            Some(ws),
             &opts,
         )?;
         Ok((o, lse, plan))
@@ -661,13 +782,7 @@ impl<T: Element, C: CacheElement<T>> GpuCase<T, C> {
             rope: upload_rope(cu, f.rope_table.as_ref(), &f.rope_positions)?,
             o: cu.clone_htod(&vec![T::nan(); (tq * hq * d).max(1)])?,
             lse: cu.clone_htod(&vec![f32::NAN; (hq * tq).max(1)])?,
-            ws: PagedPrefillWorkspace::with_capacity(
-                &Stream::Gpu(cu),
-                tq,
-                hq,
-                d,
-                c.num_splits.unwrap_or(1).max(MAX_PLANNED_SPLITS),
-            )?,
+            ws: c.workspace(&Stream::Gpu(cu), c.num_splits)?,
         })
     }
 
@@ -685,6 +800,10 @@ impl<T: Element, C: CacheElement<T>> GpuCase<T, C> {
             rope: rope.as_ref().map(RopeViews::rope),
             kernel: c.kernel,
         };
+        if c.schedule.is_some() {
+            // The host's copies of the lengths, as an engine has them before a step.
+            self.ws.prepare(&Stream::Gpu(cu), &f.cu_seqlens_q, &f.seq_lens, &opts)?;
+        }
         paged_prefill(
             &Stream::Gpu(cu),
             &TensorView::gpu(self.inputs.q.slice(0..tq * hq * d), [tq, hq, d])?,
