@@ -33,7 +33,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use crate::error::{Error, Result};
-use crate::plan::{DecodeProblem, MIN_SPLIT_TOKENS, SPLIT_GRANULE};
+use crate::plan::{decode_rows_per_cta, DecodeProblem, MIN_SPLIT_TOKENS, SPLIT_GRANULE};
 use crate::sys;
 use crate::tile::decode_tile_or_widest;
 

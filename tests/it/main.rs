@@ -24,6 +24,7 @@ mod hopper;
 mod linking;
 mod merge;
 mod module_graph;
+mod mutants;
 mod page_sizes;
 mod paged_prefill;
 mod paged_schedule;
