@@ -176,6 +176,8 @@ fn run_emulated_prefill_and_decode_print_a_passing_json_row() {
         // Head dims below their kernel's width (issue 12): any multiple of 8 from 32 to 256, for every op.
         ("run --backend emu --op prefill --causal --heads 4 --kv-heads 2 --seqlen-q 40 --seqlen-k 70 --head-dim 80", "prefill"),
         ("run --backend emu --op decode --heads 4 --kv-heads 1 --seqlen-k 90 --batch 2 --num-splits 2 --head-dim 200", "decode"),
+        // A skewed batch on a scheduled (work-balanced) workspace (issue 25).
+        ("run --backend emu --op decode --heads 8 --kv-heads 2 --seq-lens 3000,64,64,64 --split-policy balanced --sched-slots 8", "decode"),
     ] {
         let o = fused_attn(&format!("{args} --json --seed 5"));
         assert_eq!(o.status.code(), Some(0), "{args}: {}", stderr(&o));

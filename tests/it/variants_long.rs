@@ -928,6 +928,7 @@ fn random_long_context_sweeps() {
             variants: v,
             rope: None,
             kv: KvFormat::Sixteen,
+            schedule: None,
         };
         let start = std::time::Instant::now();
         let mut f = PagedFixture::<bf16>::with_inputs(&c, &DecodeInputs::default(), seed + 2).unwrap();

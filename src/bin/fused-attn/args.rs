@@ -268,10 +268,10 @@ pub struct RunArgs {
     pub num_splits: Option<usize>,
     /// Schedule the streaming kernel's split-KV by each sequence's work (docs/scheduling.md): `balanced`, or
     /// `fixed:N` (every sequence cut into N-token chunks, N a multiple of 64: a sequence's bits independent of
-    /// its batch) [paged-prefill; default: the uniform plan].
+    /// its batch) [decode, paged-prefill; default: the uniform plan].
     #[arg(long, value_parser = parse_split_policy, value_name = "POLICY", conflicts_with = "num_splits")]
     pub split_policy: Option<SplitPolicy>,
-    /// CTA slots the schedule packs onto [paged-prefill, with --split-policy] [default: the device's; the
+    /// CTA slots the schedule packs onto [decode, paged-prefill, with --split-policy] [default: the device's; the
     /// emulator models an H100's 132 SMs x 3].
     #[arg(long, value_name = "N", requires = "split_policy")]
     pub sched_slots: Option<usize>,
@@ -533,7 +533,7 @@ impl RunArgs {
 const ATTENTION: [Op; 3] = [Op::Prefill, Op::Decode, Op::PagedPrefill];
 
 /// Flags that apply to some ops only, by clap id: (id, flag, the ops it applies to, why).
-const OP_ONLY: [(&str, &str, &[Op], &str); 17] = [
+const OP_ONLY: [(&str, &str, &[Op], &str); 19] = [
     ("seq_lens", "--seq-lens", &[Op::Decode, Op::PagedPrefill, Op::Append], "prefill's batches are uniform"),
     ("q_lens", "--q-lens", &[Op::PagedPrefill, Op::Append], "decode is one query token per sequence"),
     (
@@ -552,13 +552,8 @@ const OP_ONLY: [(&str, &str, &[Op], &str); 17] = [
     ),
     ("num_splits", "--num-splits", &[Op::Decode, Op::PagedPrefill], "prefill does not split the KV range"),
     ("paged_kernel", "--paged-kernel", &[Op::PagedPrefill], "only paged prefill has two kernels"),
-    (
-        "split_policy",
-        "--split-policy",
-        &[Op::PagedPrefill],
-        "the runner's decode runs the uniform plan (DecodeWorkspace::scheduled in the library)",
-    ),
-    ("sched_slots", "--sched-slots", &[Op::PagedPrefill], "it sizes --split-policy's schedule"),
+    ("split_policy", "--split-policy", &[Op::Decode, Op::PagedPrefill], "prefill does not split the KV range"),
+    ("sched_slots", "--sched-slots", &[Op::Decode, Op::PagedPrefill], "it sizes --split-policy's schedule"),
     ("kv_dtype", "--kv-dtype", &[Op::Decode, Op::PagedPrefill, Op::Append], "prefill reads contiguous 16-bit K/V"),
     ("kv_scale", "--kv-scale", &[Op::Decode, Op::PagedPrefill, Op::Append], "prefill reads contiguous 16-bit K/V"),
     ("window_left", "--window-left", &ATTENTION, "append computes no scores"),
@@ -791,9 +786,9 @@ mod tests {
             .starts_with("--page-size applies to --op decode or --op paged-prefill or --op append only"));
         assert!(msg("run --num-splits 2").starts_with("--num-splits applies to --op decode or"));
         assert!(msg("run --no-causal").starts_with("--no-causal applies to --op paged-prefill only"));
-        assert!(
-            msg("run --op decode --split-policy balanced").starts_with("--split-policy applies to --op paged-prefill")
-        );
+        assert!(msg("run --op prefill --split-policy balanced").starts_with("--split-policy applies to --op decode"));
+        let d = run("run --op decode --seq-lens 9000,64 --split-policy balanced --sched-slots 8");
+        assert_eq!((d.split_policy, d.sched_slots), (Some(fused_attn::SplitPolicy::Balanced), Some(8)));
         // The split policy: balanced or fixed:N, not with a forced split count; --sched-slots needs it.
         let a = run("run --op paged-prefill --seq-lens 900,64 --q-lens 4,2 --split-policy fixed:256 --sched-slots 8");
         assert_eq!((a.split_policy, a.sched_slots), (Some(fused_attn::SplitPolicy::FixedSplitTokens(256)), Some(8)));

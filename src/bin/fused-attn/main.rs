@@ -73,6 +73,7 @@ fn run(a: &RunArgs, backend: &Backend, out: &mut Output) -> Result<()> {
                 variants: a.variants(),
                 rope: a.rope()?,
                 kv: a.kv_format(),
+                schedule: a.split_policy.map(|policy| CaseSchedule { policy, slots: a.sched_slots }),
             };
             cases::run_decode(backend, &case, a.common.seed, copy, dump.as_ref(), &progress)
         }

@@ -14,7 +14,7 @@ use fused_attn::testkit::cases::decode::{
     DecodeCase,
 };
 use fused_attn::testkit::cases::kv::KvFormat;
-use fused_attn::testkit::cases::paged_prefill::{self as ppc, PagedPrefillCase};
+use fused_attn::testkit::cases::paged_prefill::{self as ppc, CaseSchedule, PagedPrefillCase};
 use fused_attn::testkit::cases::prefill::{perf_cases as prefill_perf, variant_sweep_cases};
 use fused_attn::testkit::cases::prefill::{sweep_cases, PrefillCase};
 use fused_attn::testkit::timing::copy_bandwidth_gbps;
@@ -217,7 +217,22 @@ pub fn decode_step(c: &PagedPrefillCase) -> DecodeCase {
         variants: c.variants,
         rope: None,
         kv: KvFormat::Sixteen,
+        schedule: None,
     }
+}
+
+/// Skewed decode (issue 25): one 128k sequence and 63 of 1k (the perf shapes' GQA 32:8, D 128, pages of 16),
+/// on the uniform plan and on a balanced schedule (the device's slots), each against a uniform batch of the
+/// same total tokens (64 × 3,056): the balanced row should match it, the uniform plan's should not.
+pub fn skew_decode_shapes() -> (DecodeCase, Vec<DecodeCase>) {
+    let proto = decode_perf().first().cloned().expect("the perf shapes");
+    let mut lens = vec![1024; 63];
+    lens.insert(0, 131072);
+    let total: usize = lens.iter().sum();
+    let uniform = DecodeCase { seq_lens: vec![total / 64; 64], ..proto.clone() };
+    let skewed = DecodeCase { seq_lens: lens, ..proto };
+    let balanced = CaseSchedule { policy: fused_attn::SplitPolicy::Balanced, slots: None };
+    (uniform, vec![skewed.clone(), DecodeCase { schedule: Some(balanced), ..skewed }])
 }
 
 /// Everything `report` times on a GPU, in order: the prefill family (on both kernels on a compute
@@ -277,6 +292,11 @@ pub fn perf_plan(quick: bool, kernel: PrefillKernel, hopper: bool) -> Vec<TimedS
         })
     }
 
+    if !quick {
+        let (uniform, skewed) = skew_decode_shapes();
+        let baseline = index_of(&mut plan, Timed::Decode(uniform));
+        plan.extend(skewed.into_iter().map(|c| TimedShape { case: Timed::Decode(c), baseline: Some(baseline) }));
+    }
     for base in fp8_decode_shapes(quick) {
         let baseline = index_of(&mut plan, Timed::Decode(base.clone()));
         let case = DecodeCase { kv: KvFormat::Fp8 { format: Fp8Format::E4m3, scales: ScaleKind::PerHead }, ..base };
@@ -503,9 +523,17 @@ mod tests {
         for (quick, hopper) in [(false, false), (false, true), (true, false), (true, true)] {
             let plan = perf_plan(quick, PrefillKernel::Auto, hopper);
             let pairs = comparisons(&plan);
-            let (mut fp8, mut chunks, mut spec) = (0, 0, 0);
+            let (mut fp8, mut chunks, mut spec, mut skew) = (0, 0, 0, 0);
             for (row, base) in &pairs {
                 match (row, base) {
+                    (Timed::Decode(c), Timed::Decode(b)) if c.kv == KvFormat::Sixteen => {
+                        // A skewed batch against a uniform one of the same total tokens and shape.
+                        assert_eq!(c.seq_lens.iter().sum::<usize>(), b.seq_lens.iter().sum::<usize>());
+                        assert!(b.schedule.is_none() && b.seq_lens.iter().all(|&l| l == b.seq_lens[0]));
+                        assert!(c.seq_lens.iter().max() > b.seq_lens.iter().max());
+                        assert_eq!((c.heads_q, c.heads_kv, c.head_dim), (b.heads_q, b.heads_kv, b.head_dim));
+                        skew += 1;
+                    }
                     (Timed::Decode(c), Timed::Decode(b)) => {
                         let e4m3 = KvFormat::Fp8 { format: Fp8Format::E4m3, scales: ScaleKind::PerHead };
                         assert_eq!((&DecodeCase { kv: KvFormat::Sixteen, ..c.clone() }, c.kv), (b, e4m3));
@@ -542,8 +570,9 @@ mod tests {
             }
             // FP8: B 1/8/64 × 4k/32k × D 128/256; chunks: 2 × 2 pages; spec-verify: 2 contexts × 2 q_lens ×
             // both paged kernels.
-            let want = if quick { (1, 1, 2) } else { (12, 4, 8) };
-            assert_eq!((fp8, chunks, spec), want, "quick {quick} hopper {hopper}");
+            // Skew: the uniform plan and a balanced schedule (full report only).
+            let want = if quick { (1, 1, 2, 0) } else { (12, 4, 8, 2) };
+            assert_eq!((fp8, chunks, spec, skew), want, "quick {quick} hopper {hopper}");
             // The baselines are rows the plan times anyway (the decode perf shapes), plus one dense prefill
             // per chunk shape (two kernels on Hopper).
             let decode_rows =
@@ -552,7 +581,8 @@ mod tests {
             if quick {
                 dp.retain(|c| decode_perf().contains(c));
             }
-            for c in fp8_decode_shapes(quick) {
+            let skew = if quick { Vec::new() } else { [vec![skew_decode_shapes().0], skew_decode_shapes().1].concat() };
+            for c in fp8_decode_shapes(quick).into_iter().chain(skew) {
                 if !dp.contains(&c) {
                     dp.push(c);
                 }

@@ -23,6 +23,7 @@ use crate::tensor::{TensorView, TensorViewMut};
 use crate::testkit::cases::kv::{
     paged_host, with_cache_element, CacheElement, Fp8Cache, GpuPaged, KvFormat, PagedHost, QuantError,
 };
+use crate::testkit::cases::paged_prefill::CaseSchedule;
 use crate::testkit::cases::prefill::VariantViews;
 use crate::testkit::cases::with_dtype;
 use crate::testkit::timing::{time_launches, Runs, Timing};
@@ -56,6 +57,9 @@ pub struct DecodeCase {
     pub rope: Option<CaseRope>,
     /// The cache's element format: the 16-bit dtype, or FP8 quantised from it.
     pub kv: KvFormat,
+    /// Run on a scheduled workspace ([`DecodeWorkspace::scheduled`], made for the case's own shape and
+    /// prepared from its lengths; `num_splits` must then be `None`); `None`: the uniform plan.
+    pub schedule: Option<CaseSchedule>,
 }
 
 /// RoPE on a case's queries (decode, paged prefill): the model's configuration, and whether the positions are
@@ -107,7 +111,23 @@ impl DecodeCase {
             variants: CaseVariants::default(),
             rope: None,
             kv: KvFormat::Sixteen,
+            schedule: None,
         }
+    }
+    /// A workspace for this case on `stream`: scheduled ([`Self::schedule`]) and prepared for the case's
+    /// lengths, or pinned to the uniform plan of `opts`.
+    pub fn workspace(&self, stream: &Stream<'_>, opts: &DecodeOptions) -> Result<DecodeWorkspace> {
+        let Some(s) = self.schedule else {
+            let plan = DecodeWorkspace::new(stream, 0, 0)?.plan(&self.problem(), opts)?;
+            return DecodeWorkspace::for_plan(stream, &plan);
+        };
+        let mut ws = match s.slots {
+            Some(slots) => DecodeWorkspace::scheduled_on(stream, &self.problem(), s.policy, slots)?,
+            None => DecodeWorkspace::scheduled(stream, &self.problem(), s.policy)?,
+        };
+        let lens: Vec<i32> = self.seq_lens.iter().map(|&l| l as i32).collect();
+        ws.prepare(stream, &lens, opts)?;
+        Ok(ws)
     }
     pub fn batch(&self) -> usize {
         self.seq_lens.len()
@@ -146,18 +166,20 @@ impl DecodeCase {
         if let Some(r) = &self.rope {
             variants = if variants.is_empty() { r.label() } else { format!("{variants} {}", r.label()) };
         }
-        self.kv.label(format!(
-            "{} D={} Hq={} Hkv={} page={} splits={} lens={:?}{}{}",
-            self.dtype.name(),
-            self.head_dim,
-            self.heads_q,
-            self.heads_kv,
-            self.page_size,
-            splits,
-            self.seq_lens,
-            if variants.is_empty() { "" } else { " " },
-            variants
-        ))
+        self.kv.label(
+            format!(
+                "{} D={} Hq={} Hkv={} page={} splits={} lens={:?}{}{}",
+                self.dtype.name(),
+                self.head_dim,
+                self.heads_q,
+                self.heads_kv,
+                self.page_size,
+                splits,
+                self.seq_lens,
+                if variants.is_empty() { "" } else { " " },
+                variants
+            ) + &self.schedule.map_or(String::new(), |s| s.label()),
+        )
     }
 }
 
@@ -983,8 +1005,7 @@ pub fn run_emulated_on<T: Element>(
     let ws = match workspace {
         Some(ws) => ws,
         None => {
-            let plan = DecodeWorkspace::new(&stream, 0, 0)?.plan(&case.problem(), &opts)?;
-            own = DecodeWorkspace::for_plan(&stream, &plan)?;
+            own = case.workspace(&stream, &opts)?;
             &mut own
         }
     };
@@ -1072,7 +1093,6 @@ pub(crate) struct GpuCase<T: Element, C: KvCacheOf<T>> {
     /// RoPE: cos, sin and positions.
     rope: Option<GpuRope>,
     ws: DecodeWorkspace,
-    pub(crate) plan: DecodePlan,
 }
 
 impl<T: Element, C: CacheElement<T>> GpuCase<T, C> {
@@ -1081,15 +1101,15 @@ impl<T: Element, C: CacheElement<T>> GpuCase<T, C> {
         let c = &f.case;
         let (b, hq, d) = (c.batch(), c.heads_q, c.head_dim);
         let stream = Stream::Gpu(cu);
-        let opts = DecodeOptions { scale: f.inputs.scale, num_splits: c.num_splits, ..Default::default() };
-        let plan = DecodeWorkspace::new(&stream, 0, 0)?.plan(&c.problem(), &opts)?;
+        // The window is what planning and scheduling read of the options (the schedule clips spans to it).
+        let score_mod = crate::ScoreMod { window: c.variants.window, ..Default::default() };
+        let opts = DecodeOptions { scale: f.inputs.scale, num_splits: c.num_splits, score_mod, ..Default::default() };
         Ok(Self {
             inputs: GpuPaged::upload(cu, &f.host())?,
             o: cu.clone_htod(&vec![T::nan(); b * hq * d])?,
             lse: cu.clone_htod(&vec![f32::NAN; b * hq])?,
             rope: upload_rope(cu, f.rope_table.as_ref(), &f.rope_positions)?,
-            ws: DecodeWorkspace::for_plan(&stream, &plan)?,
-            plan,
+            ws: c.workspace(&stream, &opts)?,
         })
     }
 
@@ -1162,7 +1182,8 @@ pub fn time_case_gpu(cu: &Arc<CudaStream>, case: &DecodeCase, seed: u64, runs: R
         runs: Runs,
     ) -> Result<DecodeTiming> {
         let mut g = GpuCase::<T, C>::upload(cu, f)?;
-        let plan = g.plan;
+        // The plan the launches follow (a scheduled case's: the summary of its schedule, from a first run).
+        let plan = g.run(cu, f)?;
         let timing = time_launches(cu, runs, |_| g.run(cu, f).map(|_| ()))?;
         let bytes = decode_bytes(&f.case, &plan);
         Ok(DecodeTiming { timing, plan, bytes, gbps: bytes as f64 / (timing.median_ms * 1e-3) / 1e9 })
