@@ -175,16 +175,8 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
   const int tid = thread_idx();
   const int lane = lane_id();
   const int warp = warp_id();
-  // The warp's slot among the kTokenGroups of its D split (its (m, l) and O in the epilogue), split into a row
-  // group (the 16 rows it serves) and a token group (which 16-token chunks of every tile it computes: chunks
-  // token_group + i * token_groups, i < row_groups).
-  const int slot = warp % Tr::kTokenGroups;
-  const int d_split = warp / Tr::kTokenGroups;
-  const int groups_r = row_groups<D>(p);
-  const int token_groups = Tr::kTokenGroups / groups_r;
-  const int row_group = slot / token_groups;
-  const int token_group = slot % token_groups;
-  const int cta_rows = groups_r * Tr::kRows;
+  // Rows per CTA of the launch (the grid's packing of a sequence's rows into CTAs).
+  const int launch_rows = row_groups<D>(p) * Tr::kRows;
 
   // Which sequence, KV head, query rows and chunk of the context this CTA serves.
   const int split = u.split;
@@ -192,15 +184,28 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
   const bool short_queries = p.cu_seqlens_q != nullptr;
   QueryRows qr;
   qr.group = p.heads_q / p.heads_kv;
-  const int head_blocks = (int)row_blocks(p, cta_rows);
+  const int head_blocks = (int)row_blocks(p, launch_rows);
   qr.kv_head = u.head_block / head_blocks;
-  qr.packed0 = (u.head_block % head_blocks) * cta_rows;
+  qr.packed0 = (u.head_block % head_blocks) * launch_rows;
   qr.q_start = b;
   qr.q_len = 1;
   if (short_queries) prefill::varlen_bounds(p.cu_seqlens_q, b, p.total_q, qr.q_start, qr.q_len);
   const int packed_rows = qr.q_len * qr.group;
   if (qr.packed0 >= packed_rows) return; // past this sequence's rows (uniform across the CTA)
-  qr.rows = packed_rows - qr.packed0 < cta_rows ? packed_rows - qr.packed0 : cta_rows;
+  qr.rows = packed_rows - qr.packed0 < launch_rows ? packed_rows - qr.packed0 : launch_rows;
+  // This CTA's row groups: the fewest (a power of two) that hold its own rows, so a CTA with fewer rows than
+  // the launch's keeps every warp on its rows, and a row's summation order depends on its sequence's rows
+  // alone, never on the batch's longest. The warp's slot among the kTokenGroups of its D split (its (m, l)
+  // and O in the epilogue) is a row group (the 16 rows it serves) and a token group (the 16-token chunks of
+  // every tile it computes: token_group + i * token_groups, i < groups_r).
+  const int groups_wanted = qr.rows > 2 * Tr::kRows ? 4 : (qr.rows > Tr::kRows ? 2 : 1);
+  const int groups_r = groups_wanted < Tr::kMaxRowGroups ? groups_wanted : Tr::kMaxRowGroups;
+  const int slot = warp % Tr::kTokenGroups;
+  const int d_split = warp / Tr::kTokenGroups;
+  const int token_groups = Tr::kTokenGroups / groups_r;
+  const int row_group = slot / token_groups;
+  const int token_group = slot % token_groups;
+  const int cta_rows = groups_r * Tr::kRows;
   const int kv_head = qr.kv_head;
   // Token i's partial state: uniform grid [split, total_q]; scheduled partial_base + i * num_splits + split
   // (consecutive per row for the merge), and a unit the workspace cannot hold is not computed (the Rust layer

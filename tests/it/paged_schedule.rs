@@ -143,8 +143,9 @@ fn production_skew_is_balanced() {
 }
 
 /// gpt-oss spec-verify under a window (q_len 4, 32k context, window 128, G = 8) on an H100's 396 slots:
-/// each row block reads 132 keys, so nothing is cut, and no CTA's keys lie outside the window; on the
-/// emulator (8k, 16 slots) every CTA reads only the window's keys.
+/// the 32 packed rows of a KV head are one CTA (two row groups at D 128), which reads 132 keys (4 tokens'
+/// windows of 129, one apart), so nothing is cut, and no CTA's keys lie outside the window; on the emulator
+/// (8k, 16 slots) every CTA reads only the window's keys.
 #[test]
 fn windowed_spec_verify_is_not_cut() {
     let shape = ShortQueryShape {
@@ -156,9 +157,8 @@ fn windowed_spec_verify_is_not_cut() {
         causal: true,
     };
     let s = schedule_short_queries(&shape, &[0, 4], &[32768], 396, SplitPolicy::Balanced).unwrap();
-    assert_eq!((s.max_splits(), s.num_partials, s.work.len()), (1, 0, 16), "{s:?}");
-    // Each row block: 2 tokens' windows of 129 keys, one apart.
-    assert!(s.cta_tokens.iter().all(|&t| t == 130), "{:?}", s.cta_tokens);
+    assert_eq!((s.max_splits(), s.num_partials, s.work.len()), (1, 0, 8), "{s:?}");
+    assert!(s.cta_tokens.iter().all(|&t| t == 132), "{:?}", s.cta_tokens);
 
     let emu = Emulator::new();
     let mut c = scheduled(case(64, (16, 2), 16, &[(4, 8192)]), SplitPolicy::Balanced, 16);
@@ -167,8 +167,8 @@ fn windowed_spec_verify_is_not_cut() {
     let mut ws = c.workspace(&Stream::Emu(&emu), None).unwrap();
     let (k, _, _, s) = run(&emu, &f, &mut ws);
     assert_eq!((s.num_ctas() as u64, s.num_partials), (k.active_blocks, 0), "{k}");
-    // 2 KV heads × 2 row blocks, each reading its 130 keys.
-    assert_eq!(k.read_of("k_cache"), 2 * 2 * 130 * 64 * 2, "{k}");
+    // 2 KV heads, each one CTA of 32 rows (D 64) reading its 132 keys.
+    assert_eq!(k.read_of("k_cache"), 2 * 132 * 64 * 2, "{k}");
 }
 
 /// A workspace made for the largest call (batch 8, 32 query rows, q_len 8, 4k contexts) gives a batch of

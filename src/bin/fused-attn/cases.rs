@@ -425,7 +425,9 @@ fn run_decode_t<T: Element>(
     }
     let row = with_decode_outcome(decode_row("run", backend, c, seed), &r.outcome);
     let plan = r.outcome.plan;
-    Ok(with_counters(row, backend, |k| cost_model::decode_ratios(c, &plan, k)))
+    // The cost model is the uniform plan's: a scheduled launch (its own cuts) reports counters, not ratios.
+    let scheduled = c.schedule.is_some();
+    Ok(with_counters(row, backend, |k| if scheduled { None } else { cost_model::decode_ratios(c, &plan, k) }))
 }
 
 pub fn paged_prefill_row(kind: &str, backend: &Backend, c: &PagedPrefillCase, seed: u64) -> Row {

@@ -91,9 +91,9 @@ template <int D, bool kFp8 = false> struct Traits {
   static constexpr int kTokenGroups = D == 64 ? 4 : (D == 128 ? 2 : 1);
   static constexpr int kDSplits = kWarps / kTokenGroups;
   // Row groups (issue 30, item 4: a KV head read once for more than 16 query rows). The kTokenGroups warp
-  // slots of a D split can instead serve up to kTokenGroups blocks of 16 rows: with R row groups (a power of
-  // two, chosen per launch from FaDecodeParams::rows_per_cta = 16 R) the slots are R row groups x
-  // kTokenGroups / R token groups, and each warp computes R of the tile's 16-token chunks for its own 16
+  // slots of a D split can instead serve up to kTokenGroups blocks of 16 rows: the launch packs a sequence's
+  // rows into CTAs of FaDecodeParams::rows_per_cta (16 R_max), and each CTA takes R row groups, the fewest (a
+  // power of two) that hold its own rows; its slots are then R row groups x kTokenGroups / R token groups, and each warp computes R of the tile's 16-token chunks for its own 16
   // rows, one after the other, with the same per-warp state (so the same registers). The CTA then serves
   // 16 R rows from each staged K/V byte: up to 64 rows at D = 64 (MQA 64:1 reads its KV head once), 32 at
   // D = 128, 16 from 256 on (one token group: no slot to spare).
