@@ -221,6 +221,25 @@ pub fn decode_step(c: &PagedPrefillCase) -> DecodeCase {
     }
 }
 
+/// Llama 3.1's rotary embedding (θ 500,000, NeoX, full rotary at D 128, its frequency scaling) at each
+/// token's own position: what the RoPE rows time.
+pub fn llama_rope() -> fused_attn::testkit::cases::decode::CaseRope {
+    use fused_attn::{RopeConfig, RopeScaling, RopeStyle};
+    let config = RopeConfig { scaling: RopeScaling::llama31(), ..RopeConfig::new(500_000.0, 128, RopeStyle::Neox) };
+    fused_attn::testkit::cases::decode::CaseRope { config, explicit_positions: false }
+}
+
+/// The shapes the RoPE rows time with and without it: the family's Llama-like causal GQA prefill (32/8 heads,
+/// D 128, 4 × 4096), and the decode predictions row (B 64 × 4k).
+pub fn rope_shapes() -> (PrefillCase, DecodeCase) {
+    let prefill = prefill_perf()
+        .into_iter()
+        .find(|c| c.causal && (c.heads_q, c.heads_kv, c.head_dim) == (32, 8, 128))
+        .expect("the family's GQA row");
+    let decode = decode_perf().first().cloned().expect("the perf shapes");
+    (prefill, decode)
+}
+
 /// Skewed decode (issue 25): one 128k sequence and 63 of 1k (the perf shapes' GQA 32:8, D 128, pages of 16),
 /// on the uniform plan and on a balanced schedule (the device's slots), each against a uniform batch of the
 /// same total tokens (64 × 3,056): the balanced row should match it, the uniform plan's should not.
@@ -293,6 +312,25 @@ pub fn perf_plan(quick: bool, kernel: PrefillKernel, hopper: bool) -> Vec<TimedS
     }
 
     if !quick {
+        // RoPE fused (issue 28) against the same shape without: decode rotates q in the prologue; prefill (the
+        // sm_80 kernel: sm_90a refuses RoPE) rotates q and every K tile as it lands.
+        // The prefill row runs on the family row's kernel (sm_80 on Hopper; none if sm90 is forced).
+        let rope_kernel = match kernel {
+            PrefillKernel::Sm90 => None,
+            _ if hopper => Some(PrefillKernel::Sm80),
+            k => Some(k),
+        };
+        let (prefill_base, decode_base) = rope_shapes();
+        let prefill_base = rope_kernel.map(|k| Timed::Prefill(with_kernel(prefill_base, k)));
+        for base in prefill_base.into_iter().chain([Timed::Decode(decode_base)]) {
+            let with_rope = match &base {
+                Timed::Prefill(c) => Timed::Prefill(PrefillCase { rope: Some(llama_rope()), ..c.clone() }),
+                Timed::Decode(c) => Timed::Decode(DecodeCase { rope: Some(llama_rope()), ..c.clone() }),
+                Timed::PagedPrefill(_) => unreachable!("the RoPE rows are prefill and decode"),
+            };
+            let baseline = index_of(&mut plan, base);
+            plan.push(TimedShape { case: with_rope, baseline: Some(baseline) });
+        }
         let (uniform, skewed) = skew_decode_shapes();
         let baseline = index_of(&mut plan, Timed::Decode(uniform));
         plan.extend(skewed.into_iter().map(|c| TimedShape { case: Timed::Decode(c), baseline: Some(baseline) }));
@@ -523,9 +561,18 @@ mod tests {
         for (quick, hopper) in [(false, false), (false, true), (true, false), (true, true)] {
             let plan = perf_plan(quick, PrefillKernel::Auto, hopper);
             let pairs = comparisons(&plan);
-            let (mut fp8, mut chunks, mut spec, mut skew) = (0, 0, 0, 0);
+            let (mut fp8, mut chunks, mut spec, mut skew, mut rope) = (0, 0, 0, 0, 0);
             for (row, base) in &pairs {
                 match (row, base) {
+                    (Timed::Decode(c), Timed::Decode(b)) if c.rope.is_some() => {
+                        assert_eq!(&DecodeCase { rope: None, ..c.clone() }, b);
+                        rope += 1;
+                    }
+                    (Timed::Prefill(c), Timed::Prefill(d)) if c.rope.is_some() => {
+                        assert_eq!(&PrefillCase { rope: None, ..c.clone() }, d);
+                        assert_ne!(c.kernel, PrefillKernel::Sm90, "sm_90a refuses RoPE");
+                        rope += 1;
+                    }
                     (Timed::Decode(c), Timed::Decode(b)) if c.kv == KvFormat::Sixteen => {
                         // A skewed batch against a uniform one of the same total tokens and shape.
                         assert_eq!(c.seq_lens.iter().sum::<usize>(), b.seq_lens.iter().sum::<usize>());
@@ -571,12 +618,15 @@ mod tests {
             // FP8: B 1/8/64 × 4k/32k × D 128/256; chunks: 2 × 2 pages; spec-verify: 2 contexts × 2 q_lens ×
             // both paged kernels.
             // Skew: the uniform plan and a balanced schedule (full report only).
-            let want = if quick { (1, 1, 2, 0) } else { (12, 4, 8, 2) };
-            assert_eq!((fp8, chunks, spec, skew), want, "quick {quick} hopper {hopper}");
+            // RoPE: prefill and decode against the same shapes without (full report only).
+            let want = if quick { (1, 1, 2, 0, 0) } else { (12, 4, 8, 2, 2) };
+            assert_eq!((fp8, chunks, spec, skew, rope), want, "quick {quick} hopper {hopper}");
             // The baselines are rows the plan times anyway (the decode perf shapes), plus one dense prefill
             // per chunk shape (two kernels on Hopper).
-            let decode_rows =
-                plan.iter().filter(|s| matches!(&s.case, Timed::Decode(c) if c.kv == KvFormat::Sixteen)).count();
+            let decode_rows = plan
+                .iter()
+                .filter(|s| matches!(&s.case, Timed::Decode(c) if c.kv == KvFormat::Sixteen && c.rope.is_none()))
+                .count();
             let mut dp = decode_perf_cases();
             if quick {
                 dp.retain(|c| decode_perf().contains(c));
@@ -610,8 +660,10 @@ mod tests {
         let plan = perf_plan(false, PrefillKernel::Auto, true);
         let prefill: Vec<&PrefillCase> =
             plan.iter().filter_map(|s| if let Timed::Prefill(c) = &s.case { Some(c) } else { None }).collect();
-        let family: Vec<&&PrefillCase> =
-            prefill.iter().filter(|c| c.seqlen_q == c.seqlen_k && c.sm90_steps == Sm90Steps::default()).collect();
+        let family: Vec<&&PrefillCase> = prefill
+            .iter()
+            .filter(|c| c.seqlen_q == c.seqlen_k && c.sm90_steps == Sm90Steps::default() && c.rope.is_none())
+            .collect();
         let both = prefill_perf().iter().filter(|c| sm90_runs(c)).count();
         assert_eq!(family.len(), prefill_perf().len() + both);
         assert!(plan[..family.len()].iter().all(|s| matches!(&s.case, Timed::Prefill(c) if c.seqlen_q == c.seqlen_k)));
