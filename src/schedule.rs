@@ -152,12 +152,6 @@ impl DecodeSchedule {
     }
 }
 
-/// CTA row blocks per sequence: KV heads × blocks of [`DecodeProblem::rows_per_cta`] of their query heads
-/// (the uniform grid's y).
-pub fn head_blocks(problem: &DecodeProblem) -> usize {
-    problem.head_blocks()
-}
-
 /// Tokens sequence `len` attends to under a window of left bound `window_left`: the kernel's
 /// `[max(0, len − 1 − w), len)`.
 pub fn attended_span(len: usize, window_left: Option<usize>) -> usize {
@@ -176,7 +170,7 @@ pub fn partial_capacity(
     let span = attended_span(limits.max_seq_len, window_left);
     let per_seq = match policy {
         SplitPolicy::Balanced => {
-            let bound = MAX_UNITS_PER_SLOT * slots / head_blocks(limits).max(1) + limits.batch;
+            let bound = MAX_UNITS_PER_SLOT * slots / limits.head_blocks().max(1) + limits.batch;
             return bound.min(limits.batch * span.div_ceil(MIN_SPLIT_TOKENS).max(1));
         }
         SplitPolicy::FixedSplitTokens(t) => span.div_ceil(t.max(1)).max(1),
@@ -186,7 +180,7 @@ pub fn partial_capacity(
 
 /// The most units a schedule for these limits can hold: every chunk times the head blocks.
 pub fn work_capacity(limits: &DecodeProblem, window_left: Option<usize>, slots: usize, policy: SplitPolicy) -> usize {
-    (partial_capacity(limits, window_left, slots, policy) + limits.batch) * head_blocks(limits)
+    (partial_capacity(limits, window_left, slots, policy) + limits.batch) * limits.head_blocks()
 }
 
 /// One sequence as a schedule sees it: the query rows whose states its chunks write and, per CTA row block
@@ -339,7 +333,7 @@ pub fn schedule_decode(
     slots: usize,
     policy: SplitPolicy,
 ) -> Result<DecodeSchedule> {
-    let blocks = head_blocks(problem);
+    let blocks = problem.head_blocks();
     let seqs: Vec<SeqWork> = seq_lens
         .iter()
         .enumerate()
