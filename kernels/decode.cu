@@ -11,6 +11,9 @@
 // decode's (the same deep cp.async pipeline, 3 CTAs per SM); what changes is the key range (from the first
 // row's window start to the last row's causal end) and, in the few tiles at its edges where the rows' ranges
 // differ, a per-row mask (WarpAttention::mask_outside); ALiBi distances and RoPE positions are per row.
+// Uniform rows (dense prefill past its tiled kernel's head dims, 264-512; fa/abi.h): every sequence owns
+// seqlen_q rows placed by per-sequence strides, over a contiguous view of dense or varlen K/V
+// (fa/paged_view.cuh), one split; their grid (head_blocks_in_x) is (Hkv * row blocks, 1, B).
 //
 // Grid (num_splits, Hkv * ceil(max_seqlen_q * G / 16), B). A CTA walks its chunk [begin, end) of the sequence in KV tiles:
 //   prologue: Q and tiles 0..kStages-2 in flight (cp.async, 16 bytes per instruction);
@@ -121,7 +124,8 @@ struct Unit {
 // query head kv_head * G + r % G), their key positions, and the keys they see together.
 struct QueryRows {
   int group, kv_head;
-  int q_start, q_len; // the sequence's rows of q: decode's one (row b), or its cu_seqlens_q range
+  int q_start, q_len; // the sequence's flat rows: decode's one (row b), its cu_seqlens_q range, or b * seqlen_q ..
+  int addr0;          // the address row of its token 0: q_start, or 0 with uniform rows (their seq strides place b)
   int packed0, rows;  // the CTA's first packed row, and how many of its kRows exist
   int pos_base;       // key position of token 0: seq_len - q_len (row i of the sequence sits at pos_base + i)
   FA_DEVICE int token(int r) const { return (packed0 + r) / group; }
@@ -132,17 +136,21 @@ struct QueryRows {
 // How far right of its own position a row sees: 0 with causal (decode's single row always), else the window's
 // right bound, else unbounded (INT32_MAX: past every key). One definition for the CTA's key range and the
 // per-row masks.
-FA_DEVICE int64_t right_bound(const FaDecodeParams &p) {
-  const bool causal = p.cu_seqlens_q == nullptr || p.causal != 0;
+// kWide: the widths that take uniform rows (traits.cuh, kServesWidePrefill; the others never read seqlen_q).
+template <bool kWide> FA_DEVICE int64_t right_bound(const FaDecodeParams &p) {
+  const bool causal = (p.cu_seqlens_q == nullptr && !(kWide && p.seqlen_q > 0)) || p.causal != 0;
   return causal ? 0 : (p.score_mod.window_right >= 0 ? p.score_mod.window_right : (int64_t)INT32_MAX);
 }
 
 // Packed row blocks per KV head of CTAs of `rows` rows: ceil(max_seqlen_q * G / rows) (decode: ceil(G / rows)).
-FA_HOST_DEVICE int64_t row_blocks(const FaDecodeParams &p, int rows) {
-  const int64_t max_q = p.cu_seqlens_q != nullptr ? p.max_seqlen_q : 1;
+// kWide: uniform rows possible (the host's answer for every launch; a kernel's for its width).
+template <bool kWide = true> FA_HOST_DEVICE int64_t row_blocks(const FaDecodeParams &p, int rows) {
+  const int64_t max_q = p.cu_seqlens_q != nullptr || (kWide && p.seqlen_q > 0) ? p.max_seqlen_q : 1;
   return (max_q * (p.heads_q / p.heads_kv) + rows - 1) / rows;
 }
-FA_HOST_DEVICE int64_t row_blocks(const FaDecodeParams &p) { return row_blocks(p, p.rows_per_cta); }
+template <bool kWide = true> FA_HOST_DEVICE int64_t row_blocks(const FaDecodeParams &p) {
+  return row_blocks<kWide>(p, p.rows_per_cta);
+}
 
 // Row groups of the launch (traits.cuh): rows_per_cta / 16, checked by the launcher to be a power of two <=
 // kMaxRowGroups; a compile-time 1 where the width has a single token group.
@@ -152,6 +160,7 @@ template <int D> FA_DEVICE int row_groups(const FaDecodeParams &p) {
 
 template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(const FaDecodeParams &p, const Unit &u) {
   using Tr = Traits<D, kFp8>;
+  constexpr bool kWide = Tr::kServesWidePrefill; // uniform rows and contiguous views (compiled in here only)
   using Tile = SwizzledTile<D>;
   constexpr int kTileTokens = Tr::kTileTokens;
   constexpr int kStages = Tr::kStages;
@@ -184,12 +193,18 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
   const bool short_queries = p.cu_seqlens_q != nullptr;
   QueryRows qr;
   qr.group = p.heads_q / p.heads_kv;
-  const int head_blocks = (int)row_blocks(p, launch_rows);
+  const int head_blocks = (int)row_blocks<kWide>(p, launch_rows);
   qr.kv_head = u.head_block / head_blocks;
   qr.packed0 = (u.head_block % head_blocks) * launch_rows;
   qr.q_start = b;
   qr.q_len = 1;
   if (short_queries) prefill::varlen_bounds(p.cu_seqlens_q, b, p.total_q, qr.q_start, qr.q_len);
+  const bool uniform_rows = kWide && !short_queries && p.seqlen_q > 0; // dense prefill's rows (abi.h)
+  if (uniform_rows) {
+    qr.q_start = b * p.seqlen_q;
+    qr.q_len = p.seqlen_q;
+  }
+  qr.addr0 = uniform_rows ? 0 : qr.q_start;
   const int packed_rows = qr.q_len * qr.group;
   if (qr.packed0 >= packed_rows) return; // past this sequence's rows (uniform across the CTA)
   qr.rows = packed_rows - qr.packed0 < launch_rows ? packed_rows - qr.packed0 : launch_rows;
@@ -226,15 +241,15 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
 #pragma unroll
     for (int x = 0; x < kStages; ++x) {
       const int64_t token = (int64_t)split * u.split_tokens + x * kTileTokens + tid;
-      first_pages[x] = (tid < kTileTokens && token < cache.capacity()) ? cache.page_of(b, (int)token) : kNoPage;
+      first_pages[x] = (tid < kTileTokens && token < cache.capacity()) ? cache.page_of<kWide>(b, (int)token) : kNoPage;
     }
   }
-  const int seq_len = cache.seq_len(b);
+  const int seq_len = cache.seq_len<kWide>(b);
   qr.pos_base = seq_len - qr.q_len;
   // The keys the CTA's rows see together, [window_begin, span_end): from its first row's window start
   // (position - w; decode: seq_len - 1 - w) to its last row's position + 1 (causal; + right bound without
   // causal, unbounded: seq_len). Decode's single row: [seq_len - 1 - w, seq_len). Splits are laid out from it.
-  const int64_t right = right_bound(p);
+  const int64_t right = right_bound<kWide>(p);
   const int64_t first_pos = qr.position(0);
   const int64_t last_pos = qr.position(qr.rows - 1);
   const int window_begin = windowed && first_pos - p.score_mod.window_left > 0 ? (int)(first_pos - p.score_mod.window_left) : 0;
@@ -246,7 +261,7 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
   if (tid < Tr::kCtaRows) {
     const bool exists = tid < qr.rows;
     st_shared(row_pos + tid, qr.position(tid));
-    st_shared(row_q + tid, qr.q_start + qr.token(tid));
+    st_shared(row_q + tid, qr.addr0 + qr.token(tid));
     st_shared(row_head + tid, exists ? qr.head(tid) : -1);
     st_shared(row_state + tid, (int)(state0 + (int64_t)qr.token(tid) * state_stride));
   }
@@ -282,7 +297,7 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
   // Page of row `tid` of tile x (threads < kTileTokens), or kNoPage past the chunk's end.
   auto tile_page = [&](int x) -> int {
     const int token = begin + x * kTileTokens + tid;
-    return (tid < kTileTokens && token < end) ? cache.page_of(b, token) : kNoPage;
+    return (tid < kTileTokens && token < end) ? cache.page_of<kWide>(b, token) : kNoPage;
   };
   if (windowed) {
 #pragma unroll
@@ -341,8 +356,10 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
   const T *q = static_cast<const T *>(p.q) + col;
   for (int r = row0; r < cta_rows; r += Tr::kRowsPerPass) {
     const bool valid = r < qr.rows && chunk_in_range;
-    const int64_t offset =
-        valid ? (int64_t)(qr.q_start + qr.token(r)) * p.q_batch_stride + (int64_t)qr.head(r) * p.q_head_stride : 0;
+    const int64_t offset = valid ? (kWide ? (int64_t)b * p.q_seq_stride : 0) +
+                                       (int64_t)(qr.addr0 + qr.token(r)) * p.q_batch_stride +
+                                       (int64_t)qr.head(r) * p.q_head_stride
+                                 : 0;
     cp_async_cg_16(q_smem + Tile::offset(r, chunk), q + offset, valid);
   }
 #pragma unroll
@@ -464,7 +481,7 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
         for (int r = 0; r < 2; ++r) {
           const int64_t pos = ld_shared(row_pos + row_base + (lane >> 2) + 8 * r);
           lo[r] = p.score_mod.window_left >= 0 ? pos - p.score_mod.window_left : INT64_MIN;
-          hi[r] = pos + right_bound(p);
+          hi[r] = pos + right_bound<kWide>(p);
         }
         att.mask_outside(s, key0, lo, hi, lane);
       }
@@ -555,8 +572,10 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
     const float lse = add_sink && no_key ? sink : lse_from_state(m_max, sum); // no key: exactly the sink
     if (u.num_splits == 1) {
       const int64_t q_row = ld_shared(row_q + r);
-      Vec8<T>::store(static_cast<T *>(p.o) + q_row * p.o_batch_stride + head * p.o_head_stride + c * 8, acc);
-      if (p.lse != nullptr && c == 0) st_global(p.lse + q_row * p.lse_batch_stride + head * p.lse_head_stride, lse);
+      const int64_t o_seq = kWide ? b * p.o_seq_stride : 0; // uniform rows' sequence offsets (else 0)
+      const int64_t lse_seq = kWide ? b * p.lse_seq_stride : 0;
+      Vec8<T>::store(static_cast<T *>(p.o) + o_seq + q_row * p.o_batch_stride + head * p.o_head_stride + c * 8, acc);
+      if (p.lse != nullptr && c == 0) st_global(p.lse + lse_seq + q_row * p.lse_batch_stride + head * p.lse_head_stride, lse);
     } else {
       const int64_t row = (int64_t)ld_shared(row_state + r) * p.heads_q + head;
       Vec8<float>::store(p.partial_o + row * p.head_dim + c * 8, acc);
@@ -571,10 +590,14 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
 template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void paged_decode_kernel(const FaDecodeParams &p) {
   const Dim3 bid = block_idx();
   if (p.work == nullptr) {
-    decode_unit<T, D, kVariant, kFp8>(p, Unit{bid.z, bid.y, bid.x, p.num_splits, p.split_tokens, 0});
+    // head_blocks_in_x (one split; the wide widths only): grid (Hkv * row blocks, 1, B), the row blocks not
+    // bound by 65535.
+    const bool in_x = Traits<D>::kServesWidePrefill && p.head_blocks_in_x;
+    decode_unit<T, D, kVariant, kFp8>(p, in_x ? Unit{bid.z, bid.x, 0, 1, p.split_tokens, 0}
+                                              : Unit{bid.z, bid.y, bid.x, p.num_splits, p.split_tokens, 0});
     return;
   }
-  const int64_t head_block_count = p.heads_kv * row_blocks(p);
+  const int64_t head_block_count = p.heads_kv * row_blocks<Traits<D>::kServesWidePrefill>(p);
   const int first = ld_global_nc(p.work_indptr + bid.x);
   const int last = ld_global_nc(p.work_indptr + bid.x + 1);
   for (int i = first; i < last && i < p.num_work; ++i) {
@@ -634,8 +657,13 @@ int launch_decode(void (*kernel)(FaDecodeParams), const char *name, const FaDeco
   using Tr = Traits<D, kFp8>;
   static_assert(Tr::kThreads == 128, "FA_DECODE_KERNEL's launch bounds");
   if (p.rows_per_cta > Tr::kCtaRows) return FA_ERR_INVALID; // more row groups than the width has warp slots
-  const Dim3 grid = p.work != nullptr ? Dim3{p.num_ctas, 1, 1}
-                                      : Dim3{p.num_splits, (int)(p.heads_kv * row_blocks(p)), p.batch};
+  // Uniform rows and contiguous views: compiled into the widths that serve prefill past 256 only.
+  const bool view = p.cache.block_table == nullptr || p.cache.seq_lens == nullptr || p.cache.seq_lens_cumulative != 0;
+  if (!Tr::kServesWidePrefill && p.batch > 0 && (p.seqlen_q > 0 || p.head_blocks_in_x || view)) return FA_ERR_INVALID;
+  const int head_blocks = (int)(p.heads_kv * row_blocks(p)); // valid_params bounds it
+  const Dim3 grid = p.work != nullptr     ? Dim3{p.num_ctas, 1, 1}
+                    : p.head_blocks_in_x ? Dim3{head_blocks, 1, p.batch}
+                                         : Dim3{p.num_splits, head_blocks, p.batch};
   return launch(name, kernel, grid, Tr::kThreads, Tr::kSmemBytes, exec, p);
 }
 
@@ -667,7 +695,7 @@ int dispatch(const FaDecodeParams &p, FaExec *exec) {
 // Preconditions the Rust layer checks; re-checked here so a bad call fails instead of faulting.
 inline bool valid_params(const FaDecodeParams &p) {
   if (p.batch < 0 || p.heads_kv <= 0 || p.heads_q <= 0 || p.heads_q % p.heads_kv != 0) return false;
-  if (!valid_paged_cache_for_read(p.cache, p.head_dim, p.batch)) return false;
+  if (!valid_paged_cache_for_read(p.cache, p.head_dim, p.batch, /*contiguous=*/true)) return false;
   if (p.num_splits < 1) return false;
   // Memory safety: every pointer the kernel dereferences (lse is optional).
   if (p.batch > 0 && (p.q == nullptr || p.o == nullptr)) return false;
@@ -695,11 +723,18 @@ inline bool valid_params(const FaDecodeParams &p) {
   if (p.cu_seqlens_q != nullptr &&
       (p.total_q < 0 || p.max_seqlen_q < 1 || ((uintptr_t)p.cu_seqlens_q & 3u) != 0 || p.lse_head_stride < 0))
     return false;
+  // Uniform rows: one split, no work list or cu_seqlens_q, flat rows B * seqlen_q. Row blocks in x: one split.
+  if (p.seqlen_q < 0 || (p.head_blocks_in_x != 0 && (p.head_blocks_in_x != 1 || p.work != nullptr || p.num_splits != 1)))
+    return false;
+  if (p.seqlen_q > 0 && (p.cu_seqlens_q != nullptr || p.work != nullptr || p.num_splits != 1 ||
+                         p.max_seqlen_q != p.seqlen_q || (int64_t)p.total_q != (int64_t)p.batch * p.seqlen_q))
+    return false;
   // Rows per CTA: 16, 32 or 64 (a power-of-two count of row groups; the width's bound is dispatch()'s).
   if (p.rows_per_cta != FA_DECODE_ROWS && p.rows_per_cta != 2 * FA_DECODE_ROWS && p.rows_per_cta != 4 * FA_DECODE_ROWS)
     return false;
-  const int64_t grid_y = (int64_t)p.heads_kv * row_blocks(p);
-  return grid_y <= 65535 && p.batch <= 65535 && p.num_splits <= 65535;
+  const int64_t head_blocks = (int64_t)p.heads_kv * row_blocks(p);
+  if (p.head_blocks_in_x) return head_blocks <= INT32_MAX && p.batch <= 65535; // grid (head blocks, 1, B)
+  return head_blocks <= 65535 && p.batch <= 65535 && p.num_splits <= 65535;
 }
 
 } // namespace

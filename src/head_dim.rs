@@ -22,8 +22,12 @@ pub const HEAD_DIM_STEP: usize = sys::FA_HEAD_DIM_STEP as usize;
 
 /// Largest head dim of dense and varlen prefill.
 pub const PREFILL_MAX_HEAD_DIM: usize = sys::FA_PREFILL_MAX_HEAD_DIM as usize;
+/// Largest head dim of the tiled (sm_80) prefill kernel; wider ones run on the decode kernel's streaming path.
+pub const PREFILL_TILED_MAX_HEAD_DIM: usize = sys::FA_PREFILL_TILED_MAX_HEAD_DIM as usize;
 /// Largest head dim of paged prefill.
 pub const PAGED_PREFILL_MAX_HEAD_DIM: usize = sys::FA_PAGED_PREFILL_MAX_HEAD_DIM as usize;
+/// Largest head dim of the tiled paged prefill kernel; wider ones run on the streaming (decode) kernel.
+pub const PAGED_PREFILL_TILED_MAX_HEAD_DIM: usize = sys::FA_PAGED_PREFILL_TILED_MAX_HEAD_DIM as usize;
 /// Largest head dim of decode.
 pub const DECODE_MAX_HEAD_DIM: usize = sys::FA_DECODE_MAX_HEAD_DIM as usize;
 
@@ -47,10 +51,10 @@ const fn count(max: usize) -> usize {
 /// Every head dim some op takes: the multiples of [`HEAD_DIM_STEP`] from [`MIN_HEAD_DIM`] to [`MAX_HEAD_DIM`].
 /// Each op takes a prefix of them ([`head_dims`]).
 pub const HEAD_DIMS: [usize; count(MAX_HEAD_DIM)] = dims_up_to::<{ count(MAX_HEAD_DIM) }, MAX_HEAD_DIM>();
-/// The head dims of dense and varlen prefill (32 ..= 256).
+/// The head dims of dense and varlen prefill (32 ..= 512; the tiled kernel's up to 256).
 pub const PREFILL_HEAD_DIMS: [usize; count(PREFILL_MAX_HEAD_DIM)] =
     dims_up_to::<{ count(PREFILL_MAX_HEAD_DIM) }, PREFILL_MAX_HEAD_DIM>();
-/// The head dims of paged prefill (32 ..= 256).
+/// The head dims of paged prefill (32 ..= 512; the tiled kernel's up to 256).
 pub const PAGED_PREFILL_HEAD_DIMS: [usize; count(PAGED_PREFILL_MAX_HEAD_DIM)] =
     dims_up_to::<{ count(PAGED_PREFILL_MAX_HEAD_DIM) }, PAGED_PREFILL_MAX_HEAD_DIM>();
 /// The head dims of decode (32 ..= 512).
@@ -60,7 +64,8 @@ pub const DECODE_HEAD_DIMS: [usize; count(DECODE_MAX_HEAD_DIM)] =
 /// The largest head dim `op` takes (the sm_90a prefill kernel: 256, of its own three dims).
 pub fn max_head_dim(op: KernelOp) -> usize {
     match op {
-        KernelOp::Prefill | KernelOp::PrefillSm90 => PREFILL_MAX_HEAD_DIM,
+        KernelOp::Prefill => PREFILL_MAX_HEAD_DIM,
+        KernelOp::PrefillSm90 => PREFILL_TILED_MAX_HEAD_DIM,
         KernelOp::PagedPrefill => PAGED_PREFILL_MAX_HEAD_DIM,
         KernelOp::Decode => DECODE_MAX_HEAD_DIM,
     }
@@ -71,17 +76,21 @@ pub fn head_dims(op: KernelOp) -> Vec<usize> {
     HEAD_DIMS.into_iter().filter(|&d| supported(op, d)).collect()
 }
 
-/// Whether `op` takes head dim `d`: whether its launcher has a kernel for it (asked of the launcher).
+/// Whether `op` takes head dim `d`: whether its launcher has a kernel for it (asked of the launcher), or,
+/// for prefill and paged prefill past their tiled kernels, the decode kernel's streaming path does.
 pub fn supported(op: KernelOp, d: usize) -> bool {
-    tile_policy(op, d, false, None).is_some()
+    let streaming = matches!(op, KernelOp::Prefill | KernelOp::PagedPrefill) && d <= max_head_dim(op);
+    tile_policy(op, d, false, None).is_some() || (streaming && tile_policy(KernelOp::Decode, d, false, None).is_some())
 }
 
-/// The dense/varlen prefill kernel width serving `d`, or `None` if unsupported.
+/// The dense/varlen prefill kernel width serving `d`, or `None` if unsupported (or served by the decode
+/// kernel: [`decode_width`]).
 pub fn prefill_width(d: usize) -> Option<usize> {
     tile_policy(KernelOp::Prefill, d, false, None).map(|p| p.width)
 }
 
-/// The paged prefill kernel width serving `d`, or `None` if unsupported.
+/// The tiled paged prefill kernel width serving `d`, or `None` if unsupported (or served by the streaming
+/// kernel only: [`decode_width`]).
 pub fn paged_prefill_width(d: usize) -> Option<usize> {
     tile_policy(KernelOp::PagedPrefill, d, false, None).map(|p| p.width)
 }
@@ -117,9 +126,10 @@ mod tests {
     #[test]
     fn each_op_takes_its_own_range() {
         assert_eq!((HEAD_DIMS.len(), HEAD_DIMS[0], HEAD_DIMS[60]), (61, 32, 512));
-        assert_eq!((PREFILL_HEAD_DIMS.len(), PREFILL_HEAD_DIMS[28]), (29, 256));
+        assert_eq!(PREFILL_HEAD_DIMS, HEAD_DIMS);
         assert_eq!(PAGED_PREFILL_HEAD_DIMS, PREFILL_HEAD_DIMS);
         assert_eq!(DECODE_HEAD_DIMS, HEAD_DIMS);
+        assert_eq!((PREFILL_TILED_MAX_HEAD_DIM, PAGED_PREFILL_TILED_MAX_HEAD_DIM), (256, 256));
         for (op, dims) in [
             (KernelOp::Prefill, &PREFILL_HEAD_DIMS[..]),
             (KernelOp::PagedPrefill, &PAGED_PREFILL_HEAD_DIMS[..]),
@@ -132,17 +142,19 @@ mod tests {
         }
         assert_eq!(head_dims(KernelOp::PrefillSm90), [64, 128, 256]);
         assert_eq!(describe(KernelOp::Decode), "multiples of 8 from 32 to 512");
-        assert_eq!(describe(KernelOp::PagedPrefill), "multiples of 8 from 32 to 256");
+        assert_eq!(describe(KernelOp::PagedPrefill), "multiples of 8 from 32 to 512");
+        assert_eq!(describe(KernelOp::PrefillSm90), "multiples of 8 from 32 to 256");
     }
 
     #[test]
     fn widths_cover_every_dim_with_the_documented_padding() {
         for d in 0..600 {
-            assert_eq!(prefill_width(d).is_some(), PREFILL_HEAD_DIMS.contains(&d));
+            let tiled = d <= PREFILL_TILED_MAX_HEAD_DIM;
+            assert_eq!(prefill_width(d).is_some(), tiled && PREFILL_HEAD_DIMS.contains(&d));
             assert_eq!(decode_width(d).is_some(), DECODE_HEAD_DIMS.contains(&d));
-            assert_eq!(paged_prefill_width(d).is_some(), PAGED_PREFILL_HEAD_DIMS.contains(&d));
+            assert_eq!(paged_prefill_width(d).is_some(), tiled && PAGED_PREFILL_HEAD_DIMS.contains(&d));
         }
-        for d in PREFILL_HEAD_DIMS {
+        for d in PREFILL_HEAD_DIMS.into_iter().filter(|&d| d <= PREFILL_TILED_MAX_HEAD_DIM) {
             let p = prefill_width(d).unwrap();
             assert!([32, 64, 96, 128, 160, 192, 256].contains(&p) && p >= d, "{d} -> {p}");
             assert!(p - d < if p >= 160 { 64 } else { 32 }, "{d} -> {p}");

@@ -105,6 +105,8 @@ pub(crate) fn abi_cache(
         scale_head_stride: 0,
         k_scale: std::ptr::null(),
         v_scale: std::ptr::null(),
+        // The paged view (the contiguous ones are prefill's past 256: src/prefill/wide.rs).
+        seq_lens_cumulative: 0,
     })
 }
 

@@ -142,10 +142,13 @@ impl PagedPrefillProblem {
     pub fn packed_rows(&self) -> usize {
         self.max_seqlen_q.saturating_mul(self.group())
     }
-    /// The kernel `requested` resolves to (Auto: [`STREAMING_MAX_ROWS`]).
+    /// The kernel `requested` resolves to (Auto: [`STREAMING_MAX_ROWS`]; past the tiled kernel's head dims,
+    /// 264–512, always the streaming one, whose warps split D: [`crate::head_dim::PAGED_PREFILL_TILED_MAX_HEAD_DIM`]).
     pub fn kernel(&self, requested: PagedPrefillKernel) -> PagedPrefillKernel {
         match requested {
-            PagedPrefillKernel::Auto if self.packed_rows() <= STREAMING_MAX_ROWS => PagedPrefillKernel::Streaming,
+            PagedPrefillKernel::Auto if self.packed_rows() <= STREAMING_MAX_ROWS || self.tile().is_none() => {
+                PagedPrefillKernel::Streaming
+            }
             PagedPrefillKernel::Auto => PagedPrefillKernel::Tiled,
             k => k,
         }
@@ -221,6 +224,16 @@ impl PagedPrefillPlan {
     ) -> Result<Self> {
         crate::head_dim::check(KernelOp::PagedPrefill, problem.head_dim)?;
         let kernel = problem.kernel(kernel);
+        if kernel == PagedPrefillKernel::Tiled && problem.tile().is_none() {
+            return Err(Error::unsupported(
+                "kernel",
+                format!(
+                    "head dim {}: the tiled paged prefill kernel stops at {} (the streaming one serves it)",
+                    problem.head_dim,
+                    crate::head_dim::PAGED_PREFILL_TILED_MAX_HEAD_DIM
+                ),
+            ));
+        }
         let ctas = problem.ctas_per_split_of(kernel);
         let keys = problem.max_seq_len.max(1);
         let wanted = match forced {

@@ -15,6 +15,7 @@
 //! masked ([`kv_block_range`], kernels/include/fa/prefill/block_range.cuh's rule) — is here, unit-tested.
 
 pub mod sm90;
+mod wide;
 
 pub use sm90::{
     persistent_ctas, PrefillKernel, Sm90Steps, Sm90Tile, EMULATED_SMS, SM90_HEAD_DIMS, SM90_OCCUPANCY,
@@ -32,8 +33,9 @@ use crate::sys;
 use crate::tensor::{Mem, TensorView, TensorViewMut};
 use crate::tile::{tile_policy, KernelOp};
 
-/// Head dims prefill accepts: every multiple of 8 from 32 to 256 ([`crate::head_dim`], which maps each to
-/// the tile width of an instantiated kernel).
+/// Head dims prefill accepts: every multiple of 8 from 32 to 512 ([`crate::head_dim`], which maps each to
+/// the tile width of an instantiated kernel: the tiled sm_80 kernel up to 256, the decode kernel's streaming
+/// path from 264 on).
 pub use crate::head_dim::PREFILL_HEAD_DIMS;
 
 /// Options of one prefill call: `PrefillOptions { causal: true, ..Default::default() }`.
@@ -134,10 +136,8 @@ pub fn uses_variant_kernel(variants: &VariantSet, seqlen_q: usize, seqlen_k: usi
 
 /// Checks the head layout shared by both entry points: D supported and equal for q/k/v, Hq a positive
 /// multiple of Hkv, v shaped like k, o like q, rows 16-byte aligned with unit innermost stride.
-fn check_heads(head_dim: usize, d_k: usize, d_v: usize, heads_q: usize, heads_kv: usize) -> Result<TileConfig> {
+fn check_heads(head_dim: usize, d_k: usize, d_v: usize, heads_q: usize, heads_kv: usize) -> Result<()> {
     crate::head_dim::check(KernelOp::Prefill, head_dim)?;
-    let cfg = TileConfig::for_head_dim(head_dim)
-        .ok_or_else(|| Error::unsupported("q", format!("head dim {head_dim}: no prefill kernel")))?;
     if d_k != head_dim {
         return Err(Error::shape("k", format!("head dim {d_k} differs from q's {head_dim}")));
     }
@@ -153,7 +153,12 @@ fn check_heads(head_dim: usize, d_k: usize, d_v: usize, heads_q: usize, heads_kv
     if heads_q > MAX_GRID_YZ {
         return Err(Error::unsupported("q", format!("{heads_q} query heads (at most {MAX_GRID_YZ})")));
     }
-    Ok(cfg)
+    Ok(())
+}
+
+/// Whether prefill runs `head_dim` on the decode kernel's streaming path (past the tiled kernel's widths).
+pub fn runs_streaming(head_dim: usize) -> bool {
+    head_dim > crate::head_dim::PREFILL_TILED_MAX_HEAD_DIM
 }
 
 fn check_rows_all<T, const N: usize>(
@@ -307,6 +312,9 @@ pub fn prefill<T: Element>(
         rope_k_positions,
         ..params
     };
+    if runs_streaming(head_dim) {
+        return wide::run(launch, "prefill", &params, wide::Keys::Dense);
+    }
     let op = |ptr, rows, heads, s: [i64; 4]| sm90::Operand {
         ptr,
         head_dim,
@@ -481,6 +489,9 @@ pub fn prefill_varlen<T: Element>(
         rope_k_positions,
         ..params
     };
+    if runs_streaming(head_dim) {
+        return wide::run(launch, "prefill_varlen", &params, wide::Keys::Varlen { total_k });
+    }
     // Varlen maps: all packed rows, a batch of 1 (a sequence starts at its cu_seqlens row).
     let op = |ptr, rows, heads, s: [i64; 3]| sm90::Operand {
         ptr,
@@ -505,7 +516,12 @@ mod tests {
 
     #[test]
     fn tile_configs_match_the_kernel() {
+        let tiled = || PREFILL_HEAD_DIMS.into_iter().filter(|&d| !runs_streaming(d));
         for d in PREFILL_HEAD_DIMS {
+            // Past 256 the decode kernel serves prefill: no tile config of its own.
+            assert_eq!(TileConfig::for_head_dim(d).is_none(), runs_streaming(d), "D={d}");
+        }
+        for d in tiled() {
             let c = TileConfig::for_head_dim(d).unwrap();
             assert_eq!(c.threads(), 128);
             assert!(c.smem_bytes <= 99 * 1024, "D={d}: {} bytes", c.smem_bytes);
@@ -516,7 +532,7 @@ mod tests {
         assert_eq!(TileConfig::for_kernel(128, true).unwrap().smem_bytes, 80 * 1024);
         assert_eq!(TileConfig::for_kernel(128, true).unwrap().block_n, 32);
         assert_eq!(TileConfig::for_head_dim(128).unwrap().block_n, 64);
-        for d in PREFILL_HEAD_DIMS {
+        for d in tiled() {
             let c = TileConfig::for_kernel(d, true).unwrap();
             assert!(c.smem_bytes <= 99 * 1024, "D={d} _mod: {} bytes", c.smem_bytes);
             if d != 128 {

@@ -466,6 +466,62 @@ fn prefill_traffic_and_work_follow_the_tiling_model() {
     assert!(failures.is_empty(), "{} mismatches ({}):\n{}", failures.len(), rerun("prefill"), failures.join("\n"));
 }
 
+/// Prefill past the tiled kernel's head dims (issue 27) runs on the decode kernel's streaming path: one
+/// CTA per 16 packed (token, query head) rows of a KV head (token-major), reading the keys its rows see
+/// together once — [first row's position − left, last row's position + 1) with causal (all Tk without, the
+/// window's left edge still cut) — so per KV head
+///     K bytes = V bytes = Σ_CTAs keys(CTA) · D · 2,   Q bytes = O bytes = Tq · Hq · D · 2,  LSE = Tq · Hq · 4,
+/// D the head dim (columns past it zero-filled, never read), every byte exactly once per CTA; nothing else is
+/// read. Dense, causal and not, GQA 1, 2 and 4, a window's left edge.
+#[test]
+fn wide_prefill_reads_the_keys_each_16_row_block_sees_once() {
+    // (tq, tk, d, heads, causal, left window)
+    let shapes = [
+        (40, 40, 512, (2, 1), true, None),
+        (33, 70, 264, (8, 2), true, None),
+        (25, 30, 384, (4, 4), false, None),
+        (50, 64, 512, (4, 1), true, Some(9usize)),
+    ];
+    let mut failures = Vec::new();
+    for (tq, tk, d, (hq, hkv), causal, left) in shapes {
+        let mut case = prefill_case(tq, tk, d, (hq, hkv), causal);
+        if let Some(l) = left {
+            case.variants.window = Some((l as i32, if causal { 0 } else { -1 }));
+        }
+        let emu = Emulator::new();
+        let f = PrefillFixture::<bf16>::new(&case, base_seed()).unwrap();
+        run_emulated(&emu, &f).unwrap();
+        let launch = emu.last_launch_counters().unwrap();
+        let k = only_kernel(&launch, "paged_decode");
+        let group = hq / hkv;
+        let rows = tq * group;
+        let mut keys = 0u64;
+        for cta in 0..rows.div_ceil(16) {
+            let (t0, t1) = (16 * cta / group, ((16 * cta + 15).min(rows - 1)) / group);
+            let (p0, p1) = ((tk + t0) as i64 - tq as i64, (tk + t1) as i64 - tq as i64);
+            let end = if causal { (p1 + 1).clamp(0, tk as i64) } else { tk as i64 };
+            let begin = left.map_or(0, |l| (p0 - l as i64).clamp(0, end));
+            keys += (end - begin) as u64;
+        }
+        let kv = keys * (hkv * d * 2) as u64;
+        let qo = (tq * hq * d * 2) as u64;
+        for (what, measured, expected) in [
+            ("k read", k.read_of("k"), kv),
+            ("v read", k.read_of("v"), kv),
+            ("q read", k.read_of("q"), qo),
+            ("o written", k.written_of("o"), qo),
+            ("lse written", k.written_of("lse"), (tq * hq * 4) as u64),
+        ] {
+            if measured != expected {
+                failures.push(format!("{}: {what} {measured}, model {expected}", case.label()));
+            }
+        }
+        let reads = ["q", "k", "v"].iter().map(|b| k.read_of(b)).sum::<u64>();
+        assert_eq!(k.global_bytes_read(), reads, "{}: reads nothing else\n{k}", case.label());
+    }
+    assert!(failures.is_empty(), "{} mismatches ({}):\n{}", failures.len(), rerun("wide_prefill"), failures.join("\n"));
+}
+
 /// Model: at Tq = Tk = T the causal query tile m (rows [m·Br, (m+1)·Br)) visits ⌈(m+1)·Br/Bc⌉ KV tiles
 /// against ⌈T/Bc⌉ without the mask, so causal/non-causal mma = Σ_m (m+1)·Br / (T/Br · T)
 /// = ½ + Br/(2T) ≤ ½ + Br/T. The bound allows 2% on top. And non-causal K/V traffic is exactly ⌈T/Br⌉

@@ -12,8 +12,8 @@ use fused_attn::testkit::cases::decode::decode_on_host;
 use fused_attn::testkit::cases::kv::KvFormat;
 use fused_attn::testkit::cases::paged_prefill::{
     case, check_case_emulated, check_case_gpu, fp8_paged_prefill_sweep_emulated, paged_prefill_kernel_sweep,
-    paged_prefill_sweep_emulated, paged_prefill_variant_sweep, PagedPrefillCase, PagedPrefillFixture,
-    PagedPrefillOutcome,
+    paged_prefill_sweep_emulated, paged_prefill_variant_sweep, paged_prefill_wide_head_dim_sweep, PagedPrefillCase,
+    PagedPrefillFixture, PagedPrefillOutcome,
 };
 use fused_attn::tile::{tile_policy, KernelOp};
 use fused_attn::{
@@ -48,6 +48,18 @@ fn emulated_paged_prefill_sweep_odd() {
 #[test]
 fn emulated_paged_prefill_variants() {
     sweep("emulated_paged_prefill_variants", &part(paged_prefill_variant_sweep(), 0, 1));
+}
+
+/// Head dims 264–512 on the streaming kernel at every query length (issue 27), against the fp64 reference;
+/// the tiled kernel refuses them (Unsupported).
+#[test]
+fn emulated_paged_prefill_wide_head_dims() {
+    let cases = part(paged_prefill_wide_head_dim_sweep(), 0, 1);
+    sweep("emulated_paged_prefill_wide_head_dims", &cases);
+    let emu = Emulator::new();
+    let tiled = PagedPrefillCase { kernel: PagedPrefillKernel::Tiled, ..cases[0].1.clone() };
+    let err = check_case_emulated(&emu, &tiled, 1).expect_err("the tiled kernel stops at 256");
+    assert_eq!(*err.kind(), ErrorKind::Unsupported, "{err}");
 }
 
 /// Short queries on both kernels (streaming and tiled), every case against the fp64 reference.

@@ -343,7 +343,9 @@ fn dense_prefill_window_edges(be: &Backend) {
             i += 1;
         }
     }
-    for d in [32, 40, 136, 160, 192, 256] {
+    // (264 and 512: the decode kernel's streaming path, issue 27: 16-key tiles, keys left of the window of
+    // each 16-row CTA masked per row.)
+    for d in [32, 40, 136, 160, 192, 256, 264, 512] {
         check_dense::<f16>(be, dense(24, 150, d, Some((70, 0))), common::case_seed(i));
         i += 1;
     }
@@ -359,6 +361,10 @@ fn dense_prefill_strided_gaps(be: &Backend) {
     let mut c = dense(33, 100, 128, None);
     c.causal = false;
     check_dense::<f16>(be, c, common::case_seed(21));
+    // The streaming path's dense view (issue 27): page b = batch b, its rows past Tk are the stride gap.
+    let mut c = dense(21, 45, 384, None);
+    c.causal = false;
+    check_dense::<bf16>(be, c, common::case_seed(22));
 }
 
 /// Varlen: three sequences packed back to back; poisoning everything but sequence 1 (its neighbours' rows
@@ -439,7 +445,8 @@ fn run_varlen<T: Element + Bits>(
 
 fn varlen_prefill_neighbours(be: &Backend) {
     for &kernel in be.kernels() {
-        for (window, d) in [(None, 64usize), (Some((45, 0)), 96), (Some((31, 0)), 256)] {
+        // (320: the streaming path's varlen view, issue 27: sequence b's keys from row cu_seqlens_k[b].)
+        for (window, d) in [(None, 64usize), (Some((45, 0)), 96), (Some((31, 0)), 256), (Some((29, 0)), 320)] {
             let label = format!("varlen {kernel:?} window={window:?} d={d}");
             assert_hidden_invisible(&label, &POISONS, |fill| run_varlen::<bf16>(be, window, d, kernel, fill));
         }
@@ -658,6 +665,9 @@ fn paged_prefill_window_edges(be: &Backend) {
         paged(&[(8, 320)], 16, 256, Some((159, 0)), Some(2)),
         // no window: only slots past seq_len, spare pages and unused table entries are hidden
         paged(&[(33, 77), (1, 1), (17, 150)], 16, 64, None, None),
+        // D 320 and 512: the streaming kernel at any query length (issue 27), split and not
+        paged(&[(40, 200), (5, 90)], 16, 320, Some((96, 0)), Some(1)),
+        paged(&[(20, 300)], 12, 512, Some((150, 0)), Some(2)),
     ];
     for c in cases {
         let label = format!("paged prefill {c:?}");

@@ -12,7 +12,9 @@ use crate::common;
 use std::time::Instant;
 
 use fused_attn::prefill::{prefill, prefill_varlen, PrefillOptions};
-use fused_attn::testkit::cases::prefill::{head_dim_sweep_cases, run_emulated, run_gpu, PrefillFixture};
+use fused_attn::testkit::cases::prefill::{
+    head_dim_sweep_cases, run_emulated, run_gpu, wide_head_dim_cases, PrefillFixture,
+};
 use fused_attn::testkit::cases::prefill::{sweep_cases, CaseLayout, PrefillCase};
 use fused_attn::{DType, Element, Emulator, ErrorKind, Stream, TensorView, TensorViewMut};
 use half::{bf16, f16};
@@ -130,6 +132,21 @@ fn emulated_sweep() {
 fn emulated_head_dim_sweep() {
     let emu = Emulator::new();
     sweep("emulated_head_dim_sweep", head_dim_sweep_cases(), workers(), &|i, c| emu_case(&emu, 7000 + i, c));
+}
+
+/// Head dims 264–512 (issue 27: the decode kernel's streaming path serves them), on tight buffers: dense,
+/// batched padded, varlen with empty sequences, GQA/MQA, every variant
+/// (`testkit::cases::prefill::wide_head_dim_cases`).
+#[test]
+fn emulated_wide_head_dims() {
+    let emu = Emulator::new();
+    sweep("emulated_wide_head_dims", wide_head_dim_cases(), workers(), &|i, c| emu_case(&emu, 27_000 + i, c));
+}
+
+#[test]
+fn gpu_wide_head_dims() {
+    let Some(s) = common::gpu_stream_or_skip("prefill::gpu_wide_head_dims") else { return };
+    sweep("gpu_wide_head_dims", wide_head_dim_cases(), workers(), &|i, c| gpu_case(&s, 27_000 + i, c));
 }
 
 #[test]
@@ -268,8 +285,8 @@ fn invalid_dense_inputs_are_typed_errors() {
     let o = PrefillOptions::default();
     // Baseline works.
     Dense::new([1, 16, 4, 64], [1, 20, 2, 64]).run([1, 16, 4, 64], Some([1, 4, 16]), o).unwrap();
-    // D = 100 (not a multiple of 8), 24 and 264 (outside 32..=256): unsupported.
-    for d in [100, 24, 264] {
+    // D = 100 (not a multiple of 8), 24 and 520 (outside 32..=512): unsupported.
+    for d in [100, 24, 520] {
         let e = Dense::new([1, 16, 4, d], [1, 20, 2, d]).run([1, 16, 4, d], None, o);
         assert_eq!(kind(e), ErrorKind::Unsupported, "D = {d}");
     }

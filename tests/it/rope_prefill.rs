@@ -97,6 +97,19 @@ fn cases() -> Vec<Case> {
         c(bf, 64, (2, 2), &[(1, 1), (70, 70)], true, false, cfg(1e4, 64, Neox, RopeScaling::None), true),
         // Pythia / StableLM: 20 of 80.
         c(f, 80, (4, 4), &[(50, 60), (3, 80)], true, true, cfg(1e4, 20, Neox, RopeScaling::None), false),
+        // Head dims past the tiled kernel (issue 27: the decode kernel's streaming path): Gemma 4-style
+        // partial rotary at 512 over a chunk (explicit positions), varlen at 320 with an empty sequence.
+        c(bf, 512, (4, 2), &[(40, 90), (40, 90)], false, true, cfg(1e6, 128, Neox, RopeScaling::None), true),
+        c(
+            f,
+            320,
+            (2, 1),
+            &[(20, 20), (0, 3), (9, 40)],
+            true,
+            true,
+            cfg(1e4, 320, Gptj, RopeScaling::yarn(4.0, 2048)),
+            false,
+        ),
         // RoPE beside a softcap (GLM-style half rotary, interleaved).
         Case {
             softcap: true,
@@ -264,14 +277,17 @@ fn paged_prefill_rope_sweep_against_the_reference() {
             cfg(1e4, 48, Gptj, RopeScaling::Linear { factor: 2.0 }),
             true,
         ),
+        // D 512 (issue 27): the streaming kernel at any query length, partial rotary.
+        (paged_case(512, (4, 2), 16, &[(30, 90), (2, 2)]), cfg(1e6, 128, Neox, RopeScaling::None), true),
     ];
     let mut failed = Vec::new();
     // Every case on both kernels: the tiled prefill CTA and the streaming (decode) kernel short queries run
-    // on under Auto; both rotate each query row at its position.
+    // on under Auto; both rotate each query row at its position (past D 256 only the streaming one runs).
     let kernels = [PagedPrefillKernel::Tiled, PagedPrefillKernel::Streaming];
     let cases: Vec<_> = cases
         .iter()
         .flat_map(|(c, r, e)| kernels.map(|kernel| (PagedPrefillCase { kernel, ..c.clone() }, *r, *e)))
+        .filter(|(c, _, _)| c.kernel == PagedPrefillKernel::Streaming || c.head_dim <= 256)
         .collect();
     for (i, (case, rope_cfg, explicit)) in cases.iter().enumerate() {
         let seed = common::case_seed(28_700 + i / 2);

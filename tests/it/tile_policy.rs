@@ -4,7 +4,10 @@
 //! threads, shared memory and CTAs. A launcher that picks another kernel or shape than the policy says (a
 //! new width added to one list and not the other, a traits change the policy does not read) fails here.
 
-use fused_attn::head_dim::{DECODE_HEAD_DIMS, HEAD_DIMS, PAGED_PREFILL_HEAD_DIMS, PREFILL_HEAD_DIMS};
+use fused_attn::head_dim::{
+    DECODE_HEAD_DIMS, HEAD_DIMS, PAGED_PREFILL_HEAD_DIMS, PAGED_PREFILL_TILED_MAX_HEAD_DIM, PREFILL_HEAD_DIMS,
+    PREFILL_TILED_MAX_HEAD_DIM,
+};
 use fused_attn::prefill::PrefillKernel;
 use fused_attn::testkit::cases::decode::{run_case_emulated as run_decode, DecodeCase};
 use fused_attn::testkit::cases::kv::KvFormat;
@@ -42,10 +45,44 @@ fn assert_shape(k: &KernelCounters, kernel: &str, p: &TilePolicy, blocks: usize,
     assert_eq!(k.blocks, blocks as u64, "{what}: {kernel}");
 }
 
+/// Past the tiled kernels' head dims (issue 27) prefill and paged prefill launch the decode kernel of the
+/// head dim's decode width, with decode's policy (its threads and shared memory): one CTA per 16 packed rows
+/// of a KV head (`head_blocks_in_x`: grid (Hkv · row blocks, 1, B)).
+#[test]
+fn wide_prefills_launch_the_decode_policy_kernel() {
+    let emu = Emulator::new();
+    let wide: Vec<usize> = PREFILL_HEAD_DIMS.into_iter().filter(|&d| d > PREFILL_TILED_MAX_HEAD_DIM).collect();
+    assert_eq!((wide.len(), wide[0], wide[wide.len() - 1]), (32, 264, 512));
+    for (i, &d) in wide.iter().enumerate() {
+        let dtype = if i % 2 == 0 { DType::Bf16 } else { DType::F16 };
+        let variant = i % 3 == 0;
+        assert_eq!(tile_policy(KernelOp::Prefill, d, variant, None), None, "D {d}: no tiled policy");
+        let p = tile_policy(KernelOp::Decode, d, variant, None).unwrap();
+        // 2 query heads per KV head, 17 rows: 34 packed rows, three 16-row blocks per KV head, 2 KV heads.
+        let mut case = PrefillCase::dense(dtype, d, true, 17, 20, (4, 2));
+        (case.kernel, case.with_lse) = (PrefillKernel::Auto, false);
+        case.variants.softcap = variant.then_some(30.0);
+        match dtype {
+            DType::F16 => drop(run_emulated(&emu, &PrefillFixture::<f16>::new(&case, SEED).unwrap()).unwrap()),
+            DType::Bf16 => drop(run_emulated(&emu, &PrefillFixture::<bf16>::new(&case, SEED).unwrap()).unwrap()),
+        }
+        let name = format!("fa_paged_decode_{}_d{}{}", dt(dtype), p.width, if variant { "_mod" } else { "" });
+        assert_shape(&launched(&emu), &name, &p, 3 * 2, &case.label());
+        let mut case = paged_case(d, (2, 1), 16, &[(20, 30)]);
+        (case.dtype, case.num_splits) = (dtype, Some(1));
+        case.variants.softcap = variant.then_some(30.0);
+        match dtype {
+            DType::F16 => drop(run_paged::<f16>(&emu, &case, SEED).unwrap()),
+            DType::Bf16 => drop(run_paged::<bf16>(&emu, &case, SEED).unwrap()),
+        }
+        assert_shape(&launched(&emu), &name, &p, 3, &case.label());
+    }
+}
+
 #[test]
 fn prefill_launches_the_policy_kernel_for_every_head_dim() {
     let emu = Emulator::new();
-    for (dtype, d) in dtypes_and_head_dims(&PREFILL_HEAD_DIMS) {
+    for (dtype, d) in dtypes_and_head_dims(&PREFILL_HEAD_DIMS).filter(|&(_, d)| d <= PREFILL_TILED_MAX_HEAD_DIM) {
         for variant in [false, true] {
             let p = tile_policy(KernelOp::Prefill, d, variant, None).unwrap();
             // block_m + 1 query rows: two query tiles, the second one ragged.
@@ -105,7 +142,9 @@ fn paged_configs(dims: &'static [usize]) -> impl Iterator<Item = (DType, usize, 
 #[test]
 fn paged_prefill_launches_the_policy_kernel_for_every_head_dim() {
     let emu = Emulator::new();
-    for (dtype, d, (kv, fp8), variant) in paged_configs(&PAGED_PREFILL_HEAD_DIMS) {
+    for (dtype, d, (kv, fp8), variant) in
+        paged_configs(&PAGED_PREFILL_HEAD_DIMS).filter(|&(_, d, _, _)| d <= PAGED_PREFILL_TILED_MAX_HEAD_DIM)
+    {
         let p = tile_policy(KernelOp::PagedPrefill, d, variant, fp8).unwrap();
         // G = 2 and block_m / 2 + 1 new tokens: two row blocks of packed rows.
         let mut case = paged_case(d, (2, 1), 16, &[(p.block_m / 2 + 1, p.block_m / 2 + 9)]);
@@ -175,23 +214,40 @@ fn decode_keeps_the_bandwidth_delay_product_in_flight() {
     }
 }
 
-/// Past an op's own range (abi.h's FA_<OP>_MAX_HEAD_DIM) its launcher has no kernel and no policy, and the
-/// op's own entry point refuses the call with an error naming its range (decode's: tests/it/decode.rs).
+/// Past an op's own range (abi.h's FA_<OP>_MAX_HEAD_DIM: 512 for every op since issue 27) its launcher has no
+/// kernel and no policy, and the op's own entry point refuses the call with an error naming its range
+/// (decode's: tests/it/decode.rs); past the tiled kernels' 256 only those have no policy.
 #[test]
 fn ops_refuse_head_dims_past_their_own_range() {
     let emu = Emulator::new();
-    for d in HEAD_DIMS.into_iter().filter(|d| !PREFILL_HEAD_DIMS.contains(d)) {
+    assert_eq!(PREFILL_HEAD_DIMS, HEAD_DIMS);
+    assert_eq!(PAGED_PREFILL_HEAD_DIMS, HEAD_DIMS);
+    for d in HEAD_DIMS.into_iter().filter(|&d| d > PREFILL_TILED_MAX_HEAD_DIM) {
         assert_eq!(tile_policy(KernelOp::Prefill, d, false, None), None, "D {d}");
         assert_eq!(tile_policy(KernelOp::PagedPrefill, d, true, None), None, "D {d}");
         assert!(tile_policy(KernelOp::Decode, d, false, None).is_some(), "D {d}");
     }
-    let case = PrefillCase::dense(DType::Bf16, 264, false, 3, 8, (1, 1));
+    for d in [520, 1024] {
+        for op in [KernelOp::Prefill, KernelOp::PagedPrefill, KernelOp::Decode] {
+            assert_eq!(tile_policy(op, d, false, None), None, "{op:?} D {d}");
+        }
+    }
+    let case = PrefillCase::dense(DType::Bf16, 520, false, 3, 8, (1, 1));
     let e = PrefillFixture::<bf16>::new(&case, SEED).and_then(|f| run_emulated(&emu, &f).map(drop)).unwrap_err();
     assert_eq!(*e.kind(), fused_attn::ErrorKind::Unsupported);
-    assert!(e.message().contains("prefill supports multiples of 8 from 32 to 256"), "{}", e.message());
-    let mut case = paged_case(512, (2, 1), 16, &[(3, 20)]);
+    assert!(e.message().contains("prefill supports multiples of 8 from 32 to 512"), "{}", e.message());
+    let mut case = paged_case(520, (2, 1), 16, &[(3, 20)]);
     case.num_splits = Some(1);
     let e = run_paged::<bf16>(&emu, &case, SEED).map(drop).unwrap_err();
     assert_eq!(*e.kind(), fused_attn::ErrorKind::Unsupported);
-    assert!(e.message().contains("paged prefill supports multiples of 8 from 32 to 256"), "{}", e.message());
+    assert!(e.message().contains("paged prefill supports multiples of 8 from 32 to 512"), "{}", e.message());
+    // RoPE on K inside dense prefill stops at the tiled kernel (issue 27; rotate K first above it).
+    let mut case = PrefillCase::dense(DType::Bf16, 264, false, 3, 8, (1, 1));
+    case.rope = Some(fused_attn::testkit::cases::decode::CaseRope {
+        config: fused_attn::RopeConfig::new(1e4, 264, fused_attn::RopeStyle::Neox),
+        explicit_positions: false,
+    });
+    let e = PrefillFixture::<bf16>::new(&case, SEED).and_then(|f| run_emulated(&emu, &f).map(drop)).unwrap_err();
+    assert_eq!(*e.kind(), fused_attn::ErrorKind::Unsupported, "{e}");
+    assert!(e.message().contains("rotate K first"), "{}", e.message());
 }

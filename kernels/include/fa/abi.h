@@ -173,6 +173,14 @@ typedef struct FaPagedCache {
   int32_t scale_head_stride; /* FP8: 0 = one scale per tensor, 1 = one per KV head */
   const float *k_scale;      /* FP8: dequantisation scales (see above) */
   const float *v_scale;
+  /* Contiguous views (read by decode only: dense and varlen prefill past the tiled kernels' head dims run on
+   * it), one page per sequence (max_pages_per_seq 1, page_size >= every sequence's length):
+   *  - dense: block_table and seq_lens NULL: sequence b is page b (b < num_pages = B), page_size keys long;
+   *  - varlen: block_table = seq_lens = cu_seqlens_k (int32 [B + 1], block_table_stride 1) and
+   *    seq_lens_cumulative = 1: sequence b is "page" cu_seqlens_k[b] (a row index: k_page_stride =
+   *    k_token_stride, num_pages = total_k), cu_seqlens_k[b + 1] - cu_seqlens_k[b] keys long (both ends
+   *    clamped into [0, num_pages] first). */
+  int32_t seq_lens_cumulative;
 } FaPagedCache;
 
 /* Append: write new tokens' K/V ([num_tokens, Hkv, D], head_dim a multiple of 8) into cache slots.
@@ -263,8 +271,19 @@ typedef struct FaDecodeParams {
   const int32_t *cu_seqlens_q;
   int64_t lse_head_stride; /* decode: 1 */
   int32_t total_q, max_seqlen_q;
-  int32_t causal; /* only read with cu_seqlens_q */
+  int32_t causal; /* only read with cu_seqlens_q or seqlen_q */
   int32_t rows_per_cta; /* packed rows per CTA (see above): 16 * 2^k <= the width's block_m */
+  /* Uniform query rows (dense prefill past the tiled kernel's head dims; cu_seqlens_q NULL, seqlen_q > 0):
+   * sequence b owns seqlen_q rows with the short queries' semantics (causal from `causal`); its row i is flat
+   * row b * seqlen_q + i (the row rope.positions is indexed by) and lives at q + b * q_seq_stride +
+   * i * q_batch_stride + h * q_head_stride, o likewise, lse at b * lse_seq_stride + i * lse_batch_stride +
+   * h * lse_head_stride. One split, no work list; total_q = B * seqlen_q, max_seqlen_q = seqlen_q. The seq
+   * strides are unused otherwise. */
+  int64_t q_seq_stride, o_seq_stride, lse_seq_stride;
+  int32_t seqlen_q;
+  /* 1: the grid is (Hkv * row blocks, 1, B), so long prefills' row blocks are bound by 2^31 - 1, not
+   * 65535 (one split, no work list); 0: (num_splits, Hkv * row blocks, B). */
+  int32_t head_blocks_in_x;
 } FaDecodeParams;
 
 /* Paged prefill: packed new query tokens of each sequence over the paged cache (chunked prefill, prefix
@@ -458,8 +477,14 @@ typedef struct FaExec {
 #define FA_MIN_HEAD_DIM 32
 #define FA_MAX_HEAD_DIM 512
 #define FA_HEAD_DIM_STEP 8
-#define FA_PREFILL_MAX_HEAD_DIM 256       /* dense and varlen prefill (sm_80 kernel) */
-#define FA_PAGED_PREFILL_MAX_HEAD_DIM 256 /* paged prefill */
+/* Dense/varlen prefill and paged prefill run their tiled kernels up to FA_*_TILED_MAX_HEAD_DIM and the decode
+ * kernel's streaming path above (FaDecodeParams' uniform rows and contiguous cache views; paged prefill's
+ * short-query path), whose fa_tile_policy is FA_OP_DECODE's: fa_tile_policy(FA_OP_PREFILL / _PAGED_PREFILL)
+ * answers for the tiled kernels only. */
+#define FA_PREFILL_MAX_HEAD_DIM 512
+#define FA_PAGED_PREFILL_MAX_HEAD_DIM 512
+#define FA_PREFILL_TILED_MAX_HEAD_DIM 256       /* the sm_80 prefill kernel */
+#define FA_PAGED_PREFILL_TILED_MAX_HEAD_DIM 256 /* the tiled paged prefill kernel */
 #define FA_DECODE_MAX_HEAD_DIM 512        /* paged decode */
 #define FA_DECODE_ROWS 16
 #define FA_SPLIT_GRANULE 64 /* split-KV: split_tokens is a multiple of this (every KV tile divides it) */

@@ -3,7 +3,8 @@
 // through fa_tile_policy (abi.h) and never restates it.
 //
 // Supported: every D that is a multiple of 8 (16-byte rows: one cp.async chunk is 8 elements) from 32 to
-// the op's own maximum (abi.h): 512 for decode, 256 for prefill and paged prefill. The ABI's range
+// the op's own maximum (abi.h): 512 for every op; prefill's and paged prefill's tiled kernels stop at 256 and
+// the decode kernel's streaming path serves 264-512 for them (abi.h, FA_*_TILED_MAX_HEAD_DIM). The ABI's range
 // (FA_MIN_HEAD_DIM .. FA_MAX_HEAD_DIM) is their union; an op's width function answers 0 above its maximum,
 // and its launcher and tile policy FA_ERR_UNSUPPORTED. A kernel of width W serves D <= W with *predicated columns*: the 16-byte chunks at or past D
 // are zero-filled in shared memory and never read from global memory, and no store touches a column past D
@@ -55,10 +56,10 @@ FA_HOST_DEVICE constexpr bool head_dim_supported(int d) {
   return d >= kMinHeadDim && d <= kMaxHeadDim && d % FA_HEAD_DIM_STEP == 0;
 }
 
-// The prefill (dense and varlen) kernel width for a supported d, or 0 above FA_PREFILL_MAX_HEAD_DIM:
+// The prefill (dense and varlen) kernel width for a supported d, or 0 above FA_PREFILL_TILED_MAX_HEAD_DIM:
 // fa/prefill/tile_config.cuh has a TileConfig for each value of FA_PREFILL_WIDTHS.
 FA_HOST_DEVICE constexpr int prefill_width(int d) {
-  return d > FA_PREFILL_MAX_HEAD_DIM ? 0 : d > 192 ? 256 : (d > 96 && d < 128) ? 160 : (d + 31) / 32 * 32;
+  return d > FA_PREFILL_TILED_MAX_HEAD_DIM ? 0 : d > 192 ? 256 : (d > 96 && d < 128) ? 160 : (d + 31) / 32 * 32;
 }
 
 // The smallest of `widths` (ascending) that is >= d, or 0.
@@ -90,17 +91,21 @@ template <int N> constexpr int widest(const int (&widths)[N]) { return widths[N 
 constexpr bool covers(int width, int d, int max_d) { return d <= max_d ? width >= d : width == 0; }
 constexpr bool widths_cover_every_head_dim() {
   for (int d = kMinHeadDim; d <= kMaxHeadDim; d += FA_HEAD_DIM_STEP) {
-    if (!covers(prefill_width(d), d, FA_PREFILL_MAX_HEAD_DIM)) return false;
-    if (d <= FA_PREFILL_MAX_HEAD_DIM && !listed(kPrefillWidths, prefill_width(d))) return false;
-    if (!covers(paged_prefill_width(d), d, FA_PAGED_PREFILL_MAX_HEAD_DIM)) return false;
+    if (!covers(prefill_width(d), d, FA_PREFILL_TILED_MAX_HEAD_DIM)) return false;
+    if (d <= FA_PREFILL_TILED_MAX_HEAD_DIM && !listed(kPrefillWidths, prefill_width(d))) return false;
+    if (!covers(paged_prefill_width(d), d, FA_PAGED_PREFILL_TILED_MAX_HEAD_DIM)) return false;
     if (!covers(decode_width(d), d, FA_DECODE_MAX_HEAD_DIM)) return false;
   }
   return true;
 }
 static_assert(widths_cover_every_head_dim(), "a head dim without an instantiated width, or one past its op's maximum");
-static_assert(widest(kPrefillWidths) == FA_PREFILL_MAX_HEAD_DIM && widest(kPagedPrefillWidths) == FA_PAGED_PREFILL_MAX_HEAD_DIM &&
+static_assert(widest(kPrefillWidths) == FA_PREFILL_TILED_MAX_HEAD_DIM &&
+                  widest(kPagedPrefillWidths) == FA_PAGED_PREFILL_TILED_MAX_HEAD_DIM &&
                   widest(kDecodeWidths) == FA_DECODE_MAX_HEAD_DIM,
-              "each op's maximum head dim (abi.h) is its widest kernel");
+              "each kernel's maximum head dim (abi.h) is its widest instantiation");
+// Past their tiled kernels, prefill and paged prefill run on the decode kernel (abi.h): up to its maximum.
+static_assert(FA_PREFILL_MAX_HEAD_DIM <= FA_DECODE_MAX_HEAD_DIM && FA_PAGED_PREFILL_MAX_HEAD_DIM <= FA_DECODE_MAX_HEAD_DIM,
+              "the streaming path serves every head dim past the tiled kernels'");
 static_assert(FA_MAX_HEAD_DIM == FA_DECODE_MAX_HEAD_DIM && FA_PREFILL_MAX_HEAD_DIM <= FA_MAX_HEAD_DIM &&
                   FA_PAGED_PREFILL_MAX_HEAD_DIM <= FA_MAX_HEAD_DIM,
               "FA_MAX_HEAD_DIM is the largest op maximum");

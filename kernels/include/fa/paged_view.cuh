@@ -38,15 +38,27 @@ struct PagedView {
   // Tokens the block table can address: max_pages_per_seq * page_size (fits int32, checked by the host).
   FA_DEVICE int capacity() const { return c.max_pages_per_seq * c.page_size; }
 
-  // seq_lens[b] clamped into [0, capacity()].
-  FA_DEVICE int seq_len(int b) const {
-    const int n = ld_global_nc(c.seq_lens + b);
+  // seq_lens[b] clamped into [0, capacity()]. kViews: also the contiguous views (abi.h, FaPagedCache), read
+  // only by the kernels that serve them (a compile-time switch: the others keep their registers): seq_lens
+  // NULL, every sequence page_size long; seq_lens_cumulative, seq_lens[b + 1] - seq_lens[b], both ends
+  // clamped into [0, num_pages] first, so a sequence's rows (page seq_lens[b], slots 0 ..) stay inside them.
+  template <bool kViews = false> FA_DEVICE int seq_len(int b) const {
+    if (kViews && c.seq_lens == nullptr) return c.page_size;
+    int n = ld_global_nc(c.seq_lens + b);
+    if (kViews && c.seq_lens_cumulative) {
+      const int lo = n < 0 ? 0 : (n > c.num_pages ? c.num_pages : n);
+      const int hi = ld_global_nc(c.seq_lens + b + 1);
+      n = (hi > c.num_pages ? c.num_pages : hi) - lo;
+    }
     return n < 0 ? 0 : (n > capacity() ? capacity() : n);
   }
 
   // Page holding token `t` (0 <= t < capacity()) of sequence b, or kNoPage for an out-of-range table entry.
-  FA_DEVICE int page_of(int b, int t) const {
-    const int p = ld_global_nc(c.block_table + (int64_t)b * c.block_table_stride + fast_div(c.page_div, t));
+  // kViews: without a block table (the dense view) page b is sequence b's.
+  template <bool kViews = false> FA_DEVICE int page_of(int b, int t) const {
+    const int p = kViews && c.block_table == nullptr
+                      ? b
+                      : ld_global_nc(c.block_table + (int64_t)b * c.block_table_stride + fast_div(c.page_div, t));
     return (unsigned)p < (unsigned)c.num_pages ? p : kNoPage;
   }
   // Slot of token t (0 <= t < capacity()) in its page.
@@ -92,13 +104,22 @@ inline bool valid_cache_strides(const FaPagedCache &c) {
 // (max_pages_per_seq * page_size tokens) fits int32 with a tile and a split granule to spare (src/paged.rs:
 // MAX_TOKENS), 16-byte aligned K/V bases, 4-byte aligned block table and seq_lens, and no null pointer when
 // there is a sequence to read.
-inline bool valid_paged_cache_for_read(const FaPagedCache &c, int head_dim, int batch) {
+// `contiguous`: the caller also reads the contiguous views (FaPagedCache: a NULL block table and seq_lens, or
+// cumulative seq_lens), which hold one page per sequence: decode at its widths past 256 (decode.cu).
+inline bool valid_paged_cache_for_read(const FaPagedCache &c, int head_dim, int batch, bool contiguous = false) {
   if (!valid_cache_format(c, head_dim) || !valid_cache_strides(c)) return false;
   if (!valid_divisor(c.page_div, c.page_size)) return false;
-  if (c.max_pages_per_seq < 1 || c.num_pages < 1) return false;
   if ((int64_t)c.max_pages_per_seq * c.page_size > INT32_MAX - 4096) return false;
-  if (batch > 0 && (c.k_cache == nullptr || c.v_cache == nullptr || c.block_table == nullptr || c.seq_lens == nullptr))
-    return false;
+  // The views: paged (table, lengths), dense (neither), varlen (table and lengths both cu_seqlens_k). A
+  // contiguous view may have no rows at all (num_pages 0: every key a hole, no K/V byte read).
+  const bool paged = c.block_table != nullptr && c.seq_lens != nullptr && c.seq_lens_cumulative == 0;
+  const bool dense = c.block_table == nullptr && c.seq_lens == nullptr && c.seq_lens_cumulative == 0;
+  const bool varlen = c.block_table != nullptr && c.seq_lens != nullptr && c.seq_lens_cumulative == 1;
+  const bool view = (dense || varlen) && contiguous && c.max_pages_per_seq == 1;
+  if (c.max_pages_per_seq < 1 || c.num_pages < (view ? 0 : 1)) return false;
+  // (a paged call with a NULL table or lengths and no sequence to read is still fine)
+  if (!paged && !view && !(batch == 0 && c.seq_lens_cumulative == 0)) return false;
+  if (batch > 0 && (c.k_cache == nullptr || c.v_cache == nullptr)) return false;
   if (((uintptr_t)c.k_cache & 15u) != 0 || ((uintptr_t)c.v_cache & 15u) != 0) return false;
   return ((uintptr_t)c.block_table & 3u) == 0 && ((uintptr_t)c.seq_lens & 3u) == 0 && c.block_table_stride >= 0;
 }

@@ -240,6 +240,14 @@ pub fn rope_shapes() -> (PrefillCase, DecodeCase) {
     (prefill, decode)
 }
 
+/// Head dims past the tiled prefill kernel (issue 27): a causal GQA prefill (16/8 heads, 1 × 4096) at D 512,
+/// which runs on the decode kernel's streaming path, and the same shape at D 256 on the tiled kernel, its
+/// baseline (predicted ~3.7× the time: twice the FLOPs at about half the rate, docs/head-dims.md).
+pub fn wide_head_dim_shapes() -> (PrefillCase, PrefillCase) {
+    let base = PrefillCase::dense(DType::Bf16, 256, true, 4096, 4096, (16, 8));
+    (base.clone(), PrefillCase { head_dim: 512, ..base })
+}
+
 /// Skewed decode (issue 25): one 128k sequence and 63 of 1k (the perf shapes' GQA 32:8, D 128, pages of 16),
 /// on the uniform plan and on a balanced schedule (the device's slots), each against a uniform batch of the
 /// same total tokens (64 × 3,056): the balanced row should match it, the uniform plan's should not.
@@ -330,6 +338,12 @@ pub fn perf_plan(quick: bool, kernel: PrefillKernel, hopper: bool) -> Vec<TimedS
             };
             let baseline = index_of(&mut plan, base);
             plan.push(TimedShape { case: with_rope, baseline: Some(baseline) });
+        }
+        // D 512 prefill (the streaming path) against D 256 (the tiled kernel), on the RoPE rows' kernel.
+        if let Some(k) = rope_kernel {
+            let (base, wide) = wide_head_dim_shapes();
+            let baseline = index_of(&mut plan, Timed::Prefill(with_kernel(base, k)));
+            plan.push(TimedShape { case: Timed::Prefill(with_kernel(wide, k)), baseline: Some(baseline) });
         }
         let (uniform, skewed) = skew_decode_shapes();
         let baseline = index_of(&mut plan, Timed::Decode(uniform));
@@ -561,7 +575,7 @@ mod tests {
         for (quick, hopper) in [(false, false), (false, true), (true, false), (true, true)] {
             let plan = perf_plan(quick, PrefillKernel::Auto, hopper);
             let pairs = comparisons(&plan);
-            let (mut fp8, mut chunks, mut spec, mut skew, mut rope) = (0, 0, 0, 0, 0);
+            let (mut fp8, mut chunks, mut spec, mut skew, mut rope, mut wide) = (0, 0, 0, 0, 0, 0);
             for (row, base) in &pairs {
                 match (row, base) {
                     (Timed::Decode(c), Timed::Decode(b)) if c.rope.is_some() => {
@@ -607,6 +621,14 @@ mod tests {
                         assert!(matches!(c.kernel, PagedPrefillKernel::Auto | PagedPrefillKernel::Tiled));
                         spec += 1;
                     }
+                    (Timed::Prefill(c), Timed::Prefill(d)) if c.head_dim > 256 => {
+                        // D 512 (the streaming path) against the same shape at D 256 (the tiled kernel).
+                        let (base, d512) = wide_head_dim_shapes();
+                        assert_eq!((&PrefillCase { kernel: base.kernel, ..(*d).clone() }, d.head_dim), (&base, 256));
+                        assert_eq!(&PrefillCase { kernel: d512.kernel, ..(*c).clone() }, &d512);
+                        assert!(c.kernel == d.kernel && c.kernel != PrefillKernel::Sm90);
+                        wide += 1;
+                    }
                     (Timed::Prefill(c), Timed::Prefill(d)) => {
                         // An sm90 tuning step off against the same shape with every step on.
                         assert!(hopper && c.kernel == PrefillKernel::Sm90 && c.sm90_steps != Sm90Steps::default());
@@ -618,9 +640,10 @@ mod tests {
             // FP8: B 1/8/64 × 4k/32k × D 128/256; chunks: 2 × 2 pages; spec-verify: 2 contexts × 2 q_lens ×
             // both paged kernels.
             // Skew: the uniform plan and a balanced schedule (full report only).
-            // RoPE: prefill and decode against the same shapes without (full report only).
-            let want = if quick { (1, 1, 2, 0, 0) } else { (12, 4, 8, 2, 2) };
-            assert_eq!((fp8, chunks, spec, skew, rope), want, "quick {quick} hopper {hopper}");
+            // RoPE: prefill and decode against the same shapes without; D 512 prefill against D 256 (full
+            // report only).
+            let want = if quick { (1, 1, 2, 0, 0, 0) } else { (12, 4, 8, 2, 2, 1) };
+            assert_eq!((fp8, chunks, spec, skew, rope, wide), want, "quick {quick} hopper {hopper}");
             // The baselines are rows the plan times anyway (the decode perf shapes), plus one dense prefill
             // per chunk shape (two kernels on Hopper).
             let decode_rows = plan
@@ -660,9 +683,11 @@ mod tests {
         let plan = perf_plan(false, PrefillKernel::Auto, true);
         let prefill: Vec<&PrefillCase> =
             plan.iter().filter_map(|s| if let Timed::Prefill(c) = &s.case { Some(c) } else { None }).collect();
+        let (wide_base, _) = wide_head_dim_shapes();
         let family: Vec<&&PrefillCase> = prefill
             .iter()
             .filter(|c| c.seqlen_q == c.seqlen_k && c.sm90_steps == Sm90Steps::default() && c.rope.is_none())
+            .filter(|c| c.head_dim <= 256 && PrefillCase { kernel: wide_base.kernel, ..(**c).clone() } != wide_base)
             .collect();
         let both = prefill_perf().iter().filter(|c| sm90_runs(c)).count();
         assert_eq!(family.len(), prefill_perf().len() + both);

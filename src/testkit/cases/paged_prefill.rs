@@ -373,6 +373,42 @@ pub fn fp8_paged_prefill_sweep_emulated() -> Vec<PagedPrefillCase> {
     ]
 }
 
+/// Head dims 264–512 (issue 27), which paged prefill runs on the streaming (decode) kernel at every query
+/// length: each of 264, 320, 384, 448, 512 with chunked prefill (q_len up to 60 over contexts to 300),
+/// spec-verify rows, q_len > seq_len, an empty sequence, page sizes 1, 12, 16, 64, GQA/MQA, forced splits,
+/// bidirectional, the score variants, both dtypes, and FP8 caches of both formats at the multiples of 16.
+pub fn paged_prefill_wide_head_dim_sweep() -> Vec<PagedPrefillCase> {
+    use crate::testkit::variants::CaseAlibi;
+    let mut v = Vec::new();
+    for (i, d) in [264, 320, 384, 448, 512].into_iter().enumerate() {
+        let page = [1, 12, 16, 64, 16][i];
+        let heads = [(2, 1), (4, 2), (8, 1), (4, 4), (8, 2)][i];
+        let mut c = case(d, heads, page, &[(60, 150), (4, 300), (0, 9), (7, 3)]);
+        c.dtype = if i % 2 == 0 { DType::Bf16 } else { DType::F16 };
+        c.causal = i != 3;
+        v.push(c);
+    }
+    let mut split = case(512, (4, 1), 16, &[(20, 400), (3, 90)]);
+    split.num_splits = Some(3);
+    v.push(split);
+    let mut variants = case(384, (8, 2), 12, &[(30, 120), (5, 5)]);
+    variants.variants =
+        CaseVariants { window: Some((25, 0)), sinks: true, alibi: CaseAlibi::PerHead, ..Default::default() };
+    v.push(variants);
+    let mut softcap = case(264, (4, 2), 16, &[(17, 80)]);
+    (softcap.variants, softcap.causal) =
+        (CaseVariants { window: Some((9, 6)), softcap: Some(8.0), ..Default::default() }, false);
+    v.push(softcap);
+    for (d, format, scales) in
+        [(512, Fp8Format::E4m3, ScaleKind::PerHead), (320, Fp8Format::E5m2, ScaleKind::PerTensor)]
+    {
+        let mut c = case(d, (4, 2), 16, &[(24, 100), (2, 2)]);
+        c.kv = KvFormat::Fp8 { format, scales };
+        v.push(c);
+    }
+    v
+}
+
 /// A case's inputs on the host: the adversarial paged cache, q, the variant arrays.
 pub struct PagedPrefillFixture<T> {
     pub case: PagedPrefillCase,

@@ -339,6 +339,46 @@ pub fn head_dim_sweep_cases() -> Vec<PrefillCase> {
     cases
 }
 
+/// The head dims past the tiled kernel's (264–512: Gemma 4's global layers at 512), which prefill runs on the
+/// decode kernel's streaming path (issue 27): each of 264, 320, 384, 448 and 512 dense (Tq = Tk, chunked
+/// Tq < Tk and Tq > Tk, across the 16-row CTA and 16-key tile edges), batched with padded strides, varlen
+/// with empty sequences (no keys at all, no rows), GQA/MQA, causal and not, every variant (window edges,
+/// sinks, softcap, ALiBi per head and per sequence), with and without LSE, both dtypes. All on tight buffers
+/// (a column or row past the data is out of bounds in the emulator).
+pub fn wide_head_dim_cases() -> Vec<PrefillCase> {
+    use crate::testkit::variants::{CaseAlibi, CaseVariants as V};
+    let dtypes = [DType::Bf16, DType::F16];
+    let mut cases = Vec::new();
+    for (i, d) in [264, 320, 384, 448, 512].into_iter().enumerate() {
+        let dtype = dtypes[i % 2];
+        let (tq, tk) = [(33, 33), (17, 70), (40, 23), (1, 50), (49, 49)][i];
+        let heads = [(2, 1), (4, 4), (3, 1), (4, 2), (8, 1)][i];
+        cases.push(PrefillCase::dense(dtype, d, i % 2 == 0, tq, tk, heads));
+        let mut c = PrefillCase::dense(dtypes[(i + 1) % 2], d, i % 2 == 1, 20, 37, (2, 1));
+        (c.batch, c.layout, c.with_lse) = (2, CaseLayout::Padded, i % 3 != 0);
+        cases.push(c);
+        let seqs = [vec![(9, 20), (0, 5), (18, 0), (15, 31)], vec![(0, 0), (5, 5), (20, 3)]][i % 2].clone();
+        let mut v = PrefillCase::varlen(dtype, d, i % 3 == 0, (4, 2), seqs);
+        v.layout = if i % 2 == 0 { CaseLayout::Contiguous } else { CaseLayout::Padded };
+        cases.push(v);
+    }
+    let variants = [
+        V { window: Some((12, 0)), sinks: true, ..Default::default() },
+        V { softcap: Some(3.0), alibi: CaseAlibi::PerHead, ..Default::default() },
+        V { window: Some((9, 4)), alibi: CaseAlibi::PerSequence, ..Default::default() },
+        V { window: Some((0, 0)), softcap: Some(10.0), sinks: true, ..Default::default() },
+    ];
+    for (i, (d, v)) in [512, 384, 512, 264].into_iter().zip(variants).enumerate() {
+        let mut c = PrefillCase::dense(dtypes[i % 2], d, i != 2, 30, 45, (4, 2));
+        (c.batch, c.variants) = (2, v);
+        cases.push(c);
+    }
+    let mut v = PrefillCase::varlen(DType::Bf16, 512, true, (2, 1), vec![(7, 40), (25, 25), (0, 3)]);
+    v.variants = V { window: Some((10, 0)), sinks: true, alibi: CaseAlibi::PerHead, ..Default::default() };
+    cases.push(v);
+    cases
+}
+
 /// The standard FlashAttention shape family for throughput: fp16 and bf16, D ∈ {64, 128, 256} with
 /// Hq·D = 2048 (Hkv = Hq), B·T = 16k for T ∈ {512, …, 16k}, causal and not (72 cases); plus a GQA shape
 /// (bf16, D = 128, Hq = 32, Hkv = 8, B = 4, T = 4096, causal and not).

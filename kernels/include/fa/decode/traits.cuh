@@ -40,6 +40,7 @@
 // x ~0.7 us / 132 SMs ~ 26 KB on the H200.
 #pragma once
 
+#include "fa/abi.h"
 #include "fa/intrinsics.cuh"
 #include "fa/namespace.cuh"
 
@@ -178,6 +179,12 @@ template <int D, bool kFp8 = false> struct Traits {
     return kFp8ChunksPerRow <= 8 ? 2 * c + e : c + kFp8ThreadsPerRow * e;
   }
   static_assert(kSmemBytes <= 99 * 1024, "fits the smallest per-block limit among the targets (sm_86/89)");
+  // Whether this width serves dense/varlen/paged prefill past the tiled kernels' head dims (abi.h,
+  // FA_*_TILED_MAX_HEAD_DIM): only those kernels hold the uniform query rows and the contiguous cache views
+  // (a compile-time switch: the D = 256 FP8 _mod kernel runs at the 168-register bound, where the views'
+  // branches spill 12 bytes on sm_90).
+  static constexpr bool kServesWidePrefill = D > FA_PREFILL_TILED_MAX_HEAD_DIM;
+  static_assert(FA_PREFILL_TILED_MAX_HEAD_DIM == FA_PAGED_PREFILL_TILED_MAX_HEAD_DIM, "one switch serves both");
 };
 
 // split_tokens must be a multiple of this (every head dim's tile divides it): abi.h's FA_SPLIT_GRANULE.
