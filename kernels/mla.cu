@@ -11,7 +11,7 @@
 // m16n8k16 M) x 4 column warps. Column warp c owns output columns [128c, 128c + 128) (a 16 x 128 fp32
 // accumulator, 64 registers) and, for S, the same 128 latent columns plus rope k-step c (16 columns): 9
 // k-steps with Q in registers (36 registers); the four partial S tiles of a row group are summed through
-// shared memory in the same order by every warp (WarpAttention::exchange_scores, decode's D = 512 code), so
+// shared memory in the same order by every warp (decode's D = 512 exchange, park_scores / sum_scores), so
 // each warp holds the whole S bit for bit and runs the same online softmax, and each K byte in shared
 // memory is read by one warp per row group. The per-warp math is decode's WarpAttention<T, 512> (fa/decode/
 // warp_attention.cuh: the latent columns are a D = 512 tile) plus one rope k-step here.
@@ -98,6 +98,36 @@ FA_DEVICE bool chunk_source(const FaMlaDecodeParams &p, int c, int &col) {
   const bool valid = j < (latent ? p.kv_lora_rank : p.rope_dim);
   col = valid ? (latent ? j : p.kv_lora_rank + j) : 0;
   return valid;
+}
+
+// The S exchange of a row group (decode's WarpAttention::exchange_scores, split around its barrier so that
+// a row group without rows can skip the math and still pass it): each column warp parks its partial S
+// ([warp][half][lane] of float4: every quarter-warp stores and loads 128 contiguous bytes, conflict-free),
+// then after the CTA barrier every warp sums the four in column-warp order, so all four hold the same S bit
+// for bit. The next tile's loop-top barrier orders these loads before the next stores.
+FA_DEVICE void park_scores(const float (&s)[2][4], float *exchange, int col_warp, int lane) {
+  float4 *slot = reinterpret_cast<float4 *>(exchange);
+#pragma unroll
+  for (int n = 0; n < 2; ++n) st_shared(slot + (col_warp * 2 + n) * 32 + lane, make_float4(s[n][0], s[n][1], s[n][2], s[n][3]));
+}
+FA_DEVICE void sum_scores(float (&s)[2][4], const float *exchange, int lane) {
+  const float4 *slot = reinterpret_cast<const float4 *>(exchange);
+#pragma unroll
+  for (int n = 0; n < 2; ++n) {
+    float4 sum = ld_shared(slot + n * 32 + lane);
+#pragma unroll
+    for (int w = 1; w < Tr::kColWarps; ++w) {
+      const float4 v = ld_shared(slot + (w * 2 + n) * 32 + lane);
+      sum.x += v.x;
+      sum.y += v.y;
+      sum.z += v.z;
+      sum.w += v.w;
+    }
+    s[n][0] = sum.x;
+    s[n][1] = sum.y;
+    s[n][2] = sum.z;
+    s[n][3] = sum.w;
+  }
 }
 
 template <class T> FA_DEVICE void mla_decode_kernel(const FaMlaDecodeParams &p) {
@@ -208,6 +238,9 @@ template <class T> FA_DEVICE void mla_decode_kernel(const FaMlaDecodeParams &p) 
   ldmatrix_x4(q_pe, q_rope + RopeTile::offset(row_base + ((lane >> 3) & 1) * 8 + (lane & 7), 2 * col_warp + (lane >> 4)));
   const int k_pe_lane = Tr::kLatentTileBytes + RopeTile::offset((lane >> 4) * 8 + (lane & 7), 2 * col_warp + ((lane >> 3) & 1));
   float *exchange = reinterpret_cast<float *>(q_latent) + row_group * Tr::kExchangeFloats;
+  // A row group with no rows (a CTA of 16 or fewer: Hq 16 at q_len 1) skips the math, not the copies and
+  // barriers (uniform across its 4 warps, so their exchange stays consistent).
+  const bool warp_has_rows = row_base < rows;
   // Key positions of this lane's two rows (lane / 4 and + 8 of the warp's row group): they see keys <= them.
   int64_t lo[2] = {INT64_MIN, INT64_MIN}, hi[2];
 #pragma unroll
@@ -220,27 +253,32 @@ template <class T> FA_DEVICE void mla_decode_kernel(const FaMlaDecodeParams &p) 
     issue_tile(x);
     const int next_page = tile_page(x + 1); // consumed after the math, so its latency is hidden
 
+    // This warp's share of S (its 128 latent columns and its rope k-step), parked for its row group.
     const unsigned char *tile = stages + (j % Tr::kStages) * Tr::kStageBytes;
     const int key0 = begin + j * Tr::kTileTokens;
     float s[2][4];
-    att.qk(s, tile); // this warp's 128 latent columns
-    {
+    if (warp_has_rows) {
+      att.qk(s, tile);
       uint32_t k[4];
       ldmatrix_x4(k, tile + k_pe_lane);
       const uint32_t k_lo[2] = {k[0], k[1]};
       const uint32_t k_hi[2] = {k[2], k[3]};
       mma_m16n8k16<T>(s[0], q_pe, k_lo);
       mma_m16n8k16<T>(s[1], q_pe, k_hi);
+      park_scores(s, exchange, col_warp, lane);
     }
-    Att::exchange_scores(s, exchange, col_warp, lane);
-    Att::scale(s, p.scale_log2);
-    if (j == num_tiles - 1) Att::mask_tail(s, key0, end, lane);
-    if (key0 + Tr::kTileTokens - 1 > first_pos) Att::mask_outside(s, key0, lo, hi, lane); // causal, per row
-    const uint32_t hole_bits = ld_shared(holes + j % Tr::kHoleSlots);
-    if (hole_bits != 0u) Att::mask_rows(s, hole_bits, lane);
-    uint32_t pa[4];
-    att.softmax_update(s, pa);
-    att.accumulate_pv(pa, tile); // V: the same latent tile
+    sync_threads(); // every warp passes it (the math is skipped by whole row groups, never the barrier)
+    if (warp_has_rows) {
+      sum_scores(s, exchange, lane);
+      Att::scale(s, p.scale_log2);
+      if (j == num_tiles - 1) Att::mask_tail(s, key0, end, lane);
+      if (key0 + Tr::kTileTokens - 1 > first_pos) Att::mask_outside(s, key0, lo, hi, lane); // causal, per row
+      const uint32_t hole_bits = ld_shared(holes + j % Tr::kHoleSlots);
+      if (hole_bits != 0u) Att::mask_rows(s, hole_bits, lane);
+      uint32_t pa[4];
+      att.softmax_update(s, pa);
+      att.accumulate_pv(pa, tile); // V: the same latent tile
+    }
 
     publish_row(x + 1, next_page);
   }

@@ -114,4 +114,6 @@ mod doc_pages {
     pub struct Emulator;
     #[doc = include_str!("../docs/architecture.md")]
     pub struct Architecture;
+    #[doc = include_str!("../docs/mla.md")]
+    pub struct Mla;
 }

@@ -272,6 +272,7 @@ fn hidden_memory_is_never_read() {
 fn cost_counters_match_the_model() {
     for (c, name) in [
         (Case::new(128, &[100, 37], 16), "Hq 128, one token"),
+        (Case::new(16, &[300], 16), "Hq 16, one token"),
         (Case { q_lens: Some(vec![3]), ..Case::new(16, &[80], 1) }, "Hq 16, q_len 3"),
         (Case { splits: Some(3), ..Case::new(64, &[200], 64) }, "Hq 64, 3 splits"),
     ] {
@@ -280,6 +281,7 @@ fn cost_counters_match_the_model() {
         let row_bytes = (c.dims.row_dim() * 2) as u64;
         let (mut cache_bytes, mut q_bytes) = (0u64, 0u64);
         let splits = c.splits.unwrap_or(1) as u64;
+        let max_len = c.seq_lens.iter().copied().max().unwrap_or(0) as u64;
         for (s, (&len, &ql)) in c.seq_lens.iter().zip(&c.q_lens()).enumerate() {
             let _ = s;
             let rows = ql * c.heads_q;
@@ -304,8 +306,9 @@ fn cost_counters_match_the_model() {
             assert_eq!(k.written_of("partial_o"), splits * o_bytes * 2, "{name}: fp32 partials");
             assert!(out.counters.kernel("merge_states").is_some(), "{name}: merged");
         }
-        // Tensor work: per 16-token tile and row group, 4 column warps x (9 QK k-steps x 2 + 16 PV n-tiles).
-        let tiles: u64 = c
+        // Tensor work: per 16-token tile and busy row group (16 of the CTA's rows; an empty one skips the math),
+        // 4 column warps x (9 QK k-steps x 2 n-tiles + 16 PV n-tiles).
+        let group_tiles: u64 = c
             .seq_lens
             .iter()
             .zip(&c.q_lens())
@@ -315,18 +318,24 @@ fn cost_counters_match_the_model() {
                     .step_by(32)
                     .map(|r0| {
                         let last = (r0 + 32).min(rows) - 1;
+                        let groups = ((last - r0) / 16 + 1) as u64;
                         let span = (len as i64 - ql as i64 + (last / c.heads_q) as i64 + 1).clamp(0, len as i64) as u64;
-                        let per_split = span.div_ceil(splits).div_ceil(64) * 64;
-                        if splits == 1 {
+                        let per_split = max_len.div_ceil(splits).div_ceil(64) * 64; // the planner's split_tokens
+                        let tiles: u64 = if splits == 1 {
                             span.div_ceil(16)
                         } else {
                             (0..splits).map(|sp| span.saturating_sub(sp * per_split).min(per_split).div_ceil(16)).sum()
-                        }
+                        };
+                        groups * tiles
                     })
                     .sum::<u64>()
             })
             .sum();
-        assert_eq!(k.mma, tiles * 2 * 4 * (9 * 2 + 16), "{name}: mma");
+        eprintln!(
+            "{name}: shared bytes read+written per global cache byte {:.2}",
+            (k.shared_bytes_read + k.shared_bytes_written) as f64 / cache_bytes as f64
+        );
+        assert_eq!(k.mma, group_tiles * 4 * (9 * 2 + 16), "{name}: mma");
     }
 }
 
