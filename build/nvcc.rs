@@ -115,6 +115,7 @@ fn nvcc_cost(stem: &str) -> u32 {
         "prefill_sm90" => 7,
         "append" => 4,
         "merge" => 3,
+        "mla" => 3, // 2.6 s wall (2026-12-04)
         "selftest" => 3,
         _ => 1000,
     }

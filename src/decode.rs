@@ -473,6 +473,14 @@ impl DecodeWorkspace {
         }
     }
 
+    /// The partial O / LSE buffers (other ops that split over this workspace: MLA decode).
+    pub(crate) fn partials(&self) -> (&Buffer, &Buffer) {
+        (&self.partial_o, &self.partial_lse)
+    }
+    pub(crate) fn partials_mut(&mut self) -> (&mut Buffer, &mut Buffer) {
+        (&mut self.partial_o, &mut self.partial_lse)
+    }
+
     fn check_fits(&self, plan: &DecodePlan) -> Result<()> {
         check_split_fits(
             (&self.partial_o, &self.partial_lse),

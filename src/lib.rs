@@ -46,6 +46,7 @@ pub mod fp8;
 pub mod head_dim;
 pub mod mask;
 pub mod merge;
+pub mod mla;
 pub mod paged;
 pub mod paged_prefill;
 pub mod plan;
@@ -79,6 +80,7 @@ pub use tensor::{TensorView, TensorViewMut};
 pub use append::{append, append_with, AppendOptions};
 pub use decode::{decode, DecodeOptions, DecodeWorkspace};
 pub use merge::{merge_states, merge_states_with_sinks};
+pub use mla::{latent_cache, mla_append, mla_decode, MlaAppendOptions, MlaDecodeOptions, MlaDims, MlaPlan, MlaQueries};
 pub use paged::{PagedKvCache, PagedKvCacheMut};
 pub use paged_prefill::{paged_prefill, PagedPrefillKernel, PagedPrefillOptions, PagedPrefillWorkspace};
 pub use plan::{DecodePlan, DecodeProblem};
@@ -112,4 +114,6 @@ mod doc_pages {
     pub struct Emulator;
     #[doc = include_str!("../docs/architecture.md")]
     pub struct Architecture;
+    #[doc = include_str!("../docs/mla.md")]
+    pub struct Mla;
 }

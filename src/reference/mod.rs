@@ -34,6 +34,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 
 mod check;
+pub mod mla;
 mod rope;
 pub use check::{check_decode, check_paged_prefill, check_prefill, check_prefill_varlen, Check, PagedCacheData};
 pub use rope::RopeRef;

@@ -23,6 +23,7 @@ mod gpu_vs_emulator;
 mod hopper;
 mod linking;
 mod merge;
+mod mla;
 mod module_graph;
 mod mutants;
 mod page_sizes;

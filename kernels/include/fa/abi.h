@@ -328,6 +328,64 @@ typedef struct FaPagedPrefillParams {
   FaRope rope;
 } FaPagedPrefillParams;
 
+/* ---------------------------------------------------------------------------------------------------------
+ * Multi-head latent attention (MLA: DeepSeek-V2/V3, Kimi K2; docs/mla.md), the absorbed form over a paged
+ * latent cache. The cache is an FaPagedCache of one KV head whose rows are [kv_lora_rank latent | rope_dim
+ * rope key] (k_cache [num_pages, page_size, 1, kv_lora_rank + rope_dim]; v_cache is not read: V is the first
+ * kv_lora_rank columns of the same rows). kv_lora_rank: a multiple of 8 up to FA_MLA_MAX_LATENT_DIM (512:
+ * DeepSeek's); rope_dim: a multiple of 8 up to FA_MLA_MAX_ROPE_DIM (64). 16-bit caches only (kv_dtype
+ * FA_KV_SAME).
+ *
+ * Append: latent [num_tokens, kv_lora_rank] and k_pe [num_tokens, rope_dim] (row strides, unit column
+ * stride) written into the row of slot slot_mapping[t] (negative: padding, skipped; past the pool: skipped).
+ * rope (cos != NULL): k_pe rotated at rope.positions[t] (rotary_dim <= rope_dim, fp32, rounded to dtype)
+ * on its way in; the latent is never rotated.
+ *
+ * Decode: q [total_q, Hq, kv_lora_rank + rope_dim] (latent part first: q_nope already multiplied by W_UK,
+ * then q_pe rotated), o [total_q, Hq, kv_lora_rank] (still to be multiplied by W_UV), lse [total_q, Hq]
+ * (natural log; row stride lse_row_stride, head stride 1) or NULL. cu_seqlens_q (int32 [B+1], clamped to
+ * [0, total_q]; q_len_b <= max_seqlen_q) gives sequence b its q rows, which sit at key positions
+ * seq_len_b - q_len_b + i and see the keys up to their own (causal, bottom-right: speculative / MTP
+ * verification); NULL: one row per sequence (row b, total_q = B, max_seqlen_q = 1). scale: the caller's
+ * (DeepSeek: 1/sqrt(192)), finite and > 0. A CTA serves FA_MLA_ROWS packed rows (token r / Hq, head r % Hq)
+ * of one sequence and split: grid (num_splits, ceil(max_seqlen_q * Hq / FA_MLA_ROWS), B). Split-KV as decode:
+ * split s covers keys [s * split_tokens, (s + 1) * split_tokens) (the last runs to the end; split_tokens a
+ * multiple of FA_SPLIT_GRANULE), fp32 partials partial_o [num_splits, total_q, Hq, kv_lora_rank] /
+ * partial_lse [num_splits, total_q, Hq], merged by the launcher with fa_merge on the same stream.
+ * ------------------------------------------------------------------------------------------------------- */
+#define FA_MLA_MAX_LATENT_DIM 512
+#define FA_MLA_MAX_ROPE_DIM 64
+#define FA_MLA_ROWS 32
+typedef struct FaMlaAppendParams {
+  const void *latent;
+  const void *k_pe;
+  const int64_t *slot_mapping;
+  int64_t latent_token_stride, k_pe_token_stride;
+  FaPagedCache cache;
+  int32_t num_tokens, kv_lora_rank, rope_dim;
+  int32_t dtype;
+  FaRope rope;
+} FaMlaAppendParams;
+
+typedef struct FaMlaDecodeParams {
+  const void *q;
+  void *o;
+  float *lse;
+  float *partial_o;
+  float *partial_lse;
+  const int32_t *cu_seqlens_q;
+  int64_t q_row_stride, q_head_stride;
+  int64_t o_row_stride, o_head_stride;
+  int64_t lse_row_stride;
+  FaPagedCache cache;
+  int32_t batch, heads_q, kv_lora_rank, rope_dim;
+  int32_t total_q, max_seqlen_q;
+  int32_t num_splits, split_tokens;
+  int32_t dtype;
+  float scale;
+  float scale_log2;
+} FaMlaDecodeParams;
+
 /* Merge of attention states: num_states partial results (o_s, lse_s) of the same rows, each the attention of
  * the rows over a disjoint part of the keys, combined into the attention over all of them:
  *   lse = log(sum_s exp(lse_s)),  o = sum_s exp(lse_s - lse) o_s     (natural log; empty: lse_s = -inf).
@@ -512,6 +570,8 @@ int fa_append(FaAppendParams params, FaExec *exec);
 int fa_decode(FaDecodeParams params, FaExec *exec);
 int fa_merge(FaMergeParams params, FaExec *exec);
 int fa_paged_prefill(FaPagedPrefillParams params, FaExec *exec);
+int fa_mla_append(FaMlaAppendParams params, FaExec *exec);
+int fa_mla_decode(FaMlaDecodeParams params, FaExec *exec);
 
 /* ---------------------------------------------------------------------------------------------------------
  * sm_90a: tensor maps and the Hopper prefill's params (kernels/prefill_sm90.cu).

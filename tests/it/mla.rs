@@ -1,0 +1,450 @@
+//! MLA (multi-head latent attention, docs/mla.md) on the emulator: decode against the fp64 absorbed-form
+//! reference (heads 16..128, q_len 1 and 2..4 with causal offsets, pages 1/16/64, splits, both dtypes),
+//! hidden memory poisoned with NaN / ±Inf (bitwise the zero-fill result), holes, the cost counters against
+//! their model, append bit for bit (with and without RoPE), and bad arguments by error kind.
+
+use fused_attn::half::{bf16, f16};
+use fused_attn::mla::{latent_cache, mla_append, mla_decode, MlaAppendOptions, MlaDecodeOptions, MlaDims, MlaQueries};
+use fused_attn::reference::{compare_bounded, compare_lse, mla as mla_ref, Arith, PagedCache};
+use fused_attn::rope::{rotate_row_f32, Rope, RopeConfig, RopeStyle};
+use fused_attn::{
+    DecodeWorkspace, Element, Emulator, ErrorKind, KvElement, LaunchCounters, Stream, TableChecks, TensorView,
+    TensorViewMut,
+};
+
+use crate::common::case_seed;
+
+/// xorshift64*: uniform in [-1, 1).
+struct Rng(u64);
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1)
+    }
+    fn next(&mut self) -> f64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 52) as f64 - 1.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        ((self.next() + 1.0) * 0.5 * n as f64) as usize % n.max(1)
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Case {
+    heads_q: usize,
+    seq_lens: Vec<usize>,
+    /// None: one token per sequence (plain decode); else q_len per sequence.
+    q_lens: Option<Vec<usize>>,
+    page_size: usize,
+    splits: Option<usize>,
+    dims: MlaDims,
+    /// Pages of the block table that are holes (entry -1) among a sequence's used ones: (sequence, page).
+    holes: Vec<(usize, usize)>,
+}
+
+impl Case {
+    fn new(heads_q: usize, seq_lens: &[usize], page_size: usize) -> Self {
+        Case {
+            heads_q,
+            seq_lens: seq_lens.to_vec(),
+            q_lens: None,
+            page_size,
+            splits: None,
+            dims: MlaDims::default(),
+            holes: Vec::new(),
+        }
+    }
+    fn q_lens(&self) -> Vec<usize> {
+        self.q_lens.clone().unwrap_or_else(|| vec![1; self.seq_lens.len()])
+    }
+}
+
+/// A case's inputs: the latent cache (hidden slots at a placeholder), its table, q.
+struct Inputs {
+    cache: Vec<f64>, // [num_pages, page, 1, row]; NaN marks hidden slots (filled per run)
+    num_pages: usize,
+    table: Vec<i32>,
+    width: usize,
+    q: Vec<f64>,
+    cu: Vec<i32>,
+}
+
+fn make_inputs(c: &Case, seed: u64) -> Inputs {
+    let mut rng = Rng::new(seed);
+    let row = c.dims.row_dim();
+    let b = c.seq_lens.len();
+    let pages: Vec<usize> = c.seq_lens.iter().map(|&l| l.div_ceil(c.page_size).max(1)).collect();
+    let width = pages.iter().copied().max().unwrap_or(1) + 1;
+    let num_pages = pages.iter().sum::<usize>() + 2; // two pages no table names
+                                                     // Pages handed out in a shuffled order; page 0 is an ordinary page.
+    let mut order: Vec<usize> = (0..num_pages).collect();
+    for i in (1..order.len()).rev() {
+        order.swap(i, rng.below(i + 1));
+    }
+    let mut table = vec![0i32; b * width];
+    let mut next = 0;
+    let mut cache = vec![f64::NAN; num_pages * c.page_size * row];
+    for s in 0..b {
+        for p in 0..width {
+            // Columns past the sequence's pages name an unused (poisoned) page: never read.
+            table[s * width + p] = if p < pages[s] { order[next + p] as i32 } else { order[num_pages - 1] as i32 };
+        }
+        for j in 0..c.seq_lens[s] {
+            let page = table[s * width + j / c.page_size] as usize;
+            let at = (page * c.page_size + j % c.page_size) * row;
+            for (e, x) in cache[at..at + row].iter_mut().enumerate() {
+                // Offset from zero (outputs are then not ~0); rope columns their own scale.
+                *x = if e < c.dims.kv_lora_rank { 0.4 + 0.6 * rng.next() } else { 0.8 * rng.next() };
+            }
+        }
+        next += pages[s];
+    }
+    for &(s, p) in &c.holes {
+        // A hole: the entry is out of range; its page's old rows stay in the pool (poisoned by the run).
+        let page = table[s * width + p] as usize;
+        cache[page * c.page_size * row..(page + 1) * c.page_size * row].fill(f64::NAN);
+        table[s * width + p] = -1;
+    }
+    let q_lens = c.q_lens();
+    let mut cu = vec![0i32];
+    for &l in &q_lens {
+        cu.push(cu.last().unwrap() + l as i32);
+    }
+    let total_q = *cu.last().unwrap() as usize;
+    let q = (0..total_q * c.heads_q * row).map(|_| 0.1 + 0.9 * rng.next()).collect();
+    Inputs { cache, num_pages, table, width, q, cu }
+}
+
+struct RunOut<T> {
+    o: Vec<T>,
+    lse: Vec<f32>,
+    counters: LaunchCounters,
+}
+
+/// Runs a case's MLA decode with hidden memory (NaN placeholders of the cache) set to `hidden`.
+fn run<T: Element + KvElement>(c: &Case, inp: &Inputs, hidden: f32, scale: f32) -> fused_attn::Result<RunOut<T>> {
+    let emu = Emulator::new().with_table_checks(TableChecks::GpuMasking);
+    let stream = Stream::Emu(&emu);
+    let row = c.dims.row_dim();
+    let cache: Vec<T> =
+        inp.cache.iter().map(|&x| T::from_f64(if x.is_nan() { f64::from(hidden) } else { x })).collect();
+    let q: Vec<T> = inp.q.iter().map(|&x| T::from_f64(x)).collect();
+    let lens: Vec<i32> = c.seq_lens.iter().map(|&l| l as i32).collect();
+    let total_q = *inp.cu.last().unwrap() as usize;
+    let b = c.seq_lens.len();
+    let max_len = c.seq_lens.iter().copied().max().unwrap_or(0);
+    let cache_v = TensorView::host(&cache, [inp.num_pages, c.page_size, 1, row])?;
+    let table_v = TensorView::host(&inp.table, [b, inp.width])?;
+    let lens_v = TensorView::host(&lens, [b])?;
+    let lc = latent_cache(cache_v, table_v, lens_v, max_len)?;
+    let cu_v = TensorView::host(&inp.cu, [b + 1])?;
+    let mut o = vec![T::nan(); total_q * c.heads_q * c.dims.kv_lora_rank];
+    let mut lse = vec![f32::NAN; total_q * c.heads_q];
+    let mut ws = DecodeWorkspace::with_capacity(&stream, total_q, c.heads_q, c.dims.kv_lora_rank, 64)?;
+    let mut opts = MlaDecodeOptions::new(scale);
+    opts.dims = c.dims;
+    opts.num_splits = c.splits;
+    let max_q = c.q_lens().into_iter().max().unwrap_or(1);
+    if c.q_lens.is_some() {
+        opts.queries = Some(MlaQueries { cu_seqlens_q: &cu_v, max_seqlen_q: max_q });
+    }
+    mla_decode(
+        &stream,
+        &TensorView::host(&q, [total_q, c.heads_q, row])?,
+        &lc,
+        &mut TensorViewMut::host(&mut o, [total_q, c.heads_q, c.dims.kv_lora_rank])?,
+        Some(&mut TensorViewMut::host(&mut lse, [total_q, c.heads_q])?),
+        &mut ws,
+        &opts,
+    )?;
+    Ok(RunOut { o, lse, counters: emu.last_launch_counters().expect("counters") })
+}
+
+/// Checks a run against the fp64 absorbed reference and its naive twin (tolerance rule + arithmetic bound).
+fn check<T: Element + KvElement>(name: &str, c: &Case, inp: &Inputs, out: &RunOut<T>, scale: f32) {
+    let row = c.dims.row_dim();
+    // The cache as the kernel sees it (hidden slots are never read by the reference either).
+    let cache: Vec<f64> = inp.cache.iter().map(|&x| if x.is_nan() { x } else { T::from_f64(x).to_f64() }).collect();
+    let q: Vec<f64> = inp.q.iter().map(|&x| T::from_f64(x).to_f64()).collect();
+    let lens: Vec<i32> = c.seq_lens.iter().map(|&l| l as i32).collect();
+    let pc = PagedCache {
+        k_cache: &cache,
+        v_cache: &cache,
+        num_pages: inp.num_pages,
+        page_size: c.page_size,
+        heads_kv: 1,
+        head_dim: row,
+        block_table: &inp.table,
+        max_pages_per_seq: inp.width,
+        seq_lens: &lens,
+    };
+    let s = f64::from(scale);
+    let r64 = mla_ref::mla_decode(c.dims.kv_lora_rank, c.heads_q, s, Arith::F64, &inp.cu, &q, &pc).unwrap();
+    let naive =
+        mla_ref::mla_decode(c.dims.kv_lora_rank, c.heads_q, s, Arith::Lowp(T::DTYPE), &inp.cu, &q, &pc).unwrap();
+    let ours: Vec<f64> = out.o.iter().map(|x| x.to_f64()).collect();
+    let bound = r64.out_bound(Some(T::DTYPE), Some(T::DTYPE));
+    let cmp = compare_bounded(&ours, &r64.out, &naive.out, &bound);
+    let lse: Vec<f64> = out.lse.iter().map(|&x| f64::from(x)).collect();
+    let tol = 1e-3
+        + 16.0 * f64::from(f32::EPSILON) * r64.lse.iter().filter(|x| x.is_finite()).fold(0.0f64, |a, x| a.max(x.abs()));
+    let lse_cmp = compare_lse(&lse, &r64.lse, tol);
+    assert!(
+        cmp.passed && lse_cmp.passed,
+        "{name} {c:?}: o max err {:.3e} (tol {:.3e}, bound ratio {:.2}, rel-L2 {:.2e}); lse max err {:.3e} (tol {tol:.1e})",
+        cmp.max_abs_err,
+        cmp.tolerance,
+        cmp.bound_ratio,
+        cmp.rel_l2_err,
+        lse_cmp.max_abs_err
+    );
+}
+
+const DEEPSEEK_SCALE: f32 = 0.072_168_78; // 1/sqrt(192)
+
+fn sweep_case(i: usize, c: &Case) {
+    if !crate::common::case_selected(i) {
+        return;
+    }
+    let seed = case_seed(9000 + i);
+    let inp = make_inputs(c, seed);
+    let scale = if i % 3 == 2 { 0.25 } else { DEEPSEEK_SCALE };
+    if i % 2 == 0 {
+        let out = run::<bf16>(c, &inp, f32::NAN, scale).unwrap();
+        check(&format!("case {i} (seed {seed:#x}) bf16"), c, &inp, &out, scale);
+    } else {
+        let out = run::<f16>(c, &inp, f32::NAN, scale).unwrap();
+        check(&format!("case {i} (seed {seed:#x}) f16"), c, &inp, &out, scale);
+    }
+}
+
+/// Heads 16/32/64/128, pages 1/16/64, one token and 2..4 (MTP / spec-verify), planned and forced splits.
+#[test]
+fn decode_sweep_matches_reference() {
+    let mut cases = Vec::new();
+    cases.push(Case::new(16, &[1, 37, 200], 16));
+    cases.push(Case::new(32, &[130, 5], 1));
+    cases.push(Case { splits: Some(3), ..Case::new(64, &[333], 64) });
+    cases.push(Case::new(128, &[70, 0], 16));
+    cases.push(Case { q_lens: Some(vec![2, 4, 1]), ..Case::new(16, &[50, 77, 3], 16) });
+    cases.push(Case { q_lens: Some(vec![3]), splits: Some(2), ..Case::new(128, &[150], 64) });
+    cases.push(Case { q_lens: Some(vec![4, 2]), ..Case::new(32, &[2, 90], 1) }); // q_len > seq_len: empty rows
+    cases.push(Case { splits: Some(4), ..Case::new(16, &[1100], 16) });
+    cases.push(Case { holes: vec![(0, 1), (1, 0)], ..Case::new(16, &[70, 40], 16) });
+    cases.push(Case {
+        dims: MlaDims { kv_lora_rank: 256, rope_dim: 32 },
+        q_lens: Some(vec![2]),
+        ..Case::new(16, &[45], 16)
+    });
+    for (i, c) in cases.iter().enumerate() {
+        sweep_case(i, c);
+    }
+}
+
+/// A long context split over many CTAs (the planner's choice), the merge over 512 columns.
+#[test]
+fn decode_long_context_planned_splits() {
+    let c = Case::new(16, &[3000], 64);
+    sweep_case(100, &c);
+}
+
+/// Hidden memory (slots past seq_len, unused pages, table columns past a sequence, holes' pages) never
+/// reaches an output: NaN, +Inf and -Inf there give bitwise the zero-fill result.
+#[test]
+fn hidden_memory_is_never_read() {
+    let c = Case { q_lens: Some(vec![2, 1]), splits: Some(2), holes: vec![(1, 2)], ..Case::new(16, &[67, 100], 16) };
+    let inp = make_inputs(&c, case_seed(9500));
+    let zero = run::<bf16>(&c, &inp, 0.0, DEEPSEEK_SCALE).unwrap();
+    check("poison zero", &c, &inp, &zero, DEEPSEEK_SCALE);
+    for v in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let p = run::<bf16>(&c, &inp, v, DEEPSEEK_SCALE).unwrap();
+        let same = zero.o.iter().zip(&p.o).all(|(a, b)| a.to_bits() == b.to_bits())
+            && zero.lse.iter().zip(&p.lse).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "hidden value {v} changed an output bit");
+    }
+}
+
+/// Cost counters against the model: each CTA (a sequence's block of 32 packed rows, a split) reads exactly
+/// the cache rows its rows see, once (576 x 2 bytes each), and its q rows once; no split writes only o/LSE.
+#[test]
+fn cost_counters_match_the_model() {
+    for (c, name) in [
+        (Case::new(128, &[100, 37], 16), "Hq 128, one token"),
+        (Case::new(16, &[300], 16), "Hq 16, one token"),
+        (Case { q_lens: Some(vec![3]), ..Case::new(16, &[80], 1) }, "Hq 16, q_len 3"),
+        (Case { splits: Some(3), ..Case::new(64, &[200], 64) }, "Hq 64, 3 splits"),
+    ] {
+        let inp = make_inputs(&c, case_seed(9600));
+        let out = run::<bf16>(&c, &inp, f32::NAN, DEEPSEEK_SCALE).unwrap();
+        let row_bytes = (c.dims.row_dim() * 2) as u64;
+        let (mut cache_bytes, mut q_bytes) = (0u64, 0u64);
+        let splits = c.splits.unwrap_or(1) as u64;
+        let max_len = c.seq_lens.iter().copied().max().unwrap_or(0) as u64;
+        for (s, (&len, &ql)) in c.seq_lens.iter().zip(&c.q_lens()).enumerate() {
+            let _ = s;
+            let rows = ql * c.heads_q;
+            for r0 in (0..rows).step_by(32) {
+                let last = (r0 + 32).min(rows) - 1;
+                let last_pos = len as i64 - ql as i64 + (last / c.heads_q) as i64;
+                let span = (last_pos + 1).clamp(0, len as i64) as u64;
+                cache_bytes += span * row_bytes;
+                q_bytes += ((r0 + 32).min(rows) - r0) as u64 * row_bytes * splits;
+            }
+        }
+        let k = out.counters.kernel("mla_decode").expect("mla_decode kernel");
+        assert_eq!(k.read_of("k_cache"), cache_bytes, "{name}: cache bytes");
+        assert_eq!(k.read_of("v_cache"), 0, "{name}: V is the K rows, never read again");
+        assert_eq!(k.read_of("q"), q_bytes, "{name}: q bytes");
+        let total_q = c.q_lens().iter().sum::<usize>() as u64;
+        let o_bytes = total_q * c.heads_q as u64 * c.dims.kv_lora_rank as u64 * 2;
+        if splits == 1 {
+            assert_eq!(k.written_of("o"), o_bytes, "{name}: o bytes");
+            assert_eq!(out.counters.kernels.len(), 1, "{name}: no merge");
+        } else {
+            assert_eq!(k.written_of("partial_o"), splits * o_bytes * 2, "{name}: fp32 partials");
+            assert!(out.counters.kernel("merge_states").is_some(), "{name}: merged");
+        }
+        // Tensor work: per 16-token tile and busy row group (16 of the CTA's rows; an empty one skips the math),
+        // 4 column warps x (9 QK k-steps x 2 n-tiles + 16 PV n-tiles).
+        let group_tiles: u64 = c
+            .seq_lens
+            .iter()
+            .zip(&c.q_lens())
+            .map(|(&len, &ql)| {
+                let rows = ql * c.heads_q;
+                (0..rows)
+                    .step_by(32)
+                    .map(|r0| {
+                        let last = (r0 + 32).min(rows) - 1;
+                        let groups = ((last - r0) / 16 + 1) as u64;
+                        let span = (len as i64 - ql as i64 + (last / c.heads_q) as i64 + 1).clamp(0, len as i64) as u64;
+                        let per_split = max_len.div_ceil(splits).div_ceil(64) * 64; // the planner's split_tokens
+                        let tiles: u64 = if splits == 1 {
+                            span.div_ceil(16)
+                        } else {
+                            (0..splits).map(|sp| span.saturating_sub(sp * per_split).min(per_split).div_ceil(16)).sum()
+                        };
+                        groups * tiles
+                    })
+                    .sum::<u64>()
+            })
+            .sum();
+        eprintln!(
+            "{name}: shared bytes read+written per global cache byte {:.2}",
+            (k.shared_bytes_read + k.shared_bytes_written) as f64 / cache_bytes as f64
+        );
+        assert_eq!(k.mma, group_tiles * 4 * (9 * 2 + 16), "{name}: mma");
+    }
+}
+
+/// Append writes [latent | k_pe] into the slot's row bit for bit, skips padding, leaves every other byte.
+#[test]
+fn append_writes_rows_bitwise() {
+    let emu = Emulator::new();
+    let stream = Stream::Emu(&emu);
+    let dims = MlaDims::default();
+    let (pages, page, n) = (5, 4, 6);
+    let row = dims.row_dim();
+    let mut rng = Rng::new(case_seed(9700));
+    let latent: Vec<bf16> = (0..n * 512).map(|_| bf16::from_f64(rng.next())).collect();
+    let k_pe: Vec<bf16> = (0..n * 64).map(|_| bf16::from_f64(rng.next())).collect();
+    let slots: Vec<i64> = vec![3, 17, -1, 0, 8, 19];
+    for style in [None, Some(RopeStyle::Gptj), Some(RopeStyle::Neox)] {
+        let with_rope = style.is_some();
+        let style = style.unwrap_or_default();
+        let poison = bf16::from_bits(0x7fc1);
+        let mut cache = vec![poison; pages * page * row];
+        let positions: Vec<i32> = (0..n as i32).map(|t| 5 + 7 * t).collect();
+        let table = RopeConfig::new(10000.0, 64, style).table(64).unwrap();
+        let cos_v = TensorView::host(&table.cos, [64, 32]).unwrap();
+        let sin_v = TensorView::host(&table.sin, [64, 32]).unwrap();
+        let pos_v = TensorView::host(&positions, [n]).unwrap();
+        let rope = Rope { cos: &cos_v, sin: &sin_v, positions: Some(&pos_v), rotary_dim: 64, style };
+        let opts = MlaAppendOptions { dims, rope: with_rope.then_some(rope) };
+        mla_append(
+            &stream,
+            &TensorView::host(&latent, [n, 512]).unwrap(),
+            &TensorView::host(&k_pe, [n, 64]).unwrap(),
+            &TensorView::host(&slots, [n]).unwrap(),
+            &mut TensorViewMut::host(&mut cache, [pages, page, 1, row]).unwrap(),
+            &opts,
+        )
+        .unwrap();
+        let mut written = vec![false; pages * page];
+        for t in 0..n {
+            if slots[t] < 0 {
+                continue;
+            }
+            let at = slots[t] as usize * row;
+            written[slots[t] as usize] = true;
+            assert_eq!(&cache[at..at + 512], &latent[t * 512..][..512], "latent of token {t}");
+            let mut pe: Vec<f32> = k_pe[t * 64..][..64].iter().map(|x| x.to_f32()).collect();
+            if with_rope {
+                let p = positions[t] as usize;
+                rotate_row_f32(&mut pe, 64, style, |i| table.at(p, i));
+            }
+            let want: Vec<bf16> = pe.iter().map(|&x| bf16::from_f32(x)).collect();
+            assert_eq!(&cache[at + 512..at + row], &want[..], "rope key of token {t} (rope {with_rope})");
+        }
+        for (s, w) in written.iter().enumerate() {
+            if !w {
+                assert!(cache[s * row..(s + 1) * row].iter().all(|x| x.to_bits() == 0x7fc1), "slot {s} was touched");
+            }
+        }
+    }
+}
+
+/// Bad arguments fail by kind, naming the argument.
+#[test]
+fn bad_arguments_are_typed_errors() {
+    let emu = Emulator::new();
+    let stream = Stream::Emu(&emu);
+    let cache = vec![bf16::ZERO; 2 * 16 * 576];
+    let table = vec![0i32, 1];
+    let lens = vec![5i32];
+    let q = vec![bf16::ONE; 16 * 576];
+    let mut o = vec![bf16::ZERO; 16 * 512];
+    let mut ws = DecodeWorkspace::with_capacity(&stream, 1, 16, 512, 4).unwrap();
+    let lc = latent_cache(
+        TensorView::host(&cache, [2, 16, 1, 576]).unwrap(),
+        TensorView::host(&table, [1, 2]).unwrap(),
+        TensorView::host(&lens, [1]).unwrap(),
+        32,
+    )
+    .unwrap();
+    let qv = TensorView::host(&q, [1, 16, 576]).unwrap();
+    let mut call = |opts: MlaDecodeOptions, o_shape: [usize; 3]| {
+        let mut ov = TensorViewMut::host(&mut o[..o_shape.iter().product::<usize>()], o_shape).unwrap();
+        mla_decode(&stream, &qv, &lc, &mut ov, None, &mut ws, &opts).map(|_| ()).unwrap_err()
+    };
+    assert_eq!(call(MlaDecodeOptions::new(0.0), [1, 16, 512]).kind(), &ErrorKind::Unsupported);
+    assert_eq!(call(MlaDecodeOptions::new(f32::NAN), [1, 16, 512]).kind(), &ErrorKind::Unsupported);
+    let e = call(MlaDecodeOptions::new(0.1), [1, 16, 256]);
+    assert_eq!(e.kind(), &ErrorKind::Shape);
+    assert!(e.message().starts_with("o"), "{}", e.message());
+    let mut bad = MlaDecodeOptions::new(0.1);
+    bad.dims = MlaDims { kv_lora_rank: 520, rope_dim: 56 };
+    assert_eq!(call(bad, [1, 16, 512]).kind(), &ErrorKind::Unsupported);
+    bad.dims = MlaDims { kv_lora_rank: 448, rope_dim: 64 };
+    assert_eq!(call(bad, [1, 16, 448]).kind(), &ErrorKind::Shape); // the cache's rows are 576 != 512
+                                                                   // A cache of two KV heads is not a latent cache.
+    let two = vec![bf16::ZERO; 2 * 16 * 2 * 288];
+    let lc2 = latent_cache(
+        TensorView::host(&two, [2, 16, 2, 288]).unwrap(),
+        TensorView::host(&table, [1, 2]).unwrap(),
+        TensorView::host(&lens, [1]).unwrap(),
+        32,
+    )
+    .unwrap();
+    let mut ov = TensorViewMut::host(&mut o, [1, 16, 512]).unwrap();
+    let e = mla_decode(&stream, &qv, &lc2, &mut ov, None, &mut ws, &MlaDecodeOptions::new(0.1)).unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Shape);
+    // A workspace too small for a forced split count.
+    let mut small = DecodeWorkspace::with_capacity(&stream, 1, 16, 512, 1).unwrap();
+    let mut opts = MlaDecodeOptions::new(0.1);
+    opts.num_splits = Some(2);
+    let e = mla_decode(&stream, &qv, &lc, &mut ov, None, &mut small, &opts).unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::OutOfBounds);
+}
