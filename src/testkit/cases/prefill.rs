@@ -376,6 +376,12 @@ pub fn wide_head_dim_cases() -> Vec<PrefillCase> {
     let mut v = PrefillCase::varlen(DType::Bf16, 512, true, (2, 1), vec![(7, 40), (25, 25), (0, 3)]);
     v.variants = V { window: Some((10, 0)), sinks: true, alibi: CaseAlibi::PerHead, ..Default::default() };
     cases.push(v);
+    // No keys at all (the views with no rows: every key a hole, no K/V byte read): dense Tk = 0 with sinks,
+    // varlen with total_k = 0.
+    let mut none = PrefillCase::dense(DType::F16, 320, false, 5, 0, (2, 1));
+    none.variants.sinks = true;
+    cases.push(none);
+    cases.push(PrefillCase::varlen(DType::Bf16, 448, true, (2, 2), vec![(3, 0), (0, 0), (4, 0)]));
     cases
 }
 
