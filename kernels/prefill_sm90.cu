@@ -87,12 +87,8 @@ template <class Tr, class F> FA_DEVICE void for_each_work_tile(const FaPrefillPa
     f(work, seq, m0, window, range, work_count);
     return true;
   };
-  if constexpr (!Tr::kPersistent) {
-    run(TileScheduler::first(), 0); // one CTA per tile (the launcher's grid)
-  } else {
-    int work_count = 0;
-    for (int t = TileScheduler::first(); t < sched.tiles(); t += TileScheduler::stride()) work_count += run(t, work_count);
-  }
+  int work_count = 0; // with one CTA per tile (ctas = 0) the loop runs once
+  for (int t = TileScheduler::first(); t < sched.tiles(); t += TileScheduler::stride()) work_count += run(t, work_count);
 }
 
 template <class T, int kHeadDim, int kBc> FA_DEVICE void prefill_sm90_kernel(const FaPrefillSm90Params &params) {
@@ -165,7 +161,7 @@ int launch_prefill_sm90(void (*kernel)(FaPrefillSm90Params), const char *name, c
   const int64_t tiles = m_blocks * p.base.heads_q * p.base.batch;
   if (tiles == 0) return FA_OK;
   if (tiles > INT32_MAX || p.ctas < 0) return FA_ERR_INVALID;
-  const int ctas = Tr::kPersistent && p.ctas > 0 && p.ctas < tiles ? p.ctas : (int)tiles;
+  const int ctas = p.ctas > 0 && p.ctas < tiles ? p.ctas : (int)tiles;
   return launch(name, kernel, Dim3{ctas, 1, 1}, Tr::kThreads, Tr::kSmemBytes, exec, p);
 }
 

@@ -317,14 +317,20 @@ fn emulated_sm90_results_do_not_depend_on_scheduling() {
 /// use — the producer is never ordered after a consumer's wgmma read of tile w completing when it requests
 /// tile w+1. Freeing K and V of a stage together after the P·V of the next iteration (the joint-release
 /// pipeline, scripts/mutants/sm90-joint-release.patch) makes every K load of the two-stage D = 256 kernel
-/// late. One CTA, one query tile, six KV tiles: 5 counted loads per stream, for K and V.
+/// late. One CTA, one query tile, six KV tiles: 5 counted loads per stream, for K and V. Every kernel: each
+/// head dim's unmasked tile, and D 128's causal 128 x 128 tile (causal, bottom-right: the query tile sees
+/// all six KV tiles, the top one masked).
 #[test]
 fn emulated_sm90_tma_loads_prefetch_every_tile() {
     let emu = Emulator::new();
-    for (i, &d) in SM90_HEAD_DIMS.iter().enumerate() {
+    let kernels = SM90_HEAD_DIMS
+        .iter()
+        .flat_map(|&d| [(d, false), (d, true)])
+        .filter(|&(d, causal)| !causal || Sm90Tile::for_call(d, true) != Sm90Tile::for_call(d, false));
+    for (i, (d, causal)) in kernels.enumerate() {
         for dtype in [DType::F16, DType::Bf16] {
-            let tile = Sm90Tile::for_call(d, false).unwrap();
-            let case = sm90(PrefillCase::dense(dtype, d, false, tile.block_m, 6 * tile.block_n, (1, 1)));
+            let tile = Sm90Tile::for_call(d, causal).unwrap();
+            let case = sm90(PrefillCase::dense(dtype, d, causal, tile.block_m, 6 * tile.block_n, (1, 1)));
             let r = match dtype {
                 DType::F16 => check::<f16>(&emu, i, &case),
                 DType::Bf16 => check::<bf16>(&emu, i, &case),
@@ -342,20 +348,22 @@ fn emulated_sm90_tma_loads_prefetch_every_tile() {
     }
 }
 
-/// The persistent grid: more work tiles than the emulated GPU's SMs run on SM count × occupancy CTAs (each
-/// CTA walks several tiles, its barrier phases and KV ring carried across them), with the right answer;
-/// fewer tiles than SMs run one CTA per tile. Causal varlen with sequences of different lengths runs the
-/// longest-first order over the longest sequence's tiles (the sweeps above run on 3 SMs, so every CTA there
-/// walks several tiles of every kind).
+/// The persistent grid, for every sm90 kernel: more work tiles than the emulated GPU's SMs run on SM count ×
+/// occupancy CTAs (each CTA walks several tiles, its barrier phases and KV ring carried across them), with
+/// the right answer; fewer tiles than SMs run one CTA per tile. Causal varlen with sequences of different
+/// lengths runs the longest-first order over the longest sequence's tiles (the sweeps above run on 3 SMs,
+/// so every CTA there walks several tiles of every kind).
 #[test]
 fn emulated_sm90_persistent_grid_is_the_resident_ctas() {
     use fused_attn::prefill::{persistent_ctas, EMULATED_SMS, SM90_OCCUPANCY};
     let emu = Emulator::new();
     let heads = EMULATED_SMS + 8;
-    let many = sm90(PrefillCase::dense(DType::Bf16, 128, false, 3, 100, (heads, heads / 4)));
-    check::<bf16>(&emu, 0, &many).unwrap_or_else(|e| panic!("{}: {e}", many.label()));
-    let k = emu.last_launch_counters().unwrap().total();
-    assert_eq!(k.blocks as usize, EMULATED_SMS * SM90_OCCUPANCY, "CTAs of {heads} work tiles");
+    for (i, &d) in SM90_HEAD_DIMS.iter().enumerate() {
+        let many = sm90(PrefillCase::dense(DType::Bf16, d, i % 2 == 1, 3, 100, (heads, heads / 4)));
+        check::<bf16>(&emu, 10 + i, &many).unwrap_or_else(|e| panic!("{}: {e}", many.label()));
+        let k = emu.last_launch_counters().unwrap().total();
+        assert_eq!(k.blocks as usize, EMULATED_SMS * SM90_OCCUPANCY, "{}: CTAs of {heads} work tiles", many.label());
+    }
     assert_eq!(persistent_ctas(heads, EMULATED_SMS), EMULATED_SMS);
     let few = sm90(PrefillCase::dense(DType::F16, 128, true, 300, 300, (2, 1)));
     check::<f16>(&emu, 1, &few).unwrap_or_else(|e| panic!("{}: {e}", few.label()));
@@ -365,9 +373,11 @@ fn emulated_sm90_persistent_grid_is_the_resident_ctas() {
     let two = Emulator::new().with_multiprocessors(2);
     check::<f16>(&two, 2, &few).unwrap_or_else(|e| panic!("{}: {e}", few.label()));
     assert_eq!(two.last_launch_counters().unwrap().total().blocks, 2);
-    let varlen = PrefillCase::varlen(DType::Bf16, 128, true, (2, 1), vec![(400, 420), (5, 3), (200, 130)]);
-    check::<bf16>(&two, 3, &sm90(varlen)).unwrap();
-    assert_eq!(two.last_launch_counters().unwrap().total().blocks, 2);
+    for (i, &d) in SM90_HEAD_DIMS.iter().enumerate() {
+        let varlen = sm90(PrefillCase::varlen(DType::Bf16, d, true, (2, 1), vec![(400, 420), (5, 3), (200, 130)]));
+        check::<bf16>(&two, 20 + i, &varlen).unwrap_or_else(|e| panic!("{}: {e}", varlen.label()));
+        assert_eq!(two.last_launch_counters().unwrap().total().blocks, 2, "{}", varlen.label());
+    }
 }
 
 /// FA3's L2 hints and TMA-store epilogue, from the emulator's counters: every Q byte the TMA loads is under
