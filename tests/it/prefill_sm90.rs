@@ -315,19 +315,26 @@ fn emulated_sm90_results_do_not_depend_on_scheduling() {
 /// Prefetch slack, from the emulator's happens-before order (FaEmuCounters.tma_tiles_*): for every sm90
 /// kernel, every K and V tile load after a stream's first is issued while the previous tile may still be in
 /// use — the producer is never ordered after a consumer's wgmma read of tile w completing when it requests
-/// tile w+1. Freeing K and V of a stage together after the P·V of the next iteration (the joint-release
-/// pipeline, scripts/mutants/sm90-joint-release.patch) makes every K load of the two-stage D = 256 kernel
-/// late. One CTA, one query tile, six KV tiles: 5 counted loads per stream, for K and V. Every kernel: each
-/// head dim's unmasked tile, and D 128's causal 128 x 128 tile (causal, bottom-right: the query tile sees
-/// all six KV tiles, the top one masked).
+/// tile w+1 — and with three stages every load from the third on while the two previous tiles may still be
+/// (two tiles of slack: the whole ring in use); with two stages none can be (the exact count, so that the
+/// check is seen to detect the limit). Freeing K and V of a stage together after the P·V of the next
+/// iteration (the joint-release pipeline, scripts/mutants/sm90-joint-release.patch) makes the two-stage
+/// kernels' K loads late and costs the three-stage kernels their second tile of slack. One CTA, one query
+/// tile, six KV tiles: 5 loads per stream counted for one tile of slack and 4 for two, for K and V. Every
+/// kernel: each head dim's unmasked tile, and D 128's causal 128 x 128 tile (causal, bottom-right: the
+/// query tile sees all six KV tiles, the top one masked).
 #[test]
 fn emulated_sm90_tma_loads_prefetch_every_tile() {
+    use fused_attn::tile::{tile_policy, KernelOp};
     let emu = Emulator::new();
     let kernels = SM90_HEAD_DIMS
         .iter()
         .flat_map(|&d| [(d, false), (d, true)])
         .filter(|&(d, causal)| !causal || Sm90Tile::for_call(d, true) != Sm90Tile::for_call(d, false));
+    let mut wrong = Vec::new();
     for (i, (d, causal)) in kernels.enumerate() {
+        let stages = tile_policy(KernelOp::PrefillSm90, d, causal, None).unwrap().stages;
+        assert!(stages == 2 || stages == 3, "D {d}: {stages} stages");
         for dtype in [DType::F16, DType::Bf16] {
             let tile = Sm90Tile::for_call(d, causal).unwrap();
             let case = sm90(PrefillCase::dense(dtype, d, causal, tile.block_m, 6 * tile.block_n, (1, 1)));
@@ -338,14 +345,19 @@ fn emulated_sm90_tma_loads_prefetch_every_tile() {
             r.unwrap_or_else(|e| panic!("{}: {e}", case.label()));
             let k = emu.last_launch_counters().unwrap().total();
             assert_eq!(k.blocks, 1, "{}", case.label());
-            assert_eq!(
-                (k.tma_tiles_prefetched, k.tma_tiles_late),
-                (10, 0),
-                "{}: K and V loads issued only after the consumers finished the previous tile",
-                case.label()
-            );
+            let got = (k.tma_tiles_prefetched, k.tma_tiles_late, k.tma_tiles_two_ahead);
+            let want = (10, 0, if stages == 3 { 8 } else { 0 });
+            eprintln!("{} ({stages} stages): prefetched, late, two ahead = {got:?}", case.label());
+            if got != want {
+                wrong.push(format!("{} ({stages} stages): {got:?}, want {want:?}", case.label()));
+            }
         }
     }
+    assert!(
+        wrong.is_empty(),
+        "K and V loads waiting for the consumers (prefetched, late, two ahead):\n{}",
+        wrong.join("\n")
+    );
 }
 
 /// The persistent grid, for every sm90 kernel: more work tiles than the emulated GPU's SMs run on SM count ×
