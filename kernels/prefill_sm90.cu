@@ -71,13 +71,12 @@ FA_DEVICE void consume_tile(const FaPrefillParams &p, unsigned char *smem, const
   if (lane_id() == 0) mbarrier_arrive(bars.q_empty());
 }
 
-// Calls f(work, seq, m0, window, range, work_count) for each of this CTA's work tiles that has rows (a
-// varlen tile past its sequence's end is skipped: uniform over the CTA). Each role runs its own copy
-// (setmaxnreg: a role's code must lie in its branch).
+// Calls f(work, seq, m0, window, range, work_count) for each of this CTA's work tiles (every one has rows;
+// the check below only guards the invariant). Each role runs its own copy (setmaxnreg: a role's code must
+// lie in its branch).
 template <class Tr, class F> FA_DEVICE void for_each_work_tile(const FaPrefillParams &p, F f) {
-  const TileScheduler sched{(p.seqlen_q + Tr::kBr - 1) / Tr::kBr, p.heads_q, p.batch, p.causal != 0};
-  auto run = [&](int t, int work_count) {
-    const WorkTile work = sched.tile(t);
+  const TileScheduler sched = TileScheduler::of(p, Tr::kBr);
+  auto run = [&](const WorkTile &work, int work_count) {
     const prefill::SeqInfo seq = prefill::seq_info(p, work.batch, work.head);
     const int m0 = work.m_block * Tr::kBr;
     if (m0 >= seq.tq) return false;
@@ -87,8 +86,11 @@ template <class Tr, class F> FA_DEVICE void for_each_work_tile(const FaPrefillPa
     f(work, seq, m0, window, range, work_count);
     return true;
   };
-  int work_count = 0; // with one CTA per tile (ctas = 0) the loop runs once
-  for (int t = TileScheduler::first(); t < sched.tiles(); t += TileScheduler::stride()) work_count += run(t, work_count);
+  int work_count = 0; // with one CTA per tile (ctas = 0) the loop runs at most once
+  WorkTile work;
+  TileScheduler::Cursor cursor;
+  for (int t = TileScheduler::first(); sched.tile(t, work, cursor); t += TileScheduler::stride())
+    work_count += run(work, work_count);
 }
 
 template <class T, int kHeadDim, int kBc> FA_DEVICE void prefill_sm90_kernel(const FaPrefillSm90Params &params) {

@@ -392,6 +392,28 @@ fn emulated_sm90_persistent_grid_is_the_resident_ctas() {
     }
 }
 
+/// Varlen numbers only the work tiles that have rows (fa/hopper/tile_scheduler.cuh): a batch of one
+/// 512-token sequence and three 1-token ones has 7 tiles at Br = 128 (6 at D 64's 192) against 16 (12)
+/// counted over the longest sequence, and on 8 SMs every one of them lands on its own CTA — all 7 (6) CTAs
+/// that have a tile store output (`active_blocks`). Numbered over the longest sequence, CTA b would run
+/// indices b and b + 8, two real tiles on some CTAs and none on others: 5 active. Right answers too, causal
+/// and not (the causal order reverses the query tiles within a sequence).
+#[test]
+fn emulated_sm90_varlen_tiles_are_only_those_with_rows() {
+    let emu = Emulator::new().with_multiprocessors(8);
+    let seqs = vec![(512, 512), (1, 1), (1, 1), (1, 1)];
+    for (i, &d) in SM90_HEAD_DIMS.iter().enumerate() {
+        for causal in [false, true] {
+            let case = sm90(PrefillCase::varlen(DType::F16, d, causal, (1, 1), seqs.clone()));
+            check::<f16>(&emu, 30 + 2 * i + causal as usize, &case).unwrap_or_else(|e| panic!("{}: {e}", case.label()));
+            let block_m = Sm90Tile::for_call(d, causal).unwrap().block_m;
+            let tiles: usize = seqs.iter().map(|s| s.0.div_ceil(block_m)).sum();
+            let k = emu.last_launch_counters().unwrap().total();
+            assert_eq!((k.blocks, k.active_blocks), (8, tiles as u64), "{}: {k}", case.label());
+        }
+    }
+}
+
 /// FA3's L2 hints and TMA-store epilogue, from the emulator's counters: every Q byte the TMA loads is under
 /// evict_first and every K and V byte under evict_last (nothing unhinted); a dense call stores O by TMA,
 /// one 16-row box per panel of each warp that has rows (whole boxes: the TMA unit clips rows past Tq, which
