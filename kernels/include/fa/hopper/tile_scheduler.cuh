@@ -57,11 +57,13 @@ struct TileScheduler {
   FA_DEVICE bool tile(int t, WorkTile &out, Cursor &cur) const {
     if (cu_seqlens_q != nullptr) {
       // Sequence b holds tiles(b) · heads consecutive indices: its query tiles (lengths clamped as seq_info
-      // clamps them) for each head.
+      // clamps them) for each head. At most m_blocks of them, as the dense count: a sequence longer than the
+      // call's seqlen_q (bad cu_seqlens on a GPU, docs/semantics.md) keeps its first rows, and the sum stays
+      // below the launch's tile count (int32, checked by the launcher).
       for (; cur.b < batch; ++cur.b) {
         int start, len;
         prefill::varlen_bounds(cu_seqlens_q, cur.b, total_q, start, len);
-        const int n = (len + br - 1) / br;
+        const int tiles = (len + br - 1) / br, n = tiles < m_blocks ? tiles : m_blocks;
         if (t < cur.before + n * heads) {
           const int r = t - cur.before, m = r % n;
           out = WorkTile{causal ? n - 1 - m : m, r / n, cur.b};
