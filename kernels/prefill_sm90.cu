@@ -89,8 +89,11 @@ template <class Tr, class F> FA_DEVICE void for_each_work_tile(const FaPrefillPa
   int work_count = 0; // with one CTA per tile (ctas = 0) the loop runs at most once
   WorkTile work;
   TileScheduler::Cursor cursor;
-  for (int t = TileScheduler::first(); sched.tile(t, work, cursor); t += TileScheduler::stride())
+  for (int t = TileScheduler::first(); sched.tile(t, work, cursor);) {
     work_count += run(work, work_count);
+    if (t > INT32_MAX - TileScheduler::stride()) break; // the next index would overflow (tiles ≤ INT32_MAX)
+    t += TileScheduler::stride();
+  }
 }
 
 template <class T, int kHeadDim, int kBc> FA_DEVICE void prefill_sm90_kernel(const FaPrefillSm90Params &params) {
