@@ -71,13 +71,12 @@ FA_DEVICE void consume_tile(const FaPrefillParams &p, unsigned char *smem, const
   if (lane_id() == 0) mbarrier_arrive(bars.q_empty());
 }
 
-// Calls f(work, seq, m0, window, range, work_count) for each of this CTA's work tiles that has rows (a
-// varlen tile past its sequence's end is skipped: uniform over the CTA). Each role runs its own copy
-// (setmaxnreg: a role's code must lie in its branch).
+// Calls f(work, seq, m0, window, range, work_count) for each of this CTA's work tiles (every one has rows;
+// the check below only guards the invariant). Each role runs its own copy (setmaxnreg: a role's code must
+// lie in its branch).
 template <class Tr, class F> FA_DEVICE void for_each_work_tile(const FaPrefillParams &p, F f) {
-  const TileScheduler sched{(p.seqlen_q + Tr::kBr - 1) / Tr::kBr, p.heads_q, p.batch, p.causal != 0};
-  auto run = [&](int t, int work_count) {
-    const WorkTile work = sched.tile(t);
+  const TileScheduler sched = TileScheduler::of(p, Tr::kBr);
+  auto run = [&](const WorkTile &work, int work_count) {
     const prefill::SeqInfo seq = prefill::seq_info(p, work.batch, work.head);
     const int m0 = work.m_block * Tr::kBr;
     if (m0 >= seq.tq) return false;
@@ -87,11 +86,13 @@ template <class Tr, class F> FA_DEVICE void for_each_work_tile(const FaPrefillPa
     f(work, seq, m0, window, range, work_count);
     return true;
   };
-  if constexpr (!Tr::kPersistent) {
-    run(TileScheduler::first(), 0); // one CTA per tile (the launcher's grid)
-  } else {
-    int work_count = 0;
-    for (int t = TileScheduler::first(); t < sched.tiles(); t += TileScheduler::stride()) work_count += run(t, work_count);
+  int work_count = 0; // with one CTA per tile (ctas = 0) the loop runs at most once
+  WorkTile work;
+  TileScheduler::Cursor cursor;
+  for (int t = TileScheduler::first(); sched.tile(t, work, cursor);) {
+    work_count += run(work, work_count);
+    if (t > INT32_MAX - TileScheduler::stride()) break; // the next index would overflow (tiles ≤ INT32_MAX)
+    t += TileScheduler::stride();
   }
 }
 
@@ -165,7 +166,7 @@ int launch_prefill_sm90(void (*kernel)(FaPrefillSm90Params), const char *name, c
   const int64_t tiles = m_blocks * p.base.heads_q * p.base.batch;
   if (tiles == 0) return FA_OK;
   if (tiles > INT32_MAX || p.ctas < 0) return FA_ERR_INVALID;
-  const int ctas = Tr::kPersistent && p.ctas > 0 && p.ctas < tiles ? p.ctas : (int)tiles;
+  const int ctas = p.ctas > 0 && p.ctas < tiles ? p.ctas : (int)tiles;
   return launch(name, kernel, Dim3{ctas, 1, 1}, Tr::kThreads, Tr::kSmemBytes, exec, p);
 }
 

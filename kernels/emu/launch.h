@@ -229,6 +229,10 @@ struct TmaStream {
   // Per warp: 1 + its epoch when it observed (wgmma_wait) the completion of a wgmma that read the current
   // tile; 0 if none did.
   uint32_t done[32] = {};
+  // The same for the tile before the current one (still recorded after the current one was issued: a
+  // consumer may finish it later), for the two-tile slack (FaEmuCounters.tma_tiles_two_ahead).
+  uint32_t prev_lo = 0, prev_hi = 0;
+  uint32_t prev_done[32] = {};
 };
 
 struct Launch {

@@ -190,14 +190,22 @@ void track_stream(Launch &l, const Thread &t, const void *map, const TmaBox &box
     s->hi = hi > s->hi ? hi : s->hi;
     return;
   }
-  if (s->tiles > 0) {
-    bool late = false;
-    for (int w = 0; w < l.num_warps && !late; ++w) {
-      late = s->done[w] != 0 && (w == t.warp || l.shared.ordered_after(t.warp, w, s->done[w] - 1));
+  // Whether the issuer is ordered after a completed wgmma read recorded in `done`.
+  auto waited_for = [&](const uint32_t *done) {
+    for (int w = 0; w < l.num_warps; ++w) {
+      if (done[w] != 0 && (w == t.warp || l.shared.ordered_after(t.warp, w, done[w] - 1))) return true;
     }
+    return false;
+  };
+  if (s->tiles > 0) {
+    const bool late = waited_for(s->done);
     (late ? l.counters.tma_tiles_late : l.counters.tma_tiles_prefetched) += 1;
+    if (s->tiles > 1 && !late && !waited_for(s->prev_done)) l.counters.tma_tiles_two_ahead += 1;
   }
   memcpy(s->tile, box.coords + 1, sizeof s->tile);
+  s->prev_lo = s->lo;
+  s->prev_hi = s->hi;
+  memcpy(s->prev_done, s->done, sizeof s->done);
   s->lo = lo;
   s->hi = hi;
   s->tiles += 1;
@@ -209,9 +217,12 @@ void track_stream(Launch &l, const Thread &t, const void *map, const TmaBox &box
 void tma_streams_read_done(Launch &l, uint32_t lo, uint32_t hi, uint32_t warp_mask) {
   for (int i = 0; i < l.num_tma_streams; ++i) {
     TmaStream &s = l.tma_streams[i];
-    if (lo >= s.hi || hi <= s.lo) continue;
+    const bool current = lo < s.hi && hi > s.lo;
+    const bool previous = s.tiles > 1 && lo < s.prev_hi && hi > s.prev_lo;
     for (int w = 0; w < l.num_warps; ++w) {
-      if (warp_mask >> w & 1) s.done[w] = l.shared.epoch_of(w) + 1;
+      if (!(warp_mask >> w & 1)) continue;
+      if (current) s.done[w] = l.shared.epoch_of(w) + 1;
+      if (previous) s.prev_done[w] = l.shared.epoch_of(w) + 1;
     }
   }
 }

@@ -89,7 +89,7 @@ impl Sm90Tile {
 /// same attention; the default has every step on. Ignored by the sm_80 kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Sm90Steps {
-    /// The persistent grid (D 128: SM count × occupancy CTAs walking the work tiles); off: one CTA per tile.
+    /// The persistent grid (SM count × occupancy CTAs walking the work tiles); off: one CTA per tile.
     pub persistent: bool,
     /// FA3's 128 × 176 tile for D 128 without a mask; off: 128 × 128 as causal calls.
     pub wide_tile: bool,
@@ -351,13 +351,19 @@ mod tests {
         assert_eq!("sm100".parse::<PrefillKernel>().unwrap_err().kind(), &ErrorKind::Usage);
     }
 
-    /// A 16k-token non-causal prefill (B 1, 16 heads, D 128: 128 query tiles per head) launches one CTA per
-    /// SM on an H100 (132) or H200 (132), not 2048; a call with fewer tiles than SMs one per tile.
+    /// A 16k-token non-causal prefill (B 1, 16 heads; D 128: 128 query tiles per head) launches one CTA per
+    /// SM on an H100 (132) or H200 (132), not 2048, at every head dim; a call with fewer tiles than SMs one
+    /// per tile.
     #[test]
     fn persistent_grid_is_the_resident_ctas() {
         let tile = Sm90Tile::for_call(128, false).unwrap();
         let tiles = (16384usize).div_ceil(tile.block_m) * 16;
         assert_eq!(tiles, 2048);
+        for d in SM90_HEAD_DIMS {
+            let tiles = (16384usize).div_ceil(Sm90Tile::for_call(d, false).unwrap().block_m) * 16;
+            assert!(tiles > 132 * SM90_OCCUPANCY, "D {d}: {tiles} tiles");
+            assert_eq!(persistent_ctas(tiles, 132), 132, "D {d}");
+        }
         assert_eq!(persistent_ctas(tiles, 132), 132);
         assert_eq!(persistent_ctas(tiles, 114), 114); // H100 PCIe
         assert_eq!(persistent_ctas(40, 132), 40);

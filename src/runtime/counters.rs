@@ -170,6 +170,10 @@ kernel_counters! {
     tma_tiles_prefetched: sum,
     /// TMA tiles whose load waited for a wgmma read of the previous tile to complete (no prefetch).
     tma_tiles_late: sum,
+    /// Of the TMA tiles with two before them in their stream, those issued while both could still be in
+    /// use: the issuer is ordered after no completed wgmma read of either (two tiles of slack: a three-stage
+    /// ring freeing each stage as soon as it is read).
+    tma_tiles_two_ahead: sum,
     /// CTAs run.
     blocks: sum,
     /// CTAs that stored any global byte: those that had work (a fixed-size grid's spare CTAs exit without

@@ -315,16 +315,29 @@ fn emulated_sm90_results_do_not_depend_on_scheduling() {
 /// Prefetch slack, from the emulator's happens-before order (FaEmuCounters.tma_tiles_*): for every sm90
 /// kernel, every K and V tile load after a stream's first is issued while the previous tile may still be in
 /// use — the producer is never ordered after a consumer's wgmma read of tile w completing when it requests
-/// tile w+1. Freeing K and V of a stage together after the P·V of the next iteration (the joint-release
-/// pipeline, scripts/mutants/sm90-joint-release.patch) makes every K load of the two-stage D = 256 kernel
-/// late. One CTA, one query tile, six KV tiles: 5 counted loads per stream, for K and V.
+/// tile w+1 — and with three stages every load from the third on while the two previous tiles may still be
+/// (two tiles of slack: the whole ring in use); with two stages none can be (the exact count, so that the
+/// check is seen to detect the limit). Freeing K and V of a stage together after the P·V of the next
+/// iteration (the joint-release pipeline, scripts/mutants/sm90-joint-release.patch) makes the two-stage
+/// kernels' K loads late and costs the three-stage kernels their second tile of slack. One CTA, one query
+/// tile, six KV tiles: 5 loads per stream counted for one tile of slack and 4 for two, for K and V. Every
+/// kernel: each head dim's unmasked tile, and D 128's causal 128 x 128 tile (causal, bottom-right: the
+/// query tile sees all six KV tiles, the top one masked).
 #[test]
 fn emulated_sm90_tma_loads_prefetch_every_tile() {
+    use fused_attn::tile::{tile_policy, KernelOp};
     let emu = Emulator::new();
-    for (i, &d) in SM90_HEAD_DIMS.iter().enumerate() {
+    let kernels = SM90_HEAD_DIMS
+        .iter()
+        .flat_map(|&d| [(d, false), (d, true)])
+        .filter(|&(d, causal)| !causal || Sm90Tile::for_call(d, true) != Sm90Tile::for_call(d, false));
+    let mut wrong = Vec::new();
+    for (i, (d, causal)) in kernels.enumerate() {
+        let stages = tile_policy(KernelOp::PrefillSm90, d, causal, None).unwrap().stages;
+        assert!(stages == 2 || stages == 3, "D {d}: {stages} stages");
         for dtype in [DType::F16, DType::Bf16] {
-            let tile = Sm90Tile::for_call(d, false).unwrap();
-            let case = sm90(PrefillCase::dense(dtype, d, false, tile.block_m, 6 * tile.block_n, (1, 1)));
+            let tile = Sm90Tile::for_call(d, causal).unwrap();
+            let case = sm90(PrefillCase::dense(dtype, d, causal, tile.block_m, 6 * tile.block_n, (1, 1)));
             let r = match dtype {
                 DType::F16 => check::<f16>(&emu, i, &case),
                 DType::Bf16 => check::<bf16>(&emu, i, &case),
@@ -332,30 +345,37 @@ fn emulated_sm90_tma_loads_prefetch_every_tile() {
             r.unwrap_or_else(|e| panic!("{}: {e}", case.label()));
             let k = emu.last_launch_counters().unwrap().total();
             assert_eq!(k.blocks, 1, "{}", case.label());
-            assert_eq!(
-                (k.tma_tiles_prefetched, k.tma_tiles_late),
-                (10, 0),
-                "{}: K and V loads issued only after the consumers finished the previous tile",
-                case.label()
-            );
+            let got = (k.tma_tiles_prefetched, k.tma_tiles_late, k.tma_tiles_two_ahead);
+            let want = (10, 0, if stages == 3 { 8 } else { 0 });
+            eprintln!("{} ({stages} stages): prefetched, late, two ahead = {got:?}", case.label());
+            if got != want {
+                wrong.push(format!("{} ({stages} stages): {got:?}, want {want:?}", case.label()));
+            }
         }
     }
+    assert!(
+        wrong.is_empty(),
+        "K and V loads waiting for the consumers (prefetched, late, two ahead):\n{}",
+        wrong.join("\n")
+    );
 }
 
-/// The persistent grid: more work tiles than the emulated GPU's SMs run on SM count × occupancy CTAs (each
-/// CTA walks several tiles, its barrier phases and KV ring carried across them), with the right answer;
-/// fewer tiles than SMs run one CTA per tile. Causal varlen with sequences of different lengths runs the
-/// longest-first order over the longest sequence's tiles (the sweeps above run on 3 SMs, so every CTA there
-/// walks several tiles of every kind).
+/// The persistent grid, for every sm90 kernel: more work tiles than the emulated GPU's SMs run on SM count ×
+/// occupancy CTAs (each CTA walks several tiles, its barrier phases and KV ring carried across them), with
+/// the right answer; fewer tiles than SMs run one CTA per tile. Causal varlen with sequences of different
+/// lengths runs the longest-first order over the longest sequence's tiles (the sweeps above run on 3 SMs,
+/// so every CTA there walks several tiles of every kind).
 #[test]
 fn emulated_sm90_persistent_grid_is_the_resident_ctas() {
     use fused_attn::prefill::{persistent_ctas, EMULATED_SMS, SM90_OCCUPANCY};
     let emu = Emulator::new();
     let heads = EMULATED_SMS + 8;
-    let many = sm90(PrefillCase::dense(DType::Bf16, 128, false, 3, 100, (heads, heads / 4)));
-    check::<bf16>(&emu, 0, &many).unwrap_or_else(|e| panic!("{}: {e}", many.label()));
-    let k = emu.last_launch_counters().unwrap().total();
-    assert_eq!(k.blocks as usize, EMULATED_SMS * SM90_OCCUPANCY, "CTAs of {heads} work tiles");
+    for (i, &d) in SM90_HEAD_DIMS.iter().enumerate() {
+        let many = sm90(PrefillCase::dense(DType::Bf16, d, i % 2 == 1, 3, 100, (heads, heads / 4)));
+        check::<bf16>(&emu, 10 + i, &many).unwrap_or_else(|e| panic!("{}: {e}", many.label()));
+        let k = emu.last_launch_counters().unwrap().total();
+        assert_eq!(k.blocks as usize, EMULATED_SMS * SM90_OCCUPANCY, "{}: CTAs of {heads} work tiles", many.label());
+    }
     assert_eq!(persistent_ctas(heads, EMULATED_SMS), EMULATED_SMS);
     let few = sm90(PrefillCase::dense(DType::F16, 128, true, 300, 300, (2, 1)));
     check::<f16>(&emu, 1, &few).unwrap_or_else(|e| panic!("{}: {e}", few.label()));
@@ -365,9 +385,33 @@ fn emulated_sm90_persistent_grid_is_the_resident_ctas() {
     let two = Emulator::new().with_multiprocessors(2);
     check::<f16>(&two, 2, &few).unwrap_or_else(|e| panic!("{}: {e}", few.label()));
     assert_eq!(two.last_launch_counters().unwrap().total().blocks, 2);
-    let varlen = PrefillCase::varlen(DType::Bf16, 128, true, (2, 1), vec![(400, 420), (5, 3), (200, 130)]);
-    check::<bf16>(&two, 3, &sm90(varlen)).unwrap();
-    assert_eq!(two.last_launch_counters().unwrap().total().blocks, 2);
+    for (i, &d) in SM90_HEAD_DIMS.iter().enumerate() {
+        let varlen = sm90(PrefillCase::varlen(DType::Bf16, d, true, (2, 1), vec![(400, 420), (5, 3), (200, 130)]));
+        check::<bf16>(&two, 20 + i, &varlen).unwrap_or_else(|e| panic!("{}: {e}", varlen.label()));
+        assert_eq!(two.last_launch_counters().unwrap().total().blocks, 2, "{}", varlen.label());
+    }
+}
+
+/// Varlen numbers only the work tiles that have rows (fa/hopper/tile_scheduler.cuh): a batch of one
+/// 512-token sequence and three 1-token ones has 7 tiles at Br = 128 (6 at D 64's 192) against 16 (12)
+/// counted over the longest sequence, and on 8 SMs every one of them lands on its own CTA — all 7 (6) CTAs
+/// that have a tile store output (`active_blocks`). Numbered over the longest sequence, CTA b would run
+/// indices b and b + 8, two real tiles on some CTAs and none on others: 5 active. Right answers too, causal
+/// and not (the causal order reverses the query tiles within a sequence).
+#[test]
+fn emulated_sm90_varlen_tiles_are_only_those_with_rows() {
+    let emu = Emulator::new().with_multiprocessors(8);
+    let seqs = vec![(512, 512), (1, 1), (1, 1), (1, 1)];
+    for (i, &d) in SM90_HEAD_DIMS.iter().enumerate() {
+        for causal in [false, true] {
+            let case = sm90(PrefillCase::varlen(DType::F16, d, causal, (1, 1), seqs.clone()));
+            check::<f16>(&emu, 30 + 2 * i + causal as usize, &case).unwrap_or_else(|e| panic!("{}: {e}", case.label()));
+            let block_m = Sm90Tile::for_call(d, causal).unwrap().block_m;
+            let tiles: usize = seqs.iter().map(|s| s.0.div_ceil(block_m)).sum();
+            let k = emu.last_launch_counters().unwrap().total();
+            assert_eq!((k.blocks, k.active_blocks), (8, tiles as u64), "{}: {k}", case.label());
+        }
+    }
 }
 
 /// FA3's L2 hints and TMA-store epilogue, from the emulator's counters: every Q byte the TMA loads is under

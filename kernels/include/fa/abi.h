@@ -475,6 +475,10 @@ typedef struct FaEmuCounters {
    * consumer to finish tile w (late), else it was issued while tile w could still be in use (prefetched). */
   uint64_t tma_tiles_prefetched;
   uint64_t tma_tiles_late;
+  /* Of the tiles with two before them in their stream, those whose issuer is ordered after no completed wgmma
+   * read of tile w nor of tile w-1: issued while both could still be in use (two tiles of slack, what a
+   * three-stage ring that frees each stage as soon as it is read gives). */
+  uint64_t tma_tiles_two_ahead;
 } FaEmuCounters;
 
 typedef struct FaEmuLaunch {

@@ -7,8 +7,8 @@
 // query rows each (wgmma's M), so Br = 64 · kConsumers. Registers: the threads start with 65536 / threads
 // each (rounded down to 8); the producer returns all but kProducerRegs and the consumers take
 // kConsumerRegs, out of that pool: producer + kConsumers · consumer ≤ (1 + kConsumers) · entry.
-//   2 consumers, 384 threads, entry 168: 40 + 2 · 232 = 504 ≤ 504, or 24 + 2 · 240 = 504 (FA3's split at
-//     D = 128: the producer uses R0-R11).
+//   2 consumers, 384 threads, entry 168: 40 + 2 · 232 = 504 ≤ 504 (D 128 at 128 x 128), or 24 + 2 · 240 = 504
+//     (FA3's split with two consumers: D 128 at 128 x 176 and D 256; the producer uses R0-R11).
 //   3 consumers, 512 threads, entry 128: 24 + 3 · 160 = 504 ≤ 512 (FA3's split at D = 64; the producer
 //     uses 14 registers, tests/it/build_artifacts.rs checks every role against its budget).
 //
@@ -21,7 +21,7 @@
 //   64  | 3         | 192 | 128 | 3      | 24 + 3·32  = 120 KiB    | 64 + 32 + 32  = 128 / 160 (FA3: 192 x 128)
 //   128 | 2         | 128 | 176 | 2      | 32 + 2·88  = 208 KiB    | 88 + 64 + 44  = 196 / 240 (FA3: 128 x 176)
 //   128 | 2         | 128 | 128 | 3      | 32 + 3·64  = 224 KiB    | 64 + 64 + 32  = 160 / 232 (causal/local)
-//   256 | 2         | 128 | 64  | 2      | 64 + 2·64  = 192 KiB    | 32 + 128 + 16 = 176 / 232 (FA3: 128 x 80)
+//   256 | 2         | 128 | 64  | 2      | 64 + 2·64  = 192 KiB    | 32 + 128 + 16 = 176 / 240 (FA3: 128 x 80)
 // D = 64 runs three consumers: its GEMMs per KV tile are half D = 128's while the softmax per score is the
 // same, so with two consumers the tensor cores would idle behind the softmax that pingpong cannot hide; a
 // third warpgroup gives them a third stream (the ring of Pingpong, fa/hopper/mainloop.cuh) and every K/V
@@ -35,6 +35,11 @@
 // (3 x 88 KiB would not fit); causal and windowed calls keep 128 x 128 as FA3 does (a wider tile adds
 // masked diagonal work and a longer tail of short query tiles). D = 64 stays at 192 x 128: FA3's 192 x 192
 // would need S = 96 + O 32 + P 48 = 176 fragment registers, past the 160 its three consumers get.
+// D = 256 takes the 24 / 240 split too (FA3's with two consumers; its producer uses R0-R10): with the
+// persistent loop, 232 spilled (ptxas: 44 bytes even at 240 until the epilogue's staging addresses were kept
+// from being hoisted out of the loop, fa/hopper/epilogue.cuh; now R234 the highest, no spills).
+// Every instantiation runs the persistent loop (fa/hopper/tile_scheduler.cuh); launched with one CTA per
+// tile (FaPrefillSm90Params.ctas = 0, Sm90Steps::persistent off) it runs its one tile.
 // Stages: K and V have their own full/empty barriers (fa/hopper/pipeline.cuh), K freed as soon as S = Q Kᵀ
 // completed and V once P V did, so with two stages the load of tile n+1's K already overlaps tile n; a
 // third stage (D 64 and 128, where 227 KiB allow it) lets the producer run one more tile ahead, absorbing
@@ -54,7 +59,7 @@ constexpr int kPanelCols = 64;    // 16-bit elements per 128-byte swizzle row
 constexpr int kPanelRowBytes = 128;
 
 template <int kHeadDim_, int kBc_, int kStages_, int kConsumers_, int kProducerRegs_, int kConsumerRegs_,
-          bool kPingpong_, bool kPersistent_>
+          bool kPingpong_>
 struct PrefillShape {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kConsumers = kConsumers_; // consumer warpgroups
@@ -67,10 +72,6 @@ struct PrefillShape {
   static constexpr int kProducerRegs = kProducerRegs_;
   static constexpr int kConsumerRegs = kConsumerRegs_;
   static constexpr bool kPingpong = kPingpong_;
-  // Persistent grid (fa/hopper/tile_scheduler.cuh): D 128 only. The loop's state across work tiles costs
-  // ~8 registers the D 64 (160) and D 256 (232) consumers do not have: ptxas spilled 80 / 104 bytes there;
-  // they run one CTA per tile until their consumers are leaner.
-  static constexpr bool kPersistent = kPersistent_;
   // Bytes of one panel / tile of each operand.
   static constexpr int kQPanelBytes = kBr * kPanelRowBytes;
   static constexpr int kKvPanelBytes = kBc * kPanelRowBytes;
@@ -92,11 +93,11 @@ struct PrefillShape {
 };
 
 template <int kHeadDim, int kBc> struct PrefillTraits;
-//                                                      D    Bc   stages consumers registers pingpong persistent
-template <> struct PrefillTraits<64, 128> : PrefillShape<64, 128, 3, 3, 24, 160, true, false> {};
-template <> struct PrefillTraits<128, 176> : PrefillShape<128, 176, 2, 2, 24, 240, true, true> {};
-template <> struct PrefillTraits<128, 128> : PrefillShape<128, 128, 3, 2, 40, 232, true, true> {};
-template <> struct PrefillTraits<256, 64> : PrefillShape<256, 64, 2, 2, 40, 232, false, false> {};
+//                                                      D    Bc   stages consumers registers pingpong
+template <> struct PrefillTraits<64, 128> : PrefillShape<64, 128, 3, 3, 24, 160, true> {};
+template <> struct PrefillTraits<128, 176> : PrefillShape<128, 176, 2, 2, 24, 240, true> {};
+template <> struct PrefillTraits<128, 128> : PrefillShape<128, 128, 3, 2, 40, 232, true> {};
+template <> struct PrefillTraits<256, 64> : PrefillShape<256, 64, 2, 2, 24, 240, false> {};
 
 // The instantiated (D, Bc) tiles as an X-macro list, X(D, Bc, name suffix): the suffix names the wider of two
 // tiles of one head dim. It drives prefill_sm90.cu's instantiations, dispatch and tile policy.
