@@ -37,7 +37,7 @@ fn parse_targets(archs: &str) -> Vec<Target> {
 /// missing here fails there.
 fn code_changes_at(stem: &str) -> &'static [u32] {
     match stem {
-        "append" | "decode_fp8" | "paged_prefill_fp8" | "selftest" => &[89],
+        "append" | "decode_fp8" | "paged_prefill_fp8" | "selftest" | "mla" => &[89],
         _ => &[],
     }
 }
