@@ -523,7 +523,8 @@ pub fn time_case_gpu(cs: &Arc<CudaStream>, case: &MlaCase, seed: u64, runs: Runs
         let outcome = evaluate(&f, plan, &o, &lse, seed)?;
         let bytes = case.bytes(&plan);
         let secs = timing.median_ms * 1e-3;
-        Ok(MlaTiming { timing, plan, bytes, gbps: bytes as f64 / secs / 1e9, tflops: case.flops() / secs / 1e12, outcome })
+        let (gbps, tflops) = (bytes as f64 / secs / 1e9, case.flops() / secs / 1e12);
+        Ok(MlaTiming { timing, plan, bytes, gbps, tflops, outcome })
     })
 }
 
