@@ -80,10 +80,8 @@ pub use tensor::{TensorView, TensorViewMut};
 pub use append::{append, append_with, AppendOptions};
 pub use decode::{decode, DecodeOptions, DecodeWorkspace};
 pub use merge::{merge_states, merge_states_with_sinks};
-pub use mla::{
-    latent_cache, latent_cache_fp8, mla_append, mla_decode, MlaAppendOptions, MlaDecodeOptions, MlaDims, MlaPlan,
-    MlaQueries,
-};
+pub use mla::{latent_cache, latent_cache_fp8, mla_append, mla_decode, MlaAppendOptions, MlaDecodeOptions};
+pub use mla::{MlaDims, MlaPlan, MlaQueries};
 pub use paged::{PagedKvCache, PagedKvCacheMut};
 pub use paged_prefill::{paged_prefill, PagedPrefillKernel, PagedPrefillOptions, PagedPrefillWorkspace};
 pub use plan::{DecodePlan, DecodeProblem};
