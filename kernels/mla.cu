@@ -32,6 +32,7 @@
 #include "fa/attention_state.cuh"
 #include "fa/decode/traits.cuh"
 #include "fa/decode/warp_attention.cuh"
+#include "fa/fp8_tile.cuh"
 #include "fa/intrinsics.cuh"
 #include "fa/paged_view.cuh"
 #include "fa/prefill/seq_info.cuh"
@@ -42,7 +43,11 @@ FA_NAMESPACE_BEGIN
 namespace mla {
 namespace {
 
-struct MlaTraits {
+// kFp8: the cache holds FP8 codes (E4M3 or E5M2, chosen at run time from cache.kv_dtype); Q, O and the math
+// stay 16-bit. An FP8 tile is the same 16 tokens in half the bytes (9 KB), so the FP8 kernels keep twice the
+// stages in the same stage area (decode's rule, fa/decode/traits.cuh "Stages per format"): the same shared
+// memory and occupancy, twice the tokens in flight, as many bytes in flight.
+template <bool kFp8 = false> struct MlaTraits {
   static constexpr int kLatent = FA_MLA_MAX_LATENT_DIM; // staged latent columns (kv_lora_rank <= this)
   static constexpr int kRope = FA_MLA_MAX_ROPE_DIM;     // staged rope columns
   static constexpr int kThreads = 256;
@@ -56,14 +61,19 @@ struct MlaTraits {
   static_assert(kWarpCols == decode::Traits<512>::kWarpD, "WarpAttention<T, 512>'s column split");
   static constexpr int kRopeChunkPairs = kRope / 16; // rope k-steps: one per column warp
   static_assert(kRopeChunkPairs == kColWarps, "one rope k-step per column warp");
-  // 16 tokens per tile (one P.V k-step). A tile is 16 x 576 x 2 = 18 KB; 3 stages keep two tiles in flight
-  // while one is computed and, with Q (36 KB), stay under the 99 KB per-block limit of sm_86/89.
+  // 16 tokens per tile (one P.V k-step). A 16-bit tile is 16 x 576 x 2 = 18 KB; 3 stages keep two tiles in
+  // flight while one is computed and, with Q (36 KB), stay under the 99 KB per-block limit of sm_86/89. FP8:
+  // 9 KB tiles, 6 stages.
   static constexpr int kTileTokens = 16;
-  static constexpr int kStages = 3;
-  static constexpr int kChunks = (kLatent + kRope) / 8; // 16-byte chunks per cache row (72)
-  static constexpr int kLatentChunks = kLatent / 8;
-  static constexpr int kLatentTileBytes = kTileTokens * kLatent * 2;
-  static constexpr int kRopeTileBytes = kTileTokens * kRope * 2;
+  static constexpr int kElemBytes = kFp8 ? 1 : 2;      // cache element bytes
+  static constexpr int kStages = kFp8 ? 6 : 3;
+  static constexpr int kChunkCols = 16 / kElemBytes;   // cache columns per 16-byte chunk
+  static constexpr int kChunks = (kLatent + kRope) / kChunkCols; // 16-byte chunks per cache row (72; FP8 36)
+  static constexpr int kLatentChunks = kLatent / kChunkCols;
+  static constexpr int kQChunks = (kLatent + kRope) / 8;         // Q is 16-bit: 72 chunks per row
+  static constexpr int kQLatentChunks = kLatent / 8;
+  static constexpr int kLatentTileBytes = kTileTokens * kLatent * kElemBytes;
+  static constexpr int kRopeTileBytes = kTileTokens * kRope * kElemBytes;
   static constexpr int kStageBytes = kLatentTileBytes + kRopeTileBytes;
   // Shared memory (bytes): Q's latent tile, Q's rope tile, the stages, the row-offset ring, hole words.
   static constexpr int kQLatentOffset = 0;
@@ -82,19 +92,30 @@ struct MlaTraits {
   static_assert(FA_SPLIT_GRANULE % kTileTokens == 0, "a KV tile divides a split");
 };
 
-using Tr = MlaTraits;
+using Tr = MlaTraits<false>; // what both formats share (rows, warps, Q, the exchange)
 using LatentTile = decode::SwizzledTile<Tr::kLatent>;
 using RopeTile = decode::SwizzledTile<Tr::kRope>;
+using Fp8LatentTile = decode::Fp8SwizzledTile<Tr::kLatent>;
+using Fp8RopeTile = decode::Fp8SwizzledTile<Tr::kRope>;
 
-// Byte offset in a staged row pair (latent tile, rope tile) of 16-byte chunk c (< 72) of row `row`.
-FA_DEVICE int staged_chunk(int row, int c, int rope_tile_offset) {
-  return c < Tr::kLatentChunks ? LatentTile::offset(row, c) : rope_tile_offset + RopeTile::offset(row, c - Tr::kLatentChunks);
+// Byte offset in a staged row pair (latent tile, rope tile) of 16-byte chunk c (< kChunks) of row `row`.
+template <bool kFp8> FA_DEVICE int staged_chunk(int row, int c) {
+  using TrF = MlaTraits<kFp8>;
+  if constexpr (kFp8) {
+    return c < TrF::kLatentChunks ? Fp8LatentTile::offset(row, c)
+                                  : TrF::kLatentTileBytes + Fp8RopeTile::offset(row, c - TrF::kLatentChunks);
+  } else {
+    return c < TrF::kLatentChunks ? LatentTile::offset(row, c)
+                                  : TrF::kLatentTileBytes + RopeTile::offset(row, c - TrF::kLatentChunks);
+  }
 }
-// The source column of chunk c in a global row [latent | rope] (kv_lora_rank latent columns), and whether it
-// exists (columns past kv_lora_rank or rope_dim are zero-filled, never read).
-FA_DEVICE bool chunk_source(const FaMlaDecodeParams &p, int c, int &col) {
-  const bool latent = c < Tr::kLatentChunks;
-  const int j = latent ? c * 8 : (c - Tr::kLatentChunks) * 8;
+// The source column of chunk c (of kChunkCols columns; latent chunks first) in a global row [latent | rope]
+// (kv_lora_rank latent columns), and whether it exists (columns past kv_lora_rank or rope_dim are
+// zero-filled, never read).
+template <int kChunkCols> FA_DEVICE bool chunk_source(const FaMlaDecodeParams &p, int c, int &col) {
+  constexpr int kLatentChunks = Tr::kLatent / kChunkCols;
+  const bool latent = c < kLatentChunks;
+  const int j = latent ? c * kChunkCols : (c - kLatentChunks) * kChunkCols;
   const bool valid = j < (latent ? p.kv_lora_rank : p.rope_dim);
   col = valid ? (latent ? j : p.kv_lora_rank + j) : 0;
   return valid;
@@ -130,14 +151,30 @@ FA_DEVICE void sum_scores(float (&s)[2][4], const float *exchange, int lane) {
   }
 }
 
-template <class T> FA_DEVICE void mla_decode_kernel(const FaMlaDecodeParams &p) {
+// The rope k-step of an FP8 tile: this warp's 16 rope columns (FP8 chunk col_warp of each token's rope row)
+// as the B fragments of the two n8 token tiles. Lane (g, t) loads codes 4t..4t+3 of tokens g and g + 8 (one
+// 32-bit load each: the 8 tokens of a quarter-warp hit 8 different 16-byte bank groups, Fp8SwizzledTile<64>);
+// converted, they are the B fragment with its k rows permuted as WarpAttention::qk_fp8's (rows 2t, 2t+1 <-
+// columns 4t, 4t+1; rows 2t+8, 2t+9 <- 4t+2, 4t+3), which q_pe's A fragment matches (loaded permuted).
+template <class T, Fp8Format F>
+FA_DEVICE void rope_step_fp8(float (&s)[2][4], const uint32_t (&q_pe)[4], const unsigned char *k_pe_lane) {
+#pragma unroll
+  for (int n = 0; n < 2; ++n) {
+    uint32_t b[2];
+    fp8x4_to<T, F>(ld_shared(reinterpret_cast<const uint32_t *>(k_pe_lane + n * 8 * Tr::kRope)), b[0], b[1]);
+    mma_m16n8k16<T>(s[n], q_pe, b);
+  }
+}
+
+template <class T, bool kFp8> FA_DEVICE void mla_decode_kernel(const FaMlaDecodeParams &p) {
+  using TrF = MlaTraits<kFp8>;
   using Att = decode::WarpAttention<T, Tr::kLatent>;
   unsigned char *smem = dynamic_smem<unsigned char>();
-  unsigned char *q_latent = smem + Tr::kQLatentOffset;
-  unsigned char *q_rope = smem + Tr::kQRopeOffset;
-  unsigned char *stages = smem + Tr::kStageOffset;
-  int64_t *ring = reinterpret_cast<int64_t *>(smem + Tr::kRingOffset);
-  uint32_t *holes = reinterpret_cast<uint32_t *>(smem + Tr::kHoleOffset);
+  unsigned char *q_latent = smem + TrF::kQLatentOffset;
+  unsigned char *q_rope = smem + TrF::kQRopeOffset;
+  unsigned char *stages = smem + TrF::kStageOffset;
+  int64_t *ring = reinterpret_cast<int64_t *>(smem + TrF::kRingOffset);
+  uint32_t *holes = reinterpret_cast<uint32_t *>(smem + TrF::kHoleOffset);
 
   const int tid = thread_idx();
   const int lane = lane_id();
@@ -164,39 +201,40 @@ template <class T> FA_DEVICE void mla_decode_kernel(const FaMlaDecodeParams &p) 
   const int64_t split_begin = (int64_t)split * p.split_tokens;
   const int begin = split_begin < span_end ? (int)split_begin : span_end;
   const int end = (split == p.num_splits - 1 || span_end - begin <= p.split_tokens) ? span_end : begin + p.split_tokens;
-  const int num_tiles = (end - begin + Tr::kTileTokens - 1) / Tr::kTileTokens;
+  const int num_tiles = (end - begin + TrF::kTileTokens - 1) / TrF::kTileTokens;
 
-  const T *latent_rows = static_cast<const T *>(p.cache.k_cache);
+  // The cache rows as bytes (element offsets times kElemBytes: FP8 strides count bytes).
+  const unsigned char *latent_rows = static_cast<const unsigned char *>(p.cache.k_cache);
   auto tile_page = [&](int x) -> int {
-    const int token = begin + x * Tr::kTileTokens + tid;
-    return (tid < Tr::kTileTokens && token < end) ? cache.page_of(b, token) : kNoPage;
+    const int token = begin + x * TrF::kTileTokens + tid;
+    return (tid < TrF::kTileTokens && token < end) ? cache.page_of(b, token) : kNoPage;
   };
   // Thread `row` < 16 parks its row's element offset (or -1) in ring slot x & 1; warp 0 ballots the tile's
   // holes (rows before `end` without a page) into hole slot x % kHoleSlots.
   auto publish_row = [&](int x, int page) {
-    const int token = begin + x * Tr::kTileTokens + tid;
-    if (tid < Tr::kTileTokens) {
+    const int token = begin + x * TrF::kTileTokens + tid;
+    if (tid < TrF::kTileTokens) {
       const RowOffsets off = cache.row_offsets(page, token);
-      st_shared(ring + (x & 1) * Tr::kTileTokens + tid, page == kNoPage ? (int64_t)-1 : off.k);
+      st_shared(ring + (x & 1) * TrF::kTileTokens + tid, page == kNoPage ? (int64_t)-1 : off.k);
     }
     if (warp == 0) {
-      const uint32_t bits = warp_ballot(tid < Tr::kTileTokens && page == kNoPage && token < end);
-      if (lane == 0) st_shared(holes + x % Tr::kHoleSlots, bits);
+      const uint32_t bits = warp_ballot(tid < TrF::kTileTokens && page == kNoPage && token < end);
+      if (lane == 0) st_shared(holes + x % TrF::kHoleSlots, bits);
     }
   };
-  // Issues tile x into stage x % kStages (16 rows x 72 chunks over 256 threads) and commits one group, empty
-  // past the last tile.
+  // Issues tile x into stage x % kStages (16 rows x kChunks chunks over 256 threads) and commits one group,
+  // empty past the last tile.
   auto issue_tile = [&](int x) {
     if (x < num_tiles) {
-      unsigned char *dst = stages + (x % Tr::kStages) * Tr::kStageBytes;
-      const int64_t *offs = ring + (x & 1) * Tr::kTileTokens;
-      for (int i = tid; i < Tr::kTileTokens * Tr::kChunks; i += Tr::kThreads) {
-        const int row = i / Tr::kChunks, c = i % Tr::kChunks;
+      unsigned char *dst = stages + (x % TrF::kStages) * TrF::kStageBytes;
+      const int64_t *offs = ring + (x & 1) * TrF::kTileTokens;
+      for (int i = tid; i < TrF::kTileTokens * TrF::kChunks; i += TrF::kThreads) {
+        const int row = i / TrF::kChunks, c = i % TrF::kChunks;
         int col;
-        const bool exists = chunk_source(p, c, col);
+        const bool exists = chunk_source<TrF::kChunkCols>(p, c, col);
         const int64_t off = ld_shared(offs + row);
         const bool valid = exists && off >= 0;
-        cp_async_cg_16(dst + staged_chunk(row, c, Tr::kLatentTileBytes), latent_rows + (valid ? off + col : 0), valid);
+        cp_async_cg_16(dst + staged_chunk<kFp8>(row, c), latent_rows + (valid ? (off + col) * TrF::kElemBytes : 0), valid);
       }
     }
     cp_async_commit();
@@ -204,39 +242,60 @@ template <class T> FA_DEVICE void mla_decode_kernel(const FaMlaDecodeParams &p) 
 
   // Q rows of this CTA (rows >= `rows` zero-filled), in the first group.
   const T *q = static_cast<const T *>(p.q);
-  for (int i = tid; i < Tr::kCtaRows * Tr::kChunks; i += Tr::kThreads) {
-    const int r = i / Tr::kChunks, c = i % Tr::kChunks;
+  for (int i = tid; i < Tr::kCtaRows * Tr::kQChunks; i += Tr::kThreads) {
+    const int r = i / Tr::kQChunks, c = i % Tr::kQChunks;
     int col;
-    const bool valid = chunk_source(p, c, col) && r < rows;
+    const bool valid = chunk_source<8>(p, c, col) && r < rows;
     const int packed = packed0 + r;
     const int64_t at = valid ? (int64_t)(q_start + packed / p.heads_q) * p.q_row_stride +
                                    (int64_t)(packed % p.heads_q) * p.q_head_stride + col
                              : 0;
-    unsigned char *dst = c < Tr::kLatentChunks ? q_latent + LatentTile::offset(r, c)
-                                               : q_rope + RopeTile::offset(r, c - Tr::kLatentChunks);
+    unsigned char *dst = c < Tr::kQLatentChunks ? q_latent + LatentTile::offset(r, c)
+                                                : q_rope + RopeTile::offset(r, c - Tr::kQLatentChunks);
     cp_async_cg_16(dst, q + at, valid);
   }
-  int first_pages[Tr::kStages];
+  int first_pages[TrF::kStages];
 #pragma unroll
-  for (int x = 0; x < Tr::kStages; ++x) first_pages[x] = tile_page(x);
+  for (int x = 0; x < TrF::kStages; ++x) first_pages[x] = tile_page(x);
 #pragma unroll
-  for (int x = 0; x < Tr::kStages - 1; ++x) {
+  for (int x = 0; x < TrF::kStages - 1; ++x) {
     publish_row(x, first_pages[x]);
     sync_threads();
     issue_tile(x);
   }
-  publish_row(Tr::kStages - 1, first_pages[Tr::kStages - 1]);
-  cp_async_wait<Tr::kStages - 2>();
+  publish_row(TrF::kStages - 1, first_pages[TrF::kStages - 1]);
+  cp_async_wait<TrF::kStages - 2>();
   sync_threads();
 
   // Fragments: this warp's 16 rows, its 128 latent columns (WarpAttention<T, 512>), and its rope k-step.
   const int row_base = row_group * Tr::kRows;
   const int col0 = col_warp * Tr::kWarpCols;
+  const int g = lane >> 2, t = lane & 3;
   Att att;
-  att.init(q_latent + row_base * Tr::kLatent * 2, 0, col0, lane);
   uint32_t q_pe[4];
-  ldmatrix_x4(q_pe, q_rope + RopeTile::offset(row_base + ((lane >> 3) & 1) * 8 + (lane & 7), 2 * col_warp + (lane >> 4)));
-  const int k_pe_lane = Tr::kLatentTileBytes + RopeTile::offset((lane >> 4) * 8 + (lane & 7), 2 * col_warp + ((lane >> 3) & 1));
+  int k_pe_lane;
+  if constexpr (kFp8) {
+    att.init_fp8(q_latent + row_base * Tr::kLatent * 2, 0, col0, lane);
+    // q_pe's A fragment with its k rows permuted as rope_step_fp8's B (init_fp8's rule): row g (+ 8),
+    // columns 4t..4t+3 of the warp's rope k-step, one 8-byte load per row.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float2 pair = ld_shared(reinterpret_cast<const float2 *>(
+          q_rope + RopeTile::offset(row_base + g + 8 * r, 2 * col_warp + (t >> 1)) + 8 * (t & 1)));
+      __builtin_memcpy(&q_pe[r], &pair.x, 4);
+      __builtin_memcpy(&q_pe[r + 2], &pair.y, 4);
+    }
+    k_pe_lane = TrF::kLatentTileBytes + Fp8RopeTile::offset(g, col_warp) + 4 * t; // token g + 8: + 8 rows
+  } else {
+    att.init(q_latent + row_base * Tr::kLatent * 2, 0, col0, lane);
+    ldmatrix_x4(q_pe, q_rope + RopeTile::offset(row_base + ((lane >> 3) & 1) * 8 + (lane & 7), 2 * col_warp + (lane >> 4)));
+    k_pe_lane = TrF::kLatentTileBytes + RopeTile::offset((lane >> 4) * 8 + (lane & 7), 2 * col_warp + ((lane >> 3) & 1));
+  }
+  // FP8: the format (uniform per launch) and the dequantisation scales, loaded when the kernel runs: k_scale
+  // folded into the score scale, v_scale into the output normalisation (one KV head: element 0).
+  const bool e5m2 = kFp8 && p.cache.kv_dtype == FA_KV_FP8_E5M2;
+  const float scale_log2 = kFp8 ? p.scale_log2 * kv_scale(p.cache.k_scale, 0, 0) : p.scale_log2;
+  const float v_scale = kFp8 ? kv_scale(p.cache.v_scale, 0, 0) : 1.0f;
   float *exchange = reinterpret_cast<float *>(q_latent) + row_group * Tr::kExchangeFloats;
   // A row group with no rows (a CTA of 16 or fewer: Hq 16 at q_len 1) skips the math, not the copies and
   // barriers (uniform across its 4 warps, so their exchange stays consistent).
@@ -244,40 +303,58 @@ template <class T> FA_DEVICE void mla_decode_kernel(const FaMlaDecodeParams &p) 
   // Key positions of this lane's two rows (lane / 4 and + 8 of the warp's row group): they see keys <= them.
   int64_t lo[2] = {INT64_MIN, INT64_MIN}, hi[2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) hi[r] = pos_base + (packed0 + row_base + (lane >> 2) + 8 * r) / p.heads_q;
+  for (int r = 0; r < 2; ++r) hi[r] = pos_base + (packed0 + row_base + g + 8 * r) / p.heads_q;
 
   for (int j = 0; j < num_tiles; ++j) {
-    cp_async_wait<Tr::kStages - 2>(); // tile j has landed (this thread's copies) ...
-    sync_threads();                   // ... everyone's; and everyone is done with tile j-1's stage.
-    const int x = j + Tr::kStages - 1;
+    cp_async_wait<TrF::kStages - 2>(); // tile j has landed (this thread's copies) ...
+    sync_threads();                    // ... everyone's; and everyone is done with tile j-1's stage.
+    const int x = j + TrF::kStages - 1;
     issue_tile(x);
     const int next_page = tile_page(x + 1); // consumed after the math, so its latency is hidden
 
     // This warp's share of S (its 128 latent columns and its rope k-step), parked for its row group.
-    const unsigned char *tile = stages + (j % Tr::kStages) * Tr::kStageBytes;
-    const int key0 = begin + j * Tr::kTileTokens;
+    const unsigned char *tile = stages + (j % TrF::kStages) * TrF::kStageBytes;
+    const int key0 = begin + j * TrF::kTileTokens;
     float s[2][4];
     if (warp_has_rows) {
-      att.qk(s, tile);
-      uint32_t k[4];
-      ldmatrix_x4(k, tile + k_pe_lane);
-      const uint32_t k_lo[2] = {k[0], k[1]};
-      const uint32_t k_hi[2] = {k[2], k[3]};
-      mma_m16n8k16<T>(s[0], q_pe, k_lo);
-      mma_m16n8k16<T>(s[1], q_pe, k_hi);
+      if constexpr (kFp8) {
+        if (e5m2) {
+          att.template qk_fp8<Fp8Format::E5M2>(s, tile);
+          rope_step_fp8<T, Fp8Format::E5M2>(s, q_pe, tile + k_pe_lane);
+        } else {
+          att.template qk_fp8<Fp8Format::E4M3>(s, tile);
+          rope_step_fp8<T, Fp8Format::E4M3>(s, q_pe, tile + k_pe_lane);
+        }
+      } else {
+        att.qk(s, tile);
+        uint32_t k[4];
+        ldmatrix_x4(k, tile + k_pe_lane);
+        const uint32_t k_lo[2] = {k[0], k[1]};
+        const uint32_t k_hi[2] = {k[2], k[3]};
+        mma_m16n8k16<T>(s[0], q_pe, k_lo);
+        mma_m16n8k16<T>(s[1], q_pe, k_hi);
+      }
       park_scores(s, exchange, col_warp, lane);
     }
     sync_threads(); // every warp passes it (the math is skipped by whole row groups, never the barrier)
     if (warp_has_rows) {
       sum_scores(s, exchange, lane);
-      Att::scale(s, p.scale_log2);
+      Att::scale(s, scale_log2);
       if (j == num_tiles - 1) Att::mask_tail(s, key0, end, lane);
-      if (key0 + Tr::kTileTokens - 1 > first_pos) Att::mask_outside(s, key0, lo, hi, lane); // causal, per row
-      const uint32_t hole_bits = ld_shared(holes + j % Tr::kHoleSlots);
+      if (key0 + TrF::kTileTokens - 1 > first_pos) Att::mask_outside(s, key0, lo, hi, lane); // causal, per row
+      const uint32_t hole_bits = ld_shared(holes + j % TrF::kHoleSlots);
       if (hole_bits != 0u) Att::mask_rows(s, hole_bits, lane);
       uint32_t pa[4];
       att.softmax_update(s, pa);
-      att.accumulate_pv(pa, tile); // V: the same latent tile
+      if constexpr (kFp8) {
+        if (e5m2) {
+          att.template accumulate_pv_fp8<Fp8Format::E5M2>(pa, tile); // V: the same latent tile
+        } else {
+          att.template accumulate_pv_fp8<Fp8Format::E4M3>(pa, tile);
+        }
+      } else {
+        att.accumulate_pv(pa, tile); // V: the same latent tile
+      }
     }
 
     publish_row(x + 1, next_page);
@@ -286,8 +363,9 @@ template <class T> FA_DEVICE void mla_decode_kernel(const FaMlaDecodeParams &p) 
 
   // Epilogue: every column warp of a row group holds the same (m, l) (the same S): each normalises and stores
   // its own 128 columns (those < kv_lora_rank) of its rows that exist; column warp 0 stores the LSE.
+  // Column order: 16-bit, tile n holds columns col0 + 8n + 2t, + 1; FP8 (accumulate_pv_fp8's even / odd
+  // tiles), tiles n (even) and n + 1 hold columns col0 + 8n + 4t + {0, 2} and {1, 3}: 4 consecutive columns.
   att.reduce_sums();
-  const int g = lane >> 2, t = lane & 3;
   const int64_t state_rows = (int64_t)split * p.total_q; // this split's partial rows
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -296,25 +374,49 @@ template <class T> FA_DEVICE void mla_decode_kernel(const FaMlaDecodeParams &p) 
     const int packed = packed0 + row;
     const int64_t q_row = q_start + packed / p.heads_q;
     const int head = packed % p.heads_q;
-    const float inv = inv_sum_or_zero(att.l[r]);
+    const float inv = inv_sum_or_zero(att.l[r]) * v_scale;
     const float lse = lse_from_state(att.m[r], att.l[r]);
     if (p.num_splits == 1) {
       T *o = static_cast<T *>(p.o) + q_row * p.o_row_stride + head * p.o_head_stride;
+      if constexpr (kFp8) {
 #pragma unroll
-      for (int n = 0; n < Att::kONTiles; ++n) {
-        const int col = col0 + 8 * n + 2 * t;
-        if (col < p.kv_lora_rank)
-          st_global(reinterpret_cast<uint32_t *>(o + col), pack2<T>(att.o[n][2 * r] * inv, att.o[n][2 * r + 1] * inv));
+        for (int n = 0; n < Att::kONTiles; n += 2) {
+          const int col = col0 + 8 * n + 4 * t;
+          if (col < p.kv_lora_rank) {
+            const uint32_t w[2] = {pack2<T>(att.o[n][2 * r] * inv, att.o[n + 1][2 * r] * inv),
+                                   pack2<T>(att.o[n][2 * r + 1] * inv, att.o[n + 1][2 * r + 1] * inv)};
+            float2 bits; // one 8-byte store of the four 16-bit values
+            __builtin_memcpy(&bits, w, 8);
+            st_global(reinterpret_cast<float2 *>(o + col), bits);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int n = 0; n < Att::kONTiles; ++n) {
+          const int col = col0 + 8 * n + 2 * t;
+          if (col < p.kv_lora_rank)
+            st_global(reinterpret_cast<uint32_t *>(o + col), pack2<T>(att.o[n][2 * r] * inv, att.o[n][2 * r + 1] * inv));
+        }
       }
       if (p.lse != nullptr && col_warp == 0 && t == 0) st_global(p.lse + q_row * p.lse_row_stride + head, lse);
     } else {
       const int64_t state = (state_rows + q_row) * p.heads_q + head;
       float *o = p.partial_o + state * p.kv_lora_rank;
+      if constexpr (kFp8) {
 #pragma unroll
-      for (int n = 0; n < Att::kONTiles; ++n) {
-        const int col = col0 + 8 * n + 2 * t;
-        if (col < p.kv_lora_rank)
-          st_global(reinterpret_cast<float2 *>(o + col), make_float2(att.o[n][2 * r] * inv, att.o[n][2 * r + 1] * inv));
+        for (int n = 0; n < Att::kONTiles; n += 2) {
+          const int col = col0 + 8 * n + 4 * t;
+          if (col < p.kv_lora_rank)
+            st_global(reinterpret_cast<float4 *>(o + col), make_float4(att.o[n][2 * r] * inv, att.o[n + 1][2 * r] * inv,
+                                                                       att.o[n][2 * r + 1] * inv, att.o[n + 1][2 * r + 1] * inv));
+        }
+      } else {
+#pragma unroll
+        for (int n = 0; n < Att::kONTiles; ++n) {
+          const int col = col0 + 8 * n + 2 * t;
+          if (col < p.kv_lora_rank)
+            st_global(reinterpret_cast<float2 *>(o + col), make_float2(att.o[n][2 * r] * inv, att.o[n][2 * r + 1] * inv));
+        }
       }
       if (col_warp == 0 && t == 0) st_global(p.partial_lse + state, lse);
     }
@@ -341,7 +443,81 @@ template <class T> FA_DEVICE void rope_pair_store(const FaMlaAppendParams &p, co
   st_global(dst + jb, (uint16_t)(pack2<T>(rope_rotate(xb, xa, c, sn, false), 0.0f) & 0xffffu));
 }
 
+// FP8 cache (cache.kv_dtype): one thread per 16-column chunk of a token's row (kv_lora_rank / 16 latent
+// chunks, then rope_dim / 16 rope chunks), quantised with the cache's one scale (k_scale[0]) as the paged
+// append does: stored = fp8_rn_satfinite(float(x) / scale). A rope chunk's elements are rotated in fp32 first
+// (each element reads its pair partner, which may lie in another chunk: NeoX pairs i, i + rotary_dim / 2),
+// then quantised: rotate and quantise in one pass, no 16-bit rounding between.
+template <class T> FA_DEVICE float load_elem(const uint16_t *src) {
+  float x, unused;
+  unpack2<T>((uint32_t)ld_global_nc(src), x, unused);
+  return x;
+}
+
+template <Fp8Format F> FA_DEVICE Vec16 quantize16_f32(const float (&x)[16], float scale) {
+  uint32_t codes[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    codes[i] = (uint32_t)float2_to_fp8x2<F>(div_rn(x[4 * i], scale), div_rn(x[4 * i + 1], scale)) |
+               (uint32_t)float2_to_fp8x2<F>(div_rn(x[4 * i + 2], scale), div_rn(x[4 * i + 3], scale)) << 16;
+  return Vec16{codes[0], codes[1], codes[2], codes[3]};
+}
+
+template <class T> FA_DEVICE void mla_append_fp8_chunk(const FaMlaAppendParams &p, int64_t t, int c, unsigned char *row) {
+  const int col = 16 * c;
+  float x[16];
+  if (col < p.kv_lora_rank) {
+    const uint16_t *src = static_cast<const uint16_t *>(p.latent) + t * p.latent_token_stride + col;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const Vec16 w = ld_global_nc(reinterpret_cast<const Vec16 *>(src) + h);
+      unpack2<T>(w.x, x[8 * h], x[8 * h + 1]);
+      unpack2<T>(w.y, x[8 * h + 2], x[8 * h + 3]);
+      unpack2<T>(w.z, x[8 * h + 4], x[8 * h + 5]);
+      unpack2<T>(w.w, x[8 * h + 6], x[8 * h + 7]);
+    }
+  } else {
+    const uint16_t *k_pe = static_cast<const uint16_t *>(p.k_pe) + t * p.k_pe_token_stride;
+    const FaRope &r = p.rope;
+    const bool rotate = rope_enabled(r);
+    const int pos_row = rotate ? rope_row(r, (int64_t)ld_global_nc(r.positions + t)) : 0;
+#pragma unroll
+    for (int e = 0; e < 16; ++e) {
+      const int j = col - p.kv_lora_rank + e;
+      x[e] = load_elem<T>(k_pe + j);
+      if (rotate && j < r.rotary_dim) {
+        const RopePair pr = rope_pair(j, r.rotary_dim, r.style);
+        float cs, sn;
+        rope_cos_sin(r, pos_row, pr.index, cs, sn);
+        x[e] = rope_rotate(x[e], load_elem<T>(k_pe + pr.partner), cs, sn, pr.first);
+      }
+    }
+  }
+  const float scale = kv_scale(p.cache.k_scale, 0, 0);
+  const Vec16 q = p.cache.kv_dtype == FA_KV_FP8_E5M2 ? quantize16_f32<Fp8Format::E5M2>(x, scale)
+                                                     : quantize16_f32<Fp8Format::E4M3>(x, scale);
+  st_global(reinterpret_cast<Vec16 *>(row + col), q);
+}
+
 FA_DEVICE void mla_append_kernel(const FaMlaAppendParams &p) {
+  if (p.cache.kv_dtype != FA_KV_SAME) { // FP8: one thread per 16-column chunk
+    const int per_token = (p.kv_lora_rank + p.rope_dim) / 16;
+    const int64_t item = (int64_t)block_idx().x * kAppendThreads + thread_idx();
+    if (item >= (int64_t)p.num_tokens * per_token) return;
+    const int64_t t = item / per_token;
+    const int c = (int)(item % per_token);
+    const int64_t slot = ld_global_nc(p.slot_mapping + t);
+    if (slot < 0 || slot >= (int64_t)p.cache.num_pages * p.cache.page_size) return; // padding, or past the pool
+    const int64_t page = fast_div(p.cache.page_div, slot);
+    unsigned char *row = static_cast<unsigned char *>(p.cache.k_cache) + page * p.cache.k_page_stride +
+                         (slot - page * p.cache.page_size) * p.cache.k_token_stride;
+    if (p.dtype == FA_DTYPE_BF16) {
+      mla_append_fp8_chunk<bf16_t>(p, t, c, row);
+    } else {
+      mla_append_fp8_chunk<half_t>(p, t, c, row);
+    }
+    return;
+  }
   const int latent_items = p.kv_lora_rank / 8;
   const int per_token = latent_items + p.rope_dim / 2;
   const int64_t item = (int64_t)block_idx().x * kAppendThreads + thread_idx();
@@ -380,10 +556,14 @@ FA_NAMESPACE_END
 
 // One decode kernel per 16-bit dtype (256 threads; launch bounds for one CTA per SM: the 16 x 128 fp32
 // accumulator and Q's 36 registers per thread leave no room for the 128-register cap of two), one append kernel.
-#define FA_MLA_DECODE_KERNEL(name, T)                                                                        \
-  FA_KERNEL(name, fa::mla::MlaTraits::kThreads, 1, FaMlaDecodeParams, (fa::mla::mla_decode_kernel<T>))
-FA_MLA_DECODE_KERNEL(fa_mla_decode_f16, fa::half_t)
-FA_MLA_DECODE_KERNEL(fa_mla_decode_bf16, fa::bf16_t)
+// FP8 caches: one more kernel per 16-bit dtype, the format (E4M3 / E5M2) a run-time switch inside it (as
+// decode's _fp8 kernels): 4 decode instantiations, not 6.
+#define FA_MLA_DECODE_KERNEL(name, T, kFp8)                                                                  \
+  FA_KERNEL(name, fa::mla::Tr::kThreads, 1, FaMlaDecodeParams, (fa::mla::mla_decode_kernel<T, kFp8>))
+FA_MLA_DECODE_KERNEL(fa_mla_decode_f16, fa::half_t, false)
+FA_MLA_DECODE_KERNEL(fa_mla_decode_bf16, fa::bf16_t, false)
+FA_MLA_DECODE_KERNEL(fa_mla_decode_fp8_f16, fa::half_t, true)
+FA_MLA_DECODE_KERNEL(fa_mla_decode_fp8_bf16, fa::bf16_t, true)
 FA_KERNEL(fa_mla_append_rows, 256, 1, FaMlaAppendParams, (fa::mla::mla_append_kernel))
 
 #if defined(FA_HOST_BUILD)
@@ -399,10 +579,15 @@ bool valid_dims(int kv_lora_rank, int rope_dim) {
          rope_dim <= Tr::kRope && rope_dim % 8 == 0;
 }
 
+// An FP8 latent cache: both parts whole 16-column chunks (16 codes per cp.async / quantised store).
+bool valid_fp8_dims(const FaPagedCache &c, int kv_lora_rank, int rope_dim) {
+  return c.kv_dtype == FA_KV_SAME || (kv_lora_rank % 16 == 0 && rope_dim % 16 == 0);
+}
+
 bool valid_decode(const FaMlaDecodeParams &p) {
   if (p.batch < 0 || p.heads_q <= 0 || !valid_dims(p.kv_lora_rank, p.rope_dim)) return false;
   if (p.dtype != FA_DTYPE_F16 && p.dtype != FA_DTYPE_BF16) return false;
-  if (p.cache.kv_dtype != FA_KV_SAME) return false;
+  if (!valid_fp8_dims(p.cache, p.kv_lora_rank, p.rope_dim)) return false;
   if (!valid_paged_cache_for_read(p.cache, p.kv_lora_rank + p.rope_dim, p.batch)) return false;
   if (p.num_splits < 1 || p.total_q < 0 || p.max_seqlen_q < 1) return false;
   if (p.cu_seqlens_q == nullptr && (p.total_q != p.batch || p.max_seqlen_q != 1)) return false;
@@ -454,9 +639,18 @@ extern "C" int fa_mla_decode(FaMlaDecodeParams p, FaExec *exec) {
   if (!valid_decode(p)) return FA_ERR_INVALID;
   if (p.batch == 0) return FA_OK;
   const fa::Dim3 grid{p.num_splits, (int)(((int64_t)p.max_seqlen_q * p.heads_q + Tr::kCtaRows - 1) / Tr::kCtaRows), p.batch};
-  const int status = p.dtype == FA_DTYPE_F16
-                         ? fa::launch("fa_mla_decode_f16", fa_mla_decode_f16, grid, Tr::kThreads, Tr::kSmemBytes, exec, p)
-                         : fa::launch("fa_mla_decode_bf16", fa_mla_decode_bf16, grid, Tr::kThreads, Tr::kSmemBytes, exec, p);
+  const bool fp8 = p.cache.kv_dtype != FA_KV_SAME;
+  const int smem = fp8 ? MlaTraits<true>::kSmemBytes : Tr::kSmemBytes;
+  int status;
+  if (fp8) {
+    status = p.dtype == FA_DTYPE_F16
+                 ? fa::launch("fa_mla_decode_fp8_f16", fa_mla_decode_fp8_f16, grid, Tr::kThreads, smem, exec, p)
+                 : fa::launch("fa_mla_decode_fp8_bf16", fa_mla_decode_fp8_bf16, grid, Tr::kThreads, smem, exec, p);
+  } else {
+    status = p.dtype == FA_DTYPE_F16
+                 ? fa::launch("fa_mla_decode_f16", fa_mla_decode_f16, grid, Tr::kThreads, smem, exec, p)
+                 : fa::launch("fa_mla_decode_bf16", fa_mla_decode_bf16, grid, Tr::kThreads, smem, exec, p);
+  }
   if (status != FA_OK || p.num_splits == 1) return status;
   return merge_partials(p, exec);
 }
@@ -465,7 +659,9 @@ extern "C" int fa_mla_append(FaMlaAppendParams p, FaExec *exec) {
   using namespace fa::mla;
   if (p.num_tokens < 0 || !valid_dims(p.kv_lora_rank, p.rope_dim)) return FA_ERR_INVALID;
   if (p.dtype != FA_DTYPE_F16 && p.dtype != FA_DTYPE_BF16) return FA_ERR_INVALID;
-  if (p.cache.kv_dtype != FA_KV_SAME || !fa::valid_divisor(p.cache.page_div, p.cache.page_size) || p.cache.num_pages < 1)
+  const bool fp8 = p.cache.kv_dtype != FA_KV_SAME;
+  if (!fa::valid_cache_format(p.cache, p.kv_lora_rank + p.rope_dim) || !valid_fp8_dims(p.cache, p.kv_lora_rank, p.rope_dim) ||
+      !fa::valid_divisor(p.cache.page_div, p.cache.page_size) || p.cache.num_pages < 1)
     return FA_ERR_INVALID;
   if (!fa::valid_rope(p.rope, p.rope_dim) || (p.rope.cos != nullptr && p.rope.positions == nullptr)) return FA_ERR_INVALID;
   if (p.num_tokens == 0) return FA_OK;
@@ -476,8 +672,10 @@ extern "C" int fa_mla_append(FaMlaAppendParams p, FaExec *exec) {
   const int64_t strides16[] = {p.latent_token_stride, p.cache.k_page_stride, p.cache.k_token_stride};
   for (int64_t s : strides16)
     if (s < 0 || s % 8 != 0) return FA_ERR_INVALID;
+  if (!fa::valid_cache_strides(p.cache)) return FA_ERR_INVALID; // FP8: whole 16-byte units of codes
   if (p.k_pe_token_stride < 0 || p.k_pe_token_stride % 2 != 0) return FA_ERR_INVALID;
-  const int64_t items = (int64_t)p.num_tokens * (p.kv_lora_rank / 8 + p.rope_dim / 2);
+  const int64_t items =
+      (int64_t)p.num_tokens * (fp8 ? (p.kv_lora_rank + p.rope_dim) / 16 : p.kv_lora_rank / 8 + p.rope_dim / 2);
   const int64_t blocks = (items + kAppendThreads - 1) / kAppendThreads;
   if (blocks > 0x7fffffff) return FA_ERR_INVALID;
   return fa::launch("fa_mla_append_rows", fa_mla_append_rows, fa::Dim3{(int)blocks, 1, 1}, kAppendThreads, 0, exec, p);

@@ -15,8 +15,9 @@
 
 use crate::decode::DecodeWorkspace;
 use crate::device::Stream;
-use crate::dtype::Element;
+use crate::dtype::{Element, KvCacheOf, KvElement};
 use crate::error::{to_i32, Error, Result};
+use crate::fp8::ScaleTensors;
 use crate::launch::Launch;
 use crate::paged::{abi_cache, PagedKvCache};
 use crate::sys;
@@ -77,6 +78,22 @@ pub fn latent_cache<'a, T>(
     PagedKvCache::new(latent.clone(), latent, block_table, seq_lens, max_seq_len)
 }
 
+/// An FP8 latent cache (`C` = [`crate::Fp8E4m3`] or [`crate::Fp8E5m2`]) with its one dequantisation scale
+/// `scale` (fp32 `[1]`, the cache's memory, read when the kernels run): attached as both the K scale (the
+/// scores read `code · scale` over all `kv_lora_rank + rope_dim` columns) and the V scale (the output reads
+/// the latent as `code · scale`), the scale [`mla_append`] quantised with. ([`latent_cache`] followed by
+/// [`PagedKvCache::with_scale_tensors`] with two different tensors dequantises K and V separately: the
+/// kernels honour it, the append does not make such a cache.)
+pub fn latent_cache_fp8<'a, C>(
+    latent: TensorView<'a, C, 4>,
+    block_table: TensorView<'a, i32, 2>,
+    seq_lens: TensorView<'a, i32, 1>,
+    max_seq_len: usize,
+    scale: TensorView<'a, f32, 1>,
+) -> Result<PagedKvCache<'a, C>> {
+    latent_cache(latent, block_table, seq_lens, max_seq_len)?.with_scale_tensors(scale.clone(), scale)
+}
+
 /// Checks that `cache` is a latent cache of `dims`: one KV head, rows of `dims.row_dim()` columns.
 fn check_latent_geometry(heads_kv: usize, head_dim: usize, dims: &MlaDims) -> Result<()> {
     dims.check()?;
@@ -93,30 +110,67 @@ fn check_latent_geometry(heads_kv: usize, head_dim: usize, dims: &MlaDims) -> Re
 }
 
 /// Options of [`mla_append`].
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Clone, Copy, Default)]
 pub struct MlaAppendOptions<'a> {
     /// The row split (default 512 + 64).
     pub dims: MlaDims,
     /// Rotate the rope key of token t at `rope.positions[t]` (required; `rotary_dim <= rope_dim`) on its way
     /// in, in fp32, rounded once (fa/rope.cuh, docs/rope.md). The latent is never rotated.
     pub rope: Option<crate::rope::Rope<'a>>,
+    /// FP8 cache only (required there, refused for a 16-bit one): the cache's one quantisation scale, fp32
+    /// `[1]` in the cache's memory, read when the kernel runs: `stored = fp8_rn_satfinite(f32(x) / scale)`
+    /// for the latent and the (rotated) rope key alike. Decode reads the cache with the same value attached
+    /// as its `k_scale` and `v_scale` ([`latent_cache_fp8`]).
+    pub scale: Option<&'a TensorView<'a, f32, 1>>,
+}
+
+impl std::fmt::Debug for MlaAppendOptions<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MlaAppendOptions")
+            .field("dims", &self.dims)
+            .field("rope", &self.rope)
+            .field("scale", &self.scale.map(|s| s.shape()))
+            .finish()
+    }
+}
+
+/// An FP8 latent cache needs both parts in whole 16-column chunks (16 codes per 16-byte copy).
+fn check_fp8_dims<C: KvElement>(dims: &MlaDims) -> Result<()> {
+    if C::KV_DTYPE.fp8().is_some() && (dims.kv_lora_rank % 16 != 0 || dims.rope_dim % 16 != 0) {
+        return Err(Error::unsupported(
+            "kv_lora_rank",
+            format!("{} + {}: an FP8 latent cache needs both parts multiples of 16", dims.kv_lora_rank, dims.rope_dim),
+        ));
+    }
+    Ok(())
 }
 
 /// Writes token t's `latent[t]` (`[N, kv_lora_rank]`) and `k_pe[t]` (`[N, rope_dim]`) into the row of cache
 /// slot `slot_mapping[t]` (int64, `page · page_size + offset`; negative = padding, skipped) of `cache`
 /// (`[num_pages, page_size, 1, kv_lora_rank + rope_dim]`). Slots must be distinct. On the emulator a slot past
 /// the pool or a repeated one is an error naming it (unless [`crate::TableChecks::GpuMasking`]).
-pub fn mla_append<T: Element>(
+///
+/// `C` is `T` (a 16-bit cache: the latent copied bit for bit, the rope key rounded once when rotated) or an
+/// FP8 code type ([`crate::Fp8E4m3`], [`crate::Fp8E5m2`]) with `opts.scale`: every element of the row is
+/// quantised with that one scale, the rope key after its rotation in fp32 (rotate, then quantise, in one
+/// pass; both parts multiples of 16 columns).
+pub fn mla_append<T: Element, C: KvCacheOf<T>>(
     stream: &Stream<'_>,
     latent: &TensorView<'_, T, 2>,
     k_pe: &TensorView<'_, T, 2>,
     slot_mapping: &TensorView<'_, i64, 1>,
-    cache: &mut TensorViewMut<'_, T, 4>,
+    cache: &mut TensorViewMut<'_, C, 4>,
     opts: &MlaAppendOptions<'_>,
 ) -> Result<()> {
     let dims = opts.dims;
     let [num_pages, page_size, heads, row] = cache.shape();
     check_latent_geometry(heads, row, &dims)?;
+    check_fp8_dims::<C>(&dims)?;
+    crate::fp8::check_cache_dtype::<C>(T::DTYPE, opts.scale.is_some())?;
+    let scales = match opts.scale {
+        Some(s) => Some(ScaleTensors::new(s.clone(), s.clone(), 1, cache.is_gpu())?),
+        None => None,
+    };
     let [n, rank] = latent.shape();
     if rank != dims.kv_lora_rank {
         return Err(Error::shape("latent", format!("{rank} columns, kv_lora_rank is {}", dims.kv_lora_rank)));
@@ -146,7 +200,8 @@ pub fn mla_append<T: Element>(
     let k_pe_ptr = launch.input(c"k_pe", k_pe, 4)?;
     let slots_ptr = launch.input(c"slot_mapping", slot_mapping, 8)?;
     let cache_ptr = launch.output(c"latent_cache", cache, 16)?;
-    let cache_abi = abi_cache(&g, c_strides, c_strides, (cache_ptr, cache_ptr), None)?;
+    let mut cache_abi = abi_cache(&g, c_strides, c_strides, (cache_ptr, cache_ptr), None)?;
+    crate::fp8::fill_abi(&mut cache_abi, C::KV_DTYPE, scales.as_ref(), &mut launch)?;
     let params = sys::FaMlaAppendParams {
         latent: latent_ptr,
         k_pe: k_pe_ptr,
@@ -277,10 +332,10 @@ impl MlaPlan {
 ///
 /// Enqueues on `stream` and returns the plan it followed. On the emulator the block table and lengths
 /// (and `cu_seqlens_q`) are checked first, as for decode.
-pub fn mla_decode<T: Element + crate::dtype::KvElement>(
+pub fn mla_decode<T: Element, C: KvCacheOf<T>>(
     stream: &Stream<'_>,
     q: &TensorView<'_, T, 3>,
-    cache: &PagedKvCache<'_, T>,
+    cache: &PagedKvCache<'_, C>,
     o: &mut TensorViewMut<'_, T, 3>,
     lse: Option<&mut TensorViewMut<'_, f32, 2>>,
     workspace: &mut DecodeWorkspace,
@@ -289,6 +344,8 @@ pub fn mla_decode<T: Element + crate::dtype::KvElement>(
     let dims = opts.dims;
     let g = cache.geometry();
     check_latent_geometry(g.heads_kv, g.head_dim, &dims)?;
+    check_fp8_dims::<C>(&dims)?;
+    crate::fp8::check_cache_dtype::<C>(T::DTYPE, cache.scales().is_some())?;
     let [total_q, heads_q, row] = q.shape();
     if row != dims.row_dim() {
         return Err(Error::shape("q", format!("{row} columns per head, kv_lora_rank + rope_dim = {}", dims.row_dim())));

@@ -813,3 +813,95 @@ fn fp8_scale_tensors_through_the_candle_ops() -> Result<()> {
     assert!(e.starts_with("Shape error: k_scale: length 3 for a cache of 2 KV heads"), "{e}");
     Ok(())
 }
+
+/// MLA decode as a candle op: against candle's attention composition over the gathered latent rows (K = the
+/// 576-column rows, V = their first 512 columns, one KV head shared by every query head), bf16 and f16, a
+/// 16-bit cache and an E4M3 one (its codes stored as U8 and as candle's F8E4M3; one scale as K's and V's).
+#[test]
+fn mla_decode_matches_candle_attention() -> Result<()> {
+    use fused_attn::mla::MlaDims;
+    use fused_attn::{DecodeWorkspace, Fp8Format};
+
+    let mut rng = StdRng::seed_from_u64(29);
+    let (page, rank, rope) = (16, 512, 64);
+    let row = rank + rope;
+    let lens = [5usize, 70];
+    let per_seq = 5;
+    let num_pages = lens.len() * per_seq;
+    let max_seq_len = 70;
+    let scale = 1.0 / 192f64.sqrt();
+    let emu = fused_attn::Stream::Emu(fa::emulator());
+    for (dtype, hq, storage) in [
+        (DType::BF16, 16, None),
+        (DType::F16, 32, None),
+        (DType::BF16, 16, Some(DType::U8)),
+        (DType::F16, 16, Some(DType::F8E4M3)),
+    ] {
+        let what = format!("mla {dtype:?} Hq={hq} cache {storage:?}");
+        // Sequence s owns pages s * per_seq .. in shuffled order (the table says which).
+        let mut table: Vec<u32> = Vec::new();
+        for s in 0..lens.len() {
+            let mut ids: Vec<u32> = (0..per_seq).map(|p| (s * per_seq + p) as u32).collect();
+            ids.shuffle(&mut rng);
+            table.extend(ids);
+        }
+        let values16 = random(&[num_pages, page, 1, row], -1.0, 1.0, dtype, &mut rng)?;
+        let fp8_scale = 1.0f32 / 256.0 * 1.1;
+        let fp8 =
+            storage.map(|_| fa::Fp8Kv::per_tensor(&Device::Cpu, Fp8Format::E4m3, fp8_scale, fp8_scale)).transpose()?;
+        // The cache the op reads, and the values it stands for (FP8: the codes' values times the scale).
+        let (cache, stored) = match storage {
+            None => (values16.clone(), values16.to_dtype(DType::F64)?),
+            Some(st) => {
+                let codes: Vec<u8> =
+                    values(&values16).iter().map(|&x| Fp8Format::E4m3.encode(x as f32 / fp8_scale)).collect();
+                let stored: Vec<f64> =
+                    codes.iter().map(|&c| Fp8Format::E4m3.decode(c) * f64::from(fp8_scale)).collect();
+                let cache = match st {
+                    DType::U8 => Tensor::from_vec(codes, (num_pages, page, 1, row), &Device::Cpu)?,
+                    _ => Tensor::from_vec(
+                        codes.iter().map(|&c| Fp8Format::E4m3.decode(c) as f32).collect::<Vec<_>>(),
+                        (num_pages, page, 1, row),
+                        &Device::Cpu,
+                    )?
+                    .to_dtype(st)?,
+                };
+                (cache, Tensor::from_vec(stored, (num_pages, page, 1, row), &Device::Cpu)?)
+            }
+        };
+        let b = lens.len();
+        let q = random(&[b, hq, row], -1.0, 1.0, dtype, &mut rng)?;
+        let table_t = Tensor::from_vec(table.clone(), (b, per_seq), &Device::Cpu)?;
+        let lens_t = Tensor::from_vec(lens.iter().map(|&l| l as u32).collect::<Vec<_>>(), b, &Device::Cpu)?;
+        let mut ws = DecodeWorkspace::with_capacity(&emu, b, hq, rank, 8)?;
+        let (o, lse) = fa::mla_decode(
+            &q,
+            &cache,
+            &table_t,
+            &lens_t,
+            max_seq_len,
+            scale as f32,
+            MlaDims::default(),
+            fp8.as_ref(),
+            &mut ws,
+        )?;
+        assert_eq!((o.dims(), lse.dims()), (&[b, hq, rank][..], &[b, hq][..]), "{what}");
+        let (mut reference, mut naive) = (Vec::new(), Vec::new());
+        for (s, &n) in lens.iter().enumerate() {
+            let rows: Vec<Tensor> =
+                (0..n).map(|j| stored.i((table[s * per_seq + j / page] as usize, j % page))).collect::<Result<_>>()?;
+            let k = Tensor::stack(&rows, 0)?.unsqueeze(0)?; // [1, n, 1, row]
+            let v = k.narrow(3, 0, rank)?;
+            // V padded to the row's width so candle's composition takes one head dim; its rope columns are 0.
+            let v = Tensor::cat(&[v.clone(), Tensor::zeros((1, n, 1, rope), DType::F64, &Device::Cpu)?], 3)?;
+            let qs = q.i(s)?.unsqueeze(0)?.unsqueeze(0)?; // [1, 1, Hq, row]
+            for (dt, out) in [(DType::F64, &mut reference), (dtype, &mut naive)] {
+                let a = candle_attention(&qs, &k, &v, scale, false, dt)?.squeeze(0)?.squeeze(0)?;
+                out.push(a.narrow(1, 0, rank)?);
+            }
+        }
+        check(&what, &o, &Tensor::stack(&reference, 0)?, &Tensor::stack(&naive, 0)?);
+        assert!(values(&lse).iter().all(|x| x.is_finite()), "{what}: lse");
+    }
+    Ok(())
+}

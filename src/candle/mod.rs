@@ -1,6 +1,7 @@
 //! fused-attn as candle ops over `candle_core::Tensor` (feature `candle`): a drop-in for candle-flash-attn's
 //! [`flash_attn`] / [`flash_attn_varlen`] (same arguments, shapes and `CustomOp3` form), plus the paged-cache
-//! ops an engine's decode loop needs: [`paged_append`], [`paged_decode`] and [`merge_states`]; with fused
+//! ops an engine's decode loop needs: [`paged_append`], [`paged_decode`] and [`merge_states`], MLA's
+//! [`mla_decode`] (docs/mla.md); with fused
 //! rotary embeddings ([`CandleRope`], docs/rope.md): [`paged_append_rope`], [`paged_decode_rope`], and q
 //! and k rotated in prefill ([`flash_attn_rope`], [`flash_attn_varlen_rope`], k with a [`KeyRope`]).
 //!
@@ -924,6 +925,95 @@ impl DecodeArgs<'_> {
                 })?;
             });
             Ok((o.into_storage(), lse.map(|l| l.into_storage())))
+        })
+    }
+}
+
+/// Multi-head latent attention decode (docs/mla.md; DeepSeek-V2/V3, Kimi K2), absorbed form, one query
+/// token per sequence: `q [B, Hq, rank + rope]` (the latent query `q_nope · W_UK`, then the rotated `q_pe`;
+/// f16 or bf16) over `latent_cache [num_pages, page_size, 1, rank + rope]` (the rows `[c | k_pe]`: the
+/// queries' dtype, or FP8 codes with `fp8` — its K scale dequantises the scores, its V scale the output; one
+/// scale per tensor, the same tensor for both as `mla_append` quantised), `block_table [B, W]`, `seq_lens
+/// [B]` (int32). Returns `o [B, Hq, rank]` (still to be multiplied by `W_UV`) and the natural-log LSE `[B,
+/// Hq]` (f32). `dims`: the row split (`MlaDims::default()`: 512 + 64); `workspace`: room for the split
+/// partials (`DecodeWorkspace::with_capacity(.., B, Hq, rank, splits)`).
+#[allow(clippy::too_many_arguments)]
+pub fn mla_decode(
+    q: &Tensor,
+    latent_cache: &Tensor,
+    block_table: &Tensor,
+    seq_lens: &Tensor,
+    max_seq_len: usize,
+    softmax_scale: f32,
+    dims: crate::mla::MlaDims,
+    fp8: Option<&Fp8Kv>,
+    workspace: &mut DecodeWorkspace,
+) -> candle_core::Result<(Tensor, Tensor)> {
+    let (qs, q_l) = q.storage_and_layout();
+    let (b, hq, _) = q_l
+        .shape()
+        .dims3()
+        .map_err(|_| Error::shape("q", format!("expected [B, Hq, rank + rope], got {:?}", q_l.dims())))?;
+    let args = MlaArgs { latent_cache, block_table, seq_lens, max_seq_len, softmax_scale, dims, fp8 };
+    let (o, lse) = backend_of!("q", &*qs, |S| { args.run_on::<S>(&qs, q_l, workspace) })?;
+    Ok((
+        Tensor::from_storage(o, (b, hq, dims.kv_lora_rank), BackpropOp::none(), false),
+        Tensor::from_storage(lse, (b, hq), BackpropOp::none(), false),
+    ))
+}
+
+struct MlaArgs<'t> {
+    latent_cache: &'t Tensor,
+    block_table: &'t Tensor,
+    seq_lens: &'t Tensor,
+    max_seq_len: usize,
+    softmax_scale: f32,
+    dims: crate::mla::MlaDims,
+    fp8: Option<&'t Fp8Kv>,
+}
+
+impl MlaArgs<'_> {
+    fn run_on<S: Backing>(
+        &self,
+        q: &Storage,
+        q_l: &Layout,
+        workspace: &mut DecodeWorkspace,
+    ) -> candle_core::Result<(Storage, Storage)> {
+        let (lc, lc_l) = self.latent_cache.storage_and_layout();
+        let (table, table_l) = self.block_table.storage_and_layout();
+        let (lens, lens_l) = self.seq_lens.storage_and_layout();
+        let (q, lc) = (S::of(q, "q")?, S::of(&lc, "latent_cache")?);
+        let table = S::of(&table, "block_table")?.index_view::<2>("block_table", table_l)?;
+        let lens = S::of(&lens, "seq_lens")?.index_view::<1>("seq_lens", lens_l)?;
+        check_codes_have_fp8(lc.dtype(), self.fp8)?;
+        let scales = self.fp8.map(Fp8Kv::storages);
+        let scale_views = scales.as_ref().map(ScaleStorages::views::<S>).transpose()?;
+        let rank = self.dims.kv_lora_rank;
+        attention_dtype!("q", q.dtype(), |T| {
+            let backend = q.backend();
+            let q = q.view::<T, 3>("q", q_l)?;
+            let [b, hq, _] = q.shape();
+            let mut o = backend.alloc::<T>(b * hq * rank, Fill::Poison)?;
+            let mut lse = backend.alloc::<f32>(b * hq, Fill::Poison)?;
+            cache_element!(self.fp8, T, |C| {
+                let pages = lc.view::<C, 4>("latent_cache", lc_l)?;
+                let mut cache = crate::mla::latent_cache(pages, table, lens, self.max_seq_len)?;
+                if let Some((k_scale, v_scale)) = scale_views {
+                    cache = cache.with_scale_tensors(k_scale, v_scale)?;
+                }
+                let mut opts = crate::mla::MlaDecodeOptions::new(self.softmax_scale);
+                opts.dims = self.dims;
+                crate::mla::mla_decode(
+                    &backend.stream(),
+                    &q,
+                    &cache,
+                    &mut o.view([b, hq, rank])?,
+                    Some(&mut lse.view([b, hq])?),
+                    workspace,
+                    &opts,
+                )?;
+            });
+            Ok((o.into_storage(), lse.into_storage()))
         })
     }
 }

@@ -16,8 +16,9 @@ use crate::error::{Error, Result};
 /// MLA decode in the absorbed form over a paged latent cache (one KV head of `rank + rope` columns).
 ///
 /// - `q`: `[total_q, Hq, rank + rope]`; `cu_seqlens_q`: `[B + 1]` (decode: `0, 1, .., B`); `cache`: the
-///   latent cache (`heads_kv` 1, `head_dim` rank + rope; its `v_cache` is ignored: V is the first `rank`
-///   columns of `k_cache`), `B = seq_lens.len()`. Query token i of sequence b sees keys `j ≤ seq_len_b −
+///   latent cache (`heads_kv` 1, `head_dim` rank + rope), `B = seq_lens.len()`: the scores read `k_cache`'s
+///   rows, V is the first `rank` columns of `v_cache`'s (the same slice for a 16-bit cache; an FP8 cache's
+///   codes dequantised with the K and the V scale). Query token i of sequence b sees keys `j ≤ seq_len_b −
 ///   q_len_b + i`.
 /// - Returns `out` `[total_q, Hq, rank]`, `lse` `[total_q, Hq]`, and for [`Arith::F64`] the bound's terms
 ///   (one per element of `out`).
@@ -38,8 +39,11 @@ pub fn mla_decode(
         ));
     }
     // V = the latent columns of the same rows: K with the rope columns zeroed, so O's rope columns are 0.
+    if cache.v_cache.len() != cache.k_cache.len() {
+        return Err(Error::shape("v_cache", "differs in length from k_cache (the same rows, dequantised for V)"));
+    }
     let v: Vec<f64> =
-        cache.k_cache.iter().enumerate().map(|(i, &x)| if i % row < kv_lora_rank { x } else { 0.0 }).collect();
+        cache.v_cache.iter().enumerate().map(|(i, &x)| if i % row < kv_lora_rank { x } else { 0.0 }).collect();
     let c = PagedCache { v_cache: &v, ..*cache };
     let full = paged_prefill(heads_q, true, scale, &Variants::default(), ar, cu_seqlens_q, q, &c)?;
     let total_q = if heads_q == 0 { 0 } else { q.len() / (heads_q * row) };

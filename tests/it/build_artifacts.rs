@@ -181,10 +181,13 @@ fn fp8_kernels_use_the_hardware_conversion_from_sm89() {
                 let hardware = body.lines().any(|l| l.contains("F2FP") && (l.contains(".E4M3") || l.contains(".E5M2")));
                 if n < 89 {
                     assert!(!hardware, "{arch}: {name} has an FP8 cvt");
-                } else if name.starts_with("fa_paged_decode_bf16") && name.contains("fp8") {
-                    // bf16 FP8 decode converts in registers on every arch (byte permute, shift and a
-                    // power-of-two multiply, exact for every finite code: fa/fp8_convert.cuh): the cvt
-                    // produces fp16 only, and fp16 -> bf16 would cost more than it saves.
+                } else if (name.starts_with("fa_paged_decode_bf16") || name.starts_with("fa_mla_decode_fp8_bf16"))
+                    && name.contains("fp8")
+                {
+                    // bf16 FP8 decode (and MLA decode, the same WarpAttention code) converts in registers on
+                    // every arch (byte permute, shift and a power-of-two multiply, exact for every finite
+                    // code: fa/fp8_convert.cuh): the cvt produces fp16 only, and fp16 -> bf16 would cost more
+                    // than it saves.
                     assert!(!hardware, "{arch}: {name} has an FP8 cvt (bf16 converts in registers)");
                     assert!(body.lines().any(|l| l.contains("PRMT")), "{arch}: {name} has no byte permute");
                     checked += 1;

@@ -86,6 +86,9 @@ fn help_and_version_exit_0_and_list_every_flag_with_its_default() {
         ("--softcap <X>", "[default: 0]"),
         ("--alibi", "[prefill, decode]"),
         ("--sinks", "[prefill, decode]"),
+        ("--kv-lora-rank <N>", "[default: 512]"),
+        ("--rope-dim <N>", "[default: 64]"),
+        ("--q-len <N>", "[mla-decode]"),
     ] {
         let at = help.find(flag).unwrap_or_else(|| panic!("{flag} missing from run --help:\n{help}"));
         // The flag's own paragraph (up to the next flag) names its default or the ops it applies to.
@@ -126,7 +129,7 @@ fn bad_flags_are_usage_errors() {
         ("run --batch -1", "invalid value '-1' for '--batch <N>'"),
         ("run --heads=-3", "invalid value '-3' for '--heads <N>'"),
         ("run --dtype fp8", "invalid value 'fp8' for '--dtype <DTYPE>' [possible values: fp16, bf16]"),
-        ("run --op sort", "[possible values: prefill, decode, paged-prefill, append]"),
+        ("run --op sort", "[possible values: prefill, decode, paged-prefill, append, mla-decode]"),
         ("run --backend tpu", "[possible values: gpu, emu, auto]"),
         ("report --dump /tmp/x", "unexpected argument '--dump'"),
         ("report --no-timing", "unexpected argument '--no-timing'"),
@@ -137,9 +140,19 @@ fn bad_flags_are_usage_errors() {
         ("run --op decode --causal", "--causal applies to --op prefill or --op paged-prefill only"),
         ("run --op decode --seqlen-q 4", "--seqlen-q applies to --op prefill or --op paged-prefill or --op append"),
         ("run --op=decode --seqlen-q=4", "--seqlen-q applies to --op prefill or --op paged-prefill or --op append"),
-        ("run --page-size 8", "--page-size applies to --op decode or --op paged-prefill or --op append only"),
-        ("run --op append --heads 4", "--heads applies to --op prefill or --op decode or --op paged-prefill only"),
-        ("run --op prefill --num-splits 2", "--num-splits applies to --op decode or --op paged-prefill only"),
+        (
+            "run --page-size 8",
+            "--page-size applies to --op decode or --op paged-prefill or --op append or --op mla-decode",
+        ),
+        (
+            "run --op append --heads 4",
+            "--heads applies to --op prefill or --op decode or --op paged-prefill or --op mla",
+        ),
+        (
+            "run --op prefill --num-splits 2",
+            "--num-splits applies to --op decode or --op paged-prefill or --op mla-decode",
+        ),
+        ("run --op decode --q-len 2", "--q-len applies to --op mla-decode only"),
         ("run --op decode --no-causal", "--no-causal applies to --op paged-prefill only"),
         ("plot", "<REPORT.jsonl>"),
     ] {
@@ -500,6 +513,44 @@ fn run_emulated_paged_prefill_prints_a_passing_row_and_dumps() {
         ("v_scale", "<f4", vec![2]),
         ("block_table", "<i4", vec![2, 19]),
         ("seq_lens", "<i4", vec![2]),
+    ] {
+        assert_eq!(npy_header(&dir.join(format!("{name}.npy"))), (descr.to_string(), shape), "{name}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `run --op mla-decode`: passing JSON rows over a 16-bit and an FP8 latent cache (MTP q_len 3, a forced
+/// split), and the --dump files of the FP8 run (stored values as float32 and the one scale).
+#[test]
+fn run_emulated_mla_decode_prints_a_passing_row_and_dumps() {
+    let dir = std::env::temp_dir().join(format!("fa-runner-mla-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    for extra in ["--num-splits 2", "--kv-dtype fp8_e4m3 --dtype fp16"] {
+        let o = fused_attn(&format!(
+            "run --backend emu --op mla-decode --heads 16 --q-len 3 --seq-lens 70,20 --page-size 16 {extra} \
+             --json --seed 4 --dump {}",
+            dir.display()
+        ));
+        assert_eq!(o.status.code(), Some(0), "{extra}: {}", stderr(&o));
+        let r = &json_rows(&o)[0];
+        assert_eq!((&r["op"], &r["passed"], &r["heads_kv"]), (&"mla-decode".into(), &true.into(), &1.into()), "{r}");
+        assert_eq!((&r["seqlen_q"], &r["seqlen_k"], &r["head_dim"]), (&3.into(), &70.into(), &576.into()), "{r}");
+        let fp8 = extra.contains("fp8");
+        assert_eq!(r["kv_dtype"], if fp8 { "fp8_e4m3" } else { "bf16" }, "{r}");
+        assert_eq!(r["label"].as_str().unwrap_or_default().contains("vs the 16-bit cache"), fp8, "{r}");
+        if !fp8 {
+            assert_eq!(r["num_splits"], 2, "{r}");
+        }
+    }
+    for (name, descr, shape) in [
+        ("q", "<f2", vec![6, 16, 576]),
+        ("out", "<f2", vec![6, 16, 512]),
+        ("lse", "<f4", vec![6, 16]),
+        ("latent_cache", "<f4", vec![8, 16, 1, 576]),
+        ("latent_scale", "<f4", vec![1]),
+        ("block_table", "<i4", vec![2, 5]),
+        ("seq_lens", "<i4", vec![2]),
+        ("cu_seqlens_q", "<i4", vec![3]),
     ] {
         assert_eq!(npy_header(&dir.join(format!("{name}.npy"))), (descr.to_string(), shape), "{name}");
     }

@@ -63,6 +63,9 @@ pub enum Op {
     /// Paged append alone: new tokens' K/V written into the cache (K rotated with --rope-theta), checked bit
     /// for bit.
     Append,
+    /// Multi-head latent attention decode (DeepSeek-V2/V3, Kimi K2; docs/mla.md): --heads query heads over a
+    /// latent cache of --kv-lora-rank + --rope-dim columns, --q-len tokens per sequence.
+    MlaDecode,
 }
 
 impl Op {
@@ -72,6 +75,7 @@ impl Op {
             Op::Decode => "decode",
             Op::PagedPrefill => "paged-prefill",
             Op::Append => "append",
+            Op::MlaDecode => "mla-decode",
         }
     }
 }
@@ -314,6 +318,15 @@ pub struct RunArgs {
     /// --rope-theta].
     #[arg(long, value_enum, default_value_t = RopePositionsArg::Last, value_name = "KIND")]
     pub rope_positions: RopePositionsArg,
+    /// MLA: latent columns of a cache row (DeepSeek: 512) [mla-decode].
+    #[arg(long, default_value_t = 512, value_name = "N")]
+    pub kv_lora_rank: usize,
+    /// MLA: rope-key columns of a cache row (DeepSeek: 64) [mla-decode].
+    #[arg(long, default_value_t = 64, value_name = "N")]
+    pub rope_dim: usize,
+    /// MLA: query tokens per sequence (1: decode; 2-4: MTP / speculative verification) [mla-decode].
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub q_len: usize,
     #[command(flatten)]
     pub common: Common,
     /// Write every input and output as .npy into DIR (docs/runner.md lists names, dtypes and shapes).
@@ -533,8 +546,13 @@ impl RunArgs {
 const ATTENTION: [Op; 3] = [Op::Prefill, Op::Decode, Op::PagedPrefill];
 
 /// Flags that apply to some ops only, by clap id: (id, flag, the ops it applies to, why).
-const OP_ONLY: [(&str, &str, &[Op], &str); 19] = [
-    ("seq_lens", "--seq-lens", &[Op::Decode, Op::PagedPrefill, Op::Append], "prefill's batches are uniform"),
+const OP_ONLY: [(&str, &str, &[Op], &str); 22] = [
+    (
+        "seq_lens",
+        "--seq-lens",
+        &[Op::Decode, Op::PagedPrefill, Op::Append, Op::MlaDecode],
+        "prefill's batches are uniform",
+    ),
     ("q_lens", "--q-lens", &[Op::PagedPrefill, Op::Append], "decode is one query token per sequence"),
     (
         "seqlen_q",
@@ -547,21 +565,39 @@ const OP_ONLY: [(&str, &str, &[Op], &str); 19] = [
     (
         "page_size",
         "--page-size",
-        &[Op::Decode, Op::PagedPrefill, Op::Append],
+        &[Op::Decode, Op::PagedPrefill, Op::Append, Op::MlaDecode],
         "prefill reads contiguous K/V, not a paged cache",
     ),
-    ("num_splits", "--num-splits", &[Op::Decode, Op::PagedPrefill], "prefill does not split the KV range"),
+    (
+        "num_splits",
+        "--num-splits",
+        &[Op::Decode, Op::PagedPrefill, Op::MlaDecode],
+        "prefill does not split the KV range",
+    ),
     ("paged_kernel", "--paged-kernel", &[Op::PagedPrefill], "only paged prefill has two kernels"),
     ("split_policy", "--split-policy", &[Op::Decode, Op::PagedPrefill], "prefill does not split the KV range"),
     ("sched_slots", "--sched-slots", &[Op::Decode, Op::PagedPrefill], "it sizes --split-policy's schedule"),
-    ("kv_dtype", "--kv-dtype", &[Op::Decode, Op::PagedPrefill, Op::Append], "prefill reads contiguous 16-bit K/V"),
+    (
+        "kv_dtype",
+        "--kv-dtype",
+        &[Op::Decode, Op::PagedPrefill, Op::Append, Op::MlaDecode],
+        "prefill reads contiguous 16-bit K/V",
+    ),
     ("kv_scale", "--kv-scale", &[Op::Decode, Op::PagedPrefill, Op::Append], "prefill reads contiguous 16-bit K/V"),
     ("window_left", "--window-left", &ATTENTION, "append computes no scores"),
     ("window_right", "--window-right", &ATTENTION, "append computes no scores"),
     ("softcap", "--softcap", &ATTENTION, "append computes no scores"),
     ("alibi", "--alibi", &ATTENTION, "append computes no scores"),
     ("sinks", "--sinks", &ATTENTION, "append computes no scores"),
-    ("heads", "--heads", &ATTENTION, "append writes KV heads only: --kv-heads"),
+    (
+        "heads",
+        "--heads",
+        &[Op::Prefill, Op::Decode, Op::PagedPrefill, Op::MlaDecode],
+        "append writes KV heads only: --kv-heads",
+    ),
+    ("kv_lora_rank", "--kv-lora-rank", &[Op::MlaDecode], "only MLA has a latent cache"),
+    ("rope_dim", "--rope-dim", &[Op::MlaDecode], "only MLA has a latent cache"),
+    ("q_len", "--q-len", &[Op::MlaDecode], "--seqlen-q / --q-lens set the other ops' query tokens"),
     ("kernel", "--kernel", &[Op::Prefill, Op::Decode, Op::PagedPrefill], "append has one kernel per cache format"),
 ];
 
@@ -782,8 +818,16 @@ mod tests {
             msg("run --op decode --causal").starts_with("--causal applies to --op prefill or --op paged-prefill only")
         );
         assert!(msg("run --op=decode --seqlen-q=4").starts_with("--seqlen-q applies to --op prefill or"));
-        assert!(msg("run --page-size 8")
-            .starts_with("--page-size applies to --op decode or --op paged-prefill or --op append only"));
+        assert!(msg("run --page-size 8").starts_with(
+            "--page-size applies to --op decode or --op paged-prefill or --op append or --op mla-decode only"
+        ));
+        // The MLA flags.
+        assert!(msg("run --op decode --kv-lora-rank 256").starts_with("--kv-lora-rank applies to --op mla-decode only"));
+        assert!(msg("run --op paged-prefill --q-len 2").starts_with("--q-len applies to --op mla-decode only"));
+        assert!(msg("run --op mla-decode --softcap 30").starts_with("--softcap applies to --op prefill"));
+        assert!(msg("run --op mla-decode --kv-dtype fp8_e4m3 --kv-scale per-head").starts_with("--kv-scale applies"));
+        let m = run("run --op mla-decode --heads 128 --kv-lora-rank 256 --rope-dim 32 --q-len 3 --kv-dtype fp8_e5m2");
+        assert_eq!((m.op, m.heads, m.kv_lora_rank, m.rope_dim, m.q_len), (Op::MlaDecode, 128, 256, 32, 3));
         assert!(msg("run --num-splits 2").starts_with("--num-splits applies to --op decode or"));
         assert!(msg("run --no-causal").starts_with("--no-causal applies to --op paged-prefill only"));
         assert!(msg("run --op prefill --split-policy balanced").starts_with("--split-policy applies to --op decode"));

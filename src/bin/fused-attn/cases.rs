@@ -10,6 +10,7 @@ use fused_attn::reference::Comparison;
 use fused_attn::testkit::cases::append::{self as ac, AppendCase};
 use fused_attn::testkit::cases::decode::{self as dc, DecodeCase};
 use fused_attn::testkit::cases::kv::{KvFormat, QuantError};
+use fused_attn::testkit::cases::mla::{self as mc, MlaCase};
 use fused_attn::testkit::cases::paged_prefill::{self as ppc, PagedPrefillCase};
 use fused_attn::testkit::cases::prefill::{self as pc, PrefillCase, PrefillFixture, PrefillOutputs};
 use fused_attn::testkit::cost_model;
@@ -31,6 +32,8 @@ pub enum Case {
     Decode(DecodeCase),
     /// Chunked prefill / speculative verification over the paged cache (16-bit or FP8).
     PagedPrefill(PagedPrefillCase),
+    /// MLA decode over a 16-bit or FP8 latent cache.
+    Mla(MlaCase),
 }
 
 /// Largest full fp64 check: B·Hq·Tq·Tk·D multiply-adds (a few seconds of reference); larger shapes are
@@ -180,6 +183,110 @@ pub fn check(backend: &Backend, case: &Case, seed: u64) -> Row {
             let row = run_paged_prefill(backend, c, seed, None, None, &Progress::hidden());
             as_sweep(row, || paged_prefill_row("sweep", backend, c, seed))
         }
+        Case::Mla(c) => {
+            let row = run_mla(backend, c, seed, None, None, &Progress::hidden());
+            as_sweep(row, || mla_row("sweep", backend, c, seed))
+        }
+    }
+}
+
+pub fn mla_row(kind: &str, backend: &Backend, c: &MlaCase, seed: u64) -> Row {
+    Row {
+        kind: kind.into(),
+        label: c.label(),
+        seed,
+        op: "mla-decode".into(),
+        backend: backend.name().into(),
+        dtype: c.dtype.name().into(),
+        head_dim: c.dims.row_dim(),
+        batch: c.batch(),
+        heads_q: c.heads_q,
+        heads_kv: 1,
+        seqlen_q: c.q_len,
+        seqlen_k: c.max_seq_len(),
+        causal: c.q_len > 1,
+        page_size: Some(c.page_size),
+        kv_dtype: Some(c.kv_name().into()),
+        num_splits: c.num_splits,
+        window_left: -1,
+        window_right: -1,
+        ..Default::default()
+    }
+}
+
+/// An MLA row with its check: O and LSE against the reference over the stored cache (sampled: the first
+/// sequences), the FP8 quantisation error in the label.
+fn with_mla_outcome(mut row: Row, o: &mc::MlaOutcome) -> Row {
+    row = with_full_check(row, &o.out, &o.lse, o.plan.num_splits, o.quant, o.passed(), || o.summary());
+    if o.sampled() {
+        row.check = Some("sampled".into());
+        row.label = format!("{} (checked: the first {} of {} sequences)", row.label, o.checked_seqs, o.seqs);
+    }
+    row
+}
+
+/// `run --op mla-decode`: builds, runs and checks one MLA case (the fp64 check on the first sequences up to
+/// [`mc::CHECK_LIMIT`]); on a GPU also times it (GB/s of [`MlaCase::bytes`], TFLOPS of [`MlaCase::flops`]).
+pub fn run_mla(
+    backend: &Backend,
+    c: &MlaCase,
+    seed: u64,
+    copy_gbps: Option<f64>,
+    dump: Option<&Dump>,
+    progress: &Progress,
+) -> Result<Row> {
+    check_page_size(c.page_size)?;
+    c.check()?;
+    let row = match c.dtype {
+        DType::F16 => run_mla_t::<f16>(backend, c, seed, dump, progress)?,
+        DType::Bf16 => run_mla_t::<bf16>(backend, c, seed, dump, progress)?,
+    };
+    Ok(timed_on_gpu(row, backend, copy_gbps, |s, copy, row| {
+        progress.message(format!("mla-decode: timing on the GPU (CUDA events, median of {})", DECODE_RUNS.iters));
+        with_mla_timing(row, mc::time_case_gpu(s, c, seed, DECODE_RUNS), copy)
+    }))
+}
+
+fn run_mla_t<T: Element>(
+    backend: &Backend,
+    c: &MlaCase,
+    seed: u64,
+    dump: Option<&Dump>,
+    progress: &Progress,
+) -> Result<Row> {
+    progress.message(format!("mla-decode: running on {} and checking against the fp64 reference", backend.describe()));
+    let r = match backend {
+        Backend::Emu(emu) => mc::run_case_emulated::<T>(emu, c, seed)?,
+        Backend::Gpu { stream, .. } => mc::run_case_gpu::<T>(stream, c, seed)?,
+    };
+    if let Some(dump) = dump {
+        progress.message("mla-decode: writing the .npy dump");
+        dump.mla(&r)?;
+    }
+    let row = with_mla_outcome(mla_row("run", backend, c, seed), &r.outcome);
+    Ok(with_counters(row, backend, |_| None))
+}
+
+/// Times one MLA case on the GPU: GB/s of the bytes it must move (each sequence's cache rows once), TFLOPS
+/// of its visible pairs; the first launch's outputs checked (the first sequences).
+pub fn time_mla(cu: &Arc<CudaStream>, backend: &Backend, c: &MlaCase, seed: u64, copy_gbps: f64) -> Row {
+    let row = mla_row("perf", backend, c, seed);
+    with_mla_timing(row, mc::time_case_gpu(cu, c, seed, DECODE_RUNS), copy_gbps)
+}
+
+fn with_mla_timing(row: Row, t: Result<mc::MlaTiming>, copy_gbps: f64) -> Row {
+    match t {
+        Ok(t) => {
+            let mut row = with_mla_outcome(row, &t.outcome);
+            row.ms = Some(t.timing.median_ms);
+            row.gbps = Some(t.gbps);
+            row.tflops = Some(t.tflops);
+            row.copy_gbps = Some(copy_gbps);
+            row.pct_of_copy_bw = Some(100.0 * t.gbps / copy_gbps);
+            row.num_splits = Some(t.plan.num_splits);
+            row
+        }
+        Err(e) => failed(row, &e),
     }
 }
 

@@ -13,7 +13,10 @@
 //!   seq_lens, k and v as for decode (seq_lens include the Tq new tokens); an FP8 cache as for decode;
 //! - append: k / v [N, Hkv, D] (unrotated), slot_mapping [N] int64, rope_positions [N] and the table with
 //!   RoPE, k_cache / v_cache [num_pages, page_size, Hkv, D] after the append (NaN in unwritten slots; FP8 as
-//!   float32 stored values, with k_scale / v_scale).
+//!   float32 stored values, with k_scale / v_scale);
+//! - mla-decode: q [total_q, Hq, rank + rope], latent_cache [num_pages, page_size, 1, rank + rope] (FP8:
+//!   float32 stored values with latent_scale [1]), block_table, seq_lens, cu_seqlens_q [B + 1], out
+//!   [total_q, Hq, rank], lse [total_q, Hq].
 
 use std::fs::File;
 use std::io::BufWriter;
@@ -22,6 +25,7 @@ use std::path::{Path, PathBuf};
 use fused_attn::testkit::cases::append::{AppendFixture, AppendOutputs};
 use fused_attn::testkit::cases::decode::DecodeRun;
 use fused_attn::testkit::cases::kv::PagedHost;
+use fused_attn::testkit::cases::mla::MlaRun;
 use fused_attn::testkit::cases::paged_prefill::PagedPrefillRun;
 use fused_attn::testkit::cases::prefill::{PrefillFixture, PrefillOutputs};
 use fused_attn::testkit::rope::PoisonedTable;
@@ -161,6 +165,34 @@ impl Dump {
         };
         self.rope(f.rope_table.as_ref(), &pos, &[b])?;
         self.write("lse", &[b, hq], NpyData::F32(r.lse.clone()))
+    }
+
+    /// MLA decode: q `[total_q, Hq, rank + rope]`, latent_cache `[num_pages, page_size, 1, rank + rope]`
+    /// (16-bit values in their encoding, or an FP8 cache's stored values as float32 with latent_scale `[1]`:
+    /// the values attention used are latent_cache * latent_scale; NaN in slots no sequence owns),
+    /// block_table `[B, max_pages_per_seq]`, seq_lens `[B]`, cu_seqlens_q `[B + 1]`, out `[total_q, Hq,
+    /// rank]`, lse `[total_q, Hq]`; softmax scale 1/sqrt(192).
+    pub fn mla<T: Element>(&self, r: &MlaRun<T>) -> Result<()> {
+        let f = &r.fixture;
+        let c = &f.case;
+        let dt = T::DTYPE;
+        let (tq, hq, row, rank) = (c.total_q(), c.heads_q, c.dims.row_dim(), c.dims.kv_lora_rank);
+        let vals = |x: &[T]| x.iter().map(|v| v.to_f64()).collect::<Vec<_>>();
+        self.write("q", &[tq, hq, row], encode(dt, vals(&f.q).into_iter()))?;
+        let shape = [f.num_pages, c.page_size, 1, row];
+        match c.fp8 {
+            None => self.write("latent_cache", &shape, encode(dt, vals(&f.cache16).into_iter()))?,
+            Some(format) => {
+                let stored: Vec<f32> = f.codes.iter().map(|&x| format.decode(x) as f32).collect();
+                self.write("latent_cache", &shape, NpyData::F32(stored))?;
+                self.write("latent_scale", &[1], NpyData::F32(vec![f.fp8_scale]))?;
+            }
+        }
+        self.write("block_table", &[c.batch(), f.width], NpyData::I32(&f.table))?;
+        self.write("seq_lens", &[c.batch()], NpyData::I32(&f.lens))?;
+        self.write("cu_seqlens_q", &[c.batch() + 1], NpyData::I32(&f.cu))?;
+        self.write("out", &[tq, hq, rank], encode(dt, vals(&r.o).into_iter()))?;
+        self.write("lse", &[tq, hq], NpyData::F32(r.lse.clone()))
     }
 
     /// A paged cache's files: k_cache / v_cache as stored (16-bit values in their encoding, or an FP8

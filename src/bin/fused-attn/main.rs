@@ -18,8 +18,10 @@ mod row_fields;
 use std::io::BufRead;
 use std::path::Path;
 
+use fused_attn::mla::MlaDims;
 use fused_attn::testkit::cases::append::AppendCase;
 use fused_attn::testkit::cases::decode::DecodeCase;
+use fused_attn::testkit::cases::mla::MlaCase;
 use fused_attn::testkit::cases::paged_prefill::{CaseSchedule, PagedPrefillCase};
 use fused_attn::testkit::cases::prefill::PrefillCase;
 use fused_attn::testkit::timing::copy_bandwidth_gbps;
@@ -95,6 +97,19 @@ fn run(a: &RunArgs, backend: &Backend, out: &mut Output) -> Result<()> {
                 schedule: a.split_policy.map(|policy| CaseSchedule { policy, slots: a.sched_slots }),
             };
             cases::run_paged_prefill(backend, &case, a.common.seed, copy, dump.as_ref(), &progress)
+        }
+        Op::MlaDecode => {
+            let case = MlaCase {
+                dtype: a.dtype.into(),
+                heads_q: a.heads,
+                dims: MlaDims { kv_lora_rank: a.kv_lora_rank, rope_dim: a.rope_dim },
+                q_len: a.q_len,
+                page_size: a.page_size,
+                seq_lens: a.context_lens(),
+                num_splits: a.num_splits,
+                fp8: a.kv_dtype().fp8(),
+            };
+            cases::run_mla(backend, &case, a.common.seed, copy, dump.as_ref(), &progress)
         }
         Op::Append => {
             let case = AppendCase {

@@ -14,6 +14,7 @@ use fused_attn::testkit::cases::decode::{
     DecodeCase,
 };
 use fused_attn::testkit::cases::kv::KvFormat;
+use fused_attn::testkit::cases::mla::{perf_cases as mla_perf, sweep_emulated as mla_sweep_emulated, MlaCase};
 use fused_attn::testkit::cases::paged_prefill::{self as ppc, CaseSchedule, PagedPrefillCase};
 use fused_attn::testkit::cases::prefill::{perf_cases as prefill_perf, variant_sweep_cases};
 use fused_attn::testkit::cases::prefill::{sweep_cases, PrefillCase};
@@ -90,6 +91,7 @@ fn other_op_cases(kernel: PrefillKernel) -> Vec<Case> {
     v.extend(ppc::paged_prefill_variant_sweep().into_iter().map(Case::PagedPrefill));
     v.extend(fp8_decode_sweep_emulated().into_iter().map(Case::Decode));
     v.extend(ppc::fp8_paged_prefill_sweep_emulated().into_iter().map(Case::PagedPrefill));
+    v.extend(mla_sweep_emulated().into_iter().map(Case::Mla));
     v
 }
 
@@ -107,6 +109,8 @@ fn other_op_quick(kernel: PrefillKernel) -> Vec<Case> {
                 Case::PagedPrefill(c) if c.kv != KvFormat::Sixteen => "fp8 paged prefill",
                 Case::PagedPrefill(c) if c.variants.is_plain() => "paged prefill",
                 Case::PagedPrefill(_) => "paged prefill variant",
+                Case::Mla(c) if c.fp8.is_some() => "fp8 mla decode",
+                Case::Mla(_) => "mla decode",
             };
             let new = !seen.contains(&key);
             seen.push(key);
@@ -168,6 +172,8 @@ pub enum Timed {
     Decode(DecodeCase),
     /// Chunked prefill or speculative verification over the paged cache.
     PagedPrefill(PagedPrefillCase),
+    /// MLA decode over a 16-bit or FP8 latent cache.
+    Mla(MlaCase),
 }
 
 /// A timed shape and, for a comparison row, the index (into the same plan, always earlier) of the shape
@@ -334,7 +340,7 @@ pub fn perf_plan(quick: bool, kernel: PrefillKernel, hopper: bool) -> Vec<TimedS
             let with_rope = match &base {
                 Timed::Prefill(c) => Timed::Prefill(PrefillCase { rope: Some(llama_rope()), ..c.clone() }),
                 Timed::Decode(c) => Timed::Decode(DecodeCase { rope: Some(llama_rope()), ..c.clone() }),
-                Timed::PagedPrefill(_) => unreachable!("the RoPE rows are prefill and decode"),
+                Timed::PagedPrefill(_) | Timed::Mla(_) => unreachable!("the RoPE rows are prefill and decode"),
             };
             let baseline = index_of(&mut plan, base);
             plan.push(TimedShape { case: with_rope, baseline: Some(baseline) });
@@ -367,6 +373,15 @@ pub fn perf_plan(quick: bool, kernel: PrefillKernel, hopper: bool) -> Vec<TimedS
             let case = paged_perf_case(PAGED_CHUNK_BATCH, q_len, context, page);
             plan.push(TimedShape { case: Timed::PagedPrefill(case), baseline: Some(first + sm80) });
         }
+    }
+
+    // MLA decode (issue 29): Hq 16 (memory-bound) and 128 (tensor-bound) at B 64 x 4k, bf16 then the E4M3
+    // latent cache compared with the bf16 row of the same shape.
+    // `quick`: Hq 128 alone.
+    for base in mla_perf().into_iter().filter(|c| c.fp8.is_none() && (!quick || c.heads_q == 128)) {
+        let baseline = index_of(&mut plan, Timed::Mla(base.clone()));
+        let case = MlaCase { fp8: Some(Fp8Format::E4m3), ..base };
+        plan.push(TimedShape { case: Timed::Mla(case), baseline: Some(baseline) });
     }
 
     let (contexts, q_lens) = if quick {
@@ -453,12 +468,13 @@ pub fn report(backend: &Backend, base_seed: u64, quick: bool, kernel: PrefillKer
         let start = Instant::now();
         let count = |f: fn(&Timed) -> bool| plan.iter().filter(|s| f(&s.case)).count();
         out.note(&format!(
-            "performance: {} prefill, {} decode, {} FP8 decode and {} paged prefill shapes (CUDA events, median; \
-             comparison rows carry vs_baseline = their time / their baseline's)",
+            "performance: {} prefill, {} decode, {} FP8 decode, {} paged prefill and {} MLA decode shapes (CUDA \
+             events, median; comparison rows carry vs_baseline = their time / their baseline's)",
             count(|c| matches!(c, Timed::Prefill(_))),
             count(|c| matches!(c, Timed::Decode(d) if d.kv == KvFormat::Sixteen)),
             count(|c| matches!(c, Timed::Decode(d) if d.kv != KvFormat::Sixteen)),
             count(|c| matches!(c, Timed::PagedPrefill(_))),
+            count(|c| matches!(c, Timed::Mla(_))),
         ));
         let progress = Progress::counter(plan.len(), "timing");
         out.set_progress(progress.clone());
@@ -478,6 +494,10 @@ pub fn report(backend: &Backend, base_seed: u64, quick: bool, kernel: PrefillKer
                 Timed::PagedPrefill(c) => {
                     progress.message(format!("paged-prefill {}", c.label()));
                     cases::time_paged_prefill(stream, backend, c, seed, copy)
+                }
+                Timed::Mla(c) => {
+                    progress.message(c.label());
+                    cases::time_mla(stream, backend, c, seed, copy)
                 }
             };
             let row = match s.baseline.and_then(|b| timed.get(b)) {
@@ -576,6 +596,7 @@ mod tests {
             let plan = perf_plan(quick, PrefillKernel::Auto, hopper);
             let pairs = comparisons(&plan);
             let (mut fp8, mut chunks, mut spec, mut skew, mut rope, mut wide) = (0, 0, 0, 0, 0, 0);
+            let mut mla = 0;
             for (row, base) in &pairs {
                 match (row, base) {
                     (Timed::Decode(c), Timed::Decode(b)) if c.rope.is_some() => {
@@ -634,9 +655,17 @@ mod tests {
                         assert!(hopper && c.kernel == PrefillKernel::Sm90 && c.sm90_steps != Sm90Steps::default());
                         assert_eq!(&PrefillCase { sm90_steps: Sm90Steps::default(), ..c.clone() }, d);
                     }
+                    (Timed::Mla(c), Timed::Mla(b)) => {
+                        // The E4M3 latent cache against the bf16 one of the same shape.
+                        assert_eq!((&MlaCase { fp8: None, ..c.clone() }, c.fp8), (b, Some(Fp8Format::E4m3)));
+                        assert_eq!((b.batch(), b.max_seq_len(), b.dtype), (64, 4096, DType::Bf16));
+                        mla += 1;
+                    }
                     _ => panic!("unexpected comparison {row:?} vs {base:?}"),
                 }
             }
+            // MLA: Hq 16 and 128 (Hq 128 alone in --quick).
+            assert_eq!(mla, if quick { 1 } else { 2 });
             // FP8: B 1/8/64 × 4k/32k × D 128/256; chunks: 2 × 2 pages; spec-verify: 2 contexts × 2 q_lens ×
             // both paged kernels.
             // Skew: the uniform plan and a balanced schedule (full report only).
@@ -764,6 +793,8 @@ mod tests {
                     }
                     Case::PagedPrefill(c) if !c.variants.is_plain() => "paged prefill variant",
                     Case::PagedPrefill(_) => "paged prefill",
+                    Case::Mla(c) if c.fp8.is_some() => "fp8 mla decode",
+                    Case::Mla(_) => "mla decode",
                 };
                 if !kinds.contains(&k) {
                     kinds.push(k);
@@ -773,8 +804,8 @@ mod tests {
         };
         let emu = Backend::Emu(fused_attn::Emulator::new());
         let full = sweep(&emu, false, PrefillKernel::Auto);
-        assert_eq!(ops(&full), 10);
-        assert!(ops(&sweep(&emu, true, PrefillKernel::Auto)) >= 8);
+        assert_eq!(ops(&full), 12);
+        assert!(ops(&sweep(&emu, true, PrefillKernel::Auto)) >= 10);
         // Paged prefill: long chunks and spec-verify-sized q_len over longer contexts.
         let paged: Vec<&PagedPrefillCase> =
             full.iter().filter_map(|c| if let Case::PagedPrefill(c) = c { Some(c) } else { None }).collect();

@@ -6,6 +6,7 @@
 pub mod append;
 pub mod decode;
 pub mod kv;
+pub mod mla;
 pub mod paged_prefill;
 pub mod prefill;
 
