@@ -270,8 +270,8 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void prefill_kernel(co
   // The columns this kernel loads and stores: Q and K's head dim (Dqk) and V and O's (Dv: the launcher sets
   // head_dim_v, equal to head_dim unless the call's V is narrower or wider), or (a width without predicated
   // columns, tile_config.cuh) the compile-time width, which folds every column check away. Dv only moves
-  // the V copies' per-thread column predicate and the O stores' column bound: the KV loop is otherwise
-  // unchanged (no register across it: p.head_dim_v is a kernel parameter, read from the constant bank).
+  // the V copies' per-thread column predicate and the O stores' column bound; inside the KV loop both bounds
+  // are opaque to the compiler (load_kv_async), so neither holds a register across it.
   const int head_dim = kPredicatedColumns<kHeadDim> ? p.head_dim : kHeadDim;
   const int head_dim_v = kPredicatedColumns<kHeadDim> ? p.head_dim_v : kHeadDim;
   CtaContext<T, Cfg> cta;
