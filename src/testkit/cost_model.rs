@@ -58,9 +58,9 @@ pub fn prefill_cost(case: &PrefillCase) -> Option<PrefillCost> {
     let variant = uses_variant_kernel(&case.variants.set(), case.seqlen_q, case.seqlen_k);
     // Q and K bytes are of Dqk columns, V and O bytes of Dv (a V head dim of its own, issue 27); the mma are
     // of the kernel's width (>= both).
-    let cfg = TileConfig::for_pair(case.head_dim, case.head_dim_v, variant)?;
+    let cfg = TileConfig::for_pair(case.head_dim, case.dv(), variant)?;
     let (br, bc, w) = (cfg.block_m, cfg.block_n, cfg.width as u64);
-    let (d, dv) = (case.head_dim as u64, case.head_dim_v as u64);
+    let (d, dv) = (case.head_dim as u64, case.dv() as u64);
     let mut c = PrefillCost::default();
     let window = Window::new(case.variants.window, case.causal);
     let mut ctas = 0u64;

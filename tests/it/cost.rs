@@ -442,11 +442,11 @@ fn prefill_traffic_and_work_follow_the_tiling_model() {
         PrefillCase { batch: 2, ..prefill_case(130, 70, 64, (2, 2), true) },
         PrefillCase { varlen: Some(vec![(70, 200), (0, 5), (129, 129)]), ..prefill_case(129, 200, 64, (2, 1), true) },
         // A V head dim of its own (issue 27): V and O bytes of Dv columns, Q and K of Dqk, mma of the width.
-        PrefillCase { head_dim_v: 128, ..prefill_case(130, 150, 192, (2, 1), true) },
-        PrefillCase { head_dim_v: 64, ..prefill_case(100, 90, 128, (1, 1), false) }, // runs at 160
-        PrefillCase { head_dim_v: 128, ..prefill_case(70, 100, 64, (2, 2), true) },  // Dv > Dqk, at 160
+        PrefillCase { head_dim_v: Some(128), ..prefill_case(130, 150, 192, (2, 1), true) },
+        PrefillCase { head_dim_v: Some(64), ..prefill_case(100, 90, 128, (1, 1), false) }, // runs at 160
+        PrefillCase { head_dim_v: Some(128), ..prefill_case(70, 100, 64, (2, 2), true) },  // Dv > Dqk, at 160
         PrefillCase {
-            head_dim_v: 128,
+            head_dim_v: Some(128),
             varlen: Some(vec![(40, 70), (0, 5), (65, 65)]),
             ..prefill_case(65, 70, 256, (2, 1), true)
         },

@@ -114,7 +114,8 @@ fn prefill_launches_the_policy_kernel_for_v_head_dims_of_their_own() {
         let p = fused_attn::tile::prefill_tile_policy(d, dv, variant).unwrap();
         let w = tile_policy(KernelOp::Prefill, d.max(dv), variant, None).unwrap().width;
         assert_eq!(p.width, if w == 128 { 160 } else { w }, "{d}/{dv}");
-        let mut case = PrefillCase { head_dim_v: dv, ..PrefillCase::dense(dtype, d, false, p.block_m + 1, 8, (1, 1)) };
+        let mut case =
+            PrefillCase { head_dim_v: Some(dv), ..PrefillCase::dense(dtype, d, false, p.block_m + 1, 8, (1, 1)) };
         (case.kernel, case.with_lse) = (PrefillKernel::Sm80, false);
         case.variants.softcap = variant.then_some(30.0);
         match dtype {

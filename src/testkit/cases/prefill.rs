@@ -51,9 +51,9 @@ pub struct PrefillCase {
     pub heads_kv: usize,
     /// Q's and K's head dim (Dqk).
     pub head_dim: usize,
-    /// V's and O's head dim (Dv): `head_dim` unless the case gives V a head dim of its own (issue 27;
-    /// not with [`CaseLayout::PackedQkv`]).
-    pub head_dim_v: usize,
+    /// V's and O's head dim (Dv) when the case gives V one of its own (issue 27; not with
+    /// [`CaseLayout::PackedQkv`]); `None`: `head_dim` ([`PrefillCase::dv`]), whatever `head_dim` is set to.
+    pub head_dim_v: Option<usize>,
     pub causal: bool,
     /// Varlen: per-sequence (q rows, keys); `None` for a dense case.
     pub varlen: Option<Vec<(usize, usize)>>,
@@ -83,7 +83,7 @@ impl PrefillCase {
             heads_q: heads.0,
             heads_kv: heads.1,
             head_dim: d,
-            head_dim_v: d,
+            head_dim_v: None,
             causal,
             varlen: None,
             layout: CaseLayout::Contiguous,
@@ -101,6 +101,10 @@ impl PrefillCase {
         let tk = seqs.iter().map(|s| s.1).max().unwrap_or(0);
         Self { batch: seqs.len(), varlen: Some(seqs), ..Self::dense(dtype, d, causal, tq, tk, heads) }
     }
+    /// V's and O's head dim: `head_dim_v`, else `head_dim`.
+    pub fn dv(&self) -> usize {
+        self.head_dim_v.unwrap_or(self.head_dim)
+    }
     /// Short description for test output and report rows.
     pub fn label(&self) -> String {
         let shape = match &self.varlen {
@@ -109,7 +113,7 @@ impl PrefillCase {
         };
         let variants = self.variants.label();
         let rope = self.rope.map_or(String::new(), |r| format!(" {} q+k", r.label()));
-        let dv = if self.head_dim_v == self.head_dim { String::new() } else { format!("/{}", self.head_dim_v) };
+        let dv = if self.dv() == self.head_dim { String::new() } else { format!("/{}", self.dv()) };
         format!(
             "{}{}{}{} D={}{} {} Hq={} Hkv={} {}{:?}{}{}{}{}",
             if self.kernel == PrefillKernel::Auto { "" } else { self.kernel.name() },
@@ -401,7 +405,7 @@ pub fn v_head_dim_cases() -> Vec<PrefillCase> {
     use crate::testkit::variants::{CaseAlibi, CaseVariants as V};
     let dtypes = [DType::Bf16, DType::F16];
     let mut cases = Vec::new();
-    let with_dv = |c: PrefillCase, dv: usize| PrefillCase { head_dim_v: dv, ..c };
+    let with_dv = |c: PrefillCase, dv: usize| PrefillCase { head_dim_v: Some(dv), ..c };
     for (i, (d, dv)) in V_HEAD_DIM_PAIRS.into_iter().enumerate() {
         let dtype = dtypes[i % 2];
         let (tq, tk) = [(65, 65), (33, 97), (97, 33), (1, 64), (129, 17), (40, 40)][i];
@@ -616,7 +620,7 @@ impl<T: Element> PrefillFixture<T> {
 
     /// [`PrefillFixture::new`] with values drawn as `inputs` says.
     pub fn with_inputs(case: &PrefillCase, inputs: &PrefillInputs, seed: u64) -> Result<Self> {
-        let (hq, hkv, d, dv) = (case.heads_q, case.heads_kv, case.head_dim, case.head_dim_v);
+        let (hq, hkv, d, dv) = (case.heads_q, case.heads_kv, case.head_dim, case.dv());
         let (b, tq, tk, cu_q, cu_k) = match &case.varlen {
             Some(seqs) => {
                 let (mut cq, mut ck) = (vec![0i32], vec![0i32]);
@@ -799,7 +803,7 @@ impl<T: Element> PrefillFixture<T> {
     /// tolerance rule, and checks that nothing outside the logical o / lse was written.
     pub fn evaluate(&self, out: &PrefillOutputs<T>) -> Result<CaseOutcome> {
         let c = &self.case;
-        let (hq, hkv, d, dv) = (c.heads_q, c.heads_kv, c.head_dim, c.head_dim_v);
+        let (hq, hkv, d, dv) = (c.heads_q, c.heads_kv, c.head_dim, c.dv());
         let scale = self.scale();
         let (mut qv, mut kv, vv) = (self.logical(&self.q), self.logical(&self.k), self.logical(&self.v));
         // RoPE: the reference attends over q and k rotated as the kernel rotates them.
@@ -854,7 +858,7 @@ impl<T: Element> PrefillFixture<T> {
         if c.varlen.is_some() {
             return Err(Error::unsupported("case", "sampled evaluation of a varlen case"));
         }
-        let (hq, hkv, d, dv) = (c.heads_q, c.heads_kv, c.head_dim, c.head_dim_v);
+        let (hq, hkv, d, dv) = (c.heads_q, c.heads_kv, c.head_dim, c.dv());
         let (b, tq, tk) = (c.batch, c.seqlen_q, c.seqlen_k);
         let rows = b * tq * hq;
         let group = hq / hkv.max(1);
@@ -978,7 +982,7 @@ impl<T: Element> PrefillFixture<T> {
     pub fn flops(&self) -> f64 {
         let c = &self.case;
         // 2·Tq·Tk·Dqk for Q Kᵀ and 2·Tq·Tk·Dv for P V: the formula's D is their mean (both multiples of 8).
-        let d = (c.head_dim + c.head_dim_v) / 2;
+        let d = (c.head_dim + c.dv()) / 2;
         match &c.varlen {
             None => prefill_flops(c.batch, c.heads_q, c.seqlen_q, c.seqlen_k, d, c.causal),
             Some(seqs) => seqs.iter().map(|&(q, k)| prefill_flops(1, c.heads_q, q, k, d, c.causal)).sum(),
