@@ -18,7 +18,9 @@
 //   LSE = -inf (or the sink's logit).
 // The kernel's head dim is a tile width W (Cfg::kHeadDim); it serves every head dim D <= W that
 // fa/head_dim.cuh maps to it: Q, K and V columns at or past D are zero-filled, never read, and O's are never
-// stored.
+// stored. A V head dim Dv different from Q and K's Dqk (p.head_dim_v; DeepSeek's 192/128) runs at the width
+// of the wider (pair_width below), Q/K columns predicated at Dqk and V/O columns at Dv: the zero Q/K
+// columns add nothing to Q Kᵀ, the zero V columns give zero O columns, which are not stored.
 //
 // RoPE (p.rope, fa/prefill/rope_tile.cuh): run-time switches in the _mod kernels (the launcher sends every
 // RoPE call to the _mod kernel of its width; the plain kernels hold no RoPE code). q: in the prologue; the Q
@@ -62,6 +64,11 @@ template <class T> struct alignas(16) WarpPark {
 };
 static_assert(sizeof(WarpPark<half_t>) == 48, "tile_config.cuh counts 48 bytes per warp");
 
+// x, opaque to the compiler: neither hoisted out of a loop nor held in a register across one, but recomputed
+// where used, for one S2R and two integer ops. thread_idx_reread() >> 31 is 0 (thread indices are below
+// 2^31), which the compiler cannot know (a volatile read: fa/intrinsics.cuh).
+FA_DEVICE int opaque_to_compiler(int x) { return x + (thread_idx_reread() >> 31); }
+
 // Everything one CTA works on, so that the per-tile step below reads like the algorithm.
 template <class T, class Cfg> struct CtaContext {
   const T *k; // row 0 of this sequence and KV head
@@ -88,23 +95,33 @@ template <class T, class Cfg> struct CtaContext {
 
   // Starts loading KV tile n into buffer buf. Only the top tile can be ragged (Tk % Bc != 0), and it is
   // loaded before the loop (kPredicated); the tiles prefetched inside the loop lie below it, so they are
-  // always full and skip the row predicates. Columns at or past head_dim (<= Cfg::kHeadDim) are zero-filled.
+  // always full and skip the row predicates. K columns at or past head_dim and V columns at or past
+  // head_dim_v (both <= Cfg::kHeadDim) are zero-filled.
   // The lean configs load the in-loop tiles from the parked bases with RowWalkCopy (fa/tile_copy.cuh), which
   // holds no register across the loop.
-  template <bool kPredicated> FA_DEVICE void load_kv_async(int n, int buf, int head_dim) const {
+  template <bool kPredicated> FA_DEVICE void load_kv_async(int n, int buf, int head_dim, int head_dim_v) const {
     constexpr int kTile = Cfg::kBc * Cfg::kHeadDim;
     const int key0 = n * Cfg::kBc;
+    // The column bounds, opaque inside the KV loop (widths with predicated columns; at 128 they are
+    // compile-time constants that fold away): K's and V's per-thread predicates and column offsets are
+    // recomputed per tile (a few integer ops) rather than held in registers across the loop. Measured with
+    // ptxas -v: with V's bound of its own and no opaque bounds the d256 _mod kernel spilled 60 bytes on sm_80
+    // and 16 on sm_90; V's bound alone opaque still spilled 40 on sm_90; both opaque: spill-free.
+    if constexpr (!kPredicated && kPredicatedColumns<Cfg::kHeadDim>) {
+      head_dim = opaque_to_compiler(head_dim);
+      head_dim_v = opaque_to_compiler(head_dim_v);
+    }
     if constexpr (Cfg::kLean && !kPredicated) {
       using Copy = RowWalkCopy<Cfg::kBc, Cfg::kHeadDim, Cfg::kThreads>;
       const KvBases<T> bases = ld_shared(&warp_park->kv);
       Copy::copy(sK + buf * kTile, bases.k + key0 * k_row_stride, k_row_stride, head_dim);
-      Copy::copy(sV + buf * kTile, bases.v + key0 * v_row_stride, v_row_stride, head_dim);
+      Copy::copy(sV + buf * kTile, bases.v + key0 * v_row_stride, v_row_stride, head_dim_v);
       return;
     }
     cp_async_tile<Cfg::kBc, Cfg::kHeadDim, Cfg::kThreads, kPredicated>(sK + buf * kTile, k + key0 * k_row_stride,
                                                                        k_row_stride, tk - key0, head_dim);
     cp_async_tile<Cfg::kBc, Cfg::kHeadDim, Cfg::kThreads, kPredicated>(sV + buf * kTile, v + key0 * v_row_stride,
-                                                                       v_row_stride, tk - key0, head_dim);
+                                                                       v_row_stride, tk - key0, head_dim_v);
   }
 };
 
@@ -130,13 +147,13 @@ template <class Cfg> FA_DEVICE int next_buffer(int buf) { return buf + 1 == Cfg:
 // online softmax, O += P V.
 template <bool kMasked, bool kVariant, class T, class Cfg>
 FA_DEVICE void kv_tile_step(const CtaContext<T, Cfg> &cta, const FaRope &rope, int n, int n_begin, int buf,
-                            int head_dim, float (&o)[Cfg::kMTiles][Cfg::kHeadDim / 8][4],
+                            int head_dim, int head_dim_v, float (&o)[Cfg::kMTiles][Cfg::kHeadDim / 8][4],
                             OnlineSoftmax<Cfg::kMTiles> &softmax) {
   constexpr int kTile = Cfg::kBc * Cfg::kHeadDim;
   if (n > n_begin) {
     // With 3 buffers, next_buffer(buf) was last read two steps ago, before every warp passed the previous
     // step's barrier; with 2 it was read in the previous step, ordered by that step's trailing barrier.
-    cta.template load_kv_async<false>(n - 1, next_buffer<Cfg>(buf), head_dim);
+    cta.template load_kv_async<false>(n - 1, next_buffer<Cfg>(buf), head_dim, head_dim_v);
     cp_async_commit();
     cp_async_wait<1>(); // everything but the prefetch just issued: tile n (and Q) have landed
   } else {
@@ -176,12 +193,13 @@ FA_DEVICE void kv_tile_step(const CtaContext<T, Cfg> &cta, const FaRope &rope, i
   if (Cfg::kStages == 2) sync_threads();
 }
 
-// Writes this warp's rows of O (16-bit) and LSE (fp32, if requested); rows past Tq and columns past the
-// head dim are not written. O is staged through this warp's own rows of the Q tile (fa/prefill/stage_o.cuh).
+// Writes this warp's rows of O (16-bit) and LSE (fp32, if requested); rows past Tq and columns past
+// head_dim_v (V's and O's head dim) are not written. O is staged through this warp's own rows of the Q tile
+// (fa/prefill/stage_o.cuh).
 template <class T, class Cfg>
 FA_DEVICE void store_output(const FaPrefillParams &p, const SeqInfo &seq, int m0, int warp_row0, T *sQ,
                             const float (&o)[Cfg::kMTiles][Cfg::kHeadDim / 8][4], const float (&lse)[2 * Cfg::kMTiles],
-                            int head_dim) {
+                            int head_dim_v) {
   using Layout = SwizzledRows<Cfg::kHeadDim>;
   constexpr int kRows = 16 * Cfg::kMTiles;
   constexpr int kChunks = Cfg::kHeadDim / 8;
@@ -196,7 +214,7 @@ FA_DEVICE void store_output(const FaPrefillParams &p, const SeqInfo &seq, int m0
     const int r = idx / kChunks;
     const int c = (idx % kChunks) * 8;
     const int row = m0 + warp_row0 + r;
-    if (row < seq.tq && c < head_dim) {
+    if (row < seq.tq && c < head_dim_v) {
       const Bytes16 chunk = ld_shared(reinterpret_cast<const Bytes16 *>(sQ + Layout::offset(warp_row0 + r, c)));
       st_global(reinterpret_cast<Bytes16 *>(out + row * p.o_row_stride + c), chunk);
     }
@@ -249,9 +267,13 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void prefill_kernel(co
     }
   }
 
-  // The columns this kernel loads and stores: the head dim, or (a width without predicated columns,
-  // tile_config.cuh) the compile-time width, which folds every column check away.
+  // The columns this kernel loads and stores: Q and K's head dim (Dqk) and V and O's (Dv: the launcher sets
+  // head_dim_v, equal to head_dim unless the call's V is narrower or wider), or (a width without predicated
+  // columns, tile_config.cuh) the compile-time width, which folds every column check away. Dv only moves
+  // the V copies' per-thread column predicate and the O stores' column bound; inside the KV loop both bounds
+  // are opaque to the compiler (load_kv_async), so neither holds a register across it.
   const int head_dim = kPredicatedColumns<kHeadDim> ? p.head_dim : kHeadDim;
+  const int head_dim_v = kPredicatedColumns<kHeadDim> ? p.head_dim_v : kHeadDim;
   CtaContext<T, Cfg> cta;
   cta.a_lane = a_lanes<kHeadDim, Cfg::template LaneOf>();
   cta.k_lane = b_nk_lanes<kHeadDim, Cfg::template LaneOf>();
@@ -316,7 +338,7 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void prefill_kernel(co
       rope = rope_enabled(p.rope);
       if (rope) cp_async_commit(); // Q alone: rotated while the KV tile below is in flight
     }
-    cta.template load_kv_async<true>(range.n_end - 1, 0, head_dim);
+    cta.template load_kv_async<true>(range.n_end - 1, 0, head_dim, head_dim_v);
     cp_async_commit();
     if constexpr (kVariant) {
       if (rope) {
@@ -347,12 +369,12 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void prefill_kernel(co
   // Without a left window bound (every plain kernel) n_begin and n_interior_begin are 0: today's two loops.
   const int n_begin = kVariant ? range.n_begin : 0;
   for (; n >= range.n_mask_begin; --n, buf = next_buffer<Cfg>(buf))
-    kv_tile_step<true, kVariant>(cta, p.rope, n, n_begin, buf, head_dim, o, softmax);
+    kv_tile_step<true, kVariant>(cta, p.rope, n, n_begin, buf, head_dim, head_dim_v, o, softmax);
   for (; n >= (kVariant ? range.n_interior_begin : 0); --n, buf = next_buffer<Cfg>(buf))
-    kv_tile_step<false, kVariant>(cta, p.rope, n, n_begin, buf, head_dim, o, softmax);
+    kv_tile_step<false, kVariant>(cta, p.rope, n, n_begin, buf, head_dim, head_dim_v, o, softmax);
   if constexpr (kVariant) {
     for (; n >= n_begin; --n, buf = next_buffer<Cfg>(buf)) // the window's left edge
-      kv_tile_step<true, kVariant>(cta, p.rope, n, n_begin, buf, head_dim, o, softmax);
+      kv_tile_step<true, kVariant>(cta, p.rope, n, n_begin, buf, head_dim, head_dim_v, o, softmax);
   }
 
   if constexpr (Cfg::kLean) unpark_row_sums<Cfg>(cta.row_sum_park, softmax);
@@ -364,9 +386,9 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void prefill_kernel(co
     out.o_offset = park.o_offset;
     out.lse_offset = park.lse_offset;
     out.tq = park.tq;
-    store_output<T, Cfg>(p, out, park.m0, warp_id() * 16 * Cfg::kMTiles, cta.sQ, o, lse, head_dim);
+    store_output<T, Cfg>(p, out, park.m0, warp_id() * 16 * Cfg::kMTiles, cta.sQ, o, lse, head_dim_v);
   } else {
-    store_output<T, Cfg>(p, seq, m0, cta.warp_row0, cta.sQ, o, lse, head_dim);
+    store_output<T, Cfg>(p, seq, m0, cta.warp_row0, cta.sQ, o, lse, head_dim_v);
   }
 }
 
@@ -400,7 +422,7 @@ int launch_prefill(void (*kernel)(FaPrefillParams), const char *name, const FaPr
   using Cfg = KernelTile<kHeadDim, kVariant>;
   // A width without predicated columns computes exactly kHeadDim columns (fa/head_dim.cuh never maps
   // another dim to it; this guards the kernel's memory safety should the mapping change).
-  if (!kPredicatedColumns<kHeadDim> && p.head_dim != kHeadDim) return FA_ERR_UNSUPPORTED;
+  if (!kPredicatedColumns<kHeadDim> && (p.head_dim != kHeadDim || p.head_dim_v != kHeadDim)) return FA_ERR_UNSUPPORTED;
   const int m_blocks = p.seqlen_q / Cfg::kBr + (p.seqlen_q % Cfg::kBr != 0);
   if (m_blocks == 0 || p.batch == 0 || p.heads_q == 0) return FA_OK; // nothing to compute
   if (p.heads_q > 65535 || p.batch > 65535) return FA_ERR_INVALID;
@@ -416,6 +438,26 @@ bool needs_variant_kernel(const FaPrefillParams &p) {
          rope_enabled(p.rope);
 }
 
+// Whether the kernel of width w has predicated columns (tile_config.cuh; every width but 128).
+constexpr bool width_predicated(int w) {
+#define FA_PREFILL_PREDICATED(W)                                                                             \
+  if (w == W) return kPredicatedColumns<W>;
+  FA_PREFILL_WIDTHS(FA_PREFILL_PREDICATED)
+#undef FA_PREFILL_PREDICATED
+  return false;
+}
+
+// The kernel width serving Q·K head dim d and V head dim dv (0: none): prefill_width of the wider; a pair
+// (d != dv) needs predicated columns for the narrower, so where that width has none (128) it runs at the
+// next width (160, as dims 104-120 do: +25% MMAs for 128/64 or 64/128). No new instantiation either way.
+constexpr int pair_width(int d, int dv) {
+  const int w = prefill_width(d > dv ? d : dv);
+  return d == dv || w == 0 || width_predicated(w) ? w : prefill_width(w + FA_HEAD_DIM_STEP);
+}
+static_assert(pair_width(192, 128) == 192 && pair_width(128, 64) == 160 && pair_width(64, 128) == 160 &&
+                  pair_width(128, 128) == 128 && pair_width(96, 64) == 96 && pair_width(256, 128) == 256,
+              "a (Dqk, Dv) pair runs at a width with predicated columns, >= both");
+
 // One case per instantiated width (FA_PREFILL_WIDTHS): the plain or _mod kernel of the call's dtype.
 #define FA_PREFILL_CASE(D)                                                                                   \
   case D:                                                                                                    \
@@ -425,10 +467,10 @@ bool needs_variant_kernel(const FaPrefillParams &p) {
     return mod ? launch_prefill<D, true>(FA_KERNEL_REF(fa_prefill_bf16_d##D##_mod), p, exec)                   \
                : launch_prefill<D, false>(FA_KERNEL_REF(fa_prefill_bf16_d##D), p, exec);
 int dispatch(const FaPrefillParams &p, FaExec *exec) {
-  if (!head_dim_supported(p.head_dim)) return FA_ERR_UNSUPPORTED;
+  if (!head_dim_supported(p.head_dim) || !head_dim_supported(p.head_dim_v)) return FA_ERR_UNSUPPORTED;
   if (p.dtype != FA_DTYPE_F16 && p.dtype != FA_DTYPE_BF16) return FA_ERR_UNSUPPORTED;
   const bool mod = needs_variant_kernel(p);
-  switch (prefill_width(p.head_dim)) { FA_PREFILL_WIDTHS(FA_PREFILL_CASE) }
+  switch (pair_width(p.head_dim, p.head_dim_v)) { FA_PREFILL_WIDTHS(FA_PREFILL_CASE) }
   return FA_ERR_UNSUPPORTED;
 }
 #undef FA_PREFILL_CASE
@@ -445,17 +487,19 @@ template <int kHeadDim, bool kVariant> FaTilePolicy policy_of() {
                       Cfg::kThreads,  Cfg::kSmemBytes, Cfg::kMinCtasPerSm, Cfg::kLean};
 }
 
-// The kernel dispatch() runs for a head dim, plain or _mod, and its launch shape (abi.h, fa_tile_policy).
-int tile_policy(int head_dim, bool variant, FaTilePolicy *out) {
-  if (!head_dim_supported(head_dim)) return FA_ERR_UNSUPPORTED;
+// The kernel dispatch() runs for Q·K head dim head_dim and V head dim head_dim_v, plain or _mod, and its
+// launch shape (abi.h, fa_tile_policy and fa_prefill_tile_policy).
+int tile_policy_pair(int head_dim, int head_dim_v, bool variant, FaTilePolicy *out) {
+  if (!head_dim_supported(head_dim) || !head_dim_supported(head_dim_v)) return FA_ERR_UNSUPPORTED;
 #define FA_PREFILL_POLICY(D)                                                                                 \
   case D:                                                                                                    \
     *out = variant ? policy_of<D, true>() : policy_of<D, false>();                                           \
     return FA_OK;
-  switch (prefill_width(head_dim)) { FA_PREFILL_WIDTHS(FA_PREFILL_POLICY) }
+  switch (pair_width(head_dim, head_dim_v)) { FA_PREFILL_WIDTHS(FA_PREFILL_POLICY) }
 #undef FA_PREFILL_POLICY
   return FA_ERR_UNSUPPORTED;
 }
+int tile_policy(int head_dim, bool variant, FaTilePolicy *out) { return tile_policy_pair(head_dim, head_dim, variant, out); }
 
 } // namespace prefill
 } // namespace fa
@@ -463,6 +507,7 @@ int tile_policy(int head_dim, bool variant, FaTilePolicy *out) {
 extern "C" int fa_prefill(FaPrefillParams p, FaExec *exec) {
   using fa::prefill::aligned16;
   using fa::prefill::stride_aligned16;
+  if (p.head_dim_v == 0) p.head_dim_v = p.head_dim; // V and O as wide as Q and K (the kernel reads it as given)
   // Preconditions the Rust layer validates; checked again here because they guard memory safety.
   const bool has_keys = p.cu_seqlens_k != nullptr ? p.total_k > 0 : p.seqlen_k > 0;
   if (p.q == nullptr || p.o == nullptr || (has_keys && (p.k == nullptr || p.v == nullptr))) return FA_ERR_INVALID;

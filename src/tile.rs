@@ -71,6 +71,11 @@ pub fn tile_policy(op: KernelOp, head_dim: usize, variant: bool, fp8: Option<Fp8
     if status != sys::FA_OK {
         return None;
     }
+    policy_from(&p)
+}
+
+/// The Rust view of a launcher's policy.
+fn policy_from(p: &sys::FaTilePolicy) -> Option<TilePolicy> {
     // Sizes are never negative (a negative one would be a launcher bug: no policy rather than a wrap).
     let n = |x: i32| usize::try_from(x).ok();
     Some(TilePolicy {
@@ -84,6 +89,19 @@ pub fn tile_policy(op: KernelOp, head_dim: usize, variant: bool, fp8: Option<Fp8
         lean: p.lean != 0,
         score_splits: n(p.score_splits)?,
     })
+}
+
+/// The sm_80 prefill kernel's policy for Q·K head dim `head_dim` and V head dim `head_dim_v`
+/// (`fa_prefill_tile_policy`: the wider one's width, or the next with predicated columns), or `None`.
+pub fn prefill_tile_policy(head_dim: usize, head_dim_v: usize, variant: bool) -> Option<TilePolicy> {
+    let mut p = sys::FaTilePolicy::default();
+    let (d, dv) = (i32::try_from(head_dim).ok()?, i32::try_from(head_dim_v).ok()?);
+    // SAFETY: a pure function of its arguments that writes only `*out` (kernels/host/tile_policy.cpp).
+    let status = unsafe { sys::fa_prefill_tile_policy(d, dv, variant as i32, &mut p) };
+    if status != sys::FA_OK {
+        return None;
+    }
+    policy_from(&p)
 }
 
 /// The decode kernel's policy for `head_dim`, or, for a head dim decode does not take (whose call fails

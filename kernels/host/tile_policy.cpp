@@ -13,3 +13,8 @@ extern "C" int fa_tile_policy(int32_t op, int32_t head_dim, int32_t variant, int
   default: return FA_ERR_INVALID;
   }
 }
+
+extern "C" int fa_prefill_tile_policy(int32_t head_dim, int32_t head_dim_v, int32_t variant, FaTilePolicy *out) {
+  if (out == nullptr) return FA_ERR_INVALID;
+  return fa::prefill::tile_policy_pair(head_dim, head_dim_v, variant != 0, out);
+}

@@ -5,6 +5,11 @@
 //! - [`prefill_varlen`]: packed `q [total_q, Hq, D]`, `k`/`v [total_k, Hkv, D]` with `cu_seqlens` (int32,
 //!   B+1 prefix sums), `o` like `q`, optional `lse [Hq, total_q]`.
 //!
+//! V's head dim may differ from Q's and K's (issue 27; DeepSeek-V2/V3 prefill: Dqk 192, Dv 128): `v` and `o`
+//! then have their own last dim Dv (`v [.., Dv]`, `o [.., Dv]`), the default scale stays 1/sqrt(Dqk). The
+//! sm_80 kernel serves every pair of tiled head dims (Dv below or above Dqk) at the wider one's width
+//! ([`TileConfig::for_pair`]); the sm_90a kernel and the streaming path past 256 take Dv == Dqk only.
+//!
 //! Both: fp16 or bf16, D in [`PREFILL_HEAD_DIMS`], any non-negative strides with a unit innermost stride and
 //! 16-byte aligned rows, GQA/MQA (`Hq` a multiple of `Hkv`), causal bottom-right aligned (row i sees key j
 //! iff `j <= i + Tk - Tq`, per sequence), the score variants of [`ScoreMod`] (sliding window, softcap,
@@ -31,7 +36,7 @@ use crate::plan::MAX_GRID_YZ;
 use crate::score_mod::{ScoreMod, VariantSet};
 use crate::sys;
 use crate::tensor::{Mem, TensorView, TensorViewMut};
-use crate::tile::{tile_policy, KernelOp};
+use crate::tile::{prefill_tile_policy, KernelOp};
 
 /// Head dims prefill accepts: every multiple of 8 from 32 to 512 ([`crate::head_dim`], which maps each to
 /// the tile width of an instantiated kernel: the tiled sm_80 kernel up to 256, the decode kernel's streaming
@@ -43,7 +48,8 @@ pub use crate::head_dim::PREFILL_HEAD_DIMS;
 pub struct PrefillOptions<'a> {
     /// Bottom-right aligned causal mask (row i sees key j iff j <= i + Tk - Tq): a window's right bound 0.
     pub causal: bool,
-    /// Softmax scale; `None` means 1/sqrt(D). Must be finite and positive.
+    /// Softmax scale; `None` means 1/sqrt(D) (D: Q's and K's head dim, also when V's differs). Must be
+    /// finite and positive.
     pub scale: Option<f32>,
     /// Sliding window, softcap, ALiBi, sinks (none by default).
     pub score_mod: ScoreMod<'a>,
@@ -72,7 +78,10 @@ pub const MAX_PREFILL_SEQLEN: usize = 1 << 30;
 /// tile_config.cuh, which says why).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TileConfig {
+    /// Q's and K's head dim.
     pub head_dim: usize,
+    /// V's and O's head dim (`head_dim` unless the call's V is narrower or wider).
+    pub head_dim_v: usize,
     /// The instantiated kernel's tile width (>= head_dim; [`crate::head_dim::prefill_width`]): the MMAs and
     /// shared-memory tiles are this wide, the columns past head_dim zero.
     pub width: usize,
@@ -101,10 +110,17 @@ impl TileConfig {
     /// The config of the plain (`variant` false) or `_mod` kernel (softcap, ALiBi or a left window bound:
     /// [`uses_variant_kernel`]) for `head_dim`, or `None` if prefill does not support it.
     pub fn for_kernel(head_dim: usize, variant: bool) -> Option<Self> {
-        let p = tile_policy(KernelOp::Prefill, head_dim, variant, None)?;
+        Self::for_pair(head_dim, head_dim, variant)
+    }
+    /// The config for Q·K head dim `head_dim` and V head dim `head_dim_v`: the kernel of the wider one's
+    /// width (the next width with predicated columns where that one has none: 128/64 runs at 160), or
+    /// `None` if the tiled kernel does not serve the pair.
+    pub fn for_pair(head_dim: usize, head_dim_v: usize, variant: bool) -> Option<Self> {
+        let p = prefill_tile_policy(head_dim, head_dim_v, variant)?;
         let m_tiles = p.block_m / (16 * p.warps());
         Some(Self {
             head_dim,
+            head_dim_v,
             width: p.width,
             warps: p.warps(),
             m_tiles,
@@ -134,15 +150,30 @@ pub fn uses_variant_kernel(variants: &VariantSet, seqlen_q: usize, seqlen_k: usi
         || matches!(variants.window, Some((left, _)) if left >= 0 && (left as usize) < span)
 }
 
-/// Checks the head layout shared by both entry points: D supported and equal for q/k/v, Hq a positive
-/// multiple of Hkv, v shaped like k, o like q, rows 16-byte aligned with unit innermost stride.
+/// Checks the head layout shared by both entry points: D supported and equal for q and k, V's head dim
+/// supported (and, if it differs from D, a pair the tiled kernel serves), Hq a positive multiple of Hkv.
 fn check_heads(head_dim: usize, d_k: usize, d_v: usize, heads_q: usize, heads_kv: usize) -> Result<()> {
     crate::head_dim::check(KernelOp::Prefill, head_dim)?;
     if d_k != head_dim {
         return Err(Error::shape("k", format!("head dim {d_k} differs from q's {head_dim}")));
     }
     if d_v != head_dim {
-        return Err(Error::shape("v", format!("head dim {d_v} differs from q's {head_dim}")));
+        if !crate::head_dim::supported(KernelOp::Prefill, d_v) {
+            return Err(Error::unsupported(
+                "v",
+                format!("head dim {d_v} (prefill supports {})", crate::head_dim::describe(KernelOp::Prefill)),
+            ));
+        }
+        if runs_streaming(head_dim, d_v) {
+            return Err(Error::unsupported(
+                "v",
+                format!(
+                    "head dim {d_v} with q/k's {head_dim}: a V head dim different from Q·K's is served up to {} \
+                     (the tiled kernel), not on the streaming path past it",
+                    crate::head_dim::PREFILL_TILED_MAX_HEAD_DIM
+                ),
+            ));
+        }
     }
     if heads_kv == 0 || heads_q == 0 || heads_q % heads_kv != 0 {
         return Err(Error::shape(
@@ -156,9 +187,10 @@ fn check_heads(head_dim: usize, d_k: usize, d_v: usize, heads_q: usize, heads_kv
     Ok(())
 }
 
-/// Whether prefill runs `head_dim` on the decode kernel's streaming path (past the tiled kernel's widths).
-pub fn runs_streaming(head_dim: usize) -> bool {
-    head_dim > crate::head_dim::PREFILL_TILED_MAX_HEAD_DIM
+/// Whether prefill runs Q·K head dim `head_dim` with V head dim `head_dim_v` on the decode kernel's
+/// streaming path (past the tiled kernel's widths; only `head_dim == head_dim_v` runs there).
+pub fn runs_streaming(head_dim: usize, head_dim_v: usize) -> bool {
+    head_dim.max(head_dim_v) > crate::head_dim::PREFILL_TILED_MAX_HEAD_DIM
 }
 
 fn check_rows_all<T, const N: usize>(
@@ -179,7 +211,7 @@ fn check_rows_all<T, const N: usize>(
 fn shared_params<T: Element>(
     stream: &Stream<'_>,
     opts: &PrefillOptions,
-    head_dim: usize,
+    (head_dim, head_dim_v): (usize, usize),
     heads_q: usize,
     heads_kv: usize,
 ) -> Result<(sm90::Choice, sys::FaPrefillParams)> {
@@ -188,21 +220,25 @@ fn shared_params<T: Element>(
     if opts.rope_k.is_some() && opts.rope.is_none() {
         return Err(Error::usage("rope_k: RoPE on K rotates with q's table; set `rope` too"));
     }
-    let kernel = match (opts.rope.is_some(), opts.kernel) {
-        (true, PrefillKernel::Sm90) => {
-            return Err(Error::unsupported(
-                "prefill kernel sm90",
-                "RoPE is fused in the sm80 kernel only (docs/rope.md)",
-            ))
-        }
-        (true, _) => PrefillKernel::Sm80,
-        (false, kernel) => kernel,
+    // What only the sm_80 kernel does: RoPE, and a V head dim different from Q·K's.
+    let sm80_only = if opts.rope.is_some() {
+        Some("RoPE is fused in the sm80 kernel only (docs/rope.md)".to_string())
+    } else if head_dim_v != head_dim {
+        Some(format!("V head dim {head_dim_v} differs from Q·K's {head_dim}: the sm90 kernel takes one head dim"))
+    } else {
+        None
+    };
+    let kernel = match (sm80_only, opts.kernel) {
+        (Some(why), PrefillKernel::Sm90) => return Err(Error::unsupported("prefill kernel sm90", why)),
+        (Some(_), _) => PrefillKernel::Sm80,
+        (None, kernel) => kernel,
     };
     let choice = sm90::choose(stream, kernel, head_dim, opts.causal, &opts.score_mod, opts.sm90_steps)?;
     let params = sys::FaPrefillParams {
         heads_q: to_i32("q (heads)", heads_q)?,
         heads_kv: to_i32("k (heads)", heads_kv)?,
         head_dim: head_dim as i32,
+        head_dim_v: head_dim_v as i32,
         dtype: T::DTYPE.abi(),
         causal: opts.causal as i32,
         scale,
@@ -258,12 +294,13 @@ pub fn prefill<T: Element>(
 ) -> Result<()> {
     let [batch, seqlen_q, heads_q, head_dim] = q.shape();
     let [batch_k, seqlen_k, heads_kv, d_k] = k.shape();
-    check_heads(head_dim, d_k, v.dim(3), heads_q, heads_kv)?;
+    let head_dim_v = v.dim(3);
+    check_heads(head_dim, d_k, head_dim_v, heads_q, heads_kv)?;
     if batch_k != batch {
         return Err(Error::shape("k", format!("batch {batch_k} differs from q's {batch}")));
     }
-    v.expect_shape("v", k.shape())?;
-    o.expect_shape("o", q.shape())?;
+    v.expect_shape("v", [batch, seqlen_k, heads_kv, head_dim_v])?;
+    o.expect_shape("o", [batch, seqlen_q, heads_q, head_dim_v])?;
     check_rows_all(q, k, v, o)?;
     if let Some(l) = lse.as_deref() {
         l.expect_shape("lse", [batch, heads_q, seqlen_q])?;
@@ -274,7 +311,7 @@ pub fn prefill<T: Element>(
         return Err(Error::unsupported("q", format!("batch {batch} (at most {MAX_GRID_YZ})")));
     }
     check_seqlens(&[("q", seqlen_q), ("k", seqlen_k)])?;
-    let (choice, params) = shared_params::<T>(stream, opts, head_dim, heads_q, heads_kv)?;
+    let (choice, params) = shared_params::<T>(stream, opts, (head_dim, head_dim_v), heads_q, heads_kv)?;
     let params = sys::FaPrefillParams {
         batch: to_i32("q (batch)", batch)?,
         seqlen_q: to_i32("q (seqlen)", seqlen_q)?,
@@ -312,10 +349,10 @@ pub fn prefill<T: Element>(
         rope_k_positions,
         ..params
     };
-    if runs_streaming(head_dim) {
+    if runs_streaming(head_dim, head_dim_v) {
         return wide::run(launch, "prefill", &params, wide::Keys::Dense);
     }
-    let op = |ptr, rows, heads, s: [i64; 4]| sm90::Operand {
+    let op = |ptr, head_dim, rows, heads, s: [i64; 4]| sm90::Operand {
         ptr,
         head_dim,
         rows,
@@ -325,9 +362,11 @@ pub fn prefill<T: Element>(
     };
     let ops = sm90::Operands {
         elem_bytes: std::mem::size_of::<T>(),
-        q: op(params.q, seqlen_q, heads_q, qs),
-        kv: (seqlen_k > 0).then(|| (op(params.k, seqlen_k, heads_kv, ks), op(params.v, seqlen_k, heads_kv, vs))),
-        o: Some(op(params.o.cast_const(), seqlen_q, heads_q, os)),
+        q: op(params.q, head_dim, seqlen_q, heads_q, qs),
+        kv: (seqlen_k > 0).then(|| {
+            (op(params.k, head_dim, seqlen_k, heads_kv, ks), op(params.v, head_dim_v, seqlen_k, heads_kv, vs))
+        }),
+        o: Some(op(params.o.cast_const(), head_dim_v, seqlen_q, heads_q, os)),
     };
     sm90::run(launch, "prefill", stream, opts, choice, params, &ops)
 }
@@ -420,9 +459,10 @@ pub fn prefill_varlen<T: Element>(
 ) -> Result<()> {
     let [total_q, heads_q, head_dim] = q.shape();
     let [total_k, heads_kv, d_k] = k.shape();
-    check_heads(head_dim, d_k, v.dim(2), heads_q, heads_kv)?;
-    v.expect_shape("v", k.shape())?;
-    o.expect_shape("o", q.shape())?;
+    let head_dim_v = v.dim(2);
+    check_heads(head_dim, d_k, head_dim_v, heads_q, heads_kv)?;
+    v.expect_shape("v", [total_k, heads_kv, head_dim_v])?;
+    o.expect_shape("o", [total_q, heads_q, head_dim_v])?;
     let entries = cu_seqlens_q.dim(0);
     if entries == 0 {
         return Err(Error::shape("cu_seqlens_q", "needs B + 1 >= 1 entries, has 0"));
@@ -450,7 +490,7 @@ pub fn prefill_varlen<T: Element>(
         check_cu_seqlens("cu_seqlens_k", ck, total_k, max_seqlen_k)?;
     }
     check_seqlens(&[("q", total_q), ("k", total_k), ("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)])?;
-    let (choice, params) = shared_params::<T>(stream, opts, head_dim, heads_q, heads_kv)?;
+    let (choice, params) = shared_params::<T>(stream, opts, (head_dim, head_dim_v), heads_q, heads_kv)?;
     let params = sys::FaPrefillParams {
         batch: to_i32("cu_seqlens_q (batch)", batch)?,
         seqlen_q: to_i32("max_seqlen_q", max_seqlen_q)?,
@@ -489,11 +529,11 @@ pub fn prefill_varlen<T: Element>(
         rope_k_positions,
         ..params
     };
-    if runs_streaming(head_dim) {
+    if runs_streaming(head_dim, head_dim_v) {
         return wide::run(launch, "prefill_varlen", &params, wide::Keys::Varlen { total_k });
     }
     // Varlen maps: all packed rows, a batch of 1 (a sequence starts at its cu_seqlens row).
-    let op = |ptr, rows, heads, s: [i64; 3]| sm90::Operand {
+    let op = |ptr, head_dim, rows, heads, s: [i64; 3]| sm90::Operand {
         ptr,
         head_dim,
         rows,
@@ -503,8 +543,9 @@ pub fn prefill_varlen<T: Element>(
     };
     let ops = sm90::Operands {
         elem_bytes: std::mem::size_of::<T>(),
-        q: op(params.q, total_q, heads_q, qs),
-        kv: (total_k > 0).then(|| (op(params.k, total_k, heads_kv, ks), op(params.v, total_k, heads_kv, vs))),
+        q: op(params.q, head_dim, total_q, heads_q, qs),
+        kv: (total_k > 0)
+            .then(|| (op(params.k, head_dim, total_k, heads_kv, ks), op(params.v, head_dim_v, total_k, heads_kv, vs))),
         o: None,
     };
     sm90::run(launch, "prefill_varlen", stream, opts, choice, params, &ops)
@@ -516,10 +557,10 @@ mod tests {
 
     #[test]
     fn tile_configs_match_the_kernel() {
-        let tiled = || PREFILL_HEAD_DIMS.into_iter().filter(|&d| !runs_streaming(d));
+        let tiled = || PREFILL_HEAD_DIMS.into_iter().filter(|&d| !runs_streaming(d, d));
         for d in PREFILL_HEAD_DIMS {
             // Past 256 the decode kernel serves prefill: no tile config of its own.
-            assert_eq!(TileConfig::for_head_dim(d).is_none(), runs_streaming(d), "D={d}");
+            assert_eq!(TileConfig::for_head_dim(d).is_none(), runs_streaming(d, d), "D={d}");
         }
         for d in tiled() {
             let c = TileConfig::for_head_dim(d).unwrap();
@@ -545,8 +586,21 @@ mod tests {
         assert_eq!(TileConfig::for_head_dim(192).unwrap().smem_bytes, 96 * 1024);
         assert_eq!(
             TileConfig::for_head_dim(80).unwrap(),
-            TileConfig { head_dim: 80, ..TileConfig::for_head_dim(96).unwrap() }
+            TileConfig { head_dim: 80, head_dim_v: 80, ..TileConfig::for_head_dim(96).unwrap() }
         );
+        // A V head dim different from Q·K's: the wider one's kernel, or the next with predicated columns.
+        for ((d, dv), width) in
+            [((192, 128), 192), ((128, 64), 160), ((64, 128), 160), ((96, 64), 96), ((256, 128), 256)]
+        {
+            for variant in [false, true] {
+                let c = TileConfig::for_pair(d, dv, variant).unwrap();
+                assert_eq!((c.head_dim, c.head_dim_v, c.width), (d, dv, width), "{d}/{dv}");
+                let same = TileConfig::for_kernel(width, variant).unwrap();
+                assert_eq!(c, TileConfig { head_dim: d, head_dim_v: dv, ..same }, "{d}/{dv}");
+            }
+        }
+        assert!(TileConfig::for_pair(256, 264, false).is_none());
+        assert!(TileConfig::for_pair(128, 100, false).is_none());
         assert_eq!(TileConfig::for_head_dim(112).unwrap().width, 160);
         assert!(TileConfig::for_head_dim(100).is_none());
         assert!(TileConfig::for_head_dim(24).is_none());

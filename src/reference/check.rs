@@ -111,8 +111,8 @@ impl PagedCacheData {
     }
 }
 
-/// Checks a [`crate::prefill::prefill`] call: `q [B, Tq, Hq, D]`, `k`/`v [B, Tk, Hkv, D]`, its outputs `o`
-/// (as `q`) and `lse [B, Hq, Tq]`, and the options it ran with.
+/// Checks a [`crate::prefill::prefill`] call: `q [B, Tq, Hq, D]`, `k [B, Tk, Hkv, D]`, `v [B, Tk, Hkv, Dv]`,
+/// its outputs `o [B, Tq, Hq, Dv]` and `lse [B, Hq, Tq]`, and the options it ran with.
 pub fn check_prefill<T: Element>(
     q: &TensorView<'_, T, 4>,
     k: &TensorView<'_, T, 4>,
@@ -123,7 +123,11 @@ pub fn check_prefill<T: Element>(
 ) -> Result<Check> {
     let [b, tq, hq, d] = q.shape();
     let [_, tk, hkv, _] = k.shape();
-    let p = Problem { scale: scale_of(opts.scale, d), ..Problem::new(b, hq, hkv, tq, tk, d, opts.causal) };
+    let p = Problem {
+        scale: scale_of(opts.scale, d),
+        head_dim_v: v.dim(3),
+        ..Problem::new(b, hq, hkv, tq, tk, d, opts.causal)
+    };
     let var = HostVariants::read(&opts.score_mod, b, hq)?;
     let (mut fq, mut fk, fv) = (host_f64("q", q)?, host_f64("k", k)?, host_f64("v", v)?);
     // RoPE: token (b, i) at positions[b·Tq + i], or at its bottom-right position i + Tk − Tq; with rope_k,
@@ -135,8 +139,9 @@ pub fn check_prefill<T: Element>(
     judge(|ar| dense(&p, &var.view(), ar, &fq, &fk, &fv), o, lse, PREFILL_LSE_ATOL)
 }
 
-/// Checks a [`crate::prefill::prefill_varlen`] call: packed `q [total_q, Hq, D]`, `k`/`v [total_k, Hkv, D]`,
-/// `cu_seqlens_q` / `cu_seqlens_k [B + 1]`, its outputs `o` (as `q`) and `lse [Hq, total_q]`.
+/// Checks a [`crate::prefill::prefill_varlen`] call: packed `q [total_q, Hq, D]`, `k [total_k, Hkv, D]`,
+/// `v [total_k, Hkv, Dv]`, `cu_seqlens_q` / `cu_seqlens_k [B + 1]`, its outputs `o [total_q, Hq, Dv]` and
+/// `lse [Hq, total_q]`.
 #[allow(clippy::too_many_arguments)]
 pub fn check_prefill_varlen<T: Element>(
     q: &TensorView<'_, T, 3>,
@@ -158,7 +163,7 @@ pub fn check_prefill_varlen<T: Element>(
     // key t of sequence b at its positions[t], or at t − cu_k[b] (the bottom-right rule with Tq = Tk).
     rotate_q::<T>(opts.rope.as_ref(), &mut fq, d, hq, || bottom_right_positions(&cq, |b| ck[b + 1] - ck[b], q.dim(0)))?;
     rotate_k::<T>(opts, &mut fk, d, hkv, || bottom_right_positions(&ck, |b| ck[b + 1] - ck[b], k.dim(0)))?;
-    let run = |ar| varlen(hq, hkv, d, opts.causal, scale, &var.view(), ar, &cq, &ck, &fq, &fk, &fv);
+    let run = |ar| varlen(hq, hkv, (d, v.dim(2)), opts.causal, scale, &var.view(), ar, &cq, &ck, &fq, &fk, &fv);
     judge(run, o, lse, PREFILL_LSE_ATOL)
 }
 

@@ -47,14 +47,18 @@ pub struct Problem {
     pub heads_kv: usize,
     pub seqlen_q: usize,
     pub seqlen_k: usize,
+    /// Q's and K's head dim (Dqk).
     pub head_dim: usize,
+    /// V's and O's head dim (Dv; [`Problem::new`] makes it `head_dim`).
+    pub head_dim_v: usize,
     pub causal: bool,
     /// Multiplies Q Kᵀ. Not validated: a non-finite scale simply propagates into the result.
     pub scale: f64,
 }
 
 impl Problem {
-    /// A problem with the default scale `1 / sqrt(head_dim)`.
+    /// A problem with the default scale `1 / sqrt(head_dim)` and V as wide as Q and K (set `head_dim_v` for a
+    /// V head dim of its own; the scale stays Q·K's).
     pub fn new(
         batch: usize,
         heads_q: usize,
@@ -65,21 +69,23 @@ impl Problem {
         causal: bool,
     ) -> Self {
         let scale = 1.0 / (head_dim as f64).sqrt();
-        Self { batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal, scale }
+        Self { batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, head_dim_v: head_dim, causal, scale }
     }
 
-    /// Checks the head configuration (`heads_kv >= 1`, `heads_q % heads_kv == 0`, `head_dim >= 1`) and that
-    /// the tensor sizes fit in `usize`. Zero batch or sequence lengths are valid (empty problems).
+    /// Checks the head configuration (`heads_kv >= 1`, `heads_q % heads_kv == 0`, `head_dim >= 1`,
+    /// `head_dim_v >= 1`) and that the tensor sizes fit in `usize`. Zero batch or sequence lengths are valid
+    /// (empty problems).
     pub fn validate(&self) -> Result<()> {
         self.attn(Variants::default())?;
         for (arg, t) in [("q", self.seqlen_q), ("k", self.seqlen_k)] {
-            numel(arg, &[self.batch, t, self.heads_q.max(self.heads_kv), self.head_dim])?;
+            numel(arg, &[self.batch, t, self.heads_q.max(self.heads_kv), self.head_dim.max(self.head_dim_v)])?;
         }
         Ok(())
     }
 
     fn attn<'a>(&self, var: Variants<'a>) -> Result<Attn<'a>> {
-        let a = Attn::new(self.heads_q, self.heads_kv, self.head_dim, self.causal, self.scale)?;
+        let a = Attn::new(self.heads_q, self.heads_kv, self.head_dim, self.causal, self.scale)?
+            .with_head_dim_v(self.head_dim_v)?;
         var.check(self.batch, self.heads_q)?;
         Ok(Attn { var, ..a })
     }
@@ -278,26 +284,26 @@ pub fn visible_keys(causal: bool, tq: usize, tk: usize, i: usize) -> usize {
 
 /// Dense attention.
 ///
-/// - `q`: `[B, Tq, Hq, D]`, `k`, `v`: `[B, Tk, Hkv, D]`, contiguous.
-/// - Returns `out`: `[B, Tq, Hq, D]`, `lse`: `[B, Hq, Tq]` (and, for [`Arith::F64`], the bound's `terms`).
+/// - `q`: `[B, Tq, Hq, D]`, `k`: `[B, Tk, Hkv, D]`, `v`: `[B, Tk, Hkv, Dv]`, contiguous (Dv = `p.head_dim_v`).
+/// - Returns `out`: `[B, Tq, Hq, Dv]`, `lse`: `[B, Hq, Tq]` (and, for [`Arith::F64`], the bound's `terms`).
 ///
 /// `var` are the score variants ([`Variants::default`] for plain attention), `ar` the arithmetic: the fp64
 /// reference or its naive low-precision twin ([`Arith`]).
 pub fn dense(p: &Problem, var: &Variants<'_>, ar: Arith, q: &[f64], k: &[f64], v: &[f64]) -> Result<Output> {
     let a = p.attn(*var)?;
-    let (tq, tk, hq, d) = (p.seqlen_q, p.seqlen_k, a.heads_q, a.head_dim);
-    check_dense_len(p, "q", q, tq, hq)?;
-    check_dense_len(p, "k", k, tk, a.heads_kv)?;
-    check_dense_len(p, "v", v, tk, a.heads_kv)?;
-    let (q_seq, kv_seq) = (tq * hq * d, tk * a.heads_kv * d);
-    let mut out = vec![0.0; q.len()];
-    let mut terms = ar.terms(q.len());
+    let (tq, tk, hq, d, dv) = (p.seqlen_q, p.seqlen_k, a.heads_q, a.head_dim, a.head_dim_v);
+    check_dense_len(p, "q", q, tq, hq, d)?;
+    check_dense_len(p, "k", k, tk, a.heads_kv, d)?;
+    check_dense_len(p, "v", v, tk, a.heads_kv, dv)?;
+    let (q_seq, k_seq, v_seq, o_seq) = (tq * hq * d, tk * a.heads_kv * d, tk * a.heads_kv * dv, tq * hq * dv);
+    let mut out = vec![0.0; p.batch * o_seq];
+    let mut terms = ar.terms(out.len());
     let mut lse = vec![f64::NEG_INFINITY; p.batch * hq * tq];
     for b in 0..p.batch {
-        let (ks, vs) = (&k[b * kv_seq..][..kv_seq], &v[b * kv_seq..][..kv_seq]);
+        let (ks, vs) = (&k[b * k_seq..][..k_seq], &v[b * v_seq..][..v_seq]);
         let lse_b = &mut lse[b * hq * tq..][..hq * tq];
-        let terms_b = terms.as_mut().map(|t| &mut t[b * q_seq..][..q_seq]);
-        let (qs, os) = (&q[b * q_seq..][..q_seq], &mut out[b * q_seq..][..q_seq]);
+        let terms_b = terms.as_mut().map(|t| &mut t[b * o_seq..][..o_seq]);
+        let (qs, os) = (&q[b * q_seq..][..q_seq], &mut out[b * o_seq..][..o_seq]);
         a.attend_seq(ar, b, tq, tk, None, qs, ks, vs, os, terms_b, |h, i, l| lse_b[h * tq + i] = l);
     }
     Ok(Output { out, lse, terms: terms.unwrap_or_default() })
@@ -306,8 +312,8 @@ pub fn dense(p: &Problem, var: &Variants<'_>, ar: Arith, q: &[f64], k: &[f64], v
 /// One row of [`dense`]: query row `i` of head `h` of sequence `b`, for checking a sample of a problem too
 /// large to compute whole.
 ///
-/// - `q_row`: `[D]`; `k`, `v`: sequence b's `[Tk, Hkv, D]`, contiguous.
-/// - Returns `out` `[D]`, `lse` `[1]` (and the bound's terms for [`Arith::F64`]).
+/// - `q_row`: `[D]`; `k`: sequence b's `[Tk, Hkv, D]`, `v`: its `[Tk, Hkv, Dv]`, contiguous.
+/// - Returns `out` `[Dv]`, `lse` `[1]` (and the bound's terms for [`Arith::F64`]).
 #[allow(clippy::too_many_arguments)]
 pub fn dense_row(
     p: &Problem,
@@ -319,18 +325,18 @@ pub fn dense_row(
     (b, i, h): (usize, usize, usize),
 ) -> Result<Output> {
     let a = p.attn(*var)?;
-    let d = a.head_dim;
+    let (d, dv) = (a.head_dim, a.head_dim_v);
     check_len("q_row", q_row.len(), d)?;
     check_len("k", k.len(), numel("k", &[p.seqlen_k, a.heads_kv, d])?)?;
-    check_len("v", v.len(), numel("v", &[p.seqlen_k, a.heads_kv, d])?)?;
+    check_len("v", v.len(), numel("v", &[p.seqlen_k, a.heads_kv, dv])?)?;
     check_row_index(p, b, h, i)?;
-    let kv = KvRows::new(k, v, a.kv_head(h) * d, a.heads_kv * d, d);
+    let kv = a.kv_rows(k, v, h);
     let rm = RowMod { softcap: var.softcap, slope: var.slope(b, h, a.heads_q), sink: var.sinks.map(|sk| sk[h]) };
     let (tq, tk) = (p.seqlen_q, p.seqlen_k);
     let (lo, hi) = var.visible_range(a.causal, tq, tk, i);
     let diag = (i + tk) as f64 - tq as f64;
     let keys: Vec<(usize, f64)> = (lo..hi).map(|j| (j, (diag - j as f64).abs())).collect();
-    let (mut out, mut terms) = (vec![0.0; d], ar.terms(d));
+    let (mut out, mut terms) = (vec![0.0; dv], ar.terms(dv));
     let row = Row { q: q_row, kv: &kv, keys: &keys, scale: a.scale, rm: &rm };
     let l = row.attend(ar, &mut RowScratch::default(), &mut out, terms.as_deref_mut());
     Ok(Output { out, lse: vec![l], terms: terms.unwrap_or_default() })
@@ -338,17 +344,18 @@ pub fn dense_row(
 
 /// Variable-length (packed) attention.
 ///
-/// - `q`: `[total_q, Hq, D]`, `k`, `v`: `[total_k, Hkv, D]`; sequence `b` owns tokens
-///   `cu_seqlens_q[b]..cu_seqlens_q[b+1]` of `q` and `cu_seqlens_k[b]..cu_seqlens_k[b+1]` of `k`/`v`.
+/// - `q`: `[total_q, Hq, D]`, `k`: `[total_k, Hkv, D]`, `v`: `[total_k, Hkv, Dv]` (`head_dims` = (D, Dv));
+///   sequence `b` owns tokens `cu_seqlens_q[b]..cu_seqlens_q[b+1]` of `q` and
+///   `cu_seqlens_k[b]..cu_seqlens_k[b+1]` of `k`/`v`.
 /// - `cu_seqlens_q`, `cu_seqlens_k`: `[B + 1]` prefix sums, starting at 0, non-decreasing, ending at
 ///   `total_q` / `total_k`.
 /// - Causal alignment uses each sequence's own lengths; `var.alibi` has length Hq or B·Hq.
-/// - Returns `out`: `[total_q, Hq, D]`, `lse`: `[Hq, total_q]`.
+/// - Returns `out`: `[total_q, Hq, Dv]`, `lse`: `[Hq, total_q]`.
 #[allow(clippy::too_many_arguments)]
 pub fn varlen(
     heads_q: usize,
     heads_kv: usize,
-    head_dim: usize,
+    (head_dim, head_dim_v): (usize, usize),
     causal: bool,
     scale: f64,
     var: &Variants<'_>,
@@ -359,7 +366,9 @@ pub fn varlen(
     k: &[f64],
     v: &[f64],
 ) -> Result<Output> {
-    let a = Attn::new(heads_q, heads_kv, head_dim, causal, scale)?.with(*var, cu_seqlens_q.len().saturating_sub(1))?;
+    let a = Attn::new(heads_q, heads_kv, head_dim, causal, scale)?
+        .with_head_dim_v(head_dim_v)?
+        .with(*var, cu_seqlens_q.len().saturating_sub(1))?;
     let cu_q = parse_cu("cu_seqlens_q", cu_seqlens_q)?;
     let cu_k = parse_cu("cu_seqlens_k", cu_seqlens_k)?;
     if cu_k.len() != cu_q.len() {
@@ -368,13 +377,13 @@ pub fn varlen(
             format!("has {} entries but cu_seqlens_q has {}", cu_k.len(), cu_q.len()),
         ));
     }
-    let (tok_q, tok_kv) = (a.heads_q * head_dim, a.heads_kv * head_dim);
+    let (tok_q, tok_k, tok_v) = (a.heads_q * head_dim, a.heads_kv * head_dim, a.heads_kv * head_dim_v);
     let total_q = packed_total("q", "cu_seqlens_q", q, tok_q, &cu_q)?;
-    packed_total("k", "cu_seqlens_k", k, tok_kv, &cu_k)?;
-    packed_total("v", "cu_seqlens_k", v, tok_kv, &cu_k)?;
+    packed_total("k", "cu_seqlens_k", k, tok_k, &cu_k)?;
+    packed_total("v", "cu_seqlens_k", v, tok_v, &cu_k)?;
     let seqs = cu_k.windows(2).map(|w| {
         let (k0, tk) = (w[0], w[1] - w[0]);
-        KvSeq { k: &k[k0 * tok_kv..][..tk * tok_kv], v: &v[k0 * tok_kv..][..tk * tok_kv], pos: None, len: tk }
+        KvSeq { k: &k[k0 * tok_k..][..tk * tok_k], v: &v[k0 * tok_v..][..tk * tok_v], pos: None, len: tk }
     });
     Ok(a.attend_packed(ar, &cu_q, total_q, q, seqs))
 }
@@ -629,13 +638,13 @@ pub fn merge_states_with_sinks(
 /// an empty row. `q`, `k` as in [`dense`]; `b`, `h`, `i` index batch, query head and query row.
 pub fn probabilities(p: &Problem, q: &[f64], k: &[f64], b: usize, h: usize, i: usize) -> Result<Vec<f64>> {
     let a = p.attn(Variants::default())?;
-    check_dense_len(p, "q", q, p.seqlen_q, p.heads_q)?;
-    check_dense_len(p, "k", k, p.seqlen_k, p.heads_kv)?;
+    check_dense_len(p, "q", q, p.seqlen_q, p.heads_q, p.head_dim)?;
+    check_dense_len(p, "k", k, p.seqlen_k, p.heads_kv, p.head_dim)?;
     check_row_index(p, b, h, i)?;
     let d = a.head_dim;
     let q_row = &q[((b * p.seqlen_q + i) * a.heads_q + h) * d..][..d];
     let k_seq = &k[b * p.seqlen_k * a.heads_kv * d..][..p.seqlen_k * a.heads_kv * d];
-    let kv = KvRows::new(k_seq, k_seq, a.kv_head(h) * d, a.heads_kv * d, d);
+    let kv = KvRows::new((k_seq, a.kv_head(h) * d, a.heads_kv * d, d), (k_seq, 0, 0, 0));
     let n = visible_keys(a.causal, p.seqlen_q, p.seqlen_k, i);
     let keys: Vec<(usize, f64)> = (0..n).map(|j| (j, 0.0)).collect();
     let mut sc = RowScratch::with_capacity(p.seqlen_k);
@@ -652,7 +661,9 @@ pub fn probabilities(p: &Problem, q: &[f64], k: &[f64], b: usize, h: usize, i: u
 struct Attn<'a> {
     heads_q: usize,
     heads_kv: usize,
+    /// Q's and K's head dim, and V's and O's.
     head_dim: usize,
+    head_dim_v: usize,
     causal: bool,
     scale: f64,
     var: Variants<'a>,
@@ -675,15 +686,30 @@ impl<'a> Attn<'a> {
         if head_dim == 0 {
             return Err(Error::shape("head_dim", "must be at least 1"));
         }
-        Ok(Self { heads_q, heads_kv, head_dim, causal, scale, var: Variants::default() })
+        Ok(Self { heads_q, heads_kv, head_dim, head_dim_v: head_dim, causal, scale, var: Variants::default() })
+    }
+
+    /// The same configuration with V (and O) `head_dim_v` wide.
+    fn with_head_dim_v(self, head_dim_v: usize) -> Result<Self> {
+        if head_dim_v == 0 {
+            return Err(Error::shape("head_dim_v", "must be at least 1"));
+        }
+        Ok(Self { head_dim_v, ..self })
     }
 
     fn kv_head(&self, h: usize) -> usize {
         h / (self.heads_q / self.heads_kv)
     }
 
+    /// The K and V rows query head `h` reads out of one sequence's `k` `[rows, Hkv, D]` and `v`
+    /// `[rows, Hkv, Dv]`.
+    fn kv_rows<'k>(&self, k: &'k [f64], v: &'k [f64], h: usize) -> KvRows<'k> {
+        let (d, dv, kh) = (self.head_dim, self.head_dim_v, self.kv_head(h));
+        KvRows::new((k, kh * d, self.heads_kv * d, d), (v, kh * dv, self.heads_kv * dv, dv))
+    }
+
     /// Packed sequences: sequence `b` owns rows `cu_q[b]..cu_q[b + 1]` of `q` `[total_q, Hq, D]` and attends to
-    /// the `b`-th of `kv` → `out` like `q`, `lse` `[Hq, total_q]`.
+    /// the `b`-th of `kv` → `out` `[total_q, Hq, Dv]`, `lse` `[Hq, total_q]`.
     fn attend_packed<'s>(
         &self,
         ar: Arith,
@@ -692,14 +718,14 @@ impl<'a> Attn<'a> {
         q: &[f64],
         kv: impl Iterator<Item = KvSeq<'s>>,
     ) -> Output {
-        let tok = self.heads_q * self.head_dim;
-        let mut out = vec![0.0; q.len()];
-        let mut terms = ar.terms(q.len());
+        let (tok, tok_o) = (self.heads_q * self.head_dim, self.heads_q * self.head_dim_v);
+        let mut out = vec![0.0; total_q * tok_o];
+        let mut terms = ar.terms(out.len());
         let mut lse = vec![f64::NEG_INFINITY; self.heads_q * total_q];
         for (b, (w, seq)) in cu_q.windows(2).zip(kv).enumerate() {
             let (q0, tq) = (w[0], w[1] - w[0]);
-            let terms_s = terms.as_mut().map(|t| &mut t[q0 * tok..][..tq * tok]);
-            let (qs, os) = (&q[q0 * tok..][..tq * tok], &mut out[q0 * tok..][..tq * tok]);
+            let terms_s = terms.as_mut().map(|t| &mut t[q0 * tok_o..][..tq * tok_o]);
+            let (qs, os) = (&q[q0 * tok..][..tq * tok], &mut out[q0 * tok_o..][..tq * tok_o]);
             self.attend_seq(ar, b, tq, seq.len, seq.pos, qs, seq.k, seq.v, os, terms_s, |h, i, l| {
                 lse[h * total_q + q0 + i] = l
             });
@@ -707,8 +733,8 @@ impl<'a> Attn<'a> {
         Output { out, lse, terms: terms.unwrap_or_default() }
     }
 
-    /// One sequence (index `b` of its batch): `q` `[tq, Hq, D]`, `k`/`v` `[rows, Hkv, D]` → `out`
-    /// `[tq, Hq, D]`; `lse(h, i, value)` is called for every (head, row). `key_pos[r]` is the position among
+    /// One sequence (index `b` of its batch): `q` `[tq, Hq, D]`, `k` `[rows, Hkv, D]`, `v` `[rows, Hkv, Dv]` →
+    /// `out` `[tq, Hq, Dv]`; `lse(h, i, value)` is called for every (head, row). `key_pos[r]` is the position among
     /// the `tk` keys of K/V row r (`None`: row r is key r, rows = tk); positions decide the window and ALiBi.
     /// `terms` (same layout as `out`) receives the arithmetic-bound terms when given (fp64 only).
     #[allow(clippy::too_many_arguments)]
@@ -726,14 +752,14 @@ impl<'a> Attn<'a> {
         mut terms: Option<&mut [ErrorTerms]>,
         mut lse: impl FnMut(usize, usize, f64),
     ) {
-        let d = self.head_dim;
+        let (d, dv) = (self.head_dim, self.head_dim_v);
         let mut scratch = RowScratch::with_capacity(tk);
         let mut keys: Vec<(usize, f64)> = Vec::with_capacity(tk);
         // |k_j| of the current KV head's rows (for the bound terms), computed once per KV head.
         let mut norms: (Option<usize>, Vec<f64>) = (None, Vec::new());
         // Head-major so one KV head's rows stay in cache across the query rows.
         for h in 0..self.heads_q {
-            let mut kv = KvRows::new(k, v, self.kv_head(h) * d, self.heads_kv * d, d);
+            let mut kv = self.kv_rows(k, v, h);
             if terms.is_some() {
                 if norms.0 != Some(self.kv_head(h)) {
                     norms = (Some(self.kv_head(h)), kv.k_norms());
@@ -758,29 +784,37 @@ impl<'a> Attn<'a> {
                             .map(|(r, &p)| (r, (diag - p as f64).abs())),
                     ),
                 }
-                let at = (i * self.heads_q + h) * d;
+                let (at, at_o) = ((i * self.heads_q + h) * d, (i * self.heads_q + h) * dv);
                 let row = Row { q: &q[at..at + d], kv: &kv, keys: &keys, scale: self.scale, rm: &rm };
-                let terms_row = terms.as_deref_mut().map(|t| &mut t[at..at + d]);
-                lse(h, i, row.attend(ar, &mut scratch, &mut out[at..at + d], terms_row));
+                let terms_row = terms.as_deref_mut().map(|t| &mut t[at_o..at_o + dv]);
+                lse(h, i, row.attend(ar, &mut scratch, &mut out[at_o..at_o + dv], terms_row));
             }
         }
     }
 }
 
-/// The K/V rows of one KV head: key `j` is `k[base + j * stride..][..d]`.
+/// The K/V rows of one KV head: key `j` is `k[base + j * stride..][..d]`, its value `v[v_base + j *
+/// v_stride..][..dv]` (V's head dim may differ from K's).
 struct KvRows<'a> {
     k: &'a [f64],
     v: &'a [f64],
     base: usize,
     stride: usize,
     d: usize,
+    v_base: usize,
+    v_stride: usize,
+    dv: usize,
     /// `|k_j|` of every row, when the caller computed them once for many query rows.
     norms: Option<&'a [f64]>,
 }
 
 impl<'a> KvRows<'a> {
-    fn new(k: &'a [f64], v: &'a [f64], base: usize, stride: usize, d: usize) -> Self {
-        Self { k, v, base, stride, d, norms: None }
+    /// K's and V's (slice, base, row stride, head dim).
+    fn new(
+        (k, base, stride, d): (&'a [f64], usize, usize, usize),
+        (v, v_base, v_stride, dv): (&'a [f64], usize, usize, usize),
+    ) -> Self {
+        Self { k, v, base, stride, d, v_base, v_stride, dv, norms: None }
     }
     /// The rows' `|k_j|`, one per row of this head.
     fn k_norms(&self) -> Vec<f64> {
@@ -794,7 +828,7 @@ impl<'a> KvRows<'a> {
         &self.k[self.base + j * self.stride..][..self.d]
     }
     fn v(&self, j: usize) -> &[f64] {
-        &self.v[self.base + j * self.stride..][..self.d]
+        &self.v[self.v_base + j * self.v_stride..][..self.dv]
     }
 }
 
@@ -1094,8 +1128,8 @@ fn check_row_index(p: &Problem, b: usize, h: usize, i: usize) -> Result<()> {
     Ok(())
 }
 
-fn check_dense_len(p: &Problem, arg: &str, x: &[f64], t: usize, heads: usize) -> Result<()> {
-    check_len(arg, x.len(), numel(arg, &[p.batch, t, heads, p.head_dim])?)
+fn check_dense_len(p: &Problem, arg: &str, x: &[f64], t: usize, heads: usize, d: usize) -> Result<()> {
+    check_len(arg, x.len(), numel(arg, &[p.batch, t, heads, d])?)
 }
 
 /// `cu_seqlens`: at least one entry, starting at 0, non-decreasing.
@@ -1161,6 +1195,61 @@ mod tests {
                 }
             })
             .fold(0.0, f64::max)
+    }
+
+    /// A V head dim different from Q·K's (issue 27): O's columns are those of the square problem whose V
+    /// holds the narrow V in its first Dv columns (the softmax weights depend on Q and K only), bitwise, for
+    /// dense, varlen and one row, both arithmetics, with variants; Dv > Dqk too (Q and K zero-padded to Dv,
+    /// scale kept); wrong V lengths are Shape errors.
+    #[test]
+    fn v_head_dim_of_its_own_is_the_square_problem_sliced() {
+        let var = Variants { window: Some((5, 0)), softcap: Some(4.0), ..Default::default() };
+        for (d, dv) in [(24, 16), (16, 24)] {
+            let wide = d.max(dv);
+            let sq = Problem { scale: 0.4, ..Problem::new(2, 4, 2, 7, 9, wide, true) };
+            let mut rng = StdRng::seed_from_u64(27);
+            let (mut q, mut k, mut v) = inputs(&sq, 27);
+            // Columns past d of q and k are zero (Dv > Dqk: the square problem pads Q and K), and v keeps
+            // random values past dv, which the narrow problem never sees.
+            for row in q.chunks_mut(wide).chain(k.chunks_mut(wide)) {
+                row[d..].fill(0.0);
+            }
+            v.iter_mut().for_each(|x| *x += rng.random_range(-0.1..0.1));
+            let narrow = |x: &[f64], w: usize| x.chunks(wide).flat_map(|r| r[..w].to_vec()).collect::<Vec<f64>>();
+            let (qn, kn, vn) = (narrow(&q, d), narrow(&k, d), narrow(&v, dv));
+            let p = Problem { head_dim: d, head_dim_v: dv, ..sq };
+            for ar in [Arith::F64, Arith::Lowp(DType::Bf16)] {
+                let full = dense(&sq, &var, ar, &q, &k, &v).unwrap();
+                let ours = dense(&p, &var, ar, &qn, &kn, &vn).unwrap();
+                assert_eq!(ours.out, narrow(&full.out, dv), "{d}/{dv} {ar:?}");
+                assert_eq!(max_diff(&ours.lse, &full.lse), 0.0);
+                if ar == Arith::F64 {
+                    assert_eq!(ours.terms.len(), ours.out.len());
+                }
+                // Varlen over the same two sequences.
+                let (cq, ck) = ([0, 7, 14], [0, 9, 18]);
+                let vl = varlen(4, 2, (d, dv), true, 0.4, &var, ar, &cq, &ck, &qn, &kn, &vn).unwrap();
+                assert_eq!(vl.out, ours.out, "{d}/{dv} varlen {ar:?}");
+                // One row.
+                let kv_seq = 9 * 2;
+                let row = dense_row(
+                    &p,
+                    &var,
+                    ar,
+                    &qn[((7 + 6) * 4 + 3) * d..][..d],
+                    &kn[kv_seq * d..][..kv_seq * d],
+                    &vn[kv_seq * dv..][..kv_seq * dv],
+                    (1, 6, 3),
+                )
+                .unwrap();
+                assert_eq!(row.out, ours.out[((7 + 6) * 4 + 3) * dv..][..dv], "{d}/{dv} row {ar:?}");
+            }
+            let short = &vn[1..];
+            assert_eq!(dense(&p, &var, Arith::F64, &qn, &kn, short).unwrap_err().kind(), &ErrorKind::Shape);
+            assert_eq!(dense(&p, &var, Arith::F64, &qn, &kn, &kn).unwrap_err().kind(), &ErrorKind::Shape);
+        }
+        let bad = Problem { head_dim_v: 0, ..Problem::new(1, 1, 1, 1, 1, 8, false) };
+        assert_eq!(bad.validate().unwrap_err().kind(), &ErrorKind::Shape);
     }
 
     /// A deliberately different formulation: the full [Tq, Tk] score matrix with an explicit −inf mask,
@@ -1338,8 +1427,8 @@ mod tests {
         let k = rand_vec(&mut rng, 6 * hkv * d, -1.0, 1.0);
         let v = rand_vec(&mut rng, 6 * hkv * d, 0.5, 1.5);
         for causal in [false, true] {
-            let r =
-                varlen(hq, hkv, d, causal, 0.5, &Variants::default(), Arith::F64, &cu_q, &cu_k, &q, &k, &v).unwrap();
+            let r = varlen(hq, hkv, (d, d), causal, 0.5, &Variants::default(), Arith::F64, &cu_q, &cu_k, &q, &k, &v)
+                .unwrap();
             for t in 0..6 {
                 let empty = (2..5).contains(&t);
                 for h in 0..hq {
@@ -1372,8 +1461,8 @@ mod tests {
         let k = rand_vec(&mut rng, tot_k * hkv * d, -1.0, 1.0);
         let v = rand_vec(&mut rng, tot_k * hkv * d, -0.5, 1.5);
         for causal in [false, true] {
-            let r =
-                varlen(hq, hkv, d, causal, 0.3, &Variants::default(), Arith::F64, &cu_q, &cu_k, &q, &k, &v).unwrap();
+            let r = varlen(hq, hkv, (d, d), causal, 0.3, &Variants::default(), Arith::F64, &cu_q, &cu_k, &q, &k, &v)
+                .unwrap();
             for (s, &(tq, tk)) in lens.iter().enumerate() {
                 let (q0, k0) = (cu_q[s] as usize, cu_k[s] as usize);
                 let p = Problem { scale: 0.3, ..Problem::new(1, hq, hkv, tq, tk, d, causal) };
@@ -1584,7 +1673,7 @@ mod tests {
             let vl = varlen(
                 p.heads_q,
                 p.heads_kv,
-                p.head_dim,
+                (p.head_dim, p.head_dim),
                 p.causal,
                 p.scale,
                 &Variants::default(),
@@ -1704,11 +1793,10 @@ mod tests {
         // varlen: 2 sequences of (q, k) lengths (1, 2) and (2, 3); token sizes Hq·D = 32, Hkv·D = 16.
         let (q, k) = (vec![0.0; 3 * 32], vec![0.0; 5 * 16]);
         let vl = |cq: &[i32], ck: &[i32], q: &[f64], k: &[f64]| {
-            kind(varlen(4, 2, 8, true, 1.0, &Variants::default(), Arith::F64, cq, ck, q, k, k))
+            kind(varlen(4, 2, (8, 8), true, 1.0, &Variants::default(), Arith::F64, cq, ck, q, k, k))
         };
-        assert!(
-            varlen(4, 2, 8, true, 1.0, &Variants::default(), Arith::F64, &[0, 1, 3], &[0, 2, 5], &q, &k, &k).is_ok()
-        );
+        assert!(varlen(4, 2, (8, 8), true, 1.0, &Variants::default(), Arith::F64, &[0, 1, 3], &[0, 2, 5], &q, &k, &k)
+            .is_ok());
         assert_eq!(vl(&[0, 1, 3], &[0, 5], &q, &k), ErrorKind::Shape, "cu lengths differ");
         assert_eq!(vl(&[], &[], &[], &[]), ErrorKind::Shape, "empty cu");
         assert_eq!(vl(&[1, 1, 3], &[0, 2, 5], &q, &k), ErrorKind::Shape, "not starting at 0");
@@ -1716,7 +1804,7 @@ mod tests {
         assert_eq!(vl(&[0, 1, 2], &[0, 2, 5], &q, &k), ErrorKind::Shape, "last != total_q");
         assert_eq!(vl(&[0, 1, 3], &[0, 2, 6], &q, &k), ErrorKind::Shape, "last != total_k");
         assert_eq!(vl(&[0, 1, 3], &[0, 2, 5], &q[1..], &k), ErrorKind::Shape, "ragged q");
-        let e = varlen(4, 3, 8, true, 1.0, &Variants::default(), Arith::F64, &[0, 1, 3], &[0, 2, 5], &q, &k, &k)
+        let e = varlen(4, 3, (8, 8), true, 1.0, &Variants::default(), Arith::F64, &[0, 1, 3], &[0, 2, 5], &q, &k, &k)
             .unwrap_err();
         assert_eq!(e.kind(), &ErrorKind::Shape);
 

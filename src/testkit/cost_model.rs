@@ -56,8 +56,11 @@ pub fn prefill_cost(case: &PrefillCase) -> Option<PrefillCost> {
     // The plain or the _mod kernel (their tiles differ at d128), chosen as the launcher does: on seqlen_q /
     // seqlen_k (varlen: the maxima the call passes).
     let variant = uses_variant_kernel(&case.variants.set(), case.seqlen_q, case.seqlen_k);
-    let cfg = TileConfig::for_kernel(case.head_dim, variant)?;
-    let (br, bc, d, w) = (cfg.block_m, cfg.block_n, case.head_dim as u64, cfg.width as u64);
+    // Q and K bytes are of Dqk columns, V and O bytes of Dv (a V head dim of its own, issue 27); the mma are
+    // of the kernel's width (>= both).
+    let cfg = TileConfig::for_pair(case.head_dim, case.dv(), variant)?;
+    let (br, bc, w) = (cfg.block_m, cfg.block_n, cfg.width as u64);
+    let (d, dv) = (case.head_dim as u64, case.dv() as u64);
     let mut c = PrefillCost::default();
     let window = Window::new(case.variants.window, case.causal);
     let mut ctas = 0u64;
@@ -68,7 +71,7 @@ pub fn prefill_cost(case: &PrefillCase) -> Option<PrefillCost> {
             let rows = (tq - m0).min(br) as u64;
             let range = kv_block_range(m0, br, bc, tq, tk, window);
             ctas += 1;
-            c.o_bytes_written += rows * d * ELEM;
+            c.o_bytes_written += rows * dv * ELEM;
             if case.with_lse {
                 c.lse_bytes_written += rows * 4;
             }
@@ -79,7 +82,7 @@ pub fn prefill_cost(case: &PrefillCase) -> Option<PrefillCost> {
             c.kv_tiles += (range.n_end - range.n_begin) as u64;
             c.q_bytes_read += rows * d * ELEM;
             c.k_bytes_read += keys * d * ELEM;
-            c.v_bytes_read += keys * d * ELEM;
+            c.v_bytes_read += keys * dv * ELEM;
         }
     }
     let heads = case.heads_q as u64;

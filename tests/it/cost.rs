@@ -423,6 +423,7 @@ fn prefill_counters(case: &PrefillCase) -> KernelCounters {
 /// last row sees when causal) and loads each once, only the rows below Tk. So per query head
 ///     K bytes = V bytes = Σ_query tiles min(n_end·Bc, Tk) · D · 2      (non-causal: ⌈Tq/Br⌉ · Tk · D · 2)
 ///     Q bytes = Tq · D · 2 (once), O bytes = Tq · D · 2 (once), LSE = Tq · 4 (once)
+/// (with a V head dim Dv of its own, V and O bytes have Dv for D, and W serves both),
 ///     mma = tiles · 2·Br·Bc·W / 2048,  exp2 = tiles · Br · (Bc + 4),  barriers = tiles (3 buffers) or 2·tiles.
 /// All exact: the ragged edge is zero-filled by cp.async without a read, and so are the columns past D of a
 /// head dim below its kernel's tile width W (fa/head_dim.cuh: bytes are of D columns, mma of W).
@@ -440,6 +441,15 @@ fn prefill_traffic_and_work_follow_the_tiling_model() {
         prefill_case(65, 90, 200, (2, 2), true),
         PrefillCase { batch: 2, ..prefill_case(130, 70, 64, (2, 2), true) },
         PrefillCase { varlen: Some(vec![(70, 200), (0, 5), (129, 129)]), ..prefill_case(129, 200, 64, (2, 1), true) },
+        // A V head dim of its own (issue 27): V and O bytes of Dv columns, Q and K of Dqk, mma of the width.
+        PrefillCase { head_dim_v: Some(128), ..prefill_case(130, 150, 192, (2, 1), true) },
+        PrefillCase { head_dim_v: Some(64), ..prefill_case(100, 90, 128, (1, 1), false) }, // runs at 160
+        PrefillCase { head_dim_v: Some(128), ..prefill_case(70, 100, 64, (2, 2), true) },  // Dv > Dqk, at 160
+        PrefillCase {
+            head_dim_v: Some(128),
+            varlen: Some(vec![(40, 70), (0, 5), (65, 65)]),
+            ..prefill_case(65, 70, 256, (2, 1), true)
+        },
     ];
     cases.push(PrefillCase { with_lse: false, ..cases[0].clone() });
     let mut failures = Vec::new();

@@ -248,6 +248,8 @@ struct Dense {
     tk: usize,
     heads: (usize, usize),
     d: usize,
+    /// V's and O's head dim (issue 27; `d` unless a case gives V its own).
+    dv: usize,
     causal: bool,
     window: Option<(i32, i32)>,
     softcap: Option<f32>,
@@ -255,15 +257,26 @@ struct Dense {
 }
 
 fn dense(tq: usize, tk: usize, d: usize, window: Option<(i32, i32)>) -> Dense {
-    Dense { batch: 2, tq, tk, heads: (2, 1), d, causal: true, window, softcap: None, kernel: PrefillKernel::Sm80 }
+    Dense {
+        batch: 2,
+        tq,
+        tk,
+        heads: (2, 1),
+        d,
+        dv: d,
+        causal: true,
+        window,
+        softcap: None,
+        kernel: PrefillKernel::Sm80,
+    }
 }
 
 /// Dense prefill over strided buffers: K/V rows past Tk (the gap before the next batch), columns past D
-/// (the gap before the next head or row) and keys no row sees are hidden.
+/// (the gap before the next head or row; V's past Dv) and keys no row sees are hidden.
 fn run_dense<T: Element + Bits>(be: &Backend, c: &Dense, fill: Fill, seed: u64) -> (Vec<u32>, usize) {
     let (hq, hkv) = c.heads;
     let (pad_rows, pad_cols) = (5, 8);
-    let dp = c.d + pad_cols;
+    let dp = c.d.max(c.dv) + pad_cols;
     let window = Window::new(c.window, c.causal);
     let mut rng = Rng::new(seed);
     let q_len = c.batch * c.tq * hq * dp;
@@ -282,10 +295,14 @@ fn run_dense<T: Element + Bits>(be: &Backend, c: &Dense, fill: Fill, seed: u64) 
             let seen = key_seen(window, c.tq, c.tk, j);
             hidden_keys += usize::from(!seen);
             for h in 0..hkv {
-                for col in 0..c.d {
+                for col in 0..c.d.max(c.dv) {
                     let at = ((b * k_rows + j) * hkv + h) * dp + col;
-                    k[at] = if seen { T::from_f64(rng.uniform(-1.0, 1.0)) } else { fill.value() };
-                    v[at] = if seen { T::from_f64(rng.uniform(-0.5, 1.0)) } else { fill.value() };
+                    if col < c.d {
+                        k[at] = if seen { T::from_f64(rng.uniform(-1.0, 1.0)) } else { fill.value() };
+                    }
+                    if col < c.dv {
+                        v[at] = if seen { T::from_f64(rng.uniform(-0.5, 1.0)) } else { fill.value() };
+                    }
                 }
             }
         }
@@ -308,8 +325,8 @@ fn run_dense<T: Element + Bits>(be: &Backend, c: &Dense, fill: Fill, seed: u64) 
         &be.stream(),
         &q.view([c.batch, c.tq, hq, c.d], Some(q_st)),
         &k.view([c.batch, c.tk, hkv, c.d], Some(kv_st)),
-        &v.view([c.batch, c.tk, hkv, c.d], Some(kv_st)),
-        &mut o.view_mut([c.batch, c.tq, hq, c.d], Some(q_st)),
+        &v.view([c.batch, c.tk, hkv, c.dv], Some(kv_st)),
+        &mut o.view_mut([c.batch, c.tq, hq, c.dv], Some(q_st)),
         Some(&mut lse.view_mut([c.batch, hq, c.tq], None)),
         &opts,
     )
@@ -365,6 +382,14 @@ fn dense_prefill_strided_gaps(be: &Backend) {
     let mut c = dense(21, 45, 384, None);
     c.causal = false;
     check_dense::<bf16>(be, c, common::case_seed(22));
+    // A V head dim of its own (issue 27): V's columns past Dv (below Dqk, or past it) are hidden too, with a
+    // window edge and without.
+    for (i, (d, dv, window)) in
+        [(192, 128, None), (256, 128, Some((40, 0))), (64, 128, None), (128, 64, Some((30, 0)))].into_iter().enumerate()
+    {
+        let c = Dense { dv, ..dense(33, 90, d, window) };
+        check_dense::<f16>(be, c, common::case_seed(23 + i));
+    }
 }
 
 /// Varlen: three sequences packed back to back; poisoning everything but sequence 1 (its neighbours' rows

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use fused_attn::prefill::{prefill, prefill_varlen, PrefillOptions};
 use fused_attn::testkit::cases::prefill::{
-    head_dim_sweep_cases, run_emulated, run_gpu, wide_head_dim_cases, PrefillFixture,
+    head_dim_sweep_cases, run_emulated, run_gpu, v_head_dim_cases, wide_head_dim_cases, PrefillFixture,
 };
 use fused_attn::testkit::cases::prefill::{sweep_cases, CaseLayout, PrefillCase};
 use fused_attn::{DType, Element, Emulator, ErrorKind, Stream, TensorView, TensorViewMut};
@@ -141,6 +141,21 @@ fn emulated_head_dim_sweep() {
 fn emulated_wide_head_dims() {
     let emu = Emulator::new();
     sweep("emulated_wide_head_dims", wide_head_dim_cases(), workers(), &|i, c| emu_case(&emu, 27_000 + i, c));
+}
+
+/// A V head dim different from Q·K's (issue 27: DeepSeek's 192/128 and other pairs, Dv below and above
+/// Dqk), dense and varlen, causal, variants, RoPE, tight and padded NaN-poisoned buffers
+/// (`testkit::cases::prefill::v_head_dim_cases`).
+#[test]
+fn emulated_v_head_dims() {
+    let emu = Emulator::new();
+    sweep("emulated_v_head_dims", v_head_dim_cases(), workers(), &|i, c| emu_case(&emu, 27_500 + i, c));
+}
+
+#[test]
+fn gpu_v_head_dims() {
+    let Some(s) = common::gpu_stream_or_skip("prefill::gpu_v_head_dims") else { return };
+    sweep("gpu_v_head_dims", v_head_dim_cases(), workers(), &|i, c| gpu_case(&s, 27_500 + i, c));
 }
 
 #[test]
@@ -378,4 +393,52 @@ fn invalid_varlen_inputs_are_typed_errors() {
     let ck = TensorView::host(&[0, 20], [2]).unwrap();
     let e = prefill_varlen(&stream, &q3, &k2, &k2, &cq, &ck, 20, 20, &mut o3, None, &opts).unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::Shape);
+}
+
+/// A V head dim of its own (issue 27): o must match v's head dim (Shape, naming o), v's head dim must be one
+/// prefill takes (Unsupported, naming v), the pair must fit the tiled kernel (past 256: Unsupported, naming
+/// v), and the sm_90a kernel takes one head dim (forced: Unsupported; Auto runs the sm_80 kernel).
+#[test]
+fn invalid_v_head_dims_are_typed_errors() {
+    let emu = Emulator::new();
+    let stream = Stream::Emu(&emu);
+    let run = |d: usize, dv: usize, o_dv: usize, opts: &PrefillOptions| {
+        let (q, k) = (vec![bf16::ONE; 16 * 2 * d], vec![bf16::ONE; 20 * d]);
+        let v = vec![bf16::ONE; 20 * dv];
+        let mut o = vec![bf16::ZERO; 16 * 2 * o_dv];
+        let q = TensorView::host(&q, [1, 16, 2, d])?;
+        let k = TensorView::host(&k, [1, 20, 1, d])?;
+        let v = TensorView::host(&v, [1, 20, 1, dv])?;
+        let mut o = TensorViewMut::host(&mut o, [1, 16, 2, o_dv])?;
+        prefill(&stream, &q, &k, &v, &mut o, None, opts)
+    };
+    let opts = PrefillOptions { causal: true, ..Default::default() };
+    run(192, 128, 128, &opts).unwrap();
+    run(64, 128, 128, &opts).unwrap();
+    let e = run(192, 128, 192, &opts).unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Shape);
+    assert!(e.message().starts_with("o:"), "{e}");
+    for (d, dv) in [(192, 100), (192, 24), (256, 264), (320, 256), (512, 128)] {
+        let e = run(d, dv, dv, &opts).unwrap_err();
+        assert_eq!(e.kind(), &ErrorKind::Unsupported, "{d}/{dv}: {e}");
+        assert!(e.message().starts_with("v:"), "{d}/{dv}: {e}");
+    }
+    let sm90 = PrefillOptions { kernel: fused_attn::prefill::PrefillKernel::Sm90, ..opts };
+    let e = run(192, 128, 128, &sm90).unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Unsupported);
+    assert!(e.message().contains("V head dim"), "{e}");
+    // Varlen: o's head dim is v's.
+    let (q, k, v) = (vec![bf16::ONE; 10 * 2 * 192], vec![bf16::ONE; 12 * 192], vec![bf16::ONE; 12 * 128]);
+    let mut o = vec![bf16::ZERO; 10 * 2 * 192];
+    let (cq, ck) = ([0, 4, 10], [0, 5, 12]);
+    let views = |o: &mut Vec<bf16>, o_dv: usize| {
+        let q = TensorView::host(&q, [10, 2, 192]).unwrap();
+        let k = TensorView::host(&k, [12, 1, 192]).unwrap();
+        let v = TensorView::host(&v, [12, 1, 128]).unwrap();
+        let (cq, ck) = (TensorView::host(&cq, [3]).unwrap(), TensorView::host(&ck, [3]).unwrap());
+        let mut o = TensorViewMut::host(o, [10, 2, o_dv]).unwrap();
+        prefill_varlen(&stream, &q, &k, &v, &cq, &ck, 6, 7, &mut o, None, &opts)
+    };
+    views(&mut o, 128).unwrap();
+    assert_eq!(views(&mut o, 192).unwrap_err().kind(), &ErrorKind::Shape);
 }

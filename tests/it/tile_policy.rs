@@ -100,6 +100,33 @@ fn prefill_launches_the_policy_kernel_for_every_head_dim() {
     }
 }
 
+/// A V head dim of its own (issue 27): every (Dqk, Dv) pair of tiled head dims with Dv != Dqk at one
+/// Dqk per width (and the widths' neighbours) launches `fa_prefill_tile_policy`'s kernel: the wider dim's
+/// width, or 160 where that is 128.
+#[test]
+fn prefill_launches_the_policy_kernel_for_v_head_dims_of_their_own() {
+    let emu = Emulator::new();
+    let dims = [32, 64, 96, 104, 128, 136, 160, 192, 200, 256];
+    for (i, (d, dv)) in
+        dims.iter().flat_map(|&d| dims.iter().map(move |&dv| (d, dv))).filter(|(d, dv)| d != dv).enumerate()
+    {
+        let (dtype, variant) = (DTYPES[i % 2], i % 3 == 0);
+        let p = fused_attn::tile::prefill_tile_policy(d, dv, variant).unwrap();
+        let w = tile_policy(KernelOp::Prefill, d.max(dv), variant, None).unwrap().width;
+        assert_eq!(p.width, if w == 128 { 160 } else { w }, "{d}/{dv}");
+        let mut case =
+            PrefillCase { head_dim_v: Some(dv), ..PrefillCase::dense(dtype, d, false, p.block_m + 1, 8, (1, 1)) };
+        (case.kernel, case.with_lse) = (PrefillKernel::Sm80, false);
+        case.variants.softcap = variant.then_some(30.0);
+        match dtype {
+            DType::F16 => drop(run_emulated(&emu, &PrefillFixture::<f16>::new(&case, SEED).unwrap()).unwrap()),
+            DType::Bf16 => drop(run_emulated(&emu, &PrefillFixture::<bf16>::new(&case, SEED).unwrap()).unwrap()),
+        }
+        let name = format!("fa_prefill_{}_d{}{}", dt(dtype), p.width, if variant { "_mod" } else { "" });
+        assert_shape(&launched(&emu), &name, &p, 2, &case.label());
+    }
+}
+
 #[test]
 fn sm90_prefill_launches_the_policy_tile() {
     let emu = Emulator::new();

@@ -109,6 +109,11 @@ typedef struct FaPrefillParams {
   int64_t o_batch_stride, o_row_stride, o_head_stride;
   int64_t lse_batch_stride, lse_head_stride; /* lse row stride is 1 */
   int32_t batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim;
+  /* V's and O's head dim Dv (v [.., Dv], o [.., Dv]; head_dim is Q's and K's, Dqk); 0 = head_dim. Any
+   * supported head dim, narrower or wider than Dqk (DeepSeek: 192 / 128): the kernel of the wider one's width
+   * runs with Q/K columns predicated at Dqk and V/O columns at Dv (fa_prefill_tile_policy). fa_prefill only:
+   * fa_prefill_sm90 takes Dv == Dqk. */
+  int32_t head_dim_v;
   int32_t total_q, total_k; /* varlen only */
   int32_t dtype;
   int32_t causal;
@@ -565,6 +570,9 @@ typedef struct FaTilePolicy {
 } FaTilePolicy;
 
 int fa_tile_policy(int32_t op, int32_t head_dim, int32_t variant, int32_t kv_dtype, FaTilePolicy *out);
+/* FA_OP_PREFILL's policy for a Q.K head dim and a V head dim (FaPrefillParams::head_dim_v): the kernel of the
+ * wider one's width, or the next one with predicated columns (Dv != Dqk at 128 runs at 160). */
+int fa_prefill_tile_policy(int32_t head_dim, int32_t head_dim_v, int32_t variant, FaTilePolicy *out);
 
 /* ---------------------------------------------------------------------------------------------------------
  * Launchers (kernels/<op>.cu, host build).

@@ -8,6 +8,7 @@
 namespace fa {
 namespace prefill {
 int tile_policy(int head_dim, bool variant, FaTilePolicy *out); // kernels/prefill.cu
+int tile_policy_pair(int head_dim, int head_dim_v, bool variant, FaTilePolicy *out); // kernels/prefill.cu
 }
 namespace hopper {
 int tile_policy(int head_dim, bool masked, FaTilePolicy *out); // kernels/prefill_sm90.cu

@@ -49,7 +49,11 @@ pub struct PrefillCase {
     pub seqlen_k: usize,
     pub heads_q: usize,
     pub heads_kv: usize,
+    /// Q's and K's head dim (Dqk).
     pub head_dim: usize,
+    /// V's and O's head dim (Dv) when the case gives V one of its own (issue 27; not with
+    /// [`CaseLayout::PackedQkv`]); `None`: `head_dim` ([`PrefillCase::dv`]), whatever `head_dim` is set to.
+    pub head_dim_v: Option<usize>,
     pub causal: bool,
     /// Varlen: per-sequence (q rows, keys); `None` for a dense case.
     pub varlen: Option<Vec<(usize, usize)>>,
@@ -79,6 +83,7 @@ impl PrefillCase {
             heads_q: heads.0,
             heads_kv: heads.1,
             head_dim: d,
+            head_dim_v: None,
             causal,
             varlen: None,
             layout: CaseLayout::Contiguous,
@@ -96,6 +101,10 @@ impl PrefillCase {
         let tk = seqs.iter().map(|s| s.1).max().unwrap_or(0);
         Self { batch: seqs.len(), varlen: Some(seqs), ..Self::dense(dtype, d, causal, tq, tk, heads) }
     }
+    /// V's and O's head dim: `head_dim_v`, else `head_dim`.
+    pub fn dv(&self) -> usize {
+        self.head_dim_v.unwrap_or(self.head_dim)
+    }
     /// Short description for test output and report rows.
     pub fn label(&self) -> String {
         let shape = match &self.varlen {
@@ -104,13 +113,15 @@ impl PrefillCase {
         };
         let variants = self.variants.label();
         let rope = self.rope.map_or(String::new(), |r| format!(" {} q+k", r.label()));
+        let dv = if self.dv() == self.head_dim { String::new() } else { format!("/{}", self.dv()) };
         format!(
-            "{}{}{}{} D={} {} Hq={} Hkv={} {}{:?}{}{}{}{}",
+            "{}{}{}{} D={}{} {} Hq={} Hkv={} {}{:?}{}{}{}{}",
             if self.kernel == PrefillKernel::Auto { "" } else { self.kernel.name() },
             self.sm90_steps.label(),
             if self.kernel == PrefillKernel::Auto { "" } else { " " },
             self.dtype.name(),
             self.head_dim,
+            dv,
             shape,
             self.heads_q,
             self.heads_kv,
@@ -385,6 +396,57 @@ pub fn wide_head_dim_cases() -> Vec<PrefillCase> {
     cases
 }
 
+/// The (Dqk, Dv) pairs the V-head-dim sweep runs (issue 27): DeepSeek-V2/V3's 192/128, and pairs of every
+/// kind the sm_80 kernel serves: Dv below Dqk at a width with predicated columns (96/64 at 96, 256/128 at
+/// 256), at 128 (128/64 runs at 160: the 128 kernels have none), and Dv above Dqk (64/128, 160/192).
+pub const V_HEAD_DIM_PAIRS: [(usize, usize); 6] = [(192, 128), (128, 64), (96, 64), (256, 128), (64, 128), (160, 192)];
+
+/// The V-head-dim sweep (issue 27): each pair of [`V_HEAD_DIM_PAIRS`] dense (Tq = Tk, Tq < Tk, Tq > Tk,
+/// across tile edges), batched with padded strides (NaN in every V and O column past Dv and every gap),
+/// varlen with empty sequences, GQA/MQA, causal and not, with and without LSE, both dtypes; variants (window
+/// edges, sinks, softcap, ALiBi) at 192/128 and others; RoPE on q and k at 192/128. Every buffer tight: a V
+/// column read past Dv is out of bounds in the emulator (or NaN poison), an O column stored past Dv a stray
+/// write.
+pub fn v_head_dim_cases() -> Vec<PrefillCase> {
+    use crate::testkit::variants::{CaseAlibi, CaseVariants as V};
+    let dtypes = [DType::Bf16, DType::F16];
+    let mut cases = Vec::new();
+    let with_dv = |c: PrefillCase, dv: usize| PrefillCase { head_dim_v: Some(dv), ..c };
+    for (i, (d, dv)) in V_HEAD_DIM_PAIRS.into_iter().enumerate() {
+        let dtype = dtypes[i % 2];
+        let (tq, tk) = [(65, 65), (33, 97), (97, 33), (1, 64), (129, 17), (40, 40)][i];
+        let heads = [(2, 1), (4, 4), (3, 1), (4, 2), (8, 1), (2, 2)][i];
+        cases.push(with_dv(PrefillCase::dense(dtype, d, i % 2 == 0, tq, tk, heads), dv));
+        let mut c = with_dv(PrefillCase::dense(dtypes[(i + 1) % 2], d, i % 2 == 1, 40, 70, (2, 1)), dv);
+        (c.batch, c.layout, c.with_lse) = (2, CaseLayout::Padded, i % 3 != 0);
+        cases.push(c);
+        let seqs = [vec![(17, 33), (0, 5), (40, 0), (30, 70)], vec![(0, 0), (5, 5), (20, 3)]][i % 2].clone();
+        let mut v = with_dv(PrefillCase::varlen(dtype, d, i % 3 == 0, (4, 2), seqs), dv);
+        v.layout = if i % 2 == 0 { CaseLayout::Padded } else { CaseLayout::Contiguous };
+        cases.push(v);
+    }
+    let variants = [
+        V { window: Some((20, 0)), sinks: true, ..Default::default() },
+        V { softcap: Some(3.0), alibi: CaseAlibi::PerHead, ..Default::default() },
+        V { window: Some((30, 5)), alibi: CaseAlibi::PerSequence, ..Default::default() },
+        V { window: Some((0, 0)), softcap: Some(10.0), sinks: true, ..Default::default() },
+    ];
+    for (i, ((d, dv), v)) in [(192, 128), (192, 128), (128, 64), (64, 128)].into_iter().zip(variants).enumerate() {
+        let mut c = with_dv(PrefillCase::dense(dtypes[i % 2], d, i != 2, 70, 90, (4, 2)), dv);
+        (c.batch, c.variants, c.layout) = (2, v, CaseLayout::Padded);
+        cases.push(c);
+    }
+    let mut v = with_dv(PrefillCase::varlen(DType::Bf16, 192, true, (2, 1), vec![(7, 40), (25, 25), (0, 3)]), 128);
+    v.variants = V { window: Some((10, 0)), sinks: true, alibi: CaseAlibi::PerHead, ..Default::default() };
+    cases.push(v);
+    // DeepSeek's q/k carry 64 rotary dims (here rotated in the kernel, q and k).
+    let config = crate::rope::RopeConfig::new(10000.0, 64, crate::rope::RopeStyle::Neox);
+    let mut r = with_dv(PrefillCase::dense(DType::Bf16, 192, true, 50, 70, (2, 1)), 128);
+    r.rope = Some(CaseRope { config, explicit_positions: true });
+    cases.push(r);
+    cases
+}
+
 /// The standard FlashAttention shape family for throughput: fp16 and bf16, D ∈ {64, 128, 256} with
 /// Hq·D = 2048 (Hkv = Hq), B·T = 16k for T ∈ {512, …, 16k}, causal and not (72 cases); plus a GQA shape
 /// (bf16, D = 128, Hq = 32, Hkv = 8, B = 4, T = 4096, causal and not).
@@ -564,7 +626,7 @@ impl<T: Element> PrefillFixture<T> {
 
     /// [`PrefillFixture::new`] with values drawn as `inputs` says.
     pub fn with_inputs(case: &PrefillCase, inputs: &PrefillInputs, seed: u64) -> Result<Self> {
-        let (hq, hkv, d) = (case.heads_q, case.heads_kv, case.head_dim);
+        let (hq, hkv, d, dv) = (case.heads_q, case.heads_kv, case.head_dim, case.dv());
         let (b, tq, tk, cu_q, cu_k) = match &case.varlen {
             Some(seqs) => {
                 let (mut cq, mut ck) = (vec![0i32], vec![0i32]);
@@ -586,6 +648,7 @@ impl<T: Element> PrefillFixture<T> {
             }
         }
         let (q_shape, k_shape) = ([b, tq, hq, d], [b, tk, hkv, d]);
+        let (v_shape, o_shape) = ([b, tk, hkv, dv], [b, tq, hq, dv]);
         let (q, k, v, o) = match case.layout {
             CaseLayout::Contiguous | CaseLayout::Padded => {
                 let pad = if case.layout == CaseLayout::Padded { 8 } else { 0 };
@@ -595,11 +658,14 @@ impl<T: Element> PrefillFixture<T> {
                     shape,
                     strides: padded_strides(shape, pad),
                 };
-                (mk(q_shape, 0, pad), mk(k_shape, 1, 2 * pad), mk(k_shape, 2, 3 * pad), mk(q_shape, 0, pad))
+                (mk(q_shape, 0, pad), mk(k_shape, 1, 2 * pad), mk(v_shape, 2, 3 * pad), mk(o_shape, 0, pad))
             }
             CaseLayout::PackedQkv => {
                 if tq != tk {
                     return Err(Error::shape("q", format!("packed QKV needs Tq == Tk, got {tq} and {tk}")));
+                }
+                if dv != d {
+                    return Err(Error::shape("v", format!("packed QKV needs one head dim, got {d} and {dv}")));
                 }
                 let hh = hq + 2 * hkv;
                 let st = [(tq * hh * d) as i64, (hh * d) as i64, d as i64, 1];
@@ -743,7 +809,7 @@ impl<T: Element> PrefillFixture<T> {
     /// tolerance rule, and checks that nothing outside the logical o / lse was written.
     pub fn evaluate(&self, out: &PrefillOutputs<T>) -> Result<CaseOutcome> {
         let c = &self.case;
-        let (hq, hkv, d) = (c.heads_q, c.heads_kv, c.head_dim);
+        let (hq, hkv, d, dv) = (c.heads_q, c.heads_kv, c.head_dim, c.dv());
         let scale = self.scale();
         let (mut qv, mut kv, vv) = (self.logical(&self.q), self.logical(&self.k), self.logical(&self.v));
         // RoPE: the reference attends over q and k rotated as the kernel rotates them.
@@ -755,16 +821,16 @@ impl<T: Element> PrefillFixture<T> {
         let (exact, naive) = match &c.varlen {
             None => {
                 let mut p = reference::Problem::new(c.batch, hq, hkv, c.seqlen_q, c.seqlen_k, d, c.causal);
-                p.scale = scale;
+                (p.scale, p.head_dim_v) = (scale, dv);
                 let exact = reference::dense(&p, &var, Arith::F64, &qv, &kv, &vv)?;
                 (exact, reference::dense(&p, &var, Arith::Lowp(c.dtype), &qv, &kv, &vv)?.out)
             }
             Some(_) => {
                 let (cq, ck) = (&self.cu_q[..], &self.cu_k[..]);
-                let exact = reference::varlen(hq, hkv, d, c.causal, scale, &var, Arith::F64, cq, ck, &qv, &kv, &vv)?;
-                let naive =
-                    reference::varlen(hq, hkv, d, c.causal, scale, &var, Arith::Lowp(c.dtype), cq, ck, &qv, &kv, &vv)?
-                        .out;
+                let dims = (d, dv);
+                let exact = reference::varlen(hq, hkv, dims, c.causal, scale, &var, Arith::F64, cq, ck, &qv, &kv, &vv)?;
+                let lowp = Arith::Lowp(c.dtype);
+                let naive = reference::varlen(hq, hkv, dims, c.causal, scale, &var, lowp, cq, ck, &qv, &kv, &vv)?.out;
                 (exact, naive)
             }
         };
@@ -798,7 +864,7 @@ impl<T: Element> PrefillFixture<T> {
         if c.varlen.is_some() {
             return Err(Error::unsupported("case", "sampled evaluation of a varlen case"));
         }
-        let (hq, hkv, d) = (c.heads_q, c.heads_kv, c.head_dim);
+        let (hq, hkv, d, dv) = (c.heads_q, c.heads_kv, c.head_dim, c.dv());
         let (b, tq, tk) = (c.batch, c.seqlen_q, c.seqlen_k);
         let rows = b * tq * hq;
         let group = hq / hkv.max(1);
@@ -824,7 +890,7 @@ impl<T: Element> PrefillFixture<T> {
             );
             self.rotate(&mut qrow, 1, &q_pos[ib * tq + it..][..1]);
             // Only this row's KV head and visible keys are gathered; the rest of the sequence stays 0 (never read).
-            let sub = |p: &Place| {
+            let sub = |p: &Place, d: usize| {
                 let mut rows = vec![0.0; tk * d];
                 let seen = gather(
                     &self.bufs[p.buf],
@@ -833,10 +899,10 @@ impl<T: Element> PrefillFixture<T> {
                 rows[lo * d..hi * d].copy_from_slice(&seen);
                 rows
             };
-            let (mut krows, vrows) = (sub(&self.k), sub(&self.v));
+            let (mut krows, vrows) = (sub(&self.k, d), sub(&self.v, dv));
             self.rotate(&mut krows[lo * d..hi * d], 1, &k_pos[ib * tk + lo..ib * tk + hi]);
             let mut p = reference::Problem::new(b, group, 1, tq, tk, d, c.causal);
-            p.scale = scale;
+            (p.scale, p.head_dim_v) = (scale, dv);
             // Head ih of the full problem is head ih % group of this one-KV-head view (same slope and sink
             // through a per-row variant view).
             let (row_slopes, row_sinks);
@@ -853,7 +919,7 @@ impl<T: Element> PrefillFixture<T> {
             let exact = reference::dense_row(&p, &row_var, Arith::F64, &qrow, &krows, &vrows, at_row)?;
             let naive = reference::dense_row(&p, &row_var, Arith::Lowp(c.dtype), &qrow, &krows, &vrows, at_row)?.out;
             let at = self.o.at([ib, it, ih, 0]);
-            let ours: Vec<f64> = out.o[at..at + d].iter().map(|x| x.to_f64()).collect();
+            let ours: Vec<f64> = out.o[at..at + dv].iter().map(|x| x.to_f64()).collect();
             let our_lse = lse.map_or(f64::NAN, |l| l[self.lse_at(ib, ih, it)] as f64);
             let bound = exact.out_bound(Some(c.dtype), Some(c.dtype));
             Ok((ours, exact.out, naive, bound, our_lse, exact.lse[0]))
@@ -921,9 +987,11 @@ impl<T: Element> PrefillFixture<T> {
     /// Prefill FLOPs of the case (docs/semantics.md; per sequence for varlen).
     pub fn flops(&self) -> f64 {
         let c = &self.case;
+        // 2·Tq·Tk·Dqk for Q Kᵀ and 2·Tq·Tk·Dv for P V: the formula's D is their mean (both multiples of 8).
+        let d = (c.head_dim + c.dv()) / 2;
         match &c.varlen {
-            None => prefill_flops(c.batch, c.heads_q, c.seqlen_q, c.seqlen_k, c.head_dim, c.causal),
-            Some(seqs) => seqs.iter().map(|&(q, k)| prefill_flops(1, c.heads_q, q, k, c.head_dim, c.causal)).sum(),
+            None => prefill_flops(c.batch, c.heads_q, c.seqlen_q, c.seqlen_k, d, c.causal),
+            Some(seqs) => seqs.iter().map(|&(q, k)| prefill_flops(1, c.heads_q, q, k, d, c.causal)).sum(),
         }
     }
 }
