@@ -212,6 +212,8 @@ extern "C" int fa_prefill_sm90(FaPrefillSm90Params p, FaExec *exec) {
   if (!fa::softcap_inline_division_ok(p.base.score_mod.softcap)) return FA_ERR_UNSUPPORTED;
   // RoPE (q, or q and k) is fused in the sm_80 kernels only (docs/rope.md).
   if (p.base.rope.cos != nullptr || p.base.rope_k != 0) return FA_ERR_UNSUPPORTED;
+  // One head dim for Q, K and V (a V head dim of its own runs on the sm_80 kernel: docs/head-dims.md).
+  if (p.base.head_dim_v != 0 && p.base.head_dim_v != p.base.head_dim) return FA_ERR_UNSUPPORTED;
   FaExec dry{};
   dry.mode = FA_EXEC_RECORD;
   const int status = fa_prefill(p.base, &dry);
