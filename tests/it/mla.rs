@@ -129,22 +129,17 @@ struct RunOut<T> {
     counters: LaunchCounters,
 }
 
-/// Runs a case's MLA decode with hidden memory (NaN placeholders of the cache) set to `hidden`.
-fn run<T: Element + KvElement>(c: &Case, inp: &Inputs, hidden: f32, scale: f32) -> fused_attn::Result<RunOut<T>> {
-    let emu = Emulator::new().with_table_checks(TableChecks::GpuMasking);
-    let stream = Stream::Emu(&emu);
-    let row = c.dims.row_dim();
-    let cache: Vec<T> =
-        inp.cache.iter().map(|&x| T::from_f64(if x.is_nan() { f64::from(hidden) } else { x })).collect();
-    let q: Vec<T> = inp.q.iter().map(|&x| T::from_f64(x)).collect();
-    let lens: Vec<i32> = c.seq_lens.iter().map(|&l| l as i32).collect();
-    let total_q = *inp.cu.last().unwrap() as usize;
-    let b = c.seq_lens.len();
-    let max_len = c.seq_lens.iter().copied().max().unwrap_or(0);
-    let cache_v = TensorView::host(&cache, [inp.num_pages, c.page_size, 1, row])?;
-    let table_v = TensorView::host(&inp.table, [b, inp.width])?;
-    let lens_v = TensorView::host(&lens, [b])?;
-    let lc = latent_cache(cache_v, table_v, lens_v, max_len)?;
+/// The MLA decode of case `c` over the latent cache `lc` on `emu` (NaN-poisoned outputs), with its counters.
+fn decode_into<T: Element, C: KvCacheOf<T>>(
+    emu: &Emulator,
+    c: &Case,
+    inp: &Inputs,
+    q: &[T],
+    lc: &fused_attn::PagedKvCache<'_, C>,
+    scale: f32,
+) -> fused_attn::Result<RunOut<T>> {
+    let stream = Stream::Emu(emu);
+    let (b, total_q) = (c.seq_lens.len(), *inp.cu.last().unwrap() as usize);
     let cu_v = TensorView::host(&inp.cu, [b + 1])?;
     let mut o = vec![T::nan(); total_q * c.heads_q * c.dims.kv_lora_rank];
     let mut lse = vec![f32::NAN; total_q * c.heads_q];
@@ -158,14 +153,31 @@ fn run<T: Element + KvElement>(c: &Case, inp: &Inputs, hidden: f32, scale: f32) 
     }
     mla_decode(
         &stream,
-        &TensorView::host(&q, [total_q, c.heads_q, row])?,
-        &lc,
+        &TensorView::host(q, [total_q, c.heads_q, c.dims.row_dim()])?,
+        lc,
         &mut TensorViewMut::host(&mut o, [total_q, c.heads_q, c.dims.kv_lora_rank])?,
         Some(&mut TensorViewMut::host(&mut lse, [total_q, c.heads_q])?),
         &mut ws,
         &opts,
     )?;
     Ok(RunOut { o, lse, counters: emu.last_launch_counters().expect("counters") })
+}
+
+/// Runs a case's MLA decode with hidden memory (NaN placeholders of the cache) set to `hidden`.
+fn run<T: Element + KvElement>(c: &Case, inp: &Inputs, hidden: f32, scale: f32) -> fused_attn::Result<RunOut<T>> {
+    let emu = Emulator::new().with_table_checks(TableChecks::GpuMasking);
+    let row = c.dims.row_dim();
+    let cache: Vec<T> =
+        inp.cache.iter().map(|&x| T::from_f64(if x.is_nan() { f64::from(hidden) } else { x })).collect();
+    let q: Vec<T> = inp.q.iter().map(|&x| T::from_f64(x)).collect();
+    let lens: Vec<i32> = c.seq_lens.iter().map(|&l| l as i32).collect();
+    let b = c.seq_lens.len();
+    let max_len = c.seq_lens.iter().copied().max().unwrap_or(0);
+    let cache_v = TensorView::host(&cache, [inp.num_pages, c.page_size, 1, row])?;
+    let table_v = TensorView::host(&inp.table, [b, inp.width])?;
+    let lens_v = TensorView::host(&lens, [b])?;
+    let lc = latent_cache(cache_v, table_v, lens_v, max_len)?;
+    decode_into(&emu, c, inp, &q, &lc, scale)
 }
 
 /// Checks a run against the fp64 absorbed reference and its naive twin (tolerance rule + arithmetic bound).
@@ -536,11 +548,9 @@ fn run_fp8<T: Element, C: KvCacheOf<T> + Fp8Element>(
     scale: f32,
 ) -> fused_attn::Result<RunOut<T>> {
     let emu = Emulator::new().with_table_checks(TableChecks::GpuMasking);
-    let stream = Stream::Emu(&emu);
     let row = c.dims.row_dim();
     let q: Vec<T> = inp.q.iter().map(|&x| T::from_f64(x)).collect();
     let lens: Vec<i32> = c.seq_lens.iter().map(|&l| l as i32).collect();
-    let total_q = *inp.cu.last().unwrap() as usize;
     let b = c.seq_lens.len();
     let max_len = c.seq_lens.iter().copied().max().unwrap_or(0);
     let (ks, vs) = (vec![s.k], vec![s.v]);
@@ -553,27 +563,7 @@ fn run_fp8<T: Element, C: KvCacheOf<T> + Fp8Element>(
         latent_cache(cache_v, table_v, lens_v, max_len)?
             .with_scale_tensors(TensorView::host(&ks, [1])?, TensorView::host(&vs, [1])?)?
     };
-    let cu_v = TensorView::host(&inp.cu, [b + 1])?;
-    let mut o = vec![T::nan(); total_q * c.heads_q * c.dims.kv_lora_rank];
-    let mut lse = vec![f32::NAN; total_q * c.heads_q];
-    let mut ws = DecodeWorkspace::with_capacity(&stream, total_q, c.heads_q, c.dims.kv_lora_rank, 64)?;
-    let mut opts = MlaDecodeOptions::new(scale);
-    opts.dims = c.dims;
-    opts.num_splits = c.splits;
-    let max_q = c.q_lens().into_iter().max().unwrap_or(1);
-    if c.q_lens.is_some() {
-        opts.queries = Some(MlaQueries { cu_seqlens_q: &cu_v, max_seqlen_q: max_q });
-    }
-    mla_decode(
-        &stream,
-        &TensorView::host(&q, [total_q, c.heads_q, row])?,
-        &lc,
-        &mut TensorViewMut::host(&mut o, [total_q, c.heads_q, c.dims.kv_lora_rank])?,
-        Some(&mut TensorViewMut::host(&mut lse, [total_q, c.heads_q])?),
-        &mut ws,
-        &opts,
-    )?;
-    Ok(RunOut { o, lse, counters: emu.last_launch_counters().expect("counters") })
+    decode_into(&emu, c, inp, &q, &lc, scale)
 }
 
 fn rel_l2(ours: &[f64], want: &[f64]) -> f64 {

@@ -519,7 +519,7 @@ pub fn time_case_gpu(cs: &Arc<CudaStream>, case: &MlaCase, seed: u64, runs: Runs
     with_dtype!(case.dtype, T => {
         let f = MlaFixture::<T>::new(case, seed)?;
         let (o, lse, plan, timing) = with_cache!(case.fp8, gpu_go::<T>(cs, &f, Some(runs)))?;
-        let timing = timing.expect("timed");
+        let timing = timing.ok_or_else(|| Error::usage("mla timing: gpu_go was given runs but returned no timing"))?;
         let outcome = evaluate(&f, plan, &o, &lse, seed)?;
         let bytes = case.bytes(&plan);
         let secs = timing.median_ms * 1e-3;
