@@ -121,35 +121,11 @@ template <int kChunkCols> FA_DEVICE bool chunk_source(const FaMlaDecodeParams &p
   return valid;
 }
 
-// The S exchange of a row group (decode's WarpAttention::exchange_scores, split around its barrier so that
-// a row group without rows can skip the math and still pass it): each column warp parks its partial S
-// ([warp][half][lane] of float4: every quarter-warp stores and loads 128 contiguous bytes, conflict-free),
-// then after the CTA barrier every warp sums the four in column-warp order, so all four hold the same S bit
-// for bit. The next tile's loop-top barrier orders these loads before the next stores.
-FA_DEVICE void park_scores(const float (&s)[2][4], float *exchange, int col_warp, int lane) {
-  float4 *slot = reinterpret_cast<float4 *>(exchange);
-#pragma unroll
-  for (int n = 0; n < 2; ++n) st_shared(slot + (col_warp * 2 + n) * 32 + lane, make_float4(s[n][0], s[n][1], s[n][2], s[n][3]));
-}
-FA_DEVICE void sum_scores(float (&s)[2][4], const float *exchange, int lane) {
-  const float4 *slot = reinterpret_cast<const float4 *>(exchange);
-#pragma unroll
-  for (int n = 0; n < 2; ++n) {
-    float4 sum = ld_shared(slot + n * 32 + lane);
-#pragma unroll
-    for (int w = 1; w < Tr::kColWarps; ++w) {
-      const float4 v = ld_shared(slot + (w * 2 + n) * 32 + lane);
-      sum.x += v.x;
-      sum.y += v.y;
-      sum.z += v.z;
-      sum.w += v.w;
-    }
-    s[n][0] = sum.x;
-    s[n][1] = sum.y;
-    s[n][2] = sum.z;
-    s[n][3] = sum.w;
-  }
-}
+// The S exchange of a row group is decode's (WarpAttention<T, 512>::park_scores / sum_scores, kScoreSplits =
+// kColWarps = 4), with mla's own barrier between the halves so that a row group without rows can skip the
+// math and still pass it: each column warp parks its partial S, then after the CTA barrier every warp sums
+// the four in column-warp order, so all four hold the same S bit for bit.
+static_assert(decode::Traits<Tr::kLatent>::kScoreSplits == Tr::kColWarps, "decode's exchange sums the column warps");
 
 // The rope k-step of an FP8 tile: this warp's 16 rope columns (FP8 chunk col_warp of each token's rope row)
 // as the B fragments of the two n8 token tiles. Lane (g, t) loads codes 4t..4t+3 of tokens g and g + 8 (one
@@ -334,11 +310,11 @@ template <class T, bool kFp8> FA_DEVICE void mla_decode_kernel(const FaMlaDecode
         mma_m16n8k16<T>(s[0], q_pe, k_lo);
         mma_m16n8k16<T>(s[1], q_pe, k_hi);
       }
-      park_scores(s, exchange, col_warp, lane);
+      Att::park_scores(s, exchange, col_warp, lane);
     }
     sync_threads(); // every warp passes it (the math is skipped by whole row groups, never the barrier)
     if (warp_has_rows) {
-      sum_scores(s, exchange, lane);
+      Att::sum_scores(s, exchange, lane);
       Att::scale(s, scale_log2);
       if (j == num_tiles - 1) Att::mask_tail(s, key0, end, lane);
       if (key0 + TrF::kTileTokens - 1 > first_pos) Att::mask_outside(s, key0, lo, hi, lane); // causal, per row

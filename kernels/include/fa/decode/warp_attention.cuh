@@ -244,12 +244,15 @@ template <class T, int D> struct WarpAttention {
   // warp of the token group: each warp parks its 8 values per lane in `exchange` ([split][half][lane] of
   // float4: each quarter-warp stores and loads 128 contiguous bytes, conflict-free), a CTA barrier, then
   // every warp sums the kScoreSplits partials in split order. The caller's next tile barrier orders these
-  // loads before the next tile's stores, so one buffer suffices.
-  FA_DEVICE static void exchange_scores(float (&s)[2][4], float *exchange, int split, int lane) {
+  // loads before the next tile's stores, so one buffer suffices. The two halves are callable on their own
+  // (MLA decode, kernels/mla.cu, puts its own barrier between them).
+  FA_DEVICE static void park_scores(const float (&s)[2][4], float *exchange, int split, int lane) {
     float4 *slot = reinterpret_cast<float4 *>(exchange);
 #pragma unroll
     for (int n = 0; n < 2; ++n) st_shared(slot + (split * 2 + n) * 32 + lane, make_float4(s[n][0], s[n][1], s[n][2], s[n][3]));
-    sync_threads();
+  }
+  FA_DEVICE static void sum_scores(float (&s)[2][4], const float *exchange, int lane) {
+    const float4 *slot = reinterpret_cast<const float4 *>(exchange);
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
       float4 sum = ld_shared(slot + n * 32 + lane);
@@ -266,6 +269,11 @@ template <class T, int D> struct WarpAttention {
       s[n][2] = sum.z;
       s[n][3] = sum.w;
     }
+  }
+  FA_DEVICE static void exchange_scores(float (&s)[2][4], float *exchange, int split, int lane) {
+    park_scores(s, exchange, split, lane);
+    sync_threads();
+    sum_scores(s, exchange, lane);
   }
 
   // scores() with softcap and ALiBi (fa/score_mod.cuh), straight to the exp2 domain: slope_log2[r] is row r's
