@@ -14,8 +14,11 @@
 // KV tiles are visited top down over kv_block_range (causal and window tiles skipped as in the sm_80 kernel);
 // causal schedules run the longest query tiles first (fa/hopper/tile_scheduler.cuh).
 //
-// Supported: fp16/bf16, D 64/128/256, dense and varlen, GQA, causal, LSE, and every score variant (sliding
-// window, softcap, ALiBi, sinks) with the sm_80 kernel's semantics and code (fa/score_mod.cuh); softcap and
+// RoPE on q (p.rope, a run-time switch): each consumer warpgroup rotates its rows of the Q tile in shared
+// memory once it has landed, before its first S = Q Kᵀ (fa/hopper/rope_q.cuh).
+//
+// Supported: fp16/bf16, D 64/128/256, dense and varlen, GQA, causal, LSE, RoPE on q, and every score variant
+// (sliding window, softcap, ALiBi, sinks) with the sm_80 kernel's semantics and code (fa/score_mod.cuh); softcap and
 // ALiBi are a run-time branch per tile rather than separate kernels (fa/hopper/mainloop.cuh, softmax_step,
 // says why). The tensor maps are made by the Rust side (src/prefill/sm90.rs) for the backend that runs the
 // kernel.
@@ -24,6 +27,7 @@
 #include "fa/hopper/mainloop.cuh"
 #include "fa/hopper/pipeline.cuh"
 #include "fa/hopper/producer.cuh"
+#include "fa/hopper/rope_q.cuh"
 #include "fa/hopper/tile_scheduler.cuh"
 #include "fa/hopper/traits.cuh"
 #include "fa/intrinsics.cuh"
@@ -55,13 +59,16 @@ FA_DEVICE void consume_tile(const FaPrefillParams &p, unsigned char *smem, const
   ct.first_key = m0 + (seq.tk - seq.tq) - window.left;
   ct.tanh_in = ScoreMod::tanh_input(p.scale, p.score_mod.softcap);
   ct.slope_log2 = alibi_slope_log2(p.score_mod, work.batch, work.head);
+  mbarrier_wait(bars.q_full(), work_count & 1); // the Q tile landed (or, without KV tiles, the buffer is free)
+  const bool has_kv = range.n_end > range.n_begin;
+  // RoPE: this warpgroup's rows rotated in place before O is set up (nothing of the mainloop live yet).
+  if (has_kv && rope_enabled(p.rope)) rotate_q<T, Tr>(p, smem, c, work.batch, m0, seq);
   WgmmaAcc<kHeadDim> o;
 #pragma unroll
   for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
   OnlineSoftmax<1> softmax;
   softmax.init();
-  mbarrier_wait(bars.q_full(), work_count & 1); // the Q tile landed (or, without KV tiles, the buffer is free)
-  if (range.n_end > range.n_begin) consume<T, Tr>(smem, bars, range, ct, p, o, softmax, kv);
+  if (has_kv) consume<T, Tr>(smem, bars, range, ct, p, o, softmax, kv);
   float lse[2];
   softmax.finalize(fragments(o), lse, softmax_scale_log2(p), sink_logit(p.score_mod, work.head));
   const OutputAt at{seq.o_offset + (int64_t)ct.warp_row0 * p.o_row_stride, seq.lse_offset + ct.warp_row0,
@@ -206,12 +213,12 @@ int tile_policy(int head_dim, bool masked, FaTilePolicy *out) {
 } // namespace fa
 
 // The sm_80 launcher's checks (fa_prefill validates the same FaPrefillParams: pointers, alignment, strides,
-// sizes, score variants) via a dry run in record mode, then this kernel's own: the tile of the maps, and a
-// softcap its inline division is exact for (fa/score_mod.cuh); no RoPE.
+// sizes, score variants, the RoPE table) via a dry run in record mode, then this kernel's own: the tile of the
+// maps, a softcap its inline division is exact for (fa/score_mod.cuh), RoPE on q alone.
 extern "C" int fa_prefill_sm90(FaPrefillSm90Params p, FaExec *exec) {
   if (!fa::softcap_inline_division_ok(p.base.score_mod.softcap)) return FA_ERR_UNSUPPORTED;
-  // RoPE (q, or q and k) is fused in the sm_80 kernels only (docs/rope.md).
-  if (p.base.rope.cos != nullptr || p.base.rope_k != 0) return FA_ERR_UNSUPPORTED;
+  // RoPE on K is fused in the sm_80 kernels only (fa/hopper/rope_q.cuh says why; docs/rope.md).
+  if (p.base.rope_k != 0) return FA_ERR_UNSUPPORTED;
   // One head dim for Q, K and V (a V head dim of its own runs on the sm_80 kernel: docs/head-dims.md).
   if (p.base.head_dim_v != 0 && p.base.head_dim_v != p.base.head_dim) return FA_ERR_UNSUPPORTED;
   FaExec dry{};

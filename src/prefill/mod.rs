@@ -61,13 +61,14 @@ pub struct PrefillOptions<'a> {
     /// Rotary embedding of q ([`crate::rope`], docs/rope.md), `None` by default: query row i of sequence b
     /// rotated at `rope.positions[q_row0_b + i]` (one int32 per query token: `[B·Tq]` dense, `b·Tq + i`;
     /// `[total_q]` varlen, `cu_seqlens_q[b] + i`) or, without positions, at its bottom-right position
-    /// `i + Tk − Tq` (the causal mask's; clamped to 0 when negative). Fused in the sm_80 kernel only: `Auto`
-    /// runs that kernel, `Sm90` is an Unsupported error.
+    /// `i + Tk − Tq` (the causal mask's; clamped to 0 when negative). Fused in both kernels (the sm_90a one
+    /// rotates each Q tile in shared memory once it has landed).
     pub rope: Option<crate::rope::Rope<'a>>,
     /// RoPE on K too ([`crate::RopeKeys`], needs `rope`: the same table, rotary dims and layout), `None` by
     /// default (K taken as already rotated): key j of sequence b rotated at `positions[k_row0_b + j]` (one
     /// int32 per key token: `[B·Tk]` dense, `[total_k]` varlen) or, without positions, at j. Rotated in shared
-    /// memory as each K tile lands; K is read as without RoPE and never written back.
+    /// memory as each K tile lands; K is read as without RoPE and never written back. Fused in the sm_80
+    /// kernel only: `Auto` runs that kernel, `Sm90` is an Unsupported error.
     pub rope_k: Option<crate::rope::RopeKeys<'a>>,
 }
 
@@ -220,9 +221,9 @@ fn shared_params<T: Element>(
     if opts.rope_k.is_some() && opts.rope.is_none() {
         return Err(Error::usage("rope_k: RoPE on K rotates with q's table; set `rope` too"));
     }
-    // What only the sm_80 kernel does: RoPE, and a V head dim different from Q·K's.
-    let sm80_only = if opts.rope.is_some() {
-        Some("RoPE is fused in the sm80 kernel only (docs/rope.md)".to_string())
+    // What only the sm_80 kernel does: RoPE on K, and a V head dim different from Q·K's.
+    let sm80_only = if opts.rope_k.is_some() {
+        Some("RoPE on K is fused in the sm80 kernel only (docs/rope.md)".to_string())
     } else if head_dim_v != head_dim {
         Some(format!("V head dim {head_dim_v} differs from Q·K's {head_dim}: the sm90 kernel takes one head dim"))
     } else {

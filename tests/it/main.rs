@@ -36,6 +36,7 @@ mod prefill_sm90;
 mod rope;
 mod rope_prefill;
 mod rope_prefill_k;
+mod rope_prefill_sm90;
 mod runner;
 mod schedule;
 mod tile_policy;

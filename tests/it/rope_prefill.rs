@@ -9,7 +9,7 @@
 //!  - poison: table rows no position addresses and 3 columns past rotary_dim/2 are NaN, outputs start NaN;
 //!  - cost: q is read exactly once and never written; the table adds rotary_dim·4 bytes per query row and
 //!    head, the positions 4; K/V traffic is the same as without RoPE;
-//!  - errors: the sm_90a kernel refuses RoPE (Unsupported), bad positions are typed errors.
+//!  - errors: bad positions are typed errors (the sm_90a kernel's RoPE: tests/it/rope_prefill_sm90.rs).
 
 use crate::common;
 
@@ -546,7 +546,7 @@ fn append_then_paged_prefill_with_rope() {
     go::<fused_attn::Fp8E4m3>(&stream, fused_attn::Fp8E4m3(0x7f), Some(&scales));
 }
 
-/// The sm_90a kernel refuses RoPE (Unsupported, before any launch); bad positions are typed errors.
+/// Bad positions are typed errors; the sm_90a kernel takes RoPE on q.
 #[test]
 fn prefill_rope_errors_are_typed() {
     let emu = Emulator::new();
@@ -573,7 +573,8 @@ fn prefill_rope_errors_are_typed() {
     fn with(r: Rope<'_>) -> PrefillOptions<'_> {
         PrefillOptions { rope: Some(r), ..Default::default() }
     }
-    assert_eq!(kind(PrefillOptions { kernel: PrefillKernel::Sm90, ..with(rope) }), ErrorKind::Unsupported);
+    // The sm_90a kernel rotates q too (tests/it/rope_prefill_sm90.rs); RoPE on K it refuses (rope_prefill_k.rs).
+    assert!(run(PrefillOptions { kernel: PrefillKernel::Sm90, ..with(rope) }).is_ok());
     assert_eq!(kind(with(Rope { positions: Some(&fv), ..rope })), ErrorKind::OutOfBounds);
     assert_eq!(kind(with(Rope { positions: Some(&short), ..rope })), ErrorKind::Shape);
     assert_eq!(kind(with(Rope { rotary_dim: 66, ..rope })), ErrorKind::Unsupported);
