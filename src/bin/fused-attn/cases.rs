@@ -679,6 +679,31 @@ pub fn run_append(
     }
 }
 
+/// Times one append on the GPU for `report` (its whole cache checked bit for bit against the model, as
+/// `run --op append` does).
+pub fn time_append(backend: &Backend, c: &AppendCase, seed: u64, copy_gbps: f64) -> Row {
+    let row = match c.dtype {
+        DType::F16 => run_append_t::<f16>(backend, c, seed, Some(copy_gbps), None),
+        DType::Bf16 => run_append_t::<bf16>(backend, c, seed, Some(copy_gbps), None),
+    };
+    match row {
+        Ok(row) => Row { kind: "perf".into(), ..row },
+        Err(e) => failed(
+            Row {
+                kind: "perf".into(),
+                label: c.label(),
+                seed,
+                op: "append".into(),
+                backend: backend.name().into(),
+                head_dim: c.head_dim,
+                heads_kv: c.heads_kv,
+                ..Row::default()
+            },
+            &e,
+        ),
+    }
+}
+
 fn run_append_t<T: Element + ac::Poison>(
     backend: &Backend,
     c: &AppendCase,

@@ -94,8 +94,10 @@ impl Dump {
             let (qp, kp) = f.rope_positions();
             let narrow = |p: Vec<i64>| p.into_iter().map(|x| x as i32).collect::<Vec<i32>>();
             self.rope(f.rope_table.as_ref(), &narrow(qp), &[b, tq])?;
-            let tk = f.k.shape[1];
-            self.write("rope_k_positions", &[b, tk], NpyData::I32(&narrow(kp)))?;
+            if f.case.rope_k {
+                let tk = f.k.shape[1];
+                self.write("rope_k_positions", &[b, tk], NpyData::I32(&narrow(kp)))?;
+            }
         }
         self.write("lse", &[b, hq, tq], NpyData::F32(lse))
     }

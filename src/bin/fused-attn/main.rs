@@ -52,6 +52,7 @@ fn run(a: &RunArgs, backend: &Backend, out: &mut Output) -> Result<()> {
                 kernel: a.common.kernel,
                 sm90_steps: a.sm90_off,
                 rope: a.rope()?,
+                rope_k: true, // --op prefill rotates q and k (docs/runner.md)
                 ..PrefillCase::dense(
                     a.dtype.into(),
                     a.head_dim,

@@ -1,7 +1,8 @@
 //! `report`: the standard sweep. Emulator: a representative subset of both correctness sweeps (or a few
 //! cases with `--quick`). GPU: the copy-bandwidth ceiling, the timed performance shapes (prefill: the FA
 //! family, TFLOPS; decode: contexts × batches, % of the copy bandwidth; decode over an FP8 cache; paged
-//! prefill — chunks and speculative verification — each against its baseline timed in the same run: see
+//! prefill — chunks and speculative verification —, fused RoPE in prefill, decode and append, each against
+//! its baseline timed in the same run: see
 //! [`perf_plan`]), then the full correctness sweeps of both ops. Rows stream out in order as they complete.
 
 use std::collections::BTreeMap;
@@ -9,6 +10,7 @@ use std::sync::mpsc;
 use std::time::Instant;
 
 use fused_attn::prefill::{PrefillKernel, Sm90Steps, SM90_HEAD_DIMS, SM90_SOFTCAP_RANGE};
+use fused_attn::testkit::cases::append::AppendCase;
 use fused_attn::testkit::cases::decode::{
     decode_sweep, decode_sweep_emulated, decode_variant_sweep, fp8_decode_sweep_emulated, perf_cases as decode_perf,
     DecodeCase,
@@ -174,6 +176,8 @@ pub enum Timed {
     PagedPrefill(PagedPrefillCase),
     /// MLA decode over a 16-bit or FP8 latent cache.
     Mla(MlaCase),
+    /// The paged KV append (16-bit or FP8 cache), with or without RoPE on K.
+    Append(AppendCase),
 }
 
 /// A timed shape and, for a comparison row, the index (into the same plan, always earlier) of the shape
@@ -244,6 +248,30 @@ pub fn rope_shapes() -> (PrefillCase, DecodeCase) {
         .expect("the family's GQA row");
     let decode = decode_perf().first().cloned().expect("the perf shapes");
     (prefill, decode)
+}
+
+/// The appends the RoPE rows time with and without RoPE on K (bf16 K/V, the perf shapes' Hkv 8, D 128, pages
+/// of 16), each into a 16-bit and an E4M3 (per-head scales) cache: a decode step (64 sequences, one new
+/// token each at 4096) and a prompt (4 sequences of 4096 new tokens). Predicted (docs/rope.md "Not yet"):
+/// within ~10 % of the plain append.
+pub fn append_rope_shapes() -> Vec<AppendCase> {
+    let fp8 = KvFormat::Fp8 { format: Fp8Format::E4m3, scales: ScaleKind::PerHead };
+    let shape = |seqs: Vec<(usize, usize)>, kv| AppendCase {
+        dtype: DType::Bf16,
+        head_dim: 128,
+        heads_kv: 8,
+        page_size: 16,
+        seqs,
+        kv,
+        rope: None,
+    };
+    let (step, prompt) = (vec![(1, 4096); 64], vec![(4096, 4096); 4]);
+    vec![
+        shape(step.clone(), KvFormat::Sixteen),
+        shape(step, fp8),
+        shape(prompt.clone(), KvFormat::Sixteen),
+        shape(prompt, fp8),
+    ]
 }
 
 /// Head dims past the tiled prefill kernel (issue 27): a causal GQA prefill (16/8 heads, 1 × 4096) at D 512,
@@ -326,21 +354,30 @@ pub fn perf_plan(quick: bool, kernel: PrefillKernel, hopper: bool) -> Vec<TimedS
     }
 
     if !quick {
-        // RoPE fused (issue 28) against the same shape without: decode rotates q in the prologue; prefill (the
-        // sm_80 kernel: sm_90a refuses RoPE) rotates q and every K tile as it lands.
-        // The prefill row runs on the family row's kernel (sm_80 on Hopper; none if sm90 is forced).
+        // RoPE fused (issue 28) against the same shape without: decode rotates q in the prologue; prefill on the
+        // sm_80 kernel rotates q and every K tile as it lands (the family row's kernel: sm_80 on Hopper, none if
+        // sm90 is forced); on the sm_90a kernel (Hopper, or forced) q alone, each Q tile once it has landed
+        // (K is taken as rotated: the sm_90a kernel has no RoPE on K); append rotates K on its way into a
+        // 16-bit and an FP8 cache.
         let rope_kernel = match kernel {
             PrefillKernel::Sm90 => None,
             _ if hopper => Some(PrefillKernel::Sm80),
             k => Some(k),
         };
+        let sm90_rope = kernel == PrefillKernel::Sm90 || (hopper && kernel == PrefillKernel::Auto);
         let (prefill_base, decode_base) = rope_shapes();
+        let sm90_base = sm90_rope.then(|| Timed::Prefill(with_kernel(prefill_base.clone(), PrefillKernel::Sm90)));
         let prefill_base = rope_kernel.map(|k| Timed::Prefill(with_kernel(prefill_base, k)));
-        for base in prefill_base.into_iter().chain([Timed::Decode(decode_base)]) {
+        let appends = append_rope_shapes().into_iter().map(Timed::Append);
+        for base in prefill_base.into_iter().chain(sm90_base).chain([Timed::Decode(decode_base)]).chain(appends) {
+            let rope = Some(llama_rope());
             let with_rope = match &base {
-                Timed::Prefill(c) => Timed::Prefill(PrefillCase { rope: Some(llama_rope()), ..c.clone() }),
-                Timed::Decode(c) => Timed::Decode(DecodeCase { rope: Some(llama_rope()), ..c.clone() }),
-                Timed::PagedPrefill(_) | Timed::Mla(_) => unreachable!("the RoPE rows are prefill and decode"),
+                Timed::Prefill(c) => {
+                    Timed::Prefill(PrefillCase { rope, rope_k: c.kernel != PrefillKernel::Sm90, ..c.clone() })
+                }
+                Timed::Decode(c) => Timed::Decode(DecodeCase { rope, ..c.clone() }),
+                Timed::Append(c) => Timed::Append(AppendCase { rope, ..c.clone() }),
+                Timed::PagedPrefill(_) | Timed::Mla(_) => unreachable!("the RoPE rows are prefill, decode and append"),
             };
             let baseline = index_of(&mut plan, base);
             plan.push(TimedShape { case: with_rope, baseline: Some(baseline) });
@@ -468,13 +505,14 @@ pub fn report(backend: &Backend, base_seed: u64, quick: bool, kernel: PrefillKer
         let start = Instant::now();
         let count = |f: fn(&Timed) -> bool| plan.iter().filter(|s| f(&s.case)).count();
         out.note(&format!(
-            "performance: {} prefill, {} decode, {} FP8 decode, {} paged prefill and {} MLA decode shapes (CUDA \
-             events, median; comparison rows carry vs_baseline = their time / their baseline's)",
+            "performance: {} prefill, {} decode, {} FP8 decode, {} paged prefill, {} MLA decode and {} append shapes \
+             (CUDA events, median; comparison rows carry vs_baseline = their time / their baseline's)",
             count(|c| matches!(c, Timed::Prefill(_))),
             count(|c| matches!(c, Timed::Decode(d) if d.kv == KvFormat::Sixteen)),
             count(|c| matches!(c, Timed::Decode(d) if d.kv != KvFormat::Sixteen)),
             count(|c| matches!(c, Timed::PagedPrefill(_))),
             count(|c| matches!(c, Timed::Mla(_))),
+            count(|c| matches!(c, Timed::Append(_))),
         ));
         let progress = Progress::counter(plan.len(), "timing");
         out.set_progress(progress.clone());
@@ -498,6 +536,10 @@ pub fn report(backend: &Backend, base_seed: u64, quick: bool, kernel: PrefillKer
                 Timed::Mla(c) => {
                     progress.message(c.label());
                     cases::time_mla(stream, backend, c, seed, copy)
+                }
+                Timed::Append(c) => {
+                    progress.message(c.label());
+                    cases::time_append(backend, c, seed, copy)
                 }
             };
             let row = match s.baseline.and_then(|b| timed.get(b)) {
@@ -604,8 +646,15 @@ mod tests {
                         rope += 1;
                     }
                     (Timed::Prefill(c), Timed::Prefill(d)) if c.rope.is_some() => {
-                        assert_eq!(&PrefillCase { rope: None, ..c.clone() }, d);
-                        assert_ne!(c.kernel, PrefillKernel::Sm90, "sm_90a refuses RoPE");
+                        assert_eq!(&PrefillCase { rope: None, rope_k: false, ..c.clone() }, d);
+                        // q and k on the sm_80 kernel, q alone on the sm_90a one (no RoPE on K there).
+                        assert_eq!(c.rope_k, c.kernel != PrefillKernel::Sm90);
+                        assert!(hopper || c.kernel != PrefillKernel::Sm90);
+                        rope += 1;
+                    }
+                    (Timed::Append(c), Timed::Append(b)) => {
+                        assert!(c.rope.is_some() && append_rope_shapes().contains(b));
+                        assert_eq!(&AppendCase { rope: None, ..c.clone() }, b);
                         rope += 1;
                     }
                     (Timed::Decode(c), Timed::Decode(b)) if c.kv == KvFormat::Sixteen => {
@@ -669,9 +718,10 @@ mod tests {
             // FP8: B 1/8/64 × 4k/32k × D 128/256; chunks: 2 × 2 pages; spec-verify: 2 contexts × 2 q_lens ×
             // both paged kernels.
             // Skew: the uniform plan and a balanced schedule (full report only).
-            // RoPE: prefill and decode against the same shapes without; D 512 prefill against D 256 (full
-            // report only).
-            let want = if quick { (1, 1, 2, 0, 0, 0) } else { (12, 4, 8, 2, 2, 1) };
+            // RoPE: prefill (sm_80; and sm_90a on Hopper), decode and 4 appends against the same shapes
+            // without; D 512 prefill against D 256 (full report only).
+            let rope_rows = 2 + usize::from(hopper) + append_rope_shapes().len();
+            let want = if quick { (1, 1, 2, 0, 0, 0) } else { (12, 4, 8, 2, rope_rows, 1) };
             assert_eq!((fp8, chunks, spec, skew, rope, wide), want, "quick {quick} hopper {hopper}");
             // The baselines are rows the plan times anyway (the decode perf shapes), plus one dense prefill
             // per chunk shape (two kernels on Hopper).
@@ -741,7 +791,8 @@ mod tests {
             let full: Vec<usize> = (0..plan.len())
                 .filter(|&i| {
                     matches!(&plan[i].case, Timed::Prefill(c) if c.kernel == PrefillKernel::Sm90
-                        && c.head_dim == 128 && c.seqlen_q == c.seqlen_k && c.sm90_steps == Sm90Steps::default())
+                        && c.head_dim == 128 && c.seqlen_q == c.seqlen_k && c.sm90_steps == Sm90Steps::default()
+                        && c.rope.is_none())
                 })
                 .collect();
             assert!(!full.is_empty());

@@ -66,10 +66,13 @@ pub struct PrefillCase {
     pub kernel: PrefillKernel,
     /// The sm_90a kernel's tuning steps (all on unless an A/B row turns one off).
     pub sm90_steps: Sm90Steps,
-    /// Rotary embedding of q and k, fused (`PrefillOptions::rope` and `rope_k`; [`CaseRope`]: explicit
-    /// positions drawn from the seed, one per query and one per key token, or the default ones: query row i
-    /// at i + Tk − Tq, key j at j). `None`: q and k are taken as already rotated.
+    /// Rotary embedding of q (and of k with `rope_k`), fused (`PrefillOptions::rope` and `rope_k`;
+    /// [`CaseRope`]: explicit positions drawn from the seed, one per query and one per key token, or the
+    /// default ones: query row i at i + Tk − Tq, key j at j). `None`: q and k are taken as already rotated.
     pub rope: Option<CaseRope>,
+    /// With `rope`: k rotated too (`PrefillOptions::rope_k`, the sm_80 kernel only); false: q alone, k taken
+    /// as already rotated (what the sm_90a kernel fuses).
+    pub rope_k: bool,
 }
 
 impl PrefillCase {
@@ -92,6 +95,7 @@ impl PrefillCase {
             kernel: PrefillKernel::Auto,
             sm90_steps: Sm90Steps::default(),
             rope: None,
+            rope_k: false,
         }
     }
     /// A varlen case of `seqs` (q_len, k_len) per sequence, otherwise like [`PrefillCase::dense`]: batch
@@ -112,7 +116,8 @@ impl PrefillCase {
             None => format!("B={} Tq={} Tk={}", self.batch, self.seqlen_q, self.seqlen_k),
         };
         let variants = self.variants.label();
-        let rope = self.rope.map_or(String::new(), |r| format!(" {} q+k", r.label()));
+        let rope =
+            self.rope.map_or(String::new(), |r| format!(" {} {}", r.label(), if self.rope_k { "q+k" } else { "q" }));
         let dv = if self.dv() == self.head_dim { String::new() } else { format!("/{}", self.dv()) };
         format!(
             "{}{}{}{} D={}{} {} Hq={} Hkv={} {}{:?}{}{}{}{}",
@@ -442,7 +447,7 @@ pub fn v_head_dim_cases() -> Vec<PrefillCase> {
     // DeepSeek's q/k carry 64 rotary dims (here rotated in the kernel, q and k).
     let config = crate::rope::RopeConfig::new(10000.0, 64, crate::rope::RopeStyle::Neox);
     let mut r = with_dv(PrefillCase::dense(DType::Bf16, 192, true, 50, 70, (2, 1)), 128);
-    r.rope = Some(CaseRope { config, explicit_positions: true });
+    (r.rope, r.rope_k) = (Some(CaseRope { config, explicit_positions: true }), true);
     cases.push(r);
     cases
 }
@@ -744,7 +749,8 @@ impl<T: Element> PrefillFixture<T> {
                 .rope
                 .map(|r| {
                     let (q, k) = rope_token_positions(case, &rope_q_positions, &rope_k_positions);
-                    let used: Vec<i64> = q.into_iter().chain(k).collect();
+                    // The rows k's positions address stay poisoned when only q rotates.
+                    let used: Vec<i64> = q.into_iter().chain(k.into_iter().filter(|_| case.rope_k)).collect();
                     let max_pos = CaseRope::MAX_POS.max(tq.max(tk) + 1);
                     crate::testkit::rope::PoisonedTable::new(&r.config, max_pos, &used)
                 })
@@ -815,7 +821,9 @@ impl<T: Element> PrefillFixture<T> {
         // RoPE: the reference attends over q and k rotated as the kernel rotates them.
         let (q_pos, k_pos) = self.rope_positions();
         self.rotate(&mut qv, hq, &q_pos);
-        self.rotate(&mut kv, hkv, &k_pos);
+        if c.rope_k {
+            self.rotate(&mut kv, hkv, &k_pos);
+        }
         let (slopes, sinks) = self.variant_values();
         let var = c.variants.reference(&slopes, &sinks);
         let (exact, naive) = match &c.varlen {
@@ -900,7 +908,9 @@ impl<T: Element> PrefillFixture<T> {
                 rows
             };
             let (mut krows, vrows) = (sub(&self.k, d), sub(&self.v, dv));
-            self.rotate(&mut krows[lo * d..hi * d], 1, &k_pos[ib * tk + lo..ib * tk + hi]);
+            if c.rope_k {
+                self.rotate(&mut krows[lo * d..hi * d], 1, &k_pos[ib * tk + lo..ib * tk + hi]);
+            }
             let mut p = reference::Problem::new(b, group, 1, tq, tk, d, c.causal);
             (p.scale, p.head_dim_v) = (scale, dv);
             // Head ih of the full problem is head ih % group of this one-KV-head view (same slope and sink
@@ -1271,7 +1281,7 @@ fn launch_views<T: Element>(
         kernel: c.kernel,
         sm90_steps: c.sm90_steps,
         rope: rope.map(|r| r.0),
-        rope_k: rope.map(|r| r.1),
+        rope_k: rope.filter(|_| c.rope_k).map(|r| r.1),
     };
     match views {
         CaseViews::Dense { q, k, v, mut o, mut lse } => prefill(stream, &q, &k, &v, &mut o, lse.as_mut(), &opts),
