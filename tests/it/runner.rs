@@ -408,6 +408,29 @@ fn run_emulated_prefill_with_rope_on_q_and_k() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `run --op prefill --kernel sm90` with RoPE (emulated sm_90a): q alone is rotated (the sm90 kernel has no
+/// RoPE on K), the row passes against the reference, its label says `q`, and --dump writes q's positions but
+/// no key positions.
+#[test]
+fn run_emulated_sm90_prefill_with_rope_on_q() {
+    let dir = std::env::temp_dir().join(format!("fa-runner-sm90-rope-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let o = fused_attn(&format!(
+        "run --backend emu --kernel sm90 --op prefill --batch 2 --heads 4 --kv-heads 2 --seqlen-q 40 --seqlen-k 70 \
+         --head-dim 64 --causal --json --seed 3 --rope-theta 500000 --rotary-dim 48 --rope-scaling llama3 \
+         --dump {}",
+        dir.display()
+    ));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let r = &json_rows(&o)[0];
+    assert_eq!((&r["op"], &r["passed"]), (&"prefill".into(), &true.into()), "{r}");
+    let label = r["label"].as_str().unwrap_or_default();
+    assert!(label.starts_with("sm90") && label.contains("rope=Neox rd=48") && label.ends_with(" q"), "{r}");
+    assert_eq!(npy_header(&dir.join("rope_positions.npy")), ("<i4".to_string(), vec![2, 40]));
+    assert!(!dir.join("rope_k_positions.npy").exists(), "key positions dumped for a q-only RoPE call");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `run --op append`: 16-bit and FP8 caches, with and without RoPE (default and explicit positions), pass
 /// the exact check; the JSON row's counters show K and V read once and the cache rows written once (with or
 /// without RoPE); --dump writes the unrotated k, the slots, the positions and the caches after the append.

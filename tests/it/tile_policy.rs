@@ -274,6 +274,7 @@ fn ops_refuse_head_dims_past_their_own_range() {
         config: fused_attn::RopeConfig::new(1e4, 264, fused_attn::RopeStyle::Neox),
         explicit_positions: false,
     });
+    case.rope_k = true;
     let e = PrefillFixture::<bf16>::new(&case, SEED).and_then(|f| run_emulated(&emu, &f).map(drop)).unwrap_err();
     assert_eq!(*e.kind(), fused_attn::ErrorKind::Unsupported, "{e}");
     assert!(e.message().contains("rotate K first"), "{}", e.message());

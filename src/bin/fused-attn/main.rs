@@ -19,6 +19,7 @@ use std::io::BufRead;
 use std::path::Path;
 
 use fused_attn::mla::MlaDims;
+use fused_attn::prefill::PrefillKernel;
 use fused_attn::testkit::cases::append::AppendCase;
 use fused_attn::testkit::cases::decode::DecodeCase;
 use fused_attn::testkit::cases::mla::MlaCase;
@@ -52,7 +53,8 @@ fn run(a: &RunArgs, backend: &Backend, out: &mut Output) -> Result<()> {
                 kernel: a.common.kernel,
                 sm90_steps: a.sm90_off,
                 rope: a.rope()?,
-                rope_k: true, // --op prefill rotates q and k (docs/runner.md)
+                // --op prefill rotates q and k, q alone on the sm90 kernel (no RoPE on K there; docs/runner.md).
+                rope_k: a.common.kernel != PrefillKernel::Sm90,
                 ..PrefillCase::dense(
                     a.dtype.into(),
                     a.head_dim,

@@ -1,4 +1,4 @@
-// RoPE on q in the sm_90a prefill kernel (docs/rope.md, docs/hopper.md "RoPE"): once a work tile's Q has
+// RoPE on q in the sm_90a prefill kernel (docs/rope.md, docs/hopper.md "RoPE on q"): once a work tile's Q has
 // landed (q_full), each consumer warpgroup rotates its own 64 rows of the Q buffer in place, each row at its
 // position, in fp32 and rounded back to the 16-bit input type, with the arithmetic of every other RoPE path
 // (fa/rope.cuh: the table row, one fma per element), so the rotated q is bit for bit what the sm_80 kernel
@@ -18,8 +18,8 @@
 //
 // Work split (as fa/prefill/rope_tile.cuh, whose loop this is with the warpgroup's 4 warps and the Q tile's
 // layout): a warp takes kRowsPerStep rows at a time, its lanes consecutive pairs of a row (coalesced table
-// reads), the rows' table loads in flight together. Addresses: the Q tile's
-// 128B-swizzled panels (staged_offset, the TMA's layout).
+// reads), the rows' table loads in flight together. Addresses: the Q tile's 128B-swizzled panels
+// (staged_offset, the TMA's layout).
 #pragma once
 
 #include "fa/abi.h"
