@@ -52,6 +52,7 @@ fn run(a: &RunArgs, backend: &Backend, out: &mut Output) -> Result<()> {
                 kernel: a.common.kernel,
                 sm90_steps: a.sm90_off,
                 rope: a.rope()?,
+                head_dim_v: a.head_dim_v,
                 ..PrefillCase::dense(
                     a.dtype.into(),
                     a.head_dim,
