@@ -11,12 +11,13 @@ use crate::common;
 
 use fused_attn::decode::{DecodeOptions, DecodeWorkspace};
 use fused_attn::dtype::Fp8Element;
+use fused_attn::paged_prefill::PagedPrefillProblem;
 use fused_attn::reference::{check_decode, check_paged_prefill};
 use fused_attn::testkit::seed::rng;
 use fused_attn::{
-    append, decode, paged_prefill, AlibiSlopes, DType, Element, Emulator, ErrorKind, Fp8E4m3, Fp8E5m2, KvCacheOf,
-    KvScales, PagedKvCacheMut, PagedPrefillKernel, PagedPrefillOptions, PagedPrefillWorkspace, ScoreMod, Stream,
-    TensorView, TensorViewMut,
+    append, decode, paged_prefill, AlibiSlopes, DType, DecodeProblem, Element, Emulator, ErrorKind, Fp8E4m3, Fp8E5m2,
+    KvCacheOf, KvScales, PagedKvCacheMut, PagedPrefillKernel, PagedPrefillOptions, PagedPrefillWorkspace, ScoreMod,
+    SplitPolicy, Stream, TensorView, TensorViewMut,
 };
 use half::{bf16, f16};
 use rand::seq::SliceRandom;
@@ -43,12 +44,15 @@ struct Case {
     splits: Option<usize>,
     variants: bool,
     kernel: PagedPrefillKernel,
+    /// On a scheduled workspace (balanced chunks over 12 CTA slots; `splits` then `None`, paged prefill on
+    /// the streaming kernel): the schedule's merge rows over Dv.
+    scheduled: bool,
 }
 
 impl Case {
     fn label(&self) -> String {
         format!(
-            "{:?} {:?} {}/{} H {}:{} ps {} lens {:?} q {:?} splits {:?}{} {:?}",
+            "{:?} {:?} {}/{} H {}:{} ps {} lens {:?} q {:?} splits {:?}{}{} {:?}",
             self.dtype,
             self.kv,
             self.dqk,
@@ -60,6 +64,7 @@ impl Case {
             self.q_lens,
             self.splits,
             if self.variants { " variants" } else { "" },
+            if self.scheduled { " scheduled" } else { "" },
             self.kernel
         )
     }
@@ -91,6 +96,7 @@ fn cases() -> Vec<Case> {
         splits: [Some(1), Some(3), None][(i / 3) % 3],
         variants: i % 2 == 1,
         kernel: PagedPrefillKernel::Auto,
+        scheduled: false,
     };
     let mut i = 0;
     for (n, &pair) in pairs.iter().enumerate() {
@@ -117,6 +123,14 @@ fn cases() -> Vec<Case> {
             out.push(c);
             i += 1;
         }
+    }
+    // Scheduled workspaces (decode; paged prefill's streaming kernel), 16-bit and FP8.
+    for (n, (pair, kv)) in [((192, 128), Kv::Sixteen), ((64, 128), Kv::E4m3)].into_iter().enumerate() {
+        let mut c = base(DType::Bf16, kv, pair, 0);
+        (c.splits, c.scheduled, c.seq_lens) = (None, true, vec![700, 3, 0, 129]);
+        out.push(c.clone());
+        (c.q_lens, c.kernel, c.variants) = (Some(vec![4, 3, 0, 2]), PagedPrefillKernel::Streaming, n == 0);
+        out.push(c);
     }
     // Past 256 (decode's width 512; paged prefill's streaming kernel), Dv below and above Dqk.
     let mut wide = base(DType::Bf16, Kv::Sixteen, (320, 128), 0);
@@ -262,7 +276,13 @@ fn run<T: Element, C: KvCacheOf<T> + CacheNan>(i: usize, c: &Case) -> fused_attn
             let q: Vec<T> = (0..batch * hq * dqk).map(|_| T::from_f64(rng.random_range(-2.0..2.0))).collect();
             let (mut o, mut lse) = (vec![T::nan(); batch * hq * dv], vec![f32::NAN; batch * hq]);
             let opts = DecodeOptions { num_splits: c.splits, score_mod, ..Default::default() };
-            let mut ws = DecodeWorkspace::with_capacity(&stream, batch, hq, widest, 8)?;
+            let mut ws = if c.scheduled {
+                let limits =
+                    DecodeProblem { batch, heads_q: hq, heads_kv: hkv, head_dim: widest, max_seq_len: max_len };
+                DecodeWorkspace::scheduled_on(&stream, &limits, SplitPolicy::Balanced, 12)?
+            } else {
+                DecodeWorkspace::with_capacity(&stream, batch, hq, widest, 8)?
+            };
             let q_view = TensorView::host(&q, [batch, hq, dqk])?;
             decode(
                 &stream,
@@ -287,7 +307,20 @@ fn run<T: Element, C: KvCacheOf<T> + CacheNan>(i: usize, c: &Case) -> fused_attn
             let q: Vec<T> = (0..total_q * hq * dqk).map(|_| T::from_f64(rng.random_range(-2.0..2.0))).collect();
             let (mut o, mut lse) = (vec![T::nan(); total_q * hq * dv], vec![f32::NAN; hq * total_q]);
             let opts = PagedPrefillOptions { num_splits: c.splits, score_mod, kernel: c.kernel, ..Default::default() };
-            let mut ws = PagedPrefillWorkspace::with_capacity(&stream, total_q, hq, widest, 8)?;
+            let mut ws = if c.scheduled {
+                let limits = PagedPrefillProblem {
+                    batch,
+                    heads_q: hq,
+                    heads_kv: hkv,
+                    head_dim: widest,
+                    total_q,
+                    max_seqlen_q: max_q,
+                    max_seq_len: max_len,
+                };
+                PagedPrefillWorkspace::scheduled_on(&stream, &limits, SplitPolicy::Balanced, 12)?
+            } else {
+                PagedPrefillWorkspace::with_capacity(&stream, total_q, hq, widest, 8)?
+            };
             let (q_view, cu_view) = (TensorView::host(&q, [total_q, hq, dqk])?, TensorView::host(&cu, [batch + 1])?);
             paged_prefill(
                 &stream,
@@ -353,7 +386,8 @@ fn decode_cost_mismatches(emu: &Emulator, c: &Case) -> Vec<String> {
     if let Some(merge) = counters.kernel("merge_states") {
         expect("merge partial_o read <= written", merge.read_of("partial_o").min(partials), merge.read_of("partial_o"));
     }
-    if partials % (c.dv as u64 * 4) != 0 || partials > c.splits.unwrap_or(8) as u64 * rows * c.dv as u64 * 4 {
+    let most = if c.scheduled { u64::MAX } else { c.splits.unwrap_or(8) as u64 * rows * c.dv as u64 * 4 };
+    if partials % (c.dv as u64 * 4) != 0 || partials > most {
         out.push(format!("partial_o written {partials} B: not whole rows of Dv fp32 columns"));
     }
     out
