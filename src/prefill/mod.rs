@@ -152,19 +152,17 @@ pub fn uses_variant_kernel(variants: &VariantSet, seqlen_q: usize, seqlen_k: usi
 }
 
 /// Checks the head layout shared by both entry points: D supported and equal for q and k, V's head dim
-/// supported (and, if it differs from D, a pair the tiled kernel serves), Hq a positive multiple of Hkv.
+/// supported (any pair: the tiled kernel up to 256, the streaming path past it), Hq a positive multiple of Hkv.
 fn check_heads(head_dim: usize, d_k: usize, d_v: usize, heads_q: usize, heads_kv: usize) -> Result<()> {
     crate::head_dim::check(KernelOp::Prefill, head_dim)?;
     if d_k != head_dim {
         return Err(Error::shape("k", format!("head dim {d_k} differs from q's {head_dim}")));
     }
-    if d_v != head_dim {
-        if !crate::head_dim::supported(KernelOp::Prefill, d_v) {
-            return Err(Error::unsupported(
-                "v",
-                format!("head dim {d_v} (prefill supports {})", crate::head_dim::describe(KernelOp::Prefill)),
-            ));
-        }
+    if d_v != head_dim && !crate::head_dim::supported(KernelOp::Prefill, d_v) {
+        return Err(Error::unsupported(
+            "v",
+            format!("head dim {d_v} (prefill supports {})", crate::head_dim::describe(KernelOp::Prefill)),
+        ));
     }
     if heads_kv == 0 || heads_q == 0 || heads_q % heads_kv != 0 {
         return Err(Error::shape(

@@ -338,8 +338,6 @@ fn run<T: Element, C: KvCacheOf<T> + CacheNan>(i: usize, c: &Case) -> fused_attn
             check_paged_prefill(&q_view, &cu_view, &read, &o_view, Some(&lse_view), &opts)?
         }
     };
-    drop(read);
-    drop(cache);
     // What append wrote: the V pages' columns past Dv are still NaN (never written), and a 16-bit cache holds
     // the new rows bit for bit.
     let pad_ok = v_pages.chunks(dvp).all(|row| row[dv..].iter().all(|x| x.bits() == C::nan_code().bits()));
