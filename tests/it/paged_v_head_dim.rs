@@ -124,6 +124,20 @@ fn cases() -> Vec<Case> {
             i += 1;
         }
     }
+    // Short chunks (q_len · G <= 16: one CTA per KV head on either kernel), no window: the bytes-exact check.
+    for (n, (pair, kv, kernel)) in [
+        ((192, 128), Kv::Sixteen, PagedPrefillKernel::Tiled),
+        ((192, 128), Kv::Sixteen, PagedPrefillKernel::Streaming),
+        ((64, 128), Kv::E5m2, PagedPrefillKernel::Tiled),
+        ((128, 64), Kv::E4m3, PagedPrefillKernel::Streaming),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut c = base([DType::Bf16, DType::F16][n % 2], kv, pair, 0);
+        (c.q_lens, c.kernel, c.splits) = (Some(vec![0, 1, 4, 4]), kernel, Some(1 + n % 2));
+        out.push(c);
+    }
     // Scheduled workspaces (decode; paged prefill's streaming kernel), 16-bit and FP8.
     for (n, (pair, kv)) in [((192, 128), Kv::Sixteen), ((64, 128), Kv::E4m3)].into_iter().enumerate() {
         let mut c = base(DType::Bf16, kv, pair, 0);
@@ -333,6 +347,7 @@ fn run<T: Element, C: KvCacheOf<T> + CacheNan>(i: usize, c: &Case) -> fused_attn
                 Some(&mut ws),
                 &opts,
             )?;
+            cost = paged_prefill_cost_mismatches(&emu, c);
             let o_view = TensorView::host(&o, [total_q, hq, dv])?;
             let lse_view = TensorView::host(&lse, [hq, total_q])?;
             check_paged_prefill(&q_view, &cu_view, &read, &o_view, Some(&lse_view), &opts)?
@@ -355,6 +370,34 @@ fn run<T: Element, C: KvCacheOf<T> + CacheNan>(i: usize, c: &Case) -> fused_attn
     }
     let passed = check.passed() && pad_ok && rows_ok && cost.is_empty();
     Ok((passed, format!("{check}; V padding NaN: {pad_ok}; appended rows exact: {rows_ok}; cost {cost:?}")))
+}
+
+/// Paged prefill's traffic with a V head dim of its own, for chunks of at most 16 packed rows per KV head
+/// without a window (one CTA per sequence, KV head and split on either kernel, the last row seeing every
+/// key): K bytes of Dqk and V bytes of Dv columns of every cached token once per KV head, O of Dv written once.
+fn paged_prefill_cost_mismatches(emu: &Emulator, c: &Case) -> Vec<String> {
+    let Some(q_lens) = &c.q_lens else { return Vec::new() };
+    let (hq, hkv) = c.heads;
+    if c.variants || q_lens.iter().any(|&q| q * (hq / hkv) > 16) {
+        return Vec::new();
+    }
+    let counters = emu.last_launch_counters().expect("a launch");
+    // The tiled kernel, or the streaming path's decode kernel.
+    let k = counters.kernel("paged_prefill").or_else(|| counters.kernel("paged_decode")).expect("a kernel");
+    let elem = if c.kv == Kv::Sixteen { 2 } else { 1 };
+    let tokens: usize = c.seq_lens.iter().sum();
+    let total_q: usize = q_lens.iter().sum();
+    let mut out = Vec::new();
+    for (what, measured, want) in [
+        ("k_cache read", k.read_of("k_cache"), (tokens * hkv * c.dqk * elem) as u64),
+        ("v_cache read", k.read_of("v_cache"), (tokens * hkv * c.dv * elem) as u64),
+        ("o written", counters.total().written_of("o"), (total_q * hq * c.dv * 2) as u64),
+    ] {
+        if measured != want {
+            out.push(format!("{what} {measured} B, model {want} B"));
+        }
+    }
+    out
 }
 
 /// Decode's traffic with a V head dim of its own (the last launch on `emu`; cases without a window, which
