@@ -351,8 +351,8 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
         const int row = row0 + i * Tr::kRowsPerPass;
         const RowOffsets off = ld_shared(ring + row);
         const bool valid = off.k >= 0 && chunk_in_range;
-        // V's chunk against its own head dim, recomputed per tile from the kernel parameter rather than held
-        // across the loop (the D = 256 kernels run at the 168-register bound).
+        // V's chunk against its own head dim: a compare with the kernel parameter, no pointer or predicate of
+        // its own set up before the loop (the D = 256 kernels run at the 168-register bound; ptxas report).
         const bool valid_v = off.k >= 0 && chunk * 8 < p.head_dim_v;
         cp_async_cg_16(k_dst + Tile::offset(row, chunk), valid ? k_base + off.k : k_base, valid);
         cp_async_cg_16(v_dst + Tile::offset(row, chunk), valid_v ? v_head + off.v + chunk * 8 : v_head, valid_v);
