@@ -1573,6 +1573,34 @@ mod tests {
         }
     }
 
+    /// A V head dim of its own in the paged cache (K pages of d, V pages of dv, either wider): paged decode
+    /// equals the dense reference over the gathered keys with `head_dim_v`, exactly.
+    #[test]
+    fn paged_decode_with_a_v_head_dim_of_its_own_equals_dense() {
+        let (hq, hkv, scale) = (4, 2, 0.3);
+        for (d, dv) in [(16, 24), (24, 16)] {
+            let wide = d.max(dv);
+            let c = paged(5600, hkv, wide, 4, &[5, 0, 9]);
+            let narrow = |x: &[f64], n: usize| x.chunks(wide).flat_map(|r| r[..n].to_vec()).collect::<Vec<f64>>();
+            let (kc, vc) = (narrow(&c.data.k_cache, d), narrow(&c.data.v_cache, dv));
+            let cache = PagedCache { k_cache: &kc, v_cache: &vc, head_dim: d, head_dim_v: dv, ..c.cache() };
+            let q = rand_vec(&mut StdRng::seed_from_u64(5601), 3 * hq * d, -1.0, 1.0);
+            let r = paged_decode(hq, scale, &Variants::default(), Arith::F64, &q, &cache).unwrap();
+            assert_eq!(r.out.len(), 3 * hq * dv);
+            for (b, (ks, vs)) in c.dense_kv.iter().enumerate() {
+                let tk = ks.len() / (hkv * wide);
+                let p = Problem { scale, head_dim_v: dv, ..Problem::new(1, hq, hkv, 1, tk, d, false) };
+                let (ks, vs) = (narrow(ks, d), narrow(vs, dv));
+                let want = dense(&p, &Variants::default(), Arith::F64, &q[b * hq * d..][..hq * d], &ks, &vs).unwrap();
+                assert_eq!(&r.out[b * hq * dv..][..hq * dv], &want.out[..], "{d}/{dv} seq {b}");
+            }
+            // A V cache of the wrong width is a Shape error naming it.
+            let bad = PagedCache { head_dim_v: d + dv, ..cache };
+            let e = paged_decode(hq, scale, &Variants::default(), Arith::F64, &q, &bad).unwrap_err();
+            assert!(e.message().starts_with("v_cache"), "{e}");
+        }
+    }
+
     #[test]
     fn merge_of_key_chunks_reproduces_full_attention() {
         let seed = 6000;
