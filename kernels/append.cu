@@ -19,6 +19,10 @@
 // it in shared memory as fp32, and after one barrier reads its elements' partners from there. K is read
 // once, written once; V moves as in the plain kernels. Any even rotary_dim works (Pythia's 20 of 80, GLM's
 // half), for both layouts.
+//
+// A V head dim of its own (p.head_dim_v, Dv; K's is head_dim, Dqk): the threads cover rows of the wider of
+// the two, and a chunk moves K where it lies inside Dqk and V where it lies inside Dv (the launcher resolves
+// head_dim_v = 0 to head_dim).
 #include "fa/intrinsics.cuh"
 #include "fa/paged_view.cuh"
 #include "fa/rope.cuh"
@@ -38,6 +42,11 @@ FA_DEVICE int64_t cache_slot(const FaAppendParams &p, int64_t token) {
   return slot < num_slots ? slot : -1;
 }
 
+// Elements per (token, head) row the threads cover: the wider of K's and V's head dims.
+FA_HOST_DEVICE int row_width(const FaAppendParams &p) {
+  return p.head_dim > p.head_dim_v ? p.head_dim : p.head_dim_v;
+}
+
 // The chunk this thread moves in the plain kernels: one thread per kElems-element chunk of a (token, head)
 // row, consecutive threads on consecutive chunks of a row, then the next head (coalesced reads and writes).
 struct Chunk {
@@ -45,7 +54,7 @@ struct Chunk {
   int h, c;
 };
 template <int kElems> FA_DEVICE bool flat_chunk(const FaAppendParams &p, Chunk &ch) {
-  const int chunks = p.head_dim / kElems;
+  const int chunks = row_width(p) / kElems;
   const int64_t per_token = (int64_t)p.heads_kv * chunks;
   const int64_t item = (int64_t)block_idx().x * kThreads + thread_idx();
   if (item >= p.num_tokens * per_token) return false;
@@ -75,8 +84,8 @@ FA_DEVICE void paged_append_kernel(const FaAppendParams &p) {
   const uint16_t *k = static_cast<const uint16_t *>(p.k) + ch.token * p.k_token_stride + ch.h * p.k_head_stride + col;
   const uint16_t *v = static_cast<const uint16_t *>(p.v) + ch.token * p.v_token_stride + ch.h * p.v_head_stride + col;
   const KvPtrs<uint16_t> dst = cache_at<uint16_t>(p.cache, slot, ch.h, col);
-  st_global(reinterpret_cast<Vec16 *>(dst.k), ld_global_nc(reinterpret_cast<const Vec16 *>(k)));
-  st_global(reinterpret_cast<Vec16 *>(dst.v), ld_global_nc(reinterpret_cast<const Vec16 *>(v)));
+  if (col < p.head_dim) st_global(reinterpret_cast<Vec16 *>(dst.k), ld_global_nc(reinterpret_cast<const Vec16 *>(k)));
+  if (col < p.head_dim_v) st_global(reinterpret_cast<Vec16 *>(dst.v), ld_global_nc(reinterpret_cast<const Vec16 *>(v)));
 }
 
 // 16 elements of T -> 16 FP8 codes of format F: x / scale in fp32, then round to nearest even, saturating.
@@ -110,21 +119,30 @@ FA_DEVICE void paged_append_fp8_kernel(const FaAppendParams &p) {
   const KvPtrs<uint8_t> dst = cache_at<uint8_t>(p.cache, slot, h, ch.c * 16);
   const float ks = ld_global_nc(p.cache.k_scale + (int64_t)h * p.cache.scale_head_stride);
   const float vs = ld_global_nc(p.cache.v_scale + (int64_t)h * p.cache.scale_head_stride);
-  Vec16 kq, vq;
   const bool e5m2 = p.cache.kv_dtype == FA_KV_FP8_E5M2;
-  if (p.dtype == FA_DTYPE_BF16) {
-    const bf16_t *k = static_cast<const bf16_t *>(p.k) + k_at;
-    const bf16_t *v = static_cast<const bf16_t *>(p.v) + v_at;
-    kq = e5m2 ? quantize16<bf16_t, Fp8Format::E5M2>(k, ks) : quantize16<bf16_t, Fp8Format::E4M3>(k, ks);
-    vq = e5m2 ? quantize16<bf16_t, Fp8Format::E5M2>(v, vs) : quantize16<bf16_t, Fp8Format::E4M3>(v, vs);
-  } else {
-    const half_t *k = static_cast<const half_t *>(p.k) + k_at;
-    const half_t *v = static_cast<const half_t *>(p.v) + v_at;
-    kq = e5m2 ? quantize16<half_t, Fp8Format::E5M2>(k, ks) : quantize16<half_t, Fp8Format::E4M3>(k, ks);
-    vq = e5m2 ? quantize16<half_t, Fp8Format::E5M2>(v, vs) : quantize16<half_t, Fp8Format::E4M3>(v, vs);
+  // K inside Dqk, V inside Dv (a V head dim of its own: the chunk may lie past one of them).
+  if (ch.c * 16 < p.head_dim) {
+    Vec16 kq;
+    if (p.dtype == FA_DTYPE_BF16) {
+      const bf16_t *k = static_cast<const bf16_t *>(p.k) + k_at;
+      kq = e5m2 ? quantize16<bf16_t, Fp8Format::E5M2>(k, ks) : quantize16<bf16_t, Fp8Format::E4M3>(k, ks);
+    } else {
+      const half_t *k = static_cast<const half_t *>(p.k) + k_at;
+      kq = e5m2 ? quantize16<half_t, Fp8Format::E5M2>(k, ks) : quantize16<half_t, Fp8Format::E4M3>(k, ks);
+    }
+    st_global(reinterpret_cast<Vec16 *>(dst.k), kq);
   }
-  st_global(reinterpret_cast<Vec16 *>(dst.k), kq);
-  st_global(reinterpret_cast<Vec16 *>(dst.v), vq);
+  if (ch.c * 16 < p.head_dim_v) {
+    Vec16 vq;
+    if (p.dtype == FA_DTYPE_BF16) {
+      const bf16_t *v = static_cast<const bf16_t *>(p.v) + v_at;
+      vq = e5m2 ? quantize16<bf16_t, Fp8Format::E5M2>(v, vs) : quantize16<bf16_t, Fp8Format::E4M3>(v, vs);
+    } else {
+      const half_t *v = static_cast<const half_t *>(p.v) + v_at;
+      vq = e5m2 ? quantize16<half_t, Fp8Format::E5M2>(v, vs) : quantize16<half_t, Fp8Format::E4M3>(v, vs);
+    }
+    st_global(reinterpret_cast<Vec16 *>(dst.v), vq);
+  }
 }
 
 // ---- RoPE kernels -------------------------------------------------------------------------------------
@@ -140,7 +158,7 @@ struct RopeChunk {
   int64_t token;
 };
 template <int kElems> FA_DEVICE RopeChunk rope_chunk(const FaAppendParams &p) {
-  const int chunks = p.head_dim / kElems;
+  const int chunks = row_width(p) / kElems;
   const int rows_per_block = kThreads / chunks;
   const int tid = thread_idx();
   const int row = tid / chunks;
@@ -238,12 +256,13 @@ template <class T> FA_DEVICE void unpack8(const Vec16 &w, float (&x)[8]) {
 template <class T> FA_DEVICE void paged_append_rope_16(const FaAppendParams &p) {
   float *k_rows = dynamic_smem<float>();
   const RopeChunk ch = rope_chunk<8>(p);
-  float *k_row = k_rows + ch.row * p.head_dim;
+  float *k_row = k_rows + ch.row * row_width(p);
   int64_t slot = -1;
   Vec16 kw{0, 0, 0, 0};
   float x[8];
   if (ch.active) slot = cache_slot(p, ch.token);
-  if (slot >= 0) {
+  const bool has_k = ch.c * 8 < p.head_dim, has_v = ch.c * 8 < p.head_dim_v; // (a V head dim of its own)
+  if (slot >= 0 && has_k) {
     const uint16_t *k = static_cast<const uint16_t *>(p.k) + ch.token * p.k_token_stride + ch.h * p.k_head_stride + ch.c * 8;
     kw = ld_global_nc(reinterpret_cast<const Vec16 *>(k));
     unpack8<T>(kw, x);
@@ -252,16 +271,20 @@ template <class T> FA_DEVICE void paged_append_rope_16(const FaAppendParams &p) 
   }
   sync_threads();
   if (slot < 0) return;
-  const int64_t pos = ld_global_nc(p.rope.positions + ch.token);
-  rope_rotate_chunk<8>(p.rope, pos, k_row, ch.c, x);
-  uint32_t w[4] = {kw.x, kw.y, kw.z, kw.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    if (ch.c * 8 + 2 * i < p.rope.rotary_dim) w[i] = pack2<T>(x[2 * i], x[2 * i + 1]);
   const KvPtrs<uint16_t> dst = cache_at<uint16_t>(p.cache, slot, ch.h, ch.c * 8);
-  st_global(reinterpret_cast<Vec16 *>(dst.k), Vec16{w[0], w[1], w[2], w[3]});
-  const uint16_t *v = static_cast<const uint16_t *>(p.v) + ch.token * p.v_token_stride + ch.h * p.v_head_stride + ch.c * 8;
-  st_global(reinterpret_cast<Vec16 *>(dst.v), ld_global_nc(reinterpret_cast<const Vec16 *>(v)));
+  if (has_k) {
+    const int64_t pos = ld_global_nc(p.rope.positions + ch.token);
+    rope_rotate_chunk<8>(p.rope, pos, k_row, ch.c, x);
+    uint32_t w[4] = {kw.x, kw.y, kw.z, kw.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      if (ch.c * 8 + 2 * i < p.rope.rotary_dim) w[i] = pack2<T>(x[2 * i], x[2 * i + 1]);
+    st_global(reinterpret_cast<Vec16 *>(dst.k), Vec16{w[0], w[1], w[2], w[3]});
+  }
+  if (has_v) {
+    const uint16_t *v = static_cast<const uint16_t *>(p.v) + ch.token * p.v_token_stride + ch.h * p.v_head_stride + ch.c * 8;
+    st_global(reinterpret_cast<Vec16 *>(dst.v), ld_global_nc(reinterpret_cast<const Vec16 *>(v)));
+  }
 }
 
 FA_DEVICE void paged_append_rope_kernel(const FaAppendParams &p) {
@@ -287,11 +310,12 @@ template <Fp8Format F> FA_DEVICE Vec16 quantize16_f32(const float (&x)[16], floa
 template <class T> FA_DEVICE void paged_append_fp8_rope_t(const FaAppendParams &p) {
   float *k_rows = dynamic_smem<float>();
   const RopeChunk ch = rope_chunk<16>(p);
-  float *k_row = k_rows + ch.row * p.head_dim;
+  float *k_row = k_rows + ch.row * row_width(p);
   int64_t slot = -1;
   float x[16];
   if (ch.active) slot = cache_slot(p, ch.token);
-  if (slot >= 0) {
+  const bool has_k = ch.c * 16 < p.head_dim, has_v = ch.c * 16 < p.head_dim_v; // (a V head dim of its own)
+  if (slot >= 0 && has_k) {
     const Vec16 *k = reinterpret_cast<const Vec16 *>(static_cast<const T *>(p.k) + ch.token * p.k_token_stride +
                                                      ch.h * p.k_head_stride + ch.c * 16);
     const Vec16 a = ld_global_nc(k), b = ld_global_nc(k + 1);
@@ -308,17 +332,21 @@ template <class T> FA_DEVICE void paged_append_fp8_rope_t(const FaAppendParams &
   }
   sync_threads();
   if (slot < 0) return;
-  const int64_t pos = ld_global_nc(p.rope.positions + ch.token);
-  rope_rotate_chunk<16>(p.rope, pos, k_row, ch.c, x);
-  const float ks = ld_global_nc(p.cache.k_scale + (int64_t)ch.h * p.cache.scale_head_stride);
-  const float vs = ld_global_nc(p.cache.v_scale + (int64_t)ch.h * p.cache.scale_head_stride);
   const bool e5m2 = p.cache.kv_dtype == FA_KV_FP8_E5M2;
-  const Vec16 kq = e5m2 ? quantize16_f32<Fp8Format::E5M2>(x, ks) : quantize16_f32<Fp8Format::E4M3>(x, ks);
-  const T *v = static_cast<const T *>(p.v) + ch.token * p.v_token_stride + ch.h * p.v_head_stride + ch.c * 16;
-  const Vec16 vq = e5m2 ? quantize16<T, Fp8Format::E5M2>(v, vs) : quantize16<T, Fp8Format::E4M3>(v, vs);
   const KvPtrs<uint8_t> dst = cache_at<uint8_t>(p.cache, slot, ch.h, ch.c * 16);
-  st_global(reinterpret_cast<Vec16 *>(dst.k), kq);
-  st_global(reinterpret_cast<Vec16 *>(dst.v), vq);
+  if (has_k) {
+    const int64_t pos = ld_global_nc(p.rope.positions + ch.token);
+    rope_rotate_chunk<16>(p.rope, pos, k_row, ch.c, x);
+    const float ks = ld_global_nc(p.cache.k_scale + (int64_t)ch.h * p.cache.scale_head_stride);
+    const Vec16 kq = e5m2 ? quantize16_f32<Fp8Format::E5M2>(x, ks) : quantize16_f32<Fp8Format::E4M3>(x, ks);
+    st_global(reinterpret_cast<Vec16 *>(dst.k), kq);
+  }
+  if (has_v) {
+    const float vs = ld_global_nc(p.cache.v_scale + (int64_t)ch.h * p.cache.scale_head_stride);
+    const T *v = static_cast<const T *>(p.v) + ch.token * p.v_token_stride + ch.h * p.v_head_stride + ch.c * 16;
+    const Vec16 vq = e5m2 ? quantize16<T, Fp8Format::E5M2>(v, vs) : quantize16<T, Fp8Format::E4M3>(v, vs);
+    st_global(reinterpret_cast<Vec16 *>(dst.v), vq);
+  }
 }
 
 FA_DEVICE void paged_append_fp8_rope_kernel(const FaAppendParams &p) {
@@ -347,12 +375,15 @@ static_assert(fa::append::kThreads == 256, "fa_paged_append's launch bounds");
 extern "C" int fa_append(FaAppendParams p, FaExec *exec) {
   using namespace fa::append;
   const FaPagedCache &c = p.cache;
+  if (p.head_dim_v == 0) p.head_dim_v = p.head_dim; // V as wide as K
   if (p.num_tokens < 0 || p.heads_kv <= 0 || p.head_dim <= 0 || p.head_dim % 8 != 0) return FA_ERR_INVALID;
+  if (p.head_dim_v <= 0 || p.head_dim_v % 8 != 0) return FA_ERR_INVALID;
   if (!fa::valid_divisor(c.page_div, c.page_size) || c.num_pages < 0) return FA_ERR_INVALID;
   if (p.dtype != FA_DTYPE_F16 && p.dtype != FA_DTYPE_BF16) return FA_ERR_UNSUPPORTED;
-  if (!fa::valid_cache_format(c, p.head_dim)) return FA_ERR_INVALID;
+  if (!fa::valid_cache_format(c, p.head_dim) || !fa::valid_cache_format(c, p.head_dim_v)) return FA_ERR_INVALID;
   const bool fp8 = c.kv_dtype != FA_KV_SAME;
-  const int64_t items = (int64_t)p.num_tokens * p.heads_kv * (p.head_dim / (fp8 ? 16 : 8));
+  const int width = row_width(p); // each row's chunks: the wider head dim's
+  const int64_t items = (int64_t)p.num_tokens * p.heads_kv * (width / (fp8 ? 16 : 8));
   if (items == 0) return FA_OK;
   // Memory safety: every pointer dereferenced, 16-byte aligned rows (bases and element strides).
   const void *ptrs[] = {p.k, p.v, c.k_cache, c.v_cache};
@@ -365,12 +396,12 @@ extern "C" int fa_append(FaAppendParams p, FaExec *exec) {
   if (!fa::valid_cache_strides(c)) return FA_ERR_INVALID;
   if (!fa::valid_rope(p.rope, p.head_dim)) return FA_ERR_INVALID;
   if (p.rope.cos != nullptr) {
-    if (p.rope.positions == nullptr || p.head_dim / (fp8 ? 16 : 8) > kThreads) return FA_ERR_INVALID;
-    // Whole rows per CTA; one fp32 K row of shared memory per row.
-    const int64_t rows_per_block = kThreads / (p.head_dim / (fp8 ? 16 : 8));
+    if (p.rope.positions == nullptr || width / (fp8 ? 16 : 8) > kThreads) return FA_ERR_INVALID;
+    // Whole rows per CTA; one fp32 row of shared memory per row (K's columns used).
+    const int64_t rows_per_block = kThreads / (width / (fp8 ? 16 : 8));
     const int64_t rope_blocks = ((int64_t)p.num_tokens * p.heads_kv + rows_per_block - 1) / rows_per_block;
     if (rope_blocks > 0x7fffffff) return FA_ERR_INVALID;
-    const int smem = (int)(rows_per_block * p.head_dim * sizeof(float));
+    const int smem = (int)(rows_per_block * width * sizeof(float));
     if (fp8) return FA_LAUNCH(fa_paged_append_fp8_rope, fa::Dim3{(int)rope_blocks, 1, 1}, kThreads, smem, exec, p);
     return FA_LAUNCH(fa_paged_append_rope, fa::Dim3{(int)rope_blocks, 1, 1}, kThreads, smem, exec, p);
   }

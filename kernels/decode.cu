@@ -4,7 +4,10 @@
 // math in fa/decode/warp_attention.cuh. The kernel's D is a tile width that serves every head dim
 // fa/head_dim.cuh maps to it (p.head_dim <= D): a thread whose 16-byte column chunk lies at or past the head
 // dim zero-fills it (Q, K and V alike, never reading global memory), so the padded columns add nothing to
-// the scores and give zero output columns, which are not stored.
+// the scores and give zero output columns, which are not stored. A V head dim Dv of its own (p.head_dim_v;
+// DeepSeek's 192 / 128) runs at the width of the wider of the two, K's chunks predicated at Dqk and V's at
+// Dv (the zero K columns add nothing to S, the zero V columns give zero O columns): O and the split partials
+// are [.., Dv].
 //
 // Short queries (paged prefill's streaming path, issue 25; fa/abi.h): with cu_seqlens_q a CTA's 16 rows are
 // packed (token, query head) rows of a sequence's q_len new tokens, at their own key positions. The KV loop is
@@ -278,13 +281,13 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
   const int num_tiles = (end - begin + kTileTokens - 1) / kTileTokens;
 
   // This thread's cp.async assignment: one 16-byte column chunk of kLoadsPerThread rows of every tile; a
-  // chunk past the head dim is zero-filled in every row.
+  // chunk past the head dim (K and Q: head_dim; V: head_dim_v) is zero-filled in every row.
   const int chunk = tid % Tr::kChunksPerRow;
   const int row0 = tid / Tr::kChunksPerRow;
   const bool chunk_in_range = chunk * 8 < p.head_dim;
   const int col = chunk_in_range ? chunk * 8 : 0; // a zero-filled chunk's (unread) addresses stay inside the row
   const T *k_base = static_cast<const T *>(p.cache.k_cache) + kv_head * p.cache.k_head_stride + col;
-  const T *v_base = static_cast<const T *>(p.cache.v_cache) + kv_head * p.cache.v_head_stride + col;
+  const T *v_head = static_cast<const T *>(p.cache.v_cache) + kv_head * p.cache.v_head_stride;
   // FP8: one byte per element, 16-element chunks (FP8 rows are whole 16-byte chunks: head_dim % 16 == 0,
   // checked by the launcher), zero-filled past the head dim like the 16-bit ones.
   // Two chunks per thread (Traits::fp8_copy_chunk).
@@ -333,7 +336,10 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
           const bool valid = off.k >= 0 && chunk8_in_range[e];
           const int col = chunk8_in_range[e] ? chunk8[e] * 16 : 0;
           cp_async_cg_16(k_dst + Fp8SwizzledTile<D>::offset(row, chunk8[e]), k8_head + col + (valid ? off.k : 0), valid);
-          cp_async_cg_16(v_dst + Fp8SwizzledTile<D>::offset(row, chunk8[e]), v8_head + col + (valid ? off.v : 0), valid);
+          // V against its own head dim (as the 16-bit path).
+          const bool valid_v = off.k >= 0 && chunk8[e] * 16 < p.head_dim_v;
+          cp_async_cg_16(v_dst + Fp8SwizzledTile<D>::offset(row, chunk8[e]),
+                         v8_head + (valid_v ? off.v + chunk8[e] * 16 : 0), valid_v);
         }
       }
     } else if (x < num_tiles) {
@@ -345,8 +351,11 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
         const int row = row0 + i * Tr::kRowsPerPass;
         const RowOffsets off = ld_shared(ring + row);
         const bool valid = off.k >= 0 && chunk_in_range;
+        // V's chunk against its own head dim: a compare with the kernel parameter, no pointer or predicate of
+        // its own set up before the loop (the D = 256 kernels run at the 168-register bound; ptxas report).
+        const bool valid_v = off.k >= 0 && chunk * 8 < p.head_dim_v;
         cp_async_cg_16(k_dst + Tile::offset(row, chunk), valid ? k_base + off.k : k_base, valid);
-        cp_async_cg_16(v_dst + Tile::offset(row, chunk), valid ? v_base + off.v : v_base, valid);
+        cp_async_cg_16(v_dst + Tile::offset(row, chunk), valid_v ? v_head + off.v + chunk * 8 : v_head, valid_v);
       }
     }
     cp_async_commit();
@@ -532,13 +541,13 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
   // with the sink as one more (value-free) state when there is one and this CTA writes o itself, normalise,
   // and store 8 columns per item with 16-byte stores (none past the head dim). CTA row r is row r % 16 of
   // row group r / 16, whose states are slots (r / 16) * token_groups + g, g < token_groups.
-  const int head_chunks = p.head_dim / 8;
+  const int head_chunks = p.head_dim_v / 8; // O's columns: V's head dim
   const bool add_sink = p.score_mod.sinks != nullptr && u.num_splits == 1;
   for (int item = tid; item < cta_rows * Tr::kChunksPerRow; item += Tr::kThreads) {
     const int r = item / Tr::kChunksPerRow;
     const int c = item % Tr::kChunksPerRow;
     const int head = ld_shared(row_head + r);
-    if (c >= head_chunks || head < 0) continue; // past the head dim, or a row the CTA does not have
+    if (c >= head_chunks || head < 0) continue; // past V's head dim, or a row the CTA does not have
     // (slot * 16 + row within the group) of the row group's first slot: r % 16 + (r / 16) * token_groups * 16.
     const int state_row = Tr::kMaxRowGroups == 1 ? r : r % Tr::kRows + (r / Tr::kRows) * token_groups * Tr::kRows;
     float m_max = kNegInf;
@@ -578,7 +587,7 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
       if (p.lse != nullptr && c == 0) st_global(p.lse + lse_seq + q_row * p.lse_batch_stride + head * p.lse_head_stride, lse);
     } else {
       const int64_t row = (int64_t)ld_shared(row_state + r) * p.heads_q + head;
-      Vec8<float>::store(p.partial_o + row * p.head_dim + c * 8, acc);
+      Vec8<float>::store(p.partial_o + row * p.head_dim_v + c * 8, acc);
       if (c == 0) st_global(p.partial_lse + row, lse);
     }
   }
@@ -682,11 +691,13 @@ int launch_decode(void (*kernel)(FaDecodeParams), const char *name, const FaDeco
     }                                                                                                        \
     FA_DECODE_DTYPE_CASE(bf16, D)
 int dispatch(const FaDecodeParams &p, FaExec *exec) {
-  if (!head_dim_supported(p.head_dim)) return FA_ERR_UNSUPPORTED;
+  if (!head_dim_supported(p.head_dim) || !head_dim_supported(p.head_dim_v)) return FA_ERR_UNSUPPORTED;
   if (p.dtype != FA_DTYPE_F16 && p.dtype != FA_DTYPE_BF16) return FA_ERR_UNSUPPORTED;
   const bool mod = needs_score_mod(p.score_mod);
   const bool fp8 = p.cache.kv_dtype != FA_KV_SAME;
-  switch (decode_width(p.head_dim)) { FA_DECODE_WIDTHS(FA_DECODE_CASE) }
+  // The width of the wider head dim: K columns past Dqk and V columns past Dv are zero-filled.
+  const int widest = p.head_dim > p.head_dim_v ? p.head_dim : p.head_dim_v;
+  switch (decode_width(widest)) { FA_DECODE_WIDTHS(FA_DECODE_CASE) }
   return FA_ERR_UNSUPPORTED;
 }
 #undef FA_DECODE_DTYPE_CASE
@@ -696,6 +707,7 @@ int dispatch(const FaDecodeParams &p, FaExec *exec) {
 inline bool valid_params(const FaDecodeParams &p) {
   if (p.batch < 0 || p.heads_kv <= 0 || p.heads_q <= 0 || p.heads_q % p.heads_kv != 0) return false;
   if (!valid_paged_cache_for_read(p.cache, p.head_dim, p.batch, /*contiguous=*/true)) return false;
+  if (p.head_dim_v <= 0 || p.head_dim_v % 8 != 0 || !valid_cache_format(p.cache, p.head_dim_v)) return false;
   if (p.num_splits < 1) return false;
   // Memory safety: every pointer the kernel dereferences (lse is optional).
   if (p.batch > 0 && (p.q == nullptr || p.o == nullptr)) return false;
@@ -764,6 +776,7 @@ int tile_policy(int head_dim, bool fp8, FaTilePolicy *out) {
 
 extern "C" int fa_decode(FaDecodeParams p, FaExec *exec) {
   using namespace fa::decode;
+  if (p.head_dim_v == 0) p.head_dim_v = p.head_dim; // V and O as wide as Q and K (the kernel reads it as given)
   if (!valid_params(p)) return FA_ERR_INVALID;
   if (p.batch == 0) return FA_OK;
   const int status = dispatch(p, exec);

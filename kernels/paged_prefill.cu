@@ -31,6 +31,10 @@
 // converts its chunks of K and V (exactly) into the one 16-bit K/V buffer the tile GEMMs read, a second
 // barrier, and the math runs unchanged. The KV head's dequantisation scales are folded in as decode does:
 // k_scale into the score scale (and ScoreMod's), v_scale into the normalised output (split partials too).
+//
+// A V head dim Dv of its own (p.head_dim_v; DeepSeek's 192 / 128): the kernel of the wider dim's width, K
+// columns predicated at Dqk and V columns at Dv (the zero K columns add nothing to S, the zero V columns give
+// zero O columns, which are not stored); O and the split partials are [.., Dv]. No other instantiation.
 #include "fa/abi.h"
 #include "fa/attention_state.cuh"
 #include "fa/head_dim.cuh"
@@ -149,7 +153,7 @@ FA_DEVICE void store_rows(const FaPagedPrefillParams &p, const Rows &r, int m0, 
     const int rr = idx / kChunks;
     const int c = (idx % kChunks) * 8;
     const int packed = m0 + warp_row0 + rr;
-    if (packed < r.rows && c < p.head_dim) {
+    if (packed < r.rows && c < p.head_dim_v) { // O's columns: V's head dim
       const Bytes16 chunk = ld_shared(reinterpret_cast<const Bytes16 *>(sQ + Layout::offset(warp_row0 + rr, c)));
       T *dst = out + (int64_t)(r.q_start + row_token(r, packed)) * p.o_row_stride +
                (int64_t)row_head(r, packed) * p.o_head_stride + c;
@@ -167,7 +171,7 @@ FA_DEVICE void store_rows(const FaPagedPrefillParams &p, const Rows &r, int m0, 
 }
 
 // The fp32 partial (O normalised by this split's own sum, LSE of this split) of this warp's rows:
-// partial_o [num_splits, total_q, Hq, head_dim], partial_lse [num_splits, total_q, Hq].
+// partial_o [num_splits, total_q, Hq, head_dim_v], partial_lse [num_splits, total_q, Hq].
 template <class Cfg>
 FA_DEVICE void store_partial(const FaPagedPrefillParams &p, const Rows &r, int split, int m0, int warp_row0,
                              const float (&o)[Cfg::kMTiles][Cfg::kHeadDim / 8][4], const float (&lse)[2 * Cfg::kMTiles]) {
@@ -177,11 +181,11 @@ FA_DEVICE void store_partial(const FaPagedPrefillParams &p, const Rows &r, int s
     const int packed = fragment_row(m0 + warp_row0, k);
     if (packed >= r.rows) continue;
     const int64_t row = ((int64_t)split * p.total_q + r.q_start + row_token(r, packed)) * p.heads_q + row_head(r, packed);
-    float *dst = p.partial_o + row * p.head_dim;
+    float *dst = p.partial_o + row * p.head_dim_v;
 #pragma unroll
     for (int db = 0; db < Cfg::kHeadDim / 8; ++db) {
       const int col = 8 * db + 2 * t;
-      if (col < p.head_dim)
+      if (col < p.head_dim_v)
         st_global(reinterpret_cast<float2 *>(dst + col), make_float2(o[k >> 1][db][2 * (k & 1)], o[k >> 1][db][2 * (k & 1) + 1]));
     }
     if (t == 0) st_global(p.partial_lse + row, lse[k]);
@@ -261,12 +265,13 @@ FA_DEVICE void paged_prefill_kernel(const FaPagedPrefillParams &p) {
       const uint8_t *k_head = static_cast<const uint8_t *>(p.cache.k_cache) + r.kv_head * p.cache.k_head_stride;
       const uint8_t *v_head = static_cast<const uint8_t *>(p.cache.v_cache) + r.kv_head * p.cache.v_head_stride;
       cp_async_paged_fp8_tile<kBc, kHeadDim, Cfg::kThreads>(s8 + 2 * buf * kTile, s8 + (2 * buf + 1) * kTile,
-                                                            ring + (x & 1) * kBc, k_head, v_head, p.head_dim);
+                                                            ring + (x & 1) * kBc, k_head, v_head, p.head_dim,
+                                                            p.head_dim_v);
     } else {
       const T *k_head = static_cast<const T *>(p.cache.k_cache) + r.kv_head * p.cache.k_head_stride;
       const T *v_head = static_cast<const T *>(p.cache.v_cache) + r.kv_head * p.cache.v_head_stride;
       cp_async_paged_kv_tile<kBc, kHeadDim, Cfg::kThreads>(sK + buf * kTile, sV + buf * kTile, ring + (x & 1) * kBc,
-                                                            k_head, v_head, p.head_dim);
+                                                            k_head, v_head, p.head_dim, p.head_dim_v);
     }
     cp_async_commit();
   };
@@ -477,11 +482,13 @@ int launch_paged_prefill(void (*kernel)(FaPagedPrefillParams), const char *name,
     }                                                                                                        \
     FA_PAGED_PREFILL_DTYPE_CASE(bf16, D)
 int dispatch(const FaPagedPrefillParams &p, FaExec *exec) {
-  if (!head_dim_supported(p.head_dim)) return FA_ERR_UNSUPPORTED;
+  if (!head_dim_supported(p.head_dim) || !head_dim_supported(p.head_dim_v)) return FA_ERR_UNSUPPORTED;
   if (p.dtype != FA_DTYPE_F16 && p.dtype != FA_DTYPE_BF16) return FA_ERR_UNSUPPORTED;
   const bool mod = needs_variant_kernel(p);
   const bool fp8 = p.cache.kv_dtype != FA_KV_SAME;
-  switch (paged_prefill_width(p.head_dim)) { FA_PAGED_PREFILL_WIDTHS(FA_PAGED_PREFILL_CASE) }
+  // The width of the wider head dim (K columns past Dqk and V columns past Dv zero-filled).
+  const int widest = p.head_dim > p.head_dim_v ? p.head_dim : p.head_dim_v;
+  switch (paged_prefill_width(widest)) { FA_PAGED_PREFILL_WIDTHS(FA_PAGED_PREFILL_CASE) }
   return FA_ERR_UNSUPPORTED;
 }
 #undef FA_PAGED_PREFILL_DTYPE_CASE
@@ -493,6 +500,7 @@ inline bool valid_params(const FaPagedPrefillParams &p) {
   if (p.batch < 0 || p.heads_kv <= 0 || p.heads_q <= 0 || p.heads_q % p.heads_kv != 0) return false;
   if (!head_dim_supported(p.head_dim)) return false;
   if (!valid_paged_cache_for_read(c, p.head_dim, p.batch)) return false;
+  if (!head_dim_supported(p.head_dim_v) || !valid_cache_format(c, p.head_dim_v)) return false;
   if (p.total_q < 0 || p.max_seqlen_q < 0 || p.num_splits < 1) return false;
   if (!(p.scale_log2 > 0.0f)) return false; // the row max is taken on raw scores
   // Packed rows (token · G) and positions plus window bounds stay inside int32 (fa/score_mod.cuh).
@@ -546,6 +554,7 @@ int tile_policy(int head_dim, bool fp8, FaTilePolicy *out) {
 
 extern "C" int fa_paged_prefill(FaPagedPrefillParams p, FaExec *exec) {
   using namespace fa::paged_prefill;
+  if (p.head_dim_v == 0) p.head_dim_v = p.head_dim; // V and O as wide as Q and K (the kernel reads it as given)
   if (!valid_params(p)) return FA_ERR_INVALID;
   if (p.batch == 0 || p.total_q == 0 || p.max_seqlen_q == 0) return FA_OK;
   const int status = dispatch(p, exec);

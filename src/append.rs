@@ -19,11 +19,10 @@ pub fn check_append_args<T: Element, C: KvCacheOf<T>>(
 ) -> Result<usize> {
     let g = cache.geometry();
     fp8::check_cache_dtype::<C>(T::DTYPE, cache.scales.is_some())?;
-    if C::KV_DTYPE.fp8().is_some() && g.head_dim % 16 != 0 {
-        return Err(Error::unsupported(
-            "k_cache",
-            format!("head dim {} (an FP8 cache needs a multiple of 16)", g.head_dim),
-        ));
+    for (name, d) in [("k_cache", g.head_dim), ("v_cache", g.head_dim_v)] {
+        if C::KV_DTYPE.fp8().is_some() && d % 16 != 0 {
+            return Err(Error::unsupported(name, format!("head dim {d} (an FP8 cache needs a multiple of 16)")));
+        }
     }
     let [num_tokens, heads_kv, head_dim] = k.shape();
     if heads_kv != g.heads_kv || head_dim != g.head_dim {
@@ -32,7 +31,8 @@ pub fn check_append_args<T: Element, C: KvCacheOf<T>>(
             format!("shape {:?} does not match the cache's {} KV heads x {} dims", k.shape(), g.heads_kv, g.head_dim),
         ));
     }
-    v.expect_shape("v", k.shape())?;
+    // V: the cache's V head dim (Dv: its own when the V pages are narrower or wider than K's).
+    v.expect_shape("v", [num_tokens, heads_kv, g.head_dim_v])?;
     slot_mapping
         .check_index_vector("slot_mapping", num_tokens, || format!("differs from the {num_tokens} tokens of k/v"))?;
     k.check_rows("k", 16)?;
@@ -49,7 +49,8 @@ pub struct AppendOptions<'a> {
     pub rope: Option<crate::rope::Rope<'a>>,
 }
 
-/// Writes `k[t]`, `v[t]` (`[num_tokens, Hkv, D]`) into cache slot `slot_mapping[t]` (int64,
+/// Writes `k[t]`, `v[t]` (`[num_tokens, Hkv, Dqk]` and `[num_tokens, Hkv, Dv]`, the cache's K and V head dims)
+/// into cache slot `slot_mapping[t]` (int64,
 /// `page * page_size + offset`). A negative slot is padding and is skipped; so is a slot past the cache
 /// (device data the host does not read; documented in abi.h). Slots must be distinct. On the emulator a slot
 /// past the cache or a repeated one is an error naming it ([`crate::TableChecks`], unless `GpuMasking`).
@@ -114,6 +115,7 @@ pub fn append_with<T: Element, C: KvCacheOf<T>>(
         head_dim: to_i32("head_dim", g.head_dim)?,
         dtype: T::DTYPE.abi(),
         rope,
+        head_dim_v: to_i32("head_dim_v", g.head_dim_v)?,
     };
     launch.run("paged_append", params, sys::fa_append)
 }

@@ -505,6 +505,7 @@ pub fn check_decode_args<T: Element, C: KvCacheOf<T>>(
     if g.head_dim != head_dim {
         return Err(Error::shape("k_cache", format!("head dim {} differs from q's {head_dim}", g.head_dim)));
     }
+    check_v_head_dim::<C>(KernelOp::Decode, g)?;
     if heads_q == 0 || heads_q % g.heads_kv != 0 {
         return Err(Error::shape(
             "q",
@@ -514,7 +515,7 @@ pub fn check_decode_args<T: Element, C: KvCacheOf<T>>(
     if batch != cache.batch() {
         return Err(Error::shape("q", format!("batch {batch} differs from block_table's {}", cache.batch())));
     }
-    o.expect_shape("o", [batch, heads_q, head_dim])?;
+    o.expect_shape("o", [batch, heads_q, g.head_dim_v])?;
     q.check_rows("q", 16)?;
     o.check_rows("o", 16)?;
     o.check_disjoint("o")?;
@@ -525,13 +526,33 @@ pub fn check_decode_args<T: Element, C: KvCacheOf<T>>(
     }
     to_i32("q (batch)", batch)?;
     to_i32("q (heads)", heads_q)?;
+    // The plan's head dim is the wider of Dqk and Dv: the kernel width's, and what partials are sized by.
+    let head_dim = g.widest_head_dim();
     Ok(DecodeProblem { batch, heads_q, heads_kv: g.heads_kv, head_dim, max_seq_len: cache.max_seq_len() })
+}
+
+/// A V head dim of its own (the cache's V pages narrower or wider than K's): one the op supports (else
+/// `Unsupported`, naming `v_cache`), a multiple of 16 for an FP8 cache as K's is.
+pub(crate) fn check_v_head_dim<C: crate::fp8::KvElement>(op: KernelOp, g: crate::paged::PageGeometry) -> Result<()> {
+    let dv = g.head_dim_v;
+    if crate::head_dim::check(op, dv).is_err() {
+        return Err(Error::unsupported("v_cache", format!("V head dim {dv} is not a supported head dim")));
+    }
+    if C::KV_DTYPE.fp8().is_some() && (dv % 16 != 0 || g.head_dim % 16 != 0) {
+        return Err(Error::unsupported(
+            "v_cache",
+            format!("head dims {} / {dv} (an FP8 cache needs multiples of 16)", g.head_dim),
+        ));
+    }
+    Ok(())
 }
 
 /// Decode attention over a paged KV cache: `o[b, h] = softmax(q[b, h] · K_bᵀ · scale) V_b` over the first
 /// `seq_lens[b]` tokens of sequence b's pages (with a sliding window of left bound w: the last w + 1), K/V
 /// head `h / (Hq / Hkv)`, with the score variants of `opts.score_mod`.
-///  - `q`, `o`: `[B, Hq, D]`, D in {64, 128, 256}, unit innermost stride, 16-byte aligned rows;
+///  - `q`: `[B, Hq, Dqk]`, `o`: `[B, Hq, Dv]` (the cache's K and V head dims: Dv = Dqk, or V's own, e.g.
+///    DeepSeek's 192 / 128; the default scale is 1/√Dqk), head dims in [`DECODE_HEAD_DIMS`], unit innermost
+///    stride, 16-byte aligned rows;
 ///  - `lse`: optional `[B, Hq]` natural-log LSE (fp32, unit head stride); seq_len 0 gives o = 0, lse = -inf;
 ///  - `workspace`: the split workspace, large enough for the plan (see [`DecodeWorkspace`]).
 ///
@@ -563,15 +584,16 @@ pub fn decode<T: Element, C: KvCacheOf<T>>(
     }
     let plan = workspace.plan(&problem, opts)?;
     workspace.check_fits(&plan)?;
-    let scale = crate::launch::softmax_scale(opts.scale, problem.head_dim)?;
+    let g = cache.geometry();
+    let scale = crate::launch::softmax_scale(opts.scale, g.head_dim)?; // 1/√Dqk by default
 
     if problem.batch == 0 {
         return Ok(plan);
     }
     let split = plan.num_splits > 1;
-    // The call's own batch (<= the plan's): [num_splits, B, Hq, (D)] partials.
+    // The call's own batch (<= the plan's): [num_splits, B, Hq, (Dv)] partials.
     let rows = plan.num_splits * problem.batch * problem.heads_q;
-    let mut partial_o = workspace.partial_o.view(if split { rows * problem.head_dim } else { 0 })?;
+    let mut partial_o = workspace.partial_o.view(if split { rows * g.head_dim_v } else { 0 })?;
     let mut partial_lse = workspace.partial_lse.view(if split { rows } else { 0 })?;
 
     let mut launch = Launch::new(*stream);
@@ -602,8 +624,9 @@ fn common_params<'l, T: Element, C: KvCacheOf<T>>(
     scale: f32,
 ) -> Result<sys::FaDecodeParams> {
     let score_mod = opts.score_mod.abi(launch, problem.batch, problem.heads_q)?;
+    let g = cache.geometry(); // Dqk and Dv (problem.head_dim is the wider)
     let rope = match &opts.rope {
-        Some(r) => r.abi(launch, problem.head_dim, problem.batch, false)?,
+        Some(r) => r.abi(launch, g.head_dim, problem.batch, false)?,
         None => sys::FaRope::default(),
     };
     let q_ptr = launch.input(c"q", q, 16)?;
@@ -638,7 +661,8 @@ fn common_params<'l, T: Element, C: KvCacheOf<T>>(
         batch: to_i32("batch", problem.batch)?,
         heads_q: to_i32("heads_q", problem.heads_q)?,
         heads_kv: to_i32("heads_kv", problem.heads_kv)?,
-        head_dim: to_i32("head_dim", problem.head_dim)?,
+        head_dim: to_i32("head_dim", g.head_dim)?,
+        head_dim_v: to_i32("head_dim_v", g.head_dim_v)?,
         dtype: T::DTYPE.abi(),
         scale,
         scale_log2: scale * std::f32::consts::LOG2_E,
@@ -697,7 +721,8 @@ fn decode_scheduled<T: Element, C: KvCacheOf<T>>(
         let lens = lens.to_vec();
         workspace.prepare(stream, &lens, opts)?;
     }
-    let scale = crate::launch::softmax_scale(opts.scale, problem.head_dim)?;
+    let g = cache.geometry();
+    let scale = crate::launch::softmax_scale(opts.scale, g.head_dim)?; // 1/√Dqk by default
     let sched = &workspace.scheduler.as_ref().ok_or_else(|| Error::usage(NOT_SCHEDULED))?.table;
     let schedule = sched.current.as_ref().ok_or_else(|| {
         Error::usage(
@@ -724,7 +749,7 @@ fn decode_scheduled<T: Element, C: KvCacheOf<T>>(
             SplitPolicy::Balanced => 0,
         },
         grid: [sched.slots, 1, 1],
-        partial_o_len: schedule.num_partials * problem.heads_q * problem.head_dim,
+        partial_o_len: schedule.num_partials * problem.heads_q * g.head_dim_v,
         partial_lse_len: schedule.num_partials * problem.heads_q,
     };
     if problem.batch == 0 {
@@ -732,7 +757,7 @@ fn decode_scheduled<T: Element, C: KvCacheOf<T>>(
     }
     let partial_cap = sched.partial_cap;
     let table = sched.view()?;
-    let mut partial_o = workspace.partial_o.view(partial_cap * problem.heads_q * problem.head_dim)?;
+    let mut partial_o = workspace.partial_o.view(partial_cap * problem.heads_q * g.head_dim_v)?;
     let mut partial_lse = workspace.partial_lse.view(partial_cap * problem.heads_q)?;
 
     let mut launch = Launch::new(*stream);

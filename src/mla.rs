@@ -183,7 +183,7 @@ pub fn mla_append<T: Element, C: KvCacheOf<T>>(
     }
     cache.check_rows("latent_cache", 16)?;
     to_i32("latent (tokens)", n)?;
-    let g = crate::paged::PageGeometry { num_pages, page_size, heads_kv: 1, head_dim: row };
+    let g = crate::paged::PageGeometry { num_pages, page_size, heads_kv: 1, head_dim: row, head_dim_v: row };
     if crate::paged::strict_tables(stream) {
         crate::paged::validate_slot_mapping(stream, slot_mapping, &g)?;
     }
@@ -344,6 +344,9 @@ pub fn mla_decode<T: Element, C: KvCacheOf<T>>(
     let dims = opts.dims;
     let g = cache.geometry();
     check_latent_geometry(g.heads_kv, g.head_dim, &dims)?;
+    if g.head_dim_v != g.head_dim {
+        return Err(Error::shape("v_cache", "a latent cache's V is its K rows (the same head dim)"));
+    }
     check_fp8_dims::<C>(&dims)?;
     crate::fp8::check_cache_dtype::<C>(T::DTYPE, cache.scales().is_some())?;
     let [total_q, heads_q, row] = q.shape();

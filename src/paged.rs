@@ -1,6 +1,7 @@
 //! Typed views of a paged KV cache (vLLM / FlashInfer style) and their validation.
 //!
-//! Layout (docs/semantics.md): K and V each `[num_pages, page_size, Hkv, D]`, `page_size` any value in
+//! Layout (docs/semantics.md): K `[num_pages, page_size, Hkv, Dqk]` and V `[num_pages, page_size, Hkv, Dv]`
+//! (Dv = Dqk unless V has a head dim of its own, e.g. DeepSeek's 192 / 128), `page_size` any value in
 //! 1..=[`MAX_PAGE_SIZE`] (vLLM's hybrid attention + Mamba models use sizes such as 528 or 1056);
 //! `block_table` int32 `[B, max_pages_per_seq]`; `seq_lens` int32 `[B]`; a slot is `page * page_size + offset`.
 //!
@@ -43,15 +44,30 @@ pub struct PageGeometry {
     pub num_pages: usize,
     pub page_size: usize,
     pub heads_kv: usize,
+    /// K's head dim (Dqk: q's too).
     pub head_dim: usize,
+    /// V's head dim (Dv: o's too); `head_dim` unless the V pages are narrower or wider than the K pages.
+    pub head_dim_v: usize,
 }
 
-/// Checks K and V pages: equal shapes, supported page size, 16-byte rows. Returns the geometry.
+impl PageGeometry {
+    /// The wider of K's and V's head dims: the width the kernels run at and split partials are sized by.
+    pub fn widest_head_dim(&self) -> usize {
+        self.head_dim.max(self.head_dim_v)
+    }
+}
+
+/// Checks K and V pages: the same pages, page size and heads, supported page size, 16-byte rows; V's head dim
+/// may differ from K's (a V head dim of its own). Returns the geometry.
 fn check_pages(k_shape: [usize; 4], v_shape: [usize; 4]) -> Result<PageGeometry> {
-    if k_shape != v_shape {
-        return Err(Error::shape("v_cache", format!("shape {v_shape:?} differs from k_cache {k_shape:?}")));
+    if k_shape[..3] != v_shape[..3] {
+        return Err(Error::shape(
+            "v_cache",
+            format!("shape {v_shape:?} differs from k_cache {k_shape:?} in pages, page size or heads"),
+        ));
     }
     let [num_pages, page_size, heads_kv, head_dim] = k_shape;
+    let head_dim_v = v_shape[3];
     if page_size == 0 || page_size > MAX_PAGE_SIZE {
         return Err(Error::unsupported(
             "k_cache",
@@ -64,12 +80,15 @@ fn check_pages(k_shape: [usize; 4], v_shape: [usize; 4]) -> Result<PageGeometry>
     if head_dim == 0 || head_dim % 8 != 0 {
         return Err(Error::unsupported("k_cache", format!("head dim {head_dim} is not a positive multiple of 8")));
     }
+    if head_dim_v == 0 || head_dim_v % 8 != 0 {
+        return Err(Error::unsupported("v_cache", format!("head dim {head_dim_v} is not a positive multiple of 8")));
+    }
     let slots = num_pages
         .checked_mul(page_size)
         .ok_or_else(|| Error::overflow("k_cache", "num_pages * page_size overflows"))?;
     to_i32("k_cache (num_pages)", num_pages)?;
     i64::try_from(slots).map_err(|_| Error::overflow("k_cache", "slot count does not fit in i64"))?;
-    Ok(PageGeometry { num_pages, page_size, heads_kv, head_dim })
+    Ok(PageGeometry { num_pages, page_size, heads_kv, head_dim, head_dim_v })
 }
 
 /// The FaPagedCache for a launch: pointers from the caller, strides and geometry from the views.
@@ -125,8 +144,10 @@ pub struct PagedKvCache<'a, T> {
 
 impl<'a, T> PagedKvCache<'a, T> {
     /// Validates and wraps a cache.
-    ///  - `k_cache`, `v_cache`: `[num_pages, page_size, Hkv, D]`, same shape, unit innermost stride, other
-    ///    strides multiples of 16 bytes; page size in 1..=[`MAX_PAGE_SIZE`] (else `Unsupported`).
+    ///  - `k_cache`, `v_cache`: `[num_pages, page_size, Hkv, Dqk]` and `[num_pages, page_size, Hkv, Dv]` (the same
+    ///    pages, page size and heads, else `Shape`; Dv = Dqk, or a V head dim of its own such as DeepSeek's
+    ///    192 / 128), unit innermost stride, other strides multiples of 16 bytes; page size in
+    ///    1..=[`MAX_PAGE_SIZE`] (else `Unsupported`).
     ///  - `block_table`: int32 `[B, max_pages_per_seq]`, unit innermost stride.
     ///  - `seq_lens`: int32 `[B]`, contiguous.
     ///  - `max_seq_len`: the caller's upper bound on `seq_lens` (see the module docs); must not exceed the
@@ -471,7 +492,9 @@ mod tests {
     fn valid_cache() {
         let (batch, geometry) = try_cache([5, 16, 2, 64], [5, 16, 2, 64], [3, 4], 3, 64).unwrap();
         assert_eq!(batch, 3);
-        assert_eq!(geometry, PageGeometry { num_pages: 5, page_size: 16, heads_kv: 2, head_dim: 64 });
+        assert_eq!(geometry, PageGeometry { num_pages: 5, page_size: 16, heads_kv: 2, head_dim: 64, head_dim_v: 64 });
+        let (_, geometry) = try_cache([5, 16, 2, 192], [5, 16, 2, 128], [3, 4], 3, 64).unwrap();
+        assert_eq!((geometry.head_dim, geometry.head_dim_v, geometry.widest_head_dim()), (192, 128, 192));
     }
 
     #[test]
@@ -484,6 +507,9 @@ mod tests {
         assert_eq!(make([2, 1056, 1, 64], [2, 1056, 1, 64], 4224), None, "page size 1056");
         assert_eq!(make([2, 3, 1, 64], [2, 3, 1, 64], 13), Some(ErrorKind::Shape), "4 pages x 3 < 13");
         assert_eq!(make([2, 16, 1, 64], [2, 16, 2, 64], 1), Some(ErrorKind::Shape), "K/V mismatch");
+        assert_eq!(make([2, 16, 1, 64], [3, 16, 1, 64], 1), Some(ErrorKind::Shape), "K/V pages");
+        assert_eq!(make([2, 16, 1, 64], [2, 16, 1, 100], 1), Some(ErrorKind::Unsupported), "Dv=100");
+        assert_eq!(make([2, 16, 1, 64], [2, 16, 1, 32], 1), None, "Dv=32");
         assert_eq!(make([2, 16, 1, 64], [2, 16, 1, 64], 65), Some(ErrorKind::Shape), "table too narrow");
         assert_eq!(make([2, 16, 1, 64], [2, 16, 1, 64], 64), None);
         assert_eq!(make([2, 16, 1, 100], [2, 16, 1, 100], 1), Some(ErrorKind::Unsupported), "D=100");

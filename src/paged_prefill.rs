@@ -111,6 +111,8 @@ pub struct PagedPrefillProblem {
     pub batch: usize,
     pub heads_q: usize,
     pub heads_kv: usize,
+    /// The head dim, or with a V head dim of its own (the cache's V pages narrower or wider than its K pages)
+    /// the wider of the two: the kernel's width, and what split partials are sized by.
     pub head_dim: usize,
     /// Packed query rows (tokens) of `q`.
     pub total_q: usize,
@@ -584,6 +586,7 @@ pub fn check_paged_prefill_args<T: Element, C: KvCacheOf<T>>(
     if g.head_dim != head_dim {
         return Err(Error::shape("k_cache", format!("head dim {} differs from q's {head_dim}", g.head_dim)));
     }
+    crate::decode::check_v_head_dim::<C>(KernelOp::PagedPrefill, g)?;
     if heads_q == 0 || heads_q % g.heads_kv != 0 {
         return Err(Error::shape(
             "q",
@@ -597,7 +600,7 @@ pub fn check_paged_prefill_args<T: Element, C: KvCacheOf<T>>(
             format!("has {} entries, expected B + 1 = {} (block_table's batch + 1)", cu_seqlens_q.dim(0), batch + 1),
         ));
     }
-    o.expect_shape("o", q.shape())?;
+    o.expect_shape("o", [total_q, heads_q, g.head_dim_v])?;
     q.check_rows("q", 16)?;
     o.check_rows("o", 16)?;
     o.check_disjoint("o")?;
@@ -629,7 +632,7 @@ pub fn check_paged_prefill_args<T: Element, C: KvCacheOf<T>>(
         batch,
         heads_q,
         heads_kv: g.heads_kv,
-        head_dim,
+        head_dim: g.widest_head_dim(), // the kernel's width is the wider of Dqk and Dv
         total_q,
         max_seqlen_q,
         max_seq_len: cache.max_seq_len(),
@@ -639,8 +642,9 @@ pub fn check_paged_prefill_args<T: Element, C: KvCacheOf<T>>(
 /// Paged prefill attention, enqueued on `stream`: for sequence b and its new token i (row
 /// `cu_seqlens_q[b] + i` of `q`), `o = softmax(q · K_bᵀ · scale) V_b` over the visible keys of its first
 /// `seq_lens[b]` cached tokens (see the module docs), K/V head `h / (Hq / Hkv)`, with `opts.score_mod`.
-///  - `q`, `o`: `[total_q, Hq, D]`, D in [`crate::head_dim::PAGED_PREFILL_HEAD_DIMS`] (multiples of 8 in
-///    32..=256), unit innermost stride, 16-byte rows;
+///  - `q`: `[total_q, Hq, Dqk]`, `o`: `[total_q, Hq, Dv]` (the cache's K and V head dims: Dv = Dqk, or V's
+///    own, e.g. DeepSeek's 192 / 128, the default scale 1/√Dqk), head dims in
+///    [`crate::head_dim::PAGED_PREFILL_HEAD_DIMS`], unit innermost stride, 16-byte rows;
 ///  - `cu_seqlens_q`: int32 `[B + 1]` (B = the cache's batch), contiguous; `max_seqlen_q` bounds every
 ///    `q_len_b` (checked on the emulator; on a GPU the kernel clamps cu_seqlens_q to `total_q`);
 ///  - `lse`: optional `[Hq, total_q]` natural-log LSE (fp32, unit row stride);
@@ -670,7 +674,8 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
     if crate::paged::strict_tables(stream) {
         cache.validate(stream)?;
     }
-    let scale = softmax_scale(opts.scale, problem.head_dim)?;
+    let g = cache.geometry(); // Dqk and Dv (problem.head_dim is the wider)
+    let scale = softmax_scale(opts.scale, g.head_dim)?; // 1/√Dqk by default
     let kernel = problem.kernel(opts.kernel);
     let mut workspace = workspace;
     // A scheduled workspace runs the streaming kernel from its work list (prepared here from host arrays on
@@ -713,7 +718,7 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
         Some(PagedPrefillWorkspace { partial_o, partial_lse, scheduler: Some(sched), .. }) if scheduled => {
             let cap = sched.table.partial_cap;
             let (po, pl) =
-                (partial_o.view(cap * problem.heads_q * problem.head_dim)?, partial_lse.view(cap * problem.heads_q)?);
+                (partial_o.view(cap * problem.heads_q * g.head_dim_v)?, partial_lse.view(cap * problem.heads_q)?);
             let with_partials = cap > 0;
             (
                 with_partials.then_some(po),
@@ -723,7 +728,8 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
         }
         Some(ws) if plan.num_splits > 1 => {
             ws.check_fits(&plan)?;
-            let po = ws.partial_o.view(plan.partial_o_len)?;
+            // [num_splits, total_q, Hq, Dv] (the plan sizes them by the wider head dim)
+            let po = ws.partial_o.view(plan.partial_lse_len * g.head_dim_v)?;
             (Some(po), Some(ws.partial_lse.view(plan.partial_lse_len)?), None)
         }
         _ => (None, None, None),
@@ -732,7 +738,7 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
     let mut launch = Launch::new(*stream);
     let score_mod = opts.score_mod.abi(&mut launch, problem.batch, problem.heads_q)?;
     let rope = match &opts.rope {
-        Some(r) => r.abi(&mut launch, problem.head_dim, problem.total_q, false)?,
+        Some(r) => r.abi(&mut launch, g.head_dim, problem.total_q, false)?,
         None => sys::FaRope::default(),
     };
     let q_ptr = launch.input(c"q", q, 16)?;
@@ -759,8 +765,9 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
         to_i32("batch", problem.batch)?,
         to_i32("heads_q", problem.heads_q)?,
         to_i32("heads_kv", problem.heads_kv)?,
-        to_i32("head_dim", problem.head_dim)?,
+        to_i32("head_dim", g.head_dim)?,
     );
+    let head_dim_v = to_i32("head_dim_v", g.head_dim_v)?;
     // A schedule numbers row blocks by the workspace's max_seqlen_q (the launch's, fixed for graphs).
     let max_seqlen_q = table.as_ref().map_or(max_seqlen_q, |t| t.2.max_seqlen_q.max(1));
     let (total_q, max_seqlen_q) = (to_i32("q (rows)", problem.total_q)?, to_i32("max_seqlen_q", max_seqlen_q)?);
@@ -787,6 +794,7 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
             heads_q,
             heads_kv,
             head_dim,
+            head_dim_v,
             num_splits,
             split_tokens,
             dtype,
@@ -839,6 +847,7 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
         scale_log2,
         score_mod,
         rope,
+        head_dim_v,
     };
     launch.run("paged_prefill", params, sys::fa_paged_prefill)?;
     Ok(plan)

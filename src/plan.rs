@@ -47,6 +47,9 @@ pub struct DecodeProblem {
     pub batch: usize,
     pub heads_q: usize,
     pub heads_kv: usize,
+    /// The head dim, or with a V head dim of its own (a cache whose V pages are narrower or wider than its K
+    /// pages, e.g. DeepSeek's 192 / 128) the wider of the two: the kernel's width, and what the split
+    /// partials are sized by (the call writes `[.., Dv]` partials inside them).
     pub head_dim: usize,
     /// Upper bound on the sequence lengths the caller promises (seq_lens may live on the device).
     pub max_seq_len: usize,

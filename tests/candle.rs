@@ -28,12 +28,13 @@ fn values(t: &Tensor) -> Vec<f64> {
     t.to_dtype(DType::F64).and_then(|t| t.flatten_all()).and_then(|t| t.to_vec1()).expect("tensor values")
 }
 
-/// candle's attention composition in `dtype`: `q [B, Tq, Hq, D]`, `k`/`v [B, Tk, Hkv, D]`, bottom-right
-/// causal mask, GQA by repeating K/V heads; returns `[B, Tq, Hq, D]` in f64.
+/// candle's attention composition in `dtype`: `q [B, Tq, Hq, D]`, `k [B, Tk, Hkv, D]`, `v [B, Tk, Hkv, Dv]`,
+/// bottom-right causal mask, GQA by repeating K/V heads; returns `[B, Tq, Hq, Dv]` in f64.
 fn candle_attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, causal: bool, dtype: DType) -> Result<Tensor> {
-    let (b, tq, hq, d) = q.dims4()?;
+    let (b, tq, hq, _) = q.dims4()?;
     let (_, tk, hkv, _) = k.dims4()?;
     let heads = |t: &Tensor, n: usize, h: usize| -> Result<Tensor> {
+        let d = t.dim(3)?; // each tensor's own head dim (V's may differ)
         let t = t.to_dtype(dtype)?.transpose(1, 2)?; // [B, H, T, D]
         t.unsqueeze(2)?.expand((b, h, hq / h, n, d))?.reshape((b, hq, n, d))
     };
@@ -90,6 +91,47 @@ fn flash_attn_matches_candle_attention() -> Result<()> {
             assert!(empty.iter().all(|&x| x == 0.0), "{what}: empty rows must be 0");
         }
         check(&what, &ours, &reference, &naive);
+    }
+    Ok(())
+}
+
+/// A V head dim of its own (DeepSeek-V2/V3's Dqk 192 / Dv 128, and Dv above Dqk): `flash_attn` returns
+/// `[B, Tq, Hq, Dv]` (scale 1/√Dqk), and `flash_attn_varlen` `[total_q, Hq, Dv]`, both held to the tolerance
+/// rule against candle's own attention composition.
+#[test]
+fn flash_attn_with_a_v_head_dim_of_its_own_matches_candle_attention() -> Result<()> {
+    let mut rng = StdRng::seed_from_u64(27);
+    for (dtype, b, tq, tk, hq, hkv, d, dv, causal) in [
+        (DType::BF16, 2, 33, 40, 4, 2, 192, 128, true),
+        (DType::F16, 1, 17, 17, 2, 1, 192, 128, false),
+        (DType::BF16, 1, 9, 30, 2, 2, 64, 128, true),
+    ] {
+        let what = format!("{dtype:?} B={b} Tq={tq} Tk={tk} Hq={hq} Hkv={hkv} D={d} Dv={dv} causal={causal}");
+        let q = random(&[b, tq, hq, d], -1.0, 1.0, dtype, &mut rng)?;
+        let k = random(&[b, tk, hkv, d], -1.0, 1.0, dtype, &mut rng)?;
+        let v = random(&[b, tk, hkv, dv], -0.5, 1.5, dtype, &mut rng)?;
+        let scale = 1.0 / (d as f64).sqrt();
+        let ours = fa::flash_attn(&q, &k, &v, scale as f32, causal)?;
+        assert_eq!(ours.dims(), &[b, tq, hq, dv], "{what}");
+        let reference = candle_attention(&q, &k, &v, scale, causal, DType::F64)?;
+        let naive = candle_attention(&q, &k, &v, scale, causal, dtype)?;
+        check(&what, &ours, &reference, &naive);
+        // The same sequences packed (varlen): each sequence's rows are the dense op's.
+        let flat = |t: &Tensor| t.reshape((t.dim(0)? * t.dim(1)?, t.dim(2)?, t.dim(3)?));
+        let cu =
+            |n: usize| Tensor::from_vec((0..=b as u32).map(|i| i * n as u32).collect::<Vec<_>>(), b + 1, &Device::Cpu);
+        let lens = fa::VarlenLengths { seqlens_q: &cu(tq)?, seqlens_k: &cu(tk)?, max_seqlen_q: tq, max_seqlen_k: tk };
+        let packed = fa::flash_attn_varlen_with(
+            &flat(&q)?,
+            &flat(&k)?,
+            &flat(&v)?,
+            &lens,
+            scale as f32,
+            causal,
+            &Default::default(),
+        )?;
+        assert_eq!(packed.dims(), &[b * tq, hq, dv], "{what} varlen");
+        check(&format!("{what} varlen"), &packed, &flat(&reference)?, &flat(&naive)?);
     }
     Ok(())
 }

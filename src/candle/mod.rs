@@ -166,7 +166,9 @@ impl FlashAttn {
         attention_dtype!("q", q.dtype(), |T| {
             let backend = q.backend();
             let (q, k, v) = (q.view::<T, 4>("q", q_l)?, k.view::<T, 4>("k", k_l)?, v.view::<T, 4>("v", v_l)?);
-            let shape = q.shape();
+            // o: q's rows, v's head dim (a V head dim of its own: DeepSeek's 192 / 128).
+            let [b, tq, hq, _] = q.shape();
+            let shape = [b, tq, hq, v.dim(3)];
             let mut o = backend.alloc::<T>(shape.iter().product(), Fill::Poison)?;
             let (causal, scale) = (self.causal, self.softmax_scale);
             with_prefill_options::<S, _>(&self.variants, self.rope.as_ref(), causal, scale, |opts| {
@@ -208,7 +210,8 @@ impl CustomOp3 for FlashAttn {
 
 /// Prefill attention, `softmax(Q Kᵀ · softmax_scale) V`, as candle-flash-attn's `flash_attn`:
 /// `q [B, Tq, Hq, D]`, `k`/`v [B, Tk, Hkv, D]` (Hq a multiple of Hkv), f16 or bf16, D in
-/// [`crate::prefill::PREFILL_HEAD_DIMS`]; returns `[B, Tq, Hq, D]`. `causal` is bottom-right aligned (row i
+/// [`crate::prefill::PREFILL_HEAD_DIMS`]; returns `[B, Tq, Hq, D]`. `v` may have a head dim Dv of its own
+/// (FA3's `hdim_v`, DeepSeek's 192 / 128; docs/semantics.md): the result is then `[B, Tq, Hq, Dv]`. `causal` is bottom-right aligned (row i
 /// sees key j iff `j <= i + Tk - Tq`), as in FlashAttention ≥ 2.1.
 pub fn flash_attn(q: &Tensor, k: &Tensor, v: &Tensor, softmax_scale: f32, causal: bool) -> candle_core::Result<Tensor> {
     flash_attn_with(q, k, v, softmax_scale, causal, &Variants::default())
@@ -277,7 +280,9 @@ impl FlashAttnVarLen {
         attention_dtype!("q", q.dtype(), |T| {
             let backend = q.backend();
             let (q, k, v) = (q.view::<T, 3>("q", q_l)?, k.view::<T, 3>("k", k_l)?, v.view::<T, 3>("v", v_l)?);
-            let shape = q.shape();
+            let [total_q, hq, _] = q.shape();
+            let shape = [total_q, hq, v.dim(2)]; // v's head dim, as the dense op
+
             // Rows past seqlens_q[B] are not written by the kernel: they read as zeros.
             let mut o = backend.alloc::<T>(shape.iter().product(), Fill::Zero)?;
             let (causal, scale) = (self.causal, self.softmax_scale);
@@ -322,7 +327,8 @@ impl CustomOp3 for FlashAttnVarLen {
 
 /// Variable-length prefill attention, as candle-flash-attn's `flash_attn_varlen`: packed
 /// `q [total_q, Hq, D]`, `k`/`v [total_k, Hkv, D]`; `seqlens_q`/`seqlens_k` the `B + 1` cumulative lengths
-/// (int32: `I32` or `U32`); returns `[total_q, Hq, D]` (rows past `seqlens_q[B]` are zero).
+/// (int32: `I32` or `U32`); returns `[total_q, Hq, D]` (rows past `seqlens_q[B]` are zero; `v [.., Dv]` of
+/// its own head dim gives `[total_q, Hq, Dv]`).
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attn_varlen(
     q: &Tensor,

@@ -8,7 +8,8 @@
 //! V's head dim may differ from Q's and K's (issue 27; DeepSeek-V2/V3 prefill: Dqk 192, Dv 128): `v` and `o`
 //! then have their own last dim Dv (`v [.., Dv]`, `o [.., Dv]`), the default scale stays 1/sqrt(Dqk). The
 //! sm_80 kernel serves every pair of tiled head dims (Dv below or above Dqk) at the wider one's width
-//! ([`TileConfig::for_pair`]); the sm_90a kernel and the streaming path past 256 take Dv == Dqk only.
+//! ([`TileConfig::for_pair`]), and the streaming path past 256 every pair whose wider dim is past it (the
+//! decode kernel's V columns predicated at Dv); the sm_90a kernel takes Dv == Dqk only.
 //!
 //! Both: fp16 or bf16, D in [`PREFILL_HEAD_DIMS`], any non-negative strides with a unit innermost stride and
 //! 16-byte aligned rows, GQA/MQA (`Hq` a multiple of `Hkv`), causal bottom-right aligned (row i sees key j
@@ -152,29 +153,17 @@ pub fn uses_variant_kernel(variants: &VariantSet, seqlen_q: usize, seqlen_k: usi
 }
 
 /// Checks the head layout shared by both entry points: D supported and equal for q and k, V's head dim
-/// supported (and, if it differs from D, a pair the tiled kernel serves), Hq a positive multiple of Hkv.
+/// supported (any pair: the tiled kernel up to 256, the streaming path past it), Hq a positive multiple of Hkv.
 fn check_heads(head_dim: usize, d_k: usize, d_v: usize, heads_q: usize, heads_kv: usize) -> Result<()> {
     crate::head_dim::check(KernelOp::Prefill, head_dim)?;
     if d_k != head_dim {
         return Err(Error::shape("k", format!("head dim {d_k} differs from q's {head_dim}")));
     }
-    if d_v != head_dim {
-        if !crate::head_dim::supported(KernelOp::Prefill, d_v) {
-            return Err(Error::unsupported(
-                "v",
-                format!("head dim {d_v} (prefill supports {})", crate::head_dim::describe(KernelOp::Prefill)),
-            ));
-        }
-        if runs_streaming(head_dim, d_v) {
-            return Err(Error::unsupported(
-                "v",
-                format!(
-                    "head dim {d_v} with q/k's {head_dim}: a V head dim different from Q·K's is served up to {} \
-                     (the tiled kernel), not on the streaming path past it",
-                    crate::head_dim::PREFILL_TILED_MAX_HEAD_DIM
-                ),
-            ));
-        }
+    if d_v != head_dim && !crate::head_dim::supported(KernelOp::Prefill, d_v) {
+        return Err(Error::unsupported(
+            "v",
+            format!("head dim {d_v} (prefill supports {})", crate::head_dim::describe(KernelOp::Prefill)),
+        ));
     }
     if heads_kv == 0 || heads_q == 0 || heads_q % heads_kv != 0 {
         return Err(Error::shape(
@@ -189,7 +178,7 @@ fn check_heads(head_dim: usize, d_k: usize, d_v: usize, heads_q: usize, heads_kv
 }
 
 /// Whether prefill runs Q·K head dim `head_dim` with V head dim `head_dim_v` on the decode kernel's
-/// streaming path (past the tiled kernel's widths; only `head_dim == head_dim_v` runs there).
+/// streaming path (the wider of the two past the tiled kernel's widths; V's columns predicated at Dv there).
 pub fn runs_streaming(head_dim: usize, head_dim_v: usize) -> bool {
     head_dim.max(head_dim_v) > crate::head_dim::PREFILL_TILED_MAX_HEAD_DIM
 }

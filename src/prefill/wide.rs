@@ -40,7 +40,9 @@ pub(super) fn run(launch: Launch<'_>, name: &str, p: &sys::FaPrefillParams, keys
         ));
     }
     let group = (p.heads_q / p.heads_kv.max(1)) as usize;
-    let rows_per_cta = to_i32("rows per CTA", decode_rows_per_cta(p.head_dim as usize, p.seqlen_q as usize * group))?;
+    // The kernel's width is the wider head dim's (a V head dim of its own: Dv columns of V and O).
+    let widest = p.head_dim.max(p.head_dim_v) as usize;
+    let rows_per_cta = to_i32("rows per CTA", decode_rows_per_cta(widest, p.seqlen_q as usize * group))?;
     // K/V: a view with no row at all (no keys anywhere) reads nothing: every key is a hole of num_pages 0, so
     // any non-null, aligned base stands in for the absent tensors.
     let (k, v) = if p.k.is_null() { (p.q, p.q) } else { (p.k, p.v) };
@@ -68,6 +70,7 @@ pub(super) fn run(launch: Launch<'_>, name: &str, p: &sys::FaPrefillParams, keys
         heads_q: p.heads_q,
         heads_kv: p.heads_kv,
         head_dim: p.head_dim,
+        head_dim_v: p.head_dim_v,
         num_splits: 1,
         dtype: p.dtype,
         scale: p.scale,

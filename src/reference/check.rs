@@ -55,6 +55,8 @@ pub struct PagedCacheData {
     pub page_size: usize,
     pub heads_kv: usize,
     pub head_dim: usize,
+    /// V's head dim (`head_dim` unless V has one of its own).
+    pub head_dim_v: usize,
     pub block_table: Vec<i32>,
     pub max_pages_per_seq: usize,
     pub seq_lens: Vec<i32>,
@@ -64,7 +66,6 @@ impl PagedCacheData {
     /// Reads a host cache view (any strides; 16-bit or FP8 with its scales attached).
     pub fn from_host<C: KvElement>(cache: &PagedKvCache<'_, C>) -> Result<Self> {
         let g = cache.geometry();
-        let row = g.head_dim;
         // The scale tensors' values, read from the host views the kernel read (none: 16-bit, all 1).
         let (k_scales, v_scales) = match cache.scales() {
             Some(s) => (host_elements("k_scale", s.k())?, host_elements("v_scale", s.v())?),
@@ -77,6 +78,7 @@ impl PagedCacheData {
         };
         let scaled = |name: &str, view: &TensorView<'_, C, 4>, is_k: bool| -> Result<Vec<f64>> {
             let raw = host_elements(name, view)?;
+            let row = if is_k { g.head_dim } else { g.head_dim_v };
             Ok(raw
                 .into_iter()
                 .enumerate()
@@ -90,6 +92,7 @@ impl PagedCacheData {
             page_size: g.page_size,
             heads_kv: g.heads_kv,
             head_dim: g.head_dim,
+            head_dim_v: g.head_dim_v,
             block_table: host_elements("block_table", &cache.block_table)?,
             max_pages_per_seq: cache.max_pages_per_seq(),
             seq_lens: host_elements("seq_lens", &cache.seq_lens)?,
@@ -104,6 +107,7 @@ impl PagedCacheData {
             page_size: self.page_size,
             heads_kv: self.heads_kv,
             head_dim: self.head_dim,
+            head_dim_v: self.head_dim_v,
             block_table: &self.block_table,
             max_pages_per_seq: self.max_pages_per_seq,
             seq_lens: &self.seq_lens,

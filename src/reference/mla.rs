@@ -216,6 +216,7 @@ mod tests {
                 page_size: page,
                 heads_kv: 1,
                 head_dim: row,
+                head_dim_v: row,
                 block_table: &table,
                 max_pages_per_seq: pages,
                 seq_lens: &seq_lens,

@@ -399,7 +399,8 @@ pub fn varlen(
 /// `max_pages_per_seq * page_size` → `Shape`; a used block table entry outside `0..num_pages` → `OutOfBounds`.
 /// A paged KV cache as the reference reads it (f64 values; layouts as in docs/semantics.md).
 ///
-/// - `k_cache`, `v_cache`: `[num_pages, page_size, heads_kv, head_dim]`.
+/// - `k_cache`: `[num_pages, page_size, heads_kv, head_dim]`, `v_cache`: `[num_pages, page_size, heads_kv,
+///   head_dim_v]` (V's head dim may differ from K's: DeepSeek's 192 / 128).
 /// - `block_table`: `[B, max_pages_per_seq]` row-major; `seq_lens`: `[B]`.
 #[derive(Clone, Copy, Debug)]
 pub struct PagedCache<'a> {
@@ -409,6 +410,7 @@ pub struct PagedCache<'a> {
     pub page_size: usize,
     pub heads_kv: usize,
     pub head_dim: usize,
+    pub head_dim_v: usize,
     pub block_table: &'a [i32],
     pub max_pages_per_seq: usize,
     pub seq_lens: &'a [i32],
@@ -457,6 +459,7 @@ fn gather_impl(cache: &PagedCache<'_>, mask_bad_pages: bool) -> Result<Vec<Gathe
         page_size,
         heads_kv,
         head_dim,
+        head_dim_v,
         block_table,
         max_pages_per_seq,
         seq_lens,
@@ -464,12 +467,11 @@ fn gather_impl(cache: &PagedCache<'_>, mask_bad_pages: bool) -> Result<Vec<Gathe
     if page_size == 0 {
         return Err(Error::shape("page_size", "must be at least 1"));
     }
-    let cache_len = numel("k_cache", &[num_pages, page_size, heads_kv, head_dim])?;
-    check_len("k_cache", k_cache.len(), cache_len)?;
-    check_len("v_cache", v_cache.len(), cache_len)?;
+    check_len("k_cache", k_cache.len(), numel("k_cache", &[num_pages, page_size, heads_kv, head_dim])?)?;
+    check_len("v_cache", v_cache.len(), numel("v_cache", &[num_pages, page_size, heads_kv, head_dim_v])?)?;
     let batch = seq_lens.len();
     check_len("block_table", block_table.len(), numel("block_table", &[batch, max_pages_per_seq])?)?;
-    let token = heads_kv * head_dim;
+    let (token, token_v) = (heads_kv * head_dim, heads_kv * head_dim_v);
     let capacity = max_pages_per_seq.saturating_mul(page_size);
     let mut seqs = Vec::with_capacity(batch);
     for (b, &len) in seq_lens.iter().enumerate() {
@@ -482,7 +484,7 @@ fn gather_impl(cache: &PagedCache<'_>, mask_bad_pages: bool) -> Result<Vec<Gathe
             ));
         }
         let row = &block_table[b * max_pages_per_seq..][..max_pages_per_seq];
-        let (mut ks, mut vs) = (Vec::with_capacity(len * token), Vec::with_capacity(len * token));
+        let (mut ks, mut vs) = (Vec::with_capacity(len * token), Vec::with_capacity(len * token_v));
         let mut pos = Vec::with_capacity(len);
         for t in 0..len {
             let entry = row[t / page_size];
@@ -496,9 +498,9 @@ fn gather_impl(cache: &PagedCache<'_>, mask_bad_pages: bool) -> Result<Vec<Gathe
                     format!("block_table[{b}][{}] = {entry} is outside 0..{num_pages}", t / page_size),
                 )
             })?;
-            let slot = (page * page_size + t % page_size) * token;
-            ks.extend_from_slice(&k_cache[slot..slot + token]);
-            vs.extend_from_slice(&v_cache[slot..slot + token]);
+            let slot = page * page_size + t % page_size;
+            ks.extend_from_slice(&k_cache[slot * token..][..token]);
+            vs.extend_from_slice(&v_cache[slot * token_v..][..token_v]);
             pos.push(t);
         }
         seqs.push(GatheredSeq { k: ks, v: vs, pos, len });
@@ -510,7 +512,7 @@ fn gather_impl(cache: &PagedCache<'_>, mask_bad_pages: bool) -> Result<Vec<Gathe
 /// `Tq = 1` is the same as bidirectional).
 ///
 /// - `q`: `[B, Hq, D]`; the cache as in [`PagedCache`] / [`gather_paged`], `B = seq_lens.len()`.
-/// - Returns `out`: `[B, Hq, D]`, `lse`: `[B, Hq]` (a sequence with `seq_len` 0 gives 0 / −inf).
+/// - Returns `out`: `[B, Hq, Dv]`, `lse`: `[B, Hq]` (a sequence with `seq_len` 0 gives 0 / −inf).
 /// - A used block-table entry outside `0..num_pages` masks its page's tokens (weight exactly 0), as the
 ///   decode kernel does: a bad table entry never becomes zero keys that dilute the softmax. (A sequence
 ///   whose every page is bad is empty: 0 / −inf.)
@@ -524,7 +526,9 @@ pub fn paged_decode(
     q: &[f64],
     cache: &PagedCache<'_>,
 ) -> Result<Output> {
-    let a = Attn::new(heads_q, cache.heads_kv, cache.head_dim, false, scale)?.with(*var, cache.seq_lens.len())?;
+    let a = Attn::new(heads_q, cache.heads_kv, cache.head_dim, false, scale)?
+        .with_head_dim_v(cache.head_dim_v)?
+        .with(*var, cache.seq_lens.len())?;
     let kv = gather_visible(cache)?;
     decode_gathered(ar, &a, q, &kv)
 }
@@ -535,7 +539,7 @@ pub fn paged_decode(
 ///
 /// - `q`: `[total_q, Hq, D]`; `cu_seqlens_q`: `[B + 1]` prefix sums (starting at 0, non-decreasing, ending at
 ///   `total_q`), `B = seq_lens.len()`; the cache as in [`PagedCache`].
-/// - Returns `out`: `[total_q, Hq, D]`, `lse`: `[Hq, total_q]`. A row that sees no key (`q_len_b > seq_len_b`
+/// - Returns `out`: `[total_q, Hq, Dv]`, `lse`: `[Hq, total_q]`. A row that sees no key (`q_len_b > seq_len_b`
 ///   and causal, or a window) gives 0 / −inf (0 / σ with a sink). Bad block-table entries mask their
 ///   page's tokens, as in [`paged_decode`].
 #[allow(clippy::too_many_arguments)]
@@ -549,7 +553,9 @@ pub fn paged_prefill(
     q: &[f64],
     cache: &PagedCache<'_>,
 ) -> Result<Output> {
-    let a = Attn::new(heads_q, cache.heads_kv, cache.head_dim, causal, scale)?.with(*var, cache.seq_lens.len())?;
+    let a = Attn::new(heads_q, cache.heads_kv, cache.head_dim, causal, scale)?
+        .with_head_dim_v(cache.head_dim_v)?
+        .with(*var, cache.seq_lens.len())?;
     let kv = gather_visible(cache)?;
     let cu_q = parse_cu("cu_seqlens_q", cu_seqlens_q)?;
     if cu_q.len() != kv.len() + 1 {
@@ -1532,6 +1538,7 @@ mod tests {
             page_size,
             heads_kv: hkv,
             head_dim: d,
+            head_dim_v: d,
             block_table: table,
             max_pages_per_seq: max_pages,
             seq_lens,
@@ -1563,6 +1570,34 @@ mod tests {
             let naive =
                 paged_decode(hq, scale, &Variants::default(), Arith::Lowp(DType::Bf16), &q, &c.cache()).unwrap().out;
             assert!(naive.iter().all(|x| x.is_finite()), "seed {seed}: NaN leaked into the naive decode");
+        }
+    }
+
+    /// A V head dim of its own in the paged cache (K pages of d, V pages of dv, either wider): paged decode
+    /// equals the dense reference over the gathered keys with `head_dim_v`, exactly.
+    #[test]
+    fn paged_decode_with_a_v_head_dim_of_its_own_equals_dense() {
+        let (hq, hkv, scale) = (4, 2, 0.3);
+        for (d, dv) in [(16, 24), (24, 16)] {
+            let wide = d.max(dv);
+            let c = paged(5600, hkv, wide, 4, &[5, 0, 9]);
+            let narrow = |x: &[f64], n: usize| x.chunks(wide).flat_map(|r| r[..n].to_vec()).collect::<Vec<f64>>();
+            let (kc, vc) = (narrow(&c.data.k_cache, d), narrow(&c.data.v_cache, dv));
+            let cache = PagedCache { k_cache: &kc, v_cache: &vc, head_dim: d, head_dim_v: dv, ..c.cache() };
+            let q = rand_vec(&mut StdRng::seed_from_u64(5601), 3 * hq * d, -1.0, 1.0);
+            let r = paged_decode(hq, scale, &Variants::default(), Arith::F64, &q, &cache).unwrap();
+            assert_eq!(r.out.len(), 3 * hq * dv);
+            for (b, (ks, vs)) in c.dense_kv.iter().enumerate() {
+                let tk = ks.len() / (hkv * wide);
+                let p = Problem { scale, head_dim_v: dv, ..Problem::new(1, hq, hkv, 1, tk, d, false) };
+                let (ks, vs) = (narrow(ks, d), narrow(vs, dv));
+                let want = dense(&p, &Variants::default(), Arith::F64, &q[b * hq * d..][..hq * d], &ks, &vs).unwrap();
+                assert_eq!(&r.out[b * hq * dv..][..hq * dv], &want.out[..], "{d}/{dv} seq {b}");
+            }
+            // A V cache of the wrong width is a Shape error naming it.
+            let bad = PagedCache { head_dim_v: d + dv, ..cache };
+            let e = paged_decode(hq, scale, &Variants::default(), Arith::F64, &q, &bad).unwrap_err();
+            assert!(e.message().starts_with("v_cache"), "{e}");
         }
     }
 

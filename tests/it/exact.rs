@@ -219,6 +219,7 @@ fn decode_exact<T: Element>(emu: &Emulator, label: &str, case: &DecodeCase, keys
         page_size: case.page_size,
         heads_kv: hkv,
         head_dim: d,
+        head_dim_v: d,
         block_table: &f.block_table,
         max_pages_per_seq: f.width,
         seq_lens: &f.seq_lens,

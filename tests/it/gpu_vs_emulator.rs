@@ -248,6 +248,7 @@ fn decode_pair<T: Element>(emu: &Emulator, cu: &Arc<CudaStream>, case: &DecodeCa
         page_size: case.page_size,
         heads_kv: case.heads_kv,
         head_dim: d,
+        head_dim_v: d,
         block_table: &f.block_table,
         max_pages_per_seq: f.width,
         seq_lens: &f.seq_lens,

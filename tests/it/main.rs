@@ -29,6 +29,7 @@ mod mutants;
 mod page_sizes;
 mod paged_prefill;
 mod paged_schedule;
+mod paged_v_head_dim;
 mod plan;
 mod poison;
 mod prefill;

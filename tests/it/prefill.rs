@@ -396,8 +396,8 @@ fn invalid_varlen_inputs_are_typed_errors() {
 }
 
 /// A V head dim of its own (issue 27): o must match v's head dim (Shape, naming o), v's head dim must be one
-/// prefill takes (Unsupported, naming v), the pair must fit the tiled kernel (past 256: Unsupported, naming
-/// v), and the sm_90a kernel takes one head dim (forced: Unsupported; Auto runs the sm_80 kernel).
+/// prefill takes (Unsupported, naming v), and the sm_90a kernel takes one head dim (forced: Unsupported; Auto
+/// runs the sm_80 kernel). Pairs past 256 run on the streaming path.
 #[test]
 fn invalid_v_head_dims_are_typed_errors() {
     let emu = Emulator::new();
@@ -418,7 +418,9 @@ fn invalid_v_head_dims_are_typed_errors() {
     let e = run(192, 128, 192, &opts).unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::Shape);
     assert!(e.message().starts_with("o:"), "{e}");
-    for (d, dv) in [(192, 100), (192, 24), (256, 264), (320, 256), (512, 128)] {
+    run(320, 256, 256, &opts).unwrap();
+    run(128, 264, 264, &opts).unwrap();
+    for (d, dv) in [(192, 100), (192, 24), (512, 520)] {
         let e = run(d, dv, dv, &opts).unwrap_err();
         assert_eq!(e.kind(), &ErrorKind::Unsupported, "{d}/{dv}: {e}");
         assert!(e.message().starts_with("v:"), "{d}/{dv}: {e}");

@@ -205,6 +205,9 @@ typedef struct FaAppendParams {
   int32_t num_tokens, heads_kv, head_dim;
   int32_t dtype;
   FaRope rope;
+  /* V's head dim Dv (v [num_tokens, Hkv, Dv], v_cache [.., Dv]; head_dim is K's, Dqk); 0 = head_dim. A
+   * multiple of 8 (16 for an FP8 cache), narrower or wider than Dqk. */
+  int32_t head_dim_v;
 } FaAppendParams;
 
 /* Decode: one query token per sequence over the paged cache.
@@ -289,6 +292,10 @@ typedef struct FaDecodeParams {
   /* 1: the grid is (Hkv * row blocks, 1, B), so long prefills' row blocks are bound by 2^31 - 1, not
    * 65535 (one split, no work list); 0: (num_splits, Hkv * row blocks, B). */
   int32_t head_blocks_in_x;
+  /* V's and O's head dim Dv (v_cache [.., Dv], o [.., Dv], partials [.., Dv]; head_dim is Q's and K's,
+   * Dqk); 0 = head_dim. DeepSeek's 192 / 128: the kernel of decode_width(max(Dqk, Dv)) runs with K columns
+   * predicated at Dqk and V / O columns at Dv (no other instantiation). */
+  int32_t head_dim_v;
 } FaDecodeParams;
 
 /* Paged prefill: packed new query tokens of each sequence over the paged cache (chunked prefill, prefix
@@ -331,6 +338,10 @@ typedef struct FaPagedPrefillParams {
    * NULL, at its bottom-right position t + (seq_len_b - q_len_b). The cache's K must have been rotated by
    * the same table (append with rope). */
   FaRope rope;
+  /* V's and O's head dim Dv (v_cache [.., Dv], o [.., Dv], partials [.., Dv]; head_dim is Q's and K's,
+   * Dqk); 0 = head_dim. The kernel of paged_prefill_width(max(Dqk, Dv)) runs with K columns predicated at
+   * Dqk and V / O columns at Dv. */
+  int32_t head_dim_v;
 } FaPagedPrefillParams;
 
 /* ---------------------------------------------------------------------------------------------------------

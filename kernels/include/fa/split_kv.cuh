@@ -1,7 +1,7 @@
 // Host only: the second launch of a split-KV launcher (decode, paged prefill). Their kernels leave the fp32
 // partials of each split, o [num_splits, rows, Hq, D] and lse [num_splits, rows, Hq] (contiguous, a row being
-// a sequence in decode and a query token in paged prefill); fa_merge (merge.cu) combines them into the
-// caller's o and lse.
+// a sequence in decode and a query token in paged prefill; D is V's head dim, head_dim_v, which the launchers
+// resolve from 0 before they get here); fa_merge (merge.cu) combines them into the caller's o and lse.
 #pragma once
 
 #include "fa/abi.h"
@@ -22,9 +22,9 @@ int merge_split_kv_partials(const Params &p, int rows, int64_t o_row_stride, int
   m.lse_states = p.partial_lse;
   m.o = p.o;
   m.lse = p.lse;
-  m.o_state_stride = (int64_t)rows * p.heads_q * p.head_dim;
-  m.o_outer_stride = (int64_t)p.heads_q * p.head_dim;
-  m.o_inner_stride = p.head_dim;
+  m.o_state_stride = (int64_t)rows * p.heads_q * p.head_dim_v;
+  m.o_outer_stride = (int64_t)p.heads_q * p.head_dim_v;
+  m.o_inner_stride = p.head_dim_v;
   m.lse_state_stride = (int64_t)rows * p.heads_q;
   m.lse_outer_stride = p.heads_q;
   m.lse_inner_stride = 1;
@@ -35,7 +35,7 @@ int merge_split_kv_partials(const Params &p, int rows, int64_t o_row_stride, int
   m.num_states = p.num_splits;
   m.rows_outer = rows;
   m.rows_inner = p.heads_q;
-  m.head_dim = p.head_dim;
+  m.head_dim = p.head_dim_v;
   m.states_dtype = FA_DTYPE_F32;
   m.out_dtype = p.dtype;
   m.sinks = p.score_mod.sinks; // the partials never include the sink: it enters here, once
@@ -52,8 +52,8 @@ int merge_split_kv_rows(const Params &p, const FaMergeRow *list, int rows, int n
   m.lse_states = p.partial_lse;
   m.o = p.o;
   m.lse = p.lse;
-  m.o_state_stride = (int64_t)p.heads_q * p.head_dim;
-  m.o_inner_stride = p.head_dim;
+  m.o_state_stride = (int64_t)p.heads_q * p.head_dim_v;
+  m.o_inner_stride = p.head_dim_v;
   m.lse_state_stride = p.heads_q;
   m.lse_inner_stride = 1;
   m.o_out_outer_stride = o_row_stride;
@@ -63,7 +63,7 @@ int merge_split_kv_rows(const Params &p, const FaMergeRow *list, int rows, int n
   m.num_states = num_states;
   m.rows_outer = rows;
   m.rows_inner = p.heads_q;
-  m.head_dim = p.head_dim;
+  m.head_dim = p.head_dim_v;
   m.states_dtype = FA_DTYPE_F32;
   m.out_dtype = p.dtype;
   m.sinks = p.score_mod.sinks;

@@ -223,6 +223,10 @@ pub struct RunArgs {
     /// Head dimension D [prefill, decode].
     #[arg(long, default_value_t = 128, value_name = "N")]
     pub head_dim: usize,
+    /// V's and O's head dim Dv, when it differs from Q·K's --head-dim (DeepSeek-V2/V3: --head-dim 192
+    /// --head-dim-v 128; --dump writes v and out that wide) [prefill] [default: --head-dim].
+    #[arg(long, value_name = "N")]
+    pub head_dim_v: Option<usize>,
     /// Batch size B [prefill, decode].
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub batch: usize,
@@ -546,7 +550,13 @@ impl RunArgs {
 const ATTENTION: [Op; 3] = [Op::Prefill, Op::Decode, Op::PagedPrefill];
 
 /// Flags that apply to some ops only, by clap id: (id, flag, the ops it applies to, why).
-const OP_ONLY: [(&str, &str, &[Op], &str); 22] = [
+const OP_ONLY: [(&str, &str, &[Op], &str); 23] = [
+    (
+        "head_dim_v",
+        "--head-dim-v",
+        &[Op::Prefill],
+        "the runner's paged fixtures have one head dim (the library's paged ops take a Dv of their own)",
+    ),
     (
         "seq_lens",
         "--seq-lens",
@@ -821,6 +831,7 @@ mod tests {
         assert!(msg("run --page-size 8").starts_with(
             "--page-size applies to --op decode or --op paged-prefill or --op append or --op mla-decode only"
         ));
+        assert!(msg("run --op decode --head-dim-v 128").starts_with("--head-dim-v applies to --op prefill only"));
         // The MLA flags.
         assert!(msg("run --op decode --kv-lora-rank 256").starts_with("--kv-lora-rank applies to --op mla-decode only"));
         assert!(msg("run --op paged-prefill --q-len 2").starts_with("--q-len applies to --op mla-decode only"));

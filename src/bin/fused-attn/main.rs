@@ -55,6 +55,7 @@ fn run(a: &RunArgs, backend: &Backend, out: &mut Output) -> Result<()> {
                 rope: a.rope()?,
                 // --op prefill rotates q and k, q alone on the sm90 kernel (no RoPE on K there; docs/runner.md).
                 rope_k: a.common.kernel != PrefillKernel::Sm90,
+                head_dim_v: a.head_dim_v,
                 ..PrefillCase::dense(
                     a.dtype.into(),
                     a.head_dim,

@@ -282,6 +282,14 @@ pub fn wide_head_dim_shapes() -> (PrefillCase, PrefillCase) {
     (base.clone(), PrefillCase { head_dim: 512, ..base })
 }
 
+/// A V head dim of its own (issue 27 item 2): DeepSeek-V2/V3's Dqk 192 / Dv 128 on the shape of
+/// [`wide_head_dim_shapes`], against its D 256 row. The pair runs on the width-192 sm_80 kernel, whose MMAs
+/// are of the width: predicted ~0.75x the D 256 time at the same MMA rate (192 / 256), reported TFLOPS
+/// (of (192 + 128) / 2 per pair) ~0.83x the D 256 row's (docs/head-dims.md: 17% of the MMAs on zero columns).
+pub fn v_head_dim_shape() -> PrefillCase {
+    PrefillCase { head_dim: 192, head_dim_v: Some(128), ..wide_head_dim_shapes().0 }
+}
+
 /// Skewed decode (issue 25): one 128k sequence and 63 of 1k (the perf shapes' GQA 32:8, D 128, pages of 16),
 /// on the uniform plan and on a balanced schedule (the device's slots), each against a uniform batch of the
 /// same total tokens (64 × 3,056): the balanced row should match it, the uniform plan's should not.
@@ -387,6 +395,11 @@ pub fn perf_plan(quick: bool, kernel: PrefillKernel, hopper: bool) -> Vec<TimedS
             let (base, wide) = wide_head_dim_shapes();
             let baseline = index_of(&mut plan, Timed::Prefill(with_kernel(base, k)));
             plan.push(TimedShape { case: Timed::Prefill(with_kernel(wide, k)), baseline: Some(baseline) });
+            // 192/128 against the same D 256 row (sm_80: sm_90a takes one head dim).
+            plan.push(TimedShape {
+                case: Timed::Prefill(with_kernel(v_head_dim_shape(), k)),
+                baseline: Some(baseline),
+            });
         }
         let (uniform, skewed) = skew_decode_shapes();
         let baseline = index_of(&mut plan, Timed::Decode(uniform));
@@ -638,6 +651,7 @@ mod tests {
             let plan = perf_plan(quick, PrefillKernel::Auto, hopper);
             let pairs = comparisons(&plan);
             let (mut fp8, mut chunks, mut spec, mut skew, mut rope, mut wide) = (0, 0, 0, 0, 0, 0);
+            let mut v_head_dim = 0;
             let mut mla = 0;
             for (row, base) in &pairs {
                 match (row, base) {
@@ -691,6 +705,14 @@ mod tests {
                         assert!(matches!(c.kernel, PagedPrefillKernel::Auto | PagedPrefillKernel::Tiled));
                         spec += 1;
                     }
+                    (Timed::Prefill(c), Timed::Prefill(d)) if c.head_dim_v.is_some() => {
+                        // 192/128 against the D 256 shape, on the same (sm_80) kernel.
+                        let (base, _) = wide_head_dim_shapes();
+                        assert_eq!(&PrefillCase { kernel: base.kernel, ..(*d).clone() }, &base);
+                        assert_eq!(&PrefillCase { kernel: c.kernel, ..v_head_dim_shape() }, c);
+                        assert!(c.kernel == d.kernel && c.kernel != PrefillKernel::Sm90);
+                        v_head_dim += 1;
+                    }
                     (Timed::Prefill(c), Timed::Prefill(d)) if c.head_dim > 256 => {
                         // D 512 (the streaming path) against the same shape at D 256 (the tiled kernel).
                         let (base, d512) = wide_head_dim_shapes();
@@ -723,6 +745,7 @@ mod tests {
             let rope_rows = 2 + usize::from(hopper) + append_rope_shapes().len();
             let want = if quick { (1, 1, 2, 0, 0, 0) } else { (12, 4, 8, 2, rope_rows, 1) };
             assert_eq!((fp8, chunks, spec, skew, rope, wide), want, "quick {quick} hopper {hopper}");
+            assert_eq!(v_head_dim, wide, "the 192/128 row follows the D 512 one");
             // The baselines are rows the plan times anyway (the decode perf shapes), plus one dense prefill
             // per chunk shape (two kernels on Hopper).
             let decode_rows = plan
@@ -766,6 +789,7 @@ mod tests {
         let family: Vec<&&PrefillCase> = prefill
             .iter()
             .filter(|c| c.seqlen_q == c.seqlen_k && c.sm90_steps == Sm90Steps::default() && c.rope.is_none())
+            .filter(|c| c.head_dim_v.is_none())
             .filter(|c| c.head_dim <= 256 && PrefillCase { kernel: wide_base.kernel, ..(**c).clone() } != wide_base)
             .collect();
         let both = prefill_perf().iter().filter(|c| sm90_runs(c)).count();

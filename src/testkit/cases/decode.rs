@@ -819,6 +819,7 @@ pub(crate) fn reference_cache<'a>(
         page_size,
         heads_kv,
         head_dim,
+        head_dim_v: head_dim,
         block_table,
         max_pages_per_seq: width,
         seq_lens,

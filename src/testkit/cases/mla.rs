@@ -317,6 +317,7 @@ pub fn evaluate<T: Element>(f: &MlaFixture<T>, plan: MlaPlan, o: &[T], lse: &[f3
         page_size: c.page_size,
         heads_kv: 1,
         head_dim: row,
+        head_dim_v: row,
         block_table: &table,
         max_pages_per_seq: f.width,
         seq_lens: lens,

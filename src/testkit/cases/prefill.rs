@@ -444,6 +444,15 @@ pub fn v_head_dim_cases() -> Vec<PrefillCase> {
     let mut v = with_dv(PrefillCase::varlen(DType::Bf16, 192, true, (2, 1), vec![(7, 40), (25, 25), (0, 3)]), 128);
     v.variants = V { window: Some((10, 0)), sinks: true, alibi: CaseAlibi::PerHead, ..Default::default() };
     cases.push(v);
+    // Past 256 (the decode kernel's streaming path at width 512, V's columns predicated at Dv): dense with
+    // padded strides (NaN past Dv), varlen, Dv below and above Dqk, with variants.
+    let mut w = with_dv(PrefillCase::dense(DType::Bf16, 320, true, 40, 50, (4, 2)), 128);
+    (w.batch, w.layout, w.variants) =
+        (2, CaseLayout::Padded, V { window: Some((20, 0)), sinks: true, ..Default::default() });
+    cases.push(w);
+    let mut w = with_dv(PrefillCase::varlen(DType::F16, 128, false, (2, 1), vec![(9, 30), (0, 4), (17, 17)]), 264);
+    w.layout = CaseLayout::Padded;
+    cases.push(w);
     // DeepSeek's q/k carry 64 rotary dims (here rotated in the kernel, q and k).
     let config = crate::rope::RopeConfig::new(10000.0, 64, crate::rope::RopeStyle::Neox);
     let mut r = with_dv(PrefillCase::dense(DType::Bf16, 192, true, 50, 70, (2, 1)), 128);

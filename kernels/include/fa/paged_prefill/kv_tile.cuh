@@ -44,10 +44,11 @@ FA_DEVICE void publish_tile_row(RowOffsets *ring, int32_t *holes, const PagedVie
   }
 }
 
-// 3. The tile's cp.async copies (all threads; the caller commits). k_head / v_head: the KV head's base.
+// 3. The tile's cp.async copies (all threads; the caller commits). k_head / v_head: the KV head's base;
+// K's columns at or past head_dim and V's at or past head_dim_v are zero-filled.
 template <int kRows, int kCols, int kThreads, class T>
 FA_DEVICE void cp_async_paged_kv_tile(T *sK, T *sV, const RowOffsets *ring, const T *k_head, const T *v_head,
-                                      int head_dim) {
+                                      int head_dim, int head_dim_v) {
   using Layout = SwizzledRows<kCols>;
   constexpr int kChunks = kCols / 8;
   static_assert((kRows * kChunks) % kThreads == 0, "tile chunks must split evenly over the threads");
@@ -58,9 +59,10 @@ FA_DEVICE void cp_async_paged_kv_tile(T *sK, T *sV, const RowOffsets *ring, cons
     const int c = (idx % kChunks) * 8;
     const RowOffsets off = ld_shared(ring + row);
     const bool copy = off.k >= 0 && c < head_dim;
+    const bool copy_v = off.k >= 0 && c < head_dim_v;
     // A predicated-off copy reads nothing; its address is the head's row 0 so that no stray pointer is formed.
     cp_async_cg_16(sK + Layout::offset(row, c), copy ? k_head + off.k + c : k_head, copy);
-    cp_async_cg_16(sV + Layout::offset(row, c), copy ? v_head + off.v + c : v_head, copy);
+    cp_async_cg_16(sV + Layout::offset(row, c), copy_v ? v_head + off.v + c : v_head, copy_v);
   }
 }
 
@@ -71,7 +73,7 @@ FA_DEVICE void cp_async_paged_kv_tile(T *sK, T *sV, const RowOffsets *ring, cons
 // partial.
 template <int kRows, int kCols, int kThreads>
 FA_DEVICE void cp_async_paged_fp8_tile(unsigned char *sK, unsigned char *sV, const RowOffsets *ring,
-                                       const uint8_t *k_head, const uint8_t *v_head, int head_dim) {
+                                       const uint8_t *k_head, const uint8_t *v_head, int head_dim, int head_dim_v) {
   constexpr int kChunks = kCols / 16;
   constexpr int kTotal = kRows * kChunks;
 #pragma unroll
@@ -82,8 +84,9 @@ FA_DEVICE void cp_async_paged_fp8_tile(unsigned char *sK, unsigned char *sV, con
     const int c = (idx % kChunks) * 16;
     const RowOffsets off = ld_shared(ring + row);
     const bool copy = off.k >= 0 && c < head_dim;
+    const bool copy_v = off.k >= 0 && c < head_dim_v;
     cp_async_cg_16(sK + row * kCols + c, copy ? k_head + off.k + c : k_head, copy);
-    cp_async_cg_16(sV + row * kCols + c, copy ? v_head + off.v + c : v_head, copy);
+    cp_async_cg_16(sV + row * kCols + c, copy_v ? v_head + off.v + c : v_head, copy_v);
   }
 }
 
