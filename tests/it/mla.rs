@@ -19,23 +19,7 @@ use fused_attn::{
 };
 
 use crate::common::case_seed;
-
-/// xorshift64*: uniform in [-1, 1).
-struct Rng(u64);
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1)
-    }
-    fn next(&mut self) -> f64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 52) as f64 - 1.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        ((self.next() + 1.0) * 0.5 * n as f64) as usize % n.max(1)
-    }
-}
+use fused_attn::testkit::cases::mla::Rng;
 
 #[derive(Clone, Debug)]
 struct Case {

@@ -130,19 +130,24 @@ impl MlaCase {
     }
 }
 
-/// xorshift64*: uniform in [-1, 1).
-struct Rng(u64);
+/// xorshift64*: uniform in [-1, 1). The MLA fixtures' generator (the runner's cases and tests/it/mla.rs
+/// draw from it, so a seed gives the same cache everywhere).
+pub struct Rng(u64);
 impl Rng {
-    fn new(seed: u64) -> Self {
+    /// A generator for a seed (any value; zero is fine).
+    pub fn new(seed: u64) -> Self {
         Rng(seed.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1)
     }
-    fn next(&mut self) -> f64 {
+    /// The next value, uniform in [-1, 1).
+    #[allow(clippy::should_implement_trait)]
+    pub fn next(&mut self) -> f64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
         (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 52) as f64 - 1.0
     }
-    fn below(&mut self, n: usize) -> usize {
+    /// A value in 0..n (0 when n is 0).
+    pub fn below(&mut self, n: usize) -> usize {
         ((self.next() + 1.0) * 0.5 * n as f64) as usize % n.max(1)
     }
 }
