@@ -28,7 +28,7 @@
 # Everything goes to $RESULTS_DIR: log.txt (all output), summary.txt, report.jsonl, *.png, compare.jsonl,
 # ceilings.json, gpu-info.txt, sanitizer-*.txt.
 #
-# Overrides (for running from a source tree, as tests/it/bundle.rs does): BUNDLE_DIR (default: this script's
+# Overrides (for running from a source tree, as runner/tests/cli/bundle.rs does): BUNDLE_DIR (default: this script's
 # directory; its binaries.tar.xz is unpacked into a temporary directory, else BUNDLE_DIR/{bin,tests,benches}
 # are used), FA_RUNNER (default: bin/fused-attn there), FA_BUNDLE_BUDGET_S.
 set -u

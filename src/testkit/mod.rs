@@ -1,5 +1,5 @@
 //! What verifies and measures the crate rather than what ships in it (feature `testkit`, off by default;
-//! `cli` and this repository's tests turn it on): seeded fixtures, the case harnesses of every op (run one
+//! this repository's tests and its runner turn it on): seeded fixtures, the case harnesses of every op (run one
 //! case against the fp64 reference on the emulator or a GPU, time it), timing with CUDA events, the
 //! analytic cost model the counters are checked against, and the wrappers of the emulator's self-test
 //! kernels (kernels/selftest*.cu, which are compiled only with this feature).

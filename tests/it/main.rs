@@ -1,15 +1,15 @@
 //! The integration tests, one binary (one link instead of one per file): each module is what was a file
 //! of tests/, named as before, so `cargo test --release --test it -- decode::` runs what `--test decode`
-//! did. tests/emulator.rs and tests/candle.rs (feature `candle`) stay binaries of their own.
+//! did. tests/emulator.rs and tests/candle.rs (feature `candle`) stay binaries of their own; the runner's
+//! end-to-end tests and the GPU bundle's no-GPU checks are the runner package's (runner/tests/cli).
 
 mod common;
 
 mod abi_bindings;
 mod append;
-// The `cuda` build's fatbins (SASS per target, kernel lists, ptxas report) and the runner binary's symbols.
+// The `cuda` build's fatbins (SASS per target, kernel lists, ptxas report).
 #[cfg(feature = "cuda")]
 mod build_artifacts;
-mod bundle;
 mod cost;
 mod decode;
 mod downstream;
@@ -38,7 +38,6 @@ mod rope;
 mod rope_prefill;
 mod rope_prefill_k;
 mod rope_prefill_sm90;
-mod runner;
 mod schedule;
 mod tile_policy;
 mod variants;

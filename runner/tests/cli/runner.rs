@@ -11,7 +11,7 @@ use std::process::{Command, Output};
 use serde_json::Value as Json;
 
 /// The documented row fields, the list the runner's own unit test checks too.
-#[path = "../../src/bin/fused-attn/row_fields.rs"]
+#[path = "../../src/row_fields.rs"]
 mod row_fields;
 use row_fields::ROW_FIELDS;
 

@@ -4,7 +4,8 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::CudaStream;
+use fused_attn::cudarc::driver::CudaStream;
+use fused_attn::half::{bf16, f16};
 use fused_attn::paged::MAX_PAGE_SIZE;
 use fused_attn::reference::Comparison;
 use fused_attn::testkit::cases::append::{self as ac, AppendCase};
@@ -17,7 +18,6 @@ use fused_attn::testkit::cost_model;
 use fused_attn::testkit::timing::Runs;
 use fused_attn::testkit::variants::{CaseAlibi, CaseVariants};
 use fused_attn::{DType, Element, Error, LaunchCounters, Result};
-use half::{bf16, f16};
 
 use crate::backend::Backend;
 use crate::dump::Dump;

@@ -35,7 +35,7 @@ use npyz::WriterBuilder;
 
 /// Element encodings the dumps use: float16 as '<f2', bf16 exactly widened to '<f4', and the integer tables.
 enum NpyData<'a> {
-    F16(Vec<half::f16>),
+    F16(Vec<fused_attn::half::f16>),
     F32(Vec<f32>),
     I32(&'a [i32]),
     I64(&'a [i64]),
@@ -57,7 +57,7 @@ pub struct Dump {
 /// Values of a 16-bit tensor in its .npy encoding.
 fn encode(dtype: DType, vals: impl Iterator<Item = f64>) -> NpyData<'static> {
     match dtype {
-        DType::F16 => NpyData::F16(vals.map(half::f16::from_f64).collect()),
+        DType::F16 => NpyData::F16(vals.map(fused_attn::half::f16::from_f64).collect()),
         DType::Bf16 => NpyData::F32(vals.map(|x| x as f32).collect()),
     }
 }

@@ -9,8 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+/// The repository root (this package is runner/ in it).
 fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("runner/ has a parent").to_path_buf()
 }
 
 /// A fresh scratch directory under cargo's per-target tmp dir.

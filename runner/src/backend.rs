@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::CudaStream;
+use fused_attn::cudarc::driver::CudaStream;
 use fused_attn::{device, Emulator, Result};
 
 use crate::args::BackendChoice;
