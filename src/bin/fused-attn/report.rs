@@ -219,6 +219,7 @@ pub fn decode_step(c: &PagedPrefillCase) -> DecodeCase {
     DecodeCase {
         dtype: c.dtype,
         head_dim: c.head_dim,
+        head_dim_v: c.head_dim_v,
         heads_q: c.heads_q,
         heads_kv: c.heads_kv,
         page_size: c.page_size,
@@ -259,6 +260,7 @@ pub fn append_rope_shapes() -> Vec<AppendCase> {
     let shape = |seqs: Vec<(usize, usize)>, kv| AppendCase {
         dtype: DType::Bf16,
         head_dim: 128,
+        head_dim_v: None,
         heads_kv: 8,
         page_size: 16,
         seqs,
