@@ -20,8 +20,8 @@ use fused_attn::testkit::cost_model;
 use fused_attn::testkit::seed::rng;
 use fused_attn::{
     append, decode, paged_prefill, AlibiSlopes, DType, DecodeProblem, Element, Emulator, ErrorKind, Fp8E4m3, Fp8E5m2,
-    Fp8Format, KvCacheOf, KvScales, ScaleKind, PagedKvCacheMut, PagedPrefillKernel, PagedPrefillOptions, PagedPrefillWorkspace, ScoreMod,
-    SplitPolicy, Stream, TensorView, TensorViewMut,
+    Fp8Format, KvCacheOf, KvScales, PagedKvCacheMut, PagedPrefillKernel, PagedPrefillOptions, PagedPrefillWorkspace,
+    ScaleKind, ScoreMod, SplitPolicy, Stream, TensorView, TensorViewMut,
 };
 use half::{bf16, f16};
 use rand::seq::SliceRandom;
@@ -440,7 +440,11 @@ fn decode_cost_mismatches(emu: &Emulator, c: &Case, plan: &fused_attn::DecodePla
         .collect();
     if let Some(merge) = counters.kernel("merge_states") {
         if merge.read_of("partial_o") > dec.written_of("partial_o") {
-            out.push(format!("merge read {} B of partials, {} B written", merge.read_of("partial_o"), dec.written_of("partial_o")));
+            out.push(format!(
+                "merge read {} B of partials, {} B written",
+                merge.read_of("partial_o"),
+                dec.written_of("partial_o")
+            ));
         }
     }
     out

@@ -728,10 +728,8 @@ fn paged_ops_take_a_v_head_dim_of_their_own() {
         ("append", "--op append --batch 2 --seqlen-q 6 --seqlen-k 40"),
     ] {
         let dims = if name == "append" { dims.replace("--heads 8 ", "") } else { dims.to_string() };
-        let o = fused_attn(&format!(
-            "run --backend emu {args} {dims} --json --seed 7 --dump {}",
-            dir.join(name).display()
-        ));
+        let o =
+            fused_attn(&format!("run --backend emu {args} {dims} --json --seed 7 --dump {}", dir.join(name).display()));
         assert_eq!(o.status.code(), Some(0), "{name}: {}", stderr(&o));
         let r = &json_rows(&o)[0];
         assert_eq!((&r["passed"], &r["head_dim"]), (&true.into(), &192.into()), "{name}: {r}");

@@ -832,8 +832,9 @@ mod tests {
         assert!(msg("run --page-size 8").starts_with(
             "--page-size applies to --op decode or --op paged-prefill or --op append or --op mla-decode only"
         ));
-        assert!(msg("run --op mla-decode --head-dim-v 128")
-            .starts_with("--head-dim-v applies to --op prefill or --op decode or --op paged-prefill or --op append only"));
+        assert!(msg("run --op mla-decode --head-dim-v 128").starts_with(
+            "--head-dim-v applies to --op prefill or --op decode or --op paged-prefill or --op append only"
+        ));
         // The MLA flags.
         assert!(msg("run --op decode --kv-lora-rank 256").starts_with("--kv-lora-rank applies to --op mla-decode only"));
         assert!(msg("run --op paged-prefill --q-len 2").starts_with("--q-len applies to --op mla-decode only"));

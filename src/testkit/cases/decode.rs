@@ -724,8 +724,7 @@ impl<T: Element> PagedFixture<T> {
     /// variants.
     pub fn reference_kv(&self, k: &[f64], v: &[f64]) -> Result<(reference::Output, Vec<f64>)> {
         let c = &self.case;
-        let cache =
-            reference_cache(k, v, (self.cache_shape(), c.dv()), &self.block_table, self.width, &self.seq_lens);
+        let cache = reference_cache(k, v, (self.cache_shape(), c.dv()), &self.block_table, self.width, &self.seq_lens);
         let wide = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>();
         let (slopes, sinks) = (wide(&self.alibi_slopes), wide(&self.sinks));
         let var = c.variants.reference(&slopes, &sinks);
@@ -869,7 +868,8 @@ pub(crate) fn fill_cache<T: Element>(
         for t in range {
             let page = block_table[b * width + t / ps] as usize;
             let slot = page * ps + t % ps;
-            let (k_row, v_row) = (&mut k_cache[slot * hkv * d..][..hkv * d], &mut v_cache[slot * hkv * dv..][..hkv * dv]);
+            let (k_row, v_row) =
+                (&mut k_cache[slot * hkv * d..][..hkv * d], &mut v_cache[slot * hkv * dv..][..hkv * dv]);
             for i in 0..hkv * d.max(dv) {
                 if let Some(x) = k_row.get_mut(i) {
                     *x = T::from_f64(rng.random_range(-mag..mag));
