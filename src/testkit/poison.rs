@@ -69,7 +69,7 @@ pub fn poison_unseen_slots<'a, T: Element>(
 ) {
     let slots = k.len() / token;
     // V's slots: as many, of V's own head dim (a V head dim of its own, docs/head-dims.md).
-    let v_token = if slots == 0 { 0 } else { v.len() / slots };
+    let v_token = v.len().checked_div(slots).unwrap_or(0);
     let mut seen = vec![false; slots];
     for s in seqs {
         // The keys some row sees: the union of the rows' ranges (each contiguous, moving with the row).
