@@ -748,7 +748,8 @@ fn run_append_t<T: Element + ac::Poison>(
         ));
     }
     if let (Some(t), Some(copy)) = (timing, copy_gbps) {
-        let gbps = ac::bytes_moved(c) as f64 / (t.median_ms * 1e-3) / 1e9;
+        // Bytes moved: K (Dqk) and V (Dv) rows read once, the cache rows written once (16-bit or FP8).
+        let gbps = cost_model::append_cost(c).total() as f64 / (t.median_ms * 1e-3) / 1e9;
         (row.ms, row.gbps, row.copy_gbps, row.pct_of_copy_bw) =
             (Some(t.median_ms), Some(gbps), Some(copy), Some(100.0 * gbps / copy));
     }

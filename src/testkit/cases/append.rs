@@ -391,12 +391,6 @@ pub fn run_gpu<T: Element + Poison>(
     with_kv!(f.case.kv, go::<T>(cu, f, runs))
 }
 
-/// Bytes an append moves: K (Dqk) and V (Dv) rows read once, the cache rows written once (16-bit or FP8):
-/// [`crate::testkit::cost_model::append_cost`]'s total.
-pub fn bytes_moved(case: &AppendCase) -> usize {
-    crate::testkit::cost_model::append_cost(case).total() as usize
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

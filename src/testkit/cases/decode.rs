@@ -450,7 +450,7 @@ pub struct CacheBuffers<T> {
     pub v: (usize, usize, [i64; 4]),
 }
 
-/// Host data of one case/// Host data of one case: the paged cache (NaN wherever no sequence owns a slot), the block table, the
+/// Host data of one case: the paged cache (NaN wherever no sequence owns a slot), the block table, the
 /// lengths and the queries. Element layouts: k_cache [num_pages, page_size, Hkv, Dqk], v_cache [.., Dv],
 /// block_table [B, width], q [B, Hq, Dqk].
 #[derive(Debug, Clone)]
