@@ -1067,6 +1067,11 @@ fn paged_ops_with_a_v_head_dim_of_their_own_match_candle_attention() -> Result<(
     let reference = candle_attention(&qs, &ks, &vs, scale, false, DType::F64)?.squeeze(0)?;
     let naive = candle_attention(&qs, &ks, &vs, scale, false, DType::BF16)?.squeeze(0)?;
     check("fp8 e4m3 decode 192/128", &o, &reference, &naive);
+    // FP8 codes read as 16-bit data: Unsupported, naming the tensor that holds them.
+    let k16 = Tensor::zeros((3, page, hkv, d), DType::BF16, &Device::Cpu)?;
+    let no_fp8 = fa::PagedOptions::default();
+    let e = fa::paged_decode_kv(&q, &k16, &v_cache, &table, &lens, n, scale as f32, &no_fp8, &mut ws).unwrap_err();
+    assert!(e.to_string().starts_with("Unsupported error: v_cache: dtype U8 holds FP8 codes"), "{e}");
     // Two halves of one tensor are not two caches.
     let joint = Tensor::zeros((2, 3, page, hkv, d), DType::BF16, &Device::Cpu)?;
     let (kh, vh) = (joint.i(0)?, joint.i(1)?);

@@ -605,10 +605,10 @@ pub struct PagedOptions<'a> {
 }
 
 /// A cache of FP8 codes read as 16-bit data would be garbage: say what is missing.
-fn check_codes_have_fp8(dtype: DType, fp8: Option<&Fp8Kv>) -> crate::Result<()> {
+fn check_codes_have_fp8(name: &str, dtype: DType, fp8: Option<&Fp8Kv>) -> crate::Result<()> {
     if fp8.is_none() && matches!(dtype, DType::U8 | DType::F8E4M3) {
         return Err(Error::unsupported(
-            "kv_cache",
+            name,
             format!("dtype {dtype:?} holds FP8 codes: pass PagedOptions::fp8 (an Fp8Kv: their format and scales)"),
         ));
     }
@@ -659,7 +659,7 @@ impl PagedAppend<'_> {
         let (slots, slots_l) = self.slot_mapping.storage_and_layout();
         let slots = S::of(&slots, "slot_mapping")?.view::<i64, 1>("slot_mapping", slots_l)?;
         let halves = kv_halves(kv_l)?;
-        check_codes_have_fp8(kv_cache.dtype(), self.opts.fp8)?;
+        check_codes_have_fp8("kv_cache", kv_cache.dtype(), self.opts.fp8)?;
         let scales = self.opts.fp8.map(Fp8Kv::storages);
         let scale_views = scales.as_ref().map(ScaleStorages::views::<S>).transpose()?;
         attention_dtype!("k", k.dtype(), |T| {
@@ -774,7 +774,8 @@ impl PagedAppendKv<'_> {
         S::with_tensor_mut(self.v_cache, |v_cache, v_cache_l| {
             let (slots, slots_l) = self.slot_mapping.storage_and_layout();
             let slots = S::of(&slots, "slot_mapping")?.view::<i64, 1>("slot_mapping", slots_l)?;
-            check_codes_have_fp8(k_cache.dtype(), self.opts.fp8)?;
+            check_codes_have_fp8("k_cache", k_cache.dtype(), self.opts.fp8)?;
+            check_codes_have_fp8("v_cache", v_cache.dtype(), self.opts.fp8)?;
             let scales = self.opts.fp8.map(Fp8Kv::storages);
             let scale_views = scales.as_ref().map(ScaleStorages::views::<S>).transpose()?;
             attention_dtype!("k", k.dtype(), |T| {
@@ -1074,8 +1075,8 @@ impl DecodeArgs<'_> {
                 ((kv_l.start_offset(), ks, kst), (v_l.start_offset(), vs, vst), "v_cache")
             }
         };
-        check_codes_have_fp8(kv.dtype(), opts.fp8)?;
-        check_codes_have_fp8(vs.dtype(), opts.fp8)?;
+        check_codes_have_fp8(k_name, kv.dtype(), opts.fp8)?;
+        check_codes_have_fp8(v_name, vs.dtype(), opts.fp8)?;
         let dv = v_at.1[3];
         let scales = opts.fp8.map(Fp8Kv::storages);
         let scale_views = scales.as_ref().map(ScaleStorages::views::<S>).transpose()?;
@@ -1171,7 +1172,7 @@ impl MlaArgs<'_> {
         let (q, lc) = (S::of(q, "q")?, S::of(&lc, "latent_cache")?);
         let table = S::of(&table, "block_table")?.index_view::<2>("block_table", table_l)?;
         let lens = S::of(&lens, "seq_lens")?.index_view::<1>("seq_lens", lens_l)?;
-        check_codes_have_fp8(lc.dtype(), self.fp8)?;
+        check_codes_have_fp8("kv_cache", lc.dtype(), self.fp8)?;
         let scales = self.fp8.map(Fp8Kv::storages);
         let scale_views = scales.as_ref().map(ScaleStorages::views::<S>).transpose()?;
         let rank = self.dims.kv_lora_rank;
