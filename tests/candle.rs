@@ -947,3 +947,136 @@ fn mla_decode_matches_candle_attention() -> Result<()> {
     }
     Ok(())
 }
+
+/// Paged ops over a K cache and a V cache of their own widths (DeepSeek's Dqk 192 / Dv 128, and Dv above
+/// Dqk): `paged_append_kv` writes K rows of Dqk into `k_cache [pages, 16, Hkv, Dqk]` and V rows of Dv into
+/// `v_cache [pages, 16, Hkv, Dv]` (exactly the slots; the others keep their NaN), `paged_decode_kv` reads
+/// them into `o [B, Hq, Dv]` (split and not), held to the tolerance rule against candle's own attention
+/// composition over each sequence's contiguous K and V; an FP8 (E4M3) pair of caches round-trips; a V
+/// cache that shares storage with the K cache (two halves of one tensor) is a Usage error naming v_cache.
+#[test]
+fn paged_ops_with_a_v_head_dim_of_their_own_match_candle_attention() -> Result<()> {
+    let mut rng = StdRng::seed_from_u64(2727);
+    let page = 16;
+    for (dtype, hq, hkv, d, dv, lens) in
+        [(DType::BF16, 8, 2, 192, 128, vec![1usize, 17, 300]), (DType::F16, 4, 1, 64, 128, vec![45, 0, 9])]
+    {
+        let b = lens.len();
+        let per_seq = lens.iter().max().copied().unwrap_or(1).div_ceil(page);
+        let num_pages = b * per_seq + 1;
+        let mut order: Vec<usize> = (0..num_pages).collect();
+        order.shuffle(&mut rng);
+        let phys = |s: usize, p: usize| order[s * per_seq + p];
+        let nan = |dims: (usize, usize, usize, usize)| Tensor::ones(dims, dtype, &Device::Cpu)? * f64::NAN;
+        let (k_cache, v_cache) = (nan((num_pages, page, hkv, d))?, nan((num_pages, page, hkv, dv))?);
+        let mut kv = Vec::new();
+        for (s, &n) in lens.iter().enumerate() {
+            let k = random(&[n, hkv, d], -1.0, 1.0, dtype, &mut rng)?;
+            let v = random(&[n, hkv, dv], -0.5, 1.5, dtype, &mut rng)?;
+            let slots: Vec<i64> = (0..n).map(|t| (phys(s, t / page) * page + t % page) as i64).collect();
+            let slots = Tensor::from_vec(slots, n, &Device::Cpu)?;
+            fa::paged_append_kv(&k, &v, &slots, &k_cache, &v_cache, &Default::default())?;
+            kv.push((k, v));
+        }
+        // Exactly the slots: each token's rows where the table puts them, NaN in every other slot.
+        let mut written = 0;
+        for page_id in 0..num_pages {
+            for slot in 0..page {
+                let owner = lens.iter().enumerate().find_map(|(s, &n)| {
+                    (0..n).find(|&t| phys(s, t / page) == page_id && t % page == slot).map(|t| (s, t))
+                });
+                let (kr, vr) = (values(&k_cache.i((page_id, slot))?), values(&v_cache.i((page_id, slot))?));
+                assert_eq!((kr.len(), vr.len()), (hkv * d, hkv * dv));
+                match owner {
+                    Some((s, t)) => {
+                        assert_eq!((kr, vr), (values(&kv[s].0.i(t)?), values(&kv[s].1.i(t)?)), "seq {s} token {t}");
+                        written += 1;
+                    }
+                    None => assert!(kr.iter().chain(&vr).all(|x| x.is_nan()), "page {page_id} slot {slot} written"),
+                }
+            }
+        }
+        assert_eq!(written, lens.iter().sum::<usize>());
+        let table: Vec<i32> = (0..b).flat_map(|s| (0..per_seq).map(move |p| phys(s, p) as i32)).collect();
+        let block_table = Tensor::from_vec(table, (b, per_seq), &Device::Cpu)?;
+        let seq_lens = Tensor::from_vec(lens.iter().map(|&n| n as i32).collect::<Vec<_>>(), b, &Device::Cpu)?;
+        let q = random(&[b, hq, d], -1.0, 1.0, dtype, &mut rng)?;
+        let max_seq_len = *lens.iter().max().unwrap_or(&0);
+        let limits = DecodeProblem { batch: b, heads_q: hq, heads_kv: hkv, head_dim: d.max(dv), max_seq_len };
+        let scale = 1.0 / (d as f64).sqrt();
+        for splits in [None, Some(3)] {
+            let mut ws = fa::decode_workspace(&Device::Cpu, &limits, splits)?;
+            let (o, lse) = fa::paged_decode_kv(
+                &q,
+                &k_cache,
+                &v_cache,
+                &block_table,
+                &seq_lens,
+                max_seq_len,
+                scale as f32,
+                &Default::default(),
+                &mut ws,
+            )?;
+            assert_eq!((o.dims(), lse.dims()), (&[b, hq, dv][..], &[b, hq][..]));
+            let (mut reference, mut naive) = (Vec::new(), Vec::new());
+            for (s, (k, v)) in kv.iter().enumerate() {
+                if lens[s] == 0 {
+                    let zero = Tensor::zeros((hq, dv), DType::F64, &Device::Cpu)?;
+                    reference.push(zero.clone());
+                    naive.push(zero);
+                    assert!(values(&o.i(s)?).iter().all(|&x| x == 0.0), "empty sequence: o = 0");
+                    continue;
+                }
+                let (qs, k, v) = (q.i(s)?.unsqueeze(0)?.unsqueeze(0)?, k.unsqueeze(0)?, v.unsqueeze(0)?);
+                reference.push(candle_attention(&qs, &k, &v, scale, false, DType::F64)?.squeeze(0)?.squeeze(0)?);
+                naive.push(candle_attention(&qs, &k, &v, scale, false, dtype)?.squeeze(0)?.squeeze(0)?);
+            }
+            let what = format!("decode {dtype:?} Hq={hq} Hkv={hkv} {d}/{dv} lens={lens:?} splits={splits:?}");
+            check(&what, &o, &Tensor::stack(&reference, 0)?, &Tensor::stack(&naive, 0)?);
+        }
+    }
+    // FP8 codes (E4M3, per-tensor scales) in a K and a V cache of their own: the append quantises, the
+    // decode dequantises, within the tolerance rule of the stored values against candle's composition.
+    let (hq, hkv, d, dv, n) = (4, 2, 192, 128, 40);
+    let fp8 = fa::Fp8Kv::per_tensor(&Device::Cpu, fused_attn::Fp8Format::E4m3, 0.004, 0.004)?;
+    let opts = fa::PagedOptions { fp8: Some(&fp8), ..Default::default() };
+    let (k_cache, v_cache) = (
+        Tensor::zeros((3, page, hkv, d), DType::U8, &Device::Cpu)?,
+        Tensor::zeros((3, page, hkv, dv), DType::U8, &Device::Cpu)?,
+    );
+    let k = random(&[n, hkv, d], -1.0, 1.0, DType::BF16, &mut rng)?;
+    let v = random(&[n, hkv, dv], -0.5, 1.5, DType::BF16, &mut rng)?;
+    let slots = Tensor::from_vec((0..n as i64).collect::<Vec<_>>(), n, &Device::Cpu)?;
+    fa::paged_append_kv(&k, &v, &slots, &k_cache, &v_cache, &opts)?;
+    let (table, lens) =
+        (Tensor::from_vec(vec![0i32, 1, 2], (1, 3), &Device::Cpu)?, Tensor::new(&[n as i32], &Device::Cpu)?);
+    let q = random(&[1, hq, d], -1.0, 1.0, DType::BF16, &mut rng)?;
+    let limits = DecodeProblem { batch: 1, heads_q: hq, heads_kv: hkv, head_dim: d, max_seq_len: n };
+    let mut ws = fa::decode_workspace(&Device::Cpu, &limits, None)?;
+    let scale = 1.0 / (d as f64).sqrt();
+    let (o, _) = fa::paged_decode_kv(&q, &k_cache, &v_cache, &table, &lens, n, scale as f32, &opts, &mut ws)?;
+    assert_eq!(o.dims(), &[1, hq, dv]);
+    // The stored values, dequantised: codes decoded times the scale.
+    let stored = |c: &Tensor, dims: (usize, usize, usize)| -> Result<Tensor> {
+        let codes: Vec<u8> = c.flatten_all()?.to_vec1()?;
+        let vals: Vec<f64> = codes.iter().map(|&x| fused_attn::Fp8Format::E4m3.decode(x) * 0.004).collect();
+        Tensor::from_vec(vals[..dims.0 * dims.1 * dims.2].to_vec(), dims, &Device::Cpu)?.to_dtype(DType::BF16)
+    };
+    let (ks, vs) = (stored(&k_cache, (n, hkv, d))?.unsqueeze(0)?, stored(&v_cache, (n, hkv, dv))?.unsqueeze(0)?);
+    let qs = q.unsqueeze(0)?;
+    let reference = candle_attention(&qs, &ks, &vs, scale, false, DType::F64)?.squeeze(0)?;
+    let naive = candle_attention(&qs, &ks, &vs, scale, false, DType::BF16)?.squeeze(0)?;
+    check("fp8 e4m3 decode 192/128", &o, &reference, &naive);
+    // FP8 codes read as 16-bit data: Unsupported, naming the tensor that holds them.
+    let k16 = Tensor::zeros((3, page, hkv, d), DType::BF16, &Device::Cpu)?;
+    let no_fp8 = fa::PagedOptions::default();
+    let e = fa::paged_decode_kv(&q, &k16, &v_cache, &table, &lens, n, scale as f32, &no_fp8, &mut ws).unwrap_err();
+    assert!(e.to_string().starts_with("Unsupported error: v_cache: dtype U8 holds FP8 codes"), "{e}");
+    // Two halves of one tensor are not two caches.
+    let joint = Tensor::zeros((2, 3, page, hkv, d), DType::BF16, &Device::Cpu)?;
+    let (kh, vh) = (joint.i(0)?, joint.i(1)?);
+    let e = fa::paged_append_kv(&k.to_dtype(DType::BF16)?, &k, &slots, &kh, &vh, &Default::default()).unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.starts_with("Usage error: v_cache") && msg.contains("shares its storage with k_cache"), "{msg}");
+    Ok(())
+}

@@ -224,7 +224,8 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 128, value_name = "N")]
     pub head_dim: usize,
     /// V's and O's head dim Dv, when it differs from Q·K's --head-dim (DeepSeek-V2/V3: --head-dim 192
-    /// --head-dim-v 128; --dump writes v and out that wide) [prefill] [default: --head-dim].
+    /// --head-dim-v 128; the paged ops' V pages are that wide; --dump writes v, v_cache and out that wide)
+    /// [prefill, decode, paged-prefill, append] [default: --head-dim].
     #[arg(long, value_name = "N")]
     pub head_dim_v: Option<usize>,
     /// Batch size B [prefill, decode].
@@ -554,8 +555,8 @@ const OP_ONLY: [(&str, &str, &[Op], &str); 23] = [
     (
         "head_dim_v",
         "--head-dim-v",
-        &[Op::Prefill],
-        "the runner's paged fixtures have one head dim (the library's paged ops take a Dv of their own)",
+        &[Op::Prefill, Op::Decode, Op::PagedPrefill, Op::Append],
+        "MLA's latent row sets its dims: --kv-lora-rank and --rope-dim",
     ),
     (
         "seq_lens",
@@ -831,7 +832,9 @@ mod tests {
         assert!(msg("run --page-size 8").starts_with(
             "--page-size applies to --op decode or --op paged-prefill or --op append or --op mla-decode only"
         ));
-        assert!(msg("run --op decode --head-dim-v 128").starts_with("--head-dim-v applies to --op prefill only"));
+        assert!(msg("run --op mla-decode --head-dim-v 128").starts_with(
+            "--head-dim-v applies to --op prefill or --op decode or --op paged-prefill or --op append only"
+        ));
         // The MLA flags.
         assert!(msg("run --op decode --kv-lora-rank 256").starts_with("--kv-lora-rank applies to --op mla-decode only"));
         assert!(msg("run --op paged-prefill --q-len 2").starts_with("--q-len applies to --op mla-decode only"));

@@ -398,7 +398,7 @@ fn check_page_size(page_size: usize) -> Result<()> {
 fn check_decode_size(c: &DecodeCase) -> Result<()> {
     check_page_size(c.page_size)?;
     let tokens = c.seq_lens.iter().sum::<usize>();
-    checked_elements(&[&[tokens, c.heads_kv, c.head_dim], &[tokens, c.heads_kv, c.head_dim]])?;
+    checked_elements(&[&[tokens, c.heads_kv, c.head_dim], &[tokens, c.heads_kv, c.dv()]])?;
     Ok(())
 }
 
@@ -408,9 +408,9 @@ fn check_paged_prefill_size(c: &PagedPrefillCase) -> Result<()> {
     let tokens = c.seqs.iter().map(|s| s.1).sum::<usize>();
     checked_elements(&[
         &[tokens, c.heads_kv, c.head_dim],
-        &[tokens, c.heads_kv, c.head_dim],
+        &[tokens, c.heads_kv, c.dv()],
         &[c.total_q(), c.heads_q, c.head_dim],
-        &[c.total_q(), c.heads_q, c.head_dim],
+        &[c.total_q(), c.heads_q, c.dv()],
     ])?;
     Ok(())
 }
@@ -596,7 +596,9 @@ fn run_paged_prefill_t<T: Element>(
         dump.paged_prefill(&r)?;
     }
     let row = with_paged_prefill_outcome(paged_prefill_row("run", backend, c, seed), &r.outcome);
-    Ok(with_counters(row, backend, |_| None))
+    // The short-chunk byte model (at most 16 packed rows per KV head, no window); others report counters only.
+    let model = cost_model::paged_prefill_short_chunk_bytes(c);
+    Ok(with_counters(row, backend, |k| model.and_then(|m| m.ratios(k))))
 }
 
 /// On the emulator: the cost counters of the op this thread just ran (totals over its kernels, then
@@ -665,7 +667,7 @@ pub fn run_append(
     let elements = c.seqs.iter().map(|s| s.1.div_ceil(c.page_size.max(1)) + 1).sum::<usize>()
         * c.page_size
         * c.heads_kv
-        * c.head_dim;
+        * (c.head_dim + c.dv());
     if elements > MAX_ELEMENTS {
         return Err(Error::unsupported(
             "case",
@@ -746,9 +748,10 @@ fn run_append_t<T: Element + ac::Poison>(
         ));
     }
     if let (Some(t), Some(copy)) = (timing, copy_gbps) {
-        let gbps = ac::bytes_moved(c) as f64 / (t.median_ms * 1e-3) / 1e9;
+        // Bytes moved: K (Dqk) and V (Dv) rows read once, the cache rows written once (16-bit or FP8).
+        let gbps = cost_model::append_cost(c).total() as f64 / (t.median_ms * 1e-3) / 1e9;
         (row.ms, row.gbps, row.copy_gbps, row.pct_of_copy_bw) =
             (Some(t.median_ms), Some(gbps), Some(copy), Some(100.0 * gbps / copy));
     }
-    Ok(with_counters(row, backend, |_| None))
+    Ok(with_counters(row, backend, |k| Some(cost_model::append_cost(c).ratios(k))))
 }

@@ -6,12 +6,14 @@
 //! - decode: q [B, Hq, D], k_cache / v_cache [num_pages, page_size, Hkv, D] (NaN in slots no sequence
 //!   owns), block_table [B, max_pages_per_seq], seq_lens [B], k / v [B, max(seq_lens), Hkv, D] (the
 //!   cache gathered through the block table, zero past each seq_len), out [B, Hq, D], lse [B, Hq].
+//!   With a V head dim of its own (--head-dim-v Dv), v_cache, v and out have Dv columns (q, k_cache and k
+//!   D), here and for paged-prefill and append;
 //!   An FP8 cache (--kv-dtype fp8_*): k_cache / v_cache and k / v are float32 holding the stored FP8 values
 //!   (before scaling; NaN in unowned slots), and k_scale.npy / v_scale.npy float32 [1] or [Hkv] the
 //!   dequantisation scales: the values attention used are k_cache * k_scale[h] (v likewise);
 //! - paged-prefill: q [B, Tq, Hq, D], out [B, Tq, Hq, D], lse [B, Hq, Tq], and the cache, block_table,
 //!   seq_lens, k and v as for decode (seq_lens include the Tq new tokens); an FP8 cache as for decode;
-//! - append: k / v [N, Hkv, D] (unrotated), slot_mapping [N] int64, rope_positions [N] and the table with
+//! - append: k [N, Hkv, D] / v [N, Hkv, Dv] (unrotated), slot_mapping [N] int64, rope_positions [N] and the table with
 //!   RoPE, k_cache / v_cache [num_pages, page_size, Hkv, D] after the append (NaN in unwritten slots; FP8 as
 //!   float32 stored values, with k_scale / v_scale);
 //! - mla-decode: q [total_q, Hq, rank + rope], latent_cache [num_pages, page_size, 1, rank + rope] (FP8:
@@ -130,10 +132,10 @@ impl Dump {
     /// FP8 as float32 before scaling; NaN in every slot no new token owns).
     pub fn append<T: Element>(&self, f: &AppendFixture<T>, out: &AppendOutputs) -> Result<()> {
         let dt = T::DTYPE;
-        let (n, hkv, d) = (f.slots.len(), f.case.heads_kv, f.case.head_dim);
+        let (n, hkv, d, dv) = (f.slots.len(), f.case.heads_kv, f.case.head_dim, f.case.dv());
         let vals = |x: &[T]| x.iter().map(|v| v.to_f64()).collect::<Vec<_>>();
         self.write("k", &[n, hkv, d], encode(dt, vals(&f.k).into_iter()))?;
-        self.write("v", &[n, hkv, d], encode(dt, vals(&f.v).into_iter()))?;
+        self.write("v", &[n, hkv, dv], encode(dt, vals(&f.v).into_iter()))?;
         self.write("slot_mapping", &[n], NpyData::I64(&f.slots))?;
         if f.rope_table.is_some() {
             self.rope(f.rope_table.as_ref(), &f.positions, &[n])?;
@@ -143,7 +145,7 @@ impl Dump {
             None => encode(dt, x.iter().copied()),
         };
         self.write("k_cache", &f.cache_shape, cache(&out.k_cache))?;
-        self.write("v_cache", &f.cache_shape, cache(&out.v_cache))?;
+        self.write("v_cache", &f.v_cache_shape, cache(&out.v_cache))?;
         if !f.k_scales.is_empty() {
             self.write("k_scale", &[f.k_scales.len()], NpyData::F32(f.k_scales.clone()))?;
             self.write("v_scale", &[f.v_scales.len()], NpyData::F32(f.v_scales.clone()))?;
@@ -159,7 +161,7 @@ impl Dump {
         let vals = |x: &[T]| x.iter().map(|v| v.to_f64()).collect::<Vec<_>>();
         self.write("q", &[b, hq, d], encode(dt, vals(&f.q).into_iter()))?;
         self.paged_cache(&f.host())?;
-        self.write("out", &[b, hq, d], encode(dt, vals(&r.o).into_iter()))?;
+        self.write("out", &[b, hq, c.dv()], encode(dt, vals(&r.o).into_iter()))?;
         self.variants(&f.alibi_slopes, &f.sinks, b, hq)?;
         let pos: Vec<i32> = match &c.rope {
             Some(r) if r.explicit_positions => f.rope_positions.clone(),
@@ -199,9 +201,10 @@ impl Dump {
 
     /// A paged cache's files: k_cache / v_cache as stored (16-bit values in their encoding, or an FP8
     /// cache's stored values as float32 with k_scale / v_scale), block_table, seq_lens, and k / v
-    /// `[B, max(seq_lens), Hkv, D]` gathered through the table (zero past each seq_len).
+    /// `[B, max(seq_lens), Hkv, D]` (v of Dv columns) gathered through the table (zero past each seq_len).
     fn paged_cache<T: Element>(&self, c: &PagedHost<'_, T>) -> Result<()> {
         let [_, ps, hkv, d] = c.shape;
+        let dv = c.v_shape[3];
         let (kc, vc) = match c.fp8 {
             Some(f) => {
                 self.write("k_scale", &[f.k_scale.len()], NpyData::F32(f.k_scale.clone()))?;
@@ -219,22 +222,22 @@ impl Dump {
         };
         let b = c.seq_lens.len();
         let t = c.seq_lens.iter().map(|&n| n.max(0) as usize).max().unwrap_or(0);
-        let row = hkv * d;
-        let (mut k, mut v) = (vec![0.0; b * t * row], vec![0.0; b * t * row]);
+        let (row, v_row) = (hkv * d, hkv * dv);
+        let (mut k, mut v) = (vec![0.0; b * t * row], vec![0.0; b * t * v_row]);
         for i in 0..b {
             for j in 0..c.seq_lens[i] as usize {
-                let page = c.block_table[i * c.width + j / ps] as usize;
-                let (from, to) = ((page * ps + j % ps) * row, (i * t + j) * row);
-                k[to..to + row].copy_from_slice(&kc[from..from + row]);
-                v[to..to + row].copy_from_slice(&vc[from..from + row]);
+                let slot = c.block_table[i * c.width + j / ps] as usize * ps + j % ps;
+                let to = i * t + j;
+                k[to * row..][..row].copy_from_slice(&kc[slot * row..][..row]);
+                v[to * v_row..][..v_row].copy_from_slice(&vc[slot * v_row..][..v_row]);
             }
         }
         self.write("k_cache", &c.shape, encoded(kc))?;
-        self.write("v_cache", &c.shape, encoded(vc))?;
+        self.write("v_cache", &c.v_shape, encoded(vc))?;
         self.write("block_table", &[b, c.width], NpyData::I32(c.block_table))?;
         self.write("seq_lens", &[b], NpyData::I32(c.seq_lens))?;
         self.write("k", &[b, t, hkv, d], encoded(k))?;
-        self.write("v", &[b, t, hkv, d], encoded(v))
+        self.write("v", &[b, t, hkv, dv], encoded(v))
     }
 
     /// The runner's paged prefill: every sequence has the same Tq (the packed [B·Tq, Hq, D] is [B, Tq, Hq, D]).
@@ -248,7 +251,7 @@ impl Dump {
         }
         let vals = |x: &[T]| x.iter().map(|v| v.to_f64()).collect::<Vec<_>>();
         self.write("q", &[b, tq, hq, d], encode(dt, vals(&f.q).into_iter()))?;
-        self.write("out", &[b, tq, hq, d], encode(dt, vals(&r.o).into_iter()))?;
+        self.write("out", &[b, tq, hq, c.dv()], encode(dt, vals(&r.o).into_iter()))?;
         // lse [Hq, total_q] -> [B, Hq, Tq].
         let mut lse = vec![0f32; b * hq * tq];
         for i in 0..b {

@@ -71,6 +71,7 @@ fn run(a: &RunArgs, backend: &Backend, out: &mut Output) -> Result<()> {
             let case = DecodeCase {
                 dtype: a.dtype.into(),
                 head_dim: a.head_dim,
+                head_dim_v: a.head_dim_v,
                 heads_q: a.heads,
                 heads_kv: a.kv_heads(),
                 page_size: a.page_size,
@@ -87,6 +88,7 @@ fn run(a: &RunArgs, backend: &Backend, out: &mut Output) -> Result<()> {
             let case = PagedPrefillCase {
                 dtype: a.dtype.into(),
                 head_dim: a.head_dim,
+                head_dim_v: a.head_dim_v,
                 heads_q: a.heads,
                 heads_kv: a.kv_heads(),
                 page_size: a.page_size,
@@ -119,6 +121,7 @@ fn run(a: &RunArgs, backend: &Backend, out: &mut Output) -> Result<()> {
             let case = AppendCase {
                 dtype: a.dtype.into(),
                 head_dim: a.head_dim,
+                head_dim_v: a.head_dim_v,
                 heads_kv: a.kv_heads(),
                 page_size: a.page_size,
                 seqs: a.paged_seqs()?,

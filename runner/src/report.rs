@@ -219,6 +219,7 @@ pub fn decode_step(c: &PagedPrefillCase) -> DecodeCase {
     DecodeCase {
         dtype: c.dtype,
         head_dim: c.head_dim,
+        head_dim_v: c.head_dim_v,
         heads_q: c.heads_q,
         heads_kv: c.heads_kv,
         page_size: c.page_size,
@@ -259,6 +260,7 @@ pub fn append_rope_shapes() -> Vec<AppendCase> {
     let shape = |seqs: Vec<(usize, usize)>, kv| AppendCase {
         dtype: DType::Bf16,
         head_dim: 128,
+        head_dim_v: None,
         heads_kv: 8,
         page_size: 16,
         seqs,
@@ -288,6 +290,28 @@ pub fn wide_head_dim_shapes() -> (PrefillCase, PrefillCase) {
 /// (of (192 + 128) / 2 per pair) ~0.83x the D 256 row's (docs/head-dims.md: 17% of the MMAs on zero columns).
 pub fn v_head_dim_shape() -> PrefillCase {
     PrefillCase { head_dim: 192, head_dim_v: Some(128), ..wide_head_dim_shapes().0 }
+}
+
+/// The paged ops with a V head dim of their own (issue 27 item 2, DeepSeek's Dqk 192 / Dv 128), each
+/// (baseline, row) against the same shape at D 256, whose kernel width (256) the pair runs at:
+/// - decode on the predictions shape (B 64 × 4096, GQA 32:8, pages of 16): memory-bound, K of 192 and V of
+///   128 columns per token and KV head against 2 × 256, so predicted ~0.63× the D 256 time (320 / 512
+///   bytes), and ~1.25× that of the D 128 row of the same shape (320 / 256), timed earlier in the plan;
+/// - paged prefill of the chunk shape (B 4 × 512 new tokens at 4096, page 16, tiled kernel): the same
+///   width-256 tiles and MMAs, so predicted ~1.0× the D 256 time, its TFLOPS (of (192 + 128) / 2 per pair)
+///   ~0.63× the D 256 row's (docs/head-dims.md).
+pub fn v_head_dim_paged_shapes() -> [(Timed, Timed); 2] {
+    let decode = decode_perf().first().cloned().expect("the perf shapes");
+    let decode_base = DecodeCase { head_dim: 256, ..decode.clone() };
+    let decode_dv = DecodeCase { head_dim: 192, head_dim_v: Some(128), ..decode };
+    let chunk = paged_perf_case(PAGED_CHUNK_BATCH, PAGED_CHUNKS[0].0, PAGED_CHUNKS[0].1, PAGED_CHUNK_PAGES[0]);
+    let chunk = PagedPrefillCase { kernel: PagedPrefillKernel::Tiled, ..chunk };
+    let chunk_base = PagedPrefillCase { head_dim: 256, ..chunk.clone() };
+    let chunk_dv = PagedPrefillCase { head_dim: 192, head_dim_v: Some(128), ..chunk };
+    [
+        (Timed::Decode(decode_base), Timed::Decode(decode_dv)),
+        (Timed::PagedPrefill(chunk_base), Timed::PagedPrefill(chunk_dv)),
+    ]
 }
 
 /// Skewed decode (issue 25): one 128k sequence and 63 of 1k (the perf shapes' GQA 32:8, D 128, pages of 16),
@@ -400,6 +424,11 @@ pub fn perf_plan(quick: bool, kernel: PrefillKernel, hopper: bool) -> Vec<TimedS
                 case: Timed::Prefill(with_kernel(v_head_dim_shape(), k)),
                 baseline: Some(baseline),
             });
+        }
+        // Decode and paged prefill at 192/128 against D 256.
+        for (base, row) in v_head_dim_paged_shapes() {
+            let baseline = index_of(&mut plan, base);
+            plan.push(TimedShape { case: row, baseline: Some(baseline) });
         }
         let (uniform, skewed) = skew_decode_shapes();
         let baseline = index_of(&mut plan, Timed::Decode(uniform));
@@ -651,7 +680,7 @@ mod tests {
             let plan = perf_plan(quick, PrefillKernel::Auto, hopper);
             let pairs = comparisons(&plan);
             let (mut fp8, mut chunks, mut spec, mut skew, mut rope, mut wide) = (0, 0, 0, 0, 0, 0);
-            let mut v_head_dim = 0;
+            let (mut v_head_dim, mut paged_v_head_dim) = (0, 0);
             let mut mla = 0;
             for (row, base) in &pairs {
                 match (row, base) {
@@ -670,6 +699,22 @@ mod tests {
                         assert!(c.rope.is_some() && append_rope_shapes().contains(b));
                         assert_eq!(&AppendCase { rope: None, ..c.clone() }, b);
                         rope += 1;
+                    }
+                    (Timed::Decode(c), Timed::Decode(b)) if c.head_dim_v.is_some() => {
+                        // 192/128 against the same shape at D 256.
+                        let shape = decode_perf()[0].clone();
+                        assert_eq!(b, &DecodeCase { head_dim: 256, ..shape.clone() });
+                        assert_eq!(c, &DecodeCase { head_dim: 192, head_dim_v: Some(128), ..shape });
+                        paged_v_head_dim += 1;
+                    }
+                    (Timed::PagedPrefill(c), Timed::PagedPrefill(b)) => {
+                        assert_eq!((c.head_dim, c.head_dim_v, b.head_dim), (192, Some(128), 256));
+                        assert_eq!(&PagedPrefillCase { head_dim: 256, head_dim_v: None, ..c.clone() }, b);
+                        assert_eq!(
+                            (c.kernel, c.max_seqlen_q(), c.max_seq_len()),
+                            (PagedPrefillKernel::Tiled, 512, 4096)
+                        );
+                        paged_v_head_dim += 1;
                     }
                     (Timed::Decode(c), Timed::Decode(b)) if c.kv == KvFormat::Sixteen => {
                         // A skewed batch against a uniform one of the same total tokens and shape.
@@ -746,6 +791,8 @@ mod tests {
             let want = if quick { (1, 1, 2, 0, 0, 0) } else { (12, 4, 8, 2, rope_rows, 1) };
             assert_eq!((fp8, chunks, spec, skew, rope, wide), want, "quick {quick} hopper {hopper}");
             assert_eq!(v_head_dim, wide, "the 192/128 row follows the D 512 one");
+            // Decode and paged prefill at 192/128 (full report only).
+            assert_eq!(paged_v_head_dim, if quick { 0 } else { 2 });
             // The baselines are rows the plan times anyway (the decode perf shapes), plus one dense prefill
             // per chunk shape (two kernels on Hopper).
             let decode_rows = plan
@@ -757,6 +804,13 @@ mod tests {
                 dp.retain(|c| decode_perf().contains(c));
             }
             let skew = if quick { Vec::new() } else { [vec![skew_decode_shapes().0], skew_decode_shapes().1].concat() };
+            let dv: Vec<DecodeCase> = v_head_dim_paged_shapes()
+                .into_iter()
+                .flat_map(|(b, r)| [b, r])
+                .filter_map(|c| if let Timed::Decode(c) = c { Some(c) } else { None })
+                .filter(|_| !quick)
+                .collect();
+            let skew = [skew, dv].concat();
             for c in fp8_decode_shapes(quick).into_iter().chain(skew) {
                 if !dp.contains(&c) {
                     dp.push(c);

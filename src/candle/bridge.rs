@@ -301,6 +301,21 @@ pub trait Backing: Sized {
         halves: &KvHalves,
         f: impl FnOnce(TensorViewMut<'_, T, 4>, TensorViewMut<'_, T, 4>) -> candle_core::Result<R>,
     ) -> candle_core::Result<R>;
+    /// Runs `f` on a writable view of the whole storage of a 4-D tensor with layout `l`.
+    fn with_view_mut<T: InPlace, R>(
+        &mut self,
+        name: &str,
+        l: &Layout,
+        f: impl FnOnce(TensorViewMut<'_, T, 4>) -> candle_core::Result<R>,
+    ) -> candle_core::Result<R>;
+    /// Runs `f` on the storage of another tensor `t` of this backend, writable: an in-place candle op on
+    /// `t`, so its write lock is held while `f` runs. For an op that writes two tensors (a V cache beside
+    /// the K cache it writes in place); `t` must not share storage with the op's own tensors (a second
+    /// lock of the same storage would never be granted: the caller checks, [`same_storage`]).
+    fn with_tensor_mut<R>(
+        t: &candle_core::Tensor,
+        f: impl FnOnce(&mut Self, &Layout) -> candle_core::Result<R>,
+    ) -> candle_core::Result<R>;
 
     /// [`Backing::view_at`] with the tensor's own layout.
     fn view<T: InPlace, const N: usize>(&self, name: &str, l: &Layout) -> candle_core::Result<TensorView<'_, T, N>> {
@@ -311,6 +326,58 @@ pub trait Backing: Sized {
     fn index_view<const N: usize>(&self, name: &str, l: &Layout) -> candle_core::Result<TensorView<'_, i32, N>> {
         let (shape, strides) = dims(name, l)?;
         self.index_view_at(name, l.start_offset(), shape, strides)
+    }
+}
+
+/// Whether two tensors share one storage (the same allocation: `t.narrow(..)` and `t` do).
+pub fn same_storage(a: &candle_core::Tensor, b: &candle_core::Tensor) -> bool {
+    // The address of the storage inside its lock is stable; the read guards are taken one at a time.
+    let at = |t: &candle_core::Tensor| &*t.storage_and_layout().0 as *const Storage;
+    std::ptr::eq(at(a), at(b))
+}
+
+/// An in-place candle op that runs a closure once on the storage of backend `S` and keeps its result
+/// ([`Backing::with_tensor_mut`]); on another backend it is a Backend error.
+struct StorageMut<'f, S, R> {
+    f: std::cell::RefCell<Option<Box<StorageFn<'f, S, R>>>>,
+    out: std::cell::RefCell<Option<R>>,
+}
+
+type StorageFn<'f, S, R> = dyn FnOnce(&mut S, &Layout) -> candle_core::Result<R> + 'f;
+
+impl<'f, S, R> StorageMut<'f, S, R> {
+    fn new(f: impl FnOnce(&mut S, &Layout) -> candle_core::Result<R> + 'f) -> Self {
+        Self { f: std::cell::RefCell::new(Some(Box::new(f))), out: std::cell::RefCell::new(None) }
+    }
+    fn run(&self, s: &mut S, l: &Layout) -> candle_core::Result<()> {
+        let f = self.f.borrow_mut().take().ok_or_else(|| Error::backend("v_cache", "the op ran twice"))?;
+        *self.out.borrow_mut() = Some(f(s, l)?);
+        Ok(())
+    }
+    fn result(self) -> candle_core::Result<R> {
+        Ok(self.out.into_inner().ok_or_else(|| Error::backend("v_cache", "the op did not run"))?)
+    }
+}
+
+impl<R> candle_core::InplaceOp1 for StorageMut<'_, CpuStorage, R> {
+    fn name(&self) -> &'static str {
+        "fused-attn-second-output"
+    }
+    fn cpu_fwd(&self, s: &mut CpuStorage, l: &Layout) -> candle_core::Result<()> {
+        self.run(s, l)
+    }
+}
+
+#[cfg(feature = "candle-cuda")]
+impl<R> candle_core::InplaceOp1 for StorageMut<'_, CudaStorage, R> {
+    fn name(&self) -> &'static str {
+        "fused-attn-second-output"
+    }
+    fn cpu_fwd(&self, _: &mut CpuStorage, _: &Layout) -> candle_core::Result<()> {
+        Err(Error::backend("v_cache", "on the CPU, not on the CUDA device like the op's first argument").into())
+    }
+    fn cuda_fwd(&self, s: &mut CudaStorage, l: &Layout) -> candle_core::Result<()> {
+        self.run(s, l)
     }
 }
 
@@ -391,6 +458,27 @@ impl Backing for CpuStorage {
             TensorViewMut::host(v, h.shape)?.with_strides(h.strides)?,
         )
     }
+    fn with_view_mut<T: InPlace, R>(
+        &mut self,
+        name: &str,
+        l: &Layout,
+        f: impl FnOnce(TensorViewMut<'_, T, 4>) -> candle_core::Result<R>,
+    ) -> candle_core::Result<R> {
+        let (shape, strides) = dims::<4>(name, l)?;
+        let dtype = Backing::dtype(self);
+        let data = T::host_mut(self).ok_or_else(|| wrong_dtype::<T>(name, dtype))?;
+        let len = data.len();
+        let data = data.get_mut(l.start_offset()..).ok_or_else(|| past_end(name, l.start_offset(), len))?;
+        f(TensorViewMut::host(data, shape)?.with_strides(strides)?)
+    }
+    fn with_tensor_mut<R>(
+        t: &candle_core::Tensor,
+        f: impl FnOnce(&mut Self, &Layout) -> candle_core::Result<R>,
+    ) -> candle_core::Result<R> {
+        let op = StorageMut::new(f);
+        t.inplace_op1(&op)?;
+        op.result()
+    }
 }
 
 #[cfg(feature = "candle-cuda")]
@@ -461,5 +549,26 @@ impl Backing for CudaStorage {
             TensorViewMut::gpu(k, h.shape)?.with_strides(h.strides)?,
             TensorViewMut::gpu(v, h.shape)?.with_strides(h.strides)?,
         )
+    }
+    fn with_view_mut<T: InPlace, R>(
+        &mut self,
+        name: &str,
+        l: &Layout,
+        f: impl FnOnce(TensorViewMut<'_, T, 4>) -> candle_core::Result<R>,
+    ) -> candle_core::Result<R> {
+        let (shape, strides) = dims::<4>(name, l)?;
+        let dtype = BackendStorage::dtype(self);
+        let mut s = T::cuda_mut(self).ok_or_else(|| wrong_dtype::<T>(name, dtype))?;
+        let len = s.len();
+        let view = s.try_slice_mut(l.start_offset()..).ok_or_else(|| past_end(name, l.start_offset(), len))?;
+        f(TensorViewMut::gpu(view, shape)?.with_strides(strides)?)
+    }
+    fn with_tensor_mut<R>(
+        t: &candle_core::Tensor,
+        f: impl FnOnce(&mut Self, &Layout) -> candle_core::Result<R>,
+    ) -> candle_core::Result<R> {
+        let op = StorageMut::new(f);
+        t.inplace_op1(&op)?;
+        op.result()
     }
 }

@@ -40,7 +40,7 @@ use crate::plan::DecodeProblem;
 use crate::prefill::{prefill, prefill_varlen, PrefillOptions};
 use crate::rope::{Rope, RopeConfig, RopeStyle};
 use crate::tensor::TensorView;
-use bridge::{kv_halves, Backing, Fill};
+use bridge::{dims, kv_halves, same_storage, Backing, Fill};
 
 impl From<Error> for candle_core::Error {
     /// Keeps the kind and the argument's name in the message (`"Shape error: q: ..."`).
@@ -605,10 +605,10 @@ pub struct PagedOptions<'a> {
 }
 
 /// A cache of FP8 codes read as 16-bit data would be garbage: say what is missing.
-fn check_codes_have_fp8(dtype: DType, fp8: Option<&Fp8Kv>) -> crate::Result<()> {
+fn check_codes_have_fp8(name: &str, dtype: DType, fp8: Option<&Fp8Kv>) -> crate::Result<()> {
     if fp8.is_none() && matches!(dtype, DType::U8 | DType::F8E4M3) {
         return Err(Error::unsupported(
-            "kv_cache",
+            name,
             format!("dtype {dtype:?} holds FP8 codes: pass PagedOptions::fp8 (an Fp8Kv: their format and scales)"),
         ));
     }
@@ -659,7 +659,7 @@ impl PagedAppend<'_> {
         let (slots, slots_l) = self.slot_mapping.storage_and_layout();
         let slots = S::of(&slots, "slot_mapping")?.view::<i64, 1>("slot_mapping", slots_l)?;
         let halves = kv_halves(kv_l)?;
-        check_codes_have_fp8(kv_cache.dtype(), self.opts.fp8)?;
+        check_codes_have_fp8("kv_cache", kv_cache.dtype(), self.opts.fp8)?;
         let scales = self.opts.fp8.map(Fp8Kv::storages);
         let scale_views = scales.as_ref().map(ScaleStorages::views::<S>).transpose()?;
         attention_dtype!("k", k.dtype(), |T| {
@@ -752,6 +752,126 @@ pub fn paged_append_opts(
     kv_cache.inplace_op3(k, v, &PagedAppend { slot_mapping, opts: *opts })
 }
 
+/// Writes new tokens' K/V rows into a K and a V cache tensor of their own (an `InplaceOp3` on the K cache;
+/// the V cache is written in place by an in-place op of its own inside it).
+struct PagedAppendKv<'a> {
+    slot_mapping: &'a Tensor,
+    v_cache: &'a Tensor,
+    opts: PagedOptions<'a>,
+}
+
+impl PagedAppendKv<'_> {
+    #[allow(clippy::too_many_arguments)]
+    fn fwd<S: Backing>(
+        &self,
+        k_cache: &mut S,
+        k_cache_l: &Layout,
+        k: &S,
+        k_l: &Layout,
+        v: &S,
+        v_l: &Layout,
+    ) -> candle_core::Result<()> {
+        S::with_tensor_mut(self.v_cache, |v_cache, v_cache_l| {
+            let (slots, slots_l) = self.slot_mapping.storage_and_layout();
+            let slots = S::of(&slots, "slot_mapping")?.view::<i64, 1>("slot_mapping", slots_l)?;
+            check_codes_have_fp8("k_cache", k_cache.dtype(), self.opts.fp8)?;
+            check_codes_have_fp8("v_cache", v_cache.dtype(), self.opts.fp8)?;
+            let scales = self.opts.fp8.map(Fp8Kv::storages);
+            let scale_views = scales.as_ref().map(ScaleStorages::views::<S>).transpose()?;
+            attention_dtype!("k", k.dtype(), |T| {
+                let backend = k.backend();
+                let stream = backend.stream();
+                let (k, v) = (k.view::<T, 3>("k", k_l)?, v.view::<T, 3>("v", v_l)?);
+                cache_element!(self.opts.fp8, T, |C| {
+                    k_cache.with_view_mut::<C, _>("k_cache", k_cache_l, |k_pages| {
+                        v_cache.with_view_mut::<C, _>("v_cache", v_cache_l, |v_pages| {
+                            let mut cache = PagedKvCacheMut::new(k_pages, v_pages)?;
+                            if let Some((k_scale, v_scale)) = scale_views {
+                                cache = cache.with_scale_tensors(k_scale, v_scale)?;
+                            }
+                            let mut run = |rope: Option<Rope<'_>>| -> candle_core::Result<()> {
+                                Ok(append_with(&stream, &k, &v, &slots, &mut cache, &AppendOptions { rope })?)
+                            };
+                            match self.opts.rope {
+                                None => run(None),
+                                Some(rope) => {
+                                    let positions = self.opts.positions.ok_or_else(|| {
+                                        Error::usage("rope_positions: a RoPE append needs each token's position")
+                                    })?;
+                                    rope.with_rope::<S, _>(Some(positions), |r| run(Some(r)))
+                                }
+                            }
+                        })
+                    })
+                })
+            })
+        })
+    }
+}
+
+impl InplaceOp3 for PagedAppendKv<'_> {
+    fn name(&self) -> &'static str {
+        "fused-attn-paged-append-kv"
+    }
+    fn cpu_fwd(
+        &self,
+        k_cache: &mut CpuStorage,
+        k_cache_l: &Layout,
+        k: &CpuStorage,
+        k_l: &Layout,
+        v: &CpuStorage,
+        v_l: &Layout,
+    ) -> candle_core::Result<()> {
+        self.fwd(k_cache, k_cache_l, k, k_l, v, v_l)
+    }
+    #[cfg(feature = "candle-cuda")]
+    fn cuda_fwd(
+        &self,
+        k_cache: &mut candle_core::CudaStorage,
+        k_cache_l: &Layout,
+        k: &candle_core::CudaStorage,
+        k_l: &Layout,
+        v: &candle_core::CudaStorage,
+        v_l: &Layout,
+    ) -> candle_core::Result<()> {
+        self.fwd(k_cache, k_cache_l, k, k_l, v, v_l)
+    }
+}
+
+/// [`paged_append_opts`] into a K cache and a V cache of their own (mistral.rs's and vLLM's
+/// `reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)` form): `k [num_tokens, Hkv, Dqk]`
+/// into `k_cache [num_pages, page_size, Hkv, Dqk]`, `v [num_tokens, Hkv, Dv]` into `v_cache [num_pages,
+/// page_size, Hkv, Dv]` (the same pages, page size and heads; Dv may differ from Dqk: DeepSeek's 192 / 128,
+/// docs/head-dims.md), both in place, with every option of [`PagedOptions`] (RoPE on K: rotary_dim ≤ Dqk;
+/// FP8 codes with their scales). The two caches must be separate storages (two halves of one tensor are
+/// [`paged_append_opts`]'s `[2, ...]` cache), and no input may share storage with `v_cache`.
+pub fn paged_append_kv(
+    k: &Tensor,
+    v: &Tensor,
+    slot_mapping: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    opts: &PagedOptions<'_>,
+) -> candle_core::Result<()> {
+    // The V cache is written under its own lock inside the K cache's op: no tensor the op reads or writes
+    // may share its storage (that lock would never be granted).
+    let mut others = vec![("k_cache", k_cache), ("k", k), ("v", v), ("slot_mapping", slot_mapping)];
+    others.extend(opts.positions.map(|p| ("rope_positions", p)));
+    if let Some(r) = opts.rope {
+        others.extend([("rope_cos", &r.cos), ("rope_sin", &r.sin)]);
+    }
+    if let Some(f) = opts.fp8 {
+        others.extend([("k_scale", f.k_scale()), ("v_scale", f.v_scale())]);
+    }
+    if let Some((name, _)) = others.iter().find(|(_, t)| same_storage(t, v_cache)) {
+        return Err(Error::usage(format!(
+            "v_cache: shares its storage with {name} (two halves of one cache tensor: paged_append_opts)"
+        ))
+        .into());
+    }
+    k_cache.inplace_op3(k, v, &PagedAppendKv { slot_mapping, v_cache, opts: *opts })
+}
+
 /// A decode workspace (the split-KV partials) on `device`, pinned to the plan for `limits` (the largest
 /// batch and longest context the decode loop will see): create it once, outside the loop, and pass it to
 /// every [`paged_decode`] call of every layer.
@@ -778,8 +898,34 @@ pub fn paged_decode(
     softmax_scale: f32,
     workspace: &mut DecodeWorkspace,
 ) -> candle_core::Result<Tensor> {
-    let args = DecodeArgs { q, kv_cache, block_table, seq_lens, max_seq_len, softmax_scale };
+    let args =
+        DecodeArgs { q, cache: CacheTensors::Joint(kv_cache), block_table, seq_lens, max_seq_len, softmax_scale };
     Ok(args.run(&PagedOptions::default(), workspace, false)?.0)
+}
+
+/// [`paged_decode_opts`] over a K cache and a V cache of their own (mistral.rs's `paged_attention(q,
+/// key_cache, value_cache, ..)` form): `q [B, Hq, Dqk]`, `k_cache [num_pages, page_size, Hkv, Dqk]`,
+/// `v_cache [num_pages, page_size, Hkv, Dv]` (the same pages, page size and heads; Dv may differ from Dqk:
+/// DeepSeek's 192 / 128, docs/head-dims.md), with every option of [`PagedOptions`]. `workspace`: sized for
+/// the wider of Dqk and Dv ([`decode_workspace`] with `DecodeProblem::head_dim` = that). Returns
+/// `o [B, Hq, Dv]` and the LSE `[B, Hq]` (f32).
+#[allow(clippy::too_many_arguments)]
+pub fn paged_decode_kv(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    block_table: &Tensor,
+    seq_lens: &Tensor,
+    max_seq_len: usize,
+    softmax_scale: f32,
+    opts: &PagedOptions<'_>,
+    workspace: &mut DecodeWorkspace,
+) -> candle_core::Result<(Tensor, Tensor)> {
+    let cache = CacheTensors::Split(k_cache, v_cache);
+    let args = DecodeArgs { q, cache, block_table, seq_lens, max_seq_len, softmax_scale };
+    let (o, lse) = args.run(opts, workspace, true)?;
+    let lse = lse.ok_or_else(|| Error::backend("lse", "not produced"))?;
+    Ok((o, lse))
 }
 
 /// [`paged_decode`] with q rotated by `rope` at `positions` (int32 `[B]`) or, with `None`, at each sequence's
@@ -798,7 +944,8 @@ pub fn paged_decode_rope(
     workspace: &mut DecodeWorkspace,
 ) -> candle_core::Result<Tensor> {
     let opts = PagedOptions { rope: Some(rope), positions, ..Default::default() };
-    let args = DecodeArgs { q, kv_cache, block_table, seq_lens, max_seq_len, softmax_scale };
+    let args =
+        DecodeArgs { q, cache: CacheTensors::Joint(kv_cache), block_table, seq_lens, max_seq_len, softmax_scale };
     Ok(args.run(&opts, workspace, false)?.0)
 }
 
@@ -850,15 +997,24 @@ pub fn paged_decode_opts(
     opts: &PagedOptions<'_>,
     workspace: &mut DecodeWorkspace,
 ) -> candle_core::Result<(Tensor, Tensor)> {
-    let args = DecodeArgs { q, kv_cache, block_table, seq_lens, max_seq_len, softmax_scale };
+    let args =
+        DecodeArgs { q, cache: CacheTensors::Joint(kv_cache), block_table, seq_lens, max_seq_len, softmax_scale };
     let (o, lse) = args.run(opts, workspace, true)?;
     let lse = lse.ok_or_else(|| Error::backend("lse", "not produced"))?;
     Ok((o, lse))
 }
 
+/// A paged cache as the decode ops take it: one tensor `[2, num_pages, page_size, Hkv, D]` (K pages then V
+/// pages), or a K and a V tensor `[num_pages, page_size, Hkv, Dqk / Dv]` of their own.
+#[derive(Clone, Copy)]
+enum CacheTensors<'t> {
+    Joint(&'t Tensor),
+    Split(&'t Tensor, &'t Tensor),
+}
+
 struct DecodeArgs<'t> {
     q: &'t Tensor,
-    kv_cache: &'t Tensor,
+    cache: CacheTensors<'t>,
     block_table: &'t Tensor,
     seq_lens: &'t Tensor,
     max_seq_len: usize,
@@ -873,10 +1029,10 @@ impl DecodeArgs<'_> {
         want_lse: bool,
     ) -> candle_core::Result<(Tensor, Option<Tensor>)> {
         let (q, q_l) = self.q.storage_and_layout();
-        let (b, hq, d) =
+        let (b, hq, _) =
             q_l.shape().dims3().map_err(|_| Error::shape("q", format!("expected [B, Hq, D], got {:?}", q_l.dims())))?;
-        let (o, lse) = backend_of!("q", &*q, |S| { self.run_on::<S>(&q, q_l, opts, workspace, want_lse) })?;
-        let o = Tensor::from_storage(o, (b, hq, d), BackpropOp::none(), false);
+        let (o, lse, dv) = backend_of!("q", &*q, |S| { self.run_on::<S>(&q, q_l, opts, workspace, want_lse) })?;
+        let o = Tensor::from_storage(o, (b, hq, dv), BackpropOp::none(), false);
         let lse = lse.map(|l| Tensor::from_storage(l, (b, hq), BackpropOp::none(), false));
         Ok((o, lse))
     }
@@ -888,26 +1044,51 @@ impl DecodeArgs<'_> {
         opts: &PagedOptions<'_>,
         workspace: &mut DecodeWorkspace,
         want_lse: bool,
-    ) -> candle_core::Result<(Storage, Option<Storage>)> {
-        let (kv, kv_l) = self.kv_cache.storage_and_layout();
+    ) -> candle_core::Result<(Storage, Option<Storage>, usize)> {
+        // K's storage and layout (the joint tensor's), and V's when it is a tensor of its own.
+        let (k_tensor, k_name) = match self.cache {
+            CacheTensors::Joint(kv) => (kv, "kv_cache"),
+            CacheTensors::Split(k, _) => (k, "k_cache"),
+        };
+        let (kv, kv_l) = k_tensor.storage_and_layout();
+        let v_own = match self.cache {
+            CacheTensors::Split(_, v) => Some(v.storage_and_layout()),
+            CacheTensors::Joint(_) => None,
+        };
         let (table, table_l) = self.block_table.storage_and_layout();
         let (lens, lens_l) = self.seq_lens.storage_and_layout();
-        let (q, kv) = (S::of(q, "q")?, S::of(&kv, "kv_cache")?);
+        let (q, kv) = (S::of(q, "q")?, S::of(&kv, k_name)?);
+        let vs = match &v_own {
+            Some((s, _)) => S::of(s, "v_cache")?,
+            None => kv,
+        };
         let table = S::of(&table, "block_table")?.index_view::<2>("block_table", table_l)?;
         let lens = S::of(&lens, "seq_lens")?.index_view::<1>("seq_lens", lens_l)?;
-        let halves = kv_halves(kv_l)?;
-        check_codes_have_fp8(kv.dtype(), opts.fp8)?;
+        // (offset, shape, strides) of the K pages and of the V pages, and the name of V's tensor.
+        let (k_at, v_at, v_name) = match &v_own {
+            None => {
+                let h = kv_halves(kv_l)?;
+                ((h.k_offset, h.shape, h.strides), (h.v_offset, h.shape, h.strides), "kv_cache")
+            }
+            Some((_, v_l)) => {
+                let ((ks, kst), (vs, vst)) = (dims::<4>("k_cache", kv_l)?, dims::<4>("v_cache", v_l)?);
+                ((kv_l.start_offset(), ks, kst), (v_l.start_offset(), vs, vst), "v_cache")
+            }
+        };
+        check_codes_have_fp8(k_name, kv.dtype(), opts.fp8)?;
+        check_codes_have_fp8(v_name, vs.dtype(), opts.fp8)?;
+        let dv = v_at.1[3];
         let scales = opts.fp8.map(Fp8Kv::storages);
         let scale_views = scales.as_ref().map(ScaleStorages::views::<S>).transpose()?;
         attention_dtype!("q", q.dtype(), |T| {
             let backend = q.backend();
             let q = q.view::<T, 3>("q", q_l)?;
-            let [b, hq, d] = q.shape();
-            let mut o = backend.alloc::<T>(b * hq * d, Fill::Poison)?;
+            let [b, hq, _] = q.shape();
+            let mut o = backend.alloc::<T>(b * hq * dv, Fill::Poison)?;
             let mut lse = if want_lse { Some(backend.alloc::<f32>(b * hq, Fill::Poison)?) } else { None };
             cache_element!(opts.fp8, T, |C| {
-                let k_cache = kv.view_at::<C, 4>("kv_cache", halves.k_offset, halves.shape, halves.strides)?;
-                let v_cache = kv.view_at::<C, 4>("kv_cache", halves.v_offset, halves.shape, halves.strides)?;
+                let k_cache = kv.view_at::<C, 4>(k_name, k_at.0, k_at.1, k_at.2)?;
+                let v_cache = vs.view_at::<C, 4>(v_name, v_at.0, v_at.1, v_at.2)?;
                 let mut cache = PagedKvCache::new(k_cache, v_cache, table, lens, self.max_seq_len)?;
                 if let Some((k_scale, v_scale)) = scale_views {
                     cache = cache.with_scale_tensors(k_scale, v_scale)?;
@@ -921,7 +1102,7 @@ impl DecodeArgs<'_> {
                     let mut run = |rope: Option<Rope<'_>>| -> candle_core::Result<crate::DecodePlan> {
                         let dopts =
                             DecodeOptions { scale: Some(self.softmax_scale), num_splits: None, score_mod, rope };
-                        let mut o_view = o.view([b, hq, d])?;
+                        let mut o_view = o.view([b, hq, dv])?;
                         Ok(decode(&backend.stream(), &q, &cache, &mut o_view, lse_view.as_mut(), workspace, &dopts)?)
                     };
                     match opts.rope {
@@ -930,7 +1111,7 @@ impl DecodeArgs<'_> {
                     }
                 })?;
             });
-            Ok((o.into_storage(), lse.map(|l| l.into_storage())))
+            Ok((o.into_storage(), lse.map(|l| l.into_storage()), dv))
         })
     }
 }
@@ -991,7 +1172,7 @@ impl MlaArgs<'_> {
         let (q, lc) = (S::of(q, "q")?, S::of(&lc, "latent_cache")?);
         let table = S::of(&table, "block_table")?.index_view::<2>("block_table", table_l)?;
         let lens = S::of(&lens, "seq_lens")?.index_view::<1>("seq_lens", lens_l)?;
-        check_codes_have_fp8(lc.dtype(), self.fp8)?;
+        check_codes_have_fp8("kv_cache", lc.dtype(), self.fp8)?;
         let scales = self.fp8.map(Fp8Kv::storages);
         let scale_views = scales.as_ref().map(ScaleStorages::views::<S>).transpose()?;
         let rank = self.dims.kv_lora_rank;

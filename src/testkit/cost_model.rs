@@ -11,7 +11,9 @@ use crate::counters::{KernelCounters, LaunchCounters};
 use crate::mask::{kv_block_range, Window};
 use crate::plan::DecodePlan;
 use crate::prefill::{uses_variant_kernel, TileConfig};
+use crate::testkit::cases::append::AppendCase;
 use crate::testkit::cases::decode::DecodeCase;
+use crate::testkit::cases::paged_prefill::PagedPrefillCase;
 use crate::testkit::cases::prefill::PrefillCase;
 use crate::tile::{decode_tile_or_widest, KernelOp, TilePolicy};
 
@@ -168,7 +170,8 @@ pub struct DecodeCost {
     /// or of W / 4 at W = 512, where the 4 D-split warps each compute a quarter of S: the policy's
     /// `score_splits`) and P·V over its output columns (64, or 128 at W = 512: 2 mma per 16):
     /// 4·(W/8 + 8) up to W = 256, 4·(16 + 16) at 512. Bytes are of D columns (the chunks past D are
-    /// zero-filled, not read).
+    /// zero-filled, not read). With a V head dim of its own (docs/head-dims.md) W is the width of the wider
+    /// of Dqk and Dv, and K and Q bytes are of Dqk columns, V, O and the fp32 partials of Dv.
     pub mma: u64,
 }
 
@@ -176,27 +179,30 @@ pub struct DecodeCost {
 pub fn decode_cost(case: &DecodeCase, plan: &DecodePlan) -> DecodeCost {
     let mut c = decode_cost_kv(case, plan, case.kv.bytes() as u64);
     if case.kv.fp8().is_some() {
-        c.scale_bytes_read = c.ctas * decode_tile(case.head_dim).threads as u64 * 2 * 4;
+        c.scale_bytes_read = c.ctas * decode_tile(case.head_dim.max(case.dv())).threads as u64 * 2 * 4;
     }
     c
 }
 
 /// The decode model with K/V elements of `kv_elem` bytes.
 fn decode_cost_kv(case: &DecodeCase, plan: &DecodePlan, kv_elem: u64) -> DecodeCost {
-    let d = case.head_dim as u64;
-    let w = crate::head_dim::decode_width(case.head_dim).unwrap_or(case.head_dim) as u64;
+    let (d, dv) = (case.head_dim as u64, case.dv() as u64);
+    // The kernel of the wider dim's width serves the pair (its tiles, rows per CTA and mma).
+    let wide = case.head_dim.max(case.dv());
+    let w = crate::head_dim::decode_width(wide).unwrap_or(wide) as u64;
     let group = case.heads_q / case.heads_kv.max(1);
-    let rows_per_cta = crate::plan::decode_rows_per_cta(case.head_dim, group);
+    let rows_per_cta = crate::plan::decode_rows_per_cta(wide, group);
     let kv_ctas = (case.heads_kv * group.div_ceil(rows_per_cta)) as u64; // CTAs per (sequence, split)
                                                                          // The speculative page lookups cover the first kStages tiles: the cache format's stages (FP8 has twice).
-    let policy = crate::tile::tile_policy(KernelOp::Decode, case.head_dim, false, case.kv.fp8().map(|f| f.0))
-        .unwrap_or_else(|| decode_tile(case.head_dim));
+    let policy = crate::tile::tile_policy(KernelOp::Decode, wide, false, case.kv.fp8().map(|f| f.0))
+        .unwrap_or_else(|| decode_tile(wide));
     let tile = policy.block_n;
     let splits = plan.num_splits as u64;
     let rows = (case.batch() * case.heads_q) as u64;
     let mut c = DecodeCost { ctas: splits * case.batch() as u64 * kv_ctas, ..Default::default() };
     let mut table_entries = 0u64;
     let window_left = case.window_left();
+    let mut visible_rows = 0u64; // (visible token, CTA) pairs: each reads the token's K and V rows once
     for &len in &case.seq_lens {
         let mut visible = 0;
         for s in 0..plan.num_splits {
@@ -205,16 +211,17 @@ fn decode_cost_kv(case: &DecodeCase, plan: &DecodePlan, kv_elem: u64) -> DecodeC
             table_entries += ((end - begin) + policy.stages * tile) as u64 * kv_ctas;
             visible += end - begin;
         }
-        c.k_bytes_read += visible as u64 * kv_ctas * d * kv_elem;
+        visible_rows += visible as u64 * kv_ctas;
     }
-    c.v_bytes_read = c.k_bytes_read;
+    c.k_bytes_read = visible_rows * d * kv_elem;
+    c.v_bytes_read = visible_rows * dv * kv_elem;
     c.q_bytes_read = splits * rows * d * ELEM;
     c.block_table_bytes_max = table_entries * 4;
     c.seq_lens_bytes_read = c.ctas * policy.threads as u64 * 4;
-    c.o_bytes_written = rows * d * ELEM;
+    c.o_bytes_written = rows * dv * ELEM;
     c.lse_bytes_written = rows * 4;
     if plan.num_splits > 1 {
-        c.partial_o_bytes_written = splits * rows * d * 4;
+        c.partial_o_bytes_written = splits * rows * dv * 4;
         c.partial_lse_bytes_written = splits * rows * 4;
     }
     let warps = policy.warps() as u64;
@@ -243,6 +250,92 @@ impl DecodeCost {
             ("q_read", ratio(k.read_of("q"), self.q_bytes_read)),
             ("read_vs_budget", k.global_bytes_read() as f64 / self.read_budget()),
             ("mma", ratio(k.mma, self.mma)),
+        ]
+    }
+}
+
+/// What a paged prefill of short chunks should move, on either kernel (the tiled one, or the streaming
+/// path's decode kernel): when every sequence's q_len · G is at most 16 packed rows (one row group) and no
+/// window hides keys, one CTA per (sequence, KV head, split) holds all of a KV head's rows, and with
+/// causal alignment the last new token sees the whole context, so each cached token's K row (Dqk columns)
+/// and V row (Dv columns) of a sequence with new tokens is read once per KV head, exactly, on a uniform
+/// plan or a schedule (each split or chunk reads its own keys); O (Dv columns) is written once, by the
+/// kernel or by the merge after a split. (The tiled kernel's block-table reads and Q bounds are in
+/// tests/it/cost.rs.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PagedPrefillBytes {
+    pub k_bytes_read: u64,
+    pub v_bytes_read: u64,
+    pub o_bytes_written: u64,
+}
+
+/// The short-chunk model of `case` ([`PagedPrefillBytes`]), or `None` when the case is outside it (a
+/// window, or a chunk of more than 16 packed rows per KV head: then the rows take several CTAs, each
+/// reading the keys its tokens see).
+pub fn paged_prefill_short_chunk_bytes(case: &PagedPrefillCase) -> Option<PagedPrefillBytes> {
+    let group = case.heads_q / case.heads_kv.max(1);
+    if case.variants.window.is_some() || case.seqs.iter().any(|&(q, _)| q * group > crate::plan::ROWS_PER_CTA) {
+        return None;
+    }
+    let keys = case.seqs.iter().filter(|s| s.0 > 0).map(|s| s.1).sum::<usize>() as u64;
+    let rows = keys * case.heads_kv as u64 * case.kv.bytes() as u64;
+    Some(PagedPrefillBytes {
+        k_bytes_read: rows * case.head_dim as u64,
+        v_bytes_read: rows * case.dv() as u64,
+        o_bytes_written: (case.total_q() * case.heads_q * case.dv()) as u64 * ELEM,
+    })
+}
+
+impl PagedPrefillBytes {
+    /// measured / model for a paged prefill's counters: its kernel's K/V reads (`paged_prefill`, or the
+    /// streaming path's `paged_decode`) and O written over the launch.
+    pub fn ratios(&self, counters: &LaunchCounters) -> Option<Vec<(&'static str, f64)>> {
+        let k = counters.kernel("paged_prefill").or_else(|| counters.kernel("paged_decode"))?;
+        Some(vec![
+            ("k_read", ratio(k.read_of("k_cache"), self.k_bytes_read)),
+            ("v_read", ratio(k.read_of("v_cache"), self.v_bytes_read)),
+            ("o_written", ratio(counters.total().written_of("o"), self.o_bytes_written)),
+        ])
+    }
+}
+
+/// What one paged append moves (kernels/append.cu): every new token's K row (Dqk columns) and V row (Dv
+/// columns) read once from k / v (16-bit) and written once into its slot (16-bit, or one byte per FP8
+/// element); padding rows (slot < 0) are neither read nor written (the fixtures have none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AppendCost {
+    pub k_bytes_read: u64,
+    pub v_bytes_read: u64,
+    pub k_cache_bytes_written: u64,
+    pub v_cache_bytes_written: u64,
+}
+
+pub fn append_cost(case: &AppendCase) -> AppendCost {
+    let rows = (case.tokens() * case.heads_kv) as u64;
+    let cache_elem = case.kv.kv_dtype(case.dtype).bytes() as u64;
+    let (d, dv) = (case.head_dim as u64, case.dv() as u64);
+    AppendCost {
+        k_bytes_read: rows * d * ELEM,
+        v_bytes_read: rows * dv * ELEM,
+        k_cache_bytes_written: rows * d * cache_elem,
+        v_cache_bytes_written: rows * dv * cache_elem,
+    }
+}
+
+impl AppendCost {
+    /// Bytes moved: everything read and written.
+    pub fn total(&self) -> u64 {
+        self.k_bytes_read + self.v_bytes_read + self.k_cache_bytes_written + self.v_cache_bytes_written
+    }
+
+    /// measured / model for an append's counters (over the launch).
+    pub fn ratios(&self, counters: &LaunchCounters) -> Vec<(&'static str, f64)> {
+        let t = counters.total();
+        vec![
+            ("k_read", ratio(t.read_of("k"), self.k_bytes_read)),
+            ("v_read", ratio(t.read_of("v"), self.v_bytes_read)),
+            ("k_cache_written", ratio(t.written_of("k_cache"), self.k_cache_bytes_written)),
+            ("v_cache_written", ratio(t.written_of("v_cache"), self.v_cache_bytes_written)),
         ]
     }
 }

@@ -55,9 +55,10 @@ pub struct SeqRows<'a> {
     pub seq_len: usize,
 }
 
-/// Fills every cache slot (`token` elements each, `page_size` slots per page) that no query row of any
-/// sequence sees under `window` with the poison: slots past `seq_len`, pages nobody names, and keys left of
-/// every row's window. A slot shared by several sequences (prefix caching) stays if any of them sees it.
+/// Fills every cache slot (`token` elements each of K, V's slots as many of its own length, `page_size`
+/// slots per page) that no query row of any sequence sees under `window` with the poison: slots past
+/// `seq_len`, pages nobody names, and keys left of every row's window. A slot shared by several sequences
+/// (prefix caching) stays if any of them sees it.
 pub fn poison_unseen_slots<'a, T: Element>(
     k: &mut [T],
     v: &mut [T],
@@ -67,6 +68,8 @@ pub fn poison_unseen_slots<'a, T: Element>(
     window: Window,
 ) {
     let slots = k.len() / token;
+    // V's slots: as many, of V's own head dim (a V head dim of its own, docs/head-dims.md).
+    let v_token = v.len().checked_div(slots).unwrap_or(0);
     let mut seen = vec![false; slots];
     for s in seqs {
         // The keys some row sees: the union of the rows' ranges (each contiguous, moving with the row).
@@ -91,6 +94,6 @@ pub fn poison_unseen_slots<'a, T: Element>(
     let poison = hidden::<T>();
     for (slot, _) in seen.iter().enumerate().filter(|(_, &s)| !s) {
         k[slot * token..(slot + 1) * token].fill(poison);
-        v[slot * token..(slot + 1) * token].fill(poison);
+        v[slot * v_token..(slot + 1) * v_token].fill(poison);
     }
 }

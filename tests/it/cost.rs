@@ -770,3 +770,76 @@ fn paged_prefill_past_one_cta_reads_kv_per_row_block() {
     assert_eq!(k.blocks, 2);
     assert_eq!(k.read_of("k_cache"), 2 * 200 * 128 * 2);
 }
+
+/// A V head dim of its own (issue 27; DeepSeek's Dqk 192 / Dv 128, and Dv above Dqk): the models count K
+/// bytes of Dqk columns and V, O and the fp32 partials of Dv (the literal counts below: a model that
+/// regresses fails here, not only against the kernel), and the kernels' counters match them exactly:
+/// decode split and not (every quantity of `decode_model_mismatches`: K, V, Q, seq_lens, mma of the wider
+/// dim's width, O, LSE, partials, the read budget), paged prefill's short chunks on both kernels
+/// (`cost_model::paged_prefill_short_chunk_bytes`), and append into 16-bit and FP8 pages (`append_cost`).
+#[test]
+fn v_head_dim_traffic_follows_the_models() {
+    use fused_attn::testkit::cases::append::{self as ac, AppendCase};
+    use fused_attn::testkit::cases::kv::KvFormat;
+    use fused_attn::testkit::cases::paged_prefill::{self as ppc, case};
+    use fused_attn::testkit::cost_model::{append_cost, paged_prefill_short_chunk_bytes};
+    let fp8 = KvFormat::Fp8 { format: fused_attn::Fp8Format::E4m3, scales: fused_attn::ScaleKind::PerHead };
+    let mut failures = Vec::new();
+    // Decode: 317 tokens x 2 KV heads; 2 x 8 query rows.
+    for (dqk, dv, splits) in [(192, 128, 3), (192, 128, 1), (64, 128, 2)] {
+        let case = DecodeCase { head_dim: dqk, head_dim_v: Some(dv), ..decode_case(4, 16, splits, vec![300, 17]) };
+        let model = decode_cost(&case, &run_case_emulated::<bf16>(&Emulator::new(), &case, 1).unwrap().outcome.plan);
+        let want = ((317 * 2 * dqk * 2) as u64, (317 * 2 * dv * 2) as u64, (2 * 8 * dv * 2) as u64);
+        assert_eq!((model.k_bytes_read, model.v_bytes_read, model.o_bytes_written), want, "{}", case.label());
+        assert_eq!(model.partial_o_bytes_written, if splits > 1 { (splits * 16 * dv * 4) as u64 } else { 0 });
+        failures.extend(decode_model_mismatches(&case, splits));
+    }
+    // Paged prefill: chunks of 2, 1 and 0 new tokens (G = 4: at most 8 packed rows) over 300, 17 and 5 keys.
+    for (kernel, splits, kv) in [
+        (fused_attn::PagedPrefillKernel::Tiled, 1, KvFormat::Sixteen),
+        (fused_attn::PagedPrefillKernel::Streaming, 2, KvFormat::Sixteen),
+        (fused_attn::PagedPrefillKernel::Tiled, 2, fp8),
+    ] {
+        let mut c = case(192, (8, 2), 16, &[(2, 300), (1, 17), (0, 5)]);
+        (c.head_dim_v, c.kernel, c.num_splits, c.kv) = (Some(128), kernel, Some(splits), kv);
+        let model = paged_prefill_short_chunk_bytes(&c).expect("short chunks without a window");
+        let elem = kv.bytes() as u64;
+        let want = (317 * 2 * 192 * elem, 317 * 2 * 128 * elem, 3 * 8 * 128 * 2);
+        assert_eq!((model.k_bytes_read, model.v_bytes_read, model.o_bytes_written), want, "{}", c.label());
+        let emu = Emulator::new();
+        let run = ppc::run_case_emulated::<bf16>(&emu, &c, base_seed()).unwrap();
+        assert!(run.outcome.passed(), "{}: {} ({})", c.label(), run.outcome.summary(), rerun("cost"));
+        for (what, r) in model.ratios(&emu.last_launch_counters().unwrap()).unwrap() {
+            if r != 1.0 {
+                failures.push(format!("{}: {what} measured / model = {r}", c.label()));
+            }
+        }
+    }
+    // Append: 14 new tokens x 2 KV heads.
+    for kv in [KvFormat::Sixteen, fp8] {
+        let c = AppendCase {
+            dtype: DType::Bf16,
+            head_dim: 192,
+            head_dim_v: Some(128),
+            heads_kv: 2,
+            page_size: 16,
+            seqs: vec![(5, 20), (9, 9)],
+            kv,
+            rope: None,
+        };
+        let model = append_cost(&c);
+        let cache = kv.kv_dtype(DType::Bf16).bytes() as u64;
+        let want = (28 * 192 * 2, 28 * 128 * 2, 28 * 192 * cache, 28 * 128 * cache);
+        let got = (model.k_bytes_read, model.v_bytes_read, model.k_cache_bytes_written, model.v_cache_bytes_written);
+        assert_eq!(got, want, "{}", c.label());
+        let emu = Emulator::new();
+        let f = ac::AppendFixture::<bf16>::new(&c, base_seed()).unwrap();
+        assert!(f.evaluate(&ac::run_emulated(&emu, &f).unwrap()).passed(), "{}", c.label());
+        for (what, r) in model.ratios(&emu.last_launch_counters().unwrap()) {
+            if r != 1.0 {
+                failures.push(format!("{}: {what} measured / model = {r}", c.label()));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} mismatches ({}):\n{}", failures.len(), rerun("cost"), failures.join("\n"));
+}

@@ -13,11 +13,15 @@ use fused_attn::decode::{DecodeOptions, DecodeWorkspace};
 use fused_attn::dtype::Fp8Element;
 use fused_attn::paged_prefill::PagedPrefillProblem;
 use fused_attn::reference::{check_decode, check_paged_prefill};
+use fused_attn::testkit::cases::decode::DecodeCase;
+use fused_attn::testkit::cases::kv::KvFormat;
+use fused_attn::testkit::cases::paged_prefill as ppc;
+use fused_attn::testkit::cost_model;
 use fused_attn::testkit::seed::rng;
 use fused_attn::{
     append, decode, paged_prefill, AlibiSlopes, DType, DecodeProblem, Element, Emulator, ErrorKind, Fp8E4m3, Fp8E5m2,
-    KvCacheOf, KvScales, PagedKvCacheMut, PagedPrefillKernel, PagedPrefillOptions, PagedPrefillWorkspace, ScoreMod,
-    SplitPolicy, Stream, TensorView, TensorViewMut,
+    Fp8Format, KvCacheOf, KvScales, PagedKvCacheMut, PagedPrefillKernel, PagedPrefillOptions, PagedPrefillWorkspace,
+    ScaleKind, ScoreMod, SplitPolicy, Stream, TensorView, TensorViewMut,
 };
 use half::{bf16, f16};
 use rand::seq::SliceRandom;
@@ -298,7 +302,7 @@ fn run<T: Element, C: KvCacheOf<T> + CacheNan>(i: usize, c: &Case) -> fused_attn
                 DecodeWorkspace::with_capacity(&stream, batch, hq, widest, 8)?
             };
             let q_view = TensorView::host(&q, [batch, hq, dqk])?;
-            decode(
+            let plan = decode(
                 &stream,
                 &q_view,
                 &read,
@@ -307,7 +311,7 @@ fn run<T: Element, C: KvCacheOf<T> + CacheNan>(i: usize, c: &Case) -> fused_attn
                 &mut ws,
                 &opts,
             )?;
-            cost = decode_cost_mismatches(&emu, c);
+            cost = decode_cost_mismatches(&emu, c, &plan);
             let (o_view, lse_view) = (TensorView::host(&o, [batch, hq, dv])?, TensorView::host(&lse, [batch, hq])?);
             check_decode(&q_view, &read, &o_view, Some(&lse_view), &opts)?
         }
@@ -372,64 +376,76 @@ fn run<T: Element, C: KvCacheOf<T> + CacheNan>(i: usize, c: &Case) -> fused_attn
     Ok((passed, format!("{check}; V padding NaN: {pad_ok}; appended rows exact: {rows_ok}; cost {cost:?}")))
 }
 
-/// Paged prefill's traffic with a V head dim of its own, for chunks of at most 16 packed rows per KV head
-/// without a window (one CTA per sequence, KV head and split on either kernel, the last row seeing every
-/// key): K bytes of Dqk and V bytes of Dv columns of every cached token once per KV head, O of Dv written once.
-fn paged_prefill_cost_mismatches(emu: &Emulator, c: &Case) -> Vec<String> {
-    let Some(q_lens) = &c.q_lens else { return Vec::new() };
-    let (hq, hkv) = c.heads;
-    if c.variants || q_lens.iter().any(|&q| q * (hq / hkv) > 16) {
-        return Vec::new();
-    }
-    let counters = emu.last_launch_counters().expect("a launch");
-    // The tiled kernel, or the streaming path's decode kernel.
-    let k = counters.kernel("paged_prefill").or_else(|| counters.kernel("paged_decode")).expect("a kernel");
-    let elem = if c.kv == Kv::Sixteen { 2 } else { 1 };
-    let tokens: usize = c.seq_lens.iter().sum();
-    let total_q: usize = q_lens.iter().sum();
-    let mut out = Vec::new();
-    for (what, measured, want) in [
-        ("k_cache read", k.read_of("k_cache"), (tokens * hkv * c.dqk * elem) as u64),
-        ("v_cache read", k.read_of("v_cache"), (tokens * hkv * c.dv * elem) as u64),
-        ("o written", counters.total().written_of("o"), (total_q * hq * c.dv * 2) as u64),
-    ] {
-        if measured != want {
-            out.push(format!("{what} {measured} B, model {want} B"));
+impl Case {
+    /// The cache format as the testkit names it (FP8 with per-head scales, as `run` makes them).
+    fn kv_format(&self) -> KvFormat {
+        let fp8 = |format| KvFormat::Fp8 { format, scales: ScaleKind::PerHead };
+        match self.kv {
+            Kv::Sixteen => KvFormat::Sixteen,
+            Kv::E4m3 => fp8(Fp8Format::E4m3),
+            Kv::E5m2 => fp8(Fp8Format::E5m2),
         }
     }
-    out
 }
 
-/// Decode's traffic with a V head dim of its own (the last launch on `emu`; cases without a window, which
-/// would hide keys): K bytes of Dqk columns and V bytes of Dv columns of every token once per KV head
-/// (G <= 16 rows per CTA here), O written once of Dv columns (by the merge after a split, whose fp32 partials
-/// are of Dv columns too, written at most once per split and read at most once).
-fn decode_cost_mismatches(emu: &Emulator, c: &Case) -> Vec<String> {
+/// Paged prefill's traffic with a V head dim of its own against the testkit's short-chunk model
+/// (`cost_model::paged_prefill_short_chunk_bytes`: chunks of at most 16 packed rows per KV head without a
+/// window, either kernel): K bytes of Dqk and V bytes of Dv columns of every cached token once per KV head,
+/// O of Dv written once. Cases outside the model (a window, longer chunks) are not counted.
+fn paged_prefill_cost_mismatches(emu: &Emulator, c: &Case) -> Vec<String> {
+    let Some(q_lens) = &c.q_lens else { return Vec::new() };
+    let seqs: Vec<(usize, usize)> = q_lens.iter().copied().zip(c.seq_lens.iter().copied()).collect();
+    let mut case = ppc::case(c.dqk, c.heads, c.page_size, &seqs);
+    (case.dtype, case.head_dim_v, case.kv) = (c.dtype, Some(c.dv), c.kv_format());
+    if c.variants {
+        case.variants.window = Some((90, 2));
+    }
+    let Some(model) = cost_model::paged_prefill_short_chunk_bytes(&case) else { return Vec::new() };
+    let counters = emu.last_launch_counters().expect("a launch");
+    let ratios = model.ratios(&counters).expect("a paged prefill kernel ran");
+    ratios.into_iter().filter(|&(_, r)| r != 1.0).map(|(what, r)| format!("{what}: measured / model = {r}")).collect()
+}
+
+/// Decode's traffic with a V head dim of its own (the last launch on `emu`, which followed `plan`) against
+/// the testkit's decode model (`cost_model::decode_cost`; cases without a window, which would hide keys): K
+/// bytes of Dqk and V bytes of Dv columns of every token once per KV head, Q of Dqk read once per split, O
+/// of Dv written once (by the merge after a split, whose fp32 partials are of Dv columns too, written once
+/// per split and read at most once), the mma of the kernel's width. A scheduled launch (its own cuts) is
+/// held to the K/V reads and O alone.
+fn decode_cost_mismatches(emu: &Emulator, c: &Case, plan: &fused_attn::DecodePlan) -> Vec<String> {
     if c.variants {
         return Vec::new();
     }
+    let case = DecodeCase {
+        head_dim_v: Some(c.dv),
+        kv: c.kv_format(),
+        ..DecodeCase::new(c.dtype, c.dqk, c.heads, c.page_size, &c.seq_lens, c.splits)
+    };
+    let model = cost_model::decode_cost(&case, plan);
     let counters = emu.last_launch_counters().expect("a launch");
     let dec = counters.kernel("paged_decode").expect("the decode kernel");
-    let elem = if c.kv == Kv::Sixteen { 2 } else { 1 };
-    let tokens: usize = c.seq_lens.iter().sum();
-    let (b, (hq, hkv)) = (c.seq_lens.len(), c.heads);
-    let rows = (b * hq) as u64;
-    let mut out = Vec::new();
-    let mut expect = |what: &str, measured: u64, want: u64| {
-        if measured != want {
-            out.push(format!("{what} {measured} B, model {want} B"));
-        }
-    };
-    expect("k_cache read", dec.read_of("k_cache"), (tokens * hkv * c.dqk * elem) as u64);
-    expect("v_cache read", dec.read_of("v_cache"), (tokens * hkv * c.dv * elem) as u64);
-    expect("o written", counters.total().written_of("o"), rows * c.dv as u64 * 2);
-    let partials = dec.written_of("partial_o");
-    if let Some(merge) = counters.kernel("merge_states") {
-        expect("merge partial_o read <= written", merge.read_of("partial_o").min(partials), merge.read_of("partial_o"));
+    let mut checks = vec![
+        ("k_cache read", dec.read_of("k_cache"), model.k_bytes_read),
+        ("v_cache read", dec.read_of("v_cache"), model.v_bytes_read),
+        ("o written", counters.total().written_of("o"), model.o_bytes_written),
+    ];
+    if !c.scheduled {
+        checks.extend([("q read", dec.read_of("q"), model.q_bytes_read), ("mma", dec.mma, model.mma)]);
+        checks.push(("partial_o written", dec.written_of("partial_o"), model.partial_o_bytes_written));
     }
-    let most = if c.scheduled { u64::MAX } else { c.splits.unwrap_or(8) as u64 * rows * c.dv as u64 * 4 };
-    if partials % (c.dv as u64 * 4) != 0 || partials > most {
-        out.push(format!("partial_o written {partials} B: not whole rows of Dv fp32 columns"));
+    let mut out: Vec<String> = checks
+        .into_iter()
+        .filter(|&(_, measured, want)| measured != want)
+        .map(|(what, measured, want)| format!("{what} {measured} B, model {want} B"))
+        .collect();
+    if let Some(merge) = counters.kernel("merge_states") {
+        if merge.read_of("partial_o") > dec.written_of("partial_o") {
+            out.push(format!(
+                "merge read {} B of partials, {} B written",
+                merge.read_of("partial_o"),
+                dec.written_of("partial_o")
+            ));
+        }
     }
     out
 }
@@ -559,4 +575,101 @@ fn v_head_dim_shapes_are_typed_errors() {
     )
     .unwrap_err();
     assert_eq!((e.kind(), e.message().starts_with("v_cache")), (&ErrorKind::Unsupported, true), "{e}");
+}
+
+/// The testkit's paged fixtures with a V head dim of their own (what the runner's `--head-dim-v` and the
+/// sweeps build: K pages of Dqk, V pages of Dv, q of Dqk, o of Dv): decode over every cache layout
+/// (token-major, head-major, one interleaved buffer of K and V blocks of their own sizes), q/o strided head
+/// slices, 16-bit and FP8 caches, split and not; paged prefill on both kernels, split, with variants; append
+/// of K rows of Dqk and V rows of Dv, with RoPE on K, checked bit for bit against the model of the kernel.
+/// Each decode and paged prefill is judged against the fp64 reference (over a cache whose V is of Dv) on
+/// NaN-poisoned outputs.
+#[test]
+fn testkit_fixtures_take_a_v_head_dim_of_their_own() {
+    use fused_attn::testkit::cases::append::{self as ac, AppendCase};
+    use fused_attn::testkit::cases::decode::{self as dc, CacheLayout, DecodeInputs, PagedFixture};
+    let emu = Emulator::new();
+    let fp8 = |format| KvFormat::Fp8 { format, scales: ScaleKind::PerHead };
+    let mut failures = Vec::new();
+    for (i, (layout, kv, (dqk, dv))) in [
+        (CacheLayout::TokenMajor, KvFormat::Sixteen, (192, 128)),
+        (CacheLayout::HeadMajor, KvFormat::Sixteen, (64, 128)),
+        (CacheLayout::Interleaved, fp8(Fp8Format::E4m3), (192, 128)),
+        (CacheLayout::Interleaved, KvFormat::Sixteen, (128, 64)),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let case = DecodeCase {
+            head_dim_v: Some(dv),
+            kv,
+            ..DecodeCase::new(DType::Bf16, dqk, (8, 2), 16, &[0, 17, 300], [Some(2), None][i % 2])
+        };
+        let inputs = DecodeInputs { cache_layout: layout, strided_q_o: i % 2 == 0, ..Default::default() };
+        let seed = common::case_seed(27_900 + i);
+        let f = PagedFixture::<bf16>::with_inputs(&case, &inputs, seed).unwrap();
+        assert_eq!((f.k_cache.len(), f.v_cache.len()), (f.num_pages * 16 * 2 * dqk, f.num_pages * 16 * 2 * dv));
+        let r = dc::run_inputs_emulated(&emu, &f, seed).unwrap();
+        assert_eq!(r.o.len(), 3 * 8 * dv, "{}", case.label());
+        if !r.outcome.passed() {
+            failures.push(format!("decode {} {layout:?}: {}", case.label(), r.outcome.summary()));
+        }
+    }
+    for (i, (kernel, (dqk, dv), kv, splits, variants)) in [
+        (PagedPrefillKernel::Tiled, (192, 128), KvFormat::Sixteen, Some(2), false),
+        (PagedPrefillKernel::Streaming, (192, 128), fp8(Fp8Format::E5m2), None, true),
+        (PagedPrefillKernel::Tiled, (96, 64), KvFormat::Sixteen, None, true),
+        (PagedPrefillKernel::Streaming, (64, 128), KvFormat::Sixteen, Some(3), false),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut case = ppc::case(dqk, (8, 2), [16, 12][i % 2], &[(5, 90), (3, 3), (0, 7), (2, 40)]);
+        (case.head_dim_v, case.kv, case.kernel, case.num_splits) = (Some(dv), kv, kernel, splits);
+        if variants {
+            case.variants = fused_attn::testkit::variants::CaseVariants {
+                window: Some((30, 0)),
+                softcap: Some(20.0),
+                sinks: true,
+                ..Default::default()
+            };
+        }
+        let seed = common::case_seed(27_950 + i);
+        let r = ppc::run_case_emulated::<bf16>(&emu, &case, seed).unwrap();
+        assert_eq!(r.o.len(), case.total_q() * 8 * dv, "{}", case.label());
+        if !r.outcome.passed() {
+            failures.push(format!("paged prefill {}: {}", case.label(), r.outcome.summary()));
+        }
+    }
+    let rope = fused_attn::testkit::cases::decode::CaseRope {
+        config: fused_attn::RopeConfig::new(10_000.0, 64, fused_attn::RopeStyle::Neox),
+        explicit_positions: false,
+    };
+    for (i, (kv, (dqk, dv), rope)) in [
+        (KvFormat::Sixteen, (192, 128), Some(rope)),
+        (fp8(Fp8Format::E4m3), (192, 128), None),
+        (KvFormat::Sixteen, (64, 128), None),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let case = AppendCase {
+            dtype: DType::Bf16,
+            head_dim: dqk,
+            head_dim_v: Some(dv),
+            heads_kv: 2,
+            page_size: 16,
+            seqs: vec![(5, 20), (9, 9)],
+            kv,
+            rope,
+        };
+        let f = ac::AppendFixture::<bf16>::new(&case, common::case_seed(27_980 + i)).unwrap();
+        assert_eq!((f.k.len(), f.v.len(), f.v_cache_shape[3]), (14 * 2 * dqk, 14 * 2 * dv, dv));
+        let out = ac::run_emulated(&emu, &f).unwrap();
+        let o = f.evaluate(&out);
+        if !o.passed() {
+            failures.push(format!("{}: {o:?}", case.label()));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

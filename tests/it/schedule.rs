@@ -159,6 +159,7 @@ fn windowed_paged_prefill_plans_over_the_window() {
     let mut c = PagedPrefillCase {
         dtype: DType::Bf16,
         head_dim: 64,
+        head_dim_v: None,
         heads_q: 16,
         heads_kv: 2,
         page_size: 16,

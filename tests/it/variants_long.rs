@@ -920,6 +920,7 @@ fn random_long_context_sweeps() {
         let c = DecodeCase {
             dtype: DType::Bf16,
             head_dim: 64,
+            head_dim_v: None,
             heads_q: 8,
             heads_kv: 1,
             page_size: [16, 256, 1, 64, 16][i],

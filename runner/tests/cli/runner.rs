@@ -709,3 +709,70 @@ fn plot_renders_the_recorded_report() {
     assert_one_line_error(&fused_attn(&format!("plot {} --out {}", bad.display(), dir.display())), 2, "bad.jsonl:2");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--head-dim-v` on the paged ops (issue 27, DeepSeek's Dqk 192 / Dv 128): decode (16-bit and FP8 caches,
+/// split), paged prefill (both kernels) and append pass (against the fp64 reference; append bit for bit),
+/// their labels name Dv, their measured/model byte ratios are 1 (K of Dqk, V and O of Dv columns), and
+/// --dump writes q, k and k_cache of 192 columns, v, v_cache and out of 128. A Dv no kernel takes is a
+/// typed error naming v_cache (exit 1); MLA takes none (exit 2).
+#[test]
+fn paged_ops_take_a_v_head_dim_of_their_own() {
+    let dir = std::env::temp_dir().join(format!("fa-runner-dv-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let dims = "--head-dim 192 --head-dim-v 128 --heads 8 --kv-heads 2 --page-size 16";
+    for (name, args) in [
+        ("decode", "--op decode --seq-lens 300,17 --num-splits 2"),
+        ("decode-fp8", "--op decode --seq-lens 300,17 --kv-dtype fp8_e4m3 --kv-scale per-head"),
+        ("tiled", "--op paged-prefill --batch 2 --seqlen-q 2 --seqlen-k 100 --paged-kernel tiled"),
+        ("streaming", "--op paged-prefill --batch 2 --seqlen-q 2 --seqlen-k 100 --paged-kernel streaming"),
+        ("append", "--op append --batch 2 --seqlen-q 6 --seqlen-k 40"),
+    ] {
+        let dims = if name == "append" { dims.replace("--heads 8 ", "") } else { dims.to_string() };
+        let o =
+            fused_attn(&format!("run --backend emu {args} {dims} --json --seed 7 --dump {}", dir.join(name).display()));
+        assert_eq!(o.status.code(), Some(0), "{name}: {}", stderr(&o));
+        let r = &json_rows(&o)[0];
+        assert_eq!((&r["passed"], &r["head_dim"]), (&true.into(), &192.into()), "{name}: {r}");
+        assert!(r["label"].as_str().unwrap_or_default().contains("Dv=128"), "{name}: {r}");
+        let ratios = r["counters"]["model_ratios"].as_object().unwrap_or_else(|| panic!("{name}: {r}"));
+        assert!(ratios.contains_key("v_read") && ratios.contains_key("k_read"), "{name}: {ratios:?}");
+        for (k, v) in ratios {
+            let v = v.as_f64().unwrap();
+            assert!(if k == "read_vs_budget" { v <= 1.0 } else { v == 1.0 }, "{name}: model ratio {k} = {v}");
+        }
+    }
+    // 300 and 17 tokens in pages of 16: 19 + 2 pages, the null page and two spares; a spare table column.
+    let (d, pp, ap) = (dir.join("decode"), dir.join("tiled"), dir.join("append"));
+    for (path, name, shape) in [
+        (&d, "q", vec![2, 8, 192]),
+        (&d, "out", vec![2, 8, 128]),
+        (&d, "k", vec![2, 300, 2, 192]),
+        (&d, "v", vec![2, 300, 2, 128]),
+        (&d, "k_cache", vec![24, 16, 2, 192]),
+        (&d, "v_cache", vec![24, 16, 2, 128]),
+        (&d, "block_table", vec![2, 20]),
+        // 2 x 100 tokens: 7 pages each, the null page and three spares.
+        (&pp, "q", vec![2, 2, 8, 192]),
+        (&pp, "out", vec![2, 2, 8, 128]),
+        (&pp, "lse", vec![2, 8, 2]),
+        (&pp, "k", vec![2, 100, 2, 192]),
+        (&pp, "v", vec![2, 100, 2, 128]),
+        (&pp, "k_cache", vec![18, 16, 2, 192]),
+        (&pp, "v_cache", vec![18, 16, 2, 128]),
+        // 12 new tokens into 2 x 3 pages and a spare.
+        (&ap, "k", vec![12, 2, 192]),
+        (&ap, "v", vec![12, 2, 128]),
+        (&ap, "k_cache", vec![7, 16, 2, 192]),
+        (&ap, "v_cache", vec![7, 16, 2, 128]),
+    ] {
+        let descr = if name == "block_table" { "<i4" } else { "<f4" };
+        assert_eq!(npy_header(&path.join(format!("{name}.npy"))), (descr.to_string(), shape), "{name}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_one_line_error(
+        &fused_attn("run --backend emu --op decode --head-dim 192 --head-dim-v 100 --seqlen-k 20"),
+        1,
+        "v_cache",
+    );
+    assert_one_line_error(&fused_attn("run --op mla-decode --head-dim-v 128"), 2, "--head-dim-v applies to");
+}

@@ -29,7 +29,11 @@ use crate::Stream;
 #[derive(Debug, Clone, PartialEq)]
 pub struct AppendCase {
     pub dtype: DType,
+    /// K's head dim Dqk.
     pub head_dim: usize,
+    /// V's head dim Dv when it differs from `head_dim` (v `[N, Hkv, Dv]` into V pages `[.., Dv]`;
+    /// docs/head-dims.md); `None`: `head_dim`.
+    pub head_dim_v: Option<usize>,
     pub heads_kv: usize,
     pub page_size: usize,
     pub seqs: Vec<(usize, usize)>,
@@ -44,12 +48,17 @@ impl AppendCase {
     pub fn tokens(&self) -> usize {
         self.seqs.iter().map(|s| s.0).sum()
     }
+    /// V's head dim Dv.
+    pub fn dv(&self) -> usize {
+        self.head_dim_v.unwrap_or(self.head_dim)
+    }
     pub fn label(&self) -> String {
         let rope = self.rope.map_or(String::new(), |r| format!(" {}", r.label()));
         self.kv.label(format!(
-            "append {} D={} Hkv={} page={} seqs={:?}{rope}",
+            "append {} D={}{} Hkv={} page={} seqs={:?}{rope}",
             self.dtype.name(),
             self.head_dim,
+            self.head_dim_v.map_or(String::new(), |dv| format!(" Dv={dv}")),
             self.heads_kv,
             self.page_size,
             self.seqs
@@ -57,7 +66,8 @@ impl AppendCase {
     }
 }
 
-/// A case's host data: the new K/V rows `[N, Hkv, D]`, their slots and positions, the cache's shape, the
+/// A case's host data: the new K rows `[N, Hkv, Dqk]` and V rows `[N, Hkv, Dv]`, their slots and positions,
+/// the caches' shapes, the
 /// FP8 scales (one, or one per KV head; empty for a 16-bit cache) and the poisoned RoPE table.
 #[derive(Debug, Clone)]
 pub struct AppendFixture<T> {
@@ -68,8 +78,10 @@ pub struct AppendFixture<T> {
     pub slots: Vec<i64>,
     /// The position of every new token (explicit, or its place in its sequence): what K is rotated at.
     pub positions: Vec<i32>,
-    /// `[num_pages, page_size, Hkv, D]`.
+    /// K's pages `[num_pages, page_size, Hkv, Dqk]`.
     pub cache_shape: [usize; 4],
+    /// V's pages `[num_pages, page_size, Hkv, Dv]`.
+    pub v_cache_shape: [usize; 4],
     pub k_scales: Vec<f32>,
     pub v_scales: Vec<f32>,
     pub rope_table: Option<PoisonedTable>,
@@ -100,7 +112,7 @@ impl AppendOutcome {
 
 impl<T: Element> AppendFixture<T> {
     pub fn new(case: &AppendCase, seed: u64) -> Result<Self> {
-        let (hkv, d, ps) = (case.heads_kv, case.head_dim, case.page_size);
+        let (hkv, d, dv, ps) = (case.heads_kv, case.head_dim, case.dv(), case.page_size);
         if ps == 0 || hkv == 0 {
             return Err(Error::shape("cache", "page size and KV heads must be positive"));
         }
@@ -125,7 +137,7 @@ impl<T: Element> AppendFixture<T> {
         }
         let n = slots.len();
         let k: Vec<T> = (0..n * hkv * d).map(|_| T::from_f64(rng.random_range(-1.7..1.7))).collect();
-        let v: Vec<T> = (0..n * hkv * d).map(|_| T::from_f64(0.7 + rng.random_range(-1.7..1.7))).collect();
+        let v: Vec<T> = (0..n * hkv * dv).map(|_| T::from_f64(0.7 + rng.random_range(-1.7..1.7))).collect();
         let (k_scales, v_scales) = match case.kv {
             KvFormat::Sixteen => (vec![], vec![]),
             KvFormat::Fp8 { format, scales } => {
@@ -157,6 +169,7 @@ impl<T: Element> AppendFixture<T> {
             slots,
             positions,
             cache_shape: [num_pages, ps, hkv, d],
+            v_cache_shape: [num_pages, ps, hkv, dv],
             k_scales,
             v_scales,
             rope_table,
@@ -165,9 +178,9 @@ impl<T: Element> AppendFixture<T> {
 
     /// The caches' stored values the kernel must leave (NaN in every slot no new token owns).
     pub fn expected(&self) -> (Vec<f64>, Vec<f64>) {
-        let (hkv, d) = (self.case.heads_kv, self.case.head_dim);
-        let len: usize = self.cache_shape.iter().product();
-        let (mut kc, mut vc) = (vec![f64::NAN; len], vec![f64::NAN; len]);
+        let (hkv, d, dv) = (self.case.heads_kv, self.case.head_dim, self.case.dv());
+        let (len, v_len) = (self.cache_shape.iter().product(), self.v_cache_shape.iter().product());
+        let (mut kc, mut vc) = (vec![f64::NAN; len], vec![f64::NAN; v_len]);
         let table = match (&self.rope_table, self.case.rope) {
             (Some(t), Some(r)) => Some((t.reference(r.config.rotary_dim, r.config.style), r.config)),
             _ => None,
@@ -192,7 +205,10 @@ impl<T: Element> AppendFixture<T> {
                 let at = (slot as usize * hkv + h) * d;
                 for j in 0..d {
                     kc[at + j] = store(kr[j], &self.k_scales, h);
-                    vc[at + j] = store(self.v[row + j].to_f64() as f32, &self.v_scales, h);
+                }
+                let (v_row, v_at) = ((t * hkv + h) * dv, (slot as usize * hkv + h) * dv);
+                for j in 0..dv {
+                    vc[v_at + j] = store(self.v[v_row + j].to_f64() as f32, &self.v_scales, h);
                 }
             }
         }
@@ -272,9 +288,9 @@ macro_rules! with_kv {
 pub fn run_emulated<T: Element + Poison>(emu: &Emulator, f: &AppendFixture<T>) -> Result<AppendOutputs> {
     fn go<T: Element, C: KvCacheOf<T> + Poison>(emu: &Emulator, f: &AppendFixture<T>) -> Result<AppendOutputs> {
         let stream = Stream::Emu(emu);
-        let (n, hkv, d) = (f.slots.len(), f.case.heads_kv, f.case.head_dim);
-        let len: usize = f.cache_shape.iter().product();
-        let (mut kc, mut vc) = (vec![C::poison(); len], vec![C::poison(); len]);
+        let (n, hkv, d, dv) = (f.slots.len(), f.case.heads_kv, f.case.head_dim, f.case.dv());
+        let (len, v_len) = (f.cache_shape.iter().product(), f.v_cache_shape.iter().product());
+        let (mut kc, mut vc) = (vec![C::poison(); len], vec![C::poison(); v_len]);
         let scales = match f.k_scales.is_empty() {
             true => None,
             false => Some(scales_of(&stream, &f.k_scales, &f.v_scales)?),
@@ -286,7 +302,7 @@ pub fn run_emulated<T: Element + Poison>(emu: &Emulator, f: &AppendFixture<T>) -
         {
             let mut cache = PagedKvCacheMut::new(
                 TensorViewMut::host(&mut kc, f.cache_shape)?,
-                TensorViewMut::host(&mut vc, f.cache_shape)?,
+                TensorViewMut::host(&mut vc, f.v_cache_shape)?,
             )?;
             if let Some(s) = &scales {
                 cache = cache.with_scales(s)?;
@@ -294,7 +310,7 @@ pub fn run_emulated<T: Element + Poison>(emu: &Emulator, f: &AppendFixture<T>) -
             append_with(
                 &stream,
                 &TensorView::host(&f.k, [n, hkv, d])?,
-                &TensorView::host(&f.v, [n, hkv, d])?,
+                &TensorView::host(&f.v, [n, hkv, dv])?,
                 &TensorView::host(&f.slots, [n])?,
                 &mut cache,
                 &AppendOptions { rope: f.rope(views.as_ref()) },
@@ -320,9 +336,9 @@ pub fn run_gpu<T: Element + Poison>(
         runs: Option<crate::testkit::timing::Runs>,
     ) -> Result<(AppendOutputs, Option<crate::testkit::timing::Timing>)> {
         let stream = Stream::Gpu(cu);
-        let (n, hkv, d) = (f.slots.len(), f.case.heads_kv, f.case.head_dim);
-        let len: usize = f.cache_shape.iter().product();
-        let (mut kc, mut vc) = (cu.clone_htod(&vec![C::poison(); len])?, cu.clone_htod(&vec![C::poison(); len])?);
+        let (n, hkv, d, dv) = (f.slots.len(), f.case.heads_kv, f.case.head_dim, f.case.dv());
+        let (len, v_len) = (f.cache_shape.iter().product(), f.v_cache_shape.iter().product());
+        let (mut kc, mut vc) = (cu.clone_htod(&vec![C::poison(); len])?, cu.clone_htod(&vec![C::poison(); v_len])?);
         let (k, v) = (cu.clone_htod(&f.k)?, cu.clone_htod(&f.v)?);
         let slots = cu.clone_htod(&f.slots)?;
         let positions = cu.clone_htod(&f.positions.iter().copied().chain([0]).collect::<Vec<_>>())?;
@@ -345,7 +361,7 @@ pub fn run_gpu<T: Element + Poison>(
             };
             let mut cache = PagedKvCacheMut::new(
                 TensorViewMut::gpu(kc.as_view_mut(), f.cache_shape)?,
-                TensorViewMut::gpu(vc.as_view_mut(), f.cache_shape)?,
+                TensorViewMut::gpu(vc.as_view_mut(), f.v_cache_shape)?,
             )?;
             if let Some(s) = &scales {
                 cache = cache.with_scales(s)?;
@@ -353,7 +369,7 @@ pub fn run_gpu<T: Element + Poison>(
             append_with(
                 &stream,
                 &TensorView::gpu(k.as_view(), [n, hkv, d])?,
-                &TensorView::gpu(v.as_view(), [n, hkv, d])?,
+                &TensorView::gpu(v.as_view(), [n, hkv, dv])?,
                 &TensorView::gpu(slots.as_view(), [n])?,
                 &mut cache,
                 &AppendOptions { rope: f.rope(views.as_ref()) },
@@ -373,13 +389,6 @@ pub fn run_gpu<T: Element + Poison>(
         Ok((AppendOutputs { k_cache: stored(&kh), v_cache: stored(&vh), launch_secs }, timing))
     }
     with_kv!(f.case.kv, go::<T>(cu, f, runs))
-}
-
-/// Bytes an append moves: K and V rows read once, the cache rows written once (16-bit or FP8).
-pub fn bytes_moved(case: &AppendCase) -> usize {
-    let row = case.heads_kv * case.head_dim;
-    let tokens = case.tokens();
-    2 * tokens * row * (2 + case.kv.kv_dtype(case.dtype).bytes())
 }
 
 #[cfg(test)]
@@ -406,6 +415,7 @@ mod tests {
             let case = AppendCase {
                 dtype: DType::Bf16,
                 head_dim: 64,
+                head_dim_v: None,
                 heads_kv: 2,
                 page_size: 8,
                 seqs: vec![(5, 20), (9, 9)],

@@ -45,7 +45,11 @@ pub const SWEEP_SPLITS: [Option<usize>; 4] = [Some(1), Some(2), Some(7), None];
 #[derive(Debug, Clone, PartialEq)]
 pub struct DecodeCase {
     pub dtype: DType,
+    /// Q·K's head dim Dqk (q and the K pages).
     pub head_dim: usize,
+    /// V's and O's head dim Dv when it differs from `head_dim` (DeepSeek's 192/128: V pages `[.., Dv]`, o
+    /// `[B, Hq, Dv]`; docs/head-dims.md); `None`: `head_dim`.
+    pub head_dim_v: Option<usize>,
     pub heads_q: usize,
     pub heads_kv: usize,
     pub page_size: usize,
@@ -103,6 +107,7 @@ impl DecodeCase {
         Self {
             dtype,
             head_dim,
+            head_dim_v: None,
             heads_q,
             heads_kv,
             page_size,
@@ -132,6 +137,10 @@ impl DecodeCase {
     pub fn batch(&self) -> usize {
         self.seq_lens.len()
     }
+    /// V's and O's head dim Dv.
+    pub fn dv(&self) -> usize {
+        self.head_dim_v.unwrap_or(self.head_dim)
+    }
     pub fn max_seq_len(&self) -> usize {
         self.seq_lens.iter().copied().max().unwrap_or(0)
     }
@@ -143,19 +152,20 @@ impl DecodeCase {
     pub fn visible_tokens(&self, len: usize) -> usize {
         self.window_left().map_or(len, |w| len.min(w + 1))
     }
-    /// K and V bytes the kernel must read (each visible cached token once per KV head, at the cache's
-    /// element size), for bandwidth accounting.
+    /// K and V bytes the kernel must read (each visible cached token once per KV head: K's Dqk and V's Dv
+    /// columns, at the cache's element size), for bandwidth accounting.
     pub fn kv_bytes(&self) -> usize {
         let tokens = self.seq_lens.iter().map(|&n| self.visible_tokens(n)).sum::<usize>();
-        tokens * self.heads_kv * self.head_dim * 2 * self.kv.bytes()
+        tokens * self.heads_kv * (self.head_dim + self.dv()) * self.kv.bytes()
     }
-    /// The planner's view of this case (over the window, if any).
+    /// The planner's view of this case (over the window, if any); its head dim is the wider of Dqk and Dv
+    /// (the kernel's width, what workspaces are sized by).
     pub fn problem(&self) -> crate::plan::DecodeProblem {
         crate::plan::DecodeProblem {
             batch: self.batch(),
             heads_q: self.heads_q,
             heads_kv: self.heads_kv,
-            head_dim: self.head_dim,
+            head_dim: self.head_dim.max(self.dv()),
             max_seq_len: self.max_seq_len(),
         }
         .windowed(self.window_left())
@@ -168,9 +178,10 @@ impl DecodeCase {
         }
         self.kv.label(
             format!(
-                "{} D={} Hq={} Hkv={} page={} splits={} lens={:?}{}{}",
+                "{} D={}{} Hq={} Hkv={} page={} splits={} lens={:?}{}{}",
                 self.dtype.name(),
                 self.head_dim,
+                self.head_dim_v.map_or(String::new(), |dv| format!(" Dv={dv}")),
                 self.heads_q,
                 self.heads_kv,
                 self.page_size,
@@ -439,9 +450,9 @@ pub struct CacheBuffers<T> {
     pub v: (usize, usize, [i64; 4]),
 }
 
-/// Host data of one case/// Host data of one case: the paged cache (NaN wherever no sequence owns a slot), the block table, the
-/// lengths and the queries. Element layouts: k/v_cache [num_pages, page_size, Hkv, D], block_table
-/// [B, width], q [B, Hq, D].
+/// Host data of one case: the paged cache (NaN wherever no sequence owns a slot), the block table, the
+/// lengths and the queries. Element layouts: k_cache [num_pages, page_size, Hkv, Dqk], v_cache [.., Dv],
+/// block_table [B, width], q [B, Hq, Dqk].
 #[derive(Debug, Clone)]
 pub struct PagedFixture<T> {
     pub case: DecodeCase,
@@ -477,7 +488,7 @@ impl<T: Element> PagedFixture<T> {
     pub fn with_inputs(case: &DecodeCase, inputs: &DecodeInputs, seed: u64) -> Result<Self> {
         let mut rng = crate::testkit::seed::rng(seed);
         let mag = inputs.magnitude;
-        let (ps, hkv, d) = (case.page_size, case.heads_kv, case.head_dim);
+        let (ps, hkv, d, dv) = (case.page_size, case.heads_kv, case.head_dim, case.dv());
         let pages_of: Vec<usize> = case.seq_lens.iter().map(|&n| n.div_ceil(ps)).collect();
         // One spare column of table per sequence (pointing at the null page) and two spare pages.
         let width = pages_of.iter().copied().max().unwrap_or(0) + 1;
@@ -504,7 +515,7 @@ impl<T: Element> PagedFixture<T> {
         }
         let tokens = case.seq_lens.iter().enumerate().map(|(b, &len)| (b, 0..len));
         let (mut k_cache, mut v_cache) =
-            fill_cache(&mut rng, [num_pages, ps, hkv, d], &block_table, width, tokens, mag);
+            fill_cache(&mut rng, ([num_pages, ps, hkv, d], dv), &block_table, width, tokens, mag);
         // Keys left of the window are hidden memory too: poisoned (after the draws, so the visible values do
         // not depend on the window).
         let seqs = case.seq_lens.iter().enumerate().map(|(b, &seq_len)| crate::testkit::poison::SeqRows {
@@ -516,7 +527,7 @@ impl<T: Element> PagedFixture<T> {
         crate::testkit::poison::poison_unseen_slots(&mut k_cache, &mut v_cache, hkv * d, ps, seqs, window);
         // FP8: the scales from the values, not spread across heads (every_kv_head_reads_its_own_fp8_scale
         // in tests/it/fp8.rs checks per-head indexing).
-        let fp8 = case.kv.fp8().map(|kv| Fp8Cache::of_cache(&k_cache, &v_cache, (hkv, d), kv, (0.0, 0.0)));
+        let fp8 = case.kv.fp8().map(|kv| Fp8Cache::of_cache(&k_cache, &v_cache, (hkv, d, dv), kv, (0.0, 0.0)));
         let q = (0..case.batch() * case.heads_q * d).map(|_| T::from_f64(rng.random_range(-mag..mag))).collect();
         let seq_lens: Vec<i32> = case.seq_lens.iter().map(|&n| n as i32).collect();
         // RoPE: positions drawn after everything else (the other inputs do not depend on them).
@@ -583,16 +594,17 @@ impl<T: Element> PagedFixture<T> {
     pub fn cache_buffers<C: CacheElement<T>>(&self) -> Result<CacheBuffers<C>> {
         let [k, v] = C::cache(&self.k_cache, &self.v_cache, self.fp8.as_ref())?;
         let [np, ps, hkv, d] = self.cache_shape();
-        let page = (ps * hkv * d) as i64;
-        let (ps_, hkv_, d_) = (ps as i64, hkv as i64, d as i64);
+        let dv = self.case.dv();
+        let (page, v_page) = ((ps * hkv * d) as i64, (ps * hkv * dv) as i64);
+        let (ps_, hkv_, d_, dv_) = (ps as i64, hkv as i64, d as i64, dv as i64);
         Ok(match self.inputs.cache_layout {
             CacheLayout::TokenMajor => {
-                let st = [page, hkv_ * d_, d_, 1];
-                CacheBuffers { bufs: vec![k.into_owned(), v.into_owned()], k: (0, 0, st), v: (1, 0, st) }
+                let (st, v_st) = ([page, hkv_ * d_, d_, 1], [v_page, hkv_ * dv_, dv_, 1]);
+                CacheBuffers { bufs: vec![k.into_owned(), v.into_owned()], k: (0, 0, st), v: (1, 0, v_st) }
             }
             CacheLayout::HeadMajor => {
-                let st = [page, d_, ps_ * d_, 1];
-                let permute = |src: &[C]| {
+                let (st, v_st) = ([page, d_, ps_ * d_, 1], [v_page, dv_, ps_ * dv_, 1]);
+                let permute = |src: &[C], d: usize| {
                     let mut dst = vec![C::hidden(); src.len()];
                     for p in 0..np {
                         for t in 0..ps {
@@ -605,23 +617,31 @@ impl<T: Element> PagedFixture<T> {
                     }
                     dst
                 };
-                CacheBuffers { bufs: vec![permute(&k), permute(&v)], k: (0, 0, st), v: (1, 0, st) }
+                CacheBuffers { bufs: vec![permute(&k, d), permute(&v, dv)], k: (0, 0, st), v: (1, 0, v_st) }
             }
             CacheLayout::Interleaved => {
-                let st = [2 * page, hkv_ * d_, d_, 1];
-                let mut buf = vec![C::hidden(); 2 * k.len()];
-                let page = page as usize;
+                // A page holds its K block then its V block (of Dv columns).
+                let both = page + v_page;
+                let (st, v_st) = ([both, hkv_ * d_, d_, 1], [both, hkv_ * dv_, dv_, 1]);
+                let mut buf = vec![C::hidden(); k.len() + v.len()];
+                let (page, v_page, both) = (page as usize, v_page as usize, both as usize);
                 for p in 0..np {
-                    buf[2 * p * page..][..page].copy_from_slice(&k[p * page..][..page]);
-                    buf[(2 * p + 1) * page..][..page].copy_from_slice(&v[p * page..][..page]);
+                    buf[p * both..][..page].copy_from_slice(&k[p * page..][..page]);
+                    buf[p * both + page..][..v_page].copy_from_slice(&v[p * v_page..][..v_page]);
                 }
-                CacheBuffers { bufs: vec![buf], k: (0, 0, st), v: (0, page, st) }
+                CacheBuffers { bufs: vec![buf], k: (0, 0, st), v: (0, page, v_st) }
             }
         })
     }
 
+    /// K's pages `[num_pages, page_size, Hkv, Dqk]`.
     pub fn cache_shape(&self) -> [usize; 4] {
         [self.num_pages, self.case.page_size, self.case.heads_kv, self.case.head_dim]
+    }
+
+    /// V's pages `[num_pages, page_size, Hkv, Dv]`.
+    pub fn v_cache_shape(&self) -> [usize; 4] {
+        [self.num_pages, self.case.page_size, self.case.heads_kv, self.case.dv()]
     }
 
     /// The fixture's 16-bit cache as host views (packed layout, no scales): what a test hands the ops
@@ -641,7 +661,7 @@ impl<T: Element> PagedFixture<T> {
         self.block_table[b * self.width + t / ps] as usize * ps + t % ps
     }
 
-    /// The K and V rows (`[n, Hkv, D]`) and slots of tokens `tokens(b)` of every sequence b, in order: what
+    /// The K and V rows (`[n, Hkv, Dqk]`, `[n, Hkv, Dv]`) and slots of tokens `tokens(b)` of every sequence b, in order: what
     /// an append of those tokens writes into the cache.
     pub fn token_rows(&self, tokens: impl Fn(usize) -> std::ops::Range<usize>) -> (Vec<T>, Vec<T>, Vec<i64>) {
         self.append_rows(tokens, false, None)
@@ -655,18 +675,18 @@ impl<T: Element> PagedFixture<T> {
         pad_each: bool,
         past_pool: Option<usize>,
     ) -> (Vec<T>, Vec<T>, Vec<i64>) {
-        let row = self.case.heads_kv * self.case.head_dim;
+        let (row, v_row) = (self.case.heads_kv * self.case.head_dim, self.case.heads_kv * self.case.dv());
         let (mut k, mut v, mut slots) = (Vec::new(), Vec::new(), Vec::new());
         let pad = |k: &mut Vec<T>, v: &mut Vec<T>, slots: &mut Vec<i64>, slot: i64| {
             k.extend(std::iter::repeat_n(T::nan(), row));
-            v.extend(std::iter::repeat_n(T::nan(), row));
+            v.extend(std::iter::repeat_n(T::nan(), v_row));
             slots.push(slot);
         };
         for b in 0..self.case.batch() {
             for t in tokens(b) {
                 let s = self.slot(b, t);
                 k.extend_from_slice(&self.k_cache[s * row..][..row]);
-                v.extend_from_slice(&self.v_cache[s * row..][..row]);
+                v.extend_from_slice(&self.v_cache[s * v_row..][..v_row]);
                 slots.push(s as i64);
             }
             if pad_each {
@@ -679,14 +699,14 @@ impl<T: Element> PagedFixture<T> {
         (k, v, slots)
     }
 
-    /// Dense K and V of sequence b, [len, Hkv, D], gathered through the block table.
+    /// Dense K `[len, Hkv, Dqk]` and V `[len, Hkv, Dv]` of sequence b, gathered through the block table.
     pub fn dense_kv(&self, b: usize) -> (Vec<T>, Vec<T>) {
-        let row = self.case.heads_kv * self.case.head_dim;
+        let (row, v_row) = (self.case.heads_kv * self.case.head_dim, self.case.heads_kv * self.case.dv());
         let (mut k, mut v) = (Vec::new(), Vec::new());
         for t in 0..self.case.seq_lens[b] {
-            let s = self.slot(b, t) * row;
-            k.extend_from_slice(&self.k_cache[s..s + row]);
-            v.extend_from_slice(&self.v_cache[s..s + row]);
+            let s = self.slot(b, t);
+            k.extend_from_slice(&self.k_cache[s * row..][..row]);
+            v.extend_from_slice(&self.v_cache[s * v_row..][..v_row]);
         }
         (k, v)
     }
@@ -704,7 +724,7 @@ impl<T: Element> PagedFixture<T> {
     /// variants.
     pub fn reference_kv(&self, k: &[f64], v: &[f64]) -> Result<(reference::Output, Vec<f64>)> {
         let c = &self.case;
-        let cache = reference_cache(k, v, self.cache_shape(), &self.block_table, self.width, &self.seq_lens);
+        let cache = reference_cache(k, v, (self.cache_shape(), c.dv()), &self.block_table, self.width, &self.seq_lens);
         let wide = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>();
         let (slopes, sinks) = (wide(&self.alibi_slopes), wide(&self.sinks));
         let var = c.variants.reference(&slopes, &sinks);
@@ -802,12 +822,12 @@ impl<T> PagedFixture<T> {
     }
 }
 
-/// The reference's view of a fixture's paged cache: the values `k`, `v` (`[num_pages, page_size, Hkv, D]` =
-/// `shape`) through `block_table` (`width` columns) and `seq_lens`.
+/// The reference's view of a fixture's paged cache: the values `k` (`[num_pages, page_size, Hkv, Dqk]` =
+/// `shape`), `v` (`[.., Dv]`, `head_dim_v`) through `block_table` (`width` columns) and `seq_lens`.
 pub(crate) fn reference_cache<'a>(
     k: &'a [f64],
     v: &'a [f64],
-    [num_pages, page_size, heads_kv, head_dim]: [usize; 4],
+    ([num_pages, page_size, heads_kv, head_dim], head_dim_v): ([usize; 4], usize),
     block_table: &'a [i32],
     width: usize,
     seq_lens: &'a [i32],
@@ -819,20 +839,22 @@ pub(crate) fn reference_cache<'a>(
         page_size,
         heads_kv,
         head_dim,
-        head_dim_v: head_dim,
+        head_dim_v,
         block_table,
         max_pages_per_seq: width,
         seq_lens,
     }
 }
 
-/// A fixture's K and V caches (`shape` = `[num_pages, page_size, Hkv, D]`): NaN except in the slots of the
-/// `tokens` (sequence b's token range, placed through its `block_table` row of `width` columns), which get
-/// K uniform in [-mag, mag) and V uniform in 0.25·mag + [-0.5·mag, 0.5·mag) (offset so outputs are not
-/// ~ 0), drawn from `rng` token by token, K and V interleaved.
+/// A fixture's K and V caches (`shape` = K's `[num_pages, page_size, Hkv, Dqk]`, V's the same with
+/// `Dv` columns): NaN except in the slots of the `tokens` (sequence b's token range, placed through its
+/// `block_table` row of `width` columns), which get K uniform in [-mag, mag) and V uniform in
+/// 0.25·mag + [-0.5·mag, 0.5·mag) (offset so outputs are not ~ 0), drawn from `rng` token by token, K and V
+/// interleaved (element i of K then of V; past the narrower row only the wider one's, so Dv = Dqk draws as
+/// one head dim always has).
 pub(crate) fn fill_cache<T: Element>(
     rng: &mut impl Rng,
-    shape: [usize; 4],
+    (shape, dv): ([usize; 4], usize),
     block_table: &[i32],
     width: usize,
     tokens: impl IntoIterator<Item = (usize, std::ops::Range<usize>)>,
@@ -841,14 +863,20 @@ pub(crate) fn fill_cache<T: Element>(
     let [num_pages, ps, hkv, d] = shape;
     // Slots nobody writes (past seq_len, spare pages) hold the poison (FA_POISON: NaN by default).
     let mut k_cache = vec![crate::testkit::poison::hidden::<T>(); num_pages * ps * hkv * d];
-    let mut v_cache = vec![crate::testkit::poison::hidden::<T>(); num_pages * ps * hkv * d];
+    let mut v_cache = vec![crate::testkit::poison::hidden::<T>(); num_pages * ps * hkv * dv];
     for (b, range) in tokens {
         for t in range {
             let page = block_table[b * width + t / ps] as usize;
-            let base = (page * ps + t % ps) * hkv * d;
-            for i in 0..hkv * d {
-                k_cache[base + i] = T::from_f64(rng.random_range(-mag..mag));
-                v_cache[base + i] = T::from_f64(0.25 * mag + rng.random_range(-0.5 * mag..0.5 * mag));
+            let slot = page * ps + t % ps;
+            let (k_row, v_row) =
+                (&mut k_cache[slot * hkv * d..][..hkv * d], &mut v_cache[slot * hkv * dv..][..hkv * dv]);
+            for i in 0..hkv * d.max(dv) {
+                if let Some(x) = k_row.get_mut(i) {
+                    *x = T::from_f64(rng.random_range(-mag..mag));
+                }
+                if let Some(x) = v_row.get_mut(i) {
+                    *x = T::from_f64(0.25 * mag + rng.random_range(-0.5 * mag..0.5 * mag));
+                }
             }
         }
     }
@@ -915,7 +943,7 @@ fn evaluate<T: Element>(f: &PagedFixture<T>, seed: u64, plan: DecodePlan, o: &[T
     let bound = exact.out_bound(Some(T::DTYPE), Some(T::DTYPE));
     let ours = to_f64(o);
     let ours_lse: Vec<f64> = lse.iter().map(|&x| x as f64).collect();
-    let d = c.head_dim;
+    let d = c.dv();
     let empty_rows_exact = (0..c.batch()).filter(|&b| c.seq_lens[b] == 0).all(|b| {
         (0..c.heads_q).all(|h| {
             let r = b * c.heads_q + h;
@@ -942,7 +970,7 @@ pub fn check_case_emulated(emu: &Emulator, case: &DecodeCase, seed: u64) -> Resu
     with_dtype!(case.dtype, T => run_case_emulated::<T>(emu, case, seed).map(|r| r.outcome))
 }
 
-/// One judged run with its data: the fixture, the kernel's outputs (o [B, Hq, D], lse [B, Hq]) and the
+/// One judged run with its data: the fixture, the kernel's outputs (o [B, Hq, Dv], lse [B, Hq]) and the
 /// verdict (the runner's `--dump` writes them out).
 #[derive(Debug, Clone)]
 pub struct DecodeRun<T> {
@@ -986,16 +1014,17 @@ pub fn run_emulated_on<T: Element>(
 ) -> Result<DecodeRun<T>> {
     let case = &f.case;
     let stream = Stream::Emu(emu);
-    let (b, hq, d) = (case.batch(), case.heads_q, case.head_dim);
-    // Strided q/o: head slices [hq..2hq) (q) and [2hq..3hq) (o) of packed [B, 3·Hq, D] buffers.
+    let (b, hq, d, dv) = (case.batch(), case.heads_q, case.head_dim, case.dv());
+    // Strided q/o: head slices [hq..2hq) (q) and [2hq..3hq) (o) of packed [B, 3·Hq, D] buffers (o's of Dv).
     let (rows, q_at, o_at) = if f.inputs.strided_q_o { (3 * hq, hq, 2 * hq) } else { (hq, 0, 0) };
     let strides = [(rows * d) as i64, d as i64, 1];
+    let o_strides = [(rows * dv) as i64, dv as i64, 1];
     let mut q_buf = vec![T::nan(); b * rows * d];
     for i in 0..b {
         q_buf[(i * rows + q_at) * d..][..hq * d].copy_from_slice(&f.q[i * hq * d..][..hq * d]);
     }
     let q = TensorView::host(&q_buf[q_at * d..], [b, hq, d])?.with_strides(strides)?;
-    let mut o_buf = vec![T::nan(); b * rows * d];
+    let mut o_buf = vec![T::nan(); b * rows * dv];
     let mut lse = vec![f32::NAN; b * hq];
     let variants = VariantViews::new(&case.variants, b, hq, |sinks, n| {
         TensorView::host(&(if sinks { &f.sinks } else { &f.alibi_slopes })[..n], [n])
@@ -1010,19 +1039,19 @@ pub fn run_emulated_on<T: Element>(
             &mut own
         }
     };
-    let mut o_view = TensorViewMut::host(&mut o_buf[o_at * d..], [b, hq, d])?.with_strides(strides)?;
+    let mut o_view = TensorViewMut::host(&mut o_buf[o_at * dv..], [b, hq, dv])?.with_strides(o_strides)?;
     let mut lse_view = TensorViewMut::host(&mut lse, [b, hq])?;
     let plan =
         with_cache_element!(f.fp8.as_ref(), decode_host::<T>(&stream, f, &q, &mut o_view, &mut lse_view, ws, &opts))?;
-    let mut o = Vec::with_capacity(b * hq * d);
+    let mut o = Vec::with_capacity(b * hq * dv);
     let mut stray = 0;
     for i in 0..b {
-        let row = &o_buf[i * rows * d..][..rows * d];
-        o.extend_from_slice(&row[o_at * d..][..hq * d]);
+        let row = &o_buf[i * rows * dv..][..rows * dv];
+        o.extend_from_slice(&row[o_at * dv..][..hq * dv]);
         stray += row
             .iter()
             .enumerate()
-            .filter(|&(x, v)| !(o_at * d..(o_at + hq) * d).contains(&x) && !v.to_f64().is_nan())
+            .filter(|&(x, v)| !(o_at * dv..(o_at + hq) * dv).contains(&x) && !v.to_f64().is_nan())
             .count();
     }
     let mut outcome = evaluate(f, seed, plan, &o, &lse)?;
@@ -1045,11 +1074,11 @@ fn decode_host<T: Element, C: CacheElement<T>>(
     opts: &DecodeOptions<'_>,
 ) -> Result<DecodePlan> {
     let cb = f.cache_buffers::<C>()?;
-    let shape = f.cache_shape();
+    let (shape, v_shape) = (f.cache_shape(), f.v_cache_shape());
     let scales = f.fp8.as_ref().map(|c| c.scales(stream)).transpose()?;
     let cache = PagedKvCache::new(
         TensorView::host(&cb.bufs[cb.k.0][cb.k.1..], shape)?.with_strides(cb.k.2)?,
-        TensorView::host(&cb.bufs[cb.v.0][cb.v.1..], shape)?.with_strides(cb.v.2)?,
+        TensorView::host(&cb.bufs[cb.v.0][cb.v.1..], v_shape)?.with_strides(cb.v.2)?,
         TensorView::host(&f.block_table, [f.case.batch(), f.width])?,
         TensorView::host(&f.seq_lens, [f.case.batch()])?,
         f.case.max_seq_len(),
@@ -1061,8 +1090,8 @@ fn decode_host<T: Element, C: CacheElement<T>>(
     decode(stream, q, &cache, o, Some(lse), ws, opts)
 }
 
-/// One decode on host memory (the emulator) into NaN-poisoned outputs: o `[B, Hq, D]` shaped like `q`, lse
-/// `[B, Hq]`, and the plan it ran (what the tests' direct calls of the op share).
+/// One decode on host memory (the emulator) into NaN-poisoned outputs: o `[B, Hq, Dv]` (the cache's V head
+/// dim), lse `[B, Hq]`, and the plan it ran (what the tests' direct calls of the op share).
 pub fn decode_on_host<T: Element, C: KvCacheOf<T>>(
     stream: &Stream<'_>,
     q: &TensorView<'_, T, 3>,
@@ -1070,7 +1099,8 @@ pub fn decode_on_host<T: Element, C: KvCacheOf<T>>(
     ws: &mut DecodeWorkspace,
     opts: &DecodeOptions<'_>,
 ) -> Result<(Vec<T>, Vec<f32>, DecodePlan)> {
-    let [b, hq, d] = q.shape();
+    let [b, hq, _] = q.shape();
+    let d = cache.geometry().head_dim_v;
     let mut o = vec![T::nan(); b * hq * d];
     let mut lse = vec![f32::NAN; b * hq];
     let plan = decode(
@@ -1100,14 +1130,14 @@ impl<T: Element, C: CacheElement<T>> GpuCase<T, C> {
     /// Uploads `f` with its cache as `C`.
     pub(crate) fn upload(cu: &Arc<CudaStream>, f: &PagedFixture<T>) -> Result<Self> {
         let c = &f.case;
-        let (b, hq, d) = (c.batch(), c.heads_q, c.head_dim);
+        let (b, hq, dv) = (c.batch(), c.heads_q, c.dv());
         let stream = Stream::Gpu(cu);
         // The window is what planning and scheduling read of the options (the schedule clips spans to it).
         let score_mod = crate::ScoreMod { window: c.variants.window, ..Default::default() };
         let opts = DecodeOptions { scale: f.inputs.scale, num_splits: c.num_splits, score_mod, ..Default::default() };
         Ok(Self {
             inputs: GpuPaged::upload(cu, &f.host())?,
-            o: cu.clone_htod(&vec![T::nan(); b * hq * d])?,
+            o: cu.clone_htod(&vec![T::nan(); b * hq * dv])?,
             lse: cu.clone_htod(&vec![f32::NAN; b * hq])?,
             rope: upload_rope(cu, f.rope_table.as_ref(), &f.rope_positions)?,
             ws: c.workspace(&stream, &opts)?,
@@ -1125,7 +1155,7 @@ impl<T: Element, C: CacheElement<T>> GpuCase<T, C> {
             &Stream::Gpu(cu),
             &TensorView::gpu(self.inputs.q.as_view(), [b, hq, d])?,
             &cache,
-            &mut TensorViewMut::gpu(self.o.as_view_mut(), [b, hq, d])?,
+            &mut TensorViewMut::gpu(self.o.as_view_mut(), [b, hq, c.dv()])?,
             Some(&mut TensorViewMut::gpu(self.lse.as_view_mut(), [b, hq])?),
             &mut self.ws,
             &opts,
@@ -1155,14 +1185,14 @@ pub fn run_case_gpu<T: Element>(cu: &Arc<CudaStream>, case: &DecodeCase, seed: u
 }
 
 /// Bytes a decode moves, per docs/semantics.md: K and V actually read (one byte per element and the
-/// scales for an FP8 cache), Q, O, LSE, and the split workspace (fp32 partial O and LSE written once and
-/// read once by the merge).
+/// scales for an FP8 cache), Q (of Dqk columns), O (of Dv), LSE, and the split workspace (fp32 partial O
+/// and LSE written once and read once by the merge).
 pub fn decode_bytes(case: &DecodeCase, plan: &DecodePlan) -> usize {
     let elem = 2;
     let rows = case.batch() * case.heads_q;
     let workspace = if plan.num_splits > 1 { 2 * 4 * (plan.partial_o_len + plan.partial_lse_len) } else { 0 };
     let scales = if case.kv.fp8().is_some() { 2 * 4 * case.heads_kv } else { 0 };
-    case.kv_bytes() + scales + 2 * rows * case.head_dim * elem + rows * 4 + workspace
+    case.kv_bytes() + scales + rows * (case.head_dim + case.dv()) * elem + rows * 4 + workspace
 }
 
 /// GPU timing of one case: CUDA events, `warmup` untimed launches then the median of `iters`.

@@ -59,8 +59,8 @@ impl KvFormat {
     }
 }
 
-/// A 16-bit paged cache quantised to FP8: the stored codes (laid out as the 16-bit cache
-/// `[num_pages, page_size, Hkv, D]`; NaN slots hold the NaN code) and the scales.
+/// A 16-bit paged cache quantised to FP8: the stored codes (laid out as the 16-bit caches, K
+/// `[num_pages, page_size, Hkv, Dqk]` and V `[.., Dv]`; NaN slots hold the NaN code) and the scales.
 #[derive(Debug, Clone)]
 pub struct Fp8Cache {
     pub format: Fp8Format,
@@ -71,26 +71,28 @@ pub struct Fp8Cache {
     pub v_scale: Vec<f32>,
     heads_kv: usize,
     head_dim: usize,
+    head_dim_v: usize,
 }
 
 impl Fp8Cache {
-    /// Quantises K and V (`[.., Hkv, D]`) with the given scales ([`quantize`]).
+    /// Quantises K (`[.., Hkv, Dqk]`) and V (`[.., Hkv, Dv]`) with the given scales ([`quantize`]).
     pub fn quantize<T: Element>(
         k: &[T],
         v: &[T],
-        (hkv, d): (usize, usize),
+        (hkv, d, dv): (usize, usize, usize),
         format: Fp8Format,
         k_scale: Vec<f32>,
         v_scale: Vec<f32>,
     ) -> Self {
         Self {
             k_codes: quantize(k, hkv, d, format, &k_scale),
-            v_codes: quantize(v, hkv, d, format, &v_scale),
+            v_codes: quantize(v, hkv, dv, format, &v_scale),
             format,
             k_scale,
             v_scale,
             heads_kv: hkv,
             head_dim: d,
+            head_dim_v: dv,
         }
     }
 
@@ -101,20 +103,20 @@ impl Fp8Cache {
     pub fn of_cache<T: Element>(
         k: &[T],
         v: &[T],
-        (hkv, d): (usize, usize),
+        (hkv, d, dv): (usize, usize, usize),
         (format, kind): (Fp8Format, ScaleKind),
         spread: (f32, f32),
     ) -> Self {
         let headroom = if kind == ScaleKind::PerHead { 0.97 } else { 1.0 };
-        let scales = |x: &[T], step: f32| {
+        let scales = |x: &[T], d: usize, step: f32| {
             let mut s = scales_of(x, hkv, d, format, kind, headroom);
             if s.len() > 1 && step != 0.0 {
                 s.iter_mut().enumerate().for_each(|(h, x)| *x *= 1.0 + step * h as f32 / (hkv - 1).max(1) as f32);
             }
             s
         };
-        let (k_scale, v_scale) = (scales(k, spread.0), scales(v, spread.1));
-        Self::quantize(k, v, (hkv, d), format, k_scale, v_scale)
+        let (k_scale, v_scale) = (scales(k, d, spread.0), scales(v, dv, spread.1));
+        Self::quantize(k, v, (hkv, d, dv), format, k_scale, v_scale)
     }
 
     /// The scales for a launch on `stream`'s backend.
@@ -128,10 +130,10 @@ impl Fp8Cache {
 
     /// The dequantised caches (what the reference reads).
     pub fn dequantized(&self) -> (Vec<f64>, Vec<f64>) {
-        let (hkv, d) = (self.heads_kv, self.head_dim);
+        let hkv = self.heads_kv;
         (
-            dequantize(&self.k_codes, hkv, d, self.format, &self.k_scale),
-            dequantize(&self.v_codes, hkv, d, self.format, &self.v_scale),
+            dequantize(&self.k_codes, hkv, self.head_dim, self.format, &self.k_scale),
+            dequantize(&self.v_codes, hkv, self.head_dim_v, self.format, &self.v_scale),
         )
     }
 
@@ -288,19 +290,20 @@ macro_rules! with_cache_element {
 }
 pub(crate) use with_cache_element;
 
-/// The paged cache over host memory: `k`, `v` (`shape` = `[num_pages, page_size, Hkv, D]`) through
-/// `block_table` (`width` columns) and `seq_lens` (the longest `max`), with the FP8 scales if any.
+/// The paged cache over host memory: `k`, `v` (`shape` = K's `[num_pages, page_size, Hkv, Dqk]` and V's
+/// `[.., Dv]`) through `block_table` (`width` columns) and `seq_lens` (the longest `max`), with the FP8
+/// scales if any.
 pub(crate) fn host_cache<'a, C: crate::fp8::KvElement>(
     [k, v]: [&'a [C]; 2],
-    shape: [usize; 4],
+    [k_shape, v_shape]: [[usize; 4]; 2],
     (block_table, width): (&'a [i32], usize),
     (seq_lens, max): (&'a [i32], usize),
     scales: Option<&'a KvScales>,
 ) -> Result<PagedKvCache<'a, C>> {
     let b = seq_lens.len();
     let cache = PagedKvCache::new(
-        TensorView::host(k, shape)?,
-        TensorView::host(v, shape)?,
+        TensorView::host(k, k_shape)?,
+        TensorView::host(v, v_shape)?,
         TensorView::host(block_table, [b, width])?,
         TensorView::host(seq_lens, [b])?,
         max,
@@ -324,17 +327,19 @@ pub struct GpuPaged<T: Element, C: KvCacheOf<T>> {
     sinks: CudaSlice<f32>,
     scales: Option<KvScales>,
     shape: [usize; 4],
+    v_shape: [usize; 4],
     width: usize,
 }
 
 /// A paged fixture's host data, borrowed (what [`GpuPaged`] uploads and the runner's `--dump` writes): the
-/// 16-bit cache and its FP8 quantisation if any (`shape` = `[num_pages, page_size, Hkv, D]`), the block
-/// table (`width` columns), the lengths, q and the variant arrays.
+/// 16-bit cache and its FP8 quantisation if any (`shape` = K's `[num_pages, page_size, Hkv, Dqk]`,
+/// `v_shape` = V's `[.., Dv]`), the block table (`width` columns), the lengths, q and the variant arrays.
 pub struct PagedHost<'a, T> {
     pub k_cache: &'a [T],
     pub v_cache: &'a [T],
     pub fp8: Option<&'a Fp8Cache>,
     pub shape: [usize; 4],
+    pub v_shape: [usize; 4],
     pub block_table: &'a [i32],
     pub width: usize,
     pub seq_lens: &'a [i32],
@@ -353,6 +358,7 @@ macro_rules! paged_host {
             v_cache: &$f.v_cache,
             fp8: $f.fp8.as_ref(),
             shape: $f.cache_shape(),
+            v_shape: $f.v_cache_shape(),
             block_table: &$f.block_table,
             width: $f.width,
             seq_lens: &$f.seq_lens,
@@ -379,7 +385,7 @@ impl<'a, T: Element> PagedHost<'a, T> {
         scales: Option<&'a KvScales>,
     ) -> Result<PagedKvCache<'a, C>> {
         let lens = (self.seq_lens, self.max_seq_len);
-        host_cache(kv, self.shape, (self.block_table, self.width), lens, scales)
+        host_cache(kv, [self.shape, self.v_shape], (self.block_table, self.width), lens, scales)
     }
 }
 
@@ -397,6 +403,7 @@ impl<T: Element, C: CacheElement<T>> GpuPaged<T, C> {
             sinks: cu.clone_htod(&spare(f.sinks))?,
             scales: f.fp8.map(|c| c.scales(&Stream::Gpu(cu))).transpose()?,
             shape: f.shape,
+            v_shape: f.v_shape,
             width: f.width,
         })
     }
@@ -406,7 +413,7 @@ impl<T: Element, C: CacheElement<T>> GpuPaged<T, C> {
         let b = self.lens.len();
         let cache = PagedKvCache::new(
             TensorView::gpu(self.k.as_view(), self.shape)?,
-            TensorView::gpu(self.v.as_view(), self.shape)?,
+            TensorView::gpu(self.v.as_view(), self.v_shape)?,
             TensorView::gpu(self.table.as_view(), [b, self.width])?,
             TensorView::gpu(self.lens.as_view(), [b])?,
             max_seq_len,

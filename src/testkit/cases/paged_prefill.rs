@@ -38,7 +38,11 @@ use crate::Stream;
 #[derive(Debug, Clone, PartialEq)]
 pub struct PagedPrefillCase {
     pub dtype: DType,
+    /// Q·K's head dim Dqk (q and the K pages).
     pub head_dim: usize,
+    /// V's and O's head dim Dv when it differs from `head_dim` (V pages `[.., Dv]`, o `[total_q, Hq, Dv]`;
+    /// docs/head-dims.md); `None`: `head_dim`.
+    pub head_dim_v: Option<usize>,
     pub heads_q: usize,
     pub heads_kv: usize,
     pub page_size: usize,
@@ -84,6 +88,14 @@ impl PagedPrefillCase {
     pub fn batch(&self) -> usize {
         self.seqs.len()
     }
+    /// V's and O's head dim Dv.
+    pub fn dv(&self) -> usize {
+        self.head_dim_v.unwrap_or(self.head_dim)
+    }
+    /// The wider of Dqk and Dv: the kernel's width, what plans and workspaces are sized by.
+    pub fn widest_head_dim(&self) -> usize {
+        self.head_dim.max(self.dv())
+    }
     pub fn total_q(&self) -> usize {
         self.seqs.iter().map(|s| s.0).sum()
     }
@@ -99,7 +111,7 @@ impl PagedPrefillCase {
             batch: self.batch(),
             heads_q: self.heads_q,
             heads_kv: self.heads_kv,
-            head_dim: self.head_dim,
+            head_dim: self.widest_head_dim(),
             total_q: self.total_q(),
             max_seqlen_q: self.max_seqlen_q(),
             max_seq_len: self.max_seq_len(),
@@ -115,7 +127,7 @@ impl PagedPrefillCase {
             },
             None => {
                 let cap = num_splits.unwrap_or(1).max(MAX_PLANNED_SPLITS);
-                PagedPrefillWorkspace::with_capacity(stream, self.total_q(), self.heads_q, self.head_dim, cap)
+                PagedPrefillWorkspace::with_capacity(stream, self.total_q(), self.heads_q, self.widest_head_dim(), cap)
             }
         }
     }
@@ -129,9 +141,10 @@ impl PagedPrefillCase {
     pub fn label(&self) -> String {
         let seqs: Vec<String> = self.seqs.iter().map(|(q, k)| format!("{q}/{k}")).collect();
         self.kv.label(format!(
-            "{} D={} Hq={} Hkv={} page={} q/k=[{}]{}{}{}{}{}",
+            "{} D={}{} Hq={} Hkv={} page={} q/k=[{}]{}{}{}{}{}",
             self.dtype.name(),
             self.head_dim,
+            self.head_dim_v.map_or(String::new(), |dv| format!(" Dv={dv}")),
             self.heads_q,
             self.heads_kv,
             self.page_size,
@@ -155,6 +168,7 @@ pub fn case(head_dim: usize, heads: (usize, usize), page_size: usize, seqs: &[(u
     PagedPrefillCase {
         dtype: DType::Bf16,
         head_dim,
+        head_dim_v: None,
         heads_q: heads.0,
         heads_kv: heads.1,
         page_size,
@@ -434,7 +448,7 @@ pub struct PagedPrefillFixture<T> {
 impl<T: Element> PagedPrefillFixture<T> {
     pub fn new(case: &PagedPrefillCase, seed: u64) -> Self {
         let mut rng = crate::testkit::seed::rng(seed);
-        let (ps, hkv, d) = (case.page_size, case.heads_kv, case.head_dim);
+        let (ps, hkv, d, dv) = (case.page_size, case.heads_kv, case.head_dim, case.dv());
         assert!(case.shared_prefix % ps == 0, "the shared prefix is whole pages");
         assert!(case.seqs.iter().all(|s| s.1 >= case.shared_prefix), "every sequence holds the shared prefix");
         let shared_pages = case.shared_prefix / ps;
@@ -463,7 +477,7 @@ impl<T: Element> PagedPrefillFixture<T> {
         let tokens =
             case.seqs.iter().enumerate().map(|(b, &(_, len))| (b, if b == 0 { 0 } else { case.shared_prefix }..len));
         let (mut k_cache, mut v_cache) =
-            fill_cache(&mut rng, [num_pages, ps, hkv, d], &block_table, width, tokens, mag);
+            fill_cache(&mut rng, ([num_pages, ps, hkv, d], dv), &block_table, width, tokens, mag);
         // Keys no row sees (left of every row's window) are hidden memory: poisoned, as the unused slots are.
         let seqs = case.seqs.iter().enumerate().map(|(b, &(q_len, seq_len))| crate::testkit::poison::SeqRows {
             pages: &block_table[b * width..][..width],
@@ -473,7 +487,7 @@ impl<T: Element> PagedPrefillFixture<T> {
         let window = crate::mask::Window::new(case.variants.window, case.causal);
         crate::testkit::poison::poison_unseen_slots(&mut k_cache, &mut v_cache, hkv * d, ps, seqs, window);
         // FP8: per-head scales grow with the head (x1 .. x2.5 for K, x1 .. x1.75 for V).
-        let fp8 = case.kv.fp8().map(|kv| Fp8Cache::of_cache(&k_cache, &v_cache, (hkv, d), kv, (1.5, 0.75)));
+        let fp8 = case.kv.fp8().map(|kv| Fp8Cache::of_cache(&k_cache, &v_cache, (hkv, d, dv), kv, (1.5, 0.75)));
         let q = (0..case.total_q() * case.heads_q * d).map(|_| T::from_f64(rng.random_range(-mag..mag))).collect();
         // RoPE: positions drawn after everything else (the other inputs do not depend on them).
         let rope_positions: Vec<i32> = match &case.rope {
@@ -517,8 +531,14 @@ impl<T: Element> PagedPrefillFixture<T> {
         q
     }
 
+    /// K's pages `[num_pages, page_size, Hkv, Dqk]`.
     pub fn cache_shape(&self) -> [usize; 4] {
         [self.num_pages, self.case.page_size, self.case.heads_kv, self.case.head_dim]
+    }
+
+    /// V's pages `[num_pages, page_size, Hkv, Dv]`.
+    pub fn v_cache_shape(&self) -> [usize; 4] {
+        [self.num_pages, self.case.page_size, self.case.heads_kv, self.case.dv()]
     }
 
     pub fn scale(&self) -> f64 {
@@ -540,7 +560,7 @@ impl<T: Element> PagedPrefillFixture<T> {
     pub fn reference_kv(&self, k: &[f64], v: &[f64]) -> Result<(reference::Output, Vec<f64>)> {
         let c = &self.case;
         let q = self.reference_q();
-        let cache = reference_cache(k, v, self.cache_shape(), &self.block_table, self.width, &self.seq_lens);
+        let cache = reference_cache(k, v, (self.cache_shape(), c.dv()), &self.block_table, self.width, &self.seq_lens);
         let wide = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>();
         let (slopes, sinks) = (wide(&self.alibi_slopes), wide(&self.sinks));
         let var = c.variants.reference(&slopes, &sinks);
@@ -573,7 +593,7 @@ impl<T: Element> PagedPrefillFixture<T> {
 
     /// Runs the kernel over the case's cache (16-bit, or the FP8 codes with their scales) on `stream` (host
     /// memory: the emulator) with NaN-poisoned outputs; `num_splits` overrides the case's. Returns o
-    /// `[total_q, Hq, D]`, lse `[Hq, total_q]` and the plan.
+    /// `[total_q, Hq, Dv]`, lse `[Hq, total_q]` and the plan.
     pub fn run(&self, stream: &Stream<'_>, num_splits: Option<usize>) -> Result<(Vec<T>, Vec<f32>, PagedPrefillPlan)> {
         let mut ws = self.case.workspace(stream, num_splits.or(self.case.num_splits))?;
         self.run_in(stream, num_splits, &mut ws)
@@ -634,7 +654,7 @@ impl<T: Element> PagedPrefillFixture<T> {
             let cache = f.host().cache_of([&k, &v], scales.as_ref())?;
             let (o, lse, _) = f.run_on_with(stream, &cache, None, Some(rope), None)?;
             let (q, cu) = (TensorView::host(&f.q, [tq, hq, d])?, TensorView::host(&f.cu_seqlens_q, [b + 1])?);
-            let (o, lse) = (TensorView::host(&o, [tq, hq, d])?, TensorView::host(&lse, [hq, tq])?);
+            let (o, lse) = (TensorView::host(&o, [tq, hq, c.dv()])?, TensorView::host(&lse, [hq, tq])?);
             let views = VariantViews::new(&c.variants, b, hq, |sinks, n| {
                 TensorView::host(if sinks { &f.sinks[..n] } else { &f.alibi_slopes[..n] }, [n])
             })?;
@@ -668,10 +688,10 @@ impl<T: Element> PagedPrefillFixture<T> {
         ws: Option<&mut PagedPrefillWorkspace>,
     ) -> Result<(Vec<T>, Vec<f32>, PagedPrefillPlan)> {
         let c = &self.case;
-        let (b, hq, d, tq) = (c.batch(), c.heads_q, c.head_dim, c.total_q());
+        let (b, hq, d, dv, tq) = (c.batch(), c.heads_q, c.head_dim, c.dv(), c.total_q());
         let q = TensorView::host(&self.q, [tq, hq, d])?;
         let cu = TensorView::host(&self.cu_seqlens_q, [b + 1])?;
-        let mut o = vec![T::nan(); tq * hq * d];
+        let mut o = vec![T::nan(); tq * hq * dv];
         let mut lse = vec![f32::NAN; hq * tq];
         let views = VariantViews::new(&c.variants, b, hq, |sinks, n| {
             TensorView::host(if sinks { &self.sinks[..n] } else { &self.alibi_slopes[..n] }, [n])
@@ -698,7 +718,7 @@ impl<T: Element> PagedPrefillFixture<T> {
             &cu,
             c.max_seqlen_q(),
             cache,
-            &mut TensorViewMut::host(&mut o, [tq, hq, d])?,
+            &mut TensorViewMut::host(&mut o, [tq, hq, dv])?,
             Some(&mut TensorViewMut::host(&mut lse, [hq, tq])?),
             Some(ws),
             &opts,
@@ -741,7 +761,7 @@ impl PagedPrefillOutcome {
     }
 }
 
-/// One case run: its fixture, the kernel's outputs (o `[total_q, Hq, D]`, lse `[Hq, total_q]`) and the verdict.
+/// One case run: its fixture, the kernel's outputs (o `[total_q, Hq, Dv]`, lse `[Hq, total_q]`) and the verdict.
 pub struct PagedPrefillRun<T> {
     pub fixture: PagedPrefillFixture<T>,
     pub o: Vec<T>,
@@ -811,7 +831,7 @@ impl<T: Element, C: CacheElement<T>> GpuCase<T, C> {
     /// Uploads `f` with its cache as `C`.
     pub(crate) fn upload(cu: &Arc<CudaStream>, f: &PagedPrefillFixture<T>) -> Result<Self> {
         let c = &f.case;
-        let (hq, d, tq) = (c.heads_q, c.head_dim, c.total_q());
+        let (hq, d, tq) = (c.heads_q, c.dv(), c.total_q());
         Ok(Self {
             inputs: GpuPaged::upload(cu, &f.host())?,
             cu_q: cu.clone_htod(&f.cu_seqlens_q)?,
@@ -846,19 +866,19 @@ impl<T: Element, C: CacheElement<T>> GpuCase<T, C> {
             &TensorView::gpu(self.cu_q.as_view(), [b + 1])?,
             c.max_seqlen_q(),
             &cache,
-            &mut TensorViewMut::gpu(self.o.slice_mut(0..tq * hq * d), [tq, hq, d])?,
+            &mut TensorViewMut::gpu(self.o.slice_mut(0..tq * hq * c.dv()), [tq, hq, c.dv()])?,
             Some(&mut TensorViewMut::gpu(self.lse.slice_mut(0..hq * tq), [hq, tq])?),
             Some(&mut self.ws),
             &opts,
         )
     }
 
-    /// o `[total_q, Hq, D]` and lse `[Hq, total_q]` back on the host.
+    /// o `[total_q, Hq, Dv]` and lse `[Hq, total_q]` back on the host.
     pub(crate) fn outputs(&self, cu: &Arc<CudaStream>, case: &PagedPrefillCase) -> Result<(Vec<T>, Vec<f32>)> {
         let n = case.total_q() * case.heads_q;
         let mut o: Vec<T> = cu.clone_dtoh(&self.o)?;
         let mut lse: Vec<f32> = cu.clone_dtoh(&self.lse)?;
-        o.truncate(n * case.head_dim);
+        o.truncate(n * case.dv());
         lse.truncate(n);
         Ok((o, lse))
     }
@@ -890,8 +910,8 @@ pub fn check_case_gpu(cu: &Arc<CudaStream>, case: &PagedPrefillCase, seed: u64) 
     with_dtype!(case.dtype, T => run_case_gpu::<T>(cu, case, seed).map(|r| r.outcome))
 }
 
-/// Attention FLOPs of a case: 4 · Hq · D · (visible (row, key) pairs), the pairs counted exactly from the
-/// causal rule (no window).
+/// Attention FLOPs of a case: 2 · Hq · (Dqk + Dv) · (visible (row, key) pairs) (4 · Hq · D with one head
+/// dim), the pairs counted exactly from the causal rule (no window).
 pub fn case_flops(case: &PagedPrefillCase) -> f64 {
     let pairs: usize = case
         .seqs
@@ -903,7 +923,7 @@ pub fn case_flops(case: &PagedPrefillCase) -> f64 {
             (0..q).map(|i| if i + k >= q { (i + k - q + 1).min(k) } else { 0 }).sum::<usize>()
         })
         .sum();
-    4.0 * (case.heads_q * case.head_dim) as f64 * pairs as f64
+    2.0 * (case.heads_q * (case.head_dim + case.dv())) as f64 * pairs as f64
 }
 
 /// GPU timing of one case: CUDA events, `warmup` untimed launches then the median of `iters`.
