@@ -11,9 +11,7 @@ use crate::common;
 use std::time::Instant;
 
 use fused_attn::mask::{kv_block_range, Window};
-use fused_attn::prefill::{
-    prefill, sm90_serves, PrefillKernel, PrefillOptions, Sm90Tile, SM90_V_HEAD_DIM_PAIRS,
-};
+use fused_attn::prefill::{prefill, sm90_serves, PrefillKernel, PrefillOptions, Sm90Tile, SM90_V_HEAD_DIM_PAIRS};
 use fused_attn::rope::{RopeConfig, RopeStyle};
 use fused_attn::testkit::cases::decode::CaseRope;
 use fused_attn::testkit::cases::prefill::{run_emulated, CaseLayout, PrefillCase, PrefillFixture};
@@ -51,7 +49,10 @@ fn check<T: Element>(emu: &Emulator, i: usize, case: &PrefillCase) -> Result<(St
     let counters = emu.last_launch_counters().ok_or("no counters")?;
     let want = kernel_name(case.dtype);
     if counters.kernels.len() != 1 || counters.kernels[0].kernel != want {
-        return Err(format!("ran {:?} instead of {want}", counters.kernels.iter().map(|k| &k.kernel).collect::<Vec<_>>()));
+        return Err(format!(
+            "ran {:?} instead of {want}",
+            counters.kernels.iter().map(|k| &k.kernel).collect::<Vec<_>>()
+        ));
     }
     let outcome = f.evaluate(&out).map_err(|e| e.to_string())?;
     if !outcome.passed() {
@@ -130,10 +131,8 @@ fn run_cases(name: &str, cases: &[PrefillCase]) {
 /// positions (64 rotary dims, as DeepSeek's q carries).
 #[test]
 fn emulated_sm90_v_head_dim_sweep() {
-    let rope = |explicit_positions| CaseRope {
-        config: RopeConfig::new(10000.0, 64, RopeStyle::Neox),
-        explicit_positions,
-    };
+    let rope =
+        |explicit_positions| CaseRope { config: RopeConfig::new(10000.0, 64, RopeStyle::Neox), explicit_positions };
     let mut cases = vec![
         dense(DType::Bf16, true, 200, 200, (2, 1)),
         dense(DType::F16, false, 70, 300, (4, 2)),
@@ -147,13 +146,31 @@ fn emulated_sm90_v_head_dim_sweep() {
     cases[1].with_lse = false;
     cases[5].layout = CaseLayout::Padded;
     let variants = [
-        (DType::Bf16, true, CaseVariants { window: Some((90, 0)), sinks: true, alibi: CaseAlibi::PerHead, ..Default::default() }),
-        (DType::F16, false, CaseVariants { window: Some((40, 20)), softcap: Some(5.0), alibi: CaseAlibi::PerSequence, ..Default::default() }),
+        (
+            DType::Bf16,
+            true,
+            CaseVariants { window: Some((90, 0)), sinks: true, alibi: CaseAlibi::PerHead, ..Default::default() },
+        ),
+        (
+            DType::F16,
+            false,
+            CaseVariants {
+                window: Some((40, 20)),
+                softcap: Some(5.0),
+                alibi: CaseAlibi::PerSequence,
+                ..Default::default()
+            },
+        ),
         (DType::Bf16, false, CaseVariants { softcap: Some(30.0), ..Default::default() }),
-        (DType::F16, true, CaseVariants { window: Some((0, 0)), softcap: Some(10.0), sinks: true, ..Default::default() }),
+        (
+            DType::F16,
+            true,
+            CaseVariants { window: Some((0, 0)), softcap: Some(10.0), sinks: true, ..Default::default() },
+        ),
     ];
     for (i, (dtype, causal, v)) in variants.into_iter().enumerate() {
-        let mut c = dense(dtype, causal, [200, 150, 129, 90][i], [260, 150, 300, 90][i], [(4, 2), (2, 1), (2, 2), (3, 1)][i]);
+        let mut c =
+            dense(dtype, causal, [200, 150, 129, 90][i], [260, 150, 300, 90][i], [(4, 2), (2, 1), (2, 2), (3, 1)][i]);
         (c.batch, c.layout, c.variants, c.with_lse) = (2, CaseLayout::Padded, v, i != 2);
         cases.push(c);
     }
