@@ -324,3 +324,76 @@ fn emulated_sm90_v_head_dim_loads_prefetch_every_tile() {
         assert_eq!(got, (10, 0, 0), "{}: (prefetched, late, two ahead)", case.label());
     }
 }
+
+/// Varlen at 192 / 128: the top KV tile of a sequence is one TMA box of 128 rows, reading the next
+/// sequence's rows and here the rows past the last sequence (no sequence owns them), and V's rows are
+/// padded past its 128 columns (a row stride of 136 per head). The kernel masks those scores and zeroes
+/// those V rows (its 2 panels) before P·V, and never reads V's padding: the outputs with NaN and with zeros
+/// in the hidden memory are bit for bit the same, finite in O's 128 columns, and O's padding is never
+/// written. Causal and not, GQA 2:1, both dtypes.
+#[test]
+fn emulated_sm90_v_head_dim_varlen_hidden_rows_never_reach_the_output() {
+    fn run<T: Element>(causal: bool, fill: f64) -> Vec<u64> {
+        let (hq, hkv, vs) = (4usize, 2usize, DV + 8);
+        let cu_q = [0i32, 20, 150];
+        let cu_k = [0i32, 17, 160];
+        let (total_q, total_k) = (150usize, 200usize); // k/v rows 160..200 belong to no sequence
+        let mut rng = 0x5eed_1920_u64;
+        let mut val = || {
+            rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            T::from_f64(((rng >> 40) as f64 / (1u64 << 24) as f64) - 0.4)
+        };
+        let q: Vec<T> = (0..total_q * hq * D).map(|_| val()).collect();
+        let mut k: Vec<T> = (0..total_k * hkv * D).map(|_| val()).collect();
+        let mut v: Vec<T> = (0..total_k * hkv * vs).map(|_| val()).collect();
+        for (i, x) in k.iter_mut().enumerate() {
+            if i / (hkv * D) >= 160 {
+                *x = T::from_f64(fill);
+            }
+        }
+        for (i, x) in v.iter_mut().enumerate() {
+            if i / (hkv * vs) >= 160 || i % vs >= DV {
+                *x = T::from_f64(fill);
+            }
+        }
+        let emu = Emulator::new().with_multiprocessors(2);
+        let mut o = vec![T::nan(); total_q * hq * vs];
+        let mut lse = vec![f32::NAN; hq * total_q];
+        let v_st = [(hkv * vs) as i64, vs as i64, 1];
+        let o_st = [(hq * vs) as i64, vs as i64, 1];
+        let opts = PrefillOptions { causal, kernel: PrefillKernel::Sm90, ..Default::default() };
+        fused_attn::prefill::prefill_varlen(
+            &Stream::Emu(&emu),
+            &TensorView::host(&q, [total_q, hq, D]).unwrap(),
+            &TensorView::host(&k, [total_k, hkv, D]).unwrap(),
+            &TensorView::host(&v[..(total_k - 1) * hkv * vs + (hkv - 1) * vs + DV], [total_k, hkv, DV])
+                .unwrap()
+                .with_strides(v_st)
+                .unwrap(),
+            &TensorView::host(&cu_q, [3]).unwrap(),
+            &TensorView::host(&cu_k, [3]).unwrap(),
+            130,
+            143,
+            &mut TensorViewMut::host(&mut o, [total_q, hq, DV]).unwrap().with_strides(o_st).unwrap(),
+            Some(&mut TensorViewMut::host(&mut lse, [hq, total_q]).unwrap()),
+            &opts,
+        )
+        .unwrap();
+        let kernel = &emu.last_launch_counters().unwrap().kernels[0].kernel;
+        assert!(kernel.starts_with("fa_prefill_sm90") && kernel.ends_with("_d192_dv128"), "{kernel}");
+        for (i, x) in o.iter().enumerate() {
+            let written = i % vs < DV;
+            assert_eq!(x.to_f64().is_finite(), written, "o[{i}] (column {}; fill {fill})", i % vs);
+        }
+        // Causal, sequence 0 (20 rows, 17 keys): its first 3 rows see no key (LSE −inf, O 0).
+        for (i, x) in lse.iter().enumerate() {
+            let empty = causal && i % total_q < 3;
+            assert!(if empty { *x == f32::NEG_INFINITY } else { x.is_finite() }, "lse[{i}] {x} (fill {fill})");
+        }
+        o.iter().map(|x| x.to_f64().to_bits()).chain(lse.iter().map(|x| u64::from(x.to_bits()))).collect()
+    }
+    for causal in [false, true] {
+        assert!(run::<bf16>(causal, f64::NAN) == run::<bf16>(causal, 0.0), "bf16 causal {causal}");
+        assert!(run::<f16>(causal, f64::NAN) == run::<f16>(causal, 0.0), "f16 causal {causal}");
+    }
+}
