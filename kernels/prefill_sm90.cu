@@ -3,7 +3,7 @@
 //
 // Persistent: each CTA runs work tiles (query tile of Br rows, query head, sequence) one after another, as
 // fa/hopper/tile_scheduler.cuh assigns them; 1 + kConsumers warpgroups (fa/hopper/traits.cuh:
-// Br = 128 with 2 consumers for D 128 and 256, Br = 192 with 3 for D 64):
+// Br = 128 with 2 consumers for D 128, 256 and 192 / 128, Br = 192 with 3 for D 64):
 //   warpgroup 0, the producer (setmaxnreg.dec to 40, or 24 with 3 consumers): one thread issues TMA loads of
 //     each work tile's Q tile and of the K/V tiles into a ring of stages guarded by separate K and V
 //     full/empty mbarriers (fa/hopper/pipeline.cuh, producer.cuh);
@@ -17,7 +17,8 @@
 // RoPE on q (p.rope, a run-time switch): each consumer warpgroup rotates its rows of the Q tile in shared
 // memory once it has landed, before its first S = Q Kᵀ (fa/hopper/rope_q.cuh).
 //
-// Supported: fp16/bf16, D 64/128/256, dense and varlen, GQA, causal, LSE, RoPE on q, and every score variant
+// Supported: fp16/bf16, D 64/128/256 and the pair Dqk 192 / Dv 128 (DeepSeek: Q and K tiles of 192 columns,
+// V and O of 128; S = Q Kᵀ over k = 192, O = P V of N = 128, no zero columns), dense and varlen, GQA, causal, LSE, RoPE on q, and every score variant
 // (sliding window, softcap, ALiBi, sinks) with the sm_80 kernel's semantics and code (fa/score_mod.cuh); softcap and
 // ALiBi are a run-time branch per tile rather than separate kernels (fa/hopper/mainloop.cuh, softmax_step,
 // says why). The tensor maps are made by the Rust side (src/prefill/sm90.rs) for the backend that runs the
@@ -48,7 +49,7 @@ FA_DEVICE void consume_tile(const FaPrefillParams &p, unsigned char *smem, const
                             const WorkTile &work, const prefill::SeqInfo &seq, int m0, const WindowBounds &window,
                             const prefill::KvBlockRange &range, int c, int work_count,
                             PipelineState<Tr::kStages> &kv, const FaTensorMap *o_map) {
-  constexpr int kHeadDim = Tr::kHeadDim;
+  constexpr int kHeadDimV = Tr::kHeadDimV;
   ConsumerTile ct;
   ct.wg = c;
   ct.warp_row0 = m0 + 64 * c + 16 * (warp_id() % 4);
@@ -63,9 +64,9 @@ FA_DEVICE void consume_tile(const FaPrefillParams &p, unsigned char *smem, const
   const bool has_kv = range.n_end > range.n_begin;
   // RoPE: this warpgroup's rows rotated in place before O is set up (nothing of the mainloop live yet).
   if (has_kv && rope_enabled(p.rope)) rotate_q<T, Tr>(p, smem, c, work.batch, m0, seq);
-  WgmmaAcc<kHeadDim> o;
+  WgmmaAcc<kHeadDimV> o;
 #pragma unroll
-  for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
+  for (int i = 0; i < kHeadDimV / 2; ++i) o[i] = 0.0f;
   OnlineSoftmax<1> softmax;
   softmax.init();
   if (has_kv) consume<T, Tr>(smem, bars, range, ct, p, o, softmax, kv);
@@ -103,8 +104,9 @@ template <class Tr, class F> FA_DEVICE void for_each_work_tile(const FaPrefillPa
   }
 }
 
-template <class T, int kHeadDim, int kBc> FA_DEVICE void prefill_sm90_kernel(const FaPrefillSm90Params &params) {
-  using Tr = PrefillTraits<kHeadDim, kBc>;
+template <class T, int kHeadDim, int kBc, int kHeadDimV>
+FA_DEVICE void prefill_sm90_kernel(const FaPrefillSm90Params &params) {
+  using Tr = PrefillTraits<kHeadDim, kBc, kHeadDimV>;
   const FaPrefillParams &p = params.base;
   unsigned char *smem = dynamic_smem_aligned<unsigned char>();
   const Barriers<Tr::kStages> bars = Barriers<Tr::kStages>::at(smem + Tr::kBarrierOffset);
@@ -145,13 +147,15 @@ template <class T, int kHeadDim, int kBc> FA_DEVICE void prefill_sm90_kernel(con
 } // namespace hopper
 FA_NAMESPACE_END
 
-// fa_prefill_sm90_<dtype>_d<D>[_bc<Bc>]: the suffix names the wider of two tiles of one head dim.
-#define FA_PREFILL_SM90_KERNEL(name, T, D, BC)                                                              \
-  FA_KERNEL_SM90(name, (fa::hopper::PrefillTraits<D, BC>::kThreads), (fa::hopper::PrefillTraits<D, BC>::kMinCtasPerSm), \
-                 FaPrefillSm90Params, (fa::hopper::prefill_sm90_kernel<T, D, BC>))
-#define FA_PREFILL_SM90_TILE_KERNELS(D, BC, SUFFIX)                                                          \
-  FA_PREFILL_SM90_KERNEL(fa_prefill_sm90_f16_d##D##SUFFIX, fa::half_t, D, BC)                                \
-  FA_PREFILL_SM90_KERNEL(fa_prefill_sm90_bf16_d##D##SUFFIX, fa::bf16_t, D, BC)
+// fa_prefill_sm90_<dtype>_d<D>[_bc<Bc> | _dv<Dv>]: the suffix names the wider of two tiles of one head dim, or
+// V's head dim when it is not D's.
+#define FA_PREFILL_SM90_KERNEL(name, T, D, BC, DV)                                                           \
+  FA_KERNEL_SM90(name, (fa::hopper::PrefillTraits<D, BC, DV>::kThreads),                                    \
+                 (fa::hopper::PrefillTraits<D, BC, DV>::kMinCtasPerSm), FaPrefillSm90Params,                \
+                 (fa::hopper::prefill_sm90_kernel<T, D, BC, DV>))
+#define FA_PREFILL_SM90_TILE_KERNELS(D, BC, DV, SUFFIX)                                                      \
+  FA_PREFILL_SM90_KERNEL(fa_prefill_sm90_f16_d##D##SUFFIX, fa::half_t, D, BC, DV)                            \
+  FA_PREFILL_SM90_KERNEL(fa_prefill_sm90_bf16_d##D##SUFFIX, fa::bf16_t, D, BC, DV)
 FA_PREFILL_SM90_TILES(FA_PREFILL_SM90_TILE_KERNELS)
 #undef FA_PREFILL_SM90_TILE_KERNELS
 #undef FA_PREFILL_SM90_KERNEL
@@ -163,10 +167,10 @@ namespace fa {
 namespace hopper {
 namespace {
 
-template <int kHeadDim, int kBc>
+template <int kHeadDim, int kBc, int kHeadDimV>
 int launch_prefill_sm90(void (*kernel)(FaPrefillSm90Params), const char *name, const FaPrefillSm90Params &p,
                         FaExec *exec) {
-  using Tr = PrefillTraits<kHeadDim, kBc>;
+  using Tr = PrefillTraits<kHeadDim, kBc, kHeadDimV>;
   if (p.block_m != Tr::kBr) return FA_ERR_INVALID; // maps made for another tile
   if (p.o_tma && p.base.cu_seqlens_q != nullptr) return FA_ERR_INVALID; // a varlen box crosses sequences
   const int64_t m_blocks = p.base.seqlen_q / Tr::kBr + (p.base.seqlen_q % Tr::kBr != 0);
@@ -177,15 +181,19 @@ int launch_prefill_sm90(void (*kernel)(FaPrefillSm90Params), const char *name, c
   return launch(name, kernel, Dim3{ctas, 1, 1}, Tr::kThreads, Tr::kSmemBytes, exec, p);
 }
 
-// By head dim and the maps' Bc (a tile the kernels do not have is FA_ERR_INVALID), one case per instantiated
+// V's head dim of a call (FaPrefillParams::head_dim_v, 0 = head_dim).
+int head_dim_v_of(const FaPrefillParams &p) { return p.head_dim_v != 0 ? p.head_dim_v : p.head_dim; }
+
+// By head dims and the maps' Bc (a tile the kernels do not have is FA_ERR_INVALID), one case per instantiated
 // tile (FA_PREFILL_SM90_TILES).
-#define FA_PREFILL_SM90_CASE(D, BC, SUFFIX)                                                                  \
-  if (p.base.head_dim == D && p.block_n == BC)                                                               \
+#define FA_PREFILL_SM90_CASE(D, BC, DV, SUFFIX)                                                              \
+  if (p.base.head_dim == D && dv == DV && p.block_n == BC)                                                   \
     return p.base.dtype == FA_DTYPE_F16                                                                      \
-               ? launch_prefill_sm90<D, BC>(FA_KERNEL_REF(fa_prefill_sm90_f16_d##D##SUFFIX), p, exec)          \
-               : launch_prefill_sm90<D, BC>(FA_KERNEL_REF(fa_prefill_sm90_bf16_d##D##SUFFIX), p, exec);
+               ? launch_prefill_sm90<D, BC, DV>(FA_KERNEL_REF(fa_prefill_sm90_f16_d##D##SUFFIX), p, exec)      \
+               : launch_prefill_sm90<D, BC, DV>(FA_KERNEL_REF(fa_prefill_sm90_bf16_d##D##SUFFIX), p, exec);
 int dispatch_sm90(const FaPrefillSm90Params &p, FaExec *exec) {
-  if (prefill_sm90_block_n(p.base.head_dim, true) == 0) return FA_ERR_UNSUPPORTED;
+  const int dv = head_dim_v_of(p.base);
+  if (prefill_sm90_block_n(p.base.head_dim, dv, true) == 0) return FA_ERR_UNSUPPORTED;
   if (p.base.dtype != FA_DTYPE_F16 && p.base.dtype != FA_DTYPE_BF16) return FA_ERR_UNSUPPORTED;
   FA_PREFILL_SM90_TILES(FA_PREFILL_SM90_CASE)
   return FA_ERR_INVALID; // maps made for a tile no kernel has
@@ -194,13 +202,13 @@ int dispatch_sm90(const FaPrefillSm90Params &p, FaExec *exec) {
 
 } // namespace
 
-// The tile a call of this head dim (masked: causal or windowed) runs, and its launch shape (abi.h,
-// fa_tile_policy); the Rust side makes the tensor maps for it.
-int tile_policy(int head_dim, bool masked, FaTilePolicy *out) {
-  const int block_n = prefill_sm90_block_n(head_dim, masked);
-#define FA_PREFILL_SM90_POLICY(D, BC, SUFFIX)                                                                \
-  if (head_dim == D && block_n == BC) {                                                                      \
-    using Tr = PrefillTraits<D, BC>;                                                                         \
+// The tile a call of these head dims (masked: causal or windowed) runs, and its launch shape (abi.h,
+// fa_tile_policy and fa_prefill_sm90_tile_policy); the Rust side makes the tensor maps for it.
+int tile_policy(int head_dim, int head_dim_v, bool masked, FaTilePolicy *out) {
+  const int block_n = prefill_sm90_block_n(head_dim, head_dim_v, masked);
+#define FA_PREFILL_SM90_POLICY(D, BC, DV, SUFFIX)                                                            \
+  if (head_dim == D && head_dim_v == DV && block_n == BC) {                                                  \
+    using Tr = PrefillTraits<D, BC, DV>;                                                                     \
     *out = FaTilePolicy{D, Tr::kBr, Tr::kBc, Tr::kStages, Tr::kThreads, Tr::kSmemBytes, Tr::kMinCtasPerSm, 0};  \
     return FA_OK;                                                                                            \
   }
@@ -219,8 +227,11 @@ extern "C" int fa_prefill_sm90(FaPrefillSm90Params p, FaExec *exec) {
   if (!fa::softcap_inline_division_ok(p.base.score_mod.softcap)) return FA_ERR_UNSUPPORTED;
   // RoPE on K is fused in the sm_80 kernels only (fa/hopper/rope_q.cuh says why; docs/rope.md).
   if (p.base.rope_k != 0) return FA_ERR_UNSUPPORTED;
-  // One head dim for Q, K and V (a V head dim of its own runs on the sm_80 kernel: docs/head-dims.md).
-  if (p.base.head_dim_v != 0 && p.base.head_dim_v != p.base.head_dim) return FA_ERR_UNSUPPORTED;
+  // A V head dim of its own: 192 / 128 alone (its kernel's tile); other pairs run on the sm_80 kernel
+  // (docs/head-dims.md).
+  const int dv = fa::hopper::head_dim_v_of(p.base);
+  if (dv != p.base.head_dim && fa::hopper::prefill_sm90_block_n(p.base.head_dim, dv, true) == 0)
+    return FA_ERR_UNSUPPORTED;
   FaExec dry{};
   dry.mode = FA_EXEC_RECORD;
   const int status = fa_prefill(p.base, &dry);

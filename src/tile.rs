@@ -104,6 +104,20 @@ pub fn prefill_tile_policy(head_dim: usize, head_dim_v: usize, variant: bool) ->
     policy_from(&p)
 }
 
+/// The sm_90a prefill kernel's policy for Q·K head dim `head_dim` and V head dim `head_dim_v` (`masked`: a
+/// causal or windowed call; `fa_prefill_sm90_tile_policy`): D 64, 128, 256 with Dv = D (the same as
+/// [`tile_policy`]'s [`KernelOp::PrefillSm90`]) and 192 / 128; `None` for any other pair. `width` is Dqk.
+pub fn prefill_sm90_tile_policy(head_dim: usize, head_dim_v: usize, masked: bool) -> Option<TilePolicy> {
+    let mut p = sys::FaTilePolicy::default();
+    let (d, dv) = (i32::try_from(head_dim).ok()?, i32::try_from(head_dim_v).ok()?);
+    // SAFETY: a pure function of its arguments that writes only `*out` (kernels/host/tile_policy.cpp).
+    let status = unsafe { sys::fa_prefill_sm90_tile_policy(d, dv, masked as i32, &mut p) };
+    if status != sys::FA_OK {
+        return None;
+    }
+    policy_from(&p)
+}
+
 /// The decode kernel's policy for `head_dim`, or, for a head dim decode does not take (whose call fails
 /// with its own error), the widest kernel's: what occupancy and cost estimates made before validation use.
 pub fn decode_tile_or_widest(head_dim: usize) -> Option<TilePolicy> {
@@ -161,6 +175,18 @@ mod tests {
             [(192, 128), (128, 128), (128, 176), (128, 64)]
         );
         assert_eq!(t(96, false), None);
+        // A V head dim of its own: 192 / 128 alone, 128 x 128 (FA3's), 2 stages of K 192 + V 128 columns.
+        for masked in [false, true] {
+            let dv = prefill_sm90_tile_policy(192, 128, masked).unwrap();
+            assert_eq!((dv.width, dv.block_m, dv.block_n, dv.stages, dv.threads), (192, 128, 128, 2, 384));
+            assert_eq!(dv.smem_bytes, (48 + 2 * (48 + 32)) * 1024 + 8 * (2 + 4 * 2));
+            for d in [64, 128, 256] {
+                assert_eq!(prefill_sm90_tile_policy(d, d, masked), tile_policy(KernelOp::PrefillSm90, d, masked, None));
+            }
+            for (d, dv) in [(192, 192), (128, 64), (256, 128), (192, 64), (128, 192), (192, 0)] {
+                assert_eq!(prefill_sm90_tile_policy(d, dv, masked), None, "{d}/{dv}");
+            }
+        }
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::mpsc;
 use std::time::Instant;
 
-use fused_attn::prefill::{PrefillKernel, Sm90Steps, SM90_HEAD_DIMS, SM90_SOFTCAP_RANGE};
+use fused_attn::prefill::{sm90_serves, PrefillKernel, Sm90Steps, SM90_SOFTCAP_RANGE};
 use fused_attn::testkit::cases::append::AppendCase;
 use fused_attn::testkit::cases::decode::{
     decode_sweep, decode_sweep_emulated, decode_variant_sweep, fp8_decode_sweep_emulated, perf_cases as decode_perf,
@@ -34,9 +34,10 @@ pub fn case_seed(base: u64, i: usize) -> u64 {
     base ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
-/// Whether the sm90 kernel runs `c` (head dim and softcap range; the GPU's compute capability aside).
+/// Whether the sm90 kernel runs `c` (head dims, 192/128 among them, and softcap range; the GPU's compute
+/// capability aside).
 fn sm90_runs(c: &PrefillCase) -> bool {
-    SM90_HEAD_DIMS.contains(&c.head_dim) && c.variants.softcap.is_none_or(|s| SM90_SOFTCAP_RANGE.contains(&s))
+    sm90_serves(c.head_dim, c.dv()) && c.variants.softcap.is_none_or(|s| SM90_SOFTCAP_RANGE.contains(&s))
 }
 
 /// The prefill case run with `kernel` (`--kernel`). The sm90 kernel lacks some head dims:

@@ -24,8 +24,8 @@ pub mod sm90;
 mod wide;
 
 pub use sm90::{
-    persistent_ctas, PrefillKernel, Sm90Steps, Sm90Tile, EMULATED_SMS, SM90_HEAD_DIMS, SM90_OCCUPANCY,
-    SM90_SOFTCAP_RANGE,
+    persistent_ctas, sm90_serves, PrefillKernel, Sm90Steps, Sm90Tile, EMULATED_SMS, SM90_HEAD_DIMS, SM90_OCCUPANCY,
+    SM90_SOFTCAP_RANGE, SM90_V_HEAD_DIM_PAIRS,
 };
 
 use crate::device::Stream;
@@ -210,20 +210,16 @@ fn shared_params<T: Element>(
     if opts.rope_k.is_some() && opts.rope.is_none() {
         return Err(Error::usage("rope_k: RoPE on K rotates with q's table; set `rope` too"));
     }
-    // What only the sm_80 kernel does: RoPE on K, and a V head dim different from Q·K's.
-    let sm80_only = if opts.rope_k.is_some() {
-        Some("RoPE on K is fused in the sm80 kernel only (docs/rope.md)".to_string())
-    } else if head_dim_v != head_dim {
-        Some(format!("V head dim {head_dim_v} differs from Q·K's {head_dim}: the sm90 kernel takes one head dim"))
-    } else {
-        None
-    };
+    // What only the sm_80 kernel does: RoPE on K. (A V head dim of its own runs on the sm_90a kernel for the
+    // pairs it has a tile for, sm90::SM90_V_HEAD_DIM_PAIRS: sm90::choose decides.)
+    let sm80_only =
+        opts.rope_k.is_some().then(|| "RoPE on K is fused in the sm80 kernel only (docs/rope.md)".to_string());
     let kernel = match (sm80_only, opts.kernel) {
         (Some(why), PrefillKernel::Sm90) => return Err(Error::unsupported("prefill kernel sm90", why)),
         (Some(_), _) => PrefillKernel::Sm80,
         (None, kernel) => kernel,
     };
-    let choice = sm90::choose(stream, kernel, head_dim, opts.causal, &opts.score_mod, opts.sm90_steps)?;
+    let choice = sm90::choose(stream, kernel, (head_dim, head_dim_v), opts.causal, &opts.score_mod, opts.sm90_steps)?;
     let params = sys::FaPrefillParams {
         heads_q: to_i32("q (heads)", heads_q)?,
         heads_kv: to_i32("k (heads)", heads_kv)?,

@@ -3,7 +3,8 @@
 //! q, k and v, encoded for the backend that runs it (src/runtime/tensor_map.rs).
 //!
 //! [`PrefillKernel::Auto`] takes the sm_90a kernel on a GPU of compute capability 9.0 when it supports the
-//! call (head dim 64, 128 or 256; a softcap, if any, in [`SM90_SOFTCAP_RANGE`]; tensors TMA can address),
+//! call (head dim 64, 128 or 256, or Q·K head dim 192 with V head dim 128: [`SM90_V_HEAD_DIM_PAIRS`]; a
+//! softcap, if any, in [`SM90_SOFTCAP_RANGE`]; tensors TMA can address),
 //! and the sm_80 kernel otherwise, silently. Every score variant (window, softcap, ALiBi, sinks) runs on both
 //! kernels with the same semantics. On the emulator `Auto` keeps the sm_80 kernel (the emulator has no compute
 //! capability to choose by; tests and the runner pick the sm_90a kernel with [`PrefillKernel::Sm90`]).
@@ -20,7 +21,7 @@ use crate::launch::Launch;
 use crate::score_mod::ScoreMod;
 use crate::sys;
 use crate::tensor_map::{TensorMapSpec, TmaSwizzle};
-use crate::tile::{tile_policy, KernelOp};
+use crate::tile::prefill_sm90_tile_policy;
 
 /// The prefill kernel a call runs ([`super::PrefillOptions::kernel`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -57,18 +58,32 @@ impl FromStr for PrefillKernel {
     }
 }
 
-/// Head dims the sm_90a kernel is instantiated for (others run the sm_80 kernel).
+/// Head dims the sm_90a kernel is instantiated for with V of the same head dim (others run the sm_80 kernel).
 pub const SM90_HEAD_DIMS: [usize; 3] = [64, 128, 256];
+
+/// (Q·K head dim, V head dim) pairs with a V head dim of its own that the sm_90a kernel has a tile for:
+/// DeepSeek-V2/V3's 192 / 128 (Q and K tiles of 192 columns, V and O of 128; kernels/include/fa/hopper/traits.cuh).
+/// Every other pair runs on the sm_80 kernel (`Auto`; `Sm90` is an Unsupported error).
+pub const SM90_V_HEAD_DIM_PAIRS: [(usize, usize); 1] = [(192, 128)];
+
+/// Whether the sm_90a kernel has a tile for Q·K head dim `head_dim` with V head dim `head_dim_v`.
+pub fn sm90_serves(head_dim: usize, head_dim_v: usize) -> bool {
+    if head_dim == head_dim_v {
+        SM90_HEAD_DIMS.contains(&head_dim)
+    } else {
+        SM90_V_HEAD_DIM_PAIRS.contains(&(head_dim, head_dim_v))
+    }
+}
 
 /// The softcaps the sm_90a kernel takes (every one a model uses): its per-score division is inline and exact
 /// on this range only (kernels/include/fa/score_mod.cuh, `softcap_inline_division_ok`, which this mirrors).
 pub const SM90_SOFTCAP_RANGE: std::ops::RangeInclusive<f32> = f32::from_bits(63 << 23)..=f32::from_bits(191 << 23); // 2^-64..=2^64
 
-/// The sm_90a kernel's tile for one call: the launcher's choice ([`crate::tile::tile_policy`],
+/// The sm_90a kernel's tile for one call: the launcher's choice ([`crate::tile::prefill_sm90_tile_policy`],
 /// kernels/include/fa/hopper/traits.cuh, which says why).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sm90Tile {
-    /// Query rows per CTA: 64 per consumer warpgroup, two (D 128, 256) or three (D 64).
+    /// Query rows per CTA: 64 per consumer warpgroup, two (D 128, 256, 192 / 128) or three (D 64).
     pub block_m: usize,
     /// Keys per KV tile.
     pub block_n: usize,
@@ -79,7 +94,13 @@ impl Sm90Tile {
     /// D 128 at 128 × 128 (FA3's choice; unmasked D 128 runs 128 × 176). `None` for a head dim the kernel
     /// does not have ([`SM90_HEAD_DIMS`]).
     pub fn for_call(head_dim: usize, masked: bool) -> Option<Self> {
-        let p = tile_policy(KernelOp::PrefillSm90, head_dim, masked, None)?;
+        Self::for_pair(head_dim, head_dim, masked)
+    }
+
+    /// The tile of a call with Q·K head dim `head_dim` and V head dim `head_dim_v` (192 / 128: 128 × 128,
+    /// masked or not). `None` for a pair the kernel does not have ([`sm90_serves`]).
+    pub fn for_pair(head_dim: usize, head_dim_v: usize, masked: bool) -> Option<Self> {
+        let p = prefill_sm90_tile_policy(head_dim, head_dim_v, masked)?;
         Some(Self { block_m: p.block_m, block_n: p.block_n })
     }
 }
@@ -158,9 +179,15 @@ pub(crate) enum Choice {
     Sm90(Sm90Tile),
 }
 
-/// Why the sm_90a kernel cannot run a call of this head dim and these variants (`None`: it can).
-fn unsupported_reason(head_dim: usize, score_mod: &ScoreMod) -> Option<String> {
-    if !SM90_HEAD_DIMS.contains(&head_dim) {
+/// Why the sm_90a kernel cannot run a call of these head dims and variants (`None`: it can).
+fn unsupported_reason(head_dim: usize, head_dim_v: usize, score_mod: &ScoreMod) -> Option<String> {
+    if head_dim != head_dim_v && !sm90_serves(head_dim, head_dim_v) {
+        return Some(format!(
+            "V head dim {head_dim_v} with Q·K head dim {head_dim} (the sm90 kernel has the pairs \
+             {SM90_V_HEAD_DIM_PAIRS:?}; the sm80 kernel runs the others)"
+        ));
+    }
+    if !sm90_serves(head_dim, head_dim_v) {
         return Some(format!("head dim {head_dim} (the sm90 kernel has {SM90_HEAD_DIMS:?})"));
     }
     if let Some(c) = score_mod.softcap.filter(|c| *c > 0.0 && !SM90_SOFTCAP_RANGE.contains(c)) {
@@ -185,18 +212,21 @@ fn compute_capability(stream: &Stream<'_>) -> Result<Option<i32>> {
 pub(crate) fn choose(
     stream: &Stream<'_>,
     kernel: PrefillKernel,
-    head_dim: usize,
+    (head_dim, head_dim_v): (usize, usize),
     causal: bool,
     score_mod: &ScoreMod,
     steps: Sm90Steps,
 ) -> Result<Choice> {
-    let tile = || Sm90Tile::for_call(head_dim, causal || score_mod.window.is_some() || !steps.wide_tile);
+    let masked = causal || score_mod.window.is_some() || !steps.wide_tile;
+    let tile = || Sm90Tile::for_pair(head_dim, head_dim_v, masked);
     match kernel {
         PrefillKernel::Sm80 => Ok(Choice::Sm80),
         PrefillKernel::Auto => {
             let cc = compute_capability(stream)?;
             match (cc, tile()) {
-                (Some(90), Some(t)) if unsupported_reason(head_dim, score_mod).is_none() => Ok(Choice::Sm90(t)),
+                (Some(90), Some(t)) if unsupported_reason(head_dim, head_dim_v, score_mod).is_none() => {
+                    Ok(Choice::Sm90(t))
+                }
                 _ => Ok(Choice::Sm80),
             }
         }
@@ -209,7 +239,7 @@ pub(crate) fn choose(
                     ));
                 }
             }
-            if let Some(why) = unsupported_reason(head_dim, score_mod) {
+            if let Some(why) = unsupported_reason(head_dim, head_dim_v, score_mod) {
                 return Err(Error::unsupported("prefill kernel sm90", why));
             }
             let t = tile().expect("a supported head dim"); // ok: unsupported_reason checked it
@@ -219,7 +249,8 @@ pub(crate) fn choose(
 }
 
 /// One operand as the kernel's 4-D tensor map sees it: (D, rows, heads, batch) and the element strides of
-/// rows, heads and batch.
+/// rows, heads and batch (D: Dqk for q and k, Dv for v and o; every box is 64 columns, the kernel loads or
+/// stores D/64 of them).
 pub(crate) struct Operand {
     pub ptr: *const c_void,
     pub head_dim: usize,
@@ -375,32 +406,59 @@ mod tests {
         let emu = crate::emu::Emulator::new();
         let s = Stream::Emu(&emu);
         let none = ScoreMod::default();
-        assert_eq!(choose(&s, PrefillKernel::Auto, 128, false, &none, Sm90Steps::default()).unwrap(), Choice::Sm80);
-        assert_eq!(choose(&s, PrefillKernel::Sm80, 128, false, &none, Sm90Steps::default()).unwrap(), Choice::Sm80);
+        assert_eq!(
+            choose(&s, PrefillKernel::Auto, (128, 128), false, &none, Sm90Steps::default()).unwrap(),
+            Choice::Sm80
+        );
+        assert_eq!(
+            choose(&s, PrefillKernel::Sm80, (128, 128), false, &none, Sm90Steps::default()).unwrap(),
+            Choice::Sm80
+        );
         assert!(matches!(
-            choose(&s, PrefillKernel::Sm90, 64, false, &none, Sm90Steps::default()).unwrap(),
+            choose(&s, PrefillKernel::Sm90, (64, 64), false, &none, Sm90Steps::default()).unwrap(),
             Choice::Sm90(_)
         ));
         // D 128: 128 x 176 unmasked, 128 x 128 causal or windowed.
         let window = ScoreMod { window: Some((100, 100)), ..none };
         for (causal, sm, block_n) in [(false, &none, 176), (true, &none, 128), (false, &window, 128)] {
-            let c = choose(&s, PrefillKernel::Sm90, 128, causal, sm, Sm90Steps::default()).unwrap();
+            let c = choose(&s, PrefillKernel::Sm90, (128, 128), causal, sm, Sm90Steps::default()).unwrap();
             assert_eq!(c, Choice::Sm90(Sm90Tile { block_m: 128, block_n }), "causal {causal}, {sm:?}");
         }
-        let e = choose(&s, PrefillKernel::Sm90, 96, false, &none, Sm90Steps::default()).unwrap_err();
+        let e = choose(&s, PrefillKernel::Sm90, (96, 96), false, &none, Sm90Steps::default()).unwrap_err();
         assert_eq!(e.kind(), &ErrorKind::Unsupported, "{e}");
+        // A V head dim of its own: 192 / 128 runs 128 x 128 masked or not; other pairs (and 192 alone) are
+        // Unsupported when forced and sm_80 under Auto.
+        for (causal, steps) in
+            [(false, Sm90Steps::default()), (true, Sm90Steps { wide_tile: false, ..Default::default() })]
+        {
+            let c = choose(&s, PrefillKernel::Sm90, (192, 128), causal, &none, steps).unwrap();
+            assert_eq!(c, Choice::Sm90(Sm90Tile { block_m: 128, block_n: 128 }));
+        }
+        for pair in [(192, 192), (128, 64), (256, 128), (64, 128), (192, 64)] {
+            let e = choose(&s, PrefillKernel::Sm90, pair, false, &none, Sm90Steps::default()).unwrap_err();
+            assert_eq!(e.kind(), &ErrorKind::Unsupported, "{pair:?}: {e}");
+            assert_eq!(
+                choose(&s, PrefillKernel::Auto, pair, false, &none, Sm90Steps::default()).unwrap(),
+                Choice::Sm80
+            );
+            assert!(!sm90_serves(pair.0, pair.1) && Sm90Tile::for_pair(pair.0, pair.1, false).is_none(), "{pair:?}");
+        }
+        assert!(sm90_serves(192, 128) && sm90_serves(128, 128) && !sm90_serves(192, 192));
         // Every variant runs on the sm90 kernel; a softcap outside its range is Unsupported when forced and
         // sm_80 under Auto.
         let cap = ScoreMod { softcap: Some(30.0), window: Some((10, 0)), ..none };
         assert!(matches!(
-            choose(&s, PrefillKernel::Sm90, 128, false, &cap, Sm90Steps::default()).unwrap(),
+            choose(&s, PrefillKernel::Sm90, (128, 128), false, &cap, Sm90Steps::default()).unwrap(),
             Choice::Sm90(_)
         ));
         for c in [1e-30, 1e30] {
             let far = ScoreMod { softcap: Some(c), ..none };
-            let e = choose(&s, PrefillKernel::Sm90, 128, false, &far, Sm90Steps::default()).unwrap_err();
+            let e = choose(&s, PrefillKernel::Sm90, (128, 128), false, &far, Sm90Steps::default()).unwrap_err();
             assert_eq!(e.kind(), &ErrorKind::Unsupported, "{e}");
-            assert_eq!(choose(&s, PrefillKernel::Auto, 128, false, &far, Sm90Steps::default()).unwrap(), Choice::Sm80);
+            assert_eq!(
+                choose(&s, PrefillKernel::Auto, (128, 128), false, &far, Sm90Steps::default()).unwrap(),
+                Choice::Sm80
+            );
         }
         assert!(SM90_SOFTCAP_RANGE.contains(&2f32.powi(-64)) && SM90_SOFTCAP_RANGE.contains(&2f32.powi(64)));
         assert!(!SM90_SOFTCAP_RANGE.contains(&(2f32.powi(64) * (1.0 + f32::EPSILON))));

@@ -34,6 +34,7 @@ mod plan;
 mod poison;
 mod prefill;
 mod prefill_sm90;
+mod prefill_sm90_dv;
 mod rope;
 mod rope_prefill;
 mod rope_prefill_k;

@@ -488,6 +488,13 @@ fn sm90_prefill_hidden_rows(be: &Backend) {
     assert_hidden_invisible("sm90 varlen window", &[Fill::Nan], |fill| {
         run_varlen::<bf16>(be, Some((50, 0)), 64, PrefillKernel::Sm90, fill)
     });
+    // Q·K head dim 192 with V head dim 128 (issue 27): V's columns 128..200 of its padded rows (the TMA box
+    // of V is 2 panels of 64, of its own tensor map), the keys left of the window in the bottom tile, the
+    // rows past Tk before the next batch.
+    let c = Dense { dv: 128, batch: 1, kernel: PrefillKernel::Sm90, ..dense(40, 300, 192, Some((70, 0))) };
+    assert_hidden_invisible("sm90 192/128 dense window", &[Fill::Nan, Fill::PosInf], |fill| {
+        run_dense::<f16>(be, &c, fill, 8)
+    });
 }
 
 // ---- paged: a cache whose every unseen byte is poisoned -----------------------------------------------

@@ -396,8 +396,8 @@ fn invalid_varlen_inputs_are_typed_errors() {
 }
 
 /// A V head dim of its own (issue 27): o must match v's head dim (Shape, naming o), v's head dim must be one
-/// prefill takes (Unsupported, naming v), and the sm_90a kernel takes one head dim (forced: Unsupported; Auto
-/// runs the sm_80 kernel). Pairs past 256 run on the streaming path.
+/// prefill takes (Unsupported, naming v), and the sm_90a kernel takes one head dim or the pair 192 / 128 (any
+/// other pair forced: Unsupported; Auto runs the sm_80 kernel). Pairs past 256 run on the streaming path.
 #[test]
 fn invalid_v_head_dims_are_typed_errors() {
     let emu = Emulator::new();
@@ -425,8 +425,10 @@ fn invalid_v_head_dims_are_typed_errors() {
         assert_eq!(e.kind(), &ErrorKind::Unsupported, "{d}/{dv}: {e}");
         assert!(e.message().starts_with("v:"), "{d}/{dv}: {e}");
     }
+    // The sm_90a kernel has 192 / 128 (tests/it/prefill_sm90_dv.rs) and no other pair of different dims.
     let sm90 = PrefillOptions { kernel: fused_attn::prefill::PrefillKernel::Sm90, ..opts };
-    let e = run(192, 128, 128, &sm90).unwrap_err();
+    run(192, 128, 128, &sm90).unwrap();
+    let e = run(256, 128, 128, &sm90).unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::Unsupported);
     assert!(e.message().contains("V head dim"), "{e}");
     // Varlen: o's head dim is v's.

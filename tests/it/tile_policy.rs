@@ -148,6 +148,18 @@ fn sm90_prefill_launches_the_policy_tile() {
             assert_shape(&launched(&emu), &name, &p, 1, &case.label());
         }
     }
+    // A V head dim of its own (issue 27): 192 / 128 launches its kernel with fa_prefill_sm90_tile_policy's shape.
+    for (dtype, masked) in [(DType::F16, false), (DType::Bf16, true)] {
+        let p = fused_attn::tile::prefill_sm90_tile_policy(192, 128, masked).unwrap();
+        let mut case = PrefillCase::dense(dtype, 192, masked, 1, 8, (1, 1));
+        (case.kernel, case.head_dim_v) = (PrefillKernel::Sm90, Some(128));
+        match dtype {
+            DType::F16 => drop(run_emulated(&emu, &PrefillFixture::<f16>::new(&case, SEED).unwrap()).unwrap()),
+            DType::Bf16 => drop(run_emulated(&emu, &PrefillFixture::<bf16>::new(&case, SEED).unwrap()).unwrap()),
+        }
+        let name = format!("fa_prefill_sm90_{}_d192_dv128", dt(dtype));
+        assert_shape(&launched(&emu), &name, &p, 1, &case.label());
+    }
 }
 
 /// The cache formats of the paged ops: 16-bit, and FP8 (head dims that are multiples of 16).

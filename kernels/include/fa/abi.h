@@ -111,8 +111,8 @@ typedef struct FaPrefillParams {
   int32_t batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim;
   /* V's and O's head dim Dv (v [.., Dv], o [.., Dv]; head_dim is Q's and K's, Dqk); 0 = head_dim. Any
    * supported head dim, narrower or wider than Dqk (DeepSeek: 192 / 128): the kernel of the wider one's width
-   * runs with Q/K columns predicated at Dqk and V/O columns at Dv (fa_prefill_tile_policy). fa_prefill only:
-   * fa_prefill_sm90 takes Dv == Dqk. */
+   * runs with Q/K columns predicated at Dqk and V/O columns at Dv (fa_prefill_tile_policy). fa_prefill_sm90
+   * takes Dv == Dqk and the pair 192 / 128 (a kernel of its own: fa_prefill_sm90_tile_policy). */
   int32_t head_dim_v;
   int32_t total_q, total_k; /* varlen only */
   int32_t dtype;
@@ -584,6 +584,9 @@ int fa_tile_policy(int32_t op, int32_t head_dim, int32_t variant, int32_t kv_dty
 /* FA_OP_PREFILL's policy for a Q.K head dim and a V head dim (FaPrefillParams::head_dim_v): the kernel of the
  * wider one's width, or the next one with predicated columns (Dv != Dqk at 128 runs at 160). */
 int fa_prefill_tile_policy(int32_t head_dim, int32_t head_dim_v, int32_t variant, FaTilePolicy *out);
+/* FA_OP_PREFILL_SM90's policy for a Q.K head dim and a V head dim (masked: causal or windowed): D 64, 128, 256
+ * with Dv = D, and Dqk 192 / Dv 128; FA_ERR_UNSUPPORTED for any other pair. width is the Q.K head dim. */
+int fa_prefill_sm90_tile_policy(int32_t head_dim, int32_t head_dim_v, int32_t masked, FaTilePolicy *out);
 
 /* ---------------------------------------------------------------------------------------------------------
  * Launchers (kernels/<op>.cu, host build).
@@ -624,7 +627,8 @@ typedef struct FaEmuTensorMap {
 /* Prefill on sm_90a (kernels/prefill_sm90.cu): the same problem as FaPrefillParams (base), plus TMA tensor
  * maps of q, k and v, which the Rust side encodes (src/prefill/sm90.rs) for the backend that runs it. Each
  * map is 4-D, dimension 0 innermost: (D, rows, heads, batch) with byte strides (row, head, batch); varlen
- * maps have rows = total and a batch of 1. Box: 64 elements (one 128-byte swizzle span) x the kernel's
+ * maps have rows = total and a batch of 1; D is base.head_dim for q and k, the V head dim (base.head_dim_v,
+ * 0 = head_dim) for v and o. Box: 64 elements (one 128-byte swizzle span) x the kernel's
  * rows per tile (block_m for q, block_n for k and v) x 1 x 1, 128B swizzle. Rows past a dense sequence's
  * end are zero-filled by the TMA unit; in varlen a box may cover the next sequence's rows, which the kernel
  * masks (scores) and zeroes (V rows) so that nothing of a neighbour reaches the softmax or O.

@@ -11,7 +11,7 @@ int tile_policy(int head_dim, bool variant, FaTilePolicy *out); // kernels/prefi
 int tile_policy_pair(int head_dim, int head_dim_v, bool variant, FaTilePolicy *out); // kernels/prefill.cu
 }
 namespace hopper {
-int tile_policy(int head_dim, bool masked, FaTilePolicy *out); // kernels/prefill_sm90.cu
+int tile_policy(int head_dim, int head_dim_v, bool masked, FaTilePolicy *out); // kernels/prefill_sm90.cu
 }
 namespace paged_prefill {
 int tile_policy(int head_dim, bool fp8, FaTilePolicy *out); // kernels/paged_prefill.cu

@@ -3,7 +3,7 @@
 // them, and they completed), in the Q tile's 128B-swizzled panel layout. Each warp stages and stores its own
 // 16 rows, so only sync_warp is needed. Then, per warp, either
 //  - a TMA store (dense calls whose O a tensor map can address: FaPrefillSm90Params.o_tma): lane 0 stores the
-//    16 x 64 box of each panel (the staged layout is the TMA's 128B swizzle) and waits for the reads of its
+//    16 x 64 box of each of O's Dv/64 panels (the staged layout is the TMA's 128B swizzle) and waits for the reads of its
 //    bulk group before the Q buffer is released; the TMA unit clips rows past Tq (the map's row extent); or
 //  - 16-byte stores, consecutive lanes on consecutive chunks of a row, rows past Tq skipped (varlen: they
 //    belong to the next sequence, which a TMA box would overwrite).
@@ -37,9 +37,9 @@ struct OutputAt {
 };
 
 template <class T, class Tr>
-FA_DEVICE void store_output(const FaPrefillParams &p, unsigned char *sQ, WgmmaAcc<Tr::kHeadDim> &o,
+FA_DEVICE void store_output(const FaPrefillParams &p, unsigned char *sQ, WgmmaAcc<Tr::kHeadDimV> &o,
                             const float (&lse)[2], int wg, const OutputAt &at) {
-  constexpr int kChunks = Tr::kHeadDim / 8;
+  constexpr int kChunks = Tr::kHeadDimV / 8; // O's columns (Dv ≤ D: the first Dv/64 panels of the Q buffer)
   // The lane through a shuffle (its own value): the compiler cannot see it is loop-invariant, so in the
   // persistent loop the ~18 staging addresses derived from it are computed here, once per work tile, rather
   // than hoisted out of the loop and held (or spilled: 44 bytes at D 256) across the mainloop.
@@ -60,7 +60,7 @@ FA_DEVICE void store_output(const FaPrefillParams &p, unsigned char *sQ, WgmmaAc
     sync_warp();
     if (lane == 0 && at.rows_left > 0) {
 #pragma unroll
-      for (int panel = 0; panel < Tr::kPanels; ++panel) {
+      for (int panel = 0; panel < Tr::kPanelsV; ++panel) {
         const int32_t c[4] = {panel * kPanelCols, at.row, at.head, at.batch};
         tma_store(at.o_map, c, sQ + panel * Tr::kQPanelBytes + row0 * kPanelRowBytes);
       }

@@ -1,5 +1,6 @@
 // A consumer warpgroup of the sm_90a prefill kernel: 64 query rows (warp w of the warpgroup owns rows
-// 16w..16w+15, wgmma's accumulator layout), all head-dim columns. Per KV tile, top down:
+// 16w..16w+15, wgmma's accumulator layout), all head-dim columns (Q and K: D, V and O: Dv). Per KV tile,
+// top down:
 //   wait for the stage's K (its V only before the P·V that reads it);
 //   S = Q Kᵀ          wgmma m64n{Bc}k16 SS, D/16 steps: Q and K K-major from their 128B-swizzled panels;
 //   (varlen, ragged top tile: the V rows past the sequence end are zeroed, see zero_v_rows; so are the
@@ -7,7 +8,7 @@
 //   softcap, ALiBi    when the call has them (fa/score_mod.cuh; a uniform run-time branch, see softmax_step);
 //   mask S            only the tiles kv_block_range marks (diagonal, window edges, ragged Tk);
 //   online softmax    fa/online_softmax.cuh on the accumulator (its registers are mma C fragments);
-//   O += P V          wgmma m64n{D}k16 RS, Bc/16 steps: P packed to 16-bit A fragments in registers, V
+//   O += P V          wgmma m64n{Dv}k16 RS, Bc/16 steps: P packed to 16-bit A fragments in registers, V
 //                     MN-major (head dim contiguous) from its panels;
 //   release K and V separately (one arrive per warpgroup on empty_k / empty_v, each after the wgmma_wait
 //   that completes every read of it: fa/hopper/pipeline.cuh).
@@ -61,7 +62,7 @@ template <class Tr> FA_DEVICE void zero_v_rows(unsigned char *sV, int lo, int hi
   const int t = thread_idx() - kWarpgroupThreads;
   const int chunks = (hi - lo) * (kPanelRowBytes / 16);
 #pragma unroll
-  for (int p = 0; p < Tr::kPanels; ++p) {
+  for (int p = 0; p < Tr::kPanelsV; ++p) {
     Bytes16 *rows = reinterpret_cast<Bytes16 *>(sV + p * Tr::kKvPanelBytes + lo * kPanelRowBytes);
     for (int i = t; i < chunks; i += kConsumerThreads) st_shared(rows + i, Bytes16{});
   }
@@ -130,10 +131,10 @@ FA_DEVICE void issue_qk(WgmmaAcc<Tr::kBc> &s, const unsigned char *sQ, const uns
 
 // O += P V issued (not waited for): Bc/16 k steps, P from registers.
 template <class T, class Tr>
-FA_DEVICE void issue_pv(WgmmaAcc<Tr::kHeadDim> &o, const WgmmaFragA (&pa)[Tr::kBc / 16], const unsigned char *sV) {
+FA_DEVICE void issue_pv(WgmmaAcc<Tr::kHeadDimV> &o, const WgmmaFragA (&pa)[Tr::kBc / 16], const unsigned char *sV) {
 #pragma unroll
   for (int kk = 0; kk < Tr::kBc / 16; ++kk)
-    wgmma_rs<T, Tr::kHeadDim, Major::MN>(o, pa[kk], mn_major_desc(sV, Tr::kKvPanelBytes, kk), true);
+    wgmma_rs<T, Tr::kHeadDimV, Major::MN>(o, pa[kk], mn_major_desc(sV, Tr::kKvPanelBytes, kk), true);
   wgmma_commit();
 }
 
@@ -196,12 +197,13 @@ template <int N> FA_DEVICE void rescale_rows(WgmmaAcc<N> &o, const float (&alpha
 // The caller has waited for the Q tile (q_full).
 template <class T, class Tr>
 FA_DEVICE void consume(unsigned char *smem, const Barriers<Tr::kStages> &bars, const prefill::KvBlockRange &range,
-                       const ConsumerTile &ct, const FaPrefillParams &p, WgmmaAcc<Tr::kHeadDim> &o,
+                       const ConsumerTile &ct, const FaPrefillParams &p, WgmmaAcc<Tr::kHeadDimV> &o,
                        OnlineSoftmax<1> &softmax, PipelineState<Tr::kStages> &st) {
   constexpr int kBc = Tr::kBc;
   const bool leader = thread_idx() % kWarpgroupThreads == 0;
   const unsigned char *sQ = smem + ct.wg * 64 * kPanelRowBytes; // this warpgroup's 64 rows of each panel
   auto stage_k = [&](int stage) { return smem + Tr::kQBytes + stage * Tr::kStageBytes; };
+  auto stage_v = [&](int stage) { return stage_k(stage) + Tr::kKTileBytes; };
   auto masked = [&](int n) { return n >= range.n_mask_begin || n < range.n_interior_begin; };
   auto release = [&](uint64_t *empty) {
     if (leader) mbarrier_arrive(empty); // the wgmma_wait before it saw the whole warpgroup's reads complete
@@ -224,7 +226,7 @@ FA_DEVICE void consume(unsigned char *smem, const Barriers<Tr::kStages> &bars, c
   release(bars.empty_k(st.stage));
   if (ct.zero_ragged_v && n * kBc + kBc > ct.tk) {
     mbarrier_wait(bars.full_v(st.stage), st.phase); // the rows to zero have landed
-    zero_v_rows<Tr>(stage_k(st.stage) + Tr::kKvTileBytes, ct.tk - n * kBc, kBc);
+    zero_v_rows<Tr>(stage_v(st.stage), ct.tk - n * kBc, kBc);
   }
   softmax_step<Tr>(s, softmax, alpha, masked(n), ct, p, n * kBc);
   pack_p<T, kBc>(pa, s);
@@ -238,7 +240,7 @@ FA_DEVICE void consume(unsigned char *smem, const Barriers<Tr::kStages> &bars, c
     pingpong.open();
     wgmma_fence();
     issue_qk<T, Tr>(s, sQ, stage_k(st.stage));
-    issue_pv<T, Tr>(o, pa, stage_k(prev.stage) + Tr::kKvTileBytes);
+    issue_pv<T, Tr>(o, pa, stage_v(prev.stage));
     pingpong.close();
     wgmma_wait<1>(); // S of tile n; the previous tile's P V may still run
     wgmma_fence_operand(s);
@@ -255,11 +257,11 @@ FA_DEVICE void consume(unsigned char *smem, const Barriers<Tr::kStages> &bars, c
   // The last tile's P V; first its V rows left of the window, if any (uniform over the CTA).
   mbarrier_wait(bars.full_v(prev.stage), prev.phase);
   const int hidden = ct.first_key - range.n_begin * kBc;
-  if (hidden > 0) zero_v_rows<Tr>(stage_k(prev.stage) + Tr::kKvTileBytes, 0, hidden);
+  if (hidden > 0) zero_v_rows<Tr>(stage_v(prev.stage), 0, hidden);
   wgmma_fence_operand(o);
   pingpong.open();
   wgmma_fence();
-  issue_pv<T, Tr>(o, pa, stage_k(prev.stage) + Tr::kKvTileBytes);
+  issue_pv<T, Tr>(o, pa, stage_v(prev.stage));
   pingpong.close();
   wgmma_wait<0>();
   wgmma_fence_operand(o);

@@ -1,7 +1,7 @@
 // The producer warpgroup of the sm_90a prefill kernel: one thread issues every TMA load of the CTA — per
 // work tile the Q tile, then the K and V tiles of each visited KV tile, top down, into the ring
 // (fa/hopper/pipeline.cuh).
-// A tile is D/64 boxes of 64 columns (one 128-byte swizzle span) per operand, completing on the stage's
+// A tile is D/64 boxes of 64 columns (one 128-byte swizzle span) per operand (Dv/64 for V), completing on the stage's
 // full_k or full_v barrier, whose expect_tx declares the whole boxes' bytes (out-of-bounds rows included: the TMA unit
 // zero-fills them and counts them).
 #pragma once
@@ -21,12 +21,12 @@ struct TmaRows {
   int head, head_kv, batch;
 };
 
-// The D/64 panels of one tile of `rows` rows starting at `row`, into `dst`, under L2 `policy`.
-template <class Tr>
+// The kPanels panels (D/64, or Dv/64 for V) of one tile starting at row `row`, into `dst`, under L2 `policy`.
+template <int kPanels>
 FA_DEVICE void load_panels(unsigned char *dst, int panel_bytes, const FaTensorMap *map, uint64_t *bar, int row,
                            int head, int batch, L2Policy policy) {
 #pragma unroll
-  for (int p = 0; p < Tr::kPanels; ++p) {
+  for (int p = 0; p < kPanels; ++p) {
     const int32_t c[4] = {p * kPanelCols, row, head, batch};
     tma_load(dst + p * panel_bytes, map, bar, c, policy);
   }
@@ -51,18 +51,18 @@ FA_DEVICE void produce(const FaPrefillSm90Params &p, unsigned char *smem, const 
   const bool hints = p.l2_hints != 0; // off: evict_normal, the A/B baseline (Sm90Steps::l2_hints)
   const L2Policy q_policy = hints ? l2_evict_first() : l2_evict_normal();
   const L2Policy kv_policy = hints ? l2_evict_last() : l2_evict_normal();
-  load_panels<Tr>(smem, Tr::kQPanelBytes, &p.q_map, bars.q_full(), at.q_row0, at.head, at.batch, q_policy);
+  load_panels<Tr::kPanels>(smem, Tr::kQPanelBytes, &p.q_map, bars.q_full(), at.q_row0, at.head, at.batch, q_policy);
   auto stage = [&](const PipelineState<Tr::kStages> &s) { return smem + Tr::kQBytes + s.stage * Tr::kStageBytes; };
   auto load_k = [&](int n, const PipelineState<Tr::kStages> &s) {
     mbarrier_wait(bars.empty_k(s.stage), s.phase ^ 1); // every consumer's S of this stage's last K completed
-    mbarrier_arrive_expect_tx(bars.full_k(s.stage), Tr::kKvTileBytes);
-    load_panels<Tr>(stage(s), Tr::kKvPanelBytes, &p.k_map, bars.full_k(s.stage), at.k_row0 + n * Tr::kBc,
+    mbarrier_arrive_expect_tx(bars.full_k(s.stage), Tr::kKTileBytes);
+    load_panels<Tr::kPanels>(stage(s), Tr::kKvPanelBytes, &p.k_map, bars.full_k(s.stage), at.k_row0 + n * Tr::kBc,
                     at.head_kv, at.batch, kv_policy);
   };
   auto load_v = [&](int n, const PipelineState<Tr::kStages> &s) {
     mbarrier_wait(bars.empty_v(s.stage), s.phase ^ 1); // every consumer's P V of this stage's last V completed
-    mbarrier_arrive_expect_tx(bars.full_v(s.stage), Tr::kKvTileBytes);
-    load_panels<Tr>(stage(s) + Tr::kKvTileBytes, Tr::kKvPanelBytes, &p.v_map, bars.full_v(s.stage),
+    mbarrier_arrive_expect_tx(bars.full_v(s.stage), Tr::kVTileBytes);
+    load_panels<Tr::kPanelsV>(stage(s) + Tr::kKTileBytes, Tr::kKvPanelBytes, &p.v_map, bars.full_v(s.stage),
                     at.k_row0 + n * Tr::kBc, at.head_kv, at.batch, kv_policy);
   };
   PipelineState<Tr::kStages> v = kv;

@@ -22,6 +22,14 @@
 //   128 | 2         | 128 | 176 | 2      | 32 + 2·88  = 208 KiB    | 88 + 64 + 44  = 196 / 240 (FA3: 128 x 176)
 //   128 | 2         | 128 | 128 | 3      | 32 + 3·64  = 224 KiB    | 64 + 64 + 32  = 160 / 232 (causal/local)
 //   256 | 2         | 128 | 64  | 2      | 64 + 2·64  = 192 KiB    | 32 + 128 + 16 = 176 / 240 (FA3: 128 x 80)
+//   192 / 128 | 2   | 128 | 128 | 2      | 48 + 2·(48+32) = 208 KiB| 64 + 64 + 32  = 160 / 240 (FA3: 128 x 128)
+// 192 / 128 (Dqk / Dv, DeepSeek-V2/V3's prefill): Q and K tiles of 192 columns (3 panels), V and O of 128
+// (2 panels), so S = Q Kᵀ runs 12 k16 steps and O = P V is m64n128: no zero columns (the sm_80 kernel serves
+// the pair at width 192, 17 % of its MMAs on zero V columns). FA3's tile for hdim 192 / hdimv 128 (128 x 128;
+// 96 with a window, which here keeps 128: another instantiation's nvcc time for short windows only), its
+// 24 / 240 split (the producer uses R0-R12, the consumers R237 the highest, no spills), 2 stages (a third
+// would need 288 KiB), pingpong off as FA3 has it for a Q·K head dim past 128. O is staged for the epilogue
+// in the first 2 of the Q buffer's 3 panels.
 // D = 64 runs three consumers: its GEMMs per KV tile are half D = 128's while the softmax per score is the
 // same, so with two consumers the tensor cores would idle behind the softmax that pingpong cannot hide; a
 // third warpgroup gives them a third stream (the ring of Pingpong, fa/hopper/mainloop.cuh) and every K/V
@@ -58,17 +66,21 @@ constexpr int kWarpgroupThreads = 128;
 constexpr int kPanelCols = 64;    // 16-bit elements per 128-byte swizzle row
 constexpr int kPanelRowBytes = 128;
 
+// kHeadDim: Q's and K's head dim (the k of S = Q Kᵀ); kHeadDimV: V's and O's (the N of O = P V), kHeadDim
+// unless a pair gives V one of its own (DeepSeek's 192 / 128).
 template <int kHeadDim_, int kBc_, int kStages_, int kConsumers_, int kProducerRegs_, int kConsumerRegs_,
-          bool kPingpong_>
+          bool kPingpong_, int kHeadDimV_ = kHeadDim_>
 struct PrefillShape {
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kHeadDimV = kHeadDimV_;
   static constexpr int kConsumers = kConsumers_; // consumer warpgroups
   static constexpr int kThreads = (kConsumers + 1) * kWarpgroupThreads;
   static constexpr int kMinCtasPerSm = 1; // launch bounds: every tile takes over half an SM's shared memory
   static constexpr int kBr = 64 * kConsumers; // query rows per CTA
   static constexpr int kBc = kBc_;            // keys per KV tile
   static constexpr int kStages = kStages_;
-  static constexpr int kPanels = kHeadDim / kPanelCols;
+  static constexpr int kPanels = kHeadDim / kPanelCols;   // of Q and K
+  static constexpr int kPanelsV = kHeadDimV / kPanelCols; // of V and O
   static constexpr int kProducerRegs = kProducerRegs_;
   static constexpr int kConsumerRegs = kConsumerRegs_;
   static constexpr bool kPingpong = kPingpong_;
@@ -76,12 +88,14 @@ struct PrefillShape {
   static constexpr int kQPanelBytes = kBr * kPanelRowBytes;
   static constexpr int kKvPanelBytes = kBc * kPanelRowBytes;
   static constexpr int kQBytes = kPanels * kQPanelBytes;
-  static constexpr int kKvTileBytes = kPanels * kKvPanelBytes; // one of K or V
-  static constexpr int kStageBytes = 2 * kKvTileBytes;         // K then V
+  static constexpr int kKTileBytes = kPanels * kKvPanelBytes;
+  static constexpr int kVTileBytes = kPanelsV * kKvPanelBytes;
+  static constexpr int kStageBytes = kKTileBytes + kVTileBytes; // K then V
   // Layout: Q, stages x (K, V), then the mbarriers (fa/hopper/pipeline.cuh, Barriers).
   static constexpr int kBarrierOffset = kQBytes + kStages * kStageBytes;
   static constexpr int kSmemBytes = kBarrierOffset + 8 * (2 + 4 * kStages);
-  static_assert(kHeadDim % kPanelCols == 0, "head dim is whole 64-column panels");
+  static_assert(kHeadDim % kPanelCols == 0 && kHeadDimV % kPanelCols == 0, "head dims are whole 64-column panels");
+  static_assert(kHeadDimV <= kHeadDim, "O is staged in the Q buffer's panels (fa/hopper/epilogue.cuh)");
   static_assert(kBc % 16 == 0 && kBc <= 256, "wgmma N: a multiple of 16 up to 256, and a TMA box of at most 256 rows");
   static_assert(kQPanelBytes % 1024 == 0 && kKvPanelBytes % 1024 == 0, "panels start on the swizzle pattern");
   static_assert(kSmemBytes <= 227 * 1024, "sm_90's 227 KiB opt-in");
@@ -92,20 +106,26 @@ struct PrefillShape {
   static_assert(kConsumers >= 2 && kConsumers <= 3, "named barriers: pingpong ids 2 .. 1 + kConsumers");
 };
 
-template <int kHeadDim, int kBc> struct PrefillTraits;
-//                                                      D    Bc   stages consumers registers pingpong
+template <int kHeadDim, int kBc, int kHeadDimV = kHeadDim> struct PrefillTraits;
+//                                                             D    Bc   stages consumers registers pingpong Dv
 template <> struct PrefillTraits<64, 128> : PrefillShape<64, 128, 3, 3, 24, 160, true> {};
 template <> struct PrefillTraits<128, 176> : PrefillShape<128, 176, 2, 2, 24, 240, true> {};
 template <> struct PrefillTraits<128, 128> : PrefillShape<128, 128, 3, 2, 40, 232, true> {};
 template <> struct PrefillTraits<256, 64> : PrefillShape<256, 64, 2, 2, 24, 240, false> {};
+template <> struct PrefillTraits<192, 128, 128> : PrefillShape<192, 128, 2, 2, 24, 240, false, 128> {};
 
-// The instantiated (D, Bc) tiles as an X-macro list, X(D, Bc, name suffix): the suffix names the wider of two
-// tiles of one head dim. It drives prefill_sm90.cu's instantiations, dispatch and tile policy.
-#define FA_PREFILL_SM90_TILES(X) X(64, 128, ) X(128, 128, ) X(128, 176, _bc176) X(256, 64, )
+// The instantiated (D, Bc, Dv) tiles as an X-macro list, X(D, Bc, Dv, name suffix): the suffix names the wider
+// of two tiles of one head dim, or V's head dim when it is not D's. It drives prefill_sm90.cu's
+// instantiations, dispatch and tile policy.
+#define FA_PREFILL_SM90_TILES(X)                                                                             \
+  X(64, 128, 64, ) X(128, 128, 128, ) X(128, 176, 128, _bc176) X(256, 64, 256, ) X(192, 128, 128, _dv128)
 
-// The tile a call runs (0: no kernel for this head dim): D 128 without a mask takes FA3's 128 x 176; masked
-// calls (causal or windowed) keep 128 x 128, as FA3 does (the diagonal tiles' waste grows with Bc).
-constexpr int prefill_sm90_block_n(int head_dim, bool masked) {
+// The tile a call of Q·K head dim `head_dim` and V head dim `head_dim_v` runs (0: no kernel for the pair):
+// D 128 without a mask takes FA3's 128 x 176; masked calls (causal or windowed) keep 128 x 128, as FA3 does
+// (the diagonal tiles' waste grows with Bc). 192 / 128 runs 128 x 128 masked or not (FA3 takes Bc 96 for a
+// window, a third instantiation's nvcc time for short windows only).
+constexpr int prefill_sm90_block_n(int head_dim, int head_dim_v, bool masked) {
+  if (head_dim_v != head_dim) return head_dim == 192 && head_dim_v == 128 ? 128 : 0;
   return head_dim == 64 ? 128 : head_dim == 128 ? (masked ? 128 : 176) : head_dim == 256 ? 64 : 0;
 }
 
