@@ -638,6 +638,34 @@ macro_rules! cache_element {
     };
 }
 
+/// Appends k and v at `slots` into `cache` (FP8 scales from `scale_views`, RoPE on K at each token's
+/// position from `opts`): both paged append ops once they hold their cache views.
+fn append_into<'a, S: Backing, T: crate::Element, C: crate::KvCacheOf<T>>(
+    stream: &crate::Stream<'_>,
+    k: &TensorView<'_, T, 3>,
+    v: &TensorView<'_, T, 3>,
+    slots: &TensorView<'_, i64, 1>,
+    mut cache: PagedKvCacheMut<'a, C>,
+    scale_views: Option<ScaleViews<'a>>,
+    opts: &PagedOptions<'_>,
+) -> candle_core::Result<()> {
+    if let Some((k_scale, v_scale)) = scale_views {
+        cache = cache.with_scale_tensors(k_scale, v_scale)?;
+    }
+    let mut run = |rope: Option<Rope<'_>>| -> candle_core::Result<()> {
+        Ok(append_with(stream, k, v, slots, &mut cache, &AppendOptions { rope })?)
+    };
+    match opts.rope {
+        None => run(None),
+        Some(rope) => {
+            let positions = opts
+                .positions
+                .ok_or_else(|| Error::usage("rope_positions: a RoPE append needs each token's position"))?;
+            rope.with_rope::<S, _>(Some(positions), |r| run(Some(r)))
+        }
+    }
+}
+
 /// Writes new tokens' K/V rows into a paged cache in place (an `InplaceOp3` on the cache tensor).
 pub struct PagedAppend<'a> {
     /// `[num_tokens]` int64 slots (`page * page_size + offset`); negative slots are skipped.
@@ -668,22 +696,8 @@ impl PagedAppend<'_> {
             let (k, v) = (k.view::<T, 3>("k", k_l)?, v.view::<T, 3>("v", v_l)?);
             cache_element!(self.opts.fp8, T, |C| {
                 kv_cache.with_kv_mut::<C, _>(&halves, |k_cache, v_cache| {
-                    let mut cache = PagedKvCacheMut::new(k_cache, v_cache)?;
-                    if let Some((k_scale, v_scale)) = scale_views {
-                        cache = cache.with_scale_tensors(k_scale, v_scale)?;
-                    }
-                    let mut run = |rope: Option<Rope<'_>>| -> candle_core::Result<()> {
-                        Ok(append_with(&stream, &k, &v, &slots, &mut cache, &AppendOptions { rope })?)
-                    };
-                    match self.opts.rope {
-                        None => run(None),
-                        Some(rope) => {
-                            let positions = self.opts.positions.ok_or_else(|| {
-                                Error::usage("rope_positions: a RoPE append needs each token's position")
-                            })?;
-                            rope.with_rope::<S, _>(Some(positions), |r| run(Some(r)))
-                        }
-                    }
+                    let cache = PagedKvCacheMut::new(k_cache, v_cache)?;
+                    append_into::<S, T, C>(&stream, &k, &v, &slots, cache, scale_views, &self.opts)
                 })
             })
         })
@@ -785,22 +799,8 @@ impl PagedAppendKv<'_> {
                 cache_element!(self.opts.fp8, T, |C| {
                     k_cache.with_view_mut::<C, _>("k_cache", k_cache_l, |k_pages| {
                         v_cache.with_view_mut::<C, _>("v_cache", v_cache_l, |v_pages| {
-                            let mut cache = PagedKvCacheMut::new(k_pages, v_pages)?;
-                            if let Some((k_scale, v_scale)) = scale_views {
-                                cache = cache.with_scale_tensors(k_scale, v_scale)?;
-                            }
-                            let mut run = |rope: Option<Rope<'_>>| -> candle_core::Result<()> {
-                                Ok(append_with(&stream, &k, &v, &slots, &mut cache, &AppendOptions { rope })?)
-                            };
-                            match self.opts.rope {
-                                None => run(None),
-                                Some(rope) => {
-                                    let positions = self.opts.positions.ok_or_else(|| {
-                                        Error::usage("rope_positions: a RoPE append needs each token's position")
-                                    })?;
-                                    rope.with_rope::<S, _>(Some(positions), |r| run(Some(r)))
-                                }
-                            }
+                            let cache = PagedKvCacheMut::new(k_pages, v_pages)?;
+                            append_into::<S, T, C>(&stream, &k, &v, &slots, cache, scale_views, &self.opts)
                         })
                     })
                 })
