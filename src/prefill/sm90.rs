@@ -66,13 +66,11 @@ pub const SM90_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 /// Every other pair runs on the sm_80 kernel (`Auto`; `Sm90` is an Unsupported error).
 pub const SM90_V_HEAD_DIM_PAIRS: [(usize, usize); 1] = [(192, 128)];
 
-/// Whether the sm_90a kernel has a tile for Q·K head dim `head_dim` with V head dim `head_dim_v`.
+/// Whether the sm_90a kernel has a tile for Q·K head dim `head_dim` with V head dim `head_dim_v`: asked of
+/// the launcher (`fa_prefill_sm90_tile_policy`), whose instantiations decide; [`SM90_HEAD_DIMS`] and
+/// [`SM90_V_HEAD_DIM_PAIRS`] list the same (a unit test holds them to it).
 pub fn sm90_serves(head_dim: usize, head_dim_v: usize) -> bool {
-    if head_dim == head_dim_v {
-        SM90_HEAD_DIMS.contains(&head_dim)
-    } else {
-        SM90_V_HEAD_DIM_PAIRS.contains(&(head_dim, head_dim_v))
-    }
+    prefill_sm90_tile_policy(head_dim, head_dim_v, true).is_some()
 }
 
 /// The softcaps the sm_90a kernel takes (every one a model uses): its per-score division is inline and exact
@@ -444,6 +442,14 @@ mod tests {
             assert!(!sm90_serves(pair.0, pair.1) && Sm90Tile::for_pair(pair.0, pair.1, false).is_none(), "{pair:?}");
         }
         assert!(sm90_serves(192, 128) && sm90_serves(128, 128) && !sm90_serves(192, 192));
+        // The listed head dims and pairs are exactly the launcher's (every pair of supported head dims).
+        for d in (crate::head_dim::MIN_HEAD_DIM..=crate::head_dim::MAX_HEAD_DIM).step_by(8) {
+            for dv in (crate::head_dim::MIN_HEAD_DIM..=crate::head_dim::MAX_HEAD_DIM).step_by(8) {
+                let listed =
+                    if d == dv { SM90_HEAD_DIMS.contains(&d) } else { SM90_V_HEAD_DIM_PAIRS.contains(&(d, dv)) };
+                assert_eq!(sm90_serves(d, dv), listed, "({d}, {dv})");
+            }
+        }
         // Every variant runs on the sm90 kernel; a softcap outside its range is Unsupported when forced and
         // sm_80 under Auto.
         let cap = ScoreMod { softcap: Some(30.0), window: Some((10, 0)), ..none };
