@@ -156,9 +156,13 @@ template <bool kWide = true> FA_HOST_DEVICE int64_t row_blocks(const FaDecodePar
 }
 
 // Row groups of the launch (traits.cuh): rows_per_cta / 16, checked by the launcher to be a power of two <=
-// kMaxRowGroups; a compile-time 1 where the width has a single token group.
+// kMaxRowGroups; a compile-time 1 where the width has a single row group.
 template <int D> FA_DEVICE int row_groups(const FaDecodeParams &p) {
   return Traits<D>::kMaxRowGroups == 1 ? 1 : p.rows_per_cta / Traits<D>::kRows;
+}
+// Whether the launch runs wide CTAs (8 warps, traits.cuh): more rows per CTA than a narrow CTA serves.
+template <int D> FA_HOST_DEVICE bool wide_launch(const FaDecodeParams &p) {
+  return Traits<D>::kWideFactor > 1 && p.rows_per_cta > Traits<D>::kNarrowRows;
 }
 
 template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(const FaDecodeParams &p, const Unit &u) {
@@ -187,8 +191,9 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
   const int tid = thread_idx();
   const int lane = lane_id();
   const int warp = warp_id();
-  // Rows per CTA of the launch (the grid's packing of a sequence's rows into CTAs).
+  // Rows per CTA of the launch (the grid's packing of a sequence's rows into CTAs), and its threads.
   const int launch_rows = row_groups<D>(p) * Tr::kRows;
+  const int launch_threads = wide_launch<D>(p) ? Tr::kWideThreads : Tr::kThreads;
 
   // Which sequence, KV head, query rows and chunk of the context this CTA serves.
   const int split = u.split;
@@ -212,15 +217,19 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
   if (qr.packed0 >= packed_rows) return; // past this sequence's rows (uniform across the CTA)
   qr.rows = packed_rows - qr.packed0 < launch_rows ? packed_rows - qr.packed0 : launch_rows;
   // This CTA's row groups: the fewest (a power of two) that hold its own rows, so a CTA with fewer rows than
-  // the launch's keeps every warp on its rows, and a row's summation order depends on its sequence's rows
-  // alone, never on the batch's longest. The warp's slot among the kTokenGroups of its D split (its (m, l)
-  // and O in the epilogue) is a row group (the 16 rows it serves) and a token group (the 16-token chunks of
-  // every tile it computes: token_group + i * token_groups, i < groups_r).
-  const int groups_wanted = qr.rows > 2 * Tr::kRows ? 4 : (qr.rows > Tr::kRows ? 2 : 1);
+  // the launch's keeps every warp of a narrow CTA on its rows, and a row's summation order depends on its
+  // sequence's rows alone, never on the batch's longest (nor on whether the launch is wide). The warp's slot
+  // among the kMaxRowGroups of its D split (its (m, l) and O in the epilogue; a wide CTA's warps 4-7 take
+  // slots kTokenGroups and up) is a row group (the 16 rows it serves) and a token group (the 16-token chunks
+  // of every tile it computes: token_group + i * token_groups, i < chunks). Up to kTokenGroups row groups
+  // share the tile's chunks out; more (wide CTAs only) take one token group each, every chunk; slots past
+  // groups_r * token_groups (a wide launch's CTA with few rows) have no rows.
+  const int groups_wanted = qr.rows > 4 * Tr::kRows ? 8 : qr.rows > 2 * Tr::kRows ? 4 : (qr.rows > Tr::kRows ? 2 : 1);
   const int groups_r = groups_wanted < Tr::kMaxRowGroups ? groups_wanted : Tr::kMaxRowGroups;
-  const int slot = warp % Tr::kTokenGroups;
-  const int d_split = warp / Tr::kTokenGroups;
-  const int token_groups = Tr::kTokenGroups / groups_r;
+  const int slot = warp % Tr::kTokenGroups + (Tr::kWideFactor > 1 ? (warp / Tr::kWarps) * Tr::kTokenGroups : 0);
+  const int d_split = (Tr::kWideFactor > 1 ? warp % Tr::kWarps : warp) / Tr::kTokenGroups;
+  const int token_groups = groups_r < Tr::kTokenGroups ? Tr::kTokenGroups / groups_r : 1;
+  const int chunks = Tr::kTokenGroups / token_groups; // per warp and tile
   const int row_group = slot / token_groups;
   const int token_group = slot % token_groups;
   const int cta_rows = groups_r * Tr::kRows;
@@ -322,8 +331,11 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
   };
   // Issues tile x into stage x % kStages (rows without data are zero-filled, never read) and commits one
   // group, empty past the last tile so that the wait counts stay uniform.
+  // Only a narrow CTA's threads copy (a wide CTA's warps 4-7 compute only; the split keeps its unrolled shape).
   auto issue_tile = [&](int x) {
-    if (kFp8 && x < num_tiles) {
+    if (Tr::kWideFactor > 1 && tid >= Tr::kThreads) {
+      // no copies: the empty group keeps the wait counts uniform
+    } else if (kFp8 && x < num_tiles) {
       unsigned char *k_dst = stages + (x % kStages) * Tr::kFp8StageBytes;
       unsigned char *v_dst = k_dst + Tr::kFp8TileBytes;
       const RowOffsets *ring = row_ring + (x & 1) * kTileTokens;
@@ -361,15 +373,18 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
     cp_async_commit();
   };
 
-  // Q rows of this CTA (rows >= qr.rows zero-filled); they travel in the first group.
+  // Q rows of this CTA (rows >= qr.rows zero-filled); the first kQAreaRows travel in the first group (a wide
+  // FP8 CTA's others are loaded after the warps have taken the first ones: below).
   const T *q = static_cast<const T *>(p.q) + col;
-  for (int r = row0; r < cta_rows; r += Tr::kRowsPerPass) {
+  auto q_offset = [&](int r) -> int64_t {
+    return (kWide ? (int64_t)b * p.q_seq_stride : 0) + (int64_t)(qr.addr0 + qr.token(r)) * p.q_batch_stride +
+           (int64_t)qr.head(r) * p.q_head_stride;
+  };
+  constexpr int kQAreaRows = Tr::kQAreaRows;
+  const int q_rows0 = cta_rows < kQAreaRows ? cta_rows : kQAreaRows;
+  for (int r = Tr::kWideFactor == 1 || tid < Tr::kThreads ? row0 : q_rows0; r < q_rows0; r += Tr::kRowsPerPass) {
     const bool valid = r < qr.rows && chunk_in_range;
-    const int64_t offset = valid ? (kWide ? (int64_t)b * p.q_seq_stride : 0) +
-                                       (int64_t)(qr.addr0 + qr.token(r)) * p.q_batch_stride +
-                                       (int64_t)qr.head(r) * p.q_head_stride
-                                 : 0;
-    cp_async_cg_16(q_smem + Tile::offset(r, chunk), q + offset, valid);
+    cp_async_cg_16(q_smem + Tile::offset(r, chunk), q + (valid ? q_offset(r) : 0), valid);
   }
 #pragma unroll
   for (int x = 0; x < kStages; ++x)
@@ -385,13 +400,15 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
   sync_threads();
 
   // RoPE: each q row rotated at its own position (explicit per q row, or its key position; decode: seq_len - 1).
-  if (rope_enabled(p.rope)) {
-    rotate_q_tile<T, D>(p.rope, q_smem, qr.rows, [&](int r) {
-      const int row = qr.q_start + qr.token(r);
+  // Rows [row0_q, row0_q + rows) of the CTA, held at Q area rows 0 ..
+  auto rotate_q = [&](int row0_q, int rows) {
+    rotate_q_tile<T, D>(p.rope, q_smem, rows, [&](int r) {
+      const int row = qr.q_start + qr.token(row0_q + r);
       return rope_row(p.rope, p.rope.positions != nullptr ? (int64_t)ld_global_nc(p.rope.positions + row)
-                                                          : (int64_t)qr.position(r));
+                                                          : (int64_t)qr.position(row0_q + r));
     });
-  }
+  };
+  if (rope_enabled(p.rope)) rotate_q(0, qr.rows < kQAreaRows ? qr.rows : kQAreaRows);
 
   const int warp_token0 = token_group * Tr::kWarpTokens; // this warp's first chunk's rows within a tile
   const int col0 = d_split * Tr::kWarpD;
@@ -403,10 +420,32 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
   // Chunk i of this warp (token_group + i * token_groups) lies this many bytes past chunk 0 in a K/V tile.
   const int chunk_stride = token_groups * Tr::kWarpTokens * D * (kFp8 ? 1 : 2);
   WarpAttention<T, D> att;
-  if constexpr (kFp8) {
-    att.init_fp8(q_rows, warp_token0, col0, lane);
+  auto init = [&](const unsigned char *rows) {
+    if constexpr (kFp8) {
+      att.init_fp8(rows, warp_token0, col0, lane);
+    } else {
+      att.init(rows, warp_token0, col0, lane);
+    }
+  };
+  if constexpr (kQAreaRows == Tr::kCtaRows) {
+    init(q_rows);
   } else {
-    att.init(q_rows, warp_token0, col0, lane);
+    // A wide FP8 CTA's Q (16 KB) is twice the last FP8 stage (traits.cuh, kQAreaRows): the warps of the
+    // first half of the rows (and those without rows) take their fragments, then the second half replaces
+    // it (plain 16-byte loads: the cp.async group counts stay the pipeline's) and its warps take theirs.
+    const bool first_half = row_base < kQAreaRows || !warp_has_rows;
+    if (first_half) init(q_smem + (row_base < kQAreaRows ? row_base : 0) * D * 2);
+    if (cta_rows > kQAreaRows) { // uniform across the CTA
+      sync_threads();
+      for (int r = tid < Tr::kThreads ? kQAreaRows + row0 : cta_rows; r < cta_rows; r += Tr::kRowsPerPass) {
+        const bool valid = r < qr.rows && chunk_in_range;
+        const uint4 v = valid ? ld_global_nc(reinterpret_cast<const uint4 *>(q + q_offset(r))) : uint4{0u, 0u, 0u, 0u};
+        st_shared(reinterpret_cast<uint4 *>(q_smem + Tile::offset(r - kQAreaRows, chunk)), v);
+      }
+      sync_threads();
+      if (rope_enabled(p.rope) && qr.rows > kQAreaRows) rotate_q(kQAreaRows, qr.rows - kQAreaRows);
+      if (!first_half) init(q_smem + (row_base - kQAreaRows) * D * 2);
+    }
   }
   const bool e5m2 = kFp8 && p.cache.kv_dtype == FA_KV_FP8_E5M2;
   // kVariant: softcap and ALiBi (slopes of this lane's two rows lane/4 (+ 8); their distances are from each
@@ -514,7 +553,7 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
       compute_chunk(0);
     } else if (warp_has_rows) {
 #pragma unroll 1
-      for (int i = 0; i < groups_r; ++i) compute_chunk(i);
+      for (int i = 0; i < chunks; ++i) compute_chunk(i);
     }
 
     publish_row(x + 1, next_page);
@@ -543,7 +582,7 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
   // row group r / 16, whose states are slots (r / 16) * token_groups + g, g < token_groups.
   const int head_chunks = p.head_dim_v / 8; // O's columns: V's head dim
   const bool add_sink = p.score_mod.sinks != nullptr && u.num_splits == 1;
-  for (int item = tid; item < cta_rows * Tr::kChunksPerRow; item += Tr::kThreads) {
+  for (int item = tid; item < cta_rows * Tr::kChunksPerRow; item += launch_threads) {
     const int r = item / Tr::kChunksPerRow;
     const int c = item % Tr::kChunksPerRow;
     const int head = ld_shared(row_head + r);
@@ -631,8 +670,8 @@ FA_NAMESPACE_END
 // One kernel per (dtype, tile width (fa/head_dim.cuh), softcap/ALiBi, cache dtype): 128 threads, 3 CTAs per
 // SM (2 at D = 512: traits.cuh).
 #define FA_DECODE_KERNEL(name, T, D, kMod, kFp8)                                                             \
-  FA_KERNEL(name, fa::decode::Traits<D>::kThreads, fa::decode::Traits<D>::kMinCtasPerSm, FaDecodeParams,     \
-            (fa::decode::paged_decode_kernel<T, D, kMod, kFp8>))
+  FA_KERNEL_MAX_REGISTERS(name, fa::decode::Traits<D>::kMaxRegisters, FaDecodeParams,                        \
+                          (fa::decode::paged_decode_kernel<T, D, kMod, kFp8>))
 #define FA_DECODE_16BIT_KERNELS(dt, T, D)                                                                    \
   FA_DECODE_KERNEL(fa_paged_decode_##dt##_d##D, T, D, false, false)                                          \
   FA_DECODE_KERNEL(fa_paged_decode_##dt##_d##D##_mod, T, D, true, false)
@@ -664,7 +703,7 @@ namespace {
 template <int D, bool kFp8>
 int launch_decode(void (*kernel)(FaDecodeParams), const char *name, const FaDecodeParams &p, FaExec *exec) {
   using Tr = Traits<D, kFp8>;
-  static_assert(Tr::kThreads == 128, "FA_DECODE_KERNEL's launch bounds");
+  static_assert(Tr::kThreads == 128, "the copy split and the narrow CTA");
   if (p.rows_per_cta > Tr::kCtaRows) return FA_ERR_INVALID; // more row groups than the width has warp slots
   // Uniform rows and contiguous views: compiled into the widths that serve prefill past 256 only.
   const bool view = p.cache.block_table == nullptr || p.cache.seq_lens == nullptr || p.cache.seq_lens_cumulative != 0;
@@ -673,7 +712,7 @@ int launch_decode(void (*kernel)(FaDecodeParams), const char *name, const FaDeco
   const Dim3 grid = p.work != nullptr     ? Dim3{p.num_ctas, 1, 1}
                     : p.head_blocks_in_x ? Dim3{head_blocks, 1, p.batch}
                                          : Dim3{p.num_splits, head_blocks, p.batch};
-  return launch(name, kernel, grid, Tr::kThreads, Tr::kSmemBytes, exec, p);
+  return launch(name, kernel, grid, wide_launch<D>(p) ? Tr::kWideThreads : Tr::kThreads, Tr::kSmemBytes, exec, p);
 }
 
 // One case per instantiated width (FA_DECODE_WIDTHS): the kernel of the call's dtype, cache format and
@@ -741,8 +780,9 @@ inline bool valid_params(const FaDecodeParams &p) {
   if (p.seqlen_q > 0 && (p.cu_seqlens_q != nullptr || p.work != nullptr || p.num_splits != 1 ||
                          p.max_seqlen_q != p.seqlen_q || (int64_t)p.total_q != (int64_t)p.batch * p.seqlen_q))
     return false;
-  // Rows per CTA: 16, 32 or 64 (a power-of-two count of row groups; the width's bound is dispatch()'s).
-  if (p.rows_per_cta != FA_DECODE_ROWS && p.rows_per_cta != 2 * FA_DECODE_ROWS && p.rows_per_cta != 4 * FA_DECODE_ROWS)
+  // Rows per CTA: 16, 32, 64 or 128 (a power-of-two count of row groups; the width's bound is dispatch()'s).
+  if (p.rows_per_cta != FA_DECODE_ROWS && p.rows_per_cta != 2 * FA_DECODE_ROWS && p.rows_per_cta != 4 * FA_DECODE_ROWS &&
+      p.rows_per_cta != 8 * FA_DECODE_ROWS)
     return false;
   const int64_t head_blocks = (int64_t)p.heads_kv * row_blocks(p);
   if (p.head_blocks_in_x) return head_blocks <= INT32_MAX && p.batch <= 65535; // grid (head blocks, 1, B)
@@ -757,7 +797,7 @@ inline bool valid_params(const FaDecodeParams &p) {
 template <int D, bool kFp8> FaTilePolicy policy_of() {
   using Tr = Traits<D, kFp8>;
   return FaTilePolicy{D, Tr::kCtaRows, Tr::kTileTokens, Tr::kStages, Tr::kThreads, Tr::kSmemBytes, Tr::kMinCtasPerSm, 0,
-                      Tr::kScoreSplits};
+                      Tr::kScoreSplits, Tr::kNarrowRows};
 }
 int tile_policy(int head_dim, bool fp8, FaTilePolicy *out) {
   if (!head_dim_supported(head_dim)) return FA_ERR_UNSUPPORTED;

@@ -290,8 +290,9 @@ pub(crate) fn check_split_fits(
 /// Compute capability the emulator models (an H100/H200, with [`EMULATOR_SM_COUNT`] SMs).
 pub const EMULATOR_COMPUTE_CAPABILITY: (u32, u32) = (9, 0);
 
-/// CTA slots of `stream`'s device for decode at `head_dim`: SMs × resident CTAs per SM.
-pub(crate) fn stream_slots(stream: &Stream<'_>, head_dim: usize) -> Result<usize> {
+/// CTA slots of `stream`'s device for decode at `head_dim` with `rows_per_cta` packed rows per CTA: SMs ×
+/// resident CTAs per SM.
+pub(crate) fn stream_slots(stream: &Stream<'_>, head_dim: usize, rows_per_cta: usize) -> Result<usize> {
     let cc = match stream {
         Stream::Gpu(s) => {
             let (major, minor) = s.context().compute_capability()?;
@@ -300,7 +301,7 @@ pub(crate) fn stream_slots(stream: &Stream<'_>, head_dim: usize) -> Result<usize
         Stream::Raw(_) => return Err(Error::new(ErrorKind::Usage, ON_RAW_STREAM)),
         Stream::Emu(_) => EMULATOR_COMPUTE_CAPABILITY,
     };
-    Ok(stream_sm_count(stream)? * decode_ctas_per_sm(cc, head_dim))
+    Ok(stream_sm_count(stream)? * decode_ctas_per_sm(cc, head_dim, rows_per_cta))
 }
 
 /// Buffer::new's error for a DecodeWorkspace allocated on a raw stream.
@@ -386,7 +387,7 @@ impl DecodeWorkspace {
     /// (on the emulator, whose lengths are host memory, [`decode`] prepares by itself). Needs at most
     /// [`crate::schedule::partial_capacity`] · Hq · (D + 1) fp32 of partials.
     pub fn scheduled(stream: &Stream<'_>, limits: &DecodeProblem, policy: SplitPolicy) -> Result<Self> {
-        let slots = stream_slots(stream, limits.head_dim)?;
+        let slots = stream_slots(stream, limits.head_dim, limits.rows_per_cta())?;
         Self::scheduled_on(stream, limits, policy, slots)
     }
 

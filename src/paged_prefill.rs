@@ -278,7 +278,8 @@ pub struct PagedPrefillWorkspace {
     partial_o: Buffer,
     partial_lse: Buffer,
     sm_count: usize,
-    /// CTAs of the streaming (decode) kernel the GPU runs at once at this head dim.
+    /// CTAs of the streaming (decode) kernel the GPU runs at once at this head dim (narrow CTAs; a uniform
+    /// plan of wide ones fills one per SM).
     streaming_slots: usize,
     scheduler: Option<ShortQueryScheduler>,
 }
@@ -323,7 +324,7 @@ impl PagedPrefillWorkspace {
             partial_o: Buffer::new(stream, o, ON_RAW_STREAM)?,
             partial_lse: Buffer::new(stream, lse, ON_RAW_STREAM)?,
             sm_count: stream_sm_count(stream)?,
-            streaming_slots: stream_slots(stream, head_dim)?,
+            streaming_slots: stream_slots(stream, head_dim, ROWS_PER_CTA)?,
             scheduler: None,
         })
     }
@@ -342,7 +343,8 @@ impl PagedPrefillWorkspace {
     /// [`paged_prefill`] prepares by itself). Calls on the tiled kernel follow the uniform plan within the
     /// room the workspace has. Needs [`crate::schedule::short_query_partial_capacity`] · Hq · (D + 1) fp32.
     pub fn scheduled(stream: &Stream<'_>, limits: &PagedPrefillProblem, policy: SplitPolicy) -> Result<Self> {
-        let slots = stream_slots(stream, limits.head_dim)?;
+        let rows = decode_rows_per_cta(limits.head_dim, limits.max_seqlen_q.max(1) * limits.group());
+        let slots = stream_slots(stream, limits.head_dim, rows)?;
         Self::scheduled_on(stream, limits, policy, slots)
     }
 
@@ -455,9 +457,14 @@ impl PagedPrefillWorkspace {
         self.scheduler.as_ref().and_then(|s| s.table.current.as_ref())
     }
 
-    /// CTA slots a plan for `kernel` (resolved) fills: SMs (tiled), or SMs x decode CTAs per SM (streaming).
-    fn slots(&self, kernel: PagedPrefillKernel) -> usize {
+    /// CTA slots a plan of `problem` on `kernel` (resolved) fills: SMs (tiled, and the streaming kernel's
+    /// wide CTAs: one per SM), or SMs x decode CTAs per SM (streaming).
+    fn slots(&self, problem: &PagedPrefillProblem, kernel: PagedPrefillKernel) -> usize {
+        let wide = || {
+            crate::tile::decode_tile_or_widest(problem.head_dim).is_some_and(|t| t.is_wide(problem.rows_per_cta(kernel)))
+        };
         match kernel {
+            PagedPrefillKernel::Streaming if self.scheduler.is_none() && wide() => self.sm_count,
             PagedPrefillKernel::Streaming => self.streaming_slots,
             _ => self.sm_count,
         }
@@ -485,13 +492,13 @@ impl PagedPrefillWorkspace {
         kernel: PagedPrefillKernel,
         forced: Option<usize>,
     ) -> Result<PagedPrefillPlan> {
-        let plan = PagedPrefillPlan::for_kernel(problem, kernel, self.slots(kernel), forced)?;
+        let plan = PagedPrefillPlan::for_kernel(problem, kernel, self.slots(problem, kernel), forced)?;
         if self.scheduler.is_none() || forced.is_some() || plan.num_splits == 1 || self.check_fits(&plan).is_ok() {
             return Ok(plan);
         }
         let per_split = (problem.total_q * problem.heads_q).max(1);
         let fit = (self.partial_lse.len() / per_split).max(1);
-        PagedPrefillPlan::for_kernel(problem, kernel, self.slots(kernel), Some(fit))
+        PagedPrefillPlan::for_kernel(problem, kernel, self.slots(problem, kernel), Some(fit))
     }
 
     /// Checks a streaming call against a scheduled workspace's limits and its prepared schedule; returns the

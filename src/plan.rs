@@ -12,16 +12,17 @@ use crate::error::{Error, Result};
 
 /// `split_tokens` must be a multiple of this (abi.h's `FA_SPLIT_GRANULE`: every head dim's KV tile divides it).
 pub const SPLIT_GRANULE: usize = crate::sys::FA_SPLIT_GRANULE as usize;
-/// Rows of one decode row group: the M = 16 rows of the tensor-core tile. A CTA serves 1, 2 or 4 groups
+/// Rows of one decode row group: the M = 16 rows of the tensor-core tile. A CTA serves 1, 2, 4 or 8 groups
 /// ([`decode_rows_per_cta`]).
 pub const ROWS_PER_CTA: usize = crate::sys::FA_DECODE_ROWS as usize;
 
 /// Packed query rows one decode CTA serves when each (sequence, KV head) has `rows` of them (decode: the
 /// group G; short queries: q_len · G): the fewest 16-row groups that hold them, rounded up to a power of two,
-/// at most the width's `block_m` (64 at width 64, 32 at 128, 16 above: the warp slots the kernel can give
-/// row groups, kernels/include/fa/decode/traits.cuh). Every K/V byte a CTA stages serves all its rows, so a
-/// KV head is read `ceil(rows / rows_per_cta)` times: once for MQA 64:1 at D <= 64, once up to G = 32 at
-/// D <= 128 (issue 30, item 4).
+/// at most the width's `block_m` (128 at width 64, 64 at 128, 16 above: the warp slots the kernel can give
+/// row groups, kernels/include/fa/decode/traits.cuh; past the policy's `narrow_rows`, 64 and 32, the launch
+/// runs wide CTAs of 8 warps). Every K/V byte a CTA stages serves all its rows, so a KV head is read
+/// `ceil(rows / rows_per_cta)` times: once up to G = 128 at D <= 64 (Falcon-7B's 71:1), once up to G = 64 at
+/// D <= 128 (MQA 64:1; issue 30, item 4).
 pub fn decode_rows_per_cta(head_dim: usize, rows: usize) -> usize {
     let most = crate::tile::decode_tile_or_widest(head_dim).map_or(ROWS_PER_CTA, |t| t.block_m.max(ROWS_PER_CTA));
     (rows.max(1).div_ceil(ROWS_PER_CTA).next_power_of_two() * ROWS_PER_CTA).min(most)
@@ -115,7 +116,9 @@ pub fn wave_efficiency(ctas: usize, slots: usize) -> f64 {
 ///    wave efficiency is within WAVE_EFFICIENCY_SLACK of the best such count.
 pub fn planned_splits(problem: &DecodeProblem, sm_count: usize) -> usize {
     let ctas = problem.ctas_per_split();
-    let slots = sm_count.max(1) * CTAS_PER_SM;
+    // Wide CTAs (8 warps, more rows than a narrow CTA serves) hold one per SM.
+    let wide = crate::tile::decode_tile_or_widest(problem.head_dim).is_some_and(|t| t.is_wide(problem.rows_per_cta()));
+    let slots = sm_count.max(1) * if wide { 1 } else { CTAS_PER_SM };
     let max_splits = (problem.max_seq_len / MIN_SPLIT_TOKENS).min(MAX_PLANNED_SPLITS);
     if ctas == 0 || ctas >= slots || max_splits < 2 {
         return 1;
@@ -310,13 +313,19 @@ mod tests {
         assert_eq!(a.grid[1], 2);
         assert_eq!(problem(3, 64, 2, 9000).ctas_per_split(), 6);
         // At width 256 (one row group per CTA): two CTAs of 16 rows per KV head.
-        let wide = DecodeProblem { head_dim: 256, ..problem(3, 64, 2, 9000) };
-        assert_eq!((wide.rows_per_cta(), wide.ctas_per_split()), (16, 12));
-        // Rows per CTA: the fewest 16-row groups, a power of two, at most the width's (64, 32, 16, 16).
+        let d256 = DecodeProblem { head_dim: 256, ..problem(3, 64, 2, 9000) };
+        assert_eq!((d256.rows_per_cta(), d256.ctas_per_split()), (16, 12));
+        // Rows per CTA: the fewest 16-row groups, a power of two, at most the width's (128, 64, 16, 16: wide
+        // CTAs past 64 and 32).
         let rows = |d, g| decode_rows_per_cta(d, g);
-        assert_eq!([1, 16, 17, 33, 48, 64, 65, 200].map(|g| rows(64, g)), [16, 16, 32, 64, 64, 64, 64, 64]);
-        assert_eq!([1, 16, 17, 32, 33].map(|g| rows(128, g)), [16, 16, 32, 32, 32]);
+        assert_eq!([1, 16, 17, 33, 48, 64, 65, 200].map(|g| rows(64, g)), [16, 16, 32, 64, 64, 64, 128, 128]);
+        assert_eq!([1, 16, 17, 32, 33, 64, 65].map(|g| rows(128, g)), [16, 16, 32, 32, 64, 64, 64]);
         assert_eq!([rows(256, 64), rows(512, 64), rows(40, 64), rows(72, 20)], [16, 16, 64, 32]);
+        // MQA 64:1 at width 128: one wide CTA per sequence and split, and the planner counts one per SM.
+        let mqa = DecodeProblem { heads_q: 64, heads_kv: 1, head_dim: 128, ..problem(4, 64, 1, 32_768) };
+        assert_eq!((mqa.rows_per_cta(), mqa.ctas_per_split()), (64, 4));
+        // 4 x 29 = 116 wide CTAs: 88 % of one wave of one per SM (the first count within the slack of the best).
+        assert_eq!(planned_splits(&mqa, 132), 29);
     }
 
     #[test]

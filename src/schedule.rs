@@ -71,15 +71,17 @@ impl SplitPolicy {
     }
 }
 
-/// Resident decode CTAs per SM on compute capability `(major, minor)`: the shared memory an SM can give
-/// blocks (228 KiB on sm_90, 164 KiB on sm_80/87, 100 KiB on sm_86/89) over the CTA's need (the
-/// launcher's [`tile_policy`](crate::tile::tile_policy): Q, 4 stages of 16 KiB of K/V, the row-offset ring, the token groups' (m, l),
-/// the hole words) plus the 1 KiB the hardware reserves per block, at most what the launch bounds are built
-/// for (3: 168 registers a thread, which fits three CTAs in any SM's 64 K registers, so registers never bind
-/// first). So: 3 on sm_90, 2 on sm_80, 1 on sm_86/89 (the uniform planner assumes 2 everywhere). Head dims
-/// 264-512 (width 512: Q and 2 stages of 32 KiB, 81 KiB; launch bounds for 2): 2 on sm_90 and sm_80, 1 on
-/// sm_86/89.
-pub fn decode_ctas_per_sm(compute_capability: (u32, u32), head_dim: usize) -> usize {
+/// Resident decode CTAs per SM on compute capability `(major, minor)` for a launch of `rows_per_cta` packed
+/// rows per CTA ([`crate::plan::decode_rows_per_cta`]): the shared memory an SM can give blocks (228 KiB on
+/// sm_90, 164 KiB on sm_80/87, 100 KiB on sm_86/89) over the CTA's need (the launcher's
+/// [`tile_policy`](crate::tile::tile_policy): Q, 4 stages of 16 KiB of K/V, the row-offset ring, the warp
+/// slots' (m, l), the hole words) plus the 1 KiB the hardware reserves per block, at most what the register
+/// cap is built for (3: 168 registers a thread, which fits three CTAs in any SM's 64 K registers, so
+/// registers never bind first). So: 3 on sm_90, 2 on sm_80, 1 on sm_86/89 (the uniform planner assumes 2
+/// everywhere). Head dims 264-512 (width 512: Q and 2 stages of 32 KiB, 81 KiB; built for 2): 2 on sm_90
+/// and sm_80, 1 on sm_86/89. A wide launch (more rows than the policy's `narrow_rows`: 8 warps at the same
+/// registers a thread) holds 1 CTA per SM: two would need 2 x 256 x 168 registers.
+pub fn decode_ctas_per_sm(compute_capability: (u32, u32), head_dim: usize, rows_per_cta: usize) -> usize {
     let smem_per_sm = match compute_capability {
         (9, _) => 228 * 1024,
         (8, 0) | (8, 7) => 164 * 1024,
@@ -87,8 +89,10 @@ pub fn decode_ctas_per_sm(compute_capability: (u32, u32), head_dim: usize) -> us
         _ => 100 * 1024,
     };
     // (No policy at all would be a launcher without decode kernels: one CTA per SM, the safe assumption.)
-    decode_tile_or_widest(head_dim)
-        .map_or(1, |tile| (smem_per_sm / (tile.smem_bytes + 1024)).clamp(1, tile.min_ctas_per_sm))
+    decode_tile_or_widest(head_dim).map_or(1, |tile| {
+        let by_registers = tile.min_ctas_per_sm * tile.threads / tile.threads_for(rows_per_cta);
+        (smem_per_sm / (tile.smem_bytes + 1024)).clamp(1, by_registers.max(1))
+    })
 }
 
 /// One schedule of the decode kernel (a decode, or a streaming paged prefill's short queries): which units
@@ -693,15 +697,19 @@ mod tests {
 
     #[test]
     fn occupancy_per_arch() {
-        // Stages 64 KiB (Q overlays the last one), ring 1 KiB, (m, l) 256 B, hole words 20 B, facts of 32 rows.
-        assert_eq!(tile_policy(KernelOp::Decode, 128, false, None).unwrap().smem_bytes, 67_356);
-        assert_eq!(decode_ctas_per_sm((9, 0), 128), 3);
-        assert_eq!(decode_ctas_per_sm((8, 0), 128), 2);
-        assert_eq!(decode_ctas_per_sm((8, 9), 64), 1);
-        assert_eq!(decode_ctas_per_sm((8, 6), 256), 1);
+        // Stages 64 KiB (Q overlays the last one), ring 1 KiB, (m, l) of 4 warp slots 512 B, hole words 20 B,
+        // facts of 64 rows.
+        assert_eq!(tile_policy(KernelOp::Decode, 128, false, None).unwrap().smem_bytes, 65_536 + 1024 + 512 + 20 + 1032);
+        assert_eq!(decode_ctas_per_sm((9, 0), 128, 16), 3);
+        assert_eq!(decode_ctas_per_sm((8, 0), 128, 32), 2);
+        assert_eq!(decode_ctas_per_sm((8, 9), 64, 64), 1);
+        assert_eq!(decode_ctas_per_sm((8, 6), 256, 16), 1);
+        // Wide CTAs (8 warps at the narrow CTA's registers a thread): one per SM everywhere.
+        assert_eq!([(9, 0), (8, 0), (8, 6), (8, 9)].map(|cc| decode_ctas_per_sm(cc, 128, 64)), [1, 1, 1, 1]);
+        assert_eq!([(9, 0), (8, 0)].map(|cc| decode_ctas_per_sm(cc, 64, 128)), [1, 1]);
         // D 264-512: 2 stages of 32 KiB + the Q tile (82,836 B), launch bounds for 2 CTAs.
         assert_eq!(tile_policy(KernelOp::Decode, 512, false, None).unwrap().smem_bytes, 82_836);
-        assert_eq!([(9, 0), (8, 0), (8, 6), (8, 9)].map(|cc| decode_ctas_per_sm(cc, 264)), [2, 2, 1, 1]);
+        assert_eq!([(9, 0), (8, 0), (8, 6), (8, 9)].map(|cc| decode_ctas_per_sm(cc, 264, 16)), [2, 2, 1, 1]);
     }
 
     fn shape(hq: usize, hkv: usize, max_q: usize, window: Option<(i32, i32)>, causal: bool) -> ShortQueryShape {

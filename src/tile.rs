@@ -46,12 +46,24 @@ pub struct TilePolicy {
     /// Decode: the warps that sum one S tile, each computing Q·Kᵀ over `width / score_splits` columns
     /// (1 up to width 256; 4 at 512, kernels/include/fa/decode/traits.cuh); 0 for the other ops.
     pub score_splits: usize,
+    /// Decode: the most packed rows a CTA of `threads` threads serves; a launch of more rows per CTA (up to
+    /// `block_m`) runs wide CTAs of twice the threads (8 warps, the same shared memory;
+    /// kernels/include/fa/decode/traits.cuh). 0 for the other ops.
+    pub narrow_rows: usize,
 }
 
 impl TilePolicy {
     /// Warps per CTA.
     pub fn warps(&self) -> usize {
         self.threads / 32
+    }
+    /// Decode: whether a launch of `rows_per_cta` packed rows per CTA runs wide CTAs.
+    pub fn is_wide(&self, rows_per_cta: usize) -> bool {
+        self.narrow_rows > 0 && rows_per_cta > self.narrow_rows
+    }
+    /// Decode: threads per CTA of a launch of `rows_per_cta` packed rows per CTA.
+    pub fn threads_for(&self, rows_per_cta: usize) -> usize {
+        if self.is_wide(rows_per_cta) { 2 * self.threads } else { self.threads }
     }
 }
 
@@ -88,6 +100,7 @@ fn policy_from(p: &sys::FaTilePolicy) -> Option<TilePolicy> {
         min_ctas_per_sm: n(p.min_ctas_per_sm)?,
         lean: p.lean != 0,
         score_splits: n(p.score_splits)?,
+        narrow_rows: n(p.narrow_rows)?,
     })
 }
 
@@ -143,15 +156,20 @@ mod tests {
         assert_eq!(p(KernelOp::Prefill, 200, false, None).smem_bytes, 96 * 1024);
         // decode: fa/decode/traits.cuh, 3 CTAs per SM
         let dec = p(KernelOp::Decode, 72, false, None);
-        assert_eq!((dec.width, dec.block_m, dec.block_n, dec.stages, dec.threads), (128, 32, 32, 4, 128));
-        assert_eq!(dec.min_ctas_per_sm, 3);
+        assert_eq!((dec.width, dec.block_m, dec.block_n, dec.stages, dec.threads), (128, 64, 32, 4, 128));
+        assert_eq!((dec.min_ctas_per_sm, dec.narrow_rows), (3, 32));
         assert_eq!(dec, p(KernelOp::Decode, 128, true, None));
+        assert_eq!([16, 32, 64].map(|r| dec.threads_for(r)), [128, 128, 256]);
         // FP8: twice the stages in the same stage area (4 more hole-slot words).
         let dec8 = p(KernelOp::Decode, 72, false, Some(Fp8Format::E4m3));
         assert_eq!((dec8.stages, dec8.smem_bytes), (8, dec.smem_bytes + 4 * 4));
+        let d64 = p(KernelOp::Decode, 64, false, None);
+        assert_eq!((d64.block_m, d64.narrow_rows, d64.threads_for(128)), (128, 64, 256));
         // D 512 (and 264 at that width): 16-token tiles, 2 stages, 2 CTAs per SM, < 99 KiB.
         let d512 = p(KernelOp::Decode, 264, false, None);
         assert_eq!((d512.width, d512.block_m, d512.block_n, d512.stages, d512.threads), (512, 16, 16, 2, 128));
+        assert_eq!(d512.threads_for(16), 128);
+        assert_eq!(p(KernelOp::Decode, 256, false, None).block_m, 16);
         assert_eq!(
             (d512.min_ctas_per_sm, d512.smem_bytes),
             (2, 16 * 1024 + 2 * 32 * 1024 + 2 * 16 * 16 + 16 * 2 * 4 + 3 * 4 + (4 * 16 + 2) * 4)

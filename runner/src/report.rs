@@ -141,7 +141,8 @@ pub fn decode_perf_cases() -> Vec<DecodeCase> {
             cases.push(c);
         }
     }
-    // MQA 64:1 (issue 30, item 4): one CTA per KV head and split at D 64 (four row groups), two at D 128.
+    // MQA 64:1 (issue 30, item 4): one CTA per KV head and split, of four row groups at D 64, and at D 128 a
+    // wide one (8 warps).
     for head_dim in [64, 128] {
         cases.push(DecodeCase { head_dim, heads_q: 64, heads_kv: 1, seq_lens: vec![32768; 16], ..proto.clone() });
     }

@@ -179,7 +179,9 @@ pub struct DecodeCost {
 pub fn decode_cost(case: &DecodeCase, plan: &DecodePlan) -> DecodeCost {
     let mut c = decode_cost_kv(case, plan, case.kv.bytes() as u64);
     if case.kv.fp8().is_some() {
-        c.scale_bytes_read = c.ctas * decode_tile(case.head_dim.max(case.dv())).threads as u64 * 2 * 4;
+        let wide = case.head_dim.max(case.dv());
+        let rows_per_cta = crate::plan::decode_rows_per_cta(wide, case.heads_q / case.heads_kv.max(1));
+        c.scale_bytes_read = c.ctas * decode_tile(wide).threads_for(rows_per_cta) as u64 * 2 * 4;
     }
     c
 }
@@ -217,7 +219,7 @@ fn decode_cost_kv(case: &DecodeCase, plan: &DecodePlan, kv_elem: u64) -> DecodeC
     c.v_bytes_read = visible_rows * dv * kv_elem;
     c.q_bytes_read = splits * rows * d * ELEM;
     c.block_table_bytes_max = table_entries * 4;
-    c.seq_lens_bytes_read = c.ctas * policy.threads as u64 * 4;
+    c.seq_lens_bytes_read = c.ctas * policy.threads_for(rows_per_cta) as u64 * 4;
     c.o_bytes_written = rows * dv * ELEM;
     c.lse_bytes_written = rows * 4;
     if plan.num_splits > 1 {

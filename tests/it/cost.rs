@@ -347,11 +347,11 @@ fn decode_head_dims_below_the_width_read_only_d_columns() {
 }
 
 /// Model (issue 30, item 4): a decode CTA serves up to 4 row groups of 16 query heads from each staged K/V
-/// byte, as many as the width has warp slots for (the policy's block_m: 64 rows at width 64, 32 at 128, 16
-/// at 256 and 512), so a KV head's cache is read ⌈G / rows per CTA⌉ times, rows per CTA being the fewest
-/// 16-row groups that hold G, rounded up to a power of two:
+/// byte, as many as the width has warp slots for (the policy's block_m: 128 rows at width 64 and 64 at 128,
+/// in wide CTAs of 8 warps past 64 / 32; 16 at 256 and 512), so a KV head's cache is read ⌈G / rows per CTA⌉
+/// times, rows per CTA being the fewest 16-row groups that hold G, rounded up to a power of two:
 ///     K/V bytes = reads · Σ_b visible_b · Hkv · D · elem,
-/// MQA 64:1 at D ≤ 64 and G ≤ 32 at D ≤ 128 once. The reads are literal per case (not the model's own
+/// G ≤ 128 (Falcon-7B's 71:1) at D ≤ 64 and MQA 64:1 at D ≤ 128 once. The reads are literal per case (not the model's own
 /// function), the rest of the model (Q, mma, partials) is held by decode_model_mismatches, and every case
 /// passes the fp64 reference with the variants that read per-row facts (per-head ALiBi, sinks, window).
 #[test]
@@ -371,10 +371,15 @@ fn decode_reads_a_kv_head_once_for_all_the_rows_a_cta_serves() {
         (64, 64, 3, 3, fp8, all, 1, 1),
         (40, 48, 16, 2, KvFormat::Sixteen, all, 1, 1),   // 3 groups of rows in a 4-group CTA
         (64, 20, 12, 1, KvFormat::Sixteen, all, 1, 1),   // 2 groups, the second partial
-        (64, 65, 16, 1, KvFormat::Sixteen, none, 2, 2),  // past 64 rows: a second CTA
+        (64, 65, 16, 1, KvFormat::Sixteen, none, 1, 1),  // past 64 rows: a wide CTA (8 warps, 128 rows)
+        (64, 71, 3, 2, fp8, all, 1, 1),                  // Falcon-7B's 71:1, FP8 (Q in two halves)
+        (64, 129, 16, 1, KvFormat::Sixteen, none, 2, 2), // past 128 rows: a second CTA
         (128, 32, 16, 3, KvFormat::Sixteen, all, 1, 1),
         (96, 20, 16, 1, fp8, none, 1, 1),
-        (128, 64, 16, 2, KvFormat::Sixteen, none, 2, 2), // 32 rows per CTA at width 128
+        (128, 64, 16, 2, KvFormat::Sixteen, none, 1, 1), // MQA 64:1 at width 128: a wide CTA
+        (128, 64, 12, 3, fp8, all, 1, 1),
+        (128, 48, 16, 1, KvFormat::Sixteen, all, 1, 1),  // StarCoder's 48:1: 3 row groups of a wide CTA's 4
+        (120, 65, 16, 1, KvFormat::Sixteen, none, 2, 2), // past 64 rows at width 128
         (256, 32, 16, 1, KvFormat::Sixteen, none, 2, 2), // one row group from width 256 on
     ];
     for (d, g, ps, splits, kv, variants, reads, ctas) in cases {

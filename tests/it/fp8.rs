@@ -354,15 +354,17 @@ fn fp8_decode_shared_traffic_and_bank_conflicts() {
 /// CTA, as every row group's warps read every chunk of the tile for their own rows. Model, per global byte of
 /// the loop (two context lengths differenced) against the same width at G = 16 (R = 1): K is read by the
 /// kDSplits warps of each row group, V once per row group, so + (R − 1)·(kDSplits + 1)/2 shared bytes per
-/// global byte (D 64, R 4: +3.0; D 128, R 2: +1.5); the landing and the row ring are unchanged. Each extra
-/// chunk a warp computes also rereads the tile's scalar facts (its hole word and the CTA's key range: at most
-/// three words per lane, 384 bytes), so the measured increase lies in [model, model + 4 warps · (R − 1) ·
-/// 384 B per tile]. Both cache formats, conflict-free, and less shared traffic per KV byte served than the R
-/// CTAs it replaces.
+/// global byte (D 64, R 4: +3.0; D 128, R 2: +1.5; the wide CTAs' D 64, R 8: +7.0 and D 128, R 4: +4.5); the
+/// landing and the row ring are unchanged. Each extra chunk a warp computes also rereads the tile's scalar
+/// facts (its hole word and the CTA's key range: at most three words per lane, 384 bytes): 4 (R − 1) more
+/// chunk computations per tile, narrow or wide (8 warps x kTokenGroups chunks against 4 x 1), so the
+/// measured increase lies in [model, model + 4 (R − 1) · 384 B per tile]. Both cache formats,
+/// conflict-free, and less shared traffic per KV byte served than the R CTAs it replaces.
 #[test]
 fn row_groups_share_each_staged_byte() {
     let fp8 = KvFormat::Fp8 { format: Fp8Format::E4m3, scales: ScaleKind::PerHead };
-    for (d, groups, d_splits) in [(64usize, 4usize, 1usize), (128, 2, 2)] {
+    // R 8 at D 64 and R 4 at D 128: wide CTAs (8 warps, one token group each).
+    for (d, groups, d_splits) in [(64usize, 4usize, 1usize), (128, 2, 2), (64, 8, 1), (128, 4, 2)] {
         for kv in [KvFormat::Sixteen, fp8] {
             let loop_ratio = |g: usize| {
                 let run = |lens: &[usize]| {

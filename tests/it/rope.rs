@@ -386,6 +386,9 @@ fn decode_rope_sweep_against_the_reference() {
         ),
         (dc(DType::Bf16, 96, 8, 1, 1, None), cfg(10000.0, 48, Neox, RopeScaling::Linear { factor: 2.0 }), true, true),
         (dc(DType::Bf16, 128, 8, 2, 16, None), cfg(500000.0, 128, Neox, RopeScaling::llama31()), false, true),
+        // MQA 64:1 and 71:1: wide CTAs (8 warps) rotate 64 / 128 rows.
+        (dc(DType::Bf16, 128, 64, 1, 16, Some(2)), cfg(10000.0, 128, Neox, RopeScaling::None), true, false),
+        (dc(DType::F16, 64, 71, 1, 16, None), cfg(10000.0, 64, Gptj, RopeScaling::None), false, true),
     ];
     let mut failed = Vec::new();
     for (i, (case, cfg, explicit, scheduled)) in cases.iter().enumerate() {
@@ -538,8 +541,10 @@ fn scores_depend_only_on_the_relative_position() {
 fn append_then_decode_with_rope_fp8_and_16_bit() {
     let emu = Emulator::new().with_table_checks(fused_attn::TableChecks::GpuMasking);
     let stream = Stream::Emu(&emu);
-    let seed = common::case_seed(28_300);
-    let case = DecodeCase::new(DType::Bf16, 128, (8, 2), 16, &[0, 1, 40, 333], Some(2));
+    // G = 4, and MQA-like G = 64: a wide CTA (8 warps), whose FP8 Q arrives in two halves, each rotated.
+    for (i, heads) in [(8, 2), (128, 2)].into_iter().enumerate() {
+    let seed = common::case_seed(28_300 + i);
+    let case = DecodeCase::new(DType::Bf16, 128, heads, 16, &[0, 1, 40, 333], Some(2));
     let f = PagedFixture::<bf16>::new(&case, seed).unwrap();
     let (b, hq, d, hkv) = (case.batch(), case.heads_q, case.head_dim, case.heads_kv);
     let row = hkv * d;
@@ -593,9 +598,10 @@ fn append_then_decode_with_rope_fp8_and_16_bit() {
     let sixteen = round_trip!(bf16, bf16::NAN, None::<&KvScales>);
     let e4m3 = round_trip!(Fp8E4m3, Fp8E4m3(0x7f), Some(&scales));
     let e5m2 = round_trip!(Fp8E5m2, Fp8E5m2(0x7f), Some(&scales));
-    eprintln!("16-bit {sixteen}\nE4M3 {e4m3}\nE5M2 {e5m2}");
+    eprintln!("heads {heads:?}: 16-bit {sixteen}\nE4M3 {e4m3}\nE5M2 {e5m2}");
     let rerun = common::rerun("rope", "append_then_decode_with_rope_fp8_and_16_bit", None);
-    assert!(sixteen.passed() && e4m3.passed() && e5m2.passed(), "{rerun}");
+    assert!(sixteen.passed() && e4m3.passed() && e5m2.passed(), "heads {heads:?}: {rerun}");
+    }
 }
 
 /// Stored values back into cache elements (the tests' round trip through `run_append`'s f64 output).

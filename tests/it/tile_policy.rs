@@ -40,8 +40,12 @@ fn dtypes_and_head_dims(dims: &'static [usize]) -> impl Iterator<Item = (DType, 
 }
 
 fn assert_shape(k: &KernelCounters, kernel: &str, p: &TilePolicy, blocks: usize, what: &str) {
+    assert_shape_threads(k, kernel, p, p.threads, blocks, what);
+}
+
+fn assert_shape_threads(k: &KernelCounters, kernel: &str, p: &TilePolicy, threads: usize, blocks: usize, what: &str) {
     assert_eq!(k.kernel, kernel, "{what}: {p:?}");
-    assert_eq!((k.block_threads, k.smem_bytes), (p.threads as u64, p.smem_bytes as u64), "{what}: {kernel}");
+    assert_eq!((k.block_threads, k.smem_bytes), (threads as u64, p.smem_bytes as u64), "{what}: {kernel}");
     assert_eq!(k.blocks, blocks as u64, "{what}: {kernel}");
 }
 
@@ -208,7 +212,8 @@ fn decode_launches_the_policy_kernel_for_every_head_dim() {
     let emu = Emulator::new();
     for (dtype, d, (kv, fp8), variant) in paged_configs(&DECODE_HEAD_DIMS) {
         let p = tile_policy(KernelOp::Decode, d, variant, fp8).unwrap();
-        // block_m + 1 query heads of one KV head: two CTAs of query-head rows.
+        // block_m + 1 query heads of one KV head: two CTAs of query-head rows, wide (8 warps) where block_m is
+        // more than a narrow CTA's rows (widths 64 and 128).
         let mut case = DecodeCase::new(dtype, d, (p.block_m + 1, 1), 16, &[40], Some(1));
         case.kv = kv;
         case.variants.softcap = variant.then_some(30.0);
@@ -223,32 +228,44 @@ fn decode_launches_the_policy_kernel_for_every_head_dim() {
             if fp8.is_some() { "_fp8" } else { "" },
             if variant { "_mod" } else { "" }
         );
-        assert_shape(&launched(&emu), &name, &p, 2, &case.label());
+        assert_eq!(p.threads_for(p.block_m), if p.width <= 128 { 256 } else { 128 }, "{}", case.label());
+        assert_shape_threads(&launched(&emu), &name, &p, p.threads_for(p.block_m), 2, &case.label());
     }
 }
+
 /// Decode's bytes in flight per SM (issue 30, item 3; the model beside fa/decode/traits.cuh's stages): after
 /// each barrier a CTA has (stages - 1) K+V stages in flight, times the CTAs an SM holds (shared memory and the
-/// launch bound, per arch). For every width and cache format on sm_80/86/89/90 that covers the H200's
-/// bandwidth-delay product per SM (4.8 TB/s x ~0.7 us / 132 SMs ~ 26 KB), FP8 keeps at least the 16-bit
-/// bytes in flight (twice the tokens) at the same occupancy, and neither format's shared memory costs a CTA.
+/// register cap, per arch; narrow CTAs of 16 rows and, where the width has them, wide ones of its most rows).
+/// For every width and cache format on sm_80/86/89/90 that covers the H200's bandwidth-delay product per SM
+/// (4.8 TB/s x ~0.7 us / 132 SMs ~ 26 KB), FP8 keeps at least the 16-bit bytes in flight (twice the tokens)
+/// at the same occupancy, and neither format's shared memory costs a CTA.
 #[test]
 fn decode_keeps_the_bandwidth_delay_product_in_flight() {
     use fused_attn::schedule::decode_ctas_per_sm;
     const BDP_PER_SM: usize = 26 * 1024;
     for d in [64, 128, 256, 512] {
-        for cc in [(8, 0), (8, 6), (8, 9), (9, 0)] {
-            let ctas = decode_ctas_per_sm(cc, d);
-            let in_flight = |fp8: Option<Fp8Format>| {
-                let p = tile_policy(KernelOp::Decode, d, false, fp8).unwrap();
-                let stage = 2 * p.block_n * d * if fp8.is_some() { 1 } else { 2 };
-                (p.stages - 1) * stage * ctas
-            };
-            let (b16, b8) = (in_flight(None), in_flight(Some(Fp8Format::E4m3)));
-            let what = format!("D {d} sm_{}{}: {ctas} CTAs/SM, 16-bit {b16} B, FP8 {b8} B", cc.0, cc.1);
-            assert!(b16 >= BDP_PER_SM && b8 >= BDP_PER_SM, "{what}");
-            assert!(b8 >= b16, "{what}");
-            let smem = |fp8| tile_policy(KernelOp::Decode, d, false, fp8).unwrap().smem_bytes;
-            assert!(smem(Some(Fp8Format::E5m2)) <= smem(None) + 64, "{what}");
+        let policy = |fp8: Option<Fp8Format>| tile_policy(KernelOp::Decode, d, false, fp8).unwrap();
+        for rows in [16, policy(None).block_m] {
+            for cc in [(8, 0), (8, 6), (8, 9), (9, 0)] {
+                let ctas = decode_ctas_per_sm(cc, d, rows);
+                let in_flight = |fp8: Option<Fp8Format>| {
+                    let p = policy(fp8);
+                    let stage = 2 * p.block_n * d * if fp8.is_some() { 1 } else { 2 };
+                    (p.stages - 1) * stage * ctas
+                };
+                let (b16, b8) = (in_flight(None), in_flight(Some(Fp8Format::E4m3)));
+                let what = format!("D {d} rows {rows} sm_{}{}: {ctas} CTAs/SM, 16-bit {b16} B, FP8 {b8} B", cc.0, cc.1);
+                assert!(b16 >= BDP_PER_SM && b8 >= BDP_PER_SM, "{what}");
+                assert!(b8 >= b16, "{what}");
+                // decode_ctas_per_sm reads the 16-bit policy: the FP8 kernels' shared memory fits as many.
+                let smem_per_sm = match cc {
+                    (9, 0) => 228 * 1024,
+                    (8, 0) => 164 * 1024,
+                    _ => 100 * 1024,
+                };
+                let fp8_ctas = (smem_per_sm / (policy(Some(Fp8Format::E5m2)).smem_bytes + 1024)).min(3);
+                assert!(fp8_ctas >= ctas, "{what}: FP8 shared memory holds {fp8_ctas}");
+            }
         }
     }
 }

@@ -218,8 +218,9 @@ typedef struct FaAppendParams {
  * up to it with causal (else to seq_len_b - 1, or to position + window_right), from position - window_left on;
  * ALiBi distances are from that position; rope.positions (if any) has one entry per q row. A CTA serves
  * rows_per_cta packed rows (token r / G, query head kv_head * G + r % G) of one KV head, reading each K/V byte
- * once for all of them: 16, 32 or 64, at most the width's fa_tile_policy block_m (64 at width 64, 32 at 128,
- * 16 above). With cu_seqlens_q == NULL: one row
+ * once for all of them: 16, 32, 64 or 128, at most the width's fa_tile_policy block_m (128 at width 64, 64 at
+ * 128, 16 above); more than its narrow_rows runs wide CTAs of 2 * threads threads (decode/traits.cuh).
+ * With cu_seqlens_q == NULL: one row
  * per sequence (row b, total_q = B, max_seqlen_q = 1, causal). lse[row, h] is at row * lse_batch_stride +
  * h * lse_head_stride. Partials (split-KV) are [num_splits, total_q, Hq, D] / [num_splits, total_q, Hq].
  * A CTA reads only the keys [w, e) its rows see: w = max(0, p0 - window_left) (0 without a window), p0 the
@@ -543,7 +544,7 @@ typedef struct FaExec {
  *   FA_MIN_HEAD_DIM .. FA_MAX_HEAD_DIM, multiples of FA_HEAD_DIM_STEP: the head dims some op takes; each op
  *   takes every such dim up to its own maximum, FA_<OP>_MAX_HEAD_DIM (its widest kernel: fa/head_dim.cuh
  *   checks the two agree), and its launcher and fa_tile_policy answer FA_ERR_UNSUPPORTED above it.
- *   FA_DECODE_ROWS: the rows of one decode row group (the mma M dimension); a CTA serves 1, 2 or 4 groups
+ *   FA_DECODE_ROWS: the rows of one decode row group (the mma M dimension); a CTA serves 1, 2, 4 or 8 groups
  *   (FaDecodeParams::rows_per_cta), up to the policy's block_m.
  *   FA_SPLIT_GRANULE: split-KV decode and paged prefill take split_tokens in multiples of it.
  * fa_tile_policy(op, head_dim, variant, kv_dtype, out): the kernel a call of that class runs and its launch
@@ -578,6 +579,8 @@ typedef struct FaTilePolicy {
   int32_t min_ctas_per_sm; /* the CTAs per SM the kernel's launch bounds are built for */
   int32_t lean;        /* prefill's register-lean KV loop (K/V bases and row sums parked in shared memory) */
   int32_t score_splits; /* decode: warps summing one S tile, each Q.K over width / score_splits columns; else 0 */
+  int32_t narrow_rows; /* decode: the most rows per CTA of `threads` threads; a launch of more (up to block_m)
+                          runs wide CTAs of 2 * threads (decode/traits.cuh); else 0 */
 } FaTilePolicy;
 
 int fa_tile_policy(int32_t op, int32_t head_dim, int32_t variant, int32_t kv_dtype, FaTilePolicy *out);

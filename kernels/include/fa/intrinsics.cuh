@@ -25,6 +25,7 @@
 #define FA_HOST_DEVICE __host__ __device__ __forceinline__
 #define FA_GLOBAL __global__
 #define FA_LAUNCH_BOUNDS(threads, min_blocks) __launch_bounds__(threads, min_blocks)
+#define FA_MAX_REGISTERS(n) __maxnreg__(n)
 #else
 #ifndef FA_EMULATION
 #define FA_EMULATION 1
@@ -36,6 +37,7 @@
 #define FA_HOST_DEVICE inline
 #define FA_GLOBAL
 #define FA_LAUNCH_BOUNDS(threads, min_blocks)
+#define FA_MAX_REGISTERS(n)
 #include "fa/emu/runtime.h"
 #endif
 
@@ -44,6 +46,10 @@
 // host build it is the function the emulator runs for every thread. Use at global scope.
 #define FA_KERNEL(name, max_threads, min_blocks, Params, body)                                               \
   extern "C" FA_GLOBAL void FA_LAUNCH_BOUNDS(max_threads, min_blocks) name(const Params p) { body(p); }
+// A kernel whose launches differ in block size (decode's narrow and wide CTAs): a register cap per thread
+// instead of launch bounds (nvcc allows one or the other), the same budget for every block size it runs.
+#define FA_KERNEL_MAX_REGISTERS(name, max_registers, Params, body)                                           \
+  extern "C" FA_GLOBAL void FA_MAX_REGISTERS(max_registers) name(const Params p) { body(p); }
 // A launcher's reference to a kernel: the function and its symbol name (`kernel, "kernel"`), for a name
 // pasted together in a macro (fa_prefill_##dt##_d##D).
 #define FA_KERNEL_REF(kernel) kernel, #kernel

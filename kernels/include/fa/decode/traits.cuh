@@ -14,7 +14,7 @@
 // 20-50% of the fp32 FMA pipe plus the conversions, while the padded mma (16 rows for G <= 16) costs well
 // under 10% of the tensor pipe; the data path (cp.async -> swizzled smem -> ldmatrix) is the same either way.
 //
-// 4 warps. The warps are split kTokenGroups x kDSplits: warps of one token group own 16 tokens of every
+// 4 warps (8 in a wide CTA: below, kWideFactor). The warps are split kTokenGroups x kDSplits: warps of one token group own 16 tokens of every
 // KV tile (one P.V k-step) and keep an independent online-softmax state; warps of one D split accumulate
 // kWarpD output columns. Up to D = 256 every warp holds a 16 x 64 fp32 accumulator (32 registers) and
 // the KV tile holds 16 KB (K + V):
@@ -82,10 +82,13 @@ template <int D> struct Fp8SwizzledTile {
 // head dim and arch.
 template <int D, bool kFp8 = false> struct Traits {
   static_assert(D == 64 || D == 128 || D == 256 || D == 512, "decode head dims");
+  // A narrow CTA's threads (4 warps); they also do every copy. A wide CTA (below) adds 4 warps that only compute.
   static constexpr int kThreads = 128;
-  // Launch bounds: three CTAs (at most 168 registers) fit any SM's register file; at D = 512 two (shared
-  // memory holds no more).
+  // Registers: three narrow CTAs (at most 168 registers a thread) fit any SM's register file; at D = 512 two
+  // (shared memory holds no more). A register cap (__maxnreg__), not launch bounds, because one kernel runs
+  // narrow and wide CTAs; 168 is what __launch_bounds__(128, 3) gave.
   static constexpr int kMinCtasPerSm = D == 512 ? 2 : 3;
+  static constexpr int kMaxRegisters = D == 512 ? 255 : 168;
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kRows = FA_DECODE_ROWS; // packed query rows per row group: the mma M dimension
   static constexpr int kWarpTokens = 16; // tokens per warp per tile: one P.V k-step
@@ -94,16 +97,29 @@ template <int D, bool kFp8 = false> struct Traits {
   // Row groups (issue 30, item 4: a KV head read once for more than 16 query rows). The kTokenGroups warp
   // slots of a D split can instead serve up to kTokenGroups blocks of 16 rows: the launch packs a sequence's
   // rows into CTAs of FaDecodeParams::rows_per_cta (16 R_max), and each CTA takes R row groups, the fewest (a
-  // power of two) that hold its own rows; its slots are then R row groups x kTokenGroups / R token groups, and each warp computes R of the tile's 16-token chunks for its own 16
-  // rows, one after the other, with the same per-warp state (so the same registers). The CTA then serves
-  // 16 R rows from each staged K/V byte: up to 64 rows at D = 64 (MQA 64:1 reads its KV head once), 32 at
-  // D = 128, 16 from 256 on (one token group: no slot to spare).
-  static constexpr int kMaxRowGroups = kTokenGroups;
+  // power of two) that hold its own rows; its slots are then R row groups x kTokenGroups / R token groups,
+  // and each warp computes R of the tile's 16-token chunks for its own 16 rows, one after the other, with the
+  // same per-warp state (so the same registers). A narrow CTA serves 16 kTokenGroups rows from each staged
+  // K/V byte: 64 at D = 64, 32 at 128, 16 from 256 on.
+  // Wide CTAs: a launch of more rows per CTA than that runs 8 warps (kWideThreads), the second four taking
+  // slots kTokenGroups .. 2 kTokenGroups - 1 of each D split: up to 2 kTokenGroups row groups, each of one
+  // token group computing every chunk of the tile (128 rows at D = 64: Falcon-7B's 71:1 reads its KV head
+  // once; 64 at D = 128: MQA 64:1). Same registers per thread (the cap above), so one wide CTA per SM; a
+  // CTA of a wide launch with no more rows than a narrow one's leaves its extra warps idle and sums in a
+  // narrow CTA's order (bitwise the same rows). Not from D = 256 on: the D = 256 kernels run at the
+  // 168-register cap, where the wide CTA's row-group bookkeeping spilled 4-48 bytes (ptxas, sm_80/90, every
+  // 16-bit and FP8 kernel), and D = 512's S exchange is laid out for 4 warps.
+  static constexpr int kWideFactor = D <= 128 ? 2 : 1;
+  static constexpr int kWideThreads = kThreads * kWideFactor;
+  static constexpr int kNarrowRowGroups = kTokenGroups;
+  static constexpr int kMaxRowGroups = kTokenGroups * kWideFactor; // warp slots per D split
+  static constexpr int kNarrowRows = kRows * kNarrowRowGroups;
   static constexpr int kCtaRows = kRows * kMaxRowGroups;
   static constexpr int kWarpD = D / kDSplits; // output columns per warp (64 up to D = 256, 128 at 512)
   // Warps that share one S, each summing Q·K over D / kScoreSplits columns (the header: 4 at D = 512).
   static constexpr int kScoreSplits = D == 512 ? kDSplits : 1;
-  static_assert(kScoreSplits == 1 || (kTokenGroups == 1 && kScoreSplits == kWarps), "exchange_scores' layout");
+  static_assert(kScoreSplits == 1 || (kTokenGroups == 1 && kScoreSplits == kWarps && kWideFactor == 1),
+                "exchange_scores' layout");
   static constexpr int kTileTokens = kWarpTokens * kTokenGroups;
   static constexpr int k16BitStages = D == 512 ? 2 : 4; // D = 512: two 32 KB stages fit 99 KB, three do not
   static constexpr int kStages = kFp8 ? 2 * k16BitStages : k16BitStages;
@@ -119,19 +135,35 @@ template <int D, bool kFp8 = false> struct Traits {
   static constexpr int kTileBytes = kTileTokens * D * 2; // K or V of one tile
   static constexpr int kStageBytes = 2 * kTileBytes;
   static constexpr int kStageAreaBytes = k16BitStages * kStageBytes; // either format's stages
+  // FP8 cache (the _fp8 kernels): the same stage area holds kStages FP8 stages (K then V tile, each an
+  // Fp8SwizzledTile), which the warps read with ldmatrix and convert in registers on the way to the mma
+  // (fa/decode/warp_attention.cuh): the same tokens are in flight as with a 16-bit cache, in half the bytes,
+  // and every shared byte is written once (cp.async) and read once per reading warp, as with 16-bit. The
+  // cp.async split is 16 elements per chunk, D / 16 chunks per row.
+  static constexpr int kFp8TileBytes = kTileTokens * D;
+  static constexpr int kFp8StageBytes = 2 * kFp8TileBytes;
+  static_assert(!kFp8 || kStages * kFp8StageBytes <= kStageAreaBytes, "FP8 stages fit");
   // Q (kCtaRows x D, swizzled). Up to D = 256 the warps hold Q in registers once init has run, before the
   // first barrier of the KV loop, and the last stage is first written after that barrier (iteration 0
-  // issues tile kStages - 1): so Q overlays the end of the stage area (inside the last stage of either
-  // format) and costs no shared memory of its own. At D = 512 the S exchange overlays Q during the loop,
-  // so Q has its own area in front of the stages.
+  // issues tile kStages - 1): so Q overlays the last stage of the kernel's format and costs no shared memory
+  // of its own. That stage holds kQAreaRows rows: a narrow CTA's and a 16-bit wide CTA's (16 KB: the whole
+  // stage) at once; a wide FP8 CTA's Q is twice its 8 KB stage, so it comes in two halves (decode.cu: the
+  // second half loaded once the first half's warps hold their fragments; shared memory as narrow: the FP8
+  // kernels keep 3 CTAs per SM on sm_90). At D = 512 the S exchange overlays Q during the loop, so Q has its
+  // own area in front of the stages. The stage area starts at offset 0 (D <= 256): at D = 256, where the
+  // kernels run at the 168-register cap, a stage base past the small areas below spilled 4-48 bytes (ptxas,
+  // sm_80/90).
   static constexpr int kQBytes = kCtaRows * D * 2;
   static constexpr bool kQInStages = kScoreSplits == 1;
   static constexpr int kStageOffset = kQInStages ? 0 : kQBytes;
-  static constexpr int kQOffset = kQInStages ? kStageOffset + kStageAreaBytes - kQBytes : 0;
+  static constexpr int kLastStageBytes = kFp8 ? kFp8StageBytes : kStageBytes;
+  static constexpr int kQOffset = kQInStages ? kStageOffset + kStageAreaBytes - kLastStageBytes : 0;
+  static constexpr int kQAreaRows = !kQInStages || kQBytes <= kLastStageBytes ? kCtaRows : kLastStageBytes / (D * 2);
+  static_assert(kQAreaRows >= kNarrowRows && kQAreaRows * 2 >= kCtaRows, "a narrow CTA's Q at once, a wide one's in two");
   static constexpr int kRowRingOffset = kStageOffset + kStageAreaBytes;
   static constexpr int kRowRingBytes = 2 * kTileTokens * 16; // K/V row offsets of the next two tiles to issue
   static constexpr int kStatsOffset = kRowRingOffset + kRowRingBytes;
-  static constexpr int kStatsBytes = kTokenGroups * kRows * 2 * 4; // (m, l) per token group and row
+  static constexpr int kStatsBytes = kMaxRowGroups * kRows * 2 * 4; // (m, l) per warp slot and row
   // Hole masks (rows inside the sequence whose page id is out of range): one 32-row ballot word per
   // publishing warp and tile. A tile's word is written when its rows are published (kStages - 1 tiles ahead
   // of its compute, plus the tile published in the same iteration), so kStages + 1 slots keep it alive.
@@ -152,18 +184,8 @@ template <int D, bool kFp8 = false> struct Traits {
   static constexpr int kExchangeBytes = kScoreSplits > 1 ? kWarps * 32 * 8 * 4 : 0;
   static_assert(kExchangeBytes <= kQBytes, "the S exchange fits in the Q tile");
   static constexpr int kOStride = D + 4; // fp32 row stride of the epilogue partials (+4: fewer conflicts)
-  static constexpr int kOBytes = kTokenGroups * kRows * kOStride * 4;
+  static constexpr int kOBytes = kMaxRowGroups * kRows * kOStride * 4; // per warp slot
   static_assert(kOBytes <= kStageAreaBytes, "epilogue partials fit in the stages");
-
-  // FP8 cache (the _fp8 kernels): the same stage area holds kStages FP8 stages (K then V tile, each an
-  // Fp8SwizzledTile), which the warps read with ldmatrix and convert in registers on the way to the mma
-  // (fa/decode/warp_attention.cuh): the same tokens are in flight as with a 16-bit cache, in half the bytes,
-  // and every shared byte is written once (cp.async) and read once per reading warp, as with 16-bit. The
-  // cp.async split is 16 elements per chunk, D / 16 chunks per row.
-  static constexpr int kFp8TileBytes = kTileTokens * D;
-  static constexpr int kFp8StageBytes = 2 * kFp8TileBytes;
-  static_assert(!kFp8 || kStages * kFp8StageBytes <= kStageAreaBytes, "FP8 stages fit");
-  static_assert(!kQInStages || kQBytes <= (kFp8 ? kFp8StageBytes : kStageBytes), "Q lies inside the last stage");
   // Each copying thread takes two chunks of a row (K and V), so a row's page offsets are read from the
   // ring by D / 32 threads: per global byte, the ring costs FP8 what it costs the 16-bit path (one chunk per
   // thread, twice the bytes per chunk). Which two: chunks 2c, 2c+1 up to 8 chunks a row, c and c + n/2 with
