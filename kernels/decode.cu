@@ -433,6 +433,7 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
     // A wide FP8 CTA's Q (16 KB) is twice the last FP8 stage (traits.cuh, kQAreaRows): the warps of the
     // first half of the rows (and those without rows) take their fragments, then the second half replaces
     // it (plain 16-byte loads: the cp.async group counts stay the pipeline's) and its warps take theirs.
+    // (Two init call sites: one in a loop of two phases made nvcc 34 % slower on this file.)
     const bool first_half = row_base < kQAreaRows || !warp_has_rows;
     if (first_half) init(q_smem + (row_base < kQAreaRows ? row_base : 0) * D * 2);
     if (cta_rows > kQAreaRows) { // uniform across the CTA
@@ -667,8 +668,8 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void paged_decode_
 } // namespace decode
 FA_NAMESPACE_END
 
-// One kernel per (dtype, tile width (fa/head_dim.cuh), softcap/ALiBi, cache dtype): 128 threads, 3 CTAs per
-// SM (2 at D = 512: traits.cuh).
+// One kernel per (dtype, tile width (fa/head_dim.cuh), softcap/ALiBi, cache dtype): 128 threads (256 in a wide
+// launch), at most 168 registers a thread, so 3 narrow CTAs per SM (255 and 2 at D = 512: traits.cuh).
 #define FA_DECODE_KERNEL(name, T, D, kMod, kFp8)                                                             \
   FA_KERNEL_MAX_REGISTERS(name, fa::decode::Traits<D>::kMaxRegisters, FaDecodeParams,                        \
                           (fa::decode::paged_decode_kernel<T, D, kMod, kFp8>))

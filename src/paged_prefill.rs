@@ -461,7 +461,8 @@ impl PagedPrefillWorkspace {
     /// wide CTAs: one per SM), or SMs x decode CTAs per SM (streaming).
     fn slots(&self, problem: &PagedPrefillProblem, kernel: PagedPrefillKernel) -> usize {
         let wide = || {
-            crate::tile::decode_tile_or_widest(problem.head_dim).is_some_and(|t| t.is_wide(problem.rows_per_cta(kernel)))
+            crate::tile::decode_tile_or_widest(problem.head_dim)
+                .is_some_and(|t| t.is_wide(problem.rows_per_cta(kernel)))
         };
         match kernel {
             PagedPrefillKernel::Streaming if self.scheduler.is_none() && wide() => self.sm_count,

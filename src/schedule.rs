@@ -699,7 +699,10 @@ mod tests {
     fn occupancy_per_arch() {
         // Stages 64 KiB (Q overlays the last one), ring 1 KiB, (m, l) of 4 warp slots 512 B, hole words 20 B,
         // facts of 64 rows.
-        assert_eq!(tile_policy(KernelOp::Decode, 128, false, None).unwrap().smem_bytes, 65_536 + 1024 + 512 + 20 + 1032);
+        assert_eq!(
+            tile_policy(KernelOp::Decode, 128, false, None).unwrap().smem_bytes,
+            65_536 + 1024 + 512 + 20 + 1032
+        );
         assert_eq!(decode_ctas_per_sm((9, 0), 128, 16), 3);
         assert_eq!(decode_ctas_per_sm((8, 0), 128, 32), 2);
         assert_eq!(decode_ctas_per_sm((8, 9), 64, 64), 1);

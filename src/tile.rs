@@ -63,7 +63,11 @@ impl TilePolicy {
     }
     /// Decode: threads per CTA of a launch of `rows_per_cta` packed rows per CTA.
     pub fn threads_for(&self, rows_per_cta: usize) -> usize {
-        if self.is_wide(rows_per_cta) { 2 * self.threads } else { self.threads }
+        if self.is_wide(rows_per_cta) {
+            2 * self.threads
+        } else {
+            self.threads
+        }
     }
 }
 

@@ -222,16 +222,18 @@ fn a_workspace_for_the_limits_plans_each_call_fresh() {
 }
 
 /// Fixed split size: a sequence's bits are the same alone and among others (other lengths, other q_lens,
-/// another slot count), with a window too.
+/// another slot count), with a window too; and when a longer query in the batch makes the launch's CTAs
+/// wide (q_len 20 x G 4 = 80 rows: 8 warps, 128 rows per CTA at D 64) while the target's 20 rows alone run
+/// in a narrow one.
 #[test]
 fn fixed_split_size_is_batch_invariant() {
     let emu = Emulator::new();
     let stream = Stream::Emu(&emu);
     let policy = SplitPolicy::FixedSplitTokens(256);
-    for window in [None, Some((700, 0))] {
+    for (window, other_q) in [(None, 8), (Some((700, 0)), 8), (None, 20)] {
         let (target, b2) = ((5, 1500), 2);
         let mut alone = scheduled(case(64, (8, 2), 16, &[target]), policy, 8);
-        let mut batch = scheduled(case(64, (8, 2), 16, &[(3, 700), (8, 2048), target, (1, 33)]), policy, 16);
+        let mut batch = scheduled(case(64, (8, 2), 16, &[(3, 700), (other_q, 2048), target, (1, 33)]), policy, 16);
         alone.variants.window = window;
         batch.variants.window = window;
         let fb = PagedPrefillFixture::<bf16>::new(&batch, common::base_seed());
@@ -250,8 +252,9 @@ fn fixed_split_size_is_batch_invariant() {
         }
         let mut wa = alone.workspace(&stream, None).unwrap();
         let mut wb = batch.workspace(&stream, None).unwrap();
-        let (_, oa, la, sa) = run(&emu, &fa, &mut wa);
-        let (_, ob, lb, sb) = run(&emu, &fb, &mut wb);
+        let (ka, oa, la, sa) = run(&emu, &fa, &mut wa);
+        let (kb, ob, lb, sb) = run(&emu, &fb, &mut wb);
+        assert_eq!((ka.block_threads, kb.block_threads), (128, if other_q == 20 { 256 } else { 128 }));
         assert_eq!(sa.splits[0], sb.splits[b2]);
         assert!(sa.splits[0].0 > 1, "the target is cut: {:?}", sa.splits);
         let bits = |o: &[bf16]| o.iter().map(|x| x.to_bits()).collect::<Vec<_>>();

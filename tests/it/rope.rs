@@ -543,64 +543,66 @@ fn append_then_decode_with_rope_fp8_and_16_bit() {
     let stream = Stream::Emu(&emu);
     // G = 4, and MQA-like G = 64: a wide CTA (8 warps), whose FP8 Q arrives in two halves, each rotated.
     for (i, heads) in [(8, 2), (128, 2)].into_iter().enumerate() {
-    let seed = common::case_seed(28_300 + i);
-    let case = DecodeCase::new(DType::Bf16, 128, heads, 16, &[0, 1, 40, 333], Some(2));
-    let f = PagedFixture::<bf16>::new(&case, seed).unwrap();
-    let (b, hq, d, hkv) = (case.batch(), case.heads_q, case.head_dim, case.heads_kv);
-    let row = hkv * d;
-    let (mut k, mut v, mut slots, mut pos) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for bi in 0..b {
-        for t in 0..case.seq_lens[bi] {
-            let s = f.slot(bi, t);
-            k.extend_from_slice(&f.k_cache[s * row..][..row]);
-            v.extend_from_slice(&f.v_cache[s * row..][..row]);
-            slots.push(s as i64);
-            pos.push(t as i32);
-        }
-    }
-    let cfg = RopeConfig { theta: 500000.0, rotary_dim: 128, style: RopeStyle::Neox, scaling: RopeScaling::llama31() };
-    let max_pos = 4096;
-    let used: Vec<i64> = (0..333).collect();
-    let table = PoisonedTable::new(&cfg, max_pos, &used).unwrap();
-    let (cos, sin) = table.views().unwrap();
-    let n = slots.len();
-    let pos_view = TensorView::host(&pos, [n]).unwrap();
-    let rope_k = Rope { cos: &cos, sin: &sin, rotary_dim: 128, style: RopeStyle::Neox, positions: Some(&pos_view) };
-    let rope_q = Rope { positions: None, ..rope_k };
-    let k_scale = [0.05f32, 0.02];
-    let v_scale = [0.01f32, 0.03];
-    let scales = KvScales::per_head(&stream, &k_scale, &v_scale).unwrap();
-    macro_rules! round_trip {
-        ($ty:ty, $nan:expr, $scales:expr) => {{
-            let (kc, vc) =
-                run_append::<bf16, $ty>(&stream, f.cache_shape(), $nan, $scales, &k, &v, &slots, Some(rope_k)).unwrap();
-            let to = |x: &[f64]| -> Vec<$ty> { x.iter().map(|&x| <$ty as Element2>::from_value(x)).collect() };
-            let (kc, vc) = (to(&kc), to(&vc));
-            let mut cache = PagedKvCache::new(
-                TensorView::host(&kc, f.cache_shape()).unwrap(),
-                TensorView::host(&vc, f.cache_shape()).unwrap(),
-                TensorView::host(&f.block_table, [b, f.width]).unwrap(),
-                TensorView::host(&f.seq_lens, [b]).unwrap(),
-                case.max_seq_len(),
-            )
-            .unwrap();
-            if let Some(s) = $scales {
-                cache = cache.with_scales(s).unwrap();
+        let seed = common::case_seed(28_300 + i);
+        let case = DecodeCase::new(DType::Bf16, 128, heads, 16, &[0, 1, 40, 333], Some(2));
+        let f = PagedFixture::<bf16>::new(&case, seed).unwrap();
+        let (b, hq, d, hkv) = (case.batch(), case.heads_q, case.head_dim, case.heads_kv);
+        let row = hkv * d;
+        let (mut k, mut v, mut slots, mut pos) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for bi in 0..b {
+            for t in 0..case.seq_lens[bi] {
+                let s = f.slot(bi, t);
+                k.extend_from_slice(&f.k_cache[s * row..][..row]);
+                v.extend_from_slice(&f.v_cache[s * row..][..row]);
+                slots.push(s as i64);
+                pos.push(t as i32);
             }
-            let mut ws = DecodeWorkspace::with_capacity(&stream, b, hq, d, 2).unwrap();
-            let opts = DecodeOptions { num_splits: Some(2), rope: Some(rope_q), ..Default::default() };
-            let q = TensorView::host(&f.q, [b, hq, d]).unwrap();
-            let (o, lse, _) = decode_on_host(&stream, &q, &cache, &mut ws, &opts).unwrap();
-            let (ov, lv) = (TensorView::host(&o, [b, hq, d]).unwrap(), TensorView::host(&lse, [b, hq]).unwrap());
-            check_decode(&q, &cache, &ov, Some(&lv), &opts).unwrap()
-        }};
-    }
-    let sixteen = round_trip!(bf16, bf16::NAN, None::<&KvScales>);
-    let e4m3 = round_trip!(Fp8E4m3, Fp8E4m3(0x7f), Some(&scales));
-    let e5m2 = round_trip!(Fp8E5m2, Fp8E5m2(0x7f), Some(&scales));
-    eprintln!("heads {heads:?}: 16-bit {sixteen}\nE4M3 {e4m3}\nE5M2 {e5m2}");
-    let rerun = common::rerun("rope", "append_then_decode_with_rope_fp8_and_16_bit", None);
-    assert!(sixteen.passed() && e4m3.passed() && e5m2.passed(), "heads {heads:?}: {rerun}");
+        }
+        let cfg =
+            RopeConfig { theta: 500000.0, rotary_dim: 128, style: RopeStyle::Neox, scaling: RopeScaling::llama31() };
+        let max_pos = 4096;
+        let used: Vec<i64> = (0..333).collect();
+        let table = PoisonedTable::new(&cfg, max_pos, &used).unwrap();
+        let (cos, sin) = table.views().unwrap();
+        let n = slots.len();
+        let pos_view = TensorView::host(&pos, [n]).unwrap();
+        let rope_k = Rope { cos: &cos, sin: &sin, rotary_dim: 128, style: RopeStyle::Neox, positions: Some(&pos_view) };
+        let rope_q = Rope { positions: None, ..rope_k };
+        let k_scale = [0.05f32, 0.02];
+        let v_scale = [0.01f32, 0.03];
+        let scales = KvScales::per_head(&stream, &k_scale, &v_scale).unwrap();
+        macro_rules! round_trip {
+            ($ty:ty, $nan:expr, $scales:expr) => {{
+                let (kc, vc) =
+                    run_append::<bf16, $ty>(&stream, f.cache_shape(), $nan, $scales, &k, &v, &slots, Some(rope_k))
+                        .unwrap();
+                let to = |x: &[f64]| -> Vec<$ty> { x.iter().map(|&x| <$ty as Element2>::from_value(x)).collect() };
+                let (kc, vc) = (to(&kc), to(&vc));
+                let mut cache = PagedKvCache::new(
+                    TensorView::host(&kc, f.cache_shape()).unwrap(),
+                    TensorView::host(&vc, f.cache_shape()).unwrap(),
+                    TensorView::host(&f.block_table, [b, f.width]).unwrap(),
+                    TensorView::host(&f.seq_lens, [b]).unwrap(),
+                    case.max_seq_len(),
+                )
+                .unwrap();
+                if let Some(s) = $scales {
+                    cache = cache.with_scales(s).unwrap();
+                }
+                let mut ws = DecodeWorkspace::with_capacity(&stream, b, hq, d, 2).unwrap();
+                let opts = DecodeOptions { num_splits: Some(2), rope: Some(rope_q), ..Default::default() };
+                let q = TensorView::host(&f.q, [b, hq, d]).unwrap();
+                let (o, lse, _) = decode_on_host(&stream, &q, &cache, &mut ws, &opts).unwrap();
+                let (ov, lv) = (TensorView::host(&o, [b, hq, d]).unwrap(), TensorView::host(&lse, [b, hq]).unwrap());
+                check_decode(&q, &cache, &ov, Some(&lv), &opts).unwrap()
+            }};
+        }
+        let sixteen = round_trip!(bf16, bf16::NAN, None::<&KvScales>);
+        let e4m3 = round_trip!(Fp8E4m3, Fp8E4m3(0x7f), Some(&scales));
+        let e5m2 = round_trip!(Fp8E5m2, Fp8E5m2(0x7f), Some(&scales));
+        eprintln!("heads {heads:?}: 16-bit {sixteen}\nE4M3 {e4m3}\nE5M2 {e5m2}");
+        let rerun = common::rerun("rope", "append_then_decode_with_rope_fp8_and_16_bit", None);
+        assert!(sixteen.passed() && e4m3.passed() && e5m2.passed(), "heads {heads:?}: {rerun}");
     }
 }
 
