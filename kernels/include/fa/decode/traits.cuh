@@ -107,8 +107,8 @@ template <int D, bool kFp8 = false> struct Traits {
   // once; 64 at D = 128: MQA 64:1). Same registers per thread (the cap above), so one wide CTA per SM; a
   // CTA of a wide launch with no more rows than a narrow one's leaves its extra warps idle and sums in a
   // narrow CTA's order (bitwise the same rows). Not from D = 256 on: the D = 256 kernels run at the
-  // 168-register cap, where the wide CTA's row-group bookkeeping spilled 4-48 bytes (ptxas, sm_80/90, every
-  // 16-bit and FP8 kernel), and D = 512's S exchange is laid out for 4 warps.
+  // 168-register cap, where the wide CTA's row-group bookkeeping spilled 16-60 bytes (ptxas, sm_80/89/90,
+  // 16-bit and FP8 kernels), and D = 512's S exchange is laid out for 4 warps.
   static constexpr int kWideFactor = D <= 128 ? 2 : 1;
   static constexpr int kWideThreads = kThreads * kWideFactor;
   static constexpr int kNarrowRowGroups = kTokenGroups;
