@@ -346,14 +346,15 @@ fn decode_head_dims_below_the_width_read_only_d_columns() {
     assert!(failures.is_empty(), "{} mismatches ({}):\n{}", failures.len(), rerun("decode"), failures.join("\n"));
 }
 
-/// Model (issue 30, item 4): a decode CTA serves up to 4 row groups of 16 query heads from each staged K/V
+/// Model (issue 30, item 4): a decode CTA serves up to 8 row groups of 16 query heads from each staged K/V
 /// byte, as many as the width has warp slots for (the policy's block_m: 128 rows at width 64 and 64 at 128,
 /// in wide CTAs of 8 warps past 64 / 32; 16 at 256 and 512), so a KV head's cache is read ⌈G / rows per CTA⌉
 /// times, rows per CTA being the fewest 16-row groups that hold G, rounded up to a power of two:
 ///     K/V bytes = reads · Σ_b visible_b · Hkv · D · elem,
-/// G ≤ 128 (Falcon-7B's 71:1) at D ≤ 64 and MQA 64:1 at D ≤ 128 once. The reads are literal per case (not the model's own
-/// function), the rest of the model (Q, mma, partials) is held by decode_model_mismatches, and every case
-/// passes the fp64 reference with the variants that read per-row facts (per-head ALiBi, sinks, window).
+/// G ≤ 128 (Falcon-7B's 71:1) at D ≤ 64 and MQA 64:1 at D ≤ 128 once. The reads are literal per case (not
+/// the model's own function), the rest of the model (Q, mma, partials) is held by decode_model_mismatches,
+/// and every case passes the fp64 reference with the variants that read per-row facts (per-head ALiBi,
+/// sinks, window).
 #[test]
 fn decode_reads_a_kv_head_once_for_all_the_rows_a_cta_serves() {
     use fused_attn::testkit::cases::kv::KvFormat;
