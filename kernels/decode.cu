@@ -433,7 +433,6 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void decode_unit(c
     // A wide FP8 CTA's Q (16 KB) is twice the last FP8 stage (traits.cuh, kQAreaRows): the warps of the
     // first half of the rows (and those without rows) take their fragments, then the second half replaces
     // it (plain 16-byte loads: the cp.async group counts stay the pipeline's) and its warps take theirs.
-    // (Two init call sites: one in a loop of two phases made nvcc 34 % slower on this file.)
     const bool first_half = row_base < kQAreaRows || !warp_has_rows;
     if (first_half) init(q_smem + (row_base < kQAreaRows ? row_base : 0) * D * 2);
     if (cta_rows > kQAreaRows) { // uniform across the CTA

@@ -14,6 +14,9 @@ pub struct Row {
     pub backend: String,
     pub dtype: String,
     pub head_dim: usize,
+    /// V's head dim (O's columns): `head_dim` unless the case has one of its own (DeepSeek's 192 / 128); MLA:
+    /// the latent rank. None in rows of runners before it.
+    pub head_dim_v: Option<usize>,
     pub batch: usize,
     pub heads_q: usize,
     pub heads_kv: usize,

@@ -2,11 +2,12 @@
 //! unit test (row.rs) and the runner's integration test (tests/it/runner.rs, which includes this file) hold
 //! the output to.
 
-pub const ROW_FIELDS: [&str; 39] = [
+pub const ROW_FIELDS: [&str; 40] = [
     "op",
     "backend",
     "dtype",
     "head_dim",
+    "head_dim_v",
     "batch",
     "heads_q",
     "heads_kv",

@@ -558,6 +558,7 @@ fn run_emulated_mla_decode_prints_a_passing_row_and_dumps() {
         let r = &json_rows(&o)[0];
         assert_eq!((&r["op"], &r["passed"], &r["heads_kv"]), (&"mla-decode".into(), &true.into(), &1.into()), "{r}");
         assert_eq!((&r["seqlen_q"], &r["seqlen_k"], &r["head_dim"]), (&3.into(), &70.into(), &576.into()), "{r}");
+        assert_eq!(r["head_dim_v"], 512, "the latent rank: {r}");
         let fp8 = extra.contains("fp8");
         assert_eq!(r["kv_dtype"], if fp8 { "fp8_e4m3" } else { "bf16" }, "{r}");
         assert_eq!(r["label"].as_str().unwrap_or_default().contains("vs the 16-bit cache"), fp8, "{r}");
@@ -712,7 +713,7 @@ fn plot_renders_the_recorded_report() {
 
 /// `--head-dim-v` on the paged ops (issue 27, DeepSeek's Dqk 192 / Dv 128): decode (16-bit and FP8 caches,
 /// split), paged prefill (both kernels) and append pass (against the fp64 reference; append bit for bit),
-/// their labels name Dv, their measured/model byte ratios are 1 (K of Dqk, V and O of Dv columns), and
+/// their rows' head_dim_v and labels name Dv, their measured/model byte ratios are 1 (K of Dqk, V and O of Dv columns), and
 /// --dump writes q, k and k_cache of 192 columns, v, v_cache and out of 128. A Dv no kernel takes is a
 /// typed error naming v_cache (exit 1); MLA takes none (exit 2).
 #[test]
@@ -732,7 +733,11 @@ fn paged_ops_take_a_v_head_dim_of_their_own() {
             fused_attn(&format!("run --backend emu {args} {dims} --json --seed 7 --dump {}", dir.join(name).display()));
         assert_eq!(o.status.code(), Some(0), "{name}: {}", stderr(&o));
         let r = &json_rows(&o)[0];
-        assert_eq!((&r["passed"], &r["head_dim"]), (&true.into(), &192.into()), "{name}: {r}");
+        assert_eq!(
+            (&r["passed"], &r["head_dim"], &r["head_dim_v"]),
+            (&true.into(), &192.into(), &128.into()),
+            "{name}: {r}"
+        );
         assert!(r["label"].as_str().unwrap_or_default().contains("Dv=128"), "{name}: {r}");
         let ratios = r["counters"]["model_ratios"].as_object().unwrap_or_else(|| panic!("{name}: {r}"));
         assert!(ratios.contains_key("v_read") && ratios.contains_key("k_read"), "{name}: {ratios:?}");
