@@ -59,6 +59,25 @@ fn skewed_batches_are_balanced_and_right() {
     assert_eq!(merge.written_of("o"), 2 * 8 * 128 * 2, "{merge}");
 }
 
+/// MQA 64:1 at D 128 on a scheduled workspace: wide CTAs (8 warps, the 64 query heads of the KV head in
+/// one CTA), cut and balanced over the slots like any batch, right against the reference, and each visible
+/// token's K and V rows read once for all 64 heads (they would be read twice by two 32-row CTAs).
+#[test]
+fn scheduled_mqa_runs_wide_ctas_reading_the_kv_head_once() {
+    let emu = Emulator::new();
+    let lens = vec![2000, 64, 0, 700, 5];
+    let c = case(64, 1, lens.clone(), None);
+    let mut ws =
+        DecodeWorkspace::scheduled_on(&Stream::Emu(&emu), &limits(&c, 8, 4096), SplitPolicy::Balanced, 8).unwrap();
+    let (k, _, _) = run(&emu, &c, &mut ws);
+    let s = ws.schedule().unwrap();
+    assert_eq!((k.blocks, k.block_threads), (8, 256), "{k}");
+    assert_eq!(k.active_blocks, s.num_ctas() as u64);
+    assert!(s.imbalance() <= 1.25, "{s:?}");
+    let kv_bytes = lens.iter().sum::<usize>() as u64 * 128 * 2;
+    assert_eq!((k.read_of("k_cache"), k.read_of("v_cache")), (kv_bytes, kv_bytes), "{k}");
+}
+
 /// The same workspace, made for the largest batch and the longest context, gives a batch of one long
 /// sequence and a full batch of short ones the CTAs and balance a workspace made for that call gives.
 #[test]
