@@ -343,7 +343,7 @@ impl PagedPrefillWorkspace {
     /// [`paged_prefill`] prepares by itself). Calls on the tiled kernel follow the uniform plan within the
     /// room the workspace has. Needs [`crate::schedule::short_query_partial_capacity`] · Hq · (D + 1) fp32.
     pub fn scheduled(stream: &Stream<'_>, limits: &PagedPrefillProblem, policy: SplitPolicy) -> Result<Self> {
-        let rows = decode_rows_per_cta(limits.head_dim, limits.max_seqlen_q.max(1) * limits.group());
+        let rows = decode_rows_per_cta(limits.head_dim, limits.max_seqlen_q.max(1).saturating_mul(limits.group()));
         let slots = stream_slots(stream, limits.head_dim, rows)?;
         Self::scheduled_on(stream, limits, policy, slots)
     }

@@ -25,7 +25,9 @@ pub const ROWS_PER_CTA: usize = crate::sys::FA_DECODE_ROWS as usize;
 /// D <= 128 (MQA 64:1; issue 30, item 4).
 pub fn decode_rows_per_cta(head_dim: usize, rows: usize) -> usize {
     let most = crate::tile::decode_tile_or_widest(head_dim).map_or(ROWS_PER_CTA, |t| t.block_m.max(ROWS_PER_CTA));
-    (rows.max(1).div_ceil(ROWS_PER_CTA).next_power_of_two() * ROWS_PER_CTA).min(most)
+    // (Groups capped before rounding up: no overflow for any `rows`.)
+    let groups = rows.max(1).div_ceil(ROWS_PER_CTA).min(most / ROWS_PER_CTA);
+    (groups.next_power_of_two() * ROWS_PER_CTA).min(most)
 }
 /// The planner never splits below this many tokens per split: a split's fixed cost (pipeline fill, the
 /// epilogue, 16 x D fp32 of partials written and merged) must stay small against its K/V traffic
@@ -321,6 +323,7 @@ mod tests {
         assert_eq!([1, 16, 17, 33, 48, 64, 65, 200].map(|g| rows(64, g)), [16, 16, 32, 64, 64, 64, 128, 128]);
         assert_eq!([1, 16, 17, 32, 33, 64, 65].map(|g| rows(128, g)), [16, 16, 32, 32, 64, 64, 64]);
         assert_eq!([rows(256, 64), rows(512, 64), rows(40, 64), rows(72, 20)], [16, 16, 64, 32]);
+        assert_eq!([rows(64, usize::MAX), rows(128, usize::MAX), rows(256, usize::MAX)], [128, 64, 16]);
         // MQA 64:1 at width 128: one wide CTA per sequence and split, and the planner counts one per SM.
         let mqa = DecodeProblem { heads_q: 64, heads_kv: 1, head_dim: 128, ..problem(4, 64, 1, 32_768) };
         assert_eq!((mqa.rows_per_cta(), mqa.ctas_per_split()), (64, 4));

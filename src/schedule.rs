@@ -24,7 +24,7 @@
 //!
 //! One scheduler serves both users of the decode kernel: decode (one query row per sequence,
 //! [`schedule_decode`]) and paged prefill's streaming path (short queries, [`schedule_short_queries`]), whose
-//! CTAs serve 16-64 packed (token, query head) rows (`ShortQueryShape::rows_per_cta`) of a sequence and KV head, each row block reading its own
+//! CTAs serve 16-128 packed (token, query head) rows (`ShortQueryShape::rows_per_cta`) of a sequence and KV head, each row block reading its own
 //! key range (its first row's window start to its last row's causal end, [`short_query_key_range`]). Both
 //! describe their sequences as [`SeqWork`] (rows, row blocks and the keys each reads) and share the cutting,
 //! packing and encoding below.
@@ -371,9 +371,9 @@ impl ShortQueryShape {
     pub fn group(&self) -> usize {
         self.heads_q / self.heads_kv.max(1)
     }
-    /// Packed rows per CTA of the launch: [`decode_rows_per_cta`] of `max_seqlen_q · G` (16, 32 or 64).
+    /// Packed rows per CTA of the launch: [`decode_rows_per_cta`] of `max_seqlen_q · G` (16, 32, 64 or 128).
     pub fn rows_per_cta(&self) -> usize {
-        decode_rows_per_cta(self.head_dim, self.max_seqlen_q * self.group())
+        decode_rows_per_cta(self.head_dim, self.max_seqlen_q.saturating_mul(self.group()))
     }
     /// Row blocks per KV head the kernel numbers: `⌈max_seqlen_q · G / rows per CTA⌉`.
     pub fn row_blocks(&self) -> usize {
