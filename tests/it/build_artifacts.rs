@@ -243,6 +243,34 @@ fn ptxas_report_is_spill_free_and_lists_kernels() {
     assert!(kernels >= archs, "ptxas report lists {kernels} kernel builds for {archs} archs:\n{report}");
 }
 
+/// Decode's wide CTAs (256 threads, docs/decode-memory.md): the planner and scheduler count one per SM
+/// (`schedule::decode_ctas_per_sm`), which is what the hardware does only while every kernel that runs them
+/// (widths 64 and 128) uses more than 128 registers a thread (two 256-thread CTAs of 129 or more exceed 64 K
+/// registers); and the register cap holds (168: three narrow CTAs per SM). Read from the ptxas report.
+#[test]
+fn wide_decode_ctas_hold_one_per_sm_by_registers() {
+    use fused_attn::schedule::decode_ctas_per_sm;
+    let report = std::fs::read_to_string(build_info::PTXAS_REPORT).expect("ptxas report missing");
+    let mut seen = 0;
+    for line in report.lines().filter(|l| l.starts_with("ok ") && l.contains("fa_paged_decode_")) {
+        let wide = line.contains("_d64") || line.contains("_d128");
+        let regs: usize = line
+            .split("Used ")
+            .nth(1)
+            .and_then(|r| r.split(' ').next())
+            .and_then(|r| r.parse().ok())
+            .unwrap_or_else(|| panic!("no register count: {line}"));
+        if wide {
+            assert!(regs > 128 && regs <= 168, "{line}: two wide CTAs per SM would fit, or the cap moved");
+            seen += 1;
+        }
+    }
+    assert!(seen >= 16, "{seen} width-64/128 decode kernel builds in the report");
+    for cc in [(8, 0), (8, 6), (8, 9), (9, 0)] {
+        assert_eq!([decode_ctas_per_sm(cc, 64, 128), decode_ctas_per_sm(cc, 128, 64)], [1, 1], "sm_{}{}", cc.0, cc.1);
+    }
+}
+
 /// SASS of every kernel of one fatbin for `arch` ("sm_80"), as (name, body) pairs; disassembled once per
 /// test binary (the SASS tests share fatbins and archs, and cuobjdump is most of their time).
 fn sass_of(tool: &std::path::Path, fatbin: &std::path::Path, arch: &str) -> Arc<Vec<(String, String)>> {
