@@ -457,15 +457,16 @@ impl PagedPrefillWorkspace {
         self.scheduler.as_ref().and_then(|s| s.table.current.as_ref())
     }
 
-    /// CTA slots a plan of `problem` on `kernel` (resolved) fills: SMs (tiled, and the streaming kernel's
-    /// wide CTAs: one per SM), or SMs x decode CTAs per SM (streaming).
+    /// CTA slots a plan of `problem` on `kernel` (resolved) fills: SMs (tiled), or SMs x decode CTAs per SM
+    /// (streaming: the narrow CTAs' slots, at most what the registers leave a wide launch's CTAs).
     fn slots(&self, problem: &PagedPrefillProblem, kernel: PagedPrefillKernel) -> usize {
-        let wide = || {
-            crate::tile::decode_tile_or_widest(problem.head_dim)
-                .is_some_and(|t| t.is_wide(problem.rows_per_cta(kernel)))
-        };
         match kernel {
-            PagedPrefillKernel::Streaming if self.scheduler.is_none() && wide() => self.sm_count,
+            PagedPrefillKernel::Streaming if self.scheduler.is_none() => {
+                let rows = problem.rows_per_cta(kernel);
+                let by_registers = crate::tile::decode_tile_or_widest(problem.head_dim)
+                    .map_or(usize::MAX, |t| self.sm_count * t.ctas_per_sm_by_registers(rows));
+                self.streaming_slots.min(by_registers)
+            }
             PagedPrefillKernel::Streaming => self.streaming_slots,
             _ => self.sm_count,
         }

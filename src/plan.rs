@@ -118,9 +118,10 @@ pub fn wave_efficiency(ctas: usize, slots: usize) -> f64 {
 ///    wave efficiency is within WAVE_EFFICIENCY_SLACK of the best such count.
 pub fn planned_splits(problem: &DecodeProblem, sm_count: usize) -> usize {
     let ctas = problem.ctas_per_split();
-    // Wide CTAs (8 warps, more rows than a narrow CTA serves) hold one per SM.
-    let wide = crate::tile::decode_tile_or_widest(problem.head_dim).is_some_and(|t| t.is_wide(problem.rows_per_cta()));
-    let slots = sm_count.max(1) * if wide { 1 } else { CTAS_PER_SM };
+    // Wide CTAs (8 warps, more rows than a narrow CTA serves) hold one per SM (their register share).
+    let per_sm = crate::tile::decode_tile_or_widest(problem.head_dim)
+        .map_or(CTAS_PER_SM, |t| CTAS_PER_SM.min(t.ctas_per_sm_by_registers(problem.rows_per_cta())));
+    let slots = sm_count.max(1) * per_sm;
     let max_splits = (problem.max_seq_len / MIN_SPLIT_TOKENS).min(MAX_PLANNED_SPLITS);
     if ctas == 0 || ctas >= slots || max_splits < 2 {
         return 1;

@@ -35,7 +35,7 @@ use std::collections::BinaryHeap;
 use crate::error::{Error, Result};
 use crate::plan::{decode_rows_per_cta, DecodeProblem, MIN_SPLIT_TOKENS, SPLIT_GRANULE};
 use crate::sys;
-use crate::tile::decode_tile_or_widest;
+use crate::tile::{decode_tile_or_widest, TilePolicy};
 
 /// A unit's fixed cost in tokens streamed: its pipeline fill (three tiles' latency before the first math),
 /// the Q load and the epilogue. Only the packing's choices depend on it.
@@ -82,17 +82,20 @@ impl SplitPolicy {
 /// and sm_80, 1 on sm_86/89. A wide launch (more rows than the policy's `narrow_rows`: 8 warps at the same
 /// registers a thread) holds 1 CTA per SM: two would need 2 x 256 x 168 registers.
 pub fn decode_ctas_per_sm(compute_capability: (u32, u32), head_dim: usize, rows_per_cta: usize) -> usize {
+    // (No policy at all would be a launcher without decode kernels: one CTA per SM, the safe assumption.)
+    decode_tile_or_widest(head_dim).map_or(1, |tile| ctas_per_sm_of(compute_capability, &tile, rows_per_cta))
+}
+
+/// [`decode_ctas_per_sm`] for a given decode `tile` policy (e.g. an FP8 cache's): shared memory over the
+/// CTA's need, at most [`TilePolicy::ctas_per_sm_by_registers`].
+pub fn ctas_per_sm_of(compute_capability: (u32, u32), tile: &TilePolicy, rows_per_cta: usize) -> usize {
     let smem_per_sm = match compute_capability {
         (9, _) => 228 * 1024,
         (8, 0) | (8, 7) => 164 * 1024,
         (8, _) => 100 * 1024,
         _ => 100 * 1024,
     };
-    // (No policy at all would be a launcher without decode kernels: one CTA per SM, the safe assumption.)
-    decode_tile_or_widest(head_dim).map_or(1, |tile| {
-        let by_registers = tile.min_ctas_per_sm * tile.threads / tile.threads_for(rows_per_cta);
-        (smem_per_sm / (tile.smem_bytes + 1024)).clamp(1, by_registers.max(1))
-    })
+    (smem_per_sm / (tile.smem_bytes + 1024)).clamp(1, tile.ctas_per_sm_by_registers(rows_per_cta))
 }
 
 /// One schedule of the decode kernel (a decode, or a streaming paged prefill's short queries): which units

@@ -69,6 +69,12 @@ impl TilePolicy {
             self.threads
         }
     }
+    /// CTAs of a launch of `rows_per_cta` packed rows per CTA that the register budget lets an SM hold: the
+    /// register cap is built for `min_ctas_per_sm` CTAs of `threads`, so a wide decode CTA (twice the
+    /// threads, the same cap) takes twice a narrow one's share: 1 where 3 narrow ones fit.
+    pub fn ctas_per_sm_by_registers(&self, rows_per_cta: usize) -> usize {
+        (self.min_ctas_per_sm * self.threads / self.threads_for(rows_per_cta)).max(1)
+    }
 }
 
 /// The policy of the kernel `op` runs for `head_dim` (`variant` as [`KernelOp`] says; `fp8`: an FP8 cache,

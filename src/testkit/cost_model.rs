@@ -179,11 +179,17 @@ pub struct DecodeCost {
 pub fn decode_cost(case: &DecodeCase, plan: &DecodePlan) -> DecodeCost {
     let mut c = decode_cost_kv(case, plan, case.kv.bytes() as u64);
     if case.kv.fp8().is_some() {
-        let wide = case.head_dim.max(case.dv());
-        let rows_per_cta = crate::plan::decode_rows_per_cta(wide, case.heads_q / case.heads_kv.max(1));
-        c.scale_bytes_read = c.ctas * decode_tile(wide).threads_for(rows_per_cta) as u64 * 2 * 4;
+        c.scale_bytes_read = c.ctas * decode_threads(case) as u64 * 2 * 4;
     }
     c
+}
+
+/// Threads per CTA of `case`'s decode launch (the kernel of the wider head dim's width; wide CTAs past its
+/// narrow rows).
+fn decode_threads(case: &DecodeCase) -> usize {
+    let wide = case.head_dim.max(case.dv());
+    let rows_per_cta = crate::plan::decode_rows_per_cta(wide, case.heads_q / case.heads_kv.max(1));
+    decode_tile(wide).threads_for(rows_per_cta)
 }
 
 /// The decode model with K/V elements of `kv_elem` bytes.
@@ -219,7 +225,7 @@ fn decode_cost_kv(case: &DecodeCase, plan: &DecodePlan, kv_elem: u64) -> DecodeC
     c.v_bytes_read = visible_rows * dv * kv_elem;
     c.q_bytes_read = splits * rows * d * ELEM;
     c.block_table_bytes_max = table_entries * 4;
-    c.seq_lens_bytes_read = c.ctas * policy.threads_for(rows_per_cta) as u64 * 4;
+    c.seq_lens_bytes_read = c.ctas * decode_threads(case) as u64 * 4;
     c.o_bytes_written = rows * dv * ELEM;
     c.lse_bytes_written = rows * 4;
     if plan.num_splits > 1 {

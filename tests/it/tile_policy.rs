@@ -258,12 +258,7 @@ fn decode_keeps_the_bandwidth_delay_product_in_flight() {
                 assert!(b16 >= BDP_PER_SM && b8 >= BDP_PER_SM, "{what}");
                 assert!(b8 >= b16, "{what}");
                 // decode_ctas_per_sm reads the 16-bit policy: the FP8 kernels' shared memory fits as many.
-                let smem_per_sm = match cc {
-                    (9, 0) => 228 * 1024,
-                    (8, 0) => 164 * 1024,
-                    _ => 100 * 1024,
-                };
-                let fp8_ctas = (smem_per_sm / (policy(Some(Fp8Format::E5m2)).smem_bytes + 1024)).min(3);
+                let fp8_ctas = fused_attn::schedule::ctas_per_sm_of(cc, &policy(Some(Fp8Format::E5m2)), rows);
                 assert!(fp8_ctas >= ctas, "{what}: FP8 shared memory holds {fp8_ctas}");
             }
         }

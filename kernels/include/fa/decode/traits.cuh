@@ -14,10 +14,10 @@
 // 20-50% of the fp32 FMA pipe plus the conversions, while the padded mma (16 rows for G <= 16) costs well
 // under 10% of the tensor pipe; the data path (cp.async -> swizzled smem -> ldmatrix) is the same either way.
 //
-// 4 warps (8 in a wide CTA: below, kWideFactor). The warps are split kTokenGroups x kDSplits: warps of one token group own 16 tokens of every
-// KV tile (one P.V k-step) and keep an independent online-softmax state; warps of one D split accumulate
-// kWarpD output columns. Up to D = 256 every warp holds a 16 x 64 fp32 accumulator (32 registers) and
-// the KV tile holds 16 KB (K + V):
+// 4 warps (8 in a wide CTA: below, kWideFactor). The warps are split kTokenGroups x kDSplits: warps of one
+// token group own 16 tokens of every KV tile (one P.V k-step) and keep an independent online-softmax state;
+// warps of one D split accumulate kWarpD output columns. Up to D = 256 every warp holds a 16 x 64 fp32
+// accumulator (32 registers) and the KV tile holds 16 KB (K + V):
 //     D = 64:  4 token groups x 1 D split, 64-token tiles
 //     D = 128: 2 x 2, 32-token tiles (the two D-split warps recompute the same 16x16 S: cheap on tensor cores)
 //     D = 256: 1 x 4, 16-token tiles
@@ -86,9 +86,12 @@ template <int D, bool kFp8 = false> struct Traits {
   static constexpr int kThreads = 128;
   // Registers: three narrow CTAs (at most 168 registers a thread) fit any SM's register file; at D = 512 two
   // (shared memory holds no more). A register cap (__maxnreg__), not launch bounds, because one kernel runs
-  // narrow and wide CTAs; 168 is what __launch_bounds__(128, 3) gave.
+  // narrow and wide CTAs: the 64 K registers over kMinCtasPerSm narrow CTAs, in ptxas's steps of 8, at most
+  // 255 (168 and 255: what __launch_bounds__(128, 3) and (128, 2) gave).
   static constexpr int kMinCtasPerSm = D == 512 ? 2 : 3;
-  static constexpr int kMaxRegisters = D == 512 ? 255 : 168;
+  static constexpr int kMaxRegisters =
+      65536 / (kThreads * kMinCtasPerSm) / 8 * 8 < 255 ? 65536 / (kThreads * kMinCtasPerSm) / 8 * 8 : 255;
+  static_assert(kMaxRegisters == (D == 512 ? 255 : 168), "the caps ptxas was measured at");
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kRows = FA_DECODE_ROWS; // packed query rows per row group: the mma M dimension
   static constexpr int kWarpTokens = 16; // tokens per warp per tile: one P.V k-step
@@ -111,9 +114,8 @@ template <int D, bool kFp8 = false> struct Traits {
   // 16-bit and FP8 kernels), and D = 512's S exchange is laid out for 4 warps.
   static constexpr int kWideFactor = D <= 128 ? 2 : 1;
   static constexpr int kWideThreads = kThreads * kWideFactor;
-  static constexpr int kNarrowRowGroups = kTokenGroups;
   static constexpr int kMaxRowGroups = kTokenGroups * kWideFactor; // warp slots per D split
-  static constexpr int kNarrowRows = kRows * kNarrowRowGroups;
+  static constexpr int kNarrowRows = kRows * kTokenGroups;
   static constexpr int kCtaRows = kRows * kMaxRowGroups;
   static constexpr int kWarpD = D / kDSplits; // output columns per warp (64 up to D = 256, 128 at 512)
   // Warps that share one S, each summing Q·K over D / kScoreSplits columns (the header: 4 at D = 512).
@@ -151,8 +153,8 @@ template <int D, bool kFp8 = false> struct Traits {
   // second half loaded once the first half's warps hold their fragments; shared memory as narrow: the FP8
   // kernels keep 3 CTAs per SM on sm_90). At D = 512 the S exchange overlays Q during the loop, so Q has its
   // own area in front of the stages. The stage area starts at offset 0 (D <= 256): at D = 256, where the
-  // kernels run at the 168-register cap, a stage base past the small areas below spilled 4-48 bytes (ptxas,
-  // sm_80/90).
+  // kernels run at the 168-register cap, a stage base past the small areas below spilled 8 bytes in the FP8
+  // _mod kernel (ptxas, sm_90).
   static constexpr int kQBytes = kCtaRows * D * 2;
   static constexpr bool kQInStages = kScoreSplits == 1;
   static constexpr int kStageOffset = kQInStages ? 0 : kQBytes;
