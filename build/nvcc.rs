@@ -15,19 +15,11 @@ struct Target {
 }
 
 fn parse_targets(archs: &str) -> Vec<Target> {
-    let mut targets: Vec<Target> = archs
+    // `archs` is build/archs.rs's normalised list: sorted, each "NN" or "NNa".
+    archs
         .split(',')
-        .map(str::trim)
-        .filter(|a| !a.is_empty())
-        .map(|a| {
-            let specific = a.ends_with('a');
-            let cc = a.trim_end_matches('a').parse().unwrap_or_else(|_| panic!("FA_CUDA_ARCHS: bad arch {a:?}"));
-            Target { cc, specific }
-        })
-        .collect();
-    assert!(!targets.is_empty(), "FA_CUDA_ARCHS is empty");
-    targets.sort_by_key(|t| (t.cc, t.specific));
-    targets
+        .map(|a| Target { cc: a.trim_end_matches('a').parse().expect("a normalised arch"), specific: a.ends_with('a') })
+        .collect()
 }
 
 /// Compute capabilities above the lowest target at which a file's device code changes (`__CUDA_ARCH__`
@@ -51,7 +43,10 @@ fn code_changes_at(stem: &str) -> &'static [u32] {
 ///    files); each SASS is compiled (ptxas) from the highest front end at or below its arch;
 ///  - SASS for a target only when no lower target of the same major has SASS from the same PTX: the
 ///    driver runs sm_XY SASS on any X.Z with Z >= Y, so sm_80 SASS serves 8.6 and 8.9 with the same code
-///    (every sm_80 tile config fits the 99 KiB of shared memory of 8.6/8.9: fa/prefill/tile_config.cuh).
+///    (every sm_80 tile config fits the 99 KiB of shared memory of 8.6/8.9: fa/prefill/tile_config.cuh),
+///    sm_100 serves 10.3 and sm_120 serves 12.1. SASS never crosses a major: 9.0, 10.0 and 12.0 each get
+///    a ptxas pass of their own over the same PTX (12.0 is the 99 KiB-per-block Ampere-style mma.sync
+///    machine the sm_80 tile configs are sized for, too);
 ///    What a separate sm_86 / sm_89 pass of the same PTX would add is ptxas's scheduling for that minor
 ///    revision, for a full pass of nvcc time; FlashAttention-2 ships sm_80 and sm_90 SASS alone, too;
 ///  - "90a" (or any arch-specific target) gives plain sm_90 SASS outside kernels/*_sm90.cu: those kernels
@@ -59,8 +54,8 @@ fn code_changes_at(stem: &str) -> &'static [u32] {
 ///    own compute_90a front end);
 ///  - PTX of the highest front end, for GPUs newer than every SASS (JIT-compiled by the driver).
 ///
-/// So the default 80,86,89,90a builds sm_80 + sm_90 SASS from one front end for most files, and
-/// sm_80 (compute_80) + sm_89, sm_90 (compute_89) for the FP8 files. An sm_90a-only file is compiled for
+/// So the fat list 80,86,89,90a,100,120 builds sm_80 + sm_90 + sm_100 + sm_120 SASS from one front end for
+/// most files, and sm_80 (compute_80) + sm_89, sm_90, sm_100, sm_120 (compute_89) for the FP8 files. An sm_90a-only file is compiled for
 /// 90a alone (no PTX: arch-specific code has no forward-compatible form), when the targets include 90a.
 fn gencode_flags(stem: &str, targets: &[Target]) -> Option<(Vec<String>, String, String)> {
     if is_sm90_only(stem) {
@@ -164,6 +159,16 @@ pub fn is_sm90_only(stem: &str) -> bool {
     stem.ends_with("_sm90")
 }
 
+/// An embedded fatbin: its name (the kernels/*.cu stem), where nvcc wrote it, and the SASS archs ("80,90")
+/// and PTX arch ("80"; empty for none) it holds.
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+pub struct Fatbin {
+    pub name: String,
+    pub path: PathBuf,
+    pub sass: String,
+    pub ptx: String,
+}
+
 /// One fatbin per kernels/*.cu (device code only), with the SASS and PTX `gencode_flags` gives it, from the
 /// kernel cache where an entry has the same key (the file's include closure, nvcc's `--version`, the flags),
 /// else compiled and stored; returns the report's header (each fatbin's archs and nvcc wall time) and
@@ -175,7 +180,7 @@ pub fn build_fatbins(
     archs: &str,
     dir: &Path,
     cache: &KernelCache,
-    fatbins: &mut Vec<(String, PathBuf)>,
+    fatbins: &mut Vec<Fatbin>,
 ) -> (String, String) {
     let include = kernels.join("include");
     let home = nvcc.parent().and_then(Path::parent).unwrap().to_path_buf();
@@ -183,10 +188,12 @@ pub fn build_fatbins(
     let targets = parse_targets(archs);
     let jobs = env::var("NUM_JOBS").ok().and_then(|j| j.parse().ok()).unwrap_or(2usize).max(1);
     let mut files: Vec<(String, &PathBuf, Vec<String>, String)> = Vec::new();
+    let mut archs_of = Vec::new();
     for src in sources {
         let stem = src.file_stem().unwrap().to_string_lossy().into_owned();
         if let Some((gencode, sass, ptx)) = gencode_flags(&stem, &targets) {
             let what = if ptx.is_empty() { format!("SASS {sass}") } else { format!("SASS {sass} + PTX {ptx}") };
+            archs_of.push((stem.clone(), sass, ptx));
             files.push((stem, src, gencode, what));
         }
     }
@@ -211,7 +218,8 @@ pub fn build_fatbins(
             key.file(kernels, &f);
         }
         let entry = cache.entry(stem, &key.finish());
-        fatbins.push((stem.clone(), fatbin.clone()));
+        let (_, sass, ptx) = archs_of.iter().find(|(s, ..)| s == stem).unwrap();
+        fatbins.push(Fatbin { name: stem.clone(), path: fatbin.clone(), sass: sass.clone(), ptx: ptx.clone() });
         if entry.fetch(&[("kernel.fatbin", &fatbin)]) {
             let seconds = entry.read("nvcc-seconds");
             println!("fused-attn: {stem}.fatbin from the kernel cache ({})", entry.path("").display());

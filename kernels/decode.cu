@@ -645,7 +645,6 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void paged_decode_
                                               : Unit{bid.z, bid.y, bid.x, p.num_splits, p.split_tokens, 0});
     return;
   }
-  const int64_t head_block_count = p.heads_kv * row_blocks<Traits<D>::kServesWidePrefill>(p);
   const int first = ld_global_nc(p.work_indptr + bid.x);
   const int last = ld_global_nc(p.work_indptr + bid.x + 1);
   for (int i = first; i < last && i < p.num_work; ++i) {
@@ -654,6 +653,9 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void paged_decode_
                  ld_global_nc(&w->num_splits), ld_global_nc(&w->split_tokens), ld_global_nc(&w->partial_base)};
     const bool split_ok = u.num_splits == 1 || (u.split_tokens > 0 && u.split_tokens % kSplitGranule == 0 &&
                                                 u.state >= 0 && u.state + u.split < p.num_partials);
+    // The head-block count is formed here, per unit, not before the loop: a 64-bit value live across every
+    // decode_unit is what ptxas spilled in the D 256 FP8 _mod kernel (sm_100, at the 168-register cap).
+    const int64_t head_block_count = p.heads_kv * row_blocks<Traits<D>::kServesWidePrefill>(p);
     if (u.b < 0 || u.b >= p.batch || u.head_block < 0 || u.head_block >= head_block_count || u.split < 0 ||
         u.split >= u.num_splits || !split_ok)
       continue;

@@ -88,7 +88,7 @@ template <bool kFp8 = false> struct MlaTraits {
   // once its fragments are in registers (before the loop's first barrier).
   static constexpr int kExchangeFloats = kColWarps * 32 * 8;
   static_assert(kRowGroups * kExchangeFloats * 4 <= kQRopeOffset, "the exchange fits in Q's latent tile");
-  static_assert(kSmemBytes <= 99 * 1024, "fits the smallest per-block limit among the targets (sm_86/89)");
+  static_assert(kSmemBytes <= 99 * 1024, "fits the smallest per-block limit among the targets (sm_86/89/120)");
   static_assert(FA_SPLIT_GRANULE % kTileTokens == 0, "a KV tile divides a split");
 };
 

@@ -100,7 +100,7 @@ template <int kHeadDim, bool kFp8> struct Smem {
   static constexpr int kRowSlopeOffset = kRowTokenOffset + Cfg::kBr * 4;          // float [kBr] (ALiBi)
   static constexpr int kBytes = kRowSlopeOffset + Cfg::kBr * 4;
   static_assert(kRingOffset % 16 == 0 && kFp8Offset % 16 == 0, "the ring and FP8 stages are 16-byte aligned");
-  static_assert(kBytes <= 99 * 1024, "must fit the 99 KiB opt-in of sm_86/sm_89");
+  static_assert(kBytes <= 99 * 1024, "must fit the 99 KiB opt-in of sm_86/sm_89/sm_120");
 };
 
 // Where this CTA's rows come from and go to.
@@ -383,7 +383,7 @@ FA_DEVICE void paged_prefill_kernel(const FaPagedPrefillParams &p) {
   const int interior_lo = range.n_interior_begin > n_lo ? range.n_interior_begin : n_lo;
   // Masked tiles on top (the diagonal, ragged keys) and at the window's left edge, unmasked ones between:
   // one loop with each step inlined once (a warp-uniform branch per tile), not a loop per kind with the
-  // masked step twice (as prefill.cu's kEdgeLoop: less code and nvcc time).
+  // masked step twice (as prefill.cu: less code and nvcc time).
   for (; n >= n_lo; --n) {
     if (n >= mask_lo || n < interior_lo)
       buf = step(Masked{}, n, buf);

@@ -365,11 +365,11 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void prefill_kernel(co
     }
   }
   int buf = 0;
-  if constexpr (kVariant && !Cfg::kEdgeLoop) {
+  if constexpr (kVariant) {
     // Masked tiles sit at both ends of the range (the diagonal on top, the window's left edge below) and
     // unmasked ones between: one loop over the range with the masked and the unmasked tile step each
     // inlined once (a warp-uniform branch per tile) rather than a loop per kind with the masked step twice
-    // (tile_config.cuh, kEdgeLoop: a quarter of prefill.cu's nvcc time).
+    // (a quarter of prefill.cu's nvcc time, tile_config.cuh).
     for (int n = range.n_end - 1; n >= range.n_begin; --n, buf = next_buffer<Cfg>(buf)) {
       if (n >= range.n_mask_begin || n < range.n_interior_begin)
         kv_tile_step<true, kVariant>(cta, p.rope, n, range.n_begin, buf, head_dim, head_dim_v, o, softmax);
@@ -377,18 +377,12 @@ template <class T, int kHeadDim, bool kVariant> FA_DEVICE void prefill_kernel(co
         kv_tile_step<false, kVariant>(cta, p.rope, n, range.n_begin, buf, head_dim, head_dim_v, o, softmax);
     }
   } else {
-    // The masked tiles on top, the unmasked ones, and (kEdgeLoop) the window's left edge. Without a left
-    // window bound (every plain kernel) n_begin and n_interior_begin are 0.
+    // The masked tiles on top, then the unmasked ones (no left window bound in a plain kernel).
     int n = range.n_end - 1;
-    const int n_begin = kVariant ? range.n_begin : 0;
     for (; n >= range.n_mask_begin; --n, buf = next_buffer<Cfg>(buf))
-      kv_tile_step<true, kVariant>(cta, p.rope, n, n_begin, buf, head_dim, head_dim_v, o, softmax);
-    for (; n >= (kVariant ? range.n_interior_begin : 0); --n, buf = next_buffer<Cfg>(buf))
-      kv_tile_step<false, kVariant>(cta, p.rope, n, n_begin, buf, head_dim, head_dim_v, o, softmax);
-    if constexpr (kVariant) {
-      for (; n >= n_begin; --n, buf = next_buffer<Cfg>(buf)) // the window's left edge
-        kv_tile_step<true, kVariant>(cta, p.rope, n, n_begin, buf, head_dim, head_dim_v, o, softmax);
-    }
+      kv_tile_step<true, kVariant>(cta, p.rope, n, 0, buf, head_dim, head_dim_v, o, softmax);
+    for (; n >= 0; --n, buf = next_buffer<Cfg>(buf))
+      kv_tile_step<false, kVariant>(cta, p.rope, n, 0, buf, head_dim, head_dim_v, o, softmax);
   }
 
   if constexpr (Cfg::kLean) unpark_row_sums<Cfg>(cta.row_sum_park, softmax);

@@ -73,13 +73,13 @@ impl SplitPolicy {
 
 /// Resident decode CTAs per SM on compute capability `(major, minor)` for a launch of `rows_per_cta` packed
 /// rows per CTA ([`crate::plan::decode_rows_per_cta`]): the shared memory an SM can give blocks (228 KiB on
-/// sm_90, 164 KiB on sm_80/87, 100 KiB on sm_86/89) over the CTA's need (the launcher's
+/// sm_90/sm_100, 164 KiB on sm_80/87, 100 KiB on sm_86/89/120) over the CTA's need (the launcher's
 /// [`tile_policy`](crate::tile::tile_policy): Q, 4 stages of 16 KiB of K/V, the row-offset ring, the warp
 /// slots' (m, l), the hole words) plus the 1 KiB the hardware reserves per block, at most what the register
 /// cap is built for (3: 168 registers a thread, which fits three CTAs in any SM's 64 K registers, so
-/// registers never bind first). So: 3 on sm_90, 2 on sm_80, 1 on sm_86/89 (the uniform planner assumes 2
-/// everywhere). Head dims 264-512 (width 512: Q and 2 stages of 32 KiB, 81 KiB; built for 2): 2 on sm_90
-/// and sm_80, 1 on sm_86/89. A wide launch (more rows than the policy's `narrow_rows`: 8 warps at the same
+/// registers never bind first). So: 3 on sm_90/sm_100, 2 on sm_80, 1 on sm_86/89/120 (the uniform planner assumes 2
+/// everywhere). Head dims 264-512 (width 512: Q and 2 stages of 32 KiB, 81 KiB; built for 2): 2 on sm_90/sm_100
+/// and sm_80, 1 on sm_86/89/120. A wide launch (more rows than the policy's `narrow_rows`: 8 warps at the same
 /// registers a thread) holds 1 CTA per SM: two would need 2 x 256 x 168 registers.
 pub fn decode_ctas_per_sm(compute_capability: (u32, u32), head_dim: usize, rows_per_cta: usize) -> usize {
     // (No policy at all would be a launcher without decode kernels: one CTA per SM, the safe assumption.)
@@ -89,10 +89,12 @@ pub fn decode_ctas_per_sm(compute_capability: (u32, u32), head_dim: usize, rows_
 /// [`decode_ctas_per_sm`] for a given decode `tile` policy (e.g. an FP8 cache's): shared memory over the
 /// CTA's need, at most [`TilePolicy::ctas_per_sm_by_registers`].
 pub fn ctas_per_sm_of(compute_capability: (u32, u32), tile: &TilePolicy, rows_per_cta: usize) -> usize {
+    // The CUDA programming guide's shared memory per SM: 228 KiB on 9.0 and 10.x (H100/H200, B200/B300),
+    // 164 KiB on 8.0 / 8.7, 100 KiB on 8.6 / 8.9 and 12.x (RTX 30/40/50, RTX PRO 6000, DGX Spark); an
+    // unknown arch gets the smallest.
     let smem_per_sm = match compute_capability {
-        (9, _) => 228 * 1024,
+        (9, _) | (10, _) => 228 * 1024,
         (8, 0) | (8, 7) => 164 * 1024,
-        (8, _) => 100 * 1024,
         _ => 100 * 1024,
     };
     (smem_per_sm / (tile.smem_bytes + 1024)).clamp(1, tile.ctas_per_sm_by_registers(rows_per_cta))
@@ -716,6 +718,11 @@ mod tests {
         // D 264-512: 2 stages of 32 KiB + the Q tile (82,836 B), launch bounds for 2 CTAs.
         assert_eq!(tile_policy(KernelOp::Decode, 512, false, None).unwrap().smem_bytes, 82_836);
         assert_eq!([(9, 0), (8, 0), (8, 6), (8, 9)].map(|cc| decode_ctas_per_sm(cc, 264, 16)), [2, 2, 1, 1]);
+        // Blackwell: 10.x has Hopper's 228 KiB an SM, 12.x Ada's 100 KiB (the sm_80 tile configs fit its 99 KiB
+        // a block); an arch the table does not know gets the smallest.
+        let blackwell = [(10, 0), (10, 3), (12, 0), (12, 1), (11, 0)];
+        assert_eq!(blackwell.map(|cc| decode_ctas_per_sm(cc, 128, 16)), [3, 3, 1, 1, 1]);
+        assert_eq!(blackwell.map(|cc| decode_ctas_per_sm(cc, 264, 16)), [2, 2, 1, 1, 1]);
     }
 
     fn shape(hq: usize, hkv: usize, max_q: usize, window: Option<(i32, i32)>, causal: bool) -> ShortQueryShape {

@@ -161,7 +161,10 @@ mod tests {
         assert_eq!(d128.smem_bytes, 96 * 1024 + 4 * 48 + 128 * 16);
         assert!(d128.lean);
         let d128_mod = p(KernelOp::Prefill, 128, true, None);
-        assert_eq!((d128_mod.block_n, d128_mod.stages, d128_mod.smem_bytes, d128_mod.lean), (32, 3, 80 * 1024, false));
+        assert_eq!(
+            (d128_mod.block_n, d128_mod.stages, d128_mod.smem_bytes, d128_mod.lean),
+            (32, 3, 80 * 1024 + 4 * 48 + 128 * 16, true)
+        );
         assert_eq!(p(KernelOp::Prefill, 112, false, None).width, 160);
         assert_eq!(p(KernelOp::Prefill, 200, false, None).smem_bytes, 96 * 1024);
         // decode: fa/decode/traits.cuh, 3 CTAs per SM

@@ -123,9 +123,10 @@ pub fn driver_present() -> bool {
 }
 
 /// A context on GPU `ordinal` with fused-attn's kernels loaded, or a typed error: NoDriver when libcuda is
-/// absent, NoDevice when the driver reports no such GPU, Arch when its compute capability is below sm_80
-/// or the driver is older than the toolkit the kernels were built with, NoKernels when this build has no
-/// GPU kernels. (Contexts made elsewhere work too: kernels load on their first launch, or through
+/// absent, NoDevice when the driver reports no such GPU, Arch when its compute capability is below sm_80,
+/// when this build has neither SASS nor usable PTX for it (the message names the archs built and how to add
+/// it; [`kernel_support`] says what serves a GPU), or when the driver is older than the toolkit the kernels
+/// were built with, NoKernels when this build has no GPU kernels. (Contexts made elsewhere work too: kernels load on their first launch, or through
 /// [`load_kernels`], which is worth calling before capturing a CUDA graph.)
 pub fn cuda_context(ordinal: usize) -> Result<Arc<CudaContext>> {
     if !driver_present() {
@@ -148,6 +149,14 @@ pub fn cuda_context(ordinal: usize) -> Result<Arc<CudaContext>> {
     }
     load_kernels(&ctx)?;
     Ok(ctx)
+}
+
+/// What runs on `ctx`'s GPU: its arch and the SASS (or JIT-compiled PTX) of this build that serves it
+/// ([`crate::build_info::support`]; its `Display` is one line for a log), or the `Arch` error that
+/// [`cuda_context`] would give, naming the archs built and how to add the GPU's.
+pub fn kernel_support(ctx: &CudaContext) -> Result<crate::build_info::KernelSupport> {
+    let (major, minor) = ctx.compute_capability()?;
+    crate::build_info::support(major as u32, minor as u32)
 }
 
 /// Loads the embedded kernels into `ctx` now (otherwise the first launch in a context does it).

@@ -85,9 +85,12 @@ pub(crate) fn ensure_loaded(ctx: CUcontext) -> Result<()> {
         return Ok(());
     }
     let cc = compute_capability()?;
+    // A GPU no fatbin has SASS or usable PTX for: say which archs were built and how to add one, instead of
+    // the driver's CUDA_ERROR_NO_BINARY_FOR_GPU.
+    crate::build_info::support(cc as u32 / 10, cc as u32 % 10)?;
     let mut modules = Vec::with_capacity(FATBINS.len());
     let mut skipped = Vec::new();
-    for &(name, image, sm90_only) in FATBINS {
+    for &(name, image, sm90_only, ..) in FATBINS {
         if sm90_only && cc != 90 {
             skipped.push((name, cc));
             continue;

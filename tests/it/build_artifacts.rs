@@ -61,11 +61,12 @@ fn driver_pick(sass: &[String], cc: u32) -> Option<&String> {
 }
 
 /// The arch contract (build.rs `gencode_flags`): every fatbin has SASS the driver runs on each target GPU
-/// (sm_90a-only fatbins: on 9.0 alone) and, but for the sm_90a-only ones, PTX for newer GPUs. With the default
-/// targets (8.0, 8.6, 8.9, 9.0) it is exactly sm_80 + sm_90 SASS and compute_80 PTX per fatbin, plus sm_89
-/// SASS (and compute_89 PTX) where the FP8 kernels are (their hardware conversion, checked below), and
-/// sm_90a alone for the wgmma kernels: no SASS the driver would never pick (sm_86: sm_80 runs there with
-/// the same code), which is the nvcc time the build budget has no room for.
+/// (sm_90a-only fatbins: on 9.0 alone) and, but for the sm_90a-only ones, PTX for newer GPUs. With the fat
+/// list (8.0, 8.6, 8.9, 9.0, 10.0, 12.0) it is exactly sm_80 + sm_90 + sm_100 + sm_120 SASS and compute_80
+/// PTX per fatbin, plus sm_89 SASS (and compute_89 PTX, with sm_90/100/120 compiled from it) where the FP8
+/// kernels are (their hardware conversion, checked below), and sm_90a alone for the wgmma kernels: no SASS
+/// the driver would never pick (sm_86: sm_80 runs there with the same code; 12.1 runs sm_120), which is
+/// the nvcc time the build budget has no room for.
 #[test]
 fn fatbins_have_sass_for_every_target_and_ptx() {
     assert!(build_info::has_gpu_kernels(), "this test build has no GPU kernels: {}", build_info::PTXAS_REPORT);
@@ -74,7 +75,7 @@ fn fatbins_have_sass_for_every_target_and_ptx() {
     };
     let fatbins = build_info::fatbins();
     assert!(fatbins.len() >= 5, "expected a fatbin per kernels/*.cu, got {fatbins:?}");
-    let default = build_info::CUDA_ARCHS == "80,86,89,90a";
+    let default = build_info::CUDA_ARCHS == "80,86,89,90a,100,120";
     for fatbin in &fatbins {
         let (sass, ptx) = fatbin_archs(&tool, fatbin);
         let name = fatbin.file_stem().unwrap().to_string_lossy();
@@ -89,7 +90,11 @@ fn fatbins_have_sass_for_every_target_and_ptx() {
         assert_eq!(ptx.len(), 1, "{name}: one PTX for GPUs newer than its SASS: {ptx:?}");
         if default {
             let fp8 = kernel_names(&tool, fatbin, "sm_80").iter().any(|k| k.contains("fp8"));
-            let want: &[&str] = if fp8 { &["sm_80", "sm_89", "sm_90"] } else { &["sm_80", "sm_90"] };
+            let want: &[&str] = if fp8 {
+                &["sm_100", "sm_120", "sm_80", "sm_89", "sm_90"]
+            } else {
+                &["sm_100", "sm_120", "sm_80", "sm_90"]
+            };
             assert_eq!(sass, want, "{name}");
             assert_eq!(ptx, [if fp8 { "compute_89" } else { "compute_80" }], "{name}");
         }
@@ -266,7 +271,7 @@ fn wide_decode_ctas_hold_one_per_sm_by_registers() {
         }
     }
     assert!(seen >= 16, "{seen} width-64/128 decode kernel builds in the report");
-    for cc in [(8, 0), (8, 6), (8, 9), (9, 0)] {
+    for cc in [(8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)] {
         assert_eq!([decode_ctas_per_sm(cc, 64, 128), decode_ctas_per_sm(cc, 128, 64)], [1, 1], "sm_{}{}", cc.0, cc.1);
     }
 }
@@ -308,17 +313,16 @@ fn sass_functions(tool: &std::path::Path, cc: u32) -> Vec<(String, String)> {
     funcs
 }
 
-/// The instructions each kernel was written to use are really in its SASS (for the first and the Hopper
-/// arch): tensor-core MMA, ldmatrix and 16-byte cp.async in prefill and decode, 128-bit global accesses in
+/// The instructions each kernel was written to use are really in its SASS, on every target GPU (each
+/// distinct SASS the driver picks for one: sm_80, sm_90, sm_100, sm_120 with the fat list): tensor-core MMA, ldmatrix and 16-byte cp.async in prefill and decode, 128-bit global accesses in
 /// merge and append, and no local memory anywhere.
 #[test]
 fn sass_has_the_instructions_the_kernels_were_written_for() {
     let Some(tool) = cuobjdump() else {
         panic!("cuobjdump not found: scripts/setup installs it into .toolchain/cuda-tools");
     };
-    let ccs = target_ccs();
     let mut checked = 0;
-    for cc in [ccs.first(), ccs.last()].into_iter().flatten().copied() {
+    for cc in target_ccs() {
         let funcs = sass_functions(&tool, cc);
         let want: [(&str, &[&str]); 5] = [
             ("fa_prefill_", &["HMMA.16816.F32", "LDSM.16.M88.4", "LDSM.16.MT88.4", "LDGSTS.E.BYPASS.128"]),

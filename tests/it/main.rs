@@ -7,6 +7,7 @@ mod common;
 
 mod abi_bindings;
 mod append;
+mod archs;
 // The `cuda` build's fatbins (SASS per target, kernel lists, ptxas report).
 #[cfg(feature = "cuda")]
 mod build_artifacts;

@@ -202,7 +202,7 @@ template <int D, bool kFp8 = false> struct Traits {
     const int c = tid % kFp8ThreadsPerRow;
     return kFp8ChunksPerRow <= 8 ? 2 * c + e : c + kFp8ThreadsPerRow * e;
   }
-  static_assert(kSmemBytes <= 99 * 1024, "fits the smallest per-block limit among the targets (sm_86/89)");
+  static_assert(kSmemBytes <= 99 * 1024, "fits the smallest per-block limit among the targets (sm_86/89/120)");
   // Whether this width serves dense/varlen/paged prefill past the tiled kernels' head dims (abi.h,
   // FA_*_TILED_MAX_HEAD_DIM): only those kernels hold the uniform query rows and the contiguous cache views
   // (a compile-time switch: the D = 256 FP8 _mod kernel runs at the 168-register bound, where the views'

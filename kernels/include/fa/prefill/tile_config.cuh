@@ -72,6 +72,10 @@
 // The d128 _mod kernel (softcap, ALiBi, left window bound) keeps 128x32 (ModTileConfig): with the lean loop
 // at 128x64 it still spills 40 bytes (sm_80/86/89) and 68-108 (sm_90a): the softcap's exp2 and IEEE
 // division per score and ALiBi's distances need ~10-25 more registers at the softmax than the plain kernel.
+// It runs the lean loop at 128x32, in one KV loop (2026-12-06): the plain 128x32 three-loop kernel it was
+// sat at 255 registers on sm_80/90 and spilled on Blackwell (sm_100: 8 bytes, sm_120: 24); lean, one loop,
+// ptxas -v gives 249 / 248 / 245 / 243 registers on sm_80 / 90 / 100 / 120, no spills (f16; bf16 alike),
+// and the edge loop's second copy of the masked step is gone from nvcc's time.
 //
 // Why 160 and 192 exist (fa/head_dim.cuh; without them dims 136-192 would run at 256): padding 160 to 256
 // wastes 37% of the MMAs (192: 25%) in a compute-bound kernel, while the two widths add 8 kernels to
@@ -99,13 +103,12 @@ template <> struct LaneSelect<true> {
 // kLean_: the register-lean KV loop (measured above): XorLaneAddress lanes; the K/V bases and the epilogue's
 // offsets parked in shared memory (48 bytes per warp), the K/V loads by RowWalkCopy; the softmax row sums
 // parked in shared memory (16 bytes per thread) between updates.
-// kEdgeLoop_ (_mod kernels): the window's left-edge tiles get a KV loop of their own, so the masked tile step
-// is inlined twice (top and left edge) instead of once in a single loop that branches per tile between the
-// masked and the unmasked step (prefill.cu). The single loop is a quarter less nvcc time for prefill.cu (user
-// CPU 60.5 -> 45.8 s, nvcc 13.0, sm_80 + sm_90 SASS) and 8-24 fewer registers for every _mod kernel but d128's,
-// where ptxas's allocation across the two steps spilled 80 bytes on sm_90 (at 255 with three loops): d128
-// keeps the three loops.
-template <int kHeadDim_, int kMTiles_, int kBc_, int kStages_, bool kLean_ = false, bool kEdgeLoop_ = false>
+// The _mod kernels walk their KV tiles in one loop that branches per tile between the masked and the
+// unmasked step (prefill.cu), not in a loop per kind with the masked step inlined twice (top and the
+// window's left edge): a quarter less nvcc time for prefill.cu (user CPU 60.5 -> 45.8 s, nvcc 13.0, sm_80 +
+// sm_90 SASS) and 8-24 fewer registers. (The d128 _mod kernel kept three loops until it went lean: at
+// 128x32 without the lean loop one loop spilled 80 bytes on sm_90.)
+template <int kHeadDim_, int kMTiles_, int kBc_, int kStages_, bool kLean_ = false>
 struct TileShape {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kWarps = 4;
@@ -115,7 +118,6 @@ struct TileShape {
   static constexpr int kBc = kBc_;                 // keys per KV tile
   static constexpr int kStages = kStages_;         // K/V tile buffers (2 or 3)
   static constexpr bool kLean = kLean_;
-  static constexpr bool kEdgeLoop = kEdgeLoop_;
   static constexpr int kMinCtasPerSm = 1; // launch bounds: one CTA per SM at up to 255 registers
   // Q, the K/V buffers, and (lean) the parked K/V bases and row sums (prefill.cu).
   static constexpr int kSmemBytes = (kBr + 2 * kStages * kBc) * kHeadDim * 2 + (kLean ? 48 * kWarps + 16 * kThreads : 0);
@@ -123,7 +125,7 @@ struct TileShape {
   using Lane = LaneOf<kHeadDim>;
   static_assert(kBc % 16 == 0 && kHeadDim % 16 == 0, "mma k/n steps are 16 wide");
   static_assert(kStages == 2 || kStages == 3, "double or triple buffering");
-  static_assert(kSmemBytes <= 99 * 1024, "must fit the 99 KiB opt-in of sm_86/sm_89");
+  static_assert(kSmemBytes <= 99 * 1024, "must fit the 99 KiB opt-in of sm_86/sm_89/sm_120");
 };
 
 template <> struct TileConfig<32> : TileShape<32, 2, 64, 3> {};
@@ -138,7 +140,7 @@ template <> struct TileConfig<256> : TileShape<256, 1, 32, 2> {};
 // work of the variants (the softcap's exp2 and IEEE division, ALiBi's distance) leaves too few registers for
 // the 64-key tile (measured above), so the _mod kernel keeps the spill-free 128 x 32.
 template <int kHeadDim> struct ModTileConfig : TileConfig<kHeadDim> {};
-template <> struct ModTileConfig<128> : TileShape<128, 2, 32, 3, false, true> {};
+template <> struct ModTileConfig<128> : TileShape<128, 2, 32, 3, true> {};
 
 // The tile of the kernel of width kHeadDim, plain or _mod (kVariant).
 template <int kHeadDim, bool kVariant> struct KernelTileSelect {
