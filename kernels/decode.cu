@@ -646,9 +646,10 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void paged_decode_
     return;
   }
   const int64_t head_block_count = p.heads_kv * row_blocks<Traits<D>::kServesWidePrefill>(p);
+  // The CTA's range is device data too: a negative start is clamped to the first unit.
   const int first = ld_global_nc(p.work_indptr + bid.x);
   const int last = ld_global_nc(p.work_indptr + bid.x + 1);
-  for (int i = first; i < last && i < p.num_work; ++i) {
+  for (int i = first < 0 ? 0 : first; i < last && i < p.num_work; ++i) {
     const FaDecodeWork *w = p.work + i;
     const Unit u{ld_global_nc(&w->b),         ld_global_nc(&w->head_block),   ld_global_nc(&w->split),
                  ld_global_nc(&w->num_splits), ld_global_nc(&w->split_tokens), ld_global_nc(&w->partial_base)};
@@ -823,7 +824,8 @@ extern "C" int fa_decode(FaDecodeParams p, FaExec *exec) {
   if (p.work != nullptr) {
     // Scheduled: merge the sequences the schedule split, each over its own states [num_partials, Hq, D].
     if (status != FA_OK || p.num_merge_rows == 0) return status;
-    return fa::merge_split_kv_rows(p, p.merge_rows, p.num_merge_rows, p.num_partials, p.o_batch_stride,
+    return fa::merge_split_kv_rows(p, p.merge_rows, p.num_merge_rows, p.num_partials,
+                                   p.cu_seqlens_q != nullptr ? p.total_q : p.batch, p.o_batch_stride,
                                    p.lse_batch_stride, p.lse_head_stride, exec);
   }
   if (status != FA_OK || p.num_splits == 1) return status;

@@ -80,8 +80,20 @@ impl<T: DeviceRepr + ValidAsZeroBits + Copy + Default> Buffer<T> {
         }
         Ok(())
     }
-    /// A read-only view of the first `len` elements.
+    /// `OutOfBounds` unless the buffer holds `len` elements: every view is bounded by the stored length, so
+    /// no plan or schedule can make one reach past the memory (a raw workspace's contract covers only that).
+    fn check_len(&self, len: usize) -> Result<()> {
+        if len > self.len() {
+            return Err(Error::out_of_bounds(
+                "workspace",
+                format!("a view of {len} elements of a buffer that holds {}", self.len()),
+            ));
+        }
+        Ok(())
+    }
+    /// A read-only view of the first `len` elements (`OutOfBounds` past the buffer).
     pub(crate) fn input(&self, len: usize) -> Result<TensorView<'_, T, 1>> {
+        self.check_len(len)?;
         match self {
             Buffer::Gpu(s) => TensorView::gpu(s.slice(0..len), [len]),
             // SAFETY: the memory's contract was accepted by DecodeWorkspace::from_device_ptrs.
@@ -99,8 +111,9 @@ impl<T: DeviceRepr + ValidAsZeroBits + Copy + Default> Buffer<T> {
 }
 
 impl Buffer<f32> {
-    /// A writable view of the first `len` partials (fp32 O / LSE).
+    /// A writable view of the first `len` partials (fp32 O / LSE; `OutOfBounds` past the buffer).
     pub(crate) fn view(&mut self, len: usize) -> Result<TensorViewMut<'_, f32, 1>> {
+        self.check_len(len)?;
         match self {
             Buffer::Gpu(s) => TensorViewMut::gpu(s.slice_mut(0..len), [len]),
             // SAFETY: the memory's contract was accepted by DecodeWorkspace::from_device_ptrs.
@@ -285,6 +298,17 @@ pub(crate) fn check_split_fits(
         ));
     }
     Ok(())
+}
+
+/// fp32 partial O / LSE elements `num_splits` splits of `problem`'s rows write: `num_splits × B × Hq × dv`
+/// and `num_splits × B × Hq` (`Overflow` past usize).
+pub(crate) fn split_need(num_splits: usize, problem: &DecodeProblem, dv: usize) -> Result<(usize, usize)> {
+    let lse = num_splits
+        .checked_mul(problem.batch)
+        .and_then(|x| x.checked_mul(problem.heads_q))
+        .ok_or_else(|| Error::overflow("workspace", "partial LSE size overflows"))?;
+    let o = lse.checked_mul(dv).ok_or_else(|| Error::overflow("workspace", "partial O size overflows"))?;
+    Ok((o, lse))
 }
 
 /// Compute capability the emulator models (an H100/H200, with [`EMULATOR_SM_COUNT`] SMs).
@@ -584,18 +608,19 @@ pub fn decode<T: Element, C: KvCacheOf<T>>(
         return decode_scheduled(stream, q, cache, o, lse, workspace, opts, &problem);
     }
     let plan = workspace.plan(&problem, opts)?;
-    workspace.check_fits(&plan)?;
     let g = cache.geometry();
+    // What this call writes, recomputed from the call (not the plan's own claim): the call's own batch
+    // (<= the plan's), [num_splits, B, Hq, (Dv)] partials.
+    let split = plan.num_splits > 1;
+    let (o_need, lse_need) = if split { split_need(plan.num_splits, &problem, g.head_dim_v)? } else { (0, 0) };
+    check_split_fits(workspace.partials(), plan.num_splits, o_need, lse_need)?;
     let scale = crate::launch::softmax_scale(opts.scale, g.head_dim)?; // 1/√Dqk by default
 
     if problem.batch == 0 {
         return Ok(plan);
     }
-    let split = plan.num_splits > 1;
-    // The call's own batch (<= the plan's): [num_splits, B, Hq, (Dv)] partials.
-    let rows = plan.num_splits * problem.batch * problem.heads_q;
-    let mut partial_o = workspace.partial_o.view(if split { rows * g.head_dim_v } else { 0 })?;
-    let mut partial_lse = workspace.partial_lse.view(if split { rows } else { 0 })?;
+    let mut partial_o = workspace.partial_o.view(o_need)?;
+    let mut partial_lse = workspace.partial_lse.view(lse_need)?;
 
     let mut launch = Launch::new(*stream);
     let partials = split.then_some((&mut partial_o, &mut partial_lse));
@@ -723,7 +748,6 @@ fn decode_scheduled<T: Element, C: KvCacheOf<T>>(
         workspace.prepare(stream, &lens, opts)?;
     }
     let g = cache.geometry();
-    let scale = crate::launch::softmax_scale(opts.scale, g.head_dim)?; // 1/√Dqk by default
     let sched = &workspace.scheduler.as_ref().ok_or_else(|| Error::usage(NOT_SCHEDULED))?.table;
     let schedule = sched.current.as_ref().ok_or_else(|| {
         Error::usage(
@@ -756,6 +780,28 @@ fn decode_scheduled<T: Element, C: KvCacheOf<T>>(
     if problem.batch == 0 {
         return Ok(plan);
     }
+    launch_scheduled(stream, q, cache, o, lse, workspace, opts, problem)?;
+    Ok(plan)
+}
+
+/// The launch of a scheduled decode at the workspace's fixed geometry, over whatever its device table holds
+/// now (checked against the call by the caller, or not at all: what a CUDA graph captured from a call
+/// replays after a later `prepare`, which the kernels bound, docs/semantics.md "Safety").
+#[allow(clippy::too_many_arguments)]
+fn launch_scheduled<T: Element, C: KvCacheOf<T>>(
+    stream: &Stream<'_>,
+    q: &TensorView<'_, T, 3>,
+    cache: &PagedKvCache<'_, C>,
+    o: &mut TensorViewMut<'_, T, 3>,
+    lse: Option<&mut TensorViewMut<'_, f32, 2>>,
+    workspace: &mut DecodeWorkspace,
+    opts: &DecodeOptions,
+    problem: &DecodeProblem,
+) -> Result<()> {
+    const NOT_SCHEDULED: &str = "decode: this workspace has no scheduler (DecodeWorkspace::scheduled)";
+    let g = cache.geometry();
+    let scale = crate::launch::softmax_scale(opts.scale, g.head_dim)?; // 1/√Dqk by default
+    let sched = &workspace.scheduler.as_ref().ok_or_else(|| Error::usage(NOT_SCHEDULED))?.table;
     let partial_cap = sched.partial_cap;
     let table = sched.view()?;
     let mut partial_o = workspace.partial_o.view(partial_cap * problem.heads_q * g.head_dim_v)?;
@@ -766,6 +812,51 @@ fn decode_scheduled<T: Element, C: KvCacheOf<T>>(
     let base = common_params(&mut launch, q, cache, o, lse, partials, problem, opts, scale)?;
     let table_ptr = launch.input(c"schedule", &table, 4)? as *const i32;
     let params = sched.params(base, table_ptr)?;
-    launch.run("paged_decode", params, sys::fa_decode)?;
-    Ok(plan)
+    launch.run("paged_decode", params, sys::fa_decode)
+}
+
+/// What a CUDA graph captured from a scheduled [`decode`] of these arguments does when replayed: the launch
+/// over the workspace's current table (prepared for any batch within its limits) with no check of the
+/// table against the call. For tests of the kernels' bounds on the emulator (tests/it/safety.rs).
+#[cfg(feature = "testkit")]
+#[doc(hidden)]
+pub fn replay_scheduled<T: Element, C: KvCacheOf<T>>(
+    stream: &Stream<'_>,
+    q: &TensorView<'_, T, 3>,
+    cache: &PagedKvCache<'_, C>,
+    o: &mut TensorViewMut<'_, T, 3>,
+    lse: Option<&mut TensorViewMut<'_, f32, 2>>,
+    workspace: &mut DecodeWorkspace,
+    opts: &DecodeOptions,
+) -> Result<()> {
+    let problem = check_decode_args(q, cache, o, lse.as_deref())?.windowed(opts.score_mod.window_left());
+    if workspace.scheduler.is_none() {
+        return Err(Error::usage("replay_scheduled: the workspace is not scheduled"));
+    }
+    launch_scheduled(stream, q, cache, o, lse, workspace, opts, &problem)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 46 (S2): a workspace buffer's views are bounded by its stored length, on every backend: a view
+    /// past it is `OutOfBounds` naming the workspace, never a slice panic (host), a cudarc panic or a raw
+    /// view past the caller's memory. (Before the bound, the host buffer's `v[..len]` panicked.)
+    #[test]
+    fn workspace_views_are_bounded_by_their_stored_length() {
+        let emu = crate::Emulator::new();
+        let mut buf: Buffer = Buffer::new(&Stream::Emu(&emu), 8, ON_RAW_STREAM).unwrap();
+        assert_eq!(buf.view(8).unwrap().shape(), [8]);
+        assert_eq!(buf.input(8).unwrap().shape(), [8]);
+        for r in [buf.view(9).err(), buf.input(9).err()] {
+            let e = r.expect("a view past the buffer is an error");
+            assert_eq!(e.kind(), &ErrorKind::OutOfBounds);
+            assert!(e.message().starts_with("workspace:"), "{}", e.message());
+        }
+        // A raw buffer: the view is the caller's memory only up to the length it declared.
+        let mut raw: Buffer = Buffer::Device { ptr: 1 << 20, len: 8 };
+        assert_eq!(raw.view(9).err().map(|e| e.kind().clone()), Some(ErrorKind::OutOfBounds));
+        assert_eq!(raw.input(9).err().map(|e| e.kind().clone()), Some(ErrorKind::OutOfBounds));
+    }
 }

@@ -13,10 +13,34 @@ use crate::sys;
 use crate::tensor::{TensorView, TensorViewMut};
 
 /// Element types of merge states and outputs: fp32 (as split-KV writes them), fp16, bf16.
-pub trait MergeElement: Copy + Send + Sync + 'static {
+///
+/// Sealed (its `ABI` picks the kernel's bytes per element, see [`crate::Element`]); each impl asserts at
+/// compile time that its size is that of its `ABI`. A downstream impl does not compile:
+/// ```compile_fail,E0277
+/// #[derive(Clone, Copy)]
+/// struct B8(u8);
+/// impl fused_attn::merge::MergeElement for B8 {
+///     const ABI: i32 = fused_attn::sys::FA_DTYPE_F32 as i32; // 4 bytes per element in the kernel
+/// }
+/// ```
+pub trait MergeElement: crate::dtype::sealed::Sealed + Copy + Send + Sync + 'static {
     /// FA_DTYPE_* of abi.h.
     const ABI: i32;
 }
+
+/// Bytes per element of an `FA_DTYPE_*` tag (0 for an unknown tag, which no impl has).
+const fn abi_bytes(abi: i32) -> usize {
+    if abi == sys::FA_DTYPE_F32 as i32 {
+        4
+    } else if abi == sys::FA_DTYPE_F16 as i32 || abi == sys::FA_DTYPE_BF16 as i32 {
+        2
+    } else {
+        0
+    }
+}
+crate::dtype::impl_sealed!(f32 => abi_bytes(<f32 as MergeElement>::ABI));
+const _: () = assert!(abi_bytes(<f16 as MergeElement>::ABI) == std::mem::size_of::<f16>());
+const _: () = assert!(abi_bytes(<bf16 as MergeElement>::ABI) == std::mem::size_of::<bf16>());
 impl MergeElement for f32 {
     const ABI: i32 = sys::FA_DTYPE_F32 as i32;
 }
@@ -118,6 +142,7 @@ pub fn merge_states_with_sinks<S: MergeElement, O: MergeElement>(
         out_dtype: O::ABI,
         sinks: sinks_ptr,
         row_list: std::ptr::null(),
+        out_rows: to_i32("o (rows)", n)?,
     };
     launch.run("merge_states", params, sys::fa_merge)
 }

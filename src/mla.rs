@@ -260,15 +260,25 @@ impl MlaDecodeOptions<'_> {
 /// The split-KV plan of one MLA decode (a pure function of the shape and the SM count).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MlaPlan {
-    pub num_splits: usize,
-    /// Keys per split (a multiple of 64; the last split runs to the end).
-    pub split_tokens: usize,
-    /// (splits, row blocks per sequence, B).
-    pub grid: [usize; 3],
-    /// fp32 partials the workspace must hold (0 with one split).
-    pub partial_o_len: usize,
-    pub partial_lse_len: usize,
+    pub(crate) num_splits: usize,
+    pub(crate) split_tokens: usize,
+    pub(crate) grid: [usize; 3],
+    pub(crate) partial_o_len: usize,
+    pub(crate) partial_lse_len: usize,
 }
+
+crate::plan::plan_getters!(MlaPlan {
+    /// KV splits per sequence.
+    num_splits: usize,
+    /// Keys per split (a multiple of 64; the last split runs to the end).
+    split_tokens: usize,
+    /// (splits, row blocks per sequence, B).
+    grid: [usize; 3],
+    /// fp32 partial O the workspace must hold (0 with one split).
+    partial_o_len: usize,
+    /// fp32 partial LSE the workspace must hold (0 with one split).
+    partial_lse_len: usize,
+});
 
 /// Most splits the planner makes (a forced count may be larger).
 pub const MLA_MAX_PLANNED_SPLITS: usize = 64;

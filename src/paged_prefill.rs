@@ -193,18 +193,28 @@ impl PagedPrefillProblem {
 /// How one launch splits the keys, its kernel, grid and the workspace it needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PagedPrefillPlan {
-    /// The kernel it runs: [`PagedPrefillKernel::Tiled`] or [`PagedPrefillKernel::Streaming`].
-    pub kernel: PagedPrefillKernel,
-    pub num_splits: usize,
-    /// Keys per split, a multiple of [`SPLIT_GRANULE`] (meaningful when `num_splits > 1`).
-    pub split_tokens: usize,
-    /// Tiled: (row blocks · num_splits, Hkv, B); streaming: (num_splits, Hkv · row blocks, B).
-    pub grid: [usize; 3],
-    /// fp32 elements of partial O `[num_splits, total_q, Hq, D]` and partial LSE `[num_splits, total_q, Hq]`
-    /// (0 without splitting).
-    pub partial_o_len: usize,
-    pub partial_lse_len: usize,
+    pub(crate) kernel: PagedPrefillKernel,
+    pub(crate) num_splits: usize,
+    pub(crate) split_tokens: usize,
+    pub(crate) grid: [usize; 3],
+    pub(crate) partial_o_len: usize,
+    pub(crate) partial_lse_len: usize,
 }
+
+crate::plan::plan_getters!(PagedPrefillPlan {
+    /// The kernel it runs: [`PagedPrefillKernel::Tiled`] or [`PagedPrefillKernel::Streaming`].
+    kernel: PagedPrefillKernel,
+    /// KV splits per row block.
+    num_splits: usize,
+    /// Keys per split, a multiple of [`SPLIT_GRANULE`] (meaningful when `num_splits > 1`).
+    split_tokens: usize,
+    /// Tiled: (row blocks · num_splits, Hkv, B); streaming: (num_splits, Hkv · row blocks, B).
+    grid: [usize; 3],
+    /// fp32 elements of partial O `[num_splits, total_q, Hq, D]` (0 without splitting).
+    partial_o_len: usize,
+    /// fp32 elements of partial LSE `[num_splits, total_q, Hq]` (0 without splitting).
+    partial_lse_len: usize,
+});
 
 impl PagedPrefillPlan {
     /// The plan for `problem` on a GPU of `sm_count` SMs. `forced`: that many splits (capped so that no

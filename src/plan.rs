@@ -88,20 +88,55 @@ impl DecodeProblem {
 /// call within them ([`DecodePlan::check_covers`]). A sequence's split geometry depends only on its own
 /// length and `split_tokens`, so with one plan a sequence's result is bitwise the same whatever else is in
 /// the batch, and a captured CUDA graph stays correct when seq_lens change within `problem.max_seq_len`.
+///
+/// A plan is a value the crate made ([`DecodePlan::new`], or returned by a call): its fields are read through
+/// getters and cannot be set, so a plan pinned in a workspace is one the planner checked (docs/semantics.md,
+/// "Safety"). A forged plan does not compile:
+/// ```compile_fail,E0451
+/// # use fused_attn::{DecodePlan, DecodeProblem};
+/// let limits = DecodeProblem { batch: 1, heads_q: 8, heads_kv: 1, head_dim: 128, max_seq_len: 64 };
+/// let plan = DecodePlan::new(&limits, 132, None).unwrap();
+/// let forged = DecodePlan { num_splits: 8, split_tokens: 512, ..plan };
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DecodePlan {
-    /// The limits the plan was made for: largest batch, head counts, head dim, largest sequence length.
-    pub problem: DecodeProblem,
-    pub num_splits: usize,
-    /// Tokens per split (a multiple of [`SPLIT_GRANULE`]); meaningful only when `num_splits > 1`.
-    pub split_tokens: usize,
-    /// Grid of the decode kernel: (num_splits, Hkv * ceil(G / rows per CTA), B).
-    pub grid: [usize; 3],
-    /// fp32 elements of the split workspace: partial O [num_splits, B, Hq, D] and partial LSE [num_splits, B, Hq]
-    /// (both 0 without splitting).
-    pub partial_o_len: usize,
-    pub partial_lse_len: usize,
+    pub(crate) problem: DecodeProblem,
+    pub(crate) num_splits: usize,
+    pub(crate) split_tokens: usize,
+    pub(crate) grid: [usize; 3],
+    pub(crate) partial_o_len: usize,
+    pub(crate) partial_lse_len: usize,
 }
+
+/// Read-only getters of a plan's fields (plans are values the crate made: no field is public).
+macro_rules! plan_getters {
+    ($ty:ty { $($(#[$doc:meta])* $field:ident: $t:ty),* $(,)? }) => {
+        impl $ty {
+            $(
+                $(#[$doc])*
+                pub fn $field(&self) -> $t {
+                    self.$field
+                }
+            )*
+        }
+    };
+}
+pub(crate) use plan_getters;
+
+plan_getters!(DecodePlan {
+    /// The limits the plan was made for: largest batch, head counts, head dim, largest sequence length.
+    problem: DecodeProblem,
+    /// KV splits per sequence.
+    num_splits: usize,
+    /// Tokens per split (a multiple of [`SPLIT_GRANULE`]); meaningful only when `num_splits > 1`.
+    split_tokens: usize,
+    /// Grid of the decode kernel: (num_splits, Hkv * ceil(G / rows per CTA), B).
+    grid: [usize; 3],
+    /// fp32 elements of the split workspace's partial O [num_splits, B, Hq, D] (0 without splitting).
+    partial_o_len: usize,
+    /// fp32 elements of the split workspace's partial LSE [num_splits, B, Hq] (0 without splitting).
+    partial_lse_len: usize,
+});
 
 /// Fraction of the SM slots a grid of `ctas` keeps busy over its waves: ctas / (waves * slots).
 pub fn wave_efficiency(ctas: usize, slots: usize) -> f64 {

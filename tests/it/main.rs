@@ -39,6 +39,7 @@ mod rope;
 mod rope_prefill;
 mod rope_prefill_k;
 mod rope_prefill_sm90;
+mod safety;
 mod schedule;
 mod tile_policy;
 mod variants;
