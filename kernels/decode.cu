@@ -646,10 +646,12 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void paged_decode_
     return;
   }
   const int64_t head_block_count = p.heads_kv * row_blocks<Traits<D>::kServesWidePrefill>(p);
-  // The CTA's range is device data too: a negative start is clamped to the first unit.
-  const int first = ld_global_nc(p.work_indptr + bid.x);
-  const int last = ld_global_nc(p.work_indptr + bid.x + 1);
-  for (int i = first < 0 ? 0 : first; i < last && i < p.num_work; ++i) {
+  // The CTA's range is device data too: compared unsigned, a negative start is past every unit (the CTA
+  // runs none) and the units read stay in [0, num_work). (A clamp to 0 instead costs a register: a spill at
+  // D = 256 with FP8 and variants under the 168-register cap.)
+  const unsigned first = (unsigned)ld_global_nc(p.work_indptr + bid.x);
+  const unsigned last = (unsigned)ld_global_nc(p.work_indptr + bid.x + 1);
+  for (unsigned i = first; i < last && i < (unsigned)p.num_work; ++i) {
     const FaDecodeWork *w = p.work + i;
     const Unit u{ld_global_nc(&w->b),         ld_global_nc(&w->head_block),   ld_global_nc(&w->split),
                  ld_global_nc(&w->num_splits), ld_global_nc(&w->split_tokens), ld_global_nc(&w->partial_base)};

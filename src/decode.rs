@@ -190,11 +190,12 @@ impl ScheduleTable {
     fn work_offset(&self) -> usize {
         self.slots + 1
     }
+    // (Saturating: a table past i32::MAX words is refused by `new`, whatever the capacities.)
     fn merge_offset(&self) -> usize {
-        self.work_offset() + self.work_cap * WORK_WORDS
+        self.work_offset().saturating_add(self.work_cap.saturating_mul(WORK_WORDS))
     }
     fn table_len(&self) -> usize {
-        self.merge_offset() + self.merge_cap * MERGE_WORDS
+        self.merge_offset().saturating_add(self.merge_cap.saturating_mul(MERGE_WORDS))
     }
     /// The table of `schedule`, padded to the fixed geometry: CTAs past its last have empty ranges, merge
     /// entries past its last are padding (out_row −1).

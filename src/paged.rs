@@ -355,7 +355,7 @@ pub fn validate_slot_mapping(
     geometry: &PageGeometry,
 ) -> Result<()> {
     let slots = read_back(stream, "slot_mapping", slot_mapping)?;
-    let capacity = geometry.num_pages * geometry.page_size;
+    let capacity = geometry.num_pages.saturating_mul(geometry.page_size); // a user-built geometry may be absurd
     let mut first_use = std::collections::HashMap::new();
     for (i, &s) in slots.iter().enumerate() {
         if s < 0 {
@@ -413,6 +413,9 @@ impl<'a, T> PagedKvCacheMut<'a, T> {
         let geometry = check_pages(k_cache.shape(), v_cache.shape())?;
         k_cache.check_rows("k_cache", 16)?;
         v_cache.check_rows("v_cache", 16)?;
+        // Append writes every slot's rows: two slots (or heads) at one address would race.
+        k_cache.check_disjoint("k_cache")?;
+        v_cache.check_disjoint("v_cache")?;
         if k_cache.is_gpu() != v_cache.is_gpu() {
             return Err(Error::backend("v_cache", "k_cache and v_cache must share a backend"));
         }

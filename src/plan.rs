@@ -75,12 +75,13 @@ impl DecodeProblem {
         decode_rows_per_cta(self.head_dim, self.group())
     }
     /// CTA row blocks per sequence: KV heads x blocks of [`Self::rows_per_cta`] query heads.
+    /// (Saturating, as every count of a problem: absurd sizes are the plan's `Overflow`, never a panic.)
     pub fn head_blocks(&self) -> usize {
-        self.heads_kv * self.group().div_ceil(self.rows_per_cta())
+        self.heads_kv.saturating_mul(self.group().div_ceil(self.rows_per_cta()))
     }
     /// CTAs per split: sequences x [`Self::head_blocks`].
     pub fn ctas_per_split(&self) -> usize {
-        self.batch * self.head_blocks()
+        self.batch.saturating_mul(self.head_blocks())
     }
 }
 
@@ -143,7 +144,7 @@ pub fn wave_efficiency(ctas: usize, slots: usize) -> f64 {
     if ctas == 0 || slots == 0 {
         return 0.0;
     }
-    ctas as f64 / (ctas.div_ceil(slots) * slots) as f64
+    ctas as f64 / ctas.div_ceil(slots).saturating_mul(slots) as f64
 }
 
 /// The planner's split count for a problem on `sm_count` SMs (no forcing):
@@ -156,12 +157,12 @@ pub fn planned_splits(problem: &DecodeProblem, sm_count: usize) -> usize {
     // Wide CTAs (8 warps, more rows than a narrow CTA serves) hold one per SM (their register share).
     let per_sm = crate::tile::decode_tile_or_widest(problem.head_dim)
         .map_or(CTAS_PER_SM, |t| CTAS_PER_SM.min(t.ctas_per_sm_by_registers(problem.rows_per_cta())));
-    let slots = sm_count.max(1) * per_sm;
+    let slots = sm_count.max(1).saturating_mul(per_sm);
     let max_splits = (problem.max_seq_len / MIN_SPLIT_TOKENS).min(MAX_PLANNED_SPLITS);
     if ctas == 0 || ctas >= slots || max_splits < 2 {
         return 1;
     }
-    let eff = |s: usize| wave_efficiency(ctas * s, slots);
+    let eff = |s: usize| wave_efficiency(ctas.saturating_mul(s), slots);
     let best = (1..=max_splits).map(eff).fold(0.0, f64::max);
     (1..=max_splits).find(|&s| eff(s) >= WAVE_EFFICIENCY_SLACK * best).unwrap_or(1)
 }
@@ -179,7 +180,12 @@ impl DecodePlan {
         let (num_splits, split_tokens) = if requested == 1 {
             (1, 0)
         } else {
-            let per_split = problem.max_seq_len.div_ceil(requested).next_multiple_of(SPLIT_GRANULE).max(SPLIT_GRANULE);
+            let per_split = problem
+                .max_seq_len
+                .div_ceil(requested)
+                .checked_next_multiple_of(SPLIT_GRANULE)
+                .ok_or_else(|| Error::overflow("max_seq_len", format!("{} tokens", problem.max_seq_len)))?
+                .max(SPLIT_GRANULE);
             let n = if forced_splits.is_some() { requested } else { problem.max_seq_len.div_ceil(per_split).max(1) };
             (n, if n == 1 { 0 } else { per_split })
         };
@@ -192,7 +198,10 @@ impl DecodePlan {
                 return Err(Error::overflow(what, format!("{v} exceeds the grid limit {MAX_GRID_YZ}")));
             }
         }
-        let rows = problem.batch * problem.heads_q;
+        let rows = problem
+            .batch
+            .checked_mul(problem.heads_q)
+            .ok_or_else(|| Error::overflow("workspace", "batch x heads_q overflows"))?;
         let (partial_o_len, partial_lse_len) = if num_splits > 1 {
             let lse = num_splits
                 .checked_mul(rows)

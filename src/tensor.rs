@@ -107,14 +107,16 @@ pub fn contiguous_strides<const N: usize>(shape: [usize; N]) -> Result<[i64; N]>
 
 /// Number of elements the view spans (largest addressed offset + 1), 0 for an empty shape.
 fn extent<const N: usize>(shape: [usize; N], strides: [i64; N]) -> Result<usize> {
+    // Strides are checked first, empty views included: a kernel given an empty view still validates its
+    // strides, and its rejection would not name the argument.
+    if let Some(d) = (0..N).find(|&d| strides[d] < 0) {
+        return Err(Error::layout("view", format!("negative stride {} in dimension {d}", strides[d])));
+    }
     if shape.contains(&0) {
         return Ok(0);
     }
     let mut last: i64 = 0;
     for d in 0..N {
-        if strides[d] < 0 {
-            return Err(Error::layout("view", format!("negative stride {} in dimension {d}", strides[d])));
-        }
         let dim = i64::try_from(shape[d] - 1).map_err(|_| Error::overflow("view", format!("shape {shape:?}")))?;
         last = dim
             .checked_mul(strides[d])

@@ -121,16 +121,25 @@ impl<'a> Launch<'a> {
     pub fn run<P>(self, kernel: &str, params: P, launcher: Launcher<P>) -> Result<()> {
         match self.stream {
             Stream::Gpu(s) => {
-                s.context().bind_to_thread()?;
+                let ctx = s.context();
+                ctx.bind_to_thread()?;
                 let exec = record(kernel, params, launcher)?;
+                // cudarc's stream-ordering guards record events on drop; a failure there is recorded in the
+                // context (one sticky slot, read and cleared by check_err), not returned. To report only
+                // this launch's error, an error recorded earlier by other code is taken out first and put
+                // back afterwards, for whoever owns it.
+                let earlier = ctx.check_err().err();
                 // SAFETY: params hold pointers into views borrowed for this launch (checked for backend,
                 // context, extent and alignment), ordered on `s` by the guards dropped below.
-                unsafe { crate::kernels::enqueue(s.context().cu_ctx(), s.cu_stream(), launches(&exec)) }
-                    .map_err(|e| e.context(kernel))?;
-                // cudarc's stream-ordering guards record events on drop; a failure there is recorded in the
-                // context, not returned, so collect it here rather than let it vanish.
+                let enqueued = unsafe { crate::kernels::enqueue(ctx.cu_ctx(), s.cu_stream(), launches(&exec)) }
+                    .map_err(|e| e.context(kernel));
                 drop(self.guards);
-                s.context().check_err()?;
+                let ours = ctx.check_err();
+                if let Some(e) = earlier {
+                    ctx.record_err::<()>(Err(e));
+                }
+                enqueued?;
+                ours?;
                 Ok(())
             }
             Stream::Raw(r) => {

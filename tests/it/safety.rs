@@ -2,10 +2,14 @@
 //! the emulator, whose region checks fault on any access outside the buffers a launch was given
 //! (docs/emulator.md). The compile-time findings (sealed element traits, plans the crate made) are
 //! `compile_fail` doctests on the items themselves (src/dtype.rs, src/merge.rs, src/plan.rs).
+use fused_attn::append::{append_with, AppendOptions};
 use fused_attn::decode::{replay_scheduled, DecodeOptions, DecodeWorkspace};
 use fused_attn::plan::{DecodePlan, DecodeProblem};
 use fused_attn::testkit::cases::decode::{evaluate, DecodeCase, PagedFixture};
-use fused_attn::{DType, Emulator, SplitPolicy, Stream, TensorViewMut};
+use fused_attn::{
+    mla_append, DType, Emulator, ErrorKind, KvScales, MlaAppendOptions, MlaDims, MlaPlan, PagedKvCacheMut, Rope,
+    RopeConfig, RopeStyle, SplitPolicy, Stream, TensorView, TensorViewMut,
+};
 use half::bf16;
 
 /// A CUDA graph captured from a scheduled decode of B0 = 2 sequences and replayed after `prepare` for 4
@@ -38,7 +42,7 @@ fn graph_replay_after_prepare_for_more_rows_writes_only_its_output() {
     let mut o_buf = vec![bf16::NAN; rows * hq * d];
     let mut lse_buf = vec![f32::NAN; rows * hq];
     let cache = f.host_cache().unwrap();
-    let q = fused_attn::TensorView::host(&f.q, [captured, hq, d]).unwrap();
+    let q = TensorView::host(&f.q, [captured, hq, d]).unwrap();
     {
         let mut o = TensorViewMut::host(&mut o_buf[..captured * hq * d], [captured, hq, d]).unwrap();
         let mut lse = TensorViewMut::host(&mut lse_buf[..captured * hq], [captured, hq]).unwrap();
@@ -50,4 +54,183 @@ fn graph_replay_after_prepare_for_more_rows_writes_only_its_output() {
     let plan = DecodePlan::new(&case.problem(), 132, None).unwrap();
     let outcome = evaluate(&f, seed, plan, &o_buf[..captured * hq * d], &lse_buf[..captured * hq]).unwrap();
     assert!(outcome.passed(), "rows 0..2 against the reference: {}", outcome.summary());
+}
+
+/// `(kind, message)` of a result's error, for one-line asserts.
+fn err<T>(r: fused_attn::Result<T>) -> (ErrorKind, String) {
+    match r {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => (e.kind().clone(), e.message().to_string()),
+    }
+}
+
+/// B1: a cache append writes must not alias (a page or head stride of 0 makes distinct slots one address, a
+/// silent write race): `Layout`, naming the cache, when the cache is built. Before, both were accepted
+/// (and append raced on the GPU, silently on the emulator).
+#[test]
+fn append_caches_must_be_disjoint() {
+    let (pages, ps, hkv, d) = (4, 8, 2, 64);
+    let (mut kc, mut vc) = (vec![bf16::ZERO; pages * ps * hkv * d], vec![bf16::ZERO; pages * ps * hkv * d]);
+    let aliased = [[0, (hkv * d) as i64, d as i64, 1], [(ps * hkv * d) as i64, (hkv * d) as i64, 0, 1]];
+    for strides in aliased {
+        let k = TensorViewMut::host(&mut kc, [pages, ps, hkv, d]).unwrap().with_strides(strides).unwrap();
+        let v = TensorViewMut::host(&mut vc, [pages, ps, hkv, d]).unwrap();
+        let (kind, msg) = err(PagedKvCacheMut::new(k, v));
+        assert_eq!(kind, ErrorKind::Layout, "{strides:?}: {msg}");
+        assert!(msg.starts_with("k_cache:"), "{msg}");
+        let k = TensorViewMut::host(&mut kc, [pages, ps, hkv, d]).unwrap();
+        let v = TensorViewMut::host(&mut vc, [pages, ps, hkv, d]).unwrap().with_strides(strides).unwrap();
+        let (kind, msg) = err(PagedKvCacheMut::new(k, v));
+        assert_eq!(kind, ErrorKind::Layout, "{strides:?}: {msg}");
+        assert!(msg.starts_with("v_cache:"), "{msg}");
+    }
+    // The latent cache of mla_append likewise (one head: a page stride of 0 aliases the pages).
+    let emu = Emulator::new();
+    let stream = Stream::Emu(&emu);
+    let (n, rank, rope) = (2, 512, 64);
+    let latent = vec![bf16::ONE; n * rank];
+    let k_pe = vec![bf16::ONE; n * rope];
+    let slots = [0i64, 9];
+    let mut cache = vec![bf16::NAN; pages * ps * (rank + rope)];
+    let mut view = TensorViewMut::host(&mut cache, [pages, ps, 1, rank + rope])
+        .unwrap()
+        .with_strides([0, (rank + rope) as i64, (rank + rope) as i64, 1])
+        .unwrap();
+    let opts = MlaAppendOptions { dims: MlaDims { kv_lora_rank: rank, rope_dim: rope }, rope: None, scale: None };
+    let (kind, msg) = err(mla_append(
+        &stream,
+        &TensorView::host(&latent, [n, rank]).unwrap(),
+        &TensorView::host(&k_pe, [n, rope]).unwrap(),
+        &TensorView::host(&slots, [n]).unwrap(),
+        &mut view,
+        &opts,
+    ));
+    assert_eq!(kind, ErrorKind::Layout, "{msg}");
+    assert!(msg.starts_with("latent_cache:"), "{msg}");
+}
+
+/// E4: `mla_append` with rope_dim 0 (which `MlaDims` allows): k_pe `[n, 0]` has no columns, and the call
+/// stores the latent rows. Before, a contiguous `[n, 0]` k_pe (strides [1, 1]) was a `Layout` error.
+#[test]
+fn mla_append_without_rope_columns() {
+    let emu = Emulator::new();
+    let stream = Stream::Emu(&emu);
+    let (pages, ps, n, rank) = (2, 4, 3, 64);
+    let latent: Vec<bf16> = (0..n * rank).map(|i| bf16::from_f32(0.25 + (i % 13) as f32)).collect();
+    let k_pe: Vec<bf16> = Vec::new();
+    let slots = [5i64, -1, 0];
+    let mut cache = vec![bf16::NAN; pages * ps * rank];
+    let opts = MlaAppendOptions { dims: MlaDims { kv_lora_rank: rank, rope_dim: 0 }, rope: None, scale: None };
+    mla_append(
+        &stream,
+        &TensorView::host(&latent, [n, rank]).unwrap(),
+        &TensorView::host(&k_pe, [n, 0]).unwrap(),
+        &TensorView::host(&slots, [n]).unwrap(),
+        &mut TensorViewMut::host(&mut cache, [pages, ps, 1, rank]).unwrap(),
+        &opts,
+    )
+    .unwrap();
+    for (t, &slot) in slots.iter().enumerate() {
+        if slot >= 0 {
+            let at = slot as usize * rank;
+            assert_eq!(&cache[at..at + rank], &latent[t * rank..][..rank], "token {t}");
+        }
+    }
+    let written = [0usize, 5];
+    for s in (0..pages * ps).filter(|s| !written.contains(s)) {
+        assert!(cache[s * rank..][..rank].iter().all(|x| x.is_nan()), "slot {s} was written");
+    }
+}
+
+/// B3 / E2: the strides a launcher rejects are rejected first in Rust, naming the argument: a negative
+/// stride on an empty view (before: accepted, then "launcher rejected its parameters" at the launch), a RoPE
+/// table whose rows overlap the rotary_dim/2 columns the kernels read (before: the launcher's nameless
+/// `Shape`).
+#[test]
+fn launcher_rejections_are_named_in_rust() {
+    let data: Vec<bf16> = Vec::new();
+    let (kind, msg) = err(TensorView::host(&data, [0, 2, 64]).unwrap().with_strides([-8, 64, 1]));
+    assert_eq!(kind, ErrorKind::Layout, "{msg}");
+    let mut out: Vec<bf16> = Vec::new();
+    let (kind, _) = err(TensorViewMut::host(&mut out, [2, 0, 64]).unwrap().with_strides([-64, 64, 1]));
+    assert_eq!(kind, ErrorKind::Layout);
+
+    // append_with over a RoPE table of rows 8 floats apart, for rotary_dim 64 (32 columns read).
+    let emu = Emulator::new();
+    let stream = Stream::Emu(&emu);
+    let (pages, ps, hkv, d) = (2, 8, 1, 64);
+    let (mut kc, mut vc) = (vec![bf16::NAN; pages * ps * hkv * d], vec![bf16::NAN; pages * ps * hkv * d]);
+    let mut cache = PagedKvCacheMut::new(
+        TensorViewMut::host(&mut kc, [pages, ps, hkv, d]).unwrap(),
+        TensorViewMut::host(&mut vc, [pages, ps, hkv, d]).unwrap(),
+    )
+    .unwrap();
+    let table = RopeConfig::new(1e4, d, RopeStyle::Neox).table(8).unwrap();
+    let positions = [1i32, 2];
+    let (k, slots) = (vec![bf16::ONE; 2 * hkv * d], [0i64, 1]);
+    for overlapped in ["rope_cos", "rope_sin"] {
+        // [8, 32] views of the [8, 32] tables, one with rows 8 floats apart.
+        let stride = |name| if name == overlapped { [8, 1] } else { [32, 1] };
+        let cos = TensorView::host(&table.cos, [8, 32]).unwrap().with_strides(stride("rope_cos")).unwrap();
+        let sin = TensorView::host(&table.sin, [8, 32]).unwrap().with_strides(stride("rope_sin")).unwrap();
+        let pos = TensorView::host(&positions, [2]).unwrap();
+        let rope = Rope { cos: &cos, sin: &sin, positions: Some(&pos), rotary_dim: d, style: RopeStyle::Neox };
+        let (kind, msg) = err(append_with(
+            &stream,
+            &TensorView::host(&k, [2, hkv, d]).unwrap(),
+            &TensorView::host(&k, [2, hkv, d]).unwrap(),
+            &TensorView::host(&slots, [2]).unwrap(),
+            &mut cache,
+            &AppendOptions { rope: Some(rope) },
+        ));
+        assert_eq!(kind, ErrorKind::Layout, "{msg}");
+        assert!(msg.starts_with(&format!("{overlapped}:")), "{msg}");
+    }
+}
+
+/// E1: public functions that panicked on bad input return a typed error naming the argument. (Before:
+/// `table_row(p, 0)` panicked in `clamp`, `table(usize::MAX)` on a capacity overflow, `k_of` on an index;
+/// these return `Result` now, so the old calls do not compile against the new signatures.)
+#[test]
+fn reachable_panics_are_typed_errors() {
+    let (kind, msg) = err(fused_attn::rope::table_row(5, 0));
+    assert_eq!((kind, msg.starts_with("max_pos:")), (ErrorKind::Shape, true), "{msg}");
+    assert_eq!(fused_attn::rope::table_row(-3, 4).unwrap(), 0);
+    assert_eq!(fused_attn::rope::table_row(i64::MAX, 4).unwrap(), 3);
+    let cfg = RopeConfig::new(1e4, 64, RopeStyle::Neox);
+    let (kind, msg) = err(cfg.table(usize::MAX));
+    assert_eq!((kind, msg.starts_with("max_pos:")), (ErrorKind::Overflow, true), "{msg}");
+    let (kind, msg) = err(cfg.table(0));
+    assert_eq!((kind, msg.starts_with("max_pos:")), (ErrorKind::Shape, true), "{msg}");
+
+    let emu = Emulator::new();
+    let stream = Stream::Emu(&emu);
+    let scales = KvScales::per_head(&stream, &[0.5, 0.25], &[1.0, 2.0]).unwrap();
+    assert_eq!((scales.k_of(1).unwrap(), scales.v_of(1).unwrap()), (0.25, 2.0));
+    let (kind, msg) = err(scales.k_of(2));
+    assert_eq!((kind, msg.starts_with("h:")), (ErrorKind::OutOfBounds, true), "{msg}");
+    assert_eq!(err(scales.v_of(7)).0, ErrorKind::OutOfBounds);
+    let one = KvScales::per_tensor(&stream, 0.5, 2.0).unwrap();
+    assert_eq!((one.k_of(1000).unwrap(), one.v_of(1000).unwrap()), (0.5, 2.0));
+}
+
+/// E1 (debug builds): absurd sizes in the planners are `Overflow` errors or saturate, never an arithmetic
+/// overflow. MLA's `max_seqlen_q · Hq` wrapped (release) into a small grid before: an `Unsupported` grid
+/// error then, or a panic in a debug build.
+#[test]
+fn absurd_plan_sizes_are_overflow_errors() {
+    let (kind, msg) = err(MlaPlan::new(1, 2, usize::MAX, 1, 4096, 512, 132, None));
+    assert_eq!(kind, ErrorKind::Overflow, "{msg}");
+    let (kind, _) = err(MlaPlan::new(2, 16, 1, usize::MAX / 2, 1 << 20, 512, 132, Some(4)));
+    assert_eq!(kind, ErrorKind::Overflow);
+    let huge = DecodeProblem { batch: usize::MAX, heads_q: 4, heads_kv: 2, head_dim: 128, max_seq_len: usize::MAX };
+    assert_eq!(huge.ctas_per_split(), usize::MAX);
+    assert_eq!(fused_attn::plan::planned_splits(&huge, usize::MAX), 1);
+    assert_eq!(err(DecodePlan::new(&huge, 132, None)).0, ErrorKind::Overflow);
+    let emu = Emulator::new();
+    let stream = Stream::Emu(&emu);
+    for policy in [SplitPolicy::Balanced, SplitPolicy::FixedSplitTokens(256)] {
+        let r = DecodeWorkspace::scheduled_on(&stream, &huge, policy, usize::MAX / 4);
+        assert_eq!(err(r).0, ErrorKind::Overflow, "{policy:?}");
+    }
 }
