@@ -11,7 +11,7 @@
 
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 
-use crate::device::Stream;
+use crate::device::{RawStream, Stream};
 use crate::dtype::Element;
 use crate::error::{to_i32, Error, ErrorKind, Result};
 use crate::fp8::{self, KvCacheOf};
@@ -138,6 +138,8 @@ pub struct DecodeWorkspace {
     sm_count: usize,
     plan: Option<DecodePlan>,
     scheduler: Option<Scheduler>,
+    /// The raw stream a workspace in the caller's memory is bound to ([`DecodeWorkspace::from_device_ptrs`]).
+    raw_stream: Option<RawStream>,
 }
 
 /// A scheduled decode workspace's limits and its schedule table.
@@ -343,16 +345,23 @@ impl DecodeWorkspace {
             sm_count: stream_sm_count(stream)?,
             plan: None,
             scheduler: None,
+            raw_stream: None,
         })
     }
 
     /// A workspace in the caller's device memory (for [`Stream::Raw`] users with their own allocator),
-    /// pinned to `plan`. Needs `plan.partial_o_len` / `plan.partial_lse_len` fp32 elements.
+    /// pinned to `plan` and to `stream`: every launch through it must be on that stream (else `Usage`), so
+    /// the launches that share its partials are ordered by the stream itself (two raw streams sharing one
+    /// workspace would race on them). Needs `plan.partial_o_len()` / `plan.partial_lse_len()` fp32
+    /// elements (else `OutOfBounds`).
     ///
     /// # Safety
-    /// The two ranges must be device memory of the launches' context, not used by anyone else while decode
-    /// work using this workspace may be in flight (see [`TensorViewMut::from_device_ptr`]).
+    /// For every launch made through this workspace (not only at construction): the two ranges are device
+    /// memory of `stream`'s context, of at least the lengths given, and nobody else reads or writes them
+    /// while work enqueued on `stream` through this workspace may be in flight (see
+    /// [`TensorViewMut::from_device_ptr`]). docs/semantics.md, "Safety".
     pub unsafe fn from_device_ptrs(
+        stream: RawStream,
         partial_o: (u64, usize),
         partial_lse: (u64, usize),
         plan: &DecodePlan,
@@ -364,6 +373,7 @@ impl DecodeWorkspace {
             sm_count,
             plan: Some(*plan),
             scheduler: None,
+            raw_stream: Some(stream),
         };
         ws.check_fits(plan)?;
         Ok(ws)
@@ -439,6 +449,7 @@ impl DecodeWorkspace {
             sm_count: stream_sm_count(stream)?,
             plan: None,
             scheduler: Some(Scheduler { limits: *limits, table }),
+            raw_stream: None,
         })
     }
 
@@ -496,6 +507,19 @@ impl DecodeWorkspace {
                 Ok(*plan)
             }
             None => DecodePlan::new(problem, self.sm_count, opts.num_splits),
+        }
+    }
+
+    /// `Usage` unless a launch on `stream` may use this workspace: a workspace in the caller's memory only on
+    /// the raw stream it was made for (the stream orders the launches that share its partials).
+    pub(crate) fn check_stream(&self, stream: &Stream<'_>) -> Result<()> {
+        match (self.raw_stream, stream) {
+            (None, _) => Ok(()),
+            (Some(own), Stream::Raw(r)) if own.cu_stream() == r.cu_stream() => Ok(()),
+            (Some(_), _) => Err(Error::usage(
+                "workspace: made by DecodeWorkspace::from_device_ptrs for another stream (a raw workspace is used \
+                 only on its own stream, which orders the launches that share its partials)",
+            )),
         }
     }
 
@@ -601,6 +625,7 @@ pub fn decode<T: Element, C: KvCacheOf<T>>(
     opts: &DecodeOptions,
 ) -> Result<DecodePlan> {
     opts.score_mod.check_values()?;
+    workspace.check_stream(stream)?;
     let problem = check_decode_args(q, cache, o, lse.as_deref())?.windowed(opts.score_mod.window_left());
     if crate::paged::strict_tables(stream) {
         cache.validate(stream)?;
@@ -859,5 +884,31 @@ mod tests {
         let mut raw: Buffer = Buffer::Device { ptr: 1 << 20, len: 8 };
         assert_eq!(raw.view(9).err().map(|e| e.kind().clone()), Some(ErrorKind::OutOfBounds));
         assert_eq!(raw.input(9).err().map(|e| e.kind().clone()), Some(ErrorKind::OutOfBounds));
+    }
+
+    /// Issue 46 (S4): a workspace in the caller's memory is bound to its raw stream: a launch on another raw
+    /// stream, a cudarc stream or the emulator is `Usage` (two raw streams sharing it would race on its
+    /// partials). The handles are only compared, never used, so fake ones serve.
+    #[test]
+    fn raw_workspaces_are_bound_to_their_stream() {
+        let fake = |s: usize| RawStream::from_raw_parts_for_tests(s as _, 0x10 as _);
+        let plan = DecodePlan::new(
+            &DecodeProblem { batch: 1, heads_q: 8, heads_kv: 1, head_dim: 64, max_seq_len: 64 },
+            132,
+            None,
+        )
+        .unwrap();
+        // SAFETY: nothing is launched; the workspace is only checked against streams.
+        let ws = unsafe { DecodeWorkspace::from_device_ptrs(fake(0x100), (1 << 20, 0), (1 << 21, 0), &plan, 132) };
+        let ws = ws.unwrap();
+        assert!(ws.check_stream(&Stream::Raw(fake(0x100))).is_ok());
+        let emu = crate::Emulator::new();
+        for other in [Stream::Raw(fake(0x200)), Stream::Emu(&emu)] {
+            let e = ws.check_stream(&other).unwrap_err();
+            assert_eq!(e.kind(), &ErrorKind::Usage);
+            assert!(e.message().starts_with("workspace:"), "{}", e.message());
+        }
+        // cudarc and emulator workspaces order themselves (events, or synchronous launches).
+        assert!(DecodeWorkspace::new(&Stream::Emu(&emu), 0, 0).unwrap().check_stream(&Stream::Raw(fake(1))).is_ok());
     }
 }

@@ -366,6 +366,7 @@ pub fn mla_decode<T: Element, C: KvCacheOf<T>>(
     workspace: &mut DecodeWorkspace,
     opts: &MlaDecodeOptions<'_>,
 ) -> Result<MlaPlan> {
+    workspace.check_stream(stream)?;
     let dims = opts.dims;
     let g = cache.geometry();
     check_latent_geometry(g.heads_kv, g.head_dim, &dims)?;

@@ -112,6 +112,7 @@ fn gpu_raw_stream_decode_with_caller_workspace_matches_the_cudarc_path() {
     unsafe {
         let raw = RawStream::new(cu.cu_stream()).unwrap();
         let mut ws2 = DecodeWorkspace::from_device_ptrs(
+            raw,
             (ptr(&cu, &po), plan.partial_o_len()),
             (ptr(&cu, &pl), plan.partial_lse_len()),
             &plan,
