@@ -393,6 +393,12 @@ where
             cu.synchronize()?;
             host
         }
+        (Mem::Device(_), Stream::Gpu(_) | Stream::Raw(_)) => {
+            return Err(Error::usage(format!(
+                "{name}: a raw device view (TensorView::from_device_ptr) cannot be read back: fused-attn copies \
+                 only cudarc views (on a GPU stream) or host slices (on the emulator)"
+            )))
+        }
         _ => return Err(Error::backend(name, "view and stream belong to different backends")),
     };
     Ok(crate::tensor::logical_elements(&data, shape, strides))
@@ -466,6 +472,19 @@ impl<'a, T> PagedKvCacheMut<'a, T> {
 
 #[cfg(test)]
 mod tests {
+
+    /// Issue 46 (E3): tables in raw device memory cannot be read back (there is nothing to copy with): a
+    /// `Usage` error saying so, naming the table, not "different backends". The handles are never used.
+    #[test]
+    fn raw_views_cannot_be_read_back() {
+        let raw = crate::device::RawStream::from_raw_parts_for_tests(0x100 as _, 0x10 as _);
+        // SAFETY: nothing is launched or read: the check refuses before touching the memory.
+        let slots = unsafe { TensorView::<i64, 1>::from_device_ptr(1 << 20, 4, [4]) }.unwrap();
+        let g = PageGeometry { num_pages: 4, page_size: 16, heads_kv: 1, head_dim: 64, head_dim_v: 64 };
+        let e = validate_slot_mapping(&Stream::Raw(raw), &slots, &g).unwrap_err();
+        assert_eq!(e.kind(), &crate::ErrorKind::Usage);
+        assert!(e.message().starts_with("slot_mapping:"), "{}", e.message());
+    }
     use super::*;
     use crate::ErrorKind;
     use half::bf16;

@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 /// at `ptr`. Nothing tracks its lifetime or stream ordering; [`TensorView::from_device_ptr`] states the
 /// contract.
 #[derive(Debug)]
-pub struct DevicePtr<T> {
+pub(crate) struct DevicePtr<T> {
     pub(crate) ptr: u64,
     pub(crate) len: usize,
     _marker: PhantomData<fn() -> T>,
@@ -26,15 +26,15 @@ impl<T> Clone for DevicePtr<T> {
 }
 impl<T> Copy for DevicePtr<T> {}
 
-/// Read-only memory behind a view.
-pub enum Mem<'a, T> {
+/// Read-only memory behind a view (crate-internal: views are made by their constructors).
+pub(crate) enum Mem<'a, T> {
     Gpu(CudaView<'a, T>),
     Device(DevicePtr<T>),
     Host(&'a [T]),
 }
 
 /// Writable memory behind a view.
-pub enum MemMut<'a, T> {
+pub(crate) enum MemMut<'a, T> {
     Gpu(CudaViewMut<'a, T>),
     Device(DevicePtr<T>),
     Host(&'a mut [T]),

@@ -33,7 +33,9 @@ impl<'a> Launch<'a> {
     fn gpu_stream(&self, name: &CStr, view_stream: &Arc<CudaStream>) -> Result<&'a CudaStream> {
         match self.stream {
             Stream::Gpu(s) => {
-                if !Arc::ptr_eq(s.context(), view_stream.context()) {
+                // The driver's context, not the Arc: two CudaContext::new(0) (candle's device and an engine's
+                // own) share the primary context, and their memory is interchangeable.
+                if s.context().cu_ctx() != view_stream.context().cu_ctx() {
                     return Err(Error::backend(&name.to_string_lossy(), "GPU memory of another CUDA context"));
                 }
                 Ok(s)

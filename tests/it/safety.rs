@@ -234,3 +234,54 @@ fn absurd_plan_sizes_are_overflow_errors() {
         assert_eq!(err(r).0, ErrorKind::Overflow, "{policy:?}");
     }
 }
+
+/// E5 (GPU): a launch reports only its own driver error. An error other code left in cudarc's context (one
+/// sticky slot, cleared by `check_err`) is neither blamed on the launch nor taken from its owner. Before,
+/// the launch called `check_err()` and returned that error as its own (and cleared it).
+#[test]
+fn gpu_launch_reports_only_its_own_error() {
+    let Some(cu) = crate::common::gpu_stream_or_skip("safety::gpu_launch_reports_only_its_own_error") else { return };
+    let stream = Stream::Gpu(&cu);
+    let (k, n, h, d) = (2usize, 4usize, 2usize, 64usize);
+    let states = cu.clone_htod(&vec![0.5f32; k * n * h * d]).unwrap();
+    let lse = cu.clone_htod(&vec![0f32; k * n * h]).unwrap();
+    let mut o = cu.clone_htod(&vec![f32::NAN; n * h * d]).unwrap();
+    let someone_elses = cudarc::driver::DriverError(cudarc::driver::sys::CUresult::CUDA_ERROR_INVALID_HANDLE);
+    cu.context().record_err::<()>(Err(someone_elses));
+    let r = fused_attn::merge_states::<f32, f32>(
+        &stream,
+        &TensorView::gpu(states.as_view(), [k, n, h, d]).unwrap(),
+        &TensorView::gpu(lse.as_view(), [k, n, h]).unwrap(),
+        &mut TensorViewMut::gpu(o.as_view_mut(), [n, h, d]).unwrap(),
+        None,
+    );
+    assert!(r.is_ok(), "the launch was blamed for another's error: {:?}", r.err());
+    assert_eq!(cu.context().check_err().err().map(|e| e.0), Some(someone_elses.0), "the owner's error was taken");
+    assert!(cu.clone_dtoh(&o).unwrap().iter().all(|&x| x == 0.5));
+}
+
+/// A1 (GPU): memory of another `CudaContext` value over the same driver context (candle's device and an
+/// engine's own `CudaContext::new(0)` share the primary context) is the launch's context's memory. Before,
+/// the contexts were compared as `Arc`s and the call was a `Backend` error.
+#[test]
+fn gpu_contexts_are_compared_by_their_driver_context() {
+    let Some(ctx) = crate::common::gpu_or_skip("safety::gpu_contexts_are_compared_by_their_driver_context") else {
+        return;
+    };
+    let other = cudarc::driver::CudaContext::new(0).unwrap();
+    assert_eq!(ctx.cu_ctx(), other.cu_ctx(), "both are the primary context");
+    let (ours, theirs) = (ctx.default_stream(), other.default_stream());
+    let (k, n, h, d) = (1usize, 2usize, 1usize, 64usize);
+    let states = theirs.clone_htod(&vec![0.5f32; k * n * h * d]).unwrap();
+    let lse = theirs.clone_htod(&vec![0f32; k * n * h]).unwrap();
+    let mut o = ours.clone_htod(&vec![f32::NAN; n * h * d]).unwrap();
+    fused_attn::merge_states::<f32, f32>(
+        &Stream::Gpu(&ours),
+        &TensorView::gpu(states.as_view(), [k, n, h, d]).unwrap(),
+        &TensorView::gpu(lse.as_view(), [k, n, h]).unwrap(),
+        &mut TensorViewMut::gpu(o.as_view_mut(), [n, h, d]).unwrap(),
+        None,
+    )
+    .unwrap();
+    assert!(ours.clone_dtoh(&o).unwrap().iter().all(|&x| x == 0.5));
+}
