@@ -683,11 +683,11 @@ fn common_params<'l, T: Element, C: KvCacheOf<T>>(
     };
     let q_ptr = launch.input(c"q", q, 16)?;
     let cache_abi = cache.launch_abi(launch)?;
-    let (q_strides, o_strides) = (q.strides(), o.strides());
+    let (q_strides, o_strides) = (q.launch_strides(), o.launch_strides());
     let o_ptr = launch.output(c"o", o, 16)?;
     let (lse_ptr, lse_batch_stride) = match lse {
         Some(l) => {
-            let stride = l.strides()[0];
+            let stride = l.launch_strides()[0];
             (launch.output(c"lse", l, 4)? as *mut f32, stride)
         }
         None => (std::ptr::null_mut(), 0),

@@ -102,7 +102,8 @@ pub fn merge_states_with_sinks<S: MergeElement, O: MergeElement>(
     if n * h == 0 {
         return Ok(());
     }
-    let (s_strides, ls_strides, o_strides) = (o_states.strides(), lse_states.strides(), o.strides());
+    let (s_strides, ls_strides, o_strides) =
+        (o_states.launch_strides(), lse_states.launch_strides(), o.launch_strides());
     let mut launch = Launch::new(*stream);
     // With no states the (empty) state buffers are never touched; their dangling pointers need no alignment.
     let os_ptr = launch.input(c"o_states", o_states, if k == 0 { 1 } else { 16 })?;
@@ -114,7 +115,7 @@ pub fn merge_states_with_sinks<S: MergeElement, O: MergeElement>(
     let o_ptr = launch.output(c"o", o, 16)?;
     let (lse_ptr, lse_strides) = match lse {
         Some(l) => {
-            let st = l.strides();
+            let st = l.launch_strides();
             (launch.output(c"lse", l, 4)? as *mut f32, st)
         }
         None => (std::ptr::null_mut(), [0, 0]),

@@ -192,7 +192,7 @@ pub fn mla_append<T: Element, C: KvCacheOf<T>>(
     if n == 0 {
         return Ok(());
     }
-    let c_strides = cache.strides();
+    let c_strides = cache.launch_strides();
     let mut launch = Launch::new(*stream);
     let rope = match &opts.rope {
         Some(r) => r.abi(&mut launch, dims.rope_dim, n, true)?,
@@ -202,7 +202,7 @@ pub fn mla_append<T: Element, C: KvCacheOf<T>>(
     // rope_dim 0: the launcher still wants a 4-byte aligned k_pe; latent's pointer stands in (never read as
     // k_pe: a token has no rope columns), with a row stride of 0.
     let (k_pe_ptr, k_pe_stride) =
-        if dims.rope_dim > 0 { (launch.input(c"k_pe", k_pe, 4)?, k_pe.strides()[0]) } else { (latent_ptr, 0) };
+        if dims.rope_dim > 0 { (launch.input(c"k_pe", k_pe, 4)?, k_pe.launch_strides()[0]) } else { (latent_ptr, 0) };
     let slots_ptr = launch.input(c"slot_mapping", slot_mapping, 8)?;
     let cache_ptr = launch.output(c"latent_cache", cache, 16)?;
     let mut cache_abi = abi_cache(&g, c_strides, c_strides, (cache_ptr, cache_ptr), None)?;
@@ -211,7 +211,7 @@ pub fn mla_append<T: Element, C: KvCacheOf<T>>(
         latent: latent_ptr,
         k_pe: k_pe_ptr,
         slot_mapping: slots_ptr as *const i64,
-        latent_token_stride: latent.strides()[0],
+        latent_token_stride: latent.launch_strides()[0],
         k_pe_token_stride: k_pe_stride,
         cache: cache_abi,
         num_tokens: to_i32("num_tokens", n)?,
@@ -441,11 +441,11 @@ pub fn mla_decode<T: Element, C: KvCacheOf<T>>(
         None => std::ptr::null(),
     };
     let cache_abi = cache.launch_abi(&mut launch)?;
-    let (q_strides, o_strides) = (q.strides(), o.strides());
+    let (q_strides, o_strides) = (q.launch_strides(), o.launch_strides());
     let o_ptr = launch.output(c"o", o, 16)?;
     let (lse_ptr, lse_row_stride) = match lse {
         Some(l) => {
-            let stride = l.strides()[0];
+            let stride = l.launch_strides()[0];
             (launch.output(c"lse", l, 4)? as *mut f32, stride)
         }
         None => (std::ptr::null_mut(), 0),

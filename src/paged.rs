@@ -259,13 +259,13 @@ impl<T: KvElement> PagedKvCache<'_, T> {
         let lens_ptr = launch.input(c"seq_lens", &self.seq_lens, 4)?;
         let mut abi = abi_cache(
             &self.geometry,
-            self.k.strides(),
-            self.v.strides(),
+            self.k.launch_strides(),
+            self.v.launch_strides(),
             (k_ptr as *mut _, v_ptr as *mut _),
             Some((
                 table_ptr as *const i32,
                 lens_ptr as *const i32,
-                self.block_table.strides()[0],
+                self.block_table.launch_strides()[0],
                 self.max_pages_per_seq(),
             )),
         )?;

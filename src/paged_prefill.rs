@@ -763,11 +763,11 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
     let q_ptr = launch.input(c"q", q, 16)?;
     let cu_ptr = launch.input(c"cu_seqlens_q", cu_seqlens_q, 4)?;
     let cache_abi = cache.launch_abi(&mut launch)?;
-    let o_strides = o.strides();
+    let o_strides = o.launch_strides();
     let o_ptr = launch.output(c"o", o, 16)?;
     let (lse_ptr, lse_head_stride) = match lse {
         Some(l) => {
-            let stride = l.strides()[0];
+            let stride = l.launch_strides()[0];
             (launch.output(c"lse", l, 4)? as *mut f32, stride)
         }
         None => (std::ptr::null_mut(), 0),
@@ -778,7 +778,7 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
         }
         _ => (std::ptr::null_mut(), std::ptr::null_mut()),
     };
-    let q_strides = q.strides();
+    let q_strides = q.launch_strides();
     // The launch's shape, for either kernel's parameters.
     let (batch, heads_q, heads_kv, head_dim) = (
         to_i32("batch", problem.batch)?,

@@ -192,6 +192,18 @@ macro_rules! view_common {
             pub fn strides(&self) -> [i64; N] {
                 self.strides
             }
+            /// The strides a launch passes: those of dimensions of extent <= 1 address nothing (only index
+            /// 0 is used) and go as 0, so a launcher's stride rules (non-negative, 16-byte rows) never reject
+            /// what the Rust checks, which look at dimensions of extent > 1 only, accepted.
+            pub(crate) fn launch_strides(&self) -> [i64; N] {
+                let mut s = self.strides;
+                for d in 0..N {
+                    if self.shape[d] <= 1 {
+                        s[d] = 0;
+                    }
+                }
+                s
+            }
             pub fn dim(&self, d: usize) -> usize {
                 self.shape[d]
             }

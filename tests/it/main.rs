@@ -42,5 +42,6 @@ mod rope_prefill_sm90;
 mod safety;
 mod schedule;
 mod tile_policy;
+mod validation_prop;
 mod variants;
 mod variants_long;
