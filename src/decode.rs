@@ -64,7 +64,15 @@ impl<T: DeviceRepr + ValidAsZeroBits + Copy + Default> Buffer<T> {
             // it on that stream too, after the work enqueued before the drop.
             Stream::Gpu(s) => Buffer::Gpu(s.alloc_zeros::<T>(len.max(1))?),
             Stream::Raw(_) => return Err(Error::new(ErrorKind::Usage, on_raw)),
-            Stream::Emu(_) => Buffer::Host(vec![T::default(); len]),
+            // A failed host allocation is an error, not an abort (limits can ask for any size).
+            Stream::Emu(_) => {
+                let mut v = Vec::new();
+                v.try_reserve_exact(len).map_err(|_| {
+                    Error::new(ErrorKind::OutOfMemory, format!("workspace: {len} elements of host memory"))
+                })?;
+                v.resize(len, T::default());
+                Buffer::Host(v)
+            }
         })
     }
     /// Writes `data` at the start, ordered on `stream` (a host-to-device copy from pageable memory: the

@@ -7,8 +7,8 @@ use fused_attn::decode::{replay_scheduled, DecodeOptions, DecodeWorkspace};
 use fused_attn::plan::{DecodePlan, DecodeProblem};
 use fused_attn::testkit::cases::decode::{evaluate, DecodeCase, PagedFixture};
 use fused_attn::{
-    mla_append, DType, Emulator, ErrorKind, KvScales, MlaAppendOptions, MlaDims, MlaPlan, PagedKvCacheMut, Rope,
-    RopeConfig, RopeStyle, SplitPolicy, Stream, TensorView, TensorViewMut,
+    merge_states, mla_append, DType, Emulator, ErrorKind, KvScales, MlaAppendOptions, MlaDims, MlaPlan,
+    PagedKvCacheMut, Rope, RopeConfig, RopeStyle, SplitPolicy, Stream, TensorView, TensorViewMut,
 };
 use half::bf16;
 
@@ -212,6 +212,10 @@ fn reachable_panics_are_typed_errors() {
     assert_eq!(err(scales.v_of(7)).0, ErrorKind::OutOfBounds);
     let one = KvScales::per_tensor(&stream, 0.5, 2.0).unwrap();
     assert_eq!((one.k_of(1000).unwrap(), one.v_of(1000).unwrap()), (0.5, 2.0));
+    // A workspace the host cannot allocate (found by tests/it/validation_prop.rs: the allocation failure
+    // aborted the process): `OutOfMemory`, naming the workspace.
+    let (kind, msg) = err(DecodeWorkspace::new(&stream, 1 << 45, 0));
+    assert_eq!((kind, msg.starts_with("workspace:")), (ErrorKind::OutOfMemory, true), "{msg}");
 }
 
 /// E1 (debug builds): absurd sizes in the planners are `Overflow` errors or saturate, never an arithmetic
@@ -284,4 +288,42 @@ fn gpu_contexts_are_compared_by_their_driver_context() {
     )
     .unwrap();
     assert!(ours.clone_dtoh(&o).unwrap().iter().all(|&x| x == 0.5));
+}
+
+/// Found by tests/it/validation_prop.rs: a dimension of extent 1 addresses only index 0, so Rust's layout
+/// checks ignore its stride, but the launchers checked every stride (16-byte rows) and rejected the call
+/// without a name ("launcher rejected its parameters"). Launches now pass such strides as 0.
+#[test]
+fn strides_of_single_element_dimensions_are_not_rejected() {
+    let emu = Emulator::new();
+    let stream = Stream::Emu(&emu);
+    let (k, n, h, d) = (1usize, 2usize, 1usize, 64usize);
+    let states = vec![0.5f32; k * n * h * d + 8];
+    let lses = vec![0f32; k * n * h + 8];
+    let mut o = vec![bf16::NAN; n * h * d];
+    merge_states::<f32, bf16>(
+        &stream,
+        &TensorView::host(&states, [k, n, h, d]).unwrap().with_strides([7, 64, 3, 1]).unwrap(),
+        &TensorView::host(&lses, [k, n, h]).unwrap().with_strides([5, 1, 3]).unwrap(),
+        &mut TensorViewMut::host(&mut o, [n, h, d]).unwrap().with_strides([64, 3, 1]).unwrap(),
+        None,
+    )
+    .unwrap();
+    assert!(o.iter().all(|x| x.to_f32() == 0.5));
+    // Dense prefill, one sequence: q / o batch strides of 5 elements (10 bytes) for a batch of 1.
+    let (t, hq, dd) = (4usize, 2usize, 64usize);
+    let q = vec![bf16::from_f32(0.25); t * hq * dd + 8];
+    let mut out = vec![bf16::NAN; t * hq * dd + 8];
+    let st = [5, (hq * dd) as i64, dd as i64, 1];
+    fused_attn::prefill::prefill(
+        &stream,
+        &TensorView::host(&q, [1, t, hq, dd]).unwrap().with_strides(st).unwrap(),
+        &TensorView::host(&q, [1, t, hq, dd]).unwrap().with_strides(st).unwrap(),
+        &TensorView::host(&q, [1, t, hq, dd]).unwrap().with_strides(st).unwrap(),
+        &mut TensorViewMut::host(&mut out, [1, t, hq, dd]).unwrap().with_strides(st).unwrap(),
+        None,
+        &Default::default(),
+    )
+    .unwrap();
+    assert!(out[..t * hq * dd].iter().all(|x| (x.to_f32() - 0.25).abs() < 1e-3));
 }

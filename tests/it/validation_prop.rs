@@ -1,5 +1,5 @@
-//! Issue 46, item 7: a property test of the validation layer. Random arguments for decode, append, merge and
-//! dense prefill — shapes (0, odd, mismatched), strides (0, negative, overlapping, huge), buffers too short,
+//! Issue 46, item 7: a property test of the validation layer. Random arguments for decode, paged prefill, append,
+//! merge and dense prefill — shapes (0, odd, mismatched), strides (0, negative, overlapping, huge), buffers too short,
 //! block tables (ids out of range, repeated, −1, i32::MAX), seq_lens (negative, past the capacity,
 //! i32::MAX), slot mappings (repeated, negative, past the pool), head dims, dtypes, split counts and
 //! workspaces — run on the emulator, whose region checks fault on any access outside the launch's buffers,
@@ -11,12 +11,14 @@ use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use fused_attn::decode::{DecodeOptions, DecodeWorkspace};
+use fused_attn::paged_prefill::PagedPrefillProblem;
 use fused_attn::plan::DecodeProblem;
 use fused_attn::prefill::{prefill, PrefillOptions};
 use fused_attn::testkit::seed::{case_seed, rng, FixtureRng};
 use fused_attn::{
-    append, decode, merge_states, Element, Emulator, ErrorKind, PagedKvCache, PagedKvCacheMut, SplitPolicy, Stream,
-    TableChecks, TensorView, TensorViewMut,
+    append, decode, merge_states, paged_prefill, Element, Emulator, ErrorKind, PagedKvCache, PagedKvCacheMut,
+    PagedPrefillKernel, PagedPrefillOptions, PagedPrefillWorkspace, SplitPolicy, Stream, TableChecks, TensorView,
+    TensorViewMut,
 };
 use half::{bf16, f16};
 use rand::Rng;
@@ -221,6 +223,73 @@ fn append_case<T: Element>(r: &mut Gen, emu: &Emulator) -> fused_attn::Result<()
     append(&stream, &kv, &vv, &sv, &mut cache)
 }
 
+fn paged_prefill_case<T: Element>(r: &mut Gen, emu: &Emulator) -> fused_attn::Result<()> {
+    let stream = Stream::Emu(emu);
+    let (b, hkv, g) = (r.range(0..4), pick(r, &[1, 2]), pick(r, &[1, 2, 4]));
+    let hq = if !r.chaos() { hkv * g } else { r.range(0..6) };
+    let d = head_dim(r);
+    let (pages, ps) = (r.range(1..6), if r.chaos() { 0 } else { pick(r, &[1, 3, 16]) });
+    let width = if r.chaos() { 0 } else { r.range(1..4) };
+    let capacity = (width * ps) as i32;
+    let max_seq_len = if !r.chaos() { capacity.max(0) as usize } else { pick(r, &[0, 1, 1 << 31, usize::MAX]) };
+    let table: Vec<i32> = (0..b * width).map(|_| table_entry(r, pages)).collect();
+    let lens: Vec<i32> = (0..b)
+        .map(|_| if !r.chaos() { r.range(0..=capacity.max(0)) } else { pick(r, &[-1, capacity + 1, i32::MAX]) })
+        .collect();
+    // cu_seqlens_q: each sequence's new tokens (at most its length, usually), sometimes decreasing or past
+    // the packed rows.
+    let mut cu = vec![0i32];
+    for &len in &lens {
+        let q_len = if !r.chaos() { r.range(0..=len.clamp(0, 5)) } else { pick(r, &[-3, 7, i32::MAX / 2]) };
+        cu.push(cu.last().copied().unwrap_or(0).saturating_add(q_len));
+    }
+    let total_q = if !r.chaos() { cu.last().copied().unwrap_or(0).max(0) as usize } else { r.range(0..12) };
+    let max_seqlen_q = if !r.chaos() {
+        cu.windows(2).map(|w| (w[1] - w[0]).max(0)).max().unwrap_or(0) as usize
+    } else {
+        r.range(0..9)
+    };
+    let kc: Vec<T> = vec![T::from_f64(0.5); buffer_len(r, &[pages, ps, hkv, d])];
+    let vc = kc.clone();
+    let q: Vec<T> = vec![T::from_f64(0.25); buffer_len(r, &[total_q, hq, d])];
+    let mut o: Vec<T> = vec![T::nan(); buffer_len(r, &[total_q, hq, d])];
+    let mut lse = vec![f32::NAN; buffer_len(r, &[hq, total_q])];
+    let cache = PagedKvCache::new(
+        view(r, &kc, [pages, ps, hkv, d])?,
+        view(r, &vc, [pages, ps, hkv, d])?,
+        view(r, &table, [b, width])?,
+        view(r, &lens, [b])?,
+        max_seq_len,
+    )?;
+    let num_splits =
+        if r.chaos() { pick(r, &[Some(0), Some(70_000)]) } else { pick(r, &[None, None, Some(1), Some(3)]) };
+    let kernel = pick(r, &[PagedPrefillKernel::Auto, PagedPrefillKernel::Tiled, PagedPrefillKernel::Streaming]);
+    let opts = PagedPrefillOptions { num_splits, kernel, causal: r.bool(0.8), ..Default::default() };
+    let limits = PagedPrefillProblem {
+        batch: b.max(1),
+        heads_q: hq,
+        heads_kv: hkv,
+        head_dim: d,
+        total_q: total_q.max(1),
+        max_seqlen_q: max_seqlen_q.max(1),
+        max_seq_len,
+    };
+    let kind = r.range(0..3);
+    let mut ws = match kind {
+        0 => None,
+        1 => Some(PagedPrefillWorkspace::with_capacity(&stream, total_q, hq, d, pick(r, &[1, 4]))?),
+        _ => Some(PagedPrefillWorkspace::scheduled_on(&stream, &limits, SplitPolicy::Balanced, r.range(1..64))?),
+    };
+    let opts = if kind == 2 && !r.chaos() { PagedPrefillOptions { num_splits: None, ..opts } } else { opts };
+    let qv = view(r, &q, [total_q, hq, d])?;
+    let cv = view(r, &cu, [b + 1])?;
+    let mut ov = view_mut(r, &mut o, [total_q, hq, d])?;
+    let mut lv = view_mut(r, &mut lse, [hq, total_q])?;
+    let with_lse = r.bool(0.7);
+    paged_prefill(&stream, &qv, &cv, max_seqlen_q, &cache, &mut ov, with_lse.then_some(&mut lv), ws.as_mut(), &opts)
+        .map(|_| ())
+}
+
 fn merge_case(r: &mut Gen, emu: &Emulator) -> fused_attn::Result<()> {
     let stream = Stream::Emu(emu);
     let (k, n, h, d) = (r.range(0..4), r.range(0..4), r.range(0..3), head_dim(r));
@@ -268,12 +337,13 @@ fn every_case_is_a_named_error_or_a_clean_run() {
         let mut r = Gen { r, chaos };
         let checks = if r.bool(0.5) { TableChecks::Strict } else { TableChecks::GpuMasking };
         let emu = Emulator::new().with_table_checks(checks);
-        let op = pick(&mut r, &["decode", "decode_f16", "append", "merge", "prefill"]);
+        let op = pick(&mut r, &["decode", "decode_f16", "append", "merge", "prefill", "paged_prefill"]);
         let run = catch_unwind(AssertUnwindSafe(|| match op {
             "decode" => decode_case::<bf16>(&mut r, &emu),
             "decode_f16" => decode_case::<f16>(&mut r, &emu),
             "append" => append_case::<bf16>(&mut r, &emu),
             "merge" => merge_case(&mut r, &emu),
+            "paged_prefill" => paged_prefill_case::<bf16>(&mut r, &emu),
             _ => prefill_case::<bf16>(&mut r, &emu),
         }));
         match run {
