@@ -515,7 +515,12 @@ impl PagedPrefillWorkspace {
 
     /// Checks a streaming call against a scheduled workspace's limits and its prepared schedule; returns the
     /// summary plan (the largest chunk count, the grid (slots, 1, 1), the partials used).
-    fn scheduled_plan(&self, problem: &PagedPrefillProblem, opts: &PagedPrefillOptions) -> Result<PagedPrefillPlan> {
+    fn scheduled_plan(
+        &self,
+        problem: &PagedPrefillProblem,
+        opts: &PagedPrefillOptions,
+        replay: bool,
+    ) -> Result<PagedPrefillPlan> {
         const NOT_SCHEDULED: &str = "paged_prefill: this workspace has no scheduler";
         let sched = self.scheduler.as_ref().ok_or_else(|| Error::usage(NOT_SCHEDULED))?;
         let schedule = sched.table.current.as_ref().zip(sched.prepared).ok_or_else(|| {
@@ -525,10 +530,11 @@ impl PagedPrefillWorkspace {
             )
         })?;
         let (schedule, prepared) = schedule;
-        if prepared.batch != problem.batch
-            || prepared.rows > problem.total_q
-            || prepared.window != opts.score_mod.window
-            || prepared.causal != opts.causal
+        if !replay
+            && (prepared.batch != problem.batch
+                || prepared.rows > problem.total_q
+                || prepared.window != opts.score_mod.window
+                || prepared.causal != opts.causal)
         {
             return Err(Error::shape(
                 "workspace",
@@ -688,6 +694,45 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
     workspace: Option<&mut PagedPrefillWorkspace>,
     opts: &PagedPrefillOptions,
 ) -> Result<PagedPrefillPlan> {
+    paged_prefill_impl(stream, q, cu_seqlens_q, max_seqlen_q, cache, o, lse, workspace, opts, false)
+}
+
+/// What a CUDA graph captured from a scheduled [`paged_prefill`] of these arguments does when replayed: the
+/// launch over the workspace's current table (prepared for any rows within its limits), with no check of
+/// the table against the call and no prepare. For tests of the kernels' bounds on the emulator
+/// (tests/it/safety.rs).
+#[cfg(feature = "testkit")]
+#[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
+pub fn replay_scheduled<T: Element, C: KvCacheOf<T>>(
+    stream: &Stream<'_>,
+    q: &TensorView<'_, T, 3>,
+    cu_seqlens_q: &TensorView<'_, i32, 1>,
+    max_seqlen_q: usize,
+    cache: &PagedKvCache<'_, C>,
+    o: &mut TensorViewMut<'_, T, 3>,
+    lse: Option<&mut TensorViewMut<'_, f32, 2>>,
+    workspace: &mut PagedPrefillWorkspace,
+    opts: &PagedPrefillOptions,
+) -> Result<PagedPrefillPlan> {
+    paged_prefill_impl(stream, q, cu_seqlens_q, max_seqlen_q, cache, o, lse, Some(workspace), opts, true)
+}
+
+/// [`paged_prefill`]; `replay`: a scheduled call uses the table as it is (no prepare, no check against the
+/// call), as a graph replay does.
+#[allow(clippy::too_many_arguments)]
+fn paged_prefill_impl<T: Element, C: KvCacheOf<T>>(
+    stream: &Stream<'_>,
+    q: &TensorView<'_, T, 3>,
+    cu_seqlens_q: &TensorView<'_, i32, 1>,
+    max_seqlen_q: usize,
+    cache: &PagedKvCache<'_, C>,
+    o: &mut TensorViewMut<'_, T, 3>,
+    lse: Option<&mut TensorViewMut<'_, f32, 2>>,
+    workspace: Option<&mut PagedPrefillWorkspace>,
+    opts: &PagedPrefillOptions,
+    replay: bool,
+) -> Result<PagedPrefillPlan> {
     opts.score_mod.check_values()?;
     let problem = check_paged_prefill_args(q, cu_seqlens_q, max_seqlen_q, cache, o, lse.as_deref())?;
     if crate::paged::strict_tables(stream) {
@@ -704,11 +749,11 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
     let plan = match workspace.as_deref_mut() {
         Some(ws) if scheduled => {
             ws.check_scheduled_call(&problem, opts)?;
-            if let (Some(cu), Some(lens)) = (host_values(cu_seqlens_q), host_values(&cache.seq_lens)) {
+            if let (Some(cu), Some(lens), false) = (host_values(cu_seqlens_q), host_values(&cache.seq_lens), replay) {
                 let (cu, lens) = (cu.to_vec(), lens.to_vec());
                 ws.prepare(stream, &cu, &lens, opts)?;
             }
-            ws.scheduled_plan(&problem, opts)?
+            ws.scheduled_plan(&problem, opts, replay)?
         }
         Some(ws) => {
             ws.uniform_plan(&problem.windowed_for(opts.score_mod.window, opts.causal, kernel), kernel, opts.num_splits)?

@@ -327,3 +327,51 @@ fn strides_of_single_element_dimensions_are_not_rejected() {
     .unwrap();
     assert!(out[..t * hq * dd].iter().all(|x| (x.to_f32() - 0.25).abs() < 1e-3));
 }
+
+/// Paged prefill's scheduled path (the decode kernel over packed query rows, then the merge over a row list)
+/// replayed after `prepare` for more query rows than it was captured with: 2 sequences of 4 new tokens (8
+/// rows) captured, the table then prepared for 4 sequences (16 rows). Rows 8..15 are skipped; rows 0..7 are
+/// their tokens' attention (against the fp64 reference, LSE included: a stray LSE store of row 9 would land
+/// inside the [Hq, 8] LSE of another head). Before the merge bounded its rows the emulator faulted on the
+/// store of row 8 past `o`.
+#[test]
+fn paged_prefill_replay_after_prepare_for_more_rows_writes_only_its_output() {
+    use fused_attn::paged_prefill::{replay_scheduled, PagedPrefillProblem};
+    use fused_attn::testkit::cases::paged_prefill::{case, evaluate, PagedPrefillFixture};
+    use fused_attn::{PagedPrefillKernel, PagedPrefillOptions, PagedPrefillWorkspace};
+    let seed = 0x46_0004;
+    let (hq, hkv, d) = (4, 2, 64);
+    let c = case(d, (hq, hkv), 16, &[(4, 600), (4, 1000)]);
+    let f = PagedPrefillFixture::<bf16>::new(&c, seed);
+    let emu = Emulator::new();
+    let stream = Stream::Emu(&emu);
+    let limits = PagedPrefillProblem {
+        batch: 8,
+        heads_q: hq,
+        heads_kv: hkv,
+        head_dim: d,
+        total_q: 32,
+        max_seqlen_q: 4,
+        max_seq_len: 1024,
+    };
+    let mut ws = PagedPrefillWorkspace::scheduled_on(&stream, &limits, SplitPolicy::Balanced, 64).unwrap();
+    let opts = PagedPrefillOptions { kernel: PagedPrefillKernel::Streaming, ..Default::default() };
+    let schedule = ws.prepare(&stream, &[0, 4, 8, 12, 16], &[1000; 4], &opts).unwrap().clone();
+    assert!(schedule.merge_rows.iter().any(|r| r.out_row >= 8), "rows past the output: {:?}", schedule.merge_rows);
+
+    let (rows, total_q) = (16, c.total_q());
+    let mut o_buf = vec![bf16::NAN; rows * hq * d];
+    let mut lse = vec![f32::NAN; hq * total_q];
+    let cache = f.host_cache().unwrap();
+    let q = TensorView::host(&f.q, [total_q, hq, d]).unwrap();
+    let cu = TensorView::host(&f.cu_seqlens_q, [c.batch() + 1]).unwrap();
+    let plan = {
+        let mut o = TensorViewMut::host(&mut o_buf[..total_q * hq * d], [total_q, hq, d]).unwrap();
+        let mut l = TensorViewMut::host(&mut lse, [hq, total_q]).unwrap();
+        let r = replay_scheduled(&stream, &q, &cu, c.max_seqlen_q(), &cache, &mut o, Some(&mut l), &mut ws, &opts);
+        r.unwrap_or_else(|e| panic!("the replay touched memory outside its buffers: {e:?}"))
+    };
+    assert!(o_buf[total_q * hq * d..].iter().all(|x| x.is_nan()), "rows past the output were written");
+    let outcome = evaluate(&f, seed, plan, &o_buf[..total_q * hq * d], &lse).unwrap();
+    assert!(outcome.passed(), "rows 0..8 against the reference: {}", outcome.summary());
+}
