@@ -165,6 +165,16 @@ pub fn mla_append<T: Element, C: KvCacheOf<T>>(
     let dims = opts.dims;
     let [num_pages, page_size, heads, row] = cache.shape();
     check_latent_geometry(heads, row, &dims)?;
+    // The pool's rules, as PagedKvCacheMut's (the launcher's, named here).
+    if page_size == 0 || page_size > crate::paged::MAX_PAGE_SIZE {
+        return Err(Error::unsupported(
+            "latent_cache",
+            format!("page size {page_size} (dimension 1) is outside 1..={}", crate::paged::MAX_PAGE_SIZE),
+        ));
+    }
+    if num_pages == 0 {
+        return Err(Error::shape("latent_cache", "has no pages"));
+    }
     check_fp8_dims::<C>(&dims)?;
     crate::fp8::check_cache_dtype::<C>(T::DTYPE, opts.scale.is_some())?;
     let scales = match opts.scale {

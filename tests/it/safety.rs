@@ -375,3 +375,30 @@ fn paged_prefill_replay_after_prepare_for_more_rows_writes_only_its_output() {
     let outcome = evaluate(&f, seed, plan, &o_buf[..total_q * hq * d], &lse).unwrap();
     assert!(outcome.passed(), "rows 0..8 against the reference: {}", outcome.summary());
 }
+
+/// Found by tests/it/validation_prop.rs: `mla_append` into a latent cache of no pages, or of page size 0,
+/// with only padding slots (which no table check rejects) reached the launcher, whose rejection named
+/// nothing. Now `Shape` / `Unsupported` naming `latent_cache`, as `PagedKvCacheMut` names its caches.
+#[test]
+fn mla_append_pool_rules_are_named() {
+    let emu = Emulator::new().with_table_checks(fused_attn::TableChecks::GpuMasking);
+    let stream = Stream::Emu(&emu);
+    let (n, rank, rope) = (2, 64, 16);
+    let latent = vec![bf16::ONE; n * rank];
+    let k_pe = vec![bf16::ONE; n * rope];
+    let slots = [-1i64, -1];
+    let opts = MlaAppendOptions { dims: MlaDims { kv_lora_rank: rank, rope_dim: rope }, rope: None, scale: None };
+    for (pages, ps, want) in [(0, 16, ErrorKind::Shape), (2, 0, ErrorKind::Unsupported)] {
+        let mut cache: Vec<bf16> = vec![bf16::NAN; pages * ps * (rank + rope)];
+        let (kind, msg) = err(mla_append(
+            &stream,
+            &TensorView::host(&latent, [n, rank]).unwrap(),
+            &TensorView::host(&k_pe, [n, rope]).unwrap(),
+            &TensorView::host(&slots, [n]).unwrap(),
+            &mut TensorViewMut::host(&mut cache, [pages, ps, 1, rank + rope]).unwrap(),
+            &opts,
+        ));
+        assert_eq!(kind, want, "{pages} pages of {ps}: {msg}");
+        assert!(msg.starts_with("latent_cache:"), "{msg}");
+    }
+}

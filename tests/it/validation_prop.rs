@@ -1,5 +1,5 @@
 //! Issue 46, item 7: a property test of the validation layer. Random arguments for decode, paged prefill, append,
-//! merge and dense prefill — shapes (0, odd, mismatched), strides (0, negative, overlapping, huge), buffers too short,
+//! merge, dense prefill, MLA decode and mla_append — shapes (0, odd, mismatched), strides (0, negative, overlapping, huge), buffers too short,
 //! block tables (ids out of range, repeated, −1, i32::MAX), seq_lens (negative, past the capacity,
 //! i32::MAX), slot mappings (repeated, negative, past the pool), head dims, dtypes, split counts and
 //! workspaces — run on the emulator, whose region checks fault on any access outside the launch's buffers,
@@ -16,9 +16,9 @@ use fused_attn::plan::DecodeProblem;
 use fused_attn::prefill::{prefill, PrefillOptions};
 use fused_attn::testkit::seed::{case_seed, rng, FixtureRng};
 use fused_attn::{
-    append, decode, merge_states, paged_prefill, Element, Emulator, ErrorKind, PagedKvCache, PagedKvCacheMut,
-    PagedPrefillKernel, PagedPrefillOptions, PagedPrefillWorkspace, SplitPolicy, Stream, TableChecks, TensorView,
-    TensorViewMut,
+    append, decode, latent_cache, merge_states, mla_append, mla_decode, paged_prefill, Element, Emulator, ErrorKind,
+    MlaAppendOptions, MlaDecodeOptions, MlaDims, MlaQueries, PagedKvCache, PagedKvCacheMut, PagedPrefillKernel,
+    PagedPrefillOptions, PagedPrefillWorkspace, SplitPolicy, Stream, TableChecks, TensorView, TensorViewMut,
 };
 use half::{bf16, f16};
 use rand::Rng;
@@ -290,6 +290,91 @@ fn paged_prefill_case<T: Element>(r: &mut Gen, emu: &Emulator) -> fused_attn::Re
         .map(|_| ())
 }
 
+fn mla_dims(r: &mut Gen) -> MlaDims {
+    if !r.chaos() {
+        MlaDims { kv_lora_rank: pick(r, &[64, 128, 512]), rope_dim: pick(r, &[0, 16, 64]) }
+    } else {
+        MlaDims { kv_lora_rank: pick(r, &[0, 12, 520]), rope_dim: pick(r, &[8, 70]) }
+    }
+}
+
+fn mla_decode_case<T: Element>(r: &mut Gen, emu: &Emulator) -> fused_attn::Result<()> {
+    let stream = Stream::Emu(emu);
+    let dims = mla_dims(r);
+    let row = dims.kv_lora_rank + dims.rope_dim;
+    let (b, hq) = (r.range(0..4), pick(r, &[1, 8, 16]));
+    let (pages, ps) = (r.range(1..5), if r.chaos() { 0 } else { pick(r, &[1, 16, 64]) });
+    let width = if r.chaos() { 0 } else { r.range(1..3) };
+    let capacity = (width * ps) as i32;
+    let max_seq_len = if !r.chaos() { capacity.max(0) as usize } else { pick(r, &[0, 1 << 31, usize::MAX]) };
+    let table: Vec<i32> = (0..b * width).map(|_| table_entry(r, pages)).collect();
+    let lens: Vec<i32> = (0..b)
+        .map(|_| if !r.chaos() { r.range(0..=capacity.max(0)) } else { pick(r, &[-1, capacity + 1, i32::MAX]) })
+        .collect();
+    // One query token per sequence, or packed tokens through cu_seqlens_q.
+    let packed = r.bool(0.4);
+    let mut cu = vec![0i32];
+    for &len in &lens {
+        let q_len = if !r.chaos() { r.range(0..=len.clamp(0, 3)) } else { pick(r, &[-2, 5, i32::MAX / 2]) };
+        cu.push(cu.last().copied().unwrap_or(0).saturating_add(q_len));
+    }
+    let total_q = if !packed {
+        b
+    } else if !r.chaos() {
+        cu.last().copied().unwrap_or(0).max(0) as usize
+    } else {
+        r.range(0..8)
+    };
+    let max_seqlen_q = if !r.chaos() {
+        cu.windows(2).map(|w| (w[1] - w[0]).max(0)).max().unwrap_or(0) as usize
+    } else {
+        r.range(0..5)
+    };
+    let latent: Vec<T> = vec![T::from_f64(0.5); buffer_len(r, &[pages, ps, 1, row])];
+    let q: Vec<T> = vec![T::from_f64(0.25); buffer_len(r, &[total_q, hq, row])];
+    let mut o: Vec<T> = vec![T::nan(); buffer_len(r, &[total_q, hq, dims.kv_lora_rank])];
+    let mut lse = vec![f32::NAN; buffer_len(r, &[total_q, hq])];
+    let cache = latent_cache(
+        view(r, &latent, [pages, ps, 1, row])?,
+        view(r, &table, [b, width])?,
+        view(r, &lens, [b])?,
+        max_seq_len,
+    )?;
+    let cu_view = view(r, &cu, [b + 1])?;
+    let queries = packed.then_some(MlaQueries { cu_seqlens_q: &cu_view, max_seqlen_q });
+    let num_splits =
+        if r.chaos() { pick(r, &[Some(0), Some(70_000)]) } else { pick(r, &[None, None, Some(1), Some(3)]) };
+    let opts = MlaDecodeOptions { scale: if r.chaos() { f32::NAN } else { 0.1 }, dims, num_splits, queries };
+    let mut ws = match r.range(0..2) {
+        0 => DecodeWorkspace::new(&stream, r.range(0..1 << 16), r.range(0..256))?,
+        _ => DecodeWorkspace::with_capacity(&stream, total_q, hq, dims.kv_lora_rank, pick(r, &[1, 4]))?,
+    };
+    let qv = view(r, &q, [total_q, hq, row])?;
+    let mut ov = view_mut(r, &mut o, [total_q, hq, dims.kv_lora_rank])?;
+    let mut lv = view_mut(r, &mut lse, [total_q, hq])?;
+    let with_lse = r.bool(0.7);
+    mla_decode(&stream, &qv, &cache, &mut ov, with_lse.then_some(&mut lv), &mut ws, &opts).map(|_| ())
+}
+
+fn mla_append_case<T: Element>(r: &mut Gen, emu: &Emulator) -> fused_attn::Result<()> {
+    let stream = Stream::Emu(emu);
+    let dims = mla_dims(r);
+    let row = dims.kv_lora_rank + dims.rope_dim;
+    let (n, pages, ps) = (r.range(0..5), r.range(0..4), if r.chaos() { 0 } else { pick(r, &[1, 16]) });
+    let pool = (pages * ps) as i64;
+    let slots: Vec<i64> = (0..n)
+        .map(|_| if !r.chaos() && pool > 0 { r.range(0..pool) } else { pick(r, &[-1, pool, i64::MAX]) })
+        .collect();
+    let latent: Vec<T> = vec![T::from_f64(1.0); buffer_len(r, &[n, dims.kv_lora_rank])];
+    let k_pe: Vec<T> = vec![T::from_f64(0.5); buffer_len(r, &[n, dims.rope_dim])];
+    let mut cache: Vec<T> = vec![T::nan(); buffer_len(r, &[pages, ps, 1, row])];
+    let lv = view(r, &latent, [n, dims.kv_lora_rank])?;
+    let kv = view(r, &k_pe, [n, dims.rope_dim])?;
+    let sv = view(r, &slots, [n])?;
+    let mut cv = view_mut(r, &mut cache, [pages, ps, 1, row])?;
+    mla_append(&stream, &lv, &kv, &sv, &mut cv, &MlaAppendOptions { dims, rope: None, scale: None })
+}
+
 fn merge_case(r: &mut Gen, emu: &Emulator) -> fused_attn::Result<()> {
     let stream = Stream::Emu(emu);
     let (k, n, h, d) = (r.range(0..4), r.range(0..4), r.range(0..3), head_dim(r));
@@ -337,13 +422,18 @@ fn every_case_is_a_named_error_or_a_clean_run() {
         let mut r = Gen { r, chaos };
         let checks = if r.bool(0.5) { TableChecks::Strict } else { TableChecks::GpuMasking };
         let emu = Emulator::new().with_table_checks(checks);
-        let op = pick(&mut r, &["decode", "decode_f16", "append", "merge", "prefill", "paged_prefill"]);
+        let op = pick(
+            &mut r,
+            &["decode", "decode_f16", "append", "merge", "prefill", "paged_prefill", "mla_decode", "mla_append"],
+        );
         let run = catch_unwind(AssertUnwindSafe(|| match op {
             "decode" => decode_case::<bf16>(&mut r, &emu),
             "decode_f16" => decode_case::<f16>(&mut r, &emu),
             "append" => append_case::<bf16>(&mut r, &emu),
             "merge" => merge_case(&mut r, &emu),
             "paged_prefill" => paged_prefill_case::<bf16>(&mut r, &emu),
+            "mla_decode" => mla_decode_case::<bf16>(&mut r, &emu),
+            "mla_append" => mla_append_case::<f16>(&mut r, &emu),
             _ => prefill_case::<bf16>(&mut r, &emu),
         }));
         match run {
