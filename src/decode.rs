@@ -375,6 +375,7 @@ impl DecodeWorkspace {
         plan: &DecodePlan,
         sm_count: usize,
     ) -> Result<Self> {
+        plan.check_pinnable()?;
         let ws = Self {
             partial_o: Buffer::Device { ptr: partial_o.0, len: partial_o.1 },
             partial_lse: Buffer::Device { ptr: partial_lse.0, len: partial_lse.1 },
@@ -416,6 +417,7 @@ impl DecodeWorkspace {
 
     /// Exactly the room `plan` needs, pinned to `plan`: every call follows it (and must fit its limits).
     pub fn for_plan(stream: &Stream<'_>, plan: &DecodePlan) -> Result<Self> {
+        plan.check_pinnable()?;
         let mut ws = Self::new(stream, plan.partial_o_len, plan.partial_lse_len)?;
         ws.plan = Some(*plan);
         Ok(ws)
@@ -810,6 +812,7 @@ fn decode_scheduled<T: Element, C: KvCacheOf<T>>(
         grid: [sched.slots, 1, 1],
         partial_o_len: schedule.num_partials * problem.heads_q * g.head_dim_v,
         partial_lse_len: schedule.num_partials * problem.heads_q,
+        summary: true,
     };
     if problem.batch == 0 {
         return Ok(plan);

@@ -107,6 +107,9 @@ pub struct DecodePlan {
     pub(crate) grid: [usize; 3],
     pub(crate) partial_o_len: usize,
     pub(crate) partial_lse_len: usize,
+    /// A scheduled call's summary (its largest chunk count, the slot grid, the partials it used): a record,
+    /// not a uniform plan, so no workspace pins it.
+    pub(crate) summary: bool,
 }
 
 /// Read-only getters of a plan's fields (plans are values the crate made: no field is public).
@@ -138,6 +141,23 @@ plan_getters!(DecodePlan {
     /// fp32 elements of the split workspace's partial LSE [num_splits, B, Hq] (0 without splitting).
     partial_lse_len: usize,
 });
+
+impl DecodePlan {
+    /// Whether this is the summary a scheduled call returns (not a plan a workspace can pin).
+    pub fn is_schedule_summary(&self) -> bool {
+        self.summary
+    }
+    /// `Usage` for a schedule summary: only uniform plans are pinned.
+    pub(crate) fn check_pinnable(&self) -> Result<()> {
+        if self.summary {
+            return Err(Error::usage(
+                "plan: the summary a scheduled call returns is not a uniform plan (use DecodePlan::new, or \
+                 DecodeWorkspace::scheduled)",
+            ));
+        }
+        Ok(())
+    }
+}
 
 /// Fraction of the SM slots a grid of `ctas` keeps busy over its waves: ctas / (waves * slots).
 pub fn wave_efficiency(ctas: usize, slots: usize) -> f64 {
@@ -220,6 +240,7 @@ impl DecodePlan {
             grid: [num_splits, grid_y, problem.batch],
             partial_o_len,
             partial_lse_len,
+            summary: false,
         })
     }
 

@@ -402,3 +402,34 @@ fn mla_append_pool_rules_are_named() {
         assert!(msg.starts_with("latent_cache:"), "{msg}");
     }
 }
+
+/// S2 (the last way to a plan the planner did not make): the plan a scheduled decode returns is a summary
+/// (its largest chunk count, the slot grid, split_tokens 0 under the balanced policy), not a uniform plan;
+/// pinning it is `Usage`. Before, `for_plan` took it and a later call reached the launcher's nameless
+/// rejection of split_tokens 0.
+#[test]
+fn a_schedule_summary_is_not_pinned() {
+    let emu = Emulator::new();
+    let stream = Stream::Emu(&emu);
+    let case = DecodeCase::new(DType::Bf16, 64, (8, 2), 16, &[600, 1000], None);
+    let f = PagedFixture::<bf16>::new(&case, 0x46_0005).unwrap();
+    let mut ws = DecodeWorkspace::scheduled_on(&stream, &case.problem(), SplitPolicy::Balanced, 64).unwrap();
+    let (b, hq, d) = (case.batch(), 8, 64);
+    let mut o = vec![bf16::NAN; b * hq * d];
+    let plan = fused_attn::decode(
+        &stream,
+        &TensorView::host(&f.q, [b, hq, d]).unwrap(),
+        &f.host_cache().unwrap(),
+        &mut TensorViewMut::host(&mut o, [b, hq, d]).unwrap(),
+        None,
+        &mut ws,
+        &DecodeOptions::default(),
+    )
+    .unwrap();
+    assert!(plan.is_schedule_summary() && plan.num_splits() > 1, "{plan:?}");
+    let (kind, msg) = err(DecodeWorkspace::for_plan(&stream, &plan));
+    assert_eq!(kind, ErrorKind::Usage, "{msg}");
+    assert!(msg.starts_with("plan:"), "{msg}");
+    let uniform = DecodePlan::new(&case.problem(), 132, Some(2)).unwrap();
+    assert!(!uniform.is_schedule_summary() && DecodeWorkspace::for_plan(&stream, &uniform).is_ok());
+}
