@@ -30,7 +30,7 @@
 //! multiples of 16.
 
 use crate::decode::{check_split_fits, stream_slots, stream_sm_count, Buffer, ScheduleTable};
-use crate::device::Stream;
+use crate::device::{RawStream, Stream};
 use crate::dtype::Element;
 use crate::error::{to_i32, Error, Result};
 use crate::fp8::{self, KvCacheOf};
@@ -292,6 +292,8 @@ pub struct PagedPrefillWorkspace {
     /// plan of wide ones fills one per SM).
     streaming_slots: usize,
     scheduler: Option<ShortQueryScheduler>,
+    /// The raw stream a workspace in the caller's memory is bound to ([`PagedPrefillWorkspace::from_device_ptrs`]).
+    raw_stream: Option<RawStream>,
 }
 
 /// A scheduled paged prefill workspace's limits, its schedule table, and what the current schedule was
@@ -313,7 +315,7 @@ struct Prepared {
 
 /// Buffer::new's error for a PagedPrefillWorkspace on a raw stream (it has no device-pointer constructor).
 const ON_RAW_STREAM: &str = "a raw stream has no allocator for a PagedPrefillWorkspace: \
-    call paged_prefill without a workspace (one split)";
+    use PagedPrefillWorkspace::from_device_ptrs (your memory), or call paged_prefill without one (one split)";
 
 impl PagedPrefillWorkspace {
     /// Room for any plan over at most `max_total_q` packed tokens of `heads_q` heads of `head_dim` with at
@@ -336,7 +338,48 @@ impl PagedPrefillWorkspace {
             sm_count: stream_sm_count(stream)?,
             streaming_slots: stream_slots(stream, head_dim, ROWS_PER_CTA)?,
             scheduler: None,
+            raw_stream: None,
         })
+    }
+
+    /// A uniform-plan workspace in the caller's device memory, for [`Stream::Raw`] users with their own
+    /// allocator: `partial_o` / `partial_lse` are (pointer, fp32 elements) ranges, `sm_count` the device's SMs
+    /// and `streaming_slots` the CTAs of the streaming kernel it runs at once (SMs × resident CTAs; see
+    /// [`crate::schedule::decode_ctas_per_sm`]). Bound to `stream`: a launch on another stream is `Usage`.
+    /// Each call's split partials are checked against the lengths given (`OutOfBounds`). (A scheduled
+    /// workspace needs the crate to write its table, which it cannot do on a raw stream.)
+    ///
+    /// # Safety
+    /// As [`crate::DecodeWorkspace::from_device_ptrs`]: for every launch made through this workspace, both
+    /// ranges are device memory of `stream`'s context, of at least the lengths given, used by nobody else
+    /// while that work may be in flight.
+    pub unsafe fn from_device_ptrs(
+        stream: RawStream,
+        partial_o: (u64, usize),
+        partial_lse: (u64, usize),
+        sm_count: usize,
+        streaming_slots: usize,
+    ) -> Result<Self> {
+        Ok(Self {
+            partial_o: Buffer::Device { ptr: partial_o.0, len: partial_o.1 },
+            partial_lse: Buffer::Device { ptr: partial_lse.0, len: partial_lse.1 },
+            sm_count: sm_count.max(1),
+            streaming_slots: streaming_slots.max(1),
+            scheduler: None,
+            raw_stream: Some(stream),
+        })
+    }
+
+    /// `Usage` unless a launch on `stream` may use this workspace (a raw one only on its own stream).
+    fn check_stream(&self, stream: &Stream<'_>) -> Result<()> {
+        match (self.raw_stream, stream) {
+            (None, _) => Ok(()),
+            (Some(own), Stream::Raw(r)) if own.cu_stream() == r.cu_stream() => Ok(()),
+            (Some(_), _) => Err(Error::usage(
+                "workspace: made by PagedPrefillWorkspace::from_device_ptrs for another stream (a raw workspace \
+                 is used only on its own stream, which orders the launches that share its partials)",
+            )),
+        }
     }
 
     /// A scheduled workspace for calls within `limits`: at most `limits.batch` sequences, `limits.total_q`
@@ -408,6 +451,7 @@ impl PagedPrefillWorkspace {
             sm_count: stream_sm_count(stream)?,
             streaming_slots: slots,
             scheduler: Some(ShortQueryScheduler { limits: *limits, table, prepared: None }),
+            raw_stream: None,
         })
     }
 
@@ -734,6 +778,9 @@ fn paged_prefill_impl<T: Element, C: KvCacheOf<T>>(
     replay: bool,
 ) -> Result<PagedPrefillPlan> {
     opts.score_mod.check_values()?;
+    if let Some(ws) = workspace.as_deref() {
+        ws.check_stream(stream)?;
+    }
     let problem = check_paged_prefill_args(q, cu_seqlens_q, max_seqlen_q, cache, o, lse.as_deref())?;
     if crate::paged::strict_tables(stream) {
         cache.validate(stream)?;
@@ -920,6 +967,51 @@ fn paged_prefill_impl<T: Element, C: KvCacheOf<T>>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 46 (item 4): raw streams get a paged prefill workspace in their own memory, bound to their
+    /// stream (another stream or backend is `Usage`). The handles are only compared, never used.
+    #[test]
+    fn raw_workspaces_are_bound_to_their_stream() {
+        let fake = |s: usize| RawStream::from_raw_parts_for_tests(s as _, 0x10 as _);
+        // SAFETY: nothing is launched; the workspace is only checked against streams.
+        let ws = unsafe { PagedPrefillWorkspace::from_device_ptrs(fake(0x100), (1 << 20, 64), (1 << 21, 8), 132, 396) };
+        let ws = ws.unwrap();
+        assert_eq!(ws.sm_count(), 132);
+        assert!(ws.check_stream(&Stream::Raw(fake(0x100))).is_ok());
+        let emu = crate::Emulator::new();
+        for other in [Stream::Raw(fake(0x200)), Stream::Emu(&emu)] {
+            let e = ws.check_stream(&other).unwrap_err();
+            assert_eq!(e.kind(), &crate::ErrorKind::Usage);
+            assert!(e.message().starts_with("workspace:"), "{}", e.message());
+        }
+        // A call over it on the emulator stops at the stream check, before anything reads its memory.
+        let mut ws = ws;
+        let q = vec![half::bf16::ZERO; 64];
+        let cu = [0i32, 1];
+        let (k, t, l) = (vec![half::bf16::ZERO; 64], [0i32], [1i32]);
+        let cache = PagedKvCache::new(
+            TensorView::host(&k, [1, 1, 1, 64]).unwrap(),
+            TensorView::host(&k, [1, 1, 1, 64]).unwrap(),
+            TensorView::host(&t, [1, 1]).unwrap(),
+            TensorView::host(&l, [1]).unwrap(),
+            1,
+        )
+        .unwrap();
+        let mut o = vec![half::bf16::NAN; 64];
+        let e = paged_prefill(
+            &Stream::Emu(&emu),
+            &TensorView::host(&q, [1, 1, 64]).unwrap(),
+            &TensorView::host(&cu, [2]).unwrap(),
+            1,
+            &cache,
+            &mut TensorViewMut::host(&mut o, [1, 1, 64]).unwrap(),
+            None,
+            Some(&mut ws),
+            &PagedPrefillOptions::default(),
+        )
+        .unwrap_err();
+        assert_eq!(e.kind(), &crate::ErrorKind::Usage);
+    }
 
     fn problem(batch: usize, hq: usize, hkv: usize, d: usize, q: usize, ctx: usize) -> PagedPrefillProblem {
         PagedPrefillProblem {
