@@ -14,6 +14,8 @@ use fused_attn::decode::{DecodeOptions, DecodeWorkspace};
 use fused_attn::paged_prefill::PagedPrefillProblem;
 use fused_attn::plan::DecodeProblem;
 use fused_attn::prefill::{prefill, PrefillOptions};
+use fused_attn::rope::{Rope, RopeStyle};
+use fused_attn::score_mod::{AlibiSlopes, ScoreMod};
 use fused_attn::testkit::seed::{case_seed, rng, FixtureRng};
 use fused_attn::{
     append, decode, latent_cache, merge_states, mla_append, mla_decode, paged_prefill, Element, Emulator, ErrorKind,
@@ -39,7 +41,10 @@ fn judge(op: &str, r: fused_attn::Result<()>) -> Result<Outcome, String> {
         Ok(()) => Ok(Outcome::Ran(op.to_string())),
         Err(e) => {
             let msg = e.message();
-            let named = msg.split_once(':').is_some_and(|(head, _)| !head.is_empty() && !head.contains(" ("));
+            // "<argument>: ..." (e.g. "window (right): ..."); a launcher's "<kernel> (emu): ..." names none.
+            let named = msg
+                .split_once(':')
+                .is_some_and(|(head, _)| !head.is_empty() && !head.ends_with("(emu)") && !head.ends_with("(gpu)"));
             if e.kind() == &ErrorKind::Emulator {
                 Err(format!("{op}: the emulator caught a fault: {msg}"))
             } else if !named || msg.contains("launcher rejected") || msg.contains("launcher status") {
@@ -183,8 +188,47 @@ fn decode_case<T: Element>(r: &mut Gen, emu: &Emulator) -> fused_attn::Result<()
         view(r, &lens, [b])?,
         max_seq_len,
     )?;
+    // Score variants and RoPE, sometimes, with values in range or not (lengths, strides, NaN, bounds).
+    let value = |r: &mut Gen| if r.chaos() { pick(r, &[f32::NAN, f32::INFINITY, -3.0]) } else { 0.25 };
+    let slopes: Vec<f32> = (0..buffer_len(r, &[b, hq])).map(|_| value(r)).collect();
+    let sinks: Vec<f32> = (0..buffer_len(r, &[hq])).map(|_| value(r)).collect();
+    let slope_len = if r.chaos() { r.range(0..8) } else { hq };
+    let per_head = view(r, &slopes, [slope_len])?;
+    let per_seq = view(r, &slopes, [b, slope_len])?;
+    let sink_len = if r.chaos() { r.range(0..8) } else { hq };
+    let sink_view = view(r, &sinks, [sink_len])?;
+    let window = |r: &mut Gen| if r.chaos() { pick(r, &[-7, i32::MAX, i32::MIN]) } else { pick(r, &[-1, 0, 5, 100]) };
+    let score_mod = ScoreMod {
+        window: r.bool(0.3).then(|| (window(r), window(r))),
+        softcap: r.bool(0.2).then(|| if r.chaos() { pick(r, &[0.0, -1.0, f32::NAN]) } else { 30.0 }),
+        alibi_slopes: match r.range(0..5) {
+            0 => Some(AlibiSlopes::PerHead(&per_head)),
+            1 => Some(AlibiSlopes::PerSequence(&per_seq)),
+            _ => None,
+        },
+        sinks: r.bool(0.2).then_some(&sink_view),
+    };
+    let rd = if r.chaos() { pick(r, &[0, 3, d + 2]) } else { pick(r, &[2, 32, d]) };
+    let first_pos = if r.chaos() { 0 } else { 1 };
+    let max_pos = r.range(first_pos..40);
+    let cols = if r.chaos() { rd / 4 } else { rd / 2 + 1 };
+    let table: Vec<f32> = vec![0.5; buffer_len(r, &[max_pos, cols])];
+    let positions: Vec<i32> = (0..b)
+        .map(|_| if r.chaos() { pick(r, &[-1, max_pos as i32, i32::MAX]) } else { r.range(0..max_pos.max(1) as i32) })
+        .collect();
+    let (cos, sin) = (view(r, &table, [max_pos, cols])?, view(r, &table, [max_pos, cols])?);
+    let pos = view(r, &positions, [b])?;
+    let rope = r.bool(0.2).then(|| Rope {
+        cos: &cos,
+        sin: &sin,
+        positions: r.bool(0.5).then_some(&pos),
+        rotary_dim: rd,
+        style: pick(r, &[RopeStyle::Neox, RopeStyle::Gptj]),
+    });
     let opts = DecodeOptions {
         num_splits: pick(r, &[None, None, Some(0), Some(1), Some(3), Some(70_000)]),
+        score_mod,
+        rope,
         ..Default::default()
     };
     let limits = DecodeProblem { batch: b.max(1), heads_q: hq, heads_kv: hkv, head_dim: d, max_seq_len };
