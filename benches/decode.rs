@@ -171,7 +171,7 @@ fn bench_case<C: BenchKv>(
     });
     s.synchronize().expect("synchronize");
     let ms = support::ms_per_launch(&log.borrow());
-    Row { name, kv: C::NAME, bytes, splits: plan.num_splits, ms }
+    Row { name, kv: C::NAME, bytes, splits: plan.num_splits(), ms }
 }
 
 fn main() {

@@ -143,7 +143,7 @@ fn bench_case<C: BenchKv>(
     });
     s.synchronize().expect("synchronize");
     let ms = support::ms_per_launch(&log.borrow());
-    Row { name, kv: C::NAME, bytes, flops: case.flops(), splits: plan.num_splits, ms }
+    Row { name, kv: C::NAME, bytes, flops: case.flops(), splits: plan.num_splits(), ms }
 }
 
 fn main() {

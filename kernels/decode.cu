@@ -645,9 +645,12 @@ template <class T, int D, bool kVariant, bool kFp8> FA_DEVICE void paged_decode_
                                               : Unit{bid.z, bid.y, bid.x, p.num_splits, p.split_tokens, 0});
     return;
   }
-  const int first = ld_global_nc(p.work_indptr + bid.x);
-  const int last = ld_global_nc(p.work_indptr + bid.x + 1);
-  for (int i = first; i < last && i < p.num_work; ++i) {
+  // The CTA's range is device data too: compared unsigned, a negative start is past every unit (the CTA
+  // runs none) and the units read stay in [0, num_work). (A clamp to 0 instead costs a register: a spill at
+  // D = 256 with FP8 and variants under the 168-register cap.)
+  const unsigned first = (unsigned)ld_global_nc(p.work_indptr + bid.x);
+  const unsigned last = (unsigned)ld_global_nc(p.work_indptr + bid.x + 1);
+  for (unsigned i = first; i < last && i < (unsigned)p.num_work; ++i) {
     const FaDecodeWork *w = p.work + i;
     const Unit u{ld_global_nc(&w->b),         ld_global_nc(&w->head_block),   ld_global_nc(&w->split),
                  ld_global_nc(&w->num_splits), ld_global_nc(&w->split_tokens), ld_global_nc(&w->partial_base)};
@@ -825,7 +828,8 @@ extern "C" int fa_decode(FaDecodeParams p, FaExec *exec) {
   if (p.work != nullptr) {
     // Scheduled: merge the sequences the schedule split, each over its own states [num_partials, Hq, D].
     if (status != FA_OK || p.num_merge_rows == 0) return status;
-    return fa::merge_split_kv_rows(p, p.merge_rows, p.num_merge_rows, p.num_partials, p.o_batch_stride,
+    return fa::merge_split_kv_rows(p, p.merge_rows, p.num_merge_rows, p.num_partials,
+                                   p.cu_seqlens_q != nullptr ? p.total_q : p.batch, p.o_batch_stride,
                                    p.lse_batch_stride, p.lse_head_stride, exec);
   }
   if (status != FA_OK || p.num_splits == 1) return status;

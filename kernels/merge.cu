@@ -33,18 +33,25 @@ template <class S, class O> FA_DEVICE void merge_states_kernel(const FaMergePara
 
   // A row list names each outer row's output row and its run of states (a scheduled split-KV merges only
   // the sequences it split, each over its own number of states); else row n's states are s = 0 .. k-1.
+  // The entries are device data: an out_row outside the launch's output rows, or a first state outside
+  // the states, is skipped (a CUDA graph replayed after a `prepare` for more rows than it was captured
+  // with: docs/semantics.md, "Safety"), and a run is clamped to the states there are.
   int64_t first_lse = n * p.lse_outer_stride, first_o = n * p.o_outer_stride;
   int num_states = p.num_states;
   if (p.row_list != nullptr) {
     const FaMergeRow *entry = p.row_list + n;
     const int out_row = ld_global_nc(&entry->out_row);
-    if (out_row < 0) return; // padding
+    if (out_row < 0 || out_row >= p.out_rows) return; // padding, or a row this launch has no output for
     const int first_state = ld_global_nc(&entry->first_state);
     const int entry_states = ld_global_nc(&entry->num_states);
+    if (first_state < 0 || first_state > p.num_states) return;
+    const int room = p.num_states - first_state;
     n = out_row;
-    num_states = entry_states < p.num_states ? entry_states : p.num_states;
+    num_states = entry_states < 0 ? 0 : (entry_states < room ? entry_states : room);
     first_lse = (int64_t)first_state * p.lse_state_stride;
     first_o = (int64_t)first_state * p.o_state_stride;
+  } else if (n >= p.out_rows) {
+    return;
   }
   const float *lse_row = p.lse_states + first_lse + h * p.lse_inner_stride;
   const S *o_row = static_cast<const S *>(p.o_states) + first_o + h * p.o_inner_stride + c * 8;
@@ -155,7 +162,8 @@ const Entry kKernels[3][3] = {
 
 extern "C" int fa_merge(FaMergeParams p, FaExec *exec) {
   using namespace fa::merge;
-  if (p.num_states < 0 || p.rows_outer < 0 || p.rows_inner < 0 || p.head_dim <= 0 || p.head_dim % 8 != 0)
+  if (p.num_states < 0 || p.rows_outer < 0 || p.rows_inner < 0 || p.out_rows < 0 || p.head_dim <= 0 ||
+      p.head_dim % 8 != 0)
     return FA_ERR_INVALID;
   // 16-byte row accesses: aligned bases and element strides that keep every row start aligned.
   const int s_bytes = p.states_dtype == FA_DTYPE_F32 ? 4 : 2;

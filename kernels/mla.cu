@@ -163,9 +163,10 @@ template <class T, bool kFp8> FA_DEVICE void mla_decode_kernel(const FaMlaDecode
 
   int q_start = b, q_len = 1;
   if (p.cu_seqlens_q != nullptr) prefill::varlen_bounds(p.cu_seqlens_q, b, p.total_q, q_start, q_len);
-  const int packed_rows = q_len * p.heads_q;
+  // 64-bit: q_len comes from the device cu_seqlens_q (bounded only by total_q), so q_len * Hq may pass int.
+  const int64_t packed_rows = (int64_t)q_len * p.heads_q;
   if (packed0 >= packed_rows) return; // past this sequence's rows (uniform across the CTA)
-  const int rows = packed_rows - packed0 < Tr::kCtaRows ? packed_rows - packed0 : Tr::kCtaRows;
+  const int rows = packed_rows - packed0 < Tr::kCtaRows ? (int)(packed_rows - packed0) : Tr::kCtaRows;
 
   const PagedView cache{p.cache};
   const int seq_len = cache.seq_len(b);
@@ -599,6 +600,7 @@ int merge_partials(const FaMlaDecodeParams &p, FaExec *exec) {
   m.lse_out_inner_stride = 1;
   m.num_states = p.num_splits;
   m.rows_outer = p.total_q;
+  m.out_rows = p.total_q;
   m.rows_inner = p.heads_q;
   m.head_dim = p.kv_lora_rank;
   m.states_dtype = FA_DTYPE_F32;

@@ -87,8 +87,8 @@ pub fn append_with<T: Element, C: KvCacheOf<T>>(
         return Ok(());
     }
     let g = cache.geometry();
-    let (k_strides, v_strides) = (k.strides(), v.strides());
-    let (kc_strides, vc_strides) = (cache.k.strides(), cache.v.strides());
+    let (k_strides, v_strides) = (k.launch_strides(), v.launch_strides());
+    let (kc_strides, vc_strides) = (cache.k.launch_strides(), cache.v.launch_strides());
     let mut launch = Launch::new(*stream);
     let rope = match &opts.rope {
         Some(r) => r.abi(&mut launch, g.head_dim, num_tokens, true)?,

@@ -11,7 +11,7 @@
 
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 
-use crate::device::Stream;
+use crate::device::{RawStream, Stream};
 use crate::dtype::Element;
 use crate::error::{to_i32, Error, ErrorKind, Result};
 use crate::fp8::{self, KvCacheOf};
@@ -64,7 +64,15 @@ impl<T: DeviceRepr + ValidAsZeroBits + Copy + Default> Buffer<T> {
             // it on that stream too, after the work enqueued before the drop.
             Stream::Gpu(s) => Buffer::Gpu(s.alloc_zeros::<T>(len.max(1))?),
             Stream::Raw(_) => return Err(Error::new(ErrorKind::Usage, on_raw)),
-            Stream::Emu(_) => Buffer::Host(vec![T::default(); len]),
+            // A failed host allocation is an error, not an abort (limits can ask for any size).
+            Stream::Emu(_) => {
+                let mut v = Vec::new();
+                v.try_reserve_exact(len).map_err(|_| {
+                    Error::new(ErrorKind::OutOfMemory, format!("workspace: {len} elements of host memory"))
+                })?;
+                v.resize(len, T::default());
+                Buffer::Host(v)
+            }
         })
     }
     /// Writes `data` at the start, ordered on `stream` (a host-to-device copy from pageable memory: the
@@ -80,8 +88,20 @@ impl<T: DeviceRepr + ValidAsZeroBits + Copy + Default> Buffer<T> {
         }
         Ok(())
     }
-    /// A read-only view of the first `len` elements.
+    /// `OutOfBounds` unless the buffer holds `len` elements: every view is bounded by the stored length, so
+    /// no plan or schedule can make one reach past the memory (a raw workspace's contract covers only that).
+    fn check_len(&self, len: usize) -> Result<()> {
+        if len > self.len() {
+            return Err(Error::out_of_bounds(
+                "workspace",
+                format!("a view of {len} elements of a buffer that holds {}", self.len()),
+            ));
+        }
+        Ok(())
+    }
+    /// A read-only view of the first `len` elements (`OutOfBounds` past the buffer).
     pub(crate) fn input(&self, len: usize) -> Result<TensorView<'_, T, 1>> {
+        self.check_len(len)?;
         match self {
             Buffer::Gpu(s) => TensorView::gpu(s.slice(0..len), [len]),
             // SAFETY: the memory's contract was accepted by DecodeWorkspace::from_device_ptrs.
@@ -99,8 +119,9 @@ impl<T: DeviceRepr + ValidAsZeroBits + Copy + Default> Buffer<T> {
 }
 
 impl Buffer<f32> {
-    /// A writable view of the first `len` partials (fp32 O / LSE).
+    /// A writable view of the first `len` partials (fp32 O / LSE; `OutOfBounds` past the buffer).
     pub(crate) fn view(&mut self, len: usize) -> Result<TensorViewMut<'_, f32, 1>> {
+        self.check_len(len)?;
         match self {
             Buffer::Gpu(s) => TensorViewMut::gpu(s.slice_mut(0..len), [len]),
             // SAFETY: the memory's contract was accepted by DecodeWorkspace::from_device_ptrs.
@@ -125,6 +146,8 @@ pub struct DecodeWorkspace {
     sm_count: usize,
     plan: Option<DecodePlan>,
     scheduler: Option<Scheduler>,
+    /// The raw stream a workspace in the caller's memory is bound to ([`DecodeWorkspace::from_device_ptrs`]).
+    raw_stream: Option<RawStream>,
 }
 
 /// A scheduled decode workspace's limits and its schedule table.
@@ -177,11 +200,12 @@ impl ScheduleTable {
     fn work_offset(&self) -> usize {
         self.slots + 1
     }
+    // (Saturating: a table past i32::MAX words is refused by `new`, whatever the capacities.)
     fn merge_offset(&self) -> usize {
-        self.work_offset() + self.work_cap * WORK_WORDS
+        self.work_offset().saturating_add(self.work_cap.saturating_mul(WORK_WORDS))
     }
     fn table_len(&self) -> usize {
-        self.merge_offset() + self.merge_cap * MERGE_WORDS
+        self.merge_offset().saturating_add(self.merge_cap.saturating_mul(MERGE_WORDS))
     }
     /// The table of `schedule`, padded to the fixed geometry: CTAs past its last have empty ranges, merge
     /// entries past its last are padding (out_row −1).
@@ -287,6 +311,17 @@ pub(crate) fn check_split_fits(
     Ok(())
 }
 
+/// fp32 partial O / LSE elements `num_splits` splits of `problem`'s rows write: `num_splits × B × Hq × dv`
+/// and `num_splits × B × Hq` (`Overflow` past usize).
+pub(crate) fn split_need(num_splits: usize, problem: &DecodeProblem, dv: usize) -> Result<(usize, usize)> {
+    let lse = num_splits
+        .checked_mul(problem.batch)
+        .and_then(|x| x.checked_mul(problem.heads_q))
+        .ok_or_else(|| Error::overflow("workspace", "partial LSE size overflows"))?;
+    let o = lse.checked_mul(dv).ok_or_else(|| Error::overflow("workspace", "partial O size overflows"))?;
+    Ok((o, lse))
+}
+
 /// Compute capability the emulator models (an H100/H200, with [`EMULATOR_SM_COUNT`] SMs).
 pub const EMULATOR_COMPUTE_CAPABILITY: (u32, u32) = (9, 0);
 
@@ -318,27 +353,36 @@ impl DecodeWorkspace {
             sm_count: stream_sm_count(stream)?,
             plan: None,
             scheduler: None,
+            raw_stream: None,
         })
     }
 
     /// A workspace in the caller's device memory (for [`Stream::Raw`] users with their own allocator),
-    /// pinned to `plan`. Needs `plan.partial_o_len` / `plan.partial_lse_len` fp32 elements.
+    /// pinned to `plan` and to `stream`: every launch through it must be on that stream (else `Usage`), so
+    /// the launches that share its partials are ordered by the stream itself (two raw streams sharing one
+    /// workspace would race on them). Needs `plan.partial_o_len()` / `plan.partial_lse_len()` fp32
+    /// elements (else `OutOfBounds`).
     ///
     /// # Safety
-    /// The two ranges must be device memory of the launches' context, not used by anyone else while decode
-    /// work using this workspace may be in flight (see [`TensorViewMut::from_device_ptr`]).
+    /// For every launch made through this workspace (not only at construction): the two ranges are device
+    /// memory of `stream`'s context, of at least the lengths given, and nobody else reads or writes them
+    /// while work enqueued on `stream` through this workspace may be in flight (see
+    /// [`TensorViewMut::from_device_ptr`]). docs/semantics.md, "Safety".
     pub unsafe fn from_device_ptrs(
+        stream: RawStream,
         partial_o: (u64, usize),
         partial_lse: (u64, usize),
         plan: &DecodePlan,
         sm_count: usize,
     ) -> Result<Self> {
+        plan.check_pinnable()?;
         let ws = Self {
             partial_o: Buffer::Device { ptr: partial_o.0, len: partial_o.1 },
             partial_lse: Buffer::Device { ptr: partial_lse.0, len: partial_lse.1 },
             sm_count,
             plan: Some(*plan),
             scheduler: None,
+            raw_stream: Some(stream),
         };
         ws.check_fits(plan)?;
         Ok(ws)
@@ -373,6 +417,7 @@ impl DecodeWorkspace {
 
     /// Exactly the room `plan` needs, pinned to `plan`: every call follows it (and must fit its limits).
     pub fn for_plan(stream: &Stream<'_>, plan: &DecodePlan) -> Result<Self> {
+        plan.check_pinnable()?;
         let mut ws = Self::new(stream, plan.partial_o_len, plan.partial_lse_len)?;
         ws.plan = Some(*plan);
         Ok(ws)
@@ -414,6 +459,7 @@ impl DecodeWorkspace {
             sm_count: stream_sm_count(stream)?,
             plan: None,
             scheduler: Some(Scheduler { limits: *limits, table }),
+            raw_stream: None,
         })
     }
 
@@ -471,6 +517,19 @@ impl DecodeWorkspace {
                 Ok(*plan)
             }
             None => DecodePlan::new(problem, self.sm_count, opts.num_splits),
+        }
+    }
+
+    /// `Usage` unless a launch on `stream` may use this workspace: a workspace in the caller's memory only on
+    /// the raw stream it was made for (the stream orders the launches that share its partials).
+    pub(crate) fn check_stream(&self, stream: &Stream<'_>) -> Result<()> {
+        match (self.raw_stream, stream) {
+            (None, _) => Ok(()),
+            (Some(own), Stream::Raw(r)) if own.cu_stream() == r.cu_stream() => Ok(()),
+            (Some(_), _) => Err(Error::usage(
+                "workspace: made by DecodeWorkspace::from_device_ptrs for another stream (a raw workspace is used \
+                 only on its own stream, which orders the launches that share its partials)",
+            )),
         }
     }
 
@@ -576,6 +635,7 @@ pub fn decode<T: Element, C: KvCacheOf<T>>(
     opts: &DecodeOptions,
 ) -> Result<DecodePlan> {
     opts.score_mod.check_values()?;
+    workspace.check_stream(stream)?;
     let problem = check_decode_args(q, cache, o, lse.as_deref())?.windowed(opts.score_mod.window_left());
     if crate::paged::strict_tables(stream) {
         cache.validate(stream)?;
@@ -584,18 +644,19 @@ pub fn decode<T: Element, C: KvCacheOf<T>>(
         return decode_scheduled(stream, q, cache, o, lse, workspace, opts, &problem);
     }
     let plan = workspace.plan(&problem, opts)?;
-    workspace.check_fits(&plan)?;
     let g = cache.geometry();
+    // What this call writes, recomputed from the call (not the plan's own claim): the call's own batch
+    // (<= the plan's), [num_splits, B, Hq, (Dv)] partials.
+    let split = plan.num_splits > 1;
+    let (o_need, lse_need) = if split { split_need(plan.num_splits, &problem, g.head_dim_v)? } else { (0, 0) };
+    check_split_fits(workspace.partials(), plan.num_splits, o_need, lse_need)?;
     let scale = crate::launch::softmax_scale(opts.scale, g.head_dim)?; // 1/√Dqk by default
 
     if problem.batch == 0 {
         return Ok(plan);
     }
-    let split = plan.num_splits > 1;
-    // The call's own batch (<= the plan's): [num_splits, B, Hq, (Dv)] partials.
-    let rows = plan.num_splits * problem.batch * problem.heads_q;
-    let mut partial_o = workspace.partial_o.view(if split { rows * g.head_dim_v } else { 0 })?;
-    let mut partial_lse = workspace.partial_lse.view(if split { rows } else { 0 })?;
+    let mut partial_o = workspace.partial_o.view(o_need)?;
+    let mut partial_lse = workspace.partial_lse.view(lse_need)?;
 
     let mut launch = Launch::new(*stream);
     let partials = split.then_some((&mut partial_o, &mut partial_lse));
@@ -632,11 +693,11 @@ fn common_params<'l, T: Element, C: KvCacheOf<T>>(
     };
     let q_ptr = launch.input(c"q", q, 16)?;
     let cache_abi = cache.launch_abi(launch)?;
-    let (q_strides, o_strides) = (q.strides(), o.strides());
+    let (q_strides, o_strides) = (q.launch_strides(), o.launch_strides());
     let o_ptr = launch.output(c"o", o, 16)?;
     let (lse_ptr, lse_batch_stride) = match lse {
         Some(l) => {
-            let stride = l.strides()[0];
+            let stride = l.launch_strides()[0];
             (launch.output(c"lse", l, 4)? as *mut f32, stride)
         }
         None => (std::ptr::null_mut(), 0),
@@ -723,7 +784,6 @@ fn decode_scheduled<T: Element, C: KvCacheOf<T>>(
         workspace.prepare(stream, &lens, opts)?;
     }
     let g = cache.geometry();
-    let scale = crate::launch::softmax_scale(opts.scale, g.head_dim)?; // 1/√Dqk by default
     let sched = &workspace.scheduler.as_ref().ok_or_else(|| Error::usage(NOT_SCHEDULED))?.table;
     let schedule = sched.current.as_ref().ok_or_else(|| {
         Error::usage(
@@ -752,10 +812,33 @@ fn decode_scheduled<T: Element, C: KvCacheOf<T>>(
         grid: [sched.slots, 1, 1],
         partial_o_len: schedule.num_partials * problem.heads_q * g.head_dim_v,
         partial_lse_len: schedule.num_partials * problem.heads_q,
+        summary: true,
     };
     if problem.batch == 0 {
         return Ok(plan);
     }
+    launch_scheduled(stream, q, cache, o, lse, workspace, opts, problem)?;
+    Ok(plan)
+}
+
+/// The launch of a scheduled decode at the workspace's fixed geometry, over whatever its device table holds
+/// now (checked against the call by the caller, or not at all: what a CUDA graph captured from a call
+/// replays after a later `prepare`, which the kernels bound, docs/semantics.md "Safety").
+#[allow(clippy::too_many_arguments)]
+fn launch_scheduled<T: Element, C: KvCacheOf<T>>(
+    stream: &Stream<'_>,
+    q: &TensorView<'_, T, 3>,
+    cache: &PagedKvCache<'_, C>,
+    o: &mut TensorViewMut<'_, T, 3>,
+    lse: Option<&mut TensorViewMut<'_, f32, 2>>,
+    workspace: &mut DecodeWorkspace,
+    opts: &DecodeOptions,
+    problem: &DecodeProblem,
+) -> Result<()> {
+    const NOT_SCHEDULED: &str = "decode: this workspace has no scheduler (DecodeWorkspace::scheduled)";
+    let g = cache.geometry();
+    let scale = crate::launch::softmax_scale(opts.scale, g.head_dim)?; // 1/√Dqk by default
+    let sched = &workspace.scheduler.as_ref().ok_or_else(|| Error::usage(NOT_SCHEDULED))?.table;
     let partial_cap = sched.partial_cap;
     let table = sched.view()?;
     let mut partial_o = workspace.partial_o.view(partial_cap * problem.heads_q * g.head_dim_v)?;
@@ -766,6 +849,77 @@ fn decode_scheduled<T: Element, C: KvCacheOf<T>>(
     let base = common_params(&mut launch, q, cache, o, lse, partials, problem, opts, scale)?;
     let table_ptr = launch.input(c"schedule", &table, 4)? as *const i32;
     let params = sched.params(base, table_ptr)?;
-    launch.run("paged_decode", params, sys::fa_decode)?;
-    Ok(plan)
+    launch.run("paged_decode", params, sys::fa_decode)
+}
+
+/// What a CUDA graph captured from a scheduled [`decode`] of these arguments does when replayed: the launch
+/// over the workspace's current table (prepared for any batch within its limits) with no check of the
+/// table against the call. For tests of the kernels' bounds on the emulator (tests/it/safety.rs).
+#[cfg(feature = "testkit")]
+#[doc(hidden)]
+pub fn replay_scheduled<T: Element, C: KvCacheOf<T>>(
+    stream: &Stream<'_>,
+    q: &TensorView<'_, T, 3>,
+    cache: &PagedKvCache<'_, C>,
+    o: &mut TensorViewMut<'_, T, 3>,
+    lse: Option<&mut TensorViewMut<'_, f32, 2>>,
+    workspace: &mut DecodeWorkspace,
+    opts: &DecodeOptions,
+) -> Result<()> {
+    let problem = check_decode_args(q, cache, o, lse.as_deref())?.windowed(opts.score_mod.window_left());
+    if workspace.scheduler.is_none() {
+        return Err(Error::usage("replay_scheduled: the workspace is not scheduled"));
+    }
+    launch_scheduled(stream, q, cache, o, lse, workspace, opts, &problem)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 46 (S2): a workspace buffer's views are bounded by its stored length, on every backend: a view
+    /// past it is `OutOfBounds` naming the workspace, never a slice panic (host), a cudarc panic or a raw
+    /// view past the caller's memory. (Before the bound, the host buffer's `v[..len]` panicked.)
+    #[test]
+    fn workspace_views_are_bounded_by_their_stored_length() {
+        let emu = crate::Emulator::new();
+        let mut buf: Buffer = Buffer::new(&Stream::Emu(&emu), 8, ON_RAW_STREAM).unwrap();
+        assert_eq!(buf.view(8).unwrap().shape(), [8]);
+        assert_eq!(buf.input(8).unwrap().shape(), [8]);
+        for r in [buf.view(9).err(), buf.input(9).err()] {
+            let e = r.expect("a view past the buffer is an error");
+            assert_eq!(e.kind(), &ErrorKind::OutOfBounds);
+            assert!(e.message().starts_with("workspace:"), "{}", e.message());
+        }
+        // A raw buffer: the view is the caller's memory only up to the length it declared.
+        let mut raw: Buffer = Buffer::Device { ptr: 1 << 20, len: 8 };
+        assert_eq!(raw.view(9).err().map(|e| e.kind().clone()), Some(ErrorKind::OutOfBounds));
+        assert_eq!(raw.input(9).err().map(|e| e.kind().clone()), Some(ErrorKind::OutOfBounds));
+    }
+
+    /// Issue 46 (S4): a workspace in the caller's memory is bound to its raw stream: a launch on another raw
+    /// stream, a cudarc stream or the emulator is `Usage` (two raw streams sharing it would race on its
+    /// partials). The handles are only compared, never used, so fake ones serve.
+    #[test]
+    fn raw_workspaces_are_bound_to_their_stream() {
+        let fake = |s: usize| RawStream::from_raw_parts_for_tests(s as _, 0x10 as _);
+        let plan = DecodePlan::new(
+            &DecodeProblem { batch: 1, heads_q: 8, heads_kv: 1, head_dim: 64, max_seq_len: 64 },
+            132,
+            None,
+        )
+        .unwrap();
+        // SAFETY: nothing is launched; the workspace is only checked against streams.
+        let ws = unsafe { DecodeWorkspace::from_device_ptrs(fake(0x100), (1 << 20, 0), (1 << 21, 0), &plan, 132) };
+        let ws = ws.unwrap();
+        assert!(ws.check_stream(&Stream::Raw(fake(0x100))).is_ok());
+        let emu = crate::Emulator::new();
+        for other in [Stream::Raw(fake(0x200)), Stream::Emu(&emu)] {
+            let e = ws.check_stream(&other).unwrap_err();
+            assert_eq!(e.kind(), &ErrorKind::Usage);
+            assert!(e.message().starts_with("workspace:"), "{}", e.message());
+        }
+        // cudarc and emulator workspaces order themselves (events, or synchronous launches).
+        assert!(DecodeWorkspace::new(&Stream::Emu(&emu), 0, 0).unwrap().check_stream(&Stream::Raw(fake(1))).is_ok());
+    }
 }

@@ -39,6 +39,10 @@ tags!(DType { F16 => (sys::FA_DTYPE_F16, "fp16"), Bf16 => (sys::FA_DTYPE_BF16, "
 tags!(Fp8Format { E4m3 => (sys::FA_KV_FP8_E4M3, "fp8_e4m3"), E5m2 => (sys::FA_KV_FP8_E5M2, "fp8_e5m2") });
 
 impl DType {
+    /// Bytes per element (2: both are 16-bit types).
+    pub const fn bytes(self) -> usize {
+        2
+    }
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "fp16" | "f16" | "float16" => Some(DType::F16),
@@ -56,9 +60,57 @@ impl DType {
     }
 }
 
+/// The seal of the element traits ([`Element`], [`KvElement`], [`KvCacheOf`], [`Fp8Element`],
+/// [`crate::merge::MergeElement`]). Their constants pick the kernel, and so the bytes per element the kernel
+/// reads and writes, while views count extents in `size_of::<T>()`: a type whose size differed from its
+/// constant's would let a safe call reach memory it was not given. So only this crate implements them, and
+/// every impl asserts at compile time that its size is the kernel's (`impl_sealed!`). Not nameable outside
+/// the crate (`mod sealed` is private to it).
+pub(crate) mod sealed {
+    /// Implemented only by this crate's element types.
+    pub trait Sealed {}
+    /// [`super::KvCacheOf`]'s seal: the pairs (cache element, query element) this crate implements.
+    pub trait SealedCacheOf<T> {}
+}
+
+/// Seals `$t` with the compile-time check that its size is `$bytes`, the bytes per element of the kernel
+/// its constant picks.
+macro_rules! impl_sealed {
+    ($($t:ty => $bytes:expr),* $(,)?) => {$(
+        impl $crate::dtype::sealed::Sealed for $t {}
+        const _: () = assert!(::std::mem::size_of::<$t>() == $bytes, "an element type's size must be the kernel's");
+    )*};
+}
+pub(crate) use impl_sealed;
+
+impl_sealed!(f16 => DType::F16.bytes(), bf16 => DType::Bf16.bytes());
+
 /// A 16-bit element type usable in kernel views (and as a 16-bit KV cache's element).
+///
+/// Sealed: only fp16 and bf16 implement it (its `DTYPE` picks the kernel, so a type of another size could
+/// reach memory its view was not given). A downstream impl does not compile:
+/// ```compile_fail,E0277
+/// use fused_attn::cudarc::driver::{DeviceRepr, ValidAsZeroBits};
+/// #[derive(Clone, Copy, Default, Debug)]
+/// #[repr(transparent)]
+/// struct B8(u8);
+/// unsafe impl DeviceRepr for B8 {}
+/// unsafe impl ValidAsZeroBits for B8 {}
+/// impl fused_attn::KvElement for B8 {
+///     const KV_DTYPE: fused_attn::KvDType = fused_attn::KvDType::Sixteen(fused_attn::DType::Bf16);
+///     fn stored_value(self) -> f64 { 0.0 }
+/// }
+/// impl fused_attn::KvCacheOf<B8> for B8 {}
+/// impl fused_attn::Element for B8 {
+///     const DTYPE: fused_attn::DType = fused_attn::DType::Bf16; // 2 bytes per element in the kernel
+///     fn from_f64(_: f64) -> Self { B8(0) }
+///     fn to_f64(self) -> f64 { 0.0 }
+///     fn nan() -> Self { B8(0) }
+/// }
+/// ```
 pub trait Element:
-    KvCacheOf<Self>
+    sealed::Sealed
+    + KvCacheOf<Self>
     + Copy
     + Default
     + Send
@@ -187,7 +239,7 @@ impl KvDType {
         }
     }
     /// Bytes per element.
-    pub fn bytes(self) -> usize {
+    pub const fn bytes(self) -> usize {
         match self {
             KvDType::Sixteen(_) => 2,
             KvDType::Fp8(_) => 1,
@@ -208,6 +260,8 @@ macro_rules! fp8_code_types {
         unsafe impl cudarc::driver::DeviceRepr for $ty {}
         unsafe impl cudarc::driver::ValidAsZeroBits for $ty {}
 
+        impl_sealed!($ty => KvDType::Fp8(Fp8Format::$format).bytes());
+        impl<T: Element> sealed::SealedCacheOf<T> for $ty {}
         impl KvElement for $ty {
             const KV_DTYPE: KvDType = KvDType::Fp8(Fp8Format::$format);
             fn stored_value(self) -> f64 {
@@ -234,9 +288,30 @@ fp8_code_types! {
     Fp8E5m2 => E5m2,
 }
 
-/// An element type a KV cache can hold: fp16/bf16 (the op's own dtype) or an FP8 code.
+/// An element type a KV cache can hold: fp16/bf16 (the op's own dtype) or an FP8 code. Sealed, as
+/// [`Element`] is (a downstream impl does not compile):
+/// ```compile_fail,E0277
+/// use fused_attn::cudarc::driver::{DeviceRepr, ValidAsZeroBits};
+/// #[derive(Clone, Copy, Default, Debug)]
+/// #[repr(transparent)]
+/// struct B8(u8);
+/// unsafe impl DeviceRepr for B8 {}
+/// unsafe impl ValidAsZeroBits for B8 {}
+/// impl fused_attn::KvElement for B8 {
+///     const KV_DTYPE: fused_attn::KvDType = fused_attn::KvDType::Sixteen(fused_attn::DType::F16);
+///     fn stored_value(self) -> f64 { 0.0 }
+/// }
+/// ```
 pub trait KvElement:
-    Copy + Default + Send + Sync + std::fmt::Debug + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits + 'static
+    sealed::Sealed
+    + Copy
+    + Default
+    + Send
+    + Sync
+    + std::fmt::Debug
+    + cudarc::driver::DeviceRepr
+    + cudarc::driver::ValidAsZeroBits
+    + 'static
 {
     const KV_DTYPE: KvDType;
     /// The value stored, before any dequantisation scale: the 16-bit value, or the FP8 code decoded
@@ -259,7 +334,16 @@ impl KvElement for half::bf16 {
 /// A cache element type that serves queries / new tokens of type `T`: `T` itself (a 16-bit cache), or an
 /// FP8 code type (either 16-bit `T`). A 16-bit cache of the other dtype does not compile; and since a 16-bit
 /// cache type has one such `T`, callers' `T` is still inferred from the cache.
-pub trait KvCacheOf<T>: KvElement {}
+///
+/// Sealed: a downstream pair (e.g. an FP8 cache of its own query type, or f16 serving another type) does not
+/// compile:
+/// ```compile_fail,E0277
+/// struct Q;
+/// impl fused_attn::KvCacheOf<Q> for fused_attn::half::f16 {}
+/// ```
+pub trait KvCacheOf<T>: KvElement + sealed::SealedCacheOf<T> {}
+impl sealed::SealedCacheOf<half::f16> for half::f16 {}
+impl sealed::SealedCacheOf<half::bf16> for half::bf16 {}
 impl KvCacheOf<half::f16> for half::f16 {}
 impl KvCacheOf<half::bf16> for half::bf16 {}
 

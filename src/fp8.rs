@@ -129,6 +129,17 @@ enum ScaleMem {
     Gpu(CudaSlice<f32>),
 }
 
+/// `scales[h]`, or the one per-tensor scale, else `OutOfBounds` naming `arg`.
+fn scale_of(arg: &str, scales: &[f32], h: usize) -> Result<f32> {
+    match scales {
+        [one] => Ok(*one),
+        _ => scales
+            .get(h)
+            .copied()
+            .ok_or_else(|| Error::out_of_bounds(arg, format!("KV head {h} of {} per-head scales", scales.len()))),
+    }
+}
+
 impl KvScales {
     /// One scale per tensor.
     pub fn per_tensor(stream: &Stream<'_>, k: f32, v: f32) -> Result<Self> {
@@ -178,12 +189,13 @@ impl KvScales {
     pub fn v(&self) -> &[f32] {
         &self.v
     }
-    /// K scale of KV head h.
-    pub fn k_of(&self, h: usize) -> f32 {
-        self.k[if self.k.len() == 1 { 0 } else { h }]
+    /// K scale of KV head h (a per-tensor scale serves every head); `OutOfBounds` naming `h` past the heads.
+    pub fn k_of(&self, h: usize) -> Result<f32> {
+        scale_of("h", &self.k, h)
     }
-    pub fn v_of(&self, h: usize) -> f32 {
-        self.v[if self.v.len() == 1 { 0 } else { h }]
+    /// V scale of KV head h, as [`KvScales::k_of`].
+    pub fn v_of(&self, h: usize) -> Result<f32> {
+        scale_of("h", &self.v, h)
     }
 
     /// The K and V scales as views of the uploaded buffer.

@@ -13,10 +13,34 @@ use crate::sys;
 use crate::tensor::{TensorView, TensorViewMut};
 
 /// Element types of merge states and outputs: fp32 (as split-KV writes them), fp16, bf16.
-pub trait MergeElement: Copy + Send + Sync + 'static {
+///
+/// Sealed (its `ABI` picks the kernel's bytes per element, see [`crate::Element`]); each impl asserts at
+/// compile time that its size is that of its `ABI`. A downstream impl does not compile:
+/// ```compile_fail,E0277
+/// #[derive(Clone, Copy)]
+/// struct B8(u8);
+/// impl fused_attn::merge::MergeElement for B8 {
+///     const ABI: i32 = fused_attn::sys::FA_DTYPE_F32 as i32; // 4 bytes per element in the kernel
+/// }
+/// ```
+pub trait MergeElement: crate::dtype::sealed::Sealed + Copy + Send + Sync + 'static {
     /// FA_DTYPE_* of abi.h.
     const ABI: i32;
 }
+
+/// Bytes per element of an `FA_DTYPE_*` tag (0 for an unknown tag, which no impl has).
+const fn abi_bytes(abi: i32) -> usize {
+    if abi == sys::FA_DTYPE_F32 as i32 {
+        4
+    } else if abi == sys::FA_DTYPE_F16 as i32 || abi == sys::FA_DTYPE_BF16 as i32 {
+        2
+    } else {
+        0
+    }
+}
+crate::dtype::impl_sealed!(f32 => abi_bytes(<f32 as MergeElement>::ABI));
+const _: () = assert!(abi_bytes(<f16 as MergeElement>::ABI) == std::mem::size_of::<f16>());
+const _: () = assert!(abi_bytes(<bf16 as MergeElement>::ABI) == std::mem::size_of::<bf16>());
 impl MergeElement for f32 {
     const ABI: i32 = sys::FA_DTYPE_F32 as i32;
 }
@@ -78,7 +102,8 @@ pub fn merge_states_with_sinks<S: MergeElement, O: MergeElement>(
     if n * h == 0 {
         return Ok(());
     }
-    let (s_strides, ls_strides, o_strides) = (o_states.strides(), lse_states.strides(), o.strides());
+    let (s_strides, ls_strides, o_strides) =
+        (o_states.launch_strides(), lse_states.launch_strides(), o.launch_strides());
     let mut launch = Launch::new(*stream);
     // With no states the (empty) state buffers are never touched; their dangling pointers need no alignment.
     let os_ptr = launch.input(c"o_states", o_states, if k == 0 { 1 } else { 16 })?;
@@ -90,7 +115,7 @@ pub fn merge_states_with_sinks<S: MergeElement, O: MergeElement>(
     let o_ptr = launch.output(c"o", o, 16)?;
     let (lse_ptr, lse_strides) = match lse {
         Some(l) => {
-            let st = l.strides();
+            let st = l.launch_strides();
             (launch.output(c"lse", l, 4)? as *mut f32, st)
         }
         None => (std::ptr::null_mut(), [0, 0]),
@@ -118,6 +143,7 @@ pub fn merge_states_with_sinks<S: MergeElement, O: MergeElement>(
         out_dtype: O::ABI,
         sinks: sinks_ptr,
         row_list: std::ptr::null(),
+        out_rows: to_i32("o (rows)", n)?,
     };
     launch.run("merge_states", params, sys::fa_merge)
 }

@@ -165,6 +165,16 @@ pub fn mla_append<T: Element, C: KvCacheOf<T>>(
     let dims = opts.dims;
     let [num_pages, page_size, heads, row] = cache.shape();
     check_latent_geometry(heads, row, &dims)?;
+    // The pool's rules, as PagedKvCacheMut's (the launcher's, named here).
+    if page_size == 0 || page_size > crate::paged::MAX_PAGE_SIZE {
+        return Err(Error::unsupported(
+            "latent_cache",
+            format!("page size {page_size} (dimension 1) is outside 1..={}", crate::paged::MAX_PAGE_SIZE),
+        ));
+    }
+    if num_pages == 0 {
+        return Err(Error::shape("latent_cache", "has no pages"));
+    }
     check_fp8_dims::<C>(&dims)?;
     crate::fp8::check_cache_dtype::<C>(T::DTYPE, opts.scale.is_some())?;
     let scales = match opts.scale {
@@ -178,10 +188,12 @@ pub fn mla_append<T: Element, C: KvCacheOf<T>>(
     k_pe.expect_shape("k_pe", [n, dims.rope_dim])?;
     slot_mapping.check_index_vector("slot_mapping", n, || format!("differs from the {n} tokens of latent"))?;
     latent.check_rows("latent", 16)?;
-    if k_pe.strides()[1] != 1 || k_pe.strides()[0] % 2 != 0 {
+    // With rope_dim 0 k_pe has no columns: nothing of it is read, so its strides do not matter.
+    if dims.rope_dim > 0 && (k_pe.strides()[1] != 1 || k_pe.strides()[0] % 2 != 0) {
         return Err(Error::layout("k_pe", "needs unit column stride and an even row stride"));
     }
     cache.check_rows("latent_cache", 16)?;
+    cache.check_disjoint("latent_cache")?;
     to_i32("latent (tokens)", n)?;
     let g = crate::paged::PageGeometry { num_pages, page_size, heads_kv: 1, head_dim: row, head_dim_v: row };
     if crate::paged::strict_tables(stream) {
@@ -190,14 +202,17 @@ pub fn mla_append<T: Element, C: KvCacheOf<T>>(
     if n == 0 {
         return Ok(());
     }
-    let c_strides = cache.strides();
+    let c_strides = cache.launch_strides();
     let mut launch = Launch::new(*stream);
     let rope = match &opts.rope {
         Some(r) => r.abi(&mut launch, dims.rope_dim, n, true)?,
         None => sys::FaRope::default(),
     };
     let latent_ptr = launch.input(c"latent", latent, 16)?;
-    let k_pe_ptr = launch.input(c"k_pe", k_pe, 4)?;
+    // rope_dim 0: the launcher still wants a 4-byte aligned k_pe; latent's pointer stands in (never read as
+    // k_pe: a token has no rope columns), with a row stride of 0.
+    let (k_pe_ptr, k_pe_stride) =
+        if dims.rope_dim > 0 { (launch.input(c"k_pe", k_pe, 4)?, k_pe.launch_strides()[0]) } else { (latent_ptr, 0) };
     let slots_ptr = launch.input(c"slot_mapping", slot_mapping, 8)?;
     let cache_ptr = launch.output(c"latent_cache", cache, 16)?;
     let mut cache_abi = abi_cache(&g, c_strides, c_strides, (cache_ptr, cache_ptr), None)?;
@@ -206,8 +221,8 @@ pub fn mla_append<T: Element, C: KvCacheOf<T>>(
         latent: latent_ptr,
         k_pe: k_pe_ptr,
         slot_mapping: slots_ptr as *const i64,
-        latent_token_stride: latent.strides()[0],
-        k_pe_token_stride: k_pe.strides()[0],
+        latent_token_stride: latent.launch_strides()[0],
+        k_pe_token_stride: k_pe_stride,
         cache: cache_abi,
         num_tokens: to_i32("num_tokens", n)?,
         kv_lora_rank: to_i32("kv_lora_rank", dims.kv_lora_rank)?,
@@ -260,15 +275,25 @@ impl MlaDecodeOptions<'_> {
 /// The split-KV plan of one MLA decode (a pure function of the shape and the SM count).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MlaPlan {
-    pub num_splits: usize,
-    /// Keys per split (a multiple of 64; the last split runs to the end).
-    pub split_tokens: usize,
-    /// (splits, row blocks per sequence, B).
-    pub grid: [usize; 3],
-    /// fp32 partials the workspace must hold (0 with one split).
-    pub partial_o_len: usize,
-    pub partial_lse_len: usize,
+    pub(crate) num_splits: usize,
+    pub(crate) split_tokens: usize,
+    pub(crate) grid: [usize; 3],
+    pub(crate) partial_o_len: usize,
+    pub(crate) partial_lse_len: usize,
 }
+
+crate::plan::plan_getters!(MlaPlan {
+    /// KV splits per sequence.
+    num_splits: usize,
+    /// Keys per split (a multiple of 64; the last split runs to the end).
+    split_tokens: usize,
+    /// (splits, row blocks per sequence, B).
+    grid: [usize; 3],
+    /// fp32 partial O the workspace must hold (0 with one split).
+    partial_o_len: usize,
+    /// fp32 partial LSE the workspace must hold (0 with one split).
+    partial_lse_len: usize,
+});
 
 /// Most splits the planner makes (a forced count may be larger).
 pub const MLA_MAX_PLANNED_SPLITS: usize = 64;
@@ -293,18 +318,28 @@ impl MlaPlan {
         forced_splits: Option<usize>,
     ) -> Result<Self> {
         let granule = sys::FA_SPLIT_GRANULE as usize;
-        let row_blocks = (max_seqlen_q.max(1) * heads_q).div_ceil(MLA_ROWS_PER_CTA);
-        let ctas = batch * row_blocks;
+        let overflow = |what: &str| Error::overflow(what, "the plan's sizes overflow");
+        let row_blocks = max_seqlen_q
+            .max(1)
+            .checked_mul(heads_q)
+            .ok_or_else(|| overflow("max_seqlen_q"))?
+            .div_ceil(MLA_ROWS_PER_CTA);
+        let ctas = batch.saturating_mul(row_blocks);
         let n = match forced_splits {
             Some(0) => return Err(Error::unsupported("num_splits", "0 (must be at least 1)")),
             Some(n) => n,
             None if ctas == 0 || ctas >= sm_count => 1,
             None => sm_count.div_ceil(ctas).min(max_seq_len / MLA_MIN_SPLIT_TOKENS).clamp(1, MLA_MAX_PLANNED_SPLITS),
         };
-        let split_tokens = max_seq_len.max(1).div_ceil(n).div_ceil(granule) * granule;
+        let split_tokens =
+            max_seq_len.max(1).div_ceil(n).checked_next_multiple_of(granule).ok_or_else(|| overflow("max_seq_len"))?;
         // A planned count never leaves a split past the longest sequence; a forced one is kept as given.
         let n = if forced_splits.is_some() { n } else { max_seq_len.max(1).div_ceil(split_tokens).max(1) };
-        let rows = if n > 1 { n * total_q * heads_q } else { 0 };
+        let rows = if n > 1 {
+            n.checked_mul(total_q).and_then(|x| x.checked_mul(heads_q)).ok_or_else(|| overflow("workspace"))?
+        } else {
+            0
+        };
         if n > 65535 || row_blocks > 65535 || batch > 65535 {
             return Err(Error::unsupported(
                 "mla_decode",
@@ -315,7 +350,7 @@ impl MlaPlan {
             num_splits: n,
             split_tokens,
             grid: [n, row_blocks, batch],
-            partial_o_len: rows * kv_lora_rank,
+            partial_o_len: rows.checked_mul(kv_lora_rank).ok_or_else(|| overflow("workspace"))?,
             partial_lse_len: rows,
         })
     }
@@ -341,6 +376,7 @@ pub fn mla_decode<T: Element, C: KvCacheOf<T>>(
     workspace: &mut DecodeWorkspace,
     opts: &MlaDecodeOptions<'_>,
 ) -> Result<MlaPlan> {
+    workspace.check_stream(stream)?;
     let dims = opts.dims;
     let g = cache.geometry();
     check_latent_geometry(g.heads_kv, g.head_dim, &dims)?;
@@ -415,11 +451,11 @@ pub fn mla_decode<T: Element, C: KvCacheOf<T>>(
         None => std::ptr::null(),
     };
     let cache_abi = cache.launch_abi(&mut launch)?;
-    let (q_strides, o_strides) = (q.strides(), o.strides());
+    let (q_strides, o_strides) = (q.launch_strides(), o.launch_strides());
     let o_ptr = launch.output(c"o", o, 16)?;
     let (lse_ptr, lse_row_stride) = match lse {
         Some(l) => {
-            let stride = l.strides()[0];
+            let stride = l.launch_strides()[0];
             (launch.output(c"lse", l, 4)? as *mut f32, stride)
         }
         None => (std::ptr::null_mut(), 0),

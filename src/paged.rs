@@ -259,13 +259,13 @@ impl<T: KvElement> PagedKvCache<'_, T> {
         let lens_ptr = launch.input(c"seq_lens", &self.seq_lens, 4)?;
         let mut abi = abi_cache(
             &self.geometry,
-            self.k.strides(),
-            self.v.strides(),
+            self.k.launch_strides(),
+            self.v.launch_strides(),
             (k_ptr as *mut _, v_ptr as *mut _),
             Some((
                 table_ptr as *const i32,
                 lens_ptr as *const i32,
-                self.block_table.strides()[0],
+                self.block_table.launch_strides()[0],
                 self.max_pages_per_seq(),
             )),
         )?;
@@ -355,7 +355,7 @@ pub fn validate_slot_mapping(
     geometry: &PageGeometry,
 ) -> Result<()> {
     let slots = read_back(stream, "slot_mapping", slot_mapping)?;
-    let capacity = geometry.num_pages * geometry.page_size;
+    let capacity = geometry.num_pages.saturating_mul(geometry.page_size); // a user-built geometry may be absurd
     let mut first_use = std::collections::HashMap::new();
     for (i, &s) in slots.iter().enumerate() {
         if s < 0 {
@@ -393,6 +393,12 @@ where
             cu.synchronize()?;
             host
         }
+        (Mem::Device(_), Stream::Gpu(_) | Stream::Raw(_)) => {
+            return Err(Error::usage(format!(
+                "{name}: a raw device view (TensorView::from_device_ptr) cannot be read back: fused-attn copies \
+                 only cudarc views (on a GPU stream) or host slices (on the emulator)"
+            )))
+        }
         _ => return Err(Error::backend(name, "view and stream belong to different backends")),
     };
     Ok(crate::tensor::logical_elements(&data, shape, strides))
@@ -413,6 +419,9 @@ impl<'a, T> PagedKvCacheMut<'a, T> {
         let geometry = check_pages(k_cache.shape(), v_cache.shape())?;
         k_cache.check_rows("k_cache", 16)?;
         v_cache.check_rows("v_cache", 16)?;
+        // Append writes every slot's rows: two slots (or heads) at one address would race.
+        k_cache.check_disjoint("k_cache")?;
+        v_cache.check_disjoint("v_cache")?;
         if k_cache.is_gpu() != v_cache.is_gpu() {
             return Err(Error::backend("v_cache", "k_cache and v_cache must share a backend"));
         }
@@ -463,6 +472,19 @@ impl<'a, T> PagedKvCacheMut<'a, T> {
 
 #[cfg(test)]
 mod tests {
+
+    /// Issue 46 (E3): tables in raw device memory cannot be read back (there is nothing to copy with): a
+    /// `Usage` error saying so, naming the table, not "different backends". The handles are never used.
+    #[test]
+    fn raw_views_cannot_be_read_back() {
+        let raw = crate::device::RawStream::from_raw_parts_for_tests(0x100 as _, 0x10 as _);
+        // SAFETY: nothing is launched or read: the check refuses before touching the memory.
+        let slots = unsafe { TensorView::<i64, 1>::from_device_ptr(1 << 20, 4, [4]) }.unwrap();
+        let g = PageGeometry { num_pages: 4, page_size: 16, heads_kv: 1, head_dim: 64, head_dim_v: 64 };
+        let e = validate_slot_mapping(&Stream::Raw(raw), &slots, &g).unwrap_err();
+        assert_eq!(e.kind(), &crate::ErrorKind::Usage);
+        assert!(e.message().starts_with("slot_mapping:"), "{}", e.message());
+    }
     use super::*;
     use crate::ErrorKind;
     use half::bf16;

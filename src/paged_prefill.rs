@@ -30,7 +30,7 @@
 //! multiples of 16.
 
 use crate::decode::{check_split_fits, stream_slots, stream_sm_count, Buffer, ScheduleTable};
-use crate::device::Stream;
+use crate::device::{RawStream, Stream};
 use crate::dtype::Element;
 use crate::error::{to_i32, Error, Result};
 use crate::fp8::{self, KvCacheOf};
@@ -193,18 +193,28 @@ impl PagedPrefillProblem {
 /// How one launch splits the keys, its kernel, grid and the workspace it needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PagedPrefillPlan {
-    /// The kernel it runs: [`PagedPrefillKernel::Tiled`] or [`PagedPrefillKernel::Streaming`].
-    pub kernel: PagedPrefillKernel,
-    pub num_splits: usize,
-    /// Keys per split, a multiple of [`SPLIT_GRANULE`] (meaningful when `num_splits > 1`).
-    pub split_tokens: usize,
-    /// Tiled: (row blocks · num_splits, Hkv, B); streaming: (num_splits, Hkv · row blocks, B).
-    pub grid: [usize; 3],
-    /// fp32 elements of partial O `[num_splits, total_q, Hq, D]` and partial LSE `[num_splits, total_q, Hq]`
-    /// (0 without splitting).
-    pub partial_o_len: usize,
-    pub partial_lse_len: usize,
+    pub(crate) kernel: PagedPrefillKernel,
+    pub(crate) num_splits: usize,
+    pub(crate) split_tokens: usize,
+    pub(crate) grid: [usize; 3],
+    pub(crate) partial_o_len: usize,
+    pub(crate) partial_lse_len: usize,
 }
+
+crate::plan::plan_getters!(PagedPrefillPlan {
+    /// The kernel it runs: [`PagedPrefillKernel::Tiled`] or [`PagedPrefillKernel::Streaming`].
+    kernel: PagedPrefillKernel,
+    /// KV splits per row block.
+    num_splits: usize,
+    /// Keys per split, a multiple of [`SPLIT_GRANULE`] (meaningful when `num_splits > 1`).
+    split_tokens: usize,
+    /// Tiled: (row blocks · num_splits, Hkv, B); streaming: (num_splits, Hkv · row blocks, B).
+    grid: [usize; 3],
+    /// fp32 elements of partial O `[num_splits, total_q, Hq, D]` (0 without splitting).
+    partial_o_len: usize,
+    /// fp32 elements of partial LSE `[num_splits, total_q, Hq]` (0 without splitting).
+    partial_lse_len: usize,
+});
 
 impl PagedPrefillPlan {
     /// The plan for `problem` on a GPU of `sm_count` SMs. `forced`: that many splits (capped so that no
@@ -282,6 +292,8 @@ pub struct PagedPrefillWorkspace {
     /// plan of wide ones fills one per SM).
     streaming_slots: usize,
     scheduler: Option<ShortQueryScheduler>,
+    /// The raw stream a workspace in the caller's memory is bound to ([`PagedPrefillWorkspace::from_device_ptrs`]).
+    raw_stream: Option<RawStream>,
 }
 
 /// A scheduled paged prefill workspace's limits, its schedule table, and what the current schedule was
@@ -303,7 +315,7 @@ struct Prepared {
 
 /// Buffer::new's error for a PagedPrefillWorkspace on a raw stream (it has no device-pointer constructor).
 const ON_RAW_STREAM: &str = "a raw stream has no allocator for a PagedPrefillWorkspace: \
-    call paged_prefill without a workspace (one split)";
+    use PagedPrefillWorkspace::from_device_ptrs (your memory), or call paged_prefill without one (one split)";
 
 impl PagedPrefillWorkspace {
     /// Room for any plan over at most `max_total_q` packed tokens of `heads_q` heads of `head_dim` with at
@@ -326,7 +338,48 @@ impl PagedPrefillWorkspace {
             sm_count: stream_sm_count(stream)?,
             streaming_slots: stream_slots(stream, head_dim, ROWS_PER_CTA)?,
             scheduler: None,
+            raw_stream: None,
         })
+    }
+
+    /// A uniform-plan workspace in the caller's device memory, for [`Stream::Raw`] users with their own
+    /// allocator: `partial_o` / `partial_lse` are (pointer, fp32 elements) ranges, `sm_count` the device's SMs
+    /// and `streaming_slots` the CTAs of the streaming kernel it runs at once (SMs × resident CTAs; see
+    /// [`crate::schedule::decode_ctas_per_sm`]). Bound to `stream`: a launch on another stream is `Usage`.
+    /// Each call's split partials are checked against the lengths given (`OutOfBounds`). (A scheduled
+    /// workspace needs the crate to write its table, which it cannot do on a raw stream.)
+    ///
+    /// # Safety
+    /// As [`crate::DecodeWorkspace::from_device_ptrs`]: for every launch made through this workspace, both
+    /// ranges are device memory of `stream`'s context, of at least the lengths given, used by nobody else
+    /// while that work may be in flight.
+    pub unsafe fn from_device_ptrs(
+        stream: RawStream,
+        partial_o: (u64, usize),
+        partial_lse: (u64, usize),
+        sm_count: usize,
+        streaming_slots: usize,
+    ) -> Result<Self> {
+        Ok(Self {
+            partial_o: Buffer::Device { ptr: partial_o.0, len: partial_o.1 },
+            partial_lse: Buffer::Device { ptr: partial_lse.0, len: partial_lse.1 },
+            sm_count: sm_count.max(1),
+            streaming_slots: streaming_slots.max(1),
+            scheduler: None,
+            raw_stream: Some(stream),
+        })
+    }
+
+    /// `Usage` unless a launch on `stream` may use this workspace (a raw one only on its own stream).
+    fn check_stream(&self, stream: &Stream<'_>) -> Result<()> {
+        match (self.raw_stream, stream) {
+            (None, _) => Ok(()),
+            (Some(own), Stream::Raw(r)) if own.cu_stream() == r.cu_stream() => Ok(()),
+            (Some(_), _) => Err(Error::usage(
+                "workspace: made by PagedPrefillWorkspace::from_device_ptrs for another stream (a raw workspace \
+                 is used only on its own stream, which orders the launches that share its partials)",
+            )),
+        }
     }
 
     /// A scheduled workspace for calls within `limits`: at most `limits.batch` sequences, `limits.total_q`
@@ -398,6 +451,7 @@ impl PagedPrefillWorkspace {
             sm_count: stream_sm_count(stream)?,
             streaming_slots: slots,
             scheduler: Some(ShortQueryScheduler { limits: *limits, table, prepared: None }),
+            raw_stream: None,
         })
     }
 
@@ -505,7 +559,12 @@ impl PagedPrefillWorkspace {
 
     /// Checks a streaming call against a scheduled workspace's limits and its prepared schedule; returns the
     /// summary plan (the largest chunk count, the grid (slots, 1, 1), the partials used).
-    fn scheduled_plan(&self, problem: &PagedPrefillProblem, opts: &PagedPrefillOptions) -> Result<PagedPrefillPlan> {
+    fn scheduled_plan(
+        &self,
+        problem: &PagedPrefillProblem,
+        opts: &PagedPrefillOptions,
+        replay: bool,
+    ) -> Result<PagedPrefillPlan> {
         const NOT_SCHEDULED: &str = "paged_prefill: this workspace has no scheduler";
         let sched = self.scheduler.as_ref().ok_or_else(|| Error::usage(NOT_SCHEDULED))?;
         let schedule = sched.table.current.as_ref().zip(sched.prepared).ok_or_else(|| {
@@ -515,10 +574,11 @@ impl PagedPrefillWorkspace {
             )
         })?;
         let (schedule, prepared) = schedule;
-        if prepared.batch != problem.batch
-            || prepared.rows > problem.total_q
-            || prepared.window != opts.score_mod.window
-            || prepared.causal != opts.causal
+        if !replay
+            && (prepared.batch != problem.batch
+                || prepared.rows > problem.total_q
+                || prepared.window != opts.score_mod.window
+                || prepared.causal != opts.causal)
         {
             return Err(Error::shape(
                 "workspace",
@@ -678,7 +738,49 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
     workspace: Option<&mut PagedPrefillWorkspace>,
     opts: &PagedPrefillOptions,
 ) -> Result<PagedPrefillPlan> {
+    paged_prefill_impl(stream, q, cu_seqlens_q, max_seqlen_q, cache, o, lse, workspace, opts, false)
+}
+
+/// What a CUDA graph captured from a scheduled [`paged_prefill`] of these arguments does when replayed: the
+/// launch over the workspace's current table (prepared for any rows within its limits), with no check of
+/// the table against the call and no prepare. For tests of the kernels' bounds on the emulator
+/// (tests/it/safety.rs).
+#[cfg(feature = "testkit")]
+#[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
+pub fn replay_scheduled<T: Element, C: KvCacheOf<T>>(
+    stream: &Stream<'_>,
+    q: &TensorView<'_, T, 3>,
+    cu_seqlens_q: &TensorView<'_, i32, 1>,
+    max_seqlen_q: usize,
+    cache: &PagedKvCache<'_, C>,
+    o: &mut TensorViewMut<'_, T, 3>,
+    lse: Option<&mut TensorViewMut<'_, f32, 2>>,
+    workspace: &mut PagedPrefillWorkspace,
+    opts: &PagedPrefillOptions,
+) -> Result<PagedPrefillPlan> {
+    paged_prefill_impl(stream, q, cu_seqlens_q, max_seqlen_q, cache, o, lse, Some(workspace), opts, true)
+}
+
+/// [`paged_prefill`]; `replay`: a scheduled call uses the table as it is (no prepare, no check against the
+/// call), as a graph replay does.
+#[allow(clippy::too_many_arguments)]
+fn paged_prefill_impl<T: Element, C: KvCacheOf<T>>(
+    stream: &Stream<'_>,
+    q: &TensorView<'_, T, 3>,
+    cu_seqlens_q: &TensorView<'_, i32, 1>,
+    max_seqlen_q: usize,
+    cache: &PagedKvCache<'_, C>,
+    o: &mut TensorViewMut<'_, T, 3>,
+    lse: Option<&mut TensorViewMut<'_, f32, 2>>,
+    workspace: Option<&mut PagedPrefillWorkspace>,
+    opts: &PagedPrefillOptions,
+    replay: bool,
+) -> Result<PagedPrefillPlan> {
     opts.score_mod.check_values()?;
+    if let Some(ws) = workspace.as_deref() {
+        ws.check_stream(stream)?;
+    }
     let problem = check_paged_prefill_args(q, cu_seqlens_q, max_seqlen_q, cache, o, lse.as_deref())?;
     if crate::paged::strict_tables(stream) {
         cache.validate(stream)?;
@@ -694,11 +796,11 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
     let plan = match workspace.as_deref_mut() {
         Some(ws) if scheduled => {
             ws.check_scheduled_call(&problem, opts)?;
-            if let (Some(cu), Some(lens)) = (host_values(cu_seqlens_q), host_values(&cache.seq_lens)) {
+            if let (Some(cu), Some(lens), false) = (host_values(cu_seqlens_q), host_values(&cache.seq_lens), replay) {
                 let (cu, lens) = (cu.to_vec(), lens.to_vec());
                 ws.prepare(stream, &cu, &lens, opts)?;
             }
-            ws.scheduled_plan(&problem, opts)?
+            ws.scheduled_plan(&problem, opts, replay)?
         }
         Some(ws) => {
             ws.uniform_plan(&problem.windowed_for(opts.score_mod.window, opts.causal, kernel), kernel, opts.num_splits)?
@@ -753,11 +855,11 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
     let q_ptr = launch.input(c"q", q, 16)?;
     let cu_ptr = launch.input(c"cu_seqlens_q", cu_seqlens_q, 4)?;
     let cache_abi = cache.launch_abi(&mut launch)?;
-    let o_strides = o.strides();
+    let o_strides = o.launch_strides();
     let o_ptr = launch.output(c"o", o, 16)?;
     let (lse_ptr, lse_head_stride) = match lse {
         Some(l) => {
-            let stride = l.strides()[0];
+            let stride = l.launch_strides()[0];
             (launch.output(c"lse", l, 4)? as *mut f32, stride)
         }
         None => (std::ptr::null_mut(), 0),
@@ -768,7 +870,7 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
         }
         _ => (std::ptr::null_mut(), std::ptr::null_mut()),
     };
-    let q_strides = q.strides();
+    let q_strides = q.launch_strides();
     // The launch's shape, for either kernel's parameters.
     let (batch, heads_q, heads_kv, head_dim) = (
         to_i32("batch", problem.batch)?,
@@ -865,6 +967,51 @@ pub fn paged_prefill<T: Element, C: KvCacheOf<T>>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 46 (item 4): raw streams get a paged prefill workspace in their own memory, bound to their
+    /// stream (another stream or backend is `Usage`). The handles are only compared, never used.
+    #[test]
+    fn raw_workspaces_are_bound_to_their_stream() {
+        let fake = |s: usize| RawStream::from_raw_parts_for_tests(s as _, 0x10 as _);
+        // SAFETY: nothing is launched; the workspace is only checked against streams.
+        let ws = unsafe { PagedPrefillWorkspace::from_device_ptrs(fake(0x100), (1 << 20, 64), (1 << 21, 8), 132, 396) };
+        let ws = ws.unwrap();
+        assert_eq!(ws.sm_count(), 132);
+        assert!(ws.check_stream(&Stream::Raw(fake(0x100))).is_ok());
+        let emu = crate::Emulator::new();
+        for other in [Stream::Raw(fake(0x200)), Stream::Emu(&emu)] {
+            let e = ws.check_stream(&other).unwrap_err();
+            assert_eq!(e.kind(), &crate::ErrorKind::Usage);
+            assert!(e.message().starts_with("workspace:"), "{}", e.message());
+        }
+        // A call over it on the emulator stops at the stream check, before anything reads its memory.
+        let mut ws = ws;
+        let q = vec![half::bf16::ZERO; 64];
+        let cu = [0i32, 1];
+        let (k, t, l) = (vec![half::bf16::ZERO; 64], [0i32], [1i32]);
+        let cache = PagedKvCache::new(
+            TensorView::host(&k, [1, 1, 1, 64]).unwrap(),
+            TensorView::host(&k, [1, 1, 1, 64]).unwrap(),
+            TensorView::host(&t, [1, 1]).unwrap(),
+            TensorView::host(&l, [1]).unwrap(),
+            1,
+        )
+        .unwrap();
+        let mut o = vec![half::bf16::NAN; 64];
+        let e = paged_prefill(
+            &Stream::Emu(&emu),
+            &TensorView::host(&q, [1, 1, 64]).unwrap(),
+            &TensorView::host(&cu, [2]).unwrap(),
+            1,
+            &cache,
+            &mut TensorViewMut::host(&mut o, [1, 1, 64]).unwrap(),
+            None,
+            Some(&mut ws),
+            &PagedPrefillOptions::default(),
+        )
+        .unwrap_err();
+        assert_eq!(e.kind(), &crate::ErrorKind::Usage);
+    }
 
     fn problem(batch: usize, hq: usize, hkv: usize, d: usize, q: usize, ctx: usize) -> PagedPrefillProblem {
         PagedPrefillProblem {

@@ -75,12 +75,13 @@ impl DecodeProblem {
         decode_rows_per_cta(self.head_dim, self.group())
     }
     /// CTA row blocks per sequence: KV heads x blocks of [`Self::rows_per_cta`] query heads.
+    /// (Saturating, as every count of a problem: absurd sizes are the plan's `Overflow`, never a panic.)
     pub fn head_blocks(&self) -> usize {
-        self.heads_kv * self.group().div_ceil(self.rows_per_cta())
+        self.heads_kv.saturating_mul(self.group().div_ceil(self.rows_per_cta()))
     }
     /// CTAs per split: sequences x [`Self::head_blocks`].
     pub fn ctas_per_split(&self) -> usize {
-        self.batch * self.head_blocks()
+        self.batch.saturating_mul(self.head_blocks())
     }
 }
 
@@ -88,19 +89,74 @@ impl DecodeProblem {
 /// call within them ([`DecodePlan::check_covers`]). A sequence's split geometry depends only on its own
 /// length and `split_tokens`, so with one plan a sequence's result is bitwise the same whatever else is in
 /// the batch, and a captured CUDA graph stays correct when seq_lens change within `problem.max_seq_len`.
+///
+/// A plan is a value the crate made ([`DecodePlan::new`], or returned by a call): its fields are read through
+/// getters and cannot be set, so a plan pinned in a workspace is one the planner checked (docs/semantics.md,
+/// "Safety"). A forged plan does not compile:
+/// ```compile_fail,E0451
+/// # use fused_attn::{DecodePlan, DecodeProblem};
+/// let limits = DecodeProblem { batch: 1, heads_q: 8, heads_kv: 1, head_dim: 128, max_seq_len: 64 };
+/// let plan = DecodePlan::new(&limits, 132, None).unwrap();
+/// let forged = DecodePlan { num_splits: 8, split_tokens: 512, ..plan };
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DecodePlan {
+    pub(crate) problem: DecodeProblem,
+    pub(crate) num_splits: usize,
+    pub(crate) split_tokens: usize,
+    pub(crate) grid: [usize; 3],
+    pub(crate) partial_o_len: usize,
+    pub(crate) partial_lse_len: usize,
+    /// A scheduled call's summary (its largest chunk count, the slot grid, the partials it used): a record,
+    /// not a uniform plan, so no workspace pins it.
+    pub(crate) summary: bool,
+}
+
+/// Read-only getters of a plan's fields (plans are values the crate made: no field is public).
+macro_rules! plan_getters {
+    ($ty:ty { $($(#[$doc:meta])* $field:ident: $t:ty),* $(,)? }) => {
+        impl $ty {
+            $(
+                $(#[$doc])*
+                pub fn $field(&self) -> $t {
+                    self.$field
+                }
+            )*
+        }
+    };
+}
+pub(crate) use plan_getters;
+
+plan_getters!(DecodePlan {
     /// The limits the plan was made for: largest batch, head counts, head dim, largest sequence length.
-    pub problem: DecodeProblem,
-    pub num_splits: usize,
+    problem: DecodeProblem,
+    /// KV splits per sequence.
+    num_splits: usize,
     /// Tokens per split (a multiple of [`SPLIT_GRANULE`]); meaningful only when `num_splits > 1`.
-    pub split_tokens: usize,
+    split_tokens: usize,
     /// Grid of the decode kernel: (num_splits, Hkv * ceil(G / rows per CTA), B).
-    pub grid: [usize; 3],
-    /// fp32 elements of the split workspace: partial O [num_splits, B, Hq, D] and partial LSE [num_splits, B, Hq]
-    /// (both 0 without splitting).
-    pub partial_o_len: usize,
-    pub partial_lse_len: usize,
+    grid: [usize; 3],
+    /// fp32 elements of the split workspace's partial O [num_splits, B, Hq, D] (0 without splitting).
+    partial_o_len: usize,
+    /// fp32 elements of the split workspace's partial LSE [num_splits, B, Hq] (0 without splitting).
+    partial_lse_len: usize,
+});
+
+impl DecodePlan {
+    /// Whether this is the summary a scheduled call returns (not a plan a workspace can pin).
+    pub fn is_schedule_summary(&self) -> bool {
+        self.summary
+    }
+    /// `Usage` for a schedule summary: only uniform plans are pinned.
+    pub(crate) fn check_pinnable(&self) -> Result<()> {
+        if self.summary {
+            return Err(Error::usage(
+                "plan: the summary a scheduled call returns is not a uniform plan (use DecodePlan::new, or \
+                 DecodeWorkspace::scheduled)",
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Fraction of the SM slots a grid of `ctas` keeps busy over its waves: ctas / (waves * slots).
@@ -108,7 +164,7 @@ pub fn wave_efficiency(ctas: usize, slots: usize) -> f64 {
     if ctas == 0 || slots == 0 {
         return 0.0;
     }
-    ctas as f64 / (ctas.div_ceil(slots) * slots) as f64
+    ctas as f64 / ctas.div_ceil(slots).saturating_mul(slots) as f64
 }
 
 /// The planner's split count for a problem on `sm_count` SMs (no forcing):
@@ -121,12 +177,12 @@ pub fn planned_splits(problem: &DecodeProblem, sm_count: usize) -> usize {
     // Wide CTAs (8 warps, more rows than a narrow CTA serves) hold one per SM (their register share).
     let per_sm = crate::tile::decode_tile_or_widest(problem.head_dim)
         .map_or(CTAS_PER_SM, |t| CTAS_PER_SM.min(t.ctas_per_sm_by_registers(problem.rows_per_cta())));
-    let slots = sm_count.max(1) * per_sm;
+    let slots = sm_count.max(1).saturating_mul(per_sm);
     let max_splits = (problem.max_seq_len / MIN_SPLIT_TOKENS).min(MAX_PLANNED_SPLITS);
     if ctas == 0 || ctas >= slots || max_splits < 2 {
         return 1;
     }
-    let eff = |s: usize| wave_efficiency(ctas * s, slots);
+    let eff = |s: usize| wave_efficiency(ctas.saturating_mul(s), slots);
     let best = (1..=max_splits).map(eff).fold(0.0, f64::max);
     (1..=max_splits).find(|&s| eff(s) >= WAVE_EFFICIENCY_SLACK * best).unwrap_or(1)
 }
@@ -144,7 +200,12 @@ impl DecodePlan {
         let (num_splits, split_tokens) = if requested == 1 {
             (1, 0)
         } else {
-            let per_split = problem.max_seq_len.div_ceil(requested).next_multiple_of(SPLIT_GRANULE).max(SPLIT_GRANULE);
+            let per_split = problem
+                .max_seq_len
+                .div_ceil(requested)
+                .checked_next_multiple_of(SPLIT_GRANULE)
+                .ok_or_else(|| Error::overflow("max_seq_len", format!("{} tokens", problem.max_seq_len)))?
+                .max(SPLIT_GRANULE);
             let n = if forced_splits.is_some() { requested } else { problem.max_seq_len.div_ceil(per_split).max(1) };
             (n, if n == 1 { 0 } else { per_split })
         };
@@ -157,7 +218,10 @@ impl DecodePlan {
                 return Err(Error::overflow(what, format!("{v} exceeds the grid limit {MAX_GRID_YZ}")));
             }
         }
-        let rows = problem.batch * problem.heads_q;
+        let rows = problem
+            .batch
+            .checked_mul(problem.heads_q)
+            .ok_or_else(|| Error::overflow("workspace", "batch x heads_q overflows"))?;
         let (partial_o_len, partial_lse_len) = if num_splits > 1 {
             let lse = num_splits
                 .checked_mul(rows)
@@ -176,6 +240,7 @@ impl DecodePlan {
             grid: [num_splits, grid_y, problem.batch],
             partial_o_len,
             partial_lse_len,
+            summary: false,
         })
     }
 

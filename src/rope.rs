@@ -210,12 +210,23 @@ impl RopeConfig {
 
     /// The cos/sin table of positions `0..max_pos`: angle `p · inv_freq[i]` and the attention factor in f64,
     /// each entry rounded once to f32.
+    /// `max_pos` from 1 to `i32::MAX` (the kernels' positions are int32), else `Shape` / `Overflow` naming it;
+    /// a table the host cannot allocate is `OutOfMemory`.
     pub fn table(&self, max_pos: usize) -> Result<RopeTable> {
         self.check()?;
+        if max_pos == 0 {
+            return Err(Error::shape("max_pos", "0 (a table needs at least one position)"));
+        }
+        crate::error::to_i32("max_pos", max_pos)?;
         let (inv, att) = (self.inv_freq(), self.attention_factor());
         let half = inv.len();
-        let mut cos = Vec::with_capacity(max_pos * half);
-        let mut sin = Vec::with_capacity(max_pos * half);
+        let len = max_pos.checked_mul(half).ok_or_else(|| Error::overflow("max_pos", format!("{max_pos} x {half}")))?;
+        let (mut cos, mut sin) = (Vec::new(), Vec::new());
+        for v in [&mut cos, &mut sin] {
+            v.try_reserve_exact(len).map_err(|_| {
+                Error::new(crate::ErrorKind::OutOfMemory, format!("max_pos: a table of {len} fp32 entries"))
+            })?;
+        }
         for p in 0..max_pos {
             for &f in &inv {
                 let (s, c) = (p as f64 * f).sin_cos();
@@ -306,16 +317,26 @@ impl<'a> Rope<'a> {
             ));
         }
         i32::try_from(max_pos).map_err(|_| Error::overflow("rope_cos", format!("{max_pos} positions")))?;
+        // The kernels read columns 0..rotary_dim/2 of a row: rows of more than one must not overlap them
+        // (the launcher's rule, checked here to name the table). One row's stride addresses nothing.
+        let half = (rd / 2) as i64;
         for (name, v) in [("rope_cos", self.cos), ("rope_sin", self.sin)] {
-            if v.strides()[1] != 1 || (max_pos > 1 && v.strides()[0] < 0) {
-                return Err(Error::layout(name, "needs unit column stride and a non-negative row stride"));
+            if v.strides()[1] != 1 || (max_pos > 1 && v.strides()[0] < half) {
+                return Err(Error::layout(
+                    name,
+                    format!(
+                        "needs unit column stride and a row stride >= rotary_dim/2 = {half}, got {:?}",
+                        v.strides()
+                    ),
+                ));
             }
         }
+        let row_stride = |v: &TensorView<'_, f32, 2>| if max_pos > 1 { v.strides()[0] } else { half };
         let mut r = sys::FaRope {
             cos: launch.input(c"rope_cos", self.cos, 4)? as *const f32,
             sin: launch.input(c"rope_sin", self.sin, 4)? as *const f32,
-            cos_stride: self.cos.strides()[0],
-            sin_stride: self.sin.strides()[0],
+            cos_stride: row_stride(self.cos),
+            sin_stride: row_stride(self.sin),
             positions: std::ptr::null(),
             max_pos: max_pos as i32,
             rotary_dim: rd as i32,
@@ -373,9 +394,19 @@ impl std::fmt::Debug for RopeKeys<'_> {
     }
 }
 
-/// The table row the kernels use for position `pos` (clamped into `[0, max_pos)`, fa/rope.cuh).
-pub fn table_row(pos: i64, max_pos: usize) -> usize {
-    pos.clamp(0, max_pos as i64 - 1) as usize
+/// The table row the kernels use for position `pos` (clamped into `[0, max_pos)`, fa/rope.cuh). A table of
+/// no rows has none: `Shape`, naming `max_pos`.
+pub fn table_row(pos: i64, max_pos: usize) -> Result<usize> {
+    if max_pos == 0 {
+        return Err(Error::shape("max_pos", "0: a table of no positions has no row"));
+    }
+    Ok(clamp_row(pos, max_pos))
+}
+
+/// [`table_row`] for a table known to have rows (0 for none).
+pub(crate) fn clamp_row(pos: i64, max_pos: usize) -> usize {
+    let last = i64::try_from(max_pos).unwrap_or(i64::MAX).saturating_sub(1).max(0);
+    pos.clamp(0, last) as usize
 }
 
 /// The kernels' rotation of one head row `x` (fp32, in place) by the table entries `cos_sin(i)` of its

@@ -179,17 +179,22 @@ pub fn partial_capacity(
     let span = attended_span(limits.max_seq_len, window_left);
     let per_seq = match policy {
         SplitPolicy::Balanced => {
-            let bound = MAX_UNITS_PER_SLOT * slots / limits.head_blocks().max(1) + limits.batch;
-            return bound.min(limits.batch * span.div_ceil(MIN_SPLIT_TOKENS).max(1));
+            // (Saturating: absurd limits give a capacity no allocation meets, an error there, never an overflow.)
+            let bound = MAX_UNITS_PER_SLOT.saturating_mul(slots) / limits.head_blocks().max(1);
+            return bound
+                .saturating_add(limits.batch)
+                .min(limits.batch.saturating_mul(span.div_ceil(MIN_SPLIT_TOKENS).max(1)));
         }
         SplitPolicy::FixedSplitTokens(t) => span.div_ceil(t.max(1)).max(1),
     };
-    limits.batch * per_seq
+    limits.batch.saturating_mul(per_seq)
 }
 
 /// The most units a schedule for these limits can hold: every chunk times the head blocks.
 pub fn work_capacity(limits: &DecodeProblem, window_left: Option<usize>, slots: usize, policy: SplitPolicy) -> usize {
-    (partial_capacity(limits, window_left, slots, policy) + limits.batch) * limits.head_blocks()
+    partial_capacity(limits, window_left, slots, policy)
+        .saturating_add(limits.batch)
+        .saturating_mul(limits.head_blocks())
 }
 
 /// One sequence as a schedule sees it: the query rows whose states its chunks write and, per CTA row block

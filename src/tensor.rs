@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 /// at `ptr`. Nothing tracks its lifetime or stream ordering; [`TensorView::from_device_ptr`] states the
 /// contract.
 #[derive(Debug)]
-pub struct DevicePtr<T> {
+pub(crate) struct DevicePtr<T> {
     pub(crate) ptr: u64,
     pub(crate) len: usize,
     _marker: PhantomData<fn() -> T>,
@@ -26,15 +26,15 @@ impl<T> Clone for DevicePtr<T> {
 }
 impl<T> Copy for DevicePtr<T> {}
 
-/// Read-only memory behind a view.
-pub enum Mem<'a, T> {
+/// Read-only memory behind a view (crate-internal: views are made by their constructors).
+pub(crate) enum Mem<'a, T> {
     Gpu(CudaView<'a, T>),
     Device(DevicePtr<T>),
     Host(&'a [T]),
 }
 
 /// Writable memory behind a view.
-pub enum MemMut<'a, T> {
+pub(crate) enum MemMut<'a, T> {
     Gpu(CudaViewMut<'a, T>),
     Device(DevicePtr<T>),
     Host(&'a mut [T]),
@@ -107,14 +107,16 @@ pub fn contiguous_strides<const N: usize>(shape: [usize; N]) -> Result<[i64; N]>
 
 /// Number of elements the view spans (largest addressed offset + 1), 0 for an empty shape.
 fn extent<const N: usize>(shape: [usize; N], strides: [i64; N]) -> Result<usize> {
+    // Strides are checked first, empty views included: a kernel given an empty view still validates its
+    // strides, and its rejection would not name the argument.
+    if let Some(d) = (0..N).find(|&d| strides[d] < 0) {
+        return Err(Error::layout("view", format!("negative stride {} in dimension {d}", strides[d])));
+    }
     if shape.contains(&0) {
         return Ok(0);
     }
     let mut last: i64 = 0;
     for d in 0..N {
-        if strides[d] < 0 {
-            return Err(Error::layout("view", format!("negative stride {} in dimension {d}", strides[d])));
-        }
         let dim = i64::try_from(shape[d] - 1).map_err(|_| Error::overflow("view", format!("shape {shape:?}")))?;
         last = dim
             .checked_mul(strides[d])
@@ -189,6 +191,18 @@ macro_rules! view_common {
             }
             pub fn strides(&self) -> [i64; N] {
                 self.strides
+            }
+            /// The strides a launch passes: those of dimensions of extent <= 1 address nothing (only index
+            /// 0 is used) and go as 0, so a launcher's stride rules (non-negative, 16-byte rows) never reject
+            /// what the Rust checks, which look at dimensions of extent > 1 only, accepted.
+            pub(crate) fn launch_strides(&self) -> [i64; N] {
+                let mut s = self.strides;
+                for d in 0..N {
+                    if self.shape[d] <= 1 {
+                        s[d] = 0;
+                    }
+                }
+                s
             }
             pub fn dim(&self, d: usize) -> usize {
                 self.shape[d]

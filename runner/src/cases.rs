@@ -121,11 +121,11 @@ fn with_prefill_outcome(mut row: Row, o: &pc::CaseOutcome) -> Row {
 }
 
 fn with_decode_outcome(row: Row, o: &dc::CaseOutcome) -> Row {
-    with_full_check(row, &o.out, &o.lse, o.plan.num_splits, o.quant, o.passed(), || o.summary())
+    with_full_check(row, &o.out, &o.lse, o.plan.num_splits(), o.quant, o.passed(), || o.summary())
 }
 
 fn with_paged_prefill_outcome(row: Row, o: &ppc::PagedPrefillOutcome) -> Row {
-    with_full_check(row, &o.out, &o.lse, o.plan.num_splits, o.quant, o.passed(), || o.summary())
+    with_full_check(row, &o.out, &o.lse, o.plan.num_splits(), o.quant, o.passed(), || o.summary())
 }
 
 /// A paged op's row with its full check: O and LSE against the reference, the split count it ran with, the
@@ -220,7 +220,7 @@ pub fn mla_row(kind: &str, backend: &Backend, c: &MlaCase, seed: u64) -> Row {
 /// An MLA row with its check: O and LSE against the reference over the stored cache (sampled: the first
 /// sequences), the FP8 quantisation error in the label.
 fn with_mla_outcome(mut row: Row, o: &mc::MlaOutcome) -> Row {
-    row = with_full_check(row, &o.out, &o.lse, o.plan.num_splits, o.quant, o.passed(), || o.summary());
+    row = with_full_check(row, &o.out, &o.lse, o.plan.num_splits(), o.quant, o.passed(), || o.summary());
     if o.sampled() {
         row.check = Some("sampled".into());
         row.label = format!("{} (checked: the first {} of {} sequences)", row.label, o.checked_seqs, o.seqs);
@@ -286,7 +286,7 @@ fn with_mla_timing(row: Row, t: Result<mc::MlaTiming>, copy_gbps: f64) -> Row {
             row.tflops = Some(t.tflops);
             row.copy_gbps = Some(copy_gbps);
             row.pct_of_copy_bw = Some(100.0 * t.gbps / copy_gbps);
-            row.num_splits = Some(t.plan.num_splits);
+            row.num_splits = Some(t.plan.num_splits());
             row
         }
         Err(e) => failed(row, &e),
@@ -328,7 +328,7 @@ pub fn time_decode(cu: &Arc<CudaStream>, backend: &Backend, c: &DecodeCase, seed
     let mut row = decode_row("perf", backend, c, seed);
     let t = dc::time_case_gpu(cu, c, seed, DECODE_RUNS);
     if let Ok(t) = &t {
-        row.num_splits = Some(t.plan.num_splits);
+        row.num_splits = Some(t.plan.num_splits());
     }
     with_decode_timing(row, t, copy_gbps)
 }
@@ -345,7 +345,7 @@ pub fn time_paged_prefill(
     let mut row = paged_prefill_row("perf", backend, c, seed);
     let t = ppc::time_case_gpu(cu, c, seed, PAGED_PREFILL_RUNS);
     if let Ok(t) = &t {
-        row.num_splits = Some(t.plan.num_splits);
+        row.num_splits = Some(t.plan.num_splits());
     }
     with_paged_prefill_timing(row, t, copy_gbps)
 }

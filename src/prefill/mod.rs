@@ -308,8 +308,8 @@ pub fn prefill<T: Element>(
         return Ok(()); // no rows
     }
 
-    let [qs, ks, vs, os] = [q.strides(), k.strides(), v.strides(), o.strides()];
-    let lse_strides = lse.as_deref().map(|l| l.strides()).unwrap_or_default();
+    let [qs, ks, vs, os] = [q.launch_strides(), k.launch_strides(), v.launch_strides(), o.launch_strides()];
+    let lse_strides = lse.as_deref().map(|l| l.launch_strides()).unwrap_or_default();
     let mut launch = Launch::new(*stream);
     let score_mod = opts.score_mod.abi(&mut launch, batch, heads_q)?;
     let (rope, rope_k, rope_k_positions) = rope_abi(&mut launch, opts, head_dim, batch * seqlen_q, batch * seqlen_k)?;
@@ -489,8 +489,8 @@ pub fn prefill_varlen<T: Element>(
         return Ok(()); // no rows
     }
 
-    let [qs, ks, vs, os] = [q.strides(), k.strides(), v.strides(), o.strides()];
-    let lse_head_stride = lse.as_deref().map(|l| l.strides()[0]).unwrap_or(0);
+    let [qs, ks, vs, os] = [q.launch_strides(), k.launch_strides(), v.launch_strides(), o.launch_strides()];
+    let lse_head_stride = lse.as_deref().map(|l| l.launch_strides()[0]).unwrap_or(0);
     let mut launch = Launch::new(*stream);
     let score_mod = opts.score_mod.abi(&mut launch, batch, heads_q)?;
     let (rope, rope_k, rope_k_positions) = rope_abi(&mut launch, opts, head_dim, total_q, total_k)?;

@@ -5,7 +5,7 @@
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::rope::{rotate_row_f32, rotate_row_f64, table_row, Rope, RopeStyle, RopeTable};
+use crate::rope::{rotate_row_f32, rotate_row_f64, Rope, RopeStyle, RopeTable};
 
 /// A host copy of the table columns an op reads, and how it rotates.
 #[derive(Clone, Debug)]
@@ -48,7 +48,7 @@ impl RopeRef {
 
     /// (cos, sin) of pair `i` at position `pos` (clamped into the table).
     pub fn cos_sin(&self, pos: i64, i: usize) -> (f32, f32) {
-        let at = table_row(pos, self.max_pos) * (self.rotary_dim / 2) + i;
+        let at = crate::rope::clamp_row(pos, self.max_pos) * (self.rotary_dim / 2) + i;
         (self.cos[at], self.sin[at])
     }
 

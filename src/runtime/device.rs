@@ -67,6 +67,11 @@ impl RawStream {
         }
         Ok(Self { stream, ctx })
     }
+    /// A value over handles that are only compared, never used (unit tests of the checks that compare them).
+    #[cfg(test)]
+    pub(crate) fn from_raw_parts_for_tests(stream: CUstream, ctx: CUcontext) -> Self {
+        Self { stream, ctx }
+    }
     pub fn cu_stream(&self) -> CUstream {
         self.stream
     }

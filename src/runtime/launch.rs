@@ -8,7 +8,7 @@
 use std::ffi::{c_void, CStr};
 use std::sync::Arc;
 
-use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, DriverError, SyncOnDrop};
 
 use crate::device::Stream;
 use crate::emu::{run_emulated, status_error};
@@ -23,17 +23,27 @@ pub(crate) struct Launch<'a> {
     stream: Stream<'a>,
     guards: Vec<SyncOnDrop<'a>>,
     regions: Vec<sys::FaEmuRegion>,
+    /// A GPU context's sticky error recorded by other code before this launch began (cudarc keeps one,
+    /// read and cleared by `check_err`): taken out so that what this launch's guards and kernels record is
+    /// told apart, and put back (run's end, or drop) for whoever owns it.
+    earlier: Option<DriverError>,
 }
 
 impl<'a> Launch<'a> {
     pub fn new(stream: Stream<'a>) -> Self {
-        Launch { stream, guards: Vec::new(), regions: Vec::new() }
+        let earlier = match stream {
+            Stream::Gpu(s) => s.context().check_err().err(),
+            _ => None,
+        };
+        Launch { stream, guards: Vec::new(), regions: Vec::new(), earlier }
     }
 
     fn gpu_stream(&self, name: &CStr, view_stream: &Arc<CudaStream>) -> Result<&'a CudaStream> {
         match self.stream {
             Stream::Gpu(s) => {
-                if !Arc::ptr_eq(s.context(), view_stream.context()) {
+                // The driver's context, not the Arc: two CudaContext::new(0) (candle's device and an engine's
+                // own) share the primary context, and their memory is interchangeable.
+                if s.context().cu_ctx() != view_stream.context().cu_ctx() {
                     return Err(Error::backend(&name.to_string_lossy(), "GPU memory of another CUDA context"));
                 }
                 Ok(s)
@@ -118,19 +128,24 @@ impl<'a> Launch<'a> {
 
     /// Enqueues the op's kernels on the GPU stream, or runs them on the emulator. `params` must hold only
     /// pointers obtained from this `Launch`.
-    pub fn run<P>(self, kernel: &str, params: P, launcher: Launcher<P>) -> Result<()> {
+    pub fn run<P>(mut self, kernel: &str, params: P, launcher: Launcher<P>) -> Result<()> {
         match self.stream {
             Stream::Gpu(s) => {
-                s.context().bind_to_thread()?;
+                let ctx = s.context();
+                ctx.bind_to_thread()?;
                 let exec = record(kernel, params, launcher)?;
                 // SAFETY: params hold pointers into views borrowed for this launch (checked for backend,
                 // context, extent and alignment), ordered on `s` by the guards dropped below.
-                unsafe { crate::kernels::enqueue(s.context().cu_ctx(), s.cu_stream(), launches(&exec)) }
-                    .map_err(|e| e.context(kernel))?;
-                // cudarc's stream-ordering guards record events on drop; a failure there is recorded in the
-                // context, not returned, so collect it here rather than let it vanish.
-                drop(self.guards);
-                s.context().check_err()?;
+                let enqueued = unsafe { crate::kernels::enqueue(ctx.cu_ctx(), s.cu_stream(), launches(&exec)) }
+                    .map_err(|e| e.context(kernel));
+                // cudarc's stream-ordering guards record events on drop (and on creation, in `input` /
+                // `output`); a failure there is recorded in the context, not returned: collect this
+                // launch's, then put back what others recorded before it (`earlier`, on drop).
+                drop(std::mem::take(&mut self.guards));
+                let ours = ctx.check_err();
+                drop(self);
+                enqueued?;
+                ours?;
                 Ok(())
             }
             Stream::Raw(r) => {
@@ -153,6 +168,14 @@ impl<'a> Launch<'a> {
                     }
                 }
             }
+        }
+    }
+}
+
+impl Drop for Launch<'_> {
+    fn drop(&mut self) {
+        if let (Stream::Gpu(s), Some(e)) = (self.stream, self.earlier.take()) {
+            s.context().record_err::<()>(Err(e));
         }
     }
 }

@@ -23,7 +23,7 @@ impl PoisonedTable {
         let cols = t.half + 3;
         let (mut cos, mut sin) = (vec![f32::NAN; max_pos * cols], vec![f32::NAN; max_pos * cols]);
         for &p in used {
-            let p = crate::rope::table_row(p, max_pos);
+            let p = crate::rope::table_row(p, max_pos)?;
             cos[p * cols..][..t.half].copy_from_slice(&t.cos[p * t.half..][..t.half]);
             sin[p * cols..][..t.half].copy_from_slice(&t.sin[p * t.half..][..t.half]);
         }

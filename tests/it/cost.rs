@@ -231,7 +231,7 @@ fn decode_counters(case: &DecodeCase) -> (LaunchCounters, DecodeCost, usize) {
     let run = run_case_emulated::<bf16>(&emu, case, base_seed()).unwrap();
     assert!(run.outcome.passed(), "{}: {} ({})", case.label(), run.outcome.summary(), rerun("decode"));
     let plan = run.outcome.plan;
-    (emu.last_launch_counters().unwrap(), decode_cost(case, &plan), plan.num_splits)
+    (emu.last_launch_counters().unwrap(), decode_cost(case, &plan), plan.num_splits())
 }
 
 /// Model: the decode kernel reads each visible token's K and V rows once per KV head — for G ≤ 16 the G

@@ -207,7 +207,7 @@ fn fixed_plan_is_bitwise_reproducible() {
     let (o1, l1, p1) = run_decode(&stream, &f, None);
     let (o2, l2, p2) = run_decode(&stream, &f, None);
     assert_eq!(p1, p2);
-    assert_eq!(p1.num_splits, 3);
+    assert_eq!(p1.num_splits(), 3);
     assert!(o1.iter().zip(&o2).all(|(a, b)| a.to_bits() == b.to_bits()));
     assert!(l1.iter().zip(&l2).all(|(a, b)| a.to_bits() == b.to_bits()));
 }
@@ -355,7 +355,7 @@ fn empty_batch_is_a_no_op() {
     let mut ws = DecodeWorkspace::new(&stream, 0, 0).unwrap();
     let plan = common::decode_host(&stream, [0, 4, 64], &q, &cache, (&mut o, None), &mut ws, &DecodeOptions::default())
         .unwrap();
-    assert_eq!(plan.num_splits, 1);
+    assert_eq!(plan.num_splits(), 1);
 }
 
 /// seq_lens and block-table entries are device data the host cannot validate: the kernel clamps a length

@@ -292,7 +292,7 @@ fn decode_exact<T: Element>(emu: &Emulator, label: &str, case: &DecodeCase, keys
         }
     }
     let (o, lse) = (f64s(&run.o), run.lse.iter().map(|&x| x as f64).collect::<Vec<f64>>());
-    let label = format!("{label} [{} splits={}]", case.label(), run.outcome.plan.num_splits);
+    let label = format!("{label} [{} splits={}]", case.label(), run.outcome.plan.num_splits());
     Verdict::new(label, (&o, &want_o, &o_bound), (&lse, &want_lse, &lse_bd))
 }
 
@@ -381,7 +381,7 @@ fn decode_dominant_token_at_every_boundary() {
 fn decode_dominant_at_boundaries(emu: &Emulator, (dt, d, heads, ps, s): DecodeConfig, n: usize, seed: u64) -> Verdict {
     let probe = DecodeCase::new(dt, d, heads, ps, &[n], s);
     let plan = DecodePlan::new(&probe.problem(), 1, s).unwrap();
-    let split = if plan.num_splits > 1 { plan.split_tokens } else { n };
+    let split = if plan.num_splits() > 1 { plan.split_tokens() } else { n };
     let pos = boundary_positions(n, decode_tile_tokens(d), ps, split);
     let case = DecodeCase::new(dt, d, heads, ps, &vec![n; pos.len()], s);
     let label = format!("dominant at {pos:?}");
@@ -926,7 +926,7 @@ fn paged_prefill_exact<T: Element>(
         }
     }
     let (o, lse) = (f64s(&o), lse.iter().map(|&x| x as f64).collect::<Vec<f64>>());
-    let label = format!("{label} [{} splits={}]", case.label(), plan.num_splits);
+    let label = format!("{label} [{} splits={}]", case.label(), plan.num_splits());
     Verdict::new(label, (&o, &want_o, &o_bound), (&lse, &want_lse, &lse_bd))
 }
 

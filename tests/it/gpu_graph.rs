@@ -138,7 +138,7 @@ fn enqueue(
         ),
         &PrefillOptions { causal: p.causal, scale: None, ..Default::default() },
     )?;
-    Ok(plan.num_splits)
+    Ok(plan.num_splits())
 }
 
 /// The CUgraphNodeType of every node of `graph` (read as u32: no enum value is assumed).

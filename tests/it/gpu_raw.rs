@@ -106,14 +106,15 @@ fn gpu_raw_stream_decode_with_caller_workspace_matches_the_cudarc_path() {
         &opts,
     )
     .unwrap();
-    let po = cu.alloc_zeros::<f32>(plan.partial_o_len).unwrap();
-    let pl = cu.alloc_zeros::<f32>(plan.partial_lse_len).unwrap();
+    let po = cu.alloc_zeros::<f32>(plan.partial_o_len()).unwrap();
+    let pl = cu.alloc_zeros::<f32>(plan.partial_lse_len()).unwrap();
     // SAFETY: every buffer and the stream outlive the work (synchronised below).
     unsafe {
         let raw = RawStream::new(cu.cu_stream()).unwrap();
         let mut ws2 = DecodeWorkspace::from_device_ptrs(
-            (ptr(&cu, &po), plan.partial_o_len),
-            (ptr(&cu, &pl), plan.partial_lse_len),
+            raw,
+            (ptr(&cu, &po), plan.partial_o_len()),
+            (ptr(&cu, &pl), plan.partial_lse_len()),
             &plan,
             sm,
         )

@@ -126,7 +126,7 @@ fn decode_gated(cu: &Arc<CudaStream>, f: &PagedFixture<bf16>, together: Option<&
     let mut lse_view = TensorViewMut::gpu(lse.as_view_mut(), [b, hq]).unwrap();
     let q_view = TensorView::gpu(q.as_view(), [b, hq, d]).unwrap();
     let used = decode(&stream, &q_view, &cache, &mut o_view, Some(&mut lse_view), &mut ws, &opts).unwrap();
-    assert!(used.num_splits > 1, "{}: not split ({used:?})", c.label());
+    assert!(used.num_splits() > 1, "{}: not split ({used:?})", c.label());
     assert!(gate.still_closed(), "{}: decode returned only once its stream drained (it synchronised)", c.label());
     if let Some(latch) = together {
         latch.arrive_and_wait(2);

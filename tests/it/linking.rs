@@ -95,7 +95,7 @@ fn a_pinned_plan_makes_results_independent_of_the_batch() {
     let limits = DecodeProblem { batch: 4, heads_q: HQ, heads_kv: HKV, head_dim: D, max_seq_len };
     for forced in [None, Some(3)] {
         let mut ws = DecodeWorkspace::for_limits(&Stream::Emu(&emu), &limits, forced).unwrap();
-        let splits = ws.pinned_plan().unwrap().num_splits;
+        let splits = ws.pinned_plan().unwrap().num_splits();
         assert!(splits > 1, "the test needs a split plan ({forced:?} gave {splits})");
         let (o1, l1) = run(&emu, &pool, &[&target], &mut ws, max_seq_len).unwrap();
         let (o4, l4) = run(&emu, &pool, &[&others[0], &others[1], &target, &others[2]], &mut ws, max_seq_len).unwrap();

@@ -85,15 +85,15 @@ fn short_queries_stream_like_decode() {
         let outcome = check_case_emulated(&emu, &c, common::case_seed(0)).unwrap();
         assert!(outcome.passed(), "{}", outcome.summary());
         let plan = outcome.plan;
-        assert_eq!(plan.kernel, PagedPrefillKernel::Streaming, "G {g}");
+        assert_eq!(plan.kernel(), PagedPrefillKernel::Streaming, "G {g}");
         assert!(rows <= STREAMING_MAX_ROWS);
-        assert_eq!(plan.grid, [plan.num_splits, 8, 2], "G {g}: one CTA per (KV head, split, sequence)");
+        assert_eq!(plan.grid(), [plan.num_splits(), 8, 2], "G {g}: one CTA per (KV head, split, sequence)");
         let counters = emu.last_launch_counters().unwrap();
         let k = &counters.kernels[0];
         let p = tile_policy(KernelOp::Decode, 128, false, None).unwrap();
         assert_eq!(k.kernel, "fa_paged_decode_bf16_d128");
         assert_eq!((k.block_threads, k.smem_bytes), (p.threads as u64, p.smem_bytes as u64));
-        assert_eq!(k.blocks, (plan.num_splits * 8 * 2) as u64);
+        assert_eq!(k.blocks, (plan.num_splits() * 8 * 2) as u64);
         // Each CTA reads the keys up to its last row's position once (causal: the range ends there), exactly:
         // per sequence and KV head, Σ over row blocks of (last position + 1) keys of K.
         let per_key = (8 * 128 * 2) as u64;
@@ -110,7 +110,7 @@ fn short_queries_stream_like_decode() {
     // Past the threshold: tiled.
     let long = case(128, (32, 8), 16, &[(9, 300)]);
     let (_, _, plan) = PagedPrefillFixture::<bf16>::new(&long, 1).run(&Stream::Emu(&emu), None).unwrap();
-    assert_eq!(plan.kernel, PagedPrefillKernel::Tiled);
+    assert_eq!(plan.kernel(), PagedPrefillKernel::Tiled);
     let in_flight = |op: KernelOp| {
         let p = tile_policy(op, 128, false, None).unwrap();
         (p.stages - 1) * p.block_n * 128 * 2 * 2 * p.min_ctas_per_sm
@@ -153,7 +153,7 @@ fn holes_in_the_block_table_are_masked() {
         f.block_table[1] = -1; // sequence 0, tokens 16..32: an interior tile
         f.block_table[f.width + 9] = 1 << 20; // sequence 1, tokens 144..150: the diagonal's tiles
         let (o, lse, plan) = f.run(&Stream::Emu(&emu), Some(splits)).unwrap();
-        assert_eq!(plan.num_splits, splits);
+        assert_eq!(plan.num_splits(), splits);
         let (exact, naive) = f.reference().unwrap();
         let ours: Vec<f64> = o.iter().map(|v| f64::from(v.to_f32())).collect();
         let c_out = fused_attn::reference::compare(&ours, &exact.out, &naive);

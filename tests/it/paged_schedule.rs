@@ -67,7 +67,7 @@ fn scheduled_streaming_matches_the_reference_on_skewed_batches() {
             let cut = s.splits.iter().filter(|x| x.0 > 1).count();
             let rows: usize = s.merge_rows.len();
             (
-                outcome.passed() && cut > 0 && plan.kernel == PagedPrefillKernel::Streaming,
+                outcome.passed() && cut > 0 && plan.kernel() == PagedPrefillKernel::Streaming,
                 format!("{} ({cut} sequences cut, {rows} rows merged, {} CTAs)", outcome.summary(), s.num_ctas()),
             )
         },
@@ -338,7 +338,7 @@ fn scheduled_workspace_bad_calls() {
     let tiled = PagedPrefillCase { kernel: PagedPrefillKernel::Tiled, ..ok.clone() };
     let f = PagedPrefillFixture::<bf16>::new(&tiled, 2);
     let (o, lse, plan) = f.run_in(&stream, None, &mut ws).unwrap();
-    assert_eq!(plan.kernel, PagedPrefillKernel::Tiled);
+    assert_eq!(plan.kernel(), PagedPrefillKernel::Tiled);
     assert!(evaluate(&f, 2, plan, &o, &lse).unwrap().passed());
     // prepare on a uniform workspace; a workspace for a GQA ratio the kernel cannot take.
     let mut uniform = PagedPrefillWorkspace::with_capacity(&stream, 8, 8, 64, 4).unwrap();
@@ -375,13 +375,13 @@ fn uniform_short_query_makespan(
             {
                 continue;
             }
-            for s in 0..plan.num_splits {
+            for s in 0..plan.num_splits() {
                 let w = fused_attn::sys::FaDecodeWork {
                     b: b as i32,
                     head_block: y as i32,
                     split: s as i32,
-                    num_splits: plan.num_splits as i32,
-                    split_tokens: plan.split_tokens as i32,
+                    num_splits: plan.num_splits() as i32,
+                    split_tokens: plan.split_tokens() as i32,
                     partial_base: 0,
                 };
                 let keys = short_query_unit_keys(shape, q_len, len as usize, &w) as u64;
@@ -392,7 +392,7 @@ fn uniform_short_query_makespan(
             }
         }
     }
-    makespan + if plan.num_splits > 1 { MERGE_OVERHEAD_TOKENS } else { 0 }
+    makespan + if plan.num_splits() > 1 { MERGE_OVERHEAD_TOKENS } else { 0 }
 }
 
 /// The predictions docs/scheduling.md quotes for short queries (q_len 4, D = 128, Hkv = 8, an H100's 396
@@ -471,9 +471,9 @@ fn predictions_per_shape() {
             s.imbalance(),
             s.splits.iter().max_by_key(|x| x.0).unwrap(),
             s.merge_rows.len(),
-            fresh.num_splits,
+            fresh.num_splits(),
             mf as f64 / ms as f64,
-            pinned.num_splits,
+            pinned.num_splits(),
             mp as f64 / ms as f64
         );
         assert!(ms as f64 <= 1.05 * mf.min(mp) as f64, "{name}: the schedule is not slower in the model");

@@ -635,7 +635,10 @@ fn run_paged<T: Element + Bits, C: fused_attn::KvCacheOf<T> + DeviceRepr + Copy 
         .unwrap_or_else(|e| panic!("{c:?}: {e}"));
         // A forced split count is capped by the splits the window's span holds (no split of only hidden
         // keys, docs/scheduling.md); a forced split still splits.
-        assert!(c.splits.is_none_or(|s| plan.num_splits <= s && (s == 1 || plan.num_splits > 1)), "{c:?}: {plan:?}");
+        assert!(
+            c.splits.is_none_or(|s| plan.num_splits() <= s && (s == 1 || plan.num_splits() > 1)),
+            "{c:?}: {plan:?}"
+        );
         lse
     } else {
         let mut cu = vec![0i32];
@@ -660,7 +663,10 @@ fn run_paged<T: Element + Bits, C: fused_attn::KvCacheOf<T> + DeviceRepr + Copy 
         .unwrap_or_else(|e| panic!("{c:?}: {e}"));
         // A forced split count is capped by the splits the window's span holds (no split of only hidden
         // keys, docs/scheduling.md); a forced split still splits.
-        assert!(c.splits.is_none_or(|s| plan.num_splits <= s && (s == 1 || plan.num_splits > 1)), "{c:?}: {plan:?}");
+        assert!(
+            c.splits.is_none_or(|s| plan.num_splits() <= s && (s == 1 || plan.num_splits() > 1)),
+            "{c:?}: {plan:?}"
+        );
         lse
     };
     let (o, lse) = (o.host(be), lse.host(be));

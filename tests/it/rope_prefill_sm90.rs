@@ -168,7 +168,7 @@ fn rotate_q<T: Element>(
     let max_pos = cos.len() / cols;
     let mut out = q.to_vec();
     for (t, &pos) in positions.iter().enumerate() {
-        let row = table_row(pos, max_pos);
+        let row = table_row(pos, max_pos).unwrap();
         for h in 0..heads {
             let x = &mut out[(t * heads + h) * d..][..d];
             let mut f: Vec<f32> = x.iter().map(|v| v.to_f64() as f32).collect();

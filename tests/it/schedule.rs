@@ -197,7 +197,7 @@ fn windowed_paged_prefill_plans_over_the_window() {
         c.kernel = kernel;
         let f = PagedPrefillFixture::<bf16>::new(&c, SEED);
         let (_, _, plan) = f.run(&Stream::Emu(&emu), None).unwrap();
-        assert_eq!((plan.num_splits, plan.kernel), (1, kernel), "{plan:?}");
+        assert_eq!((plan.num_splits(), plan.kernel()), (1, kernel), "{plan:?}");
         let counters = emu.last_launch_counters().unwrap();
         let (family, max_keys) = match kernel {
             // Each of the 2 KV heads' CTAs reads only the window's keys and its 4 rows' (8 heads each)

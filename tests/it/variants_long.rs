@@ -348,7 +348,7 @@ fn run_as<T: Element>(emu: &Emulator, p: &Problem, op: Op, seed: u64) -> Outputs
                 },
             )
             .unwrap();
-            splits = plan.num_splits;
+            splits = plan.num_splits();
             Box::new(move |row, h| h * tq_all + row)
         }
         Op::Decode { page_size, splits: forced } => {
@@ -369,7 +369,7 @@ fn run_as<T: Element>(emu: &Emulator, p: &Problem, op: Op, seed: u64) -> Outputs
                 fused_attn::DecodeProblem { batch: b, heads_q: hq, heads_kv: hkv, head_dim: d, max_seq_len: max_len }
                     .windowed(p.window.and_then(|w| usize::try_from(w.0).ok()));
             let plan = DecodeWorkspace::new(&stream, 0, 0).unwrap().plan(&problem, &opts).unwrap();
-            splits = plan.num_splits;
+            splits = plan.num_splits();
             let mut ws = DecodeWorkspace::for_plan(&stream, &plan).unwrap();
             common::decode_host(&stream, [b, hq, d], &q, &cache, (&mut o, Some(&mut lse)), &mut ws, &opts).unwrap();
             Box::new(move |row, h| row * hq + h)

@@ -433,6 +433,10 @@ typedef struct FaMergeParams {
    * row_list[n].out_row, state s at index row_list[n].first_state + s (o_outer_stride / lse_outer_stride
    * unused; num_states bounds every count), written at out_row's output position. */
   const FaMergeRow *row_list;
+  /* Rows of o / lse (the launch's own, not a table's): an outer row (or a row list's out_row) at or past it
+   * is skipped, and a row list's states are clamped into [0, num_states). The table is device data (a CUDA
+   * graph replays it after a later prepare), so the kernel bounds it rather than trust it. */
+  int32_t out_rows;
 } FaMergeParams;
 
 /* ---------------------------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ int merge_split_kv_partials(const Params &p, int rows, int64_t o_row_stride, int
   m.lse_out_inner_stride = lse_head_stride;
   m.num_states = p.num_splits;
   m.rows_outer = rows;
+  m.out_rows = rows;
   m.rows_inner = p.heads_q;
   m.head_dim = p.head_dim_v;
   m.states_dtype = FA_DTYPE_F32;
@@ -44,9 +45,11 @@ int merge_split_kv_partials(const Params &p, int rows, int64_t o_row_stride, int
 
 // The scheduled decode's merge: `rows` entries of `list` (fa/abi.h FaMergeRow), each naming its output row (a
 // sequence, or a short query's q row) and its run of states in the partials [num_states, Hq, D] / [num_states, Hq].
+// `out_rows` is the launch's own output rows: the list is device data (rewritten by a later prepare before a
+// graph replay), so entries naming a row at or past it are skipped.
 template <class Params>
-int merge_split_kv_rows(const Params &p, const FaMergeRow *list, int rows, int num_states, int64_t o_row_stride,
-                        int64_t lse_row_stride, int64_t lse_head_stride, FaExec *exec) {
+int merge_split_kv_rows(const Params &p, const FaMergeRow *list, int rows, int num_states, int out_rows,
+                        int64_t o_row_stride, int64_t lse_row_stride, int64_t lse_head_stride, FaExec *exec) {
   FaMergeParams m = {};
   m.o_states = p.partial_o;
   m.lse_states = p.partial_lse;
@@ -68,6 +71,7 @@ int merge_split_kv_rows(const Params &p, const FaMergeRow *list, int rows, int n
   m.out_dtype = p.dtype;
   m.sinks = p.score_mod.sinks;
   m.row_list = list;
+  m.out_rows = out_rows;
   return fa_merge(m, exec);
 }
 

@@ -936,7 +936,13 @@ pub(crate) fn to_f64<T: Element>(x: &[T]) -> Vec<f64> {
 /// Compares a kernel's outputs for fixture `f` with the reference over the cache it read
 /// ([`PagedFixture::stored_kv`]): O under the tolerance rule and the arithmetic bound
 /// ([`reference::compare_bounded`]), LSE within [`lse_tolerance`]; an FP8 case's quantisation error too.
-fn evaluate<T: Element>(f: &PagedFixture<T>, seed: u64, plan: DecodePlan, o: &[T], lse: &[f32]) -> Result<CaseOutcome> {
+pub fn evaluate<T: Element>(
+    f: &PagedFixture<T>,
+    seed: u64,
+    plan: DecodePlan,
+    o: &[T],
+    lse: &[f32],
+) -> Result<CaseOutcome> {
     let c = &f.case;
     let (k, v) = f.stored_kv();
     let (exact, naive) = f.reference_kv(&k, &v)?;
