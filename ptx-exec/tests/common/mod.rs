@@ -1,0 +1,273 @@
+//! The harness of the PTX-executor tests: the fatbins' PTX (cuobjdump -ptx of what build.rs embedded), one
+//! launcher call run twice — on the emulator, and recorded (`FaExec` in record mode: kernel, grid, block,
+//! shared memory, params bytes) then run by the executor — over two identical sets of host buffers, and a
+//! bitwise comparison of every buffer the kernels may write.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::ffi::{c_void, CStr};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Mutex, OnceLock};
+
+use fused_attn::sys;
+use ptx_exec::{Approx, Global, Launch, Module, Stats};
+
+/// The approximate instructions' model: the emulator's own function (kernels/emu/math.cpp).
+pub const APPROX: Approx = Approx { ex2_ftz: ex2_model };
+
+fn ex2_model(x: f32) -> f32 {
+    // SAFETY: a pure function of one float.
+    unsafe { sys::fa_host_ex2_approx_ftz(x) }
+}
+
+/// A 16-byte aligned host buffer (the launchers require aligned pointers) with a name for messages.
+#[derive(Clone)]
+pub struct Buf {
+    pub name: &'static CStr,
+    words: Vec<u128>,
+    pub len: usize,
+    pub writable: bool,
+}
+
+impl Buf {
+    pub fn new(name: &'static CStr, bytes: &[u8], writable: bool) -> Buf {
+        let mut words = vec![0u128; bytes.len().div_ceil(16).max(1)];
+        // SAFETY: words holds at least bytes.len() bytes.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), words.as_mut_ptr().cast::<u8>(), bytes.len()) };
+        Buf { name, words, len: bytes.len(), writable }
+    }
+    pub fn input<T: Copy>(name: &'static CStr, v: &[T]) -> Buf {
+        Buf::new(name, as_bytes(v), false)
+    }
+    /// An output poisoned with 0xff bytes (NaN in every float type).
+    pub fn output(name: &'static CStr, bytes: usize) -> Buf {
+        Buf::new(name, &vec![0xff; bytes], true)
+    }
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: words holds len initialised bytes.
+        unsafe { std::slice::from_raw_parts(self.words.as_ptr().cast(), self.len) }
+    }
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, uniquely borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.words.as_mut_ptr().cast(), self.len) }
+    }
+    pub fn ptr(&self) -> *mut c_void {
+        self.words.as_ptr() as *mut c_void
+    }
+    pub fn u32s(&self) -> Vec<u32> {
+        self.bytes().chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect()
+    }
+}
+
+pub fn as_bytes<T: Copy>(v: &[T]) -> &[u8] {
+    // SAFETY: plain data viewed as bytes.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), std::mem::size_of_val(v)) }
+}
+
+/// A small deterministic generator (xorshift64*), so the cases replay from their seed.
+pub struct Rng(pub u64);
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    /// Uniform in [lo, hi).
+    pub fn f32(&mut self, lo: f32, hi: f32) -> f32 {
+        lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32)
+    }
+}
+
+fn toolchain_tool(rel: &str, name: &str) -> Option<PathBuf> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let dirs = [std::env::var_os("FA_TOOLCHAIN_DIR").map(PathBuf::from), Some(root.join(".toolchain"))];
+    for d in dirs.into_iter().flatten() {
+        let p = d.join(rel).join(name);
+        if p.is_file() {
+            return Some(p);
+        }
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
+}
+
+/// cuobjdump (scripts/setup installs it into .toolchain/cuda-tools).
+pub fn cuobjdump() -> PathBuf {
+    toolchain_tool("cuda-tools/nvidia/cu13/bin", "cuobjdump")
+        .expect("cuobjdump not found: scripts/setup installs it into .toolchain/cuda-tools")
+}
+
+/// nvcc (the build's: scripts/setup installs it into .toolchain/cuda), for the planted-bug builds.
+pub fn nvcc() -> PathBuf {
+    if let Some(n) = std::env::var_os("NVCC") {
+        return PathBuf::from(n);
+    }
+    toolchain_tool("cuda/nvidia/cu13/bin", "nvcc").expect("nvcc not found: scripts/setup installs it")
+}
+
+/// The PTX modules of a `cuobjdump -ptx` listing (the text after each "Fatbin ptx code:" header).
+pub fn ptx_of_listing(listing: &str) -> Vec<String> {
+    listing
+        .split("Fatbin ptx code:")
+        .skip(1)
+        .filter_map(|p| {
+            let start = p.find("\n.version")?;
+            let body = &p[start..];
+            Some(body[..body.find("\nFatbin ").unwrap_or(body.len())].to_string())
+        })
+        .collect()
+}
+
+/// The decoded PTX the fatbin `stem` (merge, append, selftest, ...) carries: what ships.
+pub fn fatbin_module(stem: &str) -> &'static Module {
+    static CACHE: OnceLock<Mutex<HashMap<String, &'static Module>>> = OnceLock::new();
+    let mut cache = CACHE.get_or_init(Default::default).lock().unwrap();
+    if let Some(m) = cache.get(stem) {
+        return m;
+    }
+    let fatbin = fused_attn::build_info::fatbins()
+        .into_iter()
+        .find(|f| f.file_stem().is_some_and(|s| s == stem))
+        .unwrap_or_else(|| panic!("no fatbin {stem}.fatbin in this build: {}", fused_attn::build_info::FATBIN_DIR));
+    let out = Command::new(cuobjdump()).arg("-ptx").arg(&fatbin).output().unwrap();
+    assert!(out.status.success(), "cuobjdump -ptx {}: {}", fatbin.display(), String::from_utf8_lossy(&out.stderr));
+    let ptx = ptx_of_listing(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(ptx.len(), 1, "{stem}.fatbin: expected one PTX module");
+    let m: &'static Module =
+        Box::leak(Box::new(Module::parse(&ptx[0]).unwrap_or_else(|e| panic!("{stem}.fatbin's PTX: {e}"))));
+    cache.insert(stem.to_string(), m);
+    m
+}
+
+/// The launcher of an op (abi.h) or a self-test (selftest_abi.h).
+pub type Launcher<P> = unsafe extern "C" fn(P, *mut sys::FaExec) -> i32;
+
+/// Runs `launcher(params(pointers of bufs))` on the emulator (seed `seed`); returns the buffers after it.
+pub fn run_emulator<P: Copy>(
+    bufs: &[Buf],
+    params: &impl Fn(&[*mut c_void]) -> P,
+    launcher: Launcher<P>,
+    seed: u64,
+) -> Result<Vec<Buf>, String> {
+    let bufs = bufs.to_vec();
+    let ptrs: Vec<*mut c_void> = bufs.iter().map(Buf::ptr).collect();
+    let regions: Vec<sys::FaEmuRegion> = bufs
+        .iter()
+        .map(|b| sys::FaEmuRegion {
+            base: b.ptr(),
+            bytes: b.len as u64,
+            writable: b.writable as i32,
+            name: b.name.as_ptr(),
+        })
+        .collect();
+    let mut ctx = Box::new(sys::FaEmuLaunch {
+        regions: regions.as_ptr(),
+        num_regions: regions.len() as i32,
+        seed,
+        ..Default::default()
+    });
+    // SAFETY: FaExec is plain data; all-zero is valid.
+    let mut exec: Box<sys::FaExec> = Box::new(unsafe { std::mem::zeroed() });
+    exec.mode = sys::FA_EXEC_EMULATE as i32;
+    exec.emu = &mut *ctx;
+    // SAFETY: the params point into `bufs`, all listed as regions.
+    let status = unsafe { launcher(params(&ptrs), &mut *exec) };
+    if status != 0 {
+        // SAFETY: NUL-terminated by the executor.
+        let msg = unsafe { CStr::from_ptr(ctx.message.as_ptr()) }.to_string_lossy().into_owned();
+        return Err(format!("emulator: status {status}: {msg}"));
+    }
+    Ok(bufs)
+}
+
+/// Records the launches of `launcher(params(pointers of bufs))` and runs each through the executor on the
+/// PTX of fatbin `stem` (`module`); returns the buffers after it and the executor's counts.
+pub fn run_ptx<P: Copy>(
+    module: &Module,
+    bufs: &[Buf],
+    params: &impl Fn(&[*mut c_void]) -> P,
+    launcher: Launcher<P>,
+) -> Result<(Vec<Buf>, Stats), String> {
+    let mut bufs = bufs.to_vec();
+    let ptrs: Vec<*mut c_void> = bufs.iter().map(Buf::ptr).collect();
+    // SAFETY: as above.
+    let mut exec: Box<sys::FaExec> = Box::new(unsafe { std::mem::zeroed() });
+    exec.mode = sys::FA_EXEC_RECORD as i32;
+    // SAFETY: in record mode the launcher validates and records; it touches no buffer.
+    let status = unsafe { launcher(params(&ptrs), &mut *exec) };
+    if status != 0 {
+        return Err(format!("launcher (record): status {status}"));
+    }
+    let mut stats = Stats::default();
+    for l in &exec.launches[..exec.num_launches as usize] {
+        // SAFETY: a static NUL-terminated symbol name.
+        let name = unsafe { CStr::from_ptr(l.kernel) }.to_string_lossy().into_owned();
+        let kernel = module.kernel(&name).ok_or_else(|| format!("kernel {name} is not in this PTX module"))?;
+        let params = &as_bytes(&l.params)[..l.params_bytes as usize];
+        let launch = Launch {
+            grid: [l.grid[0] as u32, l.grid[1] as u32, l.grid[2] as u32],
+            block: l.block as u32,
+            dynamic_shared: l.smem_bytes as u32,
+            params,
+        };
+        let mut global = Global::new();
+        for b in bufs.iter_mut() {
+            let (name, writable) = (b.name.to_string_lossy().into_owned(), b.writable);
+            if writable {
+                global.output(&name, b.bytes_mut());
+            } else {
+                global.input(&name, b.bytes_mut());
+            }
+        }
+        let s = ptx_exec::run(kernel, &launch, &mut global, APPROX).map_err(|e| format!("PTX executor: {e}"))?;
+        stats.warp_instructions += s.warp_instructions;
+        stats.ctas += s.ctas;
+    }
+    Ok((bufs, stats))
+}
+
+/// Byte offsets where two runs' writable buffers differ, as "name+offset: a vs b" (32-bit words), at most
+/// `limit`; `nan_equal`: two fp32 NaNs of any payload compare equal (the GPU returns the canonical NaN,
+/// the emulator the host's).
+pub fn differences(a: &[Buf], b: &[Buf], nan_equal: bool, limit: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    for (x, y) in a.iter().zip(b) {
+        if !x.writable {
+            continue;
+        }
+        for (i, (p, q)) in x.bytes().chunks(4).zip(y.bytes().chunks(4)).enumerate() {
+            if p == q {
+                continue;
+            }
+            if nan_equal && p.len() == 4 {
+                let (f, g) = (f32::from_le_bytes(p.try_into().unwrap()), f32::from_le_bytes(q.try_into().unwrap()));
+                if f.is_nan() && g.is_nan() {
+                    continue;
+                }
+            }
+            if out.len() < limit {
+                out.push(format!("{}+{}: emulator {:02x?} vs PTX {:02x?}", x.name.to_string_lossy(), 4 * i, p, q));
+            } else {
+                return out;
+            }
+        }
+    }
+    out
+}
+
+/// Runs one launcher both ways and asserts every writable byte equal; returns the executor's counts.
+pub fn assert_same<P: Copy>(
+    what: &str,
+    module: &Module,
+    bufs: &[Buf],
+    params: impl Fn(&[*mut c_void]) -> P,
+    launcher: Launcher<P>,
+) -> (Vec<Buf>, Stats) {
+    let emu = run_emulator(bufs, &params, launcher, 0x5eed).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let (ptx, stats) = run_ptx(module, bufs, &params, launcher).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let diff = differences(&emu, &ptx, true, 8);
+    assert!(diff.is_empty(), "{what}: nvcc's PTX and the emulator differ:\n{}", diff.join("\n"));
+    (ptx, stats)
+}

@@ -1,0 +1,307 @@
+//! nvcc's own PTX of the shipped kernels (the fatbins' compute_80/89 PTX), run by the PTX executor and
+//! compared bit for bit with the emulator's run of the same launch (docs/ptx-executor.md).
+
+mod common;
+
+use std::ffi::c_void;
+
+use common::*;
+use fused_attn::half;
+use fused_attn::sys;
+use fused_attn::sys::selftest as st;
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    as_bytes(v).to_vec()
+}
+
+/// Merge of attention states, every states/output dtype pair, with empty states (lse = -inf), a row whose
+/// states are all empty, sinks and a row list. The weights are exp(lse_s - lse_max): the kernel's expf is
+/// CUDA's (nvcc inlines its ex2.approx-based sequence) where the emulator calls the host's, so the LSEs
+/// are drawn from a lattice on which the two agree exactly (differences that are multiples of ln 2 / 4
+/// are not; differences 0 and -inf are): see `lse_lattice` below and docs/ptx-executor.md.
+#[test]
+fn merge_matches_the_emulator_bit_for_bit() {
+    let m = fatbin_module("merge");
+    let (states, outer, inner, d) = (3usize, 2usize, 3usize, 64usize);
+    for (si, sdt) in [sys::FA_DTYPE_F32, sys::FA_DTYPE_F16, sys::FA_DTYPE_BF16].into_iter().enumerate() {
+        for (oi, odt) in [sys::FA_DTYPE_F32, sys::FA_DTYPE_F16, sys::FA_DTYPE_BF16].into_iter().enumerate() {
+            for variant in 0..3 {
+                let mut rng = Rng(0x1234 + (si * 3 + oi) as u64 * 17 + variant);
+                let sbytes = if sdt == sys::FA_DTYPE_F32 { 4 } else { 2 };
+                let obytes = if odt == sys::FA_DTYPE_F32 { 4 } else { 2 };
+                let vals: Vec<f32> = (0..states * outer * inner * d).map(|_| rng.f32(-2.0, 2.0)).collect();
+                let o_states: Vec<u8> = match sdt {
+                    x if x == sys::FA_DTYPE_F32 => f32_bytes(&vals),
+                    x if x == sys::FA_DTYPE_F16 => {
+                        vals.iter().flat_map(|v| half::f16::from_f32(*v).to_bits().to_le_bytes()).collect()
+                    }
+                    _ => vals.iter().flat_map(|v| half::bf16::from_f32(*v).to_bits().to_le_bytes()).collect(),
+                };
+                // Equal LSEs per row, or -inf (an empty state): exp(0) = 1 and exp(-inf) = 0 in both.
+                let mut lse = vec![0f32; states * outer * inner];
+                for (i, l) in lse.iter_mut().enumerate() {
+                    let row = i % (outer * inner);
+                    *l = if (i + variant as usize) % 4 == 0 || row == 1 { f32::NEG_INFINITY } else { 0.75 };
+                }
+                let sinks = vec![0.75f32; inner];
+                let rows = [
+                    sys::FaMergeRow { out_row: 1, first_state: 0, num_states: 2 },
+                    sys::FaMergeRow { out_row: -1, first_state: 0, num_states: 0 },
+                ];
+                let bufs = vec![
+                    Buf::new(c"o_states", &o_states, false),
+                    Buf::input(c"lse_states", &lse),
+                    Buf::output(c"o", outer * inner * d * obytes),
+                    Buf::output(c"lse", outer * inner * 4),
+                    Buf::input(c"sinks", &sinks),
+                    Buf::input(c"row_list", &rows),
+                ];
+                let params = |p: &[*mut c_void]| sys::FaMergeParams {
+                    o_states: p[0],
+                    lse_states: p[1].cast(),
+                    o: p[2],
+                    lse: p[3].cast(),
+                    o_state_stride: (outer * inner * d) as i64,
+                    o_outer_stride: (inner * d) as i64,
+                    o_inner_stride: d as i64,
+                    lse_state_stride: (outer * inner) as i64,
+                    lse_outer_stride: inner as i64,
+                    lse_inner_stride: 1,
+                    o_out_outer_stride: (inner * d) as i64,
+                    o_out_inner_stride: d as i64,
+                    lse_out_outer_stride: inner as i64,
+                    lse_out_inner_stride: 1,
+                    num_states: states as i32,
+                    rows_outer: outer as i32,
+                    rows_inner: inner as i32,
+                    head_dim: d as i32,
+                    states_dtype: sdt as i32,
+                    out_dtype: odt as i32,
+                    sinks: if variant == 1 { p[4].cast() } else { std::ptr::null() },
+                    row_list: if variant == 2 { p[5].cast() } else { std::ptr::null() },
+                };
+                let _ = sbytes;
+                assert_same(&format!("merge {si}->{oi} variant {variant}"), m, &bufs, params, sys::fa_merge);
+            }
+        }
+    }
+}
+
+fn mma_case(dtype: u32, seed: u64, finite: bool) -> Vec<Buf> {
+    let mut rng = Rng(seed);
+    let half_bits = |rng: &mut Rng| -> u32 {
+        let v = rng.f32(-4.0, 4.0);
+        if !finite && rng.next() % 13 == 0 {
+            return 0x7fff; // a NaN element
+        }
+        if dtype == sys::FA_DTYPE_F16 {
+            half::f16::from_f32(v).to_bits() as u32
+        } else {
+            half::bf16::from_f32(v).to_bits() as u32
+        }
+    };
+    let a: Vec<u32> = (0..128).map(|_| half_bits(&mut rng) | half_bits(&mut rng) << 16).collect();
+    let b: Vec<u32> = (0..64).map(|_| half_bits(&mut rng) | half_bits(&mut rng) << 16).collect();
+    let c: Vec<f32> = (0..128).map(|_| rng.f32(-100.0, 100.0)).collect();
+    vec![Buf::input(c"a", &a), Buf::input(c"b", &b), Buf::input(c"c", &c), Buf::output(c"d", 128 * 4)]
+}
+
+fn mma_params(dtype: u32) -> impl Fn(&[*mut c_void]) -> st::FaSelftestMmaParams {
+    move |p| st::FaSelftestMmaParams {
+        a: p[0].cast(),
+        b: p[1].cast(),
+        c: p[2].cast(),
+        d: p[3].cast(),
+        dtype: dtype as i32,
+    }
+}
+
+/// mma.sync m16n8k16 through the self-test kernel: nvcc's PTX of the intrinsic against the emulator's twin.
+#[test]
+fn selftest_mma_matches_the_emulator() {
+    let m = fatbin_module("selftest");
+    for dtype in [sys::FA_DTYPE_F16, sys::FA_DTYPE_BF16] {
+        for seed in 1..4 {
+            let bufs = mma_case(dtype, seed, seed != 3);
+            assert_same(&format!("mma dtype {dtype} seed {seed}"), m, &bufs, mma_params(dtype), st::fa_selftest_mma);
+        }
+    }
+}
+
+/// ldmatrix .x1/.x2/.x4 with and without .trans, lanes addressing random rows.
+#[test]
+fn selftest_ldmatrix_matches_the_emulator() {
+    let m = fatbin_module("selftest");
+    let mut rng = Rng(99);
+    let rows = 40usize;
+    let data: Vec<u16> = (0..rows * 8).map(|_| rng.next() as u16).collect();
+    for count in [1, 2, 4] {
+        for trans in [false, true] {
+            let row_of_lane: Vec<i32> = (0..32).map(|_| (rng.next() % rows as u64) as i32).collect();
+            let bufs = vec![
+                Buf::input(c"rows_data", &data),
+                Buf::input(c"row_of_lane", &row_of_lane),
+                Buf::output(c"out", 512),
+            ];
+            let params = |p: &[*mut c_void]| st::FaSelftestLdmatrixParams {
+                rows_data: p[0].cast(),
+                row_of_lane: p[1].cast(),
+                out: p[2].cast(),
+                rows: rows as i32,
+                count,
+                trans: trans as i32,
+            };
+            assert_same(&format!("ldmatrix x{count} trans {trans}"), m, &bufs, params, st::fa_selftest_ldmatrix);
+        }
+    }
+}
+
+/// shfl.sync (bfly, idx) for every operand, vote.sync ballot/any/all, and ex2.approx.ftz on special values.
+#[test]
+fn selftest_warp_ops_match_the_emulator() {
+    let m = fatbin_module("selftest");
+    let mut rng = Rng(7);
+    let ops = [
+        st::FA_SELFTEST_SHFL_XOR,
+        st::FA_SELFTEST_SHFL_IDX,
+        st::FA_SELFTEST_BALLOT,
+        st::FA_SELFTEST_ANY,
+        st::FA_SELFTEST_ALL,
+        st::FA_SELFTEST_EXP2,
+    ];
+    for op in ops {
+        for round in 0..4 {
+            let mut values: Vec<u32> = (0..32).map(|_| rng.next() as u32 & if round == 1 { 1 } else { !0 }).collect();
+            if op == st::FA_SELFTEST_EXP2 {
+                let special = [0.0f32, -0.0, 1.0, -1.0, 0.5, 127.9, 128.0, -126.0, -150.0, f32::INFINITY];
+                for (i, s) in special.iter().enumerate() {
+                    values[i] = s.to_bits();
+                }
+                values[10] = f32::NEG_INFINITY.to_bits();
+                values[11] = 1; // subnormal
+                values[12] = f32::NAN.to_bits();
+                for v in &mut values[13..] {
+                    *v = rng.f32(-30.0, 30.0).to_bits();
+                }
+            }
+            // Lane masks and source lanes in 0..32: past that the emulator's shfl_xor keeps the lane's own
+            // value where shfl.sync.bfly uses the mask's low 5 bits (`shfl_xor_masks_past_31_use_their_low_bits`).
+            let operands: Vec<i32> = (0..32).map(|l| (l * (round + 3) + round) % 32).collect();
+            let bufs =
+                vec![Buf::input(c"values", &values), Buf::input(c"operands", &operands), Buf::output(c"out", 128)];
+            let params = |p: &[*mut c_void]| st::FaSelftestWarpParams {
+                values: p[0].cast(),
+                operands: p[1].cast(),
+                out: p[2].cast(),
+                op: op as i32,
+            };
+            assert_same(&format!("warp op {op} round {round}"), m, &bufs, params, st::fa_selftest_warp);
+        }
+    }
+}
+
+/// cp.async with commit/wait groups and zero-fill (src-size 0 for a false predicate).
+#[test]
+fn selftest_cp_async_matches_the_emulator() {
+    let m = fatbin_module("selftest");
+    let mut rng = Rng(3);
+    for (groups, wait, read) in [(1, 0, 1), (3, 1, 2), (4, 0, 4), (2, 1, 1)] {
+        let n = groups * 64;
+        let src: Vec<u8> = (0..n * 16).map(|_| rng.next() as u8).collect();
+        let preds: Vec<u8> = (0..n).map(|_| (rng.next() % 3 != 0) as u8).collect();
+        let bufs = vec![Buf::new(c"src", &src, false), Buf::new(c"preds", &preds, false), {
+            Buf::new(c"out", &vec![0xa5; n * 16], true)
+        }];
+        let params = |p: &[*mut c_void]| st::FaSelftestCpAsyncParams {
+            src: p[0].cast(),
+            preds: p[1].cast(),
+            out: p[2].cast(),
+            groups: groups as i32,
+            wait_pending: wait,
+            read_groups: read,
+        };
+        assert_same(&format!("cp.async {groups} groups wait {wait}"), m, &bufs, params, st::fa_selftest_cp_async);
+    }
+}
+
+pub fn gemm_case(dtype: u32, m: usize, n: usize, k: usize, b_k_major: bool, seed: u64) -> Vec<Buf> {
+    let mut rng = Rng(seed);
+    let mut conv = |len: usize| -> Vec<u16> {
+        (0..len)
+            .map(|_| {
+                let v = rng.f32(-1.0, 1.0);
+                if dtype == sys::FA_DTYPE_F16 {
+                    half::f16::from_f32(v).to_bits()
+                } else {
+                    half::bf16::from_f32(v).to_bits()
+                }
+            })
+            .collect()
+    };
+    let a = conv(m * k);
+    let b = conv(n * k);
+    let _ = b_k_major;
+    vec![Buf::input(c"a", &a), Buf::input(c"b", &b), Buf::output(c"c", m * n * 4)]
+}
+
+pub fn gemm_params(
+    dtype: u32,
+    m: usize,
+    n: usize,
+    k: usize,
+    b_k_major: bool,
+) -> impl Fn(&[*mut c_void]) -> st::FaSelftestGemmParams {
+    move |p| st::FaSelftestGemmParams {
+        a: p[0],
+        b: p[1],
+        c: p[2].cast(),
+        m: m as i32,
+        n: n as i32,
+        k: k as i32,
+        dtype: dtype as i32,
+        b_k_major: b_k_major as i32,
+        bug: st::FA_SELFTEST_GEMM_CORRECT as i32,
+    }
+}
+
+/// The tiled GEMM self-test (cp.async double buffering, ldmatrix with and without .trans, mma.sync, bar.sync):
+/// the intrinsics composed the way the attention kernels compose them.
+#[test]
+fn selftest_gemm_matches_the_emulator() {
+    let module = fatbin_module("selftest");
+    for dtype in [sys::FA_DTYPE_F16, sys::FA_DTYPE_BF16] {
+        for b_k_major in [false, true] {
+            let (m, n, k) = (64, 64, 96);
+            let bufs = gemm_case(dtype, m, n, k, b_k_major, 5);
+            let (_, stats) = assert_same(
+                &format!("gemm dtype {dtype} b_k_major {b_k_major}"),
+                module,
+                &bufs,
+                gemm_params(dtype, m, n, k, b_k_major),
+                st::fa_selftest_gemm,
+            );
+            assert!(stats.warp_instructions > 0);
+        }
+    }
+}
+
+/// shfl.sync.bfly with a lane mask past 31 (`__shfl_xor_sync` passes it through unchanged): the ISA takes its
+/// low five bits (bval = b[4:0]), so lane l reads lane l ^ (mask & 31). The emulator's twin keeps the lane's
+/// own value there instead (docs/emulator.md, "Shuffles"): a divergence the executor found. No kernel passes
+/// such a mask; this pins what the shipped PTX does.
+#[test]
+fn shfl_xor_masks_past_31_use_their_low_bits() {
+    let m = fatbin_module("selftest");
+    let values: Vec<u32> = (0..32).map(|l| 1000 + l).collect();
+    let operands: Vec<i32> = (0..32).map(|l| [33, 63, -1, 40][l % 4]).collect();
+    let bufs = vec![Buf::input(c"values", &values), Buf::input(c"operands", &operands), Buf::output(c"out", 128)];
+    let params = |p: &[*mut c_void]| st::FaSelftestWarpParams {
+        values: p[0].cast(),
+        operands: p[1].cast(),
+        out: p[2].cast(),
+        op: st::FA_SELFTEST_SHFL_XOR as i32,
+    };
+    let (ptx, _) = run_ptx(m, &bufs, &params, st::fa_selftest_warp).unwrap();
+    let want: Vec<u32> = (0..32).map(|l| 1000 + (l as u32 ^ (operands[l] as u32 & 31))).collect();
+    assert_eq!(ptx[2].u32s(), want);
+}
