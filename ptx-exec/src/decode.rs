@@ -314,7 +314,7 @@ pub enum Op {
         combine: Option<(BoolOp, Src)>,
     },
     /// and/or/xor/not on predicates.
-    PredOp {
+    Logic {
         op: Option<BoolOp>,
         d: u32,
         a: Src,
@@ -708,7 +708,7 @@ fn decode_inst(c: &Ctx, ins: &parse::Instr) -> Result<Op, DecodeError> {
             let ty = ty.ok_or_else(|| DecodeError { line, what: format!("untyped {}", ins.opcode) })?;
             if ty == Ty::Pred {
                 let op = bool_op(name).ok_or_else(|| DecodeError { line, what: format!("{name}.pred") })?;
-                return Ok(Op::PredOp { op: Some(op), d: c.dst(&o[0])?, a: c.src(&o[1])?, b: c.src(&o[2])? });
+                return Ok(Op::Logic { op: Some(op), d: c.dst(&o[0])?, a: c.src(&o[1])?, b: c.src(&o[2])? });
             }
             let (d, a, b) = (c.dst(&o[0])?, c.src(&o[1])?, c.src(&o[2])?);
             if ty.float() {
@@ -776,7 +776,7 @@ fn decode_inst(c: &Ctx, ins: &parse::Instr) -> Result<Op, DecodeError> {
             let ty = ty.ok_or_else(|| DecodeError { line, what: "untyped unary".into() })?;
             let (d, a) = (c.dst(&o[0])?, c.src(&o[1])?);
             if ty == Ty::Pred && name == "not" {
-                return Ok(Op::PredOp { op: None, d, a, b: Src::Imm(0) });
+                return Ok(Op::Logic { op: None, d, a, b: Src::Imm(0) });
             }
             if ty.float() {
                 if ty != Ty::F32 {
@@ -1259,25 +1259,25 @@ fn post_dominators(insts: &[Inst]) -> HashMap<u32, u32> {
     let nb = starts.len();
     let exit = nb; // virtual exit node
     let mut succ: Vec<Vec<usize>> = vec![Vec::new(); nb];
-    for b in 0..nb {
+    for (b, out) in succ.iter_mut().enumerate() {
         let end = starts.get(b + 1).copied().unwrap_or(n);
         let last = end - 1;
         let ins = &insts[last];
         let fall = if end < n { block_of[end] } else { exit };
         match ins.op {
             Op::Bra { target } => {
-                succ[b].push(block_of[target as usize]);
+                out.push(block_of[target as usize]);
                 if ins.guard.is_some() {
-                    succ[b].push(fall);
+                    out.push(fall);
                 }
             }
             Op::Exit => {
-                succ[b].push(exit);
+                out.push(exit);
                 if ins.guard.is_some() {
-                    succ[b].push(fall);
+                    out.push(fall);
                 }
             }
-            _ => succ[b].push(fall),
+            _ => out.push(fall),
         }
     }
     let words = (nb + 1).div_ceil(64);

@@ -860,7 +860,7 @@ impl Cta<'_, '_> {
                     }
                 }
             }
-            Op::PredOp { op, d, a, b } => {
+            Op::Logic { op, d, a, b } => {
                 for l in Self::lanes(active) {
                     let x = self.get(w, *a, l)? & 1 == 1;
                     let v = match op {

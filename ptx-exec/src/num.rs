@@ -217,10 +217,7 @@ pub fn f32_to_f16(x: f32, mode: Rnd) -> u16 {
     };
     let m = up_away(q) * quantum;
     if m > max {
-        let inf = match (mode, sign == 0) {
-            (Rnd::Rn, _) | (Rnd::Rp, true) | (Rnd::Rm, false) => true,
-            _ => false,
-        };
+        let inf = matches!((mode, sign == 0), (Rnd::Rn, _) | (Rnd::Rp, true) | (Rnd::Rm, false));
         return sign | if inf { 0x7c00 } else { 0x7bff };
     }
     sign | f64_to_f16_bits_exact(m)

@@ -187,8 +187,12 @@ fn selftest_warp_ops_match_the_emulator() {
             // Lane masks and source lanes in 0..32: past that the emulator's shfl_xor keeps the lane's own
             // value where shfl.sync.bfly uses the mask's low 5 bits (`shfl_xor_masks_past_31_use_their_low_bits`).
             let operands: Vec<i32> = (0..32).map(|l| (l * (round + 3) + round) % 32).collect();
-            let bufs =
-                vec![Buf::input(c"values", &values), Buf::input(c"operands", &operands), Buf::output(c"out", 128)];
+            // Not 0xff: a ballot of every lane writes exactly that.
+            let bufs = vec![
+                Buf::input(c"values", &values),
+                Buf::input(c"operands", &operands),
+                Buf::new(c"out", &[0x5a; 128], true),
+            ];
             let params = |p: &[*mut c_void]| st::FaSelftestWarpParams {
                 values: p[0].cast(),
                 operands: p[1].cast(),
@@ -304,4 +308,211 @@ fn shfl_xor_masks_past_31_use_their_low_bits() {
     let (ptx, _) = run_ptx(m, &bufs, &params, st::fa_selftest_warp).unwrap();
     let want: Vec<u32> = (0..32).map(|l| 1000 + (l as u32 ^ (operands[l] as u32 & 31))).collect();
     assert_eq!(ptx[2].u32s(), want);
+}
+
+/// Paged append (fa_paged_append*): 16-bit and FP8 caches (E4M3, E5M2: the compute_89 PTX's hardware
+/// cvt.rn.satfinite against the emulator's FP8 model), with and without RoPE on K (NeoX and GPT-J), a
+/// padding slot (-1) and K/V of different head dims.
+#[test]
+fn append_matches_the_emulator_bit_for_bit() {
+    let m = fatbin_module("append");
+    let (tokens, heads, page_size, pages) = (6usize, 2usize, 4usize, 4usize);
+    for (case, (dtype, kv_dtype, rope, dqk, dv)) in [
+        (sys::FA_DTYPE_BF16, sys::FA_KV_SAME, None, 64usize, 64usize),
+        (sys::FA_DTYPE_F16, sys::FA_KV_SAME, Some(sys::FA_ROPE_NEOX), 64, 32),
+        (sys::FA_DTYPE_BF16, sys::FA_KV_SAME, Some(sys::FA_ROPE_GPTJ), 128, 128),
+        (sys::FA_DTYPE_F16, sys::FA_KV_FP8_E4M3, None, 64, 64),
+        (sys::FA_DTYPE_BF16, sys::FA_KV_FP8_E5M2, Some(sys::FA_ROPE_NEOX), 64, 64),
+        (sys::FA_DTYPE_BF16, sys::FA_KV_FP8_E4M3, Some(sys::FA_ROPE_GPTJ), 128, 64),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut rng = Rng(0xa11 + case as u64);
+        let fp8 = kv_dtype != sys::FA_KV_SAME;
+        let elem = if fp8 { 1 } else { 2 };
+        let to16 = |v: f32| {
+            if dtype == sys::FA_DTYPE_F16 {
+                half::f16::from_f32(v).to_bits()
+            } else {
+                half::bf16::from_f32(v).to_bits()
+            }
+        };
+        // Values past E4M3's 448 too (saturation), and some exact ties.
+        let k: Vec<u16> = (0..tokens * heads * dqk)
+            .map(|i| to16(rng.f32(-3.0, 3.0) * if i % 17 == 0 { 300.0 } else { 1.0 }))
+            .collect();
+        let v: Vec<u16> = (0..tokens * heads * dv).map(|_| to16(rng.f32(-3.0, 3.0))).collect();
+        let slots: Vec<i64> = vec![3, 0, -1, 9, 14, 5];
+        let rot = dqk / 2;
+        let cos: Vec<f32> = (0..16 * rot / 2).map(|_| rng.f32(-1.0, 1.0)).collect();
+        let sin: Vec<f32> = (0..16 * rot / 2).map(|_| rng.f32(-1.0, 1.0)).collect();
+        let positions: Vec<i32> = vec![3, 0, 7, 15, 2, 9];
+        let scales = [0.37f32, 1.9];
+        let bufs = vec![
+            Buf::input(c"k", &k),
+            Buf::input(c"v", &v),
+            Buf::input(c"slot_mapping", &slots),
+            Buf::output(c"k_cache", pages * page_size * heads * dqk * elem),
+            Buf::output(c"v_cache", pages * page_size * heads * dv * elem),
+            Buf::input(c"cos", &cos),
+            Buf::input(c"sin", &sin),
+            Buf::input(c"positions", &positions),
+            Buf::input(c"k_scale", &scales[..1]),
+            Buf::input(c"v_scale", &scales[1..]),
+        ];
+        let mut div: sys::FaDivisor = Default::default();
+        // SAFETY: writes one FaDivisor.
+        assert_eq!(unsafe { sys::fa_host_divisor(page_size as i32, &mut div) }, 0);
+        let params = |p: &[*mut c_void]| sys::FaAppendParams {
+            k: p[0],
+            v: p[1],
+            slot_mapping: p[2].cast(),
+            k_token_stride: (heads * dqk) as i64,
+            k_head_stride: dqk as i64,
+            v_token_stride: (heads * dv) as i64,
+            v_head_stride: dv as i64,
+            cache: sys::FaPagedCache {
+                k_cache: p[3],
+                v_cache: p[4],
+                block_table: std::ptr::null(),
+                seq_lens: std::ptr::null(),
+                k_page_stride: (page_size * heads * dqk) as i64,
+                k_token_stride: (heads * dqk) as i64,
+                k_head_stride: dqk as i64,
+                v_page_stride: (page_size * heads * dv) as i64,
+                v_token_stride: (heads * dv) as i64,
+                v_head_stride: dv as i64,
+                block_table_stride: 0,
+                page_div: div,
+                num_pages: pages as i32,
+                page_size: page_size as i32,
+                max_pages_per_seq: 0,
+                kv_dtype: kv_dtype as i32,
+                scale_head_stride: 0,
+                k_scale: if fp8 { p[8].cast() } else { std::ptr::null() },
+                v_scale: if fp8 { p[9].cast() } else { std::ptr::null() },
+                seq_lens_cumulative: 0,
+            },
+            num_tokens: tokens as i32,
+            heads_kv: heads as i32,
+            head_dim: dqk as i32,
+            dtype: dtype as i32,
+            rope: match rope {
+                None => Default::default(),
+                Some(style) => sys::FaRope {
+                    cos: p[5].cast(),
+                    sin: p[6].cast(),
+                    cos_stride: (rot / 2) as i64,
+                    sin_stride: (rot / 2) as i64,
+                    positions: p[7].cast(),
+                    max_pos: 16,
+                    rotary_dim: rot as i32,
+                    style: style as i32,
+                },
+            },
+            head_dim_v: dv as i32,
+        };
+        assert_same(&format!("append case {case}"), m, &bufs, params, sys::fa_append);
+    }
+}
+
+/// A bug planted in the device branch of the intrinsics (`planted_module`): the emulator runs the host
+/// branch, so its result is the correct one (as the rest of the suite sees it: unchanged); the shipped
+/// PTX with the bug must differ from it, and the same launch on the unplanted PTX must not.
+fn assert_planted_bug_caught<P: Copy>(
+    bug: &str,
+    planted: &ptx_exec::Module,
+    correct: &ptx_exec::Module,
+    bufs: &[Buf],
+    params: impl Fn(&[*mut c_void]) -> P,
+    launcher: Launcher<P>,
+) {
+    let emu = run_emulator(bufs, &params, launcher, 1).unwrap();
+    let (good, _) = run_ptx(correct, bufs, &params, launcher).unwrap();
+    assert!(differences(&emu, &good, true, 1).is_empty(), "{bug}: the unplanted PTX already differs");
+    let (bad, _) = run_ptx(planted, bufs, &params, launcher).unwrap_or_else(|e| panic!("{bug}: {e}"));
+    let diff = differences(&emu, &bad, true, 3);
+    assert!(!diff.is_empty(), "{bug}: planted in the device intrinsics, not caught by the PTX executor");
+    eprintln!("{bug}: caught: {}", diff.join("; "));
+}
+
+/// Two A-fragment registers of mma.sync swapped in the asm string: the GEMM self-test's result changes.
+#[test]
+fn planted_mma_a_fragment_swap_is_caught() {
+    let planted = planted_module("selftest", "compute_89", "{%4,%5,%6,%7}", "{%4,%6,%5,%7}");
+    for dtype in [sys::FA_DTYPE_F16, sys::FA_DTYPE_BF16] {
+        let (m, n, k) = (32, 32, 32);
+        assert_planted_bug_caught(
+            "mma A registers a1/a2 swapped",
+            &planted,
+            fatbin_module("selftest"),
+            &gemm_case(dtype, m, n, k, false, 9),
+            gemm_params(dtype, m, n, k, false),
+            st::fa_selftest_gemm,
+        );
+    }
+}
+
+/// ldmatrix.x4.trans without .trans (the GEMM's loads of a k-major B): caught.
+#[test]
+fn planted_ldmatrix_trans_dropped_is_caught() {
+    let planted = planted_module(
+        "selftest",
+        "compute_89",
+        "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16",
+        "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
+    );
+    let (m, n, k) = (32, 32, 32);
+    assert_planted_bug_caught(
+        "ldmatrix .x4 without .trans",
+        &planted,
+        fatbin_module("selftest"),
+        &gemm_case(sys::FA_DTYPE_F16, m, n, k, true, 11),
+        gemm_params(sys::FA_DTYPE_F16, m, n, k, true),
+        st::fa_selftest_gemm,
+    );
+}
+
+/// The halves of a packed bf16x2 exchanged (pack2<bf16_t>: __floats2bfloat162_rn(hi, lo)): the merge
+/// kernel's bf16 stores come out with neighbouring columns swapped.
+#[test]
+fn planted_bf16x2_halves_swapped_is_caught() {
+    let planted =
+        planted_module("merge", "compute_80", "__floats2bfloat162_rn(lo, hi)", "__floats2bfloat162_rn(hi, lo)");
+    let (outer, inner, d) = (1usize, 2usize, 16usize);
+    let mut rng = Rng(21);
+    let vals: Vec<f32> = (0..outer * inner * d).map(|_| rng.f32(-2.0, 2.0)).collect();
+    let lse = vec![0.5f32; outer * inner];
+    let bufs = vec![
+        Buf::input(c"o_states", &vals),
+        Buf::input(c"lse_states", &lse),
+        Buf::output(c"o", outer * inner * d * 2),
+        Buf::output(c"lse", outer * inner * 4),
+    ];
+    let params = |p: &[*mut c_void]| sys::FaMergeParams {
+        o_states: p[0],
+        lse_states: p[1].cast(),
+        o: p[2],
+        lse: p[3].cast(),
+        o_state_stride: (outer * inner * d) as i64,
+        o_outer_stride: (inner * d) as i64,
+        o_inner_stride: d as i64,
+        lse_state_stride: (outer * inner) as i64,
+        lse_outer_stride: inner as i64,
+        lse_inner_stride: 1,
+        o_out_outer_stride: (inner * d) as i64,
+        o_out_inner_stride: d as i64,
+        lse_out_outer_stride: inner as i64,
+        lse_out_inner_stride: 1,
+        num_states: 1,
+        rows_outer: outer as i32,
+        rows_inner: inner as i32,
+        head_dim: d as i32,
+        states_dtype: sys::FA_DTYPE_F32 as i32,
+        out_dtype: sys::FA_DTYPE_BF16 as i32,
+        sinks: std::ptr::null(),
+        row_list: std::ptr::null(),
+    };
+    assert_planted_bug_caught("bf16x2 halves swapped", &planted, fatbin_module("merge"), &bufs, params, sys::fa_merge);
 }

@@ -269,5 +269,53 @@ pub fn assert_same<P: Copy>(
     let (ptx, stats) = run_ptx(module, bufs, &params, launcher).unwrap_or_else(|e| panic!("{what}: {e}"));
     let diff = differences(&emu, &ptx, true, 8);
     assert!(diff.is_empty(), "{what}: nvcc's PTX and the emulator differ:\n{}", diff.join("\n"));
+    assert!(!differences(bufs, &ptx, false, 1).is_empty(), "{what}: the kernel wrote nothing");
     (ptx, stats)
+}
+
+/// nvcc's PTX of `kernels/<file>.cu` for `arch` (compute_80, compute_89) built against a copy of
+/// kernels/include whose fa/intrinsics.cuh has `from` replaced by `to` (a bug planted in the device branch
+/// of the intrinsics, which only the GPU, and this executor, ever run).
+pub fn planted_module(file: &str, arch: &str, from: &str, to: &str) -> Module {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let dir =
+        std::env::temp_dir().join(format!("ptx-exec-planted-{}-{}", std::process::id(), from.len() * 31 + to.len()));
+    let include = dir.join("include");
+    copy_dir(&root.join("kernels/include"), &include);
+    let path = include.join("fa/intrinsics.cuh");
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains(from), "the planted bug's text {from:?} is not in fa/intrinsics.cuh any more");
+    std::fs::write(&path, text.replace(from, to)).unwrap();
+    let nvcc = nvcc();
+    let cccl = nvcc.parent().unwrap().parent().unwrap().join("include/cccl");
+    let ptx = dir.join("out.ptx");
+    // The build's flags (build/nvcc.rs), -ptx instead of -fatbin.
+    let out = Command::new(&nvcc)
+        .args(["-ptx", &format!("-arch={arch}"), "-O3", "-std=c++17", "-lineinfo", "-Xcudafe", "--diag_suppress=177"])
+        .arg("-I")
+        .arg(&include)
+        .arg("-I")
+        .arg(&cccl)
+        .arg("-o")
+        .arg(&ptx)
+        .arg(root.join(format!("kernels/{file}.cu")))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "nvcc: {}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&ptx).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    Module::parse(&text).unwrap_or_else(|e| panic!("planted PTX: {e}"))
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dst = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &dst);
+        } else {
+            std::fs::copy(e.path(), dst).unwrap();
+        }
+    }
 }
