@@ -387,6 +387,10 @@ pub enum Op {
         count: Option<Src>,
         arrive: bool,
     },
+    /// bar.warp.sync membermask (__syncwarp).
+    WarpSync {
+        mask: Src,
+    },
     Shfl {
         mode: ShflMode,
         d: u32,
@@ -965,6 +969,10 @@ fn decode_inst(c: &Ctx, ins: &parse::Instr) -> Result<Op, DecodeError> {
             }
         }
         "ret" | "exit" => Op::Exit,
+        "bar" | "barrier" if has("warp") => {
+            need(1)?;
+            Op::WarpSync { mask: c.src(&o[0])? }
+        }
         "bar" | "barrier" => {
             let arrive = has("arrive");
             if !(has("sync") || arrive) || has("red") {

@@ -1221,6 +1221,11 @@ impl Cta<'_, '_> {
                     self.set(w, *d, l, r);
                 }
             }
+            Op::WarpSync { mask } => {
+                // Lanes of a warp run in lockstep here, so the only thing to check is the ISA's condition:
+                // every lane executing it is in the member mask and every member executes it.
+                self.check_membermask(w, *mask, active, "bar.warp.sync")?;
+            }
             Op::Nop => {}
             Op::Bra { .. } | Op::Exit | Op::Bar { .. } => unreachable!(),
         }
