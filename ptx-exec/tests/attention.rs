@@ -95,7 +95,18 @@ fn prefill_case(c: Prefill, seed: u64) -> (Vec<Buf>, impl Fn(&[*mut c_void]) -> 
 #[test]
 fn prefill_matches_the_emulator_bit_for_bit() {
     let m = fatbin_module("prefill");
-    let base = Prefill { b: 1, hq: 2, hkv: 1, tq: 80, tk: 80, d: 64, dtype: sys::FA_DTYPE_BF16, causal: 1, softcap: 0.0, window: (-1, -1) };
+    let base = Prefill {
+        b: 1,
+        hq: 2,
+        hkv: 1,
+        tq: 80,
+        tk: 80,
+        d: 64,
+        dtype: sys::FA_DTYPE_BF16,
+        causal: 1,
+        softcap: 0.0,
+        window: (-1, -1),
+    };
     let cases = [
         base,
         Prefill { dtype: sys::FA_DTYPE_F16, causal: 0, ..base },
@@ -107,7 +118,127 @@ fn prefill_matches_the_emulator_bit_for_bit() {
     for (i, c) in cases.into_iter().enumerate() {
         let (bufs, params) = prefill_case(c, 42 + i as u64);
         let t = std::time::Instant::now();
-        let (_, stats) = assert_same_but(&format!("prefill {c:?}"), m, &bufs, params, sys::fa_prefill, &["lse"]);
+        let (_, stats) = assert_same_but(&format!("prefill {c:?}"), &[m], &bufs, params, sys::fa_prefill, &["lse"]);
         eprintln!("prefill {c:?}: {:?} in the executor, {} warp instructions", t.elapsed(), stats.warp_instructions);
+    }
+}
+
+/// A paged decode case: one query row per sequence over a paged 16-bit cache.
+#[derive(Clone, Copy, Debug)]
+struct Decode {
+    hq: usize,
+    hkv: usize,
+    d: usize,
+    dtype: u32,
+    splits: i32,
+    rows_per_cta: i32,
+}
+
+const DECODE_LENS: [i32; 3] = [37, 100, 0];
+const PAGE: usize = 16;
+const PAGES_PER_SEQ: usize = 8;
+
+fn decode_case(c: Decode, seed: u64) -> (Vec<Buf>, impl Fn(&[*mut c_void]) -> sys::FaDecodeParams) {
+    let Decode { hq, hkv, d, dtype, .. } = c;
+    let b = DECODE_LENS.len();
+    let pages = b * PAGES_PER_SEQ + 2;
+    let mut rng = Rng(seed);
+    let q: Vec<u16> = (0..b * hq * d).map(|_| to16(dtype, rng.f32(-1.0, 1.0))).collect();
+    let kc: Vec<u16> = (0..pages * PAGE * hkv * d).map(|_| to16(dtype, rng.f32(-1.0, 1.0))).collect();
+    let vc: Vec<u16> = (0..pages * PAGE * hkv * d).map(|_| to16(dtype, rng.f32(-1.0, 1.0) + 0.5)).collect();
+    // Pages in a scrambled order (page 0 an ordinary page).
+    let table: Vec<i32> = (0..b * PAGES_PER_SEQ).map(|i| ((i * 7 + 3) % pages) as i32).collect();
+    let splits = c.splits.max(1) as usize;
+    let bufs = vec![
+        Buf::input(c"q", &q),
+        Buf::output(c"o", b * hq * d * 2),
+        Buf::output(c"lse", b * hq * 4),
+        Buf::output(c"partial_o", splits * b * hq * d * 4),
+        Buf::output(c"partial_lse", splits * b * hq * 4),
+        Buf::new(c"k_cache", as_bytes(&kc), true),
+        Buf::new(c"v_cache", as_bytes(&vc), true),
+        Buf::input(c"block_table", &table),
+        Buf::input(c"seq_lens", &DECODE_LENS),
+    ];
+    let mut div: sys::FaDivisor = Default::default();
+    // SAFETY: writes one FaDivisor.
+    assert_eq!(unsafe { sys::fa_host_divisor(PAGE as i32, &mut div) }, 0);
+    let scale = 1.0 / (d as f32).sqrt();
+    let params = move |p: &[*mut c_void]| sys::FaDecodeParams {
+        q: p[0],
+        o: p[1],
+        lse: p[2].cast(),
+        partial_o: p[3].cast(),
+        partial_lse: p[4].cast(),
+        q_batch_stride: (hq * d) as i64,
+        q_head_stride: d as i64,
+        o_batch_stride: (hq * d) as i64,
+        o_head_stride: d as i64,
+        lse_batch_stride: hq as i64,
+        cache: sys::FaPagedCache {
+            k_cache: p[5],
+            v_cache: p[6],
+            block_table: p[7].cast(),
+            seq_lens: p[8].cast(),
+            k_page_stride: (PAGE * hkv * d) as i64,
+            k_token_stride: (hkv * d) as i64,
+            k_head_stride: d as i64,
+            v_page_stride: (PAGE * hkv * d) as i64,
+            v_token_stride: (hkv * d) as i64,
+            v_head_stride: d as i64,
+            block_table_stride: PAGES_PER_SEQ as i64,
+            page_div: div,
+            num_pages: pages as i32,
+            page_size: PAGE as i32,
+            max_pages_per_seq: PAGES_PER_SEQ as i32,
+            ..Default::default()
+        },
+        batch: b as i32,
+        heads_q: hq as i32,
+        heads_kv: hkv as i32,
+        head_dim: d as i32,
+        num_splits: c.splits,
+        split_tokens: 64,
+        dtype: dtype as i32,
+        scale,
+        scale_log2: scale * std::f32::consts::LOG2_E,
+        score_mod: sys::FaScoreMod { window_left: -1, window_right: -1, ..Default::default() },
+        lse_head_stride: 1,
+        total_q: b as i32,
+        max_seqlen_q: 1,
+        causal: 1,
+        rows_per_cta: c.rows_per_cta,
+        ..Default::default()
+    };
+    (bufs, params)
+}
+
+/// Paged decode (sm_80 kernels): MHA and GQA, d64 and d128, bf16 and f16, one split and split-KV (the
+/// decode kernel, then the merge kernel of merge.fatbin, recorded as two launches), a sequence of length 0.
+/// O bit for bit; the fp32 split partials within 4 ulp: nvcc contracts the split combine's `acc += w * v`
+/// into fma.rn where the host build rounds the product first (the emulator's partials are not the GPU's
+/// bits: docs/ptx-executor.md); the LSEs as in prefill.
+#[test]
+fn decode_matches_the_emulator_bit_for_bit() {
+    let modules = [fatbin_module("decode"), fatbin_module("merge")];
+    let base = Decode { hq: 4, hkv: 1, d: 64, dtype: sys::FA_DTYPE_BF16, splits: 1, rows_per_cta: 16 };
+    let cases = [
+        base,
+        Decode { hq: 2, hkv: 2, dtype: sys::FA_DTYPE_F16, ..base },
+        Decode { d: 128, ..base },
+        Decode { splits: 2, ..base },
+    ];
+    for (i, c) in cases.into_iter().enumerate() {
+        let (bufs, params) = decode_case(c, 7 + i as u64);
+        let t = std::time::Instant::now();
+        let (_, stats) = assert_same_but(
+            &format!("decode {c:?}"),
+            &modules,
+            &bufs,
+            params,
+            sys::fa_decode,
+            &["lse", "partial_lse", "partial_o"],
+        );
+        eprintln!("decode {c:?}: {:?} in the executor, {} warp instructions", t.elapsed(), stats.warp_instructions);
     }
 }

@@ -81,7 +81,7 @@ fn merge_matches_the_emulator_bit_for_bit() {
                     row_list: if variant == 2 { p[5].cast() } else { std::ptr::null() },
                 };
                 let _ = sbytes;
-                assert_same(&format!("merge {si}->{oi} variant {variant}"), m, &bufs, params, sys::fa_merge);
+                assert_same(&format!("merge {si}->{oi} variant {variant}"), &[m], &bufs, params, sys::fa_merge);
             }
         }
     }
@@ -123,7 +123,7 @@ fn selftest_mma_matches_the_emulator() {
     for dtype in [sys::FA_DTYPE_F16, sys::FA_DTYPE_BF16] {
         for seed in 1..4 {
             let bufs = mma_case(dtype, seed, seed != 3);
-            assert_same(&format!("mma dtype {dtype} seed {seed}"), m, &bufs, mma_params(dtype), st::fa_selftest_mma);
+            assert_same(&format!("mma dtype {dtype} seed {seed}"), &[m], &bufs, mma_params(dtype), st::fa_selftest_mma);
         }
     }
 }
@@ -151,7 +151,7 @@ fn selftest_ldmatrix_matches_the_emulator() {
                 count,
                 trans: trans as i32,
             };
-            assert_same(&format!("ldmatrix x{count} trans {trans}"), m, &bufs, params, st::fa_selftest_ldmatrix);
+            assert_same(&format!("ldmatrix x{count} trans {trans}"), &[m], &bufs, params, st::fa_selftest_ldmatrix);
         }
     }
 }
@@ -199,7 +199,7 @@ fn selftest_warp_ops_match_the_emulator() {
                 out: p[2].cast(),
                 op: op as i32,
             };
-            assert_same(&format!("warp op {op} round {round}"), m, &bufs, params, st::fa_selftest_warp);
+            assert_same(&format!("warp op {op} round {round}"), &[m], &bufs, params, st::fa_selftest_warp);
         }
     }
 }
@@ -224,7 +224,7 @@ fn selftest_cp_async_matches_the_emulator() {
             wait_pending: wait,
             read_groups: read,
         };
-        assert_same(&format!("cp.async {groups} groups wait {wait}"), m, &bufs, params, st::fa_selftest_cp_async);
+        assert_same(&format!("cp.async {groups} groups wait {wait}"), &[m], &bufs, params, st::fa_selftest_cp_async);
     }
 }
 
@@ -279,7 +279,7 @@ fn selftest_gemm_matches_the_emulator() {
             let bufs = gemm_case(dtype, m, n, k, b_k_major, 5);
             let (_, stats) = assert_same(
                 &format!("gemm dtype {dtype} b_k_major {b_k_major}"),
-                module,
+                &[module],
                 &bufs,
                 gemm_params(dtype, m, n, k, b_k_major),
                 st::fa_selftest_gemm,
@@ -305,7 +305,7 @@ fn shfl_xor_masks_past_31_use_their_low_bits() {
         out: p[2].cast(),
         op: st::FA_SELFTEST_SHFL_XOR as i32,
     };
-    let (ptx, _) = run_ptx(m, &bufs, &params, st::fa_selftest_warp).unwrap();
+    let (ptx, _) = run_ptx(&[m], &bufs, &params, st::fa_selftest_warp).unwrap();
     let want: Vec<u32> = (0..32).map(|l| 1000 + (l as u32 ^ (operands[l] as u32 & 31))).collect();
     assert_eq!(ptx[2].u32s(), want);
 }
@@ -413,7 +413,7 @@ fn append_matches_the_emulator_bit_for_bit() {
             },
             head_dim_v: dv as i32,
         };
-        assert_same(&format!("append case {case}"), m, &bufs, params, sys::fa_append);
+        assert_same(&format!("append case {case}"), &[m], &bufs, params, sys::fa_append);
     }
 }
 
@@ -429,9 +429,9 @@ fn assert_planted_bug_caught<P: Copy>(
     launcher: Launcher<P>,
 ) {
     let emu = run_emulator(bufs, &params, launcher, 1).unwrap();
-    let (good, _) = run_ptx(correct, bufs, &params, launcher).unwrap();
+    let (good, _) = run_ptx(&[correct], bufs, &params, launcher).unwrap();
     assert!(differences(&emu, &good, true, 1).is_empty(), "{bug}: the unplanted PTX already differs");
-    let (bad, _) = run_ptx(planted, bufs, &params, launcher).unwrap_or_else(|e| panic!("{bug}: {e}"));
+    let (bad, _) = run_ptx(&[planted], bufs, &params, launcher).unwrap_or_else(|e| panic!("{bug}: {e}"));
     let diff = differences(&emu, &bad, true, 3);
     assert!(!diff.is_empty(), "{bug}: planted in the device intrinsics, not caught by the PTX executor");
     eprintln!("{bug}: caught: {}", diff.join("; "));
@@ -558,7 +558,7 @@ fn merge_with_random_lses_stays_within_libm_differences() {
         row_list: std::ptr::null(),
     };
     let emu = run_emulator(&bufs, &params, sys::fa_merge, 1).unwrap();
-    let (ptx, _) = run_ptx(m, &bufs, &params, sys::fa_merge).unwrap();
+    let (ptx, _) = run_ptx(&[m], &bufs, &params, sys::fa_merge).unwrap();
     let f = |b: &Buf| b.u32s().into_iter().map(f32::from_bits).collect::<Vec<_>>();
     let (eo, po) = (f(&emu[2]), f(&ptx[2]));
     let worst = eo.iter().zip(&po).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);

@@ -183,9 +183,9 @@ pub fn run_emulator<P: Copy>(
 }
 
 /// Records the launches of `launcher(params(pointers of bufs))` and runs each through the executor on the
-/// PTX of fatbin `stem` (`module`); returns the buffers after it and the executor's counts.
+/// PTX `modules` (the kernel found by name in the first that has it); returns the buffers after it and the executor's counts.
 pub fn run_ptx<P: Copy>(
-    module: &Module,
+    modules: &[&Module],
     bufs: &[Buf],
     params: &impl Fn(&[*mut c_void]) -> P,
     launcher: Launcher<P>,
@@ -204,7 +204,10 @@ pub fn run_ptx<P: Copy>(
     for l in &exec.launches[..exec.num_launches as usize] {
         // SAFETY: a static NUL-terminated symbol name.
         let name = unsafe { CStr::from_ptr(l.kernel) }.to_string_lossy().into_owned();
-        let kernel = module.kernel(&name).ok_or_else(|| format!("kernel {name} is not in this PTX module"))?;
+        let kernel = modules
+            .iter()
+            .find_map(|m| m.kernel(&name))
+            .ok_or_else(|| format!("kernel {name} is not in these PTX modules"))?;
         let params = &as_bytes(&l.params)[..l.params_bytes as usize];
         let launch = Launch {
             grid: [l.grid[0] as u32, l.grid[1] as u32, l.grid[2] as u32],
@@ -260,27 +263,28 @@ pub fn differences(a: &[Buf], b: &[Buf], nan_equal: bool, limit: usize) -> Vec<S
 /// Runs one launcher both ways and asserts every writable byte equal; returns the executor's counts.
 pub fn assert_same<P: Copy>(
     what: &str,
-    module: &Module,
+    modules: &[&Module],
     bufs: &[Buf],
     params: impl Fn(&[*mut c_void]) -> P,
     launcher: Launcher<P>,
 ) -> (Vec<Buf>, Stats) {
-    assert_same_but(what, module, bufs, params, launcher, &[])
+    assert_same_but(what, modules, bufs, params, launcher, &[])
 }
 
-/// [`assert_same`], except that the fp32 buffers named in `ulp_bufs` may differ by 4 ulp per element (an
-/// LSE through CUDA's log2f / logf, which nvcc inlines, against the host's: 1 ulp there, carried through the
-/// add of the row max and the multiply by ln 2: docs/ptx-executor.md).
+/// [`assert_same`], except that the fp32 buffers named in `ulp_bufs` may differ by 4 ulp per element, for
+/// arithmetic the two builds do not share (docs/ptx-executor.md): an LSE through CUDA's log2f / logf, which
+/// nvcc inlines, against the host's (1 ulp there, carried through the add of the row max and the multiply by
+/// ln 2); an fp32 output through an `a * b + c` that nvcc contracts into one fma and the host rounds twice.
 pub fn assert_same_but<P: Copy>(
     what: &str,
-    module: &Module,
+    modules: &[&Module],
     bufs: &[Buf],
     params: impl Fn(&[*mut c_void]) -> P,
     launcher: Launcher<P>,
     ulp_bufs: &[&str],
 ) -> (Vec<Buf>, Stats) {
     let emu = run_emulator(bufs, &params, launcher, 0x5eed).unwrap_or_else(|e| panic!("{what}: {e}"));
-    let (mut ptx, stats) = run_ptx(module, bufs, &params, launcher).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let (mut ptx, stats) = run_ptx(modules, bufs, &params, launcher).unwrap_or_else(|e| panic!("{what}: {e}"));
     let written = !differences(bufs, &ptx, false, 1).is_empty();
     for (e, p) in emu.iter().zip(ptx.iter_mut()) {
         if !ulp_bufs.contains(&&*e.name.to_string_lossy()) {
