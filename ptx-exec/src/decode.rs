@@ -387,6 +387,16 @@ pub enum Op {
         count: Option<Src>,
         arrive: bool,
     },
+    /// add/sub/mul/fma on packed .f16x2 / .bf16x2 (each half rounded once to nearest even).
+    HalfX2 {
+        op: FOp,
+        fma: bool,
+        bf16: bool,
+        d: u32,
+        a: Src,
+        b: Src,
+        c: Src,
+    },
     /// bar.warp.sync membermask (__syncwarp).
     WarpSync {
         mask: Src,
@@ -705,6 +715,27 @@ fn decode_inst(c: &Ctx, ins: &parse::Instr) -> Result<Op, DecodeError> {
                     Op::Pack { d: c.dst(d)?, parts: c.vec_srcs(&Operand::Vec(parts.clone()))?, part_bits }
                 }
                 (d, a) => Op::Mov { d: c.dst(d)?, a: c.src(a)? },
+            }
+        }
+        "add" | "sub" | "mul" | "fma" if matches!(ty, Some(Ty::F16x2 | Ty::Bf16x2)) => {
+            let fma = name == "fma";
+            need(if fma { 4 } else { 3 })?;
+            if rnd_of(m).is_some_and(|r| r != Rnd::Rn) || has("ftz") || has("sat") || has("relu") {
+                return err(line, format!("unsupported {}", ins.opcode));
+            }
+            let op = match name {
+                "sub" => FOp::Sub,
+                "mul" => FOp::Mul,
+                _ => FOp::Add,
+            };
+            Op::HalfX2 {
+                op,
+                fma,
+                bf16: ty == Some(Ty::Bf16x2),
+                d: c.dst(&o[0])?,
+                a: c.src(&o[1])?,
+                b: c.src(&o[2])?,
+                c: if fma { c.src(&o[3])? } else { Src::Imm(0) },
             }
         }
         "add" | "sub" | "mul" | "div" | "min" | "max" | "rem" | "and" | "or" | "xor" | "shl" | "shr" => {

@@ -1221,6 +1221,33 @@ impl Cta<'_, '_> {
                     self.set(w, *d, l, r);
                 }
             }
+            Op::HalfX2 { op, fma, bf16, d, a, b, c } => {
+                for l in Self::lanes(active) {
+                    let (x, y, z) = (self.get(w, *a, l)?, self.get(w, *b, l)?, self.get(w, *c, l)?);
+                    let mut r = 0u64;
+                    for h in 0..2 {
+                        let part = |v: u64| {
+                            let bits = (v >> (16 * h)) as u16;
+                            if *bf16 {
+                                num::bf16_to_f32(bits)
+                            } else {
+                                num::f16_to_f32(bits)
+                            }
+                        };
+                        let (p, q, s) = (part(x) as f64, part(y) as f64, part(z) as f64);
+                        // The exact result as an f64 pair (16-bit products are exact), then one rounding.
+                        let (hi, lo) = match (op, fma) {
+                            (_, true) => num::two_sum(p * q, s),
+                            (FOp::Mul, _) => (p * q, 0.0),
+                            (FOp::Sub, _) => num::two_sum(p, -q),
+                            _ => num::two_sum(p, q),
+                        };
+                        let v = num::round_to_16(hi, lo, *bf16);
+                        r |= (v as u64) << (16 * h);
+                    }
+                    self.set(w, *d, l, r);
+                }
+            }
             Op::WarpSync { mask } => {
                 // Lanes of a warp run in lockstep here, so the only thing to check is the ISA's condition:
                 // every lane executing it is in the member mask and every member executes it.

@@ -236,6 +236,23 @@ fn f64_to_f16_bits_exact(m: f64) -> u16 {
     (((e + 15) as u16) << 10) | frac as u16
 }
 
+/// The exact value `hi + lo` (as [`two_sum`] gives) rounded once to fp16 or bf16, nearest even; NaN gives
+/// the canonical 0x7fff. Rounded to odd at fp32 first (exact or sticky in the last bit), which is innocuous
+/// before a rounding to 11 or 8 bits (24 >= 11 + 2).
+pub fn round_to_16(hi: f64, lo: f64, bf16: bool) -> u16 {
+    if hi.is_nan() {
+        return 0x7fff;
+    }
+    let t = round_f32(hi, lo, Rnd::Rz);
+    let exact = t as f64 == hi && lo == 0.0 || (t as f64 - hi) - lo == 0.0;
+    let t = if exact || t.is_infinite() { t } else { f32::from_bits(t.to_bits() | 1) };
+    if bf16 {
+        f32_to_bf16(t, Rnd::Rn)
+    } else {
+        f32_to_f16(t, Rnd::Rn)
+    }
+}
+
 /// fp16 bits -> fp32 (exact).
 pub fn f16_to_f32(h: u16) -> f32 {
     let sign = if h & 0x8000 != 0 { -1.0f32 } else { 1.0 };

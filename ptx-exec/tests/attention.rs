@@ -132,6 +132,8 @@ struct Decode {
     dtype: u32,
     splits: i32,
     rows_per_cta: i32,
+    /// FA_KV_SAME (the 16-bit dtype) or an FP8 cache.
+    kv: u32,
 }
 
 const DECODE_LENS: [i32; 3] = [37, 100, 0];
@@ -146,6 +148,20 @@ fn decode_case(c: Decode, seed: u64) -> (Vec<Buf>, impl Fn(&[*mut c_void]) -> sy
     let q: Vec<u16> = (0..b * hq * d).map(|_| to16(dtype, rng.f32(-1.0, 1.0))).collect();
     let kc: Vec<u16> = (0..pages * PAGE * hkv * d).map(|_| to16(dtype, rng.f32(-1.0, 1.0))).collect();
     let vc: Vec<u16> = (0..pages * PAGE * hkv * d).map(|_| to16(dtype, rng.f32(-1.0, 1.0) + 0.5)).collect();
+    let fp8 = c.kv != sys::FA_KV_SAME;
+    // FP8: random codes, NaN codes (0x7f/0xff E4M3; 0x7d.. E5M2) and infinities avoided in the visible keys.
+    let code = |rng: &mut Rng| loop {
+        let c = rng.next() as u8;
+        if c & 0x7f < 0x70 {
+            break c;
+        }
+    };
+    let (kc, vc): (Vec<u8>, Vec<u8>) = if fp8 {
+        ((0..kc.len()).map(|_| code(&mut rng)).collect(), (0..vc.len()).map(|_| code(&mut rng)).collect())
+    } else {
+        (as_bytes(&kc).to_vec(), as_bytes(&vc).to_vec())
+    };
+    let scales = [0.05f32, 0.02];
     // Pages in a scrambled order (page 0 an ordinary page).
     let table: Vec<i32> = (0..b * PAGES_PER_SEQ).map(|i| ((i * 7 + 3) % pages) as i32).collect();
     let splits = c.splits.max(1) as usize;
@@ -155,10 +171,12 @@ fn decode_case(c: Decode, seed: u64) -> (Vec<Buf>, impl Fn(&[*mut c_void]) -> sy
         Buf::output(c"lse", b * hq * 4),
         Buf::output(c"partial_o", splits * b * hq * d * 4),
         Buf::output(c"partial_lse", splits * b * hq * 4),
-        Buf::new(c"k_cache", as_bytes(&kc), true),
-        Buf::new(c"v_cache", as_bytes(&vc), true),
+        Buf::new(c"k_cache", &kc, false),
+        Buf::new(c"v_cache", &vc, false),
         Buf::input(c"block_table", &table),
         Buf::input(c"seq_lens", &DECODE_LENS),
+        Buf::input(c"k_scale", &scales[..1]),
+        Buf::input(c"v_scale", &scales[1..]),
     ];
     let mut div: sys::FaDivisor = Default::default();
     // SAFETY: writes one FaDivisor.
@@ -191,6 +209,9 @@ fn decode_case(c: Decode, seed: u64) -> (Vec<Buf>, impl Fn(&[*mut c_void]) -> sy
             num_pages: pages as i32,
             page_size: PAGE as i32,
             max_pages_per_seq: PAGES_PER_SEQ as i32,
+            kv_dtype: c.kv as i32,
+            k_scale: if fp8 { p[9].cast() } else { std::ptr::null() },
+            v_scale: if fp8 { p[10].cast() } else { std::ptr::null() },
             ..Default::default()
         },
         batch: b as i32,
@@ -213,20 +234,24 @@ fn decode_case(c: Decode, seed: u64) -> (Vec<Buf>, impl Fn(&[*mut c_void]) -> sy
     (bufs, params)
 }
 
-/// Paged decode (sm_80 kernels): MHA and GQA, d64 and d128, bf16 and f16, one split and split-KV (the
+/// Paged decode: MHA and GQA, d64 and d128, bf16 and f16, 16-bit and FP8 caches (decode_fp8.fatbin's
+/// compute_89 PTX: hardware FP8 cvt, packed bf16x2 fma), one split and split-KV (the
 /// decode kernel, then the merge kernel of merge.fatbin, recorded as two launches), a sequence of length 0.
 /// O bit for bit; the fp32 split partials within 4 ulp: nvcc contracts the split combine's `acc += w * v`
 /// into fma.rn where the host build rounds the product first (the emulator's partials are not the GPU's
 /// bits: docs/ptx-executor.md); the LSEs as in prefill.
 #[test]
 fn decode_matches_the_emulator_bit_for_bit() {
-    let modules = [fatbin_module("decode"), fatbin_module("merge")];
-    let base = Decode { hq: 4, hkv: 1, d: 64, dtype: sys::FA_DTYPE_BF16, splits: 1, rows_per_cta: 16 };
+    let modules = [fatbin_module("decode"), fatbin_module("decode_fp8"), fatbin_module("merge")];
+    let base =
+        Decode { hq: 4, hkv: 1, d: 64, dtype: sys::FA_DTYPE_BF16, splits: 1, rows_per_cta: 16, kv: sys::FA_KV_SAME };
     let cases = [
         base,
         Decode { hq: 2, hkv: 2, dtype: sys::FA_DTYPE_F16, ..base },
         Decode { d: 128, ..base },
         Decode { splits: 2, ..base },
+        Decode { kv: sys::FA_KV_FP8_E4M3, ..base },
+        Decode { kv: sys::FA_KV_FP8_E5M2, dtype: sys::FA_DTYPE_F16, d: 128, ..base },
     ];
     for (i, c) in cases.into_iter().enumerate() {
         let (bufs, params) = decode_case(c, 7 + i as u64);
