@@ -119,7 +119,12 @@ fn prefill_matches_the_emulator_bit_for_bit() {
         let (bufs, params) = prefill_case(c, 42 + i as u64);
         let t = std::time::Instant::now();
         let (_, stats) = assert_same_but(&format!("prefill {c:?}"), &[m], &bufs, params, sys::fa_prefill, &["lse"]);
-        eprintln!("prefill {c:?}: {:?} in the executor, {} warp instructions", t.elapsed(), stats.warp_instructions);
+        eprintln!(
+            "prefill {c:?}: {:?} in the executor, {} warp instructions, {:?}",
+            t.elapsed(),
+            stats.warp_instructions,
+            LAST_KERNELS.with(|k| k.borrow().clone())
+        );
     }
 }
 
@@ -134,6 +139,8 @@ struct Decode {
     rows_per_cta: i32,
     /// FA_KV_SAME (the 16-bit dtype) or an FP8 cache.
     kv: u32,
+    /// Short queries (paged prefill's streaming path): each sequence's query rows; None: one per sequence.
+    q_lens: Option<[i32; 3]>,
 }
 
 const DECODE_LENS: [i32; 3] = [37, 100, 0];
@@ -143,9 +150,11 @@ const PAGES_PER_SEQ: usize = 8;
 fn decode_case(c: Decode, seed: u64) -> (Vec<Buf>, impl Fn(&[*mut c_void]) -> sys::FaDecodeParams) {
     let Decode { hq, hkv, d, dtype, .. } = c;
     let b = DECODE_LENS.len();
+    let rows = c.q_lens.map_or(b, |l| l.iter().sum::<i32>() as usize);
+    let cu: Vec<i32> = c.q_lens.map_or(vec![0], |l| vec![0, l[0], l[0] + l[1], l[0] + l[1] + l[2]]);
     let pages = b * PAGES_PER_SEQ + 2;
     let mut rng = Rng(seed);
-    let q: Vec<u16> = (0..b * hq * d).map(|_| to16(dtype, rng.f32(-1.0, 1.0))).collect();
+    let q: Vec<u16> = (0..rows * hq * d).map(|_| to16(dtype, rng.f32(-1.0, 1.0))).collect();
     let kc: Vec<u16> = (0..pages * PAGE * hkv * d).map(|_| to16(dtype, rng.f32(-1.0, 1.0))).collect();
     let vc: Vec<u16> = (0..pages * PAGE * hkv * d).map(|_| to16(dtype, rng.f32(-1.0, 1.0) + 0.5)).collect();
     let fp8 = c.kv != sys::FA_KV_SAME;
@@ -167,16 +176,17 @@ fn decode_case(c: Decode, seed: u64) -> (Vec<Buf>, impl Fn(&[*mut c_void]) -> sy
     let splits = c.splits.max(1) as usize;
     let bufs = vec![
         Buf::input(c"q", &q),
-        Buf::output(c"o", b * hq * d * 2),
-        Buf::output(c"lse", b * hq * 4),
-        Buf::output(c"partial_o", splits * b * hq * d * 4),
-        Buf::output(c"partial_lse", splits * b * hq * 4),
+        Buf::output(c"o", rows * hq * d * 2),
+        Buf::output(c"lse", rows * hq * 4),
+        Buf::output(c"partial_o", splits * rows * hq * d * 4),
+        Buf::output(c"partial_lse", splits * rows * hq * 4),
         Buf::new(c"k_cache", &kc, false),
         Buf::new(c"v_cache", &vc, false),
         Buf::input(c"block_table", &table),
         Buf::input(c"seq_lens", &DECODE_LENS),
         Buf::input(c"k_scale", &scales[..1]),
         Buf::input(c"v_scale", &scales[1..]),
+        Buf::input(c"cu_seqlens_q", &cu),
     ];
     let mut div: sys::FaDivisor = Default::default();
     // SAFETY: writes one FaDivisor.
@@ -225,8 +235,9 @@ fn decode_case(c: Decode, seed: u64) -> (Vec<Buf>, impl Fn(&[*mut c_void]) -> sy
         scale_log2: scale * std::f32::consts::LOG2_E,
         score_mod: sys::FaScoreMod { window_left: -1, window_right: -1, ..Default::default() },
         lse_head_stride: 1,
-        total_q: b as i32,
-        max_seqlen_q: 1,
+        total_q: rows as i32,
+        max_seqlen_q: c.q_lens.map_or(1, |l| *l.iter().max().unwrap()),
+        cu_seqlens_q: if c.q_lens.is_some() { p[11].cast() } else { std::ptr::null() },
         causal: 1,
         rows_per_cta: c.rows_per_cta,
         ..Default::default()
@@ -243,8 +254,16 @@ fn decode_case(c: Decode, seed: u64) -> (Vec<Buf>, impl Fn(&[*mut c_void]) -> sy
 #[test]
 fn decode_matches_the_emulator_bit_for_bit() {
     let modules = [fatbin_module("decode"), fatbin_module("decode_fp8"), fatbin_module("merge")];
-    let base =
-        Decode { hq: 4, hkv: 1, d: 64, dtype: sys::FA_DTYPE_BF16, splits: 1, rows_per_cta: 16, kv: sys::FA_KV_SAME };
+    let base = Decode {
+        hq: 4,
+        hkv: 1,
+        d: 64,
+        dtype: sys::FA_DTYPE_BF16,
+        splits: 1,
+        rows_per_cta: 16,
+        kv: sys::FA_KV_SAME,
+        q_lens: None,
+    };
     let cases = [
         base,
         Decode { hq: 2, hkv: 2, dtype: sys::FA_DTYPE_F16, ..base },
@@ -252,6 +271,11 @@ fn decode_matches_the_emulator_bit_for_bit() {
         Decode { splits: 2, ..base },
         Decode { kv: sys::FA_KV_FP8_E4M3, ..base },
         Decode { kv: sys::FA_KV_FP8_E5M2, dtype: sys::FA_DTYPE_F16, d: 128, ..base },
+        // Paged prefill's streaming path: short causal queries, G * 3 = 12 packed rows per CTA.
+        Decode { q_lens: Some([3, 2, 0]), ..base },
+        // Wide CTAs: 8 * 16 = 128 packed rows of one KV head per CTA at width 64.
+        Decode { q_lens: Some([8, 3, 0]), hq: 16, rows_per_cta: 128, ..base },
+        Decode { q_lens: Some([1, 4, 0]), hq: 8, hkv: 2, d: 128, dtype: sys::FA_DTYPE_F16, rows_per_cta: 32, ..base },
     ];
     for (i, c) in cases.into_iter().enumerate() {
         let (bufs, params) = decode_case(c, 7 + i as u64);
@@ -264,6 +288,113 @@ fn decode_matches_the_emulator_bit_for_bit() {
             sys::fa_decode,
             &["lse", "partial_lse", "partial_o"],
         );
-        eprintln!("decode {c:?}: {:?} in the executor, {} warp instructions", t.elapsed(), stats.warp_instructions);
+        eprintln!(
+            "decode {c:?}: {:?} in the executor, {} warp instructions, {:?}",
+            t.elapsed(),
+            stats.warp_instructions,
+            LAST_KERNELS.with(|k| k.borrow().clone())
+        );
+    }
+}
+
+/// Paged prefill: packed queries over the paged cache (chunked prefill), causal bottom-right per sequence.
+/// `q_lens` all short: the launcher runs the streaming path (decode's kernels over the query rows); longer:
+/// the tiled paged-prefill kernels.
+fn paged_prefill_case(
+    q_lens: [i32; 2],
+    dtype: u32,
+    d: usize,
+    seed: u64,
+) -> (Vec<Buf>, impl Fn(&[*mut c_void]) -> sys::FaPagedPrefillParams) {
+    let seq_lens = [37i32, 100];
+    let (hq, hkv) = (4usize, 2usize);
+    let b = 2;
+    let pages = b * PAGES_PER_SEQ + 2;
+    let total_q = (q_lens[0] + q_lens[1]) as usize;
+    let mut rng = Rng(seed);
+    let q: Vec<u16> = (0..total_q * hq * d).map(|_| to16(dtype, rng.f32(-1.0, 1.0))).collect();
+    let kc: Vec<u16> = (0..pages * PAGE * hkv * d).map(|_| to16(dtype, rng.f32(-1.0, 1.0))).collect();
+    let vc: Vec<u16> = (0..pages * PAGE * hkv * d).map(|_| to16(dtype, rng.f32(-1.0, 1.0) + 0.5)).collect();
+    let table: Vec<i32> = (0..b * PAGES_PER_SEQ).map(|i| ((i * 5 + 1) % pages) as i32).collect();
+    let cu = [0, q_lens[0], q_lens[0] + q_lens[1]];
+    let bufs = vec![
+        Buf::input(c"q", &q),
+        Buf::output(c"o", total_q * hq * d * 2),
+        Buf::output(c"lse", total_q * hq * 4),
+        Buf::input(c"cu_seqlens_q", &cu),
+        Buf::input(c"k_cache", &kc),
+        Buf::input(c"v_cache", &vc),
+        Buf::input(c"block_table", &table),
+        Buf::input(c"seq_lens", &seq_lens),
+    ];
+    let mut div: sys::FaDivisor = Default::default();
+    // SAFETY: writes one FaDivisor.
+    assert_eq!(unsafe { sys::fa_host_divisor(PAGE as i32, &mut div) }, 0);
+    let scale = 1.0 / (d as f32).sqrt();
+    let params = move |p: &[*mut c_void]| sys::FaPagedPrefillParams {
+        q: p[0],
+        o: p[1],
+        lse: p[2].cast(),
+        cu_seqlens_q: p[3].cast(),
+        q_row_stride: (hq * d) as i64,
+        q_head_stride: d as i64,
+        o_row_stride: (hq * d) as i64,
+        o_head_stride: d as i64,
+        lse_head_stride: total_q as i64,
+        cache: sys::FaPagedCache {
+            k_cache: p[4],
+            v_cache: p[5],
+            block_table: p[6].cast(),
+            seq_lens: p[7].cast(),
+            k_page_stride: (PAGE * hkv * d) as i64,
+            k_token_stride: (hkv * d) as i64,
+            k_head_stride: d as i64,
+            v_page_stride: (PAGE * hkv * d) as i64,
+            v_token_stride: (hkv * d) as i64,
+            v_head_stride: d as i64,
+            block_table_stride: PAGES_PER_SEQ as i64,
+            page_div: div,
+            num_pages: pages as i32,
+            page_size: PAGE as i32,
+            max_pages_per_seq: PAGES_PER_SEQ as i32,
+            ..Default::default()
+        },
+        batch: b as i32,
+        heads_q: hq as i32,
+        heads_kv: hkv as i32,
+        head_dim: d as i32,
+        total_q: total_q as i32,
+        max_seqlen_q: q_lens[0].max(q_lens[1]),
+        num_splits: 1,
+        split_tokens: 0,
+        dtype: dtype as i32,
+        causal: 1,
+        scale,
+        scale_log2: scale * std::f32::consts::LOG2_E,
+        score_mod: sys::FaScoreMod { window_left: -1, window_right: -1, ..Default::default() },
+        ..Default::default()
+    };
+    (bufs, params)
+}
+
+/// Paged prefill, tiled (paged_prefill.fatbin) and streaming (decode.fatbin's kernels over short queries).
+#[test]
+fn paged_prefill_matches_the_emulator_bit_for_bit() {
+    let modules = [fatbin_module("paged_prefill"), fatbin_module("decode"), fatbin_module("merge")];
+    for (i, (q_lens, dtype, d)) in
+        [([5, 40], sys::FA_DTYPE_BF16, 64), ([3, 2], sys::FA_DTYPE_F16, 64), ([20, 33], sys::FA_DTYPE_F16, 128)]
+            .into_iter()
+            .enumerate()
+    {
+        let (bufs, params) = paged_prefill_case(q_lens, dtype, d, 70 + i as u64);
+        let t = std::time::Instant::now();
+        let what = format!("paged prefill q_lens {q_lens:?} dtype {dtype} d {d}");
+        let (_, stats) = assert_same_but(&what, &modules, &bufs, params, sys::fa_paged_prefill, &["lse"]);
+        eprintln!(
+            "{what}: {:?} in the executor, {} warp instructions, {:?}",
+            t.elapsed(),
+            stats.warp_instructions,
+            LAST_KERNELS.with(|k| k.borrow().clone())
+        );
     }
 }

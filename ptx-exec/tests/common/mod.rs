@@ -141,6 +141,11 @@ pub fn fatbin_module(stem: &str) -> &'static Module {
     m
 }
 
+thread_local! {
+    /// The kernels the last [`run_ptx`] on this thread ran, in launch order.
+    pub static LAST_KERNELS: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// The launcher of an op (abi.h) or a self-test (selftest_abi.h).
 pub type Launcher<P> = unsafe extern "C" fn(P, *mut sys::FaExec) -> i32;
 
@@ -201,9 +206,11 @@ pub fn run_ptx<P: Copy>(
         return Err(format!("launcher (record): status {status}"));
     }
     let mut stats = Stats::default();
+    LAST_KERNELS.with(|k| k.borrow_mut().clear());
     for l in &exec.launches[..exec.num_launches as usize] {
         // SAFETY: a static NUL-terminated symbol name.
         let name = unsafe { CStr::from_ptr(l.kernel) }.to_string_lossy().into_owned();
+        LAST_KERNELS.with(|k| k.borrow_mut().push(name.clone()));
         let kernel = modules
             .iter()
             .find_map(|m| m.kernel(&name))
