@@ -77,6 +77,14 @@ impl<'a> Global<'a> {
             let dist = if addr < b.base { b.base - addr } else { addr.saturating_sub(b.base + len) };
             let text = if addr < b.base {
                 format!("{} bytes before {} ({len} bytes)", b.base - addr, b.name)
+            } else if addr >= b.base + len {
+                format!(
+                    "{}+{}: {} bytes past the end of {} ({len} bytes)",
+                    b.name,
+                    addr - b.base,
+                    addr - b.base - len,
+                    b.name
+                )
             } else {
                 format!("{}+{} ({len} bytes)", b.name, addr - b.base)
             };
@@ -366,7 +374,20 @@ impl Cta<'_, '_> {
 
     /// Runs warp `wi` until it waits at a barrier or exits.
     fn run_warp(&mut self, warps: &mut [Warp], wi: usize) -> Result<(), ExecError> {
+        // A warp that runs this long without reaching a barrier or exiting spins on memory no other warp can
+        // change while it runs (warps switch only at barriers here): reported rather than hung.
+        let mut budget: u64 = 1 << 26;
         loop {
+            budget -= 1;
+            if budget == 0 {
+                let pc = warps[wi].stack.last().map_or(0, |e| e.pc);
+                return Err(self.error(
+                    warps[wi].index,
+                    None,
+                    pc,
+                    "2^26 instructions without reaching a barrier or exiting: a spin-wait on memory another warp or CTA writes?".into(),
+                ));
+            }
             let w = &mut warps[wi];
             let Some(top) = w.stack.last().copied() else {
                 self.finish_warp(w).map_err(|(l, e)| self.error(w.index, l, 0, e))?;

@@ -187,17 +187,24 @@ pub fn run_emulator<P: Copy>(
     Ok(bufs)
 }
 
-/// Records the launches of `launcher(params(pointers of bufs))` and runs each through the executor on the
-/// PTX `modules` (the kernel found by name in the first that has it); returns the buffers after it and the executor's counts.
-pub fn run_ptx<P: Copy>(
-    modules: &[&Module],
+/// One recorded launch (FaKernelLaunch): kernel, geometry and the params struct's bytes.
+#[derive(Clone, Debug)]
+pub struct Recorded {
+    pub kernel: String,
+    pub grid: [u32; 3],
+    pub block: u32,
+    pub smem: u32,
+    pub params: Vec<u8>,
+}
+
+/// The launches `launcher(params(pointers of bufs))` records (record mode: validation and geometry only).
+pub fn record<P: Copy>(
     bufs: &[Buf],
     params: &impl Fn(&[*mut c_void]) -> P,
     launcher: Launcher<P>,
-) -> Result<(Vec<Buf>, Stats), String> {
-    let mut bufs = bufs.to_vec();
+) -> Result<Vec<Recorded>, String> {
     let ptrs: Vec<*mut c_void> = bufs.iter().map(Buf::ptr).collect();
-    // SAFETY: as above.
+    // SAFETY: FaExec is plain data; all-zero is valid.
     let mut exec: Box<sys::FaExec> = Box::new(unsafe { std::mem::zeroed() });
     exec.mode = sys::FA_EXEC_RECORD as i32;
     // SAFETY: in record mode the launcher validates and records; it touches no buffer.
@@ -205,23 +212,31 @@ pub fn run_ptx<P: Copy>(
     if status != 0 {
         return Err(format!("launcher (record): status {status}"));
     }
-    let mut stats = Stats::default();
-    LAST_KERNELS.with(|k| k.borrow_mut().clear());
-    for l in &exec.launches[..exec.num_launches as usize] {
-        // SAFETY: a static NUL-terminated symbol name.
-        let name = unsafe { CStr::from_ptr(l.kernel) }.to_string_lossy().into_owned();
-        LAST_KERNELS.with(|k| k.borrow_mut().push(name.clone()));
-        let kernel = modules
-            .iter()
-            .find_map(|m| m.kernel(&name))
-            .ok_or_else(|| format!("kernel {name} is not in these PTX modules"))?;
-        let params = &as_bytes(&l.params)[..l.params_bytes as usize];
-        let launch = Launch {
+    Ok(exec.launches[..exec.num_launches as usize]
+        .iter()
+        .map(|l| Recorded {
+            // SAFETY: a static NUL-terminated symbol name.
+            kernel: unsafe { CStr::from_ptr(l.kernel) }.to_string_lossy().into_owned(),
             grid: [l.grid[0] as u32, l.grid[1] as u32, l.grid[2] as u32],
             block: l.block as u32,
-            dynamic_shared: l.smem_bytes as u32,
-            params,
-        };
+            smem: l.smem_bytes as u32,
+            params: as_bytes(&l.params)[..l.params_bytes as usize].to_vec(),
+        })
+        .collect())
+}
+
+/// Runs recorded launches in order through the executor, the kernels found by name in `modules`, over
+/// `bufs` (their host addresses are the ones the params carry); returns the executor's counts.
+pub fn execute(modules: &[&Module], bufs: &mut [Buf], launches: &[Recorded]) -> Result<Stats, String> {
+    let mut stats = Stats::default();
+    LAST_KERNELS.with(|k| k.borrow_mut().clear());
+    for l in launches {
+        LAST_KERNELS.with(|k| k.borrow_mut().push(l.kernel.clone()));
+        let kernel = modules
+            .iter()
+            .find_map(|m| m.kernel(&l.kernel))
+            .ok_or_else(|| format!("kernel {} is not in these PTX modules", l.kernel))?;
+        let launch = Launch { grid: l.grid, block: l.block, dynamic_shared: l.smem, params: &l.params };
         let mut global = Global::new();
         for b in bufs.iter_mut() {
             let (name, writable) = (b.name.to_string_lossy().into_owned(), b.writable);
@@ -235,6 +250,20 @@ pub fn run_ptx<P: Copy>(
         stats.warp_instructions += s.warp_instructions;
         stats.ctas += s.ctas;
     }
+    Ok(stats)
+}
+
+/// Records the launches of `launcher(params(pointers of bufs))` and runs each through the executor on the
+/// PTX `modules`; returns the buffers after it and the executor's counts.
+pub fn run_ptx<P: Copy>(
+    modules: &[&Module],
+    bufs: &[Buf],
+    params: &impl Fn(&[*mut c_void]) -> P,
+    launcher: Launcher<P>,
+) -> Result<(Vec<Buf>, Stats), String> {
+    let mut bufs = bufs.to_vec();
+    let launches = record(&bufs, params, launcher)?;
+    let stats = execute(modules, &mut bufs, &launches)?;
     Ok((bufs, stats))
 }
 
