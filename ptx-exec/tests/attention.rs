@@ -302,12 +302,12 @@ fn decode_matches_the_emulator_bit_for_bit() {
 }
 
 /// Paged prefill: packed queries over the paged cache (chunked prefill), causal bottom-right per sequence.
-/// `q_lens` all short: the launcher runs the streaming path (decode's kernels over the query rows); longer:
-/// the tiled paged-prefill kernels.
+/// (The streaming path for short queries is chosen on the Rust side, which calls fa_decode with cu_seqlens_q.)
 fn paged_prefill_case(
     q_lens: [i32; 2],
     dtype: u32,
     d: usize,
+    kv: u32,
     seed: u64,
 ) -> (Vec<Buf>, impl Fn(&[*mut c_void]) -> sys::FaPagedPrefillParams) {
     let seq_lens = [37i32, 100];
@@ -321,6 +321,20 @@ fn paged_prefill_case(
     let vc: Vec<u16> = (0..pages * PAGE * hkv * d).map(|_| to16(dtype, rng.f32(-1.0, 1.0) + 0.5)).collect();
     let table: Vec<i32> = (0..b * PAGES_PER_SEQ).map(|i| ((i * 5 + 1) % pages) as i32).collect();
     let cu = [0, q_lens[0], q_lens[0] + q_lens[1]];
+    let fp8 = kv != sys::FA_KV_SAME;
+    // FP8: finite codes (no NaN / Inf encodings).
+    let code = |rng: &mut Rng| loop {
+        let c = rng.next() as u8;
+        if c & 0x7f < 0x70 {
+            break c;
+        }
+    };
+    let (kc, vc): (Vec<u8>, Vec<u8>) = if fp8 {
+        ((0..kc.len()).map(|_| code(&mut rng)).collect(), (0..vc.len()).map(|_| code(&mut rng)).collect())
+    } else {
+        (as_bytes(&kc).to_vec(), as_bytes(&vc).to_vec())
+    };
+    let scales = [0.05f32, 0.02];
     let bufs = vec![
         Buf::input(c"q", &q),
         Buf::output(c"o", total_q * hq * d * 2),
@@ -330,6 +344,8 @@ fn paged_prefill_case(
         Buf::input(c"v_cache", &vc),
         Buf::input(c"block_table", &table),
         Buf::input(c"seq_lens", &seq_lens),
+        Buf::input(c"k_scale", &scales[..1]),
+        Buf::input(c"v_scale", &scales[1..]),
     ];
     let mut div: sys::FaDivisor = Default::default();
     // SAFETY: writes one FaDivisor.
@@ -361,6 +377,9 @@ fn paged_prefill_case(
             num_pages: pages as i32,
             page_size: PAGE as i32,
             max_pages_per_seq: PAGES_PER_SEQ as i32,
+            kv_dtype: kv as i32,
+            k_scale: if fp8 { p[8].cast() } else { std::ptr::null() },
+            v_scale: if fp8 { p[9].cast() } else { std::ptr::null() },
             ..Default::default()
         },
         batch: b as i32,
@@ -381,16 +400,24 @@ fn paged_prefill_case(
     (bufs, params)
 }
 
-/// Paged prefill, tiled (paged_prefill.fatbin) and streaming (decode.fatbin's kernels over short queries).
+/// Paged prefill's tiled kernels (the launcher's; its streaming path is the decode kernels over short queries,
+/// covered in `decode_matches_the_emulator_bit_for_bit`): 16-bit caches (paged_prefill.fatbin) and FP8 ones
+/// (paged_prefill_fp8.fatbin's compute_89 PTX).
 #[test]
 fn paged_prefill_matches_the_emulator_bit_for_bit() {
-    let modules = [fatbin_module("paged_prefill"), fatbin_module("decode"), fatbin_module("merge")];
-    for (i, (q_lens, dtype, d)) in
-        [([5, 40], sys::FA_DTYPE_BF16, 64), ([3, 2], sys::FA_DTYPE_F16, 64), ([20, 33], sys::FA_DTYPE_F16, 128)]
-            .into_iter()
-            .enumerate()
+    let modules = [fatbin_module("paged_prefill"), fatbin_module("paged_prefill_fp8")];
+    let same = sys::FA_KV_SAME;
+    for (i, (q_lens, dtype, d, kv)) in [
+        ([5, 40], sys::FA_DTYPE_BF16, 64, same),
+        ([3, 2], sys::FA_DTYPE_F16, 64, same),
+        ([20, 33], sys::FA_DTYPE_F16, 128, same),
+        ([17, 9], sys::FA_DTYPE_BF16, 64, sys::FA_KV_FP8_E4M3),
+        ([6, 30], sys::FA_DTYPE_F16, 128, sys::FA_KV_FP8_E5M2),
+    ]
+    .into_iter()
+    .enumerate()
     {
-        let (bufs, params) = paged_prefill_case(q_lens, dtype, d, 70 + i as u64);
+        let (bufs, params) = paged_prefill_case(q_lens, dtype, d, kv, 70 + i as u64);
         let t = std::time::Instant::now();
         let what = format!("paged prefill q_lens {q_lens:?} dtype {dtype} d {d}");
         let (_, stats) = assert_same_but(&what, &modules, &bufs, params, sys::fa_paged_prefill, &["lse"]);

@@ -113,7 +113,9 @@ pub fn ptx_of_listing(listing: &str) -> Vec<String> {
         .split("Fatbin ptx code:")
         .skip(1)
         .filter_map(|p| {
-            let start = p.find("\n.version")?;
+            // From the `.version` line on, so that the executor's PTX line numbers are this text's (and
+            // `cuobjdump -ptx X.fatbin | sed -n '/^\.version/,$p'`'s).
+            let start = p.find("\n.version")? + 1;
             let body = &p[start..];
             Some(body[..body.find("\nFatbin ").unwrap_or(body.len())].to_string())
         })
