@@ -36,20 +36,36 @@ struct Prefill {
     causal: i32,
     softcap: f32,
     window: (i32, i32),
+    /// V's and O's head dim (0: d).
+    dv: usize,
+    /// RoPE: 0 none, 1 on q, 2 on q and k (NeoX, a table of 128 positions).
+    rope: u8,
+    /// ALiBi slopes and attention sinks per query head.
+    alibi_sinks: bool,
 }
 
 fn prefill_case(c: Prefill, seed: u64) -> (Vec<Buf>, impl Fn(&[*mut c_void]) -> sys::FaPrefillParams) {
     let Prefill { b, hq, hkv, tq, tk, d, dtype, .. } = c;
+    let dv = if c.dv == 0 { d } else { c.dv };
     let mut rng = Rng(seed);
     let q: Vec<u16> = (0..b * tq * hq * d).map(|_| to16(dtype, rng.f32(-1.0, 1.0))).collect();
     let k: Vec<u16> = (0..b * tk * hkv * d).map(|_| to16(dtype, rng.f32(-1.0, 1.0))).collect();
-    let v: Vec<u16> = (0..b * tk * hkv * d).map(|_| to16(dtype, rng.f32(-1.0, 1.0) + 0.5)).collect();
+    let v: Vec<u16> = (0..b * tk * hkv * dv).map(|_| to16(dtype, rng.f32(-1.0, 1.0) + 0.5)).collect();
+    let half_rot = d / 4; // rotary_dim d / 2
+    let cos: Vec<f32> = (0..128 * half_rot).map(|_| rng.f32(-1.0, 1.0)).collect();
+    let sin: Vec<f32> = (0..128 * half_rot).map(|_| rng.f32(-1.0, 1.0)).collect();
+    let slopes: Vec<f32> = (0..hq).map(|h| 0.5f32.powi(h as i32 + 1)).collect();
+    let sinks: Vec<f32> = (0..hq).map(|_| rng.f32(-1.0, 2.0)).collect();
     let bufs = vec![
         Buf::input(c"q", &q),
         Buf::input(c"k", &k),
         Buf::input(c"v", &v),
-        Buf::output(c"o", b * tq * hq * d * 2),
+        Buf::output(c"o", b * tq * hq * dv * 2),
         Buf::output(c"lse", b * hq * tq * 4),
+        Buf::input(c"cos", &cos),
+        Buf::input(c"sin", &sin),
+        Buf::input(c"alibi_slopes", &slopes),
+        Buf::input(c"sinks", &sinks),
     ];
     let scale = 1.0 / (d as f32).sqrt();
     let params = move |p: &[*mut c_void]| sys::FaPrefillParams {
@@ -64,12 +80,28 @@ fn prefill_case(c: Prefill, seed: u64) -> (Vec<Buf>, impl Fn(&[*mut c_void]) -> 
         k_batch_stride: (tk * hkv * d) as i64,
         k_row_stride: (hkv * d) as i64,
         k_head_stride: d as i64,
-        v_batch_stride: (tk * hkv * d) as i64,
-        v_row_stride: (hkv * d) as i64,
-        v_head_stride: d as i64,
-        o_batch_stride: (tq * hq * d) as i64,
-        o_row_stride: (hq * d) as i64,
-        o_head_stride: d as i64,
+        v_batch_stride: (tk * hkv * dv) as i64,
+        v_row_stride: (hkv * dv) as i64,
+        v_head_stride: dv as i64,
+        o_batch_stride: (tq * hq * dv) as i64,
+        o_row_stride: (hq * dv) as i64,
+        o_head_stride: dv as i64,
+        head_dim_v: c.dv as i32,
+        rope: if c.rope == 0 {
+            Default::default()
+        } else {
+            sys::FaRope {
+                cos: p[5].cast(),
+                sin: p[6].cast(),
+                cos_stride: half_rot as i64,
+                sin_stride: half_rot as i64,
+                positions: std::ptr::null(),
+                max_pos: 128,
+                rotary_dim: (2 * half_rot) as i32,
+                style: sys::FA_ROPE_NEOX as i32,
+            }
+        },
+        rope_k: (c.rope == 2) as i32,
         lse_batch_stride: (hq * tq) as i64,
         lse_head_stride: tq as i64,
         batch: b as i32,
@@ -86,7 +118,9 @@ fn prefill_case(c: Prefill, seed: u64) -> (Vec<Buf>, impl Fn(&[*mut c_void]) -> 
             window_left: c.window.0,
             window_right: c.window.1,
             softcap: c.softcap,
-            ..Default::default()
+            alibi_slopes: if c.alibi_sinks { p[7].cast() } else { std::ptr::null() },
+            alibi_batch_stride: 0,
+            sinks: if c.alibi_sinks { p[8].cast() } else { std::ptr::null() },
         },
         ..Default::default()
     };
@@ -94,7 +128,8 @@ fn prefill_case(c: Prefill, seed: u64) -> (Vec<Buf>, impl Fn(&[*mut c_void]) -> 
 }
 
 /// The sm_80 prefill kernels (plain and _mod): bf16 and f16, causal with Tq = Tk and Tq < Tk, GQA, ragged
-/// tiles, head dims 64 and 128, a sliding window. O bit for bit (the softmax's exp2 is ex2.approx, whose one
+/// tiles, head dims 64 and 128, Dv < Dqk, the score variants (softcap, sliding window, ALiBi, sinks) and RoPE
+/// on q and on q and k. O bit for bit (the softmax's exp2 is ex2.approx, whose one
 /// model both share); the LSE within 4 ulp (its log2f is CUDA's, inlined by nvcc, against the host's).
 #[test]
 fn prefill_matches_the_emulator_bit_for_bit() {
@@ -110,6 +145,9 @@ fn prefill_matches_the_emulator_bit_for_bit() {
         causal: 1,
         softcap: 0.0,
         window: (-1, -1),
+        dv: 0,
+        rope: 0,
+        alibi_sinks: false,
     };
     let cases = [
         base,
@@ -118,6 +156,10 @@ fn prefill_matches_the_emulator_bit_for_bit() {
         Prefill { d: 128, tq: 70, tk: 70, ..base },
         Prefill { window: (20, 0), ..base },
         Prefill { softcap: 5.0, causal: 0, ..base },
+        Prefill { rope: 1, ..base },
+        Prefill { rope: 2, tq: 24, tk: 72, ..base },
+        Prefill { alibi_sinks: true, window: (30, 4), ..base },
+        Prefill { d: 128, dv: 64, tq: 40, tk: 40, ..base },
     ];
     for (i, c) in cases.into_iter().enumerate() {
         let (bufs, params) = prefill_case(c, 42 + i as u64);
