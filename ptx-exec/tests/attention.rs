@@ -567,3 +567,72 @@ fn mla_decode_matches_the_emulator_bit_for_bit() {
         );
     }
 }
+
+/// MLA append (latent + rope key rows into the paged latent cache), with and without RoPE on k_pe.
+#[test]
+fn mla_append_matches_the_emulator_bit_for_bit() {
+    let m = fatbin_module("mla");
+    let (rank, rope_dim, tokens, pages) = (128usize, 64usize, 5usize, 4usize);
+    let width = rank + rope_dim;
+    for (i, (dtype, rope)) in [(sys::FA_DTYPE_BF16, false), (sys::FA_DTYPE_F16, true)].into_iter().enumerate() {
+        let mut rng = Rng(300 + i as u64);
+        let latent: Vec<u16> = (0..tokens * rank).map(|_| to16(dtype, rng.f32(-2.0, 2.0))).collect();
+        let k_pe: Vec<u16> = (0..tokens * rope_dim).map(|_| to16(dtype, rng.f32(-2.0, 2.0))).collect();
+        let slots: Vec<i64> = vec![7, -1, 0, 63, 20];
+        let cos: Vec<f32> = (0..16 * rope_dim / 2).map(|_| rng.f32(-1.0, 1.0)).collect();
+        let sin: Vec<f32> = (0..16 * rope_dim / 2).map(|_| rng.f32(-1.0, 1.0)).collect();
+        let positions: Vec<i32> = vec![1, 2, 3, 15, 0];
+        let bufs = vec![
+            Buf::input(c"latent", &latent),
+            Buf::input(c"k_pe", &k_pe),
+            Buf::input(c"slot_mapping", &slots),
+            Buf::output(c"k_cache", pages * PAGE * width * 2),
+            Buf::input(c"cos", &cos),
+            Buf::input(c"sin", &sin),
+            Buf::input(c"positions", &positions),
+        ];
+        let mut div: sys::FaDivisor = Default::default();
+        // SAFETY: writes one FaDivisor.
+        assert_eq!(unsafe { sys::fa_host_divisor(PAGE as i32, &mut div) }, 0);
+        let params = |p: &[*mut c_void]| sys::FaMlaAppendParams {
+            latent: p[0],
+            k_pe: p[1],
+            slot_mapping: p[2].cast(),
+            latent_token_stride: rank as i64,
+            k_pe_token_stride: rope_dim as i64,
+            cache: sys::FaPagedCache {
+                k_cache: p[3],
+                v_cache: p[3],
+                k_page_stride: (PAGE * width) as i64,
+                k_token_stride: width as i64,
+                k_head_stride: width as i64,
+                v_page_stride: (PAGE * width) as i64,
+                v_token_stride: width as i64,
+                v_head_stride: width as i64,
+                page_div: div,
+                num_pages: pages as i32,
+                page_size: PAGE as i32,
+                ..Default::default()
+            },
+            num_tokens: tokens as i32,
+            kv_lora_rank: rank as i32,
+            rope_dim: rope_dim as i32,
+            dtype: dtype as i32,
+            rope: if rope {
+                sys::FaRope {
+                    cos: p[4].cast(),
+                    sin: p[5].cast(),
+                    cos_stride: (rope_dim / 2) as i64,
+                    sin_stride: (rope_dim / 2) as i64,
+                    positions: p[6].cast(),
+                    max_pos: 16,
+                    rotary_dim: rope_dim as i32,
+                    style: sys::FA_ROPE_GPTJ as i32,
+                }
+            } else {
+                Default::default()
+            },
+        };
+        assert_same(&format!("mla append dtype {dtype} rope {rope}"), &[m], &bufs, params, sys::fa_mla_append);
+    }
+}
