@@ -207,6 +207,8 @@ struct Barrier {
     expected: u32,
     arrived: u32,
     waiting: Vec<usize>,
+    /// The join of the arriving warps' vector clocks (what the barrier orders before its completion).
+    join: Vec<u32>,
 }
 
 struct Cta<'a, 'g> {
@@ -219,6 +221,12 @@ struct Cta<'a, 'g> {
     /// Per shared byte: how many cp.async copies to it are in flight.
     inflight: Vec<u16>,
     barriers: HashMap<u32, Barrier>,
+    /// Race detection (happens-before from barriers only, FastTrack-style, per 2-byte granule of shared
+    /// memory): each warp's vector clock, each granule's last write (warp, epoch) and each warp's last read
+    /// epoch of it.
+    clocks: Vec<Vec<u32>>,
+    last_write: Vec<(u16, u32)>,
+    last_read: Vec<u32>,
     stats: Stats,
 }
 
@@ -289,6 +297,9 @@ pub fn run(kernel: &Kernel, launch: &Launch, global: &mut Global, approx: Approx
                     shared: vec![0; (kernel.dynamic_shared_offset + launch.dynamic_shared as u64) as usize],
                     inflight: vec![0; (kernel.dynamic_shared_offset + launch.dynamic_shared as u64) as usize],
                     barriers: HashMap::new(),
+                    clocks: Vec::new(),
+                    last_write: Vec::new(),
+                    last_read: Vec::new(),
                     stats: Stats::default(),
                 };
                 cta.run()?;
@@ -317,6 +328,11 @@ impl Cta<'_, '_> {
         let threads = self.launch.block;
         let nwarps = threads.div_ceil(32);
         let nregs = self.k.regs.len();
+        let n = nwarps as usize;
+        self.clocks = (0..n).map(|w| (0..n).map(|x| (x == w) as u32).collect()).collect();
+        let granules = self.shared.len().div_ceil(2);
+        self.last_write = vec![(0, 0); granules];
+        self.last_read = vec![0; granules * n];
         let mut warps: Vec<Warp> = (0..nwarps)
             .map(|w| {
                 let lanes = (threads - w * 32).min(32);
@@ -408,19 +424,24 @@ impl Cta<'_, '_> {
             self.stats.warp_instructions += 1;
             let pc = top.pc;
             match self.step(w, pc, live) {
-                Ok(Some(id)) => {
-                    // Arrived at barrier `id`: blocked until it completes.
-                    let released = self.barriers.get(&id).is_none_or(|b| b.arrived >= b.expected);
-                    if released {
-                        if let Some(b) = self.barriers.remove(&id) {
-                            for x in b.waiting {
-                                warps[x].state = WarpState::Ready;
-                            }
-                        }
-                    } else {
-                        let w = &mut warps[wi];
-                        w.state = WarpState::Waiting(id);
+                Ok(Some((id, waits))) => {
+                    // Arrived at barrier `id` (bar.sync: blocked until it completes; bar.arrive: goes on).
+                    let complete = self.barriers.get(&id).is_some_and(|b| b.arrived >= b.expected);
+                    if waits {
                         self.barriers.get_mut(&id).unwrap().waiting.push(wi);
+                    }
+                    if complete {
+                        let b = self.barriers.remove(&id).unwrap();
+                        for &x in &b.waiting {
+                            warps[x].state = WarpState::Ready;
+                            let c = &mut self.clocks[x];
+                            for (a, j) in c.iter_mut().zip(&b.join) {
+                                *a = (*a).max(*j);
+                            }
+                            c[x] += 1;
+                        }
+                    } else if waits {
+                        warps[wi].state = WarpState::Waiting(id);
                         return Ok(());
                     }
                 }
@@ -435,18 +456,59 @@ impl Cta<'_, '_> {
         for lane in 0..32 {
             let cp = std::mem::take(&mut w.cp[lane]);
             for c in cp.groups.into_iter().flatten().chain(cp.pending) {
-                self.land(c);
+                self.land(w.index, c)?;
             }
         }
         Ok(())
     }
 
-    fn land(&mut self, c: CpCopy) {
+    fn land(&mut self, warp: u32, c: CpCopy) -> R<()> {
         let off = (c.dst) as usize;
         self.shared[off..off + c.bytes.len()].copy_from_slice(&c.bytes);
         for x in &mut self.inflight[off..off + c.bytes.len()] {
             *x -= 1;
         }
+        self.track(warp, off, c.bytes.len(), true, "cp.async landing")
+    }
+
+    /// Race detection on a shared access by `warp` (all its lanes are ordered by program order): a write
+    /// must follow every other warp's last write and reads of those bytes, a read every other warp's last
+    /// write, in happens-before (barriers only).
+    fn track(&mut self, warp: u32, off: usize, size: usize, write: bool, what: &str) -> R<()> {
+        let n = self.clocks.len();
+        let me = warp as usize;
+        let now = self.clocks[me][me];
+        for g in off / 2..(off + size).div_ceil(2) {
+            let (ww, we) = self.last_write[g];
+            if we != 0 && ww as usize != me && we > self.clocks[me][ww as usize] {
+                return Err((
+                    None,
+                    format!(
+                        "data race on shared memory at shared+{}: warp {me}'s {what} {} bytes that warp {ww} wrote, with no barrier ordering the two accesses",
+                        2 * g,
+                        if write { "writes" } else { "reads" }
+                    ),
+                ));
+            }
+            if write {
+                for q in 0..n {
+                    let re = self.last_read[g * n + q];
+                    if q != me && re != 0 && re > self.clocks[me][q] {
+                        return Err((
+                            None,
+                            format!(
+                                "data race on shared memory at shared+{}: warp {me}'s {what} writes bytes that warp {q} read, with no barrier ordering the two accesses",
+                                2 * g
+                            ),
+                        ));
+                    }
+                }
+                self.last_write[g] = (me as u16, now);
+            } else {
+                self.last_read[g * n + me] = now;
+            }
+        }
+        Ok(())
     }
 
     fn get(&self, w: &Warp, s: Src, lane: u32) -> R<u64> {
@@ -536,7 +598,7 @@ impl Cta<'_, '_> {
         Ok(o)
     }
 
-    fn load(&self, w: &Warp, space: Space, addr: u64, out: &mut [u8], lane: u32) -> R<()> {
+    fn load(&mut self, w: &Warp, space: Space, addr: u64, out: &mut [u8], lane: u32) -> R<()> {
         let size = out.len() as u64;
         let (sp, a) = self.resolve(space, addr);
         match sp {
@@ -548,6 +610,7 @@ impl Cta<'_, '_> {
             }
             Space::Shared => {
                 let o = self.check_shared(a, size, "load", lane)?;
+                self.track(w.index, o, size as usize, false, "load").map_err(|(_, e)| (Some(lane), e))?;
                 out.copy_from_slice(&self.shared[o..o + size as usize]);
                 Ok(())
             }
@@ -587,6 +650,7 @@ impl Cta<'_, '_> {
             }
             Space::Shared => {
                 let o = self.check_shared(a, size, "store", lane)?;
+                self.track(w.index, o, v.len(), true, "store").map_err(|(_, e)| (Some(lane), e))?;
                 self.shared[o..o + v.len()].copy_from_slice(v);
                 Ok(())
             }
@@ -643,7 +707,7 @@ impl Cta<'_, '_> {
 
     /// Executes the instruction at `pc` for the `live` lanes; returns a barrier id when the warp arrived at
     /// a blocking barrier. Advances the warp's pc (or its stack on a branch).
-    fn step(&mut self, w: &mut Warp, pc: u32, live: u32) -> R<Option<u32>> {
+    fn step(&mut self, w: &mut Warp, pc: u32, live: u32) -> R<Option<(u32, bool)>> {
         let ins = &self.k.insts[pc as usize];
         let mut active = live;
         if let Some(g) = ins.guard {
@@ -676,7 +740,7 @@ impl Cta<'_, '_> {
                 for l in Self::lanes(active) {
                     let cp = std::mem::take(&mut w.cp[l as usize]);
                     for c in cp.groups.into_iter().flatten().chain(cp.pending) {
-                        self.land(c);
+                        self.land(w.index, c)?;
                     }
                 }
                 w.exited |= active;
@@ -701,7 +765,13 @@ impl Cta<'_, '_> {
                 if id >= 16 || expected % 32 != 0 || expected == 0 {
                     return Err((None, format!("barrier {id} with thread count {expected}")));
                 }
-                let b = self.barriers.entry(id).or_insert(Barrier { expected, arrived: 0, waiting: Vec::new() });
+                let nwarps = self.clocks.len();
+                let b = self.barriers.entry(id).or_insert(Barrier {
+                    expected,
+                    arrived: 0,
+                    waiting: Vec::new(),
+                    join: vec![0; nwarps],
+                });
                 if b.expected != expected {
                     return Err((
                         None,
@@ -712,14 +782,15 @@ impl Cta<'_, '_> {
                     ));
                 }
                 b.arrived += 32;
+                for (j, c) in b.join.iter_mut().zip(&self.clocks[w.index as usize]) {
+                    *j = (*j).max(*c);
+                }
                 advance(w);
                 if *arrive {
-                    if b.arrived >= b.expected && b.waiting.is_empty() {
-                        self.barriers.remove(&id);
-                    }
-                    return Ok(None);
+                    // What the warp does after arriving is not ordered before the waiters' continuation.
+                    self.clocks[w.index as usize][w.index as usize] += 1;
                 }
-                return Ok(Some(id));
+                return Ok(Some((id, !*arrive)));
             }
             _ => {}
         }
@@ -1100,6 +1171,7 @@ impl Cta<'_, '_> {
                             return lane_err(lane, format!("ldmatrix row address shared+{off} is not 16-byte aligned"));
                         }
                         let o = self.check_shared(off, 16, "ldmatrix row read", lane)?;
+                        self.track(w.index, o, 16, false, "ldmatrix").map_err(|(_, e)| (Some(lane), e))?;
                         for (c, e) in row.iter_mut().enumerate() {
                             *e = u16::from_le_bytes([self.shared[o + 2 * c], self.shared[o + 2 * c + 1]]);
                         }
@@ -1173,7 +1245,7 @@ impl Cta<'_, '_> {
                         done.extend(cp.groups.pop_front().unwrap());
                     }
                     for c in done {
-                        self.land(c);
+                        self.land(w.index, c)?;
                     }
                 }
             }

@@ -572,8 +572,7 @@ fn merge_with_random_lses_stays_within_libm_differences() {
 
 /// The emulator's planted-bug kernels (kernels/selftest.cu, `fa_bug_*`), from the fatbin's PTX: each
 /// undefined behaviour the executor checks is reported with the kernel, block, thread and PTX line, and each
-/// correct twin runs clean and equal to the emulator. Not here: MISSING_SYNCTHREADS (a shared-memory race:
-/// the executor does not check races), STACK_OVERFLOW and RAW_POINTER (host-fiber faults with no PTX
+/// correct twin runs clean and equal to the emulator. Not here: STACK_OVERFLOW and RAW_POINTER (host-fiber faults with no PTX
 /// counterpart), GLOBAL_AS_SHARED (breaks the intrinsics' rule that ld_shared takes shared memory, but its
 /// PTX is a generic `ld` of a global address, which the GPU defines: nothing to report at the PTX level).
 #[test]
@@ -581,7 +580,8 @@ fn planted_bug_kernels_are_reported_with_kernel_thread_and_line() {
     let m = fatbin_module("selftest");
     // input[0] == 1.0: the division-by-zero kernel divides by input[0] - 1.
     let input: Vec<f32> = (0..512).map(|i| if i == 0 { 1.0 } else { i as f32 * 0.25 }).collect();
-    let cases: [(u32, &str); 9] = [
+    let cases: [(u32, &str); 10] = [
+        (st::FA_SELFTEST_BUG_MISSING_SYNCTHREADS, "data race on shared memory"),
         (st::FA_SELFTEST_BUG_OOB_WRITE, "out-of-bounds global store of 4 bytes"),
         (st::FA_SELFTEST_BUG_MISSING_CP_ASYNC_WAIT, "cp.async to those bytes is in flight"),
         (st::FA_SELFTEST_BUG_DIVERGENT_BARRIER, "divergent warp"),
@@ -623,5 +623,103 @@ fn planted_bug_kernels_are_reported_with_kernel_thread_and_line() {
                 assert!(diff.is_empty(), "bug {bug}'s twin: {diff:?}");
             }
         }
+    }
+}
+
+/// The FP8 conversions of the intrinsics through the compute_89 PTX (the hardware `cvt.rn.f16x2.e4m3x2` /
+/// `.e5m2x2` and `cvt.rn.satfinite.e4m3x2.f32` / `.e5m2x2`, modelled here from the ISA) against the emulator's
+/// scalar model (fa/fp8_model.cuh): every pair of codes decoded, and encodes of random values, ties,
+/// saturating magnitudes, infinities, NaN and subnormals.
+#[test]
+fn selftest_fp8_conversions_match_the_emulator() {
+    let m = fatbin_module("selftest");
+    let mut rng = Rng(8);
+    for kv in [sys::FA_KV_FP8_E4M3, sys::FA_KV_FP8_E5M2] {
+        let codes: Vec<u16> = (0..=u16::MAX).collect();
+        let n = codes.len();
+        let mut values: Vec<f32> =
+            (0..2 * n).map(|_| rng.f32(-600.0, 600.0) * 2f32.powi((rng.next() % 40) as i32 - 30)).collect();
+        let special = [
+            0.0,
+            -0.0,
+            448.0,
+            464.0,
+            480.0,
+            57344.0,
+            61440.0,
+            1e9,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            1e-40,
+            0.0009765625,
+            0.001953125 * 1.5,
+        ];
+        values[..special.len()].copy_from_slice(&special);
+        for encode in [0, 1] {
+            let bufs = vec![
+                Buf::input(c"codes", &codes),
+                Buf::input(c"values", &values),
+                Buf::output(c"halves", n * 4),
+                Buf::output(c"codes_out", n * 2),
+            ];
+            let params = |p: &[*mut c_void]| st::FaSelftestFp8Params {
+                codes: p[0].cast(),
+                values: p[1].cast(),
+                halves: p[2].cast(),
+                codes_out: p[3].cast(),
+                n: n as i32,
+                kv_dtype: kv as i32,
+                encode,
+            };
+            assert_same(&format!("fp8 kv {kv} encode {encode}"), &[m], &bufs, params, st::fa_selftest_fp8);
+        }
+    }
+}
+
+/// Named barriers (pairs of warps, crossing pairs, the whole block at barrier 3), and two warps arriving at
+/// one barrier with different thread counts (reported).
+#[test]
+fn selftest_named_barriers_match_the_emulator() {
+    let m = fatbin_module("selftest");
+    for mode in [st::FA_SELFTEST_BARRIER_PAIRS, st::FA_SELFTEST_BARRIER_BLOCK] {
+        let bufs = vec![Buf::output(c"out", 128 * 4)];
+        let params = |p: &[*mut c_void]| st::FaSelftestBarrierParams { out: p[0].cast(), mode: mode as i32 };
+        assert_same(&format!("barrier mode {mode}"), &[m], &bufs, params, st::fa_selftest_barrier);
+    }
+    let bufs = vec![Buf::output(c"out", 128 * 4)];
+    let params = |p: &[*mut c_void]| st::FaSelftestBarrierParams {
+        out: p[0].cast(),
+        mode: st::FA_SELFTEST_BARRIER_MISMATCH as i32,
+    };
+    let e = run_ptx(&[m], &bufs, &params, st::fa_selftest_barrier).err().expect("a count mismatch is reported");
+    assert!(e.contains("arrives with a thread count of"), "{e}");
+    // CROSS: a warp outside a named barrier's pair reads what the pair wrote: a race (the emulator's too).
+    let params = |p: &[*mut c_void]| st::FaSelftestBarrierParams {
+        out: p[0].cast(),
+        mode: st::FA_SELFTEST_BARRIER_CROSS as i32,
+    };
+    let e = run_ptx(&[m], &bufs, &params, st::fa_selftest_barrier).err().expect("the race is reported");
+    assert!(e.contains("data race on shared memory"), "{e}");
+}
+
+/// The GEMM self-test's planted pipeline bugs (in the kernel source, so in both builds): the next stage's
+/// cp.async overwriting a tile other warps may still read (no trailing barrier), and computing on a stage
+/// whose cp.async was never waited for. Both reported from the PTX.
+#[test]
+fn gemm_pipeline_bugs_are_reported() {
+    let m = fatbin_module("selftest");
+    let (mm, n, k) = (64, 64, 96);
+    for (bug, want) in [
+        // The overwriting cp.async is issued while another warp still reads the tile: in flight at the read.
+        (st::FA_SELFTEST_GEMM_NO_TRAILING_BARRIER, "cp.async to those bytes is in flight"),
+        (st::FA_SELFTEST_GEMM_NO_WAIT, "cp.async to those bytes is in flight"),
+    ] {
+        let bufs = gemm_case(sys::FA_DTYPE_F16, mm, n, k, false, 4);
+        let base = gemm_params(sys::FA_DTYPE_F16, mm, n, k, false);
+        let params = |p: &[*mut c_void]| st::FaSelftestGemmParams { bug: bug as i32, ..base(p) };
+        let e = run_ptx(&[m], &bufs, &params, st::fa_selftest_gemm).err().unwrap_or_else(|| panic!("bug {bug} missed"));
+        eprintln!("gemm bug {bug}: {e}");
+        assert!(e.contains(want), "gemm bug {bug}: {e}");
     }
 }
