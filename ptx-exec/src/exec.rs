@@ -722,7 +722,6 @@ impl Cta<'_, '_> {
         let advance = |w: &mut Warp| w.stack.last_mut().unwrap().pc = pc + 1;
         match &ins.op {
             Op::Bra { target } => {
-                let top = *w.stack.last().unwrap();
                 if active == live {
                     w.stack.last_mut().unwrap().pc = *target;
                 } else if active == 0 {
@@ -732,7 +731,6 @@ impl Cta<'_, '_> {
                     w.stack.last_mut().unwrap().pc = rp;
                     w.stack.push(Entry { pc: pc + 1, mask: live & !active, rpc: rp });
                     w.stack.push(Entry { pc: *target, mask: active, rpc: rp });
-                    let _ = top;
                 }
                 return Ok(None);
             }
@@ -1619,14 +1617,7 @@ fn cvt(dty: Ty, sty: Ty, rnd: Option<Rnd>, irnd: Option<IntRnd>, ftz: bool, sat:
         }
         if let Some(ir) = irnd {
             v = match ir {
-                IntRnd::Rni => {
-                    let r = v.round();
-                    if (v - v.trunc()).abs() == 0.5 {
-                        2.0 * (v / 2.0).round_ties_even_compat()
-                    } else {
-                        r
-                    }
-                }
+                IntRnd::Rni => v.round_ties_even(),
                 IntRnd::Rzi => v.trunc(),
                 IntRnd::Rmi => v.floor(),
                 IntRnd::Rpi => v.ceil(),
@@ -1672,7 +1663,7 @@ fn cvt(dty: Ty, sty: Ty, rnd: Option<Rnd>, irnd: Option<IntRnd>, ftz: bool, sat:
         return Ok(0);
     }
     let r = match irnd.ok_or("float-to-integer cvt without an integer rounding")? {
-        IntRnd::Rni => v.round_ties_even_compat(),
+        IntRnd::Rni => v.round_ties_even(),
         IntRnd::Rzi => v.trunc(),
         IntRnd::Rmi => v.floor(),
         IntRnd::Rpi => v.ceil(),
@@ -1686,13 +1677,4 @@ fn cvt(dty: Ty, sty: Ty, rnd: Option<Rnd>, irnd: Option<IntRnd>, ftz: bool, sat:
     let c = r.clamp(lo, hi);
     let out = if dty.signed() { c as i64 as u64 } else { c as u64 };
     Ok(mask_bits(out, db))
-}
-
-trait RoundEven {
-    fn round_ties_even_compat(self) -> f64;
-}
-impl RoundEven for f64 {
-    fn round_ties_even_compat(self) -> f64 {
-        self.round_ties_even()
-    }
 }

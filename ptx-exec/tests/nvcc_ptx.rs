@@ -27,7 +27,6 @@ fn merge_matches_the_emulator_bit_for_bit() {
         for (oi, odt) in [sys::FA_DTYPE_F32, sys::FA_DTYPE_F16, sys::FA_DTYPE_BF16].into_iter().enumerate() {
             for variant in 0..3 {
                 let mut rng = Rng(0x1234 + (si * 3 + oi) as u64 * 17 + variant);
-                let sbytes = if sdt == sys::FA_DTYPE_F32 { 4 } else { 2 };
                 let obytes = if odt == sys::FA_DTYPE_F32 { 4 } else { 2 };
                 let vals: Vec<f32> = (0..states * outer * inner * d).map(|_| rng.f32(-2.0, 2.0)).collect();
                 let o_states: Vec<u8> = match sdt {
@@ -80,7 +79,6 @@ fn merge_matches_the_emulator_bit_for_bit() {
                     sinks: if variant == 1 { p[4].cast() } else { std::ptr::null() },
                     row_list: if variant == 2 { p[5].cast() } else { std::ptr::null() },
                 };
-                let _ = sbytes;
                 assert_same(&format!("merge {si}->{oi} variant {variant}"), &[m], &bufs, params, sys::fa_merge);
             }
         }
@@ -228,7 +226,8 @@ fn selftest_cp_async_matches_the_emulator() {
     }
 }
 
-pub fn gemm_case(dtype: u32, m: usize, n: usize, k: usize, b_k_major: bool, seed: u64) -> Vec<Buf> {
+/// A GEMM's inputs: a [m][k], b [n][k] (or [k][n] when the params say k-major: the same bytes).
+pub fn gemm_case(dtype: u32, m: usize, n: usize, k: usize, seed: u64) -> Vec<Buf> {
     let mut rng = Rng(seed);
     let mut conv = |len: usize| -> Vec<u16> {
         (0..len)
@@ -244,7 +243,6 @@ pub fn gemm_case(dtype: u32, m: usize, n: usize, k: usize, b_k_major: bool, seed
     };
     let a = conv(m * k);
     let b = conv(n * k);
-    let _ = b_k_major;
     vec![Buf::input(c"a", &a), Buf::input(c"b", &b), Buf::output(c"c", m * n * 4)]
 }
 
@@ -276,7 +274,7 @@ fn selftest_gemm_matches_the_emulator() {
     for dtype in [sys::FA_DTYPE_F16, sys::FA_DTYPE_BF16] {
         for b_k_major in [false, true] {
             let (m, n, k) = (64, 64, 96);
-            let bufs = gemm_case(dtype, m, n, k, b_k_major, 5);
+            let bufs = gemm_case(dtype, m, n, k, 5);
             let (_, stats) = assert_same(
                 &format!("gemm dtype {dtype} b_k_major {b_k_major}"),
                 &[module],
@@ -447,7 +445,7 @@ fn planted_mma_a_fragment_swap_is_caught() {
             "mma A registers a1/a2 swapped",
             &planted,
             fatbin_module("selftest"),
-            &gemm_case(dtype, m, n, k, false, 9),
+            &gemm_case(dtype, m, n, k, 9),
             gemm_params(dtype, m, n, k, false),
             st::fa_selftest_gemm,
         );
@@ -468,7 +466,7 @@ fn planted_ldmatrix_trans_dropped_is_caught() {
         "ldmatrix .x4 without .trans",
         &planted,
         fatbin_module("selftest"),
-        &gemm_case(sys::FA_DTYPE_F16, m, n, k, true, 11),
+        &gemm_case(sys::FA_DTYPE_F16, m, n, k, 11),
         gemm_params(sys::FA_DTYPE_F16, m, n, k, true),
         st::fa_selftest_gemm,
     );
@@ -715,7 +713,7 @@ fn gemm_pipeline_bugs_are_reported() {
         (st::FA_SELFTEST_GEMM_NO_TRAILING_BARRIER, "cp.async to those bytes is in flight"),
         (st::FA_SELFTEST_GEMM_NO_WAIT, "cp.async to those bytes is in flight"),
     ] {
-        let bufs = gemm_case(sys::FA_DTYPE_F16, mm, n, k, false, 4);
+        let bufs = gemm_case(sys::FA_DTYPE_F16, mm, n, k, 4);
         let base = gemm_params(sys::FA_DTYPE_F16, mm, n, k, false);
         let params = |p: &[*mut c_void]| st::FaSelftestGemmParams { bug: bug as i32, ..base(p) };
         let e = run_ptx(&[m], &bufs, &params, st::fa_selftest_gemm).err().unwrap_or_else(|| panic!("bug {bug} missed"));
