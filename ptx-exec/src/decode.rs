@@ -689,7 +689,8 @@ fn bool_op(s: &str) -> Option<BoolOp> {
 
 fn decode_inst(c: &Ctx, ins: &parse::Instr) -> Result<Op, DecodeError> {
     let line = ins.line;
-    let parts: Vec<&str> = ins.opcode.split('.').collect();
+    // `.shared::cta` is `.shared` (the CTA's window; no clusters here).
+    let parts: Vec<&str> = ins.opcode.split('.').map(|p| p.strip_suffix("::cta").unwrap_or(p)).collect();
     let (name, m) = (parts[0], &parts[1..]);
     let o = &ins.operands;
     let need = |n: usize| -> Result<(), DecodeError> {

@@ -636,3 +636,35 @@ fn mla_append_matches_the_emulator_bit_for_bit() {
         assert_same(&format!("mla append dtype {dtype} rope {rope}"), &[m], &bufs, params, sys::fa_mla_append);
     }
 }
+
+/// On demand (`cargo test --release -p ptx-exec -- --ignored`: nvcc's front end on prefill.cu, ~10 s): the
+/// mma A-fragment swap of `planted_mma_a_fragment_swap_is_caught` planted into the real prefill kernel. The
+/// emulator's run equals the unplanted PTX's; the planted PTX's O differs.
+#[test]
+#[ignore]
+fn planted_mma_swap_in_prefill_is_caught() {
+    let planted = planted_module("prefill", "compute_80", "{%4,%5,%6,%7}", "{%4,%6,%5,%7}");
+    let base = Prefill {
+        b: 1,
+        hq: 2,
+        hkv: 1,
+        tq: 64,
+        tk: 64,
+        d: 64,
+        dtype: sys::FA_DTYPE_BF16,
+        causal: 1,
+        softcap: 0.0,
+        window: (-1, -1),
+        dv: 0,
+        rope: 0,
+        alibi_sinks: false,
+    };
+    let (bufs, params) = prefill_case(base, 5);
+    let emu = run_emulator(&bufs, &params, sys::fa_prefill, 1).unwrap();
+    let (good, _) = run_ptx(&[fatbin_module("prefill")], &bufs, &params, sys::fa_prefill).unwrap();
+    assert!(differences(&emu[3..4], &good[3..4], true, 1).is_empty());
+    let (bad, _) = run_ptx(&[&planted], &bufs, &params, sys::fa_prefill).unwrap();
+    let diff = differences(&emu[3..4], &bad[3..4], true, 3);
+    assert!(!diff.is_empty(), "the planted mma swap is not caught in prefill");
+    eprintln!("prefill with the mma swap: {}", diff.join("; "));
+}
