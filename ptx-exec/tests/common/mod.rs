@@ -99,12 +99,36 @@ pub fn cuobjdump() -> PathBuf {
         .expect("cuobjdump not found: scripts/setup installs it into .toolchain/cuda-tools")
 }
 
-/// nvcc (the build's: scripts/setup installs it into .toolchain/cuda), for the planted-bug builds.
+/// nvcc, looked for where build/nvcc.rs `find_nvcc` looks (NVCC, CUDA_HOME, CUDA_PATH, PATH,
+/// /usr/local/cuda, the toolchain scripts/setup installs), for the planted-bug builds; it must be the
+/// toolkit the fatbins were built with.
 pub fn nvcc() -> PathBuf {
-    if let Some(n) = std::env::var_os("NVCC") {
-        return PathBuf::from(n);
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if let Some(p) = std::env::var_os("NVCC") {
+        candidates.push(p.into());
     }
-    toolchain_tool("cuda/nvidia/cu13/bin", "nvcc").expect("nvcc not found: scripts/setup installs it")
+    for var in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Some(p) = std::env::var_os(var) {
+            candidates.push(PathBuf::from(p).join("bin/nvcc"));
+        }
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        candidates.extend(std::env::split_paths(&path).map(|d| d.join("nvcc")));
+    }
+    candidates.push("/usr/local/cuda/bin/nvcc".into());
+    let toolchain = std::env::var_os("FA_TOOLCHAIN_DIR").map(PathBuf::from).unwrap_or_else(|| root.join(".toolchain"));
+    candidates.push(toolchain.join("cuda/nvidia/cu13/bin/nvcc"));
+    let nvcc = candidates.into_iter().find(|p| p.is_file()).expect("nvcc not found: scripts/setup installs it");
+    let out = Command::new(&nvcc).arg("--version").output().unwrap();
+    let version = String::from_utf8_lossy(&out.stdout).into_owned();
+    let want = format!("release {},", fused_attn::build_info::CUDA_VERSION);
+    assert!(
+        version.contains(&want),
+        "{} is not the toolkit the fatbins were built with ({want}): {version}",
+        nvcc.display()
+    );
+    nvcc
 }
 
 /// The PTX modules of a `cuobjdump -ptx` listing (the text after each "Fatbin ptx code:" header).
