@@ -396,8 +396,9 @@ pub fn assert_same_but<P: Copy>(
 /// of the intrinsics, which only the GPU, and this executor, ever run).
 pub fn planted_module(file: &str, arch: &str, from: &str, to: &str) -> Module {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let dir =
-        std::env::temp_dir().join(format!("ptx-exec-planted-{}-{}", std::process::id(), from.len() * 31 + to.len()));
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("ptx-exec-planted-{}-{n}", std::process::id()));
     let include = dir.join("include");
     copy_dir(&root.join("kernels/include"), &include);
     let path = include.join("fa/intrinsics.cuh");
