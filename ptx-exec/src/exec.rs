@@ -1004,10 +1004,14 @@ impl Cta<'_, '_> {
             Op::Ld { space, ty, ds, addr } => {
                 let size = ty.bytes() as usize;
                 let n = ds.len();
+                if size * n > 32 {
+                    return lane_err(0, format!("a load of {} bytes", size * n));
+                }
                 for l in Self::lanes(active) {
                     let a = self.addr(w, *addr, l)?;
-                    let mut buf = vec![0u8; size * n];
-                    self.load(w, *space, a, &mut buf, l)?;
+                    let mut storage = [0u8; 32];
+                    let buf = &mut storage[..size * n];
+                    self.load(w, *space, a, buf, l)?;
                     for (i, d) in ds.iter().enumerate() {
                         let mut b8 = [0u8; 8];
                         b8[..size].copy_from_slice(&buf[i * size..(i + 1) * size]);
@@ -1021,13 +1025,16 @@ impl Cta<'_, '_> {
             }
             Op::St { space, ty, srcs, addr } => {
                 let size = ty.bytes() as usize;
+                if size * srcs.len() > 32 {
+                    return lane_err(0, format!("a store of {} bytes", size * srcs.len()));
+                }
                 for l in Self::lanes(active) {
                     let a = self.addr(w, *addr, l)?;
-                    let mut buf = Vec::with_capacity(size * srcs.len());
-                    for s in srcs {
-                        buf.extend_from_slice(&self.get(w, *s, l)?.to_le_bytes()[..size]);
+                    let mut storage = [0u8; 32];
+                    for (i, s) in srcs.iter().enumerate() {
+                        storage[i * size..(i + 1) * size].copy_from_slice(&self.get(w, *s, l)?.to_le_bytes()[..size]);
                     }
-                    self.store(w, *space, a, &buf, l)?;
+                    self.store(w, *space, a, &storage[..size * srcs.len()], l)?;
                 }
             }
             Op::Atom { space, op, ty, d, addr, b, c } => {
