@@ -158,11 +158,14 @@ impl std::fmt::Display for ExecError {
 impl std::error::Error for ExecError {}
 
 /// What a run did.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 pub struct Stats {
     /// Warp instructions executed (one per warp per instruction, whatever its active lanes).
     pub warp_instructions: u64,
     pub ctas: u64,
+    /// Per instruction of the kernel: whether a warp reached it with any lane live (its guard predicate
+    /// evaluated, true or not): the launch's coverage of the PTX.
+    pub reached: Vec<bool>,
 }
 
 #[derive(Clone, Copy)]
@@ -284,7 +287,7 @@ pub fn run(kernel: &Kernel, launch: &Launch, global: &mut Global, approx: Approx
             ),
         });
     }
-    let mut stats = Stats::default();
+    let mut stats = Stats { reached: vec![false; kernel.insts.len()], ..Default::default() };
     for z in 0..launch.grid[2] {
         for y in 0..launch.grid[1] {
             for x in 0..launch.grid[0] {
@@ -300,10 +303,11 @@ pub fn run(kernel: &Kernel, launch: &Launch, global: &mut Global, approx: Approx
                     clocks: Vec::new(),
                     last_write: Vec::new(),
                     last_read: Vec::new(),
-                    stats: Stats::default(),
+                    stats: Stats { reached: std::mem::take(&mut stats.reached), ..Default::default() },
                 };
                 cta.run()?;
                 stats.warp_instructions += cta.stats.warp_instructions;
+                stats.reached = std::mem::take(&mut cta.stats.reached);
                 stats.ctas += 1;
             }
         }
@@ -709,6 +713,7 @@ impl Cta<'_, '_> {
     /// a blocking barrier. Advances the warp's pc (or its stack on a branch).
     fn step(&mut self, w: &mut Warp, pc: u32, live: u32) -> R<Option<(u32, bool)>> {
         let ins = &self.k.insts[pc as usize];
+        self.stats.reached[pc as usize] = true;
         let mut active = live;
         if let Some(g) = ins.guard {
             let mut m = 0;

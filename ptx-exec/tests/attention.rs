@@ -172,6 +172,7 @@ fn prefill_matches_the_emulator_bit_for_bit() {
             LAST_KERNELS.with(|k| k.borrow().clone())
         );
     }
+    eprintln!("PTX coverage: {}", coverage("fa_prefill").join(", "));
 }
 
 /// A paged decode case: one query row per sequence over a paged 16-bit cache.
@@ -187,6 +188,8 @@ struct Decode {
     kv: u32,
     /// Short queries (paged prefill's streaming path): each sequence's query rows; None: one per sequence.
     q_lens: Option<[i32; 3]>,
+    /// Score variants: 0 none, 1 softcap + sliding window, 2 ALiBi + sinks, 3 RoPE on q.
+    mods: u8,
 }
 
 const DECODE_LENS: [i32; 3] = [37, 100, 0];
@@ -217,6 +220,10 @@ fn decode_case(c: Decode, seed: u64) -> (Vec<Buf>, impl Fn(&[*mut c_void]) -> sy
         (as_bytes(&kc).to_vec(), as_bytes(&vc).to_vec())
     };
     let scales = [0.05f32, 0.02];
+    let slopes: Vec<f32> = (0..hq).map(|h| 0.25f32.powi(h as i32 % 3 + 1)).collect();
+    let sinks: Vec<f32> = (0..hq).map(|_| rng.f32(-1.0, 2.0)).collect();
+    let cos: Vec<f32> = (0..128 * d / 4).map(|_| rng.f32(-1.0, 1.0)).collect();
+    let sin: Vec<f32> = (0..128 * d / 4).map(|_| rng.f32(-1.0, 1.0)).collect();
     // Pages in a scrambled order (page 0 an ordinary page).
     let table: Vec<i32> = (0..b * PAGES_PER_SEQ).map(|i| ((i * 7 + 3) % pages) as i32).collect();
     let splits = c.splits.max(1) as usize;
@@ -233,6 +240,10 @@ fn decode_case(c: Decode, seed: u64) -> (Vec<Buf>, impl Fn(&[*mut c_void]) -> sy
         Buf::input(c"k_scale", &scales[..1]),
         Buf::input(c"v_scale", &scales[1..]),
         Buf::input(c"cu_seqlens_q", &cu),
+        Buf::input(c"alibi_slopes", &slopes),
+        Buf::input(c"sinks", &sinks),
+        Buf::input(c"cos", &cos),
+        Buf::input(c"sin", &sin),
     ];
     let mut div: sys::FaDivisor = Default::default();
     // SAFETY: writes one FaDivisor.
@@ -279,7 +290,28 @@ fn decode_case(c: Decode, seed: u64) -> (Vec<Buf>, impl Fn(&[*mut c_void]) -> sy
         dtype: dtype as i32,
         scale,
         scale_log2: scale * std::f32::consts::LOG2_E,
-        score_mod: sys::FaScoreMod { window_left: -1, window_right: -1, ..Default::default() },
+        score_mod: sys::FaScoreMod {
+            window_left: if c.mods == 1 { 40 } else { -1 },
+            window_right: -1,
+            softcap: if c.mods == 1 { 20.0 } else { 0.0 },
+            alibi_slopes: if c.mods == 2 { p[12].cast() } else { std::ptr::null() },
+            alibi_batch_stride: 0,
+            sinks: if c.mods == 2 { p[13].cast() } else { std::ptr::null() },
+        },
+        rope: if c.mods == 3 {
+            sys::FaRope {
+                cos: p[14].cast(),
+                sin: p[15].cast(),
+                cos_stride: (d / 4) as i64,
+                sin_stride: (d / 4) as i64,
+                positions: std::ptr::null(),
+                max_pos: 128,
+                rotary_dim: (d / 2) as i32,
+                style: sys::FA_ROPE_GPTJ as i32,
+            }
+        } else {
+            Default::default()
+        },
         lse_head_stride: 1,
         total_q: rows as i32,
         max_seqlen_q: c.q_lens.map_or(1, |l| *l.iter().max().unwrap()),
@@ -309,6 +341,7 @@ fn decode_matches_the_emulator_bit_for_bit() {
         rows_per_cta: 16,
         kv: sys::FA_KV_SAME,
         q_lens: None,
+        mods: 0,
     };
     let cases = [
         base,
@@ -322,6 +355,12 @@ fn decode_matches_the_emulator_bit_for_bit() {
         // Wide CTAs: 8 * 16 = 128 packed rows of one KV head per CTA at width 64.
         Decode { q_lens: Some([8, 3, 0]), hq: 16, rows_per_cta: 128, ..base },
         Decode { q_lens: Some([1, 4, 0]), hq: 8, hkv: 2, d: 128, dtype: sys::FA_DTYPE_F16, rows_per_cta: 32, ..base },
+        // Score variants and RoPE, on 16-bit and FP8 caches, one row per sequence and short queries.
+        Decode { mods: 1, ..base },
+        Decode { mods: 2, q_lens: Some([3, 2, 0]), ..base },
+        Decode { mods: 3, d: 128, ..base },
+        Decode { mods: 1, kv: sys::FA_KV_FP8_E4M3, ..base },
+        Decode { mods: 2, kv: sys::FA_KV_FP8_E5M2, dtype: sys::FA_DTYPE_F16, ..base },
     ];
     for (i, c) in cases.into_iter().enumerate() {
         let (bufs, params) = decode_case(c, 7 + i as u64);
@@ -341,6 +380,7 @@ fn decode_matches_the_emulator_bit_for_bit() {
             LAST_KERNELS.with(|k| k.borrow().clone())
         );
     }
+    eprintln!("PTX coverage: {}", coverage("fa_paged_decode").join(", "));
 }
 
 /// Paged prefill: packed queries over the paged cache (chunked prefill), causal bottom-right per sequence.
@@ -470,6 +510,7 @@ fn paged_prefill_matches_the_emulator_bit_for_bit() {
             LAST_KERNELS.with(|k| k.borrow().clone())
         );
     }
+    eprintln!("PTX coverage: {}", coverage("fa_paged_prefill").join(", "));
 }
 
 /// MLA decode (the absorbed form over a paged latent cache): kv_lora_rank 128 + rope_dim 64 (a small
@@ -566,6 +607,7 @@ fn mla_decode_matches_the_emulator_bit_for_bit() {
             LAST_KERNELS.with(|k| k.borrow().clone())
         );
     }
+    eprintln!("PTX coverage: {}", coverage("fa_mla_decode").join(", "));
 }
 
 /// MLA append (latent + rope key rows into the paged latent cache), with and without RoPE on k_pe.

@@ -167,6 +167,25 @@ pub fn fatbin_module(stem: &str) -> &'static Module {
     m
 }
 
+/// Per kernel (by name): the instructions of its PTX any run of this test binary reached, and their count.
+static COVERAGE: Mutex<Vec<(String, Vec<bool>)>> = Mutex::new(Vec::new());
+
+/// "kernel: reached / instructions (percent)" for every kernel whose name starts with `prefix` that this test
+/// binary ran so far.
+pub fn coverage(prefix: &str) -> Vec<String> {
+    let c = COVERAGE.lock().unwrap();
+    let mut out: Vec<String> = c
+        .iter()
+        .filter(|(k, _)| k.starts_with(prefix))
+        .map(|(k, r)| {
+            let n = r.iter().filter(|&&x| x).count();
+            format!("{k}: {n}/{} ({:.0}%)", r.len(), 100.0 * n as f64 / r.len().max(1) as f64)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
 thread_local! {
     /// The kernels the last [`run_ptx`] on this thread ran, in launch order.
     pub static LAST_KERNELS: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -275,6 +294,11 @@ pub fn execute(modules: &[&Module], bufs: &mut [Buf], launches: &[Recorded]) -> 
         let s = ptx_exec::run(kernel, &launch, &mut global, APPROX).map_err(|e| format!("PTX executor: {e}"))?;
         stats.warp_instructions += s.warp_instructions;
         stats.ctas += s.ctas;
+        let mut cov = COVERAGE.lock().unwrap();
+        match cov.iter_mut().find(|(k, _)| *k == l.kernel) {
+            Some((_, r)) => r.iter_mut().zip(&s.reached).for_each(|(a, b)| *a |= b),
+            None => cov.push((l.kernel.clone(), s.reached)),
+        }
     }
     Ok(stats)
 }
