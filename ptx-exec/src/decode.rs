@@ -483,6 +483,7 @@ pub struct Inst {
     pub op: Op,
     pub guard: Option<Src>,
     pub line: u32,
+    /// Source position from `.loc`: (file number, line); file 0 = none.
     pub loc: (u32, u32),
 }
 
@@ -507,9 +508,21 @@ pub struct Kernel {
     /// For each instruction index of a conditional branch: the instruction index where its warp
     /// reconverges (immediate post-dominator), or `EXIT`.
     pub reconverge: HashMap<u32, u32>,
+    /// The module's `.file` table (number -> path).
+    pub files: HashMap<u32, String>,
 }
 
 pub const EXIT: u32 = u32::MAX;
+
+impl Kernel {
+    /// "path:line" of a `.loc` position (the path from `kernels/` on when it has one: the fatbins were built
+    /// in some checkout), or None without line info.
+    pub fn source_of(&self, loc: (u32, u32)) -> Option<String> {
+        let path = self.files.get(&loc.0)?;
+        let short = path.find("kernels/").map_or(path.as_str(), |i| &path[i..]);
+        Some(format!("{short}:{}", loc.1))
+    }
+}
 
 #[derive(Debug)]
 pub struct DecodeError {
@@ -1269,6 +1282,7 @@ pub fn decode(module: &parse::Module, k: &parse::Kernel) -> Result<Kernel, Decod
         dynamic_shared_offset,
         local_bytes: local,
         reconverge,
+        files: module.files.clone(),
     })
 }
 

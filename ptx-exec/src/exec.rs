@@ -140,7 +140,8 @@ pub struct ExecError {
     pub block: [u32; 3],
     pub thread: Option<u32>,
     pub ptx_line: u32,
-    pub source: (u32, u32),
+    /// The `.loc` source position ("kernels/include/fa/intrinsics.cuh:188"), if the PTX has line info.
+    pub source: Option<String>,
     pub what: String,
 }
 
@@ -151,7 +152,11 @@ impl std::fmt::Display for ExecError {
         if let Some(t) = self.thread {
             write!(f, " thread {t}")?;
         }
-        write!(f, ": {} (PTX line {}; source line {}:{})", self.what, self.ptx_line, self.source.0, self.source.1)
+        write!(f, ": {} (PTX line {}", self.what, self.ptx_line)?;
+        if let Some(s) = &self.source {
+            write!(f, "; source {s}")?;
+        }
+        write!(f, ")")
     }
 }
 
@@ -279,7 +284,7 @@ pub fn run(kernel: &Kernel, launch: &Launch, global: &mut Global, approx: Approx
             block: [0; 3],
             thread: None,
             ptx_line: 0,
-            source: (0, 0),
+            source: None,
             what: format!(
                 "the launch passes {} parameter bytes, the kernel declares {}",
                 launch.params.len(),
@@ -323,7 +328,7 @@ impl Cta<'_, '_> {
             block: self.ctaid,
             thread: lane.map(|l| warp * 32 + l),
             ptx_line: ins.map_or(0, |i| i.line),
-            source: ins.map_or((0, 0), |i| i.loc),
+            source: ins.and_then(|i| self.k.source_of(i.loc)),
             what,
         }
     }

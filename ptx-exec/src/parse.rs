@@ -61,6 +61,7 @@ pub struct Instr {
     pub opcode: String,
     pub operands: Vec<Operand>,
     pub line: u32,
+    /// The `.loc` in force: (file number of the `.file` table, line).
     pub loc: (u32, u32),
 }
 
@@ -374,10 +375,9 @@ fn body(p: &mut P) -> Result<Vec<Stmt>, ParseError> {
             }
             Some(Tok::Word(w)) if w.starts_with('.') => match w.as_str() {
                 ".loc" => {
-                    let _file = p.word()?;
+                    let file = p.word()?;
                     let l = p.word()?;
-                    let c = p.word()?;
-                    p.loc = (parse_int(&l).unwrap_or(0) as u32, parse_int(&c).unwrap_or(0) as u32);
+                    p.loc = (parse_int(&file).unwrap_or(0) as u32, parse_int(&l).unwrap_or(0) as u32);
                     p.skip_line();
                 }
                 ".pragma" => p.skip_to_semicolon(),

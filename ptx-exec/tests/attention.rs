@@ -190,7 +190,11 @@ struct Decode {
     q_lens: Option<[i32; 3]>,
     /// Score variants: 0 none, 1 softcap + sliding window, 2 ALiBi + sinks, 3 RoPE on q.
     mods: u8,
+    /// Long sequences ([700, 1100, 0] instead of [37, 100, 0]): every token group of a CTA busy.
+    long: bool,
 }
+
+const LONG_LENS: [i32; 3] = [700, 1100, 0];
 
 const DECODE_LENS: [i32; 3] = [37, 100, 0];
 const PAGE: usize = 16;
@@ -198,10 +202,12 @@ const PAGES_PER_SEQ: usize = 8;
 
 fn decode_case(c: Decode, seed: u64) -> (Vec<Buf>, impl Fn(&[*mut c_void]) -> sys::FaDecodeParams) {
     let Decode { hq, hkv, d, dtype, .. } = c;
-    let b = DECODE_LENS.len();
+    let lens = if c.long { LONG_LENS } else { DECODE_LENS };
+    let pages_per_seq = (*lens.iter().max().unwrap() as usize).div_ceil(PAGE);
+    let b = lens.len();
     let rows = c.q_lens.map_or(b, |l| l.iter().sum::<i32>() as usize);
     let cu: Vec<i32> = c.q_lens.map_or(vec![0], |l| vec![0, l[0], l[0] + l[1], l[0] + l[1] + l[2]]);
-    let pages = b * PAGES_PER_SEQ + 2;
+    let pages = b * pages_per_seq + 2;
     let mut rng = Rng(seed);
     let q: Vec<u16> = (0..rows * hq * d).map(|_| to16(dtype, rng.f32(-1.0, 1.0))).collect();
     let kc: Vec<u16> = (0..pages * PAGE * hkv * d).map(|_| to16(dtype, rng.f32(-1.0, 1.0))).collect();
@@ -225,7 +231,7 @@ fn decode_case(c: Decode, seed: u64) -> (Vec<Buf>, impl Fn(&[*mut c_void]) -> sy
     let cos: Vec<f32> = (0..128 * d / 4).map(|_| rng.f32(-1.0, 1.0)).collect();
     let sin: Vec<f32> = (0..128 * d / 4).map(|_| rng.f32(-1.0, 1.0)).collect();
     // Pages in a scrambled order (page 0 an ordinary page).
-    let table: Vec<i32> = (0..b * PAGES_PER_SEQ).map(|i| ((i * 7 + 3) % pages) as i32).collect();
+    let table: Vec<i32> = (0..b * pages_per_seq).map(|i| ((i * 7 + 3) % pages) as i32).collect();
     let splits = c.splits.max(1) as usize;
     let bufs = vec![
         Buf::input(c"q", &q),
@@ -236,7 +242,7 @@ fn decode_case(c: Decode, seed: u64) -> (Vec<Buf>, impl Fn(&[*mut c_void]) -> sy
         Buf::new(c"k_cache", &kc, false),
         Buf::new(c"v_cache", &vc, false),
         Buf::input(c"block_table", &table),
-        Buf::input(c"seq_lens", &DECODE_LENS),
+        Buf::input(c"seq_lens", &lens),
         Buf::input(c"k_scale", &scales[..1]),
         Buf::input(c"v_scale", &scales[1..]),
         Buf::input(c"cu_seqlens_q", &cu),
@@ -271,11 +277,11 @@ fn decode_case(c: Decode, seed: u64) -> (Vec<Buf>, impl Fn(&[*mut c_void]) -> sy
             v_page_stride: (PAGE * hkv * d) as i64,
             v_token_stride: (hkv * d) as i64,
             v_head_stride: d as i64,
-            block_table_stride: PAGES_PER_SEQ as i64,
+            block_table_stride: pages_per_seq as i64,
             page_div: div,
             num_pages: pages as i32,
             page_size: PAGE as i32,
-            max_pages_per_seq: PAGES_PER_SEQ as i32,
+            max_pages_per_seq: pages_per_seq as i32,
             kv_dtype: c.kv as i32,
             k_scale: if fp8 { p[9].cast() } else { std::ptr::null() },
             v_scale: if fp8 { p[10].cast() } else { std::ptr::null() },
@@ -342,6 +348,7 @@ fn decode_matches_the_emulator_bit_for_bit() {
         kv: sys::FA_KV_SAME,
         q_lens: None,
         mods: 0,
+        long: false,
     };
     let cases = [
         base,
@@ -361,6 +368,10 @@ fn decode_matches_the_emulator_bit_for_bit() {
         Decode { mods: 3, d: 128, ..base },
         Decode { mods: 1, kv: sys::FA_KV_FP8_E4M3, ..base },
         Decode { mods: 2, kv: sys::FA_KV_FP8_E5M2, dtype: sys::FA_DTYPE_F16, ..base },
+        // Long sequences: one split, and split-KV over 64-token splits.
+        Decode { long: true, ..base },
+        Decode { long: true, splits: 4, d: 128, dtype: sys::FA_DTYPE_F16, ..base },
+        Decode { long: true, kv: sys::FA_KV_FP8_E4M3, mods: 1, ..base },
     ];
     for (i, c) in cases.into_iter().enumerate() {
         let (bufs, params) = decode_case(c, 7 + i as u64);

@@ -171,9 +171,29 @@ pub fn fatbin_module(stem: &str) -> &'static Module {
 static COVERAGE: Mutex<Vec<(String, Vec<bool>)>> = Mutex::new(Vec::new());
 
 /// "kernel: reached / instructions (percent)" for every kernel whose name starts with `prefix` that this test
-/// binary ran so far.
+/// binary ran so far. With PTX_EXEC_UNREACHED=<kernel> set, also the source lines (`.loc` file:line) of that
+/// kernel's unreached instructions, most first: where the cases leave the PTX untested.
 pub fn coverage(prefix: &str) -> Vec<String> {
     let c = COVERAGE.lock().unwrap();
+    if let Ok(want) = std::env::var("PTX_EXEC_UNREACHED") {
+        if let Some((k, r)) = c.iter().find(|(k, _)| *k == want && k.starts_with(prefix)) {
+            let module = ["decode", "decode_fp8", "prefill", "paged_prefill", "paged_prefill_fp8", "mla", "merge"]
+                .iter()
+                .map(|m| fatbin_module(m))
+                .find(|m| m.kernel(k).is_some())
+                .unwrap();
+            let kernel = module.kernel(k).unwrap();
+            let mut lines: HashMap<String, usize> = HashMap::new();
+            for (ins, reached) in kernel.insts.iter().zip(r) {
+                if !reached {
+                    *lines.entry(kernel.source_of(ins.loc).unwrap_or_default()).or_default() += 1;
+                }
+            }
+            let mut v: Vec<_> = lines.into_iter().collect();
+            v.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+            eprintln!("{k}: unreached instructions by source file:line: {v:?}");
+        }
+    }
     let mut out: Vec<String> = c
         .iter()
         .filter(|(k, _)| k.starts_with(prefix))
