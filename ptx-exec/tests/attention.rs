@@ -721,3 +721,61 @@ fn planted_mma_swap_in_prefill_is_caught() {
     assert!(!diff.is_empty(), "the planted mma swap is not caught in prefill");
     eprintln!("prefill with the mma swap: {}", diff.join("; "));
 }
+
+/// The scheduled decode launch the library's split-KV workspace makes (`work != NULL`): a schedule from
+/// `fused_attn::schedule::schedule_decode` (fixed 256-token chunks, 5 CTA slots: sequences cut in 3 and 5
+/// chunks, packed several units per CTA), then the merge over its row list; GQA 4:1 and MHA.
+#[test]
+fn scheduled_decode_matches_the_emulator() {
+    use fused_attn::plan::DecodeProblem;
+    use fused_attn::schedule::{schedule_decode, SplitPolicy};
+    let modules = [fatbin_module("decode"), fatbin_module("merge")];
+    for (hq, hkv, d, dtype) in [(4usize, 1usize, 64usize, sys::FA_DTYPE_BF16), (2, 2, 128, sys::FA_DTYPE_F16)] {
+        let base = Decode {
+            hq,
+            hkv,
+            d,
+            dtype,
+            splits: 1,
+            rows_per_cta: 16,
+            kv: sys::FA_KV_SAME,
+            q_lens: None,
+            mods: 0,
+            long: true,
+        };
+        let problem =
+            DecodeProblem { batch: LONG_LENS.len(), heads_q: hq, heads_kv: hkv, head_dim: d, max_seq_len: 1100 };
+        let s = schedule_decode(&problem, &LONG_LENS, None, 5, SplitPolicy::FixedSplitTokens(256)).unwrap();
+        assert!(s.max_splits() > 1 && s.work.len() > s.num_ctas());
+        let (mut bufs, plain) = decode_case(Decode { rows_per_cta: problem.rows_per_cta() as i32, ..base }, 40);
+        // The partials the schedule writes, its table and its merge rows.
+        let rows = LONG_LENS.len();
+        bufs[3] = Buf::output(c"partial_o", s.num_partials * hq * d * 4);
+        bufs[4] = Buf::output(c"partial_lse", s.num_partials * hq * 4);
+        let mut indptr = s.cta_indptr.clone();
+        indptr.resize(s.slots + 1, *indptr.last().unwrap());
+        bufs.push(Buf::input(c"work_indptr", &indptr));
+        bufs.push(Buf::input(c"work", &s.work));
+        bufs.push(Buf::input(c"merge_rows", &s.merge_rows));
+        let (slots, units, merges, partials) = (s.slots, s.work.len(), s.merge_rows.len(), s.num_partials);
+        let params = |p: &[*mut c_void]| sys::FaDecodeParams {
+            work: p[17].cast(),
+            work_indptr: p[16].cast(),
+            merge_rows: p[18].cast(),
+            num_ctas: slots as i32,
+            num_work: units as i32,
+            num_merge_rows: merges as i32,
+            num_partials: partials as i32,
+            ..plain(p)
+        };
+        let what =
+            format!("scheduled decode hq {hq} hkv {hkv} d {d} ({units} units on {slots} CTAs, {rows} sequences)");
+        let loose: &[&str] = &["lse", "partial_lse", "partial_o", if dtype_is_bf16(dtype) { "o:bf16" } else { "o:16" }];
+        let (_, stats) = assert_same_but(&what, &modules, &bufs, params, sys::fa_decode, loose);
+        eprintln!(
+            "{what}: {} warp instructions, {:?}",
+            stats.warp_instructions,
+            LAST_KERNELS.with(|k| k.borrow().clone())
+        );
+    }
+}
