@@ -398,8 +398,8 @@ pub fn assert_same_but<P: Copy>(
         // bf16 rounding at the tensor's scale: a row's small outputs come from cancellation).
         let name = e.name.to_string_lossy();
         let Some(spec) = ulp_bufs.iter().find(|s| s.split(':').next() == Some(&*name)) else { continue };
-        if spec.ends_with(":16") {
-            let bf16 = spec.contains("bf16");
+        if let Some((_, kind)) = spec.split_once(':') {
+            let bf16 = kind == "bf16";
             let val = |c: &[u8]| {
                 let h = u16::from_le_bytes([c[0], c[1]]);
                 if bf16 {
@@ -409,12 +409,17 @@ pub fn assert_same_but<P: Copy>(
                 }
             };
             let scale = e.bytes().chunks(2).map(|c| val(c).abs()).filter(|v| v.is_finite()).fold(0f32, f32::max);
+            let mut unequal = 0;
             for (i, (a, b)) in e.bytes().chunks(2).zip(p.bytes().chunks(2)).enumerate() {
                 let (a, b) = (val(a), val(b));
+                unequal += (a.to_bits() != b.to_bits()) as usize;
                 assert!(
                     a.to_bits() == b.to_bits() || (a - b).abs() <= scale / 256.0,
                     "{what}: {name}[{i}]: emulator {a:e} vs PTX {b:e} (scale {scale:e})"
                 );
+            }
+            if unequal > 0 {
+                eprintln!("{what}: {unequal} of {} {name} elements not bitwise equal (within the bound)", e.len / 2);
             }
         } else {
             for (i, (a, b)) in e.u32s().into_iter().zip(p.u32s()).enumerate() {
