@@ -302,7 +302,8 @@ pub fn run(kernel: &Kernel, launch: &Launch, global: &mut Global, approx: Approx
                     global: &mut *global,
                     approx,
                     ctaid: [x, y, z],
-                    shared: vec![0; (kernel.dynamic_shared_offset + launch.dynamic_shared as u64) as usize],
+                    // Poisoned (0xff: NaN in every float type): shared memory starts undefined.
+                    shared: vec![0xff; (kernel.dynamic_shared_offset + launch.dynamic_shared as u64) as usize],
                     inflight: vec![0; (kernel.dynamic_shared_offset + launch.dynamic_shared as u64) as usize],
                     barriers: HashMap::new(),
                     clocks: Vec::new(),
@@ -354,7 +355,7 @@ impl Cta<'_, '_> {
                     init: vec![0; nregs],
                     stack: vec![Entry { pc: 0, mask: valid, rpc: EXIT }],
                     state: WarpState::Ready,
-                    local: vec![0; self.k.local_bytes as usize * 32],
+                    local: vec![0xff; self.k.local_bytes as usize * 32],
                     cp: (0..32).map(|_| ThreadCp::default()).collect(),
                 }
             })
