@@ -675,6 +675,9 @@ void fa_host_float_to_fp8(const float *in, uint8_t *out, int64_t n, int32_t kv_d
  * power-of-two multiply), as the host build runs it (and the GPU below sm_89, and for bf16 everywhere):
  * codes -> fp16 (dtype FA_DTYPE_F16) or bf16 bits, n a multiple of 4. */
 void fa_host_fp8_to_16_fast(const uint8_t *in, uint16_t *out, int64_t n, int32_t kv_dtype, int32_t dtype);
+/* The model of ex2.approx.ftz.f32 (kernels/emu/math.cpp): the one the emulator's fast_exp2 computes and the
+ * PTX executor (ptx-exec) runs for every ex2.approx.ftz.f32 of nvcc's PTX, so that both share one model. */
+float fa_host_ex2_approx_ftz(float x);
 /* The kernels' division by a page size (fa/fast_divmod.cuh), as the host build runs it: fa_host_divisor
  * writes d's FaDivisor (what the launchers check a cache's page_div against; returns FA_ERR_INVALID for d
  * outside 1 .. 2^31 - 1); fa_host_divmod divides n[i] by d through `div` into quot[i], rem[i]: the 32-bit
