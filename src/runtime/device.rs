@@ -159,9 +159,9 @@ pub fn cuda_context(ordinal: usize) -> Result<Arc<CudaContext>> {
 /// What runs on `ctx`'s GPU: its arch and the SASS (or JIT-compiled PTX) of this build that serves it
 /// ([`crate::build_info::support`]; its `Display` is one line for a log), or the `Arch` error that
 /// [`cuda_context`] would give, naming the archs built and how to add the GPU's.
-pub fn kernel_support(ctx: &CudaContext) -> Result<crate::build_info::KernelSupport> {
+pub fn kernel_support(ctx: &CudaContext) -> Result<crate::kernels::KernelSupport> {
     let (major, minor) = ctx.compute_capability()?;
-    crate::build_info::support(major as u32, minor as u32)
+    crate::kernels::support(major as u32, minor as u32)
 }
 
 /// Loads the embedded kernels into `ctx` now (otherwise the first launch in a context does it).

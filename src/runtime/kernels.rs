@@ -20,6 +20,10 @@ use crate::error::{Error, ErrorKind, Result};
 #[allow(dead_code)] // unused in builds without kernels (no fatbin to embed)
 pub(crate) struct Aligned<B: ?Sized>(pub B);
 
+/// An embedded fatbin: its name (the kernels/*.cu stem), its image, whether it is sm_90a-only, the SASS
+/// archs it holds (compute capabilities, 80 = sm_80) and its PTX arch (0 for none). Written by build.rs.
+pub(crate) type EmbeddedFatbin = (&'static str, &'static [u8], bool, &'static [u32], u32);
+
 include!(concat!(env!("OUT_DIR"), "/fatbins.rs"));
 
 /// Whether this build embeds GPU kernels (the `cuda` feature with nvcc found at build time).
@@ -42,6 +46,84 @@ pub(crate) fn no_kernels_error(what: &str) -> Error {
              nvcc was found at build time: set NVCC or CUDA_HOME, or run scripts/setup, and rebuild)"
         ),
     )
+}
+
+/// How this build's kernels run on a GPU of one compute capability ([`support`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelSupport {
+    /// The GPU's compute capability, 10 · major + minor.
+    pub compute_capability: u32,
+    /// The SASS the driver runs there, per arch ("sm_80", "sm_89"), with the fatbins that use it.
+    pub sass: Vec<(String, Vec<&'static str>)>,
+    /// PTX the driver JIT-compiles at the first load in a process ("compute_80"), with its fatbins: a
+    /// GPU newer than every SASS of the build (slow first load; correct, but not the code the tests checked).
+    pub jit: Vec<(String, Vec<&'static str>)>,
+    /// Whether the sm_90a kernels (the warp-specialised wgmma/TMA prefill) run there: 9.0 with them built.
+    pub hopper_kernels: bool,
+}
+
+impl std::fmt::Display for KernelSupport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let list = |v: &[(String, Vec<&str>)]| v.iter().map(|(a, _)| a.as_str()).collect::<Vec<_>>().join(" + ");
+        let cc = self.compute_capability;
+        write!(f, "sm_{cc}: ")?;
+        if !self.sass.is_empty() {
+            write!(f, "SASS {}", list(&self.sass))?;
+        }
+        if !self.jit.is_empty() {
+            let sep = if self.sass.is_empty() { "" } else { ", " };
+            write!(f, "{sep}PTX {} JIT-compiled by the driver", list(&self.jit))?;
+        }
+        if self.hopper_kernels {
+            write!(f, " (with the sm_90a kernels)")?;
+        }
+        write!(f, "; built for {} with CUDA {}", env!("FA_CUDA_ARCHS"), env!("FA_CUDA_VERSION"))
+    }
+}
+
+/// What serves a GPU of compute capability `major.minor` in this build: for each embedded fatbin the SASS
+/// the driver picks (the highest `sm_XY` of the same major with Y <= minor) or else its PTX (a
+/// `compute_XY` at or below the GPU, JIT-compiled), the rule the driver follows. An `Arch` error when a
+/// fatbin has neither (a GPU older than every target, or a native build run on another GPU), naming the
+/// archs built and how to add one; `NoKernels` in a build without kernels.
+pub fn support(major: u32, minor: u32) -> crate::Result<KernelSupport> {
+    let archs = env!("FA_CUDA_ARCHS");
+    if !available() {
+        return Err(no_kernels_error("build_info::support"));
+    }
+    let cc = 10 * major + minor;
+    let mut out = KernelSupport { compute_capability: cc, sass: Vec::new(), jit: Vec::new(), hopper_kernels: false };
+    let add = |list: &mut Vec<(String, Vec<&'static str>)>, arch: String, name: &'static str| match list
+        .iter_mut()
+        .find(|(a, _)| *a == arch)
+    {
+        Some((_, names)) => names.push(name),
+        None => list.push((arch, vec![name])),
+    };
+    for &(name, _, sm90_only, sass, ptx) in FATBINS {
+        if sm90_only {
+            out.hopper_kernels |= cc == 90;
+            continue; // optional: the launchers fall back to the sm_80-class kernels elsewhere
+        }
+        if let Some(&s) = sass.iter().filter(|&&s| s / 10 == cc / 10 && s <= cc).max() {
+            add(&mut out.sass, format!("sm_{s}"), name);
+        } else if ptx != 0 && ptx <= cc {
+            add(&mut out.jit, format!("compute_{ptx}"), name);
+        } else {
+            return Err(Error::new(
+                ErrorKind::Arch,
+                format!(
+                    "this GPU is sm_{cc}, and fused-attn's {name} kernels were built with no SASS or PTX it can run \
+                     (SASS {}{}; built for FA_CUDA_ARCHS={archs}): rebuild fused-attn with its arch added, \
+                     FA_CUDA_ARCHS={archs},{cc} (or FA_CUDA_ARCHS=native on a machine with this GPU, or all)",
+                    sass.iter().map(|s| format!("sm_{s}")).collect::<Vec<_>>().join(", "),
+                    if ptx != 0 { format!(", PTX compute_{ptx}") } else { String::new() },
+                ),
+            ));
+        }
+    }
+    out.sass.sort();
+    Ok(out)
 }
 
 struct ContextKernels {
@@ -87,7 +169,7 @@ pub(crate) fn ensure_loaded(ctx: CUcontext) -> Result<()> {
     let cc = compute_capability()?;
     // A GPU no fatbin has SASS or usable PTX for: say which archs were built and how to add one, instead of
     // the driver's CUDA_ERROR_NO_BINARY_FOR_GPU.
-    crate::build_info::support(cc as u32 / 10, cc as u32 % 10)?;
+    support(cc as u32 / 10, cc as u32 % 10)?;
     let mut modules = Vec::with_capacity(FATBINS.len());
     let mut skipped = Vec::new();
     for &(name, image, sm90_only, ..) in FATBINS {

@@ -4,9 +4,9 @@
 
 #[path = "../../build/archs.rs"]
 #[allow(dead_code)]
-mod archs;
+mod build_archs;
 
-use archs::{normalise, query_nvidia_smi, resolve, FAT_LIST};
+use build_archs::{normalise, query_nvidia_smi, resolve, FAT_LIST};
 use std::path::PathBuf;
 
 /// A fake `nvidia-smi` that prints `out` for the compute-capability query (and fails on anything else, as
